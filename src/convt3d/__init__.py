@@ -1,0 +1,18 @@
+"""convt3d: fast, exact-API 3-D transposed convolution for PyTorch.
+
+    import convt3d
+    y = convt3d.conv_transpose3d(x, w, b, stride=2, padding=1)   # like F.conv_transpose3d
+    layer = convt3d.ConvTranspose3d(64, 32, 3, stride=2)         # like nn.ConvTranspose3d
+    convt3d.patch(model)                                         # swap every nn.ConvTranspose3d
+
+Importing convt3d has no side effects beyond registering the ``convt3d::conv_transpose3d`` op.
+"""
+from .errors import BackendUnavailableError
+from .functional import conv_transpose3d
+from .nn import ConvTranspose3d, patch
+from .params import ConvT3dParams
+
+__version__ = "0.1.0"
+
+__all__ = ["conv_transpose3d", "ConvTranspose3d", "patch", "ConvT3dParams", "BackendUnavailableError",
+           "__version__"]

@@ -1,0 +1,273 @@
+"""``convt3d bench``: time convt3d against PyTorch/cuDNN on the bench suites.
+
+    convt3d bench                                   # both suites, backend auto, forward
+    convt3d bench --suite kernelbench --precision exact --json kb.json --plot kb.png
+    convt3d bench --case kb77,gan_k4s2p1 --dtype bf16 --layout cl --backend triton
+    convt3d bench --list                            # the cases a filter selects, without running
+
+On a CUDA machine: device ceilings are measured once, then every selected case is timed (see
+``convt3d.bench.runner``). Without CUDA (or with ``--interpret``): the Triton kernels are checked
+for correctness through Triton's interpreter at reduced sizes (``convt3d.bench.check``); timings
+need a GPU. The interpreter must be switched on before triton is imported, and importing convt3d
+imports triton, so this command re-runs itself in a child process with TRITON_INTERPRET=1.
+
+Exit status: 0 when every case ran (and, in the interpreter check, met its bar); 1 when a case
+failed; 2 for a usage error (unknown case, unimplemented mode, nothing selected).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import suites
+
+__all__ = ["main", "build_parser"]
+
+_REEXEC_MARK = "CONVT3D_BENCH_REEXEC"
+BACKENDS = ("auto", "triton", "torch", "cuda")
+MODE_NAMES = ("fwd", "bwd", "full")
+
+
+def _csv(choices: tuple[str, ...] | None):
+    """argparse type: one value or a comma-separated list, each in ``choices`` (if given). The
+    filters are also repeatable (action="append"), so ``--case a,b`` == ``--case a --case b``."""
+
+    def parse(text: str) -> list[str]:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError("expected at least one value")
+        bad = [v for v in values if choices is not None and v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"invalid choice(s) {', '.join(map(repr, bad))} "
+                                             f"(choose from {', '.join(choices)})")
+        return values
+
+    return parse
+
+
+def _default_jobs() -> int:
+    # 8 at most: each worker holds its own torch + triton (~300 MB).
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, 8))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="convt3d bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sel = p.add_argument_group("what to run")
+    sel.add_argument("--suite", choices=("kernelbench", "layers", "all"), default="all")
+    sel.add_argument("--case", action="append", type=_csv(None), metavar="NAME[,NAME]",
+                     help=f"case names, repeatable: {', '.join(suites.case_names())}")
+    sel.add_argument("--dtype", action="append", type=_csv(tuple(suites.DTYPES)), metavar="{fp32,bf16}")
+    sel.add_argument("--layout", action="append", type=_csv(suites.LAYOUTS), metavar="{ncdhw,cl}",
+                     help="input memory format: ncdhw (contiguous) or cl (channels_last_3d)")
+    sel.add_argument("--precision", action="append", type=_csv(suites.PRECISIONS), metavar="{default,exact}",
+                     help="default: PyTorch's default flags (TF32 on); exact: cudnn.allow_tf32=False for both "
+                          "engines (kernelbench only; layers run at default)")
+    sel.add_argument("--backend", choices=BACKENDS, default="auto", help="convt3d backend to time (default auto)")
+    sel.add_argument("--mode", choices=MODE_NAMES, default="fwd",
+                     help="fwd (forward); bwd and full (forward + backward) come with issue 5")
+    sel.add_argument("--list", action="store_true", help="print the selected cases and exit")
+    sel.add_argument("--interpret", action="store_true",
+                     help="run the CPU interpreter correctness check even when a GPU is present")
+    sel.add_argument("--jobs", type=int, default=_default_jobs(),
+                     help="worker processes of the interpreter check (default: CPU cores, at most 8)")
+
+    out = p.add_argument_group("output")
+    out.add_argument("--json", metavar="FILE", help="write environment, ceilings, every row and the summary")
+    out.add_argument("--plot", metavar="FILE.png", help="speedup and %% of roofline per case (matplotlib)")
+
+    tim = p.add_argument_group("timing")
+    tim.add_argument("--warmup-ms", type=float, default=10.0, help="do_bench warm-up budget per call (ms)")
+    tim.add_argument("--rep-ms", type=float, default=60.0, help="do_bench timing budget per call (ms)")
+    tim.add_argument("--min-reps", type=int, default=5, help="timed calls at least, however slow the call")
+    tim.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    tim.add_argument("--cudnn-benchmark", action="store_true",
+                     help="set torch.backends.cudnn.benchmark = True (PyTorch's default is False)")
+    return p
+
+
+def _flatten(values: list[list[str]] | None) -> list[str] | None:
+    return None if values is None else [v for group in values for v in group]
+
+
+# ---- progress -----------------------------------------------------------------------------------
+class _Progress:
+    """A rich progress bar on a terminal; in a log (no terminal), one plain line per step instead."""
+
+    def __init__(self, console, total: int, title: str):
+        self.console, self.total, self.done = console, total, 0
+        self.bar = None
+        if console.is_terminal:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                       TimeElapsedColumn)
+
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+            self.task = self.bar.add_task(title, total=total)
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+
+    def status(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=msg)
+        else:
+            self.console.print(f"[{self.done + 1}/{self.total}] {msg}" if self.total else msg, highlight=False,
+                               markup=False)
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+
+
+# ---- entry point --------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help (0) and usage errors (2)
+        return int(exc.code or 0)
+
+    from .runner import get_mode
+
+    try:
+        get_mode(args.mode)
+        cases = suites.select(args.suite, _flatten(args.case), _flatten(args.dtype), _flatten(args.layout),
+                              _flatten(args.precision))
+    except (NotImplementedError, ValueError) as exc:
+        print(f"convt3d bench: error: {exc}", file=sys.stderr)
+        return 2
+    if not cases:
+        print("convt3d bench: error: no case matches the filters (note: exact precision exists only in the "
+              "kernelbench suite)", file=sys.stderr)
+        return 2
+    if args.list:
+        for c in cases:
+            print(f"{c.suite:<12} {c.label}")
+        return 0
+    if args.min_reps < 1 or args.rep_ms <= 0 or args.warmup_ms < 0 or args.jobs < 1:
+        print("convt3d bench: error: --min-reps and --jobs must be >= 1, --rep-ms > 0 and --warmup-ms >= 0",
+              file=sys.stderr)
+        return 2
+
+    import torch
+
+    if args.interpret or not torch.cuda.is_available():
+        from convt3d.triton_engine import interpreter_active
+
+        if not interpreter_active():
+            return _rerun_with_interpreter(argv)
+        return _run_interpreter_check(args, argv, cases)
+    return _run_timing(args, argv, cases)
+
+
+def _rerun_with_interpreter(argv: list[str]) -> int:
+    if os.environ.get(_REEXEC_MARK):
+        print("convt3d bench: error: TRITON_INTERPRET=1 did not switch Triton's interpreter on in the child "
+              "process; run: TRITON_INTERPRET=1 python -m convt3d bench ...", file=sys.stderr)
+        return 2
+    import convt3d
+
+    env = dict(os.environ, TRITON_INTERPRET="1", **{_REEXEC_MARK: "1"})
+    # The child must import this same convt3d even when it was found through sys.path edits.
+    root = str(Path(convt3d.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    print("convt3d bench: no CUDA device; re-running with TRITON_INTERPRET=1 for the interpreter check",
+          file=sys.stderr, flush=True)
+    return subprocess.call([sys.executable, "-m", "convt3d", "bench", *argv], env=env)
+
+
+def _settings(args, cases) -> dict:
+    return {"suite": args.suite, "cases": [c.label for c in cases], "backend": args.backend, "mode": args.mode,
+            "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "min_reps": args.min_reps, "seed": args.seed,
+            "cudnn_benchmark": args.cudnn_benchmark, "jobs": args.jobs}
+
+
+def _run_interpreter_check(args, argv: list[str], cases) -> int:
+    from . import report
+    from .check import CHECK_BACKEND, run_checks
+    from .suites import INTERP_IN_SIZE, INTERP_MAX_CHANNELS_PER_GROUP
+
+    console = report.make_console()
+    env = report.environment(cuda=False)
+    note = ("[bold yellow]No CUDA device: timings need a GPU.[/bold yellow] Checking the Triton kernels' "
+            "correctness instead, through Triton's interpreter, against float64 PyTorch, at reduced sizes "
+            f"(batch 1, <= {INTERP_MAX_CHANNELS_PER_GROUP} channels per group, ~{INTERP_IN_SIZE} input positions "
+            "per dimension; kernel, stride, padding, dilation, output_padding and groups as in the suite).")
+    if args.backend not in ("auto", CHECK_BACKEND):
+        note += f" (--backend {args.backend} is ignored here: the check runs backend='{CHECK_BACKEND}'.)"
+    report.print_header(console, env, None, note)
+    t0 = time.perf_counter()
+    with _Progress(console, len(cases), "interpreter check") as prog:
+        rows, failures = run_checks(cases, args.seed, prog.status, prog.advance, jobs=args.jobs)
+    seconds = time.perf_counter() - t0
+    dict_rows = [r.as_dict() for r in rows]
+    if dict_rows:
+        report.print_check_table(console, dict_rows)
+    report.print_failures(console, failures)
+    passed = sum(r.ok for r in rows)
+    summary = {"cases": len(cases), "passed": passed, "failed": len(rows) - passed, "errors": len(failures),
+               "seconds": seconds}
+    console.print(f"{passed}/{len(cases)} cases within the bar, {len(rows) - passed} above it, {len(failures)} "
+                  f"errors, in {seconds:.1f} s. Timings need a GPU: run `convt3d bench` on a CUDA machine.")
+    if args.json:
+        report.write_json(args.json, report.payload("interpreter-check", argv, env, _settings(args, cases),
+                                                    dict_rows, failures, summary))
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        console.print("--plot skipped: the plot shows timings, which need a GPU")
+    return 0 if passed == len(cases) else 1
+
+
+def _run_timing(args, argv: list[str], cases) -> int:
+    import torch
+
+    from . import report
+    from .roofline import measure_ceilings
+    from .runner import TimingSettings, run_cases
+
+    if args.cudnn_benchmark:
+        torch.backends.cudnn.benchmark = True
+    settings = TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed)
+    console = report.make_console()
+    env = report.environment(cuda=True)
+    t0 = time.perf_counter()
+    with _Progress(console, 0, "measuring device ceilings") as prog:
+        prog.status("measuring device ceilings")
+        ceilings = measure_ceilings("cuda", prog.status)
+    report.print_header(console, env, ceilings)
+    with _Progress(console, len(cases), "timing") as prog:
+        rows, failures = run_cases(cases, args.mode, args.backend, ceilings, settings, prog.status, prog.advance)
+    seconds = time.perf_counter() - t0
+    for suite in dict.fromkeys(r["suite"] for r in rows):
+        report.print_timing_table(console, [r for r in rows if r["suite"] == suite],
+                                  f"{suite}: {args.mode}, convt3d backend={args.backend} vs PyTorch/cuDNN")
+    summary = report.summarize(rows) if rows else []
+    if summary:
+        report.print_summary(console, summary)
+    report.print_failures(console, failures)
+    console.print(f"{len(rows)}/{len(cases)} cases timed in {seconds:.0f} s"
+                  + (f", {len(failures)} failed" if failures else ""))
+    if args.json:
+        report.write_json(args.json, report.payload("timing", argv, env, dict(_settings(args, cases),
+                                                                               seconds=seconds),
+                                                    rows, failures, summary, ceilings))
+        console.print(f"wrote {args.json}")
+    if args.plot and rows:
+        report.write_plot(args.plot, rows, f"convt3d {env['convt3d']} on {env['gpu']}: {args.mode}, "
+                                           f"backend={args.backend}")
+        console.print(f"wrote {args.plot}")
+    return 0 if not failures else 1

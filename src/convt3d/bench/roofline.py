@@ -1,0 +1,170 @@
+"""Device ceilings and the roofline arithmetic of a bench row.
+
+A row's two floors:
+
+* memory floor = bytes that must move (input, weight and bias read once, output written once:
+  ``ConvT3dParams.min_bytes``) / measured device-to-device copy bandwidth (read + write bytes);
+* compute floor = useful FLOP (structurally-zero taps excluded: ``ConvT3dParams.useful_flops``)
+  / measured matmul peak of the row's precision class.
+
+"% of roofline" = 100 * max(floors) / measured time: 100 means the kernel runs at the speed of
+its binding resource.
+
+Precision classes and their peaks (8192^3 matmuls by cuBLAS, measured once per process):
+
+* "bf16" -- bf16 (and fp16) rows: bf16 matmul, fp32 accumulate (683 TFLOP/s on our H200);
+* "tf32" -- fp32 rows at default flags: fp32 matmul with TF32 (374 TFLOP/s);
+* "exact" -- fp32 rows at exact grade: the faster of cuBLAS's exact fp32 matmul (51 TFLOP/s) and
+  a third of the TF32 peak (125 TFLOP/s). Exact grade may run as 3xTF32 (three TF32 products per
+  multiply, convt3d's EXACT_GRADE), which the tensor cores do at a third of the TF32 rate;
+  against the 51 TFLOP/s of the FMA units alone a 3xTF32 kernel could show more than 100%.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+__all__ = ["Ceilings", "peak_class", "floors", "roofline_percent", "tflops", "geomean", "measure_ceilings",
+           "cudnn_tf32", "matmul_tf32"]
+
+PEAK_CLASSES = ("bf16", "tf32", "exact")
+
+# 1 GiB each way: far beyond the 50 MB L2, so the copy runs at HBM speed (4.24 TB/s measured),
+# and ~0.5 ms per copy, long enough for event timing.
+COPY_BYTES = 1 << 30
+# The size shared/CONTEXT.md's peaks were measured at (683 / 374 / 51 TFLOP/s); 1.1 TFLOP per call,
+# so even exact fp32 (21 ms per call) is timed in well under a second.
+MATMUL_SIZE = 8192
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Measured device ceilings (bytes/s and FLOP/s)."""
+
+    copy_bytes_per_s: float  # device-to-device copy, read + write bytes counted
+    bf16_flops_per_s: float
+    tf32_flops_per_s: float
+    fp32_flops_per_s: float  # exact fp32 (TF32 off)
+    seconds: float = 0.0  # how long measuring took
+
+    @property
+    def exact_grade_flops_per_s(self) -> float:
+        return max(self.fp32_flops_per_s, self.tf32_flops_per_s / 3)
+
+    def peak(self, peak_class: str) -> float:
+        peaks = {"bf16": self.bf16_flops_per_s, "tf32": self.tf32_flops_per_s,
+                 "exact": self.exact_grade_flops_per_s}
+        if peak_class not in peaks:
+            raise ValueError(f"unknown peak class {peak_class!r}; expected one of {PEAK_CLASSES}")
+        return peaks[peak_class]
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["exact_grade_flops_per_s"] = self.exact_grade_flops_per_s
+        d["copy_bytes"] = COPY_BYTES
+        d["matmul_size"] = MATMUL_SIZE
+        return d
+
+
+def peak_class(dtype: str, precision: str) -> str:
+    """The matmul peak that bounds a row: 16-bit rows "bf16"; fp32 rows "tf32" or "exact"."""
+    if dtype in ("bf16", "fp16"):
+        return "bf16"
+    if dtype != "fp32":
+        raise ValueError(f"no tensor-core peak for dtype {dtype!r}")
+    return "exact" if precision == "exact" else "tf32"
+
+
+def floors(flop: float, nbytes: float, ceilings: Ceilings, peak: str) -> tuple[float, float]:
+    """(memory floor, compute floor) in seconds."""
+    return nbytes / ceilings.copy_bytes_per_s, flop / ceilings.peak(peak)
+
+
+def roofline_percent(time_s: float, mem_floor_s: float, compute_floor_s: float) -> float:
+    """100 * (the larger floor) / time: how close a measured time is to the roofline."""
+    if not time_s > 0:
+        raise ValueError(f"time must be positive, got {time_s}")
+    return 100.0 * max(mem_floor_s, compute_floor_s) / time_s
+
+
+def tflops(flop: float, time_s: float) -> float:
+    return flop / time_s / 1e12
+
+
+def geomean(values: Iterable[float]) -> float:
+    vals = [float(v) for v in values]
+    if not vals:
+        return math.nan
+    if any(not v > 0 for v in vals):
+        raise ValueError(f"geometric mean needs positive values, got {vals}")
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+# ---- flags ----------------------------------------------------------------------------------------
+# Plain attribute assignment rather than torch.backends.cudnn.flags(): flags() resets every flag it
+# is not given to its own defaults (enabled=False among them) and its signature differs between
+# torch 2.11 and 2.13. Only the legacy allow_tf32 switches are used, never the fp32_precision API:
+# mixing the two makes PyTorch raise.
+@contextlib.contextmanager
+def cudnn_tf32(allow: bool) -> Iterator[None]:
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
+
+
+@contextlib.contextmanager
+def matmul_tf32(allow: bool) -> Iterator[None]:
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+# ---- measuring (CUDA only) ------------------------------------------------------------------------
+def _copy_bytes_per_s(device, gen: torch.Generator) -> float:
+    import triton.testing
+
+    src = torch.rand(COPY_BYTES // 4, generator=gen, device=device)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=60, return_mode="median")
+    return 2 * COPY_BYTES / (ms * 1e-3)
+
+
+def _matmul_flops_per_s(device, gen: torch.Generator, dtype: torch.dtype, tf32: bool) -> float:
+    import triton.testing
+
+    n = MATMUL_SIZE
+    a = torch.randn((n, n), generator=gen, device=device).to(dtype)
+    b = torch.randn((n, n), generator=gen, device=device).to(dtype)
+    c = torch.empty((n, n), device=device, dtype=dtype)
+    with matmul_tf32(tf32):
+        # exact fp32 takes ~21 ms per call: rep 100 ms still gives 4 timed calls.
+        ms = triton.testing.do_bench(lambda: torch.mm(a, b, out=c), warmup=25, rep=100, return_mode="median")
+    return 2 * n ** 3 / (ms * 1e-3)
+
+
+def measure_ceilings(device: torch.device | str = "cuda", status: Callable[[str], None] | None = None) -> Ceilings:
+    """Copy bandwidth and matmul peaks of ``device``, on random data; ~2 s on an H200."""
+    say = status or (lambda _msg: None)
+    t0 = time.perf_counter()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1234)
+    say("measuring device ceilings: 1 GiB device-to-device copy")
+    copy_bps = _copy_bytes_per_s(device, gen)
+    peaks = {}
+    for key, dtype, tf32 in (("bf16", torch.bfloat16, False), ("tf32", torch.float32, True),
+                             ("fp32", torch.float32, False)):
+        say(f"measuring device ceilings: {MATMUL_SIZE}^3 matmul, {key}")
+        peaks[key] = _matmul_flops_per_s(device, gen, dtype, tf32)
+    torch.cuda.empty_cache()
+    return Ceilings(copy_bps, peaks["bf16"], peaks["tf32"], peaks["fp32"], time.perf_counter() - t0)

@@ -1,0 +1,246 @@
+"""GPU timing: one row per case, convt3d against PyTorch (cuDNN), in one process.
+
+For each case, under ``torch.no_grad()`` and the case's ``cudnn.allow_tf32`` flag:
+
+1. first call of convt3d (wall clock, synchronised: includes Triton compile and autotuning), then
+   the first call of PyTorch; the two outputs are compared (max abs difference) and freed;
+2. steady-state time of each with ``triton.testing.do_bench`` (median; L2 flushed between calls);
+3. for an exact row, cuDNN's time at PyTorch's default flags too (reused from the default row of
+   the same geometry when it was just measured): the issue-3 bars compare against it;
+4. floors and % of roofline from the measured ceilings (:mod:`.roofline`).
+
+Modes: the forward is what exists today. ``MODES`` is where "bwd" and "full" (issue 5) plug in:
+a mode builds the two callables of a case and says how much work they do.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .roofline import Ceilings, cudnn_tf32, floors, peak_class, roofline_percent, tflops
+from .suites import Case, Tensors, make_tensors
+
+__all__ = ["TimingSettings", "CudaTimer", "Mode", "MODES", "PLANNED_MODES", "get_mode", "bench_budget", "run_cases"]
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    # Short budgets because GPU time is scarce: 60 ms of repetitions is 300+ calls of a 150 us
+    # kernel; slow calls (cuDNN on kb68 exact, 185 ms) get min_reps timed calls instead.
+    warmup_ms: float = 10.0
+    rep_ms: float = 60.0
+    min_reps: int = 5
+    seed: int = 0
+
+
+def bench_budget(estimate_ms: float, settings: TimingSettings) -> tuple[float, float]:
+    """(warmup, rep) in ms for do_bench, so that at least ``min_reps`` calls are timed.
+
+    do_bench times int(rep / its own estimate) calls (at least 1) after int(warmup / estimate)
+    warm-up calls; +0.5 keeps the integer division from rounding down to min_reps - 1.
+    """
+    warmup = max(settings.warmup_ms, estimate_ms)
+    rep = max(settings.rep_ms, (settings.min_reps + 0.5) * estimate_ms)
+    return warmup, rep
+
+
+class CudaTimer:
+    """Wall-clock first calls and do_bench steady-state times on the current CUDA device."""
+
+    def __init__(self, settings: TimingSettings):
+        self.settings = settings
+
+    def first_call(self, fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
+        """(output, seconds) of one synchronised call: for a new shape, Triton compile + tuning."""
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        return out, time.perf_counter() - t0
+
+    def steady(self, fn: Callable[[], torch.Tensor]) -> float:
+        """Median seconds per call (L2 flushed between calls), at least min_reps timed calls."""
+        import triton.testing
+
+        _, estimate = self.first_call(fn)  # a warm call sizes the budget
+        warmup, rep = bench_budget(estimate * 1e3, self.settings)
+        return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e-3
+
+    def release(self) -> None:
+        torch.cuda.empty_cache()
+
+
+# ---- modes ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    description: str
+    # (case, tensors, backend) -> (convt3d callable, PyTorch callable)
+    build: Callable[[Case, Tensors, str], tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]]
+    # (params, element size, has bias) -> (useful FLOP, bytes that must move)
+    work: Callable[[object, int, bool], tuple[int, int]]
+
+
+def _build_fwd(case: Case, t: Tensors, backend: str):
+    import convt3d
+
+    args = case.geometry.conv_args()
+
+    def ours() -> torch.Tensor:
+        return convt3d.conv_transpose3d(t.x, t.w, t.b, *args, backend=backend, precision=None)
+
+    def theirs() -> torch.Tensor:
+        return F.conv_transpose3d(t.x, t.w, t.b, *args)
+
+    return ours, theirs
+
+
+def _work_fwd(params, element_size: int, has_bias: bool) -> tuple[int, int]:
+    return params.useful_flops, params.min_bytes(element_size, has_bias)
+
+
+MODES: dict[str, Mode] = {"fwd": Mode("fwd", "forward only", _build_fwd, _work_fwd)}
+# Accepted by --mode so scripts can already name them; they raise until issue 5 lands.
+PLANNED_MODES: dict[str, str] = {
+    "bwd": "backward (dX, dW, db) timing is not implemented yet (issue 5)",
+    "full": "forward + backward timing is not implemented yet (issue 5)",
+}
+
+
+def get_mode(name: str) -> Mode:
+    if name in MODES:
+        return MODES[name]
+    if name in PLANNED_MODES:
+        raise NotImplementedError(f"--mode {name}: {PLANNED_MODES[name]}; only --mode fwd runs today")
+    raise ValueError(f"unknown mode {name!r}; expected one of {tuple(MODES) + tuple(PLANNED_MODES)}")
+
+
+# ---- one row --------------------------------------------------------------------------------------
+def _engine_of(case: Case, t: Tensors, backend: str) -> tuple[str, str]:
+    """(engine label, reason) that convt3d's dispatcher picks for this call, e.g. 'triton tf32x3'."""
+    from convt3d.dispatch import decide
+
+    d = decide(t.x, backend, None)
+    label = d.engine if case.dtype != "fp32" or d.engine != "triton" else f"{d.engine} {d.precision}"
+    return label, d.reason
+
+
+def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """(max |a - b|, max |b|), computed in fp32 (ordered so 1 GB outputs need one temporary)."""
+    diff = (a.float() - b.float()).abs_().max().item()
+    scale = b.float().abs().max().item()
+    return diff, scale
+
+
+def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceilings, timer,
+             default_cudnn_s: dict[tuple, float], status: Callable[[str], None]) -> dict:
+    from convt3d.validate import check_call
+
+    g = case.geometry
+    params, _ = check_call(t.x, t.w, t.b, *g.conv_args())
+    flop, nbytes = mode.work(params, t.x.element_size(), t.b is not None)
+    ours, theirs = mode.build(case, t, backend)
+    row = _row_head(case, mode, backend)
+    row.update(useful_flop=flop, min_bytes=nbytes, out_shape=list(params.out_shape))
+
+    with cudnn_tf32(case.allow_tf32):
+        row["engine"], row["engine_reason"] = _engine_of(case, t, backend)
+        status(f"{case.label}: convt3d first call (compile + tune)")
+        y_ours, first_ours = timer.first_call(ours)
+        status(f"{case.label}: PyTorch first call")
+        y_ref, first_ref = timer.first_call(theirs)
+        diff, scale = _max_abs_diff(y_ours, y_ref)
+        out_cl_ours = y_ours.is_contiguous(memory_format=torch.channels_last_3d) and not y_ours.is_contiguous()
+        out_cl_ref = y_ref.is_contiguous(memory_format=torch.channels_last_3d) and not y_ref.is_contiguous()
+        del y_ours, y_ref
+        status(f"{case.label}: timing convt3d")
+        ours_s = timer.steady(ours)
+        status(f"{case.label}: timing PyTorch")
+        ref_s = timer.steady(theirs)
+
+    row.update(first_call_s=first_ours, torch_first_call_s=first_ref, convt3d_us=ours_s * 1e6,
+               torch_us=ref_s * 1e6, speedup=ref_s / ours_s, max_abs_diff_vs_torch=diff, max_abs_torch=scale,
+               output_layout_matches=out_cl_ours == out_cl_ref)
+
+    key = _default_key(case)
+    if case.allow_tf32:
+        default_cudnn_s[key] = ref_s
+    else:
+        reused = key in default_cudnn_s
+        if not reused:
+            status(f"{case.label}: timing PyTorch at default flags")
+            with cudnn_tf32(True):
+                default_cudnn_s[key] = timer.steady(theirs)
+        row.update(torch_default_flags_us=default_cudnn_s[key] * 1e6,
+                   speedup_vs_default_flags=default_cudnn_s[key] / ours_s,
+                   torch_default_flags_reused=reused)
+
+    peak = peak_class(case.dtype, case.precision)
+    mem_s, comp_s = floors(flop, nbytes, ceilings, peak)
+    row.update(peak_class=peak, peak_flops_per_s=ceilings.peak(peak), mem_floor_us=mem_s * 1e6,
+               compute_floor_us=comp_s * 1e6, bound="memory" if mem_s >= comp_s else "compute",
+               tflops=tflops(flop, ours_s), torch_tflops=tflops(flop, ref_s),
+               roofline_pct=roofline_percent(ours_s, mem_s, comp_s),
+               torch_roofline_pct=roofline_percent(ref_s, mem_s, comp_s))
+    return row
+
+
+def _default_key(case: Case) -> tuple:
+    return (case.geometry, case.dtype, case.layout)
+
+
+def _row_head(case: Case, mode: Mode, backend: str) -> dict:
+    g = case.geometry
+    return {
+        "case": case.name, "suite": case.suite, "dtype": case.dtype, "layout": case.layout,
+        "precision": case.precision, "cudnn_allow_tf32": case.allow_tf32, "mode": mode.name, "backend": backend,
+        "input": case.input_dist,
+        "geometry": {"batch": g.batch, "in_channels": g.in_channels, "out_channels": g.out_channels,
+                     "in_size": list(g.in_size), "kernel": list(g.kernel), "stride": list(g.stride),
+                     "padding": list(g.padding), "output_padding": list(g.output_padding),
+                     "dilation": list(g.dilation), "groups": g.groups, "bias": g.bias},
+    }
+
+
+def run_cases(cases: list[Case], mode_name: str, backend: str, ceilings: Ceilings, settings: TimingSettings,
+              status: Callable[[str], None] | None = None, advance: Callable[[], None] | None = None,
+              device: str = "cuda", timer=None) -> tuple[list[dict], list[dict]]:
+    """Time every case; returns (rows, failures).
+
+    ``device`` and ``timer`` (default: :class:`CudaTimer`) exist so the tests can drive the whole
+    row logic on CPU with a fake timer; the bench itself times only on CUDA.
+    A case that raises (an engine that cannot run it, out of memory) becomes a failure entry with
+    the error, and the bench goes on with the next case.
+    """
+    mode = get_mode(mode_name)
+    timer = timer if timer is not None else CudaTimer(settings)
+    say = status or (lambda _msg: None)
+    step = advance or (lambda: None)
+    rows, failures = [], []
+    default_cudnn_s: dict[tuple, float] = {}
+    tensors, tensors_key = None, None
+    with torch.no_grad():
+        for case in cases:
+            key = _default_key(case)
+            try:
+                if key != tensors_key:
+                    # Free the previous case's tensors first: kb68's output alone is 1.25 GB.
+                    tensors, tensors_key = None, None
+                    timer.release()
+                    say(f"{case.label}: making inputs")
+                    tensors = make_tensors(case, device, settings.seed)
+                    tensors_key = key
+                rows.append(_run_row(case, tensors, mode, backend, ceilings, timer, default_cudnn_s, say))
+            except Exception as exc:  # noqa: BLE001 -- one case's failure must not hide the others
+                failures.append({"case": case.name, "dtype": case.dtype, "layout": case.layout,
+                                 "precision": case.precision, "error": f"{type(exc).__name__}: {exc}",
+                                 "traceback": traceback.format_exc(limit=6)})
+                tensors, tensors_key = None, None
+                timer.release()
+            step()
+    return rows, failures

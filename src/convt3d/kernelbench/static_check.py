@@ -1,0 +1,171 @@
+"""Our own implementation of KernelBench's static rules for a Triton ``ModelNew`` file.
+
+KernelBench (``src/kernelbench/kernel_static_checker.py`` of ScalingIntelligence/KernelBench)
+judges a candidate file with regular expressions, after cutting each line at its first ``#`` and
+then at its first ``//``. It does not parse Python: a docstring, a string or an error message is
+code to it, so the word of the no-op statement in a docstring fails a file just as the
+statement would.
+
+Its rules, as categories (a file is valid when no forbidding rule matches and every requirement
+matches):
+
+* always an error: try/except fallbacks and the no-op statement (``code_bypass``), reassigning a
+  timing function (``timing_event_patch``), threads and processes (``thread_injection``), lazy or
+  fake tensors (``lazy_eval``), and for the Triton backend ``@triton.jit`` plus ``tl.`` ops;
+* a warning by default, an error under its strict settings: ``torch.nn`` beyond the containers,
+  ``Parameter`` and ``init`` (``pytorch_wrap``), high-level torch ops and ``torch.nn.functional``
+  (``torch_computation_ops``), CUDA streams (``stream_injection``) and fp32 -> fp16 downgrades
+  (``precision_downgrade``).
+
+We apply the union of the patterns of its past and present versions, under strict settings, and
+two extras a regex on ``torch.nn.`` alone would miss: a compute layer named through an ``nn``
+alias (``nn.Conv3d``) and an import of ``torch.nn.functional`` under another name. So a file that
+passes here passes KernelBench.
+
+Forbidding rules are matched twice, on KernelBench's own stripping and on the text with only the
+``#`` comments cut (a superset of every line, which also covers a match that KernelBench's ``//``
+cut would join across lines); requirements are matched on KernelBench's stripping only, the text
+it actually searches. Violations name the line, so the exporter can point at the source line.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["Rule", "Violation", "RULES", "strip_comments", "check", "format_violations"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    category: str  # KernelBench's check name
+    pattern: re.Pattern
+    required: bool = False  # True: the file must contain a match; False: a match is a violation
+    strict_only: bool = False  # a warning under KernelBench's defaults, an error under strict settings
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    category: str
+    line: int  # 1-based line of the match; 0 for a missing requirement
+    text: str  # the matched text (or the requirement's pattern)
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" if self.line else "file"
+        what = f"missing {self.text!r}" if not self.line else f"{self.text!r}"
+        return f"{where}: {self.category}/{self.rule}: {what}"
+
+
+def _r(pattern: str) -> re.Pattern:
+    return re.compile(pattern)
+
+
+# Names torch.nn may be followed by in a file: containers, Parameter and init.
+_NN_ALLOWED = r"(?:Module|parameter|Parameter|ParameterList|ParameterDict|ModuleList|ModuleDict|init)\b"
+
+# High-level torch ops KernelBench forbids under strict settings (torch.<name> followed by "(",
+# whitespace or the end of the text).
+_TORCH_OPS = (
+    ["mm", "bmm", "matmul", "einsum", "conv", "linear", "logsumexp", "clamp", "dropout"]
+    + [f"conv{d}d" for d in (1, 2, 3)] + [f"conv_transpose{d}d" for d in (1, 2, 3)]
+    + [f"{kind}_pool{d}d" for kind in ("avg", "max", "adaptive_avg", "adaptive_max") for d in (1, 2, 3)]
+    + ["relu", "hardtanh", "elu", "selu", "leaky_relu", "gelu", "softsign", "softplus", "softmax",
+       "log_softmax", "tanh", "sigmoid", "hardsigmoid", "silu", "mish"]
+    + ["batch_norm", "group_norm", "layer_norm", "instance_norm", "rms_norm", "normalize"]
+    + ["cross_entropy", "kl_div", "mse_loss", "huber_loss", "triplet_margin_loss", "cosine_similarity"]
+)
+_F_OPS = "conv|linear|relu|gelu|softmax|batch_norm|layer_norm|dropout|max_pool|avg_pool"
+
+RULES: tuple[Rule, ...] = (
+    # code_bypass
+    Rule("try", "code_bypass", _r(r"\btry\s*:")),
+    Rule("bare-except", "code_bypass", _r(r"\bexcept\s*:")),
+    Rule("except", "code_bypass", _r(r"\bexcept\s+\w+")),
+    Rule("pass-word", "code_bypass", _r(r"\bpass\b")),
+    # timing_event_patch
+    Rule("timing-patch", "timing_event_patch",
+         _r(r"torch\.cuda\.Event\.(?:record|elapsed_time)\s*=|torch\.cuda\.synchronize\s*=|torch\.cuda\.Event\s*="
+            r"|time\.perf_counter\s*=|time\.time\s*=")),
+    # thread_injection
+    Rule("threading", "thread_injection",
+         _r(r"threading\.(?:Thread|Event|Lock|RLock|Condition|Semaphore|Barrier|Timer)|\bThread\s*\("
+            r"|import\s+threading|from\s+threading\s+import")),
+    Rule("multiprocessing", "thread_injection",
+         _r(r"multiprocessing\.(?:Process|Pool|Manager|Queue|Pipe)|import\s+multiprocessing|from\s+multiprocessing")),
+    Rule("executors", "thread_injection", _r(r"concurrent\.futures|ThreadPoolExecutor|ProcessPoolExecutor")),
+    # lazy_eval
+    Rule("lazy-tensor", "lazy_eval",
+         _r(r"_make_subclass|class\s+\w+.*\(torch\.Tensor\)|class\s+\w+.*\(Tensor\)|torch\.Tensor\.__new__"
+            r"|\._view\(|\.view_as\(")),
+    # triton_impl (requirements)
+    Rule("triton-jit", "triton_impl", _r(r"@triton\.(?:jit|autotune)"), required=True),
+    Rule("tl-op", "triton_impl", _r(r"\btl\.\w+"), required=True),
+    Rule("tl-memory-op", "triton_impl", _r(r"tl\.(?:load|store)\s*\("), required=True),
+    Rule("tl-indexing", "triton_impl",
+         _r(r"tl\.(?:program_id|num_programs|arange|cdiv)\s*\(|tl\.constexpr"), required=True),
+    # pytorch_wrap (strict)
+    Rule("torch.nn-layer", "pytorch_wrap", _r(r"torch\.nn\.(?!" + _NN_ALLOWED + ")"), strict_only=True),
+    Rule("nn-alias-layer", "pytorch_wrap", _r(r"(?<![\w.])nn\.(?!" + _NN_ALLOWED + r")\w+"), strict_only=True),
+    # torch_computation_ops (strict)
+    Rule("torch-op", "torch_computation_ops",
+         _r(r"\b(?:" + "|".join(re.escape(f"torch.{op}") for op in _TORCH_OPS) + r")(?=\s*\(|\s|$)"),
+         strict_only=True),
+    Rule("functional", "torch_computation_ops",
+         _r(r"torch\.nn\.functional|\bnn\.functional\.\w+|\bF\.(?:" + _F_OPS + ")"), strict_only=True),
+    Rule("functional-import", "torch_computation_ops",
+         _r(r"from\s+torch\.nn\s+import\s+[^\n]*\bfunctional\b|import\s+torch\.nn\.functional"), strict_only=True),
+    # stream_injection (strict)
+    Rule("streams", "stream_injection",
+         _r(r"(?:torch\.)?cuda\.[Ss]tream\s*\(|with\s+(?:torch\.)?cuda\.stream|\.wait_stream\s*\("
+            r"|\.record_stream\s*\(|Stream\(\)"), strict_only=True),
+    # precision_downgrade for fp32 problems (strict)
+    Rule("fp16-downgrade", "precision_downgrade",
+         _r(r"\.half\s*\(|\.float16\s*\(|\.to\s*\(\s*(?:dtype\s*=\s*)?torch\.(?:float16|half)\b"
+            r"|tl\.astype\s*\(\s*[^,]+,\s*tl\.float16\s*\)"), strict_only=True),
+)
+
+
+def strip_comments(code: str, cut_floor_division: bool = True) -> str:
+    """Cut every line at its first ``#`` and (as KernelBench does) then at its first ``//``,
+    strings included; the number of lines is kept, so positions map back to lines."""
+    lines = []
+    for line in code.split("\n"):
+        line = line.split("#", 1)[0]
+        if cut_floor_division:
+            line = line.split("//", 1)[0]
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _line_of(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def check(code: str, strict: bool = True) -> list[Violation]:
+    """Every rule the file breaks (an empty list: it passes), ordered by line."""
+    kernelbench_view = strip_comments(code)
+    hash_only_view = strip_comments(code, cut_floor_division=False)
+    found: dict[tuple[str, int], Violation] = {}
+    for rule in RULES:
+        if rule.strict_only and not strict:
+            continue
+        if rule.required:
+            if rule.pattern.search(kernelbench_view) is None:
+                found[(rule.name, 0)] = Violation(rule.name, rule.category, 0, rule.pattern.pattern)
+            continue
+        for view in (kernelbench_view, hash_only_view):
+            for m in rule.pattern.finditer(view):
+                line = _line_of(view, m.start())
+                found.setdefault((rule.name, line), Violation(rule.name, rule.category, line, m.group(0)))
+    return sorted(found.values(), key=lambda v: (v.line, v.rule))
+
+
+def format_violations(violations: list[Violation], code: str, name: str = "<file>") -> str:
+    """One line per violation, with the offending source line."""
+    lines = code.split("\n")
+    out = []
+    for v in violations:
+        src = f"    {lines[v.line - 1].strip()}" if v.line else ""
+        out.append(f"{name}:{v}" + (f"\n{src}" if src else ""))
+    return "\n".join(out)

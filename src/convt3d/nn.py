@@ -1,0 +1,58 @@
+"""``convt3d.ConvTranspose3d`` (a drop-in subclass of ``torch.nn.ConvTranspose3d``) and ``patch``."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .functional import conv_transpose3d
+
+__all__ = ["ConvTranspose3d", "patch"]
+
+
+class ConvTranspose3d(nn.ConvTranspose3d):
+    """``torch.nn.ConvTranspose3d`` computed by convt3d.
+
+    The constructor, parameters, initialisation and state_dict are PyTorch's own (the same seed
+    gives identical weights; state_dicts load both ways). Two attributes choose the engine for
+    this layer: ``backend`` and ``precision`` (both default None: the package defaults, see
+    :func:`convt3d.conv_transpose3d`).
+    """
+
+    backend: str | None = None
+    precision: str | None = None
+
+    def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+        if self.padding_mode != "zeros":
+            raise ValueError("Only `zeros` padding mode is supported for ConvTranspose3d")
+        output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size, 3,
+                                              self.dilation)
+        return conv_transpose3d(input, self.weight, self.bias, self.stride, self.padding, output_padding,
+                                self.groups, self.dilation, backend=self.backend, precision=self.precision)
+
+    def extra_repr(self) -> str:
+        s = super().extra_repr()
+        if self.backend is not None:
+            s += f", backend={self.backend!r}"
+        if self.precision is not None:
+            s += f", precision={self.precision!r}"
+        return s
+
+
+def patch(model: nn.Module, *, backend: str | None = None, precision: str | None = None) -> nn.Module:
+    """Swap every ``nn.ConvTranspose3d`` inside ``model`` (``model`` itself included) for
+    :class:`ConvTranspose3d`, in place. Subclasses of ``nn.ConvTranspose3d`` with their own
+    ``forward`` are left alone.
+
+    The same parameter and buffer objects are kept (so optimisers holding them keep working),
+    along with their device and dtype, hooks, and training mode. Returns ``model``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"patch() expects an nn.Module, but got {type(model).__name__}")
+    for module in model.modules():
+        if type(module) is nn.ConvTranspose3d:
+            module.__class__ = ConvTranspose3d
+            if backend is not None:
+                module.backend = backend
+            if precision is not None:
+                module.precision = precision
+    return model

@@ -1,0 +1,481 @@
+"""Launcher of the Triton engine: plan (phase table, input layout, weight packing), configs,
+tuning and the launch itself. Callable on its own: ``forward(x, weight, bias, params, precision)``.
+
+CUDA tensors run the compiled kernels; CPU tensors run the very same kernel functions through
+Triton's interpreter, which is how CPU-only CI exercises the real kernel code.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import triton
+
+from .kernels import phase_gemm as K
+from .errors import BackendUnavailableError
+from .params import ConvT3dParams
+
+__all__ = ["Config", "candidate_configs", "forward", "plan", "tuning_log", "clear_caches", "SUPPORTED_DTYPES",
+           "unsupported_reason"]
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile shape and launch parameters of ``phase_gemm_kernel``."""
+
+    BLOCK_M: int  # compact output positions per program (the GEMM's M)
+    BLOCK_N: int  # output channels per program (the GEMM's N)
+    BLOCK_K: int  # input channels per K step
+    BLOCK_W: int  # the position tile is (BLOCK_M // BLOCK_W) compact rows x BLOCK_W compact columns
+    num_warps: int
+    num_stages: int
+    use_dot: bool = True
+    W_GROUP: int = 1  # W-residues interleaved per store (2 for stride 2 along W, NCDHW output)
+    fill_separate: bool = True  # rows no tap reaches are written by fill_rows_kernel
+    x_cache: str = ""  # cache modifier of the input loads ("" or ".ca")
+    maxnreg: int | None = None  # register cap per thread (occupancy)
+
+    def short(self) -> str:
+        kind = "dot" if self.use_dot else "fma"
+        return (f"{kind} M{self.BLOCK_M}({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W}) N{self.BLOCK_N} "
+                f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}" + (" wg2" if self.W_GROUP == 2 else "")
+                + ("" if self.fill_separate else " nofill") + (f" {self.x_cache}" if self.x_cache else "")
+                + (f" r{self.maxnreg}" if self.maxnreg else ""))
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def uses_tensor_cores(params: ConvT3dParams) -> bool:
+    """tl.dot needs 16 rows/cols per operand. Below 8 channels per group on either side the
+    padding to 16 would waste more than 2x of each MMA and 4x overall, so the exact FMA path
+    is used instead (depthwise and small-group layers)."""
+    return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8
+
+
+def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
+    """Width of the position tile: the power of two that wastes the fewest padded positions on
+    the compact (h, w) plane, the wider on ties (longer contiguous rows). KB 77 (32 x 32
+    compact) gets 4 x 32 at BLOCK_M=128; KB 58 (36 x 70) gets 8 x 16 (27% padding, vs 45% for
+    a plain 64-wide tile) and 4 x 16 at BLOCK_M=64 (12.5%)."""
+    qh, qw = compact_hw
+    best, best_pad = 1, None
+    bw = 1
+    while bw <= block_m:
+        bh = block_m // bw
+        pad = triton.cdiv(qw, bw) * bw * triton.cdiv(qh, bh) * bh
+        if best_pad is None or pad <= best_pad:
+            best, best_pad = bw, pad
+        bw *= 2
+    return best
+
+
+@functools.lru_cache(maxsize=1024)
+def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
+                      channels_last_out: bool = False) -> tuple[Config, ...]:
+    """All configurations tried for one GEMM shape and dtype; the first is the untuned default.
+
+    Measured on the H200 (scripts/gpu_variants.py, NOTES.md), why these tiles:
+    * BLOCK_N (output channels) covers Cout/g in one tile up to 128, so each input tile is read
+      once per program; Cout/g <= 64 on 5 of the 7 KernelBench problems. The spatial side is
+      the MMA's M, so wgmma runs for any Cout/g >= 16.
+    * BLOCK_K (input channels per step): 32 for fp32 (one 128-byte line per position), 64 for
+      16-bit (bf16 with K32 spilled and ran 3-7x slower than K64).
+    * BLOCK_M (positions): 128 is the default; 256 with 8 warps won on the large-N bf16 layers
+      (gan 418 -> 311 us, videogpt 848 -> 612 us) and on KB 77 (739 -> 616 us); 64 with 4
+      stages on KB 77 at tf32x3. Accumulators are kept <= 128 registers per thread.
+    * num_stages 3: 4-6 stages never won by more than noise and lost up to 40% (KB 73, 68).
+      The .ca cache hint and a 128-register cap were tried too and changed nothing (< 3%).
+    * W_GROUP=2 for stride 2 along W into NCDHW output: both W-residues of a row are computed
+      and stored as whole rows (strided per-phase stores ran KB 77 at 2.3 ms, 250 GB/s).
+    * fill_separate: output rows no tap reaches are written by a store-only kernel at full
+      occupancy (KB 77: 995 -> 739 us).
+    """
+    cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
+    esize = dtype.itemsize
+    # Tile shapes follow the compact grids of the phases that do GEMM work; the extra row or
+    # column of empty phases (KB 77) is covered by store-only edge tiles.
+    hw = tuple(max(p.axes[i].size for p in params.phases if not p.empty) for i in (1, 2))
+    wg = 2 if params.stride[2] == 2 and not channels_last_out else 1
+    if not uses_tensor_cores(params):
+        # Outer-product FMA path: one input channel per step; the accumulators hold
+        # BLOCK_M x BLOCK_N = 2048 fp32 (16 per thread at 4 warps).
+        bn = min(_pow2_at_least(cout_g), 16)
+        plane = _pow2_at_least(hw[0] * hw[1])
+        sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
+        return tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
+
+    # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
+    plane = max(16, _pow2_at_least(hw[0] * hw[1]))
+    bn = max(16, min(128, _pow2_at_least(cout_g)))
+    bk = max(16, min(32 if esize == 4 else 64, _pow2_at_least(cin_g)))
+    configs = []
+    for bm, stages in ((128, 3), (256, 3), (64, 4), (128, 4)):
+        bm = min(bm, plane)
+        warps = 4 if wg * bm * bn <= 128 * 64 else 8
+        if wg * bm * bn // (32 * warps) > 128:
+            continue  # accumulators would spill
+        if stages * (bn * bk + bk * bm) * esize > 200 * 1024:
+            continue
+        cfg = Config(bm, bn, bk, block_w(hw, bm), warps, stages, W_GROUP=wg)
+        if cfg not in configs:
+            configs.append(cfg)
+    return tuple(configs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels: compiled for CUDA, interpreted for CPU (built lazily, once).
+# ----------------------------------------------------------------------------------------------
+def interpreter_active() -> bool:
+    """True when Triton was imported with TRITON_INTERPRET=1 (its kernels then run on the CPU)."""
+    return bool(triton.knobs.runtime.interpret)
+
+
+def _kernel(name: str, device: torch.device):
+    # Triton decides between compiling and interpreting when a @triton.jit function is created
+    # (its own library helpers such as tl.zeros included), so the interpreter cannot be switched
+    # on per call: CPU tensors need TRITON_INTERPRET=1 before triton is imported.
+    if device.type == "cpu" and not interpreter_active():
+        raise BackendUnavailableError(
+            "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
+            "triton is imported: set TRITON_INTERPRET=1 in the environment (or move the tensors to CUDA)")
+    return getattr(K, name)
+
+
+def unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None = None) -> str | None:
+    """Why the Triton engine cannot run this call, or None (the dispatcher's one question)."""
+    if x.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {x.dtype} (the Triton engine runs float32, float16 and bfloat16)"
+    if x.device.type == "cuda":
+        major, _ = torch.cuda.get_device_capability(x.device)
+        if major < 8:
+            return f"GPU {torch.cuda.get_device_name(x.device)} (compute capability {major}.x; needs 8.0+)"
+    elif x.device.type != "cpu":  # CPU runs Triton's interpreter
+        return f"device type {x.device.type!r}"
+    if params is not None:
+        c, (d, h, w) = params.in_channels, params.in_size
+        co, (od, oh, ow) = params.out_channels, params.out_size
+        pad = 256 + max(params.kernel_size) * max(params.dilation)
+        xs = x.stride() if x.dim() == 5 else (0,) + x.stride()
+        # The kernel reads either x itself or its NDHWC copy: check the larger of the two.
+        x_strides = (0, max(xs[1], 1), 0, max(xs[3], w * c), max(xs[4], c))
+        y_strides = (0, 0, 0, ow * co, co) if co > 1 else (0, 0, 0, ow, 1)
+        if not slice_offsets_fit(params, x_strides, y_strides, pad):
+            return "a depth slice of the input or output spans more than 2^31 elements"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Plan: everything that depends only on the call signature, cached.
+# ----------------------------------------------------------------------------------------------
+_tables: dict[tuple, torch.Tensor] = {}
+
+
+def _row_class_empty(params: ConvT3dParams, rd: int, rh: int) -> bool:
+    """No tap reaches output rows of depth residue rd / height residue rh (whatever the W residue)."""
+    return params.axes[0].phases[rd].num_taps == 0 or params.axes[1].phases[rh].num_taps == 0
+
+
+def phase_table(params: ConvT3dParams, device: torch.device, w_group: int = 1,
+                skip_empty_rows: bool = False) -> torch.Tensor:
+    """int32 [groups * w_group, 16]: per phase its residues, tap counts, first taps, first
+    offsets and compact grid sizes, in phase order (W residue fastest). With skip_empty_rows the
+    phases of row classes no tap reaches are left out (fill_rows_kernel writes those rows)."""
+    key = ("phases", params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
+           params.in_size, w_group, skip_empty_rows, str(device))
+    tab = _tables.get(key)
+    if tab is None:
+        rows = []
+        for ph in params.phases:
+            a = ph.axes
+            if skip_empty_rows and _row_class_empty(params, a[0].residue, a[1].residue):
+                continue
+            rows.append([a[0].residue, a[1].residue, a[2].residue,
+                         a[0].num_taps, a[1].num_taps, a[2].num_taps,
+                         a[0].first_tap, a[1].first_tap, a[2].first_tap,
+                         a[0].first_offset, a[1].first_offset, a[2].first_offset,
+                         a[0].size, a[1].size, a[2].size, 0])
+        tab = torch.tensor(rows, dtype=torch.int32).reshape(-1, 16).to(device)
+        _tables[key] = tab
+    return tab
+
+
+def empty_rows(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
+    """int32 [rows, 2]: the (od, oh) output rows that no tap reaches (bias/zero only)."""
+    key = ("rows", params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
+           params.in_size, str(device))
+    tab = _tables.get(key)
+    if tab is None:
+        (sd, sh, _), (od_n, oh_n, _) = params.stride, params.out_size
+        pairs = [(od, oh) for od in range(od_n) for oh in range(oh_n) if _row_class_empty(params, od % sd, oh % sh)]
+        tab = torch.tensor(pairs, dtype=torch.int32).reshape(-1, 2).to(device)
+        _tables[key] = tab
+    return tab
+
+
+def suggests_channels_last(t: torch.Tensor) -> bool:
+    """PyTorch's rule for a 5-D tensor's preferred memory format (channels_last_3d vs contiguous)."""
+    if t.dim() != 5 or t.is_contiguous():
+        return False
+    if t.is_contiguous(memory_format=torch.channels_last_3d):
+        return True
+    # Non-contiguous views: channels_last if the channel stride is the smallest.
+    dims = [i for i in range(5) if t.shape[i] > 1]
+    return 1 in dims and t.stride(1) == min(t.stride(i) for i in dims)
+
+
+def output_memory_format(x: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
+    """As PyTorch's convolutions: channels_last_3d out if the input or the weight suggests it."""
+    if suggests_channels_last(x) or suggests_channels_last(weight):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+# ----------------------------------------------------------------------------------------------
+# Tuning
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class TuneRecord:
+    config: Config
+    seconds: float
+    timings_ms: dict[str, float]
+
+
+_tuned: dict[tuple, TuneRecord] = {}
+
+
+def tuning_log() -> dict[tuple, TuneRecord]:
+    """Tuning results of this process (key -> chosen config, tuning seconds, per-config ms)."""
+    return dict(_tuned)
+
+
+def clear_caches() -> None:
+    _tuned.clear()
+    _tables.clear()
+
+
+def _tuning_enabled() -> bool:
+    return os.environ.get("CONVT3D_AUTOTUNE", "1") not in ("0", "false", "False", "")
+
+
+@functools.lru_cache(maxsize=None)
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _tune_key(params: ConvT3dParams, x: torch.Tensor, precision: str, out_cl: bool) -> tuple:
+    return (device_name(x.device), x.dtype, precision, out_cl, params)
+
+
+def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config:
+    rec = _tuned.get(key)
+    if rec is not None:
+        return rec.config
+    if len(configs) == 1 or not _tuning_enabled():
+        _tuned[key] = TuneRecord(configs[0], 0.0, {})
+        return configs[0]
+    t0 = time.perf_counter()
+    timings = {}
+    best, best_ms = configs[0], math.inf
+    for cfg in configs:
+        run(cfg)  # compile + warm
+        ms = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=30, return_mode="median")
+        timings[cfg.short()] = ms
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    _tuned[key] = TuneRecord(best, time.perf_counter() - t0, timings)
+    return best
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.Tensor:
+    """Return x with channels innermost (NDHWC strides), copying (and TF32-rounding) if asked."""
+    if not need_copy:
+        return x
+    n, c, d, h, w = x.shape
+    sd, sh, sw = x.stride()[2:]
+    if not (sh == w * sw and sd == h * sh):
+        x = x.contiguous()  # spatial dims not flattenable with one stride: rare (sliced views)
+    y = torch.empty((n, d, h, w, c), dtype=x.dtype, device=x.device)
+    s = d * h * w
+    if y.numel() == 0:
+        return y.permute(0, 4, 1, 2, 3)
+    block_c = min(64, _pow2_at_least(c))
+    block_s = 64
+    grid = (triton.cdiv(s, block_s), triton.cdiv(c, block_c), n)
+    _kernel("to_channels_last_kernel", x.device)[grid](
+        x, y, c, s, x.stride(0), x.stride(1), x.stride(4), ROUND_TF32=round_tf32, BLOCK_C=block_c,
+        BLOCK_S=block_s, num_warps=4)
+    return y.permute(0, 4, 1, 2, 3)  # logical NCDHW view of NDHWC memory
+
+
+def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, round_tf32: bool) -> torch.Tensor:
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    kvol = math.prod(params.kernel_size)
+    w = weight.contiguous()
+    packed = torch.empty((g, kvol, cout_g, cin_g), dtype=weight.dtype, device=weight.device)
+    block = 1024
+    grid = (triton.cdiv(kvol * cout_g * cin_g, block), g)
+    _kernel("pack_weight_kernel", weight.device)[grid](
+        w, packed, cin_g, cout_g, kvol, w.stride(0), w.stride(1), 1, ROUND_TF32=round_tf32, BLOCK=block,
+        num_warps=4)
+    return packed
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def slice_offsets_fit(params: ConvT3dParams, x_strides, y_strides, pad: int) -> bool:
+    """The kernel adds 64-bit per-program bases to 32-bit in-slice offsets (h, w and channel
+    terms); those must stay below 2^31 even with tile padding of ``pad`` positions."""
+    (h, w), (oh, ow) = params.in_size[1:], params.out_size[1:]
+    x_span = (h + pad) * abs(x_strides[3]) + (w + pad) * abs(x_strides[4]) \
+        + params.in_channels_per_group * abs(x_strides[1])
+    y_span = (oh + pad) * abs(y_strides[3]) + (ow + pad) * abs(y_strides[4])
+    return max(x_span, y_span) <= _INT32_MAX
+
+
+def _check_slice_offsets(params, xin, y, pad):
+    if not slice_offsets_fit(params, xin.stride(), y.stride(), pad + max(params.kernel_size) * max(params.dilation)):
+        raise BackendUnavailableError(
+            "backend='triton' cannot run this call: one depth slice of the input or output spans more "
+            f"than 2^31 elements (input {tuple(xin.shape)}, output {tuple(y.shape)})")
+
+
+@dataclass
+class Launch:
+    """A prepared call: operands in kernel layout, the output, and ``run(config)`` to launch the
+    kernels (it returns Triton's compiled-kernel handle of the main kernel, for inspection)."""
+
+    y: torch.Tensor
+    run: Callable[[Config], object]
+    configs: tuple[Config, ...]
+    tune_key: tuple
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything about a call that depends only on its signature (cached per process)."""
+
+    out_format: torch.memory_format
+    configs: tuple[Config, ...]
+    tune_key: tuple
+    round_tf32: bool
+    copy_input: bool
+    dot_precision: str
+
+
+_plans: dict[tuple, Plan] = {}
+
+
+def plan(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision: str) -> Plan:
+    """The launcher's decisions for this call signature (also shown by explain and the tests)."""
+    key = (params, x.dtype, x.device, x.stride(), weight.stride(), precision)
+    p = _plans.get(key)
+    if p is None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, but got precision={precision!r}")
+        fmt = output_memory_format(x, weight)
+        cl_out = fmt == torch.channels_last_3d
+        use_dot = uses_tensor_cores(params)
+        is_fp32 = x.dtype == torch.float32
+        round_tf32 = is_fp32 and precision == "tf32" and use_dot
+        # K-major operands: the MMA's K is the input channel, so the input is read
+        # channels-innermost. tf32 wgmma cannot take an MN-major operand at all, and 16-bit loads
+        # along W would not be provably contiguous (no 16-byte cp.async); the copy costs 2x the
+        # input bytes (16 us of KB 77's 600). It also rounds fp32 to TF32 (see the copy kernel).
+        copy_input = use_dot and (x.stride(1) != 1 or round_tf32)
+        # 16-bit operands ignore the dot's input precision; "tf32" keeps them on the chained
+        # accumulate path (the "ieee" path sums each K block separately, see the kernel).
+        p = Plan(fmt, candidate_configs(params, x.dtype, precision, cl_out),
+                 _tune_key(params, x, precision, cl_out), round_tf32, copy_input,
+                 precision if is_fp32 else "tf32")
+        _plans[key] = p
+    return p
+
+
+def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
+            precision: str) -> Launch:
+    """Allocate the output and bring input and weight into kernel layout (see ``forward``)."""
+    pl = plan(params, x, weight, precision)
+    y = torch.empty(params.out_shape, dtype=x.dtype, device=x.device, memory_format=pl.out_format)
+    if y.numel() == 0:
+        return Launch(y, lambda cfg: None, pl.configs, pl.tune_key)
+    xin = _prepare_input(x, pl.round_tf32, pl.copy_input)
+    wp = _pack_weight(weight, params, pl.round_tf32)
+    kernel = _kernel("phase_gemm_kernel", x.device)
+    q = params.compact_size
+    axes = params.axes
+    b = bias if bias is not None else wp  # dummy pointer when HAS_BIAS is False
+    _check_slice_offsets(params, xin, y, max(c.BLOCK_M for c in pl.configs))
+
+    def run(cfg: Config):
+        tab = phase_table(params, x.device, cfg.W_GROUP, cfg.fill_separate)
+        if cfg.fill_separate:
+            rows = empty_rows(params, x.device)
+            if rows.shape[0] > 0:
+                block_c = min(64, _pow2_at_least(params.out_channels))
+                block_w = min(128, _pow2_at_least(params.out_size[2]))
+                _kernel("fill_rows_kernel", x.device)[(rows.shape[0], params.batch,
+                                                       triton.cdiv(params.out_channels, block_c))](
+                    y, b, rows, params.out_channels, params.out_size[2], *y.stride(),
+                    HAS_BIAS=bias is not None, BLOCK_C=block_c, BLOCK_W=block_w, num_warps=4)
+        n_groups = tab.shape[0] // cfg.W_GROUP
+        if n_groups == 0:
+            return None
+        bh = cfg.BLOCK_M // cfg.BLOCK_W
+        tiles_h, tiles_w = triton.cdiv(q[1], bh), triton.cdiv(q[2], cfg.BLOCK_W)
+        tiles_n = triton.cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+        grid = (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n,)
+        extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and x.device.type == "cuda" else {}
+        return kernel[grid](
+            xin, wp, b, y, tab,
+            params.batch, params.in_channels_per_group, params.out_channels_per_group,
+            *params.in_size, q[0], params.out_size[2], n_groups,
+            params.kernel_size[1], params.kernel_size[2],
+            *xin.stride(), *wp.stride(), *y.stride(),
+            *params.stride,
+            *(a.tap_step for a in axes),
+            *(a.offset_step for a in axes),
+            tiles_h, tiles_w, tiles_n,
+            HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot, PRECISION=pl.dot_precision, W_GROUP=cfg.W_GROUP,
+            X_CACHE=cfg.x_cache,
+            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, BLOCK_W=cfg.BLOCK_W,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+        )
+
+    return Launch(y, run, pl.configs, pl.tune_key)
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
+            precision: str, config: Config | None = None) -> torch.Tensor:
+    """Transposed convolution of a validated 5-D input by the Triton engine.
+
+    ``precision`` is one of "tf32", "tf32x3", "ieee" (ignored for 16-bit inputs, which multiply
+    in their own type and accumulate in fp32). ``config`` forces a tile configuration; otherwise
+    the first call of a signature on CUDA tunes over ``candidate_configs`` (cached per process).
+    """
+    launch = prepare(x, weight, bias, params, precision)
+    if launch.y.numel() == 0:
+        return launch.y
+    if config is None:
+        rec = _tuned.get(launch.tune_key)
+        if rec is not None:
+            config = rec.config
+        elif x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+            config = launch.configs[0]  # no timing on CPU or inside graph capture
+        else:
+            config = _choose(launch.tune_key, launch.configs, launch.run)
+    launch.run(config)
+    return launch.y

@@ -1,0 +1,148 @@
+"""Argument checking for conv_transpose3d: invalid input raises here, before any engine runs.
+
+Each error has the exception type PyTorch raises for the same mistake
+(PyTorch's functional ``conv_transpose3d`` on CPU/CUDA) and a message that starts with PyTorch's
+wording and names the argument and the value. Where PyTorch's own message is obscure
+(dilation 0 gives "dimensions are invalid", a zero-size kernel a oneDNN failure) the type is
+kept and the message is made plain.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+
+from .params import ConvT3dParams
+
+__all__ = ["triple", "check_call"]
+
+
+def _as_int(value: Any) -> int | None:
+    """``value`` as an int the way PyTorch's argument parser reads one (Python and NumPy ints and
+    one-element integer tensors; bool is refused here), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
+            and not value.is_complex() and value.dtype != torch.bool:
+        return int(value.item())
+    return None
+
+
+def triple(name: str, value: Any) -> tuple[int, int, int]:
+    """Normalise an int-or-sequence argument to three ints, as PyTorch's argument parser does."""
+    single = _as_int(value)
+    if single is not None:
+        return (single,) * 3
+    if not isinstance(value, (tuple, list, torch.Size)):
+        raise TypeError(f"conv_transpose3d(): argument '{name}' must be tuple of ints, not {type(value).__name__}")
+    items = []
+    for pos, v in enumerate(value, start=1):  # 1-based, as PyTorch reports the position
+        iv = _as_int(v)
+        if iv is None:
+            raise TypeError(f"conv_transpose3d(): argument '{name}' must be tuple of ints, "
+                            f"but found element of type {type(v).__name__} at pos {pos} ({name}={value!r})")
+        items.append(iv)
+    if len(items) == 1:
+        items = items * 3
+    if len(items) != 3:
+        raise RuntimeError(f"expected {name} to be a single integer value or a list of 3 values to match the "
+                           f"convolution dimensions, but got {name}={list(value)}")
+    return tuple(items)
+
+
+def _type_name(t: torch.Tensor) -> str:
+    return f"{t.dtype} on {t.device}"
+
+
+def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
+               groups: Any, dilation: Any) -> tuple[ConvT3dParams, bool]:
+    """Validate every argument; return the geometry and whether the input was unbatched.
+
+    Raises TypeError / RuntimeError / ValueError as PyTorch does, naming the argument and value.
+    """
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"conv_transpose3d(): argument 'input' (position 1) must be Tensor, not {type(input).__name__}")
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"conv_transpose3d(): argument 'weight' (position 2) must be Tensor, not {type(weight).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"conv_transpose3d(): argument 'bias' (position 3) must be Tensor, not {type(bias).__name__}")
+    stride = triple("stride", stride)
+    padding = triple("padding", padding)
+    output_padding = triple("output_padding", output_padding)
+    dilation = triple("dilation", dilation)
+    groups_int = _as_int(groups)
+    if groups_int is None:
+        raise TypeError(f"conv_transpose3d(): argument 'groups' must be int, not {type(groups).__name__}")
+    groups = groups_int
+
+    if input.dim() not in (4, 5):
+        raise RuntimeError("Expected 4D (unbatched) or 5D (batched) input to conv_transpose3d, but got input of "
+                           f"size: {list(input.shape)}")
+    if weight.dim() != 5:
+        raise RuntimeError("expected weight to be 5-D (in_channels, out_channels/groups, kD, kH, kW), but got "
+                           f"weight of size {list(weight.shape)}")
+    if weight.dtype != input.dtype:
+        raise RuntimeError(f"Input type ({_type_name(input)}) and weight type ({_type_name(weight)}) should be the same")
+    if bias is not None and bias.dtype != input.dtype:
+        raise RuntimeError(f"Input type ({_type_name(input)}) and bias type ({_type_name(bias)}) should be the same")
+    if weight.device != input.device:
+        raise RuntimeError(f"Input and weight must be on the same device, but got input on {input.device} and "
+                           f"weight on {weight.device}")
+    if bias is not None and bias.device != input.device:
+        raise RuntimeError(f"Input and bias must be on the same device, but got input on {input.device} and "
+                           f"bias on {bias.device}")
+
+    if any(s <= 0 for s in stride):
+        raise RuntimeError(f"non-positive stride is not supported: stride={stride}")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError(f"non-positive dilation is not supported: dilation={dilation}")
+    if any(p < 0 for p in padding):
+        raise RuntimeError(f"negative padding is not supported: padding={padding}")
+    if any(p < 0 for p in output_padding):
+        raise RuntimeError(f"negative output_padding is not supported: output_padding={output_padding}")
+    for i, name in enumerate(("depth", "height", "width")):
+        if output_padding[i] >= stride[i] and output_padding[i] >= dilation[i]:
+            raise RuntimeError(
+                "output padding must be smaller than either stride or dilation, but got "
+                f"output_padding_{name}: {output_padding[i]} stride_{name}: {stride[i]} dilation_{name}: {dilation[i]} "
+                f"(output_padding={output_padding}, stride={stride}, dilation={dilation})")
+    if groups <= 0:
+        raise RuntimeError(f"non-positive groups is not supported: groups={groups}")
+
+    w_in, cout_g = weight.shape[0], weight.shape[1]
+    kernel = tuple(int(k) for k in weight.shape[2:])
+    if w_in < groups or w_in % groups != 0:
+        raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0 "
+                           f"(at least {groups}), but got weight of size {list(weight.shape)} instead")
+    if any(k <= 0 for k in kernel):
+        raise RuntimeError(f"expected a positive kernel size, but got weight of size {list(weight.shape)} "
+                           f"(kernel_size={kernel})")
+    if cout_g == 0:
+        # PyTorch refuses an empty weight ("non-empty 5D ... tensor expected for weight").
+        raise RuntimeError(f"expected weight to have at least one output channel per group, but got weight of "
+                           f"size {list(weight.shape)} (out_channels/groups=0)")
+
+    unbatched = input.dim() == 4
+    shape5 = (1,) + tuple(input.shape) if unbatched else tuple(input.shape)
+    if shape5[1] != w_in:
+        raise RuntimeError(f"Given transposed=1, weight of size {list(weight.shape)}, expected input{list(input.shape)} "
+                           f"to have {w_in} channels, but got {shape5[1]} channels instead")
+    cout = cout_g * groups
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != cout):
+        raise RuntimeError(f"Given transposed=1, weight of size {list(weight.shape)}, expected bias to be 1-dimensional "
+                           f"with {cout} elements, but got bias of size {list(bias.shape)} instead")
+    if shape5[0] != 0 and any(s == 0 for s in shape5[2:]):
+        raise RuntimeError("Only zero batch or zero channel inputs are supported, but got input shape: "
+                           f"{list(input.shape)}")
+
+    params = ConvT3dParams.create(shape5[0], w_in, cout, groups, shape5[2:], kernel, stride, padding,
+                                  output_padding, dilation)
+    out = params.out_size
+    if any(o <= 0 for o in out):
+        raise RuntimeError(f"Given input size per channel: ({' x '.join(map(str, shape5[2:]))}). Calculated output "
+                           f"size per channel: ({' x '.join(map(str, out))}). Output size is too small "
+                           f"(stride={stride}, padding={padding}, dilation={dilation}, kernel_size={kernel})")
+    return params, unbatched

@@ -1,0 +1,411 @@
+"""CPU tests of ``convt3d bench``: suite definitions, filters, roofline arithmetic, the row and JSON
+logic (driven on CPU with a fake timer), the plot, and the interpreter check end to end."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from convt3d.bench import check, cli, report, roofline, runner, suites
+from convt3d.bench.suites import Case, Geometry
+from convt3d.validate import check_call
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+# ---- suites: exactly the numbers of issue 2 ------------------------------------------------------
+# N, Cin, Cout, input (D,H,W), kernel, stride, padding, output_padding, dilation, groups
+KERNELBENCH_ISSUE = {
+    "kb58": (16, 32, 16, (16, 32, 64), (3, 5, 7), 1, 0, 0, 1, 1),
+    "kb61": (8, 48, 48, (64, 64, 64), 3, 1, 0, 0, 1, 1),
+    "kb68": (16, 32, 64, (64, 64, 64), (3, 5, 5), 1, 0, 0, 1, 1),
+    "kb70": (8, 48, 24, (96, 96, 96), 3, 1, 0, 0, 1, 1),
+    "kb72": (8, 32, 32, (12, 24, 48), (3, 5, 7), 2, (1, 2, 3), (1, 1, 1), 1, 4),
+    "kb73": (4, 32, 32, (32, 64, 128), 3, 2, 1, 0, 1, 1),
+    "kb77": (16, 32, 64, (16, 32, 32), 3, 2, 1, 0, 2, 1),
+}
+# Output sizes from shared/CONTEXT.md (measured with PyTorch).
+KERNELBENCH_OUT = {"kb58": (18, 36, 70), "kb61": (66, 66, 66), "kb68": (66, 68, 68), "kb70": (98, 98, 98),
+                   "kb72": (24, 48, 96), "kb73": (63, 127, 255), "kb77": (33, 65, 65)}
+# N, Cin, Cout, input, kernel, stride, padding, output_padding, bias
+LAYERS_ISSUE = {
+    "nnunet_128_64": (2, 128, 64, 32, 2, 2, 0, 0, True),
+    "nnunet_64_32": (2, 64, 32, 64, 2, 2, 0, 0, True),
+    "monai_unet_k3": (4, 64, 32, 32, 3, 2, 1, 1, True),
+    "gan_k4s2p1": (8, 256, 128, 16, 4, 2, 1, 0, False),
+    "videogpt_k4s2p3": (4, 240, 240, (10, 34, 34), 4, 2, 3, 0, True),
+    "aniso_122": (2, 256, 128, (8, 64, 64), (1, 2, 2), (1, 2, 2), 0, 0, True),
+    "refine_k3s1": (4, 64, 64, 32, 3, 1, 1, 0, True),
+}
+
+
+def t3(v):
+    return tuple(v) if isinstance(v, tuple) else (v, v, v)
+
+
+@pytest.mark.parametrize("name", list(KERNELBENCH_ISSUE), ids=list(KERNELBENCH_ISSUE))
+def test_kernelbench_geometry_matches_issue(name):
+    g = {g.name: g for g in suites.KERNELBENCH}[name]
+    n, cin, cout, size, k, s, p, op, d, groups = KERNELBENCH_ISSUE[name]
+    assert (g.batch, g.in_channels, g.out_channels, g.groups, g.bias) == (n, cin, cout, groups, False)
+    assert (g.in_size, g.kernel, g.stride, g.padding, g.output_padding, g.dilation) == \
+        tuple(t3(v) for v in (size, k, s, p, op, d))
+    assert g.out_size() == KERNELBENCH_OUT[name]
+    x = torch.empty((n, cin) + g.in_size, device="meta")
+    w = torch.empty(g.weight_shape, device="meta")
+    params, _ = check_call(x, w, None, *g.conv_args())
+    assert params.out_size == KERNELBENCH_OUT[name]
+
+
+@pytest.mark.parametrize("name", list(LAYERS_ISSUE), ids=list(LAYERS_ISSUE))
+def test_layer_geometry_matches_issue(name):
+    g = {g.name: g for g in suites.LAYERS}[name]
+    n, cin, cout, size, k, s, p, op, bias = LAYERS_ISSUE[name]
+    assert (g.batch, g.in_channels, g.out_channels, g.groups, g.bias) == (n, cin, cout, 1, bias)
+    assert (g.in_size, g.kernel, g.stride, g.padding, g.output_padding, g.dilation) == \
+        tuple(t3(v) for v in (size, k, s, p, op, 1))
+
+
+def test_suite_rows():
+    kb = suites.select("kernelbench")
+    assert len(kb) == 14
+    assert {(c.dtype, c.layout, c.input_dist) for c in kb} == {("fp32", "ncdhw", "rand")}
+    assert sorted(c.precision for c in kb) == ["default"] * 7 + ["exact"] * 7
+    layers = suites.select("layers")
+    assert len(layers) == 28
+    assert {(c.dtype, c.layout) for c in layers} == {("fp32", "ncdhw"), ("fp32", "cl"), ("bf16", "ncdhw"),
+                                                     ("bf16", "cl")}
+    assert {(c.precision, c.input_dist) for c in layers} == {("default", "randn")}
+    assert len(suites.select("all")) == 42
+    labels = [c.label for c in suites.select("all")]
+    assert len(set(labels)) == len(labels)
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({"suite": "kernelbench", "precisions": ["exact"]}, 7),
+    ({"names": ["kb77"]}, 2),
+    ({"names": ["kb77", "gan_k4s2p1"]}, 6),
+    ({"dtypes": ["bf16"]}, 14),
+    ({"layouts": ["cl"]}, 14),
+    ({"names": ["gan_k4s2p1"], "dtypes": ["bf16"], "layouts": ["cl"]}, 1),
+    ({"suite": "layers", "precisions": ["exact"]}, 0),
+    ({"suite": "kernelbench", "names": ["gan_k4s2p1"]}, 0),
+], ids=["kb-exact", "one-case", "two-cases", "bf16", "cl", "single-row", "layers-exact-empty",
+        "suite-and-case-disjoint"])
+def test_select_filters(kwargs, expected):
+    assert len(suites.select(**kwargs)) == expected
+
+
+@pytest.mark.parametrize("kwargs", [{"names": ["kb99"]}, {"dtypes": ["fp16"]}, {"suite": "nope"}],
+                         ids=["case", "dtype", "suite"])
+def test_select_rejects_unknown(kwargs):
+    with pytest.raises(ValueError, match="expected"):
+        suites.select(**kwargs)
+
+
+def test_cli_parses_comma_lists_and_repeats():
+    args = cli.build_parser().parse_args(["--case", "kb58,kb61", "--case", "kb77", "--dtype", "fp32,bf16"])
+    assert cli._flatten(args.case) == ["kb58", "kb61", "kb77"]
+    assert cli._flatten(args.dtype) == ["fp32", "bf16"]
+
+
+@pytest.mark.parametrize("geometry", suites.KERNELBENCH + suites.LAYERS,
+                         ids=[g.name for g in suites.KERNELBENCH + suites.LAYERS])
+def test_reduced_geometry(geometry):
+    r = suites.reduced_for_interpreter(geometry)
+    assert (r.kernel, r.stride, r.padding, r.output_padding, r.dilation, r.groups, r.bias) == \
+        (geometry.kernel, geometry.stride, geometry.padding, geometry.output_padding, geometry.dilation,
+         geometry.groups, geometry.bias)
+    assert r.batch == 1
+    for full, small in ((geometry.in_channels, r.in_channels), (geometry.out_channels, r.out_channels)):
+        per_group, small_per_group = full // geometry.groups, small // r.groups
+        assert small_per_group <= suites.INTERP_MAX_CHANNELS_PER_GROUP
+        assert (small_per_group >= 8) == (per_group >= 8)  # same side of the tensor-core threshold
+    assert all(o >= min(s, full) for o, s, full in zip(r.out_size(), r.stride, geometry.out_size()))
+
+
+def test_make_tensors_layout_and_init():
+    case = suites.select("layers", ["monai_unet_k3"], ["bf16"], ["cl"])[0]
+    g = suites.reduced_for_interpreter(case.geometry)
+    t = suites.make_tensors(case, "cpu", 0, geometry=g)
+    assert t.x.dtype == t.w.dtype == t.b.dtype == torch.bfloat16
+    assert t.x.is_contiguous(memory_format=torch.channels_last_3d) and not t.x.is_contiguous()
+    bound = 1 / math.sqrt(g.out_channels * 27)  # nn.ConvTranspose3d: fan_in = Cout/groups * kvol
+    assert t.w.abs().max().item() <= bound * 1.01
+    again = suites.make_tensors(case, "cpu", 0, geometry=g)
+    assert torch.equal(t.x, again.x) and torch.equal(t.w, again.w)
+
+
+# ---- roofline arithmetic -------------------------------------------------------------------------
+H200 = roofline.Ceilings(copy_bytes_per_s=4.24e12, bf16_flops_per_s=683e12, tf32_flops_per_s=374e12,
+                         fp32_flops_per_s=51e12)
+
+
+def _params(g: Geometry):
+    x = torch.empty((g.batch, g.in_channels) + g.in_size, device="meta")
+    w = torch.empty(g.weight_shape, device="meta")
+    return check_call(x, w, None, *g.conv_args())[0]
+
+
+def test_kb77_memory_floor_is_about_140us():
+    g = {g.name: g for g in suites.KERNELBENCH}["kb77"]
+    p = _params(g)
+    mem_s, comp_s = roofline.floors(p.useful_flops, p.min_bytes(4, False), H200, "tf32")
+    assert 135e-6 < mem_s < 150e-6  # issue 3: "the memory floor is about 140 µs"
+    assert comp_s < mem_s
+
+
+@pytest.mark.parametrize("dtype, precision, key, peak", [
+    ("bf16", "default", "bf16", 683e12), ("fp32", "default", "tf32", 374e12),
+    ("fp32", "exact", "exact", 374e12 / 3)], ids=["bf16", "tf32", "exact"])
+def test_peak_classes(dtype, precision, key, peak):
+    assert roofline.peak_class(dtype, precision) == key
+    assert H200.peak(key) == pytest.approx(peak)
+
+
+def test_exact_grade_peak_is_the_faster_way():
+    slow_tf32 = roofline.Ceilings(4e12, 600e12, 120e12, 51e12)
+    assert slow_tf32.exact_grade_flops_per_s == 51e12
+
+
+def test_roofline_percent_and_tflops():
+    assert roofline.roofline_percent(200e-6, 140e-6, 50e-6) == pytest.approx(70.0)
+    assert roofline.roofline_percent(100e-6, 10e-6, 100e-6) == pytest.approx(100.0)
+    assert roofline.tflops(2e12, 0.5) == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        roofline.roofline_percent(0.0, 1.0, 1.0)
+
+
+def test_geomean():
+    assert roofline.geomean([2, 8]) == pytest.approx(4.0)
+    assert math.isnan(roofline.geomean([]))
+    with pytest.raises(ValueError):
+        roofline.geomean([1.0, 0.0])
+
+
+@pytest.mark.parametrize("estimate_ms, warmup, rep", [(0.1, 10.0, 60.0), (185.0, 185.0, 5.5 * 185.0)],
+                         ids=["fast-call", "kb68-exact-cudnn"])
+def test_bench_budget(estimate_ms, warmup, rep):
+    assert runner.bench_budget(estimate_ms, runner.TimingSettings()) == pytest.approx((warmup, rep))
+
+
+def test_cudnn_tf32_flag_is_restored():
+    before = torch.backends.cudnn.allow_tf32
+    with roofline.cudnn_tf32(not before):
+        assert torch.backends.cudnn.allow_tf32 is (not before)
+    assert torch.backends.cudnn.allow_tf32 is before
+    assert torch.backends.cudnn.enabled  # only the TF32 flag was touched
+
+
+def test_round_to_tf32():
+    x = torch.tensor([1 + 2 ** -11, 1 + 2 ** -12, -(1 + 3 * 2 ** -11), float("inf"), float("nan")])
+    y = check.round_to_tf32(x)
+    assert y[0].item() == 1 + 2 ** -10  # tie: away from zero
+    assert y[1].item() == 1.0
+    assert y[2].item() == -(1 + 2 ** -9)
+    assert math.isinf(y[3].item()) and math.isnan(y[4].item())
+
+
+# ---- rows, summary, JSON, plot (CPU, fake timer) -------------------------------------------------
+class FakeTimer:
+    """Stands in for CudaTimer: convt3d calls 'take' 1 ms, PyTorch calls 3 ms with TF32 allowed
+    (default flags) and 2 ms without, so every ratio below is known. The runner names its two
+    callables ``ours`` and ``theirs``."""
+
+    def first_call(self, fn):
+        return fn(), 0.25
+
+    def steady(self, fn):
+        fn()
+        if fn.__name__ == "ours":
+            return 1e-3
+        return 3e-3 if torch.backends.cudnn.allow_tf32 else 2e-3
+
+    def release(self):
+        pass
+
+
+TINY = Geometry.of("tiny", 1, 8, 8, 3, 3, 2, 1, 1, bias=True)
+TINY_CASES = [Case("kernelbench", TINY, "fp32", "ncdhw", "default", "rand"),
+              Case("kernelbench", TINY, "fp32", "ncdhw", "exact", "rand"),
+              Case("layers", TINY, "bf16", "cl", "default", "randn")]
+
+
+@pytest.fixture(scope="module")
+def timing_rows():
+    rows, failures = runner.run_cases(TINY_CASES, "fwd", "torch", H200, runner.TimingSettings(), device="cpu",
+                                      timer=FakeTimer())
+    assert failures == []
+    return rows
+
+
+def test_timing_rows(timing_rows):
+    default, exact, bf16 = timing_rows
+    assert [r["precision"] for r in timing_rows] == ["default", "exact", "default"]
+    assert default["speedup"] == pytest.approx(3.0)  # default flags: 3 ms / 1 ms
+    assert exact["speedup"] == pytest.approx(2.0)  # TF32 off: 2 ms / 1 ms
+    assert exact["speedup_vs_default_flags"] == pytest.approx(3.0)
+    assert exact["torch_default_flags_reused"] is True  # same geometry, measured just before
+    assert "speedup_vs_default_flags" not in default
+    assert exact["peak_class"] == "exact" and default["peak_class"] == "tf32" and bf16["peak_class"] == "bf16"
+    assert bf16["engine"] == "torch" and bf16["output_layout_matches"]
+    for r in timing_rows:
+        assert r["max_abs_diff_vs_torch"] == 0.0  # backend torch against itself
+        assert r["roofline_pct"] == pytest.approx(100 * max(r["mem_floor_us"], r["compute_floor_us"]) / 1000)
+        assert r["tflops"] == pytest.approx(r["useful_flop"] / 1e-3 / 1e12)
+
+
+def test_exact_row_measures_default_flags_when_alone():
+    rows, _ = runner.run_cases(TINY_CASES[1:2], "fwd", "torch", H200, runner.TimingSettings(), device="cpu",
+                               timer=FakeTimer())
+    assert rows[0]["torch_default_flags_reused"] is False
+    assert rows[0]["speedup_vs_default_flags"] == pytest.approx(3.0)
+
+
+def test_failing_backend_becomes_a_failure_row():
+    rows, failures = runner.run_cases(TINY_CASES[:1], "fwd", "cuda", H200, runner.TimingSettings(), device="cpu",
+                                      timer=FakeTimer())
+    assert rows == [] and len(failures) == 1
+    assert "BackendUnavailableError" in failures[0]["error"]
+
+
+@pytest.mark.parametrize("mode", ["bwd", "full"])
+def test_planned_modes_raise(mode):
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        runner.get_mode(mode)
+
+
+def test_summary(timing_rows):
+    summary = {s["group"]: s for s in report.summarize(timing_rows)}
+    assert set(summary) == {"kernelbench", "kernelbench default", "kernelbench exact", "layers"}
+    assert summary["kernelbench"]["geomean_speedup"] == pytest.approx(math.sqrt(6))
+    assert summary["kernelbench"]["min_speedup"] == pytest.approx(2.0)
+    assert summary["kernelbench"]["min_speedup_case"] == "tiny fp32 ncdhw exact"
+    assert summary["kernelbench exact"]["geomean_speedup_vs_default_flags"] == pytest.approx(3.0)
+    assert "geomean_speedup_vs_default_flags" not in summary["layers"]
+
+
+def test_json_schema(timing_rows, tmp_path):
+    env = report.environment(cuda=False)
+    data = report.payload("timing", ["--suite", "all"], env, {"backend": "torch"}, timing_rows, [],
+                          report.summarize(timing_rows), H200)
+    path = tmp_path / "out" / "bench.json"
+    report.write_json(path, data)
+    loaded = json.loads(path.read_text())
+    assert loaded["schema"] == report.SCHEMA and loaded["kind"] == "timing"
+    assert {"environment", "settings", "ceilings", "rows", "failures", "summary", "argv", "created"} <= set(loaded)
+    for key in ("torch", "triton", "convt3d", "cudnn", "gpu", "python"):
+        assert key in loaded["environment"]
+    assert loaded["ceilings"]["tf32_flops_per_s"] == 374e12
+    assert loaded["ceilings"]["exact_grade_flops_per_s"] == pytest.approx(374e12 / 3)
+    row_keys = {"case", "suite", "dtype", "layout", "precision", "geometry", "engine", "convt3d_us", "torch_us",
+                "speedup", "tflops", "mem_floor_us", "compute_floor_us", "roofline_pct", "first_call_s",
+                "useful_flop", "min_bytes", "bound", "max_abs_diff_vs_torch"}
+    for row in loaded["rows"]:
+        assert row_keys <= set(row)
+    assert {"torch_default_flags_us", "speedup_vs_default_flags"} <= set(loaded["rows"][1])
+
+
+def test_json_writes_nan_as_null(tmp_path):
+    path = tmp_path / "nan.json"
+    report.write_json(path, report.payload("timing", [], {}, {}, [{"x": math.nan}], [], []))
+    assert json.loads(path.read_text())["rows"] == [{"x": None}]
+
+
+def test_tables_render(timing_rows):
+    import io
+
+    buf = io.StringIO()
+    console = report.make_console(buf)
+    report.print_header(console, report.environment(cuda=False), H200)
+    report.print_timing_table(console, timing_rows, "t")
+    report.print_summary(console, report.summarize(timing_rows))
+    text = buf.getvalue()
+    assert "tiny" in text and "3.00x" in text and "ceilings" in text
+
+
+def test_plot(timing_rows, tmp_path):
+    path = tmp_path / "bench.png"
+    report.write_plot(path, timing_rows, "test")
+    assert path.stat().st_size > 1000
+
+
+# ---- command line --------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "bwd"], "not implemented yet"),
+    (["--case", "kb99"], "unknown case"),
+    (["--suite", "layers", "--precision", "exact"], "no case matches"),
+], ids=["mode-bwd", "unknown-case", "nothing-selected"])
+def test_cli_usage_errors(argv, message, capsys):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_list(capsys):
+    assert cli.main(["--list", "--case", "kb77"]) == 0
+    assert capsys.readouterr().out.split("\n")[:2] == ["kernelbench  kb77 fp32 ncdhw default",
+                                                        "kernelbench  kb77 fp32 ncdhw exact"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter check is the no-CUDA mode")
+def test_cli_interpreter_check(tmp_path):
+    """End to end: in-process under TRITON_INTERPRET=1 (CI), otherwise through the re-run."""
+    path = tmp_path / "check.json"
+    rc = cli.main(["--case", "kb77", "--precision", "default", "--jobs", "1", "--json", str(path)])
+    data = json.loads(path.read_text())
+    assert data["kind"] == "interpreter-check" and data["ceilings"] is None
+    (row,) = data["rows"]
+    assert (row["case"], row["engine"], row["reduced_geometry"]["batch"]) == ("kb77", "triton tf32", 1)
+    assert row["max_abs_err"] >= 0 and row["bar"] > 0 and isinstance(row["ok"], bool)
+    assert rc == (0 if row["ok"] else 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter check is the no-CUDA mode")
+def test_cli_reruns_itself_with_the_interpreter(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = SRC
+    path = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, "-m", "convt3d", "bench", "--case", "aniso_122", "--dtype", "fp32",
+                           "--layout", "cl", "--jobs", "1", "--json", str(path)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert "re-running with TRITON_INTERPRET=1" in proc.stderr
+    assert "timings need a GPU" in proc.stdout
+    data = json.loads(path.read_text())
+    assert data["environment"]["env"]["TRITON_INTERPRET"] == "1"
+    assert proc.returncode == (0 if data["rows"][0]["ok"] else 1), proc.stdout + proc.stderr
+
+
+def test_interpreter_check_in_worker_processes(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned workers import triton afresh
+    cases = suites.select("layers", ["aniso_122"], ["fp32"])
+    rows, failures = check.run_checks(cases, jobs=2)
+    assert failures == []
+    assert [(r.case.layout, r.engine) for r in rows] == [("ncdhw", "triton tf32"), ("cl", "triton tf32")]
+
+
+def test_measure_ceilings_arithmetic(monkeypatch):
+    """The GPU measuring code, on CPU at toy sizes, with do_bench returning 1 ms per call."""
+    import triton.testing
+
+    tf32_flag_seen = []
+
+    def fake_do_bench(fn, warmup, rep, return_mode):
+        fn()
+        tf32_flag_seen.append(torch.backends.cuda.matmul.allow_tf32)
+        return 1.0
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    monkeypatch.setattr(roofline, "COPY_BYTES", 4096)
+    monkeypatch.setattr(roofline, "MATMUL_SIZE", 32)
+    before = torch.backends.cuda.matmul.allow_tf32
+    c = roofline.measure_ceilings("cpu")
+    assert c.copy_bytes_per_s == pytest.approx(2 * 4096 / 1e-3)  # read + write bytes
+    for flops in (c.bf16_flops_per_s, c.tf32_flops_per_s, c.fp32_flops_per_s):
+        assert flops == pytest.approx(2 * 32 ** 3 / 1e-3)
+    assert tf32_flag_seen[1:] == [False, True, False]  # bf16, tf32, exact fp32
+    assert torch.backends.cuda.matmul.allow_tf32 is before

@@ -1,0 +1,261 @@
+"""GPU tests of the Triton engine (skipped without CUDA; CI has none, the H200 runs them).
+
+Accuracy bar (issue 3): against float64 PyTorch, our max abs error is at most 2x cuDNN's own
+error for the same inputs, dtype and precision flag, plus the rounding of the output itself
+(one unit in the last place of the largest output: nobody can beat that). For "tf32" the bar is
+2x the larger of cuDNN's error and the error of exact TF32 arithmetic (operands rounded to TF32,
+float64 sums): where cuDNN silently computes in exact fp32 despite allow_tf32 (grouped KB 72,
+videogpt fp32 in the first probe) no TF32 engine can match it, and the resolution note says so.
+Exact grade must also pass allclose(atol=rtol=1e-4) against float64 on all seven KernelBench
+problems.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convt3d
+from convt3d import triton_engine as E
+from convt3d.dispatch import EXACT_GRADE, decide
+from convt3d.validate import check_call
+
+pytestmark = [pytest.mark.gpu]
+DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def _no_autotune(monkeypatch):
+    # Tuning compiles every candidate config; the tests check correctness of the default one
+    # (test_tuning_picks_a_candidate covers the tuner).
+    monkeypatch.setenv("CONVT3D_AUTOTUNE", "0")
+    yield
+
+
+def _round_tf32(t: torch.Tensor) -> torch.Tensor:
+    bits = t.float().contiguous().view(torch.int32)
+    r = ((bits + 0x1000) & -8192).view(torch.float32)
+    return torch.where(t.float().abs() < float("inf"), r, t.float())
+
+
+def _cudnn(x, w, b, args, precision):
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    try:
+        return F.conv_transpose3d(x, w, b, *args)
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+
+
+def _check(x, w, b, args, precision, out):
+    """Assert the accuracy bar of the module docstring for one output."""
+    ref = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), *args)
+    assert out.shape == ref.shape and out.dtype == x.dtype
+    err = (out.double() - ref).abs().max().item() if ref.numel() else 0.0
+    cud = _cudnn(x, w, b, args, precision)
+    err_cudnn = (cud.double() - ref).abs().max().item() if ref.numel() else 0.0
+    budget = err_cudnn
+    if x.dtype == torch.float32 and precision == "tf32":
+        ideal = F.conv_transpose3d(_round_tf32(x).double(), _round_tf32(w).double(),
+                                   None if b is None else b.double(), *args)
+        budget = max(budget, (ideal - ref).abs().max().item() if ref.numel() else 0.0)
+    ulp = torch.finfo(x.dtype).eps * (ref.abs().max().item() if ref.numel() else 0.0)
+    assert err <= 2 * budget + ulp, f"error {err:.3g} > 2 x {budget:.3g} + {ulp:.3g} (cuDNN {err_cudnn:.3g})"
+    # channels_last_3d in, channels_last_3d out (cuDNN's rule). PyTorch itself returns NCDHW when
+    # it bypasses cuDNN (output_padding >= stride); convt3d keeps the one rule.
+    want_cl = E.suggests_channels_last(x) or E.suggests_channels_last(w)
+    assert E.suggests_channels_last(out) == want_cl or out.numel() == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Randomised sweep over everything nn.ConvTranspose3d accepts
+# ------------------------------------------------------------------------------------------------
+def _random_case(seed: int):
+    rng = random.Random(seed)
+    groups = rng.choice([1, 1, 1, 2, 4])
+    depthwise = rng.random() < 0.15
+    cin_g = rng.choice([1, 3, 8, 16, 32])
+    cout_g = rng.choice([1, 5, 8, 16, 24, 64])
+    if depthwise:
+        groups, cin_g, cout_g = rng.choice([4, 8]), 1, 1
+    k = tuple(rng.choice([1, 2, 3, 4]) for _ in range(3))
+    s = tuple(rng.choice([1, 2, 2, 3]) for _ in range(3))
+    d = tuple(rng.choice([1, 1, 2]) for _ in range(3))
+    p = tuple(rng.randint(0, (k[i] - 1) * d[i] // 2 + 1) for i in range(3))
+    op = tuple(rng.randint(0, max(s[i], d[i]) - 1) for i in range(3))
+    size = tuple(rng.randint(2, 9) for _ in range(3))
+    n = rng.choice([1, 2, 3])
+    return dict(n=n, cin=cin_g * groups, cout=cout_g * groups, size=size, k=k, s=s, p=p, op=op, d=d,
+                groups=groups, bias=rng.random() < 0.6,
+                layout=rng.choice(["ncdhw", "cl", "noncontig", "unbatched"]),
+                dtype=rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float16]),
+                precision=rng.choice(["tf32", "tf32x3", "ieee"]))
+
+
+def _make(c):
+    x = torch.randn(c["n"], c["cin"], *c["size"], device=DEV, dtype=c["dtype"])
+    if c["layout"] == "cl":
+        x = x.to(memory_format=torch.channels_last_3d)
+    elif c["layout"] == "noncontig":
+        x = torch.randn(c["n"], c["cin"], *[v * 2 for v in c["size"]], device=DEV,
+                        dtype=c["dtype"])[:, :, ::2, 1::2, ::2]
+    w = torch.randn(c["cin"], c["cout"] // c["groups"], *c["k"], device=DEV, dtype=c["dtype"]) * 0.2
+    b = torch.randn(c["cout"], device=DEV, dtype=c["dtype"]) if c["bias"] else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("seed", range(40), ids=lambda s: f"random{s}")
+def test_random_sweep(seed):
+    c = _random_case(seed)
+    x, w, b = _make(c)
+    args = (c["s"], c["p"], c["op"], c["groups"], c["d"])
+    try:
+        check_call(x, w, b, *args)
+    except RuntimeError:
+        pytest.skip("random parameters give an invalid convolution (empty output)")
+    prec = c["precision"] if c["dtype"] == torch.float32 else "tf32"
+    if c["layout"] == "unbatched":
+        out = convt3d.conv_transpose3d(x[0], w, b, *args, backend="triton", precision=prec)
+        _check(x[:1], w, b, args, prec, out.unsqueeze(0))
+    else:
+        out = convt3d.conv_transpose3d(x, w, b, *args, backend="triton", precision=prec)
+        _check(x, w, b, args, prec, out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["ncdhw", "cl"])
+@pytest.mark.parametrize("geom", [
+    dict(k=3, s=2, p=1, op=0, d=2, g=1, cin=32, cout=64),      # KB 77: 7 of 8 phases empty
+    dict(k=2, s=2, p=0, op=0, d=1, g=1, cin=64, cout=32),      # nnU-Net upsampling
+    dict(k=3, s=2, p=1, op=1, d=1, g=1, cin=32, cout=32),      # MONAI
+    dict(k=4, s=2, p=1, op=0, d=1, g=1, cin=32, cout=48),      # GAN
+    dict(k=(3, 5, 7), s=2, p=(1, 2, 3), op=1, d=1, g=4, cin=32, cout=32),  # KB 72 grouped
+    dict(k=3, s=1, p=1, op=0, d=1, g=1, cin=24, cout=40),      # stride 1 refine
+    dict(k=3, s=3, p=0, op=2, d=1, g=1, cin=16, cout=16),      # stride 3: strided stores
+    dict(k=3, s=2, p=1, op=0, d=1, g=16, cin=16, cout=16),     # depthwise (FMA path)
+], ids=["kb77", "nnunet", "monai", "gan", "grouped", "refine", "stride3", "depthwise"])
+def test_decoder_geometries(geom, layout, dtype):
+    x = torch.randn(2, geom["cin"], 6, 9, 10, device=DEV, dtype=dtype)
+    if layout == "cl":
+        x = x.to(memory_format=torch.channels_last_3d)
+    k = geom["k"] if isinstance(geom["k"], tuple) else (geom["k"],) * 3
+    w = torch.randn(geom["cin"], geom["cout"] // geom["g"], *k, device=DEV, dtype=dtype) * 0.1
+    b = torch.randn(geom["cout"], device=DEV, dtype=dtype)
+    args = (geom["s"], geom["p"], geom["op"], geom["g"], geom["d"])
+    precs = ["tf32", "tf32x3", "ieee"] if dtype == torch.float32 else ["tf32"]
+    for prec in precs:
+        out = convt3d.conv_transpose3d(x, w, b, *args, backend="triton", precision=prec)
+        _check(x, w, b, args, prec, out)
+
+
+# ------------------------------------------------------------------------------------------------
+# KernelBench problems at exact grade: allclose 1e-4 against float64
+# ------------------------------------------------------------------------------------------------
+KB = {
+    58: (16, 32, 16, (16, 32, 64), (3, 5, 7), 1, 0, 0, 1, 1),
+    61: (8, 48, 48, (64, 64, 64), 3, 1, 0, 0, 1, 1),
+    68: (16, 32, 64, (64, 64, 64), (3, 5, 5), 1, 0, 0, 1, 1),
+    70: (8, 48, 24, (96, 96, 96), 3, 1, 0, 0, 1, 1),
+    72: (8, 32, 32, (12, 24, 48), (3, 5, 7), 2, (1, 2, 3), (1, 1, 1), 1, 4),
+    73: (4, 32, 32, (32, 64, 128), 3, 2, 1, 0, 1, 1),
+    77: (16, 32, 64, (16, 32, 32), 3, 2, 1, 0, 2, 1),
+}
+
+
+@pytest.mark.parametrize("pid", sorted(KB), ids=lambda p: f"kb{p}")
+def test_kernelbench_exact_grade(pid):
+    n, cin, cout, size, k, s, p, op, d, g = KB[pid]
+    torch.manual_seed(42)
+    layer = torch.nn.ConvTranspose3d(cin, cout, k, s, p, op, g, bias=False, dilation=d).to(DEV)
+    x = torch.rand(n, cin, *size, device=DEV)
+    with torch.no_grad():
+        out = convt3d.conv_transpose3d(x, layer.weight, None, s, p, op, g, d, backend="triton",
+                                       precision=EXACT_GRADE)
+        ref = F.conv_transpose3d(x.double(), layer.weight.double(), None, s, p, op, g, d)
+    assert torch.allclose(out.double(), ref, atol=1e-4, rtol=1e-4), (out.double() - ref).abs().max().item()
+
+
+# ------------------------------------------------------------------------------------------------
+# Large tensors, special values, determinism, dispatch, autograd, tuning
+# ------------------------------------------------------------------------------------------------
+def test_output_above_2_pow_31_elements():
+    # k = s = 2: output block [2i, 2i+2) depends on input i only, so slices of the output can be
+    # checked exactly against float64 on the matching input slices.
+    x = torch.randn(1, 16, 256, 256, 130, device=DEV)
+    w = torch.randn(16, 32, 2, 2, 2, device=DEV) * 0.2
+    b = torch.randn(32, device=DEV)
+    out = convt3d.conv_transpose3d(x, w, b, 2, backend="triton", precision="ieee")
+    assert out.numel() > 2**31
+    for d0 in (0, 127, 255):  # first, middle and last input depth slices (offsets beyond 2^31)
+        xs = x[:, :, d0:d0 + 1].double()
+        ref = F.conv_transpose3d(xs, w.double(), b.double(), 2)
+        got = out[:, :, 2 * d0:2 * d0 + 2].double()
+        assert (got - ref).abs().max().item() < 1e-4
+    del out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_nan_inf_propagate_like_pytorch(dtype):
+    x = torch.randn(1, 16, 5, 5, 5, device=DEV, dtype=dtype)
+    x[0, 3, 2, 2, 2] = float("nan")
+    x[0, 5, 0, 1, 4] = float("inf")
+    w = torch.randn(16, 16, 3, 3, 3, device=DEV, dtype=dtype)
+    ours = convt3d.conv_transpose3d(x, w, None, 2, 1, backend="triton", precision="ieee")
+    theirs = F.conv_transpose3d(x, w, None, 2, 1)
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    assert torch.equal(ours.isinf(), theirs.isinf())
+
+
+def test_deterministic_bitwise():
+    x = torch.randn(2, 32, 8, 9, 10, device=DEV)
+    w = torch.randn(32, 48, 3, 3, 3, device=DEV)
+    a = convt3d.conv_transpose3d(x, w, None, 2, 1, backend="triton")
+    b = convt3d.conv_transpose3d(x, w, None, 2, 1, backend="triton")
+    assert torch.equal(a, b)
+
+
+def test_auto_uses_triton_on_cuda():
+    x = torch.randn(1, 16, 4, 4, 4, device=DEV)
+    params, _ = check_call(x, torch.randn(16, 8, 2, 2, 2, device=DEV), None, 2, 0, 0, 1, 1)
+    assert decide(x, "auto", None, params).engine == "triton"
+    assert decide(x.double(), "auto", None, params).engine == "torch"
+
+
+def test_autograd_matches_pytorch():
+    x = torch.randn(2, 16, 5, 6, 7, device=DEV, requires_grad=True)
+    layer = convt3d.ConvTranspose3d(16, 24, 3, stride=2, padding=1, output_padding=1).to(DEV)
+    layer.backend = "triton"
+    layer.precision = "ieee"
+    # Both runs with TF32 off: the backward uses PyTorch's kernels, which follow the flag.
+    torch.backends.cudnn.allow_tf32, old = False, torch.backends.cudnn.allow_tf32
+    try:
+        y = layer(x)
+        g = torch.randn_like(y)
+        y.backward(g)
+        gx, gw, gb = x.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()
+        x.grad = None
+        layer.zero_grad()
+        ref = F.conv_transpose3d(x, layer.weight, layer.bias, 2, 1, 1)
+        ref.backward(g)
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+    assert torch.allclose(y, ref, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(gx, x.grad, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(gw, layer.weight.grad, atol=1e-3, rtol=1e-4)
+    assert torch.allclose(gb, layer.bias.grad, atol=1e-3, rtol=1e-4)
+
+
+def test_tuning_picks_a_candidate(monkeypatch):
+    monkeypatch.setenv("CONVT3D_AUTOTUNE", "1")
+    E.clear_caches()
+    x = torch.randn(2, 32, 8, 8, 8, device=DEV)
+    w = torch.randn(32, 32, 3, 3, 3, device=DEV)
+    params, _ = check_call(x, w, None, 2, 1, 0, 1, 1)
+    out = E.forward(x, w, None, params, "tf32")
+    recs = list(E.tuning_log().values())
+    assert len(recs) == 1 and recs[0].config in E.candidate_configs(params, x.dtype, "tf32", False)
+    assert recs[0].seconds > 0 and len(recs[0].timings_ms) == len(E.candidate_configs(params, x.dtype, "tf32"))
+    _check(x, w, None, (2, 1, 0, 1, 1), "tf32", out)

@@ -1,0 +1,516 @@
+"""The Triton engine's real kernels on CPU tensors, through Triton's interpreter (``backend="triton"``).
+
+These are the same ``@triton.jit`` functions the GPU runs, executed by ``TRITON_INTERPRET=1``; CI
+has no GPU, so this is where every regime of the engine issue is exercised on every push. The
+interpreter is slow (about 0.2-2 s per call here), so shapes are tiny: batch 1-2, <= 20 channels,
+a few positions per dimension (one 12 x 12 plane, for tiles with tails) -- small, but chosen so
+that each regime really occurs (several
+phases, empty phases, tails of every tile, both the tensor-core path (>= 8 channels per group on
+both sides) and the FMA path (fewer)).
+
+What the interpreter does not show: tensor-core rounding. Its ``tl.dot`` multiplies in fp32
+(NumPy), so "tf32x3" behaves like "ieee" here and "tf32" differs only by the launcher's own
+rounding of the operands; bfloat16 ``tl.dot`` is not reliable in the interpreter (NumPy has no
+bfloat16) and is left to the GPU tests.
+
+Every comparison is against float64 PyTorch element by element (conftest.Tol explains the bounds),
+so bias-only and empty-phase positions, where the bound is essentially zero, are checked too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convt3d
+import convt3d.triton_engine as engine
+from convt3d.params import ConvT3dParams
+from convt3d.validate import check_call
+
+from conftest import (CL, Case, assert_close_to_reference, check_against_reference, magnitude,
+                      memory_format_of, random_case, reference, requires_interpreter, tolerance)
+
+pytestmark = requires_interpreter
+
+
+def run(case: Case, x, w, b, precision="ieee"):
+    return convt3d.conv_transpose3d(x, w, b, *case.args, backend="triton", precision=precision)
+
+
+def tc(case: Case) -> bool:
+    """Whether the case is meant for the tensor-core path (>= 8 channels per group both sides)."""
+    return case.cin // case.groups >= 8 and case.cout // case.groups >= 8
+
+
+# ---------------------------------------------------------------------------------------------
+# The regimes (named; "tc" = tensor-core path, "fma" = exact FMA path)
+# ---------------------------------------------------------------------------------------------
+REGIMES = {
+    # Depth is kept short (the engine launches programs per depth row and phase, and the
+    # interpreter's cost is per program); H and W carry the odd sizes and the tails.
+    # tensor-core path: >= 8 channels per group on both sides
+    "tc-k3s2p1op1": Case(1, 16, 16, (2, 3, 4), (3, 3, 3), 2, 1, 1),
+    "tc-cin8-cout16-odd-spatial": Case(2, 8, 16, (1, 2, 5), (2, 3, 2), 2, (0, 1, 0), (1, 0, 1)),
+    "tc-cout-not-pow2": Case(1, 12, 10, (2, 3, 3), (2, 2, 2), 2),  # channel tails inside one tile
+    "tc-groups2": Case(1, 16, 16, (2, 3, 3), (2, 2, 2), 2, groups=2),
+    "tc-stride1-k3p1": Case(1, 8, 8, (2, 4, 4), (3, 3, 3), 1, 1),  # refine_k3s1, one phase
+    "tc-kb77-scaled": Case(1, 8, 16, (2, 4, 4), (3, 3, 3), 2, 1, 0, 2, bias=False),  # 7 of 8 phases empty
+    "tc-kernel-below-stride": Case(1, 8, 8, (2, 3, 3), (2, 2, 2), 3, 0, 2),  # residue 2 empty
+    "tc-aniso-k=s=122": Case(2, 8, 8, (2, 3, 3), (1, 2, 2), (1, 2, 2)),
+    "tc-per-dim-everything": Case(1, 8, 8, (3, 4, 3), (1, 2, 3), (1, 2, 3), (0, 1, 1), (0, 1, 2), (1, 1, 2)),
+    "tc-padding-above-stride": Case(1, 8, 8, (3, 4, 3), (4, 4, 4), 2, 3),  # videogpt k4 s2 p3
+    "tc-multi-tile-plane": Case(1, 8, 8, (1, 12, 12), (1, 2, 2), (1, 2, 2), bias=False),  # 144 positions/phase
+    "tc-stride2-odd-width": Case(1, 8, 8, (2, 3, 4), (3, 3, 3), 2, 1),  # W residues of unequal length (4, 3)
+    # FMA path: fewer than 8 channels per group on some side
+    "fma-k3s2p1op1": Case(1, 2, 3, (1, 3, 3), (3, 3, 3), 2, 1, 1),
+    "fma-depthwise": Case(1, 3, 3, (1, 3, 4), (3, 2, 3), 2, 1, 1, groups=3),
+    "fma-depthwise-c1": Case(1, 1, 1, (2, 4, 4), (3, 3, 3), 2, 1, 1),
+    "fma-depthwise-multiplier2": Case(1, 2, 4, (2, 3, 3), (2, 2, 2), 2, groups=2),
+    "fma-cin1": Case(1, 1, 6, (2, 3, 3), (2, 3, 2), 2, 1, 1),
+    "fma-cout1": Case(2, 4, 1, (1, 3, 3), (2, 2, 2), 2),
+    "fma-cin9-cout4": Case(1, 9, 4, (1, 3, 3), (2, 2, 2), 2),  # Cin/g >= 8, still FMA (Cout/g < 8)
+    "fma-kb77-scaled": Case(1, 2, 4, (1, 4, 4), (3, 3, 3), 2, 1, 0, 2, bias=False),
+    "fma-dilation3-stride2": Case(1, 2, 2, (2, 3, 3), (2, 3, 2), 2, 1, 1, 3),  # gcd(s, d) = 1
+    "fma-k1s4": Case(1, 2, 2, (2, 3, 3), (1, 1, 1), 4, 0, 3),  # 63 of 64 phases empty
+    "fma-stride2-odd-width": Case(1, 2, 2, (2, 3, 4), (2, 3, 3), 2, 1),
+    "fma-output_padding-by-dilation": Case(1, 2, 2, (2, 3, 3), (2, 2, 2), 1, 0, 1, 2),
+}
+TC = [k for k in REGIMES if k.startswith("tc")]
+FMA = [k for k in REGIMES if k.startswith("fma")]
+
+
+def test_regime_names_match_the_path():
+    # The "tc"/"fma" prefixes must describe what the launcher really does, or the coverage the
+    # names claim is not there.
+    for name, case in REGIMES.items():
+        x, w, b = case.tensors()
+        params, _ = check_call(x, w, b, *case.args[:3], case.groups, case.dilation)
+        assert engine.uses_tensor_cores(params) == name.startswith("tc"), name
+
+
+@pytest.mark.parametrize("name", list(REGIMES))
+def test_fp32_ieee(name):
+    case = REGIMES[name]
+    x, w, b = case.tensors()
+    check_against_reference(run(case, x, w, b, "ieee"), x, w, b, *case.args, precision="ieee", context=name)
+
+
+def _sweep():
+    rng = random.Random(31337)
+    cases = []
+    while len(cases) < 16:
+        c = random_case(rng, max_channels=18, max_in=3, max_kernel=3, max_stride=3, max_dilation=2)
+        # Keep the interpreter's bill bounded: it grows with programs (groups x batch x phases)
+        # times loop steps (taps x input channels per group on the FMA path).
+        steps = math.prod(c.kernel) * (1 if tc(c) else c.cin // c.groups)
+        if c.in_size[0] <= 2 and (c.batch or 1) * c.groups * steps <= 40:
+            cases.append(c)
+    return cases
+
+
+SWEEP = _sweep()
+
+
+def test_sweep_covers_both_paths():
+    assert any(tc(c) for c in SWEEP) and any(not tc(c) for c in SWEEP)
+
+
+@pytest.mark.parametrize("case", SWEEP, ids=[c.id() for c in SWEEP])
+def test_random_sweep(case):
+    # Random arguments in every accepted form (int, 1-tuple, 3-tuple, list), every layout,
+    # unbatched, groups, bias or not.
+    x, w, b = case.tensors()
+    check_against_reference(run(case, x, w, b, "ieee"), x, w, b, *case.args, context=case.id())
+
+
+PRECISION_REGIMES = ["tc-k3s2p1op1", "tc-groups2", "tc-kb77-scaled", "tc-per-dim-everything", "fma-k3s2p1op1",
+                     "fma-depthwise-multiplier2"]
+
+
+@pytest.mark.parametrize("precision", ["tf32x3", "tf32"])
+@pytest.mark.parametrize("name", PRECISION_REGIMES)
+def test_fp32_tf32_precisions(name, precision):
+    case = REGIMES[name]
+    x, w, b = case.tensors()
+    check_against_reference(run(case, x, w, b, precision), x, w, b, *case.args, precision=precision,
+                            context=f"{name} {precision}")
+
+
+@pytest.mark.parametrize("allow_tf32,explicit", [(True, "tf32"), (False, None)],
+                         ids=["allow_tf32-on", "allow_tf32-off"])
+def test_precision_none_follows_allow_tf32(allow_tf32, explicit):
+    # precision=None must give bitwise what the precision it resolves to gives.
+    from convt3d.dispatch import EXACT_GRADE
+    case = REGIMES["tc-k3s2p1op1"]
+    x, w, b = case.tensors()
+    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=allow_tf32):
+        y_none = run(case, x, w, b, None)
+    y_explicit = run(case, x, w, b, explicit or EXACT_GRADE)
+    assert torch.equal(y_none, y_explicit)
+    check_against_reference(y_none, x, w, b, *case.args, precision=explicit or EXACT_GRADE)
+
+
+FP16_REGIMES = ["tc-k3s2p1op1", "tc-groups2", "tc-kb77-scaled", "tc-multi-tile-plane", "fma-k3s2p1op1", "fma-depthwise",
+                "fma-cout1", "fma-k1s4"]
+
+
+@pytest.mark.parametrize("dtype", [
+    torch.float16,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skip(
+        reason="bfloat16 tl.dot is unreliable in Triton's interpreter (NumPy has no bfloat16); GPU tests cover it")),
+], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("name", FP16_REGIMES)
+def test_16bit(name, dtype):
+    case = REGIMES[name]
+    x, w, b = case.tensors(dtype)
+    y = run(case, x, w, b)
+    check_against_reference(y, x, w, b, *case.args, context=f"{name} {dtype}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts: non-contiguous and channels_last_3d input, channels_last_3d output
+# ---------------------------------------------------------------------------------------------
+# Batch 2: PyTorch's CPU kernels then follow the cuDNN memory-format rule we compare with.
+LAYOUT_BASE = {"tc": Case(2, 8, 8, (1, 3, 4), (2, 3, 2), 2, 1, 1), "fma": Case(2, 2, 3, (1, 3, 4), (2, 3, 2), 2, 1, 1)}
+LAYOUTS = ["contiguous", "channels_last_3d", "slice_w", "slice_c", "transpose_dh", "permuted_view"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("path", list(LAYOUT_BASE))
+def test_input_layouts(path, layout):
+    base = LAYOUT_BASE[path]
+    case = Case(base.batch, base.cin, base.cout, base.in_size, base.kernel, *base.args[:3], base.dilation,
+                base.groups, layout=layout)
+    x, w, b = case.tensors()
+    y = run(case, x, w, b)
+    check_against_reference(y, x, w, b, *case.args, context=f"{path} {layout}")
+    # Output memory format as PyTorch gives for float32 (its CPU kernels follow the cuDNN rule for
+    # batch >= 2: channels_last_3d out when the input or the weight suggests it).
+    assert memory_format_of(y) == memory_format_of(F.conv_transpose3d(x, w, b, *case.args))
+    if layout == "channels_last_3d":
+        assert memory_format_of(y) == "channels_last_3d"
+
+
+@pytest.mark.parametrize("path", list(LAYOUT_BASE))
+def test_channels_last_weight_gives_channels_last_output(path):
+    case = LAYOUT_BASE[path]
+    x, w, b = case.tensors()
+    w = w.contiguous(memory_format=CL)
+    y = run(case, x, w, b)
+    check_against_reference(y, x, w, b, *case.args, context=path)
+    assert memory_format_of(y) == memory_format_of(F.conv_transpose3d(x, w, b, *case.args)) == "channels_last_3d"
+
+
+@pytest.mark.parametrize("name", ["tc-k3s2p1op1", "fma-depthwise", "fma-cin1"])
+def test_unbatched(name):
+    base = REGIMES[name]
+    case = Case(None, base.cin, base.cout, base.in_size, base.kernel, *base.args[:3], base.dilation, base.groups)
+    x, w, b = case.tensors()
+    y = run(case, x, w, b)
+    assert y.dim() == 4
+    check_against_reference(y, x, w, b, *case.args, context=name)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d"])
+@pytest.mark.parametrize("path", list(LAYOUT_BASE))
+def test_batch_zero(path, layout):
+    base = LAYOUT_BASE[path]
+    case = Case(0, base.cin, base.cout, base.in_size, base.kernel, *base.args[:3], base.dilation, base.groups,
+                layout=layout)
+    x, w, b = case.tensors()
+    y = run(case, x, w, b)
+    ref = F.conv_transpose3d(x, w, b, *case.args)
+    assert y.shape == ref.shape and y.dtype == ref.dtype and y.numel() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Every element written; special values; determinism
+# ---------------------------------------------------------------------------------------------
+class _PoisonedTorch:
+    """The ``torch`` module as the launcher sees it, except that uninitialised allocations
+    (``empty``, ``empty_like``, ``empty_strided``) come back full of NaN: any output element
+    (or packed-operand element) the kernels fail to write then shows up as NaN."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if name in ("empty", "empty_like", "empty_strided"):
+            def poisoned(*args, **kwargs):
+                t = attr(*args, **kwargs)
+                if t.is_floating_point():
+                    t.fill_(float("nan"))
+                return t
+            return poisoned
+        return attr
+
+
+POISON_REGIMES = ["tc-kb77-scaled", "tc-kernel-below-stride", "tc-multi-tile-plane", "tc-cout-not-pow2", "fma-k1s4",
+                  "fma-kb77-scaled", "fma-cin1"]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d"])
+@pytest.mark.parametrize("name", POISON_REGIMES)
+def test_every_output_element_written(name, layout, monkeypatch):
+    base = REGIMES[name]
+    case = Case(base.batch, base.cin, base.cout, base.in_size, base.kernel, *base.args[:3], base.dilation,
+                base.groups, bias=False, layout=layout)  # no bias: empty phases must be written as 0
+    x, w, b = case.tensors()
+    monkeypatch.setattr(engine, "torch", _PoisonedTorch(torch))
+    y = run(case, x, w, b)
+    monkeypatch.undo()
+    assert not torch.isnan(y).any(), f"{int(torch.isnan(y).sum())} of {y.numel()} output elements never written"
+    check_against_reference(y, x, w, b, *case.args, context=name)
+
+
+def test_poison_is_effective(monkeypatch):
+    # The poisoned allocator really reaches the launcher's output buffer: a launcher that skips
+    # its kernels would return NaN (so the test above cannot pass vacuously).
+    case = REGIMES["fma-k1s4"]
+    x, w, b = case.tensors()
+    monkeypatch.setattr(engine, "torch", _PoisonedTorch(torch))
+    params, _ = check_call(x, w, b, *case.args[:3], case.groups, case.dilation)
+    monkeypatch.setattr(engine, "_kernel", lambda name, device: _NoLaunch())
+    y = engine.forward(x, w, b, params, "ieee")
+    assert torch.isnan(y).all()
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+SPECIAL_REGIMES = ["tc-k3s2p1op1", "tc-kb77-scaled", "fma-k3s2p1op1", "fma-depthwise-multiplier2"]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf * 0 in NumPy: expected
+@pytest.mark.parametrize("name", SPECIAL_REGIMES)
+@pytest.mark.parametrize("special", ["nan-input", "inf-input", "nan-and-inf-input"])
+def test_nan_inf_input_propagate_like_pytorch(name, special):
+    case = REGIMES[name]
+    x, w, b = case.tensors()
+    flat_x = x.view(-1)
+    if special in ("nan-input", "nan-and-inf-input"):
+        flat_x[[0, flat_x.numel() // 2]] = float("nan")
+    if special in ("inf-input", "nan-and-inf-input"):
+        flat_x[1] = float("inf")
+        flat_x[-1] = float("-inf")
+    y = run(case, x, w, b)
+    ref = reference(x, w, b, *case.args)
+    assert torch.isnan(ref).any() or torch.isinf(ref).any(), "the special value must reach the output"
+    assert_close_to_reference(y, ref, magnitude(x, w, b, *case.args), tolerance(torch.float32), f"{name} {special}")
+
+
+def _nan_weight(case, tap):
+    # "centre": lands inside the output for every input position here. "corner" (tap 0): with
+    # padding, some of its would-be reads fall outside the input.
+    x, w, b = case.tensors()
+    t = (w.shape[2] // 2, w.shape[3] // 2, w.shape[4] // 2) if tap == "centre" else (0, 0, 0)
+    w[(0, 0) + t] = float("nan")
+    return x, w, b
+
+
+@pytest.mark.parametrize("name", SPECIAL_REGIMES)
+def test_nan_weight_reaches_every_output_it_feeds(name):
+    # A NaN weight must poison at least every output PyTorch poisons, and leave the finite
+    # outputs correct. (Whether it may also poison outputs whose tap reads only padding is the
+    # strict test below.)
+    case = REGIMES[name]
+    x, w, b = _nan_weight(case, "centre")
+    y = run(case, x, w, b)
+    ref = reference(x, w, b, *case.args)
+    assert torch.isnan(ref).any()
+    assert torch.isnan(y)[torch.isnan(ref)].all(), "an output fed by the NaN weight is not NaN"
+    both = ~torch.isnan(y)
+    assert_close_to_reference(torch.where(both, y, 0.0), torch.where(both, ref, 0.0),
+                              torch.where(both, magnitude(x, w, b, *case.args), 0.0), tolerance(torch.float32), name)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FINDING (kernels/phase_gemm.py): a NaN/Inf weight tap also turns outputs NaN where that tap would read "
+    "outside the input (masked loads give 0, and 0 * NaN = NaN inside the GEMM); PyTorch's CPU kernels leave "
+    "those outputs finite. Inherent to implicit GEMM (cuDNN's likely behaves alike); the lead decides whether "
+    "it is accepted. strict: this turns into a failure the day the behaviour changes."))
+@pytest.mark.parametrize("name", ["tc-k3s2p1op1", "fma-k3s2p1op1"])
+def test_nan_weight_pattern_exactly_like_pytorch(name):
+    case = REGIMES[name]
+    x, w, b = _nan_weight(case, "corner")
+    y = run(case, x, w, b)
+    ref = reference(x, w, b, *case.args)
+    assert_close_to_reference(y, ref, magnitude(x, w, b, *case.args), tolerance(torch.float32), name)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d"])
+@pytest.mark.parametrize("name", ["tc-k3s2p1op1", "tc-groups2", "fma-depthwise-multiplier2"])
+def test_deterministic(name, layout):
+    base = REGIMES[name]
+    case = Case(base.batch, base.cin, base.cout, base.in_size, base.kernel, *base.args[:3], base.dilation,
+                base.groups, base.bias, layout)
+    x, w, b = case.tensors()
+    y1, y2 = run(case, x, w, b), run(case, x, w, b)
+    assert torch.equal(y1, y2)  # no atomics: bitwise the same output
+    assert y1.stride() == y2.stride()
+
+
+# ---------------------------------------------------------------------------------------------
+# The launcher, called directly, with forced configurations
+# ---------------------------------------------------------------------------------------------
+def _params(case, x, w, b):
+    x5 = x if x.dim() == 5 else x.unsqueeze(0)
+    params, _ = check_call(x5, w, b, *case.args[:3], case.groups, case.dilation)
+    return x5, params
+
+
+def _variant(cfg, **changes):
+    """``cfg`` with some tile fields changed -- only fields this engine's Config has, so the test
+    keeps working while the Config grows (BLOCK_W, W_GROUP, ...)."""
+    names = {f.name for f in dataclasses.fields(cfg)}
+    return dataclasses.replace(cfg, **{k: v for k, v in changes.items() if k in names})
+
+
+def _distinct_tilings(configs):
+    # num_warps and num_stages do not change what the interpreter computes: one run per tiling.
+    seen = {}
+    for c in configs:
+        seen.setdefault(dataclasses.replace(c, num_warps=4, num_stages=1), c)
+    return list(seen.values())
+
+
+CANDIDATE_CASES = {
+    "tc-odd-everything": Case(2, 8, 8, (1, 3, 5), (3, 2, 3), 2, 1, (1, 0, 0)),
+    "tc-channels_last-out": Case(1, 8, 16, (2, 3, 5), (2, 2, 3), (1, 2, 2), (0, 1, 1), layout="channels_last_3d"),
+    "fma-odd-everything": Case(1, 2, 3, (2, 3, 5), (3, 2, 3), 2, 1, (1, 0, 0)),
+}
+
+
+@pytest.mark.parametrize("name", list(CANDIDATE_CASES))
+def test_launcher_every_candidate_config(name):
+    # Tuning on a GPU may pick any candidate: every one of them must compute the same thing.
+    case = CANDIDATE_CASES[name]
+    x, w, b = case.tensors()
+    x5, params = _params(case, x, w, b)
+    out_cl = memory_format_of(F.conv_transpose3d(x5, w, b, *case.args)) == "channels_last_3d"
+    configs = engine.candidate_configs(params, torch.float32, "ieee", out_cl)
+    assert configs
+    for cfg in _distinct_tilings(configs):
+        y = engine.forward(x5, w, b, params, "ieee", config=cfg)
+        check_against_reference(y, x5, w, b, *case.args, context=f"{name} {cfg}")
+
+
+# Channel tails under forced small tiles: Cin/g = 20 (two K blocks of 16, the second partial) and
+# Cout/g = 20 (two channel tiles of 16).
+TAILS_CASE = Case(1, 20, 20, (1, 3, 4), (2, 2, 2), 2, (0, 1, 0), (1, 0, 1))
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_launcher_forced_channel_tiles(precision):
+    case = TAILS_CASE
+    x, w, b = case.tensors()
+    x5, params = _params(case, x, w, b)
+    base = engine.candidate_configs(params, torch.float32, precision)[0]
+    cfg = _variant(base, BLOCK_N=16, BLOCK_K=16)
+    assert (cfg.BLOCK_N, cfg.BLOCK_K) == (16, 16)
+    y = engine.forward(x5, w, b, params, precision, config=cfg)
+    check_against_reference(y, x5, w, b, *case.args, precision=precision, context=str(cfg))
+
+
+def test_launcher_default_config_and_candidates():
+    case = REGIMES["tc-k3s2p1op1"]
+    x, w, b = case.tensors()
+    x5, params = _params(case, x, w, b)
+    cands = engine.candidate_configs(params, torch.float32, "ieee")
+    assert cands, "no candidate configuration"
+    assert all(c.use_dot and c.BLOCK_K >= 16 and c.BLOCK_N >= 16 for c in cands)  # tl.dot minimum tile
+    y_default = engine.forward(x5, w, b, params, "ieee")
+    y_first = engine.forward(x5, w, b, params, "ieee", config=cands[0])
+    assert torch.equal(y_default, y_first)  # untuned (CPU): the first candidate is the default
+    fma_params = ConvT3dParams.create(1, 4, 4, 4, (3, 3, 3), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), (1, 1, 1))
+    assert all(not c.use_dot and c.BLOCK_K == 1 for c in engine.candidate_configs(fma_params, torch.float32, "ieee"))
+
+
+def test_launcher_rejects_unknown_precision():
+    case = REGIMES["fma-cout1"]
+    x, w, b = case.tensors()
+    x5, params = _params(case, x, w, b)
+    with pytest.raises(ValueError, match="precision"):
+        engine.forward(x5, w, b, params, "fp32")
+
+
+def test_cpu_without_interpreter_is_refused(monkeypatch):
+    # Without TRITON_INTERPRET=1 at import, CPU tensors cannot run Triton kernels: a clear error
+    # that names the variable, never a silent fallback to PyTorch.
+    monkeypatch.setattr(engine, "interpreter_active", lambda: False)
+    case = REGIMES["fma-cout1"]
+    x, w, b = case.tensors()
+    with pytest.raises(convt3d.BackendUnavailableError, match="TRITON_INTERPRET"):
+        run(case, x, w, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# The checker itself can fail (no tautologies)
+# ---------------------------------------------------------------------------------------------
+CHECK_CASE = Case(1, 16, 8, (3, 3, 3), (3, 3, 3), 2, 1, 1)
+
+
+def _tf32_round(t):
+    # Round to 10 explicit mantissa bits (nearest), as TF32 tensor cores see their operands.
+    i = t.float().view(torch.int32)
+    return ((i + 0x1000) & -8192).view(torch.float32)
+
+
+def test_checker_rejects_tf32_result_at_ieee_grade():
+    x, w, b = CHECK_CASE.tensors()
+    args = CHECK_CASE.args
+    tf32_result = F.conv_transpose3d(_tf32_round(x).double(), _tf32_round(w).double(), b.double(), *args).float()
+    check_against_reference(tf32_result, x, w, b, *args, precision="tf32")  # fine at tf32 grade...
+    with pytest.raises(AssertionError, match="outside tolerance"):
+        check_against_reference(tf32_result, x, w, b, *args, precision="ieee")  # ...not at exact grade
+
+
+def test_checker_rejects_one_wrong_element():
+    x, w, b = CHECK_CASE.tensors()
+    y = reference(x, w, b, *CHECK_CASE.args).float()
+    check_against_reference(y, x, w, b, *CHECK_CASE.args)
+    y[0, 3, 2, 2, 2] *= 1 + 1e-3
+    with pytest.raises(AssertionError, match="1 of"):
+        check_against_reference(y, x, w, b, *CHECK_CASE.args)
+
+
+def test_checker_rejects_unwritten_bias_position():
+    # KB77-like geometry: position (0, 0, 0) of every channel is in an empty phase, bias only.
+    case = REGIMES["tc-kb77-scaled"]
+    x, w, _ = case.tensors()
+    b = torch.randn(case.cout)
+    y = reference(x, w, b, *case.args).float()
+    y[0, :, 0, 0, 0] = 0.0
+    with pytest.raises(AssertionError, match="outside tolerance"):
+        check_against_reference(y, x, w, b, *case.args)
+
+
+def test_checker_rejects_missing_nan():
+    x, w, b = CHECK_CASE.tensors()
+    x.view(-1)[5] = float("nan")
+    y = reference(x, w, b, *CHECK_CASE.args).float()
+    y = torch.nan_to_num(y, nan=0.0)
+    with pytest.raises(AssertionError, match="NaN pattern"):
+        check_against_reference(y, x, w, b, *CHECK_CASE.args)
+
+
+def test_fp16_tolerance_is_tight():
+    # An fp16 result accumulated in fp16 (instead of fp32) must fail the fp16 bound.
+    x, w, b = CHECK_CASE.tensors(torch.float16)
+    y16 = torch.zeros(reference(x, w, b, *CHECK_CASE.args).shape, dtype=torch.float16)
+    # Accumulate tap by tap in fp16: each partial sum rounded to fp16.
+    k = CHECK_CASE.kernel
+    for t in range(k[0] * k[1] * k[2]):
+        wt = torch.zeros_like(w)
+        wt.view(w.shape[0], w.shape[1], -1)[..., t] = w.view(w.shape[0], w.shape[1], -1)[..., t]
+        y16 = (y16.double() + F.conv_transpose3d(x.double(), wt.double(), None, *CHECK_CASE.args)).half()
+    y16 = (y16.double() + b.double()[None, :, None, None, None]).half()
+    with pytest.raises(AssertionError, match="outside tolerance"):
+        check_against_reference(y16, x, w, b, *CHECK_CASE.args)
