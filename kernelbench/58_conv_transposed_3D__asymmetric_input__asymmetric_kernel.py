@@ -961,8 +961,10 @@ def tuning_log() -> dict[tuple, TuneRecord]:
 
 
 def clear_caches() -> None:
+    """Forget tuning results, plans and phase tables of this process."""
     _tuned.clear()
     _tables.clear()
+    _plans.clear()
 
 
 def _tuning_enabled() -> bool:
