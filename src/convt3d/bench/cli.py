@@ -209,6 +209,13 @@ def _run_interpreter_check(args, argv: list[str], cases) -> int:
             "per dimension; kernel, stride, padding, dilation, output_padding and groups as in the suite).")
     if args.backend not in ("auto", CHECK_BACKEND):
         note += f" (--backend {args.backend} is ignored here: the check runs backend='{CHECK_BACKEND}'.)"
+    # Triton's interpreter computes bf16 tl.dot wrongly (a 16x16 bf16 dot is off by ~1e10 in
+    # triton 3.9; fp16 is right), so bf16 cases are left to the GPU tests and said so.
+    skipped = [c for c in cases if c.dtype == "bf16"]
+    cases = [c for c in cases if c.dtype != "bf16"]
+    if skipped:
+        note += (f" {len(skipped)} bf16 case(s) skipped: Triton's interpreter mis-computes bf16 dot products; "
+                 "tests/test_gpu.py covers bf16 on a GPU.")
     report.print_header(console, env, None, note)
     t0 = time.perf_counter()
     with _Progress(console, len(cases), "interpreter check") as prog:
@@ -220,7 +227,7 @@ def _run_interpreter_check(args, argv: list[str], cases) -> int:
     report.print_failures(console, failures)
     passed = sum(r.ok for r in rows)
     summary = {"cases": len(cases), "passed": passed, "failed": len(rows) - passed, "errors": len(failures),
-               "seconds": seconds}
+               "skipped_bf16": len(skipped), "seconds": seconds}
     console.print(f"{passed}/{len(cases)} cases within the bar, {len(rows) - passed} above it, {len(failures)} "
                   f"errors, in {seconds:.1f} s. Timings need a GPU: run `convt3d bench` on a CUDA machine.")
     if args.json:
