@@ -443,7 +443,9 @@ import triton
 import triton.language as tl
 
 # Columns of the per-phase table built by the launcher (int32, one row of 16 per phase).
-# rd rh rw | Td Th Tw | t0d t0h t0w | off0d off0h off0w | Qd Qh Qw | unused
+# rd rh rw | Td Th Tw | t0d t0h t0w | off0d off0h off0w | Qd Qh Qw | companion mask
+# (the mask, read from the first row of a phase group, has bit dd * SH + hh set for each empty
+# row class -- depth residue dd, height residue hh -- whose rows this group's programs write).
 PHASE_TABLE_COLUMNS = 16
 
 
@@ -452,7 +454,7 @@ def phase_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, tab_ptr,
     N, CIN_G, COUT_G,
     D, H, W,
-    QD, OW,
+    QD, OW, OD, OH,
     NUM_GROUPS,
     KH, KW,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
@@ -466,9 +468,17 @@ def phase_gemm_kernel(
     USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
     W_GROUP: tl.constexpr,
+    W_SKIP: tl.constexpr,
     X_CACHE: tl.constexpr,
+    X_TMA: tl.constexpr,
+    W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
+    # X_TMA / W_TMA: ``x_ptr`` / ``w_ptr`` are tensor descriptors (TMA on Hopper) instead of
+    # pointers. x: 5-D over the NDHWC input, block [1, 1, BLOCK_H, BLOCK_W, BLOCK_K]; its
+    # out-of-range coordinates (padding, halo, negative offsets) read as zeros in hardware, so the
+    # per-element address and mask arithmetic of the pointer path disappears from the K loop.
+    # w: 4-D over the packed weight [G, taps, Cout/g, Cin/g], block [1, 1, BLOCK_N, BLOCK_K].
     BLOCK_H: tl.constexpr = BLOCK_M // BLOCK_W
     # Program -> (group, n, qd, h tile, w tile, phase group, channel tile), fastest last: the
     # programs of one tile (all its phases and channel tiles) run together and share input rows
@@ -498,9 +508,11 @@ def phase_gemm_kernel(
 
     # 64-bit scalar bases per program; 32-bit offsets inside one depth slice (the launcher
     # checks that a slice holds < 2^31 elements), so tensors beyond 2^31 elements are fine.
-    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
-    x_hw = qh * stride_xh + qw * stride_xw
-    w_g = w_ptr + grp.to(tl.int64) * stride_wg
+    if not X_TMA:
+        x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+        x_hw = qh * stride_xh + qw * stride_xw
+    if not W_TMA:
+        w_g = w_ptr + grp.to(tl.int64) * stride_wg
     y_n = y_ptr + nb.to(tl.int64) * stride_yn
     y_co = (grp * COUT_G + offs_co).to(tl.int64) * stride_yc
     if HAS_BIAS:
@@ -515,72 +527,96 @@ def phase_gemm_kernel(
     # The launcher's table lists phase groups (W_GROUP rows each); row classes (rd, rh) that no
     # tap reaches may instead be written by fill_rows_kernel and left out of the table.
     for j in tl.static_range(W_GROUP):
-        row = tab_ptr + (pgrp * W_GROUP + j) * 16
-        rd = tl.load(row + 0)
-        rh = tl.load(row + 1)
-        rw = tl.load(row + 2)
-        td = tl.load(row + 3)
-        th = tl.load(row + 4)
-        tw = tl.load(row + 5)
-        t0d = tl.load(row + 6)
-        t0h = tl.load(row + 7)
-        t0w = tl.load(row + 8)
-        o0d = tl.load(row + 9)
-        o0h = tl.load(row + 10)
-        o0w = tl.load(row + 11)
-        qd_n = tl.load(row + 12)
-        qh_n = tl.load(row + 13)
-        qw_n = tl.load(row + 14)
+        if j != W_SKIP:
+            row = tab_ptr + (pgrp * W_GROUP + j) * 16
+            rd = tl.load(row + 0)
+            rh = tl.load(row + 1)
+            rw = tl.load(row + 2)
+            td = tl.load(row + 3)
+            th = tl.load(row + 4)
+            tw = tl.load(row + 5)
+            t0d = tl.load(row + 6)
+            t0h = tl.load(row + 7)
+            t0w = tl.load(row + 8)
+            o0d = tl.load(row + 9)
+            o0h = tl.load(row + 10)
+            o0w = tl.load(row + 11)
+            qd_n = tl.load(row + 12)
+            qh_n = tl.load(row + 13)
+            qw_n = tl.load(row + 14)
 
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        # Tiles are laid on the largest compact grid (residue 0); a phase whose grid is one
-        # row or column smaller (KB 77: 16x32x32 inside 17x33x33) skips the GEMM on tiles it
-        # does not reach and only stores its bias/zero share there.
-        active = (qd < qd_n) & (pid_h * BLOCK_H < qh_n) & (pid_w * BLOCK_W < qw_n)
-        n_iter = tl.where(active, td * th * tw * k_blocks, 0)
-        # One flat loop over (tap, channel block) so that num_stages pipelines loads across
-        # taps too: KB 77 has 27 taps of one channel block each; a nested loop would not.
-        for kk in range(n_iter):
-            tap = kk // k_blocks
-            cb = (kk - tap * k_blocks) * BLOCK_K
-            jw = tap % tw
-            jh = (tap // tw) % th
-            jd = tap // (tw * th)
-            id_ = qd + o0d - jd * OSD
-            dh = o0h - jh * OSH
-            dw = o0w - jw * OSW
-            ih = qh + dh
-            iw = qw + dw
-            # The depth test is scalar: fold it into the row bound so every mask term is a
-            # vector (mixing scalar and vector booleans also trips Triton's interpreter).
-            h_hi = tl.where((id_ >= 0) & (id_ < D), H, 0)
-            x_ok = (ih >= 0) & (ih < h_hi) & (iw >= 0) & (iw < W)
-            ci = cb + offs_k
-            ci_ok = ci < CIN_G
-            x_s = x_n + id_.to(tl.int64) * stride_xd + (dh * stride_xh + dw * stride_xw)
-            x_tile = tl.load(x_s + x_hw[:, None] + ci[None, :] * stride_xc,
-                             mask=x_ok[:, None] & ci_ok[None, :], other=0.0, cache_modifier=X_CACHE)
-            kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
-            w_tile = tl.load(w_g + kidx * stride_wt + ci[:, None] * stride_wc + offs_co[None, :] * stride_wo,
-                             mask=ci_ok[:, None] & co_ok[None, :], other=0.0)
-            if USE_DOT:
-                if PRECISION == "ieee":
-                    # fp32 FMA dot: sum each K block on its own and add it to the total
-                    # (two-level summation, ~BLOCK_K + steps roundings deep instead of K).
-                    # A chained FMA sum over K = 864 (KB 77 geometry) was 4x cuDNN's error.
-                    acc += tl.dot(x_tile, w_tile, input_precision=PRECISION)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            # Tiles are laid on the largest compact grid (residue 0); a phase whose grid is one
+            # row or column smaller (KB 77: 16x32x32 inside 17x33x33) skips the GEMM on tiles it
+            # does not reach and only stores its bias/zero share there.
+            active = (qd < qd_n) & (pid_h * BLOCK_H < qh_n) & (pid_w * BLOCK_W < qw_n)
+            n_iter = tl.where(active, td * th * tw * k_blocks, 0)
+            # One flat loop over (tap, channel block) so that num_stages pipelines loads across
+            # taps too: KB 77 has 27 taps of one channel block each; a nested loop would not.
+            for kk in range(n_iter):
+                tap = kk // k_blocks
+                cb = (kk - tap * k_blocks) * BLOCK_K
+                jw = tap % tw
+                jh = (tap // tw) % th
+                jd = tap // (tw * th)
+                id_ = qd + o0d - jd * OSD
+                dh = o0h - jh * OSH
+                dw = o0w - jw * OSW
+                kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
+                ci = cb + offs_k
+                ci_ok = ci < CIN_G
+                if X_TMA:
+                    # The launcher uses TMA only where a channel block never crosses into the next
+                    # group (groups == 1, whose channel overhang reads as zeros, or Cin/g % BLOCK_K == 0).
+                    x_blk = x_ptr.load([nb, id_, pid_h * BLOCK_H + dh, pid_w * BLOCK_W + dw, grp * CIN_G + cb])
+                    x_tile = tl.reshape(x_blk, (BLOCK_M, BLOCK_K))
                 else:
-                    acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
-            else:
-                # Channel counts below the tensor-core minimum of 16 (depthwise, tiny groups):
-                # one input channel per step (BLOCK_K == 1), an exact fp32 outer-product
-                # update [BLOCK_M, 1] x [1, BLOCK_N], with no padding of K or N to 16.
-                tl.static_assert(BLOCK_K == 1)
-                acc += x_tile.to(tl.float32) * w_tile.to(tl.float32)
+                    ih = qh + dh
+                    iw = qw + dw
+                    # The depth test is scalar: fold it into the row bound so every mask term is a
+                    # vector (mixing scalar and vector booleans also trips Triton's interpreter).
+                    h_hi = tl.where((id_ >= 0) & (id_ < D), H, 0)
+                    x_ok = (ih >= 0) & (ih < h_hi) & (iw >= 0) & (iw < W)
+                    x_s = x_n + id_.to(tl.int64) * stride_xd + (dh * stride_xh + dw * stride_xw)
+                    x_tile = tl.load(x_s + x_hw[:, None] + ci[None, :] * stride_xc,
+                                     mask=x_ok[:, None] & ci_ok[None, :], other=0.0, cache_modifier=X_CACHE)
+                if W_TMA:
+                    w_blk = w_ptr.load([grp, kidx, pid_n * BLOCK_N, cb])
+                    w_tile = tl.trans(tl.reshape(w_blk, (BLOCK_N, BLOCK_K)))
+                else:
+                    w_tile = tl.load(w_g + kidx * stride_wt + ci[:, None] * stride_wc + offs_co[None, :] * stride_wo,
+                                     mask=ci_ok[:, None] & co_ok[None, :], other=0.0)
+                if USE_DOT:
+                    if PRECISION == "ieee":
+                        # fp32 FMA dot: sum each K block on its own and add it to the total
+                        # (two-level summation, ~BLOCK_K + steps roundings deep instead of K).
+                        # A chained FMA sum over K = 864 (KB 77 geometry) was 4x cuDNN's error.
+                        # Written as fma(part, 1, acc): Triton's combiner rewrites a plain
+                        # `acc + dot(a, b)` back into the chained `dot(a, b, acc)`.
+                        acc = tl.fma(tl.dot(x_tile, w_tile, input_precision=PRECISION), 1.0, acc)
+                    else:
+                        acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
+                else:
+                    # Channel counts below the tensor-core minimum of 16 (depthwise, tiny groups):
+                    # one input channel per step (BLOCK_K == 1), an exact fp32 outer-product
+                    # update [BLOCK_M, 1] x [1, BLOCK_N], with no padding of K or N to 16.
+                    tl.static_assert(BLOCK_K == 1)
+                    acc += x_tile.to(tl.float32) * w_tile.to(tl.float32)
+            if HAS_BIAS:
+                acc += bias[None, :]
+            if j == 0:
+                acc_first = acc
+    # A W residue with no taps (W_SKIP; KB 77's even columns) is bias/zero in every phase:
+    # its half of the interleaved tile is made here, after the GEMM loop, instead of holding
+    # BLOCK_M x BLOCK_N zero accumulators through it (255 registers and spills at BLOCK_M=256).
+    if W_SKIP == 0:
+        acc_first = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if HAS_BIAS:
+            acc_first += bias[None, :]
+    if W_SKIP == 1:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if HAS_BIAS:
             acc += bias[None, :]
-        if j == 0:
-            acc_first = acc
 
     y_s = y_n + (qd * SD + rd).to(tl.int64) * stride_yd
     h_lim = tl.where(qd < qd_n, qh_n, 0)
@@ -605,6 +641,33 @@ def phase_gemm_kernel(
         y_m = (qh2 * SH + rh) * stride_yh + ow2 * stride_yw
         tl.store(y_s + y_co[:, None] + y_m[None, :], out.to(y_ptr.dtype.element_ty),
                  mask=co_ok[:, None] & st_ok[None, :])
+
+    # Companion rows: rows of empty row classes (bias or zero only) that the launcher assigned
+    # to this phase group, written by this program over its own tile of columns. KB 77 (7 of 8
+    # phases empty): a separate fill kernel wrote those 434 MB at 1.6 TB/s, because half of them
+    # are isolated 260-byte rows between GEMM rows (277 us, more than the GEMM's 307 us); here
+    # they are written next to the GEMM rows of the same tile, overlapping other programs' MMAs.
+    cmask = tl.load(tab_ptr + pgrp * W_GROUP * 16 + 15)
+    if cmask != 0:
+        offs_f = tl.arange(0, W_GROUP * BLOCK_W)
+        if W_GROUP == 1:
+            ow_f = (pid_w * BLOCK_W + offs_f) * SW + rw
+        else:
+            ow_f = pid_w * (2 * BLOCK_W) + offs_f
+        fill = tl.zeros((BLOCK_N, W_GROUP * BLOCK_W), dtype=tl.float32)
+        if HAS_BIAS:
+            fill += bias[:, None]
+        fill = fill.to(y_ptr.dtype.element_ty)
+        y_f = y_n + y_co[:, None] + ow_f[None, :] * stride_yw
+        for rc in range(SD * SH):
+            if ((cmask >> rc) & 1) != 0:
+                od = qd * SD + rc // SH
+                y_fd = y_f + od.to(tl.int64) * stride_yd
+                for r in range(BLOCK_H):
+                    oh_f = (pid_h * BLOCK_H + r) * SH + rc % SH
+                    # Row bounds folded into the column bound (vector masks only).
+                    w_lim = tl.where((od < OD) & (oh_f < OH), OW, 0)
+                    tl.store(y_fd + oh_f * stride_yh, fill, mask=co_ok[:, None] & (ow_f < w_lim)[None, :])
 
 
 @triton.jit
@@ -696,6 +759,262 @@ def fill_rows_kernel(
                  mask=c_ok[:, None] & (offs_w < OW)[None, :])
 
 
+@triton.jit
+def fill_planes_kernel(
+    y_ptr, b_ptr, planes_ptr,
+    C, SEG,
+    stride_yn, stride_yc, stride_yd,
+    CHANNELS_LAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Bias/zero for whole output depth planes that no tap reaches (empty depth residues;
+    17 of KB 77's 33 planes, 294 MB). Each program writes one contiguous segment of SEG
+    elements: a (n, c, od) plane of OH * OW for NCDHW output (bias[c]), a (n, od) plane of
+    OH * OW * C for channels-last output (bias[e % C]). Long contiguous runs write at full
+    bandwidth; the same bytes written as per-tile pieces by the GEMM programs ran at 1.35 TB/s."""
+    od = tl.load(planes_ptr + tl.program_id(0))
+    outer = tl.program_id(1)
+    if CHANNELS_LAST:
+        base = y_ptr + outer.to(tl.int64) * stride_yn + od.to(tl.int64) * stride_yd
+    else:
+        nb = outer // C
+        c = outer % C
+        base = y_ptr + nb.to(tl.int64) * stride_yn + c.to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd
+    offs = tl.arange(0, BLOCK)
+    if CHANNELS_LAST:
+        for e0 in range(0, SEG, BLOCK):
+            e = e0 + offs
+            v = tl.zeros((BLOCK,), dtype=tl.float32)
+            if HAS_BIAS:
+                v += tl.load(b_ptr + e % C, mask=e < SEG, other=0.0).to(tl.float32)
+            tl.store(base + e, v.to(y_ptr.dtype.element_ty), mask=e < SEG)
+    else:
+        v = tl.zeros((BLOCK,), dtype=tl.float32)
+        if HAS_BIAS:
+            v += tl.load(b_ptr + c).to(tl.float32)
+        v = v.to(y_ptr.dtype.element_ty)
+        for e0 in range(0, SEG, BLOCK):
+            e = e0 + offs
+            tl.store(base + e, v, mask=e < SEG)
+
+
+@triton.jit
+def flat_gemm_kernel(
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
+    N, CIN_G, COUT_G,
+    DP, HP, WP,
+    PD, PH, PW,
+    QD, OW, OD, OH,
+    NUM_GROUPS, KVOL,
+    KH, KW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    SD, SH, SW,
+    TSD, TSH, TSW,
+    OSD, OSH, OSW,
+    tiles_m, tiles_n,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    W_GROUP: tl.constexpr,
+    W_SKIP: tl.constexpr,
+    OFF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The tensor-core engine on Hopper: the same phase GEMMs as ``phase_gemm_kernel``, with
+    every operand tile a plain 2-D TMA box.
+
+    The input was copied into a zero-haloed NDHWC buffer of padded size (DP, HP, WP) (see
+    ``to_padded_kernel``), viewed as a 2-D [rows, channels] matrix. A tile is BLOCK_M
+    consecutive positions ``m = qh * WP + qw`` of one compact (h, w) plane, padding columns
+    included, so every tap's input rows are the same tile shifted by one scalar offset: a single
+    [BLOCK_M, BLOCK_K] box that lands in shared memory in the layout wgmma reads, with no
+    reshape and no per-element address or mask arithmetic in the K loop. The halo makes every
+    tap of a valid position read in bounds; rows that wrap into padding or the next plane only
+    feed positions the epilogue discards (about (WP - QW) / WP of the MMA work, 9% on KB 77).
+    The weight is the packed [G * taps * Cout/g, Cin/g] matrix: a [BLOCK_N, BLOCK_K] box,
+    transposed in shared memory for free; rows past Cout/g only feed masked columns.
+    """
+    pid = tl.program_id(0)
+    pid_n = pid % tiles_n
+    t = pid // tiles_n
+    pgrp = t % NUM_GROUPS
+    t = t // NUM_GROUPS
+    pid_m = t % tiles_m
+    t = t // tiles_m
+    qd = t % QD
+    t = t // QD
+    nb = t % N
+    grp = t // N
+
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    qh = offs_m // WP
+    qw = offs_m % WP
+    offs_co = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    co_ok = offs_co < COUT_G
+    y_n = y_ptr + nb.to(tl.int64) * stride_yn
+    # OFF32 (the launcher checked that channel + in-slice offsets stay below 2^31): 32-bit
+    # offset tiles in the epilogue. A [BLOCK_N, 2 * BLOCK_M] tile of 64-bit pointers alone took
+    # 128 registers per thread at 4 warps (242 in all on KB 77), capping occupancy at 2 CTAs.
+    if OFF32:
+        y_co = (grp * COUT_G + offs_co) * stride_yc
+    else:
+        y_co = (grp * COUT_G + offs_co).to(tl.int64) * stride_yc
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(tl.float32)
+    plane = HP * WP
+    row_n = nb * DP * plane  # the launcher keeps N * DP * HP * WP below 2^31 (TMA coordinates)
+    k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
+
+    for j in tl.static_range(W_GROUP):
+        if j != W_SKIP:
+            row = tab_ptr + (pgrp * W_GROUP + j) * 16
+            rd = tl.load(row + 0)
+            rh = tl.load(row + 1)
+            rw = tl.load(row + 2)
+            td = tl.load(row + 3)
+            th = tl.load(row + 4)
+            tw = tl.load(row + 5)
+            t0d = tl.load(row + 6)
+            t0h = tl.load(row + 7)
+            t0w = tl.load(row + 8)
+            o0d = tl.load(row + 9)
+            o0h = tl.load(row + 10)
+            o0w = tl.load(row + 11)
+            qd_n = tl.load(row + 12)
+            qh_n = tl.load(row + 13)
+            qw_n = tl.load(row + 14)
+
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            active = (qd < qd_n) & (m0 < qh_n * WP)
+            n_iter = tl.where(active, td * th * tw * k_blocks, 0)
+            base = row_n + (qd + PD) * plane + PH * WP + PW + m0
+            # (tap, channel block) counters advanced by carries instead of divisions: five
+            # runtime integer divisions per step cost ~100 issue slots of a 128-clock MMA.
+            cb = 0
+            jw = 0
+            jh = 0
+            jd = 0
+            for kk in range(n_iter):
+                shift = (o0d - jd * OSD) * plane + (o0h - jh * OSH) * WP + (o0w - jw * OSW)
+                x_tile = x_desc.load([base + shift, grp * CIN_G + cb])
+                kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
+                w_tile = tl.trans(w_desc.load([(grp * KVOL + kidx) * COUT_G + pid_n * BLOCK_N, cb]))
+                if PRECISION == "ieee":
+                    # Two-level summation, as in phase_gemm_kernel (fma keeps Triton from
+                    # folding the add back into a chained dot).
+                    acc = tl.fma(tl.dot(x_tile, w_tile, input_precision=PRECISION), 1.0, acc)
+                else:
+                    acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
+                cb += BLOCK_K
+                c_wrap = cb >= CIN_G
+                cb = tl.where(c_wrap, 0, cb)
+                jw += c_wrap.to(tl.int32)
+                w_wrap = jw >= tw
+                jw = tl.where(w_wrap, 0, jw)
+                jh += w_wrap.to(tl.int32)
+                h_wrap = jh >= th
+                jh = tl.where(h_wrap, 0, jh)
+                jd += h_wrap.to(tl.int32)
+            if HAS_BIAS:
+                acc += bias[None, :]
+            if j == 0:
+                acc_first = acc
+    if W_SKIP == 0:
+        acc_first = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if HAS_BIAS:
+            acc_first += bias[None, :]
+    if W_SKIP == 1:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if HAS_BIAS:
+            acc += bias[None, :]
+
+    y_s = y_n + (qd * SD + rd).to(tl.int64) * stride_yd
+    h_lim = tl.where(qd < qd_n, qh_n, 0)
+    if W_GROUP == 1:
+        qh_o = qh
+        ow_o = qw * SW + rw
+        st_ok = (qh < h_lim) & (qw < qw_n)
+        out = tl.trans(acc)
+    else:
+        # Interleave the two W residues: column 2 m + r of the stored tile is position m, residue r.
+        out = tl.reshape(tl.permute(tl.join(acc_first, acc), (1, 0, 2)), (BLOCK_N, 2 * BLOCK_M))
+        offs2 = tl.arange(0, 2 * BLOCK_M)
+        m2 = m0 + offs2 // 2
+        qh_o = m2 // WP
+        ow_o = (m2 % WP) * 2 + offs2 % 2
+        st_ok = (qh_o < h_lim) & (ow_o < OW)
+    y_m = (qh_o * SH + rh) * stride_yh + ow_o * stride_yw
+    tl.store(y_s + (y_co[:, None] + y_m[None, :]), out.to(y_ptr.dtype.element_ty),
+             mask=co_ok[:, None] & st_ok[None, :])
+
+    # Companion rows (see phase_gemm_kernel): bias/zero rows of empty row classes, at the
+    # columns of this tile. Padding columns give ow_o >= OW and are masked.
+    cmask = tl.load(tab_ptr + pgrp * W_GROUP * 16 + 15)
+    if cmask != 0:
+        fill = tl.zeros((BLOCK_N, W_GROUP * BLOCK_M), dtype=tl.float32)
+        if HAS_BIAS:
+            fill += bias[:, None]
+        fill = fill.to(y_ptr.dtype.element_ty)
+        for rc in range(SD * SH):
+            if ((cmask >> rc) & 1) != 0:
+                od = qd * SD + rc // SH
+                oh_f = qh_o * SH + rc % SH
+                w_lim = tl.where(od < OD, OW, 0)
+                f_ok = (oh_f < OH) & (ow_o < w_lim)
+                y_fd = y_n + od.to(tl.int64) * stride_yd
+                tl.store(y_fd + (y_co[:, None] + (oh_f * stride_yh + ow_o * stride_yw)[None, :]), fill, mask=co_ok[:, None] & f_ok[None, :])
+
+
+@triton.jit
+def to_padded_kernel(
+    x_ptr, y_ptr,
+    C, D, H, W,
+    DP, HP, WP,
+    PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    ROUND_TF32: tl.constexpr,
+    SRC_CL: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """y[n, dp, hp, wp, c] = x[n, c, dp - PD, hp - PH, wp - PW], zero outside x (the halo);
+    y is contiguous. Optional TF32 rounding as in to_channels_last_kernel. SRC_CL (x has channel
+    stride 1): the tile is [positions, channels], so loads and stores both run along channels;
+    otherwise [channels, positions], loads along W and stores along channels."""
+    pid_s = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    nb = tl.program_id(2).to(tl.int64)
+    S = DP * HP * WP
+    offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    wp = offs_s % WP
+    t = offs_s // WP
+    hp = t % HP
+    dp = t // HP
+    d = dp - PD
+    h = hp - PH
+    w = wp - PW
+    inside = (offs_s < S) & (d >= 0) & (d < D) & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+    s_ok = offs_s < S
+    c_ok = offs_c < C
+    x_s = d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh + w.to(tl.int64) * stride_xw
+    x_c = offs_c.to(tl.int64) * stride_xc
+    y_s = (nb * S + offs_s.to(tl.int64)) * C
+    if SRC_CL:
+        v = tl.load(x_ptr + nb * stride_xn + x_s[:, None] + x_c[None, :], mask=inside[:, None] & c_ok[None, :],
+                    other=0.0)
+    else:
+        v = tl.load(x_ptr + nb * stride_xn + x_c[:, None] + x_s[None, :], mask=c_ok[:, None] & inside[None, :],
+                    other=0.0)
+    if ROUND_TF32:
+        r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+        v = tl.where(tl.abs(v) < float("inf"), r, v)
+    if SRC_CL:
+        tl.store(y_ptr + y_s[:, None] + offs_c[None, :], v, mask=s_ok[:, None] & c_ok[None, :])
+    else:
+        tl.store(y_ptr + y_s[None, :] + offs_c[:, None], v, mask=c_ok[:, None] & s_ok[None, :])
+
+
 # ==================== convt3d/triton_engine.py (verbatim; package-relative imports rewritten) ====================
 """Launcher of the Triton engine: plan (phase table, input layout, weight packing), configs,
 tuning and the launch itself. Callable on its own: ``forward(x, weight, bias, params, precision)``.
@@ -713,13 +1032,17 @@ from typing import Callable
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 K = types.SimpleNamespace(
     PHASE_TABLE_COLUMNS=PHASE_TABLE_COLUMNS,
+    fill_planes_kernel=fill_planes_kernel,
     fill_rows_kernel=fill_rows_kernel,
+    flat_gemm_kernel=flat_gemm_kernel,
     pack_weight_kernel=pack_weight_kernel,
     phase_gemm_kernel=phase_gemm_kernel,
     to_channels_last_kernel=to_channels_last_kernel,
+    to_padded_kernel=to_padded_kernel,
 )
 
 __all__ = ["Config", "candidate_configs", "forward", "plan", "tuning_log", "clear_caches", "SUPPORTED_DTYPES",
@@ -742,15 +1065,20 @@ class Config:
     use_dot: bool = True
     W_GROUP: int = 1  # W-residues interleaved per store (2 for stride 2 along W, NCDHW output)
     fill_separate: bool = True  # rows no tap reaches are written by fill_rows_kernel
+    companions: bool = True  # empty row classes written by the GEMM programs (see companion_masks)
     x_cache: str = ""  # cache modifier of the input loads ("" or ".ca")
     maxnreg: int | None = None  # register cap per thread (occupancy)
+    tma: bool = False  # operands through tensor descriptors (TMA) where the layout allows
+    flat: bool = False  # flat_gemm_kernel: 2-D TMA boxes over a zero-haloed input copy (Hopper)
 
     def short(self) -> str:
         kind = "dot" if self.use_dot else "fma"
-        return (f"{kind} M{self.BLOCK_M}({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W}) N{self.BLOCK_N} "
+        tile = "" if self.flat else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
+        return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
                 f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}" + (" wg2" if self.W_GROUP == 2 else "")
-                + ("" if self.fill_separate else " nofill") + (f" {self.x_cache}" if self.x_cache else "")
-                + (f" r{self.maxnreg}" if self.maxnreg else ""))
+                + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp") + (f" {self.x_cache}" if self.x_cache else "")
+                + (f" r{self.maxnreg}" if self.maxnreg else "") + (" tma" if self.tma else "")
+                + (" flat" if self.flat else ""))
 
 
 def _pow2_at_least(v: int) -> int:
@@ -783,7 +1111,7 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
-                      channels_last_out: bool = False) -> tuple[Config, ...]:
+                      channels_last_out: bool = False, flat: bool = False) -> tuple[Config, ...]:
     """All configurations tried for one GEMM shape and dtype; the first is the untuned default.
 
     Measured on the H200 (scripts/gpu_variants.py, NOTES.md), why these tiles:
@@ -797,10 +1125,14 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
       stages on KB 77 at tf32x3. Accumulators are kept <= 128 registers per thread.
     * num_stages 3: 4-6 stages never won by more than noise and lost up to 40% (KB 73, 68).
       The .ca cache hint and a 128-register cap were tried too and changed nothing (< 3%).
+    * tma: operands through tensor descriptors. Kernel-only times, pointer -> TMA loads:
+      KB 73 922 -> 684 us, nnunet_64_32 bf16 238 -> 199, gan fp32 869 -> 726, KB 68 11.7 ->
+      11.0 ms, KB 77 730 -> 701; but KB 58 (Cout 16) 1596 -> 1928 and the fp32 FMA ("ieee")
+      dot spills with it. So both kinds are candidates and the tuner picks.
     * W_GROUP=2 for stride 2 along W into NCDHW output: both W-residues of a row are computed
       and stored as whole rows (strided per-phase stores ran KB 77 at 2.3 ms, 250 GB/s).
-    * fill_separate: output rows no tap reaches are written by a store-only kernel at full
-      occupancy (KB 77: 995 -> 739 us).
+    * companions (default) / fill_separate: rows no tap reaches are written by the GEMM
+      programs next to their own rows (companion_masks), else by a store-only kernel.
     """
     cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
     esize = dtype.itemsize
@@ -820,16 +1152,42 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     plane = max(16, _pow2_at_least(hw[0] * hw[1]))
     bn = max(16, min(128, _pow2_at_least(cout_g)))
     bk = max(16, min(32 if esize == 4 else 64, _pow2_at_least(cin_g)))
-    configs = []
-    for bm, stages in ((128, 3), (256, 3), (64, 4), (128, 4)):
-        bm = min(bm, plane)
-        warps = 4 if wg * bm * bn <= 128 * 64 else 8
-        if wg * bm * bn // (32 * warps) > 128:
-            continue  # accumulators would spill
+    # Accumulators per program: a W residue with no taps (W_SKIP) holds none through the loop.
+    acc_wg = wg if _w_skip(params, wg) < 0 else 1
+
+    def tile(bm: int, stages: int, bound: int, **kind) -> Config | None:
+        bm = min(bm, bound)
+        warps = 4 if acc_wg * bm * bn <= 128 * 64 else 8
+        if acc_wg * bm * bn // (32 * warps) > 128:
+            return None  # accumulators would spill
         if stages * (bn * bk + bk * bm) * esize > 200 * 1024:
-            continue
-        cfg = Config(bm, bn, bk, block_w(hw, bm), warps, stages, W_GROUP=wg)
-        if cfg not in configs:
+            return None  # operand ring beyond shared memory
+        bw = bm if kind.get("flat") else block_w(hw, bm)
+        return Config(bm, bn, bk, bw, warps, stages, W_GROUP=wg, **kind)
+
+    if flat and flat_unsupported(params, dtype, bk) is None:
+        # Hopper (and the interpreter): flat_gemm_kernel first, then the 5-D TMA path of
+        # phase_gemm_kernel. Measured kernel times (H200, scripts/gpu_flat*.py), best per case:
+        #   flat M128 s3: KB 58 1321 us (5-D TMA 2026), KB 61 3310 (4375), aniso bf16 95 (148),
+        #     refine bf16 82 (89), KB 77 channels-last 172 + 84 plane fill;
+        #   flat M64 s4: KB 77 NCDHW 261 + 129 plane fill (5-D TMA M64: 501 in all), gan bf16 402;
+        #   5-D TMA M128 s3 still wins KB 73 (686 vs 607-867 flat), monai bf16 (90 vs 115) and
+        #     gan fp32 (842 vs 890); 5-D TMA M256 s3 gan bf16 (323 vs 365-402 flat).
+        # flat M128 s4 and M256 s3 were within 1-3% of these on their best cases (KB 61, aniso,
+        # KB 58, nnunet): left out, since every candidate costs ~1 s of compile when tuning.
+        # Flat tiles run along whole padded rows: the plane bound uses the padded width.
+        _, (_, _, wp) = flat_geometry(params)
+        fplane = max(16, _pow2_at_least(hw[0] * wp))
+        plans = [(128, 3, fplane, {"flat": True}), (64, 4, fplane, {"flat": True}),
+                 (128, 3, plane, {"tma": True}), (256, 3, plane, {"tma": True})]
+    else:
+        # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
+        # tiles measured in session 1.
+        plans = [(128, 3, plane, {}), (256, 3, plane, {}), (64, 4, plane, {}), (128, 4, plane, {})]
+    configs = []
+    for bm, stages, bound, kind in plans:
+        cfg = tile(bm, stages, bound, **kind)
+        if cfg is not None and cfg not in configs:
             configs.append(cfg)
     return tuple(configs)
 
@@ -887,25 +1245,77 @@ def _row_class_empty(params: ConvT3dParams, rd: int, rh: int) -> bool:
     return params.axes[0].phases[rd].num_taps == 0 or params.axes[1].phases[rh].num_taps == 0
 
 
+@functools.lru_cache(maxsize=256)
+def companion_masks(params: ConvT3dParams) -> dict[tuple[int, int], int] | None:
+    """Assign every empty row class (depth residue dd with taps, height residue hh without) to
+    the row class (dd, first height residue with taps), whose GEMM programs also write its rows,
+    next to their own (bit ``dd * SH + hh`` of the owner's mask). Planes of depth residues
+    without taps are not rows of anyone: fill_planes_kernel writes them (``empty_planes``).
+    None when rows would have no owner (no height residue has taps) or the mask would not
+    fit an int32; the launcher then uses fill_rows_kernel."""
+    sd, sh = params.stride[0], params.stride[1]
+    d_ok = [params.axes[0].phases[r].num_taps > 0 for r in range(sd)]
+    h_ok = [params.axes[1].phases[r].num_taps > 0 for r in range(sh)]
+    if sd * sh > 31 or not any(h_ok):
+        return None
+    rh0 = h_ok.index(True)
+    masks: dict[tuple[int, int], int] = {}
+    for dd in range(sd):
+        for hh in range(sh):
+            if d_ok[dd] and not h_ok[hh]:
+                masks[(dd, rh0)] = masks.get((dd, rh0), 0) | 1 << (dd * sh + hh)
+    return masks
+
+
+def empty_planes(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
+    """int32 [planes]: the output depth indices whose residue no tap reaches."""
+    key = ("planes", params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
+           params.in_size, str(device))
+    tab = _tables.get(key)
+    if tab is None:
+        sd = params.stride[0]
+        ods = [od for od in range(params.out_size[0]) if params.axes[0].phases[od % sd].num_taps == 0]
+        tab = torch.tensor(ods, dtype=torch.int32).to(device)
+        _tables[key] = tab
+    return tab
+
+
+def _fill_planes(params: ConvT3dParams, y: torch.Tensor, b, has_bias: bool) -> None:
+    planes = empty_planes(params, y.device)
+    if planes.numel() == 0:
+        return
+    cl = y.dim() == 5 and y.stride(1) == 1 and params.out_channels > 1
+    oh, ow = params.out_size[1:]
+    outer = params.batch if cl else params.batch * params.out_channels
+    seg = oh * ow * (params.out_channels if cl else 1)
+    _kernel("fill_planes_kernel", y.device)[(planes.numel(), outer)](
+        y, b, planes, params.out_channels, seg, y.stride(0), y.stride(1), y.stride(2),
+        CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, num_warps=4)
+
+
 def phase_table(params: ConvT3dParams, device: torch.device, w_group: int = 1,
-                skip_empty_rows: bool = False) -> torch.Tensor:
+                skip_empty_rows: bool = False, companions: bool = False) -> torch.Tensor:
     """int32 [groups * w_group, 16]: per phase its residues, tap counts, first taps, first
     offsets and compact grid sizes, in phase order (W residue fastest). With skip_empty_rows the
-    phases of row classes no tap reaches are left out (fill_rows_kernel writes those rows)."""
+    phases of row classes no tap reaches are left out (written by fill_rows_kernel, or with
+    ``companions`` by the programs of the owner that ``companion_masks`` names: column 15)."""
     key = ("phases", params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
-           params.in_size, w_group, skip_empty_rows, str(device))
+           params.in_size, w_group, skip_empty_rows, companions, str(device))
     tab = _tables.get(key)
     if tab is None:
         rows = []
+        masks = (companion_masks(params) or {}) if companions else {}
         for ph in params.phases:
             a = ph.axes
             if skip_empty_rows and _row_class_empty(params, a[0].residue, a[1].residue):
                 continue
+            first = a[2].residue % w_group == 0  # the mask lives in a group's first row
             rows.append([a[0].residue, a[1].residue, a[2].residue,
                          a[0].num_taps, a[1].num_taps, a[2].num_taps,
                          a[0].first_tap, a[1].first_tap, a[2].first_tap,
                          a[0].first_offset, a[1].first_offset, a[2].first_offset,
-                         a[0].size, a[1].size, a[2].size, 0])
+                         a[0].size, a[1].size, a[2].size,
+                         masks.get((a[0].residue, a[1].residue), 0) if first else 0])
         tab = torch.tensor(rows, dtype=torch.int32).reshape(-1, 16).to(device)
         _tables[key] = tab
     return tab
@@ -958,6 +1368,19 @@ _tuned: dict[tuple, TuneRecord] = {}
 def tuning_log() -> dict[tuple, TuneRecord]:
     """Tuning results of this process (key -> chosen config, tuning seconds, per-config ms)."""
     return dict(_tuned)
+
+
+def tuned_config(key) -> Config | None:
+    """The configuration this process uses for a tune key (timed or seeded), or None if none yet."""
+    rec = _tuned.get(key)
+    return None if rec is None else rec.config
+
+
+def seed_tuning(key, config: Config, timings_ms: dict | None = None) -> None:
+    """Use ``config`` for ``key`` without timing (a result persisted by an earlier process; the
+    caller checks it is one of the key's candidates). A result this process already has wins."""
+    if key not in _tuned:
+        _tuned[key] = TuneRecord(config, 0.0, dict(timings_ms or {}))
 
 
 def clear_caches() -> None:
@@ -1057,6 +1480,140 @@ def _check_slice_offsets(params, xin, y, pad):
             f"than 2^31 elements (input {tuple(xin.shape)}, output {tuple(y.shape)})")
 
 
+@functools.lru_cache(maxsize=256)
+def flat_geometry(params: ConvT3dParams) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(low padding, padded size) per dimension of the zero-haloed input of flat_gemm_kernel.
+
+    A compact position q of a phase reads input q + off0 - j * ostep for its taps j; over all
+    phases with taps these shifts span [lo, hi]. The padded buffer puts input index i at
+    i + P with P = max(0, -lo) and is long enough for every valid q (q < compact size) plus hi,
+    so every tap of every valid output position reads inside the buffer (zeros in the halo)."""
+    pads, sizes = [], []
+    for a, q in zip(params.axes, params.compact_size):
+        shifts = [ph.first_offset - j * a.offset_step for ph in a.phases for j in range(ph.num_taps)]
+        lo, hi = (min(shifts), max(shifts)) if shifts else (0, 0)
+        pad = max(0, -lo)
+        pads.append(pad)
+        sizes.append(pad + max(a.in_size, q + hi))
+    return tuple(pads), tuple(sizes)
+
+
+def flat_unsupported(params: ConvT3dParams, dtype: torch.dtype, block_k: int) -> str | None:
+    """Why flat_gemm_kernel cannot run a call (None: it can). TMA needs 16-byte aligned row
+    strides (channels x element size); a channel block must not run into the next group's
+    channels, which are in bounds and would not read as zeros; TMA coordinates are int32."""
+    es = dtype.itemsize
+    if not uses_tensor_cores(params):
+        return "fewer than 8 channels per group (FMA path)"
+    if (params.in_channels * es) % 16 or (params.in_channels_per_group * es) % 16:
+        return "channel rows not 16-byte aligned"
+    if params.groups > 1 and params.in_channels_per_group % block_k:
+        return "channel blocks would cross groups"
+    _, (dp, hp, wp) = flat_geometry(params)
+    kvol = math.prod(params.kernel_size)
+    if params.batch * dp * hp * wp >= 2**31 or params.groups * kvol * params.out_channels_per_group >= 2**31:
+        return "more than 2^31 rows"
+    return None
+
+
+def _w_skip(params: ConvT3dParams, w_group: int) -> int:
+    """The W residue (0 or 1) of an interleaved pair that has no taps, else -1."""
+    if w_group == 2:
+        for r in (0, 1):
+            if params.axes[2].phases[r].num_taps == 0:
+                return r
+    return -1
+
+
+def _tma_capable(device: torch.device) -> bool:
+    # TMA exists from Hopper (sm_90) on; the interpreter emulates it, so CPU CI runs this path.
+    return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _tma_strides_ok(t: torch.Tensor, order) -> bool:
+    """A tensor descriptor needs a 16-byte aligned base, unit stride innermost and 16-byte
+    aligned outer strides (in the dimension order given)."""
+    es = t.element_size()
+    st = [t.stride(i) for i in order]
+    return t.data_ptr() % 16 == 0 and st[-1] == 1 and all(s * es % 16 == 0 for s in st[:-1])
+
+
+def _x_descriptor(xin: torch.Tensor, params: ConvT3dParams, cfg: Config):
+    """5-D descriptor over the NDHWC input, or None where TMA cannot express the load: a
+    channel block that would run into the next group (its values are in bounds, so TMA would
+    not zero them), or strides TMA cannot take (fp32 with Cin % 4 != 0)."""
+    cin_g = params.in_channels_per_group
+    if not (params.groups == 1 or cin_g % cfg.BLOCK_K == 0) or not _tma_strides_ok(xin, (0, 2, 3, 4, 1)):
+        return None
+    n, c, d, h, w = xin.shape
+    sn, sc, sd, sh, sw = xin.stride()
+    return TensorDescriptor(xin, [n, d, h, w, c], [sn, sd, sh, sw, sc],
+                            [1, 1, cfg.BLOCK_M // cfg.BLOCK_W, cfg.BLOCK_W, cfg.BLOCK_K])
+
+
+def _w_descriptor(wp: torch.Tensor, cfg: Config):
+    """4-D descriptor over the packed weight [G, taps, Cout/g, Cin/g]; out-of-range channels
+    of the last block read as zeros (each group is its own slice here)."""
+    if not _tma_strides_ok(wp, (0, 1, 2, 3)):
+        return None
+    return TensorDescriptor(wp, list(wp.shape), list(wp.stride()), [1, 1, cfg.BLOCK_N, cfg.BLOCK_K])
+
+
+def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool) -> torch.Tensor:
+    """The zero-haloed NDHWC copy read by flat_gemm_kernel: [N, DP, HP, WP, C], contiguous."""
+    (pd, ph, pw), (dp, hp, wp) = geo
+    n, c, d, h, w = x.shape
+    y = torch.empty((n, dp, hp, wp, c), dtype=x.dtype, device=x.device)
+    block_c = min(64, _pow2_at_least(c))
+    block_s = 64
+    grid = (triton.cdiv(dp * hp * wp, block_s), triton.cdiv(c, block_c), n)
+    _kernel("to_padded_kernel", x.device)[grid](
+        x, y, c, d, h, w, dp, hp, wp, pd, ph, pw, *x.stride(), ROUND_TF32=round_tf32,
+        SRC_CL=x.stride(1) == 1 and c > 1, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4)
+    return y
+
+
+def _offsets_fit_int32(params: ConvT3dParams, y: torch.Tensor, pad: int) -> bool:
+    """Channel plus in-slice offsets of the output stay below 2^31 (32-bit epilogue offsets)."""
+    (oh, ow), st = params.out_size[1:], y.stride()
+    span = (params.out_channels - 1) * abs(st[1]) + (oh + pad) * abs(st[3]) + (ow + pad) * abs(st[4])
+    return span <= _INT32_MAX
+
+
+def _run_flat(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, b, y: torch.Tensor, tab: torch.Tensor,
+              n_groups: int, params: ConvT3dParams, geo, has_bias: bool, precision: str):
+    """Launch flat_gemm_kernel: 2-D descriptors over the padded input and the packed weight."""
+    (pd, ph, pw), (dp, hp, wpad) = geo
+    c = xp.shape[-1]
+    _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
+    x_desc = TensorDescriptor(xp, [xp.numel() // c, c], [c, 1], [cfg.BLOCK_M, cfg.BLOCK_K])
+    cin_g = params.in_channels_per_group
+    w_desc = TensorDescriptor(wp, [wp.numel() // cin_g, cin_g], [cin_g, 1], [cfg.BLOCK_N, cfg.BLOCK_K])
+    q = params.compact_size
+    # Tiles cover the largest compact plane (q[1] rows of the padded width).
+    tiles_m = triton.cdiv(q[1] * wpad, cfg.BLOCK_M)
+    tiles_n = triton.cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+    grid = (params.groups * params.batch * q[0] * tiles_m * n_groups * tiles_n,)
+    axes = params.axes
+    return _kernel("flat_gemm_kernel", xp.device)[grid](
+        x_desc, w_desc, b, y, tab,
+        params.batch, cin_g, params.out_channels_per_group,
+        dp, hp, wpad, pd, ph, pw,
+        q[0], params.out_size[2], params.out_size[0], params.out_size[1],
+        n_groups, math.prod(params.kernel_size),
+        params.kernel_size[1], params.kernel_size[2],
+        *y.stride(),
+        *params.stride,
+        *(a.tap_step for a in axes),
+        *(a.offset_step for a in axes),
+        tiles_m, tiles_n,
+        HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
+        OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M),
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
 @dataclass
 class Launch:
     """A prepared call: operands in kernel layout, the output, and ``run(config)`` to launch the
@@ -1102,7 +1659,7 @@ def plan(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision
         copy_input = use_dot and (x.stride(1) != 1 or round_tf32)
         # 16-bit operands ignore the dot's input precision; "tf32" keeps them on the chained
         # accumulate path (the "ieee" path sums each K block separately, see the kernel).
-        p = Plan(fmt, candidate_configs(params, x.dtype, precision, cl_out),
+        p = Plan(fmt, candidate_configs(params, x.dtype, precision, cl_out, flat=_tma_capable(x.device)),
                  _tune_key(params, x, precision, cl_out), round_tf32, copy_input,
                  precision if is_fp32 else "tf32")
         _plans[key] = p
@@ -1116,17 +1673,31 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     y = torch.empty(params.out_shape, dtype=x.dtype, device=x.device, memory_format=pl.out_format)
     if y.numel() == 0:
         return Launch(y, lambda cfg: None, pl.configs, pl.tune_key)
-    xin = _prepare_input(x, pl.round_tf32, pl.copy_input)
     wp = _pack_weight(weight, params, pl.round_tf32)
-    kernel = _kernel("phase_gemm_kernel", x.device)
     q = params.compact_size
     axes = params.axes
     b = bias if bias is not None else wp  # dummy pointer when HAS_BIAS is False
-    _check_slice_offsets(params, xin, y, max(c.BLOCK_M for c in pl.configs))
+    geo = flat_geometry(params)
+    # The input operand is made per run, not once per Launch: configs differ in what they read
+    # (the NDHWC copy or x itself, or the zero-haloed copy of flat_gemm_kernel), so tuning has
+    # to time that preparation with each config. (Memoised, tuning once picked the flat path for
+    # bf16 channels-last layers on kernel time alone, whose copy the 5-D TMA path does not need.)
+    def x_operand(flat: bool) -> torch.Tensor:
+        if flat:
+            return _prepare_padded_input(x, geo, pl.round_tf32)
+        xin = _prepare_input(x, pl.round_tf32, pl.copy_input)
+        _check_slice_offsets(params, xin, y, max(c.BLOCK_M for c in pl.configs))
+        return xin
 
     def run(cfg: Config):
-        tab = phase_table(params, x.device, cfg.W_GROUP, cfg.fill_separate)
-        if cfg.fill_separate:
+        companions = cfg.companions and companion_masks(params) is not None
+        tab = phase_table(params, x.device, cfg.W_GROUP, cfg.fill_separate or companions, companions)
+        if companions:
+            # In stream order before the GEMM. Filling on a side stream concurrently with the
+            # GEMM was measured (KB 77): no gain in NCDHW (392 vs 398 us) and a loss in
+            # channels-last (329 vs 260 us), so the simple order stays.
+            _fill_planes(params, y, b, bias is not None)
+        elif cfg.fill_separate:
             rows = empty_rows(params, x.device)
             if rows.shape[0] > 0:
                 block_c = min(64, _pow2_at_least(params.out_channels))
@@ -1135,18 +1706,28 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
                                                        triton.cdiv(params.out_channels, block_c))](
                     y, b, rows, params.out_channels, params.out_size[2], *y.stride(),
                     HAS_BIAS=bias is not None, BLOCK_C=block_c, BLOCK_W=block_w, num_warps=4)
+        return gemm(cfg, tab)
+
+    def gemm(cfg: Config, tab: torch.Tensor):
         n_groups = tab.shape[0] // cfg.W_GROUP
         if n_groups == 0:
             return None
+        if cfg.flat:
+            return _run_flat(cfg, x_operand(True), wp, b, y, tab, n_groups, params, geo, bias is not None,
+                             pl.dot_precision)
+        xin = x_operand(False)
         bh = cfg.BLOCK_M // cfg.BLOCK_W
         tiles_h, tiles_w = triton.cdiv(q[1], bh), triton.cdiv(q[2], cfg.BLOCK_W)
         tiles_n = triton.cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         grid = (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n,)
         extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and x.device.type == "cuda" else {}
-        return kernel[grid](
-            xin, wp, b, y, tab,
+        use_tma = cfg.tma and cfg.use_dot and _tma_capable(x.device)
+        x_arg = _x_descriptor(xin, params, cfg) if use_tma else None
+        w_arg = _w_descriptor(wp, cfg) if use_tma else None
+        return _kernel("phase_gemm_kernel", x.device)[grid](
+            xin if x_arg is None else x_arg, wp if w_arg is None else w_arg, b, y, tab,
             params.batch, params.in_channels_per_group, params.out_channels_per_group,
-            *params.in_size, q[0], params.out_size[2], n_groups,
+            *params.in_size, q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups,
             params.kernel_size[1], params.kernel_size[2],
             *xin.stride(), *wp.stride(), *y.stride(),
             *params.stride,
@@ -1154,7 +1735,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
             *(a.offset_step for a in axes),
             tiles_h, tiles_w, tiles_n,
             HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot, PRECISION=pl.dot_precision, W_GROUP=cfg.W_GROUP,
-            X_CACHE=cfg.x_cache,
+            W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE=cfg.x_cache, X_TMA=x_arg is not None, W_TMA=w_arg is not None,
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, BLOCK_W=cfg.BLOCK_W,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
         )

@@ -69,7 +69,8 @@ def kinfo(h):
     try:
         ptx = h.asm["ptx"]
         mma = "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "fma")
-        return {"regs": h.n_regs, "spills": h.n_spills, "smem": h.metadata.shared, "mma": mma}
+        return {"regs": h.n_regs, "spills": h.n_spills, "smem": h.metadata.shared, "mma": mma,
+                "tma": "cp.async.bulk.tensor" in ptx}
     except Exception as e:  # noqa
         return {"err": repr(e)}
 

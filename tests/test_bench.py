@@ -275,9 +275,11 @@ def test_failing_backend_becomes_a_failure_row():
 
 
 @pytest.mark.parametrize("mode", ["bwd", "full"])
-def test_planned_modes_raise(mode):
-    with pytest.raises(NotImplementedError, match="not implemented yet"):
-        runner.get_mode(mode)
+def test_training_modes_exist(mode):
+    # Their row logic is tested in tests/test_training.py (issue 5).
+    assert runner.get_mode(mode).needs_grad and runner.get_mode(mode).name == mode
+    with pytest.raises(ValueError, match="unknown mode"):
+        runner.get_mode("sideways")
 
 
 def test_summary(timing_rows):
@@ -337,10 +339,10 @@ def test_plot(timing_rows, tmp_path):
 
 # ---- command line --------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, message", [
-    (["--mode", "bwd"], "not implemented yet"),
+    (["--mode", "sideways"], "invalid choice"),
     (["--case", "kb99"], "unknown case"),
     (["--suite", "layers", "--precision", "exact"], "no case matches"),
-], ids=["mode-bwd", "unknown-case", "nothing-selected"])
+], ids=["unknown-mode", "unknown-case", "nothing-selected"])
 def test_cli_usage_errors(argv, message, capsys):
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err

@@ -281,3 +281,50 @@ def test_evaluator_without_gpu(tmp_path, capsys):
     interpreted = bool(data["method"]["interpreter"])
     assert len(row["trials"]) == int(interpreted)
     assert row["correct_fp64"] == interpreted
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA entry for problem 77 (issue 6); its regeneration is covered by the --check test above
+# ---------------------------------------------------------------------------------------------
+def _cuda_path():
+    path = KB_DIR / export.cuda_file_name(by_id(77))
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run 'convt3d export-kernelbench'")
+    return path
+
+
+def test_cuda_entry_passes_kernelbench_cuda_static_rules():
+    text = _cuda_path().read_text()
+    violations = static_check.check(text, strict=True, backend="cuda")
+    assert not violations, static_check.format_violations(violations, text, _cuda_path().name)
+    # the requirements are really checked: without the kernel the file is refused
+    assert [v.rule for v in static_check.check(text.replace("__global__", "__device__"), backend="cuda")] == \
+        ["cuda-global"]
+
+
+def test_cuda_entry_embeds_the_package_source_and_imports_only_torch():
+    from convt3d import cuda_engine
+
+    text = _cuda_path().read_text()
+    assert 'CUDA_SOURCE = r"""' + cuda_engine.cuda_source() + '"""' in text
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            tops = [a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import) \
+                else [(node.module or "").split(".")[0]]
+            assert all(t == "torch" or t in sys.stdlib_module_names for t in tops), f"line {node.lineno}"
+
+
+def test_cuda_entry_builds_the_reference_parameters_without_compiling():
+    """Imported as KernelBench imports a file; ModelNew is built on the CPU (nothing compiles
+    before the first forward) with bitwise the reference's parameters."""
+    problem = by_id(77)
+    module = evaluate.load_model_file(_cuda_path())
+    assert module.build_seconds() is None
+    with torch.no_grad():
+        torch.manual_seed(SEED)
+        reference = ReferenceModel(problem, *problem.init_inputs)
+        torch.manual_seed(SEED)
+        candidate = module.ModelNew(*problem.init_inputs)
+    assert evaluate.parameters_identical(reference, candidate)
+    with pytest.raises(module.BackendUnavailableError, match="CPU"):
+        candidate(torch.rand(1, 32, 2, 3, 4))

@@ -423,7 +423,7 @@ def test_launcher_default_config_and_candidates():
     case = REGIMES["tc-k3s2p1op1"]
     x, w, b = case.tensors()
     x5, params = _params(case, x, w, b)
-    cands = engine.candidate_configs(params, torch.float32, "ieee")
+    cands = engine.plan(params, x5, w, "ieee").configs
     assert cands, "no candidate configuration"
     assert all(c.use_dot and c.BLOCK_K >= 16 and c.BLOCK_N >= 16 for c in cands)  # tl.dot minimum tile
     y_default = engine.forward(x5, w, b, params, "ieee")
@@ -514,3 +514,52 @@ def test_fp16_tolerance_is_tight():
     y16 = (y16.double() + b.double()[None, :, None, None, None]).half()
     with pytest.raises(AssertionError, match="outside tolerance"):
         check_against_reference(y16, x, w, b, *CHECK_CASE.args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every kernel path of the launcher on the same inputs: flat_gemm_kernel (2-D TMA over a haloed
+# copy), phase_gemm_kernel with 5-D TMA boxes and with pointer loads, and the three ways of
+# writing rows no tap reaches (companion rows + plane fill, fill_rows_kernel, in-grid programs).
+# The interpreter emulates TMA (out-of-range boxes read zeros), so CI runs the Hopper paths too.
+# ---------------------------------------------------------------------------------------------
+PATH_CASES = {
+    "kb77-like": Case(1, 8, 16, (2, 4, 4), (3, 3, 3), 2, 1, 0, 2),  # empty planes, rows, W residue
+    "k2s3-empty-residues": Case(1, 8, 8, (2, 3, 3), (2, 2, 2), 3, 0, 2),
+    "per-dim-everything": Case(1, 8, 8, (3, 4, 3), (1, 2, 3), (1, 2, 3), (0, 1, 1), (0, 1, 2), (1, 1, 2)),
+    "groups2-cl": Case(1, 32, 32, (2, 3, 3), (3, 3, 3), 2, 1, 1, groups=2, layout="channels_last_3d"),
+    "cin20-cout24": Case(1, 20, 24, (2, 3, 4), (3, 3, 3), 2, 1, 1),  # channel tails, Cout not pow2
+}
+PATHS = {
+    "flat": dict(flat=True, tma=False),
+    "tma-5d": dict(flat=False, tma=True),
+    "pointer": dict(flat=False, tma=False),
+    "fill-rows-kernel": dict(flat=False, tma=False, companions=False, fill_separate=True),
+    "in-grid-fill": dict(flat=False, tma=False, companions=False, fill_separate=False),
+    "flat-fill-rows-kernel": dict(flat=True, companions=False, fill_separate=True),
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("name", list(PATH_CASES))
+def test_every_kernel_path(name, path):
+    case = PATH_CASES[name]
+    x, w, b = case.tensors()
+    x5, params = _params(case, x, w, b)
+    out_cl = memory_format_of(F.conv_transpose3d(x5, w, b, *case.args)) == "channels_last_3d"
+    base = engine.candidate_configs(params, torch.float32, "ieee", out_cl, flat=True)[0]
+    cfg = dataclasses.replace(base, **PATHS[path])
+    if not cfg.flat:
+        cfg = dataclasses.replace(cfg, BLOCK_W=engine.block_w(params.compact_size[1:], cfg.BLOCK_M))
+    y = engine.forward(x5, w, b, params, "ieee", config=cfg)
+    check_against_reference(y, x5, w, b, *case.args, context=f"{name} {cfg}")
+
+
+def test_flat_path_is_the_default_where_tma_works():
+    case = PATH_CASES["kb77-like"]
+    x, w, b = case.tensors()
+    x5, params = _params(case, x, w, b)
+    assert engine.candidate_configs(params, torch.float32, "tf32", False, flat=True)[0].flat
+    # fp32 with 10 input channels: rows of 40 bytes are not 16-byte aligned, so no TMA.
+    odd = ConvT3dParams.create(1, 10, 8, 1, (2, 3, 3), (3, 3, 3), (2, 2, 2), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    assert engine.flat_unsupported(odd, torch.float32, 16) == "channel rows not 16-byte aligned"
+    assert not any(c.flat or c.tma for c in engine.candidate_configs(odd, torch.float32, "tf32", False, flat=True))

@@ -7,12 +7,15 @@
 
 Importing convt3d has no side effects beyond registering the ``convt3d::conv_transpose3d`` op.
 """
+from .dispatch import set_benchmark
 from .errors import BackendUnavailableError
+from .explain import explain
 from .functional import conv_transpose3d
 from .nn import ConvTranspose3d, patch
 from .params import ConvT3dParams
+from .tune import tune
 
 __version__ = "0.1.0"
 
 __all__ = ["conv_transpose3d", "ConvTranspose3d", "patch", "ConvT3dParams", "BackendUnavailableError",
-           "__version__"]
+           "explain", "tune", "set_benchmark", "__version__"]

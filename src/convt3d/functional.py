@@ -4,19 +4,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import triton_engine
 from .dispatch import cudnn_conv_tf32, decide
-from .ops import conv_transpose3d_op
+from .ops import conv_transpose3d_op, run_engine
 from .validate import check_call
 
 __all__ = ["conv_transpose3d"]
 
 
 def _needs_op(tensors) -> bool:
-    """Autograd or torch.compile need the registered custom op; plain inference calls the
-    engine directly and skips the dispatcher round trip (~10 us per call)."""
-    if torch.compiler.is_compiling():
-        return True
+    """Autograd needs the registered custom op (torch.compile always takes it, see ``_traced``);
+    plain inference calls the engine directly and skips the dispatcher round trip (~10 us per
+    call)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -28,23 +26,75 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     Args (beyond PyTorch's):
         backend: "auto" (default; ``$CONVT3D_BACKEND`` overrides the default), "triton" (our
             engine; on CPU tensors it runs through Triton's interpreter), "torch" (PyTorch's
-            own implementation) or "cuda" (not built yet). A named backend that cannot run the
-            call raises :class:`convt3d.BackendUnavailableError`; only "auto" falls back.
+            own implementation) or "cuda" (the CUDA C++ engine, exact fp32). A named backend
+            that cannot run the call raises :class:`convt3d.BackendUnavailableError`; only
+            "auto" falls back.
         precision: float32 only. None follows ``torch.backends.cudnn.allow_tf32`` as PyTorch's
             convolutions do (True: "tf32", False: exact grade); or "tf32", "tf32x3", "ieee".
             float16/bfloat16 multiply in their own type and accumulate in float32.
     """
+    input, weight, bias = _autocast(input, weight, bias)
+    if torch.compiler.is_compiling():
+        return _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    d = decide(input, backend, precision, params)
+    d = decide(input, backend, precision, params, weight=weight, bias=bias)
     if d.engine == "torch":
         return _torch_forward(input, weight, bias, params, precision)
     x = input.unsqueeze(0) if unbatched else input
     if _needs_op((x, weight, bias)):
         y = conv_transpose3d_op(x, weight, bias, list(params.stride), list(params.padding),
-                                list(params.output_padding), params.groups, list(params.dilation), d.precision)
+                                list(params.output_padding), params.groups, list(params.dilation), d.precision,
+                                d.engine)
     else:
-        y = triton_engine.forward(x, weight, bias, params, d.precision)
+        y = run_engine(d.engine, x, weight, bias, params, d.precision)
     return y.squeeze(0) if unbatched else y
+
+
+@torch.compiler.assume_constant_result
+def _decide_for_trace(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
+    """Validation and dispatch as plain values. Under torch.compile this runs eagerly, once, at
+    trace time on the example tensors (Dynamo cannot trace the geometry's cached properties, and
+    the decision reads environment variables and device properties); the result is a constant of
+    the graph, guarded by Dynamo's usual checks on the tensors' shapes, strides, dtype and device.
+    Changing $CONVT3D_BACKEND or the TF32 flag after compiling does not recompile."""
+    params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    d = decide(input, backend, precision, params, weight=weight, bias=bias)
+    return (d.engine, d.precision, list(params.stride), list(params.padding), list(params.output_padding),
+            params.groups, list(params.dilation), unbatched)
+
+
+def _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
+    engine, prec, stride, padding, output_padding, groups, dilation, unbatched = _decide_for_trace(
+        input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
+    if engine == "torch":
+        # PyTorch's own op traces natively (an explicit precision cannot set cuDNN's global flag
+        # inside a graph: the flag at run time applies).
+        return F.conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    x = input.unsqueeze(0) if unbatched else input
+    y = conv_transpose3d_op(x, weight, bias, stride, padding, output_padding, groups, dilation, prec, engine)
+    return y.squeeze(0) if unbatched else y
+
+
+def _autocast(input, weight, bias):
+    """Under ``torch.autocast``, cast as PyTorch's autocast does for conv_transpose3d (an op of its
+    lower-precision list on CUDA and CPU): every floating-point tensor to the autocast dtype, so the
+    output has that dtype and, the casts being differentiable, fp32 parameters get fp32
+    gradients. Done here rather than in the custom op's Autocast kernel because the dtype is the
+    region's (bfloat16 or float16), not one fixed at registration."""
+    if not isinstance(input, torch.Tensor):
+        return input, weight, bias  # check_call raises the TypeError
+    dev = input.device.type
+    if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
+        return input, weight, bias
+    dtype = torch.get_autocast_dtype(dev)
+
+    def cast(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type == dev and t.dtype != dtype \
+                and t.dtype != torch.float64:
+            return t.to(dtype)
+        return t
+
+    return cast(input), cast(weight), cast(bias)
 
 
 def _torch_forward(input, weight, bias, params, precision):

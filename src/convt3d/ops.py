@@ -1,58 +1,107 @@
-"""``convt3d::conv_transpose3d``: the torch.library custom op around the Triton engine, with its
-fake (meta) implementation and autograd formula, so it works under torch.compile, CUDA graphs
-and autograd like a native op.
+"""``convt3d::conv_transpose3d`` and ``convt3d::conv_transpose3d_backward``: the torch.library
+custom ops around our engines, with fake (meta) implementations and the autograd formula, so the
+layer works under autograd, torch.compile (no graph break: both ops are opaque nodes with exact
+fake shapes, strides and memory formats) and CUDA graphs like a native op.
 
-The op takes already-normalised arguments (5-D input, 3-element lists, a concrete precision);
-``convt3d.functional`` validates and dispatches before calling it.
+The ops take already-normalised arguments (5-D input, 3-element lists, a concrete precision and
+engine); ``convt3d.functional`` validates and dispatches before calling them.
+
+The backward is an op of its own (not a Python formula traced into the graph) so that what runs
+is decided when it runs: the per-signature choice of dW implementation, the cuDNN TF32 and
+determinism flags of ``convt3d.backward`` -- global flags a traced graph would not capture.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
+from . import backward as _bwd
 from . import triton_engine
 from .validate import check_call
 
-__all__ = ["conv_transpose3d_op"]
+__all__ = ["conv_transpose3d_op", "conv_transpose3d_backward_op", "ENGINES", "run_engine"]
+
+ENGINES = ("triton", "cuda")
+
+
+def run_engine(engine: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], params,
+               precision: str) -> torch.Tensor:
+    """The forward of one of our engines on a validated 5-D call."""
+    if engine == "triton":
+        return triton_engine.forward(x, weight, bias, params, precision)
+    if engine == "cuda":
+        # Imported on first use: it builds a CUDA extension, which plain imports must not do.
+        from . import cuda_engine
+
+        return cuda_engine.forward(x, weight, bias, params)
+    raise ValueError(f"convt3d::conv_transpose3d: unknown engine={engine!r}; expected one of {ENGINES}")
 
 
 @torch.library.custom_op("convt3d::conv_transpose3d", mutates_args=())
 def conv_transpose3d_op(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                         stride: List[int], padding: List[int], output_padding: List[int], groups: int,
-                        dilation: List[int], precision: str) -> torch.Tensor:
+                        dilation: List[int], precision: str, engine: str) -> torch.Tensor:
     params, _ = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    return triton_engine.forward(input, weight, bias, params, precision)
+    return run_engine(engine, input, weight, bias, params, precision)
 
 
 @conv_transpose3d_op.register_fake
-def _fake(input, weight, bias, stride, padding, output_padding, groups, dilation, precision):
+def _fake(input, weight, bias, stride, padding, output_padding, groups, dilation, precision, engine):
     out = [input.shape[0], weight.shape[1] * groups]
     for i in range(3):
         out.append((input.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.shape[2 + i] - 1)
                    + output_padding[i] + 1)
+    # Both engines follow PyTorch's convolution rule (channels_last_3d out when the input or the
+    # weight suggests it).
     fmt = triton_engine.output_memory_format(input, weight)
     return torch.empty(out, dtype=input.dtype, device=input.device, memory_format=fmt)
 
 
+@torch.library.custom_op("convt3d::conv_transpose3d_backward", mutates_args=())
+def conv_transpose3d_backward_op(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                                 stride: List[int], padding: List[int], output_padding: List[int], groups: int,
+                                 dilation: List[int], precision: str,
+                                 output_mask: List[bool]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dX, dW, db); an entry whose mask is False is an empty tensor (custom ops cannot return None)."""
+    params, _ = check_call(input, weight, None, stride, padding, output_padding, groups, dilation)
+    gx, gw, gb = _bwd.grads(grad_output, input, weight, params, precision, tuple(output_mask))
+    # Outputs may not alias each other: one fresh empty tensor per missing gradient.
+    return tuple(grad_output.new_empty(0) if g is None else g for g in (gx, gw, gb))
+
+
+@conv_transpose3d_backward_op.register_fake
+def _fake_backward(grad_output, input, weight, stride, padding, output_padding, groups, dilation, precision,
+                   output_mask):
+    fx, fw = _bwd.grad_formats(input, weight)
+    gx = torch.empty(input.shape, dtype=input.dtype, device=input.device, memory_format=fx) \
+        if output_mask[0] else grad_output.new_empty(0)
+    gw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device, memory_format=fw) \
+        if output_mask[1] else grad_output.new_empty(0)
+    gb = grad_output.new_empty((weight.shape[1] * groups,)) if output_mask[2] else grad_output.new_empty(0)
+    return gx, gw, gb
+
+
 def _setup_context(ctx, inputs, output):
-    input, weight, bias, stride, padding, output_padding, groups, dilation, precision = inputs
+    input, weight, bias, stride, padding, output_padding, groups, dilation, precision, engine = inputs
+    # dX needs only the weight and dW only the input, but both are small next to dY and the
+    # needs_input_grad of a later backward is not known here: keep both (as PyTorch does).
     ctx.save_for_backward(input, weight)
     ctx.has_bias = bias is not None
-    ctx.args = (stride, padding, output_padding, groups, dilation)
+    ctx.args = (stride, padding, output_padding, groups, dilation, precision)
 
 
 def _backward(ctx, grad_out):
     input, weight = ctx.saved_tensors
-    stride, padding, output_padding, groups, dilation = ctx.args
+    stride, padding, output_padding, groups, dilation, precision = ctx.args
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
-    # dX is a strided conv3d of dY with the same weight, dW the correlation of dY with X, db the
-    # sum of dY: PyTorch's convolution_backward (cuDNN on CUDA) computes exactly these.
-    gx, gw, gb = torch.ops.aten.convolution_backward(
-        grad_out, input, weight, [weight.shape[1] * groups] if ctx.has_bias else None,
-        stride, padding, dilation, True, output_padding, groups,
-        [need_x, need_w, need_b and ctx.has_bias])
-    return gx, gw, (gb if ctx.has_bias else None), None, None, None, None, None, None
+    mask = [bool(need_x), bool(need_w), bool(need_b and ctx.has_bias)]
+    none = (None,) * 7
+    if not any(mask):
+        return (None, None, None) + none
+    gx, gw, gb = conv_transpose3d_backward_op(grad_out, input, weight, stride, padding, output_padding, groups,
+                                              dilation, precision, mask)
+    return (gx if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None) + none
 
 
 conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)

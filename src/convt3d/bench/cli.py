@@ -3,6 +3,7 @@
     convt3d bench                                   # both suites, backend auto, forward
     convt3d bench --suite kernelbench --precision exact --json kb.json --plot kb.png
     convt3d bench --case kb77,gan_k4s2p1 --dtype bf16 --layout cl --backend triton
+    convt3d bench --suite layers --mode full        # training step (forward + backward) vs cuDNN
     convt3d bench --list                            # the cases a filter selects, without running
 
 On a CUDA machine: device ceilings are measured once, then every selected case is timed (see
@@ -70,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "engines (kernelbench only; layers run at default)")
     sel.add_argument("--backend", choices=BACKENDS, default="auto", help="convt3d backend to time (default auto)")
     sel.add_argument("--mode", choices=MODE_NAMES, default="fwd",
-                     help="fwd (forward); bwd and full (forward + backward) come with issue 5")
+                     help="fwd (forward), bwd (backward alone: dX, dW, db of a retained forward) or full "
+                          "(training step: forward + backward); the reference is F.conv_transpose3d + autograd")
     sel.add_argument("--list", action="store_true", help="print the selected cases and exit")
     sel.add_argument("--interpret", action="store_true",
                      help="run the CPU interpreter correctness check even when a GPU is present")
@@ -207,6 +209,9 @@ def _run_interpreter_check(args, argv: list[str], cases) -> int:
             "correctness instead, through Triton's interpreter, against float64 PyTorch, at reduced sizes "
             f"(batch 1, <= {INTERP_MAX_CHANNELS_PER_GROUP} channels per group, ~{INTERP_IN_SIZE} input positions "
             "per dimension; kernel, stride, padding, dilation, output_padding and groups as in the suite).")
+    if args.mode != "fwd":
+        note += (f" (--mode {args.mode}: this check runs the forward kernels; the gradients, Triton weight-gradient "
+                 "kernel included, are checked through the interpreter by tests/test_training.py.)")
     if args.backend not in ("auto", CHECK_BACKEND):
         note += f" (--backend {args.backend} is ignored here: the check runs backend='{CHECK_BACKEND}'.)"
     # Triton's interpreter computes bf16 tl.dot wrongly (a 16x16 bf16 dot is off by ~1e10 in

@@ -32,7 +32,8 @@ JSON (``--json FILE``), schema "convt3d-bench/1". Times are in microseconds (``*
                             mem_floor_us, compute_floor_us, bound ("memory" | "compute"),
                             tflops, torch_tflops, roofline_pct, torch_roofline_pct;
                             exact rows also torch_default_flags_us, speedup_vs_default_flags,
-                            torch_default_flags_reused
+                            torch_default_flags_reused; bwd and full rows also bwd_choice (the dW
+                            implementation convt3d's backward chose, with its reason)
 """
 from __future__ import annotations
 
@@ -256,7 +257,8 @@ def print_timing_table(console, rows: list[dict], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title, header_style="bold", show_lines=False)
-    cols = [("case", "left"), ("dtype", "left"), ("layout", "left"), ("prec", "left"), ("engine", "left"),
+    cols = [("case", "left"), ("mode", "left"), ("dtype", "left"), ("layout", "left"), ("prec", "left"),
+            ("engine", "left"),
             ("convt3d µs", "right"), ("cuDNN µs", "right"), ("speedup", "right"), ("vs dflt cuDNN", "right"),
             ("TFLOP/s", "right"), ("mem floor µs", "right"), ("comp floor µs", "right"), ("% roofline", "right"),
             ("first call s", "right"), ("max rel diff", "right")]
@@ -271,7 +273,11 @@ def print_timing_table(console, rows: list[dict], title: str) -> None:
         rel_text = _fmt(rel, ".0e")
         if not rel <= SUSPECT_REL_DIFF or not r["output_layout_matches"]:
             rel_text = f"[red]{rel_text}{'' if r['output_layout_matches'] else ' layout!'}[/red]"
-        table.add_row(r["case"], r["dtype"], r["layout"], r["precision"], r["engine"], _fmt(r["convt3d_us"], ".1f"),
+        engine = r["engine"]
+        if r.get("bwd_choice"):
+            engine += ", " + " ".join(r["bwd_choice"].split()[:2])  # e.g. "triton tf32, dW triton"
+        table.add_row(r["case"], r.get("mode", "fwd"), r["dtype"], r["layout"], r["precision"], engine,
+                      _fmt(r["convt3d_us"], ".1f"),
                       _fmt(r["torch_us"], ".1f"), speed, vs_default, _fmt(r["tflops"], ".1f"),
                       _fmt(r["mem_floor_us"], ".1f"), _fmt(r["compute_floor_us"], ".1f"),
                       _fmt(r["roofline_pct"], ".0f"), _fmt(r["first_call_s"], ".2f"), rel_text)

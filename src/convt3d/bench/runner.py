@@ -1,6 +1,7 @@
 """GPU timing: one row per case, convt3d against PyTorch (cuDNN), in one process.
 
-For each case, under ``torch.no_grad()`` and the case's ``cudnn.allow_tf32`` flag:
+For each case, under ``torch.no_grad()`` (grad enabled for bwd/full) and the case's
+``cudnn.allow_tf32`` flag:
 
 1. first call of convt3d (wall clock, synchronised: includes Triton compile and autotuning), then
    the first call of PyTorch; the two outputs are compared (max abs difference) and freed;
@@ -9,11 +10,15 @@ For each case, under ``torch.no_grad()`` and the case's ``cudnn.allow_tf32`` fla
    the same geometry when it was just measured): the issue-3 bars compare against it;
 4. floors and % of roofline from the measured ceilings (:mod:`.roofline`).
 
-Modes: the forward is what exists today. ``MODES`` is where "bwd" and "full" (issue 5) plug in:
-a mode builds the two callables of a case and says how much work they do.
+Modes (``--mode``): "fwd" times the forward; "bwd" the backward alone (``torch.autograd.grad`` of
+a retained forward output for a fixed dY: dX, dW and db); "full" a training step (forward +
+backward). A mode builds the two callables of a case and says how much work they do; the cuDNN
+reference is ``F.conv_transpose3d`` with PyTorch's autograd under the same flags (its default,
+non-deterministic cuDNN algorithm choice; convt3d's backward is deterministic).
 """
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from dataclasses import dataclass
@@ -80,10 +85,12 @@ class CudaTimer:
 class Mode:
     name: str
     description: str
-    # (case, tensors, backend) -> (convt3d callable, PyTorch callable)
-    build: Callable[[Case, Tensors, str], tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]]
+    # (case, tensors, backend) -> (convt3d callable, PyTorch callable); each returns a tensor
+    # (fwd) or the tuple of gradients (bwd, full), compared element-wise by the row logic.
+    build: Callable[[Case, Tensors, str], tuple[Callable[[], object], Callable[[], object]]]
     # (params, element size, has bias) -> (useful FLOP, bytes that must move)
     work: Callable[[object, int, bool], tuple[int, int]]
+    needs_grad: bool = False  # the callables run under torch.enable_grad()
 
 
 def _build_fwd(case: Case, t: Tensors, backend: str):
@@ -104,19 +111,93 @@ def _work_fwd(params, element_size: int, has_bias: bool) -> tuple[int, int]:
     return params.useful_flops, params.min_bytes(element_size, has_bias)
 
 
-MODES: dict[str, Mode] = {"fwd": Mode("fwd", "forward only", _build_fwd, _work_fwd)}
-# Accepted by --mode so scripts can already name them; they raise until issue 5 lands.
-PLANNED_MODES: dict[str, str] = {
-    "bwd": "backward (dX, dW, db) timing is not implemented yet (issue 5)",
-    "full": "forward + backward timing is not implemented yet (issue 5)",
+def _grad_leaves(t: Tensors) -> list[torch.Tensor]:
+    """Fresh leaves (same values and layouts) that require grad: input, weight, bias."""
+    return [v.detach().requires_grad_() for v in (t.x, t.w, t.b) if v is not None]
+
+
+def _upstream_grad(case: Case, t: Tensors) -> torch.Tensor:
+    """dY: a fixed random tensor shaped (and laid out) like the output, from the case's seed."""
+    with torch.no_grad():
+        y = F.conv_transpose3d(t.x, t.w, t.b, *case.geometry.conv_args())
+    gen = torch.Generator(device=y.device)
+    gen.manual_seed(1 + case.geometry.batch)
+    g = torch.randn(y.shape, generator=gen, device=y.device, dtype=torch.float32).to(y.dtype)
+    return g.contiguous(memory_format=torch.channels_last_3d) if case.layout == "cl" else g
+
+
+def _build_bwd(case: Case, t: Tensors, backend: str):
+    """Backward only: each engine's forward runs once here with its graph retained; the timed
+    call is ``torch.autograd.grad`` of that output (dX, dW and db when there is a bias)."""
+    import convt3d
+
+    args = case.geometry.conv_args()
+    g = _upstream_grad(case, t)
+    ours_in, ref_in = _grad_leaves(t), _grad_leaves(t)
+    with torch.enable_grad():
+        y_ours = convt3d.conv_transpose3d(*ours_in[:2], ours_in[2] if len(ours_in) > 2 else None, *args,
+                                          backend=backend, precision=None)
+        y_ref = F.conv_transpose3d(*ref_in[:2], ref_in[2] if len(ref_in) > 2 else None, *args)
+
+    def ours():
+        return torch.autograd.grad(y_ours, ours_in, g, retain_graph=True)
+
+    def theirs():
+        return torch.autograd.grad(y_ref, ref_in, g, retain_graph=True)
+
+    return ours, theirs
+
+
+def _build_full(case: Case, t: Tensors, backend: str):
+    """A training step of the layer: forward, then dX, dW (and db) for a fixed dY."""
+    import convt3d
+
+    args = case.geometry.conv_args()
+    g = _upstream_grad(case, t)
+    ours_in, ref_in = _grad_leaves(t), _grad_leaves(t)
+
+    def ours():
+        y = convt3d.conv_transpose3d(*ours_in[:2], ours_in[2] if len(ours_in) > 2 else None, *args,
+                                     backend=backend, precision=None)
+        return torch.autograd.grad(y, ours_in, g)
+
+    def theirs():
+        y = F.conv_transpose3d(*ref_in[:2], ref_in[2] if len(ref_in) > 2 else None, *args)
+        return torch.autograd.grad(y, ref_in, g)
+
+    return ours, theirs
+
+
+def _work_bwd(params, element_size: int, has_bias: bool) -> tuple[int, int]:
+    """dX and dW each do the forward's useful multiply-adds. Bytes: read dY, X and W, write dX
+    and dW (and db)."""
+    n_in = params.batch * params.in_channels * math.prod(params.in_size)
+    n_w = params.in_channels * params.out_channels_per_group * math.prod(params.kernel_size)
+    n_out = params.batch * params.out_channels * math.prod(params.out_size)
+    return 2 * params.useful_flops, element_size * (n_out + 2 * n_in + 2 * n_w + (params.out_channels if has_bias
+                                                                                   else 0))
+
+
+def _work_full(params, element_size: int, has_bias: bool) -> tuple[int, int]:
+    f_flop, f_bytes = _work_fwd(params, element_size, has_bias)
+    b_flop, b_bytes = _work_bwd(params, element_size, has_bias)
+    return f_flop + b_flop, f_bytes + b_bytes
+
+
+MODES: dict[str, Mode] = {
+    "fwd": Mode("fwd", "forward only", _build_fwd, _work_fwd),
+    "bwd": Mode("bwd", "backward only (dX, dW, db of a retained forward)", _build_bwd, _work_bwd, True),
+    "full": Mode("full", "training step: forward + backward", _build_full, _work_full, True),
 }
+# Modes accepted by --mode that do not run yet (none today; kept for future plug-ins).
+PLANNED_MODES: dict[str, str] = {}
 
 
 def get_mode(name: str) -> Mode:
     if name in MODES:
         return MODES[name]
     if name in PLANNED_MODES:
-        raise NotImplementedError(f"--mode {name}: {PLANNED_MODES[name]}; only --mode fwd runs today")
+        raise NotImplementedError(f"--mode {name}: {PLANNED_MODES[name]}")
     raise ValueError(f"unknown mode {name!r}; expected one of {tuple(MODES) + tuple(PLANNED_MODES)}")
 
 
@@ -124,17 +205,41 @@ def get_mode(name: str) -> Mode:
 def _engine_of(case: Case, t: Tensors, backend: str) -> tuple[str, str]:
     """(engine label, reason) that convt3d's dispatcher picks for this call, e.g. 'triton tf32x3'."""
     from convt3d.dispatch import decide
+    from convt3d.validate import check_call
 
-    d = decide(t.x, backend, None)
+    params, _ = check_call(t.x, t.w, t.b, *case.geometry.conv_args())
+    d = decide(t.x, backend, None, params, weight=t.w, bias=t.b, measure=False)
     label = d.engine if case.dtype != "fp32" or d.engine != "triton" else f"{d.engine} {d.precision}"
     return label, d.reason
 
 
-def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """(max |a - b|, max |b|), computed in fp32 (ordered so 1 GB outputs need one temporary)."""
+def _max_abs_diff(a, b) -> tuple[float, float]:
+    """(max |a - b|, max |b|), computed in fp32 (ordered so 1 GB outputs need one temporary); for
+    tuples of gradients, the largest ratio's pair, so that a small dW error is not hidden by a
+    large dX scale."""
+    if isinstance(a, (tuple, list)):
+        pairs = [_max_abs_diff(x, y) for x, y in zip(a, b)]
+        return max(pairs, key=lambda p: p[0] / p[1] if p[1] else (math.inf if p[0] else 0.0))
     diff = (a.float() - b.float()).abs_().max().item()
     scale = b.float().abs().max().item()
     return diff, scale
+
+
+def _is_cl(y) -> bool:
+    y = y[0] if isinstance(y, (tuple, list)) else y  # gradients: dX's layout
+    return y.is_contiguous(memory_format=torch.channels_last_3d) and not y.is_contiguous()
+
+
+def _bwd_choice(params, dtype: torch.dtype) -> str:
+    """The dW implementation convt3d's backward chose for this geometry and dtype (e.g.
+    'dW triton CI64 CO128 ...'), from this process's choices (the latest if several)."""
+    from convt3d import backward
+
+    found = [c for k, c in backward.choices().items() if k[3] == params and k[1] == dtype]
+    if not found:
+        return ""
+    c = found[-1]
+    return f"dW {c.impl}" + (f" {c.config.short()}" if c.config else "") + f" ({c.reason})"
 
 
 def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceilings, timer,
@@ -144,19 +249,23 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
     g = case.geometry
     params, _ = check_call(t.x, t.w, t.b, *g.conv_args())
     flop, nbytes = mode.work(params, t.x.element_size(), t.b is not None)
-    ours, theirs = mode.build(case, t, backend)
     row = _row_head(case, mode, backend)
     row.update(useful_flop=flop, min_bytes=nbytes, out_shape=list(params.out_shape))
 
     with cudnn_tf32(case.allow_tf32):
+        # Built under the row's flag: bwd runs each forward here, and precision=None resolves
+        # (for the saved backward too) from the flag at that moment.
+        ours, theirs = mode.build(case, t, backend)
         row["engine"], row["engine_reason"] = _engine_of(case, t, backend)
         status(f"{case.label}: convt3d first call (compile + tune)")
         y_ours, first_ours = timer.first_call(ours)
+        if mode.needs_grad:
+            # PyTorch's engine runs its own backward: no convt3d choice to report.
+            row["bwd_choice"] = "" if row["engine"].startswith("torch") else _bwd_choice(params, t.x.dtype)
         status(f"{case.label}: PyTorch first call")
         y_ref, first_ref = timer.first_call(theirs)
         diff, scale = _max_abs_diff(y_ours, y_ref)
-        out_cl_ours = y_ours.is_contiguous(memory_format=torch.channels_last_3d) and not y_ours.is_contiguous()
-        out_cl_ref = y_ref.is_contiguous(memory_format=torch.channels_last_3d) and not y_ref.is_contiguous()
+        out_cl_ours, out_cl_ref = _is_cl(y_ours), _is_cl(y_ref)
         del y_ours, y_ref
         status(f"{case.label}: timing convt3d")
         ours_s = timer.steady(ours)
@@ -224,7 +333,7 @@ def run_cases(cases: list[Case], mode_name: str, backend: str, ceilings: Ceiling
     rows, failures = [], []
     default_cudnn_s: dict[tuple, float] = {}
     tensors, tensors_key = None, None
-    with torch.no_grad():
+    with torch.set_grad_enabled(mode.needs_grad):
         for case in cases:
             key = _default_key(case)
             try:

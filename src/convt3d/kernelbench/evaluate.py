@@ -49,7 +49,7 @@ from types import ModuleType
 
 import torch
 
-from .export import default_out_dir
+from .export import CUDA_PROBLEMS, cuda_file_name, default_out_dir
 from .problems import SEED, Problem, ReferenceModel, parse_ids
 
 __all__ = ["TOLERANCE", "SCALED_SPATIAL", "load_model_file", "trial_seeds", "set_seed", "time_with_cuda_events",
@@ -253,9 +253,10 @@ def _tuning_of(module: ModuleType) -> list[dict]:
 
 
 def evaluate_gpu(problem: Problem, directory: Path, correct_trials: int, trials: int, warmup: int, console,
-                 device: torch.device) -> Result:
-    result = Result(problem.id, problem.file_name, problem.describe(), list(problem.input_shape))
-    module = load_model_file(directory / problem.file_name)
+                 device: torch.device, file_name: str | None = None) -> Result:
+    file_name = file_name or problem.file_name
+    result = Result(problem.id, file_name, problem.describe(), list(problem.input_shape))
+    module = load_model_file(directory / file_name)
     result.loaded = True
     reference, candidate = build_models(problem, module)
     result.parameters_identical = parameters_identical(reference, candidate)
@@ -280,11 +281,15 @@ def evaluate_gpu(problem: Problem, directory: Path, correct_trials: int, trials:
     return result
 
 
-def evaluate_cpu(problem: Problem, directory: Path, correct_trials: int, interpret: bool) -> Result:
-    """Import and construct; with the interpreter, correctness on a scaled-down input."""
+def evaluate_cpu(problem: Problem, directory: Path, correct_trials: int, interpret: bool,
+                 file_name: str | None = None) -> Result:
+    """Import and construct; with the interpreter, correctness on a scaled-down input (Triton
+    files only: a CUDA entry needs a GPU to run at all)."""
+    file_name = file_name or problem.file_name
     shape = (1, problem.input_shape[1], *SCALED_SPATIAL)
-    result = Result(problem.id, problem.file_name, problem.describe(), list(shape))
-    module = load_model_file(directory / problem.file_name)
+    result = Result(problem.id, file_name, problem.describe(), list(shape))
+    module = load_model_file(directory / file_name)
+    interpret = interpret and file_name == problem.file_name
     result.loaded = True
     reference, candidate = build_models(problem, module)
     result.parameters_identical = parameters_identical(reference, candidate)
@@ -319,7 +324,7 @@ def print_table(console, results: list[Result], env: dict, gpu: bool) -> None:
         table.add_column(name, justify=justify)
     for r in results:
         n = len(r.trials)
-        cells = [str(r.problem), r.layer,
+        cells = [str(r.problem) + (" cuda" if r.file.endswith("_cuda.py") else ""), r.layer,
                  _fmt(r.ref_ms.mean if r.ref_ms else None, ".3f"), _fmt(r.new_ms.mean if r.new_ms else None, ".3f"),
                  _fmt(r.speedup, ".2f") + ("x" if math.isfinite(r.speedup) else ""),
                  _yes_no(r.correct_fp64, sum(t.passes_fp64 for t in r.trials), n) if n else "-",
@@ -333,7 +338,8 @@ def print_table(console, results: list[Result], env: dict, gpu: bool) -> None:
 
 
 def summary(results: list[Result]) -> dict:
-    timed = [r for r in results if math.isfinite(r.speedup)]
+    # The speedup summary is over the seven Triton files; the CUDA entry is its own row.
+    timed = [r for r in results if math.isfinite(r.speedup) and not r.file.endswith("_cuda.py")]
     checked = [r for r in results if r.trials]
     speedups = [r.speedup for r in timed]
     return {
@@ -398,14 +404,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def entries(problems: list[Problem]) -> list[tuple[Problem, str]]:
+    """(problem, file name) rows of the table: each problem's Triton file, and after it the CUDA
+    entry where there is one (problem 77)."""
+    rows = []
+    for p in problems:
+        rows.append((p, p.file_name))
+        if p.id in CUDA_PROBLEMS:
+            rows.append((p, cuda_file_name(p)))
+    return rows
+
+
 def _run(problems: list[Problem], fn, console) -> list[Result]:
     results = []
-    for p in problems:
-        console.print(f"[bold]problem {p.id}[/]: {p.file_name}")
+    for p, name in entries(problems):
+        console.print(f"[bold]problem {p.id}[/]: {name}")
         try:
-            results.append(fn(p))
+            results.append(fn(p, name))
         except Exception:  # one broken file must not hide the others' results
-            r = Result(p.id, p.file_name, p.describe(), list(p.input_shape), error=traceback.format_exc())
+            r = Result(p.id, name, p.describe(), list(p.input_shape), error=traceback.format_exc())
             console.print(f"[red]problem {p.id} failed:[/]\n{r.error}")
             results.append(r)
     return results
@@ -427,8 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         correct_trials = args.correct_trials or CORRECT_TRIALS
         device = torch.device("cuda", torch.cuda.current_device())
-        results = _run(problems, lambda p: evaluate_gpu(p, directory, correct_trials, args.trials, args.warmup,
-                                                        console, device), console)
+        results = _run(problems, lambda p, name: evaluate_gpu(p, directory, correct_trials, args.trials,
+                                                              args.warmup, console, device, name), console)
         interpret = False
     else:
         import triton
@@ -441,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                       + (f", and running {correct_trials} correctness trial(s) per problem on input (1, C, "
                          f"{', '.join(map(str, SCALED_SPATIAL))}) through Triton's interpreter." if interpret else
                          "; set TRITON_INTERPRET=1 to also check correctness through Triton's interpreter."))
-        results = _run(problems, lambda p: evaluate_cpu(p, directory, correct_trials, interpret), console)
+        results = _run(problems, lambda p, name: evaluate_cpu(p, directory, correct_trials, interpret, name),
+                       console)
     env = environment(gpu)
     print_table(console, results, env, gpu)
     s = summary(results)

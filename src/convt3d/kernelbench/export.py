@@ -36,10 +36,16 @@ from pathlib import Path
 from . import static_check
 from .problems import PROBLEMS, Problem
 
-__all__ = ["SOURCES", "ExportError", "render", "render_all", "default_out_dir", "main"]
+__all__ = ["SOURCES", "CUDA_SOURCES", "CUDA_PROBLEMS", "ExportError", "render", "render_cuda", "render_all",
+           "cuda_file_name", "default_out_dir", "main"]
 
 # Package modules copied into every file, in dependency order (each imports only earlier ones).
 SOURCES = ("params.py", "errors.py", "validate.py", "kernels/phase_gemm.py", "triton_engine.py")
+# The CUDA entry (problem 77 only): the same geometry and validation, the CUDA engine's Python side,
+# then the .cu text as the string the engine compiles (CUDA_SOURCE).
+CUDA_SOURCES = ("params.py", "errors.py", "validate.py", "cuda_engine.py")
+CUDA_PROBLEMS = (77,)
+CUDA_FILE = "csrc/convt3d.cu"
 _ALLOWED_THIRD_PARTY = frozenset({"torch", "triton"})
 
 
@@ -138,7 +144,8 @@ def _inline(module: _Module, done: dict[str, _Module]) -> list[_Line]:
             source_path = f"{base}.py" if f"{base}.py" in done else f"{base}/__init__.py"
             if source_path not in done or alias.name not in done[source_path].names:
                 raise ExportError(f"{at}: 'from {'.' * node.level}{node.module or ''} import {alias.name}' names "
-                                  f"nothing the exporter inlines earlier (SOURCES = {SOURCES})")
+                                  f"nothing the exporter inlines earlier (SOURCES = {SOURCES}, CUDA_SOURCES = "
+                                  f"{CUDA_SOURCES})")
             if alias.asname and alias.asname != alias.name:
                 new.append(f"{alias.asname} = {alias.name}")
         replace[node.lineno - 1] = (node.end_lineno - 1, new)
@@ -165,11 +172,14 @@ _TEMPLATE_NEEDS = ("triple", "check_call", "forward")
 _TEMPLATE_DEFINES = ("EXACT_GRADE", "ConvTranspose3dTriton", "ModelNew")
 
 
-def _engine_lines() -> list[_Line]:
+def _engine_lines(sources: tuple[str, ...] = SOURCES, defines: tuple[str, ...] | None = None,
+                  needs: tuple[str, ...] | None = None) -> list[_Line]:
+    defines = _TEMPLATE_DEFINES if defines is None else defines
+    needs = _TEMPLATE_NEEDS if needs is None else needs
     done: dict[str, _Module] = {}
     owner: dict[str, str] = {}
     lines: list[_Line] = []
-    for path in SOURCES:
+    for path in sources:
         module = _Module(path, _read(path))
         module.names = _defined_names(ast.parse(module.source))
         for name in module.names - {"__all__"}:
@@ -180,10 +190,10 @@ def _engine_lines() -> list[_Line]:
         lines += _inline(module, done)
         lines += [_Line("", "generated"), _Line("", "generated")]
         done[path] = module
-    taken = [f"{name} (convt3d/{owner[name]})" for name in _TEMPLATE_DEFINES if name in owner]
+    taken = [f"{name} (convt3d/{owner[name]})" for name in defines if name in owner]
     if taken:
         raise ExportError(f"the ModelNew template defines {taken} too; rename one of them")
-    missing = [name for name in _TEMPLATE_NEEDS if name not in owner]
+    missing = [name for name in needs if name not in owner]
     if missing:
         raise ExportError(f"the ModelNew template calls {missing}, which no module in SOURCES defines any more; "
                           "update convt3d/kernelbench/export.py (_model_new_source)")
@@ -195,28 +205,12 @@ def _exact_grade() -> str:
     return EXACT_GRADE
 
 
-def _model_new_source(problem: Problem, grade: str) -> str:
-    """The per-problem tail: the layer, then ModelNew with the problem's own constructor."""
-    signature = ", ".join(["self"] + [a.source() for a in problem.signature])
-    forwarded = "".join(f", {name}={name}" for name in problem.forwarded)
-    ignored = "".join(
-        f"        # KernelBench's Model accepts {name} but never passes it on (so {name}={problem.bind()[name]!r}\n"
-        f"        # from get_init_inputs() is dropped there); this one does the same.\n"
-        for name in problem.ignored)
-    return f'''# {"=" * 20} ModelNew for KernelBench level 1 problem {problem.id} (generated) {"=" * 20}
-import math
-
-import torch
-
-# convt3d.dispatch.EXACT_GRADE at export time: what precision=None means when TF32 is off.
-# KernelBench's fp32 tolerance (1e-4) needs it; nothing here reads or changes PyTorch's flags.
-EXACT_GRADE = {grade!r}
-
-
-class ConvTranspose3dTriton(torch.nn.Module):
-    """The parameters of PyTorch's ConvTranspose3d layer, created and initialised the way it does
+# The layer class both kinds of file define: PyTorch's ConvTranspose3d parameters and checks, one
+# forward through the exported engine. One text, so the Triton and CUDA entries cannot drift.
+_LAYER_CLASS = """class @CLS@(torch.nn.Module):
+    \"\"\"The parameters of PyTorch's ConvTranspose3d layer, created and initialised the way it does
     (the same seed gives bitwise the same values, the same state_dict keys), computed by the
-    Triton engine above at exact grade."""
+    @DOC@.\"\"\"
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0,
                  groups=1, bias=True, dilation=1, device=None, dtype=None):
@@ -234,7 +228,7 @@ class ConvTranspose3dTriton(torch.nn.Module):
         self.padding = triple("padding", padding)
         self.output_padding = triple("output_padding", output_padding)
         self.dilation = triple("dilation", dilation)
-        factory = {{"device": device, "dtype": dtype}}
+        factory = {"device": device, "dtype": dtype}
         self.weight = torch.nn.Parameter(
             torch.empty((in_channels, out_channels // groups, *self.kernel_size), **factory))
         if bias:
@@ -256,10 +250,39 @@ class ConvTranspose3dTriton(torch.nn.Module):
         params, unbatched = check_call(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
                                        self.groups, self.dilation)
         x5 = x.unsqueeze(0) if unbatched else x
-        # forward() is the engine's launcher (triton_engine.forward above), not this method.
-        y = forward(x5, self.weight, self.bias, params, EXACT_GRADE)
+        # forward() is @WHAT@, not this method.
+        y = forward(x5, self.weight, self.bias, params@EXTRA@)
         return y.squeeze(0) if unbatched else y
+"""
 
+
+def _layer_class(cls: str, doc: str, what: str, extra_args: str = "") -> str:
+    """The source of the layer class ``cls``: ``doc`` ends its docstring ("Triton engine above at
+    exact grade"), ``what`` names the engine entry forward() is, ``extra_args`` follow ``params``."""
+    return (_LAYER_CLASS.replace("@CLS@", cls).replace("@DOC@", doc).replace("@WHAT@", what)
+            .replace("@EXTRA@", extra_args))
+
+
+def _model_new_source(problem: Problem, grade: str) -> str:
+    """The per-problem tail: the layer, then ModelNew with the problem's own constructor."""
+    signature = ", ".join(["self"] + [a.source() for a in problem.signature])
+    forwarded = "".join(f", {name}={name}" for name in problem.forwarded)
+    ignored = "".join(
+        f"        # KernelBench's Model accepts {name} but never passes it on (so {name}={problem.bind()[name]!r}\n"
+        f"        # from get_init_inputs() is dropped there); this one does the same.\n"
+        for name in problem.ignored)
+    return f'''# {"=" * 20} ModelNew for KernelBench level 1 problem {problem.id} (generated) {"=" * 20}
+import math
+
+import torch
+
+# convt3d.dispatch.EXACT_GRADE at export time: what precision=None means when TF32 is off.
+# KernelBench's fp32 tolerance (1e-4) needs it; nothing here reads or changes PyTorch's flags.
+EXACT_GRADE = {grade!r}
+
+
+{_layer_class("ConvTranspose3dTriton", "Triton engine above at exact grade",
+                  "the engine's launcher (triton_engine.forward above)", ", EXACT_GRADE")}
 
 class ModelNew(torch.nn.Module):
     """KernelBench level 1 problem {problem.id}: the constructor of its Model, the layer it builds."""
@@ -295,9 +318,10 @@ def _render_lines(problem: Problem, engine: list[_Line], grade: str) -> list[_Li
     return _header(problem, grade) + engine + tail
 
 
-def _checked(problem: Problem, lines: list[_Line]) -> str:
+def _checked(problem: Problem, lines: list[_Line], backend: str = "triton", file_name: str | None = None) -> str:
     text = "\n".join(line.text for line in lines)
-    violations = static_check.check(text, strict=True)
+    file_name = file_name or problem.file_name
+    violations = static_check.check(text, strict=True, backend=backend)
     if violations:
         report = []
         for v in violations:
@@ -306,9 +330,9 @@ def _checked(problem: Problem, lines: list[_Line]) -> str:
                 report.append(f"  {origin.origin}: {v.category}/{v.rule} matches {v.text!r} in\n"
                               f"      {origin.text.strip()}")
             else:
-                report.append(f"  {problem.file_name}: {v.category}/{v.rule}: no match for {v.text!r}")
+                report.append(f"  {file_name}: {v.category}/{v.rule}: no match for {v.text!r}")
         raise ExportError(
-            f"{problem.file_name} would break KernelBench's static rules (its checker cuts '#' comments and then "
+            f"{file_name} would break KernelBench's static rules (its checker cuts '#' comments and then "
             "matches the text anywhere, docstrings and strings included). The exporter copies the package source "
             "verbatim, so reword these source lines:\n" + "\n".join(report))
     return text
@@ -320,9 +344,91 @@ def render(problem: Problem) -> str:
 
 
 def render_all(problems=PROBLEMS) -> dict[str, str]:
-    """file name -> content, for every problem (the engine source is read once)."""
+    """file name -> content, for every problem and its CUDA entry if any (engine sources read once)."""
     engine, grade = _engine_lines(), _exact_grade()
-    return {p.file_name: _checked(p, _render_lines(p, engine, grade)) for p in problems}
+    files = {p.file_name: _checked(p, _render_lines(p, engine, grade)) for p in problems}
+    cuda = [p for p in problems if p.id in CUDA_PROBLEMS]
+    if cuda:
+        engine = _cuda_engine_lines()
+        files.update((cuda_file_name(p), _checked(p, _render_cuda_lines(p, engine), "cuda", cuda_file_name(p)))
+                     for p in cuda)
+    return files
+
+
+# ---- the CUDA entry ---------------------------------------------------------------------------
+_CUDA_TEMPLATE_NEEDS = ("triple", "check_call", "forward")
+_CUDA_TEMPLATE_DEFINES = ("ConvTranspose3dCuda", "ModelNew")
+
+
+def cuda_file_name(problem: Problem) -> str:
+    """'77_..._strided__.py' -> '77_..._strided___cuda.py' (beside the Triton file)."""
+    return problem.name + "_cuda.py"
+
+
+def _cuda_engine_lines() -> list[_Line]:
+    lines = _engine_lines(CUDA_SOURCES, _CUDA_TEMPLATE_DEFINES, _CUDA_TEMPLATE_NEEDS)
+    text = _read(CUDA_FILE)
+    if '"""' in text or text.rstrip("\n").endswith("\\"):
+        raise ExportError(f"convt3d/{CUDA_FILE} cannot be embedded as a raw triple-quoted string")
+    lines.append(_Line(f"# {'=' * 20} convt3d/{CUDA_FILE} (verbatim; compiled by load_inline) {'=' * 20}",
+                       "generated"))
+    body = ('CUDA_SOURCE = r"""' + text + '"""').split("\n")
+    lines += [_Line(t, f"convt3d/{CUDA_FILE}:{i}") for i, t in enumerate(body, start=1)]
+    return lines + [_Line("", "generated"), _Line("", "generated")]
+
+
+_CUDA_HEADER = '''"""KernelBench level 1, problem {id}: {file} -- CUDA entry
+
+``ModelNew`` computes the problem's 3-D transposed convolution with the CUDA C++ engine of
+convt3d (exact fp32 FFMA). Its source is the string CUDA_SOURCE below, compiled with
+torch.utils.cpp_extension.load_inline on the first forward. Generated by ``convt3d
+export-kernelbench`` from the package source (Python modules verbatim apart from their
+package-relative import lines, then convt3d/{cu}); edit the package and regenerate.
+"""
+import types
+
+'''
+
+_CUDA_LAYER = '''# {rule} ModelNew for KernelBench level 1 problem {id}, CUDA entry (generated) {rule}
+import math
+
+import torch
+
+
+{layer_class}
+
+class ModelNew(torch.nn.Module):
+    """KernelBench level 1 problem {id}: the constructor of its Model, the layer it builds."""
+
+    def __init__({signature}):
+        super().__init__()
+        self.conv_transpose3d = ConvTranspose3dCuda(in_channels, out_channels, kernel_size{forwarded})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv_transpose3d(x)
+
+
+__all__ = ["ModelNew", "ConvTranspose3dCuda"]
+'''
+
+
+def _render_cuda_lines(problem: Problem, engine: list[_Line]) -> list[_Line]:
+    if problem.ignored:
+        raise ExportError(f"problem {problem.id}: the CUDA template does not handle ignored arguments")
+    header = _CUDA_HEADER.format(id=problem.id, file=problem.file_name, cu=CUDA_FILE)
+    layer = _layer_class("ConvTranspose3dCuda",
+                         "CUDA engine above (exact fp32; built by load_inline on the first forward)",
+                         "the CUDA engine's entry (cuda_engine.forward above)")
+    tail = _CUDA_LAYER.format(rule="=" * 20, id=problem.id, layer_class=layer,
+                              signature=", ".join(["self"] + [a.source() for a in problem.signature]),
+                              forwarded="".join(f", {name}={name}" for name in problem.forwarded))
+    return [_Line(t, "generated") for t in header.split("\n")] + engine + \
+        [_Line(t, "generated") for t in tail.split("\n")]
+
+
+def render_cuda(problem: Problem) -> str:
+    """The CUDA entry for one problem (raises ExportError if it would break a static rule)."""
+    return _checked(problem, _render_cuda_lines(problem, _cuda_engine_lines()), "cuda", cuda_file_name(problem))
 
 
 def default_out_dir() -> Path:

@@ -1,4 +1,4 @@
-"""Our own implementation of KernelBench's static rules for a Triton ``ModelNew`` file.
+"""Our own implementation of KernelBench's static rules for a Triton or CUDA ``ModelNew`` file.
 
 KernelBench (``src/kernelbench/kernel_static_checker.py`` of ScalingIntelligence/KernelBench)
 judges a candidate file with regular expressions, after cutting each line at its first ``#`` and
@@ -11,7 +11,8 @@ matches):
 
 * always an error: try/except fallbacks and the no-op statement (``code_bypass``), reassigning a
   timing function (``timing_event_patch``), threads and processes (``thread_injection``), lazy or
-  fake tensors (``lazy_eval``), and for the Triton backend ``@triton.jit`` plus ``tl.`` ops;
+  fake tensors (``lazy_eval``), and for the Triton backend ``@triton.jit`` plus ``tl.`` ops (for the
+  CUDA backend ``__global__`` and ``load_inline``);
 * a warning by default, an error under its strict settings: ``torch.nn`` beyond the containers,
   ``Parameter`` and ``init`` (``pytorch_wrap``), high-level torch ops and ``torch.nn.functional``
   (``torch_computation_ops``), CUDA streams (``stream_injection``) and fp32 -> fp16 downgrades
@@ -42,6 +43,7 @@ class Rule:
     pattern: re.Pattern
     required: bool = False  # True: the file must contain a match; False: a match is a violation
     strict_only: bool = False  # a warning under KernelBench's defaults, an error under strict settings
+    backend: str | None = None  # a requirement of this backend only ("triton" or "cuda"); None: every file
 
 
 @dataclass(frozen=True)
@@ -99,11 +101,14 @@ RULES: tuple[Rule, ...] = (
          _r(r"_make_subclass|class\s+\w+.*\(torch\.Tensor\)|class\s+\w+.*\(Tensor\)|torch\.Tensor\.__new__"
             r"|\._view\(|\.view_as\(")),
     # triton_impl (requirements)
-    Rule("triton-jit", "triton_impl", _r(r"@triton\.(?:jit|autotune)"), required=True),
-    Rule("tl-op", "triton_impl", _r(r"\btl\.\w+"), required=True),
-    Rule("tl-memory-op", "triton_impl", _r(r"tl\.(?:load|store)\s*\("), required=True),
+    Rule("triton-jit", "triton_impl", _r(r"@triton\.(?:jit|autotune)"), required=True, backend="triton"),
+    Rule("tl-op", "triton_impl", _r(r"\btl\.\w+"), required=True, backend="triton"),
+    Rule("tl-memory-op", "triton_impl", _r(r"tl\.(?:load|store)\s*\("), required=True, backend="triton"),
     Rule("tl-indexing", "triton_impl",
-         _r(r"tl\.(?:program_id|num_programs|arange|cdiv)\s*\(|tl\.constexpr"), required=True),
+         _r(r"tl\.(?:program_id|num_programs|arange|cdiv)\s*\(|tl\.constexpr"), required=True, backend="triton"),
+    # cuda_impl (requirements of a CUDA entry): a kernel and an inline build
+    Rule("cuda-global", "cuda_impl", _r(r"__global__"), required=True, backend="cuda"),
+    Rule("cuda-load-inline", "cuda_impl", _r(r"\bload_inline\b"), required=True, backend="cuda"),
     # pytorch_wrap (strict)
     Rule("torch.nn-layer", "pytorch_wrap", _r(r"torch\.nn\.(?!" + _NN_ALLOWED + ")"), strict_only=True),
     Rule("nn-alias-layer", "pytorch_wrap", _r(r"(?<![\w.])nn\.(?!" + _NN_ALLOWED + r")\w+"), strict_only=True),
@@ -142,13 +147,19 @@ def _line_of(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-def check(code: str, strict: bool = True) -> list[Violation]:
-    """Every rule the file breaks (an empty list: it passes), ordered by line."""
+def check(code: str, strict: bool = True, backend: str = "triton") -> list[Violation]:
+    """Every rule the file breaks (an empty list: it passes), ordered by line. ``backend`` picks
+    the requirements: "triton" (``@triton.jit`` and ``tl.`` ops) or "cuda" (``__global__`` and
+    ``load_inline``); the forbidding rules are the same for both."""
+    if backend not in ("triton", "cuda"):
+        raise ValueError(f"backend={backend!r}; expected 'triton' or 'cuda'")
     kernelbench_view = strip_comments(code)
     hash_only_view = strip_comments(code, cut_floor_division=False)
     found: dict[tuple[str, int], Violation] = {}
     for rule in RULES:
         if rule.strict_only and not strict:
+            continue
+        if rule.backend is not None and rule.backend != backend:
             continue
         if rule.required:
             if rule.pattern.search(kernelbench_view) is None:

@@ -22,7 +22,9 @@ import triton
 import triton.language as tl
 
 # Columns of the per-phase table built by the launcher (int32, one row of 16 per phase).
-# rd rh rw | Td Th Tw | t0d t0h t0w | off0d off0h off0w | Qd Qh Qw | unused
+# rd rh rw | Td Th Tw | t0d t0h t0w | off0d off0h off0w | Qd Qh Qw | companion mask
+# (the mask, read from the first row of a phase group, has bit dd * SH + hh set for each empty
+# row class -- depth residue dd, height residue hh -- whose rows this group's programs write).
 PHASE_TABLE_COLUMNS = 16
 
 
@@ -31,7 +33,7 @@ def phase_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, tab_ptr,
     N, CIN_G, COUT_G,
     D, H, W,
-    QD, OW,
+    QD, OW, OD, OH,
     NUM_GROUPS,
     KH, KW,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
@@ -45,9 +47,17 @@ def phase_gemm_kernel(
     USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
     W_GROUP: tl.constexpr,
+    W_SKIP: tl.constexpr,
     X_CACHE: tl.constexpr,
+    X_TMA: tl.constexpr,
+    W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
+    # X_TMA / W_TMA: ``x_ptr`` / ``w_ptr`` are tensor descriptors (TMA on Hopper) instead of
+    # pointers. x: 5-D over the NDHWC input, block [1, 1, BLOCK_H, BLOCK_W, BLOCK_K]; its
+    # out-of-range coordinates (padding, halo, negative offsets) read as zeros in hardware, so the
+    # per-element address and mask arithmetic of the pointer path disappears from the K loop.
+    # w: 4-D over the packed weight [G, taps, Cout/g, Cin/g], block [1, 1, BLOCK_N, BLOCK_K].
     BLOCK_H: tl.constexpr = BLOCK_M // BLOCK_W
     # Program -> (group, n, qd, h tile, w tile, phase group, channel tile), fastest last: the
     # programs of one tile (all its phases and channel tiles) run together and share input rows
@@ -77,9 +87,11 @@ def phase_gemm_kernel(
 
     # 64-bit scalar bases per program; 32-bit offsets inside one depth slice (the launcher
     # checks that a slice holds < 2^31 elements), so tensors beyond 2^31 elements are fine.
-    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
-    x_hw = qh * stride_xh + qw * stride_xw
-    w_g = w_ptr + grp.to(tl.int64) * stride_wg
+    if not X_TMA:
+        x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+        x_hw = qh * stride_xh + qw * stride_xw
+    if not W_TMA:
+        w_g = w_ptr + grp.to(tl.int64) * stride_wg
     y_n = y_ptr + nb.to(tl.int64) * stride_yn
     y_co = (grp * COUT_G + offs_co).to(tl.int64) * stride_yc
     if HAS_BIAS:
@@ -94,72 +106,96 @@ def phase_gemm_kernel(
     # The launcher's table lists phase groups (W_GROUP rows each); row classes (rd, rh) that no
     # tap reaches may instead be written by fill_rows_kernel and left out of the table.
     for j in tl.static_range(W_GROUP):
-        row = tab_ptr + (pgrp * W_GROUP + j) * 16
-        rd = tl.load(row + 0)
-        rh = tl.load(row + 1)
-        rw = tl.load(row + 2)
-        td = tl.load(row + 3)
-        th = tl.load(row + 4)
-        tw = tl.load(row + 5)
-        t0d = tl.load(row + 6)
-        t0h = tl.load(row + 7)
-        t0w = tl.load(row + 8)
-        o0d = tl.load(row + 9)
-        o0h = tl.load(row + 10)
-        o0w = tl.load(row + 11)
-        qd_n = tl.load(row + 12)
-        qh_n = tl.load(row + 13)
-        qw_n = tl.load(row + 14)
+        if j != W_SKIP:
+            row = tab_ptr + (pgrp * W_GROUP + j) * 16
+            rd = tl.load(row + 0)
+            rh = tl.load(row + 1)
+            rw = tl.load(row + 2)
+            td = tl.load(row + 3)
+            th = tl.load(row + 4)
+            tw = tl.load(row + 5)
+            t0d = tl.load(row + 6)
+            t0h = tl.load(row + 7)
+            t0w = tl.load(row + 8)
+            o0d = tl.load(row + 9)
+            o0h = tl.load(row + 10)
+            o0w = tl.load(row + 11)
+            qd_n = tl.load(row + 12)
+            qh_n = tl.load(row + 13)
+            qw_n = tl.load(row + 14)
 
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        # Tiles are laid on the largest compact grid (residue 0); a phase whose grid is one
-        # row or column smaller (KB 77: 16x32x32 inside 17x33x33) skips the GEMM on tiles it
-        # does not reach and only stores its bias/zero share there.
-        active = (qd < qd_n) & (pid_h * BLOCK_H < qh_n) & (pid_w * BLOCK_W < qw_n)
-        n_iter = tl.where(active, td * th * tw * k_blocks, 0)
-        # One flat loop over (tap, channel block) so that num_stages pipelines loads across
-        # taps too: KB 77 has 27 taps of one channel block each; a nested loop would not.
-        for kk in range(n_iter):
-            tap = kk // k_blocks
-            cb = (kk - tap * k_blocks) * BLOCK_K
-            jw = tap % tw
-            jh = (tap // tw) % th
-            jd = tap // (tw * th)
-            id_ = qd + o0d - jd * OSD
-            dh = o0h - jh * OSH
-            dw = o0w - jw * OSW
-            ih = qh + dh
-            iw = qw + dw
-            # The depth test is scalar: fold it into the row bound so every mask term is a
-            # vector (mixing scalar and vector booleans also trips Triton's interpreter).
-            h_hi = tl.where((id_ >= 0) & (id_ < D), H, 0)
-            x_ok = (ih >= 0) & (ih < h_hi) & (iw >= 0) & (iw < W)
-            ci = cb + offs_k
-            ci_ok = ci < CIN_G
-            x_s = x_n + id_.to(tl.int64) * stride_xd + (dh * stride_xh + dw * stride_xw)
-            x_tile = tl.load(x_s + x_hw[:, None] + ci[None, :] * stride_xc,
-                             mask=x_ok[:, None] & ci_ok[None, :], other=0.0, cache_modifier=X_CACHE)
-            kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
-            w_tile = tl.load(w_g + kidx * stride_wt + ci[:, None] * stride_wc + offs_co[None, :] * stride_wo,
-                             mask=ci_ok[:, None] & co_ok[None, :], other=0.0)
-            if USE_DOT:
-                if PRECISION == "ieee":
-                    # fp32 FMA dot: sum each K block on its own and add it to the total
-                    # (two-level summation, ~BLOCK_K + steps roundings deep instead of K).
-                    # A chained FMA sum over K = 864 (KB 77 geometry) was 4x cuDNN's error.
-                    acc += tl.dot(x_tile, w_tile, input_precision=PRECISION)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            # Tiles are laid on the largest compact grid (residue 0); a phase whose grid is one
+            # row or column smaller (KB 77: 16x32x32 inside 17x33x33) skips the GEMM on tiles it
+            # does not reach and only stores its bias/zero share there.
+            active = (qd < qd_n) & (pid_h * BLOCK_H < qh_n) & (pid_w * BLOCK_W < qw_n)
+            n_iter = tl.where(active, td * th * tw * k_blocks, 0)
+            # One flat loop over (tap, channel block) so that num_stages pipelines loads across
+            # taps too: KB 77 has 27 taps of one channel block each; a nested loop would not.
+            for kk in range(n_iter):
+                tap = kk // k_blocks
+                cb = (kk - tap * k_blocks) * BLOCK_K
+                jw = tap % tw
+                jh = (tap // tw) % th
+                jd = tap // (tw * th)
+                id_ = qd + o0d - jd * OSD
+                dh = o0h - jh * OSH
+                dw = o0w - jw * OSW
+                kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
+                ci = cb + offs_k
+                ci_ok = ci < CIN_G
+                if X_TMA:
+                    # The launcher uses TMA only where a channel block never crosses into the next
+                    # group (groups == 1, whose channel overhang reads as zeros, or Cin/g % BLOCK_K == 0).
+                    x_blk = x_ptr.load([nb, id_, pid_h * BLOCK_H + dh, pid_w * BLOCK_W + dw, grp * CIN_G + cb])
+                    x_tile = tl.reshape(x_blk, (BLOCK_M, BLOCK_K))
                 else:
-                    acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
-            else:
-                # Channel counts below the tensor-core minimum of 16 (depthwise, tiny groups):
-                # one input channel per step (BLOCK_K == 1), an exact fp32 outer-product
-                # update [BLOCK_M, 1] x [1, BLOCK_N], with no padding of K or N to 16.
-                tl.static_assert(BLOCK_K == 1)
-                acc += x_tile.to(tl.float32) * w_tile.to(tl.float32)
+                    ih = qh + dh
+                    iw = qw + dw
+                    # The depth test is scalar: fold it into the row bound so every mask term is a
+                    # vector (mixing scalar and vector booleans also trips Triton's interpreter).
+                    h_hi = tl.where((id_ >= 0) & (id_ < D), H, 0)
+                    x_ok = (ih >= 0) & (ih < h_hi) & (iw >= 0) & (iw < W)
+                    x_s = x_n + id_.to(tl.int64) * stride_xd + (dh * stride_xh + dw * stride_xw)
+                    x_tile = tl.load(x_s + x_hw[:, None] + ci[None, :] * stride_xc,
+                                     mask=x_ok[:, None] & ci_ok[None, :], other=0.0, cache_modifier=X_CACHE)
+                if W_TMA:
+                    w_blk = w_ptr.load([grp, kidx, pid_n * BLOCK_N, cb])
+                    w_tile = tl.trans(tl.reshape(w_blk, (BLOCK_N, BLOCK_K)))
+                else:
+                    w_tile = tl.load(w_g + kidx * stride_wt + ci[:, None] * stride_wc + offs_co[None, :] * stride_wo,
+                                     mask=ci_ok[:, None] & co_ok[None, :], other=0.0)
+                if USE_DOT:
+                    if PRECISION == "ieee":
+                        # fp32 FMA dot: sum each K block on its own and add it to the total
+                        # (two-level summation, ~BLOCK_K + steps roundings deep instead of K).
+                        # A chained FMA sum over K = 864 (KB 77 geometry) was 4x cuDNN's error.
+                        # Written as fma(part, 1, acc): Triton's combiner rewrites a plain
+                        # `acc + dot(a, b)` back into the chained `dot(a, b, acc)`.
+                        acc = tl.fma(tl.dot(x_tile, w_tile, input_precision=PRECISION), 1.0, acc)
+                    else:
+                        acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
+                else:
+                    # Channel counts below the tensor-core minimum of 16 (depthwise, tiny groups):
+                    # one input channel per step (BLOCK_K == 1), an exact fp32 outer-product
+                    # update [BLOCK_M, 1] x [1, BLOCK_N], with no padding of K or N to 16.
+                    tl.static_assert(BLOCK_K == 1)
+                    acc += x_tile.to(tl.float32) * w_tile.to(tl.float32)
+            if HAS_BIAS:
+                acc += bias[None, :]
+            if j == 0:
+                acc_first = acc
+    # A W residue with no taps (W_SKIP; KB 77's even columns) is bias/zero in every phase:
+    # its half of the interleaved tile is made here, after the GEMM loop, instead of holding
+    # BLOCK_M x BLOCK_N zero accumulators through it (255 registers and spills at BLOCK_M=256).
+    if W_SKIP == 0:
+        acc_first = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if HAS_BIAS:
+            acc_first += bias[None, :]
+    if W_SKIP == 1:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if HAS_BIAS:
             acc += bias[None, :]
-        if j == 0:
-            acc_first = acc
 
     y_s = y_n + (qd * SD + rd).to(tl.int64) * stride_yd
     h_lim = tl.where(qd < qd_n, qh_n, 0)
@@ -184,6 +220,33 @@ def phase_gemm_kernel(
         y_m = (qh2 * SH + rh) * stride_yh + ow2 * stride_yw
         tl.store(y_s + y_co[:, None] + y_m[None, :], out.to(y_ptr.dtype.element_ty),
                  mask=co_ok[:, None] & st_ok[None, :])
+
+    # Companion rows: rows of empty row classes (bias or zero only) that the launcher assigned
+    # to this phase group, written by this program over its own tile of columns. KB 77 (7 of 8
+    # phases empty): a separate fill kernel wrote those 434 MB at 1.6 TB/s, because half of them
+    # are isolated 260-byte rows between GEMM rows (277 us, more than the GEMM's 307 us); here
+    # they are written next to the GEMM rows of the same tile, overlapping other programs' MMAs.
+    cmask = tl.load(tab_ptr + pgrp * W_GROUP * 16 + 15)
+    if cmask != 0:
+        offs_f = tl.arange(0, W_GROUP * BLOCK_W)
+        if W_GROUP == 1:
+            ow_f = (pid_w * BLOCK_W + offs_f) * SW + rw
+        else:
+            ow_f = pid_w * (2 * BLOCK_W) + offs_f
+        fill = tl.zeros((BLOCK_N, W_GROUP * BLOCK_W), dtype=tl.float32)
+        if HAS_BIAS:
+            fill += bias[:, None]
+        fill = fill.to(y_ptr.dtype.element_ty)
+        y_f = y_n + y_co[:, None] + ow_f[None, :] * stride_yw
+        for rc in range(SD * SH):
+            if ((cmask >> rc) & 1) != 0:
+                od = qd * SD + rc // SH
+                y_fd = y_f + od.to(tl.int64) * stride_yd
+                for r in range(BLOCK_H):
+                    oh_f = (pid_h * BLOCK_H + r) * SH + rc % SH
+                    # Row bounds folded into the column bound (vector masks only).
+                    w_lim = tl.where((od < OD) & (oh_f < OH), OW, 0)
+                    tl.store(y_fd + oh_f * stride_yh, fill, mask=co_ok[:, None] & (ow_f < w_lim)[None, :])
 
 
 @triton.jit
@@ -273,3 +336,259 @@ def fill_rows_kernel(
         offs_w = w0 + tl.arange(0, BLOCK_W)
         tl.store(base + y_c[:, None] + offs_w[None, :] * stride_yw, tile,
                  mask=c_ok[:, None] & (offs_w < OW)[None, :])
+
+
+@triton.jit
+def fill_planes_kernel(
+    y_ptr, b_ptr, planes_ptr,
+    C, SEG,
+    stride_yn, stride_yc, stride_yd,
+    CHANNELS_LAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Bias/zero for whole output depth planes that no tap reaches (empty depth residues;
+    17 of KB 77's 33 planes, 294 MB). Each program writes one contiguous segment of SEG
+    elements: a (n, c, od) plane of OH * OW for NCDHW output (bias[c]), a (n, od) plane of
+    OH * OW * C for channels-last output (bias[e % C]). Long contiguous runs write at full
+    bandwidth; the same bytes written as per-tile pieces by the GEMM programs ran at 1.35 TB/s."""
+    od = tl.load(planes_ptr + tl.program_id(0))
+    outer = tl.program_id(1)
+    if CHANNELS_LAST:
+        base = y_ptr + outer.to(tl.int64) * stride_yn + od.to(tl.int64) * stride_yd
+    else:
+        nb = outer // C
+        c = outer % C
+        base = y_ptr + nb.to(tl.int64) * stride_yn + c.to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd
+    offs = tl.arange(0, BLOCK)
+    if CHANNELS_LAST:
+        for e0 in range(0, SEG, BLOCK):
+            e = e0 + offs
+            v = tl.zeros((BLOCK,), dtype=tl.float32)
+            if HAS_BIAS:
+                v += tl.load(b_ptr + e % C, mask=e < SEG, other=0.0).to(tl.float32)
+            tl.store(base + e, v.to(y_ptr.dtype.element_ty), mask=e < SEG)
+    else:
+        v = tl.zeros((BLOCK,), dtype=tl.float32)
+        if HAS_BIAS:
+            v += tl.load(b_ptr + c).to(tl.float32)
+        v = v.to(y_ptr.dtype.element_ty)
+        for e0 in range(0, SEG, BLOCK):
+            e = e0 + offs
+            tl.store(base + e, v, mask=e < SEG)
+
+
+@triton.jit
+def flat_gemm_kernel(
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
+    N, CIN_G, COUT_G,
+    DP, HP, WP,
+    PD, PH, PW,
+    QD, OW, OD, OH,
+    NUM_GROUPS, KVOL,
+    KH, KW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    SD, SH, SW,
+    TSD, TSH, TSW,
+    OSD, OSH, OSW,
+    tiles_m, tiles_n,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    W_GROUP: tl.constexpr,
+    W_SKIP: tl.constexpr,
+    OFF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The tensor-core engine on Hopper: the same phase GEMMs as ``phase_gemm_kernel``, with
+    every operand tile a plain 2-D TMA box.
+
+    The input was copied into a zero-haloed NDHWC buffer of padded size (DP, HP, WP) (see
+    ``to_padded_kernel``), viewed as a 2-D [rows, channels] matrix. A tile is BLOCK_M
+    consecutive positions ``m = qh * WP + qw`` of one compact (h, w) plane, padding columns
+    included, so every tap's input rows are the same tile shifted by one scalar offset: a single
+    [BLOCK_M, BLOCK_K] box that lands in shared memory in the layout wgmma reads, with no
+    reshape and no per-element address or mask arithmetic in the K loop. The halo makes every
+    tap of a valid position read in bounds; rows that wrap into padding or the next plane only
+    feed positions the epilogue discards (about (WP - QW) / WP of the MMA work, 9% on KB 77).
+    The weight is the packed [G * taps * Cout/g, Cin/g] matrix: a [BLOCK_N, BLOCK_K] box,
+    transposed in shared memory for free; rows past Cout/g only feed masked columns.
+    """
+    pid = tl.program_id(0)
+    pid_n = pid % tiles_n
+    t = pid // tiles_n
+    pgrp = t % NUM_GROUPS
+    t = t // NUM_GROUPS
+    pid_m = t % tiles_m
+    t = t // tiles_m
+    qd = t % QD
+    t = t // QD
+    nb = t % N
+    grp = t // N
+
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    qh = offs_m // WP
+    qw = offs_m % WP
+    offs_co = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    co_ok = offs_co < COUT_G
+    y_n = y_ptr + nb.to(tl.int64) * stride_yn
+    # OFF32 (the launcher checked that channel + in-slice offsets stay below 2^31): 32-bit
+    # offset tiles in the epilogue. A [BLOCK_N, 2 * BLOCK_M] tile of 64-bit pointers alone took
+    # 128 registers per thread at 4 warps (242 in all on KB 77), capping occupancy at 2 CTAs.
+    if OFF32:
+        y_co = (grp * COUT_G + offs_co) * stride_yc
+    else:
+        y_co = (grp * COUT_G + offs_co).to(tl.int64) * stride_yc
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(tl.float32)
+    plane = HP * WP
+    row_n = nb * DP * plane  # the launcher keeps N * DP * HP * WP below 2^31 (TMA coordinates)
+    k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
+
+    for j in tl.static_range(W_GROUP):
+        if j != W_SKIP:
+            row = tab_ptr + (pgrp * W_GROUP + j) * 16
+            rd = tl.load(row + 0)
+            rh = tl.load(row + 1)
+            rw = tl.load(row + 2)
+            td = tl.load(row + 3)
+            th = tl.load(row + 4)
+            tw = tl.load(row + 5)
+            t0d = tl.load(row + 6)
+            t0h = tl.load(row + 7)
+            t0w = tl.load(row + 8)
+            o0d = tl.load(row + 9)
+            o0h = tl.load(row + 10)
+            o0w = tl.load(row + 11)
+            qd_n = tl.load(row + 12)
+            qh_n = tl.load(row + 13)
+            qw_n = tl.load(row + 14)
+
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            active = (qd < qd_n) & (m0 < qh_n * WP)
+            n_iter = tl.where(active, td * th * tw * k_blocks, 0)
+            base = row_n + (qd + PD) * plane + PH * WP + PW + m0
+            # (tap, channel block) counters advanced by carries instead of divisions: five
+            # runtime integer divisions per step cost ~100 issue slots of a 128-clock MMA.
+            cb = 0
+            jw = 0
+            jh = 0
+            jd = 0
+            for kk in range(n_iter):
+                shift = (o0d - jd * OSD) * plane + (o0h - jh * OSH) * WP + (o0w - jw * OSW)
+                x_tile = x_desc.load([base + shift, grp * CIN_G + cb])
+                kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
+                w_tile = tl.trans(w_desc.load([(grp * KVOL + kidx) * COUT_G + pid_n * BLOCK_N, cb]))
+                if PRECISION == "ieee":
+                    # Two-level summation, as in phase_gemm_kernel (fma keeps Triton from
+                    # folding the add back into a chained dot).
+                    acc = tl.fma(tl.dot(x_tile, w_tile, input_precision=PRECISION), 1.0, acc)
+                else:
+                    acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
+                cb += BLOCK_K
+                c_wrap = cb >= CIN_G
+                cb = tl.where(c_wrap, 0, cb)
+                jw += c_wrap.to(tl.int32)
+                w_wrap = jw >= tw
+                jw = tl.where(w_wrap, 0, jw)
+                jh += w_wrap.to(tl.int32)
+                h_wrap = jh >= th
+                jh = tl.where(h_wrap, 0, jh)
+                jd += h_wrap.to(tl.int32)
+            if HAS_BIAS:
+                acc += bias[None, :]
+            if j == 0:
+                acc_first = acc
+    if W_SKIP == 0:
+        acc_first = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if HAS_BIAS:
+            acc_first += bias[None, :]
+    if W_SKIP == 1:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if HAS_BIAS:
+            acc += bias[None, :]
+
+    y_s = y_n + (qd * SD + rd).to(tl.int64) * stride_yd
+    h_lim = tl.where(qd < qd_n, qh_n, 0)
+    if W_GROUP == 1:
+        qh_o = qh
+        ow_o = qw * SW + rw
+        st_ok = (qh < h_lim) & (qw < qw_n)
+        out = tl.trans(acc)
+    else:
+        # Interleave the two W residues: column 2 m + r of the stored tile is position m, residue r.
+        out = tl.reshape(tl.permute(tl.join(acc_first, acc), (1, 0, 2)), (BLOCK_N, 2 * BLOCK_M))
+        offs2 = tl.arange(0, 2 * BLOCK_M)
+        m2 = m0 + offs2 // 2
+        qh_o = m2 // WP
+        ow_o = (m2 % WP) * 2 + offs2 % 2
+        st_ok = (qh_o < h_lim) & (ow_o < OW)
+    y_m = (qh_o * SH + rh) * stride_yh + ow_o * stride_yw
+    tl.store(y_s + (y_co[:, None] + y_m[None, :]), out.to(y_ptr.dtype.element_ty),
+             mask=co_ok[:, None] & st_ok[None, :])
+
+    # Companion rows (see phase_gemm_kernel): bias/zero rows of empty row classes, at the
+    # columns of this tile. Padding columns give ow_o >= OW and are masked.
+    cmask = tl.load(tab_ptr + pgrp * W_GROUP * 16 + 15)
+    if cmask != 0:
+        fill = tl.zeros((BLOCK_N, W_GROUP * BLOCK_M), dtype=tl.float32)
+        if HAS_BIAS:
+            fill += bias[:, None]
+        fill = fill.to(y_ptr.dtype.element_ty)
+        for rc in range(SD * SH):
+            if ((cmask >> rc) & 1) != 0:
+                od = qd * SD + rc // SH
+                oh_f = qh_o * SH + rc % SH
+                w_lim = tl.where(od < OD, OW, 0)
+                f_ok = (oh_f < OH) & (ow_o < w_lim)
+                y_fd = y_n + od.to(tl.int64) * stride_yd
+                tl.store(y_fd + (y_co[:, None] + (oh_f * stride_yh + ow_o * stride_yw)[None, :]), fill, mask=co_ok[:, None] & f_ok[None, :])
+
+
+@triton.jit
+def to_padded_kernel(
+    x_ptr, y_ptr,
+    C, D, H, W,
+    DP, HP, WP,
+    PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    ROUND_TF32: tl.constexpr,
+    SRC_CL: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """y[n, dp, hp, wp, c] = x[n, c, dp - PD, hp - PH, wp - PW], zero outside x (the halo);
+    y is contiguous. Optional TF32 rounding as in to_channels_last_kernel. SRC_CL (x has channel
+    stride 1): the tile is [positions, channels], so loads and stores both run along channels;
+    otherwise [channels, positions], loads along W and stores along channels."""
+    pid_s = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    nb = tl.program_id(2).to(tl.int64)
+    S = DP * HP * WP
+    offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    wp = offs_s % WP
+    t = offs_s // WP
+    hp = t % HP
+    dp = t // HP
+    d = dp - PD
+    h = hp - PH
+    w = wp - PW
+    inside = (offs_s < S) & (d >= 0) & (d < D) & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+    s_ok = offs_s < S
+    c_ok = offs_c < C
+    x_s = d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh + w.to(tl.int64) * stride_xw
+    x_c = offs_c.to(tl.int64) * stride_xc
+    y_s = (nb * S + offs_s.to(tl.int64)) * C
+    if SRC_CL:
+        v = tl.load(x_ptr + nb * stride_xn + x_s[:, None] + x_c[None, :], mask=inside[:, None] & c_ok[None, :],
+                    other=0.0)
+    else:
+        v = tl.load(x_ptr + nb * stride_xn + x_c[:, None] + x_s[None, :], mask=c_ok[:, None] & inside[None, :],
+                    other=0.0)
+    if ROUND_TF32:
+        r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+        v = tl.where(tl.abs(v) < float("inf"), r, v)
+    if SRC_CL:
+        tl.store(y_ptr + y_s[:, None] + offs_c[None, :], v, mask=s_ok[:, None] & c_ok[None, :])
+    else:
+        tl.store(y_ptr + y_s[None, :] + offs_c[:, None], v, mask=c_ok[:, None] & s_ok[None, :])

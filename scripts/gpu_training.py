@@ -1,0 +1,152 @@
+"""Time each backward option of convt3d per layers-suite case on the GPU (issue 5), so that one
+GPU call decides convt3d.backward's choices.
+
+    python scripts/gpu_training.py [--case gan_k4s2p1,...] [--json $OUT/gpu_training.json] [--accuracy]
+
+Per case, at bf16 channels_last_3d and fp32 NCDHW default precision (TF32 on), do_bench medians
+(L2 flushed) of:
+  fwd      convt3d forward, cuDNN forward
+  dX       cuDNN (convolution_backward, input mask only), deterministic and default algorithms
+  dW       cuDNN deterministic / default algorithms; convt3d's Triton kernel for every candidate
+           configuration
+  db       sum of dY
+  full     convt3d training step (forward + backward, the backward's own timed choice) vs
+           F.conv_transpose3d + autograd (PyTorch's default flags)
+With --accuracy, also the max abs error against float64 of dW from cuDNN and from each Triton
+configuration (the 2x-cuDNN bar of the issue).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+import convt3d  # noqa: E402
+from convt3d import backward as B  # noqa: E402
+from convt3d.bench import suites  # noqa: E402
+from convt3d.dispatch import cudnn_conv_tf32  # noqa: E402
+from convt3d.validate import check_call  # noqa: E402
+
+
+def bench(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3  # us
+
+
+def conv_bwd(dy, x, w, params, mask, deterministic: bool, tf32: bool):
+    old = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = deterministic
+    try:
+        with cudnn_conv_tf32(tf32):
+            return torch.ops.aten.convolution_backward(
+                dy, x, w, None, list(params.stride), list(params.padding), list(params.dilation), True,
+                list(params.output_padding), params.groups, mask)
+    finally:
+        torch.backends.cudnn.deterministic = old
+
+
+def run_case(case, accuracy: bool) -> dict:
+    t = suites.make_tensors(case, "cuda", 0)
+    g = case.geometry
+    params, _ = check_call(t.x, t.w, t.b, *g.conv_args())
+    prec, tf32 = "tf32", True  # default flags: TF32 on for fp32 (16-bit ignores the precision)
+    row = {"case": case.name, "dtype": case.dtype, "layout": case.layout}
+    with torch.no_grad():
+        y = F.conv_transpose3d(t.x, t.w, t.b, *g.conv_args())
+    dy = torch.randn_like(y)
+    del y
+    row["fwd_convt3d_us"] = bench(lambda: convt3d.conv_transpose3d(t.x, t.w, t.b, *g.conv_args()))
+    row["fwd_cudnn_us"] = bench(lambda: F.conv_transpose3d(t.x, t.w, t.b, *g.conv_args()))
+    for det in (True, False):
+        tag = "det" if det else "default"
+        row[f"dx_cudnn_{tag}_us"] = bench(lambda: conv_bwd(dy, t.x, t.w, params, [True, False, False], det, tf32))
+        row[f"dw_cudnn_{tag}_us"] = bench(lambda: conv_bwd(dy, t.x, t.w, params, [False, True, False], det, tf32))
+    row["db_us"] = bench(lambda: dy.sum(dim=(0, 2, 3, 4), dtype=torch.float32))
+    row["dw_triton_us"] = {}
+    for cfg in B.wgrad_candidates(params, t.x.dtype, t.x.device):
+        try:
+            row["dw_triton_us"][cfg.short()] = bench(lambda: B.wgrad_triton(dy, t.x, params, prec, t.w.dtype, cfg))
+        except Exception as exc:  # noqa: BLE001 -- report and go on
+            row["dw_triton_us"][cfg.short()] = f"{type(exc).__name__}: {exc}"[:300]
+
+    if accuracy:
+        ref = torch.ops.aten.convolution_backward(
+            dy.double(), t.x.double(), t.w.double(), None, list(params.stride), list(params.padding),
+            list(params.dilation), True, list(params.output_padding), params.groups, [True, True, False])
+        cud = conv_bwd(dy, t.x, t.w, params, [True, True, False], False, tf32)
+        row["dx_err_cudnn"] = (cud[0].double() - ref[0]).abs().max().item()
+        row["dw_err_cudnn"] = (cud[1].double() - ref[1]).abs().max().item()
+        row["dw_scale"] = ref[1].abs().max().item()
+        row["dw_err_triton"] = {}
+        for cfg in B.wgrad_candidates(params, t.x.dtype, t.x.device):
+            gw = B.wgrad_triton(dy, t.x, params, prec, t.w.dtype, cfg)
+            row["dw_err_triton"][cfg.short()] = (gw.double() - ref[1]).abs().max().item()
+        del ref, cud
+
+    # Full training step: convt3d (its backward tunes on the first call) vs nn.
+    leaves = [v.detach().requires_grad_() for v in (t.x, t.w, t.b) if v is not None]
+    bias = leaves[2] if len(leaves) > 2 else None
+
+    def ours():
+        out = convt3d.conv_transpose3d(leaves[0], leaves[1], bias, *g.conv_args())
+        return torch.autograd.grad(out, leaves, dy)
+
+    def theirs():
+        out = F.conv_transpose3d(leaves[0], leaves[1], bias, *g.conv_args())
+        return torch.autograd.grad(out, leaves, dy)
+
+    row["full_convt3d_us"] = bench(ours)
+    row["full_cudnn_us"] = bench(theirs)
+    row["full_speedup"] = row["full_cudnn_us"] / row["full_convt3d_us"]
+    rec = [c for k, c in B.choices().items() if k[3] == params and k[1] == t.x.dtype]
+    if rec:
+        row["bwd_choice"] = {"impl": rec[-1].impl, "config": rec[-1].config.short() if rec[-1].config else None,
+                             "timings_ms": rec[-1].timings_ms}
+    return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--case", default=None)
+    p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gpu_training.json"))
+    p.add_argument("--accuracy", action="store_true")
+    args = p.parse_args()
+    names = args.case.split(",") if args.case else None
+    cases = [c for c in suites.select("layers", names)
+             if (c.dtype, c.layout) in (("bf16", "cl"), ("fp32", "ncdhw"))]
+    rows = []
+    for case in cases:
+        try:
+            row = run_case(case, args.accuracy)
+        except Exception as exc:  # noqa: BLE001
+            row = {"case": case.name, "dtype": case.dtype, "layout": case.layout, "error": repr(exc)[:500]}
+        rows.append(row)
+        best_tr = min((v for v in row.get("dw_triton_us", {}).values() if isinstance(v, float)), default=math.nan)
+        print(f"{case.label:<36} fwd {row.get('fwd_convt3d_us', math.nan):8.1f}/{row.get('fwd_cudnn_us', math.nan):8.1f}"
+              f"  dX det {row.get('dx_cudnn_det_us', math.nan):8.1f} dflt {row.get('dx_cudnn_default_us', math.nan):8.1f}"
+              f"  dW det {row.get('dw_cudnn_det_us', math.nan):8.1f} dflt {row.get('dw_cudnn_default_us', math.nan):8.1f}"
+              f" triton {best_tr:8.1f}  full {row.get('full_convt3d_us', math.nan):8.1f}/"
+              f"{row.get('full_cudnn_us', math.nan):8.1f} = {row.get('full_speedup', math.nan):.2f}x"
+              f"  {row.get('bwd_choice', {}).get('impl', '')} {row.get('error', '')}", flush=True)
+        torch.cuda.empty_cache()
+    sp = [r["full_speedup"] for r in rows if "full_speedup" in r]
+    if sp:
+        print(f"full step: geomean {math.exp(sum(map(math.log, sp)) / len(sp)):.2f}x, min {min(sp):.2f}x")
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

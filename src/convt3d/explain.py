@@ -1,0 +1,214 @@
+"""``convt3d.explain``: what convt3d would do with a call, and why -- without running it.
+
+    >>> print(convt3d.explain(x, w, b, stride=2, padding=1))
+
+The report: the backend "auto" (or the named backend) chooses and the reason; the candidates and
+why others cannot run; the Triton engine's plan and tile configuration (tuned, cached or still to
+be tuned); the phases and which are empty; useful MACs against the dense count; the memory and
+compute floors (``bench/roofline.py`` arithmetic on nominal H200 ceilings); timings measured
+earlier, if any (benchmark mode, ``convt3d.tune``, the Triton tuner). Works on CPU tensors too.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from . import cache, dispatch, triton_engine
+from .errors import BackendUnavailableError
+from .params import ConvT3dParams
+from .validate import check_call
+
+__all__ = ["explain", "Explanation"]
+
+_MAX_PHASE_LINES = 27  # stride 3 in every dimension; larger strides are summarised
+
+
+@dataclass
+class Explanation:
+    """The report of :func:`explain`; ``str()`` renders it. Fields are plain data for programs."""
+
+    call: str
+    device: str
+    backend: str  # as asked (resolved name)
+    engine: str | None  # None: the named backend cannot run the call
+    precision: str
+    reason: str
+    benchmark: bool
+    candidates: dict[str, str | None]  # engine -> None (can run) or why not
+    heuristic: tuple[str, str] | None  # what the heuristic says on a CUDA device
+    kernel: list[str]  # configuration lines of the chosen engine (and of Triton's plan)
+    phases: list[str]
+    num_phases: int
+    empty_phases: int
+    useful_macs: int
+    dense_macs: int
+    memory_floor_s: float | None
+    compute_floor_s: float | None
+    peak_class: str | None
+    timings_ms: dict[str, float] | None = None  # measured per engine
+    tuning_ms: dict[str, float] | None = None  # Triton tuning: per config
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        out = [f"convt3d.explain: {self.call}", f"  device: {self.device}"]
+        chosen = self.engine if self.engine is not None else "(none: the named backend cannot run this call)"
+        prec = f", precision {self.precision}" if self.engine is not None else ""
+        out.append(f"  backend: {self.backend} -> {chosen}{prec}")
+        out.append(f"    why: {self.reason}")
+        mode = "on (the first call of a signature times the candidates)" if self.benchmark else \
+            "off (heuristic unless a measurement is cached)"
+        out.append(f"  benchmark mode: {mode}")
+        out.append("  candidates:")
+        for name, why in self.candidates.items():
+            out.append(f"    {name:<7} {'can run' if why is None else 'no: ' + why}")
+        if self.heuristic is not None:
+            out.append(f"  heuristic on a CUDA device: {self.heuristic[0]} -- {self.heuristic[1]}")
+        out.append("  kernel configuration:")
+        out += [f"    {line}" for line in self.kernel]
+        out.append(f"  phases: {self.num_phases}, empty (bias/zero fill only): {self.empty_phases}")
+        shown = self.phases if len(self.phases) <= _MAX_PHASE_LINES else self.phases[:_MAX_PHASE_LINES]
+        out += [f"    {line}" for line in shown]
+        if len(shown) < len(self.phases):
+            out.append(f"    ... {len(self.phases) - len(shown)} more phases (Explanation.phases has all)")
+        saved = 1 - self.useful_macs / self.dense_macs if self.dense_macs else 0.0
+        out.append(f"  useful MACs: {self.useful_macs:,} ({self.useful_macs * 2 / 1e9:.3f} GFLOP); dense "
+                   f"{self.dense_macs:,}: {100 * saved:.1f}% are structural zeros or fall outside the output")
+        if self.memory_floor_s is not None:
+            bound = "memory" if self.memory_floor_s >= self.compute_floor_s else "compute"
+            out.append(f"  floors (nominal H200: 4.24 TB/s, {self.peak_class} peak): memory "
+                       f"{_fmt_s(self.memory_floor_s)}, compute {_fmt_s(self.compute_floor_s)} -> {bound}-bound")
+        if self.timings_ms:
+            out.append("  measured (ms, median): " + ", ".join(f"{k} {v:.4g}" for k, v in
+                                                               sorted(self.timings_ms.items(), key=lambda kv: kv[1])))
+        else:
+            out.append("  measured: nothing cached for this signature")
+        if self.tuning_ms:
+            out.append("  Triton tuning (ms per config): " + ", ".join(f"[{k}] {v:.4g}" for k, v in
+                                                                       self.tuning_ms.items()))
+        out += [f"  note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+
+def _fmt_s(seconds: float) -> str:
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    if seconds >= 1e-6:
+        return f"{seconds * 1e6:.3g} us"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def _dense_macs(p: ConvT3dParams) -> int:
+    return p.batch * p.in_channels * p.out_channels_per_group * math.prod(p.in_size) * math.prod(p.kernel_size)
+
+
+def _call_text(x, w, b, p: ConvT3dParams) -> str:
+    return (f"input {tuple(x.shape)} {str(x.dtype).replace('torch.', '')} ({dispatch._layout(x)}), weight "
+            f"{tuple(w.shape)}, bias {'yes' if b is not None else 'no'}, stride {p.stride}, padding {p.padding}, "
+            f"output_padding {p.output_padding}, groups {p.groups}, dilation {p.dilation} -> output "
+            f"{p.out_shape}")
+
+
+def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], dict | None]:
+    plan = triton_engine.plan(params, x5, weight, prec)
+    head = "Triton engine" + ("" if chosen else " (if backend='triton')")
+    lines = [f"{head}: {'tensor-core implicit GEMM' if triton_engine.uses_tensor_cores(params) else 'FMA path'}"
+             f" (Cin/g={params.in_channels_per_group}, Cout/g={params.out_channels_per_group}), "
+             f"dot precision {plan.dot_precision}, output "
+             f"{'channels_last_3d' if plan.out_format == torch.channels_last_3d else 'contiguous'}, "
+             f"input {'copied to NDHWC' if plan.copy_input else 'read in place'}"
+             f"{', TF32-rounded' if plan.round_tf32 else ''}"]
+    tuning = None
+    log = triton_engine.tuning_log().get(plan.tune_key)
+    if log is not None:
+        src = "tuned in this process" if log.seconds > 0 else "seeded (cache file or untimed)"
+        lines.append(f"config: {log.config.short()} ({src}{f', {log.seconds:.2f} s' if log.seconds > 0 else ''})")
+        tuning = dict(log.timings_ms) or None
+    else:
+        entry = None
+        if x5.device.type == "cuda":
+            entry = cache.store_for(triton_engine.device_name(x5.device)).get(
+                "triton_configs", cache.tune_key_text(plan.tune_key))
+        cfg = cache.config_from_dict(entry.get("config"), plan.configs) if entry else None
+        if cfg is not None:
+            lines.append(f"config: {cfg.short()} (from the cache file; the first call skips tuning)")
+            tuning = entry.get("timings_ms") or None
+        elif x5.device.type == "cuda" and len(plan.configs) > 1:
+            lines.append(f"config: not tuned yet; the first call times {len(plan.configs)} candidates: "
+                         + "; ".join(c.short() for c in plan.configs))
+        else:
+            lines.append(f"config: {plan.configs[0].short()} (untuned default"
+                         f"{': CPU runs the interpreter' if x5.device.type != 'cuda' else ''})")
+    return lines, tuning
+
+
+def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
+            backend=None, precision=None) -> Explanation:
+    """Explain what ``convt3d.conv_transpose3d`` would do with these arguments (same signature;
+    invalid arguments raise the same errors). Nothing is run or timed."""
+    params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    name = dispatch.resolve_backend_name(backend)
+    prec = dispatch.resolve_precision(precision)
+    x5 = input.unsqueeze(0) if unbatched else input
+    notes = []
+    try:
+        d = dispatch.decide(input, backend, precision, params, weight=weight, bias=bias, measure=False)
+        engine, eprec, reason = d.engine, d.precision, d.reason
+    except BackendUnavailableError as exc:
+        engine, eprec, reason = None, prec, str(exc)
+
+    candidates: dict[str, str | None] = {}
+    tri = triton_engine.unsupported_reason(input, params)
+    if input.device.type != "cuda" and tri is None and not triton_engine.interpreter_active():
+        tri = "CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)"
+    candidates["triton"] = tri
+    if input.dtype != torch.float32:
+        candidates["cuda"] = f"dtype {input.dtype} (exact fp32 only)"
+    else:
+        candidates["cuda"] = dispatch.cuda_unsupported_reason(input, weight, params)
+    candidates["torch"] = None
+
+    heur = None
+    if input.dtype in triton_engine.SUPPORTED_DTYPES:
+        cands = tuple(c for c in ("triton", "torch") if candidates[c] is None or input.device.type != "cuda")
+        heur = dispatch.heuristic(params, input.dtype, prec, bias is not None, cands)
+
+    kernel: list[str] = []
+    tuning = None
+    if engine == "torch":
+        flags = f"cudnn.benchmark={torch.backends.cudnn.benchmark}"
+        if input.dtype == torch.float32:
+            tf32 = (precision == "tf32") if precision is not None else dispatch._cudnn_conv_allows_tf32()
+            flags += f", TF32 {'on' if tf32 else 'off'}"
+        kernel.append(f"PyTorch conv_transpose3d ({'cuDNN' if input.device.type == 'cuda' else 'CPU'}; {flags})")
+    elif engine == "cuda":
+        mod = dispatch._cuda_engine()[0]
+        built = mod.build_seconds() if mod is not None and hasattr(mod, "build_seconds") else None
+        kernel.append("CUDA C++ engine: exact fp32 FFMA over non-empty phases, weights staged in shared memory"
+                      + (f"; built in {built:.1f} s" if built else "; built on first use"))
+    if candidates["triton"] is None or engine == "triton":
+        lines, tuning = _triton_lines(x5, weight, params, eprec if engine == "triton" else prec, engine == "triton")
+        kernel += lines
+
+    timings = dispatch.cached_timings(input, weight, bias, params, prec)
+    if input.device.type != "cuda":
+        notes.append("CPU tensors: 'auto' runs PyTorch; floors and the heuristic describe a CUDA device")
+
+    mem = comp = peak = None
+    if input.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        mem, comp, peak = dispatch.floors(params, input.dtype, prec if input.dtype == torch.float32 else "tf32",
+                                          bias is not None)
+
+    n_empty = sum(p.empty for p in params.phases)
+    return Explanation(
+        call=_call_text(input, weight, bias, params),
+        device=(f"{input.device} ({triton_engine.device_name(input.device)})" if input.device.type == "cuda"
+                else str(input.device)),
+        backend=name, engine=engine, precision=eprec, reason=reason, benchmark=dispatch.benchmark_enabled(),
+        candidates=candidates, heuristic=heur, kernel=kernel, phases=params.describe().splitlines(),
+        num_phases=len(params.phases), empty_phases=n_empty, useful_macs=params.useful_macs,
+        dense_macs=_dense_macs(params), memory_floor_s=mem, compute_floor_s=comp, peak_class=peak,
+        timings_ms=timings, tuning_ms=tuning, notes=notes)

@@ -1,0 +1,373 @@
+"""``convt3d.tune(model, *example_inputs)`` and the ``convt3d tune`` command: fill the cache so that
+the first real step is already fast.
+
+``tune`` runs the model once in benchmark mode -- forward, and backward when it has parameters that
+need gradients -- so that every convt3d call signature is measured ("auto" times its candidate
+engines) and the Triton engine tunes its tile configuration; both land in the persistent cache
+(``convt3d.cache``), which later processes read. The model is left as it was: gradients and
+buffers (e.g. BatchNorm running statistics) are restored afterwards.
+
+    convt3d tune --suite layers                 # the bench's decoder layers, forward
+    convt3d tune --suite all --backward         # both suites, forward + backward
+    convt3d tune --show                         # what the cache file of this GPU holds
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from . import cache, dispatch
+
+__all__ = ["tune", "TuneReport", "main", "build_parser"]
+
+
+# ---- progress: rich on a terminal, else tqdm if installed, else plain lines ---------------------
+class _Progress:
+    def __init__(self, total: int, title: str, kind: bool | str = True, stream=None):
+        self.total, self.done, self.title = total, 0, title
+        self.stream = stream if stream is not None else sys.stderr
+        self.kind = self._pick(kind)
+        self._bar = None
+        if self.kind == "rich":
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=Console(file=self.stream), transient=True)
+            self._task = self._bar.add_task(title, total=total)
+            self._bar.start()
+        elif self.kind == "tqdm":
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=title, file=self.stream, leave=False)
+
+    def _pick(self, kind: bool | str) -> str:
+        if kind is False or kind == "off":
+            return "off"
+        if kind in ("rich", "tqdm", "plain"):
+            return kind
+        if kind is not True:
+            raise ValueError(f"progress must be True, False, 'rich', 'tqdm', 'plain' or 'off', not {kind!r}")
+        isatty = getattr(self.stream, "isatty", lambda: False)()
+        if isatty:
+            try:
+                import rich.progress  # noqa: F401
+                return "rich"
+            except ImportError:
+                pass
+        try:
+            import tqdm  # noqa: F401
+            return "tqdm"
+        except ImportError:
+            return "plain"
+
+    def status(self, msg: str) -> None:
+        if self.kind == "rich":
+            self._bar.update(self._task, description=msg)
+        elif self.kind == "tqdm":
+            self._bar.set_description_str(msg)
+        elif self.kind == "plain":
+            print(f"{self.title}: {msg}", file=self.stream, flush=True)
+
+    def advance(self, msg: str) -> None:
+        self.done += 1
+        if self.kind == "rich":
+            self._bar.update(self._task, advance=1, description=msg)
+        elif self.kind == "tqdm":
+            self._bar.set_description_str(msg)
+            self._bar.update(1)
+        elif self.kind == "plain":
+            print(f"{self.title}: [{self.done}/{self.total}] {msg}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.kind == "rich":
+            self._bar.stop()
+        elif self.kind == "tqdm":
+            self._bar.close()
+
+
+# ---- the report ---------------------------------------------------------------------------------
+def _source(reason: str) -> str:
+    if reason.startswith("auto (measured, benchmark mode)"):
+        return "measured"
+    if reason.startswith("auto (measured earlier"):
+        return "cached"
+    if reason.startswith("auto (heuristic"):
+        return "heuristic"
+    if reason.startswith("auto: only"):
+        return "only candidate"
+    if reason.startswith("auto:"):
+        return "rule"
+    return "named backend"
+
+
+@dataclass
+class TuneReport:
+    """What :func:`tune` saw: one entry per distinct call signature, in call order."""
+
+    entries: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    backward: bool = False
+    cache_file: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"convt3d.tune: {len(self.entries)} call signature(s), forward"
+                 + (" + backward" if self.backward else "") + f", {self.seconds:.1f} s"]
+        for e in self.entries:
+            t = e.get("timings_ms") or {}
+            times = ", ".join(f"{k} {v:.4g} ms" for k, v in sorted(t.items(), key=lambda kv: kv[1]))
+            lines.append(f"  {e['engine']:<6} ({e['source']}) {e['signature']}" + (f"  [{times}]" if times else ""))
+        if self.cache_file:
+            lines.append(f"  cache: {self.cache_file}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _tensors(obj: Any) -> Iterable[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def tune(model, *example_inputs, backward: bool | None = None, progress: bool | str = True) -> TuneReport:
+    """Run ``model(*example_inputs)`` once in benchmark mode to fill convt3d's caches.
+
+    Args:
+        model: an ``nn.Module`` (or any callable) whose transposed convolutions are convt3d's
+            (``convt3d.ConvTranspose3d``, ``convt3d.patch(model)``, or ``convt3d.conv_transpose3d``).
+        example_inputs: inputs of the real shapes, dtypes, layouts and devices.
+        backward: also run a backward pass (of the sum of the outputs). Default: when the model
+            has a parameter that requires grad and grad mode is on.
+        progress: True (rich on a terminal, else tqdm if installed, else plain lines on stderr),
+            False, or one of "rich", "tqdm", "plain".
+
+    Gradients (``.grad`` of parameters and inputs) and buffers are restored afterwards.
+    """
+    if not callable(model):
+        raise TypeError(f"tune(): argument 'model' must be an nn.Module or callable, not {type(model).__name__}")
+    from .nn import ConvTranspose3d
+
+    is_module = isinstance(model, nn.Module)
+    params = [p for p in model.parameters()] if is_module else []
+    if backward is None:
+        backward = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+    layers = [(n or type(model).__name__, m) for n, m in model.named_modules()
+              if isinstance(m, ConvTranspose3d)] if is_module else []
+    report = TuneReport(backward=bool(backward))
+    if is_module:
+        plain = [n or type(model).__name__ for n, m in model.named_modules() if type(m) is nn.ConvTranspose3d]
+        if plain:
+            msg = (f"{len(plain)} torch.nn.ConvTranspose3d layer(s) ({', '.join(plain[:5])}"
+                   f"{', ...' if len(plain) > 5 else ''}) are not convt3d layers and are not tuned; "
+                   "call convt3d.patch(model) first")
+            warnings.warn(msg, UserWarning, stacklevel=2)
+            report.notes.append(msg)
+
+    # What the run changes and must be put back.
+    grad_owners = params + [t for t in _tensors(example_inputs) if t.requires_grad]
+    saved_grads = [(t, None if t.grad is None else t.grad.detach().clone()) for t in grad_owners]
+    saved_buffers = [(b, b.detach().clone()) for b in model.buffers()] if is_module else []
+
+    total = max(1, len(layers)) + (1 if backward else 0)
+    bar = _Progress(total, "convt3d tune", progress)
+    seen: dict[str, dict] = {}
+    done_layers: set[str] = set()
+
+    def on_event(event: str, info: dict) -> None:
+        if event == "measure":
+            bar.status(f"timing {info['engine']}: {info['signature']}")
+        elif event == "decision" and info["signature"] not in seen:
+            d = info["decision"]
+            seen[info["signature"]] = {"signature": info["signature"], "engine": d.engine, "precision": d.precision,
+                                       "source": _source(d.reason), "reason": d.reason,
+                                       "timings_ms": dict(info["timings"]) if info.get("timings") else None}
+
+    def hook_for(name: str):
+        def hook(module, inputs, output):
+            if name not in done_layers:
+                done_layers.add(name)
+                bar.advance(f"forward: {name}")
+        return hook
+
+    hooks = [m.register_forward_hook(hook_for(n)) for n, m in layers]
+    t0 = time.perf_counter()
+    try:
+        with dispatch.benchmark(True), dispatch.listening(on_event):
+            with torch.enable_grad() if backward else torch.no_grad():
+                out = model(*example_inputs)
+            if not layers:
+                bar.advance("forward")
+            if backward:
+                outs = [t for t in _tensors(out) if t.requires_grad]
+                if outs:
+                    torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+                else:
+                    report.notes.append("backward skipped: no output requires grad")
+                bar.advance("backward")
+            del out
+        cache.flush_triton()
+    finally:
+        for h in hooks:
+            h.remove()
+        with torch.no_grad():
+            for t, g in saved_grads:
+                t.grad = g
+            for b, v in saved_buffers:
+                b.copy_(v)
+        bar.close()
+    report.seconds = time.perf_counter() - t0
+    report.entries = list(seen.values())
+    devices = {t.device for t in _tensors(example_inputs)} | {p.device for p in params}
+    cuda = [d for d in devices if d.type == "cuda"]
+    if cuda:
+        from .triton_engine import device_name
+
+        report.cache_file = str(cache.file_for(cache.cache_dir(), device_name(cuda[0])))
+    else:
+        report.notes.append("no CUDA tensors: 'auto' runs PyTorch on the CPU, nothing was measured")
+    return report
+
+
+# ---- convt3d tune -------------------------------------------------------------------------------
+def _csv(choices):
+    def parse(text: str) -> list[str]:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if choices is not None and v not in choices]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"invalid value(s) {text!r}" + (f" (choose from {', '.join(choices)})"
+                                                                             if choices else ""))
+        return values
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .bench import suites
+
+    p = argparse.ArgumentParser(
+        prog="convt3d tune", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Fill convt3d's persistent cache (auto-backend decisions and Triton tile configs) by running "
+                    "the bench suites' layers once in benchmark mode, so that later processes start fast.",
+        epilog="The cache lives in $CONVT3D_CACHE_DIR, else ~/.cache/convt3d/, one JSON file per GPU model, keyed on "
+               "the convt3d, torch and triton versions. Tune your own model from Python with "
+               "convt3d.tune(model, *example_inputs). Needs a CUDA device (on CPU tensors 'auto' always runs "
+               "PyTorch).")
+    p.add_argument("--suite", choices=("kernelbench", "layers", "all"), default="all")
+    p.add_argument("--case", action="append", type=_csv(suites.case_names()), metavar="NAME[,NAME]",
+                   help=f"case names: {', '.join(suites.case_names())}")
+    p.add_argument("--dtype", action="append", type=_csv(tuple(suites.DTYPES)), metavar="{fp32,bf16}")
+    p.add_argument("--layout", action="append", type=_csv(suites.LAYOUTS), metavar="{ncdhw,cl}")
+    p.add_argument("--precision", action="append", type=_csv(suites.PRECISIONS), metavar="{default,exact}")
+    p.add_argument("--backward", action="store_true", help="also run a backward pass per case (training)")
+    p.add_argument("--cache-dir", metavar="DIR", help="cache directory (sets CONVT3D_CACHE_DIR)")
+    p.add_argument("--list", action="store_true", help="print the selected cases and exit")
+    p.add_argument("--show", action="store_true", help="print the cache file of this GPU and exit")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    return p
+
+
+class _CaseLayer(nn.Module):
+    def __init__(self, geometry, w: torch.Tensor, b: torch.Tensor | None, grad: bool):
+        super().__init__()
+        self.args = geometry.conv_args()
+        self.weight = nn.Parameter(w, requires_grad=grad)
+        self.bias = None if b is None else nn.Parameter(b, requires_grad=grad)
+
+    def forward(self, x):
+        from .functional import conv_transpose3d
+
+        return conv_transpose3d(x, self.weight, self.bias, *self.args)
+
+
+def _flatten(values):
+    return None if values is None else [v for group in values for v in group]
+
+
+def _show(gpu: str) -> int:
+    store = cache.store_for(gpu)
+    print(f"{store.path} ({'exists' if store.path.exists() else 'not written yet'}), key {store.key}")
+    for sig, e in sorted(store.entries["decisions"].items()):
+        t = ", ".join(f"{k} {v:.4g}" for k, v in sorted(e.get("timings_ms", {}).items(), key=lambda kv: kv[1]))
+        print(f"  decision {e.get('engine')!s:<6} {sig}  [{t} ms]")
+    for key, e in sorted(store.entries["triton_configs"].items()):
+        print(f"  triton   {e.get('short', e.get('config'))}  {key}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    from .bench import suites
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if args.cache_dir:
+        os.environ[cache.ENV_DIR] = args.cache_dir
+    try:
+        cases = suites.select(args.suite, _flatten(args.case), _flatten(args.dtype), _flatten(args.layout),
+                              _flatten(args.precision))
+    except ValueError as exc:
+        print(f"convt3d tune: error: {exc}", file=sys.stderr)
+        return 2
+    if args.list:
+        for c in cases:
+            print(f"{c.suite:<12} {c.label}")
+        return 0
+    if not torch.cuda.is_available():
+        print("convt3d tune: no CUDA device: on CPU tensors 'auto' always runs PyTorch, so there is nothing to "
+              f"measure; the cache would be {cache.cache_dir()}", file=sys.stderr)
+        return 0
+    from .bench.roofline import cudnn_tf32
+    from .triton_engine import device_name
+
+    gpu = device_name(torch.device("cuda", torch.cuda.current_device()))
+    if args.show:
+        return _show(gpu)
+    if not cases:
+        print("convt3d tune: error: no case matches the filters", file=sys.stderr)
+        return 2
+    bar = _Progress(len(cases), "convt3d tune")
+    rows, failures = [], 0
+    t0 = time.perf_counter()
+    try:
+        for case in cases:
+            bar.status(case.label)
+            try:
+                t = suites.make_tensors(case, "cuda", args.seed)
+                layer = _CaseLayer(case.geometry, t.w, t.b, args.backward)
+                x = t.x.requires_grad_(args.backward)
+                with cudnn_tf32(case.allow_tf32):
+                    rep = tune(layer, x, backward=args.backward, progress=False)
+                rows += [(case.label, e) for e in rep.entries]
+            except Exception as exc:  # noqa: BLE001 -- report the case, go on with the others
+                failures += 1
+                print(f"convt3d tune: {case.label}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            finally:
+                t = layer = x = None
+                torch.cuda.empty_cache()
+            bar.advance(case.label)
+    finally:
+        bar.close()
+    for label, e in rows:
+        times = ", ".join(f"{k} {v:.4g}" for k, v in sorted((e.get("timings_ms") or {}).items(), key=lambda kv: kv[1]))
+        print(f"{label:<34} {e['engine']:<6} {e['source']:<14} {times + ' ms' if times else ''}")
+    print(f"{len(cases) - failures}/{len(cases)} cases tuned in {time.perf_counter() - t0:.0f} s; cache: "
+          f"{cache.file_for(cache.cache_dir(), gpu)}")
+    return 0 if failures == 0 else 1

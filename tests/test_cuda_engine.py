@@ -1,0 +1,477 @@
+"""The CUDA engine on the CPU: what can be checked without a GPU.
+
+* ``unsupported_reason``: CPU tensors, other dtypes, no compiler (monkeypatched) -- and it never
+  builds; ``forward`` raises BackendUnavailableError for them, with the reason;
+* a failed build raises BackendUnavailableError carrying the compiler's output tail;
+* the geometry table against a brute-force enumeration of (output position, tap) pairs;
+* an emulation of the kernel's index arithmetic (block -> tile, phase loop, window origin, tap
+  offsets into the staged window, the fill of empty phases with its extra last index) in
+  torch on the CPU: every output element is written exactly once and equals float64 PyTorch.
+  The emulator reads only the table and meta, as the kernel does;
+* the launcher's plan (``launch_plan``, a mirror of the .cu's arithmetic) for every geometry of
+  the GPU tests (the 40-case sweep, KernelBench, the fixed cases) and a wider random sweep,
+  every variant: within CUDA's launch limits (a grid of 0 blocks was sweep9's "invalid argument"
+  on the H200), and its grid writes every output element exactly once (counted per dimension);
+* the output memory format rule equals the Triton engine's.
+
+GPU tests (correctness against float64, KernelBench, the Triton cross-check) are in
+``tests/test_gpu_cuda.py``.
+"""
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from convt3d import cuda_engine as E
+from convt3d.errors import BackendUnavailableError
+from convt3d.params import ConvT3dParams
+
+from conftest import make_input, random_case
+
+
+def _params(n, cin, cout, size, k, s=1, p=0, op=0, d=1, g=1) -> ConvT3dParams:
+    t = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,) * 3  # noqa: E731
+    return ConvT3dParams.create(n, cin, cout, g, t(size), t(k), t(s), t(p), t(op), t(d))
+
+
+# ---- unsupported_reason / errors ----------------------------------------------------------------
+def test_cpu_tensor_is_unsupported_and_forward_raises():
+    prm = _params(1, 2, 2, 3, 2)
+    x, w = torch.randn(1, 2, 3, 3, 3), torch.randn(2, 2, 2, 2, 2)
+    why = E.unsupported_reason(x, w, prm)
+    assert why is not None and "CPU" in why
+    with pytest.raises(BackendUnavailableError, match="CPU"):
+        E.forward(x, w, None, prm)
+
+
+class _FakeCuda:
+    """A CPU tensor that claims to be on CUDA (enough for unsupported_reason's checks)."""
+
+    def __init__(self, t: torch.Tensor):
+        self._t = t
+        self.device = torch.device("cuda", 0)
+        self.dtype = t.dtype
+
+    def dim(self):
+        return self._t.dim()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64], ids=["fp16", "bf16", "fp64"])
+def test_non_fp32_is_unsupported(monkeypatch, dtype):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    prm = _params(1, 2, 2, 3, 2)
+    why = E.unsupported_reason(_FakeCuda(torch.zeros(1, dtype=dtype)), _FakeCuda(torch.zeros(1, dtype=dtype)), prm)
+    assert why == f"input dtype {dtype}: the cuda engine is exact fp32 only"
+
+
+def test_old_gpu_is_unsupported(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    prm = _params(1, 2, 2, 3, 2)
+    why = E.unsupported_reason(_FakeCuda(torch.zeros(1)), _FakeCuda(torch.zeros(1)), prm)
+    assert why is not None and "7.5" in why
+
+
+def test_missing_nvcc_is_reported_without_building(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(E, "nvcc_path", lambda: None)
+    monkeypatch.setitem(E._state, "module", None)
+
+    def no_build(*a, **k):
+        raise AssertionError("unsupported_reason must not build")
+
+    monkeypatch.setattr(E, "load_module", no_build)
+    prm = _params(1, 2, 2, 3, 2)
+    why = E.unsupported_reason(_FakeCuda(torch.zeros(1)), _FakeCuda(torch.zeros(1)), prm)
+    assert why is not None and why.startswith("no CUDA compiler (nvcc) found")
+
+
+def test_missing_nvcc_raises_on_build(monkeypatch):
+    monkeypatch.setattr(E, "nvcc_path", lambda: None)
+    monkeypatch.setitem(E._state, "module", None)
+    with pytest.raises(BackendUnavailableError, match="nvcc"):
+        E.load_module(torch.device("cuda", 0))
+
+
+def test_build_failure_carries_compiler_output(monkeypatch):
+    import torch.utils.cpp_extension as ext
+
+    monkeypatch.setattr(E, "nvcc_path", lambda: "/usr/bin/nvcc")
+    monkeypatch.setitem(E._state, "module", None)
+    monkeypatch.setattr(E, "_arch_flags", lambda device: (["-gencode=arch=compute_90,code=sm_90"], "sm90"))
+
+    def failing_build(**kwargs):
+        raise RuntimeError("Error building extension 'x': convt3d.cu(12): error: identifier \"oops\" is undefined")
+
+    monkeypatch.setattr(ext, "load_inline", failing_build)
+    with pytest.raises(BackendUnavailableError, match="identifier \"oops\" is undefined") as info:
+        E.load_module(torch.device("cuda", 0))
+    assert "building the CUDA engine failed" in str(info.value)
+    assert E.build_seconds() is None or E._state["module"] is None
+
+
+def test_source_is_packaged_and_the_build_name_follows_it():
+    src = E.cuda_source()
+    assert "__global__" in src and "phase_kernel" in src and "convt3d_forward" in src
+    # each variant the Python side names exists in the .cu's table and switch
+    for name, (idx, p, c, wp, wc) in E.VARIANTS.items():
+        if idx >= 0:
+            assert re.search(rf"\{{{p}, {c}, {wp}, {wc}\}},\s+// {idx}:", src), name
+            assert f"case {idx}: launch_phase<{p}, {c}, {wp}, {wc}>" in src, name
+
+
+# ---- geometry table against brute force ---------------------------------------------------------
+GEOMETRIES = {
+    "kb77-k3s2p1d2": dict(size=(4, 5, 6), k=3, s=2, p=1, d=2),
+    "k4s2p1": dict(size=(3, 4, 5), k=4, s=2, p=1),
+    "k3s2p1op1": dict(size=(3, 3, 4), k=3, s=2, p=1, op=1),
+    "s3d2-aniso": dict(size=(2, 3, 4), k=(2, 3, 4), s=(3, 1, 2), p=(0, 1, 2), d=(2, 1, 3), op=(1, 0, 1)),
+    "s1-k5-p2": dict(size=(3, 4, 5), k=(1, 5, 3), s=1, p=(0, 2, 1)),
+    "k1s4": dict(size=(2, 2, 3), k=1, s=4, op=(0, 3, 2)),
+    "d3s2k3": dict(size=(3, 4, 5), k=3, s=2, d=3, p=2),
+}
+
+
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_geometry_table_matches_brute_force(name):
+    prm = _params(1, 1, 1, **GEOMETRIES[name])
+    tab = E.geometry_table(prm)
+    assert tab[15] == sum(prm.stride) and len(tab) == E.HEADER + 4 * tab[15]
+    for a, axis in enumerate(prm.axes):
+        s, first = tab[a], tab[12 + a]
+        tstep, ostep = tab[6 + a], tab[9 + a]
+        assert s == axis.stride
+        sizes_with_taps = []
+        for r in range(s):
+            T, t0, off0, Q = tab[E.HEADER + 4 * (first + r): E.HEADER + 4 * (first + r) + 4]
+            outs = [o for o in range(axis.out_size) if o % s == r]
+            assert Q == len(outs)
+            # brute force: the (input, tap) pairs landing on o = q*s + r, with i possibly outside
+            for q, o in enumerate(outs):
+                want = sorted((t, (o + axis.padding - t * axis.dilation) // s) for t in range(axis.kernel)
+                              if (o + axis.padding - t * axis.dilation) % s == 0)
+                got = sorted((t0 + j * tstep, q + off0 - j * ostep) for j in range(T))
+                assert got == want, (name, a, r, q)
+            if T:
+                sizes_with_taps.append(Q)
+        assert tab[3 + a] == max(sizes_with_taps)
+        # empty residues hold at most one compact index more than the non-empty ones
+        assert max(tab[E.HEADER + 4 * (first + r) + 3] for r in range(s)) <= tab[3 + a] + 1
+
+
+# ---- emulation of the kernel's index arithmetic ---------------------------------------------------
+def emulate(x: torch.Tensor, weight: torch.Tensor, bias, prm: ConvT3dParams, variant: str, hreuse: bool):
+    """What phase_kernel computes, block by block, with the .cu's index formulas (float64).
+    Returns (output, number of writes per element)."""
+    idx, P, C, WP, WC = E.VARIANTS[variant]
+    tab, meta = E.geometry_table(prm), E.kernel_meta(prm)
+    N, G, cin_g, cout_g, D, H, W, OD, OH, OW, KD, KH, KW, qcd, qch, qcw, halo_h, halo_w, thw = meta[:19]
+    TQH, CO_T = WP * P, WC * C
+    xh_alloc = (TQH + max(halo_h, 2 if hreuse else 0)) | 1
+    wpk = E.pack_weight(weight.double(), prm)
+    xd = x.double()
+    y = torch.full((N, G * cout_g, OD, OH, OW), float("nan"), dtype=torch.float64)
+    writes = torch.zeros(y.shape, dtype=torch.int64)
+
+    def row(axis, r):
+        at = E.HEADER + 4 * (tab[12 + axis] + r)
+        return tab[at: at + 4]  # T, t0, off0, Q
+
+    sd, sh, sw = tab[0:3]
+    tsd, tsh, tsw = tab[6:9]
+    osd, osh, osw = tab[9:12]
+    tiles = (-(-cout_g // CO_T), -(-qcw // 32), -(-qch // TQH))
+    lane = torch.arange(32)
+    rows_t = torch.arange(TQH)  # all rows of the tile: warp wp holds rows wp*P .. wp*P+P-1
+    for g in range(G):
+        for n in range(N):
+            for qd in range(qcd):
+                for thi in range(tiles[2]):
+                    for twi in range(tiles[1]):
+                        for cot in range(tiles[0]):
+                            qh0, qw0 = thi * TQH, twi * 32
+                            co = cot * CO_T + torch.arange(CO_T)
+                            co_ok = co < cout_g
+                            fill = torch.zeros(CO_T, dtype=torch.float64)
+                            if bias is not None:
+                                fill[co_ok] = bias.double()[g * cout_g + co[co_ok]]
+                            qh = qh0 + rows_t[:, None].expand(TQH, 32)
+                            qw = qw0 + lane[None, :].expand(TQH, 32)
+                            for rd in range(sd):
+                                Td, t0d, offd, Qd = row(0, rd)
+                                if Td == 0 or qd >= Qd:
+                                    continue
+                                base = qd + offd
+                                jd_hi = min(Td - 1, base // osd)
+                                jd_lo = max(0, (base - D) // osd + 1)
+                                for rh in range(sh):
+                                    Th, t0h, offh, Qh = row(1, rh)
+                                    if Th == 0 or qh0 >= Qh:
+                                        continue
+                                    for rw in range(sw):
+                                        Tw, t0w, offw, Qw = row(2, rw)
+                                        if Tw == 0 or qw0 >= Qw:
+                                            continue
+                                        XH, XW = TQH + (Th - 1) * osh, 32 + (Tw - 1) * osw
+                                        assert XH <= xh_alloc and XW <= 32 + halo_w and Th * Tw <= thw
+                                        ih_lo = qh0 + offh - (Th - 1) * osh
+                                        iw_lo = qw0 + offw - (Tw - 1) * osw
+                                        acc = torch.zeros(TQH, 32, CO_T, dtype=torch.float64)
+                                        for jd in range(jd_lo, jd_hi + 1):
+                                            idd = base - jd * osd
+                                            assert 0 <= idd < D
+                                            kd = t0d + jd * tsd
+                                            # the staged window: column-major [XW][xh_alloc], zero outside the input
+                                            win = torch.zeros(cin_g, XW, xh_alloc, dtype=torch.float64)
+                                            for xr in range(XH):
+                                                ih = ih_lo + xr
+                                                for xc in range(XW):
+                                                    iw = iw_lo + xc
+                                                    if 0 <= ih < H and 0 <= iw < W:
+                                                        win[:, xc, xr] = xd[n, g * cin_g:(g + 1) * cin_g, idd, ih, iw]
+                                            for th in range(Th):
+                                                for tw in range(Tw):
+                                                    kh, kw = t0h + th * tsh, t0w + tw * tsw
+                                                    # thread (row p, lane) reads column lane + (Tw-1-tw)*osw,
+                                                    # row p + (Th-1-th)*osh (the HREUSE path reads the same cells)
+                                                    col = lane + (Tw - 1 - tw) * osw
+                                                    rr = rows_t + (Th - 1 - th) * osh
+                                                    vals = win[:, col][:, :, rr].permute(2, 1, 0)  # [TQH, 32, cin]
+                                                    wblk = torch.zeros(cin_g, CO_T, dtype=torch.float64)
+                                                    wblk[:, co_ok] = wpk[g, kd, kh, kw][:, co[co_ok]]
+                                                    acc += vals @ wblk
+                                        ok = (qh < Qh) & (qw < Qw) & (qh < qch)
+                                        od = qd * sd + rd
+                                        for hh, ww in ok.nonzero().tolist():
+                                            oh, ow = int(qh[hh, ww]) * sh + rh, int(qw[hh, ww]) * sw + rw
+                                            chans = (g * cout_g + co[co_ok]).tolist()
+                                            y[n, chans, od, oh, ow] = acc[hh, ww, co_ok] + fill[co_ok]
+                                            writes[n, chans, od, oh, ow] += 1
+                            # empty phases, with the extra last index
+                            for rd in range(sd):
+                                Td, _, _, Qd = row(0, rd)
+                                for e in range(2 if qd == qcd - 1 else 1):
+                                    qdd = qd + e
+                                    if qdd >= Qd:
+                                        continue
+                                    for rh in range(sh):
+                                        Th, _, _, Qh = row(1, rh)
+                                        for rw in range(sw):
+                                            Tw, _, _, Qw = row(2, rw)
+                                            if Td and Th and Tw:
+                                                continue
+                                            for hh in range(TQH):
+                                                q_h = qh0 + hh
+                                                if q_h >= qch:
+                                                    break
+                                                for eh in range(2 if q_h == qch - 1 else 1):
+                                                    for ln in range(32):
+                                                        q_w = qw0 + ln
+                                                        if q_w >= qcw:
+                                                            continue
+                                                        for ew in range(2 if q_w == qcw - 1 else 1):
+                                                            if q_h + eh >= Qh or q_w + ew >= Qw:
+                                                                continue
+                                                            od = qdd * sd + rd
+                                                            oh, ow = (q_h + eh) * sh + rh, (q_w + ew) * sw + rw
+                                                            chans = (g * cout_g + co[co_ok]).tolist()
+                                                            y[n, chans, od, oh, ow] = fill[co_ok]
+                                                            writes[n, chans, od, oh, ow] += 1
+    return y, writes
+
+
+EMULATED = {
+    # name: (batch, cin, cout, groups, geometry, variant, hreuse)
+    "kb77-geometry-p8c16-hreuse": (1, 3, 5, 1, dict(size=(3, 4, 5), k=3, s=2, p=1, d=2), "p8c16", True),
+    "k4s2p1-p8c4": (1, 2, 3, 1, dict(size=(2, 3, 4), k=4, s=2, p=1), "p8c4", False),
+    "k3s2p1op1-grouped-p8c8w": (2, 4, 6, 2, dict(size=(2, 3, 3), k=3, s=2, p=1, op=1), "p8c8w", True),
+    "aniso-s3d2-p4c16": (1, 2, 2, 1, GEOMETRIES["s3d2-aniso"], "p4c16", False),
+    "s1-k5-wide-p16c8": (1, 2, 3, 1, dict(size=(2, 3, 40), k=(2, 5, 3), s=1, p=(0, 2, 1)), "p16c8", True),
+    "k1s4-depthwise-p8c8": (1, 2, 2, 2, GEOMETRIES["k1s4"], "p8c8", False),
+    # GPU sweep9: the depth residue with the tap has no outputs, the one output is an empty residue
+    "sweep9-no-live-output-p8c8w": (1, 2, 6, 1, dict(size=(2, 5, 2), k=(1, 2, 2), s=(2, 1, 3), p=(1, 0, 1),
+                                                       d=(1, 2, 1)), "p8c8w", False),
+}
+
+
+@pytest.mark.parametrize("name", list(EMULATED))
+def test_kernel_index_arithmetic_emulated(name):
+    batch, cin, cout, groups, geo, variant, hreuse = EMULATED[name]
+    prm = _params(batch, cin, cout, g=groups, **geo)
+    x = torch.randn(prm.in_shape, dtype=torch.float64)
+    w = torch.randn(cin, cout // groups, *prm.kernel_size, dtype=torch.float64)
+    b = torch.randn(cout, dtype=torch.float64)
+    y, writes = emulate(x, w, b, prm, variant, hreuse)
+    assert int(writes.min()) == 1 and int(writes.max()) == 1, "every output element written exactly once"
+    ref = F.conv_transpose3d(x, w, b, prm.stride, prm.padding, prm.output_padding, groups, prm.dilation)
+    assert y.shape == ref.shape
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+
+
+# ---- variant choice, meta, memory format ----------------------------------------------------------
+@pytest.mark.parametrize("cout_g,expected", [(1, "p8c4"), (4, "p8c4"), (8, "p8c8w"), (16, "p8c8w"), (32, "p8c8"),
+                                             (33, "p8c16"), (64, "p8c16")],
+                         ids=lambda v: str(v))
+def test_choose_variant_by_output_channels(monkeypatch, cout_g, expected):
+    monkeypatch.delenv("CONVT3D_CUDA_VARIANT", raising=False)
+    assert E.choose_variant(_params(1, 2, cout_g, 3, 3)) == expected
+
+
+def test_variant_override_is_checked(monkeypatch):
+    monkeypatch.setenv("CONVT3D_CUDA_VARIANT", "nope")
+    with pytest.raises(ValueError, match="CONVT3D_CUDA_VARIANT='nope'"):
+        E.choose_variant(_params(1, 2, 2, 3, 3))
+
+
+def test_kernel_meta_for_kernelbench_77():
+    prm = _params(16, 32, 64, (16, 32, 32), 3, s=2, p=1, d=2)
+    meta = E.kernel_meta(prm)
+    assert len(meta) == 28
+    assert meta[7:10] == [33, 65, 65]          # output size
+    assert meta[13:16] == [16, 32, 32]         # compact grid of the one non-empty phase
+    assert meta[16:19] == [2, 2, 9]            # halos (2 taps x offset step 1) and 3 x 3 (h, w) taps
+    assert E.hreuse_applies(prm)
+    assert sum(not p.empty for p in prm.phases) == 1
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d", "slice_w", "permuted_view", "transpose_dh"])
+def test_output_memory_format_equals_triton_rule(layout):
+    from convt3d import triton_engine
+
+    x = make_input(2, 3, (3, 4, 5), layout)
+    for w in (torch.randn(3, 2, 2, 2, 2), torch.randn(3, 2, 2, 2, 2).contiguous(memory_format=torch.channels_last_3d)):
+        assert E.output_memory_format(x, w) == triton_engine.output_memory_format(x, w)
+
+
+# ---- launch plans against CUDA's launch limits ---------------------------------------------------
+def _case_params(case) -> ConvT3dParams:
+    from convt3d.validate import check_call
+
+    x, w, b = case.tensors()
+    return check_call(x, w, b, *case.args)[0]
+
+
+def _gpu_sweep_params(seed: int) -> ConvT3dParams:
+    """The geometry of tests/test_gpu_cuda.py::test_random_sweep[sweep<seed>] (same rng)."""
+    return _case_params(random_case(random.Random(1000 + seed), max_channels=12, max_in=7, max_kernel=5))
+
+
+def _write_counts(prm: ConvT3dParams, plan: dict) -> torch.Tensor:
+    """How many times phase_kernel's grid writes each output position (channels aside: every
+    channel tile covers its channels once). Per dimension and residue: the compact indices
+    written by the compute path (launched index q < Q) and by the empty-residue path (launched
+    q < Qc, plus q + 1 for the last one); a phase (rd, rh, rw) takes the outer product of the
+    compute counts when it has taps along all three dimensions, else of the empty ones."""
+    _, P, C, WP, WC = E.VARIANTS[plan["variant"]]
+    meta = E.kernel_meta(prm)
+    qc = meta[13:16]
+    launched = [qc[0], -(-qc[1] // (WP * P)) * WP * P, -(-qc[2] // 32) * 32]
+    assert plan["grid"][0] == (-(-prm.out_channels_per_group // (WC * C)) * (launched[1] // (WP * P)) *
+                               (launched[2] // 32) * qc[0] * prm.batch * prm.groups)
+    per_dim = []
+    for a, axis in enumerate(prm.axes):
+        rows = []
+        for ph in axis.phases:
+            q = torch.arange(ph.size)
+            compute = (q < launched[a]).long()
+            lo = torch.arange(min(launched[a], qc[a]))
+            empty = torch.bincount(torch.cat([lo, lo[-1:] + 1]), minlength=ph.size + 2)[:ph.size]
+            rows.append((ph.num_taps > 0, compute, empty))
+        per_dim.append(rows)
+    counts = torch.zeros(prm.out_size, dtype=torch.long)
+    sd, sh, sw = prm.stride
+    for rd, (ld, cd, ed) in enumerate(per_dim[0]):
+        for rh, (lh, ch, eh) in enumerate(per_dim[1]):
+            for rw, (lw, cw, ew) in enumerate(per_dim[2]):
+                vd, vh, vw = (cd, ch, cw) if (ld and lh and lw) else (ed, eh, ew)
+                counts[rd::sd, rh::sh, rw::sw] = vd[:, None, None] * vh[None, :, None] * vw[None, None, :]
+    return counts
+
+
+def _check_plans(prm: ConvT3dParams, context: str):
+    for variant in E.VARIANTS:
+        for hreuse in (False, True):
+            plan = E.launch_plan(prm, variant, hreuse)
+            bad = E.launch_limit_violations(plan)
+            assert not bad, f"{context} {variant} hreuse={hreuse}: {plan} breaks {bad}"
+            if plan["kernel"] == "phase":
+                counts = _write_counts(prm, plan)
+                assert int(counts.min()) == 1 and int(counts.max()) == 1, f"{context} {variant}: {counts.unique()}"
+            elif variant != "direct":
+                # the launcher falls back only for windows over the opt-in shared memory or > 2^31 blocks
+                assert plan["grid"][0] >= 1
+
+
+@pytest.mark.parametrize("seed", range(40), ids=lambda s: f"gpu-sweep{s}")
+def test_launch_plans_of_gpu_sweep_within_cuda_limits(seed):
+    _check_plans(_gpu_sweep_params(seed), f"sweep{seed}")
+
+
+def test_launch_plans_of_wider_random_sweep():
+    rng = random.Random(7)
+    for i in range(150):
+        case = random_case(rng, max_channels=12, max_in=7, max_kernel=5, max_stride=4, max_dilation=3)
+        _check_plans(_case_params(case), f"random{i} {case.id()}")
+
+
+def _kernelbench_params():
+    from convt3d.kernelbench.problems import PROBLEMS
+
+    out = {}
+    for pr in PROBLEMS:
+        la = pr.layer_args()
+        t = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,) * 3  # noqa: E731
+        n, cin, *size = pr.input_shape
+        out[f"kb{pr.id}"] = ConvT3dParams.create(
+            n, cin, la["out_channels"], la.get("groups", 1), tuple(size), t(la["kernel_size"]),
+            t(la.get("stride", 1)), t(la.get("padding", 0)), t(la.get("output_padding", 0)), t(la.get("dilation", 1)))
+    return out
+
+
+GPU_FIXED = {
+    # the fixed geometries of tests/test_gpu_cuda.py
+    "kb77-tails": _params(2, 7, 13, (5, 9, 37), 3, s=2, p=1, d=2),
+    "nan-inf": _params(1, 8, 4, (4, 5, 6), 3, s=2, p=1, d=2),
+    "channels-last": _params(2, 6, 5, (4, 5, 12), (2, 3, 3), s=2, p=1, op=1),
+    "depthwise": _params(2, 8, 8, (5, 6, 7), 3, s=2, p=1, op=1, g=8),
+    "grouped-70": _params(2, 6, 70, (5, 6, 7), 3, s=2, p=1, op=1, g=2),
+    "deterministic": _params(2, 16, 24, (6, 10, 10), 3, s=2, p=1, d=2),
+    "above-2^31": _params(1, 1, 256, (130, 130, 65), 3, s=2),
+    "build": _params(1, 2, 2, 3, 3),
+}
+
+
+@pytest.mark.parametrize("name", ["kb58", "kb61", "kb68", "kb70", "kb72", "kb73", "kb77"] + list(GPU_FIXED))
+def test_launch_plans_of_fixed_gpu_geometries(name):
+    prm = GPU_FIXED[name] if name in GPU_FIXED else _kernelbench_params()[name]
+    for variant in E.VARIANTS:
+        for hreuse in (False, True):
+            plan = E.launch_plan(prm, variant, hreuse)
+            assert not E.launch_limit_violations(plan), (name, variant, plan)
+    if prm.batch * prm.out_channels * prm.out_size[2] < 4096:  # write counts on the small ones only
+        _check_plans(prm, name)
+
+
+def test_sweep9_launches_one_depth_index():
+    """Regression (H200, issue 6): OD = 1 from stride 2, padding 1; the depth residue with the
+    tap has 0 outputs, so the compact depth grid was 0 and the launch had 0 blocks."""
+    prm = _gpu_sweep_params(9)
+    assert prm.out_size[0] == 1 and [p.size for p in prm.axes[0].phases if p.num_taps > 0] == [0]
+    assert E.kernel_meta(prm)[13] == 1
+    plan = E.launch_plan(prm, "p8c8w", False)
+    assert plan["kernel"] == "phase" and plan["grid"][0] >= 1
+
+
+@pytest.mark.parametrize("plan,problem", [
+    ({"grid": (0, 1, 1), "block": (128, 1, 1), "smem": 0}, "empty grid"),
+    ({"grid": (2**31, 1, 1), "block": (128, 1, 1), "smem": 0}, "over"),
+    ({"grid": (1, 65536, 1), "block": (128, 1, 1), "smem": 0}, "over"),
+    ({"grid": (1, 1, 1), "block": (2048, 1, 1), "smem": 0}, "block"),
+    ({"grid": (1, 1, 1), "block": (128, 1, 1), "smem": 240000}, "shared memory"),
+], ids=["zero-grid", "grid-x", "grid-y", "threads", "smem"])
+def test_launch_limit_violations_names_the_limit(plan, problem):
+    bad = E.launch_limit_violations(plan)
+    assert len(bad) == 1 and problem in bad[0]

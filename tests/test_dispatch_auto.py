@@ -1,0 +1,432 @@
+"""CPU tests of the "auto" backend (issue 7): the heuristic on the README's H200 cases (a pure
+function of the geometry), the dispatcher's order and its cuda engine, benchmark mode (measured
+once per signature, never during graph capture or tracing), set_benchmark, and decisions reused
+from memory and from the disk cache.
+
+A CPU tensor wrapped to report ``device cuda:0`` (``FakeCuda``) drives the CUDA branches; the
+timing itself (``dispatch._measure``) is replaced by a recorder -- tests/test_gpu_auto.py times
+for real."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import convt3d
+from convt3d import cache, dispatch, triton_engine
+from convt3d.bench import suites
+from convt3d.params import ConvT3dParams
+from convt3d.validate import check_call
+
+GPU = "Fake GPU 9000"
+
+
+class FakeCuda:
+    """A CPU tensor that says it lives on cuda:0: what decide() and the Triton plan read."""
+
+    device = torch.device("cuda", 0)
+
+    def __init__(self, t: torch.Tensor):
+        self._t = t
+
+    dtype = property(lambda self: self._t.dtype)
+    shape = property(lambda self: self._t.shape)
+
+    def stride(self, *a):
+        return self._t.stride(*a)
+
+    def dim(self):
+        return self._t.dim()
+
+    def size(self, *a):
+        return self._t.size(*a)
+
+    def is_contiguous(self, **k):
+        return self._t.is_contiguous(**k)
+
+    def unsqueeze(self, i):
+        return FakeCuda(self._t.unsqueeze(i))
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    """Fresh decisions, a private cache directory, no real GPU queries, benchmark follows cuDNN."""
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.delenv("CONVT3D_BACKEND", raising=False)
+    monkeypatch.setattr(triton_engine, "device_name", lambda device: GPU if device.type == "cuda" else "cpu")
+    monkeypatch.setattr(triton_engine, "unsupported_reason", lambda x, params=None: None)
+    # The Triton plan asks about the (fake) GPU: say it is a Hopper.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: GPU)
+    monkeypatch.setattr(dispatch, "_capturing", lambda: False)
+    monkeypatch.setattr(dispatch, "_cuda_mod", (None, "the CUDA C++ engine (convt3d.cuda_engine) is not in this build"))
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    dispatch.clear_decisions()
+    dispatch.set_benchmark(None)
+    cache.reset()
+    yield
+    dispatch.set_benchmark(None)
+    dispatch.clear_decisions()
+    cache.reset()
+    triton_engine.clear_caches()
+
+
+class Recorder:
+    """Stands in for dispatch._measure: records the candidates, returns fixed timings."""
+
+    def __init__(self, times: dict[str, float]):
+        self.times, self.calls = times, []
+
+    def __call__(self, x, weight, bias, params, precision, prec, cands, label):
+        self.calls.append(tuple(cands))
+        return {c: self.times[c] for c in cands}, {}
+
+
+def _call(dtype=torch.float32, cl=False, bias=True, geometry=None):
+    """(x, w, b, params) of a small stride-2 layer as FakeCuda tensors."""
+    n, cin, cout, size, k, s, p = geometry or (1, 16, 16, (3, 4, 5), 3, 2, 1)
+    x = torch.randn(n, cin, *size).to(dtype)
+    if cl:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(cin, cout, k, k, k).to(dtype)
+    b = torch.randn(cout).to(dtype) if bias else None
+    params, _ = check_call(x, w, b, s, p, 0, 1, 1)
+    return FakeCuda(x), FakeCuda(w), None if b is None else FakeCuda(b), params
+
+
+# ---- the heuristic on the README's H200 measurements ---------------------------------------------
+# Triton speedup over cuDNN per bench row (README "Measured" tables, forward, same flags).
+README_SPEEDUP = {
+    "kb58 fp32 ncdhw default": 5.77, "kb58 fp32 ncdhw exact": 2.31,
+    "kb61 fp32 ncdhw default": 2.00, "kb61 fp32 ncdhw exact": 2.24,
+    "kb68 fp32 ncdhw default": 2.87, "kb68 fp32 ncdhw exact": 6.62,
+    "kb70 fp32 ncdhw default": 3.43, "kb70 fp32 ncdhw exact": 1.72,
+    "kb72 fp32 ncdhw default": 2.32, "kb72 fp32 ncdhw exact": 1.34,
+    "kb73 fp32 ncdhw default": 1.82, "kb73 fp32 ncdhw exact": 5.89,
+    "kb77 fp32 ncdhw default": 2.86, "kb77 fp32 ncdhw exact": 4.94,
+}
+for _name, _vals in {
+    "nnunet_128_64": (1.16, 1.23, 1.71, 1.46), "nnunet_64_32": (2.89, 2.00, 2.62, 2.70),
+    "monai_unet_k3": (1.56, 1.50, 1.86, 1.64), "gan_k4s2p1": (0.57, 0.63, 0.60, 0.68),
+    "videogpt_k4s2p3": (5.84, 7.34, 0.76, 0.99), "aniso_122": (1.31, 0.58, 1.65, 1.36),
+    "refine_k3s1": (1.03, 0.88, 0.49, 0.37),
+}.items():
+    for (_dt, _lay), _v in zip([("fp32", "ncdhw"), ("fp32", "cl"), ("bf16", "ncdhw"), ("bf16", "cl")], _vals):
+        README_SPEEDUP[f"{_name} {_dt} {_lay} default"] = _v
+# The heuristic ignores the layout; these two rows go the other way (documented in heuristic()).
+KNOWN_MISSES = {"refine_k3s1 fp32 ncdhw default", "aniso_122 fp32 cl default"}
+CASES = {c.label: c for c in suites.all_cases()}
+
+
+def _heuristic_for(case) -> str:
+    g = case.geometry
+    params = ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel, g.stride,
+                                  g.padding, g.output_padding, g.dilation)
+    prec = "tf32" if case.precision == "default" else dispatch.EXACT_GRADE
+    return dispatch.heuristic(params, case.torch_dtype, prec, g.bias)[0]
+
+
+def test_readme_table_covers_every_bench_case():
+    assert set(README_SPEEDUP) == set(CASES)
+
+
+@pytest.mark.parametrize("label", list(README_SPEEDUP), ids=[lab.replace(" ", "-") for lab in README_SPEEDUP])
+def test_heuristic_picks_the_measured_winner(label):
+    winner = "triton" if README_SPEEDUP[label] > 1 else "torch"
+    choice = _heuristic_for(CASES[label])
+    if label in KNOWN_MISSES:
+        assert choice != winner  # documented miss: if it starts winning, update the docstring
+    else:
+        assert choice == winner
+
+
+def test_heuristic_is_right_on_at_least_90_percent_of_the_bench():
+    right = sum(_heuristic_for(CASES[lab]) == ("triton" if s > 1 else "torch") for lab, s in README_SPEEDUP.items())
+    assert right / len(README_SPEEDUP) >= 0.9 and right == len(README_SPEEDUP) - len(KNOWN_MISSES)
+
+
+def _p(n, cin, cout, size, k, s, p=0, groups=1):
+    t3 = (lambda v: (v,) * 3 if isinstance(v, int) else tuple(v))
+    return ConvT3dParams.create(n, cin, cout, groups, t3(size), t3(k), t3(s), t3(p), (0, 0, 0), (1, 1, 1))
+
+
+@pytest.mark.parametrize("params,dtype,prec,engine,phrase", [
+    (_p(1, 16, 8, 4, 2, 2), torch.float32, "tf32", "torch", "tiny"),
+    (_p(8, 256, 128, 16, 4, 2, 1), torch.float32, "tf32x3", "triton", "exact-grade"),
+    (_p(8, 256, 128, 16, 4, 2, 1), torch.float32, "ieee", "triton", "exact-grade"),
+    (_p(8, 256, 128, 16, 4, 2, 1), torch.bfloat16, "tf32", "torch", "compute-bound with channels aligned"),
+    (_p(8, 240, 120, 16, 4, 2, 1), torch.float32, "tf32", "triton", "not multiples of 64"),
+    (_p(8, 240, 240, 16, 4, 2, 1), torch.float16, "tf32", "torch", "multiples of 16"),
+    (_p(2, 128, 64, 32, 2, 2), torch.bfloat16, "tf32", "triton", "memory-bound"),
+], ids=["tiny-host-bound", "exact-tf32x3", "exact-ieee", "bf16-compute-aligned", "fp32-compute-unaligned",
+        "fp16-compute-16-aligned", "bf16-memory-bound"])
+def test_heuristic_rules(params, dtype, prec, engine, phrase):
+    got, why = dispatch.heuristic(params, dtype, prec)
+    assert got == engine and phrase in why, why
+
+
+def test_heuristic_with_one_runnable_engine():
+    params = _p(8, 256, 128, 16, 4, 2, 1)
+    assert dispatch.heuristic(params, torch.float32, "tf32x3", candidates=("cuda", "torch"))[0] == "torch"
+    assert dispatch.heuristic(params, torch.bfloat16, "tf32", candidates=("triton",))[0] == "triton"
+
+
+# ---- order and named backends ---------------------------------------------------------------------
+def test_backend_name_is_resolved_before_precision():
+    x = torch.randn(1, 2, 2, 2, 2)
+    with pytest.raises(ValueError, match="backend='bogus'"):
+        dispatch.decide(x, "bogus", "bogus")
+    with pytest.raises(ValueError, match="precision='bogus'"):
+        dispatch.decide(x, "auto", "bogus")
+
+
+def test_validation_comes_before_the_backend():
+    x, w = torch.randn(1, 2, 2, 2, 2), torch.randn(3, 2, 2, 2, 2)  # weight's Cin is wrong
+    with pytest.raises(RuntimeError, match="weight"):
+        convt3d.conv_transpose3d(x, w, backend="bogus")
+
+
+def test_env_backend_is_the_default(monkeypatch):
+    monkeypatch.setenv("CONVT3D_BACKEND", "torch")
+    assert dispatch.decide(torch.randn(1, 2, 2, 2, 2), None, None).engine == "torch"
+
+
+def test_cpu_auto_is_torch_with_geometry_too():
+    x, w = torch.randn(1, 16, 3, 3, 3), torch.randn(16, 8, 3, 3, 3)
+    params, _ = check_call(x, w, None, 2, 1, 0, 1, 1)
+    d = dispatch.decide(x, "auto", None, params, weight=w)
+    assert d.engine == "torch" and "CPU" in d.reason
+
+
+def test_cuda_backend_absent_raises_backend_unavailable():
+    x, w = torch.randn(1, 2, 2, 2, 2), torch.randn(2, 2, 2, 2, 2)
+    params, _ = check_call(x, w, None, 1, 0, 0, 1, 1)
+    with pytest.raises(convt3d.BackendUnavailableError, match="not in this build"):
+        dispatch.decide(x, "cuda", None, params, weight=w)
+    with pytest.raises(convt3d.BackendUnavailableError, match="backend='cuda'"):
+        convt3d.conv_transpose3d(x, w, backend="cuda")
+
+
+class FakeCudaEngine:
+    def __init__(self, why=None):
+        self.why, self.seen = why, []
+
+    def unsupported_reason(self, x, weight, params):
+        self.seen.append((x, weight, params))
+        return self.why
+
+
+def test_cuda_backend_unsupported_call_raises_its_reason(monkeypatch):
+    monkeypatch.setattr(dispatch, "_cuda_mod", (FakeCudaEngine("CPU tensor"), None))
+    x, w = torch.randn(1, 2, 2, 2, 2), torch.randn(2, 2, 2, 2, 2)
+    params, _ = check_call(x, w, None, 1, 0, 0, 1, 1)
+    with pytest.raises(convt3d.BackendUnavailableError, match="CPU tensor"):
+        dispatch.decide(x, "cuda", None, params, weight=w)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+def test_cuda_backend_refuses_a_precision_it_cannot_compute(precision, monkeypatch):
+    monkeypatch.setattr(dispatch, "_cuda_mod", (FakeCudaEngine(None), None))
+    x, w, _, params = _call()
+    with pytest.raises(convt3d.BackendUnavailableError, match="exact fp32 only"):
+        dispatch.decide(x, "cuda", precision, params, weight=w)
+
+
+@pytest.mark.parametrize("precision", [None, "ieee"])
+def test_cuda_backend_runs_exact_fp32(precision, monkeypatch):
+    eng = FakeCudaEngine(None)
+    monkeypatch.setattr(dispatch, "_cuda_mod", (eng, None))
+    x, w, _, params = _call()
+    d = dispatch.decide(x, "cuda", precision, params, weight=w)
+    assert (d.engine, d.precision) == ("cuda", "ieee") and eng.seen[-1] == (x, w, params)
+
+
+def test_legacy_callers_without_geometry_keep_the_old_rule():
+    x, *_ = _call()
+    d = dispatch.decide(x, "auto", None)
+    assert d.engine == "triton"
+
+
+# ---- benchmark mode ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("ours,cudnn,expected", [
+    (None, False, False), (None, True, True), (True, False, True), (False, True, False), (True, True, True),
+    (False, False, False)],
+    ids=["follow-cudnn-off", "follow-cudnn-on", "forced-on", "forced-off-over-cudnn", "both-on", "both-off"])
+def test_set_benchmark_toggling(ours, cudnn, expected, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", cudnn)
+    convt3d.set_benchmark(ours)
+    assert dispatch.benchmark_enabled() is expected
+
+
+def test_set_benchmark_rejects_non_bool():
+    with pytest.raises(TypeError, match="enabled"):
+        convt3d.set_benchmark("yes")
+
+
+def test_benchmark_context_restores():
+    convt3d.set_benchmark(False)
+    with dispatch.benchmark(True):
+        assert dispatch.benchmark_enabled()
+    assert not dispatch.benchmark_enabled()
+
+
+def test_heuristic_decides_without_timing_when_benchmark_is_off(monkeypatch):
+    rec = Recorder({})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    x, w, b, params = _call(dtype=torch.bfloat16)
+    d1 = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    d2 = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert rec.calls == [] and d1 is d2 and d1.reason.startswith("auto (heuristic)")
+    assert d1.engine == dispatch.heuristic(params, torch.bfloat16, "tf32", True)[0]
+
+
+def test_benchmark_measures_once_per_signature(monkeypatch):
+    rec = Recorder({"triton": 2.0, "torch": 1.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    convt3d.set_benchmark(True)
+    x, w, b, params = _call()
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert d.engine == "torch" and "measured" in d.reason and len(rec.calls) == 1
+    assert dispatch.decide(x, "auto", None, params, weight=w, bias=b) is d and len(rec.calls) == 1
+    # Another signature: the layout (strides class), the bias, the dtype each make one.
+    xc, wc, bc, _ = _call(cl=True)
+    dispatch.decide(xc, "auto", None, params, weight=wc, bias=bc)
+    dispatch.decide(x, "auto", None, params, weight=w, bias=None)
+    xh, wh, bh, _ = _call(dtype=torch.float16)
+    dispatch.decide(xh, "auto", None, params, weight=wh, bias=bh)
+    assert len(rec.calls) == 4
+
+
+def test_cudnn_benchmark_flag_turns_measuring_on(monkeypatch):
+    rec = Recorder({"triton": 1.0, "torch": 2.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    x, w, b, params = _call()
+    assert dispatch.decide(x, "auto", None, params, weight=w, bias=b).engine == "triton"
+    assert len(rec.calls) == 1
+
+
+def test_no_measuring_during_graph_capture_or_tracing(monkeypatch):
+    rec = Recorder({"triton": 1.0, "torch": 2.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    convt3d.set_benchmark(True)
+    x, w, b, params = _call()
+    monkeypatch.setattr(dispatch, "_capturing", lambda: True)
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert rec.calls == [] and d.reason.startswith("auto (heuristic)")
+    monkeypatch.setattr(dispatch, "_capturing", lambda: False)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert rec.calls == [] and "traced" in d.reason
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    dispatch.decide(x, "auto", None, params, weight=w, bias=b)  # after capture: measured
+    assert len(rec.calls) == 1
+
+
+def test_no_measuring_without_the_weight_or_when_asked_not_to(monkeypatch):
+    rec = Recorder({"triton": 1.0, "torch": 2.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    convt3d.set_benchmark(True)
+    x, w, b, params = _call()
+    dispatch.decide(x, "auto", None, params)
+    dispatch.decide(x, "auto", None, params, weight=w, bias=b, measure=False)
+    assert rec.calls == []
+
+
+def test_measured_decision_is_persisted_and_reused_by_a_new_process(monkeypatch):
+    rec = Recorder({"triton": 3.0, "torch": 1.5})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    convt3d.set_benchmark(True)
+    x, w, b, params = _call(dtype=torch.bfloat16)
+    assert dispatch.decide(x, "auto", None, params, weight=w, bias=b).engine == "torch"
+    doc = json.loads(cache.file_for(cache.cache_dir(), GPU).read_text())
+    (sig, entry), = doc["decisions"].items()
+    assert entry["engine"] == "torch" and entry["timings_ms"] == {"triton": 3.0, "torch": 1.5}
+    assert sig == dispatch.signature_text(x, w, b, params, "tf32")
+    # A new process, benchmark off: the measurement is reused, nothing is timed again.
+    dispatch.clear_decisions()
+    cache.reset()
+    convt3d.set_benchmark(False)
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert d.engine == "torch" and "cache file" in d.reason and len(rec.calls) == 1
+    assert dispatch.cached_timings(x, w, b, params, "tf32") == {"triton": 3.0, "torch": 1.5}
+
+
+def test_cached_decision_for_an_engine_that_cannot_run_is_ignored(monkeypatch):
+    x, w, b, params = _call()
+    text = dispatch.signature_text(x, w, b, params, "tf32x3")
+    cache.save_decision(GPU, text, {"engine": "cuda", "timings_ms": {"cuda": 0.1}})  # cuda: not in this build
+    cache.reset()
+    rec = Recorder({"triton": 1.0, "torch": 2.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    d = dispatch.decide(x, "auto", "tf32x3", params, weight=w, bias=b)
+    assert d.reason.startswith("auto (heuristic)") and rec.calls == []
+    assert d.engine == dispatch.heuristic(params, torch.float32, "tf32x3", True)[0] != "cuda"
+
+
+@pytest.mark.parametrize("dtype,precision,with_cuda", [
+    (torch.float32, "tf32x3", True), (torch.float32, "ieee", True), (torch.float32, "tf32", False),
+    (torch.bfloat16, None, False)], ids=["fp32-exact-grade", "fp32-ieee", "fp32-tf32", "bf16"])
+def test_cuda_engine_is_a_candidate_for_exact_fp32_only(dtype, precision, with_cuda, monkeypatch):
+    monkeypatch.setattr(dispatch, "_cuda_mod", (FakeCudaEngine(None), None))
+    rec = Recorder({"triton": 2.0, "torch": 3.0, "cuda": 1.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    convt3d.set_benchmark(True)
+    x, w, b, params = _call(dtype=dtype)
+    d = dispatch.decide(x, "auto", precision, params, weight=w, bias=b)
+    assert ("cuda" in rec.calls[0]) is with_cuda
+    assert d.engine == ("cuda" if with_cuda else "triton")
+    if with_cuda:
+        assert d.precision == "ieee"
+
+
+def test_only_one_candidate_needs_no_measuring(monkeypatch):
+    monkeypatch.setattr(triton_engine, "unsupported_reason", lambda x, params=None: "compute capability 7.x")
+    rec = Recorder({})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    convt3d.set_benchmark(True)
+    x, w, b, params = _call()
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert d.engine == "torch" and "compute capability 7.x" in d.reason and rec.calls == []
+
+
+def test_measure_drops_a_failing_candidate_and_raises_when_all_fail(monkeypatch):
+    import triton.testing
+
+    def runner(engine, *a):
+        def run():
+            if engine == "triton":
+                raise RuntimeError("boom")
+            return None
+        return run
+
+    monkeypatch.setattr(dispatch, "_runner", runner)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **k: (fn(), 0.5)[1])
+    x, w, b, params = _call()
+    timings, failed = dispatch._measure(x, w, b, params, None, "tf32", ["triton", "torch"], "sig")
+    assert timings == {"torch": 0.5} and "boom" in failed["triton"]
+    with pytest.raises(RuntimeError, match="boom"):
+        dispatch._measure(x, w, b, params, None, "tf32", ["triton"], "sig")
+
+
+def test_listeners_see_decisions_and_measurements(monkeypatch):
+    monkeypatch.setattr(dispatch, "_measure", Recorder({"triton": 1.0, "torch": 2.0}))
+    convt3d.set_benchmark(True)
+    events = []
+    x, w, b, params = _call()
+    with dispatch.listening(lambda e, info: events.append((e, info["decision"].engine))):
+        dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    dispatch.decide(x, "auto", None, params, weight=w, bias=b)  # not listening any more
+    assert events == [("decision", "triton")]
+
+
+def test_triton_choice_seeds_the_tuning_from_the_cache_file():
+    x, w, b, params = _call()
+    plan = triton_engine.plan(params, x, w, "tf32")
+    chosen = plan.configs[-1]
+    cache.store_for(GPU).put("triton_configs", cache.tune_key_text(plan.tune_key),
+                             {"config": cache.config_to_dict(chosen), "timings_ms": {}})
+    cache.reset()
+    d = dispatch.decide(x, "triton", "tf32", params, weight=w, bias=b)
+    assert d.engine == "triton" and triton_engine.tuned_config(plan.tune_key) == chosen

@@ -1,0 +1,206 @@
+"""CPU tests of ``convt3d.explain`` (the report: choice and why, kernel configuration, phases and
+empty ones, useful MACs, floors, cached timings; nothing is run), ``convt3d.tune`` (runs the model
+once, restores gradients and buffers, progress output) and the ``convt3d tune`` command."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import convt3d
+from convt3d import cache, cli, dispatch, triton_engine
+from convt3d.validate import check_call
+
+from conftest import interpreter_active
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.delenv("CONVT3D_BACKEND", raising=False)
+    dispatch.clear_decisions()
+    dispatch.set_benchmark(None)
+    cache.reset()
+    yield
+    dispatch.set_benchmark(None)
+    dispatch.clear_decisions()
+    cache.reset()
+
+
+# (input shape, weight shape, bias, stride, padding, output_padding, groups, dilation, empty phases)
+REGIMES = {
+    "stride2-dilated-7-of-8-empty": ((1, 16, 3, 4, 4), (16, 16, 3, 3, 3), True, 2, 1, 0, 1, 2, 7),
+    "stride1-one-dense-phase": ((2, 8, 3, 3, 3), (8, 4, 3, 3, 3), False, 1, 1, 0, 1, 1, 0),
+    "stride2-k3-output-padding": ((1, 8, 2, 3, 2), (8, 8, 3, 3, 3), True, 2, 1, 1, 1, 1, 0),
+    "grouped-fma-path": ((1, 8, 3, 3, 3), (8, 1, 2, 2, 2), True, 2, 0, 0, 4, 1, 0),
+    "unbatched-anisotropic": ((8, 2, 3, 4), (8, 8, 1, 2, 2), True, (1, 2, 2), 0, 0, 1, 1, 0),
+}
+
+
+def _tensors(regime):
+    xs, ws, has_b, *args, _ = REGIMES[regime]
+    x, w = torch.randn(xs), torch.randn(ws)
+    b = torch.randn(ws[1] * args[3]) if has_b else None
+    return x, w, b, tuple(args)
+
+
+@pytest.mark.parametrize("regime", list(REGIMES))
+def test_explain_on_cpu_reports_everything(regime):
+    x, w, b, args = _tensors(regime)
+    rep = convt3d.explain(x, w, b, *args)
+    params, _ = check_call(x, w, b, *args)
+    assert rep.engine == "torch" and "CPU" in rep.reason
+    assert rep.num_phases == params.num_phases and rep.empty_phases == REGIMES[regime][-1]
+    assert rep.useful_macs == params.useful_macs <= rep.dense_macs
+    assert rep.memory_floor_s == pytest.approx(params.min_bytes(4, b is not None) / 4.24e12)
+    prec_peak = 374e12 if dispatch.resolve_precision(None) == "tf32" else 125e12
+    assert rep.compute_floor_s == pytest.approx(params.useful_flops / prec_peak)
+    text = str(rep)
+    for phrase in ("backend: auto -> torch", "why:", "kernel configuration", "phases:", "useful MACs",
+                   f"{params.useful_macs:,}", "floors", "measured: nothing cached", "heuristic on a CUDA device"):
+        assert phrase in text, (phrase, text)
+    assert text.count("empty (bias/zero fill)") == REGIMES[regime][-1]
+    if "fma" in regime:
+        assert "FMA path" in text
+
+
+def test_explain_does_not_run_the_convolution(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("explain must not compute")
+
+    monkeypatch.setattr(triton_engine, "forward", boom)
+    monkeypatch.setattr(F, "conv_transpose3d", boom)
+    x, w, b, args = _tensors("stride2-dilated-7-of-8-empty")
+    assert "phases" in str(convt3d.explain(x, w, b, *args, backend="triton"))
+
+
+@pytest.mark.skipif(not interpreter_active(), reason="backend='triton' on CPU needs TRITON_INTERPRET=1")
+def test_explain_named_triton_shows_the_plan_and_config():
+    x, w, b, args = _tensors("stride2-k3-output-padding")
+    rep = convt3d.explain(x, w, b, *args, backend="triton", precision="tf32x3")
+    assert rep.engine == "triton" and rep.precision == "tf32x3"
+    text = str(rep)
+    assert "Triton engine: tensor-core implicit GEMM" in text and "dot precision tf32x3" in text
+    assert "config: dot M" in text and "untuned default" in text
+
+
+def test_explain_named_cuda_that_cannot_run_reports_instead_of_raising():
+    x, w, b, args = _tensors("stride1-one-dense-phase")
+    rep = convt3d.explain(x, w, b, *args, backend="cuda")
+    assert rep.engine is None and "backend='cuda' cannot run this call" in rep.reason
+    assert "(none: the named backend cannot run this call)" in str(rep)
+
+
+def test_explain_shows_timings_measured_for_the_signature():
+    x, w, b, args = _tensors("stride1-one-dense-phase")
+    params, _ = check_call(x, w, b, *args)
+    prec = dispatch.resolve_precision(None)
+    dispatch._timings[dispatch._signature(x, w, b, params, prec)] = {"triton": 0.25, "torch": 0.5}
+    rep = convt3d.explain(x, w, b, *args)
+    assert rep.timings_ms == {"triton": 0.25, "torch": 0.5}
+    assert "measured (ms, median): triton 0.25, torch 0.5" in str(rep)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(stride=0), dict(padding=-1), dict(groups=3), dict(weight=torch.randn(3, 4, 3, 3, 3)),
+    dict(input="not a tensor"), dict(backend="bogus"), dict(precision="fp8"),
+], ids=["stride-0", "negative-padding", "groups-not-dividing", "weight-cin-mismatch", "input-not-tensor",
+        "unknown-backend", "unknown-precision"])
+def test_explain_raises_what_conv_transpose3d_raises(kwargs):
+    call = dict(input=torch.randn(1, 8, 3, 3, 3), weight=torch.randn(8, 4, 3, 3, 3))
+    call.update(kwargs)
+    with pytest.raises(Exception) as ours:
+        convt3d.explain(**call)
+    with pytest.raises(Exception) as theirs:
+        convt3d.conv_transpose3d(**call)
+    assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+    assert isinstance(ours.value, (ValueError, RuntimeError, TypeError))
+
+
+# ---- tune ---------------------------------------------------------------------------------------
+class Decoder(nn.Module):
+    def __init__(self, layer=convt3d.ConvTranspose3d):
+        super().__init__()
+        self.up = layer(4, 4, 2, stride=2)
+        self.bn = nn.BatchNorm3d(4)
+        self.refine = layer(4, 2, 3, padding=1)
+
+    def forward(self, x):
+        return self.refine(torch.relu(self.bn(self.up(x))))
+
+
+def test_tune_runs_forward_and_backward_and_restores_the_model(capsys):
+    model = Decoder()
+    x = torch.randn(2, 4, 2, 3, 2, requires_grad=True)
+    mean, count = model.bn.running_mean.clone(), model.bn.num_batches_tracked.clone()
+    model.refine.weight.grad = torch.full_like(model.refine.weight, 7.0)
+    rep = convt3d.tune(model, x, progress="plain")
+    assert rep.backward and len(rep.entries) == 2  # two distinct signatures
+    assert all(e["engine"] == "torch" for e in rep.entries)  # CPU: auto runs PyTorch
+    assert any("nothing was measured" in n for n in rep.notes)
+    assert torch.equal(model.bn.running_mean, mean) and torch.equal(model.bn.num_batches_tracked, count)
+    assert model.up.weight.grad is None and x.grad is None
+    assert torch.equal(model.refine.weight.grad, torch.full_like(model.refine.weight, 7.0))
+    err = capsys.readouterr().err
+    for line in ("[1/3] forward: up", "[2/3] forward: refine", "[3/3] backward"):
+        assert line in err, err
+    assert not dispatch.benchmark_enabled()  # benchmark mode was on only during the run
+    assert "2 call signature(s), forward + backward" in str(rep)
+
+
+def test_tune_forward_only_when_nothing_needs_grad(capsys):
+    model = Decoder().requires_grad_(False)
+    rep = convt3d.tune(model, torch.randn(1, 4, 2, 2, 2), progress=False)
+    assert not rep.backward and len(rep.entries) == 2
+    assert capsys.readouterr().err == ""
+
+
+def test_tune_warns_about_unpatched_layers():
+    with pytest.warns(UserWarning, match=r"convt3d\.patch\(model\)"):
+        rep = convt3d.tune(Decoder(layer=nn.ConvTranspose3d), torch.randn(1, 4, 2, 2, 2), progress=False)
+    assert rep.entries == []
+
+
+def test_tune_rich_progress_on_a_stream():
+    from convt3d.tune import _Progress
+
+    out = io.StringIO()
+    bar = _Progress(2, "t", "rich", stream=out)
+    bar.status("working")
+    bar.advance("one")
+    bar.advance("two")
+    bar.close()
+    assert bar.done == 2
+
+
+def test_tune_rejects_a_non_callable():
+    with pytest.raises(TypeError, match="model"):
+        convt3d.tune(42)
+
+
+# ---- convt3d tune -------------------------------------------------------------------------------
+def test_cli_lists_tune_and_its_help(capsys):
+    assert cli.main([]) == 0
+    assert "tune" in capsys.readouterr().out
+    assert cli.main(["tune", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--suite" in out and "--backward" in out and "CONVT3D_CACHE_DIR" in out
+
+
+def test_cli_tune_list_selects_suite_cases(capsys):
+    assert cli.main(["tune", "--list", "--suite", "layers", "--dtype", "bf16"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 14 and all("bf16" in ln for ln in lines)
+
+
+def test_cli_tune_rejects_unknown_case(capsys):
+    assert cli.main(["tune", "--case", "nope"]) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message")
+def test_cli_tune_without_a_gpu_says_nothing_to_measure(capsys):
+    assert cli.main(["tune", "--suite", "layers", "--case", "gan_k4s2p1"]) == 0
+    assert "no CUDA device" in capsys.readouterr().err

@@ -1,0 +1,345 @@
+"""Training on the CPU (issue 5): the custom ops under opcheck, gradients of every kind of call
+against float64 PyTorch (the Triton weight-gradient kernel through the interpreter), needs_input_grad
+subsets, torch.compile(fullgraph=True), autocast, a short training curve against
+nn.ConvTranspose3d, and the bench's bwd/full modes.
+
+Sizes are tiny: Triton's interpreter costs ~1 s per kernel call here. Channel counts are >= 8 per
+group where the tensor-core path is meant (below 8 the forward takes the slower FMA path).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import convt3d
+from convt3d import backward as B
+from convt3d.ops import conv_transpose3d_backward_op, conv_transpose3d_op
+from convt3d.validate import check_call
+
+from conftest import CL, Case, requires_interpreter
+
+pytestmark = requires_interpreter
+
+
+def _f64(t):
+    return None if t is None else t.detach().double()
+
+
+def _ref_grads(x, w, b, args, dy, mask=(True, True, True)):
+    """float64 PyTorch gradients (dX, dW, db) of the same values."""
+    return torch.ops.aten.convolution_backward(
+        _f64(dy), _f64(x), _f64(w), None if b is None else [w.shape[1] * args[3]], list(args[0]), list(args[1]),
+        list(args[4]), True, list(args[2]), args[3], list(mask))
+
+
+def _norm_args(case: Case):
+    x, w, b = case.tensors()
+    params, _ = check_call(x, w, b, *case.args)
+    return (list(params.stride), list(params.padding), list(params.output_padding), params.groups,
+            list(params.dilation)), params
+
+
+def _assert_grad_close(got, ref, what, rel):
+    """Max-abs error relative to the gradient's own scale (sums of up to a few hundred terms here:
+    fp32 1e-5 is ~100 ulp of headroom; tf32 and fp16 get their operand-rounding bound)."""
+    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    scale = ref.abs().max().item()
+    err = (got.double() - ref).abs().max().item()
+    assert err <= rel * scale + 1e-12, f"{what}: max error {err:.3g} > {rel:g} x scale {scale:.3g}"
+
+
+# ---- opcheck --------------------------------------------------------------------------------------
+OPCHECK_CASES = {
+    "tensor-core-k2s2-bias": Case(1, 8, 8, (2, 2, 2), (2, 2, 2), 2),
+    "grouped-dilated-op1": Case(1, 16, 16, (2, 2, 2), (2, 2, 2), 2, 1, 1, 2, 2, bias=False),
+    "channels_last-k3p1": Case(1, 8, 8, (2, 2, 2), (3, 3, 3), 1, 1, layout="channels_last_3d"),
+}
+
+
+@pytest.mark.parametrize("name", list(OPCHECK_CASES))
+def test_opcheck_forward_op(name):
+    case = OPCHECK_CASES[name]
+    x, w, b = case.tensors()
+    (stride, padding, op, groups, dilation), _ = _norm_args(case)
+    x.requires_grad_()
+    w.requires_grad_()
+    args = (x, w, b, stride, padding, op, groups, dilation, "ieee", "triton")
+    torch.library.opcheck(conv_transpose3d_op, args,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@pytest.mark.parametrize("mask", [(True, True, True), (False, True, False), (True, False, False)],
+                         ids=["all", "weight-only", "input-only"])
+def test_opcheck_backward_op(mask):
+    case = OPCHECK_CASES["channels_last-k3p1"]
+    x, w, _ = case.tensors()
+    (stride, padding, op, groups, dilation), params = _norm_args(case)
+    dy = torch.randn(params.out_shape).contiguous(memory_format=CL)
+    torch.library.opcheck(conv_transpose3d_backward_op,
+                          (dy, x, w, stride, padding, op, groups, dilation, "ieee", list(mask)))
+
+
+def test_op_rejects_unknown_engine():
+    x, w = torch.randn(1, 8, 2, 2, 2), torch.randn(8, 8, 2, 2, 2)
+    with pytest.raises(ValueError, match="engine='tpu'"):
+        conv_transpose3d_op(x, w, None, [1] * 3, [0] * 3, [0] * 3, 1, [1] * 3, "ieee", "tpu")
+
+
+# ---- gradients against float64 ------------------------------------------------------------------
+# (case, dtype, precision). The weight gradient is forced to the Triton kernel; dX/db come from
+# PyTorch's kernels (the design of convt3d.backward), so the sweep is mostly about dW.
+WGRAD_CASES = {
+    "k3s2p1op1-bias": (Case(1, 8, 8, (2, 3, 2), (3, 3, 3), 2, 1, 1), torch.float32, "ieee"),
+    "grouped-dilated": (Case(1, 16, 16, (3, 2, 2), (2, 2, 2), 1, 1, 0, 2, 2), torch.float32, "tf32x3"),
+    "aniso-k122-s122-batch2": (Case(2, 8, 16, (2, 2, 3), (1, 2, 2), (1, 2, 2)), torch.float32, "ieee"),
+    "channels_last-k2s2": (Case(1, 8, 8, (2, 2, 2), (2, 2, 2), 2, layout="channels_last_3d"), torch.float32, "ieee"),
+    "sliced-input": (Case(1, 8, 8, (2, 2, 2), (2, 2, 2), 2, 1, layout="slice_w"), torch.float32, "ieee"),
+    "stride3-op2-dil2": (Case(1, 8, 8, (2, 2, 2), (2, 2, 2), 3, 0, 2, 2), torch.float32, "ieee"),
+    "tf32": (Case(1, 8, 8, (2, 2, 2), (2, 2, 2), 2, 1), torch.float32, "tf32"),
+    "fp16": (Case(1, 8, 8, (2, 2, 2), (2, 2, 2), 2, 1), torch.float16, "ieee"),
+}
+# Why these bounds: fp32 exact grades sum <= 2*27*24 = 1300 terms here (1e-5 of scale is ~100x
+# the typical rounding); "tf32" rounds each operand to 10 bits (2^-11 relative each, 2^-10 per
+# product; 4e-3 of the scale leaves a factor ~4 for cancellation); fp16 rounds the fp32 result
+# to 11 bits once (2^-11 = 4.9e-4) after exact products and fp32 sums.
+WGRAD_REL = {"ieee": 1e-5, "tf32x3": 1e-5, "tf32": 4e-3, torch.float16: 2e-3}
+
+
+@pytest.mark.parametrize("name", list(WGRAD_CASES))
+def test_triton_weight_gradient(name):
+    case, dtype, precision = WGRAD_CASES[name]
+    x, w, b = case.tensors(dtype)
+    args, params = _norm_args(case)
+    x5 = x if x.dim() == 5 else x.unsqueeze(0)
+    dy = torch.randn(params.out_shape, dtype=torch.float64).to(dtype)
+    cfg = B.wgrad_candidates(params, dtype, x.device)[0]
+    assert cfg.splits >= 1
+    gw = B.wgrad_triton(dy, x5, params, precision, dtype, cfg)
+    assert gw.dtype == dtype and gw.is_contiguous()
+    ref = _ref_grads(x5, w, b, args, dy, (False, True, False))[1]
+    _assert_grad_close(gw, ref, f"{name} dW", WGRAD_REL[dtype if dtype != torch.float32 else precision])
+
+
+def test_triton_weight_gradient_split_count_does_not_change_much():
+    # The splits are summed in a fixed order; 1 and 3 splits reduce in a different order, so they
+    # agree to rounding only -- and each run is bitwise repeatable (deterministic).
+    case = Case(2, 8, 8, (2, 2, 1), (2, 1, 1), 2)
+    x, w, _ = case.tensors()
+    args, params = _norm_args(case)
+    dy = torch.randn(params.out_shape)
+    base = B.wgrad_candidates(params, torch.float32, x.device)[0]
+    one = B.wgrad_triton(dy, x, params, "ieee", torch.float32, B.WgradConfig(**{**base.__dict__, "splits": 1}))
+    three = B.wgrad_triton(dy, x, params, "ieee", torch.float32, B.WgradConfig(**{**base.__dict__, "splits": 3}))
+    again = B.wgrad_triton(dy, x, params, "ieee", torch.float32, B.WgradConfig(**{**base.__dict__, "splits": 3}))
+    assert torch.equal(three, again)
+    _assert_grad_close(one, _ref_grads(x, w, None, args, dy, (False, True, False))[1], "1 split", 1e-5)
+    _assert_grad_close(three, _ref_grads(x, w, None, args, dy, (False, True, False))[1], "3 splits", 1e-5)
+
+
+SUBSETS = {"input-only": (True, False, False), "weight-only": (False, True, False), "bias-only": (False, False, True),
+           "input+bias": (True, False, True), "all": (True, True, True)}
+
+
+@pytest.mark.parametrize("subset,wgrad", [(s, "cudnn") for s in SUBSETS] + [("weight-only", "triton"),
+                                                                            ("all", "triton")],
+                         ids=[f"{s}-cudnn" for s in SUBSETS] + ["weight-only-triton", "all-triton"])
+def test_needs_input_grad_subsets(subset, wgrad, monkeypatch):
+    monkeypatch.setenv("CONVT3D_BWD_WEIGHT", wgrad)
+    need = SUBSETS[subset]
+    case = Case(2, 8, 8, (2, 2, 1), (2, 2, 2), 2, layout="channels_last_3d")
+    x, w, b = case.tensors()
+    leaves = [t.requires_grad_(n) for t, n in zip((x, w, b), need)]
+    y = convt3d.conv_transpose3d(*leaves, *case.args, backend="triton", precision="ieee")
+    dy = torch.randn(y.shape, dtype=torch.float64)
+    y.backward(dy.float())
+    ref = _ref_grads(x, w, b, ((2,) * 3, (0,) * 3, (0,) * 3, 1, (1,) * 3), dy)
+    for t, n, r, what in zip(leaves, need, ref, ("input", "weight", "bias")):
+        if not n:
+            assert t.grad is None, f"{what} got a gradient it did not ask for"
+            continue
+        _assert_grad_close(t.grad, r, what, 1e-5)
+        if what == "input":
+            assert t.grad.is_contiguous(memory_format=CL), "dX should keep the input's channels_last_3d layout"
+
+
+def test_forced_wgrad_name_is_validated(monkeypatch):
+    monkeypatch.setenv("CONVT3D_BWD_WEIGHT", "magic")
+    x = torch.randn(1, 8, 2, 2, 2, requires_grad=True)
+    w = torch.randn(8, 8, 2, 2, 2, requires_grad=True)
+    y = convt3d.conv_transpose3d(x, w, backend="triton", precision="ieee")
+    with pytest.raises(ValueError, match="CONVT3D_BWD_WEIGHT='magic'"):
+        y.sum().backward()
+
+
+def test_static_choice_on_cpu_is_pytorch_and_cached():
+    B.clear_caches()
+    x, w = torch.randn(1, 8, 2, 2, 2), torch.randn(8, 8, 2, 2, 2)
+    params, _ = check_call(x, w, None, 2, 0, 0, 1, 1)
+    dy = torch.randn(params.out_shape)
+    rec = B.choose_wgrad(dy, x, w, params, "ieee")
+    assert rec.impl == "cudnn" and "static" in rec.reason
+    assert list(B.choices().values()) == [rec]
+
+
+# ---- torch.compile --------------------------------------------------------------------------------
+def _decoder(precision="ieee"):
+    torch.manual_seed(0)
+    m = nn.Sequential(convt3d.ConvTranspose3d(8, 8, 2, stride=2), nn.ReLU(),
+                      convt3d.ConvTranspose3d(8, 8, 3, stride=1, padding=1, bias=False))
+    for layer in (m[0], m[2]):
+        layer.backend, layer.precision = "triton", precision
+    return m
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d"])
+def test_compile_fullgraph_matches_eager(layout):
+    # aot_eager: Dynamo's full capture plus AOTAutograd's joint graph with our fake kernels, without
+    # Inductor's C++ build on the CPU (tests/test_gpu_training.py compiles with Inductor).
+    torch._dynamo.reset()
+    m = _decoder()
+    x = torch.randn(1, 8, 2, 2, 2)
+    if layout == "channels_last_3d":
+        x = x.contiguous(memory_format=CL)
+    x.requires_grad_()
+    y0 = m(x)
+    y0.square().sum().backward()
+    eager = [p.grad.clone() for p in m.parameters()] + [x.grad.clone()]
+    m.zero_grad()
+    x.grad = None
+    from torch._dynamo import testing as dynamo_testing
+
+    counter = dynamo_testing.CompileCounterWithBackend("aot_eager")
+    cm = torch.compile(m, fullgraph=True, backend=counter)
+    y1 = cm(x)
+    y1.square().sum().backward()
+    compiled = [p.grad for p in m.parameters()] + [x.grad]
+    assert counter.frame_count == 1
+    assert y1.stride() == y0.stride()
+    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
+    for a, b_ in zip(compiled, eager):
+        torch.testing.assert_close(a, b_, rtol=1e-6, atol=1e-6)
+
+
+# ---- autocast --------------------------------------------------------------------------------------
+def test_cpu_autocast_casts_like_nn_convtranspose3d():
+    # float16 (the interpreter computes bf16 dots wrongly; tests/test_gpu_training.py covers bf16).
+    torch.manual_seed(0)
+    ours = convt3d.ConvTranspose3d(8, 8, 2, stride=2)
+    ours.backend = "triton"
+    ref = nn.ConvTranspose3d(8, 8, 2, stride=2)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(1, 8, 2, 2, 2)
+    with torch.autocast("cpu", dtype=torch.float16):
+        y = ours(x)
+        y_ref = ref(x)
+    assert y.dtype == y_ref.dtype == torch.float16
+    y.float().sum().backward()
+    y_ref.float().sum().backward()
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        assert p.grad.dtype == q.grad.dtype == torch.float32
+        torch.testing.assert_close(p.grad, q.grad, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-3, atol=2e-3)
+
+
+def test_autocast_leaves_float64_alone():
+    x = torch.randn(1, 2, 2, 2, 2, dtype=torch.float64)
+    w = torch.randn(2, 2, 2, 2, 2, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = convt3d.conv_transpose3d(x, w)
+        y_ref = F.conv_transpose3d(x, w)
+    assert y.dtype == y_ref.dtype == torch.float64
+
+
+# ---- training curve ------------------------------------------------------------------------------
+class TinyUNetDecoder(nn.Module):
+    """Two up-sampling stages of a 3-D U-Net decoder with skip connections (channels 16 -> 8 -> 8)."""
+
+    def __init__(self, conv_t=nn.ConvTranspose3d):
+        super().__init__()
+        self.up1 = conv_t(16, 8, 2, stride=2)
+        self.fuse1 = nn.Conv3d(16, 8, 3, padding=1)
+        self.up2 = conv_t(8, 8, 2, stride=2)
+        self.head = nn.Conv3d(16, 1, 1)
+
+    def forward(self, bottom, skip1, skip2):
+        h = torch.relu(self.fuse1(torch.cat([self.up1(bottom), skip1], 1)))
+        return self.head(torch.cat([self.up2(h), skip2], 1))
+
+
+def test_training_curve_tracks_nn_convtranspose3d():
+    """fp32, exact precision on both sides: the two runs differ only by summation order (~1e-7
+    relative per step), so 6 Adam steps must agree to 1e-4 relative. A wrong gradient of any
+    parameter would change the loss at the first step by far more."""
+    torch.manual_seed(0)
+    ref = TinyUNetDecoder()
+    ours = TinyUNetDecoder()
+    ours.load_state_dict(ref.state_dict())
+    convt3d.patch(ours, backend="triton", precision="ieee")
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randn(1, 16, 1, 1, 1, generator=gen), torch.randn(1, 8, 2, 2, 2, generator=gen),
+             torch.randn(1, 8, 4, 4, 4, generator=gen), torch.randn(1, 1, 4, 4, 4, generator=gen)) for _ in range(2)]
+    losses = {}
+    for name, model in (("ref", ref), ("ours", ours)):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        losses[name] = []
+        for step in range(6):
+            bottom, s1, s2, target = data[step % len(data)]
+            loss = F.mse_loss(model(bottom, s1, s2), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses[name].append(loss.item())
+    assert losses["ref"][-1] < losses["ref"][0]  # it trains
+    for step, (a, b_) in enumerate(zip(losses["ours"], losses["ref"])):
+        assert abs(a - b_) <= 1e-4 * abs(b_), f"step {step}: convt3d loss {a} vs nn.ConvTranspose3d {b_}"
+
+
+# ---- bench modes -----------------------------------------------------------------------------------
+class _FakeTimer:
+    def first_call(self, fn):
+        return fn(), 0.1
+
+    def steady(self, fn):
+        fn()
+        return 1e-3 if fn.__name__ == "ours" else 2e-3
+
+    def release(self):
+        pass
+
+
+@pytest.mark.parametrize("mode,backend", [("bwd", "torch"), ("full", "triton")], ids=["bwd-torch", "full-triton"])
+def test_bench_training_modes_rows(mode, backend):
+    from convt3d.bench import report, roofline, runner
+    from convt3d.bench.suites import Case as BenchCase, Geometry
+
+    geom = Geometry.of("tiny", 1, 8, 8, 2, 2, 2, bias=True)
+    cases = [BenchCase("layers", geom, "fp32", "ncdhw", "default", "randn")]
+    ceilings = roofline.Ceilings(copy_bytes_per_s=4.24e12, bf16_flops_per_s=683e12, tf32_flops_per_s=374e12,
+                                 fp32_flops_per_s=51e12)
+    rows, failures = runner.run_cases(cases, mode, backend, ceilings, runner.TimingSettings(), device="cpu",
+                                      timer=_FakeTimer())
+    assert failures == [], failures
+    (row,) = rows
+    assert row["mode"] == mode and row["speedup"] == pytest.approx(2.0)
+    # The gradients of both engines were compared: tiny, not zero-scale.
+    assert row["max_abs_torch"] > 0 and row["max_abs_diff_vs_torch"] <= 1e-2 * row["max_abs_torch"]
+    assert row["output_layout_matches"]
+    # backend torch runs PyTorch's own backward, so no convt3d choice is reported for it.
+    assert row["bwd_choice"].startswith("dW cudnn") if backend == "triton" else row["bwd_choice"] == ""
+    fwd_flop, fwd_bytes = runner.MODES["fwd"].work(_params_of(geom), 4, True)
+    assert row["useful_flop"] == (2 if mode == "bwd" else 3) * fwd_flop
+    assert row["min_bytes"] > (0 if mode == "bwd" else fwd_bytes)
+    import io
+
+    buf = io.StringIO()
+    report.print_timing_table(report.make_console(buf), rows, f"layers: {mode}")
+    assert mode in buf.getvalue() and ("dW cudnn" in buf.getvalue()) == (backend == "triton")
+
+
+def _params_of(geom):
+    x = torch.empty((geom.batch, geom.in_channels) + geom.in_size, device="meta")
+    w = torch.empty(geom.weight_shape, device="meta")
+    params, _ = check_call(x, w, None, *geom.conv_args())
+    return params
