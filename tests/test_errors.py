@@ -329,3 +329,25 @@ def test_module_rejects_non_zero_padding_mode_like_pytorch():
 def test_patch_rejects_non_module():
     with pytest.raises(TypeError, match="list"):
         convt3d.patch([nn.ConvTranspose3d(2, 2, 2)])
+
+
+# ---------------------------------------------------------------------------------------------
+# check_call's memo of successful calls (host-time fast path) must never change an answer.
+# ---------------------------------------------------------------------------------------------
+def test_check_call_memo_keeps_every_error_and_answer():
+    from convt3d.validate import check_call
+    x, w, b = torch.randn(1, 4, 2, 3, 3), torch.randn(4, 2, 3, 3, 3), torch.randn(2)
+    first = check_call(x, w, b, 2, 1, 1, 1, 1)
+    assert check_call(x, w, b, 2, 1, 1, 1, 1) == first  # a memo hit gives the same geometry
+    # the same shapes with a wrong argument still raise, every time
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="output padding must be smaller"):
+            check_call(x, w, b, 2, 1, 2, 1, 1)
+        with pytest.raises(RuntimeError, match="bias"):
+            check_call(x, w, torch.randn(3), 2, 1, 1, 1, 1)
+    # a one-element tensor argument hashes by identity: never memoised, so a changed value counts
+    s = torch.tensor(2)
+    p1, _ = check_call(x, w, b, (s, 2, 2), 1, 1, 1, 1)
+    s.fill_(3)
+    p2, _ = check_call(x, w, b, (s, 2, 2), 1, 0, 1, 1)
+    assert (p1.stride[0], p2.stride[0]) == (2, 3)

@@ -187,8 +187,22 @@ def _kernel(name: str, device: torch.device):
     return getattr(K, name)
 
 
+_unsupported: dict[tuple, str | None] = {}
+
+
 def unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None = None) -> str | None:
-    """Why the Triton engine cannot run this call, or None (the dispatcher's one question)."""
+    """Why the Triton engine cannot run this call, or None (the dispatcher's one question).
+    Memoised per (geometry, dtype, device, strides): ~18 us of checks per call otherwise, on
+    layers whose whole GPU time is ~100 us."""
+    key = (params, x.dtype, x.device, x.stride())
+    if key not in _unsupported:
+        if len(_unsupported) >= 4096:
+            _unsupported.clear()
+        _unsupported[key] = _unsupported_reason(x, params)
+    return _unsupported[key]
+
+
+def _unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None) -> str | None:
     if x.dtype not in SUPPORTED_DTYPES:
         return f"dtype {x.dtype} (the Triton engine runs float32, float16 and bfloat16)"
     if x.device.type == "cuda":
@@ -361,6 +375,7 @@ def seed_tuning(key, config: Config, timings_ms: dict | None = None) -> None:
 
 def clear_caches() -> None:
     """Forget tuning results, plans and phase tables of this process."""
+    _unsupported.clear()
     _tuned.clear()
     _tables.clear()
     _plans.clear()
