@@ -1121,6 +1121,12 @@ class Config:
                 + (" flat" if self.flat else ""))
 
 
+def _cdiv(a: int, b: int) -> int:
+    # Host-side ceil division. triton.cdiv is a ConstexprFunction in newer Triton (~5-15 us per
+    # call from Python); the launcher calls it a few times per forward.
+    return -(-a // b)
+
+
 def _pow2_at_least(v: int) -> int:
     return 1 << max(0, (int(v) - 1).bit_length())
 
@@ -1142,7 +1148,7 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
     bw = 1
     while bw <= block_m:
         bh = block_m // bw
-        pad = triton.cdiv(qw, bw) * bw * triton.cdiv(qh, bh) * bh
+        pad = _cdiv(qw, bw) * bw * _cdiv(qh, bh) * bh
         if best_pad is None or pad <= best_pad:
             best, best_pad = bw, pad
         bw *= 2
@@ -1495,7 +1501,7 @@ def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.
         return y.permute(0, 4, 1, 2, 3)
     block_c = min(64, _pow2_at_least(c))
     block_s = 64
-    grid = (triton.cdiv(s, block_s), triton.cdiv(c, block_c), n)
+    grid = (_cdiv(s, block_s), _cdiv(c, block_c), n)
     _kernel("to_channels_last_kernel", x.device)[grid](
         x, y, c, s, x.stride(0), x.stride(1), x.stride(4), ROUND_TF32=round_tf32, BLOCK_C=block_c,
         BLOCK_S=block_s, num_warps=4)
@@ -1508,7 +1514,7 @@ def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, round_tf32: bool) 
     w = weight.contiguous()
     packed = torch.empty((g, kvol, cout_g, cin_g), dtype=weight.dtype, device=weight.device)
     block = 1024
-    grid = (triton.cdiv(kvol * cout_g * cin_g, block), g)
+    grid = (_cdiv(kvol * cout_g * cin_g, block), g)
     _kernel("pack_weight_kernel", weight.device)[grid](
         w, packed, cin_g, cout_g, kvol, w.stride(0), w.stride(1), 1, ROUND_TF32=round_tf32, BLOCK=block,
         num_warps=4)
@@ -1621,7 +1627,7 @@ def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool) -> torch.Tenso
     y = torch.empty((n, dp, hp, wp, c), dtype=x.dtype, device=x.device)
     block_c = min(64, _pow2_at_least(c))
     block_s = 64
-    grid = (triton.cdiv(dp * hp * wp, block_s), triton.cdiv(c, block_c), n)
+    grid = (_cdiv(dp * hp * wp, block_s), _cdiv(c, block_c), n)
     _kernel("to_padded_kernel", x.device)[grid](
         x, y, c, d, h, w, dp, hp, wp, pd, ph, pw, *x.stride(), ROUND_TF32=round_tf32,
         SRC_CL=x.stride(1) == 1 and c > 1, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4)
@@ -1646,8 +1652,8 @@ def _run_flat(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, b, y: torch.Tenso
     w_desc = TensorDescriptor(wp, [wp.numel() // cin_g, cin_g], [cin_g, 1], [cfg.BLOCK_N, cfg.BLOCK_K])
     q = params.compact_size
     # Tiles cover the largest compact plane (q[1] rows of the padded width).
-    tiles_m = triton.cdiv(q[1] * wpad, cfg.BLOCK_M)
-    tiles_n = triton.cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+    tiles_m = _cdiv(q[1] * wpad, cfg.BLOCK_M)
+    tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
     grid = (params.groups * params.batch * q[0] * tiles_m * n_groups * tiles_n,)
     axes = params.axes
     return _kernel("flat_gemm_kernel", xp.device)[grid](
@@ -1758,7 +1764,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
                 block_c = min(64, _pow2_at_least(params.out_channels))
                 block_w = min(128, _pow2_at_least(params.out_size[2]))
                 _kernel("fill_rows_kernel", x.device)[(rows.shape[0], params.batch,
-                                                       triton.cdiv(params.out_channels, block_c))](
+                                                       _cdiv(params.out_channels, block_c))](
                     y, b, rows, params.out_channels, params.out_size[2], *y.stride(),
                     HAS_BIAS=bias is not None, BLOCK_C=block_c, BLOCK_W=block_w, num_warps=4)
         return gemm(cfg, tab)
@@ -1772,8 +1778,8 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
                              pl.dot_precision)
         xin = x_operand(False)
         bh = cfg.BLOCK_M // cfg.BLOCK_W
-        tiles_h, tiles_w = triton.cdiv(q[1], bh), triton.cdiv(q[2], cfg.BLOCK_W)
-        tiles_n = triton.cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+        tiles_h, tiles_w = _cdiv(q[1], bh), _cdiv(q[2], cfg.BLOCK_W)
+        tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         grid = (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n,)
         extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and x.device.type == "cuda" else {}
         use_tma = cfg.tma and cfg.use_dot and _tma_capable(x.device)
