@@ -490,6 +490,26 @@ PHASE_TABLE_COLUMNS = 16
 
 
 @triton.jit
+def _phase_row(tab_ptr, r):
+    """Row r of the phase table: rd, rh, rw, Td, Th, Tw, t0d, t0h, t0w, off0d, off0h, off0w,
+    Qd, Qh, Qw (the companion mask, column 15, is read where it is used)."""
+    row = tab_ptr + r * 16
+    return (tl.load(row + 0), tl.load(row + 1), tl.load(row + 2),
+            tl.load(row + 3), tl.load(row + 4), tl.load(row + 5),
+            tl.load(row + 6), tl.load(row + 7), tl.load(row + 8),
+            tl.load(row + 9), tl.load(row + 10), tl.load(row + 11),
+            tl.load(row + 12), tl.load(row + 13), tl.load(row + 14))
+
+
+@triton.jit
+def _round_tf32(v):
+    """fp32 -> nearest TF32 value (ties away, inf/NaN kept). Tensor cores read the top 19 bits
+    of an fp32 operand (truncation); rounding first removes that bias, as cuDNN does."""
+    r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(v) < float("inf"), r, v)
+
+
+@triton.jit
 def phase_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, tab_ptr,
     N, CIN_G, COUT_G,
@@ -558,7 +578,7 @@ def phase_gemm_kernel(
     if HAS_BIAS:
         bias = tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(tl.float32)
 
-    k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K  # (tl.cdiv is a jit helper: see the note above)
+    k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
     # Phases come W-residue fastest. With W_GROUP == 2 (stride 2 along W) the two W-residues
     # of a (rd, rh) pair are computed by one program and interleaved in registers, so each
     # store writes whole contiguous output rows (per-phase strided stores ran KB 77 at 250 GB/s);
@@ -568,22 +588,8 @@ def phase_gemm_kernel(
     # tap reaches may instead be written by fill_rows_kernel and left out of the table.
     for j in tl.static_range(W_GROUP):
         if j != W_SKIP:
-            row = tab_ptr + (pgrp * W_GROUP + j) * 16
-            rd = tl.load(row + 0)
-            rh = tl.load(row + 1)
-            rw = tl.load(row + 2)
-            td = tl.load(row + 3)
-            th = tl.load(row + 4)
-            tw = tl.load(row + 5)
-            t0d = tl.load(row + 6)
-            t0h = tl.load(row + 7)
-            t0w = tl.load(row + 8)
-            o0d = tl.load(row + 9)
-            o0h = tl.load(row + 10)
-            o0w = tl.load(row + 11)
-            qd_n = tl.load(row + 12)
-            qh_n = tl.load(row + 13)
-            qw_n = tl.load(row + 14)
+            (rd, rh, rw, td, th, tw, t0d, t0h, t0w, o0d, o0h, o0w,
+             qd_n, qh_n, qw_n) = _phase_row(tab_ptr, pgrp * W_GROUP + j)
 
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             # Tiles are laid on the largest compact grid (residue 0); a phase whose grid is one
@@ -732,10 +738,7 @@ def to_channels_last_kernel(
     src = x_ptr + nb * stride_xn + offs_c[:, None].to(tl.int64) * stride_xc + offs_s[None, :].to(tl.int64) * stride_xs
     v = tl.load(src, mask=mask, other=0.0)
     if ROUND_TF32:
-        # Tensor cores read the top 19 bits of an fp32 operand (truncation); rounding to the
-        # nearest TF32 value first (ties away, inf/NaN kept) removes that bias, as cuDNN does.
-        r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
-        v = tl.where(tl.abs(v) < float("inf"), r, v)
+        v = _round_tf32(v)
     dst = y_ptr + nb * S * C + offs_s[None, :].to(tl.int64) * C + offs_c[:, None]
     tl.store(dst, v, mask=mask)
 
@@ -763,10 +766,7 @@ def pack_weight_kernel(
     src = (grp * CIN_G + ci) * stride_wi + co * stride_wo + tap * stride_wt
     v = tl.load(w_ptr + src, mask=mask, other=0.0)
     if ROUND_TF32:
-        # Same TF32 rounding as to_channels_last_kernel (no nested jit calls: the interpreter
-        # path rebuilds each kernel on its own).
-        r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
-        v = tl.where(tl.abs(v) < float("inf"), r, v)
+        v = _round_tf32(v)
     tl.store(p_ptr + grp.to(tl.int64) * KVOL * COUT_G * CIN_G + offs, v, mask=mask)
 
 
@@ -908,22 +908,8 @@ def flat_gemm_kernel(
 
     for j in tl.static_range(W_GROUP):
         if j != W_SKIP:
-            row = tab_ptr + (pgrp * W_GROUP + j) * 16
-            rd = tl.load(row + 0)
-            rh = tl.load(row + 1)
-            rw = tl.load(row + 2)
-            td = tl.load(row + 3)
-            th = tl.load(row + 4)
-            tw = tl.load(row + 5)
-            t0d = tl.load(row + 6)
-            t0h = tl.load(row + 7)
-            t0w = tl.load(row + 8)
-            o0d = tl.load(row + 9)
-            o0h = tl.load(row + 10)
-            o0w = tl.load(row + 11)
-            qd_n = tl.load(row + 12)
-            qh_n = tl.load(row + 13)
-            qw_n = tl.load(row + 14)
+            (rd, rh, rw, td, th, tw, t0d, t0h, t0w, o0d, o0h, o0w,
+             qd_n, qh_n, qw_n) = _phase_row(tab_ptr, pgrp * W_GROUP + j)
 
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             active = (qd < qd_n) & (m0 < qh_n * WP)
@@ -1047,8 +1033,7 @@ def to_padded_kernel(
         v = tl.load(x_ptr + nb * stride_xn + x_c[:, None] + x_s[None, :], mask=c_ok[:, None] & inside[None, :],
                     other=0.0)
     if ROUND_TF32:
-        r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
-        v = tl.where(tl.abs(v) < float("inf"), r, v)
+        v = _round_tf32(v)
     if SRC_CL:
         tl.store(y_ptr + y_s[:, None] + offs_c[None, :], v, mask=s_ok[:, None] & c_ok[None, :])
     else:
@@ -1076,6 +1061,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 K = types.SimpleNamespace(
     PHASE_TABLE_COLUMNS=PHASE_TABLE_COLUMNS,
+    _phase_row=_phase_row,
+    _round_tf32=_round_tf32,
     fill_planes_kernel=fill_planes_kernel,
     fill_rows_kernel=fill_rows_kernel,
     flat_gemm_kernel=flat_gemm_kernel,
@@ -1300,6 +1287,22 @@ def _unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None) -> str | 
 _tables: dict[tuple, torch.Tensor] = {}
 
 
+def _device_table(kind: tuple, params: ConvT3dParams, device: torch.device, build: Callable[[], list],
+                  width: int | None = None) -> torch.Tensor:
+    """An int32 table on ``device`` made by ``build()`` once per (kind, spatial geometry, device)
+    and cached: the launcher's per-call inputs that depend only on the geometry. ``width`` gives
+    a 2-D [rows, width] table (also when empty)."""
+    key = (kind, params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
+           params.in_size, str(device))
+    tab = _tables.get(key)
+    if tab is None:
+        tab = torch.tensor(build(), dtype=torch.int32)
+        if width is not None:
+            tab = tab.reshape(-1, width)
+        tab = _tables[key] = tab.to(device)
+    return tab
+
+
 def _row_class_empty(params: ConvT3dParams, rd: int, rh: int) -> bool:
     """No tap reaches output rows of depth residue rd / height residue rh (whatever the W residue)."""
     return params.axes[0].phases[rd].num_taps == 0 or params.axes[1].phases[rh].num_taps == 0
@@ -1329,15 +1332,11 @@ def companion_masks(params: ConvT3dParams) -> dict[tuple[int, int], int] | None:
 
 def empty_planes(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     """int32 [planes]: the output depth indices whose residue no tap reaches."""
-    key = ("planes", params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
-           params.in_size, str(device))
-    tab = _tables.get(key)
-    if tab is None:
+    def build():
         sd = params.stride[0]
-        ods = [od for od in range(params.out_size[0]) if params.axes[0].phases[od % sd].num_taps == 0]
-        tab = torch.tensor(ods, dtype=torch.int32).to(device)
-        _tables[key] = tab
-    return tab
+        return [od for od in range(params.out_size[0]) if params.axes[0].phases[od % sd].num_taps == 0]
+
+    return _device_table(("planes",), params, device, build)
 
 
 def _fill_planes(params: ConvT3dParams, y: torch.Tensor, b, has_bias: bool) -> None:
@@ -1359,10 +1358,7 @@ def phase_table(params: ConvT3dParams, device: torch.device, w_group: int = 1,
     offsets and compact grid sizes, in phase order (W residue fastest). With skip_empty_rows the
     phases of row classes no tap reaches are left out (written by fill_rows_kernel, or with
     ``companions`` by the programs of the owner that ``companion_masks`` names: column 15)."""
-    key = ("phases", params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
-           params.in_size, w_group, skip_empty_rows, companions, str(device))
-    tab = _tables.get(key)
-    if tab is None:
+    def build():
         rows = []
         masks = (companion_masks(params) or {}) if companions else {}
         for ph in params.phases:
@@ -1376,22 +1372,18 @@ def phase_table(params: ConvT3dParams, device: torch.device, w_group: int = 1,
                          a[0].first_offset, a[1].first_offset, a[2].first_offset,
                          a[0].size, a[1].size, a[2].size,
                          masks.get((a[0].residue, a[1].residue), 0) if first else 0])
-        tab = torch.tensor(rows, dtype=torch.int32).reshape(-1, 16).to(device)
-        _tables[key] = tab
-    return tab
+        return rows
+
+    return _device_table(("phases", w_group, skip_empty_rows, companions), params, device, build, width=16)
 
 
 def empty_rows(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     """int32 [rows, 2]: the (od, oh) output rows that no tap reaches (bias/zero only)."""
-    key = ("rows", params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
-           params.in_size, str(device))
-    tab = _tables.get(key)
-    if tab is None:
+    def build():
         (sd, sh, _), (od_n, oh_n, _) = params.stride, params.out_size
-        pairs = [(od, oh) for od in range(od_n) for oh in range(oh_n) if _row_class_empty(params, od % sd, oh % sh)]
-        tab = torch.tensor(pairs, dtype=torch.int32).reshape(-1, 2).to(device)
-        _tables[key] = tab
-    return tab
+        return [(od, oh) for od in range(od_n) for oh in range(oh_n) if _row_class_empty(params, od % sd, oh % sh)]
+
+    return _device_table(("rows",), params, device, build, width=2)
 
 
 def suggests_channels_last(t: torch.Tensor) -> bool:

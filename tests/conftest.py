@@ -48,6 +48,23 @@ def _seed():
     yield
 
 
+@pytest.fixture
+def auto_state(tmp_path, monkeypatch):
+    """The auto backend's process state, isolated per test: fresh decisions, benchmark mode back
+    to following cuDNN's flag, a private cache directory, no $CONVT3D_BACKEND."""
+    from convt3d import cache, dispatch
+
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.delenv("CONVT3D_BACKEND", raising=False)
+    dispatch.clear_decisions()
+    dispatch.set_benchmark(None)
+    cache.reset()
+    yield
+    dispatch.set_benchmark(None)
+    dispatch.clear_decisions()
+    cache.reset()
+
+
 def interpreter_active() -> bool:
     import triton
     return bool(triton.knobs.runtime.interpret)

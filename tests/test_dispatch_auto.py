@@ -50,10 +50,9 @@ class FakeCuda:
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    """Fresh decisions, a private cache directory, no real GPU queries, benchmark follows cuDNN."""
-    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache"))
-    monkeypatch.delenv("CONVT3D_BACKEND", raising=False)
+def _isolated(auto_state, monkeypatch):
+    """Fresh decisions, a private cache directory (conftest.auto_state), no real GPU queries,
+    benchmark follows cuDNN."""
     monkeypatch.setattr(triton_engine, "device_name", lambda device: GPU if device.type == "cuda" else "cpu")
     monkeypatch.setattr(triton_engine, "unsupported_reason", lambda x, params=None: None)
     # The Triton plan asks about the (fake) GPU: say it is a Hopper.
@@ -62,13 +61,7 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatch, "_capturing", lambda: False)
     monkeypatch.setattr(dispatch, "_cuda_mod", (None, "the CUDA C++ engine (convt3d.cuda_engine) is not in this build"))
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    dispatch.clear_decisions()
-    dispatch.set_benchmark(None)
-    cache.reset()
     yield
-    dispatch.set_benchmark(None)
-    dispatch.clear_decisions()
-    cache.reset()
     triton_engine.clear_caches()
 
 

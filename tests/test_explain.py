@@ -11,23 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import convt3d
-from convt3d import cache, cli, dispatch, triton_engine
+from convt3d import cli, dispatch, triton_engine
 from convt3d.validate import check_call
 
 from conftest import interpreter_active
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache"))
-    monkeypatch.delenv("CONVT3D_BACKEND", raising=False)
-    dispatch.clear_decisions()
-    dispatch.set_benchmark(None)
-    cache.reset()
+def _isolated(auto_state):
     yield
-    dispatch.set_benchmark(None)
-    dispatch.clear_decisions()
-    cache.reset()
 
 
 # (input shape, weight shape, bias, stride, padding, output_padding, groups, dilation, empty phases)

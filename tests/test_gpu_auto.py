@@ -25,16 +25,8 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache"))
-    monkeypatch.delenv("CONVT3D_BACKEND", raising=False)
-    dispatch.clear_decisions()
-    dispatch.set_benchmark(None)
-    cache.reset()
+def _isolated(auto_state):
     yield
-    dispatch.set_benchmark(None)
-    dispatch.clear_decisions()
-    cache.reset()
 
 
 def _layer(dtype=torch.float32, cl=False, bias=True, cin=32, cout=32, size=6, k=3, s=2, p=1):

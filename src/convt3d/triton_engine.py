@@ -236,6 +236,22 @@ def _unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None) -> str | 
 _tables: dict[tuple, torch.Tensor] = {}
 
 
+def _device_table(kind: tuple, params: ConvT3dParams, device: torch.device, build: Callable[[], list],
+                  width: int | None = None) -> torch.Tensor:
+    """An int32 table on ``device`` made by ``build()`` once per (kind, spatial geometry, device)
+    and cached: the launcher's per-call inputs that depend only on the geometry. ``width`` gives
+    a 2-D [rows, width] table (also when empty)."""
+    key = (kind, params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
+           params.in_size, str(device))
+    tab = _tables.get(key)
+    if tab is None:
+        tab = torch.tensor(build(), dtype=torch.int32)
+        if width is not None:
+            tab = tab.reshape(-1, width)
+        tab = _tables[key] = tab.to(device)
+    return tab
+
+
 def _row_class_empty(params: ConvT3dParams, rd: int, rh: int) -> bool:
     """No tap reaches output rows of depth residue rd / height residue rh (whatever the W residue)."""
     return params.axes[0].phases[rd].num_taps == 0 or params.axes[1].phases[rh].num_taps == 0
@@ -265,15 +281,11 @@ def companion_masks(params: ConvT3dParams) -> dict[tuple[int, int], int] | None:
 
 def empty_planes(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     """int32 [planes]: the output depth indices whose residue no tap reaches."""
-    key = ("planes", params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
-           params.in_size, str(device))
-    tab = _tables.get(key)
-    if tab is None:
+    def build():
         sd = params.stride[0]
-        ods = [od for od in range(params.out_size[0]) if params.axes[0].phases[od % sd].num_taps == 0]
-        tab = torch.tensor(ods, dtype=torch.int32).to(device)
-        _tables[key] = tab
-    return tab
+        return [od for od in range(params.out_size[0]) if params.axes[0].phases[od % sd].num_taps == 0]
+
+    return _device_table(("planes",), params, device, build)
 
 
 def _fill_planes(params: ConvT3dParams, y: torch.Tensor, b, has_bias: bool) -> None:
@@ -295,10 +307,7 @@ def phase_table(params: ConvT3dParams, device: torch.device, w_group: int = 1,
     offsets and compact grid sizes, in phase order (W residue fastest). With skip_empty_rows the
     phases of row classes no tap reaches are left out (written by fill_rows_kernel, or with
     ``companions`` by the programs of the owner that ``companion_masks`` names: column 15)."""
-    key = ("phases", params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
-           params.in_size, w_group, skip_empty_rows, companions, str(device))
-    tab = _tables.get(key)
-    if tab is None:
+    def build():
         rows = []
         masks = (companion_masks(params) or {}) if companions else {}
         for ph in params.phases:
@@ -312,22 +321,18 @@ def phase_table(params: ConvT3dParams, device: torch.device, w_group: int = 1,
                          a[0].first_offset, a[1].first_offset, a[2].first_offset,
                          a[0].size, a[1].size, a[2].size,
                          masks.get((a[0].residue, a[1].residue), 0) if first else 0])
-        tab = torch.tensor(rows, dtype=torch.int32).reshape(-1, 16).to(device)
-        _tables[key] = tab
-    return tab
+        return rows
+
+    return _device_table(("phases", w_group, skip_empty_rows, companions), params, device, build, width=16)
 
 
 def empty_rows(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     """int32 [rows, 2]: the (od, oh) output rows that no tap reaches (bias/zero only)."""
-    key = ("rows", params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
-           params.in_size, str(device))
-    tab = _tables.get(key)
-    if tab is None:
+    def build():
         (sd, sh, _), (od_n, oh_n, _) = params.stride, params.out_size
-        pairs = [(od, oh) for od in range(od_n) for oh in range(oh_n) if _row_class_empty(params, od % sd, oh % sh)]
-        tab = torch.tensor(pairs, dtype=torch.int32).reshape(-1, 2).to(device)
-        _tables[key] = tab
-    return tab
+        return [(od, oh) for od in range(od_n) for oh in range(oh_n) if _row_class_empty(params, od % sd, oh % sh)]
+
+    return _device_table(("rows",), params, device, build, width=2)
 
 
 def suggests_channels_last(t: torch.Tensor) -> bool:

@@ -66,6 +66,17 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src, bool va
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n));
 }
 
+// The C weights of one tap for the channel tile, from shared memory as float4 broadcasts.
+template <int C>
+__device__ __forceinline__ void load_weights(const float* w, float (&wv)[C]) {
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll
+    for (int c4 = 0; c4 < C / 4; ++c4) {
+        const float4 t = w4[c4];
+        wv[4 * c4] = t.x; wv[4 * c4 + 1] = t.y; wv[4 * c4 + 2] = t.z; wv[4 * c4 + 3] = t.w;
+    }
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
@@ -229,13 +240,8 @@ phase_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const f
                                 for (int i = 0; i < P + TH - 1; ++i) xv[i] = xp[i];
 #pragma unroll
                                 for (int j = 0; j < TH; ++j) {
-                                    const float4* w4 = reinterpret_cast<const float4*>(wc_ + ((TH - 1 - j) * Tw + tw) * CO_T);
                                     float wv[C];
-#pragma unroll
-                                    for (int c4 = 0; c4 < C / 4; ++c4) {
-                                        const float4 t = w4[c4];
-                                        wv[4 * c4] = t.x; wv[4 * c4 + 1] = t.y; wv[4 * c4 + 2] = t.z; wv[4 * c4 + 3] = t.w;
-                                    }
+                                    load_weights<C>(wc_ + ((TH - 1 - j) * Tw + tw) * CO_T, wv);
 #pragma unroll
                                     for (int p = 0; p < P; ++p)
 #pragma unroll
@@ -254,13 +260,8 @@ phase_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const f
                                     float xv[P];
 #pragma unroll
                                     for (int p = 0; p < P; ++p) xv[p] = xp[p];
-                                    const float4* w4 = reinterpret_cast<const float4*>(wc_ + (th * Tw + tw) * CO_T);
                                     float wv[C];
-#pragma unroll
-                                    for (int c4 = 0; c4 < C / 4; ++c4) {
-                                        const float4 t = w4[c4];
-                                        wv[4 * c4] = t.x; wv[4 * c4 + 1] = t.y; wv[4 * c4 + 2] = t.z; wv[4 * c4 + 3] = t.w;
-                                    }
+                                    load_weights<C>(wc_ + (th * Tw + tw) * CO_T, wv);
 #pragma unroll
                                     for (int p = 0; p < P; ++p)
 #pragma unroll

@@ -356,7 +356,7 @@ def render_all(problems=PROBLEMS) -> dict[str, str]:
 
 
 # ---- the CUDA entry ---------------------------------------------------------------------------
-_CUDA_TEMPLATE_NEEDS = ("triple", "check_call", "forward")
+# The CUDA template calls the same names as the Triton one (_TEMPLATE_NEEDS; one _LAYER_CLASS).
 _CUDA_TEMPLATE_DEFINES = ("ConvTranspose3dCuda", "ModelNew")
 
 
@@ -366,7 +366,7 @@ def cuda_file_name(problem: Problem) -> str:
 
 
 def _cuda_engine_lines() -> list[_Line]:
-    lines = _engine_lines(CUDA_SOURCES, _CUDA_TEMPLATE_DEFINES, _CUDA_TEMPLATE_NEEDS)
+    lines = _engine_lines(CUDA_SOURCES, _CUDA_TEMPLATE_DEFINES, _TEMPLATE_NEEDS)
     text = _read(CUDA_FILE)
     if '"""' in text or text.rstrip("\n").endswith("\\"):
         raise ExportError(f"convt3d/{CUDA_FILE} cannot be embedded as a raw triple-quoted string")

@@ -29,6 +29,26 @@ PHASE_TABLE_COLUMNS = 16
 
 
 @triton.jit
+def _phase_row(tab_ptr, r):
+    """Row r of the phase table: rd, rh, rw, Td, Th, Tw, t0d, t0h, t0w, off0d, off0h, off0w,
+    Qd, Qh, Qw (the companion mask, column 15, is read where it is used)."""
+    row = tab_ptr + r * 16
+    return (tl.load(row + 0), tl.load(row + 1), tl.load(row + 2),
+            tl.load(row + 3), tl.load(row + 4), tl.load(row + 5),
+            tl.load(row + 6), tl.load(row + 7), tl.load(row + 8),
+            tl.load(row + 9), tl.load(row + 10), tl.load(row + 11),
+            tl.load(row + 12), tl.load(row + 13), tl.load(row + 14))
+
+
+@triton.jit
+def _round_tf32(v):
+    """fp32 -> nearest TF32 value (ties away, inf/NaN kept). Tensor cores read the top 19 bits
+    of an fp32 operand (truncation); rounding first removes that bias, as cuDNN does."""
+    r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(v) < float("inf"), r, v)
+
+
+@triton.jit
 def phase_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, tab_ptr,
     N, CIN_G, COUT_G,
@@ -97,7 +117,7 @@ def phase_gemm_kernel(
     if HAS_BIAS:
         bias = tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(tl.float32)
 
-    k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K  # (tl.cdiv is a jit helper: see the note above)
+    k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
     # Phases come W-residue fastest. With W_GROUP == 2 (stride 2 along W) the two W-residues
     # of a (rd, rh) pair are computed by one program and interleaved in registers, so each
     # store writes whole contiguous output rows (per-phase strided stores ran KB 77 at 250 GB/s);
@@ -107,22 +127,8 @@ def phase_gemm_kernel(
     # tap reaches may instead be written by fill_rows_kernel and left out of the table.
     for j in tl.static_range(W_GROUP):
         if j != W_SKIP:
-            row = tab_ptr + (pgrp * W_GROUP + j) * 16
-            rd = tl.load(row + 0)
-            rh = tl.load(row + 1)
-            rw = tl.load(row + 2)
-            td = tl.load(row + 3)
-            th = tl.load(row + 4)
-            tw = tl.load(row + 5)
-            t0d = tl.load(row + 6)
-            t0h = tl.load(row + 7)
-            t0w = tl.load(row + 8)
-            o0d = tl.load(row + 9)
-            o0h = tl.load(row + 10)
-            o0w = tl.load(row + 11)
-            qd_n = tl.load(row + 12)
-            qh_n = tl.load(row + 13)
-            qw_n = tl.load(row + 14)
+            (rd, rh, rw, td, th, tw, t0d, t0h, t0w, o0d, o0h, o0w,
+             qd_n, qh_n, qw_n) = _phase_row(tab_ptr, pgrp * W_GROUP + j)
 
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             # Tiles are laid on the largest compact grid (residue 0); a phase whose grid is one
@@ -271,10 +277,7 @@ def to_channels_last_kernel(
     src = x_ptr + nb * stride_xn + offs_c[:, None].to(tl.int64) * stride_xc + offs_s[None, :].to(tl.int64) * stride_xs
     v = tl.load(src, mask=mask, other=0.0)
     if ROUND_TF32:
-        # Tensor cores read the top 19 bits of an fp32 operand (truncation); rounding to the
-        # nearest TF32 value first (ties away, inf/NaN kept) removes that bias, as cuDNN does.
-        r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
-        v = tl.where(tl.abs(v) < float("inf"), r, v)
+        v = _round_tf32(v)
     dst = y_ptr + nb * S * C + offs_s[None, :].to(tl.int64) * C + offs_c[:, None]
     tl.store(dst, v, mask=mask)
 
@@ -302,10 +305,7 @@ def pack_weight_kernel(
     src = (grp * CIN_G + ci) * stride_wi + co * stride_wo + tap * stride_wt
     v = tl.load(w_ptr + src, mask=mask, other=0.0)
     if ROUND_TF32:
-        # Same TF32 rounding as to_channels_last_kernel (no nested jit calls: the interpreter
-        # path rebuilds each kernel on its own).
-        r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
-        v = tl.where(tl.abs(v) < float("inf"), r, v)
+        v = _round_tf32(v)
     tl.store(p_ptr + grp.to(tl.int64) * KVOL * COUT_G * CIN_G + offs, v, mask=mask)
 
 
@@ -447,22 +447,8 @@ def flat_gemm_kernel(
 
     for j in tl.static_range(W_GROUP):
         if j != W_SKIP:
-            row = tab_ptr + (pgrp * W_GROUP + j) * 16
-            rd = tl.load(row + 0)
-            rh = tl.load(row + 1)
-            rw = tl.load(row + 2)
-            td = tl.load(row + 3)
-            th = tl.load(row + 4)
-            tw = tl.load(row + 5)
-            t0d = tl.load(row + 6)
-            t0h = tl.load(row + 7)
-            t0w = tl.load(row + 8)
-            o0d = tl.load(row + 9)
-            o0h = tl.load(row + 10)
-            o0w = tl.load(row + 11)
-            qd_n = tl.load(row + 12)
-            qh_n = tl.load(row + 13)
-            qw_n = tl.load(row + 14)
+            (rd, rh, rw, td, th, tw, t0d, t0h, t0w, o0d, o0h, o0w,
+             qd_n, qh_n, qw_n) = _phase_row(tab_ptr, pgrp * W_GROUP + j)
 
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             active = (qd < qd_n) & (m0 < qh_n * WP)
@@ -586,8 +572,7 @@ def to_padded_kernel(
         v = tl.load(x_ptr + nb * stride_xn + x_c[:, None] + x_s[None, :], mask=c_ok[:, None] & inside[None, :],
                     other=0.0)
     if ROUND_TF32:
-        r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
-        v = tl.where(tl.abs(v) < float("inf"), r, v)
+        v = _round_tf32(v)
     if SRC_CL:
         tl.store(y_ptr + y_s[:, None] + offs_c[None, :], v, mask=s_ok[:, None] & c_ok[None, :])
     else:
