@@ -339,9 +339,19 @@ _valid: dict[tuple, tuple[ConvT3dParams, bool]] = {}
 
 
 def _plain(v: Any) -> bool:
-    """An int or a tuple of ints: values that hash by value (a tensor element hashes by identity,
-    so a changed value could hit a stale entry; such calls are never memoised)."""
-    return type(v) is int or (type(v) is tuple and all(type(e) is int for e in v))
+    """An int, or a tuple or list of ints: values whose key (a list becomes a tuple) hashes by
+    value (a tensor element hashes by identity, so a changed value could hit a stale entry; such
+    calls are never memoised)."""
+    return type(v) is int or (type(v) in (tuple, list) and all(type(e) is int for e in v))
+
+
+def _frozen(v: Any) -> Any:
+    return tuple(v) if type(v) is list else v
+
+
+# nn.Parameter is the weight's usual type (nn.ConvTranspose3d); other subclasses (fake,
+# distributed tensors) are checked in full.
+_MEMO_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
@@ -354,12 +364,12 @@ def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, ou
     host-bound). Only successes are memoised, so every error is raised by the checks themselves.
     """
     key = None
-    if type(input) is torch.Tensor and type(weight) is torch.Tensor and (bias is None or type(bias) is torch.Tensor) \
+    if type(input) in _MEMO_TYPES and type(weight) in _MEMO_TYPES and (bias is None or type(bias) in _MEMO_TYPES) \
             and type(groups) is int and _plain(stride) and _plain(padding) and _plain(output_padding) \
             and _plain(dilation):
         key = (input.shape, input.dtype, input.device, weight.shape, weight.dtype, weight.device,
                None if bias is None else (bias.shape, bias.dtype, bias.device),
-               stride, padding, output_padding, groups, dilation)
+               _frozen(stride), _frozen(padding), _frozen(output_padding), groups, _frozen(dilation))
         hit = _valid.get(key)
         if hit is not None:
             return hit
@@ -1244,6 +1254,69 @@ def _kernel(name: str, device: torch.device):
     return getattr(K, name)
 
 
+# ----------------------------------------------------------------------------------------------
+# Launch sites: the host side of a launch, built once per call signature.
+# ----------------------------------------------------------------------------------------------
+# Small layers are host-bound (H200 host, triton 3.6, session 3, scripts/gpu_hostprof.py): one
+# ``kernel[grid](...)`` costs 22 us with 2 arguments and 33 us with 40 (argument binding and
+# specialisation in ``JITFunction.run``), 2-4 launches per call, against ~100 us of GPU work on
+# nnunet_128_64 bf16. Every integer argument, the grid and the constexprs of our launches are
+# fixed by the call signature; only tensor pointers change. A Site keeps them, and after its
+# first launch (which goes through Triton as usual: compile, specialise) replays the compiled
+# kernel directly for the same pointer-alignment pattern -- exactly the arguments Triton's own
+# launch passes. Triton's path is kept where a replay could differ from it: launch hooks
+# installed (profilers), another current device, the interpreter.
+class Site:
+    """One kernel launch of a call signature: kernel name, grid, integer arguments and
+    constexpr/launch options. ``launch(*tensors)`` passes the tensor (or descriptor)
+    arguments, which come first in every kernel of ``kernels/phase_gemm.py``."""
+
+    __slots__ = ("name", "grid", "ints", "consts", "compiled", "tail")
+
+    def __init__(self, name: str, grid: tuple, ints: tuple, consts: dict):
+        self.name, self.grid, self.ints, self.consts = name, tuple(grid) + (1,) * (3 - len(grid)), tuple(ints), consts
+        self.compiled: dict[tuple, object] = {}  # pointer-alignment pattern -> compiled kernel
+        self.tail: tuple | None = None  # constexpr values in declaration order (Triton passes them too)
+
+    def launch(self, device: torch.device, *tensors):
+        kern = _kernel(self.name, device)
+        hooks = triton.knobs.runtime
+        if device.type != "cuda" or hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None:
+            return kern[self.grid](*tensors, *self.ints, **self.consts)
+        drv = triton.runtime.driver.active
+        idx = drv.get_current_device()
+        # Triton specialises a pointer on its 16-byte alignment (and dtype); a descriptor on
+        # its block shape and dtype, which the signature fixes.
+        key = (idx,) + tuple((t.dtype, t.data_ptr() % 16 == 0) if isinstance(t, torch.Tensor) else None
+                             for t in tensors)
+        ck = self.compiled.get(key)
+        if ck is None or idx != device.index:
+            ck = kern[self.grid](*tensors, *self.ints, **self.consts)
+            if idx == device.index:
+                self.compiled[key] = ck
+            if self.tail is None:
+                names = kern.arg_names[len(tensors) + len(self.ints):]
+                defaults = {p.name: p.default for p in kern.params}
+                self.tail = tuple(self.consts.get(n, defaults.get(n)) for n in names)
+            return ck
+        ck.run(self.grid[0], self.grid[1], self.grid[2], drv.get_current_stream(idx), ck.function,
+               ck.packed_metadata, None, None, None, *tensors, *self.ints, *self.tail)
+        return ck
+
+
+_sites: dict[tuple, Site] = {}
+
+
+def site(key: tuple, build: Callable[[], Site]) -> Site:
+    """The launch site of ``key`` (which must determine every integer argument), built once."""
+    s = _sites.get(key)
+    if s is None:
+        if len(_sites) >= 4096:
+            _sites.clear()
+        s = _sites[key] = build()
+    return s
+
+
 _unsupported: dict[tuple, str | None] = {}
 
 
@@ -1343,13 +1416,17 @@ def _fill_planes(params: ConvT3dParams, y: torch.Tensor, b, has_bias: bool) -> N
     planes = empty_planes(params, y.device)
     if planes.numel() == 0:
         return
-    cl = y.dim() == 5 and y.stride(1) == 1 and params.out_channels > 1
-    oh, ow = params.out_size[1:]
-    outer = params.batch if cl else params.batch * params.out_channels
-    seg = oh * ow * (params.out_channels if cl else 1)
-    _kernel("fill_planes_kernel", y.device)[(planes.numel(), outer)](
-        y, b, planes, params.out_channels, seg, y.stride(0), y.stride(1), y.stride(2),
-        CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, num_warps=4)
+
+    def build():
+        cl = y.dim() == 5 and y.stride(1) == 1 and params.out_channels > 1
+        oh, ow = params.out_size[1:]
+        outer = params.batch if cl else params.batch * params.out_channels
+        seg = oh * ow * (params.out_channels if cl else 1)
+        return Site("fill_planes_kernel", (planes.numel(), outer),
+                    (params.out_channels, seg, y.stride(0), y.stride(1), y.stride(2)),
+                    dict(CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, num_warps=4))
+
+    site(("fill_planes", params, y.stride(), has_bias), build).launch(y.device, y, b, planes)
 
 
 def phase_table(params: ConvT3dParams, device: torch.device, w_group: int = 1,
@@ -1440,6 +1517,7 @@ def clear_caches() -> None:
     _unsupported.clear()
     _tuned.clear()
     _tables.clear()
+    _sites.clear()
     _plans.clear()
 
 
@@ -1491,12 +1569,15 @@ def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.
     s = d * h * w
     if y.numel() == 0:
         return y.permute(0, 4, 1, 2, 3)
-    block_c = min(64, _pow2_at_least(c))
-    block_s = 64
-    grid = (_cdiv(s, block_s), _cdiv(c, block_c), n)
-    _kernel("to_channels_last_kernel", x.device)[grid](
-        x, y, c, s, x.stride(0), x.stride(1), x.stride(4), ROUND_TF32=round_tf32, BLOCK_C=block_c,
-        BLOCK_S=block_s, num_warps=4)
+
+    def build():
+        block_c = min(64, _pow2_at_least(c))
+        block_s = 64
+        return Site("to_channels_last_kernel", (_cdiv(s, block_s), _cdiv(c, block_c), n),
+                    (c, s, x.stride(0), x.stride(1), x.stride(4)),
+                    dict(ROUND_TF32=round_tf32, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4))
+
+    site(("to_channels_last", x.shape, x.stride(), round_tf32), build).launch(x.device, x, y)
     return y.permute(0, 4, 1, 2, 3)  # logical NCDHW view of NDHWC memory
 
 
@@ -1505,11 +1586,14 @@ def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, round_tf32: bool) 
     kvol = math.prod(params.kernel_size)
     w = weight.contiguous()
     packed = torch.empty((g, kvol, cout_g, cin_g), dtype=weight.dtype, device=weight.device)
-    block = 1024
-    grid = (_cdiv(kvol * cout_g * cin_g, block), g)
-    _kernel("pack_weight_kernel", weight.device)[grid](
-        w, packed, cin_g, cout_g, kvol, w.stride(0), w.stride(1), 1, ROUND_TF32=round_tf32, BLOCK=block,
-        num_warps=4)
+
+    def build():
+        block = 1024
+        return Site("pack_weight_kernel", (_cdiv(kvol * cout_g * cin_g, block), g),
+                    (cin_g, cout_g, kvol, w.stride(0), w.stride(1), 1),
+                    dict(ROUND_TF32=round_tf32, BLOCK=block, num_warps=4))
+
+    site(("pack_weight", params, round_tf32), build).launch(weight.device, w, packed)
     return packed
 
 
@@ -1617,12 +1701,16 @@ def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool) -> torch.Tenso
     (pd, ph, pw), (dp, hp, wp) = geo
     n, c, d, h, w = x.shape
     y = torch.empty((n, dp, hp, wp, c), dtype=x.dtype, device=x.device)
-    block_c = min(64, _pow2_at_least(c))
-    block_s = 64
-    grid = (_cdiv(dp * hp * wp, block_s), _cdiv(c, block_c), n)
-    _kernel("to_padded_kernel", x.device)[grid](
-        x, y, c, d, h, w, dp, hp, wp, pd, ph, pw, *x.stride(), ROUND_TF32=round_tf32,
-        SRC_CL=x.stride(1) == 1 and c > 1, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4)
+
+    def build():
+        block_c = min(64, _pow2_at_least(c))
+        block_s = 64
+        return Site("to_padded_kernel", (_cdiv(dp * hp * wp, block_s), _cdiv(c, block_c), n),
+                    (c, d, h, w, dp, hp, wp, pd, ph, pw, *x.stride()),
+                    dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and c > 1, BLOCK_C=block_c,
+                         BLOCK_S=block_s, num_warps=4))
+
+    site(("to_padded", x.shape, x.stride(), geo, round_tf32), build).launch(x.device, x, y)
     return y
 
 
@@ -1636,35 +1724,39 @@ def _offsets_fit_int32(params: ConvT3dParams, y: torch.Tensor, pad: int) -> bool
 def _run_flat(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, b, y: torch.Tensor, tab: torch.Tensor,
               n_groups: int, params: ConvT3dParams, geo, has_bias: bool, precision: str):
     """Launch flat_gemm_kernel: 2-D descriptors over the padded input and the packed weight."""
-    (pd, ph, pw), (dp, hp, wpad) = geo
     c = xp.shape[-1]
-    _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
-    x_desc = TensorDescriptor(xp, [xp.numel() // c, c], [c, 1], [cfg.BLOCK_M, cfg.BLOCK_K])
     cin_g = params.in_channels_per_group
+
+    def build():
+        (pd, ph, pw), (dp, hp, wpad) = geo
+        _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
+        q = params.compact_size
+        # Tiles cover the largest compact plane (q[1] rows of the padded width).
+        tiles_m = _cdiv(q[1] * wpad, cfg.BLOCK_M)
+        tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+        axes = params.axes
+        return Site("flat_gemm_kernel", (params.groups * params.batch * q[0] * tiles_m * n_groups * tiles_n,), (
+            params.batch, cin_g, params.out_channels_per_group,
+            dp, hp, wpad, pd, ph, pw,
+            q[0], params.out_size[2], params.out_size[0], params.out_size[1],
+            n_groups, math.prod(params.kernel_size),
+            params.kernel_size[1], params.kernel_size[2],
+            *y.stride(),
+            *params.stride,
+            *(a.tap_step for a in axes),
+            *(a.offset_step for a in axes),
+            tiles_m, tiles_n,
+        ), dict(
+            HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
+            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M),
+            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ))
+
+    s = site(("flat_gemm", params, cfg, y.stride(), n_groups, has_bias, precision), build)
+    x_desc = TensorDescriptor(xp, [xp.numel() // c, c], [c, 1], [cfg.BLOCK_M, cfg.BLOCK_K])
     w_desc = TensorDescriptor(wp, [wp.numel() // cin_g, cin_g], [cin_g, 1], [cfg.BLOCK_N, cfg.BLOCK_K])
-    q = params.compact_size
-    # Tiles cover the largest compact plane (q[1] rows of the padded width).
-    tiles_m = _cdiv(q[1] * wpad, cfg.BLOCK_M)
-    tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
-    grid = (params.groups * params.batch * q[0] * tiles_m * n_groups * tiles_n,)
-    axes = params.axes
-    return _kernel("flat_gemm_kernel", xp.device)[grid](
-        x_desc, w_desc, b, y, tab,
-        params.batch, cin_g, params.out_channels_per_group,
-        dp, hp, wpad, pd, ph, pw,
-        q[0], params.out_size[2], params.out_size[0], params.out_size[1],
-        n_groups, math.prod(params.kernel_size),
-        params.kernel_size[1], params.kernel_size[2],
-        *y.stride(),
-        *params.stride,
-        *(a.tap_step for a in axes),
-        *(a.offset_step for a in axes),
-        tiles_m, tiles_n,
-        HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
-        OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M),
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    return s.launch(xp.device, x_desc, w_desc, b, y, tab)
 
 
 @dataclass
@@ -1738,9 +1830,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     def x_operand(flat: bool) -> torch.Tensor:
         if flat:
             return _prepare_padded_input(x, geo, pl.round_tf32)
-        xin = _prepare_input(x, pl.round_tf32, pl.copy_input)
-        _check_slice_offsets(params, xin, y, max(c.BLOCK_M for c in pl.configs))
-        return xin
+        return _prepare_input(x, pl.round_tf32, pl.copy_input)
 
     def run(cfg: Config):
         companions = cfg.companions and companion_masks(params) is not None
@@ -1753,12 +1843,14 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
         elif cfg.fill_separate:
             rows = empty_rows(params, x.device)
             if rows.shape[0] > 0:
-                block_c = min(64, _pow2_at_least(params.out_channels))
-                block_w = min(128, _pow2_at_least(params.out_size[2]))
-                _kernel("fill_rows_kernel", x.device)[(rows.shape[0], params.batch,
-                                                       _cdiv(params.out_channels, block_c))](
-                    y, b, rows, params.out_channels, params.out_size[2], *y.stride(),
-                    HAS_BIAS=bias is not None, BLOCK_C=block_c, BLOCK_W=block_w, num_warps=4)
+                def build():
+                    block_c = min(64, _pow2_at_least(params.out_channels))
+                    block_w = min(128, _pow2_at_least(params.out_size[2]))
+                    return Site("fill_rows_kernel", (rows.shape[0], params.batch, _cdiv(params.out_channels, block_c)),
+                                (params.out_channels, params.out_size[2], *y.stride()),
+                                dict(HAS_BIAS=bias is not None, BLOCK_C=block_c, BLOCK_W=block_w, num_warps=4))
+
+                site(("fill_rows", params, y.stride(), bias is not None), build).launch(x.device, y, b, rows)
         return gemm(cfg, tab)
 
     def gemm(cfg: Config, tab: torch.Tensor):
@@ -1769,29 +1861,37 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
             return _run_flat(cfg, x_operand(True), wp, b, y, tab, n_groups, params, geo, bias is not None,
                              pl.dot_precision)
         xin = x_operand(False)
-        bh = cfg.BLOCK_M // cfg.BLOCK_W
-        tiles_h, tiles_w = _cdiv(q[1], bh), _cdiv(q[2], cfg.BLOCK_W)
-        tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
-        grid = (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n,)
-        extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and x.device.type == "cuda" else {}
         use_tma = cfg.tma and cfg.use_dot and _tma_capable(x.device)
         x_arg = _x_descriptor(xin, params, cfg) if use_tma else None
         w_arg = _w_descriptor(wp, cfg) if use_tma else None
-        return _kernel("phase_gemm_kernel", x.device)[grid](
-            xin if x_arg is None else x_arg, wp if w_arg is None else w_arg, b, y, tab,
-            params.batch, params.in_channels_per_group, params.out_channels_per_group,
-            *params.in_size, q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups,
-            params.kernel_size[1], params.kernel_size[2],
-            *xin.stride(), *wp.stride(), *y.stride(),
-            *params.stride,
-            *(a.tap_step for a in axes),
-            *(a.offset_step for a in axes),
-            tiles_h, tiles_w, tiles_n,
-            HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot, PRECISION=pl.dot_precision, W_GROUP=cfg.W_GROUP,
-            W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE=cfg.x_cache, X_TMA=x_arg is not None, W_TMA=w_arg is not None,
-            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, BLOCK_W=cfg.BLOCK_W,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
-        )
+
+        def build():
+            _check_slice_offsets(params, xin, y, max(c.BLOCK_M for c in pl.configs))
+            bh = cfg.BLOCK_M // cfg.BLOCK_W
+            tiles_h, tiles_w = _cdiv(q[1], bh), _cdiv(q[2], cfg.BLOCK_W)
+            tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+            extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and x.device.type == "cuda" else {}
+            return Site("phase_gemm_kernel", (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups
+                                              * tiles_n,), (
+                params.batch, params.in_channels_per_group, params.out_channels_per_group,
+                *params.in_size, q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups,
+                params.kernel_size[1], params.kernel_size[2],
+                *xin.stride(), *wp.stride(), *y.stride(),
+                *params.stride,
+                *(a.tap_step for a in axes),
+                *(a.offset_step for a in axes),
+                tiles_h, tiles_w, tiles_n,
+            ), dict(
+                HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot, PRECISION=pl.dot_precision, W_GROUP=cfg.W_GROUP,
+                W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE=cfg.x_cache, X_TMA=x_arg is not None,
+                W_TMA=w_arg is not None, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                BLOCK_W=cfg.BLOCK_W, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+            ))
+
+        key = ("phase_gemm", params, cfg, xin.stride(), y.stride(), n_groups, bias is not None, pl.dot_precision,
+               x_arg is not None, w_arg is not None)
+        return site(key, build).launch(x.device, xin if x_arg is None else x_arg, wp if w_arg is None else w_arg,
+                                       b, y, tab)
 
     return Launch(y, run, pl.configs, pl.tune_key)
 

@@ -340,9 +340,19 @@ _valid: dict[tuple, tuple[ConvT3dParams, bool]] = {}
 
 
 def _plain(v: Any) -> bool:
-    """An int or a tuple of ints: values that hash by value (a tensor element hashes by identity,
-    so a changed value could hit a stale entry; such calls are never memoised)."""
-    return type(v) is int or (type(v) is tuple and all(type(e) is int for e in v))
+    """An int, or a tuple or list of ints: values whose key (a list becomes a tuple) hashes by
+    value (a tensor element hashes by identity, so a changed value could hit a stale entry; such
+    calls are never memoised)."""
+    return type(v) is int or (type(v) in (tuple, list) and all(type(e) is int for e in v))
+
+
+def _frozen(v: Any) -> Any:
+    return tuple(v) if type(v) is list else v
+
+
+# nn.Parameter is the weight's usual type (nn.ConvTranspose3d); other subclasses (fake,
+# distributed tensors) are checked in full.
+_MEMO_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
@@ -355,12 +365,12 @@ def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, ou
     host-bound). Only successes are memoised, so every error is raised by the checks themselves.
     """
     key = None
-    if type(input) is torch.Tensor and type(weight) is torch.Tensor and (bias is None or type(bias) is torch.Tensor) \
+    if type(input) in _MEMO_TYPES and type(weight) in _MEMO_TYPES and (bias is None or type(bias) in _MEMO_TYPES) \
             and type(groups) is int and _plain(stride) and _plain(padding) and _plain(output_padding) \
             and _plain(dilation):
         key = (input.shape, input.dtype, input.device, weight.shape, weight.dtype, weight.device,
                None if bias is None else (bias.shape, bias.dtype, bias.device),
-               stride, padding, output_padding, groups, dilation)
+               _frozen(stride), _frozen(padding), _frozen(output_padding), groups, _frozen(dilation))
         hit = _valid.get(key)
         if hit is not None:
             return hit
@@ -834,6 +844,7 @@ struct Args {
     int KD, KH, KW;
     int qcd, qch, qcw;
     int tiles_w, tiles_h, tiles_co;
+    int tiles_hw;             // gemm_kernel: tiles of the flattened compact (qh, qw) plane
     int has_bias, hreuse, ci_chunk;
     int xh_alloc, xw_alloc;   // window column pitch (odd, >= rows), largest window width
     int xs_floats;            // input window floats per stage (multiple of 4)
@@ -1163,6 +1174,362 @@ __global__ void direct_kernel(const float* __restrict__ x, const float* __restri
     }
 }
 
+
+// ================================ gemm_kernel ================================
+// Register-blocked implicit GEMM, one non-empty phase at a time (the FFMA SGEMM recipe).
+//
+// Block: 256 threads, a tile of BM compact positions x BN output channels (BM = 256 for BN = 64,
+// 512 for BN = 32), each thread an 8 x 8 register tile: positions {4tm..4tm+3, BM/2+4tm..+3}
+// x channels {4tn..4tn+3, BN/2+4tn..+3}. Per k it reads two float4 of A and two of B from
+// shared memory and issues 64 FFMAs. Within a warp, lane = tn * (32/TN) + (tm mod 32/TN).
+//
+// Positions: the block owns one compact depth index qd and the compact (qh, qw) positions
+// p in [p0, p1) of the flattened compact plane p = qh * qcw + qw (p0 = tile * BM), so a tile has
+// no waste at the end of each row when qcw is not a multiple of 32.
+//
+// K loop: steps over (depth tap jd, height tap jh, width tap jw, chunk of BK input channels).
+// Per step the A tile [BK][BM] (k-major: the loader's lanes write consecutive positions, the
+// compute reads float4 along M) is gathered by 4-byte cp.async, zero-filled outside the input:
+// for position (qd, qh, qw) and tap (jd, jh, jw) the input is (qd + offd - jd*osd,
+// qh + offh - jh*osh, qw + offw - jw*osw), affine in the position, so a warp reads a contiguous
+// input row segment. The B tile [BK][BN] is the packed weight rows of that tap (16-byte cp.async
+// when cout_g % 4 == 0). Three stages in flight, one barrier per step.
+//
+// Output ownership (each element written exactly once, plain stores): compact index q along a
+// dimension owns the outputs I(q) = [q*s, (q+1)*s), the last one (q = qc - 1) up to the end of the
+// dimension, and these intervals partition [0, O). The block owns I(qd) x I(qh) x I(qw) for its
+// positions: per compact row qh the W run [qw_a*sw, qw_b*sw) (to OW if qw_b = qcw) of output
+// rows I(qh) in planes I(qd). In that box an element of a phase with taps is this block's
+// accumulator at compact index ((od-rd)/sd, (oh-rh)/sh, (ow-rw)/sw) (the extension past the
+// last compact index only holds residues without taps), and every other element is the bias.
+//   * Rows whose depth or height residue has no taps are bias only: written first, as
+//     contiguous runs (merged across rows and planes when the block covers whole rows),
+//     scalar head, float4 body, scalar tail.
+//   * Rows whose depth and height residues have taps are written by the epilogue of the phase
+//     (rd, rh, rw): the tile goes through shared memory (half of the channels at a time), and a
+//     warp writes one output row run per (channel, compact row) with consecutive lanes on
+//     consecutive addresses: the elements of width residue rw from the tile, and, in the
+//     round of the first width residue with taps, the elements of the width residues without
+//     taps (bias). KB 77: the odd rows of the odd planes come out as whole contiguous rows,
+//     computed and bias interleaved.
+constexpr int GEMM_THREADS = 256, GEMM_STAGES = 3;
+constexpr int GEMM_MAX_TAPS = 4096;  // kD*kH*kW of the tap table in shared memory (64 KB)
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ float4 lds4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// The 32 lanes of a warp write v to p[0, len): scalar head up to a 16-byte boundary, float4 body,
+// scalar tail.
+__device__ __forceinline__ void fill_span(float* p, long long len, float v, int lane) {
+    long long head = static_cast<long long>((4 - ((reinterpret_cast<uintptr_t>(p) >> 2) & 3)) & 3);
+    if (head > len) head = len;
+    if (lane < head) p[lane] = v;
+    const long long n4 = (len - head) >> 2;
+    float4* q = reinterpret_cast<float4*>(p + head);
+    const float4 v4 = make_float4(v, v, v, v);
+    for (long long i = lane; i < n4; i += 32) q[i] = v4;
+    const long long tail = (len - head) & 3;
+    if (lane < tail) p[head + 4 * n4 + lane] = v;
+}
+
+template <int BN, int BK, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const float* __restrict__ bias,
+            float* __restrict__ y, const int* __restrict__ tab, const Args a) {
+    constexpr int NT = 256, NWARPS = NT / 32;
+    constexpr int TN = BN / 8;         // threads along N, 8 channels each
+    constexpr int TM = NT / TN;        // threads along M, 8 positions each
+    constexpr int BM = 8 * TM;         // positions per tile
+    constexpr int MPT = BM / NT;       // positions each thread stages in the loader
+    constexpr int LM = 32 / TN;        // lanes along M within a warp
+    constexpr int HBN = BN / 2;
+    constexpr int STAGES = GEMM_STAGES;
+    constexpr int A_ST = BK * BM, B_ST = BK * BN;
+    constexpr int B_THREADS = BK * BN / 4;  // threads that stage one float4 of B per step
+    // Epilogue tile [HBN][CPITCH]: CPITCH/4 odd, so the 8 lanes of a quarter warp (4 tm x 2 tn,
+    // or 8 tm) store their float4 to 8 distinct 16-byte bank groups.
+    constexpr int CPITCH = BM + 4;
+    static_assert(TN * TM == NT && (32 % TN) == 0 && BM % NT == 0 && (CPITCH / 4) % 2 == 1, "tile shape");
+    static_assert(B_THREADS <= NT, "one float4 of B per thread and step");
+    static_assert(HBN * CPITCH <= STAGES * (A_ST + B_ST), "epilogue tile fits in the pipeline buffers");
+    extern __shared__ float4 smem4[];
+    float* const As = reinterpret_cast<float*>(smem4);  // [STAGES][BK][BM]
+    float* const Bs = As + STAGES * A_ST;               // [STAGES][BK][BN]
+    float* const Cs = As;                               // [HBN][CPITCH], after the K loop
+    int4* const taps = reinterpret_cast<int4*>(Bs + STAGES * B_ST);  // [taps of the phase]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tn = lane / LM;
+    const int tm = warp * LM + lane % LM;
+
+    long long b = blockIdx.x;
+    const int cot = static_cast<int>(b % a.tiles_co); b /= a.tiles_co;
+    const int thw = static_cast<int>(b % a.tiles_hw); b /= a.tiles_hw;
+    const int qd = static_cast<int>(b % a.qcd); b /= a.qcd;
+    const int n = static_cast<int>(b % a.N); b /= a.N;
+    const int g = static_cast<int>(b);
+
+    const int sd = __ldg(tab + 0), sh = __ldg(tab + 1), sw = __ldg(tab + 2);
+    const int* rows_d = tab + CONVT3D_HDR + 4 * __ldg(tab + 12);
+    const int* rows_h = tab + CONVT3D_HDR + 4 * __ldg(tab + 13);
+    const int* rows_w = tab + CONVT3D_HDR + 4 * __ldg(tab + 14);
+
+    const int qcw = a.qcw, qch = a.qch;
+    const int p0 = thw * BM;                          // first flattened compact (qh, qw) of the tile
+    const int p1 = min(p0 + BM, qch * qcw);           // one past the last
+    const int qh_a = p0 / qcw, qh_b = (p1 - 1) / qcw; // first and last compact rows touched
+    const int co_base = cot * BN;                     // first output channel (in the group)
+    const long long chan0 = (static_cast<long long>(n) * a.G + g) * a.cout_g;
+
+    // ---------------- rows no tap reaches: bias (or zero) ----------------
+    {
+        const long long plane = static_cast<long long>(a.OH) * a.OW, vol = plane * a.OD;
+        const int od_lo = qd * sd;
+        const int od_hi = (qd == a.qcd - 1) ? a.OD : min(a.OD, od_lo + sd);
+        long long run0 = 0, runlen = 0;  // the pending contiguous run (offset in a channel's volume)
+        auto flush = [&]() {
+            if (runlen == 0) return;
+            for (int cl = warp; cl < BN; cl += NWARPS) {
+                const int co = co_base + cl;
+                if (co >= a.cout_g) break;
+                const float v = a.has_bias ? __ldg(bias + g * a.cout_g + co) : 0.0f;
+                fill_span(y + (chan0 + co) * vol + run0, runlen, v, lane);
+            }
+            runlen = 0;
+        };
+        for (int od = od_lo; od < od_hi; ++od) {
+            const int rd = od - od_lo;  // >= sd: past the last compact index (no taps there)
+            const bool live_d = rd < sd && __ldg(rows_d + 4 * rd) != 0;
+            for (int qh = qh_a; qh <= qh_b; ++qh) {
+                const int qw_a = (qh == qh_a) ? p0 - qh * qcw : 0;
+                const int qw_b = (qh == qh_b) ? p1 - qh * qcw : qcw;
+                const int ow_a = qw_a * sw;
+                const int ow_b = (qw_b == qcw) ? a.OW : min(a.OW, qw_b * sw);
+                const int oh_lo = qh * sh;
+                const int oh_hi = (qh == qch - 1) ? a.OH : min(a.OH, oh_lo + sh);
+                for (int oh = oh_lo; oh < oh_hi; ++oh) {
+                    const int rh = oh - oh_lo;
+                    const bool live_h = rh < sh && __ldg(rows_h + 4 * rh) != 0;
+                    if (live_d && live_h) continue;  // the epilogue of phase (rd, rh, *) writes it
+                    const long long start = od * plane + static_cast<long long>(oh) * a.OW + ow_a;
+                    const int len = ow_b - ow_a;
+                    if (runlen > 0 && run0 + runlen == start) {
+                        runlen += len;
+                    } else {
+                        flush();
+                        run0 = start;
+                        runlen = len;
+                    }
+                }
+            }
+        }
+        flush();
+    }
+
+    // ---------------- non-empty phases ----------------
+    // The positions this thread stages: m = tid + NT*u, flattened p = p0 + m, compact (pqh, pqw).
+    int pqh[MPT], pqw[MPT];
+    bool pin[MPT];
+#pragma unroll
+    for (int u = 0; u < MPT; ++u) {
+        const int p = p0 + tid + NT * u;
+        pin[u] = p < p1;
+        pqh[u] = pin[u] ? p / qcw : 0;
+        pqw[u] = pin[u] ? p - pqh[u] * qcw : 0;
+    }
+    // Packed weights (cuda_engine.pack_weight_padded): [G][KD][KH][KW][cin_pad][cout_pad], zero
+    // past cin_g and cout_g, so B needs no masks. This thread's float4 of B: row kb, column 4*cb.
+    const int nchunks = (a.cin_g + BK - 1) / BK;
+    const int cout_pad = a.tiles_co * BN;
+    const long long wtap = static_cast<long long>(nchunks) * BK * cout_pad;  // floats per tap
+    const int kb = tid / (BN / 4), cb = tid - kb * (BN / 4);
+    const float* const wthr = wpk + co_base + kb * cout_pad + 4 * cb;
+    const long long cstride = static_cast<long long>(a.D) * a.H * a.W;
+    const float* const xg = x + (static_cast<long long>(n) * a.G + g) * a.cin_g * cstride;
+    float acc[8][8];
+
+    for (int rd = 0; rd < sd; ++rd) {
+        const int Td = __ldg(rows_d + 4 * rd), Qd = __ldg(rows_d + 4 * rd + 3);
+        if (Td == 0 || qd >= Qd) continue;
+        // depth taps whose input slice id = qd + offd - jd*osd lies inside [0, D)
+        const int dbase = qd + __ldg(rows_d + 4 * rd + 2);
+        const int osd = __ldg(tab + 9);
+        const int jd_hi = min(Td - 1, floor_div(dbase, osd));
+        const int jd_lo = max(0, floor_div(dbase - a.D, osd) + 1);
+        const int njd = max(0, jd_hi - jd_lo + 1);
+        for (int rh = 0; rh < sh; ++rh) {
+            const int Th = __ldg(rows_h + 4 * rh), Qh = __ldg(rows_h + 4 * rh + 3);
+            if (Th == 0 || qh_a >= Qh) continue;  // no row of this residue in the tile
+            for (int rw = 0; rw < sw; ++rw) {
+                const int Tw = __ldg(rows_w + 4 * rw);
+                if (Tw == 0) continue;
+                // Not skipped when the tile holds no column of this residue: its epilogue may still
+                // owe the bias of the width residues without taps (it then only computes zeros).
+                const int ntaps = njd * Th * Tw;
+                const int nsteps = ntaps * nchunks;
+
+                // Tap table of the phase, entry t = ((jd - jd_lo) * Th + jh) * Tw + jw:
+                // (input row offset dh, column offset dw, input offset id*H*W + dh*W + dw, kernel tap).
+                // The previous phase's last barrier (epilogue) guards the overwrite.
+                for (int t = tid; t < ntaps; t += NT) {
+                    const int jw = t % Tw, jh = (t / Tw) % Th, jd = jd_lo + t / (Tw * Th);
+                    const int id = dbase - jd * osd;
+                    const int dh = __ldg(rows_h + 4 * rh + 2) - jh * __ldg(tab + 10);
+                    const int dw = __ldg(rows_w + 4 * rw + 2) - jw * __ldg(tab + 11);
+                    const int kd = __ldg(rows_d + 4 * rd + 1) + jd * __ldg(tab + 6);
+                    const int kh = __ldg(rows_h + 4 * rh + 1) + jh * __ldg(tab + 7);
+                    const int kw = __ldg(rows_w + 4 * rw + 1) + jw * __ldg(tab + 8);
+                    taps[t] = make_int4(dh, dw, (id * a.H + dh) * a.W + dw, ((g * a.KD + kd) * a.KH + kh) * a.KW + kw);
+                }
+                __syncthreads();
+
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+                // Loader state: the next step to stage is (tap l_tap, channel chunk l_chunk).
+                int l_chunk = 0, l_tap = 0;
+                const float* asrc[MPT];  // channel 0 of the position's input for the tap (or xg)
+                bool aok[MPT];
+                const float* bsrc = wthr;
+                auto set_tap = [&]() {
+                    const int4 e = taps[l_tap];
+#pragma unroll
+                    for (int u = 0; u < MPT; ++u) {
+                        const int ih = pqh[u] + e.x, iw = pqw[u] + e.y;
+                        aok[u] = pin[u] && static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+                                 static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+                        // masked positions keep a valid address (cp.async reads nothing for them)
+                        asrc[u] = xg + (aok[u] ? pqh[u] * a.W + pqw[u] + e.z : 0);
+                    }
+                    bsrc = wthr + e.w * wtap;
+                };
+                auto load_step = [&](int buf) {
+                    const int ci0 = l_chunk * BK;
+                    float* as = As + buf * A_ST + tid;
+                    if (ci0 + BK <= a.cin_g) {
+#pragma unroll
+                        for (int u = 0; u < MPT; ++u) {
+                            const float* src = asrc[u] + ci0 * cstride;
+#pragma unroll
+                            for (int k = 0; k < BK; ++k) {
+                                cp_async4(as + k * BM + NT * u, src, aok[u]);
+                                src += cstride;
+                            }
+                        }
+                    } else {  // the last chunk of a channel count that is not a multiple of BK
+#pragma unroll
+                        for (int u = 0; u < MPT; ++u) {
+#pragma unroll 1
+                            for (int k = 0; k < BK; ++k) {
+                                const bool ok = aok[u] && ci0 + k < a.cin_g;
+                                cp_async4(as + k * BM + NT * u, ok ? asrc[u] + (ci0 + k) * cstride : xg, ok);
+                            }
+                        }
+                    }
+                    if (B_THREADS == NT || tid < B_THREADS)
+                        cp_async16(Bs + buf * B_ST + 4 * tid, bsrc + static_cast<long long>(ci0) * cout_pad, true);
+                    if (++l_chunk == nchunks) {
+                        l_chunk = 0;
+                        if (++l_tap < ntaps) set_tap();
+                    }
+                };
+
+                if (nsteps > 0) set_tap();
+#pragma unroll
+                for (int s = 0; s < STAGES - 1; ++s) {
+                    if (s < nsteps) load_step(s);
+                    cp_async_commit();
+                }
+                int cbuf = 0, lbuf = STAGES - 1;
+                for (int s = 0; s < nsteps; ++s) {
+                    cp_async_wait<STAGES - 2>();  // this thread's copies of step s have landed
+                    __syncthreads();              // everyone's have; everyone is done with step s - 1
+                    if (s + STAGES - 1 < nsteps) load_step(lbuf);  // into the buffer of step s - 1
+                    cp_async_commit();
+                    lbuf = (lbuf + 1 == STAGES) ? 0 : lbuf + 1;
+                    const float* ak = As + cbuf * A_ST + 4 * tm;
+                    const float* bk = Bs + cbuf * B_ST + 4 * tn;
+#pragma unroll
+                    for (int k = 0; k < BK; ++k) {
+                        const float4 a0 = lds4(ak + k * BM), a1 = lds4(ak + k * BM + BM / 2);
+                        const float4 b0 = lds4(bk + k * BN), b1 = lds4(bk + k * BN + HBN);
+                        const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                        const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+                        for (int i = 0; i < 8; ++i)
+#pragma unroll
+                            for (int j = 0; j < 8; ++j) acc[i][j] = __fmaf_rn(av[i], bv[j], acc[i][j]);
+                    }
+                    cbuf = (cbuf + 1 == STAGES) ? 0 : cbuf + 1;
+                }
+                cp_async_wait<0>();
+                __syncthreads();  // the pipeline buffers become the epilogue tile
+
+                // ---- epilogue: compact rows qh in [qh_a, min(qh_b, Qh - 1)], output rows qh*sh + rh ----
+                {
+                    const long long plane = static_cast<long long>(a.OH) * a.OW, vol = plane * a.OD;
+                    const long long od_off = static_cast<long long>(qd * sd + rd) * plane;
+                    // This round also owes the width residues without taps if rw is the first with taps.
+                    unsigned owed = 0;  // bit r: write residue r's bias (sw <= 32; else the table)
+                    bool first = true;
+                    for (int r = 0; r < rw; ++r) first = first && __ldg(rows_w + 4 * r) == 0;
+                    if (first)
+                        for (int r = 0; r < sw && r < 32; ++r)
+                            if (__ldg(rows_w + 4 * r) == 0) owed |= 1u << r;
+                    // lane j = lane + 32 t walks (residue j mod sw, compact j / sw) by carries
+                    const int lr0 = lane % sw, lq0 = lane / sw, sr = 32 % sw, sq = 32 / sw;
+                    const int nrows = min(qh_b, Qh - 1) - qh_a + 1;  // >= 1: qh_a < Qh
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        // channels h*HBN + cl, cl in [0, HBN): this thread's are cl = 4tn + j
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            float* c = Cs + (4 * tn + j) * CPITCH + 4 * tm;
+                            *reinterpret_cast<float4*>(c) =
+                                make_float4(acc[0][4 * h + j], acc[1][4 * h + j], acc[2][4 * h + j], acc[3][4 * h + j]);
+                            *reinterpret_cast<float4*>(c + BM / 2) =
+                                make_float4(acc[4][4 * h + j], acc[5][4 * h + j], acc[6][4 * h + j], acc[7][4 * h + j]);
+                        }
+                        __syncthreads();
+                        for (int t = warp; t < nrows * HBN; t += NWARPS) {
+                            const int r = t / HBN, cl = t - r * HBN;
+                            const int co = co_base + h * HBN + cl;
+                            if (co >= a.cout_g) continue;
+                            const int qh = qh_a + r;
+                            const int qw_a = (qh == qh_a) ? p0 - qh * qcw : 0;
+                            const int qw_b = (qh == qh_b) ? p1 - qh * qcw : qcw;
+                            const int ow_a = qw_a * sw;
+                            const int len = ((qw_b == qcw) ? a.OW : min(a.OW, qw_b * sw)) - ow_a;
+                            const float fv = a.has_bias ? __ldg(bias + g * a.cout_g + co) : 0.0f;
+                            float* yr = y + (chan0 + co) * vol + od_off + static_cast<long long>(qh * sh + rh) * a.OW + ow_a;
+                            const float* cr = Cs + cl * CPITCH + (qh * qcw + qw_a - p0);
+                            int rr = lr0, jq = lq0;  // residue and compact offset of element j
+                            for (int j = lane; j < len; j += 32) {
+                                if (rr == rw) {
+                                    yr[j] = cr[jq] + fv;
+                                } else if (first && (sw <= 32 ? ((owed >> rr) & 1u) != 0 : __ldg(rows_w + 4 * rr) == 0)) {
+                                    yr[j] = fv;
+                                }
+                                rr += sr;
+                                jq += sq;
+                                if (rr >= sw) {
+                                    rr -= sw;
+                                    ++jq;
+                                }
+                            }
+                        }
+                        __syncthreads();  // the tile is read: next, the other half or the next phase
+                    }
+                }
+            }
+        }
+    }
+}
+
 }  // namespace convt3d_cuda
 
 #ifndef CONVT3D_KERNELS_ONLY
@@ -1189,6 +1556,17 @@ constexpr Variant VARIANTS[NUM_VARIANTS] = {
 constexpr int CI_MAX = 8;                   // input channels per pipeline stage (at most)
 constexpr long long SMEM_TARGET = 100 * 1024;  // two blocks per SM on H100/H200 (228 KB)
 
+// gemm_kernel variants (indices after the phase_kernel ones): BN channels x BM positions per
+// block, BK input channels per step, 256 threads of 8 x 8.
+struct GemmVariant {
+    int BN, BK;
+};
+constexpr int NUM_GEMM = 2;
+constexpr GemmVariant GEMM_VARIANTS[NUM_GEMM] = {
+    {64, 16},  // 6: 64 channels x 256 positions, 16 input channels per step
+    {32, 8},   // 7: 32 channels x 512 positions, 8 input channels per step
+};
+
 template <int P, int C, int WP, int WC>
 void launch_phase(const torch::Tensor& x, const torch::Tensor& wpk, const float* bias, torch::Tensor& y,
                   const torch::Tensor& tab, const Args& a, long long blocks, size_t smem, cudaStream_t stream) {
@@ -1202,9 +1580,23 @@ void launch_phase(const torch::Tensor& x, const torch::Tensor& wpk, const float*
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+template <int BN, int BK>
+void launch_gemm(const torch::Tensor& x, const torch::Tensor& wpk, const float* bias, torch::Tensor& y,
+                 const torch::Tensor& tab, const Args& a, long long blocks, size_t smem, cudaStream_t stream) {
+    auto kernel = gemm_kernel<BN, BK, 2>;
+    TORCH_CHECK(blocks >= 1 && blocks <= 0x7fffffffLL, "convt3d cuda: gemm_kernel grid of ", blocks, " blocks");
+    if (smem > 48 * 1024) {
+        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    }
+    kernel<<<static_cast<unsigned>(blocks), GEMM_THREADS, smem, stream>>>(
+        x.data_ptr<float>(), wpk.data_ptr<float>(), bias, y.data_ptr<float>(), tab.data_ptr<int>(), a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // meta: N, G, cin_g, cout_g, D, H, W, OD, OH, OW, KD, KH, KW, qcd, qch, qcw, halo_h, halo_w, max_thw,
 //       sd, sh, sw, pd, ph, pw, dd, dh, dw
-// variant: 0..NUM_VARIANTS-1, or -1 for the direct kernel. hreuse: allow the H-reuse inner loop.
+// variant: 0..NUM_VARIANTS-1 (phase_kernel), NUM_VARIANTS..NUM_VARIANTS+NUM_GEMM-1 (gemm_kernel), or
+// -1 for the direct kernel. hreuse: allow the H-reuse inner loop (phase_kernel only).
 // Returns the NCDHW output.
 torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bool has_bias, torch::Tensor tab,
                       std::vector<int64_t> meta, int64_t variant, bool hreuse) {
@@ -1212,7 +1604,7 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
     TORCH_CHECK(wpk.is_cuda() && wpk.scalar_type() == torch::kFloat32 && wpk.is_contiguous(), "packed weight");
     TORCH_CHECK(tab.is_cuda() && tab.scalar_type() == torch::kInt32, "table: CUDA int32");
     TORCH_CHECK(meta.size() == 28, "meta: 28 values");
-    TORCH_CHECK(variant >= -1 && variant < NUM_VARIANTS, "variant out of range");
+    TORCH_CHECK(variant >= -1 && variant < NUM_VARIANTS + NUM_GEMM, "variant out of range");
     c10::cuda::CUDAGuard guard(x.device());
     Args a{};
     a.N = meta[0]; a.G = meta[1]; a.cin_g = meta[2]; a.cout_g = meta[3];
@@ -1237,7 +1629,26 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
 
     long long blocks = 0;
     size_t smem = 0;
-    if (variant >= 0) {
+    if (variant >= NUM_VARIANTS) {
+        const GemmVariant v = GEMM_VARIANTS[variant - NUM_VARIANTS];
+        const int bm = 8 * (GEMM_THREADS / (v.BN / 8));
+        const long long plane_q = static_cast<long long>(a.qch) * a.qcw;
+        a.tiles_hw = static_cast<int>(std::min<long long>((plane_q + bm - 1) / bm, 0x7fffffffLL));
+        a.tiles_co = (a.cout_g + v.BN - 1) / v.BN;
+        blocks = static_cast<long long>(a.tiles_co) * a.tiles_hw * a.qcd * a.N * a.G;
+        // pipeline buffers (the epilogue tile aliases them), then the phase's tap table
+        const long long taps = static_cast<long long>(a.KD) * a.KH * a.KW;
+        smem = static_cast<size_t>(4LL * GEMM_STAGES * v.BK * (bm + v.BN) + 16LL * taps);
+        const int pad_ci = (a.cin_g + v.BK - 1) / v.BK * v.BK, pad_co = a.tiles_co * v.BN;
+        TORCH_CHECK(wpk.numel() == static_cast<long long>(a.G) * taps * pad_ci * pad_co,
+                    "convt3d cuda: gemm_kernel needs the padded weight packing");
+        // 32-bit position and input-volume arithmetic in the kernel, a bounded tap table; else the
+        // direct kernel
+        if (blocks > 0x7fffffffLL || plane_q + bm > 0x7fffffffLL ||
+            static_cast<long long>(a.D) * a.H * a.W > 0x7fffffffLL || taps > GEMM_MAX_TAPS) {
+            variant = -1;
+        }
+    } else if (variant >= 0) {
         const Variant v = VARIANTS[variant];
         const int tqh = v.WP * v.P, co_t = v.WC * v.C;
         a.tiles_w = (a.qcw + 31) / 32;
@@ -1268,6 +1679,8 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
         case 3: launch_phase<16, 8, 1, 4>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 4: launch_phase<8, 8, 4, 2>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 5: launch_phase<8, 4, 4, 1>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 6: launch_gemm<64, 16>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 7: launch_gemm<32, 8>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         default: {
             const long long total = y.numel();
             const long long grid = std::min<long long>((total + 255) / 256, 65535LL * 32);
@@ -1293,6 +1706,8 @@ template __global__ void convt3d_cuda::phase_kernel<8, 8, 2, 4, (2 * 4 * 32 >= 2
 template __global__ void convt3d_cuda::phase_kernel<16, 8, 1, 4, (1 * 4 * 32 >= 256 ? 1 : 2)>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::phase_kernel<8, 8, 4, 2, (4 * 2 * 32 >= 256 ? 1 : 2)>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::phase_kernel<8, 4, 4, 1, (4 * 1 * 32 >= 256 ? 1 : 2)>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<64, 16, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<32, 8, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 #endif
 """
 

@@ -478,13 +478,13 @@ def _graph_has_node(fn, name: str) -> bool:
 @requires_interpreter
 @pytest.mark.parametrize("wrt", ["all", "weight-only"])
 @pytest.mark.parametrize("name", list(GRAD_CASES))
-def test_backward_through_custom_op(name, wrt):
+def test_backward_through_our_autograd(name, wrt):
     case = GRAD_CASES[name]
     x, w, b = (t.double() if t is not None else None for t in case.tensors(torch.float32))
     leaves64 = [x.requires_grad_(wrt == "all"), w.requires_grad_(), b.requires_grad_() if b is not None else None]
     leaves32 = [t.detach().float().requires_grad_(t.requires_grad) if t is not None else None for t in leaves64]
     y = convt3d.conv_transpose3d(*leaves32, *case.args, backend="triton", precision="ieee")
-    assert _graph_has_node(y.grad_fn, "convt3d_conv_transpose3d")  # the custom op's autograd node
+    assert _graph_has_node(y.grad_fn, "EagerConvT3d")  # our autograd node (ops.conv_transpose3d_autograd)
     ref = F.conv_transpose3d(*leaves64, *case.args)
     check_against_reference(y, leaves32[0], leaves32[1], leaves32[2], *case.args, context=name)
     g = torch.randn(ref.shape, dtype=torch.float64)
@@ -504,7 +504,7 @@ def test_backward_through_custom_op(name, wrt):
 
 @requires_interpreter
 def test_inference_and_autograd_routes_agree():
-    # With no grad needed the engine is called directly; with grad, through the custom op. Both
+    # With no grad needed the engine is called directly; with grad, through our autograd.Function. Both
     # must give bitwise the same forward.
     case = Case(1, 3, 4, (1, 3, 3), (2, 2, 2), 2, 1, 1)
     x, w, b = case.tensors()

@@ -42,6 +42,7 @@ def engines_forbidden(monkeypatch):
 
         monkeypatch.setattr(convt3d.functional, "_torch_forward", tripwire)
         monkeypatch.setattr(convt3d.functional, "conv_transpose3d_op", tripwire)
+        monkeypatch.setattr(convt3d.functional, "conv_transpose3d_autograd", tripwire)
         monkeypatch.setattr(convt3d.triton_engine, "forward", tripwire)
         monkeypatch.setattr(F, "conv_transpose3d", tripwire)
     return arm

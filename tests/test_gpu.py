@@ -261,3 +261,44 @@ def test_tuning_picks_a_candidate(monkeypatch):
     assert len(recs) == 1 and recs[0].config in configs
     assert recs[0].seconds > 0 and len(recs[0].timings_ms) == len(configs)
     _check(x, w, None, (2, 1, 0, 1, 1), "tf32", out)
+
+
+# ---- launch sites: replaying the compiled kernel must equal Triton's own launch ----------------
+@pytest.mark.parametrize("dtype,layout,stride", [
+    (torch.float32, "ncdhw", 2), (torch.bfloat16, "cl", 2), (torch.float16, "ncdhw", 1)],
+    ids=["fp32-ncdhw-s2", "bf16-cl-s2", "fp16-ncdhw-s1"])
+def test_replayed_launches_equal_tritons_launch(dtype, layout, stride, monkeypatch):
+    import triton
+
+    E.clear_caches()
+    x = torch.randn(2, 32, 6, 7, 9, device=DEV, dtype=dtype)
+    if layout == "cl":
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(32, 24, 3, 3, 3, device=DEV, dtype=dtype)
+    b = torch.randn(24, device=DEV, dtype=dtype)
+    params, _ = check_call(x, w, b, stride, 1, 0, 1, 1)
+    first = E.forward(x, w, b, params, "tf32")  # Triton's launch path; the sites record kernels
+    assert any(s.compiled for s in E._sites.values())
+    replay = E.forward(x, w, b, params, "tf32")  # replayed
+    assert torch.equal(first, replay)
+    # A launch hook (profilers) sends every launch back through Triton: same result.
+    calls = []
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: calls.append(1))
+    hooked = E.forward(x, w, b, params, "tf32")
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", None)
+    assert calls and torch.equal(first, hooked)
+    _check(x, w, b, (stride, 1, 0, 1, 1), "tf32", replay)
+
+
+def test_replay_respects_pointer_alignment():
+    # Same signature (shapes, strides), different 16-byte alignment of the input: Triton would
+    # specialise differently, so the site must not replay the aligned kernel on it.
+    E.clear_caches()
+    base = torch.randn(2 * 16 * 5 * 6 * 7 + 1, device=DEV)
+    aligned = base[:-1].view(2, 16, 5, 6, 7)
+    shifted = base[1:].view(2, 16, 5, 6, 7)  # 4-byte offset
+    w = torch.randn(16, 8, 3, 3, 3, device=DEV)
+    params, _ = check_call(aligned, w, None, 2, 1, 0, 1, 1)
+    for x in (aligned, shifted, aligned, shifted):
+        out = E.forward(x, w, None, params, "ieee")
+        _check(x, w, None, (2, 1, 0, 1, 1), "ieee", out)

@@ -3,11 +3,17 @@
 For ``y = conv_transpose3d(x, w, b)`` with output gradient dY:
 
 * dX is an ordinary strided conv3d of dY with the same weight (stride, padding, dilation and
-  groups of the transposed convolution). This is cuDNN's *forward* convolution, the operation
-  cuDNN is best at (implicit GEMM with M = N*D*H*W input positions, K = Cout/g * taps); we use
-  it through ``aten.convolution_backward`` (which calls exactly that kernel for a transposed
-  convolution and handles output_padding >= stride, where F.conv3d's output would be one row
-  too long).
+  groups of the transposed convolution): an implicit GEMM with M = N*D*H*W input positions,
+  N = Cin/g and K = Cout/g * taps. cuDNN runs it as its *forward* convolution through
+  ``aten.convolution_backward`` (which also handles output_padding >= stride, where F.conv3d's
+  output would be one row too long), but on H200 its choice is poor on some layers (gan_k4s2p1
+  bf16 channels_last_3d: 6455 us for a 222 us forward; videogpt_k4s2p3 15958 us vs 633 us) while
+  fine on others (nnunet_128_64 bf16: 36 us). Two implementations compete per call signature:
+  "cudnn" and "triton" (``kernels/dgrad_bwd.py``: one program per (group, n, id, tile of the
+  (ih, iw) plane, Cin tile), a flat K loop over (tap, Cout block) that visits only the taps whose
+  dY window reaches the tile; dY is read channels-innermost -- copied to NDHWC first unless its
+  channel stride is 1 -- and the weight packed per group as [taps, Cin/g, Cout/g], so both MMA
+  operands are K-major; every dX element is written once, no atomics).
 * dW is the correlation of dY with X: per group and tap, a GEMM [Cin/g x P] @ [P x Cout/g]
   whose reduction runs over all P = N*D*H*W input positions. cuDNN's weight-gradient kernels
   for 3-D (``convolution_backward`` with only the weight mask) are the part of a
@@ -17,17 +23,22 @@ For ``y = conv_transpose3d(x, w, b)`` with output gradient dY:
   reduction), fp32 partial sums per split added in a fixed order -- deterministic).
 * db is the sum of dY over batch and positions (fp32 accumulation, as PyTorch).
 
-Choice per call signature (device, dtype, precision, geometry, layouts): on CUDA the first
-backward of a signature times each dW candidate (``triton.testing.do_bench`` medians, ~0.2-1 s
-once) and keeps the fastest; under CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU,
-the static rule ``_static_wgrad`` decides. ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton") forces
-one. TODO(lead, H200 numbers from scripts/gpu_training.py): replace the static rule with the
+Choice per call signature (device, dtype, precision, geometry, layouts), made separately for dX
+and for dW: on CUDA the first backward of a signature times cuDNN and each Triton candidate
+(``triton.testing.do_bench`` medians, ~0.2-1 s once per gradient) and keeps the fastest; under
+CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU, the static rules ``_static_dgrad`` and
+``_static_wgrad`` decide (cuDNN for now). ``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT``
+("cudnn" or "triton") force one per gradient. When both dX and dW go to cuDNN they are computed
+by one ``convolution_backward`` call. Both Triton kernels need >= 8 input and output channels per
+group (below that most of every MMA would be padding; depthwise layers stay on cuDNN). The
+choices are kept in ``dgrad_choices()`` (dX) and ``choices()`` (dW).
+TODO(lead, H200 numbers from scripts/gpu_training.py): replace the static rules with the
 measured winners and record the per-case times here.
 
 Precision follows the forward's resolved precision: float32 "tf32" runs cuDNN with its TF32 flag
 on and the Triton kernel with TF32 MMAs on operands rounded to nearest TF32 (cuDNN's rounding);
-"tf32x3" and "ieee" run cuDNN in exact fp32 (``cudnn_conv_tf32(False)``) and the Triton kernel
-at the same precision with two-level summation. 16-bit inputs multiply in their own type and
+"tf32x3" and "ieee" run cuDNN in exact fp32 (``cudnn_conv_tf32(False)``) and the Triton kernels
+at the same precision with two-level summation (each K block's dot summed on its own, then added). 16-bit inputs multiply in their own type and
 accumulate in fp32 everywhere.
 
 Determinism: every path is deterministic by default (cuDNN runs with
@@ -49,11 +60,13 @@ from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 from .triton_engine import interpreter_active, suggests_channels_last
 
-__all__ = ["WGRAD_IMPLS", "WgradConfig", "grads", "wgrad_triton", "wgrad_candidates", "choices", "clear_caches",
-           "grad_formats"]
+__all__ = ["WGRAD_IMPLS", "DGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
+           "dgrad_triton", "dgrad_candidates", "choices", "dgrad_choices", "clear_caches", "grad_formats"]
 
 WGRAD_IMPLS = ("cudnn", "triton")
+DGRAD_IMPLS = ("cudnn", "triton")
 _FORCE_ENV = "CONVT3D_BWD_WEIGHT"
+_FORCE_ENV_X = "CONVT3D_BWD_INPUT"
 
 
 @dataclass(frozen=True)
@@ -71,25 +84,47 @@ class WgradConfig:
                 f"w{self.num_warps} s{self.num_stages} split{self.splits}")
 
 
+@dataclass(frozen=True)
+class DgradConfig:
+    BLOCK_M: int  # input positions of one (n, id) plane, flattened (ih, iw)
+    BLOCK_N: int  # input channels of a group
+    BLOCK_K: int  # output channels of a group per step (one tap per step)
+    num_warps: int
+    num_stages: int
+
+    def short(self) -> str:
+        return f"M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}"
+
+
 @dataclass
-class WgradChoice:
+class Choice:
     impl: str  # "cudnn" | "triton"
-    config: WgradConfig | None
+    config: WgradConfig | DgradConfig | None
     seconds: float  # tuning time (0 for a static choice)
     timings_ms: dict[str, float]
     reason: str
 
 
-_choices: dict[tuple, WgradChoice] = {}
+WgradChoice = Choice
+DgradChoice = Choice
+
+_choices: dict[tuple, Choice] = {}  # dW
+_dgrad_choices: dict[tuple, Choice] = {}  # dX
 
 
-def choices() -> dict[tuple, WgradChoice]:
+def choices() -> dict[tuple, Choice]:
     """dW implementation chosen per call signature in this process (for the bench and tests)."""
     return dict(_choices)
 
 
+def dgrad_choices() -> dict[tuple, Choice]:
+    """dX implementation chosen per call signature in this process (same keys as :func:`choices`)."""
+    return dict(_dgrad_choices)
+
+
 def clear_caches() -> None:
     _choices.clear()
+    _dgrad_choices.clear()
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -222,11 +257,138 @@ def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, preci
     return dw
 
 
+# ---- Triton dX --------------------------------------------------------------------------------
+_INT32_MAX = 2**31 - 1
+
+
+def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[DgradConfig, ...]:
+    """Tile configurations of ``dgrad_kernel``; the first is the untuned default.
+
+    GEMM map: M = input positions (BLOCK_M of one (n, id) plane), N = Cin/g (BLOCK_N), K = Cout/g
+    per tap (BLOCK_K, one tap per step). BLOCK_N is capped by Cin/g and BLOCK_K by Cout/g (each
+    padded to >= 16 for tl.dot), so layers with few channels do not pay for padding; duplicates
+    after capping are dropped. Operand stages stay at <= 160 KB of shared memory.
+    """
+    bn_max = max(16, min(128, _pow2_at_least(params.in_channels_per_group)))
+    bk_max = max(16, min(64, _pow2_at_least(params.out_channels_per_group)))
+    hw = params.in_size[1] * params.in_size[2]
+    if device.type != "cuda":
+        # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
+        shapes = ((min(32, max(16, _pow2_at_least(hw))), 16, 16, 4, 1),)
+    else:
+        shapes = (
+            (128, 128, 32, 8, 4),  # default: the largest MMA tile, deep pipeline of short K steps
+            (128, 128, 64, 8, 3),  # K = 64 per step (one 128-byte bf16 row per channel block)
+            (128, 64, 64, 4, 3),   # half the accumulator: more programs and CTAs per SM
+            (128, 64, 32, 4, 4),
+            (64, 128, 64, 4, 3),   # small planes or Cin/g >= 128 with few positions
+            (64, 64, 32, 4, 4),    # small layers: more programs to fill 132 SMs
+        )
+    out = []
+    for bm, bn, bk, warps, stages in shapes:
+        bn, bk = min(bn, bn_max), min(bk, bk_max)
+        if bm * bn < 128 * 128:
+            warps = min(warps, 4)
+        while stages > 1 and stages * (bm * bk + bk * bn) * dtype.itemsize > 160 * 1024:
+            stages -= 1
+        cfg = DgradConfig(bm, bn, bk, warps, stages)
+        if cfg not in out:
+            out.append(cfg)
+    return tuple(out)
+
+
+def _dgrad_sizes_fit(params: ConvT3dParams) -> bool:
+    """32-bit in-slice offsets of the kernel (positions and channels of one depth slice of the
+    NDHWC dY, with padding overhang on both sides, and of dX) stay below 2^31; the weight of one
+    group too. Larger slices go to cuDNN."""
+    (oh, ow), (ph, pw) = params.out_size[1:], params.padding[1:]
+    (h, w) = params.in_size[1:]
+    y_span = ((oh + 2 * ph + 1) * (ow + 2 * pw + 1) + 1) * params.out_channels
+    x_span = h * w * params.in_channels
+    w_span = math.prod(params.kernel_size) * params.in_channels_per_group * params.out_channels_per_group
+    return max(y_span, x_span, w_span) <= _INT32_MAX
+
+
+def _dy_in_place_ok(dy: torch.Tensor, params: ConvT3dParams) -> bool:
+    """dY can be read as it is: channels innermost (K-major) and in-slice offsets in 32 bits."""
+    st = dy.stride()
+    if (st[1] != 1 and dy.shape[1] != 1) or any(v < 0 for v in st):
+        return False
+    (oh, ow), (ph, pw) = params.out_size[1:], params.padding[1:]
+    span = (oh + 2 * ph + 1) * st[3] + (ow + 2 * pw + 1) * st[4] + (params.out_channels - 1) * st[1]
+    return span <= _INT32_MAX
+
+
+def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
+                 config: DgradConfig | None = None,
+                 x_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+    """dX [N, Cin, D, H, W] in ``x_format`` by ``kernels.dgrad_bwd.dgrad_kernel``."""
+    if dy.device.type == "cpu" and not interpreter_active():
+        raise BackendUnavailableError(
+            "the Triton input-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
+            "before triton is imported")
+    from .kernels import dgrad_bwd
+
+    cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    kernel = params.kernel_size
+    taps = math.prod(kernel)
+    is_fp32 = w.dtype == torch.float32
+    round_tf32 = is_fp32 and precision == "tf32"
+    if dy.dtype != w.dtype:
+        dy = dy.to(w.dtype)
+    round_a = False
+    if _dy_in_place_ok(dy, params):
+        round_a = round_tf32  # rounded by the GEMM kernel as it reads dY
+    elif round_tf32:
+        # One pass: NDHWC copy and TF32 rounding.
+        n, c, od, oh, ow = dy.shape
+        dst = torch.empty((n, od, oh, ow, c), dtype=dy.dtype, device=dy.device)
+        block_c, block_s = min(64, _pow2_at_least(c)), 64
+        grid = (triton.cdiv(od * oh * ow, block_s), triton.cdiv(c, block_c), n)
+        dgrad_bwd.dy_to_ndhwc_kernel[grid](dy, dst, c, od, oh, ow, *dy.stride(), ROUND_TF32=True,
+                                           BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4)
+        dy = dst.permute(0, 4, 1, 2, 3)
+    else:
+        dy = dy.contiguous(memory_format=torch.channels_last_3d)
+
+    packed = torch.empty((g, taps, cin_g, cout_g), dtype=w.dtype, device=w.device)
+    block = 1024
+    dgrad_bwd.pack_dgrad_weight_kernel[(triton.cdiv(taps * cin_g * cout_g, block), g)](
+        w, packed, cin_g, cout_g, taps, kernel[1], kernel[2], *w.stride(), ROUND_TF32=round_tf32, BLOCK=block,
+        num_warps=4)
+
+    dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
+    tiles_m = triton.cdiv(params.in_size[1] * params.in_size[2], cfg.BLOCK_M)
+    tiles_n = triton.cdiv(cin_g, cfg.BLOCK_N)
+    grid = (g * params.batch * params.in_size[0] * tiles_m * tiles_n,)
+    dgrad_bwd.dgrad_kernel[grid](
+        dy, packed, dx,
+        params.batch, cin_g, cout_g, *params.in_size, *params.out_size,
+        *kernel, g,
+        *dy.stride(), *dx.stride(),
+        *params.stride, *params.padding, *params.dilation,
+        tiles_m, tiles_n,
+        PRECISION=precision if is_fp32 else "tf32",
+        ROUND_A=round_a,
+        TWO_LEVEL=is_fp32 and precision != "tf32",
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return dx
+
+
 # ---- choice -------------------------------------------------------------------------------------
 def _triton_wgrad_ok(params: ConvT3dParams) -> bool:
     # tl.dot pads Cin/g and Cout/g to 16; below 8 channels per group more than half of every
     # MMA would be padding (depthwise and small-group layers): cuDNN only there.
     return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8
+
+
+def _triton_dgrad_ok(params: ConvT3dParams) -> bool:
+    # Same channel threshold as dW (N = Cin/g and K = Cout/g per tap are padded to 16), and
+    # 32-bit in-slice offsets.
+    return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8 and _dgrad_sizes_fit(params)
 
 
 def _static_wgrad(params: ConvT3dParams, x: torch.Tensor) -> str:
@@ -238,14 +400,24 @@ def _static_wgrad(params: ConvT3dParams, x: torch.Tensor) -> str:
     return "cudnn"
 
 
-def _forced() -> str | None:
-    v = os.environ.get(_FORCE_ENV)
+def _static_dgrad(params: ConvT3dParams, x: torch.Tensor) -> str:
+    """The dX implementation when nothing is timed (CPU, graph capture, CONVT3D_AUTOTUNE=0)."""
+    if x.device.type != "cuda" or not _triton_dgrad_ok(params):
+        return "cudnn"
+    # Until the H200 numbers are in, cuDNN is the static choice (the timed choice decides when
+    # tuning is on, which is the default).
+    return "cudnn"
+
+
+def _forced(env: str = _FORCE_ENV) -> str | None:
+    v = os.environ.get(env)
     if not v:
         return None
     if v == "torch":
         v = "cudnn"
     if v not in WGRAD_IMPLS:
-        raise ValueError(f"environment variable {_FORCE_ENV}={v!r} is not a weight-gradient implementation; "
+        what = "a weight" if env == _FORCE_ENV else "an input"
+        raise ValueError(f"environment variable {env}={v!r} is not {what}-gradient implementation; "
                          f"expected one of {WGRAD_IMPLS}")
     return v
 
@@ -258,42 +430,61 @@ def _key(dy, x, w, params, precision) -> tuple:
     return (str(x.device), x.dtype, precision, params, x.stride(), dy.stride(), w.stride())
 
 
-def choose_wgrad(dy, x, w, params, precision) -> WgradChoice:
-    forced = _forced()
+def _choose(cache: dict, env: str, what: str, supported: bool, static, candidates, run_cudnn, run_triton,
+            dy, x, w, params, precision) -> Choice:
+    """The per-signature choice of one gradient (see the module docstring)."""
+    forced = _forced(env)
     if forced is not None:
-        if forced == "triton" and not _triton_wgrad_ok(params):
-            raise BackendUnavailableError(f"{_FORCE_ENV}=triton cannot run this call: the Triton weight-gradient "
+        if forced == "triton" and not supported:
+            raise BackendUnavailableError(f"{env}=triton cannot run this call: the Triton {what}-gradient "
                                           "kernel needs at least 8 input and output channels per group")
-        cfg = wgrad_candidates(params, x.dtype, x.device)[0] if forced == "triton" else None
-        return WgradChoice(forced, cfg, 0.0, {}, f"${_FORCE_ENV}={forced}")
+        cfg = candidates()[0] if forced == "triton" else None
+        return Choice(forced, cfg, 0.0, {}, f"${env}={forced}")
     key = _key(dy, x, w, params, precision)
-    rec = _choices.get(key)
+    rec = cache.get(key)
     if rec is not None:
         return rec
-    timed = (x.device.type == "cuda" and _triton_wgrad_ok(params) and _tuning_enabled()
+    timed = (x.device.type == "cuda" and supported and _tuning_enabled()
              and not torch.cuda.is_current_stream_capturing())
     if not timed:
-        impl = _static_wgrad(params, x)
-        cfg = wgrad_candidates(params, x.dtype, x.device)[0] if impl == "triton" else None
-        rec = WgradChoice(impl, cfg, 0.0, {}, "static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)")
+        impl = static()
+        cfg = candidates()[0] if impl == "triton" else None
+        rec = Choice(impl, cfg, 0.0, {}, "static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)")
         if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
-            _choices[key] = rec
+            cache[key] = rec
         return rec
     import triton.testing
 
     t0 = time.perf_counter()
-    runs = {"cudnn": (None, lambda: _torch_grads(dy, x, w, params, precision, False, True))}
-    for cfg in wgrad_candidates(params, x.dtype, x.device):
-        runs[f"triton {cfg.short()}"] = (cfg, lambda cfg=cfg: wgrad_triton(dy, x, params, precision, w.dtype, cfg))
+    runs = {"cudnn": (None, run_cudnn)}
+    for cfg in candidates():
+        runs[f"triton {cfg.short()}"] = (cfg, lambda cfg=cfg: run_triton(cfg))
     timings = {}
     for name, (_, fn) in runs.items():
         fn()  # compile + warm
         timings[name] = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
     best = min(timings, key=timings.get)
-    rec = WgradChoice("cudnn" if best == "cudnn" else "triton", runs[best][0], time.perf_counter() - t0, timings,
-                      f"timed: {best} fastest")
-    _choices[key] = rec
+    rec = Choice("cudnn" if best == "cudnn" else "triton", runs[best][0], time.perf_counter() - t0, timings,
+                 f"timed: {best} fastest")
+    cache[key] = rec
     return rec
+
+
+def choose_wgrad(dy, x, w, params, precision) -> Choice:
+    return _choose(_choices, _FORCE_ENV, "weight", _triton_wgrad_ok(params), lambda: _static_wgrad(params, x),
+                   lambda: wgrad_candidates(params, x.dtype, x.device),
+                   lambda: _torch_grads(dy, x, w, params, precision, False, True),
+                   lambda cfg: wgrad_triton(dy, x, params, precision, w.dtype, cfg),
+                   dy, x, w, params, precision)
+
+
+def choose_dgrad(dy, x, w, params, precision) -> Choice:
+    fx = grad_formats(x, w)[0]
+    return _choose(_dgrad_choices, _FORCE_ENV_X, "input", _triton_dgrad_ok(params), lambda: _static_dgrad(params, x),
+                   lambda: dgrad_candidates(params, w.dtype, x.device),
+                   lambda: _torch_grads(dy, x, w, params, precision, True, False),
+                   lambda cfg: dgrad_triton(dy, w, params, precision, x.dtype, cfg, fx),
+                   dy, x, w, params, precision)
 
 
 # ---- entry point --------------------------------------------------------------------------------
@@ -307,11 +498,17 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
     need_x, need_w, need_b = mask
     gx = gw = gb = None
     fx, fw = grad_formats(x, w)
+    ximpl = choose_dgrad(dy, x, w, params, precision) if need_x else None
     wimpl = choose_wgrad(dy, x, w, params, precision) if need_w else None
+    use_torch_x = ximpl is not None and ximpl.impl == "cudnn"
     use_torch_w = wimpl is not None and wimpl.impl == "cudnn"
-    if need_x or use_torch_w:
-        gx, gw_t = _torch_grads(dy, x, w, params, precision, need_x, use_torch_w)
+    if use_torch_x or use_torch_w:
+        # Both on cuDNN: one convolution_backward call computes them together.
+        gx_t, gw_t = _torch_grads(dy, x, w, params, precision, use_torch_x, use_torch_w)
+        gx = gx_t if use_torch_x else None
         gw = gw_t if use_torch_w else None
+    if need_x and not use_torch_x:
+        gx = dgrad_triton(dy, w, params, precision, x.dtype, ximpl.config, fx)
     if need_w and not use_torch_w:
         gw = wgrad_triton(dy, x, params, precision, w.dtype, wimpl.config)
     if need_b:

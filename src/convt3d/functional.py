@@ -5,16 +5,16 @@ import torch
 import torch.nn.functional as F
 
 from .dispatch import cudnn_conv_tf32, decide
-from .ops import conv_transpose3d_op, run_engine
+from .ops import conv_transpose3d_autograd, conv_transpose3d_op, run_engine
 from .validate import check_call
 
 __all__ = ["conv_transpose3d"]
 
 
-def _needs_op(tensors) -> bool:
-    """Autograd needs the registered custom op (torch.compile always takes it, see ``_traced``);
-    plain inference calls the engine directly and skips the dispatcher round trip (~10 us per
-    call)."""
+def _needs_grad(tensors) -> bool:
+    """Eager calls that autograd records go through ``ops.conv_transpose3d_autograd``; plain
+    inference calls the engine directly. torch.compile always takes the registered custom op
+    (``_traced``)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -41,10 +41,8 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     if d.engine == "torch":
         return _torch_forward(input, weight, bias, params, precision)
     x = input.unsqueeze(0) if unbatched else input
-    if _needs_op((x, weight, bias)):
-        y = conv_transpose3d_op(x, weight, bias, list(params.stride), list(params.padding),
-                                list(params.output_padding), params.groups, list(params.dilation), d.precision,
-                                d.engine)
+    if _needs_grad((x, weight, bias)):
+        y = conv_transpose3d_autograd(x, weight, bias, params, d.precision, d.engine)
     else:
         y = run_engine(d.engine, x, weight, bias, params, d.precision)
     return y.squeeze(0) if unbatched else y

@@ -20,7 +20,8 @@ from . import backward as _bwd
 from . import triton_engine
 from .validate import check_call
 
-__all__ = ["conv_transpose3d_op", "conv_transpose3d_backward_op", "ENGINES", "run_engine"]
+__all__ = ["conv_transpose3d_op", "conv_transpose3d_backward_op", "conv_transpose3d_autograd", "ENGINES",
+           "run_engine"]
 
 ENGINES = ("triton", "cuda")
 
@@ -105,3 +106,37 @@ def _backward(ctx, grad_out):
 
 
 conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- eager autograd -------------------------------------------------------------------------------
+# The custom ops above are what torch.compile traces. In eager mode their dispatch is host time a
+# training step pays twice (forward op, backward op): the custom-op machinery (argument defaults,
+# redispatch through Autograd/ADInplaceOrView/CUDA keys, re-validation of list arguments) measured
+# ~500 us per forward+backward on our CPU with the engines stubbed out, against 40 us for the
+# forward alone; on the H200 host a convt3d training step of nnunet_128_64 bf16 took 1437 us
+# against 357 us for cuDNN's, with 220 us of GPU work (session 3, scripts/gpu_training.py).
+# Eager calls therefore use this autograd.Function: the same engine forward and the same
+# backward (``backward.grads``) as the ops' registrations, with no dispatcher round trip.
+class _EagerConvT3d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias, params, precision, engine):
+        ctx.save_for_backward(input, weight)
+        ctx.params, ctx.precision, ctx.has_bias = params, precision, bias is not None
+        return run_engine(engine, input, weight, bias, params, precision)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        input, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        mask = (bool(need_x), bool(need_w), bool(need_b and ctx.has_bias))
+        if not any(mask):
+            return (None,) * 6
+        gx, gw, gb = _bwd.grads(grad_out, input, weight, ctx.params, ctx.precision, mask)
+        return gx, gw, gb, None, None, None
+
+
+def conv_transpose3d_autograd(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], params,
+                              precision: str, engine: str) -> torch.Tensor:
+    """Eager forward of a validated 5-D call with autograd (see ``_EagerConvT3d``)."""
+    return _EagerConvT3d.apply(input, weight, bias, params, precision, engine)

@@ -69,9 +69,19 @@ _valid: dict[tuple, tuple[ConvT3dParams, bool]] = {}
 
 
 def _plain(v: Any) -> bool:
-    """An int or a tuple of ints: values that hash by value (a tensor element hashes by identity,
-    so a changed value could hit a stale entry; such calls are never memoised)."""
-    return type(v) is int or (type(v) is tuple and all(type(e) is int for e in v))
+    """An int, or a tuple or list of ints: values whose key (a list becomes a tuple) hashes by
+    value (a tensor element hashes by identity, so a changed value could hit a stale entry; such
+    calls are never memoised)."""
+    return type(v) is int or (type(v) in (tuple, list) and all(type(e) is int for e in v))
+
+
+def _frozen(v: Any) -> Any:
+    return tuple(v) if type(v) is list else v
+
+
+# nn.Parameter is the weight's usual type (nn.ConvTranspose3d); other subclasses (fake,
+# distributed tensors) are checked in full.
+_MEMO_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
@@ -84,12 +94,12 @@ def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, ou
     host-bound). Only successes are memoised, so every error is raised by the checks themselves.
     """
     key = None
-    if type(input) is torch.Tensor and type(weight) is torch.Tensor and (bias is None or type(bias) is torch.Tensor) \
+    if type(input) in _MEMO_TYPES and type(weight) in _MEMO_TYPES and (bias is None or type(bias) in _MEMO_TYPES) \
             and type(groups) is int and _plain(stride) and _plain(padding) and _plain(output_padding) \
             and _plain(dilation):
         key = (input.shape, input.dtype, input.device, weight.shape, weight.dtype, weight.device,
                None if bias is None else (bias.shape, bias.dtype, bias.device),
-               stride, padding, output_padding, groups, dilation)
+               _frozen(stride), _frozen(padding), _frozen(output_padding), groups, _frozen(dilation))
         hit = _valid.get(key)
         if hit is not None:
             return hit
