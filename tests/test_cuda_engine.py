@@ -12,7 +12,14 @@
   the GPU tests (the 40-case sweep, KernelBench, the fixed cases) and a wider random sweep,
   every variant: within CUDA's launch limits (a grid of 0 blocks was sweep9's "invalid argument"
   on the H200), and its grid writes every output element exactly once (counted per dimension);
-* the output memory format rule equals the Triton engine's.
+* the output memory format rule equals the Triton engine's;
+* gemm_kernel (the register-blocked path): an emulation of its index arithmetic (block decode,
+  flattened position tile, tap table, loader masks and channel tail, padded weight rows, the
+  thread -> register-tile map, the epilogue tile, the row writer's residue walk by carries, the
+  bias runs) on small geometries: every output element written exactly once and equal to
+  float64 PyTorch; the thread map covers the tile once and its epilogue stores are free of
+  bank conflicts; fill_span's head/body/tail covers a run once; launch plans of every geometry
+  above partition the output into the blocks' boxes; the default-variant rule.
 
 GPU tests (correctness against float64, KernelBench, the Triton cross-check) are in
 ``tests/test_gpu_cuda.py``.
@@ -121,6 +128,14 @@ def test_source_is_packaged_and_the_build_name_follows_it():
         if idx >= 0:
             assert re.search(rf"\{{{p}, {c}, {wp}, {wc}\}},\s+// {idx}:", src), name
             assert f"case {idx}: launch_phase<{p}, {c}, {wp}, {wc}>" in src, name
+    for name, (idx, bn, bm, bk) in E.GEMM_VARIANTS.items():
+        assert re.search(rf"\{{{bn}, {bk}\}},\s+// {idx}: {bn} channels x {bm} positions", src), name
+        assert f"case {idx}: launch_gemm<{bn}, {bk}>" in src, name
+        assert f"gemm_kernel<{bn}, {bk}, 2>" in src, name  # the standalone compile instantiates it
+    assert f"GEMM_THREADS = {E.GEMM_THREADS}, GEMM_STAGES = {E.GEMM_STAGES};" in src
+    assert f"GEMM_MAX_TAPS = {E.GEMM_MAX_TAPS};" in src
+    assert f"NUM_VARIANTS = {sum(1 for v in E.VARIANTS.values() if v[0] >= 0)};" in src
+    assert f"NUM_GEMM = {len(E.GEMM_VARIANTS)};" in src
 
 
 # ---- geometry table against brute force ---------------------------------------------------------
@@ -392,13 +407,13 @@ def _write_counts(prm: ConvT3dParams, plan: dict) -> torch.Tensor:
 
 
 def _check_plans(prm: ConvT3dParams, context: str):
-    for variant in E.VARIANTS:
+    for variant in E.variant_names():
         for hreuse in (False, True):
             plan = E.launch_plan(prm, variant, hreuse)
             bad = E.launch_limit_violations(plan)
             assert not bad, f"{context} {variant} hreuse={hreuse}: {plan} breaks {bad}"
-            if plan["kernel"] == "phase":
-                counts = _write_counts(prm, plan)
+            if plan["kernel"] in ("phase", "gemm"):
+                counts = (_write_counts if plan["kernel"] == "phase" else _gemm_write_counts)(prm, plan)
                 assert int(counts.min()) == 1 and int(counts.max()) == 1, f"{context} {variant}: {counts.unique()}"
             elif variant != "direct":
                 # the launcher falls back only for windows over the opt-in shared memory or > 2^31 blocks
@@ -447,7 +462,7 @@ GPU_FIXED = {
 @pytest.mark.parametrize("name", ["kb58", "kb61", "kb68", "kb70", "kb72", "kb73", "kb77"] + list(GPU_FIXED))
 def test_launch_plans_of_fixed_gpu_geometries(name):
     prm = GPU_FIXED[name] if name in GPU_FIXED else _kernelbench_params()[name]
-    for variant in E.VARIANTS:
+    for variant in E.variant_names():
         for hreuse in (False, True):
             plan = E.launch_plan(prm, variant, hreuse)
             assert not E.launch_limit_violations(plan), (name, variant, plan)
@@ -475,3 +490,357 @@ def test_sweep9_launches_one_depth_index():
 def test_launch_limit_violations_names_the_limit(plan, problem):
     bad = E.launch_limit_violations(plan)
     assert len(bad) == 1 and problem in bad[0]
+
+
+# ---- gemm_kernel: emulation of its index arithmetic -----------------------------------------------
+def _fill_span_indices(addr_floats: int, length: int) -> list[int]:
+    """The indices fill_span writes (lanes and iterations flattened), for a run starting at float
+    address ``addr_floats`` (only its alignment mod 4 matters)."""
+    head = min((4 - (addr_floats & 3)) & 3, length)
+    out = list(range(head))
+    n4 = (length - head) >> 2
+    for i in range(n4):
+        assert (addr_floats + head + 4 * i) % 4 == 0, "float4 body must be 16-byte aligned"
+        out += [head + 4 * i + c for c in range(4)]
+    tail = (length - head) & 3
+    assert tail < 32 and head < 32
+    out += [head + 4 * n4 + lane for lane in range(tail)]
+    return out
+
+
+@pytest.mark.parametrize("length", [0, 1, 2, 3, 4, 5, 7, 31, 64, 65, 130, 1040])
+def test_fill_span_covers_a_run_once(length):
+    for align in range(4):
+        got = _fill_span_indices(1000 + align, length)
+        assert sorted(got) == list(range(length)) and len(got) == length, (align, length)
+
+
+def _gemm_thread_map(bn: int):
+    """gemm_kernel's (tid -> tm, tn) map and the (m, n) of each accumulator acc[i][j]."""
+    nt, tn_count = E.GEMM_THREADS, bn // 8
+    tm_count, lm = nt // tn_count, 32 // tn_count
+    bm = 8 * tm_count
+    cells = {}
+    for tid in range(nt):
+        lane, warp = tid % 32, tid // 32
+        tn, tm = lane // lm, warp * lm + lane % lm
+        for i in range(8):
+            m = 4 * tm + i if i < 4 else bm // 2 + 4 * tm + i - 4
+            for j in range(8):
+                n = 4 * tn + j if j < 4 else bn // 2 + 4 * tn + j - 4
+                cells[(tid, i, j)] = (m, n)
+    return cells, bm
+
+
+@pytest.mark.parametrize("name", list(E.GEMM_VARIANTS))
+def test_gemm_thread_map_covers_the_tile_once_and_stores_without_bank_conflicts(name):
+    _, bn, bm, bk = E.GEMM_VARIANTS[name]
+    cells, bm2 = _gemm_thread_map(bn)
+    assert bm2 == bm
+    assert sorted(cells.values()) == [(m, n) for m in range(bm) for n in range(bn)]
+    # the epilogue tile [BN/2][BM + 4]: per half h and j, a thread stores two float4 at
+    # (4tn + j) * CPITCH + 4tm (+ BM/2); a quarter warp (8 lanes) must hit 8 distinct 16-byte groups
+    cpitch = bm + 4
+    lm = 32 // (bn // 8)
+    for warp in range(E.GEMM_THREADS // 32):
+        for q in range(4):
+            for j in range(4):
+                for half in (0, bm // 2):
+                    groups = set()
+                    for lane in range(8 * q, 8 * q + 8):
+                        tn, tm = lane // lm, warp * lm + lane % lm
+                        groups.add((((4 * tn + j) * cpitch + 4 * tm + half) // 4) % 8)
+                    assert len(groups) == 8, (name, warp, q, j)
+    # the pipeline buffers hold the epilogue half tile; smem of the plan = buffers + tap table
+    assert (bn // 2) * cpitch <= E.GEMM_STAGES * bk * (bm + bn)
+
+
+def emulate_gemm(x: torch.Tensor, weight: torch.Tensor, bias, prm: ConvT3dParams, name: str):
+    """What gemm_kernel computes, block by block, with the .cu's index formulas (float64).
+    Returns (output, number of writes per element)."""
+    _, BN, BM, BK = E.GEMM_VARIANTS[name]
+    NT = E.GEMM_THREADS
+    HBN = BN // 2
+    tab, meta = E.geometry_table(prm), E.kernel_meta(prm)
+    N, G, cin_g, cout_g, D, H, W, OD, OH, OW, KD, KH, KW, qcd, qch, qcw = meta[:16]
+    plan = E.launch_plan(prm, name, False)
+    assert plan["kernel"] == "gemm"
+    tiles_hw, tiles_co = -(-(qch * qcw) // BM), -(-cout_g // BN)
+    assert plan["grid"][0] == tiles_co * tiles_hw * qcd * N * G
+    nchunks = -(-cin_g // BK)
+    cout_pad = tiles_co * BN
+    wtap = nchunks * BK * cout_pad
+    wflat = E.pack_weight_padded(weight.double(), prm, BN, BK).reshape(-1)
+    assert wflat.numel() == G * KD * KH * KW * wtap
+    xflat = x.double().contiguous().reshape(-1)
+    cstride = D * H * W
+    plane, vol = OH * OW, OH * OW * OD
+    y = torch.full((N * G * cout_g * vol,), float("nan"), dtype=torch.float64)
+    writes = torch.zeros(y.shape, dtype=torch.int64)
+    bias_d = None if bias is None else bias.double()
+
+    def row(axis, r):
+        at = E.HEADER + 4 * (tab[12 + axis] + r)
+        return tab[at: at + 4]  # T, t0, off0, Q
+
+    def fv(g, co):
+        return 0.0 if bias_d is None else float(bias_d[g * cout_g + co])
+
+    def write(offset, value):
+        y[offset] = value
+        writes[offset] += 1
+
+    sd, sh, sw = tab[0:3]
+    tsd, tsh, tsw = tab[6:9]
+    osd, osh, osw = tab[9:12]
+    for blk in range(plan["grid"][0]):
+        b = blk
+        cot = b % tiles_co; b //= tiles_co
+        thw = b % tiles_hw; b //= tiles_hw
+        qd = b % qcd; b //= qcd
+        n = b % N; b //= N
+        g = b
+        p0 = thw * BM
+        p1 = min(p0 + BM, qch * qcw)
+        qh_a, qh_b = p0 // qcw, (p1 - 1) // qcw
+        co_base = cot * BN
+        chan0 = (n * G + g) * cout_g
+
+        # ---- bias runs: rows whose depth or height residue has no taps ----
+        od_lo = qd * sd
+        od_hi = OD if qd == qcd - 1 else min(OD, od_lo + sd)
+        runs, run0, runlen = [], 0, 0
+        for od in range(od_lo, od_hi):
+            rd = od - od_lo
+            live_d = rd < sd and row(0, rd)[0] != 0
+            for qh in range(qh_a, qh_b + 1):
+                qw_a = p0 - qh * qcw if qh == qh_a else 0
+                qw_b = p1 - qh * qcw if qh == qh_b else qcw
+                ow_a = qw_a * sw
+                ow_b = OW if qw_b == qcw else min(OW, qw_b * sw)
+                oh_lo = qh * sh
+                oh_hi = OH if qh == qch - 1 else min(OH, oh_lo + sh)
+                for oh in range(oh_lo, oh_hi):
+                    rh = oh - oh_lo
+                    live_h = rh < sh and row(1, rh)[0] != 0
+                    if live_d and live_h:
+                        continue
+                    start = od * plane + oh * OW + ow_a
+                    if runlen > 0 and run0 + runlen == start:
+                        runlen += ow_b - ow_a
+                    else:
+                        if runlen:
+                            runs.append((run0, runlen))
+                        run0, runlen = start, ow_b - ow_a
+        if runlen:
+            runs.append((run0, runlen))
+        for run0, runlen in runs:
+            for co in range(co_base, min(co_base + BN, cout_g)):
+                base = (chan0 + co) * vol + run0
+                for k in _fill_span_indices(base, runlen):
+                    write(base + k, fv(g, co))
+
+        # ---- non-empty phases ----
+        m = torch.arange(BM)
+        p = p0 + m
+        pin = p < p1
+        pqh = torch.where(pin, p // qcw, 0)
+        pqw = torch.where(pin, p - pqh * qcw, 0)
+        xg = (n * G + g) * cin_g * cstride
+        for rd in range(sd):
+            Td, t0d, offd, Qd = row(0, rd)
+            if Td == 0 or qd >= Qd:
+                continue
+            dbase = qd + offd
+            jd_hi = min(Td - 1, dbase // osd)
+            jd_lo = max(0, (dbase - D) // osd + 1)
+            njd = max(0, jd_hi - jd_lo + 1)
+            for rh in range(sh):
+                Th, t0h, offh, Qh = row(1, rh)
+                if Th == 0 or qh_a >= Qh:
+                    continue
+                for rw in range(sw):
+                    Tw, t0w, offw, _ = row(2, rw)
+                    if Tw == 0:
+                        continue
+                    ntaps = njd * Th * Tw
+                    taps = []
+                    for t in range(ntaps):
+                        jw, jh, jd = t % Tw, (t // Tw) % Th, jd_lo + t // (Tw * Th)
+                        idd = dbase - jd * osd
+                        assert 0 <= idd < D
+                        dh, dw = offh - jh * osh, offw - jw * osw
+                        kd, kh, kw = t0d + jd * tsd, t0h + jh * tsh, t0w + jw * tsw
+                        taps.append((dh, dw, (idd * H + dh) * W + dw, ((g * KD + kd) * KH + kh) * KW + kw))
+                    acc = torch.zeros(BM, BN, dtype=torch.float64)
+                    l_chunk = l_tap = 0
+                    for _ in range(ntaps * nchunks):
+                        dh, dw, xoff, wt = taps[l_tap]
+                        ih, iw = pqh + dh, pqw + dw
+                        aok = pin & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                        asrc = xg + torch.where(aok, pqh * W + pqw + xoff, 0)
+                        ci0 = l_chunk * BK
+                        ci = ci0 + torch.arange(BK)
+                        ok = aok[None, :] & (ci < cin_g)[:, None]
+                        idx = asrc[None, :] + ci[:, None] * cstride
+                        A = torch.where(ok, xflat[torch.where(ok, idx, 0)], 0.0)  # [BK][BM]
+                        rows_b = wt * wtap + (ci0 + torch.arange(BK)) * cout_pad + co_base  # B: no masks
+                        Bt = wflat[rows_b[:, None] + torch.arange(BN)[None, :]]  # [BK][BN]
+                        acc += A.T @ Bt
+                        l_chunk += 1
+                        if l_chunk == nchunks:
+                            l_chunk, l_tap = 0, l_tap + 1
+                    # epilogue: the tile through shared memory, half of the channels at a time
+                    od_off = (qd * sd + rd) * plane
+                    first = all(row(2, r)[0] == 0 for r in range(rw))
+                    owed = {r for r in range(sw) if row(2, r)[0] == 0} if first else set()
+                    nrows = min(qh_b, Qh - 1) - qh_a + 1
+                    assert nrows >= 1
+                    for h in range(2):
+                        cs = acc[:, h * HBN:(h + 1) * HBN].T  # Cs[cl][m]
+                        for t in range(nrows * HBN):
+                            r, cl = t // HBN, t % HBN
+                            co = co_base + h * HBN + cl
+                            if co >= cout_g:
+                                continue
+                            qh = qh_a + r
+                            qw_a = p0 - qh * qcw if qh == qh_a else 0
+                            qw_b = p1 - qh * qcw if qh == qh_b else qcw
+                            ow_a = qw_a * sw
+                            length = (OW if qw_b == qcw else min(OW, qw_b * sw)) - ow_a
+                            yr = (chan0 + co) * vol + od_off + (qh * sh + rh) * OW + ow_a
+                            cr = qh * qcw + qw_a - p0
+                            sr, sq = 32 % sw, 32 // sw
+                            for lane in range(32):
+                                rr, jq = lane % sw, lane // sw
+                                for j in range(lane, length, 32):
+                                    assert (rr, jq) == (j % sw, j // sw)
+                                    if rr == rw:
+                                        assert 0 <= cr + jq < p1 - p0
+                                        write(yr + j, float(cs[cl, cr + jq]) + fv(g, co))
+                                    elif rr in owed:
+                                        write(yr + j, fv(g, co))
+                                    rr, jq = rr + sr, jq + sq
+                                    if rr >= sw:
+                                        rr, jq = rr - sw, jq + 1
+    shape = (N, G * cout_g, OD, OH, OW)
+    return y.reshape(shape), writes.reshape(shape)
+
+
+EMULATED_GEMM = {
+    # name: (batch, cin, cout, groups, geometry, variant)
+    "kb77-geometry-g64": (1, 3, 5, 1, dict(size=(3, 4, 5), k=3, s=2, p=1, d=2), "g64"),
+    "kb77-rows-over-tile-g64": (1, 2, 3, 1, dict(size=(2, 12, 30), k=3, s=2, p=1, d=2), "g64"),
+    "k4s2p1-two-live-w-g32": (1, 2, 3, 1, dict(size=(2, 3, 4), k=4, s=2, p=1), "g32"),
+    "k3s2p1op1-grouped-g64": (2, 4, 6, 2, dict(size=(2, 3, 3), k=3, s=2, p=1, op=1), "g64"),
+    "aniso-s3d2-g64": (1, 2, 2, 1, GEOMETRIES["s3d2-aniso"], "g64"),
+    "s1-k5-wide-g32": (1, 2, 3, 1, dict(size=(2, 3, 40), k=(2, 5, 3), s=1, p=(0, 2, 1)), "g32"),
+    "k1s4-g64": (1, 2, 2, 2, GEOMETRIES["k1s4"], "g64"),
+    "cin-tail-cout-tiles-g64": (1, 19, 70, 1, dict(size=(2, 2, 3), k=2, s=2, p=0), "g64"),
+    "sweep9-no-live-output-g64": (1, 2, 6, 1, dict(size=(2, 5, 2), k=(1, 2, 2), s=(2, 1, 3), p=(1, 0, 1),
+                                                      d=(1, 2, 1)), "g64"),
+    "stride-34-along-w-g64": (1, 1, 2, 1, dict(size=(1, 2, 2), k=(1, 2, 1), s=(1, 1, 34), op=(0, 0, 5)), "g64"),
+}
+
+
+@pytest.mark.parametrize("name", list(EMULATED_GEMM))
+def test_gemm_kernel_index_arithmetic_emulated(name):
+    batch, cin, cout, groups, geo, variant = EMULATED_GEMM[name]
+    prm = _params(batch, cin, cout, g=groups, **geo)
+    x = torch.randn(prm.in_shape, dtype=torch.float64)
+    w = torch.randn(cin, cout // groups, *prm.kernel_size, dtype=torch.float64)
+    b = torch.randn(cout, dtype=torch.float64)
+    y, writes = emulate_gemm(x, w, b, prm, variant)
+    assert int(writes.min()) == 1 and int(writes.max()) == 1, "every output element written exactly once"
+    ref = F.conv_transpose3d(x, w, b, prm.stride, prm.padding, prm.output_padding, groups, prm.dilation)
+    assert y.shape == ref.shape
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 3, 9, 17, 25])
+def test_gemm_kernel_emulated_on_gpu_sweep_geometries(seed):
+    """A few geometries of the GPU sweep, both gemm tiles, no bias."""
+    prm = _gpu_sweep_params(seed)
+    g = prm.groups
+    x = torch.randn(prm.in_shape, dtype=torch.float64)
+    w = torch.randn(prm.in_channels, prm.out_channels // g, *prm.kernel_size, dtype=torch.float64)
+    for variant in E.GEMM_VARIANTS:
+        y, writes = emulate_gemm(x, w, None, prm, variant)
+        assert int(writes.min()) == 1 and int(writes.max()) == 1, (seed, variant)
+        ref = F.conv_transpose3d(x, w, None, prm.stride, prm.padding, prm.output_padding, g, prm.dilation)
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_pack_weight_padded_zero_pads_channels():
+    prm = _params(1, 6, 10, 3, 3, g=2)
+    w = torch.randn(6, 5, 3, 3, 3)
+    p = E.pack_weight_padded(w, prm, 8, 16)
+    assert p.shape == (2, 3, 3, 3, 16, 8)
+    torch.testing.assert_close(p[..., :3, :5], E.pack_weight(w, prm))
+    assert not p[..., 3:, :].any() and not p[..., :, 5:].any()
+    prm2 = _params(1, 32, 64, 3, 3)
+    w2 = torch.randn(32, 64, 3, 3, 3)
+    assert E.pack_weight_padded(w2, prm2, 64, 16).data_ptr() != w2.data_ptr()
+    assert torch.equal(E.pack_weight_padded(w2, prm2, 64, 16), E.pack_weight(w2, prm2))
+
+
+def test_default_variant_is_gemm_where_it_applies(monkeypatch):
+    monkeypatch.delenv("CONVT3D_CUDA_VARIANT", raising=False)
+    kb = _kernelbench_params()
+    assert E.choose_variant(kb["kb77"]) == "g64"
+    assert E.choose_variant(kb["kb61"]) == "g64" and E.choose_variant(kb["kb68"]) == "g64"
+    assert E.choose_variant(kb["kb70"]) == "g32" and E.choose_variant(kb["kb73"]) == "g32"
+    assert E.choose_variant(kb["kb58"]) == "p8c8w"  # 16 output channels: phase_kernel
+    assert E.choose_variant(kb["kb72"]) == "p8c8w"  # groups 4: 8 output channels per group
+    # fewer than 8 input channels per group: phase_kernel
+    assert E.choose_variant(_params(1, 4, 64, 5, 3)) == "p8c16"
+    # outside gemm_kernel's limits (a tap table over GEMM_MAX_TAPS): phase_kernel
+    big = _params(1, 8, 64, 20, 17)
+    assert not E.gemm_applies(big) and E.choose_variant(big) == "p8c16"
+    assert E.launch_plan(big, "g64", False)["kernel"] == "direct"
+    monkeypatch.setenv("CONVT3D_CUDA_VARIANT", "g32")
+    assert E.choose_variant(kb["kb77"]) == "g32"
+
+
+def test_kb77_gemm_plan():
+    prm = _kernelbench_params()["kb77"]
+    plan = E.launch_plan(prm, "g64", False)
+    # 16 x 16 depth slices, 32 x 32 compact plane in tiles of 256, one channel tile of 64
+    assert plan == {"kernel": "gemm", "variant": "g64", "grid": (16 * 16 * 4, 1, 1), "block": (256, 1, 1),
+                    "smem": 4 * 3 * 16 * (256 + 64) + 16 * 27, "ci_chunk": 16}
+
+
+def _gemm_write_counts(prm: ConvT3dParams, plan: dict) -> torch.Tensor:
+    """How many times gemm_kernel's grid writes each output position (channels aside): each block
+    owns I(qd) x (per compact row qh of its flattened tile: I(qh) x its W run), with I(q) =
+    [q*s, (q+1)*s), the last compact index up to the end of the dimension."""
+    _, bn, bm, _ = E.GEMM_VARIANTS[plan["variant"]]
+    qcd, qch, qcw = E.kernel_meta(prm)[13:16]
+    tiles_hw = -(-(qch * qcw) // bm)
+    assert plan["grid"][0] == -(-prm.out_channels_per_group // bn) * tiles_hw * qcd * prm.batch * prm.groups
+    (od_, oh_, ow_), (sd, sh, sw) = prm.out_size, prm.stride
+
+    def interval(q, qc, s, o):
+        return q * s, (o if q == qc - 1 else min(o, (q + 1) * s))
+
+    counts = torch.zeros(prm.out_size, dtype=torch.long)
+    for qd in range(qcd):
+        d0, d1 = interval(qd, qcd, sd, od_)
+        for t in range(tiles_hw):
+            p0, p1 = t * bm, min((t + 1) * bm, qch * qcw)
+            for qh in range(p0 // qcw, (p1 - 1) // qcw + 1):
+                qw_a = max(p0, qh * qcw) - qh * qcw
+                qw_b = min(p1, (qh + 1) * qcw) - qh * qcw
+                h0, h1 = interval(qh, qch, sh, oh_)
+                w0, w1 = qw_a * sw, (ow_ if qw_b == qcw else min(ow_, qw_b * sw))
+                counts[d0:d1, h0:h1, w0:w1] += 1
+    return counts
+
+
+def test_pack_weight_padded_is_16_byte_aligned_for_offset_views():
+    prm = _params(1, 4, 4, 3, 1)  # 1x1x1 kernel: the packing permute is a no-op view
+    base = torch.randn(1 + 4 * 4)
+    w = base[1:].view(4, 4, 1, 1, 1)
+    assert w.data_ptr() % 16 != 0 and E.pack_weight(w, prm).data_ptr() == w.data_ptr()
+    p = E.pack_weight_padded(w, prm, 4, 4)
+    assert p.data_ptr() % 16 == 0 and torch.equal(p, E.pack_weight(w, prm))

@@ -173,6 +173,27 @@ def test_dgrad_tile_shapes(cfg):
     _assert_close(gx, _ref_dx(dy, x, w, params), 1e-5, cfg.short())
 
 
+TAP_RANGE_EDGES = {
+    # k4 s2 p1 along W = 17, H = 2, 16-position tiles: the last tile is row 1, columns 15..16, and
+    # column 15 needs tap 3 (output 32 of 34) that column 16 does not: the width tap range of a
+    # one-row tile must start from its first column.
+    "one-row-tile-first-column": G(1, 8, 16, (1, 2, 17), (1, 4, 4), (1, 2, 2), (0, 1, 1)),
+    # k7 p5 along H = 6, W = 3: the first tile ends at row 5, column 0, the only row that reaches
+    # tap 0 (output 0 of 2): the height tap range must include the tile's last row.
+    "tile-last-row-first-tap": G(1, 8, 8, (1, 6, 3), (1, 7, 1), 1, (0, 5, 0)),
+    # k5 p4 along W = 5, H = 4: the second tile is row 3, columns 1..4, and only column 4 reaches
+    # tap 0 (output 0 of 2): the width tap range of a one-row tile must end at its last column.
+    "one-row-tile-last-column": G(1, 8, 8, (1, 4, 5), (1, 1, 5), 1, (0, 0, 4)),
+}
+
+
+@pytest.mark.parametrize("name", list(TAP_RANGE_EDGES))
+def test_dgrad_tap_range_edges(name):
+    x, w, dy, params = _setup(TAP_RANGE_EDGES[name], dy_layout="cl")
+    gx = B.dgrad_triton(dy, w, params, "ieee", torch.float32, B.DgradConfig(16, 16, 16, 4, 1))
+    _assert_close(gx, _ref_dx(dy, x, w, params), 1e-5, name)
+
+
 @pytest.mark.parametrize("geo", [G(1, 1, 8, (2, 2, 2), 2, 2), G(1, 8, 1, (2, 2, 2), 3, 2, 1),
                                  G(1, 2, 2, (2, 2, 2), 2, 2, 0, 0, 1, 2)], ids=["cin1", "cout1", "depthwise"])
 def test_few_channels_kernel_exact_but_choice_is_cudnn(geo, monkeypatch):

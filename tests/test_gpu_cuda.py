@@ -4,6 +4,11 @@ Bar (issue 6): allclose(atol=rtol=1e-4) against float64 PyTorch on a randomised 
 seven KernelBench problems (batch reduced for the slow ones), element-wise bounds from
 ``conftest`` on the sweep, a cross-check against the Triton engine at "ieee", NaN/Inf
 propagation, determinism, and an output above 2^31 elements when memory allows.
+
+gemm_kernel (the register-blocked path, default for wide layers) also runs a sweep of its own
+(wider channels so its tiles and tails are exercised: strides 1-3, dilation, padding,
+output_padding, channel counts off the tile, groups, batch 1, channels_last input), every
+variant on KB 77's geometry, NaN/Inf, determinism and the > 2^31 output.
 """
 from __future__ import annotations
 
@@ -55,7 +60,7 @@ def test_random_sweep(seed):
         assert y.is_contiguous(memory_format=E.output_memory_format(x, w))
 
 
-@pytest.mark.parametrize("variant", [v for v in E.VARIANTS], ids=lambda v: f"variant-{v}")
+@pytest.mark.parametrize("variant", E.variant_names(), ids=lambda v: f"variant-{v}")
 @pytest.mark.parametrize("hreuse", [False, True], ids=["generic", "hreuse"])
 def test_every_variant_on_kb77_geometry(variant, hreuse):
     """All tile variants and both inner loops on KB 77's geometry with tile tails (small batch,
@@ -98,13 +103,14 @@ def test_matches_triton_engine_ieee(problem):
     assert (ours.double() - ref).abs().max() <= 2 * (theirs.double() - ref).abs().max() + 1e-6
 
 
-def test_nan_inf_propagate_like_pytorch():
+@pytest.mark.parametrize("variant", [None, "g64", "g32"], ids=["default", "g64", "g32"])
+def test_nan_inf_propagate_like_pytorch(variant):
     x = torch.randn(1, 8, 4, 5, 6, device=DEV)
     x[0, 3, 2, 2, 2] = float("nan")
     x[0, 5, 0, 1, 4] = float("inf")
     w = torch.randn(8, 4, 3, 3, 3, device=DEV)
     args = (2, 1, 0, 1, 2)
-    ours = _run(x, w, None, args)
+    ours = _run(x, w, None, args, variant=variant)
     theirs = _ref(x, w, None, args)
     assert torch.equal(ours.isnan().cpu(), theirs.isnan().cpu())
     assert torch.equal(ours.isinf().cpu(), theirs.isinf().cpu())
@@ -137,14 +143,16 @@ def test_depthwise_and_grouped():
         check_against_reference(_run(x, w, b, args), x, w, b, *args, precision="ieee", context=f"g{groups}")
 
 
-def test_deterministic_bitwise():
+@pytest.mark.parametrize("variant", [None, "g64", "g32"], ids=["default", "g64", "g32"])
+def test_deterministic_bitwise(variant):
     x = torch.randn(2, 16, 6, 10, 10, device=DEV)
     w = torch.randn(16, 24, 3, 3, 3, device=DEV)
     args = (2, 1, 0, 1, 2)
-    assert torch.equal(_run(x, w, None, args), _run(x, w, None, args))
+    assert torch.equal(_run(x, w, None, args, variant=variant), _run(x, w, None, args, variant=variant))
 
 
-def test_output_above_2_pow_31_elements():
+@pytest.mark.parametrize("variant", [None, "g64"], ids=["default", "g64"])
+def test_output_above_2_pow_31_elements(variant):
     # k3 s2 p0 doubles each size (+1): 261 x 261 x 131 x 256 channels = 2.28e9 elements (9.1 GB)
     n, c, d, h, w_, cout = 1, 1, 130, 130, 65, 256
     x_elems = n * c * d * h * w_
@@ -155,7 +163,7 @@ def test_output_above_2_pow_31_elements():
         pytest.skip(f"needs {need / 2**30:.1f} GiB (free {free / 2**30:.1f} GiB)")
     x = torch.randn(n, c, d, h, w_, device=DEV)
     w = torch.randn(c, cout, 3, 3, 3, device=DEV)
-    y = _run(x, w, None, (2, 0, 0, 1, 1))
+    y = _run(x, w, None, (2, 0, 0, 1, 1), variant=variant)
     assert y.numel() > 2**31
     # spot-check the far end (int64 offsets) against a float64 reference of the last depth slices
     xs = x[:, :, -2:].double()
@@ -163,3 +171,70 @@ def test_output_above_2_pow_31_elements():
     assert torch.allclose(y[:, :, -3:].double(), ref, atol=1e-4, rtol=1e-4)
     del y
     torch.cuda.empty_cache()
+
+
+# ---- gemm_kernel -------------------------------------------------------------------------------
+def _gemm_case(rng: random.Random):
+    """A random layer for the gemm tiles: 8-40 input and 17-80 output channels per group (tails
+    of BK = 16 and BN = 32/64), groups 1-2, strides 1-3, dilation 1-3, padding, output_padding,
+    batch 1-2, sizes up to 9 (compact planes over one 256-position tile)."""
+    while True:
+        g = rng.choice([1, 1, 2])
+        cin_g, cout_g = rng.randint(8, 40), rng.randint(17, 80)
+        k = tuple(rng.randint(1, 4) for _ in range(3))
+        s = tuple(rng.randint(1, 3) for _ in range(3))
+        d = tuple(rng.randint(1, 3) for _ in range(3))
+        p = tuple(rng.randint(0, (d[i] * (k[i] - 1)) // 2 + 1) for i in range(3))
+        op = tuple(rng.randint(0, max(s[i], d[i]) - 1) for i in range(3))
+        size = tuple(rng.randint(1, 9) for _ in range(3))
+        out = [(size[i] - 1) * s[i] - 2 * p[i] + d[i] * (k[i] - 1) + op[i] + 1 for i in range(3)]
+        if min(out) >= 1:
+            return rng.randint(1, 2), g, cin_g, cout_g, size, k, s, p, op, d
+
+
+@pytest.mark.parametrize("seed", range(24), ids=lambda s: f"gemm-sweep{s}")
+def test_gemm_random_sweep(seed):
+    rng = random.Random(5000 + seed)
+    n, g, cin_g, cout_g, size, k, s, p, op, d = _gemm_case(rng)
+    x = torch.randn(n, g * cin_g, *size, device=DEV)
+    if seed % 3 == 0:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(g * cin_g, cout_g, *k, device=DEV) * 0.1
+    b = torch.randn(g * cout_g, device=DEV) if seed % 2 else None
+    args = (s, p, op, g, d)
+    ref = _ref(x, w, b, args)
+    for variant in E.GEMM_VARIANTS:
+        y = _run(x, w, b, args, variant=variant)
+        context = f"{variant} n{n} g{g} {cin_g}->{cout_g} in{size} k{k} s{s} p{p} op{op} d{d}"
+        assert y.shape == ref.shape, context
+        err = (y.double() - ref).abs().max().item()
+        assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4), f"{context}: max abs err {err:.3g}"
+        check_against_reference(y, x, w, b, *args, precision="ieee", context=context)
+        assert y.is_contiguous(memory_format=E.output_memory_format(x, w)), context
+
+
+@pytest.mark.parametrize("variant", list(E.GEMM_VARIANTS))
+def test_gemm_tiles_over_rows_and_channel_tails(variant):
+    """KB 77's geometry with a compact plane of 12 x 30 (tiles start mid-row), 19 input channels
+    (a BK tail) and 70 output channels (two channel tiles of g64), batch 1, bias."""
+    x = torch.randn(1, 19, 3, 12, 30, device=DEV)
+    w = torch.randn(19, 70, 3, 3, 3, device=DEV) * 0.1
+    b = torch.randn(70, device=DEV)
+    args = (2, 1, 0, 1, 2)
+    y = _run(x, w, b, args, variant=variant)
+    ref = _ref(x, w, b, args)
+    assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4), (y.double() - ref).abs().max().item()
+
+
+@pytest.mark.parametrize("problem", [p for p in PROBLEMS if p.id in (61, 68, 70, 73, 77)], ids=lambda p: f"kb{p.id}")
+@pytest.mark.parametrize("variant", list(E.GEMM_VARIANTS))
+def test_gemm_on_kernelbench_geometries(problem, variant):
+    """Every gemm tile on the KernelBench layers it is (or may become) the default for, batch 1."""
+    layer = torch.nn.ConvTranspose3d(**problem.layer_args(), device=DEV)
+    x = torch.rand(1, *problem.input_shape[1:], device=DEV)
+    args = (layer.stride, layer.padding, layer.output_padding, layer.groups, layer.dilation)
+    b = torch.randn(layer.out_channels, device=DEV) * 0.1
+    y = _run(x, layer.weight.detach(), b, args, variant=variant)
+    ref = _ref(x, layer.weight.detach(), b, args)
+    err = (y.double() - ref).abs().max().item()
+    assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4), f"max abs err {err:.3g}"

@@ -27,9 +27,10 @@ import torch
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 
-__all__ = ["VARIANTS", "unsupported_reason", "forward", "build_seconds", "geometry_table", "kernel_meta",
-           "choose_variant", "cuda_source", "nvcc_path", "output_memory_format", "load_module", "launch_plan",
-           "launch_limit_violations"]
+__all__ = ["VARIANTS", "GEMM_VARIANTS", "variant_names", "unsupported_reason", "forward", "build_seconds",
+           "geometry_table", "kernel_meta", "choose_variant", "gemm_applies", "cuda_source", "nvcc_path",
+           "output_memory_format", "load_module", "launch_plan", "launch_limit_violations", "pack_weight",
+           "pack_weight_padded"]
 
 # Tile variants of phase_kernel, as the .cu lists them: name -> (index, P rows, C channels per
 # thread, warps along rows, warps along channels). Output channels per block = C x warps.
@@ -41,6 +42,13 @@ VARIANTS = {
     "p8c8w": (4, 8, 8, 4, 2),
     "p8c4": (5, 8, 4, 4, 1),
     "direct": (-1, 0, 0, 0, 0),
+}
+# gemm_kernel variants (register-blocked implicit GEMM, 256 threads of 8 x 8), as the .cu's
+# GEMM_VARIANTS lists them: name -> (index, BN output channels, BM positions, BK input channels
+# per step) per block.
+GEMM_VARIANTS = {
+    "g64": (6, 64, 256, 16),
+    "g32": (7, 32, 512, 16),
 }
 HEADER = 16  # int32 header of the geometry table (see the .cu)
 
@@ -201,6 +209,23 @@ def _launch_qc(params: ConvT3dParams) -> list[int]:
     return [max(1, max(p.size for p in a.phases if p.num_taps > 0)) for a in params.axes]
 
 
+def variant_names() -> list[str]:
+    """Every name ``forward(variant=...)`` takes: the phase_kernel tiles, "direct", the gemm tiles."""
+    return list(VARIANTS) + list(GEMM_VARIANTS)
+
+
+def gemm_applies(params: ConvT3dParams, name: str = "g64") -> bool:
+    """Whether the launcher runs gemm_kernel ``name`` for these sizes (else it falls back to the
+    direct kernel): 32-bit offsets inside one group's input and inside the compact (h, w) plane, a
+    tap table of at most GEMM_MAX_TAPS entries, a grid below 2^31 blocks. Mirrors convt3d_forward."""
+    _, bn, bm, _ = GEMM_VARIANTS[name]
+    qc = _launch_qc(params)
+    plane_q = qc[1] * qc[2]
+    blocks = -(-params.out_channels_per_group // bn) * -(-plane_q // bm) * qc[0] * params.batch * params.groups
+    return (blocks <= 2**31 - 1 and plane_q + bm <= 2**31 - 1 and math.prod(params.kernel_size) <= GEMM_MAX_TAPS
+            and params.in_channels_per_group * math.prod(params.in_size) <= 2**31 - 1)
+
+
 def hreuse_applies(params: ConvT3dParams) -> bool:
     """The H-reuse inner loop serves phases with offset step 1 along H and 2-3 taps there."""
     h = params.axes[1]
@@ -209,13 +234,27 @@ def hreuse_applies(params: ConvT3dParams) -> bool:
 
 def choose_variant(params: ConvT3dParams) -> str:
     """The tile variant by output channels per group (a block's channel tile should not be much
-    wider than the group): 64 channels for wide layers, down to 4 for depthwise ones."""
+    wider than the group): 64 channels for wide layers, down to 4 for depthwise ones.
+
+    gemm_kernel (g64 for more than 32 output channels per group, g32 for 17-32) is the default
+    where it applies: its 8 x 8 register tile issues 64 FFMAs per 4 shared-memory loads at 128
+    registers and 16 warps per SM, where phase_kernel's best tile (p8c16, 252 registers, 8
+    warps per SM) ran KernelBench 77 at 16.7 TFLOP/s of 51. Pending H200 timing
+    (``scripts/gpu_cuda.py`` times both on KB 77 and the other problems). It needs at least 8
+    input channels per group (a step stages 16; fewer would mostly multiply zeros) and the
+    launcher's 32-bit limits (``gemm_applies``); grouped layers with narrow groups (KB 72/73 style
+    depthwise, 4-16 output channels per group) stay on phase_kernel's narrow tiles."""
     override = os.environ.get("CONVT3D_CUDA_VARIANT")
     if override:
-        if override not in VARIANTS:
-            raise ValueError(f"CONVT3D_CUDA_VARIANT={override!r}; expected one of {sorted(VARIANTS)}")
+        if override not in variant_names():
+            raise ValueError(f"CONVT3D_CUDA_VARIANT={override!r}; expected one of {sorted(variant_names())}")
         return override
     cout_g = params.out_channels_per_group
+    if params.in_channels_per_group >= 8:
+        if cout_g > 32 and gemm_applies(params, "g64"):
+            return "g64"
+        if 16 < cout_g <= 32 and gemm_applies(params, "g32"):
+            return "g32"
     if cout_g <= 4:
         return "p8c4"
     if cout_g <= 16:
@@ -234,6 +273,8 @@ def _grid_too_large(params: ConvT3dParams) -> bool:
 
 
 # The launcher's limits (convt3d_forward in the .cu), restated for launch_plan.
+GEMM_THREADS, GEMM_STAGES = 256, 3
+GEMM_MAX_TAPS = 4096         # kD*kH*kW of gemm_kernel's tap table in shared memory
 CI_MAX = 8                   # input channels per pipeline stage, at most
 SMEM_TARGET = 100 * 1024     # bytes of dynamic shared memory per block: two blocks per SM (228 KB)
 SMEM_DEFAULT = 48 * 1024     # above this a kernel needs cudaFuncAttributeMaxDynamicSharedMemorySize
@@ -250,7 +291,17 @@ def launch_plan(params: ConvT3dParams, variant: str, hreuse: bool, smem_optin: i
     qcd, qch, qcw, halo_h, halo_w, max_thw = meta[13:19]
     cout_g, cin_g = params.out_channels_per_group, params.in_channels_per_group
     total = params.batch * params.out_channels * math.prod(params.out_size)
-    idx, P, C, WP, WC = VARIANTS[variant]
+    if variant in GEMM_VARIANTS:
+        _, bn, bm, bk = GEMM_VARIANTS[variant]
+        if gemm_applies(params, variant):
+            blocks = -(-cout_g // bn) * -(-(qch * qcw) // bm) * qcd * params.batch * params.groups
+            # pipeline buffers (the epilogue tile aliases them), then the tap table (int4 per tap)
+            smem = 4 * GEMM_STAGES * bk * (bm + bn) + 16 * math.prod(params.kernel_size)
+            return {"kernel": "gemm", "variant": variant, "grid": (blocks, 1, 1), "block": (GEMM_THREADS, 1, 1),
+                    "smem": smem, "ci_chunk": bk}
+        idx = -1
+    else:
+        idx, P, C, WP, WC = VARIANTS[variant]
     if idx >= 0:
         tqh, co_t = WP * P, WC * C
         blocks = -(-cout_g // co_t) * -(-qcw // 32) * -(-qch // tqh) * qcd * params.batch * params.groups
@@ -303,12 +354,28 @@ def pack_weight(weight: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
     return weight.reshape(g, cin_g, cout_g, *params.kernel_size).permute(0, 3, 4, 5, 1, 2).contiguous()
 
 
+def pack_weight_padded(weight: torch.Tensor, params: ConvT3dParams, bn: int, bk: int) -> torch.Tensor:
+    """gemm_kernel's packing: ``pack_weight``'s (g, kD, kH, kW, Cin/g, Cout/g) with Cin/g padded
+    to a multiple of ``bk`` and Cout/g to a multiple of ``bn`` by zeros, so every staged weight row
+    is whole float4s and needs no masks (the padded input channels are zero-filled too)."""
+    packed = pack_weight(weight, params)
+    cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
+    cin_pad, cout_pad = -(-cin_g // bk) * bk, -(-cout_g // bn) * bn
+    if (cin_pad, cout_pad) == (cin_g, cout_g):
+        # the kernel reads float4: a packing that is the caller's own (offset) view must be copied
+        return packed if packed.data_ptr() % 16 == 0 else packed.clone()
+    out = packed.new_zeros(packed.shape[:4] + (cin_pad, cout_pad))
+    out[..., :cin_g, :cout_g] = packed
+    return out
+
+
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             variant: str | None = None, hreuse: bool | None = None) -> torch.Tensor:
     """Transposed convolution of a validated 5-D fp32 CUDA input, exact fp32.
 
-    ``variant`` forces a tile variant (a key of ``VARIANTS``; "direct" is the one-thread-per-
-    output fallback), ``hreuse`` the H-reuse inner loop; by default both follow the geometry.
+    ``variant`` forces a tile variant (one of ``variant_names()``: a phase_kernel tile, "direct"
+    for the one-thread-per-output fallback, or a gemm_kernel tile), ``hreuse`` the H-reuse inner
+    loop of phase_kernel; by default both follow the geometry.
     """
     why = unsupported_reason(x, weight, params)
     if why is not None:
@@ -318,12 +385,19 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
         return torch.empty(params.out_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
     module = load_module(x.device)
     name = variant if variant is not None else choose_variant(params)
-    if name not in VARIANTS:
-        raise ValueError(f"variant={name!r}; expected one of {sorted(VARIANTS)}")
+    if name not in VARIANTS and name not in GEMM_VARIANTS:
+        raise ValueError(f"variant={name!r}; expected one of {sorted(variant_names())}")
     use_hreuse = hreuse_applies(params) if hreuse is None else bool(hreuse)
     b = bias.contiguous() if bias is not None else x.new_empty(0)
-    y = module.convt3d_forward(x.contiguous(), pack_weight(weight, params), b, bias is not None,
-                               _table(params, x.device), kernel_meta(params), VARIANTS[name][0], use_hreuse)
+    if name in GEMM_VARIANTS:
+        index, bn, _, bk = GEMM_VARIANTS[name]
+        # the launcher's fallback for sizes gemm_kernel does not take is the direct kernel (plain packing)
+        wpk = pack_weight_padded(weight, params, bn, bk) if gemm_applies(params, name) else pack_weight(weight, params)
+        index = index if gemm_applies(params, name) else VARIANTS["direct"][0]
+    else:
+        index, wpk = VARIANTS[name][0], pack_weight(weight, params)
+    y = module.convt3d_forward(x.contiguous(), wpk, b, bias is not None, _table(params, x.device),
+                               kernel_meta(params), index, use_hreuse)
     if fmt == torch.channels_last_3d:
         y = y.contiguous(memory_format=torch.channels_last_3d)
     return y

@@ -22,6 +22,11 @@
 // conflicts) and C weights (float4 broadcasts) for P*C FFMAs. With HREUSE (offset step 1
 // along H, 2-3 taps) the P + 2 inputs of a window column serve all H taps.
 //
+// gemm_kernel (below phase_kernel; its comment has the details) is the register-blocked
+// alternative: per phase an implicit GEMM with a 256-position x 64-channel block tile, 8 x 8 per
+// thread, the input gathered per tap into a k-major shared-memory tile by cp.async, three stages,
+// and an epilogue that writes whole output rows (computed and bias elements interleaved).
+//
 // Geometry comes from a small int32 table built in Python from ConvT3dParams
 // (convt3d.cuda_engine.geometry_table), so one compiled module serves every shape.
 // Words this file avoids: KernelBench's static checker reads the source inside a Python string.
@@ -391,8 +396,13 @@ __global__ void direct_kernel(const float* __restrict__ x, const float* __restri
 // compute reads float4 along M) is gathered by 4-byte cp.async, zero-filled outside the input:
 // for position (qd, qh, qw) and tap (jd, jh, jw) the input is (qd + offd - jd*osd,
 // qh + offh - jh*osh, qw + offw - jw*osw), affine in the position, so a warp reads a contiguous
-// input row segment. The B tile [BK][BN] is the packed weight rows of that tap (16-byte cp.async
-// when cout_g % 4 == 0). Three stages in flight, one barrier per step.
+// input row segment; the tail chunk of a channel count that is not a multiple of BK zero-fills
+// the missing channels. The B tile [BK][BN] is the weight rows of that tap, packed with input and
+// output channels zero-padded to multiples of BK and BN (cuda_engine.pack_weight_padded): one
+// 16-byte cp.async per thread, no masks. Three stages in flight, one barrier per step. The tap
+// offsets of the phase (input offset, kernel tap) sit in a small table in shared memory, so the
+// loader keeps only a tap and a chunk counter across steps (register budget: 128 per thread for
+// two blocks of 256 threads per SM).
 //
 // Output ownership (each element written exactly once, plain stores): compact index q along a
 // dimension owns the outputs I(q) = [q*s, (q+1)*s), the last one (q = qc - 1) up to the end of the
@@ -545,8 +555,10 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
     const long long wtap = static_cast<long long>(nchunks) * BK * cout_pad;  // floats per tap
     const int kb = tid / (BN / 4), cb = tid - kb * (BN / 4);
     const float* const wthr = wpk + co_base + kb * cout_pad + 4 * cb;
-    const long long cstride = static_cast<long long>(a.D) * a.H * a.W;
-    const float* const xg = x + (static_cast<long long>(n) * a.G + g) * a.cin_g * cstride;
+    // input channel stride; a group's input cin_g * D*H*W < 2^31 (the launcher checks), so the
+    // loader's channel offsets are int
+    const int cstride = a.D * a.H * a.W;
+    const float* const xg = x + (static_cast<long long>(n) * a.G + g) * a.cin_g * static_cast<long long>(cstride);
     float acc[8][8];
 
     for (int rd = 0; rd < sd; ++rd) {
@@ -612,7 +624,7 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
                     if (ci0 + BK <= a.cin_g) {
 #pragma unroll
                         for (int u = 0; u < MPT; ++u) {
-                            const float* src = asrc[u] + ci0 * cstride;
+                            const float* src = asrc[u] + ci0 * cstride;  // int: cin_g*D*H*W < 2^31
 #pragma unroll
                             for (int k = 0; k < BK; ++k) {
                                 cp_async4(as + k * BM + NT * u, src, aok[u]);
@@ -763,7 +775,7 @@ struct GemmVariant {
 constexpr int NUM_GEMM = 2;
 constexpr GemmVariant GEMM_VARIANTS[NUM_GEMM] = {
     {64, 16},  // 6: 64 channels x 256 positions, 16 input channels per step
-    {32, 8},   // 7: 32 channels x 512 positions, 8 input channels per step
+    {32, 16},  // 7: 32 channels x 512 positions, 16 input channels per step
 };
 
 template <int P, int C, int WP, int WC>
@@ -838,15 +850,16 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
         // pipeline buffers (the epilogue tile aliases them), then the phase's tap table
         const long long taps = static_cast<long long>(a.KD) * a.KH * a.KW;
         smem = static_cast<size_t>(4LL * GEMM_STAGES * v.BK * (bm + v.BN) + 16LL * taps);
+        // 32-bit position and input-offset arithmetic in the kernel, a bounded tap table. The Python
+        // side (cuda_engine.gemm_applies) asks for the direct kernel instead where these fail.
+        TORCH_CHECK(blocks <= 0x7fffffffLL && plane_q + bm <= 0x7fffffffLL &&
+                        static_cast<long long>(a.cin_g) * a.D * a.H * a.W <= 0x7fffffffLL && taps <= GEMM_MAX_TAPS,
+                    "convt3d cuda: sizes outside gemm_kernel's limits (use the direct variant)");
         const int pad_ci = (a.cin_g + v.BK - 1) / v.BK * v.BK, pad_co = a.tiles_co * v.BN;
         TORCH_CHECK(wpk.numel() == static_cast<long long>(a.G) * taps * pad_ci * pad_co,
-                    "convt3d cuda: gemm_kernel needs the padded weight packing");
-        // 32-bit position and input-volume arithmetic in the kernel, a bounded tap table; else the
-        // direct kernel
-        if (blocks > 0x7fffffffLL || plane_q + bm > 0x7fffffffLL ||
-            static_cast<long long>(a.D) * a.H * a.W > 0x7fffffffLL || taps > GEMM_MAX_TAPS) {
-            variant = -1;
-        }
+                    "convt3d cuda: gemm_kernel needs the padded weight packing (cuda_engine.pack_weight_padded)");
+        TORCH_CHECK(reinterpret_cast<uintptr_t>(wpk.data_ptr<float>()) % 16 == 0,
+                    "convt3d cuda: gemm_kernel reads the packed weight as float4 (16-byte aligned)");
     } else if (variant >= 0) {
         const Variant v = VARIANTS[variant];
         const int tqh = v.WP * v.P, co_t = v.WC * v.C;
@@ -879,7 +892,7 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
         case 4: launch_phase<8, 8, 4, 2>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 5: launch_phase<8, 4, 4, 1>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 6: launch_gemm<64, 16>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
-        case 7: launch_gemm<32, 8>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 7: launch_gemm<32, 16>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         default: {
             const long long total = y.numel();
             const long long grid = std::min<long long>((total + 255) / 256, 65535LL * 32);
@@ -906,5 +919,5 @@ template __global__ void convt3d_cuda::phase_kernel<16, 8, 1, 4, (1 * 4 * 32 >= 
 template __global__ void convt3d_cuda::phase_kernel<8, 8, 4, 2, (4 * 2 * 32 >= 256 ? 1 : 2)>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::phase_kernel<8, 4, 4, 1, (4 * 1 * 32 >= 256 ? 1 : 2)>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::gemm_kernel<64, 16, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
-template __global__ void convt3d_cuda::gemm_kernel<32, 8, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<32, 16, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 #endif

@@ -32,7 +32,7 @@ def _tap_range(i_lo, i_hi, S, P, DIL, O, K):
     num = P - i_hi * S
     t_lo = tl.where(num > 0, (num + DIL - 1) // DIL, 0)
     num2 = O - 1 + P - i_lo * S
-    t_hi = tl.where(num2 >= 0, tl.minimum(num2 // DIL, K), 0)
+    t_hi = tl.where(num2 >= 0, tl.minimum(num2 // DIL + 1, K), 0)
     return t_lo, tl.maximum(t_hi, t_lo)
 
 
