@@ -1281,7 +1281,7 @@ class Site:
     def launch(self, device: torch.device, *tensors):
         kern = _kernel(self.name, device)
         hooks = triton.knobs.runtime
-        if device.type != "cuda" or hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None:
+        if device.type != "cuda" or _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
             return kern[self.grid](*tensors, *self.ints, **self.consts)
         drv = triton.runtime.driver.active
         idx = drv.get_current_device()
@@ -1302,6 +1302,11 @@ class Site:
         ck.run(self.grid[0], self.grid[1], self.grid[2], drv.get_current_stream(idx), ck.function,
                ck.packed_metadata, None, None, None, *tensors, *self.ints, *self.tail)
         return ck
+
+
+def _hook_set(hook) -> bool:
+    """A launch hook is installed: Triton 3.6+ keeps an empty HookChain (``.calls``) when none is."""
+    return hook is not None and len(getattr(hook, "calls", (hook,))) > 0
 
 
 _sites: dict[tuple, Site] = {}

@@ -496,9 +496,10 @@ from importlib import resources
 import torch
 
 
-__all__ = ["VARIANTS", "unsupported_reason", "forward", "build_seconds", "geometry_table", "kernel_meta",
-           "choose_variant", "cuda_source", "nvcc_path", "output_memory_format", "load_module", "launch_plan",
-           "launch_limit_violations"]
+__all__ = ["VARIANTS", "GEMM_VARIANTS", "variant_names", "unsupported_reason", "forward", "build_seconds",
+           "geometry_table", "kernel_meta", "choose_variant", "gemm_applies", "cuda_source", "nvcc_path",
+           "output_memory_format", "load_module", "launch_plan", "launch_limit_violations", "pack_weight",
+           "pack_weight_padded"]
 
 # Tile variants of phase_kernel, as the .cu lists them: name -> (index, P rows, C channels per
 # thread, warps along rows, warps along channels). Output channels per block = C x warps.
@@ -510,6 +511,17 @@ VARIANTS = {
     "p8c8w": (4, 8, 8, 4, 2),
     "p8c4": (5, 8, 4, 4, 1),
     "direct": (-1, 0, 0, 0, 0),
+}
+# gemm_kernel variants (register-blocked implicit GEMM, 256 threads of 8 x 8), as the .cu's
+# GEMM_VARIANTS lists them: name -> (index, BN output channels, BM positions per block, BK input
+# channels per K step, STAGES steps in flight). g64k8 and g64k32 are the 64-channel tile with a
+# shallower (smaller unrolled loop) and a deeper (half the per-step overhead, two stages) K step,
+# for timing against g64.
+GEMM_VARIANTS = {
+    "g64": (6, 64, 256, 16, 3),
+    "g32": (7, 32, 512, 16, 3),
+    "g64k8": (8, 64, 256, 8, 3),
+    "g64k32": (9, 64, 256, 32, 2),
 }
 HEADER = 16  # int32 header of the geometry table (see the .cu)
 
@@ -670,6 +682,23 @@ def _launch_qc(params: ConvT3dParams) -> list[int]:
     return [max(1, max(p.size for p in a.phases if p.num_taps > 0)) for a in params.axes]
 
 
+def variant_names() -> list[str]:
+    """Every name ``forward(variant=...)`` takes: the phase_kernel tiles, "direct", the gemm tiles."""
+    return list(VARIANTS) + list(GEMM_VARIANTS)
+
+
+def gemm_applies(params: ConvT3dParams, name: str = "g64") -> bool:
+    """Whether the launcher runs gemm_kernel ``name`` for these sizes (else it falls back to the
+    direct kernel): 32-bit offsets inside one group's input and inside the compact (h, w) plane, a
+    tap table of at most GEMM_MAX_TAPS entries, a grid below 2^31 blocks. Mirrors convt3d_forward."""
+    _, bn, bm, _, _ = GEMM_VARIANTS[name]
+    qc = _launch_qc(params)
+    plane_q = qc[1] * qc[2]
+    blocks = -(-params.out_channels_per_group // bn) * -(-plane_q // bm) * qc[0] * params.batch * params.groups
+    return (blocks <= 2**31 - 1 and plane_q + bm <= 2**31 - 1 and math.prod(params.kernel_size) <= GEMM_MAX_TAPS
+            and params.in_channels_per_group * math.prod(params.in_size) <= 2**31 - 1)
+
+
 def hreuse_applies(params: ConvT3dParams) -> bool:
     """The H-reuse inner loop serves phases with offset step 1 along H and 2-3 taps there."""
     h = params.axes[1]
@@ -678,13 +707,28 @@ def hreuse_applies(params: ConvT3dParams) -> bool:
 
 def choose_variant(params: ConvT3dParams) -> str:
     """The tile variant by output channels per group (a block's channel tile should not be much
-    wider than the group): 64 channels for wide layers, down to 4 for depthwise ones."""
+    wider than the group): 64 channels for wide layers, down to 4 for depthwise ones.
+
+    gemm_kernel (g64 for more than 32 output channels per group, g64k8 when there are also fewer
+    than 16 input channels per group, g32 for 17-32 output channels) is the default where it
+    applies: its 8 x 8 register tile issues 64 FFMAs per 4 shared-memory loads at 128 registers
+    and 16 warps per SM, where phase_kernel's best tile (p8c16, 252 registers, 8 warps per SM)
+    ran KernelBench 77 at 16.7 TFLOP/s of 51. Pending H200 timing (``scripts/gpu_cuda.py`` times
+    every variant on KB 77 and the other problems; g64k32 is the candidate where Cin/g is a
+    multiple of 32). It needs at least 8 input channels per group (fewer would mostly multiply
+    the zero padding of a K step) and the launcher's 32-bit limits (``gemm_applies``); narrow
+    groups (KB 58/72: 8-16 output channels per group) stay on phase_kernel's narrow tiles."""
     override = os.environ.get("CONVT3D_CUDA_VARIANT")
     if override:
-        if override not in VARIANTS:
-            raise ValueError(f"CONVT3D_CUDA_VARIANT={override!r}; expected one of {sorted(VARIANTS)}")
+        if override not in variant_names():
+            raise ValueError(f"CONVT3D_CUDA_VARIANT={override!r}; expected one of {sorted(variant_names())}")
         return override
     cout_g = params.out_channels_per_group
+    if params.in_channels_per_group >= 8:
+        if cout_g > 32 and gemm_applies(params, "g64"):
+            return "g64k8" if params.in_channels_per_group < 16 else "g64"
+        if 16 < cout_g <= 32 and gemm_applies(params, "g32"):
+            return "g32"
     if cout_g <= 4:
         return "p8c4"
     if cout_g <= 16:
@@ -703,6 +747,8 @@ def _grid_too_large(params: ConvT3dParams) -> bool:
 
 
 # The launcher's limits (convt3d_forward in the .cu), restated for launch_plan.
+GEMM_THREADS = 256
+GEMM_MAX_TAPS = 4096         # kD*kH*kW of gemm_kernel's tap table in shared memory
 CI_MAX = 8                   # input channels per pipeline stage, at most
 SMEM_TARGET = 100 * 1024     # bytes of dynamic shared memory per block: two blocks per SM (228 KB)
 SMEM_DEFAULT = 48 * 1024     # above this a kernel needs cudaFuncAttributeMaxDynamicSharedMemorySize
@@ -719,7 +765,17 @@ def launch_plan(params: ConvT3dParams, variant: str, hreuse: bool, smem_optin: i
     qcd, qch, qcw, halo_h, halo_w, max_thw = meta[13:19]
     cout_g, cin_g = params.out_channels_per_group, params.in_channels_per_group
     total = params.batch * params.out_channels * math.prod(params.out_size)
-    idx, P, C, WP, WC = VARIANTS[variant]
+    if variant in GEMM_VARIANTS:
+        _, bn, bm, bk, stages = GEMM_VARIANTS[variant]
+        if gemm_applies(params, variant):
+            blocks = -(-cout_g // bn) * -(-(qch * qcw) // bm) * qcd * params.batch * params.groups
+            # pipeline buffers and epilogue tile share one region (the larger), then the tap table
+            smem = 4 * max(stages * bk * (bm + bn), bn // 2 * (bm + 4)) + 16 * math.prod(params.kernel_size)
+            return {"kernel": "gemm", "variant": variant, "grid": (blocks, 1, 1), "block": (GEMM_THREADS, 1, 1),
+                    "smem": smem, "ci_chunk": bk}
+        idx = -1
+    else:
+        idx, P, C, WP, WC = VARIANTS[variant]
     if idx >= 0:
         tqh, co_t = WP * P, WC * C
         blocks = -(-cout_g // co_t) * -(-qcw // 32) * -(-qch // tqh) * qcd * params.batch * params.groups
@@ -772,12 +828,28 @@ def pack_weight(weight: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
     return weight.reshape(g, cin_g, cout_g, *params.kernel_size).permute(0, 3, 4, 5, 1, 2).contiguous()
 
 
+def pack_weight_padded(weight: torch.Tensor, params: ConvT3dParams, bn: int, bk: int) -> torch.Tensor:
+    """gemm_kernel's packing: ``pack_weight``'s (g, kD, kH, kW, Cin/g, Cout/g) with Cin/g padded
+    to a multiple of ``bk`` and Cout/g to a multiple of ``bn`` by zeros, so every staged weight row
+    is whole float4s and needs no masks (the padded input channels are zero-filled too)."""
+    packed = pack_weight(weight, params)
+    cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
+    cin_pad, cout_pad = -(-cin_g // bk) * bk, -(-cout_g // bn) * bn
+    if (cin_pad, cout_pad) == (cin_g, cout_g):
+        # the kernel reads float4: a packing that is the caller's own (offset) view must be copied
+        return packed if packed.data_ptr() % 16 == 0 else packed.clone()
+    out = packed.new_zeros(packed.shape[:4] + (cin_pad, cout_pad))
+    out[..., :cin_g, :cout_g] = packed
+    return out
+
+
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             variant: str | None = None, hreuse: bool | None = None) -> torch.Tensor:
     """Transposed convolution of a validated 5-D fp32 CUDA input, exact fp32.
 
-    ``variant`` forces a tile variant (a key of ``VARIANTS``; "direct" is the one-thread-per-
-    output fallback), ``hreuse`` the H-reuse inner loop; by default both follow the geometry.
+    ``variant`` forces a tile variant (one of ``variant_names()``: a phase_kernel tile, "direct"
+    for the one-thread-per-output fallback, or a gemm_kernel tile), ``hreuse`` the H-reuse inner
+    loop of phase_kernel; by default both follow the geometry.
     """
     why = unsupported_reason(x, weight, params)
     if why is not None:
@@ -787,12 +859,19 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
         return torch.empty(params.out_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
     module = load_module(x.device)
     name = variant if variant is not None else choose_variant(params)
-    if name not in VARIANTS:
-        raise ValueError(f"variant={name!r}; expected one of {sorted(VARIANTS)}")
+    if name not in VARIANTS and name not in GEMM_VARIANTS:
+        raise ValueError(f"variant={name!r}; expected one of {sorted(variant_names())}")
     use_hreuse = hreuse_applies(params) if hreuse is None else bool(hreuse)
     b = bias.contiguous() if bias is not None else x.new_empty(0)
-    y = module.convt3d_forward(x.contiguous(), pack_weight(weight, params), b, bias is not None,
-                               _table(params, x.device), kernel_meta(params), VARIANTS[name][0], use_hreuse)
+    if name in GEMM_VARIANTS:
+        index, bn, _, bk, _ = GEMM_VARIANTS[name]
+        # the launcher's fallback for sizes gemm_kernel does not take is the direct kernel (plain packing)
+        wpk = pack_weight_padded(weight, params, bn, bk) if gemm_applies(params, name) else pack_weight(weight, params)
+        index = index if gemm_applies(params, name) else VARIANTS["direct"][0]
+    else:
+        index, wpk = VARIANTS[name][0], pack_weight(weight, params)
+    y = module.convt3d_forward(x.contiguous(), wpk, b, bias is not None, _table(params, x.device),
+                               kernel_meta(params), index, use_hreuse)
     if fmt == torch.channels_last_3d:
         y = y.contiguous(memory_format=torch.channels_last_3d)
     return y
@@ -822,6 +901,11 @@ CUDA_SOURCE = r"""// convt3d CUDA engine: exact fp32 3-D transposed convolution,
 // registers: per (channel, tap) it loads P inputs (scalar, lane-consecutive: no bank
 // conflicts) and C weights (float4 broadcasts) for P*C FFMAs. With HREUSE (offset step 1
 // along H, 2-3 taps) the P + 2 inputs of a window column serve all H taps.
+//
+// gemm_kernel (below phase_kernel; its comment has the details) is the register-blocked
+// alternative: per phase an implicit GEMM with a 256-position x 64-channel block tile, 8 x 8 per
+// thread, the input gathered per tap into a k-major shared-memory tile by cp.async, 2-3 stages,
+// and an epilogue that writes whole output rows (computed and bias elements interleaved).
 //
 // Geometry comes from a small int32 table built in Python from ConvT3dParams
 // (convt3d.cuda_engine.geometry_table), so one compiled module serves every shape.
@@ -1177,6 +1261,7 @@ __global__ void direct_kernel(const float* __restrict__ x, const float* __restri
 
 // ================================ gemm_kernel ================================
 // Register-blocked implicit GEMM, one non-empty phase at a time (the FFMA SGEMM recipe).
+// Template: BN output channels per block (64 or 32), BK input channels per K step, STAGES.
 //
 // Block: 256 threads, a tile of BM compact positions x BN output channels (BM = 256 for BN = 64,
 // 512 for BN = 32), each thread an 8 x 8 register tile: positions {4tm..4tm+3, BM/2+4tm..+3}
@@ -1192,8 +1277,13 @@ __global__ void direct_kernel(const float* __restrict__ x, const float* __restri
 // compute reads float4 along M) is gathered by 4-byte cp.async, zero-filled outside the input:
 // for position (qd, qh, qw) and tap (jd, jh, jw) the input is (qd + offd - jd*osd,
 // qh + offh - jh*osh, qw + offw - jw*osw), affine in the position, so a warp reads a contiguous
-// input row segment. The B tile [BK][BN] is the packed weight rows of that tap (16-byte cp.async
-// when cout_g % 4 == 0). Three stages in flight, one barrier per step.
+// input row segment; the tail chunk of a channel count that is not a multiple of BK zero-fills
+// the missing channels. The B tile [BK][BN] is the weight rows of that tap, packed with input and
+// output channels zero-padded to multiples of BK and BN (cuda_engine.pack_weight_padded): one
+// 16-byte cp.async per float4, no masks. STAGES (2-3) steps in flight, one barrier per step. The tap
+// offsets of the phase (input offset, kernel tap) sit in a small table in shared memory, so the
+// loader keeps only a tap and a chunk counter across steps (register budget: 128 per thread for
+// two blocks of 256 threads per SM).
 //
 // Output ownership (each element written exactly once, plain stores): compact index q along a
 // dimension owns the outputs I(q) = [q*s, (q+1)*s), the last one (q = qc - 1) up to the end of the
@@ -1212,7 +1302,7 @@ __global__ void direct_kernel(const float* __restrict__ x, const float* __restri
 //     round of the first width residue with taps, the elements of the width residues without
 //     taps (bias). KB 77: the odd rows of the odd planes come out as whole contiguous rows,
 //     computed and bias interleaved.
-constexpr int GEMM_THREADS = 256, GEMM_STAGES = 3;
+constexpr int GEMM_THREADS = 256;
 constexpr int GEMM_MAX_TAPS = 4096;  // kD*kH*kW of the tap table in shared memory (64 KB)
 
 template <int N>
@@ -1234,7 +1324,7 @@ __device__ __forceinline__ void fill_span(float* p, long long len, float v, int 
     if (lane < tail) p[head + 4 * n4 + lane] = v;
 }
 
-template <int BN, int BK, int MINB>
+template <int BN, int BK, int STAGES, int MINB>
 __global__ void __launch_bounds__(256, MINB)
 gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const float* __restrict__ bias,
             float* __restrict__ y, const int* __restrict__ tab, const Args a) {
@@ -1245,20 +1335,21 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
     constexpr int MPT = BM / NT;       // positions each thread stages in the loader
     constexpr int LM = 32 / TN;        // lanes along M within a warp
     constexpr int HBN = BN / 2;
-    constexpr int STAGES = GEMM_STAGES;
     constexpr int A_ST = BK * BM, B_ST = BK * BN;
-    constexpr int B_THREADS = BK * BN / 4;  // threads that stage one float4 of B per step
+    constexpr int B_VEC = BK * BN / 4;       // float4 of B per step
+    constexpr int B_ROWS = NT / (BN / 4);    // rows of B one sweep of the threads covers
     // Epilogue tile [HBN][CPITCH]: CPITCH/4 odd, so the 8 lanes of a quarter warp (4 tm x 2 tn,
     // or 8 tm) store their float4 to 8 distinct 16-byte bank groups.
     constexpr int CPITCH = BM + 4;
     static_assert(TN * TM == NT && (32 % TN) == 0 && BM % NT == 0 && (CPITCH / 4) % 2 == 1, "tile shape");
-    static_assert(B_THREADS <= NT, "one float4 of B per thread and step");
-    static_assert(HBN * CPITCH <= STAGES * (A_ST + B_ST), "epilogue tile fits in the pipeline buffers");
+    static_assert(NT % (BN / 4) == 0 && STAGES >= 2, "B rows per sweep, pipeline depth");
+    // the pipeline buffers and the epilogue tile share one region (the larger of the two)
+    constexpr int REGION = STAGES * (A_ST + B_ST) > HBN * CPITCH ? STAGES * (A_ST + B_ST) : HBN * CPITCH;
     extern __shared__ float4 smem4[];
     float* const As = reinterpret_cast<float*>(smem4);  // [STAGES][BK][BM]
     float* const Bs = As + STAGES * A_ST;               // [STAGES][BK][BN]
     float* const Cs = As;                               // [HBN][CPITCH], after the K loop
-    int4* const taps = reinterpret_cast<int4*>(Bs + STAGES * B_ST);  // [taps of the phase]
+    int4* const taps = reinterpret_cast<int4*>(As + REGION);  // [taps of the phase]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tn = lane / LM;
@@ -1340,14 +1431,17 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
         pqw[u] = pin[u] ? p - pqh[u] * qcw : 0;
     }
     // Packed weights (cuda_engine.pack_weight_padded): [G][KD][KH][KW][cin_pad][cout_pad], zero
-    // past cin_g and cout_g, so B needs no masks. This thread's float4 of B: row kb, column 4*cb.
+    // past cin_g and cout_g, so B needs no masks. This thread's float4 of B: rows kb + i*B_ROWS,
+    // column 4*cb.
     const int nchunks = (a.cin_g + BK - 1) / BK;
     const int cout_pad = a.tiles_co * BN;
     const long long wtap = static_cast<long long>(nchunks) * BK * cout_pad;  // floats per tap
     const int kb = tid / (BN / 4), cb = tid - kb * (BN / 4);
     const float* const wthr = wpk + co_base + kb * cout_pad + 4 * cb;
-    const long long cstride = static_cast<long long>(a.D) * a.H * a.W;
-    const float* const xg = x + (static_cast<long long>(n) * a.G + g) * a.cin_g * cstride;
+    // input channel stride; a group's input cin_g * D*H*W < 2^31 (the launcher checks), so the
+    // loader's channel offsets are int
+    const int cstride = a.D * a.H * a.W;
+    const float* const xg = x + (static_cast<long long>(n) * a.G + g) * a.cin_g * static_cast<long long>(cstride);
     float acc[8][8];
 
     for (int rd = 0; rd < sd; ++rd) {
@@ -1413,7 +1507,7 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
                     if (ci0 + BK <= a.cin_g) {
 #pragma unroll
                         for (int u = 0; u < MPT; ++u) {
-                            const float* src = asrc[u] + ci0 * cstride;
+                            const float* src = asrc[u] + ci0 * cstride;  // int: cin_g*D*H*W < 2^31
 #pragma unroll
                             for (int k = 0; k < BK; ++k) {
                                 cp_async4(as + k * BM + NT * u, src, aok[u]);
@@ -1430,8 +1524,12 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
                             }
                         }
                     }
-                    if (B_THREADS == NT || tid < B_THREADS)
-                        cp_async16(Bs + buf * B_ST + 4 * tid, bsrc + static_cast<long long>(ci0) * cout_pad, true);
+#pragma unroll
+                    for (int i = 0; i < (B_VEC + NT - 1) / NT; ++i) {
+                        if (B_VEC % NT == 0 || tid + NT * i < B_VEC)
+                            cp_async16(Bs + buf * B_ST + 4 * (tid + NT * i),
+                                       bsrc + static_cast<long long>(ci0 + i * B_ROWS) * cout_pad, true);
+                    }
                     if (++l_chunk == nchunks) {
                         l_chunk = 0;
                         if (++l_tap < ntaps) set_tap();
@@ -1557,14 +1655,16 @@ constexpr int CI_MAX = 8;                   // input channels per pipeline stage
 constexpr long long SMEM_TARGET = 100 * 1024;  // two blocks per SM on H100/H200 (228 KB)
 
 // gemm_kernel variants (indices after the phase_kernel ones): BN channels x BM positions per
-// block, BK input channels per step, 256 threads of 8 x 8.
+// block, BK input channels per step, STAGES steps in flight, 256 threads of 8 x 8.
 struct GemmVariant {
-    int BN, BK;
+    int BN, BK, STAGES;
 };
-constexpr int NUM_GEMM = 2;
+constexpr int NUM_GEMM = 4;
 constexpr GemmVariant GEMM_VARIANTS[NUM_GEMM] = {
-    {64, 16},  // 6: 64 channels x 256 positions, 16 input channels per step
-    {32, 8},   // 7: 32 channels x 512 positions, 8 input channels per step
+    {64, 16, 3},  // 6: 64 channels x 256 positions, 16 input channels per step
+    {32, 16, 3},  // 7: 32 channels x 512 positions, 16 input channels per step
+    {64, 8, 3},   // 8: 64 channels x 256 positions, 8 input channels per step
+    {64, 32, 2},  // 9: 64 channels x 256 positions, 32 input channels per step
 };
 
 template <int P, int C, int WP, int WC>
@@ -1580,10 +1680,10 @@ void launch_phase(const torch::Tensor& x, const torch::Tensor& wpk, const float*
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <int BN, int BK>
+template <int BN, int BK, int STAGES>
 void launch_gemm(const torch::Tensor& x, const torch::Tensor& wpk, const float* bias, torch::Tensor& y,
                  const torch::Tensor& tab, const Args& a, long long blocks, size_t smem, cudaStream_t stream) {
-    auto kernel = gemm_kernel<BN, BK, 2>;
+    auto kernel = gemm_kernel<BN, BK, STAGES, 2>;
     TORCH_CHECK(blocks >= 1 && blocks <= 0x7fffffffLL, "convt3d cuda: gemm_kernel grid of ", blocks, " blocks");
     if (smem > 48 * 1024) {
         C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -1636,18 +1736,21 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
         a.tiles_hw = static_cast<int>(std::min<long long>((plane_q + bm - 1) / bm, 0x7fffffffLL));
         a.tiles_co = (a.cout_g + v.BN - 1) / v.BN;
         blocks = static_cast<long long>(a.tiles_co) * a.tiles_hw * a.qcd * a.N * a.G;
-        // pipeline buffers (the epilogue tile aliases them), then the phase's tap table
+        // pipeline buffers and epilogue tile (one region, the larger), then the phase's tap table
         const long long taps = static_cast<long long>(a.KD) * a.KH * a.KW;
-        smem = static_cast<size_t>(4LL * GEMM_STAGES * v.BK * (bm + v.BN) + 16LL * taps);
+        const long long region = std::max<long long>(static_cast<long long>(v.STAGES) * v.BK * (bm + v.BN),
+                                                     static_cast<long long>(v.BN / 2) * (bm + 4));
+        smem = static_cast<size_t>(4LL * region + 16LL * taps);
+        // 32-bit position and input-offset arithmetic in the kernel, a bounded tap table. The Python
+        // side (cuda_engine.gemm_applies) asks for the direct kernel instead where these fail.
+        TORCH_CHECK(blocks <= 0x7fffffffLL && plane_q + bm <= 0x7fffffffLL &&
+                        static_cast<long long>(a.cin_g) * a.D * a.H * a.W <= 0x7fffffffLL && taps <= GEMM_MAX_TAPS,
+                    "convt3d cuda: sizes outside gemm_kernel's limits (use the direct variant)");
         const int pad_ci = (a.cin_g + v.BK - 1) / v.BK * v.BK, pad_co = a.tiles_co * v.BN;
         TORCH_CHECK(wpk.numel() == static_cast<long long>(a.G) * taps * pad_ci * pad_co,
-                    "convt3d cuda: gemm_kernel needs the padded weight packing");
-        // 32-bit position and input-volume arithmetic in the kernel, a bounded tap table; else the
-        // direct kernel
-        if (blocks > 0x7fffffffLL || plane_q + bm > 0x7fffffffLL ||
-            static_cast<long long>(a.D) * a.H * a.W > 0x7fffffffLL || taps > GEMM_MAX_TAPS) {
-            variant = -1;
-        }
+                    "convt3d cuda: gemm_kernel needs the padded weight packing (cuda_engine.pack_weight_padded)");
+        TORCH_CHECK(reinterpret_cast<uintptr_t>(wpk.data_ptr<float>()) % 16 == 0,
+                    "convt3d cuda: gemm_kernel reads the packed weight as float4 (16-byte aligned)");
     } else if (variant >= 0) {
         const Variant v = VARIANTS[variant];
         const int tqh = v.WP * v.P, co_t = v.WC * v.C;
@@ -1679,8 +1782,10 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
         case 3: launch_phase<16, 8, 1, 4>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 4: launch_phase<8, 8, 4, 2>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 5: launch_phase<8, 4, 4, 1>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
-        case 6: launch_gemm<64, 16>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
-        case 7: launch_gemm<32, 8>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 6: launch_gemm<64, 16, 3>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 7: launch_gemm<32, 16, 3>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 8: launch_gemm<64, 8, 3>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 9: launch_gemm<64, 32, 2>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         default: {
             const long long total = y.numel();
             const long long grid = std::min<long long>((total + 255) / 256, 65535LL * 32);
@@ -1706,8 +1811,10 @@ template __global__ void convt3d_cuda::phase_kernel<8, 8, 2, 4, (2 * 4 * 32 >= 2
 template __global__ void convt3d_cuda::phase_kernel<16, 8, 1, 4, (1 * 4 * 32 >= 256 ? 1 : 2)>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::phase_kernel<8, 8, 4, 2, (4 * 2 * 32 >= 256 ? 1 : 2)>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::phase_kernel<8, 4, 4, 1, (4 * 1 * 32 >= 256 ? 1 : 2)>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
-template __global__ void convt3d_cuda::gemm_kernel<64, 16, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
-template __global__ void convt3d_cuda::gemm_kernel<32, 8, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<64, 16, 3, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<32, 16, 3, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<64, 8, 3, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<64, 32, 2, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 #endif
 """
 

@@ -6,14 +6,15 @@ GPU call decides convt3d.backward's choices.
 Per case, at bf16 channels_last_3d and fp32 NCDHW default precision (TF32 on), do_bench medians
 (L2 flushed) of:
   fwd      convt3d forward, cuDNN forward
-  dX       cuDNN (convolution_backward, input mask only), deterministic and default algorithms
+  dX       cuDNN (convolution_backward, input mask only), deterministic and default algorithms;
+           convt3d's Triton kernel (kernels/dgrad_bwd.py) for every candidate configuration
   dW       cuDNN deterministic / default algorithms; convt3d's Triton kernel for every candidate
            configuration
   db       sum of dY
   full     convt3d training step (forward + backward, the backward's own timed choice) vs
            F.conv_transpose3d + autograd (PyTorch's default flags)
-With --accuracy, also the max abs error against float64 of dW from cuDNN and from each Triton
-configuration (the 2x-cuDNN bar of the issue).
+With --accuracy, also the max abs error against float64 of dX and dW from cuDNN and from each
+Triton configuration (the 2x-cuDNN bar of the issue).
 """
 from __future__ import annotations
 
@@ -77,6 +78,16 @@ def run_case(case, accuracy: bool) -> dict:
             row["dw_triton_us"][cfg.short()] = bench(lambda: B.wgrad_triton(dy, t.x, params, prec, t.w.dtype, cfg))
         except Exception as exc:  # noqa: BLE001 -- report and go on
             row["dw_triton_us"][cfg.short()] = f"{type(exc).__name__}: {exc}"[:300]
+    # dX: dY as autograd hands it over (channels_last_3d for a cl input, NCDHW otherwise -- then the
+    # timed call includes the NDHWC copy, TF32-rounding for fp32), dX in the input's layout.
+    fx = B.grad_formats(t.x, t.w)[0]
+    row["dx_triton_us"] = {}
+    for cfg in B.dgrad_candidates(params, t.w.dtype, t.x.device, prec):
+        try:
+            row["dx_triton_us"][cfg.short()] = bench(
+                lambda: B.dgrad_triton(dy, t.w, params, prec, t.x.dtype, cfg, fx))
+        except Exception as exc:  # noqa: BLE001 -- report and go on
+            row["dx_triton_us"][cfg.short()] = f"{type(exc).__name__}: {exc}"[:300]
 
     if accuracy:
         ref = torch.ops.aten.convolution_backward(
@@ -86,6 +97,12 @@ def run_case(case, accuracy: bool) -> dict:
         row["dx_err_cudnn"] = (cud[0].double() - ref[0]).abs().max().item()
         row["dw_err_cudnn"] = (cud[1].double() - ref[1]).abs().max().item()
         row["dw_scale"] = ref[1].abs().max().item()
+        row["dx_scale"] = ref[0].abs().max().item()
+        row["dx_err_triton"] = {}
+        for cfg in B.dgrad_candidates(params, t.w.dtype, t.x.device, prec):
+            gx = B.dgrad_triton(dy, t.w, params, prec, t.x.dtype, cfg, fx)
+            row["dx_err_triton"][cfg.short()] = (gx.double() - ref[0]).abs().max().item()
+            del gx
         row["dw_err_triton"] = {}
         for cfg in B.wgrad_candidates(params, t.x.dtype, t.x.device):
             gw = B.wgrad_triton(dy, t.x, params, prec, t.w.dtype, cfg)
@@ -111,6 +128,10 @@ def run_case(case, accuracy: bool) -> dict:
     if rec:
         row["bwd_choice"] = {"impl": rec[-1].impl, "config": rec[-1].config.short() if rec[-1].config else None,
                              "timings_ms": rec[-1].timings_ms}
+    rec = [c for k, c in B.dgrad_choices().items() if k[3] == params and k[1] == t.x.dtype]
+    if rec:
+        row["bwd_choice_dx"] = {"impl": rec[-1].impl, "config": rec[-1].config.short() if rec[-1].config else None,
+                                "timings_ms": rec[-1].timings_ms}
     return row
 
 
@@ -131,12 +152,15 @@ def main() -> int:
             row = {"case": case.name, "dtype": case.dtype, "layout": case.layout, "error": repr(exc)[:500]}
         rows.append(row)
         best_tr = min((v for v in row.get("dw_triton_us", {}).values() if isinstance(v, float)), default=math.nan)
+        best_dx = min((v for v in row.get("dx_triton_us", {}).values() if isinstance(v, float)), default=math.nan)
         print(f"{case.label:<36} fwd {row.get('fwd_convt3d_us', math.nan):8.1f}/{row.get('fwd_cudnn_us', math.nan):8.1f}"
               f"  dX det {row.get('dx_cudnn_det_us', math.nan):8.1f} dflt {row.get('dx_cudnn_default_us', math.nan):8.1f}"
+              f" triton {best_dx:8.1f}"
               f"  dW det {row.get('dw_cudnn_det_us', math.nan):8.1f} dflt {row.get('dw_cudnn_default_us', math.nan):8.1f}"
               f" triton {best_tr:8.1f}  full {row.get('full_convt3d_us', math.nan):8.1f}/"
               f"{row.get('full_cudnn_us', math.nan):8.1f} = {row.get('full_speedup', math.nan):.2f}x"
-              f"  {row.get('bwd_choice', {}).get('impl', '')} {row.get('error', '')}", flush=True)
+              f"  dX {row.get('bwd_choice_dx', {}).get('impl', '')} dW {row.get('bwd_choice', {}).get('impl', '')}"
+              f" {row.get('error', '')}", flush=True)
         torch.cuda.empty_cache()
     sp = [r["full_speedup"] for r in rows if "full_speedup" in r]
     if sp:

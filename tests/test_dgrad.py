@@ -217,7 +217,11 @@ def test_candidates_are_capped_by_channels():
     cands = B.dgrad_candidates(params, torch.float32, torch.device("cuda"))
     assert len(set(cands)) == len(cands)
     big = check_call(torch.empty(1, 256, 2, 2, 2), torch.empty(256, 128, 4, 4, 4), None, 2, 1, 0, 1, 1)[0]
-    assert B.dgrad_candidates(big, torch.bfloat16, torch.device("cuda"))[0] == B.DgradConfig(128, 128, 32, 8, 4)
+    cuda = torch.device("cuda")
+    assert B.dgrad_candidates(big, torch.bfloat16, cuda)[0] == B.DgradConfig(128, 128, 32, 8, 4)
+    assert B.dgrad_candidates(big, torch.float32, cuda, "ieee")[0] == B.DgradConfig(128, 128, 32, 8, 4)
+    # fp32 TF32 MMAs: 128x128 tiles on 4 warps (on 8, ptxas serialises the wgmma chain).
+    assert B.dgrad_candidates(big, torch.float32, cuda, "tf32")[0] == B.DgradConfig(128, 128, 32, 4, 4)
 
 
 # ---- the choice in grads() ------------------------------------------------------------------------
@@ -268,16 +272,17 @@ def test_both_cudnn_is_one_call(monkeypatch):
     monkeypatch.setenv("CONVT3D_BWD_WEIGHT", "cudnn")
     calls = []
     real = B._torch_grads
-    monkeypatch.setattr(B, "_torch_grads", lambda *a: calls.append(a[-2:]) or real(*a))
+    monkeypatch.setattr(B, "_torch_grads", lambda *a: calls.append(a[5:8]) or real(*a))
     x, w, _, dy, params = _layer_call()
-    gx, gw, _ = B.grads(dy, x, w, params, "ieee", (True, True, False))
-    assert calls == [(True, True)]
+    gx, gw, gb = B.grads(dy, x, w, params, "ieee", (True, True, True))
+    assert calls == [(True, True, True)]  # db rides along, as in PyTorch's own autograd
     _assert_close(gx, _ref_dx(dy, x, w, params), 1e-5, "dX")
-    # Mixed: dX on Triton, dW on cuDNN -> one cuDNN call for dW only.
+    _assert_close(gb, dy.double().sum((0, 2, 3, 4)), 1e-6, "db")
+    # Mixed: dX on Triton, dW on cuDNN -> one cuDNN call for dW (and db) only.
     calls.clear()
     monkeypatch.setenv("CONVT3D_BWD_INPUT", "triton")
     B.grads(dy, x, w, params, "ieee", (True, True, False))
-    assert calls == [(False, True)]
+    assert calls == [(False, True, False)]
 
 
 def test_forced_dgrad_name_is_validated(monkeypatch):

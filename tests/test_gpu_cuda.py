@@ -103,7 +103,7 @@ def test_matches_triton_engine_ieee(problem):
     assert (ours.double() - ref).abs().max() <= 2 * (theirs.double() - ref).abs().max() + 1e-6
 
 
-@pytest.mark.parametrize("variant", [None, "g64", "g32"], ids=["default", "g64", "g32"])
+@pytest.mark.parametrize("variant", [None, *E.GEMM_VARIANTS], ids=lambda v: v or "default")
 def test_nan_inf_propagate_like_pytorch(variant):
     x = torch.randn(1, 8, 4, 5, 6, device=DEV)
     x[0, 3, 2, 2, 2] = float("nan")
@@ -143,7 +143,7 @@ def test_depthwise_and_grouped():
         check_against_reference(_run(x, w, b, args), x, w, b, *args, precision="ieee", context=f"g{groups}")
 
 
-@pytest.mark.parametrize("variant", [None, "g64", "g32"], ids=["default", "g64", "g32"])
+@pytest.mark.parametrize("variant", [None, *E.GEMM_VARIANTS], ids=lambda v: v or "default")
 def test_deterministic_bitwise(variant):
     x = torch.randn(2, 16, 6, 10, 10, device=DEV)
     w = torch.randn(16, 24, 3, 3, 3, device=DEV)

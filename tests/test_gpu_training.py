@@ -144,7 +144,7 @@ def test_triton_dgrad_every_candidate_within_2x_cudnn(name, dtype, precision, dy
     bud = _dx_budget(dy, x, w, params, precision, ref)
     ulp = torch.finfo(x.dtype).eps * ref.abs().max().item()
     fx = B.grad_formats(x, w)[0]
-    for cfg in B.dgrad_candidates(params, w.dtype, x.device):
+    for cfg in B.dgrad_candidates(params, w.dtype, x.device, prec):
         gx = B.dgrad_triton(dy, w, params, prec, x.dtype, cfg, fx)
         assert gx.dtype == x.dtype and gx.is_contiguous(memory_format=fx)
         err = (gx.double() - ref).abs().max().item()
@@ -186,7 +186,7 @@ def test_dgrad_choice_is_timed_on_cuda(monkeypatch):
     assert len(recs) == 1 and recs[0].reason.startswith("timed")
     params, _ = check_call(x, w, b, *args)
     assert "cudnn" in recs[0].timings_ms
-    assert len(recs[0].timings_ms) == 1 + len(B.dgrad_candidates(params, x.dtype, x.device))
+    assert len(recs[0].timings_ms) == 1 + len(B.dgrad_candidates(params, x.dtype, x.device, "tf32"))
     assert (recs[0].impl == "triton") == (recs[0].config is not None)
 
 

@@ -38,8 +38,10 @@ measured winners and record the per-case times here.
 Precision follows the forward's resolved precision: float32 "tf32" runs cuDNN with its TF32 flag
 on and the Triton kernel with TF32 MMAs on operands rounded to nearest TF32 (cuDNN's rounding);
 "tf32x3" and "ieee" run cuDNN in exact fp32 (``cudnn_conv_tf32(False)``) and the Triton kernels
-at the same precision with two-level summation (each K block's dot summed on its own, then added). 16-bit inputs multiply in their own type and
-accumulate in fp32 everywhere.
+at the same precision with two-level summation (each K block's dot summed on its own, then
+added). 16-bit inputs multiply in their own type and accumulate in fp32 everywhere. (The dX
+kernel's TF32 rounding: in the NDHWC copy of an NCDHW dY, in the GEMM loop for a dY read in place,
+in the packing kernel for the weight.)
 
 Determinism: every path is deterministic by default (cuDNN runs with
 ``torch.backends.cudnn.deterministic = True`` for these calls, which excludes its atomic-add
@@ -125,6 +127,7 @@ def dgrad_choices() -> dict[tuple, Choice]:
 def clear_caches() -> None:
     _choices.clear()
     _dgrad_choices.clear()
+    _plans.clear()
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -144,12 +147,13 @@ class _cudnn_flags:
         if self.tf32 is not None:
             self.tf32.__enter__()
         self._old = torch.backends.cudnn.deterministic
-        if self.deterministic:
+        if self.deterministic and not self._old:
             torch.backends.cudnn.deterministic = True
         return self
 
     def __exit__(self, *exc):
-        torch.backends.cudnn.deterministic = self._old
+        if torch.backends.cudnn.deterministic != self._old:
+            torch.backends.cudnn.deterministic = self._old
         if self.tf32 is not None:
             self.tf32.__exit__(*exc)
         return False
@@ -168,11 +172,14 @@ def _conv_args(params: ConvT3dParams):
             params.groups)
 
 
-def _torch_grads(dy, x, w, params, precision, need_x, need_w):
-    """PyTorch's own kernels (cuDNN on CUDA): dX and/or dW in one call."""
+def _torch_grads(dy, x, w, params, precision, need_x, need_w, need_b=False):
+    """PyTorch's own kernels (cuDNN on CUDA): dX and/or dW (and db) in one call -- the call
+    PyTorch's autograd makes for nn.ConvTranspose3d."""
+    bias_sizes = [params.out_channels] if need_b else None
     with _cudnn_flags(x.dtype, precision):
-        gx, gw, _ = torch.ops.aten.convolution_backward(dy, x, w, None, *_conv_args(params), [need_x, need_w, False])
-    return gx, gw
+        gx, gw, gb = torch.ops.aten.convolution_backward(dy, x, w, bias_sizes, *_conv_args(params),
+                                                         [need_x, need_w, need_b])
+    return gx, gw, gb
 
 
 # ---- Triton dW --------------------------------------------------------------------------------
@@ -261,13 +268,17 @@ def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, preci
 _INT32_MAX = 2**31 - 1
 
 
-def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[DgradConfig, ...]:
+def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device,
+                     precision: str = "tf32") -> tuple[DgradConfig, ...]:
     """Tile configurations of ``dgrad_kernel``; the first is the untuned default.
 
     GEMM map: M = input positions (BLOCK_M of one (n, id) plane), N = Cin/g (BLOCK_N), K = Cout/g
     per tap (BLOCK_K, one tap per step). BLOCK_N is capped by Cin/g and BLOCK_K by Cout/g (each
     padded to >= 16 for tl.dot), so layers with few channels do not pay for padding; duplicates
     after capping are dropped. Operand stages stay at <= 160 KB of shared memory.
+    Warps (ptxas 12.x for sm_90 via Triton 3.6, checked offline): 16-bit and fp32 exact grades
+    run 128x128 tiles on 8 warps (4 warps spill the two-level fp32 sum: 1.3-1.7 KB); fp32 "tf32"
+    runs them on 4 warps, since on 8 ptxas serialises the wgmma chain (warning C7515).
     """
     bn_max = max(16, min(128, _pow2_at_least(params.in_channels_per_group)))
     bk_max = max(16, min(64, _pow2_at_least(params.out_channels_per_group)))
@@ -284,10 +295,11 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
             (64, 128, 64, 4, 3),   # small planes or Cin/g >= 128 with few positions
             (64, 64, 32, 4, 4),    # small layers: more programs to fill 132 SMs
         )
+    tf32_mma = dtype == torch.float32 and precision == "tf32"
     out = []
     for bm, bn, bk, warps, stages in shapes:
         bn, bk = min(bn, bn_max), min(bk, bk_max)
-        if bm * bn < 128 * 128:
+        if bm * bn < 128 * 128 or tf32_mma:
             warps = min(warps, 4)
         while stages > 1 and stages * (bm * bk + bk * bn) * dtype.itemsize > 160 * 1024:
             stages -= 1
@@ -329,7 +341,7 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
             "before triton is imported")
     from .kernels import dgrad_bwd
 
-    cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
+    cfg = config or dgrad_candidates(params, w.dtype, dy.device, precision)[0]
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     kernel = params.kernel_size
     taps = math.prod(kernel)
@@ -473,7 +485,7 @@ def _choose(cache: dict, env: str, what: str, supported: bool, static, candidate
 def choose_wgrad(dy, x, w, params, precision) -> Choice:
     return _choose(_choices, _FORCE_ENV, "weight", _triton_wgrad_ok(params), lambda: _static_wgrad(params, x),
                    lambda: wgrad_candidates(params, x.dtype, x.device),
-                   lambda: _torch_grads(dy, x, w, params, precision, False, True),
+                   lambda: _torch_grads(dy, x, w, params, precision, False, True)[1],
                    lambda cfg: wgrad_triton(dy, x, params, precision, w.dtype, cfg),
                    dy, x, w, params, precision)
 
@@ -481,13 +493,41 @@ def choose_wgrad(dy, x, w, params, precision) -> Choice:
 def choose_dgrad(dy, x, w, params, precision) -> Choice:
     fx = grad_formats(x, w)[0]
     return _choose(_dgrad_choices, _FORCE_ENV_X, "input", _triton_dgrad_ok(params), lambda: _static_dgrad(params, x),
-                   lambda: dgrad_candidates(params, w.dtype, x.device),
-                   lambda: _torch_grads(dy, x, w, params, precision, True, False),
+                   lambda: dgrad_candidates(params, w.dtype, x.device, precision),
+                   lambda: _torch_grads(dy, x, w, params, precision, True, False)[0],
                    lambda cfg: dgrad_triton(dy, w, params, precision, x.dtype, cfg, fx),
                    dy, x, w, params, precision)
 
 
 # ---- entry point --------------------------------------------------------------------------------
+# The decisions of one backward signature, looked up once per call: a training step of a small
+# layer is host-bound (H200 host, session 3: our backward took 350-580 us of host time against
+# ~100 us of GPU work; the two choices, the gradient formats and the environment overrides were
+# ~100 us of that in Python). The key holds everything the decisions read, the overriding
+# environment variables included, so changing one takes effect on the next call.
+_ENV_KEYS = (_FORCE_ENV, _FORCE_ENV_X, "CONVT3D_AUTOTUNE", "CONVT3D_DETERMINISTIC")
+_plans: dict[tuple, tuple] = {}
+
+
+def _plan(dy, x, w, params, precision, mask) -> tuple:
+    """(dX format, dW format, dX choice or None, dW choice or None) for this call."""
+    env = os.environ
+    key = (x.device, x.dtype, precision, params, x.stride(), dy.stride(), w.stride(), mask,
+           tuple(env.get(k) for k in _ENV_KEYS))
+    p = _plans.get(key)
+    if p is None:
+        fx, fw = grad_formats(x, w)
+        ximpl = choose_dgrad(dy, x, w, params, precision) if mask[0] else None
+        wimpl = choose_wgrad(dy, x, w, params, precision) if mask[1] else None
+        p = (fx, fw, ximpl, wimpl)
+        # Choices made without timing during graph capture are provisional (not cached there
+        # either): a later uncaptured call times them.
+        if x.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            if len(_plans) >= 4096:
+                _plans.clear()
+            _plans[key] = p
+    return p
+
 def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
           mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(dX, dW, db) for the entries of ``mask`` that are True (None for the others).
@@ -497,16 +537,16 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
     """
     need_x, need_w, need_b = mask
     gx = gw = gb = None
-    fx, fw = grad_formats(x, w)
-    ximpl = choose_dgrad(dy, x, w, params, precision) if need_x else None
-    wimpl = choose_wgrad(dy, x, w, params, precision) if need_w else None
+    fx, fw, ximpl, wimpl = _plan(dy, x, w, params, precision, mask)
     use_torch_x = ximpl is not None and ximpl.impl == "cudnn"
     use_torch_w = wimpl is not None and wimpl.impl == "cudnn"
     if use_torch_x or use_torch_w:
-        # Both on cuDNN: one convolution_backward call computes them together.
-        gx_t, gw_t = _torch_grads(dy, x, w, params, precision, use_torch_x, use_torch_w)
+        # Both on cuDNN: one convolution_backward call computes them together, and db with them
+        # (as PyTorch's own autograd does: the same reduction, no second dispatch).
+        gx_t, gw_t, gb = _torch_grads(dy, x, w, params, precision, use_torch_x, use_torch_w, need_b)
         gx = gx_t if use_torch_x else None
         gw = gw_t if use_torch_w else None
+        need_b = False
     if need_x and not use_torch_x:
         gx = dgrad_triton(dy, w, params, precision, x.dtype, ximpl.config, fx)
     if need_w and not use_torch_w:

@@ -44,11 +44,15 @@ VARIANTS = {
     "direct": (-1, 0, 0, 0, 0),
 }
 # gemm_kernel variants (register-blocked implicit GEMM, 256 threads of 8 x 8), as the .cu's
-# GEMM_VARIANTS lists them: name -> (index, BN output channels, BM positions, BK input channels
-# per step) per block.
+# GEMM_VARIANTS lists them: name -> (index, BN output channels, BM positions per block, BK input
+# channels per K step, STAGES steps in flight). g64k8 and g64k32 are the 64-channel tile with a
+# shallower (smaller unrolled loop) and a deeper (half the per-step overhead, two stages) K step,
+# for timing against g64.
 GEMM_VARIANTS = {
-    "g64": (6, 64, 256, 16),
-    "g32": (7, 32, 512, 16),
+    "g64": (6, 64, 256, 16, 3),
+    "g32": (7, 32, 512, 16, 3),
+    "g64k8": (8, 64, 256, 8, 3),
+    "g64k32": (9, 64, 256, 32, 2),
 }
 HEADER = 16  # int32 header of the geometry table (see the .cu)
 
@@ -218,7 +222,7 @@ def gemm_applies(params: ConvT3dParams, name: str = "g64") -> bool:
     """Whether the launcher runs gemm_kernel ``name`` for these sizes (else it falls back to the
     direct kernel): 32-bit offsets inside one group's input and inside the compact (h, w) plane, a
     tap table of at most GEMM_MAX_TAPS entries, a grid below 2^31 blocks. Mirrors convt3d_forward."""
-    _, bn, bm, _ = GEMM_VARIANTS[name]
+    _, bn, bm, _, _ = GEMM_VARIANTS[name]
     qc = _launch_qc(params)
     plane_q = qc[1] * qc[2]
     blocks = -(-params.out_channels_per_group // bn) * -(-plane_q // bm) * qc[0] * params.batch * params.groups
@@ -236,14 +240,15 @@ def choose_variant(params: ConvT3dParams) -> str:
     """The tile variant by output channels per group (a block's channel tile should not be much
     wider than the group): 64 channels for wide layers, down to 4 for depthwise ones.
 
-    gemm_kernel (g64 for more than 32 output channels per group, g32 for 17-32) is the default
-    where it applies: its 8 x 8 register tile issues 64 FFMAs per 4 shared-memory loads at 128
-    registers and 16 warps per SM, where phase_kernel's best tile (p8c16, 252 registers, 8
-    warps per SM) ran KernelBench 77 at 16.7 TFLOP/s of 51. Pending H200 timing
-    (``scripts/gpu_cuda.py`` times both on KB 77 and the other problems). It needs at least 8
-    input channels per group (a step stages 16; fewer would mostly multiply zeros) and the
-    launcher's 32-bit limits (``gemm_applies``); grouped layers with narrow groups (KB 72/73 style
-    depthwise, 4-16 output channels per group) stay on phase_kernel's narrow tiles."""
+    gemm_kernel (g64 for more than 32 output channels per group, g64k8 when there are also fewer
+    than 16 input channels per group, g32 for 17-32 output channels) is the default where it
+    applies: its 8 x 8 register tile issues 64 FFMAs per 4 shared-memory loads at 128 registers
+    and 16 warps per SM, where phase_kernel's best tile (p8c16, 252 registers, 8 warps per SM)
+    ran KernelBench 77 at 16.7 TFLOP/s of 51. Pending H200 timing (``scripts/gpu_cuda.py`` times
+    every variant on KB 77 and the other problems; g64k32 is the candidate where Cin/g is a
+    multiple of 32). It needs at least 8 input channels per group (fewer would mostly multiply
+    the zero padding of a K step) and the launcher's 32-bit limits (``gemm_applies``); narrow
+    groups (KB 58/72: 8-16 output channels per group) stay on phase_kernel's narrow tiles."""
     override = os.environ.get("CONVT3D_CUDA_VARIANT")
     if override:
         if override not in variant_names():
@@ -252,7 +257,7 @@ def choose_variant(params: ConvT3dParams) -> str:
     cout_g = params.out_channels_per_group
     if params.in_channels_per_group >= 8:
         if cout_g > 32 and gemm_applies(params, "g64"):
-            return "g64"
+            return "g64k8" if params.in_channels_per_group < 16 else "g64"
         if 16 < cout_g <= 32 and gemm_applies(params, "g32"):
             return "g32"
     if cout_g <= 4:
@@ -273,7 +278,7 @@ def _grid_too_large(params: ConvT3dParams) -> bool:
 
 
 # The launcher's limits (convt3d_forward in the .cu), restated for launch_plan.
-GEMM_THREADS, GEMM_STAGES = 256, 3
+GEMM_THREADS = 256
 GEMM_MAX_TAPS = 4096         # kD*kH*kW of gemm_kernel's tap table in shared memory
 CI_MAX = 8                   # input channels per pipeline stage, at most
 SMEM_TARGET = 100 * 1024     # bytes of dynamic shared memory per block: two blocks per SM (228 KB)
@@ -292,11 +297,11 @@ def launch_plan(params: ConvT3dParams, variant: str, hreuse: bool, smem_optin: i
     cout_g, cin_g = params.out_channels_per_group, params.in_channels_per_group
     total = params.batch * params.out_channels * math.prod(params.out_size)
     if variant in GEMM_VARIANTS:
-        _, bn, bm, bk = GEMM_VARIANTS[variant]
+        _, bn, bm, bk, stages = GEMM_VARIANTS[variant]
         if gemm_applies(params, variant):
             blocks = -(-cout_g // bn) * -(-(qch * qcw) // bm) * qcd * params.batch * params.groups
-            # pipeline buffers (the epilogue tile aliases them), then the tap table (int4 per tap)
-            smem = 4 * GEMM_STAGES * bk * (bm + bn) + 16 * math.prod(params.kernel_size)
+            # pipeline buffers and epilogue tile share one region (the larger), then the tap table
+            smem = 4 * max(stages * bk * (bm + bn), bn // 2 * (bm + 4)) + 16 * math.prod(params.kernel_size)
             return {"kernel": "gemm", "variant": variant, "grid": (blocks, 1, 1), "block": (GEMM_THREADS, 1, 1),
                     "smem": smem, "ci_chunk": bk}
         idx = -1
@@ -390,7 +395,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     use_hreuse = hreuse_applies(params) if hreuse is None else bool(hreuse)
     b = bias.contiguous() if bias is not None else x.new_empty(0)
     if name in GEMM_VARIANTS:
-        index, bn, _, bk = GEMM_VARIANTS[name]
+        index, bn, _, bk, _ = GEMM_VARIANTS[name]
         # the launcher's fallback for sizes gemm_kernel does not take is the direct kernel (plain packing)
         wpk = pack_weight_padded(weight, params, bn, bk) if gemm_applies(params, name) else pack_weight(weight, params)
         index = index if gemm_applies(params, name) else VARIANTS["direct"][0]

@@ -103,11 +103,15 @@ class cudnn_conv_tf32:
         else:
             self._obj, self._attr, self._value = torch.backends.cudnn, "allow_tf32", self.enabled
         self._old = getattr(self._obj, self._attr)
-        setattr(self._obj, self._attr, self._value)
+        # Set only on a change: the flag's setter validates and re-derives torch's precision
+        # state, host time that every backward of a training step would pay twice.
+        if self._old != self._value:
+            setattr(self._obj, self._attr, self._value)
         return self
 
     def __exit__(self, *exc):
-        setattr(self._obj, self._attr, self._old)
+        if self._old != self._value:
+            setattr(self._obj, self._attr, self._old)
         return False
 
 

@@ -24,7 +24,7 @@
 //
 // gemm_kernel (below phase_kernel; its comment has the details) is the register-blocked
 // alternative: per phase an implicit GEMM with a 256-position x 64-channel block tile, 8 x 8 per
-// thread, the input gathered per tap into a k-major shared-memory tile by cp.async, three stages,
+// thread, the input gathered per tap into a k-major shared-memory tile by cp.async, 2-3 stages,
 // and an epilogue that writes whole output rows (computed and bias elements interleaved).
 //
 // Geometry comes from a small int32 table built in Python from ConvT3dParams
@@ -381,6 +381,7 @@ __global__ void direct_kernel(const float* __restrict__ x, const float* __restri
 
 // ================================ gemm_kernel ================================
 // Register-blocked implicit GEMM, one non-empty phase at a time (the FFMA SGEMM recipe).
+// Template: BN output channels per block (64 or 32), BK input channels per K step, STAGES.
 //
 // Block: 256 threads, a tile of BM compact positions x BN output channels (BM = 256 for BN = 64,
 // 512 for BN = 32), each thread an 8 x 8 register tile: positions {4tm..4tm+3, BM/2+4tm..+3}
@@ -399,7 +400,7 @@ __global__ void direct_kernel(const float* __restrict__ x, const float* __restri
 // input row segment; the tail chunk of a channel count that is not a multiple of BK zero-fills
 // the missing channels. The B tile [BK][BN] is the weight rows of that tap, packed with input and
 // output channels zero-padded to multiples of BK and BN (cuda_engine.pack_weight_padded): one
-// 16-byte cp.async per thread, no masks. Three stages in flight, one barrier per step. The tap
+// 16-byte cp.async per float4, no masks. STAGES (2-3) steps in flight, one barrier per step. The tap
 // offsets of the phase (input offset, kernel tap) sit in a small table in shared memory, so the
 // loader keeps only a tap and a chunk counter across steps (register budget: 128 per thread for
 // two blocks of 256 threads per SM).
@@ -421,7 +422,7 @@ __global__ void direct_kernel(const float* __restrict__ x, const float* __restri
 //     round of the first width residue with taps, the elements of the width residues without
 //     taps (bias). KB 77: the odd rows of the odd planes come out as whole contiguous rows,
 //     computed and bias interleaved.
-constexpr int GEMM_THREADS = 256, GEMM_STAGES = 3;
+constexpr int GEMM_THREADS = 256;
 constexpr int GEMM_MAX_TAPS = 4096;  // kD*kH*kW of the tap table in shared memory (64 KB)
 
 template <int N>
@@ -443,7 +444,7 @@ __device__ __forceinline__ void fill_span(float* p, long long len, float v, int 
     if (lane < tail) p[head + 4 * n4 + lane] = v;
 }
 
-template <int BN, int BK, int MINB>
+template <int BN, int BK, int STAGES, int MINB>
 __global__ void __launch_bounds__(256, MINB)
 gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const float* __restrict__ bias,
             float* __restrict__ y, const int* __restrict__ tab, const Args a) {
@@ -454,20 +455,21 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
     constexpr int MPT = BM / NT;       // positions each thread stages in the loader
     constexpr int LM = 32 / TN;        // lanes along M within a warp
     constexpr int HBN = BN / 2;
-    constexpr int STAGES = GEMM_STAGES;
     constexpr int A_ST = BK * BM, B_ST = BK * BN;
-    constexpr int B_THREADS = BK * BN / 4;  // threads that stage one float4 of B per step
+    constexpr int B_VEC = BK * BN / 4;       // float4 of B per step
+    constexpr int B_ROWS = NT / (BN / 4);    // rows of B one sweep of the threads covers
     // Epilogue tile [HBN][CPITCH]: CPITCH/4 odd, so the 8 lanes of a quarter warp (4 tm x 2 tn,
     // or 8 tm) store their float4 to 8 distinct 16-byte bank groups.
     constexpr int CPITCH = BM + 4;
     static_assert(TN * TM == NT && (32 % TN) == 0 && BM % NT == 0 && (CPITCH / 4) % 2 == 1, "tile shape");
-    static_assert(B_THREADS <= NT, "one float4 of B per thread and step");
-    static_assert(HBN * CPITCH <= STAGES * (A_ST + B_ST), "epilogue tile fits in the pipeline buffers");
+    static_assert(NT % (BN / 4) == 0 && STAGES >= 2, "B rows per sweep, pipeline depth");
+    // the pipeline buffers and the epilogue tile share one region (the larger of the two)
+    constexpr int REGION = STAGES * (A_ST + B_ST) > HBN * CPITCH ? STAGES * (A_ST + B_ST) : HBN * CPITCH;
     extern __shared__ float4 smem4[];
     float* const As = reinterpret_cast<float*>(smem4);  // [STAGES][BK][BM]
     float* const Bs = As + STAGES * A_ST;               // [STAGES][BK][BN]
     float* const Cs = As;                               // [HBN][CPITCH], after the K loop
-    int4* const taps = reinterpret_cast<int4*>(Bs + STAGES * B_ST);  // [taps of the phase]
+    int4* const taps = reinterpret_cast<int4*>(As + REGION);  // [taps of the phase]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tn = lane / LM;
@@ -549,7 +551,8 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
         pqw[u] = pin[u] ? p - pqh[u] * qcw : 0;
     }
     // Packed weights (cuda_engine.pack_weight_padded): [G][KD][KH][KW][cin_pad][cout_pad], zero
-    // past cin_g and cout_g, so B needs no masks. This thread's float4 of B: row kb, column 4*cb.
+    // past cin_g and cout_g, so B needs no masks. This thread's float4 of B: rows kb + i*B_ROWS,
+    // column 4*cb.
     const int nchunks = (a.cin_g + BK - 1) / BK;
     const int cout_pad = a.tiles_co * BN;
     const long long wtap = static_cast<long long>(nchunks) * BK * cout_pad;  // floats per tap
@@ -641,8 +644,12 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
                             }
                         }
                     }
-                    if (B_THREADS == NT || tid < B_THREADS)
-                        cp_async16(Bs + buf * B_ST + 4 * tid, bsrc + static_cast<long long>(ci0) * cout_pad, true);
+#pragma unroll
+                    for (int i = 0; i < (B_VEC + NT - 1) / NT; ++i) {
+                        if (B_VEC % NT == 0 || tid + NT * i < B_VEC)
+                            cp_async16(Bs + buf * B_ST + 4 * (tid + NT * i),
+                                       bsrc + static_cast<long long>(ci0 + i * B_ROWS) * cout_pad, true);
+                    }
                     if (++l_chunk == nchunks) {
                         l_chunk = 0;
                         if (++l_tap < ntaps) set_tap();
@@ -768,14 +775,16 @@ constexpr int CI_MAX = 8;                   // input channels per pipeline stage
 constexpr long long SMEM_TARGET = 100 * 1024;  // two blocks per SM on H100/H200 (228 KB)
 
 // gemm_kernel variants (indices after the phase_kernel ones): BN channels x BM positions per
-// block, BK input channels per step, 256 threads of 8 x 8.
+// block, BK input channels per step, STAGES steps in flight, 256 threads of 8 x 8.
 struct GemmVariant {
-    int BN, BK;
+    int BN, BK, STAGES;
 };
-constexpr int NUM_GEMM = 2;
+constexpr int NUM_GEMM = 4;
 constexpr GemmVariant GEMM_VARIANTS[NUM_GEMM] = {
-    {64, 16},  // 6: 64 channels x 256 positions, 16 input channels per step
-    {32, 16},  // 7: 32 channels x 512 positions, 16 input channels per step
+    {64, 16, 3},  // 6: 64 channels x 256 positions, 16 input channels per step
+    {32, 16, 3},  // 7: 32 channels x 512 positions, 16 input channels per step
+    {64, 8, 3},   // 8: 64 channels x 256 positions, 8 input channels per step
+    {64, 32, 2},  // 9: 64 channels x 256 positions, 32 input channels per step
 };
 
 template <int P, int C, int WP, int WC>
@@ -791,10 +800,10 @@ void launch_phase(const torch::Tensor& x, const torch::Tensor& wpk, const float*
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <int BN, int BK>
+template <int BN, int BK, int STAGES>
 void launch_gemm(const torch::Tensor& x, const torch::Tensor& wpk, const float* bias, torch::Tensor& y,
                  const torch::Tensor& tab, const Args& a, long long blocks, size_t smem, cudaStream_t stream) {
-    auto kernel = gemm_kernel<BN, BK, 2>;
+    auto kernel = gemm_kernel<BN, BK, STAGES, 2>;
     TORCH_CHECK(blocks >= 1 && blocks <= 0x7fffffffLL, "convt3d cuda: gemm_kernel grid of ", blocks, " blocks");
     if (smem > 48 * 1024) {
         C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -847,9 +856,11 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
         a.tiles_hw = static_cast<int>(std::min<long long>((plane_q + bm - 1) / bm, 0x7fffffffLL));
         a.tiles_co = (a.cout_g + v.BN - 1) / v.BN;
         blocks = static_cast<long long>(a.tiles_co) * a.tiles_hw * a.qcd * a.N * a.G;
-        // pipeline buffers (the epilogue tile aliases them), then the phase's tap table
+        // pipeline buffers and epilogue tile (one region, the larger), then the phase's tap table
         const long long taps = static_cast<long long>(a.KD) * a.KH * a.KW;
-        smem = static_cast<size_t>(4LL * GEMM_STAGES * v.BK * (bm + v.BN) + 16LL * taps);
+        const long long region = std::max<long long>(static_cast<long long>(v.STAGES) * v.BK * (bm + v.BN),
+                                                     static_cast<long long>(v.BN / 2) * (bm + 4));
+        smem = static_cast<size_t>(4LL * region + 16LL * taps);
         // 32-bit position and input-offset arithmetic in the kernel, a bounded tap table. The Python
         // side (cuda_engine.gemm_applies) asks for the direct kernel instead where these fail.
         TORCH_CHECK(blocks <= 0x7fffffffLL && plane_q + bm <= 0x7fffffffLL &&
@@ -891,8 +902,10 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
         case 3: launch_phase<16, 8, 1, 4>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 4: launch_phase<8, 8, 4, 2>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 5: launch_phase<8, 4, 4, 1>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
-        case 6: launch_gemm<64, 16>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
-        case 7: launch_gemm<32, 16>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 6: launch_gemm<64, 16, 3>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 7: launch_gemm<32, 16, 3>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 8: launch_gemm<64, 8, 3>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 9: launch_gemm<64, 32, 2>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         default: {
             const long long total = y.numel();
             const long long grid = std::min<long long>((total + 255) / 256, 65535LL * 32);
@@ -918,6 +931,8 @@ template __global__ void convt3d_cuda::phase_kernel<8, 8, 2, 4, (2 * 4 * 32 >= 2
 template __global__ void convt3d_cuda::phase_kernel<16, 8, 1, 4, (1 * 4 * 32 >= 256 ? 1 : 2)>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::phase_kernel<8, 8, 4, 2, (4 * 2 * 32 >= 256 ? 1 : 2)>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::phase_kernel<8, 4, 4, 1, (4 * 1 * 32 >= 256 ? 1 : 2)>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
-template __global__ void convt3d_cuda::gemm_kernel<64, 16, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
-template __global__ void convt3d_cuda::gemm_kernel<32, 16, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<64, 16, 3, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<32, 16, 3, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<64, 8, 3, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<64, 32, 2, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 #endif
