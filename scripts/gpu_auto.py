@@ -156,6 +156,12 @@ def main(argv=None) -> int:
         print(f"[{i + 1}/{len(cases)}] {case.label}", file=sys.stderr, flush=True)
         try:
             rows.append(run_case(case, cuda_ok))
+            r = rows[-1]
+            print(f"  {r['label']}: " + " ".join(f"{k} {v * 1e3:.1f}" for k, v in r["times_ms"].items())
+                  + f" | auto-h {r['auto_heuristic_ms'] * 1e3:.1f} ({r['heuristic_engine']})"
+                  f" auto-b {r['auto_bench_ms'] * 1e3:.1f} ({r['bench_engine']}) us", flush=True)
+            # Partial results survive a timeout.
+            Path(args.json).write_text(json.dumps({"env": env, "rows": rows, "failures": failures}, indent=1))
         except Exception as exc:  # noqa: BLE001
             failures.append({"label": case.label, "error": f"{type(exc).__name__}: {exc}",
                              "traceback": traceback.format_exc()[-2000:]})

@@ -791,8 +791,11 @@ def test_pack_weight_padded_zero_pads_channels():
 def test_default_variant_is_gemm_where_it_applies(monkeypatch):
     monkeypatch.delenv("CONVT3D_CUDA_VARIANT", raising=False)
     kb = _kernelbench_params()
-    assert E.choose_variant(kb["kb77"]) == "g64"
-    assert E.choose_variant(kb["kb61"]) == "g64" and E.choose_variant(kb["kb68"]) == "g64"
+    # Cin/g a multiple of 32: the 32-channel K step (KB 77: 32 -> 64); otherwise g64
+    assert E.choose_variant(kb["kb77"]) == "g64k32"
+    for name in ("kb61", "kb68"):
+        want = "g64k32" if kb[name].in_channels_per_group % 32 == 0 else "g64"
+        assert E.choose_variant(kb[name]) == want
     assert E.choose_variant(kb["kb70"]) == "g32" and E.choose_variant(kb["kb73"]) == "g32"
     assert E.choose_variant(kb["kb58"]) == "p8c8w"  # 16 output channels: phase_kernel
     assert E.choose_variant(kb["kb72"]) == "p8c8w"  # groups 4: 8 output channels per group

@@ -71,7 +71,7 @@ class Recorder:
     def __init__(self, times: dict[str, float]):
         self.times, self.calls = times, []
 
-    def __call__(self, x, weight, bias, params, precision, prec, cands, label):
+    def __call__(self, x, weight, bias, params, precision, prec, cands, label, training=False):
         self.calls.append(tuple(cands))
         return {c: self.times[c] for c in cands}, {}
 
@@ -157,6 +157,60 @@ def _p(n, cin, cout, size, k, s, p=0, groups=1):
 def test_heuristic_rules(params, dtype, prec, engine, phrase):
     got, why = dispatch.heuristic(params, dtype, prec)
     assert got == engine and phrase in why, why
+
+
+@pytest.mark.parametrize("name,dtype,expect", [
+    ("nnunet_128_64", torch.bfloat16, "torch"),
+    ("monai_unet_k3", torch.float32, "torch"),
+    ("gan_k4s2p1", torch.bfloat16, dispatch.HYBRID),
+    ("videogpt_k4s2p3", torch.bfloat16, dispatch.HYBRID),
+    ("nnunet_64_32", torch.bfloat16, "triton"),
+    ("videogpt_k4s2p3", torch.float32, "triton"),
+], ids=["small-bf16-torch", "small-fp32-torch", "gan-bf16-hybrid", "videogpt-bf16-hybrid", "mid-bf16-triton",
+        "videogpt-fp32-triton"])
+def test_heuristic_for_training_steps(name, dtype, expect):
+    # The H200 rows behind TRAIN_SMALL_FLOOR_S and the hybrid (dispatch.heuristic docstring).
+    g = next(c.geometry for c in suites.all_cases() if c.geometry.name == name)
+    params = ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel, g.stride,
+                                  g.padding, g.output_padding, g.dilation)
+    cands = ("triton", "torch", dispatch.HYBRID)
+    got, why = dispatch.heuristic(params, dtype, "tf32", g.bias, cands, training=True)
+    assert got == expect, why
+    # Without autograd the forward rules alone decide, and the hybrid is never an answer.
+    assert dispatch.heuristic(params, dtype, "tf32", g.bias, cands)[0] in ("triton", "torch")
+
+
+def test_training_decisions_are_their_own_signature(monkeypatch):
+    rec = Recorder({"triton": 2.0, "torch": 1.0, dispatch.HYBRID: 0.5})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    convt3d.set_benchmark(True)
+    x, w, b, params = _call()
+    train = dispatch.decide(x, "auto", None, params, weight=w, bias=b, training=True)
+    infer = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert rec.calls == [("triton", "torch", dispatch.HYBRID), ("triton", "torch")]
+    assert (train.engine, train.ours_backward) == ("torch", True) and "training steps" in train.reason
+    assert (infer.engine, infer.ours_backward) == ("torch", False)
+    assert dispatch.signature_text(x, w, b, params, "tf32", True).endswith("|train")
+
+
+def test_hybrid_autograd_matches_pytorch_autograd():
+    # engine "torch" through our autograd.Function: PyTorch's forward, convt3d's backward (on CPU
+    # its cuDNN branch is PyTorch's own convolution_backward: the same numbers as autograd).
+    from convt3d import ops
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, 4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    params, _ = check_call(x, w, b, 2, 1, 1, 1, 1)
+    y = ops.conv_transpose3d_autograd(x, w, b, params, "ieee", "torch")
+    ref = torch.nn.functional.conv_transpose3d(x, w, b, 2, 1, 1)
+    assert torch.equal(y, ref)
+    g = torch.randn_like(y)
+    ours = torch.autograd.grad(y, (x, w, b), g)
+    theirs = torch.autograd.grad(ref, (x, w, b), g)
+    for a, c in zip(ours, theirs):
+        assert torch.allclose(a, c, rtol=1e-12, atol=1e-12)
 
 
 def test_heuristic_with_one_runnable_engine():

@@ -180,7 +180,7 @@ def test_dgrad_choice_is_timed_on_cuda(monkeypatch):
     B.clear_caches()
     x, w, b, args = _tensors(SWEEP["gan-k4s2p1"], torch.bfloat16)
     leaves = [x.detach().requires_grad_(), w.detach().requires_grad_()]
-    y = convt3d.conv_transpose3d(*leaves, b, *args)
+    y = convt3d.conv_transpose3d(*leaves, b, *args, backend="triton")
     torch.autograd.grad(y, leaves, torch.randn_like(y))
     recs = list(B.dgrad_choices().values())
     assert len(recs) == 1 and recs[0].reason.startswith("timed")
@@ -194,7 +194,13 @@ def test_dgrad_choice_is_timed_on_cuda(monkeypatch):
 @pytest.mark.parametrize("engine", ["triton", "cuda"])
 @pytest.mark.parametrize("dtype,precision", [("fp32", "tf32x3"), ("bf16", "tf32")], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", ["monai-k3s2p1op1-cl", "grouped-dilated"])
-def test_opcheck_cuda(name, dtype, precision, engine):
+def test_opcheck_cuda(name, dtype, precision, engine, monkeypatch):
+    # opcheck compares eager and compiled gradients at ~1e-6 relative; pin the backward to one
+    # implementation per gradient, or the two runs may time different winners (cuDNN exact fp32
+    # vs Triton 3xTF32: both within the accuracy bar, not equal to 1e-6). The kernels' accuracy
+    # is tested by the gradient sweeps.
+    monkeypatch.setenv("CONVT3D_BWD_INPUT", "cudnn")
+    monkeypatch.setenv("CONVT3D_BWD_WEIGHT", "cudnn")
     if engine == "cuda":
         try:
             import convt3d.cuda_engine  # noqa: F401

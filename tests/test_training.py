@@ -367,7 +367,10 @@ def test_bench_training_modes_rows(mode, backend):
     assert row["max_abs_torch"] > 0 and row["max_abs_diff_vs_torch"] <= 1e-2 * row["max_abs_torch"]
     assert row["output_layout_matches"]
     # backend torch runs PyTorch's own backward, so no convt3d choice is reported for it.
-    assert row["bwd_choice"].startswith("dW cudnn") if backend == "triton" else row["bwd_choice"] == ""
+    if backend == "triton":
+        assert row["bwd_choice"].startswith("dX cudnn") and "; dW cudnn" in row["bwd_choice"]
+    else:
+        assert row["bwd_choice"] == ""
     fwd_flop, fwd_bytes = runner.MODES["fwd"].work(_params_of(geom), 4, True)
     assert row["useful_flop"] == (2 if mode == "bwd" else 3) * fwd_flop
     assert row["min_bytes"] > (0 if mode == "bwd" else fwd_bytes)

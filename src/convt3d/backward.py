@@ -24,16 +24,32 @@ For ``y = conv_transpose3d(x, w, b)`` with output gradient dY:
 * db is the sum of dY over batch and positions (fp32 accumulation, as PyTorch).
 
 Choice per call signature (device, dtype, precision, geometry, layouts), made separately for dX
-and for dW: on CUDA the first backward of a signature times cuDNN and each Triton candidate
-(``triton.testing.do_bench`` medians, ~0.2-1 s once per gradient) and keeps the fastest; under
-CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU, the static rules ``_static_dgrad`` and
-``_static_wgrad`` decide (cuDNN for now). ``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT``
-("cudnn" or "triton") force one per gradient. When both dX and dW go to cuDNN they are computed
-by one ``convolution_backward`` call. Both Triton kernels need >= 8 input and output channels per
-group (below that most of every MMA would be padding; depthwise layers stay on cuDNN). The
-choices are kept in ``dgrad_choices()`` (dX) and ``choices()`` (dW).
-TODO(lead, H200 numbers from scripts/gpu_training.py): replace the static rules with the
-measured winners and record the per-case times here.
+and for dW: on CUDA the first backward of a signature times cuDNN and each Triton dX candidate
+(``triton.testing.do_bench`` medians, ~0.2-1 s plus compilation once per signature) and keeps
+the fastest; under CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU, the static rules
+``_static_dgrad`` and ``_static_wgrad`` decide (cuDNN). dW is not timed by default (cuDNN; see
+``choose_wgrad``). ``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton")
+force one per gradient. When both dX and dW go to cuDNN they are computed by one
+``convolution_backward`` call, db with them. Both Triton kernels need >= 8 input and output
+channels per group (below that most of every MMA would be padding; depthwise layers stay on
+cuDNN). The choices are kept in ``dgrad_choices()`` (dX) and ``choices()`` (dW).
+
+Measured on the H200 (session 3, scripts/gpu_training.py; us, cuDNN deterministic vs the best
+Triton tile; bf16 channels-last / fp32 NCDHW, default precision):
+
+  =================  ===============  ===============  ================  ================
+  layer              dX bf16 cuDNN    dX bf16 Triton   dX fp32 cuDNN     dX fp32 Triton
+  =================  ===============  ===============  ================  ================
+  nnunet_128_64      49.7             44.5             157.7             149.2
+  nnunet_64_32       94.6             98.7             455.0             436.5
+  monai_unet_k3      48.9             55.2             204.3             161.8
+  gan_k4s2p1         6435.0           257.6            716.1             649.9
+  videogpt_k4s2p3    16066.5          618.1            1833.3            1746.5
+  aniso_122          72.8             57.4             228.4             177.0
+  refine_k3s1        81.4             93.5             206.2             168.7
+  =================  ===============  ===============  ================  ================
+
+dW: the Triton kernel lost every row (best tile 1.1-1.4x cuDNN's time in bf16, 2.3-8.4x in fp32).
 
 Precision follows the forward's resolved precision: float32 "tf32" runs cuDNN with its TF32 flag
 on and the Triton kernel with TF32 MMAs on operands rounded to nearest TF32 (cuDNN's rounding);
@@ -287,13 +303,16 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
         # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
         shapes = ((min(32, max(16, _pow2_at_least(hw))), 16, 16, 4, 1),)
     else:
+        # The three tiles that won on the H200 (session 3, scripts/gpu_training.py: six tiles
+        # timed on the 14 layer rows, bf16 channels-last and fp32 NCDHW): 128x64 K32 won 6 rows
+        # (the 64-128-channel layers), 128x128 K64 8 warps the bf16 gan/videogpt rows (258 and
+        # 618 us; cuDNN 6435 and 16066), 128x128 K32 their fp32 rows (650 and 1746 us; cuDNN 716
+        # and 1833). The other three tiles were never more than 8% faster than these; every tile
+        # costs ~1-3 s of compilation on a signature's first backward.
         shapes = (
-            (128, 128, 32, 8, 4),  # default: the largest MMA tile, deep pipeline of short K steps
-            (128, 128, 64, 8, 3),  # K = 64 per step (one 128-byte bf16 row per channel block)
-            (128, 64, 64, 4, 3),   # half the accumulator: more programs and CTAs per SM
-            (128, 64, 32, 4, 4),
-            (64, 128, 64, 4, 3),   # small planes or Cin/g >= 128 with few positions
-            (64, 64, 32, 4, 4),    # small layers: more programs to fill 132 SMs
+            (128, 64, 32, 4, 4),   # default
+            (128, 128, 64, 8, 3),  # large 16-bit layers: one 128-byte row per channel block
+            (128, 128, 32, 8, 4),  # large fp32 layers (tf32 runs it on 4 warps, below)
         )
     tf32_mma = dtype == torch.float32 and precision == "tf32"
     out = []
@@ -443,7 +462,7 @@ def _key(dy, x, w, params, precision) -> tuple:
 
 
 def _choose(cache: dict, env: str, what: str, supported: bool, static, candidates, run_cudnn, run_triton,
-            dy, x, w, params, precision) -> Choice:
+            dy, x, w, params, precision, time_triton: bool = True) -> Choice:
     """The per-signature choice of one gradient (see the module docstring)."""
     forced = _forced(env)
     if forced is not None:
@@ -456,12 +475,14 @@ def _choose(cache: dict, env: str, what: str, supported: bool, static, candidate
     rec = cache.get(key)
     if rec is not None:
         return rec
-    timed = (x.device.type == "cuda" and supported and _tuning_enabled()
+    timed = (x.device.type == "cuda" and supported and _tuning_enabled() and time_triton
              and not torch.cuda.is_current_stream_capturing())
     if not timed:
         impl = static()
         cfg = candidates()[0] if impl == "triton" else None
-        rec = Choice(impl, cfg, 0.0, {}, "static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)")
+        why = ("static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)" if time_triton or
+               x.device.type != "cuda" else "static rule (the Triton kernel lost every H200 row; not timed)")
+        rec = Choice(impl, cfg, 0.0, {}, why)
         if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
             cache[key] = rec
         return rec
@@ -482,12 +503,22 @@ def _choose(cache: dict, env: str, what: str, supported: bool, static, candidate
     return rec
 
 
+# The Triton dW kernel is not timed against cuDNN by default: on the H200 (session 3,
+# scripts/gpu_training.py, 14 layer rows, bf16 channels-last and fp32 NCDHW) its best tile lost
+# every row -- by 1.1-1.4x in bf16 (nnunet_128_64 48 vs 43 us, gan 473 vs 400, videogpt 1817 vs
+# 968) and 2.3-8.4x in fp32 (videogpt 26.3 ms vs 4.8 ms) -- and timing it costs ~1-3 s of
+# compilation per tile on each signature's first backward. CONVT3D_BWD_WEIGHT=triton still runs
+# it, and CONVT3D_TIME_TRITON_DW=1 puts it back into the timed choice.
+def _time_triton_dw() -> bool:
+    return os.environ.get("CONVT3D_TIME_TRITON_DW", "0") not in ("0", "false", "False", "")
+
+
 def choose_wgrad(dy, x, w, params, precision) -> Choice:
     return _choose(_choices, _FORCE_ENV, "weight", _triton_wgrad_ok(params), lambda: _static_wgrad(params, x),
                    lambda: wgrad_candidates(params, x.dtype, x.device),
                    lambda: _torch_grads(dy, x, w, params, precision, False, True)[1],
                    lambda cfg: wgrad_triton(dy, x, params, precision, w.dtype, cfg),
-                   dy, x, w, params, precision)
+                   dy, x, w, params, precision, time_triton=_time_triton_dw())
 
 
 def choose_dgrad(dy, x, w, params, precision) -> Choice:
@@ -505,7 +536,7 @@ def choose_dgrad(dy, x, w, params, precision) -> Choice:
 # ~100 us of GPU work; the two choices, the gradient formats and the environment overrides were
 # ~100 us of that in Python). The key holds everything the decisions read, the overriding
 # environment variables included, so changing one takes effect on the next call.
-_ENV_KEYS = (_FORCE_ENV, _FORCE_ENV_X, "CONVT3D_AUTOTUNE", "CONVT3D_DETERMINISTIC")
+_ENV_KEYS = (_FORCE_ENV, _FORCE_ENV_X, "CONVT3D_AUTOTUNE", "CONVT3D_DETERMINISTIC", "CONVT3D_TIME_TRITON_DW")
 _plans: dict[tuple, tuple] = {}
 
 

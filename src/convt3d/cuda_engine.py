@@ -257,6 +257,11 @@ def choose_variant(params: ConvT3dParams) -> str:
     cout_g = params.out_channels_per_group
     if params.in_channels_per_group >= 8:
         if cout_g > 32 and gemm_applies(params, "g64"):
+            # KB 77 on the H200 (session 3, scripts/gpu_cuda.py): g64k32 1010 us, g64 1050,
+            # g64k8 1100, g32 1162, phase_kernel p8c16 1596 -- the 32-channel K step halves the
+            # per-step overhead where Cin/g fills it.
+            if params.in_channels_per_group % 32 == 0 and gemm_applies(params, "g64k32"):
+                return "g64k32"
             return "g64k8" if params.in_channels_per_group < 16 else "g64"
         if 16 < cout_g <= 32 and gemm_applies(params, "g32"):
             return "g32"

@@ -60,6 +60,14 @@ class Decision:
     engine: str  # "triton", "cuda" or "torch"
     precision: str  # "tf32" | "tf32x3" | "ieee" (meaningful for float32 only; "ieee" for "cuda")
     reason: str
+    # engine "torch" under autograd: PyTorch's forward with convt3d's backward (its per-gradient
+    # timed choice of cuDNN or our Triton dX/dW kernels) instead of PyTorch's own backward. Our
+    # engines always use convt3d's backward.
+    ours_backward: bool = False
+
+
+# Training ("auto" when autograd records the call): candidate names beyond the engines.
+HYBRID = "torch+bwd"  # PyTorch forward, convt3d backward
 
 
 def resolve_backend_name(backend: str | None) -> str:
@@ -222,9 +230,44 @@ def floors(params, dtype: torch.dtype, precision: str, has_bias: bool = False,
     return mem, comp, peak
 
 
+# Training steps (autograd records the call): below this roofline floor of the forward, a step is
+# host-bound and PyTorch's own forward + backward has the least host time. Measured on the H200
+# (session 3, scripts/gpu_training.py, Triton forward + convt3d backward vs cuDNN's step): the
+# layers that lost are all below it -- nnunet_128_64 (floor 20-40 us: 0.34-0.51x), monai_unet_k3
+# (20-40 us: 0.40-0.88x), aniso_122 (24-48 us: 0.39-0.70x) -- and those that won are all above it:
+# nnunet_64_32 (79-158 us: 1.45-1.55x), videogpt fp32 (677 us: 2.2x).
+TRAIN_SMALL_FLOOR_S = 60e-6
+
+
 def heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool = False,
-              candidates: tuple[str, ...] = ("triton", "torch")) -> tuple[str, str]:
-    """(engine, why) for a CUDA call without timing: a pure function of the geometry.
+              candidates: tuple[str, ...] = ("triton", "torch"), training: bool = False) -> tuple[str, str]:
+    """(candidate, why) for a CUDA call without timing: a pure function of the geometry.
+
+    Training steps (``training``): a layer whose forward roofline floor is below
+    ``TRAIN_SMALL_FLOOR_S`` takes PyTorch's forward and backward ("torch"); otherwise the forward
+    rules below decide, and where they pick "torch" and HYBRID is a candidate, the step takes
+    PyTorch's forward with convt3d's backward (HYBRID: per gradient the faster of cuDNN and our
+    Triton kernels, timed once per signature -- cuDNN's dX runs 25x slower than our Triton dX
+    on gan_k4s2p1 and videogpt_k4s2p3 in bf16 channels-last, 6.4 ms vs 0.26 ms and 16 ms vs
+    0.62 ms, while cuDNN's forward there is as fast as ours).
+    """
+    fwd = tuple(c for c in candidates if c != HYBRID)
+    if training and "torch" in fwd and len(fwd) > 1:
+        mem, comp, _ = floors(params, dtype, precision, has_bias)
+        if max(mem, comp) < TRAIN_SMALL_FLOOR_S:
+            return "torch", (f"training step of a small layer (roofline floor {max(mem, comp) * 1e6:.3g} us < "
+                             f"{TRAIN_SMALL_FLOOR_S * 1e6:.0f} us): host-bound, PyTorch's forward and backward "
+                             "have the least host time")
+    engine, why = _forward_heuristic(params, dtype, precision, has_bias, fwd)
+    if training and engine == "torch" and HYBRID in candidates:
+        return HYBRID, (why + "; backward by convt3d (per gradient the faster of cuDNN and our Triton kernels, "
+                        "timed once per signature)")
+    return engine, why
+
+
+def _forward_heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool,
+                       candidates: tuple[str, ...]) -> tuple[str, str]:
+    """(engine, why) of the forward: a pure function of the geometry.
 
     On the H200 bench (README: 42 rows) it picks the faster engine on 40; the two misses are
     refine_k3s1 fp32 NCDHW (torch chosen, Triton 1.03x) and aniso_122 fp32 channels_last
@@ -279,7 +322,7 @@ def _layout(t) -> str:
     return "strided" + "x".join(map(str, t.stride()))
 
 
-def signature_text(x, weight, bias, params, precision: str) -> str:
+def signature_text(x, weight, bias, params, precision: str, training: bool = False) -> str:
     """The persistent form of a call signature (the GPU model is the cache file's)."""
     p = params
 
@@ -289,7 +332,7 @@ def signature_text(x, weight, bias, params, precision: str) -> str:
     return (f"{str(x.dtype).replace('torch.', '')}|x={_layout(x)}|w={_layout(weight) if weight is not None else '?'}|"
             f"{'bias' if bias is not None else 'nobias'}|N{p.batch} {p.in_channels}->{p.out_channels} g{p.groups} "
             f"in{t3(p.in_size)} k{t3(p.kernel_size)} s{t3(p.stride)} p{t3(p.padding)} op{t3(p.output_padding)} "
-            f"d{t3(p.dilation)}|{precision}")
+            f"d{t3(p.dilation)}|{precision}" + ("|train" if training else ""))
 
 
 _settled: dict[tuple, Decision] = {}  # measured, read from the disk cache, or only one candidate
@@ -323,9 +366,9 @@ def _notify(event: str, **info) -> None:
         cb(event, info)
 
 
-def _signature(x, weight, bias, params, prec) -> tuple:
+def _signature(x, weight, bias, params, prec, training: bool = False) -> tuple:
     return (x.device, x.dtype, x.stride(), None if weight is None else weight.stride(), bias is not None, params,
-            prec)
+            prec, training)
 
 
 def cached_timings(x, weight, bias, params, precision: str) -> dict[str, float] | None:
@@ -342,17 +385,19 @@ def cached_timings(x, weight, bias, params, precision: str) -> dict[str, float] 
 
 # ---- decide -------------------------------------------------------------------------------------
 def decide(input: torch.Tensor, backend: str | None, precision: str | None, params=None, *, weight=None, bias=None,
-           measure: bool = True) -> Decision:
+           measure: bool = True, training: bool = False) -> Decision:
     """Steps 2-4 of the module docstring (arguments are already validated).
 
     ``params`` (the call's ConvT3dParams), ``weight`` and ``bias`` let "auto" use the cuda engine,
     the heuristic and benchmark mode; without them "auto" keeps its geometry-blind rule (Triton
     for CUDA float32/float16/bfloat16). ``measure=False`` never times anything (explain).
+    ``training``: autograd records the call, so "auto" decides (and measures) the training step,
+    forward and backward (see :func:`heuristic`).
     """
     name = resolve_backend_name(backend)
     prec = resolve_precision(precision)
     if name == "auto":
-        return _auto(input, weight, bias, params, precision, prec, measure)
+        return _auto(input, weight, bias, params, precision, prec, measure, training)
     if name == "triton":
         why = triton_engine.unsupported_reason(input, params)
         if why is not None:
@@ -376,15 +421,15 @@ def decide(input: torch.Tensor, backend: str | None, precision: str | None, para
     return Decision("cuda", "ieee", "backend='cuda' requested (exact fp32)")
 
 
-def _auto(x, weight, bias, params, precision, prec, measure) -> Decision:
-    d, sig = _auto_choose(x, weight, bias, params, precision, prec, measure)
+def _auto(x, weight, bias, params, precision, prec, measure, training=False) -> Decision:
+    d, sig = _auto_choose(x, weight, bias, params, precision, prec, measure, training)
     if _listeners and params is not None:
         _notify("decision", signature=signature_text(x, weight, bias, params, prec), decision=d,
                 timings=_timings.get(sig) if sig is not None else None)
     return d
 
 
-def _auto_choose(x, weight, bias, params, precision, prec, measure) -> tuple[Decision, tuple | None]:
+def _auto_choose(x, weight, bias, params, precision, prec, measure, training=False) -> tuple[Decision, tuple | None]:
     if x.device.type != "cuda":
         return Decision("torch", prec, "auto: CPU tensors use PyTorch"), None
     if x.dtype not in triton_engine.SUPPORTED_DTYPES:
@@ -401,14 +446,14 @@ def _auto_choose(x, weight, bias, params, precision, prec, measure) -> tuple[Dec
         engine, reason = heuristic(params, x.dtype, prec, bias is not None, cands)
         return Decision(engine, prec, f"auto (heuristic, traced): {reason}"), None
 
-    sig = _signature(x, weight, bias, params, prec)
+    sig = _signature(x, weight, bias, params, prec, training)
     d = _settled.get(sig)
     if d is None:
         measurable = measure and weight is not None and benchmark_enabled() and not _capturing()
         if not measurable:
             d = _guessed.get(sig)
         if d is None:
-            d = _decide_new(x, weight, bias, params, precision, prec, sig, measurable)
+            d = _decide_new(x, weight, bias, params, precision, prec, sig, measurable, training)
     if d.engine == "triton" and weight is not None:
         _after_triton(sig, x, weight, params, prec)
     return d, sig
@@ -419,7 +464,7 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _candidates(x, weight, params, prec) -> tuple[list[str], dict[str, str]]:
+def _candidates(x, weight, params, prec, training: bool = False) -> tuple[list[str], dict[str, str]]:
     """Engines that can run the call (in preference order for ties) and why the others cannot."""
     cands, excluded = [], {}
     why = triton_engine.unsupported_reason(x, params)
@@ -438,6 +483,8 @@ def _candidates(x, weight, params, prec) -> tuple[list[str], dict[str, str]]:
         else:
             excluded["cuda"] = why
     cands.append("torch")
+    if training:
+        cands.append(HYBRID)
     return cands, excluded
 
 
@@ -445,35 +492,43 @@ def _engine_precision(engine: str, prec: str) -> str:
     return "ieee" if engine == "cuda" else prec
 
 
-def _decide_new(x, weight, bias, params, precision, prec, sig, measurable) -> Decision:
-    cands, excluded = _candidates(x, weight, params, prec)
+def _decision(name: str, prec: str, reason: str) -> Decision:
+    """The Decision of a candidate name (HYBRID: the torch engine with convt3d's backward)."""
+    if name == HYBRID:
+        return Decision("torch", prec, reason, ours_backward=True)
+    return Decision(name, _engine_precision(name, prec), reason)
+
+
+def _decide_new(x, weight, bias, params, precision, prec, sig, measurable, training=False) -> Decision:
+    cands, excluded = _candidates(x, weight, params, prec, training)
     if len(cands) == 1:
         d = Decision(cands[0], prec, f"auto: only {cands[0]} can run this call ("
                      + "; ".join(f"{k}: {v}" for k, v in excluded.items()) + ")")
         _settled[sig] = d
         return d
     gpu = triton_engine.device_name(x.device)
-    text = signature_text(x, weight, bias, params, prec)
+    text = signature_text(x, weight, bias, params, prec, training)
     entry = cache.load_decision(gpu, text)
     if entry is not None and entry["engine"] in cands:
         timings = {k: float(v) for k, v in entry.get("timings_ms", {}).items()}
-        d = Decision(entry["engine"], _engine_precision(entry["engine"], prec),
-                     "auto (measured earlier, from the cache file): " + _timings_text(timings, entry["engine"]))
+        d = _decision(entry["engine"], prec,
+                      "auto (measured earlier, from the cache file): " + _timings_text(timings, entry["engine"]))
         _settled[sig], _timings[sig] = d, timings
         return d
     if measurable:
-        timings, failed = _measure(x, weight, bias, params, precision, prec, cands, text)
+        timings, failed = _measure(x, weight, bias, params, precision, prec, cands, text, training)
         best = min(timings, key=timings.get)
-        reason = "auto (measured, benchmark mode): " + _timings_text(timings, best)
+        reason = ("auto (measured training steps, benchmark mode): " if training
+                  else "auto (measured, benchmark mode): ") + _timings_text(timings, best)
         if failed:
             reason += "; failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
-        d = Decision(best, _engine_precision(best, prec), reason)
+        d = _decision(best, prec, reason)
         _settled[sig], _timings[sig] = d, timings
         cache.save_decision(gpu, text, {"engine": best, "timings_ms": timings, "failed": failed,
                                         "candidates": cands})
         return d
-    engine, why = heuristic(params, x.dtype, prec, bias is not None, tuple(cands))
-    d = Decision(engine, _engine_precision(engine, prec), f"auto (heuristic): {why}")
+    engine, why = heuristic(params, x.dtype, prec, bias is not None, tuple(cands), training)
+    d = _decision(engine, prec, f"auto (heuristic): {why}")
     _guessed[sig] = d
     return d
 
@@ -511,6 +566,31 @@ def _torch_run(x, weight, bias, params, precision):
         return torch.nn.functional.conv_transpose3d(*args)
 
 
+def _train_runner(engine, x, weight, bias, params, precision, prec) -> Callable[[], object]:
+    """One training step of a candidate on the call's own tensors (forward, then the gradients of
+    the tensors that require them, for a fixed random output gradient)."""
+    from . import ops
+
+    x5 = x if x.dim() == 5 else x.unsqueeze(0)
+    leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in (x5, weight, bias)]
+    wanted = [t for t in leaves if t is not None and t.requires_grad]
+    with torch.no_grad():
+        dy = torch.randn_like(_torch_run(x5, weight, bias, params, precision))
+
+    def forward():
+        if engine == "torch":
+            return _torch_run(leaves[0], leaves[1], leaves[2], params, precision)
+        name = "torch" if engine == HYBRID else engine
+        return ops.conv_transpose3d_autograd(leaves[0], leaves[1], leaves[2], params,
+                                             _engine_precision(name, prec), name)
+
+    def step():
+        with torch.enable_grad():
+            return torch.autograd.grad(forward(), wanted, dy)
+
+    return step
+
+
 def _runner(engine, x, weight, bias, params, precision, prec) -> Callable[[], torch.Tensor]:
     x5 = x if x.dim() == 5 else x.unsqueeze(0)
     if engine == "triton":
@@ -521,7 +601,8 @@ def _runner(engine, x, weight, bias, params, precision, prec) -> Callable[[], to
     return lambda: _torch_run(x, weight, bias, params, precision)
 
 
-def _measure(x, weight, bias, params, precision, prec, cands, label) -> tuple[dict[str, float], dict[str, str]]:
+def _measure(x, weight, bias, params, precision, prec, cands, label,
+             training: bool = False) -> tuple[dict[str, float], dict[str, str]]:
     """Median ms of each candidate on the call's own tensors; (timings, failures). A candidate
     that raises (a failed CUDA build, out of memory) is left out; if all do, the last error is
     raised."""
@@ -531,7 +612,7 @@ def _measure(x, weight, bias, params, precision, prec, cands, label) -> tuple[di
     with torch.no_grad():
         for engine in cands:
             _notify("measure", signature=label, engine=engine)
-            fn = _runner(engine, x, weight, bias, params, precision, prec)
+            fn = (_train_runner if training else _runner)(engine, x, weight, bias, params, precision, prec)
             try:
                 fn()  # first call: Triton compiles and tunes, the cuda engine builds, cuDNN picks
                 timings[engine] = float(triton.testing.do_bench(fn, warmup=MEASURE_WARMUP_MS, rep=MEASURE_REP_MS,

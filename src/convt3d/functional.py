@@ -37,11 +37,12 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     if torch.compiler.is_compiling():
         return _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    d = decide(input, backend, precision, params, weight=weight, bias=bias)
-    if d.engine == "torch":
+    training = _needs_grad((input, weight, bias))
+    d = decide(input, backend, precision, params, weight=weight, bias=bias, training=training)
+    if d.engine == "torch" and not (training and d.ours_backward):
         return _torch_forward(input, weight, bias, params, precision)
     x = input.unsqueeze(0) if unbatched else input
-    if _needs_grad((x, weight, bias)):
+    if training:
         y = conv_transpose3d_autograd(x, weight, bias, params, d.precision, d.engine)
     else:
         y = run_engine(d.engine, x, weight, bias, params, d.precision)

@@ -122,6 +122,12 @@ class _EagerConvT3d(torch.autograd.Function):
     def forward(ctx, input, weight, bias, params, precision, engine):
         ctx.save_for_backward(input, weight)
         ctx.params, ctx.precision, ctx.has_bias = params, precision, bias is not None
+        if engine == "torch":
+            # PyTorch's forward with our backward (auto's "torch+bwd" for training steps; see
+            # dispatch.heuristic), cuDNN's TF32 flag set from the resolved precision.
+            from .dispatch import _torch_run
+
+            return _torch_run(input, weight, bias, params, precision)
         return run_engine(engine, input, weight, bias, params, precision)
 
     @staticmethod
@@ -138,5 +144,6 @@ class _EagerConvT3d(torch.autograd.Function):
 
 def conv_transpose3d_autograd(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], params,
                               precision: str, engine: str) -> torch.Tensor:
-    """Eager forward of a validated 5-D call with autograd (see ``_EagerConvT3d``)."""
+    """Eager forward of a validated 5-D call with autograd (see ``_EagerConvT3d``); ``engine`` is
+    one of ``ENGINES`` or "torch" (PyTorch's forward, convt3d's backward)."""
     return _EagerConvT3d.apply(input, weight, bias, params, precision, engine)

@@ -32,7 +32,7 @@ JSON (``--json FILE``), schema "convt3d-bench/1". Times are in microseconds (``*
                             mem_floor_us, compute_floor_us, bound ("memory" | "compute"),
                             tflops, torch_tflops, roofline_pct, torch_roofline_pct;
                             exact rows also torch_default_flags_us, speedup_vs_default_flags,
-                            torch_default_flags_reused; bwd and full rows also bwd_choice (the dW
+                            torch_default_flags_reused; bwd and full rows also bwd_choice (the dX and dW
                             implementation convt3d's backward chose, with its reason)
 """
 from __future__ import annotations
@@ -275,7 +275,8 @@ def print_timing_table(console, rows: list[dict], title: str) -> None:
             rel_text = f"[red]{rel_text}{'' if r['output_layout_matches'] else ' layout!'}[/red]"
         engine = r["engine"]
         if r.get("bwd_choice"):
-            engine += ", " + " ".join(r["bwd_choice"].split()[:2])  # e.g. "triton tf32, dW triton"
+            # e.g. "triton tf32, dX triton dW cudnn"
+            engine += ", " + " ".join(" ".join(part.split()[:2]) for part in r["bwd_choice"].split("; "))
         table.add_row(r["case"], r.get("mode", "fwd"), r["dtype"], r["layout"], r["precision"], engine,
                       _fmt(r["convt3d_us"], ".1f"),
                       _fmt(r["torch_us"], ".1f"), speed, vs_default, _fmt(r["tflops"], ".1f"),

@@ -202,14 +202,18 @@ def get_mode(name: str) -> Mode:
 
 
 # ---- one row --------------------------------------------------------------------------------------
-def _engine_of(case: Case, t: Tensors, backend: str) -> tuple[str, str]:
-    """(engine label, reason) that convt3d's dispatcher picks for this call, e.g. 'triton tf32x3'."""
-    from convt3d.dispatch import decide
+def _engine_of(case: Case, t: Tensors, backend: str, training: bool = False) -> tuple[str, str]:
+    """(engine label, reason) that convt3d's dispatcher picks for this call, e.g. 'triton tf32x3';
+    for a training step of the torch engine with convt3d's backward, 'torch+bwd'. Asked after the
+    first call, so that a decision measured by that call (benchmark mode) is the one reported."""
+    from convt3d.dispatch import HYBRID, decide
     from convt3d.validate import check_call
 
     params, _ = check_call(t.x, t.w, t.b, *case.geometry.conv_args())
-    d = decide(t.x, backend, None, params, weight=t.w, bias=t.b, measure=False)
-    label = d.engine if case.dtype != "fp32" or d.engine != "triton" else f"{d.engine} {d.precision}"
+    d = decide(t.x, backend, None, params, weight=t.w, bias=t.b, measure=False, training=training)
+    label = HYBRID if training and d.ours_backward else d.engine
+    if case.dtype == "fp32" and d.engine == "triton":
+        label = f"{d.engine} {d.precision}"
     return label, d.reason
 
 
@@ -231,15 +235,17 @@ def _is_cl(y) -> bool:
 
 
 def _bwd_choice(params, dtype: torch.dtype) -> str:
-    """The dW implementation convt3d's backward chose for this geometry and dtype (e.g.
-    'dW triton CI64 CO128 ...'), from this process's choices (the latest if several)."""
+    """The dX and dW implementations convt3d's backward chose for this geometry and dtype (e.g.
+    'dX triton ...; dW cudnn (...)'), from this process's choices (the latest if several)."""
     from convt3d import backward
 
-    found = [c for k, c in backward.choices().items() if k[3] == params and k[1] == dtype]
-    if not found:
-        return ""
-    c = found[-1]
-    return f"dW {c.impl}" + (f" {c.config.short()}" if c.config else "") + f" ({c.reason})"
+    parts = []
+    for what, table in (("dX", backward.dgrad_choices()), ("dW", backward.choices())):
+        found = [c for k, c in table.items() if k[3] == params and k[1] == dtype]
+        if found:
+            c = found[-1]
+            parts.append(f"{what} {c.impl}" + (f" {c.config.short()}" if c.config else "") + f" ({c.reason})")
+    return "; ".join(parts)
 
 
 def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceilings, timer,
@@ -256,12 +262,12 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
         # Built under the row's flag: bwd runs each forward here, and precision=None resolves
         # (for the saved backward too) from the flag at that moment.
         ours, theirs = mode.build(case, t, backend)
-        row["engine"], row["engine_reason"] = _engine_of(case, t, backend)
         status(f"{case.label}: convt3d first call (compile + tune)")
         y_ours, first_ours = timer.first_call(ours)
+        row["engine"], row["engine_reason"] = _engine_of(case, t, backend, mode.needs_grad)
         if mode.needs_grad:
-            # PyTorch's engine runs its own backward: no convt3d choice to report.
-            row["bwd_choice"] = "" if row["engine"].startswith("torch") else _bwd_choice(params, t.x.dtype)
+            # PyTorch's engine with its own backward: no convt3d choice to report.
+            row["bwd_choice"] = "" if row["engine"] == "torch" else _bwd_choice(params, t.x.dtype)
         status(f"{case.label}: PyTorch first call")
         y_ref, first_ref = timer.first_call(theirs)
         diff, scale = _max_abs_diff(y_ours, y_ref)
