@@ -477,3 +477,26 @@ def test_triton_choice_seeds_the_tuning_from_the_cache_file():
     cache.reset()
     d = dispatch.decide(x, "triton", "tf32", params, weight=w, bias=b)
     assert d.engine == "triton" and triton_engine.tuned_config(plan.tune_key) == chosen
+
+
+class FakeCudaWithTiles(FakeCudaEngine):
+    GEMM_VARIANTS = {"g64": (), "g32": ()}
+
+    def __init__(self, variant):
+        super().__init__(None)
+        self.variant = variant
+
+    def choose_variant(self, params):
+        return self.variant
+
+
+@pytest.mark.parametrize("variant,measured", [("g64", True), ("p8c8w", False)], ids=["gemm-tile", "fallback-tile"])
+def test_auto_measures_the_cuda_engine_only_on_its_gemm_kernel(monkeypatch, variant, measured):
+    monkeypatch.setattr(dispatch, "_cuda_mod", (FakeCudaWithTiles(variant), None))
+    rec = Recorder({"triton": 2.0, "torch": 3.0, "cuda": 1.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    convt3d.set_benchmark(True)
+    x, w, b, params = _call()
+    d = dispatch.decide(x, "auto", "ieee", params, weight=w, bias=b)
+    assert ("cuda" in rec.calls[0]) == measured
+    assert d.engine == ("cuda" if measured else "triton")

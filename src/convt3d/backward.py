@@ -481,7 +481,7 @@ def _choose(cache: dict, env: str, what: str, supported: bool, static, candidate
         impl = static()
         cfg = candidates()[0] if impl == "triton" else None
         why = ("static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)" if time_triton or
-               x.device.type != "cuda" else "static rule (the Triton kernel lost every H200 row; not timed)")
+               x.device.type != "cuda" else "static rule (not timed: the Triton kernel lost every H200 row)")
         rec = Choice(impl, cfg, 0.0, {}, why)
         if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
             cache[key] = rec

@@ -194,6 +194,22 @@ def cuda_unsupported_reason(x, weight, params) -> str | None:
     return mod.unsupported_reason(x, weight, params)
 
 
+def _cuda_slow_path(params) -> str | None:
+    """Why "auto" does not measure the cuda engine on a call it can run: only its register-blocked
+    gemm_kernel is a contender (KB 77 on the H200: 1010 us; its older phase_kernel tiles 1596 us
+    and slower, the direct kernel slower still). A measuring run stalled for over 6 minutes on
+    KernelBench 58 at exact grade (105 taps, 16 output channels: a phase_kernel tile), so the
+    fallbacks are never timed by auto; backend='cuda' still runs them."""
+    mod = _cuda_engine()[0]
+    choose, gemm = getattr(mod, "choose_variant", None), getattr(mod, "GEMM_VARIANTS", None)
+    if choose is None or gemm is None:
+        return None
+    variant = choose(params)
+    if variant in gemm:
+        return None
+    return f"its tile for this geometry is {variant!r}, not gemm_kernel (slow fallback, not measured by auto)"
+
+
 # ---- the heuristic ------------------------------------------------------------------------------
 # H200 ceilings as bench/roofline.py measures them (NOTES.md): 4.24 TB/s copy (read + write bytes),
 # 683 / 374 / 51 TFLOP/s bf16 / TF32 / exact fp32 matmul. Only their ratios matter to the
@@ -477,7 +493,7 @@ def _candidates(x, weight, params, prec, training: bool = False) -> tuple[list[s
     elif prec == "tf32":
         excluded["cuda"] = "precision tf32 (the cuda engine computes exact fp32, slower than TF32 by design)"
     else:
-        why = cuda_unsupported_reason(x, weight, params)
+        why = cuda_unsupported_reason(x, weight, params) or _cuda_slow_path(params)
         if why is None:
             cands.append("cuda")
         else:
