@@ -196,3 +196,18 @@ def test_cli_tune_rejects_unknown_case(capsys):
 def test_cli_tune_without_a_gpu_says_nothing_to_measure(capsys):
     assert cli.main(["tune", "--suite", "layers", "--case", "gan_k4s2p1"]) == 0
     assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("reason,source", [
+    ("auto (measured, benchmark mode): triton 0.1 ms -> triton", "measured"),
+    ("auto (measured training steps, benchmark mode): torch+bwd 1 ms -> torch+bwd", "measured"),
+    ("auto (measured earlier, from the cache file): torch 1 ms -> torch", "cached"),
+    ("auto (heuristic): tiny layer", "heuristic"),
+    ("auto: only torch can run this call ()", "only candidate"),
+    ("auto: CPU tensors use PyTorch", "rule"),
+    ("backend='triton' requested", "named backend"),
+], ids=["measured", "measured-training", "cached", "heuristic", "only", "rule", "named"])
+def test_tune_report_names_where_a_decision_came_from(reason, source):
+    from convt3d.tune import _source  # (convt3d.tune the attribute is the function)
+
+    assert _source(reason) == source

@@ -440,7 +440,7 @@ def decide(input: torch.Tensor, backend: str | None, precision: str | None, para
 def _auto(x, weight, bias, params, precision, prec, measure, training=False) -> Decision:
     d, sig = _auto_choose(x, weight, bias, params, precision, prec, measure, training)
     if _listeners and params is not None:
-        _notify("decision", signature=signature_text(x, weight, bias, params, prec), decision=d,
+        _notify("decision", signature=signature_text(x, weight, bias, params, prec, training), decision=d,
                 timings=_timings.get(sig) if sig is not None else None)
     return d
 

@@ -95,10 +95,10 @@ class _Progress:
 
 # ---- the report ---------------------------------------------------------------------------------
 def _source(reason: str) -> str:
-    if reason.startswith("auto (measured, benchmark mode)"):
-        return "measured"
     if reason.startswith("auto (measured earlier"):
         return "cached"
+    if reason.startswith("auto (measured"):  # a call, or a training step (dispatch._decide_new)
+        return "measured"
     if reason.startswith("auto (heuristic"):
         return "heuristic"
     if reason.startswith("auto: only"):
@@ -193,7 +193,8 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
             bar.status(f"timing {info['engine']}: {info['signature']}")
         elif event == "decision" and info["signature"] not in seen:
             d = info["decision"]
-            seen[info["signature"]] = {"signature": info["signature"], "engine": d.engine, "precision": d.precision,
+            engine = dispatch.HYBRID if d.ours_backward else d.engine  # torch forward, convt3d backward
+            seen[info["signature"]] = {"signature": info["signature"], "engine": engine, "precision": d.precision,
                                        "source": _source(d.reason), "reason": d.reason,
                                        "timings_ms": dict(info["timings"]) if info.get("timings") else None}
 
