@@ -82,7 +82,11 @@ def run_case(case: suites.Case, cuda_ok: bool) -> dict:
         row.update(mem_floor_us=mem * 1e6, compute_floor_us=comp * 1e6)
         times = {"torch": bench_ms(lambda: F.conv_transpose3d(t.x, t.w, t.b, *args))}
         times["triton"] = bench_ms(lambda: convt3d.conv_transpose3d(t.x, t.w, t.b, *args, backend="triton"))
-        if cuda_ok and case.dtype == "fp32" and prec != "tf32":
+        slow = dispatch._cuda_slow_path(params) if cuda_ok else None
+        if slow is not None:
+            # The phase_kernel/direct fallbacks: a session-3 run stalled > 6 min on KB 58 exact.
+            row["cuda_skipped"] = slow
+        elif cuda_ok and case.dtype == "fp32" and prec != "tf32":
             mod = dispatch._cuda_engine()[0]  # the engine itself: independent of functional.py's wiring
             try:
                 times["cuda"] = bench_ms(lambda: mod.forward(t.x, t.w, t.b, params))
