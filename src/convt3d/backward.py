@@ -26,9 +26,8 @@ For ``y = conv_transpose3d(x, w, b)`` with output gradient dY:
 Choice per call signature (device, dtype, precision, geometry, layouts), made separately for dX
 and for dW: on CUDA the first backward of a signature times cuDNN and each Triton dX candidate
 (``triton.testing.do_bench`` medians, ~0.2-1 s plus compilation once per signature) and keeps
-the fastest; under CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU, the static rules
-``_static_dgrad`` and ``_static_wgrad`` decide (cuDNN). dW is not timed by default (cuDNN; see
-``choose_wgrad``). ``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton")
+the fastest; under CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU, the static rule
+decides: cuDNN. dW is not timed by default (cuDNN; see ``choose_wgrad``). ``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton")
 force one per gradient. When both dX and dW go to cuDNN they are computed by one
 ``convolution_backward`` call, db with them. Both Triton kernels need >= 8 input and output
 channels per group (below that most of every MMA would be padding; depthwise layers stay on
@@ -76,7 +75,7 @@ import triton
 from .dispatch import cudnn_conv_tf32
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
-from .triton_engine import interpreter_active, suggests_channels_last
+from .triton_engine import _tuning_enabled, interpreter_active, suggests_channels_last
 
 __all__ = ["WGRAD_IMPLS", "DGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
            "dgrad_triton", "dgrad_candidates", "choices", "dgrad_choices", "clear_caches", "grad_formats"]
@@ -422,24 +421,6 @@ def _triton_dgrad_ok(params: ConvT3dParams) -> bool:
     return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8 and _dgrad_sizes_fit(params)
 
 
-def _static_wgrad(params: ConvT3dParams, x: torch.Tensor) -> str:
-    """The dW implementation when nothing is timed (CPU, graph capture, CONVT3D_AUTOTUNE=0)."""
-    if x.device.type != "cuda" or not _triton_wgrad_ok(params):
-        return "cudnn"
-    # Until the H200 numbers are in, cuDNN is the static choice (the timed choice decides when
-    # tuning is on, which is the default).
-    return "cudnn"
-
-
-def _static_dgrad(params: ConvT3dParams, x: torch.Tensor) -> str:
-    """The dX implementation when nothing is timed (CPU, graph capture, CONVT3D_AUTOTUNE=0)."""
-    if x.device.type != "cuda" or not _triton_dgrad_ok(params):
-        return "cudnn"
-    # Until the H200 numbers are in, cuDNN is the static choice (the timed choice decides when
-    # tuning is on, which is the default).
-    return "cudnn"
-
-
 def _forced(env: str = _FORCE_ENV) -> str | None:
     v = os.environ.get(env)
     if not v:
@@ -453,17 +434,15 @@ def _forced(env: str = _FORCE_ENV) -> str | None:
     return v
 
 
-def _tuning_enabled() -> bool:
-    return os.environ.get("CONVT3D_AUTOTUNE", "1") not in ("0", "false", "False", "")
-
-
 def _key(dy, x, w, params, precision) -> tuple:
     return (str(x.device), x.dtype, precision, params, x.stride(), dy.stride(), w.stride())
 
 
-def _choose(cache: dict, env: str, what: str, supported: bool, static, candidates, run_cudnn, run_triton,
+def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_cudnn, run_triton,
             dy, x, w, params, precision, time_triton: bool = True) -> Choice:
-    """The per-signature choice of one gradient (see the module docstring)."""
+    """The per-signature choice of one gradient (see the module docstring). Without timing the
+    static rule is cuDNN: on the H200 no Triton tile wins by enough to be the untimed default
+    (module docstring table)."""
     forced = _forced(env)
     if forced is not None:
         if forced == "triton" and not supported:
@@ -478,11 +457,9 @@ def _choose(cache: dict, env: str, what: str, supported: bool, static, candidate
     timed = (x.device.type == "cuda" and supported and _tuning_enabled() and time_triton
              and not torch.cuda.is_current_stream_capturing())
     if not timed:
-        impl = static()
-        cfg = candidates()[0] if impl == "triton" else None
         why = ("static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)" if time_triton or
                x.device.type != "cuda" else "static rule (not timed: the Triton kernel lost every H200 row)")
-        rec = Choice(impl, cfg, 0.0, {}, why)
+        rec = Choice("cudnn", None, 0.0, {}, why)
         if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
             cache[key] = rec
         return rec
@@ -514,7 +491,7 @@ def _time_triton_dw() -> bool:
 
 
 def choose_wgrad(dy, x, w, params, precision) -> Choice:
-    return _choose(_choices, _FORCE_ENV, "weight", _triton_wgrad_ok(params), lambda: _static_wgrad(params, x),
+    return _choose(_choices, _FORCE_ENV, "weight", _triton_wgrad_ok(params),
                    lambda: wgrad_candidates(params, x.dtype, x.device),
                    lambda: _torch_grads(dy, x, w, params, precision, False, True)[1],
                    lambda cfg: wgrad_triton(dy, x, params, precision, w.dtype, cfg),
@@ -523,7 +500,7 @@ def choose_wgrad(dy, x, w, params, precision) -> Choice:
 
 def choose_dgrad(dy, x, w, params, precision) -> Choice:
     fx = grad_formats(x, w)[0]
-    return _choose(_dgrad_choices, _FORCE_ENV_X, "input", _triton_dgrad_ok(params), lambda: _static_dgrad(params, x),
+    return _choose(_dgrad_choices, _FORCE_ENV_X, "input", _triton_dgrad_ok(params),
                    lambda: dgrad_candidates(params, w.dtype, x.device, precision),
                    lambda: _torch_grads(dy, x, w, params, precision, True, False)[0],
                    lambda cfg: dgrad_triton(dy, w, params, precision, x.dtype, cfg, fx),

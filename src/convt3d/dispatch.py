@@ -573,10 +573,12 @@ MEASURE_WARMUP_MS = 5.0
 MEASURE_REP_MS = 25.0
 
 
-def _torch_run(x, weight, bias, params, precision):
-    """PyTorch's forward as ``convt3d.functional`` runs it for the torch engine."""
+def torch_forward(x, weight, bias, params, precision):
+    """PyTorch's forward for the torch engine (``convt3d.functional``, the ``torch+bwd`` step,
+    measuring). A precision for CUDA float32 sets cuDNN's TF32 flag for this call only; None
+    follows the flag as it is."""
     args = (x, weight, bias, params.stride, params.padding, params.output_padding, params.groups, params.dilation)
-    if precision is None or x.dtype != torch.float32:
+    if precision is None or x.device.type != "cuda" or x.dtype != torch.float32:
         return torch.nn.functional.conv_transpose3d(*args)
     with cudnn_conv_tf32(precision == "tf32"):
         return torch.nn.functional.conv_transpose3d(*args)
@@ -591,11 +593,11 @@ def _train_runner(engine, x, weight, bias, params, precision, prec) -> Callable[
     leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in (x5, weight, bias)]
     wanted = [t for t in leaves if t is not None and t.requires_grad]
     with torch.no_grad():
-        dy = torch.randn_like(_torch_run(x5, weight, bias, params, precision))
+        dy = torch.randn_like(torch_forward(x5, weight, bias, params, precision))
 
     def forward():
         if engine == "torch":
-            return _torch_run(leaves[0], leaves[1], leaves[2], params, precision)
+            return torch_forward(leaves[0], leaves[1], leaves[2], params, precision)
         name = "torch" if engine == HYBRID else engine
         return ops.conv_transpose3d_autograd(leaves[0], leaves[1], leaves[2], params,
                                              _engine_precision(name, prec), name)
@@ -614,7 +616,7 @@ def _runner(engine, x, weight, bias, params, precision, prec) -> Callable[[], to
     if engine == "cuda":
         mod = _cuda_engine()[0]
         return lambda: mod.forward(x5, weight, bias, params)
-    return lambda: _torch_run(x, weight, bias, params, precision)
+    return lambda: torch_forward(x, weight, bias, params, precision)
 
 
 def _measure(x, weight, bias, params, precision, prec, cands, label,

@@ -18,6 +18,7 @@ import torch
 
 from . import backward as _bwd
 from . import triton_engine
+from .dispatch import torch_forward
 from .validate import check_call
 
 __all__ = ["conv_transpose3d_op", "conv_transpose3d_backward_op", "conv_transpose3d_autograd", "ENGINES",
@@ -125,9 +126,7 @@ class _EagerConvT3d(torch.autograd.Function):
         if engine == "torch":
             # PyTorch's forward with our backward (auto's "torch+bwd" for training steps; see
             # dispatch.heuristic), cuDNN's TF32 flag set from the resolved precision.
-            from .dispatch import _torch_run
-
-            return _torch_run(input, weight, bias, params, precision)
+            return torch_forward(input, weight, bias, params, precision)
         return run_engine(engine, input, weight, bias, params, precision)
 
     @staticmethod
