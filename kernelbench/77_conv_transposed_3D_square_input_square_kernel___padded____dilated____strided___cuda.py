@@ -499,7 +499,7 @@ import torch
 __all__ = ["VARIANTS", "GEMM_VARIANTS", "variant_names", "unsupported_reason", "forward", "build_seconds",
            "geometry_table", "kernel_meta", "choose_variant", "gemm_applies", "cuda_source", "nvcc_path",
            "output_memory_format", "load_module", "launch_plan", "launch_limit_violations", "pack_weight",
-           "pack_weight_padded"]
+           "pack_weight_padded", "HALO_VARIANTS", "halo_layout"]
 
 # Tile variants of phase_kernel, as the .cu lists them: name -> (index, P rows, C channels per
 # thread, warps along rows, warps along channels). Output channels per block = C x warps.
@@ -522,7 +522,17 @@ GEMM_VARIANTS = {
     "g32": (7, 32, 512, 16, 3),
     "g64k8": (8, 64, 256, 8, 3),
     "g64k32": (9, 64, 256, 32, 2),
+    "g64r": (10, 64, 256, 8, 3),
 }
+# gemm_kernel variants with the HALO loop (the .cu's GEMM_VARIANTS HALO column): the tile's input
+# window is staged in shared memory once per (depth tap, chunk of BK channels), with the weights of
+# all (h, w) taps, and reused across those taps (KB 77: 9 taps per window, 10 x 36 floats per
+# channel gathered from L2 instead of 9 x 256). Where ``halo_layout`` refuses the geometry the
+# launcher runs the plain variant of the same (BN, BK, STAGES) -- the value here -- which takes the
+# same padded weight packing.
+HALO_VARIANTS = {"g64r": "g64k8"}
+HALO_MAX_SHIFT = 4              # width shifts (Tw-1)*osw a thread's two float4 per row cover
+HALO_SMEM_MAX = 110 * 1024      # bytes: two blocks per SM on H100/H200 (228 KB, 1 KB reserved each)
 HEADER = 16  # int32 header of the geometry table (see the .cu)
 
 # Set by the KernelBench export to the .cu text; the package reads csrc/convt3d.cu instead.
@@ -699,6 +709,35 @@ def gemm_applies(params: ConvT3dParams, name: str = "g64") -> bool:
             and params.in_channels_per_group * math.prod(params.in_size) <= 2**31 - 1)
 
 
+def halo_layout(params: ConvT3dParams, name: str = "g64r") -> dict | None:
+    """The shared-memory window of HALO variant ``name`` (a mirror of the .cu's halo_layout), or
+    None where it does not apply and the launcher runs ``HALO_VARIANTS[name]`` instead: the
+    compact width not a multiple of 4 (a thread's groups of 4 positions must stay in one row and
+    16-byte aligned), a width shift (Tw-1)*osw over HALO_MAX_SHIFT, more than HALO_SMEM_MAX bytes,
+    or outside gemm_kernel's limits (``gemm_applies``: then the direct kernel). Keys: rows (compact
+    rows one tile touches, at most), pitch (window row floats), ch (floats per input channel),
+    a (window floats per stage), stage (window + weights per stage), region (pipeline or epilogue
+    floats, the larger), smem (bytes, with the tap table)."""
+    if not gemm_applies(params, name):
+        return None
+    _, bn, bm, bk, stages = GEMM_VARIANTS[name]
+    meta = kernel_meta(params)
+    qch, qcw, halo_h, halo_w, max_thw = meta[14], meta[15], meta[16], meta[17], meta[18]
+    if qcw % 4 != 0 or halo_w > HALO_MAX_SHIFT:
+        return None
+    g = math.gcd(bm, qcw)  # a tile starts at a multiple of g within its compact row
+    rows = min(qch, (bm - 1 + qcw - g) // qcw + 1)
+    pitch = qcw + HALO_MAX_SHIFT
+    ch = (rows + halo_h) * pitch
+    a = bk * ch
+    stage = a + max_thw * bk * bn
+    region = max(stages * stage, bn // 2 * (bm + 4))
+    smem = 4 * region + 16 * math.prod(params.kernel_size)
+    if smem > HALO_SMEM_MAX:
+        return None
+    return {"rows": rows, "pitch": pitch, "ch": ch, "a": a, "stage": stage, "region": region, "smem": smem}
+
+
 def hreuse_applies(params: ConvT3dParams) -> bool:
     """The H-reuse inner loop serves phases with offset step 1 along H and 2-3 taps there."""
     h = params.axes[1]
@@ -765,11 +804,21 @@ def launch_plan(params: ConvT3dParams, variant: str, hreuse: bool, smem_optin: i
     """The launch ``convt3d_forward`` in the .cu makes for these sizes: kernel ("phase" or
     "direct"), variant, grid and block (x, y, z), dynamic shared memory bytes, input channels per
     stage. A hand-kept mirror of the C++ arithmetic, so the CPU tests can hold every geometry
-    of the sweep against the device's launch limits (``launch_limit_violations``)."""
+    of the sweep against the device's launch limits (``launch_limit_violations``). A HALO variant
+    that runs its window path has ``"halo": True``; outside ``halo_layout`` the plan is its plain
+    tile's (``HALO_VARIANTS``), as the launcher runs."""
     meta = kernel_meta(params)
     qcd, qch, qcw, halo_h, halo_w, max_thw = meta[13:19]
     cout_g, cin_g = params.out_channels_per_group, params.in_channels_per_group
     total = params.batch * params.out_channels * math.prod(params.out_size)
+    if variant in HALO_VARIANTS:
+        layout = halo_layout(params, variant)
+        if layout is None:  # the launcher runs the plain tile of the same shape (or direct)
+            return launch_plan(params, HALO_VARIANTS[variant], hreuse, smem_optin)
+        return {"kernel": "gemm", "variant": variant, "grid": launch_plan(params, HALO_VARIANTS[variant], hreuse,
+                                                                          smem_optin)["grid"],
+                "block": (GEMM_THREADS, 1, 1), "smem": layout["smem"], "ci_chunk": GEMM_VARIANTS[variant][3],
+                "halo": True}
     if variant in GEMM_VARIANTS:
         _, bn, bm, bk, stages = GEMM_VARIANTS[variant]
         if gemm_applies(params, variant):
@@ -911,6 +960,8 @@ CUDA_SOURCE = r"""// convt3d CUDA engine: exact fp32 3-D transposed convolution,
 // alternative: per phase an implicit GEMM with a 256-position x 64-channel block tile, 8 x 8 per
 // thread, the input gathered per tap into a k-major shared-memory tile by cp.async, 2-3 stages,
 // and an epilogue that writes whole output rows (computed and bias elements interleaved).
+// Its HALO form (variant g64r) stages the tile's input window once per (depth tap, chunk of input
+// channels) with the weights of all (h, w) taps and reuses it across them from shared memory.
 //
 // Geometry comes from a small int32 table built in Python from ConvT3dParams
 // (convt3d.cuda_engine.geometry_table), so one compiled module serves every shape.
@@ -934,6 +985,9 @@ struct Args {
     int qcd, qch, qcw;
     int tiles_w, tiles_h, tiles_co;
     int tiles_hw;             // gemm_kernel: tiles of the flattened compact (qh, qw) plane
+    // gemm_kernel HALO (floats): halo row pitch, halo per input channel, halo per stage, halo +
+    // weights per stage, pipeline/epilogue region (the tap table follows it)
+    int halo_pitch, halo_ch, halo_a, halo_stage, region;
     int has_bias, hreuse, ci_chunk;
     int xh_alloc, xw_alloc;   // window column pitch (odd, >= rows), largest window width
     int xs_floats;            // input window floats per stage (multiple of 4)
@@ -1309,6 +1363,9 @@ __global__ void direct_kernel(const float* __restrict__ x, const float* __restri
 //     computed and bias interleaved.
 constexpr int GEMM_THREADS = 256;
 constexpr int GEMM_MAX_TAPS = 4096;  // kD*kH*kW of the tap table in shared memory (64 KB)
+// HALO tiles: a thread's group of 4 positions reads 8 window columns (two float4), so width taps
+// may shift its window by 0-4 columns ((Tw-1)*osw <= 4; KB 77: 2, KB 68: 4).
+constexpr int HALO_MAX_SHIFT = 4;
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
@@ -1329,7 +1386,7 @@ __device__ __forceinline__ void fill_span(float* p, long long len, float v, int 
     if (lane < tail) p[head + 4 * n4 + lane] = v;
 }
 
-template <int BN, int BK, int STAGES, int MINB>
+template <int BN, int BK, int STAGES, int MINB, bool HALO = false>
 __global__ void __launch_bounds__(256, MINB)
 gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const float* __restrict__ bias,
             float* __restrict__ y, const int* __restrict__ tab, const Args a) {
@@ -1354,7 +1411,8 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
     float* const As = reinterpret_cast<float*>(smem4);  // [STAGES][BK][BM]
     float* const Bs = As + STAGES * A_ST;               // [STAGES][BK][BN]
     float* const Cs = As;                               // [HBN][CPITCH], after the K loop
-    int4* const taps = reinterpret_cast<int4*>(As + REGION);  // [taps of the phase]
+    // [taps of the phase]; HALO: after the runtime-sized region (the launcher's a.region)
+    int4* const taps = reinterpret_cast<int4*>(As + (HALO ? a.region : REGION));
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tn = lane / LM;
@@ -1467,7 +1525,8 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
                 // Not skipped when the tile holds no column of this residue: its epilogue may still
                 // owe the bias of the width residues without taps (it then only computes zeros).
                 const int ntaps = njd * Th * Tw;
-                const int nsteps = ntaps * nchunks;
+                // HALO: one step per (depth tap, channel chunk), all (h, w) taps of the phase in it
+                const int nsteps = (HALO ? njd : ntaps) * nchunks;
 
                 // Tap table of the phase, entry t = ((jd - jd_lo) * Th + jh) * Tw + jw:
                 // (input row offset dh, column offset dw, input offset id*H*W + dh*W + dw, kernel tap).
@@ -1489,85 +1548,207 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
 #pragma unroll
                     for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
 
-                // Loader state: the next step to stage is (tap l_tap, channel chunk l_chunk).
-                int l_chunk = 0, l_tap = 0;
-                const float* asrc[MPT];  // channel 0 of the position's input for the tap (or xg)
-                bool aok[MPT];
-                const float* bsrc = wthr;
-                auto set_tap = [&]() {
-                    const int4 e = taps[l_tap];
-#pragma unroll
-                    for (int u = 0; u < MPT; ++u) {
-                        const int ih = pqh[u] + e.x, iw = pqw[u] + e.y;
-                        aok[u] = pin[u] && static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
-                                 static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
-                        // masked positions keep a valid address (cp.async reads nothing for them)
-                        asrc[u] = xg + (aok[u] ? pqh[u] * a.W + pqw[u] + e.z : 0);
-                    }
-                    bsrc = wthr + e.w * wtap;
-                };
-                auto load_step = [&](int buf) {
-                    const int ci0 = l_chunk * BK;
-                    float* as = As + buf * A_ST + tid;
-                    if (ci0 + BK <= a.cin_g) {
+                if constexpr (!HALO) {
+                    // Loader state: the next step to stage is (tap l_tap, channel chunk l_chunk).
+                    int l_chunk = 0, l_tap = 0;
+                    const float* asrc[MPT];  // channel 0 of the position's input for the tap (or xg)
+                    bool aok[MPT];
+                    const float* bsrc = wthr;
+                    auto set_tap = [&]() {
+                        const int4 e = taps[l_tap];
 #pragma unroll
                         for (int u = 0; u < MPT; ++u) {
-                            const float* src = asrc[u] + ci0 * cstride;  // int: cin_g*D*H*W < 2^31
+                            const int ih = pqh[u] + e.x, iw = pqw[u] + e.y;
+                            aok[u] = pin[u] && static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+                                     static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+                            // masked positions keep a valid address (cp.async reads nothing for them)
+                            asrc[u] = xg + (aok[u] ? pqh[u] * a.W + pqw[u] + e.z : 0);
+                        }
+                        bsrc = wthr + e.w * wtap;
+                    };
+                    auto load_step = [&](int buf) {
+                        const int ci0 = l_chunk * BK;
+                        float* as = As + buf * A_ST + tid;
+                        if (ci0 + BK <= a.cin_g) {
 #pragma unroll
-                            for (int k = 0; k < BK; ++k) {
-                                cp_async4(as + k * BM + NT * u, src, aok[u]);
-                                src += cstride;
+                            for (int u = 0; u < MPT; ++u) {
+                                const float* src = asrc[u] + ci0 * cstride;  // int: cin_g*D*H*W < 2^31
+#pragma unroll
+                                for (int k = 0; k < BK; ++k) {
+                                    cp_async4(as + k * BM + NT * u, src, aok[u]);
+                                    src += cstride;
+                                }
+                            }
+                        } else {  // the last chunk of a channel count that is not a multiple of BK
+#pragma unroll
+                            for (int u = 0; u < MPT; ++u) {
+#pragma unroll 1
+                                for (int k = 0; k < BK; ++k) {
+                                    const bool ok = aok[u] && ci0 + k < a.cin_g;
+                                    cp_async4(as + k * BM + NT * u, ok ? asrc[u] + (ci0 + k) * cstride : xg, ok);
+                                }
                             }
                         }
-                    } else {  // the last chunk of a channel count that is not a multiple of BK
 #pragma unroll
-                        for (int u = 0; u < MPT; ++u) {
+                        for (int i = 0; i < (B_VEC + NT - 1) / NT; ++i) {
+                            if (B_VEC % NT == 0 || tid + NT * i < B_VEC)
+                                cp_async16(Bs + buf * B_ST + 4 * (tid + NT * i),
+                                           bsrc + static_cast<long long>(ci0 + i * B_ROWS) * cout_pad, true);
+                        }
+                        if (++l_chunk == nchunks) {
+                            l_chunk = 0;
+                            if (++l_tap < ntaps) set_tap();
+                        }
+                    };
+
+                    if (nsteps > 0) set_tap();
+#pragma unroll
+                    for (int s = 0; s < STAGES - 1; ++s) {
+                        if (s < nsteps) load_step(s);
+                        cp_async_commit();
+                    }
+                    int cbuf = 0, lbuf = STAGES - 1;
+                    for (int s = 0; s < nsteps; ++s) {
+                        cp_async_wait<STAGES - 2>();  // this thread's copies of step s have landed
+                        __syncthreads();              // everyone's have; everyone is done with step s - 1
+                        if (s + STAGES - 1 < nsteps) load_step(lbuf);  // into the buffer of step s - 1
+                        cp_async_commit();
+                        lbuf = (lbuf + 1 == STAGES) ? 0 : lbuf + 1;
+                        const float* ak = As + cbuf * A_ST + 4 * tm;
+                        const float* bk = Bs + cbuf * B_ST + 4 * tn;
+#pragma unroll
+                        for (int k = 0; k < BK; ++k) {
+                            const float4 a0 = lds4(ak + k * BM), a1 = lds4(ak + k * BM + BM / 2);
+                            const float4 b0 = lds4(bk + k * BN), b1 = lds4(bk + k * BN + HBN);
+                            const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                            const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+                            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                                for (int j = 0; j < 8; ++j) acc[i][j] = __fmaf_rn(av[i], bv[j], acc[i][j]);
+                        }
+                        cbuf = (cbuf + 1 == STAGES) ? 0 : cbuf + 1;
+                    }
+                } else {
+                    // ---- HALO: the tile's input window, staged once per (depth tap, chunk) ----
+                    // Step (jdi, chunk): window [BK][nr][halo_pitch] of input rows ih_lo + r, columns
+                    // iw_lo + c (zero outside the input and past cin_g), and the weights of all
+                    // Th*Tw (h, w) taps of depth tap jd_lo + jdi, [Th*Tw][BK][BN]. A position
+                    // (qh, qw) reads tap (jh, jw) at window row qh - qh_a + (Th-1-jh)*osh, column
+                    // qw + (Tw-1-jw)*osw. The launcher runs this only for qcw % 4 == 0 and width
+                    // shifts (Tw-1)*osw <= HALO_MAX_SHIFT (else the plain tile of the same BN/BK), so
+                    // each group of 4 positions of a thread lies in one compact row, 16-byte
+                    // aligned in the window (halo_pitch = qcw + 4), and two float4 (8 columns)
+                    // hold its inputs for every width tap: KB 77 (3 x 3 taps of shift 0-2 per
+                    // depth tap) reads 4 float4 of A per (channel, jh) for 3 x 64 FFMAs, instead
+                    // of 2 per 64, and gathers 10 x 36 input floats per channel from L2 instead
+                    // of 9 x 256.
+                    const int hosh = __ldg(tab + 10), hosw = __ldg(tab + 11);
+                    const int thw_n = Th * Tw;
+                    const int hp = a.halo_pitch, hch = a.halo_ch;
+                    const int nr = (qh_b - qh_a + 1) + (Th - 1) * hosh;  // window rows (launcher: <= hch / hp)
+                    const int ih_lo = qh_a + __ldg(rows_h + 4 * rh + 2) - (Th - 1) * hosh;
+                    const int iw_lo = __ldg(rows_w + 4 * rw + 2) - (Tw - 1) * hosw;
+                    // window offsets of this thread's two groups of 4 positions (a group past the
+                    // tile reads row 0, which is loaded; the epilogue never reads its result)
+                    int gb[2];
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int p = p0 + hh * (BM / 2) + 4 * tm;
+                        const int qh = p / qcw;
+                        gb[hh] = p < p1 ? (qh - qh_a) * hp + (p - qh * qcw) : 0;
+                    }
+                    auto load_stage = [&](int s, int buf) {
+                        const int jdi = s / nchunks, ci0 = (s - jdi * nchunks) * BK;
+                        const int id = dbase - (jd_lo + jdi) * osd;
+                        float* const hs = As + buf * a.halo_stage;
+                        float* const bs = hs + a.halo_a;
+                        // int offsets: (ci, id, ih, iw) inside one group's input, < 2^31 (launcher)
+                        const float* const xs = xg + id * a.H * a.W;
+                        for (int t = warp; t < BK * nr; t += NWARPS) {
+                            const int k = t / nr, r = t - k * nr;
+                            const int ih = ih_lo + r;
+                            const bool rok = ci0 + k < a.cin_g && static_cast<unsigned>(ih) < static_cast<unsigned>(a.H);
+                            const float* const src = xs + (rok ? (ci0 + k) * cstride + ih * a.W : 0);
+                            float* const dst = hs + k * hch + r * hp;
+                            for (int c = lane; c < hp; c += 32) {
+                                const int iw = iw_lo + c;
+                                const bool ok = rok && static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+                                cp_async4(dst + c, ok ? src + iw : xg, ok);
+                            }
+                        }
+                        const int4* const tp = taps + jdi * thw_n;
+                        const int nvec = thw_n * BK * (BN / 4);
+                        for (int v = tid; v < nvec; v += NT) {
+                            const int row = v / (BN / 4), c4 = v - row * (BN / 4);  // row = t * BK + k
+                            const int t = row / BK, k = row - t * BK;
+                            cp_async16(bs + row * BN + 4 * c4,
+                                       wpk + tp[t].w * wtap + static_cast<long long>(ci0 + k) * cout_pad + co_base + 4 * c4,
+                                       true);
+                        }
+                    };
+
+#pragma unroll
+                    for (int s = 0; s < STAGES - 1; ++s) {
+                        if (s < nsteps) load_stage(s, s);
+                        cp_async_commit();
+                    }
+                    int cbuf = 0, lbuf = STAGES - 1;
+                    for (int s = 0; s < nsteps; ++s) {
+                        cp_async_wait<STAGES - 2>();  // this thread's copies of step s have landed
+                        __syncthreads();              // everyone's have; everyone is done with step s - 1
+                        if (s + STAGES - 1 < nsteps) load_stage(s + STAGES - 1, lbuf);
+                        cp_async_commit();
+                        lbuf = (lbuf + 1 == STAGES) ? 0 : lbuf + 1;
+                        const float* const hs = As + cbuf * a.halo_stage;
+                        // Width tap jw shifts the window by (Tw-1-jw)*osw columns: a compile-time
+                        // step OSW (1-4; any with one width tap) makes the shift of each unrolled jw
+                        // a register index, the tap count stays a run-time guard.
+                        auto compute = [&](auto osw_c) {
+                            constexpr int OSW = decltype(osw_c)::value;
+                            constexpr int NJ = HALO_MAX_SHIFT / OSW + 1;  // width taps at most
+                            const int rstep = hosh * hp;
+                            const float* h0 = hs + gb[0] + (Th - 1) * rstep;
+                            const float* h1 = hs + gb[1] + (Th - 1) * rstep;
+                            // tap (jh, jw) at (jh*Tw + jw)*BK*BN; the shift-0 tap is jw = Tw - 1
+                            const float* bk = hs + a.halo_a + 4 * tn + (Tw - 1) * BK * BN;
+                            // fixed order per output: k, then jh, then jw from Tw - 1 down to 0
 #pragma unroll 1
                             for (int k = 0; k < BK; ++k) {
-                                const bool ok = aok[u] && ci0 + k < a.cin_g;
-                                cp_async4(as + k * BM + NT * u, ok ? asrc[u] + (ci0 + k) * cstride : xg, ok);
+                                const float* bj = bk;
+#pragma unroll 1
+                                for (int jh = 0; jh < Th; ++jh) {
+                                    const float4 x00 = lds4(h0 - jh * rstep), x01 = lds4(h0 - jh * rstep + 4);
+                                    const float4 x10 = lds4(h1 - jh * rstep), x11 = lds4(h1 - jh * rstep + 4);
+                                    const float w0[8] = {x00.x, x00.y, x00.z, x00.w, x01.x, x01.y, x01.z, x01.w};
+                                    const float w1[8] = {x10.x, x10.y, x10.z, x10.w, x11.x, x11.y, x11.z, x11.w};
+#pragma unroll
+                                    for (int j = 0; j < NJ; ++j) {
+                                        if (j >= Tw) break;
+                                        const float4 b0 = lds4(bj - j * BK * BN), b1 = lds4(bj - j * BK * BN + HBN);
+                                        const float av[8] = {w0[j * OSW], w0[j * OSW + 1], w0[j * OSW + 2], w0[j * OSW + 3],
+                                                             w1[j * OSW], w1[j * OSW + 1], w1[j * OSW + 2], w1[j * OSW + 3]};
+                                        const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+                                        for (int i = 0; i < 8; ++i)
+#pragma unroll
+                                            for (int jj = 0; jj < 8; ++jj) acc[i][jj] = __fmaf_rn(av[i], bv[jj], acc[i][jj]);
+                                    }
+                                    bj += Tw * BK * BN;
+                                }
+                                h0 += hch;
+                                h1 += hch;
+                                bk += BN;
                             }
+                        };
+                        switch (Tw == 1 ? 1 : hosw) {  // the launcher: (Tw-1)*osw <= HALO_MAX_SHIFT
+                            case 1: compute(std::integral_constant<int, 1>{}); break;
+                            case 2: compute(std::integral_constant<int, 2>{}); break;
+                            case 3: compute(std::integral_constant<int, 3>{}); break;
+                            default: compute(std::integral_constant<int, 4>{}); break;
                         }
+                        cbuf = (cbuf + 1 == STAGES) ? 0 : cbuf + 1;
                     }
-#pragma unroll
-                    for (int i = 0; i < (B_VEC + NT - 1) / NT; ++i) {
-                        if (B_VEC % NT == 0 || tid + NT * i < B_VEC)
-                            cp_async16(Bs + buf * B_ST + 4 * (tid + NT * i),
-                                       bsrc + static_cast<long long>(ci0 + i * B_ROWS) * cout_pad, true);
-                    }
-                    if (++l_chunk == nchunks) {
-                        l_chunk = 0;
-                        if (++l_tap < ntaps) set_tap();
-                    }
-                };
-
-                if (nsteps > 0) set_tap();
-#pragma unroll
-                for (int s = 0; s < STAGES - 1; ++s) {
-                    if (s < nsteps) load_step(s);
-                    cp_async_commit();
-                }
-                int cbuf = 0, lbuf = STAGES - 1;
-                for (int s = 0; s < nsteps; ++s) {
-                    cp_async_wait<STAGES - 2>();  // this thread's copies of step s have landed
-                    __syncthreads();              // everyone's have; everyone is done with step s - 1
-                    if (s + STAGES - 1 < nsteps) load_step(lbuf);  // into the buffer of step s - 1
-                    cp_async_commit();
-                    lbuf = (lbuf + 1 == STAGES) ? 0 : lbuf + 1;
-                    const float* ak = As + cbuf * A_ST + 4 * tm;
-                    const float* bk = Bs + cbuf * B_ST + 4 * tn;
-#pragma unroll
-                    for (int k = 0; k < BK; ++k) {
-                        const float4 a0 = lds4(ak + k * BM), a1 = lds4(ak + k * BM + BM / 2);
-                        const float4 b0 = lds4(bk + k * BN), b1 = lds4(bk + k * BN + HBN);
-                        const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-                        const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-                        for (int i = 0; i < 8; ++i)
-#pragma unroll
-                            for (int j = 0; j < 8; ++j) acc[i][j] = __fmaf_rn(av[i], bv[j], acc[i][j]);
-                    }
-                    cbuf = (cbuf + 1 == STAGES) ? 0 : cbuf + 1;
                 }
                 cp_async_wait<0>();
                 __syncthreads();  // the pipeline buffers become the epilogue tile
@@ -1660,17 +1841,46 @@ constexpr int CI_MAX = 8;                   // input channels per pipeline stage
 constexpr long long SMEM_TARGET = 100 * 1024;  // two blocks per SM on H100/H200 (228 KB)
 
 // gemm_kernel variants (indices after the phase_kernel ones): BN channels x BM positions per
-// block, BK input channels per step, STAGES steps in flight, 256 threads of 8 x 8.
+// block, BK input channels per step, STAGES steps in flight, 256 threads of 8 x 8; HALO: the
+// input window staged once per (depth tap, chunk) and reused across the (h, w) taps, where
+// halo_layout() accepts the geometry (else the plain variant of the same BN, BK, STAGES: same
+// weight packing).
 struct GemmVariant {
-    int BN, BK, STAGES;
+    int BN, BK, STAGES, HALO;
 };
-constexpr int NUM_GEMM = 4;
+constexpr int NUM_GEMM = 5;
 constexpr GemmVariant GEMM_VARIANTS[NUM_GEMM] = {
-    {64, 16, 3},  // 6: 64 channels x 256 positions, 16 input channels per step
-    {32, 16, 3},  // 7: 32 channels x 512 positions, 16 input channels per step
-    {64, 8, 3},   // 8: 64 channels x 256 positions, 8 input channels per step
-    {64, 32, 2},  // 9: 64 channels x 256 positions, 32 input channels per step
+    {64, 16, 3, 0},  // 6: 64 channels x 256 positions, 16 input channels per step
+    {32, 16, 3, 0},  // 7: 32 channels x 512 positions, 16 input channels per step
+    {64, 8, 3, 0},   // 8: 64 channels x 256 positions, 8 input channels per step
+    {64, 32, 2, 0},  // 9: 64 channels x 256 positions, 32 input channels per step
+    {64, 8, 3, 1},   // 10: 64 channels x 256 positions, 8 input channels per step, halo window
 };
+// Shared memory of a HALO block at most: two blocks per SM on H100/H200 (228 KB, 1 KB reserved
+// per block), so 16 warps hide the window loads as in the plain tiles (KB 77: 88 KB).
+constexpr long long HALO_SMEM_MAX = 110 * 1024;
+
+// The HALO window of gemm_kernel variant v: fills a.halo_* and a.region and returns the dynamic
+// shared memory bytes, or 0 where the variant does not apply (qcw not a multiple of 4, a width
+// shift over HALO_MAX_SHIFT, or more than HALO_SMEM_MAX bytes). Mirrors cuda_engine.halo_layout.
+static long long halo_layout(const GemmVariant& v, Args& a, int halo_h, int halo_w, int max_thw, long long taps) {
+    const int bm = 8 * (GEMM_THREADS / (v.BN / 8));
+    if (a.qcw % 4 != 0 || halo_w > HALO_MAX_SHIFT) return 0;
+    int g = bm, r = a.qcw;  // gcd(bm, qcw): a tile starts at a multiple of it within its row
+    while (r != 0) { const int t = g % r; g = r; r = t; }
+    // compact rows one tile of bm flattened positions touches, at most
+    const long long trows = std::min<long long>(a.qch, (bm - 1 + a.qcw - g) / a.qcw + 1);
+    const long long hp = a.qcw + HALO_MAX_SHIFT;
+    const long long hch = (trows + halo_h) * hp;
+    const long long ha = static_cast<long long>(v.BK) * hch;
+    const long long hst = ha + static_cast<long long>(max_thw) * v.BK * v.BN;
+    const long long region = std::max<long long>(v.STAGES * hst, static_cast<long long>(v.BN / 2) * (bm + 4));
+    const long long bytes = 4 * region + 16 * taps;
+    if (bytes > HALO_SMEM_MAX) return 0;
+    a.halo_pitch = static_cast<int>(hp); a.halo_ch = static_cast<int>(hch); a.halo_a = static_cast<int>(ha);
+    a.halo_stage = static_cast<int>(hst); a.region = static_cast<int>(region);
+    return bytes;
+}
 
 template <int P, int C, int WP, int WC>
 void launch_phase(const torch::Tensor& x, const torch::Tensor& wpk, const float* bias, torch::Tensor& y,
@@ -1685,10 +1895,10 @@ void launch_phase(const torch::Tensor& x, const torch::Tensor& wpk, const float*
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <int BN, int BK, int STAGES>
+template <int BN, int BK, int STAGES, bool HALO = false>
 void launch_gemm(const torch::Tensor& x, const torch::Tensor& wpk, const float* bias, torch::Tensor& y,
                  const torch::Tensor& tab, const Args& a, long long blocks, size_t smem, cudaStream_t stream) {
-    auto kernel = gemm_kernel<BN, BK, STAGES, 2>;
+    auto kernel = gemm_kernel<BN, BK, STAGES, 2, HALO>;
     TORCH_CHECK(blocks >= 1 && blocks <= 0x7fffffffLL, "convt3d cuda: gemm_kernel grid of ", blocks, " blocks");
     if (smem > 48 * 1024) {
         C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -1756,6 +1966,18 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
                     "convt3d cuda: gemm_kernel needs the padded weight packing (cuda_engine.pack_weight_padded)");
         TORCH_CHECK(reinterpret_cast<uintptr_t>(wpk.data_ptr<float>()) % 16 == 0,
                     "convt3d cuda: gemm_kernel reads the packed weight as float4 (16-byte aligned)");
+        if (v.HALO) {
+            const long long hbytes = halo_layout(v, a, halo_h, halo_w, max_thw, taps);
+            if (hbytes > 0) {
+                smem = static_cast<size_t>(hbytes);
+            } else {  // outside the window's limits: the plain tile of the same shape (same packing)
+                for (int i = 0; i < NUM_GEMM; ++i) {
+                    const GemmVariant& u = GEMM_VARIANTS[i];
+                    if (!u.HALO && u.BN == v.BN && u.BK == v.BK && u.STAGES == v.STAGES) variant = NUM_VARIANTS + i;
+                }
+                TORCH_CHECK(!GEMM_VARIANTS[variant - NUM_VARIANTS].HALO, "convt3d cuda: no plain tile for a halo variant");
+            }
+        }
     } else if (variant >= 0) {
         const Variant v = VARIANTS[variant];
         const int tqh = v.WP * v.P, co_t = v.WC * v.C;
@@ -1791,6 +2013,7 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
         case 7: launch_gemm<32, 16, 3>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 8: launch_gemm<64, 8, 3>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 9: launch_gemm<64, 32, 2>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 10: launch_gemm<64, 8, 3, true>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         default: {
             const long long total = y.numel();
             const long long grid = std::min<long long>((total + 255) / 256, 65535LL * 32);
@@ -1820,6 +2043,7 @@ template __global__ void convt3d_cuda::gemm_kernel<64, 16, 3, 2>(const float*, c
 template __global__ void convt3d_cuda::gemm_kernel<32, 16, 3, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::gemm_kernel<64, 8, 3, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::gemm_kernel<64, 32, 2, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<64, 8, 3, 2, true>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 #endif
 """
 

@@ -2,6 +2,7 @@
 and the time of every kernel variant, in one call.
 
     python scripts/gpu_cuda.py [--problem 77[,58,61,...]] [--rep 200] [--variants g64,g32,p8c16]
+    python scripts/gpu_cuda.py --problem 77 --variants g64k32,g64r   # the halo-window tile vs the default
 
 Prints the build seconds (first use in this process: compile, or load from the torch extensions
 cache); then per problem and variant (phase_kernel tiles with both inner loops, gemm_kernel tiles)
@@ -50,6 +51,8 @@ def run_problem(problem, args) -> None:
     print(params.describe())
     print(f"default variant {default}; hreuse applies {E.hreuse_applies(params)}; "
           f"gemm plan {E.launch_plan(params, 'g64', False)}")
+    for name in E.HALO_VARIANTS:  # the window variants run their plain tile where halo_layout refuses
+        print(f"{name} plan {E.launch_plan(params, name, False)}")
 
     t0 = time.perf_counter()
     y = E.forward(x, w, b, params)

@@ -129,10 +129,17 @@ def test_source_is_packaged_and_the_build_name_follows_it():
             assert re.search(rf"\{{{p}, {c}, {wp}, {wc}\}},\s+// {idx}:", src), name
             assert f"case {idx}: launch_phase<{p}, {c}, {wp}, {wc}>" in src, name
     for name, (idx, bn, bm, bk, stages) in E.GEMM_VARIANTS.items():
-        assert re.search(rf"\{{{bn}, {bk}, {stages}\}},\s+// {idx}: {bn} channels x {bm} positions, {bk} input", src), \
-            name
-        assert f"case {idx}: launch_gemm<{bn}, {bk}, {stages}>" in src, name
-        assert f"gemm_kernel<{bn}, {bk}, {stages}, 2>" in src, name  # the standalone compile instantiates it
+        halo = name in E.HALO_VARIANTS
+        assert re.search(rf"\{{{bn}, {bk}, {stages}, {int(halo)}\}},\s+// {idx}: {bn} channels x {bm} positions, {bk} "
+                         rf"input", src), name
+        tail = ", true>" if halo else ">"
+        assert f"case {idx}: launch_gemm<{bn}, {bk}, {stages}{tail}" in src, name
+        assert f"gemm_kernel<{bn}, {bk}, {stages}, 2{tail}" in src, name  # the standalone compile instantiates it
+    for name, plain in E.HALO_VARIANTS.items():
+        # the fallback takes the same padded weight packing: same BN, BK (and STAGES)
+        assert E.GEMM_VARIANTS[name][1:] == E.GEMM_VARIANTS[plain][1:] and plain not in E.HALO_VARIANTS
+    assert f"HALO_MAX_SHIFT = {E.HALO_MAX_SHIFT};" in src
+    assert f"HALO_SMEM_MAX = {E.HALO_SMEM_MAX // 1024} * 1024;" in src
     assert f"GEMM_THREADS = {E.GEMM_THREADS};" in src
     assert f"GEMM_MAX_TAPS = {E.GEMM_MAX_TAPS};" in src
     assert f"NUM_VARIANTS = {sum(1 for v in E.VARIANTS.values() if v[0] >= 0)};" in src
@@ -559,13 +566,16 @@ def test_gemm_thread_map_covers_the_tile_once_and_stores_without_bank_conflicts(
 def emulate_gemm(x: torch.Tensor, weight: torch.Tensor, bias, prm: ConvT3dParams, name: str):
     """What gemm_kernel computes, block by block, with the .cu's index formulas (float64).
     Returns (output, number of writes per element)."""
-    _, BN, BM, BK, _ = E.GEMM_VARIANTS[name]
+    plan = E.launch_plan(prm, name, False)
+    assert plan["kernel"] == "gemm"
+    name = plan["variant"]  # a HALO variant outside halo_layout's limits runs its plain tile
+    halo = E.halo_layout(prm, name) if name in E.HALO_VARIANTS else None
+    assert bool(plan.get("halo")) == (halo is not None)
+    _, BN, BM, BK, STAGES = E.GEMM_VARIANTS[name]
     NT = E.GEMM_THREADS
     HBN = BN // 2
     tab, meta = E.geometry_table(prm), E.kernel_meta(prm)
     N, G, cin_g, cout_g, D, H, W, OD, OH, OW, KD, KH, KW, qcd, qch, qcw = meta[:16]
-    plan = E.launch_plan(prm, name, False)
-    assert plan["kernel"] == "gemm"
     tiles_hw, tiles_co = -(-(qch * qcw) // BM), -(-cout_g // BN)
     assert plan["grid"][0] == tiles_co * tiles_hw * qcd * N * G
     nchunks = -(-cin_g // BK)
@@ -674,8 +684,14 @@ def emulate_gemm(x: torch.Tensor, weight: torch.Tensor, bias, prm: ConvT3dParams
                         kd, kh, kw = t0d + jd * tsd, t0h + jh * tsh, t0w + jw * tsw
                         taps.append((dh, dw, (idd * H + dh) * W + dw, ((g * KD + kd) * KH + kh) * KW + kw))
                     acc = torch.zeros(BM, BN, dtype=torch.float64)
+                    if halo is not None:
+                        acc = _emulate_halo_steps(xflat, wflat, taps, halo, dict(
+                            BN=BN, BM=BM, BK=BK, p0=p0, p1=p1, qh_a=qh_a, qh_b=qh_b, qcw=qcw, cin_g=cin_g, H=H, W=W,
+                            cstride=cstride, xg=xg, njd=njd, nchunks=nchunks, dbase=dbase, jd_lo=jd_lo, osd=osd,
+                            osh=osh, osw=osw, Th=Th, Tw=Tw, offh=offh, offw=offw, wtap=wtap, cout_pad=cout_pad,
+                            co_base=co_base))
                     l_chunk = l_tap = 0
-                    for _ in range(ntaps * nchunks):
+                    for _ in range(0 if halo is not None else ntaps * nchunks):
                         dh, dw, xoff, wt = taps[l_tap]
                         ih, iw = pqh + dh, pqw + dw
                         aok = pin & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
@@ -728,6 +744,59 @@ def emulate_gemm(x: torch.Tensor, weight: torch.Tensor, bias, prm: ConvT3dParams
     return y.reshape(shape), writes.reshape(shape)
 
 
+def _emulate_halo_steps(xflat, wflat, taps, lay: dict, v: dict) -> torch.Tensor:
+    """gemm_kernel's HALO K loop with the .cu's index formulas: per (depth tap, chunk) step the
+    window [BK][nr][pitch] (unloaded window floats are NaN, so reading one poisons the result),
+    the weights [Th*Tw][BK][BN], and per (h, w) tap the A operand read at each thread group's
+    window offset plus the tap's row and column shift. Returns the [BM][BN] accumulator."""
+    BN, BM, BK, Th, Tw, qcw = v["BN"], v["BM"], v["BK"], v["Th"], v["Tw"], v["qcw"]
+    hp, hch = lay["pitch"], lay["ch"]
+    nr = (v["qh_b"] - v["qh_a"] + 1) + (Th - 1) * v["osh"]
+    assert nr * hp <= hch and BK * hch == lay["a"] and BK * hch + Th * Tw * BK * BN <= lay["stage"]
+    assert lay["region"] >= 3 * lay["stage"] or lay["region"] >= BN // 2 * (BM + 4)
+    # float4 window reads, 16-byte stage bases, the int4 tap table after the region
+    assert (Tw - 1) * v["osw"] <= E.HALO_MAX_SHIFT and hp % 4 == 0 and hch % 4 == 0 and lay["a"] % 4 == 0
+    assert lay["stage"] % 4 == 0 and lay["region"] % 4 == 0
+    ih_lo = v["qh_a"] + v["offh"] - (Th - 1) * v["osh"]
+    iw_lo = v["offw"] - (Tw - 1) * v["osw"]
+    # window offset of each position's group of 4 (gb in the .cu): m = 4*tm + i and BM/2 + 4*tm + i
+    m = torch.arange(BM)
+    p4 = v["p0"] + m - m % 4
+    qh = p4 // qcw
+    gb = torch.where(p4 < v["p1"], (qh - v["qh_a"]) * hp + (p4 - qh * qcw), 0)
+    assert bool((gb % 4 == 0).all()), "each group starts a float4"
+    inside = (v["p0"] + m) < v["p1"]
+    assert bool((inside == (p4 < v["p1"])).all()), "a group of 4 is wholly inside or outside the tile"
+    acc = torch.zeros(BM, BN, dtype=torch.float64)
+    k = torch.arange(BK)
+    r = torch.arange(nr)
+    c = torch.arange(hp)
+    for s in range(v["njd"] * v["nchunks"]):
+        jdi, ci0 = s // v["nchunks"], (s % v["nchunks"]) * BK
+        idd = v["dbase"] - (v["jd_lo"] + jdi) * v["osd"]
+        ih, iw = ih_lo + r, iw_lo + c
+        ok = ((ci0 + k < v["cin_g"])[:, None, None] & ((ih >= 0) & (ih < v["H"]))[None, :, None]
+              & ((iw >= 0) & (iw < v["W"]))[None, None, :])
+        idx = (v["xg"] + (ci0 + k)[:, None, None] * v["cstride"] + idd * v["H"] * v["W"]
+               + ih[None, :, None] * v["W"] + iw[None, None, :])
+        win = torch.where(ok, xflat[torch.where(ok, idx, 0)], 0.0)
+        hs = torch.full((BK * hch,), float("nan"), dtype=torch.float64)
+        hs.view(BK, hch)[:, :nr * hp] = win.reshape(BK, nr * hp)
+        for jh in range(Th):
+            for jw in range(Tw):
+                wt = taps[jdi * Th * Tw + jh * Tw + jw][3]
+                col = (Tw - 1 - jw) * v["osw"] + m % 4  # within the group's two float4
+                assert int(col.max()) < 8
+                addr = gb + (Th - 1 - jh) * v["osh"] * hp + col
+                A = hs.view(BK, hch)[:, addr]  # [BK][BM]
+                assert not bool(A[:, inside].isnan().any()), "a position read an unloaded window float"
+                A = torch.where(inside[None, :], A, 0.0)  # the epilogue never reads outside positions
+                rows_b = wt * v["wtap"] + (ci0 + k) * v["cout_pad"] + v["co_base"]
+                Bt = wflat[rows_b[:, None] + torch.arange(BN)[None, :]]
+                acc += A.T @ Bt
+    return acc
+
+
 EMULATED_GEMM = {
     # name: (batch, cin, cout, groups, geometry, variant)
     "kb77-geometry-g64": (1, 3, 5, 1, dict(size=(3, 4, 5), k=3, s=2, p=1, d=2), "g64"),
@@ -744,6 +813,16 @@ EMULATED_GEMM = {
     "sweep9-no-live-output-g64": (1, 2, 6, 1, dict(size=(2, 5, 2), k=(1, 2, 2), s=(2, 1, 3), p=(1, 0, 1),
                                                       d=(1, 2, 1)), "g64"),
     "stride-34-along-w-g64": (1, 1, 2, 1, dict(size=(1, 2, 2), k=(1, 2, 1), s=(1, 1, 34), op=(0, 0, 5)), "g64"),
+    # HALO (g64r): the window path, and the plain-tile fallback where halo_layout refuses
+    "kb77-geometry-g64r": (1, 3, 5, 1, dict(size=(3, 4, 8), k=3, s=2, p=1, d=2), "g64r"),
+    "kb77-rows-over-tile-g64r": (1, 2, 3, 1, dict(size=(2, 30, 12), k=3, s=2, p=1, d=2), "g64r"),
+    "cin-tail-cout-tiles-g64r": (1, 19, 70, 1, dict(size=(2, 3, 8), k=3, s=2, p=1, d=2), "g64r"),
+    "osw2-shift4-g64r": (1, 3, 4, 1, dict(size=(2, 5, 14), k=3, s=2, p=2, d=4), "g64r"),
+    "osw3-aniso-g64r": (1, 2, 2, 1, dict(size=(2, 3, 5), k=(2, 3, 4), s=(3, 1, 2), p=(0, 1, 2), d=(2, 1, 3),
+                                         op=(1, 0, 1)), "g64r"),
+    "s1-k5-w-g64r": (1, 2, 3, 1, dict(size=(2, 3, 4), k=(2, 2, 5), s=1, p=(0, 1, 0)), "g64r"),
+    "grouped-op1-g64r": (2, 8, 12, 2, dict(size=(2, 3, 4), k=3, s=2, p=1, op=1), "g64r"),
+    "fallback-qcw14-g64r": (1, 3, 4, 1, dict(size=(2, 5, 12), k=3, s=2, p=2, d=4), "g64r"),
 }
 
 
@@ -773,6 +852,49 @@ def test_gemm_kernel_emulated_on_gpu_sweep_geometries(seed):
         assert int(writes.min()) == 1 and int(writes.max()) == 1, (seed, variant)
         ref = F.conv_transpose3d(x, w, None, prm.stride, prm.padding, prm.output_padding, g, prm.dilation)
         torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", [n for n in EMULATED_GEMM if n.endswith("g64r")])
+def test_halo_cases_take_the_intended_path(name):
+    """The g64r cases above run the window path, except the fallback case (compact width 14)."""
+    batch, cin, cout, groups, geo, variant = EMULATED_GEMM[name]
+    prm = _params(batch, cin, cout, g=groups, **geo)
+    plan = E.launch_plan(prm, variant, False)
+    if name.startswith("fallback"):
+        assert E.halo_layout(prm, variant) is None and plan["variant"] == E.HALO_VARIANTS[variant]
+        assert "halo" not in plan
+    else:
+        assert plan["variant"] == variant and plan["halo"] and plan["smem"] == E.halo_layout(prm, variant)["smem"]
+
+
+def test_halo_layout_gating_on_kernelbench():
+    kb = _kernelbench_params()
+    lay = E.halo_layout(kb["kb77"], "g64r")
+    # 8 compact rows of 32 per tile + 2 halo rows, pitch 32 + 4; 3 stages of 8 channels x 360 window
+    # floats + 9 taps x 8 x 64 weights; the 27-entry tap table
+    assert lay == {"rows": 8, "pitch": 36, "ch": 360, "a": 2880, "stage": 2880 + 4608, "region": 3 * 7488,
+                   "smem": 4 * 3 * 7488 + 16 * 27}
+    plan = E.launch_plan(kb["kb77"], "g64r", False)
+    assert plan["grid"] == E.launch_plan(kb["kb77"], "g64k8", False)["grid"] and plan["smem"] == 90288
+    # two blocks of 256 threads per SM fit (228 KB per SM, 1 KB reserved per block)
+    assert 2 * (plan["smem"] + 1024) <= 228 * 1024
+    # KB 68 (5 x 5 (h, w) taps): 3 stages of 25 x 8 x 64 weights are over HALO_SMEM_MAX; KB 61: compact
+    # width 66 is not a multiple of 4. Both run the plain g64k8 tile.
+    for name in ("kb68", "kb61"):
+        assert E.halo_layout(kb[name], "g64r") is None
+        assert E.launch_plan(kb[name], "g64r", False)["variant"] == "g64k8"
+    # a width shift over HALO_MAX_SHIFT ((Tw-1)*osw = 2*3): the plain tile
+    wide = _params(1, 8, 64, (2, 3, 8), 3, s=1, d=(1, 1, 3))
+    assert E.kernel_meta(wide)[17] == 6 and E.halo_layout(wide, "g64r") is None
+    # outside gemm_kernel's limits: the direct kernel, as for the plain tiles
+    big = _params(1, 8, 64, 20, 17)
+    assert E.halo_layout(big, "g64r") is None and E.launch_plan(big, "g64r", False)["kernel"] == "direct"
+
+
+def test_default_variant_does_not_pick_halo(monkeypatch):
+    monkeypatch.delenv("CONVT3D_CUDA_VARIANT", raising=False)
+    for prm in _kernelbench_params().values():
+        assert E.choose_variant(prm) not in E.HALO_VARIANTS
 
 
 def test_pack_weight_padded_zero_pads_channels():

@@ -226,6 +226,37 @@ def test_gemm_tiles_over_rows_and_channel_tails(variant):
     assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4), (y.double() - ref).abs().max().item()
 
 
+HALO_CASES = {
+    # name: (input shape, Cout, kernel, stride, padding, output_padding, dilation); all take the window
+    # path (tests/test_cuda_engine.py emulates the same index arithmetic on the CPU)
+    "kb77-rows-over-tile": ((1, 19, 3, 30, 12), 70, 3, 2, 1, 0, 2),   # compact 30 x 12: tiles start mid-row
+    "kb77-two-hw-tiles": ((2, 32, 3, 16, 32), 64, 3, 2, 1, 0, 2),     # KB 77's compact width, 2 tiles
+    "osw2-shift4": ((1, 9, 2, 5, 14), 33, 3, 2, 2, 0, 4),              # width taps 4 columns apart
+    "osw3-aniso": ((1, 8, 2, 3, 5), 40, (2, 3, 4), (3, 1, 2), (0, 1, 2), (1, 0, 1), (2, 1, 3)),
+    "s1-k5-w": ((2, 24, 2, 3, 4), 64, (2, 2, 5), 1, (0, 1, 0), 0, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(HALO_CASES))
+@pytest.mark.parametrize("variant", list(E.HALO_VARIANTS))
+def test_halo_window_tiles(case, variant):
+    """The window variants on geometries where halo_layout accepts them: row-crossing tiles,
+    channel tails (BK, BN), width tap steps 1-3, stride 1, bias; deterministic."""
+    shape, cout, k, s, p, op, d = HALO_CASES[case]
+    x = torch.randn(*shape, device=DEV)
+    w = torch.randn(shape[1], cout, *((k,) * 3 if isinstance(k, int) else k), device=DEV) * 0.1
+    b = torch.randn(cout, device=DEV)
+    args = (s, p, op, 1, d)
+    params, _ = check_call(x, w, b, *args)
+    assert E.launch_plan(params, variant, False).get("halo"), "the case must take the window path"
+    y = _run(x, w, b, args, variant=variant)
+    ref = _ref(x, w, b, args)
+    err = (y.double() - ref).abs().max().item()
+    assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4), f"{case}: max abs err {err:.3g}"
+    check_against_reference(y, x, w, b, *args, precision="ieee", context=f"{variant} {case}")
+    assert torch.equal(y, _run(x, w, b, args, variant=variant)), "bitwise repeatable"
+
+
 @pytest.mark.parametrize("problem", [p for p in PROBLEMS if p.id in (61, 68, 70, 73, 77)], ids=lambda p: f"kb{p.id}")
 @pytest.mark.parametrize("variant", list(E.GEMM_VARIANTS))
 def test_gemm_on_kernelbench_geometries(problem, variant):

@@ -285,6 +285,32 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
+# fill_planes_kernel's NCDHW path writes the 16-byte-aligned interior of each plane in rows of
+# VEC elements and the ends element by element. Plane sizes around VEC (one element, inside one
+# VEC group, exactly VEC, a tail and a head both partial) and a base pointer off by one element
+# (as in a storage offset) must write exactly their own planes and nothing next to them.
+@pytest.mark.parametrize("shift", [0, 1], ids=["aligned-base", "base-off-by-one"])
+@pytest.mark.parametrize("seg", [1, 3, 4, 5, 13, 37], ids=lambda s: f"plane{s}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32-vec4", "fp16-vec8"])
+@pytest.mark.parametrize("has_bias", [False, True], ids=["zero", "bias"])
+def test_fill_planes_writes_exactly_its_planes(seg, shift, dtype, has_bias):
+    from convt3d.kernels.phase_gemm import fill_planes_kernel
+    n, c, d = 2, 3, 3
+    buf = torch.full((n * c * d * seg + shift,), float("nan"), dtype=dtype)
+    y = buf[shift:].view(n, c, d, seg)
+    bias = torch.arange(1, c + 1, dtype=dtype)
+    planes = torch.tensor([0, 2], dtype=torch.int32)
+    fill_planes_kernel[(planes.numel(), n * c)](
+        y, bias, planes, c, seg, y.stride(0), y.stride(1), y.stride(2),
+        CHANNELS_LAST=False, HAS_BIAS=has_bias, BLOCK=16, VEC=16 // y.element_size())
+    expect = torch.full_like(y, float("nan"))
+    expect[:, :, [0, 2]] = bias.view(1, c, 1, 1) if has_bias else 0
+    assert torch.equal(torch.isnan(y), torch.isnan(expect)), "wrote outside its planes or missed elements"
+    assert torch.equal(y.nan_to_num(-7), expect.nan_to_num(-7))
+    if shift:
+        assert torch.isnan(buf[0]), "wrote before the tensor"
+
+
 SPECIAL_REGIMES = ["tc-k3s2p1op1", "tc-kb77-scaled", "fma-k3s2p1op1", "fma-depthwise-multiplier2"]
 
 

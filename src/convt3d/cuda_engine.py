@@ -30,7 +30,7 @@ from .params import ConvT3dParams
 __all__ = ["VARIANTS", "GEMM_VARIANTS", "variant_names", "unsupported_reason", "forward", "build_seconds",
            "geometry_table", "kernel_meta", "choose_variant", "gemm_applies", "cuda_source", "nvcc_path",
            "output_memory_format", "load_module", "launch_plan", "launch_limit_violations", "pack_weight",
-           "pack_weight_padded"]
+           "pack_weight_padded", "HALO_VARIANTS", "halo_layout"]
 
 # Tile variants of phase_kernel, as the .cu lists them: name -> (index, P rows, C channels per
 # thread, warps along rows, warps along channels). Output channels per block = C x warps.
@@ -53,7 +53,17 @@ GEMM_VARIANTS = {
     "g32": (7, 32, 512, 16, 3),
     "g64k8": (8, 64, 256, 8, 3),
     "g64k32": (9, 64, 256, 32, 2),
+    "g64r": (10, 64, 256, 8, 3),
 }
+# gemm_kernel variants with the HALO loop (the .cu's GEMM_VARIANTS HALO column): the tile's input
+# window is staged in shared memory once per (depth tap, chunk of BK channels), with the weights of
+# all (h, w) taps, and reused across those taps (KB 77: 9 taps per window, 10 x 36 floats per
+# channel gathered from L2 instead of 9 x 256). Where ``halo_layout`` refuses the geometry the
+# launcher runs the plain variant of the same (BN, BK, STAGES) -- the value here -- which takes the
+# same padded weight packing.
+HALO_VARIANTS = {"g64r": "g64k8"}
+HALO_MAX_SHIFT = 4              # width shifts (Tw-1)*osw a thread's two float4 per row cover
+HALO_SMEM_MAX = 110 * 1024      # bytes: two blocks per SM on H100/H200 (228 KB, 1 KB reserved each)
 HEADER = 16  # int32 header of the geometry table (see the .cu)
 
 # Set by the KernelBench export to the .cu text; the package reads csrc/convt3d.cu instead.
@@ -230,6 +240,35 @@ def gemm_applies(params: ConvT3dParams, name: str = "g64") -> bool:
             and params.in_channels_per_group * math.prod(params.in_size) <= 2**31 - 1)
 
 
+def halo_layout(params: ConvT3dParams, name: str = "g64r") -> dict | None:
+    """The shared-memory window of HALO variant ``name`` (a mirror of the .cu's halo_layout), or
+    None where it does not apply and the launcher runs ``HALO_VARIANTS[name]`` instead: the
+    compact width not a multiple of 4 (a thread's groups of 4 positions must stay in one row and
+    16-byte aligned), a width shift (Tw-1)*osw over HALO_MAX_SHIFT, more than HALO_SMEM_MAX bytes,
+    or outside gemm_kernel's limits (``gemm_applies``: then the direct kernel). Keys: rows (compact
+    rows one tile touches, at most), pitch (window row floats), ch (floats per input channel),
+    a (window floats per stage), stage (window + weights per stage), region (pipeline or epilogue
+    floats, the larger), smem (bytes, with the tap table)."""
+    if not gemm_applies(params, name):
+        return None
+    _, bn, bm, bk, stages = GEMM_VARIANTS[name]
+    meta = kernel_meta(params)
+    qch, qcw, halo_h, halo_w, max_thw = meta[14], meta[15], meta[16], meta[17], meta[18]
+    if qcw % 4 != 0 or halo_w > HALO_MAX_SHIFT:
+        return None
+    g = math.gcd(bm, qcw)  # a tile starts at a multiple of g within its compact row
+    rows = min(qch, (bm - 1 + qcw - g) // qcw + 1)
+    pitch = qcw + HALO_MAX_SHIFT
+    ch = (rows + halo_h) * pitch
+    a = bk * ch
+    stage = a + max_thw * bk * bn
+    region = max(stages * stage, bn // 2 * (bm + 4))
+    smem = 4 * region + 16 * math.prod(params.kernel_size)
+    if smem > HALO_SMEM_MAX:
+        return None
+    return {"rows": rows, "pitch": pitch, "ch": ch, "a": a, "stage": stage, "region": region, "smem": smem}
+
+
 def hreuse_applies(params: ConvT3dParams) -> bool:
     """The H-reuse inner loop serves phases with offset step 1 along H and 2-3 taps there."""
     h = params.axes[1]
@@ -296,11 +335,21 @@ def launch_plan(params: ConvT3dParams, variant: str, hreuse: bool, smem_optin: i
     """The launch ``convt3d_forward`` in the .cu makes for these sizes: kernel ("phase" or
     "direct"), variant, grid and block (x, y, z), dynamic shared memory bytes, input channels per
     stage. A hand-kept mirror of the C++ arithmetic, so the CPU tests can hold every geometry
-    of the sweep against the device's launch limits (``launch_limit_violations``)."""
+    of the sweep against the device's launch limits (``launch_limit_violations``). A HALO variant
+    that runs its window path has ``"halo": True``; outside ``halo_layout`` the plan is its plain
+    tile's (``HALO_VARIANTS``), as the launcher runs."""
     meta = kernel_meta(params)
     qcd, qch, qcw, halo_h, halo_w, max_thw = meta[13:19]
     cout_g, cin_g = params.out_channels_per_group, params.in_channels_per_group
     total = params.batch * params.out_channels * math.prod(params.out_size)
+    if variant in HALO_VARIANTS:
+        layout = halo_layout(params, variant)
+        if layout is None:  # the launcher runs the plain tile of the same shape (or direct)
+            return launch_plan(params, HALO_VARIANTS[variant], hreuse, smem_optin)
+        return {"kernel": "gemm", "variant": variant, "grid": launch_plan(params, HALO_VARIANTS[variant], hreuse,
+                                                                          smem_optin)["grid"],
+                "block": (GEMM_THREADS, 1, 1), "smem": layout["smem"], "ci_chunk": GEMM_VARIANTS[variant][3],
+                "halo": True}
     if variant in GEMM_VARIANTS:
         _, bn, bm, bk, stages = GEMM_VARIANTS[variant]
         if gemm_applies(params, variant):

@@ -368,7 +368,8 @@ def _fill_planes(params: ConvT3dParams, y: torch.Tensor, b, has_bias: bool) -> N
         seg = oh * ow * (params.out_channels if cl else 1)
         return Site("fill_planes_kernel", (planes.numel(), outer),
                     (params.out_channels, seg, y.stride(0), y.stride(1), y.stride(2)),
-                    dict(CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, num_warps=4))
+                    dict(CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, VEC=16 // y.element_size(),
+                         num_warps=4))
 
     site(("fill_planes", params, y.stride(), has_bias), build).launch(y.device, y, b, planes)
 

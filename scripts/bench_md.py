@@ -1,0 +1,61 @@
+"""Render `convt3d bench --json` files as the README's markdown tables.
+
+    python scripts/bench_md.py docs/bench/bench_kb.json [more.json ...]
+
+One table per file: case, precision or dtype/layout, engine (and backward choices in --mode full),
+convt3d us, cuDNN us, speedup, % of roofline, first call s; then the file's summary groups.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+
+def _engine(r: dict) -> str:
+    eng = r.get("engine", "")
+    bwd = r.get("bwd_choice")
+    if bwd:
+        # "dX triton M128 ... (timed: ...); dW cudnn (static rule ...)" -> "dX triton, dW cudnn"
+        parts = re.findall(r"\b(dX|dW|db) (\w+)", bwd)
+        eng += " (" + ", ".join(" ".join(p) for p in parts) + ")"
+    return eng
+
+
+def render(path: str) -> str:
+    d = json.load(open(path))
+    rows = d["rows"]
+    env = d.get("environment", {})
+    out = [f"`{path}`: {env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}, "
+           f"triton {env.get('triton', '?')}, cuDNN {env.get('cudnn', '?')}; argv {' '.join(d.get('argv', []))}", ""]
+    kb = all(r["suite"] == "kernelbench" for r in rows)
+    if kb:
+        out.append("| case | precision | engine | convt3d µs | cuDNN µs | speedup | vs default-flag cuDNN "
+                   "| % of roofline | first call s |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+    else:
+        out.append("| case | dtype | layout | engine | convt3d µs | cuDNN µs | speedup | % of roofline | first call s |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        common = [f"{r['convt3d_us']:.1f}", f"{r['torch_us']:.1f}", f"{r['speedup']:.2f}x"]
+        tail = [f"{r['roofline_pct']:.0f}", f"{r.get('first_call_s', float('nan')):.2f}"]
+        if kb:
+            vs = r.get("speedup_vs_default_flags")
+            cells = [r["case"], r["precision"], _engine(r), *common, f"{vs:.2f}x" if vs else "", *tail]
+        else:
+            cells = [r["case"], r["dtype"], r["layout"], _engine(r), *common, *tail]
+        out.append("| " + " | ".join(cells) + " |")
+    for s in d.get("summary", []):
+        line = (f"- {s['group']}: {s['cases']} cases, geometric mean {s['geomean_speedup']:.2f}x, "
+                f"min {s['min_speedup']:.2f}x ({s['min_speedup_case']})")
+        if "geomean_speedup_vs_default_flags" in s:
+            line += (f"; against default-flag cuDNN {s['geomean_speedup_vs_default_flags']:.2f}x "
+                     f"(min {s['min_speedup_vs_default_flags']:.2f}x)")
+        out.append(line)
+    if d.get("failures"):
+        out.append(f"- failures: {d['failures']}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print("\n\n".join(render(p) for p in sys.argv[1:]))
