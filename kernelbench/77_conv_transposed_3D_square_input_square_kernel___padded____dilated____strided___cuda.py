@@ -530,6 +530,11 @@ GEMM_VARIANTS = {
 # channel gathered from L2 instead of 9 x 256). Where ``halo_layout`` refuses the geometry the
 # launcher runs the plain variant of the same (BN, BK, STAGES) -- the value here -- which takes the
 # same padded weight packing.
+# Measured on the H200 (session 4, scripts/gpu_cuda.py, KB 77): g64r 1222.7 us against g64k32's
+# 1008.2 us, both exact (1.7e-6 / 1.5e-6 from float64). Cutting the L2 gathers 6.4x did not pay:
+# the 90 KB window allows 2 blocks per SM, and ptxas spills 88/212 B outside the hot loop. So the
+# gathers were not what held g64k32 at 26 TFLOP/s; g64r stays a selectable experiment, never the
+# default.
 HALO_VARIANTS = {"g64r": "g64k8"}
 HALO_MAX_SHIFT = 4              # width shifts (Tw-1)*osw a thread's two float4 per row cover
 HALO_SMEM_MAX = 110 * 1024      # bytes: two blocks per SM on H100/H200 (228 KB, 1 KB reserved each)
