@@ -22,8 +22,28 @@ def _engine(r: dict) -> str:
     return eng
 
 
+def render_auto(d: dict, path: str) -> str:
+    """scripts/gpu_auto.py's JSON: each backend, auto with benchmark off (heuristic) and on."""
+    env = d.get("env", {})
+    out = [f"`{path}`: {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}, "
+           f"cuDNN {env.get('cudnn')}", "",
+           "| case | cuDNN µs | triton µs | cuda µs | auto, benchmark off µs (pick) | auto, benchmark on µs (pick) "
+           "| fastest | on / cuDNN |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        t = r["times_ms"]
+        cuda = f"{t['cuda'] * 1e3:.1f}" if "cuda" in t else ""
+        out.append(f"| {r['label']} | {t['torch'] * 1e3:.1f} | {t['triton'] * 1e3:.1f} | {cuda} "
+                   f"| {r['auto_heuristic_ms'] * 1e3:.1f} ({r['heuristic_engine']}) "
+                   f"| {r['auto_bench_ms'] * 1e3:.1f} ({r['bench_engine']}) | {r['best_engine']} "
+                   f"| {r['auto_bench_vs_cudnn']:.2f}x |")
+    return "\n".join(out)
+
+
 def render(path: str) -> str:
     d = json.load(open(path))
+    if "env" in d and d.get("rows") and "times_ms" in d["rows"][0]:
+        return render_auto(d, path)
     rows = d["rows"]
     env = d.get("environment", {})
     out = [f"`{path}`: {env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}, "
