@@ -157,6 +157,16 @@ class ConvT3dParams:
     output_padding: tuple[int, int, int]
     dilation: tuple[int, int, int]
 
+    def __hash__(self) -> int:
+        # Cached: instances key the launcher's per-signature dicts, about ten lookups per call,
+        # and the generated hash (a tuple of ten fields) cost ~1.2 us each time.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.batch, self.in_channels, self.out_channels, self.groups, self.in_size, self.kernel_size,
+                      self.stride, self.padding, self.output_padding, self.dilation))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @staticmethod
     @functools.lru_cache(maxsize=4096)
     def create(batch: int, in_channels: int, out_channels: int, groups: int,
@@ -1435,10 +1445,11 @@ def empty_planes(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     return _device_table(("planes",), params, device, build)
 
 
-def _fill_planes(params: ConvT3dParams, y: torch.Tensor, b, has_bias: bool) -> None:
+def _fill_planes_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool) -> Site | None:
+    """The launch site of fill_planes_kernel for this output (None: every plane has taps)."""
     planes = empty_planes(params, y.device)
     if planes.numel() == 0:
-        return
+        return None
 
     def build():
         cl = y.dim() == 5 and y.stride(1) == 1 and params.out_channels > 1
@@ -1450,7 +1461,23 @@ def _fill_planes(params: ConvT3dParams, y: torch.Tensor, b, has_bias: bool) -> N
                     dict(CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, VEC=16 // y.element_size(),
                          num_warps=4))
 
-    site(("fill_planes", params, y.stride(), has_bias), build).launch(y.device, y, b, planes)
+    return site(("fill_planes", params, y.stride(), has_bias), build)
+
+
+def _fill_rows_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool) -> Site | None:
+    """The launch site of fill_rows_kernel for this output (None: every row has taps)."""
+    rows = empty_rows(params, y.device)
+    if rows.shape[0] == 0:
+        return None
+
+    def build():
+        block_c = min(64, _pow2_at_least(params.out_channels))
+        block_w = min(128, _pow2_at_least(params.out_size[2]))
+        return Site("fill_rows_kernel", (rows.shape[0], params.batch, _cdiv(params.out_channels, block_c)),
+                    (params.out_channels, params.out_size[2], *y.stride()),
+                    dict(HAS_BIAS=has_bias, BLOCK_C=block_c, BLOCK_W=block_w, num_warps=4))
+
+    return site(("fill_rows", params, y.stride(), has_bias), build)
 
 
 def phase_table(params: ConvT3dParams, device: torch.device, w_group: int = 1,
@@ -1534,12 +1561,15 @@ def seed_tuning(key, config: Config, timings_ms: dict | None = None) -> None:
     caller checks it is one of the key's candidates). A result this process already has wins."""
     if key not in _tuned:
         _tuned[key] = TuneRecord(config, 0.0, dict(timings_ms or {}))
+        _steady.clear()  # a signature settled on another config (CPU: the first) must see this one
 
 
 def clear_caches() -> None:
     """Forget tuning results, plans and phase tables of this process."""
     _unsupported.clear()
     _tuned.clear()
+    _steady.clear()
+    _steps.clear()
     _tables.clear()
     _sites.clear()
     _plans.clear()
@@ -1581,18 +1611,17 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
 # ----------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------
-def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.Tensor:
-    """Return x with channels innermost (NDHWC strides), copying (and TF32-rounding) if asked."""
-    if not need_copy:
-        return x
-    n, c, d, h, w = x.shape
+def _flattenable(x: torch.Tensor) -> torch.Tensor:
+    """x, or its contiguous copy where D, H, W cannot be walked with one stride (rare: sliced
+    views); the NDHWC copy kernel reads the spatial positions as one flat index."""
+    w, h = x.shape[4], x.shape[3]
     sd, sh, sw = x.stride()[2:]
-    if not (sh == w * sw and sd == h * sh):
-        x = x.contiguous()  # spatial dims not flattenable with one stride: rare (sliced views)
-    y = torch.empty((n, d, h, w, c), dtype=x.dtype, device=x.device)
+    return x if (sh == w * sw and sd == h * sh) else x.contiguous()
+
+
+def _channels_last_site(x: torch.Tensor, round_tf32: bool) -> Site:
+    n, c, d, h, w = x.shape
     s = d * h * w
-    if y.numel() == 0:
-        return y.permute(0, 4, 1, 2, 3)
 
     def build():
         block_c = min(64, _pow2_at_least(c))
@@ -1601,15 +1630,30 @@ def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.
                     (c, s, x.stride(0), x.stride(1), x.stride(4)),
                     dict(ROUND_TF32=round_tf32, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4))
 
-    site(("to_channels_last", x.shape, x.stride(), round_tf32), build).launch(x.device, x, y)
+    return site(("to_channels_last", x.shape, x.stride(), round_tf32), build)
+
+
+def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.Tensor:
+    """Return x with channels innermost (NDHWC strides), copying (and TF32-rounding) if asked."""
+    if not need_copy:
+        return x
+    x = _flattenable(x)
+    n, c, d, h, w = x.shape
+    y = torch.empty((n, d, h, w, c), dtype=x.dtype, device=x.device)
+    if y.numel() > 0:
+        _channels_last_site(x, round_tf32).launch(x.device, x, y)
     return y.permute(0, 4, 1, 2, 3)  # logical NCDHW view of NDHWC memory
 
 
-def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, round_tf32: bool) -> torch.Tensor:
-    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-    kvol = math.prod(params.kernel_size)
-    w = weight.contiguous()
-    packed = torch.empty((g, kvol, cout_g, cin_g), dtype=weight.dtype, device=weight.device)
+def _packed_shape(params: ConvT3dParams) -> tuple[int, int, int, int]:
+    """[G, taps, Cout/g, Cin/g]: the packed weight the GEMM kernels read (K-major per tap)."""
+    return (params.groups, math.prod(params.kernel_size), params.out_channels_per_group,
+            params.in_channels_per_group)
+
+
+def _pack_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool) -> Site:
+    """The launch site of pack_weight_kernel for a contiguous weight ``w``."""
+    g, kvol, cout_g, cin_g = _packed_shape(params)
 
     def build():
         block = 1024
@@ -1617,7 +1661,15 @@ def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, round_tf32: bool) 
                     (cin_g, cout_g, kvol, w.stride(0), w.stride(1), 1),
                     dict(ROUND_TF32=round_tf32, BLOCK=block, num_warps=4))
 
-    site(("pack_weight", params, round_tf32), build).launch(weight.device, w, packed)
+    return site(("pack_weight", params, round_tf32), build)
+
+
+def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, round_tf32: bool,
+                 pack: Site | None = None) -> torch.Tensor:
+    """The packed weight; ``pack``: its launch site, when the caller already resolved it."""
+    w = weight.contiguous()
+    packed = torch.empty(_packed_shape(params), dtype=weight.dtype, device=weight.device)
+    (pack or _pack_site(params, w, round_tf32)).launch(weight.device, w, packed)
     return packed
 
 
@@ -1720,11 +1772,9 @@ def _w_descriptor(wp: torch.Tensor, cfg: Config):
     return TensorDescriptor(wp, list(wp.shape), list(wp.stride()), [1, 1, cfg.BLOCK_N, cfg.BLOCK_K])
 
 
-def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool) -> torch.Tensor:
-    """The zero-haloed NDHWC copy read by flat_gemm_kernel: [N, DP, HP, WP, C], contiguous."""
+def _padded_site(x: torch.Tensor, geo, round_tf32: bool) -> Site:
     (pd, ph, pw), (dp, hp, wp) = geo
     n, c, d, h, w = x.shape
-    y = torch.empty((n, dp, hp, wp, c), dtype=x.dtype, device=x.device)
 
     def build():
         block_c = min(64, _pow2_at_least(c))
@@ -1734,7 +1784,15 @@ def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool) -> torch.Tenso
                     dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and c > 1, BLOCK_C=block_c,
                          BLOCK_S=block_s, num_warps=4))
 
-    site(("to_padded", x.shape, x.stride(), geo, round_tf32), build).launch(x.device, x, y)
+    return site(("to_padded", x.shape, x.stride(), geo, round_tf32), build)
+
+
+def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool, prep: Site | None = None) -> torch.Tensor:
+    """The zero-haloed NDHWC copy read by flat_gemm_kernel: [N, DP, HP, WP, C], contiguous.
+    ``prep``: its launch site, when the caller already resolved it."""
+    _, (dp, hp, wp) = geo
+    y = torch.empty((x.shape[0], dp, hp, wp, x.shape[1]), dtype=x.dtype, device=x.device)
+    (prep or _padded_site(x, geo, round_tf32)).launch(x.device, x, y)
     return y
 
 
@@ -1745,10 +1803,10 @@ def _offsets_fit_int32(params: ConvT3dParams, y: torch.Tensor, pad: int) -> bool
     return span <= _INT32_MAX
 
 
-def _run_flat(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, b, y: torch.Tensor, tab: torch.Tensor,
-              n_groups: int, params: ConvT3dParams, geo, has_bias: bool, precision: str):
-    """Launch flat_gemm_kernel: 2-D descriptors over the padded input and the packed weight."""
-    c = xp.shape[-1]
+def _flat_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, params: ConvT3dParams, geo,
+               has_bias: bool, precision: str) -> Site:
+    """The launch site of flat_gemm_kernel (2-D descriptors over the padded input ``xp`` and the
+    packed weight, see ``_flat_descriptors``)."""
     cin_g = params.in_channels_per_group
 
     def build():
@@ -1777,10 +1835,49 @@ def _run_flat(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, b, y: torch.Tenso
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         ))
 
-    s = site(("flat_gemm", params, cfg, y.stride(), n_groups, has_bias, precision), build)
-    x_desc = TensorDescriptor(xp, [xp.numel() // c, c], [c, 1], [cfg.BLOCK_M, cfg.BLOCK_K])
-    w_desc = TensorDescriptor(wp, [wp.numel() // cin_g, cin_g], [cin_g, 1], [cfg.BLOCK_N, cfg.BLOCK_K])
-    return s.launch(xp.device, x_desc, w_desc, b, y, tab)
+    return site(("flat_gemm", params, cfg, y.stride(), n_groups, has_bias, precision), build)
+
+
+def _flat_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int):
+    """2-D descriptors of flat_gemm_kernel: [positions, C] over the padded input, [rows, Cin/g]
+    over the packed weight (made per call: they hold the tensors' addresses)."""
+    c = xp.shape[-1]
+    return (TensorDescriptor(xp, [xp.numel() // c, c], [c, 1], [cfg.BLOCK_M, cfg.BLOCK_K]),
+            TensorDescriptor(wp, [wp.numel() // cin_g, cin_g], [cin_g, 1], [cfg.BLOCK_N, cfg.BLOCK_K]))
+
+
+def _phase_site(cfg: Config, params: ConvT3dParams, pl: "Plan", xin: torch.Tensor, wp: torch.Tensor, y: torch.Tensor,
+                n_groups: int, has_bias: bool, x_tma: bool, w_tma: bool) -> Site:
+    """The launch site of phase_gemm_kernel (``x_tma`` / ``w_tma``: descriptors instead of
+    pointers for the input / the packed weight)."""
+    q = params.compact_size
+
+    def build():
+        _check_slice_offsets(params, xin, y, max(c.BLOCK_M for c in pl.configs))
+        bh = cfg.BLOCK_M // cfg.BLOCK_W
+        tiles_h, tiles_w = _cdiv(q[1], bh), _cdiv(q[2], cfg.BLOCK_W)
+        tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+        extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and xin.device.type == "cuda" else {}
+        axes = params.axes
+        return Site("phase_gemm_kernel", (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups
+                                          * tiles_n,), (
+            params.batch, params.in_channels_per_group, params.out_channels_per_group,
+            *params.in_size, q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups,
+            params.kernel_size[1], params.kernel_size[2],
+            *xin.stride(), *wp.stride(), *y.stride(),
+            *params.stride,
+            *(a.tap_step for a in axes),
+            *(a.offset_step for a in axes),
+            tiles_h, tiles_w, tiles_n,
+        ), dict(
+            HAS_BIAS=has_bias, USE_DOT=cfg.use_dot, PRECISION=pl.dot_precision, W_GROUP=cfg.W_GROUP,
+            W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE=cfg.x_cache, X_TMA=x_tma,
+            W_TMA=w_tma, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+            BLOCK_W=cfg.BLOCK_W, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+        ))
+
+    return site(("phase_gemm", params, cfg, xin.stride(), y.stride(), n_groups, has_bias, pl.dot_precision,
+                 x_tma, w_tma), build)
 
 
 @dataclass
@@ -1835,87 +1932,114 @@ def plan(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision
     return p
 
 
+class _Steps:
+    """The launches of one (call signature, config) -- fill, input preparation, GEMM -- with their
+    launch sites resolved on the first run and held, so later runs only allocate and launch.
+
+    Why: per call, resolving everything again (key tuples, table and site lookups, closures)
+    cost ~70 us of Python on top of the launches (scripts/cpu_hostprof.py, session 4), while the
+    small bench layers run 70-160 us of GPU kernels; their calls were host-bound (NOTES.md).
+    Everything held here is fixed by the signature (shapes, strides, dtype, device, bias or not,
+    precision) and the config; what depends on the tensors' addresses (tensor descriptors, TMA
+    eligibility of a user's input) is still decided per run."""
+
+    def __init__(self, params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, device: torch.device):
+        self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
+        companions = cfg.companions and companion_masks(params) is not None
+        self.tab = phase_table(params, device, cfg.W_GROUP, cfg.fill_separate or companions, companions)
+        self.n_groups = self.tab.shape[0] // cfg.W_GROUP
+        # Empty rows/planes: in stream order before the GEMM. Filling on a side stream
+        # concurrently with the GEMM was measured (KB 77): no gain in NCDHW (392 vs 398 us) and
+        # a loss in channels-last (329 vs 260 us), so the simple order stays.
+        if companions:
+            self.fill_kind, self.fill_table = "planes", empty_planes(params, device)
+        elif cfg.fill_separate:
+            self.fill_kind, self.fill_table = "rows", empty_rows(params, device)
+        else:
+            self.fill_kind, self.fill_table = None, None
+        self.geo = flat_geometry(params) if cfg.flat else None
+        self.use_tma = cfg.tma and cfg.use_dot and _tma_capable(device)
+        self.fill: Site | None = None
+        self.prep: Site | None = None
+        self.pack: Site | None = None  # set by forward() when the signature settles
+        self.gemm: dict[tuple[bool, bool], Site] = {}
+        self.resolved = False
+
+    def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
+        """Launch onto ``y`` (allocated, in the plan's memory format) from ``x`` and the packed
+        weight ``wp``; ``b`` is the bias, or any tensor when there is none. Returns Triton's
+        handle of the main kernel (None when no phase has taps)."""
+        params, cfg, dev = self.params, self.cfg, x.device
+        if not self.resolved:
+            if self.fill_kind == "planes":
+                self.fill = _fill_planes_site(params, y, self.has_bias)
+            elif self.fill_kind == "rows":
+                self.fill = _fill_rows_site(params, y, self.has_bias)
+            self.resolved = True
+        if self.fill is not None:
+            self.fill.launch(dev, y, b, self.fill_table)
+        if self.n_groups == 0:
+            return None
+        round_tf32 = self.pl.round_tf32
+        if cfg.flat:
+            if self.prep is None:
+                self.prep = _padded_site(x, self.geo, round_tf32)
+            xp = _prepare_padded_input(x, self.geo, round_tf32, self.prep)
+            gemm = self.gemm.get((True, True))
+            if gemm is None:
+                gemm = self.gemm[(True, True)] = _flat_site(cfg, xp, y, self.n_groups, params, self.geo,
+                                                            self.has_bias, self.pl.dot_precision)
+            x_desc, w_desc = _flat_descriptors(cfg, xp, wp, params.in_channels_per_group)
+            return gemm.launch(dev, x_desc, w_desc, b, y, self.tab)
+        xin = _prepare_input(x, round_tf32, self.pl.copy_input)
+        x_arg = _x_descriptor(xin, params, cfg) if self.use_tma else None
+        w_arg = _w_descriptor(wp, cfg) if self.use_tma else None
+        which = (x_arg is not None, w_arg is not None)
+        gemm = self.gemm.get(which)
+        if gemm is None:
+            gemm = self.gemm[which] = _phase_site(cfg, params, self.pl, xin, wp, y, self.n_groups, self.has_bias,
+                                                  *which)
+        return gemm.launch(dev, xin if x_arg is None else x_arg, wp if w_arg is None else w_arg, b, y, self.tab)
+
+
+_steps: dict[tuple, _Steps] = {}
+# Signature -> (plan, steps of its tuned config): the steady state of ``forward``.
+_steady: dict[tuple, tuple[Plan, _Steps]] = {}
+
+
+def _steps_for(params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, x: torch.Tensor) -> _Steps:
+    # The input's strides are part of the key: a Plan does not hold them, and the sites that
+    # read x itself (the padded copy, a GEMM on x without a copy) bake them in.
+    key = (pl, cfg, has_bias, x.device, x.stride())
+    st = _steps.get(key)
+    if st is None:
+        if len(_steps) >= 4096:
+            _steps.clear()
+        st = _steps[key] = _Steps(params, pl, cfg, has_bias, x.device)
+    return st
+
+
+def _output(params: ConvT3dParams, pl: Plan, x: torch.Tensor) -> torch.Tensor:
+    return torch.empty(params.out_shape, dtype=x.dtype, device=x.device, memory_format=pl.out_format)
+
+
 def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             precision: str) -> Launch:
-    """Allocate the output and bring input and weight into kernel layout (see ``forward``)."""
+    """Allocate the output and pack the weight; ``run(config)`` then launches the kernels of that
+    config (the input operand is made per run: configs differ in what they read -- the NDHWC copy,
+    x itself, or the zero-haloed copy of flat_gemm_kernel -- so tuning times that preparation
+    with each config; memoised, tuning once picked the flat path for bf16 channels-last layers on
+    kernel time alone, whose copy the 5-D TMA path does not need)."""
     pl = plan(params, x, weight, precision)
-    y = torch.empty(params.out_shape, dtype=x.dtype, device=x.device, memory_format=pl.out_format)
+    y = _output(params, pl, x)
     if y.numel() == 0:
         return Launch(y, lambda cfg: None, pl.configs, pl.tune_key)
     wp = _pack_weight(weight, params, pl.round_tf32)
-    q = params.compact_size
-    axes = params.axes
     b = bias if bias is not None else wp  # dummy pointer when HAS_BIAS is False
-    geo = flat_geometry(params)
-    # The input operand is made per run, not once per Launch: configs differ in what they read
-    # (the NDHWC copy or x itself, or the zero-haloed copy of flat_gemm_kernel), so tuning has
-    # to time that preparation with each config. (Memoised, tuning once picked the flat path for
-    # bf16 channels-last layers on kernel time alone, whose copy the 5-D TMA path does not need.)
-    def x_operand(flat: bool) -> torch.Tensor:
-        if flat:
-            return _prepare_padded_input(x, geo, pl.round_tf32)
-        return _prepare_input(x, pl.round_tf32, pl.copy_input)
+    has_bias = bias is not None
 
     def run(cfg: Config):
-        companions = cfg.companions and companion_masks(params) is not None
-        tab = phase_table(params, x.device, cfg.W_GROUP, cfg.fill_separate or companions, companions)
-        if companions:
-            # In stream order before the GEMM. Filling on a side stream concurrently with the
-            # GEMM was measured (KB 77): no gain in NCDHW (392 vs 398 us) and a loss in
-            # channels-last (329 vs 260 us), so the simple order stays.
-            _fill_planes(params, y, b, bias is not None)
-        elif cfg.fill_separate:
-            rows = empty_rows(params, x.device)
-            if rows.shape[0] > 0:
-                def build():
-                    block_c = min(64, _pow2_at_least(params.out_channels))
-                    block_w = min(128, _pow2_at_least(params.out_size[2]))
-                    return Site("fill_rows_kernel", (rows.shape[0], params.batch, _cdiv(params.out_channels, block_c)),
-                                (params.out_channels, params.out_size[2], *y.stride()),
-                                dict(HAS_BIAS=bias is not None, BLOCK_C=block_c, BLOCK_W=block_w, num_warps=4))
-
-                site(("fill_rows", params, y.stride(), bias is not None), build).launch(x.device, y, b, rows)
-        return gemm(cfg, tab)
-
-    def gemm(cfg: Config, tab: torch.Tensor):
-        n_groups = tab.shape[0] // cfg.W_GROUP
-        if n_groups == 0:
-            return None
-        if cfg.flat:
-            return _run_flat(cfg, x_operand(True), wp, b, y, tab, n_groups, params, geo, bias is not None,
-                             pl.dot_precision)
-        xin = x_operand(False)
-        use_tma = cfg.tma and cfg.use_dot and _tma_capable(x.device)
-        x_arg = _x_descriptor(xin, params, cfg) if use_tma else None
-        w_arg = _w_descriptor(wp, cfg) if use_tma else None
-
-        def build():
-            _check_slice_offsets(params, xin, y, max(c.BLOCK_M for c in pl.configs))
-            bh = cfg.BLOCK_M // cfg.BLOCK_W
-            tiles_h, tiles_w = _cdiv(q[1], bh), _cdiv(q[2], cfg.BLOCK_W)
-            tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
-            extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and x.device.type == "cuda" else {}
-            return Site("phase_gemm_kernel", (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups
-                                              * tiles_n,), (
-                params.batch, params.in_channels_per_group, params.out_channels_per_group,
-                *params.in_size, q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups,
-                params.kernel_size[1], params.kernel_size[2],
-                *xin.stride(), *wp.stride(), *y.stride(),
-                *params.stride,
-                *(a.tap_step for a in axes),
-                *(a.offset_step for a in axes),
-                tiles_h, tiles_w, tiles_n,
-            ), dict(
-                HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot, PRECISION=pl.dot_precision, W_GROUP=cfg.W_GROUP,
-                W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE=cfg.x_cache, X_TMA=x_arg is not None,
-                W_TMA=w_arg is not None, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-                BLOCK_W=cfg.BLOCK_W, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
-            ))
-
-        key = ("phase_gemm", params, cfg, xin.stride(), y.stride(), n_groups, bias is not None, pl.dot_precision,
-               x_arg is not None, w_arg is not None)
-        return site(key, build).launch(x.device, xin if x_arg is None else x_arg, wp if w_arg is None else w_arg,
-                                       b, y, tab)
+        return _steps_for(params, pl, cfg, has_bias, x).run(x, wp, b, y)
 
     return Launch(y, run, pl.configs, pl.tune_key)
 
@@ -1927,19 +2051,41 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     ``precision`` is one of "tf32", "tf32x3", "ieee" (ignored for 16-bit inputs, which multiply
     in their own type and accumulate in fp32). ``config`` forces a tile configuration; otherwise
     the first call of a signature on CUDA tunes over ``candidate_configs`` (cached per process).
+    Later calls of a signature take the steady path: its plan, config and launch sites held
+    (``_Steps``), so a call allocates, packs the weight and launches.
     """
+    key = (params, x.dtype, x.device, x.stride(), weight.stride(), bias is not None, precision)
+    if config is None:
+        steady = _steady.get(key)
+        if steady is not None:
+            pl, st = steady
+            y = _output(params, pl, x)
+            wp = _pack_weight(weight, params, pl.round_tf32, st.pack)
+            st.run(x, wp, bias if bias is not None else wp, y)
+            return y
     launch = prepare(x, weight, bias, params, precision)
     if launch.y.numel() == 0:
         return launch.y
+    settled = config is None
     if config is None:
         rec = _tuned.get(launch.tune_key)
         if rec is not None:
             config = rec.config
-        elif x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-            config = launch.configs[0]  # no timing on CPU or inside graph capture
+        elif x.device.type != "cuda":
+            config = launch.configs[0]  # no timing on CPU (the interpreter)
+        elif torch.cuda.is_current_stream_capturing():
+            config, settled = launch.configs[0], False  # no timing inside graph capture; tune later
         else:
             config = _choose(launch.tune_key, launch.configs, launch.run)
     launch.run(config)
+    if settled:
+        pl = plan(params, x, weight, precision)
+        st = _steps_for(params, pl, config, bias is not None, x)
+        w = weight.contiguous()
+        st.pack = _pack_site(params, w, pl.round_tf32)
+        if len(_steady) >= 4096:
+            _steady.clear()
+        _steady[key] = (pl, st)
     return launch.y
 
 

@@ -589,3 +589,65 @@ def test_flat_path_is_the_default_where_tma_works():
     odd = ConvT3dParams.create(1, 10, 8, 1, (2, 3, 3), (3, 3, 3), (2, 2, 2), (1, 1, 1), (0, 0, 0), (1, 1, 1))
     assert engine.flat_unsupported(odd, torch.float32, 16) == "channel rows not 16-byte aligned"
     assert not any(c.flat or c.tma for c in engine.candidate_configs(odd, torch.float32, "tf32", False, flat=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# The steady path: after a signature's first call, forward() replays the held plan, config and
+# launch sites (triton_engine._Steps) instead of preparing the call again.
+# ---------------------------------------------------------------------------------------------
+STEADY_REGIMES = ["tc-kb77-scaled", "tc-k3s2p1op1", "tc-groups2", "tc-stride1-k3p1", "fma-k1s4",
+                  "fma-depthwise", "tc-kernel-below-stride"]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d", "slice_w"])
+@pytest.mark.parametrize("name", STEADY_REGIMES)
+def test_steady_path_replays_the_first_call(name, layout, monkeypatch):
+    base = REGIMES[name]
+    case = Case(base.batch, base.cin, base.cout, base.in_size, base.kernel, *base.args[:3], base.dilation,
+                base.groups, bias=base.bias, layout=layout)
+    x, w, b = case.tensors()
+    first = run(case, x, w, b)
+    # The second call must not prepare the call again: prepare() now raises.
+    monkeypatch.setattr(engine, "prepare", lambda *a, **k: pytest.fail("steady call went through prepare()"))
+    # New tensors with the same signature (x's strides, views included).
+    x2 = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype).copy_(x * 0.5)
+    w2 = torch.empty_strided(w.size(), w.stride(), dtype=w.dtype).copy_(w * 2.0)
+    second = run(case, x2, w2, b)
+    third = run(case, x, w, b)
+    assert torch.equal(third, first), "the steady path differs from the first call"
+    assert second.stride() == first.stride()
+    check_against_reference(second, x2, w2, b, *case.args, context=f"{name} {layout} steady")
+
+
+def test_steady_path_follows_a_new_signature():
+    # Same geometry, another input layout: a new signature, so a new first call (its own strides).
+    case = REGIMES["tc-k3s2p1op1"]
+    x, w, b = case.tensors()
+    y1 = run(case, x, w, b)
+    xs = x.to(memory_format=torch.channels_last_3d)
+    y2 = run(case, xs, w, b)
+    check_against_reference(y1, x, w, b, *case.args, context="contiguous")
+    check_against_reference(y2, xs, w, b, *case.args, context="channels_last_3d")
+
+
+def test_seeded_config_reaches_a_settled_signature():
+    # A config seeded after a signature settled (the disk cache, tests) is the one used next.
+    case = REGIMES["tc-k3s2p1op1"]
+    x, w, b = case.tensors()
+    x5, params = _params(case, x, w, b)
+    run(case, x, w, b)
+    pl = engine.plan(params, x5, w, "ieee")
+    other = pl.configs[-1]
+    engine._tuned.pop(pl.tune_key, None)
+    engine.seed_tuning(pl.tune_key, other)
+    seen = []
+    orig = engine._steps_for
+    engine_steps = lambda params, pl, cfg, has_bias, x: seen.append(cfg) or orig(params, pl, cfg, has_bias, x)  # noqa: E731
+    try:
+        engine._steps_for = engine_steps
+        y = run(case, x, w, b)
+    finally:
+        engine._steps_for = orig
+        engine._tuned.pop(pl.tune_key, None)
+    assert seen and seen[-1] == other
+    check_against_reference(y, x, w, b, *case.args, context="seeded")
