@@ -1445,12 +1445,8 @@ def empty_planes(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     return _device_table(("planes",), params, device, build)
 
 
-def _fill_planes_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool) -> Site | None:
-    """The launch site of fill_planes_kernel for this output (None: every plane has taps)."""
-    planes = empty_planes(params, y.device)
-    if planes.numel() == 0:
-        return None
-
+def _fill_planes_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, planes: torch.Tensor) -> Site:
+    """The launch site of fill_planes_kernel writing the depth ``planes`` (``empty_planes``) of y."""
     def build():
         cl = y.dim() == 5 and y.stride(1) == 1 and params.out_channels > 1
         oh, ow = params.out_size[1:]
@@ -1464,12 +1460,8 @@ def _fill_planes_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool) ->
     return site(("fill_planes", params, y.stride(), has_bias), build)
 
 
-def _fill_rows_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool) -> Site | None:
-    """The launch site of fill_rows_kernel for this output (None: every row has taps)."""
-    rows = empty_rows(params, y.device)
-    if rows.shape[0] == 0:
-        return None
-
+def _fill_rows_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, rows: torch.Tensor) -> Site:
+    """The launch site of fill_rows_kernel writing the (od, oh) ``rows`` (``empty_rows``) of y."""
     def build():
         block_c = min(64, _pow2_at_least(params.out_channels))
         block_w = min(128, _pow2_at_least(params.out_size[2]))
@@ -1880,17 +1872,6 @@ def _phase_site(cfg: Config, params: ConvT3dParams, pl: "Plan", xin: torch.Tenso
                  x_tma, w_tma), build)
 
 
-@dataclass
-class Launch:
-    """A prepared call: operands in kernel layout, the output, and ``run(config)`` to launch the
-    kernels (it returns Triton's compiled-kernel handle of the main kernel, for inspection)."""
-
-    y: torch.Tensor
-    run: Callable[[Config], object]
-    configs: tuple[Config, ...]
-    tune_key: tuple
-
-
 @dataclass(frozen=True)
 class Plan:
     """Everything about a call that depends only on its signature (cached per process)."""
@@ -1901,6 +1882,24 @@ class Plan:
     round_tf32: bool
     copy_input: bool
     dot_precision: str
+
+
+@dataclass
+class Launch:
+    """A prepared call: operands in kernel layout, the output, and ``run(config)`` to launch the
+    kernels (it returns Triton's compiled-kernel handle of the main kernel, for inspection)."""
+
+    y: torch.Tensor
+    run: Callable[[Config], object]
+    plan: Plan
+
+    @property
+    def configs(self) -> tuple[Config, ...]:
+        return self.plan.configs
+
+    @property
+    def tune_key(self) -> tuple:
+        return self.plan.tune_key
 
 
 _plans: dict[tuple, Plan] = {}
@@ -1951,32 +1950,29 @@ class _Steps:
         # Empty rows/planes: in stream order before the GEMM. Filling on a side stream
         # concurrently with the GEMM was measured (KB 77): no gain in NCDHW (392 vs 398 us) and
         # a loss in channels-last (329 vs 260 us), so the simple order stays.
+        # fill_site: the site getter of the fill kernel, None when nothing needs a fill.
+        self.fill_site, self.fill_table = None, None
         if companions:
-            self.fill_kind, self.fill_table = "planes", empty_planes(params, device)
+            self.fill_site, self.fill_table = _fill_planes_site, empty_planes(params, device)
         elif cfg.fill_separate:
-            self.fill_kind, self.fill_table = "rows", empty_rows(params, device)
-        else:
-            self.fill_kind, self.fill_table = None, None
+            self.fill_site, self.fill_table = _fill_rows_site, empty_rows(params, device)
+        if self.fill_table is not None and self.fill_table.shape[0] == 0:
+            self.fill_site = None
         self.geo = flat_geometry(params) if cfg.flat else None
         self.use_tma = cfg.tma and cfg.use_dot and _tma_capable(device)
         self.fill: Site | None = None
         self.prep: Site | None = None
         self.pack: Site | None = None  # set by forward() when the signature settles
         self.gemm: dict[tuple[bool, bool], Site] = {}
-        self.resolved = False
 
     def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
         """Launch onto ``y`` (allocated, in the plan's memory format) from ``x`` and the packed
         weight ``wp``; ``b`` is the bias, or any tensor when there is none. Returns Triton's
         handle of the main kernel (None when no phase has taps)."""
         params, cfg, dev = self.params, self.cfg, x.device
-        if not self.resolved:
-            if self.fill_kind == "planes":
-                self.fill = _fill_planes_site(params, y, self.has_bias)
-            elif self.fill_kind == "rows":
-                self.fill = _fill_rows_site(params, y, self.has_bias)
-            self.resolved = True
-        if self.fill is not None:
+        if self.fill_site is not None:
+            if self.fill is None:
+                self.fill = self.fill_site(params, y, self.has_bias, self.fill_table)
             self.fill.launch(dev, y, b, self.fill_table)
         if self.n_groups == 0:
             return None
@@ -2003,8 +1999,8 @@ class _Steps:
 
 
 _steps: dict[tuple, _Steps] = {}
-# Signature -> (plan, steps of its tuned config): the steady state of ``forward``.
-_steady: dict[tuple, tuple[Plan, _Steps]] = {}
+# Signature -> the steps of its tuned config: the steady state of ``forward``.
+_steady: dict[tuple, _Steps] = {}
 
 
 def _steps_for(params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, x: torch.Tensor) -> _Steps:
@@ -2033,7 +2029,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     pl = plan(params, x, weight, precision)
     y = _output(params, pl, x)
     if y.numel() == 0:
-        return Launch(y, lambda cfg: None, pl.configs, pl.tune_key)
+        return Launch(y, lambda cfg: None, pl)
     wp = _pack_weight(weight, params, pl.round_tf32)
     b = bias if bias is not None else wp  # dummy pointer when HAS_BIAS is False
     has_bias = bias is not None
@@ -2041,7 +2037,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     def run(cfg: Config):
         return _steps_for(params, pl, cfg, has_bias, x).run(x, wp, b, y)
 
-    return Launch(y, run, pl.configs, pl.tune_key)
+    return Launch(y, run, pl)
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
@@ -2056,11 +2052,10 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     """
     key = (params, x.dtype, x.device, x.stride(), weight.stride(), bias is not None, precision)
     if config is None:
-        steady = _steady.get(key)
-        if steady is not None:
-            pl, st = steady
-            y = _output(params, pl, x)
-            wp = _pack_weight(weight, params, pl.round_tf32, st.pack)
+        st = _steady.get(key)
+        if st is not None:
+            y = _output(params, st.pl, x)
+            wp = _pack_weight(weight, params, st.pl.round_tf32, st.pack)
             st.run(x, wp, bias if bias is not None else wp, y)
             return y
     launch = prepare(x, weight, bias, params, precision)
@@ -2079,13 +2074,12 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
             config = _choose(launch.tune_key, launch.configs, launch.run)
     launch.run(config)
     if settled:
-        pl = plan(params, x, weight, precision)
+        pl = launch.plan
         st = _steps_for(params, pl, config, bias is not None, x)
-        w = weight.contiguous()
-        st.pack = _pack_site(params, w, pl.round_tf32)
+        st.pack = _pack_site(params, weight.contiguous(), pl.round_tf32)  # built by prepare(): a lookup
         if len(_steady) >= 4096:
             _steady.clear()
-        _steady[key] = (pl, st)
+        _steady[key] = st
     return launch.y
 
 
