@@ -202,6 +202,16 @@ class ConvT3dParams:
     def out_channels_per_group(self) -> int:
         return self.out_channels // self.groups
 
+    def fold_groups(self, fold: int) -> "ConvT3dParams":
+        """The same call with every ``fold`` neighbouring groups merged into one: groups / fold
+        groups of fold x Cin/g -> fold x Cout/g channels, whose weight is block-diagonal (zero
+        between the merged groups). Same output; fold x the multiply-adds, in wider GEMM tiles."""
+        if fold < 1 or self.groups % fold:
+            raise ValueError(f"fold must divide groups={self.groups}, but got fold={fold}")
+        return ConvT3dParams.create(self.batch, self.in_channels, self.out_channels, self.groups // fold,
+                                    self.in_size, self.kernel_size, self.stride, self.padding,
+                                    self.output_padding, self.dilation)
+
     # ---- phases ----------------------------------------------------------------------
     @functools.cached_property
     def phases(self) -> tuple[Phase, ...]:
@@ -766,13 +776,16 @@ def to_channels_last_kernel(
 @triton.jit
 def pack_weight_kernel(
     w_ptr, p_ptr,
-    CIN_G, COUT_G, KVOL,
+    CIN_G, COUT_G, KVOL, FOLD,
     stride_wi, stride_wo, stride_wt,
     ROUND_TF32: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap]: each tap's weights as a K-major tile.
 
+    ``FOLD`` > 1 packs for merged groups (ConvT3dParams.fold_groups): CIN_G / COUT_G are the
+    merged group's channels, and a weight (ci, co) is w[g*CIN_G + ci, co % (COUT_G/FOLD), tap]
+    where ci and co belong to the same original group, else zero (the block-diagonal weight).
     ``stride_wt`` is the stride of the flattened (kD, kH, kW) index, valid because the weight's
     kernel dimensions are made contiguous by the launcher.
     """
@@ -783,8 +796,10 @@ def pack_weight_kernel(
     co = tmp % COUT_G
     tap = tmp // COUT_G
     mask = offs < KVOL * COUT_G * CIN_G
-    src = (grp * CIN_G + ci) * stride_wi + co * stride_wo + tap * stride_wt
-    v = tl.load(w_ptr + src, mask=mask, other=0.0)
+    sub_ci, sub_co = CIN_G // FOLD, COUT_G // FOLD  # channels of one original group
+    same = (ci // sub_ci) == (co // sub_co)
+    src = (grp * CIN_G + ci) * stride_wi + (co % sub_co) * stride_wo + tap * stride_wt
+    v = tl.load(w_ptr + src, mask=mask & same, other=0.0)
     if ROUND_TF32:
         v = _round_tf32(v)
     tl.store(p_ptr + grp.to(tl.int64) * KVOL * COUT_G * CIN_G + offs, v, mask=mask)
@@ -1090,7 +1105,7 @@ import functools
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -1135,6 +1150,7 @@ class Config:
     maxnreg: int | None = None  # register cap per thread (occupancy)
     tma: bool = False  # operands through tensor descriptors (TMA) where the layout allows
     flat: bool = False  # flat_gemm_kernel: 2-D TMA boxes over a zero-haloed input copy (Hopper)
+    fold: int = 1  # groups merged per GEMM (group_folds): block-diagonal weight, wider tiles
 
     def short(self) -> str:
         kind = "dot" if self.use_dot else "fma"
@@ -1143,7 +1159,7 @@ class Config:
                 f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}" + (" wg2" if self.W_GROUP == 2 else "")
                 + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp") + (f" {self.x_cache}" if self.x_cache else "")
                 + (f" r{self.maxnreg}" if self.maxnreg else "") + (" tma" if self.tma else "")
-                + (" flat" if self.flat else ""))
+                + (" flat" if self.flat else "") + (f" fold{self.fold}" if self.fold > 1 else ""))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -1260,7 +1276,35 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         cfg = tile(bm, stages, bound, **kind)
         if cfg is not None and cfg not in configs:
             configs.append(cfg)
+    # Merged groups: the first two tilings of each fold (each candidate costs ~1 s of compile
+    # when tuning; the later tilings never won on the grouped KernelBench problems).
+    for f in group_folds(params):
+        merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
+        configs += [replace(c, fold=f) for c in merged[:2]]
     return tuple(configs)
+
+
+def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
+    """Group merges (ConvT3dParams.fold_groups) worth a tuning candidate, smallest first.
+
+    A group of fewer than 16 input or output channels fills at most half of each 16-wide MMA
+    operand, and its programs do one small MMA per tap: KernelBench 72 (4 groups of 8 -> 8, 105
+    taps) ran at 3% of its roofline, 1.20 ms TF32 / 1.76 ms tf32x3 (the FMA path: 3.08 ms; H200,
+    session 5). Merging f groups multiplies the work by f but fills the tiles. Candidates: the
+    smallest f reaching 16 channels on both sides, and the full merge (one dense GEMM) while it
+    keeps <= 128 channels, i.e. one output-channel tile. Only for calls already on tensor cores
+    (>= 8 channels per group): the FMA path's smaller groups would multiply the work by >= 16x.
+    """
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    if g == 1 or not uses_tensor_cores(params) or (cin_g >= 16 and cout_g >= 16):
+        return ()
+    folds = []
+    smallest = next((f for f in range(2, g + 1) if g % f == 0 and f * cin_g >= 16 and f * cout_g >= 16), None)
+    if smallest is not None:
+        folds.append(smallest)
+    if g not in folds and params.in_channels <= 128 and params.out_channels <= 128:
+        folds.append(g)
+    return tuple(folds)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1643,25 +1687,27 @@ def _packed_shape(params: ConvT3dParams) -> tuple[int, int, int, int]:
             params.in_channels_per_group)
 
 
-def _pack_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool) -> Site:
-    """The launch site of pack_weight_kernel for a contiguous weight ``w``."""
+def _pack_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool, fold: int = 1) -> Site:
+    """The launch site of pack_weight_kernel for a contiguous weight ``w``; ``params`` are the
+    kernel's (merged, when ``fold`` > 1: ConvT3dParams.fold_groups)."""
     g, kvol, cout_g, cin_g = _packed_shape(params)
 
     def build():
         block = 1024
         return Site("pack_weight_kernel", (_cdiv(kvol * cout_g * cin_g, block), g),
-                    (cin_g, cout_g, kvol, w.stride(0), w.stride(1), 1),
+                    (cin_g, cout_g, kvol, fold, w.stride(0), w.stride(1), 1),
                     dict(ROUND_TF32=round_tf32, BLOCK=block, num_warps=4))
 
-    return site(("pack_weight", params, round_tf32), build)
+    return site(("pack_weight", params, round_tf32, fold), build)
 
 
 def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, round_tf32: bool,
-                 pack: Site | None = None) -> torch.Tensor:
-    """The packed weight; ``pack``: its launch site, when the caller already resolved it."""
+                 pack: Site | None = None, fold: int = 1) -> torch.Tensor:
+    """The packed weight (for the kernel's ``params``, merged by ``fold``); ``pack``: its launch
+    site, when the caller already resolved it."""
     w = weight.contiguous()
     packed = torch.empty(_packed_shape(params), dtype=weight.dtype, device=weight.device)
-    (pack or _pack_site(params, w, round_tf32)).launch(weight.device, w, packed)
+    (pack or _pack_site(params, w, round_tf32, fold)).launch(weight.device, w, packed)
     return packed
 
 
@@ -1943,6 +1989,8 @@ class _Steps:
     eligibility of a user's input) is still decided per run."""
 
     def __init__(self, params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, device: torch.device):
+        # The kernels' view of the call: merged groups for a folded config (same phases).
+        params = params.fold_groups(cfg.fold) if cfg.fold > 1 else params
         self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
         companions = cfg.companions and companion_masks(params) is not None
         self.tab = phase_table(params, device, cfg.W_GROUP, cfg.fill_separate or companions, companions)
@@ -2030,12 +2078,15 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     y = _output(params, pl, x)
     if y.numel() == 0:
         return Launch(y, lambda cfg: None, pl)
-    wp = _pack_weight(weight, params, pl.round_tf32)
-    b = bias if bias is not None else wp  # dummy pointer when HAS_BIAS is False
     has_bias = bias is not None
+    packed: dict[int, torch.Tensor] = {}  # fold -> packed weight (folded configs pack differently)
 
     def run(cfg: Config):
-        return _steps_for(params, pl, cfg, has_bias, x).run(x, wp, b, y)
+        st = _steps_for(params, pl, cfg, has_bias, x)
+        wp = packed.get(cfg.fold)
+        if wp is None:
+            wp = packed[cfg.fold] = _pack_weight(weight, st.params, pl.round_tf32, fold=cfg.fold)
+        return st.run(x, wp, bias if has_bias else wp, y)  # wp: dummy pointer when HAS_BIAS is False
 
     return Launch(y, run, pl)
 
@@ -2055,7 +2106,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
         st = _steady.get(key)
         if st is not None:
             y = _output(params, st.pl, x)
-            wp = _pack_weight(weight, params, st.pl.round_tf32, st.pack)
+            wp = _pack_weight(weight, st.params, st.pl.round_tf32, st.pack)
             st.run(x, wp, bias if bias is not None else wp, y)
             return y
     launch = prepare(x, weight, bias, params, precision)
@@ -2076,7 +2127,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     if settled:
         pl = launch.plan
         st = _steps_for(params, pl, config, bias is not None, x)
-        st.pack = _pack_site(params, weight.contiguous(), pl.round_tf32)  # built by prepare(): a lookup
+        st.pack = _pack_site(st.params, weight.contiguous(), pl.round_tf32, config.fold)  # built by run(): a lookup
         if len(_steady) >= 4096:
             _steady.clear()
         _steady[key] = st

@@ -203,6 +203,16 @@ class ConvT3dParams:
     def out_channels_per_group(self) -> int:
         return self.out_channels // self.groups
 
+    def fold_groups(self, fold: int) -> "ConvT3dParams":
+        """The same call with every ``fold`` neighbouring groups merged into one: groups / fold
+        groups of fold x Cin/g -> fold x Cout/g channels, whose weight is block-diagonal (zero
+        between the merged groups). Same output; fold x the multiply-adds, in wider GEMM tiles."""
+        if fold < 1 or self.groups % fold:
+            raise ValueError(f"fold must divide groups={self.groups}, but got fold={fold}")
+        return ConvT3dParams.create(self.batch, self.in_channels, self.out_channels, self.groups // fold,
+                                    self.in_size, self.kernel_size, self.stride, self.padding,
+                                    self.output_padding, self.dilation)
+
     # ---- phases ----------------------------------------------------------------------
     @functools.cached_property
     def phases(self) -> tuple[Phase, ...]:

@@ -411,6 +411,8 @@ CANDIDATE_CASES = {
     "tc-odd-everything": Case(2, 8, 8, (1, 3, 5), (3, 2, 3), 2, 1, (1, 0, 0)),
     "tc-channels_last-out": Case(1, 8, 16, (2, 3, 5), (2, 2, 3), (1, 2, 2), (0, 1, 1), layout="channels_last_3d"),
     "fma-odd-everything": Case(1, 2, 3, (2, 3, 5), (3, 2, 3), 2, 1, (1, 0, 0)),
+    # 4 groups of 8 -> 8 (KB 72's group shape): the merged-group candidates (fold 2 and 4).
+    "tc-groups4-folds": Case(1, 32, 32, (1, 3, 4), (3, 2, 3), 2, (1, 0, 1), (1, 1, 0), groups=4),
 }
 
 
@@ -651,3 +653,29 @@ def test_seeded_config_reaches_a_settled_signature():
         engine._tuned.pop(pl.tune_key, None)
     assert seen and seen[-1] == other
     check_against_reference(y, x, w, b, *case.args, context="seeded")
+
+
+@pytest.mark.parametrize("groups,cin_g,cout_g,expected", [
+    pytest.param(4, 8, 8, (2, 4), id="kb72-4x8to8-smallest-and-full"),
+    pytest.param(2, 8, 16, (2,), id="2x8to16-full-is-smallest"),
+    pytest.param(32, 8, 8, (2,), id="32x8to8-full-beyond-128-channels"),
+    pytest.param(1, 8, 8, (), id="ungrouped"),
+    pytest.param(4, 16, 16, (), id="groups-fill-tiles"),
+    pytest.param(8, 4, 4, (), id="fma-path-groups"),
+])
+def test_group_folds(groups, cin_g, cout_g, expected):
+    params = ConvT3dParams.create(1, groups * cin_g, groups * cout_g, groups, (3, 3, 3), (3, 3, 3), (2, 2, 2),
+                                  (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    assert engine.group_folds(params) == expected
+    folds = {c.fold for c in engine.candidate_configs(params, torch.float32, "ieee")}
+    assert folds == {1, *expected}
+    for f in expected:
+        merged = params.fold_groups(f)
+        assert (merged.groups, merged.in_channels, merged.out_channels) == (groups // f, params.in_channels,
+                                                                            params.out_channels)
+
+
+def test_fold_groups_rejects_a_non_divisor():
+    params = ConvT3dParams.create(1, 24, 24, 3, (2, 2, 2), (2, 2, 2), (1, 1, 1), (0, 0, 0), (0, 0, 0), (1, 1, 1))
+    with pytest.raises(ValueError, match="fold=2"):
+        params.fold_groups(2)

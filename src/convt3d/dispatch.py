@@ -298,7 +298,7 @@ def _forward_heuristic(params, dtype: torch.dtype, precision: str, has_bias: boo
        cuDNN's tiles (64 in fp32/TF32, 16 in 16-bit): torch -- gan_k4s2p1, refine_k3s1,
        videogpt bf16;
     4. otherwise triton: memory-bound or balanced layers (the phase decomposition skips empty
-       phases and writes whole rows once; cuDNN loses 1.2-2.9x there) and compute-bound ones
+       phases and writes whole rows once; KernelBench 72/73/77 at TF32: 2.6-10.8x) and compute-bound ones
        cuDNN has no tensor-core kernel for (KernelBench 58-70, videogpt fp32: 2-5.8x).
     """
     if "triton" not in candidates or "torch" not in candidates:
@@ -326,7 +326,7 @@ def _forward_heuristic(params, dtype: torch.dtype, precision: str, has_bias: boo
         return "triton", (f"compute-bound but channels not multiples of {align} ({shape}): cuDNN has no fast "
                           "tensor-core kernel here (KernelBench 58-70, videogpt fp32: Triton 2-5.8x)")
     return "triton", (f"memory-bound or balanced ({shape}): the phase decomposition skips empty phases and "
-                      "writes each output row once (nnunet, monai, KernelBench 72-77: Triton 1.2-2.9x)")
+                      "writes each output row once (nnunet, monai; KernelBench 72/73/77: Triton 2.6-10.8x at TF32)")
 
 
 # ---- call signatures and the in-process memory ----------------------------------------------------

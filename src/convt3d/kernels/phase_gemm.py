@@ -285,13 +285,16 @@ def to_channels_last_kernel(
 @triton.jit
 def pack_weight_kernel(
     w_ptr, p_ptr,
-    CIN_G, COUT_G, KVOL,
+    CIN_G, COUT_G, KVOL, FOLD,
     stride_wi, stride_wo, stride_wt,
     ROUND_TF32: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap]: each tap's weights as a K-major tile.
 
+    ``FOLD`` > 1 packs for merged groups (ConvT3dParams.fold_groups): CIN_G / COUT_G are the
+    merged group's channels, and a weight (ci, co) is w[g*CIN_G + ci, co % (COUT_G/FOLD), tap]
+    where ci and co belong to the same original group, else zero (the block-diagonal weight).
     ``stride_wt`` is the stride of the flattened (kD, kH, kW) index, valid because the weight's
     kernel dimensions are made contiguous by the launcher.
     """
@@ -302,8 +305,10 @@ def pack_weight_kernel(
     co = tmp % COUT_G
     tap = tmp // COUT_G
     mask = offs < KVOL * COUT_G * CIN_G
-    src = (grp * CIN_G + ci) * stride_wi + co * stride_wo + tap * stride_wt
-    v = tl.load(w_ptr + src, mask=mask, other=0.0)
+    sub_ci, sub_co = CIN_G // FOLD, COUT_G // FOLD  # channels of one original group
+    same = (ci // sub_ci) == (co // sub_co)
+    src = (grp * CIN_G + ci) * stride_wi + (co % sub_co) * stride_wo + tap * stride_wt
+    v = tl.load(w_ptr + src, mask=mask & same, other=0.0)
     if ROUND_TF32:
         v = _round_tf32(v)
     tl.store(p_ptr + grp.to(tl.int64) * KVOL * COUT_G * CIN_G + offs, v, mask=mask)

@@ -1,0 +1,70 @@
+"""Session 5 probe: what each fp32 dot precision costs and how far it lands from float64 on the
+seven KernelBench problems (Triton engine, tuned per precision), plus the FMA (no tensor core)
+path on the small-group problem KB 72. One JSON line per measurement on stdout.
+
+Times: triton.testing.do_bench (L2 flushed before each rep), median ms. Errors: max |y - y64| and
+whether allclose(atol=rtol=1e-4) against the float64 result holds."""
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from convt3d import triton_engine as TE
+from convt3d.bench.suites import select, make_tensors
+from convt3d.params import ConvT3dParams
+
+names = sys.argv[1].split(",") if len(sys.argv) > 1 else None
+precs = sys.argv[2].split(",") if len(sys.argv) > 2 else ["tf32", "tf32x3", "bf16x3"]
+
+
+def emit(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+for case in select("kernelbench", names=names, precisions=["default"]):
+    g = case.geometry
+    t = make_tensors(case, "cuda")
+    args = g.conv_args()
+    y64 = F.conv_transpose3d(t.x.double(), t.w.double(), None, *args)
+    torch.backends.cudnn.allow_tf32 = True
+    ref = lambda: F.conv_transpose3d(t.x, t.w, None, *args)
+    ref_ms = triton.testing.do_bench(ref, warmup=5, rep=200)
+    err_ref = (ref().double() - y64).abs().max().item()
+    emit(case=g.name, engine="cudnn_default", ms=ref_ms, err=err_ref)
+    p = ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel, g.stride,
+                             g.padding, g.output_padding, g.dilation)
+    variants = [(pr, None) for pr in precs if pr != "ieee-fma"]
+    if "ieee-fma" in precs:
+        variants += [("ieee-fma", "fma")]
+    for pr, kind in variants:
+        try:
+            if kind == "fma":
+                orig = TE.uses_tensor_cores
+                TE.uses_tensor_cores = lambda params: False
+                TE.candidate_configs.cache_clear()
+                TE._plans.clear()
+                prec = "ieee"
+            else:
+                prec = pr
+            fn = lambda: TE.forward(t.x, t.w, None, p, prec)
+            y = fn()
+            torch.cuda.synchronize()
+            ms = triton.testing.do_bench(fn, warmup=5, rep=200)
+            err = (y.double() - y64).abs()
+            ok = bool(torch.allclose(y.double(), y64, atol=1e-4, rtol=1e-4))
+            rec = TE._tuned.get(TE.plan(p, t.x, t.w, prec).tune_key)
+            emit(case=g.name, engine="triton", precision=pr, ms=ms, ratio=ref_ms / ms, err=err.max().item(),
+                 err_mean=err.mean().item(), allclose=ok, config=rec.config.short() if rec else None,
+                 tuning_ms={c: round(v, 3) for c, v in sorted(rec.timings_ms.items(), key=lambda kv: kv[1])}
+                 if rec else None)
+        except Exception as e:  # noqa: BLE001 -- a probe: report and go on
+            emit(case=g.name, precision=pr, error=f"{type(e).__name__}: {e}"[:400])
+        finally:
+            if kind == "fma":
+                TE.uses_tensor_cores = orig
+                TE.candidate_configs.cache_clear()
+                TE._plans.clear()
+    del y64, t
+    torch.cuda.empty_cache()
