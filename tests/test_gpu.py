@@ -151,6 +151,33 @@ def test_decoder_geometries(geom, layout, dtype):
         _check(x, w, b, args, prec, out)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["ncdhw", "cl"])
+@pytest.mark.parametrize("geom", [
+    dict(k=(3, 5, 7), s=2, p=(1, 2, 3), op=1, g=4, cin=32, cout=32),  # KB 72: folds 2 and 4
+    dict(k=3, s=1, p=1, op=0, g=8, cin=64, cout=96),                 # 8 -> 12 per group: folds 2 and 8
+], ids=["kb72-groups", "groups8-8to12"])
+def test_grouped_every_candidate_config(geom, layout, dtype):
+    # The tuner may pick any candidate, merged-group (fold) ones included; with tuning off the
+    # other tests only see the first. Every candidate must meet the accuracy bar.
+    x = torch.randn(2, geom["cin"], 5, 7, 9, device=DEV, dtype=dtype)
+    if layout == "cl":
+        x = x.to(memory_format=torch.channels_last_3d)
+    k = geom["k"] if isinstance(geom["k"], tuple) else (geom["k"],) * 3
+    w = torch.randn(geom["cin"], geom["cout"] // geom["g"], *k, device=DEV, dtype=dtype) * 0.1
+    b = torch.randn(geom["cout"], device=DEV, dtype=dtype)
+    args = (geom["s"], geom["p"], geom["op"], geom["g"], 1)
+    params, _ = check_call(x, w, b, *args)
+    assert E.group_folds(params), "the geometry must have merged-group candidates"
+    precs = ["tf32", "tf32x3"] if dtype == torch.float32 else ["tf32"]
+    for prec in precs:
+        configs = E.plan(params, x, w, prec).configs
+        assert any(c.fold > 1 for c in configs)
+        for cfg in configs:
+            out = E.forward(x, w, b, params, prec, config=cfg)
+            _check(x, w, b, args, prec, out)
+
+
 # ------------------------------------------------------------------------------------------------
 # KernelBench problems at exact grade: allclose 1e-4 against float64
 # ------------------------------------------------------------------------------------------------
