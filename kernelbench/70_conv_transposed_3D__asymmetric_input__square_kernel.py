@@ -1242,15 +1242,15 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     # Accumulators per program: a W residue with no taps (W_SKIP) holds none through the loop.
     acc_wg = wg if _w_skip(params, wg) < 0 else 1
 
-    def tile(bm: int, stages: int, bound: int, **kind) -> Config | None:
+    def tile(bm: int, stages: int, bound: int, block_k: int = bk, **kind) -> Config | None:
         bm = min(bm, bound)
         warps = 4 if acc_wg * bm * bn <= 128 * 64 else 8
         if acc_wg * bm * bn // (32 * warps) > 128:
             return None  # accumulators would spill
-        if stages * (bn * bk + bk * bm) * esize > 200 * 1024:
+        if stages * (bn * block_k + block_k * bm) * esize > 200 * 1024:
             return None  # operand ring beyond shared memory
         bw = bm if kind.get("flat") else block_w(hw, bm)
-        return Config(bm, bn, bk, bw, warps, stages, W_GROUP=wg, **kind)
+        return Config(bm, bn, block_k, bw, warps, stages, W_GROUP=wg, **kind)
 
     if flat and flat_unsupported(params, dtype, bk) is None:
         # Hopper (and the interpreter): flat_gemm_kernel first, then the 5-D TMA path of
@@ -1267,6 +1267,11 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         fplane = max(16, _pow2_at_least(hw[0] * wp))
         plans = [(128, 3, fplane, {"flat": True}), (64, 4, fplane, {"flat": True}),
                  (128, 3, plane, {"tma": True}), (256, 3, plane, {"tma": True})]
+        if esize == 4 and precision != "ieee" and 32 < cin_g <= 64 and (params.groups == 1 or cin_g == 64):
+            # One 64-channel K step per tap instead of two of 32 (the second partly padding when
+            # Cin/g = 48). H200 session 5, tf32x3: KB 70 (48 -> 24) 14.3 vs 15.2 ms, but KB 61
+            # (48 -> 48) 11.4 vs 7.3 ms, so a candidate for the tuner, not a rule.
+            plans.append((128, 3, fplane, {"flat": True, "block_k": 64}))
     else:
         # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
         # tiles measured in session 1.

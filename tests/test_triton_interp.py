@@ -679,3 +679,17 @@ def test_fold_groups_rejects_a_non_divisor():
     params = ConvT3dParams.create(1, 24, 24, 3, (2, 2, 2), (2, 2, 2), (1, 1, 1), (0, 0, 0), (0, 0, 0), (1, 1, 1))
     with pytest.raises(ValueError, match="fold=2"):
         params.fold_groups(2)
+
+
+@pytest.mark.parametrize("precision", ["tf32x3", "tf32"])
+def test_flat_k64_candidate(precision):
+    # 48 input channels: fp32 calls on tensor cores also get a 64-channel K step (one per tap),
+    # which the tuner may pick (KB 70); every candidate must compute the same thing.
+    case = Case(1, 48, 24, (2, 3, 4), (2, 3, 2), 1, (0, 1, 0))
+    x, w, b = case.tensors()
+    x5, params = _params(case, x, w, b)
+    configs = engine.candidate_configs(params, torch.float32, precision, False, True)
+    assert any(c.flat and c.BLOCK_K == 64 for c in configs)
+    for cfg in _distinct_tilings(configs):
+        y = engine.forward(x5, w, b, params, precision, config=cfg)
+        check_against_reference(y, x5, w, b, *case.args, precision=precision, context=str(cfg))
