@@ -125,6 +125,17 @@ def test_random_sweep(seed):
         _check(x, w, b, args, prec, out)
 
 
+def _geometry_inputs(geom: dict, layout: str, dtype: torch.dtype, size: tuple):
+    """(x, w, b, args) of one decoder geometry dict, batch 2, in the given input layout."""
+    x = torch.randn(2, geom["cin"], *size, device=DEV, dtype=dtype)
+    if layout == "cl":
+        x = x.to(memory_format=torch.channels_last_3d)
+    k = geom["k"] if isinstance(geom["k"], tuple) else (geom["k"],) * 3
+    w = torch.randn(geom["cin"], geom["cout"] // geom["g"], *k, device=DEV, dtype=dtype) * 0.1
+    b = torch.randn(geom["cout"], device=DEV, dtype=dtype)
+    return x, w, b, (geom["s"], geom["p"], geom["op"], geom["g"], geom["d"])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", ["ncdhw", "cl"])
 @pytest.mark.parametrize("geom", [
@@ -138,13 +149,7 @@ def test_random_sweep(seed):
     dict(k=3, s=2, p=1, op=0, d=1, g=16, cin=16, cout=16),     # depthwise (FMA path)
 ], ids=["kb77", "nnunet", "monai", "gan", "grouped", "refine", "stride3", "depthwise"])
 def test_decoder_geometries(geom, layout, dtype):
-    x = torch.randn(2, geom["cin"], 6, 9, 10, device=DEV, dtype=dtype)
-    if layout == "cl":
-        x = x.to(memory_format=torch.channels_last_3d)
-    k = geom["k"] if isinstance(geom["k"], tuple) else (geom["k"],) * 3
-    w = torch.randn(geom["cin"], geom["cout"] // geom["g"], *k, device=DEV, dtype=dtype) * 0.1
-    b = torch.randn(geom["cout"], device=DEV, dtype=dtype)
-    args = (geom["s"], geom["p"], geom["op"], geom["g"], geom["d"])
+    x, w, b, args = _geometry_inputs(geom, layout, dtype, (6, 9, 10))
     precs = ["tf32", "tf32x3", "ieee"] if dtype == torch.float32 else ["tf32"]
     for prec in precs:
         out = convt3d.conv_transpose3d(x, w, b, *args, backend="triton", precision=prec)
@@ -154,19 +159,13 @@ def test_decoder_geometries(geom, layout, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("layout", ["ncdhw", "cl"])
 @pytest.mark.parametrize("geom", [
-    dict(k=(3, 5, 7), s=2, p=(1, 2, 3), op=1, g=4, cin=32, cout=32),  # KB 72: folds 2 and 4
-    dict(k=3, s=1, p=1, op=0, g=8, cin=64, cout=96),                 # 8 -> 12 per group: folds 2 and 8
+    dict(k=(3, 5, 7), s=2, p=(1, 2, 3), op=1, d=1, g=4, cin=32, cout=32),  # KB 72: folds 2 and 4
+    dict(k=3, s=1, p=1, op=0, d=1, g=8, cin=64, cout=96),                 # 8 -> 12 per group: folds 2, 8
 ], ids=["kb72-groups", "groups8-8to12"])
 def test_grouped_every_candidate_config(geom, layout, dtype):
     # The tuner may pick any candidate, merged-group (fold) ones included; with tuning off the
     # other tests only see the first. Every candidate must meet the accuracy bar.
-    x = torch.randn(2, geom["cin"], 5, 7, 9, device=DEV, dtype=dtype)
-    if layout == "cl":
-        x = x.to(memory_format=torch.channels_last_3d)
-    k = geom["k"] if isinstance(geom["k"], tuple) else (geom["k"],) * 3
-    w = torch.randn(geom["cin"], geom["cout"] // geom["g"], *k, device=DEV, dtype=dtype) * 0.1
-    b = torch.randn(geom["cout"], device=DEV, dtype=dtype)
-    args = (geom["s"], geom["p"], geom["op"], geom["g"], 1)
+    x, w, b, args = _geometry_inputs(geom, layout, dtype, (5, 7, 9))
     params, _ = check_call(x, w, b, *args)
     assert E.group_folds(params), "the geometry must have merged-group candidates"
     precs = ["tf32", "tf32x3"] if dtype == torch.float32 else ["tf32"]
