@@ -1707,12 +1707,12 @@ def _pack_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool, fold: i
 
 
 def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, round_tf32: bool,
-                 pack: Site | None = None, fold: int = 1) -> torch.Tensor:
-    """The packed weight (for the kernel's ``params``, merged by ``fold``); ``pack``: its launch
-    site, when the caller already resolved it."""
+                 pack: Site | None = None) -> torch.Tensor:
+    """The packed weight for the kernel's ``params``; ``pack``: its launch site (merged groups
+    included), when the caller already resolved it."""
     w = weight.contiguous()
     packed = torch.empty(_packed_shape(params), dtype=weight.dtype, device=weight.device)
-    (pack or _pack_site(params, w, round_tf32, fold)).launch(weight.device, w, packed)
+    (pack or _pack_site(params, w, round_tf32)).launch(weight.device, w, packed)
     return packed
 
 
@@ -2015,8 +2015,14 @@ class _Steps:
         self.use_tma = cfg.tma and cfg.use_dot and _tma_capable(device)
         self.fill: Site | None = None
         self.prep: Site | None = None
-        self.pack: Site | None = None  # set by forward() when the signature settles
+        self.pack: Site | None = None
         self.gemm: dict[tuple[bool, bool], Site] = {}
+
+    def packed_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weight packed for this config's kernels (block-diagonal for merged groups)."""
+        if self.pack is None:
+            self.pack = _pack_site(self.params, weight.contiguous(), self.pl.round_tf32, self.cfg.fold)
+        return _pack_weight(weight, self.params, self.pl.round_tf32, self.pack)
 
     def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
         """Launch onto ``y`` (allocated, in the plan's memory format) from ``x`` and the packed
@@ -2090,7 +2096,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
         st = _steps_for(params, pl, cfg, has_bias, x)
         wp = packed.get(cfg.fold)
         if wp is None:
-            wp = packed[cfg.fold] = _pack_weight(weight, st.params, pl.round_tf32, fold=cfg.fold)
+            wp = packed[cfg.fold] = st.packed_weight(weight)
         return st.run(x, wp, bias if has_bias else wp, y)  # wp: dummy pointer when HAS_BIAS is False
 
     return Launch(y, run, pl)
@@ -2111,7 +2117,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
         st = _steady.get(key)
         if st is not None:
             y = _output(params, st.pl, x)
-            wp = _pack_weight(weight, st.params, st.pl.round_tf32, st.pack)
+            wp = st.packed_weight(weight)
             st.run(x, wp, bias if bias is not None else wp, y)
             return y
     launch = prepare(x, weight, bias, params, precision)
@@ -2130,9 +2136,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
             config = _choose(launch.tune_key, launch.configs, launch.run)
     launch.run(config)
     if settled:
-        pl = launch.plan
-        st = _steps_for(params, pl, config, bias is not None, x)
-        st.pack = _pack_site(st.params, weight.contiguous(), pl.round_tf32, config.fold)  # built by run(): a lookup
+        st = _steps_for(params, launch.plan, config, bias is not None, x)
         if len(_steady) >= 4096:
             _steady.clear()
         _steady[key] = st
