@@ -1,6 +1,7 @@
-"""Render `convt3d bench --json` files as the README's markdown tables.
+"""Render `convt3d bench --json` files (and `scripts/gpu_auto.py`'s JSON) as the README's
+markdown tables. Needs neither a GPU nor convt3d:
 
-    python scripts/bench_md.py docs/bench/bench_kb.json [more.json ...]
+    python3 scripts/bench_md.py docs/bench/bench_kb.json [more.json ...]
 
 One table per file: case, precision or dtype/layout, engine (and backward choices in --mode full),
 convt3d us, cuDNN us, speedup, % of roofline, first call s; then the file's summary groups.

@@ -1,7 +1,10 @@
-"""Issue 7 on the GPU, in one call: is "auto" never slower than cuDNN, and how good is the heuristic?
+""""auto" against each backend on the GPU: is auto never slower than cuDNN, and how often does
+its heuristic pick the fastest engine?
 
-    python scripts/gpu_auto.py auto.json                      # both suites + two tiny probes
-    python scripts/gpu_auto.py auto.json --suite layers --case gan_k4s2p1,refine_k3s1
+Run on the GPU machine:
+
+    PYTHONPATH=src python3 scripts/gpu_auto.py auto.json                      # both suites + two tiny probes
+    PYTHONPATH=src python3 scripts/gpu_auto.py auto.json --suite layers --case gan_k4s2p1,refine_k3s1
 
 For every case of both bench suites (``convt3d.bench.suites``: the same tensors and flags as
 ``convt3d bench``), forward, each timed with ``triton.testing.do_bench`` (median, L2 flushed):
@@ -11,8 +14,10 @@ For every case of both bench suites (``convt3d.bench.suites``: the same tensors 
 * auto with benchmark off (the heuristic; a fresh cache directory, so nothing measured is reused);
 * auto with benchmark on (``convt3d.set_benchmark(True)``: the first call measures the candidates).
 
-Prints a table and the two bars of issue 7 -- auto (benchmark on) >= 0.97x cuDNN on every row, and
-the heuristic picking the faster engine on >= 90% of rows -- and writes everything as JSON.
+Prints a line per case as it goes (partial JSON survives a timeout), then a table (us) and the two
+bars of issue 7 -- auto (benchmark on) >= 0.97x cuDNN on every row, and the heuristic picking the
+faster engine on >= 90% of rows -- and writes everything as JSON (``scripts/bench_md.py`` renders
+it as the README's table).
 The "measured" column says whether benchmark mode really measured: if it says "no", the caller
 (``convt3d.functional``) does not pass ``weight=`` to ``dispatch.decide`` yet.
 """
@@ -84,7 +89,8 @@ def run_case(case: suites.Case, cuda_ok: bool) -> dict:
         times["triton"] = bench_ms(lambda: convt3d.conv_transpose3d(t.x, t.w, t.b, *args, backend="triton"))
         slow = dispatch._cuda_slow_path(params) if cuda_ok else None
         if slow is not None:
-            # The phase_kernel/direct fallbacks: a session-3 run stalled > 6 min on KB 58 exact.
+            # The phase_kernel/direct fallbacks: a run of 2026-11-29, before commit e2d0d46, stalled
+            # for more than 6 min on KB 58 exact (NOTES.md, "The CUDA engine").
             row["cuda_skipped"] = slow
         elif cuda_ok and case.dtype == "fp32" and prec != "tf32":
             mod = dispatch._cuda_engine()[0]  # the engine itself: independent of functional.py's wiring

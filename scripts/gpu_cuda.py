@@ -1,8 +1,11 @@
-"""GPU script for the CUDA engine (issue 6): build, then per KernelBench problem the correctness
-and the time of every kernel variant, in one call.
+"""The CUDA C++ engine's kernel variants on the GPU: build, then per KernelBench problem the
+correctness and the time of every variant, in one call.
 
-    python scripts/gpu_cuda.py [--problem 77[,58,61,...]] [--rep 200] [--variants g64,g32,p8c16]
-    python scripts/gpu_cuda.py --problem 77 --variants g64k32,g64r   # the halo-window tile vs the default
+Run on the GPU machine (the first use builds the extension, ~60-75 s; TORCH_EXTENSIONS_DIR keeps
+the build for later processes):
+
+    PYTHONPATH=src python3 scripts/gpu_cuda.py [--problem 77[,58,61,...]] [--rep 200] [--variants g64,g32,p8c16]
+    PYTHONPATH=src python3 scripts/gpu_cuda.py --problem 77 --variants g64k32,g64r   # halo window vs the default
 
 Prints the build seconds (first use in this process: compile, or load from the torch extensions
 cache); then per problem and variant (phase_kernel tiles with both inner loops, gemm_kernel tiles)

@@ -1,9 +1,21 @@
-"""Session 5 probe: what each fp32 dot precision costs and how far it lands from float64 on the
-seven KernelBench problems (Triton engine, tuned per precision), plus the FMA (no tensor core)
-path on the small-group problem KB 72. One JSON line per measurement on stdout.
+"""What each fp32 dot precision costs and how far it lands from float64, on the seven KernelBench
+problems: the Triton engine tuned per precision, against cuDNN at default flags.
 
-Times: triton.testing.do_bench (L2 flushed before each rep), median ms. Errors: max |y - y64| and
-whether allclose(atol=rtol=1e-4) against the float64 result holds."""
+Precisions: the engine's "tf32", "tf32x3" (exact grade) and "ieee"; "bf16x3", a Triton dot
+precision (three bf16 MMAs, operands split in registers) that the engine does not offer -- the
+probe admits it for its own calls only, to keep that comparison reproducible; and "ieee-fma",
+the engine's FMA path (no tensor cores) forced on a call that would use them (the small-group
+problem KB 72).
+
+Run on the GPU machine (problems and precisions are optional, comma-separated):
+
+    PYTHONPATH=src python3 scripts/gpu_precision_probe.py [kb58,kb61,...] [tf32,tf32x3,bf16x3,ieee-fma]
+
+Prints one JSON line per measurement: cuDNN's time and error, then per precision the engine's
+median ms (triton.testing.do_bench, L2 flushed before each rep), ratio to cuDNN, max and mean
+abs error against float64, whether allclose(atol=rtol=1e-4) holds, the tuned config and the
+tuner's per-candidate ms.
+"""
 import json
 import sys
 
@@ -39,7 +51,10 @@ for case in select("kernelbench", names=names, precisions=["default"]):
     if "ieee-fma" in precs:
         variants += [("ieee-fma", "fma")]
     for pr, kind in variants:
+        engine_precisions = TE.PRECISIONS
         try:
+            if pr not in TE.PRECISIONS and kind is None:
+                TE.PRECISIONS = TE.PRECISIONS + (pr,)  # a Triton dot precision the engine does not offer
             if kind == "fma":
                 orig = TE.uses_tensor_cores
                 TE.uses_tensor_cores = lambda params: False
@@ -62,6 +77,7 @@ for case in select("kernelbench", names=names, precisions=["default"]):
         except Exception as e:  # noqa: BLE001 -- a probe: report and go on
             emit(case=g.name, precision=pr, error=f"{type(e).__name__}: {e}"[:400])
         finally:
+            TE.PRECISIONS = engine_precisions
             if kind == "fma":
                 TE.uses_tensor_cores = orig
                 TE.candidate_configs.cache_clear()

@@ -1,10 +1,8 @@
-"""Time each backward option of convt3d per layers-suite case on the GPU (issue 5), so that one
-GPU call decides convt3d.backward's choices.
-
-    python scripts/gpu_training.py [--case gan_k4s2p1,...] [--json $OUT/gpu_training.json] [--accuracy]
+"""The parts of a training step, per layers-suite case, on the GPU: the measurements behind
+convt3d.backward's choices (cuDNN or Triton for dX, cuDNN for dW, db with cuDNN's call).
 
 Per case, at bf16 channels_last_3d and fp32 NCDHW default precision (TF32 on), do_bench medians
-(L2 flushed) of:
+(L2 flushed), in us, of:
   fwd      convt3d forward, cuDNN forward
   dX       cuDNN (convolution_backward, input mask only), deterministic and default algorithms;
            convt3d's Triton kernel (kernels/dgrad_bwd.py) for every candidate configuration
@@ -14,7 +12,20 @@ Per case, at bf16 channels_last_3d and fp32 NCDHW default precision (TF32 on), d
   full     convt3d training step (forward + backward, the backward's own timed choice) vs
            F.conv_transpose3d + autograd (PyTorch's default flags)
 With --accuracy, also the max abs error against float64 of dX and dW from cuDNN and from each
-Triton configuration (the 2x-cuDNN bar of the issue).
+Triton configuration (the 2x-cuDNN error budget).
+With --profile, instead: where one step's time goes -- do_bench of the whole step, of the
+forward with autograd recording and of the backward alone; host time per call (50 calls
+enqueued) of each; db by other reductions than cuDNN's; and torch.profiler tables (by CUDA time,
+by CPU time) of five steps.
+
+Run on the GPU machine:
+
+    PYTHONPATH=src python3 scripts/gpu_training.py [--case gan_k4s2p1,...] [--json FILE] [--accuracy]
+    PYTHONPATH=src python3 scripts/gpu_training.py --profile --case nnunet_128_64,monai_unet_k3
+
+Prints one line per case (the best Triton tile of dX and dW, the step's speedup and the
+backward's choices) and the full step's geometric mean; --json (default $OUT/gpu_training.json)
+holds every timing. CONVT3D_BWD_INPUT=cudnn|triton forces the dX implementation of the step.
 """
 from __future__ import annotations
 
@@ -23,6 +34,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -135,15 +147,78 @@ def run_case(case, accuracy: bool) -> dict:
     return row
 
 
+def host_us(fn, n: int = 50) -> float:
+    """Host us per call: n calls enqueued without synchronising, timed on the CPU."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return dt
+
+
+def profile_case(case) -> None:
+    t = suites.make_tensors(case, "cuda", 0)
+    args = case.geometry.conv_args()
+    leaves = [v.detach().requires_grad_() for v in (t.x, t.w, t.b) if v is not None]
+    bias = leaves[2] if len(leaves) > 2 else None
+    with torch.no_grad():
+        dy = torch.randn_like(F.conv_transpose3d(t.x, t.w, t.b, *args))
+
+    def ours():
+        return torch.autograd.grad(convt3d.conv_transpose3d(leaves[0], leaves[1], bias, *args), leaves, dy)
+
+    def theirs():
+        return torch.autograd.grad(F.conv_transpose3d(leaves[0], leaves[1], bias, *args), leaves, dy)
+
+    def ours_fwd():
+        return convt3d.conv_transpose3d(leaves[0], leaves[1], bias, *args)
+
+    y = ours_fwd()
+
+    def ours_bwd():
+        return torch.autograd.grad(y, leaves, dy, retain_graph=True)
+
+    print(f"== {case.label}: step ours {bench(ours):.1f} cudnn {bench(theirs):.1f}  fwd(grad) {bench(ours_fwd):.1f}"
+          f"  bwd {bench(ours_bwd):.1f} us;  host: step {host_us(ours):.1f} cudnn {host_us(theirs):.1f}"
+          f" fwd {host_us(ours_fwd):.1f} bwd {host_us(ours_bwd):.1f} us", flush=True)
+    c = dy.shape[1]
+    db = {"sum(0,2,3,4)": lambda: dy.sum(dim=(0, 2, 3, 4), dtype=torch.float32)}
+    if dy.stride(1) == 1:
+        db["rows[M,C].sum(0)"] = lambda: dy.permute(0, 2, 3, 4, 1).reshape(-1, c).sum(0, dtype=torch.float32)
+        db["ones @ rows[M,C]"] = lambda: (torch.ones(1, dy.numel() // c, device="cuda", dtype=dy.dtype)
+                                         @ dy.permute(0, 2, 3, 4, 1).reshape(-1, c))
+    else:
+        db["view[N,C,S].sum((0,2))"] = lambda: dy.view(dy.shape[0], c, -1).sum((0, 2), dtype=torch.float32)
+        db["view[N,C,S].sum(2).sum(0)"] = lambda: dy.view(dy.shape[0], c, -1).sum(2, dtype=torch.float32).sum(0)
+    print("   db: " + ", ".join(f"{k} {bench(f):.1f}" for k, f in db.items())
+          + f" us ({dy.numel() * dy.element_size() / 1e6:.1f} MB)")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            ours()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=22, max_name_column_width=60), flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--case", default=None)
     p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gpu_training.json"))
     p.add_argument("--accuracy", action="store_true")
+    p.add_argument("--profile", action="store_true", help="where one step's time goes (see the docstring)")
     args = p.parse_args()
     names = args.case.split(",") if args.case else None
     cases = [c for c in suites.select("layers", names)
              if (c.dtype, c.layout) in (("bf16", "cl"), ("fp32", "ncdhw"))]
+    if args.profile:
+        for case in cases:
+            profile_case(case)
+            torch.cuda.empty_cache()
+        return 0
     rows = []
     for case in cases:
         try:

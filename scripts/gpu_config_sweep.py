@@ -1,0 +1,238 @@
+"""Tile and launch configurations of the Triton forward engine, timed one by one on the GPU.
+
+What it measures, per bench case (``convt3d.bench.suites``: the same tensors as ``convt3d bench``):
+- cuDNN's ``F.conv_transpose3d`` at the matching TF32 flag, and ``zero_()`` of the output (the
+  write floor of the call);
+- for each configuration: the time of ``Launch.run(config)`` -- every kernel of the call (fill,
+  input copy, GEMM) on a prepared output and packed weight, as the tuner times it -- with
+  ``triton.testing.do_bench`` (median, L2 flushed), the first run's compile seconds, TFLOP/s of
+  useful work, the max abs error against float64, and the compiler's facts of the main kernel
+  (registers, spills, shared memory, MMA kind, TMA or not);
+- with ``--kernels``: the per-kernel breakdown (torch.profiler) of ``forward`` with the best
+  configuration, and the tuner's own choice.
+
+Which configurations: the engine's candidate list (``--candidates``, the default when nothing else
+is asked), variants of its first candidate (``--set KEY=VALUE[,KEY=VALUE]``, one variant per
+``--set``; keys are ``triton_engine.Config`` fields, e.g. ``num_stages=4``, ``BLOCK_M=256,num_warps=8``,
+``tma=False``, ``companions=False``, ``x_cache=.ca``, ``maxnreg=128``, ``BLOCK_K=64``), and a grid of
+flat tiles (``--grid``: BLOCK_M 64/128/256 x 4/8 warps x 2-8 stages x BLOCK_K 16/32/64 over the
+first flat candidate). A BLOCK_M override re-derives BLOCK_W unless it is given.
+
+Run on the GPU machine:
+
+    PYTHONPATH=src python3 scripts/gpu_config_sweep.py kb77 --precision tf32 --set num_stages=4 --kernels
+    PYTHONPATH=src python3 scripts/gpu_config_sweep.py kb61,kb68,kb70,kb73,kb77 --precision tf32x3 --grid
+    PYTHONPATH=src python3 scripts/gpu_config_sweep.py aniso_122 --dtype bf16 --layout cl --set tma=False
+
+Without a GPU, ``TRITON_INTERPRET=1`` runs the same sweep through Triton's interpreter on the
+bench's reduced CPU shapes, as a check of the script (its times mean nothing):
+
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/gpu_config_sweep.py kb77 --set num_stages=4
+
+Prints one JSON line per measurement (``what``: "case", "config", "kernels", "tuned"); ``--json FILE``
+also writes them all as one list. A configuration that fails to compile or launch prints an
+``error`` line and the sweep goes on.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses as dc
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+from convt3d import triton_engine as E
+from convt3d.bench import suites
+from convt3d.validate import check_call
+
+# (BLOCK_M, num_warps, num_stages, BLOCK_K) of --grid: the exact-grade tile sweep's grid.
+GRID = [(128, 4, 3, 32), (128, 4, 4, 32), (128, 4, 5, 32), (128, 8, 3, 32), (128, 8, 4, 32), (256, 8, 3, 32),
+        (256, 8, 2, 32), (64, 4, 5, 32), (64, 4, 6, 32), (128, 4, 6, 16), (64, 4, 8, 16), (128, 4, 3, 64)]
+# Above this many output elements the float64 reference is skipped (host/GPU memory and time).
+REF_MAX_ELEMENTS = 6e8
+ROWS: list[dict] = []
+
+
+def emit(**kw) -> None:
+    ROWS.append(kw)
+    print(json.dumps(kw), flush=True)
+
+
+def bench_us(fn, rep: int) -> float:
+    if not torch.cuda.is_available():  # the interpreter check: one call, wall time
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    return triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median") * 1e3
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def compiler_facts(handle) -> dict:
+    """Registers, spills, shared memory, MMA kind and TMA use of a compiled Triton kernel."""
+    if handle is None:
+        return {}
+    try:
+        ptx = handle.asm["ptx"]
+        mma = "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "fma")
+        return {"regs": handle.n_regs, "spills": handle.n_spills, "smem": handle.metadata.shared, "mma": mma,
+                "tma": "cp.async.bulk.tensor" in ptx}
+    except Exception as exc:  # noqa: BLE001 -- facts are optional
+        return {"facts_error": repr(exc)[:200]}
+
+
+def parse_set(text: str) -> dict:
+    """``"BLOCK_M=256,num_warps=8,tma=False"`` -> overrides with Config's field types."""
+    types = {f.name: f.type for f in dc.fields(E.Config)}
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, raw = item.partition("=")
+        if key not in types:
+            raise SystemExit(f"--set: {key!r} is not a Config field; fields: {', '.join(types)}")
+        if raw in ("True", "False"):
+            out[key] = raw == "True"
+        elif raw in ("None", ""):
+            out[key] = None if raw == "None" else ""
+        else:
+            try:
+                out[key] = int(raw)
+            except ValueError:
+                out[key] = raw
+    return out
+
+
+def variant(base: E.Config, params, overrides: dict) -> E.Config:
+    cfg = dc.replace(base, **overrides)
+    if "BLOCK_M" in overrides and "BLOCK_W" not in overrides:
+        if cfg.flat:
+            cfg = dc.replace(cfg, BLOCK_W=cfg.BLOCK_M)
+        else:
+            hw = tuple(max(ph.axes[i].size for ph in params.phases if not ph.empty) for i in (1, 2))
+            cfg = dc.replace(cfg, BLOCK_W=E.block_w(hw, cfg.BLOCK_M))
+    return cfg
+
+
+def configs_for(launch, params, args) -> list[E.Config]:
+    cands = list(launch.configs)
+    out = cands if args.candidates or not (args.set or args.grid) else []
+    out += [variant(cands[0], params, parse_set(s)) for s in args.set]
+    if args.grid:
+        flat = next((c for c in cands if c.flat), None)
+        if flat is None:
+            emit(what="note", note="no flat candidate for this call (not Hopper, or the geometry does not fit): "
+                                   "--grid skipped")
+        else:
+            out += [dc.replace(flat, BLOCK_M=bm, BLOCK_W=bm, num_warps=nw, num_stages=ns, BLOCK_K=bk)
+                    for bm, nw, ns, bk in GRID]
+    seen, uniq = set(), []
+    for c in out:
+        if c not in seen:
+            seen.add(c)
+            uniq.append(c)
+    return uniq
+
+
+def kernels_of(fn, n: int = 5) -> dict[str, float]:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    return {ev.key[:48]: round(ev.device_time_total / n, 1) for ev in prof.key_averages()
+            if ev.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def run_case(case, prec: str, args) -> None:
+    g = case.geometry
+    if torch.cuda.is_available():
+        t = suites.make_tensors(case, "cuda")
+    else:
+        g = suites.reduced_for_interpreter(g)
+        t = suites.make_tensors(case, "cpu", geometry=g)
+    cargs = g.conv_args()
+    params, _ = check_call(t.x, t.w, t.b, *cargs)
+    tf32 = prec == "tf32"
+    torch.backends.cudnn.allow_tf32 = tf32  # cuDNN at the engine's precision: TF32 only for "tf32"
+    t_cudnn = bench_us(lambda: F.conv_transpose3d(t.x, t.w, t.b, *cargs), args.rep)
+    torch.backends.cudnn.allow_tf32 = True
+    ref = None
+    if math.prod(params.out_shape) < REF_MAX_ELEMENTS:
+        ref = F.conv_transpose3d(t.x.double(), t.w.double(), None if t.b is None else t.b.double(), *cargs)
+    launch = E.prepare(t.x, t.w, t.b, params, prec)
+    t_zero = bench_us(lambda: launch.y.zero_(), args.rep)
+    emit(what="case", case=case.label, precision=prec, cudnn_us=round(t_cudnn, 1), zero_output_us=round(t_zero, 1),
+         useful_gflop=round(params.useful_flops / 1e9, 2), candidates=len(launch.configs))
+    best = None
+    for cfg in configs_for(launch, params, args):
+        try:
+            launch.y.fill_(float("nan"))  # a config that leaves elements unwritten shows as a NaN error
+            t0 = time.perf_counter()
+            handle = launch.run(cfg)
+            sync()
+            compile_s = time.perf_counter() - t0
+            err = None if ref is None else (launch.y.double() - ref).abs().max().item()
+            us = bench_us(lambda: launch.run(cfg), args.rep)
+            emit(what="config", case=case.label, precision=prec, config=cfg.short(), us=round(us, 1),
+                 vs_cudnn=round(t_cudnn / us, 2), tflops=round(params.useful_flops / us / 1e6, 1),
+                 compile_s=round(compile_s, 2), err=err, **compiler_facts(handle))
+            if best is None or us < best[0]:
+                best = (us, cfg)
+        except Exception as exc:  # noqa: BLE001 -- a probe: record and go on
+            emit(what="config", case=case.label, precision=prec, config=cfg.short(), error=repr(exc)[:400])
+    if args.kernels and best is not None and torch.cuda.is_available():
+        cfg = best[1]
+        emit(what="kernels", case=case.label, precision=prec, config=cfg.short(),
+             kernels_us=kernels_of(lambda: E.forward(t.x, t.w, t.b, params, prec, config=cfg)))
+        E.forward(t.x, t.w, t.b, params, prec)  # the tuner's own choice (first call of the signature)
+        rec = E.tuning_log().get(launch.tune_key)
+        if rec is not None:
+            emit(what="tuned", case=case.label, precision=prec, config=rec.config.short(),
+                 seconds=round(rec.seconds, 2), timings_ms=rec.timings_ms)
+    del t, ref, launch
+    torch.cuda.empty_cache()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cases", help="comma-separated bench case names (kb77, aniso_122, ...)")
+    ap.add_argument("--precision", default="tf32", choices=E.PRECISIONS, help="engine precision (fp32 inputs)")
+    ap.add_argument("--dtype", default="fp32", choices=tuple(suites.DTYPES))
+    ap.add_argument("--layout", default="ncdhw", choices=suites.LAYOUTS)
+    ap.add_argument("--candidates", action="store_true", help="time the engine's candidate list")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=V[,KEY=V]",
+                    help="one variant of the first candidate per --set")
+    ap.add_argument("--grid", action="store_true", help="the flat-tile grid over the first flat candidate")
+    ap.add_argument("--kernels", action="store_true", help="per-kernel breakdown of the best config, tuner choice")
+    ap.add_argument("--rep", type=int, default=60, help="do_bench budget per timing (ms)")
+    ap.add_argument("--json", default=None, help="also write every row to this file")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available() and not E.interpreter_active():
+        print("needs a CUDA device (or TRITON_INTERPRET=1 for a check through the interpreter)", file=sys.stderr)
+        return 2
+    names = args.cases.split(",")
+    cases = suites.select("all", names, dtypes=[args.dtype], layouts=[args.layout], precisions=["default"])
+    emit(what="env", gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "interpreter", torch=torch.__version__, triton=triton.__version__,
+         cudnn=torch.backends.cudnn.version())
+    try:
+        for case in cases:
+            run_case(case, args.precision, args)
+    finally:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(ROWS, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# The GPU runner: the GPU tests and the bench in one call on the GPU machine, logs under one folder.
+#
+# Usage (from the repository root, on the GPU machine):
+#   bash scripts/gpu_run.sh [LOGDIR] [--only PARTS] [--skip PARTS] [--budget SECONDS]
+#                           [--cuda-cache FILE.tgz] [--save-cuda-cache] [--wheels DIR]
+#                           [--bench-args "ARGS"] [--pytest-args "ARGS"]
+#
+#   LOGDIR        where everything is written (default: $OUT if set, else ./gpu_logs)
+#   PARTS         comma-separated, from:
+#                   tests     python -m pytest tests/test_gpu*.py (xdist, -rfE)
+#                   kb        convt3d bench --suite kernelbench --json bench_kb.json
+#                   layers    convt3d bench --suite layers --json bench_layers.json
+#                   networks  convt3d bench --suite networks --json bench_networks.json
+#                             (skipped, with a line, where the bench has no such suite)
+#                   eval      convt3d kernelbench --json kb_eval.json (the KernelBench evaluator)
+#                   full      bench --suite layers --mode full: bf16 cl -> full_bf16_cl.json,
+#                             fp32 ncdhw -> full_fp32.json
+#                   cuda      bench of the cuda engine, exact grade, on its gemm_kernel problems
+#                             (kb61,kb68,kb70,kb73,kb77) -> bench_cuda.json
+#                   auto      scripts/gpu_auto.py auto.json (auto against each backend)
+#                 default: tests,kb,layers,networks,eval
+#   --budget      seconds for the whole run (default 570: the device's per-command limit is 600);
+#                 each part gets its own cap or what is left, and a part that would start with
+#                 less than 30 s left is skipped with a line saying so
+#   --cuda-cache  a tarball of a CUDA extension build (TORCH_EXTENSIONS_DIR) to unpack first, so
+#                 the CUDA engine loads instead of compiling (~70 s); carry it in the device call
+#   --save-cuda-cache  write the build as cuda_cache.tgz under LOGDIR at the end
+#   --wheels      a folder of wheels (optional extras such as monai for the networks suite) to
+#                 install into /tmp/site, which joins PYTHONPATH (default: .whl if it exists)
+#   --bench-args  extra arguments for every `convt3d bench` call (e.g. "--cudnn-benchmark")
+#   --pytest-args extra arguments for pytest (e.g. "-k 'not cuda'")
+#
+# Writes under LOGDIR: run.log (every part's output, each under a "==== part" header, with its
+# exit status and seconds) and one JSON per bench part; at most 8 files come back from the
+# device's $OUT, and the default parts write 5. At the end it prints a summary to stdout: per
+# part the exit status and seconds, then its last lines (pytest's failures and summary line,
+# the bench's summary table, the evaluator's table). Exits 1 if any part failed, else 0.
+#
+# One device call, e.g.:  run(command="bash scripts/gpu_run.sh --only tests,kb,layers", timeout_s=600)
+set -u
+cd "$(dirname "$0")/.."
+
+LOGDIR="${OUT:-./gpu_logs}"
+PARTS="tests,kb,layers,networks,eval"
+SKIP=""
+BUDGET=570
+CUDA_CACHE=""
+SAVE_CUDA_CACHE=0
+WHEELS=""
+BENCH_ARGS=""
+PYTEST_ARGS=""
+[ -d .whl ] && WHEELS=.whl
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --only) PARTS="$2"; shift 2 ;;
+    --skip) SKIP="$2"; shift 2 ;;
+    --budget) BUDGET="$2"; shift 2 ;;
+    --cuda-cache) CUDA_CACHE="$2"; shift 2 ;;
+    --save-cuda-cache) SAVE_CUDA_CACHE=1; shift ;;
+    --wheels) WHEELS="$2"; shift 2 ;;
+    --bench-args) BENCH_ARGS="$2"; shift 2 ;;
+    --pytest-args) PYTEST_ARGS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//; /^set -u/d'; exit 0 ;;
+    -*) echo "gpu_run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) LOGDIR="$1"; shift ;;
+  esac
+done
+for p in ${PARTS//,/ } ${SKIP//,/ }; do
+  case "$p" in tests|kb|layers|networks|eval|full|cuda|auto) ;;
+    *) echo "gpu_run.sh: unknown part '$p' (tests, kb, layers, networks, eval, full, cuda, auto)" >&2; exit 2 ;;
+  esac
+done
+
+mkdir -p "$LOGDIR"
+LOG="$LOGDIR/run.log"
+: > "$LOG"
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-/tmp/tex}"
+T0=$(date +%s)
+SUMMARY=()
+FAILED=0
+TMPD=$(mktemp -d)
+: > "$TMPD/tails"
+
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+wanted() { [[ ",$PARTS," == *",$1,"* && ",$SKIP," != *",$1,"* ]]; }
+
+# run_part NAME CAP TAIL COMMAND...: runs COMMAND under timeout min(CAP, time left), its output
+# appended to run.log under a header; keeps its exit status (124: cut by its timeout) and its
+# last TAIL lines for the summary.
+run_part() {
+  local name=$1 cap=$2 tl=$3; shift 3
+  local l; l=$(left)
+  if [ "$l" -lt 30 ]; then
+    echo "==== $name: skipped, ${l}s of the ${BUDGET}s budget left" | tee -a "$LOG"
+    SUMMARY+=("$name: skipped (budget)"); return
+  fi
+  local t=$(( cap < l ? cap : l )) s rc part="$TMPD/$name.log"
+  s=$(date +%s)
+  timeout "$t" "$@" > "$part" 2>&1; rc=$?
+  { echo "==== $name (timeout ${t}s): $*"; cat "$part"; echo "==== $name: exit $rc after $(( $(date +%s) - s ))s"; } >> "$LOG"
+  SUMMARY+=("$name: exit $rc, $(( $(date +%s) - s ))s")
+  [ "$rc" = 0 ] || FAILED=1
+  { echo "---- $name (exit $rc), last $tl lines"; tail -n "$tl" "$part" | cut -c1-200; } >> "$TMPD/tails"
+}
+
+{
+  echo "==== environment"
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv 2>&1
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)" 2>&1
+  git log -1 --format='commit %h %ad %s' --date=short 2>/dev/null || echo "commit: not a git checkout"
+  echo "parts: $PARTS${SKIP:+ (skip $SKIP)}; budget ${BUDGET}s; logs $LOGDIR"
+} >> "$LOG"
+
+if [ -n "$WHEELS" ] && ls "$WHEELS"/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$WHEELS"/*.whl >> "$LOG" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  echo "wheels from $WHEELS: $(ls "$WHEELS" | tr '\n' ' ')" >> "$LOG"
+fi
+if [ -n "$CUDA_CACHE" ]; then
+  mkdir -p "$TORCH_EXTENSIONS_DIR"
+  # The tarball holds the folder itself; touch its objects so ninja sees them as newer than sources.
+  tar xzf "$CUDA_CACHE" -C "$(dirname "$TORCH_EXTENSIONS_DIR")" >> "$LOG" 2>&1 \
+    && find "$TORCH_EXTENSIONS_DIR" \( -name '*.o' -o -name '*.so' \) -exec touch {} + \
+    && echo "cuda cache: unpacked $CUDA_CACHE into $TORCH_EXTENSIONS_DIR" >> "$LOG"
+fi
+
+if wanted tests; then
+  # shellcheck disable=SC2086
+  eval "run_part tests 300 25 python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -rfE $PYTEST_ARGS tests/test_gpu*.py"
+fi
+bench() { local name=$1 cap=$2; shift 2
+  # shellcheck disable=SC2086
+  run_part "$name" "$cap" 16 python3 -m convt3d bench "$@" $BENCH_ARGS; }
+wanted kb && bench kb 150 --suite kernelbench --json "$LOGDIR/bench_kb.json"
+wanted layers && bench layers 150 --suite layers --json "$LOGDIR/bench_layers.json"
+if wanted networks; then
+  if python3 -m convt3d bench --help 2>/dev/null | grep -q networks; then
+    bench networks 240 --suite networks --json "$LOGDIR/bench_networks.json"
+  else
+    echo "==== networks: skipped, this convt3d bench has no networks suite" | tee -a "$LOG"
+    SUMMARY+=("networks: skipped (no networks suite)")
+  fi
+fi
+wanted eval && run_part eval 240 24 python3 -m convt3d kernelbench --json "$LOGDIR/kb_eval.json"
+if wanted full; then
+  bench full_bf16_cl 120 --suite layers --mode full --dtype bf16 --layout cl --json "$LOGDIR/full_bf16_cl.json"
+  bench full_fp32 120 --suite layers --mode full --dtype fp32 --layout ncdhw --json "$LOGDIR/full_fp32.json"
+fi
+wanted cuda && bench cuda 120 --suite kernelbench --backend cuda --precision exact \
+  --case kb61,kb68,kb70,kb73,kb77 --json "$LOGDIR/bench_cuda.json"
+wanted auto && run_part auto 300 12 python3 scripts/gpu_auto.py "$LOGDIR/auto.json"
+
+if [ "$SAVE_CUDA_CACHE" = 1 ] && [ -d "$TORCH_EXTENSIONS_DIR" ]; then
+  tar czf "$LOGDIR/cuda_cache.tgz" -C "$(dirname "$TORCH_EXTENSIONS_DIR")" "$(basename "$TORCH_EXTENSIONS_DIR")" \
+    && echo "cuda cache: wrote $LOGDIR/cuda_cache.tgz" >> "$LOG"
+fi
+
+echo "==== summary (${BUDGET}s budget, $(( $(date +%s) - T0 ))s used; full log: $LOG)"
+printf '%s\n' "${SUMMARY[@]}"
+cat "$TMPD/tails"
+rm -rf "$TMPD"
+n=$(find "$LOGDIR" -maxdepth 2 -type f | wc -l)
+[ "$n" -gt 8 ] && echo "note: $n files under $LOGDIR; the device returns at most 8 from \$OUT"
+exit "$FAILED"

@@ -1,0 +1,231 @@
+"""Host time of a forward call: what the CPU spends before the GPU has work, on the small layers
+whose GPU kernels (70-160 us) are shorter than it.
+
+Four measurements, one per sub-command:
+
+``layers`` (GPU) -- per bench row: do_bench medians of cuDNN, ``backend="triton"`` and auto
+(twice, interleaved, to show the run-to-run swing); the host time per call (200 calls enqueued
+without synchronising, timed on the CPU) and the wall time per call, for triton, auto, the
+engine alone (``triton_engine.forward``) and cuDNN; the CUDA kernels of 20 calls (name, launches
+per call, us per call, from torch.profiler); whether triton and auto give bitwise equal outputs;
+the tuner's choices. Default rows: the host-bound ones of the layers suite.
+
+``launch`` (GPU) -- micro-costs on this machine: a launch of an empty Triton kernel with 40 and
+with 2 integer arguments, with 2 tensor descriptors, building one ``TensorDescriptor``,
+``torch.empty`` of 8 MB; then per row ``hash(params)`` and ``check_call``.
+
+``profile`` (GPU) -- cProfile (sorted by own time) of 100 calls of the engine alone and of the
+public API on a tuned signature, per row.
+
+``stubbed`` (CPU, Triton's interpreter) -- the public API with every kernel launch stubbed out
+(``triton_engine.Site.launch`` does nothing), so what remains is convt3d's own Python: us per
+call, launches per call, and the cProfile of 300 calls (cumulative). CPU allocations cost more
+than CUDA's caching allocator, so read the Python part, not the total.
+
+Run on the GPU machine (``stubbed`` anywhere):
+
+    PYTHONPATH=src python3 scripts/host_time.py layers [--rows aniso_122/bf16/cl,monai_unet_k3/fp32/cl]
+    PYTHONPATH=src python3 scripts/host_time.py launch
+    PYTHONPATH=src python3 scripts/host_time.py profile --rows nnunet_128_64/bf16/cl
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/host_time.py stubbed [--dtype bf16]
+
+Prints plain text, one block per row.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import tempfile
+import time
+
+# A private cache: auto decides afresh instead of reusing another run's decisions.
+os.environ.setdefault("CONVT3D_CACHE_DIR", tempfile.mkdtemp(prefix="convt3d-host-"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+import triton.testing  # noqa: E402
+
+import convt3d  # noqa: E402
+from convt3d import triton_engine as E  # noqa: E402
+from convt3d.bench import suites  # noqa: E402
+from convt3d.validate import check_call  # noqa: E402
+
+# The layers-suite rows found host-bound on the H200 (NOTES.md, "Host time").
+DEFAULT_ROWS = "aniso_122/bf16/cl,monai_unet_k3/bf16/cl,nnunet_128_64/bf16/ncdhw,monai_unet_k3/fp32/cl"
+
+
+def rows(spec: str):
+    """``name/dtype/layout,...`` -> (case, tensors, conv args, params) per row, on CUDA."""
+    out = []
+    for item in spec.split(","):
+        name, dtype, layout = item.split("/")
+        case = suites.select("layers", [name], [dtype], [layout])[0]
+        t = suites.make_tensors(case, "cuda")
+        args = case.geometry.conv_args()
+        params, _ = check_call(t.x, t.w, t.b, *args)
+        out.append((case, t, args, params))
+    return out
+
+
+def do_bench_us(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3
+
+
+def host_and_wall_us(fn, n: int = 200) -> tuple[float, float]:
+    """(host us per call: n calls enqueued, timed on the CPU; wall us per call: until the GPU is done)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
+
+
+def cuda_kernels(fn, n: int = 20) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    return [f"{e.key[:60]} x{e.count // n} {e.device_time_total / n:.1f}us" for e in prof.key_averages()
+            if e.device_type.name == "CUDA" and e.count > 0]
+
+
+def cmd_layers(args) -> None:
+    with torch.no_grad():
+        for case, t, cargs, params in rows(args.rows):
+            print(f"== {case.label}: x strides {t.x.stride()} w strides {t.w.stride()}", flush=True)
+            tri = lambda: convt3d.conv_transpose3d(t.x, t.w, t.b, *cargs, backend="triton")  # noqa: E731
+            aut = lambda: convt3d.conv_transpose3d(t.x, t.w, t.b, *cargs)  # noqa: E731
+            eng = lambda: E.forward(t.x, t.w, t.b, params, "tf32")  # noqa: E731
+            tor = lambda: F.conv_transpose3d(t.x, t.w, t.b, *cargs)  # noqa: E731
+            print(f"  do_bench: torch {do_bench_us(tor):.1f}  triton {do_bench_us(tri):.1f}  auto {do_bench_us(aut):.1f}"
+                  f"  triton {do_bench_us(tri):.1f}  auto {do_bench_us(aut):.1f} us", flush=True)
+            for label, fn in (("triton", tri), ("auto", aut), ("engine", eng), ("torch", tor)):
+                h, w = host_and_wall_us(fn)
+                print(f"  {label}: host {h:.1f} us/call, wall {w:.1f} us/call; kernels: {cuda_kernels(fn)}",
+                      flush=True)
+            y1, y2 = tri(), aut()
+            print(f"  triton and auto outputs bitwise equal: {torch.equal(y1, y2)}", flush=True)
+    for key, rec in E.tuning_log().items():
+        print("tuned", key[1:4], rec.config.short(), f"{rec.seconds:.2f}s")
+
+
+@triton.jit
+def _empty40(p, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9,
+             c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, X: tl.constexpr):
+    if tl.program_id(0) == 0 and a0 < 0:
+        tl.store(p, 1.0)
+
+
+@triton.jit
+def _empty2(d1, d2, p, a0, a1, X: tl.constexpr):
+    if tl.program_id(0) == 0 and a0 < 0:
+        tl.store(p, 1.0)
+
+
+def cmd_launch(args) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def per_call(fn, n=200):
+        return round(host_and_wall_us(fn, n)[0], 1)
+
+    p = torch.empty(16, device="cuda")
+    ints = list(range(3, 43))
+    print("launch, 40 int args:", per_call(lambda: _empty40[(1,)](p, *ints, X=1)), "us")
+    print("launch, 2 int args:", per_call(lambda: _empty2[(1,)](p, p, p, 5, 7, X=1)), "us")
+    xp = torch.empty(1 << 20, 64, device="cuda", dtype=torch.bfloat16)
+    wp = torch.empty(1024, 64, device="cuda", dtype=torch.bfloat16)
+    print("TensorDescriptor():", per_call(lambda: TensorDescriptor(xp, [1 << 20, 64], [64, 1], [128, 64])), "us")
+    d1 = TensorDescriptor(xp, [1 << 20, 64], [64, 1], [128, 64])
+    d2 = TensorDescriptor(wp, [1024, 64], [64, 1], [64, 64])
+    print("launch, 2 descriptors:", per_call(lambda: _empty2[(1,)](d1, d2, p, 5, 7, X=1)), "us")
+    print("torch.empty 8MB:", per_call(lambda: torch.empty(4 << 20, device="cuda", dtype=torch.bfloat16)), "us")
+    for case, t, cargs, params in rows(args.rows):
+        print(f"{case.label}: hash(params) {per_call(lambda: hash(params), 1000)} us, "
+              f"check_call {per_call(lambda: check_call(t.x, t.w, t.b, *cargs), 1000)} us", flush=True)
+
+
+def print_profile(label: str, fn, n: int, sort: str, lines: int) -> None:
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats(sort).print_stats(lines)
+    print(f"--- cProfile {label} ({n} calls, by {sort})\n" + "\n".join(s.getvalue().splitlines()[4:lines + 14]),
+          flush=True)
+
+
+def cmd_profile(args) -> None:
+    with torch.no_grad():
+        for case, t, cargs, params in rows(args.rows):
+            print(f"== {case.label}", flush=True)
+            api = lambda: convt3d.conv_transpose3d(t.x, t.w, t.b, *cargs)  # noqa: E731
+            for _ in range(3):
+                api()  # tunes and settles the signature
+            torch.cuda.synchronize()
+            print_profile("engine", lambda: E.forward(t.x, t.w, t.b, params, "tf32"), 100, "tottime", 22)
+            print_profile("api", api, 100, "tottime", 22)
+            torch.cuda.synchronize()
+
+
+def cmd_stubbed(args) -> None:
+    calls = {"n": 0}
+
+    def no_launch(self, device, *tensors):
+        calls["n"] += 1
+
+    E.Site.launch = no_launch
+    dt = suites.DTYPES[args.dtype]
+    # A monai_unet_k3-like layer (64 -> 32, k3 s2 p1 op1) at 32^3, channels-last, with bias.
+    x = torch.randn(4, 64, 32, 32, 32, dtype=dt).to(memory_format=torch.channels_last_3d)
+    w = torch.randn(64, 32, 3, 3, 3, dtype=dt)
+    b = torch.randn(32, dtype=dt)
+    with torch.no_grad():
+        f = lambda: convt3d.conv_transpose3d(x, w, b, 2, 1, 1, backend="triton")  # noqa: E731
+        for _ in range(5):
+            f()
+        n = 300
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+        print(f"{(time.perf_counter() - t0) / n * 1e6:.1f} us/call, launches/call {calls['n'] / (n + 5):.1f}")
+        print_profile("api, launches stubbed", f, n, "cumtime", 30)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("layers", "launch", "profile"):
+        sp = sub.add_parser(name)
+        sp.add_argument("--rows", default=DEFAULT_ROWS, help="name/dtype/layout,... of the layers suite")
+    sp = sub.add_parser("stubbed")
+    sp.add_argument("--dtype", default="fp32", choices=tuple(suites.DTYPES))
+    args = ap.parse_args(argv)
+    if args.cmd == "stubbed":
+        if not E.interpreter_active():
+            print("stubbed: set TRITON_INTERPRET=1 (the calls run on CPU tensors)", file=sys.stderr)
+            return 2
+        cmd_stubbed(args)
+        return 0
+    if not torch.cuda.is_available():
+        print(f"{args.cmd}: needs a CUDA device", file=sys.stderr)
+        return 2
+    {"layers": cmd_layers, "launch": cmd_launch, "profile": cmd_profile}[args.cmd](args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
