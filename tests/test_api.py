@@ -330,7 +330,7 @@ def test_patched_model_trains():
 def spies(monkeypatch):
     """Record which engine ran (both still run for real)."""
     calls = []
-    real_torch, real_triton = convt3d.functional._torch_forward, convt3d.triton_engine.forward
+    real_torch, real_triton = convt3d.engines.torch_forward, convt3d.triton_engine.forward
 
     def torch_spy(*a, **k):
         calls.append("torch")
@@ -340,7 +340,7 @@ def spies(monkeypatch):
         calls.append("triton")
         return real_triton(*a, **k)
 
-    monkeypatch.setattr(convt3d.functional, "_torch_forward", torch_spy)
+    monkeypatch.setattr(convt3d.engines, "torch_forward", torch_spy)
     monkeypatch.setattr(convt3d.triton_engine, "forward", triton_spy)
     return calls
 

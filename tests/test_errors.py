@@ -40,9 +40,10 @@ def engines_forbidden(monkeypatch):
         def tripwire(*args, **kwargs):
             raise EngineRan("an engine ran on an invalid call")
 
-        monkeypatch.setattr(convt3d.functional, "_torch_forward", tripwire)
+        monkeypatch.setattr(convt3d.engines, "torch_forward", tripwire)
         monkeypatch.setattr(convt3d.functional, "conv_transpose3d_op", tripwire)
-        monkeypatch.setattr(convt3d.functional, "conv_transpose3d_autograd", tripwire)
+        monkeypatch.setattr(convt3d.ops, "conv_transpose3d_autograd", tripwire)
+        monkeypatch.setattr(convt3d.ops, "run_engine", tripwire)
         monkeypatch.setattr(convt3d.triton_engine, "forward", tripwire)
         monkeypatch.setattr(F, "conv_transpose3d", tripwire)
     return arm

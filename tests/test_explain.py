@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import convt3d
+from convt3d.call import Call
 from convt3d import cli, dispatch, triton_engine
 from convt3d.validate import check_call
 
@@ -90,7 +91,7 @@ def test_explain_shows_timings_measured_for_the_signature():
     x, w, b, args = _tensors("stride1-one-dense-phase")
     params, _ = check_call(x, w, b, *args)
     prec = dispatch.resolve_precision(None)
-    dispatch._timings[dispatch._signature(x, w, b, params, prec)] = {"triton": 0.25, "torch": 0.5}
+    dispatch._timings[Call(x, w, b, params, prec).key] = {"triton": 0.25, "torch": 0.5}
     rep = convt3d.explain(x, w, b, *args)
     assert rep.timings_ms == {"triton": 0.25, "torch": 0.5}
     assert "measured (ms, median): triton 0.25, torch 0.5" in str(rep)
@@ -129,6 +130,7 @@ def test_tune_runs_forward_and_backward_and_restores_the_model(capsys):
     x = torch.randn(2, 4, 2, 3, 2, requires_grad=True)
     mean, count = model.bn.running_mean.clone(), model.bn.num_batches_tracked.clone()
     model.refine.weight.grad = torch.full_like(model.refine.weight, 7.0)
+    convt3d.set_benchmark(False)
     rep = convt3d.tune(model, x, progress="plain")
     assert rep.backward and len(rep.entries) == 2  # two distinct signatures
     assert all(e["engine"] == "torch" for e in rep.entries)  # CPU: auto runs PyTorch
@@ -139,7 +141,7 @@ def test_tune_runs_forward_and_backward_and_restores_the_model(capsys):
     err = capsys.readouterr().err
     for line in ("[1/3] forward: up", "[2/3] forward: refine", "[3/3] backward"):
         assert line in err, err
-    assert not dispatch.benchmark_enabled()  # benchmark mode was on only during the run
+    assert not dispatch.benchmark_enabled()  # measuring was forced on only during the run
     assert "2 call signature(s), forward + backward" in str(rep)
 
 

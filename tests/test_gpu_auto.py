@@ -14,6 +14,8 @@ import pytest
 import torch
 
 import convt3d
+from convt3d.call import Call
+from convt3d.engines import ENGINES
 from convt3d import cache, dispatch, triton_engine
 from convt3d.validate import check_call
 
@@ -102,7 +104,7 @@ def test_graph_capture_never_measures():
     torch.cuda.synchronize()
     assert torch.equal(y, eager)
     prec = dispatch.resolve_precision(None)
-    assert dispatch._signature(x, w, b, params, prec) not in dispatch._timings  # nothing was timed
+    assert Call(x, w, b, params, prec).key not in dispatch._timings  # nothing was timed
 
 
 def test_triton_tuning_persists_to_a_new_process(tmp_path, monkeypatch):
@@ -159,7 +161,7 @@ def test_tune_fills_the_cache_for_a_model():
 
 
 def test_cuda_engine_is_measured_for_exact_fp32_when_built():
-    mod, why = dispatch._cuda_engine()
+    mod, why = ENGINES["cuda"].module()
     if mod is None:
         pytest.skip(why)
     x, w, b, _, params = _layer()

@@ -72,7 +72,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .dispatch import cudnn_conv_tf32
+from .torch_engine import cudnn_conv_tf32
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 from .triton_engine import _tuning_enabled, interpreter_active, suggests_channels_last

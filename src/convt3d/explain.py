@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from . import cache, dispatch, triton_engine
-from .errors import BackendUnavailableError
+from .call import Call, layout_name
+from .engines import ENGINES
+from .torch_engine import cudnn_conv_allows_tf32
 from .params import ConvT3dParams
 from .validate import check_call
 
@@ -57,9 +59,9 @@ class Explanation:
         prec = f", precision {self.precision}" if self.engine is not None else ""
         out.append(f"  backend: {self.backend} -> {chosen}{prec}")
         out.append(f"    why: {self.reason}")
-        mode = "on (the first call of a signature times the candidates)" if self.benchmark else \
-            "off (heuristic unless a measurement is cached)"
-        out.append(f"  benchmark mode: {mode}")
+        mode = "on (the first call of a new signature times the candidates against PyTorch)" if self.benchmark \
+            else "off (heuristic unless a measurement is cached)"
+        out.append(f"  measuring: {mode}")
         out.append("  candidates:")
         for name, why in self.candidates.items():
             out.append(f"    {name:<7} {'can run' if why is None else 'no: ' + why}")
@@ -106,7 +108,7 @@ def _dense_macs(p: ConvT3dParams) -> int:
 
 
 def _call_text(x, w, b, p: ConvT3dParams) -> str:
-    return (f"input {tuple(x.shape)} {str(x.dtype).replace('torch.', '')} ({dispatch._layout(x)}), weight "
+    return (f"input {tuple(x.shape)} {str(x.dtype).replace('torch.', '')} ({layout_name(x)}), weight "
             f"{tuple(w.shape)}, bias {'yes' if b is not None else 'no'}, stride {p.stride}, padding {p.padding}, "
             f"output_padding {p.output_padding}, groups {p.groups}, dilation {p.dilation} -> output "
             f"{p.out_shape}")
@@ -148,32 +150,34 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
 def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
             backend=None, precision=None) -> Explanation:
     """Explain what ``convt3d.conv_transpose3d`` would do with these arguments (same signature;
-    invalid arguments raise the same errors). Nothing is run or timed."""
+    invalid arguments raise the same errors): the dispatcher's pass (``dispatch.explain_pass``)
+    with nothing run or timed, and the chosen engine's plan."""
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
     name = dispatch.resolve_backend_name(backend)
     prec = dispatch.resolve_precision(precision)
     x5 = input.unsqueeze(0) if unbatched else input
+    call = Call(x5, weight, bias, params, prec, precision, False, unbatched)
+    record = dispatch.explain_pass(call, name)
     notes = []
-    try:
-        d = dispatch.decide(input, backend, precision, params, weight=weight, bias=bias, measure=False)
-        engine, eprec, reason = d.engine, d.precision, d.reason
-    except BackendUnavailableError as exc:
-        engine, eprec, reason = None, prec, str(exc)
+    if record.decision is not None:
+        d = record.decision
+        engine, eprec = d.engine, d.precision
+        reason = d.reason + (f" [{d.source}]" if d.source else "")
+    else:
+        engine, eprec, reason = None, prec, record.error
 
     candidates: dict[str, str | None] = {}
-    tri = triton_engine.unsupported_reason(input, params)
-    if input.device.type != "cuda" and tri is None and not triton_engine.interpreter_active():
-        tri = "CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)"
-    candidates["triton"] = tri
-    if input.dtype != torch.float32:
-        candidates["cuda"] = f"dtype {input.dtype} (exact fp32 only)"
-    else:
-        candidates["cuda"] = dispatch.cuda_unsupported_reason(input, weight, params)
-    candidates["torch"] = None
+    for cand, why in record.reasons.items():
+        if cand == "triton" and not why and input.device.type != "cuda" and not triton_engine.interpreter_active():
+            why = ["CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)"]
+        text = "; ".join(why) if why else None
+        if text is None and cand in record.skipped:
+            text = "not timed by auto: " + record.skipped[cand]
+        candidates[cand] = text
 
     heur = None
     if input.dtype in triton_engine.SUPPORTED_DTYPES:
-        cands = tuple(c for c in ("triton", "torch") if candidates[c] is None or input.device.type != "cuda")
+        cands = tuple(c for c in ("triton", "torch") if candidates.get(c) is None or input.device.type != "cuda")
         heur = dispatch.heuristic(params, input.dtype, prec, bias is not None, cands)
 
     kernel: list[str] = []
@@ -181,19 +185,20 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
     if engine == "torch":
         flags = f"cudnn.benchmark={torch.backends.cudnn.benchmark}"
         if input.dtype == torch.float32:
-            tf32 = (precision == "tf32") if precision is not None else dispatch._cudnn_conv_allows_tf32()
+            tf32 = (precision == "tf32") if precision is not None else cudnn_conv_allows_tf32()
             flags += f", TF32 {'on' if tf32 else 'off'}"
         kernel.append(f"PyTorch conv_transpose3d ({'cuDNN' if input.device.type == 'cuda' else 'CPU'}; {flags})")
     elif engine == "cuda":
-        mod = dispatch._cuda_engine()[0]
+        mod = ENGINES["cuda"].module()[0]
         built = mod.build_seconds() if mod is not None and hasattr(mod, "build_seconds") else None
-        kernel.append("CUDA C++ engine: exact fp32 FFMA over non-empty phases, weights staged in shared memory"
+        kind = "TF32-rounded operands, fp32 FFMA" if eprec == "tf32" else "exact fp32 FFMA"
+        kernel.append(f"CUDA C++ engine: {kind} over non-empty phases, weights staged in shared memory"
                       + (f"; built in {built:.1f} s" if built else "; built on first use"))
-    if candidates["triton"] is None or engine == "triton":
+    if candidates.get("triton") is None or engine == "triton":
         lines, tuning = _triton_lines(x5, weight, params, eprec if engine == "triton" else prec, engine == "triton")
         kernel += lines
 
-    timings = dispatch.cached_timings(input, weight, bias, params, prec)
+    timings = dispatch.cached_timings(call)
     if input.device.type != "cuda":
         notes.append("CPU tensors: 'auto' runs PyTorch; floors and the heuristic describe a CUDA device")
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .dispatch import decide
-from .dispatch import torch_forward as _torch_forward  # module-level name: tests put tripwires on it
-from .ops import conv_transpose3d_autograd, conv_transpose3d_op, run_engine
+from . import dispatch
+from .call import Call, resolve_precision
+from .engines import ENGINES
+from .ops import conv_transpose3d_op
 from .validate import check_call
 
 __all__ = ["conv_transpose3d"]
@@ -37,16 +38,13 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     input, weight, bias = _autocast(input, weight, bias)
     if torch.compiler.is_compiling():
         return _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
+    # One validation, one dispatcher pass, one engine run.
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    training = _needs_grad((input, weight, bias))
-    d = decide(input, backend, precision, params, weight=weight, bias=bias, training=training)
-    if d.engine == "torch" and not (training and d.ours_backward):
-        return _torch_forward(input, weight, bias, params, precision)
-    x = input.unsqueeze(0) if unbatched else input
-    if training:
-        y = conv_transpose3d_autograd(x, weight, bias, params, d.precision, d.engine)
-    else:
-        y = run_engine(d.engine, x, weight, bias, params, d.precision)
+    name = dispatch.resolve_backend_name(backend)
+    call = Call(input.unsqueeze(0) if unbatched else input, weight, bias, params, resolve_precision(precision),
+                precision, _needs_grad((input, weight, bias)), unbatched)
+    d = dispatch.select(call, name)
+    y = ENGINES[d.candidate].run(call)
     return y.squeeze(0) if unbatched else y
 
 
@@ -58,7 +56,7 @@ def _decide_for_trace(input, weight, bias, stride, padding, output_padding, grou
     the graph, guarded by Dynamo's usual checks on the tensors' shapes, strides, dtype and device.
     Changing $CONVT3D_BACKEND or the TF32 flag after compiling does not recompile."""
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    d = decide(input, backend, precision, params, weight=weight, bias=bias)
+    d = dispatch.decide(input, backend, precision, params, weight=weight, bias=bias)
     return (d.engine, d.precision, list(params.stride), list(params.padding), list(params.output_padding),
             params.groups, list(params.dilation), unbatched)
 

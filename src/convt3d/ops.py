@@ -18,7 +18,7 @@ import torch
 
 from . import backward as _bwd
 from . import triton_engine
-from .dispatch import torch_forward
+from .torch_engine import torch_forward
 from .validate import check_call
 
 __all__ = ["conv_transpose3d_op", "conv_transpose3d_backward_op", "conv_transpose3d_autograd", "ENGINES",
@@ -36,7 +36,7 @@ def run_engine(engine: str, x: torch.Tensor, weight: torch.Tensor, bias: Optiona
         # Imported on first use: it builds a CUDA extension, which plain imports must not do.
         from . import cuda_engine
 
-        return cuda_engine.forward(x, weight, bias, params)
+        return cuda_engine.forward(x, weight, bias, params, precision=precision)
     raise ValueError(f"convt3d::conv_transpose3d: unknown engine={engine!r}; expected one of {ENGINES}")
 
 

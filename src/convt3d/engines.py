@@ -1,0 +1,257 @@
+"""The engines, as peers with one face, so the dispatcher makes one ordered pass over them.
+
+Each engine answers, for a validated :class:`convt3d.call.Call`:
+
+* ``not_supported_reasons(call)`` -- why it cannot run the call; an empty list means it can;
+* ``run(call)`` -- the forward (5-D output); when autograd records the call, the forward is
+  recorded with the engine's backward;
+* ``time(call)`` -- the median ms of what "auto" would choose it for: the forward, or for a
+  training call the whole step (forward, then the gradients the call needs);
+* ``backward`` -- whose backward its training steps take: "convt3d" (``convt3d.backward``:
+  per gradient the faster of cuDNN and our Triton kernels, timed once per signature) or
+  "pytorch".
+
+``ENGINES`` holds them in the dispatcher's preference order for ties: our engines first, then
+PyTorch, then PyTorch's forward with convt3d's backward (training calls only).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+
+from . import cache, ops, triton_engine
+from .call import Call
+from .torch_engine import torch_forward
+
+__all__ = ["Engine", "TritonEngine", "CudaEngine", "TorchEngine", "HybridEngine", "ENGINES", "HYBRID",
+           "MEASURE_WARMUP_MS", "MEASURE_REP_MS"]
+
+HYBRID = "torch+bwd"  # PyTorch's forward, convt3d's backward (training steps)
+
+# do_bench budget of one timing: 5 ms of warm-up and 25 ms of timed calls (a 100 us layer gets
+# ~250 timed calls; a 185 ms KernelBench row gets do_bench's minimum of one), median.
+MEASURE_WARMUP_MS = 5.0
+MEASURE_REP_MS = 25.0
+
+
+def _bench(fn: Callable[[], object]) -> float:
+    import triton.testing
+
+    fn()  # first call: Triton compiles and tunes, the cuda engine builds, cuDNN picks its algorithm
+    return float(triton.testing.do_bench(fn, warmup=MEASURE_WARMUP_MS, rep=MEASURE_REP_MS, return_mode="median"))
+
+
+class Engine:
+    """The face every engine shows the dispatcher."""
+
+    name: str = ""
+    backward: str = "convt3d"
+
+    def not_supported_reasons(self, call: Call) -> list[str]:
+        raise NotImplementedError
+
+    def precision(self, call: Call) -> str:
+        """The precision this engine computes the call at (float32 semantics)."""
+        return call.precision
+
+    def precision_reasons(self, call: Call) -> list[str]:
+        """Why it cannot compute an explicitly requested precision as such. A named backend
+        raises on these; "auto" still runs the engine where it computes at least as exactly
+        (an exact-grade request is met by exact fp32)."""
+        return []
+
+    def forward(self, call: Call) -> torch.Tensor:
+        """The plain forward (no autograd recording)."""
+        raise NotImplementedError
+
+    def run(self, call: Call) -> torch.Tensor:
+        if call.training:
+            return ops.conv_transpose3d_autograd(call.x, call.weight, call.bias, call.params, self.precision(call),
+                                                 self._autograd_engine)
+        return self.forward(call)
+
+    _autograd_engine = ""  # the engine name ops.conv_transpose3d_autograd runs the forward with
+
+    def time(self, call: Call) -> float:
+        if not call.training:
+            with torch.no_grad():
+                return _bench(lambda: self.forward(call))
+        return _bench(self._step(call))
+
+    def _step(self, call: Call) -> Callable[[], object]:
+        """One training step on the call's own tensors: forward, then the gradients of the
+        tensors that require them, for a fixed random output gradient."""
+        leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad)
+                  for t in (call.x, call.weight, call.bias)]
+        wanted = [t for t in leaves if t is not None and t.requires_grad]
+        step_call = Call(leaves[0], leaves[1], leaves[2], call.params, call.precision, call.requested, True,
+                         call.unbatched)
+        with torch.no_grad():
+            dy = torch.randn_like(torch_forward(call.x, call.weight, call.bias, call.params, call.requested))
+
+        def step():
+            with torch.enable_grad():
+                return torch.autograd.grad(self.run(step_call), wanted, dy)
+
+        return step
+
+
+class TritonEngine(Engine):
+    """The phase-decomposed implicit GEMM in Triton (``convt3d.triton_engine``)."""
+
+    name = "triton"
+    _autograd_engine = "triton"
+
+    def __init__(self):
+        self._primed: set = set()
+
+    def not_supported_reasons(self, call: Call) -> list[str]:
+        why = triton_engine.unsupported_reason(call.x, call.params)
+        return [] if why is None else [why]
+
+    def forward(self, call: Call) -> torch.Tensor:
+        self._prime(call)
+        return triton_engine.forward(call.x, call.weight, call.bias, call.params, call.precision)
+
+    def run(self, call: Call) -> torch.Tensor:
+        if call.training:
+            self._prime(call)
+        return super().run(call)
+
+    def _prime(self, call: Call) -> None:
+        """Before a signature's first call on CUDA, seed its tile choice from the disk cache; on
+        later calls, persist tuning results that earlier calls produced (one set lookup and one
+        flag check when there are none)."""
+        if call.device.type != "cuda":
+            return
+        key = (call.key, call.bias is not None)
+        if key not in self._primed:
+            self._primed.add(key)
+            plan = triton_engine.plan(call.params, call.x, call.weight, call.precision)
+            cache.prime_triton(triton_engine.device_name(call.device), plan.tune_key, plan.configs)
+        elif cache.has_pending():
+            cache.flush_triton()
+
+    def forget(self) -> None:
+        self._primed.clear()
+
+
+class CudaEngine(Engine):
+    """The CUDA C++ engine (``convt3d.cuda_engine``; built with ``load_inline`` on first use).
+    float32 only; its exact grade is FFMA "ieee"."""
+
+    name = "cuda"
+    _autograd_engine = "cuda"
+
+    def __init__(self):
+        self._mod: tuple | None = None
+
+    def module(self):
+        """(module, None) or (None, why the CUDA C++ engine is not available in this build)."""
+        if self._mod is None:
+            name = f"{__package__}.cuda_engine"
+            try:
+                self._mod = (importlib.import_module(name), None)
+            except ModuleNotFoundError as exc:  # the module is optional
+                what = "is not in this build" if exc.name == name else f"cannot be imported ({exc})"
+                self._mod = (None, f"the CUDA C++ engine (convt3d.cuda_engine) {what}")
+            except ImportError as exc:
+                self._mod = (None, f"the CUDA C++ engine (convt3d.cuda_engine) cannot be imported ({exc})")
+        return self._mod
+
+    def precisions(self) -> tuple[str, ...]:
+        mod = self.module()[0]
+        return tuple(getattr(mod, "PRECISIONS", ("ieee",))) if mod is not None else ("ieee",)
+
+    def precision(self, call: Call) -> str:
+        # Exact grade is its FFMA "ieee"; TF32 where the build has that mode.
+        return "tf32" if call.precision == "tf32" and "tf32" in self.precisions() else "ieee"
+
+    def not_supported_reasons(self, call: Call) -> list[str]:
+        reasons = []
+        if call.dtype != torch.float32:
+            reasons.append(f"dtype {call.dtype} (the cuda engine computes float32 only)")
+        if call.requested == "tf32" and "tf32" not in self.precisions():
+            reasons.append("precision 'tf32' (this build of the cuda engine computes ieee only)")
+        mod, why = self.module()
+        if mod is None:
+            reasons.append(why)
+        elif not reasons:
+            why = mod.unsupported_reason(call.x, call.weight, call.params)
+            if why is not None:
+                reasons.append(why)
+        return reasons
+
+    def precision_reasons(self, call: Call) -> list[str]:
+        if call.requested == "tf32x3":
+            return ["precision 'tf32x3' (the cuda engine's exact grade is FFMA 'ieee')"]
+        return []
+
+    def slow_path(self, call: Call) -> str | None:
+        """Why "auto" does not time the cuda engine on a call it can run: only its
+        register-blocked gemm_kernel is a contender (KB 77 on the H200: 1010 us; its older
+        phase_kernel tiles 1596 us and slower, the direct kernel slower still). A measuring run
+        stalled for over 6 minutes on KernelBench 58 at exact grade (105 taps, 16 output
+        channels: a phase_kernel tile), so the fallbacks are never timed by auto;
+        backend='cuda' still runs them."""
+        mod = self.module()[0]
+        choose, gemm = getattr(mod, "choose_variant", None), getattr(mod, "GEMM_VARIANTS", None)
+        if choose is None or gemm is None:
+            return None
+        variant = choose(call.params)
+        if variant in gemm:
+            return None
+        return f"its tile for this geometry is {variant!r}, not gemm_kernel (slow fallback, not measured by auto)"
+
+    def forward(self, call: Call) -> torch.Tensor:
+        return ops.run_engine("cuda", call.x, call.weight, call.bias, call.params, self.precision(call))
+
+
+class TorchEngine(Engine):
+    """PyTorch's own forward and backward (cuDNN on CUDA)."""
+
+    name = "torch"
+    backward = "pytorch"
+
+    def not_supported_reasons(self, call: Call) -> list[str]:
+        return []
+
+    def precision_reasons(self, call: Call) -> list[str]:
+        if call.requested == "tf32x3":
+            return ["precision 'tf32x3' (cuDNN offers 'tf32' or exact fp32 'ieee')"]
+        return []
+
+    def precision(self, call: Call) -> str:
+        return call.precision if call.dtype != torch.float32 or call.precision == "tf32" else "ieee"
+
+    def forward(self, call: Call) -> torch.Tensor:
+        return torch_forward(call.x, call.weight, call.bias, call.params, call.requested)
+
+    def run(self, call: Call) -> torch.Tensor:
+        return self.forward(call)  # differentiable as it is
+
+
+class HybridEngine(Engine):
+    """Training steps only: PyTorch's forward, recorded with convt3d's backward. cuDNN's dX runs
+    25x slower than our Triton dX on gan_k4s2p1 and videogpt_k4s2p3 in bf16 channels-last (6.4 ms
+    vs 0.26 ms and 16 ms vs 0.62 ms on the H200) while its forward there is as fast as ours."""
+
+    name = HYBRID
+    _autograd_engine = "torch"
+
+    def not_supported_reasons(self, call: Call) -> list[str]:
+        return [] if call.training else ["not a training call (PyTorch's forward with convt3d's backward)"]
+
+    precision_reasons = TorchEngine.precision_reasons
+
+    def precision(self, call: Call) -> str:
+        # Also the precision of convt3d's backward kernels: exact grade stays tf32x3 there.
+        return call.precision
+
+    def forward(self, call: Call) -> torch.Tensor:
+        return torch_forward(call.x, call.weight, call.bias, call.params, call.requested)
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (TritonEngine(), CudaEngine(), TorchEngine(), HybridEngine())}
