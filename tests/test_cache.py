@@ -1,6 +1,8 @@
 """CPU tests of the persistent cache (``convt3d.cache``): round trip, corrupt / truncated / stale
 files (one warning, ignored, rewritten), unwritable locations (one warning, works in memory),
-concurrent writers (the file stays valid JSON and keeps every process's entries), and the Triton
+concurrent writers (the file stays valid JSON and keeps every process's entries; a save that
+cannot get the lock leaves its entries pending rather than writing unlocked), threads of one
+process, and the Triton
 tuning results it seeds and persists (only the engine's own candidates are ever used)."""
 from __future__ import annotations
 
@@ -216,6 +218,72 @@ def test_concurrent_writers_leave_a_valid_file_with_every_entry(tmp_path):
     else:
         assert set(doc["decisions"]) <= expected
     assert [p.name for p in d.iterdir() if p.suffix == ".tmp"] == []
+
+
+def test_lock_timeout_leaves_entries_pending_never_writes_unlocked(tmp_path, monkeypatch):
+    if cache.fcntl is None:
+        pytest.skip("no fcntl: saves are not locked on this platform")
+    import fcntl
+
+    d = tmp_path / "locked"
+    s = _store(d)
+    s.put("decisions", "first", {"engine": "torch", "timings_ms": {}})
+    monkeypatch.setattr(cache, "LOCK_TIMEOUT_S", 0.05)
+    fd = os.open(d / ".lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process holds the lock (flock: per open file)
+    try:
+        s.put("decisions", "second", {"engine": "triton", "timings_ms": {}})
+        assert list(_read(s.path)["decisions"]) == ["first"]  # not written without the lock
+        assert s.get("decisions", "second")["engine"] == "triton"  # but used in this process
+    finally:
+        os.close(fd)
+    s.put("decisions", "third", {"engine": "torch", "timings_ms": {}})  # the next save takes both
+    assert set(_read(s.path)["decisions"]) == {"first", "second", "third"}
+
+
+def test_pending_entries_are_saved_at_exit(tmp_path, monkeypatch):
+    d = tmp_path / "exit"
+    s = _store(d)
+    s.put("decisions", "later", {"engine": "torch", "timings_ms": {}}, save=False)
+    assert not s.path.exists()
+    cache._flush_quietly()  # what the exit hook runs
+    assert list(_read(s.path)["decisions"]) == ["later"]
+
+
+def test_a_miss_rereads_the_file_another_process_changed(tmp_path):
+    d = tmp_path / "refresh"
+    mine, other = _store(d), _store(d)  # two processes that loaded the (empty) cache
+    other.put("decisions", "theirs", {"engine": "triton", "timings_ms": {"triton": 1.0}})
+    assert mine.get("decisions", "theirs")["engine"] == "triton"
+    assert not mine.refresh()  # unchanged since: one stat, no read
+
+
+def test_cache_file_is_readable_by_others(tmp_path):
+    s = _store(tmp_path / "mode")
+    s.put("decisions", "x", {"engine": "torch", "timings_ms": {}})
+    assert s.path.stat().st_mode & 0o777 == cache.FILE_MODE
+
+
+def test_threads_of_one_process_save_concurrently(tmp_path):
+    import threading
+
+    s = _store(tmp_path / "threads")
+    errors = []
+
+    def work(t):
+        try:
+            for i in range(20):
+                s.put("decisions", f"t{t}-{i}", {"engine": "torch", "timings_ms": {"torch": float(i)}})
+        except Exception as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert set(_read(s.path)["decisions"]) == {f"t{t}-{i}" for t in range(4) for i in range(20)}
 
 
 # ---- Triton tuning results ----------------------------------------------------------------------

@@ -18,11 +18,17 @@ Rules (issue 7):
   (:class:`CacheWarning`), is ignored, and is rewritten at once with this process's key.
 * A location that cannot be written (read-only, not a directory) gives one warning; convt3d then
   keeps its results in memory only.
-* Concurrent processes: every save re-reads the file, merges, writes a temporary file in the same
-  directory and renames it over the old one (``os.replace`` is atomic), so a reader sees either
-  the old or the new file, never a partial one. An advisory ``flock`` on ``.lock`` serialises the
-  read-merge-write so that no process's entries are lost (where ``fcntl`` exists; elsewhere a
-  lost update only costs a re-measurement).
+* Concurrent processes (DDP ranks, bench workers, several jobs on one node): every save takes an
+  advisory ``flock`` on ``.lock`` in the directory, re-reads the file, merges this process's
+  entries into what is on disk, writes a temporary file in the same directory, fsyncs it and
+  renames it over the old one (``os.replace`` is atomic), so a reader sees either the old or the
+  new file, never a partial one, and no process's entries are lost. A save that cannot get the
+  lock within ``LOCK_TIMEOUT_S`` does not write (writing unlocked could drop another process's
+  entries): its entries stay pending and go with the next save or at exit. Where ``fcntl`` does
+  not exist saves are still atomic and a lost concurrent entry only costs a re-measurement.
+* A lookup that misses re-reads the file when it changed on disk since this process last read
+  it (one ``stat``), so an entry another process saved meanwhile is found without measuring.
+* Within a process a lock guards each store, so threads may save concurrently.
 
 This module calls into ``triton_engine`` (seed and read tuning results); the engine itself knows
 nothing of files.
@@ -36,6 +42,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -55,9 +62,13 @@ __all__ = ["CacheWarning", "FORMAT", "SECTIONS", "cache_dir", "environment_key",
 FORMAT = 1
 SECTIONS = ("decisions", "triton_configs")
 ENV_DIR = "CONVT3D_CACHE_DIR"
-# A save waits at most this long for another process's lock (a save holds it for ~1 ms), then
-# writes anyway: atomic rename keeps the file valid, only a concurrent entry could be lost.
+# A save waits at most this long for another process's lock, then leaves its entries pending (see
+# the module docstring). A save holds the lock for one read, one JSON dump and one fsync: ~1-5 ms
+# for a file of a few hundred entries on a local disk, so 8 processes saving at once wait ~40 ms.
 LOCK_TIMEOUT_S = 10.0
+# Permissions of the cache file: readable by the group and others, as files written with open()
+# under the usual umask (tempfile.mkstemp would leave 0600).
+FILE_MODE = 0o644
 
 
 class CacheWarning(UserWarning):
@@ -134,24 +145,47 @@ def _parse(text: str, key: dict) -> tuple[dict | None, str | None, str]:
 
 
 @contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
+def _locked(directory: Path) -> Iterator[bool]:
+    """Hold the directory's advisory lock for a block; yields whether it is held (False: not
+    acquired within ``LOCK_TIMEOUT_S``; True also where ``fcntl`` does not exist)."""
     if fcntl is None:
-        yield
+        yield True
         return
     fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         deadline = time.monotonic() + LOCK_TIMEOUT_S
+        held = False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     break
-                time.sleep(0.005)
-        yield
+                time.sleep(0.002)
+        yield held
     finally:
         os.close(fd)  # releases the lock
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable (POSIX: a crash could otherwise leave the old name)."""
+    with contextlib.suppress(OSError, AttributeError):
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def _stamp(path: Path) -> tuple | None:
+    """What identifies one version of the file: (inode, size, mtime ns); None if absent."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class Store:
@@ -163,80 +197,130 @@ class Store:
         self.path = file_for(self.directory, self.key.get("gpu", "device"))
         self.entries = _empty()  # the file's valid entries plus this process's
         self._mine = _empty()  # this process's entries: they win when merging
+        self._unsaved = False  # entries of this process that are not on disk yet
+        self._stamp: tuple | None = None  # the version of the file last read
+        self._lock = threading.RLock()
         self.writable = True
         self.loaded = False
 
     # -- reading --
     def _read(self) -> tuple[dict | None, str | None, str]:
+        stamp = _stamp(self.path)
         try:
             text = self.path.read_text(encoding="utf-8")
         except (FileNotFoundError, NotADirectoryError):  # no file (yet) at this location
+            self._stamp = None
             return _empty(), None, ""
         except (OSError, UnicodeDecodeError) as exc:
             return None, f"it cannot be read ({type(exc).__name__}: {exc})", "corrupt"
+        # The stamp taken before reading: if the file is replaced in between, the next miss
+        # sees a newer stamp and reads again (never a newer file taken for an older stamp).
+        self._stamp = stamp
         return _parse(text, self.key)
 
     def load(self) -> "Store":
-        if self.loaded:
+        with self._lock:
+            if self.loaded:
+                return self
+            self.loaded = True
+            sections, problem, kind = self._read()
+            if sections is None:
+                _warn_once(self.path, kind, f"convt3d: ignoring the cache file {self.path}: {problem}; it is "
+                                            "rewritten (measurements will be redone as needed)")
+                self.save(force=True)
+                return self
+            for s in SECTIONS:
+                self.entries[s].update(sections[s])
             return self
-        self.loaded = True
-        sections, problem, kind = self._read()
-        if sections is None:
-            _warn_once(self.path, kind, f"convt3d: ignoring the cache file {self.path}: {problem}; it is "
-                                        "rewritten (measurements will be redone as needed)")
-            self.save(force=True)
-            return self
-        for s in SECTIONS:
-            self.entries[s].update(sections[s])
-        return self
+
+    def refresh(self) -> bool:
+        """Merge in what other processes saved since this process last read the file (nothing
+        when the file is unchanged: one ``stat``). True if the file was read."""
+        with self._lock:
+            self.load()
+            if _stamp(self.path) == self._stamp:
+                return False
+            sections, _, _ = self._read()
+            if sections is None:  # went bad meanwhile: the next save replaces it
+                return True
+            for s in SECTIONS:
+                sections[s].update(self._mine[s])
+                self.entries[s].update(sections[s])
+            return True
 
     def get(self, section: str, name: str) -> dict | None:
-        self.load()
-        return self.entries[section].get(name)
+        with self._lock:
+            self.load()
+            entry = self.entries[section].get(name)
+            if entry is None and self.refresh():
+                entry = self.entries[section].get(name)
+            return entry
 
     # -- writing --
     def put(self, section: str, name: str, entry: dict, save: bool = True) -> None:
         if section not in SECTIONS:
             raise ValueError(f"unknown cache section {section!r}; expected one of {SECTIONS}")
-        self.load()
-        self.entries[section][name] = entry
-        self._mine[section][name] = entry
-        if save:
-            self.save()
+        with self._lock:
+            self.load()
+            self.entries[section][name] = entry
+            self._mine[section][name] = entry
+            self._unsaved = True
+            _save_at_exit(self)
+            if save:
+                self.save()
 
     def save(self, force: bool = False) -> bool:
         """Merge this process's entries into the file (atomic replace). False if not written."""
-        if not self.writable or not (force or any(self._mine.values())):
-            return False
-        tmp = None
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            with _locked(self.directory):
-                current, _, _ = self._read()  # a file that went bad meanwhile is simply replaced
-                merged = current if current is not None else _empty()
-                for s in SECTIONS:
-                    merged[s].update(self._mine[s])
-                doc = {"format": FORMAT, "key": self.key, **merged}
-                fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{self.path.name}.", suffix=".tmp")
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(doc, f, indent=1, sort_keys=True)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-                tmp = None
-            self.entries = merged
-            return True
-        except OSError as exc:
-            self.writable = False
-            _warn_once(self.directory, "unwritable",
-                       f"convt3d: the cache directory {self.directory} cannot be written ({type(exc).__name__}: "
-                       f"{exc}); convt3d keeps its measurements in memory for this process only (set "
-                       f"{ENV_DIR} to a writable directory to persist them)")
-            return False
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+        with self._lock:
+            if not self.writable or not (force or self._unsaved):
+                return False
+            tmp = None
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                with _locked(self.directory) as held:
+                    if not held:  # pending: the next save or the exit hook writes them
+                        return False
+                    current, _, _ = self._read()  # a file that went bad meanwhile is simply replaced
+                    merged = current if current is not None else _empty()
+                    for s in SECTIONS:
+                        merged[s].update(self._mine[s])
+                    doc = {"format": FORMAT, "key": self.key, **merged}
+                    fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{self.path.name}.", suffix=".tmp")
+                    with os.fdopen(fd, "w", encoding="utf-8") as f:
+                        # One write of the whole text: json.dump's chunked writes take ~2x as long,
+                        # and the lock is held meanwhile.
+                        f.write(json.dumps(doc, indent=1, sort_keys=True))
+                        f.flush()
+                        with contextlib.suppress(OSError, AttributeError):
+                            os.fchmod(f.fileno(), FILE_MODE)
+                        os.fsync(f.fileno())
+                    os.replace(tmp, self.path)
+                    tmp = None
+                    self._stamp = _stamp(self.path)
+                    _fsync_directory(self.directory)
+                self.entries = merged
+                self._unsaved = False
+                return True
+            except OSError as exc:
+                self.writable = False
+                _warn_once(self.directory, "unwritable",
+                           f"convt3d: the cache directory {self.directory} cannot be written ({type(exc).__name__}: "
+                           f"{exc}); convt3d keeps its measurements in memory for this process only (set "
+                           f"{ENV_DIR} to a writable directory to persist them)")
+                return False
+            finally:
+                if tmp is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+
+
+_unsaved_stores: list[Store] = []  # stores whose entries may still be pending at exit
+
+
+def _save_at_exit(store: Store) -> None:
+    if store not in _unsaved_stores:
+        _unsaved_stores.append(store)
+        _flush_at_exit()
 
 
 _stores: dict[tuple[str, str], Store] = {}
@@ -257,6 +341,7 @@ def reset() -> None:
     """Forget loaded files, pending tuning results and the warnings given (tests; a changed
     ``$CONVT3D_CACHE_DIR`` is picked up without it)."""
     _stores.clear()
+    _unsaved_stores.clear()
     _warned.clear()
     _seen.clear()
     _pending.clear()
@@ -350,6 +435,9 @@ def _flush_at_exit() -> None:
 def _flush_quietly() -> None:
     with contextlib.suppress(Exception):
         flush_triton()
+    for store in list(_unsaved_stores):  # entries left pending by a lock timeout
+        with contextlib.suppress(Exception):
+            store.save()
 
 
 def has_pending() -> bool:
@@ -363,14 +451,18 @@ def flush_triton() -> int:
     if not done:
         return 0
     log = triton_engine.tuning_log()
-    saved = 0
+    saved, touched = 0, {}
     for key in done:
         gpu = _pending.pop(key)
         rec = log.get(key)
         if rec is None or not rec.timings_ms or rec.seconds <= 0:
             continue
-        store_for(gpu).put("triton_configs", tune_key_text(key),
-                           {"config": config_to_dict(rec.config), "timings_ms": dict(rec.timings_ms),
-                            "tuning_s": rec.seconds, "short": rec.config.short()})
+        store = store_for(gpu)
+        store.put("triton_configs", tune_key_text(key),
+                  {"config": config_to_dict(rec.config), "timings_ms": dict(rec.timings_ms),
+                   "tuning_s": rec.seconds, "short": rec.config.short()}, save=False)
+        touched[id(store)] = store
         saved += 1
+    for store in touched.values():  # one read-merge-write per file, however many keys
+        store.save()
     return saved
