@@ -18,8 +18,8 @@ Prints a line per case as it goes (partial JSON survives a timeout), then a tabl
 bars of issue 7 -- auto (benchmark on) >= 0.97x cuDNN on every row, and the heuristic picking the
 faster engine on >= 90% of rows -- and writes everything as JSON (``scripts/bench_md.py`` renders
 it as the README's table).
-The "measured" column says whether benchmark mode really measured: if it says "no", the caller
-(``convt3d.functional``) does not pass ``weight=`` to ``dispatch.decide`` yet.
+The "meas" column says whether the benchmark-on decision came from a measurement (this run's, or
+one in the cache file); "no" means auto fell back to a rule or the heuristic there.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 import convt3d  # noqa: E402
-from convt3d import cache, dispatch  # noqa: E402
+from convt3d import cache, cuda_engine, dispatch  # noqa: E402
 from convt3d.bench import suites  # noqa: E402
 from convt3d.bench.roofline import cudnn_tf32  # noqa: E402
 from convt3d.validate import check_call  # noqa: E402
@@ -87,15 +87,15 @@ def run_case(case: suites.Case, cuda_ok: bool) -> dict:
         row.update(mem_floor_us=mem * 1e6, compute_floor_us=comp * 1e6)
         times = {"torch": bench_ms(lambda: F.conv_transpose3d(t.x, t.w, t.b, *args))}
         times["triton"] = bench_ms(lambda: convt3d.conv_transpose3d(t.x, t.w, t.b, *args, backend="triton"))
-        slow = dispatch._cuda_slow_path(params) if cuda_ok else None
-        if slow is not None:
-            # The phase_kernel/direct fallbacks: a run of 2026-11-29, before commit e2d0d46, stalled
-            # for more than 6 min on KB 58 exact (NOTES.md, "The CUDA engine").
-            row["cuda_skipped"] = slow
+        variant = cuda_engine.choose_variant(params) if cuda_ok else None
+        if variant is not None and variant not in cuda_engine.GEMM_VARIANTS:
+            # The phase_kernel/direct fallbacks, which auto does not time either: a run of
+            # 2026-11-29, before commit e2d0d46, stalled for more than 6 min on KB 58 exact
+            # (NOTES.md, "Auto and dispatch").
+            row["cuda_skipped"] = f"its tile for this geometry is {variant!r}, not gemm_kernel"
         elif cuda_ok and case.dtype == "fp32" and prec != "tf32":
-            mod = dispatch._cuda_engine()[0]  # the engine itself: independent of functional.py's wiring
-            try:
-                times["cuda"] = bench_ms(lambda: mod.forward(t.x, t.w, t.b, params))
+            try:  # the engine itself, independent of the dispatcher's wiring
+                times["cuda"] = bench_ms(lambda: cuda_engine.forward(t.x, t.w, t.b, params))
             except Exception as exc:  # noqa: BLE001
                 row["cuda_error"] = f"{type(exc).__name__}: {exc}"[:300]
         row["times_ms"] = times
@@ -126,7 +126,7 @@ def run_case(case: suites.Case, cuda_ok: bool) -> dict:
         row["auto_first_call_s"] = first_call()
         d = seen[-1] if seen else dispatch.decide(t.x, "auto", None, params, weight=t.w, bias=t.b, measure=False)
         row["bench_engine"], row["bench_reason"] = d.engine, d.reason
-        row["measured"] = d.reason.startswith("auto (measured")
+        row["measured"] = getattr(d, "source", "") in ("measured", "cache") or d.reason.startswith("auto (measured")
         row["auto_bench_ms"] = bench_ms(lambda: convt3d.conv_transpose3d(t.x, t.w, t.b, *args))
         convt3d.set_benchmark(None)
 
@@ -154,8 +154,11 @@ def main(argv=None) -> int:
     cases = suites.select(args.suite, names)
     if not args.no_probes and names is None:
         cases += probe_cases()
-    mod, why = dispatch._cuda_engine()
-    cuda_ok = mod is not None
+    try:
+        cuda_engine.load_module()  # builds the extension (~70 s) or loads it from the torch extensions cache
+        cuda_ok, why = True, None
+    except Exception as exc:  # noqa: BLE001 -- the table is still useful without the cuda column
+        cuda_ok, why = False, f"{type(exc).__name__}: {exc}"[:300]
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "convt3d": convt3d.__version__, "cudnn": torch.backends.cudnn.version(), "cuda_engine": cuda_ok,
            "cuda_engine_note": None if cuda_ok else why, "cache_dir": os.environ["CONVT3D_CACHE_DIR"]}
