@@ -14,8 +14,7 @@ from .functional import conv_transpose3d
 from .nn import ConvTranspose3d, patch
 from .params import ConvT3dParams
 from .tune import tune
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["conv_transpose3d", "ConvTranspose3d", "patch", "ConvT3dParams", "BackendUnavailableError",
            "explain", "tune", "set_benchmark", "__version__"]

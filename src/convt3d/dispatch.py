@@ -72,13 +72,15 @@ class Decision:
     # engines always use convt3d's backward.
     ours_backward: bool = False
     # How it was made: "requested" (a named backend), "only" (one candidate), "rule" (CPU, dtype,
-    # tiny layer), "memory", "cache" (disk), "measured", "heuristic".
+    # tiny layer), "cache" (disk), "measured", "heuristic".
     source: str = ""
+    # The engine name in ``ENGINES`` that runs the call (HYBRID for PyTorch's forward with
+    # convt3d's backward); a field, not a property, so the steady path reads it without a call.
+    candidate: str = ""
 
-    @property
-    def candidate(self) -> str:
-        """The engine name in ``ENGINES`` (HYBRID for PyTorch's forward with convt3d's backward)."""
-        return HYBRID if self.ours_backward else self.engine
+    def __post_init__(self):
+        if not self.candidate:
+            object.__setattr__(self, "candidate", HYBRID if self.ours_backward else self.engine)
 
 
 @dataclass
@@ -368,9 +370,10 @@ def _auto(call: Call, measure: bool, record: Pass | None) -> Decision:
 
 def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
     if call.device.type != "cuda":
-        return Decision("torch", ENGINES["torch"].precision(call), "auto: CPU tensors use PyTorch", source="rule")
+        return _settle(call, _decision("torch", call, "auto: CPU tensors use PyTorch", "rule"), record)
     if call.dtype not in triton_engine.SUPPORTED_DTYPES:
-        return Decision("torch", call.precision, f"auto: dtype {call.dtype} is not run by our engines", source="rule")
+        return _settle(call, _decision("torch", call, f"auto: dtype {call.dtype} is not run by our engines", "rule"),
+                       record)
     reasons = _reasons(call, record)
     skipped = _auto_skips(call, reasons)
     if record is not None:

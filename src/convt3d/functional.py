@@ -40,11 +40,9 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
         return _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
     # One validation, one dispatcher pass, one engine run.
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    name = dispatch.resolve_backend_name(backend)
     call = Call(input.unsqueeze(0) if unbatched else input, weight, bias, params, resolve_precision(precision),
                 precision, _needs_grad((input, weight, bias)), unbatched)
-    d = dispatch.select(call, name)
-    y = ENGINES[d.candidate].run(call)
+    y = ENGINES[dispatch.select(call, backend).candidate].run(call)
     return y.squeeze(0) if unbatched else y
 
 
