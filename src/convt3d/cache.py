@@ -105,9 +105,9 @@ def environment_key(gpu: str) -> dict[str, str]:
     import torch
     import triton
 
-    import convt3d
+    from .version import __version__
 
-    return {"gpu": gpu, "convt3d": convt3d.__version__, "torch": torch.__version__, "triton": triton.__version__}
+    return {"gpu": gpu, "convt3d": __version__, "torch": torch.__version__, "triton": triton.__version__}
 
 
 def file_for(directory: Path, gpu: str) -> Path:

@@ -42,7 +42,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import cache, triton_engine
+from . import cache, distributed, triton_engine
 from .bench import roofline
 from .call import EXACT_GRADE, PRECISIONS, Call, layout_name, resolve_precision, signature_text
 from .engines import ENGINES, HYBRID
@@ -400,15 +400,14 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
                       "call against the Triton engine's 100-170 us)", "rule")
         return _settle(call, d, record)
     gpu = triton_engine.device_name(call.device)
+    if _can_measure(call, measure) and record is None:
+        # The disk cache and the measurement, as one decision every rank of a process group
+        # takes from rank 0 (convt3d.distributed; without one, agree_with_tuning is a call).
+        entry = distributed.agree_with_tuning(lambda: _cached_or_measured(call, cands, gpu), "auto|" + call.text)
+        return _settle(call, _from_entry(call, entry), None)
     entry = cache.load_decision(gpu, call.text)
     if entry is not None and entry.get("engine") in cands:
-        timings = {k: float(v) for k, v in entry.get("timings_ms", {}).items()}
-        d = _decision(entry["engine"], call, "auto (measured earlier, from the cache file): "
-                      + _timings_text(timings, entry["engine"]), "cache")
-        _timings[call.key] = timings
-        return _settle(call, d, record)
-    if _can_measure(call, measure) and record is None:
-        return _settle(call, _measured(call, cands, gpu), None)
+        return _settle(call, _from_entry(call, dict(entry, source="cache")), record)
     engine, why = heuristic(call.params, call.dtype, call.precision, call.bias is not None, tuple(cands),
                             call.training)
     d = _decision(engine, call, f"auto (heuristic): {why}", "heuristic")
@@ -494,22 +493,30 @@ def pick(runs: dict[str, list[float]], baseline: str = "torch") -> tuple[str, fl
     return (challenger if best[challenger] * (1.0 + margin) < best[baseline] else baseline), margin
 
 
-def _measured(call: Call, cands: list[str], gpu: str) -> Decision:
-    def measure() -> dict:
-        runs, failed = _measure(call, cands, call.text)
-        winner, margin = pick(runs)
-        return {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,
-                "margin": margin, "failed": failed, "candidates": cands}
+def _cached_or_measured(call: Call, cands: list[str], gpu: str) -> dict:
+    """The decision entry of a new signature: from the disk cache, else measured now (and saved)."""
+    entry = cache.load_decision(gpu, call.text)
+    if entry is not None and entry.get("engine") in cands:
+        return dict(entry, source="cache")
+    runs, failed = _measure(call, cands, call.text)
+    winner, margin = pick(runs)
+    entry = {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,
+             "margin": margin, "failed": failed, "candidates": cands}
+    cache.save_decision(gpu, call.text, entry)
+    return dict(entry, source="measured")
 
-    entry = measure()  # XXX-DIST: distributed.agree_with_tuning(measure, what=call.text)
-    timings = entry["timings_ms"]
+
+def _from_entry(call: Call, entry: dict) -> Decision:
+    timings = {k: float(v) for k, v in entry.get("timings_ms", {}).items()}
+    _timings[call.key] = timings
+    if entry["source"] == "cache":
+        return _decision(entry["engine"], call, "auto (measured earlier, from the cache file): "
+                         + _timings_text(timings, entry["engine"]), "cache")
     kind = "training steps" if call.training else "calls"
     reason = (f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): "
               + _timings_text(timings, entry["engine"]))
-    if entry["failed"]:
+    if entry.get("failed"):
         reason += "; failed: " + "; ".join(f"{k}: {v}" for k, v in entry["failed"].items())
-    _timings[call.key] = timings
-    cache.save_decision(gpu, call.text, entry)
     return _decision(entry["engine"], call, reason, "measured")
 
 
