@@ -33,7 +33,7 @@ force one per gradient. When both dX and dW go to cuDNN they are computed by one
 channels per group (below that most of every MMA would be padding; depthwise layers stay on
 cuDNN). The choices are kept in ``dgrad_choices()`` (dX) and ``choices()`` (dW).
 
-Measured on the H200 (session 3, scripts/gpu_training.py; us, cuDNN deterministic vs the best
+Measured on the H200 (2026-11-29, commit 8812ce7, scripts/gpu_training.py; us, cuDNN deterministic vs the best
 Triton tile; bf16 channels-last / fp32 NCDHW, default precision):
 
   =================  ===============  ===============  ================  ================
@@ -302,7 +302,7 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
         # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
         shapes = ((min(32, max(16, _pow2_at_least(hw))), 16, 16, 4, 1),)
     else:
-        # The three tiles that won on the H200 (session 3, scripts/gpu_training.py: six tiles
+        # The three tiles that won on the H200 (2026-11-29, commit 8812ce7, scripts/gpu_training.py: six tiles
         # timed on the 14 layer rows, bf16 channels-last and fp32 NCDHW): 128x64 K32 won 6 rows
         # (the 64-128-channel layers), 128x128 K64 8 warps the bf16 gan/videogpt rows (258 and
         # 618 us; cuDNN 6435 and 16066), 128x128 K32 their fp32 rows (650 and 1746 us; cuDNN 716
@@ -480,7 +480,7 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
     return rec
 
 
-# The Triton dW kernel is not timed against cuDNN by default: on the H200 (session 3,
+# The Triton dW kernel is not timed against cuDNN by default: on the H200 (2026-11-29, commit 8812ce7,
 # scripts/gpu_training.py, 14 layer rows, bf16 channels-last and fp32 NCDHW) its best tile lost
 # every row -- by 1.1-1.4x in bf16 (nnunet_128_64 48 vs 43 us, gan 473 vs 400, videogpt 1817 vs
 # 968) and 2.3-8.4x in fp32 (videogpt 26.3 ms vs 4.8 ms) -- and timing it costs ~1-3 s of
@@ -509,7 +509,7 @@ def choose_dgrad(dy, x, w, params, precision) -> Choice:
 
 # ---- entry point --------------------------------------------------------------------------------
 # The decisions of one backward signature, looked up once per call: a training step of a small
-# layer is host-bound (H200 host, session 3: our backward took 350-580 us of host time against
+# layer is host-bound (H200 host, 2026-11-29, commit 04ff4e7: our backward took 350-580 us of host time against
 # ~100 us of GPU work; the two choices, the gradient formats and the environment overrides were
 # ~100 us of that in Python). The key holds everything the decisions read, the overriding
 # environment variables included, so changing one takes effect on the next call.
