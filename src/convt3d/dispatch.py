@@ -181,7 +181,7 @@ def floors(params, dtype: torch.dtype, precision: str, has_bias: bool = False,
 
 # Training steps (autograd records the call): below this roofline floor of the forward, a step is
 # host-bound and PyTorch's own forward + backward has the least host time. Measured on the H200
-# (session 3, scripts/gpu_training.py, Triton forward + convt3d backward vs cuDNN's step): the
+# (2026-11-29, commit 8812ce7, scripts/gpu_training.py, Triton forward + convt3d backward vs cuDNN's step): the
 # layers that lost are all below it -- nnunet_128_64 (floor 20-40 us: 0.34-0.51x), monai_unet_k3
 # (20-40 us: 0.40-0.88x), aniso_122 (24-48 us: 0.39-0.70x) -- and those that won are all above it:
 # nnunet_64_32 (79-158 us: 1.45-1.55x), videogpt fp32 (677 us: 2.2x).
