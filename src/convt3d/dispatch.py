@@ -151,7 +151,7 @@ NOMINAL_CEILINGS = roofline.Ceilings(4.24e12, 683e12, 374e12, 51e12)
 
 # Rule 1 -- tiny layers go to cuDNN. Below ~10 us of roofline floor a call is host-bound: the
 # Triton engine spends 100-170 us of host time per call (2-4 launches at 25-30 us each, NOTES.md
-# "Host overhead"), a cuDNN call ~20-30 us. The smallest bench layer (nnunet_128_64 bf16, 19.8 us
+# "Host time"), a cuDNN call ~20-30 us. The smallest bench layer (nnunet_128_64 bf16, 19.8 us
 # floor) is still won by Triton (1.46-1.71x), so the threshold sits below it; scripts/gpu_auto.py
 # times two tiny probes to check this rule.
 TINY_FLOOR_S = 10e-6
