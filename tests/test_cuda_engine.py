@@ -13,6 +13,9 @@
   every variant: within CUDA's launch limits (a grid of 0 blocks was sweep9's "invalid argument"
   on the H200), and its grid writes every output element exactly once (counted per dimension);
 * the output memory format rule equals the Triton engine's;
+* the TF32 mode: ``forward`` checks ``precision`` first and hands the module the TF32 switch
+  (the compiled module recorded by a fake), and the Python declaration of ``convt3d_forward``
+  equals the .cu's definition;
 * gemm_kernel (the register-blocked path): an emulation of its index arithmetic (block decode,
   flattened position tile, tap table, loader masks and channel tail, padded weight rows, the
   thread -> register-tile map, the epilogue tile, the row writer's residue walk by carries, the
@@ -72,7 +75,7 @@ def test_non_fp32_is_unsupported(monkeypatch, dtype):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     prm = _params(1, 2, 2, 3, 2)
     why = E.unsupported_reason(_FakeCuda(torch.zeros(1, dtype=dtype)), _FakeCuda(torch.zeros(1, dtype=dtype)), prm)
-    assert why == f"input dtype {dtype}: the cuda engine is exact fp32 only"
+    assert why == f"input dtype {dtype}: the cuda engine is fp32 only"
 
 
 def test_old_gpu_is_unsupported(monkeypatch):
@@ -144,6 +147,63 @@ def test_source_is_packaged_and_the_build_name_follows_it():
     assert f"GEMM_MAX_TAPS = {E.GEMM_MAX_TAPS};" in src
     assert f"NUM_VARIANTS = {sum(1 for v in E.VARIANTS.values() if v[0] >= 0)};" in src
     assert f"NUM_GEMM = {len(E.GEMM_VARIANTS)};" in src
+
+
+# ---- precision ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("precision", ["tf32x3", "TF32", None, "fp32"], ids=["tf32x3", "upper", "none", "fp32"])
+def test_precision_is_checked_before_anything_else(precision):
+    prm = _params(1, 2, 2, 3, 2)
+    with pytest.raises(ValueError, match=r"precision=.*expected one of \('ieee', 'tf32'\)"):
+        E.forward(torch.randn(1, 2, 3, 3, 3), torch.randn(2, 2, 2, 2, 2), None, prm, precision)
+
+
+class _RecordingModule:
+    """Stands in for the compiled module: records the arguments of convt3d_forward."""
+
+    def __init__(self, params):
+        self.calls, self.params = [], params
+
+    def convt3d_forward(self, x, wpk, bias, has_bias, tab, meta, variant, hreuse, tf32):
+        self.calls.append({"variant": variant, "hreuse": hreuse, "tf32": tf32, "meta": meta})
+        return torch.zeros(self.params.out_shape)
+
+
+@pytest.mark.parametrize("precision,tf32", [("ieee", False), ("tf32", True)])
+@pytest.mark.parametrize("variant", [None, "g64", "p8c8", "direct"], ids=lambda v: v or "default")
+def test_forward_hands_the_tf32_switch_to_the_module(monkeypatch, precision, tf32, variant):
+    prm = _params(2, 8, 40, (3, 4, 5), 3, s=2, p=1)
+    module = _RecordingModule(prm)
+    monkeypatch.setattr(E, "unsupported_reason", lambda x, w, p: None)
+    monkeypatch.setattr(E, "load_module", lambda device=None: module)
+    x, w = torch.randn(2, 8, 3, 4, 5), torch.randn(8, 40, 3, 3, 3)
+    x0, w0 = x.clone(), w.clone()
+    y = E.forward(x, w, None, prm, precision, variant=variant)
+    assert y.shape == prm.out_shape
+    (call,) = module.calls
+    assert call["tf32"] is tf32 and call["meta"] == E.kernel_meta(prm)
+    assert torch.equal(x, x0) and torch.equal(w, w0)  # the caller's tensors are left alone
+    # the default keeps the engine's exact grade
+    module.calls.clear()
+    E.forward(x, w, None, prm, variant=variant)
+    assert module.calls[0]["tf32"] is False
+
+
+def _signature(text: str) -> list[str]:
+    return [" ".join(a.split()) for a in text.split(",")]
+
+
+def test_python_declaration_matches_the_cu_definition():
+    """load_inline binds _CPP_DECL: it must declare the very function the .cu defines (a tf32
+    switch declared but not defined would fail only at the GPU link)."""
+    src = E.cuda_source()
+    m = re.search(r"^torch::Tensor convt3d_forward\(([^)]*)\)\s*\{", src, re.M)
+    assert m, "convt3d_forward definition not found"
+    decl = re.fullmatch(r"torch::Tensor convt3d_forward\(([^)]*)\);", E._CPP_DECL)
+    assert decl and _signature(decl.group(1)) == _signature(m.group(1))
+    assert _signature(m.group(1))[-1] == "bool tf32"
+    # TF32 mode rounds with cvt.rna (nearest, ties away), the rounding of the Triton engine's bit trick
+    assert "cvt.rna.tf32.f32" in src and "x = rounded_tf32(x, stream);" in src and \
+        "wpk = rounded_tf32(wpk, stream);" in src
 
 
 # ---- geometry table against brute force ---------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The CUDA C++ engine (``backend="cuda"``): exact fp32 FFMA, compiled at first use.
+"""The CUDA C++ engine (``backend="cuda"``): fp32 FFMA, exact or TF32, compiled at first use.
 
 The kernel source is ``convt3d/csrc/convt3d.cu`` (its header comment describes the design). It
 is compiled by ``torch.utils.cpp_extension.load_inline`` for the running GPU's architecture,
@@ -8,6 +8,11 @@ cache serves later processes, and a changed source builds afresh.
 Geometry is not compiled in: ``geometry_table`` turns ``ConvT3dParams`` into a small int32 table
 (per dimension and residue: taps, first tap, first input offset, compact size) and ``meta``
 lists the sizes, so one compiled module serves every shape.
+
+Precision: "ieee" (the default, the engine's exact grade) multiplies the fp32 operands as they
+are; "tf32" first rounds the input and the packed weight to TF32 as cuDNN does (round to
+nearest, ties away from zero) and accumulates in fp32, the numerics of PyTorch's default-flag
+convolutions. Both run the same FFMA kernels (the .cu's header comment: TF32 mode).
 
 This module is also copied verbatim into the KernelBench CUDA entry (``convt3d export-kernelbench``),
 so it imports only torch, the standard library, ``params`` and ``errors``, and avoids the words
@@ -27,7 +32,7 @@ import torch
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 
-__all__ = ["VARIANTS", "GEMM_VARIANTS", "variant_names", "unsupported_reason", "forward", "build_seconds",
+__all__ = ["PRECISIONS", "VARIANTS", "GEMM_VARIANTS", "variant_names", "unsupported_reason", "forward", "build_seconds",
            "geometry_table", "kernel_meta", "choose_variant", "gemm_applies", "cuda_source", "nvcc_path",
            "output_memory_format", "load_module", "launch_plan", "launch_limit_violations", "pack_weight",
            "pack_weight_padded", "HALO_VARIANTS", "halo_layout"]
@@ -70,12 +75,13 @@ HALO_VARIANTS = {"g64r": "g64k8"}
 HALO_MAX_SHIFT = 4              # width shifts (Tw-1)*osw a thread's two float4 per row cover
 HALO_SMEM_MAX = 110 * 1024      # bytes: two blocks per SM on H100/H200 (228 KB, 1 KB reserved each)
 HEADER = 16  # int32 header of the geometry table (see the .cu)
+PRECISIONS = ("ieee", "tf32")  # forward(precision=...): exact fp32, or operands rounded to TF32
 
 # Set by the KernelBench export to the .cu text; the package reads csrc/convt3d.cu instead.
 CUDA_SOURCE = None
 
 _CPP_DECL = ("torch::Tensor convt3d_forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bool has_bias, "
-             "torch::Tensor tab, std::vector<int64_t> meta, int64_t variant, bool hreuse);")
+             "torch::Tensor tab, std::vector<int64_t> meta, int64_t variant, bool hreuse, bool tf32);")
 
 _state = {"module": None, "seconds": None}
 _tables: dict[tuple, torch.Tensor] = {}
@@ -119,7 +125,7 @@ def unsupported_reason(x: torch.Tensor, weight: torch.Tensor, params: ConvT3dPar
         return f"{x.device.type.upper()} tensor (the cuda engine runs on CUDA devices only)"
     for name, t in (("input", x), ("weight", weight)):
         if t.dtype != torch.float32:
-            return f"{name} dtype {t.dtype}: the cuda engine is exact fp32 only"
+            return f"{name} dtype {t.dtype}: the cuda engine is fp32 only"
     major, minor = torch.cuda.get_device_capability(x.device)
     if major < 8:
         return f"GPU compute capability {major}.{minor}: the cuda engine needs 8.0+ (cp.async)"
@@ -434,13 +440,17 @@ def pack_weight_padded(weight: torch.Tensor, params: ConvT3dParams, bn: int, bk:
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
-            variant: str | None = None, hreuse: bool | None = None) -> torch.Tensor:
-    """Transposed convolution of a validated 5-D fp32 CUDA input, exact fp32.
+            precision: str = "ieee", variant: str | None = None, hreuse: bool | None = None) -> torch.Tensor:
+    """Transposed convolution of a validated 5-D fp32 CUDA input.
 
-    ``variant`` forces a tile variant (one of ``variant_names()``: a phase_kernel tile, "direct"
-    for the one-thread-per-output fallback, or a gemm_kernel tile), ``hreuse`` the H-reuse inner
-    loop of phase_kernel; by default both follow the geometry.
+    ``precision`` is "ieee" (exact fp32 FFMA) or "tf32" (input and weight rounded to TF32 as
+    cuDNN rounds them, products accumulated in fp32). ``variant`` forces a tile variant (one of
+    ``variant_names()``: a phase_kernel tile, "direct" for the one-thread-per-output fallback, or
+    a gemm_kernel tile), ``hreuse`` the H-reuse inner loop of phase_kernel; by default both
+    follow the geometry.
     """
+    if precision not in PRECISIONS:
+        raise ValueError(f"backend='cuda': precision={precision!r}; expected one of {PRECISIONS}")
     why = unsupported_reason(x, weight, params)
     if why is not None:
         raise BackendUnavailableError(f"backend='cuda' cannot run this call: {why}")
@@ -461,7 +471,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     else:
         index, wpk = VARIANTS[name][0], pack_weight(weight, params)
     y = module.convt3d_forward(x.contiguous(), wpk, b, bias is not None, _table(params, x.device),
-                               kernel_meta(params), index, use_hreuse)
+                               kernel_meta(params), index, use_hreuse, precision == "tf32")
     if fmt == torch.channels_last_3d:
         y = y.contiguous(memory_format=torch.channels_last_3d)
     return y

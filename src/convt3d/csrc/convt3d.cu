@@ -1,4 +1,4 @@
-// convt3d CUDA engine: exact fp32 3-D transposed convolution, one phase at a time.
+// convt3d CUDA engine: fp32 3-D transposed convolution (exact, or TF32 mode), one phase at a time.
 //
 // Vocabulary as in convt3d/params.py: output positions o = q*s + r along each dimension form
 // the phase of residue r; a phase has T taps (t = t0 + j*tap_step) and reads input
@@ -28,6 +28,13 @@
 // and an epilogue that writes whole output rows (computed and bias elements interleaved).
 // Its HALO form (variant g64r) stages the tile's input window once per (depth tap, chunk of input
 // channels) with the weights of all (h, w) taps and reuses it across them from shared memory.
+//
+// TF32 mode (tf32 = true in convt3d_forward): the input and the packed weight are first rounded
+// to TF32 by round_tf32_kernel (cvt.rna: round to nearest, ties away from zero, the rounding
+// cuDNN applies before its TF32 tensor-core products), then the same FFMA kernels run. A product
+// of two TF32 values (11-bit significands) has at most 22 significant bits, so each FFMA product
+// is exact in fp32 and only the fp32 accumulation rounds: the TF32 numerics of PyTorch's
+// default-flag convolutions. Exact mode (tf32 = false) multiplies the fp32 operands as they are.
 //
 // Geometry comes from a small int32 table built in Python from ConvT3dParams
 // (convt3d.cuda_engine.geometry_table), so one compiled module serves every shape.
@@ -86,6 +93,21 @@ __device__ __forceinline__ void load_weights(const float* w, float (&wv)[C]) {
         const float4 t = w4[c4];
         wv[4 * c4] = t.x; wv[4 * c4 + 1] = t.y; wv[4 * c4 + 2] = t.z; wv[4 * c4 + 3] = t.w;
     }
+}
+
+// fp32 -> the nearest TF32 value, ties away from zero (inf and NaN stay inf and NaN): what
+// convt3d's Triton engine computes with its bit trick ((bits + 0x1000) & ~0x1fff).
+__device__ __forceinline__ float to_tf32(float v) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+    return __uint_as_float(r);
+}
+
+// dst[i] = to_tf32(src[i]) for i < n (grid-stride; both contiguous).
+__global__ void round_tf32_kernel(const float* __restrict__ src, float* __restrict__ dst, long long n) {
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
+        dst[i] = to_tf32(src[i]);
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -974,13 +996,26 @@ void launch_gemm(const torch::Tensor& x, const torch::Tensor& wpk, const float* 
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// A TF32-rounded copy of a contiguous fp32 tensor (see to_tf32).
+torch::Tensor rounded_tf32(const torch::Tensor& t, cudaStream_t stream) {
+    auto out = torch::empty_like(t);
+    const long long n = t.numel();
+    if (n == 0) return out;
+    // one element per thread up to 2^20 blocks; the grid-stride loop covers larger tensors
+    const long long grid = std::min<long long>((n + 255) / 256, 1LL << 20);
+    round_tf32_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(t.data_ptr<float>(), out.data_ptr<float>(), n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+}
+
 // meta: N, G, cin_g, cout_g, D, H, W, OD, OH, OW, KD, KH, KW, qcd, qch, qcw, halo_h, halo_w, max_thw,
 //       sd, sh, sw, pd, ph, pw, dd, dh, dw
 // variant: 0..NUM_VARIANTS-1 (phase_kernel), NUM_VARIANTS..NUM_VARIANTS+NUM_GEMM-1 (gemm_kernel), or
-// -1 for the direct kernel. hreuse: allow the H-reuse inner loop (phase_kernel only).
+// -1 for the direct kernel. hreuse: allow the H-reuse inner loop (phase_kernel only). tf32: round
+// the input and the packed weight to TF32 first (the file's header comment: TF32 mode).
 // Returns the NCDHW output.
 torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bool has_bias, torch::Tensor tab,
-                      std::vector<int64_t> meta, int64_t variant, bool hreuse) {
+                      std::vector<int64_t> meta, int64_t variant, bool hreuse, bool tf32) {
     TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous CUDA float32");
     TORCH_CHECK(wpk.is_cuda() && wpk.scalar_type() == torch::kFloat32 && wpk.is_contiguous(), "packed weight");
     TORCH_CHECK(tab.is_cuda() && tab.scalar_type() == torch::kInt32, "table: CUDA int32");
@@ -1007,6 +1042,11 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
     const float* bptr = has_bias ? bias.data_ptr<float>() : nullptr;
     if (has_bias) TORCH_CHECK(bias.is_cuda() && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous(), "bias");
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    if (tf32) {
+        // fresh rounded copies: the caller's tensors are never written
+        x = rounded_tf32(x, stream);
+        wpk = rounded_tf32(wpk, stream);
+    }
 
     long long blocks = 0;
     size_t smem = 0;
@@ -1094,8 +1134,9 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
 }  // namespace convt3d_cuda
 
 torch::Tensor convt3d_forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bool has_bias,
-                              torch::Tensor tab, std::vector<int64_t> meta, int64_t variant, bool hreuse) {
-    return convt3d_cuda::forward(x, wpk, bias, has_bias, tab, meta, variant, hreuse);
+                              torch::Tensor tab, std::vector<int64_t> meta, int64_t variant, bool hreuse,
+                              bool tf32) {
+    return convt3d_cuda::forward(x, wpk, bias, has_bias, tab, meta, variant, hreuse, tf32);
 }
 #else
 // Standalone compile check (nvcc -DCONVT3D_KERNELS_ONLY): instantiate every variant.
