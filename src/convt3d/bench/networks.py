@@ -1,0 +1,734 @@
+"""The networks suite: whole 3-D networks, untouched against ``convt3d.patch``-ed, in one process.
+
+    convt3d bench --suite networks                      # every network, three modes each
+    convt3d bench --suite networks --case gan3d,monai_unet --mode fwd --dtype bf16
+
+Networks. Two are written here from their published layouts (no code taken from their projects):
+
+* ``gan3d`` -- the 3D-GAN generator of Wu et al. (2016): z (200) -> 512x4^3 -> 256x8^3 ->
+  128x16^3 -> 64x32^3 -> 1x64^3, ConvTranspose3d k4 s2 p1 (the first k4 s1 p0 from 1^3), each
+  followed by BatchNorm3d + ReLU, a sigmoid head; batch 32.
+* ``vqvae_video`` -- a VQ-VAE video decoder laid out as VideoGPT's (Yan et al. 2021): 240 channels,
+  four residual blocks (BN-ReLU-Conv3d k3 to 120 channels, BN-ReLU-Conv3d k1 back to 240, BN-ReLU
+  and axial self-attention over T, H and W, 2 heads), then ConvTranspose3d k4 s2 after a
+  "same" pre-pad of one voxel per side (so padding 3, the bench's ``videogpt_k4s2p3`` layer),
+  240 -> 240 and 240 -> 3 (the RGB head); latent (4, 240, 8, 32, 32) -> video (4, 3, 32, 128, 128).
+
+The others come from the packages their users install (the optional extra ``networks``: MONAI and
+nnU-Net's dynamic-network-architectures). A network whose package is missing is skipped with a
+one-line reason.
+
+Modes. For each network: inference in fp32 (``torch.no_grad``, eval mode, PyTorch's default
+flags: TF32 on for cuDNN convolutions), inference under ``torch.autocast(dtype=torch.bfloat16)``,
+and a bf16-autocast training step (train mode; forward, an MSE loss against a fixed random target
+computed in fp32, ``torch.autograd.grad`` of every parameter; no optimizer).
+
+What a row holds (see :func:`run_networks`): the first call of each model in that mode (wall clock,
+synchronised: for the patched model it includes Triton compilation, tuning and auto's measuring,
+i.e. it is "cold" unless the persistent cache already holds the signatures), the steady time of
+each (median of ``triton.testing.do_bench``, two alternating rounds, the lower median kept), the
+ratio untouched / patched, the share of ConvTranspose3d in the untouched forward's GPU time, and
+the agreement of the outputs (patched vs untouched, both vs a reference).
+
+The ConvTranspose3d share is read from ``torch.profiler``: the GPU time of every kernel launched
+inside an outermost ``aten::conv_transpose3d`` op (or, should a model call them directly,
+``aten::cudnn_convolution_transpose`` / ``aten::slow_conv_transpose3d``), autocast's operand casts
+included, over the GPU time of all kernels of one forward. Profiler op names identify the layers
+whatever module wraps them; ``aten::convolution`` is not used because it serves both directions.
+
+References. Inference rows are compared with the same (untouched) model in float64 on the same
+input; training rows with the untouched model's fp32 step with TF32 off (its error, ~1e-6
+relative, is far below bf16's ~4e-3, so it stands for the exact gradients at a fraction of a
+float64 step's cost). Errors are relative: max |a - ref| / max |ref|, for gradients the worst
+parameter. ``within_error_budget``: the patched error is at most twice the untouched one (the
+project's budget), or one unit of the mode's epsilon.
+
+Without CUDA, :func:`check_networks` builds every network at a tiny size on the CPU and compares
+the patched model (``backend="triton"`` through Triton's interpreter) with the untouched one and
+float64, under the same budget.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.metadata
+import math
+import time
+import traceback
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .roofline import cudnn_tf32
+
+__all__ = ["GAN3DGenerator", "VideoDecoder", "AxialAttention3d", "Network", "NetMode", "NETWORKS", "NET_MODES",
+           "network_names", "select_networks", "select_modes", "unavailable_reason", "build_network",
+           "convt_layer_count", "transposed_share", "run_networks", "check_networks", "relative_error"]
+
+EXTRA_HINT = "pip install -e '.[networks]'"
+
+
+# ---- networks written in the project ------------------------------------------------------------
+class GAN3DGenerator(nn.Module):
+    """3D-GAN generator (Wu et al. 2016): a latent vector to a voxel grid of occupancy.
+
+    ``widths`` are the feature channels after each up-convolution but the last; the grid side is
+    4 * 2^len(widths) (64 for the paper's four widths). Bias is off in every layer: BatchNorm
+    follows each hidden layer, and the paper's generator (as DCGAN's) has none in the head.
+    """
+
+    def __init__(self, z_dim: int = 200, widths: Sequence[int] = (512, 256, 128, 64), out_channels: int = 1):
+        super().__init__()
+        if not widths:
+            raise ValueError("GAN3DGenerator needs at least one hidden width")
+        layers: list[nn.Module] = [nn.ConvTranspose3d(z_dim, widths[0], 4, 1, 0, bias=False),
+                                   nn.BatchNorm3d(widths[0]), nn.ReLU(inplace=True)]
+        for cin, cout in zip(widths, widths[1:]):
+            layers += [nn.ConvTranspose3d(cin, cout, 4, 2, 1, bias=False), nn.BatchNorm3d(cout), nn.ReLU(inplace=True)]
+        layers += [nn.ConvTranspose3d(widths[-1], out_channels, 4, 2, 1, bias=False), nn.Sigmoid()]
+        self.net = nn.Sequential(*layers)
+        self.z_dim = z_dim
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        if z.dim() == 2:  # (N, z_dim) -> (N, z_dim, 1, 1, 1)
+            z = z[:, :, None, None, None]
+        return self.net(z)
+
+
+class AxialAttention3d(nn.Module):
+    """Multi-head self-attention along each of the T, H and W axes of (N, C, T, H, W), summed
+    (VideoGPT's axial block): a sequence is one line of voxels along the axis."""
+
+    def __init__(self, channels: int, heads: int):
+        super().__init__()
+        if channels % heads:
+            raise ValueError(f"channels ({channels}) must be divisible by heads ({heads})")
+        self.heads = heads
+        self.qkv = nn.ModuleList(nn.Linear(channels, 3 * channels, bias=False) for _ in range(3))
+        self.proj = nn.ModuleList(nn.Linear(channels, channels) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = x.shape[1]
+        xl = x.movedim(1, -1)  # (N, T, H, W, C)
+        out = None
+        for axis in range(3):
+            xa = xl.movedim(axis + 1, -2)  # the attended axis next to the channels
+            lead, length = xa.shape[:-2], xa.shape[-2]
+            seq = xa.reshape(-1, length, c)
+            q, k, v = self.qkv[axis](seq).view(seq.shape[0], length, 3, self.heads, c // self.heads).permute(2, 0, 3,
+                                                                                                             1, 4)
+            o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(seq.shape[0], length, c)
+            o = self.proj[axis](o).view(*lead, length, c).movedim(-2, axis + 1)
+            out = o if out is None else out + o
+        return out.movedim(-1, 1)
+
+
+class _VideoResidualBlock(nn.Module):
+    def __init__(self, channels: int, heads: int):
+        super().__init__()
+        self.block = nn.Sequential(
+            nn.BatchNorm3d(channels), nn.ReLU(), nn.Conv3d(channels, channels // 2, 3, padding=1, bias=False),
+            nn.BatchNorm3d(channels // 2), nn.ReLU(), nn.Conv3d(channels // 2, channels, 1, bias=False),
+            nn.BatchNorm3d(channels), nn.ReLU(), AxialAttention3d(channels, heads))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+class _SamePadConvTranspose3d(nn.Module):
+    """Pre-pad by kernel - stride (the larger half first), then ConvTranspose3d with padding
+    kernel - 1: the output is exactly stride x the input, for any kernel and stride."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: Sequence[int]):
+        super().__init__()
+        k = (kernel,) * 3
+        # F.pad takes the last dimension first: (W_lo, W_hi, H_lo, H_hi, D_lo, D_hi).
+        self.pad = tuple(p for kd, s in reversed(list(zip(k, stride))) for p in ((kd - s + 1) // 2, (kd - s) // 2))
+        self.conv = nn.ConvTranspose3d(cin, cout, k, tuple(stride), padding=tuple(kd - 1 for kd in k))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, self.pad))
+
+
+class VideoDecoder(nn.Module):
+    """VQ-VAE video decoder in VideoGPT's layout: residual blocks with axial attention, then one
+    k4 up-convolution per factor of 2 of ``upsample`` (stride 1 along axes already at their
+    factor), ReLU between them, ``out_channels`` (RGB) at the end."""
+
+    def __init__(self, channels: int = 240, res_blocks: int = 4, heads: int = 2,
+                 upsample: Sequence[int] = (4, 4, 4), out_channels: int = 3):
+        super().__init__()
+        steps = [int(math.log2(u)) for u in upsample]
+        if len(steps) != 3 or any(u < 1 or 2 ** s != u for u, s in zip(upsample, steps)) or max(steps) < 1:
+            raise ValueError(f"upsample must be three powers of 2, one of them >= 2; got {tuple(upsample)}")
+        self.res = nn.Sequential(*[_VideoResidualBlock(channels, heads) for _ in range(res_blocks)],
+                                 nn.BatchNorm3d(channels), nn.ReLU())
+        n = max(steps)
+        self.up = nn.ModuleList(
+            _SamePadConvTranspose3d(channels, out_channels if i == n - 1 else channels, 4,
+                                    tuple(2 if s > i else 1 for s in steps)) for i in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.res(x)
+        for i, up in enumerate(self.up):
+            h = up(h)
+            if i < len(self.up) - 1:
+                h = F.relu(h)
+        return h
+
+
+# ---- the suite's networks -------------------------------------------------------------------------
+# Builders take tiny=True for the CPU check (a few thousand voxels, a handful of channels; every
+# kind of layer kept) and return (model, input shape). Sizes at tiny=False keep one network's three
+# modes well under a minute on an H200.
+def _gan3d(tiny: bool):
+    if tiny:  # 8 channels: the tensor-core path; the 1-channel head: the FMA path
+        return GAN3DGenerator(8, (8,), 1), (2, 8, 1, 1, 1)
+    return GAN3DGenerator(200, (512, 256, 128, 64), 1), (32, 200, 1, 1, 1)
+
+
+def _vqvae_video(tiny: bool):
+    if tiny:  # anisotropic upsampling: the second up-convolution has stride (1, 2, 2)
+        return VideoDecoder(8, 1, 2, (2, 4, 4), 3), (1, 8, 2, 2, 2)
+    return VideoDecoder(240, 4, 2, (4, 4, 4), 3), (4, 240, 8, 32, 32)
+
+
+def _monai_unet(tiny: bool):
+    from monai.networks.nets import UNet
+
+    if tiny:
+        return UNet(3, 1, 3, (4, 8, 16), (2, 2), num_res_units=2), (1, 1, 8, 8, 8)
+    return UNet(3, 1, 3, (16, 32, 64, 128, 256), (2, 2, 2, 2), num_res_units=2), (2, 1, 128, 128, 128)
+
+
+def _monai_unetr(tiny: bool):
+    from monai.networks.nets import UNETR
+
+    # MONAI's BTCV configuration (14 organ labels, 96^3 patches, ViT-B/16); tiny keeps 16^3 patches.
+    if tiny:
+        return UNETR(1, 2, (16, 16, 16), feature_size=2, hidden_size=16, mlp_dim=32, num_heads=2), (1, 1, 16, 16, 16)
+    return UNETR(1, 14, (96, 96, 96), feature_size=16, hidden_size=768, mlp_dim=3072, num_heads=12), (2, 1, 96, 96, 96)
+
+
+def _monai_dynunet(tiny: bool):
+    from monai.networks.nets import DynUNet
+
+    # nnU-Net's 3d_fullres layout as MONAI's DynUNet expresses it: k3 everywhere, stride 1 then 2.
+    n = 3 if tiny else 6
+    strides = [1] + [2] * (n - 1)
+    filters = (2, 4, 8) if tiny else None  # None: MONAI's default, 32 * 2^i up to 320
+    shape = (1, 1, 8, 8, 8) if tiny else (2, 1, 128, 128, 128)
+    return DynUNet(3, 1, 3, [3] * n, strides, strides[1:], filters=filters), shape
+
+
+def _monai_basicunet(tiny: bool):
+    from monai.networks.nets import BasicUNet
+
+    features = (2, 2, 4, 4, 8, 2) if tiny else (32, 32, 64, 128, 256, 32)
+    # Four 2x poolings, and instance norm needs >1 voxel at the bottom: 32^3 at least.
+    shape = (1, 1, 32, 32, 32) if tiny else (2, 1, 128, 128, 128)
+    return BasicUNet(3, 1, 3, features, upsample="deconv"), shape
+
+
+def _nnunet_plainconv(tiny: bool):
+    from dynamic_network_architectures.architectures.unet import PlainConvUNet
+
+    # nnU-Net's 3d_fullres plan for a 128^3 patch: 6 stages, 32..320 features, 2 convs per stage.
+    n = 3 if tiny else 6
+    features = [2, 4, 8] if tiny else [32, 64, 128, 256, 320, 320]
+    shape = (1, 1, 8, 8, 8) if tiny else (2, 1, 128, 128, 128)
+    model = PlainConvUNet(1, n, features, nn.Conv3d, 3, [1] + [2] * (n - 1), 2, 3, 2, conv_bias=True,
+                          norm_op=nn.InstanceNorm3d, norm_op_kwargs={"eps": 1e-5, "affine": True},
+                          nonlin=nn.LeakyReLU, nonlin_kwargs={"inplace": True})
+    return model, shape
+
+
+@dataclass(frozen=True)
+class Network:
+    name: str
+    description: str
+    package: str | None  # distribution it comes from (None: written in convt3d)
+    modules: tuple[str, ...]  # what must import for it to build
+    build: Callable[[bool], tuple[nn.Module, tuple[int, ...]]]
+
+    @property
+    def source(self) -> str:
+        if self.package is None:
+            return "convt3d"
+        try:
+            return f"{self.package} {importlib.metadata.version(self.package)}"
+        except importlib.metadata.PackageNotFoundError:
+            return self.package
+
+
+_MONAI, _DNA = "monai", "dynamic-network-architectures"
+NETWORKS: tuple[Network, ...] = (
+    Network("gan3d", "3D-GAN generator, z 200 -> 1x64^3, batch 32", None, (), _gan3d),
+    Network("vqvae_video", "VQ-VAE video decoder (VideoGPT), 240 ch, (4,240,8,32,32) -> (4,3,32,128,128)", None, (),
+            _vqvae_video),
+    Network("monai_unet", "MONAI UNet 16..256 ch, 2 res units, 2x1x128^3", _MONAI, ("monai.networks.nets",),
+            _monai_unet),
+    # MONAI's self-attention block needs einops (an optional dependency of MONAI itself).
+    Network("monai_unetr", "MONAI UNETR (BTCV: ViT-B/16, feature 16), 2x1x96^3", _MONAI,
+            ("monai.networks.nets", "einops"), _monai_unetr),
+    Network("monai_dynunet", "MONAI DynUNet, nnU-Net 3d_fullres layout, 2x1x128^3", _MONAI, ("monai.networks.nets",),
+            _monai_dynunet),
+    Network("monai_basicunet", "MONAI BasicUNet, upsample='deconv', 2x1x128^3", _MONAI, ("monai.networks.nets",),
+            _monai_basicunet),
+    Network("nnunet_plainconv", "nnU-Net PlainConvUNet, 3d_fullres-like (6 stages, 32..320), 2x1x128^3", _DNA,
+            ("dynamic_network_architectures.architectures.unet",), _nnunet_plainconv),
+)
+
+
+def network_names() -> list[str]:
+    return [n.name for n in NETWORKS]
+
+
+def select_networks(names: Iterable[str] | None = None) -> list[Network]:
+    """The networks named (all when None), in the suite's order; an unknown name raises ValueError."""
+    if names is None:
+        return list(NETWORKS)
+    wanted = set(names)
+    unknown = sorted(wanted - set(network_names()))
+    if unknown:
+        raise ValueError(f"unknown network {', '.join(map(repr, unknown))}; expected one of "
+                         f"{', '.join(network_names())}")
+    return [n for n in NETWORKS if n.name in wanted]
+
+
+def unavailable_reason(net: Network) -> str | None:
+    """None if ``net`` can be built here; else one line saying what is missing and how to get it."""
+    for mod in net.modules:
+        try:
+            importlib.import_module(mod)
+        except ImportError as exc:
+            # Missing package or a broken install: either way one line, never a traceback.
+            what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return f"needs {mod.split('.')[0]} ({EXTRA_HINT}): {what}"
+    return None
+
+
+def _seed_of(name: str, seed: int) -> int:
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 63)
+
+
+def build_network(net: Network, device: str | torch.device, tiny: bool = False,
+                  seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
+    """(model, input) on ``device``: the model built there (so that a 90M-parameter UNETR is not
+    initialised on the host), from a per-network seed with PyTorch's and the package's own
+    initialisation; the input ~N(0, 1) from the same seed."""
+    device = torch.device(device)
+    s = _seed_of(net.name, seed)
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        torch.manual_seed(s)
+        with device:
+            model, shape = net.build(tiny)
+    gen = torch.Generator(device="cpu").manual_seed(s + 1)
+    x = torch.randn(shape, generator=gen)
+    return model.to(device), x.to(device)
+
+
+def convt_layer_count(model: nn.Module) -> tuple[int, int]:
+    """(ConvTranspose3d layers, of which computed by convt3d) in ``model``."""
+    from convt3d.nn import ConvTranspose3d as Patched
+
+    mods = [m for m in model.modules() if isinstance(m, nn.ConvTranspose3d)]
+    return len(mods), sum(isinstance(m, Patched) for m in mods)
+
+
+# ---- modes ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NetMode:
+    name: str  # "infer" or "train"
+    dtype: str  # "fp32" (no autocast) or "bf16" (torch.autocast bfloat16)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.dtype}"
+
+    @property
+    def training(self) -> bool:
+        return self.name == "train"
+
+    @property
+    def autocast(self) -> bool:
+        return self.dtype == "bf16"
+
+
+NET_MODES: tuple[NetMode, ...] = (NetMode("infer", "fp32"), NetMode("infer", "bf16"), NetMode("train", "bf16"))
+# convt3d bench's --mode for the layer suites, mapped onto these: fwd = inference, full = training step.
+_BENCH_MODE = {"fwd": "infer", "full": "train"}
+
+
+def select_modes(mode: str | None = None, dtypes: Iterable[str] | None = None) -> list[NetMode]:
+    """The network modes for ``convt3d bench --mode`` (None: all; "fwd": inference; "full": the
+    training step; "bwd" has no network meaning) and ``--dtype`` (None: both)."""
+    if mode is not None and mode not in _BENCH_MODE:
+        raise ValueError(f"--mode {mode} is not a network mode: the networks suite runs fwd (inference) and "
+                         "full (training step)")
+    dt = None if dtypes is None else set(dtypes)
+    return [m for m in NET_MODES if (mode is None or m.name == _BENCH_MODE[mode]) and (dt is None or m.dtype in dt)]
+
+
+def _first_tensor(out) -> torch.Tensor:
+    """A network's output tensor (the first, for models that return a list or tuple)."""
+    while isinstance(out, (list, tuple)):
+        out = out[0]
+    return out
+
+
+def _inference(model: nn.Module, x: torch.Tensor, autocast: bool) -> Callable[[], torch.Tensor]:
+    model.eval()
+
+    def run() -> torch.Tensor:
+        with torch.no_grad(), torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
+            return _first_tensor(model(x))
+
+    return run
+
+
+def _training(model: nn.Module, x: torch.Tensor, target: torch.Tensor, autocast: bool) -> Callable[[], tuple]:
+    """A training step without the optimizer: (loss, gradient of every parameter)."""
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step() -> tuple:
+        with torch.enable_grad():
+            with torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
+                out = _first_tensor(model(x))
+            loss = F.mse_loss(out.float(), target)
+            grads = torch.autograd.grad(loss, params)
+        return (loss.detach(),) + tuple(grads)
+
+    return step
+
+
+def _target_for(model: nn.Module, x: torch.Tensor, seed: int) -> torch.Tensor:
+    """A fixed random target (fp32, ~N(0, 1)) shaped like the model's output."""
+    was_training = model.training
+    model.eval()  # no BatchNorm statistics update for a shape
+    with torch.no_grad():
+        shape = _first_tensor(model(x)).shape
+    model.train(was_training)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(shape, generator=gen).to(x.device)
+
+
+def relative_error(a, ref) -> float:
+    """max |a - ref| / max |ref|; for sequences of tensors, the worst element pair (so that a small
+    gradient's error is not hidden by a large one's scale)."""
+    if isinstance(a, (tuple, list)):
+        return max((relative_error(x, y) for x, y in zip(a, ref)), default=0.0)
+    diff = (a.double() - ref.double()).abs().max().item()
+    scale = ref.double().abs().max().item()
+    if scale == 0:
+        return 0.0 if diff == 0 else math.inf
+    return diff / scale
+
+
+def _budget_ok(err: float, ref_err: float, dtype: str) -> bool:
+    """The project's error budget: twice PyTorch's own error, or one unit of the mode's epsilon
+    (so that an exact reference does not demand bit-identity)."""
+    eps = torch.finfo(torch.bfloat16 if dtype == "bf16" else torch.float32).eps
+    return err <= max(2 * ref_err, eps)
+
+
+# ---- ConvTranspose3d share of the GPU time --------------------------------------------------------
+TRANSPOSED_OPS = frozenset({"aten::conv_transpose3d", "aten::cudnn_convolution_transpose",
+                            "aten::slow_conv_transpose3d"})
+
+
+def transposed_share(events, device_type: str) -> tuple[float, float, float]:
+    """(share, transposed-conv microseconds, total microseconds) of one profiled run.
+
+    ``events``: ``torch.profiler.profile(...).events()``. On CUDA the total is the GPU time of every
+    kernel (device events), the transposed part the device time of the outermost op of
+    ``TRANSPOSED_OPS`` (its kernels and its children's); on CPU both are CPU times of ops.
+    """
+    def outermost(e) -> bool:
+        p = e.cpu_parent
+        while p is not None:
+            if p.name in TRANSPOSED_OPS:
+                return False
+            p = p.cpu_parent
+        return True
+
+    from torch.autograd import DeviceType
+
+    def is_cpu_op(e) -> bool:
+        return e.device_type == DeviceType.CPU and not e.is_async
+
+    convt = [e for e in events if e.name in TRANSPOSED_OPS and is_cpu_op(e) and outermost(e)]
+    if device_type == "cuda":
+        total = sum(e.device_time_total for e in events if e.device_type == DeviceType.CUDA)
+        part = sum(e.device_time_total for e in convt)
+    else:
+        total = sum(e.cpu_time_total for e in events if is_cpu_op(e) and e.cpu_parent is None)
+        part = sum(e.cpu_time_total for e in convt)
+    return (part / total if total > 0 else math.nan), part, total
+
+
+def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, float, float]:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        fn()
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+    return transposed_share(prof.events(), device_type)
+
+
+# ---- engines the patched layers run on ------------------------------------------------------------
+def _layer_engines(patched: nn.Module, fn: Callable[[], object]) -> str:
+    """What convt3d decides for each patched layer, summarised ("triton 3, torch 1"), from
+    ``convt3d.explain`` of the tensors each layer receives in one extra (untimed) call."""
+    import convt3d
+    from convt3d.nn import ConvTranspose3d as Patched
+
+    seen: list[str] = []
+
+    def hook(module, args):
+        x = args[0]
+        dev = x.device.type
+        w, b = module.weight, module.bias
+        if torch.is_autocast_enabled(dev):
+            dt = torch.get_autocast_dtype(dev)
+            x, w, b = x.to(dt), w.to(dt), None if b is None else b.to(dt)
+        op = module._output_padding(x, None, module.stride, module.padding, module.kernel_size, 3, module.dilation)
+        try:
+            e = convt3d.explain(x, w, b, module.stride, module.padding, op, module.groups, module.dilation,
+                                backend=module.backend, precision=module.precision)
+            seen.append(e.engine or "none")
+        except Exception as exc:  # noqa: BLE001 -- a report, not a check: say what went wrong
+            seen.append(f"? ({type(exc).__name__})")
+
+    handles = [m.register_forward_pre_hook(hook) for m in patched.modules() if isinstance(m, Patched)]
+    try:
+        fn()
+    finally:
+        for h in handles:
+            h.remove()
+    counts: dict[str, int] = {}
+    for s in seen:
+        counts[s] = counts.get(s, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+# ---- GPU timing -----------------------------------------------------------------------------------
+def _row_head(net: Network, mode: NetMode, backend: str, model: nn.Module, x: torch.Tensor) -> dict:
+    layers, _ = convt_layer_count(model)
+    return {"case": net.name, "suite": "networks", "source": net.source, "description": net.description,
+            "mode": mode.name, "dtype": mode.dtype, "autocast": mode.autocast, "layout": "ncdhw",
+            "precision": "default", "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32), "backend": backend,
+            "input_shape": list(x.shape), "parameters": sum(p.numel() for p in model.parameters()),
+            "convt_layers": layers}
+
+
+def _reference(model: nn.Module, x: torch.Tensor, mode: NetMode, target: torch.Tensor | None):
+    """The inference reference (float64 forward of a copy) or the training one (fp32 step, TF32 off)."""
+    if not mode.training:
+        ref_model = copy.deepcopy(model).double()
+        out = _inference(ref_model, x.double(), autocast=False)()
+        del ref_model
+        return out, "float64"
+    with cudnn_tf32(False):
+        out = _training(model, x, target, autocast=False)()
+    return out, "fp32 step, TF32 off"
+
+
+def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode) -> None:
+    from .runner import _max_abs_diff
+
+    diff, scale = _max_abs_diff(y_patched, y_untouched)
+    err, ref_err = relative_error(y_patched, ref), relative_error(y_untouched, ref)
+    row.update(max_abs_diff_vs_torch=diff, max_abs_torch=scale, rel_err_vs_reference=err,
+               torch_rel_err_vs_reference=ref_err, within_error_budget=_budget_ok(err, ref_err, mode.dtype),
+               output_layout_matches=True)
+    if mode.training:
+        row.update(loss=y_patched[0].item(), torch_loss=y_untouched[0].item())
+    else:
+        row["output_shape"] = list(y_untouched.shape)
+
+
+def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module, x: torch.Tensor, backend: str,
+              timer, status: Callable[[str], None], refs: dict, seed: int, rounds: int, measure: bool = True) -> dict:
+    """One row. ``measure=False``: agreement only (first calls and the reference; no engines,
+    profile or steady timing)."""
+    # Training steps move BatchNorm's running statistics, and each model is called a different
+    # number of times: start every mode from the same state.
+    patched.load_state_dict(model.state_dict())
+    row = _row_head(net, mode, backend, model, x)
+    row["convt_layers_patched"] = convt_layer_count(patched)[1]
+    target = _target_for(model, x, _seed_of(net.name, seed) + 2) if mode.training else None
+    if mode.training:
+        fn_u, fn_p = _training(model, x, target, mode.autocast), _training(patched, x, target, mode.autocast)
+    else:
+        fn_u, fn_p = _inference(model, x, mode.autocast), _inference(patched, x, mode.autocast)
+
+    status(f"{net.name} {mode.label}: untouched first call")
+    y_u, first_u = timer.first_call(fn_u)
+    status(f"{net.name} {mode.label}: patched first call (compile, tune, measure)")
+    y_p, first_p = timer.first_call(fn_p)
+    key = "train" if mode.training else "infer"
+    if key not in refs:
+        status(f"{net.name} {mode.label}: reference")
+        t0 = time.perf_counter()
+        refs[key] = _reference(model, x, mode, target)
+        refs[key + "_s"] = time.perf_counter() - t0
+    ref, ref_name = refs[key]
+    row.update(reference=ref_name, reference_s=refs[key + "_s"])
+    _compare(row, y_p, y_u, ref, mode)
+    row.update(torch_first_call_s=first_u, first_call_s=first_p)
+    del y_u, y_p
+    if not measure:
+        return row
+
+    status(f"{net.name} {mode.label}: engines of the patched layers")
+    row["engine"] = _layer_engines(patched, fn_p)
+    status(f"{net.name} {mode.label}: profiling the untouched forward")
+    fwd_u = _inference(model, x, mode.autocast) if not mode.training else _train_forward(model, x, mode.autocast)
+    share, part_us, total_us = _profile_share(fwd_u, x.device.type)
+    if mode.training:
+        model.train()
+    row.update(convt_share=share, convt_us=part_us, forward_kernel_us=total_us)
+
+    times_u, times_p = [], []
+    for r in range(rounds):  # alternate, so that a clock or thermal drift hits both sides
+        status(f"{net.name} {mode.label}: timing untouched ({r + 1}/{rounds})")
+        times_u.append(timer.steady(fn_u))
+        status(f"{net.name} {mode.label}: timing patched ({r + 1}/{rounds})")
+        times_p.append(timer.steady(fn_p))
+    t_u, t_p = min(times_u), min(times_p)
+    row.update(torch_us=t_u * 1e6, convt3d_us=t_p * 1e6,
+               speedup=t_u / t_p, torch_us_rounds=[t * 1e6 for t in times_u],
+               convt3d_us_rounds=[t * 1e6 for t in times_p])
+    return row
+
+
+def _train_forward(model: nn.Module, x: torch.Tensor, autocast: bool) -> Callable[[], torch.Tensor]:
+    """The forward of a training step (train mode, grad on), for the profile of the share."""
+    model.train()
+
+    def run() -> torch.Tensor:
+        with torch.enable_grad(), torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
+            return _first_tensor(model(x))
+
+    return run
+
+
+def _failure(net: Network, mode: NetMode | None, exc: BaseException) -> dict:
+    return {"case": net.name, "dtype": mode.dtype if mode else "-", "layout": "ncdhw", "precision": "default",
+            "mode": mode.name if mode else "build",
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": "".join(traceback.format_exception(exc, limit=6))}
+
+
+def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto", settings=None,
+                 status: Callable[[str], None] | None = None, advance: Callable[[], None] | None = None,
+                 device: str = "cuda", timer=None, rounds: int = 2, tiny: bool = False,
+                 measure: bool = True) -> tuple[list[dict], list[dict], list[dict]]:
+    """Time every network in every mode: (rows, failures, skipped).
+
+    Per network: the untouched model and ``convt3d.patch(copy.deepcopy(model))`` (with
+    ``backend`` unless "auto", the package default) on ``device``. ``timer`` defaults to the
+    bench's :class:`~convt3d.bench.runner.CudaTimer`; the tests pass a CPU timer. A network that
+    raises becomes a failure entry and the suite goes on; a missing extra a skipped entry
+    ``{case, reason}``. ``advance`` is called once per (network, mode). ``tiny`` builds the CPU
+    check's sizes (for tests of the row logic); ``measure=False`` only compares the outputs.
+    """
+    import convt3d
+
+    from .runner import CudaTimer, TimingSettings
+
+    settings = settings or TimingSettings()
+    timer = timer if timer is not None else CudaTimer(settings)
+    say = status or (lambda _msg: None)
+    step = advance or (lambda: None)
+    rows, failures, skipped = [], [], []
+    for net in nets:
+        reason = unavailable_reason(net)
+        if reason is not None:
+            skipped.append({"case": net.name, "reason": reason})
+            for _ in modes:
+                step()
+            continue
+        model = patched = x = None
+        refs: dict = {}
+        try:
+            say(f"{net.name}: building")
+            model, x = build_network(net, device, tiny=tiny, seed=settings.seed)
+            patched = convt3d.patch(copy.deepcopy(model), backend=None if backend == "auto" else backend)
+        except Exception as exc:  # noqa: BLE001 -- one network's failure must not hide the others
+            failures.append(_failure(net, None, exc))
+            for _ in modes:
+                step()
+            model = patched = x = None
+            timer.release()
+            continue
+        for mode in modes:
+            try:
+                rows.append(_run_mode(net, mode, model, patched, x, backend, timer, say, refs, settings.seed,
+                                      rounds, measure))
+            except Exception as exc:  # noqa: BLE001
+                failures.append(_failure(net, mode, exc))
+            step()
+        del model, patched, x, refs
+        timer.release()
+    return rows, failures, skipped
+
+
+# ---- CPU check (Triton's interpreter) --------------------------------------------------------------
+CHECK_BACKEND = "triton"
+
+
+def check_network(net: Network, seed: int = 0, backend: str = CHECK_BACKEND) -> dict:
+    """One network at its tiny size on the CPU: the patched model (``backend``) against the
+    untouched one and float64, in fp32 inference with TF32 off (the CPU has no TF32; both engines
+    then compute in full fp32). Returns a row (``ok``: every layer patched and within budget)."""
+    import convt3d
+
+    model, x = build_network(net, "cpu", tiny=True, seed=seed)
+    patched = convt3d.patch(copy.deepcopy(model), backend=backend)
+    layers, swapped = convt_layer_count(patched)
+    with cudnn_tf32(False):
+        t0 = time.perf_counter()
+        y_p = _inference(patched, x, autocast=False)()
+        seconds = time.perf_counter() - t0
+        y_u = _inference(model, x, autocast=False)()
+        ref = _inference(copy.deepcopy(model).double(), x.double(), autocast=False)()
+    err, ref_err = relative_error(y_p, ref), relative_error(y_u, ref)
+    ok_budget = _budget_ok(err, ref_err, "fp32")
+    shape_ok = y_p.shape == y_u.shape and y_p.dtype == y_u.dtype
+    return {"case": net.name, "suite": "networks", "source": net.source, "mode": "infer", "dtype": "fp32",
+            "layout": "ncdhw", "precision": "exact", "backend": backend, "input_shape": list(x.shape),
+            "output_shape": list(y_u.shape), "convt_layers": layers, "convt_layers_patched": swapped,
+            "rel_err_vs_reference": err, "torch_rel_err_vs_reference": ref_err,
+            "max_abs_diff_vs_torch": (y_p.double() - y_u.double()).abs().max().item(),
+            "max_abs_torch": y_u.abs().max().item(), "within_error_budget": ok_budget, "shape_ok": shape_ok,
+            "ok": ok_budget and shape_ok and layers > 0 and swapped == layers, "seconds": seconds}
+
+
+def check_networks(nets: list[Network], seed: int = 0, status: Callable[[str], None] | None = None,
+                   advance: Callable[[], None] | None = None,
+                   backend: str = CHECK_BACKEND) -> tuple[list[dict], list[dict], list[dict]]:
+    """:func:`check_network` for each network: (rows, failures, skipped)."""
+    say = status or (lambda _msg: None)
+    step = advance or (lambda: None)
+    rows, failures, skipped = [], [], []
+    for net in nets:
+        reason = unavailable_reason(net)
+        if reason is not None:
+            skipped.append({"case": net.name, "reason": reason})
+        else:
+            say(f"{net.name}: tiny size, interpreter")
+            try:
+                rows.append(check_network(net, seed, backend))
+            except Exception as exc:  # noqa: BLE001 -- report every network
+                failures.append(_failure(net, NetMode("infer", "fp32"), exc))
+        step()
+    return rows, failures, skipped
