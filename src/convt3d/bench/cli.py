@@ -5,12 +5,20 @@
     convt3d bench --case kb77,gan_k4s2p1 --dtype bf16 --layout cl --backend triton
     convt3d bench --suite layers --mode full        # training step (forward + backward) vs cuDNN
     convt3d bench --list                            # the cases a filter selects, without running
+    convt3d bench --suite networks                  # whole networks: untouched vs convt3d.patch(model)
+    convt3d bench --suite networks --case gan3d,monai_unet --mode fwd --dtype bf16
 
 On a CUDA machine: device ceilings are measured once, then every selected case is timed (see
 ``convt3d.bench.runner``). Without CUDA (or with ``--interpret``): the Triton kernels are checked
 for correctness through Triton's interpreter at reduced sizes (``convt3d.bench.check``); timings
 need a GPU. The interpreter must be switched on before triton is imported, and importing convt3d
 imports triton, so this command re-runs itself in a child process with TRITON_INTERPRET=1.
+
+``--suite networks`` (``convt3d.bench.networks``; not part of "all") times real networks, untouched
+against patched: inference in fp32 and bf16 autocast (``--mode fwd``) and a bf16-autocast training
+step (``--mode full``); both by default. ``--case`` names networks, ``--dtype`` filters the modes.
+Without CUDA it checks each network at a tiny size through the interpreter instead. Networks from
+optional packages (MONAI, dynamic-network-architectures) are skipped, one line each, when absent.
 
 Exit status: 0 when every case ran (and, in the interpreter check, met its bar); 1 when a case
 failed; 2 for a usage error (unknown case, unimplemented mode, nothing selected).
@@ -60,9 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="convt3d bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sel = p.add_argument_group("what to run")
-    sel.add_argument("--suite", choices=("kernelbench", "layers", "all"), default="all")
+    sel.add_argument("--suite", choices=("kernelbench", "layers", "all", "networks"), default="all",
+                     help="all = kernelbench + layers; networks runs on its own (whole models, minutes)")
     sel.add_argument("--case", action="append", type=_csv(None), metavar="NAME[,NAME]",
-                     help=f"case names, repeatable: {', '.join(suites.case_names())}")
+                     help=f"case names, repeatable: {', '.join(suites.case_names())}; with --suite networks, "
+                          f"network names: {', '.join(_network_names())}")
     sel.add_argument("--dtype", action="append", type=_csv(tuple(suites.DTYPES)), metavar="{fp32,bf16}")
     sel.add_argument("--layout", action="append", type=_csv(suites.LAYOUTS), metavar="{ncdhw,cl}",
                      help="input memory format: ncdhw (contiguous) or cl (channels_last_3d)")
@@ -70,9 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="default: PyTorch's default flags (TF32 on); exact: cudnn.allow_tf32=False for both "
                           "engines (kernelbench only; layers run at default)")
     sel.add_argument("--backend", choices=BACKENDS, default="auto", help="convt3d backend to time (default auto)")
-    sel.add_argument("--mode", choices=MODE_NAMES, default="fwd",
-                     help="fwd (forward), bwd (backward alone: dX, dW, db of a retained forward) or full "
-                          "(training step: forward + backward); the reference is F.conv_transpose3d + autograd")
+    sel.add_argument("--mode", choices=MODE_NAMES, default=None,
+                     help="fwd (forward, the default), bwd (backward alone: dX, dW, db of a retained forward) or "
+                          "full (training step: forward + backward); the reference is F.conv_transpose3d + "
+                          "autograd. Networks: fwd = inference, full = training step, default both")
     sel.add_argument("--list", action="store_true", help="print the selected cases and exit")
     sel.add_argument("--interpret", action="store_true",
                      help="run the CPU interpreter correctness check even when a GPU is present")
@@ -91,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     tim.add_argument("--cudnn-benchmark", action="store_true",
                      help="set torch.backends.cudnn.benchmark = True (PyTorch's default is False)")
     return p
+
+
+def _network_names() -> list[str]:
+    from .networks import network_names
+
+    return network_names()
 
 
 def _flatten(values: list[list[str]] | None) -> list[str] | None:
@@ -142,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help (0) and usage errors (2)
         return int(exc.code or 0)
+
+    if args.suite == "networks":
+        return _networks_main(args, argv)
+    args.mode = args.mode or "fwd"
 
     from .runner import get_mode
 
@@ -280,6 +301,129 @@ def _run_timing(args, argv: list[str], cases) -> int:
         console.print(f"wrote {args.json}")
     if args.plot and rows:
         report.write_plot(args.plot, rows, f"convt3d {env['convt3d']} on {env['gpu']}: {args.mode}, "
+                                           f"backend={args.backend}")
+        console.print(f"wrote {args.plot}")
+    return 0 if not failures else 1
+
+
+# ---- the networks suite -------------------------------------------------------------------------
+def _networks_main(args, argv: list[str]) -> int:
+    from . import networks
+
+    try:
+        nets = networks.select_networks(_flatten(args.case))
+        modes = networks.select_modes(args.mode, _flatten(args.dtype))
+        # Networks run as their users run them: NCDHW input, PyTorch's default flags.
+        for name, values, allowed in (("--layout", _flatten(args.layout), "ncdhw"),
+                                      ("--precision", _flatten(args.precision), "default")):
+            if values is not None and set(values) != {allowed}:
+                raise ValueError(f"{name} {','.join(values)}: the networks suite runs {allowed} only")
+    except ValueError as exc:
+        print(f"convt3d bench: error: {exc}", file=sys.stderr)
+        return 2
+    if not modes:
+        print("convt3d bench: error: no network mode matches the filters (the training step runs in bf16 only)",
+              file=sys.stderr)
+        return 2
+    if args.list:
+        for net in nets:
+            reason = networks.unavailable_reason(net)
+            print(f"{'networks':<12} {net.name:<18} {', '.join(m.label for m in modes):<30} "
+                  f"{net.description}" + (f"  [skipped: {reason}]" if reason else ""))
+        return 0
+    if args.min_reps < 1 or args.rep_ms <= 0 or args.warmup_ms < 0:
+        print("convt3d bench: error: --min-reps must be >= 1, --rep-ms > 0 and --warmup-ms >= 0", file=sys.stderr)
+        return 2
+
+    import torch
+
+    if args.interpret or not torch.cuda.is_available():
+        from convt3d.triton_engine import interpreter_active
+
+        if not interpreter_active():
+            return _rerun_with_interpreter(argv)
+        return _run_network_check(args, argv, nets)
+    return _run_network_timing(args, argv, nets, modes)
+
+
+def _network_settings(args, nets, modes) -> dict:
+    return {"suite": "networks", "cases": [n.name for n in nets], "modes": [m.label for m in modes],
+            "backend": args.backend, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "min_reps": args.min_reps,
+            "seed": args.seed, "cudnn_benchmark": args.cudnn_benchmark}
+
+
+def _run_network_check(args, argv: list[str], nets) -> int:
+    from . import networks, report
+
+    console = report.make_console()
+    env = report.environment(cuda=False)
+    note = ("[bold yellow]No CUDA device: timings need a GPU.[/bold yellow] Checking each network at a tiny size "
+            f"instead: the patched model (backend='{networks.CHECK_BACKEND}', Triton's interpreter) against the "
+            "untouched one and float64, fp32 inference with TF32 off (bf16 and the training step need a GPU: "
+            "tests/test_gpu_networks.py).")
+    if args.backend not in ("auto", networks.CHECK_BACKEND):
+        note += f" (--backend {args.backend} is ignored here.)"
+    report.print_header(console, env, None, note)
+    t0 = time.perf_counter()
+    with _Progress(console, len(nets), "networks check") as prog:
+        rows, failures, skipped = networks.check_networks(nets, args.seed, prog.status, prog.advance)
+    seconds = time.perf_counter() - t0
+    if rows:
+        report.print_network_check_table(console, rows)
+    report.print_skipped(console, skipped)
+    report.print_failures(console, failures)
+    passed = sum(r["ok"] for r in rows)
+    summary = {"cases": len(nets), "passed": passed, "failed": len(rows) - passed, "errors": len(failures),
+               "skipped": len(skipped), "seconds": seconds}
+    console.print(f"{passed}/{len(nets)} networks within the bar, {len(rows) - passed} above it, {len(failures)} "
+                  f"errors, {len(skipped)} skipped, in {seconds:.1f} s. Timings need a GPU: run "
+                  "`convt3d bench --suite networks` on a CUDA machine.")
+    if args.json:
+        report.write_json(args.json, report.payload("interpreter-check", argv, env,
+                                                    _network_settings(args, nets, []), rows, failures, summary,
+                                                    skipped=skipped))
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        console.print("--plot skipped: the plot shows timings, which need a GPU")
+    return 0 if passed == len(rows) and not failures else 1
+
+
+def _run_network_timing(args, argv: list[str], nets, modes) -> int:
+    import torch
+
+    from . import networks, report
+    from .runner import TimingSettings
+
+    if args.cudnn_benchmark:
+        torch.backends.cudnn.benchmark = True
+    settings = TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed)
+    console = report.make_console()
+    env = report.environment(cuda=True)
+    report.print_header(console, env, None, "networks: untouched model vs convt3d.patch(copy.deepcopy(model)), "
+                                            "same process; ratio = untouched time / patched time")
+    t0 = time.perf_counter()
+    with _Progress(console, len(nets) * len(modes), "networks") as prog:
+        rows, failures, skipped = networks.run_networks(nets, modes, args.backend, settings, prog.status,
+                                                        prog.advance)
+    seconds = time.perf_counter() - t0
+    if rows:
+        report.print_network_table(console, rows, f"networks, convt3d backend={args.backend} (patched) vs "
+                                                   "PyTorch (untouched)")
+    summary = report.summarize(rows) if rows else []
+    if summary:
+        report.print_summary(console, summary)
+    report.print_skipped(console, skipped)
+    report.print_failures(console, failures)
+    console.print(f"{len(rows)}/{len(nets) * len(modes)} network modes timed in {seconds:.0f} s"
+                  + (f", {len(failures)} failed" if failures else "") + (f", {len(skipped)} networks skipped"
+                                                                         if skipped else ""))
+    if args.json:
+        report.write_json(args.json, report.payload("timing", argv, env,
+                                                    dict(_network_settings(args, nets, modes), seconds=seconds),
+                                                    rows, failures, summary, skipped=skipped))
+        console.print(f"wrote {args.json}")
+    if args.plot and rows:
+        report.write_plot(args.plot, rows, f"convt3d {env['convt3d']} on {env['gpu']}: networks, "
                                            f"backend={args.backend}")
         console.print(f"wrote {args.plot}")
     return 0 if not failures else 1

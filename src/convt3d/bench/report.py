@@ -34,6 +34,22 @@ JSON (``--json FILE``), schema "convt3d-bench/1". Times are in microseconds (``*
                             exact rows also torch_default_flags_us, speedup_vs_default_flags,
                             torch_default_flags_reused; bwd and full rows also bwd_choice (the dX and dW
                             implementation convt3d's backward chose, with its reason)
+
+    network row             (``--suite networks``, see ``bench/networks.py``) case (network), suite
+                            "networks", source (package and version, or "convt3d"), description,
+                            mode ("infer" | "train"), dtype ("fp32" | "bf16": bf16 autocast), autocast,
+                            layout, precision, cudnn_allow_tf32, backend, input_shape, output_shape
+                            (infer), parameters, convt_layers, convt_layers_patched, engine (what
+                            convt3d decided for the patched layers, counted), torch_first_call_s and
+                            first_call_s (untouched and patched model's first call in this mode),
+                            torch_us and convt3d_us (steady: untouched and patched), speedup (=
+                            torch_us / convt3d_us), torch_us_rounds, convt3d_us_rounds, convt_share
+                            (ConvTranspose3d GPU time / all GPU time of the untouched forward),
+                            convt_us, forward_kernel_us, max_abs_diff_vs_torch, max_abs_torch,
+                            reference ("float64" | "fp32 step, TF32 off"), reference_s,
+                            rel_err_vs_reference, torch_rel_err_vs_reference, within_error_budget,
+                            output_layout_matches; train rows also loss, torch_loss. No roofline.
+    skipped                 networks only: [{case, reason}] (an optional extra not installed)
 """
 from __future__ import annotations
 
@@ -52,7 +68,8 @@ import torch
 from .roofline import Ceilings, geomean
 
 __all__ = ["SCHEMA", "environment", "summarize", "payload", "write_json", "write_plot", "make_console",
-           "print_header", "print_timing_table", "print_summary", "print_check_table", "print_failures"]
+           "print_header", "print_timing_table", "print_summary", "print_check_table", "print_failures",
+           "print_network_table", "print_network_check_table", "print_skipped"]
 
 SCHEMA = "convt3d-bench/1"
 
@@ -116,8 +133,8 @@ def _group_keys(rows: list[dict]) -> list[tuple[str, dict]]:
     for suite in dict.fromkeys(r["suite"] for r in rows):
         in_suite = [r for r in rows if r["suite"] == suite]
         groups.append((suite, {"suite": suite}))
-        for field in ("precision", "dtype", "layout"):
-            values = list(dict.fromkeys(r[field] for r in in_suite))
+        for field in ("precision", "dtype", "layout", "mode"):
+            values = list(dict.fromkeys(r.get(field) for r in in_suite))
             if len(values) > 1:
                 groups += [(f"{suite} {v}", {"suite": suite, field: v}) for v in values]
     return groups
@@ -127,12 +144,14 @@ def summarize(rows: list[dict]) -> list[dict]:
     """Geometric-mean and minimum speedups per group of timing rows (see ``_group_keys``)."""
     out = []
     for name, match in _group_keys(rows):
-        sel = [r for r in rows if all(r[k] == v for k, v in match.items())]
+        sel = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
         worst = min(sel, key=lambda r: r["speedup"])
+        # Network rows have no roofline (a whole network has no single floor).
+        roof = [r["roofline_pct"] for r in sel if _finite(r.get("roofline_pct"))]
         entry = {"group": name, "filter": match, "cases": len(sel),
                  "geomean_speedup": geomean(r["speedup"] for r in sel),
                  "min_speedup": worst["speedup"], "min_speedup_case": _row_label(worst),
-                 "geomean_roofline_pct": geomean(r["roofline_pct"] for r in sel)}
+                 "geomean_roofline_pct": geomean(roof)}
         vs_default = [r["speedup_vs_default_flags"] for r in sel if "speedup_vs_default_flags" in r]
         if vs_default:
             entry["geomean_speedup_vs_default_flags"] = geomean(vs_default)
@@ -141,7 +160,13 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
 def _row_label(r: dict) -> str:
+    if r.get("suite") == "networks":
+        return f"{r['case']} {r['mode']} {r['dtype']}"
     return f"{r['case']} {r['dtype']} {r['layout']} {r['precision']}"
 
 
@@ -158,14 +183,17 @@ def _clean(v):
 
 
 def payload(kind: str, argv: list[str], env: dict, settings: dict, rows: list[dict], failures: list[dict],
-            summary, ceilings: Ceilings | None = None) -> dict:
-    return _clean({
+            summary, ceilings: Ceilings | None = None, skipped: list[dict] | None = None) -> dict:
+    data = {
         "schema": SCHEMA, "kind": kind,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": list(argv), "environment": env, "settings": settings,
         "ceilings": ceilings.as_dict() if ceilings is not None else None,
         "rows": rows, "failures": failures, "summary": summary,
-    })
+    }
+    if skipped is not None:
+        data["skipped"] = skipped
+    return _clean(data)
 
 
 def write_json(path: str | os.PathLike, data: dict) -> None:
@@ -187,7 +215,7 @@ def write_plot(path: str | os.PathLike, rows: list[dict], title: str = "") -> No
     labels = [_row_label(r) for r in rows]
     ys = list(range(len(rows)))
     fig, (ax_s, ax_r) = plt.subplots(1, 2, figsize=(13, 1.2 + 0.28 * len(rows)), sharey=True)
-    colors = ["tab:blue" if r["suite"] == "kernelbench" else "tab:green" for r in rows]
+    colors = [{"kernelbench": "tab:blue", "networks": "tab:orange"}.get(r["suite"], "tab:green") for r in rows]
     # Bars grow from 1x, so a slowdown points left instead of looking like a short win.
     ax_s.barh(ys, [r["speedup"] - 1 for r in rows], left=1, color=colors)
     exact = [(y, r["speedup_vs_default_flags"]) for y, r in zip(ys, rows) if "speedup_vs_default_flags" in r]
@@ -202,14 +230,16 @@ def write_plot(path: str | os.PathLike, rows: list[dict], title: str = "") -> No
                      if min(values) / 1.5 <= t <= max(values) * 1.5])
     ax_s.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
     ax_s.xaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))
-    ax_s.set_xlabel("speedup over PyTorch/cuDNN (same flags), log scale")
+    ax_s.set_xlabel("speedup over PyTorch/cuDNN (same flags; networks: untouched / patched), log scale")
     ax_s.set_yticks(ys)
     ax_s.set_yticklabels(labels, fontsize=8)
     ax_s.invert_yaxis()
     h = 0.4
-    ax_r.barh([y - h / 2 for y in ys], [r["roofline_pct"] for r in rows], height=h, label="convt3d")
-    ax_r.barh([y + h / 2 for y in ys], [r["torch_roofline_pct"] for r in rows], height=h, label="cuDNN",
-              color="tab:gray")
+    # Network rows have no roofline: no bar.
+    roof = [r.get("roofline_pct") if _finite(r.get("roofline_pct")) else math.nan for r in rows]
+    troof = [r.get("torch_roofline_pct") if _finite(r.get("torch_roofline_pct")) else math.nan for r in rows]
+    ax_r.barh([y - h / 2 for y in ys], roof, height=h, label="convt3d")
+    ax_r.barh([y + h / 2 for y in ys], troof, height=h, label="cuDNN", color="tab:gray")
     ax_r.axvline(100.0, color="red", linewidth=1)
     ax_r.set_xlabel("% of roofline (100 * max(memory floor, compute floor) / time)")
     ax_r.legend(loc="lower right", fontsize=8)
@@ -322,4 +352,60 @@ def print_check_table(console, rows: Iterable[dict]) -> None:
 
 def print_failures(console, failures: list[dict]) -> None:
     for f in failures:
-        console.print(f"[red]failed[/red] {f['case']} {f['dtype']} {f['layout']} {f['precision']}: {f['error']}")
+        mode = f" {f['mode']}" if f.get("mode") else ""  # network failures name their mode
+        console.print(f"[red]failed[/red] {f['case']}{mode} {f['dtype']} {f['layout']} {f['precision']}: {f['error']}")
+
+
+# ---- networks suite -------------------------------------------------------------------------------
+def _rel_text(err, ref_err, ok) -> str:
+    text = f"{_fmt(err, '.1e')} / {_fmt(ref_err, '.1e')}"
+    return text if ok else f"[red]{text}[/red]"
+
+
+def print_network_table(console, rows: list[dict], title: str) -> None:
+    """Timing rows of ``--suite networks``: one per network and mode."""
+    from rich.table import Table
+
+    table = Table(title=title, header_style="bold")
+    cols = [("network", "left"), ("mode", "left"), ("dtype", "left"), ("patched layers: engine", "left"),
+            ("convT share", "right"), ("untouched ms", "right"), ("patched ms", "right"), ("ratio", "right"),
+            ("first call s (untouched / patched)", "right"), ("rel err vs ref (patched / untouched)", "right"),
+            ("ref", "left")]
+    for name, justify in cols:
+        table.add_column(name, justify=justify, no_wrap=True)
+    for r in rows:
+        ratio = _fmt(r["speedup"], ".2f") + "x"
+        if r["speedup"] < 1:
+            ratio = f"[red]{ratio}[/red]"
+        layers = f"{r['convt_layers_patched']}/{r['convt_layers']}: {r.get('engine', '')}"
+        share = _fmt(100 * r["convt_share"], ".1f") + "%" if _finite(r.get("convt_share")) else "-"
+        table.add_row(r["case"], r["mode"], r["dtype"], layers, share, _fmt(r["torch_us"] / 1e3, ".2f"),
+                      _fmt(r["convt3d_us"] / 1e3, ".2f"), ratio,
+                      f"{_fmt(r['torch_first_call_s'], '.2f')} / {_fmt(r['first_call_s'], '.2f')}",
+                      _rel_text(r["rel_err_vs_reference"], r["torch_rel_err_vs_reference"], r["within_error_budget"]),
+                      r["reference"])
+    console.print(table)
+
+
+def print_network_check_table(console, rows: Iterable[dict]) -> None:
+    """Rows of the networks' CPU check (``networks.check_networks``)."""
+    from rich.table import Table
+
+    table = Table(title="networks at tiny sizes: patched (Triton interpreter) vs untouched vs float64, fp32",
+                  header_style="bold")
+    for name in ("network", "source", "input", "output", "patched layers", "rel err (patched / untouched)",
+                 "max abs diff", "s", "ok"):
+        table.add_column(name, justify="left" if name in ("network", "source", "input", "output") else "right",
+                         no_wrap=True)
+    for r in rows:
+        table.add_row(r["case"], r["source"], "x".join(map(str, r["input_shape"])),
+                      "x".join(map(str, r["output_shape"])), f"{r['convt_layers_patched']}/{r['convt_layers']}",
+                      _rel_text(r["rel_err_vs_reference"], r["torch_rel_err_vs_reference"], r["within_error_budget"]),
+                      f"{r['max_abs_diff_vs_torch']:.1e}", f"{r['seconds']:.1f}",
+                      "[green]ok[/green]" if r["ok"] else "[red]FAIL[/red]")
+    console.print(table)
+
+
+def print_skipped(console, skipped: list[dict]) -> None:
+    for s in skipped:
+        console.print(f"[yellow]skipped[/yellow] {s['case']}: {s['reason']}", highlight=False)
