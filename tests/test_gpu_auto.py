@@ -41,23 +41,25 @@ def _layer(dtype=torch.float32, cl=False, bias=True, cin=32, cout=32, size=6, k=
     return x, w, b, (s, p), params
 
 
-def test_benchmark_mode_times_every_candidate_once():
-    x, w, b, _, params = _layer(torch.bfloat16)
-    convt3d.set_benchmark(True)
+# Large enough to be timed: roofline floor above dispatch.TINY_FLOOR_S in bf16 and fp32.
+TIMED = 36
+
+
+def test_auto_times_every_candidate_once_by_default():
+    x, w, b, _, params = _layer(torch.bfloat16, size=TIMED)
     d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
-    assert d.reason.startswith("auto (measured, benchmark mode)")
-    timings = dispatch.cached_timings(x, w, b, params, "tf32")
+    assert d.reason.startswith("auto (measured calls") and d.source == "measured"
+    timings = dispatch.cached_timings(Call(x, w, b, params, "tf32"))
     assert set(timings) == {"triton", "torch"} and all(v > 0 for v in timings.values())
-    assert d.engine == min(timings, key=timings.get)
     assert dispatch.decide(x, "auto", None, params, weight=w, bias=b) is d
     doc = json.loads(cache.file_for(cache.cache_dir(), torch.cuda.get_device_name()).read_text())
-    assert list(doc["decisions"].values())[0]["engine"] == d.engine
+    entry = list(doc["decisions"].values())[0]
+    assert entry["engine"] == d.engine == dispatch.pick(entry["rounds_ms"])[0]
+    assert all(len(v) == dispatch.MEASURE_ROUNDS for v in entry["rounds_ms"].values())
 
 
-def test_conv_transpose3d_measures_in_benchmark_mode():
-    # Needs functional.py to pass weight= (and bias=) to dispatch.decide.
-    x, w, b, args, params = _layer()
-    convt3d.set_benchmark(True)
+def test_conv_transpose3d_measures_by_default():
+    x, w, b, args, params = _layer(size=TIMED)
     seen = []
     with dispatch.listening(lambda e, info: seen.append(info["decision"]) if e == "decision" else None):
         convt3d.conv_transpose3d(x, w, b, *args)
@@ -140,8 +142,7 @@ def test_triton_tuning_persists_to_a_new_process(tmp_path, monkeypatch):
 
 
 def test_explain_on_cuda_shows_measurements():
-    x, w, b, args, params = _layer(torch.bfloat16)
-    convt3d.set_benchmark(True)
+    x, w, b, args, params = _layer(torch.bfloat16, size=TIMED)
     dispatch.decide(x, "auto", None, params, weight=w, bias=b)
     rep = convt3d.explain(x, w, b, *args)
     text = str(rep)
@@ -152,7 +153,7 @@ def test_explain_on_cuda_shows_measurements():
 def test_tune_fills_the_cache_for_a_model():
     model = torch.nn.Sequential(convt3d.ConvTranspose3d(32, 16, 2, stride=2), torch.nn.ReLU(),
                                 convt3d.ConvTranspose3d(16, 8, 3, padding=1)).to(DEV)
-    x = torch.randn(2, 32, 6, 6, 6, device=DEV)
+    x = torch.randn(2, 32, TIMED, TIMED, TIMED, device=DEV)
     rep = convt3d.tune(model, x, progress=False)
     assert rep.backward and len(rep.entries) == 2
     assert all(e["source"] in ("measured", "only candidate") for e in rep.entries), rep
@@ -164,9 +165,9 @@ def test_cuda_engine_is_measured_for_exact_fp32_when_built():
     mod, why = ENGINES["cuda"].module()
     if mod is None:
         pytest.skip(why)
-    x, w, b, _, params = _layer()
+    x, w, b, _, params = _layer(size=TIMED)
     if mod.unsupported_reason(x, w, params) is not None:
         pytest.skip(mod.unsupported_reason(x, w, params))
     convt3d.set_benchmark(True)
     dispatch.decide(x, "auto", "tf32x3", params, weight=w, bias=b)
-    assert "cuda" in dispatch.cached_timings(x, w, b, params, "tf32x3")
+    assert "cuda" in dispatch.cached_timings(Call(x, w, b, params, "tf32x3"))
