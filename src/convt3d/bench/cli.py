@@ -402,9 +402,18 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
     report.print_header(console, env, None, "networks: untouched model vs convt3d.patch(copy.deepcopy(model)), "
                                             "same process; ratio = untouched time / patched time")
     t0 = time.perf_counter()
+
+    def write(rows, failures, skipped, summary=None, final=False):
+        if args.json:
+            settings_out = dict(_network_settings(args, nets, modes), seconds=time.perf_counter() - t0,
+                                complete=final)
+            report.write_json(args.json, report.payload("timing", argv, env, settings_out, rows, failures,
+                                                        summary if summary is not None else [], skipped=skipped))
+
     with _Progress(console, len(nets) * len(modes), "networks") as prog:
+        # The JSON is rewritten after each network: an interrupted run keeps what it measured.
         rows, failures, skipped = networks.run_networks(nets, modes, args.backend, settings, prog.status,
-                                                        prog.advance)
+                                                        prog.advance, on_network=write)
     seconds = time.perf_counter() - t0
     if rows:
         report.print_network_table(console, rows, f"networks, convt3d backend={args.backend} (patched) vs "
@@ -418,9 +427,7 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
                   + (f", {len(failures)} failed" if failures else "") + (f", {len(skipped)} networks skipped"
                                                                          if skipped else ""))
     if args.json:
-        report.write_json(args.json, report.payload("timing", argv, env,
-                                                    dict(_network_settings(args, nets, modes), seconds=seconds),
-                                                    rows, failures, summary, skipped=skipped))
+        write(rows, failures, skipped, summary, final=True)
         console.print(f"wrote {args.json}")
     if args.plot and rows:
         report.write_plot(args.plot, rows, f"convt3d {env['convt3d']} on {env['gpu']}: networks, "

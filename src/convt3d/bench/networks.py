@@ -630,8 +630,9 @@ def _failure(net: Network, mode: NetMode | None, exc: BaseException) -> dict:
 
 def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto", settings=None,
                  status: Callable[[str], None] | None = None, advance: Callable[[], None] | None = None,
-                 device: str = "cuda", timer=None, rounds: int = 2, tiny: bool = False,
-                 measure: bool = True) -> tuple[list[dict], list[dict], list[dict]]:
+                 device: str = "cuda", timer=None, rounds: int = 2, tiny: bool = False, measure: bool = True,
+                 on_network: Callable[[list, list, list], None] | None = None
+                 ) -> tuple[list[dict], list[dict], list[dict]]:
     """Time every network in every mode: (rows, failures, skipped).
 
     Per network: the untouched model and ``convt3d.patch(copy.deepcopy(model))`` (with
@@ -640,6 +641,8 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
     raises becomes a failure entry and the suite goes on; a missing extra a skipped entry
     ``{case, reason}``. ``advance`` is called once per (network, mode). ``tiny`` builds the CPU
     check's sizes (for tests of the row logic); ``measure=False`` only compares the outputs.
+    ``on_network(rows, failures, skipped)`` is called after each network (the CLI rewrites its
+    JSON there, so that an interrupted run keeps what it measured).
     """
     import convt3d
 
@@ -650,12 +653,14 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
     say = status or (lambda _msg: None)
     step = advance or (lambda: None)
     rows, failures, skipped = [], [], []
+    done = on_network or (lambda *_lists: None)
     for net in nets:
         reason = unavailable_reason(net)
         if reason is not None:
             skipped.append({"case": net.name, "reason": reason})
             for _ in modes:
                 step()
+            done(rows, failures, skipped)
             continue
         model = patched = x = None
         refs: dict = {}
@@ -669,6 +674,7 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
                 step()
             model = patched = x = None
             timer.release()
+            done(rows, failures, skipped)
             continue
         for mode in modes:
             try:
@@ -679,6 +685,7 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
             step()
         del model, patched, x, refs
         timer.release()
+        done(rows, failures, skipped)
     return rows, failures, skipped
 
 

@@ -50,6 +50,9 @@ JSON (``--json FILE``), schema "convt3d-bench/1". Times are in microseconds (``*
                             rel_err_vs_reference, torch_rel_err_vs_reference, within_error_budget,
                             output_layout_matches; train rows also loss, torch_loss. No roofline.
     skipped                 networks only: [{case, reason}] (an optional extra not installed)
+    settings (networks)     suite, cases, modes, backend, warmup_ms, rep_ms, min_reps, seed,
+                            cudnn_benchmark, seconds, complete (false in the file rewritten after
+                            each network while the run goes on, or left by an interrupted run)
 """
 from __future__ import annotations
 

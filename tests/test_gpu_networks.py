@@ -1,0 +1,35 @@
+"""GPU tests of the networks suite: every network at its bench size, ``convt3d.patch``-ed, agrees
+with the untouched model within the project's error budget -- inference in fp32 and in bf16
+autocast against float64, the bf16-autocast training step's gradients against the fp32 step with
+TF32 off (``bench/networks.py`` says why) -- under "auto" and with the Triton engine forced on every
+layer (so that the engine is exercised even where auto keeps PyTorch's call). Networks whose
+package is not installed are skipped with the reason. CPU side: tests/test_networks.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from convt3d.bench import networks
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+@pytest.mark.parametrize("name", networks.network_names(), ids=networks.network_names())
+def test_network_patched_agrees_with_untouched(name, backend):
+    net = networks.select_networks([name])[0]
+    reason = networks.unavailable_reason(net)
+    if reason is not None:
+        pytest.skip(reason)
+    rows, failures, skipped = networks.run_networks([net], list(networks.NET_MODES), backend, measure=False)
+    assert not failures, "\n".join(f["traceback"] for f in failures)
+    assert not skipped and len(rows) == len(networks.NET_MODES)
+    bad = []
+    for r in rows:
+        assert r["convt_layers"] > 0 and r["convt_layers_patched"] == r["convt_layers"], r
+        if not r["within_error_budget"]:
+            bad.append(f"{r['mode']} {r['dtype']}: patched {r['rel_err_vs_reference']:.3g} vs {r['reference']}, "
+                       f"untouched {r['torch_rel_err_vs_reference']:.3g} (max |patched - untouched| "
+                       f"{r['max_abs_diff_vs_torch']:.3g} of {r['max_abs_torch']:.3g})")
+    assert not bad, f"{name} backend={backend}: " + "; ".join(bad)
+    torch.cuda.empty_cache()
