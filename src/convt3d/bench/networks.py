@@ -266,21 +266,22 @@ class Network:
 
 
 _MONAI, _DNA = "monai", "dynamic-network-architectures"
+# Order: the networks of issue 15's first measurements first, so that an interrupted run keeps them.
 NETWORKS: tuple[Network, ...] = (
     Network("gan3d", "3D-GAN generator, z 200 -> 1x64^3, batch 32", None, (), _gan3d),
     Network("vqvae_video", "VQ-VAE video decoder (VideoGPT), 240 ch, (4,240,8,32,32) -> (4,3,32,128,128)", None, (),
             _vqvae_video),
     Network("monai_unet", "MONAI UNet 16..256 ch, 2 res units, 2x1x128^3", _MONAI, ("monai.networks.nets",),
             _monai_unet),
-    # MONAI's self-attention block needs einops (an optional dependency of MONAI itself).
-    Network("monai_unetr", "MONAI UNETR (BTCV: ViT-B/16, feature 16), 2x1x96^3", _MONAI,
-            ("monai.networks.nets", "einops"), _monai_unetr),
+    Network("nnunet_plainconv", "nnU-Net PlainConvUNet, 3d_fullres-like (6 stages, 32..320), 2x1x128^3", _DNA,
+            ("dynamic_network_architectures.architectures.unet",), _nnunet_plainconv),
     Network("monai_dynunet", "MONAI DynUNet, nnU-Net 3d_fullres layout, 2x1x128^3", _MONAI, ("monai.networks.nets",),
             _monai_dynunet),
     Network("monai_basicunet", "MONAI BasicUNet, upsample='deconv', 2x1x128^3", _MONAI, ("monai.networks.nets",),
             _monai_basicunet),
-    Network("nnunet_plainconv", "nnU-Net PlainConvUNet, 3d_fullres-like (6 stages, 32..320), 2x1x128^3", _DNA,
-            ("dynamic_network_architectures.architectures.unet",), _nnunet_plainconv),
+    # MONAI's self-attention block needs einops (an optional dependency of MONAI itself).
+    Network("monai_unetr", "MONAI UNETR (BTCV: ViT-B/16, feature 16), 2x1x96^3", _MONAI,
+            ("monai.networks.nets", "einops"), _monai_unetr),
 )
 
 
