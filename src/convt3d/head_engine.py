@@ -1,0 +1,204 @@
+"""Launcher of the output-head path (kernels in ``kernels/head_gemm.py``): layers with
+1-15 output channels per group -- the last layer of 3-D generators and decoders (voxels, RGB
+video, segmentation classes).
+
+The Triton engine (``triton_engine``) offers these configurations as tuning candidates next to
+its phase-GEMM ones (``head_tiles``), and runs a chosen one through ``HeadSteps``; this module
+holds the plan (which kernels, tiles, grids, integer arguments), not the launch machinery: the
+engine passes its launch-site factory in, so the kernels are replayed as cheaply as its own.
+
+Traffic per call (why the design, see the kernel module): the input is read once, the fp32
+tap-product buffer Z (input positions x Cout/g x taps) written once and read once, the output
+written once. For the 16 x 64 -> 1 head (32^3 -> 64^3, k4 s2 p1, fp32) that is 134 + 2 x 134 + 17
+MB against the 151 MB floor of the layer. Where no two taps meet on an output (``collision_free``)
+Z is skipped altogether.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from .params import ConvT3dParams
+
+__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free", "head_z_bytes", "HeadSteps"]
+
+# Output channels per group up to which head configurations are candidates. Above ~16 the phase
+# GEMM's N is a full MMA width and reads its input tile once per tap for >= 16 useful columns;
+# between 8 and 15 the two are timed against each other by the tuner (issue: "whether it beats
+# the tensor-core path at 8-15 channels is a measurement").
+MAX_HEAD_CHANNELS = 15
+# "gather": GEMM into Z, then head_gather_kernel; "direct": GEMM stored into the output
+# (collision-free layers only) plus a fill of the positions no tap reaches.
+HEAD_KINDS = ("gather", "direct")
+# Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
+MAX_Z_BYTES = 4 << 30
+
+
+def _pow2_ceil(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def collision_free(params: ConvT3dParams) -> bool:
+    """No output position receives two (input, tap) contributions: along every dimension each
+    output residue has at most one tap. Two taps t < t' of one dimension meet on an output only
+    if (t' - t) * dilation is a multiple of the stride, the nearest being t' - t = the tap step
+    s / gcd(s, d) (params.Axis.tap_step); so the rule is tap_step >= kernel, which holds when
+    dilation * (kernel - 1) < stride (k2 s2) but also for k2 s2 d3 (odd and even positions)."""
+    return all(a.tap_step >= a.kernel for a in params.axes)
+
+
+def _all_reached(params: ConvT3dParams) -> bool:
+    """Every output position is reached by some tap (then a collision-free layer needs no fill).
+    Reach is separable: a position is reached iff each of its coordinates is."""
+    for a in params.axes:
+        reached = set()
+        for t in range(a.kernel):
+            for i in range(a.in_size):
+                o = i * a.stride - a.padding + t * a.dilation
+                if 0 <= o < a.out_size:
+                    reached.add(o)
+        if len(reached) < a.out_size:
+            return False
+    return True
+
+
+def head_z_bytes(params: ConvT3dParams) -> int:
+    """Bytes of the fp32 tap-product buffer Z of the gather kind."""
+    return 4 * params.batch * params.out_channels * math.prod(params.kernel_size) * math.prod(params.in_size)
+
+
+def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list[dict]:
+    """The head configurations for this call, as Config fields (``triton_engine.Config``):
+    BLOCK_M input positions x BLOCK_N of the Cout/g x taps columns x BLOCK_K input channels per
+    GEMM program; BLOCK_W output columns and about BLOCK_R elements per gather program (its rows
+    follow, ``_gather_tile``); ``head`` the kind. Empty when the layer is not a head or Z would
+    be too large.
+
+    * BLOCK_N covers all columns up to 128 (one input tile per program, fp32 accumulators of
+      128 x 128 at 8 warps = 64 per thread); wider layers loop over N tiles in the program.
+    * BLOCK_K: Cin/g rounded up to a power of two, at most 64 (16-bit) or 32 (fp32): one
+      128-byte line per position and step, as the phase GEMM.
+    * Two candidates: BLOCK_M 128 with gather tiles of 2048 elements, BLOCK_M 64 with 1024
+      (fewer, larger programs vs more in flight; each candidate costs ~1 s of compile when tuning).
+    * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
+    """
+    cout_g = params.out_channels_per_group
+    if cout_g > MAX_HEAD_CHANNELS:
+        return []
+    kind = "direct" if collision_free(params) else "gather"
+    if kind == "gather" and head_z_bytes(params) > MAX_Z_BYTES:
+        return []
+    ncol = cout_g * math.prod(params.kernel_size)
+    bn = max(16, min(128, _pow2_ceil(ncol)))
+    bk = max(16, min(32 if dtype.itemsize == 4 else 64, _pow2_ceil(params.in_channels_per_group)))
+    bw = max(16, min(128, _pow2_ceil(params.out_size[2])))
+    tiles = []
+    for bm, elements in ((128, 2048), (64, 1024)):
+        warps = 4 if bm * bn <= 128 * 64 else 8
+        tiles.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_W=bw, num_warps=warps, num_stages=2,
+                          use_dot=True, head=kind, BLOCK_R=elements))
+    return tiles
+
+
+def _gather_tile(params: ConvT3dParams, block_w: int, elements: int) -> tuple[int, int]:
+    """(BLOCK_C, BLOCK_R) of the gather tile [BLOCK_C * BLOCK_R, BLOCK_W]: every channel of the
+    group, and as many rows of one height residue as make about ``elements`` elements (the
+    config's BLOCK_R), at most the rows of a residue."""
+    bc = _pow2_ceil(params.out_channels_per_group)
+    rows = -(-params.out_size[1] // params.stride[1])
+    return bc, max(1, min(_pow2_ceil(rows), elements // (bc * block_w)))
+
+
+def _flat_x(x: torch.Tensor) -> bool:
+    """D, H, W of x can be walked by one stride (its W stride)."""
+    _, _, d, h, w = x.shape
+    sd, sh, sw = x.stride()[2:]
+    return (h == 1 or sh == w * sw) and (d == 1 or sd == h * sh)
+
+
+MakeSite = Callable[[tuple, str, tuple, tuple, dict], object]
+
+
+class HeadSteps:
+    """The launches of one (call signature, head config): built on the first run, replayed.
+
+    ``make_site(key, kernel name, grid, integer args, constexprs)`` returns the engine's launch
+    site for that key (``triton_engine.Site``); ``run(x, w, b, y)`` launches onto the
+    allocated output ``y`` from the input and the weight as PyTorch stores it (``w``
+    contiguous); ``b`` is the bias or any tensor when there is none."""
+
+    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: MakeSite):
+        self.params, self.cfg, self.has_bias, self.make_site = params, cfg, has_bias, make_site
+        self.precision = precision  # the dot's input precision ("tf32" for 16-bit: ignored there)
+        self.direct = cfg.head == "direct"
+        if self.direct and not collision_free(params):
+            raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
+        self.fill_needed = not (self.direct and _all_reached(params))
+        self.gemm = None
+        self.gather = None
+
+    def _gemm_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+        p, cfg = self.params, self.cfg
+        _, _, d, h, wd = x.shape
+        s = d * h * wd
+        ncol = p.out_channels_per_group * math.prod(p.kernel_size)
+        tiles_m = -(-s // cfg.BLOCK_M)
+        round_tf32 = x.dtype == torch.float32 and self.precision == "tf32"
+        flat = _flat_x(x)
+        consts = dict(FLAT_X=flat, ROUND_TF32=round_tf32, PRECISION=self.precision,
+                      BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        grid = (p.groups * p.batch * tiles_m,)
+        key = ("head_gemm", self.direct, p, cfg, x.stride(), y.stride() if self.direct else None, self.has_bias,
+               self.precision, x.dtype)
+        if not self.direct:
+            ints = (p.batch, p.in_channels_per_group, ncol, s, h, wd, *x.stride(), w.stride(0), tiles_m)
+            return self.make_site(key, "head_gemm_kernel", grid, ints, consts)
+        ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, s, h, wd, *p.out_size,
+                p.kernel_size[1], p.kernel_size[2], *p.stride, *p.padding, *p.dilation,
+                *x.stride(), w.stride(0), *y.stride(), tiles_m)
+        kw = p.kernel_size[2]
+        # W taps interleaved in the store: NCDHW output, k = s along W, dilation 1 (the taps of
+        # consecutive inputs tile the row), KW a power of two dividing the N tile.
+        interleave = (y.stride(4) == 1 and p.out_size[2] > 1 and kw == p.stride[2] and p.dilation[2] == 1
+                      and kw & (kw - 1) == 0 and cfg.BLOCK_N % kw == 0 and kw > 1)
+        return self.make_site(key, "head_direct_kernel", grid, ints,
+                              dict(HAS_BIAS=self.has_bias, INTERLEAVE_W=interleave, KW_C=kw if interleave else 1,
+                                   **consts))
+
+    def _gather_site(self, y: torch.Tensor):
+        p, cfg = self.params, self.cfg
+        od, oh, ow = p.out_size
+        bc, br = _gather_tile(p, cfg.BLOCK_W, cfg.BLOCK_R)
+        # Programs per (n, g, od): height residues x tiles of BLOCK_R rows of a residue x W tiles.
+        tiles_q, tiles_w = -(-(-(-oh // p.stride[1])) // br), -(-ow // cfg.BLOCK_W)
+        grid = (p.groups * p.batch * od * p.stride[1] * tiles_q * tiles_w,)
+        ints = (p.batch, p.out_channels_per_group, *p.in_size, od, oh, ow,
+                *p.stride, *p.padding, *p.dilation, *y.stride(), tiles_q, tiles_w)
+        # 4 warps from 1024 elements down (8 per thread and W tap); fewer for smaller tiles,
+        # whose threads would otherwise hold copies.
+        warps = max(1, min(4, bc * br * cfg.BLOCK_W // 256))
+        consts = dict(HAS_BIAS=self.has_bias, FILL_ONLY=self.direct, KD=p.kernel_size[0], KH=p.kernel_size[1],
+                      KW=p.kernel_size[2], BLOCK_C=bc, BLOCK_R=br, BLOCK_W=cfg.BLOCK_W, num_warps=warps)
+        key = ("head_gather", self.direct, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
+        return self.make_site(key, "head_gather_kernel", grid, ints, consts)
+
+    def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
+        """Launch onto ``y``; returns Triton's handle of the GEMM kernel."""
+        dev = x.device
+        if self.gemm is None:
+            self.gemm = self._gemm_site(x, w, y)
+        if self.fill_needed and self.gather is None:
+            self.gather = self._gather_site(y)
+        if self.direct:
+            # Disjoint element sets: the fill writes only positions the GEMM does not.
+            if self.fill_needed:
+                self.gather.launch(dev, y, b, y)
+            return self.gemm.launch(dev, x, w, b, y)
+        p = self.params
+        z = torch.empty(head_z_bytes(p) // 4, dtype=torch.float32, device=dev)
+        handle = self.gemm.launch(dev, x, w, z)
+        self.gather.launch(dev, z, b, y)
+        return handle

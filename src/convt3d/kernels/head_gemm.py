@@ -1,0 +1,288 @@
+"""Triton kernels of the output-head path: layers with few output channels per group (1-15).
+
+Pure ``@triton.jit`` functions, no host logic; launched by ``convt3d.head_engine`` through the
+Triton engine's launch sites. Imports only ``triton`` and the phase kernels (for the TF32
+rounding), so the KernelBench exporter can inline it after ``kernels/phase_gemm.py``.
+
+Why a separate path. For a head the phase GEMM (``phase_gemm.py``: M = output positions,
+N = Cout/g, K = Cin/g x taps) has a tiny N: every K step loads an input tile from L2 for an MMA
+of 1-8 useful columns, and the input is re-read once per tap (64x for k4 s2). Here the taps go
+into N instead:
+
+    Z[g, n, co * KVOL + t, s] = sum_ci X[n, g * Cin/g + ci, s] * Wt[g * Cin/g + ci, co, t]
+
+one dense GEMM per group with M = input positions s, K = Cin/g and N = Cout/g x kD*kH*kW
+(64 for 1 x 4^3, 48 for 3 x 1x4x4, 216 for 8 x 27), whose B operand is the weight exactly as
+PyTorch stores it (its (co, kd, kh, kw) dimensions are one contiguous row per input channel).
+The input is read once. A second kernel (``head_gather_kernel``) sums, for every output position,
+the Z entries of the taps that reach it:
+
+    out[n, co, o] = bias[co] + sum_{t reaching o}  Z[g, n, co * KVOL + t, i(o, t)]
+
+Each Z element is read by exactly one output element. Z is fp32 (the products of 16-bit
+operands and the TF32 products keep their fp32 accumulation; only the output is rounded).
+
+When no two (input, tap) pairs land on the same output position -- along every dimension
+each output residue has at most one tap, e.g. k2 s2 -- ``head_direct_kernel`` stores the GEMM tile
+straight into the output (plus bias), and ``head_gather_kernel`` with FILL_ONLY writes only the
+positions no tap reaches.
+"""
+import triton
+import triton.language as tl
+
+from .phase_gemm import _round_tf32
+
+
+@triton.jit
+def _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
+               ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc[m, col] = sum_ci X[m, ci] * W[ci, col] over one group's Cin/g channels (fp32).
+
+    ``x_n``/``w_g``: the group's base pointers; ``x_m``: per-row offsets of the positions;
+    ``cols``: the N columns (co * KVOL + tap). Channel offsets are 64-bit (NCDHW input has a
+    channel stride of D*H*W, times up to Cin/g channels)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, CIN_G, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < CIN_G
+        x_t = tl.load(x_n + x_m[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                      mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
+                      mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+        if ROUND_TF32:
+            # cuDNN's TF32 numerics: operands rounded to nearest TF32 (the tensor cores would
+            # truncate); rounded here, in registers, since the input is read only once anyway.
+            x_t = _round_tf32(x_t)
+            w_t = _round_tf32(w_t)
+        if PRECISION == "ieee":
+            # Each K block summed on its own, then added (fma(part, 1, acc) keeps Triton from
+            # folding it back into a chained dot): two-level summation, as phase_gemm_kernel.
+            acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
+        else:
+            acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _head_rows(pid, S, H, W, stride_xd, stride_xh, stride_xw,
+               FLAT_X: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The program's BLOCK_M input positions (flat index s = (id * H + ih) * W + iw of one
+    batch element), their validity and their offsets in x. FLAT_X: D, H, W are walked by one
+    stride (contiguous NCDHW or channels-last planes), so the offset is s * stride_xw and the
+    compiler sees the contiguity; otherwise one division per row (strided views)."""
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < S
+    if FLAT_X:
+        x_m = offs_m * stride_xw
+    else:
+        iw = offs_m % W
+        t = offs_m // W
+        x_m = (t // H) * stride_xd + (t % H) * stride_xh + iw * stride_xw
+    return offs_m, m_ok, x_m
+
+
+@triton.jit
+def head_gemm_kernel(
+    x_ptr, w_ptr, z_ptr,
+    N, CIN_G, NCOL, S, H, W,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_wc,
+    tiles_m,
+    FLAT_X: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Z[g, n, col, s] (contiguous [G, N, NCOL, S], fp32) for one tile of BLOCK_M input
+    positions and every column: the N tiles loop inside the program, so the input tile is read
+    from HBM once and re-read (NCOL / BLOCK_N - 1 times) from cache."""
+    pid = tl.program_id(0)
+    pid_m = pid % tiles_m
+    t = pid // tiles_m
+    nb = t % N
+    grp = t // N
+    offs_m, m_ok, x_m = _head_rows(pid_m, S, H, W, stride_xd, stride_xh, stride_xw, FLAT_X, BLOCK_M)
+    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    # Z of (g, n) (t = g * N + n): NCOL rows of S positions; a column's row is contiguous along s, so the
+    # stores are coalesced along M.
+    z_g = z_ptr + t.to(tl.int64) * NCOL * S
+    for n0 in range(0, NCOL, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_ok = cols < NCOL
+        acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
+                         ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc,
+                 mask=m_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def head_direct_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    N, CIN_G, COUT_G, NCOL, S, H, W,
+    OD, OH, OW,
+    KH, KW,
+    SD, SH, SW, PD, PH, PW, DD, DH, DW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_wc,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    tiles_m,
+    HAS_BIAS: tl.constexpr,
+    FLAT_X: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERLEAVE_W: tl.constexpr,
+    KW_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The GEMM of head_gemm_kernel stored straight into the output, for layers where no two
+    (input, tap) pairs reach the same output position (head_engine.collision_free: along every
+    dimension each output residue has at most one tap). Element (s, co * KVOL + t) goes to
+    o = i * stride - padding + tap * dilation per dimension, if inside the output; the output
+    offset is a row part (of s) plus a column part (of co, t), so no per-element division."""
+    pid = tl.program_id(0)
+    pid_m = pid % tiles_m
+    t = pid // tiles_m
+    nb = t % N
+    grp = t // N
+    offs_m, m_ok, x_m = _head_rows(pid_m, S, H, W, stride_xd, stride_xh, stride_xw, FLAT_X, BLOCK_M)
+    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    # Output coordinates of the rows (tap 0, before padding).
+    iw = offs_m % W
+    r = offs_m // W
+    od_r = (r // H) * SD
+    oh_r = (r % H) * SH
+    ow_r = iw * SW
+    y_r = od_r.to(tl.int64) * stride_yd + oh_r.to(tl.int64) * stride_yh + ow_r.to(tl.int64) * stride_yw
+    y_n = y_ptr + nb.to(tl.int64) * stride_yn
+    kvol = NCOL // COUT_G
+    for n0 in range(0, NCOL, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_ok = cols < NCOL
+        acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
+                         ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + grp * COUT_G + cols // kvol, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        if INTERLEAVE_W:
+            # NCDHW output with k = s along W (dilation 1): the KW taps of consecutive inputs
+            # tile an output row, so the tile is stored as [column groups, BLOCK_M x KW] with the
+            # W taps interleaved -- whole row segments per store instead of KW strided halves
+            # (the launcher sets it where KW = KW_C divides BLOCK_N: a power of two).
+            G_N: tl.constexpr = BLOCK_N // KW_C
+            out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, KW_C)), (1, 0, 2)),
+                             (G_N, BLOCK_M * KW_C))
+            e = tl.arange(0, BLOCK_M * KW_C)
+            em = pid_m * BLOCK_M + e // KW_C
+            ecol = (n0 + tl.arange(0, G_N) * KW_C)[:, None] + (e % KW_C)[None, :]
+            e_iw = em % W
+            e_r = em // W
+            etap = ecol % kvol
+            od = ((e_r // H) * SD)[None, :] + (etap // (KW * KH)) * DD - PD
+            oh = ((e_r % H) * SH)[None, :] + ((etap // KW) % KH) * DH - PH
+            ow = (e_iw * SW + e % KW_C - PW)[None, :]
+            ok = (em < S)[None, :] & (ecol < NCOL) & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) \
+                & (ow >= 0) & (ow < OW)
+            y_e = (grp * COUT_G + ecol // kvol).to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd \
+                + oh.to(tl.int64) * stride_yh + ow
+            tl.store(y_n + y_e, out.to(y_ptr.dtype.element_ty), mask=ok)
+        else:
+            co = cols // kvol
+            tap = cols % kvol
+            tw = tap % KW
+            th = (tap // KW) % KH
+            td = tap // (KW * KH)
+            od_c = td * DD - PD
+            oh_c = th * DH - PH
+            ow_c = tw * DW - PW
+            y_c = (grp * COUT_G + co).to(tl.int64) * stride_yc + od_c.to(tl.int64) * stride_yd \
+                + oh_c.to(tl.int64) * stride_yh + ow_c.to(tl.int64) * stride_yw
+            od = od_r[:, None] + od_c[None, :]
+            oh = oh_r[:, None] + oh_c[None, :]
+            ow = ow_r[:, None] + ow_c[None, :]
+            ok = (m_ok[:, None] & c_ok[None, :] & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH)
+                  & (ow >= 0) & (ow < OW))
+            tl.store(y_n + y_r[:, None] + y_c[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def head_gather_kernel(
+    z_ptr, b_ptr, y_ptr,
+    N, COUT_G, D, H, W, OD, OH, OW,
+    SD, SH, SW, PD, PH, PW, DD, DH, DW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    tiles_q, tiles_w,
+    HAS_BIAS: tl.constexpr,
+    FILL_ONLY: tl.constexpr,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """out[n, g * COUT_G + co, od, oh, ow] = bias + sum over the taps reaching (od, oh, ow) of
+    Z[g, n, co * KVOL + tap, i(o, tap)], in any output layout (strides).
+
+    One program: one (n, g, od), BLOCK_R output rows of one height residue rh (oh = q * SH + rh
+    for BLOCK_R consecutive q), BLOCK_W columns and every output channel of the group
+    (BLOCK_C >= COUT_G); the tile is [BLOCK_C * BLOCK_R, BLOCK_W] (channel-major rows). od and rh
+    are scalars, so which depth and height taps reach the tile is a scalar test and a tap that
+    does not is skipped; the W taps are masked per lane (each lane takes the taps of its own W
+    residue). The taps are constexpr loops, so a tile issues all its W-tap loads of a (depth,
+    height) tap together. Every output element is written exactly once, positions no tap
+    reaches included (bias or zero); the sum runs in a fixed order (deterministic).
+
+    FILL_ONLY (after head_direct_kernel): no Z; write bias/zero only where no tap reaches."""
+    pid = tl.program_id(0)
+    pid_w = pid % tiles_w
+    t = pid // tiles_w
+    pid_q = t % tiles_q
+    t = t // tiles_q
+    rh = t % SH
+    t = t // SH
+    od = t % OD
+    t = t // OD
+    nb = t % N
+    grp = t // N
+
+    offs_i = tl.arange(0, BLOCK_C * BLOCK_R)
+    co = offs_i // BLOCK_R
+    q = pid_q * BLOCK_R + offs_i % BLOCK_R
+    oh = q * SH + rh
+    i_ok = (co < COUT_G) & (oh < OH)
+    ow = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    w_ok = ow < OW
+    kvol: tl.constexpr = KD * KH * KW
+    S = D * H * W
+    S64 = S.to(tl.int64)
+    acc = tl.zeros((BLOCK_C * BLOCK_R, BLOCK_W), dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(tl.float32)[:, None]
+    reached = tl.zeros((BLOCK_C * BLOCK_R, BLOCK_W), dtype=tl.int32)
+    # Z of (g, n) and of each row's channel.
+    z_g = z_ptr + (grp * N + nb).to(tl.int64) * COUT_G * kvol * S
+    z_i = co.to(tl.int64) * kvol * S64
+    for td in tl.static_range(KD):
+        dn = od + PD - td * DD
+        id_ = dn // SD  # exact where dn % SD == 0 (the only case used), whatever the rounding
+        if ((dn % SD) == 0) & (dn >= 0) & (id_ < D):
+            for th in tl.static_range(KH):
+                hn = rh + PH - th * DH
+                if (hn % SH) == 0:
+                    # ih = q + hn / SH for every row of the tile (same residue).
+                    ih = q + hn // SH
+                    row_ok = i_ok & (ih >= 0) & (ih < H)
+                    z_row = z_g + z_i + ((td * KH + th) * KW) * S64 + (id_ * H + ih).to(tl.int64) * W
+                    for tw in tl.static_range(KW):
+                        wn = ow + PW - tw * DW
+                        iw = wn // SW
+                        ok = ((wn % SW) == 0) & (wn >= 0) & (iw < W) & w_ok
+                        if FILL_ONLY:
+                            reached += (row_ok[:, None] & ok[None, :]).to(tl.int32)
+                        else:
+                            acc += tl.load(z_row[:, None] + tw * S64 + iw[None, :],
+                                           mask=row_ok[:, None] & ok[None, :], other=0.0)
+    st_ok = i_ok[:, None] & w_ok[None, :]
+    if FILL_ONLY:
+        st_ok = st_ok & (reached == 0)
+    y_i = (grp * COUT_G + co).to(tl.int64) * stride_yc + oh.to(tl.int64) * stride_yh
+    y_s = y_ptr + nb.to(tl.int64) * stride_yn + od.to(tl.int64) * stride_yd
+    tl.store(y_s + y_i[:, None] + ow[None, :] * stride_yw, acc.to(y_ptr.dtype.element_ty), mask=st_ok)

@@ -1,0 +1,275 @@
+"""The output-head path (head_engine, kernels/head_gemm.py) through Triton's interpreter.
+
+Layers with 1-15 output channels per group get head configurations as tuning candidates of the
+Triton engine; on CPU nothing is timed, so these tests force them with the engine's ``config=``
+argument (and once through the public API by seeding the tuner, as a persisted tuning result
+would). Every output is compared with float64 PyTorch element by element (conftest.Tol), so
+positions no tap reaches (bias only) are checked as well as the summed ones.
+
+Shapes are tiny (the interpreter costs ~1 s per call here) but each regime really occurs:
+overlapping taps (the Z + gather kind) and collision-free layers (the direct kind, with and
+without positions no tap reaches), groups, several M tiles, several N tiles, several K steps,
+gather rows wider than the gather span, every input layout, unbatched input.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import convt3d
+import convt3d.triton_engine as engine
+from convt3d import cache, head_engine
+from convt3d.params import ConvT3dParams
+from convt3d.validate import check_call
+
+from conftest import LAYOUTS, Case, check_against_reference, memory_format_of, requires_interpreter
+
+pytestmark = requires_interpreter
+
+
+def head_configs(case: Case, x, w, precision="ieee"):
+    params, _ = check_call(x, w, None, *case.args)
+    x5 = x if x.dim() == 5 else x.unsqueeze(0)
+    return params, x5, [c for c in engine.plan(params, x5, w, precision).configs if c.head]
+
+
+def run_head(case: Case, x, w, b, precision="ieee", pick=0, **override):
+    """The Triton engine's forward with the ``pick``-th head candidate forced (fields in
+    ``override`` replaced); unbatched input is given its batch of one here, as the API does."""
+    params, x5, configs = head_configs(case, x, w, precision)
+    assert configs, "the case is not a head layer"
+    cfg = dataclasses.replace(configs[pick], **override)
+    y = engine.forward(x5, w, b, params, precision, config=cfg)
+    return y if x.dim() == 5 else y.squeeze(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Regimes: Case(batch, cin, cout, in_size, kernel, stride, padding, output_padding, dilation, groups)
+# ---------------------------------------------------------------------------------------------
+REGIMES = {
+    # Z + gather: taps overlap on the output
+    "gather-c1-k4s2p1": Case(2, 4, 1, (2, 3, 4), (4, 4, 4), 2, 1),  # 3-D GAN voxel head
+    "gather-c3-k144-s122-cl": Case(2, 6, 3, (2, 3, 5), (1, 4, 4), (1, 2, 2), (0, 1, 1),
+                                   layout="channels_last_3d"),  # RGB video head
+    "gather-c8-k3-s122-op011": Case(1, 8, 8, (2, 3, 4), (3, 3, 3), (1, 2, 2), 1, (0, 1, 1)),
+    "gather-c15-odd": Case(1, 5, 15, (1, 3, 5), (2, 3, 3), 2, (0, 1, 1), 1),
+    "gather-stride1-k3p1-c4": Case(1, 6, 4, (2, 3, 3), (3, 3, 3), 1, 1),
+    "gather-videogpt-p3-c5": Case(1, 4, 5, (3, 4, 4), (4, 4, 4), 2, 3, bias=False),  # padding above stride
+    "gather-dilation2-stride2-op": Case(1, 3, 2, (2, 3, 3), (2, 3, 2), 2, 1, 1, 2),
+    "gather-dilation3-stride2": Case(1, 2, 2, (2, 3, 3), (3, 2, 3), 2, 1, 1, 3),  # gcd(s, d) = 1
+    "gather-per-dim-everything": Case(1, 4, 3, (3, 4, 3), (2, 3, 3), (1, 2, 3), (0, 1, 1), (0, 1, 2), (1, 1, 2)),
+    "gather-groups2-c3": Case(2, 8, 6, (2, 3, 3), (3, 3, 3), 2, 1, 1, groups=2),
+    "gather-depthwise-c1": Case(1, 3, 3, (2, 3, 4), (3, 3, 3), 2, 1, 1, groups=3),
+    "gather-m-tiles": Case(1, 4, 2, (2, 9, 10), (3, 3, 3), 2, 1, bias=False),  # 180 positions: 2 M tiles of 128
+    "gather-k-steps-n-tiles": Case(1, 40, 6, (1, 3, 3), (3, 3, 3), 2, 1),  # K 40 = 2 steps of 32; N 162 = 2 tiles
+    # direct: collision-free (dilation * (k - 1) < stride along every dimension)
+    "direct-c2-k2s2": Case(2, 8, 2, (2, 3, 4), (2, 2, 2), 2),  # every position reached: no fill
+    "direct-c3-k2s3-fill": Case(1, 4, 3, (2, 3, 3), (2, 2, 2), 3, 0, 1),  # residue 2 and the op row: fill
+    "direct-pointwise-k1s1": Case(1, 5, 4, (2, 3, 4), (1, 1, 1), 1),
+    "direct-k2s2-p1-groups2": Case(1, 4, 4, (2, 3, 4), (2, 2, 2), 2, 1, 1, groups=2),  # cropped edges
+    "direct-k2-dilation3-stride2": Case(1, 2, 2, (2, 3, 3), (2, 2, 2), 2, 1, 1, 3),  # taps 3 apart
+    "direct-per-dim-everything": Case(1, 4, 3, (3, 4, 3), (1, 2, 3), (1, 2, 3), (0, 1, 1), (0, 1, 2), (1, 1, 2)),
+    "direct-k1s2-unreached": Case(1, 3, 1, (2, 3, 3), (1, 1, 1), 2, 0, 1),  # 7 of 8 phases empty
+}
+
+
+def test_regime_names_match_the_kind():
+    # "gather"/"direct" must describe what the launcher really runs.
+    for name, case in REGIMES.items():
+        x, w, _ = case.tensors()
+        _, _, configs = head_configs(case, x, w)
+        assert configs and {c.head for c in configs} == {name.split("-")[0]}, name
+
+
+@pytest.mark.parametrize("name", list(REGIMES))
+def test_fp32_ieee(name):
+    case = REGIMES[name]
+    x, w, b = case.tensors()
+    y = run_head(case, x, w, b, "ieee")
+    check_against_reference(y, x, w, b, *case.args, precision="ieee", context=name)
+    assert memory_format_of(y) == ("channels_last_3d" if case.layout == "channels_last_3d" else "contiguous")
+
+
+PRECISION_REGIMES = ["gather-c1-k4s2p1", "gather-groups2-c3", "gather-k-steps-n-tiles", "direct-c3-k2s3-fill"]
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+@pytest.mark.parametrize("name", PRECISION_REGIMES)
+def test_fp32_tf32_precisions(name, precision):
+    case = REGIMES[name]
+    x, w, b = case.tensors()
+    y = run_head(case, x, w, b, precision)
+    check_against_reference(y, x, w, b, *case.args, precision=precision, context=f"{name} {precision}")
+
+
+def test_tf32_rounds_operands_to_nearest():
+    # "tf32" must be exactly TF32 arithmetic with round-to-nearest operands (cuDNN's numerics):
+    # against float64 of the rounded operands the error is fp32 accumulation only, far below
+    # the TF32 rounding itself (which the unrounded reference would show).
+    case = REGIMES["gather-c1-k4s2p1"]
+    x, w, b = case.tensors()
+    y = run_head(case, x, w, b, "tf32")
+
+    def rnd(t):
+        bits = t.contiguous().view(torch.int32)
+        return ((bits + 0x1000) & -8192).view(torch.float32)
+
+    check_against_reference(y, rnd(x), rnd(w), b, *case.args, precision="ieee", context="rounded operands")
+
+
+@pytest.mark.parametrize("name", ["gather-c3-k144-s122-cl", "gather-groups2-c3", "direct-c3-k2s3-fill"])
+def test_float16(name):
+    case = REGIMES[name]
+    x, w, b = case.tensors(torch.float16)
+    check_against_reference(run_head(case, x, w, b), x, w, b, *case.args, context=f"{name} float16")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["gather", "direct"])
+def test_input_layouts(kind, layout):
+    # slice_w and transpose_dh cannot walk D, H, W by one stride: the GEMM divides per row.
+    base = REGIMES["gather-c3-k144-s122-cl" if kind == "gather" else "direct-c2-k2s2"]
+    case = dataclasses.replace(base, layout=layout)
+    x, w, b = case.tensors()
+    y = run_head(case, x, w, b)
+    check_against_reference(y, x, w, b, *case.args, context=f"{kind} {layout}")
+
+
+@pytest.mark.parametrize("kind", ["gather", "direct"])
+def test_unbatched_input(kind):
+    base = REGIMES["gather-c1-k4s2p1" if kind == "gather" else "direct-c3-k2s3-fill"]
+    case = dataclasses.replace(base, batch=None)
+    x, w, b = case.tensors()
+    assert x.dim() == 4
+    y = run_head(case, x, w, b)
+    check_against_reference(y, x, w, b, *case.args, context=f"{kind} unbatched")
+
+
+@pytest.mark.parametrize("pick", [0, 1], ids=["M128", "M64"])
+def test_every_candidate_tile(pick):
+    case = REGIMES["gather-m-tiles"]
+    x, w, b = case.tensors()
+    check_against_reference(run_head(case, x, w, b, pick=pick), x, w, b, *case.args, context=f"pick {pick}")
+
+
+@pytest.mark.parametrize("name", ["gather-per-dim-everything", "direct-c3-k2s3-fill"])
+def test_gather_span_narrower_than_the_row(name):
+    # Output rows of 7-11 columns split over gather programs of 4 columns (tails included).
+    case = REGIMES[name]
+    x, w, b = case.tensors()
+    check_against_reference(run_head(case, x, w, b, BLOCK_W=4), x, w, b, *case.args, context=name)
+
+
+def test_empty_batch():
+    case = dataclasses.replace(REGIMES["gather-c1-k4s2p1"], batch=0)
+    x, w, b = case.tensors()
+    assert run_head(case, x, w, b).shape == (0, 1, 4, 6, 8)
+
+
+def test_public_api_runs_a_seeded_head_config(monkeypatch):
+    # The tuner's result (as cache.prime_triton seeds a persisted one) is what backend="triton"
+    # runs: seed a head config for the signature, then call the public function.
+    case = REGIMES["gather-groups2-c3"]
+    x, w, b = case.tensors()
+    params, x5, configs = head_configs(case, x, w)
+    key = engine.plan(params, x5, w, "ieee").tune_key
+    calls = []
+    real_run = head_engine.HeadSteps.run
+    monkeypatch.setattr(head_engine.HeadSteps, "run", lambda self, *a: calls.append(self.cfg) or real_run(self, *a))
+    engine.clear_caches()
+    try:
+        engine.seed_tuning(key, configs[0])
+        y = convt3d.conv_transpose3d(x, w, b, *case.args, backend="triton", precision="ieee")
+    finally:
+        engine.clear_caches()
+    assert calls == [configs[0]]
+    check_against_reference(y, x, w, b, *case.args, context="seeded")
+
+
+# ---------------------------------------------------------------------------------------------
+# Decision logic (no kernels): which layers get head candidates, of which kind
+# ---------------------------------------------------------------------------------------------
+def _params(cout, groups=1, cin=16, size=(4, 5, 6), kernel=(3, 3, 3), stride=(2, 2, 2), padding=(1, 1, 1),
+            output_padding=(0, 0, 0), dilation=(1, 1, 1), batch=2):
+    return ConvT3dParams.create(batch, cin, cout, groups, size, kernel, stride, padding, output_padding, dilation)
+
+
+@pytest.mark.parametrize("cout_g, offered", [(1, True), (7, True), (8, True), (15, True), (16, False), (48, False)],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("cin", [4, 16], ids=["fma-path-cin4", "tc-path-cin16"])
+def test_head_candidates_for_at_most_15_channels(cin, cout_g, offered):
+    p = _params(cout_g * 2, groups=2, cin=cin * 2)
+    configs = engine.candidate_configs(p, torch.float32, "tf32")
+    heads = [c for c in configs if c.head]
+    assert bool(heads) == offered
+    # Never the untuned default: the phase-GEMM config stays first (CPU, graph capture and
+    # CONVT3D_AUTOTUNE=0 run it), the head must win the timing.
+    assert not configs[0].head
+
+
+@pytest.mark.parametrize("kernel, stride, dilation, free", [
+    ((2, 2, 2), (2, 2, 2), (1, 1, 1), True),
+    ((1, 2, 2), (1, 2, 2), (1, 1, 1), True),
+    ((1, 1, 1), (1, 1, 1), (1, 1, 1), True),
+    ((2, 3, 2), (3, 3, 3), (2, 1, 1), True),  # 2 * 1 < 3
+    ((2, 2, 2), (2, 2, 2), (3, 1, 1), True),  # taps 3 apart: odd and even positions
+    ((2, 2, 2), (2, 2, 2), (2, 1, 1), False),  # 2 * 1 = 2: taps of neighbours meet
+    ((3, 2, 2), (2, 2, 2), (1, 1, 1), False),
+    ((1, 1, 2), (1, 1, 1), (1, 1, 1), False),
+], ids=["k2s2", "k122s122", "k1s1", "dil2-k2s3", "dil3-k2s2", "dil2-k2s2", "k3s2-depth", "k2s1-width"])
+def test_collision_free_rule_picks_the_kind(kernel, stride, dilation, free):
+    p = _params(3, kernel=kernel, stride=stride, dilation=dilation, padding=(0, 0, 0))
+    assert head_engine.collision_free(p) == free
+    kinds = {t["head"] for t in head_engine.head_tiles(p, torch.bfloat16, "tf32")}
+    assert kinds == {"direct" if free else "gather"}
+
+
+def test_brute_force_collision_rule():
+    # collision_free agrees with enumerating every (input, tap) pair of small 1-D geometries.
+    for k in range(1, 5):
+        for s in range(1, 5):
+            for d in range(1, 4):
+                p = _params(1, kernel=(k, 1, 1), stride=(s, 1, 1), dilation=(d, 1, 1), padding=(0, 0, 0),
+                            size=(6, 1, 1))
+                hits = [i * s + t * d for i in range(6) for t in range(k)]
+                assert head_engine.collision_free(p) == (len(hits) == len(set(hits))), (k, s, d)
+
+
+def test_large_z_is_not_offered():
+    # 8 x 27 columns of fp32 per input position of a 2 x 64 x 160^3 input: 7.1 GB of Z.
+    p = _params(8, cin=64, size=(160, 160, 160))
+    assert head_engine.head_z_bytes(p) > head_engine.MAX_Z_BYTES
+    assert head_engine.head_tiles(p, torch.float32, "tf32") == []
+    # The direct kind needs no Z, whatever the size.
+    p = _params(8, cin=64, size=(160, 160, 160), kernel=(2, 2, 2), padding=(0, 0, 0))
+    assert head_engine.head_tiles(p, torch.float32, "tf32")
+
+
+def test_head_configs_survive_the_cache_round_trip():
+    # cache.py persists a tuned Config as a dict and accepts it back only if it equals one of
+    # the key's candidates field by field.
+    p = _params(3)
+    configs = engine.candidate_configs(p, torch.bfloat16, "tf32")
+    for cfg in configs:
+        assert cache.config_from_dict(cache.config_to_dict(cfg), configs) is cfg
+    head = next(c for c in configs if c.head)
+    assert head.head == "gather" and "head-gather" in head.short()
+    # A head config is not confused with a phase config of the same tile.
+    assert cache.config_from_dict(cache.config_to_dict(dataclasses.replace(head, head="")), configs) is None
+
+
+@pytest.mark.parametrize("name", ["gather-c1-k4s2p1", "direct-c2-k2s2"])
+def test_tuner_runs_phase_and_head_configs_on_one_call(name):
+    # The tuner runs every candidate on one prepared call (Launch.run), phase configs first:
+    # a head config must still read the weight as PyTorch stores it, not the phase packing.
+    case = REGIMES[name]
+    x, w, b = case.tensors()
+    params, x5, _ = head_configs(case, x, w)
+    launch = engine.prepare(x5, w, b, params, "ieee")
+    assert not launch.configs[0].head and any(c.head for c in launch.configs)
+    for cfg in (launch.configs[0],) + tuple(c for c in launch.configs if c.head):
+        launch.y.fill_(float("nan"))
+        launch.run(cfg)
+        check_against_reference(launch.y, x5, w, b, *case.args, context=cfg.short())
