@@ -18,8 +18,10 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .kernels import phase_gemm as K
+from .kernels import head_gemm as HK
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
+from . import head_engine
 
 __all__ = ["Config", "candidate_configs", "forward", "plan", "tuning_log", "clear_caches", "SUPPORTED_DTYPES",
            "unsupported_reason"]
@@ -47,8 +49,16 @@ class Config:
     tma: bool = False  # operands through tensor descriptors (TMA) where the layout allows
     flat: bool = False  # flat_gemm_kernel: 2-D TMA boxes over a zero-haloed input copy (Hopper)
     fold: int = 1  # groups merged per GEMM (group_folds): block-diagonal weight, wider tiles
+    # Output-head path (head_engine, kernels/head_gemm.py): "gather" or "direct", "" otherwise.
+    # Its GEMM tile is BLOCK_M input positions x BLOCK_N (Cout/g x taps) x BLOCK_K; BLOCK_W is
+    # the gather kernel's row span and BLOCK_R its elements per program.
+    head: str = ""
+    BLOCK_R: int = 0
 
     def short(self) -> str:
+        if self.head:
+            return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
+                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}")
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
@@ -129,7 +139,8 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         bn = min(_pow2_at_least(cout_g), 16)
         plane = _pow2_at_least(hw[0] * hw[1])
         sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
-        return tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
+        return tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes) \
+            + _head_configs(params, dtype, precision)
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, _pow2_at_least(hw[0] * hw[1]))
@@ -182,7 +193,13 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     for f in group_folds(params):
         merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
         configs += [replace(c, fold=f) for c in merged[:2]]
-    return tuple(configs)
+    return tuple(configs) + _head_configs(params, dtype, precision)
+
+
+def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> tuple[Config, ...]:
+    """Output-head candidates (head_engine.head_tiles) for layers of <= 15 channels per group,
+    timed by the tuner against the phase-GEMM configs above."""
+    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision))
 
 
 def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
@@ -224,7 +241,7 @@ def _kernel(name: str, device: torch.device):
         raise BackendUnavailableError(
             "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
             "triton is imported: set TRITON_INTERPRET=1 in the environment (or move the tensors to CUDA)")
-    return getattr(K, name)
+    return getattr(HK if name.startswith("head_") else K, name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -293,6 +310,11 @@ def site(key: tuple, build: Callable[[], Site]) -> Site:
             _sites.clear()
         s = _sites[key] = build()
     return s
+
+
+def _head_site(key: tuple, name: str, grid: tuple, ints: tuple, consts: dict) -> Site:
+    """head_engine's site factory: its launches replayed like the engine's own."""
+    return site(key, lambda: Site(name, grid, ints, consts))
 
 
 _unsupported: dict[tuple, str | None] = {}
@@ -893,6 +915,10 @@ class _Steps:
         # The kernels' view of the call: merged groups for a folded config (same phases).
         params = params.fold_groups(cfg.fold) if cfg.fold > 1 else params
         self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
+        # Output-head configs launch their own kernels (head_engine), through this engine's sites.
+        self.head = head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site) if cfg.head else None
+        if self.head is not None:
+            return
         companions = cfg.companions and companion_masks(params) is not None
         self.tab = phase_table(params, device, cfg.W_GROUP, cfg.fill_separate or companions, companions)
         self.n_groups = self.tab.shape[0] // cfg.W_GROUP
@@ -915,7 +941,10 @@ class _Steps:
         self.gemm: dict[tuple[bool, bool], Site] = {}
 
     def packed_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """The weight packed for this config's kernels (block-diagonal for merged groups)."""
+        """The weight packed for this config's kernels (block-diagonal for merged groups); the
+        head kernels read the weight as PyTorch stores it."""
+        if self.head is not None:
+            return weight.contiguous()
         if self.pack is None:
             self.pack = _pack_site(self.params, weight.contiguous(), self.pl.round_tf32, self.cfg.fold)
         return _pack_weight(weight, self.params, self.pl.round_tf32, self.pack)
@@ -924,6 +953,8 @@ class _Steps:
         """Launch onto ``y`` (allocated, in the plan's memory format) from ``x`` and the packed
         weight ``wp``; ``b`` is the bias, or any tensor when there is none. Returns Triton's
         handle of the main kernel (None when no phase has taps)."""
+        if self.head is not None:
+            return self.head.run(x, wp, b, y)
         params, cfg, dev = self.params, self.cfg, x.device
         if self.fill_site is not None:
             if self.fill is None:
@@ -986,13 +1017,15 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     if y.numel() == 0:
         return Launch(y, lambda cfg: None, pl)
     has_bias = bias is not None
-    packed: dict[int, torch.Tensor] = {}  # fold -> packed weight (folded configs pack differently)
+    # (fold, head) -> packed weight: folded configs pack differently, head configs read the
+    # weight as PyTorch stores it.
+    packed: dict[tuple[int, bool], torch.Tensor] = {}
 
     def run(cfg: Config):
         st = _steps_for(params, pl, cfg, has_bias, x)
-        wp = packed.get(cfg.fold)
+        wp = packed.get((cfg.fold, bool(cfg.head)))
         if wp is None:
-            wp = packed[cfg.fold] = st.packed_weight(weight)
+            wp = packed[(cfg.fold, bool(cfg.head))] = st.packed_weight(weight)
         return st.run(x, wp, bias if has_bias else wp, y)  # wp: dummy pointer when HAS_BIAS is False
 
     return Launch(y, run, pl)
