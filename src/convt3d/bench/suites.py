@@ -6,8 +6,9 @@ Two suites (issue 2, "The measuring stick"):
   False, input ``torch.rand``, each at two precisions: "default" (PyTorch's default flags, i.e.
   TF32 on for cuDNN convolutions) and "exact" (``torch.backends.cudnn.allow_tf32 = False`` for
   both engines). 14 rows.
-* ``layers`` -- seven real decoder layers in fp32 and bf16, NCDHW and channels_last_3d, bias as
-  listed, at default precision (the TF32 flag does not affect bf16). 28 rows.
+* ``layers`` -- seven real decoder layers and five output heads (``head_*``: 1-8 output
+  channels) in fp32 and bf16, NCDHW and channels_last_3d, bias as listed, at default precision
+  (the TF32 flag does not affect bf16). 48 rows.
 
 Data. Weights and bias follow ``nn.ConvTranspose3d``'s own initialisation (kaiming-uniform with
 a = sqrt(5), i.e. uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = Cout/groups * kD*kH*kW;
@@ -101,6 +102,16 @@ LAYERS: tuple[Geometry, ...] = (
     Geometry.of("videogpt_k4s2p3", 4, 240, 240, (10, 34, 34), 4, 2, 3, bias=True),
     Geometry.of("aniso_122", 2, 256, 128, (8, 64, 64), (1, 2, 2), (1, 2, 2), 0, bias=True),
     Geometry.of("refine_k3s1", 4, 64, 64, 32, 3, 1, 1, bias=True),
+    # Output heads (issue 16): the last layer of generators and decoders, 1-8 output channels,
+    # memory-bound (a wide input read once, a thin output written once). A 3-D GAN's voxel head,
+    # an RGB video head (k (1,4,4)), an 8-class head on the tensor-core side of the FMA
+    # threshold, a k2 s2 segmentation head (taps never overlap) and a VQ-VAE-style 3-channel
+    # k4 s2 p1 video head.
+    Geometry.of("head_gan_64to1", 16, 64, 1, 32, 4, 2, 1, bias=True),
+    Geometry.of("head_video_64to3", 8, 64, 3, (32, 64, 64), (1, 4, 4), (1, 2, 2), (0, 1, 1), bias=True),
+    Geometry.of("head_128to8_k3", 4, 128, 8, (16, 64, 64), 3, (1, 2, 2), 1, (0, 1, 1), bias=True),
+    Geometry.of("head_k2s2_8to2", 4, 8, 2, 64, 2, 2, 0, bias=True),
+    Geometry.of("head_video_k4s2p1_3", 4, 128, 3, (8, 64, 64), 4, 2, 1, bias=True),
 )
 
 

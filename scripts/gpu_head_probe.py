@@ -1,0 +1,121 @@
+"""H200 probe of the output-head rows of the layers suite (``head_*``): forward times of the Triton
+engine's head configurations and of its untuned default against cuDNN, the memory floor, and
+PyTorch's backward of the same layers (dX = conv3d(dY, W), dW, and the autograd step).
+
+    PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json            # every head row
+    PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json --one NAME DTYPE LAYOUT   # for ncu
+
+Times are medians of triton.testing.do_bench in one process; "graph" times replay the call in a
+CUDA graph (kernel time without the host); "api" is the public function with the fastest head
+config seeded as the tuning result (the steady path a user gets).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench, do_bench_cudagraph
+
+import convt3d
+from convt3d import triton_engine as E
+from convt3d.bench import suites
+from convt3d.validate import check_call
+
+COPY_BW = 4.24e12  # H200 device-to-device copy, read + write bytes (shared/CONTEXT.md)
+
+
+def _ms(fn, graph=False):
+    fn()
+    torch.cuda.synchronize()
+    if graph:
+        return do_bench_cudagraph(fn, rep=40)
+    return do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def _rows(only=None):
+    for g in suites.LAYERS:
+        if not g.name.startswith("head_"):
+            continue
+        for dt in suites.DTYPES:
+            for lay in suites.LAYOUTS:
+                if only is None or only == (g.name, dt, lay):
+                    yield suites.Case("layers", g, dt, lay, "default", "randn")
+
+
+def probe(case, forward_only=False):
+    g = case.geometry
+    t = suites.make_tensors(case, "cuda")
+    args = g.conv_args()
+    params, _ = check_call(t.x, t.w, t.b, *args)
+    es = t.x.element_size()
+    prec = "tf32"
+    row = dict(case=case.name, dtype=case.dtype, layout=case.layout,
+               floor_us=params.min_bytes(es, t.b is not None) / COPY_BW * 1e6)
+    ref = F.conv_transpose3d(t.x, t.w, t.b, *args)
+    configs = E.plan(params, t.x, t.w, prec).configs
+    if forward_only:  # under ncu: the first head config, a few calls
+        cfg = next(c for c in configs if c.head)
+        for _ in range(3):
+            E.forward(t.x, t.w, t.b, params, prec, config=cfg)
+        torch.cuda.synchronize()
+        return row
+    row["cudnn_us"] = _ms(lambda: F.conv_transpose3d(t.x, t.w, t.b, *args)) * 1e3
+    row["cudnn_graph_us"] = _ms(lambda: F.conv_transpose3d(t.x, t.w, t.b, *args), graph=True) * 1e3
+    row["configs"] = {}
+    best, best_us = None, float("inf")
+    for i, cfg in enumerate(configs):
+        if not cfg.head and i > 0:
+            continue  # the phase path: its untuned default only (the tuner's other tiles are timed elsewhere)
+        y = E.forward(t.x, t.w, t.b, params, prec, config=cfg)
+        err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
+        us = _ms(lambda: E.forward(t.x, t.w, t.b, params, prec, config=cfg), graph=True) * 1e3
+        row["configs"][cfg.short()] = dict(graph_us=us, rel_diff_vs_cudnn=err)
+        if cfg.head and us < best_us:
+            best, best_us = cfg, us
+    if best is not None:
+        row["api_config"] = best.short()
+        try:
+            E.seed_tuning(E.plan(params, t.x, t.w, prec).tune_key, best)
+            row["api_us"] = _ms(lambda: convt3d.conv_transpose3d(t.x, t.w, t.b, *args, backend="triton")) * 1e3
+            row["speedup_vs_cudnn"] = row["cudnn_us"] / row["api_us"]
+            row["pct_of_floor"] = 100 * row["floor_us"] / row["api_us"]
+        except Exception as e:  # the public path (dispatch) is not what this probe measures
+            row["api_error"] = repr(e)
+    # PyTorch's backward of the layer (cuDNN): dX, dW separately and the autograd step.
+    x = t.x.detach().requires_grad_(True)
+    w = t.w.detach().requires_grad_(True)
+    b = None if t.b is None else t.b.detach().requires_grad_(True)
+    y = F.conv_transpose3d(x, w, b, *args)
+    dy = torch.randn_like(y)
+    s, p, op, groups, d = args
+    row["bwd_dx_us"] = _ms(lambda: F.conv3d(dy, t.w, None, s, p, d, groups)) * 1e3
+    row["bwd_dw_us"] = _ms(lambda: torch.ops.aten.convolution_backward(
+        dy, t.x, t.w, None, s, p, d, True, op, groups, [False, True, False])) * 1e3
+    row["bwd_step_us"] = _ms(lambda: torch.autograd.grad(y, [x, w] + ([b] if b is not None else []), dy,
+                                                         retain_graph=True)) * 1e3
+    nx, ny, nw = t.x.numel(), y.numel(), t.w.numel()
+    row["floor_dx_us"] = (ny + nw + nx) * es / COPY_BW * 1e6  # read dY, W; write dX
+    row["floor_dw_us"] = (ny + nx + nw) * es / COPY_BW * 1e6  # read dY, X; write dW
+    row["floor_bwd_us"] = (ny + 2 * nx + nw) * es / COPY_BW * 1e6  # one pass: read dY, X; write dX
+    return row
+
+
+def main(argv):
+    out = argv[0]
+    only = tuple(argv[2:5]) if len(argv) > 1 and argv[1] == "--one" else None
+    rows = []
+    for case in _rows(only):
+        try:
+            rows.append(probe(case, forward_only=only is not None))
+        except Exception as e:  # a failing row must not hide the others' numbers
+            rows.append(dict(case=case.name, dtype=case.dtype, layout=case.layout, error=repr(e)))
+        print(json.dumps(rows[-1]), flush=True)
+        E.clear_caches()
+    with open(out, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

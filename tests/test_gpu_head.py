@@ -1,0 +1,144 @@
+"""GPU tests of the output-head path (head_engine; skipped without CUDA).
+
+Accuracy bar as tests/test_gpu.py (``_check``): against float64 PyTorch, at most 2x cuDNN's own
+error at the same dtype and precision flag (for "tf32", 2x the larger of cuDNN's error and that of
+exact TF32 arithmetic), plus one unit in the last place of the largest output. Head
+configurations are forced with ``config=`` (the tuner may pick any of them): bfloat16, float16 and
+float32 at each precision, both input layouts, strided input, and once through the tuner.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import convt3d
+from convt3d import triton_engine as E
+from convt3d.validate import check_call
+
+import test_gpu
+
+
+def _check(x, w, b, args, precision, out):
+    """test_gpu's accuracy bar; the memory format is checked as "out is laid out as PyTorch's
+    rule wants", since with one output channel channels_last_3d and contiguous coincide (and
+    test_gpu._check's format test, which asks which one a tensor suggests, cannot tell)."""
+    want = torch.channels_last_3d if (E.suggests_channels_last(x) or E.suggests_channels_last(w)) \
+        else torch.contiguous_format
+    assert out.is_contiguous(memory_format=want)
+    if out.shape[1] == 1:
+        # Checked above; hand test_gpu an output whose format question has one answer.
+        x, out = x.contiguous(), out.contiguous()
+    test_gpu._check(x, w, b, args, precision, out)
+
+pytestmark = [pytest.mark.gpu]
+DEV = "cuda"
+
+# (n, cin, cout, groups, size, kernel, stride, padding, output_padding, dilation): the bench's
+# head rows at reduced size, plus groups, 15 channels and odd sizes.
+HEADS = {
+    "gan-64to1-k4s2p1": (2, 64, 1, 1, (9, 10, 11), 4, 2, 1, 0, 1),
+    "video-64to3-k144": (2, 64, 3, 1, (5, 12, 13), (1, 4, 4), (1, 2, 2), (0, 1, 1), 0, 1),
+    "tc-side-128to8-k3": (2, 128, 8, 1, (4, 9, 12), 3, (1, 2, 2), 1, (0, 1, 1), 1),
+    "direct-k2s2-8to2": (2, 8, 2, 1, (9, 10, 11), 2, 2, 0, 0, 1),
+    "direct-k2s3-fill": (2, 16, 3, 1, (5, 6, 7), 2, 3, 0, 1, 1),
+    "video-128to3-k4s2p1": (1, 128, 3, 1, (4, 12, 17), 4, 2, 1, 0, 1),
+    "groups2-5-per-group": (2, 32, 10, 2, (5, 6, 7), 3, 2, 1, 1, 1),
+    "c15-dilation2": (1, 24, 15, 1, (4, 5, 6), 3, 2, 2, 1, 2),
+    "cin200-ksteps": (1, 200, 2, 1, (4, 6, 7), 3, 2, 1, 0, 1),
+}
+PRECISIONS = {torch.float32: ["tf32", "tf32x3", "ieee"], torch.bfloat16: ["tf32"], torch.float16: ["tf32"]}
+
+
+def _inputs(spec, layout, dtype):
+    n, cin, cout, g, size, k, s, p, op, d = spec
+    k = k if isinstance(k, tuple) else (k,) * 3
+    x = torch.randn(n, cin, *size, device=DEV, dtype=dtype)
+    if layout == "cl":
+        x = x.to(memory_format=torch.channels_last_3d)
+    elif layout == "noncontig":
+        x = torch.randn(n, cin, *(2 * v for v in size), device=DEV, dtype=dtype)[:, :, ::2, 1::2, ::2]
+    w = (torch.randn(cin, cout // g, *k, device=DEV, dtype=torch.float32) / (cin / g) ** 0.5).to(dtype)
+    b = torch.randn(cout, device=DEV, dtype=dtype)
+    return x, w, b, (s, p, op, g, d)
+
+
+@pytest.fixture(autouse=True)
+def _no_autotune(monkeypatch):
+    monkeypatch.setenv("CONVT3D_AUTOTUNE", "0")
+    yield
+
+
+def _heads(params, x, w, prec):
+    heads = [c for c in E.plan(params, x, w, prec).configs if c.head]
+    assert heads, "a head layer must have head candidates"
+    return heads
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", ["ncdhw", "cl"])
+@pytest.mark.parametrize("name", list(HEADS))
+def test_head_dtypes_and_precisions(name, layout, dtype):
+    x, w, b, args = _inputs(HEADS[name], layout, dtype)
+    params, _ = check_call(x, w, b, *args)
+    for prec in PRECISIONS[dtype]:
+        cfg = _heads(params, x, w, prec)[0]
+        _check(x, w, b, args, prec, E.forward(x, w, b, params, prec, config=cfg))
+
+
+# Each candidate costs a compile per dtype and precision; the other tiles are checked in the two
+# dtypes the bench runs (the tuner may pick any of them).
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("name", ["gan-64to1-k4s2p1", "direct-k2s2-8to2", "groups2-5-per-group", "cin200-ksteps"])
+def test_every_head_candidate(name, dtype):
+    x, w, b, args = _inputs(HEADS[name], "cl", dtype)
+    params, _ = check_call(x, w, b, *args)
+    for cfg in _heads(params, x, w, "tf32")[1:]:
+        _check(x, w, b, args, "tf32", E.forward(x, w, b, params, "tf32", config=cfg))
+
+
+@pytest.mark.parametrize("name", ["video-64to3-k144", "direct-k2s3-fill"])
+def test_noncontiguous_input(name):
+    # A strided view: D, H, W are not one stride apart, so the GEMM divides per row.
+    x, w, b, args = _inputs(HEADS[name], "noncontig", torch.bfloat16)
+    params, _ = check_call(x, w, b, *args)
+    cfg = _heads(params, x, w, "tf32")[0]
+    _check(x, w, b, args, "tf32", E.forward(x, w, b, params, "tf32", config=cfg))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_unbatched_and_no_bias(dtype):
+    x, w, _, args = _inputs(HEADS["video-64to3-k144"], "ncdhw", dtype)
+    params, _ = check_call(x[:1], w, None, *args)
+    head = next(c for c in E.plan(params, x[:1], w, "tf32").configs if c.head)
+    E.clear_caches()
+    try:
+        E.seed_tuning(E.plan(params, x[:1], w, "tf32").tune_key, head)
+        out = convt3d.conv_transpose3d(x[0], w, None, *args, backend="triton", precision="tf32")
+    finally:
+        E.clear_caches()
+    _check(x[:1], w, None, args, "tf32", out.unsqueeze(0))
+
+
+def test_tuner_times_head_candidates(monkeypatch):
+    # With tuning on, the first call of a signature times the head configs against the phase
+    # ones; whatever it picks must be correct, and the log must show the head candidates timed.
+    monkeypatch.setenv("CONVT3D_AUTOTUNE", "1")
+    x, w, b, args = _inputs(HEADS["gan-64to1-k4s2p1"], "ncdhw", torch.bfloat16)
+    params, _ = check_call(x, w, b, *args)
+    E.clear_caches()
+    try:
+        out = convt3d.conv_transpose3d(x, w, b, *args, backend="triton")
+        key = E.plan(params, x, w, "tf32").tune_key
+        rec = E.tuning_log()[key]
+    finally:
+        E.clear_caches()
+    assert any(name.startswith("head-") for name in rec.timings_ms)
+    _check(x, w, b, args, "tf32", out)
+
+
+def test_deterministic_bitwise():
+    x, w, b, args = _inputs(HEADS["video-128to3-k4s2p1"], "cl", torch.float32)
+    params, _ = check_call(x, w, b, *args)
+    head = next(c for c in E.plan(params, x, w, "tf32").configs if c.head)
+    a = E.forward(x, w, b, params, "tf32", config=head)
+    assert torch.equal(a, E.forward(x, w, b, params, "tf32", config=head))
