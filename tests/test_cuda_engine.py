@@ -15,7 +15,10 @@
 * the output memory format rule equals the Triton engine's;
 * the TF32 mode: ``forward`` checks ``precision`` first and hands the module the TF32 switch
   (the compiled module recorded by a fake), and the Python declaration of ``convt3d_forward``
-  equals the .cu's definition;
+  equals the .cu's definition; gemm_kernel's tensor-core form (MMA_VARIANTS, TF32 only): its
+  warp fragments, emulated lane by lane with the .cu's formulas and PTX's m16n8k8 layout, compute
+  the block's product once per element, load and store without bank conflicts, and its block
+  arithmetic is the plain tile's (the gemm emulation below runs it);
 * gemm_kernel (the register-blocked path): an emulation of its index arithmetic (block decode,
   flattened position tile, tap table, loader masks and channel tail, padded weight rows, the
   thread -> register-tile map, the epilogue tile, the row writer's residue walk by carries, the
@@ -131,11 +134,11 @@ def test_source_is_packaged_and_the_build_name_follows_it():
         if idx >= 0:
             assert re.search(rf"\{{{p}, {c}, {wp}, {wc}\}},\s+// {idx}:", src), name
             assert f"case {idx}: launch_phase<{p}, {c}, {wp}, {wc}>" in src, name
-    for name, (idx, bn, bm, bk, stages) in E.GEMM_VARIANTS.items():
-        halo = name in E.HALO_VARIANTS
-        assert re.search(rf"\{{{bn}, {bk}, {stages}, {int(halo)}\}},\s+// {idx}: {bn} channels x {bm} positions, {bk} "
-                         rf"input", src), name
-        tail = ", true>" if halo else ">"
+    for name, (idx, bn, bm, bk, stages) in E._GEMM_ALL.items():
+        halo, mma = name in E.HALO_VARIANTS, name in E.MMA_VARIANTS
+        assert re.search(rf"\{{{bn}, {bk}, {stages}, {int(halo)}, {int(mma)}\}},\s+// {idx}: {bn} channels x {bm} "
+                         rf"positions, {bk} input", src), name
+        tail = ", true>" if halo else (", false, true>" if mma else ">")
         assert f"case {idx}: launch_gemm<{bn}, {bk}, {stages}{tail}" in src, name
         assert f"gemm_kernel<{bn}, {bk}, {stages}, 2{tail}" in src, name  # the standalone compile instantiates it
     for name, plain in E.HALO_VARIANTS.items():
@@ -146,7 +149,8 @@ def test_source_is_packaged_and_the_build_name_follows_it():
     assert f"GEMM_THREADS = {E.GEMM_THREADS};" in src
     assert f"GEMM_MAX_TAPS = {E.GEMM_MAX_TAPS};" in src
     assert f"NUM_VARIANTS = {sum(1 for v in E.VARIANTS.values() if v[0] >= 0)};" in src
-    assert f"NUM_GEMM = {len(E.GEMM_VARIANTS)};" in src
+    assert f"NUM_GEMM = {len(E.GEMM_VARIANTS) + len(E.MMA_VARIANTS)};" in src
+    assert f"MMA_PAD = {E.MMA_PAD};" in src
 
 
 # ---- precision ------------------------------------------------------------------------------------
@@ -171,6 +175,7 @@ class _RecordingModule:
 @pytest.mark.parametrize("precision,tf32", [("ieee", False), ("tf32", True)])
 @pytest.mark.parametrize("variant", [None, "g64", "p8c8", "direct"], ids=lambda v: v or "default")
 def test_forward_hands_the_tf32_switch_to_the_module(monkeypatch, precision, tf32, variant):
+    monkeypatch.delenv("CONVT3D_CUDA_VARIANT", raising=False)
     prm = _params(2, 8, 40, (3, 4, 5), 3, s=2, p=1)
     module = _RecordingModule(prm)
     monkeypatch.setattr(E, "unsupported_reason", lambda x, w, p: None)
@@ -182,7 +187,9 @@ def test_forward_hands_the_tf32_switch_to_the_module(monkeypatch, precision, tf3
     (call,) = module.calls
     assert call["tf32"] is tf32 and call["meta"] == E.kernel_meta(prm)
     assert torch.equal(x, x0) and torch.equal(w, w0)  # the caller's tensors are left alone
-    # the default keeps the engine's exact grade
+    if variant is None:  # 8 input channels per group: too few for the tensor-core tiles, both modes
+        assert call["variant"] == E.GEMM_VARIANTS["g64k8"][0]
+    # the default precision keeps the engine's exact grade
     module.calls.clear()
     E.forward(x, w, None, prm, variant=variant)
     assert module.calls[0]["tf32"] is False
@@ -475,7 +482,7 @@ def _write_counts(prm: ConvT3dParams, plan: dict) -> torch.Tensor:
 
 
 def _check_plans(prm: ConvT3dParams, context: str):
-    for variant in E.variant_names():
+    for variant in E.variant_names("tf32"):
         for hreuse in (False, True):
             plan = E.launch_plan(prm, variant, hreuse)
             bad = E.launch_limit_violations(plan)
@@ -631,7 +638,7 @@ def emulate_gemm(x: torch.Tensor, weight: torch.Tensor, bias, prm: ConvT3dParams
     name = plan["variant"]  # a HALO variant outside halo_layout's limits runs its plain tile
     halo = E.halo_layout(prm, name) if name in E.HALO_VARIANTS else None
     assert bool(plan.get("halo")) == (halo is not None)
-    _, BN, BM, BK, STAGES = E.GEMM_VARIANTS[name]
+    _, BN, BM, BK, STAGES = E._GEMM_ALL[name]
     NT = E.GEMM_THREADS
     HBN = BN // 2
     tab, meta = E.geometry_table(prm), E.kernel_meta(prm)
@@ -883,6 +890,11 @@ EMULATED_GEMM = {
     "s1-k5-w-g64r": (1, 2, 3, 1, dict(size=(2, 3, 4), k=(2, 2, 5), s=1, p=(0, 1, 0)), "g64r"),
     "grouped-op1-g64r": (2, 8, 12, 2, dict(size=(2, 3, 4), k=3, s=2, p=1, op=1), "g64r"),
     "fallback-qcw14-g64r": (1, 3, 4, 1, dict(size=(2, 5, 12), k=3, s=2, p=2, d=4), "g64r"),
+    # the tensor-core form: the plain tile's block arithmetic (its warp fragments: test_mma_*)
+    "kb77-geometry-g64t": (1, 3, 5, 1, dict(size=(3, 4, 5), k=3, s=2, p=1, d=2), "g64t"),
+    "cin-tail-cout-tiles-g64t": (1, 40, 70, 1, dict(size=(2, 3, 5), k=3, s=2, p=1, d=2), "g64t"),
+    "grouped-op1-g64t16": (2, 8, 12, 2, dict(size=(2, 3, 4), k=3, s=2, p=1, op=1), "g64t16"),
+    "s1-k5-wide-g64t16": (1, 17, 3, 1, dict(size=(2, 3, 40), k=(2, 5, 3), s=1, p=(0, 2, 1)), "g64t16"),
 }
 
 
@@ -992,6 +1004,140 @@ def test_default_variant_is_gemm_where_it_applies(monkeypatch):
     assert E.choose_variant(kb["kb77"]) == "g32"
 
 
+def test_tf32_default_is_the_tensor_core_tile_where_it_applies(monkeypatch):
+    """TF32 mode: the 64-channel tiles with 16+ input channels per group move to the tensor cores
+    (g64t where Cin/g fills its 32-channel K step, else g64t16); everything else keeps its FFMA
+    choice. The exact grade never picks a tensor-core tile."""
+    monkeypatch.delenv("CONVT3D_CUDA_VARIANT", raising=False)
+    kb = _kernelbench_params()
+    assert E.choose_variant(kb["kb77"], "tf32") == "g64t"
+    assert E.choose_variant(kb["kb61"], "tf32") == "g64t16"  # 48 input channels
+    assert E.choose_variant(kb["kb68"], "tf32") == "g64t"
+    for name in ("kb58", "kb70", "kb72", "kb73"):  # 8-32 output channels per group
+        assert E.choose_variant(kb[name], "tf32") == E.choose_variant(kb[name])
+    assert E.choose_variant(_params(1, 12, 64, 5, 3), "tf32") == "g64k8"  # 12 input channels
+    for prm in kb.values():
+        assert E.choose_variant(prm) not in E.MMA_VARIANTS
+    assert set(E.variant_names("tf32")) - set(E.variant_names()) == set(E.MMA_VARIANTS)
+    monkeypatch.setenv("CONVT3D_CUDA_VARIANT", "g64t")
+    with pytest.raises(ValueError, match="CONVT3D_CUDA_VARIANT='g64t'"):
+        E.choose_variant(kb["kb77"])
+    assert E.choose_variant(kb["kb77"], "tf32") == "g64t"
+
+
+def test_tensor_core_variants_refuse_the_exact_grade(monkeypatch):
+    prm = _params(2, 8, 40, (3, 4, 5), 3, s=2, p=1)
+    monkeypatch.setattr(E, "unsupported_reason", lambda x, w, p: None)
+
+    def no_build(device=None):
+        raise AssertionError("a refused variant must not build the engine")
+
+    monkeypatch.setattr(E, "load_module", no_build)
+    for name in E.MMA_VARIANTS:
+        with pytest.raises(ValueError, match=rf"variant='{name}' at precision='ieee'"):
+            E.forward(torch.randn(2, 8, 3, 4, 5), torch.randn(8, 40, 3, 3, 3), None, prm, variant=name)
+
+
+def test_kb77_tensor_core_plan():
+    prm = _kernelbench_params()["kb77"]
+    # the stage rows of A (256) and B (64) padded by 8 floats each
+    assert E.launch_plan(prm, "g64t", False)["smem"] == 4 * 2 * 32 * (256 + 64 + 16) + 16 * 27
+    assert E.launch_plan(prm, "g64t16", False)["smem"] == 4 * 3 * 16 * (256 + 64 + 16) + 16 * 27
+    for name in E.MMA_VARIANTS:  # two blocks per SM (228 KB, 1 KB reserved per block)
+        assert 2 * (E.launch_plan(prm, name, False)["smem"] + 1024) <= 228 * 1024
+
+
+def _mma_fragments(lane: int):
+    """PTX's m16n8k8 TF32 fragment coordinates for one lane: A (row m, col k) of a0..a3, B (k, n)
+    of b0..b1, D (m, n) of d0..d3."""
+    g, t = lane // 4, lane % 4
+    a = [(g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)]
+    b = [(t, g), (t + 4, g)]
+    d = [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)]
+    return a, b, d
+
+
+@pytest.mark.parametrize("name", list(E.MMA_VARIANTS))
+def test_mma_warp_fragments_compute_the_block_product(name):
+    """gemm_kernel's MMA form, lane by lane with the .cu's address formulas: each warp (wm, wn)
+    loads its A fragments at As[(k0 + t) * AP + wm*64 + 16i + g] (+8 rows, +4 channels) and B at
+    Bs[(k0 + t) * BP + wn*32 + 8j + g] (+4 channels), multiplies per PTX's layout, and the
+    epilogue stores D at Cs[(8j + 2t + r%2) * CPITCH + wm*64 + 16i + g + 8*(r//2)] for its
+    channel half. The result equals A^T B; every accumulator cell is stored once; the padded
+    pitches make each fragment load and each epilogue store hit 32 distinct banks."""
+    _, bn, bm, bk, _ = E.MMA_VARIANTS[name]
+    pad = E.MMA_PAD
+    ap, bp, cpitch, hbn = bm + pad, bn + pad, bm + 4, bn // 2
+    gen = torch.Generator().manual_seed(3)
+    A = torch.randn(bk, bm, dtype=torch.float64, generator=gen)  # the stage's A tile [k][m]
+    B = torch.randn(bk, bn, dtype=torch.float64, generator=gen)
+    As = torch.full((bk * ap,), float("nan"), dtype=torch.float64)
+    Bs = torch.full((bk * bp,), float("nan"), dtype=torch.float64)
+    As.view(bk, ap)[:, :bm] = A  # the loader's destinations: k * AP + m, row * BP + 4cb
+    Bs.view(bk, bp)[:, :bn] = B
+    Asl, Bsl = As.tolist(), Bs.tolist()
+    acc = {}  # (warp, lane, i, j, r) -> value
+    for warp in range(E.GEMM_THREADS // 32):
+        wm, wn = warp & 3, warp >> 2
+        for k0 in range(0, bk, 8):
+            loads_a = [[None] * 32 for _ in range(16)]
+            loads_b = [[None] * 32 for _ in range(8)]
+            frag_a, frag_b = {}, {}
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                for i in range(4):
+                    base = t * ap + wm * 64 + g + k0 * ap + 16 * i
+                    for r, off in enumerate((0, 8, 4 * ap, 4 * ap + 8)):
+                        frag_a[(lane, i, r)] = Asl[base + off]
+                        loads_a[4 * i + r][lane] = base + off
+                for j in range(4):
+                    base = t * bp + wn * 32 + g + k0 * bp + 8 * j
+                    for r, off in enumerate((0, 4 * bp)):
+                        frag_b[(lane, j, r)] = Bsl[base + off]
+                        loads_b[2 * j + r][lane] = base + off
+            for addrs in loads_a + loads_b:  # one shared-memory load instruction of the warp
+                assert len({a % 32 for a in addrs}) == 32, (name, warp, "fragment load bank conflict")
+            # the warp's mma per PTX's layout: gather the lanes' fragments into 16x8 and 8x8 operands
+            for i in range(4):
+                Am = torch.full((16, 8), float("nan"), dtype=torch.float64)
+                for lane in range(32):
+                    for r, (mm, kk) in enumerate(_mma_fragments(lane)[0]):
+                        Am[mm, kk] = frag_a[(lane, i, r)]
+                for j in range(4):
+                    Bm = torch.full((8, 8), float("nan"), dtype=torch.float64)
+                    for lane in range(32):
+                        for r, (kk, nn) in enumerate(_mma_fragments(lane)[1]):
+                            Bm[kk, nn] = frag_b[(lane, j, r)]
+                    assert not Am.isnan().any() and not Bm.isnan().any()
+                    Dm = (Am @ Bm).tolist()
+                    for lane in range(32):
+                        for r, (mm, nn) in enumerate(_mma_fragments(lane)[2]):
+                            key = (warp, lane, i, j, r)
+                            acc[key] = acc.get(key, 0.0) + Dm[mm][nn]
+    want = A.T @ B  # [m][n]
+    for h in range(2):
+        Cs = torch.full((hbn * cpitch,), float("nan"), dtype=torch.float64)
+        written = torch.zeros(hbn * cpitch, dtype=torch.long)
+        for warp in range(E.GEMM_THREADS // 32):
+            wm, wn = warp & 3, warp >> 2
+            if wn != h:
+                continue
+            for i in range(4):
+                for j in range(4):
+                    for r in range(4):
+                        addrs = []
+                        for lane in range(32):
+                            g, t = lane >> 2, lane & 3
+                            at = (8 * j + 2 * t + (r & 1)) * cpitch + wm * 64 + 16 * i + g + 8 * (r >> 1)
+                            Cs[at] = acc[(warp, lane, i, j, r)]
+                            written[at] += 1
+                            addrs.append(at)
+                        assert len({a % 32 for a in addrs}) == 32, (name, "epilogue store bank conflict")
+        tile = Cs.view(hbn, cpitch)[:, :bm]  # what the row writer reads: Cs[cl][m]
+        assert int(written.view(hbn, cpitch)[:, :bm].min()) == 1 and int(written.max()) == 1
+        torch.testing.assert_close(tile, want[:, h * hbn:(h + 1) * hbn].T, rtol=1e-12, atol=1e-12)
+
+
 def test_kb77_gemm_plan():
     prm = _kernelbench_params()["kb77"]
     plan = E.launch_plan(prm, "g64", False)
@@ -1007,7 +1153,7 @@ def _gemm_write_counts(prm: ConvT3dParams, plan: dict) -> torch.Tensor:
     """How many times gemm_kernel's grid writes each output position (channels aside): each block
     owns I(qd) x (per compact row qh of its flattened tile: I(qh) x its W run), with I(q) =
     [q*s, (q+1)*s), the last compact index up to the end of the dimension."""
-    _, bn, bm, _, _ = E.GEMM_VARIANTS[plan["variant"]]
+    _, bn, bm, _, _ = E._GEMM_ALL[plan["variant"]]
     qcd, qch, qcw = E.kernel_meta(prm)[13:16]
     tiles_hw = -(-(qch * qcw) // bm)
     assert plan["grid"][0] == -(-prm.out_channels_per_group // bn) * tiles_hw * qcd * prm.batch * prm.groups

@@ -309,7 +309,7 @@ def test_tf32_random_sweep(seed):
     assert torch.equal(x, x0) and torch.equal(w, w0), "TF32 mode wrote the caller's tensors"
 
 
-@pytest.mark.parametrize("variant", E.variant_names(), ids=lambda v: f"variant-{v}")
+@pytest.mark.parametrize("variant", E.variant_names("tf32"), ids=lambda v: f"variant-{v}")
 def test_tf32_every_variant_on_kb77_geometry(variant):
     x = torch.randn(2, 7, 5, 9, 37, device=DEV)
     w = torch.randn(7, 13, 3, 3, 3, device=DEV)
@@ -356,3 +356,38 @@ def test_tf32_kernelbench_problems(problem):
     if problem.cudnn_uses_tf32:
         diff = (y - theirs).abs().max().item()
         assert torch.allclose(theirs, y, atol=1e-4, rtol=1e-4), f"max abs diff from PyTorch's default output {diff:.3g}"
+
+
+@pytest.mark.parametrize("seed", range(12), ids=lambda s: f"tf32-gemm-sweep{s}")
+def test_tf32_gemm_random_sweep(seed):
+    """The gemm sweep's geometries (8-40 input, 17-80 output channels per group: tiles and
+    tails) in TF32 mode, on every gemm tile and the tensor-core ones."""
+    rng = random.Random(5000 + seed)
+    n, g, cin_g, cout_g, size, k, s, p, op, d = _gemm_case(rng)
+    x = torch.randn(n, g * cin_g, *size, device=DEV)
+    if seed % 3 == 0:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(g * cin_g, cout_g, *k, device=DEV) * 0.1
+    b = torch.randn(g * cout_g, device=DEV) if seed % 2 else None
+    args = (s, p, op, g, d)
+    for variant in [None, *E.GEMM_VARIANTS, *E.MMA_VARIANTS]:
+        y = _run(x, w, b, args, precision="tf32", variant=variant)
+        _check_tf32(y, x, w, b, args, f"{variant} n{n} g{g} {cin_g}->{cout_g} in{size} k{k} s{s} p{p} op{op} d{d}")
+        assert y.is_contiguous(memory_format=E.output_memory_format(x, w))
+
+
+@pytest.mark.parametrize("problem", [p for p in PROBLEMS if p.id in (61, 68, 77)], ids=lambda p: f"kb{p.id}")
+@pytest.mark.parametrize("variant", list(E.MMA_VARIANTS))
+def test_tensor_core_tiles_on_kernelbench_geometries(problem, variant):
+    """The tensor-core tiles on the KernelBench layers they are the TF32 default for (batch 1,
+    bias), deterministic: within fp32 accumulation error of float64 on the rounded operands."""
+    torch.manual_seed(1)
+    layer = torch.nn.ConvTranspose3d(**problem.layer_args(), device=DEV)
+    x = torch.rand(1, *problem.input_shape[1:], device=DEV)
+    args = (layer.stride, layer.padding, layer.output_padding, layer.groups, layer.dilation)
+    w, b = layer.weight.detach(), torch.randn(layer.out_channels, device=DEV) * 0.1
+    y = _run(x, w, b, args, precision="tf32", variant=variant)
+    ref = _ref(_round_tf32(x), _round_tf32(w), b, args)
+    err = (y.double() - ref).abs().max().item()
+    assert torch.allclose(y.double(), ref, atol=1e-5, rtol=1e-5), f"{variant}: {err:.3g} from the rounded operands"
+    assert torch.equal(y, _run(x, w, b, args, precision="tf32", variant=variant)), "bitwise repeatable"

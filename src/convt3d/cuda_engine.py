@@ -32,7 +32,7 @@ import torch
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 
-__all__ = ["PRECISIONS", "VARIANTS", "GEMM_VARIANTS", "variant_names", "unsupported_reason", "forward", "build_seconds",
+__all__ = ["PRECISIONS", "VARIANTS", "GEMM_VARIANTS", "MMA_VARIANTS", "variant_names", "unsupported_reason", "forward", "build_seconds",
            "geometry_table", "kernel_meta", "choose_variant", "gemm_applies", "cuda_source", "nvcc_path",
            "output_memory_format", "load_module", "launch_plan", "launch_limit_violations", "pack_weight",
            "pack_weight_padded", "HALO_VARIANTS", "halo_layout"]
@@ -72,6 +72,15 @@ GEMM_VARIANTS = {
 # gathers were not what held g64k32 at 26 TFLOP/s; g64r stays a selectable experiment, never the
 # default.
 HALO_VARIANTS = {"g64r": "g64k8"}
+# gemm_kernel's MMA form (the .cu's GEMM_VARIANTS MMA column), TF32 mode only: the same block tile,
+# loader and epilogue, the products on the tensor cores (mma.sync m16n8k8 TF32, fp32 accumulation)
+# from stage tiles whose rows are padded by MMA_PAD floats. Same tuple layout as GEMM_VARIANTS.
+MMA_VARIANTS = {
+    "g64t": (11, 64, 256, 32, 2),
+    "g64t16": (12, 64, 256, 16, 3),
+}
+MMA_PAD = 8
+_GEMM_ALL = {**GEMM_VARIANTS, **MMA_VARIANTS}
 HALO_MAX_SHIFT = 4              # width shifts (Tw-1)*osw a thread's two float4 per row cover
 HALO_SMEM_MAX = 110 * 1024      # bytes: two blocks per SM on H100/H200 (228 KB, 1 KB reserved each)
 HEADER = 16  # int32 header of the geometry table (see the .cu)
@@ -234,16 +243,17 @@ def _launch_qc(params: ConvT3dParams) -> list[int]:
     return [max(1, max(p.size for p in a.phases if p.num_taps > 0)) for a in params.axes]
 
 
-def variant_names() -> list[str]:
-    """Every name ``forward(variant=...)`` takes: the phase_kernel tiles, "direct", the gemm tiles."""
-    return list(VARIANTS) + list(GEMM_VARIANTS)
+def variant_names(precision: str = "ieee") -> list[str]:
+    """Every name ``forward(variant=..., precision=precision)`` takes: the phase_kernel tiles,
+    "direct", the gemm tiles, and for "tf32" also the tensor-core tiles (MMA_VARIANTS)."""
+    return list(VARIANTS) + list(GEMM_VARIANTS) + (list(MMA_VARIANTS) if precision == "tf32" else [])
 
 
 def gemm_applies(params: ConvT3dParams, name: str = "g64") -> bool:
     """Whether the launcher runs gemm_kernel ``name`` for these sizes (else it falls back to the
     direct kernel): 32-bit offsets inside one group's input and inside the compact (h, w) plane, a
     tap table of at most GEMM_MAX_TAPS entries, a grid below 2^31 blocks. Mirrors convt3d_forward."""
-    _, bn, bm, _, _ = GEMM_VARIANTS[name]
+    _, bn, bm, _, _ = _GEMM_ALL[name]
     qc = _launch_qc(params)
     plane_q = qc[1] * qc[2]
     blocks = -(-params.out_channels_per_group // bn) * -(-plane_q // bm) * qc[0] * params.batch * params.groups
@@ -286,7 +296,7 @@ def hreuse_applies(params: ConvT3dParams) -> bool:
     return h.offset_step == 1 and any(p.num_taps in (2, 3) for p in h.phases)
 
 
-def choose_variant(params: ConvT3dParams) -> str:
+def choose_variant(params: ConvT3dParams, precision: str = "ieee") -> str:
     """The tile variant by output channels per group (a block's channel tile should not be much
     wider than the group): 64 channels for wide layers, down to 4 for depthwise ones.
 
@@ -298,14 +308,22 @@ def choose_variant(params: ConvT3dParams) -> str:
     every variant on KB 77 and the other problems; g64k32 is the candidate where Cin/g is a
     multiple of 32). It needs at least 8 input channels per group (fewer would mostly multiply
     the zero padding of a K step) and the launcher's 32-bit limits (``gemm_applies``); narrow
-    groups (KB 58/72: 8-16 output channels per group) stay on phase_kernel's narrow tiles."""
+    groups (KB 58/72: 8-16 output channels per group) stay on phase_kernel's narrow tiles.
+
+    In TF32 mode the 64-channel tiles for 16+ input channels per group run on the tensor cores
+    (g64t where Cin/g is a multiple of 32, as g64k32; else g64t16): the same tile and traffic with
+    the FFMA work (26 TFLOP/s of 51 on KB 77, the FFMA ceiling) moved to mma.sync."""
     override = os.environ.get("CONVT3D_CUDA_VARIANT")
     if override:
-        if override not in variant_names():
-            raise ValueError(f"CONVT3D_CUDA_VARIANT={override!r}; expected one of {sorted(variant_names())}")
+        if override not in variant_names(precision):
+            raise ValueError(f"CONVT3D_CUDA_VARIANT={override!r}; expected one of {sorted(variant_names(precision))}")
         return override
     cout_g = params.out_channels_per_group
     if params.in_channels_per_group >= 8:
+        if precision == "tf32" and cout_g > 32 and params.in_channels_per_group >= 16:
+            name = "g64t" if params.in_channels_per_group % 32 == 0 else "g64t16"
+            if gemm_applies(params, name):
+                return name
         if cout_g > 32 and gemm_applies(params, "g64"):
             # KB 77 on the H200 (session 3, scripts/gpu_cuda.py): g64k32 1010 us, g64 1050,
             # g64k8 1100, g32 1162, phase_kernel p8c16 1596 -- the 32-channel K step halves the
@@ -361,12 +379,14 @@ def launch_plan(params: ConvT3dParams, variant: str, hreuse: bool, smem_optin: i
                                                                           smem_optin)["grid"],
                 "block": (GEMM_THREADS, 1, 1), "smem": layout["smem"], "ci_chunk": GEMM_VARIANTS[variant][3],
                 "halo": True}
-    if variant in GEMM_VARIANTS:
-        _, bn, bm, bk, stages = GEMM_VARIANTS[variant]
+    if variant in _GEMM_ALL:
+        _, bn, bm, bk, stages = _GEMM_ALL[variant]
         if gemm_applies(params, variant):
             blocks = -(-cout_g // bn) * -(-(qch * qcw) // bm) * qcd * params.batch * params.groups
-            # pipeline buffers and epilogue tile share one region (the larger), then the tap table
-            smem = 4 * max(stages * bk * (bm + bn), bn // 2 * (bm + 4)) + 16 * math.prod(params.kernel_size)
+            # pipeline buffers and epilogue tile share one region (the larger), then the tap table;
+            # the MMA form pads each stage row of A and B by MMA_PAD floats
+            pad = 2 * MMA_PAD if variant in MMA_VARIANTS else 0
+            smem = 4 * max(stages * bk * (bm + bn + pad), bn // 2 * (bm + 4)) + 16 * math.prod(params.kernel_size)
             return {"kernel": "gemm", "variant": variant, "grid": (blocks, 1, 1), "block": (GEMM_THREADS, 1, 1),
                     "smem": smem, "ci_chunk": bk}
         idx = -1
@@ -457,14 +477,15 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     fmt = output_memory_format(x, weight)
     if params.batch * params.out_channels * math.prod(params.out_size) == 0:
         return torch.empty(params.out_shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    name = variant if variant is not None else choose_variant(params, precision)
+    if name not in variant_names(precision):
+        raise ValueError(f"variant={name!r} at precision={precision!r}; expected one of "
+                         f"{sorted(variant_names(precision))}")
     module = load_module(x.device)
-    name = variant if variant is not None else choose_variant(params)
-    if name not in VARIANTS and name not in GEMM_VARIANTS:
-        raise ValueError(f"variant={name!r}; expected one of {sorted(variant_names())}")
     use_hreuse = hreuse_applies(params) if hreuse is None else bool(hreuse)
     b = bias.contiguous() if bias is not None else x.new_empty(0)
-    if name in GEMM_VARIANTS:
-        index, bn, _, bk, _ = GEMM_VARIANTS[name]
+    if name in _GEMM_ALL:
+        index, bn, _, bk, _ = _GEMM_ALL[name]
         # the launcher's fallback for sizes gemm_kernel does not take is the direct kernel (plain packing)
         wpk = pack_weight_padded(weight, params, bn, bk) if gemm_applies(params, name) else pack_weight(weight, params)
         index = index if gemm_applies(params, name) else VARIANTS["direct"][0]

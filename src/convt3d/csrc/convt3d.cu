@@ -28,6 +28,11 @@
 // and an epilogue that writes whole output rows (computed and bias elements interleaved).
 // Its HALO form (variant g64r) stages the tile's input window once per (depth tap, chunk of input
 // channels) with the weights of all (h, w) taps and reuses it across them from shared memory.
+// Its MMA form (variants g64t, g64t16; TF32 mode only) multiplies the same staged tiles on the
+// tensor cores, mma.sync m16n8k8 TF32 with fp32 accumulation: 8 warps of 64 positions x 32
+// channels each, the stage tiles' rows padded by 8 floats so every fragment load is free of
+// bank conflicts. The operands are TF32 values already (rounded by round_tf32_kernel), so the tensor
+// cores multiply them exactly as the FFMA kernels do; only the summation order differs.
 //
 // TF32 mode (tf32 = true in convt3d_forward): the input and the packed weight are first rounded
 // to TF32 by round_tf32_kernel (cvt.rna: round to nearest, ties away from zero, the rounding
@@ -460,6 +465,17 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 __device__ __forceinline__ float4 lds4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
+// d += a * b on the tensor cores: a 16 x 8 (rows m, columns k) by 8 x 8 (k, n) TF32 product per
+// warp, fp32 accumulators. Fragments (PTX's m16n8k8 layout; g = lane / 4, t = lane % 4):
+// a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; b = B[t][g], B[t+4][g];
+// d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float* d, const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // The 32 lanes of a warp write v to p[0, len): scalar head up to a 16-byte boundary, float4 body,
 // scalar tail.
 __device__ __forceinline__ void fill_span(float* p, long long len, float v, int lane) {
@@ -474,7 +490,7 @@ __device__ __forceinline__ void fill_span(float* p, long long len, float v, int 
     if (lane < tail) p[head + 4 * n4 + lane] = v;
 }
 
-template <int BN, int BK, int STAGES, int MINB, bool HALO = false>
+template <int BN, int BK, int STAGES, int MINB, bool HALO = false, bool MMA = false>
 __global__ void __launch_bounds__(256, MINB)
 gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const float* __restrict__ bias,
             float* __restrict__ y, const int* __restrict__ tab, const Args a) {
@@ -485,7 +501,11 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
     constexpr int MPT = BM / NT;       // positions each thread stages in the loader
     constexpr int LM = 32 / TN;        // lanes along M within a warp
     constexpr int HBN = BN / 2;
-    constexpr int A_ST = BK * BM, B_ST = BK * BN;
+    // MMA: stage rows padded by 8 floats (pitch = 8 mod 32 banks), so a fragment load (rows t,
+    // columns g) touches 32 distinct banks
+    constexpr int PAD = MMA ? 8 : 0;
+    constexpr int AP = BM + PAD, BP = BN + PAD;  // row pitch of the A [BK][BM] and B [BK][BN] tiles
+    constexpr int A_ST = BK * AP, B_ST = BK * BP;
     constexpr int B_VEC = BK * BN / 4;       // float4 of B per step
     constexpr int B_ROWS = NT / (BN / 4);    // rows of B one sweep of the threads covers
     // Epilogue tile [HBN][CPITCH]: CPITCH/4 odd, so the 8 lanes of a quarter warp (4 tm x 2 tn,
@@ -493,6 +513,8 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
     constexpr int CPITCH = BM + 4;
     static_assert(TN * TM == NT && (32 % TN) == 0 && BM % NT == 0 && (CPITCH / 4) % 2 == 1, "tile shape");
     static_assert(NT % (BN / 4) == 0 && STAGES >= 2, "B rows per sweep, pipeline depth");
+    // MMA: 4 x 2 warps of 64 positions x 32 channels tile the 256 x 64 block
+    static_assert(!MMA || (!HALO && BN == 64 && BM == 256 && BK % 8 == 0), "tensor-core tile");
     // the pipeline buffers and the epilogue tile share one region (the larger of the two)
     constexpr int REGION = STAGES * (A_ST + B_ST) > HBN * CPITCH ? STAGES * (A_ST + B_ST) : HBN * CPITCH;
     extern __shared__ float4 smem4[];
@@ -505,6 +527,8 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tn = lane / LM;
     const int tm = warp * LM + lane % LM;
+    // MMA: the warp's 64 x 32 sub-tile (positions wm*64.., channels wn*32..), fragment coordinates
+    const int wm = warp & 3, wn = warp >> 2, fg = lane >> 2, ft = lane & 3;
 
     long long b = blockIdx.x;
     const int cot = static_cast<int>(b % a.tiles_co); b /= a.tiles_co;
@@ -663,7 +687,7 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
                                 const float* src = asrc[u] + ci0 * cstride;  // int: cin_g*D*H*W < 2^31
 #pragma unroll
                                 for (int k = 0; k < BK; ++k) {
-                                    cp_async4(as + k * BM + NT * u, src, aok[u]);
+                                    cp_async4(as + k * AP + NT * u, src, aok[u]);
                                     src += cstride;
                                 }
                             }
@@ -673,14 +697,14 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
 #pragma unroll 1
                                 for (int k = 0; k < BK; ++k) {
                                     const bool ok = aok[u] && ci0 + k < a.cin_g;
-                                    cp_async4(as + k * BM + NT * u, ok ? asrc[u] + (ci0 + k) * cstride : xg, ok);
+                                    cp_async4(as + k * AP + NT * u, ok ? asrc[u] + (ci0 + k) * cstride : xg, ok);
                                 }
                             }
                         }
 #pragma unroll
                         for (int i = 0; i < (B_VEC + NT - 1) / NT; ++i) {
                             if (B_VEC % NT == 0 || tid + NT * i < B_VEC)
-                                cp_async16(Bs + buf * B_ST + 4 * (tid + NT * i),
+                                cp_async16(Bs + buf * B_ST + (kb + i * B_ROWS) * BP + 4 * cb,
                                            bsrc + static_cast<long long>(ci0 + i * B_ROWS) * cout_pad, true);
                         }
                         if (++l_chunk == nchunks) {
@@ -702,18 +726,47 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
                         if (s + STAGES - 1 < nsteps) load_step(lbuf);  // into the buffer of step s - 1
                         cp_async_commit();
                         lbuf = (lbuf + 1 == STAGES) ? 0 : lbuf + 1;
-                        const float* ak = As + cbuf * A_ST + 4 * tm;
-                        const float* bk = Bs + cbuf * B_ST + 4 * tn;
+                        if constexpr (MMA) {
+                            // per 8 channels: 4 x 4 mma of the warp's 64 x 32 sub-tile; the
+                            // accumulator of (m16 tile i, n8 tile j) is acc[2i + j/2][4(j%2) ..]
+                            const float* ak = As + cbuf * A_ST + ft * AP + wm * 64 + fg;
+                            const float* bk = Bs + cbuf * B_ST + ft * BP + wn * 32 + fg;
 #pragma unroll
-                        for (int k = 0; k < BK; ++k) {
-                            const float4 a0 = lds4(ak + k * BM), a1 = lds4(ak + k * BM + BM / 2);
-                            const float4 b0 = lds4(bk + k * BN), b1 = lds4(bk + k * BN + HBN);
-                            const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-                            const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+                            for (int k0 = 0; k0 < BK; k0 += 8) {
+                                unsigned af[4][4], bf[4][2];
 #pragma unroll
-                            for (int i = 0; i < 8; ++i)
+                                for (int i = 0; i < 4; ++i) {
+                                    const float* q = ak + k0 * AP + 16 * i;
+                                    af[i][0] = __float_as_uint(q[0]);
+                                    af[i][1] = __float_as_uint(q[8]);
+                                    af[i][2] = __float_as_uint(q[4 * AP]);
+                                    af[i][3] = __float_as_uint(q[4 * AP + 8]);
+                                }
 #pragma unroll
-                                for (int j = 0; j < 8; ++j) acc[i][j] = __fmaf_rn(av[i], bv[j], acc[i][j]);
+                                for (int j = 0; j < 4; ++j) {
+                                    const float* q = bk + k0 * BP + 8 * j;
+                                    bf[j][0] = __float_as_uint(q[0]);
+                                    bf[j][1] = __float_as_uint(q[4 * BP]);
+                                }
+#pragma unroll
+                                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                                    for (int j = 0; j < 4; ++j) mma_tf32(&acc[2 * i + j / 2][4 * (j % 2)], af[i], bf[j]);
+                            }
+                        } else {
+                            const float* ak = As + cbuf * A_ST + 4 * tm;
+                            const float* bk = Bs + cbuf * B_ST + 4 * tn;
+#pragma unroll
+                            for (int k = 0; k < BK; ++k) {
+                                const float4 a0 = lds4(ak + k * BM), a1 = lds4(ak + k * BM + BM / 2);
+                                const float4 b0 = lds4(bk + k * BN), b1 = lds4(bk + k * BN + HBN);
+                                const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                                const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+                                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                                    for (int j = 0; j < 8; ++j) acc[i][j] = __fmaf_rn(av[i], bv[j], acc[i][j]);
+                            }
                         }
                         cbuf = (cbuf + 1 == STAGES) ? 0 : cbuf + 1;
                     }
@@ -857,14 +910,30 @@ gemm_kernel(const float* __restrict__ x, const float* __restrict__ wpk, const fl
                     const int nrows = min(qh_b, Qh - 1) - qh_a + 1;  // >= 1: qh_a < Qh
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        // channels h*HBN + cl, cl in [0, HBN): this thread's are cl = 4tn + j
+                        // channels h*HBN + cl, cl in [0, HBN)
+                        if constexpr (MMA) {
+                            // the warps of channel half wn == h: D[m][n] of tile (i, j), register r,
+                            // at m = wm*64 + 16i + g + 8(r/2), cl = 8j + 2t + r%2 (32 distinct banks)
+                            if (wn == h) {
 #pragma unroll
-                        for (int j = 0; j < 4; ++j) {
-                            float* c = Cs + (4 * tn + j) * CPITCH + 4 * tm;
-                            *reinterpret_cast<float4*>(c) =
-                                make_float4(acc[0][4 * h + j], acc[1][4 * h + j], acc[2][4 * h + j], acc[3][4 * h + j]);
-                            *reinterpret_cast<float4*>(c + BM / 2) =
-                                make_float4(acc[4][4 * h + j], acc[5][4 * h + j], acc[6][4 * h + j], acc[7][4 * h + j]);
+                                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                                    for (int j = 0; j < 4; ++j)
+#pragma unroll
+                                        for (int r = 0; r < 4; ++r)
+                                            Cs[(8 * j + 2 * ft + (r & 1)) * CPITCH + wm * 64 + 16 * i + fg + 8 * (r >> 1)] =
+                                                acc[2 * i + j / 2][4 * (j % 2) + r];
+                            }
+                        } else {
+                            // this thread's channels are cl = 4tn + j
+#pragma unroll
+                            for (int j = 0; j < 4; ++j) {
+                                float* c = Cs + (4 * tn + j) * CPITCH + 4 * tm;
+                                *reinterpret_cast<float4*>(c) = make_float4(acc[0][4 * h + j], acc[1][4 * h + j],
+                                                                            acc[2][4 * h + j], acc[3][4 * h + j]);
+                                *reinterpret_cast<float4*>(c + BM / 2) = make_float4(acc[4][4 * h + j], acc[5][4 * h + j],
+                                                                                     acc[6][4 * h + j], acc[7][4 * h + j]);
+                            }
                         }
                         __syncthreads();
                         for (int t = warp; t < nrows * HBN; t += NWARPS) {
@@ -934,16 +1003,19 @@ constexpr long long SMEM_TARGET = 100 * 1024;  // two blocks per SM on H100/H200
 // halo_layout() accepts the geometry (else the plain variant of the same BN, BK, STAGES: same
 // weight packing).
 struct GemmVariant {
-    int BN, BK, STAGES, HALO;
+    int BN, BK, STAGES, HALO, MMA;
 };
-constexpr int NUM_GEMM = 5;
+constexpr int NUM_GEMM = 7;
 constexpr GemmVariant GEMM_VARIANTS[NUM_GEMM] = {
-    {64, 16, 3, 0},  // 6: 64 channels x 256 positions, 16 input channels per step
-    {32, 16, 3, 0},  // 7: 32 channels x 512 positions, 16 input channels per step
-    {64, 8, 3, 0},   // 8: 64 channels x 256 positions, 8 input channels per step
-    {64, 32, 2, 0},  // 9: 64 channels x 256 positions, 32 input channels per step
-    {64, 8, 3, 1},   // 10: 64 channels x 256 positions, 8 input channels per step, halo window
+    {64, 16, 3, 0, 0},  // 6: 64 channels x 256 positions, 16 input channels per step
+    {32, 16, 3, 0, 0},  // 7: 32 channels x 512 positions, 16 input channels per step
+    {64, 8, 3, 0, 0},   // 8: 64 channels x 256 positions, 8 input channels per step
+    {64, 32, 2, 0, 0},  // 9: 64 channels x 256 positions, 32 input channels per step
+    {64, 8, 3, 1, 0},   // 10: 64 channels x 256 positions, 8 input channels per step, halo window
+    {64, 32, 2, 0, 1},  // 11: 64 channels x 256 positions, 32 input channels per step, tensor cores (TF32)
+    {64, 16, 3, 0, 1},  // 12: 64 channels x 256 positions, 16 input channels per step, tensor cores (TF32)
 };
+constexpr int MMA_PAD = 8;  // gemm_kernel's stage row padding of its MMA form (floats)
 // Shared memory of a HALO block at most: two blocks per SM on H100/H200 (228 KB, 1 KB reserved
 // per block), so 16 warps hide the window loads as in the plain tiles (KB 77: 88 KB).
 constexpr long long HALO_SMEM_MAX = 110 * 1024;
@@ -983,10 +1055,10 @@ void launch_phase(const torch::Tensor& x, const torch::Tensor& wpk, const float*
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <int BN, int BK, int STAGES, bool HALO = false>
+template <int BN, int BK, int STAGES, bool HALO = false, bool MMA = false>
 void launch_gemm(const torch::Tensor& x, const torch::Tensor& wpk, const float* bias, torch::Tensor& y,
                  const torch::Tensor& tab, const Args& a, long long blocks, size_t smem, cudaStream_t stream) {
-    auto kernel = gemm_kernel<BN, BK, STAGES, 2, HALO>;
+    auto kernel = gemm_kernel<BN, BK, STAGES, 2, HALO, MMA>;
     TORCH_CHECK(blocks >= 1 && blocks <= 0x7fffffffLL, "convt3d cuda: gemm_kernel grid of ", blocks, " blocks");
     if (smem > 48 * 1024) {
         C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -1059,7 +1131,8 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
         blocks = static_cast<long long>(a.tiles_co) * a.tiles_hw * a.qcd * a.N * a.G;
         // pipeline buffers and epilogue tile (one region, the larger), then the phase's tap table
         const long long taps = static_cast<long long>(a.KD) * a.KH * a.KW;
-        const long long region = std::max<long long>(static_cast<long long>(v.STAGES) * v.BK * (bm + v.BN),
+        const long long pad = v.MMA ? 2 * MMA_PAD : 0;  // the MMA form's padded stage rows
+        const long long region = std::max<long long>(static_cast<long long>(v.STAGES) * v.BK * (bm + v.BN + pad),
                                                      static_cast<long long>(v.BN / 2) * (bm + 4));
         smem = static_cast<size_t>(4LL * region + 16LL * taps);
         // 32-bit position and input-offset arithmetic in the kernel, a bounded tap table. The Python
@@ -1072,6 +1145,8 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
                     "convt3d cuda: gemm_kernel needs the padded weight packing (cuda_engine.pack_weight_padded)");
         TORCH_CHECK(reinterpret_cast<uintptr_t>(wpk.data_ptr<float>()) % 16 == 0,
                     "convt3d cuda: gemm_kernel reads the packed weight as float4 (16-byte aligned)");
+        // the tensor cores read TF32 operands: only the TF32 mode's rounded copies are exact for them
+        TORCH_CHECK(!v.MMA || tf32, "convt3d cuda: the tensor-core gemm variants run in TF32 mode only");
         if (v.HALO) {
             const long long hbytes = halo_layout(v, a, halo_h, halo_w, max_thw, taps);
             if (hbytes > 0) {
@@ -1079,7 +1154,7 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
             } else {  // outside the window's limits: the plain tile of the same shape (same packing)
                 for (int i = 0; i < NUM_GEMM; ++i) {
                     const GemmVariant& u = GEMM_VARIANTS[i];
-                    if (!u.HALO && u.BN == v.BN && u.BK == v.BK && u.STAGES == v.STAGES) variant = NUM_VARIANTS + i;
+                    if (!u.HALO && !u.MMA && u.BN == v.BN && u.BK == v.BK && u.STAGES == v.STAGES) variant = NUM_VARIANTS + i;
                 }
                 TORCH_CHECK(!GEMM_VARIANTS[variant - NUM_VARIANTS].HALO, "convt3d cuda: no plain tile for a halo variant");
             }
@@ -1120,6 +1195,8 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bo
         case 8: launch_gemm<64, 8, 3>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 9: launch_gemm<64, 32, 2>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         case 10: launch_gemm<64, 8, 3, true>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 11: launch_gemm<64, 32, 2, false, true>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
+        case 12: launch_gemm<64, 16, 3, false, true>(x, wpk, bptr, y, tab, a, blocks, smem, stream); break;
         default: {
             const long long total = y.numel();
             const long long grid = std::min<long long>((total + 255) / 256, 65535LL * 32);
@@ -1151,4 +1228,6 @@ template __global__ void convt3d_cuda::gemm_kernel<32, 16, 3, 2>(const float*, c
 template __global__ void convt3d_cuda::gemm_kernel<64, 8, 3, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::gemm_kernel<64, 32, 2, 2>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 template __global__ void convt3d_cuda::gemm_kernel<64, 8, 3, 2, true>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<64, 32, 2, 2, false, true>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
+template __global__ void convt3d_cuda::gemm_kernel<64, 16, 3, 2, false, true>(const float*, const float*, const float*, float*, const int*, const convt3d_cuda::Args);
 #endif
