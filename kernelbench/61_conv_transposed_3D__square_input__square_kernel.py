@@ -1087,12 +1087,507 @@ def to_padded_kernel(
         tl.store(y_ptr + y_s[None, :] + offs_c[:, None], v, mask=c_ok[:, None] & s_ok[None, :])
 
 
+# ==================== convt3d/kernels/head_gemm.py (verbatim; package-relative imports rewritten) ====================
+"""Triton kernels of the output-head path: layers with few output channels per group (1-15).
+
+Pure ``@triton.jit`` functions, no host logic; launched by ``convt3d.head_engine`` through the
+Triton engine's launch sites. Imports only ``triton`` and the phase kernels (for the TF32
+rounding), so the KernelBench exporter can inline it after ``kernels/phase_gemm.py``.
+
+Why a separate path. For a head the phase GEMM (``phase_gemm.py``: M = output positions,
+N = Cout/g, K = Cin/g x taps) has a tiny N: every K step loads an input tile from L2 for an MMA
+of 1-8 useful columns, and the input is re-read once per tap (64x for k4 s2). Here the taps go
+into N instead:
+
+    Z[g, n, co * KVOL + t, s] = sum_ci X[n, g * Cin/g + ci, s] * Wt[g * Cin/g + ci, co, t]
+
+one dense GEMM per group with M = input positions s, K = Cin/g and N = Cout/g x kD*kH*kW
+(64 for 1 x 4^3, 48 for 3 x 1x4x4, 216 for 8 x 27), whose B operand is the weight exactly as
+PyTorch stores it (its (co, kd, kh, kw) dimensions are one contiguous row per input channel).
+The input is read once. A second kernel (``head_gather_kernel``) sums, for every output position,
+the Z entries of the taps that reach it:
+
+    out[n, co, o] = bias[co] + sum_{t reaching o}  Z[g, n, co * KVOL + t, i(o, t)]
+
+Each Z element is read by exactly one output element. Z is fp32 (the products of 16-bit
+operands and the TF32 products keep their fp32 accumulation; only the output is rounded).
+
+When no two (input, tap) pairs land on the same output position -- along every dimension
+each output residue has at most one tap, e.g. k2 s2 -- ``head_direct_kernel`` stores the GEMM tile
+straight into the output (plus bias), and ``head_gather_kernel`` with FILL_ONLY writes only the
+positions no tap reaches.
+"""
+import triton
+import triton.language as tl
+
+
+
+@triton.jit
+def _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
+               ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc[m, col] = sum_ci X[m, ci] * W[ci, col] over one group's Cin/g channels (fp32).
+
+    ``x_n``/``w_g``: the group's base pointers; ``x_m``: per-row offsets of the positions;
+    ``cols``: the N columns (co * KVOL + tap). Channel offsets are 64-bit (NCDHW input has a
+    channel stride of D*H*W, times up to Cin/g channels)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, CIN_G, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < CIN_G
+        x_t = tl.load(x_n + x_m[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                      mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
+                      mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+        if ROUND_TF32:
+            # cuDNN's TF32 numerics: operands rounded to nearest TF32 (the tensor cores would
+            # truncate); rounded here, in registers, since the input is read only once anyway.
+            x_t = _round_tf32(x_t)
+            w_t = _round_tf32(w_t)
+        if PRECISION == "ieee":
+            # Each K block summed on its own, then added (fma(part, 1, acc) keeps Triton from
+            # folding it back into a chained dot): two-level summation, as phase_gemm_kernel.
+            acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
+        else:
+            acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _head_rows(pid, S, H, W, stride_xd, stride_xh, stride_xw,
+               FLAT_X: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The program's BLOCK_M input positions (flat index s = (id * H + ih) * W + iw of one
+    batch element), their validity and their offsets in x. FLAT_X: D, H, W are walked by one
+    stride (contiguous NCDHW or channels-last planes), so the offset is s * stride_xw and the
+    compiler sees the contiguity; otherwise one division per row (strided views)."""
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < S
+    if FLAT_X:
+        x_m = offs_m * stride_xw
+    else:
+        iw = offs_m % W
+        t = offs_m // W
+        x_m = (t // H) * stride_xd + (t % H) * stride_xh + iw * stride_xw
+    return offs_m, m_ok, x_m
+
+
+@triton.jit
+def head_gemm_kernel(
+    x_ptr, w_ptr, z_ptr,
+    N, CIN_G, NCOL, S, H, W,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_wc,
+    tiles_m,
+    FLAT_X: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Z[g, n, col, s] (contiguous [G, N, NCOL, S], fp32) for one tile of BLOCK_M input
+    positions and every column: the N tiles loop inside the program, so the input tile is read
+    from HBM once and re-read (NCOL / BLOCK_N - 1 times) from cache."""
+    pid = tl.program_id(0)
+    pid_m = pid % tiles_m
+    t = pid // tiles_m
+    nb = t % N
+    grp = t // N
+    offs_m, m_ok, x_m = _head_rows(pid_m, S, H, W, stride_xd, stride_xh, stride_xw, FLAT_X, BLOCK_M)
+    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    # Z of (g, n) (t = g * N + n): NCOL rows of S positions; a column's row is contiguous along s, so the
+    # stores are coalesced along M.
+    z_g = z_ptr + t.to(tl.int64) * NCOL * S
+    for n0 in range(0, NCOL, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_ok = cols < NCOL
+        acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
+                         ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc,
+                 mask=m_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def head_direct_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    N, CIN_G, COUT_G, NCOL, S, H, W,
+    OD, OH, OW,
+    KH, KW,
+    SD, SH, SW, PD, PH, PW, DD, DH, DW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_wc,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    tiles_m,
+    HAS_BIAS: tl.constexpr,
+    FLAT_X: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERLEAVE_W: tl.constexpr,
+    KW_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The GEMM of head_gemm_kernel stored straight into the output, for layers where no two
+    (input, tap) pairs reach the same output position (head_engine.collision_free: along every
+    dimension each output residue has at most one tap). Element (s, co * KVOL + t) goes to
+    o = i * stride - padding + tap * dilation per dimension, if inside the output; the output
+    offset is a row part (of s) plus a column part (of co, t), so no per-element division."""
+    pid = tl.program_id(0)
+    pid_m = pid % tiles_m
+    t = pid // tiles_m
+    nb = t % N
+    grp = t // N
+    offs_m, m_ok, x_m = _head_rows(pid_m, S, H, W, stride_xd, stride_xh, stride_xw, FLAT_X, BLOCK_M)
+    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    # Output coordinates of the rows (tap 0, before padding).
+    iw = offs_m % W
+    r = offs_m // W
+    od_r = (r // H) * SD
+    oh_r = (r % H) * SH
+    ow_r = iw * SW
+    y_r = od_r.to(tl.int64) * stride_yd + oh_r.to(tl.int64) * stride_yh + ow_r.to(tl.int64) * stride_yw
+    y_n = y_ptr + nb.to(tl.int64) * stride_yn
+    kvol = NCOL // COUT_G
+    for n0 in range(0, NCOL, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_ok = cols < NCOL
+        acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
+                         ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + grp * COUT_G + cols // kvol, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        if INTERLEAVE_W:
+            # NCDHW output with k = s along W (dilation 1): the KW taps of consecutive inputs
+            # tile an output row, so the tile is stored as [column groups, BLOCK_M x KW] with the
+            # W taps interleaved -- whole row segments per store instead of KW strided halves
+            # (the launcher sets it where KW = KW_C divides BLOCK_N: a power of two).
+            G_N: tl.constexpr = BLOCK_N // KW_C
+            out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, KW_C)), (1, 0, 2)),
+                             (G_N, BLOCK_M * KW_C))
+            e = tl.arange(0, BLOCK_M * KW_C)
+            em = pid_m * BLOCK_M + e // KW_C
+            ecol = (n0 + tl.arange(0, G_N) * KW_C)[:, None] + (e % KW_C)[None, :]
+            e_iw = em % W
+            e_r = em // W
+            etap = ecol % kvol
+            od = ((e_r // H) * SD)[None, :] + (etap // (KW * KH)) * DD - PD
+            oh = ((e_r % H) * SH)[None, :] + ((etap // KW) % KH) * DH - PH
+            ow = (e_iw * SW + e % KW_C - PW)[None, :]
+            ok = (em < S)[None, :] & (ecol < NCOL) & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) \
+                & (ow >= 0) & (ow < OW)
+            y_e = (grp * COUT_G + ecol // kvol).to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd \
+                + oh.to(tl.int64) * stride_yh + ow
+            tl.store(y_n + y_e, out.to(y_ptr.dtype.element_ty), mask=ok)
+        else:
+            co = cols // kvol
+            tap = cols % kvol
+            tw = tap % KW
+            th = (tap // KW) % KH
+            td = tap // (KW * KH)
+            od_c = td * DD - PD
+            oh_c = th * DH - PH
+            ow_c = tw * DW - PW
+            y_c = (grp * COUT_G + co).to(tl.int64) * stride_yc + od_c.to(tl.int64) * stride_yd \
+                + oh_c.to(tl.int64) * stride_yh + ow_c.to(tl.int64) * stride_yw
+            od = od_r[:, None] + od_c[None, :]
+            oh = oh_r[:, None] + oh_c[None, :]
+            ow = ow_r[:, None] + ow_c[None, :]
+            ok = (m_ok[:, None] & c_ok[None, :] & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH)
+                  & (ow >= 0) & (ow < OW))
+            tl.store(y_n + y_r[:, None] + y_c[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def head_gather_kernel(
+    z_ptr, b_ptr, y_ptr,
+    N, COUT_G, D, H, W, OD, OH, OW,
+    SD, SH, SW, PD, PH, PW, DD, DH, DW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    tiles_q, tiles_w,
+    HAS_BIAS: tl.constexpr,
+    FILL_ONLY: tl.constexpr,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """out[n, g * COUT_G + co, od, oh, ow] = bias + sum over the taps reaching (od, oh, ow) of
+    Z[g, n, co * KVOL + tap, i(o, tap)], in any output layout (strides).
+
+    One program: one (n, g, od), BLOCK_R output rows of one height residue rh (oh = q * SH + rh
+    for BLOCK_R consecutive q), BLOCK_W columns and every output channel of the group
+    (BLOCK_C >= COUT_G); the tile is [BLOCK_C * BLOCK_R, BLOCK_W] (channel-major rows). od and rh
+    are scalars, so which depth and height taps reach the tile is a scalar test and a tap that
+    does not is skipped; the W taps are masked per lane (each lane takes the taps of its own W
+    residue). The taps are constexpr loops, so a tile issues all its W-tap loads of a (depth,
+    height) tap together. Every output element is written exactly once, positions no tap
+    reaches included (bias or zero); the sum runs in a fixed order (deterministic).
+
+    FILL_ONLY (after head_direct_kernel): no Z; write bias/zero only where no tap reaches."""
+    pid = tl.program_id(0)
+    pid_w = pid % tiles_w
+    t = pid // tiles_w
+    pid_q = t % tiles_q
+    t = t // tiles_q
+    rh = t % SH
+    t = t // SH
+    od = t % OD
+    t = t // OD
+    nb = t % N
+    grp = t // N
+
+    offs_i = tl.arange(0, BLOCK_C * BLOCK_R)
+    co = offs_i // BLOCK_R
+    q = pid_q * BLOCK_R + offs_i % BLOCK_R
+    oh = q * SH + rh
+    i_ok = (co < COUT_G) & (oh < OH)
+    ow = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    w_ok = ow < OW
+    kvol: tl.constexpr = KD * KH * KW
+    S = D * H * W
+    S64 = S.to(tl.int64)
+    acc = tl.zeros((BLOCK_C * BLOCK_R, BLOCK_W), dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(tl.float32)[:, None]
+    reached = tl.zeros((BLOCK_C * BLOCK_R, BLOCK_W), dtype=tl.int32)
+    # Z of (g, n) and of each row's channel.
+    z_g = z_ptr + (grp * N + nb).to(tl.int64) * COUT_G * kvol * S
+    z_i = co.to(tl.int64) * kvol * S64
+    for td in tl.static_range(KD):
+        dn = od + PD - td * DD
+        id_ = dn // SD  # exact where dn % SD == 0 (the only case used), whatever the rounding
+        if ((dn % SD) == 0) & (dn >= 0) & (id_ < D):
+            for th in tl.static_range(KH):
+                hn = rh + PH - th * DH
+                if (hn % SH) == 0:
+                    # ih = q + hn / SH for every row of the tile (same residue).
+                    ih = q + hn // SH
+                    row_ok = i_ok & (ih >= 0) & (ih < H)
+                    z_row = z_g + z_i + ((td * KH + th) * KW) * S64 + (id_ * H + ih).to(tl.int64) * W
+                    for tw in tl.static_range(KW):
+                        wn = ow + PW - tw * DW
+                        iw = wn // SW
+                        ok = ((wn % SW) == 0) & (wn >= 0) & (iw < W) & w_ok
+                        if FILL_ONLY:
+                            reached += (row_ok[:, None] & ok[None, :]).to(tl.int32)
+                        else:
+                            acc += tl.load(z_row[:, None] + tw * S64 + iw[None, :],
+                                           mask=row_ok[:, None] & ok[None, :], other=0.0)
+    st_ok = i_ok[:, None] & w_ok[None, :]
+    if FILL_ONLY:
+        st_ok = st_ok & (reached == 0)
+    y_i = (grp * COUT_G + co).to(tl.int64) * stride_yc + oh.to(tl.int64) * stride_yh
+    y_s = y_ptr + nb.to(tl.int64) * stride_yn + od.to(tl.int64) * stride_yd
+    tl.store(y_s + y_i[:, None] + ow[None, :] * stride_yw, acc.to(y_ptr.dtype.element_ty), mask=st_ok)
+
+
 # ==================== convt3d/errors.py (verbatim; package-relative imports rewritten) ====================
 """Exceptions of convt3d (invalid arguments raise PyTorch's own types; see ``convt3d.validate``)."""
 
 
 class BackendUnavailableError(RuntimeError):
     """The backend that was asked for cannot run this call (it never silently runs another)."""
+
+
+# ==================== convt3d/head_engine.py (verbatim; package-relative imports rewritten) ====================
+"""Launcher of the output-head path (kernels in ``kernels/head_gemm.py``): layers with
+1-15 output channels per group -- the last layer of 3-D generators and decoders (voxels, RGB
+video, segmentation classes).
+
+The Triton engine (``triton_engine``) offers these configurations as tuning candidates next to
+its phase-GEMM ones (``head_tiles``), and runs a chosen one through ``HeadSteps``; this module
+holds the plan (which kernels, tiles, grids, integer arguments), not the launch machinery: the
+engine passes its launch-site factory in, so the kernels are replayed as cheaply as its own.
+
+Traffic per call (why the design, see the kernel module): the input is read once, the fp32
+tap-product buffer Z (input positions x Cout/g x taps) written once and read once, the output
+written once. For the 16 x 64 -> 1 head (32^3 -> 64^3, k4 s2 p1, fp32) that is 134 + 2 x 134 + 17
+MB against the 151 MB floor of the layer. Where no two taps meet on an output (``collision_free``)
+Z is skipped altogether.
+"""
+
+import math
+from typing import Callable
+
+import torch
+
+
+__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free", "head_z_bytes", "HeadSteps"]
+
+# Output channels per group up to which head configurations are candidates. Above ~16 the phase
+# GEMM's N is a full MMA width and reads its input tile once per tap for >= 16 useful columns;
+# between 8 and 15 the two are timed against each other by the tuner (issue: "whether it beats
+# the tensor-core path at 8-15 channels is a measurement").
+MAX_HEAD_CHANNELS = 15
+# "gather": GEMM into Z, then head_gather_kernel; "direct": GEMM stored into the output
+# (collision-free layers only) plus a fill of the positions no tap reaches.
+HEAD_KINDS = ("gather", "direct")
+# Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
+MAX_Z_BYTES = 4 << 30
+
+
+def _pow2_ceil(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def collision_free(params: ConvT3dParams) -> bool:
+    """No output position receives two (input, tap) contributions: along every dimension each
+    output residue has at most one tap. Two taps t < t' of one dimension meet on an output only
+    if (t' - t) * dilation is a multiple of the stride, the nearest being t' - t = the tap step
+    s / gcd(s, d) (params.Axis.tap_step); so the rule is tap_step >= kernel, which holds when
+    dilation * (kernel - 1) < stride (k2 s2) but also for k2 s2 d3 (odd and even positions)."""
+    return all(a.tap_step >= a.kernel for a in params.axes)
+
+
+def _all_reached(params: ConvT3dParams) -> bool:
+    """Every output position is reached by some tap (then a collision-free layer needs no fill).
+    Reach is separable: a position is reached iff each of its coordinates is."""
+    for a in params.axes:
+        reached = set()
+        for t in range(a.kernel):
+            for i in range(a.in_size):
+                o = i * a.stride - a.padding + t * a.dilation
+                if 0 <= o < a.out_size:
+                    reached.add(o)
+        if len(reached) < a.out_size:
+            return False
+    return True
+
+
+def head_z_bytes(params: ConvT3dParams) -> int:
+    """Bytes of the fp32 tap-product buffer Z of the gather kind."""
+    return 4 * params.batch * params.out_channels * math.prod(params.kernel_size) * math.prod(params.in_size)
+
+
+def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list[dict]:
+    """The head configurations for this call, as Config fields (``triton_engine.Config``):
+    BLOCK_M input positions x BLOCK_N of the Cout/g x taps columns x BLOCK_K input channels per
+    GEMM program; BLOCK_W output columns and about BLOCK_R elements per gather program (its rows
+    follow, ``_gather_tile``); ``head`` the kind. Empty when the layer is not a head or Z would
+    be too large.
+
+    * BLOCK_N covers all columns up to 128 (one input tile per program, fp32 accumulators of
+      128 x 128 at 8 warps = 64 per thread); wider layers loop over N tiles in the program.
+    * BLOCK_K: Cin/g rounded up to a power of two, at most 64 (16-bit) or 32 (fp32): one
+      128-byte line per position and step, as the phase GEMM.
+    * Two candidates: BLOCK_M 128 with gather tiles of 2048 elements, BLOCK_M 64 with 1024
+      (fewer, larger programs vs more in flight; each candidate costs ~1 s of compile when tuning).
+    * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
+    """
+    cout_g = params.out_channels_per_group
+    if cout_g > MAX_HEAD_CHANNELS:
+        return []
+    kind = "direct" if collision_free(params) else "gather"
+    if kind == "gather" and head_z_bytes(params) > MAX_Z_BYTES:
+        return []
+    ncol = cout_g * math.prod(params.kernel_size)
+    bn = max(16, min(128, _pow2_ceil(ncol)))
+    bk = max(16, min(32 if dtype.itemsize == 4 else 64, _pow2_ceil(params.in_channels_per_group)))
+    bw = max(16, min(128, _pow2_ceil(params.out_size[2])))
+    tiles = []
+    for bm, elements in ((128, 2048), (64, 1024)):
+        warps = 4 if bm * bn <= 128 * 64 else 8
+        tiles.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_W=bw, num_warps=warps, num_stages=2,
+                          use_dot=True, head=kind, BLOCK_R=elements))
+    return tiles
+
+
+def _gather_tile(params: ConvT3dParams, block_w: int, elements: int) -> tuple[int, int]:
+    """(BLOCK_C, BLOCK_R) of the gather tile [BLOCK_C * BLOCK_R, BLOCK_W]: every channel of the
+    group, and as many rows of one height residue as make about ``elements`` elements (the
+    config's BLOCK_R), at most the rows of a residue."""
+    bc = _pow2_ceil(params.out_channels_per_group)
+    rows = -(-params.out_size[1] // params.stride[1])
+    return bc, max(1, min(_pow2_ceil(rows), elements // (bc * block_w)))
+
+
+def _flat_x(x: torch.Tensor) -> bool:
+    """D, H, W of x can be walked by one stride (its W stride)."""
+    _, _, d, h, w = x.shape
+    sd, sh, sw = x.stride()[2:]
+    return (h == 1 or sh == w * sw) and (d == 1 or sd == h * sh)
+
+
+MakeSite = Callable[[tuple, str, tuple, tuple, dict], object]
+
+
+class HeadSteps:
+    """The launches of one (call signature, head config): built on the first run, replayed.
+
+    ``make_site(key, kernel name, grid, integer args, constexprs)`` returns the engine's launch
+    site for that key (``triton_engine.Site``); ``run(x, w, b, y)`` launches onto the
+    allocated output ``y`` from the input and the weight as PyTorch stores it (``w``
+    contiguous); ``b`` is the bias or any tensor when there is none."""
+
+    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: MakeSite):
+        self.params, self.cfg, self.has_bias, self.make_site = params, cfg, has_bias, make_site
+        self.precision = precision  # the dot's input precision ("tf32" for 16-bit: ignored there)
+        self.direct = cfg.head == "direct"
+        if self.direct and not collision_free(params):
+            raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
+        self.fill_needed = not (self.direct and _all_reached(params))
+        self.gemm = None
+        self.gather = None
+
+    def _gemm_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+        p, cfg = self.params, self.cfg
+        _, _, d, h, wd = x.shape
+        s = d * h * wd
+        ncol = p.out_channels_per_group * math.prod(p.kernel_size)
+        tiles_m = -(-s // cfg.BLOCK_M)
+        round_tf32 = x.dtype == torch.float32 and self.precision == "tf32"
+        flat = _flat_x(x)
+        consts = dict(FLAT_X=flat, ROUND_TF32=round_tf32, PRECISION=self.precision,
+                      BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        grid = (p.groups * p.batch * tiles_m,)
+        key = ("head_gemm", self.direct, p, cfg, x.stride(), y.stride() if self.direct else None, self.has_bias,
+               self.precision, x.dtype)
+        if not self.direct:
+            ints = (p.batch, p.in_channels_per_group, ncol, s, h, wd, *x.stride(), w.stride(0), tiles_m)
+            return self.make_site(key, "head_gemm_kernel", grid, ints, consts)
+        ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, s, h, wd, *p.out_size,
+                p.kernel_size[1], p.kernel_size[2], *p.stride, *p.padding, *p.dilation,
+                *x.stride(), w.stride(0), *y.stride(), tiles_m)
+        kw = p.kernel_size[2]
+        # W taps interleaved in the store: NCDHW output, k = s along W, dilation 1 (the taps of
+        # consecutive inputs tile the row), KW a power of two dividing the N tile.
+        interleave = (y.stride(4) == 1 and p.out_size[2] > 1 and kw == p.stride[2] and p.dilation[2] == 1
+                      and kw & (kw - 1) == 0 and cfg.BLOCK_N % kw == 0 and kw > 1)
+        return self.make_site(key, "head_direct_kernel", grid, ints,
+                              dict(HAS_BIAS=self.has_bias, INTERLEAVE_W=interleave, KW_C=kw if interleave else 1,
+                                   **consts))
+
+    def _gather_site(self, y: torch.Tensor):
+        p, cfg = self.params, self.cfg
+        od, oh, ow = p.out_size
+        bc, br = _gather_tile(p, cfg.BLOCK_W, cfg.BLOCK_R)
+        # Programs per (n, g, od): height residues x tiles of BLOCK_R rows of a residue x W tiles.
+        tiles_q, tiles_w = -(-(-(-oh // p.stride[1])) // br), -(-ow // cfg.BLOCK_W)
+        grid = (p.groups * p.batch * od * p.stride[1] * tiles_q * tiles_w,)
+        ints = (p.batch, p.out_channels_per_group, *p.in_size, od, oh, ow,
+                *p.stride, *p.padding, *p.dilation, *y.stride(), tiles_q, tiles_w)
+        # 4 warps from 1024 elements down (8 per thread and W tap); fewer for smaller tiles,
+        # whose threads would otherwise hold copies.
+        warps = max(1, min(4, bc * br * cfg.BLOCK_W // 256))
+        consts = dict(HAS_BIAS=self.has_bias, FILL_ONLY=self.direct, KD=p.kernel_size[0], KH=p.kernel_size[1],
+                      KW=p.kernel_size[2], BLOCK_C=bc, BLOCK_R=br, BLOCK_W=cfg.BLOCK_W, num_warps=warps)
+        key = ("head_gather", self.direct, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
+        return self.make_site(key, "head_gather_kernel", grid, ints, consts)
+
+    def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
+        """Launch onto ``y``; returns Triton's handle of the GEMM kernel."""
+        dev = x.device
+        if self.gemm is None:
+            self.gemm = self._gemm_site(x, w, y)
+        if self.fill_needed and self.gather is None:
+            self.gather = self._gather_site(y)
+        if self.direct:
+            # Disjoint element sets: the fill writes only positions the GEMM does not.
+            if self.fill_needed:
+                self.gather.launch(dev, y, b, y)
+            return self.gemm.launch(dev, x, w, b, y)
+        p = self.params
+        z = torch.empty(head_z_bytes(p) // 4, dtype=torch.float32, device=dev)
+        handle = self.gemm.launch(dev, x, w, z)
+        self.gather.launch(dev, z, b, y)
+        return handle
 
 
 # ==================== convt3d/triton_engine.py (verbatim; package-relative imports rewritten) ====================
@@ -1126,6 +1621,27 @@ K = types.SimpleNamespace(
     to_channels_last_kernel=to_channels_last_kernel,
     to_padded_kernel=to_padded_kernel,
 )
+HK = types.SimpleNamespace(
+    _head_rows=_head_rows,
+    _head_tile=_head_tile,
+    head_direct_kernel=head_direct_kernel,
+    head_gather_kernel=head_gather_kernel,
+    head_gemm_kernel=head_gemm_kernel,
+)
+head_engine = types.SimpleNamespace(
+    HEAD_KINDS=HEAD_KINDS,
+    HeadSteps=HeadSteps,
+    MAX_HEAD_CHANNELS=MAX_HEAD_CHANNELS,
+    MAX_Z_BYTES=MAX_Z_BYTES,
+    MakeSite=MakeSite,
+    _all_reached=_all_reached,
+    _flat_x=_flat_x,
+    _gather_tile=_gather_tile,
+    _pow2_ceil=_pow2_ceil,
+    collision_free=collision_free,
+    head_tiles=head_tiles,
+    head_z_bytes=head_z_bytes,
+)
 
 __all__ = ["Config", "candidate_configs", "forward", "plan", "tuning_log", "clear_caches", "SUPPORTED_DTYPES",
            "unsupported_reason"]
@@ -1153,8 +1669,16 @@ class Config:
     tma: bool = False  # operands through tensor descriptors (TMA) where the layout allows
     flat: bool = False  # flat_gemm_kernel: 2-D TMA boxes over a zero-haloed input copy (Hopper)
     fold: int = 1  # groups merged per GEMM (group_folds): block-diagonal weight, wider tiles
+    # Output-head path (head_engine, kernels/head_gemm.py): "gather" or "direct", "" otherwise.
+    # Its GEMM tile is BLOCK_M input positions x BLOCK_N (Cout/g x taps) x BLOCK_K; BLOCK_W is
+    # the gather kernel's row span and BLOCK_R its elements per program.
+    head: str = ""
+    BLOCK_R: int = 0
 
     def short(self) -> str:
+        if self.head:
+            return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
+                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}")
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
@@ -1235,7 +1759,8 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         bn = min(_pow2_at_least(cout_g), 16)
         plane = _pow2_at_least(hw[0] * hw[1])
         sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
-        return tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
+        return tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes) \
+            + _head_configs(params, dtype, precision)
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, _pow2_at_least(hw[0] * hw[1]))
@@ -1288,7 +1813,13 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     for f in group_folds(params):
         merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
         configs += [replace(c, fold=f) for c in merged[:2]]
-    return tuple(configs)
+    return tuple(configs) + _head_configs(params, dtype, precision)
+
+
+def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> tuple[Config, ...]:
+    """Output-head candidates (head_engine.head_tiles) for layers of <= 15 channels per group,
+    timed by the tuner against the phase-GEMM configs above."""
+    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision))
 
 
 def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
@@ -1330,7 +1861,7 @@ def _kernel(name: str, device: torch.device):
         raise BackendUnavailableError(
             "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
             "triton is imported: set TRITON_INTERPRET=1 in the environment (or move the tensors to CUDA)")
-    return getattr(K, name)
+    return getattr(HK if name.startswith("head_") else K, name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1399,6 +1930,11 @@ def site(key: tuple, build: Callable[[], Site]) -> Site:
             _sites.clear()
         s = _sites[key] = build()
     return s
+
+
+def _head_site(key: tuple, name: str, grid: tuple, ints: tuple, consts: dict) -> Site:
+    """head_engine's site factory: its launches replayed like the engine's own."""
+    return site(key, lambda: Site(name, grid, ints, consts))
 
 
 _unsupported: dict[tuple, str | None] = {}
@@ -1999,6 +2535,10 @@ class _Steps:
         # The kernels' view of the call: merged groups for a folded config (same phases).
         params = params.fold_groups(cfg.fold) if cfg.fold > 1 else params
         self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
+        # Output-head configs launch their own kernels (head_engine), through this engine's sites.
+        self.head = head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site) if cfg.head else None
+        if self.head is not None:
+            return
         companions = cfg.companions and companion_masks(params) is not None
         self.tab = phase_table(params, device, cfg.W_GROUP, cfg.fill_separate or companions, companions)
         self.n_groups = self.tab.shape[0] // cfg.W_GROUP
@@ -2021,7 +2561,10 @@ class _Steps:
         self.gemm: dict[tuple[bool, bool], Site] = {}
 
     def packed_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """The weight packed for this config's kernels (block-diagonal for merged groups)."""
+        """The weight packed for this config's kernels (block-diagonal for merged groups); the
+        head kernels read the weight as PyTorch stores it."""
+        if self.head is not None:
+            return weight.contiguous()
         if self.pack is None:
             self.pack = _pack_site(self.params, weight.contiguous(), self.pl.round_tf32, self.cfg.fold)
         return _pack_weight(weight, self.params, self.pl.round_tf32, self.pack)
@@ -2030,6 +2573,8 @@ class _Steps:
         """Launch onto ``y`` (allocated, in the plan's memory format) from ``x`` and the packed
         weight ``wp``; ``b`` is the bias, or any tensor when there is none. Returns Triton's
         handle of the main kernel (None when no phase has taps)."""
+        if self.head is not None:
+            return self.head.run(x, wp, b, y)
         params, cfg, dev = self.params, self.cfg, x.device
         if self.fill_site is not None:
             if self.fill is None:
@@ -2092,13 +2637,15 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     if y.numel() == 0:
         return Launch(y, lambda cfg: None, pl)
     has_bias = bias is not None
-    packed: dict[int, torch.Tensor] = {}  # fold -> packed weight (folded configs pack differently)
+    # (fold, head) -> packed weight: folded configs pack differently, head configs read the
+    # weight as PyTorch stores it.
+    packed: dict[tuple[int, bool], torch.Tensor] = {}
 
     def run(cfg: Config):
         st = _steps_for(params, pl, cfg, has_bias, x)
-        wp = packed.get(cfg.fold)
+        wp = packed.get((cfg.fold, bool(cfg.head)))
         if wp is None:
-            wp = packed[cfg.fold] = st.packed_weight(weight)
+            wp = packed[(cfg.fold, bool(cfg.head))] = st.packed_weight(weight)
         return st.run(x, wp, bias if has_bias else wp, y)  # wp: dummy pointer when HAS_BIAS is False
 
     return Launch(y, run, pl)
