@@ -469,12 +469,26 @@ def entries(problems: list[Problem]) -> list[tuple[Problem, str]]:
     return rows
 
 
+def row_line(r: Result) -> str:
+    """One result as a line (printed as each file finishes, before the table)."""
+    n = len(r.trials)
+    speed = (f", ModelNew {r.new_ms.mean:.3f} ms, reference {r.ref_ms.mean:.3f} ms, speedup {r.speedup:.2f}x"
+             if r.new_ms and r.ref_ms else "")
+    fp64 = f", vs fp64 {sum(bool(t.passes_fp64) for t in r.trials)}/{n} ({r.max_abs_err_fp64:.2e}; reference " \
+           f"{r.ref_max_abs_err_fp64:.2e})" if n else ""
+    verdict = f"{'correct' if r.correct else 'incorrect'} {sum(t.passes for t in r.trials)}/{n} (max abs diff " \
+              f"{r.max_abs_diff:.2e})" if n else "not run"
+    entry = f"{r.problem} cuda" if r.file.endswith("_cuda.py") else f"{r.problem}"
+    return f"  problem {entry} [{r.precision}]: {verdict}{speed}{fp64}"
+
+
 def _run(problems: list[Problem], fn, console) -> list[Result]:
     results = []
     for p, name in entries(problems):
         console.print(f"[bold]problem {p.id}[/]: {name}")
         try:
             results.append(fn(p, name))
+            console.print(row_line(results[-1]), markup=False, highlight=False)
         except Exception:  # one broken file must not hide the others' results
             r = Result(p.id, name, p.describe(), list(p.input_shape), error=traceback.format_exc())
             console.print(f"[red]problem {p.id} failed:[/]\n{r.error}")
