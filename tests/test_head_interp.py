@@ -35,11 +35,13 @@ def head_configs(case: Case, x, w, precision="ieee"):
     return params, x5, [c for c in engine.plan(params, x5, w, precision).configs if c.head]
 
 
-def run_head(case: Case, x, w, b, precision="ieee", pick=0, **override):
-    """The Triton engine's forward with the ``pick``-th head candidate forced (fields in
-    ``override`` replaced); unbatched input is given its batch of one here, as the API does."""
+def run_head(case: Case, x, w, b, precision="ieee", pick=0, kind=None, **override):
+    """The Triton engine's forward with the ``pick``-th head candidate (of ``kind``, if given)
+    forced (fields in ``override`` replaced); unbatched input is given its batch of one here, as
+    the API does."""
     params, x5, configs = head_configs(case, x, w, precision)
-    assert configs, "the case is not a head layer"
+    configs = [c for c in configs if kind in (None, c.head)]
+    assert configs, f"the case has no head candidate of kind {kind}"
     cfg = dataclasses.replace(configs[pick], **override)
     y = engine.forward(x5, w, b, params, precision, config=cfg)
     return y if x.dim() == 5 else y.squeeze(0)
@@ -63,6 +65,9 @@ REGIMES = {
     "gather-groups2-c3": Case(2, 8, 6, (2, 3, 3), (3, 3, 3), 2, 1, 1, groups=2),
     "gather-depthwise-c1": Case(1, 3, 3, (2, 3, 4), (3, 3, 3), 2, 1, 1, groups=3),
     "gather-m-tiles": Case(1, 4, 2, (2, 9, 10), (3, 3, 3), 2, 1, bias=False),  # 180 positions: 2 M tiles of 128
+    # depth taps that never meet: the planes kind writes the output itself (planes_direct)
+    "gather-k244-s2-depth-free": Case(1, 4, 2, (2, 3, 3), (2, 4, 4), 2, (0, 1, 1)),
+    "gather-k144-s2-depth-fill": Case(1, 4, 2, (2, 3, 3), (1, 4, 4), 2, (0, 1, 1), (1, 0, 0)),  # odd planes: bias
     "gather-k-steps-n-tiles": Case(1, 40, 6, (1, 3, 3), (3, 3, 3), 2, 1),  # K 40 = 2 steps of 32; N 162 = 2 tiles
     # direct: collision-free (dilation * (k - 1) < stride along every dimension)
     "direct-c2-k2s2": Case(2, 8, 2, (2, 3, 4), (2, 2, 2), 2),  # every position reached: no fill
@@ -75,20 +80,32 @@ REGIMES = {
 }
 
 
+def _kinds(case: Case) -> list[str]:
+    x, w, _ = case.tensors()
+    return list(dict.fromkeys(c.head for c in head_configs(case, x, w)[2]))
+
+
 def test_regime_names_match_the_kind():
-    # "gather"/"direct" must describe what the launcher really runs.
+    # "gather"/"direct" must describe what the launcher really runs: taps that meet get the
+    # gather kind, and the rows and planes kinds too where the W stride is a power of two.
     for name, case in REGIMES.items():
-        x, w, _ = case.tensors()
-        _, _, configs = head_configs(case, x, w)
-        assert configs and {c.head for c in configs} == {name.split("-")[0]}, name
+        kinds = _kinds(case)
+        if name.startswith("direct"):
+            assert kinds == ["direct"], name
+        else:
+            sw = case.stride if isinstance(case.stride, int) else case.stride[2]
+            assert kinds == (["gather", "rows", "planes"] if sw & (sw - 1) == 0 else ["gather"]), name
 
 
-@pytest.mark.parametrize("name", list(REGIMES))
-def test_fp32_ieee(name):
+KIND_CASES = [(name, kind) for name, case in REGIMES.items() for kind in _kinds(case)]
+
+
+@pytest.mark.parametrize("name, kind", KIND_CASES, ids=[f"{n}-{k}" for n, k in KIND_CASES])
+def test_fp32_ieee(name, kind):
     case = REGIMES[name]
     x, w, b = case.tensors()
-    y = run_head(case, x, w, b, "ieee")
-    check_against_reference(y, x, w, b, *case.args, precision="ieee", context=name)
+    y = run_head(case, x, w, b, "ieee", kind=kind)
+    check_against_reference(y, x, w, b, *case.args, precision="ieee", context=f"{name} {kind}")
     assert memory_format_of(y) == ("channels_last_3d" if case.layout == "channels_last_3d" else "contiguous")
 
 
@@ -100,7 +117,7 @@ PRECISION_REGIMES = ["gather-c1-k4s2p1", "gather-groups2-c3", "gather-k-steps-n-
 def test_fp32_tf32_precisions(name, precision):
     case = REGIMES[name]
     x, w, b = case.tensors()
-    y = run_head(case, x, w, b, precision)
+    y = run_head(case, x, w, b, precision, pick=-1)  # rows where offered, else the last tile
     check_against_reference(y, x, w, b, *case.args, precision=precision, context=f"{name} {precision}")
 
 
@@ -119,47 +136,58 @@ def test_tf32_rounds_operands_to_nearest():
     check_against_reference(y, rnd(x), rnd(w), b, *case.args, precision="ieee", context="rounded operands")
 
 
-@pytest.mark.parametrize("name", ["gather-c3-k144-s122-cl", "gather-groups2-c3", "direct-c3-k2s3-fill"])
-def test_float16(name):
+@pytest.mark.parametrize("kind", ["gather", "rows", "planes"])
+@pytest.mark.parametrize("name", ["gather-c3-k144-s122-cl", "gather-groups2-c3"])
+def test_float16(name, kind):
     case = REGIMES[name]
     x, w, b = case.tensors(torch.float16)
-    check_against_reference(run_head(case, x, w, b), x, w, b, *case.args, context=f"{name} float16")
+    check_against_reference(run_head(case, x, w, b, kind=kind), x, w, b, *case.args, context=f"{name} {kind}")
+
+
+def test_float16_direct():
+    case = REGIMES["direct-c3-k2s3-fill"]
+    x, w, b = case.tensors(torch.float16)
+    check_against_reference(run_head(case, x, w, b), x, w, b, *case.args, context="direct float16")
+
+
+LAYOUT_BASES = {"gather": "gather-c3-k144-s122-cl", "rows": "gather-c3-k144-s122-cl",
+                "planes": "gather-c3-k144-s122-cl", "direct": "direct-c2-k2s2"}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("kind", ["gather", "direct"])
+@pytest.mark.parametrize("kind", list(LAYOUT_BASES))
 def test_input_layouts(kind, layout):
     # slice_w and transpose_dh cannot walk D, H, W by one stride: the GEMM divides per row.
-    base = REGIMES["gather-c3-k144-s122-cl" if kind == "gather" else "direct-c2-k2s2"]
-    case = dataclasses.replace(base, layout=layout)
+    case = dataclasses.replace(REGIMES[LAYOUT_BASES[kind]], layout=layout)
     x, w, b = case.tensors()
-    y = run_head(case, x, w, b)
+    y = run_head(case, x, w, b, kind=kind)
     check_against_reference(y, x, w, b, *case.args, context=f"{kind} {layout}")
 
 
-@pytest.mark.parametrize("kind", ["gather", "direct"])
+@pytest.mark.parametrize("kind", ["gather", "rows", "planes", "direct"])
 def test_unbatched_input(kind):
-    base = REGIMES["gather-c1-k4s2p1" if kind == "gather" else "direct-c3-k2s3-fill"]
+    base = REGIMES["direct-c3-k2s3-fill" if kind == "direct" else "gather-c1-k4s2p1"]
     case = dataclasses.replace(base, batch=None)
     x, w, b = case.tensors()
     assert x.dim() == 4
-    y = run_head(case, x, w, b)
+    y = run_head(case, x, w, b, kind=kind)
     check_against_reference(y, x, w, b, *case.args, context=f"{kind} unbatched")
 
 
-@pytest.mark.parametrize("pick", [0, 1], ids=["M128", "M64"])
+@pytest.mark.parametrize("pick", [0, 1, 2, 3], ids=["gather-M128", "rows-M128", "planes-M128", "planes-M64"])
 def test_every_candidate_tile(pick):
     case = REGIMES["gather-m-tiles"]
     x, w, b = case.tensors()
     check_against_reference(run_head(case, x, w, b, pick=pick), x, w, b, *case.args, context=f"pick {pick}")
 
 
-@pytest.mark.parametrize("name", ["gather-per-dim-everything", "direct-c3-k2s3-fill"])
-def test_gather_span_narrower_than_the_row(name):
-    # Output rows of 7-11 columns split over gather programs of 4 columns (tails included).
+@pytest.mark.parametrize("name, kind", [("gather-per-dim-everything", "gather"), ("gather-m-tiles", "rows"),
+                                        ("gather-m-tiles", "planes"), ("direct-c3-k2s3-fill", "direct")])
+def test_gather_span_narrower_than_the_row(name, kind):
+    # Output rows of 7-20 columns split over gather programs of 4 columns (tails included).
     case = REGIMES[name]
     x, w, b = case.tensors()
-    check_against_reference(run_head(case, x, w, b, BLOCK_W=4), x, w, b, *case.args, context=name)
+    check_against_reference(run_head(case, x, w, b, kind=kind, BLOCK_W=4), x, w, b, *case.args, context=name)
 
 
 def test_empty_batch():
@@ -223,7 +251,28 @@ def test_collision_free_rule_picks_the_kind(kernel, stride, dilation, free):
     p = _params(3, kernel=kernel, stride=stride, dilation=dilation, padding=(0, 0, 0))
     assert head_engine.collision_free(p) == free
     kinds = {t["head"] for t in head_engine.head_tiles(p, torch.bfloat16, "tf32")}
-    assert kinds == {"direct" if free else "gather"}
+    assert kinds == ({"direct"} if free else {"gather", "rows", "planes"})
+
+
+@pytest.mark.parametrize("stride, kinds", [(1, {"gather", "rows", "planes"}), (2, {"gather", "rows", "planes"}),
+                                           (3, {"gather"}), (4, {"gather", "rows", "planes"})])
+def test_rows_and_planes_need_a_power_of_two_width_stride(stride, kinds):
+    p = _params(2, kernel=(3, 3, 5), stride=(2, 2, stride), padding=(0, 0, 0))
+    assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == kinds
+
+
+def test_width_shifts_cover_every_tap():
+    # Every (residue, tap) pair with a matching shift lies in the range, and the range ends are used.
+    for k in range(1, 6):
+        for s in (1, 2, 4):
+            for pad in range(0, 4):
+                for d in (1, 2, 3):
+                    p = _params(1, kernel=(1, 1, k), stride=(1, 1, s), padding=(0, 0, pad), dilation=(1, 1, d),
+                                size=(2, 2, 9))
+                    first, count = head_engine.width_shifts(p)
+                    used = {(rw + pad - tw * d) // s for rw in range(s) for tw in range(k)
+                            if (rw + pad - tw * d) % s == 0}
+                    assert min(used) == first and max(used) == first + count - 1
 
 
 def test_brute_force_collision_rule():
@@ -238,12 +287,13 @@ def test_brute_force_collision_rule():
 
 
 def test_large_z_is_not_offered():
-    # 8 x 27 columns of fp32 per input position of a 2 x 64 x 160^3 input: 7.1 GB of Z.
-    p = _params(8, cin=64, size=(160, 160, 160))
-    assert head_engine.head_z_bytes(p) > head_engine.MAX_Z_BYTES
+    # 8 x 27 columns of fp32 per input position of a 2 x 64 x 200^3 input: 13.8 GB of Z (9.2 GB
+    # for the rows kind, 6.1 GB for planes).
+    p = _params(8, cin=64, size=(200, 200, 200))
+    assert head_engine.head_z_bytes(p, "planes") > head_engine.MAX_Z_BYTES
     assert head_engine.head_tiles(p, torch.float32, "tf32") == []
     # The direct kind needs no Z, whatever the size.
-    p = _params(8, cin=64, size=(160, 160, 160), kernel=(2, 2, 2), padding=(0, 0, 0))
+    p = _params(8, cin=64, size=(200, 200, 200), kernel=(2, 2, 2), padding=(0, 0, 0))
     assert head_engine.head_tiles(p, torch.float32, "tf32")
 
 
@@ -273,3 +323,14 @@ def test_tuner_runs_phase_and_head_configs_on_one_call(name):
         launch.y.fill_(float("nan"))
         launch.run(cfg)
         check_against_reference(launch.y, x5, w, b, *case.args, context=cfg.short())
+
+
+@pytest.mark.parametrize("name, direct", [("gather-k244-s2-depth-free", True), ("gather-k144-s2-depth-fill", True),
+                                          ("gather-c3-k144-s122-cl", True), ("gather-c1-k4s2p1", False)])
+def test_planes_store_the_output_where_depth_taps_never_meet(name, direct):
+    case = REGIMES[name]
+    x, w, _ = case.tensors()
+    params, _, configs = head_configs(case, x, w)
+    cfg = next(c for c in configs if c.head == "planes")
+    steps = head_engine.HeadSteps(params, cfg, "ieee", True, lambda *a: None)
+    assert steps.planes_direct == direct
