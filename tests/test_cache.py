@@ -1,8 +1,7 @@
 """CPU tests of the persistent cache (``convt3d.cache``): round trip, corrupt / truncated / stale
 files (one warning, ignored, rewritten), unwritable locations (one warning, works in memory),
-concurrent writers (the file stays valid JSON and keeps every process's entries; a save that
-cannot get the lock leaves its entries pending rather than writing unlocked), threads of one
-process, and the Triton
+concurrent writers (the file stays valid JSON and keeps every process's entries; a save waits
+for the lock rather than writing unlocked), threads of one process, and the Triton
 tuning results it seeds and persists (only the engine's own candidates are ever used)."""
 from __future__ import annotations
 
@@ -220,25 +219,30 @@ def test_concurrent_writers_leave_a_valid_file_with_every_entry(tmp_path):
     assert [p.name for p in d.iterdir() if p.suffix == ".tmp"] == []
 
 
-def test_lock_timeout_leaves_entries_pending_never_writes_unlocked(tmp_path, monkeypatch):
+def test_a_save_waits_for_the_lock_another_process_holds(tmp_path):
     if cache.fcntl is None:
         pytest.skip("no fcntl: saves are not locked on this platform")
     import fcntl
+    import threading
+    import time
 
     d = tmp_path / "locked"
     s = _store(d)
     s.put("decisions", "first", {"engine": "torch", "timings_ms": {}})
-    monkeypatch.setattr(cache, "LOCK_TIMEOUT_S", 0.05)
     fd = os.open(d / ".lock", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # another process holds the lock (flock: per open file)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (s.put("decisions", "second", {"engine": "triton", "timings_ms": {}}),
+                                         done.set()))
+    t.start()
+    time.sleep(0.3)
     try:
-        s.put("decisions", "second", {"engine": "triton", "timings_ms": {}})
-        assert list(_read(s.path)["decisions"]) == ["first"]  # not written without the lock
-        assert s.get("decisions", "second")["engine"] == "triton"  # but used in this process
+        assert not done.is_set()  # waiting, not writing unlocked
+        assert list(_read(s.path)["decisions"]) == ["first"]
     finally:
-        os.close(fd)
-    s.put("decisions", "third", {"engine": "torch", "timings_ms": {}})  # the next save takes both
-    assert set(_read(s.path)["decisions"]) == {"first", "second", "third"}
+        os.close(fd)  # released: the save goes through
+    t.join(10)
+    assert done.is_set() and set(_read(s.path)["decisions"]) == {"first", "second"}
 
 
 def test_pending_entries_are_saved_at_exit(tmp_path, monkeypatch):

@@ -22,10 +22,10 @@ Rules (issue 7):
   advisory ``flock`` on ``.lock`` in the directory, re-reads the file, merges this process's
   entries into what is on disk, writes a temporary file in the same directory, fsyncs it and
   renames it over the old one (``os.replace`` is atomic), so a reader sees either the old or the
-  new file, never a partial one, and no process's entries are lost. A save that cannot get the
-  lock within ``LOCK_TIMEOUT_S`` does not write (writing unlocked could drop another process's
-  entries): its entries stay pending and go with the next save or at exit. Where ``fcntl`` does
-  not exist saves are still atomic and a lost concurrent entry only costs a re-measurement.
+  new file, never a partial one, and no process's entries are lost. The rename is not fsynced
+  (the directory): a crash can lose the last save, never leave a partial file. Entries put
+  without saving are saved at exit. Where ``fcntl`` does not exist saves are still atomic and
+  a lost concurrent entry only costs a re-measurement.
 * A lookup that misses re-reads the file when it changed on disk since this process last read
   it (one ``stat``), so an entry another process saved meanwhile is found without measuring.
 * Within a process a lock guards each store, so threads may save concurrently.
@@ -62,10 +62,6 @@ __all__ = ["CacheWarning", "FORMAT", "SECTIONS", "cache_dir", "environment_key",
 FORMAT = 1
 SECTIONS = ("decisions", "triton_configs")
 ENV_DIR = "CONVT3D_CACHE_DIR"
-# A save waits at most this long for another process's lock, then leaves its entries pending (see
-# the module docstring). A save holds the lock for one read, one JSON dump and one fsync: ~1-5 ms
-# for a file of a few hundred entries on a local disk, so 8 processes saving at once wait ~40 ms.
-LOCK_TIMEOUT_S = 10.0
 # Permissions of the cache file: readable by the group and others, as files written with open()
 # under the usual umask (tempfile.mkstemp would leave 0600).
 FILE_MODE = 0o644
@@ -145,38 +141,25 @@ def _parse(text: str, key: dict) -> tuple[dict | None, str | None, str]:
 
 
 @contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[bool]:
-    """Hold the directory's advisory lock for a block; yields whether it is held (False: not
-    acquired within ``LOCK_TIMEOUT_S``; True also where ``fcntl`` does not exist)."""
+def _locked(directory: Path) -> Iterator[None]:
+    """Hold the directory's advisory lock for a block (nothing where ``fcntl`` does not exist).
+
+    The wait is a blocking ``flock``: the kernel wakes a waiter when the lock is released. A
+    polling wait with a deadline would let a waiter on a busy machine lose to the processes that
+    take the lock between its polls, give up, and leave its entries to a later save that may
+    never come (a process killed, or ending without exit hooks). The lock is never held across
+    anything but one read, one JSON dump, one write and one fsync of the file (~1-5 ms for a few
+    hundred entries on a local disk).
+    """
     if fcntl is None:
-        yield True
+        yield
         return
     fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
-        held = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                held = True
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.002)
-        yield held
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(fd)  # releases the lock
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable (POSIX: a crash could otherwise leave the old name)."""
-    with contextlib.suppress(OSError, AttributeError):
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 def _stamp(path: Path) -> tuple | None:
@@ -277,9 +260,7 @@ class Store:
             tmp = None
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
-                with _locked(self.directory) as held:
-                    if not held:  # pending: the next save or the exit hook writes them
-                        return False
+                with _locked(self.directory):
                     current, _, _ = self._read()  # a file that went bad meanwhile is simply replaced
                     merged = current if current is not None else _empty()
                     for s in SECTIONS:
@@ -297,7 +278,6 @@ class Store:
                     os.replace(tmp, self.path)
                     tmp = None
                     self._stamp = _stamp(self.path)
-                    _fsync_directory(self.directory)
                 self.entries = merged
                 self._unsaved = False
                 return True
