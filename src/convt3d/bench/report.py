@@ -48,7 +48,9 @@ JSON (``--json FILE``), schema "convt3d-bench/1". Times are in microseconds (``*
                             convt_us, forward_kernel_us, max_abs_diff_vs_torch, max_abs_torch,
                             reference ("float64" | "fp32 step, TF32 off"), reference_s,
                             rel_err_vs_reference, torch_rel_err_vs_reference, within_error_budget,
-                            output_layout_matches; train rows also loss, torch_loss. No roofline.
+                            output_layout_matches; train rows also loss, torch_loss, reference_loss,
+                            convt_grad_rel_err, torch_convt_grad_rel_err (rel errors of train rows:
+                            norm-wise over the gradients; see networks.py). No roofline.
     skipped                 networks only: [{case, reason}] (an optional extra not installed)
     settings (networks)     suite, cases, modes, backend, warmup_ms, rep_ms, min_reps, seed,
                             cudnn_benchmark, seconds, complete (false in the file rewritten after
