@@ -1,0 +1,307 @@
+"""``convt3d bench --suite networks --ddp N``: a DistributedDataParallel training step of each
+network of the networks suite (``convt3d.bench.networks``) on N GPUs, patched vs untouched.
+
+    from convt3d.bench import ddp
+    rows, failures, skipped = ddp.run_ddp(2)                   # every network, train bf16, 2 GPUs
+    rows, failures, skipped = ddp.run_ddp(4, nets=networks.select_networks(["gan3d"]))
+
+One process per GPU (``torch.multiprocessing``, spawn; NCCL), each holding the untouched model
+and ``convt3d.patch(copy.deepcopy(model))`` wrapped in DDP. A step is what a data-parallel
+training loop runs per batch: ``zero_grad``, the forward (under bf16 autocast for the suite's
+"train bf16" mode), an MSE loss against a fixed random target, ``backward`` -- which all-reduces
+the gradients in DDP's buckets, overlapped with the backward -- and no optimizer step (as the
+networks suite's training rows, so every step sees the same weights). Each rank trains on its
+own input of the suite's per-network batch (the global batch is N times it).
+
+Timing. The first step of each model is timed alone (wall clock of the slowest rank; for the
+patched model it includes compilation, Triton tuning and auto's measuring, which rank 0 does for
+every rank under ``convt3d.distributed``). Then, after warm-up steps, rounds alternate between
+the two models so that drift hits both: a round times ``iters`` back-to-back steps between CUDA
+events on every rank (``iters`` chosen by rank 0 from its warm-up so a round lasts about
+``round_s``, the same on every rank: DDP needs every rank to run the same number of steps); the
+round's time is the slowest rank's (DDP steps in lockstep). The lower of the rounds is kept;
+``speedup`` = untouched / patched.
+
+A network whose package is missing is skipped (``networks.unavailable_reason``), as in the
+single-process suite; one that raises on every rank becomes a failure row and the run goes on.
+Fewer than N GPUs: :class:`DDPUnavailableError` with a one-line message, before anything starts.
+
+``device="cpu"`` runs the same orchestration with gloo and wall-clock timing on CPU processes
+(``tiny`` networks; convt3d's auto runs PyTorch there): for tests of this module, not a benchmark.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["DDPUnavailableError", "unavailable_reason", "run_ddp", "format_rows"]
+
+# Per-round budget and bounds on back-to-back steps per round (a 400 ms step gets 3, a 5 ms one 100).
+ROUND_S = 1.0
+MIN_ITERS, MAX_ITERS = 3, 100
+WARMUP_STEPS = 3
+ROUNDS = 2
+# A rank stuck in a collective (another rank died, or ran out of memory in a step the others
+# finished) errors out after this long instead of hanging the bench.
+PG_TIMEOUT_S = 900
+
+
+class DDPUnavailableError(RuntimeError):
+    """``--ddp N`` cannot run here (fewer than N GPUs, no NCCL); the message is one line."""
+
+
+def unavailable_reason(nproc: int, device: str = "cuda") -> str | None:
+    """None if N processes of ``device`` can run here, else one line saying why not."""
+    import torch.distributed as dist
+
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        return f"--ddp needs a positive number of processes, got {nproc!r}"
+    if not dist.is_available():
+        return "--ddp needs torch.distributed, which this torch build lacks"
+    if device == "cpu":
+        return None if dist.is_gloo_available() else "--ddp on the CPU needs the gloo backend"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < nproc:
+        return (f"--ddp {nproc} needs {nproc} CUDA GPUs (one per process); this machine has "
+                f"{count if count else 'none'}")
+    if not dist.is_nccl_available():
+        return f"--ddp {nproc} needs the NCCL backend, which this torch build lacks"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- in each rank ---------------------------------------------------------------------------------
+class _Clock:
+    """Seconds per step of ``iters`` back-to-back steps (CUDA events; wall clock on the CPU)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def per_step(self, step: Callable[[], None], iters: int) -> float:
+        self.sync()
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                step()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / iters
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            step()
+        return (time.perf_counter() - t0) / iters
+
+
+def _slowest(value: float, device: torch.device) -> float:
+    """The largest value over the ranks."""
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _from_rank0(value: int, device: torch.device) -> int:
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.broadcast(t, 0)
+    return int(t.item())
+
+
+def _all_ranks_ok(ok: bool, device: torch.device) -> bool:
+    import torch.distributed as dist
+
+    t = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
+    dist.all_reduce(t)
+    return int(t.item()) == 0
+
+
+def _ddp_step(model, x: torch.Tensor, target: torch.Tensor, autocast: bool) -> Callable[[], None]:
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
+            out = model(x)
+        while isinstance(out, (list, tuple)):
+            out = out[0]
+        F.mse_loss(out.float(), target).backward()
+
+    return step
+
+
+def _time_network(net, mode, backend: str, device: torch.device, tiny: bool, seed: int, clock: _Clock,
+                  round_s: float, rounds: int) -> dict:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import convt3d
+
+    from . import networks
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # Every rank its own batch (the seed shifted by the rank); the initial weights differ too,
+    # but DDP starts every rank from rank 0's.
+    model, x = networks.build_network(net, device, tiny=tiny, seed=seed + 7919 * rank)
+    patched = convt3d.patch(copy.deepcopy(model), backend=None if backend == "auto" else backend)
+    model.train()
+    patched.train()
+    with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=mode.autocast):
+        out = model(x)
+    while isinstance(out, (list, tuple)):
+        out = out[0]
+    gen = torch.Generator().manual_seed(seed + 31 * rank)
+    target = torch.randn(out.shape, generator=gen).to(device)
+    del out
+    ids = [device.index] if device.type == "cuda" else None
+    steps = {"torch": _ddp_step(DDP(model, device_ids=ids), x, target, mode.autocast),
+             "convt3d": _ddp_step(DDP(patched, device_ids=ids), x, target, mode.autocast)}
+    row = {"case": net.name, "suite": "networks", "source": net.source, "description": net.description,
+           "mode": mode.name, "dtype": mode.dtype, "autocast": mode.autocast, "layout": "ncdhw",
+           "precision": "default", "backend": backend, "ddp": world, "device": torch.cuda.get_device_name(device)
+           if device.type == "cuda" else "cpu", "input_shape_per_rank": list(x.shape),
+           "parameters": sum(p.numel() for p in model.parameters()),
+           "convt_layers": networks.convt_layer_count(model)[0]}
+
+    for name, step in steps.items():  # first steps: compile, tune, measure (rank 0), build buckets
+        clock.sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        clock.sync()
+        row[f"{'torch_' if name == 'torch' else ''}first_step_s"] = _slowest(time.perf_counter() - t0, device)
+    estimate = {}
+    for name, step in steps.items():
+        estimate[name] = clock.per_step(step, WARMUP_STEPS)
+    iters = _from_rank0(max(MIN_ITERS, min(MAX_ITERS, int(round_s / max(max(estimate.values()), 1e-6)))), device)
+    times: dict[str, list[float]] = {"torch": [], "convt3d": []}
+    for r in range(rounds):
+        for name in (("torch", "convt3d") if r % 2 == 0 else ("convt3d", "torch")):
+            dist.barrier()
+            times[name].append(_slowest(clock.per_step(steps[name], iters), device))
+    t_u, t_p = min(times["torch"]), min(times["convt3d"])
+    row.update(iters_per_round=iters, torch_us=t_u * 1e6, convt3d_us=t_p * 1e6, speedup=t_u / t_p,
+               torch_us_rounds=[t * 1e6 for t in times["torch"]],
+               convt3d_us_rounds=[t * 1e6 for t in times["convt3d"]])
+    return row
+
+
+def _worker(rank: int, world: int, port: int, spec: dict, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from . import networks
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    if spec["device"] == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device,
+                                timeout=timedelta(seconds=PG_TIMEOUT_S))
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=PG_TIMEOUT_S))
+    clock = _Clock(device)
+    rows, failures, skipped = [], [], []
+    modes = {m.label: m for m in networks.NET_MODES + (networks.NetMode("train", "fp32"),)}
+    try:
+        for name in spec["nets"]:
+            net = networks.select_networks([name])[0]
+            reason = networks.unavailable_reason(net)
+            if reason is not None:
+                skipped.append({"case": net.name, "reason": reason})
+                continue
+            for label in spec["modes"]:
+                mode = modes[label]
+                row, error = None, None
+                try:
+                    row = _time_network(net, mode, spec["backend"], device, spec["tiny"], spec["seed"], clock,
+                                        spec["round_s"], spec["rounds"])
+                except Exception as exc:  # noqa: BLE001 -- one network's failure must not hide the others
+                    error = {"case": net.name, "mode": mode.name, "dtype": mode.dtype, "rank": rank,
+                             "error": f"{type(exc).__name__}: {exc}",
+                             "traceback": "".join(traceback.format_exception(exc, limit=6))}
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                # A failure on every rank (out of memory, a build error) is a row; on some ranks
+                # only, the others are stuck in a collective until PG_TIMEOUT_S.
+                if _all_ranks_ok(error is None, device):
+                    rows.append(row)
+                elif error is not None:
+                    failures.append(error)
+    finally:
+        if rank == 0:
+            Path(out_dir, "ddp.json").write_text(json.dumps({"rows": rows, "failures": failures,
+                                                             "skipped": skipped}))
+        dist.destroy_process_group()
+
+
+# ---- the launcher ---------------------------------------------------------------------------------
+def run_ddp(nproc: int, nets=None, modes=None, backend: str = "auto", *, device: str = "cuda", tiny: bool = False,
+            seed: int = 0, round_s: float = ROUND_S, rounds: int = ROUNDS,
+            status: Callable[[str], None] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
+    """Time a DDP training step of each network on ``nproc`` GPUs: (rows, failures, skipped),
+    rows as the networks suite's (``case``, ``mode``, ``dtype``, ``torch_us``, ``convt3d_us``,
+    ``speedup``, ...) plus ``ddp`` (the number of processes) and the first steps' times.
+
+    ``nets``: :class:`~convt3d.bench.networks.Network` objects (default: the whole suite);
+    ``modes``: :class:`~convt3d.bench.networks.NetMode` objects of training modes (default: the
+    suite's training mode, bf16 autocast). Raises :class:`DDPUnavailableError` (one line) when
+    ``nproc`` processes cannot run here, ValueError for an inference mode.
+    """
+    import torch.multiprocessing as mp
+
+    from . import networks
+
+    why = unavailable_reason(nproc, device)
+    if why is not None:
+        raise DDPUnavailableError(why)
+    nets = networks.select_networks() if nets is None else list(nets)
+    modes = networks.select_modes("full") if modes is None else list(modes)
+    bad = [m.label for m in modes if not m.training]
+    if bad:
+        raise ValueError(f"--ddp times training steps; {', '.join(bad)} is not a training mode")
+    spec = {"nets": [n.name for n in nets], "modes": [m.label for m in modes], "backend": backend, "device": device,
+            "tiny": tiny, "seed": seed, "round_s": round_s, "rounds": rounds}
+    say = status or (lambda _msg: None)
+    say(f"DDP on {nproc} {'GPUs' if device == 'cuda' else 'CPU processes'}: {len(nets)} networks, "
+        f"{', '.join(spec['modes'])}")
+    with tempfile.TemporaryDirectory(prefix="convt3d-ddp-") as out:
+        mp.start_processes(_worker, args=(nproc, _free_port(), spec, out), nprocs=nproc, join=True,
+                           start_method="spawn")
+        result = json.loads(Path(out, "ddp.json").read_text())
+    return result["rows"], result["failures"], result["skipped"]
+
+
+def format_rows(rows: list[dict], failures: list[dict] = (), skipped: list[dict] = ()) -> str:
+    """A plain-text table of :func:`run_ddp`'s result."""
+    lines = [f"{'network':<18} {'mode':<11} {'ranks':>5} {'untouched ms':>13} {'patched ms':>11} {'speedup':>8} "
+             f"{'first step s (patched)':>23}"]
+    for r in rows:
+        lines.append(f"{r['case']:<18} {r['mode'] + ' ' + r['dtype']:<11} {r['ddp']:>5} {r['torch_us'] / 1e3:>13.3f} "
+                     f"{r['convt3d_us'] / 1e3:>11.3f} {r['speedup']:>7.3f}x {r['first_step_s']:>23.2f}")
+    for f in failures:
+        lines.append(f"{f['case']:<18} {f['mode'] + ' ' + f['dtype']:<11} failed: {f['error']}")
+    for s in skipped:
+        lines.append(f"{s['case']:<18} skipped: {s['reason']}")
+    return "\n".join(lines)
