@@ -1207,6 +1207,143 @@ def head_gemm_kernel(
 
 
 @triton.jit
+def head_rows_kernel(
+    x_ptr, w_ptr, z_ptr, b_ptr,
+    N, CIN_G, NCOL, D, H, W, OH, OW, QH, QW,
+    KH, KW, KVOL,
+    SH, PH, DH, HSHIFT0, NHSHIFT,
+    SW, PW, DW, SHIFT0, NSHIFT,
+    OD, SD, PD, DD, COUT_G,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_wc,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    tiles_m,
+    H_IN_K: tl.constexpr,
+    OUT_DIRECT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SW_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The "rows" and "planes" kinds: the width taps (rows) or the width and height taps
+    (planes, H_IN_K) summed inside the GEMM, so Z holds output rows (planes):
+
+        rows:   Zr[g, n, (co, td, th), id, ih, ow] = sum_{iw, tw -> ow} sum_ci X[ci, id, ih, iw] Wt[ci, co, td, th, tw]
+        planes: Zp[g, n, (co, td), id, oh, ow]     = sum_{ih, th -> oh; iw, tw -> ow} (the same)
+
+    M = (id, ih or qh, qw) with q the compact output index of every residue of a dimension in K
+    (o = q * S + r); N = (co, td, th or rh, rw), rw fastest; K = the input channels at each shift
+    delta = i - q of the dimensions in K (HSHIFT0.. along H, SHIFT0.. along W), whose weight
+    column for residue r is the tap t = (r + P - delta * S) / Dil where that is a tap (zero
+    elsewhere). The input tile is re-read once per shift, from cache (the same rows and columns,
+    shifted by one). The SW_C width residues are interleaved in registers before the store, so
+    each store writes contiguous output columns. Against the "gather" kind, Z shrinks by ~KW / SW
+    (rows) or ~KH * KW / (SH * SW) (planes): half and a quarter for k4 s2; the gather then sums
+    the depth (and height) taps only (head_gather_kernel over a width of OW and one width tap).
+
+    OUT_DIRECT (planes, where depth taps never meet: head_engine.collision_free along D): the
+    tile is the output itself (od = id * SD - PD + td * DD, plus bias): ``z_ptr`` is the output,
+    addressed by its strides, and a fill writes the depth planes no tap reaches."""
+    pid = tl.program_id(0)
+    pid_m = pid % tiles_m
+    t = pid // tiles_m
+    nb = t % N
+    grp = t // N
+    if H_IN_K:
+        MH = QH
+        NH = SH  # the height index of N is the residue rh
+        ZH = OH  # Z rows are output rows
+        NZG = NCOL // (SW_C * SH)  # Z groups (co, td)
+    else:
+        MH = H
+        NH = KH  # the height index of N is the tap th
+        ZH = H  # Z rows are input rows
+        NZG = NCOL // SW_C  # Z groups (co, td, th)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    S = D * MH * QW
+    m_ok = offs_m < S
+    q = offs_m % QW
+    r = offs_m // QW
+    mh = r % MH
+    m_id = r // MH
+    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    KD = KVOL // (KH * KW)
+    z_g = z_ptr + t.to(tl.int64) * NZG * (D * ZH * OW)
+    for n0 in range(0, NCOL, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_ok = cols < NCOL
+        rw = cols % SW_C
+        hn = (cols // SW_C) % NH
+        g1 = cols // (SW_C * NH)  # (co, td)
+        w_col = (g1 // KD) * KVOL + (g1 % KD) * (KH * KW)  # tap (td, 0, 0) of the column's channel
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for jh in range(NHSHIFT):
+            if H_IN_K:
+                dh = HSHIFT0 + jh
+                ih = mh + dh
+                thn = hn + PH - dh * SH
+                th = thn // DH
+                th_ok = (thn >= 0) & ((thn % DH) == 0) & (th < KH)
+            else:
+                ih = mh
+                th = hn
+                th_ok = c_ok
+            x_r = m_id * stride_xd + ih * stride_xh
+            h_ok = m_ok & (ih >= 0) & (ih < H)
+            for j in range(NSHIFT):
+                delta = SHIFT0 + j
+                iw = q + delta
+                x_ok = h_ok & (iw >= 0) & (iw < W)
+                twn = rw + PW - delta * SW
+                tw = twn // DW
+                t_ok = c_ok & th_ok & (twn >= 0) & ((twn % DW) == 0) & (tw < KW)
+                for k0 in range(0, CIN_G, BLOCK_K):
+                    ks = k0 + tl.arange(0, BLOCK_K)
+                    k_ok = ks < CIN_G
+                    x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                                  mask=x_ok[:, None] & k_ok[None, :], other=0.0)
+                    w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + th * KW + tw)[None, :],
+                                  mask=k_ok[:, None] & t_ok[None, :], other=0.0)
+                    if ROUND_TF32:
+                        x_t = _round_tf32(x_t)
+                        w_t = _round_tf32(w_t)
+                    if PRECISION == "ieee":
+                        acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
+                    else:
+                        acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
+        # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
+        G_N: tl.constexpr = BLOCK_N // SW_C
+        out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
+        e = tl.arange(0, BLOCK_M * SW_C)
+        em = pid_m * BLOCK_M + e // SW_C
+        ow = (em % QW) * SW_C + e % SW_C
+        e_r = em // QW
+        g2 = n0 // SW_C + tl.arange(0, G_N)  # (co, td, th or rh)
+        if H_IN_K:
+            zg = g2 // NH
+            zh = ((e_r % MH) * SH)[None, :] + (g2 % NH)[:, None]  # oh = qh * SH + rh
+        else:
+            zg = g2
+            zh = (e_r % MH)[None, :] + tl.zeros((G_N, 1), dtype=tl.int32)
+        ok = (g2 < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :] & (zh < ZH)
+        if OUT_DIRECT:
+            # zg = (co, td): the output plane od of input plane id through depth tap td.
+            co = zg // KD
+            od = ((e_r // MH) * SD)[None, :] + ((zg % KD) * DD - PD)[:, None]
+            ok = ok & (od >= 0) & (od < OD)
+            if HAS_BIAS:
+                out += tl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(tl.float32)[:, None]
+            y_e = (nb.to(tl.int64) * stride_yn + (grp * COUT_G + co).to(tl.int64)[:, None] * stride_yc
+                   + od.to(tl.int64) * stride_yd + zh.to(tl.int64) * stride_yh + ow[None, :] * stride_yw)
+            tl.store(z_ptr + y_e, out.to(z_ptr.dtype.element_ty), mask=ok)
+        else:
+            z_e = zg.to(tl.int64)[:, None] * (D * ZH * OW) + ((e_r // MH) * ZH)[None, :] * OW + zh * OW + ow[None, :]
+            tl.store(z_g + z_e, out, mask=ok)
+
+
+@triton.jit
 def head_direct_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
     N, CIN_G, COUT_G, NCOL, S, H, W,
@@ -1408,16 +1545,19 @@ from typing import Callable
 import torch
 
 
-__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free", "head_z_bytes", "HeadSteps"]
+__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free", "head_z_bytes", "width_shifts",
+           "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
 # GEMM's N is a full MMA width and reads its input tile once per tap for >= 16 useful columns;
 # between 8 and 15 the two are timed against each other by the tuner (issue: "whether it beats
 # the tensor-core path at 8-15 channels is a measurement").
 MAX_HEAD_CHANNELS = 15
-# "gather": GEMM into Z, then head_gather_kernel; "direct": GEMM stored into the output
-# (collision-free layers only) plus a fill of the positions no tap reaches.
-HEAD_KINDS = ("gather", "direct")
+# "gather": GEMM into Z (every tap in N), then head_gather_kernel; "rows": the width taps summed
+# in the GEMM (head_rows_kernel), so Z holds output rows and the gather sums depth and height
+# taps only; "planes": width and height taps in the GEMM, the gather sums depth taps; "direct": GEMM stored into the output (collision-free layers only) plus a fill of
+# the positions no tap reaches.
+HEAD_KINDS = ("gather", "rows", "planes", "direct")
 # Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
 MAX_Z_BYTES = 4 << 30
 
@@ -1435,10 +1575,10 @@ def collision_free(params: ConvT3dParams) -> bool:
     return all(a.tap_step >= a.kernel for a in params.axes)
 
 
-def _all_reached(params: ConvT3dParams) -> bool:
-    """Every output position is reached by some tap (then a collision-free layer needs no fill).
-    Reach is separable: a position is reached iff each of its coordinates is."""
-    for a in params.axes:
+def _all_reached(params: ConvT3dParams, dims=(0, 1, 2)) -> bool:
+    """Every output position is reached by some tap along ``dims`` (then a collision-free layer
+    needs no fill). Reach is separable: a position is reached iff each of its coordinates is."""
+    for a in (params.axes[i] for i in dims):
         reached = set()
         for t in range(a.kernel):
             for i in range(a.in_size):
@@ -1450,9 +1590,26 @@ def _all_reached(params: ConvT3dParams) -> bool:
     return True
 
 
-def head_z_bytes(params: ConvT3dParams) -> int:
-    """Bytes of the fp32 tap-product buffer Z of the gather kind."""
-    return 4 * params.batch * params.out_channels * math.prod(params.kernel_size) * math.prod(params.in_size)
+def head_z_bytes(params: ConvT3dParams, kind: str = "gather") -> int:
+    """Bytes of the fp32 buffer Z of the gather kind (input positions x Cout x taps), of the
+    rows kind (input depth x height x output width x Cout x depth and height taps) or of the
+    planes kind (input depth x output height x width x Cout x depth taps)."""
+    (d, h, w), (kd, kh, kw), (_, oh, ow) = params.in_size, params.kernel_size, params.out_size
+    if kind == "rows":
+        return 4 * params.batch * params.out_channels * kd * kh * d * h * ow
+    if kind == "planes":
+        return 4 * params.batch * params.out_channels * kd * d * oh * ow
+    return 4 * params.batch * params.out_channels * kd * kh * kw * d * h * w
+
+
+def width_shifts(params: ConvT3dParams, dim: int = 2) -> tuple[int, int]:
+    """(first, count) of the shifts delta = i - q along ``dim`` (2: width, 1: height) of the rows
+    and planes kinds: input index i = q + delta feeds output o = q * S + r through tap t where
+    r + P - delta * S = t * Dil; the shifts of every (r, t) pair, as one range."""
+    a = params.axes[dim]
+    deltas = [(rw + a.padding - tw * a.dilation) // a.stride for rw in range(a.stride) for tw in range(a.kernel)
+              if (rw + a.padding - tw * a.dilation) % a.stride == 0]
+    return min(deltas), max(deltas) - min(deltas) + 1
 
 
 def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list[dict]:
@@ -1466,34 +1623,47 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
       128 x 128 at 8 warps = 64 per thread); wider layers loop over N tiles in the program.
     * BLOCK_K: Cin/g rounded up to a power of two, at most 64 (16-bit) or 32 (fp32): one
       128-byte line per position and step, as the phase GEMM.
-    * Two candidates: BLOCK_M 128 with gather tiles of 2048 elements, BLOCK_M 64 with 1024
-      (fewer, larger programs vs more in flight; each candidate costs ~1 s of compile when tuning).
+    * Kinds: "direct" where no taps meet (collision_free), else "gather" and "rows" (Z ~SW/KW
+      of gather's: half for k4 s2, at the price of re-reading the input tile per width shift
+      from cache). Tiles: BLOCK_M 128 with gather tiles of 2048 elements, and for rows and
+      direct also BLOCK_M 64 with 1024 (fewer, larger programs vs more in flight; each
+      candidate costs ~1 s of compile when tuning).
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
     """
     cout_g = params.out_channels_per_group
     if cout_g > MAX_HEAD_CHANNELS:
         return []
-    kind = "direct" if collision_free(params) else "gather"
-    if kind == "gather" and head_z_bytes(params) > MAX_Z_BYTES:
-        return []
-    ncol = cout_g * math.prod(params.kernel_size)
-    bn = max(16, min(128, _pow2_ceil(ncol)))
     bk = max(16, min(32 if dtype.itemsize == 4 else 64, _pow2_ceil(params.in_channels_per_group)))
     bw = max(16, min(128, _pow2_ceil(params.out_size[2])))
-    tiles = []
-    for bm, elements in ((128, 2048), (64, 1024)):
+    (kd, kh, kw), sw = params.kernel_size, params.stride[2]
+
+    def tile(kind, ncol, bm, elements):
+        bn = max(16, min(128, _pow2_ceil(ncol)))
         warps = 4 if bm * bn <= 128 * 64 else 8
-        tiles.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_W=bw, num_warps=warps, num_stages=2,
-                          use_dot=True, head=kind, BLOCK_R=elements))
+        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_W=bw, num_warps=warps, num_stages=2,
+                    use_dot=True, head=kind, BLOCK_R=elements)
+
+    if collision_free(params):
+        return [tile("direct", cout_g * kd * kh * kw, bm, el) for bm, el in ((128, 2048), (64, 1024))]
+    tiles = []
+    if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
+        tiles.append(tile("gather", cout_g * kd * kh * kw, 128, 2048))
+    # The rows and planes kinds interleave the W residues in registers (a reshape): SW a power
+    # of two.
+    if sw & (sw - 1) == 0 and sw <= 16:
+        if head_z_bytes(params, "rows") <= MAX_Z_BYTES:
+            tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
+        if head_z_bytes(params, "planes") <= MAX_Z_BYTES:
+            sh = params.stride[1]
+            tiles += [tile("planes", cout_g * kd * sh * sw, bm, el) for bm, el in ((128, 2048), (64, 1024))]
     return tiles
 
 
-def _gather_tile(params: ConvT3dParams, block_w: int, elements: int) -> tuple[int, int]:
+def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[int, int]:
     """(BLOCK_C, BLOCK_R) of the gather tile [BLOCK_C * BLOCK_R, BLOCK_W]: every channel of the
     group, and as many rows of one height residue as make about ``elements`` elements (the
-    config's BLOCK_R), at most the rows of a residue."""
-    bc = _pow2_ceil(params.out_channels_per_group)
-    rows = -(-params.out_size[1] // params.stride[1])
+    config's BLOCK_R), at most the ``rows`` of a residue."""
+    bc = _pow2_ceil(cout_g)
     return bc, max(1, min(_pow2_ceil(rows), elements // (bc * block_w)))
 
 
@@ -1521,7 +1691,12 @@ class HeadSteps:
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
-        self.fill_needed = not (self.direct and _all_reached(params))
+        # planes where the depth taps never meet (k (1, 4, 4) video heads): the GEMM writes the
+        # output itself, as the direct kind, and a fill writes the depth planes no tap reaches.
+        self.planes_direct = cfg.head == "planes" and params.axes[0].tap_step >= params.axes[0].kernel
+        self.to_output = self.direct or self.planes_direct
+        self.fill_needed = not (self.direct and _all_reached(params)) and \
+            not (self.planes_direct and _all_reached(params, (0,)))
         self.gemm = None
         self.gather = None
 
@@ -1537,11 +1712,28 @@ class HeadSteps:
                       BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         grid = (p.groups * p.batch * tiles_m,)
-        key = ("head_gemm", self.direct, p, cfg, x.stride(), y.stride() if self.direct else None, self.has_bias,
+        key = ("head_gemm", cfg.head, p, cfg, x.stride(), y.stride(), self.has_bias,
                self.precision, x.dtype)
-        if not self.direct:
+        if cfg.head == "gather":
             ints = (p.batch, p.in_channels_per_group, ncol, s, h, wd, *x.stride(), w.stride(0), tiles_m)
             return self.make_site(key, "head_gemm_kernel", grid, ints, consts)
+        if cfg.head in ("rows", "planes"):
+            planes = cfg.head == "planes"
+            (kd, kh, kw), (_, sh, sw), (_, oh, ow) = p.kernel_size, p.stride, p.out_size
+            qh, qw = -(-oh // sh), -(-ow // sw)
+            tiles_m = -(-(d * (qh if planes else h) * qw) // cfg.BLOCK_M)
+            hshift0, nhshift = width_shifts(p, 1) if planes else (0, 1)
+            shift0, nshift = width_shifts(p, 2)
+            ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group * kd * (sh if planes else kh) * sw,
+                    d, h, wd, oh, ow, qh, qw, kh, kw, kd * kh * kw,
+                    sh, p.padding[1], p.dilation[1], hshift0, nhshift,
+                    sw, p.padding[2], p.dilation[2], shift0, nshift,
+                    p.out_size[0], p.stride[0], p.padding[0], p.dilation[0], p.out_channels_per_group,
+                    *x.stride(), w.stride(0), *y.stride(), tiles_m)
+            consts = dict(H_IN_K=planes, OUT_DIRECT=self.planes_direct, HAS_BIAS=self.has_bias, ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw,
+                          BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
+                          num_stages=cfg.num_stages)
+            return self.make_site(key, "head_rows_kernel", (p.groups * p.batch * tiles_m,), ints, consts)
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, s, h, wd, *p.out_size,
                 p.kernel_size[1], p.kernel_size[2], *p.stride, *p.padding, *p.dilation,
                 *x.stride(), w.stride(0), *y.stride(), tiles_m)
@@ -1557,18 +1749,26 @@ class HeadSteps:
     def _gather_site(self, y: torch.Tensor):
         p, cfg = self.params, self.cfg
         od, oh, ow = p.out_size
-        bc, br = _gather_tile(p, cfg.BLOCK_W, cfg.BLOCK_R)
+        (d, h, wd), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = p.in_size, p.stride, p.padding, p.dilation
+        kh, kw = p.kernel_size[1:]
+        if cfg.head in ("rows", "planes"):
+            # Z holds output rows: one "width tap" over a width of OW (iw = ow).
+            wd, sw, pw, dw, kw = ow, 1, 0, 1, 1
+        if cfg.head == "planes":
+            # ... and output planes: one "height tap" over a height of OH.
+            h, sh, ph, dh, kh = oh, 1, 0, 1, 1
+        bc, br = _gather_tile(p.out_channels_per_group, -(-oh // sh), cfg.BLOCK_W, cfg.BLOCK_R)
         # Programs per (n, g, od): height residues x tiles of BLOCK_R rows of a residue x W tiles.
-        tiles_q, tiles_w = -(-(-(-oh // p.stride[1])) // br), -(-ow // cfg.BLOCK_W)
-        grid = (p.groups * p.batch * od * p.stride[1] * tiles_q * tiles_w,)
-        ints = (p.batch, p.out_channels_per_group, *p.in_size, od, oh, ow,
-                *p.stride, *p.padding, *p.dilation, *y.stride(), tiles_q, tiles_w)
+        tiles_q, tiles_w = -(-(-(-oh // sh)) // br), -(-ow // cfg.BLOCK_W)
+        grid = (p.groups * p.batch * od * sh * tiles_q * tiles_w,)
+        ints = (p.batch, p.out_channels_per_group, d, h, wd, od, oh, ow,
+                sd, sh, sw, pd, ph, pw, dd, dh, dw, *y.stride(), tiles_q, tiles_w)
         # 4 warps from 1024 elements down (8 per thread and W tap); fewer for smaller tiles,
         # whose threads would otherwise hold copies.
         warps = max(1, min(4, bc * br * cfg.BLOCK_W // 256))
-        consts = dict(HAS_BIAS=self.has_bias, FILL_ONLY=self.direct, KD=p.kernel_size[0], KH=p.kernel_size[1],
-                      KW=p.kernel_size[2], BLOCK_C=bc, BLOCK_R=br, BLOCK_W=cfg.BLOCK_W, num_warps=warps)
-        key = ("head_gather", self.direct, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
+        consts = dict(HAS_BIAS=self.has_bias, FILL_ONLY=self.to_output, KD=p.kernel_size[0], KH=kh,
+                      KW=kw, BLOCK_C=bc, BLOCK_R=br, BLOCK_W=cfg.BLOCK_W, num_warps=warps)
+        key = ("head_gather", cfg.head, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
         return self.make_site(key, "head_gather_kernel", grid, ints, consts)
 
     def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
@@ -1583,9 +1783,13 @@ class HeadSteps:
             if self.fill_needed:
                 self.gather.launch(dev, y, b, y)
             return self.gemm.launch(dev, x, w, b, y)
+        if self.planes_direct:
+            if self.fill_needed:
+                self.gather.launch(dev, y, b, y)
+            return self.gemm.launch(dev, x, w, y, b)
         p = self.params
-        z = torch.empty(head_z_bytes(p) // 4, dtype=torch.float32, device=dev)
-        handle = self.gemm.launch(dev, x, w, z)
+        z = torch.empty(head_z_bytes(p, self.cfg.head) // 4, dtype=torch.float32, device=dev)
+        handle = self.gemm.launch(dev, x, w, z, b) if self.cfg.head != "gather" else self.gemm.launch(dev, x, w, z)
         self.gather.launch(dev, z, b, y)
         return handle
 
@@ -1627,6 +1831,7 @@ HK = types.SimpleNamespace(
     head_direct_kernel=head_direct_kernel,
     head_gather_kernel=head_gather_kernel,
     head_gemm_kernel=head_gemm_kernel,
+    head_rows_kernel=head_rows_kernel,
 )
 head_engine = types.SimpleNamespace(
     HEAD_KINDS=HEAD_KINDS,
@@ -1641,6 +1846,7 @@ head_engine = types.SimpleNamespace(
     collision_free=collision_free,
     head_tiles=head_tiles,
     head_z_bytes=head_z_bytes,
+    width_shifts=width_shifts,
 )
 
 __all__ = ["Config", "candidate_configs", "forward", "plan", "tuning_log", "clear_caches", "SUPPORTED_DTYPES",
