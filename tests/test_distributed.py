@@ -217,6 +217,16 @@ def _error_on_rank0(rank, world):
     return {"raised": None}
 
 
+def _unpicklable_on_rank0(rank, world):
+    try:
+        distributed.agree(lambda: (lambda: "a closure cannot be pickled"), "auto|unpicklable")
+    except distributed.AgreementError as exc:
+        return {"raised": "AgreementError", "message": str(exc)}
+    except Exception as exc:  # noqa: BLE001 -- rank 0's own error
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    return {"raised": None}
+
+
 def _not_spmd(rank, world):
     """Rank 1 meets a decision rank 0 never makes: it waits CONVT3D_AGREE_TIMEOUT_S, warns and
     decides locally; rank 0 does not wait at all."""
@@ -241,6 +251,7 @@ SCENARIOS = {
     "tuner-agreement": _tuner_agreement_point,
     "tuner-over-disk-seed": _tuner_overrides_own_disk_seed,
     "error-on-rank0": _error_on_rank0,
+    "error-unpicklable": _unpicklable_on_rank0,
     "not-spmd": _not_spmd,
     "mode-local": _mode_local,
 }
@@ -335,6 +346,12 @@ def test_an_error_on_rank0_reaches_the_others(tmp_path):
     res = _run("error-on-rank0", 2, tmp_path)
     assert res[0]["raised"] == "MemoryError"
     assert res[1]["raised"] == "AgreementError" and "out of memory while timing (fake)" in res[1]["message"]
+
+
+def test_a_result_that_cannot_be_sent_fails_on_every_rank(tmp_path):
+    res = _run("error-unpicklable", 2, tmp_path)
+    assert res[0]["raised"] in ("PicklingError", "AttributeError", "TypeError")
+    assert res[1]["raised"] == "AgreementError" and "cannot be sent to the other ranks" in res[1]["message"]
 
 
 def test_a_decision_rank0_never_makes_times_out_to_a_local_one(tmp_path):

@@ -260,7 +260,12 @@ def agree(compute: Callable[[], T], what: str) -> T:
             raise
         with _lock:  # another thread may have decided the same meanwhile: the first one stands
             value = state.values.setdefault(what, value)
-        _publish(state, what, "ok", value)
+        try:
+            _publish(state, what, "ok", value)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # not picklable: tell the others
+            _publish(state, what, "error", f"its result cannot be sent to the other ranks ({type(exc).__name__}: "
+                                           f"{exc})"[:2000])
+            raise
         return value
     timeout_s = _timeout_s()
     got = _receive(state, what, timeout_s)
