@@ -77,11 +77,12 @@ def test_suite_rows():
     assert {(c.dtype, c.layout, c.input_dist) for c in kb} == {("fp32", "ncdhw", "rand")}
     assert sorted(c.precision for c in kb) == ["default"] * 7 + ["exact"] * 7
     layers = suites.select("layers")
-    assert len(layers) == 28
+    heads = [c for c in layers if c.geometry.name.startswith("head_")]
+    assert len(layers) - len(heads) == 28 and len(heads) == 20  # 5 head layers x 2 dtypes x 2 layouts
     assert {(c.dtype, c.layout) for c in layers} == {("fp32", "ncdhw"), ("fp32", "cl"), ("bf16", "ncdhw"),
                                                      ("bf16", "cl")}
     assert {(c.precision, c.input_dist) for c in layers} == {("default", "randn")}
-    assert len(suites.select("all")) == 42
+    assert len(suites.select("all")) == 14 + len(layers)
     labels = [c.label for c in suites.select("all")]
     assert len(set(labels)) == len(labels)
 
@@ -90,8 +91,8 @@ def test_suite_rows():
     ({"suite": "kernelbench", "precisions": ["exact"]}, 7),
     ({"names": ["kb77"]}, 2),
     ({"names": ["kb77", "gan_k4s2p1"]}, 6),
-    ({"dtypes": ["bf16"]}, 14),
-    ({"layouts": ["cl"]}, 14),
+    ({"dtypes": ["bf16"]}, 24),
+    ({"layouts": ["cl"]}, 24),
     ({"names": ["gan_k4s2p1"], "dtypes": ["bf16"], "layouts": ["cl"]}, 1),
     ({"suite": "layers", "precisions": ["exact"]}, 0),
     ({"suite": "kernelbench", "names": ["gan_k4s2p1"]}, 0),

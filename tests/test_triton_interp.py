@@ -458,7 +458,11 @@ def test_launcher_default_config_and_candidates():
     y_first = engine.forward(x5, w, b, params, "ieee", config=cands[0])
     assert torch.equal(y_default, y_first)  # untuned (CPU): the first candidate is the default
     fma_params = ConvT3dParams.create(1, 4, 4, 4, (3, 3, 3), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), (1, 1, 1))
-    assert all(not c.use_dot and c.BLOCK_K == 1 for c in engine.candidate_configs(fma_params, torch.float32, "ieee"))
+    fma_cands = engine.candidate_configs(fma_params, torch.float32, "ieee")
+    # Four output channels per group: the phase path's FMA tiles, and the output-head tiles the
+    # tuner times against them.
+    assert all(not c.use_dot and c.BLOCK_K == 1 for c in fma_cands if not c.head)
+    assert any(c.head for c in fma_cands) and any(not c.head for c in fma_cands)
 
 
 def test_launcher_rejects_unknown_precision():
