@@ -408,3 +408,22 @@ def test_cli_timing_path_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
     assert data["settings"]["complete"] and data["settings"]["modes"] == ["infer fp32", "infer bf16"]
     assert len(data["rows"]) == 4 and data["summary"][0]["geomean_speedup"] == pytest.approx(2.0)
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_tf32_arithmetic_reference_rounds_the_transposed_conv_operands():
+    # The fp32 budget's second term: float64 with each ConvTranspose3d's input and weight rounded
+    # to TF32. Its error against plain float64 is TF32-sized, and the model is left untouched.
+    from convt3d.bench.check import round_to_tf32
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.ConvTranspose3d(8, 4, 2, stride=2), torch.nn.ReLU())
+    x = torch.randn(1, 8, 3, 3, 3)
+    before = model[0].weight.detach().clone()
+    got = networks._tf32_arithmetic(model, x)
+    conv = model[0]
+    expect = torch.relu(torch.nn.functional.conv_transpose3d(
+        round_to_tf32(x).double(), round_to_tf32(conv.weight.detach()).double(), conv.bias.double(), 2))
+    assert torch.allclose(got, expect, rtol=0, atol=1e-12)
+    exact = model.double()(x.double())
+    assert 1e-6 < networks.relative_error(got, exact) < 1e-2
+    assert torch.equal(model[0].weight.float(), before)
