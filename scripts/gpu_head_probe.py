@@ -2,7 +2,7 @@
 engine's head configurations and of its untuned default against cuDNN, the memory floor, and
 PyTorch's backward of the same layers (dX = conv3d(dY, W), dW, and the autograd step).
 
-    PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json [--no-backward]   # every head row
+    PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json [--no-backward] [--heads-only]   # every head row
     PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json --one NAME DTYPE LAYOUT   # for ncu
 
 Times are medians of triton.testing.do_bench in one process; "graph" times replay the call in a
@@ -44,7 +44,7 @@ def _rows(only=None):
                     yield suites.Case("layers", g, dt, lay, "default", "randn")
 
 
-def probe(case, forward_only=False, with_backward=True):
+def probe(case, forward_only=False, with_backward=True, with_default=True):
     g = case.geometry
     t = suites.make_tensors(case, "cuda")
     args = g.conv_args()
@@ -66,7 +66,7 @@ def probe(case, forward_only=False, with_backward=True):
     row["configs"] = {}
     best, best_us = None, float("inf")
     for i, cfg in enumerate(configs):
-        if not cfg.head and i > 0:
+        if not cfg.head and (i > 0 or not with_default):
             continue  # the phase path: its untuned default only (the tuner's other tiles are timed elsewhere)
         y = E.forward(t.x, t.w, t.b, params, prec, config=cfg)
         err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
@@ -117,7 +117,8 @@ def main(argv):
     rows = []
     for case in _rows(only):
         try:
-            rows.append(probe(case, forward_only=only is not None, with_backward=with_backward))
+            rows.append(probe(case, forward_only=only is not None, with_backward=with_backward,
+                              with_default="--heads-only" not in argv))
         except Exception as e:  # a failing row must not hide the others' numbers
             rows.append(dict(case=case.name, dtype=case.dtype, layout=case.layout, error=repr(e)))
         print(json.dumps(rows[-1]), flush=True)

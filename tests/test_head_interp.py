@@ -65,9 +65,7 @@ REGIMES = {
     "gather-groups2-c3": Case(2, 8, 6, (2, 3, 3), (3, 3, 3), 2, 1, 1, groups=2),
     "gather-depthwise-c1": Case(1, 3, 3, (2, 3, 4), (3, 3, 3), 2, 1, 1, groups=3),
     "gather-m-tiles": Case(1, 4, 2, (2, 9, 10), (3, 3, 3), 2, 1, bias=False),  # 180 positions: 2 M tiles of 128
-    # depth taps that never meet: the planes kind writes the output itself (planes_direct)
-    "gather-k244-s2-depth-free": Case(1, 4, 2, (2, 3, 3), (2, 4, 4), 2, (0, 1, 1)),
-    "gather-k144-s2-depth-fill": Case(1, 4, 2, (2, 3, 3), (1, 4, 4), 2, (0, 1, 1), (1, 0, 0)),  # odd planes: bias
+    "gather-k144-s2-unreached-planes": Case(1, 4, 2, (2, 3, 3), (1, 4, 4), 2, (0, 1, 1), (1, 0, 0)),  # odd od: bias
     "gather-k-steps-n-tiles": Case(1, 40, 6, (1, 3, 3), (3, 3, 3), 2, 1),  # K 40 = 2 steps of 32; N 162 = 2 tiles
     # direct: collision-free (dilation * (k - 1) < stride along every dimension)
     "direct-c2-k2s2": Case(2, 8, 2, (2, 3, 4), (2, 2, 2), 2),  # every position reached: no fill
@@ -87,14 +85,14 @@ def _kinds(case: Case) -> list[str]:
 
 def test_regime_names_match_the_kind():
     # "gather"/"direct" must describe what the launcher really runs: taps that meet get the
-    # gather kind, and the rows and planes kinds too where the W stride is a power of two.
+    # gather kind, and the rows kind too where the W stride is a power of two.
     for name, case in REGIMES.items():
         kinds = _kinds(case)
         if name.startswith("direct"):
             assert kinds == ["direct"], name
         else:
             sw = case.stride if isinstance(case.stride, int) else case.stride[2]
-            assert kinds == (["gather", "rows", "planes"] if sw & (sw - 1) == 0 else ["gather"]), name
+            assert kinds == (["gather", "rows"] if sw & (sw - 1) == 0 else ["gather"]), name
 
 
 KIND_CASES = [(name, kind) for name, case in REGIMES.items() for kind in _kinds(case)]
@@ -136,7 +134,7 @@ def test_tf32_rounds_operands_to_nearest():
     check_against_reference(y, rnd(x), rnd(w), b, *case.args, precision="ieee", context="rounded operands")
 
 
-@pytest.mark.parametrize("kind", ["gather", "rows", "planes"])
+@pytest.mark.parametrize("kind", ["gather", "rows"])
 @pytest.mark.parametrize("name", ["gather-c3-k144-s122-cl", "gather-groups2-c3"])
 def test_float16(name, kind):
     case = REGIMES[name]
@@ -150,8 +148,7 @@ def test_float16_direct():
     check_against_reference(run_head(case, x, w, b), x, w, b, *case.args, context="direct float16")
 
 
-LAYOUT_BASES = {"gather": "gather-c3-k144-s122-cl", "rows": "gather-c3-k144-s122-cl",
-                "planes": "gather-c3-k144-s122-cl", "direct": "direct-c2-k2s2"}
+LAYOUT_BASES = {"gather": "gather-c3-k144-s122-cl", "rows": "gather-c3-k144-s122-cl", "direct": "direct-c2-k2s2"}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -164,7 +161,7 @@ def test_input_layouts(kind, layout):
     check_against_reference(y, x, w, b, *case.args, context=f"{kind} {layout}")
 
 
-@pytest.mark.parametrize("kind", ["gather", "rows", "planes", "direct"])
+@pytest.mark.parametrize("kind", ["gather", "rows", "direct"])
 def test_unbatched_input(kind):
     base = REGIMES["direct-c3-k2s3-fill" if kind == "direct" else "gather-c1-k4s2p1"]
     case = dataclasses.replace(base, batch=None)
@@ -174,7 +171,7 @@ def test_unbatched_input(kind):
     check_against_reference(y, x, w, b, *case.args, context=f"{kind} unbatched")
 
 
-@pytest.mark.parametrize("pick", [0, 1, 2, 3], ids=["gather-M128", "rows-M128", "planes-M128", "planes-M64"])
+@pytest.mark.parametrize("pick", [0, 1], ids=["gather", "rows"])
 def test_every_candidate_tile(pick):
     case = REGIMES["gather-m-tiles"]
     x, w, b = case.tensors()
@@ -182,7 +179,7 @@ def test_every_candidate_tile(pick):
 
 
 @pytest.mark.parametrize("name, kind", [("gather-per-dim-everything", "gather"), ("gather-m-tiles", "rows"),
-                                        ("gather-m-tiles", "planes"), ("direct-c3-k2s3-fill", "direct")])
+                                        ("direct-c3-k2s3-fill", "direct")])
 def test_gather_span_narrower_than_the_row(name, kind):
     # Output rows of 7-20 columns split over gather programs of 4 columns (tails included).
     case = REGIMES[name]
@@ -251,12 +248,12 @@ def test_collision_free_rule_picks_the_kind(kernel, stride, dilation, free):
     p = _params(3, kernel=kernel, stride=stride, dilation=dilation, padding=(0, 0, 0))
     assert head_engine.collision_free(p) == free
     kinds = {t["head"] for t in head_engine.head_tiles(p, torch.bfloat16, "tf32")}
-    assert kinds == ({"direct"} if free else {"gather", "rows", "planes"})
+    assert kinds == ({"direct"} if free else {"gather", "rows"})
 
 
-@pytest.mark.parametrize("stride, kinds", [(1, {"gather", "rows", "planes"}), (2, {"gather", "rows", "planes"}),
-                                           (3, {"gather"}), (4, {"gather", "rows", "planes"})])
-def test_rows_and_planes_need_a_power_of_two_width_stride(stride, kinds):
+@pytest.mark.parametrize("stride, kinds", [(1, {"gather", "rows"}), (2, {"gather", "rows"}), (3, {"gather"}),
+                                           (4, {"gather", "rows"})])
+def test_rows_kind_needs_a_power_of_two_width_stride(stride, kinds):
     p = _params(2, kernel=(3, 3, 5), stride=(2, 2, stride), padding=(0, 0, 0))
     assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == kinds
 
@@ -287,13 +284,13 @@ def test_brute_force_collision_rule():
 
 
 def test_large_z_is_not_offered():
-    # 8 x 27 columns of fp32 per input position of a 2 x 64 x 200^3 input: 13.8 GB of Z (9.2 GB
-    # for the rows kind, 6.1 GB for planes).
-    p = _params(8, cin=64, size=(200, 200, 200))
-    assert head_engine.head_z_bytes(p, "planes") > head_engine.MAX_Z_BYTES
+    # 8 x 27 columns of fp32 per input position of a 2 x 64 x 160^3 input: 7.1 GB of Z (4.7 GB
+    # for the rows kind).
+    p = _params(8, cin=64, size=(160, 160, 160))
+    assert head_engine.head_z_bytes(p, "rows") > head_engine.MAX_Z_BYTES
     assert head_engine.head_tiles(p, torch.float32, "tf32") == []
     # The direct kind needs no Z, whatever the size.
-    p = _params(8, cin=64, size=(200, 200, 200), kernel=(2, 2, 2), padding=(0, 0, 0))
+    p = _params(8, cin=64, size=(160, 160, 160), kernel=(2, 2, 2), padding=(0, 0, 0))
     assert head_engine.head_tiles(p, torch.float32, "tf32")
 
 
@@ -323,14 +320,3 @@ def test_tuner_runs_phase_and_head_configs_on_one_call(name):
         launch.y.fill_(float("nan"))
         launch.run(cfg)
         check_against_reference(launch.y, x5, w, b, *case.args, context=cfg.short())
-
-
-@pytest.mark.parametrize("name, direct", [("gather-k244-s2-depth-free", True), ("gather-k144-s2-depth-fill", True),
-                                          ("gather-c3-k144-s122-cl", True), ("gather-c1-k4s2p1", False)])
-def test_planes_store_the_output_where_depth_taps_never_meet(name, direct):
-    case = REGIMES[name]
-    x, w, _ = case.tensors()
-    params, _, configs = head_configs(case, x, w)
-    cfg = next(c for c in configs if c.head == "planes")
-    steps = head_engine.HeadSteps(params, cfg, "ieee", True, lambda *a: None)
-    assert steps.planes_direct == direct

@@ -8,10 +8,10 @@ holds the plan (which kernels, tiles, grids, integer arguments), not the launch 
 engine passes its launch-site factory in, so the kernels are replayed as cheaply as its own.
 
 Traffic per call (why the design, see the kernel module): the input is read once, the fp32
-tap-product buffer Z (input positions x Cout/g x taps) written once and read once, the output
-written once. For the 16 x 64 -> 1 head (32^3 -> 64^3, k4 s2 p1, fp32) that is 134 + 2 x 134 + 17
-MB against the 151 MB floor of the layer. Where no two taps meet on an output (``collision_free``)
-Z is skipped altogether.
+tap-product buffer Z written once and read once, the output written once. For the 16 x 64 -> 1
+head (32^3 -> 64^3, k4 s2 p1, fp32) the gather kind's Z (input positions x Cout/g x taps) makes
+134 + 2 x 134 + 17 MB against the 151 MB floor of the layer; the rows kind's Z (output rows) is
+half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether.
 """
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free", "h
 # the tensor-core path at 8-15 channels is a measurement").
 MAX_HEAD_CHANNELS = 15
 # "gather": GEMM into Z (every tap in N), then head_gather_kernel; "rows": the width taps summed
-# in the GEMM (head_rows_kernel), so Z holds output rows and the gather sums depth and height
-# taps only; "planes": width and height taps in the GEMM, the gather sums depth taps; "direct": GEMM stored into the output (collision-free layers only) plus a fill of
-# the positions no tap reaches.
-HEAD_KINDS = ("gather", "rows", "planes", "direct")
+# in the GEMM (head_rows_kernel), so Z holds output rows and head_gather_tile_kernel sums the
+# depth and height taps only; "direct": GEMM stored into the output (collision-free layers
+# only) plus a fill (head_gather_tile_kernel) of the positions no tap reaches.
+HEAD_KINDS = ("gather", "rows", "direct")
 # Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
 MAX_Z_BYTES = 4 << 30
 
@@ -52,10 +52,10 @@ def collision_free(params: ConvT3dParams) -> bool:
     return all(a.tap_step >= a.kernel for a in params.axes)
 
 
-def _all_reached(params: ConvT3dParams, dims=(0, 1, 2)) -> bool:
-    """Every output position is reached by some tap along ``dims`` (then a collision-free layer
-    needs no fill). Reach is separable: a position is reached iff each of its coordinates is."""
-    for a in (params.axes[i] for i in dims):
+def _all_reached(params: ConvT3dParams) -> bool:
+    """Every output position is reached by some tap (then a collision-free layer needs no fill).
+    Reach is separable: a position is reached iff each of its coordinates is."""
+    for a in params.axes:
         reached = set()
         for t in range(a.kernel):
             for i in range(a.in_size):
@@ -68,22 +68,19 @@ def _all_reached(params: ConvT3dParams, dims=(0, 1, 2)) -> bool:
 
 
 def head_z_bytes(params: ConvT3dParams, kind: str = "gather") -> int:
-    """Bytes of the fp32 buffer Z of the gather kind (input positions x Cout x taps), of the
-    rows kind (input depth x height x output width x Cout x depth and height taps) or of the
-    planes kind (input depth x output height x width x Cout x depth taps)."""
-    (d, h, w), (kd, kh, kw), (_, oh, ow) = params.in_size, params.kernel_size, params.out_size
+    """Bytes of the fp32 buffer Z of the gather kind (input positions x Cout x taps) or of the
+    rows kind (input depth x height x output width x Cout x depth and height taps)."""
+    (d, h, w), (kd, kh, kw), ow = params.in_size, params.kernel_size, params.out_size[2]
     if kind == "rows":
         return 4 * params.batch * params.out_channels * kd * kh * d * h * ow
-    if kind == "planes":
-        return 4 * params.batch * params.out_channels * kd * d * oh * ow
     return 4 * params.batch * params.out_channels * kd * kh * kw * d * h * w
 
 
-def width_shifts(params: ConvT3dParams, dim: int = 2) -> tuple[int, int]:
-    """(first, count) of the shifts delta = i - q along ``dim`` (2: width, 1: height) of the rows
-    and planes kinds: input index i = q + delta feeds output o = q * S + r through tap t where
-    r + P - delta * S = t * Dil; the shifts of every (r, t) pair, as one range."""
-    a = params.axes[dim]
+def width_shifts(params: ConvT3dParams) -> tuple[int, int]:
+    """(first, count) of the width shifts delta = iw - q of the rows kind: input column
+    iw = q + delta feeds output column ow = q * SW + rw through tap tw where
+    rw + PW - delta * SW = tw * DW; the shifts of every (rw, tw) pair, as one range."""
+    a = params.axes[2]
     deltas = [(rw + a.padding - tw * a.dilation) // a.stride for rw in range(a.stride) for tw in range(a.kernel)
               if (rw + a.padding - tw * a.dilation) % a.stride == 0]
     return min(deltas), max(deltas) - min(deltas) + 1
@@ -102,9 +99,10 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
       128-byte line per position and step, as the phase GEMM.
     * Kinds: "direct" where no taps meet (collision_free), else "gather" and "rows" (Z ~SW/KW
       of gather's: half for k4 s2, at the price of re-reading the input tile per width shift
-      from cache). Tiles: BLOCK_M 128 with gather tiles of 2048 elements, and for rows and
-      direct also BLOCK_M 64 with 1024 (fewer, larger programs vs more in flight; each
-      candidate costs ~1 s of compile when tuning).
+      from cache). Measured on the H200 (2026-12-01, scripts/gpu_head_probe.py): rows won the
+      bf16 heads (3-D GAN head 108-134 vs 178 us), gather the fp32 ones (228 vs 463-487 us), so
+      both are candidates. Tiles: BLOCK_M 128; the direct kind also BLOCK_M 64 (it won the
+      fp32 k2 s2 head, 132 vs 143 us). Each candidate costs ~1 s of compile when tuning.
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
     """
     cout_g = params.out_channels_per_group
@@ -124,15 +122,10 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
         return [tile("direct", cout_g * kd * kh * kw, bm, el) for bm, el in ((128, 2048), (64, 1024))]
     tiles = []
     if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
-        tiles.append(tile("gather", cout_g * kd * kh * kw, 128, 2048))
-    # The rows and planes kinds interleave the W residues in registers (a reshape): SW a power
-    # of two.
-    if sw & (sw - 1) == 0 and sw <= 16:
-        if head_z_bytes(params, "rows") <= MAX_Z_BYTES:
-            tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
-        if head_z_bytes(params, "planes") <= MAX_Z_BYTES:
-            sh = params.stride[1]
-            tiles += [tile("planes", cout_g * kd * sh * sw, bm, el) for bm, el in ((128, 2048), (64, 1024))]
+        tiles.append(tile("gather", cout_g * kd * kh * kw, 128, 0))  # per-row gather: no BLOCK_R
+    # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
+    if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
+        tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
     return tiles
 
 
@@ -168,12 +161,7 @@ class HeadSteps:
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
-        # planes where the depth taps never meet (k (1, 4, 4) video heads): the GEMM writes the
-        # output itself, as the direct kind, and a fill writes the depth planes no tap reaches.
-        self.planes_direct = cfg.head == "planes" and params.axes[0].tap_step >= params.axes[0].kernel
-        self.to_output = self.direct or self.planes_direct
-        self.fill_needed = not (self.direct and _all_reached(params)) and \
-            not (self.planes_direct and _all_reached(params, (0,)))
+        self.fill_needed = not (self.direct and _all_reached(params))
         self.gemm = None
         self.gather = None
 
@@ -194,21 +182,16 @@ class HeadSteps:
         if cfg.head == "gather":
             ints = (p.batch, p.in_channels_per_group, ncol, s, h, wd, *x.stride(), w.stride(0), tiles_m)
             return self.make_site(key, "head_gemm_kernel", grid, ints, consts)
-        if cfg.head in ("rows", "planes"):
-            planes = cfg.head == "planes"
-            (kd, kh, kw), (_, sh, sw), (_, oh, ow) = p.kernel_size, p.stride, p.out_size
-            qh, qw = -(-oh // sh), -(-ow // sw)
-            tiles_m = -(-(d * (qh if planes else h) * qw) // cfg.BLOCK_M)
-            hshift0, nhshift = width_shifts(p, 1) if planes else (0, 1)
-            shift0, nshift = width_shifts(p, 2)
-            ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group * kd * (sh if planes else kh) * sw,
-                    d, h, wd, oh, ow, qh, qw, kh, kw, kd * kh * kw,
-                    sh, p.padding[1], p.dilation[1], hshift0, nhshift,
-                    sw, p.padding[2], p.dilation[2], shift0, nshift,
-                    p.out_size[0], p.stride[0], p.padding[0], p.dilation[0], p.out_channels_per_group,
-                    *x.stride(), w.stride(0), *y.stride(), tiles_m)
-            consts = dict(H_IN_K=planes, OUT_DIRECT=self.planes_direct, HAS_BIAS=self.has_bias, ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw,
-                          BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
+        if cfg.head == "rows":
+            (kd, kh, kw), sw, ow = p.kernel_size, p.stride[2], p.out_size[2]
+            qw = -(-ow // sw)
+            tiles_m = -(-(d * h * qw) // cfg.BLOCK_M)
+            shift0, nshift = width_shifts(p)
+            ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group * kd * kh * sw, d, h, wd, ow, qw,
+                    kh, kw, kd * kh * kw, sw, p.padding[2], p.dilation[2], shift0, nshift,
+                    *x.stride(), w.stride(0), tiles_m)
+            consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, BLOCK_M=cfg.BLOCK_M,
+                          BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
             return self.make_site(key, "head_rows_kernel", (p.groups * p.batch * tiles_m,), ints, consts)
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, s, h, wd, *p.out_size,
@@ -227,26 +210,38 @@ class HeadSteps:
         p, cfg = self.params, self.cfg
         od, oh, ow = p.out_size
         (d, h, wd), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = p.in_size, p.stride, p.padding, p.dilation
-        kh, kw = p.kernel_size[1:]
-        if cfg.head in ("rows", "planes"):
+        (kd, kh, kw), cout_g = p.kernel_size, p.out_channels_per_group
+        if cfg.head == "gather":
+            # head_gather_kernel: per program BLOCK_H rows of BLOCK_W columns, about 2048 elements
+            # and at most 8 rows (a runtime loop); one warp per 128 elements of a row, at most 4
+            # (a 1-channel row of 64 columns on 4 warps would leave half the threads holding
+            # copies).
+            bc = _pow2_ceil(cout_g)
+            bh = max(1, min(8, 2048 // (bc * cfg.BLOCK_W)))
+            tiles_h, tiles_w = -(-oh // bh), -(-ow // cfg.BLOCK_W)
+            ints = (p.batch, cout_g, d, h, wd, od, oh, ow, kd, kh, sd, sh, sw, pd, ph, pw, dd, dh, dw,
+                    *y.stride(), tiles_h, tiles_w)
+            consts = dict(HAS_BIAS=self.has_bias, KW=kw, BLOCK_C=bc, BLOCK_H=bh, BLOCK_W=cfg.BLOCK_W,
+                          num_warps=max(1, min(4, bc * cfg.BLOCK_W // 128)))
+            key = ("head_gather", p, cfg.BLOCK_W, y.stride(), self.has_bias)
+            return self.make_site(key, "head_gather_kernel", (p.groups * p.batch * od * tiles_h * tiles_w,),
+                                  ints, consts)
+        if cfg.head == "rows":
             # Z holds output rows: one "width tap" over a width of OW (iw = ow).
             wd, sw, pw, dw, kw = ow, 1, 0, 1, 1
-        if cfg.head == "planes":
-            # ... and output planes: one "height tap" over a height of OH.
-            h, sh, ph, dh, kh = oh, 1, 0, 1, 1
-        bc, br = _gather_tile(p.out_channels_per_group, -(-oh // sh), cfg.BLOCK_W, cfg.BLOCK_R)
+        bc, br = _gather_tile(cout_g, -(-oh // sh), cfg.BLOCK_W, cfg.BLOCK_R)
         # Programs per (n, g, od): height residues x tiles of BLOCK_R rows of a residue x W tiles.
         tiles_q, tiles_w = -(-(-(-oh // sh)) // br), -(-ow // cfg.BLOCK_W)
         grid = (p.groups * p.batch * od * sh * tiles_q * tiles_w,)
-        ints = (p.batch, p.out_channels_per_group, d, h, wd, od, oh, ow,
-                sd, sh, sw, pd, ph, pw, dd, dh, dw, *y.stride(), tiles_q, tiles_w)
+        ints = (p.batch, cout_g, d, h, wd, od, oh, ow, sd, sh, sw, pd, ph, pw, dd, dh, dw, *y.stride(),
+                tiles_q, tiles_w)
         # 4 warps from 1024 elements down (8 per thread and W tap); fewer for smaller tiles,
         # whose threads would otherwise hold copies.
         warps = max(1, min(4, bc * br * cfg.BLOCK_W // 256))
-        consts = dict(HAS_BIAS=self.has_bias, FILL_ONLY=self.to_output, KD=p.kernel_size[0], KH=kh,
-                      KW=kw, BLOCK_C=bc, BLOCK_R=br, BLOCK_W=cfg.BLOCK_W, num_warps=warps)
-        key = ("head_gather", cfg.head, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
-        return self.make_site(key, "head_gather_kernel", grid, ints, consts)
+        consts = dict(HAS_BIAS=self.has_bias, FILL_ONLY=self.direct, KD=kd, KH=kh, KW=kw, BLOCK_C=bc, BLOCK_R=br,
+                      BLOCK_W=cfg.BLOCK_W, num_warps=warps)
+        key = ("head_gather_tile", cfg.head, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
+        return self.make_site(key, "head_gather_tile_kernel", grid, ints, consts)
 
     def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
         """Launch onto ``y``; returns Triton's handle of the GEMM kernel."""
@@ -260,12 +255,8 @@ class HeadSteps:
             if self.fill_needed:
                 self.gather.launch(dev, y, b, y)
             return self.gemm.launch(dev, x, w, b, y)
-        if self.planes_direct:
-            if self.fill_needed:
-                self.gather.launch(dev, y, b, y)
-            return self.gemm.launch(dev, x, w, y, b)
         p = self.params
         z = torch.empty(head_z_bytes(p, self.cfg.head) // 4, dtype=torch.float32, device=dev)
-        handle = self.gemm.launch(dev, x, w, z, b) if self.cfg.head != "gather" else self.gemm.launch(dev, x, w, z)
+        handle = self.gemm.launch(dev, x, w, z)
         self.gather.launch(dev, z, b, y)
         return handle

@@ -119,139 +119,86 @@ def head_gemm_kernel(
 
 @triton.jit
 def head_rows_kernel(
-    x_ptr, w_ptr, z_ptr, b_ptr,
-    N, CIN_G, NCOL, D, H, W, OH, OW, QH, QW,
+    x_ptr, w_ptr, z_ptr,
+    N, CIN_G, NCOL, D, H, W, OW, QW,
     KH, KW, KVOL,
-    SH, PH, DH, HSHIFT0, NHSHIFT,
     SW, PW, DW, SHIFT0, NSHIFT,
-    OD, SD, PD, DD, COUT_G,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_wc,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     tiles_m,
-    H_IN_K: tl.constexpr,
-    OUT_DIRECT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
     ROUND_TF32: tl.constexpr,
     PRECISION: tl.constexpr,
     SW_C: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """The "rows" and "planes" kinds: the width taps (rows) or the width and height taps
-    (planes, H_IN_K) summed inside the GEMM, so Z holds output rows (planes):
+    """The "rows" kind: the width taps summed inside the GEMM, so Z holds output rows:
 
-        rows:   Zr[g, n, (co, td, th), id, ih, ow] = sum_{iw, tw -> ow} sum_ci X[ci, id, ih, iw] Wt[ci, co, td, th, tw]
-        planes: Zp[g, n, (co, td), id, oh, ow]     = sum_{ih, th -> oh; iw, tw -> ow} (the same)
+        Zr[g, n, (co, td, th), id, ih, ow] = sum_{iw, tw -> ow} sum_ci X[ci, id, ih, iw] Wt[ci, co, td, th, tw]
 
-    M = (id, ih or qh, qw) with q the compact output index of every residue of a dimension in K
-    (o = q * S + r); N = (co, td, th or rh, rw), rw fastest; K = the input channels at each shift
-    delta = i - q of the dimensions in K (HSHIFT0.. along H, SHIFT0.. along W), whose weight
-    column for residue r is the tap t = (r + P - delta * S) / Dil where that is a tap (zero
-    elsewhere). The input tile is re-read once per shift, from cache (the same rows and columns,
-    shifted by one). The SW_C width residues are interleaved in registers before the store, so
-    each store writes contiguous output columns. Against the "gather" kind, Z shrinks by ~KW / SW
-    (rows) or ~KH * KW / (SH * SW) (planes): half and a quarter for k4 s2; the gather then sums
-    the depth (and height) taps only (head_gather_kernel over a width of OW and one width tap).
+    M = (id, ih, qw) with qw the compact output column of every W residue (ow = qw * SW + rw);
+    N = (co, td, th, rw), rw fastest; K = the input channels at each width shift
+    delta = iw - qw (SHIFT0 .. SHIFT0 + NSHIFT - 1), whose weight column for residue rw is the
+    tap tw = (rw + PW - delta * SW) / DW where that is a tap (zero elsewhere). The input tile is
+    re-read once per shift, from cache (the same rows, shifted by a column). The SW_C residues
+    are interleaved in registers before the store, so each store writes contiguous output
+    columns. Against the "gather" kind, Z shrinks by ~KW / SW (half for k4 s2), and the gather
+    sums depth and height taps only (head_gather_tile_kernel over a width of OW, one width tap).
 
-    OUT_DIRECT (planes, where depth taps never meet: head_engine.collision_free along D): the
-    tile is the output itself (od = id * SD - PD + td * DD, plus bias): ``z_ptr`` is the output,
-    addressed by its strides, and a fill writes the depth planes no tap reaches."""
+    (Summing the height taps in the GEMM too -- Z of output planes, 9 shifted input tiles for
+    k4 s2 p1 -- was measured slower on every head row of the bench, H200 2026-12-01: 3-D GAN
+    head bf16 165-246 vs 108-134 us, fp32 603-899 vs 463-487 us.)"""
     pid = tl.program_id(0)
     pid_m = pid % tiles_m
     t = pid // tiles_m
     nb = t % N
     grp = t // N
-    if H_IN_K:
-        MH = QH
-        NH = SH  # the height index of N is the residue rh
-        ZH = OH  # Z rows are output rows
-        NZG = NCOL // (SW_C * SH)  # Z groups (co, td)
-    else:
-        MH = H
-        NH = KH  # the height index of N is the tap th
-        ZH = H  # Z rows are input rows
-        NZG = NCOL // SW_C  # Z groups (co, td, th)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    S = D * MH * QW
+    S = D * H * QW
     m_ok = offs_m < S
     q = offs_m % QW
-    r = offs_m // QW
-    mh = r % MH
-    m_id = r // MH
+    r = offs_m // QW  # id * H + ih
+    x_r = (r // H) * stride_xd + (r % H) * stride_xh
     x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
-    KD = KVOL // (KH * KW)
-    z_g = z_ptr + t.to(tl.int64) * NZG * (D * ZH * OW)
+    z_g = z_ptr + t.to(tl.int64) * (NCOL // SW_C) * (D * H * OW)
     for n0 in range(0, NCOL, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         c_ok = cols < NCOL
         rw = cols % SW_C
-        hn = (cols // SW_C) % NH
-        g1 = cols // (SW_C * NH)  # (co, td)
-        w_col = (g1 // KD) * KVOL + (g1 % KD) * (KH * KW)  # tap (td, 0, 0) of the column's channel
+        gcol = cols // SW_C  # (co, td, th)
+        w_col = (gcol // (KVOL // KW)) * KVOL + (gcol % (KVOL // KW)) * KW  # tap (td, th, 0) of the column
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for jh in range(NHSHIFT):
-            if H_IN_K:
-                dh = HSHIFT0 + jh
-                ih = mh + dh
-                thn = hn + PH - dh * SH
-                th = thn // DH
-                th_ok = (thn >= 0) & ((thn % DH) == 0) & (th < KH)
-            else:
-                ih = mh
-                th = hn
-                th_ok = c_ok
-            x_r = m_id * stride_xd + ih * stride_xh
-            h_ok = m_ok & (ih >= 0) & (ih < H)
-            for j in range(NSHIFT):
-                delta = SHIFT0 + j
-                iw = q + delta
-                x_ok = h_ok & (iw >= 0) & (iw < W)
-                twn = rw + PW - delta * SW
-                tw = twn // DW
-                t_ok = c_ok & th_ok & (twn >= 0) & ((twn % DW) == 0) & (tw < KW)
-                for k0 in range(0, CIN_G, BLOCK_K):
-                    ks = k0 + tl.arange(0, BLOCK_K)
-                    k_ok = ks < CIN_G
-                    x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                                  mask=x_ok[:, None] & k_ok[None, :], other=0.0)
-                    w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + th * KW + tw)[None, :],
-                                  mask=k_ok[:, None] & t_ok[None, :], other=0.0)
-                    if ROUND_TF32:
-                        x_t = _round_tf32(x_t)
-                        w_t = _round_tf32(w_t)
-                    if PRECISION == "ieee":
-                        acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
-                    else:
-                        acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
+        for j in range(NSHIFT):
+            delta = SHIFT0 + j
+            iw = q + delta
+            x_ok = m_ok & (iw >= 0) & (iw < W)
+            twn = rw + PW - delta * SW
+            tw = twn // DW
+            t_ok = c_ok & (twn >= 0) & ((twn % DW) == 0) & (tw < KW)
+            for k0 in range(0, CIN_G, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_ok = ks < CIN_G
+                x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                              mask=x_ok[:, None] & k_ok[None, :], other=0.0)
+                w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + tw)[None, :],
+                              mask=k_ok[:, None] & t_ok[None, :], other=0.0)
+                if ROUND_TF32:
+                    x_t = _round_tf32(x_t)
+                    w_t = _round_tf32(w_t)
+                if PRECISION == "ieee":
+                    acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
+                else:
+                    acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
         # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
         G_N: tl.constexpr = BLOCK_N // SW_C
         out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
         e = tl.arange(0, BLOCK_M * SW_C)
         em = pid_m * BLOCK_M + e // SW_C
         ow = (em % QW) * SW_C + e % SW_C
-        e_r = em // QW
-        g2 = n0 // SW_C + tl.arange(0, G_N)  # (co, td, th or rh)
-        if H_IN_K:
-            zg = g2 // NH
-            zh = ((e_r % MH) * SH)[None, :] + (g2 % NH)[:, None]  # oh = qh * SH + rh
-        else:
-            zg = g2
-            zh = (e_r % MH)[None, :] + tl.zeros((G_N, 1), dtype=tl.int32)
-        ok = (g2 < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :] & (zh < ZH)
-        if OUT_DIRECT:
-            # zg = (co, td): the output plane od of input plane id through depth tap td.
-            co = zg // KD
-            od = ((e_r // MH) * SD)[None, :] + ((zg % KD) * DD - PD)[:, None]
-            ok = ok & (od >= 0) & (od < OD)
-            if HAS_BIAS:
-                out += tl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(tl.float32)[:, None]
-            y_e = (nb.to(tl.int64) * stride_yn + (grp * COUT_G + co).to(tl.int64)[:, None] * stride_yc
-                   + od.to(tl.int64) * stride_yd + zh.to(tl.int64) * stride_yh + ow[None, :] * stride_yw)
-            tl.store(z_ptr + y_e, out.to(z_ptr.dtype.element_ty), mask=ok)
-        else:
-            z_e = zg.to(tl.int64)[:, None] * (D * ZH * OW) + ((e_r // MH) * ZH)[None, :] * OW + zh * OW + ow[None, :]
-            tl.store(z_g + z_e, out, mask=ok)
+        g_e = n0 // SW_C + tl.arange(0, G_N)
+        ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
+        z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
+        tl.store(z_g + z_e, out, mask=ok)
 
 
 @triton.jit
@@ -347,6 +294,82 @@ def head_direct_kernel(
 def head_gather_kernel(
     z_ptr, b_ptr, y_ptr,
     N, COUT_G, D, H, W, OD, OH, OW,
+    KD, KH,
+    SD, SH, SW, PD, PH, PW, DD, DH, DW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    tiles_h, tiles_w,
+    HAS_BIAS: tl.constexpr,
+    KW: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """out[n, g * COUT_G + co, od, oh, ow] = bias + sum over the taps reaching (od, oh, ow) of
+    Z[g, n, co * KVOL + tap, i(o, tap)] for the gather kind (Z of every tap), in any output
+    layout (strides).
+
+    One program: one (n, g, od), BLOCK_H consecutive output rows (a runtime loop), BLOCK_W
+    columns and every output channel of the group (BLOCK_C >= COUT_G). od and each row's oh are
+    scalars, so which depth and height taps reach a row is a scalar test (runtime loops over
+    KD, KH); the W taps are a constexpr loop of masked loads along the row (each lane takes the
+    taps of its own W residue). Every output element is written exactly once, positions no tap
+    reaches included (bias or zero); the sum runs in a fixed order (deterministic).
+
+    Measured against head_gather_tile_kernel on this Z (H200, 2026-12-01, same GEMM): 3-D GAN
+    head 16 x 64 -> 1 178 vs 364 us in all (bf16), 228 vs 347 us (fp32); that kernel's tiles of
+    one height residue, with every tap unrolled, suit Z of output rows (the rows kind) instead."""
+    pid = tl.program_id(0)
+    pid_w = pid % tiles_w
+    t = pid // tiles_w
+    pid_h = t % tiles_h
+    t = t // tiles_h
+    od = t % OD
+    t = t // OD
+    nb = t % N
+    grp = t // N
+
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < COUT_G
+    ow = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    w_ok = ow < OW
+    kvol = KD * KH * KW
+    S = D * H * W
+    fill = tl.zeros((BLOCK_C, BLOCK_W), dtype=tl.float32)
+    if HAS_BIAS:
+        fill += tl.load(b_ptr + grp * COUT_G + offs_c, mask=c_ok, other=0.0).to(tl.float32)[:, None]
+    # Z of (g, n) and of each channel's KVOL rows.
+    z_g = z_ptr + (grp * N + nb).to(tl.int64) * COUT_G * kvol * S
+    z_c = offs_c.to(tl.int64) * kvol * S
+    y_row = (y_ptr + nb.to(tl.int64) * stride_yn + od.to(tl.int64) * stride_yd
+             + (grp * COUT_G + offs_c).to(tl.int64)[:, None] * stride_yc + ow[None, :] * stride_yw)
+    for r in range(BLOCK_H):
+        oh = pid_h * BLOCK_H + r
+        acc = fill
+        for td in range(KD):
+            idn = od + PD - td * DD
+            id_ = idn // SD
+            # idn >= 0 first: with it false the division's rounding of negatives is irrelevant.
+            if (idn >= 0) & (idn - id_ * SD == 0) & (id_ < D):
+                for th in range(KH):
+                    ihn = oh + PH - th * DH
+                    ih = ihn // SH
+                    if (ihn >= 0) & (ihn - ih * SH == 0) & (ih < H) & (oh < OH):
+                        z_row = z_g + ((td * KH + th) * KW).to(tl.int64) * S + (id_ * H + ih).to(tl.int64) * W
+                        for tw in tl.static_range(KW):
+                            iwn = ow + PW - tw * DW
+                            iw = iwn // SW
+                            ok = (iwn >= 0) & (iwn - iw * SW == 0) & (iw < W) & w_ok
+                            acc += tl.load(z_row + tw * S + z_c[:, None] + iw[None, :],
+                                           mask=c_ok[:, None] & ok[None, :], other=0.0)
+        # Row bound folded into the column bound (vector masks only: the interpreter rejects
+        # mixing scalar and vector booleans).
+        w_lim = tl.where(oh < OH, OW, 0)
+        st_ok = c_ok[:, None] & (ow < w_lim)[None, :]
+        tl.store(y_row + oh.to(tl.int64) * stride_yh, acc.to(y_ptr.dtype.element_ty), mask=st_ok)
+
+
+@triton.jit
+def head_gather_tile_kernel(
+    z_ptr, b_ptr, y_ptr,
+    N, COUT_G, D, H, W, OD, OH, OW,
     SD, SH, SW, PD, PH, PW, DD, DH, DW,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     tiles_q, tiles_w,
@@ -356,7 +379,9 @@ def head_gather_kernel(
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """out[n, g * COUT_G + co, od, oh, ow] = bias + sum over the taps reaching (od, oh, ow) of
-    Z[g, n, co * KVOL + tap, i(o, tap)], in any output layout (strides).
+    Z[g, n, co * KVOL + tap, i(o, tap)], in any output layout (strides): the gather of the rows
+    kind (Z of output rows, called with a width of OW and one width tap) and the fill of the
+    direct kind.
 
     One program: one (n, g, od), BLOCK_R output rows of one height residue rh (oh = q * SH + rh
     for BLOCK_R consecutive q), BLOCK_W columns and every output channel of the group
