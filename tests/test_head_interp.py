@@ -320,3 +320,14 @@ def test_tuner_runs_phase_and_head_configs_on_one_call(name):
         launch.y.fill_(float("nan"))
         launch.run(cfg)
         check_against_reference(launch.y, x5, w, b, *case.args, context=cfg.short())
+
+
+def test_views_reaching_beyond_2_pow_31_are_read_from_a_copy():
+    # Strides of a view can reach further than its elements: the 32-bit in-element offsets of the
+    # GEMM kernels must not see them (checked on the span helper; such tensors do not fit here).
+    x = torch.empty(2, 3, 4, 5, 6)
+    assert head_engine._batch_span(x) == 3 * 4 * 5 * 6
+    wide = torch.empty(0, device="meta").as_strided((2, 3, 4, 5, 6), (0, 2**30, 1, 1, 1))
+    assert head_engine._batch_span(wide) >= 2**31
+    # ... and a layer whose batch element alone holds 2^31 input elements gets no head candidate.
+    assert head_engine.head_tiles(_params(1, cin=2**11, size=(128, 128, 64)), torch.bfloat16, "tf32") == []

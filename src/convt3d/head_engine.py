@@ -106,7 +106,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
     """
     cout_g = params.out_channels_per_group
-    if cout_g > MAX_HEAD_CHANNELS:
+    # In-element offsets are 32-bit (HeadSteps.run): one batch element must hold < 2^31.
+    if cout_g > MAX_HEAD_CHANNELS or params.in_channels * math.prod(params.in_size) >= 2**31:
         return []
     bk = max(16, min(32 if dtype.itemsize == 4 else 64, _pow2_ceil(params.in_channels_per_group)))
     bw = max(16, min(128, _pow2_ceil(params.out_size[2])))
@@ -137,6 +138,11 @@ def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[i
     return bc, max(1, min(_pow2_ceil(rows), elements // (bc * block_w)))
 
 
+def _batch_span(x: torch.Tensor) -> int:
+    """Elements between the first and last of one batch element of x (its strides' reach)."""
+    return 1 + sum(abs(st) * (n - 1) for n, st in zip(x.shape[1:], x.stride()[1:]))
+
+
 def _flat_x(x: torch.Tensor) -> bool:
     """D, H, W of x can be walked by one stride (its W stride)."""
     _, _, d, h, w = x.shape
@@ -164,6 +170,7 @@ class HeadSteps:
         self.fill_needed = not (self.direct and _all_reached(params))
         self.gemm = None
         self.gather = None
+        self.copy_x = None  # x spans >= 2^31 elements per batch element: the GEMMs read a copy
 
     def _gemm_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         p, cfg = self.params, self.cfg
@@ -246,6 +253,12 @@ class HeadSteps:
     def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
         """Launch onto ``y``; returns Triton's handle of the GEMM kernel."""
         dev = x.device
+        if self.copy_x is None:
+            # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
+            # offsets; a view whose strides reach further is read from a contiguous copy.
+            self.copy_x = _batch_span(x) >= 2**31
+        if self.copy_x:
+            x = x.contiguous()
         if self.gemm is None:
             self.gemm = self._gemm_site(x, w, y)
         if self.fill_needed and self.gather is None:
