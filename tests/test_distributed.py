@@ -197,6 +197,23 @@ def _tuner_agreement_point(rank, world):
             "timed_here": triton_engine.tuning_log()[key].seconds > 0}
 
 
+def _tuner_on_other_gpu_models(rank, world):
+    """Rank 1 runs another GPU model: its tune key differs in the model name only, so it pairs
+    with rank 0's; a tile that is one of its candidates is taken, one that is not is refused."""
+    tune = _fake_tuner(rank)
+    key, configs = _tune_key(40)
+    key = (f"GPU model {rank}",) + key[1:]
+    taken = distributed.agree_config(key, lambda: tune(key, configs), configs)
+    key2, configs2 = _tune_key(48)
+    key2 = (f"GPU model {rank}",) + key2[1:]
+    mine = configs2 if rank == 0 else configs2[1:]  # rank 0's fastest (index 0) is not offered on rank 1
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        refused = distributed.agree_config(key2, lambda: tune(key2, mine), mine)
+    return {"taken": configs.index(taken), "refused": configs2.index(refused),
+            "warned": any("not a candidate" in str(w.message) for w in rec)}
+
+
 def _tuner_overrides_own_disk_seed(rank, world):
     """Every rank seeded a config for the key from its own cache file; rank 0's wins."""
     key, configs = _tune_key(24)
@@ -250,6 +267,7 @@ SCENARIOS = {
     "tuning-inside-decision": _tuning_inside_a_decision,
     "tuner-agreement": _tuner_agreement_point,
     "tuner-over-disk-seed": _tuner_overrides_own_disk_seed,
+    "tuner-other-gpu-models": _tuner_on_other_gpu_models,
     "error-on-rank0": _error_on_rank0,
     "error-unpicklable": _unpicklable_on_rank0,
     "not-spmd": _not_spmd,
@@ -331,6 +349,15 @@ def test_tuner_agreement_point_gives_rank0s_tile(tmp_path):
     res = _run("tuner-agreement", 2, tmp_path)
     assert res[0] == {"config": 0, "tuned": 0, "timed_here": True}
     assert res[1] == {"config": 0, "tuned": 0, "timed_here": False}  # rank 1 alone would take index 1
+
+
+def test_tuner_agreement_across_gpu_models_checks_the_tile_is_offered(tmp_path):
+    res = _run("tuner-other-gpu-models", 2, tmp_path)
+    assert res[0] == {"taken": 0, "refused": 0, "warned": False}
+    # rank 1 takes rank 0's tile where it has it; where not, it tunes among its own candidates,
+    # which lack rank 0's (index 0)
+    assert res[1]["taken"] == 0 and res[1]["warned"]
+    assert res[1]["refused"] != 0
 
 
 def test_tuner_agreement_replaces_a_config_seeded_from_the_ranks_own_file(tmp_path):

@@ -39,7 +39,10 @@ rank needs it later finds it. It also never competes with DDP's gradient all-red
 NCCL stream, and never runs during CUDA graph capture (callers decide without timing there).
 
 ``what`` names the decision, identically on every rank: the signature text of the call
-without the device index (``cuda:0`` vs ``cuda:1``), prefixed by the kind of decision.
+without the device index (``cuda:0`` vs ``cuda:1``) or the GPU model, prefixed by the kind of
+decision. A rank checks that what it receives can run on it (an engine it has, a tile among its
+own candidates) and otherwise decides for itself: ranks on different GPU models pair up by
+name and never run a config their GPU does not offer.
 
 When a rank is not running the same layers as rank 0 (pipeline stages, per-rank shapes), the
 rule does not hold: pass the group whose ranks do run the same layers to :func:`set_group`
@@ -324,10 +327,17 @@ def agree_with_tuning(compute: Callable[[], T], what: str) -> T:
     return result
 
 
-def agree_config(key, choose: Callable[[], Any]):
+def agree_config(key, choose: Callable[[], Any], candidates=None):
     """The Triton tuner's agreement point for one tune key: ``choose()`` (this process's answer:
     its tuned or seeded config, or a tuning run) on rank 0; on the others rank 0's config,
-    installed as this process's tuned config of ``key``. Returns the config."""
+    installed as this process's tuned config of ``key``. Returns the config.
+
+    The decision is named by the key without its first field, the GPU model (the engine's tune
+    key is (GPU model, dtype, precision, channels-last output, ConvT3dParams)), so that ranks on
+    different GPU models still pair up. A config that is not one of this rank's ``candidates``
+    (a tile rank 0's GPU has and this one has not) is never installed: this rank chooses for
+    itself, with a warning (a foreign tile could compute wrong values; see ``convt3d.cache``).
+    """
     if not active():
         return choose()
     from . import cache, triton_engine
@@ -337,7 +347,13 @@ def agree_config(key, choose: Callable[[], Any]):
         rec = triton_engine.tuning_log().get(key)
         return config, dict(rec.timings_ms) if rec is not None and rec.config == config else {}
 
-    config, timings = agree(on_rank0, "triton-config|" + cache.tune_key_text(key))
-    if rank() != 0:
-        _install(key, config, timings)
+    config, timings = agree(on_rank0, "triton-config|" + cache.tune_key_text(tuple(key)[1:]))
+    if rank() == 0:
+        return config
+    if candidates is not None and config not in tuple(candidates):
+        warnings.warn(f"convt3d: rank 0's Triton tile {config.short()} is not a candidate on rank {rank()} (another "
+                      "GPU model?); this rank tunes for itself", RuntimeWarning, stacklevel=2)
+        with local():
+            return choose()
+    _install(key, config, timings)
     return config
