@@ -22,11 +22,11 @@ Without a process group, or with one of world size 1, ``agree`` is ``compute()``
 The rule that makes this hang-free and consistent (SPMD): **a decision is made at the first
 in-process sight of its signature, which SPMD training reaches in the same order on every rank,
 and every rank goes through agree() at that point, whether or not its own state -- its disk
-cache (``convt3d.cache``), a config seeded from that file -- already holds an answer.** A disk
-hit on rank 1 and a miss on rank 0 must not make rank 1 skip ``agree``: then rank 1 would run
-its own cached engine while rank 0 measured and waited for nobody, which is harmless here
-(the store needs no partner) but inconsistent. Only rank 0's disk cache matters; only rank 0
-writes measurements to it.
+cache (``convt3d.cache``), a config seeded from that file -- already holds an answer.** So the
+disk lookup belongs inside ``compute()``. Were it outside, a hit on rank 1 and a miss on rank 0
+would have rank 1 run its own cached engine (inconsistent), and a hit on rank 0 and a miss on
+rank 1 would leave rank 1 waiting for a decision rank 0 never publishes. Only rank 0's disk
+cache matters; only rank 0 writes measurements to it.
 
 Why a store entry rather than a collective (``broadcast_object_list``): a collective pairs the
 n-th call of every rank, so any rank-dependent path -- a decision rank 0 took inside another
@@ -51,6 +51,10 @@ without a process group. A rank that waits longer than ``CONVT3D_AGREE_TIMEOUT_S
 1800 s: a first sight with tuning of every engine can take minutes on rank 0) warns and
 decides locally, never hangs for good. If ``compute()`` raises on rank 0, the others raise
 :class:`AgreementError` naming rank 0's error.
+
+:func:`local` (and the fallback after a timeout) makes every thread of the process decide
+locally, not only the calling one: a decision taken inside it may run in autograd's device
+thread.
 
 Tuning results inside a decision: :func:`agree_with_tuning` also carries the Triton tuning
 records rank 0 made while computing (``triton_engine.tuning_log``) and seeds them on the other
