@@ -107,7 +107,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
                       channels_last_out: bool = False, flat: bool = False) -> tuple[Config, ...]:
     """All configurations tried for one GEMM shape and dtype; the first is the untuned default.
 
-    Measured on the H200 (scripts/gpu_variants.py, NOTES.md), why these tiles:
+    Measured on the H200 (scripts/gpu_config_sweep.py, NOTES.md; 2026-11-29, commit 1bd87ef), why these tiles:
     * BLOCK_N (output channels) covers Cout/g in one tile up to 128, so each input tile is read
       once per program; Cout/g <= 64 on 5 of the 7 KernelBench problems. The spatial side is
       the MMA's M, so wgmma runs for any Cout/g >= 16.
@@ -139,8 +139,13 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         bn = min(_pow2_at_least(cout_g), 16)
         plane = _pow2_at_least(hw[0] * hw[1])
         sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
-        return tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes) \
-            + _head_configs(params, dtype, precision)
+        fma = tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
+        # The output-head tiles come first, as the untuned default (graph capture, the CPU
+        # interpreter, CONVT3D_AUTOTUNE=0): on the H200 (2026-12-01, scripts/gpu_head_probe.py)
+        # they beat these FMA tiles on 14 of the 16 FMA-path head rows, by 5-55x (GAN head 64 -> 1
+        # fp32: 228 vs 2770 us); the FMA tiles stay candidates (k2 s2 8 -> 2 channels-last: FMA
+        # 111 vs 157 us).
+        return _head_configs(params, dtype, precision) + fma
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, _pow2_at_least(hw[0] * hw[1]))
@@ -161,7 +166,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
 
     if flat and flat_unsupported(params, dtype, bk) is None:
         # Hopper (and the interpreter): flat_gemm_kernel first, then the 5-D TMA path of
-        # phase_gemm_kernel. Measured kernel times (H200, scripts/gpu_flat*.py), best per case:
+        # phase_gemm_kernel. Measured kernel times (H200, 2026-11-29, commit 1590245; scripts/gpu_config_sweep.py), best per case:
         #   flat M128 s3: KB 58 1321 us (5-D TMA 2026), KB 61 3310 (4375), aniso bf16 95 (148),
         #     refine bf16 82 (89), KB 77 channels-last 172 + 84 plane fill;
         #   flat M64 s4: KB 77 NCDHW 261 + 129 plane fill (5-D TMA M64: 501 in all), gan bf16 402;
@@ -176,12 +181,12 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
                  (128, 3, plane, {"tma": True}), (256, 3, plane, {"tma": True})]
         if esize == 4 and precision != "ieee" and 32 < cin_g <= 64 and (params.groups == 1 or cin_g == 64):
             # One 64-channel K step per tap instead of two of 32 (the second partly padding when
-            # Cin/g = 48). H200 session 5, tf32x3: KB 70 (48 -> 24) 14.3 vs 15.2 ms, but KB 61
+            # Cin/g = 48). H200, 2026-11-29, commit 97a1955, tf32x3: KB 70 (48 -> 24) 14.3 vs 15.2 ms, but KB 61
             # (48 -> 48) 11.4 vs 7.3 ms, so a candidate for the tuner, not a rule.
             plans.append((128, 3, fplane, {"flat": True, "block_k": 64}))
     else:
         # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
-        # tiles measured in session 1.
+        # tiles measured at commit 1bd87ef (2026-11-29).
         plans = [(128, 3, plane, {}), (256, 3, plane, {}), (64, 4, plane, {}), (128, 4, plane, {})]
     configs = []
     for bm, stages, bound, kind in plans:
@@ -208,7 +213,7 @@ def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
     A group of fewer than 16 input or output channels fills at most half of each 16-wide MMA
     operand, and its programs do one small MMA per tap: KernelBench 72 (4 groups of 8 -> 8, 105
     taps) ran at 3% of its roofline, 1.20 ms TF32 / 1.76 ms tf32x3 (the FMA path: 3.08 ms; H200,
-    session 5). Merging f groups multiplies the work by f but fills the tiles. Candidates: the
+    2026-11-29, commit 44b638a). Merging f groups multiplies the work by f but fills the tiles. Candidates: the
     smallest f reaching 16 channels on both sides, and the full merge (one dense GEMM) while it
     keeps <= 128 channels, i.e. one output-channel tile. Only for calls already on tensor cores
     (>= 8 channels per group): the FMA path's smaller groups would multiply the work by >= 16x.
@@ -247,7 +252,7 @@ def _kernel(name: str, device: torch.device):
 # ----------------------------------------------------------------------------------------------
 # Launch sites: the host side of a launch, built once per call signature.
 # ----------------------------------------------------------------------------------------------
-# Small layers are host-bound (H200 host, triton 3.6, session 3, scripts/gpu_hostprof.py): one
+# Small layers are host-bound (H200 host, triton 3.6, 2026-11-29, commit 25519cd, scripts/host_time.py launch): one
 # ``kernel[grid](...)`` costs 22 us with 2 arguments and 33 us with 40 (argument binding and
 # specialisation in ``JITFunction.run``), 2-4 launches per call, against ~100 us of GPU work on
 # nnunet_128_64 bf16. Every integer argument, the grid and the constexprs of our launches are
@@ -905,7 +910,7 @@ class _Steps:
     launch sites resolved on the first run and held, so later runs only allocate and launch.
 
     Why: per call, resolving everything again (key tuples, table and site lookups, closures)
-    cost ~70 us of Python on top of the launches (scripts/cpu_hostprof.py, session 4), while the
+    cost ~70 us of Python on top of the launches (scripts/host_time.py stubbed, 2026-11-29, commit bda8a77), while the
     small bench layers run 70-160 us of GPU kernels; their calls were host-bound (NOTES.md).
     Everything held here is fixed by the signature (shapes, strides, dtype, device, bias or not,
     precision) and the config; what depends on the tensors' addresses (tensor descriptors, TMA
