@@ -1208,139 +1208,86 @@ def head_gemm_kernel(
 
 @triton.jit
 def head_rows_kernel(
-    x_ptr, w_ptr, z_ptr, b_ptr,
-    N, CIN_G, NCOL, D, H, W, OH, OW, QH, QW,
+    x_ptr, w_ptr, z_ptr,
+    N, CIN_G, NCOL, D, H, W, OW, QW,
     KH, KW, KVOL,
-    SH, PH, DH, HSHIFT0, NHSHIFT,
     SW, PW, DW, SHIFT0, NSHIFT,
-    OD, SD, PD, DD, COUT_G,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_wc,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     tiles_m,
-    H_IN_K: tl.constexpr,
-    OUT_DIRECT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
     ROUND_TF32: tl.constexpr,
     PRECISION: tl.constexpr,
     SW_C: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """The "rows" and "planes" kinds: the width taps (rows) or the width and height taps
-    (planes, H_IN_K) summed inside the GEMM, so Z holds output rows (planes):
+    """The "rows" kind: the width taps summed inside the GEMM, so Z holds output rows:
 
-        rows:   Zr[g, n, (co, td, th), id, ih, ow] = sum_{iw, tw -> ow} sum_ci X[ci, id, ih, iw] Wt[ci, co, td, th, tw]
-        planes: Zp[g, n, (co, td), id, oh, ow]     = sum_{ih, th -> oh; iw, tw -> ow} (the same)
+        Zr[g, n, (co, td, th), id, ih, ow] = sum_{iw, tw -> ow} sum_ci X[ci, id, ih, iw] Wt[ci, co, td, th, tw]
 
-    M = (id, ih or qh, qw) with q the compact output index of every residue of a dimension in K
-    (o = q * S + r); N = (co, td, th or rh, rw), rw fastest; K = the input channels at each shift
-    delta = i - q of the dimensions in K (HSHIFT0.. along H, SHIFT0.. along W), whose weight
-    column for residue r is the tap t = (r + P - delta * S) / Dil where that is a tap (zero
-    elsewhere). The input tile is re-read once per shift, from cache (the same rows and columns,
-    shifted by one). The SW_C width residues are interleaved in registers before the store, so
-    each store writes contiguous output columns. Against the "gather" kind, Z shrinks by ~KW / SW
-    (rows) or ~KH * KW / (SH * SW) (planes): half and a quarter for k4 s2; the gather then sums
-    the depth (and height) taps only (head_gather_kernel over a width of OW and one width tap).
+    M = (id, ih, qw) with qw the compact output column of every W residue (ow = qw * SW + rw);
+    N = (co, td, th, rw), rw fastest; K = the input channels at each width shift
+    delta = iw - qw (SHIFT0 .. SHIFT0 + NSHIFT - 1), whose weight column for residue rw is the
+    tap tw = (rw + PW - delta * SW) / DW where that is a tap (zero elsewhere). The input tile is
+    re-read once per shift, from cache (the same rows, shifted by a column). The SW_C residues
+    are interleaved in registers before the store, so each store writes contiguous output
+    columns. Against the "gather" kind, Z shrinks by ~KW / SW (half for k4 s2), and the gather
+    sums depth and height taps only (head_gather_tile_kernel over a width of OW, one width tap).
 
-    OUT_DIRECT (planes, where depth taps never meet: head_engine.collision_free along D): the
-    tile is the output itself (od = id * SD - PD + td * DD, plus bias): ``z_ptr`` is the output,
-    addressed by its strides, and a fill writes the depth planes no tap reaches."""
+    (Summing the height taps in the GEMM too -- Z of output planes, 9 shifted input tiles for
+    k4 s2 p1 -- was measured slower on every head row of the bench, H200 2026-12-01: 3-D GAN
+    head bf16 165-246 vs 108-134 us, fp32 603-899 vs 463-487 us.)"""
     pid = tl.program_id(0)
     pid_m = pid % tiles_m
     t = pid // tiles_m
     nb = t % N
     grp = t // N
-    if H_IN_K:
-        MH = QH
-        NH = SH  # the height index of N is the residue rh
-        ZH = OH  # Z rows are output rows
-        NZG = NCOL // (SW_C * SH)  # Z groups (co, td)
-    else:
-        MH = H
-        NH = KH  # the height index of N is the tap th
-        ZH = H  # Z rows are input rows
-        NZG = NCOL // SW_C  # Z groups (co, td, th)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    S = D * MH * QW
+    S = D * H * QW
     m_ok = offs_m < S
     q = offs_m % QW
-    r = offs_m // QW
-    mh = r % MH
-    m_id = r // MH
+    r = offs_m // QW  # id * H + ih
+    x_r = (r // H) * stride_xd + (r % H) * stride_xh
     x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
-    KD = KVOL // (KH * KW)
-    z_g = z_ptr + t.to(tl.int64) * NZG * (D * ZH * OW)
+    z_g = z_ptr + t.to(tl.int64) * (NCOL // SW_C) * (D * H * OW)
     for n0 in range(0, NCOL, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         c_ok = cols < NCOL
         rw = cols % SW_C
-        hn = (cols // SW_C) % NH
-        g1 = cols // (SW_C * NH)  # (co, td)
-        w_col = (g1 // KD) * KVOL + (g1 % KD) * (KH * KW)  # tap (td, 0, 0) of the column's channel
+        gcol = cols // SW_C  # (co, td, th)
+        w_col = (gcol // (KVOL // KW)) * KVOL + (gcol % (KVOL // KW)) * KW  # tap (td, th, 0) of the column
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for jh in range(NHSHIFT):
-            if H_IN_K:
-                dh = HSHIFT0 + jh
-                ih = mh + dh
-                thn = hn + PH - dh * SH
-                th = thn // DH
-                th_ok = (thn >= 0) & ((thn % DH) == 0) & (th < KH)
-            else:
-                ih = mh
-                th = hn
-                th_ok = c_ok
-            x_r = m_id * stride_xd + ih * stride_xh
-            h_ok = m_ok & (ih >= 0) & (ih < H)
-            for j in range(NSHIFT):
-                delta = SHIFT0 + j
-                iw = q + delta
-                x_ok = h_ok & (iw >= 0) & (iw < W)
-                twn = rw + PW - delta * SW
-                tw = twn // DW
-                t_ok = c_ok & th_ok & (twn >= 0) & ((twn % DW) == 0) & (tw < KW)
-                for k0 in range(0, CIN_G, BLOCK_K):
-                    ks = k0 + tl.arange(0, BLOCK_K)
-                    k_ok = ks < CIN_G
-                    x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                                  mask=x_ok[:, None] & k_ok[None, :], other=0.0)
-                    w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + th * KW + tw)[None, :],
-                                  mask=k_ok[:, None] & t_ok[None, :], other=0.0)
-                    if ROUND_TF32:
-                        x_t = _round_tf32(x_t)
-                        w_t = _round_tf32(w_t)
-                    if PRECISION == "ieee":
-                        acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
-                    else:
-                        acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
+        for j in range(NSHIFT):
+            delta = SHIFT0 + j
+            iw = q + delta
+            x_ok = m_ok & (iw >= 0) & (iw < W)
+            twn = rw + PW - delta * SW
+            tw = twn // DW
+            t_ok = c_ok & (twn >= 0) & ((twn % DW) == 0) & (tw < KW)
+            for k0 in range(0, CIN_G, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_ok = ks < CIN_G
+                x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                              mask=x_ok[:, None] & k_ok[None, :], other=0.0)
+                w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + tw)[None, :],
+                              mask=k_ok[:, None] & t_ok[None, :], other=0.0)
+                if ROUND_TF32:
+                    x_t = _round_tf32(x_t)
+                    w_t = _round_tf32(w_t)
+                if PRECISION == "ieee":
+                    acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
+                else:
+                    acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
         # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
         G_N: tl.constexpr = BLOCK_N // SW_C
         out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
         e = tl.arange(0, BLOCK_M * SW_C)
         em = pid_m * BLOCK_M + e // SW_C
         ow = (em % QW) * SW_C + e % SW_C
-        e_r = em // QW
-        g2 = n0 // SW_C + tl.arange(0, G_N)  # (co, td, th or rh)
-        if H_IN_K:
-            zg = g2 // NH
-            zh = ((e_r % MH) * SH)[None, :] + (g2 % NH)[:, None]  # oh = qh * SH + rh
-        else:
-            zg = g2
-            zh = (e_r % MH)[None, :] + tl.zeros((G_N, 1), dtype=tl.int32)
-        ok = (g2 < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :] & (zh < ZH)
-        if OUT_DIRECT:
-            # zg = (co, td): the output plane od of input plane id through depth tap td.
-            co = zg // KD
-            od = ((e_r // MH) * SD)[None, :] + ((zg % KD) * DD - PD)[:, None]
-            ok = ok & (od >= 0) & (od < OD)
-            if HAS_BIAS:
-                out += tl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(tl.float32)[:, None]
-            y_e = (nb.to(tl.int64) * stride_yn + (grp * COUT_G + co).to(tl.int64)[:, None] * stride_yc
-                   + od.to(tl.int64) * stride_yd + zh.to(tl.int64) * stride_yh + ow[None, :] * stride_yw)
-            tl.store(z_ptr + y_e, out.to(z_ptr.dtype.element_ty), mask=ok)
-        else:
-            z_e = zg.to(tl.int64)[:, None] * (D * ZH * OW) + ((e_r // MH) * ZH)[None, :] * OW + zh * OW + ow[None, :]
-            tl.store(z_g + z_e, out, mask=ok)
+        g_e = n0 // SW_C + tl.arange(0, G_N)
+        ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
+        z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
+        tl.store(z_g + z_e, out, mask=ok)
 
 
 @triton.jit
@@ -1436,6 +1383,82 @@ def head_direct_kernel(
 def head_gather_kernel(
     z_ptr, b_ptr, y_ptr,
     N, COUT_G, D, H, W, OD, OH, OW,
+    KD, KH,
+    SD, SH, SW, PD, PH, PW, DD, DH, DW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    tiles_h, tiles_w,
+    HAS_BIAS: tl.constexpr,
+    KW: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """out[n, g * COUT_G + co, od, oh, ow] = bias + sum over the taps reaching (od, oh, ow) of
+    Z[g, n, co * KVOL + tap, i(o, tap)] for the gather kind (Z of every tap), in any output
+    layout (strides).
+
+    One program: one (n, g, od), BLOCK_H consecutive output rows (a runtime loop), BLOCK_W
+    columns and every output channel of the group (BLOCK_C >= COUT_G). od and each row's oh are
+    scalars, so which depth and height taps reach a row is a scalar test (runtime loops over
+    KD, KH); the W taps are a constexpr loop of masked loads along the row (each lane takes the
+    taps of its own W residue). Every output element is written exactly once, positions no tap
+    reaches included (bias or zero); the sum runs in a fixed order (deterministic).
+
+    Measured against head_gather_tile_kernel on this Z (H200, 2026-12-01, same GEMM): 3-D GAN
+    head 16 x 64 -> 1 178 vs 364 us in all (bf16), 228 vs 347 us (fp32); that kernel's tiles of
+    one height residue, with every tap unrolled, suit Z of output rows (the rows kind) instead."""
+    pid = tl.program_id(0)
+    pid_w = pid % tiles_w
+    t = pid // tiles_w
+    pid_h = t % tiles_h
+    t = t // tiles_h
+    od = t % OD
+    t = t // OD
+    nb = t % N
+    grp = t // N
+
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < COUT_G
+    ow = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    w_ok = ow < OW
+    kvol = KD * KH * KW
+    S = D * H * W
+    fill = tl.zeros((BLOCK_C, BLOCK_W), dtype=tl.float32)
+    if HAS_BIAS:
+        fill += tl.load(b_ptr + grp * COUT_G + offs_c, mask=c_ok, other=0.0).to(tl.float32)[:, None]
+    # Z of (g, n) and of each channel's KVOL rows.
+    z_g = z_ptr + (grp * N + nb).to(tl.int64) * COUT_G * kvol * S
+    z_c = offs_c.to(tl.int64) * kvol * S
+    y_row = (y_ptr + nb.to(tl.int64) * stride_yn + od.to(tl.int64) * stride_yd
+             + (grp * COUT_G + offs_c).to(tl.int64)[:, None] * stride_yc + ow[None, :] * stride_yw)
+    for r in range(BLOCK_H):
+        oh = pid_h * BLOCK_H + r
+        acc = fill
+        for td in range(KD):
+            idn = od + PD - td * DD
+            id_ = idn // SD
+            # idn >= 0 first: with it false the division's rounding of negatives is irrelevant.
+            if (idn >= 0) & (idn - id_ * SD == 0) & (id_ < D):
+                for th in range(KH):
+                    ihn = oh + PH - th * DH
+                    ih = ihn // SH
+                    if (ihn >= 0) & (ihn - ih * SH == 0) & (ih < H) & (oh < OH):
+                        z_row = z_g + ((td * KH + th) * KW).to(tl.int64) * S + (id_ * H + ih).to(tl.int64) * W
+                        for tw in tl.static_range(KW):
+                            iwn = ow + PW - tw * DW
+                            iw = iwn // SW
+                            ok = (iwn >= 0) & (iwn - iw * SW == 0) & (iw < W) & w_ok
+                            acc += tl.load(z_row + tw * S + z_c[:, None] + iw[None, :],
+                                           mask=c_ok[:, None] & ok[None, :], other=0.0)
+        # Row bound folded into the column bound (vector masks only: the interpreter rejects
+        # mixing scalar and vector booleans).
+        w_lim = tl.where(oh < OH, OW, 0)
+        st_ok = c_ok[:, None] & (ow < w_lim)[None, :]
+        tl.store(y_row + oh.to(tl.int64) * stride_yh, acc.to(y_ptr.dtype.element_ty), mask=st_ok)
+
+
+@triton.jit
+def head_gather_tile_kernel(
+    z_ptr, b_ptr, y_ptr,
+    N, COUT_G, D, H, W, OD, OH, OW,
     SD, SH, SW, PD, PH, PW, DD, DH, DW,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     tiles_q, tiles_w,
@@ -1445,7 +1468,9 @@ def head_gather_kernel(
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """out[n, g * COUT_G + co, od, oh, ow] = bias + sum over the taps reaching (od, oh, ow) of
-    Z[g, n, co * KVOL + tap, i(o, tap)], in any output layout (strides).
+    Z[g, n, co * KVOL + tap, i(o, tap)], in any output layout (strides): the gather of the rows
+    kind (Z of output rows, called with a width of OW and one width tap) and the fill of the
+    direct kind.
 
     One program: one (n, g, od), BLOCK_R output rows of one height residue rh (oh = q * SH + rh
     for BLOCK_R consecutive q), BLOCK_W columns and every output channel of the group
@@ -1533,10 +1558,10 @@ holds the plan (which kernels, tiles, grids, integer arguments), not the launch 
 engine passes its launch-site factory in, so the kernels are replayed as cheaply as its own.
 
 Traffic per call (why the design, see the kernel module): the input is read once, the fp32
-tap-product buffer Z (input positions x Cout/g x taps) written once and read once, the output
-written once. For the 16 x 64 -> 1 head (32^3 -> 64^3, k4 s2 p1, fp32) that is 134 + 2 x 134 + 17
-MB against the 151 MB floor of the layer. Where no two taps meet on an output (``collision_free``)
-Z is skipped altogether.
+tap-product buffer Z written once and read once, the output written once. For the 16 x 64 -> 1
+head (32^3 -> 64^3, k4 s2 p1, fp32) the gather kind's Z (input positions x Cout/g x taps) makes
+134 + 2 x 134 + 17 MB against the 151 MB floor of the layer; the rows kind's Z (output rows) is
+half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether.
 """
 
 import math
@@ -1554,10 +1579,10 @@ __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free", "h
 # the tensor-core path at 8-15 channels is a measurement").
 MAX_HEAD_CHANNELS = 15
 # "gather": GEMM into Z (every tap in N), then head_gather_kernel; "rows": the width taps summed
-# in the GEMM (head_rows_kernel), so Z holds output rows and the gather sums depth and height
-# taps only; "planes": width and height taps in the GEMM, the gather sums depth taps; "direct": GEMM stored into the output (collision-free layers only) plus a fill of
-# the positions no tap reaches.
-HEAD_KINDS = ("gather", "rows", "planes", "direct")
+# in the GEMM (head_rows_kernel), so Z holds output rows and head_gather_tile_kernel sums the
+# depth and height taps only; "direct": GEMM stored into the output (collision-free layers
+# only) plus a fill (head_gather_tile_kernel) of the positions no tap reaches.
+HEAD_KINDS = ("gather", "rows", "direct")
 # Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
 MAX_Z_BYTES = 4 << 30
 
@@ -1575,10 +1600,10 @@ def collision_free(params: ConvT3dParams) -> bool:
     return all(a.tap_step >= a.kernel for a in params.axes)
 
 
-def _all_reached(params: ConvT3dParams, dims=(0, 1, 2)) -> bool:
-    """Every output position is reached by some tap along ``dims`` (then a collision-free layer
-    needs no fill). Reach is separable: a position is reached iff each of its coordinates is."""
-    for a in (params.axes[i] for i in dims):
+def _all_reached(params: ConvT3dParams) -> bool:
+    """Every output position is reached by some tap (then a collision-free layer needs no fill).
+    Reach is separable: a position is reached iff each of its coordinates is."""
+    for a in params.axes:
         reached = set()
         for t in range(a.kernel):
             for i in range(a.in_size):
@@ -1591,22 +1616,19 @@ def _all_reached(params: ConvT3dParams, dims=(0, 1, 2)) -> bool:
 
 
 def head_z_bytes(params: ConvT3dParams, kind: str = "gather") -> int:
-    """Bytes of the fp32 buffer Z of the gather kind (input positions x Cout x taps), of the
-    rows kind (input depth x height x output width x Cout x depth and height taps) or of the
-    planes kind (input depth x output height x width x Cout x depth taps)."""
-    (d, h, w), (kd, kh, kw), (_, oh, ow) = params.in_size, params.kernel_size, params.out_size
+    """Bytes of the fp32 buffer Z of the gather kind (input positions x Cout x taps) or of the
+    rows kind (input depth x height x output width x Cout x depth and height taps)."""
+    (d, h, w), (kd, kh, kw), ow = params.in_size, params.kernel_size, params.out_size[2]
     if kind == "rows":
         return 4 * params.batch * params.out_channels * kd * kh * d * h * ow
-    if kind == "planes":
-        return 4 * params.batch * params.out_channels * kd * d * oh * ow
     return 4 * params.batch * params.out_channels * kd * kh * kw * d * h * w
 
 
-def width_shifts(params: ConvT3dParams, dim: int = 2) -> tuple[int, int]:
-    """(first, count) of the shifts delta = i - q along ``dim`` (2: width, 1: height) of the rows
-    and planes kinds: input index i = q + delta feeds output o = q * S + r through tap t where
-    r + P - delta * S = t * Dil; the shifts of every (r, t) pair, as one range."""
-    a = params.axes[dim]
+def width_shifts(params: ConvT3dParams) -> tuple[int, int]:
+    """(first, count) of the width shifts delta = iw - q of the rows kind: input column
+    iw = q + delta feeds output column ow = q * SW + rw through tap tw where
+    rw + PW - delta * SW = tw * DW; the shifts of every (rw, tw) pair, as one range."""
+    a = params.axes[2]
     deltas = [(rw + a.padding - tw * a.dilation) // a.stride for rw in range(a.stride) for tw in range(a.kernel)
               if (rw + a.padding - tw * a.dilation) % a.stride == 0]
     return min(deltas), max(deltas) - min(deltas) + 1
@@ -1625,13 +1647,15 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
       128-byte line per position and step, as the phase GEMM.
     * Kinds: "direct" where no taps meet (collision_free), else "gather" and "rows" (Z ~SW/KW
       of gather's: half for k4 s2, at the price of re-reading the input tile per width shift
-      from cache). Tiles: BLOCK_M 128 with gather tiles of 2048 elements, and for rows and
-      direct also BLOCK_M 64 with 1024 (fewer, larger programs vs more in flight; each
-      candidate costs ~1 s of compile when tuning).
+      from cache). Measured on the H200 (2026-12-01, scripts/gpu_head_probe.py): rows won the
+      bf16 heads (3-D GAN head 108-134 vs 178 us), gather the fp32 ones (228 vs 463-487 us), so
+      both are candidates. Tiles: BLOCK_M 128; the direct kind also BLOCK_M 64 (it won the
+      fp32 k2 s2 head, 132 vs 143 us). Each candidate costs ~1 s of compile when tuning.
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
     """
     cout_g = params.out_channels_per_group
-    if cout_g > MAX_HEAD_CHANNELS:
+    # In-element offsets are 32-bit (HeadSteps.run): one batch element must hold < 2^31.
+    if cout_g > MAX_HEAD_CHANNELS or params.in_channels * math.prod(params.in_size) >= 2**31:
         return []
     bk = max(16, min(32 if dtype.itemsize == 4 else 64, _pow2_ceil(params.in_channels_per_group)))
     bw = max(16, min(128, _pow2_ceil(params.out_size[2])))
@@ -1647,15 +1671,10 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
         return [tile("direct", cout_g * kd * kh * kw, bm, el) for bm, el in ((128, 2048), (64, 1024))]
     tiles = []
     if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
-        tiles.append(tile("gather", cout_g * kd * kh * kw, 128, 2048))
-    # The rows and planes kinds interleave the W residues in registers (a reshape): SW a power
-    # of two.
-    if sw & (sw - 1) == 0 and sw <= 16:
-        if head_z_bytes(params, "rows") <= MAX_Z_BYTES:
-            tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
-        if head_z_bytes(params, "planes") <= MAX_Z_BYTES:
-            sh = params.stride[1]
-            tiles += [tile("planes", cout_g * kd * sh * sw, bm, el) for bm, el in ((128, 2048), (64, 1024))]
+        tiles.append(tile("gather", cout_g * kd * kh * kw, 128, 0))  # per-row gather: no BLOCK_R
+    # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
+    if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
+        tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
     return tiles
 
 
@@ -1665,6 +1684,11 @@ def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[i
     config's BLOCK_R), at most the ``rows`` of a residue."""
     bc = _pow2_ceil(cout_g)
     return bc, max(1, min(_pow2_ceil(rows), elements // (bc * block_w)))
+
+
+def _batch_span(x: torch.Tensor) -> int:
+    """Elements between the first and last of one batch element of x (its strides' reach)."""
+    return 1 + sum(abs(st) * (n - 1) for n, st in zip(x.shape[1:], x.stride()[1:]))
 
 
 def _flat_x(x: torch.Tensor) -> bool:
@@ -1691,14 +1715,10 @@ class HeadSteps:
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
-        # planes where the depth taps never meet (k (1, 4, 4) video heads): the GEMM writes the
-        # output itself, as the direct kind, and a fill writes the depth planes no tap reaches.
-        self.planes_direct = cfg.head == "planes" and params.axes[0].tap_step >= params.axes[0].kernel
-        self.to_output = self.direct or self.planes_direct
-        self.fill_needed = not (self.direct and _all_reached(params)) and \
-            not (self.planes_direct and _all_reached(params, (0,)))
+        self.fill_needed = not (self.direct and _all_reached(params))
         self.gemm = None
         self.gather = None
+        self.copy_x = None  # x spans >= 2^31 elements per batch element: the GEMMs read a copy
 
     def _gemm_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         p, cfg = self.params, self.cfg
@@ -1717,21 +1737,16 @@ class HeadSteps:
         if cfg.head == "gather":
             ints = (p.batch, p.in_channels_per_group, ncol, s, h, wd, *x.stride(), w.stride(0), tiles_m)
             return self.make_site(key, "head_gemm_kernel", grid, ints, consts)
-        if cfg.head in ("rows", "planes"):
-            planes = cfg.head == "planes"
-            (kd, kh, kw), (_, sh, sw), (_, oh, ow) = p.kernel_size, p.stride, p.out_size
-            qh, qw = -(-oh // sh), -(-ow // sw)
-            tiles_m = -(-(d * (qh if planes else h) * qw) // cfg.BLOCK_M)
-            hshift0, nhshift = width_shifts(p, 1) if planes else (0, 1)
-            shift0, nshift = width_shifts(p, 2)
-            ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group * kd * (sh if planes else kh) * sw,
-                    d, h, wd, oh, ow, qh, qw, kh, kw, kd * kh * kw,
-                    sh, p.padding[1], p.dilation[1], hshift0, nhshift,
-                    sw, p.padding[2], p.dilation[2], shift0, nshift,
-                    p.out_size[0], p.stride[0], p.padding[0], p.dilation[0], p.out_channels_per_group,
-                    *x.stride(), w.stride(0), *y.stride(), tiles_m)
-            consts = dict(H_IN_K=planes, OUT_DIRECT=self.planes_direct, HAS_BIAS=self.has_bias, ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw,
-                          BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
+        if cfg.head == "rows":
+            (kd, kh, kw), sw, ow = p.kernel_size, p.stride[2], p.out_size[2]
+            qw = -(-ow // sw)
+            tiles_m = -(-(d * h * qw) // cfg.BLOCK_M)
+            shift0, nshift = width_shifts(p)
+            ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group * kd * kh * sw, d, h, wd, ow, qw,
+                    kh, kw, kd * kh * kw, sw, p.padding[2], p.dilation[2], shift0, nshift,
+                    *x.stride(), w.stride(0), tiles_m)
+            consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, BLOCK_M=cfg.BLOCK_M,
+                          BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
             return self.make_site(key, "head_rows_kernel", (p.groups * p.batch * tiles_m,), ints, consts)
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, s, h, wd, *p.out_size,
@@ -1750,30 +1765,48 @@ class HeadSteps:
         p, cfg = self.params, self.cfg
         od, oh, ow = p.out_size
         (d, h, wd), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = p.in_size, p.stride, p.padding, p.dilation
-        kh, kw = p.kernel_size[1:]
-        if cfg.head in ("rows", "planes"):
+        (kd, kh, kw), cout_g = p.kernel_size, p.out_channels_per_group
+        if cfg.head == "gather":
+            # head_gather_kernel: per program BLOCK_H rows of BLOCK_W columns, about 2048 elements
+            # and at most 8 rows (a runtime loop); one warp per 128 elements of a row, at most 4
+            # (a 1-channel row of 64 columns on 4 warps would leave half the threads holding
+            # copies).
+            bc = _pow2_ceil(cout_g)
+            bh = max(1, min(8, 2048 // (bc * cfg.BLOCK_W)))
+            tiles_h, tiles_w = -(-oh // bh), -(-ow // cfg.BLOCK_W)
+            ints = (p.batch, cout_g, d, h, wd, od, oh, ow, kd, kh, sd, sh, sw, pd, ph, pw, dd, dh, dw,
+                    *y.stride(), tiles_h, tiles_w)
+            consts = dict(HAS_BIAS=self.has_bias, KW=kw, BLOCK_C=bc, BLOCK_H=bh, BLOCK_W=cfg.BLOCK_W,
+                          num_warps=max(1, min(4, bc * cfg.BLOCK_W // 128)))
+            key = ("head_gather", p, cfg.BLOCK_W, y.stride(), self.has_bias)
+            return self.make_site(key, "head_gather_kernel", (p.groups * p.batch * od * tiles_h * tiles_w,),
+                                  ints, consts)
+        if cfg.head == "rows":
             # Z holds output rows: one "width tap" over a width of OW (iw = ow).
             wd, sw, pw, dw, kw = ow, 1, 0, 1, 1
-        if cfg.head == "planes":
-            # ... and output planes: one "height tap" over a height of OH.
-            h, sh, ph, dh, kh = oh, 1, 0, 1, 1
-        bc, br = _gather_tile(p.out_channels_per_group, -(-oh // sh), cfg.BLOCK_W, cfg.BLOCK_R)
+        bc, br = _gather_tile(cout_g, -(-oh // sh), cfg.BLOCK_W, cfg.BLOCK_R)
         # Programs per (n, g, od): height residues x tiles of BLOCK_R rows of a residue x W tiles.
         tiles_q, tiles_w = -(-(-(-oh // sh)) // br), -(-ow // cfg.BLOCK_W)
         grid = (p.groups * p.batch * od * sh * tiles_q * tiles_w,)
-        ints = (p.batch, p.out_channels_per_group, d, h, wd, od, oh, ow,
-                sd, sh, sw, pd, ph, pw, dd, dh, dw, *y.stride(), tiles_q, tiles_w)
+        ints = (p.batch, cout_g, d, h, wd, od, oh, ow, sd, sh, sw, pd, ph, pw, dd, dh, dw, *y.stride(),
+                tiles_q, tiles_w)
         # 4 warps from 1024 elements down (8 per thread and W tap); fewer for smaller tiles,
         # whose threads would otherwise hold copies.
         warps = max(1, min(4, bc * br * cfg.BLOCK_W // 256))
-        consts = dict(HAS_BIAS=self.has_bias, FILL_ONLY=self.to_output, KD=p.kernel_size[0], KH=kh,
-                      KW=kw, BLOCK_C=bc, BLOCK_R=br, BLOCK_W=cfg.BLOCK_W, num_warps=warps)
-        key = ("head_gather", cfg.head, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
-        return self.make_site(key, "head_gather_kernel", grid, ints, consts)
+        consts = dict(HAS_BIAS=self.has_bias, FILL_ONLY=self.direct, KD=kd, KH=kh, KW=kw, BLOCK_C=bc, BLOCK_R=br,
+                      BLOCK_W=cfg.BLOCK_W, num_warps=warps)
+        key = ("head_gather_tile", cfg.head, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
+        return self.make_site(key, "head_gather_tile_kernel", grid, ints, consts)
 
     def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
         """Launch onto ``y``; returns Triton's handle of the GEMM kernel."""
         dev = x.device
+        if self.copy_x is None:
+            # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
+            # offsets; a view whose strides reach further is read from a contiguous copy.
+            self.copy_x = _batch_span(x) >= 2**31
+        if self.copy_x:
+            x = x.contiguous()
         if self.gemm is None:
             self.gemm = self._gemm_site(x, w, y)
         if self.fill_needed and self.gather is None:
@@ -1783,13 +1816,9 @@ class HeadSteps:
             if self.fill_needed:
                 self.gather.launch(dev, y, b, y)
             return self.gemm.launch(dev, x, w, b, y)
-        if self.planes_direct:
-            if self.fill_needed:
-                self.gather.launch(dev, y, b, y)
-            return self.gemm.launch(dev, x, w, y, b)
         p = self.params
         z = torch.empty(head_z_bytes(p, self.cfg.head) // 4, dtype=torch.float32, device=dev)
-        handle = self.gemm.launch(dev, x, w, z, b) if self.cfg.head != "gather" else self.gemm.launch(dev, x, w, z)
+        handle = self.gemm.launch(dev, x, w, z)
         self.gather.launch(dev, z, b, y)
         return handle
 
@@ -1830,6 +1859,7 @@ HK = types.SimpleNamespace(
     _head_tile=_head_tile,
     head_direct_kernel=head_direct_kernel,
     head_gather_kernel=head_gather_kernel,
+    head_gather_tile_kernel=head_gather_tile_kernel,
     head_gemm_kernel=head_gemm_kernel,
     head_rows_kernel=head_rows_kernel,
 )
@@ -1840,6 +1870,7 @@ head_engine = types.SimpleNamespace(
     MAX_Z_BYTES=MAX_Z_BYTES,
     MakeSite=MakeSite,
     _all_reached=_all_reached,
+    _batch_span=_batch_span,
     _flat_x=_flat_x,
     _gather_tile=_gather_tile,
     _pow2_ceil=_pow2_ceil,
@@ -1933,7 +1964,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
                       channels_last_out: bool = False, flat: bool = False) -> tuple[Config, ...]:
     """All configurations tried for one GEMM shape and dtype; the first is the untuned default.
 
-    Measured on the H200 (scripts/gpu_variants.py, NOTES.md), why these tiles:
+    Measured on the H200 (scripts/gpu_config_sweep.py, NOTES.md; 2026-11-29, commit 1bd87ef), why these tiles:
     * BLOCK_N (output channels) covers Cout/g in one tile up to 128, so each input tile is read
       once per program; Cout/g <= 64 on 5 of the 7 KernelBench problems. The spatial side is
       the MMA's M, so wgmma runs for any Cout/g >= 16.
@@ -1965,8 +1996,13 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         bn = min(_pow2_at_least(cout_g), 16)
         plane = _pow2_at_least(hw[0] * hw[1])
         sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
-        return tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes) \
-            + _head_configs(params, dtype, precision)
+        fma = tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
+        # The output-head tiles come first, as the untuned default (graph capture, the CPU
+        # interpreter, CONVT3D_AUTOTUNE=0): on the H200 (2026-12-01, scripts/gpu_head_probe.py)
+        # they beat these FMA tiles on 14 of the 16 FMA-path head rows, by 5-55x (GAN head 64 -> 1
+        # fp32: 228 vs 2770 us); the FMA tiles stay candidates (k2 s2 8 -> 2 channels-last: FMA
+        # 111 vs 157 us).
+        return _head_configs(params, dtype, precision) + fma
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, _pow2_at_least(hw[0] * hw[1]))
@@ -1987,7 +2023,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
 
     if flat and flat_unsupported(params, dtype, bk) is None:
         # Hopper (and the interpreter): flat_gemm_kernel first, then the 5-D TMA path of
-        # phase_gemm_kernel. Measured kernel times (H200, scripts/gpu_flat*.py), best per case:
+        # phase_gemm_kernel. Measured kernel times (H200, 2026-11-29, commit 1590245; scripts/gpu_config_sweep.py), best per case:
         #   flat M128 s3: KB 58 1321 us (5-D TMA 2026), KB 61 3310 (4375), aniso bf16 95 (148),
         #     refine bf16 82 (89), KB 77 channels-last 172 + 84 plane fill;
         #   flat M64 s4: KB 77 NCDHW 261 + 129 plane fill (5-D TMA M64: 501 in all), gan bf16 402;
@@ -2002,12 +2038,12 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
                  (128, 3, plane, {"tma": True}), (256, 3, plane, {"tma": True})]
         if esize == 4 and precision != "ieee" and 32 < cin_g <= 64 and (params.groups == 1 or cin_g == 64):
             # One 64-channel K step per tap instead of two of 32 (the second partly padding when
-            # Cin/g = 48). H200 session 5, tf32x3: KB 70 (48 -> 24) 14.3 vs 15.2 ms, but KB 61
+            # Cin/g = 48). H200, 2026-11-29, commit 97a1955, tf32x3: KB 70 (48 -> 24) 14.3 vs 15.2 ms, but KB 61
             # (48 -> 48) 11.4 vs 7.3 ms, so a candidate for the tuner, not a rule.
             plans.append((128, 3, fplane, {"flat": True, "block_k": 64}))
     else:
         # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
-        # tiles measured in session 1.
+        # tiles measured at commit 1bd87ef (2026-11-29).
         plans = [(128, 3, plane, {}), (256, 3, plane, {}), (64, 4, plane, {}), (128, 4, plane, {})]
     configs = []
     for bm, stages, bound, kind in plans:
@@ -2034,7 +2070,7 @@ def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
     A group of fewer than 16 input or output channels fills at most half of each 16-wide MMA
     operand, and its programs do one small MMA per tap: KernelBench 72 (4 groups of 8 -> 8, 105
     taps) ran at 3% of its roofline, 1.20 ms TF32 / 1.76 ms tf32x3 (the FMA path: 3.08 ms; H200,
-    session 5). Merging f groups multiplies the work by f but fills the tiles. Candidates: the
+    2026-11-29, commit 44b638a). Merging f groups multiplies the work by f but fills the tiles. Candidates: the
     smallest f reaching 16 channels on both sides, and the full merge (one dense GEMM) while it
     keeps <= 128 channels, i.e. one output-channel tile. Only for calls already on tensor cores
     (>= 8 channels per group): the FMA path's smaller groups would multiply the work by >= 16x.
@@ -2073,7 +2109,7 @@ def _kernel(name: str, device: torch.device):
 # ----------------------------------------------------------------------------------------------
 # Launch sites: the host side of a launch, built once per call signature.
 # ----------------------------------------------------------------------------------------------
-# Small layers are host-bound (H200 host, triton 3.6, session 3, scripts/gpu_hostprof.py): one
+# Small layers are host-bound (H200 host, triton 3.6, 2026-11-29, commit 25519cd, scripts/host_time.py launch): one
 # ``kernel[grid](...)`` costs 22 us with 2 arguments and 33 us with 40 (argument binding and
 # specialisation in ``JITFunction.run``), 2-4 launches per call, against ~100 us of GPU work on
 # nnunet_128_64 bf16. Every integer argument, the grid and the constexprs of our launches are
@@ -2341,10 +2377,11 @@ def tuned_config(key) -> Config | None:
     return None if rec is None else rec.config
 
 
-def seed_tuning(key, config: Config, timings_ms: dict | None = None) -> None:
-    """Use ``config`` for ``key`` without timing (a result persisted by an earlier process; the
-    caller checks it is one of the key's candidates). A result this process already has wins."""
-    if key not in _tuned:
+def seed_tuning(key, config: Config, timings_ms: dict | None = None, replace: bool = False) -> None:
+    """Use ``config`` for ``key`` without timing (a result persisted by an earlier process, or
+    rank 0's under torch.distributed; the caller checks it is one of the key's candidates). A
+    result this process already has wins unless ``replace`` (rank 0's choice over this rank's)."""
+    if replace or key not in _tuned:
         _tuned[key] = TuneRecord(config, 0.0, dict(timings_ms or {}))
         _steady.clear()  # a signature settled on another config (CPU: the first) must see this one
 
@@ -2731,7 +2768,7 @@ class _Steps:
     launch sites resolved on the first run and held, so later runs only allocate and launch.
 
     Why: per call, resolving everything again (key tuples, table and site lookups, closures)
-    cost ~70 us of Python on top of the launches (scripts/cpu_hostprof.py, session 4), while the
+    cost ~70 us of Python on top of the launches (scripts/host_time.py stubbed, 2026-11-29, commit bda8a77), while the
     small bench layers run 70-160 us of GPU kernels; their calls were host-bound (NOTES.md).
     Everything held here is fixed by the signature (shapes, strides, dtype, device, bias or not,
     precision) and the config; what depends on the tensors' addresses (tensor descriptors, TMA

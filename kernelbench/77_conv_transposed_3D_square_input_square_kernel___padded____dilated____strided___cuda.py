@@ -557,7 +557,7 @@ GEMM_VARIANTS = {
 # channel gathered from L2 instead of 9 x 256). Where ``halo_layout`` refuses the geometry the
 # launcher runs the plain variant of the same (BN, BK, STAGES) -- the value here -- which takes the
 # same padded weight packing.
-# Measured on the H200 (session 4, scripts/gpu_cuda.py, KB 77): g64r 1222.7 us against g64k32's
+# Measured on the H200 (2026-11-29, commit e738cde, scripts/gpu_cuda.py, KB 77): g64r 1222.7 us against g64k32's
 # 1008.2 us, both exact (1.7e-6 / 1.5e-6 from float64). Cutting the L2 gathers 6.4x did not pay:
 # the 90 KB window allows 2 blocks per SM, and ptxas spills 88/212 B outside the hot loop. So the
 # gathers were not what held g64k32 at 26 TFLOP/s; g64r stays a selectable experiment, never the
@@ -816,7 +816,7 @@ def choose_variant(params: ConvT3dParams, precision: str = "ieee") -> str:
             if gemm_applies(params, name):
                 return name
         if cout_g > 32 and gemm_applies(params, "g64"):
-            # KB 77 on the H200 (session 3, scripts/gpu_cuda.py): g64k32 1010 us, g64 1050,
+            # KB 77 on the H200 (2026-11-29, commit 8812ce7, scripts/gpu_cuda.py): g64k32 1010 us, g64 1050,
             # g64k8 1100, g32 1162, phase_kernel p8c16 1596 -- the 32-channel K step halves the
             # per-step overhead where Cin/g fills it.
             if params.in_channels_per_group % 32 == 0 and gemm_applies(params, "g64k32"):

@@ -183,7 +183,7 @@ def _tuning_inside_a_decision(rank, world):
             tune(key, configs)
         return "triton"
 
-    engine = distributed.agree_with_tuning(decide, "auto|with-tuning")
+    engine = distributed.agree_with_tuning(decide, "auto|with-tuning", tuner=triton_engine)
     return {"engine": engine, "configs": [configs.index(triton_engine.tuned_config(key)) for key, configs in keys],
             "seeded": [triton_engine.tuning_log()[key].seconds == 0.0 for key, _ in keys]}
 
@@ -192,7 +192,7 @@ def _tuner_agreement_point(rank, world):
     """agree_config: the tuner's own agreement point -- rank 0 times, the others take its tile."""
     tune = _fake_tuner(rank)
     key, configs = _tune_key(16)
-    cfg = distributed.agree_config(key, lambda: tune(key, configs))
+    cfg = distributed.agree_config(key, lambda: tune(key, configs), tuner=triton_engine)
     return {"config": configs.index(cfg), "tuned": configs.index(triton_engine.tuned_config(key)),
             "timed_here": triton_engine.tuning_log()[key].seconds > 0}
 
@@ -203,13 +203,13 @@ def _tuner_on_other_gpu_models(rank, world):
     tune = _fake_tuner(rank)
     key, configs = _tune_key(40)
     key = (f"GPU model {rank}",) + key[1:]
-    taken = distributed.agree_config(key, lambda: tune(key, configs), configs)
+    taken = distributed.agree_config(key, lambda: tune(key, configs), configs, tuner=triton_engine)
     key2, configs2 = _tune_key(48)
     key2 = (f"GPU model {rank}",) + key2[1:]
     mine = configs2 if rank == 0 else configs2[1:]  # rank 0's fastest (index 0) is not offered on rank 1
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        refused = distributed.agree_config(key2, lambda: tune(key2, mine), mine)
+        refused = distributed.agree_config(key2, lambda: tune(key2, mine), mine, tuner=triton_engine)
     return {"taken": configs.index(taken), "refused": configs2.index(refused),
             "warned": any("not a candidate" in str(w.message) for w in rec)}
 
@@ -218,7 +218,7 @@ def _tuner_overrides_own_disk_seed(rank, world):
     """Every rank seeded a config for the key from its own cache file; rank 0's wins."""
     key, configs = _tune_key(24)
     triton_engine.seed_tuning(key, configs[rank % len(configs)], {})
-    cfg = distributed.agree_config(key, lambda: triton_engine.tuned_config(key))
+    cfg = distributed.agree_config(key, lambda: triton_engine.tuned_config(key), tuner=triton_engine)
     return {"config": configs.index(cfg), "tuned": configs.index(triton_engine.tuned_config(key))}
 
 

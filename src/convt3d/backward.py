@@ -463,19 +463,31 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
         if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
             cache[key] = rec
         return rec
-    import triton.testing
+    def timed() -> Choice:
+        import triton.testing
 
-    t0 = time.perf_counter()
-    runs = {"cudnn": (None, run_cudnn)}
-    for cfg in candidates():
-        runs[f"triton {cfg.short()}"] = (cfg, lambda cfg=cfg: run_triton(cfg))
-    timings = {}
-    for name, (_, fn) in runs.items():
-        fn()  # compile + warm
-        timings[name] = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
-    best = min(timings, key=timings.get)
-    rec = Choice("cudnn" if best == "cudnn" else "triton", runs[best][0], time.perf_counter() - t0, timings,
-                 f"timed: {best} fastest")
+        t0 = time.perf_counter()
+        runs = {"cudnn": (None, run_cudnn)}
+        for cfg in candidates():
+            runs[f"triton {cfg.short()}"] = (cfg, lambda cfg=cfg: run_triton(cfg))
+        timings = {}
+        for name, (_, fn) in runs.items():
+            fn()  # compile + warm
+            timings[name] = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+        best = min(timings, key=timings.get)
+        return Choice("cudnn" if best == "cudnn" else "triton", runs[best][0], time.perf_counter() - t0, timings,
+                      f"timed: {best} fastest")
+
+    # Under torch.distributed rank 0 times, every rank takes its choice (convt3d.distributed);
+    # the name leaves out the device (index and model). A tile this rank does not offer (another
+    # GPU model) is never run: it times for itself.
+    from . import distributed
+
+    rec = distributed.agree(timed, f"bwd-{what}|{x.dtype}|{precision}|{params}|{tuple(x.stride())}|"
+                                   f"{tuple(dy.stride())}|{tuple(w.stride())}")
+    if rec.config is not None and rec.config not in candidates():
+        with distributed.local():
+            rec = timed()
     cache[key] = rec
     return rec
 

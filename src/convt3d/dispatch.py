@@ -403,14 +403,29 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
     if _can_measure(call, measure) and record is None:
         # The disk cache and the measurement, as one decision every rank of a process group
         # takes from rank 0 (convt3d.distributed; without one, agree_with_tuning is a call).
-        entry = distributed.agree_with_tuning(lambda: _cached_or_measured(call, cands, gpu), "auto|" + call.text)
+        entry = distributed.agree_with_tuning(lambda: _cached_or_measured(call, cands, gpu), "auto|" + call.text,
+                                              tuner=triton_engine)
+        if entry["engine"] not in cands:  # rank 0 could run an engine this rank cannot
+            with distributed.local():
+                entry = _cached_or_measured(call, cands, gpu)
         return _settle(call, _from_entry(call, entry), None)
-    entry = cache.load_decision(gpu, call.text)
-    if entry is not None and entry.get("engine") in cands:
-        return _settle(call, _from_entry(call, dict(entry, source="cache")), record)
-    engine, why = heuristic(call.params, call.dtype, call.precision, call.bias is not None, tuple(cands),
-                            call.training)
-    d = _decision(engine, call, f"auto (heuristic): {why}", "heuristic")
+
+    def cached_or_guessed() -> dict:
+        entry = cache.load_decision(gpu, call.text)
+        if entry is not None and entry.get("engine") in cands:
+            return dict(entry, source="cache")
+        engine, why = heuristic(call.params, call.dtype, call.precision, call.bias is not None, tuple(cands),
+                                call.training)
+        return {"engine": engine, "source": "heuristic", "why": why}
+
+    # Not measured: a disk-cache entry or the heuristic, rank 0's on every rank (explain asks no one).
+    entry = cached_or_guessed() if record is not None else distributed.agree(cached_or_guessed,
+                                                                             "auto-guess|" + call.text)
+    if entry["engine"] not in cands:
+        entry = cached_or_guessed()
+    if entry["source"] == "cache":
+        return _settle(call, _from_entry(call, entry), record)
+    d = _decision(entry["engine"], call, f"auto (heuristic): {entry['why']}", "heuristic")
     if record is None:
         _guessed[call.key] = d
     return d

@@ -290,48 +290,41 @@ def agree(compute: Callable[[], T], what: str) -> T:
 
 
 # ---- Triton tuning --------------------------------------------------------------------------------
-def _install(key, config, timings_ms: dict | None) -> None:
+# The tuner is passed in (``tuner``: the module that holds the tuning records, i.e.
+# ``convt3d.triton_engine``, with tuning_log(), tuned_config(key) and seed_tuning(key, config,
+# timings_ms, replace=)) rather than imported here: the engine itself calls agree_config, and
+# this module stays a leaf of the package's import graph.
+def _install(tuner, key, config, timings_ms: dict | None) -> None:
     """Make ``config`` this process's tuned config of ``key`` (rank 0's choice wins over one
     this rank seeded from its own cache file)."""
-    from . import triton_engine
-
-    current = triton_engine.tuned_config(key)
+    current = tuner.tuned_config(key)
     if current == config:
         return
-    if current is None:
-        triton_engine.seed_tuning(key, config, timings_ms)
-        return
-    try:
-        triton_engine.seed_tuning(key, config, timings_ms, replace=True)
-    except TypeError:  # an engine whose seed_tuning cannot replace: this rank keeps its own
-        warnings.warn(f"convt3d: this rank already uses {current.short()} for a Triton tune key where rank 0 chose "
-                      f"{config.short()}; triton_engine.seed_tuning(..., replace=True) is needed to follow rank 0",
-                      RuntimeWarning, stacklevel=3)
+    tuner.seed_tuning(key, config, timings_ms, replace=current is not None)
 
 
-def agree_with_tuning(compute: Callable[[], T], what: str) -> T:
+def agree_with_tuning(compute: Callable[[], T], what: str, tuner) -> T:
     """:func:`agree`, and the Triton tuning results rank 0 recorded while computing (new or
-    changed entries of ``triton_engine.tuning_log()``) are seeded on the other ranks, so that
-    their first Triton call of those keys takes rank 0's config without timing."""
+    changed entries of ``tuner.tuning_log()``) are seeded on the other ranks, so that their
+    first Triton call of those keys takes rank 0's config without timing."""
     if not active():
         return compute()
-    from . import triton_engine
 
     def with_records():
-        before = triton_engine.tuning_log()
+        before = tuner.tuning_log()
         result = compute()
-        records = [(key, rec.config, dict(rec.timings_ms)) for key, rec in triton_engine.tuning_log().items()
+        records = [(key, rec.config, dict(rec.timings_ms)) for key, rec in tuner.tuning_log().items()
                    if before.get(key) is not rec]
         return result, records
 
     result, records = agree(with_records, what)
     if rank() != 0:
         for key, config, timings in records:
-            _install(key, config, timings)
+            _install(tuner, key, config, timings)
     return result
 
 
-def agree_config(key, choose: Callable[[], Any], candidates=None):
+def agree_config(key, choose: Callable[[], Any], candidates=None, *, tuner):
     """The Triton tuner's agreement point for one tune key: ``choose()`` (this process's answer:
     its tuned or seeded config, or a tuning run) on rank 0; on the others rank 0's config,
     installed as this process's tuned config of ``key``. Returns the config.
@@ -344,14 +337,13 @@ def agree_config(key, choose: Callable[[], Any], candidates=None):
     """
     if not active():
         return choose()
-    from . import cache, triton_engine
 
     def on_rank0():
         config = choose()
-        rec = triton_engine.tuning_log().get(key)
+        rec = tuner.tuning_log().get(key)
         return config, dict(rec.timings_ms) if rec is not None and rec.config == config else {}
 
-    config, timings = agree(on_rank0, "triton-config|" + cache.tune_key_text(tuple(key)[1:]))
+    config, timings = agree(on_rank0, "triton-config|" + repr(tuple(key)[1:]))
     if rank() == 0:
         return config
     if candidates is not None and config not in tuple(candidates):
@@ -359,5 +351,5 @@ def agree_config(key, choose: Callable[[], Any], candidates=None):
                       "GPU model?); this rank tunes for itself", RuntimeWarning, stacklevel=2)
         with local():
             return choose()
-    _install(key, config, timings)
+    _install(tuner, key, config, timings)
     return config

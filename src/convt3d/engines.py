@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from . import cache, ops, triton_engine
+from . import cache, distributed, ops, triton_engine
 from .call import Call
 from .torch_engine import torch_forward
 
@@ -131,6 +131,15 @@ class TritonEngine(Engine):
             self._primed.add(key)
             plan = triton_engine.plan(call.params, call.x, call.weight, call.precision)
             cache.prime_triton(triton_engine.device_name(call.device), plan.tune_key, plan.configs)
+            if distributed.active() and not torch.cuda.is_current_stream_capturing():
+                # Every rank agrees on the tile at its first sight of the signature, whatever it
+                # seeded from its own cache file: rank 0 tunes (or keeps its seed), the others
+                # take its config (convt3d.distributed).
+                launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
+                tk = plan.tune_key
+                distributed.agree_config(
+                    tk, lambda: triton_engine.tuned_config(tk) or triton_engine._choose(tk, launch.configs, launch.run),
+                    launch.configs, tuner=triton_engine)
         elif cache.has_pending():
             cache.flush_triton()
 

@@ -520,10 +520,11 @@ def tuned_config(key) -> Config | None:
     return None if rec is None else rec.config
 
 
-def seed_tuning(key, config: Config, timings_ms: dict | None = None) -> None:
-    """Use ``config`` for ``key`` without timing (a result persisted by an earlier process; the
-    caller checks it is one of the key's candidates). A result this process already has wins."""
-    if key not in _tuned:
+def seed_tuning(key, config: Config, timings_ms: dict | None = None, replace: bool = False) -> None:
+    """Use ``config`` for ``key`` without timing (a result persisted by an earlier process, or
+    rank 0's under torch.distributed; the caller checks it is one of the key's candidates). A
+    result this process already has wins unless ``replace`` (rank 0's choice over this rank's)."""
+    if replace or key not in _tuned:
         _tuned[key] = TuneRecord(config, 0.0, dict(timings_ms or {}))
         _steady.clear()  # a signature settled on another config (CPU: the first) must see this one
 
