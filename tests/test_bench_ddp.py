@@ -48,3 +48,17 @@ def test_two_cpu_processes_time_patched_and_untouched_steps():
         assert r["first_step_s"] > 0 and r["torch_first_step_s"] > 0
     table = ddp.format_rows(rows, failures, skipped)
     assert "gan3d" in table and "speedup" in table
+
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["--suite", "networks", "--ddp", "2"], "needs 2 CUDA GPUs"),
+    (["--suite", "layers", "--ddp", "2"], "--ddp N needs --suite networks"),
+    (["--suite", "networks", "--ddp", "0"], "--ddp must be >= 1"),
+], ids=["too-few-gpus", "not-the-networks-suite", "zero-processes"])
+def test_cli_ddp_errors_are_one_line(argv, phrase, capsys, monkeypatch):
+    from convt3d.bench import cli
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert phrase in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -76,7 +76,7 @@ def test_explain_named_triton_shows_the_plan_and_config():
     rep = convt3d.explain(x, w, b, *args, backend="triton", precision="tf32x3")
     assert rep.engine == "triton" and rep.precision == "tf32x3"
     text = str(rep)
-    assert "Triton engine: tensor-core implicit GEMM" in text and "dot precision tf32x3" in text
+    assert "Triton engine: phase GEMM on tensor cores" in text and "dot precision tf32x3" in text
     assert "config: dot M" in text and "untuned default" in text
 
 
@@ -213,3 +213,10 @@ def test_tune_report_names_where_a_decision_came_from(reason, source):
     from convt3d.tune import _source  # (convt3d.tune the attribute is the function)
 
     assert _source(reason) == source
+
+
+def test_explain_names_the_output_head_tiles_of_a_narrow_layer():
+    x, w = torch.randn(1, 16, 3, 3, 3), torch.randn(16, 1, 4, 4, 4)
+    text = str(convt3d.explain(x, w, None, 2, 1, backend="triton"))
+    assert "phase GEMM on the FMA path" in text and "output-head tiles" in text and "N = Cout/g x taps = 64" in text
+    assert "runs one by default" in text and "config: head-" in text

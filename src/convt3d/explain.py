@@ -117,12 +117,19 @@ def _call_text(x, w, b, p: ConvT3dParams) -> str:
 def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], dict | None]:
     plan = triton_engine.plan(params, x5, weight, prec)
     head = "Triton engine" + ("" if chosen else " (if backend='triton')")
-    lines = [f"{head}: {'tensor-core implicit GEMM' if triton_engine.uses_tensor_cores(params) else 'FMA path'}"
+    lines = [f"{head}: phase GEMM {'on tensor cores' if triton_engine.uses_tensor_cores(params) else 'on the FMA path'}"
              f" (Cin/g={params.in_channels_per_group}, Cout/g={params.out_channels_per_group}), "
              f"dot precision {plan.dot_precision}, output "
              f"{'channels_last_3d' if plan.out_format == torch.channels_last_3d else 'contiguous'}, "
              f"input {'copied to NDHWC' if plan.copy_input else 'read in place'}"
              f"{', TF32-rounded' if plan.round_tf32 else ''}"]
+    heads = [c for c in plan.configs if c.head]
+    if heads:
+        kinds = ", ".join(dict.fromkeys(c.head for c in heads))
+        lines.append(f"output-head tiles ({kinds}): one GEMM with M = input positions, K = Cin/g, N = Cout/g x "
+                     f"taps = {params.out_channels_per_group * math.prod(params.kernel_size)}, then the taps summed "
+                     "per output (or stored directly where taps never meet); the tuner times them against the "
+                     "phase GEMM" + (" and runs one by default" if plan.configs[0].head else ""))
     tuning = None
     log = triton_engine.tuning_log().get(plan.tune_key)
     if log is not None:

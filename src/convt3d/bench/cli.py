@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fwd (forward, the default), bwd (backward alone: dX, dW, db of a retained forward) or "
                           "full (training step: forward + backward); the reference is F.conv_transpose3d + "
                           "autograd. Networks: fwd = inference, full = training step, default both")
+    sel.add_argument("--ddp", type=int, default=None, metavar="N",
+                     help="with --suite networks: time a DDP training step of each network on N GPUs (one "
+                          "process each, NCCL), untouched vs patched")
     sel.add_argument("--list", action="store_true", help="print the selected cases and exit")
     sel.add_argument("--interpret", action="store_true",
                      help="run the CPU interpreter correctness check even when a GPU is present")
@@ -160,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help (0) and usage errors (2)
         return int(exc.code or 0)
 
+    if args.ddp is not None and args.suite != "networks":
+        print("convt3d bench: error: --ddp N needs --suite networks", file=sys.stderr)
+        return 2
     if args.suite == "networks":
         return _networks_main(args, argv)
     args.mode = args.mode or "fwd"
@@ -335,6 +341,9 @@ def _networks_main(args, argv: list[str]) -> int:
         print("convt3d bench: error: --min-reps must be >= 1, --rep-ms > 0 and --warmup-ms >= 0", file=sys.stderr)
         return 2
 
+    if args.ddp is not None:
+        return _run_ddp(args, nets)
+
     import torch
 
     if args.interpret or not torch.cuda.is_available():
@@ -344,6 +353,30 @@ def _networks_main(args, argv: list[str]) -> int:
             return _rerun_with_interpreter(argv)
         return _run_network_check(args, argv, nets)
     return _run_network_timing(args, argv, nets, modes)
+
+
+def _run_ddp(args, nets) -> int:
+    """``--ddp N``: a DDP training step of each network on N GPUs (``convt3d.bench.ddp``)."""
+    from . import ddp, networks
+
+    if args.ddp < 1:
+        print(f"convt3d bench: error: --ddp must be >= 1, got {args.ddp}", file=sys.stderr)
+        return 2
+    try:
+        modes = networks.select_modes("full", _flatten(args.dtype))
+        rows, failures, skipped = ddp.run_ddp(args.ddp, nets=nets, modes=modes, backend=args.backend,
+                                              status=lambda msg: print(msg, file=sys.stderr))
+    except (ddp.DDPUnavailableError, ValueError) as exc:
+        print(f"convt3d bench: error: {exc}", file=sys.stderr)
+        return 2
+    print(ddp.format_rows(rows, failures, skipped))
+    if args.json:
+        from . import report
+
+        report.write_json(args.json, {"kind": "networks-ddp", "ddp": args.ddp, "rows": rows, "failures": failures,
+                                      "skipped": skipped})
+        print(f"wrote {args.json}")
+    return 0 if not failures else 1
 
 
 def _network_settings(args, nets, modes) -> dict:
