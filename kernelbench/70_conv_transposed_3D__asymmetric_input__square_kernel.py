@@ -1123,6 +1123,23 @@ import triton.language as tl
 
 
 @triton.jit
+def _mma_step(acc, x_t, w_t, ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr):
+    """acc += x_t @ w_t at the call's precision: the K step every head GEMM shares."""
+    if ROUND_TF32:
+        # cuDNN's TF32 numerics: operands rounded to nearest TF32 (the tensor cores would
+        # truncate); rounded here, in registers, since the input is read only once anyway.
+        x_t = _round_tf32(x_t)
+        w_t = _round_tf32(w_t)
+    if PRECISION == "ieee":
+        # Each K block summed on its own, then added (fma(part, 1, acc) keeps Triton from
+        # folding it back into a chained dot): two-level summation, as phase_gemm_kernel.
+        acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
+    else:
+        acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
                ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -1139,17 +1156,7 @@ def _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
                       mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
                       mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-        if ROUND_TF32:
-            # cuDNN's TF32 numerics: operands rounded to nearest TF32 (the tensor cores would
-            # truncate); rounded here, in registers, since the input is read only once anyway.
-            x_t = _round_tf32(x_t)
-            w_t = _round_tf32(w_t)
-        if PRECISION == "ieee":
-            # Each K block summed on its own, then added (fma(part, 1, acc) keeps Triton from
-            # folding it back into a chained dot): two-level summation, as phase_gemm_kernel.
-            acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
-        else:
-            acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
+        acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION)
     return acc
 
 
@@ -1271,13 +1278,7 @@ def head_rows_kernel(
                               mask=x_ok[:, None] & k_ok[None, :], other=0.0)
                 w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + tw)[None, :],
                               mask=k_ok[:, None] & t_ok[None, :], other=0.0)
-                if ROUND_TF32:
-                    x_t = _round_tf32(x_t)
-                    w_t = _round_tf32(w_t)
-                if PRECISION == "ieee":
-                    acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
-                else:
-                    acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
+                acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION)
         # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
         G_N: tl.constexpr = BLOCK_N // SW_C
         out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
@@ -1857,6 +1858,7 @@ K = types.SimpleNamespace(
 HK = types.SimpleNamespace(
     _head_rows=_head_rows,
     _head_tile=_head_tile,
+    _mma_step=_mma_step,
     head_direct_kernel=head_direct_kernel,
     head_gather_kernel=head_gather_kernel,
     head_gather_tile_kernel=head_gather_tile_kernel,
