@@ -610,3 +610,14 @@ def test_auto_measures_the_cuda_engine_only_on_its_gemm_kernel(monkeypatch, vari
     d = dispatch.decide(x, "auto", "ieee", params, weight=w, bias=b)
     assert ("cuda" in rec.calls[0]) == measured
     assert d.engine == ("cuda" if measured else "triton")
+
+
+def test_a_guess_is_answered_from_memory_without_asking_the_engines_again(monkeypatch):
+    convt3d.set_benchmark(False)
+    asked = []
+    monkeypatch.setattr(triton_engine, "unsupported_reason", lambda x, params=None: asked.append(1))
+    x, w, b, params = _call()
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    n = len(asked)
+    assert n >= 1 and d.source == "heuristic"
+    assert dispatch.decide(x, "auto", None, params, weight=w, bias=b) is d and len(asked) == n

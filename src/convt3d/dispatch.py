@@ -313,7 +313,10 @@ def select(call: Call, backend: str | None = None, *, measure: bool = True) -> D
     if name == "auto":
         d = _settled.get(call.key)
         if d is None:
-            d = _auto(call, measure, None)
+            # A guess stands until a call can measure (outside capture and tracing, measuring on).
+            d = _guessed.get(call.key) if not _can_measure(call, measure) else None
+            if d is None:
+                d = _auto(call, measure, None)
         return d
     d = _named.get((call.key, name, call.requested))
     if d is None:
@@ -384,10 +387,6 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
         engine, why = heuristic(call.params, call.dtype, call.precision, call.bias is not None,
                                 tuple(c for c in cands if c in ("triton", "torch")) or ("torch",))
         return _decision(engine, call, f"auto (heuristic, traced): {why}", "heuristic")
-    if record is None:
-        d = _guessed.get(call.key)
-        if d is not None and not _can_measure(call, measure):
-            return d
     if len(cands) == 1:
         d = _decision(cands[0], call, f"auto: only {cands[0]} can run this call ("
                       + "; ".join(f"{k}: {'; '.join(v) if v else skipped.get(k)}" for k, v in reasons.items()
