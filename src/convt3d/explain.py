@@ -6,7 +6,7 @@ The report: the backend "auto" (or the named backend) chooses and the reason; th
 why others cannot run; the Triton engine's plan and tile configuration (tuned, cached or still to
 be tuned); the phases and which are empty; useful MACs against the dense count; the memory and
 compute floors (``bench/roofline.py`` arithmetic on nominal H200 ceilings); timings measured
-earlier, if any (benchmark mode, ``convt3d.tune``, the Triton tuner). Works on CPU tensors too.
+earlier, if any (auto's first-call measurement, ``convt3d.tune``, the Triton tuner). Works on CPU tensors too.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``convt3d.tune(model, *example_inputs)`` and the ``convt3d tune`` command: fill the cache so that
 the first real step is already fast.
 
-``tune`` runs the model once in benchmark mode -- forward, and backward when it has parameters that
+``tune`` runs the model once with measuring forced on -- forward, and backward when it has parameters that
 need gradients -- so that every convt3d call signature is measured ("auto" times its candidate
 engines) and the Triton engine tunes its tile configuration; both land in the persistent cache
 (``convt3d.cache``), which later processes read. The model is left as it was: gradients and
@@ -145,7 +145,7 @@ def _tensors(obj: Any) -> Iterable[torch.Tensor]:
 
 
 def tune(model, *example_inputs, backward: bool | None = None, progress: bool | str = True) -> TuneReport:
-    """Run ``model(*example_inputs)`` once in benchmark mode to fill convt3d's caches.
+    """Run ``model(*example_inputs)`` once with measuring on to fill convt3d's caches.
 
     Args:
         model: an ``nn.Module`` (or any callable) whose transposed convolutions are convt3d's
@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="convt3d tune", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Fill convt3d's persistent cache (auto-backend decisions and Triton tile configs) by running "
-                    "the bench suites' layers once in benchmark mode, so that later processes start fast.",
+                    "the bench suites' layers once with measuring on, so that later processes start fast.",
         epilog="The cache lives in $CONVT3D_CACHE_DIR, else ~/.cache/convt3d/, one JSON file per GPU model, keyed on "
                "the convt3d, torch and triton versions. Tune your own model from Python with "
                "convt3d.tune(model, *example_inputs). Needs a CUDA device (on CPU tensors 'auto' always runs "
