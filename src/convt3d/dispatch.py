@@ -314,7 +314,7 @@ def select(call: Call, backend: str | None = None, *, measure: bool = True) -> D
         d = _settled.get(call.key)
         if d is None:
             # A guess stands until a call can measure (outside capture and tracing, measuring on).
-            d = _guessed.get(call.key) if not _can_measure(call, measure) else None
+            d = _guessed.get(call.key) if call.device.type == "cuda" and not _can_measure(call, measure) else None
             if d is None:
                 d = _auto(call, measure, None)
         return d
