@@ -482,6 +482,622 @@ def _check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, o
     return params, unbatched
 
 
+# ==================== convt3d/head_engine.py (verbatim; package-relative imports rewritten) ====================
+"""Launcher of the output-head path (kernels in ``kernels/head_gemm.py``): layers with
+1-15 output channels per group -- the last layer of 3-D generators and decoders (voxels, RGB
+video, segmentation classes).
+
+The Triton engine (``triton_engine``) offers these configurations as tuning candidates next to
+its phase-GEMM ones (``head_tiles``), and runs a chosen one through ``HeadSteps``; this module
+holds the plan (which kernels, tiles, grids, integer arguments), not the launch machinery: the
+engine passes its launch-site factory in, so the kernels are replayed as cheaply as its own.
+
+Traffic per call (why the design, see the kernel module): the input is read once, the fp32
+tap-product buffer Z written once and read once, the output written once. For the 16 x 64 -> 1
+head (32^3 -> 64^3, k4 s2 p1, fp32) the gather kind's Z (input positions x Cout/g x taps) makes
+134 + 2 x 134 + 17 MB against the 151 MB floor of the layer; the rows kind's Z (output rows) is
+half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether.
+"""
+
+import math
+from typing import Callable
+
+import torch
+
+
+__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free", "head_z_bytes", "width_shifts",
+           "HeadSteps"]
+
+# Output channels per group up to which head configurations are candidates. Above ~16 the phase
+# GEMM's N is a full MMA width and reads its input tile once per tap for >= 16 useful columns;
+# between 8 and 15 the two are timed against each other by the tuner (issue: "whether it beats
+# the tensor-core path at 8-15 channels is a measurement").
+MAX_HEAD_CHANNELS = 15
+# "gather": GEMM into Z (every tap in N), then head_gather_kernel; "rows": the width taps summed
+# in the GEMM (head_rows_kernel), so Z holds output rows and head_gather_tile_kernel sums the
+# depth and height taps only; "direct": GEMM stored into the output (collision-free layers
+# only) plus a fill (head_gather_tile_kernel) of the positions no tap reaches.
+HEAD_KINDS = ("gather", "rows", "direct")
+# Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
+MAX_Z_BYTES = 4 << 30
+
+
+def _pow2_ceil(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def collision_free(params: ConvT3dParams) -> bool:
+    """No output position receives two (input, tap) contributions: along every dimension each
+    output residue has at most one tap. Two taps t < t' of one dimension meet on an output only
+    if (t' - t) * dilation is a multiple of the stride, the nearest being t' - t = the tap step
+    s / gcd(s, d) (params.Axis.tap_step); so the rule is tap_step >= kernel, which holds when
+    dilation * (kernel - 1) < stride (k2 s2) but also for k2 s2 d3 (odd and even positions)."""
+    return all(a.tap_step >= a.kernel for a in params.axes)
+
+
+def _all_reached(params: ConvT3dParams) -> bool:
+    """Every output position is reached by some tap (then a collision-free layer needs no fill).
+    Reach is separable: a position is reached iff each of its coordinates is."""
+    for a in params.axes:
+        reached = set()
+        for t in range(a.kernel):
+            for i in range(a.in_size):
+                o = i * a.stride - a.padding + t * a.dilation
+                if 0 <= o < a.out_size:
+                    reached.add(o)
+        if len(reached) < a.out_size:
+            return False
+    return True
+
+
+def head_z_bytes(params: ConvT3dParams, kind: str = "gather") -> int:
+    """Bytes of the fp32 buffer Z of the gather kind (input positions x Cout x taps) or of the
+    rows kind (input depth x height x output width x Cout x depth and height taps)."""
+    (d, h, w), (kd, kh, kw), ow = params.in_size, params.kernel_size, params.out_size[2]
+    if kind == "rows":
+        return 4 * params.batch * params.out_channels * kd * kh * d * h * ow
+    return 4 * params.batch * params.out_channels * kd * kh * kw * d * h * w
+
+
+def width_shifts(params: ConvT3dParams) -> tuple[int, int]:
+    """(first, count) of the width shifts delta = iw - q of the rows kind: input column
+    iw = q + delta feeds output column ow = q * SW + rw through tap tw where
+    rw + PW - delta * SW = tw * DW; the shifts of every (rw, tw) pair, as one range."""
+    a = params.axes[2]
+    deltas = [(rw + a.padding - tw * a.dilation) // a.stride for rw in range(a.stride) for tw in range(a.kernel)
+              if (rw + a.padding - tw * a.dilation) % a.stride == 0]
+    return min(deltas), max(deltas) - min(deltas) + 1
+
+
+def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list[dict]:
+    """The head configurations for this call, as Config fields (``triton_engine.Config``):
+    BLOCK_M input positions x BLOCK_N of the Cout/g x taps columns x BLOCK_K input channels per
+    GEMM program; BLOCK_W output columns and about BLOCK_R elements per gather program (its rows
+    follow, ``_gather_tile``); ``head`` the kind. Empty when the layer is not a head or Z would
+    be too large.
+
+    * BLOCK_N covers all columns up to 128 (one input tile per program, fp32 accumulators of
+      128 x 128 at 8 warps = 64 per thread); wider layers loop over N tiles in the program.
+    * BLOCK_K: Cin/g rounded up to a power of two, at most 64 (16-bit) or 32 (fp32): one
+      128-byte line per position and step, as the phase GEMM.
+    * Kinds: "direct" where no taps meet (collision_free), else "gather" and "rows" (Z ~SW/KW
+      of gather's: half for k4 s2, at the price of re-reading the input tile per width shift
+      from cache). Measured on the H200 (2026-12-01, scripts/gpu_head_probe.py): rows won the
+      bf16 heads (3-D GAN head 108-134 vs 178 us), gather the fp32 ones (228 vs 463-487 us), so
+      both are candidates. Tiles: BLOCK_M 128; the direct kind also BLOCK_M 64 (it won the
+      fp32 k2 s2 head, 132 vs 143 us). Each candidate costs ~1 s of compile when tuning.
+    * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
+    """
+    cout_g = params.out_channels_per_group
+    # In-element offsets are 32-bit (HeadSteps.run): one batch element must hold < 2^31.
+    if cout_g > MAX_HEAD_CHANNELS or params.in_channels * math.prod(params.in_size) >= 2**31:
+        return []
+    bk = max(16, min(32 if dtype.itemsize == 4 else 64, _pow2_ceil(params.in_channels_per_group)))
+    bw = max(16, min(128, _pow2_ceil(params.out_size[2])))
+    (kd, kh, kw), sw = params.kernel_size, params.stride[2]
+
+    def tile(kind, ncol, bm, elements):
+        bn = max(16, min(128, _pow2_ceil(ncol)))
+        warps = 4 if bm * bn <= 128 * 64 else 8
+        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_W=bw, num_warps=warps, num_stages=2,
+                    use_dot=True, head=kind, BLOCK_R=elements)
+
+    if collision_free(params):
+        return [tile("direct", cout_g * kd * kh * kw, bm, el) for bm, el in ((128, 2048), (64, 1024))]
+    tiles = []
+    if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
+        tiles.append(tile("gather", cout_g * kd * kh * kw, 128, 0))  # per-row gather: no BLOCK_R
+    # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
+    if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
+        tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
+    return tiles
+
+
+def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[int, int]:
+    """(BLOCK_C, BLOCK_R) of the gather tile [BLOCK_C * BLOCK_R, BLOCK_W]: every channel of the
+    group, and as many rows of one height residue as make about ``elements`` elements (the
+    config's BLOCK_R), at most the ``rows`` of a residue."""
+    bc = _pow2_ceil(cout_g)
+    return bc, max(1, min(_pow2_ceil(rows), elements // (bc * block_w)))
+
+
+def _batch_span(x: torch.Tensor) -> int:
+    """Elements between the first and last of one batch element of x (its strides' reach)."""
+    return 1 + sum(abs(st) * (n - 1) for n, st in zip(x.shape[1:], x.stride()[1:]))
+
+
+def _flat_x(x: torch.Tensor) -> bool:
+    """D, H, W of x can be walked by one stride (its W stride)."""
+    _, _, d, h, w = x.shape
+    sd, sh, sw = x.stride()[2:]
+    return (h == 1 or sh == w * sw) and (d == 1 or sd == h * sh)
+
+
+MakeSite = Callable[[tuple, str, tuple, tuple, dict], object]
+
+
+class HeadSteps:
+    """The launches of one (call signature, head config): built on the first run, replayed.
+
+    ``make_site(key, kernel name, grid, integer args, constexprs)`` returns the engine's launch
+    site for that key (``triton_engine.Site``); ``run(x, w, b, y)`` launches onto the
+    allocated output ``y`` from the input and the weight as PyTorch stores it (``w``
+    contiguous); ``b`` is the bias or any tensor when there is none."""
+
+    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: MakeSite):
+        self.params, self.cfg, self.has_bias, self.make_site = params, cfg, has_bias, make_site
+        self.precision = precision  # the dot's input precision ("tf32" for 16-bit: ignored there)
+        self.direct = cfg.head == "direct"
+        if self.direct and not collision_free(params):
+            raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
+        self.fill_needed = not (self.direct and _all_reached(params))
+        self.gemm = None
+        self.gather = None
+        self.copy_x = None  # x spans >= 2^31 elements per batch element: the GEMMs read a copy
+
+    def _gemm_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+        p, cfg = self.params, self.cfg
+        _, _, d, h, wd = x.shape
+        s = d * h * wd
+        ncol = p.out_channels_per_group * math.prod(p.kernel_size)
+        tiles_m = -(-s // cfg.BLOCK_M)
+        round_tf32 = x.dtype == torch.float32 and self.precision == "tf32"
+        flat = _flat_x(x)
+        consts = dict(FLAT_X=flat, ROUND_TF32=round_tf32, PRECISION=self.precision,
+                      BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        grid = (p.groups * p.batch * tiles_m,)
+        key = ("head_gemm", cfg.head, p, cfg, x.stride(), y.stride(), self.has_bias,
+               self.precision, x.dtype)
+        if cfg.head == "gather":
+            ints = (p.batch, p.in_channels_per_group, ncol, s, h, wd, *x.stride(), w.stride(0), tiles_m)
+            return self.make_site(key, "head_gemm_kernel", grid, ints, consts)
+        if cfg.head == "rows":
+            (kd, kh, kw), sw, ow = p.kernel_size, p.stride[2], p.out_size[2]
+            qw = -(-ow // sw)
+            tiles_m = -(-(d * h * qw) // cfg.BLOCK_M)
+            shift0, nshift = width_shifts(p)
+            ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group * kd * kh * sw, d, h, wd, ow, qw,
+                    kh, kw, kd * kh * kw, sw, p.padding[2], p.dilation[2], shift0, nshift,
+                    *x.stride(), w.stride(0), tiles_m)
+            consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, BLOCK_M=cfg.BLOCK_M,
+                          BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
+                          num_stages=cfg.num_stages)
+            return self.make_site(key, "head_rows_kernel", (p.groups * p.batch * tiles_m,), ints, consts)
+        ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, s, h, wd, *p.out_size,
+                p.kernel_size[1], p.kernel_size[2], *p.stride, *p.padding, *p.dilation,
+                *x.stride(), w.stride(0), *y.stride(), tiles_m)
+        kw = p.kernel_size[2]
+        # W taps interleaved in the store: NCDHW output, k = s along W, dilation 1 (the taps of
+        # consecutive inputs tile the row), KW a power of two dividing the N tile.
+        interleave = (y.stride(4) == 1 and p.out_size[2] > 1 and kw == p.stride[2] and p.dilation[2] == 1
+                      and kw & (kw - 1) == 0 and cfg.BLOCK_N % kw == 0 and kw > 1)
+        return self.make_site(key, "head_direct_kernel", grid, ints,
+                              dict(HAS_BIAS=self.has_bias, INTERLEAVE_W=interleave, KW_C=kw if interleave else 1,
+                                   **consts))
+
+    def _gather_site(self, y: torch.Tensor):
+        p, cfg = self.params, self.cfg
+        od, oh, ow = p.out_size
+        (d, h, wd), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = p.in_size, p.stride, p.padding, p.dilation
+        (kd, kh, kw), cout_g = p.kernel_size, p.out_channels_per_group
+        if cfg.head == "gather":
+            # head_gather_kernel: per program BLOCK_H rows of BLOCK_W columns, about 2048 elements
+            # and at most 8 rows (a runtime loop); one warp per 128 elements of a row, at most 4
+            # (a 1-channel row of 64 columns on 4 warps would leave half the threads holding
+            # copies).
+            bc = _pow2_ceil(cout_g)
+            bh = max(1, min(8, 2048 // (bc * cfg.BLOCK_W)))
+            tiles_h, tiles_w = -(-oh // bh), -(-ow // cfg.BLOCK_W)
+            ints = (p.batch, cout_g, d, h, wd, od, oh, ow, kd, kh, sd, sh, sw, pd, ph, pw, dd, dh, dw,
+                    *y.stride(), tiles_h, tiles_w)
+            consts = dict(HAS_BIAS=self.has_bias, KW=kw, BLOCK_C=bc, BLOCK_H=bh, BLOCK_W=cfg.BLOCK_W,
+                          num_warps=max(1, min(4, bc * cfg.BLOCK_W // 128)))
+            key = ("head_gather", p, cfg.BLOCK_W, y.stride(), self.has_bias)
+            return self.make_site(key, "head_gather_kernel", (p.groups * p.batch * od * tiles_h * tiles_w,),
+                                  ints, consts)
+        if cfg.head == "rows":
+            # Z holds output rows: one "width tap" over a width of OW (iw = ow).
+            wd, sw, pw, dw, kw = ow, 1, 0, 1, 1
+        bc, br = _gather_tile(cout_g, -(-oh // sh), cfg.BLOCK_W, cfg.BLOCK_R)
+        # Programs per (n, g, od): height residues x tiles of BLOCK_R rows of a residue x W tiles.
+        tiles_q, tiles_w = -(-(-(-oh // sh)) // br), -(-ow // cfg.BLOCK_W)
+        grid = (p.groups * p.batch * od * sh * tiles_q * tiles_w,)
+        ints = (p.batch, cout_g, d, h, wd, od, oh, ow, sd, sh, sw, pd, ph, pw, dd, dh, dw, *y.stride(),
+                tiles_q, tiles_w)
+        # 4 warps from 1024 elements down (8 per thread and W tap); fewer for smaller tiles,
+        # whose threads would otherwise hold copies.
+        warps = max(1, min(4, bc * br * cfg.BLOCK_W // 256))
+        consts = dict(HAS_BIAS=self.has_bias, FILL_ONLY=self.direct, KD=kd, KH=kh, KW=kw, BLOCK_C=bc, BLOCK_R=br,
+                      BLOCK_W=cfg.BLOCK_W, num_warps=warps)
+        key = ("head_gather_tile", cfg.head, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
+        return self.make_site(key, "head_gather_tile_kernel", grid, ints, consts)
+
+    def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
+        """Launch onto ``y``; returns Triton's handle of the GEMM kernel."""
+        dev = x.device
+        if self.copy_x is None:
+            # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
+            # offsets; a view whose strides reach further is read from a contiguous copy.
+            self.copy_x = _batch_span(x) >= 2**31
+        if self.copy_x:
+            x = x.contiguous()
+        if self.gemm is None:
+            self.gemm = self._gemm_site(x, w, y)
+        if self.fill_needed and self.gather is None:
+            self.gather = self._gather_site(y)
+        if self.direct:
+            # Disjoint element sets: the fill writes only positions the GEMM does not.
+            if self.fill_needed:
+                self.gather.launch(dev, y, b, y)
+            return self.gemm.launch(dev, x, w, b, y)
+        p = self.params
+        z = torch.empty(head_z_bytes(p, self.cfg.head) // 4, dtype=torch.float32, device=dev)
+        handle = self.gemm.launch(dev, x, w, z)
+        self.gather.launch(dev, z, b, y)
+        return handle
+
+
+# ==================== convt3d/triton_configs.py (verbatim; package-relative imports rewritten) ====================
+"""The Triton engine's tile configurations and its tuner.
+
+``Config`` is one launch configuration; ``candidate_configs`` lists, per GEMM shape and dtype, the
+configurations the first call of a signature times (the first is the untuned default), with the
+measurements that chose them; ``_choose`` times them and ``tuning_log`` holds the results. Pure
+host logic: no tensor is touched here (``triton_engine`` launches, ``triton_sites`` builds the
+launches).
+"""
+
+import functools
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+import triton
+
+head_engine = types.SimpleNamespace(
+    HEAD_KINDS=HEAD_KINDS,
+    HeadSteps=HeadSteps,
+    MAX_HEAD_CHANNELS=MAX_HEAD_CHANNELS,
+    MAX_Z_BYTES=MAX_Z_BYTES,
+    MakeSite=MakeSite,
+    _all_reached=_all_reached,
+    _batch_span=_batch_span,
+    _flat_x=_flat_x,
+    _gather_tile=_gather_tile,
+    _pow2_ceil=_pow2_ceil,
+    collision_free=collision_free,
+    head_tiles=head_tiles,
+    head_z_bytes=head_z_bytes,
+    width_shifts=width_shifts,
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile shape and launch parameters of ``phase_gemm_kernel``."""
+
+    BLOCK_M: int  # compact output positions per program (the GEMM's M)
+    BLOCK_N: int  # output channels per program (the GEMM's N)
+    BLOCK_K: int  # input channels per K step
+    BLOCK_W: int  # the position tile is (BLOCK_M // BLOCK_W) compact rows x BLOCK_W compact columns
+    num_warps: int
+    num_stages: int
+    use_dot: bool = True
+    W_GROUP: int = 1  # W-residues interleaved per store (2 for stride 2 along W, NCDHW output)
+    fill_separate: bool = True  # rows no tap reaches are written by fill_rows_kernel
+    companions: bool = True  # empty row classes written by the GEMM programs (see companion_masks)
+    x_cache: str = ""  # cache modifier of the input loads ("" or ".ca")
+    maxnreg: int | None = None  # register cap per thread (occupancy)
+    tma: bool = False  # operands through tensor descriptors (TMA) where the layout allows
+    flat: bool = False  # flat_gemm_kernel: 2-D TMA boxes over a zero-haloed input copy (Hopper)
+    fold: int = 1  # groups merged per GEMM (group_folds): block-diagonal weight, wider tiles
+    # Output-head path (head_engine, kernels/head_gemm.py): "gather" or "direct", "" otherwise.
+    # Its GEMM tile is BLOCK_M input positions x BLOCK_N (Cout/g x taps) x BLOCK_K; BLOCK_W is
+    # the gather kernel's row span and BLOCK_R its elements per program.
+    head: str = ""
+    BLOCK_R: int = 0
+
+    def short(self) -> str:
+        if self.head:
+            return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
+                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}")
+        kind = "dot" if self.use_dot else "fma"
+        tile = "" if self.flat else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
+        return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
+                f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}" + (" wg2" if self.W_GROUP == 2 else "")
+                + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp") + (f" {self.x_cache}" if self.x_cache else "")
+                + (f" r{self.maxnreg}" if self.maxnreg else "") + (" tma" if self.tma else "")
+                + (" flat" if self.flat else "") + (f" fold{self.fold}" if self.fold > 1 else ""))
+
+
+def _cdiv(a: int, b: int) -> int:
+    # Host-side ceil division. triton.cdiv is a ConstexprFunction in newer Triton (~5-15 us per
+    # call from Python); the launcher calls it a few times per forward.
+    return -(-a // b)
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def uses_tensor_cores(params: ConvT3dParams) -> bool:
+    """tl.dot needs 16 rows/cols per operand. Below 8 channels per group on either side the
+    padding to 16 would waste more than 2x of each MMA and 4x overall, so the exact FMA path
+    is used instead (depthwise and small-group layers)."""
+    return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8
+
+
+def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
+    """Width of the position tile: the power of two that wastes the fewest padded positions on
+    the compact (h, w) plane, the wider on ties (longer contiguous rows). KB 77 (32 x 32
+    compact) gets 4 x 32 at BLOCK_M=128; KB 58 (36 x 70) gets 8 x 16 (27% padding, vs 45% for
+    a plain 64-wide tile) and 4 x 16 at BLOCK_M=64 (12.5%)."""
+    qh, qw = compact_hw
+    best, best_pad = 1, None
+    bw = 1
+    while bw <= block_m:
+        bh = block_m // bw
+        pad = _cdiv(qw, bw) * bw * _cdiv(qh, bh) * bh
+        if best_pad is None or pad <= best_pad:
+            best, best_pad = bw, pad
+        bw *= 2
+    return best
+
+
+@functools.lru_cache(maxsize=1024)
+def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
+                      channels_last_out: bool = False, flat: bool = False) -> tuple[Config, ...]:
+    """All configurations tried for one GEMM shape and dtype; the first is the untuned default.
+
+    Measured on the H200 (scripts/gpu_config_sweep.py, NOTES.md; 2026-11-29, commit 1bd87ef), why these tiles:
+    * BLOCK_N (output channels) covers Cout/g in one tile up to 128, so each input tile is read
+      once per program; Cout/g <= 64 on 5 of the 7 KernelBench problems. The spatial side is
+      the MMA's M, so wgmma runs for any Cout/g >= 16.
+    * BLOCK_K (input channels per step): 32 for fp32 (one 128-byte line per position), 64 for
+      16-bit (bf16 with K32 spilled and ran 3-7x slower than K64).
+    * BLOCK_M (positions): 128 is the default; 256 with 8 warps won on the large-N bf16 layers
+      (gan 418 -> 311 us, videogpt 848 -> 612 us) and on KB 77 (739 -> 616 us); 64 with 4
+      stages on KB 77 at tf32x3. Accumulators are kept <= 128 registers per thread.
+    * num_stages 3: 4-6 stages never won by more than noise and lost up to 40% (KB 73, 68).
+      The .ca cache hint and a 128-register cap were tried too and changed nothing (< 3%).
+    * tma: operands through tensor descriptors. Kernel-only times, pointer -> TMA loads:
+      KB 73 922 -> 684 us, nnunet_64_32 bf16 238 -> 199, gan fp32 869 -> 726, KB 68 11.7 ->
+      11.0 ms, KB 77 730 -> 701; but KB 58 (Cout 16) 1596 -> 1928 and the fp32 FMA ("ieee")
+      dot spills with it. So both kinds are candidates and the tuner picks.
+    * W_GROUP=2 for stride 2 along W into NCDHW output: both W-residues of a row are computed
+      and stored as whole rows (strided per-phase stores ran KB 77 at 2.3 ms, 250 GB/s).
+    * companions (default) / fill_separate: rows no tap reaches are written by the GEMM
+      programs next to their own rows (companion_masks), else by a store-only kernel.
+    """
+    cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
+    esize = dtype.itemsize
+    # Tile shapes follow the compact grids of the phases that do GEMM work; the extra row or
+    # column of empty phases (KB 77) is covered by store-only edge tiles.
+    hw = tuple(max(p.axes[i].size for p in params.phases if not p.empty) for i in (1, 2))
+    wg = 2 if params.stride[2] == 2 and not channels_last_out else 1
+    if not uses_tensor_cores(params):
+        # Outer-product FMA path: one input channel per step; the accumulators hold
+        # BLOCK_M x BLOCK_N = 2048 fp32 (16 per thread at 4 warps).
+        bn = min(_pow2_at_least(cout_g), 16)
+        plane = _pow2_at_least(hw[0] * hw[1])
+        sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
+        fma = tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
+        # The output-head tiles come first, as the untuned default (graph capture, the CPU
+        # interpreter, CONVT3D_AUTOTUNE=0): on the H200 (2026-12-01, scripts/gpu_head_probe.py)
+        # they beat these FMA tiles on 14 of the 16 FMA-path head rows, by 5-55x (GAN head 64 -> 1
+        # fp32: 228 vs 2770 us); the FMA tiles stay candidates (k2 s2 8 -> 2 channels-last: FMA
+        # 111 vs 157 us).
+        return _head_configs(params, dtype, precision) + fma
+
+    # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
+    plane = max(16, _pow2_at_least(hw[0] * hw[1]))
+    bn = max(16, min(128, _pow2_at_least(cout_g)))
+    bk = max(16, min(32 if esize == 4 else 64, _pow2_at_least(cin_g)))
+    # Accumulators per program: a W residue with no taps (W_SKIP) holds none through the loop.
+    acc_wg = wg if _w_skip(params, wg) < 0 else 1
+
+    def tile(bm: int, stages: int, bound: int, block_k: int = bk, **kind) -> Config | None:
+        bm = min(bm, bound)
+        warps = 4 if acc_wg * bm * bn <= 128 * 64 else 8
+        if acc_wg * bm * bn // (32 * warps) > 128:
+            return None  # accumulators would spill
+        if stages * (bn * block_k + block_k * bm) * esize > 200 * 1024:
+            return None  # operand ring beyond shared memory
+        bw = bm if kind.get("flat") else block_w(hw, bm)
+        return Config(bm, bn, block_k, bw, warps, stages, W_GROUP=wg, **kind)
+
+    if flat and flat_unsupported(params, dtype, bk) is None:
+        # Hopper (and the interpreter): flat_gemm_kernel first, then the 5-D TMA path of
+        # phase_gemm_kernel. Measured kernel times (H200, 2026-11-29, commit 1590245; scripts/gpu_config_sweep.py), best per case:
+        #   flat M128 s3: KB 58 1321 us (5-D TMA 2026), KB 61 3310 (4375), aniso bf16 95 (148),
+        #     refine bf16 82 (89), KB 77 channels-last 172 + 84 plane fill;
+        #   flat M64 s4: KB 77 NCDHW 261 + 129 plane fill (5-D TMA M64: 501 in all), gan bf16 402;
+        #   5-D TMA M128 s3 still wins KB 73 (686 vs 607-867 flat), monai bf16 (90 vs 115) and
+        #     gan fp32 (842 vs 890); 5-D TMA M256 s3 gan bf16 (323 vs 365-402 flat).
+        # flat M128 s4 and M256 s3 were within 1-3% of these on their best cases (KB 61, aniso,
+        # KB 58, nnunet): left out, since every candidate costs ~1 s of compile when tuning.
+        # Flat tiles run along whole padded rows: the plane bound uses the padded width.
+        _, (_, _, wp) = flat_geometry(params)
+        fplane = max(16, _pow2_at_least(hw[0] * wp))
+        plans = [(128, 3, fplane, {"flat": True}), (64, 4, fplane, {"flat": True}),
+                 (128, 3, plane, {"tma": True}), (256, 3, plane, {"tma": True})]
+        if esize == 4 and precision != "ieee" and 32 < cin_g <= 64 and (params.groups == 1 or cin_g == 64):
+            # One 64-channel K step per tap instead of two of 32 (the second partly padding when
+            # Cin/g = 48). H200, 2026-11-29, commit 97a1955, tf32x3: KB 70 (48 -> 24) 14.3 vs 15.2 ms, but KB 61
+            # (48 -> 48) 11.4 vs 7.3 ms, so a candidate for the tuner, not a rule.
+            plans.append((128, 3, fplane, {"flat": True, "block_k": 64}))
+    else:
+        # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
+        # tiles measured at commit 1bd87ef (2026-11-29).
+        plans = [(128, 3, plane, {}), (256, 3, plane, {}), (64, 4, plane, {}), (128, 4, plane, {})]
+    configs = []
+    for bm, stages, bound, kind in plans:
+        cfg = tile(bm, stages, bound, **kind)
+        if cfg is not None and cfg not in configs:
+            configs.append(cfg)
+    # Merged groups: the first two tilings of each fold (each candidate costs ~1 s of compile
+    # when tuning; the later tilings never won on the grouped KernelBench problems).
+    for f in group_folds(params):
+        merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
+        configs += [replace(c, fold=f) for c in merged[:2]]
+    return tuple(configs) + _head_configs(params, dtype, precision)
+
+
+def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> tuple[Config, ...]:
+    """Output-head candidates (head_engine.head_tiles) for layers of <= 15 channels per group,
+    timed by the tuner against the phase-GEMM configs above."""
+    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision))
+
+
+def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
+    """Group merges (ConvT3dParams.fold_groups) worth a tuning candidate, smallest first.
+
+    A group of fewer than 16 input or output channels fills at most half of each 16-wide MMA
+    operand, and its programs do one small MMA per tap: KernelBench 72 (4 groups of 8 -> 8, 105
+    taps) ran at 3% of its roofline, 1.20 ms TF32 / 1.76 ms tf32x3 (the FMA path: 3.08 ms; H200,
+    2026-11-29, commit 44b638a). Merging f groups multiplies the work by f but fills the tiles. Candidates: the
+    smallest f reaching 16 channels on both sides, and the full merge (one dense GEMM) while it
+    keeps <= 128 channels, i.e. one output-channel tile. Only for calls already on tensor cores
+    (>= 8 channels per group): the FMA path's smaller groups would multiply the work by >= 16x.
+    """
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    if g == 1 or not uses_tensor_cores(params) or (cin_g >= 16 and cout_g >= 16):
+        return ()
+    folds = []
+    smallest = next((f for f in range(2, g + 1) if g % f == 0 and f * cin_g >= 16 and f * cout_g >= 16), None)
+    if smallest is not None:
+        folds.append(smallest)
+    if g not in folds and params.in_channels <= 128 and params.out_channels <= 128:
+        folds.append(g)
+    return tuple(folds)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tuning
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class TuneRecord:
+    config: Config
+    seconds: float
+    timings_ms: dict[str, float]
+
+
+_tuned: dict[tuple, TuneRecord] = {}
+
+
+def tuning_log() -> dict[tuple, TuneRecord]:
+    """Tuning results of this process (key -> chosen config, tuning seconds, per-config ms)."""
+    return dict(_tuned)
+
+
+def tuned_config(key) -> Config | None:
+    """The configuration this process uses for a tune key (timed or seeded), or None if none yet."""
+    rec = _tuned.get(key)
+    return None if rec is None else rec.config
+
+
+def _tuning_enabled() -> bool:
+    return os.environ.get("CONVT3D_AUTOTUNE", "1") not in ("0", "false", "False", "")
+
+
+@functools.lru_cache(maxsize=None)
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _tune_key(params: ConvT3dParams, x: torch.Tensor, precision: str, out_cl: bool) -> tuple:
+    return (device_name(x.device), x.dtype, precision, out_cl, params)
+
+
+def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config:
+    rec = _tuned.get(key)
+    if rec is not None:
+        return rec.config
+    if len(configs) == 1 or not _tuning_enabled():
+        _tuned[key] = TuneRecord(configs[0], 0.0, {})
+        return configs[0]
+    t0 = time.perf_counter()
+    timings = {}
+    best, best_ms = configs[0], math.inf
+    for cfg in configs:
+        run(cfg)  # compile + warm
+        ms = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=30, return_mode="median")
+        timings[cfg.short()] = ms
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    _tuned[key] = TuneRecord(best, time.perf_counter() - t0, timings)
+    return best
+
+
+@functools.lru_cache(maxsize=256)
+def flat_geometry(params: ConvT3dParams) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(low padding, padded size) per dimension of the zero-haloed input of flat_gemm_kernel.
+
+    A compact position q of a phase reads input q + off0 - j * ostep for its taps j; over all
+    phases with taps these shifts span [lo, hi]. The padded buffer puts input index i at
+    i + P with P = max(0, -lo) and is long enough for every valid q (q < compact size) plus hi,
+    so every tap of every valid output position reads inside the buffer (zeros in the halo)."""
+    pads, sizes = [], []
+    for a, q in zip(params.axes, params.compact_size):
+        shifts = [ph.first_offset - j * a.offset_step for ph in a.phases for j in range(ph.num_taps)]
+        lo, hi = (min(shifts), max(shifts)) if shifts else (0, 0)
+        pad = max(0, -lo)
+        pads.append(pad)
+        sizes.append(pad + max(a.in_size, q + hi))
+    return tuple(pads), tuple(sizes)
+
+
+def flat_unsupported(params: ConvT3dParams, dtype: torch.dtype, block_k: int) -> str | None:
+    """Why flat_gemm_kernel cannot run a call (None: it can). TMA needs 16-byte aligned row
+    strides (channels x element size); a channel block must not run into the next group's
+    channels, which are in bounds and would not read as zeros; TMA coordinates are int32."""
+    es = dtype.itemsize
+    if not uses_tensor_cores(params):
+        return "fewer than 8 channels per group (FMA path)"
+    if (params.in_channels * es) % 16 or (params.in_channels_per_group * es) % 16:
+        return "channel rows not 16-byte aligned"
+    if params.groups > 1 and params.in_channels_per_group % block_k:
+        return "channel blocks would cross groups"
+    _, (dp, hp, wp) = flat_geometry(params)
+    kvol = math.prod(params.kernel_size)
+    if params.batch * dp * hp * wp >= 2**31 or params.groups * kvol * params.out_channels_per_group >= 2**31:
+        return "more than 2^31 rows"
+    return None
+
+
+def _w_skip(params: ConvT3dParams, w_group: int) -> int:
+    """The W residue (0 or 1) of an interleaved pair that has no taps, else -1."""
+    if w_group == 2:
+        for r in (0, 1):
+            if params.axes[2].phases[r].num_taps == 0:
+                return r
+    return -1
+
+
 # ==================== convt3d/kernels/phase_gemm.py (verbatim; package-relative imports rewritten) ====================
 """Triton kernels of the convt3d engine: pure ``@triton.jit`` functions, no host logic.
 
@@ -1548,295 +2164,17 @@ class BackendUnavailableError(RuntimeError):
     """The backend that was asked for cannot run this call (it never silently runs another)."""
 
 
-# ==================== convt3d/head_engine.py (verbatim; package-relative imports rewritten) ====================
-"""Launcher of the output-head path (kernels in ``kernels/head_gemm.py``): layers with
-1-15 output channels per group -- the last layer of 3-D generators and decoders (voxels, RGB
-video, segmentation classes).
+# ==================== convt3d/triton_sites.py (verbatim; package-relative imports rewritten) ====================
+"""The Triton engine's launch sites: the host side of every launch, built once per call signature.
 
-The Triton engine (``triton_engine``) offers these configurations as tuning candidates next to
-its phase-GEMM ones (``head_tiles``), and runs a chosen one through ``HeadSteps``; this module
-holds the plan (which kernels, tiles, grids, integer arguments), not the launch machinery: the
-engine passes its launch-site factory in, so the kernels are replayed as cheaply as its own.
-
-Traffic per call (why the design, see the kernel module): the input is read once, the fp32
-tap-product buffer Z written once and read once, the output written once. For the 16 x 64 -> 1
-head (32^3 -> 64^3, k4 s2 p1, fp32) the gather kind's Z (input positions x Cout/g x taps) makes
-134 + 2 x 134 + 17 MB against the 151 MB floor of the layer; the rows kind's Z (output rows) is
-half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether.
-"""
-
-import math
-from typing import Callable
-
-import torch
-
-
-__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free", "head_z_bytes", "width_shifts",
-           "HeadSteps"]
-
-# Output channels per group up to which head configurations are candidates. Above ~16 the phase
-# GEMM's N is a full MMA width and reads its input tile once per tap for >= 16 useful columns;
-# between 8 and 15 the two are timed against each other by the tuner (issue: "whether it beats
-# the tensor-core path at 8-15 channels is a measurement").
-MAX_HEAD_CHANNELS = 15
-# "gather": GEMM into Z (every tap in N), then head_gather_kernel; "rows": the width taps summed
-# in the GEMM (head_rows_kernel), so Z holds output rows and head_gather_tile_kernel sums the
-# depth and height taps only; "direct": GEMM stored into the output (collision-free layers
-# only) plus a fill (head_gather_tile_kernel) of the positions no tap reaches.
-HEAD_KINDS = ("gather", "rows", "direct")
-# Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
-MAX_Z_BYTES = 4 << 30
-
-
-def _pow2_ceil(v: int) -> int:
-    return 1 << max(0, (int(v) - 1).bit_length())
-
-
-def collision_free(params: ConvT3dParams) -> bool:
-    """No output position receives two (input, tap) contributions: along every dimension each
-    output residue has at most one tap. Two taps t < t' of one dimension meet on an output only
-    if (t' - t) * dilation is a multiple of the stride, the nearest being t' - t = the tap step
-    s / gcd(s, d) (params.Axis.tap_step); so the rule is tap_step >= kernel, which holds when
-    dilation * (kernel - 1) < stride (k2 s2) but also for k2 s2 d3 (odd and even positions)."""
-    return all(a.tap_step >= a.kernel for a in params.axes)
-
-
-def _all_reached(params: ConvT3dParams) -> bool:
-    """Every output position is reached by some tap (then a collision-free layer needs no fill).
-    Reach is separable: a position is reached iff each of its coordinates is."""
-    for a in params.axes:
-        reached = set()
-        for t in range(a.kernel):
-            for i in range(a.in_size):
-                o = i * a.stride - a.padding + t * a.dilation
-                if 0 <= o < a.out_size:
-                    reached.add(o)
-        if len(reached) < a.out_size:
-            return False
-    return True
-
-
-def head_z_bytes(params: ConvT3dParams, kind: str = "gather") -> int:
-    """Bytes of the fp32 buffer Z of the gather kind (input positions x Cout x taps) or of the
-    rows kind (input depth x height x output width x Cout x depth and height taps)."""
-    (d, h, w), (kd, kh, kw), ow = params.in_size, params.kernel_size, params.out_size[2]
-    if kind == "rows":
-        return 4 * params.batch * params.out_channels * kd * kh * d * h * ow
-    return 4 * params.batch * params.out_channels * kd * kh * kw * d * h * w
-
-
-def width_shifts(params: ConvT3dParams) -> tuple[int, int]:
-    """(first, count) of the width shifts delta = iw - q of the rows kind: input column
-    iw = q + delta feeds output column ow = q * SW + rw through tap tw where
-    rw + PW - delta * SW = tw * DW; the shifts of every (rw, tw) pair, as one range."""
-    a = params.axes[2]
-    deltas = [(rw + a.padding - tw * a.dilation) // a.stride for rw in range(a.stride) for tw in range(a.kernel)
-              if (rw + a.padding - tw * a.dilation) % a.stride == 0]
-    return min(deltas), max(deltas) - min(deltas) + 1
-
-
-def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list[dict]:
-    """The head configurations for this call, as Config fields (``triton_engine.Config``):
-    BLOCK_M input positions x BLOCK_N of the Cout/g x taps columns x BLOCK_K input channels per
-    GEMM program; BLOCK_W output columns and about BLOCK_R elements per gather program (its rows
-    follow, ``_gather_tile``); ``head`` the kind. Empty when the layer is not a head or Z would
-    be too large.
-
-    * BLOCK_N covers all columns up to 128 (one input tile per program, fp32 accumulators of
-      128 x 128 at 8 warps = 64 per thread); wider layers loop over N tiles in the program.
-    * BLOCK_K: Cin/g rounded up to a power of two, at most 64 (16-bit) or 32 (fp32): one
-      128-byte line per position and step, as the phase GEMM.
-    * Kinds: "direct" where no taps meet (collision_free), else "gather" and "rows" (Z ~SW/KW
-      of gather's: half for k4 s2, at the price of re-reading the input tile per width shift
-      from cache). Measured on the H200 (2026-12-01, scripts/gpu_head_probe.py): rows won the
-      bf16 heads (3-D GAN head 108-134 vs 178 us), gather the fp32 ones (228 vs 463-487 us), so
-      both are candidates. Tiles: BLOCK_M 128; the direct kind also BLOCK_M 64 (it won the
-      fp32 k2 s2 head, 132 vs 143 us). Each candidate costs ~1 s of compile when tuning.
-    * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
-    """
-    cout_g = params.out_channels_per_group
-    # In-element offsets are 32-bit (HeadSteps.run): one batch element must hold < 2^31.
-    if cout_g > MAX_HEAD_CHANNELS or params.in_channels * math.prod(params.in_size) >= 2**31:
-        return []
-    bk = max(16, min(32 if dtype.itemsize == 4 else 64, _pow2_ceil(params.in_channels_per_group)))
-    bw = max(16, min(128, _pow2_ceil(params.out_size[2])))
-    (kd, kh, kw), sw = params.kernel_size, params.stride[2]
-
-    def tile(kind, ncol, bm, elements):
-        bn = max(16, min(128, _pow2_ceil(ncol)))
-        warps = 4 if bm * bn <= 128 * 64 else 8
-        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_W=bw, num_warps=warps, num_stages=2,
-                    use_dot=True, head=kind, BLOCK_R=elements)
-
-    if collision_free(params):
-        return [tile("direct", cout_g * kd * kh * kw, bm, el) for bm, el in ((128, 2048), (64, 1024))]
-    tiles = []
-    if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
-        tiles.append(tile("gather", cout_g * kd * kh * kw, 128, 0))  # per-row gather: no BLOCK_R
-    # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
-    if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
-        tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
-    return tiles
-
-
-def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[int, int]:
-    """(BLOCK_C, BLOCK_R) of the gather tile [BLOCK_C * BLOCK_R, BLOCK_W]: every channel of the
-    group, and as many rows of one height residue as make about ``elements`` elements (the
-    config's BLOCK_R), at most the ``rows`` of a residue."""
-    bc = _pow2_ceil(cout_g)
-    return bc, max(1, min(_pow2_ceil(rows), elements // (bc * block_w)))
-
-
-def _batch_span(x: torch.Tensor) -> int:
-    """Elements between the first and last of one batch element of x (its strides' reach)."""
-    return 1 + sum(abs(st) * (n - 1) for n, st in zip(x.shape[1:], x.stride()[1:]))
-
-
-def _flat_x(x: torch.Tensor) -> bool:
-    """D, H, W of x can be walked by one stride (its W stride)."""
-    _, _, d, h, w = x.shape
-    sd, sh, sw = x.stride()[2:]
-    return (h == 1 or sh == w * sw) and (d == 1 or sd == h * sh)
-
-
-MakeSite = Callable[[tuple, str, tuple, tuple, dict], object]
-
-
-class HeadSteps:
-    """The launches of one (call signature, head config): built on the first run, replayed.
-
-    ``make_site(key, kernel name, grid, integer args, constexprs)`` returns the engine's launch
-    site for that key (``triton_engine.Site``); ``run(x, w, b, y)`` launches onto the
-    allocated output ``y`` from the input and the weight as PyTorch stores it (``w``
-    contiguous); ``b`` is the bias or any tensor when there is none."""
-
-    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: MakeSite):
-        self.params, self.cfg, self.has_bias, self.make_site = params, cfg, has_bias, make_site
-        self.precision = precision  # the dot's input precision ("tf32" for 16-bit: ignored there)
-        self.direct = cfg.head == "direct"
-        if self.direct and not collision_free(params):
-            raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
-        self.fill_needed = not (self.direct and _all_reached(params))
-        self.gemm = None
-        self.gather = None
-        self.copy_x = None  # x spans >= 2^31 elements per batch element: the GEMMs read a copy
-
-    def _gemm_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
-        p, cfg = self.params, self.cfg
-        _, _, d, h, wd = x.shape
-        s = d * h * wd
-        ncol = p.out_channels_per_group * math.prod(p.kernel_size)
-        tiles_m = -(-s // cfg.BLOCK_M)
-        round_tf32 = x.dtype == torch.float32 and self.precision == "tf32"
-        flat = _flat_x(x)
-        consts = dict(FLAT_X=flat, ROUND_TF32=round_tf32, PRECISION=self.precision,
-                      BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        grid = (p.groups * p.batch * tiles_m,)
-        key = ("head_gemm", cfg.head, p, cfg, x.stride(), y.stride(), self.has_bias,
-               self.precision, x.dtype)
-        if cfg.head == "gather":
-            ints = (p.batch, p.in_channels_per_group, ncol, s, h, wd, *x.stride(), w.stride(0), tiles_m)
-            return self.make_site(key, "head_gemm_kernel", grid, ints, consts)
-        if cfg.head == "rows":
-            (kd, kh, kw), sw, ow = p.kernel_size, p.stride[2], p.out_size[2]
-            qw = -(-ow // sw)
-            tiles_m = -(-(d * h * qw) // cfg.BLOCK_M)
-            shift0, nshift = width_shifts(p)
-            ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group * kd * kh * sw, d, h, wd, ow, qw,
-                    kh, kw, kd * kh * kw, sw, p.padding[2], p.dilation[2], shift0, nshift,
-                    *x.stride(), w.stride(0), tiles_m)
-            consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, BLOCK_M=cfg.BLOCK_M,
-                          BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
-                          num_stages=cfg.num_stages)
-            return self.make_site(key, "head_rows_kernel", (p.groups * p.batch * tiles_m,), ints, consts)
-        ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, s, h, wd, *p.out_size,
-                p.kernel_size[1], p.kernel_size[2], *p.stride, *p.padding, *p.dilation,
-                *x.stride(), w.stride(0), *y.stride(), tiles_m)
-        kw = p.kernel_size[2]
-        # W taps interleaved in the store: NCDHW output, k = s along W, dilation 1 (the taps of
-        # consecutive inputs tile the row), KW a power of two dividing the N tile.
-        interleave = (y.stride(4) == 1 and p.out_size[2] > 1 and kw == p.stride[2] and p.dilation[2] == 1
-                      and kw & (kw - 1) == 0 and cfg.BLOCK_N % kw == 0 and kw > 1)
-        return self.make_site(key, "head_direct_kernel", grid, ints,
-                              dict(HAS_BIAS=self.has_bias, INTERLEAVE_W=interleave, KW_C=kw if interleave else 1,
-                                   **consts))
-
-    def _gather_site(self, y: torch.Tensor):
-        p, cfg = self.params, self.cfg
-        od, oh, ow = p.out_size
-        (d, h, wd), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = p.in_size, p.stride, p.padding, p.dilation
-        (kd, kh, kw), cout_g = p.kernel_size, p.out_channels_per_group
-        if cfg.head == "gather":
-            # head_gather_kernel: per program BLOCK_H rows of BLOCK_W columns, about 2048 elements
-            # and at most 8 rows (a runtime loop); one warp per 128 elements of a row, at most 4
-            # (a 1-channel row of 64 columns on 4 warps would leave half the threads holding
-            # copies).
-            bc = _pow2_ceil(cout_g)
-            bh = max(1, min(8, 2048 // (bc * cfg.BLOCK_W)))
-            tiles_h, tiles_w = -(-oh // bh), -(-ow // cfg.BLOCK_W)
-            ints = (p.batch, cout_g, d, h, wd, od, oh, ow, kd, kh, sd, sh, sw, pd, ph, pw, dd, dh, dw,
-                    *y.stride(), tiles_h, tiles_w)
-            consts = dict(HAS_BIAS=self.has_bias, KW=kw, BLOCK_C=bc, BLOCK_H=bh, BLOCK_W=cfg.BLOCK_W,
-                          num_warps=max(1, min(4, bc * cfg.BLOCK_W // 128)))
-            key = ("head_gather", p, cfg.BLOCK_W, y.stride(), self.has_bias)
-            return self.make_site(key, "head_gather_kernel", (p.groups * p.batch * od * tiles_h * tiles_w,),
-                                  ints, consts)
-        if cfg.head == "rows":
-            # Z holds output rows: one "width tap" over a width of OW (iw = ow).
-            wd, sw, pw, dw, kw = ow, 1, 0, 1, 1
-        bc, br = _gather_tile(cout_g, -(-oh // sh), cfg.BLOCK_W, cfg.BLOCK_R)
-        # Programs per (n, g, od): height residues x tiles of BLOCK_R rows of a residue x W tiles.
-        tiles_q, tiles_w = -(-(-(-oh // sh)) // br), -(-ow // cfg.BLOCK_W)
-        grid = (p.groups * p.batch * od * sh * tiles_q * tiles_w,)
-        ints = (p.batch, cout_g, d, h, wd, od, oh, ow, sd, sh, sw, pd, ph, pw, dd, dh, dw, *y.stride(),
-                tiles_q, tiles_w)
-        # 4 warps from 1024 elements down (8 per thread and W tap); fewer for smaller tiles,
-        # whose threads would otherwise hold copies.
-        warps = max(1, min(4, bc * br * cfg.BLOCK_W // 256))
-        consts = dict(HAS_BIAS=self.has_bias, FILL_ONLY=self.direct, KD=kd, KH=kh, KW=kw, BLOCK_C=bc, BLOCK_R=br,
-                      BLOCK_W=cfg.BLOCK_W, num_warps=warps)
-        key = ("head_gather_tile", cfg.head, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
-        return self.make_site(key, "head_gather_tile_kernel", grid, ints, consts)
-
-    def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
-        """Launch onto ``y``; returns Triton's handle of the GEMM kernel."""
-        dev = x.device
-        if self.copy_x is None:
-            # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
-            # offsets; a view whose strides reach further is read from a contiguous copy.
-            self.copy_x = _batch_span(x) >= 2**31
-        if self.copy_x:
-            x = x.contiguous()
-        if self.gemm is None:
-            self.gemm = self._gemm_site(x, w, y)
-        if self.fill_needed and self.gather is None:
-            self.gather = self._gather_site(y)
-        if self.direct:
-            # Disjoint element sets: the fill writes only positions the GEMM does not.
-            if self.fill_needed:
-                self.gather.launch(dev, y, b, y)
-            return self.gemm.launch(dev, x, w, b, y)
-        p = self.params
-        z = torch.empty(head_z_bytes(p, self.cfg.head) // 4, dtype=torch.float32, device=dev)
-        handle = self.gemm.launch(dev, x, w, z)
-        self.gather.launch(dev, z, b, y)
-        return handle
-
-
-# ==================== convt3d/triton_engine.py (verbatim; package-relative imports rewritten) ====================
-"""Launcher of the Triton engine: plan (phase table, input layout, weight packing), configs,
-tuning and the launch itself. Callable on its own: ``forward(x, weight, bias, params, precision)``.
-
-CUDA tensors run the compiled kernels; CPU tensors run the very same kernel functions through
-Triton's interpreter, which is how CPU-only CI exercises the real kernel code.
+Kernels (compiled on CUDA, interpreted on CPU), ``Site`` (a launch replayed with its fixed
+arguments), the device tables of phases and empty rows/planes, the input copies and weight
+packing, tensor descriptors, and the sites of the GEMM, fill, copy and pack kernels.
+``triton_engine`` puts them together per call.
 """
 
 import functools
 import math
-import os
-import time
-from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -1865,228 +2203,9 @@ HK = types.SimpleNamespace(
     head_gemm_kernel=head_gemm_kernel,
     head_rows_kernel=head_rows_kernel,
 )
-head_engine = types.SimpleNamespace(
-    HEAD_KINDS=HEAD_KINDS,
-    HeadSteps=HeadSteps,
-    MAX_HEAD_CHANNELS=MAX_HEAD_CHANNELS,
-    MAX_Z_BYTES=MAX_Z_BYTES,
-    MakeSite=MakeSite,
-    _all_reached=_all_reached,
-    _batch_span=_batch_span,
-    _flat_x=_flat_x,
-    _gather_tile=_gather_tile,
-    _pow2_ceil=_pow2_ceil,
-    collision_free=collision_free,
-    head_tiles=head_tiles,
-    head_z_bytes=head_z_bytes,
-    width_shifts=width_shifts,
-)
-
-__all__ = ["Config", "candidate_configs", "forward", "plan", "tuning_log", "clear_caches", "SUPPORTED_DTYPES",
-           "unsupported_reason"]
-
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-PRECISIONS = ("tf32", "tf32x3", "ieee")
 
 
-@dataclass(frozen=True)
-class Config:
-    """Tile shape and launch parameters of ``phase_gemm_kernel``."""
-
-    BLOCK_M: int  # compact output positions per program (the GEMM's M)
-    BLOCK_N: int  # output channels per program (the GEMM's N)
-    BLOCK_K: int  # input channels per K step
-    BLOCK_W: int  # the position tile is (BLOCK_M // BLOCK_W) compact rows x BLOCK_W compact columns
-    num_warps: int
-    num_stages: int
-    use_dot: bool = True
-    W_GROUP: int = 1  # W-residues interleaved per store (2 for stride 2 along W, NCDHW output)
-    fill_separate: bool = True  # rows no tap reaches are written by fill_rows_kernel
-    companions: bool = True  # empty row classes written by the GEMM programs (see companion_masks)
-    x_cache: str = ""  # cache modifier of the input loads ("" or ".ca")
-    maxnreg: int | None = None  # register cap per thread (occupancy)
-    tma: bool = False  # operands through tensor descriptors (TMA) where the layout allows
-    flat: bool = False  # flat_gemm_kernel: 2-D TMA boxes over a zero-haloed input copy (Hopper)
-    fold: int = 1  # groups merged per GEMM (group_folds): block-diagonal weight, wider tiles
-    # Output-head path (head_engine, kernels/head_gemm.py): "gather" or "direct", "" otherwise.
-    # Its GEMM tile is BLOCK_M input positions x BLOCK_N (Cout/g x taps) x BLOCK_K; BLOCK_W is
-    # the gather kernel's row span and BLOCK_R its elements per program.
-    head: str = ""
-    BLOCK_R: int = 0
-
-    def short(self) -> str:
-        if self.head:
-            return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
-                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}")
-        kind = "dot" if self.use_dot else "fma"
-        tile = "" if self.flat else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
-        return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
-                f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}" + (" wg2" if self.W_GROUP == 2 else "")
-                + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp") + (f" {self.x_cache}" if self.x_cache else "")
-                + (f" r{self.maxnreg}" if self.maxnreg else "") + (" tma" if self.tma else "")
-                + (" flat" if self.flat else "") + (f" fold{self.fold}" if self.fold > 1 else ""))
-
-
-def _cdiv(a: int, b: int) -> int:
-    # Host-side ceil division. triton.cdiv is a ConstexprFunction in newer Triton (~5-15 us per
-    # call from Python); the launcher calls it a few times per forward.
-    return -(-a // b)
-
-
-def _pow2_at_least(v: int) -> int:
-    return 1 << max(0, (int(v) - 1).bit_length())
-
-
-def uses_tensor_cores(params: ConvT3dParams) -> bool:
-    """tl.dot needs 16 rows/cols per operand. Below 8 channels per group on either side the
-    padding to 16 would waste more than 2x of each MMA and 4x overall, so the exact FMA path
-    is used instead (depthwise and small-group layers)."""
-    return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8
-
-
-def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
-    """Width of the position tile: the power of two that wastes the fewest padded positions on
-    the compact (h, w) plane, the wider on ties (longer contiguous rows). KB 77 (32 x 32
-    compact) gets 4 x 32 at BLOCK_M=128; KB 58 (36 x 70) gets 8 x 16 (27% padding, vs 45% for
-    a plain 64-wide tile) and 4 x 16 at BLOCK_M=64 (12.5%)."""
-    qh, qw = compact_hw
-    best, best_pad = 1, None
-    bw = 1
-    while bw <= block_m:
-        bh = block_m // bw
-        pad = _cdiv(qw, bw) * bw * _cdiv(qh, bh) * bh
-        if best_pad is None or pad <= best_pad:
-            best, best_pad = bw, pad
-        bw *= 2
-    return best
-
-
-@functools.lru_cache(maxsize=1024)
-def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
-                      channels_last_out: bool = False, flat: bool = False) -> tuple[Config, ...]:
-    """All configurations tried for one GEMM shape and dtype; the first is the untuned default.
-
-    Measured on the H200 (scripts/gpu_config_sweep.py, NOTES.md; 2026-11-29, commit 1bd87ef), why these tiles:
-    * BLOCK_N (output channels) covers Cout/g in one tile up to 128, so each input tile is read
-      once per program; Cout/g <= 64 on 5 of the 7 KernelBench problems. The spatial side is
-      the MMA's M, so wgmma runs for any Cout/g >= 16.
-    * BLOCK_K (input channels per step): 32 for fp32 (one 128-byte line per position), 64 for
-      16-bit (bf16 with K32 spilled and ran 3-7x slower than K64).
-    * BLOCK_M (positions): 128 is the default; 256 with 8 warps won on the large-N bf16 layers
-      (gan 418 -> 311 us, videogpt 848 -> 612 us) and on KB 77 (739 -> 616 us); 64 with 4
-      stages on KB 77 at tf32x3. Accumulators are kept <= 128 registers per thread.
-    * num_stages 3: 4-6 stages never won by more than noise and lost up to 40% (KB 73, 68).
-      The .ca cache hint and a 128-register cap were tried too and changed nothing (< 3%).
-    * tma: operands through tensor descriptors. Kernel-only times, pointer -> TMA loads:
-      KB 73 922 -> 684 us, nnunet_64_32 bf16 238 -> 199, gan fp32 869 -> 726, KB 68 11.7 ->
-      11.0 ms, KB 77 730 -> 701; but KB 58 (Cout 16) 1596 -> 1928 and the fp32 FMA ("ieee")
-      dot spills with it. So both kinds are candidates and the tuner picks.
-    * W_GROUP=2 for stride 2 along W into NCDHW output: both W-residues of a row are computed
-      and stored as whole rows (strided per-phase stores ran KB 77 at 2.3 ms, 250 GB/s).
-    * companions (default) / fill_separate: rows no tap reaches are written by the GEMM
-      programs next to their own rows (companion_masks), else by a store-only kernel.
-    """
-    cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
-    esize = dtype.itemsize
-    # Tile shapes follow the compact grids of the phases that do GEMM work; the extra row or
-    # column of empty phases (KB 77) is covered by store-only edge tiles.
-    hw = tuple(max(p.axes[i].size for p in params.phases if not p.empty) for i in (1, 2))
-    wg = 2 if params.stride[2] == 2 and not channels_last_out else 1
-    if not uses_tensor_cores(params):
-        # Outer-product FMA path: one input channel per step; the accumulators hold
-        # BLOCK_M x BLOCK_N = 2048 fp32 (16 per thread at 4 warps).
-        bn = min(_pow2_at_least(cout_g), 16)
-        plane = _pow2_at_least(hw[0] * hw[1])
-        sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
-        fma = tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
-        # The output-head tiles come first, as the untuned default (graph capture, the CPU
-        # interpreter, CONVT3D_AUTOTUNE=0): on the H200 (2026-12-01, scripts/gpu_head_probe.py)
-        # they beat these FMA tiles on 14 of the 16 FMA-path head rows, by 5-55x (GAN head 64 -> 1
-        # fp32: 228 vs 2770 us); the FMA tiles stay candidates (k2 s2 8 -> 2 channels-last: FMA
-        # 111 vs 157 us).
-        return _head_configs(params, dtype, precision) + fma
-
-    # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
-    plane = max(16, _pow2_at_least(hw[0] * hw[1]))
-    bn = max(16, min(128, _pow2_at_least(cout_g)))
-    bk = max(16, min(32 if esize == 4 else 64, _pow2_at_least(cin_g)))
-    # Accumulators per program: a W residue with no taps (W_SKIP) holds none through the loop.
-    acc_wg = wg if _w_skip(params, wg) < 0 else 1
-
-    def tile(bm: int, stages: int, bound: int, block_k: int = bk, **kind) -> Config | None:
-        bm = min(bm, bound)
-        warps = 4 if acc_wg * bm * bn <= 128 * 64 else 8
-        if acc_wg * bm * bn // (32 * warps) > 128:
-            return None  # accumulators would spill
-        if stages * (bn * block_k + block_k * bm) * esize > 200 * 1024:
-            return None  # operand ring beyond shared memory
-        bw = bm if kind.get("flat") else block_w(hw, bm)
-        return Config(bm, bn, block_k, bw, warps, stages, W_GROUP=wg, **kind)
-
-    if flat and flat_unsupported(params, dtype, bk) is None:
-        # Hopper (and the interpreter): flat_gemm_kernel first, then the 5-D TMA path of
-        # phase_gemm_kernel. Measured kernel times (H200, 2026-11-29, commit 1590245; scripts/gpu_config_sweep.py), best per case:
-        #   flat M128 s3: KB 58 1321 us (5-D TMA 2026), KB 61 3310 (4375), aniso bf16 95 (148),
-        #     refine bf16 82 (89), KB 77 channels-last 172 + 84 plane fill;
-        #   flat M64 s4: KB 77 NCDHW 261 + 129 plane fill (5-D TMA M64: 501 in all), gan bf16 402;
-        #   5-D TMA M128 s3 still wins KB 73 (686 vs 607-867 flat), monai bf16 (90 vs 115) and
-        #     gan fp32 (842 vs 890); 5-D TMA M256 s3 gan bf16 (323 vs 365-402 flat).
-        # flat M128 s4 and M256 s3 were within 1-3% of these on their best cases (KB 61, aniso,
-        # KB 58, nnunet): left out, since every candidate costs ~1 s of compile when tuning.
-        # Flat tiles run along whole padded rows: the plane bound uses the padded width.
-        _, (_, _, wp) = flat_geometry(params)
-        fplane = max(16, _pow2_at_least(hw[0] * wp))
-        plans = [(128, 3, fplane, {"flat": True}), (64, 4, fplane, {"flat": True}),
-                 (128, 3, plane, {"tma": True}), (256, 3, plane, {"tma": True})]
-        if esize == 4 and precision != "ieee" and 32 < cin_g <= 64 and (params.groups == 1 or cin_g == 64):
-            # One 64-channel K step per tap instead of two of 32 (the second partly padding when
-            # Cin/g = 48). H200, 2026-11-29, commit 97a1955, tf32x3: KB 70 (48 -> 24) 14.3 vs 15.2 ms, but KB 61
-            # (48 -> 48) 11.4 vs 7.3 ms, so a candidate for the tuner, not a rule.
-            plans.append((128, 3, fplane, {"flat": True, "block_k": 64}))
-    else:
-        # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
-        # tiles measured at commit 1bd87ef (2026-11-29).
-        plans = [(128, 3, plane, {}), (256, 3, plane, {}), (64, 4, plane, {}), (128, 4, plane, {})]
-    configs = []
-    for bm, stages, bound, kind in plans:
-        cfg = tile(bm, stages, bound, **kind)
-        if cfg is not None and cfg not in configs:
-            configs.append(cfg)
-    # Merged groups: the first two tilings of each fold (each candidate costs ~1 s of compile
-    # when tuning; the later tilings never won on the grouped KernelBench problems).
-    for f in group_folds(params):
-        merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
-        configs += [replace(c, fold=f) for c in merged[:2]]
-    return tuple(configs) + _head_configs(params, dtype, precision)
-
-
-def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> tuple[Config, ...]:
-    """Output-head candidates (head_engine.head_tiles) for layers of <= 15 channels per group,
-    timed by the tuner against the phase-GEMM configs above."""
-    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision))
-
-
-def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
-    """Group merges (ConvT3dParams.fold_groups) worth a tuning candidate, smallest first.
-
-    A group of fewer than 16 input or output channels fills at most half of each 16-wide MMA
-    operand, and its programs do one small MMA per tap: KernelBench 72 (4 groups of 8 -> 8, 105
-    taps) ran at 3% of its roofline, 1.20 ms TF32 / 1.76 ms tf32x3 (the FMA path: 3.08 ms; H200,
-    2026-11-29, commit 44b638a). Merging f groups multiplies the work by f but fills the tiles. Candidates: the
-    smallest f reaching 16 channels on both sides, and the full merge (one dense GEMM) while it
-    keeps <= 128 channels, i.e. one output-channel tile. Only for calls already on tensor cores
-    (>= 8 channels per group): the FMA path's smaller groups would multiply the work by >= 16x.
-    """
-    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-    if g == 1 or not uses_tensor_cores(params) or (cin_g >= 16 and cout_g >= 16):
-        return ()
-    folds = []
-    smallest = next((f for f in range(2, g + 1) if g % f == 0 and f * cin_g >= 16 and f * cout_g >= 16), None)
-    if smallest is not None:
-        folds.append(smallest)
-    if g not in folds and params.in_channels <= 128 and params.out_channels <= 128:
-        folds.append(g)
-    return tuple(folds)
+_INT32_MAX = 2**31 - 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2181,45 +2300,8 @@ def _head_site(key: tuple, name: str, grid: tuple, ints: tuple, consts: dict) ->
     return site(key, lambda: Site(name, grid, ints, consts))
 
 
-_unsupported: dict[tuple, str | None] = {}
-
-
-def unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None = None) -> str | None:
-    """Why the Triton engine cannot run this call, or None (the dispatcher's one question).
-    Memoised per (geometry, dtype, device, strides): ~18 us of checks per call otherwise, on
-    layers whose whole GPU time is ~100 us."""
-    key = (params, x.dtype, x.device, x.stride())
-    if key not in _unsupported:
-        if len(_unsupported) >= 4096:
-            _unsupported.clear()
-        _unsupported[key] = _unsupported_reason(x, params)
-    return _unsupported[key]
-
-
-def _unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None) -> str | None:
-    if x.dtype not in SUPPORTED_DTYPES:
-        return f"dtype {x.dtype} (the Triton engine runs float32, float16 and bfloat16)"
-    if x.device.type == "cuda":
-        major, _ = torch.cuda.get_device_capability(x.device)
-        if major < 8:
-            return f"GPU {torch.cuda.get_device_name(x.device)} (compute capability {major}.x; needs 8.0+)"
-    elif x.device.type != "cpu":  # CPU runs Triton's interpreter
-        return f"device type {x.device.type!r}"
-    if params is not None:
-        c, (d, h, w) = params.in_channels, params.in_size
-        co, (od, oh, ow) = params.out_channels, params.out_size
-        pad = 256 + max(params.kernel_size) * max(params.dilation)
-        xs = x.stride() if x.dim() == 5 else (0,) + x.stride()
-        # The kernel reads either x itself or its NDHWC copy: check the larger of the two.
-        x_strides = (0, max(xs[1], 1), 0, max(xs[3], w * c), max(xs[4], c))
-        y_strides = (0, 0, 0, ow * co, co) if co > 1 else (0, 0, 0, ow, 1)
-        if not slice_offsets_fit(params, x_strides, y_strides, pad):
-            return "a depth slice of the input or output spans more than 2^31 elements"
-    return None
-
-
 # ----------------------------------------------------------------------------------------------
-# Plan: everything that depends only on the call signature, cached.
+# Device tables (phases, empty rows and planes) and the fills: fixed by the call signature, cached.
 # ----------------------------------------------------------------------------------------------
 _tables: dict[tuple, torch.Tensor] = {}
 
@@ -2337,103 +2419,8 @@ def empty_rows(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     return _device_table(("rows",), params, device, build, width=2)
 
 
-def suggests_channels_last(t: torch.Tensor) -> bool:
-    """PyTorch's rule for a 5-D tensor's preferred memory format (channels_last_3d vs contiguous)."""
-    if t.dim() != 5 or t.is_contiguous():
-        return False
-    if t.is_contiguous(memory_format=torch.channels_last_3d):
-        return True
-    # Non-contiguous views: channels_last if the channel stride is the smallest.
-    dims = [i for i in range(5) if t.shape[i] > 1]
-    return 1 in dims and t.stride(1) == min(t.stride(i) for i in dims)
-
-
-def output_memory_format(x: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
-    """As PyTorch's convolutions: channels_last_3d out if the input or the weight suggests it."""
-    if suggests_channels_last(x) or suggests_channels_last(weight):
-        return torch.channels_last_3d
-    return torch.contiguous_format
-
-
 # ----------------------------------------------------------------------------------------------
-# Tuning
-# ----------------------------------------------------------------------------------------------
-@dataclass
-class TuneRecord:
-    config: Config
-    seconds: float
-    timings_ms: dict[str, float]
-
-
-_tuned: dict[tuple, TuneRecord] = {}
-
-
-def tuning_log() -> dict[tuple, TuneRecord]:
-    """Tuning results of this process (key -> chosen config, tuning seconds, per-config ms)."""
-    return dict(_tuned)
-
-
-def tuned_config(key) -> Config | None:
-    """The configuration this process uses for a tune key (timed or seeded), or None if none yet."""
-    rec = _tuned.get(key)
-    return None if rec is None else rec.config
-
-
-def seed_tuning(key, config: Config, timings_ms: dict | None = None, replace: bool = False) -> None:
-    """Use ``config`` for ``key`` without timing (a result persisted by an earlier process, or
-    rank 0's under torch.distributed; the caller checks it is one of the key's candidates). A
-    result this process already has wins unless ``replace`` (rank 0's choice over this rank's)."""
-    if replace or key not in _tuned:
-        _tuned[key] = TuneRecord(config, 0.0, dict(timings_ms or {}))
-        _steady.clear()  # a signature settled on another config (CPU: the first) must see this one
-
-
-def clear_caches() -> None:
-    """Forget tuning results, plans and phase tables of this process."""
-    _unsupported.clear()
-    _tuned.clear()
-    _steady.clear()
-    _steps.clear()
-    _tables.clear()
-    _sites.clear()
-    _plans.clear()
-
-
-def _tuning_enabled() -> bool:
-    return os.environ.get("CONVT3D_AUTOTUNE", "1") not in ("0", "false", "False", "")
-
-
-@functools.lru_cache(maxsize=None)
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-def _tune_key(params: ConvT3dParams, x: torch.Tensor, precision: str, out_cl: bool) -> tuple:
-    return (device_name(x.device), x.dtype, precision, out_cl, params)
-
-
-def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config:
-    rec = _tuned.get(key)
-    if rec is not None:
-        return rec.config
-    if len(configs) == 1 or not _tuning_enabled():
-        _tuned[key] = TuneRecord(configs[0], 0.0, {})
-        return configs[0]
-    t0 = time.perf_counter()
-    timings = {}
-    best, best_ms = configs[0], math.inf
-    for cfg in configs:
-        run(cfg)  # compile + warm
-        ms = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=30, return_mode="median")
-        timings[cfg.short()] = ms
-        if ms < best_ms:
-            best, best_ms = cfg, ms
-    _tuned[key] = TuneRecord(best, time.perf_counter() - t0, timings)
-    return best
-
-
-# ----------------------------------------------------------------------------------------------
-# Forward
+# Operands: input copies, weight packing, tensor descriptors, and the GEMM sites
 # ----------------------------------------------------------------------------------------------
 def _flattenable(x: torch.Tensor) -> torch.Tensor:
     """x, or its contiguous copy where D, H, W cannot be walked with one stride (rare: sliced
@@ -2499,9 +2486,6 @@ def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, round_tf32: bool,
     return packed
 
 
-_INT32_MAX = 2**31 - 1
-
-
 def slice_offsets_fit(params: ConvT3dParams, x_strides, y_strides, pad: int) -> bool:
     """The kernel adds 64-bit per-program bases to 32-bit in-slice offsets (h, w and channel
     terms); those must stay below 2^31 even with tile padding of ``pad`` positions."""
@@ -2517,51 +2501,6 @@ def _check_slice_offsets(params, xin, y, pad):
         raise BackendUnavailableError(
             "backend='triton' cannot run this call: one depth slice of the input or output spans more "
             f"than 2^31 elements (input {tuple(xin.shape)}, output {tuple(y.shape)})")
-
-
-@functools.lru_cache(maxsize=256)
-def flat_geometry(params: ConvT3dParams) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """(low padding, padded size) per dimension of the zero-haloed input of flat_gemm_kernel.
-
-    A compact position q of a phase reads input q + off0 - j * ostep for its taps j; over all
-    phases with taps these shifts span [lo, hi]. The padded buffer puts input index i at
-    i + P with P = max(0, -lo) and is long enough for every valid q (q < compact size) plus hi,
-    so every tap of every valid output position reads inside the buffer (zeros in the halo)."""
-    pads, sizes = [], []
-    for a, q in zip(params.axes, params.compact_size):
-        shifts = [ph.first_offset - j * a.offset_step for ph in a.phases for j in range(ph.num_taps)]
-        lo, hi = (min(shifts), max(shifts)) if shifts else (0, 0)
-        pad = max(0, -lo)
-        pads.append(pad)
-        sizes.append(pad + max(a.in_size, q + hi))
-    return tuple(pads), tuple(sizes)
-
-
-def flat_unsupported(params: ConvT3dParams, dtype: torch.dtype, block_k: int) -> str | None:
-    """Why flat_gemm_kernel cannot run a call (None: it can). TMA needs 16-byte aligned row
-    strides (channels x element size); a channel block must not run into the next group's
-    channels, which are in bounds and would not read as zeros; TMA coordinates are int32."""
-    es = dtype.itemsize
-    if not uses_tensor_cores(params):
-        return "fewer than 8 channels per group (FMA path)"
-    if (params.in_channels * es) % 16 or (params.in_channels_per_group * es) % 16:
-        return "channel rows not 16-byte aligned"
-    if params.groups > 1 and params.in_channels_per_group % block_k:
-        return "channel blocks would cross groups"
-    _, (dp, hp, wp) = flat_geometry(params)
-    kvol = math.prod(params.kernel_size)
-    if params.batch * dp * hp * wp >= 2**31 or params.groups * kvol * params.out_channels_per_group >= 2**31:
-        return "more than 2^31 rows"
-    return None
-
-
-def _w_skip(params: ConvT3dParams, w_group: int) -> int:
-    """The W residue (0 or 1) of an interleaved pair that has no taps, else -1."""
-    if w_group == 2:
-        for r in (0, 1):
-            if params.axes[2].phases[r].num_taps == 0:
-                return r
-    return -1
 
 
 def _tma_capable(device: torch.device) -> bool:
@@ -2706,6 +2645,131 @@ def _phase_site(cfg: Config, params: ConvT3dParams, pl: "Plan", xin: torch.Tenso
                  x_tma, w_tma), build)
 
 
+# ==================== convt3d/triton_engine.py (verbatim; package-relative imports rewritten) ====================
+"""Launcher of the Triton engine: the plan of a call (phase table, input layout, weight packing)
+and the launch itself, first call (tuning) and steady path. Callable on its own:
+``forward(x, weight, bias, params, precision)``.
+
+The engine is three modules: ``triton_configs`` (tile configurations and the tuner),
+``triton_sites`` (the host side of each launch: kernels, tables, input copies, weight packing,
+descriptors) and this one (support checks, plan, steps, forward). Their names are importable
+from here too.
+
+CUDA tensors run the compiled kernels; CPU tensors run the very same kernel functions through
+Triton's interpreter, which is how CPU-only CI exercises the real kernel code.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+head_engine = types.SimpleNamespace(
+    HEAD_KINDS=HEAD_KINDS,
+    HeadSteps=HeadSteps,
+    MAX_HEAD_CHANNELS=MAX_HEAD_CHANNELS,
+    MAX_Z_BYTES=MAX_Z_BYTES,
+    MakeSite=MakeSite,
+    _all_reached=_all_reached,
+    _batch_span=_batch_span,
+    _flat_x=_flat_x,
+    _gather_tile=_gather_tile,
+    _pow2_ceil=_pow2_ceil,
+    collision_free=collision_free,
+    head_tiles=head_tiles,
+    head_z_bytes=head_z_bytes,
+    width_shifts=width_shifts,
+)
+# The engine's other two modules; their names are this module's too (callers use either).
+
+__all__ = ["Config", "candidate_configs", "forward", "plan", "tuning_log", "clear_caches", "SUPPORTED_DTYPES",
+           "unsupported_reason"]
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+
+# ----------------------------------------------------------------------------------------------
+# What the engine can run
+# ----------------------------------------------------------------------------------------------
+_unsupported: dict[tuple, str | None] = {}
+
+
+def unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None = None) -> str | None:
+    """Why the Triton engine cannot run this call, or None (the dispatcher's one question).
+    Memoised per (geometry, dtype, device, strides): ~18 us of checks per call otherwise, on
+    layers whose whole GPU time is ~100 us."""
+    key = (params, x.dtype, x.device, x.stride())
+    if key not in _unsupported:
+        if len(_unsupported) >= 4096:
+            _unsupported.clear()
+        _unsupported[key] = _unsupported_reason(x, params)
+    return _unsupported[key]
+
+
+def _unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None) -> str | None:
+    if x.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {x.dtype} (the Triton engine runs float32, float16 and bfloat16)"
+    if x.device.type == "cuda":
+        major, _ = torch.cuda.get_device_capability(x.device)
+        if major < 8:
+            return f"GPU {torch.cuda.get_device_name(x.device)} (compute capability {major}.x; needs 8.0+)"
+    elif x.device.type != "cpu":  # CPU runs Triton's interpreter
+        return f"device type {x.device.type!r}"
+    if params is not None:
+        c, (d, h, w) = params.in_channels, params.in_size
+        co, (od, oh, ow) = params.out_channels, params.out_size
+        pad = 256 + max(params.kernel_size) * max(params.dilation)
+        xs = x.stride() if x.dim() == 5 else (0,) + x.stride()
+        # The kernel reads either x itself or its NDHWC copy: check the larger of the two.
+        x_strides = (0, max(xs[1], 1), 0, max(xs[3], w * c), max(xs[4], c))
+        y_strides = (0, 0, 0, ow * co, co) if co > 1 else (0, 0, 0, ow, 1)
+        if not slice_offsets_fit(params, x_strides, y_strides, pad):
+            return "a depth slice of the input or output spans more than 2^31 elements"
+    return None
+
+
+def suggests_channels_last(t: torch.Tensor) -> bool:
+    """PyTorch's rule for a 5-D tensor's preferred memory format (channels_last_3d vs contiguous)."""
+    if t.dim() != 5 or t.is_contiguous():
+        return False
+    if t.is_contiguous(memory_format=torch.channels_last_3d):
+        return True
+    # Non-contiguous views: channels_last if the channel stride is the smallest.
+    dims = [i for i in range(5) if t.shape[i] > 1]
+    return 1 in dims and t.stride(1) == min(t.stride(i) for i in dims)
+
+
+def output_memory_format(x: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
+    """As PyTorch's convolutions: channels_last_3d out if the input or the weight suggests it."""
+    if suggests_channels_last(x) or suggests_channels_last(weight):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def clear_caches() -> None:
+    """Forget tuning results, plans and phase tables of this process."""
+    _unsupported.clear()
+    _tuned.clear()
+    _steady.clear()
+    _steps.clear()
+    _tables.clear()
+    _sites.clear()
+    _plans.clear()
+
+
+def seed_tuning(key, config: Config, timings_ms: dict | None = None, replace: bool = False) -> None:
+    """Use ``config`` for ``key`` without timing (a result persisted by an earlier process, or
+    rank 0's under torch.distributed; the caller checks it is one of the key's candidates). A
+    result this process already has wins unless ``replace`` (rank 0's choice over this rank's)."""
+    if replace or key not in _tuned:
+        _tuned[key] = TuneRecord(config, 0.0, dict(timings_ms or {}))
+        _steady.clear()  # a signature settled on another config (CPU: the first) must see this one
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan of a call signature, its steps (one per config) and the forward
+# ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Plan:
     """Everything about a call that depends only on its signature (cached per process)."""

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from convt3d import triton_configs as TC
 from convt3d import triton_engine as TE
 from convt3d.bench.suites import select, make_tensors
 from convt3d.params import ConvT3dParams
@@ -57,7 +58,8 @@ for case in select("kernelbench", names=names, precisions=["default"]):
                 TE.PRECISIONS = TE.PRECISIONS + (pr,)  # a Triton dot precision the engine does not offer
             if kind == "fma":
                 orig = TE.uses_tensor_cores
-                TE.uses_tensor_cores = lambda params: False
+                # Read by the plan (triton_engine) and by the tile list (triton_configs).
+                TE.uses_tensor_cores = TC.uses_tensor_cores = lambda params: False
                 TE.candidate_configs.cache_clear()
                 TE._plans.clear()
                 prec = "ieee"
@@ -79,7 +81,7 @@ for case in select("kernelbench", names=names, precisions=["default"]):
         finally:
             TE.PRECISIONS = engine_precisions
             if kind == "fma":
-                TE.uses_tensor_cores = orig
+                TE.uses_tensor_cores = TC.uses_tensor_cores = orig
                 TE.candidate_configs.cache_clear()
                 TE._plans.clear()
     del y64, t

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 import convt3d
 import convt3d.triton_engine as engine
+import convt3d.triton_sites as triton_sites
 from convt3d.params import ConvT3dParams
 from convt3d.validate import check_call
 
@@ -275,7 +276,7 @@ def test_poison_is_effective(monkeypatch):
     x, w, b = case.tensors()
     monkeypatch.setattr(engine, "torch", _PoisonedTorch(torch))
     params, _ = check_call(x, w, b, *case.args[:3], case.groups, case.dilation)
-    monkeypatch.setattr(engine, "_kernel", lambda name, device: _NoLaunch())
+    monkeypatch.setattr(triton_sites, "_kernel", lambda name, device: _NoLaunch())
     y = engine.forward(x, w, b, params, "ieee")
     assert torch.isnan(y).all()
 
@@ -480,7 +481,7 @@ def test_launcher_rejects_unknown_precision():
 def test_cpu_without_interpreter_is_refused(monkeypatch):
     # Without TRITON_INTERPRET=1 at import, CPU tensors cannot run Triton kernels: a clear error
     # that names the variable, never a silent fallback to PyTorch.
-    monkeypatch.setattr(engine, "interpreter_active", lambda: False)
+    monkeypatch.setattr(triton_sites, "interpreter_active", lambda: False)
     case = REGIMES["fma-cout1"]
     x, w, b = case.tensors()
     with pytest.raises(convt3d.BackendUnavailableError, match="TRITON_INTERPRET"):

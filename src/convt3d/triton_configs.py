@@ -1,0 +1,324 @@
+"""The Triton engine's tile configurations and its tuner.
+
+``Config`` is one launch configuration; ``candidate_configs`` lists, per GEMM shape and dtype, the
+configurations the first call of a signature times (the first is the untuned default), with the
+measurements that chose them; ``_choose`` times them and ``tuning_log`` holds the results. Pure
+host logic: no tensor is touched here (``triton_engine`` launches, ``triton_sites`` builds the
+launches).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+import triton
+
+from .params import ConvT3dParams
+from . import head_engine
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile shape and launch parameters of ``phase_gemm_kernel``."""
+
+    BLOCK_M: int  # compact output positions per program (the GEMM's M)
+    BLOCK_N: int  # output channels per program (the GEMM's N)
+    BLOCK_K: int  # input channels per K step
+    BLOCK_W: int  # the position tile is (BLOCK_M // BLOCK_W) compact rows x BLOCK_W compact columns
+    num_warps: int
+    num_stages: int
+    use_dot: bool = True
+    W_GROUP: int = 1  # W-residues interleaved per store (2 for stride 2 along W, NCDHW output)
+    fill_separate: bool = True  # rows no tap reaches are written by fill_rows_kernel
+    companions: bool = True  # empty row classes written by the GEMM programs (see companion_masks)
+    x_cache: str = ""  # cache modifier of the input loads ("" or ".ca")
+    maxnreg: int | None = None  # register cap per thread (occupancy)
+    tma: bool = False  # operands through tensor descriptors (TMA) where the layout allows
+    flat: bool = False  # flat_gemm_kernel: 2-D TMA boxes over a zero-haloed input copy (Hopper)
+    fold: int = 1  # groups merged per GEMM (group_folds): block-diagonal weight, wider tiles
+    # Output-head path (head_engine, kernels/head_gemm.py): "gather" or "direct", "" otherwise.
+    # Its GEMM tile is BLOCK_M input positions x BLOCK_N (Cout/g x taps) x BLOCK_K; BLOCK_W is
+    # the gather kernel's row span and BLOCK_R its elements per program.
+    head: str = ""
+    BLOCK_R: int = 0
+
+    def short(self) -> str:
+        if self.head:
+            return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
+                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}")
+        kind = "dot" if self.use_dot else "fma"
+        tile = "" if self.flat else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
+        return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
+                f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}" + (" wg2" if self.W_GROUP == 2 else "")
+                + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp") + (f" {self.x_cache}" if self.x_cache else "")
+                + (f" r{self.maxnreg}" if self.maxnreg else "") + (" tma" if self.tma else "")
+                + (" flat" if self.flat else "") + (f" fold{self.fold}" if self.fold > 1 else ""))
+
+
+def _cdiv(a: int, b: int) -> int:
+    # Host-side ceil division. triton.cdiv is a ConstexprFunction in newer Triton (~5-15 us per
+    # call from Python); the launcher calls it a few times per forward.
+    return -(-a // b)
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def uses_tensor_cores(params: ConvT3dParams) -> bool:
+    """tl.dot needs 16 rows/cols per operand. Below 8 channels per group on either side the
+    padding to 16 would waste more than 2x of each MMA and 4x overall, so the exact FMA path
+    is used instead (depthwise and small-group layers)."""
+    return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8
+
+
+def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
+    """Width of the position tile: the power of two that wastes the fewest padded positions on
+    the compact (h, w) plane, the wider on ties (longer contiguous rows). KB 77 (32 x 32
+    compact) gets 4 x 32 at BLOCK_M=128; KB 58 (36 x 70) gets 8 x 16 (27% padding, vs 45% for
+    a plain 64-wide tile) and 4 x 16 at BLOCK_M=64 (12.5%)."""
+    qh, qw = compact_hw
+    best, best_pad = 1, None
+    bw = 1
+    while bw <= block_m:
+        bh = block_m // bw
+        pad = _cdiv(qw, bw) * bw * _cdiv(qh, bh) * bh
+        if best_pad is None or pad <= best_pad:
+            best, best_pad = bw, pad
+        bw *= 2
+    return best
+
+
+@functools.lru_cache(maxsize=1024)
+def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
+                      channels_last_out: bool = False, flat: bool = False) -> tuple[Config, ...]:
+    """All configurations tried for one GEMM shape and dtype; the first is the untuned default.
+
+    Measured on the H200 (scripts/gpu_config_sweep.py, NOTES.md; 2026-11-29, commit 1bd87ef), why these tiles:
+    * BLOCK_N (output channels) covers Cout/g in one tile up to 128, so each input tile is read
+      once per program; Cout/g <= 64 on 5 of the 7 KernelBench problems. The spatial side is
+      the MMA's M, so wgmma runs for any Cout/g >= 16.
+    * BLOCK_K (input channels per step): 32 for fp32 (one 128-byte line per position), 64 for
+      16-bit (bf16 with K32 spilled and ran 3-7x slower than K64).
+    * BLOCK_M (positions): 128 is the default; 256 with 8 warps won on the large-N bf16 layers
+      (gan 418 -> 311 us, videogpt 848 -> 612 us) and on KB 77 (739 -> 616 us); 64 with 4
+      stages on KB 77 at tf32x3. Accumulators are kept <= 128 registers per thread.
+    * num_stages 3: 4-6 stages never won by more than noise and lost up to 40% (KB 73, 68).
+      The .ca cache hint and a 128-register cap were tried too and changed nothing (< 3%).
+    * tma: operands through tensor descriptors. Kernel-only times, pointer -> TMA loads:
+      KB 73 922 -> 684 us, nnunet_64_32 bf16 238 -> 199, gan fp32 869 -> 726, KB 68 11.7 ->
+      11.0 ms, KB 77 730 -> 701; but KB 58 (Cout 16) 1596 -> 1928 and the fp32 FMA ("ieee")
+      dot spills with it. So both kinds are candidates and the tuner picks.
+    * W_GROUP=2 for stride 2 along W into NCDHW output: both W-residues of a row are computed
+      and stored as whole rows (strided per-phase stores ran KB 77 at 2.3 ms, 250 GB/s).
+    * companions (default) / fill_separate: rows no tap reaches are written by the GEMM
+      programs next to their own rows (companion_masks), else by a store-only kernel.
+    """
+    cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
+    esize = dtype.itemsize
+    # Tile shapes follow the compact grids of the phases that do GEMM work; the extra row or
+    # column of empty phases (KB 77) is covered by store-only edge tiles.
+    hw = tuple(max(p.axes[i].size for p in params.phases if not p.empty) for i in (1, 2))
+    wg = 2 if params.stride[2] == 2 and not channels_last_out else 1
+    if not uses_tensor_cores(params):
+        # Outer-product FMA path: one input channel per step; the accumulators hold
+        # BLOCK_M x BLOCK_N = 2048 fp32 (16 per thread at 4 warps).
+        bn = min(_pow2_at_least(cout_g), 16)
+        plane = _pow2_at_least(hw[0] * hw[1])
+        sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
+        fma = tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
+        # The output-head tiles come first, as the untuned default (graph capture, the CPU
+        # interpreter, CONVT3D_AUTOTUNE=0): on the H200 (2026-12-01, scripts/gpu_head_probe.py)
+        # they beat these FMA tiles on 14 of the 16 FMA-path head rows, by 5-55x (GAN head 64 -> 1
+        # fp32: 228 vs 2770 us); the FMA tiles stay candidates (k2 s2 8 -> 2 channels-last: FMA
+        # 111 vs 157 us).
+        return _head_configs(params, dtype, precision) + fma
+
+    # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
+    plane = max(16, _pow2_at_least(hw[0] * hw[1]))
+    bn = max(16, min(128, _pow2_at_least(cout_g)))
+    bk = max(16, min(32 if esize == 4 else 64, _pow2_at_least(cin_g)))
+    # Accumulators per program: a W residue with no taps (W_SKIP) holds none through the loop.
+    acc_wg = wg if _w_skip(params, wg) < 0 else 1
+
+    def tile(bm: int, stages: int, bound: int, block_k: int = bk, **kind) -> Config | None:
+        bm = min(bm, bound)
+        warps = 4 if acc_wg * bm * bn <= 128 * 64 else 8
+        if acc_wg * bm * bn // (32 * warps) > 128:
+            return None  # accumulators would spill
+        if stages * (bn * block_k + block_k * bm) * esize > 200 * 1024:
+            return None  # operand ring beyond shared memory
+        bw = bm if kind.get("flat") else block_w(hw, bm)
+        return Config(bm, bn, block_k, bw, warps, stages, W_GROUP=wg, **kind)
+
+    if flat and flat_unsupported(params, dtype, bk) is None:
+        # Hopper (and the interpreter): flat_gemm_kernel first, then the 5-D TMA path of
+        # phase_gemm_kernel. Measured kernel times (H200, 2026-11-29, commit 1590245; scripts/gpu_config_sweep.py), best per case:
+        #   flat M128 s3: KB 58 1321 us (5-D TMA 2026), KB 61 3310 (4375), aniso bf16 95 (148),
+        #     refine bf16 82 (89), KB 77 channels-last 172 + 84 plane fill;
+        #   flat M64 s4: KB 77 NCDHW 261 + 129 plane fill (5-D TMA M64: 501 in all), gan bf16 402;
+        #   5-D TMA M128 s3 still wins KB 73 (686 vs 607-867 flat), monai bf16 (90 vs 115) and
+        #     gan fp32 (842 vs 890); 5-D TMA M256 s3 gan bf16 (323 vs 365-402 flat).
+        # flat M128 s4 and M256 s3 were within 1-3% of these on their best cases (KB 61, aniso,
+        # KB 58, nnunet): left out, since every candidate costs ~1 s of compile when tuning.
+        # Flat tiles run along whole padded rows: the plane bound uses the padded width.
+        _, (_, _, wp) = flat_geometry(params)
+        fplane = max(16, _pow2_at_least(hw[0] * wp))
+        plans = [(128, 3, fplane, {"flat": True}), (64, 4, fplane, {"flat": True}),
+                 (128, 3, plane, {"tma": True}), (256, 3, plane, {"tma": True})]
+        if esize == 4 and precision != "ieee" and 32 < cin_g <= 64 and (params.groups == 1 or cin_g == 64):
+            # One 64-channel K step per tap instead of two of 32 (the second partly padding when
+            # Cin/g = 48). H200, 2026-11-29, commit 97a1955, tf32x3: KB 70 (48 -> 24) 14.3 vs 15.2 ms, but KB 61
+            # (48 -> 48) 11.4 vs 7.3 ms, so a candidate for the tuner, not a rule.
+            plans.append((128, 3, fplane, {"flat": True, "block_k": 64}))
+    else:
+        # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
+        # tiles measured at commit 1bd87ef (2026-11-29).
+        plans = [(128, 3, plane, {}), (256, 3, plane, {}), (64, 4, plane, {}), (128, 4, plane, {})]
+    configs = []
+    for bm, stages, bound, kind in plans:
+        cfg = tile(bm, stages, bound, **kind)
+        if cfg is not None and cfg not in configs:
+            configs.append(cfg)
+    # Merged groups: the first two tilings of each fold (each candidate costs ~1 s of compile
+    # when tuning; the later tilings never won on the grouped KernelBench problems).
+    for f in group_folds(params):
+        merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
+        configs += [replace(c, fold=f) for c in merged[:2]]
+    return tuple(configs) + _head_configs(params, dtype, precision)
+
+
+def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> tuple[Config, ...]:
+    """Output-head candidates (head_engine.head_tiles) for layers of <= 15 channels per group,
+    timed by the tuner against the phase-GEMM configs above."""
+    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision))
+
+
+def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
+    """Group merges (ConvT3dParams.fold_groups) worth a tuning candidate, smallest first.
+
+    A group of fewer than 16 input or output channels fills at most half of each 16-wide MMA
+    operand, and its programs do one small MMA per tap: KernelBench 72 (4 groups of 8 -> 8, 105
+    taps) ran at 3% of its roofline, 1.20 ms TF32 / 1.76 ms tf32x3 (the FMA path: 3.08 ms; H200,
+    2026-11-29, commit 44b638a). Merging f groups multiplies the work by f but fills the tiles. Candidates: the
+    smallest f reaching 16 channels on both sides, and the full merge (one dense GEMM) while it
+    keeps <= 128 channels, i.e. one output-channel tile. Only for calls already on tensor cores
+    (>= 8 channels per group): the FMA path's smaller groups would multiply the work by >= 16x.
+    """
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    if g == 1 or not uses_tensor_cores(params) or (cin_g >= 16 and cout_g >= 16):
+        return ()
+    folds = []
+    smallest = next((f for f in range(2, g + 1) if g % f == 0 and f * cin_g >= 16 and f * cout_g >= 16), None)
+    if smallest is not None:
+        folds.append(smallest)
+    if g not in folds and params.in_channels <= 128 and params.out_channels <= 128:
+        folds.append(g)
+    return tuple(folds)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tuning
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class TuneRecord:
+    config: Config
+    seconds: float
+    timings_ms: dict[str, float]
+
+
+_tuned: dict[tuple, TuneRecord] = {}
+
+
+def tuning_log() -> dict[tuple, TuneRecord]:
+    """Tuning results of this process (key -> chosen config, tuning seconds, per-config ms)."""
+    return dict(_tuned)
+
+
+def tuned_config(key) -> Config | None:
+    """The configuration this process uses for a tune key (timed or seeded), or None if none yet."""
+    rec = _tuned.get(key)
+    return None if rec is None else rec.config
+
+
+def _tuning_enabled() -> bool:
+    return os.environ.get("CONVT3D_AUTOTUNE", "1") not in ("0", "false", "False", "")
+
+
+@functools.lru_cache(maxsize=None)
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _tune_key(params: ConvT3dParams, x: torch.Tensor, precision: str, out_cl: bool) -> tuple:
+    return (device_name(x.device), x.dtype, precision, out_cl, params)
+
+
+def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config:
+    rec = _tuned.get(key)
+    if rec is not None:
+        return rec.config
+    if len(configs) == 1 or not _tuning_enabled():
+        _tuned[key] = TuneRecord(configs[0], 0.0, {})
+        return configs[0]
+    t0 = time.perf_counter()
+    timings = {}
+    best, best_ms = configs[0], math.inf
+    for cfg in configs:
+        run(cfg)  # compile + warm
+        ms = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=30, return_mode="median")
+        timings[cfg.short()] = ms
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    _tuned[key] = TuneRecord(best, time.perf_counter() - t0, timings)
+    return best
+
+
+@functools.lru_cache(maxsize=256)
+def flat_geometry(params: ConvT3dParams) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(low padding, padded size) per dimension of the zero-haloed input of flat_gemm_kernel.
+
+    A compact position q of a phase reads input q + off0 - j * ostep for its taps j; over all
+    phases with taps these shifts span [lo, hi]. The padded buffer puts input index i at
+    i + P with P = max(0, -lo) and is long enough for every valid q (q < compact size) plus hi,
+    so every tap of every valid output position reads inside the buffer (zeros in the halo)."""
+    pads, sizes = [], []
+    for a, q in zip(params.axes, params.compact_size):
+        shifts = [ph.first_offset - j * a.offset_step for ph in a.phases for j in range(ph.num_taps)]
+        lo, hi = (min(shifts), max(shifts)) if shifts else (0, 0)
+        pad = max(0, -lo)
+        pads.append(pad)
+        sizes.append(pad + max(a.in_size, q + hi))
+    return tuple(pads), tuple(sizes)
+
+
+def flat_unsupported(params: ConvT3dParams, dtype: torch.dtype, block_k: int) -> str | None:
+    """Why flat_gemm_kernel cannot run a call (None: it can). TMA needs 16-byte aligned row
+    strides (channels x element size); a channel block must not run into the next group's
+    channels, which are in bounds and would not read as zeros; TMA coordinates are int32."""
+    es = dtype.itemsize
+    if not uses_tensor_cores(params):
+        return "fewer than 8 channels per group (FMA path)"
+    if (params.in_channels * es) % 16 or (params.in_channels_per_group * es) % 16:
+        return "channel rows not 16-byte aligned"
+    if params.groups > 1 and params.in_channels_per_group % block_k:
+        return "channel blocks would cross groups"
+    _, (dp, hp, wp) = flat_geometry(params)
+    kvol = math.prod(params.kernel_size)
+    if params.batch * dp * hp * wp >= 2**31 or params.groups * kvol * params.out_channels_per_group >= 2**31:
+        return "more than 2^31 rows"
+    return None
+
+
+def _w_skip(params: ConvT3dParams, w_group: int) -> int:
+    """The W residue (0 or 1) of an interleaved pair that has no taps, else -1."""
+    if w_group == 2:
+        for r in (0, 1):
+            if params.axes[2].phases[r].num_taps == 0:
+                return r
+    return -1
