@@ -95,9 +95,14 @@ class Call:
 
 
 def make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision=None,
-              training: bool = False) -> Call:
-    """Validate a call (raises as PyTorch does) and resolve its precision, once."""
+              autograd: bool = False) -> Call:
+    """Validate a call (raises as PyTorch does) and resolve its precision, once: what
+    ``convt3d.conv_transpose3d`` and ``convt3d.explain`` both start with."""
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
     prec = resolve_precision(precision)
+    # ``autograd``: the caller records the call when grad mode is on and a tensor requires grad
+    # (read after validation: the arguments are tensors by then).
+    training = autograd and torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (input, weight, bias))
     x = input.unsqueeze(0) if unbatched else input
     return Call(x, weight, bias, params, prec, precision, training, unbatched)

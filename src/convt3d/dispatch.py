@@ -44,10 +44,10 @@ import torch
 
 from . import cache, distributed, triton_engine
 from .bench import roofline
-from .call import EXACT_GRADE, PRECISIONS, Call, layout_name, resolve_precision, signature_text
+from .call import EXACT_GRADE, PRECISIONS, Call, resolve_precision, signature_text
 from .engines import ENGINES, HYBRID
 from .errors import BackendUnavailableError
-from .torch_engine import cudnn_conv_allows_tf32, cudnn_conv_tf32, torch_forward
+from .torch_engine import cudnn_conv_tf32, torch_forward
 
 __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve_backend_name", "resolve_precision",
            "decide", "select", "explain_pass", "heuristic", "set_benchmark", "benchmark_enabled", "clear_decisions",
@@ -56,10 +56,6 @@ __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve
 BACKENDS = ("auto", "triton", "torch", "cuda")
 
 _ENV = "CONVT3D_BACKEND"
-
-# Kept under their old names for callers of this module.
-_cudnn_conv_allows_tf32 = cudnn_conv_allows_tf32
-_layout = layout_name
 
 
 @dataclass(frozen=True)
@@ -92,10 +88,6 @@ class Pass:
     skipped: dict[str, str] = field(default_factory=dict)  # engines auto does not time, and why
     decision: Decision | None = None
     error: str | None = None  # a named backend that cannot run the call
-
-    @property
-    def runnable(self) -> list[str]:
-        return [name for name, why in self.reasons.items() if not why and name not in self.skipped]
 
 
 def resolve_backend_name(backend: str | None) -> str:
@@ -410,9 +402,9 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
         return _settle(call, _from_entry(call, entry), None)
 
     def cached_or_guessed() -> dict:
-        entry = cache.load_decision(gpu, call.text)
-        if entry is not None and entry.get("engine") in cands:
-            return dict(entry, source="cache")
+        entry = _cached_entry(call, cands, gpu)
+        if entry is not None:
+            return entry
         engine, why = heuristic(call.params, call.dtype, call.precision, call.bias is not None, tuple(cands),
                                 call.training)
         return {"engine": engine, "source": "heuristic", "why": why}
@@ -508,11 +500,19 @@ def pick(runs: dict[str, list[float]], baseline: str = "torch") -> tuple[str, fl
     return (challenger if best[challenger] * (1.0 + margin) < best[baseline] else baseline), margin
 
 
+def _cached_entry(call: Call, cands: list[str], gpu: str) -> dict | None:
+    """The disk cache's decision for this signature, if it names an engine that can run the call."""
+    entry = cache.load_decision(gpu, call.text)
+    if entry is None or entry.get("engine") not in cands:
+        return None
+    return dict(entry, source="cache")
+
+
 def _cached_or_measured(call: Call, cands: list[str], gpu: str) -> dict:
     """The decision entry of a new signature: from the disk cache, else measured now (and saved)."""
-    entry = cache.load_decision(gpu, call.text)
-    if entry is not None and entry.get("engine") in cands:
-        return dict(entry, source="cache")
+    entry = _cached_entry(call, cands, gpu)
+    if entry is not None:
+        return entry
     runs, failed = _measure(call, cands, call.text)
     winner, margin = pick(runs)
     entry = {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,

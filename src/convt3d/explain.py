@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from . import cache, dispatch, triton_engine
-from .call import Call, layout_name
+from .call import layout_name, make_call
 from .engines import ENGINES
 from .torch_engine import cudnn_conv_allows_tf32
 from .params import ConvT3dParams
-from .validate import check_call
 
 __all__ = ["explain", "Explanation"]
 
@@ -159,11 +158,9 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
     """Explain what ``convt3d.conv_transpose3d`` would do with these arguments (same signature;
     invalid arguments raise the same errors): the dispatcher's pass (``dispatch.explain_pass``)
     with nothing run or timed, and the chosen engine's plan."""
-    params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision)
     name = dispatch.resolve_backend_name(backend)
-    prec = dispatch.resolve_precision(precision)
-    x5 = input.unsqueeze(0) if unbatched else input
-    call = Call(x5, weight, bias, params, prec, precision, False, unbatched)
+    params, prec, x5 = call.params, call.precision, call.x
     record = dispatch.explain_pass(call, name)
     notes = []
     if record.decision is not None:

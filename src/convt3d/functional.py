@@ -5,19 +5,12 @@ import torch
 import torch.nn.functional as F
 
 from . import dispatch
-from .call import Call, resolve_precision
+from .call import make_call
 from .engines import ENGINES
 from .ops import conv_transpose3d_op
 from .validate import check_call
 
 __all__ = ["conv_transpose3d"]
-
-
-def _needs_grad(tensors) -> bool:
-    """Eager calls that autograd records go through ``ops.conv_transpose3d_autograd``; plain
-    inference calls the engine directly. torch.compile always takes the registered custom op
-    (``_traced``)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
@@ -38,12 +31,13 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     input, weight, bias = _autocast(input, weight, bias)
     if torch.compiler.is_compiling():
         return _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
-    # One validation, one dispatcher pass, one engine run.
-    params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    call = Call(input.unsqueeze(0) if unbatched else input, weight, bias, params, resolve_precision(precision),
-                precision, _needs_grad((input, weight, bias)), unbatched)
+    # One validation, one dispatcher pass, one engine run. Calls autograd records (a training
+    # Call) run the engine's forward recorded with its backward; torch.compile always takes the
+    # registered custom op (``_traced``).
+    call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
+                     autograd=True)
     y = ENGINES[dispatch.select(call, backend).candidate].run(call)
-    return y.squeeze(0) if unbatched else y
+    return y.squeeze(0) if call.unbatched else y
 
 
 @torch.compiler.assume_constant_result

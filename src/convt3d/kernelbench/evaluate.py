@@ -433,10 +433,10 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def _flags() -> dict:
-    from convt3d.dispatch import _cudnn_conv_allows_tf32
+    from convt3d.torch_engine import cudnn_conv_allows_tf32
 
     conv = getattr(torch.backends.cudnn, "conv", None)
-    return {"cudnn_conv_tf32": _cudnn_conv_allows_tf32(),
+    return {"cudnn_conv_tf32": cudnn_conv_allows_tf32(),
             "cudnn_conv_fp32_precision": getattr(conv, "fp32_precision", None),
             "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}

@@ -263,12 +263,12 @@ def _exact_grade() -> str:
 
 def _tf32_flag_reader() -> tuple[str, list[_Line]]:
     """(name, verbatim source lines) of the function convt3d's dispatcher reads PyTorch's TF32
-    flag for convolutions with (``dispatch._cudnn_conv_allows_tf32``, wherever it is defined)."""
-    from convt3d import dispatch
+    flag for convolutions with (``torch_engine.cudnn_conv_allows_tf32``)."""
+    from convt3d import torch_engine
 
-    fn = dispatch._cudnn_conv_allows_tf32
+    fn = torch_engine.cudnn_conv_allows_tf32
     text, first = inspect.getsourcelines(fn)
-    where = Path(inspect.getsourcefile(fn)).resolve().relative_to(Path(dispatch.__file__).resolve().parent)
+    where = Path(inspect.getsourcefile(fn)).resolve().relative_to(Path(torch_engine.__file__).resolve().parent)
     lines = [_Line(t.rstrip("\n"), f"convt3d/{where.as_posix()}:{first + i}") for i, t in enumerate(text)]
     return fn.__name__, lines
 
