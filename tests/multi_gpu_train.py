@@ -205,6 +205,7 @@ def main(argv=None) -> int:
                     run.update(loss_curves(base, wrap, dtype, x, target, device, args.engine, args.steps, args.lr))
                     result["runs"][f"{wrap}-{dtype}"] = run
         result["decisions"] = decisions_seen(events)
+        dist.barrier()  # rank 0 hosts the store: every rank leaves the group before it goes
     except Exception as exc:  # reported, then re-raised: the launcher sees a failed rank
         import traceback
 

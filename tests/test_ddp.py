@@ -55,6 +55,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         _loss(model, x[rank:rank + 1], target[rank:rank + 1]).backward()
         if rank == 0:
             torch.save({n: p.grad for n, p in model.module.named_parameters()}, os.path.join(out_dir, "ddp.pt"))
+        # Rank 0 hosts the store. Without a barrier, it can tear the store down while rank 1
+        # still shuts down its gloo pairs, and rank 1 aborts in C++ ("terminate called without
+        # an active exception": seen on a loaded 2-core CI machine).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -249,6 +249,7 @@ def _worker(rank: int, world: int, port: int, spec: dict, out_dir: str) -> None:
                     rows.append(row)
                 elif error is not None:
                     failures.append(error)
+        dist.barrier()  # rank 0 hosts the store: every rank leaves the group before it goes
     finally:
         if rank == 0:
             Path(out_dir, "ddp.json").write_text(json.dumps({"rows": rows, "failures": failures,
