@@ -194,19 +194,33 @@ def test_dgrad_tap_range_edges(name):
     _assert_close(gx, _ref_dx(dy, x, w, params), 1e-5, name)
 
 
-@pytest.mark.parametrize("geo", [G(1, 1, 8, (2, 2, 2), 2, 2), G(1, 8, 1, (2, 2, 2), 3, 2, 1),
-                                 G(1, 2, 2, (2, 2, 2), 2, 2, 0, 0, 1, 2)], ids=["cin1", "cout1", "depthwise"])
+@pytest.mark.parametrize("geo", [G(1, 1, 8, (2, 2, 2), 2, 2), G(1, 4, 2, (2, 2, 2), 3, 2, 1),
+                                 G(1, 2, 2, (2, 2, 2), 2, 2, 0, 0, 1, 2)], ids=["cin1", "cin4-cout2", "depthwise"])
 def test_few_channels_kernel_exact_but_choice_is_cudnn(geo, monkeypatch):
     # The kernel is exact for any channel count (masked operands)...
     x, w, dy, params = _setup(geo)
     _assert_close(B.dgrad_triton(dy, w, params, "ieee", torch.float32), _ref_dx(dy, x, w, params), 1e-5, "dX")
-    # ...but below 8 channels per group most of every MMA would be padding: declared unsupported.
-    assert not B._triton_dgrad_ok(params)
+    # ...but below 8 channels per group most of every MMA would be padding: declared unsupported,
+    # by the general kernel and by the head kernel (which needs >= 8 input channels per group).
+    assert not B._triton_dgrad_ok(params) and B.dgrad_choice_candidates(params, torch.float32, x.device, "ieee") == ()
     monkeypatch.delenv("CONVT3D_BWD_INPUT", raising=False)
     assert B.choose_dgrad(dy, x, w, params, "ieee").impl == "cudnn"
     monkeypatch.setenv("CONVT3D_BWD_INPUT", "triton")
     with pytest.raises(BackendUnavailableError, match="CONVT3D_BWD_INPUT=triton"):
         B.choose_dgrad(dy, x, w, params, "ieee")
+
+
+def test_narrow_output_goes_to_the_head_kernel_when_forced(monkeypatch):
+    # 8 -> 1: the general kernel declines (1 output channel), the head kernel takes it.
+    x, w, dy, params = _setup(G(1, 8, 1, (2, 2, 2), 3, 2, 1))
+    assert not B._triton_dgrad_ok(params)
+    cands = B.dgrad_choice_candidates(params, torch.float32, x.device, "ieee")
+    assert cands and all(isinstance(c, B.HB.HeadDgradConfig) for c in cands)
+    monkeypatch.setenv("CONVT3D_BWD_INPUT", "triton")
+    rec = B.choose_dgrad(dy, x, w, params, "ieee")
+    assert rec.impl == "triton" and isinstance(rec.config, B.HB.HeadDgradConfig)
+    _assert_close(B.dgrad_triton(dy, w, params, "ieee", torch.float32, rec.config), _ref_dx(dy, x, w, params),
+                  1e-5, "head dX")
 
 
 def test_candidates_are_capped_by_channels():

@@ -149,3 +149,108 @@ def test_deterministic_bitwise():
     head = next(c for c in E.plan(params, x, w, "tf32").configs if c.head)
     a = E.forward(x, w, b, params, "tf32", config=head)
     assert torch.equal(a, E.forward(x, w, b, params, "tf32", config=head))
+
+
+# ---- the head backward (head_backward; kernels/head_grad.py) --------------------------------------
+# Accuracy bar as tests/test_gpu_training.py: per gradient, at most 2x cuDNN's own error against
+# float64 for the same inputs, dtype and TF32 flag (for "tf32", 2x the larger of cuDNN's error and
+# exact TF32 arithmetic's), plus one unit in the last place of the gradient's largest value.
+from convt3d import backward as B  # noqa: E402
+from convt3d import head_backward as HB  # noqa: E402
+from convt3d.torch_engine import cudnn_conv_tf32  # noqa: E402
+
+BWD_HEADS = [n for n in HEADS if HB.supports(check_call(
+    torch.empty(HEADS[n][0], HEADS[n][1], *HEADS[n][4], device="meta"),
+    torch.empty(HEADS[n][1], HEADS[n][2] // HEADS[n][3],
+                *(HEADS[n][5] if isinstance(HEADS[n][5], tuple) else (HEADS[n][5],) * 3), device="meta"),
+    None, *HEADS[n][6:9], HEADS[n][3], HEADS[n][9])[0])]
+BWD_PRECISIONS = [(torch.bfloat16, "tf32"), (torch.float16, "tf32"), (torch.float32, "tf32"),
+                  (torch.float32, "tf32x3"), (torch.float32, "ieee")]
+
+
+def _round_tf32(t):
+    bits = t.float().contiguous().view(torch.int32)
+    r = ((bits + 0x1000) & -8192).view(torch.float32)
+    return torch.where(t.float().abs() < float("inf"), r, t.float())
+
+
+def _conv_bwd(dy, x, w, params, mask, f=lambda t: t):
+    return torch.ops.aten.convolution_backward(
+        f(dy), f(x), f(w), None, list(params.stride), list(params.padding), list(params.dilation), True,
+        list(params.output_padding), params.groups, mask)
+
+
+def _grad_budgets(dy, x, w, params, precision):
+    """(float64 dX, float64 dW, dX budget, dW budget)."""
+    ref = _conv_bwd(dy, x, w, params, [True, True, False], lambda t: t.double())
+    with cudnn_conv_tf32(precision == "tf32"):
+        cud = _conv_bwd(dy, x, w, params, [True, True, False])
+    buds = [(cud[i].double() - ref[i]).abs().max().item() for i in (0, 1)]
+    if precision == "tf32" and x.dtype == torch.float32:
+        ideal = _conv_bwd(dy, x, w, params, [True, True, False], lambda t: _round_tf32(t).double())
+        buds = [max(b_, (ideal[i] - ref[i]).abs().max().item()) for i, b_ in enumerate(buds)]
+    return ref[0], ref[1], buds[0], buds[1]
+
+
+def _assert_within(got, ref, bud, what):
+    err = (got.double() - ref).abs().max().item()
+    ulp = torch.finfo(got.dtype).eps * ref.abs().max().item()
+    assert err <= 2 * bud + ulp, f"{what}: error {err:.3g} > 2 x cuDNN-bar {bud:.3g} + {ulp:.3g}"
+
+
+@pytest.mark.parametrize("dtype, precision", BWD_PRECISIONS,
+                         ids=[f"{str(d).split('.')[-1]}-{p}" for d, p in BWD_PRECISIONS])
+@pytest.mark.parametrize("layout", ["ncdhw", "cl"])
+@pytest.mark.parametrize("name", BWD_HEADS)
+def test_head_backward_every_candidate(name, layout, dtype, precision):
+    # Every head dX and dW tile the timed choice may pick, deterministic, in dX's own layout.
+    torch.manual_seed(0)
+    x, w, b, args = _inputs(HEADS[name], layout, dtype)
+    params, _ = check_call(x, w, b, *args)
+    dy = torch.randn(params.out_shape, device=DEV).to(dtype)
+    if layout == "cl":
+        dy = dy.contiguous(memory_format=torch.channels_last_3d)
+    ref_x, ref_w, bud_x, bud_w = _grad_budgets(dy, x, w, params, precision)
+    fx = B.grad_formats(x, w)[0]
+    for cfg in HB.dgrad_candidates(params, dtype, x.device):
+        gx = HB.head_dgrad(dy, w, params, precision, dtype, cfg, fx)
+        assert gx.dtype == dtype and gx.is_contiguous(memory_format=fx)
+        _assert_within(gx, ref_x, bud_x, f"{cfg.short()} dX")
+        assert torch.equal(gx, HB.head_dgrad(dy, w, params, precision, dtype, cfg, fx)), "dX not deterministic"
+    for cfg in HB.wgrad_candidates(params, dtype, x.device):
+        gw = HB.head_wgrad(dy, x, params, precision, dtype, cfg)
+        assert gw.dtype == dtype and gw.shape == w.shape
+        _assert_within(gw, ref_w, bud_w, f"{cfg.short()} dW")
+        assert torch.equal(gw, HB.head_wgrad(dy, x, params, precision, dtype, cfg)), "dW not deterministic"
+
+
+@pytest.mark.parametrize("name", ["gan-64to1-k4s2p1", "direct-k2s3-fill"])
+def test_head_backward_noncontiguous_input(name):
+    x, w, b, args = _inputs(HEADS[name], "noncontig", torch.bfloat16)
+    params, _ = check_call(x, w, b, *args)
+    dy = torch.randn(params.out_shape, device=DEV, dtype=torch.bfloat16)
+    ref_x, ref_w, bud_x, bud_w = _grad_budgets(dy, x, w, params, "tf32")
+    _assert_within(HB.head_dgrad(dy, w, params, "tf32", x.dtype), ref_x, bud_x, "dX")
+    _assert_within(HB.head_wgrad(dy, x, params, "tf32", x.dtype), ref_w, bud_w, "dW")
+
+
+def test_head_backward_choice_is_timed(monkeypatch):
+    # On CUDA the first backward of a head signature times cuDNN against every head candidate of
+    # dX and of dW; whichever wins, the gradients meet the bar.
+    for env in ("CONVT3D_BWD_INPUT", "CONVT3D_BWD_WEIGHT", "CONVT3D_AUTOTUNE"):
+        monkeypatch.delenv(env, raising=False)
+    B.clear_caches()
+    x, w, b, args = _inputs(HEADS["gan-64to1-k4s2p1"], "ncdhw", torch.bfloat16)
+    params, _ = check_call(x, w, b, *args)
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+    y = convt3d.conv_transpose3d(*leaves, *args, backend="triton")
+    dy = torch.randn_like(y)
+    gx, gw, _ = torch.autograd.grad(y, leaves, dy)
+    (rx,), (rw,) = B.dgrad_choices().values(), B.choices().values()
+    assert rx.reason.startswith("timed") and rw.reason.startswith("timed")
+    assert len(rx.timings_ms) == 1 + len(B.dgrad_choice_candidates(params, x.dtype, x.device, "tf32"))
+    assert len(rw.timings_ms) == 1 + len(B.wgrad_choice_candidates(params, x.dtype, x.device))
+    ref_x, ref_w, bud_x, bud_w = _grad_budgets(dy, x, w, params, "tf32")
+    _assert_within(gx, ref_x, bud_x, f"dX ({rx.reason})")
+    _assert_within(gw, ref_w, bud_w, f"dW ({rw.reason})")
+    B.clear_caches()

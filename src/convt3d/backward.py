@@ -21,17 +21,23 @@ For ``y = conv_transpose3d(x, w, b)`` with output gradient dY:
   are slower still. Two implementations compete per call signature: "cudnn" and "triton"
   (``kernels/wgrad_bwd.py``: one program per (tap, Cin tile, Cout tile, split of the
   reduction), fp32 partial sums per split added in a fixed order -- deterministic).
+* Output heads (>= 8 input, <= 15 output channels per group: a generator's voxel or RGB layer)
+  have their own dX and dW kernels (``head_backward``, ``kernels/head_grad.py``): (tap, output
+  channel) pairs form one GEMM dimension, so a 64 -> 1 k4 head is one or two MMA steps instead of
+  64 steps of 1/16-filled MMAs, and dW reads X once for every tap. Their candidates join the
+  timed choice of each gradient, and dW is timed for heads although the general Triton dW is not.
 * db is the sum of dY over batch and positions (fp32 accumulation, as PyTorch).
 
 Choice per call signature (device, dtype, precision, geometry, layouts), made separately for dX
 and for dW: on CUDA the first backward of a signature times cuDNN and each Triton dX candidate
 (``triton.testing.do_bench`` medians, ~0.2-1 s plus compilation once per signature) and keeps
 the fastest; under CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU, the static rule
-decides: cuDNN. dW is not timed by default (cuDNN; see ``choose_wgrad``). ``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton")
-force one per gradient. When both dX and dW go to cuDNN they are computed by one
+decides: cuDNN. dW is not timed by default (cuDNN; see ``choose_wgrad``) except for heads.
+``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton") force one per gradient. When both dX and dW go to cuDNN they are computed by one
 ``convolution_backward`` call, db with them. Both Triton kernels need >= 8 input and output
 channels per group (below that most of every MMA would be padding; depthwise layers stay on
-cuDNN). The choices are kept in ``dgrad_choices()`` (dX) and ``choices()`` (dW).
+cuDNN) -- except the head kernels, which need >= 8 input and <= 15 output channels per group.
+The choices are kept in ``dgrad_choices()`` (dX) and ``choices()`` (dW).
 
 Measured on the H200 (2026-11-29, commit 8812ce7, scripts/gpu_training.py; us, cuDNN deterministic vs the best
 Triton tile; bf16 channels-last / fp32 NCDHW, default precision):
@@ -72,13 +78,15 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from . import head_backward as HB
 from .torch_engine import cudnn_conv_tf32
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 from .triton_engine import _tuning_enabled, interpreter_active, suggests_channels_last
 
 __all__ = ["WGRAD_IMPLS", "DGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
-           "dgrad_triton", "dgrad_candidates", "choices", "dgrad_choices", "clear_caches", "grad_formats"]
+           "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates", "dgrad_choice_candidates", "choices",
+           "dgrad_choices", "clear_caches", "grad_formats"]
 
 WGRAD_IMPLS = ("cudnn", "triton")
 DGRAD_IMPLS = ("cudnn", "triton")
@@ -242,8 +250,11 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
 
 
 def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str,
-                 out_dtype: torch.dtype, config: WgradConfig | None = None) -> torch.Tensor:
-    """dW [Cin, Cout/g, kD, kH, kW] (contiguous) by ``kernels.wgrad_bwd.wgrad_kernel``."""
+                 out_dtype: torch.dtype, config: WgradConfig | HB.HeadWgradConfig | None = None) -> torch.Tensor:
+    """dW [Cin, Cout/g, kD, kH, kW] (contiguous) by ``kernels.wgrad_bwd.wgrad_kernel``, or by the
+    head kernel (``head_backward``) for a :class:`~convt3d.head_backward.HeadWgradConfig`."""
+    if isinstance(config, HB.HeadWgradConfig):
+        return HB.head_wgrad(dy, x, params, precision, out_dtype, config)
     if x.device.type == "cpu" and not interpreter_active():
         raise BackendUnavailableError(
             "the Triton weight-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
@@ -350,9 +361,12 @@ def _dy_in_place_ok(dy: torch.Tensor, params: ConvT3dParams) -> bool:
 
 
 def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
-                 config: DgradConfig | None = None,
+                 config: DgradConfig | HB.HeadDgradConfig | None = None,
                  x_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
-    """dX [N, Cin, D, H, W] in ``x_format`` by ``kernels.dgrad_bwd.dgrad_kernel``."""
+    """dX [N, Cin, D, H, W] in ``x_format`` by ``kernels.dgrad_bwd.dgrad_kernel``, or by the head
+    kernel (``head_backward``) for a :class:`~convt3d.head_backward.HeadDgradConfig`."""
+    if isinstance(config, HB.HeadDgradConfig):
+        return HB.head_dgrad(dy, w, params, precision, x_dtype, config, x_format)
     if dy.device.type == "cpu" and not interpreter_active():
         raise BackendUnavailableError(
             "the Triton input-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
@@ -446,8 +460,10 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
     forced = _forced(env)
     if forced is not None:
         if forced == "triton" and not supported:
-            raise BackendUnavailableError(f"{env}=triton cannot run this call: the Triton {what}-gradient "
-                                          "kernel needs at least 8 input and output channels per group")
+            raise BackendUnavailableError(
+                f"{env}=triton cannot run this call: the Triton {what}-gradient kernels need at least 8 input "
+                f"and output channels per group, or at least {HB.MIN_IN_PER_GROUP} input and at most "
+                f"{HB.MAX_OUT_PER_GROUP} output channels per group (the head kernels)")
         cfg = candidates()[0] if forced == "triton" else None
         return Choice(forced, cfg, 0.0, {}, f"${env}={forced}")
     key = _key(dy, x, w, params, precision)
@@ -502,18 +518,37 @@ def _time_triton_dw() -> bool:
     return os.environ.get("CONVT3D_TIME_TRITON_DW", "0") not in ("0", "false", "False", "")
 
 
+def wgrad_choice_candidates(params, dtype, device) -> tuple:
+    """The Triton dW configurations the choice times (and the first, which a forced
+    ``CONVT3D_BWD_WEIGHT=triton`` runs): the head kernel's where it can run (output heads: its
+    candidates are always timed), then the general kernel's where it can run and either no head
+    candidate exists or ``CONVT3D_TIME_TRITON_DW=1`` asks for it."""
+    head = HB.wgrad_candidates(params, dtype, device) if HB.supports(params) else ()
+    general = (wgrad_candidates(params, dtype, device)
+               if _triton_wgrad_ok(params) and (not head or _time_triton_dw()) else ())
+    return head + general
+
+
+def dgrad_choice_candidates(params, dtype, device, precision) -> tuple:
+    """The Triton dX configurations the choice times: the general kernel's (its first stays the
+    forced default where it can run), then the head kernel's where that can run."""
+    general = dgrad_candidates(params, dtype, device, precision) if _triton_dgrad_ok(params) else ()
+    head = HB.dgrad_candidates(params, dtype, device) if HB.supports(params) else ()
+    return general + head
+
+
 def choose_wgrad(dy, x, w, params, precision) -> Choice:
-    return _choose(_choices, _FORCE_ENV, "weight", _triton_wgrad_ok(params),
-                   lambda: wgrad_candidates(params, x.dtype, x.device),
+    return _choose(_choices, _FORCE_ENV, "weight", _triton_wgrad_ok(params) or HB.supports(params),
+                   lambda: wgrad_choice_candidates(params, x.dtype, x.device),
                    lambda: _torch_grads(dy, x, w, params, precision, False, True)[1],
                    lambda cfg: wgrad_triton(dy, x, params, precision, w.dtype, cfg),
-                   dy, x, w, params, precision, time_triton=_time_triton_dw())
+                   dy, x, w, params, precision, time_triton=_time_triton_dw() or HB.supports(params))
 
 
 def choose_dgrad(dy, x, w, params, precision) -> Choice:
     fx = grad_formats(x, w)[0]
-    return _choose(_dgrad_choices, _FORCE_ENV_X, "input", _triton_dgrad_ok(params),
-                   lambda: dgrad_candidates(params, w.dtype, x.device, precision),
+    return _choose(_dgrad_choices, _FORCE_ENV_X, "input", _triton_dgrad_ok(params) or HB.supports(params),
+                   lambda: dgrad_choice_candidates(params, w.dtype, x.device, precision),
                    lambda: _torch_grads(dy, x, w, params, precision, True, False)[0],
                    lambda cfg: dgrad_triton(dy, w, params, precision, x.dtype, cfg, fx),
                    dy, x, w, params, precision)

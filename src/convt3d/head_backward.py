@@ -1,0 +1,254 @@
+"""Backward of an output head: dX and dW of a transposed convolution with few output channels
+per group, by ``kernels/head_grad.py`` (plan, tile configurations, launchers).
+
+A head reads a wide input and writes a thin output: a 3-D GAN's 64 -> 1 voxel layer, a video
+decoder's 64 -> 3 RGB layer, a U-Net's last up-convolution to a few classes. Its backward is
+memory-bound: dX writes a tensor as wide as X from a thin dY, dW reads X once. cuDNN runs both far
+above their floors on the H200 (2026-12-01, bf16, 16 x 64 -> 1, 32^3 -> 64^3, k4 s2 p1: dX 358 us,
+dW 521 us, against ~18 us each for reading and writing their operands once at 4.8 TB/s). The
+general Triton kernels (``backward``) need >= 8 output channels per group: they walk one tap per
+step with Cout/g padded to 16.
+
+These kernels flatten (tap, output channel) into one GEMM dimension and positions into another
+(``kernels/head_grad.py``), so a head's whole kernel is one or two MMA steps and X is read once
+per dW program range. They are candidates of the timed choice in ``backward`` (dX and dW each
+against cuDNN, per call signature); nothing here decides by a threshold beyond which layers they
+can run.
+
+Which layers: at least 8 input channels per group (the wide side is the MMA's N for dX and M for
+dW; fewer would be mostly padding, as for depthwise layers) and at most ``MAX_OUT_PER_GROUP``
+output channels per group -- the narrow-output range of the forward's head path
+(``head_engine``); from 8 to 15 output channels the general kernels compete too.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .errors import BackendUnavailableError
+from .params import ConvT3dParams
+from .triton_sites import interpreter_active
+
+__all__ = ["MAX_OUT_PER_GROUP", "HeadDgradConfig", "HeadWgradConfig", "supports", "unsupported_reason",
+           "dgrad_candidates", "wgrad_candidates", "head_dgrad", "head_wgrad"]
+
+MAX_OUT_PER_GROUP = 15
+MIN_IN_PER_GROUP = 8
+# Positions are flattened into one 32-bit index (with a tile of headroom).
+_MAX_POSITIONS = 2**31 - 2**16
+# The dW partial sums: at most 2^22 fp32 values (16 MB) over all splits, so adding them costs a
+# few microseconds next to reading X.
+_MAX_PARTIAL = 2**22
+# Shared memory of the operand stages (the H200 offers 227 KB per block; the general kernels keep
+# to 150-160 KB as well).
+_SMEM_BUDGET = 160 * 1024
+
+
+@dataclass(frozen=True)
+class HeadDgradConfig:
+    BLOCK_M: int  # input positions (flattened over n, id, ih, iw)
+    BLOCK_N: int  # input channels of a group
+    BLOCK_K: int  # (tap, output channel) pairs per step
+    num_warps: int
+    num_stages: int
+
+    def short(self) -> str:
+        return f"head M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}"
+
+
+@dataclass(frozen=True)
+class HeadWgradConfig:
+    BLOCK_CI: int  # input channels of a group
+    BLOCK_K: int  # (tap, output channel) pairs
+    BLOCK_P: int  # reduction positions per step
+    num_warps: int
+    num_stages: int
+    splits: int  # programs along the reduction; partial sums added in a fixed order
+
+    def short(self) -> str:
+        return (f"head CI{self.BLOCK_CI} K{self.BLOCK_K} P{self.BLOCK_P} w{self.num_warps} s{self.num_stages} "
+                f"split{self.splits}")
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def _clamp_pow2(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, _pow2_at_least(v)))
+
+
+def _ktot(params: ConvT3dParams) -> int:
+    return math.prod(params.kernel_size) * params.out_channels_per_group
+
+
+def _positions(params: ConvT3dParams) -> int:
+    return params.batch * math.prod(params.in_size)
+
+
+def unsupported_reason(params: ConvT3dParams) -> str | None:
+    """Why the head kernels cannot run this call (None: they can)."""
+    if params.out_channels_per_group > MAX_OUT_PER_GROUP:
+        return (f"{params.out_channels_per_group} output channels per group: the head kernels take at most "
+                f"{MAX_OUT_PER_GROUP}")
+    if params.in_channels_per_group < MIN_IN_PER_GROUP:
+        return (f"{params.in_channels_per_group} input channels per group: the head kernels need at least "
+                f"{MIN_IN_PER_GROUP} (the wide side fills the MMA)")
+    if _positions(params) > _MAX_POSITIONS:
+        return f"{_positions(params)} input positions do not fit the kernels' 32-bit position index"
+    return None
+
+
+def supports(params: ConvT3dParams) -> bool:
+    return unsupported_reason(params) is None
+
+
+def _stages(stages: int, per_stage_bytes: int) -> int:
+    while stages > 1 and stages * per_stage_bytes > _SMEM_BUDGET:
+        stages -= 1
+    return stages
+
+
+def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadDgradConfig, ...]:
+    """Tile configurations of ``head_dgrad_kernel``; the first is the untuned default.
+
+    N = Cin/g and K = taps x Cout/g are capped by their sizes (padded to >= 16 for ``tl.dot``); M
+    is the free dimension. Three sizes of M tile: 128 positions on 4 warps (a 128 x 64 fp32
+    accumulator is 64 registers per thread), 64 for small layers (more programs on 132 SMs), 256 on
+    8 warps for wide layers. Their ranking on a GPU is the timed choice's to make.
+    """
+    bn = _clamp_pow2(params.in_channels_per_group, 16, 128)
+    bk = _clamp_pow2(_ktot(params), 16, 64)
+    if device.type != "cuda":
+        # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
+        return (HeadDgradConfig(min(32, _clamp_pow2(_positions(params), 16, 32)), min(bn, 32), min(bk, 32), 4, 1),)
+    out = []
+    for bm, bn_cap, warps, stages in ((128, 128, 4, 3), (64, 128, 4, 3), (256, 64, 8, 2)):
+        n = min(bn, bn_cap)
+        cfg = HeadDgradConfig(bm, n, bk, warps, _stages(stages, (bm * bk + bk * n) * dtype.itemsize))
+        if cfg not in out:
+            out.append(cfg)
+    return tuple(out)
+
+
+def _device_programs(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    # 4 programs per SM: each streams its X range once; several per SM hide the L2 latency of
+    # the dY gather.
+    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _splits(params: ConvT3dParams, tiles: int, block_p: int, device: torch.device) -> int:
+    steps = triton.cdiv(_positions(params), block_p)
+    per_split = params.groups * params.in_channels_per_group * _ktot(params)
+    cap = max(1, min(_MAX_PARTIAL // per_split, steps // 4, 1024))
+    return max(1, min(triton.cdiv(_device_programs(device), tiles), cap))
+
+
+def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadWgradConfig, ...]:
+    """Tile configurations of ``head_wgrad_kernel``; the first is the untuned default.
+
+    M = Cin/g (<= 64 per tile) and N = taps x Cout/g (<= 128 per tile: 64 for a 4x4x4 kernel with
+    one output channel, so each program reads its X range once for every tap); the reduction
+    step is BLOCK_P positions. The accumulator stays at <= 64 fp32 registers per thread (8 warps
+    above 64 x 64). The reduction is split so that ~4 programs run per SM.
+    """
+    bci = _clamp_pow2(params.in_channels_per_group, 16, 64)
+    bk = _clamp_pow2(_ktot(params), 16, 128)
+    tiles = params.groups * triton.cdiv(params.in_channels_per_group, bci) * triton.cdiv(_ktot(params), bk)
+    if device.type != "cuda":
+        # Interpreter: one split (tests force more), small tiles.
+        return (HeadWgradConfig(min(bci, 16), min(bk, 32), 16, 4, 1, 1),)
+    out = []
+    for bp, stages in ((64, 3), (32, 4)):
+        warps = 8 if bci * bk > 64 * 64 else 4
+        cfg = HeadWgradConfig(bci, bk, bp, warps, _stages(stages, (bci * bp + bp * bk) * dtype.itemsize),
+                              _splits(params, tiles, bp, device))
+        if cfg not in out:
+            out.append(cfg)
+    return tuple(out)
+
+
+def _precision_args(dtype: torch.dtype, precision: str) -> dict:
+    is_fp32 = dtype == torch.float32
+    return {"PRECISION": precision if is_fp32 else "tf32", "ROUND_TF32": is_fp32 and precision == "tf32",
+            "TWO_LEVEL": is_fp32 and precision != "tf32"}
+
+
+def _check_runnable(t: torch.Tensor, params: ConvT3dParams, what: str) -> None:
+    if t.device.type == "cpu" and not interpreter_active():
+        raise BackendUnavailableError(
+            f"the Triton head {what}-gradient kernel on CPU tensors needs Triton's interpreter: set "
+            "TRITON_INTERPRET=1 before triton is imported")
+    reason = unsupported_reason(params)
+    if reason is not None:
+        raise BackendUnavailableError(f"the Triton head {what}-gradient kernel cannot run this call: {reason}")
+
+
+def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
+               config: HeadDgradConfig | None = None,
+               x_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+    """dX [N, Cin, D, H, W] in ``x_format``. dY and W are read in place (any strides)."""
+    _check_runnable(dy, params, "input")
+    from .kernels import head_grad
+
+    cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
+    if dy.dtype != w.dtype:
+        dy = dy.to(w.dtype)
+    dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    kd, kh, kw = params.kernel_size
+    m = _positions(params)
+    tiles_n = triton.cdiv(cin_g, cfg.BLOCK_N)
+    grid = (triton.cdiv(m, cfg.BLOCK_M) * tiles_n, g)
+    head_grad.head_dgrad_kernel[grid](
+        dy, w, dx,
+        m, cin_g, cout_g, _ktot(params),
+        *params.in_size, *params.out_size,
+        kh, kw,
+        *dy.stride(), *w.stride(), *dx.stride(),
+        *params.stride, *params.padding, *params.dilation,
+        tiles_n,
+        **_precision_args(w.dtype, precision),
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return dx
+
+
+def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str, out_dtype: torch.dtype,
+               config: HeadWgradConfig | None = None) -> torch.Tensor:
+    """dW [Cin, Cout/g, kD, kH, kW] (contiguous). dY and X are read in place (any strides)."""
+    _check_runnable(x, params, "weight")
+    from .kernels import head_grad
+
+    cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
+    if dy.dtype != x.dtype:
+        dy = dy.to(x.dtype)
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    kernel = params.kernel_size
+    taps, ktot = math.prod(kernel), _ktot(params)
+    part = torch.empty((cfg.splits, g, cin_g, ktot), dtype=torch.float32, device=x.device)
+    tiles_ci, tiles_k = triton.cdiv(cin_g, cfg.BLOCK_CI), triton.cdiv(ktot, cfg.BLOCK_K)
+    grid = (cfg.splits * tiles_ci * tiles_k, g)
+    head_grad.head_wgrad_kernel[grid](
+        x, dy, part,
+        _positions(params), cin_g, cout_g, ktot,
+        *params.in_size, *params.out_size,
+        kernel[1], kernel[2], g, cfg.splits,
+        *x.stride(), *dy.stride(),
+        *params.stride, *params.padding, *params.dilation,
+        tiles_ci, tiles_k,
+        **_precision_args(x.dtype, precision),
+        BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    total = part.sum(0) if cfg.splits > 1 else part[0]  # fixed-order reduction: deterministic
+    dw = torch.empty((params.in_channels, cout_g) + tuple(kernel), dtype=out_dtype, device=x.device)
+    # k = tap * Cout/g + co  ->  dW[g*Cin/g + ci, co, tap]
+    dw.view(g, cin_g, cout_g, taps).copy_(total.view(g, cin_g, taps, cout_g).permute(0, 1, 3, 2))
+    return dw

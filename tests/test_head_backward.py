@@ -1,0 +1,322 @@
+"""The head backward kernels (``kernels/head_grad.py`` through ``convt3d.head_backward`` and
+``convt3d.backward``) on the CPU, through Triton's interpreter: dX and dW of layers with 1-15
+output channels per group against float64 ``aten.convolution_backward`` -- strides, dilation,
+padding, output_padding, groups, odd sizes, batch; both layouts of X, dY and dX, sliced and
+expanded dY, non-contiguous X; the fp32 precisions and fp16; the split reduction of dW; every
+tile configuration a GPU would time; autograd with bias and unbatched input; the choice's
+candidates and its error paths.
+
+Sizes are tiny (the interpreter costs ~0.1 s per program step). bfloat16 is left out: the
+interpreter's bf16 dots are unreliable (tests/test_gpu_head.py covers bf16 on the GPU).
+
+Why the bounds: the exact fp32 grades sum at most taps x Cout/g = 27 x 15 products (dX) or
+N x D x H x W <= 200 products per split (dW): 1e-5 of the gradient's scale is ~100x their
+rounding, while a missed tap, channel or position is off by > 1e-2. "tf32" rounds each operand to
+11 significant bits (~2^-10 per product): 4e-3 leaves a factor ~4 for cancellation. fp16 rounds
+the fp32 result once (2^-11) after exact products and fp32 sums: 2e-3.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import convt3d
+from convt3d import backward as B
+from convt3d import head_backward as HB
+from convt3d.errors import BackendUnavailableError
+from convt3d.params import ConvT3dParams
+from convt3d.validate import check_call
+
+from conftest import CL, requires_interpreter
+
+pytestmark = requires_interpreter
+
+REL = {"ieee": 1e-5, "tf32x3": 1e-5, "tf32": 4e-3, torch.float16: 2e-3}
+
+
+@dataclass(frozen=True)
+class G:
+    """(N, Cin, Cout, input size, kernel, stride, padding, output_padding, dilation, groups)."""
+
+    n: int
+    cin: int
+    cout: int
+    size: tuple
+    k: object
+    s: object = 1
+    p: object = 0
+    op: object = 0
+    d: object = 1
+    g: int = 1
+
+
+def _rnd(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=torch.float64).to(dtype)
+
+
+def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same values in another memory layout (or a strided view of a larger tensor)."""
+    if layout == "ncdhw":
+        return t.contiguous()
+    if layout == "cl":
+        return t.contiguous(memory_format=CL)
+    if layout == "slice_w":  # every other W element of a wider tensor
+        big = torch.zeros(*t.shape[:4], 2 * t.shape[4], dtype=t.dtype)
+        big[..., ::2] = t
+        return big[..., ::2]
+    if layout == "transpose_dh":
+        return t.transpose(2, 3).contiguous().transpose(2, 3)
+    raise ValueError(layout)
+
+
+def _setup(geo: G, dtype=torch.float32, x_layout="ncdhw", dy_layout="ncdhw"):
+    k3 = geo.k if isinstance(geo.k, tuple) else (geo.k,) * 3
+    x = _layout(_rnd(geo.n, geo.cin, *geo.size, dtype=dtype), x_layout)
+    w = _rnd(geo.cin, geo.cout // geo.g, *k3, dtype=dtype)
+    params, _ = check_call(x, w, None, geo.s, geo.p, geo.op, geo.g, geo.d)
+    dy = _layout(_rnd(*params.out_shape, dtype=dtype), dy_layout)
+    return x, w, dy, params
+
+
+def _ref(dy, x, w, params, mask, round_tf32=False):
+    f = _round_tf32 if round_tf32 else (lambda t: t)
+    return torch.ops.aten.convolution_backward(
+        f(dy).double(), f(x).double(), f(w).double(), None, list(params.stride), list(params.padding),
+        list(params.dilation), True, list(params.output_padding), params.groups, mask)
+
+
+def _round_tf32(t):
+    """Nearest TF32 value (ties away from zero), as the kernels' rounding."""
+    bits = t.float().contiguous().view(torch.int32)
+    r = ((bits + 0x1000) & -8192).view(torch.float32)
+    return torch.where(t.float().abs() < float("inf"), r, t.float())
+
+
+def _assert_close(got, ref, rel, what):
+    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    scale = ref.abs().max().item()
+    err = (got.double() - ref).abs().max().item()
+    assert err <= rel * scale + 1e-12, f"{what}: max error {err:.3g} > {rel:g} x scale {scale:.3g}"
+
+
+# name -> (geometry, X layout, dY layout, precision or 16-bit dtype)
+CASES = {
+    "cout1-gan-k4s2p1": (G(1, 8, 1, (2, 3, 3), 4, 2, 1), "ncdhw", "ncdhw", "ieee"),
+    "cout1-cl": (G(2, 16, 1, (2, 2, 3), 4, 2, 1), "cl", "cl", "ieee"),
+    "cout2-k2s2-taps-never-meet": (G(1, 8, 2, (3, 2, 3), 2, 2), "ncdhw", "cl", "ieee"),
+    "cout3-video-k144": (G(1, 16, 3, (2, 3, 4), (1, 4, 4), (1, 2, 2), (0, 1, 1)), "cl", "ncdhw", "tf32x3"),
+    "cout5-k3s1p1-odd": (G(1, 8, 5, (3, 1, 5), 3, 1, 1), "ncdhw", "ncdhw", "ieee"),
+    "cout8-k3s2p1op1": (G(1, 24, 8, (2, 2, 3), 3, 2, 1, 1), "cl", "cl", "ieee"),
+    "cout15-dilation2": (G(1, 8, 15, (2, 2, 2), 3, 2, 2, 1, 2), "ncdhw", "ncdhw", "ieee"),
+    "aniso-everything": (G(1, 8, 3, (3, 2, 4), (2, 3, 1), (1, 2, 3), (0, 1, 0), (0, 1, 2), (2, 1, 1)), "ncdhw",
+                         "cl", "ieee"),
+    "stride3-output-gaps": (G(1, 8, 2, (2, 2, 2), 2, 3, 0, 2), "ncdhw", "ncdhw", "ieee"),
+    "padding-beyond-reach": (G(1, 8, 1, (3, 3, 3), 2, 2, 1, 1), "ncdhw", "ncdhw", "ieee"),
+    "groups2-3-per-group": (G(1, 16, 6, (2, 2, 3), 3, 2, 1, 0, 1, 2), "ncdhw", "ncdhw", "ieee"),
+    "groups4-1-per-group-cl": (G(2, 32, 4, (1, 2, 3), 2, 2, 0, 0, 1, 4), "cl", "cl", "tf32x3"),
+    "batch3": (G(3, 8, 1, (2, 2, 2), 3, 2, 1), "ncdhw", "ncdhw", "tf32x3"),
+    "cin40-channel-tiles": (G(1, 40, 2, (2, 2, 2), 2, 2), "ncdhw", "ncdhw", "ieee"),  # 2 Cin tiles of 32, masked
+    "dy-slice-w": (G(1, 8, 3, (2, 2, 3), 3, 2, 1), "ncdhw", "slice_w", "ieee"),
+    "x-slice-w": (G(1, 8, 3, (2, 2, 3), 3, 2, 1), "slice_w", "ncdhw", "ieee"),
+    "dy-transpose-dh": (G(1, 8, 2, (2, 3, 2), 2, 2), "ncdhw", "transpose_dh", "ieee"),
+    "tf32": (G(1, 8, 3, (2, 2, 2), 3, 2, 1, 1), "ncdhw", "ncdhw", "tf32"),
+    "tf32-cl": (G(1, 16, 1, (2, 2, 2), 4, 2, 1), "cl", "cl", "tf32"),
+    "fp16": (G(1, 8, 3, (2, 2, 2), 3, 2, 1, 1), "cl", "cl", torch.float16),
+    "fp16-groups2": (G(2, 16, 4, (2, 2, 2), 2, 2, 0, 0, 1, 2), "ncdhw", "ncdhw", torch.float16),
+}
+
+
+def _dtype_prec(prec):
+    return (prec, "ieee") if isinstance(prec, torch.dtype) else (torch.float32, prec)
+
+
+@pytest.mark.parametrize("dx_format", ["ncdhw", "cl"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_head_dgrad_matches_float64(name, dx_format):
+    geo, x_layout, dy_layout, prec = CASES[name]
+    dtype, precision = _dtype_prec(prec)
+    x, w, dy, params = _setup(geo, dtype, x_layout, dy_layout)
+    assert HB.supports(params), HB.unsupported_reason(params)
+    fmt = CL if dx_format == "cl" else torch.contiguous_format
+    gx = HB.head_dgrad(dy, w, params, precision, dtype, None, fmt)
+    assert gx.dtype == dtype and gx.is_contiguous(memory_format=fmt)
+    _assert_close(gx, _ref(dy, x, w, params, [True, False, False])[0], REL[prec], f"{name} dX")
+    if precision == "tf32":
+        # Operands rounded to nearest TF32 (cuDNN's rounding), then exact products and fp32 sums.
+        _assert_close(gx, _ref(dy, x, w, params, [True, False, False], round_tf32=True)[0], 1e-5,
+                      f"{name} dX vs exact TF32")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_head_wgrad_matches_float64(name):
+    geo, x_layout, dy_layout, prec = CASES[name]
+    dtype, precision = _dtype_prec(prec)
+    x, w, dy, params = _setup(geo, dtype, x_layout, dy_layout)
+    gw = HB.head_wgrad(dy, x, params, precision, dtype)
+    assert gw.dtype == dtype and gw.is_contiguous() and gw.shape == w.shape
+    _assert_close(gw, _ref(dy, x, w, params, [False, True, False])[1], REL[prec], f"{name} dW")
+    if precision == "tf32":
+        _assert_close(gw, _ref(dy, x, w, params, [False, True, False], round_tf32=True)[1], 1e-5,
+                      f"{name} dW vs exact TF32")
+
+
+def test_expanded_dy_from_sum_backward():
+    # y.sum().backward() hands the backward an all-zero-stride dY.
+    x, w, _, params = _setup(G(1, 8, 2, (2, 2, 2), 3, 2, 1))
+    dy = torch.ones((), dtype=torch.float32).expand(params.out_shape)
+    _assert_close(HB.head_dgrad(dy, w, params, "ieee", torch.float32), _ref(dy, x, w, params, [True, False, False])[0],
+                  1e-5, "dX")
+    _assert_close(HB.head_wgrad(dy, x, params, "ieee", torch.float32), _ref(dy, x, w, params, [False, True, False])[1],
+                  1e-5, "dW")
+
+
+def test_tf32_rounds_to_nearest_not_truncates():
+    # Values just above a TF32 rounding boundary: truncation would be off by 2^-11 relative.
+    x, w, _, params = _setup(G(1, 8, 1, (2, 2, 2), 2, 2))
+    w = torch.full_like(w, 1.0 + 2.0 ** -11 + 2.0 ** -20)  # rounds up to 1 + 2^-10
+    x = torch.full_like(x, 1.0 + 2.0 ** -11 + 2.0 ** -20)
+    dy = torch.rand(params.out_shape) + 1.0
+    _assert_close(HB.head_dgrad(dy, w, params, "tf32", torch.float32),
+                  _ref(dy, x, w, params, [True, False, False], round_tf32=True)[0], 1e-6, "dX nearest-TF32")
+    _assert_close(HB.head_wgrad(dy, x, params, "tf32", torch.float32),
+                  _ref(dy, x, w, params, [False, True, False], round_tf32=True)[1], 1e-6, "dW nearest-TF32")
+
+
+def test_wgrad_splits_are_deterministic_and_agree():
+    # 1, 3 and 7 splits (7 > steps: empty ranges) reduce in different orders: equal to rounding,
+    # each bitwise repeatable.
+    x, w, dy, params = _setup(G(2, 8, 3, (2, 3, 3), 3, 2, 1))
+    ref = _ref(dy, x, w, params, [False, True, False])[1]
+    base = HB.wgrad_candidates(params, torch.float32, x.device)[0]
+    for splits in (1, 3, 7):
+        cfg = HB.HeadWgradConfig(**{**base.__dict__, "splits": splits})
+        a = HB.head_wgrad(dy, x, params, "ieee", torch.float32, cfg)
+        assert torch.equal(a, HB.head_wgrad(dy, x, params, "ieee", torch.float32, cfg)), f"{splits} splits"
+        _assert_close(a, ref, 1e-5, f"{splits} splits")
+
+
+def test_every_gpu_candidate_config(monkeypatch):
+    # The tiles a GPU times (candidates for device "cuda"), run here by the interpreter on a layer
+    # whose sizes end inside every tile: 130 positions, 40 input channels, taps x Cout/g = 81.
+    monkeypatch.setattr(HB, "_device_programs", lambda device: 528)  # 4 x 132 SMs of an H200
+    x, w, dy, params = _setup(G(1, 40, 3, (2, 5, 13), 3, 2, 1, 1))
+    cuda = torch.device("cuda")
+    dgrads = HB.dgrad_candidates(params, torch.float32, cuda)
+    wgrads = HB.wgrad_candidates(params, torch.float32, cuda)
+    assert len(dgrads) >= 2 and len(set(dgrads)) == len(dgrads) and len(wgrads) >= 1
+    ref = _ref(dy, x, w, params, [True, True, False])
+    for cfg in dgrads:
+        assert cfg.num_stages * (cfg.BLOCK_M * cfg.BLOCK_K + cfg.BLOCK_K * cfg.BLOCK_N) * 4 <= 160 * 1024
+        _assert_close(HB.head_dgrad(dy, w, params, "ieee", torch.float32, cfg), ref[0], 1e-5, cfg.short())
+    for cfg in wgrads:
+        assert 1 <= cfg.splits <= 1024
+        _assert_close(HB.head_wgrad(dy, x, params, "ieee", torch.float32, cfg), ref[1], 1e-5, cfg.short())
+
+
+def test_wgrad_splits_bounded_by_partial_buffer(monkeypatch):
+    # A large head (16 x 64 -> 1, 32^3, k4): ~4 programs per SM; a wide one (128 -> 15, k3 x 27
+    # taps): the fp32 partial sums stay within 2^22 values.
+    monkeypatch.setattr(HB, "_device_programs", lambda device: 528)
+    cuda = torch.device("cuda")
+    gan = check_call(torch.empty(16, 64, 32, 32, 32), torch.empty(64, 1, 4, 4, 4), None, 2, 1, 0, 1, 1)[0]
+    cfg = HB.wgrad_candidates(gan, torch.bfloat16, cuda)[0]
+    assert cfg.splits == 528 and cfg.BLOCK_CI == 64 and cfg.BLOCK_K == 64
+    wide = check_call(torch.empty(4, 128, 16, 64, 64), torch.empty(128, 15, 3, 3, 3), None, 2, 1, 1, 1, 1)[0]
+    for cfg in HB.wgrad_candidates(wide, torch.bfloat16, cuda):
+        assert cfg.splits * 128 * 27 * 15 <= 2**22
+
+
+# ---- through autograd and the choice --------------------------------------------------------------
+@pytest.mark.parametrize("unbatched", [False, True], ids=["batched", "unbatched"])
+@pytest.mark.parametrize("x_layout", ["ncdhw", "cl"])
+def test_forced_head_kernels_through_autograd(x_layout, unbatched, monkeypatch):
+    monkeypatch.setenv("CONVT3D_BWD_INPUT", "triton")
+    monkeypatch.setenv("CONVT3D_BWD_WEIGHT", "triton")
+    calls = []
+    for name in ("head_dgrad", "head_wgrad"):
+        real = getattr(HB, name)
+        monkeypatch.setattr(HB, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k))
+    geo = G(1, 8, 3, (2, 2, 3), 4, 2, 1)
+    x, w, _, params = _setup(geo, x_layout=x_layout)
+    b = _rnd(3)
+    if unbatched:
+        x = x[0]
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+    y = convt3d.conv_transpose3d(*leaves, 2, 1, backend="triton", precision="ieee")
+    dy = _rnd(*y.shape)
+    y.backward(dy)
+    assert sorted(calls) == ["head_dgrad", "head_wgrad"]
+    x5, dy5 = (x.unsqueeze(0), dy.unsqueeze(0)) if unbatched else (x, dy)
+    ref = _ref(dy5, x5, w, params, [True, True, False])
+    _assert_close(leaves[0].grad if not unbatched else leaves[0].grad.unsqueeze(0), ref[0], 1e-5, "dX")
+    _assert_close(leaves[1].grad, ref[1], 1e-5, "dW")
+    _assert_close(leaves[2].grad, dy5.double().sum((0, 2, 3, 4)), 1e-6, "db")
+    if x_layout == "cl" and not unbatched:
+        assert leaves[0].grad.is_contiguous(memory_format=CL), "dX keeps the input's channels_last_3d layout"
+
+
+REGIMES = {
+    # name -> (geometry, head dX candidates?, general dX candidates?, head dW?, general dW?)
+    "head-64to1": (G(1, 64, 1, (2, 2, 2), 4, 2, 1), True, False, True, False),
+    "head-16to12-both-kernels": (G(1, 16, 12, (2, 2, 2), 3, 2, 1), True, True, True, False),
+    "mid-32to16": (G(1, 32, 16, (2, 2, 2), 2, 2), False, True, False, True),
+    "depthwise": (G(1, 8, 8, (2, 2, 2), 3, 2, 1, 0, 1, 8), False, False, False, False),
+    "narrow-input-4to2": (G(1, 4, 2, (2, 2, 2), 3, 2, 1), False, False, False, False),
+}
+
+
+@pytest.mark.parametrize("name", list(REGIMES))
+def test_choice_candidates_by_regime(name):
+    geo, head_x, gen_x, head_w, gen_w = REGIMES[name]
+    x, w, _, params = _setup(geo)
+    dx = B.dgrad_choice_candidates(params, torch.float32, x.device, "ieee")
+    dw = B.wgrad_choice_candidates(params, torch.float32, x.device)
+    assert any(isinstance(c, HB.HeadDgradConfig) for c in dx) == head_x
+    assert any(isinstance(c, B.DgradConfig) for c in dx) == gen_x
+    assert any(isinstance(c, HB.HeadWgradConfig) for c in dw) == head_w
+    assert any(isinstance(c, B.WgradConfig) for c in dw) == gen_w
+    if gen_x:  # the general kernel's default stays the forced default where it runs
+        assert isinstance(dx[0], B.DgradConfig)
+
+
+def test_general_wgrad_timed_with_heads_on_request(monkeypatch):
+    x, w, _, params = _setup(G(1, 16, 12, (2, 2, 2), 3, 2, 1))
+    monkeypatch.setenv("CONVT3D_TIME_TRITON_DW", "1")
+    dw = B.wgrad_choice_candidates(params, torch.float32, x.device)
+    assert isinstance(dw[0], HB.HeadWgradConfig) and any(isinstance(c, B.WgradConfig) for c in dw)
+
+
+def test_static_choice_on_cpu_stays_cudnn_for_heads(monkeypatch):
+    monkeypatch.delenv("CONVT3D_BWD_INPUT", raising=False)
+    monkeypatch.delenv("CONVT3D_BWD_WEIGHT", raising=False)
+    B.clear_caches()
+    x, w, dy, params = _setup(G(1, 8, 1, (2, 2, 2), 4, 2, 1))
+    assert B.choose_dgrad(dy, x, w, params, "ieee").impl == "cudnn"
+    assert B.choose_wgrad(dy, x, w, params, "ieee").impl == "cudnn"
+    B.clear_caches()
+
+
+UNSUPPORTED = {
+    "cout16": (G(1, 16, 16, (2, 2, 2), 2, 2), "16 output channels per group"),
+    "cin4": (G(1, 4, 2, (2, 2, 2), 2, 2), "4 input channels per group"),
+    "depthwise-groups8": (G(1, 8, 8, (2, 2, 2), 2, 2, 0, 0, 1, 8), "1 input channels per group"),
+}
+
+
+@pytest.mark.parametrize("name", list(UNSUPPORTED))
+def test_unsupported_layers_raise_with_the_reason(name):
+    geo, reason = UNSUPPORTED[name]
+    x, w, dy, params = _setup(geo)
+    assert not HB.supports(params) and reason in HB.unsupported_reason(params)
+    with pytest.raises(BackendUnavailableError, match=reason):
+        HB.head_dgrad(dy, w, params, "ieee", torch.float32, HB.HeadDgradConfig(16, 16, 16, 4, 1))
+    with pytest.raises(BackendUnavailableError, match=reason):
+        HB.head_wgrad(dy, x, params, "ieee", torch.float32, HB.HeadWgradConfig(16, 16, 16, 4, 1, 1))
+
+
+def test_too_many_positions_is_unsupported():
+    # 2^31 positions would overflow the kernels' 32-bit position index: declined, not wrapped.
+    big = ConvT3dParams.create(2**25, 8, 1, 1, (4, 4, 4), (2, 2, 2), (2, 2, 2), (0, 0, 0), (0, 0, 0), (1, 1, 1))
+    assert not HB.supports(big) and "32-bit position index" in HB.unsupported_reason(big)
