@@ -35,6 +35,10 @@ inside an outermost ``aten::conv_transpose3d`` op (or, should a model call them 
 ``aten::cudnn_convolution_transpose`` / ``aten::slow_conv_transpose3d``), autocast's operand casts
 included, over the GPU time of all kernels of one forward. Profiler op names identify the layers
 whatever module wraps them; ``aten::convolution`` is not used because it serves both directions.
+The patched forward is profiled the same way (its layers are ``convt3d::conv_transpose3d`` ops):
+``convt_us_patched`` next to ``convt_us`` says whether a patched network's time went into its
+transposed convolutions or elsewhere, and ``layer_decisions`` holds each layer's decision with the
+timings it was made from.
 
 References. Inference rows are compared with the same (untouched) model in float64 on the same
 input; training rows with the untouched model's fp32 step with TF32 off (its error, ~1e-6
@@ -468,8 +472,9 @@ def _budget_ok(err: float, ref_err: float, dtype: str) -> bool:
 
 
 # ---- ConvTranspose3d share of the GPU time --------------------------------------------------------
+# PyTorch's own ops, and convt3d's (the patched model's layers, whichever engine runs inside).
 TRANSPOSED_OPS = frozenset({"aten::conv_transpose3d", "aten::cudnn_convolution_transpose",
-                            "aten::slow_conv_transpose3d"})
+                            "aten::slow_conv_transpose3d", "convt3d::conv_transpose3d"})
 
 
 def transposed_share(events, device_type: str) -> tuple[float, float, float]:
@@ -524,6 +529,7 @@ def _layer_engines(patched: nn.Module, fn: Callable[[], object]) -> str:
     from convt3d.nn import ConvTranspose3d as Patched
 
     seen: list[str] = []
+    reasons: list[str] = []
 
     def hook(module, args):
         x = args[0]
@@ -537,8 +543,10 @@ def _layer_engines(patched: nn.Module, fn: Callable[[], object]) -> str:
             e = convt3d.explain(x, w, b, module.stride, module.padding, op, module.groups, module.dilation,
                                 backend=module.backend, precision=module.precision)
             seen.append(e.engine or "none")
+            reasons.append(f"{e.engine}: {e.reason}")
         except Exception as exc:  # noqa: BLE001 -- a report, not a check: say what went wrong
             seen.append(f"? ({type(exc).__name__})")
+            reasons.append(f"? {type(exc).__name__}: {exc}"[:300])
 
     handles = [m.register_forward_pre_hook(hook) for m in patched.modules() if isinstance(m, Patched)]
     try:
@@ -549,7 +557,7 @@ def _layer_engines(patched: nn.Module, fn: Callable[[], object]) -> str:
     counts: dict[str, int] = {}
     for s in seen:
         counts[s] = counts.get(s, 0) + 1
-    return ", ".join(f"{k} {v}" for k, v in counts.items())
+    return ", ".join(f"{k} {v}" for k, v in counts.items()), reasons
 
 
 # ---- GPU timing -----------------------------------------------------------------------------------
@@ -668,13 +676,22 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
         return row
 
     status(f"{net.name} {mode.label}: engines of the patched layers")
-    row["engine"] = _layer_engines(patched, fn_p)
+    row["engine"], row["layer_decisions"] = _layer_engines(patched, fn_p)
     status(f"{net.name} {mode.label}: profiling the untouched forward")
     fwd_u = _inference(model, x, mode.autocast) if not mode.training else _train_forward(model, x, mode.autocast)
     share, part_us, total_us = _profile_share(fwd_u, x.device.type)
     if mode.training:
         model.train()
     row.update(convt_share=share, convt_us=part_us, forward_kernel_us=total_us)
+    # The same profile of the patched forward: where a patched network loses although each layer's
+    # decision was measured faster, this tells whether its transposed convolutions are slower in
+    # the network than when measured alone, or the time went elsewhere.
+    status(f"{net.name} {mode.label}: profiling the patched forward")
+    fwd_p = _inference(patched, x, mode.autocast) if not mode.training else _train_forward(patched, x, mode.autocast)
+    _, part_p, total_p = _profile_share(fwd_p, x.device.type)
+    if mode.training:
+        patched.train()
+    row.update(convt_us_patched=part_p, forward_kernel_us_patched=total_p)
 
     times_u, times_p = [], []
     for r in range(rounds):  # alternate, so that a clock or thermal drift hits both sides
