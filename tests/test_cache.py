@@ -132,7 +132,8 @@ def test_bad_file_is_rewritten_even_without_new_entries(tmp_path):
     path.write_text("{ truncated")
     with pytest.warns(cache.CacheWarning):
         _store(d)
-    assert _read(path) == {"format": cache.FORMAT, "key": KEY, "decisions": {}, "triton_configs": {}}
+    assert _read(path) == {"format": cache.FORMAT, "key": KEY, **{s: {} for s in cache.SECTIONS}}
+    assert set(cache.SECTIONS) == {"decisions", "triton_configs", "backward"}
 
 
 # ---- unwritable locations -----------------------------------------------------------------------

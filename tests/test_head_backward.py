@@ -320,3 +320,129 @@ def test_too_many_positions_is_unsupported():
     # 2^31 positions would overflow the kernels' 32-bit position index: declined, not wrapped.
     big = ConvT3dParams.create(2**25, 8, 1, 1, (4, 4, 4), (2, 2, 2), (2, 2, 2), (0, 0, 0), (0, 0, 0), (1, 1, 1))
     assert not HB.supports(big) and "32-bit position index" in HB.unsupported_reason(big)
+
+
+# ---- the timed choice: margin, failures, and the disk cache ---------------------------------------
+class _FakeBench:
+    """do_bench stand-in: runs the candidate once (so a failing one raises, as on a GPU) and
+    returns the injected median of whichever implementation ran last."""
+
+    def __init__(self, times: dict):
+        self.times, self.last, self.calls = times, None, 0
+
+    def cudnn(self):
+        self.last = "cudnn"
+
+    def triton(self, cfg):
+        if self.times.get(cfg) == "raise":
+            raise RuntimeError("injected build failure")
+        self.last = cfg
+
+    def do_bench(self, fn, **_):
+        self.calls += 1
+        fn()
+        return self.times[self.last]
+
+
+def _two_head_configs():
+    return (HB.HeadDgradConfig(16, 16, 16, 4, 1), HB.HeadDgradConfig(32, 16, 16, 4, 1))
+
+
+@pytest.mark.parametrize("times,winner", [
+    ({"cudnn": 1.0, 0: 0.5, 1: 0.9}, 0),  # clearly faster: the fastest Triton tile
+    ({"cudnn": 1.0, 0: 0.985, 1: 0.99}, None),  # within the 3% margin: cuDNN
+    ({"cudnn": 1.0, 0: "raise", 1: 0.6}, 1),  # a failing tile is left out
+    ({"cudnn": 1.0, 0: "raise", 1: "raise"}, None),  # all fail: cuDNN
+], ids=["faster", "within-margin", "one-fails", "all-fail"])
+def test_time_choice_margin_and_failures(times, winner, monkeypatch):
+    import triton.testing
+
+    cands = _two_head_configs()
+    bench = _FakeBench({("cudnn" if k == "cudnn" else cands[k]): v for k, v in times.items()})
+    monkeypatch.setattr(triton.testing, "do_bench", bench.do_bench)
+    rec = B._time_choice(cands, bench.cudnn, bench.triton)
+    assert rec.impl == ("cudnn" if winner is None else "triton")
+    assert rec.config == (None if winner is None else cands[winner])
+    if "raise" in times.values():
+        assert "failed" in rec.reason and "injected build failure" in rec.reason
+
+
+def test_time_choice_cudnn_failure_raises(monkeypatch):
+    import triton.testing
+
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **_: fn() or 1.0)
+
+    def broken():
+        raise RuntimeError("cuDNN failed")
+
+    with pytest.raises(RuntimeError, match="cuDNN failed"):
+        B._time_choice(_two_head_configs(), broken, lambda cfg: None)
+
+
+def test_timed_choice_is_saved_and_read_back_by_a_later_process(auto_state, monkeypatch):
+    # A head signature timed once (injected timings; the kernels really run under the
+    # interpreter) lands in the disk cache; a "later process" (in-process caches and the cache
+    # store reset) reads it back without timing; a changed candidate list or a tampered entry is
+    # timed again.
+    import triton.testing
+
+    from convt3d import cache
+
+    for env in ("CONVT3D_BWD_INPUT", "CONVT3D_BWD_WEIGHT", "CONVT3D_TIME_TRITON_DW"):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setattr(B, "_can_time", lambda x, supported, time_triton: supported and time_triton)
+    x, w, dy, params = _setup(G(1, 8, 1, (2, 2, 2), 4, 2, 1))
+    cands = B.dgrad_choice_candidates(params, torch.float32, x.device, "ieee")
+    head = cands[0]
+    bench = _FakeBench({"cudnn": 1.0, head: 0.25})
+    real_triton = B.dgrad_triton
+
+    def run_and_mark(dy_, w_, params_, precision_, dtype_, cfg, *a, **k):
+        bench.last = cfg
+        return real_triton(dy_, w_, params_, precision_, dtype_, cfg, *a, **k)
+
+    monkeypatch.setattr(triton.testing, "do_bench", bench.do_bench)
+    monkeypatch.setattr(B, "dgrad_triton", run_and_mark)
+    real_torch = B._torch_grads
+    monkeypatch.setattr(B, "_torch_grads", lambda *a, **k: setattr(bench, "last", "cudnn") or real_torch(*a, **k))
+
+    def later_process():
+        B.clear_caches()
+        cache.reset()
+
+    B.clear_caches()
+    rec = B.choose_dgrad(dy, x, w, params, "ieee")
+    assert rec.impl == "triton" and rec.config == head and rec.reason.startswith("timed")
+    timed_calls = bench.calls
+    assert timed_calls == 1 + len(cands)
+
+    later_process()
+    rec2 = B.choose_dgrad(dy, x, w, params, "ieee")
+    assert bench.calls == timed_calls, "a cached choice must not be timed again"
+    assert rec2.impl == "triton" and rec2.config == head and rec2.reason.startswith("cached")
+
+    # Tampered: the entry names a tile that is not a candidate -> timed again, never run.
+    later_process()
+    store = cache.store_for("cpu")
+    name = next(n for n in store.load().entries["backward"] if n.startswith("bwd-input|"))
+    bad = dict(store.entries["backward"][name], config={"type": "HeadDgradConfig",
+                                                         "fields": {**head.__dict__, "BLOCK_M": 4096}})
+    store.put("backward", name, bad)
+    later_process()
+    rec3 = B.choose_dgrad(dy, x, w, params, "ieee")
+    assert bench.calls == 2 * timed_calls and rec3.reason.startswith("timed")
+    B.clear_caches()
+
+
+def test_choice_entry_needs_the_same_candidates():
+    cands = _two_head_configs()
+    rec = B.Choice("triton", cands[1], 0.5, {"cudnn": 1.0}, "timed")
+    entry = B._entry_from_choice(rec, cands)
+    back = B._choice_from_entry(entry, cands)
+    assert back.impl == "triton" and back.config == cands[1]
+    assert B._choice_from_entry(entry, cands[:1]) is None, "made among other candidates: not trusted"
+    assert B._choice_from_entry({**entry, "impl": "magic"}, cands) is None
+    assert B._choice_from_entry({**entry, "config": {"type": "DgradConfig", "fields": cands[1].__dict__}},
+                                cands) is None, "same fields, other kernel: not the same tile"
+    cud = B._choice_from_entry(B._entry_from_choice(B.Choice("cudnn", None, 0.1, {}, "timed"), cands), cands)
+    assert cud.impl == "cudnn" and cud.config is None

@@ -70,6 +70,7 @@ weight-gradient algorithms). ``CONVT3D_DETERMINISTIC=0`` lifts that for cuDNN.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -78,11 +79,12 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from . import cache as disk_cache
 from . import head_backward as HB
 from .torch_engine import cudnn_conv_tf32
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
-from .triton_engine import _tuning_enabled, interpreter_active, suggests_channels_last
+from .triton_engine import _tuning_enabled, device_name, interpreter_active, suggests_channels_last
 
 __all__ = ["WGRAD_IMPLS", "DGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
            "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates", "dgrad_choice_candidates", "choices",
@@ -452,6 +454,73 @@ def _key(dy, x, w, params, precision) -> tuple:
     return (str(x.device), x.dtype, precision, params, x.stride(), dy.stride(), w.stride())
 
 
+# A Triton candidate replaces cuDNN only when its median is lower by more than this: the
+# forward's measured auto uses the same 3% (dispatch.NOISE_MARGIN); do_bench medians of one
+# signature move by ~1-2% between runs.
+_MARGIN = 0.03
+
+
+def _time_choice(cands: tuple, run_cudnn, run_triton) -> Choice:
+    """Time cuDNN and every Triton candidate (do_bench medians); a candidate that raises (a failed
+    build, out of memory) is left out and named in the reason."""
+    import triton.testing
+
+    t0 = time.perf_counter()
+    runs = {"cudnn": (None, run_cudnn)}
+    for cfg in cands:
+        runs[f"triton {cfg.short()}"] = (cfg, lambda cfg=cfg: run_triton(cfg))
+    timings, failed = {}, {}
+    for label, (cfg, fn) in runs.items():
+        try:
+            fn()  # compile + warm
+            timings[label] = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+        except Exception as exc:  # noqa: BLE001 -- one candidate's failure only removes it
+            if cfg is None:
+                raise  # cuDNN itself failed: PyTorch's own backward would fail the same way
+            failed[label] = f"{type(exc).__name__}: {exc}"[:200]
+    best = min(timings, key=timings.get)
+    if best != "cudnn" and not timings[best] * (1.0 + _MARGIN) < timings["cudnn"]:
+        best = "cudnn"
+    reason = f"timed: {best} fastest" + (f" (beyond a {_MARGIN:.0%} margin)" if best != "cudnn" else "")
+    if failed:
+        reason += "; failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
+    return Choice("cudnn" if best == "cudnn" else "triton", runs[best][0], time.perf_counter() - t0, timings, reason)
+
+
+def _entry_from_choice(rec: Choice, cands: tuple) -> dict:
+    """The disk-cache entry of a timed choice (``convt3d.cache``, section "backward")."""
+    config = None if rec.config is None else {"type": type(rec.config).__name__,
+                                              "fields": dataclasses.asdict(rec.config)}
+    return {"impl": rec.impl, "config": config, "timings_ms": dict(rec.timings_ms), "tuning_s": rec.seconds,
+            "candidates": [c.short() for c in cands]}
+
+
+def _choice_from_entry(entry: dict | None, cands: tuple) -> Choice | None:
+    """A cached choice, if it was made among exactly the current candidates and names one of them
+    (nothing in the file is trusted: a foreign tile could compute wrong values); else None."""
+    if not isinstance(entry, dict) or entry.get("candidates") != [c.short() for c in cands]:
+        return None
+    timings = entry.get("timings_ms")
+    timings = dict(timings) if isinstance(timings, dict) else {}
+    if entry.get("impl") == "cudnn" and entry.get("config") is None:
+        return Choice("cudnn", None, 0.0, timings, "cached: cudnn fastest (timed by an earlier process)")
+    cfg = entry.get("config")
+    if entry.get("impl") != "triton" or not isinstance(cfg, dict):
+        return None
+    for c in cands:
+        if type(c).__name__ == cfg.get("type") and dataclasses.asdict(c) == cfg.get("fields"):
+            return Choice("triton", c, 0.0, timings, f"cached: triton {c.short()} fastest (timed by an earlier "
+                                                     "process)")
+    return None
+
+
+def _can_time(x: torch.Tensor, supported: bool, time_triton: bool) -> bool:
+    """Whether this call may time its candidates: CUDA, a Triton kernel that can run it, timing
+    on (``CONVT3D_AUTOTUNE``) and wanted for this gradient, and not inside graph capture."""
+    return (x.device.type == "cuda" and supported and _tuning_enabled() and time_triton
+            and not torch.cuda.is_current_stream_capturing())
+
+
 def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_cudnn, run_triton,
             dy, x, w, params, precision, time_triton: bool = True) -> Choice:
     """The per-signature choice of one gradient (see the module docstring). Without timing the
@@ -470,40 +539,37 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
     rec = cache.get(key)
     if rec is not None:
         return rec
-    timed = (x.device.type == "cuda" and supported and _tuning_enabled() and time_triton
-             and not torch.cuda.is_current_stream_capturing())
-    if not timed:
+    if not _can_time(x, supported, time_triton):
         why = ("static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)" if time_triton or
                x.device.type != "cuda" else "static rule (not timed: the Triton kernel lost every H200 row)")
         rec = Choice("cudnn", None, 0.0, {}, why)
         if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
             cache[key] = rec
         return rec
-    def timed() -> Choice:
-        import triton.testing
+    gpu = device_name(x.device)
+    det = os.environ.get("CONVT3D_DETERMINISTIC", "1") not in ("0", "false", "False")
+    name = (f"bwd-{what}|{x.dtype}|{precision}|{params}|{tuple(x.stride())}|{tuple(dy.stride())}|"
+            f"{tuple(w.stride())}|deterministic={det}")
 
-        t0 = time.perf_counter()
-        runs = {"cudnn": (None, run_cudnn)}
-        for cfg in candidates():
-            runs[f"triton {cfg.short()}"] = (cfg, lambda cfg=cfg: run_triton(cfg))
-        timings = {}
-        for name, (_, fn) in runs.items():
-            fn()  # compile + warm
-            timings[name] = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
-        best = min(timings, key=timings.get)
-        return Choice("cudnn" if best == "cudnn" else "triton", runs[best][0], time.perf_counter() - t0, timings,
-                      f"timed: {best} fastest")
+    def decide() -> Choice:
+        # The disk cache first (inside the agreement: only rank 0's file counts, see
+        # convt3d.distributed), then timing, whose result is saved for later processes.
+        cands = tuple(candidates())
+        rec = _choice_from_entry(disk_cache.load_backward(gpu, name), cands)
+        if rec is None:
+            rec = _time_choice(cands, run_cudnn, run_triton)
+            disk_cache.save_backward(gpu, name, _entry_from_choice(rec, cands))
+        return rec
 
-    # Under torch.distributed rank 0 times, every rank takes its choice (convt3d.distributed);
+    # Under torch.distributed rank 0 decides, every rank takes its choice (convt3d.distributed);
     # the name leaves out the device (index and model). A tile this rank does not offer (another
     # GPU model) is never run: it times for itself.
     from . import distributed
 
-    rec = distributed.agree(timed, f"bwd-{what}|{x.dtype}|{precision}|{params}|{tuple(x.stride())}|"
-                                   f"{tuple(dy.stride())}|{tuple(w.stride())}")
+    rec = distributed.agree(decide, name)
     if rec.config is not None and rec.config not in candidates():
         with distributed.local():
-            rec = timed()
+            rec = _time_choice(tuple(candidates()), run_cudnn, run_triton)
     cache[key] = rec
     return rec
 

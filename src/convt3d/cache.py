@@ -6,7 +6,9 @@ Where: ``$CONVT3D_CACHE_DIR`` if set, else ``~/.cache/convt3d/``. One JSON file 
     {"format": 1,
      "key": {"gpu": "NVIDIA H200", "convt3d": "0.1.0", "torch": "2.11.0+cu130", "triton": "3.6.0"},
      "decisions": {"<call signature>": {"engine": "triton", "timings_ms": {"triton": 0.25, ...}, ...}},
-     "triton_configs": {"<tune key>": {"config": {...Config fields...}, "timings_ms": {...}}}}
+     "triton_configs": {"<tune key>": {"config": {...Config fields...}, "timings_ms": {...}}},
+     "backward": {"bwd-input|<signature>": {"impl": "triton", "config": {"type": ..., "fields": {...}},
+                                           "timings_ms": {...}, "candidates": [...]}}}
 
 Rules (issue 7):
 
@@ -56,11 +58,11 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 __all__ = ["CacheWarning", "FORMAT", "SECTIONS", "cache_dir", "environment_key", "file_for", "Store", "store_for",
-           "reset", "load_decision", "save_decision", "prime_triton", "flush_triton", "tune_key_text",
+           "reset", "load_decision", "save_decision", "load_backward", "save_backward", "prime_triton", "flush_triton", "tune_key_text",
            "config_to_dict", "config_from_dict"]
 
 FORMAT = 1
-SECTIONS = ("decisions", "triton_configs")
+SECTIONS = ("decisions", "triton_configs", "backward")
 ENV_DIR = "CONVT3D_CACHE_DIR"
 # Permissions of the cache file: readable by the group and others, as files written with open()
 # under the usual umask (tempfile.mkstemp would leave 0600).
@@ -342,6 +344,18 @@ def load_decision(gpu: str, signature: str) -> dict | None:
 
 def save_decision(gpu: str, signature: str, entry: dict) -> None:
     store_for(gpu).put("decisions", signature, entry)
+
+
+# ---- backward choices ---------------------------------------------------------------------------
+def load_backward(gpu: str, name: str) -> dict | None:
+    """A persisted dX/dW implementation choice (``backward``), or None. The caller checks that it
+    was made among its current candidates and names one of them."""
+    entry = store_for(gpu).get("backward", name)
+    return entry if isinstance(entry, dict) else None
+
+
+def save_backward(gpu: str, name: str, entry: dict) -> None:
+    store_for(gpu).put("backward", name, entry)
 
 
 # ---- Triton tuning results ----------------------------------------------------------------------
