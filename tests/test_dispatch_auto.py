@@ -621,3 +621,29 @@ def test_a_guess_is_answered_from_memory_without_asking_the_engines_again(monkey
     n = len(asked)
     assert n >= 1 and d.source == "heuristic"
     assert dispatch.decide(x, "auto", None, params, weight=w, bias=b) is d and len(asked) == n
+
+
+# ---- override (convt3d.tune's network check) ------------------------------------------------------
+def test_override_replaces_the_decision_in_memory_and_in_the_cache(monkeypatch):
+    rec = Recorder({"triton": 1.0, "torch": 2.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    x, w, b, params = _call()
+    assert dispatch.decide(x, "auto", None, params, weight=w, bias=b).engine == "triton"
+    sig = dispatch.signature_text(x, w, b, params, "tf32")
+    assert dispatch.override(sig, "torch", "network check: slower in the model", torch.device("cuda", 0),
+                             {"convt3d_ms": 5.0, "torch_ms": 4.0}) == 1
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert d.engine == "torch" and d.source == "network" and "network check" in d.reason
+    entry = json.loads(cache.file_for(cache.cache_dir(), GPU).read_text())["decisions"][sig]
+    assert entry["engine"] == "torch" and entry["replaced"] == "triton" and entry["network_ms"]["torch_ms"] == 4.0
+    assert entry["timings_ms"] == {"triton": 1.0, "torch": 2.0}, "the layer's own measurement is kept beside it"
+    # A later process takes the override from the file, measuring nothing.
+    dispatch.clear_decisions()
+    cache.reset()
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert d.engine == "torch" and d.source == "cache" and "network check" in d.reason and len(rec.calls) == 1
+
+
+def test_override_of_an_unknown_engine_raises():
+    with pytest.raises(ValueError, match="engine 'magic'"):
+        dispatch.override("sig", "magic", "why", torch.device("cpu"))

@@ -33,3 +33,44 @@ def test_network_patched_agrees_with_untouched(name, backend):
                        f"{r['max_abs_diff_vs_torch']:.3g} of {r['max_abs_torch']:.3g})")
     assert not bad, f"{name} backend={backend}: " + "; ".join(bad)
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("name", ["gan3d", "vqvae_video"])
+def test_tune_network_check_leaves_a_consistent_state(name, tmp_path, monkeypatch):
+    # convt3d.tune with its network check on a real network (bf16 autocast inference, a private
+    # cache): whatever it reverts decides PyTorch afterwards, in this process and from the cache
+    # file in a later one, and the tuned model's output still agrees with the untouched one.
+    import copy
+
+    import convt3d
+    from convt3d import cache, dispatch
+
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache"))
+    dispatch.clear_decisions()
+    cache.reset()
+    net = networks.select_networks([name])[0]
+    model, shape = net.build(False)
+    model = model.cuda().eval()
+    x = torch.randn(shape, device="cuda")
+    patched = convt3d.patch(copy.deepcopy(model))
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        report = convt3d.tune(patched, x, progress=False)
+        y = patched(x)
+        y_ref = model(x)
+    assert report.entries, "tune saw no convt3d call"
+    if report.network is not None:
+        assert report.network["final_ms"] <= report.network["torch_ms"] * (1 + 1e-9)
+        reverted = set(report.network["reverted"])
+        for e in report.entries:
+            if e["signature"] in reverted:
+                assert e["engine"] == "torch" and e["source"] == "network check"
+        gpu = torch.cuda.get_device_name()
+        cache.reset()
+        for sig in reverted:
+            entry = cache.load_decision(gpu, sig)
+            assert entry is not None and entry["engine"] == "torch" and "network check" in entry["network"]
+    err = (y.float() - y_ref.float()).abs().max().item()
+    assert err <= 0.05 * y_ref.float().abs().max().item(), f"tuned output differs by {err:.3g}"
+    dispatch.clear_decisions()
+    cache.reset()
+    torch.cuda.empty_cache()

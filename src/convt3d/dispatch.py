@@ -32,6 +32,9 @@ convolution parameter and shape, precision, and whether autograd records the cal
   when measuring is switched off (``convt3d.set_benchmark(False)``). A heuristic decision is held
   in memory only; the next call that can measure replaces it.
 * Under ``torch.distributed`` every rank takes rank 0's decision (``convt3d.distributed``).
+* ``convt3d.tune(model, x)`` can replace a decision afterwards (:func:`override`): its network
+  check times the whole model and reverts to PyTorch the signatures that were measured faster
+  alone but make the model slower.
 """
 from __future__ import annotations
 
@@ -51,7 +54,7 @@ from .torch_engine import cudnn_conv_tf32, torch_forward
 
 __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve_backend_name", "resolve_precision",
            "decide", "select", "explain_pass", "heuristic", "set_benchmark", "benchmark_enabled", "clear_decisions",
-           "cudnn_conv_tf32", "signature_text", "torch_forward", "NOMINAL_CEILINGS", "NOISE_MARGIN", "HYBRID"]
+           "cudnn_conv_tf32", "signature_text", "torch_forward", "NOMINAL_CEILINGS", "NOISE_MARGIN", "HYBRID", "override"]
 
 BACKENDS = ("auto", "triton", "torch", "cuda")
 
@@ -68,7 +71,7 @@ class Decision:
     # engines always use convt3d's backward.
     ours_backward: bool = False
     # How it was made: "requested" (a named backend), "only" (one candidate), "rule" (CPU, dtype,
-    # tiny layer), "cache" (disk), "measured", "heuristic".
+    # tiny layer), "cache" (disk), "measured", "heuristic", "network" (convt3d.tune's network check).
     source: str = ""
     # The engine name in ``ENGINES`` that runs the call (HYBRID for PyTorch's forward with
     # convt3d's backward); a field, not a property, so the steady path reads it without a call.
@@ -259,6 +262,7 @@ _settled: dict[tuple, Decision] = {}  # measured, read from the disk cache, one 
 _guessed: dict[tuple, Decision] = {}  # heuristic decisions (replaced once a call can measure)
 _named: dict[tuple, Decision] = {}  # named backends that can run a signature
 _timings: dict[tuple, dict[str, float]] = {}  # measured ms per engine (explain)
+_texts: dict[tuple, str] = {}  # the persistent signature of each settled key (override)
 _listeners: list[Callable[[str, dict], None]] = []
 
 
@@ -268,6 +272,7 @@ def clear_decisions() -> None:
     _guessed.clear()
     _named.clear()
     _timings.clear()
+    _texts.clear()
     ENGINES["triton"].forget()
 
 
@@ -425,7 +430,36 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
 def _settle(call: Call, d: Decision, record: Pass | None) -> Decision:
     if record is None:
         _settled[call.key] = d
+        _texts[call.key] = call.text
     return d
+
+
+def override(signature: str, engine: str, why: str, device: torch.device, detail: dict | None = None) -> int:
+    """Replace the decision of a call signature (its text, as ``convt3d.tune`` reports it) by
+    ``engine``: in this process (every settled call of that signature) and, on CUDA, in the disk
+    cache, so later processes take it too. ``convt3d.tune``'s network check uses it to revert a
+    layer that was measured faster alone but makes the whole network slower. Returns how many
+    in-process decisions were replaced."""
+    if engine not in ENGINES:
+        raise ValueError(f"override(): engine {engine!r} is not one of {tuple(ENGINES)}")
+    replaced = 0
+    for key, text in list(_texts.items()):
+        if text == signature and key in _settled:
+            old = _settled[key]
+            d = (Decision("torch", old.precision, why, ours_backward=True, source="network") if engine == HYBRID
+                 else Decision(engine, old.precision, why, source="network"))
+            _settled[key] = d
+            replaced += 1
+    if device.type == "cuda":
+        gpu = triton_engine.device_name(device)
+        old_entry = cache.load_decision(gpu, signature) or {}
+        entry = {"engine": engine, "timings_ms": dict(old_entry.get("timings_ms", {})), "network": why}
+        if detail:
+            entry["network_ms"] = detail
+        if old_entry.get("engine"):
+            entry["replaced"] = old_entry["engine"]
+        cache.save_decision(gpu, signature, entry)
+    return replaced
 
 
 def _can_measure(call: Call, measure: bool) -> bool:
@@ -525,6 +559,8 @@ def _from_entry(call: Call, entry: dict) -> Decision:
     timings = {k: float(v) for k, v in entry.get("timings_ms", {}).items()}
     _timings[call.key] = timings
     if entry["source"] == "cache":
+        if entry.get("network"):  # convt3d.tune's network check replaced the layer's own measurement
+            return _decision(entry["engine"], call, f"auto (from the cache file): {entry['network']}", "cache")
         return _decision(entry["engine"], call, "auto (measured earlier, from the cache file): "
                          + _timings_text(timings, entry["engine"]), "cache")
     kind = "training steps" if call.training else "calls"

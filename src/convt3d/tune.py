@@ -18,7 +18,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -110,13 +110,16 @@ def _source(reason: str) -> str:
 
 @dataclass
 class TuneReport:
-    """What :func:`tune` saw: one entry per distinct call signature, in call order."""
+    """What :func:`tune` saw: one entry per distinct call signature, in call order; and what its
+    network check measured (``network``: model times in ms with convt3d's choices, with every
+    layer on PyTorch, and at the end; the signatures it reverted to PyTorch)."""
 
     entries: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     backward: bool = False
     cache_file: str | None = None
     notes: list[str] = field(default_factory=list)
+    network: dict | None = None
 
     def __str__(self) -> str:
         lines = [f"convt3d.tune: {len(self.entries)} call signature(s), forward"
@@ -125,6 +128,13 @@ class TuneReport:
             t = e.get("timings_ms") or {}
             times = ", ".join(f"{k} {v:.4g} ms" for k, v in sorted(t.items(), key=lambda kv: kv[1]))
             lines.append(f"  {e['engine']:<6} ({e['source']}) {e['signature']}" + (f"  [{times}]" if times else ""))
+        if self.network:
+            n = self.network
+            lines.append(f"  network check: {n['convt3d_ms']:.4g} ms with convt3d's choices, {n['torch_ms']:.4g} ms "
+                         f"with PyTorch for every layer, {n['final_ms']:.4g} ms kept; "
+                         + (f"reverted to PyTorch: {len(n['reverted'])} signature(s)" if n["reverted"]
+                            else "nothing reverted"))
+            lines += [f"    reverted: {sig}" for sig in n["reverted"]]
         if self.cache_file:
             lines.append(f"  cache: {self.cache_file}")
         lines += [f"  note: {n}" for n in self.notes]
@@ -144,7 +154,113 @@ def _tensors(obj: Any) -> Iterable[torch.Tensor]:
             yield from _tensors(v)
 
 
-def tune(model, *example_inputs, backward: bool | None = None, progress: bool | str = True) -> TuneReport:
+# ---- the network check -----------------------------------------------------------------------------
+def network_check(groups: Sequence[str], measure: Callable[[frozenset], float],
+                  margin: float = dispatch.NOISE_MARGIN) -> tuple[frozenset, dict]:
+    """Which layer signatures to revert to PyTorch so that the whole model is not slower than with
+    PyTorch for every layer: (reverted signatures, times in ms).
+
+    ``measure(reverted)`` times the model with the signatures in ``reverted`` on PyTorch and the
+    others on convt3d's choices. First the two ends, in two rounds of opposite order: convt3d's
+    choices are kept if they beat PyTorch-everywhere by more than ``margin`` or the spread of
+    the rounds, whichever is larger. Otherwise the groups are reverted one at a time, in the
+    order given (the caller puts the smallest measured per-layer gain first), each kept reverted
+    if that makes the model faster by more than ``margin``; if the result still does not beat
+    PyTorch-everywhere by the noise, every group is reverted (ties go to PyTorch, as in "auto").
+    """
+    none, every = frozenset(), frozenset(groups)
+    rounds: dict[frozenset, list[float]] = {none: [], every: []}
+    for order in ((none, every), (every, none)):
+        for subset in order:
+            rounds[subset].append(measure(subset))
+    ours, theirs = min(rounds[none]), min(rounds[every])
+    m = max(margin, *(max(v) / min(v) - 1.0 for v in rounds.values()))
+    times = {"convt3d_ms": ours, "torch_ms": theirs, "margin": m}
+    if ours * (1.0 + m) < theirs:
+        return none, dict(times, final_ms=ours)
+    current, current_ms = none, ours
+    for g in groups:
+        trial = current | {g}
+        t = measure(trial) if trial != every else theirs
+        if t * (1.0 + margin) < current_ms:
+            current, current_ms = trial, t
+    if not current_ms * (1.0 + m) < theirs:
+        current, current_ms = every, theirs
+    return current, dict(times, final_ms=current_ms)
+
+
+def _time_model(fn: Callable[[], object]) -> float:
+    """ms per run of ``fn`` (do_bench median; at least ~8 runs however long one is)."""
+    import triton.testing
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    est_ms = (time.perf_counter() - t0) * 1e3
+    return float(triton.testing.do_bench(fn, warmup=max(25.0, 2 * est_ms), rep=max(100.0, 8 * est_ms),
+                                         return_mode="median"))
+
+
+def _check_network(report: TuneReport, layers_by_sig: dict[str, list[nn.Module]], run: Callable[[], object],
+                   device: torch.device, bar, timer: Callable[[Callable[[], object]], float] = _time_model) -> None:
+    """Time the model with convt3d's decisions against PyTorch for every layer and revert the
+    signatures that make it slower (:func:`network_check`), in this process and in the cache."""
+    decided = {e["signature"]: e for e in report.entries}
+    # Signatures convt3d decided for itself ("auto" layers whose choice is not PyTorch's own).
+    groups = [sig for sig in layers_by_sig
+              if sig in decided and decided[sig]["engine"] != "torch" and decided[sig]["source"] != "named backend"]
+    if not groups:
+        return
+
+    def gain(sig: str) -> float:
+        t = decided[sig].get("timings_ms") or {}
+        ours = min((v for k, v in t.items() if k != "torch"), default=None)
+        return (t["torch"] / ours) if ours and "torch" in t else float("inf")
+
+    groups.sort(key=gain)
+
+    def measure(reverted: frozenset) -> float:
+        bar.status(f"network check: {len(reverted)} of {len(groups)} signature(s) on PyTorch")
+        saved = []
+        try:
+            for sig in reverted:
+                for m in layers_by_sig[sig]:
+                    saved.append((m, m.backend))
+                    m.backend = "torch"
+            return timer(run)
+        finally:
+            for m, b in reversed(saved):
+                m.backend = b
+
+    reverted, times = network_check(groups, measure)
+    for sig in groups:
+        if sig in reverted:
+            why = (f"convt3d.tune's network check reverted this layer to PyTorch: the model took "
+                   f"{times['convt3d_ms']:.4g} ms with convt3d's choices and {times['final_ms']:.4g} ms with this "
+                   f"layer on PyTorch (every layer on PyTorch: {times['torch_ms']:.4g} ms)")
+            dispatch.override(sig, "torch", why, device, detail=dict(times))
+            decided[sig].update(engine="torch", source="network check", reason=why)
+    report.network = dict(times, reverted=[sig for sig in groups if sig in reverted], checked=list(groups))
+
+
+def _layer_signature(module: nn.Module, args: tuple) -> str | None:
+    """The persistent signature of a patched layer's call (as dispatch keys it), or None."""
+    from .call import make_call
+    from .functional import _autocast
+
+    try:
+        x, w, b = _autocast(args[0], module.weight, module.bias)
+        size = args[1] if len(args) > 1 else None
+        op = module._output_padding(x, size, module.stride, module.padding, module.kernel_size, 3, module.dilation)
+        return make_call(x, w, b, module.stride, module.padding, op, module.groups, module.dilation,
+                         module.precision, autograd=True).text
+    except Exception:  # noqa: BLE001 -- the call itself reports its errors; here it is only not checked
+        return None
+
+
+def tune(model, *example_inputs, backward: bool | None = None, progress: bool | str = True,
+         check: bool = True) -> TuneReport:
     """Run ``model(*example_inputs)`` once with measuring on to fill convt3d's caches.
 
     Args:
@@ -155,6 +271,12 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
             has a parameter that requires grad and grad mode is on.
         progress: True (rich on a terminal, else tqdm if installed, else plain lines on stderr),
             False, or one of "rich", "tqdm", "plain".
+        check: the network check (CUDA, an ``nn.Module`` with convt3d layers on "auto"): each
+            layer's decision was measured on the layer alone; afterwards the whole model (forward,
+            and backward where ``backward``) is timed with those decisions against PyTorch for
+            every layer, and the signatures that make the model slower are reverted to PyTorch,
+            in this process and in the cache file (:func:`network_check`). It costs a few model
+            runs per checked signature.
 
     Gradients (``.grad`` of parameters and inputs) and buffers are restored afterwards.
     """
@@ -205,7 +327,26 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
                 bar.advance(f"forward: {name}")
         return hook
 
+    layers_by_sig: dict[str, list[nn.Module]] = {}
+
+    def record_signature(module, args):
+        if module.backend is None:  # "auto" layers only: a named backend is the user's choice
+            sig = _layer_signature(module, args)
+            if sig is not None and module not in layers_by_sig.setdefault(sig, []):
+                layers_by_sig[sig].append(module)
+
     hooks = [m.register_forward_hook(hook_for(n)) for n, m in layers]
+    hooks += [m.register_forward_pre_hook(record_signature) for _, m in layers]
+
+    def run_once():
+        with torch.enable_grad() if backward else torch.no_grad():
+            out = model(*example_inputs)
+        if backward:
+            outs = [t for t in _tensors(out) if t.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        return None
+
     t0 = time.perf_counter()
     try:
         with dispatch.benchmark(True), dispatch.listening(on_event):
@@ -222,6 +363,13 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
                 bar.advance("backward")
             del out
         cache.flush_triton()
+        for h in hooks[len(layers):]:
+            h.remove()
+        report.entries = list(seen.values())
+        device = next((d for d in ({t.device for t in _tensors(example_inputs)} | {p.device for p in params})
+                       if d.type == "cuda"), None)
+        if check and is_module and device is not None:
+            _check_network(report, layers_by_sig, run_once, device, bar)
     finally:
         for h in hooks:
             h.remove()
@@ -232,7 +380,8 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
                 b.copy_(v)
         bar.close()
     report.seconds = time.perf_counter() - t0
-    report.entries = list(seen.values())
+    if not report.entries:
+        report.entries = list(seen.values())
     devices = {t.device for t in _tensors(example_inputs)} | {p.device for p in params}
     cuda = [d for d in devices if d.type == "cuda"]
     if cuda:
