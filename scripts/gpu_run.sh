@@ -13,6 +13,8 @@
 #                   layers    convt3d bench --suite layers --json bench_layers.json
 #                   networks  convt3d bench --suite networks --json bench_networks.json
 #                             (skipped, with a line, where the bench has no such suite)
+#                   tuned     the same with --tune (convt3d.tune and its network check before each
+#                             patched first call) -> bench_networks_tuned.json
 #                   eval      convt3d kernelbench --json kb_eval.json (the KernelBench evaluator)
 #                   full      bench --suite layers --mode full: bf16 cl -> full_bf16_cl.json,
 #                             fp32 ncdhw -> full_fp32.json
@@ -67,8 +69,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 for p in ${PARTS//,/ } ${SKIP//,/ }; do
-  case "$p" in tests|kb|layers|networks|eval|full|cuda|auto) ;;
-    *) echo "gpu_run.sh: unknown part '$p' (tests, kb, layers, networks, eval, full, cuda, auto)" >&2; exit 2 ;;
+  case "$p" in tests|kb|layers|networks|tuned|eval|full|cuda|auto) ;;
+    *) echo "gpu_run.sh: unknown part '$p' (tests, kb, layers, networks, tuned, eval, full, cuda, auto)" >&2; exit 2 ;;
   esac
 done
 
@@ -143,6 +145,7 @@ if wanted networks; then
     SUMMARY+=("networks: skipped (no networks suite)")
   fi
 fi
+wanted tuned && bench tuned 300 --suite networks --tune --json "$LOGDIR/bench_networks_tuned.json"
 wanted eval && run_part eval 240 24 python3 -m convt3d kernelbench --json "$LOGDIR/kb_eval.json"
 if wanted full; then
   bench full_bf16_cl 120 --suite layers --mode full --dtype bf16 --layout cl --json "$LOGDIR/full_bf16_cl.json"

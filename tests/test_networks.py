@@ -183,6 +183,23 @@ def test_rows_have_the_fields_and_the_ratio(gan_rows):
     assert train["loss"] == pytest.approx(train["reference_loss"], rel=1e-2)
 
 
+def test_rows_record_the_patched_profile_and_the_layer_decisions(gan_rows):
+    rows = gan_rows[0]
+    for r in rows:
+        assert r["convt_us_patched"] <= r["forward_kernel_us_patched"]
+        assert len(r["layer_decisions"]) == 2 and all(d.startswith("torch: auto") for d in r["layer_decisions"])
+
+
+@pytest.mark.parametrize("mode", [NetMode("infer", "fp32"), NetMode("train", "fp32")], ids=["infer", "train"])
+def test_tune_option_runs_convt3d_tune_first(mode):
+    # On the CPU tune has nothing to measure and no network check (no CUDA): the row says so.
+    rows, failures, _ = networks.run_networks([_net("gan3d")], [mode], "auto", device="cpu",
+                                              timer=FakeTimer([1.0]), tiny=True, tune=True)
+    assert not failures, failures[0]["traceback"]
+    (r,) = rows
+    assert r["tune_s"] > 0 and r["network_check"] is None and r["within_error_budget"]
+
+
 @pytest.mark.parametrize("name", networks.network_names(), ids=networks.network_names())
 def test_training_step_of_every_network(name):
     """The training step runs on every network, parameters the forward leaves unused included

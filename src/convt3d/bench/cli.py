@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--ddp", type=int, default=None, metavar="N",
                      help="with --suite networks: time a DDP training step of each network on N GPUs (one "
                           "process each, NCCL), untouched vs patched")
+    sel.add_argument("--tune", action="store_true",
+                     help="with --suite networks: call convt3d.tune(patched, x) (with its network check) before "
+                          "the patched model's first call, as the README recommends")
     sel.add_argument("--list", action="store_true", help="print the selected cases and exit")
     sel.add_argument("--interpret", action="store_true",
                      help="run the CPU interpreter correctness check even when a GPU is present")
@@ -382,7 +385,7 @@ def _run_ddp(args, nets) -> int:
 def _network_settings(args, nets, modes) -> dict:
     return {"suite": "networks", "cases": [n.name for n in nets], "modes": [m.label for m in modes],
             "backend": args.backend, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "min_reps": args.min_reps,
-            "seed": args.seed, "cudnn_benchmark": args.cudnn_benchmark}
+            "seed": args.seed, "cudnn_benchmark": args.cudnn_benchmark, "tune": args.tune}
 
 
 def _run_network_check(args, argv: list[str], nets) -> int:
@@ -446,7 +449,7 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
     with _Progress(console, len(nets) * len(modes), "networks") as prog:
         # The JSON is rewritten after each network: an interrupted run keeps what it measured.
         rows, failures, skipped = networks.run_networks(nets, modes, args.backend, settings, prog.status,
-                                                        prog.advance, on_network=write)
+                                                        prog.advance, on_network=write, tune=args.tune)
     seconds = time.perf_counter() - t0
     if rows:
         report.print_network_table(console, rows, f"networks, convt3d backend={args.backend} (patched) vs "

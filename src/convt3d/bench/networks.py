@@ -637,10 +637,23 @@ def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode, convt_index:
                loss=y_patched[0].item(), torch_loss=y_untouched[0].item(), reference_loss=ref[0].item())
 
 
+def _tune(patched: nn.Module, x: torch.Tensor, mode: NetMode) -> dict:
+    """``convt3d.tune`` of the patched model as the mode runs it (autocast, train or eval mode)."""
+    import convt3d
+
+    patched.train(mode.training)
+    t0 = time.perf_counter()
+    with torch.autocast(x.device.type, torch.bfloat16, enabled=mode.autocast):
+        with torch.enable_grad() if mode.training else torch.no_grad():
+            rep = convt3d.tune(patched, x, backward=mode.training, progress=False)
+    return {"tune_s": time.perf_counter() - t0, "network_check": rep.network}
+
+
 def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module, x: torch.Tensor, backend: str,
-              timer, status: Callable[[str], None], refs: dict, seed: int, rounds: int, measure: bool = True) -> dict:
+              timer, status: Callable[[str], None], refs: dict, seed: int, rounds: int, measure: bool = True,
+              tune: bool = False) -> dict:
     """One row. ``measure=False``: agreement only (first calls and the reference; no engines,
-    profile or steady timing)."""
+    profile or steady timing). ``tune``: convt3d.tune first (see :func:`run_networks`)."""
     # Training steps move BatchNorm's running statistics, and each model is called a different
     # number of times: start every mode from the same state.
     patched.load_state_dict(model.state_dict())
@@ -654,6 +667,11 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
 
     status(f"{net.name} {mode.label}: untouched first call")
     y_u, first_u = timer.first_call(fn_u)
+    if tune and backend == "auto":
+        status(f"{net.name} {mode.label}: convt3d.tune (network check included)")
+        row.update(_tune(patched, x, mode))
+        fn_p = _training(patched, x, target, mode.autocast) if mode.training else _inference(patched, x,
+                                                                                                mode.autocast)
     status(f"{net.name} {mode.label}: patched first call (compile, tune, measure)")
     y_p, first_p = timer.first_call(fn_p)
     key = "train" if mode.training else "infer"
@@ -727,7 +745,7 @@ def _failure(net: Network, mode: NetMode | None, exc: BaseException) -> dict:
 def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto", settings=None,
                  status: Callable[[str], None] | None = None, advance: Callable[[], None] | None = None,
                  device: str = "cuda", timer=None, rounds: int = 2, tiny: bool = False, measure: bool = True,
-                 on_network: Callable[[list, list, list], None] | None = None
+                 on_network: Callable[[list, list, list], None] | None = None, tune: bool = False
                  ) -> tuple[list[dict], list[dict], list[dict]]:
     """Time every network in every mode: (rows, failures, skipped).
 
@@ -738,7 +756,9 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
     ``{case, reason}``. ``advance`` is called once per (network, mode). ``tiny`` builds the CPU
     check's sizes (for tests of the row logic); ``measure=False`` only compares the outputs.
     ``on_network(rows, failures, skipped)`` is called after each network (the CLI rewrites its
-    JSON there, so that an interrupted run keeps what it measured).
+    JSON there, so that an interrupted run keeps what it measured). ``tune``: the patched model
+    goes through ``convt3d.tune`` (its network check included) in each mode before its first call;
+    the row records the tuning time and what the check measured and reverted.
     """
     import convt3d
 
@@ -775,7 +795,7 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
         for mode in modes:
             try:
                 rows.append(_run_mode(net, mode, model, patched, x, backend, timer, say, refs, settings.seed,
-                                      rounds, measure))
+                                      rounds, measure, tune))
             except Exception as exc:  # noqa: BLE001
                 failures.append(_failure(net, mode, exc))
             step()
