@@ -17,8 +17,6 @@ the fp32 result once (2^-11) after exact products and fp32 sums: 2e-3.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
@@ -30,26 +28,11 @@ from convt3d.params import ConvT3dParams
 from convt3d.validate import check_call
 
 from conftest import CL, requires_interpreter
+from test_dgrad import G, _assert_close, _round_tf32  # the same geometry record and checks
 
 pytestmark = requires_interpreter
 
 REL = {"ieee": 1e-5, "tf32x3": 1e-5, "tf32": 4e-3, torch.float16: 2e-3}
-
-
-@dataclass(frozen=True)
-class G:
-    """(N, Cin, Cout, input size, kernel, stride, padding, output_padding, dilation, groups)."""
-
-    n: int
-    cin: int
-    cout: int
-    size: tuple
-    k: object
-    s: object = 1
-    p: object = 0
-    op: object = 0
-    d: object = 1
-    g: int = 1
 
 
 def _rnd(*shape, dtype=torch.float32):
@@ -85,20 +68,6 @@ def _ref(dy, x, w, params, mask, round_tf32=False):
     return torch.ops.aten.convolution_backward(
         f(dy).double(), f(x).double(), f(w).double(), None, list(params.stride), list(params.padding),
         list(params.dilation), True, list(params.output_padding), params.groups, mask)
-
-
-def _round_tf32(t):
-    """Nearest TF32 value (ties away from zero), as the kernels' rounding."""
-    bits = t.float().contiguous().view(torch.int32)
-    r = ((bits + 0x1000) & -8192).view(torch.float32)
-    return torch.where(t.float().abs() < float("inf"), r, t.float())
-
-
-def _assert_close(got, ref, rel, what):
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    scale = ref.abs().max().item()
-    err = (got.double() - ref).abs().max().item()
-    assert err <= rel * scale + 1e-12, f"{what}: max error {err:.3g} > {rel:g} x scale {scale:.3g}"
 
 
 # name -> (geometry, X layout, dY layout, precision or 16-bit dtype)

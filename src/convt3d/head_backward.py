@@ -116,8 +116,11 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     """Tile configurations of ``head_dgrad_kernel``; the first is the untuned default.
 
     N = Cin/g and K = taps x Cout/g are capped by their sizes (padded to >= 16 for ``tl.dot``); M
-    is the free dimension. Three sizes of M tile: 128 positions on 4 warps (a 128 x 64 fp32
-    accumulator is 64 registers per thread), 64 for small layers (more programs on 132 SMs), 256 on
+    is the free dimension. The A tile is a gather: one 64-bit address per element, so the A and B
+    tiles cost BLOCK_M x BLOCK_K / threads and BLOCK_K x BLOCK_N / threads pointer pairs of
+    registers on top of the accumulator; BLOCK_K stays at 32 where the M tile is 128 or more.
+    Three tiles: 128 positions on 4 warps (a 128 x 64 fp32 accumulator is 64 registers per
+    thread), 64 positions with a K step of 64 (more programs on 132 SMs, half the K steps), 256 on
     8 warps for wide layers. Their ranking on a GPU is the timed choice's to make.
     """
     bn = _clamp_pow2(params.in_channels_per_group, 16, 128)
@@ -126,9 +129,9 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
         # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
         return (HeadDgradConfig(min(32, _clamp_pow2(_positions(params), 16, 32)), min(bn, 32), min(bk, 32), 4, 1),)
     out = []
-    for bm, bn_cap, warps, stages in ((128, 128, 4, 3), (64, 128, 4, 3), (256, 64, 8, 2)):
-        n = min(bn, bn_cap)
-        cfg = HeadDgradConfig(bm, n, bk, warps, _stages(stages, (bm * bk + bk * n) * dtype.itemsize))
+    for bm, bn_cap, bk_cap, warps, stages in ((128, 128, 32, 4, 3), (64, 128, 64, 4, 3), (256, 64, 32, 8, 2)):
+        n, k = min(bn, bn_cap), min(bk, bk_cap)
+        cfg = HeadDgradConfig(bm, n, k, warps, _stages(stages, (bm * k + k * n) * dtype.itemsize))
         if cfg not in out:
             out.append(cfg)
     return tuple(out)
