@@ -42,9 +42,6 @@ _MAX_POSITIONS = 2**31 - 2**16
 # The dW partial sums: at most 2^22 fp32 values (16 MB) over all splits, so adding them costs a
 # few microseconds next to reading X.
 _MAX_PARTIAL = 2**22
-# Shared memory of the operand stages (the H200 offers 227 KB per block; the general kernels keep
-# to 150-160 KB as well).
-_SMEM_BUDGET = 160 * 1024
 
 
 @dataclass(frozen=True)
@@ -106,32 +103,25 @@ def supports(params: ConvT3dParams) -> bool:
     return unsupported_reason(params) is None
 
 
-def _stages(stages: int, per_stage_bytes: int) -> int:
-    while stages > 1 and stages * per_stage_bytes > _SMEM_BUDGET:
-        stages -= 1
-    return stages
-
-
 def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadDgradConfig, ...]:
     """Tile configurations of ``head_dgrad_kernel``; the first is the untuned default.
 
     N = Cin/g and K = taps x Cout/g are capped by their sizes (padded to >= 16 for ``tl.dot``); M
-    is the free dimension. The A tile is a gather: one 64-bit address per element, so the A and B
-    tiles cost BLOCK_M x BLOCK_K / threads and BLOCK_K x BLOCK_N / threads pointer pairs of
-    registers on top of the accumulator; BLOCK_K stays at 32 where the M tile is 128 or more.
-    Three tiles: 128 positions on 4 warps (a 128 x 64 fp32 accumulator is 64 registers per
-    thread), 64 positions with a K step of 64 (more programs on 132 SMs, half the K steps), 256 on
-    8 warps for wide layers. Their ranking on a GPU is the timed choice's to make.
+    is the free dimension. The A tile is a gather (a 64-bit address per element, no vector loads),
+    so K steps of 32; one stage, since gathered 16-bit loads are not pipelined and a second fp32
+    stage made ptxas spill. Register use, ptxas for sm_90a offline (triton 3.9 code generation,
+    2026-12-01; no spills in any of them, bf16 / fp32 tf32 / fp32 two-level): 128 x 64 on 4 warps
+    168 / 188 / 255 registers, 128 x 128 on 8 warps 176 / 174 / 255, 256 x 64 on 8 warps 224 /
+    188 / 255. Which is fastest on a GPU is the timed choice's to say.
     """
     bn = _clamp_pow2(params.in_channels_per_group, 16, 128)
-    bk = _clamp_pow2(_ktot(params), 16, 64)
+    bk = _clamp_pow2(_ktot(params), 16, 32)
     if device.type != "cuda":
         # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
-        return (HeadDgradConfig(min(32, _clamp_pow2(_positions(params), 16, 32)), min(bn, 32), min(bk, 32), 4, 1),)
+        return (HeadDgradConfig(min(32, _clamp_pow2(_positions(params), 16, 32)), min(bn, 32), bk, 4, 1),)
     out = []
-    for bm, bn_cap, bk_cap, warps, stages in ((128, 128, 32, 4, 3), (64, 128, 64, 4, 3), (256, 64, 32, 8, 2)):
-        n, k = min(bn, bn_cap), min(bk, bk_cap)
-        cfg = HeadDgradConfig(bm, n, k, warps, _stages(stages, (bm * k + k * n) * dtype.itemsize))
+    for bm, bn_cap, warps in ((128, 64, 4), (128, 128, 8), (256, 64, 8)):
+        cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1)
         if cfg not in out:
             out.append(cfg)
     return tuple(out)
@@ -155,25 +145,46 @@ def _splits(params: ConvT3dParams, tiles: int, block_p: int, device: torch.devic
 def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadWgradConfig, ...]:
     """Tile configurations of ``head_wgrad_kernel``; the first is the untuned default.
 
-    M = Cin/g (<= 64 per tile) and N = taps x Cout/g (<= 128 per tile: 64 for a 4x4x4 kernel with
-    one output channel, so each program reads its X range once for every tap); the reduction
-    step is BLOCK_P positions. The accumulator stays at <= 64 fp32 registers per thread (8 warps
-    above 64 x 64). The reduction is split so that ~4 programs run per SM.
+    M = Cin/g (<= 64 per tile) and N = taps x Cout/g (<= 64 or <= 128 per tile: 64 for a 4x4x4
+    kernel with one output channel, so each program reads its X range once for every tap); the
+    reduction step is 32 positions, one stage (ptxas for sm_90a offline, 2026-12-01: 64-position
+    steps or more stages spilled 100-1000 bytes in fp32; these two tiles use 161-193 registers
+    and never spill). The reduction is split so that ~4 programs run per SM.
     """
     bci = _clamp_pow2(params.in_channels_per_group, 16, 64)
-    bk = _clamp_pow2(_ktot(params), 16, 128)
-    tiles = params.groups * triton.cdiv(params.in_channels_per_group, bci) * triton.cdiv(_ktot(params), bk)
+    ktot = _ktot(params)
     if device.type != "cuda":
         # Interpreter: one split (tests force more), small tiles.
-        return (HeadWgradConfig(min(bci, 16), min(bk, 32), 16, 4, 1, 1),)
+        return (HeadWgradConfig(min(bci, 16), _clamp_pow2(ktot, 16, 32), 16, 4, 1, 1),)
     out = []
-    for bp, stages in ((64, 3), (32, 4)):
-        warps = 8 if bci * bk > 64 * 64 else 4
-        cfg = HeadWgradConfig(bci, bk, bp, warps, _stages(stages, (bci * bp + bp * bk) * dtype.itemsize),
-                              _splits(params, tiles, bp, device))
+    for bk_cap, warps in ((64, 4), (128, 8)):
+        bk = _clamp_pow2(ktot, 16, bk_cap)
+        tiles = params.groups * triton.cdiv(params.in_channels_per_group, bci) * triton.cdiv(ktot, bk)
+        cfg = HeadWgradConfig(bci, bk, 32, warps, 1, _splits(params, tiles, 32, device))
         if cfg not in out:
             out.append(cfg)
     return tuple(out)
+
+
+def padded_dy(dy: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
+    """dY with zeros around it, so that the dY position ``i*s - p + t*d`` of every (input, tap)
+    pair is ``i*s + t*d`` inside the copy (the kernels then gather without bounds tests): ``p``
+    zeros before the data along each dimension, and after it up to ``(in-1)*s + (k-1)*d + 1``."""
+    pads = []
+    for a in reversed(params.axes):  # F.pad lists the last dimension first
+        reach = (a.in_size - 1) * a.stride + (a.kernel - 1) * a.dilation + 1
+        pads += [a.padding, max(0, reach - a.padding - a.out_size)]
+    return torch.nn.functional.pad(dy, pads)
+
+
+def _span(t: torch.Tensor) -> int:
+    """Elements from the first to the last of ``t`` (its strides' reach)."""
+    return 1 + sum(abs(st) * (n - 1) for n, st in zip(t.shape, t.stride()) if n > 0)
+
+
+def _big(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels need 64-bit offsets for these tensors."""
+    return any(_span(t) >= 2**31 for t in tensors)
 
 
 def _precision_args(dtype: torch.dtype, precision: str) -> dict:
@@ -195,7 +206,8 @@ def _check_runnable(t: torch.Tensor, params: ConvT3dParams, what: str) -> None:
 def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
                config: HeadDgradConfig | None = None,
                x_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
-    """dX [N, Cin, D, H, W] in ``x_format``. dY and W are read in place (any strides)."""
+    """dX [N, Cin, D, H, W] in ``x_format``, from a zero-padded copy of dY (:func:`padded_dy`) and
+    the weight packed as the GEMM's B operand."""
     _check_runnable(dy, params, "input")
     from .kernels import head_grad
 
@@ -203,20 +215,23 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
     if dy.dtype != w.dtype:
         dy = dy.to(w.dtype)
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
+    dyp = padded_dy(dy, params)
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     kd, kh, kw = params.kernel_size
+    # [G, taps, Cout/g, Cin/g]: row k = tap * Cout/g + co of the GEMM's B operand, Cin contiguous.
+    wp = w.reshape(g, cin_g, cout_g, kd * kh * kw).permute(0, 3, 2, 1).contiguous()
     m = _positions(params)
     tiles_n = triton.cdiv(cin_g, cfg.BLOCK_N)
     grid = (triton.cdiv(m, cfg.BLOCK_M) * tiles_n, g)
     head_grad.head_dgrad_kernel[grid](
-        dy, w, dx,
+        dyp, wp, dx,
         m, cin_g, cout_g, _ktot(params),
-        *params.in_size, *params.out_size,
+        *params.in_size,
         kh, kw,
-        *dy.stride(), *w.stride(), *dx.stride(),
-        *params.stride, *params.padding, *params.dilation,
+        *dyp.stride(), *dx.stride(),
+        *params.stride, *params.dilation,
         tiles_n,
-        **_precision_args(w.dtype, precision),
+        **_precision_args(w.dtype, precision), BIG=_big(dyp, w, dx),
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -225,7 +240,8 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
 
 def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str, out_dtype: torch.dtype,
                config: HeadWgradConfig | None = None) -> torch.Tensor:
-    """dW [Cin, Cout/g, kD, kH, kW] (contiguous). dY and X are read in place (any strides)."""
+    """dW [Cin, Cout/g, kD, kH, kW] (contiguous), from X in place (any strides) and a zero-padded
+    copy of dY (:func:`padded_dy`)."""
     _check_runnable(x, params, "weight")
     from .kernels import head_grad
 
@@ -236,17 +252,18 @@ def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precisi
     kernel = params.kernel_size
     taps, ktot = math.prod(kernel), _ktot(params)
     part = torch.empty((cfg.splits, g, cin_g, ktot), dtype=torch.float32, device=x.device)
+    dyp = padded_dy(dy, params)
     tiles_ci, tiles_k = triton.cdiv(cin_g, cfg.BLOCK_CI), triton.cdiv(ktot, cfg.BLOCK_K)
     grid = (cfg.splits * tiles_ci * tiles_k, g)
     head_grad.head_wgrad_kernel[grid](
-        x, dy, part,
+        x, dyp, part,
         _positions(params), cin_g, cout_g, ktot,
-        *params.in_size, *params.out_size,
+        *params.in_size,
         kernel[1], kernel[2], g, cfg.splits,
-        *x.stride(), *dy.stride(),
-        *params.stride, *params.padding, *params.dilation,
+        *x.stride(), *dyp.stride(),
+        *params.stride, *params.dilation,
         tiles_ci, tiles_k,
-        **_precision_args(x.dtype, precision),
+        **_precision_args(x.dtype, precision), BIG=_big(x, dyp),
         BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -15,15 +15,21 @@ pairs form one flat GEMM dimension, ``k = tap * Cout/g + co`` (taps x Cout/g: 64
 k4 head, so one or two MMA steps), and the positions are flattened over (n, id, ih, iw):
 
 * ``head_dgrad_kernel``: M = N*D*H*W positions, N = Cin/g, K = taps x Cout/g. The A tile is a
-  gather of dY (a few MB for a head: it stays in L2), B is read from the weight in place; each
-  dX element is written once (no atomics).
+  gather of dY (a few MB for a head: it stays in L2), B the weight packed by the launcher as
+  ``[G, K, Cin/g]`` (rows contiguous along Cin: vector loads); each dX element is written once
+  (no atomics).
 * ``head_wgrad_kernel``: M = Cin/g, N = taps x Cout/g, K = positions, split into SPLITS ranges.
   One program reads its range of X once for every tap and writes an fp32 partial
   ``part[split, g, ci, k]``; the launcher adds the splits in a fixed order (deterministic).
 
-Addresses: a 64-bit base per position (``n*stride_n + (i*s - p)*stride``, computed once per tile)
-plus a 64-bit offset per (tap, channel) (``co*stride_c + t*d*stride``); the masks test each
-dimension of ``i*s - p + t*d`` against dY's size. The launcher checks that N*D*H*W fits in 32 bits.
+dY is read from a zero-padded copy (``dyp``, the launcher's, a few MB): its data sits at offset
+``p`` along each dimension, so the dY position of (i, t) is ``i*s + t*d`` in the copy, always
+inside it, and the gather needs no bounds test -- its offset is a sum of a part per position and
+a part per (tap, channel), and its mask a product of a position mask and a (tap, channel) mask.
+(Testing the three dimensions of every gathered element against dY's bounds instead held six
+comparisons and three 2-D index tensors live per element: ptxas, sm_90a, offline: 255 registers
+and 280-2600 bytes of spills on every dX tile.) Offsets are 32-bit where the tensors they index
+span fewer than 2^31 elements (``BIG`` False, the launcher's test), 64-bit otherwise.
 """
 import triton
 import triton.language as tl
@@ -32,19 +38,25 @@ from .phase_gemm import _round_tf32
 
 
 @triton.jit
-def _tap_offsets(k, k_ok, COUT_G, KH, KW, DD, DH, DW, stride_c, stride_d, stride_h, stride_w):
-    """(tap, channel) index k -> its dY offset (64-bit) and its per-dimension shifts t*d."""
+def _wide(v, BIG: tl.constexpr):
+    """An index in the offset type: 64-bit for tensors of >= 2^31 elements."""
+    if BIG:
+        v = v.to(tl.int64)
+    return v
+
+
+@triton.jit
+def _tap_offsets(k, COUT_G, KH, KW, DD, DH, DW, stride_c, stride_d, stride_h, stride_w, BIG: tl.constexpr):
+    """(tap, channel) index k -> its offset in the padded dY (t*d along each dimension, plus the
+    channel), and its (co, td, th, tw)."""
     co = k % COUT_G
     tap = k // COUT_G
     tw = tap % KW
     th = (tap // KW) % KH
     td = tap // (KW * KH)
-    sd = tl.where(k_ok, td * DD, 0)
-    sh = tl.where(k_ok, th * DH, 0)
-    sw = tl.where(k_ok, tw * DW, 0)
-    off = co.to(tl.int64) * stride_c + sd.to(tl.int64) * stride_d + sh.to(tl.int64) * stride_h \
-        + sw.to(tl.int64) * stride_w
-    return off, sd, sh, sw, co, td, th, tw
+    off = _wide(co, BIG) * stride_c + _wide(td * DD, BIG) * stride_d + _wide(th * DH, BIG) * stride_h \
+        + _wide(tw * DW, BIG) * stride_w
+    return off, co, td, th, tw
 
 
 @triton.jit
@@ -61,21 +73,19 @@ def _positions(p, D, H, W):
 
 @triton.jit
 def head_dgrad_kernel(
-    dy_ptr, w_ptr, dx_ptr,
+    dyp_ptr, wp_ptr, dx_ptr,
     M, CIN_G, COUT_G, KTOT,
     D, H, W,
-    OD, OH, OW,
     KH, KW,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    stride_wi, stride_wo, stride_wd, stride_wh, stride_ww,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     SD, SH, SW,
-    PD, PH, PW,
     DD, DH, DW,
     tiles_n,
     PRECISION: tl.constexpr,
     ROUND_TF32: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
+    BIG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # Program -> (position tile, Cin tile), Cin tile fastest: programs that gather the same dY
@@ -88,30 +98,25 @@ def head_dgrad_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
     nb, id_, ih, iw = _positions(offs_m, D, H, W)
-    odb = id_ * SD - PD  # output position of tap 0, per dimension
-    ohb = ih * SH - PH
-    owb = iw * SW - PW
-    y_m = dy_ptr + nb.to(tl.int64) * stride_yn + (grp * COUT_G).to(tl.int64) * stride_yc \
-        + odb.to(tl.int64) * stride_yd + ohb.to(tl.int64) * stride_yh + owb.to(tl.int64) * stride_yw
+    # Padded dY position of tap 0: i * s per dimension.
+    y_m = _wide(nb, BIG) * stride_yn + _wide(id_ * SD, BIG) * stride_yd + _wide(ih * SH, BIG) * stride_yh \
+        + _wide(iw * SW, BIG) * stride_yw
+    y_g = dyp_ptr + (grp * COUT_G).to(tl.int64) * stride_yc
 
     offs_ci = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ci_ok = offs_ci < CIN_G
-    w_n = w_ptr + (grp * CIN_G + offs_ci).to(tl.int64) * stride_wi
+    # The weight packed as [G, KTOT, CIN_G] (k-major rows, ci contiguous: vector loads).
+    w_g = wp_ptr + grp.to(tl.int64) * KTOT * CIN_G
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, KTOT, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < KTOT
-        y_k, sd, sh, sw, co, td, th, tw = _tap_offsets(k, k_ok, COUT_G, KH, KW, DD, DH, DW,
-                                                       stride_yc, stride_yd, stride_yh, stride_yw)
-        od = odb[:, None] + sd[None, :]
-        oh = ohb[:, None] + sh[None, :]
-        ow = owb[:, None] + sw[None, :]
-        a_ok = (m_ok[:, None] & k_ok[None, :] & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH)
-                & (ow >= 0) & (ow < OW))
-        a_tile = tl.load(y_m[:, None] + y_k[None, :], mask=a_ok, other=0.0)
-        w_k = co * stride_wo + td * stride_wd + th * stride_wh + tw * stride_ww
-        b_tile = tl.load(w_n[None, :] + w_k[:, None], mask=k_ok[:, None] & ci_ok[None, :], other=0.0)
+        y_k, co, td, th, tw = _tap_offsets(k, COUT_G, KH, KW, DD, DH, DW, stride_yc, stride_yd, stride_yh,
+                                           stride_yw, BIG)
+        a_tile = tl.load(y_g + (y_m[:, None] + y_k[None, :]), mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        b_tile = tl.load(w_g + (k[:, None] * CIN_G + offs_ci[None, :]), mask=k_ok[:, None] & ci_ok[None, :],
+                         other=0.0)
         if ROUND_TF32:
             # Both operands to nearest TF32, as cuDNN rounds them (tensor cores would truncate).
             a_tile = _round_tf32(a_tile)
@@ -125,29 +130,29 @@ def head_dgrad_kernel(
 
     # Store as [channel, position]: for NCDHW dX the threads run along W; for channels-last dX
     # the channel stride is 1.
-    x_m = nb.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh \
-        + iw.to(tl.int64) * stride_xw
-    x_c = (grp * CIN_G + offs_ci).to(tl.int64) * stride_xc
-    tl.store(dx_ptr + x_c[:, None] + x_m[None, :], tl.trans(acc).to(dx_ptr.dtype.element_ty),
+    x_m = _wide(nb, BIG) * stride_xn + _wide(id_, BIG) * stride_xd + _wide(ih, BIG) * stride_xh \
+        + _wide(iw, BIG) * stride_xw
+    x_c = _wide(offs_ci, BIG) * stride_xc
+    x_g = dx_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
+    tl.store(x_g + (x_c[:, None] + x_m[None, :]), tl.trans(acc).to(dx_ptr.dtype.element_ty),
              mask=ci_ok[:, None] & m_ok[None, :])
 
 
 @triton.jit
 def head_wgrad_kernel(
-    x_ptr, dy_ptr, part_ptr,
+    x_ptr, dyp_ptr, part_ptr,
     M, CIN_G, COUT_G, KTOT,
     D, H, W,
-    OD, OH, OW,
     KH, KW, GROUPS, SPLITS,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     SD, SH, SW,
-    PD, PH, PW,
     DD, DH, DW,
     tiles_ci, tiles_k,
     PRECISION: tl.constexpr,
     ROUND_TF32: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
+    BIG: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     # Program -> (split, Cin tile, (tap, channel) tile), the last fastest: programs of one split
@@ -164,32 +169,25 @@ def head_wgrad_kernel(
 
     offs_ci = pid_ci * BLOCK_CI + tl.arange(0, BLOCK_CI)
     ci_ok = offs_ci < CIN_G
-    x_c = x_ptr + (grp * CIN_G + offs_ci).to(tl.int64) * stride_xc
+    x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
+    x_c = _wide(offs_ci, BIG) * stride_xc
     k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     k_ok = k < KTOT
-    y_k, sd, sh, sw, co, td, th, tw = _tap_offsets(k, k_ok, COUT_G, KH, KW, DD, DH, DW,
-                                                   stride_yc, stride_yd, stride_yh, stride_yw)
-    y_g = dy_ptr + (grp * COUT_G).to(tl.int64) * stride_yc
+    y_k, co, td, th, tw = _tap_offsets(k, COUT_G, KH, KW, DD, DH, DW, stride_yc, stride_yd, stride_yh, stride_yw,
+                                       BIG)
+    y_g = dyp_ptr + (grp * COUT_G).to(tl.int64) * stride_yc
 
     acc = tl.zeros((BLOCK_CI, BLOCK_K), dtype=tl.float32)
     for step in range(s_lo, s_hi):
         p = step * BLOCK_P + tl.arange(0, BLOCK_P)
         p_ok = p < M
         nb, id_, ih, iw = _positions(p, D, H, W)
-        x_p = nb.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh \
-            + iw.to(tl.int64) * stride_xw
-        x_tile = tl.load(x_c[:, None] + x_p[None, :], mask=ci_ok[:, None] & p_ok[None, :], other=0.0)
-        odb = id_ * SD - PD
-        ohb = ih * SH - PH
-        owb = iw * SW - PW
-        y_p = nb.to(tl.int64) * stride_yn + odb.to(tl.int64) * stride_yd + ohb.to(tl.int64) * stride_yh \
-            + owb.to(tl.int64) * stride_yw
-        od = odb[:, None] + sd[None, :]
-        oh = ohb[:, None] + sh[None, :]
-        ow = owb[:, None] + sw[None, :]
-        y_ok = (p_ok[:, None] & k_ok[None, :] & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH)
-                & (ow >= 0) & (ow < OW))
-        y_tile = tl.load(y_g + y_p[:, None] + y_k[None, :], mask=y_ok, other=0.0)
+        x_p = _wide(nb, BIG) * stride_xn + _wide(id_, BIG) * stride_xd + _wide(ih, BIG) * stride_xh \
+            + _wide(iw, BIG) * stride_xw
+        x_tile = tl.load(x_g + (x_c[:, None] + x_p[None, :]), mask=ci_ok[:, None] & p_ok[None, :], other=0.0)
+        y_p = _wide(nb, BIG) * stride_yn + _wide(id_ * SD, BIG) * stride_yd + _wide(ih * SH, BIG) * stride_yh \
+            + _wide(iw * SW, BIG) * stride_yw
+        y_tile = tl.load(y_g + (y_p[:, None] + y_k[None, :]), mask=p_ok[:, None] & k_ok[None, :], other=0.0)
         if ROUND_TF32:
             x_tile = _round_tf32(x_tile)
             y_tile = _round_tf32(y_tile)
