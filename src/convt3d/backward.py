@@ -29,15 +29,18 @@ For ``y = conv_transpose3d(x, w, b)`` with output gradient dY:
 * db is the sum of dY over batch and positions (fp32 accumulation, as PyTorch).
 
 Choice per call signature (device, dtype, precision, geometry, layouts), made separately for dX
-and for dW: on CUDA the first backward of a signature times cuDNN and each Triton dX candidate
-(``triton.testing.do_bench`` medians, ~0.2-1 s plus compilation once per signature) and keeps
-the fastest; under CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU, the static rule
-decides: cuDNN. dW is not timed by default (cuDNN; see ``choose_wgrad``) except for heads.
-``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton") force one per gradient. When both dX and dW go to cuDNN they are computed by one
-``convolution_backward`` call, db with them. Both Triton kernels need >= 8 input and output
-channels per group (below that most of every MMA would be padding; depthwise layers stay on
-cuDNN) -- except the head kernels, which need >= 8 input and <= 15 output channels per group.
-The choices are kept in ``dgrad_choices()`` (dX) and ``choices()`` (dW).
+and for dW: on CUDA the first backward of a signature times cuDNN and each Triton candidate
+(``triton.testing.do_bench`` medians, ~0.2-1 s plus compilation once per signature) and keeps a
+Triton tile only if it beats cuDNN by more than 3%; a candidate that fails to build is left out.
+The choice is saved in the cache file (``convt3d.cache``, section "backward"), so a later process
+reads it instead of timing. Under CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU, the
+static rule decides: cuDNN. dW is not timed by default (cuDNN; see ``choose_wgrad``) except for
+heads. ``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton") force one per
+gradient. When both dX and dW go to cuDNN they are computed by one ``convolution_backward`` call,
+db with them. The general Triton kernels need >= 8 input and output channels per group (below
+that most of every MMA would be padding; depthwise layers stay on cuDNN); the head kernels need
+>= 8 input and <= 15 output channels per group. The choices are kept in ``dgrad_choices()`` (dX)
+and ``choices()`` (dW).
 
 Measured on the H200 (2026-11-29, commit 8812ce7, scripts/gpu_training.py; us, cuDNN deterministic vs the best
 Triton tile; bf16 channels-last / fp32 NCDHW, default precision):

@@ -58,8 +58,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 __all__ = ["CacheWarning", "FORMAT", "SECTIONS", "cache_dir", "environment_key", "file_for", "Store", "store_for",
-           "reset", "load_decision", "save_decision", "load_backward", "save_backward", "prime_triton", "flush_triton", "tune_key_text",
-           "config_to_dict", "config_from_dict"]
+           "reset", "load_decision", "save_decision", "load_backward", "save_backward", "prime_triton",
+           "flush_triton", "tune_key_text", "config_to_dict", "config_from_dict"]
 
 FORMAT = 1
 SECTIONS = ("decisions", "triton_configs", "backward")

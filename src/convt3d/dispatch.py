@@ -54,7 +54,8 @@ from .torch_engine import cudnn_conv_tf32, torch_forward
 
 __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve_backend_name", "resolve_precision",
            "decide", "select", "explain_pass", "heuristic", "set_benchmark", "benchmark_enabled", "clear_decisions",
-           "cudnn_conv_tf32", "signature_text", "torch_forward", "NOMINAL_CEILINGS", "NOISE_MARGIN", "HYBRID", "override"]
+           "cudnn_conv_tf32", "signature_text", "torch_forward", "NOMINAL_CEILINGS", "NOISE_MARGIN", "HYBRID",
+           "override"]
 
 BACKENDS = ("auto", "triton", "torch", "cuda")
 
