@@ -504,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                 layer = _CaseLayer(case.geometry, t.w, t.b, args.backward)
                 x = t.x.requires_grad_(args.backward)
                 with cudnn_tf32(case.allow_tf32):
-                    rep = tune(layer, x, backward=args.backward, progress=False)
+                    # One layer per model: the network check would time that layer again.
+                    rep = tune(layer, x, backward=args.backward, progress=False, check=False)
                 rows += [(case.label, e) for e in rep.entries]
             except Exception as exc:  # noqa: BLE001 -- report the case, go on with the others
                 failures += 1
