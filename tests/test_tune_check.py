@@ -1,6 +1,6 @@
 """CPU tests of ``convt3d.tune``'s network check: after each layer's decision (measured on the
 layer alone), the whole model is timed with those decisions against PyTorch for every layer, and
-the signatures that make it slower are reverted (``tune.network_check``, ``tune._check_network``).
+the signatures that make it slower are reverted (``convt3d.network_check``).
 
 Timings are injected: ``measure``/``timer`` stand-ins compute a model time from which layers run
 on PyTorch, so every branch (kept, one culprit, all reverted, ties and noise) is exercised without
@@ -8,16 +8,14 @@ a GPU; tests/test_gpu_networks.py runs the real thing.
 """
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 from torch import nn
 
 import convt3d
 from convt3d import dispatch
-
-T = importlib.import_module("convt3d.tune")  # the module (convt3d.tune is also the function)
+from convt3d import network_check as NC
+from convt3d.tune import TuneReport
 
 
 def _measure_from(costs: dict[frozenset, float] | None = None, *, base: float = 10.0, per_group=None,
@@ -50,7 +48,7 @@ CASES = {
 def test_network_check_reverts_what_makes_the_model_slower(name):
     per_group, expect = CASES[name]
     measure, calls = _measure_from(per_group=per_group)
-    reverted, times = T.network_check(list(per_group), measure)
+    reverted, times = NC.network_check(list(per_group), measure)
     assert set(reverted) == expect
     # Never slower than PyTorch everywhere; slower than convt3d's choices only within the noise
     # (a tie goes to PyTorch).
@@ -65,14 +63,14 @@ def test_noisy_rounds_raise_the_bar():
     # convt3d's choices look 5% faster, but the rounds of the model itself spread by 10%: the
     # check cannot tell, and PyTorch keeps the layer.
     measure, _ = _measure_from(costs={frozenset(): 9.5, frozenset({"a"}): 10.0}, noise=[1.0, 1.0, 1.1, 1.1])
-    reverted, times = T.network_check(["a"], measure)
+    reverted, times = NC.network_check(["a"], measure)
     assert reverted == frozenset({"a"}) and times["margin"] >= 0.09
 
 
 def test_greedy_order_keeps_the_useful_layers():
     # Three groups: c alone loses; a and b win. Reverting in the given order keeps a and b.
     measure, calls = _measure_from(per_group={"c": (5.0, 1.0), "a": (1.0, 2.0), "b": (1.0, 2.0)})
-    reverted, times = T.network_check(["c", "a", "b"], measure)
+    reverted, times = NC.network_check(["c", "a", "b"], measure)
     assert reverted == frozenset({"c"}) and times["final_ms"] == 10.0 + 1 + 1 + 1
 
 
@@ -97,7 +95,7 @@ def test_check_network_reverts_the_slow_signature_and_restores_backends(monkeypa
     model = _Decoder()
     # up1 and up2 share a signature only if their inputs have the same size: they do not here.
     groups = {"sig-up1": [model.up1], "sig-up2": [model.up2], "sig-head": [model.head]}
-    report = T.TuneReport(entries=[
+    report = TuneReport(entries=[
         {"signature": "sig-up1", "engine": "triton", "source": "measured", "timings_ms": {"triton": 1.0, "torch": 2.0}},
         {"signature": "sig-up2", "engine": "triton", "source": "measured", "timings_ms": {"triton": 1.0, "torch": 1.1}},
         {"signature": "sig-head", "engine": "torch", "source": "measured", "timings_ms": {"triton": 3.0, "torch": 1.0}},
@@ -113,7 +111,7 @@ def test_check_network_reverts_the_slow_signature_and_restores_backends(monkeypa
     overrides = []
     monkeypatch.setattr(dispatch, "override", lambda sig, engine, why, device, detail=None: overrides.append(
         (sig, engine, why)) or 1)
-    T._check_network(report, groups, lambda: None, torch.device("cuda", 0), _Bar(), timer=timer)
+    NC.check_network(report, groups, lambda: None, torch.device("cuda", 0), _Bar(), timer=timer)
     assert [o[:2] for o in overrides] == [("sig-up2", "torch")]
     assert "network check" in overrides[0][2]
     assert report.network["reverted"] == ["sig-up2"] and report.network["checked"] == ["sig-up2", "sig-up1"]
@@ -127,8 +125,8 @@ def test_check_network_reverts_the_slow_signature_and_restores_backends(monkeypa
 
 def test_check_network_does_nothing_when_every_layer_is_pytorch(monkeypatch):
     model = _Decoder()
-    report = T.TuneReport(entries=[{"signature": "s", "engine": "torch", "source": "measured", "timings_ms": {}}])
-    T._check_network(report, {"s": [model.up1]}, lambda: None, torch.device("cuda", 0), _Bar(),
+    report = TuneReport(entries=[{"signature": "s", "engine": "torch", "source": "measured", "timings_ms": {}}])
+    NC.check_network(report, {"s": [model.up1]}, lambda: None, torch.device("cuda", 0), _Bar(),
                      timer=lambda run: pytest.fail("nothing to time"))
     assert report.network is None
 
@@ -144,7 +142,7 @@ def test_layer_signature_matches_the_dispatch_key_text():
 
     model = _Decoder()
     x = torch.randn(1, 4, 2, 2, 2)
-    sig = T._layer_signature(model.up1, (x,))
+    sig = NC.layer_signature(model.up1, (x,))
     want = make_call(x, model.up1.weight, model.up1.bias, (2, 2, 2), (0, 0, 0), (0, 0, 0), 1, (1, 1, 1),
                      autograd=True).text
     assert sig == want
