@@ -120,13 +120,21 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
                     use_dot=True, head=kind, BLOCK_R=elements)
 
     if collision_free(params):
-        return [tile("direct", cout_g * kd * kh * kw, bm, el) for bm, el in ((128, 2048), (64, 1024))]
-    tiles = []
-    if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
-        tiles.append(tile("gather", cout_g * kd * kh * kw, 128, 0))  # per-row gather: no BLOCK_R
-    # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
-    if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
-        tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
+        tiles = [tile("direct", cout_g * kd * kh * kw, bm, el) for bm, el in ((128, 2048), (64, 1024))]
+    else:
+        tiles = []
+        if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
+            tiles.append(tile("gather", cout_g * kd * kh * kw, 128, 0))  # per-row gather: no BLOCK_R
+        # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
+        if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
+            tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
+    # Half-K variants, after the measured tiles (which stay the untuned defaults). ptxas for
+    # sm_90a (offline, Triton 3.9 code generation, 2026-12-01; scripts/ptxas_regs.py): the 16-bit
+    # K-64 GEMM tiles run at 255 registers and spill (gather 100 B, rows 512 B); at K 32 they
+    # take 214 / 254 registers and do not. fp32 K 32 with two stages spills 320 B (gather); K 16
+    # does not. Whether the spill-free tiles beat the measured ones is the tuner's measurement.
+    if bk > 16:
+        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles]
     return tiles
 
 
