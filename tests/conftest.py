@@ -39,6 +39,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory):
+    """convt3d's persistent cache (decisions, tiles, backward choices) goes to a directory of this
+    test session, never to the user's ~/.cache/convt3d: a test must neither read what an earlier
+    run measured nor leave its own measurements behind. Tests that need a fresh one per test use
+    ``auto_state``."""
+    from convt3d import cache
+
+    old = os.environ.get(cache.ENV_DIR)
+    os.environ[cache.ENV_DIR] = str(tmp_path_factory.mktemp("convt3d-cache"))
+    cache.reset()
+    yield
+    if old is None:
+        os.environ.pop(cache.ENV_DIR, None)
+    else:
+        os.environ[cache.ENV_DIR] = old
+    cache.reset()
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     """Every test starts from the same RNG state, so a failure reproduces with the same data

@@ -234,9 +234,10 @@ def test_head_backward_noncontiguous_input(name):
     _assert_within(HB.head_wgrad(dy, x, params, "tf32", x.dtype), ref_w, bud_w, "dW")
 
 
-def test_head_backward_choice_is_timed(monkeypatch):
+def test_head_backward_choice_is_timed(monkeypatch, auto_state):
     # On CUDA the first backward of a head signature times cuDNN against every head candidate of
-    # dX and of dW; whichever wins, the gradients meet the bar.
+    # dX and of dW; whichever wins, the gradients meet the bar. (auto_state: a fresh cache
+    # directory, so the choice is timed here, not read from a file.)
     for env in ("CONVT3D_BWD_INPUT", "CONVT3D_BWD_WEIGHT", "CONVT3D_AUTOTUNE"):
         monkeypatch.delenv(env, raising=False)
     B.clear_caches()

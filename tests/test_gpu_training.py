@@ -174,7 +174,8 @@ def test_forced_triton_dgrad_through_autograd(name, dtype, precision, wgrad, mon
     assert (gw.double() - ref[1]).abs().max().item() <= 0.05 * ref[1].abs().max().item()
 
 
-def test_dgrad_choice_is_timed_on_cuda(monkeypatch):
+def test_dgrad_choice_is_timed_on_cuda(monkeypatch, auto_state):
+    # auto_state: a fresh cache directory, so the choice is timed here, not read from a file.
     monkeypatch.delenv("CONVT3D_BWD_INPUT", raising=False)
     monkeypatch.delenv("CONVT3D_AUTOTUNE", raising=False)
     B.clear_caches()
