@@ -32,8 +32,8 @@ from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 from .triton_sites import interpreter_active
 
-__all__ = ["MAX_OUT_PER_GROUP", "HeadDgradConfig", "HeadWgradConfig", "supports", "unsupported_reason",
-           "dgrad_candidates", "wgrad_candidates", "head_dgrad", "head_wgrad"]
+__all__ = ["MAX_OUT_PER_GROUP", "MIN_IN_PER_GROUP", "HeadDgradConfig", "HeadWgradConfig", "supports",
+           "unsupported_reason", "dgrad_candidates", "wgrad_candidates", "padded_dy", "head_dgrad", "head_wgrad"]
 
 MAX_OUT_PER_GROUP = 15
 MIN_IN_PER_GROUP = 8
