@@ -415,3 +415,37 @@ def test_choice_entry_needs_the_same_candidates():
                                 cands) is None, "same fields, other kernel: not the same tile"
     cud = B._choice_from_entry(B._entry_from_choice(B.Choice("cudnn", None, 0.1, {}, "timed"), cands), cands)
     assert cud.impl == "cudnn" and cud.config is None
+
+
+@pytest.mark.parametrize("name", ["gan3d", "vqvae_video"])
+def test_networks_train_with_the_triton_backward(name, monkeypatch):
+    # The bench's 3-D GAN generator and VQ-VAE video decoder at their CPU sizes, patched with the
+    # Triton engine and both gradients forced to Triton: their heads (8 -> 1, 8 -> 3) take the
+    # head kernels, the wider layers the general ones. Every transposed convolution's weight and
+    # bias gradient, and the input gradient, against the float64 model.
+    import copy
+
+    from convt3d.bench import networks
+
+    monkeypatch.setenv("CONVT3D_BWD_INPUT", "triton")
+    monkeypatch.setenv("CONVT3D_BWD_WEIGHT", "triton")
+    calls = []
+    for fn in ("head_dgrad", "head_wgrad"):
+        real = getattr(HB, fn)
+        monkeypatch.setattr(HB, fn, lambda *a, _r=real, _n=fn, **k: calls.append(_n) or _r(*a, **k))
+    model, shape = networks.select_networks([name])[0].build(True)
+    x = _rnd(*shape)
+    patched = convt3d.patch(copy.deepcopy(model), backend="triton", precision="ieee")
+    ref = copy.deepcopy(model).double()
+    xp, xr = x.clone().requires_grad_(), x.double().requires_grad_()
+    patched(xp).square().mean().backward()
+    ref(xr).square().mean().backward()
+    assert {"head_dgrad", "head_wgrad"} <= set(calls), "the head layer did not take the head kernels"
+    _assert_close(xp.grad, xr.grad, 1e-5, "input gradient")
+    convts = [n for n, m in model.named_modules() if isinstance(m, torch.nn.ConvTranspose3d)]
+    params_p, params_r = dict(patched.named_parameters()), dict(ref.named_parameters())
+    for layer in convts:
+        for kind in ("weight", "bias"):
+            key = f"{layer}.{kind}"
+            if key in params_p:
+                _assert_close(params_p[key].grad, params_r[key].grad, 1e-5, key)
