@@ -220,3 +220,24 @@ def test_explain_names_the_output_head_tiles_of_a_narrow_layer():
     text = str(convt3d.explain(x, w, None, 2, 1, backend="triton"))
     assert "phase GEMM on the FMA path" in text and "output-head tiles" in text and "N = Cout/g x taps = 64" in text
     assert "runs one by default" in text and "config: head-" in text
+
+
+def test_explain_reports_the_backward_choice():
+    # A head layer: both gradients would time cuDNN against head tiles; after a backward, the
+    # choice made for the signature is reported with its reason (static cuDNN on the CPU).
+    from convt3d import backward as B
+
+    B.clear_caches()
+    x = torch.randn(1, 16, 2, 2, 2, requires_grad=True)
+    w = torch.randn(16, 1, 4, 4, 4, requires_grad=True)
+    text = str(convt3d.explain(x, w, None, 2, 1))
+    assert "dX: cuDNN against 1 Triton head tile" in text and "dW: cuDNN against 1 Triton head tile" in text
+    assert "chosen" not in text
+    convt3d.conv_transpose3d(x, w, None, 2, 1, backend="triton", precision="ieee").sum().backward()
+    rep = convt3d.explain(x, w, None, 2, 1, precision="ieee")
+    chosen = [line for line in rep.backward if "chosen" in line]
+    assert len(chosen) == 2 and all("cudnn" in line and "static rule" in line for line in chosen), rep.backward
+    B.clear_caches()
+    # A depthwise layer: no Triton tile for either gradient.
+    dw = convt3d.explain(torch.randn(1, 8, 2, 2, 2), torch.randn(8, 1, 3, 3, 3), None, 2, 1, 0, 8)
+    assert dw.backward[0].startswith("dX: cuDNN against no Triton tile")

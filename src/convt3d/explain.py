@@ -51,6 +51,7 @@ class Explanation:
     timings_ms: dict[str, float] | None = None  # measured per engine
     tuning_ms: dict[str, float] | None = None  # Triton tuning: per config
     notes: list[str] = field(default_factory=list)
+    backward: list[str] = field(default_factory=list)  # what a training step's backward would run
 
     def __str__(self) -> str:
         out = [f"convt3d.explain: {self.call}", f"  device: {self.device}"]
@@ -88,6 +89,9 @@ class Explanation:
         if self.tuning_ms:
             out.append("  Triton tuning (ms per config): " + ", ".join(f"[{k}] {v:.4g}" for k, v in
                                                                        self.tuning_ms.items()))
+        if self.backward:
+            out.append("  backward (training steps on convt3d's engines, or torch+bwd):")
+            out += [f"    {line}" for line in self.backward]
         out += [f"  note: {n}" for n in self.notes]
         return "\n".join(out)
 
@@ -153,6 +157,31 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
     return lines, tuning
 
 
+def _backward_lines(x5, weight, params, prec) -> list[str]:
+    """Per gradient: the implementations the backward's timed choice would compare, and what it
+    chose for this signature in this process (any dY layout), if it has."""
+    from . import backward as B
+
+    bprec = prec if x5.dtype == torch.float32 else "tf32"
+    lines = []
+    rows = (("dX", B.dgrad_choice_candidates(params, weight.dtype, x5.device, bprec), B.dgrad_choices()),
+            ("dW", B.wgrad_choice_candidates(params, x5.dtype, x5.device), B.choices()))
+    for what, cands, made in rows:
+        kinds = {}
+        for c in cands:
+            kind = "head" if c.short().startswith("head") else "general"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        offer = ", ".join(f"{n} Triton {k} tile{'s' if n > 1 else ''}" for k, n in kinds.items()) or "no Triton tile"
+        lines.append(f"{what}: cuDNN against {offer}"
+                     + (" (timed on the first backward of a signature on CUDA)" if cands else ""))
+        for key, rec in made.items():
+            if key[0] == str(x5.device) and key[1] == x5.dtype and key[2] == bprec and key[3] == params \
+                    and key[4] == x5.stride() and key[6] == weight.stride():
+                cfg = f" {rec.config.short()}" if rec.config is not None else ""
+                lines.append(f"  chosen: {rec.impl}{cfg} -- {rec.reason}")
+    return lines
+
+
 def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
             backend=None, precision=None) -> Explanation:
     """Explain what ``convt3d.conv_transpose3d`` would do with these arguments (same signature;
@@ -211,6 +240,8 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
         mem, comp, peak = dispatch.floors(params, input.dtype, prec if input.dtype == torch.float32 else "tf32",
                                           bias is not None)
 
+    backward_lines = _backward_lines(x5, weight, params, eprec if engine is not None else prec) \
+        if input.dtype in triton_engine.SUPPORTED_DTYPES else []
     n_empty = sum(p.empty for p in params.phases)
     return Explanation(
         call=_call_text(input, weight, bias, params),
@@ -220,4 +251,4 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
         candidates=candidates, heuristic=heur, kernel=kernel, phases=params.describe().splitlines(),
         num_phases=len(params.phases), empty_phases=n_empty, useful_macs=params.useful_macs,
         dense_macs=_dense_macs(params), memory_floor_s=mem, compute_floor_s=comp, peak_class=peak,
-        timings_ms=timings, tuning_ms=tuning, notes=notes)
+        timings_ms=timings, tuning_ms=tuning, notes=notes, backward=backward_lines)
