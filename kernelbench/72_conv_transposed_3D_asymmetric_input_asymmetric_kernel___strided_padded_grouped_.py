@@ -1049,14 +1049,20 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
         _tuned[key] = TuneRecord(configs[0], 0.0, {})
         return configs[0]
     t0 = time.perf_counter()
-    timings = {}
-    best, best_ms = configs[0], math.inf
+    timings: dict[str, float] = {}
     for cfg in configs:
         run(cfg)  # compile + warm
-        ms = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=30, return_mode="median")
-        timings[cfg.short()] = ms
-        if ms < best_ms:
-            best, best_ms = cfg, ms
+        timings[cfg.short()] = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=30, return_mode="median")
+    # The candidates within 25% of the best, timed again in reverse order (at most 3): one pass
+    # lets clock ramp or a neighbour's work decide between near-equal tiles; each keeps its
+    # lower median, as the auto backend's two opposite-order rounds do.
+    close = sorted((c for c in configs if timings[c.short()] <= 1.25 * min(timings.values())),
+                   key=lambda c: timings[c.short()])[:3]
+    if len(close) > 1:
+        for cfg in reversed(close):
+            again = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=30, return_mode="median")
+            timings[cfg.short()] = min(timings[cfg.short()], again)
+    best = min(configs, key=lambda c: timings[c.short()])
     _tuned[key] = TuneRecord(best, time.perf_counter() - t0, timings)
     return best
 

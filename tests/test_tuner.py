@@ -1,0 +1,60 @@
+"""The Triton tuner (``triton_configs._choose``) on the CPU with injected timings: the fastest
+candidate wins, and near-equal candidates are timed again in reverse order (a drifting first pass
+does not decide)."""
+from __future__ import annotations
+
+import pytest
+import triton.testing
+
+from convt3d import triton_engine
+
+
+def _configs(n: int):
+    base = triton_engine.Config(BLOCK_M=64, BLOCK_N=16, BLOCK_K=16, BLOCK_W=16, num_warps=4, num_stages=1)
+    return [triton_engine.Config(**{**base.__dict__, "BLOCK_M": 16 * (i + 1)}) for i in range(n)]
+
+
+class _Bench:
+    """do_bench stand-in: runs the candidate and returns the next of its scripted timings (the
+    last one repeats)."""
+
+    def __init__(self, configs, script: dict[int, list[float]]):
+        self.configs, self.script, self.calls, self.last = configs, script, [], None
+
+    def run(self, cfg):
+        self.last = self.configs.index(cfg)
+
+    def do_bench(self, fn, **_):
+        fn()
+        i = self.last
+        seq = self.script[i]
+        n = sum(1 for c in self.calls if c == i)
+        self.calls.append(i)
+        return seq[min(n, len(seq) - 1)]
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.delenv("CONVT3D_AUTOTUNE", raising=False)
+    triton_engine.clear_caches()
+    yield
+    triton_engine.clear_caches()
+
+
+@pytest.mark.parametrize("script,winner,retimed", [
+    ({0: [2.0], 1: [1.0], 2: [3.0]}, 1, set()),  # clear winner: one pass
+    ({0: [1.1, 0.9], 1: [1.0, 1.0], 2: [3.0]}, 0, {0, 1}),  # first pass drifted: the second decides
+    ({0: [1.0, 1.0], 1: [1.2, 1.3], 2: [1.1, 1.05]}, 0, {0, 1, 2}),  # three close ones, at most 3
+], ids=["clear-winner", "drifted-first-pass", "three-close"])
+def test_tuner_picks_the_fastest_robustly(script, winner, retimed, monkeypatch):
+    configs = _configs(3)
+    bench = _Bench(configs, script)
+    monkeypatch.setattr(triton.testing, "do_bench", bench.do_bench)
+    key = ("test-gpu", "tuner", 0)
+    cfg = triton_engine._choose(key, configs, bench.run)
+    assert cfg == configs[winner]
+    twice = {i for i in range(3) if bench.calls.count(i) == 2}
+    assert twice == retimed
+    rec = triton_engine.tuning_log()[key]
+    assert rec.config == cfg and rec.seconds > 0
+    assert set(rec.timings_ms) == {c.short() for c in configs}
