@@ -201,8 +201,9 @@ def _gemm_case(rng: random.Random):
             return rng.randint(1, 2), g, cin_g, cout_g, size, k, s, p, op, d
 
 
-@pytest.mark.parametrize("seed", range(24), ids=lambda s: f"gemm-sweep{s}")
-def test_gemm_random_sweep(seed):
+def _gemm_tensors(seed: int):
+    """(x, w, b, args) of the gemm sweep's case ``seed``: channels-last input every third case,
+    bias every other."""
     rng = random.Random(5000 + seed)
     n, g, cin_g, cout_g, size, k, s, p, op, d = _gemm_case(rng)
     x = torch.randn(n, g * cin_g, *size, device=DEV)
@@ -210,7 +211,12 @@ def test_gemm_random_sweep(seed):
         x = x.contiguous(memory_format=torch.channels_last_3d)
     w = torch.randn(g * cin_g, cout_g, *k, device=DEV) * 0.1
     b = torch.randn(g * cout_g, device=DEV) if seed % 2 else None
-    args = (s, p, op, g, d)
+    return x, w, b, (s, p, op, g, d)
+
+
+@pytest.mark.parametrize("seed", range(24), ids=lambda s: f"gemm-sweep{s}")
+def test_gemm_random_sweep(seed):
+    x, w, b, args = _gemm_tensors(seed)
     ref = _ref(x, w, b, args)
     for variant in E.GEMM_VARIANTS:
         y = _run(x, w, b, args, variant=variant)
@@ -362,14 +368,7 @@ def test_tf32_kernelbench_problems(problem):
 def test_tf32_gemm_random_sweep(seed):
     """The gemm sweep's geometries (8-40 input, 17-80 output channels per group: tiles and
     tails) in TF32 mode, on every gemm tile and the tensor-core ones."""
-    rng = random.Random(5000 + seed)
-    n, g, cin_g, cout_g, size, k, s, p, op, d = _gemm_case(rng)
-    x = torch.randn(n, g * cin_g, *size, device=DEV)
-    if seed % 3 == 0:
-        x = x.contiguous(memory_format=torch.channels_last_3d)
-    w = torch.randn(g * cin_g, cout_g, *k, device=DEV) * 0.1
-    b = torch.randn(g * cout_g, device=DEV) if seed % 2 else None
-    args = (s, p, op, g, d)
+    x, w, b, args = _gemm_tensors(seed)
     for variant in [None, *E.GEMM_VARIANTS, *E.MMA_VARIANTS]:
         y = _run(x, w, b, args, precision="tf32", variant=variant)
         _check_tf32(y, x, w, b, args, f"{variant} n{n} g{g} {cin_g}->{cout_g} in{size} k{k} s{s} p{p} op{op} d{d}")

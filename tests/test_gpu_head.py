@@ -159,35 +159,23 @@ from convt3d import backward as B  # noqa: E402
 from convt3d import head_backward as HB  # noqa: E402
 from convt3d.torch_engine import cudnn_conv_tf32  # noqa: E402
 
-BWD_HEADS = [n for n in HEADS if HB.supports(check_call(
-    torch.empty(HEADS[n][0], HEADS[n][1], *HEADS[n][4], device="meta"),
-    torch.empty(HEADS[n][1], HEADS[n][2] // HEADS[n][3],
-                *(HEADS[n][5] if isinstance(HEADS[n][5], tuple) else (HEADS[n][5],) * 3), device="meta"),
-    None, *HEADS[n][6:9], HEADS[n][3], HEADS[n][9])[0])]
+from test_gpu_training import _bwd as _conv_bwd, _round_tf32  # noqa: E402  -- the same reference and rounding
+
+# Every head row has >= 8 input and <= 15 output channels per group (the test checks it).
+BWD_HEADS = list(HEADS)
 BWD_PRECISIONS = [(torch.bfloat16, "tf32"), (torch.float16, "tf32"), (torch.float32, "tf32"),
                   (torch.float32, "tf32x3"), (torch.float32, "ieee")]
 
 
-def _round_tf32(t):
-    bits = t.float().contiguous().view(torch.int32)
-    r = ((bits + 0x1000) & -8192).view(torch.float32)
-    return torch.where(t.float().abs() < float("inf"), r, t.float())
-
-
-def _conv_bwd(dy, x, w, params, mask, f=lambda t: t):
-    return torch.ops.aten.convolution_backward(
-        f(dy), f(x), f(w), None, list(params.stride), list(params.padding), list(params.dilation), True,
-        list(params.output_padding), params.groups, mask)
-
-
 def _grad_budgets(dy, x, w, params, precision):
     """(float64 dX, float64 dW, dX budget, dW budget)."""
-    ref = _conv_bwd(dy, x, w, params, [True, True, False], lambda t: t.double())
+    ref = _conv_bwd(dy, x, w, params, [True, True, False], dtype64=True)
     with cudnn_conv_tf32(precision == "tf32"):
         cud = _conv_bwd(dy, x, w, params, [True, True, False])
     buds = [(cud[i].double() - ref[i]).abs().max().item() for i in (0, 1)]
     if precision == "tf32" and x.dtype == torch.float32:
-        ideal = _conv_bwd(dy, x, w, params, [True, True, False], lambda t: _round_tf32(t).double())
+        ideal = _conv_bwd(_round_tf32(dy), _round_tf32(x), _round_tf32(w), params, [True, True, False],
+                          dtype64=True)
         buds = [max(b_, (ideal[i] - ref[i]).abs().max().item()) for i, b_ in enumerate(buds)]
     return ref[0], ref[1], buds[0], buds[1]
 
@@ -207,6 +195,7 @@ def test_head_backward_every_candidate(name, layout, dtype, precision):
     torch.manual_seed(0)
     x, w, b, args = _inputs(HEADS[name], layout, dtype)
     params, _ = check_call(x, w, b, *args)
+    assert HB.supports(params), HB.unsupported_reason(params)
     dy = torch.randn(params.out_shape, device=DEV).to(dtype)
     if layout == "cl":
         dy = dy.contiguous(memory_format=torch.channels_last_3d)

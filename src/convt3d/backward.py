@@ -73,7 +73,6 @@ weight-gradient algorithms). ``CONVT3D_DETERMINISTIC=0`` lifts that for cuDNN.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time
@@ -87,11 +86,12 @@ from . import head_backward as HB
 from .torch_engine import cudnn_conv_tf32
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
+from .triton_configs import _pow2_at_least
 from .triton_engine import _tuning_enabled, device_name, interpreter_active, suggests_channels_last
 
 __all__ = ["WGRAD_IMPLS", "DGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
            "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates", "dgrad_choice_candidates", "choices",
-           "dgrad_choices", "clear_caches", "grad_formats"]
+           "dgrad_choices", "recorded_choices", "clear_caches", "grad_formats"]
 
 WGRAD_IMPLS = ("cudnn", "triton")
 DGRAD_IMPLS = ("cudnn", "triton")
@@ -159,10 +159,6 @@ def clear_caches() -> None:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-def _pow2_at_least(v: int) -> int:
-    return 1 << max(0, (int(v) - 1).bit_length())
-
-
 class _cudnn_flags:
     """cuDNN for our backward calls: TF32 per the resolved precision (fp32 only) and
     deterministic algorithms unless CONVT3D_DETERMINISTIC=0; restored on exit."""
@@ -211,13 +207,6 @@ def _torch_grads(dy, x, w, params, precision, need_x, need_w, need_b=False):
 
 
 # ---- Triton dW --------------------------------------------------------------------------------
-def _device_programs(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    # 4 programs per SM: enough to hide the latency of the L2 reads that feed each step.
-    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[WgradConfig, ...]:
     """Tile configurations of ``wgrad_kernel``; the first is the untuned default.
 
@@ -245,7 +234,7 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
             stages -= 1
         tiles = params.groups * taps * triton.cdiv(cin_g, bci) * triton.cdiv(cout_g, bco)
         rows = params.batch * params.in_size[0] * triton.cdiv(h, bp // bw) * triton.cdiv(w, bw)
-        splits = max(1, min(triton.cdiv(_device_programs(device), tiles), max(1, rows // 4), 256))
+        splits = max(1, min(triton.cdiv(HB.device_programs(device), tiles), max(1, rows // 4), 256))
         if interp:
             splits = 1  # Triton's interpreter: ~0.1 s per program step; tests force more splits
         cfg = WgradConfig(bci, bco, bp, bw, warps, stages, max(1, splits))
@@ -457,6 +446,14 @@ def _key(dy, x, w, params, precision) -> tuple:
     return (str(x.device), x.dtype, precision, params, x.stride(), dy.stride(), w.stride())
 
 
+def recorded_choices(x, w, params, precision) -> list[tuple[str, Choice]]:
+    """("dX" | "dW", choice) made in this process for a forward signature, whatever dY's layout
+    (``convt3d.explain``)."""
+    want = (str(x.device), x.dtype, precision, params, x.stride())
+    return [(what, rec) for what, made in (("dX", _dgrad_choices), ("dW", _choices))
+            for key, rec in made.items() if key[:5] == want and key[6] == w.stride()]
+
+
 # A Triton candidate replaces cuDNN only when its median is lower by more than this: the
 # forward's measured auto uses the same 3% (dispatch.NOISE_MARGIN); do_bench medians of one
 # signature move by ~1-2% between runs.
@@ -493,7 +490,7 @@ def _time_choice(cands: tuple, run_cudnn, run_triton) -> Choice:
 def _entry_from_choice(rec: Choice, cands: tuple) -> dict:
     """The disk-cache entry of a timed choice (``convt3d.cache``, section "backward")."""
     config = None if rec.config is None else {"type": type(rec.config).__name__,
-                                              "fields": dataclasses.asdict(rec.config)}
+                                              "fields": disk_cache.config_to_dict(rec.config)}
     return {"impl": rec.impl, "config": config, "timings_ms": dict(rec.timings_ms), "tuning_s": rec.seconds,
             "candidates": [c.short() for c in cands]}
 
@@ -510,11 +507,11 @@ def _choice_from_entry(entry: dict | None, cands: tuple) -> Choice | None:
     cfg = entry.get("config")
     if entry.get("impl") != "triton" or not isinstance(cfg, dict):
         return None
-    for c in cands:
-        if type(c).__name__ == cfg.get("type") and dataclasses.asdict(c) == cfg.get("fields"):
-            return Choice("triton", c, 0.0, timings, f"cached: triton {c.short()} fastest (timed by an earlier "
-                                                     "process)")
-    return None
+    # The same fields can name tiles of two kernels (DgradConfig, HeadDgradConfig): match the type too.
+    c = disk_cache.config_from_dict(cfg.get("fields"), [c for c in cands if type(c).__name__ == cfg.get("type")])
+    if c is None:
+        return None
+    return Choice("triton", c, 0.0, timings, f"cached: triton {c.short()} fastest (timed by an earlier process)")
 
 
 def _can_time(x: torch.Tensor, supported: bool, time_triton: bool) -> bool:

@@ -164,9 +164,10 @@ def _backward_lines(x5, weight, params, prec) -> list[str]:
 
     bprec = prec if x5.dtype == torch.float32 else "tf32"
     lines = []
-    rows = (("dX", B.dgrad_choice_candidates(params, weight.dtype, x5.device, bprec), B.dgrad_choices()),
-            ("dW", B.wgrad_choice_candidates(params, x5.dtype, x5.device), B.choices()))
-    for what, cands, made in rows:
+    made = B.recorded_choices(x5, weight, params, bprec)
+    rows = (("dX", B.dgrad_choice_candidates(params, weight.dtype, x5.device, bprec)),
+            ("dW", B.wgrad_choice_candidates(params, x5.dtype, x5.device)))
+    for what, cands in rows:
         kinds = {}
         for c in cands:
             kind = "head" if c.short().startswith("head") else "general"
@@ -174,9 +175,8 @@ def _backward_lines(x5, weight, params, prec) -> list[str]:
         offer = ", ".join(f"{n} Triton {k} tile{'s' if n > 1 else ''}" for k, n in kinds.items()) or "no Triton tile"
         lines.append(f"{what}: cuDNN against {offer}"
                      + (" (timed on the first backward of a signature on CUDA)" if cands else ""))
-        for key, rec in made.items():
-            if key[0] == str(x5.device) and key[1] == x5.dtype and key[2] == bprec and key[3] == params \
-                    and key[4] == x5.stride() and key[6] == weight.stride():
+        for grad, rec in made:
+            if grad == what:
                 cfg = f" {rec.config.short()}" if rec.config is not None else ""
                 lines.append(f"  chosen: {rec.impl}{cfg} -- {rec.reason}")
     return lines

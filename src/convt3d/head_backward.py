@@ -30,10 +30,12 @@ import triton
 
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
+from .triton_configs import _pow2_at_least
 from .triton_sites import interpreter_active
 
 __all__ = ["MAX_OUT_PER_GROUP", "MIN_IN_PER_GROUP", "HeadDgradConfig", "HeadWgradConfig", "supports",
-           "unsupported_reason", "dgrad_candidates", "wgrad_candidates", "padded_dy", "head_dgrad", "head_wgrad"]
+           "unsupported_reason", "device_programs", "dgrad_candidates", "wgrad_candidates", "padded_dy", "head_dgrad",
+           "head_wgrad"]
 
 MAX_OUT_PER_GROUP = 15
 MIN_IN_PER_GROUP = 8
@@ -68,10 +70,6 @@ class HeadWgradConfig:
     def short(self) -> str:
         return (f"head CI{self.BLOCK_CI} K{self.BLOCK_K} P{self.BLOCK_P} w{self.num_warps} s{self.num_stages} "
                 f"split{self.splits}")
-
-
-def _pow2_at_least(v: int) -> int:
-    return 1 << max(0, (int(v) - 1).bit_length())
 
 
 def _clamp_pow2(v: int, lo: int, hi: int) -> int:
@@ -127,19 +125,22 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     return tuple(out)
 
 
-def _device_programs(device: torch.device) -> int:
+def device_programs(device: torch.device, per_sm: int = 4) -> int:
+    """Programs that fill a device: ``per_sm`` per SM on CUDA (the split-reduction kernels of the
+    backward use 4: enough to hide the latency of the L2 reads that feed each step); 1 on the
+    CPU (the interpreter)."""
     if device.type != "cuda":
         return 1
-    # 4 programs per SM: each streams its X range once; several per SM hide the L2 latency of
-    # the dY gather.
-    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _splits(params: ConvT3dParams, tiles: int, block_p: int, device: torch.device) -> int:
     steps = triton.cdiv(_positions(params), block_p)
     per_split = params.groups * params.in_channels_per_group * _ktot(params)
     cap = max(1, min(_MAX_PARTIAL // per_split, steps // 4, 1024))
-    return max(1, min(triton.cdiv(_device_programs(device), tiles), cap))
+    # ~4 programs per SM: each streams its X range once; several per SM hide the L2 latency of
+    # the dY gather.
+    return max(1, min(triton.cdiv(device_programs(device), tiles), cap))
 
 
 def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadWgradConfig, ...]:

@@ -84,9 +84,8 @@ def check_network(report, layers_by_sig: dict[str, list[nn.Module]], run: Callab
     timings), updated in place, with ``report.network`` set; ``layers_by_sig``: the patched "auto"
     layers per call signature; ``bar``: anything with ``status(str)``."""
     decided = {e["signature"]: e for e in report.entries}
-    # Signatures convt3d decided for itself ("auto" layers whose choice is not PyTorch's own).
-    groups = [sig for sig in layers_by_sig
-              if sig in decided and decided[sig]["engine"] != "torch" and decided[sig]["source"] != "named backend"]
+    # Signatures "auto" decided for convt3d (layers_by_sig holds "auto" layers only).
+    groups = [sig for sig in layers_by_sig if sig in decided and decided[sig]["engine"] != "torch"]
     if not groups:
         return
 

@@ -18,7 +18,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -234,38 +234,33 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     hooks = [m.register_forward_hook(hook_for(n)) for n, m in layers]
     hooks += [m.register_forward_pre_hook(record_signature) for _, m in layers]
 
-    def run_once():
+    def run_once(after_forward: Callable[[], object] = lambda: None) -> bool:
+        """One forward, then (with ``backward``) the backward of the outputs that require grad;
+        True if a backward ran. The tuning run and the network check's timings both run this."""
         with torch.enable_grad() if backward else torch.no_grad():
             out = model(*example_inputs)
-        if backward:
-            outs = [t for t in _tensors(out) if t.requires_grad]
-            if outs:
-                torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-        return None
+        after_forward()
+        outs = [t for t in _tensors(out) if t.requires_grad] if backward else []
+        if outs:
+            torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        return bool(outs)
 
+    devices = {t.device for t in _tensors(example_inputs)} | {p.device for p in params}
+    cuda = [d for d in devices if d.type == "cuda"]
     t0 = time.perf_counter()
     try:
         with dispatch.benchmark(True), dispatch.listening(on_event):
-            with torch.enable_grad() if backward else torch.no_grad():
-                out = model(*example_inputs)
-            if not layers:
-                bar.advance("forward")
+            ran = run_once(lambda: None if layers else bar.advance("forward"))
             if backward:
-                outs = [t for t in _tensors(out) if t.requires_grad]
-                if outs:
-                    torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-                else:
+                if not ran:
                     report.notes.append("backward skipped: no output requires grad")
                 bar.advance("backward")
-            del out
         cache.flush_triton()
         for h in hooks[len(layers):]:
             h.remove()
         report.entries = list(seen.values())
-        device = next((d for d in ({t.device for t in _tensors(example_inputs)} | {p.device for p in params})
-                       if d.type == "cuda"), None)
-        if check and is_module and device is not None:
-            check_network(report, layers_by_sig, run_once, device, bar)
+        if check and is_module and cuda:
+            check_network(report, layers_by_sig, run_once, cuda[0], bar)
     finally:
         for h in hooks:
             h.remove()
@@ -278,8 +273,6 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     report.seconds = time.perf_counter() - t0
     if not report.entries:
         report.entries = list(seen.values())
-    devices = {t.device for t in _tensors(example_inputs)} | {p.device for p in params}
-    cuda = [d for d in devices if d.type == "cuda"]
     if cuda:
         from .triton_engine import device_name
 
