@@ -505,7 +505,7 @@ from typing import Callable
 import torch
 
 
-__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free", "head_z_bytes", "width_shifts",
+__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free", "head_z_bytes", "width_shifts",
            "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
@@ -517,9 +517,19 @@ MAX_HEAD_CHANNELS = 15
 # in the GEMM (head_rows_kernel), so Z holds output rows and head_gather_tile_kernel sums the
 # depth and height taps only; "direct": GEMM stored into the output (collision-free layers
 # only) plus a fill (head_gather_tile_kernel) of the positions no tap reaches.
-HEAD_KINDS = ("gather", "rows", "direct")
+# "fused": head_fused_kernel, the GEMM and the gather of one box of outputs in one persistent
+# kernel, Z in a per-program scratch slot that stays in L2 (no Z traffic to HBM).
+HEAD_KINDS = ("gather", "rows", "direct", "fused")
 # Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
 MAX_Z_BYTES = 4 << 30
+# The fused kind's scratch slots (all programs together) stay within this share of L2, so that
+# the input streaming through L2 does not evict them before they are rewritten: the H100/H200
+# L2 holds 50 MB, and the 3-D GAN head streams 134 MB of input through it per call.
+FUSED_SCRATCH_BYTES = 20 << 20
+# Programs per SM of the fused kind: two 4-warp programs keep a tile's Z (<= 128 KB each)
+# within FUSED_SCRATCH_BYTES on 132 SMs; the launcher lowers the grid further where slots are
+# larger.
+FUSED_PER_SM = 2
 
 
 def _pow2_ceil(v: int) -> int:
@@ -611,14 +621,72 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
         # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
         if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
             tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
+        # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
+        # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
+        # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
+        # tuner picking rows or gather over it on every head row timed. ncu: 2 CTAs of 4 warps
+        # per SM (12% occupancy, 0.5 waves at two programs per SM), 6.3 cycles per issued
+        # instruction, DRAM 4.5% of peak, L2 hit 94%: latency-bound on the serial
+        # GEMM -> slot -> barrier -> gather chain of each tile. So it is offered only where no Z
+        # kind is (Z beyond MAX_Z_BYTES): there it competes with the phase path alone.
+        if not tiles:
+            tiles = fused_tiles(params, dtype, bk)
     # Half-K variants, after the measured tiles (which stay the untuned defaults). ptxas for
     # sm_90a (offline, Triton 3.9 code generation, 2026-12-01; scripts/ptxas_regs.py): the 16-bit
     # K-64 GEMM tiles run at 255 registers and spill (gather 100 B, rows 512 B); at K 32 they
     # take 214 / 254 registers and do not. fp32 K 32 with two stages spills 320 B (gather); K 16
     # does not. Whether the spill-free tiles beat the measured ones is the tuner's measurement.
     if bk > 16:
-        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles]
+        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused"]
     return tiles
+
+
+def fused_box(params: ConvT3dParams, box: tuple[int, int, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(input box IB per dimension, cells per dimension, rows IBD x IBH x IBW) of the fused kind
+    for a box of ``box`` output cells: IB = box + (kernel - 1) * dilation // stride, and
+    ceil((out + padding mod stride) / (box * stride)) cells cover the output."""
+    ib = tuple(b + (a.kernel - 1) * a.dilation // a.stride for b, a in zip(box, params.axes))
+    cells = tuple(-(-(a.out_size + a.padding % a.stride) // (b * a.stride)) for b, a in zip(box, params.axes))
+    return ib, cells, math.prod(ib)
+
+
+def fused_tiles(params: ConvT3dParams, dtype: torch.dtype, bk: int) -> list[dict]:
+    """Fused-kind candidates (head_fused_kernel), for layers where taps meet (the direct kind
+    covers the others). A box of output cells is a power of two per dimension (the gather's
+    tile is BOX_D x BOX_H x BOX_W cells); a dimension whose output has a single cell row gets a
+    box of 1 there. Box (4, 4, 8) for the 3-D GAN head (k4 s2 p1): 128 cells, an input box of
+    5 x 5 x 9 = 225 rows (1.76x the MMA work), a slot of 64 columns x 256 rows x 4 B = 64 KB;
+    (2, 8, 8) trades depth halo for height and width; wider layers (more columns) take smaller
+    boxes, down to (1, 4, 4). BLOCK_M 64 keeps a chunk's accumulators
+    at 32 registers per thread on 4 warps. Only slots of <= 128 KB are offered (a smaller grid
+    would leave the device's memory pipes idle). Which tile wins is the tuner's measurement."""
+    if collision_free(params):
+        return []
+    ncol = params.out_channels_per_group * math.prod(params.kernel_size)
+    bn = max(16, min(128, _pow2_ceil(ncol)))
+    n_pad = -(-ncol // bn) * bn
+    out = []
+    # Tiles: the two largest boxes whose slot fits, on 4 warps with BLOCK_M 64, and the largest
+    # on 8 warps with BLOCK_M 128. ptxas for sm_90a (offline, Triton 3.9 code generation, 2026-12-01;
+    # scripts/ptxas_regs.py), 3-D GAN head, box (4, 4, 8), K 32: M64 on 4 warps 214 (fp32 TF32) /
+    # 227 (bf16) / 238 (tf32x3) registers, M128 on 8 warps 250 (bf16), no spill; bf16 K 64 on 4
+    # warps spills 204 B, so K stays at most 32.
+    def slot_fits(box, bm):
+        rows = fused_box(params, box)[2]
+        return n_pad * (-(-rows // bm) * bm) * 4 <= 128 << 10
+
+    # No wider than the output needs: a box of cells beyond a short dimension is padding.
+    boxes = [tuple(min(b, _pow2_ceil(-(-a.out_size // a.stride))) for b, a in zip(box, params.axes))
+             for box in ((4, 4, 8), (2, 8, 8), (2, 4, 8), (2, 4, 4), (1, 4, 4))]
+    fitting = list(dict.fromkeys(b for b in boxes if slot_fits(b, 64)))
+    tiles = [(b, 64, 4) for b in fitting[:2]]
+    if fitting and slot_fits(fitting[0], 128):
+        tiles.append((fitting[0], 128, 8))
+    for box, bm, warps in tiles:
+        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(bk, 32), BLOCK_W=box[2], num_warps=warps, num_stages=1,
+                   use_dot=True, head="fused", BLOCK_R=0, BOX_D=box[0], BOX_H=box[1])
+        out.append(cfg)
+    return out
 
 
 def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[int, int]:
@@ -658,10 +726,40 @@ class HeadSteps:
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
-        self.fill_needed = not (self.direct and _all_reached(params))
+        self.fused = cfg.head == "fused"
+        # The fused kind writes every output itself; the direct kind needs a fill where no tap reaches.
+        self.fill_needed = not self.fused and not (self.direct and _all_reached(params))
         self.gemm = None
         self.gather = None
         self.copy_x = None  # x spans >= 2^31 elements per batch element: the GEMMs read a copy
+
+    def _fused_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+        """head_fused_kernel's launch: a persistent grid of at most FUSED_PER_SM programs per SM
+        and at most FUSED_SCRATCH_BYTES of slots; returns (site, slot elements)."""
+        p, cfg = self.params, self.cfg
+        box = (cfg.BOX_D, cfg.BOX_H, cfg.BLOCK_W)
+        _, cells, rows = fused_box(p, box)
+        ncol = p.out_channels_per_group * math.prod(p.kernel_size)
+        m_pad = -(-rows // cfg.BLOCK_M) * cfg.BLOCK_M
+        n_pad = -(-ncol // cfg.BLOCK_N) * cfg.BLOCK_N
+        slot = m_pad * n_pad
+        tiles = p.groups * p.batch * math.prod(cells)
+        if x.device.type == "cuda":
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+            programs = min(tiles, FUSED_PER_SM * sms, max(sms, FUSED_SCRATCH_BYTES // (4 * slot)))
+        else:
+            programs = min(tiles, 3)  # the interpreter: a few programs, each looping over tiles
+        round_tf32 = x.dtype == torch.float32 and self.precision == "tf32"
+        ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, *p.in_size, *p.out_size,
+                *p.padding, *x.stride(), w.stride(0), *y.stride(), *cells, tiles, programs)
+        consts = dict(KD=p.kernel_size[0], KH=p.kernel_size[1], KW=p.kernel_size[2], SD=p.stride[0], SH=p.stride[1],
+                      SW=p.stride[2], DD=p.dilation[0], DH=p.dilation[1], DW=p.dilation[2], HAS_BIAS=self.has_bias,
+                      ROUND_TF32=round_tf32, PRECISION=self.precision, BOX_D=box[0], BOX_H=box[1], BOX_W=box[2],
+                      BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                      BLOCK_CO=_pow2_ceil(p.out_channels_per_group), M_PAD=m_pad, N_PAD=n_pad,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        key = ("head_fused", p, cfg, x.stride(), y.stride(), self.has_bias, self.precision, x.dtype, programs)
+        return self.make_site(key, "head_fused_kernel", (programs,), ints, consts), programs * slot
 
     def _gemm_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         p, cfg = self.params, self.cfg
@@ -750,6 +848,11 @@ class HeadSteps:
             self.copy_x = _batch_span(x) >= 2**31
         if self.copy_x:
             x = x.contiguous()
+        if self.fused:
+            if self.gemm is None:
+                self.gemm, self.slots = self._fused_site(x, w, y)
+            z = torch.empty(self.slots, dtype=torch.float32, device=dev)
+            return self.gemm.launch(dev, x, w, b, y, z)
         if self.gemm is None:
             self.gemm = self._gemm_site(x, w, y)
         if self.fill_needed and self.gather is None:
@@ -787,6 +890,8 @@ import torch
 import triton
 
 head_engine = types.SimpleNamespace(
+    FUSED_PER_SM=FUSED_PER_SM,
+    FUSED_SCRATCH_BYTES=FUSED_SCRATCH_BYTES,
     HEAD_KINDS=HEAD_KINDS,
     HeadSteps=HeadSteps,
     MAX_HEAD_CHANNELS=MAX_HEAD_CHANNELS,
@@ -798,6 +903,8 @@ head_engine = types.SimpleNamespace(
     _gather_tile=_gather_tile,
     _pow2_ceil=_pow2_ceil,
     collision_free=collision_free,
+    fused_box=fused_box,
+    fused_tiles=fused_tiles,
     head_tiles=head_tiles,
     head_z_bytes=head_z_bytes,
     width_shifts=width_shifts,
@@ -828,8 +935,14 @@ class Config:
     # the gather kernel's row span and BLOCK_R its elements per program.
     head: str = ""
     BLOCK_R: int = 0
+    # The fused head kind's box of output cells: BOX_D x BOX_H x BLOCK_W.
+    BOX_D: int = 0
+    BOX_H: int = 0
 
     def short(self) -> str:
+        if self.head == "fused":
+            return (f"head-fused box{self.BOX_D}x{self.BOX_H}x{self.BLOCK_W} M{self.BLOCK_M} N{self.BLOCK_N} "
+                    f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
                     f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}")
@@ -2170,6 +2283,130 @@ def head_gather_tile_kernel(
     tl.store(y_s + y_i[:, None] + ow[None, :] * stride_yw, acc.to(y_ptr.dtype.element_ty), mask=st_ok)
 
 
+@triton.jit
+def head_fused_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, z_ptr,
+    N, CIN_G, COUT_G, NCOL,
+    D, H, W, OD, OH, OW,
+    PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_wc,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    cells_d, cells_h, cells_w, num_tiles, num_programs,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+    DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BOX_D: tl.constexpr, BOX_H: tl.constexpr, BOX_W: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_CO: tl.constexpr,
+    M_PAD: tl.constexpr, N_PAD: tl.constexpr,
+):
+    """The "fused" kind: the GEMM and the gather of the gather kind in one persistent kernel,
+    with Z kept in a per-program scratch slot that stays in L2 -- the layer moves the input once
+    and the output once, as its memory floor does (the gather kind also writes and reads Z:
+    134 + 2 x 134 + 17 MB on the 3-D GAN head, against a floor of 151 MB).
+
+    A tile is a box of output "cells" of one (n, g): BOX_D x BOX_H x BOX_W cells of SD x SH x SW
+    outputs each, starting at o0 = cell * S - (P mod S) per dimension, so that o + P is a
+    multiple of S at a cell's first output. The inputs that reach the box are the cells' own
+    plus HALO = (K - 1) * DIL // S before them per dimension: IB = BOX + HALO inputs (the halo is
+    recomputed by the neighbouring box: (5 x 5 x 9) / (4 x 4 x 8) = 1.76x the MMA work for
+    k4 s2 p1, on tensor cores that the layer leaves idle otherwise).
+
+    1. GEMM over the IBD x IBH x IBW input positions of the box (M, in chunks of BLOCK_M) and
+       every (co, tap) column (N, in chunks of BLOCK_N): Z[col, row] into the program's slot
+       (fp32, [N_PAD, M_PAD], rows contiguous so that the gather's loads are coalesced).
+    2. Barrier: the whole CTA's Z is visible to the whole CTA.
+    3. Gather: per output phase (rd, rh, rw) -- a constexpr loop -- the taps of that phase are
+       the constexpr (kd, kh, kw) with (r - k * DIL) % S == 0 per dimension; an output
+       (cell j, phase r) takes Z[(co, tap), row j + (r - k * DIL) / S + HALO]. Each output is
+       written once, in a fixed order (deterministic); positions no tap reaches get the bias.
+    4. Barrier before the next tile's GEMM overwrites the slot.
+
+    The grid is persistent (``num_programs`` programs, tiles strided over them), so the slots
+    are few (grid x N_PAD x M_PAD x 4 bytes, sized by the launcher to a share of L2) and are
+    rewritten while still in L2: Z never reaches HBM."""
+    HALO_D: tl.constexpr = ((KD - 1) * DD) // SD
+    HALO_H: tl.constexpr = ((KH - 1) * DH) // SH
+    HALO_W: tl.constexpr = ((KW - 1) * DW) // SW
+    IBD: tl.constexpr = BOX_D + HALO_D
+    IBH: tl.constexpr = BOX_H + HALO_H
+    IBW: tl.constexpr = BOX_W + HALO_W
+    KVOL: tl.constexpr = KD * KH * KW
+    BLOCK_J: tl.constexpr = BOX_D * BOX_H * BOX_W
+    pid = tl.program_id(0)
+    z_slot = z_ptr + pid.to(tl.int64) * (N_PAD * M_PAD)
+    offs_co = tl.arange(0, BLOCK_CO)
+    co_ok = offs_co < COUT_G
+    jj = tl.arange(0, BLOCK_J)
+    jd = jj // (BOX_H * BOX_W)
+    jh = (jj // BOX_W) % BOX_H
+    jw = jj % BOX_W
+    for tile in range(pid, num_tiles, num_programs):
+        cw = tile % cells_w
+        t = tile // cells_w
+        ch = t % cells_h
+        t = t // cells_h
+        cd = t % cells_d
+        t = t // cells_d
+        nb = t % N
+        grp = t // N
+        # First input of the box per dimension (o0 + P = S * (cell * BOX + P // S)).
+        i0d = cd * BOX_D + PD // SD - HALO_D
+        i0h = ch * BOX_H + PH // SH - HALO_H
+        i0w = cw * BOX_W + PW // SW - HALO_W
+        x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+        w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+        tl.debug_barrier()  # the previous tile's gather has read the slot
+        for m0 in tl.static_range(0, M_PAD, BLOCK_M):
+            rows = m0 + tl.arange(0, BLOCK_M)
+            id_ = i0d + rows // (IBH * IBW)
+            ih = i0h + (rows // IBW) % IBH
+            iw = i0w + rows % IBW
+            m_ok = ((rows < IBD * IBH * IBW) & (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H)
+                    & (iw >= 0) & (iw < W))
+            x_m = id_ * stride_xd + ih * stride_xh + iw * stride_xw
+            for n0 in tl.static_range(0, N_PAD, BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                acc = _head_tile(x_n, w_g, x_m, m_ok, cols, cols < NCOL, CIN_G, stride_xc, stride_wc,
+                                 ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+                # The slot is exactly [N_PAD, M_PAD]: every (col, row) of the tile is inside it
+                # (rows and columns beyond the layer hold zeros, never read by the gather).
+                tl.store(z_slot + cols[None, :] * M_PAD + rows[:, None], acc,
+                         mask=(cols < N_PAD)[None, :] & (rows < M_PAD)[:, None])
+        tl.debug_barrier()  # the slot's Z is visible to every thread of the program
+        y_n = y_ptr + nb.to(tl.int64) * stride_yn + (grp * COUT_G + offs_co).to(tl.int64)[None, :] * stride_yc
+        for rd in tl.static_range(SD):
+            for rh in tl.static_range(SH):
+                for rw in tl.static_range(SW):
+                    acc = tl.zeros((BLOCK_J, BLOCK_CO), dtype=tl.float32)
+                    if HAS_BIAS:
+                        acc += tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok,
+                                       other=0.0).to(tl.float32)[None, :]
+                    for kd in tl.static_range(KD):
+                        if (rd - kd * DD) % SD == 0:
+                            ld = jd + ((rd - kd * DD) // SD + HALO_D)
+                            for kh in tl.static_range(KH):
+                                if (rh - kh * DH) % SH == 0:
+                                    lh = jh + ((rh - kh * DH) // SH + HALO_H)
+                                    for kw in tl.static_range(KW):
+                                        if (rw - kw * DW) % SW == 0:
+                                            lw = jw + ((rw - kw * DW) // SW + HALO_W)
+                                            row = (ld * IBH + lh) * IBW + lw
+                                            col = offs_co * KVOL + ((kd * KH + kh) * KW + kw)
+                                            acc += tl.load(z_slot + col[None, :] * M_PAD + row[:, None],
+                                                           mask=co_ok[None, :], other=0.0)
+                    od = cd * (BOX_D * SD) - PD % SD + jd * SD + rd
+                    oh = ch * (BOX_H * SH) - PH % SH + jh * SH + rh
+                    ow = cw * (BOX_W * SW) - PW % SW + jw * SW + rw
+                    o_ok = (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+                    y_o = od.to(tl.int64) * stride_yd + oh.to(tl.int64) * stride_yh + ow.to(tl.int64) * stride_yw
+                    tl.store(y_n + y_o[:, None], acc.to(y_ptr.dtype.element_ty),
+                             mask=o_ok[:, None] & co_ok[None, :])
+
+
 # ==================== convt3d/errors.py (verbatim; package-relative imports rewritten) ====================
 """Exceptions of convt3d (invalid arguments raise PyTorch's own types; see ``convt3d.validate``)."""
 
@@ -2212,6 +2449,7 @@ HK = types.SimpleNamespace(
     _head_tile=_head_tile,
     _mma_step=_mma_step,
     head_direct_kernel=head_direct_kernel,
+    head_fused_kernel=head_fused_kernel,
     head_gather_kernel=head_gather_kernel,
     head_gather_tile_kernel=head_gather_tile_kernel,
     head_gemm_kernel=head_gemm_kernel,
@@ -2679,6 +2917,8 @@ from typing import Callable
 import torch
 
 head_engine = types.SimpleNamespace(
+    FUSED_PER_SM=FUSED_PER_SM,
+    FUSED_SCRATCH_BYTES=FUSED_SCRATCH_BYTES,
     HEAD_KINDS=HEAD_KINDS,
     HeadSteps=HeadSteps,
     MAX_HEAD_CHANNELS=MAX_HEAD_CHANNELS,
@@ -2690,6 +2930,8 @@ head_engine = types.SimpleNamespace(
     _gather_tile=_gather_tile,
     _pow2_ceil=_pow2_ceil,
     collision_free=collision_free,
+    fused_box=fused_box,
+    fused_tiles=fused_tiles,
     head_tiles=head_tiles,
     head_z_bytes=head_z_bytes,
     width_shifts=width_shifts,

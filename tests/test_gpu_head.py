@@ -93,6 +93,28 @@ def test_every_head_candidate(name, layout, dtype):
         _check(x, w, b, args, "tf32", E.forward(x, w, b, params, "tf32", config=cfg))
 
 
+# Layers whose taps meet and whose Z slot fits (c15-dilation2: 15 x 27 = 405 columns, 512 padded,
+# so no box's slot is <= 128 KB and fused_tiles offers none; test_fused_tiles_fit_the_slot_budget).
+FUSED_HEADS = [n for n in KIND_HEADS if not n.startswith("direct") and n != "c15-dilation2"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", ["ncdhw", "cl", "noncontig"])
+@pytest.mark.parametrize("name", FUSED_HEADS)
+def test_fused_kind(name, layout, dtype):
+    # head_fused_kernel (offered by the plan only where no Z kind fits; forced here on every
+    # layer whose taps meet): each of its tiles, at the bench's precision and at tf32x3 for fp32.
+    from convt3d import head_engine
+
+    x, w, b, args = _inputs(HEADS[name], layout, dtype)
+    params, _ = check_call(x, w, b, *args)
+    tiles = [E.Config(**t) for t in head_engine.fused_tiles(params, dtype, 32)]
+    assert tiles, "a layer whose taps meet has fused tiles"
+    for precision in ["tf32"] + (["tf32x3"] if dtype == torch.float32 else []):
+        for cfg in tiles:
+            _check(x, w, b, args, precision, E.forward(x, w, b, params, precision, config=cfg))
+
+
 @pytest.mark.parametrize("dtype, precision", [(torch.float16, "tf32"), (torch.float32, "tf32x3"),
                                               (torch.float32, "ieee")], ids=["float16", "tf32x3", "ieee"])
 @pytest.mark.parametrize("name", ["video-128to3-k4s2p1", "direct-k2s2-8to2", "groups2-5-per-group"])

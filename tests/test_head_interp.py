@@ -40,6 +40,9 @@ def run_head(case: Case, x, w, b, precision="ieee", pick=0, kind=None, **overrid
     forced (fields in ``override`` replaced); unbatched input is given its batch of one here, as
     the API does."""
     params, x5, configs = head_configs(case, x, w, precision)
+    if kind == "fused" and not any(c.head == "fused" for c in configs):
+        # Offered by the plan only where no Z kind is (head_tiles); forced here on any layer.
+        configs = [engine.Config(**t) for t in head_engine.fused_tiles(params, x5.dtype, 32)]
     configs = [c for c in configs if kind in (None, c.head)]
     assert configs, f"the case has no head candidate of kind {kind}"
     cfg = dataclasses.replace(configs[pick], **override)
@@ -92,10 +95,12 @@ def test_regime_names_match_the_kind():
             assert kinds == ["direct"], name
         else:
             sw = case.stride if isinstance(case.stride, int) else case.stride[2]
+            # (the fused kind only where no Z kind is offered: not at these sizes)
             assert kinds == (["gather", "rows"] if sw & (sw - 1) == 0 else ["gather"]), name
 
 
-KIND_CASES = [(name, kind) for name, case in REGIMES.items() for kind in _kinds(case)]
+KIND_CASES = [(name, kind) for name, case in REGIMES.items()
+              for kind in _kinds(case) + ([] if name.startswith("direct") else ["fused"])]
 
 
 @pytest.mark.parametrize("name, kind", KIND_CASES, ids=[f"{n}-{k}" for n, k in KIND_CASES])
@@ -112,11 +117,15 @@ PRECISION_REGIMES = ["gather-c1-k4s2p1", "gather-groups2-c3", "gather-k-steps-n-
 
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
 @pytest.mark.parametrize("name", PRECISION_REGIMES)
-def test_fp32_tf32_precisions(name, precision):
+@pytest.mark.parametrize("kind", ["last", "fused"])
+def test_fp32_tf32_precisions(name, precision, kind):
     case = REGIMES[name]
     x, w, b = case.tensors()
-    y = run_head(case, x, w, b, precision, pick=-1)  # rows where offered, else the last tile
-    check_against_reference(y, x, w, b, *case.args, precision=precision, context=f"{name} {precision}")
+    if kind == "fused" and name.startswith("direct"):
+        pytest.skip("collision-free: no fused kind")
+    # "last": rows where offered, else the last tile
+    y = run_head(case, x, w, b, precision, pick=-1 if kind == "last" else 0, kind=None if kind == "last" else kind)
+    check_against_reference(y, x, w, b, *case.args, precision=precision, context=f"{name} {precision} {kind}")
 
 
 def test_tf32_rounds_operands_to_nearest():
@@ -134,7 +143,7 @@ def test_tf32_rounds_operands_to_nearest():
     check_against_reference(y, rnd(x), rnd(w), b, *case.args, precision="ieee", context="rounded operands")
 
 
-@pytest.mark.parametrize("kind", ["gather", "rows"])
+@pytest.mark.parametrize("kind", ["gather", "rows", "fused"])
 @pytest.mark.parametrize("name", ["gather-c3-k144-s122-cl", "gather-groups2-c3"])
 def test_float16(name, kind):
     case = REGIMES[name]
@@ -148,7 +157,8 @@ def test_float16_direct():
     check_against_reference(run_head(case, x, w, b), x, w, b, *case.args, context="direct float16")
 
 
-LAYOUT_BASES = {"gather": "gather-c3-k144-s122-cl", "rows": "gather-c3-k144-s122-cl", "direct": "direct-c2-k2s2"}
+LAYOUT_BASES = {"gather": "gather-c3-k144-s122-cl", "rows": "gather-c3-k144-s122-cl", "direct": "direct-c2-k2s2",
+                "fused": "gather-c3-k144-s122-cl"}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -161,7 +171,7 @@ def test_input_layouts(kind, layout):
     check_against_reference(y, x, w, b, *case.args, context=f"{kind} {layout}")
 
 
-@pytest.mark.parametrize("kind", ["gather", "rows", "direct"])
+@pytest.mark.parametrize("kind", ["gather", "rows", "direct", "fused"])
 def test_unbatched_input(kind):
     base = REGIMES["direct-c3-k2s3-fill" if kind == "direct" else "gather-c1-k4s2p1"]
     case = dataclasses.replace(base, batch=None)
@@ -185,6 +195,36 @@ def test_gather_span_narrower_than_the_row(name, kind):
     case = REGIMES[name]
     x, w, b = case.tensors()
     check_against_reference(run_head(case, x, w, b, kind=kind, BLOCK_W=4), x, w, b, *case.args, context=name)
+
+
+@pytest.mark.parametrize("box", [(1, 1, 1), (1, 2, 4), (2, 2, 2)], ids=lambda b: "box{}x{}x{}".format(*b))
+@pytest.mark.parametrize("name", ["gather-c1-k4s2p1", "gather-per-dim-everything", "gather-videogpt-p3-c5",
+                                  "gather-dilation3-stride2"])
+def test_fused_boxes_tile_the_output(name, box):
+    # Boxes smaller than the output along every dimension: several cells per dimension, the
+    # halo of each box read from its neighbours' inputs, the persistent loop over many tiles,
+    # and the box edge cut by the output edge (cells * box * stride > out).
+    case = REGIMES[name]
+    x, w, b = case.tensors()
+    y = run_head(case, x, w, b, kind="fused", BOX_D=box[0], BOX_H=box[1], BLOCK_W=box[2], BLOCK_M=16)
+    check_against_reference(y, x, w, b, *case.args, context=f"{name} box {box}")
+
+
+@pytest.mark.parametrize("cout, kernel, dil, offered", [(1, 4, 1, True), (3, 4, 1, True), (8, 3, 1, True),
+                                                       (15, 3, 1, True), (15, 3, 2, False)],
+                         ids=["c1-k4", "c3-k4", "c8-k3", "c15-k3-smallest-box", "c15-k3-dil2-slot-too-large"])
+def test_fused_tiles_fit_the_slot_budget(cout, kernel, dil, offered):
+    # A tile's slot (columns x rows of its input box, fp32, padded to the GEMM tiles) is at most
+    # 128 KB; wider layers get smaller boxes, and none when even the smallest does not fit.
+    p = _params(cout, cin=16, kernel=(kernel,) * 3, stride=(2, 2, 2), padding=(1, 1, 1), size=(16, 16, 16),
+                dilation=(dil,) * 3)
+    tiles = head_engine.fused_tiles(p, torch.bfloat16, 32)
+    assert bool(tiles) == offered
+    ncol = cout * kernel ** 3
+    for t in tiles:
+        rows = head_engine.fused_box(p, (t["BOX_D"], t["BOX_H"], t["BLOCK_W"]))[2]
+        n_pad = -(-ncol // t["BLOCK_N"]) * t["BLOCK_N"]
+        assert n_pad * (-(-rows // t["BLOCK_M"]) * t["BLOCK_M"]) * 4 <= 128 << 10
 
 
 def test_empty_batch():
@@ -290,7 +330,8 @@ def test_large_z_is_not_offered():
     # for the rows kind).
     p = _params(8, cin=64, size=(160, 160, 160))
     assert head_engine.head_z_bytes(p, "rows") > head_engine.MAX_Z_BYTES
-    assert head_engine.head_tiles(p, torch.float32, "tf32") == []
+    # Only the fused kind remains: its Z lives in a few slots of L2, whatever the layer's size.
+    assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == {"fused"}
     # The direct kind needs no Z, whatever the size.
     p = _params(8, cin=64, size=(160, 160, 160), kernel=(2, 2, 2), padding=(0, 0, 0))
     assert head_engine.head_tiles(p, torch.float32, "tf32")

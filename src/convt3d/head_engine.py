@@ -22,7 +22,7 @@ import torch
 
 from .params import ConvT3dParams
 
-__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free", "head_z_bytes", "width_shifts",
+__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free", "head_z_bytes", "width_shifts",
            "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
@@ -34,9 +34,19 @@ MAX_HEAD_CHANNELS = 15
 # in the GEMM (head_rows_kernel), so Z holds output rows and head_gather_tile_kernel sums the
 # depth and height taps only; "direct": GEMM stored into the output (collision-free layers
 # only) plus a fill (head_gather_tile_kernel) of the positions no tap reaches.
-HEAD_KINDS = ("gather", "rows", "direct")
+# "fused": head_fused_kernel, the GEMM and the gather of one box of outputs in one persistent
+# kernel, Z in a per-program scratch slot that stays in L2 (no Z traffic to HBM).
+HEAD_KINDS = ("gather", "rows", "direct", "fused")
 # Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
 MAX_Z_BYTES = 4 << 30
+# The fused kind's scratch slots (all programs together) stay within this share of L2, so that
+# the input streaming through L2 does not evict them before they are rewritten: the H100/H200
+# L2 holds 50 MB, and the 3-D GAN head streams 134 MB of input through it per call.
+FUSED_SCRATCH_BYTES = 20 << 20
+# Programs per SM of the fused kind: two 4-warp programs keep a tile's Z (<= 128 KB each)
+# within FUSED_SCRATCH_BYTES on 132 SMs; the launcher lowers the grid further where slots are
+# larger.
+FUSED_PER_SM = 2
 
 
 def _pow2_ceil(v: int) -> int:
@@ -128,14 +138,72 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
         # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
         if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
             tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
+        # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
+        # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
+        # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
+        # tuner picking rows or gather over it on every head row timed. ncu: 2 CTAs of 4 warps
+        # per SM (12% occupancy, 0.5 waves at two programs per SM), 6.3 cycles per issued
+        # instruction, DRAM 4.5% of peak, L2 hit 94%: latency-bound on the serial
+        # GEMM -> slot -> barrier -> gather chain of each tile. So it is offered only where no Z
+        # kind is (Z beyond MAX_Z_BYTES): there it competes with the phase path alone.
+        if not tiles:
+            tiles = fused_tiles(params, dtype, bk)
     # Half-K variants, after the measured tiles (which stay the untuned defaults). ptxas for
     # sm_90a (offline, Triton 3.9 code generation, 2026-12-01; scripts/ptxas_regs.py): the 16-bit
     # K-64 GEMM tiles run at 255 registers and spill (gather 100 B, rows 512 B); at K 32 they
     # take 214 / 254 registers and do not. fp32 K 32 with two stages spills 320 B (gather); K 16
     # does not. Whether the spill-free tiles beat the measured ones is the tuner's measurement.
     if bk > 16:
-        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles]
+        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused"]
     return tiles
+
+
+def fused_box(params: ConvT3dParams, box: tuple[int, int, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(input box IB per dimension, cells per dimension, rows IBD x IBH x IBW) of the fused kind
+    for a box of ``box`` output cells: IB = box + (kernel - 1) * dilation // stride, and
+    ceil((out + padding mod stride) / (box * stride)) cells cover the output."""
+    ib = tuple(b + (a.kernel - 1) * a.dilation // a.stride for b, a in zip(box, params.axes))
+    cells = tuple(-(-(a.out_size + a.padding % a.stride) // (b * a.stride)) for b, a in zip(box, params.axes))
+    return ib, cells, math.prod(ib)
+
+
+def fused_tiles(params: ConvT3dParams, dtype: torch.dtype, bk: int) -> list[dict]:
+    """Fused-kind candidates (head_fused_kernel), for layers where taps meet (the direct kind
+    covers the others). A box of output cells is a power of two per dimension (the gather's
+    tile is BOX_D x BOX_H x BOX_W cells); a dimension whose output has a single cell row gets a
+    box of 1 there. Box (4, 4, 8) for the 3-D GAN head (k4 s2 p1): 128 cells, an input box of
+    5 x 5 x 9 = 225 rows (1.76x the MMA work), a slot of 64 columns x 256 rows x 4 B = 64 KB;
+    (2, 8, 8) trades depth halo for height and width; wider layers (more columns) take smaller
+    boxes, down to (1, 4, 4). BLOCK_M 64 keeps a chunk's accumulators
+    at 32 registers per thread on 4 warps. Only slots of <= 128 KB are offered (a smaller grid
+    would leave the device's memory pipes idle). Which tile wins is the tuner's measurement."""
+    if collision_free(params):
+        return []
+    ncol = params.out_channels_per_group * math.prod(params.kernel_size)
+    bn = max(16, min(128, _pow2_ceil(ncol)))
+    n_pad = -(-ncol // bn) * bn
+    out = []
+    # Tiles: the two largest boxes whose slot fits, on 4 warps with BLOCK_M 64, and the largest
+    # on 8 warps with BLOCK_M 128. ptxas for sm_90a (offline, Triton 3.9 code generation, 2026-12-01;
+    # scripts/ptxas_regs.py), 3-D GAN head, box (4, 4, 8), K 32: M64 on 4 warps 214 (fp32 TF32) /
+    # 227 (bf16) / 238 (tf32x3) registers, M128 on 8 warps 250 (bf16), no spill; bf16 K 64 on 4
+    # warps spills 204 B, so K stays at most 32.
+    def slot_fits(box, bm):
+        rows = fused_box(params, box)[2]
+        return n_pad * (-(-rows // bm) * bm) * 4 <= 128 << 10
+
+    # No wider than the output needs: a box of cells beyond a short dimension is padding.
+    boxes = [tuple(min(b, _pow2_ceil(-(-a.out_size // a.stride))) for b, a in zip(box, params.axes))
+             for box in ((4, 4, 8), (2, 8, 8), (2, 4, 8), (2, 4, 4), (1, 4, 4))]
+    fitting = list(dict.fromkeys(b for b in boxes if slot_fits(b, 64)))
+    tiles = [(b, 64, 4) for b in fitting[:2]]
+    if fitting and slot_fits(fitting[0], 128):
+        tiles.append((fitting[0], 128, 8))
+    for box, bm, warps in tiles:
+        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(bk, 32), BLOCK_W=box[2], num_warps=warps, num_stages=1,
+                   use_dot=True, head="fused", BLOCK_R=0, BOX_D=box[0], BOX_H=box[1])
+        out.append(cfg)
+    return out
 
 
 def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[int, int]:
@@ -175,10 +243,40 @@ class HeadSteps:
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
-        self.fill_needed = not (self.direct and _all_reached(params))
+        self.fused = cfg.head == "fused"
+        # The fused kind writes every output itself; the direct kind needs a fill where no tap reaches.
+        self.fill_needed = not self.fused and not (self.direct and _all_reached(params))
         self.gemm = None
         self.gather = None
         self.copy_x = None  # x spans >= 2^31 elements per batch element: the GEMMs read a copy
+
+    def _fused_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+        """head_fused_kernel's launch: a persistent grid of at most FUSED_PER_SM programs per SM
+        and at most FUSED_SCRATCH_BYTES of slots; returns (site, slot elements)."""
+        p, cfg = self.params, self.cfg
+        box = (cfg.BOX_D, cfg.BOX_H, cfg.BLOCK_W)
+        _, cells, rows = fused_box(p, box)
+        ncol = p.out_channels_per_group * math.prod(p.kernel_size)
+        m_pad = -(-rows // cfg.BLOCK_M) * cfg.BLOCK_M
+        n_pad = -(-ncol // cfg.BLOCK_N) * cfg.BLOCK_N
+        slot = m_pad * n_pad
+        tiles = p.groups * p.batch * math.prod(cells)
+        if x.device.type == "cuda":
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+            programs = min(tiles, FUSED_PER_SM * sms, max(sms, FUSED_SCRATCH_BYTES // (4 * slot)))
+        else:
+            programs = min(tiles, 3)  # the interpreter: a few programs, each looping over tiles
+        round_tf32 = x.dtype == torch.float32 and self.precision == "tf32"
+        ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, *p.in_size, *p.out_size,
+                *p.padding, *x.stride(), w.stride(0), *y.stride(), *cells, tiles, programs)
+        consts = dict(KD=p.kernel_size[0], KH=p.kernel_size[1], KW=p.kernel_size[2], SD=p.stride[0], SH=p.stride[1],
+                      SW=p.stride[2], DD=p.dilation[0], DH=p.dilation[1], DW=p.dilation[2], HAS_BIAS=self.has_bias,
+                      ROUND_TF32=round_tf32, PRECISION=self.precision, BOX_D=box[0], BOX_H=box[1], BOX_W=box[2],
+                      BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                      BLOCK_CO=_pow2_ceil(p.out_channels_per_group), M_PAD=m_pad, N_PAD=n_pad,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        key = ("head_fused", p, cfg, x.stride(), y.stride(), self.has_bias, self.precision, x.dtype, programs)
+        return self.make_site(key, "head_fused_kernel", (programs,), ints, consts), programs * slot
 
     def _gemm_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         p, cfg = self.params, self.cfg
@@ -267,6 +365,11 @@ class HeadSteps:
             self.copy_x = _batch_span(x) >= 2**31
         if self.copy_x:
             x = x.contiguous()
+        if self.fused:
+            if self.gemm is None:
+                self.gemm, self.slots = self._fused_site(x, w, y)
+            z = torch.empty(self.slots, dtype=torch.float32, device=dev)
+            return self.gemm.launch(dev, x, w, b, y, z)
         if self.gemm is None:
             self.gemm = self._gemm_site(x, w, y)
         if self.fill_needed and self.gather is None:

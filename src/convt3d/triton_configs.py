@@ -46,8 +46,14 @@ class Config:
     # the gather kernel's row span and BLOCK_R its elements per program.
     head: str = ""
     BLOCK_R: int = 0
+    # The fused head kind's box of output cells: BOX_D x BOX_H x BLOCK_W.
+    BOX_D: int = 0
+    BOX_H: int = 0
 
     def short(self) -> str:
+        if self.head == "fused":
+            return (f"head-fused box{self.BOX_D}x{self.BOX_H}x{self.BLOCK_W} M{self.BLOCK_M} N{self.BLOCK_N} "
+                    f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
                     f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}")

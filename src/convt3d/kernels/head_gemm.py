@@ -449,3 +449,127 @@ def head_gather_tile_kernel(
     y_i = (grp * COUT_G + co).to(tl.int64) * stride_yc + oh.to(tl.int64) * stride_yh
     y_s = y_ptr + nb.to(tl.int64) * stride_yn + od.to(tl.int64) * stride_yd
     tl.store(y_s + y_i[:, None] + ow[None, :] * stride_yw, acc.to(y_ptr.dtype.element_ty), mask=st_ok)
+
+
+@triton.jit
+def head_fused_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, z_ptr,
+    N, CIN_G, COUT_G, NCOL,
+    D, H, W, OD, OH, OW,
+    PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_wc,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    cells_d, cells_h, cells_w, num_tiles, num_programs,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+    DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BOX_D: tl.constexpr, BOX_H: tl.constexpr, BOX_W: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_CO: tl.constexpr,
+    M_PAD: tl.constexpr, N_PAD: tl.constexpr,
+):
+    """The "fused" kind: the GEMM and the gather of the gather kind in one persistent kernel,
+    with Z kept in a per-program scratch slot that stays in L2 -- the layer moves the input once
+    and the output once, as its memory floor does (the gather kind also writes and reads Z:
+    134 + 2 x 134 + 17 MB on the 3-D GAN head, against a floor of 151 MB).
+
+    A tile is a box of output "cells" of one (n, g): BOX_D x BOX_H x BOX_W cells of SD x SH x SW
+    outputs each, starting at o0 = cell * S - (P mod S) per dimension, so that o + P is a
+    multiple of S at a cell's first output. The inputs that reach the box are the cells' own
+    plus HALO = (K - 1) * DIL // S before them per dimension: IB = BOX + HALO inputs (the halo is
+    recomputed by the neighbouring box: (5 x 5 x 9) / (4 x 4 x 8) = 1.76x the MMA work for
+    k4 s2 p1, on tensor cores that the layer leaves idle otherwise).
+
+    1. GEMM over the IBD x IBH x IBW input positions of the box (M, in chunks of BLOCK_M) and
+       every (co, tap) column (N, in chunks of BLOCK_N): Z[col, row] into the program's slot
+       (fp32, [N_PAD, M_PAD], rows contiguous so that the gather's loads are coalesced).
+    2. Barrier: the whole CTA's Z is visible to the whole CTA.
+    3. Gather: per output phase (rd, rh, rw) -- a constexpr loop -- the taps of that phase are
+       the constexpr (kd, kh, kw) with (r - k * DIL) % S == 0 per dimension; an output
+       (cell j, phase r) takes Z[(co, tap), row j + (r - k * DIL) / S + HALO]. Each output is
+       written once, in a fixed order (deterministic); positions no tap reaches get the bias.
+    4. Barrier before the next tile's GEMM overwrites the slot.
+
+    The grid is persistent (``num_programs`` programs, tiles strided over them), so the slots
+    are few (grid x N_PAD x M_PAD x 4 bytes, sized by the launcher to a share of L2) and are
+    rewritten while still in L2: Z never reaches HBM."""
+    HALO_D: tl.constexpr = ((KD - 1) * DD) // SD
+    HALO_H: tl.constexpr = ((KH - 1) * DH) // SH
+    HALO_W: tl.constexpr = ((KW - 1) * DW) // SW
+    IBD: tl.constexpr = BOX_D + HALO_D
+    IBH: tl.constexpr = BOX_H + HALO_H
+    IBW: tl.constexpr = BOX_W + HALO_W
+    KVOL: tl.constexpr = KD * KH * KW
+    BLOCK_J: tl.constexpr = BOX_D * BOX_H * BOX_W
+    pid = tl.program_id(0)
+    z_slot = z_ptr + pid.to(tl.int64) * (N_PAD * M_PAD)
+    offs_co = tl.arange(0, BLOCK_CO)
+    co_ok = offs_co < COUT_G
+    jj = tl.arange(0, BLOCK_J)
+    jd = jj // (BOX_H * BOX_W)
+    jh = (jj // BOX_W) % BOX_H
+    jw = jj % BOX_W
+    for tile in range(pid, num_tiles, num_programs):
+        cw = tile % cells_w
+        t = tile // cells_w
+        ch = t % cells_h
+        t = t // cells_h
+        cd = t % cells_d
+        t = t // cells_d
+        nb = t % N
+        grp = t // N
+        # First input of the box per dimension (o0 + P = S * (cell * BOX + P // S)).
+        i0d = cd * BOX_D + PD // SD - HALO_D
+        i0h = ch * BOX_H + PH // SH - HALO_H
+        i0w = cw * BOX_W + PW // SW - HALO_W
+        x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+        w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+        tl.debug_barrier()  # the previous tile's gather has read the slot
+        for m0 in tl.static_range(0, M_PAD, BLOCK_M):
+            rows = m0 + tl.arange(0, BLOCK_M)
+            id_ = i0d + rows // (IBH * IBW)
+            ih = i0h + (rows // IBW) % IBH
+            iw = i0w + rows % IBW
+            m_ok = ((rows < IBD * IBH * IBW) & (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H)
+                    & (iw >= 0) & (iw < W))
+            x_m = id_ * stride_xd + ih * stride_xh + iw * stride_xw
+            for n0 in tl.static_range(0, N_PAD, BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                acc = _head_tile(x_n, w_g, x_m, m_ok, cols, cols < NCOL, CIN_G, stride_xc, stride_wc,
+                                 ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+                # The slot is exactly [N_PAD, M_PAD]: every (col, row) of the tile is inside it
+                # (rows and columns beyond the layer hold zeros, never read by the gather).
+                tl.store(z_slot + cols[None, :] * M_PAD + rows[:, None], acc,
+                         mask=(cols < N_PAD)[None, :] & (rows < M_PAD)[:, None])
+        tl.debug_barrier()  # the slot's Z is visible to every thread of the program
+        y_n = y_ptr + nb.to(tl.int64) * stride_yn + (grp * COUT_G + offs_co).to(tl.int64)[None, :] * stride_yc
+        for rd in tl.static_range(SD):
+            for rh in tl.static_range(SH):
+                for rw in tl.static_range(SW):
+                    acc = tl.zeros((BLOCK_J, BLOCK_CO), dtype=tl.float32)
+                    if HAS_BIAS:
+                        acc += tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok,
+                                       other=0.0).to(tl.float32)[None, :]
+                    for kd in tl.static_range(KD):
+                        if (rd - kd * DD) % SD == 0:
+                            ld = jd + ((rd - kd * DD) // SD + HALO_D)
+                            for kh in tl.static_range(KH):
+                                if (rh - kh * DH) % SH == 0:
+                                    lh = jh + ((rh - kh * DH) // SH + HALO_H)
+                                    for kw in tl.static_range(KW):
+                                        if (rw - kw * DW) % SW == 0:
+                                            lw = jw + ((rw - kw * DW) // SW + HALO_W)
+                                            row = (ld * IBH + lh) * IBW + lw
+                                            col = offs_co * KVOL + ((kd * KH + kh) * KW + kw)
+                                            acc += tl.load(z_slot + col[None, :] * M_PAD + row[:, None],
+                                                           mask=co_ok[None, :], other=0.0)
+                    od = cd * (BOX_D * SD) - PD % SD + jd * SD + rd
+                    oh = ch * (BOX_H * SH) - PH % SH + jh * SH + rh
+                    ow = cw * (BOX_W * SW) - PW % SW + jw * SW + rw
+                    o_ok = (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+                    y_o = od.to(tl.int64) * stride_yd + oh.to(tl.int64) * stride_yh + ow.to(tl.int64) * stride_yw
+                    tl.store(y_n + y_o[:, None], acc.to(y_ptr.dtype.element_ty),
+                             mask=o_ok[:, None] & co_ok[None, :])
