@@ -4,7 +4,9 @@ markdown tables. Needs neither a GPU nor convt3d:
     python3 scripts/bench_md.py docs/bench/bench_kb.json [more.json ...]
 
 One table per file: case, precision or dtype/layout, engine (and backward choices in --mode full),
-convt3d us, cuDNN us, speedup, % of roofline, first call s; then the file's summary groups.
+convt3d us, cuDNN us, speedup, % of roofline, first call s; then the file's summary groups. A
+networks file (``--suite networks``) gets the networks table: mode, transposed-conv share,
+untouched and patched ms, ratio, the two timing rounds, first calls, errors, engines.
 """
 from __future__ import annotations
 
@@ -41,10 +43,36 @@ def render_auto(d: dict, path: str) -> str:
     return "\n".join(out)
 
 
+def render_networks(d: dict, path: str) -> str:
+    """The networks suite: one row per (network, mode)."""
+    out = [f"`{path}`: argv {' '.join(d.get('argv', []))}", "",
+           "| network | mode | dtype | transposed-conv share | untouched ms | patched ms | ratio "
+           "| rounds untouched / patched ms | first call s (untouched / patched) "
+           "| rel. error vs reference (patched / untouched) | engines |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        rounds = (", ".join(f"{t / 1e3:.2f}" for t in r["torch_us_rounds"]) + " / "
+                  + ", ".join(f"{t / 1e3:.2f}" for t in r["convt3d_us_rounds"]))
+        out.append(f"| {r['case']} | {r['mode']} | {r['dtype']} | {100 * r['convt_share']:.1f}% "
+                   f"| {r['torch_us'] / 1e3:.2f} | {r['convt3d_us'] / 1e3:.2f} | {r['speedup']:.2f}x | {rounds} "
+                   f"| {r['torch_first_call_s']:.2f} / {r['first_call_s']:.1f} "
+                   f"| {r['rel_err_vs_reference']:.1e} / {r['torch_rel_err_vs_reference']:.1e} | {r['engine']} |")
+    for s in d.get("summary", []):
+        out.append(f"- {s['group']}: {s['cases']} modes, geometric mean {s['geomean_speedup']:.2f}x, "
+                   f"min {s['min_speedup']:.2f}x ({s['min_speedup_case']})")
+    for sk in d.get("skipped", []):
+        out.append(f"- skipped: {sk}")
+    if d.get("failures"):
+        out.append(f"- failures: {d['failures']}")
+    return "\n".join(out)
+
+
 def render(path: str) -> str:
     d = json.load(open(path))
     if "env" in d and d.get("rows") and "times_ms" in d["rows"][0]:
         return render_auto(d, path)
+    if d.get("rows") and d["rows"][0].get("suite") == "networks":
+        return render_networks(d, path)
     rows = d["rows"]
     env = d.get("environment", {})
     out = [f"`{path}`: {env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}, "

@@ -3,7 +3,10 @@ engine's head configurations and of its untuned default against cuDNN, the memor
 PyTorch's backward of the same layers (dX = conv3d(dY, W), dW, and the autograd step).
 
     PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json [--no-backward] [--heads-only]   # every head row
-    PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json --one NAME DTYPE LAYOUT   # for ncu
+    PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json --one NAME DTYPE LAYOUT [--kind KIND]   # for ncu
+
+``--kind`` (with ``--one``): run the first head configuration of that kind (gather, rows, direct,
+fused) instead of the first of any kind.
 
 Times are medians of triton.testing.do_bench in one process; "graph" times replay the call in a
 CUDA graph (kernel time without the host); "api" is the public function, backend="triton", after
@@ -44,7 +47,7 @@ def _rows(only=None):
                     yield suites.Case("layers", g, dt, lay, "default", "randn")
 
 
-def probe(case, forward_only=False, with_backward=True, with_default=True):
+def probe(case, forward_only=False, with_backward=True, with_default=True, kind=None):
     g = case.geometry
     t = suites.make_tensors(case, "cuda")
     args = g.conv_args()
@@ -56,7 +59,7 @@ def probe(case, forward_only=False, with_backward=True, with_default=True):
     ref = F.conv_transpose3d(t.x, t.w, t.b, *args)
     configs = E.plan(params, t.x, t.w, prec).configs
     if forward_only:  # under ncu: the first head config, a few calls
-        cfg = next(c for c in configs if c.head)
+        cfg = next(c for c in configs if c.head and kind in (None, c.head))
         for _ in range(3):
             E.forward(t.x, t.w, t.b, params, prec, config=cfg)
         torch.cuda.synchronize()
@@ -114,11 +117,12 @@ def main(argv):
     out = argv[0]
     only = tuple(argv[2:5]) if len(argv) > 1 and argv[1] == "--one" else None
     with_backward = "--no-backward" not in argv
+    kind = argv[argv.index("--kind") + 1] if "--kind" in argv else None
     rows = []
     for case in _rows(only):
         try:
             rows.append(probe(case, forward_only=only is not None, with_backward=with_backward,
-                              with_default="--heads-only" not in argv))
+                              with_default="--heads-only" not in argv, kind=kind))
         except Exception as e:  # a failing row must not hide the others' numbers
             rows.append(dict(case=case.name, dtype=case.dtype, layout=case.layout, error=repr(e)))
         print(json.dumps(rows[-1]), flush=True)

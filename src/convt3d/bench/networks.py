@@ -718,6 +718,7 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
         status(f"{net.name} {mode.label}: timing patched ({r + 1}/{rounds})")
         times_p.append(timer.steady(fn_p))
     t_u, t_p = min(times_u), min(times_p)
+    status(f"{net.name} {mode.label}: untouched {t_u * 1e6:.0f} us, patched {t_p * 1e6:.0f} us, {t_u / t_p:.2f}x")
     row.update(torch_us=t_u * 1e6, convt3d_us=t_p * 1e6,
                speedup=t_u / t_p, torch_us_rounds=[t * 1e6 for t in times_u],
                convt3d_us_rounds=[t * 1e6 for t in times_p])

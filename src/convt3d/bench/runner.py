@@ -5,7 +5,8 @@ For each case, under ``torch.no_grad()`` (grad enabled for bwd/full) and the cas
 
 1. first call of convt3d (wall clock, synchronised: includes Triton compile and autotuning), then
    the first call of PyTorch; the two outputs are compared (max abs difference) and freed;
-2. steady-state time of each with ``triton.testing.do_bench`` (median; L2 flushed between calls);
+2. steady-state time of each with ``triton.testing.do_bench`` (median; L2 flushed between calls),
+   in two rounds ordered convt3d, PyTorch, PyTorch, convt3d, averaged per side;
 3. for an exact row, cuDNN's time at PyTorch's default flags too (reused from the default row of
    the same geometry when it was just measured): the issue-3 bars compare against it;
 4. floors and % of roofline from the measured ceilings (:mod:`.roofline`).
@@ -248,6 +249,18 @@ def _bwd_choice(params, dtype: torch.dtype) -> str:
     return "; ".join(parts)
 
 
+def _tuner_record(params, dtype: torch.dtype) -> dict:
+    """The Triton tuner's choice and per-candidate times (ms) for this geometry and dtype, from
+    this process's tuning log (the latest if several): which tile the row ran, and how close
+    the others came."""
+    from convt3d import triton_engine
+
+    recs = [r for k, r in triton_engine.tuning_log().items() if k[-1] == params and k[1] == dtype]
+    if not recs:
+        return {}
+    return {"tuner_choice": recs[-1].config.short(), "tuner_ms": dict(recs[-1].timings_ms)}
+
+
 def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceilings, timer,
              default_cudnn_s: dict[tuple, float], status: Callable[[str], None]) -> dict:
     from convt3d.validate import check_call
@@ -265,6 +278,7 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
         status(f"{case.label}: convt3d first call (compile + tune)")
         y_ours, first_ours = timer.first_call(ours)
         row["engine"], row["engine_reason"] = _engine_of(case, t, backend, mode.needs_grad)
+        row.update(_tuner_record(params, t.x.dtype))
         if mode.needs_grad:
             # PyTorch's engine with its own backward: no convt3d choice to report.
             row["bwd_choice"] = "" if row["engine"] == "torch" else _bwd_choice(params, t.x.dtype)
@@ -273,10 +287,14 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
         diff, scale = _max_abs_diff(y_ours, y_ref)
         out_cl_ours, out_cl_ref = _is_cl(y_ours), _is_cl(y_ref)
         del y_ours, y_ref
-        status(f"{case.label}: timing convt3d")
-        ours_s = timer.steady(ours)
-        status(f"{case.label}: timing PyTorch")
-        ref_s = timer.steady(theirs)
+        # Two rounds in A B B A order, each side's time the mean of its two medians: a drift of
+        # the clocks (or of anything else) over the row's few hundred ms cancels to first order
+        # instead of favouring whichever side is timed first.
+        status(f"{case.label}: timing convt3d, PyTorch, PyTorch, convt3d")
+        ours_a, ref_a = timer.steady(ours), timer.steady(theirs)
+        ref_b, ours_b = timer.steady(theirs), timer.steady(ours)
+        ours_s, ref_s = (ours_a + ours_b) / 2, (ref_a + ref_b) / 2
+        row["round_us"] = {"convt3d": [ours_a * 1e6, ours_b * 1e6], "torch": [ref_a * 1e6, ref_b * 1e6]}
 
     row.update(first_call_s=first_ours, torch_first_call_s=first_ref, convt3d_us=ours_s * 1e6,
                torch_us=ref_s * 1e6, speedup=ref_s / ours_s, max_abs_diff_vs_torch=diff, max_abs_torch=scale,
@@ -297,6 +315,10 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
 
     peak = peak_class(case.dtype, case.precision)
     mem_s, comp_s = floors(flop, nbytes, ceilings, peak)
+    # The row's result as soon as it is known: a run cut by a time limit keeps what it measured.
+    status(f"{case.label}: {row['engine']}: convt3d {ours_s * 1e6:.1f} us, cuDNN {ref_s * 1e6:.1f} us, "
+           f"{ref_s / ours_s:.2f}x, memory floor {mem_s * 1e6:.1f} us, first call {first_ours:.2f} s"
+           + (f"; tuner: {row['tuner_choice']} of {len(row['tuner_ms'])}" if row.get("tuner_ms") else ""))
     row.update(peak_class=peak, peak_flops_per_s=ceilings.peak(peak), mem_floor_us=mem_s * 1e6,
                compute_floor_us=comp_s * 1e6, bound="memory" if mem_s >= comp_s else "compute",
                tflops=tflops(flop, ours_s), torch_tflops=tflops(flop, ref_s),
