@@ -32,6 +32,7 @@
 #                 install into /tmp/site, which joins PYTHONPATH (default: .whl if it exists)
 #   --bench-args  extra arguments for every `convt3d bench` call (e.g. "--cudnn-benchmark")
 #   --pytest-args extra arguments for pytest (e.g. "-k 'not cuda'")
+#   --tests-cap   seconds for the tests part (default 300)
 #
 # Writes under LOGDIR: run.log (every part's output, each under a "==== part" header, with its
 # exit status and seconds) and one JSON per bench part; at most 8 files come back from the
@@ -52,6 +53,7 @@ SAVE_CUDA_CACHE=0
 WHEELS=""
 BENCH_ARGS=""
 PYTEST_ARGS=""
+TESTS_CAP=300
 [ -d .whl ] && WHEELS=.whl
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -63,6 +65,7 @@ while [ $# -gt 0 ]; do
     --wheels) WHEELS="$2"; shift 2 ;;
     --bench-args) BENCH_ARGS="$2"; shift 2 ;;
     --pytest-args) PYTEST_ARGS="$2"; shift 2 ;;
+    --tests-cap) TESTS_CAP="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//; /^set -u/d'; exit 0 ;;
     -*) echo "gpu_run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) LOGDIR="$1"; shift ;;
@@ -130,7 +133,10 @@ fi
 
 if wanted tests; then
   # shellcheck disable=SC2086
-  eval "run_part tests 300 25 python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -rfE $PYTEST_ARGS tests/test_gpu*.py"
+  # Failures (with tracebacks) and tests over 10 s go to tests.log / tests.log.slow as they
+  # happen (tests/conftest.py), so a run cut by its cap still says what failed.
+  export CONVT3D_TEST_LOG="$LOGDIR/tests.log"
+  eval "run_part tests $TESTS_CAP 25 python3 -m pytest -q -n 14 --tb=short -p no:cacheprovider -p no:benchmark -rfE $PYTEST_ARGS tests/test_gpu*.py"
 fi
 bench() { local name=$1 cap=$2; shift 2
   # shellcheck disable=SC2086

@@ -39,6 +39,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_runtest_logreport(report):
+    """With $CONVT3D_TEST_LOG set (the GPU runner sets it), every failure is appended to that
+    file as it happens, with its traceback, and every test over 10 s to ``<file>.slow``: a run cut
+    by its time limit still names what failed and what was slow. Written by the controlling
+    process only (under xdist the workers forward their reports to it)."""
+    path = os.environ.get("CONVT3D_TEST_LOG")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if report.failed:
+        with open(path, "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
+    if report.when == "call" and report.duration > 10:
+        with open(path + ".slow", "a") as f:
+            f.write(f"{report.duration:7.1f} s  {report.nodeid}\n")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache_dir(tmp_path_factory):
     """convt3d's persistent cache (decisions, tiles, backward choices) goes to a directory of this

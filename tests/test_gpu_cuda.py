@@ -214,13 +214,20 @@ def _gemm_tensors(seed: int):
     return x, w, b, (s, p, op, g, d)
 
 
+def _context(variant, x, w, args) -> str:
+    """The failure message's case: tile variant, batch, groups, channels, size and geometry."""
+    s, p, op, g, d = args
+    return (f"{variant} n{x.shape[0]} g{g} {x.shape[1] // g}->{w.shape[1]} in{tuple(x.shape[2:])} "
+            f"k{tuple(w.shape[2:])} s{s} p{p} op{op} d{d}")
+
+
 @pytest.mark.parametrize("seed", range(24), ids=lambda s: f"gemm-sweep{s}")
 def test_gemm_random_sweep(seed):
     x, w, b, args = _gemm_tensors(seed)
     ref = _ref(x, w, b, args)
     for variant in E.GEMM_VARIANTS:
         y = _run(x, w, b, args, variant=variant)
-        context = f"{variant} n{n} g{g} {cin_g}->{cout_g} in{size} k{k} s{s} p{p} op{op} d{d}"
+        context = _context(variant, x, w, args)
         assert y.shape == ref.shape, context
         err = (y.double() - ref).abs().max().item()
         assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4), f"{context}: max abs err {err:.3g}"
@@ -371,7 +378,7 @@ def test_tf32_gemm_random_sweep(seed):
     x, w, b, args = _gemm_tensors(seed)
     for variant in [None, *E.GEMM_VARIANTS, *E.MMA_VARIANTS]:
         y = _run(x, w, b, args, precision="tf32", variant=variant)
-        _check_tf32(y, x, w, b, args, f"{variant} n{n} g{g} {cin_g}->{cout_g} in{size} k{k} s{s} p{p} op{op} d{d}")
+        _check_tf32(y, x, w, b, args, _context(variant, x, w, args))
         assert y.is_contiguous(memory_format=E.output_memory_format(x, w))
 
 
