@@ -287,9 +287,32 @@ def test_share_of_a_real_profile():
     plain = nn.Sequential(nn.Conv3d(2, 4, 3, padding=1), nn.ReLU()).eval()
     x = torch.randn(1, 2, 6, 6, 6)
     with torch.no_grad():
-        share, part, total = networks._profile_share(lambda: convt(x), "cpu")
+        share, part, total, top = networks._profile_share(lambda: convt(x), "cpu")
+        assert top == {}  # kernels exist on CUDA only
         assert 0 < share < 1 and 0 < part < total
         assert networks._profile_share(lambda: plain(x), "cpu")[0] == 0.0
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=requires_interpreter)],
+                         ids=["torch-engine", "triton-engine-interpreted"])
+def test_patched_layers_are_ops_of_the_profile(backend):
+    # An eager convt3d call is one "convt3d::conv_transpose3d" op under a profiler, whichever
+    # engine runs inside (Triton's kernels launch outside any aten op), counted once.
+    import copy
+
+    import convt3d
+
+    model = nn.Sequential(nn.Conv3d(2, 4, 3, padding=1), nn.ReLU(), nn.ConvTranspose3d(4, 2, 2, 2)).eval()
+    patched = convt3d.patch(copy.deepcopy(model), backend=backend)
+    x = torch.randn(1, 2, 4, 4, 4)
+    with torch.no_grad():
+        share, part, total, _ = networks._profile_share(lambda: patched(x), "cpu")
+        assert 0 < share < 1 and 0 < part < total
+        from torch.profiler import profile
+        with profile() as prof:
+            patched(x)
+    names = [e.name for e in prof.events()]
+    assert names.count(convt3d.functional.PROFILER_OP) == 1
 
 
 def test_error_budget():

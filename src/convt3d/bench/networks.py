@@ -35,7 +35,9 @@ inside an outermost ``aten::conv_transpose3d`` op (or, should a model call them 
 ``aten::cudnn_convolution_transpose`` / ``aten::slow_conv_transpose3d``), autocast's operand casts
 included, over the GPU time of all kernels of one forward. Profiler op names identify the layers
 whatever module wraps them; ``aten::convolution`` is not used because it serves both directions.
-The patched forward is profiled the same way (its layers are ``convt3d::conv_transpose3d`` ops):
+The patched forward is profiled the same way (its layers are ``convt3d::conv_transpose3d`` ops:
+the custom op under torch.compile, a ``record_function`` range of that name in eager calls, which
+holds the Triton kernels too):
 ``convt_us_patched`` next to ``convt_us`` says whether a patched network's time went into its
 transposed convolutions or elsewhere, and ``layer_decisions`` holds each layer's decision with the
 timings it was made from.
@@ -507,7 +509,22 @@ def transposed_share(events, device_type: str) -> tuple[float, float, float]:
     return (part / total if total > 0 else math.nan), part, total
 
 
-def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, float, float]:
+def top_kernels(events, count: int = 8) -> dict[str, float]:
+    """The ``count`` kernels of one profiled run with the most GPU time: name (first 80
+    characters) -> microseconds, summed over launches. Next to the share, they say where a
+    patched network's time went when the totals disagree."""
+    from torch.autograd import DeviceType
+
+    per: dict[str, float] = {}
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            name = e.name[:80]
+            per[name] = per.get(name, 0.0) + e.device_time_total
+    return dict(sorted(per.items(), key=lambda kv: -kv[1])[:count])
+
+
+def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, float, float, dict[str, float]]:
+    """(share, transposed-conv us, total us, top kernels) of one profiled call of ``fn``."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
@@ -518,7 +535,8 @@ def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, f
             fn()
             if device_type == "cuda":
                 torch.cuda.synchronize()
-    return transposed_share(prof.events(), device_type)
+    events = prof.events()
+    return (*transposed_share(events, device_type), top_kernels(events) if device_type == "cuda" else {})
 
 
 # ---- engines the patched layers run on ------------------------------------------------------------
@@ -697,19 +715,21 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
     row["engine"], row["layer_decisions"] = _layer_engines(patched, fn_p)
     status(f"{net.name} {mode.label}: profiling the untouched forward")
     fwd_u = _inference(model, x, mode.autocast) if not mode.training else _train_forward(model, x, mode.autocast)
-    share, part_us, total_us = _profile_share(fwd_u, x.device.type)
+    share, part_us, total_us, top_u = _profile_share(fwd_u, x.device.type)
     if mode.training:
         model.train()
-    row.update(convt_share=share, convt_us=part_us, forward_kernel_us=total_us)
+    row.update(convt_share=share, convt_us=part_us, forward_kernel_us=total_us,
+               top_kernels_us=top_u)
     # The same profile of the patched forward: where a patched network loses although each layer's
     # decision was measured faster, this tells whether its transposed convolutions are slower in
     # the network than when measured alone, or the time went elsewhere.
     status(f"{net.name} {mode.label}: profiling the patched forward")
     fwd_p = _inference(patched, x, mode.autocast) if not mode.training else _train_forward(patched, x, mode.autocast)
-    _, part_p, total_p = _profile_share(fwd_p, x.device.type)
+    _, part_p, total_p, top_p = _profile_share(fwd_p, x.device.type)
     if mode.training:
         patched.train()
-    row.update(convt_us_patched=part_p, forward_kernel_us_patched=total_p)
+    row.update(convt_us_patched=part_p, forward_kernel_us_patched=total_p,
+               top_kernels_us_patched=top_p)
 
     times_u, times_p = [], []
     for r in range(rounds):  # alternate, so that a clock or thermal drift hits both sides
