@@ -496,7 +496,10 @@ Traffic per call (why the design, see the kernel module): the input is read once
 tap-product buffer Z written once and read once, the output written once. For the 16 x 64 -> 1
 head (32^3 -> 64^3, k4 s2 p1, fp32) the gather kind's Z (input positions x Cout/g x taps) makes
 134 + 2 x 134 + 17 MB against the 151 MB floor of the layer; the rows kind's Z (output rows) is
-half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether.
+half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether. The
+fused kind keeps Z in an L2-resident slot per program instead (no Z traffic to HBM), but its
+serial per-tile chain makes it latency-bound on the H200 (2-3x slower than the Z kinds, NOTES
+section 10); it is offered where no Z kind fits.
 """
 
 import math
