@@ -453,6 +453,33 @@ def test_cli_timing_path_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
     assert (tmp_path / "t.png").stat().st_size > 0
 
 
+def test_cli_first_calls_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
+    """--first-calls: first calls and agreement only (no steady timing, no profile), the extra
+    first-call seconds of the patched model in the table and the JSON."""
+    import functools
+
+    def run(*args, **kwargs):
+        assert kwargs["measure"] is False
+        return real_run(*args, device="cpu", timer=FakeTimer([2e-3, 1e-3]), tiny=True, **kwargs)
+
+    real_run = networks.run_networks
+    path = tmp_path / "first.json"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(report, "environment", functools.partial(dict, convt3d="0.1.0", git_commit=None,
+                                                                 torch="t", triton="t", cuda=None, cudnn=None,
+                                                                 gpu="fake GPU", gpu_capability="9.0", sm_count=1))
+    monkeypatch.setattr(networks, "run_networks", run)
+    rc = cli.main(["--suite", "networks", "--case", "gan3d", "--mode", "fwd", "--first-calls", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "first calls" in out and "extra s" in out and "2/2 network modes' first calls" in out
+    data = json.loads(path.read_text())
+    assert data["settings"]["first_calls"] and len(data["rows"]) == 2
+    for r in data["rows"]:
+        assert "torch_us" not in r  # no steady timing
+        assert r["first_call_extra_s"] == pytest.approx(r["first_call_s"] - r["torch_first_call_s"])
+
+
 def test_tf32_arithmetic_reference_rounds_the_transposed_conv_operands():
     # The fp32 budget's second term: float64 with each ConvTranspose3d's input and weight rounded
     # to TF32. Its error against plain float64 is TF32-sized, and the model is left untouched.

@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--tune", action="store_true",
                      help="with --suite networks: call convt3d.tune(patched, x) (with its network check) before "
                           "the patched model's first call, as the README recommends")
+    sel.add_argument("--first-calls", action="store_true",
+                     help="with --suite networks: first calls and output agreement only, no steady timing; run "
+                          "after a full run, in a new process, it reads what a warm cache leaves to a user's "
+                          "first call (patched minus untouched: 'extra s')")
     sel.add_argument("--list", action="store_true", help="print the selected cases and exit")
     sel.add_argument("--interpret", action="store_true",
                      help="run the CPU interpreter correctness check even when a GPU is present")
@@ -385,7 +389,8 @@ def _run_ddp(args, nets) -> int:
 def _network_settings(args, nets, modes) -> dict:
     return {"suite": "networks", "cases": [n.name for n in nets], "modes": [m.label for m in modes],
             "backend": args.backend, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "min_reps": args.min_reps,
-            "seed": args.seed, "cudnn_benchmark": args.cudnn_benchmark, "tune": args.tune}
+            "seed": args.seed, "cudnn_benchmark": args.cudnn_benchmark, "tune": args.tune,
+            "first_calls": getattr(args, "first_calls", False)}
 
 
 def _run_network_check(args, argv: list[str], nets) -> int:
@@ -449,8 +454,21 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
     with _Progress(console, len(nets) * len(modes), "networks") as prog:
         # The JSON is rewritten after each network: an interrupted run keeps what it measured.
         rows, failures, skipped = networks.run_networks(nets, modes, args.backend, settings, prog.status,
-                                                        prog.advance, on_network=write, tune=args.tune)
+                                                        prog.advance, on_network=write, tune=args.tune,
+                                                        measure=not args.first_calls)
     seconds = time.perf_counter() - t0
+    if args.first_calls:
+        for r in rows:
+            r["first_call_extra_s"] = r["first_call_s"] - r["torch_first_call_s"]
+        if rows:
+            report.print_first_call_table(console, rows)
+        report.print_skipped(console, skipped)
+        report.print_failures(console, failures)
+        console.print(f"{len(rows)}/{len(nets) * len(modes)} network modes' first calls in {seconds:.0f} s")
+        if args.json:
+            write(rows, failures, skipped, [], final=True)
+            console.print(f"wrote {args.json}")
+        return 1 if failures else 0
     if rows:
         report.print_network_table(console, rows, f"networks, convt3d backend={args.backend} (patched) vs "
                                                    "PyTorch (untouched)")

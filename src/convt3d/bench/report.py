@@ -392,6 +392,24 @@ def print_network_table(console, rows: list[dict], title: str) -> None:
     console.print(table)
 
 
+def print_first_call_table(console, rows: list[dict]) -> None:
+    """``--suite networks --first-calls``: each network's first call, untouched and patched, and
+    what the patched one costs on top (compile, tuning and measurement, or with a warm cache the
+    loading of what earlier processes left)."""
+    from rich.table import Table
+
+    table = Table(title="networks: first calls (untouched, then convt3d.patch)", header_style="bold")
+    for name, justify in [("network", "left"), ("mode", "left"), ("dtype", "left"), ("untouched s", "right"),
+                          ("patched s", "right"), ("extra s", "right"), ("rel err vs ref (patched / untouched)",
+                                                                          "right")]:
+        table.add_column(name, justify=justify, no_wrap=True)
+    for r in rows:
+        table.add_row(r["case"], r["mode"], r["dtype"], _fmt(r["torch_first_call_s"], ".2f"),
+                      _fmt(r["first_call_s"], ".2f"), _fmt(r["first_call_extra_s"], ".2f"),
+                      _rel_text(r["rel_err_vs_reference"], r["torch_rel_err_vs_reference"], r["within_error_budget"]))
+    console.print(table)
+
+
 def print_network_check_table(console, rows: Iterable[dict]) -> None:
     """Rows of the networks' CPU check (``networks.check_networks``)."""
     from rich.table import Table
