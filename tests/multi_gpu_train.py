@@ -205,18 +205,26 @@ def main(argv=None) -> int:
                     run.update(loss_curves(base, wrap, dtype, x, target, device, args.engine, args.steps, args.lr))
                     result["runs"][f"{wrap}-{dtype}"] = run
         result["decisions"] = decisions_seen(events)
-        dist.barrier()  # rank 0 hosts the store: every rank leaves the group before it goes
     except Exception as exc:  # reported, then re-raised: the launcher sees a failed rank
         import traceback
 
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = traceback.format_exc()
-        raise
-    finally:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"rank{rank}.json").write_text(json.dumps(result, indent=1))
+        _write_report(args.out, rank, result)
         dist.destroy_process_group()
+        raise
+    _write_report(args.out, rank, result)
+    # A barrier, then exit without tearing the group down (a gloo teardown can race rank 0's
+    # store and abort; convt3d.bench.ddp.exit_worker says why).
+    from convt3d.bench.ddp import exit_worker
+
+    exit_worker()
     return 0
+
+
+def _write_report(out: Path, rank: int, result: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{rank}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from conftest import requires_interpreter
+from convt3d.bench.ddp import exit_worker
 
 pytestmark = requires_interpreter
 WORLD = 2
@@ -55,12 +56,12 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         _loss(model, x[rank:rank + 1], target[rank:rank + 1]).backward()
         if rank == 0:
             torch.save({n: p.grad for n, p in model.module.named_parameters()}, os.path.join(out_dir, "ddp.pt"))
-        # Rank 0 hosts the store. Without a barrier, it can tear the store down while rank 1
-        # still shuts down its gloo pairs, and rank 1 aborts in C++ ("terminate called without
-        # an active exception": seen on a loaded 2-core CI machine).
-        dist.barrier()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # A barrier, then exit without tearing the group down: a gloo teardown can race rank 0's
+    # store and abort in C++ (exit_worker's docstring).
+    exit_worker()
 
 
 def _free_port() -> int:

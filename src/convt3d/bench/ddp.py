@@ -35,6 +35,7 @@ import copy
 import json
 import os
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -45,7 +46,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DDPUnavailableError", "unavailable_reason", "run_ddp", "format_rows"]
+__all__ = ["DDPUnavailableError", "unavailable_reason", "run_ddp", "format_rows", "exit_worker"]
 
 # Per-round budget and bounds on back-to-back steps per round (a 400 ms step gets 3, a 5 ms one 100).
 ROUND_S = 1.0
@@ -206,6 +207,26 @@ def _time_network(net, mode, backend: str, device: torch.device, tiny: bool, see
     return row
 
 
+def exit_worker() -> None:
+    """End a worker of a multi-process run that has done its work and written its outputs: a
+    barrier (every rank's collective work is over), then an immediate exit (``os._exit(0)``)
+    without tearing the process group down.
+
+    The teardown races: rank 0 hosts the group's store, and a gloo rank still closing its pairs
+    when that store goes aborts in C++ ("terminate called without an active exception", exit
+    -6). A barrier before ``destroy_process_group`` narrowed the window but did not close it: the
+    abort recurred on a loaded 2-core CI machine (2026-12-01, ``tests/multi_gpu_train.py`` under
+    torchrun). With no destructors run there is nothing left to race. Only for the success path:
+    a failing worker raises as usual, so that its launcher reports the traceback."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _worker(rank: int, world: int, port: int, spec: dict, out_dir: str) -> None:
     import torch.distributed as dist
 
@@ -249,12 +270,18 @@ def _worker(rank: int, world: int, port: int, spec: dict, out_dir: str) -> None:
                     rows.append(row)
                 elif error is not None:
                     failures.append(error)
-        dist.barrier()  # rank 0 hosts the store: every rank leaves the group before it goes
-    finally:
+    except BaseException:
         if rank == 0:
-            Path(out_dir, "ddp.json").write_text(json.dumps({"rows": rows, "failures": failures,
-                                                             "skipped": skipped}))
+            _write_ddp_json(out_dir, rows, failures, skipped)
         dist.destroy_process_group()
+        raise
+    if rank == 0:
+        _write_ddp_json(out_dir, rows, failures, skipped)
+    exit_worker()
+
+
+def _write_ddp_json(out_dir: str, rows: list, failures: list, skipped: list) -> None:
+    Path(out_dir, "ddp.json").write_text(json.dumps({"rows": rows, "failures": failures, "skipped": skipped}))
 
 
 # ---- the launcher ---------------------------------------------------------------------------------
