@@ -508,8 +508,8 @@ from typing import Callable
 import torch
 
 
-__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free", "head_z_bytes", "width_shifts",
-           "HeadSteps"]
+__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
+           "head_z_bytes", "width_shifts", "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
 # GEMM's N is a full MMA width and reads its input tile once per tap for >= 16 useful columns;
@@ -537,6 +537,16 @@ FUSED_PER_SM = 2
 
 def _pow2_ceil(v: int) -> int:
     return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def _columns(params: ConvT3dParams) -> int:
+    """N of the head GEMM: Cout/g x taps, every (output channel, tap) pair."""
+    return params.out_channels_per_group * math.prod(params.kernel_size)
+
+
+def _block_k(params: ConvT3dParams, dtype: torch.dtype) -> int:
+    """The GEMM's K step: Cin/g rounded up to a power of two, 16 to 32 (fp32) or 64 (16-bit)."""
+    return max(16, min(32 if dtype.itemsize == 4 else 64, _pow2_ceil(params.in_channels_per_group)))
 
 
 def collision_free(params: ConvT3dParams) -> bool:
@@ -605,9 +615,9 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
     # In-element offsets are 32-bit (HeadSteps.run): one batch element must hold < 2^31.
     if cout_g > MAX_HEAD_CHANNELS or params.in_channels * math.prod(params.in_size) >= 2**31:
         return []
-    bk = max(16, min(32 if dtype.itemsize == 4 else 64, _pow2_ceil(params.in_channels_per_group)))
+    bk = _block_k(params, dtype)
     bw = max(16, min(128, _pow2_ceil(params.out_size[2])))
-    (kd, kh, kw), sw = params.kernel_size, params.stride[2]
+    (kd, kh, _), sw = params.kernel_size, params.stride[2]
 
     def tile(kind, ncol, bm, elements):
         bn = max(16, min(128, _pow2_ceil(ncol)))
@@ -616,11 +626,11 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
                     use_dot=True, head=kind, BLOCK_R=elements)
 
     if collision_free(params):
-        tiles = [tile("direct", cout_g * kd * kh * kw, bm, el) for bm, el in ((128, 2048), (64, 1024))]
+        tiles = [tile("direct", _columns(params), bm, el) for bm, el in ((128, 2048), (64, 1024))]
     else:
         tiles = []
         if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
-            tiles.append(tile("gather", cout_g * kd * kh * kw, 128, 0))  # per-row gather: no BLOCK_R
+            tiles.append(tile("gather", _columns(params), 128, 0))  # per-row gather: no BLOCK_R
         # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
         if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
             tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
@@ -633,7 +643,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
         # GEMM -> slot -> barrier -> gather chain of each tile. So it is offered only where no Z
         # kind is (Z beyond MAX_Z_BYTES): there it competes with the phase path alone.
         if not tiles:
-            tiles = fused_tiles(params, dtype, bk)
+            tiles = fused_tiles(params, dtype)
     # Half-K variants, after the measured tiles (which stay the untuned defaults). ptxas for
     # sm_90a (offline, Triton 3.9 code generation, 2026-12-01; scripts/ptxas_regs.py): the 16-bit
     # K-64 GEMM tiles run at 255 registers and spill (gather 100 B, rows 512 B); at K 32 they
@@ -653,27 +663,22 @@ def fused_box(params: ConvT3dParams, box: tuple[int, int, int]) -> tuple[tuple[i
     return ib, cells, math.prod(ib)
 
 
-def fused_tiles(params: ConvT3dParams, dtype: torch.dtype, bk: int) -> list[dict]:
+def fused_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
     """Fused-kind candidates (head_fused_kernel), for layers where taps meet (the direct kind
     covers the others). A box of output cells is a power of two per dimension (the gather's
     tile is BOX_D x BOX_H x BOX_W cells); a dimension whose output has a single cell row gets a
     box of 1 there. Box (4, 4, 8) for the 3-D GAN head (k4 s2 p1): 128 cells, an input box of
     5 x 5 x 9 = 225 rows (1.76x the MMA work), a slot of 64 columns x 256 rows x 4 B = 64 KB;
     (2, 8, 8) trades depth halo for height and width; wider layers (more columns) take smaller
-    boxes, down to (1, 4, 4). BLOCK_M 64 keeps a chunk's accumulators
-    at 32 registers per thread on 4 warps. Only slots of <= 128 KB are offered (a smaller grid
-    would leave the device's memory pipes idle). Which tile wins is the tuner's measurement."""
+    boxes, down to (1, 4, 4). BLOCK_M 64 keeps a chunk's accumulators at 32 registers per thread
+    on 4 warps. Only slots of <= 128 KB are offered (a smaller grid would leave the device's
+    memory pipes idle). Which tile wins is the tuner's measurement."""
     if collision_free(params):
         return []
-    ncol = params.out_channels_per_group * math.prod(params.kernel_size)
+    ncol = _columns(params)
     bn = max(16, min(128, _pow2_ceil(ncol)))
     n_pad = -(-ncol // bn) * bn
-    out = []
-    # Tiles: the two largest boxes whose slot fits, on 4 warps with BLOCK_M 64, and the largest
-    # on 8 warps with BLOCK_M 128. ptxas for sm_90a (offline, Triton 3.9 code generation, 2026-12-01;
-    # scripts/ptxas_regs.py), 3-D GAN head, box (4, 4, 8), K 32: M64 on 4 warps 214 (fp32 TF32) /
-    # 227 (bf16) / 238 (tf32x3) registers, M128 on 8 warps 250 (bf16), no spill; bf16 K 64 on 4
-    # warps spills 204 B, so K stays at most 32.
+
     def slot_fits(box, bm):
         rows = fused_box(params, box)[2]
         return n_pad * (-(-rows // bm) * bm) * 4 <= 128 << 10
@@ -682,14 +687,17 @@ def fused_tiles(params: ConvT3dParams, dtype: torch.dtype, bk: int) -> list[dict
     boxes = [tuple(min(b, _pow2_ceil(-(-a.out_size // a.stride))) for b, a in zip(box, params.axes))
              for box in ((4, 4, 8), (2, 8, 8), (2, 4, 8), (2, 4, 4), (1, 4, 4))]
     fitting = list(dict.fromkeys(b for b in boxes if slot_fits(b, 64)))
+    # Tiles: the two largest boxes whose slot fits, on 4 warps with BLOCK_M 64, and the largest
+    # on 8 warps with BLOCK_M 128. ptxas for sm_90a (offline, Triton 3.9 code generation,
+    # 2026-12-01; scripts/ptxas_regs.py), 3-D GAN head, box (4, 4, 8), K 32: M64 on 4 warps 214
+    # (fp32 TF32) / 227 (bf16) / 238 (tf32x3) registers, M128 on 8 warps 250 (bf16), no spill;
+    # bf16 K 64 on 4 warps spills 204 B, so K stays at most 32.
     tiles = [(b, 64, 4) for b in fitting[:2]]
     if fitting and slot_fits(fitting[0], 128):
         tiles.append((fitting[0], 128, 8))
-    for box, bm, warps in tiles:
-        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(bk, 32), BLOCK_W=box[2], num_warps=warps, num_stages=1,
-                   use_dot=True, head="fused", BLOCK_R=0, BOX_D=box[0], BOX_H=box[1])
-        out.append(cfg)
-    return out
+    bk = min(_block_k(params, dtype), 32)
+    return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_W=box[2], num_warps=warps, num_stages=1, use_dot=True,
+                 head="fused", BLOCK_R=0, BOX_D=box[0], BOX_H=box[1]) for box, bm, warps in tiles]
 
 
 def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[int, int]:
@@ -734,6 +742,7 @@ class HeadSteps:
         self.fill_needed = not self.fused and not (self.direct and _all_reached(params))
         self.gemm = None
         self.gather = None
+        self.slots = 0  # the fused kind's scratch (fp32 elements, all programs), set with its site
         self.copy_x = None  # x spans >= 2^31 elements per batch element: the GEMMs read a copy
 
     def _fused_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
@@ -742,7 +751,7 @@ class HeadSteps:
         p, cfg = self.params, self.cfg
         box = (cfg.BOX_D, cfg.BOX_H, cfg.BLOCK_W)
         _, cells, rows = fused_box(p, box)
-        ncol = p.out_channels_per_group * math.prod(p.kernel_size)
+        ncol = _columns(p)
         m_pad = -(-rows // cfg.BLOCK_M) * cfg.BLOCK_M
         n_pad = -(-ncol // cfg.BLOCK_N) * cfg.BLOCK_N
         slot = m_pad * n_pad
@@ -768,7 +777,7 @@ class HeadSteps:
         p, cfg = self.params, self.cfg
         _, _, d, h, wd = x.shape
         s = d * h * wd
-        ncol = p.out_channels_per_group * math.prod(p.kernel_size)
+        ncol = _columns(p)
         tiles_m = -(-s // cfg.BLOCK_M)
         round_tf32 = x.dtype == torch.float32 and self.precision == "tf32"
         flat = _flat_x(x)
@@ -902,6 +911,8 @@ head_engine = types.SimpleNamespace(
     MakeSite=MakeSite,
     _all_reached=_all_reached,
     _batch_span=_batch_span,
+    _block_k=_block_k,
+    _columns=_columns,
     _flat_x=_flat_x,
     _gather_tile=_gather_tile,
     _pow2_ceil=_pow2_ceil,
@@ -1869,19 +1880,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _mma_step(acc, x_t, w_t, ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr):
-    """acc += x_t @ w_t at the call's precision: the K step every head GEMM shares."""
+def _mma_step(acc, a, b, ROUND_TF32: tl.constexpr, TWO_LEVEL: tl.constexpr, PRECISION: tl.constexpr):
+    """acc += a @ b at the call's precision: the K step of every head kernel, forward
+    (``_head_tile``, ``head_rows_kernel``) and backward (``head_grad``)."""
     if ROUND_TF32:
         # cuDNN's TF32 numerics: operands rounded to nearest TF32 (the tensor cores would
-        # truncate); rounded here, in registers, since the input is read only once anyway.
-        x_t = _round_tf32(x_t)
-        w_t = _round_tf32(w_t)
-    if PRECISION == "ieee":
+        # truncate); rounded here, in registers.
+        a = _round_tf32(a)
+        b = _round_tf32(b)
+    if TWO_LEVEL:
         # Each K block summed on its own, then added (fma(part, 1, acc) keeps Triton from
         # folding it back into a chained dot): two-level summation, as phase_gemm_kernel.
-        acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
+        acc = tl.fma(tl.dot(a, b, input_precision=PRECISION), 1.0, acc)
     else:
-        acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
 
 
@@ -1902,7 +1914,7 @@ def _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
                       mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
                       mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-        acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION)
+        acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
     return acc
 
 
@@ -2024,7 +2036,7 @@ def head_rows_kernel(
                               mask=x_ok[:, None] & k_ok[None, :], other=0.0)
                 w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + tw)[None, :],
                               mask=k_ok[:, None] & t_ok[None, :], other=0.0)
-                acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION)
+                acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
         # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
         G_N: tl.constexpr = BLOCK_N // SW_C
         out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
@@ -2929,6 +2941,8 @@ head_engine = types.SimpleNamespace(
     MakeSite=MakeSite,
     _all_reached=_all_reached,
     _batch_span=_batch_span,
+    _block_k=_block_k,
+    _columns=_columns,
     _flat_x=_flat_x,
     _gather_tile=_gather_tile,
     _pow2_ceil=_pow2_ceil,

@@ -108,7 +108,7 @@ def test_fused_kind(name, layout, dtype):
 
     x, w, b, args = _inputs(HEADS[name], layout, dtype)
     params, _ = check_call(x, w, b, *args)
-    tiles = [E.Config(**t) for t in head_engine.fused_tiles(params, dtype, 32)]
+    tiles = [E.Config(**t) for t in head_engine.fused_tiles(params, dtype)]
     assert tiles, "a layer whose taps meet has fused tiles"
     for precision in ["tf32"] + (["tf32x3"] if dtype == torch.float32 else []):
         for cfg in tiles:

@@ -42,7 +42,7 @@ def run_head(case: Case, x, w, b, precision="ieee", pick=0, kind=None, **overrid
     params, x5, configs = head_configs(case, x, w, precision)
     if kind == "fused" and not any(c.head == "fused" for c in configs):
         # Offered by the plan only where no Z kind is (head_tiles); forced here on any layer.
-        configs = [engine.Config(**t) for t in head_engine.fused_tiles(params, x5.dtype, 32)]
+        configs = [engine.Config(**t) for t in head_engine.fused_tiles(params, x5.dtype)]
     configs = [c for c in configs if kind in (None, c.head)]
     assert configs, f"the case has no head candidate of kind {kind}"
     cfg = dataclasses.replace(configs[pick], **override)
@@ -218,7 +218,7 @@ def test_fused_tiles_fit_the_slot_budget(cout, kernel, dil, offered):
     # 128 KB; wider layers get smaller boxes, and none when even the smallest does not fit.
     p = _params(cout, cin=16, kernel=(kernel,) * 3, stride=(2, 2, 2), padding=(1, 1, 1), size=(16, 16, 16),
                 dilation=(dil,) * 3)
-    tiles = head_engine.fused_tiles(p, torch.bfloat16, 32)
+    tiles = head_engine.fused_tiles(p, torch.bfloat16)
     assert bool(tiles) == offered
     ncol = cout * kernel ** 3
     for t in tiles:

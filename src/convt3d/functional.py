@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from . import dispatch
 from .call import make_call
 from .engines import ENGINES
-from .ops import conv_transpose3d_op
+from .ops import OP_NAME, conv_transpose3d_op
 from .validate import check_call
 
 __all__ = ["conv_transpose3d"]
@@ -41,15 +41,11 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
         # Under a profiler the call is one op, named as the custom op that torch.compile records,
         # with every kernel it launches (Triton's go through the driver, outside any aten op)
         # attributed to it; otherwise no record is made (a flag test, not a context per call).
-        with torch.profiler.record_function(PROFILER_OP):
+        with torch.profiler.record_function(OP_NAME):
             y = engine.run(call)
     else:
         y = engine.run(call)
     return y.squeeze(0) if call.unbatched else y
-
-
-# The name of a call in profiler traces (eager and compiled alike).
-PROFILER_OP = "convt3d::conv_transpose3d"
 
 
 @torch.compiler.assume_constant_result

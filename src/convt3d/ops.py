@@ -21,10 +21,12 @@ from . import triton_engine
 from .torch_engine import torch_forward
 from .validate import check_call
 
-__all__ = ["conv_transpose3d_op", "conv_transpose3d_backward_op", "conv_transpose3d_autograd", "ENGINES",
-           "run_engine"]
+__all__ = ["OP_NAME", "conv_transpose3d_op", "conv_transpose3d_backward_op", "conv_transpose3d_autograd",
+           "ENGINES", "run_engine"]
 
 ENGINES = ("triton", "cuda")
+# The op's name: also the name of an eager call's range under a profiler (functional).
+OP_NAME = "convt3d::conv_transpose3d"
 
 
 def run_engine(engine: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], params,
@@ -37,10 +39,10 @@ def run_engine(engine: str, x: torch.Tensor, weight: torch.Tensor, bias: Optiona
         from . import cuda_engine
 
         return cuda_engine.forward(x, weight, bias, params, precision=precision)
-    raise ValueError(f"convt3d::conv_transpose3d: unknown engine={engine!r}; expected one of {ENGINES}")
+    raise ValueError(f"{OP_NAME}: unknown engine={engine!r}; expected one of {ENGINES}")
 
 
-@torch.library.custom_op("convt3d::conv_transpose3d", mutates_args=())
+@torch.library.custom_op(OP_NAME, mutates_args=())
 def conv_transpose3d_op(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                         stride: List[int], padding: List[int], output_padding: List[int], groups: int,
                         dilation: List[int], precision: str, engine: str) -> torch.Tensor:

@@ -390,7 +390,7 @@ def _network_settings(args, nets, modes) -> dict:
     return {"suite": "networks", "cases": [n.name for n in nets], "modes": [m.label for m in modes],
             "backend": args.backend, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "min_reps": args.min_reps,
             "seed": args.seed, "cudnn_benchmark": args.cudnn_benchmark, "tune": args.tune,
-            "first_calls": getattr(args, "first_calls", False)}
+            "first_calls": args.first_calls}
 
 
 def _run_network_check(args, argv: list[str], nets) -> int:
@@ -457,33 +457,25 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
                                                         prog.advance, on_network=write, tune=args.tune,
                                                         measure=not args.first_calls)
     seconds = time.perf_counter() - t0
-    if args.first_calls:
-        for r in rows:
-            r["first_call_extra_s"] = r["first_call_s"] - r["torch_first_call_s"]
-        if rows:
-            report.print_first_call_table(console, rows)
-        report.print_skipped(console, skipped)
-        report.print_failures(console, failures)
-        console.print(f"{len(rows)}/{len(nets) * len(modes)} network modes' first calls in {seconds:.0f} s")
-        if args.json:
-            write(rows, failures, skipped, [], final=True)
-            console.print(f"wrote {args.json}")
-        return 1 if failures else 0
-    if rows:
+    summary = []
+    if rows and args.first_calls:
+        report.print_first_call_table(console, rows)
+    elif rows:
         report.print_network_table(console, rows, f"networks, convt3d backend={args.backend} (patched) vs "
                                                    "PyTorch (untouched)")
-    summary = report.summarize(rows) if rows else []
-    if summary:
-        report.print_summary(console, summary)
+        summary = report.summarize(rows)
+        if summary:
+            report.print_summary(console, summary)
     report.print_skipped(console, skipped)
     report.print_failures(console, failures)
-    console.print(f"{len(rows)}/{len(nets) * len(modes)} network modes timed in {seconds:.0f} s"
+    what = "network modes' first calls" if args.first_calls else "network modes timed"
+    console.print(f"{len(rows)}/{len(nets) * len(modes)} {what} in {seconds:.0f} s"
                   + (f", {len(failures)} failed" if failures else "") + (f", {len(skipped)} networks skipped"
                                                                          if skipped else ""))
     if args.json:
         write(rows, failures, skipped, summary, final=True)
         console.print(f"wrote {args.json}")
-    if args.plot and rows:
+    if args.plot and rows and not args.first_calls:
         report.write_plot(args.plot, rows, f"convt3d {env['convt3d']} on {env['gpu']}: networks, "
                                            f"backend={args.backend}")
         console.print(f"wrote {args.plot}")

@@ -76,6 +76,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .roofline import cudnn_tf32
+from ..ops import OP_NAME
 from ..torch_engine import cudnn_conv_allows_tf32
 
 __all__ = ["GAN3DGenerator", "VideoDecoder", "AxialAttention3d", "Network", "NetMode", "NETWORKS", "NET_MODES",
@@ -476,7 +477,7 @@ def _budget_ok(err: float, ref_err: float, dtype: str) -> bool:
 # ---- ConvTranspose3d share of the GPU time --------------------------------------------------------
 # PyTorch's own ops, and convt3d's (the patched model's layers, whichever engine runs inside).
 TRANSPOSED_OPS = frozenset({"aten::conv_transpose3d", "aten::cudnn_convolution_transpose",
-                            "aten::slow_conv_transpose3d", "convt3d::conv_transpose3d"})
+                            "aten::slow_conv_transpose3d", OP_NAME})
 
 
 def transposed_share(events, device_type: str) -> tuple[float, float, float]:
@@ -536,7 +537,7 @@ def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, f
             if device_type == "cuda":
                 torch.cuda.synchronize()
     events = prof.events()
-    return (*transposed_share(events, device_type), top_kernels(events) if device_type == "cuda" else {})
+    return (*transposed_share(events, device_type), top_kernels(events))
 
 
 # ---- engines the patched layers run on ------------------------------------------------------------
@@ -706,7 +707,7 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
         y_tf32 = refs["infer_tf32"]
     row.update(reference=ref_name, reference_s=refs[key + "_s"])
     _compare(row, y_p, y_u, ref, mode, _convt_weight_index(model), y_tf32)
-    row.update(torch_first_call_s=first_u, first_call_s=first_p)
+    row.update(torch_first_call_s=first_u, first_call_s=first_p, first_call_extra_s=first_p - first_u)
     del y_u, y_p
     if not measure:
         return row

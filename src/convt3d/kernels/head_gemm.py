@@ -34,19 +34,20 @@ from .phase_gemm import _round_tf32
 
 
 @triton.jit
-def _mma_step(acc, x_t, w_t, ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr):
-    """acc += x_t @ w_t at the call's precision: the K step every head GEMM shares."""
+def _mma_step(acc, a, b, ROUND_TF32: tl.constexpr, TWO_LEVEL: tl.constexpr, PRECISION: tl.constexpr):
+    """acc += a @ b at the call's precision: the K step of every head kernel, forward
+    (``_head_tile``, ``head_rows_kernel``) and backward (``head_grad``)."""
     if ROUND_TF32:
         # cuDNN's TF32 numerics: operands rounded to nearest TF32 (the tensor cores would
-        # truncate); rounded here, in registers, since the input is read only once anyway.
-        x_t = _round_tf32(x_t)
-        w_t = _round_tf32(w_t)
-    if PRECISION == "ieee":
+        # truncate); rounded here, in registers.
+        a = _round_tf32(a)
+        b = _round_tf32(b)
+    if TWO_LEVEL:
         # Each K block summed on its own, then added (fma(part, 1, acc) keeps Triton from
         # folding it back into a chained dot): two-level summation, as phase_gemm_kernel.
-        acc = tl.fma(tl.dot(x_t, w_t, input_precision=PRECISION), 1.0, acc)
+        acc = tl.fma(tl.dot(a, b, input_precision=PRECISION), 1.0, acc)
     else:
-        acc = tl.dot(x_t, w_t, acc, input_precision=PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
 
 
@@ -67,7 +68,7 @@ def _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
                       mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
                       mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-        acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION)
+        acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
     return acc
 
 
@@ -189,7 +190,7 @@ def head_rows_kernel(
                               mask=x_ok[:, None] & k_ok[None, :], other=0.0)
                 w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + tw)[None, :],
                               mask=k_ok[:, None] & t_ok[None, :], other=0.0)
-                acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION)
+                acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
         # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
         G_N: tl.constexpr = BLOCK_N // SW_C
         out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))

@@ -34,7 +34,7 @@ span fewer than 2^31 elements (``BIG`` False, the launcher's test), 64-bit other
 import triton
 import triton.language as tl
 
-from .phase_gemm import _round_tf32
+from .head_gemm import _mma_step
 
 
 @triton.jit
@@ -117,16 +117,8 @@ def head_dgrad_kernel(
         a_tile = tl.load(y_g + (y_m[:, None] + y_k[None, :]), mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         b_tile = tl.load(w_g + (k[:, None] * CIN_G + offs_ci[None, :]), mask=k_ok[:, None] & ci_ok[None, :],
                          other=0.0)
-        if ROUND_TF32:
-            # Both operands to nearest TF32, as cuDNN rounds them (tensor cores would truncate).
-            a_tile = _round_tf32(a_tile)
-            b_tile = _round_tf32(b_tile)
-        if TWO_LEVEL:
-            # Exact-grade fp32: each K block's dot is summed on its own and then added (as in
-            # dgrad_bwd; fma(part, 1, acc) keeps Triton from chaining it into the accumulator).
-            acc = tl.fma(tl.dot(a_tile, b_tile, input_precision=PRECISION), 1.0, acc)
-        else:
-            acc = tl.dot(a_tile, b_tile, acc, input_precision=PRECISION)
+        # TWO_LEVEL (exact-grade fp32): each K block's dot summed on its own, then added.
+        acc = _mma_step(acc, a_tile, b_tile, ROUND_TF32, TWO_LEVEL, PRECISION)
 
     # Store as [channel, position]: for NCDHW dX the threads run along W; for channels-last dX
     # the channel stride is 1.
@@ -188,15 +180,9 @@ def head_wgrad_kernel(
         y_p = _wide(nb, BIG) * stride_yn + _wide(id_ * SD, BIG) * stride_yd + _wide(ih * SH, BIG) * stride_yh \
             + _wide(iw * SW, BIG) * stride_yw
         y_tile = tl.load(y_g + (y_p[:, None] + y_k[None, :]), mask=p_ok[:, None] & k_ok[None, :], other=0.0)
-        if ROUND_TF32:
-            x_tile = _round_tf32(x_tile)
-            y_tile = _round_tf32(y_tile)
-        if TWO_LEVEL:
-            # Exact-grade fp32: a head's reduction runs over every input position (524288 on a
-            # 16 x 32^3 GAN head); each step's BLOCK_P-term dot is summed on its own, then added.
-            acc = tl.fma(tl.dot(x_tile, y_tile, input_precision=PRECISION), 1.0, acc)
-        else:
-            acc = tl.dot(x_tile, y_tile, acc, input_precision=PRECISION)
+        # TWO_LEVEL (exact-grade fp32): a head's reduction runs over every input position (524288
+        # on a 16 x 32^3 GAN head); each step's BLOCK_P-term dot is summed on its own, then added.
+        acc = _mma_step(acc, x_tile, y_tile, ROUND_TF32, TWO_LEVEL, PRECISION)
 
     # part[split, grp, ci, k], contiguous.
     base = (split * GROUPS + grp).to(tl.int64) * CIN_G * KTOT
