@@ -300,7 +300,7 @@ from typing import Any
 import torch
 
 
-__all__ = ["triple", "check_call"]
+__all__ = ["triple", "check_call", "plain_argument", "frozen_argument"]
 
 
 def _as_int(value: Any) -> int | None:
@@ -353,14 +353,14 @@ def _type_name(t: torch.Tensor) -> str:
 _valid: dict[tuple, tuple[ConvT3dParams, bool]] = {}
 
 
-def _plain(v: Any) -> bool:
+def plain_argument(v: Any) -> bool:
     """An int, or a tuple or list of ints: values whose key (a list becomes a tuple) hashes by
     value (a tensor element hashes by identity, so a changed value could hit a stale entry; such
     calls are never memoised)."""
     return type(v) is int or (type(v) in (tuple, list) and all(type(e) is int for e in v))
 
 
-def _frozen(v: Any) -> Any:
+def frozen_argument(v: Any) -> Any:
     return tuple(v) if type(v) is list else v
 
 
@@ -380,11 +380,12 @@ def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, ou
     """
     key = None
     if type(input) in _MEMO_TYPES and type(weight) in _MEMO_TYPES and (bias is None or type(bias) in _MEMO_TYPES) \
-            and type(groups) is int and _plain(stride) and _plain(padding) and _plain(output_padding) \
-            and _plain(dilation):
+            and type(groups) is int and plain_argument(stride) and plain_argument(padding) \
+            and plain_argument(output_padding) and plain_argument(dilation):
         key = (input.shape, input.dtype, input.device, weight.shape, weight.dtype, weight.device,
                None if bias is None else (bias.shape, bias.dtype, bias.device),
-               _frozen(stride), _frozen(padding), _frozen(output_padding), groups, _frozen(dilation))
+               frozen_argument(stride), frozen_argument(padding), frozen_argument(output_padding), groups,
+               frozen_argument(dilation))
         hit = _valid.get(key)
         if hit is not None:
             return hit
@@ -2245,8 +2246,16 @@ def cudnn_conv_allows_tf32() -> bool:
     """The TF32 flag PyTorch's convolutions read. Since torch 2.9 that is the per-operator
     ``torch.backends.cudnn.conv.fp32_precision`` ("tf32" or not); the legacy
     ``torch.backends.cudnn.allow_tf32`` getter mirrors it but raises RuntimeError once the new
-    API has set conv and rnn differently (e.g. ``cudnn.conv.fp32_precision = "ieee"``)."""
+    API has set conv and rnn differently (e.g. ``cudnn.conv.fp32_precision = "ieee"``).
+
+    Read on every call: through ``torch._C``'s getter where it exists (0.4 us; the attribute
+    path through ``torch.backends``' module ``__getattr__`` costs ~1.4 us)."""
     conv = getattr(torch.backends.cudnn, "conv", None)
+    getter = getattr(torch._C, "_get_fp32_precision_getter", None)
+    if getter is not None and hasattr(conv, "backend"):
+        value = getter(conv.backend, conv.op)
+        if value in ("tf32", "ieee"):
+            return value == "tf32"
     value = getattr(conv, "fp32_precision", None)
     if value in ("tf32", "ieee"):
         return value == "tf32"

@@ -241,6 +241,13 @@ class TorchEngine(Engine):
     def run(self, call: Call) -> torch.Tensor:
         return self.forward(call)  # differentiable as it is
 
+    def run_arguments(self, input, weight, bias, stride, padding, output_padding, groups, dilation):
+        """The steady path of a call decided for PyTorch at the flags as they are: its own op on
+        the caller's arguments, as an untouched layer calls it (autocast, unbatched input and
+        autograd handled by PyTorch)."""
+        return torch.nn.functional.conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups,
+                                                    dilation)
+
 
 class HybridEngine(Engine):
     """Training steps only: PyTorch's forward, recorded with convt3d's backward. cuDNN's dX runs

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from . import dispatch
-from .call import make_call
+from .call import Call, make_call
 from .engines import ENGINES
 from .ops import OP_NAME, conv_transpose3d_op
 from .validate import check_call
@@ -28,15 +28,37 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
             convolutions do (True: "tf32", False: exact grade); or "tf32", "tf32x3", "ieee".
             float16/bfloat16 multiply in their own type and accumulate in float32.
     """
-    input, weight, bias = _autocast(input, weight, bias)
     if torch.compiler.is_compiling():
+        input, weight, bias = _autocast(input, weight, bias)
         return _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
+    # A call whose arguments were seen before (shapes, strides, dtypes, flags: dispatch.steady_key)
+    # skips validation and the pass: one lookup, then the engine, or PyTorch's own op as an
+    # untouched layer would call it.
+    key, hit = dispatch.steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
+                               precision)
+    if hit is not None:
+        if hit.direct:
+            args = (input, weight, bias, stride, padding, output_padding, groups, dilation)
+            if torch.autograd._profiler_enabled():
+                with torch.profiler.record_function(OP_NAME):
+                    return ENGINES["torch"].run_arguments(*args)
+            return ENGINES["torch"].run_arguments(*args)
+        input, weight, bias = _autocast(input, weight, bias)
+        call = Call(input.unsqueeze(0) if hit.unbatched else input, weight, bias, hit.params, hit.precision,
+                    precision, hit.training, hit.unbatched)
+        return _run(ENGINES[hit.decision.candidate], call)
     # One validation, one dispatcher pass, one engine run. Calls autograd records (a training
     # Call) run the engine's forward recorded with its backward; torch.compile always takes the
     # registered custom op (``_traced``).
+    input, weight, bias = _autocast(input, weight, bias)
     call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
                      autograd=True)
-    engine = ENGINES[dispatch.select(call, backend).candidate]
+    decision = dispatch.select(call, backend)
+    dispatch.remember(key, call, decision)
+    return _run(ENGINES[decision.candidate], call)
+
+
+def _run(engine, call):
     if torch.autograd._profiler_enabled():
         # Under a profiler the call is one op, named as the custom op that torch.compile records,
         # with every kernel it launches (Triton's go through the driver, outside any aten op)

@@ -15,7 +15,7 @@ import torch
 
 from .params import ConvT3dParams
 
-__all__ = ["triple", "check_call"]
+__all__ = ["triple", "check_call", "plain_argument", "frozen_argument"]
 
 
 def _as_int(value: Any) -> int | None:
@@ -68,14 +68,14 @@ def _type_name(t: torch.Tensor) -> str:
 _valid: dict[tuple, tuple[ConvT3dParams, bool]] = {}
 
 
-def _plain(v: Any) -> bool:
+def plain_argument(v: Any) -> bool:
     """An int, or a tuple or list of ints: values whose key (a list becomes a tuple) hashes by
     value (a tensor element hashes by identity, so a changed value could hit a stale entry; such
     calls are never memoised)."""
     return type(v) is int or (type(v) in (tuple, list) and all(type(e) is int for e in v))
 
 
-def _frozen(v: Any) -> Any:
+def frozen_argument(v: Any) -> Any:
     return tuple(v) if type(v) is list else v
 
 
@@ -95,11 +95,12 @@ def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, ou
     """
     key = None
     if type(input) in _MEMO_TYPES and type(weight) in _MEMO_TYPES and (bias is None or type(bias) in _MEMO_TYPES) \
-            and type(groups) is int and _plain(stride) and _plain(padding) and _plain(output_padding) \
-            and _plain(dilation):
+            and type(groups) is int and plain_argument(stride) and plain_argument(padding) \
+            and plain_argument(output_padding) and plain_argument(dilation):
         key = (input.shape, input.dtype, input.device, weight.shape, weight.dtype, weight.device,
                None if bias is None else (bias.shape, bias.dtype, bias.device),
-               _frozen(stride), _frozen(padding), _frozen(output_padding), groups, _frozen(dilation))
+               frozen_argument(stride), frozen_argument(padding), frozen_argument(output_padding), groups,
+               frozen_argument(dilation))
         hit = _valid.get(key)
         if hit is not None:
             return hit

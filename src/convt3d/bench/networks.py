@@ -26,7 +26,8 @@ computed in fp32, ``torch.autograd.grad`` of every parameter; no optimizer).
 What a row holds (see :func:`run_networks`): the first call of each model in that mode (wall clock,
 synchronised: for the patched model it includes Triton compilation, tuning and auto's measuring,
 i.e. it is "cold" unless the persistent cache already holds the signatures), the steady time of
-each (median of ``triton.testing.do_bench``, two alternating rounds, the lower median kept), the
+each (median of ``triton.testing.do_bench``, alternating rounds -- two, or up to ``MAX_ROUNDS``
+while the rounds of a side disagree -- the lowest median kept), the
 ratio untouched / patched, the share of ConvTranspose3d in the untouched forward's GPU time, and
 the agreement of the outputs (patched vs untouched, both vs a reference).
 
@@ -480,6 +481,14 @@ TRANSPOSED_OPS = frozenset({"aten::conv_transpose3d", "aten::cudnn_convolution_t
                             "aten::slow_conv_transpose3d", OP_NAME})
 
 
+def is_kernel(e) -> bool:
+    """A GPU event that is a kernel, copy or memset -- not the GPU span of a ``record_function``
+    range (convt3d names each eager call's span after its op), which would count its kernels twice."""
+    from torch.autograd import DeviceType
+
+    return e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+
+
 def transposed_share(events, device_type: str) -> tuple[float, float, float]:
     """(share, transposed-conv microseconds, total microseconds) of one profiled run.
 
@@ -502,7 +511,7 @@ def transposed_share(events, device_type: str) -> tuple[float, float, float]:
 
     convt = [e for e in events if e.name in TRANSPOSED_OPS and is_cpu_op(e) and outermost(e)]
     if device_type == "cuda":
-        total = sum(e.device_time_total for e in events if e.device_type == DeviceType.CUDA)
+        total = sum(e.device_time_total for e in events if is_kernel(e))
         part = sum(e.device_time_total for e in convt)
     else:
         total = sum(e.cpu_time_total for e in events if is_cpu_op(e) and e.cpu_parent is None)
@@ -510,22 +519,30 @@ def transposed_share(events, device_type: str) -> tuple[float, float, float]:
     return (part / total if total > 0 else math.nan), part, total
 
 
-def top_kernels(events, count: int = 8) -> dict[str, float]:
-    """The ``count`` kernels of one profiled run with the most GPU time: name (first 80
-    characters) -> microseconds, summed over launches. Next to the share, they say where a
+def top_kernels(events, count: int | None = 8) -> dict[str, float]:
+    """The ``count`` kernels (None: all) of one profiled run with the most GPU time: name (first
+    80 characters) -> microseconds, summed over launches. Next to the share, they say where a
     patched network's time went when the totals disagree."""
-    from torch.autograd import DeviceType
-
     per: dict[str, float] = {}
     for e in events:
-        if e.device_type == DeviceType.CUDA:
+        if is_kernel(e):
             name = e.name[:80]
             per[name] = per.get(name, 0.0) + e.device_time_total
     return dict(sorted(per.items(), key=lambda kv: -kv[1])[:count])
 
 
+def kernel_changes(before: dict[str, float], after: dict[str, float], count: int = 10) -> dict[str, float]:
+    """The ``count`` kernels whose GPU time changed most between two profiles (patched minus
+    untouched, microseconds; a kernel only one side launches counts as 0 on the other): where
+    the time of a patched network went, kernel by kernel, when its transposed convolutions got
+    faster but its total did not."""
+    names = set(before) | set(after)
+    change = {n: after.get(n, 0.0) - before.get(n, 0.0) for n in names}
+    return dict(sorted(change.items(), key=lambda kv: -abs(kv[1]))[:count])
+
+
 def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, float, float, dict[str, float]]:
-    """(share, transposed-conv us, total us, top kernels) of one profiled call of ``fn``."""
+    """(share, transposed-conv us, total us, every kernel's us) of one profiled call of ``fn``."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
@@ -537,7 +554,7 @@ def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, f
             if device_type == "cuda":
                 torch.cuda.synchronize()
     events = prof.events()
-    return (*transposed_share(events, device_type), top_kernels(events))
+    return (*transposed_share(events, device_type), top_kernels(events, None))
 
 
 # ---- engines the patched layers run on ------------------------------------------------------------
@@ -720,7 +737,7 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
     if mode.training:
         model.train()
     row.update(convt_share=share, convt_us=part_us, forward_kernel_us=total_us,
-               top_kernels_us=top_u)
+               top_kernels_us=dict(list(top_u.items())[:8]))
     # The same profile of the patched forward: where a patched network loses although each layer's
     # decision was measured faster, this tells whether its transposed convolutions are slower in
     # the network than when measured alone, or the time went elsewhere.
@@ -730,13 +747,15 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
     if mode.training:
         patched.train()
     row.update(convt_us_patched=part_p, forward_kernel_us_patched=total_p,
-               top_kernels_us_patched=top_p)
+               top_kernels_us_patched=dict(list(top_p.items())[:8]), kernel_changes_us=kernel_changes(top_u, top_p))
 
     times_u, times_p = [], []
-    for r in range(rounds):  # alternate, so that a clock or thermal drift hits both sides
-        status(f"{net.name} {mode.label}: timing untouched ({r + 1}/{rounds})")
+    for r in range(max(rounds, MAX_ROUNDS)):  # alternate, so that a clock or thermal drift hits both sides
+        if r >= rounds and _spread(times_u) <= ROUND_SPREAD and _spread(times_p) <= ROUND_SPREAD:
+            break
+        status(f"{net.name} {mode.label}: timing untouched ({r + 1})")
         times_u.append(timer.steady(fn_u))
-        status(f"{net.name} {mode.label}: timing patched ({r + 1}/{rounds})")
+        status(f"{net.name} {mode.label}: timing patched ({r + 1})")
         times_p.append(timer.steady(fn_p))
     t_u, t_p = min(times_u), min(times_p)
     status(f"{net.name} {mode.label}: untouched {t_u * 1e6:.0f} us, patched {t_p * 1e6:.0f} us, {t_u / t_p:.2f}x")
@@ -744,6 +763,18 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
                speedup=t_u / t_p, torch_us_rounds=[t * 1e6 for t in times_u],
                convt3d_us_rounds=[t * 1e6 for t in times_p])
     return row
+
+
+# Rounds beyond the first ``rounds`` while either side's rounds disagree by more than
+# ROUND_SPREAD: host-bound networks swing with the host. UNETR in bf16 (forward 15 ms of kernels,
+# 27-38 ms wall on the H200's host, 2026-12-01) read 20.7 then 33.8 ms in two rounds of one run;
+# steady GPU-bound networks agree within 0.3% and stop at two.
+MAX_ROUNDS = 6
+ROUND_SPREAD = 0.02
+
+
+def _spread(times: list[float]) -> float:
+    return max(times) / min(times) - 1.0
 
 
 def _train_forward(model: nn.Module, x: torch.Tensor, autocast: bool) -> Callable[[], torch.Tensor]:

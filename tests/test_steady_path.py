@@ -1,0 +1,209 @@
+"""The steady path: a call whose arguments were seen before skips validation and the dispatcher's
+pass (``dispatch.steady_key``), and one whose decision is PyTorch goes straight to
+``F.conv_transpose3d``. What it must never do: answer a call whose arguments, flags or
+autocast state differ from the remembered ones, keep a guess or an error, or outlive a cleared
+or overridden decision. CPU tests; counting the full passes through ``dispatch.select``."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convt3d
+from convt3d import dispatch, functional
+from convt3d.torch_engine import cudnn_conv_allows_tf32, cudnn_conv_tf32
+from conftest import requires_interpreter
+
+
+@pytest.fixture(autouse=True)
+def _fresh(auto_state):
+    yield
+
+
+@pytest.fixture
+def passes(monkeypatch):
+    """The number of full dispatcher passes so far (calls of dispatch.select from the API)."""
+    count = [0]
+    select = dispatch.select
+
+    def counting(call, backend=None, **kw):
+        count[0] += 1
+        return select(call, backend, **kw)
+
+    monkeypatch.setattr(functional.dispatch, "select", counting)
+    return count
+
+
+def _layer(batched=True, cl=False, cin=4, cout=3):
+    x = torch.randn(*((2,) if batched else ()), cin, 3, 4, 5)
+    if cl:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    return x, torch.randn(cin, cout, 2, 3, 2), torch.randn(cout)
+
+
+def test_a_repeated_call_takes_one_pass_and_matches_pytorch_bitwise(passes):
+    x, w, b = _layer()
+    ref = F.conv_transpose3d(x, w, b, 2, 1, 1)
+    for _ in range(3):
+        y = convt3d.conv_transpose3d(x, w, b, 2, 1, 1)
+        assert torch.equal(y, ref) and y.stride() == ref.stride()
+    assert passes[0] == 1
+    # New tensors of the same signature: still no new pass.
+    x2, w2, b2 = _layer()
+    assert torch.equal(convt3d.conv_transpose3d(x2, w2, b2, 2, 1, 1), F.conv_transpose3d(x2, w2, b2, 2, 1, 1))
+    assert passes[0] == 1
+
+
+@pytest.mark.parametrize("change", [
+    "input-shape", "layout", "dtype", "bias-none", "stride", "output_padding", "list-argument", "backend",
+    "precision", "requires-grad", "grad-mode", "autocast", "tf32-flag", "env-backend"])
+def test_every_argument_and_flag_is_part_of_the_signature(change, passes, monkeypatch):
+    x, w, b = _layer()
+    args = dict(stride=2, padding=1, output_padding=1)
+    convt3d.conv_transpose3d(x, w, b, **args)
+    assert passes[0] == 1
+    kw, ctx = dict(args), torch.autocast("cpu", enabled=False)
+    xx, ww, bb = x, w, b
+    if change == "input-shape":
+        xx = torch.randn(3, 4, 3, 4, 5)
+    elif change == "layout":
+        xx = x.contiguous(memory_format=torch.channels_last_3d)
+    elif change == "dtype":
+        xx, ww, bb = x.double(), w.double(), b.double()
+    elif change == "bias-none":
+        bb = None
+    elif change == "stride":
+        kw.update(stride=(2, 2, 3), output_padding=(1, 1, 0))
+    elif change == "output_padding":
+        kw.update(output_padding=0)
+    elif change == "list-argument":
+        kw.update(stride=[2, 2, 2])  # same geometry, but a list: its own key, the same answer
+    elif change == "backend":
+        kw.update(backend="torch")
+    elif change == "precision":
+        kw.update(precision="ieee")
+    elif change == "requires-grad":
+        ww = w.clone().requires_grad_()
+    elif change == "grad-mode":
+        ww = w.clone().requires_grad_()
+        convt3d.conv_transpose3d(xx, ww, bb, **kw)
+        passes[0] = 1
+        ctx = torch.no_grad()
+    elif change == "autocast":
+        ctx = torch.autocast("cpu", torch.bfloat16)
+    elif change == "tf32-flag":
+        ctx = cudnn_conv_tf32(not cudnn_conv_allows_tf32())
+    elif change == "env-backend":
+        monkeypatch.setenv("CONVT3D_BACKEND", "torch")
+    with ctx:
+        y = convt3d.conv_transpose3d(xx, ww, bb, **kw)
+        ref = F.conv_transpose3d(xx, ww, bb, kw["stride"], kw["padding"], kw["output_padding"])
+    assert passes[0] == 2, f"{change}: a call with a different signature must take the full pass"
+    assert y.dtype == ref.dtype and torch.equal(y, ref)
+
+
+def test_errors_are_raised_every_time_and_never_remembered(passes):
+    x, w, b = _layer()
+    convt3d.conv_transpose3d(x, w, b, 2, 1, 1)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="output padding must be smaller than either stride or dilation"):
+            convt3d.conv_transpose3d(x, w, b, 2, 1, 2)
+        with pytest.raises(ValueError, match="unknown backend='fast'"):
+            convt3d.conv_transpose3d(x, w, b, 2, 1, 1, backend="fast")
+        with pytest.raises(convt3d.BackendUnavailableError):
+            convt3d.conv_transpose3d(x, w, b, 2, 1, 1, backend="cuda")
+
+
+def test_unbatched_and_non_contiguous_inputs(passes):
+    x, w, b = _layer(batched=False)
+    xs = torch.randn(2, 8, 3, 4, 5)[:, ::2]  # every other channel
+    for _ in range(2):
+        assert torch.equal(convt3d.conv_transpose3d(x, w, b, 2), F.conv_transpose3d(x, w, b, 2))
+        assert torch.equal(convt3d.conv_transpose3d(xs, w, b, 2), F.conv_transpose3d(xs, w, b, 2))
+    assert passes[0] == 2
+
+
+def test_autocast_casts_as_pytorch_on_the_steady_path(passes):
+    x, w, b = _layer()
+    w.requires_grad_()
+    with torch.autocast("cpu", torch.bfloat16):
+        for _ in range(2):
+            y = convt3d.conv_transpose3d(x, w, b, 2, 1, 1)
+            ref = F.conv_transpose3d(x, w, b, 2, 1, 1)
+            assert y.dtype == torch.bfloat16 and torch.equal(y, ref)
+    assert passes[0] == 1
+    (g,) = torch.autograd.grad(y.float().sum(), w)
+    (g_ref,) = torch.autograd.grad(ref.float().sum(), w)
+    assert g.dtype == torch.float32 and torch.equal(g, g_ref)
+
+
+def test_cleared_and_overridden_decisions_take_a_new_pass(passes):
+    x, w, b = _layer()
+    convt3d.conv_transpose3d(x, w, b, 2)
+    dispatch.clear_decisions()
+    convt3d.conv_transpose3d(x, w, b, 2)
+    assert passes[0] == 2
+    dispatch.override("no such signature", "torch", "network check", torch.device("cpu"))
+    convt3d.conv_transpose3d(x, w, b, 2)
+    assert passes[0] == 3
+
+
+def test_a_listener_sees_every_call(passes):
+    x, w, b = _layer()
+    seen = []
+    with dispatch.listening(lambda event, info: seen.append(event)):
+        for _ in range(3):
+            convt3d.conv_transpose3d(x, w, b, 2)
+    assert passes[0] == 3 and seen.count("decision") >= 1
+    convt3d.conv_transpose3d(x, w, b, 2)
+    convt3d.conv_transpose3d(x, w, b, 2)
+    assert passes[0] == 4, "after the listener, the steady path again"
+
+
+def test_heuristic_guesses_are_not_remembered(passes, monkeypatch):
+    x, w, b = _layer()
+    guess = dispatch.Decision("torch", "tf32", "auto (heuristic): a guess", source="heuristic")
+    monkeypatch.setattr(functional.dispatch, "select", lambda call, backend=None, **kw: passes.__setitem__(
+        0, passes[0] + 1) or guess)
+    for _ in range(3):
+        convt3d.conv_transpose3d(x, w, b, 2)
+    assert passes[0] == 3
+
+
+def test_tensor_subclasses_take_the_full_pass(passes):
+    class Tagged(torch.Tensor):
+        pass
+
+    x, w, b = _layer()
+    xt = x.as_subclass(Tagged)
+    for _ in range(2):
+        convt3d.conv_transpose3d(xt, w, b, 2)
+    assert passes[0] == 2
+
+
+def test_patched_module_in_training_and_eval(passes):
+    torch.manual_seed(0)
+    ref = torch.nn.ConvTranspose3d(4, 3, 3, stride=2, padding=1, output_padding=1)
+    layer = convt3d.patch(torch.nn.Sequential(ref.__class__(4, 3, 3, stride=2, padding=1, output_padding=1)))[0]
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 4, 3, 4, 5, requires_grad=True)
+    for _ in range(2):
+        y, y_ref = layer(x), ref(x)
+        assert torch.equal(y, y_ref)
+        gx, gw = torch.autograd.grad(y.square().sum(), (x, layer.weight))
+        gx_ref, gw_ref = torch.autograd.grad(y_ref.square().sum(), (x, ref.weight))
+        assert torch.equal(gx, gx_ref) and torch.equal(gw, gw_ref)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(layer(x), ref(x))
+    assert passes[0] == 2  # one training signature, one inference signature
+
+
+@requires_interpreter
+def test_a_named_engine_runs_again_on_the_steady_path(passes):
+    x, w, b = _layer(cin=4, cout=2)
+    first = convt3d.conv_transpose3d(x, w, b, 2, 1, 1, backend="triton", precision="ieee")
+    again = convt3d.conv_transpose3d(x, w, b, 2, 1, 1, backend="triton", precision="ieee")
+    assert passes[0] == 1 and torch.equal(first, again)
+    ref = F.conv_transpose3d(x.double(), w.double(), b.double(), 2, 1, 1)
+    torch.testing.assert_close(again.double(), ref, rtol=1e-4, atol=1e-4)
