@@ -595,15 +595,20 @@ def cuda_source() -> str:
 
 
 def nvcc_path() -> str | None:
-    """The CUDA compiler torch's extension builder would use, or None."""
-    from torch.utils import cpp_extension
-
-    home = cpp_extension.CUDA_HOME
-    if home:
-        candidate = os.path.join(home, "bin", "nvcc")
-        if os.path.isfile(candidate):
-            return candidate
-    return shutil.which("nvcc")
+    """The CUDA compiler torch's extension builder would use, or None: found where that builder
+    looks for CUDA_HOME ($CUDA_HOME, $CUDA_PATH, the nvcc on PATH, /usr/local/cuda) without
+    importing ``torch.utils.cpp_extension``, which imports setuptools -- 0.31 s of the first call
+    of a process on the H200's host (2026-12-01), paid by every fp32 layer's support check."""
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if home:
+            candidate = os.path.join(home, "bin", "nvcc")
+            if os.path.isfile(candidate):
+                return candidate
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    candidate = os.path.join("/usr/local/cuda", "bin", "nvcc")
+    return candidate if os.path.isfile(candidate) else None
 
 
 def output_memory_format(x: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:

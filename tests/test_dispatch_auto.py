@@ -377,12 +377,38 @@ def test_measuring_is_the_default_and_happens_once_per_signature(monkeypatch):
     assert len(rec.calls) == 4
 
 
-def test_tiny_layers_are_not_timed(monkeypatch):
+TINY = (1, 16, 8, (4, 4, 4), 2, 2, 0)  # roofline floor well below dispatch.TINY_FLOOR_S
+
+
+@pytest.mark.parametrize("torch_ms,triton_ms,timed,engine", [
+    (0.02, 0.001, [("torch",)], "torch"),  # PyTorch below HOST_BOUND_S: nothing else timed
+    (0.5, 0.2, [("torch",), ("triton", "torch")], "triton"),  # a tiny head far above its floor in cuDNN
+    (0.5, 0.49, [("torch",), ("triton", "torch")], "torch"),  # ... but ours must still win beyond noise
+], ids=["host-bound-torch-alone", "slow-cudnn-times-ours", "slow-cudnn-tie"])
+def test_tiny_layers_time_pytorch_first(torch_ms, triton_ms, timed, engine, monkeypatch):
+    rec = Recorder({"triton": triton_ms, "torch": torch_ms})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    x, w, b, params = _call(geometry=TINY)
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert rec.calls == timed and d.engine == engine and d.source == "measured", d.reason
+    if len(timed) == 1:
+        assert "tiny layer" in d.reason and "not timed" in d.reason
+    # The decision is on disk: a new process times nothing.
+    dispatch.clear_decisions()
+    cache.reset()
+    monkeypatch.setattr(dispatch, "_measure", Recorder({}))
+    assert dispatch.decide(x, "auto", None, params, weight=w, bias=b).engine == engine
+
+
+def test_tiny_layers_without_timing_take_the_heuristic_and_stay_a_guess(monkeypatch):
     rec = Recorder({"triton": 0.001, "torch": 1.0})
     monkeypatch.setattr(dispatch, "_measure", rec)
-    x, w, b, params = _call(geometry=(1, 16, 8, (4, 4, 4), 2, 2, 0))
+    x, w, b, params = _call(geometry=TINY)
+    monkeypatch.setattr(dispatch, "_capturing", lambda: True)
     d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
-    assert rec.calls == [] and d.engine == "torch" and "tiny" in d.reason and d.source == "rule"
+    assert rec.calls == [] and d.engine == "torch" and "tiny" in d.reason and d.source == "heuristic"
+    monkeypatch.setattr(dispatch, "_capturing", lambda: False)
+    assert dispatch.decide(x, "auto", None, params, weight=w, bias=b).source == "measured"
 
 
 def test_no_measuring_during_graph_capture_or_tracing(monkeypatch):

@@ -27,10 +27,11 @@ convolution parameter and shape, precision, and whether autograd records the cal
   larger). Training calls time whole steps, forward and backward. The decision goes to the disk
   cache, so later processes pay nothing; ``convt3d.tune(model, x)`` pays it ahead of time.
 * The heuristic (:func:`heuristic`, a pure function of the geometry) decides only where timing
-  cannot run: inside CUDA graph capture or torch.compile tracing, for layers too tiny to time
-  (roofline floor below ``TINY_FLOOR_S``: host-bound), when ``measure=False`` (explain), or
-  when measuring is switched off (``convt3d.set_benchmark(False)``). A heuristic decision is held
-  in memory only; the next call that can measure replaces it.
+  cannot run: inside CUDA graph capture or torch.compile tracing, when ``measure=False``
+  (explain), or when measuring is switched off (``convt3d.set_benchmark(False)``). A heuristic
+  decision is held in memory only; the next call that can measure replaces it.
+* Tiny layers (roofline floor below ``TINY_FLOOR_S``) time PyTorch's call alone first: below
+  ``HOST_BOUND_S`` it stands, nothing else timed (host-bound); above it every candidate is timed.
 * Under ``torch.distributed`` every rank takes rank 0's decision (``convt3d.distributed``).
 * ``convt3d.tune(model, x)`` can replace a decision afterwards (:func:`override`): its network
   check times the whole model and reverts to PyTorch the signatures that were measured faster
@@ -152,6 +153,12 @@ NOMINAL_CEILINGS = roofline.Ceilings(4.24e12, 683e12, 374e12, 51e12)
 # floor) is still won by Triton (1.46-1.71x), so the threshold sits below it; scripts/gpu_auto.py
 # times two tiny probes to check this rule.
 TINY_FLOOR_S = 10e-6
+# ... but where timing can run, a tiny layer's PyTorch call is timed first, and only if it takes
+# HOST_BOUND_S or more are our engines timed too: their host time per call is ~100-115 us on the
+# H200's host (2026-12-01: head_k2s2_8to2 runs at 114-116 us on the Triton engine in every dtype
+# and layout, host-bound), so a PyTorch call below 50 us cannot be beaten, while one far above
+# its floor can (head_video_k4s2p1_3 bf16: floor 9.4 us, cuDNN 565 us).
+HOST_BOUND_S = 50e-6
 # Rule 3 -- compute-bound = compute floor at least this multiple of the memory floor. The bench's
 # layers fall in two clusters: <= 1.06 (nnunet, monai, aniso, KB 72/73/77) and >= 2.4 (gan 8.0,
 # videogpt 8.8, refine 4.6, KB 58/61/68/70); 2 separates them.
@@ -393,20 +400,16 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
                                   if k != cands[0]) + ")", "only")
         return _settle(call, d, record)
     floor = max(floors(call.params, call.dtype, call.precision, call.bias is not None)[:2])
-    if floor < TINY_FLOOR_S:
-        d = _decision("torch", call, f"auto: tiny layer, roofline floor {floor * 1e6:.3g} us < "
-                      f"{TINY_FLOOR_S * 1e6:.0f} us: host-bound, not timed (PyTorch's ~20-30 us of host time per "
-                      "call against the Triton engine's 100-170 us)", "rule")
-        return _settle(call, d, record)
+    tiny = floor < TINY_FLOOR_S
     gpu = triton_engine.device_name(call.device)
     if _can_measure(call, measure) and record is None:
         # The disk cache and the measurement, as one decision every rank of a process group
         # takes from rank 0 (convt3d.distributed; without one, agree_with_tuning is a call).
-        entry = distributed.agree_with_tuning(lambda: _cached_or_measured(call, cands, gpu), "auto|" + call.text,
-                                              tuner=triton_engine)
+        entry = distributed.agree_with_tuning(lambda: _cached_or_measured(call, cands, gpu, tiny),
+                                              "auto|" + call.text, tuner=triton_engine)
         if entry["engine"] not in cands:  # rank 0 could run an engine this rank cannot
             with distributed.local():
-                entry = _cached_or_measured(call, cands, gpu)
+                entry = _cached_or_measured(call, cands, gpu, tiny)
         return _settle(call, _from_entry(call, entry), None)
 
     def cached_or_guessed() -> dict:
@@ -546,11 +549,26 @@ def _cached_entry(call: Call, cands: list[str], gpu: str) -> dict | None:
     return dict(entry, source="cache")
 
 
-def _cached_or_measured(call: Call, cands: list[str], gpu: str) -> dict:
-    """The decision entry of a new signature: from the disk cache, else measured now (and saved)."""
+def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = False) -> dict:
+    """The decision entry of a new signature: from the disk cache, else measured now (and saved).
+
+    ``tiny`` (roofline floor below ``TINY_FLOOR_S``): PyTorch's own call is timed first, and if it
+    takes less than ``HOST_BOUND_S`` nothing else is timed -- our engines' host time alone is
+    more. The floor alone does not say it: a tiny output head can take cuDNN 60x its floor
+    (head_video_k4s2p1_3 in bf16: 9.4 us floor, 565 us in cuDNN, 295 us in fp32 on our engine)."""
     entry = _cached_entry(call, cands, gpu)
     if entry is not None:
         return entry
+    if tiny and "torch" in cands:
+        runs, failed = _measure(call, ["torch"], call.text)
+        t = min(runs["torch"]) * 1e-3
+        if t < HOST_BOUND_S:
+            entry = {"engine": "torch", "timings_ms": {"torch": t * 1e3}, "rounds_ms": runs, "margin": 0.0,
+                     "failed": failed, "candidates": ["torch"],
+                     "why": f"tiny layer: PyTorch's call takes {t * 1e6:.3g} us < {HOST_BOUND_S * 1e6:.0f} us, less "
+                            "than our engines' host time; the others were not timed"}
+            cache.save_decision(gpu, call.text, entry)
+            return dict(entry, source="measured")
     runs, failed = _measure(call, cands, call.text)
     winner, margin = pick(runs)
     entry = {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,
@@ -568,8 +586,11 @@ def _from_entry(call: Call, entry: dict) -> Decision:
         return _decision(entry["engine"], call, "auto (measured earlier, from the cache file): "
                          + _timings_text(timings, entry["engine"]), "cache")
     kind = "training steps" if call.training else "calls"
-    reason = (f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): "
-              + _timings_text(timings, entry["engine"]))
+    if entry.get("why"):
+        reason = f"auto (measured {kind}): {entry['why']}"
+    else:
+        reason = (f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): "
+                  + _timings_text(timings, entry["engine"]))
     if entry.get("failed"):
         reason += "; failed: " + "; ".join(f"{k}: {v}" for k, v in entry["failed"].items())
     return _decision(entry["engine"], call, reason, "measured")
