@@ -1,7 +1,7 @@
 """Host time of a forward call: what the CPU spends before the GPU has work, on the small layers
 whose GPU kernels (70-160 us) are shorter than it.
 
-Four measurements, one per sub-command:
+Five measurements, one per sub-command:
 
 ``layers`` (GPU) -- per bench row: do_bench medians of cuDNN, ``backend="triton"`` and auto
 (twice, interleaved, to show the run-to-run swing); the host time per call (200 calls enqueued
@@ -17,6 +17,11 @@ with 2 integer arguments, with 2 tensor descriptors, building one ``TensorDescri
 ``profile`` (GPU) -- cProfile (sorted by own time) of 100 calls of the engine alone and of the
 public API on a tuned signature, per row.
 
+``first-call`` (GPU) -- the first inference call of one network of the networks suite,
+untouched then patched, the patched one under cProfile (by cumulative time). Run it twice with
+the same ``CONVT3D_CACHE_DIR``: the second run shows what a warm cache leaves to a new
+process's first call (Triton's own kernel cache is warm by then too).
+
 ``stubbed`` (CPU, Triton's interpreter) -- the public API with every kernel launch stubbed out
 (``triton_engine.Site.launch`` does nothing), so what remains is convt3d's own Python: us per
 call, launches per call, and the cProfile of 300 calls (cumulative). CPU allocations cost more
@@ -27,6 +32,7 @@ Run on the GPU machine (``stubbed`` anywhere):
     PYTHONPATH=src python3 scripts/host_time.py layers [--rows aniso_122/bf16/cl,monai_unet_k3/fp32/cl]
     PYTHONPATH=src python3 scripts/host_time.py launch
     PYTHONPATH=src python3 scripts/host_time.py profile --rows nnunet_128_64/bf16/cl
+    CONVT3D_CACHE_DIR=/tmp/c PYTHONPATH=src python3 scripts/host_time.py first-call --network gan3d [--dtype bf16]
     TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/host_time.py stubbed [--dtype bf16]
 
 Prints plain text, one block per row.
@@ -181,6 +187,28 @@ def cmd_profile(args) -> None:
             torch.cuda.synchronize()
 
 
+def cmd_first_call(args) -> None:
+    from convt3d.bench import networks
+
+    net = networks.select_networks([args.network])[0]
+    why = networks.unavailable_reason(net)
+    if why is not None:
+        print(f"first-call: {why}", file=sys.stderr)
+        return
+    model, x = networks.build_network(net, "cuda")
+    autocast = args.dtype == "bf16"
+    untouched = networks._inference(model, x, autocast)
+    t0 = time.perf_counter()
+    untouched()
+    torch.cuda.synchronize()
+    t_u = time.perf_counter() - t0
+    patched = networks._inference(convt3d.patch(model), x, autocast)
+    t0 = time.perf_counter()
+    print_profile("first patched call", lambda: (patched(), torch.cuda.synchronize()), 1, "cumtime", 45)
+    print(f"first call: untouched {t_u:.3f} s, patched {time.perf_counter() - t0:.3f} s (profiled) "
+          f"[cache {os.environ['CONVT3D_CACHE_DIR']}]")
+
+
 def cmd_stubbed(args) -> None:
     calls = {"n": 0}
 
@@ -211,6 +239,9 @@ def main(argv=None) -> int:
     for name in ("layers", "launch", "profile"):
         sp = sub.add_parser(name)
         sp.add_argument("--rows", default=DEFAULT_ROWS, help="name/dtype/layout,... of the layers suite")
+    sp = sub.add_parser("first-call")
+    sp.add_argument("--network", default="gan3d", help="a network of the networks suite")
+    sp.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="fp32, or bf16 autocast inference")
     sp = sub.add_parser("stubbed")
     sp.add_argument("--dtype", default="fp32", choices=tuple(suites.DTYPES))
     args = ap.parse_args(argv)
@@ -223,7 +254,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print(f"{args.cmd}: needs a CUDA device", file=sys.stderr)
         return 2
-    {"layers": cmd_layers, "launch": cmd_launch, "profile": cmd_profile}[args.cmd](args)
+    {"layers": cmd_layers, "launch": cmd_launch, "profile": cmd_profile,
+     "first-call": cmd_first_call}[args.cmd](args)
     return 0
 
 

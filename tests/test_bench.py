@@ -261,6 +261,32 @@ def test_timing_rows(timing_rows):
         assert r["tflops"] == pytest.approx(r["useful_flop"] / 1e-3 / 1e12)
 
 
+class SequenceTimer(FakeTimer):
+    """steady: the next of each side's sequence of medians (seconds)."""
+
+    def __init__(self, ours, theirs):
+        self.seq = {"ours": list(ours), "theirs": list(theirs)}
+
+    def steady(self, fn):
+        fn()
+        return self.seq[fn.__name__].pop(0)
+
+
+@pytest.mark.parametrize("ours,theirs,pairs,ratio", [
+    ([1.0e-3, 1.01e-3], [2.0e-3, 2.02e-3], 1, 2.0),
+    ([1.0e-3, 1.5e-3, 1.01e-3, 1.2e-3], [2.0e-3, 2.01e-3, 2.0e-3, 2.0e-3], 2, 2.0),  # ours swings 50%: one more pair
+    ([1e-3] * 6, [3e-3, 2.8e-3, 2.6e-3, 2.4e-3, 2.2e-3, 2e-3], runner.MAX_ABBA, 2.0),  # PyTorch never settles
+], ids=["steady-one-pair", "noisy-ours-second-pair", "noisy-torch-capped"])
+def test_rounds_repeat_while_noisy_and_keep_the_lowest(ours, theirs, pairs, ratio):
+    rows, failures = runner.run_cases(TINY_CASES[:1], "fwd", "torch", H200, runner.TimingSettings(), device="cpu",
+                                      timer=SequenceTimer(ours, theirs))
+    assert failures == []
+    (row,) = rows
+    assert len(row["round_us"]["convt3d"]) == len(row["round_us"]["torch"]) == 2 * pairs
+    assert row["convt3d_us"] == pytest.approx(min(row["round_us"]["convt3d"]))
+    assert row["speedup"] == pytest.approx(ratio)
+
+
 def test_exact_row_measures_default_flags_when_alone():
     rows, _ = runner.run_cases(TINY_CASES[1:2], "fwd", "torch", H200, runner.TimingSettings(), device="cpu",
                                timer=FakeTimer())

@@ -27,7 +27,7 @@ What a row holds (see :func:`run_networks`): the first call of each model in tha
 synchronised: for the patched model it includes Triton compilation, tuning and auto's measuring,
 i.e. it is "cold" unless the persistent cache already holds the signatures), the steady time of
 each (median of ``triton.testing.do_bench``, alternating rounds -- two, or up to ``MAX_ROUNDS``
-while the rounds of a side disagree -- the lowest median kept), the
+until each side's two lowest agree -- the lowest median kept), the
 ratio untouched / patched, the share of ConvTranspose3d in the untouched forward's GPU time, and
 the agreement of the outputs (patched vs untouched, both vs a reference).
 
@@ -77,6 +77,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .roofline import cudnn_tf32
+from .runner import ROUND_SPREAD, lowest_spread
 from ..ops import OP_NAME
 from ..torch_engine import cudnn_conv_allows_tf32
 
@@ -751,7 +752,7 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
 
     times_u, times_p = [], []
     for r in range(max(rounds, MAX_ROUNDS)):  # alternate, so that a clock or thermal drift hits both sides
-        if r >= rounds and _spread(times_u) <= ROUND_SPREAD and _spread(times_p) <= ROUND_SPREAD:
+        if r >= rounds and lowest_spread(times_u) <= ROUND_SPREAD and lowest_spread(times_p) <= ROUND_SPREAD:
             break
         status(f"{net.name} {mode.label}: timing untouched ({r + 1})")
         times_u.append(timer.steady(fn_u))
@@ -765,16 +766,11 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
     return row
 
 
-# Rounds beyond the first ``rounds`` while either side's rounds disagree by more than
-# ROUND_SPREAD: host-bound networks swing with the host. UNETR in bf16 (forward 15 ms of kernels,
-# 27-38 ms wall on the H200's host, 2026-12-01) read 20.7 then 33.8 ms in two rounds of one run;
-# steady GPU-bound networks agree within 0.3% and stop at two.
+# Rounds beyond the first ``rounds`` until each side's two lowest agree within ROUND_SPREAD
+# (runner.lowest_spread): host-bound networks swing with the host. UNETR (2026-12-01, H200) read
+# 20.7 then 33.8 ms untouched in two rounds of one fp32 run, and its bf16 forward (15 ms of
+# kernels) 27-38 ms wall across runs; GPU-bound networks agree within 0.3% and stop at two.
 MAX_ROUNDS = 6
-ROUND_SPREAD = 0.02
-
-
-def _spread(times: list[float]) -> float:
-    return max(times) / min(times) - 1.0
 
 
 def _train_forward(model: nn.Module, x: torch.Tensor, autocast: bool) -> Callable[[], torch.Tensor]:
