@@ -119,6 +119,9 @@ run_part() {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv 2>&1
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)" 2>&1
   git log -1 --format='commit %h %ad %s' --date=short 2>/dev/null || echo "commit: not a git checkout"
+  # A copied working tree can carry the git metadata of another commit: the digest of the
+  # package's sources says which code ran (compute it at a commit to match).
+  python3 -c "from convt3d.bench.report import source_digest; print('source digest', source_digest())" 2>&1
   echo "parts: $PARTS${SKIP:+ (skip $SKIP)}; budget ${BUDGET}s; logs $LOGDIR"
 } >> "$LOG"
 

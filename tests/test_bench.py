@@ -328,8 +328,9 @@ def test_json_schema(timing_rows, tmp_path):
     loaded = json.loads(path.read_text())
     assert loaded["schema"] == report.SCHEMA and loaded["kind"] == "timing"
     assert {"environment", "settings", "ceilings", "rows", "failures", "summary", "argv", "created"} <= set(loaded)
-    for key in ("torch", "triton", "convt3d", "cudnn", "gpu", "python"):
+    for key in ("torch", "triton", "convt3d", "cudnn", "gpu", "python", "source_digest"):
         assert key in loaded["environment"]
+    assert loaded["environment"]["source_digest"] == report.source_digest()
     assert loaded["ceilings"]["tf32_flops_per_s"] == 374e12
     assert loaded["ceilings"]["exact_grade_flops_per_s"] == pytest.approx(374e12 / 3)
     row_keys = {"case", "suite", "dtype", "layout", "precision", "geometry", "engine", "convt3d_us", "torch_us",
@@ -338,6 +339,20 @@ def test_json_schema(timing_rows, tmp_path):
     for row in loaded["rows"]:
         assert row_keys <= set(row)
     assert {"torch_default_flags_us", "speedup_vs_default_flags"} <= set(loaded["rows"][1])
+
+
+def test_source_digest_follows_the_sources(tmp_path, monkeypatch):
+    import shutil
+
+    import convt3d
+
+    copy = tmp_path / "convt3d"
+    shutil.copytree(Path(convt3d.__file__).resolve().parent, copy)
+    monkeypatch.setattr(convt3d, "__file__", str(copy / "__init__.py"))
+    before = report.source_digest()
+    assert len(before) == 12 and before == report.source_digest()
+    (copy / "params.py").write_text((copy / "params.py").read_text() + "\n# changed\n")
+    assert report.source_digest() != before
 
 
 def test_json_writes_nan_as_null(tmp_path):

@@ -58,6 +58,22 @@ def test_auto_times_every_candidate_once_by_default():
     assert all(len(v) == dispatch.MEASURE_ROUNDS for v in entry["rounds_ms"].values())
 
 
+def test_a_tiny_layer_times_pytorch_first():
+    """A tiny layer (roofline floor under TINY_FLOOR_S): PyTorch's call is timed; if it is under
+    HOST_BOUND_S nothing else is timed, otherwise ours are timed against it. Which branch a GPU
+    takes is its measurement; the test checks that the record says which, and is consistent."""
+    x, w, b, _, params = _layer(torch.bfloat16, cin=16, cout=2, size=4, k=2, s=2, p=0)
+    floor = max(dispatch.floors(params, x.dtype, "tf32", True)[:2])
+    assert floor < dispatch.TINY_FLOOR_S
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert d.source == "measured", d.reason
+    timings = dispatch.cached_timings(Call(x, w, b, params, "tf32"))
+    if timings["torch"] < dispatch.HOST_BOUND_S * 1e3:
+        assert set(timings) == {"torch"} and d.engine == "torch" and "not timed" in d.reason
+    else:
+        assert set(timings) >= {"triton", "torch"}
+
+
 def test_conv_transpose3d_measures_by_default():
     x, w, b, args, params = _layer(size=TIMED)
     seen = []

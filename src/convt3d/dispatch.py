@@ -51,6 +51,7 @@ from .bench import roofline
 from .call import EXACT_GRADE, PRECISIONS, Call, resolve_precision, signature_text
 from .engines import ENGINES, HYBRID
 from .errors import BackendUnavailableError
+from .params import ConvT3dParams
 from .torch_engine import cudnn_conv_allows_tf32, cudnn_conv_tf32, torch_forward
 from .validate import frozen_argument, plain_argument
 
@@ -611,7 +612,7 @@ class Steady:
     input and autograd) -- the host time of an untouched layer, which host-bound networks notice."""
 
     decision: Decision
-    params: object  # ConvT3dParams
+    params: ConvT3dParams
     precision: str
     training: bool
     unbatched: bool

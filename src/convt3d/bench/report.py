@@ -8,7 +8,7 @@ JSON (``--json FILE``), schema "convt3d-bench/1". Times are in microseconds (``*
 
     schema, kind            "convt3d-bench/1"; "timing" (GPU) or "interpreter-check" (no CUDA)
     created, argv           UTC time; the bench options
-    environment             convt3d, git_commit, torch, triton, cuda, cudnn, python, platform,
+    environment             convt3d, git_commit, source_digest, torch, triton, cuda, cudnn, python, platform,
                             gpu, gpu_capability, sm_count, gpu_memory_gib (GPU) or cpu,
                             env (CONVT3D_* and TRITON_INTERPRET variables), cudnn_benchmark
     settings                suite, cases (labels), backend, mode, warmup_ms, rep_ms, min_reps,
@@ -110,13 +110,30 @@ def _git_commit() -> str | None:
     return out.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
+def source_digest() -> str:
+    """A digest of the package's own sources (every ``.py`` and ``.cu`` file under
+    ``convt3d/``, by relative path and content): what ran, even where the checkout's git metadata
+    is not the code's -- a copied working tree reports the commit it was copied onto. Compute it
+    at a commit to match a JSON to it."""
+    import hashlib
+
+    import convt3d
+
+    root = Path(convt3d.__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cu") and "__pycache__" not in p.parts):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def environment(cuda: bool) -> dict:
     import triton
 
     import convt3d
 
     env = {
-        "convt3d": convt3d.__version__, "git_commit": _git_commit(), "torch": torch.__version__,
+        "convt3d": convt3d.__version__, "git_commit": _git_commit(), "source_digest": source_digest(),
+        "torch": torch.__version__,
         "triton": triton.__version__, "cuda": torch.version.cuda, "cudnn": _cudnn_version(),
         "python": platform.python_version(), "platform": platform.platform(),
         "env": {k: v for k, v in os.environ.items() if k.startswith("CONVT3D_") or k == "TRITON_INTERPRET"},
