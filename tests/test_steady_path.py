@@ -207,3 +207,22 @@ def test_a_named_engine_runs_again_on_the_steady_path(passes):
     assert passes[0] == 1 and torch.equal(first, again)
     ref = F.conv_transpose3d(x.double(), w.double(), b.double(), 2, 1, 1)
     torch.testing.assert_close(again.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_timing_a_candidate_goes_through_the_steady_path(monkeypatch):
+    """Engine.time of a forward builds a Call per timed call and runs it through ``run``, as a
+    repeated call does, so the host cost of that path is in the measurement."""
+    import triton.testing
+
+    from convt3d.call import make_call
+    from convt3d.engines import ENGINES
+
+    x, w, b = _layer()
+    call = make_call(x, w, b, 2, 1, 1, 1, 1)
+    seen = []
+    engine = ENGINES["torch"]
+    monkeypatch.setattr(engine, "run", lambda c: seen.append(c) or F.conv_transpose3d(c.x, c.weight, c.bias, 2, 1, 1))
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: [fn() for _ in range(3)] and 0.5)
+    assert engine.time(call) == 0.5
+    assert len(seen) == 4 and len({id(c) for c in seen}) == 4  # the first call and three timed, each its own
+    assert all(c.params is call.params and not c.training for c in seen)
