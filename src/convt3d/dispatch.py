@@ -155,10 +155,11 @@ NOMINAL_CEILINGS = roofline.Ceilings(4.24e12, 683e12, 374e12, 51e12)
 # times two tiny probes to check this rule.
 TINY_FLOOR_S = 10e-6
 # ... but where timing can run, a tiny layer's PyTorch call is timed first, and only if it takes
-# HOST_BOUND_S or more are our engines timed too: their host time per call is ~100-115 us on the
-# H200's host (2026-12-01: head_k2s2_8to2 runs at 114-116 us on the Triton engine in every dtype
-# and layout, host-bound), so a PyTorch call below 50 us cannot be beaten, while one far above
-# its floor can (head_video_k4s2p1_3 bf16: floor 9.4 us, cuDNN 565 us).
+# HOST_BOUND_S or more are our engines timed too: the host time of a Triton call through the
+# public API is 76-140 us on the H200's host (2026-12-01, scripts/host_time.py layers:
+# head_k2s2_8to2 bf16 cl 75.8 us, refine_k3s1 bf16 cl 139.5 us), so a PyTorch call below 50 us
+# cannot be beaten, while one far above its floor can (head_video_k4s2p1_3 bf16: floor 9.4 us,
+# cuDNN 565 us).
 HOST_BOUND_S = 50e-6
 # Rule 3 -- compute-bound = compute floor at least this multiple of the memory floor. The bench's
 # layers fall in two clusters: <= 1.06 (nnunet, monai, aniso, KB 72/73/77) and >= 2.4 (gan 8.0,
