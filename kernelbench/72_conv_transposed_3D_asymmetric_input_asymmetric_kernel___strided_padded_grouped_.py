@@ -299,7 +299,7 @@ from typing import Any
 import torch
 
 
-__all__ = ["triple", "check_call", "plain_argument", "frozen_argument"]
+__all__ = ["triple", "check_call", "memo_arguments"]
 
 
 def _as_int(value: Any) -> int | None:
@@ -352,20 +352,32 @@ def _type_name(t: torch.Tensor) -> str:
 _valid: dict[tuple, tuple[ConvT3dParams, bool]] = {}
 
 
-def plain_argument(v: Any) -> bool:
-    """An int, or a tuple or list of ints: values whose key (a list becomes a tuple) hashes by
-    value (a tensor element hashes by identity, so a changed value could hit a stale entry; such
-    calls are never memoised)."""
-    return type(v) is int or (type(v) in (tuple, list) and all(type(e) is int for e in v))
-
-
-def frozen_argument(v: Any) -> Any:
-    return tuple(v) if type(v) is list else v
+def _argument_key(v: Any) -> Any:
+    """An int, or a tuple or list of ints, as a key that hashes by value (a list becomes a
+    tuple); None for anything else (a tensor element hashes by identity, so a changed value could
+    hit a stale entry: such calls are never memoised)."""
+    if type(v) is int or (type(v) is tuple and all(type(e) is int for e in v)):
+        return v
+    if type(v) is list and all(type(e) is int for e in v):
+        return tuple(v)
+    return None
 
 
 # nn.Parameter is the weight's usual type (nn.ConvTranspose3d); other subclasses (fake,
-# distributed tensors) are checked in full.
+# distributed tensors, MetaTensor) are checked in full.
 _MEMO_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def memo_arguments(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
+                   groups: Any, dilation: Any) -> tuple | None:
+    """The geometry arguments of a call as a key that hashes by value, or None where the call
+    cannot be memoised (a tensor subclass, or an argument that does not hash by value): the part
+    of a memo key that this check's memo and the dispatcher's steady path share."""
+    if type(input) not in _MEMO_TYPES or type(weight) not in _MEMO_TYPES \
+            or (bias is not None and type(bias) not in _MEMO_TYPES) or type(groups) is not int:
+        return None
+    args = (_argument_key(stride), _argument_key(padding), _argument_key(output_padding), _argument_key(dilation))
+    return None if None in args else args + (groups,)
 
 
 def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
@@ -378,13 +390,10 @@ def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, ou
     host-bound). Only successes are memoised, so every error is raised by the checks themselves.
     """
     key = None
-    if type(input) in _MEMO_TYPES and type(weight) in _MEMO_TYPES and (bias is None or type(bias) in _MEMO_TYPES) \
-            and type(groups) is int and plain_argument(stride) and plain_argument(padding) \
-            and plain_argument(output_padding) and plain_argument(dilation):
+    args = memo_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    if args is not None:
         key = (input.shape, input.dtype, input.device, weight.shape, weight.dtype, weight.device,
-               None if bias is None else (bias.shape, bias.dtype, bias.device),
-               frozen_argument(stride), frozen_argument(padding), frozen_argument(output_padding), groups,
-               frozen_argument(dilation))
+               None if bias is None else (bias.shape, bias.dtype, bias.device), args)
         hit = _valid.get(key)
         if hit is not None:
             return hit

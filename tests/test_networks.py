@@ -439,11 +439,20 @@ def test_cli_cpu_check_end_to_end(tmp_path, capsys):
     assert row["case"] == "vqvae_video" and row["ok"] and row["backend"] == "triton"
 
 
-def test_cli_timing_path_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
-    """The GPU branch of the CLI (table, summary, JSON rewritten per network, plot), driven on the
-    CPU: the device check and the environment are faked, the networks run tiny with a fake timer."""
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The CLI's device check says CUDA, and the environment record is a fixed fake GPU's."""
     import functools
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(report, "environment", functools.partial(dict, convt3d="0.1.0", git_commit=None,
+                                                                 torch="t", triton="t", cuda=None, cudnn=None,
+                                                                 gpu="fake GPU", gpu_capability="9.0", sm_count=1))
+
+
+def test_cli_timing_path_with_a_fake_gpu(fake_gpu, monkeypatch, tmp_path, capsys):
+    """The GPU branch of the CLI (table, summary, JSON rewritten per network, plot), driven on the
+    CPU: the device check and the environment are faked, the networks run tiny with a fake timer."""
     written = []
     real_run = networks.run_networks
 
@@ -454,10 +463,6 @@ def test_cli_timing_path_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
         return real_run(*args, device="cpu", timer=FakeTimer([2e-3, 1e-3]), tiny=True, on_network=spy, **kwargs)
 
     path = tmp_path / "t.json"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(report, "environment", functools.partial(dict, convt3d="0.1.0", git_commit=None,
-                                                                 torch="t", triton="t", cuda=None, cudnn=None,
-                                                                 gpu="fake GPU", gpu_capability="9.0", sm_count=1))
     monkeypatch.setattr(networks, "run_networks", run)
     rc = cli.main(["--suite", "networks", "--case", "gan3d,vqvae_video", "--mode", "fwd", "--json", str(path),
                    "--plot", str(tmp_path / "t.png")])
@@ -471,21 +476,15 @@ def test_cli_timing_path_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
     assert (tmp_path / "t.png").stat().st_size > 0
 
 
-def test_cli_first_calls_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
+def test_cli_first_calls_with_a_fake_gpu(fake_gpu, monkeypatch, tmp_path, capsys):
     """--first-calls: first calls and agreement only (no steady timing, no profile), the extra
     first-call seconds of the patched model in the table and the JSON."""
-    import functools
-
     def run(*args, **kwargs):
         assert kwargs["measure"] is False
         return real_run(*args, device="cpu", timer=FakeTimer([2e-3, 1e-3]), tiny=True, **kwargs)
 
     real_run = networks.run_networks
     path = tmp_path / "first.json"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(report, "environment", functools.partial(dict, convt3d="0.1.0", git_commit=None,
-                                                                 torch="t", triton="t", cuda=None, cudnn=None,
-                                                                 gpu="fake GPU", gpu_capability="9.0", sm_count=1))
     monkeypatch.setattr(networks, "run_networks", run)
     rc = cli.main(["--suite", "networks", "--case", "gan3d", "--mode", "fwd", "--first-calls", "--json", str(path)])
     out = capsys.readouterr().out

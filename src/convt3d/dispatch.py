@@ -52,8 +52,8 @@ from .call import EXACT_GRADE, PRECISIONS, Call, resolve_precision, signature_te
 from .engines import ENGINES, HYBRID
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
-from .torch_engine import cudnn_conv_allows_tf32, cudnn_conv_tf32, torch_forward
-from .validate import frozen_argument, plain_argument
+from .torch_engine import at_flags_as_they_are, cudnn_conv_allows_tf32, cudnn_conv_tf32, torch_forward
+from .validate import memo_arguments
 
 __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve_backend_name", "resolve_precision",
            "decide", "select", "explain_pass", "heuristic", "set_benchmark", "benchmark_enabled", "clear_decisions",
@@ -621,41 +621,31 @@ class Steady:
 
 
 _steady: dict[tuple, Steady] = {}
-_STEADY_TYPES = (torch.Tensor, torch.nn.Parameter)  # subclasses (MetaTensor, DTensor) take the full pass
 _STEADY_LIMIT = 4096
 
 
 def steady_key(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
                precision) -> tuple | None:
-    """Everything validation and the pass read from a call -- the tensors' types, shapes,
-    strides, dtypes, devices and requires_grad; the geometry arguments; backend and precision;
+    """Everything validation and the pass read from a call -- the tensors' shapes, strides,
+    dtypes, devices and requires_grad; the geometry arguments; backend and precision;
     ``$CONVT3D_BACKEND``, cuDNN's TF32 flag, grad mode and the autocast state -- or None where the
-    call must take the full pass (tensor subclasses, arguments that do not hash by value, a
-    listener such as ``convt3d.tune`` waiting for every decision). ~2 us on the host, against
-    ~20 us for validation and the pass."""
-    if _listeners or type(input) not in _STEADY_TYPES or type(weight) not in _STEADY_TYPES \
-            or (bias is not None and type(bias) not in _STEADY_TYPES) or type(groups) is not int \
-            or not (backend is None or type(backend) is str) or not (precision is None or type(precision) is str):
+    call must take the full pass (tensor subclasses and arguments that do not hash by value, as
+    ``validate.memo_arguments`` says; a listener such as ``convt3d.tune`` waiting for every
+    decision). ~4-5 us on a desktop CPU, against ~20 us for validation and the pass."""
+    if _listeners or not (backend is None or type(backend) is str) \
+            or not (precision is None or type(precision) is str):
         return None
-    geometry = (_argument(stride), _argument(padding), _argument(output_padding), _argument(dilation))
-    if None in geometry:
+    geometry = memo_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    if geometry is None:
         return None
     dev = input.device
     autocast = torch.is_autocast_enabled(dev.type) if dev.type in ("cuda", "cpu") else False
     return (input.shape, input.stride(), input.dtype, dev, input.requires_grad,
             weight.shape, weight.stride(), weight.dtype, weight.device, weight.requires_grad,
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device, bias.requires_grad),
-            geometry, groups, backend, precision, os.environ.get(_ENV) if backend is None else None,
+            geometry, backend, precision, os.environ.get(_ENV) if backend is None else None,
             cudnn_conv_allows_tf32(), torch.is_grad_enabled(),
             torch.get_autocast_dtype(dev.type) if autocast else None)
-
-
-def _argument(v):
-    """A geometry argument as a key that hashes by value (an int, or a tuple of ints; a list
-    becomes a tuple), or None for anything else (a tensor element hashes by identity)."""
-    if type(v) is int or (type(v) is tuple and all(type(e) is int for e in v)):
-        return v
-    return frozen_argument(v) if plain_argument(v) else None
 
 
 def steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
@@ -673,8 +663,7 @@ def remember(key: tuple | None, call: Call, d: Decision) -> None:
         return
     if len(_steady) >= _STEADY_LIMIT:
         _steady.clear()
-    direct = d.candidate == "torch" and (call.requested is None or call.dtype != torch.float32
-                                         or call.device.type != "cuda")
+    direct = d.candidate == "torch" and at_flags_as_they_are(call.x, call.requested)
     _steady[key] = Steady(d, call.params, call.precision, call.training, call.unbatched, direct)
 
 

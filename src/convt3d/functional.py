@@ -38,11 +38,8 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
                                precision)
     if hit is not None:
         if hit.direct:
-            args = (input, weight, bias, stride, padding, output_padding, groups, dilation)
-            if torch.autograd._profiler_enabled():
-                with torch.profiler.record_function(OP_NAME):
-                    return ENGINES["torch"].run_arguments(*args)
-            return ENGINES["torch"].run_arguments(*args)
+            return _recorded(ENGINES["torch"].run_arguments, input, weight, bias, stride, padding, output_padding,
+                             groups, dilation)
         input, weight, bias = _autocast(input, weight, bias)
         call = Call(input.unsqueeze(0) if hit.unbatched else input, weight, bias, hit.params, hit.precision,
                     precision, hit.training, hit.unbatched)
@@ -59,15 +56,18 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
 
 
 def _run(engine, call):
-    if torch.autograd._profiler_enabled():
-        # Under a profiler the call is one op, named as the custom op that torch.compile records,
-        # with every kernel it launches (Triton's go through the driver, outside any aten op)
-        # attributed to it; otherwise no record is made (a flag test, not a context per call).
-        with torch.profiler.record_function(OP_NAME):
-            y = engine.run(call)
-    else:
-        y = engine.run(call)
+    y = _recorded(engine.run, call)
     return y.squeeze(0) if call.unbatched else y
+
+
+def _recorded(fn, *args):
+    """``fn(*args)``; under a profiler as one op, named as the custom op that torch.compile
+    records, with every kernel it launches (Triton's go through the driver, outside any aten op)
+    attributed to it. Otherwise no record is made (a flag test, not a context per call)."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(OP_NAME):
+            return fn(*args)
+    return fn(*args)
 
 
 @torch.compiler.assume_constant_result

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["cudnn_conv_allows_tf32", "cudnn_conv_tf32", "torch_forward"]
+__all__ = ["cudnn_conv_allows_tf32", "cudnn_conv_tf32", "at_flags_as_they_are", "torch_forward"]
 
 
 def cudnn_conv_allows_tf32() -> bool:
@@ -58,11 +58,17 @@ class cudnn_conv_tf32:
         return False
 
 
+def at_flags_as_they_are(x, precision) -> bool:
+    """Whether PyTorch's forward of a call with this input and requested precision runs at cuDNN's
+    flags as they are (True), or sets the TF32 flag for the call (CUDA float32 with a precision)."""
+    return precision is None or x.device.type != "cuda" or x.dtype != torch.float32
+
+
 def torch_forward(x, weight, bias, params, precision):
     """PyTorch's forward of a validated call. A precision for CUDA float32 sets cuDNN's TF32 flag
     for this call only ("tf32": TF32 on; any exact grade: off); None follows the flag as it is."""
     args = (x, weight, bias, params.stride, params.padding, params.output_padding, params.groups, params.dilation)
-    if precision is None or x.device.type != "cuda" or x.dtype != torch.float32:
+    if at_flags_as_they_are(x, precision):
         return torch.nn.functional.conv_transpose3d(*args)
     with cudnn_conv_tf32(precision == "tf32"):
         return torch.nn.functional.conv_transpose3d(*args)
