@@ -1,7 +1,7 @@
 """Host time of a forward call: what the CPU spends before the GPU has work, on the small layers
 whose GPU kernels (70-160 us) are shorter than it.
 
-Five measurements, one per sub-command:
+Six measurements, one per sub-command:
 
 ``layers`` (GPU) -- per bench row: do_bench medians of cuDNN, ``backend="triton"`` and auto
 (twice, interleaved, to show the run-to-run swing); the host time per call (200 calls enqueued
@@ -22,6 +22,13 @@ untouched then patched, the patched one under cProfile (by cumulative time). Run
 the same ``CONVT3D_CACHE_DIR``: the second run shows what a warm cache leaves to a new
 process's first call (Triton's own kernel cache is warm by then too).
 
+``network`` (GPU) -- where a patched network's inference time goes beyond its kernels: for one
+network of the networks suite, three copies (untouched; patched, auto; patched with every layer
+``backend="torch"``), in interleaved rounds: the CUDA-event time per forward (median of 20), the
+host time to enqueue one forward (no synchronisation), the Python garbage collections per
+forward, and per copy the CUDA runtime calls of one forward that can stall the queue
+(allocations, frees, synchronisations, copies) with their host microseconds.
+
 ``stubbed`` (CPU, Triton's interpreter) -- the public API with every kernel launch stubbed out
 (``triton_engine.Site.launch`` does nothing), so what remains is convt3d's own Python: us per
 call, launches per call, and the cProfile of 300 calls (cumulative). CPU allocations cost more
@@ -33,6 +40,7 @@ Run on the GPU machine (``stubbed`` anywhere):
     PYTHONPATH=src python3 scripts/host_time.py launch
     PYTHONPATH=src python3 scripts/host_time.py profile --rows nnunet_128_64/bf16/cl
     CONVT3D_CACHE_DIR=/tmp/c PYTHONPATH=src python3 scripts/host_time.py first-call --network gan3d [--dtype bf16]
+    PYTHONPATH=src python3 scripts/host_time.py network --network monai_unetr [--dtype bf16]
     TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/host_time.py stubbed [--dtype bf16]
 
 Prints plain text, one block per row.
@@ -187,16 +195,27 @@ def cmd_profile(args) -> None:
             torch.cuda.synchronize()
 
 
-def cmd_first_call(args) -> None:
+def _network(args):
+    """(model, input, autocast) of ``--network`` on CUDA, or None (with a line) where its package
+    is missing."""
     from convt3d.bench import networks
 
     net = networks.select_networks([args.network])[0]
     why = networks.unavailable_reason(net)
     if why is not None:
-        print(f"first-call: {why}", file=sys.stderr)
-        return
+        print(f"{args.cmd}: {why}", file=sys.stderr)
+        return None
     model, x = networks.build_network(net, "cuda")
-    autocast = args.dtype == "bf16"
+    return model, x, args.dtype == "bf16"
+
+
+def cmd_first_call(args) -> None:
+    from convt3d.bench import networks
+
+    built = _network(args)
+    if built is None:
+        return
+    model, x, autocast = built
     untouched = networks._inference(model, x, autocast)
     t0 = time.perf_counter()
     untouched()
@@ -207,6 +226,68 @@ def cmd_first_call(args) -> None:
     print_profile("first patched call", lambda: (patched(), torch.cuda.synchronize()), 1, "cumtime", 45)
     print(f"first call: untouched {t_u:.3f} s, patched {time.perf_counter() - t0:.3f} s (profiled) "
           f"[cache {os.environ['CONVT3D_CACHE_DIR']}]")
+
+
+def cmd_network(args) -> None:
+    import copy
+    import gc
+    import statistics
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from convt3d.bench import networks
+
+    built = _network(args)
+    if built is None:
+        return
+    model, x, autocast = built
+    auto_m = convt3d.patch(copy.deepcopy(model))
+    torch_m = convt3d.patch(copy.deepcopy(model), backend="torch")
+    fns = {"untouched": networks._inference(model, x, autocast), "auto": networks._inference(auto_m, x, autocast),
+           "torch": networks._inference(torch_m, x, autocast)}
+    for label, fn in fns.items():
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        print(f"{label}: first call {time.perf_counter() - t0:.3f} s", flush=True)
+    collections = {"n": 0}
+    gc.callbacks.append(lambda phase, info: collections.__setitem__("n", collections["n"] + (phase == "start")))
+
+    def event_us(fn, n: int = 20) -> float:
+        times = []
+        for _ in range(n):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+        return statistics.median(times)
+
+    for r in range(args.rounds):
+        line = []
+        for label, fn in fns.items():
+            ev = event_us(fn)
+            torch.cuda.synchronize()
+            collections["n"] = 0
+            t0 = time.perf_counter()
+            for _ in range(5):
+                fn()
+            host = (time.perf_counter() - t0) / 5 * 1e6
+            torch.cuda.synchronize()
+            line.append(f"{label} {ev:.0f} us (host {host:.0f} us, gc {collections['n'] / 5:.1f}/fwd)")
+        print(f"round {r + 1}: " + "; ".join(line), flush=True)
+    stalls = ("cudaMalloc", "cudaFree", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cudaMemcpy", "cudaMemcpyAsync", "cudaStreamWaitEvent", "cudaHostAlloc")
+    for label, fn in fns.items():
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        found = [f"{e.key} x{e.count} {e.cpu_time_total:.0f}us" for e in prof.key_averages()
+                 if any(e.key.startswith(s) for s in stalls)]
+        launches = sum(e.count for e in prof.key_averages() if "LaunchKernel" in e.key or e.key == "cuLaunchKernel")
+        print(f"{label}: {launches} launches; {', '.join(found) or 'no stalling runtime calls'}", flush=True)
 
 
 def cmd_stubbed(args) -> None:
@@ -242,6 +323,10 @@ def main(argv=None) -> int:
     sp = sub.add_parser("first-call")
     sp.add_argument("--network", default="gan3d", help="a network of the networks suite")
     sp.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="fp32, or bf16 autocast inference")
+    sp = sub.add_parser("network")
+    sp.add_argument("--network", default="monai_unetr", help="a network of the networks suite")
+    sp.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="fp32, or bf16 autocast inference")
+    sp.add_argument("--rounds", type=int, default=3)
     sp = sub.add_parser("stubbed")
     sp.add_argument("--dtype", default="fp32", choices=tuple(suites.DTYPES))
     args = ap.parse_args(argv)
@@ -255,7 +340,7 @@ def main(argv=None) -> int:
         print(f"{args.cmd}: needs a CUDA device", file=sys.stderr)
         return 2
     {"layers": cmd_layers, "launch": cmd_launch, "profile": cmd_profile,
-     "first-call": cmd_first_call}[args.cmd](args)
+     "first-call": cmd_first_call, "network": cmd_network}[args.cmd](args)
     return 0
 
 

@@ -226,3 +226,87 @@ def test_timing_a_candidate_goes_through_the_steady_path(monkeypatch):
     assert engine.time(call) == 0.5
     assert len(seen) == 4 and len({id(c) for c in seen}) == 4  # the first call and three timed, each its own
     assert all(c.params is call.params and not c.training for c in seen)
+
+
+def test_a_direct_call_is_answered_by_its_weights_memo_without_the_key(passes, monkeypatch):
+    """A call decided for PyTorch's op at the flags as they are: the next call with the same weight
+    object and signature is answered by that weight's memo (steady.Direct), never by the key."""
+    x, w, b = _layer()
+    convt3d.conv_transpose3d(x, w, b, 2, 1, 1)
+    keys = [0]
+    key = dispatch.steady_key
+    monkeypatch.setattr(dispatch, "steady_key", lambda *a: keys.__setitem__(0, keys[0] + 1) or key(*a))
+    for _ in range(3):
+        assert torch.equal(convt3d.conv_transpose3d(x, w, b, 2, 1, 1), F.conv_transpose3d(x, w, b, 2, 1, 1))
+    assert passes[0] == 1 and keys[0] == 0
+    # Another weight object of the same signature: the key answers once, then its own memo.
+    w2 = w.clone()
+    for _ in range(3):
+        assert torch.equal(convt3d.conv_transpose3d(x, w2, b, 2, 1, 1), F.conv_transpose3d(x, w2, b, 2, 1, 1))
+    assert passes[0] == 1 and keys[0] == 1
+
+
+@pytest.mark.parametrize("change", ["other-weight", "other-bias", "no-bias", "tensor-stride", "list-stride",
+                                    "non-tensor-input"])
+def test_a_weights_memo_fits_only_its_own_call(change):
+    from convt3d.steady import Direct
+
+    x, w, b = _layer()
+    args = (2, 1, 1, 1, 1)
+    memo = Direct(x, w, b, args, None, None)
+    assert memo.fits(x, w, b, args, None, None)
+    xx, ww, bb, aa = x, w, b, args
+    if change == "other-weight":
+        ww = w.clone()
+    elif change == "other-bias":
+        bb = b.clone()
+    elif change == "no-bias":
+        bb = None
+    elif change == "tensor-stride":
+        aa = (torch.tensor([2, 2, 2]),) + args[1:]  # compares as a tensor: no fit, and no error
+    elif change == "list-stride":
+        aa = ([2, 2, 2],) + args[1:]
+    elif change == "non-tensor-input":
+        xx = x.tolist()
+    assert not memo.fits(xx, ww, bb, aa, None, None)
+
+
+def test_timing_a_candidate_pays_its_steady_check(monkeypatch):
+    """Engine.time runs the host work of the steady path with each timed call: the key for our
+    engines, the direct memo's check for PyTorch's op at the flags as they are."""
+    import triton.testing
+
+    from convt3d import engines, steady
+    from convt3d.call import make_call
+
+    x, w, b = _layer()
+    call = make_call(x, w, b, 2, 1, 1, 1, 1)
+    keys, fits = [0], [0]
+    key, fit = steady.steady_key, steady.Direct.fits
+    monkeypatch.setattr(engines, "steady_key", lambda *a: keys.__setitem__(0, keys[0] + 1) or key(*a))
+    monkeypatch.setattr(steady.Direct, "fits", lambda self, *a: fits.__setitem__(0, fits[0] + 1) or fit(self, *a))
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: [fn() for _ in range(3)] and 0.5)
+    engines.ENGINES["torch"].time(call)
+    assert fits[0] == 4 and keys[0] == 0
+    triton = engines.ENGINES["triton"]
+    monkeypatch.setattr(triton, "run", lambda c: F.conv_transpose3d(c.x, c.weight, c.bias, 2, 1, 1))
+    triton.time(call)
+    assert keys[0] == 4 and fits[0] == 4
+
+
+@pytest.mark.parametrize("setting", ["as-is", "legacy-flag-off", "per-op-ieee", "per-op-tf32"])
+def test_the_steady_paths_flag_reader_agrees_with_torch_engines(setting, monkeypatch):
+    from convt3d import steady
+
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if setting.startswith("per-op") and not hasattr(conv, "fp32_precision"):
+        pytest.skip("this torch has no per-operator fp32_precision")
+    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=setting != "legacy-flag-off"):
+        if setting.startswith("per-op"):
+            old = conv.fp32_precision
+            conv.fp32_precision = "ieee" if setting == "per-op-ieee" else "tf32"
+        try:
+            assert steady._tf32() is cudnn_conv_allows_tf32()
+        finally:
+            if setting.startswith("per-op"):
+                conv.fp32_precision = old

@@ -53,16 +53,16 @@ from .engines import ENGINES, HYBRID
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 from .torch_engine import at_flags_as_they_are, cudnn_conv_allows_tf32, cudnn_conv_tf32, torch_forward
-from .validate import memo_arguments
+from .steady import BACKEND_ENV, Direct, steady_key
 
 __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve_backend_name", "resolve_precision",
            "decide", "select", "explain_pass", "heuristic", "set_benchmark", "benchmark_enabled", "clear_decisions",
            "cudnn_conv_tf32", "signature_text", "torch_forward", "NOMINAL_CEILINGS", "NOISE_MARGIN", "HYBRID",
-           "override", "Steady", "steady_key", "steady", "remember"]
+           "override", "Steady", "steady_key", "steady", "remember", "remember_direct"]
 
 BACKENDS = ("auto", "triton", "torch", "cuda")
 
-_ENV = "CONVT3D_BACKEND"
+_ENV = BACKEND_ENV
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,7 @@ def clear_decisions() -> None:
     _named.clear()
     _timings.clear()
     _texts.clear()
-    _steady.clear()
+    _forget_steady()
     ENGINES["triton"].forget()
 
 
@@ -450,7 +450,7 @@ def override(signature: str, engine: str, why: str, device: torch.device, detail
     in-process decisions were replaced."""
     if engine not in ENGINES:
         raise ValueError(f"override(): engine {engine!r} is not one of {tuple(ENGINES)}")
-    _steady.clear()
+    _forget_steady()
     replaced = 0
     for key, text in list(_texts.items()):
         if text == signature and key in _settled:
@@ -621,50 +621,61 @@ class Steady:
 
 
 _steady: dict[tuple, Steady] = {}
+# The direct memo, one per weight object (the latest signature of that weight): steady.Direct.
+_direct: dict[int, Direct] = {}
 _STEADY_LIMIT = 4096
-
-
-def steady_key(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
-               precision) -> tuple | None:
-    """Everything validation and the pass read from a call -- the tensors' shapes, strides,
-    dtypes, devices and requires_grad; the geometry arguments; backend and precision;
-    ``$CONVT3D_BACKEND``, cuDNN's TF32 flag, grad mode and the autocast state -- or None where the
-    call must take the full pass (tensor subclasses and arguments that do not hash by value, as
-    ``validate.memo_arguments`` says; a listener such as ``convt3d.tune`` waiting for every
-    decision). ~4-5 us on a desktop CPU, against ~20 us for validation and the pass."""
-    if _listeners or not (backend is None or type(backend) is str) \
-            or not (precision is None or type(precision) is str):
-        return None
-    geometry = memo_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    if geometry is None:
-        return None
-    dev = input.device
-    autocast = torch.is_autocast_enabled(dev.type) if dev.type in ("cuda", "cpu") else False
-    return (input.shape, input.stride(), input.dtype, dev, input.requires_grad,
-            weight.shape, weight.stride(), weight.dtype, weight.device, weight.requires_grad,
-            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device, bias.requires_grad),
-            geometry, backend, precision, os.environ.get(_ENV) if backend is None else None,
-            cudnn_conv_allows_tf32(), torch.is_grad_enabled(),
-            torch.get_autocast_dtype(dev.type) if autocast else None)
 
 
 def steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
            precision) -> tuple[tuple | None, Steady | None]:
-    """(the call's ``steady_key``, its steady entry or None): the dispatcher's one entry on a
-    repeated call."""
+    """(the call's ``steady_key`` or None, its steady entry or None): the dispatcher's one entry
+    on a repeated call. The direct memo of the call's weight answers first (``steady.Direct``,
+    ~2 us, no key: a call decided for PyTorch's op); then the key (~5 us). A key's direct entry
+    found for another weight object gives that weight its direct memo."""
+    if _listeners:  # a listener such as convt3d.tune waits for every decision
+        return None, None
+    args = (stride, padding, output_padding, groups, dilation)
+    memo = _direct.get(id(weight))
+    if memo is not None and memo.fits(input, weight, bias, args, backend, precision):
+        return None, _DIRECT
     key = steady_key(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
-    return key, None if key is None else _steady.get(key)
+    hit = None if key is None else _steady.get(key)
+    if hit is not None and hit.direct:
+        remember_direct(input, weight, bias, args, backend, precision)
+    return key, hit
 
 
-def remember(key: tuple | None, call: Call, d: Decision) -> None:
+def _forget_steady() -> None:
+    _steady.clear()
+    _direct.clear()
+
+
+def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = None) -> None:
     """Keep a settled decision for the call's argument signature. Heuristic guesses are not kept
-    (the next call that can measure replaces them), nor calls under CUDA graph capture."""
+    (the next call that can measure replaces them), nor calls under CUDA graph capture.
+    ``given``: the call as the caller passed it (input, weight, bias, (stride, padding,
+    output_padding, groups, dilation), backend, precision), for the direct memo of a decision for
+    PyTorch's own op."""
     if key is None or d.source == "heuristic" or (call.device.type == "cuda" and _capturing()):
         return
     if len(_steady) >= _STEADY_LIMIT:
-        _steady.clear()
-    direct = d.candidate == "torch" and at_flags_as_they_are(call.x, call.requested)
-    _steady[key] = Steady(d, call.params, call.precision, call.training, call.unbatched, direct)
+        _forget_steady()
+    is_direct = d.candidate == "torch" and at_flags_as_they_are(call.x, call.requested)
+    _steady[key] = Steady(d, call.params, call.precision, call.training, call.unbatched, is_direct)
+    if is_direct and given is not None:
+        remember_direct(*given)
+
+
+# What ``steady`` answers for a call its direct memo fits: only ``direct`` is read.
+_DIRECT = Steady(Decision("torch", "", "the direct memo of its weight", source="steady"), None, "", False, False,
+                 True)
+
+
+def remember_direct(input, weight, bias, args: tuple, backend, precision) -> None:
+    """Keep the direct memo of a call decided for PyTorch's own op at the flags as they are."""
+    if len(_direct) >= _STEADY_LIMIT:
+        _forget_steady()
+    _direct[id(weight)] = Direct(input, weight, bias, args, backend, precision)
 
 
 # ---- the call-level entry for callers holding tensors and a geometry ------------------------------

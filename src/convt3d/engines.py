@@ -23,7 +23,8 @@ import torch
 
 from . import cache, distributed, ops, triton_engine
 from .call import Call
-from .torch_engine import torch_forward
+from .steady import Direct, steady_key
+from .torch_engine import at_flags_as_they_are, torch_forward
 
 __all__ = ["Engine", "TritonEngine", "CudaEngine", "TorchEngine", "HybridEngine", "ENGINES", "HYBRID",
            "MEASURE_WARMUP_MS", "MEASURE_REP_MS"]
@@ -75,19 +76,31 @@ class Engine:
     _autograd_engine = ""  # the engine name ops.conv_transpose3d_autograd runs the forward with
 
     def time(self, call: Call) -> float:
+        # Each timed call does what a repeated call of the steady path does with this engine's
+        # decision -- its memo check (``steady_cost``), then a Call of its own through ``run`` --
+        # so that on a host-bound layer the host cost of that path is in the measurement: on the
+        # H200 machine's host the public call of a Triton layer cost 33 us more than the engine's
+        # forward alone (186 vs 153 us, refine_k3s1 bf16 ncdhw, 2026-12-01, scripts/host_time.py),
+        # and a measurement without it chose Triton at 125 us where the public call took 150.
+        cost = self.steady_cost(call)
         if not call.training:
-            # Each timed call builds its Call and goes through ``run``, as a repeated call of the
-            # steady path does: on a host-bound layer the host cost of that path is part of what
-            # the user's calls take (on the H200's host the public call of a Triton layer cost
-            # ~30 us more than the engine's forward alone, 2026-12-01, scripts/host_time.py).
             with torch.no_grad():
-                return _bench(lambda: self.run(Call(call.x, call.weight, call.bias, call.params, call.precision,
-                                                    call.requested, False, call.unbatched)))
-        return _bench(self._step(call))
+                return _bench(lambda: (cost(), self.run(Call(call.x, call.weight, call.bias, call.params,
+                                                             call.precision, call.requested, False,
+                                                             call.unbatched))))
+        return _bench(self._step(call, cost))
 
-    def _step(self, call: Call) -> Callable[[], object]:
-        """One training step on the call's own tensors: forward, then the gradients of the
-        tensors that require them, for a fixed random output gradient."""
+    def steady_cost(self, call: Call) -> Callable[[], object]:
+        """The host work a repeated call decided for this engine does before ``run``: the steady
+        key of its arguments."""
+        x, w, b, p, requested = call.x, call.weight, call.bias, call.params, call.requested
+        return lambda: steady_key(x, w, b, p.stride, p.padding, p.output_padding, p.groups, p.dilation, None,
+                                  requested)
+
+    def _step(self, call: Call, cost: Callable[[], object]) -> Callable[[], object]:
+        """One training step on the call's own tensors: the steady path's memo check
+        (``cost``), the forward, then the gradients of the tensors that require them, for a
+        fixed random output gradient."""
         leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad)
                   for t in (call.x, call.weight, call.bias)]
         wanted = [t for t in leaves if t is not None and t.requires_grad]
@@ -98,6 +111,7 @@ class Engine:
 
         def step():
             with torch.enable_grad():
+                cost()
                 return torch.autograd.grad(self.run(step_call), wanted, dy)
 
         return step
@@ -252,6 +266,22 @@ class TorchEngine(Engine):
         autograd handled by PyTorch)."""
         return torch.nn.functional.conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups,
                                                     dilation)
+
+    def steady_cost(self, call: Call) -> Callable[[], object]:
+        """At the flags as they are, a repeated call goes straight to PyTorch's op after the check
+        of its direct memo (``steady.Direct``); with an explicit precision it takes the key."""
+        if not at_flags_as_they_are(call.x, call.requested):
+            return super().steady_cost(call)
+        p = call.params
+        args = (p.stride, p.padding, p.output_padding, p.groups, p.dilation)
+        memo: list[Direct] = []  # made at the first check, under the grad mode of the timed calls
+
+        def check() -> bool:
+            if not memo:
+                memo.append(Direct(call.x, call.weight, call.bias, args, None, call.requested))
+            return memo[0].fits(call.x, call.weight, call.bias, args, None, call.requested)
+
+        return check
 
 
 class HybridEngine(Engine):
