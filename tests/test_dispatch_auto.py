@@ -508,14 +508,17 @@ def test_pick_needs_a_win_beyond_the_noise(runs, expect):
 
 
 def _inject(monkeypatch, times: dict[str, object]):
-    """Engines' time() replaced: a number, a list (one per round), or an exception to raise."""
+    """Engines' time() replaced: a number, a list (one per round, its last repeated), or an
+    exception to raise."""
     for name, value in times.items():
         seq = list(value) if isinstance(value, list) else None
 
         def fake(call, value=value, seq=seq):
             if isinstance(value, Exception):
                 raise value
-            return seq.pop(0) if seq is not None else value
+            if seq is None:
+                return value
+            return seq.pop(0) if len(seq) > 1 else seq[0]  # the last value for any further round
 
         monkeypatch.setattr(ENGINES[name], "time", fake)
 
@@ -547,6 +550,19 @@ def test_measure_raises_when_every_candidate_fails(monkeypatch):
     x, w, b, params = _call()
     with pytest.raises(RuntimeError, match="boom"):
         dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+
+
+@pytest.mark.parametrize("times,rounds,expect", [
+    ({"triton": [0.842, 1.03, 0.85, 0.86], "torch": [0.919, 0.92]}, 3, "triton"),  # a noisy round, then two close
+    ({"triton": [0.9, 1.2, 1.3, 1.25], "torch": [1.0, 1.0]}, 4, "torch"),  # noisy to the end: PyTorch
+    ({"triton": [0.5, 0.5], "torch": [1.0, 1.01]}, 2, "triton"),  # quiet: two rounds
+], ids=["noise-settles", "noise-stays", "quiet"])
+def test_noisy_rounds_are_repeated_before_the_choice(times, rounds, expect, monkeypatch):
+    _inject(monkeypatch, times)
+    x, w, b, params = _call()
+    runs, _ = dispatch._measure(_as_call(x, w, b, params), ["triton", "torch"], "sig")
+    assert all(len(v) == rounds for v in runs.values())
+    assert dispatch.pick(runs)[0] == expect
 
 
 def test_measure_times_each_candidate_in_two_rounds_in_opposite_orders(monkeypatch):

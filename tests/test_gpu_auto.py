@@ -55,7 +55,7 @@ def test_auto_times_every_candidate_once_by_default():
     doc = json.loads(cache.file_for(cache.cache_dir(), torch.cuda.get_device_name()).read_text())
     entry = list(doc["decisions"].values())[0]
     assert entry["engine"] == d.engine == dispatch.pick(entry["rounds_ms"])[0]
-    assert all(len(v) == dispatch.MEASURE_ROUNDS for v in entry["rounds_ms"].values())
+    assert all(dispatch.MEASURE_ROUNDS <= len(v) <= dispatch.MAX_MEASURE_ROUNDS for v in entry["rounds_ms"].values())
 
 
 def test_a_tiny_layer_times_pytorch_first():

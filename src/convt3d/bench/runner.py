@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .roofline import Ceilings, cudnn_tf32, floors, peak_class, roofline_percent, tflops
+from .stats import lowest_spread
 from .suites import Case, Tensors, make_tensors
 
 __all__ = ["TimingSettings", "CudaTimer", "Mode", "MODES", "PLANNED_MODES", "get_mode", "bench_budget", "run_cases",
@@ -271,11 +272,6 @@ MAX_ABBA = 3
 ROUND_SPREAD = 0.02
 
 
-def lowest_spread(times: list[float]) -> float:
-    """How far the second-lowest time is above the lowest: the lowest is confirmed once another
-    round comes within ROUND_SPREAD of it (one swing of the host does not keep it open)."""
-    low = sorted(times)[:2]
-    return low[-1] / low[0] - 1.0
 
 
 def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceilings, timer,
