@@ -170,14 +170,42 @@ def test_heuristic_guesses_are_not_remembered(passes, monkeypatch):
     assert passes[0] == 3
 
 
-def test_tensor_subclasses_take_the_full_pass(passes):
-    class Tagged(torch.Tensor):
-        pass
+class _Tagged(torch.Tensor):
+    """A subclass with its own __torch_function__ (as MONAI's MetaTensor has), counting calls."""
 
+    calls = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.calls += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_tensor_subclass_gets_no_key_but_its_direct_memo(passes):
+    """A subclass input never gets a key (its validation and the pass run in full); decided for
+    PyTorch's op, its weight's memo answers the next calls, reading the subclass's attributes
+    without its __torch_function__, and PyTorch's op keeps the subclass."""
     x, w, b = _layer()
-    xt = x.as_subclass(Tagged)
+    xt = x.as_subclass(_Tagged)
+    for _ in range(3):
+        y = convt3d.conv_transpose3d(xt, w, b, 2)
+        assert type(y) is _Tagged and torch.equal(y.as_subclass(torch.Tensor), F.conv_transpose3d(x, w, b, 2))
+    assert passes[0] == 1
+    assert not dispatch._steady and len(dispatch._direct) == 1
+    _Tagged.calls = 0
+    convt3d.conv_transpose3d(xt, w, b, 2)
+    assert _Tagged.calls == 1  # the op itself; the memo's reads go around __torch_function__
+    # A plain tensor after the subclass: its own pass.
+    convt3d.conv_transpose3d(x, w, b, 2)
+    assert passes[0] == 2
+
+
+@requires_interpreter
+def test_a_tensor_subclass_with_our_engine_takes_the_full_pass(passes):
+    x, w, b = _layer(cin=4, cout=2)
+    xt = x.as_subclass(_Tagged)
     for _ in range(2):
-        convt3d.conv_transpose3d(xt, w, b, 2)
+        convt3d.conv_transpose3d(xt, w, b, 2, backend="triton", precision="ieee")
     assert passes[0] == 2
 
 
@@ -226,6 +254,9 @@ def test_timing_a_candidate_goes_through_the_steady_path(monkeypatch):
     assert engine.time(call) == 0.5
     assert len(seen) == 4 and len({id(c) for c in seen}) == 4  # the first call and three timed, each its own
     assert all(c.params is call.params and not c.training for c in seen)
+    # The first is a first sight (the engine primes its caches, agrees across ranks), the timed
+    # ones repeats, as the steady path's calls are.
+    assert [c.repeat for c in seen] == [False, True, True, True]
 
 
 def test_a_direct_call_is_answered_by_its_weights_memo_without_the_key(passes, monkeypatch):
@@ -310,3 +341,34 @@ def test_the_steady_paths_flag_reader_agrees_with_torch_engines(setting, monkeyp
         finally:
             if setting.startswith("per-op"):
                 conv.fp32_precision = old
+
+
+def test_a_steady_repeat_skips_the_triton_engines_priming(monkeypatch):
+    """The Triton engine seeds a signature's tile from the disk cache at its first sight; a call of
+    the steady path (``Call.repeat``) only checks for tuning results to persist."""
+    from types import SimpleNamespace
+
+    from convt3d import cache, triton_engine
+    from convt3d.engines import ENGINES
+
+    engine = ENGINES["triton"]
+    primed, flushed = [], []
+    monkeypatch.setattr(cache, "prime_triton", lambda *a: primed.append(a))
+    monkeypatch.setattr(cache, "has_pending", lambda: True)
+    monkeypatch.setattr(cache, "flush_triton", lambda: flushed.append(1))
+    monkeypatch.setattr(triton_engine, "plan", lambda *a: SimpleNamespace(tune_key="tk", configs=[]))
+    monkeypatch.setattr(triton_engine, "device_name", lambda device: "gpu")
+
+    def call(repeat):
+        return SimpleNamespace(device=torch.device("cuda"), key=("signature",), bias=None, repeat=repeat, params=None,
+                               x=None, weight=None, precision="tf32")
+
+    engine.forget()
+    try:
+        engine._prime(call(repeat=True))
+        assert primed == [] and len(flushed) == 1
+        engine._prime(call(repeat=False))
+        engine._prime(call(repeat=False))
+        assert len(primed) == 1 and len(flushed) == 2
+    finally:
+        engine.forget()

@@ -63,7 +63,10 @@ def signature_text(x, weight, bias, params: ConvT3dParams, precision: str, train
 class Call:
     """A validated call. ``x`` is 5-D (an unbatched input gains its batch dimension here and
     loses it again in ``convt3d.functional``); ``precision`` is concrete, ``requested`` the
-    argument as given (None follows cuDNN's flag: what the "torch" engine passes on)."""
+    argument as given (None follows cuDNN's flag: what the "torch" engine passes on).
+    ``repeat``: made by the steady path for a signature whose first call has run, so an engine
+    skips its first-sight work (the Triton engine's cache priming: 2.7 us of signature building
+    and lookup per call on a desktop CPU)."""
 
     x: torch.Tensor
     weight: torch.Tensor
@@ -73,6 +76,7 @@ class Call:
     requested: str | None = None
     training: bool = False
     unbatched: bool = False
+    repeat: bool = False
 
     @property
     def device(self) -> torch.device:

@@ -664,16 +664,19 @@ def _forget_steady() -> None:
 
 def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = None) -> None:
     """Keep a settled decision for the call's argument signature. Heuristic guesses are not kept
-    (the next call that can measure replaces them), nor calls under CUDA graph capture.
-    ``given``: the call as the caller passed it (input, weight, bias, (stride, padding,
+    (the next call that can measure replaces them), nor calls under CUDA graph capture or while
+    a listener waits for every decision. ``given``: the call as the caller passed it (input, weight, bias, (stride, padding,
     output_padding, groups, dilation), backend, precision), for the direct memo of a decision for
     PyTorch's own op."""
-    if key is None or d.source == "heuristic" or (call.device.type == "cuda" and _capturing()):
+    if d.source == "heuristic" or _listeners or (call.device.type == "cuda" and _capturing()):
         return
-    if len(_steady) >= _STEADY_LIMIT:
-        _forget_steady()
     is_direct = d.candidate == "torch" and at_flags_as_they_are(call.x, call.requested)
-    _steady[key] = Steady(d, call.params, call.precision, call.training, call.unbatched, is_direct)
+    if key is not None:
+        if len(_steady) >= _STEADY_LIMIT:
+            _forget_steady()
+        _steady[key] = Steady(d, call.params, call.precision, call.training, call.unbatched, is_direct)
+    # A call without a key (a tensor subclass such as MONAI's MetaTensor) still gets the direct
+    # memo: PyTorch's op handles the subclass as it does in an untouched layer.
     if is_direct and given is not None:
         remember_direct(*given)
 

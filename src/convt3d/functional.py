@@ -43,7 +43,7 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
                              groups, dilation)
         input, weight, bias = _autocast(input, weight, bias)
         call = Call(input.unsqueeze(0) if hit.unbatched else input, weight, bias, hit.params, hit.precision,
-                    precision, hit.training, hit.unbatched)
+                    precision, hit.training, hit.unbatched, repeat=True)
         return _run(ENGINES[hit.decision.candidate], call)
     # One validation, one dispatcher pass, one engine run. Calls autograd records (a training
     # Call) run the engine's forward recorded with its backward; torch.compile always takes the
