@@ -116,6 +116,31 @@ def test_network_tiny_patched_matches_untouched(name):
     assert row["ok"]
 
 
+# ---- MONAI's MetaTensor through a patched network ------------------------------------------------
+@pytest.mark.parametrize("backend", [None, pytest.param("triton", marks=requires_interpreter)],
+                         ids=["auto", "triton"])
+def test_a_metatensor_keeps_its_type_and_metadata_through_a_patched_monai_unet(backend):
+    """MONAI networks fed a MetaTensor pass it through every layer; a patched layer hands it on
+    as PyTorch's op does (the subclass's __torch_function__ wraps our result), so the output is a
+    MetaTensor with the input's affine, and equal to the untouched network's."""
+    monai_data = pytest.importorskip("monai.data")
+    from monai.networks.nets import UNet
+
+    import convt3d
+
+    torch.manual_seed(0)
+    model = UNet(3, 1, 2, (4, 8), (2,), num_res_units=0).eval()
+    patched = convt3d.patch(UNet(3, 1, 2, (4, 8), (2,), num_res_units=0).eval(), backend=backend,
+                            precision="ieee" if backend else None)
+    patched.load_state_dict(model.state_dict())
+    x = monai_data.MetaTensor(torch.randn(1, 1, 8, 8, 8), affine=torch.diag(torch.tensor([2.0, 3.0, 4.0, 1.0])))
+    with torch.no_grad():
+        y, y_ref = patched(x), model(x)
+    assert type(y) is type(y_ref) is monai_data.MetaTensor
+    assert torch.equal(y.affine, y_ref.affine)
+    torch.testing.assert_close(y.as_tensor(), y_ref.as_tensor(), rtol=1e-5, atol=1e-5)
+
+
 # ---- the row logic on CPU with a fake timer --------------------------------------------------------
 class FakeTimer:
     """first_call: runs fn, 0.25 s. steady: the next of ``times`` (untouched, patched, untouched,

@@ -181,32 +181,53 @@ class _Tagged(torch.Tensor):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
-def test_a_tensor_subclass_gets_no_key_but_its_direct_memo(passes):
-    """A subclass input never gets a key (its validation and the pass run in full); decided for
-    PyTorch's op, its weight's memo answers the next calls, reading the subclass's attributes
-    without its __torch_function__, and PyTorch's op keeps the subclass."""
+class _Opaque(torch.Tensor):
+    """A subclass without __torch_function__ dispatch (as wrapper subclasses declare)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+
+def test_a_torch_function_subclass_is_handled_as_pytorch_handles_it(passes):
+    """The subclass's handler runs the call once, on plain views: the steady path keys and memos
+    them as plain tensors, and the result is wrapped as F.conv_transpose3d's is."""
     x, w, b = _layer()
     xt = x.as_subclass(_Tagged)
+    ref = F.conv_transpose3d(xt, w, b, 2)
     for _ in range(3):
+        _Tagged.calls = 0
         y = convt3d.conv_transpose3d(xt, w, b, 2)
-        assert type(y) is _Tagged and torch.equal(y.as_subclass(torch.Tensor), F.conv_transpose3d(x, w, b, 2))
+        assert _Tagged.calls == 1 and type(y) is type(ref) is _Tagged
+        assert torch.equal(y.as_subclass(torch.Tensor), ref.as_subclass(torch.Tensor))
+    assert passes[0] == 1 and len(dispatch._direct) == 1
+
+
+def test_an_opaque_subclass_gets_no_key_but_its_direct_memo(passes):
+    """A subclass without __torch_function__ reaches the steady path as itself: no key (its
+    validation and the pass run in full), but a call decided for PyTorch's op gets its direct
+    memo."""
+    x, w, b = _layer()
+    xo = x.as_subclass(_Opaque)
+    for _ in range(3):
+        y = convt3d.conv_transpose3d(xo, w, b, 2)
+        assert type(y) is type(F.conv_transpose3d(xo, w, b, 2))
+        assert torch.equal(y.as_subclass(torch.Tensor), F.conv_transpose3d(x, w, b, 2))
     assert passes[0] == 1
     assert not dispatch._steady and len(dispatch._direct) == 1
-    _Tagged.calls = 0
-    convt3d.conv_transpose3d(xt, w, b, 2)
-    assert _Tagged.calls == 1  # the op itself; the memo's reads go around __torch_function__
-    # A plain tensor after the subclass: its own pass.
-    convt3d.conv_transpose3d(x, w, b, 2)
-    assert passes[0] == 2
 
 
 @requires_interpreter
-def test_a_tensor_subclass_with_our_engine_takes_the_full_pass(passes):
+@pytest.mark.parametrize("kind", ["torch-function", "opaque"])
+def test_a_tensor_subclass_runs_our_engine(kind, passes):
     x, w, b = _layer(cin=4, cout=2)
-    xt = x.as_subclass(_Tagged)
+    xt = x.as_subclass(_Tagged if kind == "torch-function" else _Opaque)
+    ref = F.conv_transpose3d(x.double(), w.double(), b.double(), 2)
     for _ in range(2):
-        convt3d.conv_transpose3d(xt, w, b, 2, backend="triton", precision="ieee")
-    assert passes[0] == 2
+        y = convt3d.conv_transpose3d(xt, w, b, 2, backend="triton", precision="ieee")
+        torch.testing.assert_close(y.as_subclass(torch.Tensor).double(), ref, rtol=1e-4, atol=1e-4)
+    if kind == "torch-function":
+        assert type(y) is _Tagged and passes[0] == 1  # plain views: keyed, one pass
+    else:
+        assert passes[0] == 2  # no key: the full pass each call
 
 
 def test_patched_module_in_training_and_eval(passes):

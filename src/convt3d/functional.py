@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import handle_torch_function, has_torch_function
 
 from . import dispatch
 from .call import Call, make_call
@@ -31,6 +32,13 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     if torch.compiler.is_compiling():
         input, weight, bias = _autocast(input, weight, bias)
         return _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
+    if has_torch_function((input, weight, bias)):
+        # A tensor subclass with its own __torch_function__ (MONAI's MetaTensor) is handled as
+        # PyTorch's functions handle it: its handler runs the call -- here on plain views of its
+        # tensors, so the engines and the steady path see plain tensors -- and wraps the result
+        # as it wraps F.conv_transpose3d's (the subclass and its metadata carry through).
+        return handle_torch_function(_on_plain_tensors, (input, weight, bias), input, weight, bias, stride, padding,
+                                     output_padding, groups, dilation, backend=backend, precision=precision)
     # A call whose arguments were seen before skips validation and the pass: one dispatcher entry
     # (dispatch.steady) answers it. Decided for PyTorch's own op, it goes there as an untouched
     # layer's call does, after one check of its weight's memo (steady.Direct, ~2 us); otherwise
@@ -55,6 +63,20 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     decision = dispatch.select(call, backend)
     dispatch.remember(key, call, decision, given)
     return _run(ENGINES[decision.candidate], call)
+
+
+def _on_plain_tensors(input, weight, bias, stride, padding, output_padding, groups, dilation, *, backend=None,
+                      precision=None):
+    """``conv_transpose3d`` on plain views of tensor-subclass arguments (``as_subclass``: the same
+    storage, still attached to autograd), for the subclass's __torch_function__ to call."""
+    return conv_transpose3d(_plain(input), _plain(weight), _plain(bias), stride, padding, output_padding, groups,
+                            dilation, backend=backend, precision=precision)
+
+
+def _plain(t):
+    if isinstance(t, torch.Tensor) and type(t) not in (torch.Tensor, torch.nn.Parameter):
+        return t.as_subclass(torch.Tensor)
+    return t
 
 
 def _run(engine, call):
