@@ -393,3 +393,37 @@ def test_a_steady_repeat_skips_the_triton_engines_priming(monkeypatch):
         assert len(primed) == 1 and len(flushed) == 2
     finally:
         engine.forget()
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad"])
+def test_calls_inside_a_torch_func_transform_take_pytorchs_op(transform):
+    """vmap and grad wrap tensors that have no storage of their own: "auto" runs PyTorch's op,
+    which has their rules, and matches it exactly."""
+    x, w, b = _layer()
+    ours = lambda t: convt3d.conv_transpose3d(t, w, b, 2, 1, 1)  # noqa: E731
+    theirs = lambda t: F.conv_transpose3d(t, w, b, 2, 1, 1)  # noqa: E731
+    convt3d.conv_transpose3d(x, w, b, 2, 1, 1)  # a steady entry for the plain signature first
+    if transform == "vmap":
+        xs = torch.stack([x, 2 * x])
+        assert torch.equal(torch.vmap(ours)(xs), torch.vmap(theirs)(xs))
+    else:
+        g = torch.func.grad(lambda t: ours(t).square().sum())(x)
+        assert torch.equal(g, torch.func.grad(lambda t: theirs(t).square().sum())(x))
+
+
+@requires_interpreter
+def test_a_named_engine_inside_a_transform_raises():
+    x, w, b = _layer()
+    convt3d.conv_transpose3d(x, w, b, 2, backend="triton", precision="ieee")  # its steady entry exists
+    with pytest.raises(convt3d.BackendUnavailableError, match="backend='triton' cannot run this call: .*torch.func"):
+        torch.vmap(lambda t: convt3d.conv_transpose3d(t, w, b, 2, backend="triton"))(torch.stack([x, x]))
+
+
+@pytest.mark.parametrize("precision", [None, "ieee", "tf32"])
+def test_inside_a_transform_auto_runs_pytorchs_op_at_the_precision_asked(precision):
+    x, w, b = _layer()
+    xs = torch.stack([x, -x])
+    assert not functional._transformed(xs, w, b)
+    assert torch.vmap(lambda t: torch.tensor(functional._transformed(t, w, b)))(xs).all()
+    ran = torch.vmap(lambda t: functional._in_transform(t, w, b, 2, 1, 1, 1, 1, None, precision))(xs)
+    assert torch.equal(ran, torch.vmap(lambda t: F.conv_transpose3d(t, w, b, 2, 1, 1))(xs))

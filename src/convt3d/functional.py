@@ -6,9 +6,11 @@ import torch.nn.functional as F
 from torch.overrides import handle_torch_function, has_torch_function
 
 from . import dispatch
-from .call import Call, make_call
+from .call import Call, make_call, resolve_precision
 from .engines import ENGINES
+from .errors import BackendUnavailableError
 from .ops import OP_NAME, conv_transpose3d_op
+from .torch_engine import cudnn_conv_tf32
 from .validate import check_call
 
 __all__ = ["conv_transpose3d"]
@@ -45,10 +47,13 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     # after one lookup by its key (steady.steady_key, ~5 us), to the engine.
     key, hit = dispatch.steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
                                precision)
+    if hit is not None and hit.direct:
+        return _recorded(ENGINES["torch"].run_arguments, input, weight, bias, stride, padding, output_padding, groups,
+                         dilation)
+    if _transformed(input, weight, bias):
+        return _in_transform(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
+                             precision)
     if hit is not None:
-        if hit.direct:
-            return _recorded(ENGINES["torch"].run_arguments, input, weight, bias, stride, padding, output_padding,
-                             groups, dilation)
         input, weight, bias = _autocast(input, weight, bias)
         call = Call(input.unsqueeze(0) if hit.unbatched else input, weight, bias, hit.params, hit.precision,
                     precision, hit.training, hit.unbatched, repeat=True)
@@ -71,6 +76,34 @@ def _on_plain_tensors(input, weight, bias, stride, padding, output_padding, grou
     storage, still attached to autograd), for the subclass's __torch_function__ to call."""
     return conv_transpose3d(_plain(input), _plain(weight), _plain(bias), stride, padding, output_padding, groups,
                             dilation, backend=backend, precision=precision)
+
+
+# torch.func's transforms (vmap, grad, jacrev, ...) wrap tensors that have no storage of their
+# own; only PyTorch's op has their batching and gradient rules. 0.08 us a tensor on a desktop CPU,
+# asked only off the direct path.
+_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+
+
+def _transformed(input, weight, bias) -> bool:
+    return _is_wrapped is not None and any(isinstance(t, torch.Tensor) and _is_wrapped(t)
+                                           for t in (input, weight, bias))
+
+
+def _in_transform(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
+    """A call inside a torch.func transform: PyTorch's op under "auto" or "torch" (its validation
+    and its errors included; an explicit precision sets cuDNN's TF32 flag for the call, exact
+    grade as exact fp32), and an error for a named engine of ours, which cannot run it."""
+    name = dispatch.resolve_backend_name(backend)
+    if name not in ("auto", "torch"):
+        raise BackendUnavailableError(
+            f"backend={name!r} cannot run this call: its tensors are inside a torch.func transform (vmap, grad, "
+            "jacrev, ...), whose batching and gradient rules only PyTorch's own op has; use backend='auto' or "
+            "'torch' there")
+    args = (input, weight, bias, stride, padding, output_padding, groups, dilation)
+    if precision is None:
+        return _recorded(ENGINES["torch"].run_arguments, *args)
+    with cudnn_conv_tf32(resolve_precision(precision) == "tf32"):
+        return _recorded(ENGINES["torch"].run_arguments, *args)
 
 
 def _plain(t):
