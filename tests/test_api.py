@@ -8,6 +8,7 @@ reference path the other test files trust.
 """
 from __future__ import annotations
 
+import copy
 import random
 import types
 
@@ -310,6 +311,44 @@ def test_patch_the_model_itself_and_training_mode():
     assert convt3d.patch(layer) is layer
     assert type(layer) is convt3d.ConvTranspose3d and layer.training
     assert layer.backend is None and layer.precision is None  # package defaults
+
+
+@pytest.mark.parametrize("norm", ["weight_norm", "spectral_norm"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=requires_interpreter)])
+def test_patch_takes_parametrized_layers(norm, backend):
+    """A ConvTranspose3d under torch.nn.utils.parametrizations (the spectral norm of GAN
+    generators, weight norm) is patched with its parametrization working: the same outputs and
+    gradients as the untouched layer, the weight recomputed from its parametrization on every
+    call, a deepcopy that keeps both, and remove_parametrizations leaving a convt3d layer."""
+    from torch.nn.utils import parametrizations, parametrize
+
+    torch.manual_seed(3)
+    wrap = getattr(parametrizations, norm)
+    ref = wrap(nn.ConvTranspose3d(4, 2, 3, stride=2, padding=1, output_padding=1))
+    layer = wrap(nn.ConvTranspose3d(4, 2, 3, stride=2, padding=1, output_padding=1))
+    layer.load_state_dict(ref.state_dict())
+    ref.eval(), layer.eval()  # spectral norm: no power iteration, so the two stay equal
+    held = list(layer.parameters())
+    assert convt3d.patch(layer, backend=backend, precision="ieee") is layer
+    assert isinstance(layer, convt3d.ConvTranspose3d) and parametrize.is_parametrized(layer, "weight")
+    assert all(p is q for p, q in zip(layer.parameters(), held))
+    x = torch.randn(2, 4, 3, 3, 3, requires_grad=True)
+    y, y_ref = layer(x), ref(x)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    g = torch.autograd.grad(y.square().sum(), [x] + held)
+    g_ref = torch.autograd.grad(y_ref.square().sum(), [x] + list(ref.parameters()))
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():  # a changed parametrization input changes the next call's weight
+        held[-1].mul_(2.0)
+        list(ref.parameters())[-1].mul_(2.0)
+        torch.testing.assert_close(layer(x), ref(x), rtol=1e-5, atol=1e-5)
+    twin = copy.deepcopy(layer)
+    assert isinstance(twin, convt3d.ConvTranspose3d) and parametrize.is_parametrized(twin, "weight")
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), ref(x), rtol=1e-5, atol=1e-5)
+    parametrize.remove_parametrizations(layer, "weight")
+    assert type(layer) is convt3d.ConvTranspose3d and layer.backend == backend
 
 
 def test_patched_model_trains():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from .functional import conv_transpose3d
 
@@ -40,8 +41,9 @@ class ConvTranspose3d(nn.ConvTranspose3d):
 
 def patch(model: nn.Module, *, backend: str | None = None, precision: str | None = None) -> nn.Module:
     """Swap every ``nn.ConvTranspose3d`` inside ``model`` (``model`` itself included) for
-    :class:`ConvTranspose3d`, in place. Subclasses of ``nn.ConvTranspose3d`` with their own
-    ``forward`` are left alone.
+    :class:`ConvTranspose3d`, in place, parametrized ones (spectral or weight norm through
+    ``torch.nn.utils.parametrizations``) included. Other subclasses of ``nn.ConvTranspose3d``
+    are left alone.
 
     The same parameter and buffer objects are kept (so optimisers holding them keep working),
     along with their device and dtype, hooks, and training mode. Returns ``model``.
@@ -49,10 +51,32 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch() expects an nn.Module, but got {type(model).__name__}")
     for module in model.modules():
-        if type(module) is nn.ConvTranspose3d:
+        cls = type(module)
+        if cls is nn.ConvTranspose3d:
             module.__class__ = ConvTranspose3d
-            if backend is not None:
-                module.backend = backend
-            if precision is not None:
-                module.precision = precision
+        elif _parametrized_convt(module):
+            module.__class__ = _parametrized_class(cls)
+        else:
+            continue
+        if backend is not None:
+            module.backend = backend
+        if precision is not None:
+            module.precision = precision
     return model
+
+
+def _parametrized_convt(module: nn.Module) -> bool:
+    """A plain nn.ConvTranspose3d under ``torch.nn.utils.parametrize`` (spectral or weight norm
+    through ``torch.nn.utils.parametrizations``): its class is the one-module subclass parametrize
+    made, holding only the properties of the parametrized tensors and its copy hooks."""
+    cls = type(module)
+    return (cls.__bases__ == (nn.ConvTranspose3d,) and "forward" not in cls.__dict__
+            and parametrize.is_parametrized(module))
+
+
+def _parametrized_class(cls: type) -> type:
+    """parametrize's class for one module, rebuilt on :class:`ConvTranspose3d`: the same
+    properties (the weight computed from its parametrization on every access) and hooks, our
+    forward. ``remove_parametrizations`` rolls a module back to the base, which is then ours."""
+    body = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    return type(cls.__name__, (ConvTranspose3d,), body)

@@ -178,7 +178,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     """
     if not callable(model):
         raise TypeError(f"tune(): argument 'model' must be an nn.Module or callable, not {type(model).__name__}")
-    from .nn import ConvTranspose3d
+    from .nn import ConvTranspose3d, _parametrized_convt
 
     is_module = isinstance(model, nn.Module)
     params = [p for p in model.parameters()] if is_module else []
@@ -188,7 +188,8 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
               if isinstance(m, ConvTranspose3d)] if is_module else []
     report = TuneReport(backward=bool(backward))
     if is_module:
-        plain = [n or type(model).__name__ for n, m in model.named_modules() if type(m) is nn.ConvTranspose3d]
+        plain = [n or type(model).__name__ for n, m in model.named_modules()
+                 if type(m) is nn.ConvTranspose3d or _parametrized_convt(m)]
         if plain:
             msg = (f"{len(plain)} torch.nn.ConvTranspose3d layer(s) ({', '.join(plain[:5])}"
                    f"{', ...' if len(plain) > 5 else ''}) are not convt3d layers and are not tuned; "
