@@ -53,7 +53,7 @@ from .call import EXACT_GRADE, PRECISIONS, Call, resolve_precision, signature_te
 from .engines import ENGINES, HYBRID
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
-from .torch_engine import at_flags_as_they_are, cudnn_conv_allows_tf32, cudnn_conv_tf32, torch_forward
+from .torch_engine import at_flags_as_they_are, cudnn_conv_tf32, torch_forward
 from .steady import BACKEND_ENV, Direct, steady_key
 
 __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve_backend_name", "resolve_precision",
@@ -63,9 +63,6 @@ __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve
            "override", "Steady", "steady_key", "steady", "remember", "remember_direct"]
 
 BACKENDS = ("auto", "triton", "torch", "cuda")
-
-_ENV = BACKEND_ENV
-
 
 @dataclass(frozen=True)
 class Decision:
@@ -101,11 +98,11 @@ class Pass:
 
 def resolve_backend_name(backend: str | None) -> str:
     if backend is None:
-        env = os.environ.get(_ENV)
+        env = os.environ.get(BACKEND_ENV)
         if env is None or env == "":
             return "auto"
         if env not in BACKENDS:
-            raise ValueError(f"environment variable {_ENV}={env!r} is not a backend; expected one of {BACKENDS}")
+            raise ValueError(f"environment variable {BACKEND_ENV}={env!r} is not a backend; expected one of {BACKENDS}")
         return env
     if not isinstance(backend, str):
         raise TypeError(f"conv_transpose3d(): argument 'backend' must be str or None, not {type(backend).__name__}")
@@ -665,9 +662,9 @@ def _forget_steady() -> None:
 def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = None) -> None:
     """Keep a settled decision for the call's argument signature. Heuristic guesses are not kept
     (the next call that can measure replaces them), nor calls under CUDA graph capture or while
-    a listener waits for every decision. ``given``: the call as the caller passed it (input, weight, bias, (stride, padding,
-    output_padding, groups, dilation), backend, precision), for the direct memo of a decision for
-    PyTorch's own op."""
+    a listener waits for every decision. ``given``: the call as the caller passed it (input,
+    weight, bias, (stride, padding, output_padding, groups, dilation), backend, precision), for the
+    direct memo of a decision for PyTorch's own op."""
     if d.source == "heuristic" or _listeners or (call.device.type == "cuda" and _capturing()):
         return
     is_direct = d.candidate == "torch" and at_flags_as_they_are(call.x, call.requested)
@@ -675,7 +672,7 @@ def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = N
         if len(_steady) >= _STEADY_LIMIT:
             _forget_steady()
         _steady[key] = Steady(d, call.params, call.precision, call.training, call.unbatched, is_direct)
-    # A call without a key (a tensor subclass such as MONAI's MetaTensor) still gets the direct
+    # A call without a key (a tensor subclass without __torch_function__) still gets the direct
     # memo: PyTorch's op handles the subclass as it does in an untouched layer.
     if is_direct and given is not None:
         remember_direct(*given)

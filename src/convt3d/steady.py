@@ -18,7 +18,6 @@ candidate with the host cost its repeated calls will have.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import weakref
@@ -87,15 +86,6 @@ def _no_object():
     return None
 
 
-# Tensor types whose attributes are read without __torch_function__ dispatch.
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def _reading(plain: bool):
-    """A context in which a subclass's attributes are read without its __torch_function__."""
-    return contextlib.nullcontext() if plain else torch._C.DisableTorchFunctionSubclass()
-
-
 def _same(args: tuple, memo: tuple) -> bool:
     """``args == memo`` for a memo of ints and tuples of ints; False where an argument compares as
     a tensor (a tensor stride: F.conv_transpose3d then raises its own TypeError)."""
@@ -109,41 +99,28 @@ class Direct:
     """The memo of one call that went straight to ``F.conv_transpose3d``; ``fits`` says whether
     another call may too. Holds its weight and bias weakly (a dropped model frees them)."""
 
-    __slots__ = ("weight", "bias", "x_type", "plain", "shape", "strides", "dtype", "device", "x_grad", "w_grad",
-                 "b_grad", "args", "backend", "precision", "env", "tf32", "grad", "autocast", "__weakref__")
+    __slots__ = ("weight", "bias", "x_type", "shape", "strides", "dtype", "device", "x_grad", "w_grad", "b_grad",
+                 "args", "backend", "precision", "env", "tf32", "grad", "autocast", "__weakref__")
 
     def __init__(self, input, weight, bias, args: tuple, backend, precision):
         self.weight = weakref.ref(weight)
         self.bias = _no_object if bias is None else weakref.ref(bias)
         self.x_type = type(input)
-        # A tensor subclass (MONAI's MetaTensor flows through every layer of a MONAI network fed
-        # one) answers each attribute read through its __torch_function__: the memo reads them
-        # with that dispatch off (a patched layer's overhead on a MetaTensor was 62 us a call on
-        # a desktop CPU through the full pass, 2026-12-01).
-        self.plain = all(type(t) in _PLAIN for t in (input, weight, bias) if t is not None)
-        with _reading(self.plain):
-            self.shape, self.strides, self.dtype = input.shape, input.stride(), input.dtype
-            self.device = input.device
-            self.x_grad, self.w_grad = input.requires_grad, weight.requires_grad
-            self.b_grad = None if bias is None else bias.requires_grad
+        self.shape, self.strides, self.dtype, self.device = input.shape, input.stride(), input.dtype, input.device
+        self.x_grad, self.w_grad = input.requires_grad, weight.requires_grad
+        self.b_grad = None if bias is None else bias.requires_grad
         self.args, self.backend, self.precision = args, backend, precision
         self.env = os.environ.get(BACKEND_ENV) if backend is None else None
         self.tf32, self.grad = _tf32(), torch.is_grad_enabled()
-        self.autocast = _autocast_state(self.device.type)
+        self.autocast = _autocast_state(input.device.type)
 
     def fits(self, input, weight, bias, args: tuple, backend, precision) -> bool:
         """Whether a call with these arguments would be decided as this one was. The cheap and
         discriminating checks come first; a non-tensor input fails the type check before any
-        attribute is read."""
-        if type(input) is not self.x_type or self.weight() is not weight or self.bias() is not bias:
-            return False
-        if self.plain:
-            return self._fits(input, weight, bias, args, backend, precision)
-        with torch._C.DisableTorchFunctionSubclass():
-            return self._fits(input, weight, bias, args, backend, precision)
-
-    def _fits(self, input, weight, bias, args: tuple, backend, precision) -> bool:
-        return (input.shape == self.shape and input.dtype is self.dtype and input.stride() == self.strides
+        attribute is read. (Tensor subclasses with their own __torch_function__ never get here:
+        ``convt3d.conv_transpose3d`` hands them to their handler, which calls it on plain views.)"""
+        return (type(input) is self.x_type and self.weight() is weight and self.bias() is bias
+                and input.shape == self.shape and input.dtype is self.dtype and input.stride() == self.strides
                 and _same(args, self.args) and backend == self.backend and precision == self.precision
                 and input.requires_grad is self.x_grad and weight.requires_grad is self.w_grad
                 and (bias is None or bias.requires_grad is self.b_grad)

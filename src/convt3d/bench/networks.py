@@ -77,7 +77,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .roofline import cudnn_tf32
-from .runner import ROUND_SPREAD, lowest_spread
+from .runner import ROUND_SPREAD
+from .stats import lowest_spread
 from ..ops import OP_NAME
 from ..torch_engine import cudnn_conv_allows_tf32
 
@@ -767,7 +768,7 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
 
 
 # Rounds beyond the first ``rounds`` until each side's two lowest agree within ROUND_SPREAD
-# (runner.lowest_spread): host-bound networks swing with the host. UNETR (2026-12-01, H200) read
+# (stats.lowest_spread): host-bound networks swing with the host. UNETR (2026-12-01, H200) read
 # 20.7 then 33.8 ms untouched in two rounds of one fp32 run, and its bf16 forward (15 ms of
 # kernels) 27-38 ms wall across runs; GPU-bound networks agree within 0.3% and stop at two.
 MAX_ROUNDS = 6

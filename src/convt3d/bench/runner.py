@@ -34,7 +34,7 @@ from .stats import lowest_spread
 from .suites import Case, Tensors, make_tensors
 
 __all__ = ["TimingSettings", "CudaTimer", "Mode", "MODES", "PLANNED_MODES", "get_mode", "bench_budget", "run_cases",
-           "ROUND_SPREAD", "lowest_spread"]
+           "ROUND_SPREAD"]
 
 
 @dataclass(frozen=True)
