@@ -76,7 +76,7 @@ class Recorder:
     def __call__(self, call, cands, label):
         self.calls.append(tuple(cands))
         return {c: list(self.times[c]) if isinstance(self.times[c], list) else [self.times[c]] * 2
-                for c in cands}, {}
+                for c in cands}, {}, {}
 
 
 # A layer big enough to be timed (roofline floor 17-34 us > dispatch.TINY_FLOOR_S), as meta tensors.
@@ -507,6 +507,54 @@ def test_pick_needs_a_win_beyond_the_noise(runs, expect):
     assert dispatch.pick(runs)[0] == expect
 
 
+# (runs, hosts, expected): host ms per call charged beyond PyTorch's; the VQ-VAE decoder's
+# 240 -> 240 layer on the H200 (2026-12-01) read Triton 0.674 ms against 0.760 with 0.186 ms of
+# host against 0.058: faster alone, slower in its network.
+@pytest.mark.parametrize("runs,hosts,expect", [
+    ({"triton": [0.674, 0.68], "torch": [0.760, 0.76]}, {"triton": [0.186, 0.19], "torch": [0.058, 0.06]}, "torch"),
+    ({"triton": [0.509, 0.51], "torch": [1.632, 1.64]}, {"triton": [0.177, 0.18], "torch": [0.127, 0.13]}, "triton"),
+    ({"triton": [0.674, 0.68], "torch": [0.760, 0.76]}, {"triton": [0.050, 0.05], "torch": [0.058, 0.06]}, "triton"),
+    ({"triton": [0.674, 0.68], "torch": [0.760, 0.76]}, {}, "triton"),
+    ({"triton": [0.80, 0.80], "cuda": [0.5, 0.5], "torch": [1.0, 1.0]}, {"cuda": [0.6, 0.6], "torch": [0.1, 0.1],
+                                                                          "triton": [0.1, 0.1]}, "triton"),
+    ({"triton": [0.5, 0.5]}, {"triton": [9.0, 9.0]}, "triton"),
+], ids=["host-cost-outweighs-a-small-win", "big-win-pays-its-host", "less-host-than-torch", "host-not-read",
+        "host-decides-between-ours", "torch-failed"])
+def test_pick_charges_the_host_time_beyond_pytorchs(runs, hosts, expect):
+    assert dispatch.pick(runs, hosts=hosts)[0] == expect
+
+
+def test_measure_reads_host_time_from_each_timing(monkeypatch):
+    from convt3d.engines import Timing
+
+    seq = {"triton": [Timing(0.674, 0.186), Timing(0.68, 0.19)], "torch": [Timing(0.76, 0.058), Timing(0.76, 0.06)]}
+    for name in seq:
+        monkeypatch.setattr(ENGINES[name], "time", lambda call, name=name: seq[name].pop(0))
+    x, w, b, params = _call()
+    runs, failed, hosts = dispatch._measure(_as_call(x, w, b, params), ["triton", "torch"], "sig")
+    assert runs == {"triton": [0.674, 0.68], "torch": [0.76, 0.76]} and not failed
+    assert hosts == {"triton": [0.186, 0.19], "torch": [0.058, 0.06]}
+
+
+def test_a_decision_measured_without_host_times_is_measured_again(monkeypatch):
+    """A cache entry from before the host charge (rounds, no host_ms) is measured again; the new
+    entry records each candidate's host time and the choice it makes."""
+    from convt3d.engines import Timing
+
+    x, w, b, params = _call()
+    sig = dispatch.signature_text(x, w, b, params, "tf32")
+    cache.save_decision(GPU, sig, {"engine": "triton", "timings_ms": {"triton": 0.674, "torch": 0.76},
+                                   "rounds_ms": {"triton": [0.674], "torch": [0.76]}, "margin": 0.03})
+    times = {"triton": Timing(0.674, 0.186), "torch": Timing(0.76, 0.058)}
+    for name, t in times.items():
+        monkeypatch.setattr(ENGINES[name], "time", lambda call, t=t: t)
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert d.engine == "torch" and d.source == "measured"
+    entry = cache.load_decision(GPU, sig)
+    assert entry["engine"] == "torch" and entry["host_ms"] == {"triton": 0.186, "torch": 0.058}
+    assert "host beyond torch's" in d.reason
+
+
 def _inject(monkeypatch, times: dict[str, object]):
     """Engines' time() replaced: a number, a list (one per round, its last repeated), or an
     exception to raise."""
@@ -560,7 +608,7 @@ def test_measure_raises_when_every_candidate_fails(monkeypatch):
 def test_noisy_rounds_are_repeated_before_the_choice(times, rounds, expect, monkeypatch):
     _inject(monkeypatch, times)
     x, w, b, params = _call()
-    runs, _ = dispatch._measure(_as_call(x, w, b, params), ["triton", "torch"], "sig")
+    runs, _, _ = dispatch._measure(_as_call(x, w, b, params), ["triton", "torch"], "sig")
     assert all(len(v) == rounds for v in runs.values())
     assert dispatch.pick(runs)[0] == expect
 
@@ -570,7 +618,7 @@ def test_measure_times_each_candidate_in_two_rounds_in_opposite_orders(monkeypat
     for name in ("triton", "torch"):
         monkeypatch.setattr(ENGINES[name], "time", lambda call, name=name: order.append(name) or 1.0)
     x, w, b, params = _call()
-    runs, failed = dispatch._measure(_as_call(x, w, b, params), ["triton", "torch"], "sig")
+    runs, failed, _ = dispatch._measure(_as_call(x, w, b, params), ["triton", "torch"], "sig")
     assert order == ["triton", "torch", "torch", "triton"] and runs == {"triton": [1.0, 1.0], "torch": [1.0, 1.0]}
 
 

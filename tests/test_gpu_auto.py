@@ -54,7 +54,8 @@ def test_auto_times_every_candidate_once_by_default():
     assert dispatch.decide(x, "auto", None, params, weight=w, bias=b) is d
     doc = json.loads(cache.file_for(cache.cache_dir(), torch.cuda.get_device_name()).read_text())
     entry = list(doc["decisions"].values())[0]
-    assert entry["engine"] == d.engine == dispatch.pick(entry["rounds_ms"])[0]
+    assert entry["engine"] == d.engine == dispatch.pick(entry["rounds_ms"], hosts=entry["host_rounds_ms"])[0]
+    assert set(entry["host_ms"]) == {"triton", "torch"} and all(v > 0 for v in entry["host_ms"].values())
     assert all(dispatch.MEASURE_ROUNDS <= len(v) <= dispatch.MAX_MEASURE_ROUNDS for v in entry["rounds_ms"].values())
 
 

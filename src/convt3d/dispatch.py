@@ -50,7 +50,7 @@ from . import cache, distributed, triton_engine
 from .bench import roofline
 from .bench.stats import lowest_spread
 from .call import EXACT_GRADE, PRECISIONS, Call, resolve_precision, signature_text
-from .engines import ENGINES, HYBRID
+from .engines import ENGINES, HYBRID, Timing
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 from .torch_engine import at_flags_as_they_are, cudnn_conv_tf32, torch_forward
@@ -509,13 +509,16 @@ MEASURE_ROUNDS = 2
 MAX_MEASURE_ROUNDS = 4
 
 
-def _measure(call: Call, cands: list[str], label: str) -> tuple[dict[str, list[float]], dict[str, str]]:
+def _measure(call: Call, cands: list[str], label: str
+             ) -> tuple[dict[str, list[float]], dict[str, str], dict[str, list[float]]]:
     """Timings (ms, one per round) of each candidate on the call's own tensors, rounds in
     alternating orders so drift during the measurement falls on every candidate; more rounds
     (up to ``MAX_MEASURE_ROUNDS``) while a candidate's two lowest are further apart than
-    ``NOISE_MARGIN``; (runs, failures). A candidate that raises (a failed CUDA build, out of
-    memory) is left out."""
+    ``NOISE_MARGIN``; (runs, failures, host ms per call per round -- for the candidates whose
+    timing reads it, an ``engines.Timing``). A candidate that raises (a failed CUDA build, out
+    of memory) is left out."""
     runs: dict[str, list[float]] = {}
+    hosts: dict[str, list[float]] = {}
     failed: dict[str, str] = {}
     for r in range(MAX_MEASURE_ROUNDS):
         if r >= MEASURE_ROUNDS and all(lowest_spread(v) <= NOISE_MARGIN for v in runs.values()):
@@ -525,31 +528,53 @@ def _measure(call: Call, cands: list[str], label: str) -> tuple[dict[str, list[f
                 continue
             _notify("measure", signature=label, engine=name)
             try:
-                runs.setdefault(name, []).append(ENGINES[name].time(call))
+                t = ENGINES[name].time(call)
             except Exception as exc:  # noqa: BLE001 -- any engine failure just removes the candidate
                 failed[name] = f"{type(exc).__name__}: {exc}"[:300]
                 runs.pop(name, None)
+                hosts.pop(name, None)
                 if len(failed) == len(cands):
                     raise
-    return runs, failed
+                continue
+            if isinstance(t, Timing):
+                runs.setdefault(name, []).append(t.ms)
+                hosts.setdefault(name, []).append(t.host_ms)
+            else:
+                runs.setdefault(name, []).append(float(t))
+    return runs, failed, hosts
 
 
-def pick(runs: dict[str, list[float]], baseline: str = "torch") -> tuple[str, float]:
+def host_extra(hosts: dict[str, list[float]] | None, name: str, baseline: str = "torch") -> float:
+    """The host ms per call that ``name`` costs beyond ``baseline`` (lowest rounds; 0 where either
+    was not read)."""
+    if not hosts or not hosts.get(name) or not hosts.get(baseline):
+        return 0.0
+    return max(0.0, min(hosts[name]) - min(hosts[baseline]))
+
+
+def pick(runs: dict[str, list[float]], baseline: str = "torch",
+         hosts: dict[str, list[float]] | None = None) -> tuple[str, float]:
     """(winner, margin) from per-round timings: convt3d's fastest candidate wins only if it beats
     the baseline by more than the margin -- ``NOISE_MARGIN`` or the larger spread of the two
     between their two lowest rounds (``bench.stats.lowest_spread``) -- so a noisy or failed
-    measurement falls back to PyTorch, never to a slower engine."""
+    measurement falls back to PyTorch, never to a slower engine.
+
+    ``hosts`` (host ms per call per round, ``engines.Timing``): a candidate is charged the host
+    time it costs beyond the baseline's, on top of its timing. The timing is what the layer
+    costs where the GPU never waits for the host; the sum is what it costs where the two take
+    turns, as in a network that synchronises now and then. A candidate chosen by the sum is
+    no slower in either."""
     best = {k: min(v) for k, v in runs.items() if v}
     spread = {k: lowest_spread(v) for k, v in runs.items() if v}
     if baseline not in best:  # PyTorch failed (e.g. out of memory): the fastest of ours
         winner = min(best, key=best.get)
         return winner, spread[winner]
-    ours = {k: v for k, v in best.items() if k != baseline}
-    if not ours:
+    cost = {k: v + host_extra(hosts, k, baseline) for k, v in best.items() if k != baseline}
+    if not cost:
         return baseline, spread[baseline]
-    challenger = min(ours, key=ours.get)
+    challenger = min(cost, key=cost.get)
     margin = max(NOISE_MARGIN, spread[challenger], spread[baseline])
-    return (challenger if best[challenger] * (1.0 + margin) < best[baseline] else baseline), margin
+    return (challenger if cost[challenger] * (1.0 + margin) < best[baseline] else baseline), margin
 
 
 def _cached_entry(call: Call, cands: list[str], gpu: str) -> dict | None:
@@ -557,6 +582,8 @@ def _cached_entry(call: Call, cands: list[str], gpu: str) -> dict | None:
     entry = cache.load_decision(gpu, call.text)
     if entry is None or entry.get("engine") not in cands:
         return None
+    if len(entry.get("rounds_ms") or ()) > 1 and "host_ms" not in entry and not entry.get("network"):
+        return None  # measured before candidates were charged their host time: measure again
     return dict(entry, source="cache")
 
 
@@ -571,7 +598,7 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
     if entry is not None:
         return entry
     if tiny and "torch" in cands:
-        runs, failed = _measure(call, ["torch"], call.text)
+        runs, failed, _ = _measure(call, ["torch"], call.text)
         t = min(runs["torch"]) * 1e-3
         if t < HOST_BOUND_S:
             entry = {"engine": "torch", "timings_ms": {"torch": t * 1e3}, "rounds_ms": runs, "margin": 0.0,
@@ -580,10 +607,13 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
                             "than our engines' host time; the others were not timed"}
             cache.save_decision(gpu, call.text, entry)
             return dict(entry, source="measured")
-    runs, failed = _measure(call, cands, call.text)
-    winner, margin = pick(runs)
+    runs, failed, hosts = _measure(call, cands, call.text)
+    winner, margin = pick(runs, hosts=hosts)
     entry = {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,
              "margin": margin, "failed": failed, "candidates": cands}
+    # Written even when empty: an entry without it was measured before the host charge.
+    entry["host_ms"] = {k: min(v) for k, v in hosts.items() if v}
+    entry["host_rounds_ms"] = hosts
     cache.save_decision(gpu, call.text, entry)
     return dict(entry, source="measured")
 
@@ -595,20 +625,24 @@ def _from_entry(call: Call, entry: dict) -> Decision:
         if entry.get("network"):  # convt3d.tune's network check replaced the layer's own measurement
             return _decision(entry["engine"], call, f"auto (from the cache file): {entry['network']}", "cache")
         return _decision(entry["engine"], call, "auto (measured earlier, from the cache file): "
-                         + _timings_text(timings, entry["engine"]), "cache")
+                         + _timings_text(timings, entry["engine"], entry.get("host_ms")), "cache")
     kind = "training steps" if call.training else "calls"
     if entry.get("why"):
         reason = f"auto (measured {kind}): {entry['why']}"
     else:
         reason = (f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): "
-                  + _timings_text(timings, entry["engine"]))
+                  + _timings_text(timings, entry["engine"], entry.get("host_ms")))
     if entry.get("failed"):
         reason += "; failed: " + "; ".join(f"{k}: {v}" for k, v in entry["failed"].items())
     return _decision(entry["engine"], call, reason, "measured")
 
 
-def _timings_text(timings: dict[str, float], best: str) -> str:
-    parts = ", ".join(f"{k} {v:.4g} ms" for k, v in sorted(timings.items(), key=lambda kv: kv[1]))
+def _timings_text(timings: dict[str, float], best: str, host_ms: dict[str, float] | None = None) -> str:
+    def one(k: str, v: float) -> str:
+        extra = host_extra({n: [h] for n, h in (host_ms or {}).items()}, k) if k != "torch" else 0.0
+        return f"{k} {v:.4g} ms" + (f" (+{extra:.3g} ms host beyond torch's)" if extra > 0 else "")
+
+    parts = ", ".join(one(k, v) for k, v in sorted(timings.items(), key=lambda kv: kv[1]))
     return f"{parts} -> {best}"
 
 
