@@ -539,3 +539,27 @@ def test_tf32_arithmetic_reference_rounds_the_transposed_conv_operands():
     exact = model.double()(x.double())
     assert 1e-6 < networks.relative_error(got, exact) < 1e-2
     assert torch.equal(model[0].weight.float(), before)
+
+
+@pytest.mark.parametrize("argv,rounds", [([], 2), (["--rounds", "5"], 5)], ids=["default-two", "more-rounds"])
+def test_cli_rounds_reach_the_timing(fake_gpu, monkeypatch, tmp_path, capsys, argv, rounds):
+    """--rounds N: at least N alternating timing rounds per side (a noisy host's quiet rounds)."""
+    real_run = networks.run_networks
+    timer = FakeTimer([2e-3, 1e-3])
+
+    def run(*args, **kwargs):
+        assert kwargs["rounds"] == rounds
+        return real_run(*args, device="cpu", timer=timer, tiny=True, **kwargs)
+
+    monkeypatch.setattr(networks, "run_networks", run)
+    path = tmp_path / "r.json"
+    rc = cli.main(["--suite", "networks", "--case", "gan3d", "--mode", "fwd", "--dtype", "fp32", "--json", str(path)]
+                  + argv)
+    assert rc == 0, capsys.readouterr().out
+    row = json.loads(path.read_text())["rows"][0]
+    assert len(row["torch_us_rounds"]) == len(row["convt3d_us_rounds"]) == rounds
+
+
+def test_cli_rejects_rounds_below_one(capsys):
+    assert cli.main(["--suite", "networks", "--rounds", "0"]) == 2
+    assert "--rounds: expected a positive integer, got '0'" in capsys.readouterr().err

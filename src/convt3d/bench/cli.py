@@ -41,6 +41,16 @@ BACKENDS = ("auto", "triton", "torch", "cuda")
 MODE_NAMES = ("fwd", "bwd", "full")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
 def _csv(choices: tuple[str, ...] | None):
     """argparse type: one value or a comma-separated list, each in ``choices`` (if given). The
     filters are also repeatable (action="append"), so ``--case a,b`` == ``--case a --case b``."""
@@ -90,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--tune", action="store_true",
                      help="with --suite networks: call convt3d.tune(patched, x) (with its network check) before "
                           "the patched model's first call, as the README recommends")
+    sel.add_argument("--rounds", type=_positive_int, default=2, metavar="N",
+                     help="with --suite networks: timing rounds per side at least (default 2; more, up to "
+                          "6, while a side's two lowest differ by more than 2%%): a host that swings between "
+                          "rounds needs more of them for its quiet ones")
     sel.add_argument("--first-calls", action="store_true",
                      help="with --suite networks: first calls and output agreement only, no steady timing; run "
                           "after a full run, in a new process, it reads what a warm cache leaves to a user's "
@@ -455,7 +469,7 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
         # The JSON is rewritten after each network: an interrupted run keeps what it measured.
         rows, failures, skipped = networks.run_networks(nets, modes, args.backend, settings, prog.status,
                                                         prog.advance, on_network=write, tune=args.tune,
-                                                        measure=not args.first_calls)
+                                                        measure=not args.first_calls, rounds=args.rounds)
     seconds = time.perf_counter() - t0
     summary = []
     if rows and args.first_calls:
