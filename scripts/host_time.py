@@ -29,6 +29,15 @@ host time to enqueue one forward (no synchronisation), the Python garbage collec
 forward, and per copy the CUDA runtime calls of one forward that can stall the queue
 (allocations, frees, synchronisations, copies) with their host microseconds.
 
+``step`` (GPU) -- per bench row, a training step (forward, then dX, dW and db for a fixed dY)
+three ways: the bench's public call under auto, the public call with ``backend="triton"``, and
+the step that auto's measurement times (``Engine._step`` of the Triton engine); for each, four
+do_bench medians and the host and wall time per step; then ``Engine.time`` of the Triton and
+PyTorch steps three times each (``Timing``: median ms, host ms), the Triton kernels of a public
+step, and the auto decision's cache entry (rounds, host rounds, margin). Default row:
+head_k2s2_8to2/bf16/cl, whose public step the bench timed ~0.5 ms above auto's measurement
+(NOTES.md, "Open in the measured auto").
+
 ``stubbed`` (CPU, Triton's interpreter) -- the public API with every kernel launch stubbed out
 (``triton_engine.Site.launch`` does nothing), so what remains is convt3d's own Python: us per
 call, launches per call, and the cProfile of 300 calls (cumulative). CPU allocations cost more
@@ -41,6 +50,7 @@ Run on the GPU machine (``stubbed`` anywhere):
     PYTHONPATH=src python3 scripts/host_time.py profile --rows nnunet_128_64/bf16/cl
     CONVT3D_CACHE_DIR=/tmp/c PYTHONPATH=src python3 scripts/host_time.py first-call --network gan3d [--dtype bf16]
     PYTHONPATH=src python3 scripts/host_time.py network --network monai_unetr [--dtype bf16]
+    PYTHONPATH=src python3 scripts/host_time.py step [--rows head_k2s2_8to2/bf16/cl]
     TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/host_time.py stubbed [--dtype bf16]
 
 Prints plain text, one block per row.
@@ -290,6 +300,45 @@ def cmd_network(args) -> None:
         print(f"{label}: {launches} launches; {', '.join(found) or 'no stalling runtime calls'}", flush=True)
 
 
+def cmd_step(args) -> None:
+    import json
+
+    from convt3d import cache
+    from convt3d.call import make_call
+    from convt3d.engines import ENGINES
+
+    for case, t, cargs, params in rows(args.rows):
+        print(f"== {case.label}", flush=True)
+        leaves = [v.detach().requires_grad_() for v in (t.x, t.w, t.b) if v is not None]
+        with torch.no_grad():
+            g = torch.randn_like(F.conv_transpose3d(t.x, t.w, t.b, *cargs))
+        bias = leaves[2] if len(leaves) > 2 else None
+
+        def public(backend):
+            def step():
+                return torch.autograd.grad(convt3d.conv_transpose3d(leaves[0], leaves[1], bias, *cargs,
+                                                                    backend=backend), leaves, g)
+            return step
+
+        call = make_call(leaves[0], leaves[1], bias, *cargs, autograd=True)
+        tri = ENGINES["triton"]
+        for label, fn in (("public auto", public(None)), ("public triton", public("triton")),
+                          ("auto's timed step", tri._step(call, tri.steady_cost(call)))):
+            fn()
+            medians = [round(do_bench_us(fn), 1) for _ in range(4)]
+            h, w = host_and_wall_us(fn, 50)
+            print(f"  {label}: do_bench {medians} us; host {h:.1f} us/step, wall {w:.1f} us/step", flush=True)
+        for name in ("triton", "torch"):
+            print(f"  Engine.time {name}: {[tuple(round(v, 4) for v in ENGINES[name].time(call)) for _ in range(3)]}",
+                  flush=True)
+        print(f"  kernels of a public step: {cuda_kernels(public(None))}", flush=True)
+        store = cache.store_for(E.device_name(leaves[0].device))
+        store.load()
+        for sig, entry in list(store.entries["decisions"].items()):
+            keep = {k: entry.get(k) for k in ("engine", "rounds_ms", "host_rounds_ms", "margin")}
+            print(f"  cache entry {sig[:100]}: {json.dumps(keep)}", flush=True)
+
+
 def cmd_stubbed(args) -> None:
     calls = {"n": 0}
 
@@ -320,6 +369,8 @@ def main(argv=None) -> int:
     for name in ("layers", "launch", "profile"):
         sp = sub.add_parser(name)
         sp.add_argument("--rows", default=DEFAULT_ROWS, help="name/dtype/layout,... of the layers suite")
+    sp = sub.add_parser("step")
+    sp.add_argument("--rows", default="head_k2s2_8to2/bf16/cl", help="name/dtype/layout,... of the layers suite")
     sp = sub.add_parser("first-call")
     sp.add_argument("--network", default="gan3d", help="a network of the networks suite")
     sp.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="fp32, or bf16 autocast inference")
@@ -340,7 +391,7 @@ def main(argv=None) -> int:
         print(f"{args.cmd}: needs a CUDA device", file=sys.stderr)
         return 2
     {"layers": cmd_layers, "launch": cmd_launch, "profile": cmd_profile,
-     "first-call": cmd_first_call, "network": cmd_network}[args.cmd](args)
+     "first-call": cmd_first_call, "network": cmd_network, "step": cmd_step}[args.cmd](args)
     return 0
 
 
