@@ -433,3 +433,84 @@ def test_inside_a_transform_auto_runs_pytorchs_op_at_the_precision_asked(precisi
     assert torch.vmap(lambda t: torch.tensor(functional._transformed(t, w, b)))(xs).all()
     ran = torch.vmap(lambda t: functional._in_transform(t, w, b, 2, 1, 1, 1, 1, None, precision))(xs)
     assert torch.equal(ran, torch.vmap(lambda t: F.conv_transpose3d(t, w, b, 2, 1, 1))(xs))
+
+
+def _autocast_call(batched=True, requires_grad=False):
+    """(call, (x, w, b)): a call made as conv_transpose3d makes it under CPU bf16 autocast from
+    fp32 tensors -- the cast tensors in the Call, the caller's as its sources."""
+    from convt3d.call import autocast_inputs, make_call
+
+    x, w, b = _layer(batched=batched)
+    w.requires_grad_(requires_grad)
+    b.requires_grad_(requires_grad)
+    with torch.autocast("cpu", torch.bfloat16):
+        cx, cw, cb = autocast_inputs(x, w, b)
+        call = make_call(cx, cw, cb, 2, 1, 1, 1, 1, autograd=True, sources=(x, w, b))
+    return call, (x, w, b)
+
+
+def test_conv_transpose3d_gives_the_call_its_sources_only_where_autocast_cast(monkeypatch):
+    seen = []
+    select = dispatch.select
+    monkeypatch.setattr(dispatch, "select", lambda call, backend=None, **kw: seen.append(call) or select(call, backend))
+    x, w, b = _layer()
+    convt3d.conv_transpose3d(x, w, b, 2, 1, 1)
+    with torch.autocast("cpu", torch.bfloat16):
+        y = convt3d.conv_transpose3d(x, w, b, 2, 1, 1)  # autocast is part of the signature: a new pass
+    assert seen[0].sources is None
+    assert seen[1].sources[0] is x and seen[1].sources[1] is w and seen[1].sources[2] is b
+    assert seen[1].x.dtype == seen[1].weight.dtype == torch.bfloat16 and y.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "unbatched"])
+def test_timing_under_autocast_starts_from_the_callers_tensors(batched, monkeypatch):
+    """Under autocast, each timed call of our engines casts the caller's tensors again (as every
+    call of the layer does), and PyTorch's op at the flags as they are gets the caller's fp32
+    tensors, which it casts itself (with autocast's weight cache)."""
+    import triton.testing
+
+    from convt3d import engines
+    from convt3d.engines import ENGINES
+
+    call, (x, w, b) = _autocast_call(batched)
+    casts, got = [0], []
+    cast = engines.autocast_inputs
+    monkeypatch.setattr(engines, "autocast_inputs", lambda *a: casts.__setitem__(0, casts[0] + 1) or cast(*a))
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: [fn() for _ in range(3)] and 0.5)
+    torch_engine = ENGINES["torch"]
+    run_arguments = torch_engine.run_arguments
+
+    def record(*args):
+        got.append(args[:3])
+        return run_arguments(*args)
+
+    monkeypatch.setattr(torch_engine, "run_arguments", record)
+    with torch.autocast("cpu", torch.bfloat16):
+        torch_engine.time(call)
+        assert got and all(a[0] is x and a[1] is w and a[2] is b for a in got) and casts[0] == 0
+        seen = []
+        triton = ENGINES["triton"]
+        monkeypatch.setattr(triton, "run", lambda c: seen.append(c) or F.conv_transpose3d(
+            c.x, c.weight, c.bias, 2, 1, 1))
+        triton.time(call)
+    n = 4 + engines.HOST_CALLS
+    assert casts[0] == n and len(seen) == n
+    assert all(c.x.dtype == c.weight.dtype == c.bias.dtype == torch.bfloat16 and c.x.dim() == 5 for c in seen)
+    assert all(c.x is not call.x for c in seen)  # cast again for every timed call
+
+
+def test_a_timed_training_step_under_autocast_differentiates_through_the_casts(monkeypatch):
+    """The step auto times under autocast: the caller's fp32 leaves, cast in the step, so the
+    weight gradient comes back in fp32 through the cast's backward, as in the caller's model."""
+    from convt3d.engines import ENGINES
+
+    call, (x, w, b) = _autocast_call(requires_grad=True)
+    assert call.training
+    with torch.autocast("cpu", torch.bfloat16):
+        for name in ("torch", "triton"):
+            engine = ENGINES[name]
+            if name == "triton":
+                monkeypatch.setattr(engine, "run", lambda c: F.conv_transpose3d(c.x, c.weight, c.bias, 2, 1, 1))
+            grads = engine._step(call, lambda: None)()
+            assert [g.dtype for g in grads] == [torch.float32, torch.float32]  # dW, db of the fp32 leaves
+            assert grads[0].shape == w.shape and grads[1].shape == b.shape

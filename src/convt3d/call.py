@@ -16,7 +16,8 @@ from .params import ConvT3dParams
 from .torch_engine import cudnn_conv_allows_tf32
 from .validate import check_call
 
-__all__ = ["PRECISIONS", "EXACT_GRADE", "resolve_precision", "Call", "make_call", "layout_name", "signature_text"]
+__all__ = ["PRECISIONS", "EXACT_GRADE", "resolve_precision", "Call", "make_call", "layout_name", "signature_text",
+           "autocast_inputs"]
 
 PRECISIONS = ("tf32", "tf32x3", "ieee")
 
@@ -66,7 +67,9 @@ class Call:
     argument as given (None follows cuDNN's flag: what the "torch" engine passes on).
     ``repeat``: made by the steady path for a signature whose first call has run, so an engine
     skips its first-sight work (the Triton engine's cache priming: 2.7 us of signature building
-    and lookup per call on a desktop CPU)."""
+    and lookup per call on a desktop CPU). ``sources``: the (input, weight, bias) the caller
+    passed, where autocast cast any of them into ``x``/``weight``/``bias`` (None otherwise); a
+    timed call starts from them, as every later call of the layer does (``Engine.time``)."""
 
     x: torch.Tensor
     weight: torch.Tensor
@@ -77,6 +80,7 @@ class Call:
     training: bool = False
     unbatched: bool = False
     repeat: bool = False
+    sources: tuple | None = None
 
     @property
     def device(self) -> torch.device:
@@ -99,9 +103,10 @@ class Call:
 
 
 def make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision=None,
-              autograd: bool = False) -> Call:
+              autograd: bool = False, sources: tuple | None = None) -> Call:
     """Validate a call (raises as PyTorch does) and resolve its precision, once: what
-    ``convt3d.conv_transpose3d`` and ``convt3d.explain`` both start with."""
+    ``convt3d.conv_transpose3d`` and ``convt3d.explain`` both start with. ``sources``: the
+    caller's tensors where autocast cast them (see :class:`Call`)."""
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
     prec = resolve_precision(precision)
     # ``autograd``: the caller records the call when grad mode is on and a tensor requires grad
@@ -109,4 +114,26 @@ def make_call(input, weight, bias, stride, padding, output_padding, groups, dila
     training = autograd and torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (input, weight, bias))
     x = input.unsqueeze(0) if unbatched else input
-    return Call(x, weight, bias, params, prec, precision, training, unbatched)
+    return Call(x, weight, bias, params, prec, precision, training, unbatched, sources=sources)
+
+
+def autocast_inputs(input, weight, bias):
+    """Under ``torch.autocast``, cast as PyTorch's autocast does for conv_transpose3d (an op of its
+    lower-precision list on CUDA and CPU): every floating-point tensor to the autocast dtype, so the
+    output has that dtype and, the casts being differentiable, fp32 parameters get fp32
+    gradients. Done in ``convt3d.conv_transpose3d`` rather than in the custom op's Autocast kernel
+    because the dtype is the region's (bfloat16 or float16), not one fixed at registration."""
+    if not isinstance(input, torch.Tensor):
+        return input, weight, bias  # check_call raises the TypeError
+    dev = input.device.type
+    if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
+        return input, weight, bias
+    dtype = torch.get_autocast_dtype(dev)
+
+    def cast(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type == dev and t.dtype != dtype \
+                and t.dtype != torch.float64:
+            return t.to(dtype)
+        return t
+
+    return cast(input), cast(weight), cast(bias)

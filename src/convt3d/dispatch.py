@@ -24,7 +24,8 @@ convolution parameter and shape, precision, and whether autograd records the cal
   or builds the CUDA one) against PyTorch's own call under the same flags -- in two rounds in
   opposite orders, and keeps convt3d's fastest only if it beats PyTorch by more than the noise
   of the measurement (``NOISE_MARGIN``, or the spread between the two rounds where that is
-  larger). Training calls time whole steps, forward and backward. The decision goes to the disk
+  larger), each of ours charged the host time per call it costs beyond PyTorch's (:func:`pick`).
+  Training calls time whole steps, forward and backward. The decision goes to the disk
   cache, so later processes pay nothing; ``convt3d.tune(model, x)`` pays it ahead of time.
 * The heuristic (:func:`heuristic`, a pure function of the geometry) decides only where timing
   cannot run: inside CUDA graph capture or torch.compile tracing, when ``measure=False``

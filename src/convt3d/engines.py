@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from . import cache, distributed, ops, triton_engine
-from .call import Call
+from .call import Call, autocast_inputs
 from .steady import Direct, steady_key
 from .torch_engine import at_flags_as_they_are, torch_forward
 
@@ -117,17 +117,17 @@ class Engine:
 
     def time(self, call: Call) -> Timing:
         # Each timed call does what a repeated call of the steady path does with this engine's
-        # decision -- its memo check (``steady_cost``), then a Call of its own through ``run`` --
-        # so that on a host-bound layer the host cost of that path is in the measurement: on the
-        # H200 machine's host the public call of a Triton layer cost 33 us more than the engine's
-        # forward alone (186 vs 153 us, refine_k3s1 bf16 ncdhw, 2026-12-01, scripts/host_time.py),
-        # and a measurement without it chose Triton at 125 us where the public call took 150.
+        # decision -- its memo check (``steady_cost``), the autocast casts of the caller's
+        # tensors, then a Call of its own through ``run`` (``_timed``) -- so that on a host-bound
+        # layer the host cost of that path is in the measurement: on the H200 machine's host the
+        # public call of a Triton layer cost 33 us more than the engine's forward alone (186 vs
+        # 153 us, refine_k3s1 bf16 ncdhw, 2026-12-01, scripts/host_time.py), and a measurement
+        # without it chose Triton at 125 us where the public call took 150.
         cost = self.steady_cost(call)
         if not call.training:
             def forward(repeat: bool):
                 cost()
-                return self.run(Call(call.x, call.weight, call.bias, call.params, call.precision, call.requested,
-                                     False, call.unbatched, repeat=repeat))
+                return self._timed(call, call.sources, False, repeat)
 
             # The first call is a first sight (the engine primes its caches, agrees across
             # ranks); the timed ones are repeats.
@@ -135,29 +135,48 @@ class Engine:
                 return _bench(lambda: forward(True), first=lambda: forward(False))
         return _bench(self._step(call, cost))
 
+    def _timed(self, call: Call, sources: tuple | None, training: bool, repeat: bool) -> torch.Tensor:
+        """One call as ``convt3d.conv_transpose3d`` makes it once this engine is decided: from
+        ``sources`` (the caller's tensors where autocast cast them; None: the call's own), cast
+        again as every call casts them, then a Call of its own through ``run``. 5-D output."""
+        if sources is None:
+            x, w, b = call.x, call.weight, call.bias
+        else:
+            x, w, b = autocast_inputs(*sources)
+            if call.unbatched:
+                x = x.unsqueeze(0)
+        return self.run(Call(x, w, b, call.params, call.precision, call.requested, training, call.unbatched,
+                             repeat=repeat))
+
     def steady_cost(self, call: Call) -> Callable[[], object]:
         """The host work a repeated call decided for this engine does before ``run``: the steady
-        key of its arguments."""
-        x, w, b, p, requested = call.x, call.weight, call.bias, call.params, call.requested
+        key of its arguments (the caller's, before autocast)."""
+        x, w, b = call.sources or (call.x, call.weight, call.bias)
+        p, requested = call.params, call.requested
         return lambda: steady_key(x, w, b, p.stride, p.padding, p.output_padding, p.groups, p.dilation, None,
                                   requested)
 
     def _step(self, call: Call, cost: Callable[[], object]) -> Callable[[], object]:
-        """One training step on the call's own tensors: the steady path's memo check
+        """One training step on the call's own tensors (the caller's, where autocast cast them,
+        with their casts in the step and in its backward): the steady path's memo check
         (``cost``), the forward, then the gradients of the tensors that require them, for a
         fixed random output gradient."""
-        leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad)
-                  for t in (call.x, call.weight, call.bias)]
+        given = call.sources or (call.x, call.weight, call.bias)
+        leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in given]
         wanted = [t for t in leaves if t is not None and t.requires_grad]
-        step_call = Call(leaves[0], leaves[1], leaves[2], call.params, call.precision, call.requested, True,
-                         call.unbatched)
+        sources = tuple(leaves) if call.sources is not None else None
+        step_call = None if sources is not None else Call(leaves[0], leaves[1], leaves[2], call.params,
+                                                          call.precision, call.requested, True, call.unbatched)
         with torch.no_grad():
             dy = torch.randn_like(torch_forward(call.x, call.weight, call.bias, call.params, call.requested))
+
+        def forward():
+            return self.run(step_call) if step_call is not None else self._timed(call, sources, True, False)
 
         def step():
             with torch.enable_grad():
                 cost()
-                return torch.autograd.grad(self.run(step_call), wanted, dy)
+                return torch.autograd.grad(forward(), wanted, dy)
 
         return step
 
@@ -312,6 +331,16 @@ class TorchEngine(Engine):
         return torch.nn.functional.conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups,
                                                     dilation)
 
+    def _timed(self, call: Call, sources: tuple | None, training: bool, repeat: bool) -> torch.Tensor:
+        # At the flags as they are, a repeated call is PyTorch's own op on the caller's tensors:
+        # under autocast PyTorch casts them itself (a model's fp32 weight once per autocast
+        # region, from its cast cache), so the timed call starts from them too.
+        if sources is None or not at_flags_as_they_are(call.x, call.requested):
+            return super()._timed(call, sources, training, repeat)
+        p = call.params
+        y = self.run_arguments(*sources, p.stride, p.padding, p.output_padding, p.groups, p.dilation)
+        return y.unsqueeze(0) if call.unbatched else y
+
     def steady_cost(self, call: Call) -> Callable[[], object]:
         """At the flags as they are, a repeated call goes straight to PyTorch's op after the check
         of its direct memo (``steady.Direct``); with an explicit precision it takes the key."""
@@ -319,12 +348,13 @@ class TorchEngine(Engine):
             return super().steady_cost(call)
         p = call.params
         args = (p.stride, p.padding, p.output_padding, p.groups, p.dilation)
+        x, w, b = call.sources or (call.x, call.weight, call.bias)
         memo: list[Direct] = []  # made at the first check, under the grad mode of the timed calls
 
         def check() -> bool:
             if not memo:
-                memo.append(Direct(call.x, call.weight, call.bias, args, None, call.requested))
-            return memo[0].fits(call.x, call.weight, call.bias, args, None, call.requested)
+                memo.append(Direct(x, w, b, args, None, call.requested))
+            return memo[0].fits(x, w, b, args, None, call.requested)
 
         return check
 

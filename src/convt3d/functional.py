@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.overrides import handle_torch_function, has_torch_function
 
 from . import dispatch
-from .call import Call, make_call, resolve_precision
+from .call import Call, autocast_inputs, make_call, resolve_precision
 from .engines import ENGINES
 from .errors import BackendUnavailableError
 from .ops import OP_NAME, conv_transpose3d_op
@@ -32,7 +32,7 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
             float16/bfloat16 multiply in their own type and accumulate in float32.
     """
     if torch.compiler.is_compiling():
-        input, weight, bias = _autocast(input, weight, bias)
+        input, weight, bias = autocast_inputs(input, weight, bias)
         return _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
     if has_torch_function((input, weight, bias)):
         # A tensor subclass with its own __torch_function__ (MONAI's MetaTensor) is handled as
@@ -54,7 +54,7 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
         return _in_transform(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
                              precision)
     if hit is not None:
-        input, weight, bias = _autocast(input, weight, bias)
+        input, weight, bias = autocast_inputs(input, weight, bias)
         call = Call(input.unsqueeze(0) if hit.unbatched else input, weight, bias, hit.params, hit.precision,
                     precision, hit.training, hit.unbatched, repeat=True)
         return _run(ENGINES[hit.decision.candidate], call)
@@ -62,9 +62,13 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     # Call) run the engine's forward recorded with its backward; torch.compile always takes the
     # registered custom op (``_traced``).
     given = (input, weight, bias, (stride, padding, output_padding, groups, dilation), backend, precision)
-    input, weight, bias = _autocast(input, weight, bias)
+    cast = autocast_inputs(input, weight, bias)
+    # The caller's tensors, where autocast cast any: "auto" times its candidates from them, with
+    # the casts every later call makes (ours each call, PyTorch's own op with autocast's cache).
+    sources = None if all(c is t for c, t in zip(cast, (input, weight, bias))) else (input, weight, bias)
+    input, weight, bias = cast
     call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
-                     autograd=True)
+                     autograd=True, sources=sources)
     decision = dispatch.select(call, backend)
     dispatch.remember(key, call, decision, given)
     return _run(ENGINES[decision.candidate], call)
@@ -152,23 +156,3 @@ def _traced(input, weight, bias, stride, padding, output_padding, groups, dilati
     return y.squeeze(0) if unbatched else y
 
 
-def _autocast(input, weight, bias):
-    """Under ``torch.autocast``, cast as PyTorch's autocast does for conv_transpose3d (an op of its
-    lower-precision list on CUDA and CPU): every floating-point tensor to the autocast dtype, so the
-    output has that dtype and, the casts being differentiable, fp32 parameters get fp32
-    gradients. Done here rather than in the custom op's Autocast kernel because the dtype is the
-    region's (bfloat16 or float16), not one fixed at registration."""
-    if not isinstance(input, torch.Tensor):
-        return input, weight, bias  # check_call raises the TypeError
-    dev = input.device.type
-    if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
-        return input, weight, bias
-    dtype = torch.get_autocast_dtype(dev)
-
-    def cast(t):
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type == dev and t.dtype != dtype \
-                and t.dtype != torch.float64:
-            return t.to(dtype)
-        return t
-
-    return cast(input), cast(weight), cast(bias)

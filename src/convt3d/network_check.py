@@ -122,11 +122,10 @@ def check_network(report, layers_by_sig: dict[str, list[nn.Module]], run: Callab
 
 def layer_signature(module: nn.Module, args: tuple) -> str | None:
     """The persistent signature of a patched layer's call (as dispatch keys it), or None."""
-    from .call import make_call
-    from .functional import _autocast
+    from .call import autocast_inputs, make_call
 
     try:
-        x, w, b = _autocast(args[0], module.weight, module.bias)
+        x, w, b = autocast_inputs(args[0], module.weight, module.bias)
         size = args[1] if len(args) > 1 else None
         op = module._output_padding(x, size, module.stride, module.padding, module.kernel_size, 3, module.dilation)
         return make_call(x, w, b, module.stride, module.padding, op, module.groups, module.dilation,
