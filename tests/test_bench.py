@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from convt3d.bench import check, cli, report, roofline, runner, suites
+from conftest import requires_interpreter
 from convt3d.bench.suites import Case, Geometry
 from convt3d.validate import check_call
 
@@ -430,6 +431,18 @@ def test_interpreter_check_in_worker_processes(monkeypatch):
     rows, failures = check.run_checks(cases, jobs=2)
     assert failures == []
     assert [(r.case.layout, r.engine) for r in rows] == [("ncdhw", "triton tf32"), ("cl", "triton tf32")]
+
+
+@requires_interpreter
+@pytest.mark.parametrize("layout", ["ncdhw", "cl"])
+def test_interpreter_check_passes_the_output_heads(layout):
+    """The head rows (1-8 output channels; a one-channel output is dense in both layouts at once)
+    meet the check's error bar and its layout test in both layouts."""
+    cases = [c for c in suites.select("layers", None, ["fp32"], [layout]) if c.name.startswith("head_")]
+    assert len(cases) == 5
+    for case in cases:
+        row = check.check_case(case)
+        assert row.layout_ok and row.ok, (case.label, row.as_dict())
 
 
 def test_measure_ceilings_arithmetic(monkeypatch):
