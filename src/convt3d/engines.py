@@ -49,10 +49,10 @@ HOST_REP_MS = 5.0
 class Timing(NamedTuple):
     """One timing round of a candidate.
 
-    ``ms``: do_bench's median of back-to-back calls. It hides most host time: do_bench flushes
-    the L2 (a 256 MB fill, ~80 us) before each timed call, and the next call's host work runs
-    while the flush does. ``host_ms``: the host time per call of ``HOST_CALLS`` calls enqueued
-    without synchronising. In a network that waits on the GPU now and then (a ``.item()``, a
+    ``ms``: do_bench's median of back-to-back calls. It hides up to ~80 us of a call's host
+    time: do_bench flushes the L2 (a 256 MB fill) before each timed call, and the call's host
+    work before its first launch runs while the flush does. ``host_ms``: the host time per call
+    of up to ``HOST_CALLS`` calls enqueued without synchronising. In a network that waits on the GPU now and then (a ``.item()``, a
     copy to the host), host time and GPU time add up, so "auto" charges a candidate the host
     time it costs beyond PyTorch's (``dispatch.pick``): on the H200 (2026-12-01) the VQ-VAE
     decoder's 240 -> 240 layer measured Triton 0.674 ms against PyTorch's 0.760, but its public
