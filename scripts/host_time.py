@@ -304,25 +304,21 @@ def cmd_step(args) -> None:
     import json
 
     from convt3d import cache
+    from convt3d.bench import runner
     from convt3d.call import make_call
     from convt3d.engines import ENGINES
 
     for case, t, cargs, params in rows(args.rows):
         print(f"== {case.label}", flush=True)
-        leaves = [v.detach().requires_grad_() for v in (t.x, t.w, t.b) if v is not None]
-        with torch.no_grad():
-            g = torch.randn_like(F.conv_transpose3d(t.x, t.w, t.b, *cargs))
+        # The bench's own steps (runner._build_full): the public call under auto and with
+        # backend="triton".
+        public_auto, _ = runner._build_full(case, t, None)
+        public_triton, _ = runner._build_full(case, t, "triton")
+        leaves = runner._grad_leaves(t)
         bias = leaves[2] if len(leaves) > 2 else None
-
-        def public(backend):
-            def step():
-                return torch.autograd.grad(convt3d.conv_transpose3d(leaves[0], leaves[1], bias, *cargs,
-                                                                    backend=backend), leaves, g)
-            return step
-
         call = make_call(leaves[0], leaves[1], bias, *cargs, autograd=True)
         tri = ENGINES["triton"]
-        for label, fn in (("public auto", public(None)), ("public triton", public("triton")),
+        for label, fn in (("public auto", public_auto), ("public triton", public_triton),
                           ("auto's timed step", tri._step(call, tri.steady_cost(call)))):
             fn()
             medians = [round(do_bench_us(fn), 1) for _ in range(4)]
@@ -331,7 +327,7 @@ def cmd_step(args) -> None:
         for name in ("triton", "torch"):
             print(f"  Engine.time {name}: {[tuple(round(v, 4) for v in ENGINES[name].time(call)) for _ in range(3)]}",
                   flush=True)
-        print(f"  kernels of a public step: {cuda_kernels(public(None))}", flush=True)
+        print(f"  kernels of a public step: {cuda_kernels(public_auto)}", flush=True)
         store = cache.store_for(E.device_name(leaves[0].device))
         store.load()
         for sig, entry in list(store.entries["decisions"].items()):

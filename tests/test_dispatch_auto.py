@@ -16,7 +16,7 @@ import torch
 import convt3d
 from convt3d import cache, dispatch, triton_engine
 from convt3d.call import Call
-from convt3d.engines import ENGINES
+from convt3d.engines import ENGINES, Timing
 from convt3d.bench import suites
 from convt3d.params import ConvT3dParams
 from convt3d.validate import check_call
@@ -525,8 +525,6 @@ def test_pick_charges_the_host_time_beyond_pytorchs(runs, hosts, expect):
 
 
 def test_measure_reads_host_time_from_each_timing(monkeypatch):
-    from convt3d.engines import Timing
-
     seq = {"triton": [Timing(0.674, 0.186), Timing(0.68, 0.19)], "torch": [Timing(0.76, 0.058), Timing(0.76, 0.06)]}
     for name in seq:
         monkeypatch.setattr(ENGINES[name], "time", lambda call, name=name: seq[name].pop(0))
@@ -539,8 +537,6 @@ def test_measure_reads_host_time_from_each_timing(monkeypatch):
 def test_a_decision_measured_without_host_times_is_measured_again(monkeypatch):
     """A cache entry from before the host charge (rounds, no host_ms) is measured again; the new
     entry records each candidate's host time and the choice it makes."""
-    from convt3d.engines import Timing
-
     x, w, b, params = _call()
     sig = dispatch.signature_text(x, w, b, params, "tf32")
     cache.save_decision(GPU, sig, {"engine": "triton", "timings_ms": {"triton": 0.674, "torch": 0.76},
@@ -564,9 +560,8 @@ def _inject(monkeypatch, times: dict[str, object]):
         def fake(call, value=value, seq=seq):
             if isinstance(value, Exception):
                 raise value
-            if seq is None:
-                return value
-            return seq.pop(0) if len(seq) > 1 else seq[0]  # the last value for any further round
+            ms = value if seq is None else seq.pop(0) if len(seq) > 1 else seq[0]  # the last for any further round
+            return Timing(ms, 0.0)
 
         monkeypatch.setattr(ENGINES[name], "time", fake)
 
@@ -616,7 +611,7 @@ def test_noisy_rounds_are_repeated_before_the_choice(times, rounds, expect, monk
 def test_measure_times_each_candidate_in_two_rounds_in_opposite_orders(monkeypatch):
     order = []
     for name in ("triton", "torch"):
-        monkeypatch.setattr(ENGINES[name], "time", lambda call, name=name: order.append(name) or 1.0)
+        monkeypatch.setattr(ENGINES[name], "time", lambda call, name=name: order.append(name) or Timing(1.0, 0.0))
     x, w, b, params = _call()
     runs, failed, _ = dispatch._measure(_as_call(x, w, b, params), ["triton", "torch"], "sig")
     assert order == ["triton", "torch", "torch", "triton"] and runs == {"triton": [1.0, 1.0], "torch": [1.0, 1.0]}

@@ -83,6 +83,15 @@ class Call:
     sources: tuple | None = None
 
     @property
+    def given(self) -> tuple:
+        """The (input, weight, bias) as the caller passed them: ``sources`` where autocast cast
+        them, else the call's own tensors (the input without the batch dimension an unbatched
+        call gained)."""
+        if self.sources is not None:
+            return self.sources
+        return self.x.squeeze(0) if self.unbatched else self.x, self.weight, self.bias
+
+    @property
     def device(self) -> torch.device:
         return self.x.device
 

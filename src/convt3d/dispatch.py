@@ -51,7 +51,7 @@ from . import cache, distributed, triton_engine
 from .bench import roofline
 from .bench.stats import lowest_spread
 from .call import EXACT_GRADE, PRECISIONS, Call, resolve_precision, signature_text
-from .engines import ENGINES, HYBRID, Timing
+from .engines import ENGINES, HYBRID
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 from .torch_engine import at_flags_as_they_are, cudnn_conv_tf32, torch_forward
@@ -515,9 +515,8 @@ def _measure(call: Call, cands: list[str], label: str
     """Timings (ms, one per round) of each candidate on the call's own tensors, rounds in
     alternating orders so drift during the measurement falls on every candidate; more rounds
     (up to ``MAX_MEASURE_ROUNDS``) while a candidate's two lowest are further apart than
-    ``NOISE_MARGIN``; (runs, failures, host ms per call per round -- for the candidates whose
-    timing reads it, an ``engines.Timing``). A candidate that raises (a failed CUDA build, out
-    of memory) is left out."""
+    ``NOISE_MARGIN``; (runs, failures, host ms per call per round: ``engines.Timing``). A
+    candidate that raises (a failed CUDA build, out of memory) is left out."""
     runs: dict[str, list[float]] = {}
     hosts: dict[str, list[float]] = {}
     failed: dict[str, str] = {}
@@ -537,11 +536,8 @@ def _measure(call: Call, cands: list[str], label: str
                 if len(failed) == len(cands):
                     raise
                 continue
-            if isinstance(t, Timing):
-                runs.setdefault(name, []).append(t.ms)
-                hosts.setdefault(name, []).append(t.host_ms)
-            else:
-                runs.setdefault(name, []).append(float(t))
+            runs.setdefault(name, []).append(t.ms)
+            hosts.setdefault(name, []).append(t.host_ms)
     return runs, failed, hosts
 
 

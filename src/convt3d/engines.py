@@ -127,7 +127,7 @@ class Engine:
         if not call.training:
             def forward(repeat: bool):
                 cost()
-                return self._timed(call, call.sources, False, repeat)
+                return self._timed(call, call.given, False, repeat)
 
             # The first call is a first sight (the engine primes its caches, agrees across
             # ranks); the timed ones are repeats.
@@ -135,23 +135,20 @@ class Engine:
                 return _bench(lambda: forward(True), first=lambda: forward(False))
         return _bench(self._step(call, cost))
 
-    def _timed(self, call: Call, sources: tuple | None, training: bool, repeat: bool) -> torch.Tensor:
+    def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
         """One call as ``convt3d.conv_transpose3d`` makes it once this engine is decided: from
-        ``sources`` (the caller's tensors where autocast cast them; None: the call's own), cast
-        again as every call casts them, then a Call of its own through ``run``. 5-D output."""
-        if sources is None:
-            x, w, b = call.x, call.weight, call.bias
-        else:
-            x, w, b = autocast_inputs(*sources)
-            if call.unbatched:
-                x = x.unsqueeze(0)
+        ``given`` (tensors in the form the caller passes them, ``Call.given``), cast as every call
+        casts them under autocast, then a Call of its own through ``run``. 5-D output."""
+        x, w, b = autocast_inputs(*given)
+        if call.unbatched:
+            x = x.unsqueeze(0)
         return self.run(Call(x, w, b, call.params, call.precision, call.requested, training, call.unbatched,
                              repeat=repeat))
 
     def steady_cost(self, call: Call) -> Callable[[], object]:
         """The host work a repeated call decided for this engine does before ``run``: the steady
         key of its arguments (the caller's, before autocast)."""
-        x, w, b = call.sources or (call.x, call.weight, call.bias)
+        x, w, b = call.given
         p, requested = call.params, call.requested
         return lambda: steady_key(x, w, b, p.stride, p.padding, p.output_padding, p.groups, p.dilation, None,
                                   requested)
@@ -161,22 +158,15 @@ class Engine:
         with their casts in the step and in its backward): the steady path's memo check
         (``cost``), the forward, then the gradients of the tensors that require them, for a
         fixed random output gradient."""
-        given = call.sources or (call.x, call.weight, call.bias)
-        leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in given]
+        leaves = tuple(None if t is None else t.detach().requires_grad_(t.requires_grad) for t in call.given)
         wanted = [t for t in leaves if t is not None and t.requires_grad]
-        sources = tuple(leaves) if call.sources is not None else None
-        step_call = None if sources is not None else Call(leaves[0], leaves[1], leaves[2], call.params,
-                                                          call.precision, call.requested, True, call.unbatched)
         with torch.no_grad():
             dy = torch.randn_like(torch_forward(call.x, call.weight, call.bias, call.params, call.requested))
-
-        def forward():
-            return self.run(step_call) if step_call is not None else self._timed(call, sources, True, False)
 
         def step():
             with torch.enable_grad():
                 cost()
-                return torch.autograd.grad(forward(), wanted, dy)
+                return torch.autograd.grad(self._timed(call, leaves, True, False), wanted, dy)
 
         return step
 
@@ -331,14 +321,14 @@ class TorchEngine(Engine):
         return torch.nn.functional.conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups,
                                                     dilation)
 
-    def _timed(self, call: Call, sources: tuple | None, training: bool, repeat: bool) -> torch.Tensor:
+    def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
         # At the flags as they are, a repeated call is PyTorch's own op on the caller's tensors:
         # under autocast PyTorch casts them itself (a model's fp32 weight once per autocast
-        # region, from its cast cache), so the timed call starts from them too.
-        if sources is None or not at_flags_as_they_are(call.x, call.requested):
-            return super()._timed(call, sources, training, repeat)
+        # region, from its cast cache), so a timed call of a call autocast cast starts from them.
+        if call.sources is None or not at_flags_as_they_are(call.x, call.requested):
+            return super()._timed(call, given, training, repeat)
         p = call.params
-        y = self.run_arguments(*sources, p.stride, p.padding, p.output_padding, p.groups, p.dilation)
+        y = self.run_arguments(*given, p.stride, p.padding, p.output_padding, p.groups, p.dilation)
         return y.unsqueeze(0) if call.unbatched else y
 
     def steady_cost(self, call: Call) -> Callable[[], object]:
@@ -348,7 +338,7 @@ class TorchEngine(Engine):
             return super().steady_cost(call)
         p = call.params
         args = (p.stride, p.padding, p.output_padding, p.groups, p.dilation)
-        x, w, b = call.sources or (call.x, call.weight, call.bias)
+        x, w, b = call.given
         memo: list[Direct] = []  # made at the first check, under the grad mode of the timed calls
 
         def check() -> bool:

@@ -272,8 +272,6 @@ MAX_ABBA = 3
 ROUND_SPREAD = 0.02
 
 
-
-
 def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceilings, timer,
              default_cudnn_s: dict[tuple, float], status: Callable[[str], None]) -> dict:
     from convt3d.validate import check_call
