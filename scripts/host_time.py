@@ -22,12 +22,14 @@ untouched then patched, the patched one under cProfile (by cumulative time). Run
 the same ``CONVT3D_CACHE_DIR``: the second run shows what a warm cache leaves to a new
 process's first call (Triton's own kernel cache is warm by then too).
 
-``network`` (GPU) -- where a patched network's inference time goes beyond its kernels: for one
-network of the networks suite, three copies (untouched; patched, auto; patched with every layer
+``network`` (GPU) -- where a patched network's time goes beyond its kernels: for one network of
+the networks suite, three copies (untouched; patched, auto; patched with every layer
 ``backend="torch"``), in interleaved rounds: the CUDA-event time per forward (median of 20), the
 host time to enqueue one forward (no synchronisation), the Python garbage collections per
 forward, and per copy the CUDA runtime calls of one forward that can stall the queue
-(allocations, frees, synchronisations, copies) with their host microseconds.
+(allocations, frees, synchronisations, copies) with their host microseconds, and the kernels
+whose time changed against the untouched copy. ``--train``: the same for the bench's bf16 (or
+fp32) training step instead of the forward, and the engine auto took for each layer.
 
 ``step`` (GPU) -- per bench row, a training step (forward, then dX, dW and db for a fixed dY)
 three ways: the bench's public call under auto, the public call with ``backend="triton"``, and
@@ -49,7 +51,7 @@ Run on the GPU machine (``stubbed`` anywhere):
     PYTHONPATH=src python3 scripts/host_time.py launch
     PYTHONPATH=src python3 scripts/host_time.py profile --rows nnunet_128_64/bf16/cl
     CONVT3D_CACHE_DIR=/tmp/c PYTHONPATH=src python3 scripts/host_time.py first-call --network gan3d [--dtype bf16]
-    PYTHONPATH=src python3 scripts/host_time.py network --network monai_unetr [--dtype bf16]
+    PYTHONPATH=src python3 scripts/host_time.py network --network monai_unetr [--dtype bf16] [--train]
     PYTHONPATH=src python3 scripts/host_time.py step [--rows head_k2s2_8to2/bf16/cl]
     TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/host_time.py stubbed [--dtype bf16]
 
@@ -253,8 +255,12 @@ def cmd_network(args) -> None:
     model, x, autocast = built
     auto_m = convt3d.patch(copy.deepcopy(model))
     torch_m = convt3d.patch(copy.deepcopy(model), backend="torch")
-    fns = {"untouched": networks._inference(model, x, autocast), "auto": networks._inference(auto_m, x, autocast),
-           "torch": networks._inference(torch_m, x, autocast)}
+    copies = {"untouched": model, "auto": auto_m, "torch": torch_m}
+    if args.train:
+        target = networks._target_for(model, x, 2)
+        fns = {k: networks._training(m, x, target, autocast) for k, m in copies.items()}
+    else:
+        fns = {k: networks._inference(m, x, autocast) for k, m in copies.items()}
     for label, fn in fns.items():
         t0 = time.perf_counter()
         fn()
@@ -289,6 +295,7 @@ def cmd_network(args) -> None:
         print(f"round {r + 1}: " + "; ".join(line), flush=True)
     stalls = ("cudaMalloc", "cudaFree", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
               "cudaMemcpy", "cudaMemcpyAsync", "cudaStreamWaitEvent", "cudaHostAlloc")
+    kernels: dict[str, dict[str, float]] = {}
     for label, fn in fns.items():
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -298,6 +305,12 @@ def cmd_network(args) -> None:
                  if any(e.key.startswith(s) for s in stalls)]
         launches = sum(e.count for e in prof.key_averages() if "LaunchKernel" in e.key or e.key == "cuLaunchKernel")
         print(f"{label}: {launches} launches; {', '.join(found) or 'no stalling runtime calls'}", flush=True)
+        kernels[label] = networks.top_kernels(prof.events(), None)
+        if label != "untouched":
+            print(f"  kernel us changed against untouched: {networks.kernel_changes(kernels['untouched'], kernels[label])}",
+                  flush=True)
+    _, decisions = networks._layer_engines(auto_m, fns["auto"])
+    print("auto's layers:\n  " + "\n  ".join(decisions), flush=True)
 
 
 def cmd_step(args) -> None:
@@ -374,6 +387,7 @@ def main(argv=None) -> int:
     sp.add_argument("--network", default="monai_unetr", help="a network of the networks suite")
     sp.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="fp32, or bf16 autocast inference")
     sp.add_argument("--rounds", type=int, default=3)
+    sp.add_argument("--train", action="store_true", help="the bench's training step instead of the forward")
     sp = sub.add_parser("stubbed")
     sp.add_argument("--dtype", default="fp32", choices=tuple(suites.DTYPES))
     args = ap.parse_args(argv)

@@ -74,3 +74,31 @@ def test_tune_network_check_leaves_a_consistent_state(name, tmp_path, monkeypatc
     dispatch.clear_decisions()
     cache.reset()
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("pairs", [1, 4], ids=["one-pair", "four-pairs"])
+def test_paired_timer_blocks_alternate_and_cover_every_call(pairs):
+    # The networks suite's timer: ``pairs`` blocks per side, each a whole number of calls, the
+    # order alternating; a block's time per call is a positive number of seconds.
+    from convt3d.bench.runner import CudaTimer, TimingSettings
+
+    x = torch.randn(1024, 1024, device="cuda")
+    order: list[str] = []
+
+    def a():
+        order.append("a")
+        return x @ x
+
+    def b():
+        order.append("b")
+        return x + 1
+
+    times_a, times_b = CudaTimer(TimingSettings()).paired(a, b, pairs)
+    assert len(times_a) == len(times_b) == pairs
+    assert all(t > 0 for t in times_a + times_b)
+    timed = order[2:]  # after one warm call of each
+    steps = len(timed) // (2 * pairs)
+    assert steps >= 1 and len(timed) == 2 * pairs * steps
+    blocks = [timed[i * steps] for i in range(2 * pairs)]
+    assert blocks == [side for i in range(pairs) for side in (("a", "b") if i % 2 == 0 else ("b", "a"))], blocks
+    assert all(timed[i * steps:(i + 1) * steps] == [blocks[i]] * steps for i in range(2 * pairs))

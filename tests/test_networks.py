@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import statistics
 import sys
 from types import SimpleNamespace
 
@@ -16,7 +17,7 @@ from torch import nn
 from torch.autograd import DeviceType
 
 from conftest import requires_interpreter
-from convt3d.bench import cli, networks, report, suites
+from convt3d.bench import cli, networks, report, stats, suites
 from convt3d.bench.networks import NET_MODES, NetMode
 
 
@@ -143,20 +144,20 @@ def test_a_metatensor_keeps_its_type_and_metadata_through_a_patched_monai_unet(b
 
 # ---- the row logic on CPU with a fake timer --------------------------------------------------------
 class FakeTimer:
-    """first_call: runs fn, 0.25 s. steady: the next of ``times`` (untouched, patched, untouched,
-    patched per mode: the runner alternates rounds, two where they agree)."""
+    """first_call: runs fn, 0.25 s. paired: runs both, then pair i is (untouched, patched) =
+    ``times[2i]``, ``times[2i + 1]`` (cycled) seconds per call."""
 
     def __init__(self, times):
-        self.times, self.i, self.released = list(times), 0, 0
+        self.times, self.released, self.pairs = list(times), 0, []
 
     def first_call(self, fn):
         return fn(), 0.25
 
-    def steady(self, fn):
-        fn()
-        t = self.times[self.i % len(self.times)]
-        self.i += 1
-        return t
+    def paired(self, fn_a, fn_b, pairs):
+        fn_a(), fn_b()
+        self.pairs.append(pairs)
+        n = len(self.times)
+        return ([self.times[2 * i % n] for i in range(pairs)], [self.times[(2 * i + 1) % n] for i in range(pairs)])
 
     def release(self):
         self.released += 1
@@ -164,7 +165,8 @@ class FakeTimer:
 
 ROW_FIELDS = {"case", "suite", "source", "description", "mode", "dtype", "autocast", "layout", "precision",
               "cudnn_allow_tf32", "backend", "input_shape", "parameters", "convt_layers", "convt_layers_patched",
-              "engine", "torch_first_call_s", "first_call_s", "torch_us", "convt3d_us", "speedup", "torch_us_rounds",
+              "engine", "torch_first_call_s", "first_call_s", "torch_us", "convt3d_us", "speedup",
+              "speedup_quartiles", "torch_us_rounds",
               "convt3d_us_rounds", "convt_share", "convt_us", "forward_kernel_us", "max_abs_diff_vs_torch",
               "max_abs_torch", "reference", "reference_s", "rel_err_vs_reference", "torch_rel_err_vs_reference",
               "within_error_budget", "output_layout_matches"}
@@ -172,28 +174,46 @@ ROW_FIELDS = {"case", "suite", "source", "description", "mode", "dtype", "autoca
 
 @pytest.fixture(scope="module")
 def gan_rows():
-    # Untouched 3.03 and 3 ms, patched 1.01 and 1 ms (rounds within 2%: two of them): the lower
-    # median of each side, ratio 3.
-    timer = FakeTimer([3.03e-3, 1.01e-3, 3e-3, 1e-3])
+    # Untouched 3 ms, patched 1 ms in every pair: ratio 3.
+    timer = FakeTimer([3e-3, 1e-3])
     rows, failures, skipped = networks.run_networks([_net("gan3d")], list(NET_MODES), "auto", device="cpu",
                                                     timer=timer, tiny=True)
     return rows, failures, skipped, timer
 
 
-@pytest.mark.parametrize("times,rounds", [
-    ([3.03e-3, 1.01e-3, 3e-3, 1e-3], 2),
-    ([4e-3, 1e-3, 3e-3, 1e-3, 3.05e-3, 1e-3], 3),  # untouched swings 33%, a third round confirms 3 ms
-    ([3e-3, 2e-3, 3e-3, 1.8e-3, 3e-3, 1.6e-3, 3e-3, 1.4e-3, 3e-3, 1.2e-3, 3e-3, 1e-3],
-     networks.MAX_ROUNDS),  # patched keeps falling: its lowest is never confirmed
-], ids=["steady-two-rounds", "noisy-untouched-one-more-round", "noisy-patched-capped"])
-def test_noisy_rounds_are_repeated_and_the_lowest_kept(times, rounds):
+@pytest.mark.parametrize("times,ratio,quartiles", [
+    ([3e-3, 1e-3], 3.0, (3.0, 3.0)),
+    # The host swings by 2x between pairs and hits both sides of a pair alike: the lowest of each
+    # side (3 ms untouched, 1 ms patched, from different pairs) would read 3x; the pairs say 2x.
+    ([4e-3, 1e-3, 3e-3, 1.5e-3, 4e-3, 2e-3, 8e-3, 4e-3], 2.0, (2.0, 2.5)),
+], ids=["steady-host", "swinging-host-pairs-cancel-it"])
+def test_the_ratio_is_the_median_of_the_pairs(times, ratio, quartiles):
+    timer = FakeTimer(times)
     rows, failures, _ = networks.run_networks([_net("gan3d")], [NET_MODES[0]], "auto", device="cpu",
-                                              timer=FakeTimer(times), tiny=True)
+                                              timer=timer, tiny=True, rounds=4)
     assert not failures
     (r,) = rows
-    assert len(r["torch_us_rounds"]) == len(r["convt3d_us_rounds"]) == rounds
-    assert r["torch_us"] == pytest.approx(min(r["torch_us_rounds"]))
-    assert r["convt3d_us"] == pytest.approx(min(r["convt3d_us_rounds"]))
+    assert timer.pairs == [4]
+    assert len(r["torch_us_rounds"]) == len(r["convt3d_us_rounds"]) == 4
+    assert r["speedup"] == pytest.approx(ratio)
+    assert r["speedup_quartiles"] == pytest.approx(list(quartiles))
+    assert r["torch_us"] == pytest.approx(statistics.median(r["torch_us_rounds"]))
+    assert r["convt3d_us"] == pytest.approx(statistics.median(r["convt3d_us_rounds"]))
+
+
+@pytest.mark.parametrize("a,b,expected", [
+    ([2.0], [1.0], (2.0, 2.0, 2.0)),
+    ([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 1.0, 1.0, 1.0, 1.0], (3.0, 2.0, 4.0)),
+    ([10.0, 1.0, 10.0], [5.0, 2.0, 1.0], (2.0, 1.25, 6.0)),
+], ids=["one-pair", "five-pairs", "outlier-pair"])
+def test_paired_ratio(a, b, expected):
+    assert stats.paired_ratio(a, b) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("a,b", [([], []), ([1.0], [1.0, 2.0])], ids=["empty", "unequal"])
+def test_paired_ratio_rejects_unpaired_lists(a, b):
+    with pytest.raises(ValueError, match="paired_ratio: expected two equal-length non-empty lists"):
+        stats.paired_ratio(a, b)
 
 
 def test_rows_have_the_fields_and_the_ratio(gan_rows):
@@ -208,8 +228,8 @@ def test_rows_have_the_fields_and_the_ratio(gan_rows):
         assert r["suite"] == "networks" and r["source"] == "convt3d"
         assert r["speedup"] == pytest.approx(3.0) and r["torch_us"] == pytest.approx(3e3)
         assert r["convt3d_us"] == pytest.approx(1e3)
-        assert r["torch_us_rounds"] == pytest.approx([3.03e3, 3e3])
-        assert r["convt3d_us_rounds"] == pytest.approx([1.01e3, 1e3])
+        assert r["torch_us_rounds"] == pytest.approx([3e3] * networks.DEFAULT_PAIRS)
+        assert r["convt3d_us_rounds"] == pytest.approx([1e3] * networks.DEFAULT_PAIRS)
         assert r["first_call_s"] == r["torch_first_call_s"] == 0.25
         assert r["convt_layers"] == r["convt_layers_patched"] == 2
         assert 0 < r["convt_share"] <= 1 and r["convt_us"] <= r["forward_kernel_us"]
@@ -287,7 +307,7 @@ def test_rows_go_through_summary_table_json_and_plot(gan_rows, tmp_path):
 
 def test_measure_false_only_compares():
     class NoSteady(FakeTimer):
-        def steady(self, fn):
+        def paired(self, fn_a, fn_b, pairs):
             raise AssertionError("measure=False must not time")
 
     rows, failures, _ = networks.run_networks([_net("vqvae_video")], [NetMode("infer", "fp32")], device="cpu",
@@ -541,9 +561,10 @@ def test_tf32_arithmetic_reference_rounds_the_transposed_conv_operands():
     assert torch.equal(model[0].weight.float(), before)
 
 
-@pytest.mark.parametrize("argv,rounds", [([], 2), (["--rounds", "5"], 5)], ids=["default-two", "more-rounds"])
+@pytest.mark.parametrize("argv,rounds", [([], networks.DEFAULT_PAIRS), (["--rounds", "5"], 5)],
+                         ids=["default-pairs", "five-pairs"])
 def test_cli_rounds_reach_the_timing(fake_gpu, monkeypatch, tmp_path, capsys, argv, rounds):
-    """--rounds N: at least N alternating timing rounds per side (a noisy host's quiet rounds)."""
+    """--rounds N: N pairs of timing blocks, untouched and patched back to back."""
     real_run = networks.run_networks
     timer = FakeTimer([2e-3, 1e-3])
 

@@ -187,7 +187,10 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
     """Explain what ``convt3d.conv_transpose3d`` would do with these arguments (same signature;
     invalid arguments raise the same errors): the dispatcher's pass (``dispatch.explain_pass``)
     with nothing run or timed, and the chosen engine's plan."""
-    call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision)
+    # autograd as the call itself: with grad on and a tensor requiring it, the call is a training
+    # step, decided as one (it may be PyTorch's forward with convt3d's backward, torch+bwd).
+    call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
+                     autograd=True)
     name = dispatch.resolve_backend_name(backend)
     params, prec, x5 = call.params, call.precision, call.x
     record = dispatch.explain_pass(call, name)

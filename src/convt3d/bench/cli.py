@@ -100,10 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--tune", action="store_true",
                      help="with --suite networks: call convt3d.tune(patched, x) (with its network check) before "
                           "the patched model's first call, as the README recommends")
-    sel.add_argument("--rounds", type=_positive_int, default=2, metavar="N",
-                     help="with --suite networks: timing rounds per side at least (default 2; more, up to "
-                          "6, while a side's two lowest differ by more than 2%%): a host that swings between "
-                          "rounds needs more of them for its quiet ones")
+    sel.add_argument("--rounds", type=_positive_int, default=None, metavar="N",
+                     help="with --suite networks: pairs of timing blocks per mode, untouched and patched back to "
+                          "back, the ratio the median of the pairs' ratios (default 21): a host whose speed "
+                          "swings needs more of them")
     sel.add_argument("--first-calls", action="store_true",
                      help="with --suite networks: first calls and output agreement only, no steady timing; run "
                           "after a full run, in a new process, it reads what a warm cache leaves to a user's "
@@ -404,7 +404,13 @@ def _network_settings(args, nets, modes) -> dict:
     return {"suite": "networks", "cases": [n.name for n in nets], "modes": [m.label for m in modes],
             "backend": args.backend, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "min_reps": args.min_reps,
             "seed": args.seed, "cudnn_benchmark": args.cudnn_benchmark, "tune": args.tune,
-            "first_calls": args.first_calls}
+            "first_calls": args.first_calls, "pairs": args.rounds or _default_pairs()}
+
+
+def _default_pairs() -> int:
+    from .networks import DEFAULT_PAIRS
+
+    return DEFAULT_PAIRS
 
 
 def _run_network_check(args, argv: list[str], nets) -> int:
@@ -469,7 +475,8 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
         # The JSON is rewritten after each network: an interrupted run keeps what it measured.
         rows, failures, skipped = networks.run_networks(nets, modes, args.backend, settings, prog.status,
                                                         prog.advance, on_network=write, tune=args.tune,
-                                                        measure=not args.first_calls, rounds=args.rounds)
+                                                        measure=not args.first_calls,
+                                                        rounds=args.rounds or _default_pairs())
     seconds = time.perf_counter() - t0
     summary = []
     if rows and args.first_calls:

@@ -26,9 +26,10 @@ computed in fp32, ``torch.autograd.grad`` of every parameter; no optimizer).
 What a row holds (see :func:`run_networks`): the first call of each model in that mode (wall clock,
 synchronised: for the patched model it includes Triton compilation, tuning and auto's measuring,
 i.e. it is "cold" unless the persistent cache already holds the signatures), the steady time of
-each (median of ``triton.testing.do_bench``, alternating rounds -- two, or up to ``MAX_ROUNDS``
-until each side's two lowest agree -- the lowest median kept), the
-ratio untouched / patched, the share of ConvTranspose3d in the untouched forward's GPU time, and
+each (``CudaTimer.paired``: blocks of calls of the untouched and the patched model timed back to
+back in ``DEFAULT_PAIRS`` pairs, alternating which goes first; the medians of each side's blocks),
+the ratio untouched / patched (the median of the pairs' ratios, with their quartiles: see
+``stats.paired_ratio``), the share of ConvTranspose3d in the untouched forward's GPU time, and
 the agreement of the outputs (patched vs untouched, both vs a reference).
 
 The ConvTranspose3d share is read from ``torch.profiler``: the GPU time of every kernel launched
@@ -65,6 +66,7 @@ import copy
 import importlib
 import importlib.metadata
 import math
+import statistics
 import time
 import traceback
 import warnings
@@ -77,8 +79,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .roofline import cudnn_tf32
-from .runner import ROUND_SPREAD
-from .stats import lowest_spread
+from .stats import paired_ratio
 from ..ops import OP_NAME
 from ..torch_engine import cudnn_conv_allows_tf32
 
@@ -751,27 +752,24 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
     row.update(convt_us_patched=part_p, forward_kernel_us_patched=total_p,
                top_kernels_us_patched=dict(list(top_p.items())[:8]), kernel_changes_us=kernel_changes(top_u, top_p))
 
-    times_u, times_p = [], []
-    for r in range(max(rounds, MAX_ROUNDS)):  # alternate, so that a clock or thermal drift hits both sides
-        if r >= rounds and lowest_spread(times_u) <= ROUND_SPREAD and lowest_spread(times_p) <= ROUND_SPREAD:
-            break
-        status(f"{net.name} {mode.label}: timing untouched ({r + 1})")
-        times_u.append(timer.steady(fn_u))
-        status(f"{net.name} {mode.label}: timing patched ({r + 1})")
-        times_p.append(timer.steady(fn_p))
-    t_u, t_p = min(times_u), min(times_p)
-    status(f"{net.name} {mode.label}: untouched {t_u * 1e6:.0f} us, patched {t_p * 1e6:.0f} us, {t_u / t_p:.2f}x")
-    row.update(torch_us=t_u * 1e6, convt3d_us=t_p * 1e6,
-               speedup=t_u / t_p, torch_us_rounds=[t * 1e6 for t in times_u],
-               convt3d_us_rounds=[t * 1e6 for t in times_p])
+    status(f"{net.name} {mode.label}: timing untouched and patched ({rounds} interleaved pairs)")
+    times_u, times_p = timer.paired(fn_u, fn_p, rounds)
+    ratio, low, high = paired_ratio(times_u, times_p)
+    t_u, t_p = statistics.median(times_u), statistics.median(times_p)
+    status(f"{net.name} {mode.label}: untouched {t_u * 1e6:.0f} us, patched {t_p * 1e6:.0f} us, {ratio:.2f}x "
+           f"(pairs {low:.2f}-{high:.2f}x)")
+    row.update(torch_us=t_u * 1e6, convt3d_us=t_p * 1e6, speedup=ratio, speedup_quartiles=[low, high],
+               torch_us_rounds=[t * 1e6 for t in times_u], convt3d_us_rounds=[t * 1e6 for t in times_p])
     return row
 
 
-# Rounds beyond the first ``rounds`` until each side's two lowest agree within ROUND_SPREAD
-# (stats.lowest_spread): host-bound networks swing with the host. UNETR (2026-12-01, H200) read
-# 20.7 then 33.8 ms untouched in two rounds of one fp32 run, and its bf16 forward (15 ms of
-# kernels) 27-38 ms wall across runs; GPU-bound networks agree within 0.3% and stop at two.
-MAX_ROUNDS = 6
+# Pairs of timing blocks per mode (``--rounds``). The U-Nets' steps are host-bound on the H200
+# machine's host, whose speed swings by up to 45% between seconds (UNETR's bf16 training step:
+# 55-82 ms per step across rounds of one process, the same kernels on both sides, 2026-12-01), so
+# whole rounds of one side then the other decided by their lowest read 0.94-0.95x where the
+# paired blocks' ratios centre on 1.00x. 21 pairs put the median between quartiles of 5 pairs or
+# more on each side.
+DEFAULT_PAIRS = 21
 
 
 def _train_forward(model: nn.Module, x: torch.Tensor, autocast: bool) -> Callable[[], torch.Tensor]:
@@ -794,7 +792,7 @@ def _failure(net: Network, mode: NetMode | None, exc: BaseException) -> dict:
 
 def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto", settings=None,
                  status: Callable[[str], None] | None = None, advance: Callable[[], None] | None = None,
-                 device: str = "cuda", timer=None, rounds: int = 2, tiny: bool = False, measure: bool = True,
+                 device: str = "cuda", timer=None, rounds: int = DEFAULT_PAIRS, tiny: bool = False, measure: bool = True,
                  on_network: Callable[[list, list, list], None] | None = None, tune: bool = False
                  ) -> tuple[list[dict], list[dict], list[dict]]:
     """Time every network in every mode: (rows, failures, skipped).

@@ -42,8 +42,11 @@ JSON (``--json FILE``), schema "convt3d-bench/1". Times are in microseconds (``*
                             (infer), parameters, convt_layers, convt_layers_patched, engine (what
                             convt3d decided for the patched layers, counted), torch_first_call_s and
                             first_call_s (untouched and patched model's first call in this mode),
-                            torch_us and convt3d_us (steady: untouched and patched), speedup (=
-                            torch_us / convt3d_us), torch_us_rounds, convt3d_us_rounds, convt_share
+                            torch_us and convt3d_us (steady: the medians of each side's timing
+                            blocks), speedup (the median of the paired blocks' ratios untouched /
+                            patched), speedup_quartiles ([lower, upper] quartile of those ratios),
+                            torch_us_rounds, convt3d_us_rounds (each block's us per call, in pair
+                            order), convt_share
                             (ConvTranspose3d GPU time / all GPU time of the untouched forward),
                             convt_us, forward_kernel_us, max_abs_diff_vs_torch, max_abs_torch,
                             reference ("float64" | "fp32 step, TF32 off"), reference_s,
@@ -53,8 +56,9 @@ JSON (``--json FILE``), schema "convt3d-bench/1". Times are in microseconds (``*
                             norm-wise over the gradients; see networks.py). No roofline.
     skipped                 networks only: [{case, reason}] (an optional extra not installed)
     settings (networks)     suite, cases, modes, backend, warmup_ms, rep_ms, min_reps, seed,
-                            cudnn_benchmark, seconds, complete (false in the file rewritten after
-                            each network while the run goes on, or left by an interrupted run)
+                            cudnn_benchmark, tune, first_calls, pairs, seconds, complete (false in
+                            the file rewritten after each network while the run goes on, or left
+                            by an interrupted run)
 """
 from __future__ import annotations
 
@@ -390,7 +394,7 @@ def print_network_table(console, rows: list[dict], title: str) -> None:
 
     table = Table(title=title, header_style="bold")
     cols = [("network", "left"), ("mode", "left"), ("dtype", "left"), ("patched layers: engine", "left"),
-            ("convT share", "right"), ("untouched ms", "right"), ("patched ms", "right"), ("ratio", "right"),
+            ("convT share", "right"), ("untouched ms", "right"), ("patched ms", "right"), ("ratio (pairs' quartiles)", "right"),
             ("first call s (untouched / patched)", "right"), ("rel err vs ref (patched / untouched)", "right"),
             ("ref", "left")]
     for name, justify in cols:
@@ -399,6 +403,8 @@ def print_network_table(console, rows: list[dict], title: str) -> None:
         ratio = _fmt(r["speedup"], ".2f") + "x"
         if r["speedup"] < 1:
             ratio = f"[red]{ratio}[/red]"
+        if r.get("speedup_quartiles"):
+            ratio += " ({:.2f}-{:.2f})".format(*r["speedup_quartiles"])
         layers = f"{r['convt_layers_patched']}/{r['convt_layers']}: {r.get('engine', '')}"
         share = _fmt(100 * r["convt_share"], ".1f") + "%" if _finite(r.get("convt_share")) else "-"
         table.add_row(r["case"], r["mode"], r["dtype"], layers, share, _fmt(r["torch_us"] / 1e3, ".2f"),
