@@ -306,6 +306,30 @@ def test_patch_swaps_nested_layers_in_place(dtype):
     assert torch.equal(after, before)
 
 
+@pytest.mark.parametrize("cuda,interpreter,starts", [(True, False, True), (False, False, False),
+                                                      (True, True, False)],
+                         ids=["cuda-compiled", "no-cuda", "interpreter"])
+def test_patch_starts_the_triton_warm_up_once(monkeypatch, cuda, interpreter, starts):
+    # patch() computes Triton's per-process key in a daemon thread, once, and only where a
+    # compiled kernel will need it.
+    import threading
+
+    import triton.runtime.cache
+    from convt3d import triton_sites
+
+    calls = []
+    monkeypatch.setattr(triton.runtime.cache, "triton_key", lambda: calls.append(threading.current_thread().name))
+    monkeypatch.setattr(triton_sites, "_warm_up_started", False)
+    monkeypatch.setattr(triton_sites, "interpreter_active", lambda: interpreter)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    for _ in range(2):
+        convt3d.patch(nn.Sequential(nn.ConvTranspose3d(2, 2, 2)))
+    for t in threading.enumerate():
+        if t.name == "convt3d-triton-warm-up":
+            t.join(timeout=10)
+    assert calls == (["convt3d-triton-warm-up"] if starts else [])
+
+
 def test_patch_the_model_itself_and_training_mode():
     layer = nn.ConvTranspose3d(3, 2, 2).train()
     assert convt3d.patch(layer) is layer

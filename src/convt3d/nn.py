@@ -47,9 +47,15 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
 
     The same parameter and buffer objects are kept (so optimisers holding them keep working),
     along with their device and dtype, hooks, and training mode. Returns ``model``.
+
+    On a CUDA machine it also starts Triton's once-per-process setup in a background thread
+    (``triton_sites.start_warm_up``), off the first call's path.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch() expects an nn.Module, but got {type(model).__name__}")
+    from .triton_sites import start_warm_up
+
+    start_warm_up()
     for module in model.modules():
         cls = type(module)
         if cls is nn.ConvTranspose3d:
