@@ -315,12 +315,12 @@ def test_patch_starts_the_triton_warm_up_once(monkeypatch, cuda, interpreter, st
     import threading
 
     import triton.runtime.cache
-    from convt3d import triton_sites
+    from convt3d import triton_warm_up
 
     calls = []
     monkeypatch.setattr(triton.runtime.cache, "triton_key", lambda: calls.append(threading.current_thread().name))
-    monkeypatch.setattr(triton_sites, "_warm_up_started", False)
-    monkeypatch.setattr(triton_sites, "interpreter_active", lambda: interpreter)
+    monkeypatch.setattr(triton_warm_up, "_warm_up_started", False)
+    monkeypatch.setattr(triton_warm_up, "interpreter_active", lambda: interpreter)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     for _ in range(2):
         convt3d.patch(nn.Sequential(nn.ConvTranspose3d(2, 2, 2)))

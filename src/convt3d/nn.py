@@ -49,11 +49,11 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
     along with their device and dtype, hooks, and training mode. Returns ``model``.
 
     On a CUDA machine it also starts Triton's once-per-process setup in a background thread
-    (``triton_sites.start_warm_up``), off the first call's path.
+    (``triton_warm_up.start_warm_up``), off the first call's path.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch() expects an nn.Module, but got {type(model).__name__}")
-    from .triton_sites import start_warm_up
+    from .triton_warm_up import start_warm_up
 
     start_warm_up()
     for module in model.modules():
