@@ -173,7 +173,13 @@ def test_tune_fills_the_cache_for_a_model():
     x = torch.randn(2, 32, TIMED, TIMED, TIMED, device=DEV)
     rep = convt3d.tune(model, x, progress=False)
     assert rep.backward and len(rep.entries) == 2
-    assert all(e["source"] in ("measured", "only candidate") for e in rep.entries), rep
+    # Each layer measured (or alone in its candidates); the network check that follows may revert
+    # one to PyTorch where the model's own time says so (on a GPU shared by 8 test workers it
+    # did), and then lists it.
+    sources = [(e["source"], e["signature"]) for e in rep.entries]
+    assert all(src in ("measured", "only candidate", "network check") for src, _ in sources), sources
+    reverted = rep.network["reverted"] if rep.network else []
+    assert sorted(sig for src, sig in sources if src == "network check") == sorted(reverted), (sources, reverted)
     assert Path(rep.cache_file).exists()
     assert all(p.grad is None for p in model.parameters())
 
