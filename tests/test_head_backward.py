@@ -234,6 +234,26 @@ def test_forced_head_kernels_through_autograd(x_layout, unbatched, head_calls):
         assert leaves[0].grad.is_contiguous(memory_format=CL), "dX keeps the input's channels_last_3d layout"
 
 
+@pytest.mark.parametrize("geo,args,pads", [
+    (G(1, 8, 2, (3, 2, 3), 2, 2), (2, 0), 0),
+    (G(1, 8, 3, (2, 2, 3), 4, 2, 1), (2, 1), 1),
+], ids=["k2s2p0-reads-dy-in-place", "k4s2p1-one-padded-copy"])
+def test_head_backward_pads_dy_at_most_once(geo, args, pads, head_calls, monkeypatch):
+    # dX and dW share one zero-padded dY, and a layer whose taps reach every dY position with no
+    # padding (k2 s2 p0) reads dY itself.
+    x, w, _, params = _setup(geo, x_layout="cl")
+    leaves = [t.detach().requires_grad_() for t in (x, w)]
+    y = convt3d.conv_transpose3d(*leaves, None, *args, backend="triton", precision="ieee")
+    dy = _rnd(*y.shape)
+    real_pad, count = torch.nn.functional.pad, []
+    monkeypatch.setattr(torch.nn.functional, "pad", lambda *a, **k: count.append(1) or real_pad(*a, **k))
+    y.backward(dy)
+    assert sorted(head_calls) == ["head_dgrad", "head_wgrad"] and len(count) == pads
+    ref = _ref(dy, x, w, params, [True, True, False])
+    _assert_close(leaves[0].grad, ref[0], 1e-5, "dX")
+    _assert_close(leaves[1].grad, ref[1], 1e-5, "dW")
+
+
 REGIMES = {
     # name -> (geometry, head dX candidates?, general dX candidates?, head dW?, general dW?)
     "head-64to1": (G(1, 64, 1, (2, 2, 2), 4, 2, 1), True, False, True, False),

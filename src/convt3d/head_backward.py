@@ -170,11 +170,16 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
 def padded_dy(dy: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
     """dY with zeros around it, so that the dY position ``i*s - p + t*d`` of every (input, tap)
     pair is ``i*s + t*d`` inside the copy (the kernels then gather without bounds tests): ``p``
-    zeros before the data along each dimension, and after it up to ``(in-1)*s + (k-1)*d + 1``."""
+    zeros before the data along each dimension, and after it up to ``(in-1)*s + (k-1)*d + 1``.
+    Where no dimension needs a zero (padding 0 and every position reached, as in k2 s2 p0), dY
+    itself: the kernels read it through its strides, and ``F.pad`` would copy it whole (66 MB
+    of traffic for the bf16 k2s2 8 -> 2 head's dY at 128^3)."""
     pads = []
     for a in reversed(params.axes):  # F.pad lists the last dimension first
         reach = (a.in_size - 1) * a.stride + (a.kernel - 1) * a.dilation + 1
         pads += [a.padding, max(0, reach - a.padding - a.out_size)]
+    if not any(pads):
+        return dy
     return torch.nn.functional.pad(dy, pads)
 
 
@@ -206,17 +211,18 @@ def _check_runnable(t: torch.Tensor, params: ConvT3dParams, what: str) -> None:
 
 def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
                config: HeadDgradConfig | None = None,
-               x_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
-    """dX [N, Cin, D, H, W] in ``x_format``, from a zero-padded copy of dY (:func:`padded_dy`) and
-    the weight packed as the GEMM's B operand."""
+               x_format: torch.memory_format = torch.contiguous_format,
+               dyp: torch.Tensor | None = None) -> torch.Tensor:
+    """dX [N, Cin, D, H, W] in ``x_format``, from a zero-padded copy of dY (:func:`padded_dy`; or
+    ``dyp``, that copy made already for the same call in the weight's dtype) and the weight packed
+    as the GEMM's B operand."""
     _check_runnable(dy, params, "input")
     from .kernels import head_grad
 
     cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
-    if dy.dtype != w.dtype:
-        dy = dy.to(w.dtype)
+    if dyp is None:
+        dyp = padded_dy(dy.to(w.dtype), params)
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
-    dyp = padded_dy(dy, params)
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     kd, kh, kw = params.kernel_size
     # [G, taps, Cout/g, Cin/g]: row k = tap * Cout/g + co of the GEMM's B operand, Cin contiguous.
@@ -240,20 +246,20 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
 
 
 def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str, out_dtype: torch.dtype,
-               config: HeadWgradConfig | None = None) -> torch.Tensor:
+               config: HeadWgradConfig | None = None, dyp: torch.Tensor | None = None) -> torch.Tensor:
     """dW [Cin, Cout/g, kD, kH, kW] (contiguous), from X in place (any strides) and a zero-padded
-    copy of dY (:func:`padded_dy`)."""
+    copy of dY (:func:`padded_dy`; or ``dyp``, that copy made already for the same call in X's
+    dtype)."""
     _check_runnable(x, params, "weight")
     from .kernels import head_grad
 
     cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
-    if dy.dtype != x.dtype:
-        dy = dy.to(x.dtype)
+    if dyp is None:
+        dyp = padded_dy(dy.to(x.dtype), params)
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     kernel = params.kernel_size
     taps, ktot = math.prod(kernel), _ktot(params)
     part = torch.empty((cfg.splits, g, cin_g, ktot), dtype=torch.float32, device=x.device)
-    dyp = padded_dy(dy, params)
     tiles_ci, tiles_k = triton.cdiv(cin_g, cfg.BLOCK_CI), triton.cdiv(ktot, cfg.BLOCK_K)
     grid = (cfg.splits * tiles_ci * tiles_k, g)
     head_grad.head_wgrad_kernel[grid](
