@@ -19,8 +19,10 @@ every rank under ``convt3d.distributed``). Then, after warm-up steps, rounds alt
 the two models so that drift hits both: a round times ``iters`` back-to-back steps between CUDA
 events on every rank (``iters`` chosen by rank 0 from its warm-up so a round lasts about
 ``round_s``, the same on every rank: DDP needs every rank to run the same number of steps); the
-round's time is the slowest rank's (DDP steps in lockstep). The lower of the rounds is kept;
-``speedup`` = untouched / patched.
+round's time is the slowest rank's (DDP steps in lockstep). Rounds come in pairs, one of each
+model back to back, so that a swing of the host hits both: ``speedup`` is the median of the
+pairs' ratios untouched / patched and ``speedup_quartiles`` their quartiles, ``torch_us`` and
+``convt3d_us`` each model's median round (``stats.paired_ratio``, as the single-process suite).
 
 A network whose package is missing is skipped (``networks.unavailable_reason``), as in the
 single-process suite; one that raises on every rank becomes a failure row and the run goes on.
@@ -35,6 +37,7 @@ import copy
 import json
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -46,13 +49,17 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .stats import paired_ratio
+
 __all__ = ["DDPUnavailableError", "unavailable_reason", "run_ddp", "format_rows", "exit_worker"]
 
-# Per-round budget and bounds on back-to-back steps per round (a 400 ms step gets 3, a 5 ms one 100).
-ROUND_S = 1.0
+# Per-round budget and bounds on back-to-back steps per round (a 400 ms step gets 3, a 5 ms one
+# 40); 11 pairs of 0.2 s rounds put the median between quartiles of 3 pairs or more at ~5 s a
+# network.
+ROUND_S = 0.2
 MIN_ITERS, MAX_ITERS = 3, 100
 WARMUP_STEPS = 3
-ROUNDS = 2
+ROUNDS = 11
 # A rank stuck in a collective (another rank died, or ran out of memory in a step the others
 # finished) errors out after this long instead of hanging the bench.
 PG_TIMEOUT_S = 900
@@ -200,8 +207,10 @@ def _time_network(net, mode, backend: str, device: torch.device, tiny: bool, see
         for name in (("torch", "convt3d") if r % 2 == 0 else ("convt3d", "torch")):
             dist.barrier()
             times[name].append(_slowest(clock.per_step(steps[name], iters), device))
-    t_u, t_p = min(times["torch"]), min(times["convt3d"])
-    row.update(iters_per_round=iters, torch_us=t_u * 1e6, convt3d_us=t_p * 1e6, speedup=t_u / t_p,
+    ratio, low, high = paired_ratio(times["torch"], times["convt3d"])
+    t_u, t_p = statistics.median(times["torch"]), statistics.median(times["convt3d"])
+    row.update(iters_per_round=iters, torch_us=t_u * 1e6, convt3d_us=t_p * 1e6, speedup=ratio,
+               speedup_quartiles=[low, high],
                torch_us_rounds=[t * 1e6 for t in times["torch"]],
                convt3d_us_rounds=[t * 1e6 for t in times["convt3d"]])
     return row
@@ -324,10 +333,12 @@ def run_ddp(nproc: int, nets=None, modes=None, backend: str = "auto", *, device:
 def format_rows(rows: list[dict], failures: list[dict] = (), skipped: list[dict] = ()) -> str:
     """A plain-text table of :func:`run_ddp`'s result."""
     lines = [f"{'network':<18} {'mode':<11} {'ranks':>5} {'untouched ms':>13} {'patched ms':>11} {'speedup':>8} "
-             f"{'first step s (patched)':>23}"]
+             f"{'pairs quartiles':>16} {'first step s (patched)':>23}"]
     for r in rows:
+        q = r.get("speedup_quartiles")
+        band = f"{q[0]:.3f}-{q[1]:.3f}" if q else "-"
         lines.append(f"{r['case']:<18} {r['mode'] + ' ' + r['dtype']:<11} {r['ddp']:>5} {r['torch_us'] / 1e3:>13.3f} "
-                     f"{r['convt3d_us'] / 1e3:>11.3f} {r['speedup']:>7.3f}x {r['first_step_s']:>23.2f}")
+                     f"{r['convt3d_us'] / 1e3:>11.3f} {r['speedup']:>7.3f}x {band:>16} {r['first_step_s']:>23.2f}")
     for f in failures:
         lines.append(f"{f['case']:<18} {f['mode'] + ' ' + f['dtype']:<11} failed: {f['error']}")
     for s in skipped:
