@@ -97,6 +97,23 @@ def test_explain_shows_timings_measured_for_the_signature():
     assert "measured (ms, median): triton 0.25, torch 0.5" in str(rep)
 
 
+@pytest.mark.parametrize("grad_mode,requires_grad,training", [
+    (True, True, True), (True, False, False), (False, True, False),
+], ids=["training-step", "no-tensor-requires-grad", "under-no-grad"])
+def test_explain_decides_a_call_with_grad_as_a_training_step(grad_mode, requires_grad, training):
+    # As conv_transpose3d: with grad on and a tensor requiring it, the call is a training step,
+    # whose decision (and timings) are the step's, not the forward's.
+    x, w, b, args = _tensors("stride1-one-dense-phase")
+    params, _ = check_call(x, w, b, *args)
+    prec = dispatch.resolve_precision(None)
+    dispatch._timings[Call(x, w, b, params, prec, None, True).key] = {"torch+bwd": 0.2, "torch": 0.5}
+    dispatch._timings[Call(x, w, b, params, prec).key] = {"triton": 0.25, "torch": 0.3}
+    w = w.detach().requires_grad_(requires_grad)
+    with torch.set_grad_enabled(grad_mode):
+        rep = convt3d.explain(x, w, b, *args)
+    assert rep.timings_ms == ({"torch+bwd": 0.2, "torch": 0.5} if training else {"triton": 0.25, "torch": 0.3})
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(stride=0), dict(padding=-1), dict(groups=3), dict(weight=torch.randn(3, 4, 3, 3, 3)),
     dict(input="not a tensor"), dict(backend="bogus"), dict(precision="fp8"),
