@@ -1,0 +1,249 @@
+"""Issue 17's spike, Gluon candidate: the tap GEMM of a dense phase with TMA loads into a
+multi-stage shared-memory ring and asynchronous wgmma, against the Triton engine on the same
+problem.
+
+The problem is the GEMM inside KB 77's one dense phase (and of any stride-1 layer): on a padded
+channels-last input viewed as rows ``Xp[R, Cin]`` (R = N x Dp x Hp x Wp), every output row ``m``
+(a padded position) is
+
+    Y[m, co] = sum over taps t and ci of Xp[m + shift(t), ci] * W[co, t, ci],
+    shift(t) = (td * Hp * Wp + th * Wp + tw) * dilation,
+
+so a K step (tap t, a BLOCK_K slice of Cin) is one TMA box of Xp at row ``off_m + shift(t)``
+(rows past the end come back as zeros) and one box of W. Rows whose taps leave the padded box
+compute junk that the caller discards (the engine's flat path does the same).
+
+The kernel is deliberately the first rung of issue 17's ladder: one partition, STAGES loads in
+flight, one wgmma outstanding while the next box lands, a TMA store of the tile. Warp
+specialisation (a producer warp), persistence and the halo tile reused across taps come after
+ncu says what limits this one. It uses only the Gluon API that triton 3.6 (the GPU machine) and
+3.9 (CI) share (NOTES.md, "The Gluon spike"): ``allocate_shared_memory`` with ``MBarrierLayout``
+rather than 3.9's ``allocate_mbarrier``, ``mbarrier.expect`` with a positional byte count; the
+TMA copies under the name each version has (``tma_load``, ``tma_store`` below).
+
+    # offline, any machine: compile for sm_90 and print ptxas's registers, spills, shared memory
+    python3 scripts/gluon_tap_gemm_spike.py --compile-only [--dtype fp32|bf16] [--stages 3]
+    # on the GPU machine: check against conv3d in float64 and time against the Triton engine
+    PYTHONPATH=src python3 scripts/gluon_tap_gemm_spike.py [--dtype fp32|bf16] [--stages 3]
+    /usr/local/cuda/bin/ncu --set full -k regex:tap_gemm -c 1 python3 scripts/gluon_tap_gemm_spike.py --ncu
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+# The TMA copies' names differ: triton 3.6 has only async_copy_global_to_shared and
+# async_copy_shared_to_global; 3.9 has only async_load and async_store (the old names raise).
+# Same arguments: (descriptor, coordinates, barrier, destination) and (descriptor, coordinates,
+# source).
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+# KB 77: N16, 32 -> 64, 16 x 32 x 32 input, k3 s2 p1 d2. Its one dense phase is a dilated 3x3x3
+# correlation over the input padded by 2 on every side (the engine's flat path).
+KB77 = dict(n=16, cin=32, cout=64, size=(16, 32, 32), k=3, dil=2, pad=2)
+
+
+@gluon.jit
+def _issue(a_desc, b_desc, a_smem, b_smem, bars, k, off_m, off_n, plane, row,
+           KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr, K_CHUNKS: gl.constexpr, STAGES: gl.constexpr):
+    """Start the loads of K step ``k`` (tap k // K_CHUNKS, Cin chunk k % K_CHUNKS) into its stage."""
+    s = k % STAGES
+    tap = k // K_CHUNKS
+    chunk = k % K_CHUNKS
+    td = tap // (KH * KW)
+    th = (tap // KW) % KH
+    tw = tap % KW
+    shift = (td * plane + th * row + tw) * DIL
+    block_k: gl.constexpr = a_desc.block_type.shape[1]
+    bar = bars.index(s)
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    tma_load(a_desc, [off_m + shift, chunk * block_k], bar, a_smem.index(s))
+    tma_load(b_desc, [off_n, tap * K_CHUNKS * block_k + chunk * block_k], bar, b_smem.index(s))
+
+
+@gluon.jit
+def tap_gemm_kernel(a_desc, b_desc, c_desc, plane, row,
+                    KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
+                    K_CHUNKS: gl.constexpr, STAGES: gl.constexpr, INSTR_N: gl.constexpr, num_warps: gl.constexpr):
+    """C[off_m:+BLOCK_M, off_n:+BLOCK_N] of Y = sum_t Xp[m + shift(t)] @ W[t]^T (see the module
+    docstring). ``a_desc``: Xp rows [R, Cin] in boxes [BLOCK_M, BLOCK_K]; ``b_desc``: W as
+    [Cout, taps x Cin] (K contiguous, as wgmma wants for tf32) in boxes [BLOCK_N, BLOCK_K];
+    ``c_desc``: Y [R, Cout] fp32 in boxes [BLOCK_M, BLOCK_N]."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    STEPS: gl.constexpr = KD * KH * KW * K_CHUNKS
+    off_m = gl.program_id(0) * BLOCK_M
+    off_n = gl.program_id(1) * BLOCK_N
+
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    for i in gl.static_range(STAGES - 1):
+        _issue(a_desc, b_desc, a_smem, b_smem, bars, i, off_m, off_n, plane, row, KH, KW, DIL, K_CHUNKS, STAGES)
+
+    # One warpgroup along M per 4 warps; wgmma's instruction is [16, INSTR_N, 256 / bits].
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, INSTR_N, 256 // a_desc.dtype.primitive_bitwidth])
+    acc = gl.full([BLOCK_M, BLOCK_N], 0.0, gl.float32, mma_layout)
+    for k in range(STEPS):
+        s = k % STAGES
+        mbarrier.wait(bars.index(s), (k // STAGES) & 1)
+        acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
+        # At most this step's wgmma in flight: the stage of step k - 1 is free to refill.
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
+        nxt = k + STAGES - 1
+        if nxt < STEPS:
+            _issue(a_desc, b_desc, a_smem, b_smem, bars, nxt, off_m, off_n, plane, row, KH, KW, DIL, K_CHUNKS,
+                   STAGES)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
+    c_smem.store(acc)
+    fence_async_shared()
+    tma_store(c_desc, [off_m, off_n], c_smem)  # rows past R are clipped
+    tma.store_wait(0)
+
+
+def _gl_dtype(name: str):
+    return {"fp32": gl.float32, "bf16": gl.bfloat16}[name]
+
+
+def _tiles(dtype: str, cin: int, cout: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K): 128 rows (one warpgroup's wgmma M of 64 twice), all of Cout up
+    to 128 (one tile of N: every output channel of a row from one load of its taps), 128 bytes of
+    Cin per box (the widest TMA swizzle)."""
+    block_k = min(cin, 32 if dtype == "fp32" else 64)
+    return 128, min(cout, 128), block_k
+
+
+def compile_only(args) -> int:
+    """Compile for sm_90 without a GPU and print ptxas's verdict."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource  # in 3.6 and 3.9
+
+    p = KB77
+    bm, bn, bk = _tiles(args.dtype, p["cin"], p["cout"])
+    dt = _gl_dtype(args.dtype)
+    name = {"fp32": "fp32", "bf16": "bf16"}[args.dtype]
+    a_layout = gl.NVMMASharedLayout.get_default_for([bm, bk], dt)
+    b_layout = gl.NVMMASharedLayout.get_default_for([bn, bk], dt)
+    c_layout = gl.NVMMASharedLayout.get_default_for([bm, bn], gl.float32)
+    sig = {"a_desc": f"tensordesc<{name}[{bm},{bk}],{a_layout!r}>",
+           "b_desc": f"tensordesc<{name}[{bn},{bk}],{b_layout!r}>",
+           "c_desc": f"tensordesc<fp32[{bm},{bn}],{c_layout!r}>", "plane": "i32", "row": "i32"}
+    consts = {"KD": p["k"], "KH": p["k"], "KW": p["k"], "DIL": p["dil"], "K_CHUNKS": p["cin"] // bk,
+              "STAGES": args.stages, "INSTR_N": bn, "num_warps": 4}
+    for c in consts:
+        sig[c] = "constexpr"
+    compiled = triton.compile(GluonASTSource(fn=tap_gemm_kernel, signature=sig, constexprs=consts),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ptx = compiled.asm["ptx"]
+    ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
+    print(f"tap_gemm_kernel {args.dtype}: tiles {bm}x{bn}x{bk}, {args.stages} stages, "
+          f"{compiled.metadata.shared} B shared memory (Triton)")
+    if not Path(ptxas).exists():
+        print("no ptxas here: PTX compiled, registers not read")
+        return 0
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "k.ptx"
+        version = re.search(r"release (\d+)\.(\d+)", subprocess.run([ptxas, "--version"], capture_output=True,
+                                                                    text=True).stdout)
+        if version:  # the PTX ISA this ptxas reads (CUDA 12.x reads 8.x)
+            ptx = re.sub(r"\.version \d+\.\d+", f".version {8 if int(version.group(1)) == 12 else 9}.0", ptx)
+        f.write_text(ptx)
+        out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", str(f), "-o", str(Path(d) / "k.o")],
+                             capture_output=True, text=True)
+    lines = [ln for ln in (out.stderr + out.stdout).splitlines() if "registers" in ln or "spill" in ln]
+    print("\n".join(lines) or f"ptxas: {out.stderr.strip() or out.stdout.strip()}")
+    return out.returncode
+
+
+def run_on_gpu(args) -> int:
+    import torch
+    import torch.nn.functional as F
+    import triton.testing
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    p = KB77
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    n, cin, cout, k, dil, pad = p["n"], p["cin"], p["cout"], p["k"], p["dil"], p["pad"]
+    d, h, w = p["size"]
+    dp, hp, wp = d + 2 * pad, h + 2 * pad, w + 2 * pad
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(n, cin, d, h, w, device="cuda", generator=gen).to(dt)
+    wt = (torch.randn(cout, cin, k, k, k, device="cuda", generator=gen) / math.sqrt(cin * k ** 3)).to(dt)
+    xp = F.pad(x, [pad] * 6).permute(0, 2, 3, 4, 1).contiguous()  # padded channels-last
+    rows = xp.view(-1, cin)
+    wk = wt.permute(0, 2, 3, 4, 1).reshape(cout, k ** 3 * cin).contiguous()  # [Cout, taps x Cin]
+    y = torch.empty(rows.shape[0], cout, device="cuda", dtype=torch.float32)
+    bm, bn, bk = _tiles(args.dtype, cin, cout)
+    g = _gl_dtype(args.dtype)
+    a_desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [bm, bk],
+                              gl.NVMMASharedLayout.get_default_for([bm, bk], g))
+    b_desc = TensorDescriptor(wk, list(wk.shape), list(wk.stride()), [bn, bk],
+                              gl.NVMMASharedLayout.get_default_for([bn, bk], g))
+    c_desc = TensorDescriptor(y, list(y.shape), list(y.stride()), [bm, bn],
+                              gl.NVMMASharedLayout.get_default_for([bm, bn], gl.float32))
+    grid = (triton.cdiv(rows.shape[0], bm), triton.cdiv(cout, bn))
+
+    def gluon_gemm():
+        tap_gemm_kernel[grid](a_desc, b_desc, c_desc, hp * wp, wp, k, k, k, dil, cin // bk, args.stages, bn,
+                              num_warps=4)
+        return y
+
+    gluon_gemm()
+    torch.cuda.synchronize()
+    if args.ncu:
+        return 0
+    # Valid rows: padded positions whose taps stay inside the padded box; there Y is the dilated
+    # correlation of the padded input.
+    ref = F.conv3d(F.pad(x, [pad] * 6).double(), wt.double(), dilation=dil)  # [N, Cout, Dp-4, Hp-4, Wp-4]
+    got = y.view(n, dp, hp, wp, cout)[:, :ref.shape[2], :ref.shape[3], :ref.shape[4]].permute(0, 4, 1, 2, 3)
+    err = (got.double() - ref).abs().max().item() / ref.abs().max().item()
+    useful = 2 * n * d * h * w * cout * cin * k ** 3  # the 16 x 16 x 32 x 32 positions that matter
+    ms = triton.testing.do_bench(gluon_gemm, warmup=25, rep=200)
+    # The same arithmetic in cuDNN: the dilated correlation of the padded channels-last input.
+    xp_cl = F.pad(x, [pad] * 6).contiguous(memory_format=torch.channels_last_3d)
+    ms_cudnn = triton.testing.do_bench(lambda: F.conv3d(xp_cl, wt, dilation=dil), warmup=25, rep=200)
+    peak = {"fp32": 494.7e12, "bf16": 989.4e12}[args.dtype]  # H200 SXM dense TF32 / BF16
+    print(f"{torch.cuda.get_device_name()}, triton {triton.__version__}, torch {torch.__version__}, "
+          f"cuDNN {torch.backends.cudnn.version()}, TF32 for cuDNN {torch.backends.cudnn.allow_tf32}")
+    print(f"tap_gemm {args.dtype}, {bm}x{bn}x{bk}, {args.stages} stages: {ms * 1e3:.1f} us, "
+          f"{useful / ms / 1e9:.1f} TFLOP/s useful ({100 * useful / ms / 1e-3 / peak:.1f}% of peak), "
+          f"max rel err vs float64 {err:.2e} (rows {rows.shape[0]}, of which {n * d * h * w} useful); "
+          f"cuDNN's conv3d of the same: {ms_cudnn * 1e3:.1f} us")
+    return 0 if err < (5e-3 if args.dtype == "fp32" else 2e-2) else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 offline, no GPU")
+    ap.add_argument("--ncu", action="store_true", help="one launch, for ncu")
+    args = ap.parse_args(argv)
+    if args.compile_only:
+        return compile_only(args)
+    return run_on_gpu(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
