@@ -24,6 +24,8 @@
 #                   cuda      bench of the cuda engine, exact grade, on its gemm_kernel problems
 #                             (kb61,kb68,kb70,kb73,kb77) -> bench_cuda.json
 #                   auto      scripts/gpu_auto.py auto.json (auto against each backend)
+#                   spike     scripts/gluon_tap_gemm_spike.py in fp32 and bf16 (issue 17's Gluon
+#                             tap GEMM on KB 77's dense phase: float64 check, time, cuDNN's conv3d)
 #                 default: tests,kb,layers,networks,eval
 #   --budget      seconds for the whole run (default 570: the device's per-command limit is 600);
 #                 each part gets its own cap or what is left, and a part that would start with
@@ -76,8 +78,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 for p in ${PARTS//,/ } ${SKIP//,/ }; do
-  case "$p" in tests|kb|layers|networks|tuned|warm|eval|full|cuda|auto) ;;
-    *) echo "gpu_run.sh: unknown part '$p' (tests, kb, layers, networks, tuned, warm, eval, full, cuda, auto)" >&2
+  case "$p" in tests|kb|layers|networks|tuned|warm|eval|full|cuda|auto|spike) ;;
+    *) echo "gpu_run.sh: unknown part '$p' (tests, kb, layers, networks, tuned, warm, eval, full, cuda, auto, spike)" >&2
        exit 2 ;;
   esac
 done
@@ -174,6 +176,10 @@ fi
 wanted cuda && bench cuda 120 --suite kernelbench --backend cuda --precision exact \
   --case kb61,kb68,kb70,kb73,kb77 --json "$LOGDIR/bench_cuda.json"
 wanted auto && run_part auto 300 12 python3 scripts/gpu_auto.py "$LOGDIR/auto.json"
+if wanted spike; then
+  run_part spike_fp32 90 4 python3 scripts/gluon_tap_gemm_spike.py --dtype fp32
+  run_part spike_bf16 90 4 python3 scripts/gluon_tap_gemm_spike.py --dtype bf16
+fi
 
 if [ "$SAVE_CUDA_CACHE" = 1 ] && [ -d "$TORCH_EXTENSIONS_DIR" ]; then
   tar czf "$LOGDIR/cuda_cache.tgz" -C "$(dirname "$TORCH_EXTENSIONS_DIR")" "$(basename "$TORCH_EXTENSIONS_DIR")" \
