@@ -35,8 +35,9 @@ fp32) training step instead of the forward, and the engine auto took for each la
 three ways: the bench's public call under auto, the public call with ``backend="triton"``, and
 the step that auto's measurement times (``Engine._step`` of the Triton engine); for each, four
 do_bench medians and the host and wall time per step; then ``Engine.time`` of the Triton and
-PyTorch steps three times each (``Timing``: median ms, host ms), the Triton kernels of a public
-step, and the auto decision's cache entry (rounds, host rounds, margin). Default row:
+PyTorch steps three times each (``Timing``: median ms, host ms), the kernels and the stalling
+CUDA runtime calls (synchronisations, allocations, copies) of a public step under auto and with
+``backend="triton"``, and the auto decision's cache entry (rounds, host rounds, margin). Default row:
 head_k2s2_8to2/bf16/cl, whose public step the bench timed ~0.5 ms above auto's measurement
 (NOTES.md, "Open in the measured auto").
 
@@ -125,6 +126,19 @@ def cuda_kernels(fn, n: int = 20) -> list[str]:
         torch.cuda.synchronize()
     return [f"{e.key[:60]} x{e.count // n} {e.device_time_total / n:.1f}us" for e in prof.key_averages()
             if e.device_type.name == "CUDA" and e.count > 0]
+
+
+# CUDA runtime calls that can stall the host on the GPU (or the GPU on the host).
+STALLS = ("cudaMalloc", "cudaFree", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+          "cudaMemcpy", "cudaMemcpyAsync", "cudaStreamWaitEvent", "cudaHostAlloc")
+
+
+def runtime_calls(prof) -> str:
+    """Launches and the stalling runtime calls (count, host us) of one profiled run."""
+    found = [f"{e.key} x{e.count} {e.cpu_time_total:.0f}us" for e in prof.key_averages()
+             if any(e.key.startswith(s) for s in STALLS)]
+    launches = sum(e.count for e in prof.key_averages() if "LaunchKernel" in e.key or e.key == "cuLaunchKernel")
+    return f"{launches} launches; {', '.join(found) or 'no stalling runtime calls'}"
 
 
 def cmd_layers(args) -> None:
@@ -293,18 +307,13 @@ def cmd_network(args) -> None:
             torch.cuda.synchronize()
             line.append(f"{label} {ev:.0f} us (host {host:.0f} us, gc {collections['n'] / 5:.1f}/fwd)")
         print(f"round {r + 1}: " + "; ".join(line), flush=True)
-    stalls = ("cudaMalloc", "cudaFree", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-              "cudaMemcpy", "cudaMemcpyAsync", "cudaStreamWaitEvent", "cudaHostAlloc")
     kernels: dict[str, dict[str, float]] = {}
     for label, fn in fns.items():
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        found = [f"{e.key} x{e.count} {e.cpu_time_total:.0f}us" for e in prof.key_averages()
-                 if any(e.key.startswith(s) for s in stalls)]
-        launches = sum(e.count for e in prof.key_averages() if "LaunchKernel" in e.key or e.key == "cuLaunchKernel")
-        print(f"{label}: {launches} launches; {', '.join(found) or 'no stalling runtime calls'}", flush=True)
+        print(f"{label}: {runtime_calls(prof)}", flush=True)
         kernels[label] = networks.top_kernels(prof.events(), None)
         if label != "untouched":
             print(f"  kernel us changed against untouched: {networks.kernel_changes(kernels['untouched'], kernels[label])}",
@@ -340,7 +349,16 @@ def cmd_step(args) -> None:
         for name in ("triton", "torch"):
             print(f"  Engine.time {name}: {[tuple(round(v, 4) for v in ENGINES[name].time(call)) for _ in range(3)]}",
                   flush=True)
-        print(f"  kernels of a public step: {cuda_kernels(public_auto)}", flush=True)
+        # A step whose host time equals its GPU time waits for the GPU somewhere: which call.
+        from torch.profiler import ProfilerActivity, profile
+
+        for label, fn in (("public auto", public_auto), ("public triton", public_triton)):
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            print(f"  runtime calls of a {label} step: {runtime_calls(prof)}", flush=True)
+            print(f"  kernels of a {label} step: {cuda_kernels(fn)}", flush=True)
         store = cache.store_for(E.device_name(leaves[0].device))
         store.load()
         for sig, entry in list(store.entries["decisions"].items()):
