@@ -37,7 +37,8 @@ the step that auto's measurement times (``Engine._step`` of the Triton engine); 
 do_bench medians and the host and wall time per step; then ``Engine.time`` of the Triton and
 PyTorch steps three times each (``Timing``: median ms, host ms), the kernels and the stalling
 CUDA runtime calls (synchronisations, allocations, copies) of a public step under auto and with
-``backend="triton"``, and the auto decision's cache entry (rounds, host rounds, margin). Default row:
+``backend="triton"``, cProfile of 50 Triton steps (by own time), and the auto decision's cache
+entry (rounds, host rounds, margin). Default row:
 head_k2s2_8to2/bf16/cl, whose public step the bench timed ~0.5 ms above auto's measurement
 (NOTES.md, "Open in the measured auto").
 
@@ -359,6 +360,8 @@ def cmd_step(args) -> None:
                 torch.cuda.synchronize()
             print(f"  runtime calls of a {label} step: {runtime_calls(prof)}", flush=True)
             print(f"  kernels of a {label} step: {cuda_kernels(fn)}", flush=True)
+        print_profile("public triton step", public_triton, 50, "tottime", 25)
+        torch.cuda.synchronize()
         store = cache.store_for(E.device_name(leaves[0].device))
         store.load()
         for sig, entry in list(store.entries["decisions"].items()):
