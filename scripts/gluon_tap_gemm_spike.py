@@ -13,18 +13,18 @@ so a K step (tap t, a BLOCK_K slice of Cin) is one TMA box of Xp at row ``off_m 
 (rows past the end come back as zeros) and one box of W. Rows whose taps leave the padded box
 compute junk that the caller discards (the engine's flat path does the same).
 
-The kernel is deliberately the first rung of issue 17's ladder: one partition, STAGES loads in
-flight, one wgmma outstanding while the next box lands, a TMA store of the tile. Warp
-specialisation (a producer warp), persistence and the halo tile reused across taps come after
-ncu says what limits this one. It uses only the Gluon API that triton 3.6 (the GPU machine) and
+Two rungs of issue 17's ladder, ``--kernel``: ``ring``, one partition with STAGES loads in flight
+and one wgmma outstanding while the next box lands, then a TMA store of the tile; ``ws``, the
+same with the loads in a producer warp (``gl.warp_specialize``). Persistence and the halo tile
+reused across taps come after ncu says what limits these. It uses only the Gluon API that triton 3.6 (the GPU machine) and
 3.9 (CI) share (NOTES.md, "The Gluon spike"): ``allocate_shared_memory`` with ``MBarrierLayout``
 rather than 3.9's ``allocate_mbarrier``, ``mbarrier.expect`` with a positional byte count; the
 TMA copies under the name each version has (``tma_load``, ``tma_store`` below).
 
     # offline, any machine: compile for sm_90 and print ptxas's registers, spills, shared memory
-    python3 scripts/gluon_tap_gemm_spike.py --compile-only [--dtype fp32|bf16] [--stages 3]
+    python3 scripts/gluon_tap_gemm_spike.py --compile-only [--kernel ring|ws] [--dtype fp32|bf16] [--stages 3]
     # on the GPU machine: check against conv3d in float64 and time against the Triton engine
-    PYTHONPATH=src python3 scripts/gluon_tap_gemm_spike.py [--dtype fp32|bf16] [--stages 3]
+    python3 scripts/gluon_tap_gemm_spike.py [--kernel ring|ws] [--dtype fp32|bf16] [--stages 3]
     /usr/local/cuda/bin/ncu --set full -k regex:tap_gemm -c 1 python3 scripts/gluon_tap_gemm_spike.py --ncu
 """
 from __future__ import annotations
@@ -122,6 +122,82 @@ def tap_gemm_kernel(a_desc, b_desc, c_desc, plane, row,
     tma.store_wait(0)
 
 
+# ---- the second rung: a producer warp ---------------------------------------------------------
+# Registers of the producer warp (it holds a few indices; the consumers get the rest).
+PRODUCER_REGS = gl.constexpr(40)
+
+# The same GEMM with the loads in a worker partition of one warp (``gl.warp_specialize``): the
+# producer waits for a stage to be released, arms its barrier and starts its two boxes; the four
+# consumer warps wait for a stage to land, issue its wgmma and release the stage of the step
+# before once at most one wgmma is outstanding. Two barriers per stage, ``ready`` (TMA bytes
+# landed) and ``empty`` (the wgmma that read it is done); a fresh barrier counts as having
+# finished the phase before its first, so the producer's first pass through the ring waits on
+# nothing.
+@gluon.jit
+def _ws_producer(a_desc, b_desc, a_smem, b_smem, ready, empty, off_m, off_n, plane, row,
+                 KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr, K_CHUNKS: gl.constexpr,
+                 STAGES: gl.constexpr, STEPS: gl.constexpr):
+    for k in range(STEPS):
+        s = k % STAGES
+        mbarrier.wait(empty.index(s), ((k // STAGES) & 1) ^ 1)
+        _issue(a_desc, b_desc, a_smem, b_smem, ready, k, off_m, off_n, plane, row, KH, KW, DIL, K_CHUNKS, STAGES)
+
+
+@gluon.jit
+def _ws_consumer(c_desc, a_smem, b_smem, ready, empty, off_m, off_n,
+                 STAGES: gl.constexpr, STEPS: gl.constexpr, INSTR_N: gl.constexpr, num_warps: gl.constexpr):
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, INSTR_N, 256 // a_smem.dtype.primitive_bitwidth])
+    acc = gl.full([BLOCK_M, BLOCK_N], 0.0, gl.float32, mma_layout)
+    for k in range(STEPS):
+        s = k % STAGES
+        mbarrier.wait(ready.index(s), (k // STAGES) & 1)
+        acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
+        if k > 0:
+            mbarrier.arrive(empty.index((k - 1) % STAGES), count=1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
+    c_smem.store(acc)
+    fence_async_shared()
+    tma_store(c_desc, [off_m, off_n], c_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def tap_gemm_ws_kernel(a_desc, b_desc, c_desc, plane, row,
+                       KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
+                       K_CHUNKS: gl.constexpr, STAGES: gl.constexpr, INSTR_N: gl.constexpr,
+                       num_warps: gl.constexpr):
+    """``tap_gemm_kernel``'s tile with its loads in a producer warp (arguments as there)."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    STEPS: gl.constexpr = KD * KH * KW * K_CHUNKS
+    off_m = gl.program_id(0) * BLOCK_M
+    off_n = gl.program_id(1) * BLOCK_N
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_ws_consumer, (c_desc, a_smem, b_smem, ready, empty, off_m, off_n, STAGES, STEPS, INSTR_N, num_warps)),
+        (_ws_producer, (a_desc, b_desc, a_smem, b_smem, ready, empty, off_m, off_n, plane, row, KH, KW, DIL,
+                        K_CHUNKS, STAGES, STEPS)),
+    ], [1], [PRODUCER_REGS])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+
+KERNELS = {"ring": tap_gemm_kernel, "ws": tap_gemm_ws_kernel}
+
+
 def _gl_dtype(name: str):
     return {"fp32": gl.float32, "bf16": gl.bfloat16}[name]
 
@@ -153,11 +229,11 @@ def compile_only(args) -> int:
               "STAGES": args.stages, "INSTR_N": bn, "num_warps": 4}
     for c in consts:
         sig[c] = "constexpr"
-    compiled = triton.compile(GluonASTSource(fn=tap_gemm_kernel, signature=sig, constexprs=consts),
+    compiled = triton.compile(GluonASTSource(fn=KERNELS[args.kernel], signature=sig, constexprs=consts),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     ptx = compiled.asm["ptx"]
     ptxas = args.ptxas or shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
-    print(f"tap_gemm_kernel {args.dtype}: tiles {bm}x{bn}x{bk}, {args.stages} stages, "
+    print(f"tap_gemm {args.kernel} {args.dtype}: tiles {bm}x{bn}x{bk}, {args.stages} stages, "
           f"{compiled.metadata.shared} B shared memory (Triton)")
     if ptxas == "none" or not Path(ptxas).exists():
         print("PTX compiled; ptxas not run, registers not read")
@@ -205,8 +281,8 @@ def run_on_gpu(args) -> int:
     grid = (triton.cdiv(rows.shape[0], bm), triton.cdiv(cout, bn))
 
     def gluon_gemm():
-        tap_gemm_kernel[grid](a_desc, b_desc, c_desc, hp * wp, wp, k, k, k, dil, cin // bk, args.stages, bn,
-                              num_warps=4)
+        KERNELS[args.kernel][grid](a_desc, b_desc, c_desc, hp * wp, wp, k, k, k, dil, cin // bk, args.stages, bn,
+                                   num_warps=4)
         return y
 
     gluon_gemm()
@@ -226,7 +302,7 @@ def run_on_gpu(args) -> int:
     peak = {"fp32": 494.7e12, "bf16": 989.4e12}[args.dtype]  # H200 SXM dense TF32 / BF16
     print(f"{torch.cuda.get_device_name()}, triton {triton.__version__}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}, TF32 for cuDNN {torch.backends.cudnn.allow_tf32}")
-    print(f"tap_gemm {args.dtype}, {bm}x{bn}x{bk}, {args.stages} stages: {ms * 1e3:.1f} us, "
+    print(f"tap_gemm {args.kernel} {args.dtype}, {bm}x{bn}x{bk}, {args.stages} stages: {ms * 1e3:.1f} us, "
           f"{useful / ms / 1e9:.1f} TFLOP/s useful ({100 * useful / ms / 1e-3 / peak:.1f}% of peak), "
           f"max rel err vs float64 {err:.2e} (rows {rows.shape[0]}, of which {n * d * h * w} useful); "
           f"cuDNN's conv3d of the same: {ms_cudnn * 1e3:.1f} us")
@@ -237,6 +313,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--kernel", default="ring", choices=tuple(KERNELS),
+                    help="ring: one partition; ws: loads in a producer warp")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 offline, no GPU")
     ap.add_argument("--ncu", action="store_true", help="one launch, for ncu")
     ap.add_argument("--ptxas", default=None, help="with --compile-only: the ptxas to run ('none': PTX only)")

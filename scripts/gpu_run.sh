@@ -24,8 +24,9 @@
 #                   cuda      bench of the cuda engine, exact grade, on its gemm_kernel problems
 #                             (kb61,kb68,kb70,kb73,kb77) -> bench_cuda.json
 #                   auto      scripts/gpu_auto.py auto.json (auto against each backend)
-#                   spike     scripts/gluon_tap_gemm_spike.py in fp32 and bf16 (issue 17's Gluon
-#                             tap GEMM on KB 77's dense phase: float64 check, time, cuDNN's conv3d)
+#                   spike     scripts/gluon_tap_gemm_spike.py, both kernels in fp32 and bf16 (issue
+#                             17's Gluon tap GEMM on KB 77's dense phase: float64 check, time,
+#                             cuDNN's conv3d of the same)
 #                 default: tests,kb,layers,networks,eval
 #   --budget      seconds for the whole run (default 570: the device's per-command limit is 600);
 #                 each part gets its own cap or what is left, and a part that would start with
@@ -177,8 +178,10 @@ wanted cuda && bench cuda 120 --suite kernelbench --backend cuda --precision exa
   --case kb61,kb68,kb70,kb73,kb77 --json "$LOGDIR/bench_cuda.json"
 wanted auto && run_part auto 300 12 python3 scripts/gpu_auto.py "$LOGDIR/auto.json"
 if wanted spike; then
-  run_part spike_fp32 90 4 python3 scripts/gluon_tap_gemm_spike.py --dtype fp32
-  run_part spike_bf16 90 4 python3 scripts/gluon_tap_gemm_spike.py --dtype bf16
+  for k in ring ws; do
+    run_part "spike_${k}_fp32" 90 4 python3 scripts/gluon_tap_gemm_spike.py --kernel "$k" --dtype fp32
+    run_part "spike_${k}_bf16" 90 4 python3 scripts/gluon_tap_gemm_spike.py --kernel "$k" --dtype bf16
+  done
 fi
 
 if [ "$SAVE_CUDA_CACHE" = 1 ] && [ -d "$TORCH_EXTENSIONS_DIR" ]; then

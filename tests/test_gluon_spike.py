@@ -21,10 +21,11 @@ def _spike():
     return mod
 
 
+@pytest.mark.parametrize("kernel", ["ring", "ws"], ids=["one-partition-ring", "producer-warp"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_spike_compiles_for_sm90(dtype, capsys):
+def test_spike_compiles_for_sm90(dtype, kernel, capsys):
     mod = _spike()
     # PTX is the check (CI has no CUDA toolkit; ptxas's registers are the script's own report).
-    assert mod.main(["--compile-only", "--dtype", dtype, "--stages", "3", "--ptxas", "none"]) == 0
+    assert mod.main(["--compile-only", "--dtype", dtype, "--kernel", kernel, "--stages", "3", "--ptxas", "none"]) == 0
     out = capsys.readouterr().out
-    assert f"tap_gemm_kernel {dtype}: tiles 128x64x32, 3 stages" in out and "B shared memory" in out
+    assert f"tap_gemm {kernel} {dtype}: tiles 128x64x32, 3 stages" in out and "B shared memory" in out
