@@ -75,6 +75,26 @@ def _issue(a_desc, b_desc, a_smem, b_smem, bars, k, off_m, off_n, plane, row,
 
 
 @gluon.jit
+def _zero_acc(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, INSTR_N: gl.constexpr, OPERAND_BITS: gl.constexpr,
+              num_warps: gl.constexpr):
+    """A zero fp32 accumulator in wgmma's layout: one warpgroup along M per 4 warps, instruction
+    [16, INSTR_N, 256 / operand bits]."""
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, INSTR_N, 256 // OPERAND_BITS])
+    return gl.full([BLOCK_M, BLOCK_N], 0.0, gl.float32, mma_layout)
+
+
+@gluon.jit
+def _store_tile(c_desc, acc, off_m, off_n):
+    """The tile through shared memory and one TMA store (rows past R are clipped)."""
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    c_smem.store(acc)
+    fence_async_shared()
+    tma_store(c_desc, [off_m, off_n], c_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
 def tap_gemm_kernel(a_desc, b_desc, c_desc, plane, row,
                     KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
                     K_CHUNKS: gl.constexpr, STAGES: gl.constexpr, INSTR_N: gl.constexpr, num_warps: gl.constexpr):
@@ -97,10 +117,7 @@ def tap_gemm_kernel(a_desc, b_desc, c_desc, plane, row,
     for i in gl.static_range(STAGES - 1):
         _issue(a_desc, b_desc, a_smem, b_smem, bars, i, off_m, off_n, plane, row, KH, KW, DIL, K_CHUNKS, STAGES)
 
-    # One warpgroup along M per 4 warps; wgmma's instruction is [16, INSTR_N, 256 / bits].
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, INSTR_N, 256 // a_desc.dtype.primitive_bitwidth])
-    acc = gl.full([BLOCK_M, BLOCK_N], 0.0, gl.float32, mma_layout)
+    acc = _zero_acc(BLOCK_M, BLOCK_N, INSTR_N, a_desc.dtype.primitive_bitwidth, num_warps)
     for k in range(STEPS):
         s = k % STAGES
         mbarrier.wait(bars.index(s), (k // STAGES) & 1)
@@ -114,12 +131,7 @@ def tap_gemm_kernel(a_desc, b_desc, c_desc, plane, row,
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
-
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
-    c_smem.store(acc)
-    fence_async_shared()
-    tma_store(c_desc, [off_m, off_n], c_smem)  # rows past R are clipped
-    tma.store_wait(0)
+    _store_tile(c_desc, acc, off_m, off_n)
 
 
 # ---- the second rung: a producer warp ---------------------------------------------------------
@@ -148,9 +160,7 @@ def _ws_consumer(c_desc, a_smem, b_smem, ready, empty, off_m, off_n,
                  STAGES: gl.constexpr, STEPS: gl.constexpr, INSTR_N: gl.constexpr, num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, INSTR_N, 256 // a_smem.dtype.primitive_bitwidth])
-    acc = gl.full([BLOCK_M, BLOCK_N], 0.0, gl.float32, mma_layout)
+    acc = _zero_acc(BLOCK_M, BLOCK_N, INSTR_N, a_smem.dtype.primitive_bitwidth, num_warps)
     for k in range(STEPS):
         s = k % STAGES
         mbarrier.wait(ready.index(s), (k // STAGES) & 1)
@@ -159,11 +169,7 @@ def _ws_consumer(c_desc, a_smem, b_smem, ready, empty, off_m, off_n,
         if k > 0:
             mbarrier.arrive(empty.index((k - 1) % STAGES), count=1)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
-    c_smem.store(acc)
-    fence_async_shared()
-    tma_store(c_desc, [off_m, off_n], c_smem)
-    tma.store_wait(0)
+    _store_tile(c_desc, acc, off_m, off_n)
 
 
 @gluon.jit
