@@ -75,6 +75,23 @@ def _issue(a_desc, b_desc, a_smem, b_smem, bars, k, off_m, off_n, plane, row,
 
 
 @gluon.jit
+def _ring(a_desc, b_desc, STAGES: gl.constexpr):
+    """The shared-memory ring: STAGES boxes of A and of B."""
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    return a_smem, b_smem
+
+
+@gluon.jit
+def _barriers(STAGES: gl.constexpr):
+    """One initialised mbarrier (count 1) per stage."""
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    return bars
+
+
+@gluon.jit
 def _zero_acc(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, INSTR_N: gl.constexpr, OPERAND_BITS: gl.constexpr,
               num_warps: gl.constexpr):
     """A zero fp32 accumulator in wgmma's layout: one warpgroup along M per 4 warps, instruction
@@ -104,16 +121,11 @@ def tap_gemm_kernel(a_desc, b_desc, c_desc, plane, row,
     ``c_desc``: Y [R, Cout] fp32 in boxes [BLOCK_M, BLOCK_N]."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     STEPS: gl.constexpr = KD * KH * KW * K_CHUNKS
     off_m = gl.program_id(0) * BLOCK_M
     off_n = gl.program_id(1) * BLOCK_N
-
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
+    a_smem, b_smem = _ring(a_desc, b_desc, STAGES)
+    bars = _barriers(STAGES)
     for i in gl.static_range(STAGES - 1):
         _issue(a_desc, b_desc, a_smem, b_smem, bars, i, off_m, off_n, plane, row, KH, KW, DIL, K_CHUNKS, STAGES)
 
@@ -178,19 +190,12 @@ def tap_gemm_ws_kernel(a_desc, b_desc, c_desc, plane, row,
                        K_CHUNKS: gl.constexpr, STAGES: gl.constexpr, INSTR_N: gl.constexpr,
                        num_warps: gl.constexpr):
     """``tap_gemm_kernel``'s tile with its loads in a producer warp (arguments as there)."""
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     STEPS: gl.constexpr = KD * KH * KW * K_CHUNKS
-    off_m = gl.program_id(0) * BLOCK_M
-    off_n = gl.program_id(1) * BLOCK_N
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    off_m = gl.program_id(0) * c_desc.block_type.shape[0]
+    off_n = gl.program_id(1) * c_desc.block_type.shape[1]
+    a_smem, b_smem = _ring(a_desc, b_desc, STAGES)
+    ready = _barriers(STAGES)
+    empty = _barriers(STAGES)
     gl.warp_specialize([
         (_ws_consumer, (c_desc, a_smem, b_smem, ready, empty, off_m, off_n, STAGES, STEPS, INSTR_N, num_warps)),
         (_ws_producer, (a_desc, b_desc, a_smem, b_smem, ready, empty, off_m, off_n, plane, row, KH, KW, DIL,
