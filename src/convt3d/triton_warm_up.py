@@ -15,8 +15,12 @@ __all__ = ["start_warm_up"]
 # GAN generator's first call took with every cache warm (H200 machine, triton 3.6, 2026-12-01,
 # scripts/host_time.py first-call). It depends on nothing of the call, and hashing releases the
 # GIL, so ``convt3d.patch`` starts it in a daemon thread: it overlaps whatever the caller does
-# before the first call; a call that comes first computes the key itself, as without it. (A
-# module of its own: the KernelBench files, which copy triton_sites, may hold no threads.)
+# before the first call; a call that comes first computes the key itself, as without it. With
+# convt3d imported the key imports nothing (triton 3.6 and 3.9, 0.31-0.37 s on a CPU machine,
+# 2026-12-01): file reads and hashing only, so a process forked meanwhile (DataLoader workers)
+# inherits no held import lock; Python 3.12's warning about forking a multi-threaded process can
+# still fire within those ~0.4 s. (A module of its own: the KernelBench files, which copy
+# triton_sites, may hold no threads.)
 _warm_up_started = False
 
 
