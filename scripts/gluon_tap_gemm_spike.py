@@ -13,18 +13,20 @@ so a K step (tap t, a BLOCK_K slice of Cin) is one TMA box of Xp at row ``off_m 
 (rows past the end come back as zeros) and one box of W. Rows whose taps leave the padded box
 compute junk that the caller discards (the engine's flat path does the same).
 
-Two rungs of issue 17's ladder, ``--kernel``: ``ring``, one partition with STAGES loads in flight
-and one wgmma outstanding while the next box lands, then a TMA store of the tile; ``ws``, the
-same with the loads in a producer warp (``gl.warp_specialize``). Persistence and the halo tile
-reused across taps come after ncu says what limits these. It uses only the Gluon API that triton 3.6 (the GPU machine) and
+Three rungs of issue 17's ladder, ``--kernel``: ``ring``, one partition with STAGES loads in
+flight and one wgmma outstanding while the next box lands, then a TMA store of the tile; ``ws``,
+the same with the loads in a producer warp (``gl.warp_specialize``); ``persistent``, ``ring``
+over a program's share of the tiles, prefetching across tile boundaries and storing a tile while
+the next one computes. The halo tile reused across taps comes after ncu says what limits these
+(NOTES.md says what constrains it). It uses only the Gluon API that triton 3.6 (the GPU machine) and
 3.9 (CI) share (NOTES.md, "The Gluon spike"): ``allocate_shared_memory`` with ``MBarrierLayout``
 rather than 3.9's ``allocate_mbarrier``, ``mbarrier.expect`` with a positional byte count; the
 TMA copies under the name each version has (``tma_load``, ``tma_store`` below).
 
     # offline, any machine: compile for sm_90 and print ptxas's registers, spills, shared memory
-    python3 scripts/gluon_tap_gemm_spike.py --compile-only [--kernel ring|ws] [--dtype fp32|bf16] [--stages 3]
+    python3 scripts/gluon_tap_gemm_spike.py --compile-only [--kernel ring|ws|persistent] [--dtype fp32|bf16] [--stages 3]
     # on the GPU machine: check against conv3d in float64 and time against the Triton engine
-    python3 scripts/gluon_tap_gemm_spike.py [--kernel ring|ws] [--dtype fp32|bf16] [--stages 3]
+    python3 scripts/gluon_tap_gemm_spike.py [--kernel ring|ws|persistent] [--dtype fp32|bf16] [--stages 3]
     /usr/local/cuda/bin/ncu --set full -k regex:tap_gemm -c 1 python3 scripts/gluon_tap_gemm_spike.py --ncu
 """
 from __future__ import annotations
@@ -57,10 +59,9 @@ KB77 = dict(n=16, cin=32, cout=64, size=(16, 32, 32), k=3, dil=2, pad=2)
 
 
 @gluon.jit
-def _issue(a_desc, b_desc, a_smem, b_smem, bars, k, off_m, off_n, plane, row,
-           KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr, K_CHUNKS: gl.constexpr, STAGES: gl.constexpr):
-    """Start the loads of K step ``k`` (tap k // K_CHUNKS, Cin chunk k % K_CHUNKS) into its stage."""
-    s = k % STAGES
+def _issue(a_desc, b_desc, a_smem, b_smem, bars, s, k, off_m, off_n, plane, row,
+           KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr, K_CHUNKS: gl.constexpr):
+    """Start the loads of K step ``k`` (tap k // K_CHUNKS, Cin chunk k % K_CHUNKS) into stage ``s``."""
     tap = k // K_CHUNKS
     chunk = k % K_CHUNKS
     td = tap // (KH * KW)
@@ -127,7 +128,7 @@ def tap_gemm_kernel(a_desc, b_desc, c_desc, plane, row,
     a_smem, b_smem = _ring(a_desc, b_desc, STAGES)
     bars = _barriers(STAGES)
     for i in gl.static_range(STAGES - 1):
-        _issue(a_desc, b_desc, a_smem, b_smem, bars, i, off_m, off_n, plane, row, KH, KW, DIL, K_CHUNKS, STAGES)
+        _issue(a_desc, b_desc, a_smem, b_smem, bars, i, i, off_m, off_n, plane, row, KH, KW, DIL, K_CHUNKS)
 
     acc = _zero_acc(BLOCK_M, BLOCK_N, INSTR_N, a_desc.dtype.primitive_bitwidth, num_warps)
     for k in range(STEPS):
@@ -138,8 +139,8 @@ def tap_gemm_kernel(a_desc, b_desc, c_desc, plane, row,
         acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
         nxt = k + STAGES - 1
         if nxt < STEPS:
-            _issue(a_desc, b_desc, a_smem, b_smem, bars, nxt, off_m, off_n, plane, row, KH, KW, DIL, K_CHUNKS,
-                   STAGES)
+            _issue(a_desc, b_desc, a_smem, b_smem, bars, nxt % STAGES, nxt, off_m, off_n, plane, row, KH, KW, DIL,
+                   K_CHUNKS)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
@@ -164,7 +165,7 @@ def _ws_producer(a_desc, b_desc, a_smem, b_smem, ready, empty, off_m, off_n, pla
     for k in range(STEPS):
         s = k % STAGES
         mbarrier.wait(empty.index(s), ((k // STAGES) & 1) ^ 1)
-        _issue(a_desc, b_desc, a_smem, b_smem, ready, k, off_m, off_n, plane, row, KH, KW, DIL, K_CHUNKS, STAGES)
+        _issue(a_desc, b_desc, a_smem, b_smem, ready, s, k, off_m, off_n, plane, row, KH, KW, DIL, K_CHUNKS)
 
 
 @gluon.jit
@@ -206,7 +207,68 @@ def tap_gemm_ws_kernel(a_desc, b_desc, c_desc, plane, row,
         mbarrier.invalidate(empty.index(i))
 
 
-KERNELS = {"ring": tap_gemm_kernel, "ws": tap_gemm_ws_kernel}
+# ---- the third rung: persistent programs ------------------------------------------------------
+# ``ring``'s loop over a program's share of the tiles (tile = pid + t * programs), its K steps
+# numbered across tiles so that the ring keeps prefetching over a tile boundary, and the store
+# of a tile left in flight while the next tile's wgmmas run (one C buffer: a tile waits for the
+# previous store only when it writes its own).
+@gluon.jit
+def _issue_global(a_desc, b_desc, a_smem, b_smem, bars, g, pid, programs, n_tiles_m, plane, row,
+                  STEPS: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
+                  K_CHUNKS: gl.constexpr, STAGES: gl.constexpr):
+    """The loads of a program's global K step ``g``: step g % STEPS of its tile g // STEPS."""
+    tile = pid + (g // STEPS) * programs
+    off_m = (tile % n_tiles_m) * a_desc.block_type.shape[0]
+    off_n = (tile // n_tiles_m) * b_desc.block_type.shape[0]
+    _issue(a_desc, b_desc, a_smem, b_smem, bars, g % STAGES, g % STEPS, off_m, off_n, plane, row, KH, KW, DIL,
+           K_CHUNKS)
+
+
+@gluon.jit
+def tap_gemm_persistent_kernel(a_desc, b_desc, c_desc, plane, row, n_tiles_m, n_tiles,
+                               KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
+                               K_CHUNKS: gl.constexpr, STAGES: gl.constexpr, INSTR_N: gl.constexpr,
+                               num_warps: gl.constexpr):
+    """``tap_gemm_kernel`` over tiles ``pid, pid + programs, ...`` of the ``n_tiles`` (M-major,
+    ``n_tiles_m`` along M); other arguments as there."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    STEPS: gl.constexpr = KD * KH * KW * K_CHUNKS
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    my_tiles = (n_tiles - pid + programs - 1) // programs
+    total = my_tiles * STEPS
+    a_smem, b_smem = _ring(a_desc, b_desc, STAGES)
+    bars = _barriers(STAGES)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    for i in gl.static_range(STAGES - 1):
+        if i < total:
+            _issue_global(a_desc, b_desc, a_smem, b_smem, bars, i, pid, programs, n_tiles_m, plane, row, STEPS, KH,
+                          KW, DIL, K_CHUNKS, STAGES)
+    for t in range(my_tiles):
+        tile = pid + t * programs
+        acc = _zero_acc(BLOCK_M, BLOCK_N, INSTR_N, a_desc.dtype.primitive_bitwidth, num_warps)
+        for k in range(STEPS):
+            g = t * STEPS + k
+            s = g % STAGES
+            mbarrier.wait(bars.index(s), (g // STAGES) & 1)
+            acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
+            nxt = g + STAGES - 1
+            if nxt < total:
+                _issue_global(a_desc, b_desc, a_smem, b_smem, bars, nxt, pid, programs, n_tiles_m, plane, row,
+                              STEPS, KH, KW, DIL, K_CHUNKS, STAGES)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        tma.store_wait(0)  # the previous tile's store has read c_smem
+        c_smem.store(acc)
+        fence_async_shared()
+        tma_store(c_desc, [(tile % n_tiles_m) * BLOCK_M, (tile // n_tiles_m) * BLOCK_N], c_smem)
+    tma.store_wait(0)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+
+KERNELS = {"ring": tap_gemm_kernel, "ws": tap_gemm_ws_kernel, "persistent": tap_gemm_persistent_kernel}
 
 
 def _gl_dtype(name: str):
@@ -233,14 +295,14 @@ def compile_only(args) -> int:
     a_layout = gl.NVMMASharedLayout.get_default_for([bm, bk], dt)
     b_layout = gl.NVMMASharedLayout.get_default_for([bn, bk], dt)
     c_layout = gl.NVMMASharedLayout.get_default_for([bm, bn], gl.float32)
-    sig = {"a_desc": f"tensordesc<{name}[{bm},{bk}],{a_layout!r}>",
-           "b_desc": f"tensordesc<{name}[{bn},{bk}],{b_layout!r}>",
-           "c_desc": f"tensordesc<fp32[{bm},{bn}],{c_layout!r}>", "plane": "i32", "row": "i32"}
+    descs = {"a_desc": f"tensordesc<{name}[{bm},{bk}],{a_layout!r}>",
+             "b_desc": f"tensordesc<{name}[{bn},{bk}],{b_layout!r}>",
+             "c_desc": f"tensordesc<fp32[{bm},{bn}],{c_layout!r}>"}
     consts = {"KD": p["k"], "KH": p["k"], "KW": p["k"], "DIL": p["dil"], "K_CHUNKS": p["cin"] // bk,
               "STAGES": args.stages, "INSTR_N": bn, "num_warps": 4}
-    for c in consts:
-        sig[c] = "constexpr"
-    compiled = triton.compile(GluonASTSource(fn=KERNELS[args.kernel], signature=sig, constexprs=consts),
+    fn = KERNELS[args.kernel]
+    sig = {a: descs.get(a, "constexpr" if a in consts else "i32") for a in fn.arg_names}
+    compiled = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=consts),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     ptx = compiled.asm["ptx"]
     ptxas = args.ptxas or shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
@@ -289,11 +351,19 @@ def run_on_gpu(args) -> int:
                               gl.NVMMASharedLayout.get_default_for([bn, bk], g))
     c_desc = TensorDescriptor(y, list(y.shape), list(y.stride()), [bm, bn],
                               gl.NVMMASharedLayout.get_default_for([bm, bn], gl.float32))
-    grid = (triton.cdiv(rows.shape[0], bm), triton.cdiv(cout, bn))
+    n_tiles_m, n_tiles_n = triton.cdiv(rows.shape[0], bm), triton.cdiv(cout, bn)
+    consts = (k, k, k, dil, cin // bk, args.stages, bn)
+    if args.kernel == "persistent":
+        programs = min(n_tiles_m * n_tiles_n,
+                       torch.cuda.get_device_properties(0).multi_processor_count * args.ctas_per_sm)
+        launch = lambda: tap_gemm_persistent_kernel[(programs,)](  # noqa: E731
+            a_desc, b_desc, c_desc, hp * wp, wp, n_tiles_m, n_tiles_m * n_tiles_n, *consts, num_warps=4)
+    else:
+        launch = lambda: KERNELS[args.kernel][(n_tiles_m, n_tiles_n)](  # noqa: E731
+            a_desc, b_desc, c_desc, hp * wp, wp, *consts, num_warps=4)
 
     def gluon_gemm():
-        KERNELS[args.kernel][grid](a_desc, b_desc, c_desc, hp * wp, wp, k, k, k, dil, cin // bk, args.stages, bn,
-                                   num_warps=4)
+        launch()
         return y
 
     gluon_gemm()
@@ -325,7 +395,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--kernel", default="ring", choices=tuple(KERNELS),
-                    help="ring: one partition; ws: loads in a producer warp")
+                    help="ring: one partition; ws: loads in a producer warp; persistent: ring over tiles")
+    ap.add_argument("--ctas-per-sm", type=int, default=2, help="with --kernel persistent: programs per SM")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 offline, no GPU")
     ap.add_argument("--ncu", action="store_true", help="one launch, for ncu")
     ap.add_argument("--ptxas", default=None, help="with --compile-only: the ptxas to run ('none': PTX only)")
