@@ -325,6 +325,56 @@ def compile_only(args) -> int:
     return out.returncode
 
 
+def make_problem(p: dict, dtype, device):
+    """(x [N, Cin, D, H, W], weight [Cout, Cin, k, k, k], rows [R, Cin] of the padded channels-last
+    input, the weight as [Cout, taps x Cin]) of problem ``p`` (seed 0)."""
+    import torch
+    import torch.nn.functional as F
+
+    n, cin, cout, k, pad = p["n"], p["cin"], p["cout"], p["k"], p["pad"]
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(n, cin, *p["size"], device=device, generator=gen).to(dtype)
+    wt = (torch.randn(cout, cin, k, k, k, device=device, generator=gen) / math.sqrt(cin * k ** 3)).to(dtype)
+    rows = F.pad(x, [pad] * 6).permute(0, 2, 3, 4, 1).contiguous().view(-1, cin)
+    wk = wt.permute(0, 2, 3, 4, 1).reshape(cout, k ** 3 * cin).contiguous()
+    return x, wt, rows, wk
+
+
+def padded_dims(p: dict) -> tuple[int, int, int]:
+    return tuple(v + 2 * p["pad"] for v in p["size"])
+
+
+def tap_gemm_torch(rows, wk, p: dict):
+    """The kernels' arithmetic in PyTorch (float64): Y[m] = sum_t rows[m + shift(t)] @ W[t]^T,
+    rows past the end read as zeros (TMA's out-of-bounds fill)."""
+    import torch
+
+    k, dil, cin = p["k"], p["dil"], p["cin"]
+    _, hp, wp = padded_dims(p)
+    r = rows.shape[0]
+    src = torch.cat([rows.double(), rows.new_zeros(2 * r, cin).double()])
+    y = torch.zeros(r, wk.shape[0], dtype=torch.float64, device=rows.device)
+    for t in range(k ** 3):
+        td, th, tw = t // (k * k), (t // k) % k, t % k
+        shift = (td * hp * wp + th * wp + tw) * dil
+        y += src[shift:shift + r] @ wk[:, t * cin:(t + 1) * cin].double().T
+    return y
+
+
+def valid_outputs(y, p: dict):
+    """The rows of Y that are outputs (their taps inside the padded box), as [N, Cout, D', H', W']."""
+    dp, hp, wp = padded_dims(p)
+    reach = (p["k"] - 1) * p["dil"]
+    return y.view(p["n"], dp, hp, wp, -1)[:, :dp - reach, :hp - reach, :wp - reach].permute(0, 4, 1, 2, 3)
+
+
+def reference(x, wt, p: dict):
+    """The dilated correlation of the padded input in float64 (what the valid rows must equal)."""
+    import torch.nn.functional as F
+
+    return F.conv3d(F.pad(x, [p["pad"]] * 6).double(), wt.double(), dilation=p["dil"])
+
+
 def run_on_gpu(args) -> int:
     import torch
     import torch.nn.functional as F
@@ -335,13 +385,8 @@ def run_on_gpu(args) -> int:
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     n, cin, cout, k, dil, pad = p["n"], p["cin"], p["cout"], p["k"], p["dil"], p["pad"]
     d, h, w = p["size"]
-    dp, hp, wp = d + 2 * pad, h + 2 * pad, w + 2 * pad
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(n, cin, d, h, w, device="cuda", generator=gen).to(dt)
-    wt = (torch.randn(cout, cin, k, k, k, device="cuda", generator=gen) / math.sqrt(cin * k ** 3)).to(dt)
-    xp = F.pad(x, [pad] * 6).permute(0, 2, 3, 4, 1).contiguous()  # padded channels-last
-    rows = xp.view(-1, cin)
-    wk = wt.permute(0, 2, 3, 4, 1).reshape(cout, k ** 3 * cin).contiguous()  # [Cout, taps x Cin]
+    _, hp, wp = padded_dims(p)
+    x, wt, rows, wk = make_problem(p, dt, "cuda")
     y = torch.empty(rows.shape[0], cout, device="cuda", dtype=torch.float32)
     bm, bn, bk = _tiles(args.dtype, cin, cout)
     g = _gl_dtype(args.dtype)
@@ -372,9 +417,8 @@ def run_on_gpu(args) -> int:
         return 0
     # Valid rows: padded positions whose taps stay inside the padded box; there Y is the dilated
     # correlation of the padded input.
-    ref = F.conv3d(F.pad(x, [pad] * 6).double(), wt.double(), dilation=dil)  # [N, Cout, Dp-4, Hp-4, Wp-4]
-    got = y.view(n, dp, hp, wp, cout)[:, :ref.shape[2], :ref.shape[3], :ref.shape[4]].permute(0, 4, 1, 2, 3)
-    err = (got.double() - ref).abs().max().item() / ref.abs().max().item()
+    ref = reference(x, wt, p)
+    err = (valid_outputs(y, p).double() - ref).abs().max().item() / ref.abs().max().item()
     useful = 2 * n * d * h * w * cout * cin * k ** 3  # the 16 x 16 x 32 x 32 positions that matter
     ms = triton.testing.do_bench(gluon_gemm, warmup=25, rep=200)
     # The same arithmetic in cuDNN: the dilated correlation of the padded channels-last input.

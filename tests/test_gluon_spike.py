@@ -30,3 +30,22 @@ def test_spike_compiles_for_sm90(dtype, kernel, capsys):
     assert mod.main(["--compile-only", "--dtype", dtype, "--kernel", kernel, "--stages", "3", "--ptxas", "none"]) == 0
     out = capsys.readouterr().out
     assert f"tap_gemm {kernel} {dtype}: tiles 128x64x32, 3 stages" in out and "B shared memory" in out
+
+
+@pytest.mark.parametrize("problem", [
+    dict(n=2, cin=4, cout=3, size=(3, 4, 5), k=3, dil=2, pad=2),
+    dict(n=1, cin=2, cout=5, size=(2, 3, 4), k=3, dil=1, pad=1),
+    dict(n=2, cin=3, cout=1, size=(3, 3, 2), k=2, dil=1, pad=1),
+], ids=["kb77-like-k3-d2", "k3-d1", "k2-cout1"])
+def test_spike_rows_and_shifts_are_the_padded_correlation(problem):
+    # The host side of the GPU check, on the CPU: the kernels' arithmetic over the padded
+    # channels-last rows (tap shifts, zero rows past the end) restricted to the valid rows is
+    # the dilated correlation that the script compares the kernels with.
+    import torch
+
+    mod = _spike()
+    x, wt, rows, wk = mod.make_problem(problem, torch.float64, "cpu")
+    got = mod.valid_outputs(mod.tap_gemm_torch(rows, wk, problem), problem)
+    ref = mod.reference(x, wt, problem)
+    assert got.shape == ref.shape
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
