@@ -24,7 +24,7 @@ rather than 3.9's ``allocate_mbarrier``, ``mbarrier.expect`` with a positional b
 TMA copies under the name each version has (``tma_load``, ``tma_store`` below).
 
     # offline, any machine: compile for sm_90 and print ptxas's registers, spills, shared memory
-    python3 scripts/gluon_tap_gemm_spike.py --compile-only [--kernel ring|ws|persistent] [--dtype fp32|bf16] [--stages 3]
+    python3 scripts/gluon_tap_gemm_spike.py --compile-only [--kernel ring|ws|persistent] [--dtype fp32|bf16]
     # on the GPU machine: check against conv3d in float64 and time against the Triton engine
     python3 scripts/gluon_tap_gemm_spike.py [--kernel ring|ws|persistent] [--dtype fp32|bf16] [--stages 3]
     /usr/local/cuda/bin/ncu --set full -k regex:tap_gemm -c 1 python3 scripts/gluon_tap_gemm_spike.py --ncu

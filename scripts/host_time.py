@@ -317,8 +317,8 @@ def cmd_network(args) -> None:
         print(f"{label}: {runtime_calls(prof)}", flush=True)
         kernels[label] = networks.top_kernels(prof.events(), None)
         if label != "untouched":
-            print(f"  kernel us changed against untouched: {networks.kernel_changes(kernels['untouched'], kernels[label])}",
-                  flush=True)
+            changes = networks.kernel_changes(kernels["untouched"], kernels[label])
+            print(f"  kernel us changed against untouched: {changes}", flush=True)
     _, decisions = networks._layer_engines(auto_m, fns["auto"])
     print("auto's layers:\n  " + "\n  ".join(decisions), flush=True)
 

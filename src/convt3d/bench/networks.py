@@ -792,7 +792,8 @@ def _failure(net: Network, mode: NetMode | None, exc: BaseException) -> dict:
 
 def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto", settings=None,
                  status: Callable[[str], None] | None = None, advance: Callable[[], None] | None = None,
-                 device: str = "cuda", timer=None, rounds: int = DEFAULT_PAIRS, tiny: bool = False, measure: bool = True,
+                 device: str = "cuda", timer=None, rounds: int = DEFAULT_PAIRS, tiny: bool = False,
+                 measure: bool = True,
                  on_network: Callable[[list, list, list], None] | None = None, tune: bool = False
                  ) -> tuple[list[dict], list[dict], list[dict]]:
     """Time every network in every mode: (rows, failures, skipped).

@@ -394,7 +394,8 @@ def print_network_table(console, rows: list[dict], title: str) -> None:
 
     table = Table(title=title, header_style="bold")
     cols = [("network", "left"), ("mode", "left"), ("dtype", "left"), ("patched layers: engine", "left"),
-            ("convT share", "right"), ("untouched ms", "right"), ("patched ms", "right"), ("ratio (pairs' quartiles)", "right"),
+            ("convT share", "right"), ("untouched ms", "right"), ("patched ms", "right"),
+            ("ratio (pairs' quartiles)", "right"),
             ("first call s (untouched / patched)", "right"), ("rel err vs ref (patched / untouched)", "right"),
             ("ref", "left")]
     for name, justify in cols:
