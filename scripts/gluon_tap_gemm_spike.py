@@ -113,38 +113,73 @@ def _store_tile(c_desc, acc, off_m, off_n):
 
 
 @gluon.jit
-def tap_gemm_kernel(a_desc, b_desc, c_desc, plane, row,
+def _issue_step(a_desc, b_desc, a_smem, b_smem, bars, g, pid, programs, n_tiles_m, plane, row,
+                STEPS: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
+                K_CHUNKS: gl.constexpr, STAGES: gl.constexpr):
+    """The loads of a program's K step ``g``, numbered across its tiles (pid, pid + programs,
+    ...; M-major over ``n_tiles_m`` along M): step g % STEPS of its tile g // STEPS."""
+    tile = pid + (g // STEPS) * programs
+    off_m = (tile % n_tiles_m) * a_desc.block_type.shape[0]
+    off_n = (tile // n_tiles_m) * b_desc.block_type.shape[0]
+    _issue(a_desc, b_desc, a_smem, b_smem, bars, g % STAGES, g % STEPS, off_m, off_n, plane, row, KH, KW, DIL,
+           K_CHUNKS)
+
+
+@gluon.jit
+def _prefetch(a_desc, b_desc, a_smem, b_smem, bars, total, pid, programs, n_tiles_m, plane, row,
+              STEPS: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
+              K_CHUNKS: gl.constexpr, STAGES: gl.constexpr):
+    """The first STAGES - 1 of a program's ``total`` K steps in flight."""
+    for i in gl.static_range(STAGES - 1):
+        if i < total:
+            _issue_step(a_desc, b_desc, a_smem, b_smem, bars, i, pid, programs, n_tiles_m, plane, row, STEPS, KH,
+                        KW, DIL, K_CHUNKS, STAGES)
+
+
+@gluon.jit
+def _tile_mainloop(a_desc, b_desc, a_smem, b_smem, bars, t, total, pid, programs, n_tiles_m, plane, row,
+                   STEPS: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
+                   K_CHUNKS: gl.constexpr, STAGES: gl.constexpr, INSTR_N: gl.constexpr, num_warps: gl.constexpr):
+    """The accumulator of a program's tile ``t``: for each of its K steps, wait for the stage to
+    land, issue its wgmma, and once at most that wgmma is in flight (so the stage of the step
+    before is free) refill the ring STAGES - 1 steps ahead, into the next tile where the steps
+    run past this one."""
+    acc = _zero_acc(a_desc.block_type.shape[0], b_desc.block_type.shape[0], INSTR_N,
+                    a_desc.dtype.primitive_bitwidth, num_warps)
+    for k in range(STEPS):
+        g = t * STEPS + k
+        s = g % STAGES
+        mbarrier.wait(bars.index(s), (g // STAGES) & 1)
+        acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
+        nxt = g + STAGES - 1
+        if nxt < total:
+            _issue_step(a_desc, b_desc, a_smem, b_smem, bars, nxt, pid, programs, n_tiles_m, plane, row, STEPS, KH,
+                        KW, DIL, K_CHUNKS, STAGES)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+
+@gluon.jit
+def tap_gemm_kernel(a_desc, b_desc, c_desc, plane, row, n_tiles_m,
                     KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
                     K_CHUNKS: gl.constexpr, STAGES: gl.constexpr, INSTR_N: gl.constexpr, num_warps: gl.constexpr):
-    """C[off_m:+BLOCK_M, off_n:+BLOCK_N] of Y = sum_t Xp[m + shift(t)] @ W[t]^T (see the module
-    docstring). ``a_desc``: Xp rows [R, Cin] in boxes [BLOCK_M, BLOCK_K]; ``b_desc``: W as
-    [Cout, taps x Cin] (K contiguous, as wgmma wants for tf32) in boxes [BLOCK_N, BLOCK_K];
-    ``c_desc``: Y [R, Cout] fp32 in boxes [BLOCK_M, BLOCK_N]."""
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    """Tile ``program_id`` (M-major, ``n_tiles_m`` along M) of Y = sum_t Xp[m + shift(t)] @ W[t]^T
+    (see the module docstring). ``a_desc``: Xp rows [R, Cin] in boxes [BLOCK_M, BLOCK_K];
+    ``b_desc``: W as [Cout, taps x Cin] (K contiguous, as wgmma wants for tf32) in boxes
+    [BLOCK_N, BLOCK_K]; ``c_desc``: Y [R, Cout] fp32 in boxes [BLOCK_M, BLOCK_N]."""
     STEPS: gl.constexpr = KD * KH * KW * K_CHUNKS
-    off_m = gl.program_id(0) * BLOCK_M
-    off_n = gl.program_id(1) * BLOCK_N
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
     a_smem, b_smem = _ring(a_desc, b_desc, STAGES)
     bars = _barriers(STAGES)
-    for i in gl.static_range(STAGES - 1):
-        _issue(a_desc, b_desc, a_smem, b_smem, bars, i, i, off_m, off_n, plane, row, KH, KW, DIL, K_CHUNKS)
-
-    acc = _zero_acc(BLOCK_M, BLOCK_N, INSTR_N, a_desc.dtype.primitive_bitwidth, num_warps)
-    for k in range(STEPS):
-        s = k % STAGES
-        mbarrier.wait(bars.index(s), (k // STAGES) & 1)
-        acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
-        # At most this step's wgmma in flight: the stage of step k - 1 is free to refill.
-        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
-        nxt = k + STAGES - 1
-        if nxt < STEPS:
-            _issue(a_desc, b_desc, a_smem, b_smem, bars, nxt % STAGES, nxt, off_m, off_n, plane, row, KH, KW, DIL,
-                   K_CHUNKS)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    _prefetch(a_desc, b_desc, a_smem, b_smem, bars, STEPS, pid, programs, n_tiles_m, plane, row, STEPS, KH, KW, DIL,
+              K_CHUNKS, STAGES)
+    acc = _tile_mainloop(a_desc, b_desc, a_smem, b_smem, bars, 0, STEPS, pid, programs, n_tiles_m, plane, row, STEPS,
+                         KH, KW, DIL, K_CHUNKS, STAGES, INSTR_N, num_warps)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
-    _store_tile(c_desc, acc, off_m, off_n)
+    _store_tile(c_desc, acc, (pid % n_tiles_m) * c_desc.block_type.shape[0],
+                (pid // n_tiles_m) * c_desc.block_type.shape[1])
 
 
 # ---- the second rung: a producer warp ---------------------------------------------------------
@@ -190,7 +225,8 @@ def tap_gemm_ws_kernel(a_desc, b_desc, c_desc, plane, row,
                        KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
                        K_CHUNKS: gl.constexpr, STAGES: gl.constexpr, INSTR_N: gl.constexpr,
                        num_warps: gl.constexpr):
-    """``tap_gemm_kernel``'s tile with its loads in a producer warp (arguments as there)."""
+    """``tap_gemm_kernel``'s tile with its loads in a producer warp, on a 2-D grid of (M tiles, N
+    tiles) instead of ``n_tiles_m``; other arguments as there."""
     STEPS: gl.constexpr = KD * KH * KW * K_CHUNKS
     off_m = gl.program_id(0) * c_desc.block_type.shape[0]
     off_n = gl.program_id(1) * c_desc.block_type.shape[1]
@@ -208,29 +244,18 @@ def tap_gemm_ws_kernel(a_desc, b_desc, c_desc, plane, row,
 
 
 # ---- the third rung: persistent programs ------------------------------------------------------
-# ``ring``'s loop over a program's share of the tiles (tile = pid + t * programs), its K steps
+# ``ring``'s tile loop over a program's share of the tiles (tile = pid + t * programs), its K steps
 # numbered across tiles so that the ring keeps prefetching over a tile boundary, and the store
 # of a tile left in flight while the next tile's wgmmas run (one C buffer: a tile waits for the
-# previous store only when it writes its own).
-@gluon.jit
-def _issue_global(a_desc, b_desc, a_smem, b_smem, bars, g, pid, programs, n_tiles_m, plane, row,
-                  STEPS: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
-                  K_CHUNKS: gl.constexpr, STAGES: gl.constexpr):
-    """The loads of a program's global K step ``g``: step g % STEPS of its tile g // STEPS."""
-    tile = pid + (g // STEPS) * programs
-    off_m = (tile % n_tiles_m) * a_desc.block_type.shape[0]
-    off_n = (tile // n_tiles_m) * b_desc.block_type.shape[0]
-    _issue(a_desc, b_desc, a_smem, b_smem, bars, g % STAGES, g % STEPS, off_m, off_n, plane, row, KH, KW, DIL,
-           K_CHUNKS)
-
-
+# previous store only when it writes its own). With one tile per program it is ``ring``, except
+# that its C buffer is not reused from the ring.
 @gluon.jit
 def tap_gemm_persistent_kernel(a_desc, b_desc, c_desc, plane, row, n_tiles_m, n_tiles,
                                KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr,
                                K_CHUNKS: gl.constexpr, STAGES: gl.constexpr, INSTR_N: gl.constexpr,
                                num_warps: gl.constexpr):
-    """``tap_gemm_kernel`` over tiles ``pid, pid + programs, ...`` of the ``n_tiles`` (M-major,
-    ``n_tiles_m`` along M); other arguments as there."""
+    """``tap_gemm_kernel`` over tiles ``pid, pid + programs, ...`` of the ``n_tiles``; other
+    arguments as there."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     STEPS: gl.constexpr = KD * KH * KW * K_CHUNKS
@@ -241,24 +266,12 @@ def tap_gemm_persistent_kernel(a_desc, b_desc, c_desc, plane, row, n_tiles_m, n_
     a_smem, b_smem = _ring(a_desc, b_desc, STAGES)
     bars = _barriers(STAGES)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    for i in gl.static_range(STAGES - 1):
-        if i < total:
-            _issue_global(a_desc, b_desc, a_smem, b_smem, bars, i, pid, programs, n_tiles_m, plane, row, STEPS, KH,
-                          KW, DIL, K_CHUNKS, STAGES)
+    _prefetch(a_desc, b_desc, a_smem, b_smem, bars, total, pid, programs, n_tiles_m, plane, row, STEPS, KH, KW, DIL,
+              K_CHUNKS, STAGES)
     for t in range(my_tiles):
         tile = pid + t * programs
-        acc = _zero_acc(BLOCK_M, BLOCK_N, INSTR_N, a_desc.dtype.primitive_bitwidth, num_warps)
-        for k in range(STEPS):
-            g = t * STEPS + k
-            s = g % STAGES
-            mbarrier.wait(bars.index(s), (g // STAGES) & 1)
-            acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
-            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
-            nxt = g + STAGES - 1
-            if nxt < total:
-                _issue_global(a_desc, b_desc, a_smem, b_smem, bars, nxt, pid, programs, n_tiles_m, plane, row,
-                              STEPS, KH, KW, DIL, K_CHUNKS, STAGES)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = _tile_mainloop(a_desc, b_desc, a_smem, b_smem, bars, t, total, pid, programs, n_tiles_m, plane, row,
+                             STEPS, KH, KW, DIL, K_CHUNKS, STAGES, INSTR_N, num_warps)
         tma.store_wait(0)  # the previous tile's store has read c_smem
         c_smem.store(acc)
         fence_async_shared()
@@ -398,13 +411,16 @@ def run_on_gpu(args) -> int:
                               gl.NVMMASharedLayout.get_default_for([bm, bn], gl.float32))
     n_tiles_m, n_tiles_n = triton.cdiv(rows.shape[0], bm), triton.cdiv(cout, bn)
     consts = (k, k, k, dil, cin // bk, args.stages, bn)
+    n_tiles = n_tiles_m * n_tiles_n
     if args.kernel == "persistent":
-        programs = min(n_tiles_m * n_tiles_n,
-                       torch.cuda.get_device_properties(0).multi_processor_count * args.ctas_per_sm)
+        programs = min(n_tiles, torch.cuda.get_device_properties(0).multi_processor_count * args.ctas_per_sm)
         launch = lambda: tap_gemm_persistent_kernel[(programs,)](  # noqa: E731
-            a_desc, b_desc, c_desc, hp * wp, wp, n_tiles_m, n_tiles_m * n_tiles_n, *consts, num_warps=4)
+            a_desc, b_desc, c_desc, hp * wp, wp, n_tiles_m, n_tiles, *consts, num_warps=4)
+    elif args.kernel == "ring":
+        launch = lambda: tap_gemm_kernel[(n_tiles,)](  # noqa: E731
+            a_desc, b_desc, c_desc, hp * wp, wp, n_tiles_m, *consts, num_warps=4)
     else:
-        launch = lambda: KERNELS[args.kernel][(n_tiles_m, n_tiles_n)](  # noqa: E731
+        launch = lambda: tap_gemm_ws_kernel[(n_tiles_m, n_tiles_n)](  # noqa: E731
             a_desc, b_desc, c_desc, hp * wp, wp, *consts, num_warps=4)
 
     def gluon_gemm():
