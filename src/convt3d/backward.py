@@ -244,11 +244,13 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
 
 
 def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str,
-                 out_dtype: torch.dtype, config: WgradConfig | HB.HeadWgradConfig | None = None) -> torch.Tensor:
+                 out_dtype: torch.dtype, config: WgradConfig | HB.HeadWgradConfig | None = None,
+                 dyp: torch.Tensor | None = None) -> torch.Tensor:
     """dW [Cin, Cout/g, kD, kH, kW] (contiguous) by ``kernels.wgrad_bwd.wgrad_kernel``, or by the
-    head kernel (``head_backward``) for a :class:`~convt3d.head_backward.HeadWgradConfig`."""
+    head kernel (``head_backward``) for a :class:`~convt3d.head_backward.HeadWgradConfig`, which
+    takes ``dyp``, the zero-padded dY made for the call, where there is one."""
     if isinstance(config, HB.HeadWgradConfig):
-        return HB.head_wgrad(dy, x, params, precision, out_dtype, config)
+        return HB.head_wgrad(dy, x, params, precision, out_dtype, config, dyp=dyp)
     if x.device.type == "cpu" and not interpreter_active():
         raise BackendUnavailableError(
             "the Triton weight-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
@@ -356,11 +358,13 @@ def _dy_in_place_ok(dy: torch.Tensor, params: ConvT3dParams) -> bool:
 
 def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
                  config: DgradConfig | HB.HeadDgradConfig | None = None,
-                 x_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+                 x_format: torch.memory_format = torch.contiguous_format,
+                 dyp: torch.Tensor | None = None) -> torch.Tensor:
     """dX [N, Cin, D, H, W] in ``x_format`` by ``kernels.dgrad_bwd.dgrad_kernel``, or by the head
-    kernel (``head_backward``) for a :class:`~convt3d.head_backward.HeadDgradConfig`."""
+    kernel (``head_backward``) for a :class:`~convt3d.head_backward.HeadDgradConfig`, which takes
+    ``dyp``, the zero-padded dY made for the call, where there is one."""
     if isinstance(config, HB.HeadDgradConfig):
-        return HB.head_dgrad(dy, w, params, precision, x_dtype, config, x_format)
+        return HB.head_dgrad(dy, w, params, precision, x_dtype, config, x_format, dyp=dyp)
     if dy.device.type == "cpu" and not interpreter_active():
         raise BackendUnavailableError(
             "the Triton input-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
@@ -668,19 +672,16 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
         gx = gx_t if use_torch_x else None
         gw = gw_t if use_torch_w else None
         need_b = False
-    head_x = need_x and not use_torch_x and isinstance(ximpl.config, HB.HeadDgradConfig)
-    head_w = need_w and not use_torch_w and isinstance(wimpl.config, HB.HeadWgradConfig)
-    if head_x and head_w and w.dtype == x.dtype:
+    dyp = None
+    if (need_x and not use_torch_x and isinstance(ximpl.config, HB.HeadDgradConfig) and need_w and not use_torch_w
+            and isinstance(wimpl.config, HB.HeadWgradConfig) and w.dtype == x.dtype):
         # Both head kernels read the same zero-padded dY: one copy for the two (a head's dY is
         # its largest tensor; 33 MB in bf16 for the k2s2 8 -> 2 head at 128^3).
         dyp = HB.padded_dy(dy.to(x.dtype), params)
-        gx = HB.head_dgrad(dy, w, params, precision, x.dtype, ximpl.config, fx, dyp=dyp)
-        gw = HB.head_wgrad(dy, x, params, precision, w.dtype, wimpl.config, dyp=dyp)
-        need_x = need_w = False
     if need_x and not use_torch_x:
-        gx = dgrad_triton(dy, w, params, precision, x.dtype, ximpl.config, fx)
+        gx = dgrad_triton(dy, w, params, precision, x.dtype, ximpl.config, fx, dyp=dyp)
     if need_w and not use_torch_w:
-        gw = wgrad_triton(dy, x, params, precision, w.dtype, wimpl.config)
+        gw = wgrad_triton(dy, x, params, precision, w.dtype, wimpl.config, dyp=dyp)
     if need_b:
         # fp32 accumulation for 16-bit dY, as PyTorch's bias gradient.
         gb = dy.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(dy.dtype)
