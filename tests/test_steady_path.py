@@ -514,3 +514,31 @@ def test_a_timed_training_step_under_autocast_differentiates_through_the_casts(m
             grads = engine._step(call, lambda: None)()
             assert [g.dtype for g in grads] == [torch.float32, torch.float32]  # dW, db of the fp32 leaves
             assert grads[0].shape == w.shape and grads[1].shape == b.shape
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["forward", "training-step"])
+def test_timed_calls_after_the_first_are_steady_path_repeats(requires_grad, monkeypatch):
+    # Engine.time's first call is a first sight (the engine primes its caches); every timed call
+    # after it is a repeat, as the steady path makes it -- for a training step as for a forward.
+    from convt3d import engines
+    from convt3d.engines import ENGINES
+
+    call, _ = _autocast_call(requires_grad=requires_grad)
+    assert call.training is requires_grad
+    engine = ENGINES["triton"]
+    seen = []
+
+    def run(c):
+        seen.append(c.repeat)
+        return F.conv_transpose3d(c.x, c.weight, c.bias, 2, 1, 1)
+
+    def bench(fn, first=None):
+        (first or fn)()
+        fn(), fn()
+        return engines.Timing(1.0, 0.1)
+
+    monkeypatch.setattr(engine, "run", run)
+    monkeypatch.setattr(engines, "_bench", bench)
+    with torch.autocast("cpu", torch.bfloat16):
+        engine.time(call)
+    assert seen == [False, True, True]

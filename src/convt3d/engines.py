@@ -52,11 +52,12 @@ class Timing(NamedTuple):
     ``ms``: do_bench's median of back-to-back calls. It hides up to ~80 us of a call's host
     time: do_bench flushes the L2 (a 256 MB fill) before each timed call, and the call's host
     work before its first launch runs while the flush does. ``host_ms``: the host time per call
-    of up to ``HOST_CALLS`` calls enqueued without synchronising. In a network that waits on the GPU now and then (a ``.item()``, a
-    copy to the host), host time and GPU time add up, so "auto" charges a candidate the host
-    time it costs beyond PyTorch's (``dispatch.pick``): on the H200 (2026-12-01) the VQ-VAE
-    decoder's 240 -> 240 layer measured Triton 0.674 ms against PyTorch's 0.760, but its public
-    call cost 186 us of host against PyTorch's 58, and the patched network read 0.95x."""
+    of up to ``HOST_CALLS`` calls enqueued without synchronising. In a network that waits on the
+    GPU now and then (a ``.item()``, a copy to the host), host time and GPU time add up, so
+    "auto" charges a candidate the host time it costs beyond PyTorch's (``dispatch.pick``): on
+    the H200 (2026-12-01) the VQ-VAE decoder's 240 -> 240 layer measured Triton 0.674 ms against
+    PyTorch's 0.760, but its public call cost 186 us of host against PyTorch's 58, and the
+    patched network read 0.95x."""
 
     ms: float
     host_ms: float
@@ -133,7 +134,8 @@ class Engine:
             # ranks); the timed ones are repeats.
             with torch.no_grad():
                 return _bench(lambda: forward(True), first=lambda: forward(False))
-        return _bench(self._step(call, cost))
+        step = self._step(call, cost)
+        return _bench(step, first=lambda: step(False))
 
     def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
         """One call as ``convt3d.conv_transpose3d`` makes it once this engine is decided: from
@@ -157,16 +159,17 @@ class Engine:
         """One training step on the call's own tensors (the caller's, where autocast cast them,
         with their casts in the step and in its backward): the steady path's memo check
         (``cost``), the forward, then the gradients of the tensors that require them, for a
-        fixed random output gradient."""
+        fixed random output gradient. ``step(repeat)``: a steady-path repeat unless ``repeat`` is
+        False (the first step, a first sight as the forward's first timed call is)."""
         leaves = tuple(None if t is None else t.detach().requires_grad_(t.requires_grad) for t in call.given)
         wanted = [t for t in leaves if t is not None and t.requires_grad]
         with torch.no_grad():
             dy = torch.randn_like(torch_forward(call.x, call.weight, call.bias, call.params, call.requested))
 
-        def step():
+        def step(repeat: bool = True):
             with torch.enable_grad():
                 cost()
-                return torch.autograd.grad(self._timed(call, leaves, True, False), wanted, dy)
+                return torch.autograd.grad(self._timed(call, leaves, True, repeat), wanted, dy)
 
         return step
 
