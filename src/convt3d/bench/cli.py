@@ -364,6 +364,8 @@ def _networks_main(args, argv: list[str]) -> int:
 
     if args.ddp is not None:
         return _run_ddp(args, nets)
+    if args.rounds is None:
+        args.rounds = networks.DEFAULT_PAIRS
 
     import torch
 
@@ -404,13 +406,7 @@ def _network_settings(args, nets, modes) -> dict:
     return {"suite": "networks", "cases": [n.name for n in nets], "modes": [m.label for m in modes],
             "backend": args.backend, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "min_reps": args.min_reps,
             "seed": args.seed, "cudnn_benchmark": args.cudnn_benchmark, "tune": args.tune,
-            "first_calls": args.first_calls, "pairs": args.rounds or _default_pairs()}
-
-
-def _default_pairs() -> int:
-    from .networks import DEFAULT_PAIRS
-
-    return DEFAULT_PAIRS
+            "first_calls": args.first_calls, "pairs": args.rounds}
 
 
 def _run_network_check(args, argv: list[str], nets) -> int:
@@ -475,8 +471,7 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
         # The JSON is rewritten after each network: an interrupted run keeps what it measured.
         rows, failures, skipped = networks.run_networks(nets, modes, args.backend, settings, prog.status,
                                                         prog.advance, on_network=write, tune=args.tune,
-                                                        measure=not args.first_calls,
-                                                        rounds=args.rounds or _default_pairs())
+                                                        measure=not args.first_calls, rounds=args.rounds)
     seconds = time.perf_counter() - t0
     summary = []
     if rows and args.first_calls:
