@@ -179,8 +179,9 @@ wanted cuda && bench cuda 120 --suite kernelbench --backend cuda --precision exa
 wanted auto && run_part auto 300 12 python3 scripts/gpu_auto.py "$LOGDIR/auto.json"
 if wanted spike; then
   for k in ring ws persistent; do
-    run_part "spike_${k}_fp32" 90 4 python3 scripts/gluon_tap_gemm_spike.py --kernel "$k" --dtype fp32
-    run_part "spike_${k}_bf16" 90 4 python3 scripts/gluon_tap_gemm_spike.py --kernel "$k" --dtype bf16
+    for dt in fp32 bf16; do
+      run_part "spike_${k}_${dt}" 90 4 python3 scripts/gluon_tap_gemm_spike.py --kernel "$k" --dtype "$dt"
+    done
   done
 fi
 
