@@ -953,6 +953,9 @@ class Config:
     maxnreg: int | None = None  # register cap per thread (occupancy)
     tma: bool = False  # operands through tensor descriptors (TMA) where the layout allows
     flat: bool = False  # flat_gemm_kernel: 2-D TMA boxes over a zero-haloed input copy (Hopper)
+    # With flat: box_gemm_kernel (kernels/gluon_gemm.py, Gluon, sm_90 only) on the same padded
+    # copy, tiles of BLOCK_M // BLOCK_W x BLOCK_W compact positions.
+    gluon: bool = False
     fold: int = 1  # groups merged per GEMM (group_folds): block-diagonal weight, wider tiles
     # Output-head path (head_engine, kernels/head_gemm.py): "gather" or "direct", "" otherwise.
     # Its GEMM tile is BLOCK_M input positions x BLOCK_N (Cout/g x taps) x BLOCK_K; BLOCK_W is
@@ -971,12 +974,13 @@ class Config:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
                     f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}")
         kind = "dot" if self.use_dot else "fma"
-        tile = "" if self.flat else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
+        tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
                 f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}" + (" wg2" if self.W_GROUP == 2 else "")
                 + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp") + (f" {self.x_cache}" if self.x_cache else "")
                 + (f" r{self.maxnreg}" if self.maxnreg else "") + (" tma" if self.tma else "")
-                + (" flat" if self.flat else "") + (f" fold{self.fold}" if self.fold > 1 else ""))
+                + (" flat" if self.flat else "") + (" gluon" if self.gluon else "")
+                + (f" fold{self.fold}" if self.fold > 1 else ""))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -1015,7 +1019,8 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
-                      channels_last_out: bool = False, flat: bool = False) -> tuple[Config, ...]:
+                      channels_last_out: bool = False, flat: bool = False,
+                      gluon: bool = False) -> tuple[Config, ...]:
     """All configurations tried for one GEMM shape and dtype; the first is the untuned default.
 
     Measured on the H200 (scripts/gpu_config_sweep.py, NOTES.md; 2026-11-29, commit 1bd87ef), why these tiles:
@@ -1072,7 +1077,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
             return None  # accumulators would spill
         if stages * (bn * block_k + block_k * bm) * esize > 200 * 1024:
             return None  # operand ring beyond shared memory
-        bw = bm if kind.get("flat") else block_w(hw, bm)
+        bw = bm if kind.get("flat") and not kind.get("gluon") else block_w(hw, bm)
         return Config(bm, bn, block_k, bw, warps, stages, W_GROUP=wg, **kind)
 
     if flat and flat_unsupported(params, dtype, bk) is None:
@@ -1095,6 +1100,12 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
             # Cin/g = 48). H200, 2026-11-29, commit 97a1955, tf32x3: KB 70 (48 -> 24) 14.3 vs 15.2 ms, but KB 61
             # (48 -> 48) 11.4 vs 7.3 ms, so a candidate for the tuner, not a rule.
             plans.append((128, 3, fplane, {"flat": True, "block_k": 64}))
+        if gluon and (esize == 2 or precision == "tf32") and plane >= 64:  # wgmma: 64 rows per warpgroup
+            # box_gemm_kernel (wgmma reads fp32 as TF32 only, so not for tf32x3 / ieee). Last:
+            # the first candidate is the untuned default, and this one runs on sm_90 alone.
+            # Stages measured on KB 77's dense phase (H200, 2026-12-01, commit dab9ab0's
+            # spike, us for 2 / 3 / 4 stages): fp32 151.0 / 144.2 / 146.8, bf16 113.6 / 101.2 / 98.5.
+            plans.append((128, 3 if esize == 4 else 4, plane, {"flat": True, "gluon": True}))
     else:
         # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
         # tiles measured at commit 1bd87ef (2026-11-29).
@@ -2443,6 +2454,265 @@ def head_fused_kernel(
                              mask=o_ok[:, None] & co_ok[None, :])
 
 
+# ==================== convt3d/kernels/gluon_gemm.py (verbatim; package-relative imports rewritten) ====================
+"""The tensor-core engine's Hopper kernel in Gluon: the phase GEMMs of ``flat_gemm_kernel`` with
+the operand ring, the barriers and the MMA written out (``triton.experimental.gluon``).
+
+Why a second kernel for the same arithmetic: ``flat_gemm_kernel`` tiles whole padded rows of a
+compact plane (2-D TMA boxes, so every tap is one scalar shift) and leaves the pipelining to
+Triton. Its tiles include the padding columns, and Triton gives it no say over how loads and
+MMAs overlap. On KB 77's dense phase (262144 positions x 64 x 864, TF32; H200, triton 3.6,
+2026-12-01, ``scripts/gluon_tap_gemm_spike.py``), the tap GEMM over padded rows took 225.6 us
+with a 3-stage TMA ring and async wgmma. The same loop over boxes of output positions, as here,
+took 144.2 us, against 161.7 us for cuDNN's conv3d of the same arithmetic. ncu put both at
+70% of L2 throughput with 55% tensor-pipe use: they are bound by L2 traffic, not by latency.
+
+A program is one box of BH x BW compact positions of one (group, n, qd, phase group,
+Cout/g block). A K step (tap of its phase, block of BLOCK_K input channels) is one 5-D TMA box
+[1, 1, BH, BW, BLOCK_K] of the zero-haloed NDHWC input at the box shifted by the tap. It lands
+in shared memory as the BH x BW rows of channels that wgmma reads as its A tile, so the stage is
+allocated 2-D and reshaped to five dimensions only for the copy. The weight comes as one box
+[BLOCK_N, BLOCK_K] of the packed [G * taps * Cout/g, Cin/g] matrix, and wgmma reads it
+transposed. STAGES boxes are in flight, and one wgmma stays outstanding while the next box
+lands. Box coordinates past the buffer read as zeros. Past the tile's valid positions they only
+feed masked stores.
+
+The epilogue is ``flat_gemm_kernel``'s, written as stores from the accumulator's own layout:
+- each phase of a W-residue group (W_GROUP=2: stride 2 along W into NCDHW) is stored at its own
+  residue of the output row. The two halves of each row are written by the same program, one
+  after the other, so they meet in L2;
+- a residue with no taps (W_SKIP) gets the bias;
+- so do the companion rows of the empty row classes (``companion_masks``).
+
+Only sm_90 has wgmma, and Triton's interpreter does not run Gluon, so this kernel runs on Hopper
+GPUs only. The Triton kernels stay the portable path, and the tuner times this one against them.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+# The TMA load's name: triton 3.6 has only async_copy_global_to_shared, 3.9 only async_load
+# (the old name raises there). Same arguments: (descriptor, coordinates, barrier, destination).
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _row_value(tab_ptr, r, i):
+    """Column ``i`` of row ``r`` of the phase table (``phase_table``: 16 int32 per phase)."""
+    return gl.load(tab_ptr + r * 16 + i)
+
+
+@gluon.jit
+def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, w_row, jd, jh, jw,
+           OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base):
+    """Start the two boxes of one K step into stage ``s``: the input at the box shifted by tap
+    (jd, jh, jw) of the phase, channels ``c_base + cb`` on; the weight rows of that tap,
+    columns ``cb`` on (its matrix holds one group's Cin/g)."""
+    bar = bars.index(s)
+    mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+    tma_load(x_desc, [nb, d0 - jd * OSD, h0 - jh * OSH, w0 - jw * OSW, c_base + cb], bar,
+             a_smem.index(s).reshape(x_desc.block_type.shape))
+    kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
+    tma_load(w_desc, [w_base + kidx * COUT_G + w_row, cb], bar, b_smem.index(s))
+
+
+@gluon.jit
+def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, c_base, w_row, w_base,
+              CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW,
+              th, tw, t0d, t0h, t0w, mma_layout: gl.constexpr, STAGES: gl.constexpr):
+    """The accumulator of one phase: its ``n_iter`` K steps (taps x channel blocks, channel
+    block fastest), numbered from ``g0`` in the program's ring. Returns it and the next number."""
+    BLOCK_M: gl.constexpr = a_smem.shape[1]
+    BLOCK_K: gl.constexpr = a_smem.shape[2]
+    BLOCK_N: gl.constexpr = b_smem.shape[1]
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+    # The step to issue next, as (channel offset, jw, jh, jd) advanced by carries: runtime
+    # divisions per step cost more issue slots than a 128-row wgmma step leaves free.
+    cb = 0
+    jw = 0
+    jh = 0
+    jd = 0
+    for i in gl.static_range(STAGES - 1):
+        if i < n_iter:
+            _issue(x_desc, w_desc, a_smem, b_smem, bars, (g0 + i) % STAGES, nb, d0, h0, w0, c_base, cb, w_row,
+                   jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
+            cb += BLOCK_K
+            c_wrap = cb >= CIN_G
+            cb = gl.where(c_wrap, 0, cb)
+            jw += c_wrap.to(gl.int32)
+            w_wrap = jw >= tw
+            jw = gl.where(w_wrap, 0, jw)
+            jh += w_wrap.to(gl.int32)
+            h_wrap = jh >= th
+            jh = gl.where(h_wrap, 0, jh)
+            jd += h_wrap.to(gl.int32)
+    for k in range(n_iter):
+        g = g0 + k
+        s = g % STAGES
+        mbarrier.wait(bars.index(s), (g // STAGES) & 1)
+        acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
+        # At most this step's wgmma in flight: the stage of the step before is free again.
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
+        if k + STAGES - 1 < n_iter:
+            _issue(x_desc, w_desc, a_smem, b_smem, bars, (g + STAGES - 1) % STAGES, nb, d0, h0, w0, c_base, cb,
+                   w_row, jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
+            cb += BLOCK_K
+            c_wrap = cb >= CIN_G
+            cb = gl.where(c_wrap, 0, cb)
+            jw += c_wrap.to(gl.int32)
+            w_wrap = jw >= tw
+            jw = gl.where(w_wrap, 0, jw)
+            jh += w_wrap.to(gl.int32)
+            h_wrap = jh >= th
+            jh = gl.where(h_wrap, 0, jh)
+            jd += h_wrap.to(gl.int32)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, g0 + n_iter
+
+
+@gluon.jit
+def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw,
+           OFF32: gl.constexpr):
+    """Store ``vals`` [BLOCK_M, BLOCK_N] at output positions (od, oh[m], ow[m]) and channel
+    offsets ``y_co[n]``, inside the output only."""
+    ok = (od < OD) & (oh < OH) & (ow < OW)
+    if OFF32:
+        y_m = oh * stride_yh + ow * stride_yw
+    else:
+        y_m = oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
+    y_s = y_n + od.to(gl.int64) * stride_yd
+    gl.store(y_ptr + y_s + (gl.expand_dims(y_m, 1) + gl.expand_dims(y_co, 0)), vals.to(y_ptr.dtype.element_ty),
+             mask=gl.expand_dims(ok, 1) & gl.expand_dims(co_ok, 0))
+
+
+@gluon.jit
+def box_gemm_kernel(
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
+    N, CIN_G, COUT_G,
+    PD, PH, PW,
+    QD, OD, OH, OW,
+    NUM_GROUPS, KVOL,
+    KH, KW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    SD, SH, SW,
+    TSD, TSH, TSW,
+    OSD, OSH, OSW,
+    tiles_h, tiles_w, tiles_n,
+    HAS_BIAS: gl.constexpr,
+    W_GROUP: gl.constexpr,
+    W_SKIP: gl.constexpr,
+    OFF32: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """One box of compact positions of one phase group (see the module docstring). ``x_desc``:
+    the zero-haloed input [N, DP, HP, WP, C] in boxes [1, 1, BH, BW, BLOCK_K]; ``w_desc``: the
+    packed weight as [G * taps * Cout/g, Cin/g] in boxes [BLOCK_N, BLOCK_K]; the other arguments
+    are ``flat_gemm_kernel``'s, with the position tile as (tiles_h, tiles_w) boxes."""
+    BH: gl.constexpr = x_desc.block_type.shape[2]
+    BW: gl.constexpr = x_desc.block_type.shape[3]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
+    BLOCK_M: gl.constexpr = BH * BW
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    # wgmma's accumulator: one warpgroup along M per 4 warps, instruction [16, BLOCK_N, 32 bytes of K].
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1],
+        instr_shape=[16, BLOCK_N, 256 // x_desc.dtype.primitive_bitwidth])
+    m_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    n_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+
+    pid = gl.program_id(0)
+    pid_n = pid % tiles_n
+    t = pid // tiles_n
+    pgrp = t % NUM_GROUPS
+    t = t // NUM_GROUPS
+    pid_w = t % tiles_w
+    t = t // tiles_w
+    pid_h = t % tiles_h
+    t = t // tiles_h
+    qd = t % QD
+    t = t // QD
+    nb = t % N
+    grp = t // N
+    qh0 = pid_h * BH
+    qw0 = pid_w * BW
+
+    offs_m = gl.arange(0, BLOCK_M, layout=m_layout)
+    qh = qh0 + offs_m // BW
+    qw = qw0 + offs_m % BW
+    offs_co = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=n_layout)
+    co_ok = offs_co < COUT_G
+    if OFF32:  # the launcher checked that channel + in-slice offsets stay below 2^31
+        y_co = (grp * COUT_G + offs_co) * stride_yc
+    else:
+        y_co = (grp * COUT_G + offs_co).to(gl.int64) * stride_yc
+    y_n = nb.to(gl.int64) * stride_yn
+    bias = gl.zeros([BLOCK_N], gl.float32, n_layout)
+    if HAS_BIAS:
+        bias = gl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(gl.float32)
+
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], x_desc.dtype)
+    a_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_layout)
+    b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+
+    # The row class (rd, rh) and its compact bounds are those of the group's first phase.
+    row0 = pgrp * W_GROUP
+    rd = _row_value(tab_ptr, row0, 0)
+    rh = _row_value(tab_ptr, row0, 1)
+    qd_n = _row_value(tab_ptr, row0, 12)
+    qh_n = _row_value(tab_ptr, row0, 13)
+    od = qd * SD + rd
+    oh = qh * SH + rh
+    g = 0  # K steps this program has put through its ring
+    for j in gl.static_range(W_GROUP):
+        if j == W_SKIP:
+            fill = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout) + gl.expand_dims(bias, 0)
+            _store(y_ptr, y_n, fill, y_co, co_ok, od, oh, qw * SW + j, OD, OH, OW, stride_yd, stride_yh,
+                   stride_yw, OFF32)
+        else:
+            r = row0 + j
+            rw = _row_value(tab_ptr, r, 2)
+            td = _row_value(tab_ptr, r, 3)
+            th = _row_value(tab_ptr, r, 4)
+            tw = _row_value(tab_ptr, r, 5)
+            qw_n = _row_value(tab_ptr, r, 14)
+            active = (qd < qd_n) & (qh0 < qh_n) & (qw0 < qw_n)
+            k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
+            n_iter = gl.where(active, td * th * tw * k_blocks, 0)
+            acc, g = _mainloop(
+                x_desc, w_desc, a_smem, b_smem, bars, g, n_iter, nb,
+                qd + PD + _row_value(tab_ptr, r, 9), qh0 + PH + _row_value(tab_ptr, r, 10),
+                qw0 + PW + _row_value(tab_ptr, r, 11), grp * CIN_G, pid_n * BLOCK_N, grp * KVOL * COUT_G,
+                CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW, th, tw,
+                _row_value(tab_ptr, r, 6), _row_value(tab_ptr, r, 7), _row_value(tab_ptr, r, 8),
+                mma_layout, STAGES)
+            _store(y_ptr, y_n, acc + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, qw * SW + rw, OD, OH, OW,
+                   stride_yd, stride_yh, stride_yw, OFF32)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
+    # columns (every W residue of the group).
+    cmask = _row_value(tab_ptr, row0, 15)
+    if cmask != 0:
+        fill = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout) + gl.expand_dims(bias, 0)
+        for rc in range(SD * SH):
+            if ((cmask >> rc) & 1) != 0:
+                od_f = qd * SD + rc // SH
+                oh_f = qh * SH + rc % SH
+                for j in gl.static_range(W_GROUP):
+                    if W_GROUP == 1:
+                        ow_f = qw * SW + _row_value(tab_ptr, row0, 2)
+                    else:
+                        ow_f = qw * SW + j
+                    _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd, stride_yh,
+                           stride_yw, OFF32)
+
+
 # ==================== convt3d/errors.py (verbatim; package-relative imports rewritten) ====================
 """Exceptions of convt3d (invalid arguments raise PyTorch's own types; see ``convt3d.validate``)."""
 
@@ -2466,6 +2736,8 @@ from typing import Callable
 
 import torch
 import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 K = types.SimpleNamespace(
@@ -2491,6 +2763,14 @@ HK = types.SimpleNamespace(
     head_gemm_kernel=head_gemm_kernel,
     head_rows_kernel=head_rows_kernel,
 )
+GK = types.SimpleNamespace(
+    _issue=_issue,
+    _mainloop=_mainloop,
+    _row_value=_row_value,
+    _store=_store,
+    box_gemm_kernel=box_gemm_kernel,
+    tma_load=tma_load,
+)
 
 
 _INT32_MAX = 2**31 - 1
@@ -2512,7 +2792,7 @@ def _kernel(name: str, device: torch.device):
         raise BackendUnavailableError(
             "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
             "triton is imported: set TRITON_INTERPRET=1 in the environment (or move the tensors to CUDA)")
-    return getattr(HK if name.startswith("head_") else K, name)
+    return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2899,6 +3179,60 @@ def _flat_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: in
             TensorDescriptor(wp, [wp.numel() // cin_g, cin_g], [cin_g, 1], [cfg.BLOCK_N, cfg.BLOCK_K]))
 
 
+def gluon_capable(device: torch.device) -> bool:
+    """box_gemm_kernel can run here: wgmma is sm_90's alone, and Gluon has no interpreter."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, params: ConvT3dParams, geo,
+              has_bias: bool) -> Site:
+    """The launch site of box_gemm_kernel (descriptors from ``_box_descriptors``)."""
+    def build():
+        (pd, ph, pw), _ = geo
+        _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
+        q = params.compact_size
+        # Boxes cover the largest compact grid: those past a phase's own grid only store (the
+        # extra row or column of empty phases, KB 77).
+        tiles_h, tiles_w = _cdiv(q[1], cfg.BLOCK_M // cfg.BLOCK_W), _cdiv(q[2], cfg.BLOCK_W)
+        tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+        axes = params.axes
+        return Site("box_gemm_kernel", (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n,), (
+            params.batch, params.in_channels_per_group, params.out_channels_per_group,
+            pd, ph, pw,
+            q[0], *params.out_size,
+            n_groups, math.prod(params.kernel_size),
+            params.kernel_size[1], params.kernel_size[2],
+            *y.stride(),
+            *params.stride,
+            *(a.tap_step for a in axes),
+            *(a.offset_step for a in axes),
+            tiles_h, tiles_w, tiles_n,
+        ), dict(
+            HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
+            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        ))
+
+    return site(("box_gemm", params, cfg, y.stride(), n_groups, has_bias), build)
+
+
+@functools.lru_cache(maxsize=64)
+def _nvmma_layout(box: tuple, dtype: torch.dtype):
+    """The shared-memory layout wgmma reads a TMA box of ``box`` in (the widest swizzle its rows allow)."""
+    gdt = {torch.float32: gl.float32, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(box), gdt)
+
+
+def _box_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int):
+    """Gluon descriptors of box_gemm_kernel: 5-D boxes [1, 1, BH, BW, BLOCK_K] over the padded
+    input, 2-D boxes [BLOCK_N, BLOCK_K] over the packed weight as [rows, Cin/g] (made per call:
+    they hold the tensors' addresses)."""
+    a_box = (1, 1, cfg.BLOCK_M // cfg.BLOCK_W, cfg.BLOCK_W, cfg.BLOCK_K)
+    b_box = (cfg.BLOCK_N, cfg.BLOCK_K)
+    w2 = wp.view(-1, cin_g)
+    return (GluonDescriptor(xp, list(xp.shape), list(xp.stride()), list(a_box), _nvmma_layout(a_box, xp.dtype)),
+            GluonDescriptor(w2, list(w2.shape), list(w2.stride()), list(b_box), _nvmma_layout(b_box, wp.dtype)))
+
+
 def _phase_site(cfg: Config, params: ConvT3dParams, pl: "Plan", xin: torch.Tensor, wp: torch.Tensor, y: torch.Tensor,
                 n_groups: int, has_bias: bool, x_tma: bool, w_tma: bool) -> Site:
     """The launch site of phase_gemm_kernel (``x_tma`` / ``w_tma``: descriptors instead of
@@ -3116,7 +3450,8 @@ def plan(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision
         copy_input = use_dot and (x.stride(1) != 1 or round_tf32)
         # 16-bit operands ignore the dot's input precision; "tf32" keeps them on the chained
         # accumulate path (the "ieee" path sums each K block separately, see the kernel).
-        p = Plan(fmt, candidate_configs(params, x.dtype, precision, cl_out, flat=_tma_capable(x.device)),
+        p = Plan(fmt, candidate_configs(params, x.dtype, precision, cl_out, flat=_tma_capable(x.device),
+                                        gluon=gluon_capable(x.device)),
                  _tune_key(params, x, precision, cl_out), round_tf32, copy_input,
                  precision if is_fp32 else "tf32")
         _plans[key] = p
@@ -3190,6 +3525,13 @@ class _Steps:
             if self.prep is None:
                 self.prep = _padded_site(x, self.geo, round_tf32)
             xp = _prepare_padded_input(x, self.geo, round_tf32, self.prep)
+            if cfg.gluon:
+                gemm = self.gemm.get((True, True))
+                if gemm is None:
+                    gemm = self.gemm[(True, True)] = _box_site(cfg, xp, y, self.n_groups, params, self.geo,
+                                                               self.has_bias)
+                x_desc, w_desc = _box_descriptors(cfg, xp, wp, params.in_channels_per_group)
+                return gemm.launch(dev, x_desc, w_desc, b, y, self.tab)
             gemm = self.gemm.get((True, True))
             if gemm is None:
                 gemm = self.gemm[(True, True)] = _flat_site(cfg, xp, y, self.n_groups, params, self.geo,

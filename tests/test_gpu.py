@@ -178,6 +178,54 @@ def test_grouped_every_candidate_config(geom, layout, dtype):
 
 
 # ------------------------------------------------------------------------------------------------
+# box_gemm_kernel (Gluon, sm_90): every geometry its candidate is offered for
+# ------------------------------------------------------------------------------------------------
+_hopper = pytest.mark.skipif(not (torch.cuda.is_available() and E.gluon_capable(torch.device(DEV))),
+                             reason="box_gemm_kernel runs on sm_90 only")
+
+
+@_hopper
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["ncdhw", "cl"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("geom,size", [
+    (dict(k=3, s=2, p=1, op=0, d=2, g=1, cin=32, cout=64), (6, 9, 11)),    # KB 77: W residue skipped, companions
+    (dict(k=3, s=1, p=1, op=0, d=1, g=1, cin=24, cout=40), (5, 7, 9)),     # stride 1, Cin not a K block
+    (dict(k=4, s=2, p=1, op=0, d=1, g=1, cin=32, cout=48), (4, 6, 7)),     # both W residues with taps
+    (dict(k=2, s=2, p=0, op=0, d=1, g=1, cin=64, cout=32), (3, 8, 10)),    # one tap per phase
+    (dict(k=3, s=2, p=1, op=1, d=1, g=1, cin=16, cout=8), (4, 5, 7)),      # output padding, 8 channels
+    (dict(k=(1, 3, 3), s=(1, 2, 2), p=(0, 1, 1), op=(0, 1, 1), d=1, g=1, cin=32, cout=136), (3, 9, 10)),  # 2 N blocks
+    (dict(k=3, s=3, p=0, op=2, d=1, g=1, cin=16, cout=16), (3, 8, 9)),     # stride 3
+    (dict(k=3, s=1, p=2, op=0, d=(1, 2, 3), g=2, cin=64, cout=32), (5, 6, 8)),  # groups, anisotropic dilation
+], ids=["kb77", "stride1-cin24", "k4s2-both-residues", "k2s2", "op1-cout8", "video-2nblocks", "stride3",
+        "groups2-dilated"])
+def test_box_gemm_every_geometry(geom, size, bias, layout, dtype):
+    x, w, b, args = _geometry_inputs(geom, layout, dtype, size)
+    b = b if bias else None
+    params, _ = check_call(x, w, b, *args)
+    prec = "tf32"
+    gluon = [c for c in E.plan(params, x, w, prec).configs if c.gluon]
+    assert gluon, "box_gemm_kernel must be a candidate for this geometry"
+    for cfg in gluon:
+        _check(x, w, b, args, prec, E.forward(x, w, b, params, prec, config=cfg))
+
+
+@_hopper
+def test_box_gemm_not_offered_where_wgmma_cannot_compute():
+    # tf32x3 / ieee need fp32 products (wgmma reads fp32 as TF32); the FMA path's few channels
+    # never reach a tensor-core kernel.
+    x = torch.randn(1, 32, 4, 8, 8, device=DEV)  # a compact plane of 64 positions: one warpgroup's wgmma rows
+    w = torch.randn(32, 16, 3, 3, 3, device=DEV)
+    params, _ = check_call(x, w, None, 1, 1, 0, 1, 1)
+    for prec in ("tf32x3", "ieee"):
+        assert not any(c.gluon for c in E.plan(params, x, w, prec).configs)
+    assert any(c.gluon for c in E.plan(params, x, w, "tf32").configs)
+    w4 = torch.randn(32, 4, 3, 3, 3, device=DEV)
+    p4, _ = check_call(x, w4, None, 1, 1, 0, 1, 1)
+    assert not any(c.gluon for c in E.plan(p4, x, w4, "tf32").configs)
+
+
+# ------------------------------------------------------------------------------------------------
 # KernelBench problems at exact grade: allclose 1e-4 against float64
 # ------------------------------------------------------------------------------------------------
 KB = {

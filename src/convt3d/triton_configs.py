@@ -40,6 +40,9 @@ class Config:
     maxnreg: int | None = None  # register cap per thread (occupancy)
     tma: bool = False  # operands through tensor descriptors (TMA) where the layout allows
     flat: bool = False  # flat_gemm_kernel: 2-D TMA boxes over a zero-haloed input copy (Hopper)
+    # With flat: box_gemm_kernel (kernels/gluon_gemm.py, Gluon, sm_90 only) on the same padded
+    # copy, tiles of BLOCK_M // BLOCK_W x BLOCK_W compact positions.
+    gluon: bool = False
     fold: int = 1  # groups merged per GEMM (group_folds): block-diagonal weight, wider tiles
     # Output-head path (head_engine, kernels/head_gemm.py): "gather" or "direct", "" otherwise.
     # Its GEMM tile is BLOCK_M input positions x BLOCK_N (Cout/g x taps) x BLOCK_K; BLOCK_W is
@@ -58,12 +61,13 @@ class Config:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
                     f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}")
         kind = "dot" if self.use_dot else "fma"
-        tile = "" if self.flat else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
+        tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
                 f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}" + (" wg2" if self.W_GROUP == 2 else "")
                 + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp") + (f" {self.x_cache}" if self.x_cache else "")
                 + (f" r{self.maxnreg}" if self.maxnreg else "") + (" tma" if self.tma else "")
-                + (" flat" if self.flat else "") + (f" fold{self.fold}" if self.fold > 1 else ""))
+                + (" flat" if self.flat else "") + (" gluon" if self.gluon else "")
+                + (f" fold{self.fold}" if self.fold > 1 else ""))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -102,7 +106,8 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
-                      channels_last_out: bool = False, flat: bool = False) -> tuple[Config, ...]:
+                      channels_last_out: bool = False, flat: bool = False,
+                      gluon: bool = False) -> tuple[Config, ...]:
     """All configurations tried for one GEMM shape and dtype; the first is the untuned default.
 
     Measured on the H200 (scripts/gpu_config_sweep.py, NOTES.md; 2026-11-29, commit 1bd87ef), why these tiles:
@@ -159,7 +164,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
             return None  # accumulators would spill
         if stages * (bn * block_k + block_k * bm) * esize > 200 * 1024:
             return None  # operand ring beyond shared memory
-        bw = bm if kind.get("flat") else block_w(hw, bm)
+        bw = bm if kind.get("flat") and not kind.get("gluon") else block_w(hw, bm)
         return Config(bm, bn, block_k, bw, warps, stages, W_GROUP=wg, **kind)
 
     if flat and flat_unsupported(params, dtype, bk) is None:
@@ -182,6 +187,12 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
             # Cin/g = 48). H200, 2026-11-29, commit 97a1955, tf32x3: KB 70 (48 -> 24) 14.3 vs 15.2 ms, but KB 61
             # (48 -> 48) 11.4 vs 7.3 ms, so a candidate for the tuner, not a rule.
             plans.append((128, 3, fplane, {"flat": True, "block_k": 64}))
+        if gluon and (esize == 2 or precision == "tf32") and plane >= 64:  # wgmma: 64 rows per warpgroup
+            # box_gemm_kernel (wgmma reads fp32 as TF32 only, so not for tf32x3 / ieee). Last:
+            # the first candidate is the untuned default, and this one runs on sm_90 alone.
+            # Stages measured on KB 77's dense phase (H200, 2026-12-01, commit dab9ab0's
+            # spike, us for 2 / 3 / 4 stages): fp32 151.0 / 144.2 / 146.8, bf16 113.6 / 101.2 / 98.5.
+            plans.append((128, 3 if esize == 4 else 4, plane, {"flat": True, "gluon": True}))
     else:
         # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
         # tiles measured at commit 1bd87ef (2026-11-29).

@@ -28,7 +28,7 @@ from .triton_sites import (Site, _INT32_MAX, _channels_last_site, _check_slice_o
     _offsets_fit_int32, _pack_site, _pack_weight, _packed_shape, _padded_site, _phase_site, _prepare_input,
     _prepare_padded_input, _row_class_empty, _sites, _tables, _tma_capable, _tma_strides_ok, _w_descriptor,
     _x_descriptor, companion_masks, empty_planes, empty_rows, interpreter_active, phase_table, site,
-    slice_offsets_fit)  # noqa: F401
+    slice_offsets_fit, gluon_capable, _box_site, _box_descriptors)  # noqa: F401
 
 __all__ = ["Config", "candidate_configs", "forward", "plan", "tuning_log", "clear_caches", "SUPPORTED_DTYPES",
            "unsupported_reason"]
@@ -170,7 +170,8 @@ def plan(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision
         copy_input = use_dot and (x.stride(1) != 1 or round_tf32)
         # 16-bit operands ignore the dot's input precision; "tf32" keeps them on the chained
         # accumulate path (the "ieee" path sums each K block separately, see the kernel).
-        p = Plan(fmt, candidate_configs(params, x.dtype, precision, cl_out, flat=_tma_capable(x.device)),
+        p = Plan(fmt, candidate_configs(params, x.dtype, precision, cl_out, flat=_tma_capable(x.device),
+                                        gluon=gluon_capable(x.device)),
                  _tune_key(params, x, precision, cl_out), round_tf32, copy_input,
                  precision if is_fp32 else "tf32")
         _plans[key] = p
@@ -244,6 +245,13 @@ class _Steps:
             if self.prep is None:
                 self.prep = _padded_site(x, self.geo, round_tf32)
             xp = _prepare_padded_input(x, self.geo, round_tf32, self.prep)
+            if cfg.gluon:
+                gemm = self.gemm.get((True, True))
+                if gemm is None:
+                    gemm = self.gemm[(True, True)] = _box_site(cfg, xp, y, self.n_groups, params, self.geo,
+                                                               self.has_bias)
+                x_desc, w_desc = _box_descriptors(cfg, xp, wp, params.in_channels_per_group)
+                return gemm.launch(dev, x_desc, w_desc, b, y, self.tab)
             gemm = self.gemm.get((True, True))
             if gemm is None:
                 gemm = self.gemm[(True, True)] = _flat_site(cfg, xp, y, self.n_groups, params, self.geo,

@@ -13,10 +13,13 @@ from typing import Callable
 
 import torch
 import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .kernels import phase_gemm as K
 from .kernels import head_gemm as HK
+from .kernels import gluon_gemm as GK
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 from .triton_configs import Config, _cdiv, _pow2_at_least, _w_skip, block_w
@@ -41,7 +44,7 @@ def _kernel(name: str, device: torch.device):
         raise BackendUnavailableError(
             "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
             "triton is imported: set TRITON_INTERPRET=1 in the environment (or move the tensors to CUDA)")
-    return getattr(HK if name.startswith("head_") else K, name)
+    return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -426,6 +429,61 @@ def _flat_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: in
     c = xp.shape[-1]
     return (TensorDescriptor(xp, [xp.numel() // c, c], [c, 1], [cfg.BLOCK_M, cfg.BLOCK_K]),
             TensorDescriptor(wp, [wp.numel() // cin_g, cin_g], [cin_g, 1], [cfg.BLOCK_N, cfg.BLOCK_K]))
+
+
+def gluon_capable(device: torch.device) -> bool:
+    """box_gemm_kernel can run here: wgmma is sm_90's alone, and Gluon has no interpreter."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, params: ConvT3dParams, geo,
+              has_bias: bool) -> Site:
+    """The launch site of box_gemm_kernel (descriptors from ``_box_descriptors``)."""
+    def build():
+        (pd, ph, pw), _ = geo
+        _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
+        q = params.compact_size
+        # Boxes cover the largest compact grid: those past a phase's own grid only store (the
+        # extra row or column of empty phases, KB 77).
+        tiles_h, tiles_w = _cdiv(q[1], cfg.BLOCK_M // cfg.BLOCK_W), _cdiv(q[2], cfg.BLOCK_W)
+        tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+        axes = params.axes
+        return Site("box_gemm_kernel", (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n,), (
+            params.batch, params.in_channels_per_group, params.out_channels_per_group,
+            pd, ph, pw,
+            q[0], *params.out_size,
+            n_groups, math.prod(params.kernel_size),
+            params.kernel_size[1], params.kernel_size[2],
+            *y.stride(),
+            *params.stride,
+            *(a.tap_step for a in axes),
+            *(a.offset_step for a in axes),
+            tiles_h, tiles_w, tiles_n,
+        ), dict(
+            HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
+            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), CL_OUT=y.stride(1) == 1 and params.out_channels > 1,
+            STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        ))
+
+    return site(("box_gemm", params, cfg, y.stride(), n_groups, has_bias), build)
+
+
+@functools.lru_cache(maxsize=64)
+def _nvmma_layout(box: tuple, dtype: torch.dtype):
+    """The shared-memory layout wgmma reads a TMA box of ``box`` in (the widest swizzle its rows allow)."""
+    gdt = {torch.float32: gl.float32, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(box), gdt)
+
+
+def _box_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int):
+    """Gluon descriptors of box_gemm_kernel: 5-D boxes [1, 1, BH, BW, BLOCK_K] over the padded
+    input, 2-D boxes [BLOCK_N, BLOCK_K] over the packed weight as [rows, Cin/g] (made per call:
+    they hold the tensors' addresses)."""
+    a_box = (1, 1, cfg.BLOCK_M // cfg.BLOCK_W, cfg.BLOCK_W, cfg.BLOCK_K)
+    b_box = (cfg.BLOCK_N, cfg.BLOCK_K)
+    w2 = wp.view(-1, cin_g)
+    return (GluonDescriptor(xp, list(xp.shape), list(xp.stride()), list(a_box), _nvmma_layout(a_box, xp.dtype)),
+            GluonDescriptor(w2, list(w2.shape), list(w2.stride()), list(b_box), _nvmma_layout(b_box, wp.dtype)))
 
 
 def _phase_site(cfg: Config, params: ConvT3dParams, pl: "Plan", xin: torch.Tensor, wp: torch.Tensor, y: torch.Tensor,

@@ -1,0 +1,330 @@
+"""The tensor-core engine's Hopper kernel in Gluon: the phase GEMMs of ``flat_gemm_kernel`` with
+the operand ring, the barriers and the MMA written out (``triton.experimental.gluon``).
+
+Why a second kernel for the same arithmetic: ``flat_gemm_kernel`` tiles whole padded rows of a
+compact plane (2-D TMA boxes, so every tap is one scalar shift) and leaves the pipelining to
+Triton. Its tiles include the padding columns, and Triton gives it no say over how loads and
+MMAs overlap. On KB 77's dense phase (262144 positions x 64 x 864, TF32; H200, triton 3.6,
+2026-12-01, ``scripts/gluon_tap_gemm_spike.py``), the tap GEMM over padded rows took 225.6 us
+with a 3-stage TMA ring and async wgmma. The same loop over boxes of output positions, as here,
+took 144.2 us, against 161.7 us for cuDNN's conv3d of the same arithmetic. ncu put both at
+70% of L2 throughput with 55% tensor-pipe use: they are bound by L2 traffic, not by latency.
+
+A program is one box of BH x BW compact positions of one (group, n, qd, phase group,
+Cout/g block). A K step (tap of its phase, block of BLOCK_K input channels) is one 5-D TMA box
+[1, 1, BH, BW, BLOCK_K] of the zero-haloed NDHWC input at the box shifted by the tap. It lands
+in shared memory as the BH x BW rows of channels that wgmma reads as its A tile, so the stage is
+allocated 2-D and reshaped to five dimensions only for the copy. The weight comes as one box
+[BLOCK_N, BLOCK_K] of the packed [G * taps * Cout/g, Cin/g] matrix, and wgmma reads it
+transposed. STAGES boxes are in flight, and one wgmma stays outstanding while the next box
+lands. Box coordinates past the buffer read as zeros. Past the tile's valid positions they only
+feed masked stores.
+
+The epilogue is ``flat_gemm_kernel``'s, written as stores from the accumulator's own layout:
+- each phase of a W-residue group (W_GROUP=2: stride 2 along W into NCDHW) is stored at its own
+  residue of the output row. The two halves of each row are written by the same program, one
+  after the other, so they meet in L2;
+- a residue with no taps (W_SKIP) gets the bias;
+- so do the companion rows of the empty row classes (``companion_masks``).
+
+Only sm_90 has wgmma, and Triton's interpreter does not run Gluon, so this kernel runs on Hopper
+GPUs only. The Triton kernels stay the portable path, and the tuner times this one against them.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+# The TMA load's name: triton 3.6 has only async_copy_global_to_shared, 3.9 only async_load
+# (the old name raises there). Same arguments: (descriptor, coordinates, barrier, destination).
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# The CTA-wide barrier: thread_barrier in 3.6, barrier in 3.9.
+cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
+@gluon.jit
+def _row_value(tab_ptr, r, i):
+    """Column ``i`` of row ``r`` of the phase table (``phase_table``: 16 int32 per phase)."""
+    return gl.load(tab_ptr + r * 16 + i)
+
+
+@gluon.jit
+def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, w_row, jd, jh, jw,
+           OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base):
+    """Start the two boxes of one K step into stage ``s``: the input at the box shifted by tap
+    (jd, jh, jw) of the phase, channels ``c_base + cb`` on; the weight rows of that tap,
+    columns ``cb`` on (its matrix holds one group's Cin/g)."""
+    bar = bars.index(s)
+    mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+    tma_load(x_desc, [nb, d0 - jd * OSD, h0 - jh * OSH, w0 - jw * OSW, c_base + cb], bar,
+             a_smem.index(s).reshape(x_desc.block_type.shape))
+    kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
+    tma_load(w_desc, [w_base + kidx * COUT_G + w_row, cb], bar, b_smem.index(s))
+
+
+@gluon.jit
+def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, c_base, w_row, w_base,
+              CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW,
+              th, tw, t0d, t0h, t0w, mma_layout: gl.constexpr, STAGES: gl.constexpr):
+    """The accumulator of one phase: its ``n_iter`` K steps (taps x channel blocks, channel
+    block fastest), numbered from ``g0`` in the program's ring. Returns it and the next number."""
+    BLOCK_M: gl.constexpr = a_smem.shape[1]
+    BLOCK_K: gl.constexpr = a_smem.shape[2]
+    BLOCK_N: gl.constexpr = b_smem.shape[1]
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+    # The step to issue next, as (channel offset, jw, jh, jd) advanced by carries: runtime
+    # divisions per step cost more issue slots than a 128-row wgmma step leaves free.
+    cb = 0
+    jw = 0
+    jh = 0
+    jd = 0
+    for i in gl.static_range(STAGES - 1):
+        if i < n_iter:
+            _issue(x_desc, w_desc, a_smem, b_smem, bars, (g0 + i) % STAGES, nb, d0, h0, w0, c_base, cb, w_row,
+                   jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
+            cb += BLOCK_K
+            c_wrap = cb >= CIN_G
+            cb = gl.where(c_wrap, 0, cb)
+            jw += c_wrap.to(gl.int32)
+            w_wrap = jw >= tw
+            jw = gl.where(w_wrap, 0, jw)
+            jh += w_wrap.to(gl.int32)
+            h_wrap = jh >= th
+            jh = gl.where(h_wrap, 0, jh)
+            jd += h_wrap.to(gl.int32)
+    for k in range(n_iter):
+        g = g0 + k
+        s = g % STAGES
+        mbarrier.wait(bars.index(s), (g // STAGES) & 1)
+        acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
+        # At most this step's wgmma in flight: the stage of the step before is free again.
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
+        if k + STAGES - 1 < n_iter:
+            _issue(x_desc, w_desc, a_smem, b_smem, bars, (g + STAGES - 1) % STAGES, nb, d0, h0, w0, c_base, cb,
+                   w_row, jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
+            cb += BLOCK_K
+            c_wrap = cb >= CIN_G
+            cb = gl.where(c_wrap, 0, cb)
+            jw += c_wrap.to(gl.int32)
+            w_wrap = jw >= tw
+            jw = gl.where(w_wrap, 0, jw)
+            jh += w_wrap.to(gl.int32)
+            h_wrap = jh >= th
+            jh = gl.where(h_wrap, 0, jh)
+            jd += h_wrap.to(gl.int32)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, g0 + n_iter
+
+
+@gluon.jit
+def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw,
+           OFF32: gl.constexpr):
+    """Store ``vals`` [BLOCK_M, BLOCK_N] at output positions (od, oh[m], ow[m]) and channel
+    offsets ``y_co[n]``, inside the output only."""
+    ok = (od < OD) & (oh < OH) & (ow < OW)
+    if OFF32:
+        y_m = oh * stride_yh + ow * stride_yw
+    else:
+        y_m = oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
+    y_s = y_n + od.to(gl.int64) * stride_yd
+    gl.store(y_ptr + y_s + (gl.expand_dims(y_m, 1) + gl.expand_dims(y_co, 0)), vals.to(y_ptr.dtype.element_ty),
+             mask=gl.expand_dims(ok, 1) & gl.expand_dims(co_ok, 0))
+
+
+@gluon.jit
+def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
+                stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr, BW: gl.constexpr, W_GROUP: gl.constexpr,
+                OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, num_warps: gl.constexpr):
+    """Store the tile [BLOCK_N, BLOCK_M x W_GROUP] in ``c_smem`` (column p: position p // W_GROUP
+    of the box, W residue p % W_GROUP) plus the bias (without FROM_SMEM: the bias alone, at rows
+    of residue ``rh``), 16 channels at a time: a thread holds 4 adjacent columns, a warp 128."""
+    BLOCK_N: gl.constexpr = c_smem.shape[0]
+    COLS: gl.constexpr = c_smem.shape[1]
+    CHUNK: gl.constexpr = 16
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+    p = gl.arange(0, COLS, layout=gl.SliceLayout(0, rows_layout))
+    m = p // W_GROUP
+    qh = qh0 + m // BW
+    qw = qw0 + m % BW
+    if W_GROUP == 1:
+        ow = qw * SW + rw0
+    else:
+        ow = qw * SW + p % W_GROUP
+    oh = qh * SH + rh
+    ok = (od < OD) & (oh < OH) & (ow < OW)
+    if OFF32:
+        y_m = oh * stride_yh + ow * stride_yw
+    else:
+        y_m = oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
+    y_s = y_n + od.to(gl.int64) * stride_yd
+    for c in gl.static_range(BLOCK_N // CHUNK):
+        co = pid_n * BLOCK_N + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, rows_layout))
+        co_ok = co < COUT_G
+        if FROM_SMEM:
+            vals = c_smem.slice(c * CHUNK, CHUNK, dim=0).load(rows_layout)
+        else:
+            vals = gl.zeros([CHUNK, COLS], gl.float32, rows_layout)
+        if HAS_BIAS:
+            vals += gl.expand_dims(gl.load(b_ptr + grp * COUT_G + co, mask=co_ok, other=0.0).to(gl.float32), 1)
+        if OFF32:
+            y_co = (grp * COUT_G + co) * stride_yc
+        else:
+            y_co = (grp * COUT_G + co).to(gl.int64) * stride_yc
+        gl.store(y_ptr + y_s + (gl.expand_dims(y_co, 1) + gl.expand_dims(y_m, 0)), vals.to(y_ptr.dtype.element_ty),
+                 mask=gl.expand_dims(co_ok, 1) & gl.expand_dims(ok, 0))
+
+
+@gluon.jit
+def box_gemm_kernel(
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
+    N, CIN_G, COUT_G,
+    PD, PH, PW,
+    QD, OD, OH, OW,
+    NUM_GROUPS, KVOL,
+    KH, KW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    SD, SH, SW,
+    TSD, TSH, TSW,
+    OSD, OSH, OSW,
+    tiles_h, tiles_w, tiles_n,
+    HAS_BIAS: gl.constexpr,
+    W_GROUP: gl.constexpr,
+    W_SKIP: gl.constexpr,
+    OFF32: gl.constexpr,
+    CL_OUT: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """One box of compact positions of one phase group (see the module docstring). ``x_desc``:
+    the zero-haloed input [N, DP, HP, WP, C] in boxes [1, 1, BH, BW, BLOCK_K]; ``w_desc``: the
+    packed weight as [G * taps * Cout/g, Cin/g] in boxes [BLOCK_N, BLOCK_K]; the other arguments
+    are ``flat_gemm_kernel``'s, with the position tile as (tiles_h, tiles_w) boxes."""
+    BH: gl.constexpr = x_desc.block_type.shape[2]
+    BW: gl.constexpr = x_desc.block_type.shape[3]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
+    BLOCK_M: gl.constexpr = BH * BW
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    # wgmma's accumulator: one warpgroup along M per 4 warps, instruction [16, BLOCK_N, 32 bytes of K].
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1],
+        instr_shape=[16, BLOCK_N, 256 // x_desc.dtype.primitive_bitwidth])
+    m_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    n_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+
+    pid = gl.program_id(0)
+    pid_n = pid % tiles_n
+    t = pid // tiles_n
+    pgrp = t % NUM_GROUPS
+    t = t // NUM_GROUPS
+    pid_w = t % tiles_w
+    t = t // tiles_w
+    pid_h = t % tiles_h
+    t = t // tiles_h
+    qd = t % QD
+    t = t // QD
+    nb = t % N
+    grp = t // N
+    qh0 = pid_h * BH
+    qw0 = pid_w * BW
+
+    offs_m = gl.arange(0, BLOCK_M, layout=m_layout)
+    qh = qh0 + offs_m // BW
+    qw = qw0 + offs_m % BW
+    offs_co = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=n_layout)
+    co_ok = offs_co < COUT_G
+    if OFF32:  # the launcher checked that channel + in-slice offsets stay below 2^31
+        y_co = (grp * COUT_G + offs_co) * stride_yc
+    else:
+        y_co = (grp * COUT_G + offs_co).to(gl.int64) * stride_yc
+    y_n = nb.to(gl.int64) * stride_yn
+    bias = gl.zeros([BLOCK_N], gl.float32, n_layout)
+    if HAS_BIAS:
+        bias = gl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(gl.float32)
+
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], x_desc.dtype)
+    a_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_layout)
+    b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+
+    # The row class (rd, rh) and its compact bounds are those of the group's first phase.
+    row0 = pgrp * W_GROUP
+    rd = _row_value(tab_ptr, row0, 0)
+    rh = _row_value(tab_ptr, row0, 1)
+    qd_n = _row_value(tab_ptr, row0, 12)
+    qh_n = _row_value(tab_ptr, row0, 13)
+    od = qd * SD + rd
+    g = 0  # K steps this program has put through its ring
+    acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 0 (W_GROUP=2) / the phase
+    acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 1 (W_GROUP=2)
+    for j in gl.static_range(W_GROUP):
+        if j != W_SKIP:
+            r = row0 + j
+            td = _row_value(tab_ptr, r, 3)
+            th = _row_value(tab_ptr, r, 4)
+            tw = _row_value(tab_ptr, r, 5)
+            qw_n = _row_value(tab_ptr, r, 14)
+            active = (qd < qd_n) & (qh0 < qh_n) & (qw0 < qw_n)
+            k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
+            n_iter = gl.where(active, td * th * tw * k_blocks, 0)
+            acc, g = _mainloop(
+                x_desc, w_desc, a_smem, b_smem, bars, g, n_iter, nb,
+                qd + PD + _row_value(tab_ptr, r, 9), qh0 + PH + _row_value(tab_ptr, r, 10),
+                qw0 + PW + _row_value(tab_ptr, r, 11), grp * CIN_G, pid_n * BLOCK_N, grp * KVOL * COUT_G,
+                CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW, th, tw,
+                _row_value(tab_ptr, r, 6), _row_value(tab_ptr, r, 7), _row_value(tab_ptr, r, 8),
+                mma_layout, STAGES)
+            if j == 0:
+                acc0 = acc
+            else:
+                acc1 = acc
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+    rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
+    if CL_OUT:
+        # Channels innermost: a thread's two accumulator columns are adjacent channels, four
+        # lanes a 32-byte sector, so the accumulator's own layout stores whole sectors.
+        oh = qh * SH + rh
+        for j in gl.static_range(W_GROUP):
+            ow = qw * SW + (rw0 if W_GROUP == 1 else j)
+            vals = acc0 if j == 0 else acc1
+            _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
+                   stride_yd, stride_yh, stride_yw, OFF32)
+    else:
+        # Positions innermost (NCDHW): stored from shared memory, [BLOCK_N, BLOCK_M, W_GROUP]
+        # with the W residues of a position adjacent, so that a warp writes 128 consecutive
+        # output columns of one channel. Stored straight from the accumulators, each residue
+        # filled only every other 4 bytes of a sector: KB 77's kernel wrote 769 MB of sectors
+        # into L2 for 285 MB of output and took 566 us (ncu, H200, 2026-12-01).
+        c_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+        c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M, W_GROUP], c_layout)
+        for j in gl.static_range(W_GROUP):
+            vals = acc0 if j == 0 else acc1
+            c_smem.slice(j, 1, dim=2).store(gl.reshape(gl.permute(vals, [1, 0]), [BLOCK_N, BLOCK_M, 1]))
+        cta_barrier()
+        c_rows = c_smem.reshape([BLOCK_N, BLOCK_M * W_GROUP])
+        _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G,
+                    stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw,
+                    HAS_BIAS, BW, W_GROUP, OFF32, True, num_warps)
+
+    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
+    # columns (every W residue of the group).
+    cmask = _row_value(tab_ptr, row0, 15)
+    if cmask != 0:
+        if CL_OUT:
+            fill = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout) + gl.expand_dims(bias, 0)
+        for rc in range(SD * SH):
+            if ((cmask >> rc) & 1) != 0:
+                od_f = qd * SD + rc // SH
+                if CL_OUT:
+                    oh_f = qh * SH + rc % SH
+                    for j in gl.static_range(W_GROUP):
+                        ow_f = qw * SW + (rw0 if W_GROUP == 1 else j)
+                        _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd,
+                               stride_yh, stride_yw, OFF32)
+                else:
+                    _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od_f, rc % SH,
+                                rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP,
+                                OFF32, False, num_warps)
