@@ -1103,9 +1103,10 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         if gluon and (esize == 2 or precision == "tf32") and plane >= 64:  # wgmma: 64 rows per warpgroup
             # box_gemm_kernel (wgmma reads fp32 as TF32 only, so not for tf32x3 / ieee). Last:
             # the first candidate is the untuned default, and this one runs on sm_90 alone.
-            # Stages measured on KB 77's dense phase (H200, 2026-12-01, commit dab9ab0's
-            # spike, us for 2 / 3 / 4 stages): fp32 151.0 / 144.2 / 146.8, bf16 113.6 / 101.2 / 98.5.
-            plans.append((128, 3 if esize == 4 else 4, plane, {"flat": True, "gluon": True}))
+            # 4 stages (H200, 2026-12-01): KB 77's whole call 352 us against 377 with 3 (flat
+            # M64 s4: 371); its GEMM alone in the spike, us for 2 / 3 / 4 stages, fp32 151.0 /
+            # 144.2 / 146.8, bf16 113.6 / 101.2 / 98.5.
+            plans.append((128, 4, plane, {"flat": True, "gluon": True}))
     else:
         # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
         # tiles measured at commit 1bd87ef (2026-11-29).
@@ -2495,6 +2496,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 # The TMA load's name: triton 3.6 has only async_copy_global_to_shared, 3.9 only async_load
 # (the old name raises there). Same arguments: (descriptor, coordinates, barrier, destination).
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# The CTA-wide barrier: thread_barrier in 3.6, barrier in 3.9.
+cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @gluon.jit
@@ -2587,6 +2590,52 @@ def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, str
 
 
 @gluon.jit
+def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
+                stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr, BW: gl.constexpr, W_GROUP: gl.constexpr,
+                OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, num_warps: gl.constexpr):
+    """Store the tile [BLOCK_N, BLOCK_M x W_GROUP] in ``c_smem`` (column p: position p // W_GROUP
+    of the box, W residue p % W_GROUP) plus the bias (without FROM_SMEM: the bias alone, at rows
+    of residue ``rh``), 16 channels at a time. Lane i of a warp holds column i of 32: each store
+    instruction writes 128 whole bytes. With 4 adjacent columns per thread (4 stores, each 4 bytes
+    in 16) KB 77's kernel sent 636 MB of sectors into L2 for 277 MB of output (ncu, H200,
+    2026-12-01)."""
+    BLOCK_N: gl.constexpr = c_smem.shape[0]
+    COLS: gl.constexpr = c_smem.shape[1]
+    CHUNK: gl.constexpr = 16
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+    p = gl.arange(0, COLS, layout=gl.SliceLayout(0, rows_layout))
+    m = p // W_GROUP
+    qh = qh0 + m // BW
+    qw = qw0 + m % BW
+    if W_GROUP == 1:
+        ow = qw * SW + rw0
+    else:
+        ow = qw * SW + p % W_GROUP
+    oh = qh * SH + rh
+    ok = (od < OD) & (oh < OH) & (ow < OW)
+    if OFF32:
+        y_m = oh * stride_yh + ow * stride_yw
+    else:
+        y_m = oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
+    y_s = y_n + od.to(gl.int64) * stride_yd
+    for c in gl.static_range(BLOCK_N // CHUNK):
+        co = pid_n * BLOCK_N + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, rows_layout))
+        co_ok = co < COUT_G
+        if FROM_SMEM:
+            vals = c_smem.slice(c * CHUNK, CHUNK, dim=0).load(rows_layout)
+        else:
+            vals = gl.zeros([CHUNK, COLS], gl.float32, rows_layout)
+        if HAS_BIAS:
+            vals += gl.expand_dims(gl.load(b_ptr + grp * COUT_G + co, mask=co_ok, other=0.0).to(gl.float32), 1)
+        if OFF32:
+            y_co = (grp * COUT_G + co) * stride_yc
+        else:
+            y_co = (grp * COUT_G + co).to(gl.int64) * stride_yc
+        gl.store(y_ptr + y_s + (gl.expand_dims(y_co, 1) + gl.expand_dims(y_m, 0)), vals.to(y_ptr.dtype.element_ty),
+                 mask=gl.expand_dims(co_ok, 1) & gl.expand_dims(ok, 0))
+
+
+@gluon.jit
 def box_gemm_kernel(
     x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
     N, CIN_G, COUT_G,
@@ -2603,6 +2652,7 @@ def box_gemm_kernel(
     W_GROUP: gl.constexpr,
     W_SKIP: gl.constexpr,
     OFF32: gl.constexpr,
+    CL_OUT: gl.constexpr,
     STAGES: gl.constexpr,
     num_warps: gl.constexpr,
 ):
@@ -2666,16 +2716,12 @@ def box_gemm_kernel(
     qd_n = _row_value(tab_ptr, row0, 12)
     qh_n = _row_value(tab_ptr, row0, 13)
     od = qd * SD + rd
-    oh = qh * SH + rh
     g = 0  # K steps this program has put through its ring
+    acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 0 (W_GROUP=2) / the phase
+    acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 1 (W_GROUP=2)
     for j in gl.static_range(W_GROUP):
-        if j == W_SKIP:
-            fill = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout) + gl.expand_dims(bias, 0)
-            _store(y_ptr, y_n, fill, y_co, co_ok, od, oh, qw * SW + j, OD, OH, OW, stride_yd, stride_yh,
-                   stride_yw, OFF32)
-        else:
+        if j != W_SKIP:
             r = row0 + j
-            rw = _row_value(tab_ptr, r, 2)
             td = _row_value(tab_ptr, r, 3)
             th = _row_value(tab_ptr, r, 4)
             tw = _row_value(tab_ptr, r, 5)
@@ -2690,27 +2736,58 @@ def box_gemm_kernel(
                 CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW, th, tw,
                 _row_value(tab_ptr, r, 6), _row_value(tab_ptr, r, 7), _row_value(tab_ptr, r, 8),
                 mma_layout, STAGES)
-            _store(y_ptr, y_n, acc + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, qw * SW + rw, OD, OH, OW,
-                   stride_yd, stride_yh, stride_yw, OFF32)
+            if j == 0:
+                acc0 = acc
+            else:
+                acc1 = acc
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
+    rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
+    if CL_OUT:
+        # Channels innermost: a thread's two accumulator columns are adjacent channels, four
+        # lanes a 32-byte sector, so the accumulator's own layout stores whole sectors.
+        oh = qh * SH + rh
+        for j in gl.static_range(W_GROUP):
+            ow = qw * SW + (rw0 if W_GROUP == 1 else j)
+            vals = acc0 if j == 0 else acc1
+            _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
+                   stride_yd, stride_yh, stride_yw, OFF32)
+    else:
+        # Positions innermost (NCDHW): stored from shared memory, [BLOCK_N, BLOCK_M, W_GROUP]
+        # with the W residues of a position adjacent, so that a warp writes 128 consecutive
+        # output columns of one channel. Stored straight from the accumulators, each residue
+        # filled only every other 4 bytes of a sector: KB 77's kernel wrote 769 MB of sectors
+        # into L2 for 285 MB of output and took 566 us (ncu, H200, 2026-12-01).
+        c_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+        c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M, W_GROUP], c_layout)
+        for j in gl.static_range(W_GROUP):
+            vals = acc0 if j == 0 else acc1
+            c_smem.slice(j, 1, dim=2).store(gl.reshape(gl.permute(vals, [1, 0]), [BLOCK_N, BLOCK_M, 1]))
+        cta_barrier()
+        c_rows = c_smem.reshape([BLOCK_N, BLOCK_M * W_GROUP])
+        _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G,
+                    stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw,
+                    HAS_BIAS, BW, W_GROUP, OFF32, True, num_warps)
 
     # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
     # columns (every W residue of the group).
     cmask = _row_value(tab_ptr, row0, 15)
     if cmask != 0:
-        fill = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout) + gl.expand_dims(bias, 0)
+        if CL_OUT:
+            fill = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout) + gl.expand_dims(bias, 0)
         for rc in range(SD * SH):
             if ((cmask >> rc) & 1) != 0:
                 od_f = qd * SD + rc // SH
-                oh_f = qh * SH + rc % SH
-                for j in gl.static_range(W_GROUP):
-                    if W_GROUP == 1:
-                        ow_f = qw * SW + _row_value(tab_ptr, row0, 2)
-                    else:
-                        ow_f = qw * SW + j
-                    _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd, stride_yh,
-                           stride_yw, OFF32)
+                if CL_OUT:
+                    oh_f = qh * SH + rc % SH
+                    for j in gl.static_range(W_GROUP):
+                        ow_f = qw * SW + (rw0 if W_GROUP == 1 else j)
+                        _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd,
+                               stride_yh, stride_yw, OFF32)
+                else:
+                    _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od_f, rc % SH,
+                                rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP,
+                                OFF32, False, num_warps)
 
 
 # ==================== convt3d/errors.py (verbatim; package-relative imports rewritten) ====================
@@ -2768,7 +2845,9 @@ GK = types.SimpleNamespace(
     _mainloop=_mainloop,
     _row_value=_row_value,
     _store=_store,
+    _store_rows=_store_rows,
     box_gemm_kernel=box_gemm_kernel,
+    cta_barrier=cta_barrier,
     tma_load=tma_load,
 )
 
@@ -3209,7 +3288,8 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
             tiles_h, tiles_w, tiles_n,
         ), dict(
             HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
-            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), CL_OUT=y.stride(1) == 1 and params.out_channels > 1,
+            STAGES=cfg.num_stages, num_warps=cfg.num_warps,
         ))
 
     return site(("box_gemm", params, cfg, y.stride(), n_groups, has_bias), build)

@@ -190,9 +190,10 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         if gluon and (esize == 2 or precision == "tf32") and plane >= 64:  # wgmma: 64 rows per warpgroup
             # box_gemm_kernel (wgmma reads fp32 as TF32 only, so not for tf32x3 / ieee). Last:
             # the first candidate is the untuned default, and this one runs on sm_90 alone.
-            # Stages measured on KB 77's dense phase (H200, 2026-12-01, commit dab9ab0's
-            # spike, us for 2 / 3 / 4 stages): fp32 151.0 / 144.2 / 146.8, bf16 113.6 / 101.2 / 98.5.
-            plans.append((128, 3 if esize == 4 else 4, plane, {"flat": True, "gluon": True}))
+            # 4 stages (H200, 2026-12-01): KB 77's whole call 352 us against 377 with 3 (flat
+            # M64 s4: 371); its GEMM alone in the spike, us for 2 / 3 / 4 stages, fp32 151.0 /
+            # 144.2 / 146.8, bf16 113.6 / 101.2 / 98.5.
+            plans.append((128, 4, plane, {"flat": True, "gluon": True}))
     else:
         # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
         # tiles measured at commit 1bd87ef (2026-11-29).

@@ -138,11 +138,14 @@ def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, q
                 OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, num_warps: gl.constexpr):
     """Store the tile [BLOCK_N, BLOCK_M x W_GROUP] in ``c_smem`` (column p: position p // W_GROUP
     of the box, W residue p % W_GROUP) plus the bias (without FROM_SMEM: the bias alone, at rows
-    of residue ``rh``), 16 channels at a time: a thread holds 4 adjacent columns, a warp 128."""
+    of residue ``rh``), 16 channels at a time. Lane i of a warp holds column i of 32: each store
+    instruction writes 128 whole bytes. With 4 adjacent columns per thread (4 stores, each 4 bytes
+    in 16) KB 77's kernel sent 636 MB of sectors into L2 for 277 MB of output (ncu, H200,
+    2026-12-01)."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     COLS: gl.constexpr = c_smem.shape[1]
     CHUNK: gl.constexpr = 16
-    rows_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
     p = gl.arange(0, COLS, layout=gl.SliceLayout(0, rows_layout))
     m = p // W_GROUP
     qh = qh0 + m // BW
