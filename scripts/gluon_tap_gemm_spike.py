@@ -13,20 +13,27 @@ so a K step (tap t, a BLOCK_K slice of Cin) is one TMA box of Xp at row ``off_m 
 (rows past the end come back as zeros) and one box of W. Rows whose taps leave the padded box
 compute junk that the caller discards (the engine's flat path does the same).
 
-Three rungs of issue 17's ladder, ``--kernel``: ``ring``, one partition with STAGES loads in
-flight and one wgmma outstanding while the next box lands, then a TMA store of the tile; ``ws``,
-the same with the loads in a producer warp (``gl.warp_specialize``); ``persistent``, ``ring``
-over a program's share of the tiles, prefetching across tile boundaries and storing a tile while
-the next one computes. The halo tile reused across taps comes after ncu says what limits these
-(NOTES.md says what constrains it). It uses only the Gluon API that triton 3.6 (the GPU machine) and
-3.9 (CI) share (NOTES.md, "The Gluon spike"): ``allocate_shared_memory`` with ``MBarrierLayout``
-rather than 3.9's ``allocate_mbarrier``, ``mbarrier.expect`` with a positional byte count; the
-TMA copies under the name each version has (``tma_load``, ``tma_store`` below).
+Five rungs of issue 17's ladder, ``--kernel``:
+- ``ring``: one partition with STAGES loads in flight and one wgmma outstanding while the next box
+  lands, then a TMA store of the tile;
+- ``ws``: the same with the loads in a producer warp (``gl.warp_specialize``);
+- ``persistent``: ``ring`` over a program's share of the tiles, prefetching across tile boundaries
+  and storing a tile while the next one computes;
+- ``box``: tiles of output positions as 5-D TMA boxes, so no padded row is computed (the engine's
+  ``box_gemm_kernel`` is this rung);
+- ``hbox``: ``box`` with one box of the tile's rows and the H halo below them per (td, tw, Cin
+  chunk), read by the KH taps of that column as 64-row slices.
+
+What each measured on the H200, and what ncu says limits it, is in NOTES.md ("The Gluon spike").
+It uses only the Gluon API that triton 3.6 (the GPU machine) and 3.9 (CI) share:
+- ``allocate_shared_memory`` with ``MBarrierLayout``, not 3.9's ``allocate_mbarrier``;
+- ``mbarrier.expect`` with a positional byte count;
+- the TMA copies under the name each version has (``tma_load``, ``tma_store`` below).
 
     # offline, any machine: compile for sm_90 and print ptxas's registers, spills, shared memory
-    python3 scripts/gluon_tap_gemm_spike.py --compile-only [--kernel ring|ws|persistent] [--dtype fp32|bf16]
-    # on the GPU machine: check against conv3d in float64 and time against the Triton engine
-    python3 scripts/gluon_tap_gemm_spike.py [--kernel ring|ws|persistent] [--dtype fp32|bf16] [--stages 3]
+    python3 scripts/gluon_tap_gemm_spike.py --compile-only [--kernel ring|ws|persistent|box|hbox] [--dtype fp32|bf16]
+    # on the GPU machine: check against conv3d in float64 and time against cuDNN's conv3d of the same
+    python3 scripts/gluon_tap_gemm_spike.py [--kernel ring|ws|persistent|box|hbox] [--dtype fp32|bf16] [--stages 3]
     /usr/local/cuda/bin/ncu --set full -k regex:tap_gemm -c 1 python3 scripts/gluon_tap_gemm_spike.py --ncu
 """
 from __future__ import annotations

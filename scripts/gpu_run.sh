@@ -24,7 +24,7 @@
 #                   cuda      bench of the cuda engine, exact grade, on its gemm_kernel problems
 #                             (kb61,kb68,kb70,kb73,kb77) -> bench_cuda.json
 #                   auto      scripts/gpu_auto.py auto.json (auto against each backend)
-#                   spike     scripts/gluon_tap_gemm_spike.py, its three kernels in fp32 and bf16 (issue
+#                   spike     scripts/gluon_tap_gemm_spike.py, its five kernels in fp32 and bf16 (issue
 #                             17's Gluon tap GEMM on KB 77's dense phase: float64 check, time,
 #                             cuDNN's conv3d of the same)
 #                 default: tests,kb,layers,networks,eval
@@ -178,7 +178,7 @@ wanted cuda && bench cuda 120 --suite kernelbench --backend cuda --precision exa
   --case kb61,kb68,kb70,kb73,kb77 --json "$LOGDIR/bench_cuda.json"
 wanted auto && run_part auto 300 12 python3 scripts/gpu_auto.py "$LOGDIR/auto.json"
 if wanted spike; then
-  for k in ring ws persistent; do
+  for k in ring ws persistent box hbox; do
     for dt in fp32 bf16; do
       run_part "spike_${k}_${dt}" 90 4 python3 scripts/gluon_tap_gemm_spike.py --kernel "$k" --dtype "$dt"
     done

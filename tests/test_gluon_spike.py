@@ -21,8 +21,8 @@ def _spike():
     return mod
 
 
-@pytest.mark.parametrize("kernel", ["ring", "ws", "persistent"],
-                         ids=["one-partition-ring", "producer-warp", "persistent"])
+@pytest.mark.parametrize("kernel", ["ring", "ws", "persistent", "box", "hbox"],
+                         ids=["one-partition-ring", "producer-warp", "persistent", "position-boxes", "h-halo"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_spike_compiles_for_sm90(dtype, kernel, capsys):
     mod = _spike()

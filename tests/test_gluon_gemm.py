@@ -1,0 +1,99 @@
+"""box_gemm_kernel (kernels/gluon_gemm.py) without a GPU: it compiles for sm_90 on the Triton
+installed here (CI's is newer than the GPU machine's 3.6) for every constexpr combination the
+launcher can ask for, and the candidate list offers it exactly where it can compute the call.
+Its numerics are GPU tests (tests/test_gpu.py, test_box_gemm_every_geometry): Triton's
+interpreter does not run Gluon."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from convt3d import triton_engine as E
+from convt3d.validate import check_call
+
+_GL = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **consts):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from convt3d.kernels import gluon_gemm as GK
+
+    g = getattr(gl, _GL[dtype])
+    a = gl.NVMMASharedLayout.get_default_for(list(box), g)
+    b = gl.NVMMASharedLayout.get_default_for([block_n, block_k], g)
+    sig = {"x_desc": f"tensordesc<{dtype}[{','.join(map(str, box))}],{a!r}>",
+           "w_desc": f"tensordesc<{dtype}[{block_n},{block_k}],{b!r}>",
+           "b_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "tab_ptr": "*i32"}
+    consts = dict(consts, num_warps=warps)
+    fn = GK.box_gemm_kernel
+    signature = {a: sig.get(a, "constexpr" if a in consts else "i32") for a in fn.arg_names}
+    return triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=consts),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
+@pytest.mark.parametrize("dtype,block_n,block_k,box,warps,w_group,w_skip,cl_out,bias,off32", [
+    ("fp32", 64, 32, (1, 1, 4, 32, 32), 4, 2, 0, False, False, True),    # KB 77: a W residue without taps
+    ("fp32", 64, 32, (1, 1, 8, 16, 32), 4, 1, -1, False, True, False),   # stride 1, 64-bit offsets
+    ("bf16", 32, 64, (1, 1, 8, 16, 64), 4, 2, -1, False, True, True),    # both W residues with taps
+    ("fp16", 128, 32, (1, 1, 8, 16, 32), 8, 1, -1, True, True, True),    # channels-last out, 2 warpgroups
+    ("bf16", 16, 16, (1, 1, 4, 16, 16), 4, 1, -1, True, False, True),    # the smallest tiles
+], ids=["kb77-wskip", "stride1-off64", "bf16-both-residues", "fp16-cl-8warps", "bf16-smallest"])
+def test_box_gemm_compiles_for_sm90(dtype, block_n, block_k, box, warps, w_group, w_skip, cl_out, bias, off32):
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    compiled = _compile(dtype, block_n, block_k, box, warps, HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip,
+                        OFF32=off32, CL_OUT=cl_out, STAGES=4)
+    assert "wgmma.mma_async" in compiled.asm["ptx"]
+    assert "cp.async.bulk.tensor.5d" in compiled.asm["ptx"]  # the 5-D input boxes
+
+
+def _params(cin, cout, size, k, s, p, op=0, g=1, d=1, dtype=torch.float32):
+    x = torch.randn(2, cin, *size, dtype=dtype)
+    w = torch.randn(cin, cout // g, *((k,) * 3 if isinstance(k, int) else k), dtype=dtype)
+    return check_call(x, w, None, s, p, op, g, d)[0]
+
+
+@pytest.mark.parametrize("dtype,precision,offered", [
+    (torch.float32, "tf32", True), (torch.bfloat16, "tf32", True), (torch.float16, "tf32", True),
+    (torch.float32, "tf32x3", False), (torch.float32, "ieee", False),
+], ids=["fp32-tf32", "bf16", "fp16", "fp32-tf32x3", "fp32-ieee"])
+def test_box_gemm_offered_where_wgmma_computes_the_precision(dtype, precision, offered):
+    # wgmma multiplies fp32 as TF32: the split (tf32x3) and exact grades must not get it.
+    params = _params(32, 48, (4, 9, 11), 3, 1, 1, dtype=dtype)
+    configs = E.candidate_configs(params, dtype, precision, False, flat=True, gluon=True)
+    assert any(c.gluon for c in configs) == offered
+    assert not configs[0].gluon  # the untuned default (graph capture, no timing) stays portable
+
+
+@pytest.mark.parametrize("case,offered", [
+    (dict(cin=32, cout=48, size=(4, 9, 11), k=3, s=1, p=1), True),
+    (dict(cin=32, cout=48, size=(4, 5, 6), k=3, s=1, p=1), False),   # compact plane of 30: below 64 wgmma rows
+    (dict(cin=4, cout=48, size=(4, 9, 11), k=3, s=1, p=1), False),   # FMA path (< 8 channels per group)
+    (dict(cin=36, cout=48, size=(4, 9, 11), k=3, s=1, p=1, g=2), False),  # 18 per group: rows not 16-byte aligned
+], ids=["stride1", "small-plane", "fma-path", "unaligned-group-rows"])
+def test_box_gemm_offered_only_where_it_applies(case, offered):
+    params = _params(**case)
+    configs = E.candidate_configs(params, torch.float32, "tf32", False, flat=True, gluon=True)
+    assert any(c.gluon for c in configs) == offered
+    # Never without the caller's say-so (no sm_90, or the interpreter).
+    assert not any(c.gluon for c in E.candidate_configs(params, torch.float32, "tf32", False, flat=True))
+
+
+def test_box_gemm_tile_is_a_box_of_the_compact_plane():
+    # KB 77: the box is 4 compact rows of 32 (block_w), not the flat kernel's whole padded row.
+    params = _params(32, 64, (16, 32, 32), 3, 2, 1, d=2)
+    cfg = next(c for c in E.candidate_configs(params, torch.float32, "tf32", False, flat=True, gluon=True)
+               if c.gluon)
+    assert (cfg.BLOCK_M, cfg.BLOCK_W, cfg.W_GROUP) == (128, 32, 2)
+    assert cfg.short().endswith("flat gluon") and "(4x32)" in cfg.short()
+
+
+def test_no_gluon_candidate_off_sm90():
+    assert not E.gluon_capable(torch.device("cpu"))
+    x = torch.randn(1, 32, 4, 9, 11)
+    w = torch.randn(32, 48, 3, 3, 3)
+    params, _ = check_call(x, w, None, 1, 1, 0, 1, 1)
+    assert not any(c.gluon for c in E.plan(params, x, w, "tf32").configs)
