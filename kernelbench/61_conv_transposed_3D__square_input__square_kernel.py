@@ -2521,6 +2521,24 @@ def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, 
 
 
 @gluon.jit
+def _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K: gl.constexpr):
+    """The K step after (channel offset ``cb``, tap jd, jh, jw), channel block fastest: carries
+    instead of divisions (runtime integer divisions per step cost more issue slots than a
+    128-row wgmma step leaves free)."""
+    cb += BLOCK_K
+    c_wrap = cb >= CIN_G
+    cb = gl.where(c_wrap, 0, cb)
+    jw += c_wrap.to(gl.int32)
+    w_wrap = jw >= tw
+    jw = gl.where(w_wrap, 0, jw)
+    jh += w_wrap.to(gl.int32)
+    h_wrap = jh >= th
+    jh = gl.where(h_wrap, 0, jh)
+    jd += h_wrap.to(gl.int32)
+    return cb, jw, jh, jd
+
+
+@gluon.jit
 def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, c_base, w_row, w_base,
               CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW,
               th, tw, t0d, t0h, t0w, mma_layout: gl.constexpr, STAGES: gl.constexpr):
@@ -2530,8 +2548,7 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
     BLOCK_K: gl.constexpr = a_smem.shape[2]
     BLOCK_N: gl.constexpr = b_smem.shape[1]
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-    # The step to issue next, as (channel offset, jw, jh, jd) advanced by carries: runtime
-    # divisions per step cost more issue slots than a 128-row wgmma step leaves free.
+    # The step to issue next, as (channel offset, jw, jh, jd) (``_advance``).
     cb = 0
     jw = 0
     jh = 0
@@ -2540,16 +2557,7 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
         if i < n_iter:
             _issue(x_desc, w_desc, a_smem, b_smem, bars, (g0 + i) % STAGES, nb, d0, h0, w0, c_base, cb, w_row,
                    jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
-            cb += BLOCK_K
-            c_wrap = cb >= CIN_G
-            cb = gl.where(c_wrap, 0, cb)
-            jw += c_wrap.to(gl.int32)
-            w_wrap = jw >= tw
-            jw = gl.where(w_wrap, 0, jw)
-            jh += w_wrap.to(gl.int32)
-            h_wrap = jh >= th
-            jh = gl.where(h_wrap, 0, jh)
-            jd += h_wrap.to(gl.int32)
+            cb, jw, jh, jd = _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K)
     for k in range(n_iter):
         g = g0 + k
         s = g % STAGES
@@ -2560,16 +2568,7 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
         if k + STAGES - 1 < n_iter:
             _issue(x_desc, w_desc, a_smem, b_smem, bars, (g + STAGES - 1) % STAGES, nb, d0, h0, w0, c_base, cb,
                    w_row, jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
-            cb += BLOCK_K
-            c_wrap = cb >= CIN_G
-            cb = gl.where(c_wrap, 0, cb)
-            jw += c_wrap.to(gl.int32)
-            w_wrap = jw >= tw
-            jw = gl.where(w_wrap, 0, jw)
-            jh += w_wrap.to(gl.int32)
-            h_wrap = jh >= th
-            jh = gl.where(h_wrap, 0, jh)
-            jd += h_wrap.to(gl.int32)
+            cb, jw, jh, jd = _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     return acc, g0 + n_iter
 
@@ -2841,6 +2840,7 @@ HK = types.SimpleNamespace(
     head_rows_kernel=head_rows_kernel,
 )
 GK = types.SimpleNamespace(
+    _advance=_advance,
     _issue=_issue,
     _mainloop=_mainloop,
     _row_value=_row_value,
@@ -2863,7 +2863,7 @@ def interpreter_active() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
-def _kernel(name: str, device: torch.device):
+def _kernel(name: str, device: torch.device, module=None):
     # Triton decides between compiling and interpreting when a @triton.jit function is created
     # (its own library helpers such as tl.zeros included), so the interpreter cannot be switched
     # on per call: CPU tensors need TRITON_INTERPRET=1 before triton is imported.
@@ -2871,6 +2871,8 @@ def _kernel(name: str, device: torch.device):
         raise BackendUnavailableError(
             "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
             "triton is imported: set TRITON_INTERPRET=1 in the environment (or move the tensors to CUDA)")
+    if module is not None:
+        return getattr(module, name)
     return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
 
@@ -2889,17 +2891,19 @@ def _kernel(name: str, device: torch.device):
 class Site:
     """One kernel launch of a call signature: kernel name, grid, integer arguments and
     constexpr/launch options. ``launch(*tensors)`` passes the tensor (or descriptor)
-    arguments, which come first in every kernel of ``kernels/phase_gemm.py``."""
+    arguments, which come first in every kernel of ``kernels/``. ``module``: the kernel's
+    module, for kernels outside the forward's (the head backward's ``kernels/head_grad.py``)."""
 
-    __slots__ = ("name", "grid", "ints", "consts", "compiled", "tail")
+    __slots__ = ("name", "grid", "ints", "consts", "compiled", "tail", "module")
 
-    def __init__(self, name: str, grid: tuple, ints: tuple, consts: dict):
+    def __init__(self, name: str, grid: tuple, ints: tuple, consts: dict, module=None):
         self.name, self.grid, self.ints, self.consts = name, tuple(grid) + (1,) * (3 - len(grid)), tuple(ints), consts
+        self.module = module
         self.compiled: dict[tuple, object] = {}  # pointer-alignment pattern -> compiled kernel
         self.tail: tuple | None = None  # constexpr values in declaration order (Triton passes them too)
 
     def launch(self, device: torch.device, *tensors):
-        kern = _kernel(self.name, device)
+        kern = _kernel(self.name, device, self.module)
         hooks = triton.knobs.runtime
         if device.type != "cuda" or _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
             return kern[self.grid](*tensors, *self.ints, **self.consts)

@@ -5,11 +5,15 @@ Its numerics are GPU tests (tests/test_gpu.py, test_box_gemm_every_geometry): Tr
 interpreter does not run Gluon."""
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 import torch
 
 from convt3d import triton_engine as E
 from convt3d.validate import check_call
+from test_gluon_spike import compile_in_clean_process
 
 _GL = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -44,10 +48,12 @@ def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **c
 ], ids=["kb77-wskip", "stride1-off64", "bf16-both-residues", "fp16-cl-8warps", "bf16-smallest"])
 def test_box_gemm_compiles_for_sm90(dtype, block_n, block_k, box, warps, w_group, w_skip, cl_out, bias, off32):
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    compiled = _compile(dtype, block_n, block_k, box, warps, HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip,
-                        OFF32=off32, CL_OUT=cl_out, STAGES=4)
-    assert "wgmma.mma_async" in compiled.asm["ptx"]
-    assert "cp.async.bulk.tensor.5d" in compiled.asm["ptx"]  # the 5-D input boxes
+    # In a process of its own, without the interpreter (see test_gluon_spike.compile_in_clean_process).
+    consts = dict(HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip, OFF32=off32, CL_OUT=cl_out, STAGES=4)
+    args = json.dumps([dtype, block_n, block_k, list(box), warps, consts])
+    out = compile_in_clean_process([__file__, args])
+    assert "wgmma.mma_async" in out
+    assert "cp.async.bulk.tensor.5d" in out  # the 5-D input boxes
 
 
 def _params(cin, cout, size, k, s, p, op=0, g=1, d=1, dtype=torch.float32):
@@ -97,3 +103,8 @@ def test_no_gluon_candidate_off_sm90():
     w = torch.randn(32, 48, 3, 3, 3)
     params, _ = check_call(x, w, None, 1, 1, 0, 1, 1)
     assert not any(c.gluon for c in E.plan(params, x, w, "tf32").configs)
+
+
+if __name__ == "__main__":  # the compile test's clean process: print the PTX of one configuration
+    dtype_, bn_, bk_, box_, warps_, consts_ = json.loads(sys.argv[1])
+    print(_compile(dtype_, bn_, bk_, tuple(box_), warps_, **consts_).asm["ptx"])

@@ -4,11 +4,23 @@ uses still exists under the names it binds. Its numerics are checked on the GPU 
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gluon_tap_gemm_spike.py"
+
+
+def compile_in_clean_process(argv: list[str]) -> str:
+    """Run ``python argv...`` without TRITON_INTERPRET; return its stdout (fail on its exit status)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPT.parents[1] / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 def _spike():
@@ -24,11 +36,14 @@ def _spike():
 @pytest.mark.parametrize("kernel", ["ring", "ws", "persistent", "box", "hbox"],
                          ids=["one-partition-ring", "producer-warp", "persistent", "position-boxes", "h-halo"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_spike_compiles_for_sm90(dtype, kernel, capsys):
-    mod = _spike()
+def test_spike_compiles_for_sm90(dtype, kernel):
+    _spike()
     # PTX is the check (CI has no CUDA toolkit; ptxas's registers are the script's own report).
-    assert mod.main(["--compile-only", "--dtype", dtype, "--kernel", kernel, "--stages", "3", "--ptxas", "none"]) == 0
-    out = capsys.readouterr().out
+    # In a process of its own: once an interpreted Triton kernel has run in a process (the suite
+    # runs under TRITON_INTERPRET=1), Triton's interpreter has patched language builtins that
+    # Gluon's compiler shares, and compiling there fails.
+    out = compile_in_clean_process([str(SCRIPT), "--compile-only", "--dtype", dtype, "--kernel", kernel,
+                                    "--stages", "3", "--ptxas", "none"])
     assert f"tap_gemm {kernel} {dtype}: tiles 128x64x32, 3 stages" in out and "B shared memory" in out
 
 

@@ -29,9 +29,10 @@ import torch
 import triton
 
 from .errors import BackendUnavailableError
+from .kernels import head_grad
 from .params import ConvT3dParams
-from .triton_configs import _pow2_at_least
-from .triton_sites import interpreter_active
+from .triton_configs import _cdiv, _pow2_at_least
+from .triton_sites import Site, interpreter_active, site
 
 __all__ = ["MAX_OUT_PER_GROUP", "MIN_IN_PER_GROUP", "HeadDgradConfig", "HeadWgradConfig", "supports",
            "unsupported_reason", "device_programs", "dgrad_candidates", "wgrad_candidates", "padded_dy", "head_dgrad",
@@ -209,6 +210,30 @@ def _check_runnable(t: torch.Tensor, params: ConvT3dParams, what: str) -> None:
         raise BackendUnavailableError(f"the Triton head {what}-gradient kernel cannot run this call: {reason}")
 
 
+def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, wp: torch.Tensor, dx: torch.Tensor,
+                precision: str) -> Site:
+    """The launch site of head_dgrad_kernel: its integer arguments, grid and constexprs are fixed by
+    the call signature (geometry, config, strides, dtypes), so later steps replay the compiled
+    kernel. Through ``kernel[grid]`` each of a step's two head launches cost ~20-33 us of
+    argument binding (NOTES.md, section 4), on a k2s2 head step whose kernels take ~175 us."""
+    def build():
+        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+        m = _positions(params)
+        tiles_n = _cdiv(cin_g, cfg.BLOCK_N)
+        return Site("head_dgrad_kernel", (_cdiv(m, cfg.BLOCK_M) * tiles_n, g), (
+            m, cin_g, cout_g, _ktot(params),
+            *params.in_size,
+            params.kernel_size[1], params.kernel_size[2],
+            *dyp.stride(), *dx.stride(),
+            *params.stride, *params.dilation,
+            tiles_n,
+        ), dict(**_precision_args(wp.dtype, precision), BIG=_big(dyp, wp, dx),
+                BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages), head_grad)
+
+    return site(("head_dgrad", params, cfg, dyp.shape, dyp.stride(), dx.stride(), wp.dtype, precision), build)
+
+
 def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
                config: HeadDgradConfig | None = None,
                x_format: torch.memory_format = torch.contiguous_format,
@@ -217,8 +242,6 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
     ``dyp``, that copy made already for the same call in the weight's dtype) and the weight packed
     as the GEMM's B operand."""
     _check_runnable(dy, params, "input")
-    from .kernels import head_grad
-
     cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
     if dyp is None:
         dyp = padded_dy(dy.to(w.dtype), params)
@@ -227,22 +250,29 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
     kd, kh, kw = params.kernel_size
     # [G, taps, Cout/g, Cin/g]: row k = tap * Cout/g + co of the GEMM's B operand, Cin contiguous.
     wp = w.reshape(g, cin_g, cout_g, kd * kh * kw).permute(0, 3, 2, 1).contiguous()
-    m = _positions(params)
-    tiles_n = triton.cdiv(cin_g, cfg.BLOCK_N)
-    grid = (triton.cdiv(m, cfg.BLOCK_M) * tiles_n, g)
-    head_grad.head_dgrad_kernel[grid](
-        dyp, wp, dx,
-        m, cin_g, cout_g, _ktot(params),
-        *params.in_size,
-        kh, kw,
-        *dyp.stride(), *dx.stride(),
-        *params.stride, *params.dilation,
-        tiles_n,
-        **_precision_args(w.dtype, precision), BIG=_big(dyp, w, dx),
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    _dgrad_site(params, cfg, dyp, wp, dx, precision).launch(dy.device, dyp, wp, dx)
     return dx
+
+
+def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dyp: torch.Tensor,
+                precision: str) -> Site:
+    """The launch site of head_wgrad_kernel (see ``_dgrad_site``)."""
+    def build():
+        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+        ktot = _ktot(params)
+        tiles_ci, tiles_k = _cdiv(cin_g, cfg.BLOCK_CI), _cdiv(ktot, cfg.BLOCK_K)
+        return Site("head_wgrad_kernel", (cfg.splits * tiles_ci * tiles_k, g), (
+            _positions(params), cin_g, cout_g, ktot,
+            *params.in_size,
+            params.kernel_size[1], params.kernel_size[2], g, cfg.splits,
+            *x.stride(), *dyp.stride(),
+            *params.stride, *params.dilation,
+            tiles_ci, tiles_k,
+        ), dict(**_precision_args(x.dtype, precision), BIG=_big(x, dyp),
+                BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages), head_grad)
+
+    return site(("head_wgrad", params, cfg, x.stride(), dyp.shape, dyp.stride(), x.dtype, precision), build)
 
 
 def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str, out_dtype: torch.dtype,
@@ -251,8 +281,6 @@ def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precisi
     copy of dY (:func:`padded_dy`; or ``dyp``, that copy made already for the same call in X's
     dtype)."""
     _check_runnable(x, params, "weight")
-    from .kernels import head_grad
-
     cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
     if dyp is None:
         dyp = padded_dy(dy.to(x.dtype), params)
@@ -260,20 +288,7 @@ def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precisi
     kernel = params.kernel_size
     taps, ktot = math.prod(kernel), _ktot(params)
     part = torch.empty((cfg.splits, g, cin_g, ktot), dtype=torch.float32, device=x.device)
-    tiles_ci, tiles_k = triton.cdiv(cin_g, cfg.BLOCK_CI), triton.cdiv(ktot, cfg.BLOCK_K)
-    grid = (cfg.splits * tiles_ci * tiles_k, g)
-    head_grad.head_wgrad_kernel[grid](
-        x, dyp, part,
-        _positions(params), cin_g, cout_g, ktot,
-        *params.in_size,
-        kernel[1], kernel[2], g, cfg.splits,
-        *x.stride(), *dyp.stride(),
-        *params.stride, *params.dilation,
-        tiles_ci, tiles_k,
-        **_precision_args(x.dtype, precision), BIG=_big(x, dyp),
-        BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    _wgrad_site(params, cfg, x, dyp, precision).launch(x.device, x, dyp, part)
     total = part.sum(0) if cfg.splits > 1 else part[0]  # fixed-order reduction: deterministic
     dw = torch.empty((params.in_channels, cout_g) + tuple(kernel), dtype=out_dtype, device=x.device)
     # k = tap * Cout/g + co  ->  dW[g*Cin/g + ci, co, tap]

@@ -36,7 +36,7 @@ def interpreter_active() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
-def _kernel(name: str, device: torch.device):
+def _kernel(name: str, device: torch.device, module=None):
     # Triton decides between compiling and interpreting when a @triton.jit function is created
     # (its own library helpers such as tl.zeros included), so the interpreter cannot be switched
     # on per call: CPU tensors need TRITON_INTERPRET=1 before triton is imported.
@@ -44,6 +44,8 @@ def _kernel(name: str, device: torch.device):
         raise BackendUnavailableError(
             "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
             "triton is imported: set TRITON_INTERPRET=1 in the environment (or move the tensors to CUDA)")
+    if module is not None:
+        return getattr(module, name)
     return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
 
@@ -62,17 +64,19 @@ def _kernel(name: str, device: torch.device):
 class Site:
     """One kernel launch of a call signature: kernel name, grid, integer arguments and
     constexpr/launch options. ``launch(*tensors)`` passes the tensor (or descriptor)
-    arguments, which come first in every kernel of ``kernels/phase_gemm.py``."""
+    arguments, which come first in every kernel of ``kernels/``. ``module``: the kernel's
+    module, for kernels outside the forward's (the head backward's ``kernels/head_grad.py``)."""
 
-    __slots__ = ("name", "grid", "ints", "consts", "compiled", "tail")
+    __slots__ = ("name", "grid", "ints", "consts", "compiled", "tail", "module")
 
-    def __init__(self, name: str, grid: tuple, ints: tuple, consts: dict):
+    def __init__(self, name: str, grid: tuple, ints: tuple, consts: dict, module=None):
         self.name, self.grid, self.ints, self.consts = name, tuple(grid) + (1,) * (3 - len(grid)), tuple(ints), consts
+        self.module = module
         self.compiled: dict[tuple, object] = {}  # pointer-alignment pattern -> compiled kernel
         self.tail: tuple | None = None  # constexpr values in declaration order (Triton passes them too)
 
     def launch(self, device: torch.device, *tensors):
-        kern = _kernel(self.name, device)
+        kern = _kernel(self.name, device, self.module)
         hooks = triton.knobs.runtime
         if device.type != "cuda" or _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
             return kern[self.grid](*tensors, *self.ints, **self.consts)

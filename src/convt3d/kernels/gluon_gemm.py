@@ -64,6 +64,24 @@ def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, 
 
 
 @gluon.jit
+def _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K: gl.constexpr):
+    """The K step after (channel offset ``cb``, tap jd, jh, jw), channel block fastest: carries
+    instead of divisions (runtime integer divisions per step cost more issue slots than a
+    128-row wgmma step leaves free)."""
+    cb += BLOCK_K
+    c_wrap = cb >= CIN_G
+    cb = gl.where(c_wrap, 0, cb)
+    jw += c_wrap.to(gl.int32)
+    w_wrap = jw >= tw
+    jw = gl.where(w_wrap, 0, jw)
+    jh += w_wrap.to(gl.int32)
+    h_wrap = jh >= th
+    jh = gl.where(h_wrap, 0, jh)
+    jd += h_wrap.to(gl.int32)
+    return cb, jw, jh, jd
+
+
+@gluon.jit
 def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, c_base, w_row, w_base,
               CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW,
               th, tw, t0d, t0h, t0w, mma_layout: gl.constexpr, STAGES: gl.constexpr):
@@ -73,8 +91,7 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
     BLOCK_K: gl.constexpr = a_smem.shape[2]
     BLOCK_N: gl.constexpr = b_smem.shape[1]
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-    # The step to issue next, as (channel offset, jw, jh, jd) advanced by carries: runtime
-    # divisions per step cost more issue slots than a 128-row wgmma step leaves free.
+    # The step to issue next, as (channel offset, jw, jh, jd) (``_advance``).
     cb = 0
     jw = 0
     jh = 0
@@ -83,16 +100,7 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
         if i < n_iter:
             _issue(x_desc, w_desc, a_smem, b_smem, bars, (g0 + i) % STAGES, nb, d0, h0, w0, c_base, cb, w_row,
                    jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
-            cb += BLOCK_K
-            c_wrap = cb >= CIN_G
-            cb = gl.where(c_wrap, 0, cb)
-            jw += c_wrap.to(gl.int32)
-            w_wrap = jw >= tw
-            jw = gl.where(w_wrap, 0, jw)
-            jh += w_wrap.to(gl.int32)
-            h_wrap = jh >= th
-            jh = gl.where(h_wrap, 0, jh)
-            jd += h_wrap.to(gl.int32)
+            cb, jw, jh, jd = _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K)
     for k in range(n_iter):
         g = g0 + k
         s = g % STAGES
@@ -103,16 +111,7 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
         if k + STAGES - 1 < n_iter:
             _issue(x_desc, w_desc, a_smem, b_smem, bars, (g + STAGES - 1) % STAGES, nb, d0, h0, w0, c_base, cb,
                    w_row, jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
-            cb += BLOCK_K
-            c_wrap = cb >= CIN_G
-            cb = gl.where(c_wrap, 0, cb)
-            jw += c_wrap.to(gl.int32)
-            w_wrap = jw >= tw
-            jw = gl.where(w_wrap, 0, jw)
-            jh += w_wrap.to(gl.int32)
-            h_wrap = jh >= th
-            jh = gl.where(h_wrap, 0, jh)
-            jd += h_wrap.to(gl.int32)
+            cb, jw, jh, jd = _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     return acc, g0 + n_iter
 
