@@ -276,7 +276,7 @@ def test_poison_is_effective(monkeypatch):
     x, w, b = case.tensors()
     monkeypatch.setattr(engine, "torch", _PoisonedTorch(torch))
     params, _ = check_call(x, w, b, *case.args[:3], case.groups, case.dilation)
-    monkeypatch.setattr(triton_sites, "_kernel", lambda name, device: _NoLaunch())
+    monkeypatch.setattr(triton_sites, "_kernel", lambda name, device, module=None: _NoLaunch())
     y = engine.forward(x, w, b, params, "ieee")
     assert torch.isnan(y).all()
 
