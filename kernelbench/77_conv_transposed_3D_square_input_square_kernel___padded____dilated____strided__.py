@@ -2474,8 +2474,8 @@ Cout/g block). A K step (tap of its phase, block of BLOCK_K input channels) is o
 in shared memory as the BH x BW rows of channels that wgmma reads as its A tile, so the stage is
 allocated 2-D and reshaped to five dimensions only for the copy. The weight comes as one box
 [BLOCK_N, BLOCK_K] of the packed [G * taps * Cout/g, Cin/g] matrix, and wgmma reads it
-transposed. STAGES boxes are in flight, and one wgmma stays outstanding while the next box
-lands. Box coordinates past the buffer read as zeros. Past the tile's valid positions they only
+transposed. The ring has STAGES stages (STAGES - 1 boxes ahead of the MMA), and one wgmma stays
+outstanding while the next box lands. Box coordinates past the buffer read as zeros. Past the tile's valid positions they only
 feed masked stores.
 
 The epilogue is ``flat_gemm_kernel``'s, written as stores from the accumulator's own layout:
