@@ -2475,15 +2475,20 @@ in shared memory as the BH x BW rows of channels that wgmma reads as its A tile,
 allocated 2-D and reshaped to five dimensions only for the copy. The weight comes as one box
 [BLOCK_N, BLOCK_K] of the packed [G * taps * Cout/g, Cin/g] matrix, and wgmma reads it
 transposed. The ring has STAGES stages (STAGES - 1 boxes ahead of the MMA), and one wgmma stays
-outstanding while the next box lands. Box coordinates past the buffer read as zeros. Past the tile's valid positions they only
-feed masked stores.
+outstanding while the next box lands. Box coordinates past the buffer read as zeros; past the
+tile's valid positions they only feed masked stores.
 
-The epilogue is ``flat_gemm_kernel``'s, written as stores from the accumulator's own layout:
-- each phase of a W-residue group (W_GROUP=2: stride 2 along W into NCDHW) is stored at its own
-  residue of the output row. The two halves of each row are written by the same program, one
-  after the other, so they meet in L2;
-- a residue with no taps (W_SKIP) gets the bias;
-- so do the companion rows of the empty row classes (``companion_masks``).
+The epilogue writes what ``flat_gemm_kernel``'s does:
+- each phase of a W-residue group (W_GROUP=2: stride 2 along W into NCDHW) at its own residue of
+  the output row;
+- a residue with no taps (W_SKIP), and the companion rows of the empty row classes
+  (``companion_masks``): the bias.
+
+With channels innermost the accumulator's own layout stores whole sectors. NCDHW tiles go
+through shared memory, where the W residues of a position are adjacent, and leave as rows of 32
+consecutive columns per warp (``_store_rows``). KB 77's whole call took 352 us this way against
+371 us for the best flat tile, and 680 us with stores from the accumulator layout (H200,
+2026-12-01; NOTES.md, section 12).
 
 Only sm_90 has wgmma, and Triton's interpreter does not run Gluon, so this kernel runs on Hopper
 GPUs only. The Triton kernels stay the portable path, and the tuner times this one against them.
@@ -2753,10 +2758,11 @@ def box_gemm_kernel(
                    stride_yd, stride_yh, stride_yw, OFF32)
     else:
         # Positions innermost (NCDHW): stored from shared memory, [BLOCK_N, BLOCK_M, W_GROUP]
-        # with the W residues of a position adjacent, so that a warp writes 128 consecutive
-        # output columns of one channel. Stored straight from the accumulators, each residue
-        # filled only every other 4 bytes of a sector: KB 77's kernel wrote 769 MB of sectors
-        # into L2 for 285 MB of output and took 566 us (ncu, H200, 2026-12-01).
+        # with the W residues of a position adjacent, so that each store instruction of a warp
+        # covers 32 consecutive output columns of one channel. Stored straight from the
+        # accumulators, each residue filled only every other 4 bytes of a sector: KB 77's kernel
+        # wrote 769 MB of sectors into L2 for 277 MB of output and took 566 us (ncu, H200,
+        # 2026-12-01).
         c_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
         c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M, W_GROUP], c_layout)
         for j in gl.static_range(W_GROUP):
@@ -3279,7 +3285,8 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
         tiles_h, tiles_w = _cdiv(q[1], cfg.BLOCK_M // cfg.BLOCK_W), _cdiv(q[2], cfg.BLOCK_W)
         tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         axes = params.axes
-        return Site("box_gemm_kernel", (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n,), (
+        programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
+        return Site("box_gemm_kernel", (programs,), (
             params.batch, params.in_channels_per_group, params.out_channels_per_group,
             pd, ph, pw,
             q[0], *params.out_size,

@@ -86,8 +86,10 @@ from . import head_backward as HB
 from .torch_engine import cudnn_conv_tf32
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
-from .triton_configs import _pow2_at_least
+from .kernels import dgrad_bwd, wgrad_bwd
+from .triton_configs import _cdiv, _pow2_at_least
 from .triton_engine import _tuning_enabled, device_name, interpreter_active, suggests_channels_last
+from .triton_sites import Site, site
 
 __all__ = ["WGRAD_IMPLS", "DGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
            "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates", "dgrad_choice_candidates", "choices",
@@ -243,6 +245,36 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     return tuple(out)
 
 
+def _wgrad_site(params: ConvT3dParams, cfg: WgradConfig, x: torch.Tensor, dy: torch.Tensor, precision: str) -> Site:
+    """The launch site of wgrad_kernel: every integer argument, the grid and the constexprs are
+    fixed by the call signature, so the steps after the first replay the compiled kernel (a
+    ``kernel[grid]`` launch binds its ~40 arguments again each time: 22-33 us of host, NOTES.md
+    section 4)."""
+    def build():
+        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+        kernel = params.kernel_size
+        taps = math.prod(kernel)
+        tiles_ci, tiles_co = _cdiv(cin_g, cfg.BLOCK_CI), _cdiv(cout_g, cfg.BLOCK_CO)
+        tiles_h = _cdiv(params.in_size[1], cfg.BLOCK_P // cfg.BLOCK_W)
+        tiles_w = _cdiv(params.in_size[2], cfg.BLOCK_W)
+        is_fp32 = x.dtype == torch.float32
+        return Site("wgrad_kernel", (cfg.splits * g * taps * tiles_ci * tiles_co,), (
+            params.batch, cin_g, cout_g, *params.in_size, *params.out_size,
+            kernel[1], kernel[2], taps, g, cfg.splits,
+            *x.stride(), *dy.stride(),
+            *params.stride, *params.padding, *params.dilation,
+            tiles_ci, tiles_co, tiles_h, tiles_w,
+        ), dict(
+            PRECISION=precision if is_fp32 else "tf32",
+            ROUND_TF32=is_fp32 and precision == "tf32",
+            TWO_LEVEL=is_fp32 and precision != "tf32",
+            BLOCK_CI=cfg.BLOCK_CI, BLOCK_CO=cfg.BLOCK_CO, BLOCK_P=cfg.BLOCK_P, BLOCK_W=cfg.BLOCK_W,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ), wgrad_bwd)
+
+    return site(("wgrad", params, cfg, x.stride(), dy.stride(), x.dtype, precision), build)
+
+
 def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str,
                  out_dtype: torch.dtype, config: WgradConfig | HB.HeadWgradConfig | None = None,
                  dyp: torch.Tensor | None = None) -> torch.Tensor:
@@ -255,31 +287,12 @@ def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, preci
         raise BackendUnavailableError(
             "the Triton weight-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
             "before triton is imported")
-    from .kernels import wgrad_bwd
-
     cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     kernel = params.kernel_size
     taps = math.prod(kernel)
     part = torch.empty((cfg.splits, g, taps, cin_g, cout_g), dtype=torch.float32, device=x.device)
-    tiles_ci, tiles_co = triton.cdiv(cin_g, cfg.BLOCK_CI), triton.cdiv(cout_g, cfg.BLOCK_CO)
-    tiles_h = triton.cdiv(params.in_size[1], cfg.BLOCK_P // cfg.BLOCK_W)
-    tiles_w = triton.cdiv(params.in_size[2], cfg.BLOCK_W)
-    is_fp32 = x.dtype == torch.float32
-    grid = (cfg.splits * g * taps * tiles_ci * tiles_co,)
-    wgrad_bwd.wgrad_kernel[grid](
-        x, dy, part,
-        params.batch, cin_g, cout_g, *params.in_size, *params.out_size,
-        kernel[1], kernel[2], taps, g, cfg.splits,
-        *x.stride(), *dy.stride(),
-        *params.stride, *params.padding, *params.dilation,
-        tiles_ci, tiles_co, tiles_h, tiles_w,
-        PRECISION=precision if is_fp32 else "tf32",
-        ROUND_TF32=is_fp32 and precision == "tf32",
-        TWO_LEVEL=is_fp32 and precision != "tf32",
-        BLOCK_CI=cfg.BLOCK_CI, BLOCK_CO=cfg.BLOCK_CO, BLOCK_P=cfg.BLOCK_P, BLOCK_W=cfg.BLOCK_W,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    _wgrad_site(params, cfg, x, dy, precision).launch(x.device, x, dy, part)
     total = part.sum(0) if cfg.splits > 1 else part[0]  # fixed-order reduction: deterministic
     dw = torch.empty((params.in_channels, cout_g) + tuple(kernel), dtype=out_dtype, device=x.device)
     dw.view(g, cin_g, cout_g, taps).copy_(total.permute(0, 2, 3, 1))
@@ -356,6 +369,57 @@ def _dy_in_place_ok(dy: torch.Tensor, params: ConvT3dParams) -> bool:
     return span <= _INT32_MAX
 
 
+def _dy_copy_site(dy: torch.Tensor) -> Site:
+    """The launch site of dy_to_ndhwc_kernel (NDHWC copy of dY with TF32 rounding)."""
+    def build():
+        n, c, od, oh, ow = dy.shape
+        block_c, block_s = min(64, _pow2_at_least(c)), 64
+        return Site("dy_to_ndhwc_kernel", (_cdiv(od * oh * ow, block_s), _cdiv(c, block_c), n),
+                    (c, od, oh, ow, *dy.stride()), dict(ROUND_TF32=True, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4),
+                    dgrad_bwd)
+
+    return site(("dy_to_ndhwc", dy.shape, dy.stride()), build)
+
+
+def _pack_dgrad_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool) -> Site:
+    """The launch site of pack_dgrad_weight_kernel ([G, taps, Cin/g, Cout/g], K-major per tap)."""
+    def build():
+        cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
+        kernel = params.kernel_size
+        taps = math.prod(kernel)
+        block = 1024
+        return Site("pack_dgrad_weight_kernel", (_cdiv(taps * cin_g * cout_g, block), params.groups),
+                    (cin_g, cout_g, taps, kernel[1], kernel[2], *w.stride()),
+                    dict(ROUND_TF32=round_tf32, BLOCK=block, num_warps=4), dgrad_bwd)
+
+    return site(("pack_dgrad_weight", params, w.stride(), round_tf32), build)
+
+
+def _dgrad_site(params: ConvT3dParams, cfg: DgradConfig, dy: torch.Tensor, dx: torch.Tensor, precision: str,
+                round_a: bool) -> Site:
+    """The launch site of dgrad_kernel (see ``_wgrad_site``)."""
+    def build():
+        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+        is_fp32 = dy.dtype == torch.float32
+        tiles_m = _cdiv(params.in_size[1] * params.in_size[2], cfg.BLOCK_M)
+        tiles_n = _cdiv(cin_g, cfg.BLOCK_N)
+        return Site("dgrad_kernel", (g * params.batch * params.in_size[0] * tiles_m * tiles_n,), (
+            params.batch, cin_g, cout_g, *params.in_size, *params.out_size,
+            *params.kernel_size, g,
+            *dy.stride(), *dx.stride(),
+            *params.stride, *params.padding, *params.dilation,
+            tiles_m, tiles_n,
+        ), dict(
+            PRECISION=precision if is_fp32 else "tf32",
+            ROUND_A=round_a,
+            TWO_LEVEL=is_fp32 and precision != "tf32",
+            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ), dgrad_bwd)
+
+    return site(("dgrad", params, cfg, dy.stride(), dx.stride(), dy.dtype, precision, round_a), build)
+
+
 def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
                  config: DgradConfig | HB.HeadDgradConfig | None = None,
                  x_format: torch.memory_format = torch.contiguous_format,
@@ -369,14 +433,10 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
         raise BackendUnavailableError(
             "the Triton input-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
             "before triton is imported")
-    from .kernels import dgrad_bwd
-
     cfg = config or dgrad_candidates(params, w.dtype, dy.device, precision)[0]
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-    kernel = params.kernel_size
-    taps = math.prod(kernel)
-    is_fp32 = w.dtype == torch.float32
-    round_tf32 = is_fp32 and precision == "tf32"
+    taps = math.prod(params.kernel_size)
+    round_tf32 = w.dtype == torch.float32 and precision == "tf32"
     if dy.dtype != w.dtype:
         dy = dy.to(w.dtype)
     round_a = False
@@ -386,37 +446,15 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
         # One pass: NDHWC copy and TF32 rounding.
         n, c, od, oh, ow = dy.shape
         dst = torch.empty((n, od, oh, ow, c), dtype=dy.dtype, device=dy.device)
-        block_c, block_s = min(64, _pow2_at_least(c)), 64
-        grid = (triton.cdiv(od * oh * ow, block_s), triton.cdiv(c, block_c), n)
-        dgrad_bwd.dy_to_ndhwc_kernel[grid](dy, dst, c, od, oh, ow, *dy.stride(), ROUND_TF32=True,
-                                           BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4)
+        _dy_copy_site(dy).launch(dy.device, dy, dst)
         dy = dst.permute(0, 4, 1, 2, 3)
     else:
         dy = dy.contiguous(memory_format=torch.channels_last_3d)
 
     packed = torch.empty((g, taps, cin_g, cout_g), dtype=w.dtype, device=w.device)
-    block = 1024
-    dgrad_bwd.pack_dgrad_weight_kernel[(triton.cdiv(taps * cin_g * cout_g, block), g)](
-        w, packed, cin_g, cout_g, taps, kernel[1], kernel[2], *w.stride(), ROUND_TF32=round_tf32, BLOCK=block,
-        num_warps=4)
-
+    _pack_dgrad_site(params, w, round_tf32).launch(w.device, w, packed)
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
-    tiles_m = triton.cdiv(params.in_size[1] * params.in_size[2], cfg.BLOCK_M)
-    tiles_n = triton.cdiv(cin_g, cfg.BLOCK_N)
-    grid = (g * params.batch * params.in_size[0] * tiles_m * tiles_n,)
-    dgrad_bwd.dgrad_kernel[grid](
-        dy, packed, dx,
-        params.batch, cin_g, cout_g, *params.in_size, *params.out_size,
-        *kernel, g,
-        *dy.stride(), *dx.stride(),
-        *params.stride, *params.padding, *params.dilation,
-        tiles_m, tiles_n,
-        PRECISION=precision if is_fp32 else "tf32",
-        ROUND_A=round_a,
-        TWO_LEVEL=is_fp32 and precision != "tf32",
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    _dgrad_site(params, cfg, dy, dx, precision, round_a).launch(dy.device, dy, packed, dx)
     return dx
 
 

@@ -452,7 +452,8 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
         tiles_h, tiles_w = _cdiv(q[1], cfg.BLOCK_M // cfg.BLOCK_W), _cdiv(q[2], cfg.BLOCK_W)
         tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         axes = params.axes
-        return Site("box_gemm_kernel", (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n,), (
+        programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
+        return Site("box_gemm_kernel", (programs,), (
             params.batch, params.in_channels_per_group, params.out_channels_per_group,
             pd, ph, pw,
             q[0], *params.out_size,
