@@ -22,6 +22,7 @@ output channels per group -- the narrow-output range of the forward's head path
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -85,8 +86,10 @@ def _positions(params: ConvT3dParams) -> int:
     return params.batch * math.prod(params.in_size)
 
 
+@functools.lru_cache(maxsize=1024)
 def unsupported_reason(params: ConvT3dParams) -> str | None:
-    """Why the head kernels cannot run this call (None: they can)."""
+    """Why the head kernels cannot run this call (None: they can). Memoised per geometry: every
+    head dX and dW launch asks (two per training step)."""
     if params.out_channels_per_group > MAX_OUT_PER_GROUP:
         return (f"{params.out_channels_per_group} output channels per group: the head kernels take at most "
                 f"{MAX_OUT_PER_GROUP}")
