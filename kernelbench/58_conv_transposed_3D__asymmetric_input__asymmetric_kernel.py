@@ -2579,16 +2579,33 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
 
 
 @gluon.jit
-def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw,
-           OFF32: gl.constexpr):
-    """Store ``vals`` [BLOCK_M, BLOCK_N] at output positions (od, oh[m], ow[m]) and channel
-    offsets ``y_co[n]``, inside the output only."""
+def _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32: gl.constexpr):
+    """(inside the output, 64-bit depth-slice base, in-slice offsets) of output positions
+    (od, oh, ow). OFF32: the launcher checked that channel + in-slice offsets stay below 2^31."""
     ok = (od < OD) & (oh < OH) & (ow < OW)
     if OFF32:
         y_m = oh * stride_yh + ow * stride_yw
     else:
         y_m = oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
-    y_s = y_n + od.to(gl.int64) * stride_yd
+    return ok, y_n + od.to(gl.int64) * stride_yd, y_m
+
+
+@gluon.jit
+def _channel_offsets(channels, stride_yc, OFF32: gl.constexpr):
+    """Offsets of output ``channels`` (32-bit under OFF32, see ``_position_offsets``)."""
+    if OFF32:
+        offs = channels * stride_yc
+    else:
+        offs = channels.to(gl.int64) * stride_yc
+    return offs
+
+
+@gluon.jit
+def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw,
+           OFF32: gl.constexpr):
+    """Store ``vals`` [BLOCK_M, BLOCK_N] at output positions (od, oh[m], ow[m]) and channel
+    offsets ``y_co[n]``, inside the output only."""
+    ok, y_s, y_m = _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32)
     gl.store(y_ptr + y_s + (gl.expand_dims(y_m, 1) + gl.expand_dims(y_co, 0)), vals.to(y_ptr.dtype.element_ty),
              mask=gl.expand_dims(ok, 1) & gl.expand_dims(co_ok, 0))
 
@@ -2616,12 +2633,7 @@ def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, q
     else:
         ow = qw * SW + p % W_GROUP
     oh = qh * SH + rh
-    ok = (od < OD) & (oh < OH) & (ow < OW)
-    if OFF32:
-        y_m = oh * stride_yh + ow * stride_yw
-    else:
-        y_m = oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
-    y_s = y_n + od.to(gl.int64) * stride_yd
+    ok, y_s, y_m = _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32)
     for c in gl.static_range(BLOCK_N // CHUNK):
         co = pid_n * BLOCK_N + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, rows_layout))
         co_ok = co < COUT_G
@@ -2631,10 +2643,7 @@ def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, q
             vals = gl.zeros([CHUNK, COLS], gl.float32, rows_layout)
         if HAS_BIAS:
             vals += gl.expand_dims(gl.load(b_ptr + grp * COUT_G + co, mask=co_ok, other=0.0).to(gl.float32), 1)
-        if OFF32:
-            y_co = (grp * COUT_G + co) * stride_yc
-        else:
-            y_co = (grp * COUT_G + co).to(gl.int64) * stride_yc
+        y_co = _channel_offsets(grp * COUT_G + co, stride_yc, OFF32)
         gl.store(y_ptr + y_s + (gl.expand_dims(y_co, 1) + gl.expand_dims(y_m, 0)), vals.to(y_ptr.dtype.element_ty),
                  mask=gl.expand_dims(co_ok, 1) & gl.expand_dims(ok, 0))
 
@@ -2697,10 +2706,7 @@ def box_gemm_kernel(
     qw = qw0 + offs_m % BW
     offs_co = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=n_layout)
     co_ok = offs_co < COUT_G
-    if OFF32:  # the launcher checked that channel + in-slice offsets stay below 2^31
-        y_co = (grp * COUT_G + offs_co) * stride_yc
-    else:
-        y_co = (grp * COUT_G + offs_co).to(gl.int64) * stride_yc
+    y_co = _channel_offsets(grp * COUT_G + offs_co, stride_yc, OFF32)
     y_n = nb.to(gl.int64) * stride_yn
     bias = gl.zeros([BLOCK_N], gl.float32, n_layout)
     if HAS_BIAS:
@@ -2847,8 +2853,10 @@ HK = types.SimpleNamespace(
 )
 GK = types.SimpleNamespace(
     _advance=_advance,
+    _channel_offsets=_channel_offsets,
     _issue=_issue,
     _mainloop=_mainloop,
+    _position_offsets=_position_offsets,
     _row_value=_row_value,
     _store=_store,
     _store_rows=_store_rows,
@@ -3616,18 +3624,15 @@ class _Steps:
             if self.prep is None:
                 self.prep = _padded_site(x, self.geo, round_tf32)
             xp = _prepare_padded_input(x, self.geo, round_tf32, self.prep)
-            if cfg.gluon:
-                gemm = self.gemm.get((True, True))
-                if gemm is None:
-                    gemm = self.gemm[(True, True)] = _box_site(cfg, xp, y, self.n_groups, params, self.geo,
-                                                               self.has_bias)
-                x_desc, w_desc = _box_descriptors(cfg, xp, wp, params.in_channels_per_group)
-                return gemm.launch(dev, x_desc, w_desc, b, y, self.tab)
+            # flat_gemm_kernel, or box_gemm_kernel (Gluon) on the same padded copy: the same
+            # arguments after their descriptors.
             gemm = self.gemm.get((True, True))
             if gemm is None:
-                gemm = self.gemm[(True, True)] = _flat_site(cfg, xp, y, self.n_groups, params, self.geo,
-                                                            self.has_bias, self.pl.dot_precision)
-            x_desc, w_desc = _flat_descriptors(cfg, xp, wp, params.in_channels_per_group)
+                gemm = self.gemm[(True, True)] = (
+                    _box_site(cfg, xp, y, self.n_groups, params, self.geo, self.has_bias) if cfg.gluon else
+                    _flat_site(cfg, xp, y, self.n_groups, params, self.geo, self.has_bias, self.pl.dot_precision))
+            descriptors = _box_descriptors if cfg.gluon else _flat_descriptors
+            x_desc, w_desc = descriptors(cfg, xp, wp, params.in_channels_per_group)
             return gemm.launch(dev, x_desc, w_desc, b, y, self.tab)
         xin = _prepare_input(x, round_tf32, self.pl.copy_input)
         x_arg = _x_descriptor(xin, params, cfg) if self.use_tma else None

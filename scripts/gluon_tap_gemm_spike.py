@@ -66,14 +66,17 @@ KB77 = dict(n=16, cin=32, cout=64, size=(16, 32, 32), k=3, dil=2, pad=2)
 
 
 @gluon.jit
+def _tap_of(k, KH: gl.constexpr, KW: gl.constexpr, K_CHUNKS: gl.constexpr):
+    """K step ``k`` as (tap, td, th, tw, Cin chunk): taps in (td, th, tw) order, chunk fastest."""
+    tap = k // K_CHUNKS
+    return tap, tap // (KH * KW), (tap // KW) % KH, tap % KW, k % K_CHUNKS
+
+
+@gluon.jit
 def _issue(a_desc, b_desc, a_smem, b_smem, bars, s, k, off_m, off_n, plane, row,
            KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr, K_CHUNKS: gl.constexpr):
     """Start the loads of K step ``k`` (tap k // K_CHUNKS, Cin chunk k % K_CHUNKS) into stage ``s``."""
-    tap = k // K_CHUNKS
-    chunk = k % K_CHUNKS
-    td = tap // (KH * KW)
-    th = (tap // KW) % KH
-    tw = tap % KW
+    tap, td, th, tw, chunk = _tap_of(k, KH, KW, K_CHUNKS)
     shift = (td * plane + th * row + tw) * DIL
     block_k: gl.constexpr = a_desc.block_type.shape[1]
     bar = bars.index(s)
@@ -298,14 +301,20 @@ def tap_gemm_persistent_kernel(a_desc, b_desc, c_desc, plane, row, n_tiles_m, n_
 # the copy. No padded row is computed (where BW divides the output width), and the tile is
 # stored as a 5-D box of the NDHWC output.
 @gluon.jit
+def _box_origin(pid, D, tiles_h, tiles_w, BH: gl.constexpr, BW: gl.constexpr):
+    """(n, d, h0, w0) of box ``pid``: w fastest, then h, d, n."""
+    w0 = (pid % tiles_w) * BW
+    t = pid // tiles_w
+    h0 = (t % tiles_h) * BH
+    t = t // tiles_h
+    return t // D, t % D, h0, w0
+
+
+@gluon.jit
 def _issue_box(a_desc, b_desc, a_smem, b_smem, bars, s, k, n, d, h0, w0,
                KH: gl.constexpr, KW: gl.constexpr, DIL: gl.constexpr, K_CHUNKS: gl.constexpr):
     """Start the loads of K step ``k`` of the box at (n, d, h0, w0) into stage ``s``."""
-    tap = k // K_CHUNKS
-    chunk = k % K_CHUNKS
-    td = tap // (KH * KW)
-    th = (tap // KW) % KH
-    tw = tap % KW
+    tap, td, th, tw, chunk = _tap_of(k, KH, KW, K_CHUNKS)
     block_k: gl.constexpr = a_desc.block_type.shape[4]
     bar = bars.index(s)
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
@@ -329,13 +338,7 @@ def tap_gemm_box_kernel(a_desc, b_desc, c_desc, D, tiles_h, tiles_w,
     BLOCK_M: gl.constexpr = BH * BW
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     STEPS: gl.constexpr = KD * KH * KW * K_CHUNKS
-    pid = gl.program_id(0)
-    w0 = (pid % tiles_w) * BW
-    t = pid // tiles_w
-    h0 = (t % tiles_h) * BH
-    t = t // tiles_h
-    d = t % D
-    n = t // D
+    n, d, h0, w0 = _box_origin(gl.program_id(0), D, tiles_h, tiles_w, BH, BW)
     a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], a_desc.dtype)
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -404,13 +407,7 @@ def tap_gemm_hbox_kernel(a_desc, b_desc, c_desc, D, tiles_h, tiles_w,
     BH: gl.constexpr = c_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     STEPS: gl.constexpr = KD * KW * K_CHUNKS
-    pid = gl.program_id(0)
-    w0 = (pid % tiles_w) * BW
-    t = pid // tiles_w
-    h0 = (t % tiles_h) * BH
-    t = t // tiles_h
-    d = t % D
-    n = t // D
+    n, d, h0, w0 = _box_origin(gl.program_id(0), D, tiles_h, tiles_w, BH, BW)
     a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALO_M, BLOCK_K], a_desc.dtype)
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALO_M, BLOCK_K], a_layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES * KH] + b_desc.block_type.shape, b_desc.layout)

@@ -245,18 +245,15 @@ class _Steps:
             if self.prep is None:
                 self.prep = _padded_site(x, self.geo, round_tf32)
             xp = _prepare_padded_input(x, self.geo, round_tf32, self.prep)
-            if cfg.gluon:
-                gemm = self.gemm.get((True, True))
-                if gemm is None:
-                    gemm = self.gemm[(True, True)] = _box_site(cfg, xp, y, self.n_groups, params, self.geo,
-                                                               self.has_bias)
-                x_desc, w_desc = _box_descriptors(cfg, xp, wp, params.in_channels_per_group)
-                return gemm.launch(dev, x_desc, w_desc, b, y, self.tab)
+            # flat_gemm_kernel, or box_gemm_kernel (Gluon) on the same padded copy: the same
+            # arguments after their descriptors.
             gemm = self.gemm.get((True, True))
             if gemm is None:
-                gemm = self.gemm[(True, True)] = _flat_site(cfg, xp, y, self.n_groups, params, self.geo,
-                                                            self.has_bias, self.pl.dot_precision)
-            x_desc, w_desc = _flat_descriptors(cfg, xp, wp, params.in_channels_per_group)
+                gemm = self.gemm[(True, True)] = (
+                    _box_site(cfg, xp, y, self.n_groups, params, self.geo, self.has_bias) if cfg.gluon else
+                    _flat_site(cfg, xp, y, self.n_groups, params, self.geo, self.has_bias, self.pl.dot_precision))
+            descriptors = _box_descriptors if cfg.gluon else _flat_descriptors
+            x_desc, w_desc = descriptors(cfg, xp, wp, params.in_channels_per_group)
             return gemm.launch(dev, x_desc, w_desc, b, y, self.tab)
         xin = _prepare_input(x, round_tf32, self.pl.copy_input)
         x_arg = _x_descriptor(xin, params, cfg) if self.use_tma else None

@@ -49,6 +49,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .runner import event_seconds
 from .stats import paired_ratio
 
 __all__ = ["DDPUnavailableError", "unavailable_reason", "run_ddp", "format_rows", "exit_worker"]
@@ -108,13 +109,7 @@ class _Clock:
     def per_step(self, step: Callable[[], None], iters: int) -> float:
         self.sync()
         if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                step()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / iters
+            return event_seconds(step, iters)
         t0 = time.perf_counter()
         for _ in range(iters):
             step()

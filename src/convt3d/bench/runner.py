@@ -58,6 +58,18 @@ def bench_budget(estimate_ms: float, settings: TimingSettings) -> tuple[float, f
     return warmup, rep
 
 
+def event_seconds(fn: Callable[[], object], calls: int) -> float:
+    """Seconds per call of ``calls`` calls of ``fn`` between two CUDA events on the current
+    stream (no synchronisation before: the caller decides whether the block starts idle)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3 / calls
+
+
 class CudaTimer:
     """Wall-clock first calls and do_bench steady-state times on the current CUDA device."""
 
@@ -94,13 +106,7 @@ class CudaTimer:
             for side in ((0, 1) if i % 2 == 0 else (1, 0)):
                 fn = (fn_a, fn_b)[side]
                 torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(steps):
-                    fn()
-                end.record()
-                end.synchronize()
-                times[side].append(start.elapsed_time(end) * 1e-3 / steps)
+                times[side].append(event_seconds(fn, steps))
         return times[0], times[1]
 
     def release(self) -> None:
