@@ -4,6 +4,11 @@ PyTorch's backward of the same layers (dX = conv3d(dY, W), dW, and the autograd 
 
     PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json [--no-backward] [--heads-only]   # every head row
     PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json --one NAME DTYPE LAYOUT [--kind KIND]   # for ncu
+    PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json --grads   # the head gradient kernels alone
+
+``--grads``: per head row, the kernel time (CUDA-graph replay) of every head dX and dW candidate
+(``head_backward``; each with its dY copy and weight packing), of every "rows" forward tile, and
+of cuDNN's dX and dW, with each one's error against float64.
 
 ``--kind`` (with ``--one``): run the first head configuration of that kind (gather, rows, direct,
 fused) instead of the first of any kind.
@@ -113,8 +118,60 @@ def probe(case, forward_only=False, with_backward=True, with_default=True, kind=
     return row
 
 
+def grads(case):
+    """Kernel times of the head dX / dW candidates and rows forward tiles of one row (``--grads``)."""
+    from convt3d import head_backward as HB
+    from convt3d.backward import grad_formats
+
+    g = case.geometry
+    t = suites.make_tensors(case, "cuda")
+    args = g.conv_args()
+    params, _ = check_call(t.x, t.w, t.b, *args)
+    prec = "tf32"
+    row = dict(case=case.name, dtype=case.dtype, layout=case.layout)
+    y = F.conv_transpose3d(t.x, t.w, t.b, *args)
+    dy = torch.randn_like(y)
+    s, p, op, groups, d = args
+    row["cudnn_dx_us"] = _ms(lambda: F.conv3d(dy, t.w, None, s, p, d, groups), graph=True) * 1e3
+    row["cudnn_dw_us"] = _ms(lambda: torch.ops.aten.convolution_backward(
+        dy, t.x, t.w, None, s, p, d, True, op, groups, [False, True, False]), graph=True) * 1e3
+    fx = grad_formats(t.x, t.w)[0]
+    ref_dx = F.conv3d(dy.double(), t.w.double(), None, s, p, d, groups)
+    ref_dw = torch.ops.aten.convolution_backward(dy.double(), t.x.double(), t.w.double(), None, s, p, d, True, op,
+                                                 groups, [False, True, False])[1]
+
+    def rel(a, b):
+        return ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+    if HB.supports(params):
+        for cfg in HB.dgrad_candidates(params, t.w.dtype, t.x.device):
+            fn = lambda cfg=cfg: HB.head_dgrad(dy, t.w, params, prec, t.x.dtype, cfg, fx)  # noqa: E731
+            row[f"dx {cfg.short()}"] = dict(us=_ms(fn, graph=True) * 1e3, rel=rel(fn(), ref_dx))
+        for cfg in HB.wgrad_candidates(params, t.x.dtype, t.x.device):
+            fn = lambda cfg=cfg: HB.head_wgrad(dy, t.x, params, prec, t.w.dtype, cfg)  # noqa: E731
+            row[f"dw {cfg.short()}"] = dict(us=_ms(fn, graph=True) * 1e3, rel=rel(fn(), ref_dw))
+    for cfg in E.plan(params, t.x, t.w, prec).configs:
+        if cfg.head == "rows":
+            fn = lambda cfg=cfg: E.forward(t.x, t.w, t.b, params, prec, config=cfg)  # noqa: E731
+            row[f"fwd {cfg.short()}"] = dict(us=_ms(fn, graph=True) * 1e3, rel=rel(fn(), y.double()))
+    return row
+
+
 def main(argv):
     out = argv[0]
+    if "--grads" in argv:
+        rows = []
+        # The two combinations the training-step bench times (--mode full): bf16 channels-last, fp32 NCDHW.
+        for case in (c for c in _rows() if (c.dtype, c.layout) in (("bf16", "cl"), ("fp32", "ncdhw"))):
+            try:
+                rows.append(grads(case))
+            except Exception as e:  # a failing row must not hide the others' numbers
+                rows.append(dict(case=case.name, dtype=case.dtype, layout=case.layout, error=repr(e)))
+            print(json.dumps(rows[-1]), flush=True)
+            E.clear_caches()
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1)
+        return
     only = tuple(argv[2:5]) if len(argv) > 1 and argv[1] == "--one" else None
     with_backward = "--no-backward" not in argv
     kind = argv[argv.index("--kind") + 1] if "--kind" in argv else None
