@@ -157,35 +157,31 @@ def grads(case):
     return row
 
 
-def main(argv):
-    out = argv[0]
-    if "--grads" in argv:
-        rows = []
-        # The two combinations the training-step bench times (--mode full): bf16 channels-last, fp32 NCDHW.
-        for case in (c for c in _rows() if (c.dtype, c.layout) in (("bf16", "cl"), ("fp32", "ncdhw"))):
-            try:
-                rows.append(grads(case))
-            except Exception as e:  # a failing row must not hide the others' numbers
-                rows.append(dict(case=case.name, dtype=case.dtype, layout=case.layout, error=repr(e)))
-            print(json.dumps(rows[-1]), flush=True)
-            E.clear_caches()
-        with open(out, "w") as f:
-            json.dump(rows, f, indent=1)
-        return
-    only = tuple(argv[2:5]) if len(argv) > 1 and argv[1] == "--one" else None
-    with_backward = "--no-backward" not in argv
-    kind = argv[argv.index("--kind") + 1] if "--kind" in argv else None
+def _run(out, cases, measure):
+    """``measure(case)`` of every case, a JSON line each as it comes, then all of them to ``out``."""
     rows = []
-    for case in _rows(only):
+    for case in cases:
         try:
-            rows.append(probe(case, forward_only=only is not None, with_backward=with_backward,
-                              with_default="--heads-only" not in argv, kind=kind))
+            rows.append(measure(case))
         except Exception as e:  # a failing row must not hide the others' numbers
             rows.append(dict(case=case.name, dtype=case.dtype, layout=case.layout, error=repr(e)))
         print(json.dumps(rows[-1]), flush=True)
         E.clear_caches()
     with open(out, "w") as f:
         json.dump(rows, f, indent=1)
+
+
+def main(argv):
+    out = argv[0]
+    if "--grads" in argv:
+        # The two combinations the training-step bench times (--mode full): bf16 channels-last, fp32 NCDHW.
+        _run(out, (c for c in _rows() if (c.dtype, c.layout) in (("bf16", "cl"), ("fp32", "ncdhw"))), grads)
+        return
+    only = tuple(argv[2:5]) if len(argv) > 1 and argv[1] == "--one" else None
+    with_backward = "--no-backward" not in argv
+    kind = argv[argv.index("--kind") + 1] if "--kind" in argv else None
+    _run(out, _rows(only), lambda case: probe(case, forward_only=only is not None, with_backward=with_backward,
+                                              with_default="--heads-only" not in argv, kind=kind))
 
 
 if __name__ == "__main__":

@@ -247,49 +247,13 @@ def test_head_backward_pads_dy_at_most_once(geo, args, pads, head_calls, monkeyp
     leaves = [t.detach().requires_grad_() for t in (x, w)]
     y = convt3d.conv_transpose3d(*leaves, None, *args, backend="triton", precision="ieee")
     dy = _rnd(*y.shape)
-    real_pad, count = HB._pad_site, []
-    monkeypatch.setattr(HB, "_pad_site", lambda *a, **k: count.append(1) or real_pad(*a, **k))
+    real_pad, count = torch.nn.functional.pad, []
+    monkeypatch.setattr(torch.nn.functional, "pad", lambda *a, **k: count.append(1) or real_pad(*a, **k))
     y.backward(dy)
     assert sorted(head_calls) == ["head_dgrad", "head_wgrad"] and len(count) == pads
     ref = _ref(dy, x, w, params, [True, True, False])
     _assert_close(leaves[0].grad, ref[0], 1e-5, "dX")
     _assert_close(leaves[1].grad, ref[1], 1e-5, "dW")
-
-
-def _torch_padded(dy, params):
-    """F.pad's zero-padded dY: the reference of ``padded_dy``."""
-    pads = []
-    for a in reversed(params.axes):
-        reach = (a.in_size - 1) * a.stride + (a.kernel - 1) * a.dilation + 1
-        pads += [a.padding, max(0, reach - a.padding - a.out_size)]
-    return torch.nn.functional.pad(dy, pads)
-
-
-@pytest.mark.parametrize("dy_layout", ["ncdhw", "cl", "slice_w", "transpose_dh"])
-@pytest.mark.parametrize("geo", [
-    G(2, 8, 3, (2, 3, 2), 4, 2, 1),                  # k4 s2 p1: zeros on both sides
-    G(1, 8, 1, (3, 2, 2), 3, 2, 1, 1),               # output_padding: the last position reached
-    G(1, 16, 4, (2, 2, 3), (3, 1, 2), (2, 1, 3), (1, 0, 0), 0, (2, 1, 1), 2),  # groups, dilation
-], ids=["k4s2p1", "outpad-1ch", "groups-dilated-aniso"])
-def test_padded_dy_matches_f_pad(geo, dy_layout):
-    # One launch of pad_dy_kernel against F.pad: the same values, in dY's layout (channels
-    # innermost stays so), from any strides of dY.
-    _, _, dy, params = _setup(geo, dy_layout=dy_layout)
-    got = HB.padded_dy(dy, params)
-    want = _torch_padded(dy, params)
-    assert got.shape == want.shape and torch.equal(got, want)
-    if dy_layout == "cl" and dy.shape[1] > 1:
-        assert got.is_contiguous(memory_format=CL)
-
-
-def test_padded_dy_casts_and_reads_dy_in_place_without_padding():
-    # The copy also casts (fp32 dY of an autocast step to the operands' fp16); k2 s2 p0 reaches
-    # every dY position, so no copy is made at all.
-    _, _, dy, params = _setup(G(1, 8, 2, (2, 3, 2), 3, 2, 1))
-    got = HB.padded_dy(dy, params, torch.float16)
-    assert got.dtype == torch.float16 and torch.equal(got, _torch_padded(dy, params).half())
-    _, _, dy2, params2 = _setup(G(1, 8, 2, (2, 3, 2), 2, 2))
-    assert HB.padded_dy(dy2, params2) is dy2
 
 
 REGIMES = {

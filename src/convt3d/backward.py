@@ -715,7 +715,7 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
             and isinstance(wimpl.config, HB.HeadWgradConfig) and w.dtype == x.dtype):
         # Both head kernels read the same zero-padded dY: one copy for the two (a head's dY is
         # its largest tensor; 33 MB in bf16 for the k2s2 8 -> 2 head at 128^3).
-        dyp = HB.padded_dy(dy, params, x.dtype)
+        dyp = HB.padded_dy(dy.to(x.dtype), params)
     if need_x and not use_torch_x:
         gx = dgrad_triton(dy, w, params, precision, x.dtype, ximpl.config, fx, dyp=dyp)
     if need_w and not use_torch_w:

@@ -161,9 +161,9 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
 
     Each tile comes twice: its dY gather with the lanes along (tap, channel) pairs, and along
     positions (``lanes_on_m``). Neither wins everywhere (H200, 2026-12-01, kernel time by graph
-    replay, ``scripts/gpu_head_probe.py --grads``, first tile): 3-D GAN head fp32 263 us along
-    positions against 240, k2 s2 8 -> 2 head bf16 119 against 129, 128 -> 8 head bf16 438
-    against 501; so the timed choice takes one of them.
+    replay, ``scripts/gpu_head_probe.py --grads``, first tile, each with the same dY copy): 3-D
+    GAN head fp32 263 us along positions against 240, k2 s2 8 -> 2 head bf16 119 against 129,
+    128 -> 8 head bf16 438 against 501; so the timed choice takes one of them.
     """
     bci = _clamp_pow2(params.in_channels_per_group, 16, 64)
     ktot = _ktot(params)
@@ -180,44 +180,20 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     return tuple(out) + tuple(dataclasses.replace(c, lanes_on_m=True) for c in out)
 
 
-def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """dY with zeros around it, in ``dtype`` (dY's own by default), so that the dY position
-    ``i*s - p + t*d`` of every (input, tap) pair is ``i*s + t*d`` inside the copy (the kernels then
-    gather without bounds tests): ``p`` zeros before the data along each dimension, and after it
-    up to ``(in-1)*s + (k-1)*d + 1``. Where no dimension needs a zero (padding 0 and every
-    position reached, as in k2 s2 p0), dY itself (cast): the kernels read it through its strides,
-    and a copy would move it whole (66 MB of traffic for the bf16 k2s2 8 -> 2 head's dY at 128^3).
-
-    The copy keeps dY's layout (channels innermost stays so) and is one launch of
-    ``pad_dy_kernel``, which also casts."""
-    dtype = dtype or dy.dtype
-    size, pads = [], []
-    for a in params.axes:
+def padded_dy(dy: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
+    """dY with zeros around it, so that the dY position ``i*s - p + t*d`` of every (input, tap)
+    pair is ``i*s + t*d`` inside the copy (the kernels then gather without bounds tests): ``p``
+    zeros before the data along each dimension, and after it up to ``(in-1)*s + (k-1)*d + 1``.
+    Where no dimension needs a zero (padding 0 and every position reached, as in k2 s2 p0), dY
+    itself: the kernels read it through its strides, and ``F.pad`` would copy it whole (66 MB
+    of traffic for the bf16 k2s2 8 -> 2 head's dY at 128^3)."""
+    pads = []
+    for a in reversed(params.axes):  # F.pad lists the last dimension first
         reach = (a.in_size - 1) * a.stride + (a.kernel - 1) * a.dilation + 1
-        size.append(a.padding + a.out_size + max(0, reach - a.padding - a.out_size))
-        pads.append(a.padding)
-    if not any(pads) and tuple(size) == tuple(params.out_size):
-        return dy.to(dtype)
-    n, c = dy.shape[:2]
-    cl = c > 1 and dy.stride(1) == 1
-    dyp = torch.empty((n, c, *size), dtype=dtype, device=dy.device,
-                      memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
-    _pad_site(dy, dyp, tuple(pads), cl).launch(dy.device, dy, dyp)
-    return dyp
-
-
-_PAD_BLOCK = 1024  # elements per program: 8 per thread at 4 warps (16-byte stores in bf16)
-
-
-def _pad_site(dy: torch.Tensor, dyp: torch.Tensor, pads: tuple[int, int, int], cl: bool) -> Site:
-    """The launch site of pad_dy_kernel for this dY signature (shapes, strides, dtypes)."""
-    def build():
-        total = dyp.numel()
-        return Site("pad_dy_kernel", (_cdiv(total, _PAD_BLOCK),),
-                    (total, dy.shape[1], *dy.shape[2:], *dyp.shape[2:], *pads, *dy.stride()),
-                    dict(CHANNELS_LAST=cl, BLOCK=_PAD_BLOCK, num_warps=4), head_grad)
-
-    return site(("pad_dy", dy.shape, dy.stride(), dy.dtype, dyp.shape, dyp.dtype, pads, cl), build)
+        pads += [a.padding, max(0, reach - a.padding - a.out_size)]
+    if not any(pads):
+        return dy
+    return torch.nn.functional.pad(dy, pads)
 
 
 def _span(t: torch.Tensor) -> int:
@@ -280,7 +256,7 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
     _check_runnable(dy, params, "input")
     cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
     if dyp is None:
-        dyp = padded_dy(dy, params, w.dtype)
+        dyp = padded_dy(dy.to(w.dtype), params)
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     kd, kh, kw = params.kernel_size
@@ -319,28 +295,14 @@ def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precisi
     _check_runnable(x, params, "weight")
     cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
     if dyp is None:
-        dyp = padded_dy(dy, params, x.dtype)
-    part = torch.empty((cfg.splits, params.groups, params.in_channels_per_group, _ktot(params)),
-                       dtype=torch.float32, device=x.device)
+        dyp = padded_dy(dy.to(x.dtype), params)
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    kernel = params.kernel_size
+    taps, ktot = math.prod(kernel), _ktot(params)
+    part = torch.empty((cfg.splits, g, cin_g, ktot), dtype=torch.float32, device=x.device)
     _wgrad_site(params, cfg, x, dyp, precision).launch(x.device, x, dyp, part)
-    dw = torch.empty((params.in_channels, params.out_channels_per_group) + tuple(params.kernel_size),
-                     dtype=out_dtype, device=x.device)
-    # The splits added in split order (deterministic) and k = tap * Cout/g + co moved to
-    # dW[g*Cin/g + ci, co, tap], cast, in one launch.
-    _finish_site(params, cfg.splits, out_dtype).launch(x.device, part, dw)
+    total = part.sum(0) if cfg.splits > 1 else part[0]  # fixed-order reduction: deterministic
+    dw = torch.empty((params.in_channels, cout_g) + tuple(kernel), dtype=out_dtype, device=x.device)
+    # k = tap * Cout/g + co  ->  dW[g*Cin/g + ci, co, tap]
+    dw.view(g, cin_g, cout_g, taps).copy_(total.view(g, cin_g, taps, cout_g).permute(0, 1, 3, 2))
     return dw
-
-
-_FINISH_BLOCK = 512
-
-
-def _finish_site(params: ConvT3dParams, splits: int, out_dtype: torch.dtype) -> Site:
-    """The launch site of head_wgrad_finish_kernel (dW from the partial sums)."""
-    def build():
-        taps = math.prod(params.kernel_size)
-        total = params.in_channels * params.out_channels_per_group * taps
-        return Site("head_wgrad_finish_kernel", (_cdiv(total, _FINISH_BLOCK),),
-                    (total, params.in_channels, params.out_channels_per_group, taps, splits),
-                    dict(BLOCK=_FINISH_BLOCK, num_warps=4), head_grad)
-
-    return site(("head_wgrad_finish", params, splits, out_dtype), build)

@@ -118,7 +118,7 @@ def head_dgrad_kernel(
         # (positions step by the stride, (tap, channel) pairs by a division), Triton runs the
         # lanes along the last axis, so neighbouring lanes read dY elements s apart instead of
         # other rows. H200, 2026-12-01 (kernel time by graph replay, scripts/gpu_head_probe.py
-        # --grads, first tile, with the dY copy): 128 -> 8 head bf16 388 against 733 us for
+        # --grads, first tile, each with the same dY copy): 128 -> 8 head bf16 388 against 733 us for
         # [M, K], k2 s2 8 -> 2 head bf16 49 against 99, 3-D GAN head fp32 221 against 252;
         # faster on all 10 head rows timed.
         a_tile = tl.trans(tl.load(y_g + (y_k[:, None] + y_m[None, :]), mask=k_ok[:, None] & m_ok[None, :],
@@ -202,76 +202,3 @@ def head_wgrad_kernel(
     dst = part_ptr + base + offs_ci[:, None].to(tl.int64) * KTOT + k[None, :]
     tl.store(dst, acc, mask=ci_ok[:, None] & k_ok[None, :])
 
-
-@triton.jit
-def pad_dy_kernel(
-    src_ptr, dst_ptr,
-    TOTAL, C, D, H, W, DP, HP, WP, PD, PH, PW,
-    stride_sn, stride_sc, stride_sd, stride_sh, stride_sw,
-    CHANNELS_LAST: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """The zero-padded dY the head kernels read (``head_backward.padded_dy``), in one launch:
-    ``dst[n, c, d, h, w] = src[n, c, d - PD, h - PH, w - PW]`` where that is inside src (D x H x W),
-    else 0, cast to dst's dtype. dst is [N, C, DP, HP, WP], dense in memory order: channels
-    innermost with CHANNELS_LAST, else NCDHW; element e of a program is e-th in that order, so the
-    stores are contiguous. src is read through its strides (any layout). 64-bit indices: dY of a
-    head can pass 2^31 elements.
-
-    One launch instead of ``F.pad``'s allocation, fill and strided copy: a head's training step
-    is host-bound on the H200 machine (2026-12-01, ``scripts/host_time.py step``, 128 -> 3 video
-    head, bf16 channels-last: ~410 us of kernels against 850-920 us of host per step, ``F.pad``
-    ~80 us of it)."""
-    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = e < TOTAL
-    if CHANNELS_LAST:
-        c = e % C
-        t = e // C
-        w = t % WP
-        t = t // WP
-        h = t % HP
-        t = t // HP
-        d = t % DP
-        n = t // DP
-    else:
-        w = e % WP
-        t = e // WP
-        h = t % HP
-        t = t // HP
-        d = t % DP
-        t = t // DP
-        c = t % C
-        n = t // C
-    d -= PD
-    h -= PH
-    w -= PW
-    inside = ok & (d >= 0) & (d < D) & (h >= 0) & (h < H) & (w >= 0) & (w < W)
-    v = tl.load(src_ptr + n * stride_sn + c * stride_sc + d * stride_sd + h * stride_sh + w * stride_sw,
-                mask=inside, other=0.0)
-    tl.store(dst_ptr + e, v.to(dst_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def head_wgrad_finish_kernel(
-    part_ptr, dw_ptr,
-    TOTAL, CIN, COUT_G, TAPS, SPLITS,
-    BLOCK: tl.constexpr,
-):
-    """dW from head_wgrad_kernel's partial sums, in one launch: ``dw[ci, co, tap]`` (contiguous,
-    dW's dtype) = the sum over splits, in split order (deterministic), of
-    ``part[split, ci, tap * COUT_G + co]`` (``part`` is [SPLITS, G, Cin/g, taps x Cout/g], so
-    G x Cin/g rows are the Cin rows of dW). Replaces a sum over splits, an allocation and a
-    permuting copy (three host operations of a host-bound step: see pad_dy_kernel). dW of a
-    head has Cin x Cout/g x taps < 2^31 elements (the launcher caps the partials at 2^22)."""
-    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = e < TOTAL
-    tap = e % TAPS
-    t = e // TAPS
-    co = t % COUT_G
-    ci = t // COUT_G
-    ktot = TAPS * COUT_G
-    src = ci * ktot + tap * COUT_G + co
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLITS):
-        acc += tl.load(part_ptr + s * CIN * ktot + src, mask=ok, other=0.0)
-    tl.store(dw_ptr + e, acc.to(dw_ptr.dtype.element_ty), mask=ok)
