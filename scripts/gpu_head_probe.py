@@ -42,6 +42,12 @@ def _ms(fn, graph=False):
     return do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
+def _rel(a, ref):
+    """Largest |a - ref| over the largest |ref|, in float64."""
+    ref = ref.double()
+    return ((a.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
 def _rows(only=None):
     for g in suites.LAYERS:
         if not g.name.startswith("head_"):
@@ -77,7 +83,7 @@ def probe(case, forward_only=False, with_backward=True, with_default=True, kind=
         if not cfg.head and (i > 0 or not with_default):
             continue  # the phase path: its untuned default only (the tuner's other tiles are timed elsewhere)
         y = E.forward(t.x, t.w, t.b, params, prec, config=cfg)
-        err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
+        err = _rel(y, ref)
         us = _ms(lambda: E.forward(t.x, t.w, t.b, params, prec, config=cfg), graph=True) * 1e3
         row["configs"][cfg.short()] = dict(graph_us=us, rel_diff_vs_cudnn=err)
         if cfg.head and us < best_us:
@@ -91,8 +97,7 @@ def probe(case, forward_only=False, with_backward=True, with_default=True, kind=
             rec = E.tuning_log()[E.plan(params, t.x, t.w, prec).tune_key]
             row["api_config"], row["tuning_s"] = rec.config.short(), rec.seconds
             row["api_us"] = _ms(lambda: convt3d.conv_transpose3d(t.x, t.w, t.b, *args, backend="triton")) * 1e3
-            row["api_rel_diff_vs_cudnn"] = ((y.float() - ref.float()).abs().max()
-                                            / ref.float().abs().max().clamp_min(1e-30)).item()
+            row["api_rel_diff_vs_cudnn"] = _rel(y, ref)
             row["speedup_vs_cudnn"] = row["cudnn_us"] / row["api_us"]
             row["pct_of_floor"] = 100 * row["floor_us"] / row["api_us"]
         except Exception as e:  # the public path (dispatch) is not what this probe measures
@@ -140,20 +145,17 @@ def grads(case):
     ref_dw = torch.ops.aten.convolution_backward(dy.double(), t.x.double(), t.w.double(), None, s, p, d, True, op,
                                                  groups, [False, True, False])[1]
 
-    def rel(a, b):
-        return ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
     if HB.supports(params):
         for cfg in HB.dgrad_candidates(params, t.w.dtype, t.x.device):
             fn = lambda cfg=cfg: HB.head_dgrad(dy, t.w, params, prec, t.x.dtype, cfg, fx)  # noqa: E731
-            row[f"dx {cfg.short()}"] = dict(us=_ms(fn, graph=True) * 1e3, rel=rel(fn(), ref_dx))
+            row[f"dx {cfg.short()}"] = dict(us=_ms(fn, graph=True) * 1e3, rel=_rel(fn(), ref_dx))
         for cfg in HB.wgrad_candidates(params, t.x.dtype, t.x.device):
             fn = lambda cfg=cfg: HB.head_wgrad(dy, t.x, params, prec, t.w.dtype, cfg)  # noqa: E731
-            row[f"dw {cfg.short()}"] = dict(us=_ms(fn, graph=True) * 1e3, rel=rel(fn(), ref_dw))
+            row[f"dw {cfg.short()}"] = dict(us=_ms(fn, graph=True) * 1e3, rel=_rel(fn(), ref_dw))
     for cfg in E.plan(params, t.x, t.w, prec).configs:
         if cfg.head == "rows":
             fn = lambda cfg=cfg: E.forward(t.x, t.w, t.b, params, prec, config=cfg)  # noqa: E731
-            row[f"fwd {cfg.short()}"] = dict(us=_ms(fn, graph=True) * 1e3, rel=rel(fn(), y.double()))
+            row[f"fwd {cfg.short()}"] = dict(us=_ms(fn, graph=True) * 1e3, rel=_rel(fn(), y))
     return row
 
 

@@ -201,4 +201,3 @@ def head_wgrad_kernel(
     base = (split * GROUPS + grp).to(tl.int64) * CIN_G * KTOT
     dst = part_ptr + base + offs_ci[:, None].to(tl.int64) * KTOT + k[None, :]
     tl.store(dst, acc, mask=ci_ok[:, None] & k_ok[None, :])
-
