@@ -5,13 +5,14 @@ PyTorch's backward of the same layers (dX = conv3d(dY, W), dW, and the autograd 
     PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json [--no-backward] [--heads-only]   # every head row
     PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json --one NAME DTYPE LAYOUT [--kind KIND]   # for ncu
     PYTHONPATH=src python3 scripts/gpu_head_probe.py OUT.json --grads   # the head gradient kernels alone
+    ... [--rows NAME/DTYPE/LAYOUT,...]   # only these rows (e.g. head_gan_64to1/bf16/cl)
 
 ``--grads``: per head row, the kernel time (CUDA-graph replay) of every head dX and dW candidate
 (``head_backward``; each with its dY copy and weight packing), of every "rows" forward tile, and
 of cuDNN's dX and dW, with each one's error against float64.
 
 ``--kind`` (with ``--one``): run the first head configuration of that kind (gather, rows, direct,
-fused) instead of the first of any kind.
+fused, box) instead of the first of any kind.
 
 Times are medians of triton.testing.do_bench in one process; "graph" times replay the call in a
 CUDA graph (kernel time without the host); "api" is the public function, backend="triton", after
@@ -48,13 +49,14 @@ def _rel(a, ref):
     return ((a.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
 
-def _rows(only=None):
+def _rows(only=None, chosen=None):
+    """The head rows (``only``: one (name, dtype, layout); ``chosen``: a set of them)."""
     for g in suites.LAYERS:
         if not g.name.startswith("head_"):
             continue
         for dt in suites.DTYPES:
             for lay in suites.LAYOUTS:
-                if only is None or only == (g.name, dt, lay):
+                if (only is None or only == (g.name, dt, lay)) and (chosen is None or (g.name, dt, lay) in chosen):
                     yield suites.Case("layers", g, dt, lay, "default", "randn")
 
 
@@ -175,14 +177,17 @@ def _run(out, cases, measure):
 
 def main(argv):
     out = argv[0]
+    chosen = ({tuple(r.split("/")) for r in argv[argv.index("--rows") + 1].split(",")} if "--rows" in argv
+              else None)
     if "--grads" in argv:
         # The two combinations the training-step bench times (--mode full): bf16 channels-last, fp32 NCDHW.
-        _run(out, (c for c in _rows() if (c.dtype, c.layout) in (("bf16", "cl"), ("fp32", "ncdhw"))), grads)
+        _run(out, (c for c in _rows(chosen=chosen) if (c.dtype, c.layout) in (("bf16", "cl"), ("fp32", "ncdhw"))),
+             grads)
         return
     only = tuple(argv[2:5]) if len(argv) > 1 and argv[1] == "--one" else None
     with_backward = "--no-backward" not in argv
     kind = argv[argv.index("--kind") + 1] if "--kind" in argv else None
-    _run(out, _rows(only), lambda case: probe(case, forward_only=only is not None, with_backward=with_backward,
+    _run(out, _rows(only, chosen), lambda case: probe(case, forward_only=only is not None, with_backward=with_backward,
                                               with_default="--heads-only" not in argv, kind=kind))
 
 

@@ -115,6 +115,36 @@ def test_fused_kind(name, layout, dtype):
             _check(x, w, b, args, precision, E.forward(x, w, b, params, precision, config=cfg))
 
 
+# The box kind's two box regimes: whole rows (every head above: H, W <= the box), and boxes
+# that overlap along height (40 rows) and along width (80 columns > 64: boxes of 32).
+BOX_HEADS = dict(HEADS, **{
+    "gan-overlapping-rows": (1, 64, 1, 1, (3, 40, 24), 4, 2, 1, 0, 1),
+    "video-overlapping-columns": (1, 32, 3, 1, (2, 6, 80), (1, 4, 4), (1, 2, 2), (0, 1, 1), 0, 1),
+})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", ["ncdhw", "cl", "noncontig"])
+@pytest.mark.parametrize("name", list(BOX_HEADS))
+def test_box_kind(name, layout, dtype):
+    # head_box_kernel (Gluon, sm_90): every box tile the plan offers for the layer, at the bench's
+    # precision (TF32 for fp32; the kind is not offered at tf32x3 or ieee).
+    from convt3d import head_box_engine
+
+    if not E.gluon_capable(torch.device(DEV)):
+        pytest.skip("the box kind needs sm_90 (wgmma)")
+    x, w, b, args = _inputs(BOX_HEADS[name], layout, dtype)
+    params, _ = check_call(x, w, b, *args)
+    tiles = [E.Config(**t) for t in head_box_engine.box_tiles(params, dtype, "tf32")]
+    if not tiles:
+        pytest.skip(f"not offered: {head_box_engine.box_unsupported(params, dtype, 'tf32') or 'no box fits'}")
+    offered = [c for c in E.plan(params, x, w, "tf32").configs if c.head == "box"]
+    assert offered == tiles
+    for cfg in tiles:
+        _check(x, w, b, args, "tf32", E.forward(x, w, b, params, "tf32", config=cfg))
+        _check(x, w, None, args, "tf32", E.forward(x, w, None, params, "tf32", config=cfg))
+
+
 @pytest.mark.parametrize("dtype, precision", [(torch.float16, "tf32"), (torch.float32, "tf32x3"),
                                               (torch.float32, "ieee")], ids=["float16", "tf32x3", "ieee"])
 @pytest.mark.parametrize("name", ["video-128to3-k4s2p1", "direct-k2s2-8to2", "groups2-5-per-group"])

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from .head_box_engine import BoxSteps, box_tiles
 from .params import ConvT3dParams
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
@@ -39,7 +40,9 @@ MAX_HEAD_CHANNELS = 15
 # only) plus a fill (head_gather_tile_kernel) of the positions no tap reaches.
 # "fused": head_fused_kernel, the GEMM and the gather of one box of outputs in one persistent
 # kernel, Z in a per-program scratch slot that stays in L2 (no Z traffic to HBM).
-HEAD_KINDS = ("gather", "rows", "direct", "fused")
+# "box": head_box_kernel (Gluon, sm_90 only; head_box_engine), the GEMM and the tap sum of a box
+# of positions in one program, the tap products in registers and shared memory.
+HEAD_KINDS = ("gather", "rows", "direct", "fused", "box")
 # Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
 MAX_Z_BYTES = 4 << 30
 # The fused kind's scratch slots (all programs together) stay within this share of L2, so that
@@ -109,7 +112,7 @@ def width_shifts(params: ConvT3dParams) -> tuple[int, int]:
     return min(deltas), max(deltas) - min(deltas) + 1
 
 
-def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list[dict]:
+def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon: bool = False) -> list[dict]:
     """The head configurations for this call, as Config fields (``triton_engine.Config``):
     BLOCK_M input positions x BLOCK_N of the Cout/g x taps columns x BLOCK_K input channels per
     GEMM program; BLOCK_W output columns and about BLOCK_R elements per gather program (its rows
@@ -127,6 +130,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
       both are candidates. Tiles: BLOCK_M 128; the direct kind also BLOCK_M 64 (it won the
       fp32 k2 s2 head, 132 vs 143 us). Each candidate costs ~1 s of compile when tuning.
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
+    * ``gluon`` (a Hopper GPU): the box kind's candidates too (``head_box_engine.box_tiles``), last.
     """
     cout_g = params.out_channels_per_group
     # In-element offsets are 32-bit (HeadSteps.run): one batch element must hold < 2^31.
@@ -168,6 +172,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
     # does not. Whether the spill-free tiles beat the measured ones is the tuner's measurement.
     if bk > 16:
         tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused"]
+    if gluon:
+        tiles += box_tiles(params, dtype, precision)
     return tiles
 
 
@@ -246,10 +252,13 @@ class HeadSteps:
     ``make_site(key, kernel name, grid, integer args, constexprs)`` returns the engine's launch
     site for that key (``triton_engine.Site``); ``run(x, w, b, y)`` launches onto the
     allocated output ``y`` from the input and the weight as PyTorch stores it (``w``
-    contiguous); ``b`` is the bias or any tensor when there is none."""
+    contiguous); ``b`` is the bias or any tensor when there is none. ``prepare_input(x,
+    round_tf32, copy)``: the engine's NDHWC copy, which the box kind reads."""
 
-    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: MakeSite):
+    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: MakeSite,
+                 prepare_input=None):
         self.params, self.cfg, self.has_bias, self.make_site = params, cfg, has_bias, make_site
+        self.box = BoxSteps(params, cfg, precision, has_bias, make_site, prepare_input) if cfg.head == "box" else None
         self.precision = precision  # the dot's input precision ("tf32" for 16-bit: ignored there)
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):
@@ -370,6 +379,8 @@ class HeadSteps:
 
     def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
         """Launch onto ``y``; returns Triton's handle of the GEMM kernel."""
+        if self.box is not None:
+            return self.box.run(x, w, b, y)
         dev = x.device
         if self.copy_x is None:
             # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element

@@ -49,11 +49,15 @@ class Config:
     # the gather kernel's row span and BLOCK_R its elements per program.
     head: str = ""
     BLOCK_R: int = 0
-    # The fused head kind's box of output cells: BOX_D x BOX_H x BLOCK_W.
+    # The fused head kind's box of output cells: BOX_D x BOX_H x BLOCK_W; the box kind's box of
+    # positions: BOX_H x BLOCK_W (= BLOCK_M).
     BOX_D: int = 0
     BOX_H: int = 0
 
     def short(self) -> str:
+        if self.head == "box":
+            return (f"head-box M{self.BLOCK_M}({self.BOX_H}x{self.BLOCK_W}) N{self.BLOCK_N} K{self.BLOCK_K} "
+                    f"w{self.num_warps} s{self.num_stages}")
         if self.head == "fused":
             return (f"head-fused box{self.BOX_D}x{self.BOX_H}x{self.BLOCK_W} M{self.BLOCK_M} N{self.BLOCK_N} "
                     f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
@@ -148,7 +152,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         # they beat these FMA tiles on 14 of the 16 FMA-path head rows, by 5-55x (GAN head 64 -> 1
         # fp32: 228 vs 2770 us); the FMA tiles stay candidates (k2 s2 8 -> 2 channels-last: FMA
         # 111 vs 157 us).
-        return _head_configs(params, dtype, precision) + fma
+        return _head_configs(params, dtype, precision, gluon) + fma
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, _pow2_at_least(hw[0] * hw[1]))
@@ -208,13 +212,13 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     for f in group_folds(params):
         merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
         configs += [replace(c, fold=f) for c in merged[:2]]
-    return tuple(configs) + _head_configs(params, dtype, precision)
+    return tuple(configs) + _head_configs(params, dtype, precision, gluon)
 
 
-def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> tuple[Config, ...]:
+def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon: bool) -> tuple[Config, ...]:
     """Output-head candidates (head_engine.head_tiles) for layers of <= 15 channels per group,
-    timed by the tuner against the phase-GEMM configs above."""
-    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision))
+    timed by the tuner against the phase-GEMM configs above (``gluon``: the box kind's too)."""
+    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision, gluon))
 
 
 def group_folds(params: ConvT3dParams) -> tuple[int, ...]:

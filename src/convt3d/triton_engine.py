@@ -194,7 +194,8 @@ class _Steps:
         params = params.fold_groups(cfg.fold) if cfg.fold > 1 else params
         self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
         # Output-head configs launch their own kernels (head_engine), through this engine's sites.
-        self.head = head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site) if cfg.head else None
+        self.head = (head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site, _prepare_input)
+                     if cfg.head else None)
         if self.head is not None:
             return
         companions = cfg.companions and companion_masks(params) is not None
