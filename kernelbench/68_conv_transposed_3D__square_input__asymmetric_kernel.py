@@ -492,6 +492,315 @@ def _check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, o
     return params, unbatched
 
 
+# ==================== convt3d/head_box_engine.py (verbatim; package-relative imports rewritten) ====================
+"""Launcher of ``head_box_kernel`` (``kernels/head_box.py``), the output-head kind "box": the tap
+products of a head summed in shared memory and registers instead of an fp32 buffer in HBM.
+
+Plan, per call signature (``BoxPlan``):
+- per dimension, the shifts (input index - compact output index) of every (residue, tap) pair;
+- boxes along height and width (``_box_dim``): a box either covers the whole input, origin 0,
+  or overlaps its neighbours by the shifts' span;
+- the weight packed as [G, KD, BLOCK_N, Cin/g] with the columns the kernel sums (zero where a
+  residue has fewer taps), and the int32 shift table;
+- depth chunks, so that the grid fills the GPU (``_depth_chunk``).
+
+The candidates (``box_tiles``) are Hopper-only (wgmma, and Triton's interpreter does not run
+Gluon); the tuner times them against the other head kinds and the phase GEMM.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+__all__ = ["box_tiles", "BoxPlan", "BoxSteps"]
+
+# Shared memory a program may take (H100/H200: 227 KB per block); the gather's scratch
+# (BLOCK_M x BLOCK_N fp32, placed by the compiler) is counted in.
+_BOX_SMEM_BYTES = 220 << 10
+# wgmma's accumulator for one warpgroup: BLOCK_M x BLOCK_N fp32 over 128 threads. At M x N =
+# 128 x 64 ptxas gives 189 registers (sm_90a, triton 3.6, 2026-12-01), so at most that product.
+_BOX_MAX_MN = 128 * 64
+# Boxes of 64 positions (one wgmma of 64 rows) lost to the other head kinds by 2.2-5.4x on every
+# bench head row where they were the only fit or a candidate (H200, 2026-12-01: 3-D GAN video
+# head 64->3 560-729 us against 183-356, 128->8 1274-1934 against 309-332, video k4s2p1 406-420
+# against 128-131): the halo rows and the per-slice chain (MMA, staging, gather, slots) weigh on
+# half as many positions. So boxes start at 128 positions.
+_BOX_MIN_M = 128
+
+
+def _box_pow2(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def _box_shifts(a: Axis) -> list[list[int]]:
+    """Per residue, the shift (input - compact output index) of each of its taps."""
+    return [[ph.first_offset - j * a.offset_step for j in range(ph.num_taps)] for ph in a.phases]
+
+
+def _box_span(a: Axis) -> tuple[int, int]:
+    """(smallest shift, largest - smallest) over every (residue, tap) of the axis."""
+    flat = [d for r in _box_shifts(a) for d in r]
+    return min(flat), max(flat) - min(flat)
+
+
+def _box_dim(a: Axis, extent: int) -> tuple[int, int, int] | None:
+    """(valid outputs per box, box origin - first output, boxes) along one axis for a box of
+    ``extent`` input positions, or None when no output would be valid.
+
+    A box that holds the whole input (extent >= input and >= compact outputs) starts at 0:
+    every source it lacks lies outside the input, where the kernel reads a zero. Otherwise
+    boxes overlap by the shifts' span, so that each valid output finds all its sources inside."""
+    q = a.phases[0].size  # residue 0 has the most compact positions
+    lo, span = _box_span(a)
+    if extent >= a.in_size and extent >= q:
+        return q, 0, 1
+    valid = extent - span
+    if valid < 1:
+        return None
+    return valid, lo, -(-q // valid)
+
+
+def _box_block_k(params: ConvT3dParams, dtype: torch.dtype) -> int:
+    return max(16 if dtype.itemsize == 2 else 8, min(64 if dtype.itemsize == 2 else 32,
+                                                      _box_pow2(params.in_channels_per_group)))
+
+
+# Columns of one wgmma: depth taps are merged into one MMA up to this N. The first version ran
+# one MMA per depth tap, with its accumulator converted to a row-per-thread layout before the
+# gather: ncu (bf16 3-D GAN head, H200, 2026-12-01) put it at 78.7% of L1/shared-memory
+# throughput (L2 16%, DRAM 11%) and 143.9 us, the box's input tile read from shared memory once
+# per tap and every product passing through shared memory three times.
+_BOX_MMA_N = 64
+
+
+def _box_columns(params: ConvT3dParams) -> tuple[int, int, int]:
+    """(CO_PAD, PH_P, BN_TD) of one depth tap's columns: (height tap, width tap) pairs x
+    (height residue, width residue) x channels, each factor a power of two; padded with zero
+    (height, width) tap pairs so that the wgmma of ``_depth_taps_per_mma`` has N >= 16."""
+    _, ah, aw = params.axes
+    jhw = _box_pow2(max(p.num_taps for p in ah.phases) * max(p.num_taps for p in aw.phases))
+    co_pad, ph_p = _box_pow2(params.out_channels_per_group), _box_pow2(ah.stride * aw.stride)
+    raw = jhw * ph_p * co_pad
+    return co_pad, ph_p, max(raw, 16 // _taps_per_mma(raw, params.kernel_size[0]))
+
+
+def _taps_per_mma(bn_td: int, kd: int) -> int:
+    tdc = 1
+    while tdc * 2 * bn_td <= _BOX_MMA_N and tdc < kd:
+        tdc *= 2
+    return tdc
+
+
+def _depth_taps_per_mma(params: ConvT3dParams) -> tuple[int, int, int]:
+    """(TDC, KD_P, BLOCK_N): depth taps per wgmma (a power of two, TDC x BN_TD <= _BOX_MMA_N where
+    one tap is narrower), the depth taps padded to a multiple of it, and the MMA's N."""
+    bn_td = _box_columns(params)[2]
+    kd = params.kernel_size[0]
+    tdc = _taps_per_mma(bn_td, kd)
+    return tdc, -(-kd // tdc) * tdc, tdc * bn_td
+
+
+def _box_smem(params: ConvT3dParams, dtype: torch.dtype, bm: int, stages: int) -> int:
+    co_pad, ph_p, _ = _box_columns(params)
+    tdc, kd_p, bn = _depth_taps_per_mma(params)
+    bk = _box_block_k(params, dtype)
+    kb = -(-params.in_channels_per_group // bk)
+    ad = params.axes[0]
+    rdp = _box_pow2(_box_span(ad)[1] + 1)
+    es = dtype.itemsize
+    return ((stages * kb * bm * bk + kd_p // tdc * kb * bn * bk) * es
+            + ((rdp * ad.stride + tdc) * bm * ph_p * co_pad + bm * bn) * 4)
+
+
+def box_unsupported(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> str | None:
+    """Why the box kind cannot take this call (None: it can, given a Hopper GPU)."""
+    es = dtype.itemsize
+    if es == 4 and precision != "tf32":
+        return "wgmma multiplies fp32 only as TF32"
+    if (params.in_channels * es) % 16:
+        return "TMA needs the input's channel stride in multiples of 16 bytes"
+    bk = _box_block_k(params, dtype)
+    if params.groups > 1 and params.in_channels_per_group % bk:
+        return "a channel block would read the next group's channels"
+    bn = _depth_taps_per_mma(params)[2]
+    if bn * _BOX_MIN_M > _BOX_MAX_MN:
+        return f"{bn} columns per wgmma (accumulator beyond {_BOX_MAX_MN // _BOX_MIN_M})"
+    if _box_smem(params, dtype, _BOX_MIN_M, 2) > _BOX_SMEM_BYTES:
+        return "shared memory"
+    return None
+
+
+def box_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list[dict]:
+    """Config fields of the box candidates: BLOCK_M = BOX_H x BLOCK_W positions per box, two
+    input slices in flight (a third would cost the 3-D GAN head's M-128 box its second program
+    per SM: 98 KB of shared memory per program at two stages, ncu, H200, 2026-12-01).
+
+    Boxes of M 128 or 256 positions (_BOX_MIN_M; one warpgroup, 64 rows per wgmma) whose accumulator
+    fits (M x N <= _BOX_MAX_MN), with a width of the smallest power of two holding the whole input
+    row (up to 64), or 32 or 16 with overlapping boxes. Each computes ``boxes x M`` positions
+    for the compact outputs; the two that compute the fewest (the larger M on a tie: fewer,
+    longer programs) are offered, and the tuner times them."""
+    if box_unsupported(params, dtype, precision) is not None:
+        return []
+    _, ah, aw = params.axes
+    bn = _depth_taps_per_mma(params)[2]
+    need_w = max(aw.in_size, aw.phases[0].size)
+    widths = {w for w in (max(8, _box_pow2(need_w)), 32, 16) if w <= 64}
+    outputs = ah.phases[0].size * aw.phases[0].size
+    scored = []
+    for bw in sorted(widths):
+        for bm in (_BOX_MIN_M, 2 * _BOX_MIN_M):
+            bh = bm // bw
+            dims = (_box_dim(aw, bw), _box_dim(ah, bh)) if bh >= 1 else (None, None)
+            if bm * bn > _BOX_MAX_MN or None in dims or _box_smem(params, dtype, bm, 2) > _BOX_SMEM_BYTES:
+                continue
+            work = dims[0][2] * dims[1][2] * bm / outputs
+            scored.append((work, -bm, bw, bh, 2))
+    tiles = []
+    for _, neg_bm, bw, bh, stages in sorted(scored)[:2]:
+        tiles.append(dict(BLOCK_M=-neg_bm, BLOCK_N=bn, BLOCK_K=_box_block_k(params, dtype), BLOCK_W=bw, BOX_H=bh,
+                          num_warps=4, num_stages=stages, use_dot=True, head="box", BLOCK_R=0))
+    return tiles
+
+
+@dataclass(frozen=True)
+class BoxPlan:
+    """Integer geometry of one (call signature, box config)."""
+
+    vh: int
+    vw: int
+    off_h: int
+    off_w: int
+    tiles_h: int
+    tiles_w: int
+    off_d: int
+    span_d: int
+    rdp: int
+    co_pad: int
+    ph_p: int
+    k_blocks: int
+    tdc: int  # depth taps per wgmma
+    kd_p: int  # depth taps padded to a multiple of tdc
+    table: tuple[int, ...]  # KD_P x (rd, depth shift), BN_TD x (height shift, width shift)
+    columns: tuple[int, ...]  # per (td, n): index into the weight's (Cout/g, kd, kh, kw) or -1
+
+
+def box_plan(params: ConvT3dParams, cfg) -> BoxPlan:
+    ad, ah, aw = params.axes
+    vh, off_h, tiles_h = _box_dim(ah, cfg.BOX_H)
+    vw, off_w, tiles_w = _box_dim(aw, cfg.BLOCK_W)
+    off_d, span_d = _box_span(ad)
+    co_pad, ph_p, bn = _box_columns(params)
+    tdc, kd_p, _ = _depth_taps_per_mma(params)
+    cout_g = params.out_channels_per_group
+    kd, kh, kw = params.kernel_size
+    sh_h, sh_w = _box_shifts(ah), _box_shifts(aw)
+    jw = max(p.num_taps for p in aw.phases)
+    jh = max(p.num_taps for p in ah.phases)
+    td_rows = []
+    for td in range(kd_p):  # padded taps (zero weights) add zeros to residue 0 at shift 0
+        r = (td * ad.dilation - ad.padding) % ad.stride if td < kd else 0
+        td_rows += [r, (r + ad.padding - td * ad.dilation) // ad.stride if td < kd else 0]
+    col_rows, cols = [], []
+    for n in range(bn):
+        co, ph, jhw = n % co_pad, (n // co_pad) % ph_p, n // (co_pad * ph_p)
+        rh, rw, j_h, j_w = ph // aw.stride, ph % aw.stride, jhw // jw, jhw % jw
+        ok = (co < cout_g and ph < ah.stride * aw.stride and jhw < jh * jw
+              and j_h < ah.phases[rh].num_taps and j_w < aw.phases[rw].num_taps)
+        col_rows += [sh_h[rh][j_h], sh_w[rw][j_w]] if ok else [0, 0]
+        th = ah.phases[rh].first_tap + j_h * ah.tap_step if ok else 0
+        tw = aw.phases[rw].first_tap + j_w * aw.tap_step if ok else 0
+        cols.append((co, th, tw) if ok else None)
+    columns = tuple(-1 if c is None or td >= kd else ((c[0] * kd + td) * kh + c[1]) * kw + c[2]
+                    for td in range(kd_p) for c in cols)
+    return BoxPlan(vh, vw, off_h, off_w, tiles_h, tiles_w, off_d, span_d, _box_pow2(span_d + 1), co_pad, ph_p,
+                   -(-params.in_channels_per_group // cfg.BLOCK_K), tdc, kd_p, tuple(td_rows + col_rows), columns)
+
+
+def _depth_chunk(qd: int, span: int, boxes: int, sms: int) -> int:
+    """Compact output depths per program: few enough for ~3 programs per SM over the grid
+    (one or two are resident at a time), but at least twice the depth shifts' span, since a
+    chunk reads span more input slices than it has outputs."""
+    chunks = max(1, min(qd, -(-3 * sms // max(1, boxes))))
+    return max(min(qd, 2 * max(1, span)), -(-qd // chunks))
+
+
+def _box_round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """fp32 rounded to TF32 (10 mantissa bits, to nearest, ties to even), as the engine's copy
+    kernels round: wgmma would otherwise drop the low 13 bits."""
+    bits = t.view(torch.int32)
+    lsb = (bits >> 13) & 1
+    return ((bits + 0xFFF + lsb) & ~0x1FFF).view(torch.float32)
+
+
+class BoxSteps:
+    """The launch of one (call signature, box config): plan and site on the first run.
+
+    ``make_site`` is the engine's site factory (``head_engine.HeadSteps``); ``prepare_input(x,
+    round_tf32, copy)`` its NDHWC copy (TF32-rounded where asked); ``descriptor(tensor, box)`` its
+    Gluon TMA descriptor over a contiguous tensor (``triton_sites.gluon_descriptor``)."""
+
+    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site, prepare_input,
+                 descriptor):
+        self.params, self.cfg, self.has_bias = params, cfg, has_bias
+        self.make_site, self.prepare_input, self.descriptor = make_site, prepare_input, descriptor
+        self.plan = box_plan(params, cfg)
+        self.site = None
+        self.tab = None
+        self.index = None
+
+    def _site(self, x: torch.Tensor, y: torch.Tensor):
+        p, cfg, bp = self.params, self.cfg, self.plan
+        qd = p.axes[0].phases[0].size
+        qh, qw = p.axes[1].phases[0].size, p.axes[2].phases[0].size
+        boxes = p.groups * p.batch * bp.tiles_h * bp.tiles_w
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        chunk = _depth_chunk(qd, bp.span_d, boxes, sms)
+        chunks = -(-qd // chunk)
+        ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, qd, qh, qw, *p.out_size,
+                bp.vh, bp.vw, bp.off_h, bp.off_w, chunk, bp.off_d, bp.span_d, *y.stride(),
+                bp.tiles_h, bp.tiles_w, chunks)
+        consts = dict(KD_P=bp.kd_p, TDC=bp.tdc, SD=p.stride[0], SH=p.stride[1], SW=p.stride[2], CO_PAD=bp.co_pad,
+                      PH_P=bp.ph_p, RDP=bp.rdp, K_BLOCKS=bp.k_blocks, HAS_BIAS=self.has_bias,
+                      STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+        key = ("head_box", p, cfg, y.stride(), self.has_bias, x.dtype)
+        return self.make_site(key, "head_box_kernel", (boxes * chunks,), ints, consts)
+
+    def packed_weight(self, w: torch.Tensor, round_tf32: bool) -> torch.Tensor:
+        """[G * KD_P * BN_TD, Cin/g]: the kernel's columns of the weight [Cin, Cout/g, kd, kh, kw],
+        by two elementwise kernels per call (a gather through a cached flat index, zeros where a
+        column has no tap): the weight's values may change between calls, its layout may not."""
+        p = self.params
+        if self.index is None:
+            g, cin_g = p.groups, p.in_channels_per_group
+            per_c = w[0].numel()  # Cout/g x kd x kh x kw
+            cols = torch.tensor(self.plan.columns, dtype=torch.int64)  # [KD_P * BN_TD]
+            rows = (torch.arange(g)[:, None, None] * cin_g + torch.arange(cin_g)[None, None, :]) * per_c
+            flat = rows + cols.clamp_min(0)[None, :, None]  # [G, KD_P * BN_TD, Cin/g]
+            keep = (cols >= 0)[None, :, None].expand_as(flat)
+            self.index = (flat.reshape(-1, cin_g).to(w.device), keep.reshape(-1, cin_g).to(w.device))
+        flat, keep = self.index
+        wp = torch.where(keep, w.reshape(-1)[flat], 0.0)
+        return _box_round_tf32(wp) if round_tf32 else wp
+
+    def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
+        cfg = self.cfg
+        round_tf32 = x.dtype == torch.float32
+        ndhwc = x.permute(0, 2, 3, 4, 1)
+        if round_tf32 or not ndhwc.is_contiguous():
+            ndhwc = self.prepare_input(x, round_tf32, True).permute(0, 2, 3, 4, 1)
+        if self.tab is None:
+            self.tab = torch.tensor(self.plan.table, dtype=torch.int32, device=x.device)
+        if self.site is None:
+            self.site = self._site(x, y)
+        wp = self.packed_weight(w, round_tf32)
+        x_desc = self.descriptor(ndhwc, (1, 1, cfg.BOX_H, cfg.BLOCK_W, cfg.BLOCK_K))
+        w_desc = self.descriptor(wp, (cfg.BLOCK_N, cfg.BLOCK_K))
+        return self.site.launch(x.device, x_desc, w_desc, b, y, self.tab)
+
+
 # ==================== convt3d/head_engine.py (verbatim; package-relative imports rewritten) ====================
 """Launcher of the output-head path (kernels in ``kernels/head_gemm.py``): layers with
 1-15 output channels per group -- the last layer of 3-D generators and decoders (voxels, RGB
@@ -532,7 +841,9 @@ MAX_HEAD_CHANNELS = 15
 # only) plus a fill (head_gather_tile_kernel) of the positions no tap reaches.
 # "fused": head_fused_kernel, the GEMM and the gather of one box of outputs in one persistent
 # kernel, Z in a per-program scratch slot that stays in L2 (no Z traffic to HBM).
-HEAD_KINDS = ("gather", "rows", "direct", "fused")
+# "box": head_box_kernel (Gluon, sm_90 only; head_box_engine), the GEMM and the tap sum of a box
+# of positions in one program, the tap products in registers and shared memory.
+HEAD_KINDS = ("gather", "rows", "direct", "fused", "box")
 # Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
 MAX_Z_BYTES = 4 << 30
 # The fused kind's scratch slots (all programs together) stay within this share of L2, so that
@@ -602,7 +913,7 @@ def width_shifts(params: ConvT3dParams) -> tuple[int, int]:
     return min(deltas), max(deltas) - min(deltas) + 1
 
 
-def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list[dict]:
+def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon: bool = False) -> list[dict]:
     """The head configurations for this call, as Config fields (``triton_engine.Config``):
     BLOCK_M input positions x BLOCK_N of the Cout/g x taps columns x BLOCK_K input channels per
     GEMM program; BLOCK_W output columns and about BLOCK_R elements per gather program (its rows
@@ -620,6 +931,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
       both are candidates. Tiles: BLOCK_M 128; the direct kind also BLOCK_M 64 (it won the
       fp32 k2 s2 head, 132 vs 143 us). Each candidate costs ~1 s of compile when tuning.
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
+    * ``gluon`` (a Hopper GPU): the box kind's candidates too (``head_box_engine.box_tiles``), last.
     """
     cout_g = params.out_channels_per_group
     # In-element offsets are 32-bit (HeadSteps.run): one batch element must hold < 2^31.
@@ -661,6 +973,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> lis
     # does not. Whether the spill-free tiles beat the measured ones is the tuner's measurement.
     if bk > 16:
         tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused"]
+    if gluon:
+        tiles += box_tiles(params, dtype, precision)
     return tiles
 
 
@@ -739,10 +1053,15 @@ class HeadSteps:
     ``make_site(key, kernel name, grid, integer args, constexprs)`` returns the engine's launch
     site for that key (``triton_engine.Site``); ``run(x, w, b, y)`` launches onto the
     allocated output ``y`` from the input and the weight as PyTorch stores it (``w``
-    contiguous); ``b`` is the bias or any tensor when there is none."""
+    contiguous); ``b`` is the bias or any tensor when there is none. ``prepare_input`` and
+    ``descriptor``: the engine's NDHWC copy and Gluon descriptors, which the box kind needs
+    (``head_box_engine.BoxSteps``)."""
 
-    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: MakeSite):
+    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: MakeSite,
+                 prepare_input=None, descriptor=None):
         self.params, self.cfg, self.has_bias, self.make_site = params, cfg, has_bias, make_site
+        self.box = (BoxSteps(params, cfg, precision, has_bias, make_site, prepare_input, descriptor)
+                    if cfg.head == "box" else None)
         self.precision = precision  # the dot's input precision ("tf32" for 16-bit: ignored there)
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):
@@ -863,6 +1182,8 @@ class HeadSteps:
 
     def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
         """Launch onto ``y``; returns Triton's handle of the GEMM kernel."""
+        if self.box is not None:
+            return self.box.run(x, w, b, y)
         dev = x.device
         if self.copy_x is None:
             # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
@@ -962,11 +1283,15 @@ class Config:
     # the gather kernel's row span and BLOCK_R its elements per program.
     head: str = ""
     BLOCK_R: int = 0
-    # The fused head kind's box of output cells: BOX_D x BOX_H x BLOCK_W.
+    # The fused head kind's box of output cells: BOX_D x BOX_H x BLOCK_W; the box kind's box of
+    # positions: BOX_H x BLOCK_W (= BLOCK_M).
     BOX_D: int = 0
     BOX_H: int = 0
 
     def short(self) -> str:
+        if self.head == "box":
+            return (f"head-box M{self.BLOCK_M}({self.BOX_H}x{self.BLOCK_W}) N{self.BLOCK_N} K{self.BLOCK_K} "
+                    f"w{self.num_warps} s{self.num_stages}")
         if self.head == "fused":
             return (f"head-fused box{self.BOX_D}x{self.BOX_H}x{self.BLOCK_W} M{self.BLOCK_M} N{self.BLOCK_N} "
                     f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
@@ -1061,7 +1386,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         # they beat these FMA tiles on 14 of the 16 FMA-path head rows, by 5-55x (GAN head 64 -> 1
         # fp32: 228 vs 2770 us); the FMA tiles stay candidates (k2 s2 8 -> 2 channels-last: FMA
         # 111 vs 157 us).
-        return _head_configs(params, dtype, precision) + fma
+        return _head_configs(params, dtype, precision, gluon) + fma
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, _pow2_at_least(hw[0] * hw[1]))
@@ -1121,13 +1446,13 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     for f in group_folds(params):
         merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
         configs += [replace(c, fold=f) for c in merged[:2]]
-    return tuple(configs) + _head_configs(params, dtype, precision)
+    return tuple(configs) + _head_configs(params, dtype, precision, gluon)
 
 
-def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> tuple[Config, ...]:
+def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon: bool) -> tuple[Config, ...]:
     """Output-head candidates (head_engine.head_tiles) for layers of <= 15 channels per group,
-    timed by the tuner against the phase-GEMM configs above."""
-    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision))
+    timed by the tuner against the phase-GEMM configs above (``gluon``: the box kind's too)."""
+    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision, gluon))
 
 
 def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
@@ -2801,6 +3126,240 @@ def box_gemm_kernel(
                                 OFF32, False, num_warps)
 
 
+# ==================== convt3d/kernels/head_box.py (verbatim; package-relative imports rewritten) ====================
+"""The output-head path's Hopper kernel in Gluon: the tap products of a head summed in the SM,
+so that nothing but the input and the output crosses HBM (``head_box_kernel``).
+
+Why: the head kinds of ``head_gemm.py`` compute Z = X @ W with every (tap, channel) pair in N on
+tensor cores, then sum the taps of each output from Z. Z is fp32 and, for k4 s2, larger than the
+input, so writing and reading it back keeps those kinds at 6-21% of the memory floor (ncu, bf16
+3-D GAN head, H200, 2026-12-01: GEMM 52.8 us at 3.31 TB/s, gather 127.8 us; NOTES.md section 10).
+Triton cannot index shared memory at run-time offsets, and a Gluon shared-memory slice must start
+at a multiple of its own length ("The split offset may not touch the tile", triton 3.6), so
+the shifted reads of the tap sum go through ``gl.gather`` on the accumulator, which the compiler
+lowers through shared memory.
+
+A program owns a box of BH x BW compact output positions (height x width) of one (group, batch
+element), for a chunk of compact output depths, and walks the input depth slices that chunk
+needs, in order:
+- the slice's input box (BH x BW positions, all Cin/g channels) arrives by TMA into a ring of
+  STAGES slices (zeros outside the input: TMA's bounds fill);
+- per TDC depth taps, one wgmma gives the products of the box's positions with the columns of
+  those taps, N = TDC x (height tap, width tap) x (height residue, width residue) x channel, the
+  weight of every tap resident in shared memory from the program's start;
+- ``gl.gather`` along the positions aligns each column with the output position it feeds
+  (input = output + tap shift, per column), and a sum over the (height tap, width tap) columns
+  of each (residue pair, channel) leaves the tap's share of the outputs of depth residue rd(td);
+- those shares accumulate in shared memory, one slot per (pending output depth, depth residue),
+  each element owned by one thread (so no barrier between the adds); an output depth whose last
+  input slice has been seen is stored (with the bias) and its slot zeroed.
+
+Boxes: along height and width a box either covers the whole input (origin 0: every source
+outside it is outside the input, a zero) or overlaps its neighbours by the taps' shift span
+(origin = first output + smallest shift, VH = BH - span valid rows). The launcher
+(``head_engine``) works that out, packs the weight and the shift table.
+
+Only sm_90 has wgmma, and Triton's interpreter does not run Gluon: this kernel runs on Hopper
+GPUs only. The Triton head kinds stay the portable path; the tuner times this one against them.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+
+
+@gluon.jit
+def _issue_slice(x_desc, a_smem, bars, j, nb, i0, h_org, w_org, c0, K_BLOCKS: gl.constexpr, STAGES: gl.constexpr):
+    """Start the TMA boxes of input slice ``j`` of the program (depth i0 + j), every channel
+    block, into stage j % STAGES."""
+    s = j % STAGES
+    bar = bars.index(s)
+    mbarrier.expect(bar, K_BLOCKS * x_desc.block_type.nbytes)
+    BK: gl.constexpr = x_desc.block_type.shape[4]
+    for kb in gl.static_range(K_BLOCKS):
+        tma_load(x_desc, [nb, i0 + j, h_org, w_org, c0 + kb * BK], bar,
+                 a_smem.index(s * K_BLOCKS + kb).reshape(x_desc.block_type.shape))
+
+
+@gluon.jit
+def head_box_kernel(
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
+    N, CIN_G, COUT_G,
+    QD, QH, QW, OD, OH, OW,
+    VH, VW, OFF_H, OFF_W,
+    CHUNK_D, OFF_D, SPAN_D,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    tiles_h, tiles_w, chunks_d,
+    KD_P: gl.constexpr,
+    TDC: gl.constexpr,
+    SD: gl.constexpr,
+    SH: gl.constexpr,
+    SW: gl.constexpr,
+    CO_PAD: gl.constexpr,
+    PH_P: gl.constexpr,
+    RDP: gl.constexpr,
+    K_BLOCKS: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """One (group, batch element, height box, width box, depth chunk); see the module docstring.
+
+    ``x_desc``: the NDHWC input [N, D, H, W, C] in boxes [1, 1, BH, BW, BK]; ``w_desc``: the packed
+    weight [G * KD_P * BN_TD, Cin/g] in boxes [BLOCK_N = TDC * BN_TD, BK]: TDC depth taps per
+    wgmma, KD_P depth taps (KD padded to a multiple of TDC with zero taps); column n of a tap:
+    height/width tap pair n // (PH_P * CO_PAD), residue pair (n // CO_PAD) % PH_P, channel
+    n % CO_PAD, zero rows where a residue has fewer taps. ``tab_ptr``: int32 [KD_P x (rd, depth
+    shift), BN_TD x (height shift, width shift)], a shift being input - compact output index.
+    (OFF_H, OFF_W):
+    box origin - first compact output of the box; VH x VW: the box's valid outputs; OFF_D and
+    SPAN_D: the smallest depth shift and the shifts' span; RDP: pending-depth slots (a power of
+    two > SPAN_D)."""
+    BH: gl.constexpr = x_desc.block_type.shape[2]
+    BW: gl.constexpr = x_desc.block_type.shape[3]
+    BK: gl.constexpr = x_desc.block_type.shape[4]
+    BLOCK_M: gl.constexpr = BH * BW
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    PHCO: gl.constexpr = PH_P * CO_PAD
+    BN_TD: gl.constexpr = BLOCK_N // TDC  # columns of one depth tap
+    JHW: gl.constexpr = BN_TD // PHCO
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1],
+        instr_shape=[16, BLOCK_N, 256 // x_desc.dtype.primitive_bitwidth])
+    # The gather's layout: one position (row) per thread. gl.gather stages its source in shared
+    # memory with the gathered axis contiguous, so lanes along the positions read and write
+    # neighbouring words, and the (height tap, width tap) sum stays within a thread. With lanes
+    # along the columns instead, ncu (bf16 3-D GAN head, H200, 2026-12-01) counted 26.7-way bank
+    # conflicts on the staging stores and 13.8-way on the reads (618 us); with the MMA layout
+    # (lanes along 8 rows x 4 column pairs) L1/shared memory ran at 89% of its throughput (148 us);
+    # the MMA layout as the source and this one for the indices (no conversion before the gather)
+    # gave 4.5-way conflicts on the staging stores and 114.6 us, against 101 us with the
+    # conversion.
+    col_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_N], [32, 1], [num_warps, 1], [1, 0])
+    # The pending-depth slots are read and written in one layout with one owner per element, so
+    # their read-modify-writes need no barrier.
+    o_layout: gl.constexpr = gl.BlockedLayout([1, PHCO], [32, 1], [num_warps, 1], [1, 0])
+
+    pid = gl.program_id(0)
+    t_h = pid % tiles_h
+    t = pid // tiles_h
+    t_w = t % tiles_w
+    t = t // tiles_w
+    t_d = t % chunks_d
+    t = t // chunks_d
+    nb = t % N
+    grp = t // N
+    qh0 = t_h * VH
+    qw0 = t_w * VW
+    h_org = qh0 + OFF_H
+    w_org = qw0 + OFF_W
+    q_lo = t_d * CHUNK_D
+    q_hi = gl.minimum(q_lo + CHUNK_D, QD)
+    i0 = q_lo + OFF_D
+    n_slices = q_hi - q_lo + SPAN_D
+
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BK], x_desc.dtype)
+    a_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES * K_BLOCKS, BLOCK_M, BK], a_layout)
+    b_smem = gl.allocate_shared_memory(w_desc.dtype, [KD_P // TDC * K_BLOCKS, BLOCK_N, BK], w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    wbar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    o_shared: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    o_smem = gl.allocate_shared_memory(gl.float32, [RDP * SD, BLOCK_M, PHCO], o_shared)
+    share_smem = gl.allocate_shared_memory(gl.float32, [TDC * BLOCK_M, PHCO], o_shared)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(bars.index(st), count=1)
+    mbarrier.init(wbar.index(0), count=1)
+
+    # The weight of every depth tap, once per program.
+    mbarrier.expect(wbar.index(0), KD_P // TDC * K_BLOCKS * w_desc.block_type.nbytes)
+    for c in gl.static_range(KD_P // TDC * K_BLOCKS):
+        tma_load(w_desc, [(grp * (KD_P // TDC) + c // K_BLOCKS) * BLOCK_N, (c % K_BLOCKS) * BK], wbar.index(0),
+                 b_smem.index(c))
+    c0 = grp * CIN_G
+    for j in gl.static_range(STAGES):
+        if j < n_slices:
+            _issue_slice(x_desc, a_smem, bars, j, nb, i0, h_org, w_org, c0, K_BLOCKS, STAGES)
+
+    zeros_o = gl.zeros([BLOCK_M, PHCO], gl.float32, o_layout)
+    for st in gl.static_range(RDP * SD):
+        o_smem.index(st).store(zeros_o)
+
+    # Gather sources: output position m of the box and column n read box position
+    # (h + shift_h(n) - OFF_H, w + shift_w(n) - OFF_W); outside the box it is outside the input
+    # (the launcher's boxes guarantee it for valid outputs), a zero.
+    offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, col_layout))
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, col_layout)) % BN_TD
+    dh = gl.load(tab_ptr + 2 * KD_P + 2 * offs_n)
+    dw = gl.load(tab_ptr + 2 * KD_P + 2 * offs_n + 1)
+    src_h = gl.expand_dims(offs_m // BW, 1) + gl.expand_dims(dh - OFF_H, 0)
+    src_w = gl.expand_dims(offs_m % BW, 1) + gl.expand_dims(dw - OFF_W, 0)
+    src_ok = (src_h >= 0) & (src_h < BH) & (src_w >= 0) & (src_w < BW)
+    src = gl.where(src_ok, src_h * BW + src_w, 0)
+
+    # Output coordinates of the accumulator slots: row m -> (h, w) of the box, column c ->
+    # (height residue, width residue, channel).
+    om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    oc = gl.arange(0, PHCO, layout=gl.SliceLayout(0, o_layout))
+    qh = qh0 + om // BW
+    qw = qw0 + om % BW
+    m_ok = (om // BW < VH) & (om % BW < VW) & (qh < QH) & (qw < QW)
+    ph = oc // CO_PAD
+    co = oc % CO_PAD
+    oh = gl.expand_dims(qh * SH, 1) + gl.expand_dims(ph // SW, 0)
+    ow = gl.expand_dims(qw * SW, 1) + gl.expand_dims(ph % SW, 0)
+    c_ok = (co < COUT_G) & (ph < SH * SW)
+    hw_ok = gl.expand_dims(m_ok, 1) & gl.expand_dims(c_ok, 0) & (oh < OH) & (ow < OW)
+    y_hw = (oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
+            + gl.expand_dims((grp * COUT_G + co).to(gl.int64) * stride_yc, 0))
+    y_n = nb.to(gl.int64) * stride_yn
+    bias = gl.zeros([PHCO], gl.float32, gl.SliceLayout(0, o_layout))
+    if HAS_BIAS:
+        bias = gl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(gl.float32)
+
+    mbarrier.wait(wbar.index(0), 0)
+    for j in range(n_slices):
+        s = j % STAGES
+        mbarrier.wait(bars.index(s), (j // STAGES) & 1)
+        i = i0 + j
+        for c in gl.static_range(KD_P // TDC):
+            # TDC depth taps in one wgmma: the input box is read from shared memory once per chunk.
+            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+            for kb in gl.static_range(K_BLOCKS):
+                acc = warpgroup_mma(a_smem.index(s * K_BLOCKS + kb), b_smem.index(c * K_BLOCKS + kb).permute((1, 0)),
+                                    acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            g = gl.where(src_ok, gl.gather(gl.convert_layout(acc, col_layout), src, axis=0), 0.0)
+            shares = gl.sum(gl.reshape(g, [BLOCK_M, TDC, JHW, PHCO]), axis=2)
+            share_smem.store(gl.reshape(gl.permute(shares, [1, 0, 2]), [TDC * BLOCK_M, PHCO]))
+            cta_barrier()
+            for tl_ in gl.static_range(TDC):
+                td = c * TDC + tl_
+                res_d = gl.load(tab_ptr + 2 * td)
+                q = i - gl.load(tab_ptr + 2 * td + 1)
+                if (q >= q_lo) & (q < q_hi):
+                    slot = o_smem.index((q % RDP) * SD + res_d)
+                    slot.store(slot.load(o_layout) + share_smem.slice(tl_ * BLOCK_M, BLOCK_M).load(o_layout))
+            cta_barrier()
+        # Every warp is past its reads of stage s: refill it with the slice STAGES ahead.
+        cta_barrier()
+        if j + STAGES < n_slices:
+            _issue_slice(x_desc, a_smem, bars, j + STAGES, nb, i0, h_org, w_org, c0, K_BLOCKS, STAGES)
+        # Output depth qf has seen its last input slice (shift OFF_D + SPAN_D): store and clear.
+        qf = i - OFF_D - SPAN_D
+        if (qf >= q_lo) & (qf < q_hi):
+            for r in gl.static_range(SD):
+                od = qf * SD + r
+                slot = o_smem.index((qf % RDP) * SD + r)
+                vals = slot.load(o_layout) + gl.expand_dims(bias, 0)
+                gl.store(y_ptr + y_n + od.to(gl.int64) * stride_yd + y_hw, vals.to(y_ptr.dtype.element_ty),
+                         mask=hw_ok & (od < OD))
+                slot.store(zeros_o)
+    for st in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(st))
+    mbarrier.invalidate(wbar.index(0))
+
+
 # ==================== convt3d/errors.py (verbatim; package-relative imports rewritten) ====================
 """Exceptions of convt3d (invalid arguments raise PyTorch's own types; see ``convt3d.validate``)."""
 
@@ -2864,6 +3423,10 @@ GK = types.SimpleNamespace(
     cta_barrier=cta_barrier,
     tma_load=tma_load,
 )
+HB = types.SimpleNamespace(
+    _issue_slice=_issue_slice,
+    head_box_kernel=head_box_kernel,
+)
 
 
 _INT32_MAX = 2**31 - 1
@@ -2887,7 +3450,9 @@ def _kernel(name: str, device: torch.device, module=None):
             "triton is imported: set TRITON_INTERPRET=1 in the environment (or move the tensors to CUDA)")
     if module is not None:
         return getattr(module, name)
-    return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
+    module = (HB if name.startswith("head_box") else HK if name.startswith("head_") else GK if name.startswith("box_")
+              else K)
+    return getattr(module, name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -3321,15 +3886,18 @@ def _nvmma_layout(box: tuple, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(box), gdt)
 
 
+def gluon_descriptor(t: torch.Tensor, box: tuple):
+    """A Gluon TMA descriptor over ``t`` in boxes ``box``, in the layout wgmma reads them (made per
+    call: it holds the tensor's address)."""
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), list(box), _nvmma_layout(tuple(box), t.dtype))
+
+
 def _box_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int):
     """Gluon descriptors of box_gemm_kernel: 5-D boxes [1, 1, BH, BW, BLOCK_K] over the padded
     input, 2-D boxes [BLOCK_N, BLOCK_K] over the packed weight as [rows, Cin/g] (made per call:
     they hold the tensors' addresses)."""
-    a_box = (1, 1, cfg.BLOCK_M // cfg.BLOCK_W, cfg.BLOCK_W, cfg.BLOCK_K)
-    b_box = (cfg.BLOCK_N, cfg.BLOCK_K)
-    w2 = wp.view(-1, cin_g)
-    return (GluonDescriptor(xp, list(xp.shape), list(xp.stride()), list(a_box), _nvmma_layout(a_box, xp.dtype)),
-            GluonDescriptor(w2, list(w2.shape), list(w2.stride()), list(b_box), _nvmma_layout(b_box, wp.dtype)))
+    return (gluon_descriptor(xp, (1, 1, cfg.BLOCK_M // cfg.BLOCK_W, cfg.BLOCK_W, cfg.BLOCK_K)),
+            gluon_descriptor(wp.view(-1, cin_g), (cfg.BLOCK_N, cfg.BLOCK_K)))
 
 
 def _phase_site(cfg: Config, params: ConvT3dParams, pl: "Plan", xin: torch.Tensor, wp: torch.Tensor, y: torch.Tensor,
@@ -3573,7 +4141,8 @@ class _Steps:
         params = params.fold_groups(cfg.fold) if cfg.fold > 1 else params
         self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
         # Output-head configs launch their own kernels (head_engine), through this engine's sites.
-        self.head = head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site) if cfg.head else None
+        self.head = (head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site, _prepare_input,
+                                           gluon_descriptor) if cfg.head else None)
         if self.head is not None:
             return
         companions = cfg.companions and companion_masks(params) is not None

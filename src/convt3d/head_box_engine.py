@@ -25,24 +25,30 @@ __all__ = ["box_tiles", "BoxPlan", "BoxSteps"]
 
 # Shared memory a program may take (H100/H200: 227 KB per block); the gather's scratch
 # (BLOCK_M x BLOCK_N fp32, placed by the compiler) is counted in.
-_SMEM_BYTES = 220 << 10
+_BOX_SMEM_BYTES = 220 << 10
 # wgmma's accumulator for one warpgroup: BLOCK_M x BLOCK_N fp32 over 128 threads. At M x N =
 # 128 x 64 ptxas gives 189 registers (sm_90a, triton 3.6, 2026-12-01), so at most that product.
-_MAX_MN = 128 * 64
+_BOX_MAX_MN = 128 * 64
+# Boxes of 64 positions (one wgmma of 64 rows) lost to the other head kinds by 2.2-5.4x on every
+# bench head row where they were the only fit or a candidate (H200, 2026-12-01: 3-D GAN video
+# head 64->3 560-729 us against 183-356, 128->8 1274-1934 against 309-332, video k4s2p1 406-420
+# against 128-131): the halo rows and the per-slice chain (MMA, staging, gather, slots) weigh on
+# half as many positions. So boxes start at 128 positions.
+_BOX_MIN_M = 128
 
 
-def _pow2(v: int) -> int:
+def _box_pow2(v: int) -> int:
     return 1 << max(0, (int(v) - 1).bit_length())
 
 
-def _shifts(a: Axis) -> list[list[int]]:
+def _box_shifts(a: Axis) -> list[list[int]]:
     """Per residue, the shift (input - compact output index) of each of its taps."""
     return [[ph.first_offset - j * a.offset_step for j in range(ph.num_taps)] for ph in a.phases]
 
 
-def _span(a: Axis) -> tuple[int, int]:
+def _box_span(a: Axis) -> tuple[int, int]:
     """(smallest shift, largest - smallest) over every (residue, tap) of the axis."""
-    flat = [d for r in _shifts(a) for d in r]
+    flat = [d for r in _box_shifts(a) for d in r]
     return min(flat), max(flat) - min(flat)
 
 
@@ -54,7 +60,7 @@ def _box_dim(a: Axis, extent: int) -> tuple[int, int, int] | None:
     every source it lacks lies outside the input, where the kernel reads a zero. Otherwise
     boxes overlap by the shifts' span, so that each valid output finds all its sources inside."""
     q = a.phases[0].size  # residue 0 has the most compact positions
-    lo, span = _span(a)
+    lo, span = _box_span(a)
     if extent >= a.in_size and extent >= q:
         return q, 0, 1
     valid = extent - span
@@ -63,9 +69,9 @@ def _box_dim(a: Axis, extent: int) -> tuple[int, int, int] | None:
     return valid, lo, -(-q // valid)
 
 
-def _block_k(params: ConvT3dParams, dtype: torch.dtype) -> int:
+def _box_block_k(params: ConvT3dParams, dtype: torch.dtype) -> int:
     return max(16 if dtype.itemsize == 2 else 8, min(64 if dtype.itemsize == 2 else 32,
-                                                      _pow2(params.in_channels_per_group)))
+                                                      _box_pow2(params.in_channels_per_group)))
 
 
 # Columns of one wgmma: depth taps are merged into one MMA up to this N. The first version ran
@@ -73,43 +79,43 @@ def _block_k(params: ConvT3dParams, dtype: torch.dtype) -> int:
 # gather: ncu (bf16 3-D GAN head, H200, 2026-12-01) put it at 78.7% of L1/shared-memory
 # throughput (L2 16%, DRAM 11%) and 143.9 us, the box's input tile read from shared memory once
 # per tap and every product passing through shared memory three times.
-_MMA_N = 64
+_BOX_MMA_N = 64
 
 
-def _columns(params: ConvT3dParams) -> tuple[int, int, int]:
+def _box_columns(params: ConvT3dParams) -> tuple[int, int, int]:
     """(CO_PAD, PH_P, BN_TD) of one depth tap's columns: (height tap, width tap) pairs x
     (height residue, width residue) x channels, each factor a power of two; padded with zero
     (height, width) tap pairs so that the wgmma of ``_depth_taps_per_mma`` has N >= 16."""
     _, ah, aw = params.axes
-    jhw = _pow2(max(p.num_taps for p in ah.phases) * max(p.num_taps for p in aw.phases))
-    co_pad, ph_p = _pow2(params.out_channels_per_group), _pow2(ah.stride * aw.stride)
+    jhw = _box_pow2(max(p.num_taps for p in ah.phases) * max(p.num_taps for p in aw.phases))
+    co_pad, ph_p = _box_pow2(params.out_channels_per_group), _box_pow2(ah.stride * aw.stride)
     raw = jhw * ph_p * co_pad
     return co_pad, ph_p, max(raw, 16 // _taps_per_mma(raw, params.kernel_size[0]))
 
 
 def _taps_per_mma(bn_td: int, kd: int) -> int:
     tdc = 1
-    while tdc * 2 * bn_td <= _MMA_N and tdc < kd:
+    while tdc * 2 * bn_td <= _BOX_MMA_N and tdc < kd:
         tdc *= 2
     return tdc
 
 
 def _depth_taps_per_mma(params: ConvT3dParams) -> tuple[int, int, int]:
-    """(TDC, KD_P, BLOCK_N): depth taps per wgmma (a power of two, TDC x BN_TD <= _MMA_N where
+    """(TDC, KD_P, BLOCK_N): depth taps per wgmma (a power of two, TDC x BN_TD <= _BOX_MMA_N where
     one tap is narrower), the depth taps padded to a multiple of it, and the MMA's N."""
-    bn_td = _columns(params)[2]
+    bn_td = _box_columns(params)[2]
     kd = params.kernel_size[0]
     tdc = _taps_per_mma(bn_td, kd)
     return tdc, -(-kd // tdc) * tdc, tdc * bn_td
 
 
-def _smem(params: ConvT3dParams, dtype: torch.dtype, bm: int, stages: int) -> int:
-    co_pad, ph_p, _ = _columns(params)
+def _box_smem(params: ConvT3dParams, dtype: torch.dtype, bm: int, stages: int) -> int:
+    co_pad, ph_p, _ = _box_columns(params)
     tdc, kd_p, bn = _depth_taps_per_mma(params)
-    bk = _block_k(params, dtype)
+    bk = _box_block_k(params, dtype)
     kb = -(-params.in_channels_per_group // bk)
     ad = params.axes[0]
-    rdp = _pow2(_span(ad)[1] + 1)
+    rdp = _box_pow2(_box_span(ad)[1] + 1)
     es = dtype.itemsize
     return ((stages * kb * bm * bk + kd_p // tdc * kb * bn * bk) * es
             + ((rdp * ad.stride + tdc) * bm * ph_p * co_pad + bm * bn) * 4)
@@ -122,13 +128,13 @@ def box_unsupported(params: ConvT3dParams, dtype: torch.dtype, precision: str) -
         return "wgmma multiplies fp32 only as TF32"
     if (params.in_channels * es) % 16:
         return "TMA needs the input's channel stride in multiples of 16 bytes"
-    bk = _block_k(params, dtype)
+    bk = _box_block_k(params, dtype)
     if params.groups > 1 and params.in_channels_per_group % bk:
         return "a channel block would read the next group's channels"
     bn = _depth_taps_per_mma(params)[2]
-    if bn * 64 > _MAX_MN:
-        return f"{bn} columns per depth tap (accumulator beyond {_MAX_MN // 64})"
-    if _smem(params, dtype, 64, 2) > _SMEM_BYTES:
+    if bn * _BOX_MIN_M > _BOX_MAX_MN:
+        return f"{bn} columns per wgmma (accumulator beyond {_BOX_MAX_MN // _BOX_MIN_M})"
+    if _box_smem(params, dtype, _BOX_MIN_M, 2) > _BOX_SMEM_BYTES:
         return "shared memory"
     return None
 
@@ -138,8 +144,8 @@ def box_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list
     input slices in flight (a third would cost the 3-D GAN head's M-128 box its second program
     per SM: 98 KB of shared memory per program at two stages, ncu, H200, 2026-12-01).
 
-    Boxes of M 64, 128 or 256 positions (one warpgroup: 64 rows per wgmma) whose accumulator
-    fits (M x N <= _MAX_MN), with a width of the smallest power of two holding the whole input
+    Boxes of M 128 or 256 positions (_BOX_MIN_M; one warpgroup, 64 rows per wgmma) whose accumulator
+    fits (M x N <= _BOX_MAX_MN), with a width of the smallest power of two holding the whole input
     row (up to 64), or 32 or 16 with overlapping boxes. Each computes ``boxes x M`` positions
     for the compact outputs; the two that compute the fewest (the larger M on a tie: fewer,
     longer programs) are offered, and the tuner times them."""
@@ -148,20 +154,20 @@ def box_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list
     _, ah, aw = params.axes
     bn = _depth_taps_per_mma(params)[2]
     need_w = max(aw.in_size, aw.phases[0].size)
-    widths = {w for w in (max(8, _pow2(need_w)), 32, 16) if w <= 64}
+    widths = {w for w in (max(8, _box_pow2(need_w)), 32, 16) if w <= 64}
     outputs = ah.phases[0].size * aw.phases[0].size
     scored = []
     for bw in sorted(widths):
-        for bm in (64, 128, 256):
+        for bm in (_BOX_MIN_M, 2 * _BOX_MIN_M):
             bh = bm // bw
             dims = (_box_dim(aw, bw), _box_dim(ah, bh)) if bh >= 1 else (None, None)
-            if bm * bn > _MAX_MN or None in dims or _smem(params, dtype, bm, 2) > _SMEM_BYTES:
+            if bm * bn > _BOX_MAX_MN or None in dims or _box_smem(params, dtype, bm, 2) > _BOX_SMEM_BYTES:
                 continue
             work = dims[0][2] * dims[1][2] * bm / outputs
             scored.append((work, -bm, bw, bh, 2))
     tiles = []
     for _, neg_bm, bw, bh, stages in sorted(scored)[:2]:
-        tiles.append(dict(BLOCK_M=-neg_bm, BLOCK_N=bn, BLOCK_K=_block_k(params, dtype), BLOCK_W=bw, BOX_H=bh,
+        tiles.append(dict(BLOCK_M=-neg_bm, BLOCK_N=bn, BLOCK_K=_box_block_k(params, dtype), BLOCK_W=bw, BOX_H=bh,
                           num_warps=4, num_stages=stages, use_dot=True, head="box", BLOCK_R=0))
     return tiles
 
@@ -192,12 +198,12 @@ def box_plan(params: ConvT3dParams, cfg) -> BoxPlan:
     ad, ah, aw = params.axes
     vh, off_h, tiles_h = _box_dim(ah, cfg.BOX_H)
     vw, off_w, tiles_w = _box_dim(aw, cfg.BLOCK_W)
-    off_d, span_d = _span(ad)
-    co_pad, ph_p, bn = _columns(params)
+    off_d, span_d = _box_span(ad)
+    co_pad, ph_p, bn = _box_columns(params)
     tdc, kd_p, _ = _depth_taps_per_mma(params)
     cout_g = params.out_channels_per_group
     kd, kh, kw = params.kernel_size
-    sh_h, sh_w = _shifts(ah), _shifts(aw)
+    sh_h, sh_w = _box_shifts(ah), _box_shifts(aw)
     jw = max(p.num_taps for p in aw.phases)
     jh = max(p.num_taps for p in ah.phases)
     td_rows = []
@@ -216,7 +222,7 @@ def box_plan(params: ConvT3dParams, cfg) -> BoxPlan:
         cols.append((co, th, tw) if ok else None)
     columns = tuple(-1 if c is None or td >= kd else ((c[0] * kd + td) * kh + c[1]) * kw + c[2]
                     for td in range(kd_p) for c in cols)
-    return BoxPlan(vh, vw, off_h, off_w, tiles_h, tiles_w, off_d, span_d, _pow2(span_d + 1), co_pad, ph_p,
+    return BoxPlan(vh, vw, off_h, off_w, tiles_h, tiles_w, off_d, span_d, _box_pow2(span_d + 1), co_pad, ph_p,
                    -(-params.in_channels_per_group // cfg.BLOCK_K), tdc, kd_p, tuple(td_rows + col_rows), columns)
 
 
@@ -228,7 +234,7 @@ def _depth_chunk(qd: int, span: int, boxes: int, sms: int) -> int:
     return max(min(qd, 2 * max(1, span)), -(-qd // chunks))
 
 
-def _round_tf32(t: torch.Tensor) -> torch.Tensor:
+def _box_round_tf32(t: torch.Tensor) -> torch.Tensor:
     """fp32 rounded to TF32 (10 mantissa bits, to nearest, ties to even), as the engine's copy
     kernels round: wgmma would otherwise drop the low 13 bits."""
     bits = t.view(torch.int32)
@@ -240,11 +246,13 @@ class BoxSteps:
     """The launch of one (call signature, box config): plan and site on the first run.
 
     ``make_site`` is the engine's site factory (``head_engine.HeadSteps``); ``prepare_input(x,
-    round_tf32, copy)`` its NDHWC copy (TF32-rounded where asked)."""
+    round_tf32, copy)`` its NDHWC copy (TF32-rounded where asked); ``descriptor(tensor, box)`` its
+    Gluon TMA descriptor over a contiguous tensor (``triton_sites.gluon_descriptor``)."""
 
-    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site, prepare_input):
+    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site, prepare_input,
+                 descriptor):
         self.params, self.cfg, self.has_bias = params, cfg, has_bias
-        self.make_site, self.prepare_input = make_site, prepare_input
+        self.make_site, self.prepare_input, self.descriptor = make_site, prepare_input, descriptor
         self.plan = box_plan(params, cfg)
         self.site = None
         self.tab = None
@@ -282,12 +290,9 @@ class BoxSteps:
             self.index = (flat.reshape(-1, cin_g).to(w.device), keep.reshape(-1, cin_g).to(w.device))
         flat, keep = self.index
         wp = torch.where(keep, w.reshape(-1)[flat], 0.0)
-        return _round_tf32(wp) if round_tf32 else wp
+        return _box_round_tf32(wp) if round_tf32 else wp
 
     def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-        from .triton_sites import _nvmma_layout
-
         cfg = self.cfg
         round_tf32 = x.dtype == torch.float32
         ndhwc = x.permute(0, 2, 3, 4, 1)
@@ -298,9 +303,6 @@ class BoxSteps:
         if self.site is None:
             self.site = self._site(x, y)
         wp = self.packed_weight(w, round_tf32)
-        a_box = [1, 1, cfg.BOX_H, cfg.BLOCK_W, cfg.BLOCK_K]
-        b_box = [cfg.BLOCK_N, cfg.BLOCK_K]
-        x_desc = TensorDescriptor(ndhwc, list(ndhwc.shape), list(ndhwc.stride()), a_box,
-                                  _nvmma_layout(tuple(a_box), x.dtype))
-        w_desc = TensorDescriptor(wp, list(wp.shape), list(wp.stride()), b_box, _nvmma_layout(tuple(b_box), x.dtype))
+        x_desc = self.descriptor(ndhwc, (1, 1, cfg.BOX_H, cfg.BLOCK_W, cfg.BLOCK_K))
+        w_desc = self.descriptor(wp, (cfg.BLOCK_N, cfg.BLOCK_K))
         return self.site.launch(x.device, x_desc, w_desc, b, y, self.tab)

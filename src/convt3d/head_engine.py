@@ -252,13 +252,15 @@ class HeadSteps:
     ``make_site(key, kernel name, grid, integer args, constexprs)`` returns the engine's launch
     site for that key (``triton_engine.Site``); ``run(x, w, b, y)`` launches onto the
     allocated output ``y`` from the input and the weight as PyTorch stores it (``w``
-    contiguous); ``b`` is the bias or any tensor when there is none. ``prepare_input(x,
-    round_tf32, copy)``: the engine's NDHWC copy, which the box kind reads."""
+    contiguous); ``b`` is the bias or any tensor when there is none. ``prepare_input`` and
+    ``descriptor``: the engine's NDHWC copy and Gluon descriptors, which the box kind needs
+    (``head_box_engine.BoxSteps``)."""
 
     def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: MakeSite,
-                 prepare_input=None):
+                 prepare_input=None, descriptor=None):
         self.params, self.cfg, self.has_bias, self.make_site = params, cfg, has_bias, make_site
-        self.box = BoxSteps(params, cfg, precision, has_bias, make_site, prepare_input) if cfg.head == "box" else None
+        self.box = (BoxSteps(params, cfg, precision, has_bias, make_site, prepare_input, descriptor)
+                    if cfg.head == "box" else None)
         self.precision = precision  # the dot's input precision ("tf32" for 16-bit: ignored there)
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):

@@ -28,7 +28,7 @@ from .triton_sites import (Site, _INT32_MAX, _channels_last_site, _check_slice_o
     _offsets_fit_int32, _pack_site, _pack_weight, _packed_shape, _padded_site, _phase_site, _prepare_input,
     _prepare_padded_input, _row_class_empty, _sites, _tables, _tma_capable, _tma_strides_ok, _w_descriptor,
     _x_descriptor, companion_masks, empty_planes, empty_rows, interpreter_active, phase_table, site,
-    slice_offsets_fit, gluon_capable, _box_site, _box_descriptors)  # noqa: F401
+    slice_offsets_fit, gluon_capable, gluon_descriptor, _box_site, _box_descriptors)  # noqa: F401
 
 __all__ = ["Config", "candidate_configs", "forward", "plan", "tuning_log", "clear_caches", "SUPPORTED_DTYPES",
            "unsupported_reason"]
@@ -194,8 +194,8 @@ class _Steps:
         params = params.fold_groups(cfg.fold) if cfg.fold > 1 else params
         self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
         # Output-head configs launch their own kernels (head_engine), through this engine's sites.
-        self.head = (head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site, _prepare_input)
-                     if cfg.head else None)
+        self.head = (head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site, _prepare_input,
+                                           gluon_descriptor) if cfg.head else None)
         if self.head is not None:
             return
         companions = cfg.companions and companion_masks(params) is not None

@@ -483,15 +483,18 @@ def _nvmma_layout(box: tuple, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(box), gdt)
 
 
+def gluon_descriptor(t: torch.Tensor, box: tuple):
+    """A Gluon TMA descriptor over ``t`` in boxes ``box``, in the layout wgmma reads them (made per
+    call: it holds the tensor's address)."""
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), list(box), _nvmma_layout(tuple(box), t.dtype))
+
+
 def _box_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int):
     """Gluon descriptors of box_gemm_kernel: 5-D boxes [1, 1, BH, BW, BLOCK_K] over the padded
     input, 2-D boxes [BLOCK_N, BLOCK_K] over the packed weight as [rows, Cin/g] (made per call:
     they hold the tensors' addresses)."""
-    a_box = (1, 1, cfg.BLOCK_M // cfg.BLOCK_W, cfg.BLOCK_W, cfg.BLOCK_K)
-    b_box = (cfg.BLOCK_N, cfg.BLOCK_K)
-    w2 = wp.view(-1, cin_g)
-    return (GluonDescriptor(xp, list(xp.shape), list(xp.stride()), list(a_box), _nvmma_layout(a_box, xp.dtype)),
-            GluonDescriptor(w2, list(w2.shape), list(w2.stride()), list(b_box), _nvmma_layout(b_box, wp.dtype)))
+    return (gluon_descriptor(xp, (1, 1, cfg.BLOCK_M // cfg.BLOCK_W, cfg.BLOCK_W, cfg.BLOCK_K)),
+            gluon_descriptor(wp.view(-1, cin_g), (cfg.BLOCK_N, cfg.BLOCK_K)))
 
 
 def _phase_site(cfg: Config, params: ConvT3dParams, pl: "Plan", xin: torch.Tensor, wp: torch.Tensor, y: torch.Tensor,
