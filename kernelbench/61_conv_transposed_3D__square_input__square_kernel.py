@@ -492,6 +492,586 @@ def _check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, o
     return params, unbatched
 
 
+# ==================== convt3d/kernels/gluon_gemm.py (verbatim; package-relative imports rewritten) ====================
+"""The tensor-core engine's Hopper kernel in Gluon: the phase GEMMs of ``flat_gemm_kernel`` with
+the operand ring, the barriers and the MMA written out (``triton.experimental.gluon``).
+
+Why a second kernel for the same arithmetic: ``flat_gemm_kernel`` tiles whole padded rows of a
+compact plane (2-D TMA boxes, so every tap is one scalar shift) and leaves the pipelining to
+Triton. Its tiles include the padding columns, and Triton gives it no say over how loads and
+MMAs overlap. On KB 77's dense phase (262144 positions x 64 x 864, TF32; H200, triton 3.6,
+2026-12-01, ``scripts/gluon_tap_gemm_spike.py``), the tap GEMM over padded rows took 225.6 us
+with a 3-stage TMA ring and async wgmma. The same loop over boxes of output positions, as here,
+took 144.2 us, against 161.7 us for cuDNN's conv3d of the same arithmetic. ncu put both at
+70% of L2 throughput with 55% tensor-pipe use: they are bound by L2 traffic, not by latency.
+
+A program is one box of BH x BW compact positions of one (group, n, qd, phase group,
+Cout/g block). A K step (tap of its phase, block of BLOCK_K input channels) is one 5-D TMA box
+[1, 1, BH, BW, BLOCK_K] of the zero-haloed NDHWC input at the box shifted by the tap. It lands
+in shared memory as the BH x BW rows of channels that wgmma reads as its A tile, so the stage is
+allocated 2-D and reshaped to five dimensions only for the copy. The weight comes as one box
+[BLOCK_N, BLOCK_K] of the packed [G * taps * Cout/g, Cin/g] matrix, and wgmma reads it
+transposed. The ring has STAGES stages (STAGES - 1 boxes ahead of the MMA), and one wgmma stays
+outstanding while the next box lands. Box coordinates past the buffer read as zeros; past the
+tile's valid positions they only feed masked stores.
+
+The epilogue writes what ``flat_gemm_kernel``'s does:
+- each phase of a W-residue group (W_GROUP=2: stride 2 along W into NCDHW) at its own residue of
+  the output row;
+- a residue with no taps (W_SKIP), and the companion rows of the empty row classes
+  (``companion_masks``): the bias.
+
+With channels innermost the accumulator's own layout stores whole sectors. NCDHW tiles go
+through shared memory, where the W residues of a position are adjacent, and leave as rows of 32
+consecutive columns per warp (``_store_rows``). KB 77's whole call took 352 us this way against
+371 us for the best flat tile, and 680 us with stores from the accumulator layout (H200,
+2026-12-01; NOTES.md, section 12).
+
+Only sm_90 has wgmma, and Triton's interpreter does not run Gluon, so this kernel runs on Hopper
+GPUs only. The Triton kernels stay the portable path, and the tuner times this one against them.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+# The TMA load's name: triton 3.6 has only async_copy_global_to_shared, 3.9 only async_load
+# (the old name raises there). Same arguments: (descriptor, coordinates, barrier, destination).
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# The CTA-wide barrier: thread_barrier in 3.6, barrier in 3.9.
+cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
+@gluon.jit
+def _row_value(tab_ptr, r, i):
+    """Column ``i`` of row ``r`` of the phase table (``phase_table``: 16 int32 per phase)."""
+    return gl.load(tab_ptr + r * 16 + i)
+
+
+@gluon.jit
+def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, w_row, jd, jh, jw,
+           OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base):
+    """Start the two boxes of one K step into stage ``s``: the input at the box shifted by tap
+    (jd, jh, jw) of the phase, channels ``c_base + cb`` on; the weight rows of that tap,
+    columns ``cb`` on (its matrix holds one group's Cin/g)."""
+    bar = bars.index(s)
+    mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+    tma_load(x_desc, [nb, d0 - jd * OSD, h0 - jh * OSH, w0 - jw * OSW, c_base + cb], bar,
+             a_smem.index(s).reshape(x_desc.block_type.shape))
+    kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
+    tma_load(w_desc, [w_base + kidx * COUT_G + w_row, cb], bar, b_smem.index(s))
+
+
+@gluon.jit
+def _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K: gl.constexpr):
+    """The K step after (channel offset ``cb``, tap jd, jh, jw), channel block fastest: carries
+    instead of divisions (runtime integer divisions per step cost more issue slots than a
+    128-row wgmma step leaves free)."""
+    cb += BLOCK_K
+    c_wrap = cb >= CIN_G
+    cb = gl.where(c_wrap, 0, cb)
+    jw += c_wrap.to(gl.int32)
+    w_wrap = jw >= tw
+    jw = gl.where(w_wrap, 0, jw)
+    jh += w_wrap.to(gl.int32)
+    h_wrap = jh >= th
+    jh = gl.where(h_wrap, 0, jh)
+    jd += h_wrap.to(gl.int32)
+    return cb, jw, jh, jd
+
+
+@gluon.jit
+def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, c_base, w_row, w_base,
+              CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW,
+              th, tw, t0d, t0h, t0w, mma_layout: gl.constexpr, STAGES: gl.constexpr):
+    """The accumulator of one phase: its ``n_iter`` K steps (taps x channel blocks, channel
+    block fastest), numbered from ``g0`` in the program's ring. Returns it and the next number."""
+    BLOCK_M: gl.constexpr = a_smem.shape[1]
+    BLOCK_K: gl.constexpr = a_smem.shape[2]
+    BLOCK_N: gl.constexpr = b_smem.shape[1]
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+    # The step to issue next, as (channel offset, jw, jh, jd) (``_advance``).
+    cb = 0
+    jw = 0
+    jh = 0
+    jd = 0
+    for i in gl.static_range(STAGES - 1):
+        if i < n_iter:
+            _issue(x_desc, w_desc, a_smem, b_smem, bars, (g0 + i) % STAGES, nb, d0, h0, w0, c_base, cb, w_row,
+                   jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
+            cb, jw, jh, jd = _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K)
+    for k in range(n_iter):
+        g = g0 + k
+        s = g % STAGES
+        mbarrier.wait(bars.index(s), (g // STAGES) & 1)
+        acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
+        # At most this step's wgmma in flight: the stage of the step before is free again.
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
+        if k + STAGES - 1 < n_iter:
+            _issue(x_desc, w_desc, a_smem, b_smem, bars, (g + STAGES - 1) % STAGES, nb, d0, h0, w0, c_base, cb,
+                   w_row, jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
+            cb, jw, jh, jd = _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, g0 + n_iter
+
+
+@gluon.jit
+def _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32: gl.constexpr):
+    """(inside the output, 64-bit depth-slice base, in-slice offsets) of output positions
+    (od, oh, ow). OFF32: the launcher checked that channel + in-slice offsets stay below 2^31."""
+    ok = (od < OD) & (oh < OH) & (ow < OW)
+    if OFF32:
+        y_m = oh * stride_yh + ow * stride_yw
+    else:
+        y_m = oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
+    return ok, y_n + od.to(gl.int64) * stride_yd, y_m
+
+
+@gluon.jit
+def _channel_offsets(channels, stride_yc, OFF32: gl.constexpr):
+    """Offsets of output ``channels`` (32-bit under OFF32, see ``_position_offsets``)."""
+    if OFF32:
+        offs = channels * stride_yc
+    else:
+        offs = channels.to(gl.int64) * stride_yc
+    return offs
+
+
+@gluon.jit
+def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw,
+           OFF32: gl.constexpr):
+    """Store ``vals`` [BLOCK_M, BLOCK_N] at output positions (od, oh[m], ow[m]) and channel
+    offsets ``y_co[n]``, inside the output only."""
+    ok, y_s, y_m = _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32)
+    gl.store(y_ptr + y_s + (gl.expand_dims(y_m, 1) + gl.expand_dims(y_co, 0)), vals.to(y_ptr.dtype.element_ty),
+             mask=gl.expand_dims(ok, 1) & gl.expand_dims(co_ok, 0))
+
+
+@gluon.jit
+def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
+                stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr, BW: gl.constexpr, W_GROUP: gl.constexpr,
+                OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, num_warps: gl.constexpr):
+    """Store the tile [BLOCK_N, BLOCK_M x W_GROUP] in ``c_smem`` (column p: position p // W_GROUP
+    of the box, W residue p % W_GROUP) plus the bias (without FROM_SMEM: the bias alone, at rows
+    of residue ``rh``), 16 channels at a time. Lane i of a warp holds column i of 32: each store
+    instruction writes 128 whole bytes. With 4 adjacent columns per thread (4 stores, each 4 bytes
+    in 16) KB 77's kernel sent 636 MB of sectors into L2 for 277 MB of output (ncu, H200,
+    2026-12-01)."""
+    BLOCK_N: gl.constexpr = c_smem.shape[0]
+    COLS: gl.constexpr = c_smem.shape[1]
+    CHUNK: gl.constexpr = 16
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+    p = gl.arange(0, COLS, layout=gl.SliceLayout(0, rows_layout))
+    m = p // W_GROUP
+    qh = qh0 + m // BW
+    qw = qw0 + m % BW
+    if W_GROUP == 1:
+        ow = qw * SW + rw0
+    else:
+        ow = qw * SW + p % W_GROUP
+    oh = qh * SH + rh
+    ok, y_s, y_m = _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32)
+    for c in gl.static_range(BLOCK_N // CHUNK):
+        co = pid_n * BLOCK_N + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, rows_layout))
+        co_ok = co < COUT_G
+        if FROM_SMEM:
+            vals = c_smem.slice(c * CHUNK, CHUNK, dim=0).load(rows_layout)
+        else:
+            vals = gl.zeros([CHUNK, COLS], gl.float32, rows_layout)
+        if HAS_BIAS:
+            vals += gl.expand_dims(gl.load(b_ptr + grp * COUT_G + co, mask=co_ok, other=0.0).to(gl.float32), 1)
+        y_co = _channel_offsets(grp * COUT_G + co, stride_yc, OFF32)
+        gl.store(y_ptr + y_s + (gl.expand_dims(y_co, 1) + gl.expand_dims(y_m, 0)), vals.to(y_ptr.dtype.element_ty),
+                 mask=gl.expand_dims(co_ok, 1) & gl.expand_dims(ok, 0))
+
+
+@gluon.jit
+def box_gemm_kernel(
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
+    N, CIN_G, COUT_G,
+    PD, PH, PW,
+    QD, OD, OH, OW,
+    NUM_GROUPS, KVOL,
+    KH, KW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    SD, SH, SW,
+    TSD, TSH, TSW,
+    OSD, OSH, OSW,
+    tiles_h, tiles_w, tiles_n,
+    HAS_BIAS: gl.constexpr,
+    W_GROUP: gl.constexpr,
+    W_SKIP: gl.constexpr,
+    OFF32: gl.constexpr,
+    CL_OUT: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """One box of compact positions of one phase group (see the module docstring). ``x_desc``:
+    the zero-haloed input [N, DP, HP, WP, C] in boxes [1, 1, BH, BW, BLOCK_K]; ``w_desc``: the
+    packed weight as [G * taps * Cout/g, Cin/g] in boxes [BLOCK_N, BLOCK_K]; the other arguments
+    are ``flat_gemm_kernel``'s, with the position tile as (tiles_h, tiles_w) boxes."""
+    BH: gl.constexpr = x_desc.block_type.shape[2]
+    BW: gl.constexpr = x_desc.block_type.shape[3]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
+    BLOCK_M: gl.constexpr = BH * BW
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    # wgmma's accumulator: one warpgroup along M per 4 warps, instruction [16, BLOCK_N, 32 bytes of K].
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1],
+        instr_shape=[16, BLOCK_N, 256 // x_desc.dtype.primitive_bitwidth])
+    m_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    n_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+
+    pid = gl.program_id(0)
+    pid_n = pid % tiles_n
+    t = pid // tiles_n
+    pgrp = t % NUM_GROUPS
+    t = t // NUM_GROUPS
+    pid_w = t % tiles_w
+    t = t // tiles_w
+    pid_h = t % tiles_h
+    t = t // tiles_h
+    qd = t % QD
+    t = t // QD
+    nb = t % N
+    grp = t // N
+    qh0 = pid_h * BH
+    qw0 = pid_w * BW
+
+    offs_m = gl.arange(0, BLOCK_M, layout=m_layout)
+    qh = qh0 + offs_m // BW
+    qw = qw0 + offs_m % BW
+    offs_co = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=n_layout)
+    co_ok = offs_co < COUT_G
+    y_co = _channel_offsets(grp * COUT_G + offs_co, stride_yc, OFF32)
+    y_n = nb.to(gl.int64) * stride_yn
+    bias = gl.zeros([BLOCK_N], gl.float32, n_layout)
+    if HAS_BIAS:
+        bias = gl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(gl.float32)
+
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], x_desc.dtype)
+    a_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_layout)
+    b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+
+    # The row class (rd, rh) and its compact bounds are those of the group's first phase.
+    row0 = pgrp * W_GROUP
+    rd = _row_value(tab_ptr, row0, 0)
+    rh = _row_value(tab_ptr, row0, 1)
+    qd_n = _row_value(tab_ptr, row0, 12)
+    qh_n = _row_value(tab_ptr, row0, 13)
+    od = qd * SD + rd
+    g = 0  # K steps this program has put through its ring
+    acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 0 (W_GROUP=2) / the phase
+    acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 1 (W_GROUP=2)
+    for j in gl.static_range(W_GROUP):
+        if j != W_SKIP:
+            r = row0 + j
+            td = _row_value(tab_ptr, r, 3)
+            th = _row_value(tab_ptr, r, 4)
+            tw = _row_value(tab_ptr, r, 5)
+            qw_n = _row_value(tab_ptr, r, 14)
+            active = (qd < qd_n) & (qh0 < qh_n) & (qw0 < qw_n)
+            k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
+            n_iter = gl.where(active, td * th * tw * k_blocks, 0)
+            acc, g = _mainloop(
+                x_desc, w_desc, a_smem, b_smem, bars, g, n_iter, nb,
+                qd + PD + _row_value(tab_ptr, r, 9), qh0 + PH + _row_value(tab_ptr, r, 10),
+                qw0 + PW + _row_value(tab_ptr, r, 11), grp * CIN_G, pid_n * BLOCK_N, grp * KVOL * COUT_G,
+                CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW, th, tw,
+                _row_value(tab_ptr, r, 6), _row_value(tab_ptr, r, 7), _row_value(tab_ptr, r, 8),
+                mma_layout, STAGES)
+            if j == 0:
+                acc0 = acc
+            else:
+                acc1 = acc
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+    rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
+    if CL_OUT:
+        # Channels innermost: a thread's two accumulator columns are adjacent channels, four
+        # lanes a 32-byte sector, so the accumulator's own layout stores whole sectors.
+        oh = qh * SH + rh
+        for j in gl.static_range(W_GROUP):
+            ow = qw * SW + (rw0 if W_GROUP == 1 else j)
+            vals = acc0 if j == 0 else acc1
+            _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
+                   stride_yd, stride_yh, stride_yw, OFF32)
+    else:
+        # Positions innermost (NCDHW): stored from shared memory, [BLOCK_N, BLOCK_M, W_GROUP]
+        # with the W residues of a position adjacent, so that each store instruction of a warp
+        # covers 32 consecutive output columns of one channel. Stored straight from the
+        # accumulators, each residue filled only every other 4 bytes of a sector: KB 77's kernel
+        # wrote 769 MB of sectors into L2 for 277 MB of output and took 566 us (ncu, H200,
+        # 2026-12-01).
+        c_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+        c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M, W_GROUP], c_layout)
+        for j in gl.static_range(W_GROUP):
+            vals = acc0 if j == 0 else acc1
+            c_smem.slice(j, 1, dim=2).store(gl.reshape(gl.permute(vals, [1, 0]), [BLOCK_N, BLOCK_M, 1]))
+        cta_barrier()
+        c_rows = c_smem.reshape([BLOCK_N, BLOCK_M * W_GROUP])
+        _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G,
+                    stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw,
+                    HAS_BIAS, BW, W_GROUP, OFF32, True, num_warps)
+
+    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
+    # columns (every W residue of the group).
+    cmask = _row_value(tab_ptr, row0, 15)
+    if cmask != 0:
+        if CL_OUT:
+            fill = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout) + gl.expand_dims(bias, 0)
+        for rc in range(SD * SH):
+            if ((cmask >> rc) & 1) != 0:
+                od_f = qd * SD + rc // SH
+                if CL_OUT:
+                    oh_f = qh * SH + rc % SH
+                    for j in gl.static_range(W_GROUP):
+                        ow_f = qw * SW + (rw0 if W_GROUP == 1 else j)
+                        _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd,
+                               stride_yh, stride_yw, OFF32)
+                else:
+                    _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od_f, rc % SH,
+                                rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP,
+                                OFF32, False, num_warps)
+
+
+# ==================== convt3d/kernels/head_box.py (verbatim; package-relative imports rewritten) ====================
+"""The output-head path's Hopper kernel in Gluon: the tap products of a head summed in the SM,
+so that nothing but the input and the output crosses HBM (``head_box_kernel``).
+
+Why: the head kinds of ``head_gemm.py`` compute Z = X @ W with every (tap, channel) pair in N on
+tensor cores, then sum the taps of each output from Z. Z is fp32 and, for k4 s2, larger than the
+input, so writing and reading it back keeps those kinds at 6-21% of the memory floor (ncu, bf16
+3-D GAN head, H200, 2026-12-01: GEMM 52.8 us at 3.31 TB/s, gather 127.8 us; NOTES.md section 10).
+Triton cannot index shared memory at run-time offsets, and a Gluon shared-memory slice must start
+at a multiple of its own length ("The split offset may not touch the tile", triton 3.6), so
+the shifted reads of the tap sum go through ``gl.gather`` on the accumulator, which the compiler
+lowers through shared memory.
+
+A program owns a box of BH x BW compact output positions (height x width) of one (group, batch
+element), for a chunk of compact output depths, and walks the input depth slices that chunk
+needs, in order:
+- the slice's input box (BH x BW positions, all Cin/g channels) arrives by TMA into a ring of
+  STAGES slices (zeros outside the input: TMA's bounds fill);
+- per TDC depth taps, one wgmma gives the products of the box's positions with the columns of
+  those taps, N = TDC x (height tap, width tap) x (height residue, width residue) x channel, the
+  weight of every tap resident in shared memory from the program's start;
+- ``gl.gather`` along the positions aligns each column with the output position it feeds
+  (input = output + tap shift, per column), and a sum over the (height tap, width tap) columns
+  of each (residue pair, channel) leaves the tap's share of the outputs of depth residue rd(td);
+- those shares accumulate in shared memory, one slot per (pending output depth, depth residue),
+  each element owned by one thread (so no barrier between the adds); an output depth whose last
+  input slice has been seen is stored (with the bias) and its slot zeroed.
+
+Boxes: along height and width a box either covers the whole input (origin 0: every source
+outside it is outside the input, a zero) or overlaps its neighbours by the taps' shift span
+(origin = first output + smallest shift, VH = BH - span valid rows). The launcher
+(``head_engine``) works that out, packs the weight and the shift table.
+
+Only sm_90 has wgmma, and Triton's interpreter does not run Gluon: this kernel runs on Hopper
+GPUs only. The Triton head kinds stay the portable path; the tuner times this one against them.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+
+
+@gluon.jit
+def _issue_slice(x_desc, a_smem, bars, j, nb, i0, h_org, w_org, c0, K_BLOCKS: gl.constexpr, STAGES: gl.constexpr):
+    """Start the TMA boxes of input slice ``j`` of the program (depth i0 + j), every channel
+    block, into stage j % STAGES."""
+    s = j % STAGES
+    bar = bars.index(s)
+    mbarrier.expect(bar, K_BLOCKS * x_desc.block_type.nbytes)
+    BK: gl.constexpr = x_desc.block_type.shape[4]
+    for kb in gl.static_range(K_BLOCKS):
+        tma_load(x_desc, [nb, i0 + j, h_org, w_org, c0 + kb * BK], bar,
+                 a_smem.index(s * K_BLOCKS + kb).reshape(x_desc.block_type.shape))
+
+
+@gluon.jit
+def head_box_kernel(
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
+    N, CIN_G, COUT_G,
+    QD, QH, QW, OD, OH, OW,
+    VH, VW, OFF_H, OFF_W,
+    CHUNK_D, OFF_D, SPAN_D,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    tiles_h, tiles_w, chunks_d,
+    KD_P: gl.constexpr,
+    TDC: gl.constexpr,
+    SD: gl.constexpr,
+    SH: gl.constexpr,
+    SW: gl.constexpr,
+    CO_PAD: gl.constexpr,
+    PH_P: gl.constexpr,
+    RDP: gl.constexpr,
+    K_BLOCKS: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """One (group, batch element, height box, width box, depth chunk); see the module docstring.
+
+    ``x_desc``: the NDHWC input [N, D, H, W, C] in boxes [1, 1, BH, BW, BK]; ``w_desc``: the packed
+    weight [G * KD_P * BN_TD, Cin/g] in boxes [BLOCK_N = TDC * BN_TD, BK]: TDC depth taps per
+    wgmma, KD_P depth taps (KD padded to a multiple of TDC with zero taps); column n of a tap:
+    height/width tap pair n // (PH_P * CO_PAD), residue pair (n // CO_PAD) % PH_P, channel
+    n % CO_PAD, zero rows where a residue has fewer taps. ``tab_ptr``: int32 [KD_P x (rd, depth
+    shift), BN_TD x (height shift, width shift)], a shift being input - compact output index.
+    (OFF_H, OFF_W):
+    box origin - first compact output of the box; VH x VW: the box's valid outputs; OFF_D and
+    SPAN_D: the smallest depth shift and the shifts' span; RDP: pending-depth slots (a power of
+    two > SPAN_D)."""
+    BH: gl.constexpr = x_desc.block_type.shape[2]
+    BW: gl.constexpr = x_desc.block_type.shape[3]
+    BK: gl.constexpr = x_desc.block_type.shape[4]
+    BLOCK_M: gl.constexpr = BH * BW
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    PHCO: gl.constexpr = PH_P * CO_PAD
+    BN_TD: gl.constexpr = BLOCK_N // TDC  # columns of one depth tap
+    JHW: gl.constexpr = BN_TD // PHCO
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1],
+        instr_shape=[16, BLOCK_N, 256 // x_desc.dtype.primitive_bitwidth])
+    # The gather's layout: one position (row) per thread. gl.gather stages its source in shared
+    # memory with the gathered axis contiguous, so lanes along the positions read and write
+    # neighbouring words, and the (height tap, width tap) sum stays within a thread. With lanes
+    # along the columns instead, ncu (bf16 3-D GAN head, H200, 2026-12-01) counted 26.7-way bank
+    # conflicts on the staging stores and 13.8-way on the reads (618 us); with the MMA layout
+    # (lanes along 8 rows x 4 column pairs) L1/shared memory ran at 89% of its throughput (148 us);
+    # the MMA layout as the source and this one for the indices (no conversion before the gather)
+    # gave 4.5-way conflicts on the staging stores and 114.6 us, against 101 us with the
+    # conversion.
+    col_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_N], [32, 1], [num_warps, 1], [1, 0])
+    # The pending-depth slots are read and written in one layout with one owner per element, so
+    # their read-modify-writes need no barrier.
+    o_layout: gl.constexpr = gl.BlockedLayout([1, PHCO], [32, 1], [num_warps, 1], [1, 0])
+
+    pid = gl.program_id(0)
+    t_h = pid % tiles_h
+    t = pid // tiles_h
+    t_w = t % tiles_w
+    t = t // tiles_w
+    t_d = t % chunks_d
+    t = t // chunks_d
+    nb = t % N
+    grp = t // N
+    qh0 = t_h * VH
+    qw0 = t_w * VW
+    h_org = qh0 + OFF_H
+    w_org = qw0 + OFF_W
+    q_lo = t_d * CHUNK_D
+    q_hi = gl.minimum(q_lo + CHUNK_D, QD)
+    i0 = q_lo + OFF_D
+    n_slices = q_hi - q_lo + SPAN_D
+
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BK], x_desc.dtype)
+    a_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES * K_BLOCKS, BLOCK_M, BK], a_layout)
+    b_smem = gl.allocate_shared_memory(w_desc.dtype, [KD_P // TDC * K_BLOCKS, BLOCK_N, BK], w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    wbar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    o_shared: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    o_smem = gl.allocate_shared_memory(gl.float32, [RDP * SD, BLOCK_M, PHCO], o_shared)
+    share_smem = gl.allocate_shared_memory(gl.float32, [TDC * BLOCK_M, PHCO], o_shared)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(bars.index(st), count=1)
+    mbarrier.init(wbar.index(0), count=1)
+
+    # The weight of every depth tap, once per program.
+    mbarrier.expect(wbar.index(0), KD_P // TDC * K_BLOCKS * w_desc.block_type.nbytes)
+    for c in gl.static_range(KD_P // TDC * K_BLOCKS):
+        tma_load(w_desc, [(grp * (KD_P // TDC) + c // K_BLOCKS) * BLOCK_N, (c % K_BLOCKS) * BK], wbar.index(0),
+                 b_smem.index(c))
+    c0 = grp * CIN_G
+    for j in gl.static_range(STAGES):
+        if j < n_slices:
+            _issue_slice(x_desc, a_smem, bars, j, nb, i0, h_org, w_org, c0, K_BLOCKS, STAGES)
+
+    zeros_o = gl.zeros([BLOCK_M, PHCO], gl.float32, o_layout)
+    for st in gl.static_range(RDP * SD):
+        o_smem.index(st).store(zeros_o)
+
+    # Gather sources: output position m of the box and column n read box position
+    # (h + shift_h(n) - OFF_H, w + shift_w(n) - OFF_W); outside the box it is outside the input
+    # (the launcher's boxes guarantee it for valid outputs), a zero.
+    offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, col_layout))
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, col_layout)) % BN_TD
+    dh = gl.load(tab_ptr + 2 * KD_P + 2 * offs_n)
+    dw = gl.load(tab_ptr + 2 * KD_P + 2 * offs_n + 1)
+    src_h = gl.expand_dims(offs_m // BW, 1) + gl.expand_dims(dh - OFF_H, 0)
+    src_w = gl.expand_dims(offs_m % BW, 1) + gl.expand_dims(dw - OFF_W, 0)
+    src_ok = (src_h >= 0) & (src_h < BH) & (src_w >= 0) & (src_w < BW)
+    src = gl.where(src_ok, src_h * BW + src_w, 0)
+
+    # Output coordinates of the accumulator slots: row m -> (h, w) of the box, column c ->
+    # (height residue, width residue, channel).
+    om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    oc = gl.arange(0, PHCO, layout=gl.SliceLayout(0, o_layout))
+    qh = qh0 + om // BW
+    qw = qw0 + om % BW
+    m_ok = (om // BW < VH) & (om % BW < VW) & (qh < QH) & (qw < QW)
+    ph = oc // CO_PAD
+    co = oc % CO_PAD
+    oh = gl.expand_dims(qh * SH, 1) + gl.expand_dims(ph // SW, 0)
+    ow = gl.expand_dims(qw * SW, 1) + gl.expand_dims(ph % SW, 0)
+    c_ok = (co < COUT_G) & (ph < SH * SW)
+    hw_ok = gl.expand_dims(m_ok, 1) & gl.expand_dims(c_ok, 0) & (oh < OH) & (ow < OW)
+    y_hw = (oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
+            + gl.expand_dims((grp * COUT_G + co).to(gl.int64) * stride_yc, 0))
+    y_n = nb.to(gl.int64) * stride_yn
+    bias = gl.zeros([PHCO], gl.float32, gl.SliceLayout(0, o_layout))
+    if HAS_BIAS:
+        bias = gl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(gl.float32)
+
+    mbarrier.wait(wbar.index(0), 0)
+    for j in range(n_slices):
+        s = j % STAGES
+        mbarrier.wait(bars.index(s), (j // STAGES) & 1)
+        i = i0 + j
+        for c in gl.static_range(KD_P // TDC):
+            # TDC depth taps in one wgmma: the input box is read from shared memory once per chunk.
+            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+            for kb in gl.static_range(K_BLOCKS):
+                acc = warpgroup_mma(a_smem.index(s * K_BLOCKS + kb), b_smem.index(c * K_BLOCKS + kb).permute((1, 0)),
+                                    acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            g = gl.where(src_ok, gl.gather(gl.convert_layout(acc, col_layout), src, axis=0), 0.0)
+            shares = gl.sum(gl.reshape(g, [BLOCK_M, TDC, JHW, PHCO]), axis=2)
+            share_smem.store(gl.reshape(gl.permute(shares, [1, 0, 2]), [TDC * BLOCK_M, PHCO]))
+            cta_barrier()
+            for tl_ in gl.static_range(TDC):
+                td = c * TDC + tl_
+                res_d = gl.load(tab_ptr + 2 * td)
+                q = i - gl.load(tab_ptr + 2 * td + 1)
+                if (q >= q_lo) & (q < q_hi):
+                    slot = o_smem.index((q % RDP) * SD + res_d)
+                    slot.store(slot.load(o_layout) + share_smem.slice(tl_ * BLOCK_M, BLOCK_M).load(o_layout))
+            cta_barrier()
+        # Every warp is past its reads of stage s: refill it with the slice STAGES ahead.
+        cta_barrier()
+        if j + STAGES < n_slices:
+            _issue_slice(x_desc, a_smem, bars, j + STAGES, nb, i0, h_org, w_org, c0, K_BLOCKS, STAGES)
+        # Output depth qf has seen its last input slice (shift OFF_D + SPAN_D): store and clear.
+        qf = i - OFF_D - SPAN_D
+        if (qf >= q_lo) & (qf < q_hi):
+            for r in gl.static_range(SD):
+                od = qf * SD + r
+                slot = o_smem.index((qf % RDP) * SD + r)
+                vals = slot.load(o_layout) + gl.expand_dims(bias, 0)
+                gl.store(y_ptr + y_n + od.to(gl.int64) * stride_yd + y_hw, vals.to(y_ptr.dtype.element_ty),
+                         mask=hw_ok & (od < OD))
+                slot.store(zeros_o)
+    for st in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(st))
+    mbarrier.invalidate(wbar.index(0))
+
+
 # ==================== convt3d/head_box_engine.py (verbatim; package-relative imports rewritten) ====================
 """Launcher of ``head_box_kernel`` (``kernels/head_box.py``), the output-head kind "box": the tap
 products of a head summed in shared memory and registers instead of an fp32 buffer in HBM.
@@ -513,6 +1093,10 @@ from dataclasses import dataclass
 
 import torch
 
+head_box = types.SimpleNamespace(
+    _issue_slice=_issue_slice,
+    head_box_kernel=head_box_kernel,
+)
 
 __all__ = ["box_tiles", "BoxPlan", "BoxSteps"]
 
@@ -657,12 +1241,10 @@ def box_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list
             if bm * bn > _BOX_MAX_MN or None in dims or _box_smem(params, dtype, bm, 2) > _BOX_SMEM_BYTES:
                 continue
             work = dims[0][2] * dims[1][2] * bm / outputs
-            scored.append((work, -bm, bw, bh, 2))
-    tiles = []
-    for _, neg_bm, bw, bh, stages in sorted(scored)[:2]:
-        tiles.append(dict(BLOCK_M=-neg_bm, BLOCK_N=bn, BLOCK_K=_box_block_k(params, dtype), BLOCK_W=bw, BOX_H=bh,
-                          num_warps=4, num_stages=stages, use_dot=True, head="box", BLOCK_R=0))
-    return tiles
+            scored.append((work, -bm, bw, bh))
+    return [dict(BLOCK_M=-neg_bm, BLOCK_N=bn, BLOCK_K=_box_block_k(params, dtype), BLOCK_W=bw, BOX_H=bh,
+                 num_warps=4, num_stages=2, use_dot=True, head="box", BLOCK_R=0)
+            for _, neg_bm, bw, bh in sorted(scored)[:2]]
 
 
 @dataclass(frozen=True)
@@ -766,7 +1348,7 @@ class BoxSteps:
                       PH_P=bp.ph_p, RDP=bp.rdp, K_BLOCKS=bp.k_blocks, HAS_BIAS=self.has_bias,
                       STAGES=cfg.num_stages, num_warps=cfg.num_warps)
         key = ("head_box", p, cfg, y.stride(), self.has_bias, x.dtype)
-        return self.make_site(key, "head_box_kernel", (boxes * chunks,), ints, consts)
+        return self.make_site(key, "head_box_kernel", (boxes * chunks,), ints, consts, head_box)
 
     def packed_weight(self, w: torch.Tensor, round_tf32: bool) -> torch.Tensor:
         """[G * KD_P * BN_TD, Cin/g]: the kernel's columns of the weight [Cin, Cout/g, kd, kh, kw],
@@ -1044,7 +1626,7 @@ def _flat_x(x: torch.Tensor) -> bool:
     return (h == 1 or sh == w * sw) and (d == 1 or sd == h * sh)
 
 
-MakeSite = Callable[[tuple, str, tuple, tuple, dict], object]
+MakeSite = Callable[..., object]  # (key, kernel name, grid, integer args, constexprs[, kernel module])
 
 
 class HeadSteps:
@@ -2780,586 +3362,6 @@ def head_fused_kernel(
                              mask=o_ok[:, None] & co_ok[None, :])
 
 
-# ==================== convt3d/kernels/gluon_gemm.py (verbatim; package-relative imports rewritten) ====================
-"""The tensor-core engine's Hopper kernel in Gluon: the phase GEMMs of ``flat_gemm_kernel`` with
-the operand ring, the barriers and the MMA written out (``triton.experimental.gluon``).
-
-Why a second kernel for the same arithmetic: ``flat_gemm_kernel`` tiles whole padded rows of a
-compact plane (2-D TMA boxes, so every tap is one scalar shift) and leaves the pipelining to
-Triton. Its tiles include the padding columns, and Triton gives it no say over how loads and
-MMAs overlap. On KB 77's dense phase (262144 positions x 64 x 864, TF32; H200, triton 3.6,
-2026-12-01, ``scripts/gluon_tap_gemm_spike.py``), the tap GEMM over padded rows took 225.6 us
-with a 3-stage TMA ring and async wgmma. The same loop over boxes of output positions, as here,
-took 144.2 us, against 161.7 us for cuDNN's conv3d of the same arithmetic. ncu put both at
-70% of L2 throughput with 55% tensor-pipe use: they are bound by L2 traffic, not by latency.
-
-A program is one box of BH x BW compact positions of one (group, n, qd, phase group,
-Cout/g block). A K step (tap of its phase, block of BLOCK_K input channels) is one 5-D TMA box
-[1, 1, BH, BW, BLOCK_K] of the zero-haloed NDHWC input at the box shifted by the tap. It lands
-in shared memory as the BH x BW rows of channels that wgmma reads as its A tile, so the stage is
-allocated 2-D and reshaped to five dimensions only for the copy. The weight comes as one box
-[BLOCK_N, BLOCK_K] of the packed [G * taps * Cout/g, Cin/g] matrix, and wgmma reads it
-transposed. The ring has STAGES stages (STAGES - 1 boxes ahead of the MMA), and one wgmma stays
-outstanding while the next box lands. Box coordinates past the buffer read as zeros; past the
-tile's valid positions they only feed masked stores.
-
-The epilogue writes what ``flat_gemm_kernel``'s does:
-- each phase of a W-residue group (W_GROUP=2: stride 2 along W into NCDHW) at its own residue of
-  the output row;
-- a residue with no taps (W_SKIP), and the companion rows of the empty row classes
-  (``companion_masks``): the bias.
-
-With channels innermost the accumulator's own layout stores whole sectors. NCDHW tiles go
-through shared memory, where the W residues of a position are adjacent, and leave as rows of 32
-consecutive columns per warp (``_store_rows``). KB 77's whole call took 352 us this way against
-371 us for the best flat tile, and 680 us with stores from the accumulator layout (H200,
-2026-12-01; NOTES.md, section 12).
-
-Only sm_90 has wgmma, and Triton's interpreter does not run Gluon, so this kernel runs on Hopper
-GPUs only. The Triton kernels stay the portable path, and the tuner times this one against them.
-"""
-
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-
-# The TMA load's name: triton 3.6 has only async_copy_global_to_shared, 3.9 only async_load
-# (the old name raises there). Same arguments: (descriptor, coordinates, barrier, destination).
-tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-# The CTA-wide barrier: thread_barrier in 3.6, barrier in 3.9.
-cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-
-
-@gluon.jit
-def _row_value(tab_ptr, r, i):
-    """Column ``i`` of row ``r`` of the phase table (``phase_table``: 16 int32 per phase)."""
-    return gl.load(tab_ptr + r * 16 + i)
-
-
-@gluon.jit
-def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, w_row, jd, jh, jw,
-           OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base):
-    """Start the two boxes of one K step into stage ``s``: the input at the box shifted by tap
-    (jd, jh, jw) of the phase, channels ``c_base + cb`` on; the weight rows of that tap,
-    columns ``cb`` on (its matrix holds one group's Cin/g)."""
-    bar = bars.index(s)
-    mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-    tma_load(x_desc, [nb, d0 - jd * OSD, h0 - jh * OSH, w0 - jw * OSW, c_base + cb], bar,
-             a_smem.index(s).reshape(x_desc.block_type.shape))
-    kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
-    tma_load(w_desc, [w_base + kidx * COUT_G + w_row, cb], bar, b_smem.index(s))
-
-
-@gluon.jit
-def _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K: gl.constexpr):
-    """The K step after (channel offset ``cb``, tap jd, jh, jw), channel block fastest: carries
-    instead of divisions (runtime integer divisions per step cost more issue slots than a
-    128-row wgmma step leaves free)."""
-    cb += BLOCK_K
-    c_wrap = cb >= CIN_G
-    cb = gl.where(c_wrap, 0, cb)
-    jw += c_wrap.to(gl.int32)
-    w_wrap = jw >= tw
-    jw = gl.where(w_wrap, 0, jw)
-    jh += w_wrap.to(gl.int32)
-    h_wrap = jh >= th
-    jh = gl.where(h_wrap, 0, jh)
-    jd += h_wrap.to(gl.int32)
-    return cb, jw, jh, jd
-
-
-@gluon.jit
-def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, c_base, w_row, w_base,
-              CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW,
-              th, tw, t0d, t0h, t0w, mma_layout: gl.constexpr, STAGES: gl.constexpr):
-    """The accumulator of one phase: its ``n_iter`` K steps (taps x channel blocks, channel
-    block fastest), numbered from ``g0`` in the program's ring. Returns it and the next number."""
-    BLOCK_M: gl.constexpr = a_smem.shape[1]
-    BLOCK_K: gl.constexpr = a_smem.shape[2]
-    BLOCK_N: gl.constexpr = b_smem.shape[1]
-    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-    # The step to issue next, as (channel offset, jw, jh, jd) (``_advance``).
-    cb = 0
-    jw = 0
-    jh = 0
-    jd = 0
-    for i in gl.static_range(STAGES - 1):
-        if i < n_iter:
-            _issue(x_desc, w_desc, a_smem, b_smem, bars, (g0 + i) % STAGES, nb, d0, h0, w0, c_base, cb, w_row,
-                   jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
-            cb, jw, jh, jd = _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K)
-    for k in range(n_iter):
-        g = g0 + k
-        s = g % STAGES
-        mbarrier.wait(bars.index(s), (g // STAGES) & 1)
-        acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
-        # At most this step's wgmma in flight: the stage of the step before is free again.
-        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
-        if k + STAGES - 1 < n_iter:
-            _issue(x_desc, w_desc, a_smem, b_smem, bars, (g + STAGES - 1) % STAGES, nb, d0, h0, w0, c_base, cb,
-                   w_row, jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base)
-            cb, jw, jh, jd = _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    return acc, g0 + n_iter
-
-
-@gluon.jit
-def _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32: gl.constexpr):
-    """(inside the output, 64-bit depth-slice base, in-slice offsets) of output positions
-    (od, oh, ow). OFF32: the launcher checked that channel + in-slice offsets stay below 2^31."""
-    ok = (od < OD) & (oh < OH) & (ow < OW)
-    if OFF32:
-        y_m = oh * stride_yh + ow * stride_yw
-    else:
-        y_m = oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
-    return ok, y_n + od.to(gl.int64) * stride_yd, y_m
-
-
-@gluon.jit
-def _channel_offsets(channels, stride_yc, OFF32: gl.constexpr):
-    """Offsets of output ``channels`` (32-bit under OFF32, see ``_position_offsets``)."""
-    if OFF32:
-        offs = channels * stride_yc
-    else:
-        offs = channels.to(gl.int64) * stride_yc
-    return offs
-
-
-@gluon.jit
-def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw,
-           OFF32: gl.constexpr):
-    """Store ``vals`` [BLOCK_M, BLOCK_N] at output positions (od, oh[m], ow[m]) and channel
-    offsets ``y_co[n]``, inside the output only."""
-    ok, y_s, y_m = _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32)
-    gl.store(y_ptr + y_s + (gl.expand_dims(y_m, 1) + gl.expand_dims(y_co, 0)), vals.to(y_ptr.dtype.element_ty),
-             mask=gl.expand_dims(ok, 1) & gl.expand_dims(co_ok, 0))
-
-
-@gluon.jit
-def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
-                stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr, BW: gl.constexpr, W_GROUP: gl.constexpr,
-                OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, num_warps: gl.constexpr):
-    """Store the tile [BLOCK_N, BLOCK_M x W_GROUP] in ``c_smem`` (column p: position p // W_GROUP
-    of the box, W residue p % W_GROUP) plus the bias (without FROM_SMEM: the bias alone, at rows
-    of residue ``rh``), 16 channels at a time. Lane i of a warp holds column i of 32: each store
-    instruction writes 128 whole bytes. With 4 adjacent columns per thread (4 stores, each 4 bytes
-    in 16) KB 77's kernel sent 636 MB of sectors into L2 for 277 MB of output (ncu, H200,
-    2026-12-01)."""
-    BLOCK_N: gl.constexpr = c_smem.shape[0]
-    COLS: gl.constexpr = c_smem.shape[1]
-    CHUNK: gl.constexpr = 16
-    rows_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
-    p = gl.arange(0, COLS, layout=gl.SliceLayout(0, rows_layout))
-    m = p // W_GROUP
-    qh = qh0 + m // BW
-    qw = qw0 + m % BW
-    if W_GROUP == 1:
-        ow = qw * SW + rw0
-    else:
-        ow = qw * SW + p % W_GROUP
-    oh = qh * SH + rh
-    ok, y_s, y_m = _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32)
-    for c in gl.static_range(BLOCK_N // CHUNK):
-        co = pid_n * BLOCK_N + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, rows_layout))
-        co_ok = co < COUT_G
-        if FROM_SMEM:
-            vals = c_smem.slice(c * CHUNK, CHUNK, dim=0).load(rows_layout)
-        else:
-            vals = gl.zeros([CHUNK, COLS], gl.float32, rows_layout)
-        if HAS_BIAS:
-            vals += gl.expand_dims(gl.load(b_ptr + grp * COUT_G + co, mask=co_ok, other=0.0).to(gl.float32), 1)
-        y_co = _channel_offsets(grp * COUT_G + co, stride_yc, OFF32)
-        gl.store(y_ptr + y_s + (gl.expand_dims(y_co, 1) + gl.expand_dims(y_m, 0)), vals.to(y_ptr.dtype.element_ty),
-                 mask=gl.expand_dims(co_ok, 1) & gl.expand_dims(ok, 0))
-
-
-@gluon.jit
-def box_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    PD, PH, PW,
-    QD, OD, OH, OW,
-    NUM_GROUPS, KVOL,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    TSD, TSH, TSW,
-    OSD, OSH, OSW,
-    tiles_h, tiles_w, tiles_n,
-    HAS_BIAS: gl.constexpr,
-    W_GROUP: gl.constexpr,
-    W_SKIP: gl.constexpr,
-    OFF32: gl.constexpr,
-    CL_OUT: gl.constexpr,
-    STAGES: gl.constexpr,
-    num_warps: gl.constexpr,
-):
-    """One box of compact positions of one phase group (see the module docstring). ``x_desc``:
-    the zero-haloed input [N, DP, HP, WP, C] in boxes [1, 1, BH, BW, BLOCK_K]; ``w_desc``: the
-    packed weight as [G * taps * Cout/g, Cin/g] in boxes [BLOCK_N, BLOCK_K]; the other arguments
-    are ``flat_gemm_kernel``'s, with the position tile as (tiles_h, tiles_w) boxes."""
-    BH: gl.constexpr = x_desc.block_type.shape[2]
-    BW: gl.constexpr = x_desc.block_type.shape[3]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
-    BLOCK_M: gl.constexpr = BH * BW
-    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    # wgmma's accumulator: one warpgroup along M per 4 warps, instruction [16, BLOCK_N, 32 bytes of K].
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1],
-        instr_shape=[16, BLOCK_N, 256 // x_desc.dtype.primitive_bitwidth])
-    m_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-    n_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
-
-    pid = gl.program_id(0)
-    pid_n = pid % tiles_n
-    t = pid // tiles_n
-    pgrp = t % NUM_GROUPS
-    t = t // NUM_GROUPS
-    pid_w = t % tiles_w
-    t = t // tiles_w
-    pid_h = t % tiles_h
-    t = t // tiles_h
-    qd = t % QD
-    t = t // QD
-    nb = t % N
-    grp = t // N
-    qh0 = pid_h * BH
-    qw0 = pid_w * BW
-
-    offs_m = gl.arange(0, BLOCK_M, layout=m_layout)
-    qh = qh0 + offs_m // BW
-    qw = qw0 + offs_m % BW
-    offs_co = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=n_layout)
-    co_ok = offs_co < COUT_G
-    y_co = _channel_offsets(grp * COUT_G + offs_co, stride_yc, OFF32)
-    y_n = nb.to(gl.int64) * stride_yn
-    bias = gl.zeros([BLOCK_N], gl.float32, n_layout)
-    if HAS_BIAS:
-        bias = gl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(gl.float32)
-
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], x_desc.dtype)
-    a_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_layout)
-    b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-
-    # The row class (rd, rh) and its compact bounds are those of the group's first phase.
-    row0 = pgrp * W_GROUP
-    rd = _row_value(tab_ptr, row0, 0)
-    rh = _row_value(tab_ptr, row0, 1)
-    qd_n = _row_value(tab_ptr, row0, 12)
-    qh_n = _row_value(tab_ptr, row0, 13)
-    od = qd * SD + rd
-    g = 0  # K steps this program has put through its ring
-    acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 0 (W_GROUP=2) / the phase
-    acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 1 (W_GROUP=2)
-    for j in gl.static_range(W_GROUP):
-        if j != W_SKIP:
-            r = row0 + j
-            td = _row_value(tab_ptr, r, 3)
-            th = _row_value(tab_ptr, r, 4)
-            tw = _row_value(tab_ptr, r, 5)
-            qw_n = _row_value(tab_ptr, r, 14)
-            active = (qd < qd_n) & (qh0 < qh_n) & (qw0 < qw_n)
-            k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
-            n_iter = gl.where(active, td * th * tw * k_blocks, 0)
-            acc, g = _mainloop(
-                x_desc, w_desc, a_smem, b_smem, bars, g, n_iter, nb,
-                qd + PD + _row_value(tab_ptr, r, 9), qh0 + PH + _row_value(tab_ptr, r, 10),
-                qw0 + PW + _row_value(tab_ptr, r, 11), grp * CIN_G, pid_n * BLOCK_N, grp * KVOL * COUT_G,
-                CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW, th, tw,
-                _row_value(tab_ptr, r, 6), _row_value(tab_ptr, r, 7), _row_value(tab_ptr, r, 8),
-                mma_layout, STAGES)
-            if j == 0:
-                acc0 = acc
-            else:
-                acc1 = acc
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
-    rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
-    if CL_OUT:
-        # Channels innermost: a thread's two accumulator columns are adjacent channels, four
-        # lanes a 32-byte sector, so the accumulator's own layout stores whole sectors.
-        oh = qh * SH + rh
-        for j in gl.static_range(W_GROUP):
-            ow = qw * SW + (rw0 if W_GROUP == 1 else j)
-            vals = acc0 if j == 0 else acc1
-            _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
-                   stride_yd, stride_yh, stride_yw, OFF32)
-    else:
-        # Positions innermost (NCDHW): stored from shared memory, [BLOCK_N, BLOCK_M, W_GROUP]
-        # with the W residues of a position adjacent, so that each store instruction of a warp
-        # covers 32 consecutive output columns of one channel. Stored straight from the
-        # accumulators, each residue filled only every other 4 bytes of a sector: KB 77's kernel
-        # wrote 769 MB of sectors into L2 for 277 MB of output and took 566 us (ncu, H200,
-        # 2026-12-01).
-        c_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-        c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M, W_GROUP], c_layout)
-        for j in gl.static_range(W_GROUP):
-            vals = acc0 if j == 0 else acc1
-            c_smem.slice(j, 1, dim=2).store(gl.reshape(gl.permute(vals, [1, 0]), [BLOCK_N, BLOCK_M, 1]))
-        cta_barrier()
-        c_rows = c_smem.reshape([BLOCK_N, BLOCK_M * W_GROUP])
-        _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G,
-                    stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw,
-                    HAS_BIAS, BW, W_GROUP, OFF32, True, num_warps)
-
-    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
-    # columns (every W residue of the group).
-    cmask = _row_value(tab_ptr, row0, 15)
-    if cmask != 0:
-        if CL_OUT:
-            fill = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout) + gl.expand_dims(bias, 0)
-        for rc in range(SD * SH):
-            if ((cmask >> rc) & 1) != 0:
-                od_f = qd * SD + rc // SH
-                if CL_OUT:
-                    oh_f = qh * SH + rc % SH
-                    for j in gl.static_range(W_GROUP):
-                        ow_f = qw * SW + (rw0 if W_GROUP == 1 else j)
-                        _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd,
-                               stride_yh, stride_yw, OFF32)
-                else:
-                    _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od_f, rc % SH,
-                                rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP,
-                                OFF32, False, num_warps)
-
-
-# ==================== convt3d/kernels/head_box.py (verbatim; package-relative imports rewritten) ====================
-"""The output-head path's Hopper kernel in Gluon: the tap products of a head summed in the SM,
-so that nothing but the input and the output crosses HBM (``head_box_kernel``).
-
-Why: the head kinds of ``head_gemm.py`` compute Z = X @ W with every (tap, channel) pair in N on
-tensor cores, then sum the taps of each output from Z. Z is fp32 and, for k4 s2, larger than the
-input, so writing and reading it back keeps those kinds at 6-21% of the memory floor (ncu, bf16
-3-D GAN head, H200, 2026-12-01: GEMM 52.8 us at 3.31 TB/s, gather 127.8 us; NOTES.md section 10).
-Triton cannot index shared memory at run-time offsets, and a Gluon shared-memory slice must start
-at a multiple of its own length ("The split offset may not touch the tile", triton 3.6), so
-the shifted reads of the tap sum go through ``gl.gather`` on the accumulator, which the compiler
-lowers through shared memory.
-
-A program owns a box of BH x BW compact output positions (height x width) of one (group, batch
-element), for a chunk of compact output depths, and walks the input depth slices that chunk
-needs, in order:
-- the slice's input box (BH x BW positions, all Cin/g channels) arrives by TMA into a ring of
-  STAGES slices (zeros outside the input: TMA's bounds fill);
-- per TDC depth taps, one wgmma gives the products of the box's positions with the columns of
-  those taps, N = TDC x (height tap, width tap) x (height residue, width residue) x channel, the
-  weight of every tap resident in shared memory from the program's start;
-- ``gl.gather`` along the positions aligns each column with the output position it feeds
-  (input = output + tap shift, per column), and a sum over the (height tap, width tap) columns
-  of each (residue pair, channel) leaves the tap's share of the outputs of depth residue rd(td);
-- those shares accumulate in shared memory, one slot per (pending output depth, depth residue),
-  each element owned by one thread (so no barrier between the adds); an output depth whose last
-  input slice has been seen is stored (with the bias) and its slot zeroed.
-
-Boxes: along height and width a box either covers the whole input (origin 0: every source
-outside it is outside the input, a zero) or overlaps its neighbours by the taps' shift span
-(origin = first output + smallest shift, VH = BH - span valid rows). The launcher
-(``head_engine``) works that out, packs the weight and the shift table.
-
-Only sm_90 has wgmma, and Triton's interpreter does not run Gluon: this kernel runs on Hopper
-GPUs only. The Triton head kinds stay the portable path; the tuner times this one against them.
-"""
-
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
-
-
-
-@gluon.jit
-def _issue_slice(x_desc, a_smem, bars, j, nb, i0, h_org, w_org, c0, K_BLOCKS: gl.constexpr, STAGES: gl.constexpr):
-    """Start the TMA boxes of input slice ``j`` of the program (depth i0 + j), every channel
-    block, into stage j % STAGES."""
-    s = j % STAGES
-    bar = bars.index(s)
-    mbarrier.expect(bar, K_BLOCKS * x_desc.block_type.nbytes)
-    BK: gl.constexpr = x_desc.block_type.shape[4]
-    for kb in gl.static_range(K_BLOCKS):
-        tma_load(x_desc, [nb, i0 + j, h_org, w_org, c0 + kb * BK], bar,
-                 a_smem.index(s * K_BLOCKS + kb).reshape(x_desc.block_type.shape))
-
-
-@gluon.jit
-def head_box_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    QD, QH, QW, OD, OH, OW,
-    VH, VW, OFF_H, OFF_W,
-    CHUNK_D, OFF_D, SPAN_D,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    tiles_h, tiles_w, chunks_d,
-    KD_P: gl.constexpr,
-    TDC: gl.constexpr,
-    SD: gl.constexpr,
-    SH: gl.constexpr,
-    SW: gl.constexpr,
-    CO_PAD: gl.constexpr,
-    PH_P: gl.constexpr,
-    RDP: gl.constexpr,
-    K_BLOCKS: gl.constexpr,
-    HAS_BIAS: gl.constexpr,
-    STAGES: gl.constexpr,
-    num_warps: gl.constexpr,
-):
-    """One (group, batch element, height box, width box, depth chunk); see the module docstring.
-
-    ``x_desc``: the NDHWC input [N, D, H, W, C] in boxes [1, 1, BH, BW, BK]; ``w_desc``: the packed
-    weight [G * KD_P * BN_TD, Cin/g] in boxes [BLOCK_N = TDC * BN_TD, BK]: TDC depth taps per
-    wgmma, KD_P depth taps (KD padded to a multiple of TDC with zero taps); column n of a tap:
-    height/width tap pair n // (PH_P * CO_PAD), residue pair (n // CO_PAD) % PH_P, channel
-    n % CO_PAD, zero rows where a residue has fewer taps. ``tab_ptr``: int32 [KD_P x (rd, depth
-    shift), BN_TD x (height shift, width shift)], a shift being input - compact output index.
-    (OFF_H, OFF_W):
-    box origin - first compact output of the box; VH x VW: the box's valid outputs; OFF_D and
-    SPAN_D: the smallest depth shift and the shifts' span; RDP: pending-depth slots (a power of
-    two > SPAN_D)."""
-    BH: gl.constexpr = x_desc.block_type.shape[2]
-    BW: gl.constexpr = x_desc.block_type.shape[3]
-    BK: gl.constexpr = x_desc.block_type.shape[4]
-    BLOCK_M: gl.constexpr = BH * BW
-    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    PHCO: gl.constexpr = PH_P * CO_PAD
-    BN_TD: gl.constexpr = BLOCK_N // TDC  # columns of one depth tap
-    JHW: gl.constexpr = BN_TD // PHCO
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1],
-        instr_shape=[16, BLOCK_N, 256 // x_desc.dtype.primitive_bitwidth])
-    # The gather's layout: one position (row) per thread. gl.gather stages its source in shared
-    # memory with the gathered axis contiguous, so lanes along the positions read and write
-    # neighbouring words, and the (height tap, width tap) sum stays within a thread. With lanes
-    # along the columns instead, ncu (bf16 3-D GAN head, H200, 2026-12-01) counted 26.7-way bank
-    # conflicts on the staging stores and 13.8-way on the reads (618 us); with the MMA layout
-    # (lanes along 8 rows x 4 column pairs) L1/shared memory ran at 89% of its throughput (148 us);
-    # the MMA layout as the source and this one for the indices (no conversion before the gather)
-    # gave 4.5-way conflicts on the staging stores and 114.6 us, against 101 us with the
-    # conversion.
-    col_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_N], [32, 1], [num_warps, 1], [1, 0])
-    # The pending-depth slots are read and written in one layout with one owner per element, so
-    # their read-modify-writes need no barrier.
-    o_layout: gl.constexpr = gl.BlockedLayout([1, PHCO], [32, 1], [num_warps, 1], [1, 0])
-
-    pid = gl.program_id(0)
-    t_h = pid % tiles_h
-    t = pid // tiles_h
-    t_w = t % tiles_w
-    t = t // tiles_w
-    t_d = t % chunks_d
-    t = t // chunks_d
-    nb = t % N
-    grp = t // N
-    qh0 = t_h * VH
-    qw0 = t_w * VW
-    h_org = qh0 + OFF_H
-    w_org = qw0 + OFF_W
-    q_lo = t_d * CHUNK_D
-    q_hi = gl.minimum(q_lo + CHUNK_D, QD)
-    i0 = q_lo + OFF_D
-    n_slices = q_hi - q_lo + SPAN_D
-
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BK], x_desc.dtype)
-    a_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES * K_BLOCKS, BLOCK_M, BK], a_layout)
-    b_smem = gl.allocate_shared_memory(w_desc.dtype, [KD_P // TDC * K_BLOCKS, BLOCK_N, BK], w_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    wbar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    o_shared: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    o_smem = gl.allocate_shared_memory(gl.float32, [RDP * SD, BLOCK_M, PHCO], o_shared)
-    share_smem = gl.allocate_shared_memory(gl.float32, [TDC * BLOCK_M, PHCO], o_shared)
-    for st in gl.static_range(STAGES):
-        mbarrier.init(bars.index(st), count=1)
-    mbarrier.init(wbar.index(0), count=1)
-
-    # The weight of every depth tap, once per program.
-    mbarrier.expect(wbar.index(0), KD_P // TDC * K_BLOCKS * w_desc.block_type.nbytes)
-    for c in gl.static_range(KD_P // TDC * K_BLOCKS):
-        tma_load(w_desc, [(grp * (KD_P // TDC) + c // K_BLOCKS) * BLOCK_N, (c % K_BLOCKS) * BK], wbar.index(0),
-                 b_smem.index(c))
-    c0 = grp * CIN_G
-    for j in gl.static_range(STAGES):
-        if j < n_slices:
-            _issue_slice(x_desc, a_smem, bars, j, nb, i0, h_org, w_org, c0, K_BLOCKS, STAGES)
-
-    zeros_o = gl.zeros([BLOCK_M, PHCO], gl.float32, o_layout)
-    for st in gl.static_range(RDP * SD):
-        o_smem.index(st).store(zeros_o)
-
-    # Gather sources: output position m of the box and column n read box position
-    # (h + shift_h(n) - OFF_H, w + shift_w(n) - OFF_W); outside the box it is outside the input
-    # (the launcher's boxes guarantee it for valid outputs), a zero.
-    offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, col_layout))
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, col_layout)) % BN_TD
-    dh = gl.load(tab_ptr + 2 * KD_P + 2 * offs_n)
-    dw = gl.load(tab_ptr + 2 * KD_P + 2 * offs_n + 1)
-    src_h = gl.expand_dims(offs_m // BW, 1) + gl.expand_dims(dh - OFF_H, 0)
-    src_w = gl.expand_dims(offs_m % BW, 1) + gl.expand_dims(dw - OFF_W, 0)
-    src_ok = (src_h >= 0) & (src_h < BH) & (src_w >= 0) & (src_w < BW)
-    src = gl.where(src_ok, src_h * BW + src_w, 0)
-
-    # Output coordinates of the accumulator slots: row m -> (h, w) of the box, column c ->
-    # (height residue, width residue, channel).
-    om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    oc = gl.arange(0, PHCO, layout=gl.SliceLayout(0, o_layout))
-    qh = qh0 + om // BW
-    qw = qw0 + om % BW
-    m_ok = (om // BW < VH) & (om % BW < VW) & (qh < QH) & (qw < QW)
-    ph = oc // CO_PAD
-    co = oc % CO_PAD
-    oh = gl.expand_dims(qh * SH, 1) + gl.expand_dims(ph // SW, 0)
-    ow = gl.expand_dims(qw * SW, 1) + gl.expand_dims(ph % SW, 0)
-    c_ok = (co < COUT_G) & (ph < SH * SW)
-    hw_ok = gl.expand_dims(m_ok, 1) & gl.expand_dims(c_ok, 0) & (oh < OH) & (ow < OW)
-    y_hw = (oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
-            + gl.expand_dims((grp * COUT_G + co).to(gl.int64) * stride_yc, 0))
-    y_n = nb.to(gl.int64) * stride_yn
-    bias = gl.zeros([PHCO], gl.float32, gl.SliceLayout(0, o_layout))
-    if HAS_BIAS:
-        bias = gl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(gl.float32)
-
-    mbarrier.wait(wbar.index(0), 0)
-    for j in range(n_slices):
-        s = j % STAGES
-        mbarrier.wait(bars.index(s), (j // STAGES) & 1)
-        i = i0 + j
-        for c in gl.static_range(KD_P // TDC):
-            # TDC depth taps in one wgmma: the input box is read from shared memory once per chunk.
-            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-            for kb in gl.static_range(K_BLOCKS):
-                acc = warpgroup_mma(a_smem.index(s * K_BLOCKS + kb), b_smem.index(c * K_BLOCKS + kb).permute((1, 0)),
-                                    acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            g = gl.where(src_ok, gl.gather(gl.convert_layout(acc, col_layout), src, axis=0), 0.0)
-            shares = gl.sum(gl.reshape(g, [BLOCK_M, TDC, JHW, PHCO]), axis=2)
-            share_smem.store(gl.reshape(gl.permute(shares, [1, 0, 2]), [TDC * BLOCK_M, PHCO]))
-            cta_barrier()
-            for tl_ in gl.static_range(TDC):
-                td = c * TDC + tl_
-                res_d = gl.load(tab_ptr + 2 * td)
-                q = i - gl.load(tab_ptr + 2 * td + 1)
-                if (q >= q_lo) & (q < q_hi):
-                    slot = o_smem.index((q % RDP) * SD + res_d)
-                    slot.store(slot.load(o_layout) + share_smem.slice(tl_ * BLOCK_M, BLOCK_M).load(o_layout))
-            cta_barrier()
-        # Every warp is past its reads of stage s: refill it with the slice STAGES ahead.
-        cta_barrier()
-        if j + STAGES < n_slices:
-            _issue_slice(x_desc, a_smem, bars, j + STAGES, nb, i0, h_org, w_org, c0, K_BLOCKS, STAGES)
-        # Output depth qf has seen its last input slice (shift OFF_D + SPAN_D): store and clear.
-        qf = i - OFF_D - SPAN_D
-        if (qf >= q_lo) & (qf < q_hi):
-            for r in gl.static_range(SD):
-                od = qf * SD + r
-                slot = o_smem.index((qf % RDP) * SD + r)
-                vals = slot.load(o_layout) + gl.expand_dims(bias, 0)
-                gl.store(y_ptr + y_n + od.to(gl.int64) * stride_yd + y_hw, vals.to(y_ptr.dtype.element_ty),
-                         mask=hw_ok & (od < OD))
-                slot.store(zeros_o)
-    for st in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(st))
-    mbarrier.invalidate(wbar.index(0))
-
-
 # ==================== convt3d/errors.py (verbatim; package-relative imports rewritten) ====================
 """Exceptions of convt3d (invalid arguments raise PyTorch's own types; see ``convt3d.validate``)."""
 
@@ -3423,10 +3425,6 @@ GK = types.SimpleNamespace(
     cta_barrier=cta_barrier,
     tma_load=tma_load,
 )
-HB = types.SimpleNamespace(
-    _issue_slice=_issue_slice,
-    head_box_kernel=head_box_kernel,
-)
 
 
 _INT32_MAX = 2**31 - 1
@@ -3450,9 +3448,7 @@ def _kernel(name: str, device: torch.device, module=None):
             "triton is imported: set TRITON_INTERPRET=1 in the environment (or move the tensors to CUDA)")
     if module is not None:
         return getattr(module, name)
-    module = (HB if name.startswith("head_box") else HK if name.startswith("head_") else GK if name.startswith("box_")
-              else K)
-    return getattr(module, name)
+    return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -3525,9 +3521,10 @@ def site(key: tuple, build: Callable[[], Site]) -> Site:
     return s
 
 
-def _head_site(key: tuple, name: str, grid: tuple, ints: tuple, consts: dict) -> Site:
-    """head_engine's site factory: its launches replayed like the engine's own."""
-    return site(key, lambda: Site(name, grid, ints, consts))
+def _head_site(key: tuple, name: str, grid: tuple, ints: tuple, consts: dict, module=None) -> Site:
+    """head_engine's site factory: its launches replayed like the engine's own (``module``: the
+    kernel's, where it is not ``kernels/head_gemm.py``)."""
+    return site(key, lambda: Site(name, grid, ints, consts, module))
 
 
 # ----------------------------------------------------------------------------------------------

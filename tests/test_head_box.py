@@ -163,14 +163,46 @@ def test_halo_regime_is_exercised():
     assert (vh, off, tiles) == (6, -1, 2)  # shifts -1..1: 6 valid of 8, origin one row above
 
 
-def test_depth_chunks_fill_the_grid_and_cover_every_depth():
-    for qd in (1, 5, 32, 64):
-        for span in (0, 1, 2, 4):
-            for boxes in (1, 40, 500):
-                chunk = B._depth_chunk(qd, span, boxes, 132)
-                assert 1 <= chunk <= qd
-                assert chunk >= min(qd, 2 * max(1, span))
-                assert -(-qd // chunk) * chunk >= qd
+@pytest.mark.parametrize("span", [0, 1, 2, 4], ids=lambda v: f"span{v}")
+@pytest.mark.parametrize("qd", [1, 5, 32, 64], ids=lambda v: f"qd{v}")
+def test_depth_chunks(qd, span):
+    sms = 132
+    floor = min(qd, 2 * max(1, span))  # a chunk reads span more slices than it has outputs
+    # A grid of boxes that fills the GPU three times over keeps whole depths per program.
+    assert B._depth_chunk(qd, span, 3 * sms, sms) == qd
+    # One box: depth splits into chunks of about qd / (3 x SMs) outputs, but never below the floor.
+    assert B._depth_chunk(qd, span, 1, sms) == floor
+    # In between, more boxes never mean shorter chunks.
+    chunks = [B._depth_chunk(qd, span, boxes, sms) for boxes in (1, 8, 40, 100, 500)]
+    assert chunks == sorted(chunks) and all(floor <= c <= qd for c in chunks)
+
+
+def test_site_launches_the_box_kernel_of_its_module(monkeypatch):
+    """BoxSteps hands the engine's site factory the Gluon kernel's own module and a grid of
+    boxes x depth chunks."""
+    from convt3d.kernels import head_box
+
+    params = _params(*GEOMETRIES["gan-k4s2p1-1ch"])
+    cfg = _box_cfg(params)
+    seen = {}
+
+    def make_site(key, name, grid, ints, consts, module=None):
+        seen.update(name=name, grid=grid, module=module, consts=consts)
+        return "site"
+
+    class _Props:
+        multi_processor_count = 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _Props())
+    steps = B.BoxSteps(params, cfg, "tf32", True, make_site, None, None)
+    y = torch.empty(params.out_shape)
+    assert steps._site(torch.empty(params.in_shape), y) == "site"
+    assert seen["module"] is head_box and hasattr(head_box, seen["name"])
+    bp = steps.plan
+    qd = params.axes[0].phases[0].size
+    chunk = B._depth_chunk(qd, bp.span_d, params.batch * bp.tiles_h * bp.tiles_w, 132)
+    assert seen["grid"] == (params.batch * bp.tiles_h * bp.tiles_w * -(-qd // chunk),)
+    assert (seen["consts"]["KD_P"], seen["consts"]["TDC"]) == (bp.kd_p, bp.tdc)
 
 
 @pytest.mark.parametrize("dtype, precision, offered", [

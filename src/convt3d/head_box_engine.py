@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .kernels import head_box
 from .params import Axis, ConvT3dParams
 
 __all__ = ["box_tiles", "BoxPlan", "BoxSteps"]
@@ -164,12 +165,10 @@ def box_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> list
             if bm * bn > _BOX_MAX_MN or None in dims or _box_smem(params, dtype, bm, 2) > _BOX_SMEM_BYTES:
                 continue
             work = dims[0][2] * dims[1][2] * bm / outputs
-            scored.append((work, -bm, bw, bh, 2))
-    tiles = []
-    for _, neg_bm, bw, bh, stages in sorted(scored)[:2]:
-        tiles.append(dict(BLOCK_M=-neg_bm, BLOCK_N=bn, BLOCK_K=_box_block_k(params, dtype), BLOCK_W=bw, BOX_H=bh,
-                          num_warps=4, num_stages=stages, use_dot=True, head="box", BLOCK_R=0))
-    return tiles
+            scored.append((work, -bm, bw, bh))
+    return [dict(BLOCK_M=-neg_bm, BLOCK_N=bn, BLOCK_K=_box_block_k(params, dtype), BLOCK_W=bw, BOX_H=bh,
+                 num_warps=4, num_stages=2, use_dot=True, head="box", BLOCK_R=0)
+            for _, neg_bm, bw, bh in sorted(scored)[:2]]
 
 
 @dataclass(frozen=True)
@@ -273,7 +272,7 @@ class BoxSteps:
                       PH_P=bp.ph_p, RDP=bp.rdp, K_BLOCKS=bp.k_blocks, HAS_BIAS=self.has_bias,
                       STAGES=cfg.num_stages, num_warps=cfg.num_warps)
         key = ("head_box", p, cfg, y.stride(), self.has_bias, x.dtype)
-        return self.make_site(key, "head_box_kernel", (boxes * chunks,), ints, consts)
+        return self.make_site(key, "head_box_kernel", (boxes * chunks,), ints, consts, head_box)
 
     def packed_weight(self, w: torch.Tensor, round_tf32: bool) -> torch.Tensor:
         """[G * KD_P * BN_TD, Cin/g]: the kernel's columns of the weight [Cin, Cout/g, kd, kh, kw],

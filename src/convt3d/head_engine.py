@@ -243,7 +243,7 @@ def _flat_x(x: torch.Tensor) -> bool:
     return (h == 1 or sh == w * sw) and (d == 1 or sd == h * sh)
 
 
-MakeSite = Callable[[tuple, str, tuple, tuple, dict], object]
+MakeSite = Callable[..., object]  # (key, kernel name, grid, integer args, constexprs[, kernel module])
 
 
 class HeadSteps:

@@ -20,7 +20,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .kernels import phase_gemm as K
 from .kernels import head_gemm as HK
 from .kernels import gluon_gemm as GK
-from .kernels import head_box as HB
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 from .triton_configs import Config, _cdiv, _pow2_at_least, _w_skip, block_w
@@ -47,9 +46,7 @@ def _kernel(name: str, device: torch.device, module=None):
             "triton is imported: set TRITON_INTERPRET=1 in the environment (or move the tensors to CUDA)")
     if module is not None:
         return getattr(module, name)
-    module = (HB if name.startswith("head_box") else HK if name.startswith("head_") else GK if name.startswith("box_")
-              else K)
-    return getattr(module, name)
+    return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -122,9 +119,10 @@ def site(key: tuple, build: Callable[[], Site]) -> Site:
     return s
 
 
-def _head_site(key: tuple, name: str, grid: tuple, ints: tuple, consts: dict) -> Site:
-    """head_engine's site factory: its launches replayed like the engine's own."""
-    return site(key, lambda: Site(name, grid, ints, consts))
+def _head_site(key: tuple, name: str, grid: tuple, ints: tuple, consts: dict, module=None) -> Site:
+    """head_engine's site factory: its launches replayed like the engine's own (``module``: the
+    kernel's, where it is not ``kernels/head_gemm.py``)."""
+    return site(key, lambda: Site(name, grid, ints, consts, module))
 
 
 # ----------------------------------------------------------------------------------------------
