@@ -248,7 +248,8 @@ def test_explain_reports_the_backward_choice():
     x = torch.randn(1, 16, 2, 2, 2, requires_grad=True)
     w = torch.randn(16, 1, 4, 4, 4, requires_grad=True)
     text = str(convt3d.explain(x, w, None, 2, 1))
-    assert "dX: cuDNN against 1 Triton head tile" in text and "dW: cuDNN against 1 Triton head tile" in text
+    # One tile per head kernel on the CPU: dY zero-padded, and dY split by phase.
+    assert "dX: cuDNN against 2 Triton head tiles" in text and "dW: cuDNN against 2 Triton head tiles" in text
     assert "chosen" not in text
     convt3d.conv_transpose3d(x, w, None, 2, 1, backend="triton", precision="ieee").sum().backward()
     rep = convt3d.explain(x, w, None, 2, 1, precision="ieee")

@@ -265,14 +265,20 @@ def test_head_backward_every_candidate(name, layout, dtype, precision):
         assert torch.equal(gw, HB.head_wgrad(dy, x, params, precision, dtype, cfg)), "dW not deterministic"
 
 
+@pytest.mark.parametrize("kernel", ["flat", "phases"])
 @pytest.mark.parametrize("name", ["gan-64to1-k4s2p1", "direct-k2s3-fill"])
-def test_head_backward_noncontiguous_input(name):
+def test_head_backward_noncontiguous_input(name, kernel):
+    # The first tile of each kernel (dY zero-padded / split by phase) on a strided X and dY.
     x, w, b, args = _inputs(HEADS[name], "noncontig", torch.bfloat16)
     params, _ = check_call(x, w, b, *args)
-    dy = torch.randn(params.out_shape, device=DEV, dtype=torch.bfloat16)
+    n, c, od, oh, ow = params.out_shape
+    dy = torch.randn(n, c, od, ow, oh, device=DEV, dtype=torch.bfloat16).transpose(3, 4)  # H and W strides swapped
     ref_x, ref_w, bud_x, bud_w = _grad_budgets(dy, x, w, params, "tf32")
-    _assert_within(HB.head_dgrad(dy, w, params, "tf32", x.dtype), ref_x, bud_x, "dX")
-    _assert_within(HB.head_wgrad(dy, x, params, "tf32", x.dtype), ref_w, bud_w, "dW")
+    phased = kernel == "phases"
+    cx = next(c for c in HB.dgrad_candidates(params, x.dtype, x.device) if bool(c.BLOCK_W) == phased)
+    cw = next(c for c in HB.wgrad_candidates(params, x.dtype, x.device) if bool(c.BLOCK_W) == phased)
+    _assert_within(HB.head_dgrad(dy, w, params, "tf32", x.dtype, cx), ref_x, bud_x, f"{cx.short()} dX")
+    _assert_within(HB.head_wgrad(dy, x, params, "tf32", x.dtype, cw), ref_w, bud_w, f"{cw.short()} dW")
 
 
 def test_head_backward_choice_is_timed(monkeypatch, auto_state):

@@ -101,15 +101,33 @@ def _dtype_prec(prec):
     return (prec, "ieee") if isinstance(prec, torch.dtype) else (torch.float32, prec)
 
 
+# The two kernels of each gradient: dY from its zero-padded copy with positions flattened, and
+# dY split by phase with tiles of rows along W (the CPU candidates hold one of each, in this order).
+KERNELS = {"flat": 0, "phases": 1}
+
+
+def _dcfg(params, dtype, kernel):
+    cfg = HB.dgrad_candidates(params, dtype, torch.device("cpu"))[KERNELS[kernel]]
+    assert bool(cfg.BLOCK_W) == (kernel == "phases")
+    return cfg
+
+
+def _wcfg(params, dtype, kernel):
+    cfg = HB.wgrad_candidates(params, dtype, torch.device("cpu"))[KERNELS[kernel]]
+    assert bool(cfg.BLOCK_W) == (kernel == "phases")
+    return cfg
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("dx_format", ["ncdhw", "cl"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_head_dgrad_matches_float64(name, dx_format):
+def test_head_dgrad_matches_float64(name, dx_format, kernel):
     geo, x_layout, dy_layout, prec = CASES[name]
     dtype, precision = _dtype_prec(prec)
     x, w, dy, params = _setup(geo, dtype, x_layout, dy_layout)
     assert HB.supports(params), HB.unsupported_reason(params)
     fmt = CL if dx_format == "cl" else torch.contiguous_format
-    gx = HB.head_dgrad(dy, w, params, precision, dtype, None, fmt)
+    gx = HB.head_dgrad(dy, w, params, precision, dtype, _dcfg(params, dtype, kernel), fmt)
     assert gx.dtype == dtype and gx.is_contiguous(memory_format=fmt)
     _assert_close(gx, _ref(dy, x, w, params, [True, False, False])[0], REL[prec], f"{name} dX")
     if precision == "tf32":
@@ -118,12 +136,13 @@ def test_head_dgrad_matches_float64(name, dx_format):
                       f"{name} dX vs exact TF32")
 
 
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("name", list(CASES))
-def test_head_wgrad_matches_float64(name):
+def test_head_wgrad_matches_float64(name, kernel):
     geo, x_layout, dy_layout, prec = CASES[name]
     dtype, precision = _dtype_prec(prec)
     x, w, dy, params = _setup(geo, dtype, x_layout, dy_layout)
-    gw = HB.head_wgrad(dy, x, params, precision, dtype)
+    gw = HB.head_wgrad(dy, x, params, precision, dtype, _wcfg(params, dtype, kernel))
     assert gw.dtype == dtype and gw.is_contiguous() and gw.shape == w.shape
     _assert_close(gw, _ref(dy, x, w, params, [False, True, False])[1], REL[prec], f"{name} dW")
     if precision == "tf32":
@@ -131,34 +150,79 @@ def test_head_wgrad_matches_float64(name):
                       f"{name} dW vs exact TF32")
 
 
-def test_expanded_dy_from_sum_backward():
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_expanded_dy_from_sum_backward(kernel):
     # y.sum().backward() hands the backward an all-zero-stride dY.
     x, w, _, params = _setup(G(1, 8, 2, (2, 2, 2), 3, 2, 1))
     dy = torch.ones((), dtype=torch.float32).expand(params.out_shape)
-    _assert_close(HB.head_dgrad(dy, w, params, "ieee", torch.float32), _ref(dy, x, w, params, [True, False, False])[0],
-                  1e-5, "dX")
-    _assert_close(HB.head_wgrad(dy, x, params, "ieee", torch.float32), _ref(dy, x, w, params, [False, True, False])[1],
-                  1e-5, "dW")
+    _assert_close(HB.head_dgrad(dy, w, params, "ieee", torch.float32, _dcfg(params, torch.float32, kernel)),
+                  _ref(dy, x, w, params, [True, False, False])[0], 1e-5, "dX")
+    _assert_close(HB.head_wgrad(dy, x, params, "ieee", torch.float32, _wcfg(params, torch.float32, kernel)),
+                  _ref(dy, x, w, params, [False, True, False])[1], 1e-5, "dW")
 
 
-def test_tf32_rounds_to_nearest_not_truncates():
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_tf32_rounds_to_nearest_not_truncates(kernel):
     # Values just above a TF32 rounding boundary: truncation would be off by 2^-11 relative.
     x, w, _, params = _setup(G(1, 8, 1, (2, 2, 2), 2, 2))
     w = torch.full_like(w, 1.0 + 2.0 ** -11 + 2.0 ** -20)  # rounds up to 1 + 2^-10
     x = torch.full_like(x, 1.0 + 2.0 ** -11 + 2.0 ** -20)
     dy = torch.rand(params.out_shape) + 1.0
-    _assert_close(HB.head_dgrad(dy, w, params, "tf32", torch.float32),
+    _assert_close(HB.head_dgrad(dy, w, params, "tf32", torch.float32, _dcfg(params, torch.float32, kernel)),
                   _ref(dy, x, w, params, [True, False, False], round_tf32=True)[0], 1e-6, "dX nearest-TF32")
-    _assert_close(HB.head_wgrad(dy, x, params, "tf32", torch.float32),
+    _assert_close(HB.head_wgrad(dy, x, params, "tf32", torch.float32, _wcfg(params, torch.float32, kernel)),
                   _ref(dy, x, w, params, [False, True, False], round_tf32=True)[1], 1e-6, "dW nearest-TF32")
 
 
-def test_wgrad_splits_are_deterministic_and_agree():
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_64bit_offsets_agree(kernel, monkeypatch):
+    # The kernels' BIG variant (64-bit offsets, taken when a tensor spans >= 2^31 elements) on a
+    # small layer: the same gradients as float64. The sites are rebuilt so that BIG is re-decided.
+    from convt3d import triton_sites
+
+    monkeypatch.setattr(HB, "_big", lambda *tensors: True)
+    monkeypatch.setattr(triton_sites, "_sites", {})
+    x, w, dy, params = _setup(G(1, 8, 3, (2, 3, 3), 4, 2, 1), x_layout="cl")
+    ref = _ref(dy, x, w, params, [True, True, False])
+    _assert_close(HB.head_dgrad(dy, w, params, "ieee", torch.float32, _dcfg(params, torch.float32, kernel)),
+                  ref[0], 1e-5, "dX")
+    _assert_close(HB.head_wgrad(dy, x, params, "ieee", torch.float32, _wcfg(params, torch.float32, kernel)),
+                  ref[1], 1e-5, "dW")
+    if kernel == "phases":
+        assert torch.equal(HB.dy_phases(dy, params, torch.float32).double(), _copy_reference(dy, params))
+
+
+def _copy_reference(dy: torch.Tensor, params) -> torch.Tensor:
+    """dY split by phase from the definition (``HB.DyPhases``), element by element."""
+    lay = HB.dy_phases_layout(params)
+    out = torch.zeros(lay.shape, dtype=torch.float64)
+    for r in __import__("itertools").product(*(range(s) for s in params.stride)):
+        for q in __import__("itertools").product(*(range(n) for n in lay.length)):
+            o = [(qi - c) * s + ri for qi, c, s, ri in zip(q, lay.shift, params.stride, r)]
+            if all(0 <= oi < n for oi, n in zip(o, params.out_size)):
+                out[r + (slice(None), slice(None)) + q] = dy[(slice(None), slice(None)) + tuple(o)].double()
+    return out
+
+
+@pytest.mark.parametrize("name", ["cout3-video-k144", "cout15-dilation2", "aniso-everything", "stride3-output-gaps",
+                                  "padding-beyond-reach", "dy-slice-w", "dy-transpose-dh"])
+def test_dy_phases_copy_matches_its_definition(name):
+    # Every element of the copy: dY at (q' - c)*s + r where that is inside dY, zero elsewhere
+    # (the kernel writes all of them: the copy is allocated uninitialised).
+    geo, x_layout, dy_layout, prec = CASES[name]
+    _, _, dy, params = _setup(geo, torch.float32, x_layout, dy_layout)
+    got = HB.dy_phases(dy, params, torch.float32)
+    assert got.shape == HB.dy_phases_layout(params).shape and got.is_contiguous()
+    assert torch.equal(got.double(), _copy_reference(dy, params))
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_wgrad_splits_are_deterministic_and_agree(kernel):
     # 1, 3 and 7 splits (7 > steps: empty ranges) reduce in different orders: equal to rounding,
     # each bitwise repeatable.
     x, w, dy, params = _setup(G(2, 8, 3, (2, 3, 3), 3, 2, 1))
     ref = _ref(dy, x, w, params, [False, True, False])[1]
-    base = HB.wgrad_candidates(params, torch.float32, x.device)[0]
+    base = _wcfg(params, torch.float32, kernel)
     for splits in (1, 3, 7):
         cfg = HB.HeadWgradConfig(**{**base.__dict__, "splits": splits})
         a = HB.head_wgrad(dy, x, params, "ieee", torch.float32, cfg)
@@ -175,15 +239,20 @@ def test_every_gpu_candidate_config(monkeypatch):
     dgrads = HB.dgrad_candidates(params, torch.float32, cuda)
     wgrads = HB.wgrad_candidates(params, torch.float32, cuda)
     assert len(dgrads) >= 2 and len(set(dgrads)) == len(dgrads) and len(wgrads) >= 1
-    # Every dW tile in both dY-gather layouts (the timed choice picks one).
-    assert {c.lanes_on_m for c in wgrads} == {False, True} and len(set(wgrads)) == len(wgrads)
+    # Both kernels of each gradient; every flat dW tile in both dY-gather layouts (the timed
+    # choice picks one).
+    assert {bool(c.BLOCK_W) for c in dgrads} == {False, True} and {bool(c.BLOCK_W) for c in wgrads} == {False, True}
+    assert {c.lanes_on_m for c in wgrads if not c.BLOCK_W} == {False, True} and len(set(wgrads)) == len(wgrads)
+    # A phase tile's rows along W: W = 13 rounds up to 16 (the rest of a 64-position tile is 4 rows).
+    assert {c.BLOCK_W for c in dgrads + wgrads if c.BLOCK_W} == {16}
     ref = _ref(dy, x, w, params, [True, True, False])
     for cfg in dgrads:
         assert cfg.num_stages * (cfg.BLOCK_M * cfg.BLOCK_K + cfg.BLOCK_K * cfg.BLOCK_N) * 4 <= 160 * 1024
         _assert_close(HB.head_dgrad(dy, w, params, "ieee", torch.float32, cfg), ref[0], 1e-5, cfg.short())
-    steps = -(-130 // 32)  # reduction steps of 32 positions: 5, so at most one split (>= 4 steps each)
+    # Reduction steps: 5 of 32 flattened positions (flat tiles), 4 tiles of 4 x 16 positions
+    # (phase tiles), so one split either way (>= 4 steps each).
     for cfg in wgrads:
-        assert cfg.splits == max(1, steps // 4), cfg.short()
+        assert cfg.splits == 1, cfg.short()
         _assert_close(HB.head_wgrad(dy, x, params, "ieee", torch.float32, cfg), ref[1], 1e-5, cfg.short())
 
 
@@ -254,6 +323,29 @@ def test_head_backward_pads_dy_at_most_once(geo, args, pads, head_calls, monkeyp
     ref = _ref(dy, x, w, params, [True, True, False])
     _assert_close(leaves[0].grad, ref[0], 1e-5, "dX")
     _assert_close(leaves[1].grad, ref[1], 1e-5, "dW")
+
+
+@pytest.mark.parametrize("kinds", [("phases", "phases"), ("phases", "flat"), ("flat", "phases")],
+                         ids=["both-phases-one-copy", "dx-phases-dw-flat", "dx-flat-dw-phases"])
+def test_head_backward_makes_each_dy_copy_once(kinds, monkeypatch):
+    # Through backward.grads with the choices set to these kernels: dX and dW share one copy of dY
+    # when they read the same kind, and each makes its own otherwise.
+    geo = G(1, 8, 3, (2, 2, 3), 4, 2, 1)
+    x, w, dy, params = _setup(geo, x_layout="cl")
+    cfgs = (_dcfg(params, torch.float32, kinds[0]), _wcfg(params, torch.float32, kinds[1]))
+    monkeypatch.setattr(B, "_plan", lambda *a: (CL, torch.contiguous_format,
+                                                B.Choice("triton", cfgs[0], 0.0, {}, "test"),
+                                                B.Choice("triton", cfgs[1], 0.0, {}, "test")))
+    made = []
+    for name in ("dy_phases", "padded_dy"):
+        real = getattr(HB, name)
+        monkeypatch.setattr(HB, name, lambda *a, _r=real, _n=name, **k: made.append(_n) or _r(*a, **k))
+    gx, gw, _ = B.grads(dy, x, w, params, "ieee", (True, True, False))
+    want = ["dy_phases"] if kinds == ("phases", "phases") else ["dy_phases", "padded_dy"]
+    assert sorted(made) == want
+    ref = _ref(dy, x, w, params, [True, True, False])
+    _assert_close(gx, ref[0], 1e-5, "dX")
+    _assert_close(gw, ref[1], 1e-5, "dW")
 
 
 REGIMES = {

@@ -22,9 +22,10 @@ For ``y = conv_transpose3d(x, w, b)`` with output gradient dY:
   (``kernels/wgrad_bwd.py``: one program per (tap, Cin tile, Cout tile, split of the
   reduction), fp32 partial sums per split added in a fixed order -- deterministic).
 * Output heads (>= 8 input, <= 15 output channels per group: a generator's voxel or RGB layer)
-  have their own dX and dW kernels (``head_backward``, ``kernels/head_grad.py``): (tap, output
-  channel) pairs form one GEMM dimension, so a 64 -> 1 k4 head is one or two MMA steps instead of
-  64 steps of 1/16-filled MMAs, and dW reads X once for every tap. Their candidates join the
+  have their own dX and dW kernels (``head_backward``, ``kernels/head_grad.py``,
+  ``kernels/head_phase_grad.py``): (tap, output channel) pairs form one GEMM dimension, so a
+  64 -> 1 k4 head is one or two MMA steps instead of 64 steps of 1/16-filled MMAs, and dW reads
+  X once for every tap. Their candidates join the
   timed choice of each gradient, and dW is timed for heads although the general Triton dW is not.
 * db is the sum of dY over batch and positions (fp32 accumulation, as PyTorch).
 
@@ -279,8 +280,8 @@ def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, preci
                  out_dtype: torch.dtype, config: WgradConfig | HB.HeadWgradConfig | None = None,
                  dyp: torch.Tensor | None = None) -> torch.Tensor:
     """dW [Cin, Cout/g, kD, kH, kW] (contiguous) by ``kernels.wgrad_bwd.wgrad_kernel``, or by the
-    head kernel (``head_backward``) for a :class:`~convt3d.head_backward.HeadWgradConfig`, which
-    takes ``dyp``, the zero-padded dY made for the call, where there is one."""
+    head kernels (``head_backward``) for a :class:`~convt3d.head_backward.HeadWgradConfig`, which
+    take ``dyp``, the copy of dY made for the call (``head_backward.dy_operand``), where there is one."""
     if isinstance(config, HB.HeadWgradConfig):
         return HB.head_wgrad(dy, x, params, precision, out_dtype, config, dyp=dyp)
     if x.device.type == "cpu" and not interpreter_active():
@@ -425,8 +426,8 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
                  x_format: torch.memory_format = torch.contiguous_format,
                  dyp: torch.Tensor | None = None) -> torch.Tensor:
     """dX [N, Cin, D, H, W] in ``x_format`` by ``kernels.dgrad_bwd.dgrad_kernel``, or by the head
-    kernel (``head_backward``) for a :class:`~convt3d.head_backward.HeadDgradConfig`, which takes
-    ``dyp``, the zero-padded dY made for the call, where there is one."""
+    kernels (``head_backward``) for a :class:`~convt3d.head_backward.HeadDgradConfig`, which take
+    ``dyp``, the copy of dY made for the call (``head_backward.dy_operand``), where there is one."""
     if isinstance(config, HB.HeadDgradConfig):
         return HB.head_dgrad(dy, w, params, precision, x_dtype, config, x_format, dyp=dyp)
     if dy.device.type == "cpu" and not interpreter_active():
@@ -712,10 +713,12 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
         need_b = False
     dyp = None
     if (need_x and not use_torch_x and isinstance(ximpl.config, HB.HeadDgradConfig) and need_w and not use_torch_w
-            and isinstance(wimpl.config, HB.HeadWgradConfig) and w.dtype == x.dtype):
-        # Both head kernels read the same zero-padded dY: one copy for the two (a head's dY is
-        # its largest tensor; 33 MB in bf16 for the k2s2 8 -> 2 head at 128^3).
-        dyp = HB.padded_dy(dy.to(x.dtype), params)
+            and isinstance(wimpl.config, HB.HeadWgradConfig) and w.dtype == x.dtype
+            and bool(ximpl.config.BLOCK_W) == bool(wimpl.config.BLOCK_W)):
+        # Both head kernels read the same copy of dY (zero-padded, or split by phase): one copy
+        # for the two (a head's dY is its largest tensor; 33 MB in bf16 for the k2s2 8 -> 2 head
+        # at 128^3).
+        dyp = HB.dy_operand(dy, params, x.dtype, ximpl.config)
     if need_x and not use_torch_x:
         gx = dgrad_triton(dy, w, params, precision, x.dtype, ximpl.config, fx, dyp=dyp)
     if need_w and not use_torch_w:
@@ -723,8 +726,10 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
     if need_b:
         # fp32 accumulation for 16-bit dY, as PyTorch's bias gradient.
         gb = dy.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(dy.dtype)
-    if gx is not None:
+    # The Triton kernels write dX in fx and dW contiguous; cuDNN's may come in either layout.
+    # (A no-op ``contiguous`` still costs a dispatch: host time of a host-bound head step.)
+    if use_torch_x:
         gx = gx.contiguous(memory_format=fx)
-    if gw is not None:
+    if gw is not None and (use_torch_w or fw != torch.contiguous_format):
         gw = gw.contiguous(memory_format=fw)
     return gx, gw, gb

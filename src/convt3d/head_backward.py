@@ -1,5 +1,6 @@
 """Backward of an output head: dX and dW of a transposed convolution with few output channels
-per group, by ``kernels/head_grad.py`` (plan, tile configurations, launchers).
+per group, by ``kernels/head_grad.py`` and ``kernels/head_phase_grad.py`` (plan, tile
+configurations, launchers).
 
 A head reads a wide input and writes a thin output: a 3-D GAN's 64 -> 1 voxel layer, a video
 decoder's 64 -> 3 RGB layer, a U-Net's last up-convolution to a few classes. Its backward is
@@ -9,11 +10,17 @@ dW 521 us, against ~18 us each for reading and writing their operands once at 4.
 general Triton kernels (``backward``) need >= 8 output channels per group: they walk one tap per
 step with Cout/g padded to 16.
 
-These kernels flatten (tap, output channel) into one GEMM dimension and positions into another
-(``kernels/head_grad.py``), so a head's whole kernel is one or two MMA steps and X is read once
-per dW program range. They are candidates of the timed choice in ``backward`` (dX and dW each
-against cuDNN, per call signature); nothing here decides by a threshold beyond which layers they
-can run.
+These kernels flatten (tap, output channel) into one GEMM dimension and positions into another,
+so a head's whole kernel is one or two MMA steps and X is read once per dW program range. Two
+kernels per gradient read dY two ways:
+- ``kernels/head_grad.py``: from a zero-padded copy (:func:`padded_dy`, or dY itself where no
+  zero is needed), positions flattened over (n, d, h, w), one gathered address per element;
+- ``kernels/head_phase_grad.py``: from dY split by phase (:class:`DyPhases`, one launch), tiles of
+  rows along W, where each (tap, channel) row of the operand is a run of consecutive elements.
+dW's fp32 partial sums per split are added and written as dW by one launch
+(``wgrad_finish_kernel``) for both. All tiles are candidates of the timed choice in ``backward``
+(dX and dW each against cuDNN, per call signature); nothing here decides by a threshold beyond
+which layers they can run.
 
 Which layers: at least 8 input channels per group (the wide side is the MMA's N for dX and M for
 dW; fewer would be mostly padding, as for depthwise layers) and at most ``MAX_OUT_PER_GROUP``
@@ -31,14 +38,14 @@ import torch
 import triton
 
 from .errors import BackendUnavailableError
-from .kernels import head_grad
+from .kernels import head_grad, head_phase_grad
 from .params import ConvT3dParams
 from .triton_configs import _cdiv, _pow2_at_least
 from .triton_sites import Site, interpreter_active, site
 
-__all__ = ["MAX_OUT_PER_GROUP", "MIN_IN_PER_GROUP", "HeadDgradConfig", "HeadWgradConfig", "supports",
-           "unsupported_reason", "device_programs", "dgrad_candidates", "wgrad_candidates", "padded_dy", "head_dgrad",
-           "head_wgrad"]
+__all__ = ["MAX_OUT_PER_GROUP", "MIN_IN_PER_GROUP", "HeadDgradConfig", "HeadWgradConfig", "DyPhases", "supports",
+           "unsupported_reason", "device_programs", "dgrad_candidates", "wgrad_candidates", "padded_dy", "dy_phases",
+           "dy_phases_layout", "dy_operand", "head_dgrad", "head_wgrad"]
 
 MAX_OUT_PER_GROUP = 15
 MIN_IN_PER_GROUP = 8
@@ -51,14 +58,18 @@ _MAX_PARTIAL = 2**22
 
 @dataclass(frozen=True)
 class HeadDgradConfig:
-    BLOCK_M: int  # input positions (flattened over n, id, ih, iw)
+    BLOCK_M: int  # input positions (flattened over n, id, ih, iw; or BLOCK_M // BLOCK_W rows x BLOCK_W)
     BLOCK_N: int  # input channels of a group
     BLOCK_K: int  # (tap, output channel) pairs per step
     num_warps: int
     num_stages: int
+    # 0: dY from its zero-padded copy, positions flattened (head_grad.head_dgrad_kernel); > 0: dY
+    # split by phase, tiles of rows of BLOCK_W positions (head_phase_grad.head_dgrad_phase_kernel).
+    BLOCK_W: int = 0
 
     def short(self) -> str:
-        return f"head M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}"
+        return (f"head M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}"
+                + (f" phases W{self.BLOCK_W}" if self.BLOCK_W else ""))
 
 
 @dataclass(frozen=True)
@@ -71,10 +82,14 @@ class HeadWgradConfig:
     splits: int  # programs along the reduction; partial sums added in a fixed order
     # The dY gather's lanes along positions instead of (tap, channel) pairs (head_wgrad_kernel).
     lanes_on_m: bool = False
+    # As HeadDgradConfig.BLOCK_W: > 0 reads dY split by phase, BLOCK_P positions in rows of BLOCK_W
+    # (head_phase_grad.head_wgrad_phase_kernel).
+    BLOCK_W: int = 0
 
     def short(self) -> str:
         return (f"head CI{self.BLOCK_CI} K{self.BLOCK_K} P{self.BLOCK_P} w{self.num_warps} s{self.num_stages} "
-                f"split{self.splits}" + (" lanes-m" if self.lanes_on_m else ""))
+                f"split{self.splits}" + (" lanes-m" if self.lanes_on_m else "")
+                + (f" phases W{self.BLOCK_W}" if self.BLOCK_W else ""))
 
 
 def _clamp_pow2(v: int, lo: int, hi: int) -> int:
@@ -108,25 +123,43 @@ def supports(params: ConvT3dParams) -> bool:
     return unsupported_reason(params) is None
 
 
+def _phase_block_w(params: ConvT3dParams, block: int) -> int:
+    """Positions along W of a phase-copy tile of ``block`` positions: the input's W up to the
+    next power of two, at most the tile (the rest of the tile is rows along H)."""
+    return _clamp_pow2(params.in_size[2], 1, block)
+
+
 def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadDgradConfig, ...]:
-    """Tile configurations of ``head_dgrad_kernel``; the first is the untuned default.
+    """Tile configurations of ``head_dgrad_kernel`` (dY from its zero-padded copy) and of
+    ``head_dgrad_phase_kernel`` (dY split by phase: ``BLOCK_W`` > 0); the first is the untuned
+    default.
 
     N = Cin/g and K = taps x Cout/g are capped by their sizes (padded to >= 16 for ``tl.dot``); M
-    is the free dimension. The A tile is a gather (a 64-bit address per element, no vector loads),
-    so K steps of 32; one stage, since gathered 16-bit loads are not pipelined and a second fp32
-    stage made ptxas spill. Register use, ptxas for sm_90a offline (triton 3.9 code generation,
-    2026-12-01; no spills in any of them, bf16 / fp32 tf32 / fp32 two-level): 128 x 64 on 4 warps
-    168 / 188 / 255 registers, 128 x 128 on 8 warps 176 / 174 / 255, 256 x 64 on 8 warps 224 /
-    188 / 255. Which is fastest on a GPU is the timed choice's to say.
+    is the free dimension. The flat kernel's A tile is a gather (a 64-bit address per element, no
+    vector loads), so K steps of 32; one stage, since gathered 16-bit loads are not pipelined and
+    a second fp32 stage made ptxas spill. Register use, ptxas for sm_90a offline (triton 3.9 code
+    generation, 2026-12-01; no spills in any of them, bf16 / fp32 tf32 / fp32 two-level): 128 x 64
+    on 4 warps 168 / 188 / 255 registers, 128 x 128 on 8 warps 176 / 174 / 255, 256 x 64 on 8
+    warps 224 / 188 / 255. The phase kernel's A tile is rows of consecutive copy elements. Which is
+    fastest on a GPU is the timed choice's to say.
     """
     bn = _clamp_pow2(params.in_channels_per_group, 16, 128)
     bk = _clamp_pow2(_ktot(params), 16, 32)
     if device.type != "cuda":
         # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
-        return (HeadDgradConfig(min(32, _clamp_pow2(_positions(params), 16, 32)), min(bn, 32), bk, 4, 1),)
+        bm = min(32, _clamp_pow2(_positions(params), 16, 32))
+        return (HeadDgradConfig(bm, min(bn, 32), bk, 4, 1),
+                HeadDgradConfig(32, min(bn, 32), bk, 4, 1, _phase_block_w(params, 32)))
     out = []
     for bm, bn_cap, warps in ((128, 64, 4), (128, 128, 8), (256, 64, 8)):
         cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1)
+        if cfg not in out:
+            out.append(cfg)
+    # The phase kernel's tiles: a K step of 64 ran 6-34x slower than these on every head row
+    # timed (H200, 2026-12-02: 128 x 64 on 4 warps, bf16, e.g. 2337 us against 68 us for the
+    # video k4 s2 p1 head), so K stays at 32.
+    for bm, bn_cap, warps in ((64, 128, 4), (128, 128, 8)):
+        cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1, _phase_block_w(params, bm))
         if cfg not in out:
             out.append(cfg)
     return tuple(out)
@@ -141,43 +174,71 @@ def device_programs(device: torch.device, per_sm: int = 4) -> int:
     return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _splits(params: ConvT3dParams, tiles: int, block_p: int, device: torch.device) -> int:
-    steps = triton.cdiv(_positions(params), block_p)
+def _splits(params: ConvT3dParams, tiles: int, steps: int, device: torch.device) -> int:
+    """Splits of the dW reduction of ``steps`` position steps over ``tiles`` output tiles."""
     per_split = params.groups * params.in_channels_per_group * _ktot(params)
     cap = max(1, min(_MAX_PARTIAL // per_split, steps // 4, 1024))
     # ~4 programs per SM: each streams its X range once; several per SM hide the L2 latency of
-    # the dY gather.
+    # the dY loads.
     return max(1, min(triton.cdiv(device_programs(device), tiles), cap))
 
 
+def _phase_tiles(params: ConvT3dParams, block: int, block_w: int) -> int:
+    """Position tiles of the phase kernels: rows of ``block_w`` along W, ``block // block_w`` rows
+    along H, per (n, d)."""
+    n, (d, h, w) = params.batch, params.in_size
+    return n * d * _cdiv(h, block // block_w) * _cdiv(w, block_w)
+
+
 def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadWgradConfig, ...]:
-    """Tile configurations of ``head_wgrad_kernel``; the first is the untuned default.
+    """Tile configurations of ``head_wgrad_kernel`` (dY from its zero-padded copy) and of
+    ``head_wgrad_phase_kernel`` (dY split by phase: ``BLOCK_W`` > 0); the first is the untuned
+    default.
 
-    M = Cin/g (<= 64 per tile) and N = taps x Cout/g (<= 64 or <= 128 per tile: 64 for a 4x4x4
-    kernel with one output channel, so each program reads its X range once for every tap); the
-    reduction step is 32 positions, one stage (ptxas for sm_90a offline, 2026-12-01: 64-position
-    steps or more stages spilled 100-1000 bytes in fp32; these two tiles use 161-193 registers
-    and never spill). The reduction is split so that ~4 programs run per SM.
+    Flat kernel: M = Cin/g (<= 64 per tile) and N = taps x Cout/g (<= 64 or <= 128 per tile: 64
+    for a 4x4x4 kernel with one output channel, so each program reads its X range once for every
+    tap); the reduction step is 32 positions, one stage (ptxas for sm_90a offline, 2026-12-01:
+    64-position steps or more stages spilled 100-1000 bytes in fp32; these two tiles use 161-193
+    registers and never spill). The reduction is split so that ~4 programs run per SM.
 
-    Each tile comes twice: its dY gather with the lanes along (tap, channel) pairs, and along
+    Each flat tile comes twice: its dY gather with the lanes along (tap, channel) pairs, and along
     positions (``lanes_on_m``). Neither wins everywhere (H200, 2026-12-01, kernel time by graph
     replay, ``scripts/gpu_head_probe.py --grads``, first tile, each with the same dY copy): 3-D
     GAN head fp32 263 us along positions against 240, k2 s2 8 -> 2 head bf16 119 against 129,
     128 -> 8 head bf16 438 against 501; so the timed choice takes one of them.
+
+    Phase kernel: M = (tap, channel) pairs (64 or 128), N = Cin/g (64 or 128), K = 64 positions
+    (32 in fp32) per step in rows along W; its dY rows are runs of consecutive copy elements.
     """
     bci = _clamp_pow2(params.in_channels_per_group, 16, 64)
     ktot = _ktot(params)
     if device.type != "cuda":
         # Interpreter: one split (tests force more), small tiles.
-        return (HeadWgradConfig(min(bci, 16), _clamp_pow2(ktot, 16, 32), 16, 4, 1, 1),)
+        bk = _clamp_pow2(ktot, 16, 32)
+        return (HeadWgradConfig(min(bci, 16), bk, 16, 4, 1, 1),
+                HeadWgradConfig(min(bci, 16), bk, 16, 4, 1, 1, BLOCK_W=_phase_block_w(params, 16)))
     out = []
+    steps = triton.cdiv(_positions(params), 32)
     for bk_cap, warps in ((64, 4), (128, 8)):
         bk = _clamp_pow2(ktot, 16, bk_cap)
         tiles = params.groups * triton.cdiv(params.in_channels_per_group, bci) * triton.cdiv(ktot, bk)
-        cfg = HeadWgradConfig(bci, bk, 32, warps, 1, _splits(params, tiles, 32, device))
+        cfg = HeadWgradConfig(bci, bk, 32, warps, 1, _splits(params, tiles, steps, device))
         if cfg not in out:
             out.append(cfg)
-    return tuple(out) + tuple(dataclasses.replace(c, lanes_on_m=True) for c in out)
+    out += [dataclasses.replace(c, lanes_on_m=True) for c in out]
+    bci_wide = _clamp_pow2(params.in_channels_per_group, 16, 128)
+    # 64 positions per step in 16-bit, 32 in fp32 (a 64 x 64 fp32 tile with 64 positions took 255
+    # registers and spilled at "tf32": ptxas for sm_90a offline, triton 3.6, 2026-12-02).
+    bp = 64 if dtype != torch.float32 else 32
+    bw = _phase_block_w(params, bp)
+    for bk_cap, ci, warps in ((64, bci, 4), (128, bci, 8), (64, bci_wide, 8)):
+        bk = _clamp_pow2(ktot, 16, bk_cap)
+        tiles = params.groups * triton.cdiv(params.in_channels_per_group, ci) * triton.cdiv(ktot, bk)
+        cfg = HeadWgradConfig(ci, bk, bp, warps, 1, _splits(params, tiles, _phase_tiles(params, bp, bw), device),
+                              BLOCK_W=bw)
+        if cfg not in out:
+            out.append(cfg)
+    return tuple(out)
 
 
 def padded_dy(dy: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
@@ -194,6 +255,74 @@ def padded_dy(dy: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
     if not any(pads):
         return dy
     return torch.nn.functional.pad(dy, pads)
+
+
+@dataclass(frozen=True)
+class DyPhases:
+    """The layout of dY split by phase (``kernels/head_phase_grad.py``): per dimension, tap t
+    reads residue ``(t*d - p) mod s`` at copy index ``i + (t*d + lift) // s``, with ``lift = c*s
+    - p`` and ``c = ceil(p / s)``; the copy holds ``length`` indices per residue, index ``q'``
+    being dY's position ``(q' - c)*s + r`` (zero outside dY). Shape [sd, sh, sw, N, C, Ld, Lh,
+    Lw], contiguous."""
+
+    lift: tuple[int, int, int]
+    shift: tuple[int, int, int]  # c per dimension
+    length: tuple[int, int, int]
+    shape: tuple[int, ...]
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """(residue d, residue h, residue w, n, c, index d, index h); index w has stride 1."""
+        out, acc = [], 1
+        for n in reversed(self.shape):
+            out.append(acc)
+            acc *= n
+        return tuple(reversed(out))[:-1]
+
+
+@functools.lru_cache(maxsize=1024)
+def dy_phases_layout(params: ConvT3dParams) -> DyPhases:
+    lift, shift, length = [], [], []
+    for a in params.axes:
+        c = -(-a.padding // a.stride)
+        lift.append(c * a.stride - a.padding)
+        shift.append(c)
+        length.append(a.in_size + ((a.kernel - 1) * a.dilation + lift[-1]) // a.stride)
+    shape = tuple(params.stride) + (params.batch, params.out_channels) + tuple(length)
+    return DyPhases(tuple(lift), tuple(shift), tuple(length), shape)
+
+
+def _phases_site(params: ConvT3dParams, dy: torch.Tensor, dyq: torch.Tensor) -> Site:
+    """The launch site of dy_phases_kernel: BLOCK_R rows of the copy per program."""
+    def build():
+        lay = dy_phases_layout(params)
+        rows = dyq.numel() // lay.length[2]
+        block_q = _clamp_pow2(lay.length[2], 16, 128)
+        block_r = max(1, 2048 // block_q)  # ~2048 elements per program
+        return Site("dy_phases_kernel", (_cdiv(rows, block_r),), (
+            rows, params.batch, params.out_channels, lay.length[0], lay.length[1], lay.length[2],
+            *params.out_size, *params.stride, *lay.shift, *dy.stride(),
+        ), dict(BIG=_big(dy, dyq), BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4), head_phase_grad)
+
+    return site(("dy_phases", params, dy.stride(), dy.dtype, dyq.dtype), build)
+
+
+def dy_phases(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype) -> torch.Tensor:
+    """dY split by phase (:class:`DyPhases`) in ``dtype``, in one launch: every element of the
+    copy is written (data or zero), so it needs no fill first."""
+    dyq = torch.empty(dy_phases_layout(params).shape, dtype=dtype, device=dy.device)
+    _phases_site(params, dy, dyq).launch(dy.device, dy, dyq)
+    return dyq
+
+
+def dy_operand(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype,
+               config: HeadDgradConfig | HeadWgradConfig) -> torch.Tensor:
+    """The copy of dY that ``config``'s kernel reads, in ``dtype``: split by phase, or
+    zero-padded (:func:`padded_dy`). ``backward.grads`` makes one for dX and dW when both
+    kernels read the same kind."""
+    if config.BLOCK_W:
+        return dy_phases(dy, params, dtype)
+    return padded_dy(dy.to(dtype), params)
 
 
 def _span(t: torch.Tensor) -> int:
@@ -222,16 +351,34 @@ def _check_runnable(t: torch.Tensor, params: ConvT3dParams, what: str) -> None:
         raise BackendUnavailableError(f"the Triton head {what}-gradient kernel cannot run this call: {reason}")
 
 
+def _phase_geometry_args(params: ConvT3dParams) -> tuple:
+    """The phase kernels' geometry arguments from D, H, W on (see their signatures)."""
+    lay = dy_phases_layout(params)
+    st = lay.strides
+    return (*params.in_size, params.kernel_size[1], params.kernel_size[2]), (
+        *params.stride, *params.dilation, *lay.lift, st[0], st[1], st[2], st[3], st[4], st[5], st[6])
+
+
 def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, wp: torch.Tensor, dx: torch.Tensor,
                 precision: str) -> Site:
-    """The launch site of head_dgrad_kernel: its integer arguments, grid and constexprs are fixed by
-    the call signature (geometry, config, strides, dtypes), so later steps replay the compiled
-    kernel. Through ``kernel[grid]`` each of a step's two head launches cost ~20-33 us of
-    argument binding (NOTES.md, section 4), on a k2s2 head step whose kernels take ~175 us."""
+    """The launch site of head_dgrad_kernel (or head_dgrad_phase_kernel): its integer arguments,
+    grid and constexprs are fixed by the call signature (geometry, config, strides, dtypes), so
+    later steps replay the compiled kernel. Through ``kernel[grid]`` each of a step's two head
+    launches cost ~20-33 us of argument binding (NOTES.md, section 4), on a k2s2 head step whose
+    kernels take ~175 us."""
     def build():
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-        m = _positions(params)
         tiles_n = _cdiv(cin_g, cfg.BLOCK_N)
+        consts = dict(**_precision_args(wp.dtype, precision), BIG=_big(dyp, wp, dx),
+                      BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if cfg.BLOCK_W:
+            spatial, phase = _phase_geometry_args(params)
+            tiles = _phase_tiles(params, cfg.BLOCK_M, cfg.BLOCK_W)
+            return Site("head_dgrad_phase_kernel", (tiles * tiles_n, g), (
+                cin_g, cout_g, _ktot(params), *spatial, *phase, *dx.stride(), tiles_n,
+            ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
+        m = _positions(params)
         return Site("head_dgrad_kernel", (_cdiv(m, cfg.BLOCK_M) * tiles_n, g), (
             m, cin_g, cout_g, _ktot(params),
             *params.in_size,
@@ -239,9 +386,7 @@ def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, 
             *dyp.stride(), *dx.stride(),
             *params.stride, *params.dilation,
             tiles_n,
-        ), dict(**_precision_args(wp.dtype, precision), BIG=_big(dyp, wp, dx),
-                BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages), head_grad)
+        ), consts, head_grad)
 
     return site(("head_dgrad", params, cfg, dyp.shape, dyp.stride(), dx.stride(), wp.dtype, precision), build)
 
@@ -250,13 +395,13 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
                config: HeadDgradConfig | None = None,
                x_format: torch.memory_format = torch.contiguous_format,
                dyp: torch.Tensor | None = None) -> torch.Tensor:
-    """dX [N, Cin, D, H, W] in ``x_format``, from a zero-padded copy of dY (:func:`padded_dy`; or
-    ``dyp``, that copy made already for the same call in the weight's dtype) and the weight packed
-    as the GEMM's B operand."""
+    """dX [N, Cin, D, H, W] in ``x_format``, from the copy of dY that the config's kernel reads
+    (:func:`dy_operand`; or ``dyp``, that copy made already for the same call in the weight's
+    dtype) and the weight packed as the GEMM's B operand."""
     _check_runnable(dy, params, "input")
     cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
     if dyp is None:
-        dyp = padded_dy(dy.to(w.dtype), params)
+        dyp = dy_operand(dy, params, w.dtype, cfg)
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     kd, kh, kw = params.kernel_size
@@ -268,41 +413,72 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
 
 def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dyp: torch.Tensor,
                 precision: str) -> Site:
-    """The launch site of head_wgrad_kernel (see ``_dgrad_site``)."""
+    """The launch site of head_wgrad_kernel or head_wgrad_phase_kernel (see ``_dgrad_site``)."""
     def build():
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
         ktot = _ktot(params)
         tiles_ci, tiles_k = _cdiv(cin_g, cfg.BLOCK_CI), _cdiv(ktot, cfg.BLOCK_K)
-        return Site("head_wgrad_kernel", (cfg.splits * tiles_ci * tiles_k, g), (
+        grid = (cfg.splits * tiles_ci * tiles_k, g)
+        consts = dict(**_precision_args(x.dtype, precision), BIG=_big(x, dyp),
+                      BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if cfg.BLOCK_W:
+            spatial, phase = _phase_geometry_args(params)
+            return Site("head_wgrad_phase_kernel", grid, (
+                cin_g, cout_g, ktot, *spatial, g, cfg.splits, _phase_tiles(params, cfg.BLOCK_P, cfg.BLOCK_W),
+                *phase, *x.stride(), tiles_ci, tiles_k,
+            ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
+        return Site("head_wgrad_kernel", grid, (
             _positions(params), cin_g, cout_g, ktot,
             *params.in_size,
             params.kernel_size[1], params.kernel_size[2], g, cfg.splits,
             *x.stride(), *dyp.stride(),
             *params.stride, *params.dilation,
             tiles_ci, tiles_k,
-        ), dict(**_precision_args(x.dtype, precision), BIG=_big(x, dyp),
-                LANES_ON_M=cfg.lanes_on_m, BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages), head_grad)
+        ), dict(consts, LANES_ON_M=cfg.lanes_on_m), head_grad)
 
     return site(("head_wgrad", params, cfg, x.stride(), dyp.shape, dyp.stride(), x.dtype, precision), build)
 
 
+# The finish: [BLOCK_S, BLOCK_E] fp32 tiles of 8192 values (32 KB) per step; BLOCK_E small enough
+# that ~one program per SM gets elements. On the H200 (2026-12-02) a finish of 256 elements per
+# program took 50.4 us for the k2s2 8 -> 2 head, whose 128 partial elements and 528 splits made one
+# program add 17 blocks in turn; an earlier finish that added the splits serially in a few programs
+# cost more than torch's sum and copy it replaced (NOTES.md, section 10).
+_FINISH_TILE, _FINISH_PROGRAMS = 8192, 132
+
+
+def _finish_blocks(elements: int, splits: int) -> tuple[int, int]:
+    """(BLOCK_S, BLOCK_E) of wgrad_finish_kernel."""
+    block_e = _clamp_pow2(_cdiv(elements, _FINISH_PROGRAMS), 32, 256)
+    return _clamp_pow2(splits, 2, _FINISH_TILE // block_e), block_e
+
+
+def _finish_site(params: ConvT3dParams, splits: int, dw: torch.Tensor) -> Site:
+    def build():
+        e = params.groups * params.in_channels_per_group * _ktot(params)
+        block_s, block_e = _finish_blocks(e, splits)
+        return Site("wgrad_finish_kernel", (_cdiv(e, block_e),), (
+            e, splits, params.out_channels_per_group, _ktot(params), math.prod(params.kernel_size),
+        ), dict(BLOCK_S=block_s, BLOCK_E=block_e, num_warps=4), head_phase_grad)
+
+    return site(("head_wgrad_finish", params, splits, dw.dtype), build)
+
+
 def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str, out_dtype: torch.dtype,
                config: HeadWgradConfig | None = None, dyp: torch.Tensor | None = None) -> torch.Tensor:
-    """dW [Cin, Cout/g, kD, kH, kW] (contiguous), from X in place (any strides) and a zero-padded
-    copy of dY (:func:`padded_dy`; or ``dyp``, that copy made already for the same call in X's
-    dtype)."""
+    """dW [Cin, Cout/g, kD, kH, kW] (contiguous), from X in place (any strides) and the copy of dY
+    that the config's kernel reads (:func:`dy_operand`; or ``dyp``, that copy made already for
+    the same call in X's dtype): fp32 partial sums per split, then one launch that adds them in
+    a fixed order and writes dW."""
     _check_runnable(x, params, "weight")
     cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
     if dyp is None:
-        dyp = padded_dy(dy.to(x.dtype), params)
-    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-    kernel = params.kernel_size
-    taps, ktot = math.prod(kernel), _ktot(params)
-    part = torch.empty((cfg.splits, g, cin_g, ktot), dtype=torch.float32, device=x.device)
+        dyp = dy_operand(dy, params, x.dtype, cfg)
+    g, cin_g = params.groups, params.in_channels_per_group
+    part = torch.empty((cfg.splits, g, cin_g, _ktot(params)), dtype=torch.float32, device=x.device)
     _wgrad_site(params, cfg, x, dyp, precision).launch(x.device, x, dyp, part)
-    total = part.sum(0) if cfg.splits > 1 else part[0]  # fixed-order reduction: deterministic
-    dw = torch.empty((params.in_channels, cout_g) + tuple(kernel), dtype=out_dtype, device=x.device)
-    # k = tap * Cout/g + co  ->  dW[g*Cin/g + ci, co, tap]
-    dw.view(g, cin_g, cout_g, taps).copy_(total.view(g, cin_g, taps, cout_g).permute(0, 1, 3, 2))
+    dw = torch.empty((params.in_channels, params.out_channels_per_group) + tuple(params.kernel_size),
+                     dtype=out_dtype, device=x.device)
+    _finish_site(params, cfg.splits, dw).launch(x.device, part, dw)
     return dw
