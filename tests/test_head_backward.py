@@ -192,6 +192,22 @@ def test_64bit_offsets_agree(kernel, monkeypatch):
         assert torch.equal(HB.dy_phases(dy, params, torch.float32).double(), _copy_reference(dy, params))
 
 
+@pytest.mark.parametrize("splits", [1, 5, 300], ids=["one-split", "splits-in-one-block", "splits-over-blocks"])
+def test_wgrad_finish_adds_splits_and_lays_out_dw(splits):
+    # The finish launch on given partials part[split, g, ci, k] (k = tap * Cout/g + co): their sum
+    # over splits, written as dW[g*Cin/g + ci, co, kd, kh, kw] in dW's dtype; 300 splits take
+    # several BLOCK_S steps (HB._finish_blocks).
+    params = _setup(G(1, 16, 6, (2, 2, 2), 3, 2, 1, 0, 1, 2))[3]  # 2 groups of 8 -> 3, k3
+    g, cin_g, cout_g, taps = 2, 8, 3, 27
+    part = _rnd(splits, g, cin_g, taps * cout_g)
+    block_s, _ = HB._finish_blocks(g * cin_g * taps * cout_g, splits)
+    assert (splits > block_s) == (splits == 300)
+    dw = torch.empty(16, cout_g, 3, 3, 3, dtype=torch.float32)
+    HB._finish_site(params, splits, dw).launch(dw.device, part, dw)
+    want = part.double().sum(0).view(g, cin_g, taps, cout_g).permute(0, 1, 3, 2).reshape(16, cout_g, 3, 3, 3)
+    _assert_close(dw, want, 1e-6, f"{splits} splits")
+
+
 def _copy_reference(dy: torch.Tensor, params) -> torch.Tensor:
     """dY split by phase from the definition (``HB.DyPhases``), element by element."""
     lay = HB.dy_phases_layout(params)
