@@ -17,6 +17,8 @@ the fp32 result once (2^-11) after exact products and fp32 sums: 2e-3.
 """
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -212,8 +214,8 @@ def _copy_reference(dy: torch.Tensor, params) -> torch.Tensor:
     """dY split by phase from the definition (``HB.DyPhases``), element by element."""
     lay = HB.dy_phases_layout(params)
     out = torch.zeros(lay.shape, dtype=torch.float64)
-    for r in __import__("itertools").product(*(range(s) for s in params.stride)):
-        for q in __import__("itertools").product(*(range(n) for n in lay.length)):
+    for r in itertools.product(*(range(s) for s in params.stride)):
+        for q in itertools.product(*(range(n) for n in lay.length)):
             o = [(qi - c) * s + ri for qi, c, s, ri in zip(q, lay.shift, params.stride, r)]
             if all(0 <= oi < n for oi, n in zip(o, params.out_size)):
                 out[r + (slice(None), slice(None)) + q] = dy[(slice(None), slice(None)) + tuple(o)].double()
