@@ -234,6 +234,19 @@ def test_dy_phases_copy_matches_its_definition(name):
     assert torch.equal(got.double(), _copy_reference(dy, params))
 
 
+def test_phase_kernels_on_rows_longer_than_a_block():
+    # W = 140: the copy's rows (141 elements) take two BLOCK_Q steps of 128, and the kernels'
+    # position tiles cover a row in several BLOCK_W pieces.
+    x, w, dy, params = _setup(G(1, 8, 2, (1, 2, 140), 3, 2, 1), x_layout="cl")
+    assert HB.dy_phases_layout(params).length[2] == 141
+    assert torch.equal(HB.dy_phases(dy, params, torch.float32).double(), _copy_reference(dy, params))
+    ref = _ref(dy, x, w, params, [True, True, False])
+    _assert_close(HB.head_dgrad(dy, w, params, "ieee", torch.float32, _dcfg(params, torch.float32, "phases"), CL),
+                  ref[0], 1e-5, "dX")
+    _assert_close(HB.head_wgrad(dy, x, params, "ieee", torch.float32, _wcfg(params, torch.float32, "phases")),
+                  ref[1], 1e-5, "dW")
+
+
 @pytest.mark.parametrize("kernel", list(KERNELS))
 def test_wgrad_splits_are_deterministic_and_agree(kernel):
     # 1, 3 and 7 splits (7 > steps: empty ranges) reduce in different orders: equal to rounding,
