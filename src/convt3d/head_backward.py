@@ -354,9 +354,8 @@ def _check_runnable(t: torch.Tensor, params: ConvT3dParams, what: str) -> None:
 def _phase_geometry_args(params: ConvT3dParams) -> tuple:
     """The phase kernels' geometry arguments from D, H, W on (see their signatures)."""
     lay = dy_phases_layout(params)
-    st = lay.strides
     return (*params.in_size, params.kernel_size[1], params.kernel_size[2]), (
-        *params.stride, *params.dilation, *lay.lift, st[0], st[1], st[2], st[3], st[4], st[5], st[6])
+        *params.stride, *params.dilation, *lay.lift, *lay.strides)
 
 
 def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, wp: torch.Tensor, dx: torch.Tensor,
