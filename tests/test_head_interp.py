@@ -300,6 +300,43 @@ def test_rows_kind_needs_a_power_of_two_width_stride(stride, kinds):
     assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == kinds
 
 
+BF16_Z_CASES = [(name, kind) for name in ("gather-c1-k4s2p1", "gather-c3-k144-s122-cl", "gather-groups2-c3",
+                                          "gather-c15-odd", "gather-k-steps-n-tiles")
+                for kind in ("gather", "rows") if kind in _kinds(REGIMES[name])]
+
+
+@pytest.mark.parametrize("name, kind", BF16_Z_CASES, ids=[f"{n}-{k}" for n, k in BF16_Z_CASES])
+def test_bf16_z_rounds_each_partial_once(name, kind):
+    # Config.z_bf16 stores Z in bfloat16 (offered for bf16 calls; forced here on fp32 data,
+    # since the interpreter mis-computes bf16 dots). Each partial is rounded once: to nearest on
+    # a GPU (|error| <= 2^-8 of it, bf16 keeping 8 significant bits), towards zero in the
+    # interpreter's numpy cast (2^-7). So |error| <= 2^-7 x sum of |partials| <=
+    # 2^-7 x conv_transpose3d(|x|, |w|) per output. And the rounding must really happen: the
+    # fp32 Z path is ~1e-6 off.
+    case = REGIMES[name]
+    x, w, b = case.tensors()
+    y = run_head(case, x, w, b, "ieee", kind=kind, z_bf16=True)
+    ref = torch.nn.functional.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None,
+                                               *case.args)
+    bound = torch.nn.functional.conv_transpose3d(x.double().abs(), w.double().abs(), None, *case.args)
+    err = (y.double() - ref).abs()
+    assert (err <= 2**-7 * bound + 1e-5).all(), (err - 2**-7 * bound).max()
+    assert err.max() > 1e-4 * ref.abs().max(), "Z was not rounded to bfloat16"
+
+
+def test_bf16_z_is_offered_for_bf16_calls_only():
+    p = _params(3)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        tiles = head_engine.head_tiles(p, dtype, "tf32")
+        z16 = [t for t in tiles if t.get("z_bf16")]
+        if dtype == torch.bfloat16:
+            # One bf16-Z twin of every gather and rows tile.
+            assert len(z16) == len([t for t in tiles if t["head"] in ("gather", "rows") and not t.get("z_bf16")])
+            assert {t["head"] for t in z16} == {"gather", "rows"}
+        else:
+            assert not z16
+
+
 def test_width_shifts_cover_every_tap():
     # Every (residue, tap) pair with a matching shift lies in the range, and the range ends are used.
     for k in range(1, 6):

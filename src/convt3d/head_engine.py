@@ -27,7 +27,7 @@ from .head_box_engine import BoxSteps, box_tiles
 from .params import ConvT3dParams
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
-           "head_z_bytes", "width_shifts", "HeadSteps"]
+           "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
 # GEMM's N is a full MMA width and reads its input tile once per tap for >= 16 useful columns;
@@ -93,13 +93,18 @@ def _all_reached(params: ConvT3dParams) -> bool:
     return True
 
 
-def head_z_bytes(params: ConvT3dParams, kind: str = "gather") -> int:
-    """Bytes of the fp32 buffer Z of the gather kind (input positions x Cout x taps) or of the
+def head_z_elements(params: ConvT3dParams, kind: str = "gather") -> int:
+    """Elements of the buffer Z of the gather kind (input positions x Cout x taps) or of the
     rows kind (input depth x height x output width x Cout x depth and height taps)."""
     (d, h, w), (kd, kh, kw), ow = params.in_size, params.kernel_size, params.out_size[2]
     if kind == "rows":
-        return 4 * params.batch * params.out_channels * kd * kh * d * h * ow
-    return 4 * params.batch * params.out_channels * kd * kh * kw * d * h * w
+        return params.batch * params.out_channels * kd * kh * d * h * ow
+    return params.batch * params.out_channels * kd * kh * kw * d * h * w
+
+
+def head_z_bytes(params: ConvT3dParams, kind: str = "gather") -> int:
+    """Bytes of Z in fp32 (the size bound MAX_Z_BYTES is checked on)."""
+    return 4 * head_z_elements(params, kind)
 
 
 def width_shifts(params: ConvT3dParams) -> tuple[int, int]:
@@ -172,6 +177,16 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     # does not. Whether the spill-free tiles beat the measured ones is the tuner's measurement.
     if bk > 16:
         tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused"]
+    # Z in bfloat16 for bfloat16 calls: each tap product (or, for rows, each sum over the width
+    # taps) is rounded to bf16 once before the gather adds them in fp32. The output is rounded
+    # to bf16 anyway, so the partials add errors of the same size: float64 emulation of both
+    # (CPU, 2026-12-02, the GPU tests' head geometries, randn data) put the largest error at
+    # 1.16-1.54x cuDNN's for rows and 1.13-1.61x for gather, inside the 2x budget. bf16 keeps
+    # fp32's range, so no partial can overflow where the output does not; fp16's narrow range
+    # could, and fp16 and fp32 calls keep an fp32 Z. Half of Z's bytes: the 3-D GAN head's
+    # rows kind moves 67 + 2 x 34 + 8 MB instead of 67 + 2 x 67 + 8.
+    if dtype == torch.bfloat16:
+        tiles += [dict(t, z_bf16=True) for t in tiles if t["head"] in ("gather", "rows")]
     if gluon:
         tiles += box_tiles(params, dtype, precision)
     return tiles
@@ -405,7 +420,8 @@ class HeadSteps:
                 self.gather.launch(dev, y, b, y)
             return self.gemm.launch(dev, x, w, b, y)
         p = self.params
-        z = torch.empty(head_z_bytes(p, self.cfg.head) // 4, dtype=torch.float32, device=dev)
+        z = torch.empty(head_z_elements(p, self.cfg.head), device=dev,
+                        dtype=torch.bfloat16 if self.cfg.z_bf16 else torch.float32)
         handle = self.gemm.launch(dev, x, w, z)
         self.gather.launch(dev, z, b, y)
         return handle

@@ -53,6 +53,9 @@ class Config:
     # positions: BOX_H x BLOCK_W (= BLOCK_M).
     BOX_D: int = 0
     BOX_H: int = 0
+    # The gather and rows kinds' tap-product buffer Z in bfloat16 instead of fp32 (bf16 calls
+    # only; head_engine.head_tiles says why): half of Z's traffic.
+    z_bf16: bool = False
 
     def short(self) -> str:
         if self.head == "box":
@@ -63,7 +66,7 @@ class Config:
                     f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
-                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}")
+                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else ""))
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "

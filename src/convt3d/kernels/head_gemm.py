@@ -20,7 +20,9 @@ the Z entries of the taps that reach it:
     out[n, co, o] = bias[co] + sum_{t reaching o}  Z[g, n, co * KVOL + t, i(o, t)]
 
 Each Z element is read by exactly one output element. Z is fp32 (the products of 16-bit
-operands and the TF32 products keep their fp32 accumulation; only the output is rounded).
+operands and the TF32 products keep their fp32 accumulation; only the output is rounded), or
+bfloat16 for bfloat16 calls where the launcher allocates it so (``Config.z_bf16``): the kernels
+store and load Z in the buffer's dtype and add in fp32.
 
 When no two (input, tap) pairs land on the same output position -- along every dimension
 each output residue has at most one tap, e.g. k2 s2 -- ``head_direct_kernel`` stores the GEMM tile
@@ -121,7 +123,7 @@ def head_gemm_kernel(
         c_ok = cols < NCOL
         acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
                          ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
-        tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc,
+        tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc.to(z_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & c_ok[None, :])
 
 
@@ -200,7 +202,7 @@ def head_rows_kernel(
         g_e = n0 // SW_C + tl.arange(0, G_N)
         ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
         z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
-        tl.store(z_g + z_e, out, mask=ok)
+        tl.store(z_g + z_e, out.to(z_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -364,7 +366,7 @@ def head_gather_kernel(
                             ok = (iwn >= 0) & (iwn - iw * SW == 0) & (iw < W) & w_ok
                             acc += tl.load(z_row + tw * S + z_c[:, None] + iw[None, :],
                                            mask=c_ok[:, None] & ok[None, :], other=0.0,
-                                           eviction_policy="evict_first")
+                                           eviction_policy="evict_first").to(tl.float32)
         # Row bound folded into the column bound (vector masks only: the interpreter rejects
         # mixing scalar and vector booleans).
         w_lim = tl.where(oh < OH, OW, 0)
@@ -454,7 +456,7 @@ def head_gather_tile_kernel(
                         else:
                             acc += tl.load(z_row[:, None] + tw * S64 + iw[None, :],
                                            mask=row_ok[:, None] & ok[None, :], other=0.0,
-                                           eviction_policy="evict_first")
+                                           eviction_policy="evict_first").to(tl.float32)
     st_ok = i_ok[:, None] & w_ok[None, :]
     if FILL_ONLY:
         st_ok = st_ok & (reached == 0)
