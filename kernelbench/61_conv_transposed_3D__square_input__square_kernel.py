@@ -1394,7 +1394,8 @@ holds the plan (which kernels, tiles, grids, integer arguments), not the launch 
 engine passes its launch-site factory in, so the kernels are replayed as cheaply as its own.
 
 Traffic per call (why the design, see the kernel module): the input is read once, the fp32
-tap-product buffer Z written once and read once, the output written once. For the 16 x 64 -> 1
+tap-product buffer Z (bf16 in bf16 calls' first tiles) written once and read once, the output
+written once. For the 16 x 64 -> 1
 head (32^3 -> 64^3, k4 s2 p1, fp32) the gather kind's Z (input positions x Cout/g x taps) makes
 134 + 2 x 134 + 17 MB against the 151 MB floor of the layer; the rows kind's Z (output rows) is
 half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether. The
@@ -1410,7 +1411,7 @@ import torch
 
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
-           "head_z_bytes", "width_shifts", "HeadSteps"]
+           "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
 # GEMM's N is a full MMA width and reads its input tile once per tap for >= 16 useful columns;
@@ -1476,13 +1477,18 @@ def _all_reached(params: ConvT3dParams) -> bool:
     return True
 
 
-def head_z_bytes(params: ConvT3dParams, kind: str = "gather") -> int:
-    """Bytes of the fp32 buffer Z of the gather kind (input positions x Cout x taps) or of the
+def head_z_elements(params: ConvT3dParams, kind: str = "gather") -> int:
+    """Elements of the buffer Z of the gather kind (input positions x Cout x taps) or of the
     rows kind (input depth x height x output width x Cout x depth and height taps)."""
     (d, h, w), (kd, kh, kw), ow = params.in_size, params.kernel_size, params.out_size[2]
     if kind == "rows":
-        return 4 * params.batch * params.out_channels * kd * kh * d * h * ow
-    return 4 * params.batch * params.out_channels * kd * kh * kw * d * h * w
+        return params.batch * params.out_channels * kd * kh * d * h * ow
+    return params.batch * params.out_channels * kd * kh * kw * d * h * w
+
+
+def head_z_bytes(params: ConvT3dParams, kind: str = "gather") -> int:
+    """Bytes of Z in fp32 (the size bound MAX_Z_BYTES is checked on)."""
+    return 4 * head_z_elements(params, kind)
 
 
 def width_shifts(params: ConvT3dParams) -> tuple[int, int]:
@@ -1513,6 +1519,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
       both are candidates. Tiles: BLOCK_M 128; the direct kind also BLOCK_M 64 (it won the
       fp32 k2 s2 head, 132 vs 143 us). Each candidate costs ~1 s of compile when tuning.
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
+    * bfloat16 calls: a bf16-Z twin (``z_bf16``) of every gather and rows tile, first.
     * ``gluon`` (a Hopper GPU): the box kind's candidates too (``head_box_engine.box_tiles``), last.
     """
     cout_g = params.out_channels_per_group
@@ -1555,6 +1562,21 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     # does not. Whether the spill-free tiles beat the measured ones is the tuner's measurement.
     if bk > 16:
         tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused"]
+    # Z in bfloat16 for bfloat16 calls: each tap product (or, for rows, each sum over the width
+    # taps) is rounded to bf16 once before the gather adds them in fp32. The output is rounded
+    # to bf16 anyway, so the partials add errors of the same size: float64 emulation of both
+    # (CPU, 2026-12-02, the GPU tests' head geometries, randn data) put the largest error at
+    # 1.16-1.54x cuDNN's for rows and 1.13-1.61x for gather, inside the 2x budget, and on the
+    # H200 every such tile passed test_gpu_head's bar. bf16 keeps fp32's range, so no partial
+    # can overflow where the output does not; fp16's narrow range could, and fp16 and fp32
+    # calls keep an fp32 Z. Half of Z's bytes (the 3-D GAN head's rows kind moves 67 + 2 x 34 +
+    # 8 MB instead of 67 + 2 x 67 + 8), and faster on every bf16 head row timed (H200,
+    # 2026-12-02, CUDA-graph replay, best tile of a kind with / without: GAN head cl rows
+    # 80.0 / 99.0 us, ncdhw 110.4 / 122.5; video 64->3 cl rows 151.0 / 183.4; video k4s2p1 cl
+    # rows 120.0 / 128.0; 128->8 cl gather 295.1 / 350.6), so these twins come first: the
+    # untuned default of a bf16 head is the bf16-Z gather tile.
+    if dtype == torch.bfloat16:
+        tiles = [dict(t, z_bf16=True) for t in tiles if t["head"] in ("gather", "rows")] + tiles
     if gluon:
         tiles += box_tiles(params, dtype, precision)
     return tiles
@@ -1788,7 +1810,8 @@ class HeadSteps:
                 self.gather.launch(dev, y, b, y)
             return self.gemm.launch(dev, x, w, b, y)
         p = self.params
-        z = torch.empty(head_z_bytes(p, self.cfg.head) // 4, dtype=torch.float32, device=dev)
+        z = torch.empty(head_z_elements(p, self.cfg.head), device=dev,
+                        dtype=torch.bfloat16 if self.cfg.z_bf16 else torch.float32)
         handle = self.gemm.launch(dev, x, w, z)
         self.gather.launch(dev, z, b, y)
         return handle
@@ -1834,6 +1857,7 @@ head_engine = types.SimpleNamespace(
     fused_tiles=fused_tiles,
     head_tiles=head_tiles,
     head_z_bytes=head_z_bytes,
+    head_z_elements=head_z_elements,
     width_shifts=width_shifts,
 )
 
@@ -1869,6 +1893,9 @@ class Config:
     # positions: BOX_H x BLOCK_W (= BLOCK_M).
     BOX_D: int = 0
     BOX_H: int = 0
+    # The gather and rows kinds' tap-product buffer Z in bfloat16 instead of fp32 (bf16 calls
+    # only; head_engine.head_tiles says why): half of Z's traffic.
+    z_bf16: bool = False
 
     def short(self) -> str:
         if self.head == "box":
@@ -1879,7 +1906,7 @@ class Config:
                     f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
-                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}")
+                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else ""))
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
@@ -2796,7 +2823,9 @@ the Z entries of the taps that reach it:
     out[n, co, o] = bias[co] + sum_{t reaching o}  Z[g, n, co * KVOL + t, i(o, t)]
 
 Each Z element is read by exactly one output element. Z is fp32 (the products of 16-bit
-operands and the TF32 products keep their fp32 accumulation; only the output is rounded).
+operands and the TF32 products keep their fp32 accumulation; only the output is rounded), or
+bfloat16 for bfloat16 calls where the launcher allocates it so (``Config.z_bf16``): the kernels
+store and load Z in the buffer's dtype and add in fp32.
 
 When no two (input, tap) pairs land on the same output position -- along every dimension
 each output residue has at most one tap, e.g. k2 s2 -- ``head_direct_kernel`` stores the GEMM tile
@@ -2896,7 +2925,7 @@ def head_gemm_kernel(
         c_ok = cols < NCOL
         acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
                          ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
-        tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc,
+        tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc.to(z_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & c_ok[None, :])
 
 
@@ -2975,7 +3004,7 @@ def head_rows_kernel(
         g_e = n0 // SW_C + tl.arange(0, G_N)
         ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
         z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
-        tl.store(z_g + z_e, out, mask=ok)
+        tl.store(z_g + z_e, out.to(z_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -3139,7 +3168,7 @@ def head_gather_kernel(
                             ok = (iwn >= 0) & (iwn - iw * SW == 0) & (iw < W) & w_ok
                             acc += tl.load(z_row + tw * S + z_c[:, None] + iw[None, :],
                                            mask=c_ok[:, None] & ok[None, :], other=0.0,
-                                           eviction_policy="evict_first")
+                                           eviction_policy="evict_first").to(tl.float32)
         # Row bound folded into the column bound (vector masks only: the interpreter rejects
         # mixing scalar and vector booleans).
         w_lim = tl.where(oh < OH, OW, 0)
@@ -3229,7 +3258,7 @@ def head_gather_tile_kernel(
                         else:
                             acc += tl.load(z_row[:, None] + tw * S64 + iw[None, :],
                                            mask=row_ok[:, None] & ok[None, :], other=0.0,
-                                           eviction_policy="evict_first")
+                                           eviction_policy="evict_first").to(tl.float32)
     st_ok = i_ok[:, None] & w_ok[None, :]
     if FILL_ONLY:
         st_ok = st_ok & (reached == 0)
@@ -3970,6 +3999,7 @@ head_engine = types.SimpleNamespace(
     fused_tiles=fused_tiles,
     head_tiles=head_tiles,
     head_z_bytes=head_z_bytes,
+    head_z_elements=head_z_elements,
     width_shifts=width_shifts,
 )
 # The engine's other two modules; their names are this module's too (callers use either).
