@@ -1394,7 +1394,7 @@ holds the plan (which kernels, tiles, grids, integer arguments), not the launch 
 engine passes its launch-site factory in, so the kernels are replayed as cheaply as its own.
 
 Traffic per call (why the design, see the kernel module): the input is read once, the fp32
-tap-product buffer Z (bf16 in bf16 calls' first tiles) written once and read once, the output
+tap-product buffer Z (bf16 in bf16 calls) written once and read once, the output
 written once. For the 16 x 64 -> 1
 head (32^3 -> 64^3, k4 s2 p1, fp32) the gather kind's Z (input positions x Cout/g x taps) makes
 134 + 2 x 134 + 17 MB against the 151 MB floor of the layer; the rows kind's Z (output rows) is
@@ -1519,7 +1519,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
       both are candidates. Tiles: BLOCK_M 128; the direct kind also BLOCK_M 64 (it won the
       fp32 k2 s2 head, 132 vs 143 us). Each candidate costs ~1 s of compile when tuning.
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
-    * bfloat16 calls: a bf16-Z twin (``z_bf16``) of every gather and rows tile, first.
+    * bfloat16 calls: the gather and rows tiles keep Z in bf16 (``z_bf16``).
     * ``gluon`` (a Hopper GPU): the box kind's candidates too (``head_box_engine.box_tiles``), last.
     """
     cout_g = params.out_channels_per_group
@@ -1573,10 +1573,11 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     # 8 MB instead of 67 + 2 x 67 + 8), and faster on every bf16 head row timed (H200,
     # 2026-12-02, CUDA-graph replay, best tile of a kind with / without: GAN head cl rows
     # 80.0 / 99.0 us, ncdhw 110.4 / 122.5; video 64->3 cl rows 151.0 / 183.4; video k4s2p1 cl
-    # rows 120.0 / 128.0; 128->8 cl gather 295.1 / 350.6), so these twins come first: the
-    # untuned default of a bf16 head is the bf16-Z gather tile.
+    # rows 120.0 / 128.0; 128->8 cl gather 295.1 / 350.6; the fp32-Z tile won none of the 20
+    # pairs of those runs), so bf16 calls get these tiles in place of the fp32-Z ones (each
+    # would be one more compile at a layer's first call).
     if dtype == torch.bfloat16:
-        tiles = [dict(t, z_bf16=True) for t in tiles if t["head"] in ("gather", "rows")] + tiles
+        tiles = [dict(t, z_bf16=True) if t["head"] in ("gather", "rows") else t for t in tiles]
     if gluon:
         tiles += box_tiles(params, dtype, precision)
     return tiles
