@@ -202,7 +202,7 @@ def test_wgrad_finish_adds_splits_and_lays_out_dw(splits):
     params = _setup(G(1, 16, 6, (2, 2, 2), 3, 2, 1, 0, 1, 2))[3]  # 2 groups of 8 -> 3, k3
     g, cin_g, cout_g, taps = 2, 8, 3, 27
     part = _rnd(splits, g, cin_g, taps * cout_g)
-    block_s, _ = HB._finish_blocks(g * cin_g * taps * cout_g, splits)
+    block_s, _ = HB._finish_blocks(g * cin_g * taps * cout_g, splits, HB.device_programs(torch.device("cpu"), 1))
     assert (splits > block_s) == (splits == 300)
     dw = torch.empty(16, cout_g, 3, 3, 3, dtype=torch.float32)
     HB._finish_site(params, splits, dw).launch(dw.device, part, dw)
@@ -264,7 +264,7 @@ def test_wgrad_splits_are_deterministic_and_agree(kernel):
 def test_every_gpu_candidate_config(monkeypatch):
     # The tiles a GPU times (candidates for device "cuda"), run here by the interpreter on a layer
     # whose sizes end inside every tile: 130 positions, 40 input channels, taps x Cout/g = 81.
-    monkeypatch.setattr(HB, "device_programs", lambda device: 528)  # 4 x 132 SMs of an H200
+    monkeypatch.setattr(HB, "device_programs", lambda device, per_sm=4: per_sm * 132)  # the H200's 132 SMs
     x, w, dy, params = _setup(G(1, 40, 3, (2, 5, 13), 3, 2, 1, 1))
     cuda = torch.device("cuda")
     dgrads = HB.dgrad_candidates(params, torch.float32, cuda)
@@ -290,7 +290,7 @@ def test_every_gpu_candidate_config(monkeypatch):
 def test_wgrad_splits_bounded_by_partial_buffer(monkeypatch):
     # A large head (16 x 64 -> 1, 32^3, k4): ~4 programs per SM; a wide one (128 -> 15, k3 x 27
     # taps): the fp32 partial sums stay within 2^22 values.
-    monkeypatch.setattr(HB, "device_programs", lambda device: 528)
+    monkeypatch.setattr(HB, "device_programs", lambda device, per_sm=4: per_sm * 132)  # the H200's 132 SMs
     cuda = torch.device("cuda")
     gan = check_call(torch.empty(16, 64, 32, 32, 32), torch.empty(64, 1, 4, 4, 4), None, 2, 1, 0, 1, 1)[0]
     cfg = HB.wgrad_candidates(gan, torch.bfloat16, cuda)[0]

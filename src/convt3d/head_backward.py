@@ -440,28 +440,28 @@ def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dy
 
 
 # The finish: [BLOCK_S, BLOCK_E] fp32 tiles of 8192 values (32 KB) per step; BLOCK_E small enough
-# that ~one program per SM gets elements. On the H200 (2026-12-02) a finish of 256 elements per
-# program took 50.4 us for the k2s2 8 -> 2 head, whose 128 partial elements and 528 splits made one
-# program add 17 blocks in turn; an earlier finish that added the splits serially in a few programs
+# that ~one program per SM (``device_programs(device, 1)``) gets elements. On the H200
+# (2026-12-02) a finish of 256 elements per program took 50.4 us for the k2s2 8 -> 2 head, whose
+# 128 partial elements and 528 splits made one program add 17 blocks in turn; an earlier finish that added the splits serially in a few programs
 # cost more than torch's sum and copy it replaced (NOTES.md, section 10).
-_FINISH_TILE, _FINISH_PROGRAMS = 8192, 132
+_FINISH_TILE = 8192
 
 
-def _finish_blocks(elements: int, splits: int) -> tuple[int, int]:
-    """(BLOCK_S, BLOCK_E) of wgrad_finish_kernel."""
-    block_e = _clamp_pow2(_cdiv(elements, _FINISH_PROGRAMS), 32, 256)
+def _finish_blocks(elements: int, splits: int, programs: int) -> tuple[int, int]:
+    """(BLOCK_S, BLOCK_E) of wgrad_finish_kernel, for about ``programs`` programs."""
+    block_e = _clamp_pow2(_cdiv(elements, programs), 32, 256)
     return _clamp_pow2(splits, 2, _FINISH_TILE // block_e), block_e
 
 
 def _finish_site(params: ConvT3dParams, splits: int, dw: torch.Tensor) -> Site:
     def build():
         e = params.groups * params.in_channels_per_group * _ktot(params)
-        block_s, block_e = _finish_blocks(e, splits)
+        block_s, block_e = _finish_blocks(e, splits, device_programs(dw.device, 1))
         return Site("wgrad_finish_kernel", (_cdiv(e, block_e),), (
             e, splits, params.out_channels_per_group, _ktot(params), math.prod(params.kernel_size),
         ), dict(BLOCK_S=block_s, BLOCK_E=block_e, num_warps=4), head_phase_grad)
 
-    return site(("head_wgrad_finish", params, splits, dw.dtype), build)
+    return site(("head_wgrad_finish", params, splits, dw.dtype, dw.device), build)
 
 
 def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str, out_dtype: torch.dtype,
