@@ -1542,9 +1542,11 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
         tiles = []
         if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
             tiles.append(tile("gather", _columns(params), 128, 0))  # per-row gather: no BLOCK_R
+            tiles += _persistent(params, dtype, tiles[-1])
         # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
         if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
             tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
+            tiles += _persistent(params, dtype, tiles[-1])
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
         # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
@@ -1561,7 +1563,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     # take 214 / 254 registers and do not. fp32 K 32 with two stages spills 320 B (gather); K 16
     # does not. Whether the spill-free tiles beat the measured ones is the tuner's measurement.
     if bk > 16:
-        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused"]
+        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused" and not t.get("persist")]
+
     # Z in bfloat16 for bfloat16 calls: each tap product (or, for rows, each sum over the width
     # taps) is rounded to bf16 once before the gather adds them in fp32. The output is rounded
     # to bf16 anyway, so the partials add errors of the same size: float64 emulation of both
@@ -1627,6 +1630,74 @@ def fused_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
     bk = min(_block_k(params, dtype), 32)
     return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_W=box[2], num_warps=warps, num_stages=1, use_dot=True,
                  head="fused", BLOCK_R=0, BOX_D=box[0], BOX_H=box[1]) for box, bm, warps in tiles]
+
+
+# Shared memory of one H100/H200 SM (228 KB), 1 KB of which the driver keeps per resident block.
+SM_SHARED_BYTES = 228 << 10
+MAX_BLOCK_SMEM = 227 << 10  # the most one block may take
+
+
+def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, bool]:
+    """(shared memory estimate in bytes, weight held for all tiles) of a persistent gather or
+    rows tile ``t`` (head_gemm_kernel / head_rows_kernel with UNROLL: their loops unrolled in
+    the tile loop, which Triton pipelines): per stage one tile's input, K steps x NSHIFT (rows) tiles of BLOCK_M x BLOCK_K; the
+    weight tiles, K steps x NSHIFT x N tiles of BLOCK_K x BLOCK_N, once where they are held
+    (rows, wherever they fit beside the stages in one block's shared memory) or per stage; ~4 KB
+    for the epilogue. Triton 3.6 for
+    sm_90a (offline, 2026-12-02, scripts/ptxas_regs.py, the 3-D GAN head's bf16 rows tiles,
+    weight held): 161.8 KB at BLOCK_M 128 / 3 stages (this estimate 160.0 KB), 88.1 KB at
+    64 / 3 (88.0); 79 and 48 registers, no spills. A TF32 call's operands go through registers
+    to be rounded, which takes less than this (fewer programs per SM than could fit, never
+    more)."""
+    elt = dtype.itemsize
+    rows = t["head"] == "rows"
+    nshift = width_shifts(params)[1] if rows else 1
+    k_steps = -(-params.in_channels_per_group // t["BLOCK_K"])
+    ncol = (params.out_channels_per_group * params.kernel_size[0] * params.kernel_size[1] * params.stride[2]
+            if rows else _columns(params))
+    n_tiles = -(-ncol // t["BLOCK_N"])
+    x_stage = nshift * k_steps * t["BLOCK_M"] * t["BLOCK_K"] * elt * n_tiles
+    w_bytes = nshift * k_steps * n_tiles * t["BLOCK_K"] * t["BLOCK_N"] * elt
+    stages = t["num_stages"] * x_stage + (4 << 10)
+    held = rows and stages + w_bytes <= MAX_BLOCK_SMEM
+    return stages + (w_bytes if held else t["num_stages"] * w_bytes), held
+
+
+def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[dict]:
+    """Persistent variants of the gather or rows tile ``base`` (``Config.persist``), with as many
+    programs per SM (at most 3) as their shared memory (``head_smem``) fits: for rows BLOCK_M 64
+    at 3 and 2 stages and 128 at 3, for gather 128 at 2. Those won each kind on the H200
+    (2026-12-02, CUDA-graph replay, out of BLOCK_M 64 / 128 at 2 / 3 stages each): rows 64 / 3
+    on the 3-D GAN head in fp32 and bf16 channels-last (115.7 and 51.8 us against 158.3-176.5
+    and 56.5-83.8 for the others), on the video head bf16 channels-last (99.7 against
+    109.1-158.6) and on fp32 NCDHW rows (160.0, 302.1), 64 / 2 on the bf16 NCDHW GAN head
+    (81.0, 128 / 2 81.2); gather 128 / 2 on every fp32 row (205.7-342.8). The loads are asynchronous copies only where the channel mask is
+    constant over 8 channels: Cin/g a multiple of 16, which Triton's launch specialisation
+    sees; otherwise they stay synchronous and the persistent loop only saves the launch of
+    each tile."""
+    out = []
+    for bm, stages in ((64, 3), (128, 3), (64, 2)) if base["head"] == "rows" else ((128, 2),):
+        t = dict(base, BLOCK_M=bm, num_stages=stages, num_warps=4 if bm * base["BLOCK_N"] <= 128 * 64 else 8)
+        smem = head_smem(params, dtype, t)[0]
+        # 1 KB per block kept by the driver, and 8 KB of slack: the estimate is within 2 KB of
+        # ptxas' figure offline, yet on the H200 a 112.6 KB tile (BLOCK_M 128, 2 stages) ran
+        # one block per SM where two were launched (ncu, 2026-12-02), so that the second
+        # program of each SM waited for the first.
+        per_sm = min(3, SM_SHARED_BYTES // (smem + (9 << 10)))
+        if per_sm >= 1 and smem <= MAX_BLOCK_SMEM:
+            out.append(dict(t, persist=per_sm))
+    return out
+
+
+def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
+    """Programs of a head GEMM launch over ``tiles`` tiles: one per tile (``per_sm`` 0), or
+    ``per_sm`` per SM, each looping over its share (``Config.persist``); a few on the CPU, so
+    that the interpreter runs the loop."""
+    if per_sm <= 0:
+        return tiles
+    if device.type != "cuda":
+        return max(1, min(tiles, 3))
+    return max(1, min(tiles, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
 
 
 def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[int, int]:
@@ -1722,20 +1793,33 @@ class HeadSteps:
         key = ("head_gemm", cfg.head, p, cfg, x.stride(), y.stride(), self.has_bias,
                self.precision, x.dtype)
         if cfg.head == "gather":
-            ints = (p.batch, p.in_channels_per_group, ncol, s, h, wd, *x.stride(), w.stride(0), tiles_m)
-            return self.make_site(key, "head_gemm_kernel", grid, ints, consts)
+            num_tiles = p.groups * p.batch * tiles_m
+            programs = persistent_programs(x.device, num_tiles, cfg.persist)
+            ints = (p.batch, p.in_channels_per_group, ncol, s, h, wd, *x.stride(), w.stride(0), tiles_m, num_tiles)
+            return self.make_site(key + (programs,), "head_gemm_kernel", (programs,), ints,
+                                  dict(consts, UNROLL=cfg.persist > 0, N_TILES=-(-ncol // cfg.BLOCK_N),
+                                       K_STEPS=-(-p.in_channels_per_group // cfg.BLOCK_K)))
         if cfg.head == "rows":
             (kd, kh, kw), sw, ow = p.kernel_size, p.stride[2], p.out_size[2]
             qw = -(-ow // sw)
             tiles_m = -(-(d * h * qw) // cfg.BLOCK_M)
             shift0, nshift = width_shifts(p)
-            ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group * kd * kh * sw, d, h, wd, ow, qw,
-                    kh, kw, kd * kh * kw, sw, p.padding[2], p.dilation[2], shift0, nshift,
-                    *x.stride(), w.stride(0), tiles_m)
-            consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, BLOCK_M=cfg.BLOCK_M,
-                          BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
+            ncol_rows = p.out_channels_per_group * kd * kh * sw
+            num_tiles = p.batch * tiles_m  # per group: the grid's second axis
+            programs = -(-persistent_programs(x.device, p.groups * num_tiles, cfg.persist) // p.groups)
+            ints = (p.batch, p.in_channels_per_group, ncol_rows, d, h, wd, ow, qw,
+                    kh, kw, kd * kh * kw, sw, p.padding[2], p.dilation[2], shift0,
+                    *x.stride(), w.stride(0), tiles_m, num_tiles)
+            # FLAT_DH: depth and height walked by the height stride (contiguous NCDHW or
+            # channels-last input); FULL_W: every compact column fills SW output columns.
+            flat_dh = x.stride(2) == h * x.stride(3)
+            consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, NSHIFT=nshift,
+                          FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
+                          W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1],
+                          N_TILES=-(-ncol_rows // cfg.BLOCK_N), K_STEPS=-(-p.in_channels_per_group // cfg.BLOCK_K),
+                          BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
-            return self.make_site(key, "head_rows_kernel", (p.groups * p.batch * tiles_m,), ints, consts)
+            return self.make_site(key + (programs,), "head_rows_kernel", (programs, p.groups), ints, consts)
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, s, h, wd, *p.out_size,
                 p.kernel_size[1], p.kernel_size[2], *p.stride, *p.padding, *p.dilation,
                 *x.stride(), w.stride(0), *y.stride(), tiles_m)
@@ -1843,22 +1927,27 @@ head_engine = types.SimpleNamespace(
     FUSED_SCRATCH_BYTES=FUSED_SCRATCH_BYTES,
     HEAD_KINDS=HEAD_KINDS,
     HeadSteps=HeadSteps,
+    MAX_BLOCK_SMEM=MAX_BLOCK_SMEM,
     MAX_HEAD_CHANNELS=MAX_HEAD_CHANNELS,
     MAX_Z_BYTES=MAX_Z_BYTES,
     MakeSite=MakeSite,
+    SM_SHARED_BYTES=SM_SHARED_BYTES,
     _all_reached=_all_reached,
     _batch_span=_batch_span,
     _block_k=_block_k,
     _columns=_columns,
     _flat_x=_flat_x,
     _gather_tile=_gather_tile,
+    _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
     collision_free=collision_free,
     fused_box=fused_box,
     fused_tiles=fused_tiles,
+    head_smem=head_smem,
     head_tiles=head_tiles,
     head_z_bytes=head_z_bytes,
     head_z_elements=head_z_elements,
+    persistent_programs=persistent_programs,
     width_shifts=width_shifts,
 )
 
@@ -1897,6 +1986,10 @@ class Config:
     # The gather and rows kinds' tap-product buffer Z in bfloat16 instead of fp32 (bf16 calls
     # only; head_engine.head_tiles says why): half of Z's traffic.
     z_bf16: bool = False
+    # Programs per SM of a persistent head GEMM, each looping over its share of the tiles so
+    # that the next tile's loads are in flight during this one's MMAs (head_rows_kernel);
+    # 0: one program per tile.
+    persist: int = 0
 
     def short(self) -> str:
         if self.head == "box":
@@ -1907,7 +2000,8 @@ class Config:
                     f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
-                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else ""))
+                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
+                    + (f" p{self.persist}" if self.persist else ""))
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
@@ -2901,33 +2995,82 @@ def head_gemm_kernel(
     N, CIN_G, NCOL, S, H, W,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_wc,
-    tiles_m,
+    tiles_m, num_tiles,
     FLAT_X: tl.constexpr,
     ROUND_TF32: tl.constexpr,
     PRECISION: tl.constexpr,
+    UNROLL: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Z[g, n, col, s] (contiguous [G, N, NCOL, S], fp32) for one tile of BLOCK_M input
-    positions and every column: the N tiles loop inside the program, so the input tile is read
-    from HBM once and re-read (NCOL / BLOCK_N - 1 times) from cache."""
-    pid = tl.program_id(0)
-    pid_m = pid % tiles_m
-    t = pid // tiles_m
-    nb = t % N
-    grp = t // N
-    offs_m, m_ok, x_m = _head_rows(pid_m, S, H, W, stride_xd, stride_xh, stride_xw, FLAT_X, BLOCK_M)
-    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
-    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
-    # Z of (g, n) (t = g * N + n): NCOL rows of S positions; a column's row is contiguous along s, so the
-    # stores are coalesced along M.
-    z_g = z_ptr + t.to(tl.int64) * NCOL * S
-    for n0 in range(0, NCOL, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < NCOL
-        acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
-                         ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
-        tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc.to(z_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & c_ok[None, :])
+    """Z[g, n, col, s] (contiguous [G, N, NCOL, S]) for tiles of BLOCK_M input positions and
+    every column: the N tiles loop inside the program, so the input tile is read from HBM once
+    and re-read (N_TILES - 1 times) from cache.
+
+    A program walks tiles pid, pid + programs, ... of the num_tiles (g, n, M tile) tiles. With
+    one program per tile the K steps are a runtime loop, which Triton pipelines; with a few
+    programs per SM (``Config.persist``) UNROLL makes them a constexpr loop, so that the tile
+    loop is the one Triton pipelines and the next tile's input is in flight during this one's
+    MMAs and stores (head_rows_kernel says why)."""
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        pid_m = tile % tiles_m
+        t = tile // tiles_m
+        nb = t % N
+        grp = t // N
+        offs_m, m_ok, x_m = _head_rows(pid_m, S, H, W, stride_xd, stride_xh, stride_xw, FLAT_X, BLOCK_M)
+        x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+        w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+        # Z of (g, n) (t = g * N + n): NCOL rows of S positions; a column's row is contiguous
+        # along s, so the stores are coalesced along M.
+        z_g = z_ptr + t.to(tl.int64) * NCOL * S
+        for nt in tl.static_range(N_TILES):
+            cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+            c_ok = cols < NCOL
+            if UNROLL:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for kk in tl.static_range(K_STEPS):
+                    ks = kk * BLOCK_K + tl.arange(0, BLOCK_K)
+                    k_ok = ks < CIN_G
+                    x_t = tl.load(x_n + x_m[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                                  mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                    w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
+                                  mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+                    acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
+            else:
+                acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
+                                 ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+            tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc.to(z_ptr.dtype.element_ty),
+                     mask=m_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+                      SW_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """head_rows_kernel's weight tile of N tile ``nt``, width shift ``j`` and channels from ``k0``:
+    [BLOCK_K input channels, BLOCK_N columns (co, td, th, rw)], the tap
+    tw = (rw + PW - delta * SW) / DW of each column where that is a tap, zero elsewhere,
+    gathered from the weight as PyTorch stores it (one row of Cout/g x kD x kH x kW per input
+    channel)."""
+    cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = cols % SW_C
+    gcol = cols // SW_C  # (co, td, th)
+    w_col = (gcol // (KVOL // KW)) * KVOL + (gcol % (KVOL // KW)) * KW  # tap (td, th, 0) of the column
+    twn = rw + PW - (SHIFT0 + j) * SW
+    tw = twn // DW
+    t_ok = (cols < NCOL) & (twn >= 0) & ((twn % DW) == 0) & (tw < KW)
+    ks = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + tw)[None, :],
+                   mask=(ks < CIN_G)[:, None] & t_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
+              ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += the input tile at width shift ``j`` (channels from ``k0``) @ its weight tile ``w_t``."""
+    iw = q + (SHIFT0 + j)
+    ks = k0 + tl.arange(0, BLOCK_K)
+    x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                  mask=(m_ok & (iw >= 0) & (iw < W))[:, None] & (ks < CIN_G)[None, :], other=0.0)
+    return _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
 
 
 @triton.jit
@@ -2935,13 +3078,15 @@ def head_rows_kernel(
     x_ptr, w_ptr, z_ptr,
     N, CIN_G, NCOL, D, H, W, OW, QW,
     KH, KW, KVOL,
-    SW, PW, DW, SHIFT0, NSHIFT,
+    SW, PW, DW, SHIFT0,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_wc,
-    tiles_m,
+    tiles_m, num_tiles,
     ROUND_TF32: tl.constexpr,
     PRECISION: tl.constexpr,
     SW_C: tl.constexpr,
+    FLAT_DH: tl.constexpr, FULL_W: tl.constexpr, UNROLL: tl.constexpr, W_ONCE: tl.constexpr,
+    NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """The "rows" kind: the width taps summed inside the GEMM, so Z holds output rows:
@@ -2957,55 +3102,83 @@ def head_rows_kernel(
     columns. Against the "gather" kind, Z shrinks by ~KW / SW (half for k4 s2), and the gather
     sums depth and height taps only (head_gather_tile_kernel over a width of OW, one width tap).
 
+    Grid (programs, groups): a program walks tiles pid, pid + programs, ... of its group's
+    num_tiles (n, M tile) tiles. With one program per tile (the single-sweep launch) the shifts
+    and K steps are runtime loops, whose K loop Triton pipelines, and each weight tile is a
+    masked per-element gather of taps (``_rows_weight_tile``) at its step. With a few programs
+    per SM (``Config.persist``) UNROLL makes the shifts and K steps constexpr loops, so the tile
+    loop is the only loop and Triton's pipeliner prefetches the next tile's input (num_stages)
+    during this one's MMAs and stores; with W_ONCE the weight tiles are gathered once per
+    program, before the tile loop, and held (a tuple; Triton keeps them in shared memory).
+    (ncu, H200, 2026-12-02, bf16 3-D GAN head: unrolled, a program per tile and the weight
+    gathered per tile, the kernel issued 38.5 M instructions at 2 CTAs per SM, latency- and
+    issue-bound: 107 us at 17% of DRAM's bandwidth.)
+
     (Summing the height taps in the GEMM too -- Z of output planes, 9 shifted input tiles for
     k4 s2 p1 -- was measured slower on every head row of the bench, H200 2026-12-01: 3-D GAN
     head bf16 165-246 vs 108-134 us, fp32 603-899 vs 463-487 us.)"""
-    pid = tl.program_id(0)
-    pid_m = pid % tiles_m
-    t = pid // tiles_m
-    nb = t % N
-    grp = t // N
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    grp = tl.program_id(1)
     S = D * H * QW
-    m_ok = offs_m < S
-    q = offs_m % QW
-    r = offs_m // QW  # id * H + ih
-    x_r = (r // H) * stride_xd + (r % H) * stride_xh
-    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+    G_N: tl.constexpr = BLOCK_N // SW_C
+    x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
-    z_g = z_ptr + t.to(tl.int64) * (NCOL // SW_C) * (D * H * OW)
-    for n0 in range(0, NCOL, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < NCOL
-        rw = cols % SW_C
-        gcol = cols // SW_C  # (co, td, th)
-        w_col = (gcol // (KVOL // KW)) * KVOL + (gcol % (KVOL // KW)) * KW  # tap (td, th, 0) of the column
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for j in range(NSHIFT):
-            delta = SHIFT0 + j
-            iw = q + delta
-            x_ok = m_ok & (iw >= 0) & (iw < W)
-            twn = rw + PW - delta * SW
-            tw = twn // DW
-            t_ok = c_ok & (twn >= 0) & ((twn % DW) == 0) & (tw < KW)
-            for k0 in range(0, CIN_G, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < CIN_G
-                x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                              mask=x_ok[:, None] & k_ok[None, :], other=0.0)
-                w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + tw)[None, :],
-                              mask=k_ok[:, None] & t_ok[None, :], other=0.0)
-                acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
-        # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
-        G_N: tl.constexpr = BLOCK_N // SW_C
-        out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
-        e = tl.arange(0, BLOCK_M * SW_C)
-        em = pid_m * BLOCK_M + e // SW_C
-        ow = (em % QW) * SW_C + e % SW_C
-        g_e = n0 // SW_C + tl.arange(0, G_N)
-        ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
-        z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
-        tl.store(z_g + z_e, out.to(z_ptr.dtype.element_ty), mask=ok)
+    ws = ()
+    if W_ONCE:
+        for nt in tl.static_range(N_TILES):
+            for j in tl.static_range(NSHIFT):
+                for kk in tl.static_range(K_STEPS):
+                    ws = ws + (_rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
+                                                 stride_wc, SW_C, BLOCK_N, BLOCK_K),)
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        pid_m = tile % tiles_m
+        nb = tile // tiles_m
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < S
+        q = offs_m % QW
+        r = offs_m // QW  # id * H + ih
+        if FLAT_DH:
+            x_r = r * stride_xh
+        else:
+            x_r = (r // H) * stride_xd + (r % H) * stride_xh
+        x_n = x_g + nb.to(tl.int64) * stride_xn
+        z_g = z_ptr + (grp * N + nb).to(tl.int64) * (NCOL // SW_C) * (D * H * OW)
+        # N tiles outermost, one accumulator live at a time (two 128 x 128 fp32 accumulators
+        # of the 128 -> 8 head spill at 8 warps, Triton 3.6 offline); the input tiles of a
+        # second N tile come again from L1/L2.
+        for nt in tl.static_range(N_TILES):
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if UNROLL:
+                for j in tl.static_range(NSHIFT):
+                    for kk in tl.static_range(K_STEPS):
+                        if W_ONCE:
+                            w_t = ws[(nt * NSHIFT + j) * K_STEPS + kk]
+                        else:
+                            w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW,
+                                                    SHIFT0, stride_wc, SW_C, BLOCK_N, BLOCK_K)
+                        acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, kk * BLOCK_K, CIN_G, W, SHIFT0, stride_xc,
+                                        stride_xw, ROUND_TF32, PRECISION, BLOCK_K)
+            else:
+                for j in range(NSHIFT):
+                    for k0 in range(0, CIN_G, BLOCK_K):
+                        w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+                                                SW_C, BLOCK_N, BLOCK_K)
+                        acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
+                                        ROUND_TF32, PRECISION, BLOCK_K)
+            # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
+            out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
+            e = tl.arange(0, BLOCK_M * SW_C)
+            em = pid_m * BLOCK_M + e // SW_C
+            g_e = nt * G_N + tl.arange(0, G_N)
+            if FULL_W:
+                # OW = QW * SW: output column (em // QW) * OW + (em % QW) * SW + rw is em * SW + rw,
+                # the tile's run of contiguous elements (no per-element division).
+                ok = (g_e < NCOL // SW_C)[:, None] & (em < S)[None, :]
+                z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + (pid_m * (BLOCK_M * SW_C) + e)[None, :]
+            else:
+                ow = (em % QW) * SW_C + e % SW_C
+                ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
+                z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
+            tl.store(z_g + z_e, out.to(z_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -3435,6 +3608,8 @@ HK = types.SimpleNamespace(
     _head_rows=_head_rows,
     _head_tile=_head_tile,
     _mma_step=_mma_step,
+    _rows_mma=_rows_mma,
+    _rows_weight_tile=_rows_weight_tile,
     head_direct_kernel=head_direct_kernel,
     head_fused_kernel=head_fused_kernel,
     head_gather_kernel=head_gather_kernel,
@@ -3985,22 +4160,27 @@ head_engine = types.SimpleNamespace(
     FUSED_SCRATCH_BYTES=FUSED_SCRATCH_BYTES,
     HEAD_KINDS=HEAD_KINDS,
     HeadSteps=HeadSteps,
+    MAX_BLOCK_SMEM=MAX_BLOCK_SMEM,
     MAX_HEAD_CHANNELS=MAX_HEAD_CHANNELS,
     MAX_Z_BYTES=MAX_Z_BYTES,
     MakeSite=MakeSite,
+    SM_SHARED_BYTES=SM_SHARED_BYTES,
     _all_reached=_all_reached,
     _batch_span=_batch_span,
     _block_k=_block_k,
     _columns=_columns,
     _flat_x=_flat_x,
     _gather_tile=_gather_tile,
+    _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
     collision_free=collision_free,
     fused_box=fused_box,
     fused_tiles=fused_tiles,
+    head_smem=head_smem,
     head_tiles=head_tiles,
     head_z_bytes=head_z_bytes,
     head_z_elements=head_z_elements,
+    persistent_programs=persistent_programs,
     width_shifts=width_shifts,
 )
 # The engine's other two modules; their names are this module's too (callers use either).

@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ptr", default="*fp32", help="type of the pointer arguments (default *fp32)")
     ap.add_argument("--ptr-arg", nargs="*", default=[], metavar="NAME=TYPE", help="per-pointer types")
     ap.add_argument("--const", nargs="*", default=[], metavar="NAME=VALUE", help="constexpr arguments")
+    ap.add_argument("--div16", nargs="*", default=[], metavar="NAME",
+                    help="integer arguments known to be multiples of 16, as Triton specialises them at a "
+                         "launch (pointers are taken as 16-byte aligned, as PyTorch allocates them; an "
+                         "integer equal to 1 is passed with --const NAME=1)")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=1)
     ap.add_argument("--ptxas", default=shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas")
@@ -55,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     ptrs = dict(p.split("=", 1) for p in args.ptr_arg)
     sig = {n: ("constexpr" if n in consts else ptrs.get(n, args.ptr) if n.endswith("_ptr") else "i32")
            for n in fn.arg_names}
-    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+    # Launch-time specialisation: 16-byte aligned pointers and the --div16 integers.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if n not in consts and (n.endswith("_ptr") or n in args.div16)}
+    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": args.warps, "num_stages": args.stages})
     out = subprocess.run([args.ptxas, "--version"], capture_output=True, text=True).stdout
     have = re.search(r"release (\d+)\.(\d+)", out)

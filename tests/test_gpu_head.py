@@ -8,6 +8,8 @@ float32 at each precision, both input layouts, strided input, and once through t
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -90,6 +92,33 @@ def test_every_head_candidate(name, layout, dtype):
     x, w, b, args = _inputs(HEADS[name], layout, dtype)
     params, _ = check_call(x, w, b, *args)
     for cfg in _heads(params, x, w, "tf32"):
+        _check(x, w, b, args, "tf32", E.forward(x, w, b, params, "tf32", config=cfg))
+
+
+PERSISTENT_HEADS = {
+    "k4s2p1-full-width": (4, 64, 1, 1, (16, 32, 33), 4, 2, 1, 0, 1),  # OW = 2 x W
+    "k3s2p1-odd-width": (4, 64, 2, 1, (16, 32, 45), 3, 2, 1, 0, 1),  # OW = 2 x W - 1
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", ["ncdhw", "cl", "noncontig"])
+@pytest.mark.parametrize("name", list(PERSISTENT_HEADS))
+def test_persistent_tiles_walk_many_tiles(name, layout, dtype):
+    # The persistent gather and rows tiles (Config.persist) on layers with more tiles than
+    # programs, so that every program loops: full and partial output widths, flat and strided
+    # inputs.
+    from convt3d import head_engine
+    x, w, b, args = _inputs(PERSISTENT_HEADS[name], layout, dtype)
+    params, _ = check_call(x, w, b, *args)
+    persistent = [c for c in _heads(params, x, w, "tf32") if c.persist]
+    assert persistent, "a persistent tile must be offered"
+    (d, h, wd), ow, sw = params.in_size, params.out_size[2], params.stride[2]
+    for cfg in persistent:
+        # M: input positions (gather) or input rows x compact output columns (rows).
+        m = d * h * (-(-ow // sw) if cfg.head == "rows" else wd)
+        tiles = params.batch * -(-m // cfg.BLOCK_M)
+        assert tiles > head_engine.persistent_programs(x.device, tiles, cfg.persist)
         _check(x, w, b, args, "tf32", E.forward(x, w, b, params, "tf32", config=cfg))
 
 

@@ -14,6 +14,7 @@ gather rows wider than the gather span, every input layout, unbatched input.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -186,6 +187,59 @@ def test_every_candidate_tile(pick):
     case = REGIMES["gather-m-tiles"]
     x, w, b = case.tensors()
     check_against_reference(run_head(case, x, w, b, pick=pick), x, w, b, *case.args, context=f"pick {pick}")
+
+
+PERSISTENT_ROWS = {
+    "m-tail": REGIMES["gather-m-tiles"],
+    "groups2": REGIMES["gather-groups2-c3"],
+    "video-head-cl": REGIMES["gather-c3-k144-s122-cl"],
+    "gan-head-batch2": REGIMES["gather-c1-k4s2p1"],
+    # K 40 = 2 steps of 32, N 8 x 3 x 3 x 2 = 144 = 2 tiles of 128
+    "k-steps-n-tiles": Case(1, 40, 8, (2, 5, 6), (3, 3, 3), 2, 1),
+    "dilation2-op": Case(1, 3, 2, (2, 4, 7), (2, 3, 2), 2, 1, 1, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(PERSISTENT_ROWS))
+def test_persistent_rows_walks_every_tile(name):
+    # The persistent rows tile (Config.persist): on the CPU three programs loop over all
+    # (group, batch, M) tiles; BLOCK_M 16 makes several tiles per program in every regime
+    # (M tails, K steps, N tiles, groups, channels-last, dilation).
+    # (Forced on the first rows tile: where the shared-memory estimate offers none, as for the
+    # K-steps/N-tiles layer, the kernel must still be right.)
+    case = PERSISTENT_ROWS[name]
+    x, w, b = case.tensors()
+    params, x5, _ = head_configs(case, x, w)
+    tiles = params.groups * params.batch * -(-(math.prod(params.in_size[:2]) * -(-params.out_size[2] // params.stride[2])) // 16)
+    assert tiles > head_engine.persistent_programs(x5.device, tiles, 1), "each program must walk several tiles"
+    y = run_head(case, x, w, b, kind="rows", BLOCK_M=16, persist=1, num_stages=2)
+    check_against_reference(y, x, w, b, *case.args, context=f"{name} persistent rows")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("cout, cin, kernel, stride", [(1, 64, 4, 2), (3, 64, (1, 4, 4), (1, 2, 2)), (8, 128, 3, (1, 2, 2)),
+                                                       (15, 256, 3, 1)],
+                         ids=["gan-head", "video-head", "128to8-k3", "256to15-k3s1"])
+def test_head_tiles_fit_the_shared_memory(dtype, cout, cin, kernel, stride):
+    # Every persistent gather and rows tile offered fits one block's shared memory by
+    # head_smem's estimate, and its programs per SM fit the SM together; only rows tiles hold
+    # their weight; the single-sweep tiles come first (the untuned defaults).
+    k3 = (kernel,) * 3 if isinstance(kernel, int) else kernel
+    s3 = (stride,) * 3 if isinstance(stride, int) else stride
+    params = ConvT3dParams(2, cin, cout, 1, (8, 16, 16), k3, s3, (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    tiles = [t for t in head_engine.head_tiles(params, dtype, "tf32") if t["head"] in ("gather", "rows")]
+    assert tiles
+    for kind in ("gather", "rows"):
+        of_kind = [t for t in tiles if t["head"] == kind]
+        if of_kind:
+            assert not of_kind[0].get("persist"), "the single-sweep tile stays the untuned default"
+    for t in tiles:
+        if t.get("persist"):
+            smem, held = head_engine.head_smem(params, dtype, t)
+            assert smem <= head_engine.MAX_BLOCK_SMEM, t
+            assert not held or t["head"] == "rows"
+            assert 1 <= t["persist"] <= 3
+            assert t["persist"] * (smem + (9 << 10)) <= head_engine.SM_SHARED_BYTES, t
 
 
 @pytest.mark.parametrize("name, kind", [("gather-per-dim-everything", "gather"), ("gather-m-tiles", "rows"),

@@ -159,9 +159,11 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
         tiles = []
         if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
             tiles.append(tile("gather", _columns(params), 128, 0))  # per-row gather: no BLOCK_R
+            tiles += _persistent(params, dtype, tiles[-1])
         # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
         if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
             tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
+            tiles += _persistent(params, dtype, tiles[-1])
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
         # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
@@ -178,7 +180,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     # take 214 / 254 registers and do not. fp32 K 32 with two stages spills 320 B (gather); K 16
     # does not. Whether the spill-free tiles beat the measured ones is the tuner's measurement.
     if bk > 16:
-        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused"]
+        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused" and not t.get("persist")]
+
     # Z in bfloat16 for bfloat16 calls: each tap product (or, for rows, each sum over the width
     # taps) is rounded to bf16 once before the gather adds them in fp32. The output is rounded
     # to bf16 anyway, so the partials add errors of the same size: float64 emulation of both
@@ -244,6 +247,74 @@ def fused_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
     bk = min(_block_k(params, dtype), 32)
     return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_W=box[2], num_warps=warps, num_stages=1, use_dot=True,
                  head="fused", BLOCK_R=0, BOX_D=box[0], BOX_H=box[1]) for box, bm, warps in tiles]
+
+
+# Shared memory of one H100/H200 SM (228 KB), 1 KB of which the driver keeps per resident block.
+SM_SHARED_BYTES = 228 << 10
+MAX_BLOCK_SMEM = 227 << 10  # the most one block may take
+
+
+def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, bool]:
+    """(shared memory estimate in bytes, weight held for all tiles) of a persistent gather or
+    rows tile ``t`` (head_gemm_kernel / head_rows_kernel with UNROLL: their loops unrolled in
+    the tile loop, which Triton pipelines): per stage one tile's input, K steps x NSHIFT (rows) tiles of BLOCK_M x BLOCK_K; the
+    weight tiles, K steps x NSHIFT x N tiles of BLOCK_K x BLOCK_N, once where they are held
+    (rows, wherever they fit beside the stages in one block's shared memory) or per stage; ~4 KB
+    for the epilogue. Triton 3.6 for
+    sm_90a (offline, 2026-12-02, scripts/ptxas_regs.py, the 3-D GAN head's bf16 rows tiles,
+    weight held): 161.8 KB at BLOCK_M 128 / 3 stages (this estimate 160.0 KB), 88.1 KB at
+    64 / 3 (88.0); 79 and 48 registers, no spills. A TF32 call's operands go through registers
+    to be rounded, which takes less than this (fewer programs per SM than could fit, never
+    more)."""
+    elt = dtype.itemsize
+    rows = t["head"] == "rows"
+    nshift = width_shifts(params)[1] if rows else 1
+    k_steps = -(-params.in_channels_per_group // t["BLOCK_K"])
+    ncol = (params.out_channels_per_group * params.kernel_size[0] * params.kernel_size[1] * params.stride[2]
+            if rows else _columns(params))
+    n_tiles = -(-ncol // t["BLOCK_N"])
+    x_stage = nshift * k_steps * t["BLOCK_M"] * t["BLOCK_K"] * elt * n_tiles
+    w_bytes = nshift * k_steps * n_tiles * t["BLOCK_K"] * t["BLOCK_N"] * elt
+    stages = t["num_stages"] * x_stage + (4 << 10)
+    held = rows and stages + w_bytes <= MAX_BLOCK_SMEM
+    return stages + (w_bytes if held else t["num_stages"] * w_bytes), held
+
+
+def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[dict]:
+    """Persistent variants of the gather or rows tile ``base`` (``Config.persist``), with as many
+    programs per SM (at most 3) as their shared memory (``head_smem``) fits: for rows BLOCK_M 64
+    at 3 and 2 stages and 128 at 3, for gather 128 at 2. Those won each kind on the H200
+    (2026-12-02, CUDA-graph replay, out of BLOCK_M 64 / 128 at 2 / 3 stages each): rows 64 / 3
+    on the 3-D GAN head in fp32 and bf16 channels-last (115.7 and 51.8 us against 158.3-176.5
+    and 56.5-83.8 for the others), on the video head bf16 channels-last (99.7 against
+    109.1-158.6) and on fp32 NCDHW rows (160.0, 302.1), 64 / 2 on the bf16 NCDHW GAN head
+    (81.0, 128 / 2 81.2); gather 128 / 2 on every fp32 row (205.7-342.8). The loads are asynchronous copies only where the channel mask is
+    constant over 8 channels: Cin/g a multiple of 16, which Triton's launch specialisation
+    sees; otherwise they stay synchronous and the persistent loop only saves the launch of
+    each tile."""
+    out = []
+    for bm, stages in ((64, 3), (128, 3), (64, 2)) if base["head"] == "rows" else ((128, 2),):
+        t = dict(base, BLOCK_M=bm, num_stages=stages, num_warps=4 if bm * base["BLOCK_N"] <= 128 * 64 else 8)
+        smem = head_smem(params, dtype, t)[0]
+        # 1 KB per block kept by the driver, and 8 KB of slack: the estimate is within 2 KB of
+        # ptxas' figure offline, yet on the H200 a 112.6 KB tile (BLOCK_M 128, 2 stages) ran
+        # one block per SM where two were launched (ncu, 2026-12-02), so that the second
+        # program of each SM waited for the first.
+        per_sm = min(3, SM_SHARED_BYTES // (smem + (9 << 10)))
+        if per_sm >= 1 and smem <= MAX_BLOCK_SMEM:
+            out.append(dict(t, persist=per_sm))
+    return out
+
+
+def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
+    """Programs of a head GEMM launch over ``tiles`` tiles: one per tile (``per_sm`` 0), or
+    ``per_sm`` per SM, each looping over its share (``Config.persist``); a few on the CPU, so
+    that the interpreter runs the loop."""
+    if per_sm <= 0:
+        return tiles
+    if device.type != "cuda":
+        return max(1, min(tiles, 3))
+    return max(1, min(tiles, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
 
 
 def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[int, int]:
@@ -339,20 +410,33 @@ class HeadSteps:
         key = ("head_gemm", cfg.head, p, cfg, x.stride(), y.stride(), self.has_bias,
                self.precision, x.dtype)
         if cfg.head == "gather":
-            ints = (p.batch, p.in_channels_per_group, ncol, s, h, wd, *x.stride(), w.stride(0), tiles_m)
-            return self.make_site(key, "head_gemm_kernel", grid, ints, consts)
+            num_tiles = p.groups * p.batch * tiles_m
+            programs = persistent_programs(x.device, num_tiles, cfg.persist)
+            ints = (p.batch, p.in_channels_per_group, ncol, s, h, wd, *x.stride(), w.stride(0), tiles_m, num_tiles)
+            return self.make_site(key + (programs,), "head_gemm_kernel", (programs,), ints,
+                                  dict(consts, UNROLL=cfg.persist > 0, N_TILES=-(-ncol // cfg.BLOCK_N),
+                                       K_STEPS=-(-p.in_channels_per_group // cfg.BLOCK_K)))
         if cfg.head == "rows":
             (kd, kh, kw), sw, ow = p.kernel_size, p.stride[2], p.out_size[2]
             qw = -(-ow // sw)
             tiles_m = -(-(d * h * qw) // cfg.BLOCK_M)
             shift0, nshift = width_shifts(p)
-            ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group * kd * kh * sw, d, h, wd, ow, qw,
-                    kh, kw, kd * kh * kw, sw, p.padding[2], p.dilation[2], shift0, nshift,
-                    *x.stride(), w.stride(0), tiles_m)
-            consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, BLOCK_M=cfg.BLOCK_M,
-                          BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
+            ncol_rows = p.out_channels_per_group * kd * kh * sw
+            num_tiles = p.batch * tiles_m  # per group: the grid's second axis
+            programs = -(-persistent_programs(x.device, p.groups * num_tiles, cfg.persist) // p.groups)
+            ints = (p.batch, p.in_channels_per_group, ncol_rows, d, h, wd, ow, qw,
+                    kh, kw, kd * kh * kw, sw, p.padding[2], p.dilation[2], shift0,
+                    *x.stride(), w.stride(0), tiles_m, num_tiles)
+            # FLAT_DH: depth and height walked by the height stride (contiguous NCDHW or
+            # channels-last input); FULL_W: every compact column fills SW output columns.
+            flat_dh = x.stride(2) == h * x.stride(3)
+            consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, NSHIFT=nshift,
+                          FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
+                          W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1],
+                          N_TILES=-(-ncol_rows // cfg.BLOCK_N), K_STEPS=-(-p.in_channels_per_group // cfg.BLOCK_K),
+                          BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
-            return self.make_site(key, "head_rows_kernel", (p.groups * p.batch * tiles_m,), ints, consts)
+            return self.make_site(key + (programs,), "head_rows_kernel", (programs, p.groups), ints, consts)
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, s, h, wd, *p.out_size,
                 p.kernel_size[1], p.kernel_size[2], *p.stride, *p.padding, *p.dilation,
                 *x.stride(), w.stride(0), *y.stride(), tiles_m)

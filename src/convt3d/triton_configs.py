@@ -56,6 +56,10 @@ class Config:
     # The gather and rows kinds' tap-product buffer Z in bfloat16 instead of fp32 (bf16 calls
     # only; head_engine.head_tiles says why): half of Z's traffic.
     z_bf16: bool = False
+    # Programs per SM of a persistent head GEMM, each looping over its share of the tiles so
+    # that the next tile's loads are in flight during this one's MMAs (head_rows_kernel);
+    # 0: one program per tile.
+    persist: int = 0
 
     def short(self) -> str:
         if self.head == "box":
@@ -66,7 +70,8 @@ class Config:
                     f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
-                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else ""))
+                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
+                    + (f" p{self.persist}" if self.persist else ""))
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "

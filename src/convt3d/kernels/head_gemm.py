@@ -98,33 +98,82 @@ def head_gemm_kernel(
     N, CIN_G, NCOL, S, H, W,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_wc,
-    tiles_m,
+    tiles_m, num_tiles,
     FLAT_X: tl.constexpr,
     ROUND_TF32: tl.constexpr,
     PRECISION: tl.constexpr,
+    UNROLL: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Z[g, n, col, s] (contiguous [G, N, NCOL, S], fp32) for one tile of BLOCK_M input
-    positions and every column: the N tiles loop inside the program, so the input tile is read
-    from HBM once and re-read (NCOL / BLOCK_N - 1 times) from cache."""
-    pid = tl.program_id(0)
-    pid_m = pid % tiles_m
-    t = pid // tiles_m
-    nb = t % N
-    grp = t // N
-    offs_m, m_ok, x_m = _head_rows(pid_m, S, H, W, stride_xd, stride_xh, stride_xw, FLAT_X, BLOCK_M)
-    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
-    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
-    # Z of (g, n) (t = g * N + n): NCOL rows of S positions; a column's row is contiguous along s, so the
-    # stores are coalesced along M.
-    z_g = z_ptr + t.to(tl.int64) * NCOL * S
-    for n0 in range(0, NCOL, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < NCOL
-        acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
-                         ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
-        tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc.to(z_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & c_ok[None, :])
+    """Z[g, n, col, s] (contiguous [G, N, NCOL, S]) for tiles of BLOCK_M input positions and
+    every column: the N tiles loop inside the program, so the input tile is read from HBM once
+    and re-read (N_TILES - 1 times) from cache.
+
+    A program walks tiles pid, pid + programs, ... of the num_tiles (g, n, M tile) tiles. With
+    one program per tile the K steps are a runtime loop, which Triton pipelines; with a few
+    programs per SM (``Config.persist``) UNROLL makes them a constexpr loop, so that the tile
+    loop is the one Triton pipelines and the next tile's input is in flight during this one's
+    MMAs and stores (head_rows_kernel says why)."""
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        pid_m = tile % tiles_m
+        t = tile // tiles_m
+        nb = t % N
+        grp = t // N
+        offs_m, m_ok, x_m = _head_rows(pid_m, S, H, W, stride_xd, stride_xh, stride_xw, FLAT_X, BLOCK_M)
+        x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+        w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+        # Z of (g, n) (t = g * N + n): NCOL rows of S positions; a column's row is contiguous
+        # along s, so the stores are coalesced along M.
+        z_g = z_ptr + t.to(tl.int64) * NCOL * S
+        for nt in tl.static_range(N_TILES):
+            cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+            c_ok = cols < NCOL
+            if UNROLL:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for kk in tl.static_range(K_STEPS):
+                    ks = kk * BLOCK_K + tl.arange(0, BLOCK_K)
+                    k_ok = ks < CIN_G
+                    x_t = tl.load(x_n + x_m[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                                  mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                    w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
+                                  mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+                    acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
+            else:
+                acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
+                                 ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+            tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc.to(z_ptr.dtype.element_ty),
+                     mask=m_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+                      SW_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """head_rows_kernel's weight tile of N tile ``nt``, width shift ``j`` and channels from ``k0``:
+    [BLOCK_K input channels, BLOCK_N columns (co, td, th, rw)], the tap
+    tw = (rw + PW - delta * SW) / DW of each column where that is a tap, zero elsewhere,
+    gathered from the weight as PyTorch stores it (one row of Cout/g x kD x kH x kW per input
+    channel)."""
+    cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = cols % SW_C
+    gcol = cols // SW_C  # (co, td, th)
+    w_col = (gcol // (KVOL // KW)) * KVOL + (gcol % (KVOL // KW)) * KW  # tap (td, th, 0) of the column
+    twn = rw + PW - (SHIFT0 + j) * SW
+    tw = twn // DW
+    t_ok = (cols < NCOL) & (twn >= 0) & ((twn % DW) == 0) & (tw < KW)
+    ks = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + tw)[None, :],
+                   mask=(ks < CIN_G)[:, None] & t_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
+              ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += the input tile at width shift ``j`` (channels from ``k0``) @ its weight tile ``w_t``."""
+    iw = q + (SHIFT0 + j)
+    ks = k0 + tl.arange(0, BLOCK_K)
+    x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                  mask=(m_ok & (iw >= 0) & (iw < W))[:, None] & (ks < CIN_G)[None, :], other=0.0)
+    return _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
 
 
 @triton.jit
@@ -132,13 +181,15 @@ def head_rows_kernel(
     x_ptr, w_ptr, z_ptr,
     N, CIN_G, NCOL, D, H, W, OW, QW,
     KH, KW, KVOL,
-    SW, PW, DW, SHIFT0, NSHIFT,
+    SW, PW, DW, SHIFT0,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_wc,
-    tiles_m,
+    tiles_m, num_tiles,
     ROUND_TF32: tl.constexpr,
     PRECISION: tl.constexpr,
     SW_C: tl.constexpr,
+    FLAT_DH: tl.constexpr, FULL_W: tl.constexpr, UNROLL: tl.constexpr, W_ONCE: tl.constexpr,
+    NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """The "rows" kind: the width taps summed inside the GEMM, so Z holds output rows:
@@ -154,55 +205,83 @@ def head_rows_kernel(
     columns. Against the "gather" kind, Z shrinks by ~KW / SW (half for k4 s2), and the gather
     sums depth and height taps only (head_gather_tile_kernel over a width of OW, one width tap).
 
+    Grid (programs, groups): a program walks tiles pid, pid + programs, ... of its group's
+    num_tiles (n, M tile) tiles. With one program per tile (the single-sweep launch) the shifts
+    and K steps are runtime loops, whose K loop Triton pipelines, and each weight tile is a
+    masked per-element gather of taps (``_rows_weight_tile``) at its step. With a few programs
+    per SM (``Config.persist``) UNROLL makes the shifts and K steps constexpr loops, so the tile
+    loop is the only loop and Triton's pipeliner prefetches the next tile's input (num_stages)
+    during this one's MMAs and stores; with W_ONCE the weight tiles are gathered once per
+    program, before the tile loop, and held (a tuple; Triton keeps them in shared memory).
+    (ncu, H200, 2026-12-02, bf16 3-D GAN head: unrolled, a program per tile and the weight
+    gathered per tile, the kernel issued 38.5 M instructions at 2 CTAs per SM, latency- and
+    issue-bound: 107 us at 17% of DRAM's bandwidth.)
+
     (Summing the height taps in the GEMM too -- Z of output planes, 9 shifted input tiles for
     k4 s2 p1 -- was measured slower on every head row of the bench, H200 2026-12-01: 3-D GAN
     head bf16 165-246 vs 108-134 us, fp32 603-899 vs 463-487 us.)"""
-    pid = tl.program_id(0)
-    pid_m = pid % tiles_m
-    t = pid // tiles_m
-    nb = t % N
-    grp = t // N
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    grp = tl.program_id(1)
     S = D * H * QW
-    m_ok = offs_m < S
-    q = offs_m % QW
-    r = offs_m // QW  # id * H + ih
-    x_r = (r // H) * stride_xd + (r % H) * stride_xh
-    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+    G_N: tl.constexpr = BLOCK_N // SW_C
+    x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
-    z_g = z_ptr + t.to(tl.int64) * (NCOL // SW_C) * (D * H * OW)
-    for n0 in range(0, NCOL, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < NCOL
-        rw = cols % SW_C
-        gcol = cols // SW_C  # (co, td, th)
-        w_col = (gcol // (KVOL // KW)) * KVOL + (gcol % (KVOL // KW)) * KW  # tap (td, th, 0) of the column
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for j in range(NSHIFT):
-            delta = SHIFT0 + j
-            iw = q + delta
-            x_ok = m_ok & (iw >= 0) & (iw < W)
-            twn = rw + PW - delta * SW
-            tw = twn // DW
-            t_ok = c_ok & (twn >= 0) & ((twn % DW) == 0) & (tw < KW)
-            for k0 in range(0, CIN_G, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < CIN_G
-                x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                              mask=x_ok[:, None] & k_ok[None, :], other=0.0)
-                w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + (w_col + tw)[None, :],
-                              mask=k_ok[:, None] & t_ok[None, :], other=0.0)
-                acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
-        # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
-        G_N: tl.constexpr = BLOCK_N // SW_C
-        out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
-        e = tl.arange(0, BLOCK_M * SW_C)
-        em = pid_m * BLOCK_M + e // SW_C
-        ow = (em % QW) * SW_C + e % SW_C
-        g_e = n0 // SW_C + tl.arange(0, G_N)
-        ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
-        z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
-        tl.store(z_g + z_e, out.to(z_ptr.dtype.element_ty), mask=ok)
+    ws = ()
+    if W_ONCE:
+        for nt in tl.static_range(N_TILES):
+            for j in tl.static_range(NSHIFT):
+                for kk in tl.static_range(K_STEPS):
+                    ws = ws + (_rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
+                                                 stride_wc, SW_C, BLOCK_N, BLOCK_K),)
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        pid_m = tile % tiles_m
+        nb = tile // tiles_m
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < S
+        q = offs_m % QW
+        r = offs_m // QW  # id * H + ih
+        if FLAT_DH:
+            x_r = r * stride_xh
+        else:
+            x_r = (r // H) * stride_xd + (r % H) * stride_xh
+        x_n = x_g + nb.to(tl.int64) * stride_xn
+        z_g = z_ptr + (grp * N + nb).to(tl.int64) * (NCOL // SW_C) * (D * H * OW)
+        # N tiles outermost, one accumulator live at a time (two 128 x 128 fp32 accumulators
+        # of the 128 -> 8 head spill at 8 warps, Triton 3.6 offline); the input tiles of a
+        # second N tile come again from L1/L2.
+        for nt in tl.static_range(N_TILES):
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if UNROLL:
+                for j in tl.static_range(NSHIFT):
+                    for kk in tl.static_range(K_STEPS):
+                        if W_ONCE:
+                            w_t = ws[(nt * NSHIFT + j) * K_STEPS + kk]
+                        else:
+                            w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW,
+                                                    SHIFT0, stride_wc, SW_C, BLOCK_N, BLOCK_K)
+                        acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, kk * BLOCK_K, CIN_G, W, SHIFT0, stride_xc,
+                                        stride_xw, ROUND_TF32, PRECISION, BLOCK_K)
+            else:
+                for j in range(NSHIFT):
+                    for k0 in range(0, CIN_G, BLOCK_K):
+                        w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+                                                SW_C, BLOCK_N, BLOCK_K)
+                        acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
+                                        ROUND_TF32, PRECISION, BLOCK_K)
+            # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
+            out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
+            e = tl.arange(0, BLOCK_M * SW_C)
+            em = pid_m * BLOCK_M + e // SW_C
+            g_e = nt * G_N + tl.arange(0, G_N)
+            if FULL_W:
+                # OW = QW * SW: output column (em // QW) * OW + (em % QW) * SW + rw is em * SW + rw,
+                # the tile's run of contiguous elements (no per-element division).
+                ok = (g_e < NCOL // SW_C)[:, None] & (em < S)[None, :]
+                z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + (pid_m * (BLOCK_M * SW_C) + e)[None, :]
+            else:
+                ow = (em % QW) * SW_C + e % SW_C
+                ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
+                z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
+            tl.store(z_g + z_e, out.to(z_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
