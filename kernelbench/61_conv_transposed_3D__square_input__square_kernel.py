@@ -1448,6 +1448,12 @@ def _columns(params: ConvT3dParams) -> int:
     return params.out_channels_per_group * math.prod(params.kernel_size)
 
 
+def _rows_columns(params: ConvT3dParams) -> int:
+    """N of the rows kind's GEMM: Cout/g x depth taps x height taps x W residues."""
+    (kd, kh, _), sw = params.kernel_size, params.stride[2]
+    return params.out_channels_per_group * kd * kh * sw
+
+
 def _block_k(params: ConvT3dParams, dtype: torch.dtype) -> int:
     """The GEMM's K step: Cin/g rounded up to a power of two, 16 to 32 (fp32) or 64 (16-bit)."""
     return max(16, min(32 if dtype.itemsize == 4 else 64, _pow2_ceil(params.in_channels_per_group)))
@@ -1528,7 +1534,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
         return []
     bk = _block_k(params, dtype)
     bw = max(16, min(128, _pow2_ceil(params.out_size[2])))
-    (kd, kh, _), sw = params.kernel_size, params.stride[2]
+    sw = params.stride[2]
 
     def tile(kind, ncol, bm, elements):
         bn = max(16, min(128, _pow2_ceil(ncol)))
@@ -1545,7 +1551,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
             tiles += _persistent(params, dtype, tiles[-1])
         # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
         if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
-            tiles.append(tile("rows", cout_g * kd * kh * sw, 128, 2048))
+            tiles.append(tile("rows", _rows_columns(params), 128, 2048))
             tiles += _persistent(params, dtype, tiles[-1])
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
@@ -1640,12 +1646,11 @@ MAX_BLOCK_SMEM = 227 << 10  # the most one block may take
 def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, bool]:
     """(shared memory estimate in bytes, weight held for all tiles) of a persistent gather or
     rows tile ``t`` (head_gemm_kernel / head_rows_kernel with UNROLL: their loops unrolled in
-    the tile loop, which Triton pipelines): per stage one tile's input, K steps x NSHIFT (rows) tiles of BLOCK_M x BLOCK_K; the
-    weight tiles, K steps x NSHIFT x N tiles of BLOCK_K x BLOCK_N, once where they are held
-    (rows, wherever they fit beside the stages in one block's shared memory) or per stage; ~4 KB
-    for the epilogue. Triton 3.6 for
-    sm_90a (offline, 2026-12-02, scripts/ptxas_regs.py, the 3-D GAN head's bf16 rows tiles,
-    weight held): 161.8 KB at BLOCK_M 128 / 3 stages (this estimate 160.0 KB), 88.1 KB at
+    the tile loop, which Triton pipelines): per stage one tile's input, K steps x NSHIFT (rows)
+    x N tiles of BLOCK_M x BLOCK_K; the weight tiles, K steps x NSHIFT x N tiles of BLOCK_K x
+    BLOCK_N, once where they are held (rows, wherever they fit beside the stages in one block's
+    shared memory) or per stage; ~4 KB for the epilogue. Triton 3.6 for sm_90a (offline,
+    2026-12-02, scripts/ptxas_regs.py, the 3-D GAN head's bf16 rows tiles, weight held): 161.8 KB at BLOCK_M 128 / 3 stages (this estimate 160.0 KB), 88.1 KB at
     64 / 3 (88.0); 79 and 48 registers, no spills. A TF32 call's operands go through registers
     to be rounded, which takes less than this (fewer programs per SM than could fit, never
     more)."""
@@ -1653,8 +1658,7 @@ def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, 
     rows = t["head"] == "rows"
     nshift = width_shifts(params)[1] if rows else 1
     k_steps = -(-params.in_channels_per_group // t["BLOCK_K"])
-    ncol = (params.out_channels_per_group * params.kernel_size[0] * params.kernel_size[1] * params.stride[2]
-            if rows else _columns(params))
+    ncol = _rows_columns(params) if rows else _columns(params)
     n_tiles = -(-ncol // t["BLOCK_N"])
     x_stage = nshift * k_steps * t["BLOCK_M"] * t["BLOCK_K"] * elt * n_tiles
     w_bytes = nshift * k_steps * n_tiles * t["BLOCK_K"] * t["BLOCK_N"] * elt
@@ -1671,10 +1675,10 @@ def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[d
     on the 3-D GAN head in fp32 and bf16 channels-last (115.7 and 51.8 us against 158.3-176.5
     and 56.5-83.8 for the others), on the video head bf16 channels-last (99.7 against
     109.1-158.6) and on fp32 NCDHW rows (160.0, 302.1), 64 / 2 on the bf16 NCDHW GAN head
-    (81.0, 128 / 2 81.2); gather 128 / 2 on every fp32 row (205.7-342.8). The loads are asynchronous copies only where the channel mask is
-    constant over 8 channels: Cin/g a multiple of 16, which Triton's launch specialisation
-    sees; otherwise they stay synchronous and the persistent loop only saves the launch of
-    each tile."""
+    (81.0, 128 / 2 81.2); gather 128 / 2 on every fp32 row (205.7-342.8). The loads are
+    asynchronous copies only where the channel mask is constant over 8 channels: Cin/g a
+    multiple of 16, which Triton's launch specialisation sees; otherwise they stay synchronous
+    and the persistent loop only saves the launch of each tile."""
     out = []
     for bm, stages in ((64, 3), (128, 3), (64, 2)) if base["head"] == "rows" else ((128, 2),):
         t = dict(base, BLOCK_M=bm, num_stages=stages, num_warps=4 if bm * base["BLOCK_N"] <= 128 * 64 else 8)
@@ -1804,7 +1808,7 @@ class HeadSteps:
             qw = -(-ow // sw)
             tiles_m = -(-(d * h * qw) // cfg.BLOCK_M)
             shift0, nshift = width_shifts(p)
-            ncol_rows = p.out_channels_per_group * kd * kh * sw
+            ncol_rows = _rows_columns(p)
             num_tiles = p.batch * tiles_m  # per group: the grid's second axis
             programs = -(-persistent_programs(x.device, p.groups * num_tiles, cfg.persist) // p.groups)
             ints = (p.batch, p.in_channels_per_group, ncol_rows, d, h, wd, ow, qw,
@@ -1940,6 +1944,7 @@ head_engine = types.SimpleNamespace(
     _gather_tile=_gather_tile,
     _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
+    _rows_columns=_rows_columns,
     collision_free=collision_free,
     fused_box=fused_box,
     fused_tiles=fused_tiles,
@@ -2951,23 +2956,39 @@ def _mma_step(acc, a, b, ROUND_TF32: tl.constexpr, TWO_LEVEL: tl.constexpr, PREC
 
 
 @triton.jit
+def _head_k_step(acc, x_n, w_g, x_m, m_ok, cols, c_ok, k0, CIN_G, stride_xc, stride_wc,
+                 ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += the input tile of channels k0 .. k0 + BLOCK_K @ its weight tile (``_head_tile``)."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    k_ok = ks < CIN_G
+    x_t = tl.load(x_n + x_m[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                  mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+    w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
+                  mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+    return _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
+
+
+@triton.jit
 def _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
                ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               UNROLL: tl.constexpr, K_STEPS: tl.constexpr):
     """acc[m, col] = sum_ci X[m, ci] * W[ci, col] over one group's Cin/g channels (fp32).
 
     ``x_n``/``w_g``: the group's base pointers; ``x_m``: per-row offsets of the positions;
     ``cols``: the N columns (co * KVOL + tap). Channel offsets are 64-bit (NCDHW input has a
-    channel stride of D*H*W, times up to Cin/g channels)."""
+    channel stride of D*H*W, times up to Cin/g channels). The K steps are a runtime loop, which
+    Triton pipelines, or with UNROLL K_STEPS constexpr steps (a persistent kernel's tile loop is
+    then the loop it pipelines, head_gemm_kernel)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, CIN_G, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < CIN_G
-        x_t = tl.load(x_n + x_m[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                      mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
-                      mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-        acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
+    if UNROLL:
+        for kk in tl.static_range(K_STEPS):
+            acc = _head_k_step(acc, x_n, w_g, x_m, m_ok, cols, c_ok, kk * BLOCK_K, CIN_G, stride_xc, stride_wc,
+                               ROUND_TF32, PRECISION, BLOCK_K)
+    else:
+        for k0 in range(0, CIN_G, BLOCK_K):
+            acc = _head_k_step(acc, x_n, w_g, x_m, m_ok, cols, c_ok, k0, CIN_G, stride_xc, stride_wc,
+                               ROUND_TF32, PRECISION, BLOCK_K)
     return acc
 
 
@@ -3025,19 +3046,8 @@ def head_gemm_kernel(
         for nt in tl.static_range(N_TILES):
             cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
             c_ok = cols < NCOL
-            if UNROLL:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for kk in tl.static_range(K_STEPS):
-                    ks = kk * BLOCK_K + tl.arange(0, BLOCK_K)
-                    k_ok = ks < CIN_G
-                    x_t = tl.load(x_n + x_m[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                                  mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                    w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
-                                  mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-                    acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
-            else:
-                acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
-                                 ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+            acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
+                             ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, K_STEPS)
             tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc.to(z_ptr.dtype.element_ty),
                      mask=m_ok[:, None] & c_ok[None, :])
 
@@ -3226,7 +3236,7 @@ def head_direct_kernel(
         cols = n0 + tl.arange(0, BLOCK_N)
         c_ok = cols < NCOL
         acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
-                         ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+                         ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, False, 1)
         if HAS_BIAS:
             acc += tl.load(b_ptr + grp * COUT_G + cols // kvol, mask=c_ok, other=0.0).to(tl.float32)[None, :]
         if INTERLEAVE_W:
@@ -3529,7 +3539,7 @@ def head_fused_kernel(
             for n0 in tl.static_range(0, N_PAD, BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
                 acc = _head_tile(x_n, w_g, x_m, m_ok, cols, cols < NCOL, CIN_G, stride_xc, stride_wc,
-                                 ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+                                 ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, False, 1)
                 # The slot is exactly [N_PAD, M_PAD]: every (col, row) of the tile is inside it
                 # (rows and columns beyond the layer hold zeros, never read by the gather).
                 tl.store(z_slot + cols[None, :] * M_PAD + rows[:, None], acc,
@@ -3605,6 +3615,7 @@ K = types.SimpleNamespace(
     to_padded_kernel=to_padded_kernel,
 )
 HK = types.SimpleNamespace(
+    _head_k_step=_head_k_step,
     _head_rows=_head_rows,
     _head_tile=_head_tile,
     _mma_step=_mma_step,
@@ -4173,6 +4184,7 @@ head_engine = types.SimpleNamespace(
     _gather_tile=_gather_tile,
     _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
+    _rows_columns=_rows_columns,
     collision_free=collision_free,
     fused_box=fused_box,
     fused_tiles=fused_tiles,

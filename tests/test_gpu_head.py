@@ -8,8 +8,6 @@ float32 at each precision, both input layouts, strided input, and once through t
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 

@@ -54,23 +54,39 @@ def _mma_step(acc, a, b, ROUND_TF32: tl.constexpr, TWO_LEVEL: tl.constexpr, PREC
 
 
 @triton.jit
+def _head_k_step(acc, x_n, w_g, x_m, m_ok, cols, c_ok, k0, CIN_G, stride_xc, stride_wc,
+                 ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += the input tile of channels k0 .. k0 + BLOCK_K @ its weight tile (``_head_tile``)."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    k_ok = ks < CIN_G
+    x_t = tl.load(x_n + x_m[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                  mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+    w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
+                  mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+    return _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
+
+
+@triton.jit
 def _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
                ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               UNROLL: tl.constexpr, K_STEPS: tl.constexpr):
     """acc[m, col] = sum_ci X[m, ci] * W[ci, col] over one group's Cin/g channels (fp32).
 
     ``x_n``/``w_g``: the group's base pointers; ``x_m``: per-row offsets of the positions;
     ``cols``: the N columns (co * KVOL + tap). Channel offsets are 64-bit (NCDHW input has a
-    channel stride of D*H*W, times up to Cin/g channels)."""
+    channel stride of D*H*W, times up to Cin/g channels). The K steps are a runtime loop, which
+    Triton pipelines, or with UNROLL K_STEPS constexpr steps (a persistent kernel's tile loop is
+    then the loop it pipelines, head_gemm_kernel)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, CIN_G, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < CIN_G
-        x_t = tl.load(x_n + x_m[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                      mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
-                      mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-        acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
+    if UNROLL:
+        for kk in tl.static_range(K_STEPS):
+            acc = _head_k_step(acc, x_n, w_g, x_m, m_ok, cols, c_ok, kk * BLOCK_K, CIN_G, stride_xc, stride_wc,
+                               ROUND_TF32, PRECISION, BLOCK_K)
+    else:
+        for k0 in range(0, CIN_G, BLOCK_K):
+            acc = _head_k_step(acc, x_n, w_g, x_m, m_ok, cols, c_ok, k0, CIN_G, stride_xc, stride_wc,
+                               ROUND_TF32, PRECISION, BLOCK_K)
     return acc
 
 
@@ -128,19 +144,8 @@ def head_gemm_kernel(
         for nt in tl.static_range(N_TILES):
             cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
             c_ok = cols < NCOL
-            if UNROLL:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for kk in tl.static_range(K_STEPS):
-                    ks = kk * BLOCK_K + tl.arange(0, BLOCK_K)
-                    k_ok = ks < CIN_G
-                    x_t = tl.load(x_n + x_m[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                                  mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                    w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
-                                  mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-                    acc = _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
-            else:
-                acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
-                                 ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+            acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
+                             ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, K_STEPS)
             tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc.to(z_ptr.dtype.element_ty),
                      mask=m_ok[:, None] & c_ok[None, :])
 
@@ -329,7 +334,7 @@ def head_direct_kernel(
         cols = n0 + tl.arange(0, BLOCK_N)
         c_ok = cols < NCOL
         acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
-                         ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+                         ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, False, 1)
         if HAS_BIAS:
             acc += tl.load(b_ptr + grp * COUT_G + cols // kvol, mask=c_ok, other=0.0).to(tl.float32)[None, :]
         if INTERLEAVE_W:
@@ -632,7 +637,7 @@ def head_fused_kernel(
             for n0 in tl.static_range(0, N_PAD, BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
                 acc = _head_tile(x_n, w_g, x_m, m_ok, cols, cols < NCOL, CIN_G, stride_xc, stride_wc,
-                                 ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+                                 ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, False, 1)
                 # The slot is exactly [N_PAD, M_PAD]: every (col, row) of the tile is inside it
                 # (rows and columns beyond the layer hold zeros, never read by the gather).
                 tl.store(z_slot + cols[None, :] * M_PAD + rows[:, None], acc,
