@@ -42,7 +42,7 @@ entry (rounds, host rounds, margin). Default row:
 head_k2s2_8to2/bf16/cl, whose public step the bench timed ~0.5 ms above auto's measurement
 (NOTES.md, "Open in the measured auto").
 
-``stubbed`` (CPU, Triton's interpreter) -- the public API with every kernel launch stubbed out
+``stubbed`` (CPU, Triton's interpreter) -- the public API and the engine alone, every kernel launch stubbed out
 (``triton_engine.Site.launch`` does nothing), so what remains is convt3d's own Python: us per
 call, launches per call, and the cProfile of 300 calls (cumulative). CPU allocations cost more
 than CUDA's caching allocator, so read the Python part, not the total.
@@ -55,7 +55,7 @@ Run on the GPU machine (``stubbed`` anywhere):
     CONVT3D_CACHE_DIR=/tmp/c PYTHONPATH=src python3 scripts/host_time.py first-call --network gan3d [--dtype bf16]
     PYTHONPATH=src python3 scripts/host_time.py network --network monai_unetr [--dtype bf16] [--train]
     PYTHONPATH=src python3 scripts/host_time.py step [--rows head_k2s2_8to2/bf16/cl]
-    TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/host_time.py stubbed [--dtype bf16]
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/host_time.py stubbed [--dtype bf16] [--layer head]
 
 Prints plain text, one block per row.
 """
@@ -83,6 +83,7 @@ import convt3d  # noqa: E402
 from convt3d import triton_engine as E  # noqa: E402
 from convt3d.bench import suites  # noqa: E402
 from convt3d.validate import check_call  # noqa: E402
+from convt3d.dispatch import resolve_precision  # noqa: E402
 
 # The layers-suite rows found host-bound on the H200 (NOTES.md, "Host time").
 DEFAULT_ROWS = "aniso_122/bf16/cl,monai_unet_k3/bf16/cl,nnunet_128_64/bf16/ncdhw,monai_unet_k3/fp32/cl"
@@ -377,19 +378,33 @@ def cmd_stubbed(args) -> None:
 
     E.Site.launch = no_launch
     dt = suites.DTYPES[args.dtype]
-    # A monai_unet_k3-like layer (64 -> 32, k3 s2 p1 op1) at 32^3, channels-last, with bias.
-    x = torch.randn(4, 64, 32, 32, 32, dtype=dt).to(memory_format=torch.channels_last_3d)
-    w = torch.randn(64, 32, 3, 3, 3, dtype=dt)
-    b = torch.randn(32, dtype=dt)
+    if args.layer == "head":
+        # A small 3-D GAN head (64 -> 1, k4 s2 p1) at 8^3, channels-last, with bias: the head path's
+        # two launches (the rows GEMM and its gather).
+        x = torch.randn(2, 64, 8, 8, 8, dtype=dt).to(memory_format=torch.channels_last_3d)
+        w = torch.randn(64, 1, 4, 4, 4, dtype=dt)
+        b = torch.randn(1, dtype=dt)
+        geo = (2, 1, 0)
+    else:
+        # A monai_unet_k3-like layer (64 -> 32, k3 s2 p1 op1) at 32^3, channels-last, with bias.
+        x = torch.randn(4, 64, 32, 32, 32, dtype=dt).to(memory_format=torch.channels_last_3d)
+        w = torch.randn(64, 32, 3, 3, 3, dtype=dt)
+        b = torch.randn(32, dtype=dt)
+        geo = (2, 1, 1)
     with torch.no_grad():
-        f = lambda: convt3d.conv_transpose3d(x, w, b, 2, 1, 1, backend="triton")  # noqa: E731
+        f = lambda: convt3d.conv_transpose3d(x, w, b, *geo, backend="triton")  # noqa: E731
         for _ in range(5):
             f()
+        params, _ = check_call(x, w, b, *geo, 1, 1)
+        prec = resolve_precision(None)
+        engine = lambda: E.forward(x, w, b, params, prec)  # noqa: E731
         n = 300
-        t0 = time.perf_counter()
-        for _ in range(n):
-            f()
-        print(f"{(time.perf_counter() - t0) / n * 1e6:.1f} us/call, launches/call {calls['n'] / (n + 5):.1f}")
+        for label, fn in (("public call", f), ("engine alone", engine)):
+            calls["n"] = 0
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            print(f"{label}: {(time.perf_counter() - t0) / n * 1e6:.1f} us/call, launches/call {calls['n'] / n:.1f}")
         print_profile("api, launches stubbed", f, n, "cumtime", 30)
 
 
@@ -411,6 +426,8 @@ def main(argv=None) -> int:
     sp.add_argument("--train", action="store_true", help="the bench's training step instead of the forward")
     sp = sub.add_parser("stubbed")
     sp.add_argument("--dtype", default="fp32", choices=tuple(suites.DTYPES))
+    sp.add_argument("--layer", default="monai", choices=("monai", "head"),
+                    help="a monai_unet_k3-like phase-GEMM layer, or a small 3-D GAN head")
     args = ap.parse_args(argv)
     if args.cmd == "stubbed":
         if not E.interpreter_active():

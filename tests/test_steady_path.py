@@ -329,8 +329,9 @@ def test_a_weights_memo_fits_only_its_own_call(change):
 
 
 def test_timing_a_candidate_pays_its_steady_check(monkeypatch):
-    """Engine.time runs the host work of the steady path with each timed call: the key for our
-    engines, the direct memo's check for PyTorch's op at the flags as they are."""
+    """Engine.time runs the host work of the steady path with each timed call: the weight's memo
+    check for PyTorch's op at the flags as they are and for an inference call on our engines
+    (steady.Direct, steady.Repeat), the key for a training call on ours."""
     import triton.testing
 
     from convt3d import engines, steady
@@ -349,7 +350,10 @@ def test_timing_a_candidate_pays_its_steady_check(monkeypatch):
     triton = engines.ENGINES["triton"]
     monkeypatch.setattr(triton, "run", lambda c: F.conv_transpose3d(c.x, c.weight, c.bias, 2, 1, 1))
     triton.time(call)
-    assert keys[0] == n and fits[0] == n
+    assert keys[0] == 0 and fits[0] == 2 * n
+    w.requires_grad_()
+    triton.time(make_call(x, w, b, 2, 1, 1, 1, 1, autograd=True))
+    assert keys[0] == n and fits[0] == 2 * n
 
 
 @pytest.mark.parametrize("setting", ["as-is", "legacy-flag-off", "per-op-ieee", "per-op-tf32"])
@@ -542,3 +546,146 @@ def test_timed_calls_after_the_first_are_steady_path_repeats(requires_grad, monk
     with torch.autocast("cpu", torch.bfloat16):
         engine.time(call)
     assert seen == [False, True, True]
+
+
+# ---- steady.Repeat: inference calls decided for our engine ----------------------------------------
+def _ours(x, w, b, **kw):
+    return convt3d.conv_transpose3d(x, w, b, 2, 1, 1, backend="triton", precision="ieee", **kw)
+
+
+def _f64_ref(x, w, b):
+    return F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), 2, 1, 1)
+
+
+@pytest.fixture
+def keys(monkeypatch):
+    """The number of steady keys built so far (a call its weight's memo answers builds none)."""
+    count = [0]
+    key = dispatch.steady_key
+    monkeypatch.setattr(dispatch, "steady_key", lambda *a: count.__setitem__(0, count[0] + 1) or key(*a))
+    return count
+
+
+@requires_interpreter
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "unbatched"])
+@pytest.mark.parametrize("cout", [2, 9], ids=["head-path", "phase-path"])
+def test_an_inference_call_on_our_engine_is_answered_by_its_weights_memo(batched, cout, passes, keys):
+    """First call: the pass; second: the key, which gives the weight its steady.Repeat memo; then
+    the memo alone answers, with the engine's own launches (bitwise its first output), and the
+    weight's current values (an in-place update is seen, nothing of the old values is kept)."""
+    x, w, b = _layer(batched=batched, cin=4, cout=cout)
+    with torch.no_grad():
+        first = _ours(x, w, b)
+        for _ in range(3):
+            assert torch.equal(_ours(x, w, b), first)
+        assert passes[0] == 1 and keys[0] == 2  # the first call's key, and the one that made the memo
+        assert type(dispatch._direct[id(w)]).__name__ == "Repeat"
+        w.mul_(-0.5)
+        y = _ours(x, w, b)
+    assert keys[0] == 2 and y.shape == first.shape
+    torch.testing.assert_close(y.double(), _f64_ref(x, w, b), rtol=1e-4, atol=1e-4)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("change", ["weight-data-layout", "weight-data-dtype", "bias-data-layout", "input-layout",
+                                    "grad-mode", "autocast", "cleared-tuning", "seeded-tile", "other-weight"])
+def test_a_repeat_memo_answers_only_its_own_call(change, keys):
+    """Whatever a Repeat memo does not pin sends the call back to the key and, where the
+    signature is new, to the pass: the result is the reference's each time."""
+    from convt3d import triton_engine
+
+    x, w, b = _layer(cin=4, cout=2)
+    w = torch.nn.Parameter(w)
+    with torch.no_grad():
+        for _ in range(3):
+            _ours(x, w, b)
+    built = keys[0]
+    kw = {}
+    if change == "weight-data-layout":
+        w.data = w.data.permute(0, 1, 4, 3, 2).contiguous().permute(0, 1, 4, 3, 2)  # same shape, other strides
+    elif change == "weight-data-dtype":
+        w.data = w.data.half()
+        x, b = x.half(), b.half()
+    elif change == "bias-data-layout":
+        b = torch.stack([b, b], 1)[:, 0]  # a strided bias of the same values
+    elif change == "input-layout":
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    elif change == "cleared-tuning":
+        triton_engine.clear_caches()
+    elif change == "seeded-tile":
+        from convt3d.validate import check_call
+
+        params, _ = check_call(x, w, b, 2, 1, 1, 1, 1)
+        plan = triton_engine.plan(params, x, w.detach(), "ieee")
+        triton_engine.seed_tuning(plan.tune_key, plan.configs[-1], replace=True)
+    elif change == "other-weight":
+        w = torch.nn.Parameter(w.detach().clone())
+    if change == "grad-mode":
+        y = _ours(x, w, b)  # records autograd: the weight requires grad
+        assert y.requires_grad
+    elif change == "autocast":
+        # float16: Triton's interpreter mis-computes bfloat16.
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+            y = _ours(x, w, b)
+        assert y.dtype == torch.float16
+    else:
+        with torch.no_grad():
+            y = _ours(x, w, b)
+    assert keys[0] == built + 1
+    half = y.dtype == torch.float16
+    if half:  # the reference of the operands as the call rounded them
+        x, w, b = x.half(), w.detach().half(), b.half()
+    torch.testing.assert_close(y.detach().double(), _f64_ref(x, w.detach(), b), rtol=2e-3 if half else 1e-4,
+                               atol=2e-3 if half else 1e-4)
+
+
+@requires_interpreter
+def test_a_repeat_memo_never_answers_inside_a_torch_func_transform():
+    """Under vmap the per-example input has the memo's very shape; the transform still gets
+    PyTorch's op (its batching rule), not the engine's launches on a tensor without storage."""
+    x, w, b = _layer(cin=4, cout=2)
+    with torch.no_grad():
+        for _ in range(3):
+            convt3d.conv_transpose3d(x, w, b, 2, 1, 1)  # auto on CPU tensors: PyTorch's op
+            _ours(x, w, b)
+    xs = torch.stack([x, 2 * x])
+    ys = torch.func.vmap(lambda t: convt3d.conv_transpose3d(t, w, b, 2, 1, 1))(xs)
+    torch.testing.assert_close(ys, torch.stack([F.conv_transpose3d(t, w, b, 2, 1, 1) for t in xs]))
+    with pytest.raises(convt3d.BackendUnavailableError):
+        torch.func.vmap(lambda t: _ours(t, w, b))(xs)
+
+
+@requires_interpreter
+def test_timing_an_inference_call_on_our_engine_times_the_launcher_a_repeat_runs(monkeypatch):
+    """Engine.time of a Triton inference call: the first call settles the signature through
+    ``run``; the timed repeats go through the weight's memo check and the steady launcher, as a
+    repeated call of the steady path does (steady.Repeat), not through the key and ``run``."""
+    from convt3d import engines
+    from convt3d.call import make_call
+    from convt3d.engines import ENGINES
+
+    x, w, b = _layer(cin=4, cout=2)
+    call = make_call(x, w, b, 2, 1, 1, 1, 1, precision="ieee")
+    engine = ENGINES["triton"]
+    runs, launched, outs = [], [], []
+    run, launcher = engine.run, engine.steady_launcher
+    monkeypatch.setattr(engine, "run", lambda c: runs.append(c.repeat) or run(c))
+
+    def counting_launcher(*a):
+        got = launcher(*a)
+        return None if got is None else (lambda *t: launched.append(1) or got[0](*t), got[1])
+
+    monkeypatch.setattr(engine, "steady_launcher", counting_launcher)
+    monkeypatch.setattr(dispatch, "steady_key", lambda *a: pytest.fail("a timed repeat built a steady key"))
+
+    def bench(fn, first=None):
+        outs.append((first or fn)())
+        outs.extend((fn(), fn()))
+        return engines.Timing(1.0, 0.1)
+
+    monkeypatch.setattr(engines, "_bench", bench)
+    with torch.no_grad():
+        engine.time(call)
+    assert runs == [False] and len(launched) == 2
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    torch.testing.assert_close(outs[0].double(), _f64_ref(x, w, b), rtol=1e-4, atol=1e-4)

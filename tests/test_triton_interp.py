@@ -206,6 +206,25 @@ def test_channels_last_weight_gives_channels_last_output(path):
     assert memory_format_of(y) == memory_format_of(F.conv_transpose3d(x, w, b, *case.args)) == "channels_last_3d"
 
 
+@pytest.mark.parametrize("strided", ["bias", "weight", "both"])
+@pytest.mark.parametrize("path", list(LAYOUT_BASE))
+def test_strided_weight_and_bias(path, strided):
+    """A bias every other element of a larger tensor, a weight whose strides are not its
+    contiguous ones: the same values as the contiguous tensors (the kernels index the bias by
+    channel, so a strided one must reach them as a copy)."""
+    case = LAYOUT_BASE[path]
+    x, w, b = case.tensors()
+    if strided in ("bias", "both"):
+        b = torch.stack([b, -b], 1)[:, 0]
+        assert not b.is_contiguous()
+    if strided in ("weight", "both"):
+        w = w.permute(0, 1, 4, 3, 2).contiguous().permute(0, 1, 4, 3, 2)
+        assert not w.is_contiguous()
+    for _ in range(2):  # the first call and the steady path's repeat
+        y = run(case, x, w, b)
+        check_against_reference(y, x, w, b, *case.args, context=f"{path} strided {strided}")
+
+
 @pytest.mark.parametrize("name", ["tc-k3s2p1op1", "fma-depthwise", "fma-cin1"])
 def test_unbatched(name):
     base = REGIMES[name]

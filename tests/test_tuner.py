@@ -58,3 +58,36 @@ def test_tuner_picks_the_fastest_robustly(script, winner, retimed, monkeypatch):
     rec = triton_engine.tuning_log()[key]
     assert rec.config == cfg and rec.seconds > 0
     assert set(rec.timings_ms) == {c.short() for c in configs}
+
+
+@pytest.mark.parametrize("gpu,host,winner", [
+    ({0: [0.112], 1: [0.080]}, {0: 0.10, 1: 0.19}, 0),  # host-bound: the faster kernel costs more per call
+    ({0: [0.112], 1: [0.080]}, {0: 0.10, 1: 0.12}, 1),  # its extra host time is less than its gain
+    ({0: [1.5], 1: [1.0]}, {0: 0.02, 1: 0.30}, 1),  # a long kernel wins by more than its host time
+], ids=["host-bound", "small-host-cost", "gpu-bound"])
+def test_tuner_charges_host_time_beyond_the_cheapest_configs(gpu, host, winner, monkeypatch):
+    """A config's cost is its GPU median plus the host time per call it costs beyond the
+    cheapest config's (``triton_configs.host_charged``), the rule "auto" applies between engines."""
+    from convt3d import triton_configs
+
+    configs = _configs(2)
+    bench = _Bench(configs, gpu)
+    monkeypatch.setattr(triton.testing, "do_bench", bench.do_bench)
+
+    def host_ms(fn, gpu_ms):
+        fn()
+        return host[bench.last]
+
+    monkeypatch.setattr(triton_configs, "_host_ms", host_ms)
+    key = ("test-gpu", "tuner-host", 0)
+    assert triton_engine._choose(key, configs, bench.run) == configs[winner]
+    rec = triton_engine.tuning_log()[key]
+    assert rec.host_ms == {configs[i].short(): host[i] for i in range(2)}
+    assert rec.timings_ms == {configs[i].short(): gpu[i][0] for i in range(2)}
+
+
+def test_host_charge_is_relative_to_the_cheapest_host():
+    from convt3d.triton_configs import host_charged
+
+    assert host_charged({"a": 1.0, "b": 2.0}, {}) == {"a": 1.0, "b": 2.0}
+    assert host_charged({"a": 1.0, "b": 0.5}, {"a": 0.2, "b": 0.9}) == pytest.approx({"a": 1.0, "b": 1.2})

@@ -55,7 +55,7 @@ from .engines import ENGINES, HYBRID
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 from .torch_engine import at_flags_as_they_are, cudnn_conv_tf32, torch_forward
-from .steady import BACKEND_ENV, Direct, steady_key
+from .steady import BACKEND_ENV, Direct, Repeat, steady_key
 
 __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve_backend_name", "resolve_precision",
            "decide", "select", "explain_pass", "heuristic", "set_benchmark", "benchmark_enabled", "clear_decisions",
@@ -658,10 +658,14 @@ class Steady:
     training: bool
     unbatched: bool
     direct: bool
+    # A repeated inference call decided for one of our engines: the engine's steady forward of
+    # (input, weight, bias) as the caller passes them (steady.Repeat); None otherwise.
+    run: Callable | None = None
 
 
 _steady: dict[tuple, Steady] = {}
-# The direct memo, one per weight object (the latest signature of that weight): steady.Direct.
+# The direct memo, one per weight object (the latest signature of that weight): steady.Direct,
+# or steady.Repeat for an inference call decided for one of our engines.
 _direct: dict[int, Direct] = {}
 _STEADY_LIMIT = 4096
 
@@ -669,20 +673,46 @@ _STEADY_LIMIT = 4096
 def steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
            precision) -> tuple[tuple | None, Steady | None]:
     """(the call's ``steady_key`` or None, its steady entry or None): the dispatcher's one entry
-    on a repeated call. The direct memo of the call's weight answers first (``steady.Direct``,
-    ~2 us, no key: a call decided for PyTorch's op); then the key (~5 us). A key's direct entry
-    found for another weight object gives that weight its direct memo."""
+    on a repeated call. The memo of the call's weight answers first (~2-3 us, no key):
+    ``steady.Direct`` for a call decided for PyTorch's op, ``steady.Repeat`` (an entry whose
+    ``run`` launches the engine) for an inference call decided for ours; then the key (~5 us).
+    A key's entry found for another weight object gives that weight its memo."""
     if _listeners:  # a listener such as convt3d.tune waits for every decision
         return None, None
     args = (stride, padding, output_padding, groups, dilation)
     memo = _direct.get(id(weight))
     if memo is not None and memo.fits(input, weight, bias, args, backend, precision):
-        return None, _DIRECT
+        return None, _DIRECT if type(memo) is Direct else memo.hit
     key = steady_key(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
     hit = None if key is None else _steady.get(key)
-    if hit is not None and hit.direct:
-        remember_direct(input, weight, bias, args, backend, precision)
+    if hit is not None:
+        if hit.direct:
+            remember_direct(input, weight, bias, args, backend, precision)
+        elif not hit.training:
+            _remember_repeat(input, weight, bias, args, backend, precision, hit)
     return key, hit
+
+
+def _remember_repeat(input, weight, bias, args: tuple, backend, precision, hit: Steady) -> None:
+    """Give the weight a ``steady.Repeat`` memo where the decided engine has a steady launcher
+    for the call (its signature settled: a tile tuned or seeded) and the call needs nothing the
+    launcher does not do: plain tensors, no autocast casts, no gradient recorded."""
+    engine = ENGINES[hit.decision.candidate]
+    if (type(input) is not torch.Tensor or not hasattr(engine, "steady_launcher")
+            or torch.is_autocast_enabled(input.device.type)):
+        return
+    x = input.unsqueeze(0) if hit.unbatched else input
+    launcher = engine.steady_launcher(x, weight, bias, hit.params, hit.precision)
+    if launcher is None:
+        return
+    run, alive = launcher
+    if hit.unbatched:
+        def run(input, weight, bias, _run=run):
+            return _run(input.unsqueeze(0), weight, bias).squeeze(0)
+    if len(_direct) >= _STEADY_LIMIT:
+        _forget_steady()
+    _direct[id(weight)] = Repeat(input, weight, bias, args, backend, precision, run, alive,
+                                 Steady(hit.decision, hit.params, hit.precision, False, hit.unbatched, False, run))
 
 
 def _forget_steady() -> None:

@@ -25,7 +25,7 @@ import torch
 
 from . import cache, distributed, ops, triton_engine
 from .call import Call, autocast_inputs
-from .steady import Direct, steady_key
+from .steady import Direct, Repeat, steady_key
 from .torch_engine import at_flags_as_they_are, torch_forward
 
 __all__ = ["Engine", "TritonEngine", "CudaEngine", "TorchEngine", "HybridEngine", "ENGINES", "HYBRID",
@@ -195,6 +195,55 @@ class TritonEngine(Engine):
         if call.training:
             self._prime(call)
         return super().run(call)
+
+    @staticmethod
+    def _repeats_launch(call: Call) -> bool:
+        """Whether a repeat of this call goes through its weight's ``steady.Repeat`` memo straight
+        to the launcher (dispatch.steady): inference on plain tensors outside autocast."""
+        return (not call.training and call.sources is None and type(call.x) is torch.Tensor
+                and not torch.is_autocast_enabled(call.device.type))
+
+    def steady_cost(self, call: Call) -> Callable[[], object]:
+        """A repeat that its weight's Repeat memo answers costs that memo's check, not the key."""
+        if not self._repeats_launch(call):
+            return super().steady_cost(call)
+        p = call.params
+        args = (p.stride, p.padding, p.output_padding, p.groups, p.dilation)
+        x, w, b = call.given
+        memo: list[Repeat] = []  # made at the first check, under the grad mode of the timed calls
+
+        def check() -> bool:
+            if not memo:
+                memo.append(Repeat(x, w, b, args, None, call.requested, None, lambda: True))
+            return memo[0].fits(x, w, b, args, None, call.requested)
+
+        return check
+
+    def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
+        # A repeat of an inference call runs as the steady path runs it: the launcher alone, once
+        # the first timed call has settled the signature.
+        if repeat and not training and self._repeats_launch(call):
+            launcher = self.steady_launcher(call.x, call.weight, call.bias, call.params, call.precision)
+            if launcher is not None:
+                return launcher[0](call.x, call.weight, call.bias)
+        return super()._timed(call, given, training, repeat)
+
+    def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        params, precision: str):
+        """(run, alive) of a settled inference signature for ``steady.Repeat``
+        (``triton_engine.steady_launcher``), or None; on CUDA ``run`` also persists pending
+        tuning results first, as ``_prime`` does for a repeat."""
+        launcher = triton_engine.steady_launcher(x, weight, bias is not None, params, precision)
+        if launcher is None or x.device.type != "cuda":
+            return launcher
+        launch, alive = launcher
+
+        def run(x, weight, bias):
+            if cache.has_pending():
+                cache.flush_triton()
+            return launch(x, weight, bias)
+
+        return run, alive
 
     def _prime(self, call: Call) -> None:
         """Before a signature's first call on CUDA, seed its tile choice from the disk cache; on

@@ -1,4 +1,4 @@
-"""The steady path's two memos: how a repeated call is recognised without validation or the
+"""The steady path's memos: how a repeated call is recognised without validation or the
 dispatcher's pass.
 
 - :func:`steady_key`: everything validation and the pass read from a call, as one hashable key
@@ -12,6 +12,13 @@ dispatcher's pass.
   on the H200 machine's host (2026-12-01, ``scripts/host_time.py layers``) a forward through the
   key and the dispatcher's tables cost 43 us more than ``F.conv_transpose3d`` itself (120 vs
   78 us), and a host-bound training step of refine_k3s1 (bf16 cl) read 377 against 313 us.
+- :class:`Repeat`: the same memo for an inference call decided for one of our engines outside
+  autocast. It also pins the weight's and bias's layout (a ``.data`` assignment can change it
+  under the same object) and holds the engine's own steady launcher (``run``), so a repeated
+  call goes from the check straight to the allocation and the launches: no key, no ``Call``, no
+  engine lookup. On this project's CPU machine (2026-12-02, ``scripts/host_time.py stubbed
+  --layer head``, launches stubbed) the public call of a Triton-decided head cost 42-55 us
+  against the engine's forward alone at 12-13 us.
 
 A leaf module (it imports nothing that imports the dispatcher): the engines use both to time a
 candidate with the host cost its repeated calls will have.
@@ -27,7 +34,7 @@ import torch
 from .torch_engine import cudnn_conv_allows_tf32
 from .validate import memo_arguments
 
-__all__ = ["BACKEND_ENV", "steady_key", "Direct"]
+__all__ = ["BACKEND_ENV", "steady_key", "Direct", "Repeat"]
 
 BACKEND_ENV = "CONVT3D_BACKEND"
 
@@ -127,3 +134,28 @@ class Direct:
                 and torch.is_grad_enabled() is self.grad and input.device == self.device
                 and _tf32() is self.tf32 and _autocast_state(self.device.type) == self.autocast
                 and (backend is not None or os.environ.get(BACKEND_ENV) == self.env))
+
+
+def _layout(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+class Repeat(Direct):
+    """The memo of an inference call (no autocast) decided for one of our engines: ``Direct``'s
+    check, the weight's and bias's shape, strides, dtype and device, and ``alive()`` of the
+    engine's launcher. ``run(input, weight, bias)``: the engine's steady forward of the caller's
+    tensors (the launcher's own memo -- the tuned tile, its launch sites -- held, not looked up)."""
+
+    __slots__ = ("w_layout", "b_layout", "run", "alive", "hit")
+
+    def __init__(self, input, weight, bias, args: tuple, backend, precision, run, alive, hit=None):
+        super().__init__(input, weight, bias, args, backend, precision)
+        self.w_layout, self.b_layout = _layout(weight), _layout(bias)
+        self.run, self.alive = run, alive
+        self.hit = hit  # what the dispatcher's steady() answers for a call this memo fits
+
+    def fits(self, input, weight, bias, args: tuple, backend, precision) -> bool:
+        return (super().fits(input, weight, bias, args, backend, precision)
+                and weight.stride() == self.w_layout[1] and weight.shape == self.w_layout[0]
+                and weight.dtype is self.w_layout[2] and weight.device == self.w_layout[3]
+                and _layout(bias) == self.b_layout and self.alive())

@@ -99,7 +99,7 @@ def clear_caches() -> None:
     """Forget tuning results, plans and phase tables of this process."""
     _unsupported.clear()
     _tuned.clear()
-    _steady.clear()
+    _forget_settled()
     _steps.clear()
     _tables.clear()
     _sites.clear()
@@ -112,7 +112,7 @@ def seed_tuning(key, config: Config, timings_ms: dict | None = None, replace: bo
     result this process already has wins unless ``replace`` (rank 0's choice over this rank's)."""
     if replace or key not in _tuned:
         _tuned[key] = TuneRecord(config, 0.0, dict(timings_ms or {}))
-        _steady.clear()  # a signature settled on another config (CPU: the first) must see this one
+        _forget_settled()  # a signature settled on another config (CPU: the first) must see this one
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,6 +270,39 @@ class _Steps:
 _steps: dict[tuple, _Steps] = {}
 # Signature -> the steps of its tuned config: the steady state of ``forward``.
 _steady: dict[tuple, _Steps] = {}
+# Bumped whenever settled signatures are forgotten: a launcher from ``steady_launcher`` is valid
+# while the count is the one it was made at (an entry is only ever added to ``_steady``, never
+# replaced, between two such bumps).
+_settled_epoch = [0]
+
+
+def _forget_settled() -> None:
+    _steady.clear()
+    _settled_epoch[0] += 1
+
+
+def steady_launcher(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, params: ConvT3dParams,
+                    precision: str):
+    """(run, alive) for a settled signature (``forward`` has tuned or seeded its config), None
+    before: ``run(x, weight, bias)`` is ``forward``'s steady path without its lookup, for
+    tensors of the signature's layout (the caller checks it: ``steady.Repeat``); ``alive()``
+    says whether the signature is still settled on the same steps (``clear_caches`` and a
+    seeded config forget them)."""
+    key = (params, x.dtype, x.device, x.stride(), weight.stride(), has_bias, precision)
+    st = _steady.get(key)
+    if st is None:
+        return None
+    epoch, shape, fmt = _settled_epoch[0], params.out_shape, st.pl.out_format
+
+    def run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()
+        y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+        wp = st.packed_weight(weight)
+        st.run(x, wp, bias if bias is not None else wp, y)
+        return y
+
+    return run, lambda: _settled_epoch[0] == epoch
 
 
 def _steps_for(params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, x: torch.Tensor) -> _Steps:
@@ -290,7 +323,7 @@ def _output(params: ConvT3dParams, pl: Plan, x: torch.Tensor) -> torch.Tensor:
 
 def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             precision: str) -> Launch:
-    """Allocate the output and pack the weight; ``run(config)`` then launches the kernels of that
+    """Allocate the output; ``run(config)`` then packs the weight and launches the kernels of that
     config (the input operand is made per run: configs differ in what they read -- the NDHWC copy,
     x itself, or the zero-haloed copy of flat_gemm_kernel -- so tuning times that preparation
     with each config; memoised, tuning once picked the flat path for bf16 channels-last layers on
@@ -300,15 +333,12 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     if y.numel() == 0:
         return Launch(y, lambda cfg: None, pl)
     has_bias = bias is not None
-    # (fold, head) -> packed weight: folded configs pack differently, head configs read the
-    # weight as PyTorch stores it.
-    packed: dict[tuple[int, bool], torch.Tensor] = {}
 
     def run(cfg: Config):
+        # The weight packed per run, as every steady call packs it: the tuner then times each
+        # config's whole host and GPU work (``_choose`` charges host time beyond the cheapest).
         st = _steps_for(params, pl, cfg, has_bias, x)
-        wp = packed.get((cfg.fold, bool(cfg.head)))
-        if wp is None:
-            wp = packed[(cfg.fold, bool(cfg.head))] = st.packed_weight(weight)
+        wp = st.packed_weight(weight)
         return st.run(x, wp, bias if has_bias else wp, y)  # wp: dummy pointer when HAS_BIAS is False
 
     return Launch(y, run, pl)
@@ -324,6 +354,8 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     Later calls of a signature take the steady path: its plan, config and launch sites held
     (``_Steps``), so a call allocates, packs the weight and launches.
     """
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()  # the kernels index the bias by channel alone (a strided one read wrong values)
     key = (params, x.dtype, x.device, x.stride(), weight.stride(), bias is not None, precision)
     if config is None:
         st = _steady.get(key)
@@ -350,7 +382,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     if settled:
         st = _steps_for(params, launch.plan, config, bias is not None, x)
         if len(_steady) >= 4096:
-            _steady.clear()
+            _forget_settled()
         _steady[key] = st
     return launch.y
 
