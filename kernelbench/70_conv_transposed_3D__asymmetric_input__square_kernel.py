@@ -2249,17 +2249,20 @@ def _host_ms(fn: Callable[[], object], gpu_ms: float) -> float:
 
 
 def host_charged(timings: dict[str, float], host_ms: dict[str, float]) -> dict[str, float]:
-    """Each config's cost: its GPU median plus the host time per call it costs beyond the
-    cheapest config's host time -- the rule "auto" applies between engines (``dispatch.pick``).
-    do_bench's median hides up to ~80 us of a call's host time (its L2 flush runs while the host
-    prepares the next call), so on a host-bound layer kernel times alone pick the config that
-    is slower in use: H200, 2026-12-01, the bf16 channels-last k2 s2 head (``head_k2s2_8to2``),
-    the box kind at 80.1 us of kernel against 112.0 for the FMA tile, but 185.8 against 115.2
-    us per call."""
+    """Each config's cost per call in a stream of calls: the larger of its GPU median and its
+    host time per call (the host enqueues ahead while the GPU is the slower; the GPU waits
+    while the host is). do_bench's median alone hides up to ~80 us of a call's host time (its
+    L2 flush runs while the host prepares the next call), so on a host-bound layer it picks
+    the config that is slower in use: H200, 2026-12-01, the bf16 channels-last k2 s2 head
+    (``head_k2s2_8to2``), the box kind at 80.1 us of kernel against 112.0 for the FMA tile, but
+    185.8 against 115.2 us per call. Adding the host time beyond the cheapest config's (the
+    rule "auto" applies between engines, for networks that wait on the GPU) picked the wrong
+    tile where the GPU is the slower: H200, 2026-12-02, the same head, the direct kind at
+    128.8 us of kernel over the FMA tile at 115.4 (FMA's host 13.4+ us more: one launch more),
+    then 128.3 us per call in the bench against 115.2."""
     if not host_ms:
         return dict(timings)
-    base = min(host_ms.values())
-    return {k: v + max(0.0, host_ms.get(k, base) - base) for k, v in timings.items()}
+    return {k: max(v, host_ms.get(k, 0.0)) for k, v in timings.items()}
 
 
 def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config:
@@ -4546,7 +4549,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
 
     def run(cfg: Config):
         # The weight packed per run, as every steady call packs it: the tuner then times each
-        # config's whole host and GPU work (``_choose`` charges host time beyond the cheapest).
+        # config's whole host and GPU work (``_choose`` costs a config by the slower of the two).
         st = _steps_for(params, pl, cfg, has_bias, x)
         wp = st.packed_weight(weight)
         return st.run(x, wp, bias if has_bias else wp, y)  # wp: dummy pointer when HAS_BIAS is False

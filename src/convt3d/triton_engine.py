@@ -336,7 +336,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
 
     def run(cfg: Config):
         # The weight packed per run, as every steady call packs it: the tuner then times each
-        # config's whole host and GPU work (``_choose`` charges host time beyond the cheapest).
+        # config's whole host and GPU work (``_choose`` costs a config by the slower of the two).
         st = _steps_for(params, pl, cfg, has_bias, x)
         wp = st.packed_weight(weight)
         return st.run(x, wp, bias if has_bias else wp, y)  # wp: dummy pointer when HAS_BIAS is False
