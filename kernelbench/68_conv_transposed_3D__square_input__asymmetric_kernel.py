@@ -1646,8 +1646,8 @@ MAX_BLOCK_SMEM = 227 << 10  # the most one block may take
 def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, bool]:
     """(shared memory estimate in bytes, weight held for all tiles) of a persistent gather or
     rows tile ``t`` (head_gemm_kernel / head_rows_kernel with UNROLL: their loops unrolled in
-    the tile loop, which Triton pipelines): per stage one tile's input, K steps x NSHIFT (rows)
-    x N tiles of BLOCK_M x BLOCK_K; the weight tiles, K steps x NSHIFT x N tiles of BLOCK_K x
+    the tile loop, which Triton pipelines): per stage one tile's input, K steps x NSHIFT (rows,
+    once for all N tiles) or K steps x N tiles (gather) of BLOCK_M x BLOCK_K; the weight tiles, K steps x NSHIFT x N tiles of BLOCK_K x
     BLOCK_N, once where they are held (rows, wherever they fit beside the stages in one block's
     shared memory) or per stage; ~4 KB for the epilogue. Triton 3.6 for sm_90a (offline,
     2026-12-02, scripts/ptxas_regs.py, the 3-D GAN head's bf16 rows tiles, weight held): 161.8 KB at BLOCK_M 128 / 3 stages (this estimate 160.0 KB), 88.1 KB at
@@ -1660,7 +1660,9 @@ def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, 
     k_steps = -(-params.in_channels_per_group // t["BLOCK_K"])
     ncol = _rows_columns(params) if rows else _columns(params)
     n_tiles = -(-ncol // t["BLOCK_N"])
-    x_stage = nshift * k_steps * t["BLOCK_M"] * t["BLOCK_K"] * elt * n_tiles
+    # The rows kernel loads each input tile once for all its N tiles; the gather kernel once
+    # per N tile.
+    x_stage = nshift * k_steps * t["BLOCK_M"] * t["BLOCK_K"] * elt * (1 if rows else n_tiles)
     w_bytes = nshift * k_steps * n_tiles * t["BLOCK_K"] * t["BLOCK_N"] * elt
     stages = t["num_stages"] * x_stage + (4 << 10)
     held = rows and stages + w_bytes <= MAX_BLOCK_SMEM
@@ -1679,9 +1681,21 @@ def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[d
     asynchronous copies only where the channel mask is constant over 8 channels: Cin/g a
     multiple of 16, which Triton's launch specialisation sees; otherwise they stay synchronous
     and the persistent loop only saves the launch of each tile."""
+    rows = base["head"] == "rows"
+    shapes = [(bm, stages, base["BLOCK_N"]) for bm, stages in (((64, 3), (128, 3), (64, 2)) if rows else ((128, 2),))]
+    ncol = _rows_columns(params)
+    if rows and ncol > base["BLOCK_N"]:
+        # Wider than one N tile (Cout/g x kd x kh x SW > 128: the 128 -> 8 k3 head's 144
+        # columns): the rows kernel keeps one accumulator per N tile, all fed by each input
+        # tile, so narrower N tiles cost no input traffic and pad fewer columns: BLOCK_N 64
+        # (192 columns for 144, against 256), at BLOCK_M 64, 2 and 3 stages. Narrower still
+        # spills: ptxas for sm_90a (Triton 3.6 offline, 2026-12-02, that head in bf16, 2 stages)
+        # gives 254 registers and no spill at BLOCK_N 64 (3 accumulators), 356 B of spill at
+        # 16 (9 accumulators, 144 columns exactly), 88 B at 128 (2).
+        shapes += [(64, stages, 64) for stages in (2, 3)]
     out = []
-    for bm, stages in ((64, 3), (128, 3), (64, 2)) if base["head"] == "rows" else ((128, 2),):
-        t = dict(base, BLOCK_M=bm, num_stages=stages, num_warps=4 if bm * base["BLOCK_N"] <= 128 * 64 else 8)
+    for bm, stages, bn in shapes:
+        t = dict(base, BLOCK_M=bm, BLOCK_N=bn, num_stages=stages, num_warps=4 if bm * bn <= 128 * 64 else 8)
         smem = head_smem(params, dtype, t)[0]
         # 1 KB per block kept by the driver, and 8 KB of slack: the estimate is within 2 KB of
         # ptxas' figure offline, yet on the H200 a 112.6 KB tile (BLOCK_M 128, 2 stages) ran
@@ -3119,14 +3133,43 @@ def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
 
 
 @triton.jit
+def _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, BLOCK_K: tl.constexpr):
+    """The input tile at width shift ``j``, channels from ``k0``: [BLOCK_M positions, BLOCK_K]."""
+    iw = q + (SHIFT0 + j)
+    ks = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                   mask=(m_ok & (iw >= 0) & (iw < W))[:, None] & (ks < CIN_G)[None, :], other=0.0)
+
+
+@triton.jit
 def _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
               ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc += the input tile at width shift ``j`` (channels from ``k0``) @ its weight tile ``w_t``."""
-    iw = q + (SHIFT0 + j)
-    ks = k0 + tl.arange(0, BLOCK_K)
-    x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                  mask=(m_ok & (iw >= 0) & (iw < W))[:, None] & (ks < CIN_G)[None, :], other=0.0)
+    x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, BLOCK_K)
     return _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
+
+
+@triton.jit
+def _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL,
+                SW_C: tl.constexpr, FULL_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store N tile ``nt`` of an M tile into Z, the W residues interleaved in registers
+    ([M, G, SW] -> [G, M * SW], element e = (m, rw)) so that each store writes contiguous output
+    columns."""
+    G_N: tl.constexpr = BLOCK_N // SW_C
+    out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
+    e = tl.arange(0, BLOCK_M * SW_C)
+    em = pid_m * BLOCK_M + e // SW_C
+    g_e = nt * G_N + tl.arange(0, G_N)
+    if FULL_W:
+        # OW = QW * SW: output column (em // QW) * OW + (em % QW) * SW + rw is em * SW + rw,
+        # the tile's run of contiguous elements (no per-element division).
+        ok = (g_e < NCOL // SW_C)[:, None] & (em < S)[None, :]
+        z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + (pid_m * (BLOCK_M * SW_C) + e)[None, :]
+    else:
+        ow = (em % QW) * SW_C + e % SW_C
+        ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
+        z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
+    tl.store(z_g + z_e, out.to(z_g.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -3164,8 +3207,10 @@ def head_rows_kernel(
     masked per-element gather of taps (``_rows_weight_tile``) at its step. With a few programs
     per SM (``Config.persist``) UNROLL makes the shifts and K steps constexpr loops, so the tile
     loop is the only loop and Triton's pipeliner prefetches the next tile's input (num_stages)
-    during this one's MMAs and stores; with W_ONCE the weight tiles are gathered once per
-    program, before the tile loop, and held (a tuple; Triton keeps them in shared memory).
+    during this one's MMAs and stores; each input tile is then loaded once and steps the
+    accumulators of all N tiles (a tuple of N_TILES, live together), where the single sweep
+    re-reads it per N tile; with W_ONCE the weight tiles are gathered once per program, before
+    the tile loop, and held (a tuple; Triton keeps them in shared memory).
     (ncu, H200, 2026-12-02, bf16 3-D GAN head: unrolled, a program per tile and the weight
     gathered per tile, the kernel issued 38.5 M instructions at 2 CTAs per SM, latency- and
     issue-bound: 107 us at 17% of DRAM's bandwidth.)
@@ -3175,7 +3220,6 @@ def head_rows_kernel(
     head bf16 165-246 vs 108-134 us, fp32 603-899 vs 463-487 us.)"""
     grp = tl.program_id(1)
     S = D * H * QW
-    G_N: tl.constexpr = BLOCK_N // SW_C
     x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     ws = ()
@@ -3198,43 +3242,41 @@ def head_rows_kernel(
             x_r = (r // H) * stride_xd + (r % H) * stride_xh
         x_n = x_g + nb.to(tl.int64) * stride_xn
         z_g = z_ptr + (grp * N + nb).to(tl.int64) * (NCOL // SW_C) * (D * H * OW)
-        # N tiles outermost, one accumulator live at a time (two 128 x 128 fp32 accumulators
-        # of the 128 -> 8 head spill at 8 warps, Triton 3.6 offline); the input tiles of a
-        # second N tile come again from L1/L2.
-        for nt in tl.static_range(N_TILES):
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if UNROLL:
-                for j in tl.static_range(NSHIFT):
-                    for kk in tl.static_range(K_STEPS):
+        if UNROLL:
+            # Each input tile loaded once per (shift, K step), into every N tile's accumulator
+            # (a tuple: N_TILES accumulators live, BLOCK_M x N_TILES x BLOCK_N fp32 in all).
+            accs = ()
+            for nt in tl.static_range(N_TILES):
+                accs = accs + (tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),)
+            for j in tl.static_range(NSHIFT):
+                for kk in tl.static_range(K_STEPS):
+                    x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, kk * BLOCK_K, CIN_G, W, SHIFT0, stride_xc, stride_xw,
+                                       BLOCK_K)
+                    stepped = ()
+                    for nt in tl.static_range(N_TILES):
                         if W_ONCE:
                             w_t = ws[(nt * NSHIFT + j) * K_STEPS + kk]
                         else:
                             w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW,
                                                     SHIFT0, stride_wc, SW_C, BLOCK_N, BLOCK_K)
-                        acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, kk * BLOCK_K, CIN_G, W, SHIFT0, stride_xc,
-                                        stride_xw, ROUND_TF32, PRECISION, BLOCK_K)
-            else:
+                        stepped = stepped + (_mma_step(accs[nt], x_t, w_t, ROUND_TF32, PRECISION == "ieee",
+                                                       PRECISION),)
+                    accs = stepped
+            for nt in tl.static_range(N_TILES):
+                _rows_store(accs[nt], nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
+        else:
+            # N tiles outermost, one accumulator live at a time (two 128 x 128 fp32 accumulators
+            # of the 128 -> 8 head spill at 8 warps, Triton 3.6 offline); the input tiles of a
+            # second N tile come again from L1/L2.
+            for nt in tl.static_range(N_TILES):
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for j in range(NSHIFT):
                     for k0 in range(0, CIN_G, BLOCK_K):
                         w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
                                                 SW_C, BLOCK_N, BLOCK_K)
                         acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
                                         ROUND_TF32, PRECISION, BLOCK_K)
-            # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
-            out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
-            e = tl.arange(0, BLOCK_M * SW_C)
-            em = pid_m * BLOCK_M + e // SW_C
-            g_e = nt * G_N + tl.arange(0, G_N)
-            if FULL_W:
-                # OW = QW * SW: output column (em // QW) * OW + (em % QW) * SW + rw is em * SW + rw,
-                # the tile's run of contiguous elements (no per-element division).
-                ok = (g_e < NCOL // SW_C)[:, None] & (em < S)[None, :]
-                z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + (pid_m * (BLOCK_M * SW_C) + e)[None, :]
-            else:
-                ow = (em % QW) * SW_C + e % SW_C
-                ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
-                z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
-            tl.store(z_g + z_e, out.to(z_ptr.dtype.element_ty), mask=ok)
+                _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -3666,7 +3708,9 @@ HK = types.SimpleNamespace(
     _head_tile=_head_tile,
     _mma_step=_mma_step,
     _rows_mma=_rows_mma,
+    _rows_store=_rows_store,
     _rows_weight_tile=_rows_weight_tile,
+    _rows_x_tile=_rows_x_tile,
     head_direct_kernel=head_direct_kernel,
     head_fused_kernel=head_fused_kernel,
     head_gather_kernel=head_gather_kernel,

@@ -96,6 +96,8 @@ def test_every_head_candidate(name, layout, dtype):
 PERSISTENT_HEADS = {
     "k4s2p1-full-width": (4, 64, 1, 1, (16, 32, 33), 4, 2, 1, 0, 1),  # OW = 2 x W
     "k3s2p1-odd-width": (4, 64, 2, 1, (16, 32, 45), 3, 2, 1, 0, 1),  # OW = 2 x W - 1
+    # 144 rows columns (8 x 3 x 3 x SW 2): 2 or 3 N tiles fed by each input tile.
+    "k3s122-8out-n-tiles": (4, 32, 8, 1, (8, 40, 33), 3, (1, 2, 2), 1, (0, 1, 1), 1),
 }
 
 

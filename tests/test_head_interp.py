@@ -217,6 +217,17 @@ def test_persistent_rows_walks_every_tile(name):
     check_against_reference(y, x, w, b, *case.args, context=f"{name} persistent rows")
 
 
+@pytest.mark.parametrize("block_n", [16, 32, 64], ids=["n16-9-tiles", "n32-5-tiles-tail", "n64-3-tiles-tail"])
+def test_persistent_rows_feeds_every_n_tile_from_one_input_tile(block_n):
+    # The persistent rows kernel loads each input tile once and steps every N tile's
+    # accumulator with it: 144 columns (8 channels x 3 x 3 taps x SW 2) in 9, 5 or 3 N tiles,
+    # the last two partly padding, with two K steps (40 channels) and two width shifts.
+    case = PERSISTENT_ROWS["k-steps-n-tiles"]
+    x, w, b = case.tensors()
+    y = run_head(case, x, w, b, kind="rows", BLOCK_M=16, BLOCK_N=block_n, persist=1, num_stages=2)
+    check_against_reference(y, x, w, b, *case.args, context=f"persistent rows, BLOCK_N {block_n}")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("cout, cin, kernel, stride",
                          [(1, 64, 4, 2), (3, 64, (1, 4, 4), (1, 2, 2)), (8, 128, 3, (1, 2, 2)), (15, 256, 3, 1)],

@@ -263,8 +263,8 @@ MAX_BLOCK_SMEM = 227 << 10  # the most one block may take
 def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, bool]:
     """(shared memory estimate in bytes, weight held for all tiles) of a persistent gather or
     rows tile ``t`` (head_gemm_kernel / head_rows_kernel with UNROLL: their loops unrolled in
-    the tile loop, which Triton pipelines): per stage one tile's input, K steps x NSHIFT (rows)
-    x N tiles of BLOCK_M x BLOCK_K; the weight tiles, K steps x NSHIFT x N tiles of BLOCK_K x
+    the tile loop, which Triton pipelines): per stage one tile's input, K steps x NSHIFT (rows,
+    once for all N tiles) or K steps x N tiles (gather) of BLOCK_M x BLOCK_K; the weight tiles, K steps x NSHIFT x N tiles of BLOCK_K x
     BLOCK_N, once where they are held (rows, wherever they fit beside the stages in one block's
     shared memory) or per stage; ~4 KB for the epilogue. Triton 3.6 for sm_90a (offline,
     2026-12-02, scripts/ptxas_regs.py, the 3-D GAN head's bf16 rows tiles, weight held): 161.8 KB at BLOCK_M 128 / 3 stages (this estimate 160.0 KB), 88.1 KB at
@@ -277,7 +277,9 @@ def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, 
     k_steps = -(-params.in_channels_per_group // t["BLOCK_K"])
     ncol = _rows_columns(params) if rows else _columns(params)
     n_tiles = -(-ncol // t["BLOCK_N"])
-    x_stage = nshift * k_steps * t["BLOCK_M"] * t["BLOCK_K"] * elt * n_tiles
+    # The rows kernel loads each input tile once for all its N tiles; the gather kernel once
+    # per N tile.
+    x_stage = nshift * k_steps * t["BLOCK_M"] * t["BLOCK_K"] * elt * (1 if rows else n_tiles)
     w_bytes = nshift * k_steps * n_tiles * t["BLOCK_K"] * t["BLOCK_N"] * elt
     stages = t["num_stages"] * x_stage + (4 << 10)
     held = rows and stages + w_bytes <= MAX_BLOCK_SMEM
@@ -296,9 +298,21 @@ def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[d
     asynchronous copies only where the channel mask is constant over 8 channels: Cin/g a
     multiple of 16, which Triton's launch specialisation sees; otherwise they stay synchronous
     and the persistent loop only saves the launch of each tile."""
+    rows = base["head"] == "rows"
+    shapes = [(bm, stages, base["BLOCK_N"]) for bm, stages in (((64, 3), (128, 3), (64, 2)) if rows else ((128, 2),))]
+    ncol = _rows_columns(params)
+    if rows and ncol > base["BLOCK_N"]:
+        # Wider than one N tile (Cout/g x kd x kh x SW > 128: the 128 -> 8 k3 head's 144
+        # columns): the rows kernel keeps one accumulator per N tile, all fed by each input
+        # tile, so narrower N tiles cost no input traffic and pad fewer columns: BLOCK_N 64
+        # (192 columns for 144, against 256), at BLOCK_M 64, 2 and 3 stages. Narrower still
+        # spills: ptxas for sm_90a (Triton 3.6 offline, 2026-12-02, that head in bf16, 2 stages)
+        # gives 254 registers and no spill at BLOCK_N 64 (3 accumulators), 356 B of spill at
+        # 16 (9 accumulators, 144 columns exactly), 88 B at 128 (2).
+        shapes += [(64, stages, 64) for stages in (2, 3)]
     out = []
-    for bm, stages in ((64, 3), (128, 3), (64, 2)) if base["head"] == "rows" else ((128, 2),):
-        t = dict(base, BLOCK_M=bm, num_stages=stages, num_warps=4 if bm * base["BLOCK_N"] <= 128 * 64 else 8)
+    for bm, stages, bn in shapes:
+        t = dict(base, BLOCK_M=bm, BLOCK_N=bn, num_stages=stages, num_warps=4 if bm * bn <= 128 * 64 else 8)
         smem = head_smem(params, dtype, t)[0]
         # 1 KB per block kept by the driver, and 8 KB of slack: the estimate is within 2 KB of
         # ptxas' figure offline, yet on the H200 a 112.6 KB tile (BLOCK_M 128, 2 stages) ran

@@ -171,14 +171,43 @@ def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
 
 
 @triton.jit
+def _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, BLOCK_K: tl.constexpr):
+    """The input tile at width shift ``j``, channels from ``k0``: [BLOCK_M positions, BLOCK_K]."""
+    iw = q + (SHIFT0 + j)
+    ks = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                   mask=(m_ok & (iw >= 0) & (iw < W))[:, None] & (ks < CIN_G)[None, :], other=0.0)
+
+
+@triton.jit
 def _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
               ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc += the input tile at width shift ``j`` (channels from ``k0``) @ its weight tile ``w_t``."""
-    iw = q + (SHIFT0 + j)
-    ks = k0 + tl.arange(0, BLOCK_K)
-    x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                  mask=(m_ok & (iw >= 0) & (iw < W))[:, None] & (ks < CIN_G)[None, :], other=0.0)
+    x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, BLOCK_K)
     return _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
+
+
+@triton.jit
+def _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL,
+                SW_C: tl.constexpr, FULL_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store N tile ``nt`` of an M tile into Z, the W residues interleaved in registers
+    ([M, G, SW] -> [G, M * SW], element e = (m, rw)) so that each store writes contiguous output
+    columns."""
+    G_N: tl.constexpr = BLOCK_N // SW_C
+    out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
+    e = tl.arange(0, BLOCK_M * SW_C)
+    em = pid_m * BLOCK_M + e // SW_C
+    g_e = nt * G_N + tl.arange(0, G_N)
+    if FULL_W:
+        # OW = QW * SW: output column (em // QW) * OW + (em % QW) * SW + rw is em * SW + rw,
+        # the tile's run of contiguous elements (no per-element division).
+        ok = (g_e < NCOL // SW_C)[:, None] & (em < S)[None, :]
+        z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + (pid_m * (BLOCK_M * SW_C) + e)[None, :]
+    else:
+        ow = (em % QW) * SW_C + e % SW_C
+        ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
+        z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
+    tl.store(z_g + z_e, out.to(z_g.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -216,8 +245,10 @@ def head_rows_kernel(
     masked per-element gather of taps (``_rows_weight_tile``) at its step. With a few programs
     per SM (``Config.persist``) UNROLL makes the shifts and K steps constexpr loops, so the tile
     loop is the only loop and Triton's pipeliner prefetches the next tile's input (num_stages)
-    during this one's MMAs and stores; with W_ONCE the weight tiles are gathered once per
-    program, before the tile loop, and held (a tuple; Triton keeps them in shared memory).
+    during this one's MMAs and stores; each input tile is then loaded once and steps the
+    accumulators of all N tiles (a tuple of N_TILES, live together), where the single sweep
+    re-reads it per N tile; with W_ONCE the weight tiles are gathered once per program, before
+    the tile loop, and held (a tuple; Triton keeps them in shared memory).
     (ncu, H200, 2026-12-02, bf16 3-D GAN head: unrolled, a program per tile and the weight
     gathered per tile, the kernel issued 38.5 M instructions at 2 CTAs per SM, latency- and
     issue-bound: 107 us at 17% of DRAM's bandwidth.)
@@ -227,7 +258,6 @@ def head_rows_kernel(
     head bf16 165-246 vs 108-134 us, fp32 603-899 vs 463-487 us.)"""
     grp = tl.program_id(1)
     S = D * H * QW
-    G_N: tl.constexpr = BLOCK_N // SW_C
     x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     ws = ()
@@ -250,43 +280,41 @@ def head_rows_kernel(
             x_r = (r // H) * stride_xd + (r % H) * stride_xh
         x_n = x_g + nb.to(tl.int64) * stride_xn
         z_g = z_ptr + (grp * N + nb).to(tl.int64) * (NCOL // SW_C) * (D * H * OW)
-        # N tiles outermost, one accumulator live at a time (two 128 x 128 fp32 accumulators
-        # of the 128 -> 8 head spill at 8 warps, Triton 3.6 offline); the input tiles of a
-        # second N tile come again from L1/L2.
-        for nt in tl.static_range(N_TILES):
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if UNROLL:
-                for j in tl.static_range(NSHIFT):
-                    for kk in tl.static_range(K_STEPS):
+        if UNROLL:
+            # Each input tile loaded once per (shift, K step), into every N tile's accumulator
+            # (a tuple: N_TILES accumulators live, BLOCK_M x N_TILES x BLOCK_N fp32 in all).
+            accs = ()
+            for nt in tl.static_range(N_TILES):
+                accs = accs + (tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),)
+            for j in tl.static_range(NSHIFT):
+                for kk in tl.static_range(K_STEPS):
+                    x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, kk * BLOCK_K, CIN_G, W, SHIFT0, stride_xc, stride_xw,
+                                       BLOCK_K)
+                    stepped = ()
+                    for nt in tl.static_range(N_TILES):
                         if W_ONCE:
                             w_t = ws[(nt * NSHIFT + j) * K_STEPS + kk]
                         else:
                             w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW,
                                                     SHIFT0, stride_wc, SW_C, BLOCK_N, BLOCK_K)
-                        acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, kk * BLOCK_K, CIN_G, W, SHIFT0, stride_xc,
-                                        stride_xw, ROUND_TF32, PRECISION, BLOCK_K)
-            else:
+                        stepped = stepped + (_mma_step(accs[nt], x_t, w_t, ROUND_TF32, PRECISION == "ieee",
+                                                       PRECISION),)
+                    accs = stepped
+            for nt in tl.static_range(N_TILES):
+                _rows_store(accs[nt], nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
+        else:
+            # N tiles outermost, one accumulator live at a time (two 128 x 128 fp32 accumulators
+            # of the 128 -> 8 head spill at 8 warps, Triton 3.6 offline); the input tiles of a
+            # second N tile come again from L1/L2.
+            for nt in tl.static_range(N_TILES):
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for j in range(NSHIFT):
                     for k0 in range(0, CIN_G, BLOCK_K):
                         w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
                                                 SW_C, BLOCK_N, BLOCK_K)
                         acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
                                         ROUND_TF32, PRECISION, BLOCK_K)
-            # Interleave the W residues: [M, G, SW] -> [G, M * SW], element e = (m, rw).
-            out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
-            e = tl.arange(0, BLOCK_M * SW_C)
-            em = pid_m * BLOCK_M + e // SW_C
-            g_e = nt * G_N + tl.arange(0, G_N)
-            if FULL_W:
-                # OW = QW * SW: output column (em // QW) * OW + (em % QW) * SW + rw is em * SW + rw,
-                # the tile's run of contiguous elements (no per-element division).
-                ok = (g_e < NCOL // SW_C)[:, None] & (em < S)[None, :]
-                z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + (pid_m * (BLOCK_M * SW_C) + e)[None, :]
-            else:
-                ow = (em % QW) * SW_C + e % SW_C
-                ok = (g_e < NCOL // SW_C)[:, None] & ((em < S) & (ow < OW))[None, :]
-                z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + ((em // QW) * OW + ow)[None, :]
-            tl.store(z_g + z_e, out.to(z_ptr.dtype.element_ty), mask=ok)
+                _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
