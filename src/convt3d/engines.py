@@ -85,6 +85,23 @@ def _bench(fn: Callable[[], object], first: Callable[[], object] | None = None) 
     return Timing(ms, _host_ms(fn, ms))
 
 
+def _memo_check(call: Call, make: Callable[..., Direct]) -> Callable[[], bool]:
+    """The check a weight's memo (``make``: ``steady.Direct`` or a ``steady.Repeat`` maker) does on
+    a repeat of ``call``, for ``Engine.time`` to pay per timed call; the memo is made at the
+    first check, under the grad mode of the timed calls."""
+    p = call.params
+    args = (p.stride, p.padding, p.output_padding, p.groups, p.dilation)
+    x, w, b = call.given
+    memo: list[Direct] = []
+
+    def check() -> bool:
+        if not memo:
+            memo.append(make(x, w, b, args, None, call.requested))
+        return memo[0].fits(x, w, b, args, None, call.requested)
+
+    return check
+
+
 class Engine:
     """The face every engine shows the dispatcher."""
 
@@ -207,17 +224,7 @@ class TritonEngine(Engine):
         """A repeat that its weight's Repeat memo answers costs that memo's check, not the key."""
         if not self._repeats_launch(call):
             return super().steady_cost(call)
-        p = call.params
-        args = (p.stride, p.padding, p.output_padding, p.groups, p.dilation)
-        x, w, b = call.given
-        memo: list[Repeat] = []  # made at the first check, under the grad mode of the timed calls
-
-        def check() -> bool:
-            if not memo:
-                memo.append(Repeat(x, w, b, args, None, call.requested, None, lambda: True))
-            return memo[0].fits(x, w, b, args, None, call.requested)
-
-        return check
+        return _memo_check(call, lambda *a: Repeat(*a, None, lambda: True))
 
     def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
         # A repeat of an inference call runs as the steady path runs it: the launcher alone, once
@@ -388,17 +395,7 @@ class TorchEngine(Engine):
         of its direct memo (``steady.Direct``); with an explicit precision it takes the key."""
         if not at_flags_as_they_are(call.x, call.requested):
             return super().steady_cost(call)
-        p = call.params
-        args = (p.stride, p.padding, p.output_padding, p.groups, p.dilation)
-        x, w, b = call.given
-        memo: list[Direct] = []  # made at the first check, under the grad mode of the timed calls
-
-        def check() -> bool:
-            if not memo:
-                memo.append(Direct(x, w, b, args, None, call.requested))
-            return memo[0].fits(x, w, b, args, None, call.requested)
-
-        return check
+        return _memo_check(call, Direct)
 
 
 class HybridEngine(Engine):
