@@ -2240,19 +2240,22 @@ def _tune_key(params: ConvT3dParams, x: torch.Tensor, precision: str, out_cl: bo
     return (device_name(x.device), x.dtype, precision, out_cl, params)
 
 
-# Calls enqueued without waiting for the GPU to read a config's host time per call: up to
-# HOST_CALLS, fewer where they would take more than HOST_REP_MS of GPU time (at least 2).
+# Calls enqueued, without waiting for the GPU, to read a candidate's host time per call (a tile
+# here, an engine in ``engines.Engine.time``): up to HOST_CALLS, fewer where they would take
+# more than HOST_REP_MS of GPU time (a layer of milliseconds is not decided by ~0.1 ms of host
+# time).
 HOST_CALLS = 10
 HOST_REP_MS = 5.0
 
 
-def _host_ms(fn: Callable[[], object], gpu_ms: float) -> float:
-    """Host ms per call of ``fn``, calls enqueued without synchronising; the lower of two
-    rounds (a Python-timed round moves with the host's other work by 10-30%)."""
-    n = max(2, min(HOST_CALLS, int(HOST_REP_MS / gpu_ms))) if gpu_ms > 0 else HOST_CALLS
+def _host_ms(fn: Callable[[], object], gpu_ms: float, rounds: int = 2, least: int = 2) -> float:
+    """Host ms per call of ``fn``, at least ``least`` calls enqueued without synchronising; the
+    lowest of ``rounds`` rounds (the tuner takes two: a Python-timed round moves with the host's
+    other work by 10-30%)."""
+    n = max(least, min(HOST_CALLS, int(HOST_REP_MS / gpu_ms))) if gpu_ms > 0 else HOST_CALLS
     sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
     best = math.inf
-    for _ in range(2):
+    for _ in range(rounds):
         sync()
         t0 = time.perf_counter()
         for _ in range(n):
@@ -4485,6 +4488,13 @@ class _Steps:
             self.pack = _pack_site(self.params, weight.contiguous(), self.pl.round_tf32, self.cfg.fold)
         return _pack_weight(weight, self.params, self.pl.round_tf32, self.pack)
 
+    def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """A settled call: allocate the output, pack the weight, launch (``bias`` contiguous)."""
+        y = _output(self.params, self.pl, x)
+        wp = self.packed_weight(weight)
+        self.run(x, wp, bias if bias is not None else wp, y)  # wp: dummy pointer when HAS_BIAS is False
+        return y
+
     def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
         """Launch onto ``y`` (allocated, in the plan's memory format) from ``x`` and the packed
         weight ``wp``; ``b`` is the bias, or any tensor when there is none. Returns Triton's
@@ -4538,6 +4548,16 @@ def _forget_settled() -> None:
     _settled_epoch[0] += 1
 
 
+def _kernel_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The bias as the kernels read it, indexed by channel alone: a strided view (which read
+    wrong values) as a contiguous copy."""
+    return bias if bias is None or bias.is_contiguous() else bias.contiguous()
+
+
+def _settled_key(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, params: ConvT3dParams, precision: str):
+    return (params, x.dtype, x.device, x.stride(), weight.stride(), has_bias, precision)
+
+
 def steady_launcher(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, params: ConvT3dParams,
                     precision: str):
     """(run, alive) for a settled signature (``forward`` has tuned or seeded its config), None
@@ -4545,21 +4565,12 @@ def steady_launcher(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, param
     tensors of the signature's layout (the caller checks it: ``steady.Repeat``); ``alive()``
     says whether the signature is still settled on the same steps (``clear_caches`` and a
     seeded config forget them)."""
-    key = (params, x.dtype, x.device, x.stride(), weight.stride(), has_bias, precision)
-    st = _steady.get(key)
+    st = _steady.get(_settled_key(x, weight, has_bias, params, precision))
     if st is None:
         return None
-    epoch, shape, fmt = _settled_epoch[0], params.out_shape, st.pl.out_format
-
-    def run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if bias is not None and not bias.is_contiguous():
-            bias = bias.contiguous()
-        y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
-        wp = st.packed_weight(weight)
-        st.run(x, wp, bias if bias is not None else wp, y)
-        return y
-
-    return run, lambda: _settled_epoch[0] == epoch
+    epoch = _settled_epoch[0]
+    return (lambda x, weight, bias: st.forward(x, weight, _kernel_bias(bias)),
+            lambda: _settled_epoch[0] == epoch)
 
 
 def _steps_for(params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, x: torch.Tensor) -> _Steps:
@@ -4611,16 +4622,12 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     Later calls of a signature take the steady path: its plan, config and launch sites held
     (``_Steps``), so a call allocates, packs the weight and launches.
     """
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()  # the kernels index the bias by channel alone (a strided one read wrong values)
-    key = (params, x.dtype, x.device, x.stride(), weight.stride(), bias is not None, precision)
+    bias = _kernel_bias(bias)
+    key = _settled_key(x, weight, bias is not None, params, precision)
     if config is None:
         st = _steady.get(key)
         if st is not None:
-            y = _output(params, st.pl, x)
-            wp = st.packed_weight(weight)
-            st.run(x, wp, bias if bias is not None else wp, y)
-            return y
+            return st.forward(x, weight, bias)
     launch = prepare(x, weight, bias, params, precision)
     if launch.y.numel() == 0:
         return launch.y

@@ -711,7 +711,7 @@ def _remember_repeat(input, weight, bias, args: tuple, backend, precision, hit: 
             return _run(input.unsqueeze(0), weight, bias).squeeze(0)
     if len(_direct) >= _STEADY_LIMIT:
         _forget_steady()
-    _direct[id(weight)] = Repeat(input, weight, bias, args, backend, precision, run, alive,
+    _direct[id(weight)] = Repeat(input, weight, bias, args, backend, precision, alive,
                                  Steady(hit.decision, hit.params, hit.precision, False, hit.unbatched, False, run))
 
 

@@ -18,7 +18,6 @@ PyTorch, then PyTorch's forward with convt3d's backward (training calls only).
 from __future__ import annotations
 
 import importlib
-import time
 from typing import Callable, NamedTuple
 
 import torch
@@ -27,6 +26,8 @@ from . import cache, distributed, ops, triton_engine
 from .call import Call, autocast_inputs
 from .steady import Direct, Repeat, steady_key
 from .torch_engine import at_flags_as_they_are, torch_forward
+from .triton_configs import HOST_CALLS, HOST_REP_MS  # noqa: F401 (re-exported)
+from .triton_configs import _host_ms as triton_host_ms
 
 __all__ = ["Engine", "TritonEngine", "CudaEngine", "TorchEngine", "HybridEngine", "ENGINES", "HYBRID",
            "MEASURE_WARMUP_MS", "MEASURE_REP_MS", "HOST_CALLS", "Timing"]
@@ -39,11 +40,6 @@ MEASURE_WARMUP_MS = 5.0
 MEASURE_REP_MS = 25.0
 
 
-# Calls enqueued, without waiting for the GPU, to read a candidate's host time per call: up to
-# HOST_CALLS, fewer where they would take more than HOST_REP_MS of GPU time (at least one; a
-# layer of milliseconds is not decided by ~0.1 ms of host time).
-HOST_CALLS = 10
-HOST_REP_MS = 5.0
 
 
 class Timing(NamedTuple):
@@ -64,15 +60,8 @@ class Timing(NamedTuple):
 
 
 def _host_ms(fn: Callable[[], object], ms: float) -> float:
-    n = max(1, min(HOST_CALLS, int(HOST_REP_MS / ms))) if ms > 0 else HOST_CALLS
-    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t = time.perf_counter() - t0
-    sync()
-    return t / n * 1e3
+    # One round, from one call up (auto times each candidate in several rounds itself: dispatch.MEASURE_ROUNDS).
+    return triton_host_ms(fn, ms, rounds=1, least=1)
 
 
 def _bench(fn: Callable[[], object], first: Callable[[], object] | None = None) -> Timing:
@@ -224,11 +213,12 @@ class TritonEngine(Engine):
         """A repeat that its weight's Repeat memo answers costs that memo's check, not the key."""
         if not self._repeats_launch(call):
             return super().steady_cost(call)
-        return _memo_check(call, lambda *a: Repeat(*a, None, lambda: True))
+        return _memo_check(call, lambda *a: Repeat(*a, lambda: True))
 
     def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
         # A repeat of an inference call runs as the steady path runs it: the launcher alone, once
-        # the first timed call has settled the signature.
+        # the first timed call has settled the signature (looked up per timed call, a key more
+        # than the weight's memo, which holds it; held here it would keep the call's tensors).
         if repeat and not training and self._repeats_launch(call):
             launcher = self.steady_launcher(call.x, call.weight, call.bias, call.params, call.precision)
             if launcher is not None:

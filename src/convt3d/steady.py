@@ -143,19 +143,17 @@ def _layout(t):
 class Repeat(Direct):
     """The memo of an inference call (no autocast) decided for one of our engines: ``Direct``'s
     check, the weight's and bias's shape, strides, dtype and device, and ``alive()`` of the
-    engine's launcher. ``run(input, weight, bias)``: the engine's steady forward of the caller's
+    engine's launcher. ``hit``: what the dispatcher's ``steady()`` answers for a call this memo
+    fits, whose ``run(input, weight, bias)`` is the engine's steady forward of the caller's
     tensors (the launcher's own memo -- the tuned tile, its launch sites -- held, not looked up)."""
 
-    __slots__ = ("w_layout", "b_layout", "run", "alive", "hit")
+    __slots__ = ("w_layout", "b_layout", "alive", "hit")
 
-    def __init__(self, input, weight, bias, args: tuple, backend, precision, run, alive, hit=None):
+    def __init__(self, input, weight, bias, args: tuple, backend, precision, alive, hit=None):
         super().__init__(input, weight, bias, args, backend, precision)
         self.w_layout, self.b_layout = _layout(weight), _layout(bias)
-        self.run, self.alive = run, alive
-        self.hit = hit  # what the dispatcher's steady() answers for a call this memo fits
+        self.alive, self.hit = alive, hit
 
     def fits(self, input, weight, bias, args: tuple, backend, precision) -> bool:
         return (super().fits(input, weight, bias, args, backend, precision)
-                and weight.stride() == self.w_layout[1] and weight.shape == self.w_layout[0]
-                and weight.dtype is self.w_layout[2] and weight.device == self.w_layout[3]
-                and _layout(bias) == self.b_layout and self.alive())
+                and _layout(weight) == self.w_layout and _layout(bias) == self.b_layout and self.alive())

@@ -291,19 +291,22 @@ def _tune_key(params: ConvT3dParams, x: torch.Tensor, precision: str, out_cl: bo
     return (device_name(x.device), x.dtype, precision, out_cl, params)
 
 
-# Calls enqueued without waiting for the GPU to read a config's host time per call: up to
-# HOST_CALLS, fewer where they would take more than HOST_REP_MS of GPU time (at least 2).
+# Calls enqueued, without waiting for the GPU, to read a candidate's host time per call (a tile
+# here, an engine in ``engines.Engine.time``): up to HOST_CALLS, fewer where they would take
+# more than HOST_REP_MS of GPU time (a layer of milliseconds is not decided by ~0.1 ms of host
+# time).
 HOST_CALLS = 10
 HOST_REP_MS = 5.0
 
 
-def _host_ms(fn: Callable[[], object], gpu_ms: float) -> float:
-    """Host ms per call of ``fn``, calls enqueued without synchronising; the lower of two
-    rounds (a Python-timed round moves with the host's other work by 10-30%)."""
-    n = max(2, min(HOST_CALLS, int(HOST_REP_MS / gpu_ms))) if gpu_ms > 0 else HOST_CALLS
+def _host_ms(fn: Callable[[], object], gpu_ms: float, rounds: int = 2, least: int = 2) -> float:
+    """Host ms per call of ``fn``, at least ``least`` calls enqueued without synchronising; the
+    lowest of ``rounds`` rounds (the tuner takes two: a Python-timed round moves with the host's
+    other work by 10-30%)."""
+    n = max(least, min(HOST_CALLS, int(HOST_REP_MS / gpu_ms))) if gpu_ms > 0 else HOST_CALLS
     sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
     best = math.inf
-    for _ in range(2):
+    for _ in range(rounds):
         sync()
         t0 = time.perf_counter()
         for _ in range(n):
