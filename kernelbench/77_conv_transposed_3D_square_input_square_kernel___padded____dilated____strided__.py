@@ -1552,7 +1552,10 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
         # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
         if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
             tiles.append(tile("rows", _rows_columns(params), 128, 2048))
-            tiles += _persistent(params, dtype, tiles[-1])
+            persistent = _persistent(params, dtype, tiles[-1])
+            tiles += persistent
+            if not any(head_smem(params, dtype, t)[1] for t in persistent):
+                tiles += _packed(tiles[-1 - len(persistent)])
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
         # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
@@ -1707,6 +1710,17 @@ def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[d
     return out
 
 
+def _packed(base: dict) -> list[dict]:
+    """Single-sweep rows tiles on the packed weight (``Config.w_packed``), for the layers where no
+    persistent tile holds its weight: there every M tile gathers each of its NSHIFT x K_STEPS
+    weight tiles tap by tap (``_rows_weight_tile``) -- 12 per tile for the VQ-VAE decoder's
+    240 -> 3 head, whose held weight would take 196 KB in bf16 -- where the packed copy makes
+    each a contiguous block. BLOCK_M 128 at 2 and 3 stages (one flat pipelined loop over the
+    shift and K-step pairs): 32 KB of operands per stage at BLOCK_N 128 and K 64 (bf16) or 32
+    (fp32), so that two programs fit per SM at 3 stages. Which wins is the tuner's measurement."""
+    return [dict(base, num_stages=stages, w_packed=True) for stages in (2, 3)]
+
+
 def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
     """Programs of a head GEMM launch over ``tiles`` tiles: one per tile (``per_sm`` 0), or
     ``per_sm`` per SM, each looping over its share (``Config.persist``); a few on the CPU, so
@@ -1765,6 +1779,7 @@ class HeadSteps:
         self.fill_needed = not self.fused and not (self.direct and _all_reached(params))
         self.gemm = None
         self.gather = None
+        self.pack = None  # (head_rows_pack_kernel's site, packed elements) of a w_packed tile
         self.slots = 0  # the fused kind's scratch (fp32 elements, all programs), set with its site
         self.copy_x = None  # x spans >= 2^31 elements per batch element: the GEMMs read a copy
 
@@ -1833,7 +1848,7 @@ class HeadSteps:
             flat_dh = x.stride(2) == h * x.stride(3)
             consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, NSHIFT=nshift,
                           FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
-                          W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1],
+                          W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1], W_PACKED=cfg.w_packed,
                           N_TILES=-(-ncol_rows // cfg.BLOCK_N), K_STEPS=-(-p.in_channels_per_group // cfg.BLOCK_K),
                           BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
@@ -1849,6 +1864,20 @@ class HeadSteps:
         return self.make_site(key, "head_direct_kernel", grid, ints,
                               dict(HAS_BIAS=self.has_bias, INTERLEAVE_W=interleave, KW_C=kw if interleave else 1,
                                    **consts))
+
+    def _pack_site(self, w: torch.Tensor):
+        """head_rows_pack_kernel's launch and the packed copy's elements (``Config.w_packed``)."""
+        p, cfg = self.params, self.cfg
+        shift0, nshift = width_shifts(p)
+        n_tiles = -(-_rows_columns(p) // cfg.BLOCK_N)
+        k_steps = -(-p.in_channels_per_group // cfg.BLOCK_K)
+        ints = (p.in_channels_per_group, _rows_columns(p), p.kernel_size[2], math.prod(p.kernel_size), p.stride[2],
+                p.padding[2], p.dilation[2], shift0, w.stride(0))
+        consts = dict(SW_C=p.stride[2], NSHIFT=nshift, N_TILES=n_tiles, K_STEPS=k_steps, BLOCK_N=cfg.BLOCK_N,
+                      BLOCK_K=cfg.BLOCK_K, num_warps=4)
+        key = ("head_rows_pack", p, cfg.BLOCK_N, cfg.BLOCK_K, w.dtype)
+        site = self.make_site(key, "head_rows_pack_kernel", (nshift * k_steps * n_tiles, p.groups), ints, consts)
+        return site, p.groups * nshift * k_steps * cfg.BLOCK_K * n_tiles * cfg.BLOCK_N
 
     def _gather_site(self, y: torch.Tensor):
         p, cfg = self.params, self.cfg
@@ -1913,6 +1942,13 @@ class HeadSteps:
                 self.gather.launch(dev, y, b, y)
             return self.gemm.launch(dev, x, w, b, y)
         p = self.params
+        if self.cfg.w_packed:
+            if self.pack is None:
+                self.pack = self._pack_site(w)
+            site, elements = self.pack
+            packed = torch.empty(elements, device=dev, dtype=w.dtype)
+            site.launch(dev, w, packed)
+            w = packed
         z = torch.empty(head_z_elements(p, self.cfg.head), device=dev,
                         dtype=torch.bfloat16 if self.cfg.z_bf16 else torch.float32)
         handle = self.gemm.launch(dev, x, w, z)
@@ -1956,6 +1992,7 @@ head_engine = types.SimpleNamespace(
     _columns=_columns,
     _flat_x=_flat_x,
     _gather_tile=_gather_tile,
+    _packed=_packed,
     _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
     _rows_columns=_rows_columns,
@@ -2009,6 +2046,9 @@ class Config:
     # that the next tile's loads are in flight during this one's MMAs (head_rows_kernel);
     # 0: one program per tile.
     persist: int = 0
+    # The rows kind's weight tiles packed densely once per call (head_rows_pack_kernel) and
+    # read as contiguous blocks, instead of gathered tap by tap from the weight at every step.
+    w_packed: bool = False
 
     def short(self) -> str:
         if self.head == "box":
@@ -2020,7 +2060,7 @@ class Config:
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
                     f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
-                    + (f" p{self.persist}" if self.persist else ""))
+                    + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else ""))
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
@@ -3136,6 +3176,48 @@ def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
 
 
 @triton.jit
+def _rows_packed_tile(w_g, nt, j, k0, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The same tile as ``_rows_weight_tile``, read from the packed copy that
+    ``head_rows_pack_kernel`` wrote: [NSHIFT, K_STEPS x BLOCK_K, N_TILES x BLOCK_N] per group,
+    zeros where no tap is and past Cin/g, so every load is whole contiguous rows, unmasked."""
+    K_PAD: tl.constexpr = K_STEPS * BLOCK_K
+    N_PAD: tl.constexpr = N_TILES * BLOCK_N
+    ks = k0 + tl.arange(0, BLOCK_K)
+    cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+    return tl.load(w_g + (j * K_PAD + ks)[:, None] * N_PAD + cols[None, :])
+
+
+@triton.jit
+def head_rows_pack_kernel(
+    w_ptr, wp_ptr,
+    CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+    SW_C: tl.constexpr, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The rows kernel's weight tiles, gathered once per call into a dense copy
+    (``_rows_packed_tile``'s layout), for the tiles that read their weight at every K step
+    (``W_PACKED``): there the per-element tap gather of ``_rows_weight_tile`` (a masked load of
+    scattered columns with its index arithmetic) would run once per (M tile, shift, K step).
+    Grid (NSHIFT x K_STEPS x N_TILES, groups), one weight tile per program."""
+    pid = tl.program_id(0)
+    grp = tl.program_id(1)
+    nt = pid % N_TILES
+    kk = (pid // N_TILES) % K_STEPS
+    j = pid // (N_TILES * K_STEPS)
+    K_PAD: tl.constexpr = K_STEPS * BLOCK_K
+    N_PAD: tl.constexpr = N_TILES * BLOCK_N
+    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+                          SW_C, BLOCK_N, BLOCK_K)
+    ks = kk * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+    wp_g = wp_ptr + grp.to(tl.int64) * (NSHIFT * K_PAD * N_PAD)
+    tl.store(wp_g + (j * K_PAD + ks)[:, None] * N_PAD + cols[None, :], t.to(wp_ptr.dtype.element_ty),
+             mask=(ks < K_PAD)[:, None] & (cols < N_PAD)[None, :])
+
+
+@triton.jit
 def _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, BLOCK_K: tl.constexpr):
     """The input tile at width shift ``j``, channels from ``k0``: [BLOCK_M positions, BLOCK_K]."""
     iw = q + (SHIFT0 + j)
@@ -3188,6 +3270,7 @@ def head_rows_kernel(
     PRECISION: tl.constexpr,
     SW_C: tl.constexpr,
     FLAT_DH: tl.constexpr, FULL_W: tl.constexpr, UNROLL: tl.constexpr, W_ONCE: tl.constexpr,
+    W_PACKED: tl.constexpr,
     NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -3213,7 +3296,10 @@ def head_rows_kernel(
     during this one's MMAs and stores; each input tile is then loaded once and steps the
     accumulators of all N tiles (a tuple of N_TILES, live together), where the single sweep
     re-reads it per N tile; with W_ONCE the weight tiles are gathered once per program, before
-    the tile loop, and held (a tuple; Triton keeps them in shared memory).
+    the tile loop, and held (a tuple; Triton keeps them in shared memory). With W_PACKED the
+    weight tiles come from the dense copy head_rows_pack_kernel wrote for this call, each a
+    contiguous block: the tiles that load one per (shift, K step) -- the single sweep, one flat
+    loop over those pairs -- are spared the per-element tap gather at every step.
     (ncu, H200, 2026-12-02, bf16 3-D GAN head: unrolled, a program per tile and the weight
     gathered per tile, the kernel issued 38.5 M instructions at 2 CTAs per SM, latency- and
     issue-bound: 107 us at 17% of DRAM's bandwidth.)
@@ -3224,14 +3310,21 @@ def head_rows_kernel(
     grp = tl.program_id(1)
     S = D * H * QW
     x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
-    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    if W_PACKED:  # w_ptr is head_rows_pack_kernel's dense copy
+        w_g = w_ptr + grp.to(tl.int64) * (NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
+    else:
+        w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     ws = ()
     if W_ONCE:
         for nt in tl.static_range(N_TILES):
             for j in tl.static_range(NSHIFT):
                 for kk in tl.static_range(K_STEPS):
-                    ws = ws + (_rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
-                                                 stride_wc, SW_C, BLOCK_N, BLOCK_K),)
+                    if W_PACKED:
+                        w_t = _rows_packed_tile(w_g, nt, j, kk * BLOCK_K, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
+                    else:
+                        w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
+                                                stride_wc, SW_C, BLOCK_N, BLOCK_K)
+                    ws = ws + (w_t,)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         pid_m = tile % tiles_m
         nb = tile // tiles_m
@@ -3259,6 +3352,9 @@ def head_rows_kernel(
                     for nt in tl.static_range(N_TILES):
                         if W_ONCE:
                             w_t = ws[(nt * NSHIFT + j) * K_STEPS + kk]
+                        elif W_PACKED:
+                            w_t = _rows_packed_tile(w_g, nt, j, kk * BLOCK_K, NSHIFT, N_TILES, K_STEPS, BLOCK_N,
+                                                    BLOCK_K)
                         else:
                             w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW,
                                                     SHIFT0, stride_wc, SW_C, BLOCK_N, BLOCK_K)
@@ -3273,12 +3369,23 @@ def head_rows_kernel(
             # second N tile come again from L1/L2.
             for nt in tl.static_range(N_TILES):
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for j in range(NSHIFT):
-                    for k0 in range(0, CIN_G, BLOCK_K):
-                        w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
-                                                SW_C, BLOCK_N, BLOCK_K)
+                if W_PACKED:
+                    # One runtime loop over the (shift, K step) pairs, which Triton pipelines
+                    # as a whole (the nested loops below pipeline each shift's K steps alone),
+                    # with the weight tile a contiguous block of the packed copy.
+                    for step in range(NSHIFT * K_STEPS):
+                        j = step // K_STEPS
+                        k0 = (step % K_STEPS) * BLOCK_K
+                        w_t = _rows_packed_tile(w_g, nt, j, k0, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
                         acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
                                         ROUND_TF32, PRECISION, BLOCK_K)
+                else:
+                    for j in range(NSHIFT):
+                        for k0 in range(0, CIN_G, BLOCK_K):
+                            w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
+                                                    stride_wc, SW_C, BLOCK_N, BLOCK_K)
+                            acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc,
+                                            stride_xw, ROUND_TF32, PRECISION, BLOCK_K)
                 _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
 
 
@@ -3711,6 +3818,7 @@ HK = types.SimpleNamespace(
     _head_tile=_head_tile,
     _mma_step=_mma_step,
     _rows_mma=_rows_mma,
+    _rows_packed_tile=_rows_packed_tile,
     _rows_store=_rows_store,
     _rows_weight_tile=_rows_weight_tile,
     _rows_x_tile=_rows_x_tile,
@@ -3720,6 +3828,7 @@ HK = types.SimpleNamespace(
     head_gather_tile_kernel=head_gather_tile_kernel,
     head_gemm_kernel=head_gemm_kernel,
     head_rows_kernel=head_rows_kernel,
+    head_rows_pack_kernel=head_rows_pack_kernel,
 )
 GK = types.SimpleNamespace(
     _advance=_advance,
@@ -4275,6 +4384,7 @@ head_engine = types.SimpleNamespace(
     _columns=_columns,
     _flat_x=_flat_x,
     _gather_tile=_gather_tile,
+    _packed=_packed,
     _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
     _rows_columns=_rows_columns,

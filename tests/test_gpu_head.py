@@ -122,6 +122,35 @@ def test_persistent_tiles_walk_many_tiles(name, layout, dtype):
         _check(x, w, b, args, "tf32", E.forward(x, w, b, params, "tf32", config=cfg))
 
 
+PACKED_HEADS = {
+    # The VQ-VAE decoder's head at reduced size: k4 s2 p3 (pre-padded input), 240 channels
+    # (K 240 of 4 x 64 or 8 x 32 with a padded tail), 3 width shifts.
+    "vqvae-240to3-k4s2p3": (2, 240, 3, 1, (5, 19, 21), 4, 2, 3, 0, 1),
+    "tc-side-128to8-k3": HEADS["tc-side-128to8-k3"],
+    "groups2-5-per-group": HEADS["groups2-5-per-group"],
+    "c15-dilation2": HEADS["c15-dilation2"],
+}
+
+
+@pytest.mark.parametrize("dtype, precision", [(torch.bfloat16, "tf32"), (torch.float16, "tf32"),
+                                              (torch.float32, "tf32"), (torch.float32, "tf32x3")],
+                         ids=["bf16", "fp16", "fp32-tf32", "fp32-tf32x3"])
+@pytest.mark.parametrize("layout", ["ncdhw", "cl", "noncontig"])
+@pytest.mark.parametrize("name", list(PACKED_HEADS))
+def test_packed_weight_rows_tiles(name, layout, dtype, precision):
+    # The rows kind on the packed weight (Config.w_packed), forced on the layer's rows tiles,
+    # single-sweep and persistent: the tiles the tuner gets where no persistent tile holds
+    # the weight, and the packed copy wherever it is held.
+    import dataclasses
+    x, w, b, args = _inputs(PACKED_HEADS[name], layout, dtype)
+    params, _ = check_call(x, w, b, *args)
+    rows = [c for c in _heads(params, x, w, precision) if c.head == "rows"]
+    assert rows, "the layer must have rows tiles"
+    for cfg in rows:
+        cfg = dataclasses.replace(cfg, w_packed=True)
+        _check(x, w, b, args, precision, E.forward(x, w, b, params, precision, config=cfg))
+
+
 # Layers whose taps meet and whose Z slot fits (c15-dilation2: 15 x 27 = 405 columns, 512 padded,
 # so no box's slot is <= 128 KB and fused_tiles offers none; test_fused_tiles_fit_the_slot_budget).
 FUSED_HEADS = [n for n in KIND_HEADS if not n.startswith("direct") and n != "c15-dilation2"]

@@ -228,6 +228,69 @@ def test_persistent_rows_feeds_every_n_tile_from_one_input_tile(block_n):
     check_against_reference(y, x, w, b, *case.args, context=f"persistent rows, BLOCK_N {block_n}")
 
 
+@pytest.mark.parametrize("persist, held", [(0, True), (1, True), (1, False)],
+                         ids=["single-sweep", "persistent-held", "persistent-per-tile"])
+@pytest.mark.parametrize("name", list(PERSISTENT_ROWS))
+def test_packed_weight_rows(name, persist, held, monkeypatch):
+    # The rows kernel on the packed weight (Config.w_packed): head_rows_pack_kernel's dense copy
+    # (zeros where a width shift has no tap and past Cin/g), read by the single sweep's flat
+    # (shift, K step) loop, or by the persistent tile once per program (held) or per tile
+    # (where head_smem finds that the weight does not fit: forced here); BLOCK_M 16 for
+    # several M tiles.
+    case = PERSISTENT_ROWS[name]
+    x, w, b = case.tensors()
+    engine.clear_caches()  # no launch site of another test's tile
+    if not held:
+        smem = head_engine.head_smem
+        monkeypatch.setattr(head_engine, "head_smem", lambda *a: (smem(*a)[0], False))
+    y = run_head(case, x, w, b, kind="rows", BLOCK_M=16, persist=persist, num_stages=2, w_packed=True)
+    check_against_reference(y, x, w, b, *case.args, context=f"{name} packed rows, persist {persist}")
+    rows = [s for s in engine._sites.values() if s.name == "head_rows_kernel"]
+    assert [(s.consts["W_PACKED"], s.consts["W_ONCE"]) for s in rows] == [(True, bool(persist) and held)]
+
+
+def test_packed_weight_copy_holds_each_tap_once():
+    # The packed copy against a host gather of the same tiles: every (shift, channel, column)
+    # entry is the weight's tap tw = (rw + PW - delta * SW) / DW where that is a tap, else 0.
+    case = PERSISTENT_ROWS["dilation2-op"]
+    x, w, b = case.tensors()
+    params, x5, configs = head_configs(case, x, w)
+    cfg = dataclasses.replace(next(c for c in configs if c.head == "rows"), BLOCK_K=16, w_packed=True)
+    steps = head_engine.HeadSteps(params, cfg, "ieee", True, engine._head_site)
+    site, elements = steps._pack_site(w)
+    packed = torch.full((elements,), float("nan"))
+    site.launch(x.device, w, packed)
+    shift0, nshift = head_engine.width_shifts(params)
+    (kd, kh, kw), sw, pw, dw = params.kernel_size, params.stride[2], params.padding[2], params.dilation[2]
+    ncol = params.out_channels_per_group * kd * kh * sw
+    n_pad = -(-ncol // cfg.BLOCK_N) * cfg.BLOCK_N
+    k_pad = -(-params.in_channels_per_group // cfg.BLOCK_K) * cfg.BLOCK_K
+    want = torch.zeros(params.groups, nshift, k_pad, n_pad)
+    wg = w.reshape(params.groups, params.in_channels_per_group, params.out_channels_per_group, kd, kh, kw)
+    for j in range(nshift):
+        for col in range(ncol):
+            rw, (co, td, th) = col % sw, divmod(col // sw // kh, kd) + (col // sw % kh,)
+            twn = rw + pw - (shift0 + j) * sw
+            if twn >= 0 and twn % dw == 0 and twn // dw < kw:
+                want[:, j, :params.in_channels_per_group, col] = wg[:, :, co, td, th, twn // dw]
+    torch.testing.assert_close(packed.reshape(want.shape), want, rtol=0, atol=0)
+
+
+def test_packed_tiles_only_where_no_weight_is_held():
+    # The VQ-VAE decoder's bf16 240 -> 3 head (k4 s2, 3 width shifts: 196 KB of held weight)
+    # and the fp32 128 -> 8 k3 head get packed single-sweep tiles; the 3-D GAN head, whose
+    # persistent tiles hold the weight, does not.
+    def packed(cin, cout, size, k, s, p, op, dtype):
+        params = ConvT3dParams(4, cin, cout, 1, size, (k,) * 3, s, p, op, (1, 1, 1))
+        tiles = head_engine.head_tiles(params, dtype, "tf32")
+        assert all(not t.get("persist") for t in tiles if t.get("w_packed"))
+        return any(t.get("w_packed") for t in tiles)
+
+    assert packed(240, 3, (19, 67, 67), 4, (2, 2, 2), (3, 3, 3), (0, 0, 0), torch.bfloat16)
+    assert packed(128, 8, (16, 64, 64), 3, (1, 2, 2), (1, 1, 1), (0, 1, 1), torch.float32)
+    assert not packed(64, 1, (32, 32, 32), 4, (2, 2, 2), (1, 1, 1), (0, 0, 0), torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("cout, cin, kernel, stride",
                          [(1, 64, 4, 2), (3, 64, (1, 4, 4), (1, 2, 2)), (8, 128, 3, (1, 2, 2)), (15, 256, 3, 1)],

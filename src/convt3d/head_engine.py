@@ -169,7 +169,10 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
         # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
         if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
             tiles.append(tile("rows", _rows_columns(params), 128, 2048))
-            tiles += _persistent(params, dtype, tiles[-1])
+            persistent = _persistent(params, dtype, tiles[-1])
+            tiles += persistent
+            if not any(head_smem(params, dtype, t)[1] for t in persistent):
+                tiles += _packed(tiles[-1 - len(persistent)])
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
         # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
@@ -324,6 +327,17 @@ def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[d
     return out
 
 
+def _packed(base: dict) -> list[dict]:
+    """Single-sweep rows tiles on the packed weight (``Config.w_packed``), for the layers where no
+    persistent tile holds its weight: there every M tile gathers each of its NSHIFT x K_STEPS
+    weight tiles tap by tap (``_rows_weight_tile``) -- 12 per tile for the VQ-VAE decoder's
+    240 -> 3 head, whose held weight would take 196 KB in bf16 -- where the packed copy makes
+    each a contiguous block. BLOCK_M 128 at 2 and 3 stages (one flat pipelined loop over the
+    shift and K-step pairs): 32 KB of operands per stage at BLOCK_N 128 and K 64 (bf16) or 32
+    (fp32), so that two programs fit per SM at 3 stages. Which wins is the tuner's measurement."""
+    return [dict(base, num_stages=stages, w_packed=True) for stages in (2, 3)]
+
+
 def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
     """Programs of a head GEMM launch over ``tiles`` tiles: one per tile (``per_sm`` 0), or
     ``per_sm`` per SM, each looping over its share (``Config.persist``); a few on the CPU, so
@@ -382,6 +396,7 @@ class HeadSteps:
         self.fill_needed = not self.fused and not (self.direct and _all_reached(params))
         self.gemm = None
         self.gather = None
+        self.pack = None  # (head_rows_pack_kernel's site, packed elements) of a w_packed tile
         self.slots = 0  # the fused kind's scratch (fp32 elements, all programs), set with its site
         self.copy_x = None  # x spans >= 2^31 elements per batch element: the GEMMs read a copy
 
@@ -450,7 +465,7 @@ class HeadSteps:
             flat_dh = x.stride(2) == h * x.stride(3)
             consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, NSHIFT=nshift,
                           FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
-                          W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1],
+                          W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1], W_PACKED=cfg.w_packed,
                           N_TILES=-(-ncol_rows // cfg.BLOCK_N), K_STEPS=-(-p.in_channels_per_group // cfg.BLOCK_K),
                           BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
@@ -466,6 +481,20 @@ class HeadSteps:
         return self.make_site(key, "head_direct_kernel", grid, ints,
                               dict(HAS_BIAS=self.has_bias, INTERLEAVE_W=interleave, KW_C=kw if interleave else 1,
                                    **consts))
+
+    def _pack_site(self, w: torch.Tensor):
+        """head_rows_pack_kernel's launch and the packed copy's elements (``Config.w_packed``)."""
+        p, cfg = self.params, self.cfg
+        shift0, nshift = width_shifts(p)
+        n_tiles = -(-_rows_columns(p) // cfg.BLOCK_N)
+        k_steps = -(-p.in_channels_per_group // cfg.BLOCK_K)
+        ints = (p.in_channels_per_group, _rows_columns(p), p.kernel_size[2], math.prod(p.kernel_size), p.stride[2],
+                p.padding[2], p.dilation[2], shift0, w.stride(0))
+        consts = dict(SW_C=p.stride[2], NSHIFT=nshift, N_TILES=n_tiles, K_STEPS=k_steps, BLOCK_N=cfg.BLOCK_N,
+                      BLOCK_K=cfg.BLOCK_K, num_warps=4)
+        key = ("head_rows_pack", p, cfg.BLOCK_N, cfg.BLOCK_K, w.dtype)
+        site = self.make_site(key, "head_rows_pack_kernel", (nshift * k_steps * n_tiles, p.groups), ints, consts)
+        return site, p.groups * nshift * k_steps * cfg.BLOCK_K * n_tiles * cfg.BLOCK_N
 
     def _gather_site(self, y: torch.Tensor):
         p, cfg = self.params, self.cfg
@@ -530,6 +559,13 @@ class HeadSteps:
                 self.gather.launch(dev, y, b, y)
             return self.gemm.launch(dev, x, w, b, y)
         p = self.params
+        if self.cfg.w_packed:
+            if self.pack is None:
+                self.pack = self._pack_site(w)
+            site, elements = self.pack
+            packed = torch.empty(elements, device=dev, dtype=w.dtype)
+            site.launch(dev, w, packed)
+            w = packed
         z = torch.empty(head_z_elements(p, self.cfg.head), device=dev,
                         dtype=torch.bfloat16 if self.cfg.z_bf16 else torch.float32)
         handle = self.gemm.launch(dev, x, w, z)

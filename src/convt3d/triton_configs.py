@@ -60,6 +60,9 @@ class Config:
     # that the next tile's loads are in flight during this one's MMAs (head_rows_kernel);
     # 0: one program per tile.
     persist: int = 0
+    # The rows kind's weight tiles packed densely once per call (head_rows_pack_kernel) and
+    # read as contiguous blocks, instead of gathered tap by tap from the weight at every step.
+    w_packed: bool = False
 
     def short(self) -> str:
         if self.head == "box":
@@ -71,7 +74,7 @@ class Config:
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
                     f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
-                    + (f" p{self.persist}" if self.persist else ""))
+                    + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else ""))
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "

@@ -171,6 +171,48 @@ def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
 
 
 @triton.jit
+def _rows_packed_tile(w_g, nt, j, k0, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The same tile as ``_rows_weight_tile``, read from the packed copy that
+    ``head_rows_pack_kernel`` wrote: [NSHIFT, K_STEPS x BLOCK_K, N_TILES x BLOCK_N] per group,
+    zeros where no tap is and past Cin/g, so every load is whole contiguous rows, unmasked."""
+    K_PAD: tl.constexpr = K_STEPS * BLOCK_K
+    N_PAD: tl.constexpr = N_TILES * BLOCK_N
+    ks = k0 + tl.arange(0, BLOCK_K)
+    cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+    return tl.load(w_g + (j * K_PAD + ks)[:, None] * N_PAD + cols[None, :])
+
+
+@triton.jit
+def head_rows_pack_kernel(
+    w_ptr, wp_ptr,
+    CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+    SW_C: tl.constexpr, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The rows kernel's weight tiles, gathered once per call into a dense copy
+    (``_rows_packed_tile``'s layout), for the tiles that read their weight at every K step
+    (``W_PACKED``): there the per-element tap gather of ``_rows_weight_tile`` (a masked load of
+    scattered columns with its index arithmetic) would run once per (M tile, shift, K step).
+    Grid (NSHIFT x K_STEPS x N_TILES, groups), one weight tile per program."""
+    pid = tl.program_id(0)
+    grp = tl.program_id(1)
+    nt = pid % N_TILES
+    kk = (pid // N_TILES) % K_STEPS
+    j = pid // (N_TILES * K_STEPS)
+    K_PAD: tl.constexpr = K_STEPS * BLOCK_K
+    N_PAD: tl.constexpr = N_TILES * BLOCK_N
+    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+                          SW_C, BLOCK_N, BLOCK_K)
+    ks = kk * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+    wp_g = wp_ptr + grp.to(tl.int64) * (NSHIFT * K_PAD * N_PAD)
+    tl.store(wp_g + (j * K_PAD + ks)[:, None] * N_PAD + cols[None, :], t.to(wp_ptr.dtype.element_ty),
+             mask=(ks < K_PAD)[:, None] & (cols < N_PAD)[None, :])
+
+
+@triton.jit
 def _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, BLOCK_K: tl.constexpr):
     """The input tile at width shift ``j``, channels from ``k0``: [BLOCK_M positions, BLOCK_K]."""
     iw = q + (SHIFT0 + j)
@@ -223,6 +265,7 @@ def head_rows_kernel(
     PRECISION: tl.constexpr,
     SW_C: tl.constexpr,
     FLAT_DH: tl.constexpr, FULL_W: tl.constexpr, UNROLL: tl.constexpr, W_ONCE: tl.constexpr,
+    W_PACKED: tl.constexpr,
     NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -248,7 +291,10 @@ def head_rows_kernel(
     during this one's MMAs and stores; each input tile is then loaded once and steps the
     accumulators of all N tiles (a tuple of N_TILES, live together), where the single sweep
     re-reads it per N tile; with W_ONCE the weight tiles are gathered once per program, before
-    the tile loop, and held (a tuple; Triton keeps them in shared memory).
+    the tile loop, and held (a tuple; Triton keeps them in shared memory). With W_PACKED the
+    weight tiles come from the dense copy head_rows_pack_kernel wrote for this call, each a
+    contiguous block: the tiles that load one per (shift, K step) -- the single sweep, one flat
+    loop over those pairs -- are spared the per-element tap gather at every step.
     (ncu, H200, 2026-12-02, bf16 3-D GAN head: unrolled, a program per tile and the weight
     gathered per tile, the kernel issued 38.5 M instructions at 2 CTAs per SM, latency- and
     issue-bound: 107 us at 17% of DRAM's bandwidth.)
@@ -259,14 +305,21 @@ def head_rows_kernel(
     grp = tl.program_id(1)
     S = D * H * QW
     x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
-    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    if W_PACKED:  # w_ptr is head_rows_pack_kernel's dense copy
+        w_g = w_ptr + grp.to(tl.int64) * (NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
+    else:
+        w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     ws = ()
     if W_ONCE:
         for nt in tl.static_range(N_TILES):
             for j in tl.static_range(NSHIFT):
                 for kk in tl.static_range(K_STEPS):
-                    ws = ws + (_rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
-                                                 stride_wc, SW_C, BLOCK_N, BLOCK_K),)
+                    if W_PACKED:
+                        w_t = _rows_packed_tile(w_g, nt, j, kk * BLOCK_K, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
+                    else:
+                        w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
+                                                stride_wc, SW_C, BLOCK_N, BLOCK_K)
+                    ws = ws + (w_t,)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         pid_m = tile % tiles_m
         nb = tile // tiles_m
@@ -294,6 +347,9 @@ def head_rows_kernel(
                     for nt in tl.static_range(N_TILES):
                         if W_ONCE:
                             w_t = ws[(nt * NSHIFT + j) * K_STEPS + kk]
+                        elif W_PACKED:
+                            w_t = _rows_packed_tile(w_g, nt, j, kk * BLOCK_K, NSHIFT, N_TILES, K_STEPS, BLOCK_N,
+                                                    BLOCK_K)
                         else:
                             w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW,
                                                     SHIFT0, stride_wc, SW_C, BLOCK_N, BLOCK_K)
@@ -308,12 +364,23 @@ def head_rows_kernel(
             # second N tile come again from L1/L2.
             for nt in tl.static_range(N_TILES):
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for j in range(NSHIFT):
-                    for k0 in range(0, CIN_G, BLOCK_K):
-                        w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
-                                                SW_C, BLOCK_N, BLOCK_K)
+                if W_PACKED:
+                    # One runtime loop over the (shift, K step) pairs, which Triton pipelines
+                    # as a whole (the nested loops below pipeline each shift's K steps alone),
+                    # with the weight tile a contiguous block of the packed copy.
+                    for step in range(NSHIFT * K_STEPS):
+                        j = step // K_STEPS
+                        k0 = (step % K_STEPS) * BLOCK_K
+                        w_t = _rows_packed_tile(w_g, nt, j, k0, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
                         acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
                                         ROUND_TF32, PRECISION, BLOCK_K)
+                else:
+                    for j in range(NSHIFT):
+                        for k0 in range(0, CIN_G, BLOCK_K):
+                            w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
+                                                    stride_wc, SW_C, BLOCK_N, BLOCK_K)
+                            acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc,
+                                            stride_xw, ROUND_TF32, PRECISION, BLOCK_K)
                 _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
 
 
