@@ -1774,6 +1774,8 @@ class HeadSteps:
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
+        if cfg.w_packed and (cfg.head != "rows" or cfg.persist):
+            raise ValueError("head config 'w_packed' is a single-sweep rows option (persist 0)")
         self.fused = cfg.head == "fused"
         # The fused kind writes every output itself; the direct kind needs a fill where no tap reaches.
         self.fill_needed = not self.fused and not (self.direct and _all_reached(params))
@@ -3296,10 +3298,10 @@ def head_rows_kernel(
     during this one's MMAs and stores; each input tile is then loaded once and steps the
     accumulators of all N tiles (a tuple of N_TILES, live together), where the single sweep
     re-reads it per N tile; with W_ONCE the weight tiles are gathered once per program, before
-    the tile loop, and held (a tuple; Triton keeps them in shared memory). With W_PACKED the
-    weight tiles come from the dense copy head_rows_pack_kernel wrote for this call, each a
-    contiguous block: the tiles that load one per (shift, K step) -- the single sweep, one flat
-    loop over those pairs -- are spared the per-element tap gather at every step.
+    the tile loop, and held (a tuple; Triton keeps them in shared memory). With W_PACKED (the
+    single sweep only) the weight tiles come from the dense copy head_rows_pack_kernel wrote for
+    this call, each a contiguous block read at its (shift, K step) of one flat loop: no
+    per-element tap gather at every step of every M tile.
     (ncu, H200, 2026-12-02, bf16 3-D GAN head: unrolled, a program per tile and the weight
     gathered per tile, the kernel issued 38.5 M instructions at 2 CTAs per SM, latency- and
     issue-bound: 107 us at 17% of DRAM's bandwidth.)
@@ -3314,17 +3316,16 @@ def head_rows_kernel(
         w_g = w_ptr + grp.to(tl.int64) * (NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
     else:
         w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    # The packed weight serves the single sweep only: a persistent tile gathers its weight
+    # tiles once per program (W_ONCE) or is not offered (head_engine._persistent).
+    tl.static_assert(not (W_PACKED and UNROLL), "W_PACKED is a single-sweep option")
     ws = ()
     if W_ONCE:
         for nt in tl.static_range(N_TILES):
             for j in tl.static_range(NSHIFT):
                 for kk in tl.static_range(K_STEPS):
-                    if W_PACKED:
-                        w_t = _rows_packed_tile(w_g, nt, j, kk * BLOCK_K, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
-                    else:
-                        w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
-                                                stride_wc, SW_C, BLOCK_N, BLOCK_K)
-                    ws = ws + (w_t,)
+                    ws = ws + (_rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
+                                                 stride_wc, SW_C, BLOCK_N, BLOCK_K),)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         pid_m = tile % tiles_m
         nb = tile // tiles_m
@@ -3352,9 +3353,6 @@ def head_rows_kernel(
                     for nt in tl.static_range(N_TILES):
                         if W_ONCE:
                             w_t = ws[(nt * NSHIFT + j) * K_STEPS + kk]
-                        elif W_PACKED:
-                            w_t = _rows_packed_tile(w_g, nt, j, kk * BLOCK_K, NSHIFT, N_TILES, K_STEPS, BLOCK_N,
-                                                    BLOCK_K)
                         else:
                             w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW,
                                                     SHIFT0, stride_wc, SW_C, BLOCK_N, BLOCK_K)

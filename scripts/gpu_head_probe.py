@@ -13,7 +13,7 @@ of cuDNN's dX and dW, with each one's error against float64.
 
 ``--kind`` (with ``--one``): run the first head configuration of that kind (gather, rows, direct,
 fused, box) instead of the first of any kind; ``--persist``: the first persistent one
-(``Config.persist``).
+(``Config.persist``); ``--packed``: the first on the packed weight (``Config.w_packed``).
 
 Times are medians of triton.testing.do_bench in one process; "graph" times replay the call in a
 CUDA graph (kernel time without the host); "api" is the public function, backend="triton", after
@@ -61,7 +61,8 @@ def _rows(only=None, chosen=None):
                     yield suites.Case("layers", g, dt, lay, "default", "randn")
 
 
-def probe(case, forward_only=False, with_backward=True, with_default=True, kind=None, persist=False):
+def probe(case, forward_only=False, with_backward=True, with_default=True, kind=None, persist=False,
+          packed=False):
     g = case.geometry
     t = suites.make_tensors(case, "cuda")
     args = g.conv_args()
@@ -73,7 +74,8 @@ def probe(case, forward_only=False, with_backward=True, with_default=True, kind=
     ref = F.conv_transpose3d(t.x, t.w, t.b, *args)
     configs = E.plan(params, t.x, t.w, prec).configs
     if forward_only:  # under ncu: the first head config, a few calls
-        cfg = next(c for c in configs if c.head and kind in (None, c.head) and (c.persist or not persist))
+        cfg = next(c for c in configs if c.head and kind in (None, c.head) and (c.persist or not persist)
+                   and (c.w_packed or not packed))
         for _ in range(3):
             E.forward(t.x, t.w, t.b, params, prec, config=cfg)
         torch.cuda.synchronize()
@@ -190,7 +192,7 @@ def main(argv):
     kind = argv[argv.index("--kind") + 1] if "--kind" in argv else None
     _run(out, _rows(only, chosen), lambda case: probe(case, forward_only=only is not None, with_backward=with_backward,
                                               with_default="--heads-only" not in argv, kind=kind,
-                                              persist="--persist" in argv))
+                                              persist="--persist" in argv, packed="--packed" in argv))
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def test_suite_rows():
     assert sorted(c.precision for c in kb) == ["default"] * 7 + ["exact"] * 7
     layers = suites.select("layers")
     heads = [c for c in layers if c.geometry.name.startswith("head_")]
-    assert len(layers) - len(heads) == 28 and len(heads) == 20  # 5 head layers x 2 dtypes x 2 layouts
+    assert len(layers) - len(heads) == 28 and len(heads) == 24  # 6 head layers x 2 dtypes x 2 layouts
     assert {(c.dtype, c.layout) for c in layers} == {("fp32", "ncdhw"), ("fp32", "cl"), ("bf16", "ncdhw"),
                                                      ("bf16", "cl")}
     assert {(c.precision, c.input_dist) for c in layers} == {("default", "randn")}
@@ -92,8 +92,8 @@ def test_suite_rows():
     ({"suite": "kernelbench", "precisions": ["exact"]}, 7),
     ({"names": ["kb77"]}, 2),
     ({"names": ["kb77", "gan_k4s2p1"]}, 6),
-    ({"dtypes": ["bf16"]}, 24),
-    ({"layouts": ["cl"]}, 24),
+    ({"dtypes": ["bf16"]}, 26),
+    ({"layouts": ["cl"]}, 26),
     ({"names": ["gan_k4s2p1"], "dtypes": ["bf16"], "layouts": ["cl"]}, 1),
     ({"suite": "layers", "precisions": ["exact"]}, 0),
     ({"suite": "kernelbench", "names": ["gan_k4s2p1"]}, 0),
@@ -439,7 +439,7 @@ def test_interpreter_check_passes_the_output_heads(layout):
     """The head rows (1-8 output channels; a one-channel output is dense in both layouts at once)
     meet the check's error bar and its layout test in both layouts."""
     cases = [c for c in suites.select("layers", None, ["fp32"], [layout]) if c.name.startswith("head_")]
-    assert len(cases) == 5
+    assert len(cases) == 6
     for case in cases:
         row = check.check_case(case)
         assert row.layout_ok and row.ok, (case.label, row.as_dict())

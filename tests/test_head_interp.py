@@ -228,25 +228,26 @@ def test_persistent_rows_feeds_every_n_tile_from_one_input_tile(block_n):
     check_against_reference(y, x, w, b, *case.args, context=f"persistent rows, BLOCK_N {block_n}")
 
 
-@pytest.mark.parametrize("persist, held", [(0, True), (1, True), (1, False)],
-                         ids=["single-sweep", "persistent-held", "persistent-per-tile"])
 @pytest.mark.parametrize("name", list(PERSISTENT_ROWS))
-def test_packed_weight_rows(name, persist, held, monkeypatch):
-    # The rows kernel on the packed weight (Config.w_packed): head_rows_pack_kernel's dense copy
-    # (zeros where a width shift has no tap and past Cin/g), read by the single sweep's flat
-    # (shift, K step) loop, or by the persistent tile once per program (held) or per tile
-    # (where head_smem finds that the weight does not fit: forced here); BLOCK_M 16 for
-    # several M tiles.
+def test_packed_weight_rows(name):
+    # The single-sweep rows kernel on the packed weight (Config.w_packed): head_rows_pack_kernel's
+    # dense copy (zeros where a width shift has no tap and past Cin/g) read at each (shift,
+    # K step) of one flat loop; BLOCK_M 16 for several M tiles.
     case = PERSISTENT_ROWS[name]
     x, w, b = case.tensors()
     engine.clear_caches()  # no launch site of another test's tile
-    if not held:
-        smem = head_engine.head_smem
-        monkeypatch.setattr(head_engine, "head_smem", lambda *a: (smem(*a)[0], False))
-    y = run_head(case, x, w, b, kind="rows", BLOCK_M=16, persist=persist, num_stages=2, w_packed=True)
-    check_against_reference(y, x, w, b, *case.args, context=f"{name} packed rows, persist {persist}")
+    y = run_head(case, x, w, b, kind="rows", BLOCK_M=16, persist=0, num_stages=2, w_packed=True)
+    check_against_reference(y, x, w, b, *case.args, context=f"{name} packed rows")
     rows = [s for s in engine._sites.values() if s.name == "head_rows_kernel"]
-    assert [(s.consts["W_PACKED"], s.consts["W_ONCE"]) for s in rows] == [(True, bool(persist) and held)]
+    assert [(s.consts["W_PACKED"], s.consts["UNROLL"]) for s in rows] == [(True, False)]
+
+
+@pytest.mark.parametrize("override", [dict(persist=1), dict(head="gather")], ids=["persistent", "gather"])
+def test_packed_weight_is_a_single_sweep_rows_option(override):
+    case = PERSISTENT_ROWS["m-tail"]
+    x, w, b = case.tensors()
+    with pytest.raises(ValueError, match="w_packed"):
+        run_head(case, x, w, b, kind="rows", w_packed=True, **override)
 
 
 def test_packed_weight_copy_holds_each_tap_once():

@@ -391,6 +391,8 @@ class HeadSteps:
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
+        if cfg.w_packed and (cfg.head != "rows" or cfg.persist):
+            raise ValueError("head config 'w_packed' is a single-sweep rows option (persist 0)")
         self.fused = cfg.head == "fused"
         # The fused kind writes every output itself; the direct kind needs a fill where no tap reaches.
         self.fill_needed = not self.fused and not (self.direct and _all_reached(params))

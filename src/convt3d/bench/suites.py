@@ -106,12 +106,14 @@ LAYERS: tuple[Geometry, ...] = (
     # memory-bound (a wide input read once, a thin output written once). A 3-D GAN's voxel head,
     # an RGB video head (k (1,4,4)), an 8-class head on the tensor-core side of the FMA
     # threshold, a k2 s2 segmentation head (taps never overlap) and a VQ-VAE-style 3-channel
-    # k4 s2 p1 video head.
+    # k4 s2 p1 video head; the VQ-VAE video decoder's own 240 -> 3 head (networks suite,
+    # ``vqvae_video``) as that network calls it, on its pre-padded input (k4 s2 p3).
     Geometry.of("head_gan_64to1", 16, 64, 1, 32, 4, 2, 1, bias=True),
     Geometry.of("head_video_64to3", 8, 64, 3, (32, 64, 64), (1, 4, 4), (1, 2, 2), (0, 1, 1), bias=True),
     Geometry.of("head_128to8_k3", 4, 128, 8, (16, 64, 64), 3, (1, 2, 2), 1, (0, 1, 1), bias=True),
     Geometry.of("head_k2s2_8to2", 4, 8, 2, 64, 2, 2, 0, bias=True),
     Geometry.of("head_video_k4s2p1_3", 4, 128, 3, (8, 64, 64), 4, 2, 1, bias=True),
+    Geometry.of("head_vqvae_240to3", 4, 240, 3, (18, 66, 66), 4, 2, 3, bias=True),
 )
 
 
