@@ -1507,7 +1507,8 @@ def width_shifts(params: ConvT3dParams) -> tuple[int, int]:
     return min(deltas), max(deltas) - min(deltas) + 1
 
 
-def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon: bool = False) -> list[dict]:
+def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon: bool = False,
+               channels_last: bool = True) -> list[dict]:
     """The head configurations for this call, as Config fields (``triton_engine.Config``):
     BLOCK_M input positions x BLOCK_N of the Cout/g x taps columns x BLOCK_K input channels per
     GEMM program; BLOCK_W output columns and about BLOCK_R elements per gather program (its rows
@@ -1527,6 +1528,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
     * bfloat16 calls: the gather and rows tiles keep Z in bf16 (``z_bf16``).
     * ``gluon`` (a Hopper GPU): the box kind's candidates too (``head_box_engine.box_tiles``), last.
+    * ``channels_last`` False (an NCDHW call): rows tiles on a channels-last copy of the input
+      too (``_x_copies``).
     """
     cout_g = params.out_channels_per_group
     # In-element offsets are 32-bit (HeadSteps.run): one batch element must hold < 2^31.
@@ -1590,9 +1593,26 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     # would be one more compile at a layer's first call).
     if dtype == torch.bfloat16:
         tiles = [dict(t, z_bf16=True) if t["head"] in ("gather", "rows") else t for t in tiles]
+    if not channels_last:
+        tiles += _x_copies(tiles)
     if gluon:
         tiles += box_tiles(params, dtype, precision)
     return tiles
+
+
+def _x_copies(tiles: list[dict]) -> list[dict]:
+    """The persistent and packed rows tiles again, on a channels-last copy of an NCDHW input
+    (``Config.x_cl``). In NCDHW the GEMM's input tile [positions, channels] is read element by
+    element (a position's width shift has no alignment the compiler can see); in channels-last
+    each position's channels are one contiguous vector. The rows tiles ran 1.5-1.9x faster on
+    channels-last input in the bench (H200, 2026-12-02, bf16: 3-D GAN head 56.7 against 87.3 us,
+    video 64 -> 3 103.1 / 155.5, 128 -> 8 109.1 / 206.6, video k4s2p1 73.1 / 108.8), and the copy
+    costs the input's bytes twice at copy bandwidth (~34 us for the 128 -> 8 head's 67 MB): where
+    the sum wins is the tuner's measurement. Only the full-K tiles, to keep the first call's
+    compiles few (each candidate costs ~1 s)."""
+    bk = max(t["BLOCK_K"] for t in tiles) if tiles else 0
+    return [dict(t, x_cl=True) for t in tiles
+            if t["head"] == "rows" and (t.get("persist") or t.get("w_packed")) and t["BLOCK_K"] == bk]
 
 
 def fused_box(params: ConvT3dParams, box: tuple[int, int, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -1715,10 +1735,14 @@ def _packed(base: dict) -> list[dict]:
     persistent tile holds its weight: there every M tile gathers each of its NSHIFT x K_STEPS
     weight tiles tap by tap (``_rows_weight_tile``) -- 12 per tile for the VQ-VAE decoder's
     240 -> 3 head, whose held weight would take 196 KB in bf16 -- where the packed copy makes
-    each a contiguous block. BLOCK_M 128 at 2 and 3 stages (one flat pipelined loop over the
-    shift and K-step pairs): 32 KB of operands per stage at BLOCK_N 128 and K 64 (bf16) or 32
-    (fp32), so that two programs fit per SM at 3 stages. Which wins is the tuner's measurement."""
-    return [dict(base, num_stages=stages, w_packed=True) for stages in (2, 3)]
+    each a contiguous block. H200, 2026-12-02, video k4s2p1 head in fp32 (tuner medians): 0.25-0.26
+    ms at BLOCK_M 128 / 3 stages against 0.46-0.70 for the gathered weight, 0.28-0.32 at 2 stages.
+    ncu there and on the VQ-VAE head (bf16 NCDHW): 182-203 registers on 8 warps, so one program
+    per SM (12.5% occupancy), and a third of the issue stalls on L1TEX (the input's loads, which
+    in NCDHW are element-wise). So BLOCK_M 64 on 4 warps is offered too (half the accumulator per
+    thread: more programs per SM), at 3 and 4 stages. Which wins is the tuner's measurement."""
+    return [dict(base, BLOCK_M=bm, num_warps=warps, num_stages=stages, w_packed=True)
+            for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4))]
 
 
 def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
@@ -1927,7 +1951,10 @@ class HeadSteps:
             # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
             # offsets; a view whose strides reach further is read from a contiguous copy.
             self.copy_x = _batch_span(x) >= 2**31
-        if self.copy_x:
+        if self.cfg.x_cl:
+            # One copy kernel; a view already channels-last stays as it is.
+            x = x.contiguous(memory_format=torch.channels_last_3d)
+        elif self.copy_x:
             x = x.contiguous()
         if self.fused:
             if self.gemm is None:
@@ -1998,6 +2025,7 @@ head_engine = types.SimpleNamespace(
     _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
     _rows_columns=_rows_columns,
+    _x_copies=_x_copies,
     collision_free=collision_free,
     fused_box=fused_box,
     fused_tiles=fused_tiles,
@@ -2051,6 +2079,9 @@ class Config:
     # The rows kind's weight tiles packed densely once per call (head_rows_pack_kernel) and
     # read as contiguous blocks, instead of gathered tap by tap from the weight at every step.
     w_packed: bool = False
+    # The head GEMM reads a channels-last copy of an NCDHW input (one copy kernel per call):
+    # each position's channels contiguous, so its loads are vectors (head_engine._x_copies).
+    x_cl: bool = False
 
     def short(self) -> str:
         if self.head == "box":
@@ -2062,7 +2093,7 @@ class Config:
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
                     f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
-                    + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else ""))
+                    + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else "") + (" xcl" if self.x_cl else ""))
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
@@ -2151,7 +2182,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         # they beat these FMA tiles on 14 of the 16 FMA-path head rows, by 5-55x (GAN head 64 -> 1
         # fp32: 228 vs 2770 us); the FMA tiles stay candidates (k2 s2 8 -> 2 channels-last: FMA
         # 111 vs 157 us).
-        return _head_configs(params, dtype, precision, gluon) + fma
+        return _head_configs(params, dtype, precision, gluon, channels_last_out) + fma
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, _pow2_at_least(hw[0] * hw[1]))
@@ -2211,13 +2242,15 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     for f in group_folds(params):
         merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
         configs += [replace(c, fold=f) for c in merged[:2]]
-    return tuple(configs) + _head_configs(params, dtype, precision, gluon)
+    return tuple(configs) + _head_configs(params, dtype, precision, gluon, channels_last_out)
 
 
-def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon: bool) -> tuple[Config, ...]:
+def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon: bool,
+                  channels_last: bool) -> tuple[Config, ...]:
     """Output-head candidates (head_engine.head_tiles) for layers of <= 15 channels per group,
-    timed by the tuner against the phase-GEMM configs above (``gluon``: the box kind's too)."""
-    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision, gluon))
+    timed by the tuner against the phase-GEMM configs above (``gluon``: the box kind's too;
+    ``channels_last``: the call is laid out channels-last, so no tile reads a copy)."""
+    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision, gluon, channels_last))
 
 
 def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
@@ -4386,6 +4419,7 @@ head_engine = types.SimpleNamespace(
     _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
     _rows_columns=_rows_columns,
+    _x_copies=_x_copies,
     collision_free=collision_free,
     fused_box=fused_box,
     fused_tiles=fused_tiles,

@@ -204,7 +204,7 @@ def test_cli_lists_tune_and_its_help(capsys):
 def test_cli_tune_list_selects_suite_cases(capsys):
     assert cli.main(["tune", "--list", "--suite", "layers", "--dtype", "bf16"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 24 and all("bf16" in ln for ln in lines)
+    assert len(lines) == 26 and all("bf16" in ln for ln in lines)
 
 
 def test_cli_tune_rejects_unknown_case(capsys):

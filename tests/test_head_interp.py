@@ -250,6 +250,30 @@ def test_packed_weight_is_a_single_sweep_rows_option(override):
         run_head(case, x, w, b, kind="rows", w_packed=True, **override)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "slice_w"])
+@pytest.mark.parametrize("tile", [dict(persist=1), dict(persist=0, w_packed=True)], ids=["persistent", "packed"])
+def test_rows_on_a_channels_last_copy(tile, layout):
+    # Config.x_cl: the rows GEMM reads a channels-last copy of the caller's NCDHW or strided
+    # input; the output keeps the caller's layout.
+    case = dataclasses.replace(PERSISTENT_ROWS["k-steps-n-tiles"], layout=layout)
+    x, w, b = case.tensors()
+    engine.clear_caches()
+    y = run_head(case, x, w, b, kind="rows", BLOCK_M=16, BLOCK_N=64, num_stages=2, x_cl=True, **tile)
+    check_against_reference(y, x, w, b, *case.args, context=f"rows on a channels-last copy, {layout}")
+    rows = [s for s in engine._sites.values() if s.name == "head_rows_kernel"]
+    assert [s.ints[-7] for s in rows] == [1], "the GEMM reads channels-last strides (stride_xc 1)"
+
+
+def test_channels_last_copies_are_offered_for_ncdhw_calls_only():
+    params = ConvT3dParams(4, 240, 3, 1, (18, 66, 66), (4, 4, 4), (2, 2, 2), (3, 3, 3), (0, 0, 0), (1, 1, 1))
+    ncdhw = engine.candidate_configs(params, torch.bfloat16, "tf32", channels_last_out=False)
+    cl = engine.candidate_configs(params, torch.bfloat16, "tf32", channels_last_out=True)
+    copies = [c for c in ncdhw if c.x_cl]
+    assert copies and all(c.head == "rows" and (c.persist or c.w_packed) for c in copies)
+    assert not any(c.x_cl for c in cl)
+    assert [c for c in ncdhw if c.head and not c.x_cl] == [c for c in cl if c.head]
+
+
 def test_packed_weight_copy_holds_each_tap_once():
     # The packed copy against a host gather of the same tiles: every (shift, channel, column)
     # entry is the weight's tap tw = (rw + PW - delta * SW) / DW where that is a tap, else 0.

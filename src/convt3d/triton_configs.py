@@ -63,6 +63,9 @@ class Config:
     # The rows kind's weight tiles packed densely once per call (head_rows_pack_kernel) and
     # read as contiguous blocks, instead of gathered tap by tap from the weight at every step.
     w_packed: bool = False
+    # The head GEMM reads a channels-last copy of an NCDHW input (one copy kernel per call):
+    # each position's channels contiguous, so its loads are vectors (head_engine._x_copies).
+    x_cl: bool = False
 
     def short(self) -> str:
         if self.head == "box":
@@ -74,7 +77,7 @@ class Config:
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
                     f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
-                    + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else ""))
+                    + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else "") + (" xcl" if self.x_cl else ""))
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
@@ -163,7 +166,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         # they beat these FMA tiles on 14 of the 16 FMA-path head rows, by 5-55x (GAN head 64 -> 1
         # fp32: 228 vs 2770 us); the FMA tiles stay candidates (k2 s2 8 -> 2 channels-last: FMA
         # 111 vs 157 us).
-        return _head_configs(params, dtype, precision, gluon) + fma
+        return _head_configs(params, dtype, precision, gluon, channels_last_out) + fma
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, _pow2_at_least(hw[0] * hw[1]))
@@ -223,13 +226,15 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     for f in group_folds(params):
         merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
         configs += [replace(c, fold=f) for c in merged[:2]]
-    return tuple(configs) + _head_configs(params, dtype, precision, gluon)
+    return tuple(configs) + _head_configs(params, dtype, precision, gluon, channels_last_out)
 
 
-def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon: bool) -> tuple[Config, ...]:
+def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon: bool,
+                  channels_last: bool) -> tuple[Config, ...]:
     """Output-head candidates (head_engine.head_tiles) for layers of <= 15 channels per group,
-    timed by the tuner against the phase-GEMM configs above (``gluon``: the box kind's too)."""
-    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision, gluon))
+    timed by the tuner against the phase-GEMM configs above (``gluon``: the box kind's too;
+    ``channels_last``: the call is laid out channels-last, so no tile reads a copy)."""
+    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision, gluon, channels_last))
 
 
 def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
