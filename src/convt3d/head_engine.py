@@ -145,6 +145,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
     * bfloat16 calls: the gather and rows tiles keep Z in bf16 (``z_bf16``).
     * ``gluon`` (a Hopper GPU): the box kind's candidates too (``head_box_engine.box_tiles``), last.
+    * Where no persistent rows tile holds its weight: single-sweep rows tiles on a weight packed
+      once per call (``_packed``).
     * ``channels_last`` False (an NCDHW call): rows tiles on a channels-last copy of the input
       too (``_x_copies``).
     """
@@ -224,9 +226,12 @@ def _x_copies(tiles: list[dict]) -> list[dict]:
     each position's channels are one contiguous vector. The rows tiles ran 1.5-1.9x faster on
     channels-last input in the bench (H200, 2026-12-02, bf16: 3-D GAN head 56.7 against 87.3 us,
     video 64 -> 3 103.1 / 155.5, 128 -> 8 109.1 / 206.6, video k4s2p1 73.1 / 108.8), and the copy
-    costs the input's bytes twice at copy bandwidth (~34 us for the 128 -> 8 head's 67 MB): where
-    the sum wins is the tuner's measurement. Only the full-K tiles, to keep the first call's
-    compiles few (each candidate costs ~1 s)."""
+    moves the input's bytes twice. With the copy the NCDHW bf16 rows read (same bench, source
+    digest 5b818bc2fa8a) 143.1 against 208.5 us on the 128 -> 8 head, 90.6 / 117.2 on video
+    k4s2p1, 278.8 / 343.6 on the VQ-VAE decoder's 240 -> 3 head; the GAN and 64 -> 3 video heads,
+    whose inputs are large against their GEMMs, kept the native tile. Where the sum wins is the
+    tuner's measurement. Only the full-K tiles, to keep the first call's compiles few (each
+    candidate costs ~1 s)."""
     bk = max(t["BLOCK_K"] for t in tiles) if tiles else 0
     return [dict(t, x_cl=True) for t in tiles
             if t["head"] == "rows" and (t.get("persist") or t.get("w_packed")) and t["BLOCK_K"] == bk]
