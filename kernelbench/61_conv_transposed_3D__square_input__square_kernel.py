@@ -1556,11 +1556,11 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
             tiles += _persistent(params, dtype, tiles[-1])
         # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
         if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
-            tiles.append(tile("rows", _rows_columns(params), 128, 2048))
-            persistent = _persistent(params, dtype, tiles[-1])
-            tiles += persistent
+            rows = tile("rows", _rows_columns(params), 128, 2048)
+            persistent = _persistent(params, dtype, rows)
+            tiles += [rows] + persistent
             if not any(head_smem(params, dtype, t)[1] for t in persistent):
-                tiles += _packed(tiles[-1 - len(persistent)])
+                tiles += _packed(rows)
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
         # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
@@ -1750,6 +1750,11 @@ def _packed(base: dict) -> list[dict]:
             for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4))]
 
 
+def _rows_steps(params: ConvT3dParams, cfg) -> tuple[int, int]:
+    """(N tiles, K steps) of the rows GEMM under ``cfg``'s BLOCK_N and BLOCK_K."""
+    return -(-_rows_columns(params) // cfg.BLOCK_N), -(-params.in_channels_per_group // cfg.BLOCK_K)
+
+
 def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
     """Programs of a head GEMM launch over ``tiles`` tiles: one per tile (``per_sm`` 0), or
     ``per_sm`` per SM, each looping over its share (``Config.persist``); a few on the CPU, so
@@ -1806,6 +1811,8 @@ class HeadSteps:
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
         if cfg.w_packed and (cfg.head != "rows" or cfg.persist):
             raise ValueError("head config 'w_packed' is a single-sweep rows option (persist 0)")
+        if cfg.x_cl and prepare_input is None:
+            raise ValueError("head config 'x_cl' needs the engine's input copy (prepare_input)")
         self.fused = cfg.head == "fused"
         # The fused kind writes every output itself; the direct kind needs a fill where no tap reaches.
         self.fill_needed = not self.fused and not (self.direct and _all_reached(params))
@@ -1813,7 +1820,10 @@ class HeadSteps:
         self.gather = None
         self.pack = None  # (head_rows_pack_kernel's site, packed elements) of a w_packed tile
         self.slots = 0  # the fused kind's scratch (fp32 elements, all programs), set with its site
-        self.copy_x = None  # x spans >= 2^31 elements per batch element: the GEMMs read a copy
+        # The input copy the GEMMs read, decided at the first run (the signature fixes x's
+        # strides): "cl" for an x_cl tile on input not channels-last already, "dense" where x
+        # spans >= 2^31 elements per batch element, "" for none.
+        self.copy_x = None
 
     def _fused_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         """head_fused_kernel's launch: a persistent grid of at most FUSED_PER_SM programs per SM
@@ -1878,10 +1888,11 @@ class HeadSteps:
             # FLAT_DH: depth and height walked by the height stride (contiguous NCDHW or
             # channels-last input); FULL_W: every compact column fills SW output columns.
             flat_dh = x.stride(2) == h * x.stride(3)
+            n_tiles, k_steps = _rows_steps(p, cfg)
             consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, NSHIFT=nshift,
                           FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
                           W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1], W_PACKED=cfg.w_packed,
-                          N_TILES=-(-ncol_rows // cfg.BLOCK_N), K_STEPS=-(-p.in_channels_per_group // cfg.BLOCK_K),
+                          N_TILES=n_tiles, K_STEPS=k_steps,
                           BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
             return self.make_site(key + (programs,), "head_rows_kernel", (programs, p.groups), ints, consts)
@@ -1901,8 +1912,7 @@ class HeadSteps:
         """head_rows_pack_kernel's launch and the packed copy's elements (``Config.w_packed``)."""
         p, cfg = self.params, self.cfg
         shift0, nshift = width_shifts(p)
-        n_tiles = -(-_rows_columns(p) // cfg.BLOCK_N)
-        k_steps = -(-p.in_channels_per_group // cfg.BLOCK_K)
+        n_tiles, k_steps = _rows_steps(p, cfg)
         ints = (p.in_channels_per_group, _rows_columns(p), p.kernel_size[2], math.prod(p.kernel_size), p.stride[2],
                 p.padding[2], p.dilation[2], shift0, w.stride(0))
         consts = dict(SW_C=p.stride[2], NSHIFT=nshift, N_TILES=n_tiles, K_STEPS=k_steps, BLOCK_N=cfg.BLOCK_N,
@@ -1956,15 +1966,15 @@ class HeadSteps:
         if self.copy_x is None:
             # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
             # offsets; a view whose strides reach further is read from a contiguous copy.
-            self.copy_x = _batch_span(x) >= 2**31
-        if self.cfg.x_cl and not x.is_contiguous(memory_format=torch.channels_last_3d):
+            self.copy_x = ("cl" if self.cfg.x_cl and not x.is_contiguous(memory_format=torch.channels_last_3d)
+                           else "dense" if _batch_span(x) >= 2**31 else "")
+        if self.copy_x == "cl":
             # The engine's NDHWC copy kernel (to_channels_last_kernel): PyTorch's own
             # .contiguous(memory_format=channels_last_3d) measured 4-8x slower as part of these
             # tiles (H200, 2026-12-02, tuner medians: VQ-VAE head 0.66 ms against 0.18 for the
             # channels-last call, 3-D GAN head 0.20 against 0.06).
-            x = (self.prepare_input(x, False, True) if self.prepare_input is not None
-                 else x.contiguous(memory_format=torch.channels_last_3d))
-        elif self.copy_x:
+            x = self.prepare_input(x, False, True)
+        elif self.copy_x == "dense":
             x = x.contiguous()
         if self.fused:
             if self.gemm is None:
@@ -2035,6 +2045,7 @@ head_engine = types.SimpleNamespace(
     _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
     _rows_columns=_rows_columns,
+    _rows_steps=_rows_steps,
     _x_copies=_x_copies,
     collision_free=collision_free,
     fused_box=fused_box,
@@ -3221,16 +3232,29 @@ def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
 
 
 @triton.jit
-def _rows_packed_tile(w_g, nt, j, k0, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
+def _rows_packed_base(w_ptr, grp, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The same tile as ``_rows_weight_tile``, read from the packed copy that
-    ``head_rows_pack_kernel`` wrote: [NSHIFT, K_STEPS x BLOCK_K, N_TILES x BLOCK_N] per group,
-    zeros where no tap is and past Cin/g, so every load is whole contiguous rows, unmasked."""
-    K_PAD: tl.constexpr = K_STEPS * BLOCK_K
-    N_PAD: tl.constexpr = N_TILES * BLOCK_N
+    """Group ``grp``'s part of the packed weight (``head_rows_pack_kernel``): [NSHIFT,
+    K_STEPS x BLOCK_K, N_TILES x BLOCK_N] per group."""
+    return w_ptr + grp.to(tl.int64) * (NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
+
+
+@triton.jit
+def _rows_packed_offsets(nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+    """Offsets in a group's packed weight of the tile of N tile ``nt``, width shift ``j`` and
+    channels from ``k0``: [BLOCK_K, BLOCK_N], whole contiguous rows."""
     ks = k0 + tl.arange(0, BLOCK_K)
     cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
-    return tl.load(w_g + (j * K_PAD + ks)[:, None] * N_PAD + cols[None, :])
+    return (j * (K_STEPS * BLOCK_K) + ks)[:, None] * (N_TILES * BLOCK_N) + cols[None, :]
+
+
+@triton.jit
+def _rows_packed_tile(w_g, nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The same tile as ``_rows_weight_tile``, read from the packed copy (zeros where no tap is
+    and past Cin/g, so the load is unmasked)."""
+    return tl.load(w_g + _rows_packed_offsets(nt, j, k0, N_TILES, K_STEPS, BLOCK_N, BLOCK_K))
 
 
 @triton.jit
@@ -3241,7 +3265,7 @@ def head_rows_pack_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """The rows kernel's weight tiles, gathered once per call into a dense copy
-    (``_rows_packed_tile``'s layout), for the tiles that read their weight at every K step
+    (``_rows_packed_offsets``' layout), for the tiles that read their weight at every K step
     (``W_PACKED``): there the per-element tap gather of ``_rows_weight_tile`` (a masked load of
     scattered columns with its index arithmetic) would run once per (M tile, shift, K step).
     Grid (NSHIFT x K_STEPS x N_TILES, groups), one weight tile per program."""
@@ -3250,16 +3274,15 @@ def head_rows_pack_kernel(
     nt = pid % N_TILES
     kk = (pid // N_TILES) % K_STEPS
     j = pid // (N_TILES * K_STEPS)
-    K_PAD: tl.constexpr = K_STEPS * BLOCK_K
-    N_PAD: tl.constexpr = N_TILES * BLOCK_N
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
                           SW_C, BLOCK_N, BLOCK_K)
-    ks = kk * BLOCK_K + tl.arange(0, BLOCK_K)
-    cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
-    wp_g = wp_ptr + grp.to(tl.int64) * (NSHIFT * K_PAD * N_PAD)
-    tl.store(wp_g + (j * K_PAD + ks)[:, None] * N_PAD + cols[None, :], t.to(wp_ptr.dtype.element_ty),
-             mask=(ks < K_PAD)[:, None] & (cols < N_PAD)[None, :])
+    offs = _rows_packed_offsets(nt, j, kk * BLOCK_K, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
+    wp_g = _rows_packed_base(wp_ptr, grp, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
+    # Every offset is inside the group's copy (the grid covers it exactly); the mask is the
+    # copy's size.
+    tl.store(wp_g + offs, t.to(wp_ptr.dtype.element_ty),
+             mask=offs < NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
 
 
 @triton.jit
@@ -3356,7 +3379,7 @@ def head_rows_kernel(
     S = D * H * QW
     x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
     if W_PACKED:  # w_ptr is head_rows_pack_kernel's dense copy
-        w_g = w_ptr + grp.to(tl.int64) * (NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
+        w_g = _rows_packed_base(w_ptr, grp, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
     else:
         w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     # The packed weight serves the single sweep only: a persistent tile gathers its weight
@@ -3417,7 +3440,7 @@ def head_rows_kernel(
                     for step in range(NSHIFT * K_STEPS):
                         j = step // K_STEPS
                         k0 = (step % K_STEPS) * BLOCK_K
-                        w_t = _rows_packed_tile(w_g, nt, j, k0, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
+                        w_t = _rows_packed_tile(w_g, nt, j, k0, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
                         acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
                                         ROUND_TF32, PRECISION, BLOCK_K)
                 else:
@@ -3859,6 +3882,8 @@ HK = types.SimpleNamespace(
     _head_tile=_head_tile,
     _mma_step=_mma_step,
     _rows_mma=_rows_mma,
+    _rows_packed_base=_rows_packed_base,
+    _rows_packed_offsets=_rows_packed_offsets,
     _rows_packed_tile=_rows_packed_tile,
     _rows_store=_rows_store,
     _rows_weight_tile=_rows_weight_tile,
@@ -4429,6 +4454,7 @@ head_engine = types.SimpleNamespace(
     _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
     _rows_columns=_rows_columns,
+    _rows_steps=_rows_steps,
     _x_copies=_x_copies,
     collision_free=collision_free,
     fused_box=fused_box,

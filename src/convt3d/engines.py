@@ -40,8 +40,6 @@ MEASURE_WARMUP_MS = 5.0
 MEASURE_REP_MS = 25.0
 
 
-
-
 class Timing(NamedTuple):
     """One timing round of a candidate.
 

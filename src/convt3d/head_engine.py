@@ -173,11 +173,11 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
             tiles += _persistent(params, dtype, tiles[-1])
         # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
         if sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params, "rows") <= MAX_Z_BYTES:
-            tiles.append(tile("rows", _rows_columns(params), 128, 2048))
-            persistent = _persistent(params, dtype, tiles[-1])
-            tiles += persistent
+            rows = tile("rows", _rows_columns(params), 128, 2048)
+            persistent = _persistent(params, dtype, rows)
+            tiles += [rows] + persistent
             if not any(head_smem(params, dtype, t)[1] for t in persistent):
-                tiles += _packed(tiles[-1 - len(persistent)])
+                tiles += _packed(rows)
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
         # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
@@ -367,6 +367,11 @@ def _packed(base: dict) -> list[dict]:
             for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4))]
 
 
+def _rows_steps(params: ConvT3dParams, cfg) -> tuple[int, int]:
+    """(N tiles, K steps) of the rows GEMM under ``cfg``'s BLOCK_N and BLOCK_K."""
+    return -(-_rows_columns(params) // cfg.BLOCK_N), -(-params.in_channels_per_group // cfg.BLOCK_K)
+
+
 def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
     """Programs of a head GEMM launch over ``tiles`` tiles: one per tile (``per_sm`` 0), or
     ``per_sm`` per SM, each looping over its share (``Config.persist``); a few on the CPU, so
@@ -423,6 +428,8 @@ class HeadSteps:
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
         if cfg.w_packed and (cfg.head != "rows" or cfg.persist):
             raise ValueError("head config 'w_packed' is a single-sweep rows option (persist 0)")
+        if cfg.x_cl and prepare_input is None:
+            raise ValueError("head config 'x_cl' needs the engine's input copy (prepare_input)")
         self.fused = cfg.head == "fused"
         # The fused kind writes every output itself; the direct kind needs a fill where no tap reaches.
         self.fill_needed = not self.fused and not (self.direct and _all_reached(params))
@@ -430,7 +437,10 @@ class HeadSteps:
         self.gather = None
         self.pack = None  # (head_rows_pack_kernel's site, packed elements) of a w_packed tile
         self.slots = 0  # the fused kind's scratch (fp32 elements, all programs), set with its site
-        self.copy_x = None  # x spans >= 2^31 elements per batch element: the GEMMs read a copy
+        # The input copy the GEMMs read, decided at the first run (the signature fixes x's
+        # strides): "cl" for an x_cl tile on input not channels-last already, "dense" where x
+        # spans >= 2^31 elements per batch element, "" for none.
+        self.copy_x = None
 
     def _fused_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         """head_fused_kernel's launch: a persistent grid of at most FUSED_PER_SM programs per SM
@@ -495,10 +505,11 @@ class HeadSteps:
             # FLAT_DH: depth and height walked by the height stride (contiguous NCDHW or
             # channels-last input); FULL_W: every compact column fills SW output columns.
             flat_dh = x.stride(2) == h * x.stride(3)
+            n_tiles, k_steps = _rows_steps(p, cfg)
             consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, NSHIFT=nshift,
                           FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
                           W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1], W_PACKED=cfg.w_packed,
-                          N_TILES=-(-ncol_rows // cfg.BLOCK_N), K_STEPS=-(-p.in_channels_per_group // cfg.BLOCK_K),
+                          N_TILES=n_tiles, K_STEPS=k_steps,
                           BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
             return self.make_site(key + (programs,), "head_rows_kernel", (programs, p.groups), ints, consts)
@@ -518,8 +529,7 @@ class HeadSteps:
         """head_rows_pack_kernel's launch and the packed copy's elements (``Config.w_packed``)."""
         p, cfg = self.params, self.cfg
         shift0, nshift = width_shifts(p)
-        n_tiles = -(-_rows_columns(p) // cfg.BLOCK_N)
-        k_steps = -(-p.in_channels_per_group // cfg.BLOCK_K)
+        n_tiles, k_steps = _rows_steps(p, cfg)
         ints = (p.in_channels_per_group, _rows_columns(p), p.kernel_size[2], math.prod(p.kernel_size), p.stride[2],
                 p.padding[2], p.dilation[2], shift0, w.stride(0))
         consts = dict(SW_C=p.stride[2], NSHIFT=nshift, N_TILES=n_tiles, K_STEPS=k_steps, BLOCK_N=cfg.BLOCK_N,
@@ -573,15 +583,15 @@ class HeadSteps:
         if self.copy_x is None:
             # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
             # offsets; a view whose strides reach further is read from a contiguous copy.
-            self.copy_x = _batch_span(x) >= 2**31
-        if self.cfg.x_cl and not x.is_contiguous(memory_format=torch.channels_last_3d):
+            self.copy_x = ("cl" if self.cfg.x_cl and not x.is_contiguous(memory_format=torch.channels_last_3d)
+                           else "dense" if _batch_span(x) >= 2**31 else "")
+        if self.copy_x == "cl":
             # The engine's NDHWC copy kernel (to_channels_last_kernel): PyTorch's own
             # .contiguous(memory_format=channels_last_3d) measured 4-8x slower as part of these
             # tiles (H200, 2026-12-02, tuner medians: VQ-VAE head 0.66 ms against 0.18 for the
             # channels-last call, 3-D GAN head 0.20 against 0.06).
-            x = (self.prepare_input(x, False, True) if self.prepare_input is not None
-                 else x.contiguous(memory_format=torch.channels_last_3d))
-        elif self.copy_x:
+            x = self.prepare_input(x, False, True)
+        elif self.copy_x == "dense":
             x = x.contiguous()
         if self.fused:
             if self.gemm is None:

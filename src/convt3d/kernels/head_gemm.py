@@ -171,16 +171,29 @@ def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
 
 
 @triton.jit
-def _rows_packed_tile(w_g, nt, j, k0, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
+def _rows_packed_base(w_ptr, grp, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The same tile as ``_rows_weight_tile``, read from the packed copy that
-    ``head_rows_pack_kernel`` wrote: [NSHIFT, K_STEPS x BLOCK_K, N_TILES x BLOCK_N] per group,
-    zeros where no tap is and past Cin/g, so every load is whole contiguous rows, unmasked."""
-    K_PAD: tl.constexpr = K_STEPS * BLOCK_K
-    N_PAD: tl.constexpr = N_TILES * BLOCK_N
+    """Group ``grp``'s part of the packed weight (``head_rows_pack_kernel``): [NSHIFT,
+    K_STEPS x BLOCK_K, N_TILES x BLOCK_N] per group."""
+    return w_ptr + grp.to(tl.int64) * (NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
+
+
+@triton.jit
+def _rows_packed_offsets(nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+    """Offsets in a group's packed weight of the tile of N tile ``nt``, width shift ``j`` and
+    channels from ``k0``: [BLOCK_K, BLOCK_N], whole contiguous rows."""
     ks = k0 + tl.arange(0, BLOCK_K)
     cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
-    return tl.load(w_g + (j * K_PAD + ks)[:, None] * N_PAD + cols[None, :])
+    return (j * (K_STEPS * BLOCK_K) + ks)[:, None] * (N_TILES * BLOCK_N) + cols[None, :]
+
+
+@triton.jit
+def _rows_packed_tile(w_g, nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The same tile as ``_rows_weight_tile``, read from the packed copy (zeros where no tap is
+    and past Cin/g, so the load is unmasked)."""
+    return tl.load(w_g + _rows_packed_offsets(nt, j, k0, N_TILES, K_STEPS, BLOCK_N, BLOCK_K))
 
 
 @triton.jit
@@ -191,7 +204,7 @@ def head_rows_pack_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """The rows kernel's weight tiles, gathered once per call into a dense copy
-    (``_rows_packed_tile``'s layout), for the tiles that read their weight at every K step
+    (``_rows_packed_offsets``' layout), for the tiles that read their weight at every K step
     (``W_PACKED``): there the per-element tap gather of ``_rows_weight_tile`` (a masked load of
     scattered columns with its index arithmetic) would run once per (M tile, shift, K step).
     Grid (NSHIFT x K_STEPS x N_TILES, groups), one weight tile per program."""
@@ -200,16 +213,15 @@ def head_rows_pack_kernel(
     nt = pid % N_TILES
     kk = (pid // N_TILES) % K_STEPS
     j = pid // (N_TILES * K_STEPS)
-    K_PAD: tl.constexpr = K_STEPS * BLOCK_K
-    N_PAD: tl.constexpr = N_TILES * BLOCK_N
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
                           SW_C, BLOCK_N, BLOCK_K)
-    ks = kk * BLOCK_K + tl.arange(0, BLOCK_K)
-    cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
-    wp_g = wp_ptr + grp.to(tl.int64) * (NSHIFT * K_PAD * N_PAD)
-    tl.store(wp_g + (j * K_PAD + ks)[:, None] * N_PAD + cols[None, :], t.to(wp_ptr.dtype.element_ty),
-             mask=(ks < K_PAD)[:, None] & (cols < N_PAD)[None, :])
+    offs = _rows_packed_offsets(nt, j, kk * BLOCK_K, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
+    wp_g = _rows_packed_base(wp_ptr, grp, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
+    # Every offset is inside the group's copy (the grid covers it exactly); the mask is the
+    # copy's size.
+    tl.store(wp_g + offs, t.to(wp_ptr.dtype.element_ty),
+             mask=offs < NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
 
 
 @triton.jit
@@ -306,7 +318,7 @@ def head_rows_kernel(
     S = D * H * QW
     x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
     if W_PACKED:  # w_ptr is head_rows_pack_kernel's dense copy
-        w_g = w_ptr + grp.to(tl.int64) * (NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
+        w_g = _rows_packed_base(w_ptr, grp, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
     else:
         w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     # The packed weight serves the single sweep only: a persistent tile gathers its weight
@@ -367,7 +379,7 @@ def head_rows_kernel(
                     for step in range(NSHIFT * K_STEPS):
                         j = step // K_STEPS
                         k0 = (step % K_STEPS) * BLOCK_K
-                        w_t = _rows_packed_tile(w_g, nt, j, k0, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
+                        w_t = _rows_packed_tile(w_g, nt, j, k0, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
                         acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
                                         ROUND_TF32, PRECISION, BLOCK_K)
                 else:
