@@ -1595,7 +1595,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     # would be one more compile at a layer's first call).
     if dtype == torch.bfloat16:
         tiles = [dict(t, z_bf16=True) if t["head"] in ("gather", "rows") else t for t in tiles]
-    if not channels_last:
+    if not channels_last or (dtype == torch.float32 and precision == "tf32"):
         tiles += _x_copies(tiles)
     if gluon:
         tiles += box_tiles(params, dtype, precision)
@@ -1603,8 +1603,9 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
 
 
 def _x_copies(tiles: list[dict]) -> list[dict]:
-    """The persistent and packed rows tiles again, on a channels-last copy of an NCDHW input
-    (``Config.x_cl``). In NCDHW the GEMM's input tile [positions, channels] is read element by
+    """The persistent and packed rows tiles again, on a channels-last copy of the input
+    (``Config.x_cl``), for NCDHW calls and for fp32 calls at TF32 (where the copy also rounds
+    the input to TF32). In NCDHW the GEMM's input tile [positions, channels] is read element by
     element (a position's width shift has no alignment the compiler can see); in channels-last
     each position's channels are one contiguous vector. The rows tiles ran 1.5-1.9x faster on
     channels-last input in the bench (H200, 2026-12-02, bf16: 3-D GAN head 56.7 against 87.3 us,
@@ -1613,8 +1614,11 @@ def _x_copies(tiles: list[dict]) -> list[dict]:
     digest 5b818bc2fa8a) 143.1 against 208.5 us on the 128 -> 8 head, 90.6 / 117.2 on video
     k4s2p1, 278.8 / 343.6 on the VQ-VAE decoder's 240 -> 3 head; the GAN and 64 -> 3 video heads,
     whose inputs are large against their GEMMs, kept the native tile. Where the sum wins is the
-    tuner's measurement. Only the full-K tiles, to keep the first call's compiles few (each
-    candidate costs ~1 s)."""
+    tuner's measurement. At TF32 the copy rounds the input (cuDNN's numerics), so the GEMM's input
+    tiles go from shared memory to the tensor cores untouched: rounded in registers, the A
+    operand takes a shared-memory load per step beside the asynchronous copy (Triton 3.6's
+    TTGIR for sm_90a, offline, 2026-12-02; head_rows_kernel's ROUND_W says more). Only the full-K
+    tiles, to keep the first call's compiles few (each candidate costs ~1 s)."""
     bk = max(t["BLOCK_K"] for t in tiles) if tiles else 0
     return [dict(t, x_cl=True) for t in tiles
             if t["head"] == "rows" and (t.get("persist") or t.get("w_packed")) and t["BLOCK_K"] == bk]
@@ -1679,9 +1683,10 @@ def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, 
     BLOCK_N, once where they are held (rows, wherever they fit beside the stages in one block's
     shared memory) or per stage; ~4 KB for the epilogue. Triton 3.6 for sm_90a (offline,
     2026-12-02, scripts/ptxas_regs.py, the 3-D GAN head's bf16 rows tiles, weight held): 161.8 KB at BLOCK_M 128 / 3 stages (this estimate 160.0 KB), 88.1 KB at
-    64 / 3 (88.0); 79 and 48 registers, no spills. A TF32 call's operands go through registers
-    to be rounded, which takes less than this (fewer programs per SM than could fit, never
-    more)."""
+    64 / 3 (88.0); 79 and 48 registers, no spills. The gather kind rounds a TF32 call's
+    operands in its MMA step, through registers, which takes less than this (fewer programs per
+    SM than could fit, never more); the rows kind rounds them where they are made (the held
+    weight once, the input on the copy or as it is loaded: head_rows_kernel's ROUND_X)."""
     elt = dtype.itemsize
     rows = t["head"] == "rows"
     nshift = width_shifts(params)[1] if rows else 1
@@ -1745,9 +1750,13 @@ def _packed(base: dict) -> list[dict]:
     ncu there and on the VQ-VAE head (bf16 NCDHW): 182-203 registers on 8 warps, so one program
     per SM (12.5% occupancy), and a third of the issue stalls on L1TEX (the input's loads, which
     in NCDHW are element-wise). So BLOCK_M 64 on 4 warps is offered too (half the accumulator per
-    thread: more programs per SM), at 3 and 4 stages. Which wins is the tuner's measurement."""
+    thread: more programs per SM), at 3 and 4 stages. And BLOCK_M 256 on 8 warps: each weight
+    tile read from L2 then feeds twice the MMAs, the other way to the same L2 traffic per FLOP
+    (ptxas offline for the fp32 K-16 tile: 192-208 registers, no spill; on the H200 the VQ-VAE
+    head's fp32 call fell from 990 to 660 us with it and the pre-rounded operands, bench
+    2026-12-02). Which wins is the tuner's measurement."""
     return [dict(base, BLOCK_M=bm, num_warps=warps, num_stages=stages, w_packed=True)
-            for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4))]
+            for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4), (256, 8, 3))]
 
 
 def _rows_steps(params: ConvT3dParams, cfg) -> tuple[int, int]:
@@ -1821,9 +1830,10 @@ class HeadSteps:
         self.pack = None  # (head_rows_pack_kernel's site, packed elements) of a w_packed tile
         self.slots = 0  # the fused kind's scratch (fp32 elements, all programs), set with its site
         # The input copy the GEMMs read, decided at the first run (the signature fixes x's
-        # strides): "cl" for an x_cl tile on input not channels-last already, "dense" where x
-        # spans >= 2^31 elements per batch element, "" for none.
+        # strides): "cl" for an x_cl tile on input not channels-last already or to be rounded to
+        # TF32, "dense" where x spans >= 2^31 elements per batch element, "" for none.
         self.copy_x = None
+        self.round_x = False  # the copy rounds to TF32 (fp32 calls at TF32)
 
     def _fused_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         """head_fused_kernel's launch: a persistent grid of at most FUSED_PER_SM programs per SM
@@ -1889,7 +1899,10 @@ class HeadSteps:
             # channels-last input); FULL_W: every compact column fills SW output columns.
             flat_dh = x.stride(2) == h * x.stride(3)
             n_tiles, k_steps = _rows_steps(p, cfg)
-            consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, NSHIFT=nshift,
+            # The input is rounded by the copy kernel where the tile reads a copy (x_cl), else in
+            # registers; the weight as it is gathered, or by head_rows_pack_kernel (W_PACKED).
+            consts = dict(ROUND_X=round_tf32 and self.copy_x != "cl", ROUND_W=round_tf32, PRECISION=self.precision,
+                          SW_C=sw, NSHIFT=nshift,
                           FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
                           W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1], W_PACKED=cfg.w_packed,
                           N_TILES=n_tiles, K_STEPS=k_steps,
@@ -1915,9 +1928,10 @@ class HeadSteps:
         n_tiles, k_steps = _rows_steps(p, cfg)
         ints = (p.in_channels_per_group, _rows_columns(p), p.kernel_size[2], math.prod(p.kernel_size), p.stride[2],
                 p.padding[2], p.dilation[2], shift0, w.stride(0))
-        consts = dict(SW_C=p.stride[2], NSHIFT=nshift, N_TILES=n_tiles, K_STEPS=k_steps, BLOCK_N=cfg.BLOCK_N,
-                      BLOCK_K=cfg.BLOCK_K, num_warps=4)
-        key = ("head_rows_pack", p, cfg.BLOCK_N, cfg.BLOCK_K, w.dtype)
+        round_tf32 = w.dtype == torch.float32 and self.precision == "tf32"
+        consts = dict(ROUND_TF32=round_tf32, SW_C=p.stride[2], NSHIFT=nshift, N_TILES=n_tiles, K_STEPS=k_steps,
+                      BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=4)
+        key = ("head_rows_pack", p, cfg.BLOCK_N, cfg.BLOCK_K, w.dtype, round_tf32)
         site = self.make_site(key, "head_rows_pack_kernel", (nshift * k_steps * n_tiles, p.groups), ints, consts)
         return site, p.groups * nshift * k_steps * cfg.BLOCK_K * n_tiles * cfg.BLOCK_N
 
@@ -1966,14 +1980,16 @@ class HeadSteps:
         if self.copy_x is None:
             # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
             # offsets; a view whose strides reach further is read from a contiguous copy.
-            self.copy_x = ("cl" if self.cfg.x_cl and not x.is_contiguous(memory_format=torch.channels_last_3d)
+            self.round_x = x.dtype == torch.float32 and self.precision == "tf32"
+            cl = x.is_contiguous(memory_format=torch.channels_last_3d)
+            self.copy_x = ("cl" if self.cfg.x_cl and (self.round_x or not cl)
                            else "dense" if _batch_span(x) >= 2**31 else "")
         if self.copy_x == "cl":
             # The engine's NDHWC copy kernel (to_channels_last_kernel): PyTorch's own
             # .contiguous(memory_format=channels_last_3d) measured 4-8x slower as part of these
             # tiles (H200, 2026-12-02, tuner medians: VQ-VAE head 0.66 ms against 0.18 for the
             # channels-last call, 3-D GAN head 0.20 against 0.06).
-            x = self.prepare_input(x, False, True)
+            x = self.prepare_input(x, self.round_x, True)
         elif self.copy_x == "dense":
             x = x.contiguous()
         if self.fused:
@@ -3234,19 +3250,24 @@ def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
 @triton.jit
 def _rows_packed_base(w_ptr, grp, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Group ``grp``'s part of the packed weight (``head_rows_pack_kernel``): [NSHIFT,
-    K_STEPS x BLOCK_K, N_TILES x BLOCK_N] per group."""
+    """Group ``grp``'s part of the packed weight (``head_rows_pack_kernel``): NSHIFT x K_STEPS x
+    N_TILES tiles of BLOCK_N x BLOCK_K per group."""
     return w_ptr + grp.to(tl.int64) * (NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
 
 
 @triton.jit
 def _rows_packed_offsets(nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr):
-    """Offsets in a group's packed weight of the tile of N tile ``nt``, width shift ``j`` and
-    channels from ``k0``: [BLOCK_K, BLOCK_N], whole contiguous rows."""
-    ks = k0 + tl.arange(0, BLOCK_K)
-    cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
-    return (j * (K_STEPS * BLOCK_K) + ks)[:, None] * (N_TILES * BLOCK_N) + cols[None, :]
+    """Offsets in a group's packed weight of the [BLOCK_K, BLOCK_N] tile of N tile ``nt``, width
+    shift ``j`` and channels from ``k0``: one contiguous block, K fastest. K-major because TF32
+    tensor cores read B only so (wgmma has no transpose for 32-bit types): from an N-major copy
+    Triton 3.6 fills its K-major shared tile with one 4-byte copy per element, and on the H200
+    the M256 fp32 tile of the VQ-VAE decoder's head ran with L1/TEX at 80% of peak and the
+    tensor cores at 24% (ncu, 2026-12-02)."""
+    tile = (j * K_STEPS + k0 // BLOCK_K) * N_TILES + nt
+    kk = tl.arange(0, BLOCK_K)
+    nn = tl.arange(0, BLOCK_N)
+    return tile * (BLOCK_N * BLOCK_K) + nn[None, :] * BLOCK_K + kk[:, None]
 
 
 @triton.jit
@@ -3261,6 +3282,7 @@ def _rows_packed_tile(w_g, nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constex
 def head_rows_pack_kernel(
     w_ptr, wp_ptr,
     CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+    ROUND_TF32: tl.constexpr,
     SW_C: tl.constexpr, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -3268,7 +3290,9 @@ def head_rows_pack_kernel(
     (``_rows_packed_offsets``' layout), for the tiles that read their weight at every K step
     (``W_PACKED``): there the per-element tap gather of ``_rows_weight_tile`` (a masked load of
     scattered columns with its index arithmetic) would run once per (M tile, shift, K step).
-    Grid (NSHIFT x K_STEPS x N_TILES, groups), one weight tile per program."""
+    Grid (NSHIFT x K_STEPS x N_TILES, groups), one weight tile per program. ROUND_TF32: the copy
+    holds the weight rounded to TF32, so that the GEMM's weight tiles go from shared memory to the
+    tensor cores untouched (head_rows_kernel's ROUND_W says why)."""
     pid = tl.program_id(0)
     grp = tl.program_id(1)
     nt = pid % N_TILES
@@ -3277,6 +3301,8 @@ def head_rows_pack_kernel(
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
                           SW_C, BLOCK_N, BLOCK_K)
+    if ROUND_TF32:
+        t = _round_tf32(t)
     offs = _rows_packed_offsets(nt, j, kk * BLOCK_K, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
     wp_g = _rows_packed_base(wp_ptr, grp, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
     # Every offset is inside the group's copy (the grid covers it exactly); the mask is the
@@ -3286,20 +3312,37 @@ def head_rows_pack_kernel(
 
 
 @triton.jit
-def _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, BLOCK_K: tl.constexpr):
-    """The input tile at width shift ``j``, channels from ``k0``: [BLOCK_M positions, BLOCK_K]."""
+def _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
+                 ROUND_X: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The input tile at width shift ``j``, channels from ``k0``: [BLOCK_M positions, BLOCK_K],
+    rounded to TF32 in registers with ROUND_X."""
     iw = q + (SHIFT0 + j)
     ks = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                   mask=(m_ok & (iw >= 0) & (iw < W))[:, None] & (ks < CIN_G)[None, :], other=0.0)
+    x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                  mask=(m_ok & (iw >= 0) & (iw < W))[:, None] & (ks < CIN_G)[None, :], other=0.0)
+    if ROUND_X:
+        x_t = _round_tf32(x_t)
+    return x_t
 
 
 @triton.jit
 def _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
-              ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += the input tile at width shift ``j`` (channels from ``k0``) @ its weight tile ``w_t``."""
-    x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, BLOCK_K)
-    return _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
+              ROUND_X: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += the input tile at width shift ``j`` (channels from ``k0``) @ its weight tile ``w_t``
+    (already rounded where the call rounds: head_rows_kernel's ROUND_W)."""
+    x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, ROUND_X, BLOCK_K)
+    return _mma_step(acc, x_t, w_t, False, PRECISION == "ieee", PRECISION)
+
+
+@triton.jit
+def _rows_gathered_w(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+                     ROUND_W: tl.constexpr, SW_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``_rows_weight_tile``, rounded to TF32 in registers with ROUND_W."""
+    w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+                            SW_C, BLOCK_N, BLOCK_K)
+    if ROUND_W:
+        w_t = _round_tf32(w_t)
+    return w_t
 
 
 @triton.jit
@@ -3334,7 +3377,7 @@ def head_rows_kernel(
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_wc,
     tiles_m, num_tiles,
-    ROUND_TF32: tl.constexpr,
+    ROUND_X: tl.constexpr, ROUND_W: tl.constexpr,
     PRECISION: tl.constexpr,
     SW_C: tl.constexpr,
     FLAT_DH: tl.constexpr, FULL_W: tl.constexpr, UNROLL: tl.constexpr, W_ONCE: tl.constexpr,
@@ -3368,6 +3411,15 @@ def head_rows_kernel(
     single sweep only) the weight tiles come from the dense copy head_rows_pack_kernel wrote for
     this call, each a contiguous block read at its (shift, K step) of one flat loop: no
     per-element tap gather at every step of every M tile.
+
+    ROUND_X / ROUND_W (fp32 at TF32, cuDNN's numerics): each operand is rounded once, where it
+    is made -- the input in registers as it is loaded (ROUND_X) unless the call reads the
+    engine's channels-last copy, which rounds it (x_cl); the weight as it is gathered, or in the
+    packed copy (head_rows_pack_kernel). Rounding both inside the MMA step, as the other kinds
+    do, made Triton 3.6 (TTGIR for sm_90a, offline, 2026-12-02) issue the packed tile's wgmma
+    synchronously (wait pendings 0) with the weight tile re-stored to shared memory each step;
+    with operands rounded beforehand it stays asynchronous (pendings 1). On the H200 the VQ-VAE
+    decoder's fp32 head fell from 990 to 660 us with this and BLOCK_M 256 (bench, 2026-12-02).
     (ncu, H200, 2026-12-02, bf16 3-D GAN head: unrolled, a program per tile and the weight
     gathered per tile, the kernel issued 38.5 M instructions at 2 CTAs per SM, latency- and
     issue-bound: 107 us at 17% of DRAM's bandwidth.)
@@ -3390,8 +3442,8 @@ def head_rows_kernel(
         for nt in tl.static_range(N_TILES):
             for j in tl.static_range(NSHIFT):
                 for kk in tl.static_range(K_STEPS):
-                    ws = ws + (_rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
-                                                 stride_wc, SW_C, BLOCK_N, BLOCK_K),)
+                    ws = ws + (_rows_gathered_w(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
+                                                stride_wc, ROUND_W, SW_C, BLOCK_N, BLOCK_K),)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         pid_m = tile % tiles_m
         nb = tile // tiles_m
@@ -3414,15 +3466,15 @@ def head_rows_kernel(
             for j in tl.static_range(NSHIFT):
                 for kk in tl.static_range(K_STEPS):
                     x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, kk * BLOCK_K, CIN_G, W, SHIFT0, stride_xc, stride_xw,
-                                       BLOCK_K)
+                                       ROUND_X, BLOCK_K)
                     stepped = ()
                     for nt in tl.static_range(N_TILES):
                         if W_ONCE:
                             w_t = ws[(nt * NSHIFT + j) * K_STEPS + kk]
                         else:
-                            w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW,
-                                                    SHIFT0, stride_wc, SW_C, BLOCK_N, BLOCK_K)
-                        stepped = stepped + (_mma_step(accs[nt], x_t, w_t, ROUND_TF32, PRECISION == "ieee",
+                            w_t = _rows_gathered_w(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW,
+                                                   SHIFT0, stride_wc, ROUND_W, SW_C, BLOCK_N, BLOCK_K)
+                        stepped = stepped + (_mma_step(accs[nt], x_t, w_t, False, PRECISION == "ieee",
                                                        PRECISION),)
                     accs = stepped
             for nt in tl.static_range(N_TILES):
@@ -3442,14 +3494,14 @@ def head_rows_kernel(
                         k0 = (step % K_STEPS) * BLOCK_K
                         w_t = _rows_packed_tile(w_g, nt, j, k0, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
                         acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
-                                        ROUND_TF32, PRECISION, BLOCK_K)
+                                        ROUND_X, PRECISION, BLOCK_K)
                 else:
                     for j in range(NSHIFT):
                         for k0 in range(0, CIN_G, BLOCK_K):
-                            w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
-                                                    stride_wc, SW_C, BLOCK_N, BLOCK_K)
+                            w_t = _rows_gathered_w(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
+                                                   stride_wc, ROUND_W, SW_C, BLOCK_N, BLOCK_K)
                             acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc,
-                                            stride_xw, ROUND_TF32, PRECISION, BLOCK_K)
+                                            stride_xw, ROUND_X, PRECISION, BLOCK_K)
                 _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
 
 
@@ -3881,6 +3933,7 @@ HK = types.SimpleNamespace(
     _head_rows=_head_rows,
     _head_tile=_head_tile,
     _mma_step=_mma_step,
+    _rows_gathered_w=_rows_gathered_w,
     _rows_mma=_rows_mma,
     _rows_packed_base=_rows_packed_base,
     _rows_packed_offsets=_rows_packed_offsets,

@@ -13,7 +13,9 @@ of cuDNN's dX and dW, with each one's error against float64.
 
 ``--kind`` (with ``--one``): run the first head configuration of that kind (gather, rows, direct,
 fused, box) instead of the first of any kind; ``--persist``: the first persistent one
-(``Config.persist``); ``--packed``: the first on the packed weight (``Config.w_packed``).
+(``Config.persist``); ``--packed``: the first on the packed weight (``Config.w_packed``);
+``--tile SHORT``: the configuration whose ``Config.short()`` is SHORT (e.g. "head-rows M256 N128 K16
+W128 R2048 w8 s3 wpk").
 
 Times are medians of triton.testing.do_bench in one process; "graph" times replay the call in a
 CUDA graph (kernel time without the host); "api" is the public function, backend="triton", after
@@ -62,7 +64,7 @@ def _rows(only=None, chosen=None):
 
 
 def probe(case, forward_only=False, with_backward=True, with_default=True, kind=None, persist=False,
-          packed=False):
+          packed=False, tile=None):
     g = case.geometry
     t = suites.make_tensors(case, "cuda")
     args = g.conv_args()
@@ -75,7 +77,7 @@ def probe(case, forward_only=False, with_backward=True, with_default=True, kind=
     configs = E.plan(params, t.x, t.w, prec).configs
     if forward_only:  # under ncu: the first head config, a few calls
         cfg = next(c for c in configs if c.head and kind in (None, c.head) and (c.persist or not persist)
-                   and (c.w_packed or not packed))
+                   and (c.w_packed or not packed) and tile in (None, c.short()))
         for _ in range(3):
             E.forward(t.x, t.w, t.b, params, prec, config=cfg)
         torch.cuda.synchronize()
@@ -192,7 +194,8 @@ def main(argv):
     kind = argv[argv.index("--kind") + 1] if "--kind" in argv else None
     _run(out, _rows(only, chosen), lambda case: probe(case, forward_only=only is not None, with_backward=with_backward,
                                               with_default="--heads-only" not in argv, kind=kind,
-                                              persist="--persist" in argv, packed="--packed" in argv))
+                                              persist="--persist" in argv, packed="--packed" in argv,
+                                              tile=argv[argv.index("--tile") + 1] if "--tile" in argv else None))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=1)
     ap.add_argument("--ptxas", default=shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas")
+    ap.add_argument("--ir", metavar="DIR", help="also write Triton's TTGIR and PTX of the tile into DIR")
     args = ap.parse_args(argv)
 
     import triton
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     out = subprocess.run([args.ptxas, "--version"], capture_output=True, text=True).stdout
     have = re.search(r"release (\d+)\.(\d+)", out)
     ptx = compiled.asm["ptx"]
+    if args.ir:
+        Path(args.ir).mkdir(parents=True, exist_ok=True)
+        Path(args.ir, f"{fn_name}.ttgir").write_text(compiled.asm["ttgir"])
+        Path(args.ir, f"{fn_name}.ptx").write_text(ptx)
     if have:  # CUDA 13.0's ptxas reads PTX ISA up to 9.0
         ptx = re.sub(r"^\.version \d+\.\d+", f".version {9 if int(have.group(1)) >= 13 else 8}.0", ptx,
                      flags=re.M)

@@ -69,10 +69,13 @@ def test_a_tiny_layer_times_pytorch_first():
     d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
     assert d.source == "measured", d.reason
     timings = dispatch.cached_timings(Call(x, w, b, params, "tf32"))
-    if timings["torch"] < dispatch.HOST_BOUND_S * 1e3:
-        assert set(timings) == {"torch"} and d.engine == "torch" and "not timed" in d.reason
+    # The branch is taken on PyTorch's first timing; the record keeps the full measurement's
+    # where the others were timed too (its PyTorch time may then fall under the bar: a busy GPU
+    # can slow the first one).
+    if set(timings) == {"torch"}:
+        assert timings["torch"] < dispatch.HOST_BOUND_S * 1e3 and d.engine == "torch" and "not timed" in d.reason
     else:
-        assert set(timings) >= {"triton", "torch"}
+        assert set(timings) >= {"triton", "torch"} and "not timed" not in d.reason
 
 
 def test_conv_transpose3d_measures_by_default():

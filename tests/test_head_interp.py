@@ -264,23 +264,64 @@ def test_rows_on_a_channels_last_copy(tile, layout):
     assert [s.ints[-7] for s in rows] == [1], "the GEMM reads channels-last strides (stride_xc 1)"
 
 
-def test_channels_last_copies_are_offered_for_ncdhw_calls_only():
+@pytest.mark.parametrize("dtype,precision,layout_out", [
+    (torch.bfloat16, "tf32", "ncdhw"), (torch.float32, "tf32", "ncdhw"), (torch.float32, "tf32", "cl")],
+    ids=["bf16-ncdhw", "fp32-tf32-ncdhw", "fp32-tf32-cl"])
+def test_channels_last_copies_are_offered_for_ncdhw_and_tf32_calls(dtype, precision, layout_out):
+    # The copy tiles (Config.x_cl): for NCDHW calls (vector loads) and for fp32 calls at TF32
+    # (the copy rounds the input); each is a persistent or packed rows tile of the plain list.
     params = ConvT3dParams(4, 240, 3, 1, (18, 66, 66), (4, 4, 4), (2, 2, 2), (3, 3, 3), (0, 0, 0), (1, 1, 1))
-    ncdhw = engine.candidate_configs(params, torch.bfloat16, "tf32", channels_last_out=False)
-    cl = engine.candidate_configs(params, torch.bfloat16, "tf32", channels_last_out=True)
-    copies = [c for c in ncdhw if c.x_cl]
+    configs = engine.candidate_configs(params, dtype, precision, channels_last_out=layout_out == "cl")
+    copies = [c for c in configs if c.x_cl]
     assert copies and all(c.head == "rows" and (c.persist or c.w_packed) for c in copies)
-    assert not any(c.x_cl for c in cl)
-    assert [c for c in ncdhw if c.head and not c.x_cl] == [c for c in cl if c.head]
+    plain = [c for c in configs if c.head and not c.x_cl]
+    assert all(dataclasses.replace(c, x_cl=False) in plain for c in copies)
 
 
-def test_packed_weight_copy_holds_each_tap_once():
+@pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "tf32"), (torch.float32, "tf32x3"),
+                                             (torch.float32, "ieee")], ids=["bf16", "fp32-tf32x3", "fp32-ieee"])
+def test_channels_last_calls_get_no_copy_tiles_unless_rounded(dtype, precision):
+    params = ConvT3dParams(4, 240, 3, 1, (18, 66, 66), (4, 4, 4), (2, 2, 2), (3, 3, 3), (0, 0, 0), (1, 1, 1))
+    assert not any(c.x_cl for c in engine.candidate_configs(params, dtype, precision, channels_last_out=True))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d"])
+@pytest.mark.parametrize("tile", [dict(persist=0), dict(persist=1), dict(persist=0, w_packed=True),
+                                  dict(persist=1, x_cl=True), dict(persist=0, w_packed=True, x_cl=True)],
+                         ids=["gathered-w", "persistent", "packed", "persistent-copy", "packed-copy"])
+def test_rows_tf32_rounds_each_operand_once(tile, layout):
+    # At TF32 each operand is rounded to nearest exactly once, wherever it is rounded: the input
+    # in registers or by the channels-last copy (x_cl), the weight in registers as it is
+    # gathered or by head_rows_pack_kernel (w_packed). Against float64 of the rounded operands
+    # the error is fp32 accumulation only (ieee tolerance); a missed rounding shows TF32's own
+    # error, and a second rounding of a rounded value changes nothing (so this also holds).
+    case = dataclasses.replace(PERSISTENT_ROWS["k-steps-n-tiles"], layout=layout)
+    x, w, b = case.tensors()
+    engine.clear_caches()
+    y = run_head(case, x, w, b, "tf32", kind="rows", BLOCK_M=16, BLOCK_N=64, num_stages=2, **tile)
+
+    def rnd(t):
+        bits = t.contiguous().view(torch.int32)
+        return ((bits + 0x1000) & -8192).view(torch.float32)
+
+    check_against_reference(y, rnd(x), rnd(w), b, *case.args, precision="ieee",
+                            context=f"rows {tile} {layout}, rounded operands")
+    rows = [s for s in engine._sites.values() if s.name == "head_rows_kernel"]
+    copied = bool(tile.get("x_cl"))
+    assert [(s.consts["ROUND_X"], s.consts["ROUND_W"]) for s in rows] == [(not copied, True)]
+    packs = [s for s in engine._sites.values() if s.name == "head_rows_pack_kernel"]
+    assert [s.consts["ROUND_TF32"] for s in packs] == ([True] if tile.get("w_packed") else [])
+
+
+@pytest.mark.parametrize("name", ["dilation2-op", "k-steps-n-tiles"])
+def test_packed_weight_copy_holds_each_tap_once(name):
     # The packed copy against a host gather of the same tiles: every (shift, channel, column)
-    # entry is the weight's tap tw = (rw + PW - delta * SW) / DW where that is a tap, else 0.
-    case = PERSISTENT_ROWS["dilation2-op"]
+    # entry is the weight's tap tw = (rw + PW - delta * SW) / DW where that is a tap, else 0;
+    # tiles of BLOCK_N x BLOCK_K (K fastest) in (shift, K step, N tile) order.
+    case = PERSISTENT_ROWS[name]
     x, w, b = case.tensors()
     params, x5, configs = head_configs(case, x, w)
-    cfg = dataclasses.replace(next(c for c in configs if c.head == "rows"), BLOCK_K=16, w_packed=True)
+    cfg = dataclasses.replace(next(c for c in configs if c.head == "rows"), BLOCK_K=16, BLOCK_N=64, w_packed=True)
     steps = head_engine.HeadSteps(params, cfg, "ieee", True, engine._head_site)
     site, elements = steps._pack_site(w)
     packed = torch.full((elements,), float("nan"))
@@ -298,7 +339,9 @@ def test_packed_weight_copy_holds_each_tap_once():
             twn = rw + pw - (shift0 + j) * sw
             if twn >= 0 and twn % dw == 0 and twn // dw < kw:
                 want[:, j, :params.in_channels_per_group, col] = wg[:, :, co, td, th, twn // dw]
-    torch.testing.assert_close(packed.reshape(want.shape), want, rtol=0, atol=0)
+    bk, bn = cfg.BLOCK_K, cfg.BLOCK_N
+    tiles = want.reshape(params.groups, nshift, k_pad // bk, bk, n_pad // bn, bn).permute(0, 1, 2, 4, 5, 3)
+    torch.testing.assert_close(packed.reshape(tiles.shape), tiles, rtol=0, atol=0)
 
 
 def test_packed_tiles_only_where_no_weight_is_held():

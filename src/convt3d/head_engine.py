@@ -212,7 +212,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     # would be one more compile at a layer's first call).
     if dtype == torch.bfloat16:
         tiles = [dict(t, z_bf16=True) if t["head"] in ("gather", "rows") else t for t in tiles]
-    if not channels_last:
+    if not channels_last or (dtype == torch.float32 and precision == "tf32"):
         tiles += _x_copies(tiles)
     if gluon:
         tiles += box_tiles(params, dtype, precision)
@@ -220,8 +220,9 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
 
 
 def _x_copies(tiles: list[dict]) -> list[dict]:
-    """The persistent and packed rows tiles again, on a channels-last copy of an NCDHW input
-    (``Config.x_cl``). In NCDHW the GEMM's input tile [positions, channels] is read element by
+    """The persistent and packed rows tiles again, on a channels-last copy of the input
+    (``Config.x_cl``), for NCDHW calls and for fp32 calls at TF32 (where the copy also rounds
+    the input to TF32). In NCDHW the GEMM's input tile [positions, channels] is read element by
     element (a position's width shift has no alignment the compiler can see); in channels-last
     each position's channels are one contiguous vector. The rows tiles ran 1.5-1.9x faster on
     channels-last input in the bench (H200, 2026-12-02, bf16: 3-D GAN head 56.7 against 87.3 us,
@@ -230,8 +231,11 @@ def _x_copies(tiles: list[dict]) -> list[dict]:
     digest 5b818bc2fa8a) 143.1 against 208.5 us on the 128 -> 8 head, 90.6 / 117.2 on video
     k4s2p1, 278.8 / 343.6 on the VQ-VAE decoder's 240 -> 3 head; the GAN and 64 -> 3 video heads,
     whose inputs are large against their GEMMs, kept the native tile. Where the sum wins is the
-    tuner's measurement. Only the full-K tiles, to keep the first call's compiles few (each
-    candidate costs ~1 s)."""
+    tuner's measurement. At TF32 the copy rounds the input (cuDNN's numerics), so the GEMM's input
+    tiles go from shared memory to the tensor cores untouched: rounded in registers, the A
+    operand takes a shared-memory load per step beside the asynchronous copy (Triton 3.6's
+    TTGIR for sm_90a, offline, 2026-12-02; head_rows_kernel's ROUND_W says more). Only the full-K
+    tiles, to keep the first call's compiles few (each candidate costs ~1 s)."""
     bk = max(t["BLOCK_K"] for t in tiles) if tiles else 0
     return [dict(t, x_cl=True) for t in tiles
             if t["head"] == "rows" and (t.get("persist") or t.get("w_packed")) and t["BLOCK_K"] == bk]
@@ -296,9 +300,10 @@ def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, 
     BLOCK_N, once where they are held (rows, wherever they fit beside the stages in one block's
     shared memory) or per stage; ~4 KB for the epilogue. Triton 3.6 for sm_90a (offline,
     2026-12-02, scripts/ptxas_regs.py, the 3-D GAN head's bf16 rows tiles, weight held): 161.8 KB at BLOCK_M 128 / 3 stages (this estimate 160.0 KB), 88.1 KB at
-    64 / 3 (88.0); 79 and 48 registers, no spills. A TF32 call's operands go through registers
-    to be rounded, which takes less than this (fewer programs per SM than could fit, never
-    more)."""
+    64 / 3 (88.0); 79 and 48 registers, no spills. The gather kind rounds a TF32 call's
+    operands in its MMA step, through registers, which takes less than this (fewer programs per
+    SM than could fit, never more); the rows kind rounds them where they are made (the held
+    weight once, the input on the copy or as it is loaded: head_rows_kernel's ROUND_X)."""
     elt = dtype.itemsize
     rows = t["head"] == "rows"
     nshift = width_shifts(params)[1] if rows else 1
@@ -362,9 +367,13 @@ def _packed(base: dict) -> list[dict]:
     ncu there and on the VQ-VAE head (bf16 NCDHW): 182-203 registers on 8 warps, so one program
     per SM (12.5% occupancy), and a third of the issue stalls on L1TEX (the input's loads, which
     in NCDHW are element-wise). So BLOCK_M 64 on 4 warps is offered too (half the accumulator per
-    thread: more programs per SM), at 3 and 4 stages. Which wins is the tuner's measurement."""
+    thread: more programs per SM), at 3 and 4 stages. And BLOCK_M 256 on 8 warps: each weight
+    tile read from L2 then feeds twice the MMAs, the other way to the same L2 traffic per FLOP
+    (ptxas offline for the fp32 K-16 tile: 192-208 registers, no spill; on the H200 the VQ-VAE
+    head's fp32 call fell from 990 to 660 us with it and the pre-rounded operands, bench
+    2026-12-02). Which wins is the tuner's measurement."""
     return [dict(base, BLOCK_M=bm, num_warps=warps, num_stages=stages, w_packed=True)
-            for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4))]
+            for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4), (256, 8, 3))]
 
 
 def _rows_steps(params: ConvT3dParams, cfg) -> tuple[int, int]:
@@ -438,9 +447,10 @@ class HeadSteps:
         self.pack = None  # (head_rows_pack_kernel's site, packed elements) of a w_packed tile
         self.slots = 0  # the fused kind's scratch (fp32 elements, all programs), set with its site
         # The input copy the GEMMs read, decided at the first run (the signature fixes x's
-        # strides): "cl" for an x_cl tile on input not channels-last already, "dense" where x
-        # spans >= 2^31 elements per batch element, "" for none.
+        # strides): "cl" for an x_cl tile on input not channels-last already or to be rounded to
+        # TF32, "dense" where x spans >= 2^31 elements per batch element, "" for none.
         self.copy_x = None
+        self.round_x = False  # the copy rounds to TF32 (fp32 calls at TF32)
 
     def _fused_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         """head_fused_kernel's launch: a persistent grid of at most FUSED_PER_SM programs per SM
@@ -506,7 +516,10 @@ class HeadSteps:
             # channels-last input); FULL_W: every compact column fills SW output columns.
             flat_dh = x.stride(2) == h * x.stride(3)
             n_tiles, k_steps = _rows_steps(p, cfg)
-            consts = dict(ROUND_TF32=round_tf32, PRECISION=self.precision, SW_C=sw, NSHIFT=nshift,
+            # The input is rounded by the copy kernel where the tile reads a copy (x_cl), else in
+            # registers; the weight as it is gathered, or by head_rows_pack_kernel (W_PACKED).
+            consts = dict(ROUND_X=round_tf32 and self.copy_x != "cl", ROUND_W=round_tf32, PRECISION=self.precision,
+                          SW_C=sw, NSHIFT=nshift,
                           FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
                           W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1], W_PACKED=cfg.w_packed,
                           N_TILES=n_tiles, K_STEPS=k_steps,
@@ -532,9 +545,10 @@ class HeadSteps:
         n_tiles, k_steps = _rows_steps(p, cfg)
         ints = (p.in_channels_per_group, _rows_columns(p), p.kernel_size[2], math.prod(p.kernel_size), p.stride[2],
                 p.padding[2], p.dilation[2], shift0, w.stride(0))
-        consts = dict(SW_C=p.stride[2], NSHIFT=nshift, N_TILES=n_tiles, K_STEPS=k_steps, BLOCK_N=cfg.BLOCK_N,
-                      BLOCK_K=cfg.BLOCK_K, num_warps=4)
-        key = ("head_rows_pack", p, cfg.BLOCK_N, cfg.BLOCK_K, w.dtype)
+        round_tf32 = w.dtype == torch.float32 and self.precision == "tf32"
+        consts = dict(ROUND_TF32=round_tf32, SW_C=p.stride[2], NSHIFT=nshift, N_TILES=n_tiles, K_STEPS=k_steps,
+                      BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=4)
+        key = ("head_rows_pack", p, cfg.BLOCK_N, cfg.BLOCK_K, w.dtype, round_tf32)
         site = self.make_site(key, "head_rows_pack_kernel", (nshift * k_steps * n_tiles, p.groups), ints, consts)
         return site, p.groups * nshift * k_steps * cfg.BLOCK_K * n_tiles * cfg.BLOCK_N
 
@@ -583,14 +597,16 @@ class HeadSteps:
         if self.copy_x is None:
             # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
             # offsets; a view whose strides reach further is read from a contiguous copy.
-            self.copy_x = ("cl" if self.cfg.x_cl and not x.is_contiguous(memory_format=torch.channels_last_3d)
+            self.round_x = x.dtype == torch.float32 and self.precision == "tf32"
+            cl = x.is_contiguous(memory_format=torch.channels_last_3d)
+            self.copy_x = ("cl" if self.cfg.x_cl and (self.round_x or not cl)
                            else "dense" if _batch_span(x) >= 2**31 else "")
         if self.copy_x == "cl":
             # The engine's NDHWC copy kernel (to_channels_last_kernel): PyTorch's own
             # .contiguous(memory_format=channels_last_3d) measured 4-8x slower as part of these
             # tiles (H200, 2026-12-02, tuner medians: VQ-VAE head 0.66 ms against 0.18 for the
             # channels-last call, 3-D GAN head 0.20 against 0.06).
-            x = self.prepare_input(x, False, True)
+            x = self.prepare_input(x, self.round_x, True)
         elif self.copy_x == "dense":
             x = x.contiguous()
         if self.fused:

@@ -173,19 +173,24 @@ def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
 @triton.jit
 def _rows_packed_base(w_ptr, grp, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Group ``grp``'s part of the packed weight (``head_rows_pack_kernel``): [NSHIFT,
-    K_STEPS x BLOCK_K, N_TILES x BLOCK_N] per group."""
+    """Group ``grp``'s part of the packed weight (``head_rows_pack_kernel``): NSHIFT x K_STEPS x
+    N_TILES tiles of BLOCK_N x BLOCK_K per group."""
     return w_ptr + grp.to(tl.int64) * (NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
 
 
 @triton.jit
 def _rows_packed_offsets(nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr):
-    """Offsets in a group's packed weight of the tile of N tile ``nt``, width shift ``j`` and
-    channels from ``k0``: [BLOCK_K, BLOCK_N], whole contiguous rows."""
-    ks = k0 + tl.arange(0, BLOCK_K)
-    cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
-    return (j * (K_STEPS * BLOCK_K) + ks)[:, None] * (N_TILES * BLOCK_N) + cols[None, :]
+    """Offsets in a group's packed weight of the [BLOCK_K, BLOCK_N] tile of N tile ``nt``, width
+    shift ``j`` and channels from ``k0``: one contiguous block, K fastest. K-major because TF32
+    tensor cores read B only so (wgmma has no transpose for 32-bit types): from an N-major copy
+    Triton 3.6 fills its K-major shared tile with one 4-byte copy per element, and on the H200
+    the M256 fp32 tile of the VQ-VAE decoder's head ran with L1/TEX at 80% of peak and the
+    tensor cores at 24% (ncu, 2026-12-02)."""
+    tile = (j * K_STEPS + k0 // BLOCK_K) * N_TILES + nt
+    kk = tl.arange(0, BLOCK_K)
+    nn = tl.arange(0, BLOCK_N)
+    return tile * (BLOCK_N * BLOCK_K) + nn[None, :] * BLOCK_K + kk[:, None]
 
 
 @triton.jit
@@ -200,6 +205,7 @@ def _rows_packed_tile(w_g, nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constex
 def head_rows_pack_kernel(
     w_ptr, wp_ptr,
     CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+    ROUND_TF32: tl.constexpr,
     SW_C: tl.constexpr, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -207,7 +213,9 @@ def head_rows_pack_kernel(
     (``_rows_packed_offsets``' layout), for the tiles that read their weight at every K step
     (``W_PACKED``): there the per-element tap gather of ``_rows_weight_tile`` (a masked load of
     scattered columns with its index arithmetic) would run once per (M tile, shift, K step).
-    Grid (NSHIFT x K_STEPS x N_TILES, groups), one weight tile per program."""
+    Grid (NSHIFT x K_STEPS x N_TILES, groups), one weight tile per program. ROUND_TF32: the copy
+    holds the weight rounded to TF32, so that the GEMM's weight tiles go from shared memory to the
+    tensor cores untouched (head_rows_kernel's ROUND_W says why)."""
     pid = tl.program_id(0)
     grp = tl.program_id(1)
     nt = pid % N_TILES
@@ -216,6 +224,8 @@ def head_rows_pack_kernel(
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
                           SW_C, BLOCK_N, BLOCK_K)
+    if ROUND_TF32:
+        t = _round_tf32(t)
     offs = _rows_packed_offsets(nt, j, kk * BLOCK_K, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
     wp_g = _rows_packed_base(wp_ptr, grp, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
     # Every offset is inside the group's copy (the grid covers it exactly); the mask is the
@@ -225,20 +235,37 @@ def head_rows_pack_kernel(
 
 
 @triton.jit
-def _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, BLOCK_K: tl.constexpr):
-    """The input tile at width shift ``j``, channels from ``k0``: [BLOCK_M positions, BLOCK_K]."""
+def _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
+                 ROUND_X: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The input tile at width shift ``j``, channels from ``k0``: [BLOCK_M positions, BLOCK_K],
+    rounded to TF32 in registers with ROUND_X."""
     iw = q + (SHIFT0 + j)
     ks = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                   mask=(m_ok & (iw >= 0) & (iw < W))[:, None] & (ks < CIN_G)[None, :], other=0.0)
+    x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
+                  mask=(m_ok & (iw >= 0) & (iw < W))[:, None] & (ks < CIN_G)[None, :], other=0.0)
+    if ROUND_X:
+        x_t = _round_tf32(x_t)
+    return x_t
 
 
 @triton.jit
 def _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
-              ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += the input tile at width shift ``j`` (channels from ``k0``) @ its weight tile ``w_t``."""
-    x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, BLOCK_K)
-    return _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
+              ROUND_X: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += the input tile at width shift ``j`` (channels from ``k0``) @ its weight tile ``w_t``
+    (already rounded where the call rounds: head_rows_kernel's ROUND_W)."""
+    x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, ROUND_X, BLOCK_K)
+    return _mma_step(acc, x_t, w_t, False, PRECISION == "ieee", PRECISION)
+
+
+@triton.jit
+def _rows_gathered_w(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+                     ROUND_W: tl.constexpr, SW_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``_rows_weight_tile``, rounded to TF32 in registers with ROUND_W."""
+    w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+                            SW_C, BLOCK_N, BLOCK_K)
+    if ROUND_W:
+        w_t = _round_tf32(w_t)
+    return w_t
 
 
 @triton.jit
@@ -273,7 +300,7 @@ def head_rows_kernel(
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_wc,
     tiles_m, num_tiles,
-    ROUND_TF32: tl.constexpr,
+    ROUND_X: tl.constexpr, ROUND_W: tl.constexpr,
     PRECISION: tl.constexpr,
     SW_C: tl.constexpr,
     FLAT_DH: tl.constexpr, FULL_W: tl.constexpr, UNROLL: tl.constexpr, W_ONCE: tl.constexpr,
@@ -307,6 +334,15 @@ def head_rows_kernel(
     single sweep only) the weight tiles come from the dense copy head_rows_pack_kernel wrote for
     this call, each a contiguous block read at its (shift, K step) of one flat loop: no
     per-element tap gather at every step of every M tile.
+
+    ROUND_X / ROUND_W (fp32 at TF32, cuDNN's numerics): each operand is rounded once, where it
+    is made -- the input in registers as it is loaded (ROUND_X) unless the call reads the
+    engine's channels-last copy, which rounds it (x_cl); the weight as it is gathered, or in the
+    packed copy (head_rows_pack_kernel). Rounding both inside the MMA step, as the other kinds
+    do, made Triton 3.6 (TTGIR for sm_90a, offline, 2026-12-02) issue the packed tile's wgmma
+    synchronously (wait pendings 0) with the weight tile re-stored to shared memory each step;
+    with operands rounded beforehand it stays asynchronous (pendings 1). On the H200 the VQ-VAE
+    decoder's fp32 head fell from 990 to 660 us with this and BLOCK_M 256 (bench, 2026-12-02).
     (ncu, H200, 2026-12-02, bf16 3-D GAN head: unrolled, a program per tile and the weight
     gathered per tile, the kernel issued 38.5 M instructions at 2 CTAs per SM, latency- and
     issue-bound: 107 us at 17% of DRAM's bandwidth.)
@@ -329,8 +365,8 @@ def head_rows_kernel(
         for nt in tl.static_range(N_TILES):
             for j in tl.static_range(NSHIFT):
                 for kk in tl.static_range(K_STEPS):
-                    ws = ws + (_rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
-                                                 stride_wc, SW_C, BLOCK_N, BLOCK_K),)
+                    ws = ws + (_rows_gathered_w(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
+                                                stride_wc, ROUND_W, SW_C, BLOCK_N, BLOCK_K),)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         pid_m = tile % tiles_m
         nb = tile // tiles_m
@@ -353,15 +389,15 @@ def head_rows_kernel(
             for j in tl.static_range(NSHIFT):
                 for kk in tl.static_range(K_STEPS):
                     x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, kk * BLOCK_K, CIN_G, W, SHIFT0, stride_xc, stride_xw,
-                                       BLOCK_K)
+                                       ROUND_X, BLOCK_K)
                     stepped = ()
                     for nt in tl.static_range(N_TILES):
                         if W_ONCE:
                             w_t = ws[(nt * NSHIFT + j) * K_STEPS + kk]
                         else:
-                            w_t = _rows_weight_tile(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW,
-                                                    SHIFT0, stride_wc, SW_C, BLOCK_N, BLOCK_K)
-                        stepped = stepped + (_mma_step(accs[nt], x_t, w_t, ROUND_TF32, PRECISION == "ieee",
+                            w_t = _rows_gathered_w(w_g, nt, j, kk * BLOCK_K, CIN_G, NCOL, KW, KVOL, SW, PW, DW,
+                                                   SHIFT0, stride_wc, ROUND_W, SW_C, BLOCK_N, BLOCK_K)
+                        stepped = stepped + (_mma_step(accs[nt], x_t, w_t, False, PRECISION == "ieee",
                                                        PRECISION),)
                     accs = stepped
             for nt in tl.static_range(N_TILES):
@@ -381,14 +417,14 @@ def head_rows_kernel(
                         k0 = (step % K_STEPS) * BLOCK_K
                         w_t = _rows_packed_tile(w_g, nt, j, k0, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
                         acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
-                                        ROUND_TF32, PRECISION, BLOCK_K)
+                                        ROUND_X, PRECISION, BLOCK_K)
                 else:
                     for j in range(NSHIFT):
                         for k0 in range(0, CIN_G, BLOCK_K):
-                            w_t = _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
-                                                    stride_wc, SW_C, BLOCK_N, BLOCK_K)
+                            w_t = _rows_gathered_w(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
+                                                   stride_wc, ROUND_W, SW_C, BLOCK_N, BLOCK_K)
                             acc = _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc,
-                                            stride_xw, ROUND_TF32, PRECISION, BLOCK_K)
+                                            stride_xw, ROUND_X, PRECISION, BLOCK_K)
                 _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
 
 
