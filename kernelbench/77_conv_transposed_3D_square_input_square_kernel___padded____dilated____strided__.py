@@ -1560,7 +1560,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
             persistent = _persistent(params, dtype, rows)
             tiles += [rows] + persistent
             if not any(head_smem(params, dtype, t)[1] for t in persistent):
-                tiles += _packed(rows)
+                tiles += _packed(params, rows)
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
         # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
@@ -1740,7 +1740,7 @@ def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[d
     return out
 
 
-def _packed(base: dict) -> list[dict]:
+def _packed(params: ConvT3dParams, base: dict) -> list[dict]:
     """Single-sweep rows tiles on the packed weight (``Config.w_packed``), for the layers where no
     persistent tile holds its weight: there every M tile gathers each of its NSHIFT x K_STEPS
     weight tiles tap by tap (``_rows_weight_tile``) -- 12 per tile for the VQ-VAE decoder's
@@ -1754,9 +1754,22 @@ def _packed(base: dict) -> list[dict]:
     tile read from L2 then feeds twice the MMAs, the other way to the same L2 traffic per FLOP
     (ptxas offline for the fp32 K-16 tile: 192-208 registers, no spill; on the H200 the VQ-VAE
     head's fp32 call fell from 990 to 660 us with it and the pre-rounded operands, bench
-    2026-12-02). Which wins is the tuner's measurement."""
-    return [dict(base, BLOCK_M=bm, num_warps=warps, num_stages=stages, w_packed=True)
-            for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4), (256, 8, 3))]
+    2026-12-02). Which wins is the tuner's measurement.
+
+    Wider than one N tile (the 128 -> 8 k3 head's 144 columns): the single sweep otherwise runs
+    its N tiles one after another, each re-reading every input tile (and padding 144 columns to
+    256 at BLOCK_N 128). The joint tiles (``Config.n_joint``) step all N tiles' accumulators with
+    each input tile, at BLOCK_N 64 (192 columns): per K step of that head one input tile and
+    three 64-column weight tiles through shared memory, against two of each, and 25% fewer MMA
+    columns. Three fp32 accumulators of 64 x 64 (or 128 x 64 on 8 warps) are 96 registers per
+    thread, where two 128 x 128 on 8 warps spill (head_rows_kernel's N_JOINT)."""
+    out = [dict(base, BLOCK_M=bm, num_warps=warps, num_stages=stages, w_packed=True)
+           for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4), (256, 8, 3))]
+    ncol = _rows_columns(params)
+    if ncol > base["BLOCK_N"]:  # base: BLOCK_N 128, the widest tile
+        out += [dict(base, BLOCK_M=bm, BLOCK_N=64, num_warps=warps, num_stages=3, w_packed=True, n_joint=True)
+                for bm, warps in ((64, 4), (128, 8))]
+    return out
 
 
 def _rows_steps(params: ConvT3dParams, cfg) -> tuple[int, int]:
@@ -1820,6 +1833,8 @@ class HeadSteps:
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
         if cfg.w_packed and (cfg.head != "rows" or cfg.persist):
             raise ValueError("head config 'w_packed' is a single-sweep rows option (persist 0)")
+        if cfg.n_joint and not cfg.w_packed:
+            raise ValueError("head config 'n_joint' is an option of the packed weight (w_packed)")
         if cfg.x_cl and prepare_input is None:
             raise ValueError("head config 'x_cl' needs the engine's input copy (prepare_input)")
         self.fused = cfg.head == "fused"
@@ -1905,7 +1920,7 @@ class HeadSteps:
                           SW_C=sw, NSHIFT=nshift,
                           FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
                           W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1], W_PACKED=cfg.w_packed,
-                          N_TILES=n_tiles, K_STEPS=k_steps,
+                          N_JOINT=cfg.n_joint, N_TILES=n_tiles, K_STEPS=k_steps,
                           BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
             return self.make_site(key + (programs,), "head_rows_kernel", (programs, p.groups), ints, consts)
@@ -2116,6 +2131,9 @@ class Config:
     # The rows kind's weight tiles packed densely once per call (head_rows_pack_kernel) and
     # read as contiguous blocks, instead of gathered tap by tap from the weight at every step.
     w_packed: bool = False
+    # With w_packed: each input tile steps every N tile's accumulator (N tiles live together)
+    # instead of one N tile at a time re-reading the input (head_rows_kernel's N_JOINT).
+    n_joint: bool = False
     # The head GEMM reads a channels-last copy of an NCDHW input (one copy kernel per call):
     # each position's channels contiguous, so its loads are vectors (head_engine._x_copies).
     x_cl: bool = False
@@ -2130,7 +2148,8 @@ class Config:
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
                     f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
-                    + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else "") + (" xcl" if self.x_cl else ""))
+                    + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else "") + (" nj" if self.n_joint else "")
+                    + (" xcl" if self.x_cl else ""))
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
@@ -3381,7 +3400,7 @@ def head_rows_kernel(
     PRECISION: tl.constexpr,
     SW_C: tl.constexpr,
     FLAT_DH: tl.constexpr, FULL_W: tl.constexpr, UNROLL: tl.constexpr, W_ONCE: tl.constexpr,
-    W_PACKED: tl.constexpr,
+    W_PACKED: tl.constexpr, N_JOINT: tl.constexpr,
     NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -3410,7 +3429,10 @@ def head_rows_kernel(
     the tile loop, and held (a tuple; Triton keeps them in shared memory). With W_PACKED (the
     single sweep only) the weight tiles come from the dense copy head_rows_pack_kernel wrote for
     this call, each a contiguous block read at its (shift, K step) of one flat loop: no
-    per-element tap gather at every step of every M tile.
+    per-element tap gather at every step of every M tile. With N_JOINT too, each input tile of
+    that loop steps every N tile's accumulator (a tuple carried through the loop), as the
+    persistent tiles do, where otherwise the N tiles run one after another, each re-reading the
+    input (head_engine._packed says when).
 
     ROUND_X / ROUND_W (fp32 at TF32, cuDNN's numerics): each operand is rounded once, where it
     is made -- the input in registers as it is loaded (ROUND_X) unless the call reads the
@@ -3477,6 +3499,21 @@ def head_rows_kernel(
                         stepped = stepped + (_mma_step(accs[nt], x_t, w_t, False, PRECISION == "ieee",
                                                        PRECISION),)
                     accs = stepped
+            for nt in tl.static_range(N_TILES):
+                _rows_store(accs[nt], nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
+        elif W_PACKED and N_JOINT:
+            accs = ()
+            for nt in tl.static_range(N_TILES):
+                accs = accs + (tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),)
+            for step in range(NSHIFT * K_STEPS):
+                j = step // K_STEPS
+                k0 = (step % K_STEPS) * BLOCK_K
+                x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, ROUND_X, BLOCK_K)
+                stepped = ()
+                for nt in tl.static_range(N_TILES):
+                    w_t = _rows_packed_tile(w_g, nt, j, k0, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
+                    stepped = stepped + (_mma_step(accs[nt], x_t, w_t, False, PRECISION == "ieee", PRECISION),)
+                accs = stepped
             for nt in tl.static_range(N_TILES):
                 _rows_store(accs[nt], nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
         else:

@@ -242,12 +242,46 @@ def test_packed_weight_rows(name):
     assert [(s.consts["W_PACKED"], s.consts["UNROLL"]) for s in rows] == [(True, False)]
 
 
+@pytest.mark.parametrize("block_n", [16, 32, 64], ids=["n16-9-tiles", "n32-5-tiles-tail", "n64-3-tiles-tail"])
+def test_packed_weight_rows_steps_every_n_tile_jointly(block_n):
+    # Config.n_joint: the packed single sweep steps every N tile's accumulator with each input
+    # tile (a tuple carried through its runtime loop): 144 columns in 9, 5 or 3 N tiles, two K
+    # steps (40 channels, the second partly padding) and two width shifts, several M tiles.
+    case = PERSISTENT_ROWS["k-steps-n-tiles"]
+    x, w, b = case.tensors()
+    engine.clear_caches()
+    y = run_head(case, x, w, b, kind="rows", BLOCK_M=16, BLOCK_N=block_n, persist=0, num_stages=2,
+                 w_packed=True, n_joint=True)
+    check_against_reference(y, x, w, b, *case.args, context=f"packed rows, N joint, BLOCK_N {block_n}")
+    rows = [s for s in engine._sites.values() if s.name == "head_rows_kernel"]
+    assert [(s.consts["W_PACKED"], s.consts["N_JOINT"], s.consts["N_TILES"]) for s in rows] == \
+        [(True, True, -(-144 // block_n))]
+
+
+def test_joint_n_tiles_are_offered_where_the_columns_pass_one_tile():
+    # head_engine._packed: joint tiles at BLOCK_N 64 where the rows columns exceed 128 (the
+    # 128 -> 8 k3 head's 144), none where one N tile holds them.
+    wide = _params(8, cin=128, size=(4, 8, 8), stride=(1, 2, 2), output_padding=(0, 1, 1))
+    narrow = _params(3, cin=64, size=(4, 8, 8), kernel=(1, 4, 4), stride=(1, 2, 2), padding=(0, 1, 1))
+    for params, joint in ((wide, True), (narrow, False)):
+        tiles = head_engine.head_tiles(params, torch.float32, "tf32", channels_last=True)
+        nj = [t for t in tiles if t.get("n_joint")]
+        assert bool(nj) == joint and all(t["w_packed"] and t["BLOCK_N"] == 64 and not t.get("persist") for t in nj)
+
+
 @pytest.mark.parametrize("override", [dict(persist=1), dict(head="gather")], ids=["persistent", "gather"])
 def test_packed_weight_is_a_single_sweep_rows_option(override):
     case = PERSISTENT_ROWS["m-tail"]
     x, w, b = case.tensors()
     with pytest.raises(ValueError, match="w_packed"):
         run_head(case, x, w, b, kind="rows", w_packed=True, **override)
+
+
+def test_joint_n_tiles_need_the_packed_weight():
+    case = PERSISTENT_ROWS["m-tail"]
+    x, w, b = case.tensors()
+    with pytest.raises(ValueError, match="n_joint"):
+        run_head(case, x, w, b, kind="rows", persist=0, n_joint=True)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "slice_w"])

@@ -177,7 +177,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
             persistent = _persistent(params, dtype, rows)
             tiles += [rows] + persistent
             if not any(head_smem(params, dtype, t)[1] for t in persistent):
-                tiles += _packed(rows)
+                tiles += _packed(params, rows)
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
         # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
@@ -357,7 +357,7 @@ def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[d
     return out
 
 
-def _packed(base: dict) -> list[dict]:
+def _packed(params: ConvT3dParams, base: dict) -> list[dict]:
     """Single-sweep rows tiles on the packed weight (``Config.w_packed``), for the layers where no
     persistent tile holds its weight: there every M tile gathers each of its NSHIFT x K_STEPS
     weight tiles tap by tap (``_rows_weight_tile``) -- 12 per tile for the VQ-VAE decoder's
@@ -371,9 +371,22 @@ def _packed(base: dict) -> list[dict]:
     tile read from L2 then feeds twice the MMAs, the other way to the same L2 traffic per FLOP
     (ptxas offline for the fp32 K-16 tile: 192-208 registers, no spill; on the H200 the VQ-VAE
     head's fp32 call fell from 990 to 660 us with it and the pre-rounded operands, bench
-    2026-12-02). Which wins is the tuner's measurement."""
-    return [dict(base, BLOCK_M=bm, num_warps=warps, num_stages=stages, w_packed=True)
-            for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4), (256, 8, 3))]
+    2026-12-02). Which wins is the tuner's measurement.
+
+    Wider than one N tile (the 128 -> 8 k3 head's 144 columns): the single sweep otherwise runs
+    its N tiles one after another, each re-reading every input tile (and padding 144 columns to
+    256 at BLOCK_N 128). The joint tiles (``Config.n_joint``) step all N tiles' accumulators with
+    each input tile, at BLOCK_N 64 (192 columns): per K step of that head one input tile and
+    three 64-column weight tiles through shared memory, against two of each, and 25% fewer MMA
+    columns. Three fp32 accumulators of 64 x 64 (or 128 x 64 on 8 warps) are 96 registers per
+    thread, where two 128 x 128 on 8 warps spill (head_rows_kernel's N_JOINT)."""
+    out = [dict(base, BLOCK_M=bm, num_warps=warps, num_stages=stages, w_packed=True)
+           for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4), (256, 8, 3))]
+    ncol = _rows_columns(params)
+    if ncol > base["BLOCK_N"]:  # base: BLOCK_N 128, the widest tile
+        out += [dict(base, BLOCK_M=bm, BLOCK_N=64, num_warps=warps, num_stages=3, w_packed=True, n_joint=True)
+                for bm, warps in ((64, 4), (128, 8))]
+    return out
 
 
 def _rows_steps(params: ConvT3dParams, cfg) -> tuple[int, int]:
@@ -437,6 +450,8 @@ class HeadSteps:
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
         if cfg.w_packed and (cfg.head != "rows" or cfg.persist):
             raise ValueError("head config 'w_packed' is a single-sweep rows option (persist 0)")
+        if cfg.n_joint and not cfg.w_packed:
+            raise ValueError("head config 'n_joint' is an option of the packed weight (w_packed)")
         if cfg.x_cl and prepare_input is None:
             raise ValueError("head config 'x_cl' needs the engine's input copy (prepare_input)")
         self.fused = cfg.head == "fused"
@@ -522,7 +537,7 @@ class HeadSteps:
                           SW_C=sw, NSHIFT=nshift,
                           FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
                           W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1], W_PACKED=cfg.w_packed,
-                          N_TILES=n_tiles, K_STEPS=k_steps,
+                          N_JOINT=cfg.n_joint, N_TILES=n_tiles, K_STEPS=k_steps,
                           BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
             return self.make_site(key + (programs,), "head_rows_kernel", (programs, p.groups), ints, consts)

@@ -63,6 +63,9 @@ class Config:
     # The rows kind's weight tiles packed densely once per call (head_rows_pack_kernel) and
     # read as contiguous blocks, instead of gathered tap by tap from the weight at every step.
     w_packed: bool = False
+    # With w_packed: each input tile steps every N tile's accumulator (N tiles live together)
+    # instead of one N tile at a time re-reading the input (head_rows_kernel's N_JOINT).
+    n_joint: bool = False
     # The head GEMM reads a channels-last copy of an NCDHW input (one copy kernel per call):
     # each position's channels contiguous, so its loads are vectors (head_engine._x_copies).
     x_cl: bool = False
@@ -77,7 +80,8 @@ class Config:
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
                     f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
-                    + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else "") + (" xcl" if self.x_cl else ""))
+                    + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else "") + (" nj" if self.n_joint else "")
+                    + (" xcl" if self.x_cl else ""))
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "

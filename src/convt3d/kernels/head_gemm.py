@@ -304,7 +304,7 @@ def head_rows_kernel(
     PRECISION: tl.constexpr,
     SW_C: tl.constexpr,
     FLAT_DH: tl.constexpr, FULL_W: tl.constexpr, UNROLL: tl.constexpr, W_ONCE: tl.constexpr,
-    W_PACKED: tl.constexpr,
+    W_PACKED: tl.constexpr, N_JOINT: tl.constexpr,
     NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -333,7 +333,10 @@ def head_rows_kernel(
     the tile loop, and held (a tuple; Triton keeps them in shared memory). With W_PACKED (the
     single sweep only) the weight tiles come from the dense copy head_rows_pack_kernel wrote for
     this call, each a contiguous block read at its (shift, K step) of one flat loop: no
-    per-element tap gather at every step of every M tile.
+    per-element tap gather at every step of every M tile. With N_JOINT too, each input tile of
+    that loop steps every N tile's accumulator (a tuple carried through the loop), as the
+    persistent tiles do, where otherwise the N tiles run one after another, each re-reading the
+    input (head_engine._packed says when).
 
     ROUND_X / ROUND_W (fp32 at TF32, cuDNN's numerics): each operand is rounded once, where it
     is made -- the input in registers as it is loaded (ROUND_X) unless the call reads the
@@ -400,6 +403,21 @@ def head_rows_kernel(
                         stepped = stepped + (_mma_step(accs[nt], x_t, w_t, False, PRECISION == "ieee",
                                                        PRECISION),)
                     accs = stepped
+            for nt in tl.static_range(N_TILES):
+                _rows_store(accs[nt], nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
+        elif W_PACKED and N_JOINT:
+            accs = ()
+            for nt in tl.static_range(N_TILES):
+                accs = accs + (tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),)
+            for step in range(NSHIFT * K_STEPS):
+                j = step // K_STEPS
+                k0 = (step % K_STEPS) * BLOCK_K
+                x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, ROUND_X, BLOCK_K)
+                stepped = ()
+                for nt in tl.static_range(N_TILES):
+                    w_t = _rows_packed_tile(w_g, nt, j, k0, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
+                    stepped = stepped + (_mma_step(accs[nt], x_t, w_t, False, PRECISION == "ieee", PRECISION),)
+                accs = stepped
             for nt in tl.static_range(N_TILES):
                 _rows_store(accs[nt], nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
         else:
