@@ -1559,8 +1559,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
             rows = tile("rows", _rows_columns(params), 128, 2048)
             persistent = _persistent(params, dtype, rows)
             tiles += [rows] + persistent
-            if not any(head_smem(params, dtype, t)[1] for t in persistent):
-                tiles += _packed(params, rows)
+            tiles += _packed(params, rows, any(head_smem(params, dtype, t)[1] for t in persistent))
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
         # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
@@ -1740,9 +1739,9 @@ def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[d
     return out
 
 
-def _packed(params: ConvT3dParams, base: dict) -> list[dict]:
-    """Single-sweep rows tiles on the packed weight (``Config.w_packed``), for the layers where no
-    persistent tile holds its weight: there every M tile gathers each of its NSHIFT x K_STEPS
+def _packed(params: ConvT3dParams, base: dict, held: bool) -> list[dict]:
+    """Single-sweep rows tiles on the packed weight (``Config.w_packed``). Where no persistent
+    tile holds the weight (``held`` False) every M tile gathers each of its NSHIFT x K_STEPS
     weight tiles tap by tap (``_rows_weight_tile``) -- 12 per tile for the VQ-VAE decoder's
     240 -> 3 head, whose held weight would take 196 KB in bf16 -- where the packed copy makes
     each a contiguous block. H200, 2026-12-02, video k4s2p1 head in fp32 (tuner medians): 0.25-0.26
@@ -1762,7 +1761,15 @@ def _packed(params: ConvT3dParams, base: dict) -> list[dict]:
     each input tile, at BLOCK_N 64 (192 columns): per K step of that head one input tile and
     three 64-column weight tiles through shared memory, against two of each, and 25% fewer MMA
     columns. Three fp32 accumulators of 64 x 64 (or 128 x 64 on 8 warps) are 96 registers per
-    thread, where two 128 x 128 on 8 warps spill (head_rows_kernel's N_JOINT)."""
+    thread, where two 128 x 128 on 8 warps spill (head_rows_kernel's N_JOINT).
+
+    Where a persistent tile holds the weight, one packed tile (BLOCK_M 64, 4 warps, 3 stages)
+    competes with it: a persistent stage holds the whole tile's input for every width shift and
+    K step (the fp32 video 64 -> 3 head: 48 KB a stage, so one program of 4 warps per SM), a
+    single-sweep stage one input and one weight tile (12 KB there), so several programs share an
+    SM. Only one, to keep the first call's compiles few."""
+    if held:
+        return [dict(base, BLOCK_M=64, num_warps=4, num_stages=3, w_packed=True)]
     out = [dict(base, BLOCK_M=bm, num_warps=warps, num_stages=stages, w_packed=True)
            for bm, warps, stages in ((128, 8, 3), (64, 4, 3), (64, 4, 4), (256, 8, 3))]
     ncol = _rows_columns(params)

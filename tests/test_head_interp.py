@@ -378,19 +378,23 @@ def test_packed_weight_copy_holds_each_tap_once(name):
     torch.testing.assert_close(packed.reshape(tiles.shape), tiles, rtol=0, atol=0)
 
 
-def test_packed_tiles_only_where_no_weight_is_held():
+def test_packed_tiles_where_no_weight_is_held_and_one_where_it_is():
     # The VQ-VAE decoder's bf16 240 -> 3 head (k4 s2, 3 width shifts: 196 KB of held weight)
-    # and the fp32 128 -> 8 k3 head get packed single-sweep tiles; the 3-D GAN head, whose
-    # persistent tiles hold the weight, does not.
+    # and the fp32 128 -> 8 k3 head get the packed single-sweep tiles; the 3-D GAN head, whose
+    # persistent tiles hold the weight, gets one (BLOCK_M 64) beside them.
     def packed(cin, cout, size, k, s, p, op, dtype):
         params = ConvT3dParams(4, cin, cout, 1, size, (k,) * 3, s, p, op, (1, 1, 1))
         tiles = head_engine.head_tiles(params, dtype, "tf32")
         assert all(not t.get("persist") for t in tiles if t.get("w_packed"))
-        return any(t.get("w_packed") for t in tiles)
+        held = any(t.get("persist") and head_engine.head_smem(params, dtype, t)[1] for t in tiles)
+        full_k = max(t["BLOCK_K"] for t in tiles if t["head"] == "rows")
+        return held, [(t["BLOCK_M"], t["num_warps"], t["num_stages"]) for t in tiles
+                      if t.get("w_packed") and t["BLOCK_K"] == full_k and not t.get("x_cl") and not t.get("n_joint")]
 
-    assert packed(240, 3, (19, 67, 67), 4, (2, 2, 2), (3, 3, 3), (0, 0, 0), torch.bfloat16)
-    assert packed(128, 8, (16, 64, 64), 3, (1, 2, 2), (1, 1, 1), (0, 1, 1), torch.float32)
-    assert not packed(64, 1, (32, 32, 32), 4, (2, 2, 2), (1, 1, 1), (0, 0, 0), torch.bfloat16)
+    assert packed(240, 3, (19, 67, 67), 4, (2, 2, 2), (3, 3, 3), (0, 0, 0), torch.bfloat16) == \
+        (False, [(128, 8, 3), (64, 4, 3), (64, 4, 4), (256, 8, 3)])
+    assert packed(128, 8, (16, 64, 64), 3, (1, 2, 2), (1, 1, 1), (0, 1, 1), torch.float32)[0] is False
+    assert packed(64, 1, (32, 32, 32), 4, (2, 2, 2), (1, 1, 1), (0, 0, 0), torch.bfloat16) == (True, [(64, 4, 3)])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
