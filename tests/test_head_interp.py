@@ -258,6 +258,18 @@ def test_packed_weight_rows_steps_every_n_tile_jointly(block_n):
         [(True, True, -(-144 // block_n))]
 
 
+@pytest.mark.parametrize("name", [n for n in PERSISTENT_ROWS if n != "k-steps-n-tiles"])
+def test_packed_weight_rows_jointly_in_every_regime(name):
+    # Config.n_joint at BLOCK_N 16 (several N tiles wherever the columns pass 16): M tails,
+    # groups, channels-last input, a batch of two, dilation with output padding.
+    case = PERSISTENT_ROWS[name]
+    x, w, b = case.tensors()
+    engine.clear_caches()
+    y = run_head(case, x, w, b, kind="rows", BLOCK_M=16, BLOCK_N=16, persist=0, num_stages=2,
+                 w_packed=True, n_joint=True)
+    check_against_reference(y, x, w, b, *case.args, context=f"{name} packed rows, N joint")
+
+
 def test_joint_n_tiles_are_offered_where_the_columns_pass_one_tile():
     # head_engine._packed: joint tiles at BLOCK_N 64 where the rows columns exceed 128 (the
     # 128 -> 8 k3 head's 144), none where one N tile holds them.
