@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                          "integer equal to 1 is passed with --const NAME=1)")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--maxnreg", type=int, help="register cap per thread (Triton's launch option maxnreg)")
     ap.add_argument("--ptxas", default=shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas")
     ap.add_argument("--ir", metavar="DIR", help="also write Triton's TTGIR and PTX of the tile into DIR")
     args = ap.parse_args(argv)
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
              if n not in consts and (n.endswith("_ptr") or n in args.div16)}
     compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": args.warps, "num_stages": args.stages})
+                              options={"num_warps": args.warps, "num_stages": args.stages,
+                                       **({"maxnreg": args.maxnreg} if args.maxnreg else {})})
     out = subprocess.run([args.ptxas, "--version"], capture_output=True, text=True).stdout
     have = re.search(r"release (\d+)\.(\d+)", out)
     ptx = compiled.asm["ptx"]
