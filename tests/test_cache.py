@@ -17,7 +17,7 @@ import torch
 from convt3d import cache, triton_engine
 from convt3d.params import ConvT3dParams
 
-KEY = {"gpu": "Test GPU 9000", "convt3d": "0.1.0", "torch": "2.99", "triton": "9.9"}
+KEY = {"gpu": "Test GPU 9000", "convt3d": "0.1.0", "source": "0123456789ab", "torch": "2.99", "triton": "9.9"}
 
 
 @pytest.fixture(autouse=True)
@@ -55,9 +55,11 @@ def test_environment_key_names_gpu_and_versions():
 
     import convt3d
 
+    from convt3d.version import source_digest
+
     key = cache.environment_key("NVIDIA H200")
-    assert key == {"gpu": "NVIDIA H200", "convt3d": convt3d.__version__, "torch": torch.__version__,
-                   "triton": triton.__version__}
+    assert key == {"gpu": "NVIDIA H200", "convt3d": convt3d.__version__, "source": source_digest(),
+                   "torch": torch.__version__, "triton": triton.__version__}
     assert cache.file_for(Path("/c"), "NVIDIA H200").name == "NVIDIA_H200.json"
 
 
@@ -99,6 +101,9 @@ BAD_FILES = {
                           "corrupt"),
     "stale-torch-version": (_valid_text(dict(KEY, torch="1.0")).encode(), "stale"),
     "stale-gpu": (_valid_text(dict(KEY, gpu="Other GPU")).encode(), "stale"),
+    # The same version string, other kernels (an editable install after a pull).
+    "stale-sources": (_valid_text(dict(KEY, source="ba9876543210")).encode(), "stale"),
+    "no-source-key": (_valid_text({k: v for k, v in KEY.items() if k != "source"}).encode(), "stale"),
     "stale-format": (json.dumps({"format": 0, "key": KEY, "decisions": {}}).encode(), "stale"),
 }
 

@@ -4,7 +4,8 @@ Where: ``$CONVT3D_CACHE_DIR`` if set, else ``~/.cache/convt3d/``. One JSON file 
 (``NVIDIA_H200.json``)::
 
     {"format": 1,
-     "key": {"gpu": "NVIDIA H200", "convt3d": "0.1.0", "torch": "2.11.0+cu130", "triton": "3.6.0"},
+     "key": {"gpu": "NVIDIA H200", "convt3d": "0.1.0", "source": "fa2908398d8a", "torch": "2.11.0+cu130",
+             "triton": "3.6.0"},
      "decisions": {"<call signature>": {"engine": "triton", "timings_ms": {"triton": 0.25, ...}, ...}},
      "triton_configs": {"<tune key>": {"config": {...Config fields...}, "timings_ms": {...}}},
      "backward": {"bwd-input|<signature>": {"impl": "triton", "config": {"type": ..., "fields": {...}},
@@ -16,7 +17,8 @@ Rules (issue 7):
   call now, a config only if it is one of the Triton engine's current candidates for that key
   (a config is a tile shape; a foreign one such as W_GROUP=2 where stride_W != 2 would compute
   wrong values). So a stale or tampered file can cost time, never correctness.
-* A corrupt or truncated file, or one written by other versions (the ``key``), gives one warning
+* A corrupt or truncated file, or one written by other versions or other sources of convt3d (the
+  ``key``), gives one warning
   (:class:`CacheWarning`), is ignored, and is rewritten at once with this process's key.
 * A location that cannot be written (read-only, not a directory) gives one warning; convt3d then
   keeps its results in memory only.
@@ -97,15 +99,23 @@ def cache_dir() -> Path:
     return home / ".cache" / "convt3d"
 
 
+_source: list[str] = []  # the package's source digest, read once per process
+
+
 def environment_key(gpu: str) -> dict[str, str]:
-    """What a cached measurement depends on besides the call: the GPU model and the versions of
-    convt3d (kernels, candidates), torch (cuDNN) and triton (code generation)."""
+    """What a cached measurement depends on besides the call: the GPU model, the version and the
+    sources of convt3d (kernels, candidates: an editable install keeps its version string across
+    commits, so a file tuned by other kernels would otherwise be trusted), and the versions of torch
+    (cuDNN) and triton (code generation)."""
     import torch
     import triton
 
-    from .version import __version__
+    from .version import __version__, source_digest
 
-    return {"gpu": gpu, "convt3d": __version__, "torch": torch.__version__, "triton": triton.__version__}
+    if not _source:
+        _source.append(source_digest())
+    return {"gpu": gpu, "convt3d": __version__, "source": _source[0], "torch": torch.__version__,
+            "triton": triton.__version__}
 
 
 def file_for(directory: Path, gpu: str) -> Path:

@@ -1,2 +1,23 @@
-"""The package version (its own module, so that modules needing it need not import the package)."""
+"""The package version and the digest of its sources (their own module, so that modules needing
+them need not import the package)."""
+from __future__ import annotations
+
 __version__ = "0.1.0"
+
+
+def source_digest() -> str:
+    """A digest of the package's own sources (every ``.py`` and ``.cu`` file under
+    ``convt3d/``, by relative path and content): what ran, even where the checkout's git metadata
+    is not the code's -- a copied working tree reports the commit it was copied onto -- and where
+    the version string stays the same between commits (an editable install). Read afresh at each
+    call (~60 files); the cache keeps its own per process (``cache.environment_key``)."""
+    import hashlib
+    from pathlib import Path
+
+    import convt3d
+
+    root = Path(convt3d.__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cu") and "__pycache__" not in p.parts):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]

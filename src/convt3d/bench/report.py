@@ -72,6 +72,8 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
+from ..version import source_digest  # noqa: F401  (the environment's source_digest; tests use it from here)
+
 import torch
 
 from .roofline import Ceilings, geomean
@@ -112,22 +114,6 @@ def _git_commit() -> str | None:
     if out.returncode != 0:
         return None
     return out.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
-
-
-def source_digest() -> str:
-    """A digest of the package's own sources (every ``.py`` and ``.cu`` file under
-    ``convt3d/``, by relative path and content): what ran, even where the checkout's git metadata
-    is not the code's -- a copied working tree reports the commit it was copied onto. Compute it
-    at a commit to match a JSON to it."""
-    import hashlib
-
-    import convt3d
-
-    root = Path(convt3d.__file__).resolve().parent
-    h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cu") and "__pycache__" not in p.parts):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()[:12]
 
 
 def environment(cuda: bool) -> dict:
