@@ -434,6 +434,61 @@ def test_head_tiles_fit_the_shared_memory(dtype, cout, cin, kernel, stride):
             assert t["persist"] * (smem + (9 << 10)) <= head_engine.SM_SHARED_BYTES, t
 
 
+def _unseen_heads():
+    # A fixed sweep of head geometries no suite row holds: 1-15 output channels, groups, odd
+    # sizes, anisotropic kernels, strides and dilations, Cin from 8 to 320.
+    import random
+
+    rng = random.Random(20261203)
+    out = []
+    while len(out) < 48:
+        groups = rng.choice([1, 1, 1, 2, 4])
+        cout = groups * rng.randint(1, 15)
+        cin = groups * rng.choice([8, 16, 24, 40, 64, 96, 128, 240, 320])
+        k = tuple(rng.choice([1, 2, 3, 4, 5]) for _ in range(3))
+        st = tuple(rng.choice([1, 2, 2, 3, 4]) for _ in range(3))
+        dil = tuple(rng.choice([1, 1, 1, 2]) for _ in range(3))
+        pad = tuple(rng.randint(0, (d * (kk - 1)) // 2) for kk, d in zip(k, dil))
+        op = tuple(rng.randint(0, max(0, min(s_, d) - 1)) for s_, d in zip(st, dil))
+        size = tuple(rng.randint(3, 40) for _ in range(3))
+        out.append(ConvT3dParams(rng.choice([1, 2, 4]), cin, cout, groups, size, k, st, pad, op, dil))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("channels_last", [True, False], ids=["cl", "ncdhw"])
+def test_rows_tile_offers_on_unseen_heads(dtype, channels_last):
+    # The offer rules of the rows kind, on geometries the suites do not hold: joint N tiles
+    # only on the packed weight at BLOCK_N 64 and only where the columns pass 128; the full
+    # packed set where no persistent tile holds the weight, one packed tile where one does;
+    # copy tiles only of persistent or packed rows tiles; every persistent tile within one
+    # block's shared memory.
+    seen_joint = seen_held = seen_unheld = 0
+    for params in _unseen_heads():
+        tiles = head_engine.head_tiles(params, dtype, "tf32", channels_last=channels_last)
+        rows = [t for t in tiles if t["head"] == "rows"]
+        if not rows:
+            continue
+        ncol = head_engine._rows_columns(params)
+        full_k = max(t["BLOCK_K"] for t in rows)
+        for t in rows:
+            assert not t.get("n_joint") or (t.get("w_packed") and t["BLOCK_N"] == 64 and ncol > 128), (params, t)
+            assert not t.get("w_packed") or not t.get("persist"), (params, t)
+            assert not t.get("x_cl") or t.get("persist") or t.get("w_packed"), (params, t)
+            if t.get("persist"):
+                assert head_engine.head_smem(params, dtype, t)[0] <= head_engine.MAX_BLOCK_SMEM, (params, t)
+        held = any(t.get("persist") and head_engine.head_smem(params, dtype, t)[1] for t in rows)
+        packed = sorted((t["BLOCK_M"], t["num_warps"], t["num_stages"]) for t in rows
+                        if t.get("w_packed") and not t.get("n_joint") and not t.get("x_cl") and t["BLOCK_K"] == full_k)
+        assert packed == ([(64, 4, 3)] if held else [(64, 4, 3), (64, 4, 4), (128, 8, 3), (256, 8, 3)]), params
+        joint = any(t.get("n_joint") for t in rows)
+        assert joint == (not held and ncol > 128), params
+        seen_joint += joint
+        seen_held += held
+        seen_unheld += not held
+    assert seen_joint and seen_held and seen_unheld, "the sweep must reach every offer rule"
+
+
 @pytest.mark.parametrize("name, kind", [("gather-per-dim-everything", "gather"), ("gather-m-tiles", "rows"),
                                         ("direct-c3-k2s3-fill", "direct")])
 def test_gather_span_narrower_than_the_row(name, kind):
