@@ -333,8 +333,11 @@ def test_channels_last_calls_get_no_copy_tiles_unless_rounded(dtype, precision):
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d"])
 @pytest.mark.parametrize("tile", [dict(persist=0), dict(persist=1), dict(persist=0, w_packed=True),
-                                  dict(persist=1, x_cl=True), dict(persist=0, w_packed=True, x_cl=True)],
-                         ids=["gathered-w", "persistent", "packed", "persistent-copy", "packed-copy"])
+                                  dict(persist=1, x_cl=True), dict(persist=0, w_packed=True, x_cl=True),
+                                  dict(persist=0, w_packed=True, n_joint=True),
+                                  dict(persist=0, w_packed=True, n_joint=True, x_cl=True)],
+                         ids=["gathered-w", "persistent", "packed", "persistent-copy", "packed-copy", "packed-joint",
+                              "packed-joint-copy"])
 def test_rows_tf32_rounds_each_operand_once(tile, layout):
     # At TF32 each operand is rounded to nearest exactly once, wherever it is rounded: the input
     # in registers or by the channels-last copy (x_cl), the weight in registers as it is
