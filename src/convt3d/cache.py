@@ -42,6 +42,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -99,7 +100,12 @@ def cache_dir() -> Path:
     return home / ".cache" / "convt3d"
 
 
-_source: list[str] = []  # the package's source digest, read once per process
+@functools.cache
+def _source_digest() -> str:
+    """The package's source digest, read once per process (~60 files)."""
+    from .version import source_digest
+
+    return source_digest()
 
 
 def environment_key(gpu: str) -> dict[str, str]:
@@ -110,11 +116,9 @@ def environment_key(gpu: str) -> dict[str, str]:
     import torch
     import triton
 
-    from .version import __version__, source_digest
+    from .version import __version__
 
-    if not _source:
-        _source.append(source_digest())
-    return {"gpu": gpu, "convt3d": __version__, "source": _source[0], "torch": torch.__version__,
+    return {"gpu": gpu, "convt3d": __version__, "source": _source_digest(), "torch": torch.__version__,
             "triton": triton.__version__}
 
 

@@ -472,7 +472,10 @@ class HeadSteps:
         # strides): "cl" for an x_cl tile on input not channels-last already or to be rounded to
         # TF32, "dense" where x spans >= 2^31 elements per batch element, "" for none.
         self.copy_x = None
-        self.round_x = False  # the copy rounds to TF32 (fp32 calls at TF32)
+
+    def _rounds(self, dtype: torch.dtype) -> bool:
+        """Whether the call's operands are rounded to TF32 (fp32 at TF32, cuDNN's numerics)."""
+        return dtype == torch.float32 and self.precision == "tf32"
 
     def _fused_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         """head_fused_kernel's launch: a persistent grid of at most FUSED_PER_SM programs per SM
@@ -490,7 +493,7 @@ class HeadSteps:
             programs = min(tiles, FUSED_PER_SM * sms, max(sms, FUSED_SCRATCH_BYTES // (4 * slot)))
         else:
             programs = min(tiles, 3)  # the interpreter: a few programs, each looping over tiles
-        round_tf32 = x.dtype == torch.float32 and self.precision == "tf32"
+        round_tf32 = self._rounds(x.dtype)
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, ncol, *p.in_size, *p.out_size,
                 *p.padding, *x.stride(), w.stride(0), *y.stride(), *cells, tiles, programs)
         consts = dict(KD=p.kernel_size[0], KH=p.kernel_size[1], KW=p.kernel_size[2], SD=p.stride[0], SH=p.stride[1],
@@ -508,7 +511,7 @@ class HeadSteps:
         s = d * h * wd
         ncol = _columns(p)
         tiles_m = -(-s // cfg.BLOCK_M)
-        round_tf32 = x.dtype == torch.float32 and self.precision == "tf32"
+        round_tf32 = self._rounds(x.dtype)
         flat = _flat_x(x)
         consts = dict(FLAT_X=flat, ROUND_TF32=round_tf32, PRECISION=self.precision,
                       BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
@@ -567,7 +570,7 @@ class HeadSteps:
         n_tiles, k_steps = _rows_steps(p, cfg)
         ints = (p.in_channels_per_group, _rows_columns(p), p.kernel_size[2], math.prod(p.kernel_size), p.stride[2],
                 p.padding[2], p.dilation[2], shift0, w.stride(0))
-        round_tf32 = w.dtype == torch.float32 and self.precision == "tf32"
+        round_tf32 = self._rounds(w.dtype)
         consts = dict(ROUND_TF32=round_tf32, SW_C=p.stride[2], NSHIFT=nshift, N_TILES=n_tiles, K_STEPS=k_steps,
                       BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=4)
         key = ("head_rows_pack", p, cfg.BLOCK_N, cfg.BLOCK_K, w.dtype, round_tf32)
@@ -619,16 +622,15 @@ class HeadSteps:
         if self.copy_x is None:
             # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
             # offsets; a view whose strides reach further is read from a contiguous copy.
-            self.round_x = x.dtype == torch.float32 and self.precision == "tf32"
             cl = x.is_contiguous(memory_format=torch.channels_last_3d)
-            self.copy_x = ("cl" if self.cfg.x_cl and (self.round_x or not cl)
+            self.copy_x = ("cl" if self.cfg.x_cl and (self._rounds(x.dtype) or not cl)
                            else "dense" if _batch_span(x) >= 2**31 else "")
         if self.copy_x == "cl":
             # The engine's NDHWC copy kernel (to_channels_last_kernel): PyTorch's own
             # .contiguous(memory_format=channels_last_3d) measured 4-8x slower as part of these
             # tiles (H200, 2026-12-02, tuner medians: VQ-VAE head 0.66 ms against 0.18 for the
             # channels-last call, 3-D GAN head 0.20 against 0.06).
-            x = self.prepare_input(x, self.round_x, True)
+            x = self.prepare_input(x, self._rounds(x.dtype), True)
         elif self.copy_x == "dense":
             x = x.contiguous()
         if self.fused:

@@ -10,7 +10,7 @@ def source_digest(root=None) -> str:
     ``convt3d/``, by relative path and content): what ran, even where the checkout's git metadata
     is not the code's -- a copied working tree reports the commit it was copied onto -- and where
     the version string stays the same between commits (an editable install). Read afresh at each
-    call (~60 files); the cache keeps its own per process (``cache.environment_key``). ``root``:
+    call (~60 files); the cache reads it once per process (``cache.environment_key``). ``root``:
     another copy of the package's directory (tests), by default this module's."""
     import hashlib
     from pathlib import Path

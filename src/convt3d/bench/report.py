@@ -72,7 +72,7 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from ..version import source_digest  # noqa: F401  (the environment's source_digest; tests use it from here)
+from ..version import source_digest
 
 import torch
 
