@@ -1411,6 +1411,7 @@ import torch
 
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
+           "shuffle_layer", "shuffle_tiles", "shuffle_shape",
            "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
@@ -1426,7 +1427,11 @@ MAX_HEAD_CHANNELS = 15
 # kernel, Z in a per-program scratch slot that stays in L2 (no Z traffic to HBM).
 # "box": head_box_kernel (Gluon, sm_90 only; head_box_engine), the GEMM and the tap sum of a box
 # of positions in one program, the tap products in registers and shared memory.
-HEAD_KINDS = ("gather", "rows", "direct", "fused", "box")
+# "shuffle": head_shuffle_kernel, for layers whose kernel fits in the stride (shuffle_layer):
+# each input position's taps fill a box of outputs of its own, written in one pass.
+HEAD_KINDS = ("gather", "rows", "direct", "shuffle", "fused", "box")
+# Elements of one batch element up to which a kernel's offsets inside it are 32-bit.
+OFFSET_LIMIT = 2**31
 # Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
 MAX_Z_BYTES = 4 << 30
 # The fused kind's scratch slots (all programs together) stay within this share of L2, so that
@@ -1466,6 +1471,70 @@ def collision_free(params: ConvT3dParams) -> bool:
     s / gcd(s, d) (params.Axis.tap_step); so the rule is tap_step >= kernel, which holds when
     dilation * (kernel - 1) < stride (k2 s2) but also for k2 s2 d3 (odd and even positions)."""
     return all(a.tap_step >= a.kernel for a in params.axes)
+
+
+def shuffle_layer(params: ConvT3dParams) -> bool:
+    """Every dimension's kernel fits in its stride at dilation 1 (k <= s: k2 s2, k (1, 2, 2)
+    s (1, 2, 2), k1 s1): the outputs i * s - p + r, r < s, of input position i are its own, tap
+    r for r < k (collision-free, and each position's outputs a contiguous box), which
+    head_shuffle_kernel writes in a single sweep. Boxes of at most 16 depth x height rows and 16
+    columns (the kernel unrolls them)."""
+    return (all(a.dilation == 1 or a.kernel == 1 for a in params.axes)
+            and all(a.kernel <= a.stride for a in params.axes)
+            and params.stride[0] * params.stride[1] <= 16 and params.stride[2] <= 16)
+
+
+def shuffle_shape(params: ConvT3dParams, use_dot: bool) -> tuple[int, int, int]:
+    """(R_P, SW_P, BLOCK_C) of head_shuffle_kernel: the box's depth x height rows and its width,
+    each rounded up to a power of two, and the channels per row block -- every output channel
+    of the group, and for the MMA enough that its N (R_P x BLOCK_C x SW_P) reaches 16."""
+    r_p, sw_p = _pow2_ceil(params.stride[0] * params.stride[1]), _pow2_ceil(params.stride[2])
+    bc = _pow2_ceil(params.out_channels_per_group)
+    if use_dot:
+        bc = max(bc, _pow2_ceil(-(-16 // (r_p * sw_p))))
+    return r_p, sw_p, bc
+
+
+def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
+    """The shuffle kind's candidates (``shuffle_layer`` layers): programs of BOX_H input rows x
+    BLOCK_W input columns (BLOCK_W covering the row up to 128), MMA tiles of M = 1 row, 128 and
+    256 positions, and one FMA tile.
+
+    * MMA: N = R_P x BLOCK_C x SW_P columns (16 for the k2 s2 8 -> 2 head: 4 rows x 2 channels
+      x 2 taps), at most 256; M at least 16 (tl.dot); 4 warps up to 64 fp32 accumulators per
+      thread, else 8; BLOCK_K as the GEMMs'. On the H200 (2026-12-03, k2 s2 8 -> 2 head, graph
+      replay) the one-row tile of 64 positions ran 30.1-47.3 us against 110-192 for the direct
+      kind; programs of 1 row are small (4 KB of output each), so wider ones are timed too.
+    * FMA: about 2048 accumulators per program (16 per thread at 4 warps) and BLOCK_K 8, so
+      that the product of a K step (BLOCK_K x the accumulators) stays in 128 registers a
+      thread; BLOCK_W down to 1 for wide boxes. It ran 7-15 us behind the MMA tile there.
+    The layer's Cout/g x taps multiply-adds per input element decide between them (compute
+    against bandwidth): the tuner's measurement."""
+    w = params.in_size[2]
+    rows_in = -(-(params.out_size[1] + params.padding[1]) // params.stride[1])  # input height blocks
+    tiles = []
+    r_p, sw_p, bc = shuffle_shape(params, True)
+    ncol = r_p * bc * sw_p
+    if ncol <= 256:
+        bw = max(16, min(128, _pow2_ceil(w)))
+        seen = set()
+        for m in (bw, 128, 256):
+            box_h = max(1, min(m // bw, _pow2_ceil(rows_in)))
+            if box_h in seen or box_h * bw * ncol > 128 * 128:
+                continue
+            seen.add(box_h)
+            tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=bw,
+                              BOX_H=box_h, num_warps=4 if box_h * bw * ncol <= 128 * 64 else 8, num_stages=1,
+                              use_dot=True, head="shuffle", BLOCK_R=0))
+    r_p, sw_p, bc = shuffle_shape(params, False)
+    rows = r_p * bc * sw_p
+    if rows <= 2048:
+        bw = max(1, min(128, _pow2_ceil(w), 2048 // rows))
+        box_h = max(1, min(2048 // (rows * bw), _pow2_ceil(rows_in)))
+        tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=rows, BLOCK_K=min(8, _pow2_ceil(params.in_channels_per_group)),
+                          BLOCK_W=bw, BOX_H=box_h, num_warps=4, num_stages=1, use_dot=False, head="shuffle",
+                          BLOCK_R=0))
+    return tiles
 
 
 def _all_reached(params: ConvT3dParams) -> bool:
@@ -1549,6 +1618,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
 
     if collision_free(params):
         tiles = [tile("direct", _columns(params), bm, el) for bm, el in ((128, 2048), (64, 1024))]
+        if shuffle_layer(params):
+            tiles += shuffle_tiles(params, dtype)
     else:
         tiles = []
         if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
@@ -1559,7 +1630,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
             rows = tile("rows", _rows_columns(params), 128, 2048)
             persistent = _persistent(params, dtype, rows)
             tiles += [rows] + persistent
-            tiles += _packed(params, rows, any(head_smem(params, dtype, t)[1] for t in persistent))
+            tiles += _packed(params, dtype, rows, any(head_smem(params, dtype, t)[1] for t in persistent))
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
         # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
@@ -1576,7 +1647,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     # take 214 / 254 registers and do not. fp32 K 32 with two stages spills 320 B (gather); K 16
     # does not. Whether the spill-free tiles beat the measured ones is the tuner's measurement.
     if bk > 16:
-        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused" and not t.get("persist")]
+        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles
+                  if t["head"] not in ("fused", "shuffle") and not t.get("persist")]
 
     # Z in bfloat16 for bfloat16 calls: each tap product (or, for rows, each sum over the width
     # taps) is rounded to bf16 once before the gather adds them in fp32. The output is rounded
@@ -1739,7 +1811,24 @@ def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[d
     return out
 
 
-def _packed(params: ConvT3dParams, base: dict, held: bool) -> list[dict]:
+# Accumulator registers per thread a joint tile may take (fp32, all its N tiles together):
+# three 64 x 64 tiles on 4 warps (the 128 -> 8 head's), 96; ptxas for sm_90a put that tile at
+# 144-161 registers without spilling (Triton 3.6, offline, 2026-12-03).
+JOINT_ACC_REGS = 96
+
+
+def _joint_fits(params: ConvT3dParams, dtype: torch.dtype, bm: int, warps: int, stages: int, bk: int) -> bool:
+    """A joint tile (N tiles of 64 columns stepped together) keeps its accumulators within
+    JOINT_ACC_REGS per thread and its stages (an input tile and every N tile's weight tile
+    each, plus ~4 KB of epilogue) within one block's shared memory. A 256 -> 7 k6 s2 head (504
+    columns: 8 tiles) would need 256 registers and, in bf16 at 3 stages, 240 KB (on the H200
+    its compile failed: 245760 bytes of shared memory against 232448)."""
+    n_tiles = -(-_rows_columns(params) // 64)
+    smem = stages * (bm * bk + n_tiles * bk * 64) * dtype.itemsize + (4 << 10)
+    return n_tiles * bm * 64 <= JOINT_ACC_REGS * 32 * warps and smem <= MAX_BLOCK_SMEM
+
+
+def _packed(params: ConvT3dParams, dtype: torch.dtype, base: dict, held: bool) -> list[dict]:
     """Single-sweep rows tiles on the packed weight (``Config.w_packed``). Where no persistent
     tile holds the weight (``held`` False) every M tile gathers each of its NSHIFT x K_STEPS
     weight tiles tap by tap (``_rows_weight_tile``) -- 12 per tile for the VQ-VAE decoder's
@@ -1761,7 +1850,8 @@ def _packed(params: ConvT3dParams, base: dict, held: bool) -> list[dict]:
     each input tile, at BLOCK_N 64 (192 columns): per K step of that head one input tile and
     three 64-column weight tiles through shared memory, against two of each, and 25% fewer MMA
     columns. Three fp32 accumulators of 64 x 64 (or 128 x 64 on 8 warps) are 96 registers per
-    thread, where two 128 x 128 on 8 warps spill (head_rows_kernel's N_JOINT).
+    thread, where two 128 x 128 on 8 warps spill (head_rows_kernel's N_JOINT); offered where
+    they fit (``_joint_fits``).
 
     Where a persistent tile holds the weight, one packed tile (BLOCK_M 64, 4 warps, 3 stages)
     competes with it: a persistent stage holds the whole tile's input for every width shift and
@@ -1775,7 +1865,7 @@ def _packed(params: ConvT3dParams, base: dict, held: bool) -> list[dict]:
     ncol = _rows_columns(params)
     if ncol > base["BLOCK_N"]:  # base: BLOCK_N 128, the widest tile
         out += [dict(base, BLOCK_M=bm, BLOCK_N=64, num_warps=warps, num_stages=3, w_packed=True, n_joint=True)
-                for bm, warps in ((64, 4), (128, 8))]
+                for bm, warps in ((64, 4), (128, 8)) if _joint_fits(params, dtype, bm, warps, 3, base["BLOCK_K"])]
     return out
 
 
@@ -1838,6 +1928,10 @@ class HeadSteps:
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
+        self.shuffle = cfg.head == "shuffle"
+        if self.shuffle and not shuffle_layer(params):
+            raise ValueError("head config 'shuffle' needs a kernel within the stride at dilation 1 along every "
+                             "dimension (shuffle_layer)")
         if cfg.w_packed and (cfg.head != "rows" or cfg.persist):
             raise ValueError("head config 'w_packed' is a single-sweep rows option (persist 0)")
         if cfg.n_joint and not cfg.w_packed:
@@ -1846,7 +1940,7 @@ class HeadSteps:
             raise ValueError("head config 'x_cl' needs the engine's input copy (prepare_input)")
         self.fused = cfg.head == "fused"
         # The fused kind writes every output itself; the direct kind needs a fill where no tap reaches.
-        self.fill_needed = not self.fused and not (self.direct and _all_reached(params))
+        self.fill_needed = not self.fused and not self.shuffle and not (self.direct and _all_reached(params))
         self.gemm = None
         self.gather = None
         self.pack = None  # (head_rows_pack_kernel's site, packed elements) of a w_packed tile
@@ -1887,6 +1981,27 @@ class HeadSteps:
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         key = ("head_fused", p, cfg, x.stride(), y.stride(), self.has_bias, self.precision, x.dtype, programs)
         return self.make_site(key, "head_fused_kernel", (programs,), ints, consts), programs * slot
+
+    def _shuffle_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+        """head_shuffle_kernel's launch: one program per (n, g, depth block, BOX_H height blocks,
+        W tile), the blocks covering the output (od + PD) // SD, (oh + PH) // SH, output padding
+        included."""
+        p, cfg = self.params, self.cfg
+        (sd, sh, sw), (pd, ph, pw), (od, oh, ow) = p.stride, p.padding, p.out_size
+        blocks_d, blocks_h = -(-(od + pd) // sd), -(-(oh + ph) // sh)
+        box_h = max(1, cfg.BOX_H)
+        tiles_h, tiles_w = -(-blocks_h // box_h), -(-p.in_size[2] // cfg.BLOCK_W)
+        r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot)
+        ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, *p.in_size, od, oh, ow, pd, ph, pw,
+                *x.stride(), w.stride(0), *y.stride(), blocks_d, tiles_h, tiles_w)
+        consts = dict(HAS_BIAS=self.has_bias, ROUND_TF32=self._rounds(x.dtype), PRECISION=self.precision,
+                      USE_DOT=cfg.use_dot, KD=p.kernel_size[0], KH=p.kernel_size[1], KW=p.kernel_size[2],
+                      SD=sd, SH=sh, SW=sw, R_P=r_p, SW_P=sw_p, BLOCK_C=bc, BLOCK_H=box_h, BLOCK_W=cfg.BLOCK_W,
+                      BLOCK_K=cfg.BLOCK_K, Y64=_batch_span(y) >= OFFSET_LIMIT, num_warps=cfg.num_warps,
+                      num_stages=cfg.num_stages)
+        grid = (p.groups * p.batch * blocks_d * tiles_h * tiles_w,)
+        key = ("head_shuffle", p, cfg, x.stride(), y.stride(), self.has_bias, self.precision, x.dtype)
+        return self.make_site(key, "head_shuffle_kernel", grid, ints, consts)
 
     def _gemm_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         p, cfg = self.params, self.cfg
@@ -2021,6 +2136,10 @@ class HeadSteps:
                 self.gemm, self.slots = self._fused_site(x, w, y)
             z = torch.empty(self.slots, dtype=torch.float32, device=dev)
             return self.gemm.launch(dev, x, w, b, y, z)
+        if self.shuffle:
+            if self.gemm is None:
+                self.gemm = self._shuffle_site(x, w, y)
+            return self.gemm.launch(dev, x, w, b, y)
         if self.gemm is None:
             self.gemm = self._gemm_site(x, w, y)
         if self.fill_needed and self.gather is None:
@@ -2070,10 +2189,12 @@ head_engine = types.SimpleNamespace(
     FUSED_SCRATCH_BYTES=FUSED_SCRATCH_BYTES,
     HEAD_KINDS=HEAD_KINDS,
     HeadSteps=HeadSteps,
+    JOINT_ACC_REGS=JOINT_ACC_REGS,
     MAX_BLOCK_SMEM=MAX_BLOCK_SMEM,
     MAX_HEAD_CHANNELS=MAX_HEAD_CHANNELS,
     MAX_Z_BYTES=MAX_Z_BYTES,
     MakeSite=MakeSite,
+    OFFSET_LIMIT=OFFSET_LIMIT,
     SM_SHARED_BYTES=SM_SHARED_BYTES,
     _all_reached=_all_reached,
     _batch_span=_batch_span,
@@ -2081,6 +2202,7 @@ head_engine = types.SimpleNamespace(
     _columns=_columns,
     _flat_x=_flat_x,
     _gather_tile=_gather_tile,
+    _joint_fits=_joint_fits,
     _packed=_packed,
     _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
@@ -2095,6 +2217,9 @@ head_engine = types.SimpleNamespace(
     head_z_bytes=head_z_bytes,
     head_z_elements=head_z_elements,
     persistent_programs=persistent_programs,
+    shuffle_layer=shuffle_layer,
+    shuffle_shape=shuffle_shape,
+    shuffle_tiles=shuffle_tiles,
     width_shifts=width_shifts,
 )
 
@@ -2126,8 +2251,8 @@ class Config:
     # the gather kernel's row span and BLOCK_R its elements per program.
     head: str = ""
     BLOCK_R: int = 0
-    # The fused head kind's box of output cells: BOX_D x BOX_H x BLOCK_W; the box kind's box of
-    # positions: BOX_H x BLOCK_W (= BLOCK_M).
+    # The fused head kind's box of output cells: BOX_D x BOX_H x BLOCK_W; the box and shuffle
+    # kinds' tile of positions: BOX_H x BLOCK_W (= BLOCK_M).
     BOX_D: int = 0
     BOX_H: int = 0
     # The gather and rows kinds' tap-product buffer Z in bfloat16 instead of fp32 (bf16 calls
@@ -2151,6 +2276,9 @@ class Config:
         if self.head == "box":
             return (f"head-box M{self.BLOCK_M}({self.BOX_H}x{self.BLOCK_W}) N{self.BLOCK_N} K{self.BLOCK_K} "
                     f"w{self.num_warps} s{self.num_stages}")
+        if self.head == "shuffle":
+            return (f"head-shuffle M{self.BLOCK_M}({self.BOX_H}x{self.BLOCK_W}) N{self.BLOCK_N} K{self.BLOCK_K} "
+                    f"{'mma' if self.use_dot else 'fma'} w{self.num_warps}")
         if self.head == "fused":
             return (f"head-fused box{self.BOX_D}x{self.BOX_H}x{self.BLOCK_W} M{self.BLOCK_M} N{self.BLOCK_N} "
                     f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
@@ -3641,6 +3769,138 @@ def head_direct_kernel(
 
 
 @triton.jit
+def head_shuffle_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    N, CIN_G, COUT_G, D, H, W, OD, OH, OW, PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_wc,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    blocks_d, tiles_h, tiles_w,
+    HAS_BIAS: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+    R_P: tl.constexpr, SW_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
+    Y64: tl.constexpr,
+):
+    """The shuffle kind: a layer whose kernel fits in its stride along every dimension
+    (k <= s, dilation 1: head_engine.shuffle_layer) sends each input position's taps to a box
+    of its own, the s_d x s_h x s_w outputs o = i * s - p + r (r < s), tap r where r < k and
+    bias alone where r >= k. So the output is a 3-D pixel shuffle of X @ W, and a single
+    sweep writes it: no Z, no fill, each output element stored once.
+
+    One program: one (n, g), one input depth block bd (output rows od = bd * SD + a - PD of
+    every a) and a tile of BLOCK_H input rows bh x BLOCK_W input columns iw (M = BLOCK_H x
+    BLOCK_W positions; output rows oh = bh * SH + b - PH, columns iw * SW + c - PW). Blocks past
+    the input (bd >= D, bh >= H) are the rows that output padding adds: bias only. Its
+    accumulator is [R_P * BLOCK_C, M, SW_P], rows j = (a * SH + b) * BLOCK_C + co of the box, so
+    a row of it runs along output columns (SW_P = SW taps interleaved: contiguous stores in
+    NCDHW), and the input tile is read once for every tap of the box:
+
+      * USE_DOT: per K step one MMA, [M, BLOCK_K] @ [BLOCK_K, R_P * BLOCK_C * SW_P] (the weight
+        of every (a, b, co, c) as one column block), the result permuted to the store's
+        [rows, positions, taps] order (a layout conversion through shared memory);
+      * else FMA in fp32: the product [BLOCK_K, rows, M, SW_P] summed over its first axis,
+        exact for the 16-bit inputs and, at TF32, on operands rounded as cuDNN rounds them.
+
+    Per input element the layer does Cout/g x taps multiply-adds (16 for the k2 s2 8 -> 2 head),
+    so it is memory-bound on either path; which tile is faster at a given Cin and Cout is the
+    tuner's measurement. Offsets inside a batch element are 32-bit for the input (the launcher
+    offers the kind below 2^31 elements per batch element), and for the output unless Y64."""
+    pid = tl.program_id(0)
+    pid_w = pid % tiles_w
+    t = pid // tiles_w
+    pid_h = t % tiles_h
+    t = t // tiles_h
+    bd = t % blocks_d
+    t = t // blocks_d
+    nb = t % N
+    grp = t // N
+    J: tl.constexpr = R_P * BLOCK_C
+    M: tl.constexpr = BLOCK_H * BLOCK_W
+    KVOL: tl.constexpr = KD * KH * KW
+
+    m = tl.arange(0, M)
+    bh = pid_h * BLOCK_H + m // BLOCK_W
+    iw = pid_w * BLOCK_W + m % BLOCK_W
+    # (bd < D broadcast over the positions as a tensor: Triton's interpreter rejects a mask made
+    # of a scalar comparison and a tensor one)
+    m_in = (bh < H) & (iw < W) & (bd + 0 * m < D)
+    x_d = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc + bd.to(tl.int64) * stride_xd
+    x_m = bh * stride_xh + iw * stride_xw
+    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+
+    # Rows j of the box: (a, b) = divmod(r, SH) for r = j // BLOCK_C, channel co = j % BLOCK_C.
+    j = tl.arange(0, J)
+    r = j // BLOCK_C
+    co = j % BLOCK_C
+    a = r // SH
+    b = r % SH
+    c = tl.arange(0, SW_P)
+    # A row has taps where a < KD and b < KH, and tap c of the row where c < KW.
+    j_tap = (r < SD * SH) & (a < KD) & (b < KH) & (co < COUT_G)
+    w_j = co * KVOL + (a * KH + b) * KW
+    od = bd * SD + a - PD
+    j_ok = (r < SD * SH) & (co < COUT_G) & (od >= 0) & (od < OD)
+
+    if USE_DOT:
+        NCOL: tl.constexpr = J * SW_P
+        n = tl.arange(0, NCOL)
+        n_j = n // SW_P
+        n_c = n % SW_P
+        r_n = n_j // BLOCK_C
+        co_n = n_j % BLOCK_C
+        a_n = r_n // SH
+        b_n = r_n % SH
+        n_ok = (r_n < SD * SH) & (a_n < KD) & (b_n < KH) & (co_n < COUT_G) & (n_c < KW)
+        w_n = co_n * KVOL + (a_n * KH + b_n) * KW + n_c
+        acc = tl.zeros((M, NCOL), dtype=tl.float32)
+        for k0 in range(0, CIN_G, BLOCK_K):
+            ci = k0 + tl.arange(0, BLOCK_K)
+            ci_ok = ci < CIN_G
+            xt = tl.load(x_d + x_m[:, None] + ci[None, :] * stride_xc, mask=m_in[:, None] & ci_ok[None, :], other=0.0)
+            wt = tl.load(w_g + ci[:, None] * stride_wc + w_n[None, :], mask=ci_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = _mma_step(acc, xt, wt, ROUND_TF32, False, PRECISION)
+        out = tl.permute(tl.reshape(acc, (M, J, SW_P)), (1, 0, 2))
+    else:
+        out = tl.zeros((J, M, SW_P), dtype=tl.float32)
+        for k0 in range(0, CIN_G, BLOCK_K):
+            ci = k0 + tl.arange(0, BLOCK_K)
+            ci_ok = ci < CIN_G
+            xv = tl.load(x_d + ci[:, None] * stride_xc + x_m[None, :], mask=ci_ok[:, None] & m_in[None, :],
+                         other=0.0).to(tl.float32)
+            wv = tl.load(w_g + ci[:, None, None] * stride_wc + w_j[None, :, None] + c[None, None, :],
+                         mask=ci_ok[:, None, None] & j_tap[None, :, None] & (c < KW)[None, None, :],
+                         other=0.0).to(tl.float32)
+            if ROUND_TF32:
+                xv = _round_tf32(xv)
+                wv = _round_tf32(wv)
+            out += tl.sum(xv[:, None, :, None] * wv[:, :, None, :], axis=0)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(tl.float32)[:, None, None]
+
+    oh = bh[None, :] * SH + b[:, None] - PH  # [rows, positions]
+    ow = (iw * SW - PW)[:, None] + c[None, :]  # [positions, taps]
+    ow_ok = (ow >= 0) & (ow < OW) & (c < SW)[None, :]
+    jm_ok = j_ok[:, None] & (oh >= 0) & (oh < OH)
+    y_s = y_ptr + nb.to(tl.int64) * stride_yn
+    if Y64:
+        y_jm = ((grp * COUT_G + co).to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd)[:, None] \
+            + oh.to(tl.int64) * stride_yh
+        y_mc = ow.to(tl.int64) * stride_yw
+    else:
+        # 32-bit offsets inside a batch element (the launcher sets Y64 where one spans 2^31
+        # elements): half the integer work per stored element.
+        y_jm = ((grp * COUT_G + co) * stride_yc + od * stride_yd)[:, None] + oh * stride_yh
+        y_mc = ow * stride_yw
+    tl.store(y_s + y_jm[:, :, None] + y_mc[None, :, :], out.to(y_ptr.dtype.element_ty),
+             mask=jm_ok[:, :, None] & ow_ok[None, :, :])
+
+
+@triton.jit
 def head_gather_kernel(
     z_ptr, b_ptr, y_ptr,
     N, COUT_G, D, H, W, OD, OH, OW,
@@ -3994,6 +4254,7 @@ HK = types.SimpleNamespace(
     head_gemm_kernel=head_gemm_kernel,
     head_rows_kernel=head_rows_kernel,
     head_rows_pack_kernel=head_rows_pack_kernel,
+    head_shuffle_kernel=head_shuffle_kernel,
 )
 GK = types.SimpleNamespace(
     _advance=_advance,
@@ -4538,10 +4799,12 @@ head_engine = types.SimpleNamespace(
     FUSED_SCRATCH_BYTES=FUSED_SCRATCH_BYTES,
     HEAD_KINDS=HEAD_KINDS,
     HeadSteps=HeadSteps,
+    JOINT_ACC_REGS=JOINT_ACC_REGS,
     MAX_BLOCK_SMEM=MAX_BLOCK_SMEM,
     MAX_HEAD_CHANNELS=MAX_HEAD_CHANNELS,
     MAX_Z_BYTES=MAX_Z_BYTES,
     MakeSite=MakeSite,
+    OFFSET_LIMIT=OFFSET_LIMIT,
     SM_SHARED_BYTES=SM_SHARED_BYTES,
     _all_reached=_all_reached,
     _batch_span=_batch_span,
@@ -4549,6 +4812,7 @@ head_engine = types.SimpleNamespace(
     _columns=_columns,
     _flat_x=_flat_x,
     _gather_tile=_gather_tile,
+    _joint_fits=_joint_fits,
     _packed=_packed,
     _persistent=_persistent,
     _pow2_ceil=_pow2_ceil,
@@ -4563,6 +4827,9 @@ head_engine = types.SimpleNamespace(
     head_z_bytes=head_z_bytes,
     head_z_elements=head_z_elements,
     persistent_programs=persistent_programs,
+    shuffle_layer=shuffle_layer,
+    shuffle_shape=shuffle_shape,
+    shuffle_tiles=shuffle_tiles,
     width_shifts=width_shifts,
 )
 # The engine's other two modules; their names are this module's too (callers use either).

@@ -88,6 +88,25 @@ def test_suite_rows():
     assert len(set(labels)) == len(labels)
 
 
+def test_heads_suite_is_a_fixed_sweep_of_heads_outside_all():
+    # The generated sweep: the same 12 geometries in every process (a fixed seed, no hash of
+    # salted strings), each a head (1-15 output channels per group) with a valid output, none in
+    # another suite, and not part of "all".
+    from convt3d.head_engine import MAX_HEAD_CHANNELS
+
+    again = suites._head_sweep()
+    assert again == suites.HEAD_SWEEP and len(again) == 12
+    names = [g.name for g in suites.HEAD_SWEEP]
+    assert len(set(names)) == 12 and not set(names) & {g.name for g in suites.KERNELBENCH + suites.LAYERS}
+    for g in suites.HEAD_SWEEP:
+        assert 1 <= g.out_channels // g.groups <= MAX_HEAD_CHANNELS and g.in_channels % g.groups == 0
+        assert all(o > 0 for o in g.out_size()), g
+    heads = suites.select("heads")
+    assert len(heads) == 12 * 4 and {c.suite for c in heads} == {"heads"}
+    assert not any(c.suite == "heads" for c in suites.select("all"))
+    assert len(suites.select("heads", names=[names[0]], dtypes=["bf16"], layouts=["cl"])) == 1
+
+
 @pytest.mark.parametrize("kwargs, expected", [
     ({"suite": "kernelbench", "precisions": ["exact"]}, 7),
     ({"names": ["kb77"]}, 2),

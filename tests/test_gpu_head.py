@@ -203,6 +203,35 @@ def test_box_kind(name, layout, dtype):
         _check(x, w, None, args, "tf32", E.forward(x, w, None, params, "tf32", config=cfg))
 
 
+# The shuffle kind's regimes (kernel within the stride at dilation 1): every position reached,
+# boxes with bias-only positions (k < s), output padding, cropping padding, anisotropic strides,
+# a stride of 3 (box width not a power of two), 15 channels over 4 x 4 boxes, groups, K steps.
+SHUFFLE_HEADS = {
+    "k2s2-8to2": HEADS["direct-k2s2-8to2"],
+    "k2s3-op1": HEADS["direct-k2s3-fill"],
+    "k122-s122-64to3-p": (2, 64, 3, 1, (5, 12, 13), (1, 2, 2), (1, 2, 2), (0, 1, 0), (0, 1, 1), 1),
+    "k444-s444-16to15": (1, 16, 15, 1, (4, 5, 7), 4, 4, 0, 0, 1),
+    "k213-s423-p": (1, 40, 5, 1, (3, 5, 6), (2, 1, 3), (4, 2, 3), (3, 0, 1), (1, 1, 2), 1),
+    "k2s2-groups2-200in": (2, 200, 4, 2, (3, 6, 9), 2, 2, 1, 1, 1),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", ["ncdhw", "cl", "noncontig"])
+@pytest.mark.parametrize("name", list(SHUFFLE_HEADS))
+def test_shuffle_kind(name, layout, dtype):
+    # head_shuffle_kernel: each of its tiles (MMA and FMA) as the plan offers them, at the bench's
+    # precision and, for fp32, at tf32x3 and ieee; with and without bias.
+    x, w, b, args = _inputs(SHUFFLE_HEADS[name], layout, dtype)
+    params, _ = check_call(x, w, b, *args)
+    for precision in ["tf32"] + (["tf32x3", "ieee"] if dtype == torch.float32 else []):
+        tiles = [c for c in _heads(params, x, w, precision) if c.head == "shuffle"]
+        assert tiles, "a layer whose kernel fits in its stride has shuffle tiles"
+        for cfg in tiles:
+            _check(x, w, b, args, precision, E.forward(x, w, b, params, precision, config=cfg))
+            _check(x, w, None, args, precision, E.forward(x, w, None, params, precision, config=cfg))
+
+
 @pytest.mark.parametrize("dtype, precision", [(torch.float16, "tf32"), (torch.float32, "tf32x3"),
                                               (torch.float32, "ieee")], ids=["float16", "tf32x3", "ieee"])
 @pytest.mark.parametrize("name", ["video-128to3-k4s2p1", "direct-k2s2-8to2", "groups2-5-per-group"])

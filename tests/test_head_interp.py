@@ -93,7 +93,9 @@ def test_regime_names_match_the_kind():
     for name, case in REGIMES.items():
         kinds = _kinds(case)
         if name.startswith("direct"):
-            assert kinds == ["direct"], name
+            # and the shuffle kind where the kernel fits in the stride at dilation 1
+            params = check_call(*case.tensors()[:2], None, *case.args)[0]
+            assert kinds == (["direct", "shuffle"] if head_engine.shuffle_layer(params) else ["direct"]), name
         else:
             sw = case.stride if isinstance(case.stride, int) else case.stride[2]
             # (the fused kind only where no Z kind is offered: not at these sizes)
@@ -152,14 +154,15 @@ def test_float16(name, kind):
     check_against_reference(run_head(case, x, w, b, kind=kind), x, w, b, *case.args, context=f"{name} {kind}")
 
 
-def test_float16_direct():
+@pytest.mark.parametrize("kind", ["direct", "shuffle"])
+def test_float16_collision_free(kind):
     case = REGIMES["direct-c3-k2s3-fill"]
     x, w, b = case.tensors(torch.float16)
-    check_against_reference(run_head(case, x, w, b), x, w, b, *case.args, context="direct float16")
+    check_against_reference(run_head(case, x, w, b, kind=kind), x, w, b, *case.args, context=f"{kind} float16")
 
 
 LAYOUT_BASES = {"gather": "gather-c3-k144-s122-cl", "rows": "gather-c3-k144-s122-cl", "direct": "direct-c2-k2s2",
-                "fused": "gather-c3-k144-s122-cl"}
+                "shuffle": "direct-c2-k2s2", "fused": "gather-c3-k144-s122-cl"}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -172,9 +175,9 @@ def test_input_layouts(kind, layout):
     check_against_reference(y, x, w, b, *case.args, context=f"{kind} {layout}")
 
 
-@pytest.mark.parametrize("kind", ["gather", "rows", "direct", "fused"])
+@pytest.mark.parametrize("kind", ["gather", "rows", "direct", "shuffle", "fused"])
 def test_unbatched_input(kind):
-    base = REGIMES["direct-c3-k2s3-fill" if kind == "direct" else "gather-c1-k4s2p1"]
+    base = REGIMES["direct-c3-k2s3-fill" if kind in ("direct", "shuffle") else "gather-c1-k4s2p1"]
     case = dataclasses.replace(base, batch=None)
     x, w, b = case.tensors()
     assert x.dim() == 4
@@ -485,7 +488,12 @@ def test_rows_tile_offers_on_unseen_heads(dtype, channels_last):
                         if t.get("w_packed") and not t.get("n_joint") and not t.get("x_cl") and t["BLOCK_K"] == full_k)
         assert packed == ([(64, 4, 3)] if held else [(64, 4, 3), (64, 4, 4), (128, 8, 3), (256, 8, 3)]), params
         joint = any(t.get("n_joint") for t in rows)
-        assert joint == (not held and ncol > 128), params
+        fits = any(head_engine._joint_fits(params, dtype, bm, warps, 3, full_k) for bm, warps in ((64, 4), (128, 8)))
+        assert joint == (not held and ncol > 128 and fits), params
+        for t in rows:
+            if t.get("n_joint"):
+                assert head_engine._joint_fits(params, dtype, t["BLOCK_M"], t["num_warps"], t["num_stages"],
+                                               t["BLOCK_K"]), (params, t)
         seen_joint += joint
         seen_held += held
         seen_unheld += not held
@@ -594,7 +602,11 @@ def test_collision_free_rule_picks_the_kind(kernel, stride, dilation, free):
     p = _params(3, kernel=kernel, stride=stride, dilation=dilation, padding=(0, 0, 0))
     assert head_engine.collision_free(p) == free
     kinds = {t["head"] for t in head_engine.head_tiles(p, torch.bfloat16, "tf32")}
-    assert kinds == ({"direct"} if free else {"gather", "rows"})
+    # (the shuffle kind: collision-free at dilation 1, i.e. the kernel within the stride)
+    shuffle = free and all(k <= s for k, s in zip(kernel, stride)) and all(
+        d == 1 or k == 1 for k, d in zip(kernel, dilation))
+    assert head_engine.shuffle_layer(p) == shuffle
+    assert kinds == ({"direct", "shuffle"} if shuffle else {"direct"} if free else {"gather", "rows"})
 
 
 @pytest.mark.parametrize("stride, kinds", [(1, {"gather", "rows"}), (2, {"gather", "rows"}), (3, {"gather"}),
@@ -662,6 +674,107 @@ def test_brute_force_collision_rule():
                             size=(6, 1, 1))
                 hits = [i * s + t * d for i in range(6) for t in range(k)]
                 assert head_engine.collision_free(p) == (len(hits) == len(set(hits))), (k, s, d)
+
+
+# The shuffle kind (head_shuffle_kernel): regimes beyond the direct ones above. Output padding
+# past the last input block, padding that crops a box, boxes wider than the kernel (bias-only
+# positions), a width stride of 3 (box width padded to 4), several W tiles, K steps of both
+# tiles, groups.
+SHUFFLE_REGIMES = {
+    "k2s2-op-cl": Case(2, 8, 2, (2, 3, 5), (2, 2, 2), 2, 0, 1, layout="channels_last_3d"),
+    "k122-s122-c3": Case(1, 16, 3, (2, 3, 17), (1, 2, 2), (1, 2, 2)),
+    "k213-s423-p3-op": Case(1, 20, 5, (3, 2, 3), (2, 1, 3), (4, 2, 3), (3, 0, 1), (1, 1, 2)),
+    "k2s2-groups2-ksteps": Case(1, 40, 4, (2, 2, 3), (2, 2, 2), 2, 1, 1, groups=2),
+    "k2s2-w-tiles": Case(1, 4, 1, (1, 2, 37), (2, 2, 2), 2),
+    "k2s2-row-tiles-op": Case(1, 4, 2, (1, 5, 6), (2, 2, 2), 2, 0, 1),
+}
+# Tiles forced on top of the offered ones: several W tiles (the last cut), and programs of 4
+# input rows over 6 height blocks (a tail, and the block output padding adds past the input).
+SHUFFLE_OVERRIDES = {"k2s2-w-tiles": dict(BLOCK_W=16, BLOCK_M=16, BOX_H=1),
+                     "k2s2-row-tiles-op": dict(BLOCK_W=8, BLOCK_M=32, BOX_H=4)}
+
+
+def test_joint_tiles_within_registers_and_shared_memory():
+    # A 256 -> 7 k6 s2 head (the generated bench sweep's sweep09): 504 rows columns, 8 N tiles
+    # of 64. Joint tiles of all 8 would hold 256 accumulator registers per thread and, in bf16
+    # at 3 stages, 240 KB of shared memory (its compile failed on the H200): none is offered;
+    # the 128 -> 8 k3 head's 3 tiles still are (in fp32, where no persistent tile holds its weight).
+    wide = ConvT3dParams.create(4, 256, 7, 1, (28, 32, 37), (6, 6, 6), (2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+    narrow = ConvT3dParams.create(4, 128, 8, 1, (16, 64, 64), (3, 3, 3), (1, 2, 2), (1, 1, 1), (0, 1, 1), (1, 1, 1))
+    for dtype in (torch.bfloat16, torch.float32):
+        assert not any(t.get("n_joint") for t in head_engine.head_tiles(wide, dtype, "tf32"))
+    assert any(t.get("n_joint") for t in head_engine.head_tiles(narrow, torch.float32, "tf32"))
+
+
+@pytest.mark.parametrize("use_dot", [True, False], ids=["mma", "fma"])
+@pytest.mark.parametrize("name", list(SHUFFLE_REGIMES))
+def test_shuffle_kind(name, use_dot):
+    case = SHUFFLE_REGIMES[name]
+    x, w, b = case.tensors()
+    params, _, configs = head_configs(case, x, w)
+    tiles = [c for c in configs if c.head == "shuffle" and c.use_dot == use_dot]
+    assert tiles, "a shuffle tile of each path"
+    if name in SHUFFLE_OVERRIDES:
+        tiles = [dataclasses.replace(tiles[0], **SHUFFLE_OVERRIDES[name])]
+    for cfg in tiles:
+        for precision in ("ieee", "tf32"):
+            y = engine.forward(x, w, b, params, precision, config=cfg)
+            check_against_reference(y, x, w, b, *case.args, precision=precision,
+                                    context=f"{name} {cfg.short()} {precision}")
+
+
+def test_shuffle_64_bit_output_offsets(monkeypatch):
+    # Outputs whose batch element spans 2^31 elements take 64-bit offsets (Y64); forced here by
+    # lowering the limit, on a channels-last and an NCDHW call.
+    monkeypatch.setattr(head_engine, "OFFSET_LIMIT", 1)
+    engine.clear_caches()
+    try:
+        for name in ("k2s2-op-cl", "k213-s423-p3-op"):
+            case = SHUFFLE_REGIMES[name]
+            x, w, b = case.tensors()
+            y = run_head(case, x, w, b, kind="shuffle")
+            check_against_reference(y, x, w, b, *case.args, context=f"{name} Y64")
+    finally:
+        engine.clear_caches()
+
+
+def test_shuffle_tf32_rounds_operands_to_nearest():
+    # Both shuffle paths at "tf32" are TF32 arithmetic on round-to-nearest operands, as cuDNN's:
+    # against float64 of the rounded operands only fp32 accumulation error is left.
+    case = SHUFFLE_REGIMES["k2s2-groups2-ksteps"]
+    x, w, b = case.tensors()
+    params, _, configs = head_configs(case, x, w)
+
+    def rnd(t):
+        bits = t.contiguous().view(torch.int32)
+        return ((bits + 0x1000) & -8192).view(torch.float32)
+
+    for cfg in (c for c in configs if c.head == "shuffle"):
+        y = engine.forward(x, w, b, params, "tf32", config=cfg)
+        check_against_reference(y, rnd(x), rnd(w), b, *case.args, precision="ieee", context=cfg.short())
+
+
+def test_shuffle_offers_on_unseen_heads():
+    # On the generated geometries: the kind exactly where every kernel fits in its stride at
+    # dilation 1 (and boxes of at most 16 rows and 16 columns), its MMA tile's N a multiple of
+    # 16 up to 256, its FMA tile within 2048 accumulators; never a half-K copy.
+    seen = 0
+    for params in _unseen_heads():
+        tiles = [t for t in head_engine.head_tiles(params, torch.float32, "tf32") if t["head"] == "shuffle"]
+        fits = all((a.dilation == 1 or a.kernel == 1) and a.kernel <= a.stride for a in params.axes)
+        small = params.stride[0] * params.stride[1] <= 16 and params.stride[2] <= 16
+        assert bool(tiles) == (fits and small and params.out_channels_per_group <= 15
+                               and params.in_channels * math.prod(params.in_size) < 2**31), params
+        for t in tiles:
+            r_p, sw_p, bc = head_engine.shuffle_shape(params, t["use_dot"])
+            assert t["BLOCK_M"] == t["BOX_H"] * t["BLOCK_W"]
+            if t["use_dot"]:
+                assert t["BLOCK_N"] == r_p * bc * sw_p and t["BLOCK_N"] % 16 == 0 and t["BLOCK_N"] <= 256
+                assert t["BLOCK_W"] >= 16 and t["BLOCK_M"] * t["BLOCK_N"] <= 128 * 128
+            else:
+                assert r_p * bc * sw_p * t["BLOCK_M"] <= 2048
+        seen += bool(tiles)
+    assert seen, "the sweep must hold layers of the shuffle kind"
 
 
 def test_large_z_is_not_offered():

@@ -12,7 +12,8 @@ tap-product buffer Z (bf16 in bf16 calls) written once and read once, the output
 written once. For the 16 x 64 -> 1
 head (32^3 -> 64^3, k4 s2 p1, fp32) the gather kind's Z (input positions x Cout/g x taps) makes
 134 + 2 x 134 + 17 MB against the 151 MB floor of the layer; the rows kind's Z (output rows) is
-half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether. The
+half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether, and
+where every kernel fits in its stride (``shuffle_layer``) one kernel writes the whole output. The
 fused kind keeps Z in an L2-resident slot per program instead (no Z traffic to HBM), but its
 serial per-tile chain makes it latency-bound on the H200 (2-3x slower than the Z kinds, NOTES
 section 10); it is offered where no Z kind fits.
@@ -28,6 +29,7 @@ from .head_box_engine import BoxSteps, box_tiles
 from .params import ConvT3dParams
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
+           "shuffle_layer", "shuffle_tiles", "shuffle_shape",
            "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
@@ -43,7 +45,11 @@ MAX_HEAD_CHANNELS = 15
 # kernel, Z in a per-program scratch slot that stays in L2 (no Z traffic to HBM).
 # "box": head_box_kernel (Gluon, sm_90 only; head_box_engine), the GEMM and the tap sum of a box
 # of positions in one program, the tap products in registers and shared memory.
-HEAD_KINDS = ("gather", "rows", "direct", "fused", "box")
+# "shuffle": head_shuffle_kernel, for layers whose kernel fits in the stride (shuffle_layer):
+# each input position's taps fill a box of outputs of its own, written in one pass.
+HEAD_KINDS = ("gather", "rows", "direct", "shuffle", "fused", "box")
+# Elements of one batch element up to which a kernel's offsets inside it are 32-bit.
+OFFSET_LIMIT = 2**31
 # Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
 MAX_Z_BYTES = 4 << 30
 # The fused kind's scratch slots (all programs together) stay within this share of L2, so that
@@ -83,6 +89,70 @@ def collision_free(params: ConvT3dParams) -> bool:
     s / gcd(s, d) (params.Axis.tap_step); so the rule is tap_step >= kernel, which holds when
     dilation * (kernel - 1) < stride (k2 s2) but also for k2 s2 d3 (odd and even positions)."""
     return all(a.tap_step >= a.kernel for a in params.axes)
+
+
+def shuffle_layer(params: ConvT3dParams) -> bool:
+    """Every dimension's kernel fits in its stride at dilation 1 (k <= s: k2 s2, k (1, 2, 2)
+    s (1, 2, 2), k1 s1): the outputs i * s - p + r, r < s, of input position i are its own, tap
+    r for r < k (collision-free, and each position's outputs a contiguous box), which
+    head_shuffle_kernel writes in a single sweep. Boxes of at most 16 depth x height rows and 16
+    columns (the kernel unrolls them)."""
+    return (all(a.dilation == 1 or a.kernel == 1 for a in params.axes)
+            and all(a.kernel <= a.stride for a in params.axes)
+            and params.stride[0] * params.stride[1] <= 16 and params.stride[2] <= 16)
+
+
+def shuffle_shape(params: ConvT3dParams, use_dot: bool) -> tuple[int, int, int]:
+    """(R_P, SW_P, BLOCK_C) of head_shuffle_kernel: the box's depth x height rows and its width,
+    each rounded up to a power of two, and the channels per row block -- every output channel
+    of the group, and for the MMA enough that its N (R_P x BLOCK_C x SW_P) reaches 16."""
+    r_p, sw_p = _pow2_ceil(params.stride[0] * params.stride[1]), _pow2_ceil(params.stride[2])
+    bc = _pow2_ceil(params.out_channels_per_group)
+    if use_dot:
+        bc = max(bc, _pow2_ceil(-(-16 // (r_p * sw_p))))
+    return r_p, sw_p, bc
+
+
+def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
+    """The shuffle kind's candidates (``shuffle_layer`` layers): programs of BOX_H input rows x
+    BLOCK_W input columns (BLOCK_W covering the row up to 128), MMA tiles of M = 1 row, 128 and
+    256 positions, and one FMA tile.
+
+    * MMA: N = R_P x BLOCK_C x SW_P columns (16 for the k2 s2 8 -> 2 head: 4 rows x 2 channels
+      x 2 taps), at most 256; M at least 16 (tl.dot); 4 warps up to 64 fp32 accumulators per
+      thread, else 8; BLOCK_K as the GEMMs'. On the H200 (2026-12-03, k2 s2 8 -> 2 head, graph
+      replay) the one-row tile of 64 positions ran 30.1-47.3 us against 110-192 for the direct
+      kind; programs of 1 row are small (4 KB of output each), so wider ones are timed too.
+    * FMA: about 2048 accumulators per program (16 per thread at 4 warps) and BLOCK_K 8, so
+      that the product of a K step (BLOCK_K x the accumulators) stays in 128 registers a
+      thread; BLOCK_W down to 1 for wide boxes. It ran 7-15 us behind the MMA tile there.
+    The layer's Cout/g x taps multiply-adds per input element decide between them (compute
+    against bandwidth): the tuner's measurement."""
+    w = params.in_size[2]
+    rows_in = -(-(params.out_size[1] + params.padding[1]) // params.stride[1])  # input height blocks
+    tiles = []
+    r_p, sw_p, bc = shuffle_shape(params, True)
+    ncol = r_p * bc * sw_p
+    if ncol <= 256:
+        bw = max(16, min(128, _pow2_ceil(w)))
+        seen = set()
+        for m in (bw, 128, 256):
+            box_h = max(1, min(m // bw, _pow2_ceil(rows_in)))
+            if box_h in seen or box_h * bw * ncol > 128 * 128:
+                continue
+            seen.add(box_h)
+            tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=bw,
+                              BOX_H=box_h, num_warps=4 if box_h * bw * ncol <= 128 * 64 else 8, num_stages=1,
+                              use_dot=True, head="shuffle", BLOCK_R=0))
+    r_p, sw_p, bc = shuffle_shape(params, False)
+    rows = r_p * bc * sw_p
+    if rows <= 2048:
+        bw = max(1, min(128, _pow2_ceil(w), 2048 // rows))
+        box_h = max(1, min(2048 // (rows * bw), _pow2_ceil(rows_in)))
+        tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=rows, BLOCK_K=min(8, _pow2_ceil(params.in_channels_per_group)),
+                          BLOCK_W=bw, BOX_H=box_h, num_warps=4, num_stages=1, use_dot=False, head="shuffle",
+                          BLOCK_R=0))
+    return tiles
 
 
 def _all_reached(params: ConvT3dParams) -> bool:
@@ -136,7 +206,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
       128 x 128 at 8 warps = 64 per thread); wider layers loop over N tiles in the program.
     * BLOCK_K: Cin/g rounded up to a power of two, at most 64 (16-bit) or 32 (fp32): one
       128-byte line per position and step, as the phase GEMM.
-    * Kinds: "direct" where no taps meet (collision_free), else "gather" and "rows" (Z ~SW/KW
+    * Kinds: "direct" where no taps meet (collision_free), with "shuffle" where moreover every
+      kernel fits in its stride at dilation 1 (shuffle_layer), else "gather" and "rows" (Z ~SW/KW
       of gather's: half for k4 s2, at the price of re-reading the input tile per width shift
       from cache). Measured on the H200 (2026-12-01, scripts/gpu_head_probe.py): rows won the
       bf16 heads (3-D GAN head 108-134 vs 178 us), gather the fp32 ones (228 vs 463-487 us), so
@@ -166,6 +237,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
 
     if collision_free(params):
         tiles = [tile("direct", _columns(params), bm, el) for bm, el in ((128, 2048), (64, 1024))]
+        if shuffle_layer(params):
+            tiles += shuffle_tiles(params, dtype)
     else:
         tiles = []
         if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
@@ -176,7 +249,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
             rows = tile("rows", _rows_columns(params), 128, 2048)
             persistent = _persistent(params, dtype, rows)
             tiles += [rows] + persistent
-            tiles += _packed(params, rows, any(head_smem(params, dtype, t)[1] for t in persistent))
+            tiles += _packed(params, dtype, rows, any(head_smem(params, dtype, t)[1] for t in persistent))
         # The fused kind needs no Z buffer, but it loses to the Z kinds where they run: H200,
         # 2026-12-01, 3-D GAN head 16 x 64 -> 1 (Nsight Compute at its locked 1.36 GHz clocks)
         # 350 us bf16 / 574 us fp32 against 109-131 / 226 us for rows / gather in the bench, the
@@ -193,7 +266,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     # take 214 / 254 registers and do not. fp32 K 32 with two stages spills 320 B (gather); K 16
     # does not. Whether the spill-free tiles beat the measured ones is the tuner's measurement.
     if bk > 16:
-        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] != "fused" and not t.get("persist")]
+        tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles
+                  if t["head"] not in ("fused", "shuffle") and not t.get("persist")]
 
     # Z in bfloat16 for bfloat16 calls: each tap product (or, for rows, each sum over the width
     # taps) is rounded to bf16 once before the gather adds them in fp32. The output is rounded
@@ -356,7 +430,24 @@ def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[d
     return out
 
 
-def _packed(params: ConvT3dParams, base: dict, held: bool) -> list[dict]:
+# Accumulator registers per thread a joint tile may take (fp32, all its N tiles together):
+# three 64 x 64 tiles on 4 warps (the 128 -> 8 head's), 96; ptxas for sm_90a put that tile at
+# 144-161 registers without spilling (Triton 3.6, offline, 2026-12-03).
+JOINT_ACC_REGS = 96
+
+
+def _joint_fits(params: ConvT3dParams, dtype: torch.dtype, bm: int, warps: int, stages: int, bk: int) -> bool:
+    """A joint tile (N tiles of 64 columns stepped together) keeps its accumulators within
+    JOINT_ACC_REGS per thread and its stages (an input tile and every N tile's weight tile
+    each, plus ~4 KB of epilogue) within one block's shared memory. A 256 -> 7 k6 s2 head (504
+    columns: 8 tiles) would need 256 registers and, in bf16 at 3 stages, 240 KB (on the H200
+    its compile failed: 245760 bytes of shared memory against 232448)."""
+    n_tiles = -(-_rows_columns(params) // 64)
+    smem = stages * (bm * bk + n_tiles * bk * 64) * dtype.itemsize + (4 << 10)
+    return n_tiles * bm * 64 <= JOINT_ACC_REGS * 32 * warps and smem <= MAX_BLOCK_SMEM
+
+
+def _packed(params: ConvT3dParams, dtype: torch.dtype, base: dict, held: bool) -> list[dict]:
     """Single-sweep rows tiles on the packed weight (``Config.w_packed``). Where no persistent
     tile holds the weight (``held`` False) every M tile gathers each of its NSHIFT x K_STEPS
     weight tiles tap by tap (``_rows_weight_tile``) -- 12 per tile for the VQ-VAE decoder's
@@ -378,7 +469,8 @@ def _packed(params: ConvT3dParams, base: dict, held: bool) -> list[dict]:
     each input tile, at BLOCK_N 64 (192 columns): per K step of that head one input tile and
     three 64-column weight tiles through shared memory, against two of each, and 25% fewer MMA
     columns. Three fp32 accumulators of 64 x 64 (or 128 x 64 on 8 warps) are 96 registers per
-    thread, where two 128 x 128 on 8 warps spill (head_rows_kernel's N_JOINT).
+    thread, where two 128 x 128 on 8 warps spill (head_rows_kernel's N_JOINT); offered where
+    they fit (``_joint_fits``).
 
     Where a persistent tile holds the weight, one packed tile (BLOCK_M 64, 4 warps, 3 stages)
     competes with it: a persistent stage holds the whole tile's input for every width shift and
@@ -392,7 +484,7 @@ def _packed(params: ConvT3dParams, base: dict, held: bool) -> list[dict]:
     ncol = _rows_columns(params)
     if ncol > base["BLOCK_N"]:  # base: BLOCK_N 128, the widest tile
         out += [dict(base, BLOCK_M=bm, BLOCK_N=64, num_warps=warps, num_stages=3, w_packed=True, n_joint=True)
-                for bm, warps in ((64, 4), (128, 8))]
+                for bm, warps in ((64, 4), (128, 8)) if _joint_fits(params, dtype, bm, warps, 3, base["BLOCK_K"])]
     return out
 
 
@@ -455,6 +547,10 @@ class HeadSteps:
         self.direct = cfg.head == "direct"
         if self.direct and not collision_free(params):
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
+        self.shuffle = cfg.head == "shuffle"
+        if self.shuffle and not shuffle_layer(params):
+            raise ValueError("head config 'shuffle' needs a kernel within the stride at dilation 1 along every "
+                             "dimension (shuffle_layer)")
         if cfg.w_packed and (cfg.head != "rows" or cfg.persist):
             raise ValueError("head config 'w_packed' is a single-sweep rows option (persist 0)")
         if cfg.n_joint and not cfg.w_packed:
@@ -463,7 +559,7 @@ class HeadSteps:
             raise ValueError("head config 'x_cl' needs the engine's input copy (prepare_input)")
         self.fused = cfg.head == "fused"
         # The fused kind writes every output itself; the direct kind needs a fill where no tap reaches.
-        self.fill_needed = not self.fused and not (self.direct and _all_reached(params))
+        self.fill_needed = not self.fused and not self.shuffle and not (self.direct and _all_reached(params))
         self.gemm = None
         self.gather = None
         self.pack = None  # (head_rows_pack_kernel's site, packed elements) of a w_packed tile
@@ -504,6 +600,27 @@ class HeadSteps:
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         key = ("head_fused", p, cfg, x.stride(), y.stride(), self.has_bias, self.precision, x.dtype, programs)
         return self.make_site(key, "head_fused_kernel", (programs,), ints, consts), programs * slot
+
+    def _shuffle_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+        """head_shuffle_kernel's launch: one program per (n, g, depth block, BOX_H height blocks,
+        W tile), the blocks covering the output (od + PD) // SD, (oh + PH) // SH, output padding
+        included."""
+        p, cfg = self.params, self.cfg
+        (sd, sh, sw), (pd, ph, pw), (od, oh, ow) = p.stride, p.padding, p.out_size
+        blocks_d, blocks_h = -(-(od + pd) // sd), -(-(oh + ph) // sh)
+        box_h = max(1, cfg.BOX_H)
+        tiles_h, tiles_w = -(-blocks_h // box_h), -(-p.in_size[2] // cfg.BLOCK_W)
+        r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot)
+        ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, *p.in_size, od, oh, ow, pd, ph, pw,
+                *x.stride(), w.stride(0), *y.stride(), blocks_d, tiles_h, tiles_w)
+        consts = dict(HAS_BIAS=self.has_bias, ROUND_TF32=self._rounds(x.dtype), PRECISION=self.precision,
+                      USE_DOT=cfg.use_dot, KD=p.kernel_size[0], KH=p.kernel_size[1], KW=p.kernel_size[2],
+                      SD=sd, SH=sh, SW=sw, R_P=r_p, SW_P=sw_p, BLOCK_C=bc, BLOCK_H=box_h, BLOCK_W=cfg.BLOCK_W,
+                      BLOCK_K=cfg.BLOCK_K, Y64=_batch_span(y) >= OFFSET_LIMIT, num_warps=cfg.num_warps,
+                      num_stages=cfg.num_stages)
+        grid = (p.groups * p.batch * blocks_d * tiles_h * tiles_w,)
+        key = ("head_shuffle", p, cfg, x.stride(), y.stride(), self.has_bias, self.precision, x.dtype)
+        return self.make_site(key, "head_shuffle_kernel", grid, ints, consts)
 
     def _gemm_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         p, cfg = self.params, self.cfg
@@ -638,6 +755,10 @@ class HeadSteps:
                 self.gemm, self.slots = self._fused_site(x, w, y)
             z = torch.empty(self.slots, dtype=torch.float32, device=dev)
             return self.gemm.launch(dev, x, w, b, y, z)
+        if self.shuffle:
+            if self.gemm is None:
+                self.gemm = self._shuffle_site(x, w, y)
+            return self.gemm.launch(dev, x, w, b, y)
         if self.gemm is None:
             self.gemm = self._gemm_site(x, w, y)
         if self.fill_needed and self.gather is None:

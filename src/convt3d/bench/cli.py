@@ -5,6 +5,7 @@
     convt3d bench --case kb77,gan_k4s2p1 --dtype bf16 --layout cl --backend triton
     convt3d bench --suite layers --mode full        # training step (forward + backward) vs cuDNN
     convt3d bench --list                            # the cases a filter selects, without running
+    convt3d bench --suite heads --layout cl         # 12 generated output heads no other suite holds
     convt3d bench --suite networks                  # whole networks: untouched vs convt3d.patch(model)
     convt3d bench --suite networks --case gan3d,monai_unet --mode fwd --dtype bf16
 
@@ -78,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="convt3d bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sel = p.add_argument_group("what to run")
-    sel.add_argument("--suite", choices=("kernelbench", "layers", "all", "networks"), default="all",
-                     help="all = kernelbench + layers; networks runs on its own (whole models, minutes)")
+    sel.add_argument("--suite", choices=("kernelbench", "layers", "all", "heads", "networks"), default="all",
+                     help="all = kernelbench + layers; heads: a generated sweep of output heads no other suite "
+                          "holds (suites.HEAD_SWEEP); networks runs on its own (whole models, minutes)")
     sel.add_argument("--case", action="append", type=_csv(None), metavar="NAME[,NAME]",
                      help=f"case names, repeatable: {', '.join(suites.case_names())}; with --suite networks, "
                           f"network names: {', '.join(_network_names())}")

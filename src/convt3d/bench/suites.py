@@ -26,13 +26,15 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["Geometry", "Case", "Tensors", "KERNELBENCH", "LAYERS", "SUITES", "DTYPES", "LAYOUTS", "PRECISIONS",
+__all__ = ["Geometry", "Case", "Tensors", "KERNELBENCH", "LAYERS", "HEAD_SWEEP", "SUITES", "EXTRA_SUITES", "DTYPES", "LAYOUTS", "PRECISIONS",
            "all_cases", "select", "case_names", "reduced_for_interpreter", "make_tensors"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LAYOUTS = ("ncdhw", "cl")
 PRECISIONS = ("default", "exact")
 SUITES = ("kernelbench", "layers")
+# Not part of "all": the generated head sweep (HEAD_SWEEP).
+EXTRA_SUITES = ("heads",)
 
 
 def _t3(v: int | Sequence[int]) -> tuple[int, int, int]:
@@ -117,6 +119,40 @@ LAYERS: tuple[Geometry, ...] = (
 )
 
 
+def _head_sweep(count: int = 12, seed: int = 20261203) -> tuple[Geometry, ...]:
+    """Output heads no other suite holds, drawn once from a fixed seed (``--suite heads``): the
+    check of the head path and of auto on layers nobody tuned for. Per dimension a (kernel,
+    stride, padding, output padding, dilation) of the kinds decoders use, the same on every
+    dimension half of the time (else a depth of its own, as video heads have); 16-256 input and
+    1-15 output channels, groups of 2 now and then; batch 1-8 and odd spatial sizes for 16-64 M
+    input and output elements together. Nothing in the engine was fitted to these rows."""
+    import random
+
+    axis_kinds = [(1, 1, 0, 0, 1), (2, 2, 0, 0, 1), (3, 1, 1, 0, 1), (3, 2, 1, 1, 1), (4, 2, 1, 0, 1),
+                  (3, 1, 2, 0, 2), (5, 1, 2, 0, 1), (4, 4, 0, 0, 1), (3, 3, 0, 0, 1), (6, 2, 2, 0, 1)]
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        hw = rng.choice(axis_kinds)
+        d = hw if rng.random() < 0.5 else rng.choice(axis_kinds[:5])
+        k, s_, p_, op, dil = zip(d, hw, hw)
+        groups = rng.choice([1, 1, 1, 1, 2])
+        cin = rng.choice([16, 32, 48, 64, 96, 128, 192, 256])
+        cout = groups * rng.randint(1, 15 // groups)
+        batch = rng.choice([1, 2, 4, 8])
+        # Input and output elements together 16-64 M.
+        side = (rng.uniform(16, 64) * 2 ** 20 / (batch * (cin + cout * math.prod(s_)))) ** (1 / 3)
+        size = (max(3, round(side * rng.uniform(0.5, 1.0))), max(3, round(side * rng.uniform(0.8, 1.2))),
+                max(3, round(side * rng.uniform(0.8, 1.2))))
+        tag = "k" + "".join(map(str, k)) + "s" + "".join(map(str, s_))
+        out.append(Geometry.of(f"sweep{i:02d}_{cin}to{cout}_{tag}", batch, cin, cout, size, k, s_, p_, op, dil,
+                               groups, bias=rng.random() < 0.7))
+    return tuple(out)
+
+
+HEAD_SWEEP: tuple[Geometry, ...] = _head_sweep()
+
+
 @dataclass(frozen=True)
 class Case:
     """One row of the bench: a geometry at one dtype, input layout and precision."""
@@ -153,6 +189,8 @@ def _suite_cases(suite: str) -> list[Case]:
         return [Case(suite, g, "fp32", "ncdhw", p, "rand") for g in KERNELBENCH for p in PRECISIONS]
     if suite == "layers":
         return [Case(suite, g, dt, lay, "default", "randn") for g in LAYERS for dt in DTYPES for lay in LAYOUTS]
+    if suite == "heads":
+        return [Case(suite, g, dt, lay, "default", "randn") for g in HEAD_SWEEP for dt in DTYPES for lay in LAYOUTS]
     raise ValueError(f"unknown suite {suite!r}; expected one of {SUITES}")
 
 
@@ -161,7 +199,7 @@ def all_cases() -> list[Case]:
 
 
 def case_names() -> list[str]:
-    return [g.name for g in KERNELBENCH + LAYERS]
+    return [g.name for g in KERNELBENCH + LAYERS + HEAD_SWEEP]
 
 
 def select(suite: str = "all", names: Iterable[str] | None = None, dtypes: Iterable[str] | None = None,
@@ -170,8 +208,8 @@ def select(suite: str = "all", names: Iterable[str] | None = None, dtypes: Itera
 
     A filter of None passes everything; an unknown value raises ValueError naming the choices.
     """
-    if suite != "all" and suite not in SUITES:
-        raise ValueError(f"unknown suite {suite!r}; expected 'all' or one of {SUITES}")
+    if suite != "all" and suite not in SUITES + EXTRA_SUITES:
+        raise ValueError(f"unknown suite {suite!r}; expected 'all' or one of {SUITES + EXTRA_SUITES}")
     filters = {"case": (names, case_names()), "dtype": (dtypes, list(DTYPES)),
                "layout": (layouts, list(LAYOUTS)), "precision": (precisions, list(PRECISIONS))}
     wanted: dict[str, set[str] | None] = {}

@@ -536,6 +536,138 @@ def head_direct_kernel(
 
 
 @triton.jit
+def head_shuffle_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    N, CIN_G, COUT_G, D, H, W, OD, OH, OW, PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_wc,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    blocks_d, tiles_h, tiles_w,
+    HAS_BIAS: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+    R_P: tl.constexpr, SW_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
+    Y64: tl.constexpr,
+):
+    """The shuffle kind: a layer whose kernel fits in its stride along every dimension
+    (k <= s, dilation 1: head_engine.shuffle_layer) sends each input position's taps to a box
+    of its own, the s_d x s_h x s_w outputs o = i * s - p + r (r < s), tap r where r < k and
+    bias alone where r >= k. So the output is a 3-D pixel shuffle of X @ W, and a single
+    sweep writes it: no Z, no fill, each output element stored once.
+
+    One program: one (n, g), one input depth block bd (output rows od = bd * SD + a - PD of
+    every a) and a tile of BLOCK_H input rows bh x BLOCK_W input columns iw (M = BLOCK_H x
+    BLOCK_W positions; output rows oh = bh * SH + b - PH, columns iw * SW + c - PW). Blocks past
+    the input (bd >= D, bh >= H) are the rows that output padding adds: bias only. Its
+    accumulator is [R_P * BLOCK_C, M, SW_P], rows j = (a * SH + b) * BLOCK_C + co of the box, so
+    a row of it runs along output columns (SW_P = SW taps interleaved: contiguous stores in
+    NCDHW), and the input tile is read once for every tap of the box:
+
+      * USE_DOT: per K step one MMA, [M, BLOCK_K] @ [BLOCK_K, R_P * BLOCK_C * SW_P] (the weight
+        of every (a, b, co, c) as one column block), the result permuted to the store's
+        [rows, positions, taps] order (a layout conversion through shared memory);
+      * else FMA in fp32: the product [BLOCK_K, rows, M, SW_P] summed over its first axis,
+        exact for the 16-bit inputs and, at TF32, on operands rounded as cuDNN rounds them.
+
+    Per input element the layer does Cout/g x taps multiply-adds (16 for the k2 s2 8 -> 2 head),
+    so it is memory-bound on either path; which tile is faster at a given Cin and Cout is the
+    tuner's measurement. Offsets inside a batch element are 32-bit for the input (the launcher
+    offers the kind below 2^31 elements per batch element), and for the output unless Y64."""
+    pid = tl.program_id(0)
+    pid_w = pid % tiles_w
+    t = pid // tiles_w
+    pid_h = t % tiles_h
+    t = t // tiles_h
+    bd = t % blocks_d
+    t = t // blocks_d
+    nb = t % N
+    grp = t // N
+    J: tl.constexpr = R_P * BLOCK_C
+    M: tl.constexpr = BLOCK_H * BLOCK_W
+    KVOL: tl.constexpr = KD * KH * KW
+
+    m = tl.arange(0, M)
+    bh = pid_h * BLOCK_H + m // BLOCK_W
+    iw = pid_w * BLOCK_W + m % BLOCK_W
+    # (bd < D broadcast over the positions as a tensor: Triton's interpreter rejects a mask made
+    # of a scalar comparison and a tensor one)
+    m_in = (bh < H) & (iw < W) & (bd + 0 * m < D)
+    x_d = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc + bd.to(tl.int64) * stride_xd
+    x_m = bh * stride_xh + iw * stride_xw
+    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+
+    # Rows j of the box: (a, b) = divmod(r, SH) for r = j // BLOCK_C, channel co = j % BLOCK_C.
+    j = tl.arange(0, J)
+    r = j // BLOCK_C
+    co = j % BLOCK_C
+    a = r // SH
+    b = r % SH
+    c = tl.arange(0, SW_P)
+    # A row has taps where a < KD and b < KH, and tap c of the row where c < KW.
+    j_tap = (r < SD * SH) & (a < KD) & (b < KH) & (co < COUT_G)
+    w_j = co * KVOL + (a * KH + b) * KW
+    od = bd * SD + a - PD
+    j_ok = (r < SD * SH) & (co < COUT_G) & (od >= 0) & (od < OD)
+
+    if USE_DOT:
+        NCOL: tl.constexpr = J * SW_P
+        n = tl.arange(0, NCOL)
+        n_j = n // SW_P
+        n_c = n % SW_P
+        r_n = n_j // BLOCK_C
+        co_n = n_j % BLOCK_C
+        a_n = r_n // SH
+        b_n = r_n % SH
+        n_ok = (r_n < SD * SH) & (a_n < KD) & (b_n < KH) & (co_n < COUT_G) & (n_c < KW)
+        w_n = co_n * KVOL + (a_n * KH + b_n) * KW + n_c
+        acc = tl.zeros((M, NCOL), dtype=tl.float32)
+        for k0 in range(0, CIN_G, BLOCK_K):
+            ci = k0 + tl.arange(0, BLOCK_K)
+            ci_ok = ci < CIN_G
+            xt = tl.load(x_d + x_m[:, None] + ci[None, :] * stride_xc, mask=m_in[:, None] & ci_ok[None, :], other=0.0)
+            wt = tl.load(w_g + ci[:, None] * stride_wc + w_n[None, :], mask=ci_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = _mma_step(acc, xt, wt, ROUND_TF32, False, PRECISION)
+        out = tl.permute(tl.reshape(acc, (M, J, SW_P)), (1, 0, 2))
+    else:
+        out = tl.zeros((J, M, SW_P), dtype=tl.float32)
+        for k0 in range(0, CIN_G, BLOCK_K):
+            ci = k0 + tl.arange(0, BLOCK_K)
+            ci_ok = ci < CIN_G
+            xv = tl.load(x_d + ci[:, None] * stride_xc + x_m[None, :], mask=ci_ok[:, None] & m_in[None, :],
+                         other=0.0).to(tl.float32)
+            wv = tl.load(w_g + ci[:, None, None] * stride_wc + w_j[None, :, None] + c[None, None, :],
+                         mask=ci_ok[:, None, None] & j_tap[None, :, None] & (c < KW)[None, None, :],
+                         other=0.0).to(tl.float32)
+            if ROUND_TF32:
+                xv = _round_tf32(xv)
+                wv = _round_tf32(wv)
+            out += tl.sum(xv[:, None, :, None] * wv[:, :, None, :], axis=0)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(tl.float32)[:, None, None]
+
+    oh = bh[None, :] * SH + b[:, None] - PH  # [rows, positions]
+    ow = (iw * SW - PW)[:, None] + c[None, :]  # [positions, taps]
+    ow_ok = (ow >= 0) & (ow < OW) & (c < SW)[None, :]
+    jm_ok = j_ok[:, None] & (oh >= 0) & (oh < OH)
+    y_s = y_ptr + nb.to(tl.int64) * stride_yn
+    if Y64:
+        y_jm = ((grp * COUT_G + co).to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd)[:, None] \
+            + oh.to(tl.int64) * stride_yh
+        y_mc = ow.to(tl.int64) * stride_yw
+    else:
+        # 32-bit offsets inside a batch element (the launcher sets Y64 where one spans 2^31
+        # elements): half the integer work per stored element.
+        y_jm = ((grp * COUT_G + co) * stride_yc + od * stride_yd)[:, None] + oh * stride_yh
+        y_mc = ow * stride_yw
+    tl.store(y_s + y_jm[:, :, None] + y_mc[None, :, :], out.to(y_ptr.dtype.element_ty),
+             mask=jm_ok[:, :, None] & ow_ok[None, :, :])
+
+
+@triton.jit
 def head_gather_kernel(
     z_ptr, b_ptr, y_ptr,
     N, COUT_G, D, H, W, OD, OH, OW,
