@@ -1398,7 +1398,8 @@ tap-product buffer Z (bf16 in bf16 calls) written once and read once, the output
 written once. For the 16 x 64 -> 1
 head (32^3 -> 64^3, k4 s2 p1, fp32) the gather kind's Z (input positions x Cout/g x taps) makes
 134 + 2 x 134 + 17 MB against the 151 MB floor of the layer; the rows kind's Z (output rows) is
-half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether. The
+half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether, and
+where every kernel fits in its stride (``shuffle_layer``) one kernel writes the whole output. The
 fused kind keeps Z in an L2-resident slot per program instead (no Z traffic to HBM), but its
 serial per-tile chain makes it latency-bound on the H200 (2-3x slower than the Z kinds, NOTES
 section 10); it is offered where no Z kind fits.
@@ -1588,7 +1589,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
       128 x 128 at 8 warps = 64 per thread); wider layers loop over N tiles in the program.
     * BLOCK_K: Cin/g rounded up to a power of two, at most 64 (16-bit) or 32 (fp32): one
       128-byte line per position and step, as the phase GEMM.
-    * Kinds: "direct" where no taps meet (collision_free), else "gather" and "rows" (Z ~SW/KW
+    * Kinds: "direct" where no taps meet (collision_free), with "shuffle" where moreover every
+      kernel fits in its stride at dilation 1 (shuffle_layer), else "gather" and "rows" (Z ~SW/KW
       of gather's: half for k4 s2, at the price of re-reading the input tile per width shift
       from cache). Measured on the H200 (2026-12-01, scripts/gpu_head_probe.py): rows won the
       bf16 heads (3-D GAN head 108-134 vs 178 us), gather the fp32 ones (228 vs 463-487 us), so
