@@ -90,9 +90,11 @@ def test_suite_rows():
 
 def test_heads_suite_is_a_fixed_sweep_of_heads_outside_all():
     # The generated sweep: the same 12 geometries in every process (a fixed seed, no hash of
-    # salted strings), each a head (1-15 output channels per group) with a valid output, none in
-    # another suite, and not part of "all".
+    # salted strings), each a head (1-15 output channels per group) with a valid output that the
+    # head path takes (head tiles offered), none in another suite, and not part of "all".
+    from convt3d import head_engine
     from convt3d.head_engine import MAX_HEAD_CHANNELS
+    from convt3d.params import ConvT3dParams
 
     again = suites._head_sweep()
     assert again == suites.HEAD_SWEEP and len(again) == 12
@@ -101,6 +103,10 @@ def test_heads_suite_is_a_fixed_sweep_of_heads_outside_all():
     for g in suites.HEAD_SWEEP:
         assert 1 <= g.out_channels // g.groups <= MAX_HEAD_CHANNELS and g.in_channels % g.groups == 0
         assert all(o > 0 for o in g.out_size()), g
+        params = ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel,
+                                      g.stride, g.padding, g.output_padding, g.dilation)
+        assert params.out_size == g.out_size()
+        assert head_engine.head_tiles(params, torch.bfloat16, "tf32"), g
     heads = suites.select("heads")
     assert len(heads) == 12 * 4 and {c.suite for c in heads} == {"heads"}
     assert not any(c.suite == "heads" for c in suites.select("all"))

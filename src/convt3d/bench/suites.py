@@ -26,8 +26,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["Geometry", "Case", "Tensors", "KERNELBENCH", "LAYERS", "HEAD_SWEEP", "SUITES", "EXTRA_SUITES", "DTYPES", "LAYOUTS", "PRECISIONS",
-           "all_cases", "select", "case_names", "reduced_for_interpreter", "make_tensors"]
+__all__ = ["Geometry", "Case", "Tensors", "KERNELBENCH", "LAYERS", "HEAD_SWEEP", "SUITES", "EXTRA_SUITES", "DTYPES",
+           "LAYOUTS", "PRECISIONS", "all_cases", "select", "case_names", "reduced_for_interpreter", "make_tensors"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LAYOUTS = ("ncdhw", "cl")
@@ -191,7 +191,7 @@ def _suite_cases(suite: str) -> list[Case]:
         return [Case(suite, g, dt, lay, "default", "randn") for g in LAYERS for dt in DTYPES for lay in LAYOUTS]
     if suite == "heads":
         return [Case(suite, g, dt, lay, "default", "randn") for g in HEAD_SWEEP for dt in DTYPES for lay in LAYOUTS]
-    raise ValueError(f"unknown suite {suite!r}; expected one of {SUITES}")
+    raise ValueError(f"unknown suite {suite!r}; expected one of {SUITES + EXTRA_SUITES}")
 
 
 def all_cases() -> list[Case]:

@@ -27,7 +27,8 @@ store and load Z in the buffer's dtype and add in fp32.
 When no two (input, tap) pairs land on the same output position -- along every dimension
 each output residue has at most one tap, e.g. k2 s2 -- ``head_direct_kernel`` stores the GEMM tile
 straight into the output (plus bias), and ``head_gather_kernel`` with FILL_ONLY writes only the
-positions no tap reaches.
+positions no tap reaches. Where moreover every kernel fits in its stride at dilation 1,
+``head_shuffle_kernel`` writes the whole output, unreached positions included, in one launch.
 """
 import triton
 import triton.language as tl
