@@ -1412,7 +1412,7 @@ import torch
 
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
-           "shuffle_layer", "shuffle_tiles", "shuffle_shape",
+           "shuffle_layer", "shuffle_shifts", "shuffle_tiles", "shuffle_shape",
            "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
@@ -1428,8 +1428,9 @@ MAX_HEAD_CHANNELS = 15
 # kernel, Z in a per-program scratch slot that stays in L2 (no Z traffic to HBM).
 # "box": head_box_kernel (Gluon, sm_90 only; head_box_engine), the GEMM and the tap sum of a box
 # of positions in one program, the tap products in registers and shared memory.
-# "shuffle": head_shuffle_kernel, for layers whose kernel fits in the stride (shuffle_layer):
-# each input position's taps fill a box of outputs of its own, written in one pass.
+# "shuffle": head_shuffle_kernel, for layers at dilation 1 (shuffle_layer): the outputs of each
+# block q (o = q * s - p + r) sum the taps j * s + r of the inputs q - j, all in registers, and
+# are written in one sweep (a pixel shuffle of a stride-1 convolution; no Z, no fill).
 HEAD_KINDS = ("gather", "rows", "direct", "shuffle", "fused", "box")
 # Elements of one batch element up to which a kernel's offsets inside it are 32-bit.
 OFFSET_LIMIT = 2**31
@@ -1475,14 +1476,19 @@ def collision_free(params: ConvT3dParams) -> bool:
 
 
 def shuffle_layer(params: ConvT3dParams) -> bool:
-    """Every dimension's kernel fits in its stride at dilation 1 (k <= s: k2 s2, k (1, 2, 2)
-    s (1, 2, 2), k1 s1): the outputs i * s - p + r, r < s, of input position i are its own, tap
-    r for r < k (collision-free, and each position's outputs a contiguous box), which
-    head_shuffle_kernel writes in a single sweep. Boxes of at most 16 depth x height rows and 16
-    columns (the kernel unrolls them)."""
+    """Dilation 1 along every dimension (or a kernel of 1): tap t = j * s + r of a dimension
+    (shift j, residue r < s) sends input i to output (i + j) * s - p + r, so the outputs
+    q * s - p + r of block q are a box of their own, summed from the inputs q - j
+    (``shuffle_shifts``), which head_shuffle_kernel writes in a single sweep. Boxes of at most
+    16 depth x height rows and 16 columns (the kernel unrolls them)."""
     return (all(a.dilation == 1 or a.kernel == 1 for a in params.axes)
-            and all(a.kernel <= a.stride for a in params.axes)
             and params.stride[0] * params.stride[1] <= 16 and params.stride[2] <= 16)
+
+
+def shuffle_shifts(params: ConvT3dParams) -> tuple[int, int, int]:
+    """(J_d, J_h, J_w): the shifts per dimension of the shuffle kind, ceil(k / s) -- 1 where the
+    kernel fits in its stride (k2 s2), 2 for k4 s2, 3 for k3 s1."""
+    return tuple(-(-a.kernel // a.stride) for a in params.axes)
 
 
 def shuffle_shape(params: ConvT3dParams, use_dot: bool) -> tuple[int, int, int]:
@@ -1506,13 +1512,18 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
       thread, else 8; BLOCK_K as the GEMMs'. On the H200 (2026-12-03, k2 s2 8 -> 2 head, graph
       replay) the one-row tile of 64 positions ran 30.1-47.3 us against 110-192 for the direct
       kind; programs of 1 row are small (4 KB of output each), so wider ones are timed too.
+      Layers with shifts (k > s) loop over (channel block, shift) steps: there each tile comes
+      with 1 and 3 stages (cp.async of the next steps' tiles during this one's MMA).
     * FMA: about 2048 accumulators per program (16 per thread at 4 warps) and BLOCK_K 8, so
       that the product of a K step (BLOCK_K x the accumulators) stays in 128 registers a
       thread; BLOCK_W down to 1 for wide boxes. It ran 7-15 us behind the MMA tile there.
     The layer's Cout/g x taps multiply-adds per input element decide between them (compute
     against bandwidth): the tuner's measurement."""
-    w = params.in_size[2]
-    rows_in = -(-(params.out_size[1] + params.padding[1]) // params.stride[1])  # input height blocks
+    # Blocks q = (o + p) // s covering the output: past the input where output padding or the
+    # shifts reach further.
+    w = -(-(params.out_size[2] + params.padding[2]) // params.stride[2])
+    rows_in = -(-(params.out_size[1] + params.padding[1]) // params.stride[1])
+    shifted = math.prod(shuffle_shifts(params)) > 1
     tiles = []
     r_p, sw_p, bc = shuffle_shape(params, True)
     ncol = r_p * bc * sw_p
@@ -1524,9 +1535,10 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
             if box_h in seen or box_h * bw * ncol > 128 * 128:
                 continue
             seen.add(box_h)
-            tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=bw,
-                              BOX_H=box_h, num_warps=4 if box_h * bw * ncol <= 128 * 64 else 8, num_stages=1,
-                              use_dot=True, head="shuffle", BLOCK_R=0))
+            for stages in ((1, 3) if shifted else (1,)):
+                tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=bw,
+                                  BOX_H=box_h, num_warps=4 if box_h * bw * ncol <= 128 * 64 else 8,
+                                  num_stages=stages, use_dot=True, head="shuffle", BLOCK_R=0))
     r_p, sw_p, bc = shuffle_shape(params, False)
     rows = r_p * bc * sw_p
     if rows <= 2048:
@@ -1620,8 +1632,6 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
 
     if collision_free(params):
         tiles = [tile("direct", _columns(params), bm, el) for bm, el in ((128, 2048), (64, 1024))]
-        if shuffle_layer(params):
-            tiles += shuffle_tiles(params, dtype)
     else:
         tiles = []
         if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
@@ -1643,6 +1653,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
         # kind is (Z beyond MAX_Z_BYTES): there it competes with the phase path alone.
         if not tiles:
             tiles = fused_tiles(params, dtype)
+    if shuffle_layer(params):
+        tiles += shuffle_tiles(params, dtype)
     # Half-K variants, after the measured tiles (which stay the untuned defaults). ptxas for
     # sm_90a (offline, Triton 3.9 code generation, 2026-12-01; scripts/ptxas_regs.py): the 16-bit
     # K-64 GEMM tiles run at 255 registers and spill (gather 100 B, rows 512 B); at K 32 they
@@ -1932,8 +1944,8 @@ class HeadSteps:
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
         self.shuffle = cfg.head == "shuffle"
         if self.shuffle and not shuffle_layer(params):
-            raise ValueError("head config 'shuffle' needs a kernel within the stride at dilation 1 along every "
-                             "dimension (shuffle_layer)")
+            raise ValueError("head config 'shuffle' needs dilation 1 (or a kernel of 1) along every dimension and "
+                             "boxes of at most 16 x 16 (shuffle_layer)")
         if cfg.w_packed and (cfg.head != "rows" or cfg.persist):
             raise ValueError("head config 'w_packed' is a single-sweep rows option (persist 0)")
         if cfg.n_joint and not cfg.w_packed:
@@ -1986,19 +1998,20 @@ class HeadSteps:
 
     def _shuffle_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         """head_shuffle_kernel's launch: one program per (n, g, depth block, BOX_H height blocks,
-        W tile), the blocks covering the output (od + PD) // SD, (oh + PH) // SH, output padding
-        included."""
+        W tile of width blocks), the blocks covering the output (o + p) // s along every
+        dimension, output padding included."""
         p, cfg = self.params, self.cfg
         (sd, sh, sw), (pd, ph, pw), (od, oh, ow) = p.stride, p.padding, p.out_size
-        blocks_d, blocks_h = -(-(od + pd) // sd), -(-(oh + ph) // sh)
+        blocks_d, blocks_h, blocks_w = -(-(od + pd) // sd), -(-(oh + ph) // sh), -(-(ow + pw) // sw)
         box_h = max(1, cfg.BOX_H)
-        tiles_h, tiles_w = -(-blocks_h // box_h), -(-p.in_size[2] // cfg.BLOCK_W)
+        tiles_h, tiles_w = -(-blocks_h // box_h), -(-blocks_w // cfg.BLOCK_W)
         r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot)
+        jd, jh, jw = shuffle_shifts(p)
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, *p.in_size, od, oh, ow, pd, ph, pw,
                 *x.stride(), w.stride(0), *y.stride(), blocks_d, tiles_h, tiles_w)
         consts = dict(HAS_BIAS=self.has_bias, ROUND_TF32=self._rounds(x.dtype), PRECISION=self.precision,
                       USE_DOT=cfg.use_dot, KD=p.kernel_size[0], KH=p.kernel_size[1], KW=p.kernel_size[2],
-                      SD=sd, SH=sh, SW=sw, R_P=r_p, SW_P=sw_p, BLOCK_C=bc, BLOCK_H=box_h, BLOCK_W=cfg.BLOCK_W,
+                      SD=sd, SH=sh, SW=sw, JD=jd, JH=jh, JW=jw, R_P=r_p, SW_P=sw_p, BLOCK_C=bc, BLOCK_H=box_h, BLOCK_W=cfg.BLOCK_W,
                       BLOCK_K=cfg.BLOCK_K, Y64=_batch_span(y) >= OFFSET_LIMIT, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)
         grid = (p.groups * p.batch * blocks_d * tiles_h * tiles_w,)
@@ -2221,6 +2234,7 @@ head_engine = types.SimpleNamespace(
     persistent_programs=persistent_programs,
     shuffle_layer=shuffle_layer,
     shuffle_shape=shuffle_shape,
+    shuffle_shifts=shuffle_shifts,
     shuffle_tiles=shuffle_tiles,
     width_shifts=width_shifts,
 )
@@ -2280,7 +2294,7 @@ class Config:
                     f"w{self.num_warps} s{self.num_stages}")
         if self.head == "shuffle":
             return (f"head-shuffle M{self.BLOCK_M}({self.BOX_H}x{self.BLOCK_W}) N{self.BLOCK_N} K{self.BLOCK_K} "
-                    f"{'mma' if self.use_dot else 'fma'} w{self.num_warps}")
+                    f"{'mma' if self.use_dot else 'fma'} w{self.num_warps} s{self.num_stages}")
         if self.head == "fused":
             return (f"head-fused box{self.BOX_D}x{self.BOX_H}x{self.BLOCK_W} M{self.BLOCK_M} N{self.BLOCK_N} "
                     f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
@@ -3785,34 +3799,45 @@ def head_shuffle_kernel(
     USE_DOT: tl.constexpr,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+    JD: tl.constexpr, JH: tl.constexpr, JW: tl.constexpr,
     R_P: tl.constexpr, SW_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
     Y64: tl.constexpr,
 ):
-    """The shuffle kind: a layer whose kernel fits in its stride along every dimension
-    (k <= s, dilation 1: head_engine.shuffle_layer) sends each input position's taps to a box
-    of its own, the s_d x s_h x s_w outputs o = i * s - p + r (r < s), tap r where r < k and
-    bias alone where r >= k. So the output is a 3-D pixel shuffle of X @ W, and a single
-    sweep writes it: no Z, no fill, each output element stored once.
+    """The shuffle kind, for layers at dilation 1 (head_engine.shuffle_layer). Tap t of a
+    dimension is t = j * s + r (shift j < J = ceil(k / s), residue r < s), so input position i
+    sends tap (j, r) to output o = (i + j) * s - p + r: the outputs of block q, o = q * s - p + r,
+    gather exactly the taps (j, r) of the inputs i = q - j. So the output is a 3-D pixel shuffle
+    of a stride-1 convolution with J_d x J_h x J_w taps,
 
-    One program: one (n, g), one input depth block bd (output rows od = bd * SD + a - PD of
-    every a) and a tile of BLOCK_H input rows bh x BLOCK_W input columns iw (M = BLOCK_H x
-    BLOCK_W positions; output rows oh = bh * SH + b - PH, columns iw * SW + c - PW). Blocks past
-    the input (bd >= D, bh >= H) are the rows that output padding adds: bias only. Its
-    accumulator is [R_P * BLOCK_C, M, SW_P], rows j = (a * SH + b) * BLOCK_C + co of the box, so
-    a row of it runs along output columns (SW_P = SW taps interleaved: contiguous stores in
-    NCDHW), and the input tile is read once for every tap of the box:
+      out[q * s - p + r, co] = bias[co] + sum_j X[q - j] @ W[tap j * s + r, co],
+
+    with (r, co) in the GEMM's N (R_P * BLOCK_C * SW_P columns) and (shift, input channel) in
+    its K, every sum held in registers: one sweep writes each output element once, bias-only
+    and output-padding positions included, with no Z buffer and no fill. Where the kernel fits
+    in its stride (k <= s: k2 s2, k (1, 2, 2) s (1, 2, 2)) there is one shift; the k4 s2 heads
+    take 8 (each input element read by 8 blocks, the repeats from L1 and L2: the shifts of one
+    channel block run back to back), k3 s (1, 2, 2) 12 (taps j * s + r >= k masked to zero).
+
+    One program: one (n, g), one depth block bd (output rows od = bd * SD + a - PD of every a)
+    and a tile of BLOCK_H height blocks bh x BLOCK_W width blocks iw (M = BLOCK_H x BLOCK_W;
+    output rows oh = bh * SH + b - PH, columns iw * SW + c - PW). Blocks past the input are the
+    rows that output padding (and taps past the last input) add. Its accumulator is
+    [R_P * BLOCK_C, M, SW_P], rows j = (a * SH + b) * BLOCK_C + co of the box, so a row of it
+    runs along output columns (SW_P = SW residues interleaved: contiguous stores in NCDHW):
 
       * USE_DOT: per K step one MMA, [M, BLOCK_K] @ [BLOCK_K, R_P * BLOCK_C * SW_P] (the weight
-        of every (a, b, co, c) as one column block), the result permuted to the store's
-        [rows, positions, taps] order (a layout conversion through shared memory);
+        of every (a, b, co, c) of one shift as a column block), the result permuted to the
+        store's [rows, positions, residues] order (a layout conversion through shared memory);
+        at "ieee" two-level summation over the K steps, as the other head GEMMs;
       * else FMA in fp32: the product [BLOCK_K, rows, M, SW_P] summed over its first axis,
         exact for the 16-bit inputs and, at TF32, on operands rounded as cuDNN rounds them.
 
-    Per input element the layer does Cout/g x taps multiply-adds (16 for the k2 s2 8 -> 2 head),
-    so it is memory-bound on either path; which tile is faster at a given Cin and Cout is the
-    tuner's measurement. Offsets inside a batch element are 32-bit for the input (the launcher
-    offers the kind below 2^31 elements per batch element), and for the output unless Y64."""
+    Per input element the layer does Cout/g x taps multiply-adds (16 for the k2 s2 8 -> 2 head,
+    64 for the 64 -> 1 k4 s2 head), so it is memory-bound on either path; which tile is faster
+    at a given Cin and Cout is the tuner's measurement. Offsets inside a batch element are
+    32-bit for the input (the launcher offers the kind below 2^31 elements per batch element),
+    and for the output unless Y64."""
     pid = tl.program_id(0)
     pid_w = pid % tiles_w
     t = pid // tiles_w
@@ -3825,16 +3850,15 @@ def head_shuffle_kernel(
     J: tl.constexpr = R_P * BLOCK_C
     M: tl.constexpr = BLOCK_H * BLOCK_W
     KVOL: tl.constexpr = KD * KH * KW
+    JVOL: tl.constexpr = JD * JH * JW
 
     m = tl.arange(0, M)
     bh = pid_h * BLOCK_H + m // BLOCK_W
     iw = pid_w * BLOCK_W + m % BLOCK_W
-    # (bd < D broadcast over the positions as a tensor: Triton's interpreter rejects a mask made
-    # of a scalar comparison and a tensor one)
-    m_in = (bh < H) & (iw < W) & (bd + 0 * m < D)
-    x_d = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc + bd.to(tl.int64) * stride_xd
-    x_m = bh * stride_xh + iw * stride_xw
+    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    # K steps: channel blocks outside, the shifts of a block inside (its input tiles overlap).
+    steps = tl.cdiv(CIN_G, BLOCK_K) * JVOL
 
     # Rows j of the box: (a, b) = divmod(r, SH) for r = j // BLOCK_C, channel co = j % BLOCK_C.
     j = tl.arange(0, J)
@@ -3843,11 +3867,9 @@ def head_shuffle_kernel(
     a = r // SH
     b = r % SH
     c = tl.arange(0, SW_P)
-    # A row has taps where a < KD and b < KH, and tap c of the row where c < KW.
-    j_tap = (r < SD * SH) & (a < KD) & (b < KH) & (co < COUT_G)
-    w_j = co * KVOL + (a * KH + b) * KW
+    j_row = (r < SD * SH) & (co < COUT_G)
     od = bd * SD + a - PD
-    j_ok = (r < SD * SH) & (co < COUT_G) & (od >= 0) & (od < OD)
+    j_ok = j_row & (od >= 0) & (od < OD)
 
     if USE_DOT:
         NCOL: tl.constexpr = J * SW_P
@@ -3858,25 +3880,53 @@ def head_shuffle_kernel(
         co_n = n_j % BLOCK_C
         a_n = r_n // SH
         b_n = r_n % SH
-        n_ok = (r_n < SD * SH) & (a_n < KD) & (b_n < KH) & (co_n < COUT_G) & (n_c < KW)
-        w_n = co_n * KVOL + (a_n * KH + b_n) * KW + n_c
+        n_row = (r_n < SD * SH) & (co_n < COUT_G) & (n_c < SW)
         acc = tl.zeros((M, NCOL), dtype=tl.float32)
-        for k0 in range(0, CIN_G, BLOCK_K):
+        for it in range(0, steps):
+            k0 = (it // JVOL) * BLOCK_K
+            jd = it % JVOL // (JH * JW)
+            jh = it % (JH * JW) // JW
+            jw = it % JW
             ci = k0 + tl.arange(0, BLOCK_K)
             ci_ok = ci < CIN_G
-            xt = tl.load(x_d + x_m[:, None] + ci[None, :] * stride_xc, mask=m_in[:, None] & ci_ok[None, :], other=0.0)
-            wt = tl.load(w_g + ci[:, None] * stride_wc + w_n[None, :], mask=ci_ok[:, None] & n_ok[None, :], other=0.0)
-            acc = _mma_step(acc, xt, wt, ROUND_TF32, False, PRECISION)
+            ih = bh - jh
+            ix = iw - jw
+            # (the depth test broadcast over the positions as a tensor: Triton's interpreter
+            # rejects a mask made of a scalar comparison and a tensor one)
+            m_in = (ih >= 0) & (ih < H) & (ix >= 0) & (ix < W) & (bd - jd + 0 * m >= 0) & (bd - jd + 0 * m < D)
+            x_d = x_n + (bd - jd).to(tl.int64) * stride_xd
+            xt = tl.load(x_d + (ih * stride_xh + ix * stride_xw)[:, None] + ci[None, :] * stride_xc,
+                         mask=m_in[:, None] & ci_ok[None, :], other=0.0)
+            td = jd * SD + a_n
+            th = jh * SH + b_n
+            tw = jw * SW + n_c
+            n_ok = n_row & (td < KD) & (th < KH) & (tw < KW)
+            wt = tl.load(w_g + ci[:, None] * stride_wc + (co_n * KVOL + (td * KH + th) * KW + tw)[None, :],
+                         mask=ci_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = _mma_step(acc, xt, wt, ROUND_TF32, PRECISION == "ieee", PRECISION)
         out = tl.permute(tl.reshape(acc, (M, J, SW_P)), (1, 0, 2))
     else:
         out = tl.zeros((J, M, SW_P), dtype=tl.float32)
-        for k0 in range(0, CIN_G, BLOCK_K):
+        for it in range(0, steps):
+            k0 = (it // JVOL) * BLOCK_K
+            jd = it % JVOL // (JH * JW)
+            jh = it % (JH * JW) // JW
+            jw = it % JW
             ci = k0 + tl.arange(0, BLOCK_K)
             ci_ok = ci < CIN_G
-            xv = tl.load(x_d + ci[:, None] * stride_xc + x_m[None, :], mask=ci_ok[:, None] & m_in[None, :],
-                         other=0.0).to(tl.float32)
-            wv = tl.load(w_g + ci[:, None, None] * stride_wc + w_j[None, :, None] + c[None, None, :],
-                         mask=ci_ok[:, None, None] & j_tap[None, :, None] & (c < KW)[None, None, :],
+            ih = bh - jh
+            ix = iw - jw
+            m_in = (ih >= 0) & (ih < H) & (ix >= 0) & (ix < W) & (bd - jd + 0 * m >= 0) & (bd - jd + 0 * m < D)
+            x_d = x_n + (bd - jd).to(tl.int64) * stride_xd
+            xv = tl.load(x_d + ci[:, None] * stride_xc + (ih * stride_xh + ix * stride_xw)[None, :],
+                         mask=ci_ok[:, None] & m_in[None, :], other=0.0).to(tl.float32)
+            td = jd * SD + a
+            th = jh * SH + b
+            tw = jw * SW + c
+            j_tap = j_row & (td < KD) & (th < KH)
+            wv = tl.load(w_g + ci[:, None, None] * stride_wc + (co * KVOL + (td * KH + th) * KW)[None, :, None]
+                         + tw[None, None, :],
+                         mask=ci_ok[:, None, None] & j_tap[None, :, None] & ((tw < KW) & (c < SW))[None, None, :],
                          other=0.0).to(tl.float32)
             if ROUND_TF32:
                 xv = _round_tf32(xv)
@@ -3886,7 +3936,7 @@ def head_shuffle_kernel(
         out += tl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(tl.float32)[:, None, None]
 
     oh = bh[None, :] * SH + b[:, None] - PH  # [rows, positions]
-    ow = (iw * SW - PW)[:, None] + c[None, :]  # [positions, taps]
+    ow = (iw * SW - PW)[:, None] + c[None, :]  # [positions, residues]
     ow_ok = (ow >= 0) & (ow < OW) & (c < SW)[None, :]
     jm_ok = j_ok[:, None] & (oh >= 0) & (oh < OH)
     y_s = y_ptr + nb.to(tl.int64) * stride_yn
@@ -4832,6 +4882,7 @@ head_engine = types.SimpleNamespace(
     persistent_programs=persistent_programs,
     shuffle_layer=shuffle_layer,
     shuffle_shape=shuffle_shape,
+    shuffle_shifts=shuffle_shifts,
     shuffle_tiles=shuffle_tiles,
     width_shifts=width_shifts,
 )

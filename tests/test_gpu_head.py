@@ -203,7 +203,7 @@ def test_box_kind(name, layout, dtype):
         _check(x, w, None, args, "tf32", E.forward(x, w, None, params, "tf32", config=cfg))
 
 
-# The shuffle kind's regimes (kernel within the stride at dilation 1): every position reached,
+# The shuffle kind's regimes (dilation 1): kernels within the stride with every position reached,
 # boxes with bias-only positions (k < s), output padding, cropping padding, anisotropic strides,
 # a stride of 3 (box width not a power of two), 15 channels over 4 x 4 boxes, groups, K steps.
 SHUFFLE_HEADS = {
@@ -213,6 +213,17 @@ SHUFFLE_HEADS = {
     "k444-s444-16to15": (1, 16, 15, 1, (4, 5, 7), 4, 4, 0, 0, 1),
     "k213-s423-p": (1, 40, 5, 1, (3, 5, 6), (2, 1, 3), (4, 2, 3), (3, 0, 1), (1, 1, 2), 1),
     "k2s2-groups2-200in": (2, 200, 4, 2, (3, 6, 9), 2, 2, 1, 1, 1),
+    # Kernels past the stride (shifts): k4 s2 (8 shifts), k (1, 4, 4) s (1, 2, 2) (4), k3 s (1, 2, 2)
+    # with output padding (12, taps j * s + r >= k masked), padding above the stride, stride 1
+    # (27 shifts, boxes of one position), k5 s3 with groups, and a width of 16 blocks with
+    # output padding (the block past the input in its own W tile).
+    "k4s2p1-64to1": HEADS["gan-64to1-k4s2p1"],
+    "k144-s122-64to3": HEADS["video-64to3-k144"],
+    "k3-s122-op-128to8": HEADS["tc-side-128to8-k3"],
+    "k4s2p3-240to3": (1, 240, 3, 1, (5, 7, 9), 4, 2, 3, 0, 1),
+    "k3s1p1-48to8": (2, 48, 8, 1, (5, 7, 9), 3, 1, 1, 0, 1),
+    "k5s3-groups2-op": (1, 32, 6, 2, (3, 4, 5), 5, 3, 1, 2, 1),
+    "k2s2-op-w16": (1, 16, 2, 1, (2, 3, 16), 2, 2, 0, 1, 1),
 }
 
 
@@ -226,7 +237,7 @@ def test_shuffle_kind(name, layout, dtype):
     params, _ = check_call(x, w, b, *args)
     for precision in ["tf32"] + (["tf32x3", "ieee"] if dtype == torch.float32 else []):
         tiles = [c for c in _heads(params, x, w, precision) if c.head == "shuffle"]
-        assert tiles, "a layer whose kernel fits in its stride has shuffle tiles"
+        assert tiles, "a layer at dilation 1 has shuffle tiles"
         for cfg in tiles:
             _check(x, w, b, args, precision, E.forward(x, w, b, params, precision, config=cfg))
             _check(x, w, None, args, precision, E.forward(x, w, None, params, precision, config=cfg))

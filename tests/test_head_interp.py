@@ -98,8 +98,12 @@ def test_regime_names_match_the_kind():
             assert kinds == (["direct", "shuffle"] if head_engine.shuffle_layer(params) else ["direct"]), name
         else:
             sw = case.stride if isinstance(case.stride, int) else case.stride[2]
-            # (the fused kind only where no Z kind is offered: not at these sizes)
-            assert kinds == (["gather", "rows"] if sw & (sw - 1) == 0 else ["gather"]), name
+            params = check_call(*case.tensors()[:2], None, *case.args)[0]
+            # (the fused kind only where no Z kind is offered: not at these sizes; the shuffle
+            # kind at dilation 1, its shifts summing the taps past the stride)
+            want = (["gather", "rows"] if sw & (sw - 1) == 0 else ["gather"]) + (
+                ["shuffle"] if head_engine.shuffle_layer(params) else [])
+            assert kinds == want, name
 
 
 KIND_CASES = [(name, kind) for name, case in REGIMES.items()
@@ -602,18 +606,17 @@ def test_collision_free_rule_picks_the_kind(kernel, stride, dilation, free):
     p = _params(3, kernel=kernel, stride=stride, dilation=dilation, padding=(0, 0, 0))
     assert head_engine.collision_free(p) == free
     kinds = {t["head"] for t in head_engine.head_tiles(p, torch.bfloat16, "tf32")}
-    # (the shuffle kind: collision-free at dilation 1, i.e. the kernel within the stride)
-    shuffle = free and all(k <= s for k, s in zip(kernel, stride)) and all(
-        d == 1 or k == 1 for k, d in zip(kernel, dilation))
+    # (the shuffle kind: dilation 1, or kernels of 1, along every dimension)
+    shuffle = all(d == 1 or k == 1 for k, d in zip(kernel, dilation))
     assert head_engine.shuffle_layer(p) == shuffle
-    assert kinds == ({"direct", "shuffle"} if shuffle else {"direct"} if free else {"gather", "rows"})
+    assert kinds == ({"direct"} if free else {"gather", "rows"}) | ({"shuffle"} if shuffle else set())
 
 
 @pytest.mark.parametrize("stride, kinds", [(1, {"gather", "rows"}), (2, {"gather", "rows"}), (3, {"gather"}),
                                            (4, {"gather", "rows"})])
 def test_rows_kind_needs_a_power_of_two_width_stride(stride, kinds):
     p = _params(2, kernel=(3, 3, 5), stride=(2, 2, stride), padding=(0, 0, 0))
-    assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == kinds
+    assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == kinds | {"shuffle"}
 
 
 BF16_Z_CASES = [(name, kind) for name in ("gather-c1-k4s2p1", "gather-c3-k144-s122-cl", "gather-groups2-c3",
@@ -687,11 +690,23 @@ SHUFFLE_REGIMES = {
     "k2s2-groups2-ksteps": Case(1, 40, 4, (2, 2, 3), (2, 2, 2), 2, 1, 1, groups=2),
     "k2s2-w-tiles": Case(1, 4, 1, (1, 2, 37), (2, 2, 2), 2),
     "k2s2-row-tiles-op": Case(1, 4, 2, (1, 5, 6), (2, 2, 2), 2, 0, 1),
+    # Kernels past the stride: shifts j < ceil(k / s) per dimension, taps j * s + r >= k
+    # masked (k3 s2), padding above the stride, stride 1 (boxes of one position), k5 s3 with
+    # groups and output padding, a width stride of 3 over 2 shifts, and output padding on a
+    # width whose last block lies past the input in a W tile of its own (see the overrides).
+    "k4s2p1-c1": Case(2, 4, 1, (2, 3, 4), (4, 4, 4), 2, 1),
+    "k144-s122-c3-cl": Case(1, 6, 3, (2, 3, 5), (1, 4, 4), (1, 2, 2), (0, 1, 1), layout="channels_last_3d"),
+    "k3-s122-op011-c8": Case(1, 8, 8, (2, 3, 4), (3, 3, 3), (1, 2, 2), 1, (0, 1, 1)),
+    "k4s2p3-c5": Case(1, 4, 5, (3, 4, 4), (4, 4, 4), 2, 3, bias=False),
+    "k3s1p1-c4-ksteps": Case(1, 40, 4, (2, 3, 3), (3, 3, 3), 1, 1),
+    "k5s3-groups2-op": Case(1, 8, 6, (2, 3, 3), (5, 4, 5), 3, 1, 2, groups=2),
+    "k2s2-op-w16-tail": Case(1, 4, 2, (1, 2, 16), (2, 2, 2), 2, 0, 1),
 }
 # Tiles forced on top of the offered ones: several W tiles (the last cut), and programs of 4
 # input rows over 6 height blocks (a tail, and the block output padding adds past the input).
 SHUFFLE_OVERRIDES = {"k2s2-w-tiles": dict(BLOCK_W=16, BLOCK_M=16, BOX_H=1),
-                     "k2s2-row-tiles-op": dict(BLOCK_W=8, BLOCK_M=32, BOX_H=4)}
+                     "k2s2-row-tiles-op": dict(BLOCK_W=8, BLOCK_M=32, BOX_H=4),
+                     "k2s2-op-w16-tail": dict(BLOCK_W=16, BLOCK_M=16, BOX_H=1)}
 
 
 def test_joint_tiles_within_registers_and_shared_memory():
@@ -755,13 +770,13 @@ def test_shuffle_tf32_rounds_operands_to_nearest():
 
 
 def test_shuffle_offers_on_unseen_heads():
-    # On the generated geometries: the kind exactly where every kernel fits in its stride at
-    # dilation 1 (and boxes of at most 16 rows and 16 columns), its MMA tile's N a multiple of
-    # 16 up to 256, its FMA tile within 2048 accumulators; never a half-K copy.
+    # On the generated geometries: the kind exactly where every dimension is at dilation 1 or
+    # has a kernel of 1 (and boxes of at most 16 rows and 16 columns), its MMA tile's N a
+    # multiple of 16 up to 256, its FMA tile within 2048 accumulators; never a half-K copy.
     seen = 0
     for params in _unseen_heads():
         tiles = [t for t in head_engine.head_tiles(params, torch.float32, "tf32") if t["head"] == "shuffle"]
-        fits = all((a.dilation == 1 or a.kernel == 1) and a.kernel <= a.stride for a in params.axes)
+        fits = all(a.dilation == 1 or a.kernel == 1 for a in params.axes)
         small = params.stride[0] * params.stride[1] <= 16 and params.stride[2] <= 16
         assert bool(tiles) == (fits and small and params.out_channels_per_group <= 15
                                and params.in_channels * math.prod(params.in_size) < 2**31), params
@@ -782,7 +797,10 @@ def test_large_z_is_not_offered():
     # for the rows kind).
     p = _params(8, cin=64, size=(160, 160, 160))
     assert head_engine.head_z_bytes(p, "rows") > head_engine.MAX_Z_BYTES
-    # Only the fused kind remains: its Z lives in a few slots of L2, whatever the layer's size.
+    # The fused kind remains (its Z lives in a few slots of L2, whatever the layer's size), and
+    # the shuffle kind, which needs no Z; at dilation 2 the fused kind alone.
+    assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == {"fused", "shuffle"}
+    p = _params(8, cin=64, size=(160, 160, 160), dilation=(2, 2, 2))
     assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == {"fused"}
     # The direct kind needs no Z, whatever the size.
     p = _params(8, cin=64, size=(160, 160, 160), kernel=(2, 2, 2), padding=(0, 0, 0))

@@ -29,7 +29,7 @@ from .head_box_engine import BoxSteps, box_tiles
 from .params import ConvT3dParams
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
-           "shuffle_layer", "shuffle_tiles", "shuffle_shape",
+           "shuffle_layer", "shuffle_shifts", "shuffle_tiles", "shuffle_shape",
            "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
@@ -45,8 +45,9 @@ MAX_HEAD_CHANNELS = 15
 # kernel, Z in a per-program scratch slot that stays in L2 (no Z traffic to HBM).
 # "box": head_box_kernel (Gluon, sm_90 only; head_box_engine), the GEMM and the tap sum of a box
 # of positions in one program, the tap products in registers and shared memory.
-# "shuffle": head_shuffle_kernel, for layers whose kernel fits in the stride (shuffle_layer):
-# each input position's taps fill a box of outputs of its own, written in one pass.
+# "shuffle": head_shuffle_kernel, for layers at dilation 1 (shuffle_layer): the outputs of each
+# block q (o = q * s - p + r) sum the taps j * s + r of the inputs q - j, all in registers, and
+# are written in one sweep (a pixel shuffle of a stride-1 convolution; no Z, no fill).
 HEAD_KINDS = ("gather", "rows", "direct", "shuffle", "fused", "box")
 # Elements of one batch element up to which a kernel's offsets inside it are 32-bit.
 OFFSET_LIMIT = 2**31
@@ -92,14 +93,19 @@ def collision_free(params: ConvT3dParams) -> bool:
 
 
 def shuffle_layer(params: ConvT3dParams) -> bool:
-    """Every dimension's kernel fits in its stride at dilation 1 (k <= s: k2 s2, k (1, 2, 2)
-    s (1, 2, 2), k1 s1): the outputs i * s - p + r, r < s, of input position i are its own, tap
-    r for r < k (collision-free, and each position's outputs a contiguous box), which
-    head_shuffle_kernel writes in a single sweep. Boxes of at most 16 depth x height rows and 16
-    columns (the kernel unrolls them)."""
+    """Dilation 1 along every dimension (or a kernel of 1): tap t = j * s + r of a dimension
+    (shift j, residue r < s) sends input i to output (i + j) * s - p + r, so the outputs
+    q * s - p + r of block q are a box of their own, summed from the inputs q - j
+    (``shuffle_shifts``), which head_shuffle_kernel writes in a single sweep. Boxes of at most
+    16 depth x height rows and 16 columns (the kernel unrolls them)."""
     return (all(a.dilation == 1 or a.kernel == 1 for a in params.axes)
-            and all(a.kernel <= a.stride for a in params.axes)
             and params.stride[0] * params.stride[1] <= 16 and params.stride[2] <= 16)
+
+
+def shuffle_shifts(params: ConvT3dParams) -> tuple[int, int, int]:
+    """(J_d, J_h, J_w): the shifts per dimension of the shuffle kind, ceil(k / s) -- 1 where the
+    kernel fits in its stride (k2 s2), 2 for k4 s2, 3 for k3 s1."""
+    return tuple(-(-a.kernel // a.stride) for a in params.axes)
 
 
 def shuffle_shape(params: ConvT3dParams, use_dot: bool) -> tuple[int, int, int]:
@@ -123,13 +129,18 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
       thread, else 8; BLOCK_K as the GEMMs'. On the H200 (2026-12-03, k2 s2 8 -> 2 head, graph
       replay) the one-row tile of 64 positions ran 30.1-47.3 us against 110-192 for the direct
       kind; programs of 1 row are small (4 KB of output each), so wider ones are timed too.
+      Layers with shifts (k > s) loop over (channel block, shift) steps: there each tile comes
+      with 1 and 3 stages (cp.async of the next steps' tiles during this one's MMA).
     * FMA: about 2048 accumulators per program (16 per thread at 4 warps) and BLOCK_K 8, so
       that the product of a K step (BLOCK_K x the accumulators) stays in 128 registers a
       thread; BLOCK_W down to 1 for wide boxes. It ran 7-15 us behind the MMA tile there.
     The layer's Cout/g x taps multiply-adds per input element decide between them (compute
     against bandwidth): the tuner's measurement."""
-    w = params.in_size[2]
-    rows_in = -(-(params.out_size[1] + params.padding[1]) // params.stride[1])  # input height blocks
+    # Blocks q = (o + p) // s covering the output: past the input where output padding or the
+    # shifts reach further.
+    w = -(-(params.out_size[2] + params.padding[2]) // params.stride[2])
+    rows_in = -(-(params.out_size[1] + params.padding[1]) // params.stride[1])
+    shifted = math.prod(shuffle_shifts(params)) > 1
     tiles = []
     r_p, sw_p, bc = shuffle_shape(params, True)
     ncol = r_p * bc * sw_p
@@ -141,9 +152,10 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
             if box_h in seen or box_h * bw * ncol > 128 * 128:
                 continue
             seen.add(box_h)
-            tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=bw,
-                              BOX_H=box_h, num_warps=4 if box_h * bw * ncol <= 128 * 64 else 8, num_stages=1,
-                              use_dot=True, head="shuffle", BLOCK_R=0))
+            for stages in ((1, 3) if shifted else (1,)):
+                tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=bw,
+                                  BOX_H=box_h, num_warps=4 if box_h * bw * ncol <= 128 * 64 else 8,
+                                  num_stages=stages, use_dot=True, head="shuffle", BLOCK_R=0))
     r_p, sw_p, bc = shuffle_shape(params, False)
     rows = r_p * bc * sw_p
     if rows <= 2048:
@@ -237,8 +249,6 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
 
     if collision_free(params):
         tiles = [tile("direct", _columns(params), bm, el) for bm, el in ((128, 2048), (64, 1024))]
-        if shuffle_layer(params):
-            tiles += shuffle_tiles(params, dtype)
     else:
         tiles = []
         if head_z_bytes(params, "gather") <= MAX_Z_BYTES:
@@ -260,6 +270,8 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
         # kind is (Z beyond MAX_Z_BYTES): there it competes with the phase path alone.
         if not tiles:
             tiles = fused_tiles(params, dtype)
+    if shuffle_layer(params):
+        tiles += shuffle_tiles(params, dtype)
     # Half-K variants, after the measured tiles (which stay the untuned defaults). ptxas for
     # sm_90a (offline, Triton 3.9 code generation, 2026-12-01; scripts/ptxas_regs.py): the 16-bit
     # K-64 GEMM tiles run at 255 registers and spill (gather 100 B, rows 512 B); at K 32 they
@@ -549,8 +561,8 @@ class HeadSteps:
             raise ValueError("head config 'direct' needs a collision-free layer (at most one tap per output residue)")
         self.shuffle = cfg.head == "shuffle"
         if self.shuffle and not shuffle_layer(params):
-            raise ValueError("head config 'shuffle' needs a kernel within the stride at dilation 1 along every "
-                             "dimension (shuffle_layer)")
+            raise ValueError("head config 'shuffle' needs dilation 1 (or a kernel of 1) along every dimension and "
+                             "boxes of at most 16 x 16 (shuffle_layer)")
         if cfg.w_packed and (cfg.head != "rows" or cfg.persist):
             raise ValueError("head config 'w_packed' is a single-sweep rows option (persist 0)")
         if cfg.n_joint and not cfg.w_packed:
@@ -603,19 +615,20 @@ class HeadSteps:
 
     def _shuffle_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         """head_shuffle_kernel's launch: one program per (n, g, depth block, BOX_H height blocks,
-        W tile), the blocks covering the output (od + PD) // SD, (oh + PH) // SH, output padding
-        included."""
+        W tile of width blocks), the blocks covering the output (o + p) // s along every
+        dimension, output padding included."""
         p, cfg = self.params, self.cfg
         (sd, sh, sw), (pd, ph, pw), (od, oh, ow) = p.stride, p.padding, p.out_size
-        blocks_d, blocks_h = -(-(od + pd) // sd), -(-(oh + ph) // sh)
+        blocks_d, blocks_h, blocks_w = -(-(od + pd) // sd), -(-(oh + ph) // sh), -(-(ow + pw) // sw)
         box_h = max(1, cfg.BOX_H)
-        tiles_h, tiles_w = -(-blocks_h // box_h), -(-p.in_size[2] // cfg.BLOCK_W)
+        tiles_h, tiles_w = -(-blocks_h // box_h), -(-blocks_w // cfg.BLOCK_W)
         r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot)
+        jd, jh, jw = shuffle_shifts(p)
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, *p.in_size, od, oh, ow, pd, ph, pw,
                 *x.stride(), w.stride(0), *y.stride(), blocks_d, tiles_h, tiles_w)
         consts = dict(HAS_BIAS=self.has_bias, ROUND_TF32=self._rounds(x.dtype), PRECISION=self.precision,
                       USE_DOT=cfg.use_dot, KD=p.kernel_size[0], KH=p.kernel_size[1], KW=p.kernel_size[2],
-                      SD=sd, SH=sh, SW=sw, R_P=r_p, SW_P=sw_p, BLOCK_C=bc, BLOCK_H=box_h, BLOCK_W=cfg.BLOCK_W,
+                      SD=sd, SH=sh, SW=sw, JD=jd, JH=jh, JW=jw, R_P=r_p, SW_P=sw_p, BLOCK_C=bc, BLOCK_H=box_h, BLOCK_W=cfg.BLOCK_W,
                       BLOCK_K=cfg.BLOCK_K, Y64=_batch_span(y) >= OFFSET_LIMIT, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)
         grid = (p.groups * p.batch * blocks_d * tiles_h * tiles_w,)

@@ -76,7 +76,7 @@ class Config:
                     f"w{self.num_warps} s{self.num_stages}")
         if self.head == "shuffle":
             return (f"head-shuffle M{self.BLOCK_M}({self.BOX_H}x{self.BLOCK_W}) N{self.BLOCK_N} K{self.BLOCK_K} "
-                    f"{'mma' if self.use_dot else 'fma'} w{self.num_warps}")
+                    f"{'mma' if self.use_dot else 'fma'} w{self.num_warps} s{self.num_stages}")
         if self.head == "fused":
             return (f"head-fused box{self.BOX_D}x{self.BOX_H}x{self.BLOCK_W} M{self.BLOCK_M} N{self.BLOCK_N} "
                     f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")

@@ -550,34 +550,45 @@ def head_shuffle_kernel(
     USE_DOT: tl.constexpr,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+    JD: tl.constexpr, JH: tl.constexpr, JW: tl.constexpr,
     R_P: tl.constexpr, SW_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
     Y64: tl.constexpr,
 ):
-    """The shuffle kind: a layer whose kernel fits in its stride along every dimension
-    (k <= s, dilation 1: head_engine.shuffle_layer) sends each input position's taps to a box
-    of its own, the s_d x s_h x s_w outputs o = i * s - p + r (r < s), tap r where r < k and
-    bias alone where r >= k. So the output is a 3-D pixel shuffle of X @ W, and a single
-    sweep writes it: no Z, no fill, each output element stored once.
+    """The shuffle kind, for layers at dilation 1 (head_engine.shuffle_layer). Tap t of a
+    dimension is t = j * s + r (shift j < J = ceil(k / s), residue r < s), so input position i
+    sends tap (j, r) to output o = (i + j) * s - p + r: the outputs of block q, o = q * s - p + r,
+    gather exactly the taps (j, r) of the inputs i = q - j. So the output is a 3-D pixel shuffle
+    of a stride-1 convolution with J_d x J_h x J_w taps,
 
-    One program: one (n, g), one input depth block bd (output rows od = bd * SD + a - PD of
-    every a) and a tile of BLOCK_H input rows bh x BLOCK_W input columns iw (M = BLOCK_H x
-    BLOCK_W positions; output rows oh = bh * SH + b - PH, columns iw * SW + c - PW). Blocks past
-    the input (bd >= D, bh >= H) are the rows that output padding adds: bias only. Its
-    accumulator is [R_P * BLOCK_C, M, SW_P], rows j = (a * SH + b) * BLOCK_C + co of the box, so
-    a row of it runs along output columns (SW_P = SW taps interleaved: contiguous stores in
-    NCDHW), and the input tile is read once for every tap of the box:
+      out[q * s - p + r, co] = bias[co] + sum_j X[q - j] @ W[tap j * s + r, co],
+
+    with (r, co) in the GEMM's N (R_P * BLOCK_C * SW_P columns) and (shift, input channel) in
+    its K, every sum held in registers: one sweep writes each output element once, bias-only
+    and output-padding positions included, with no Z buffer and no fill. Where the kernel fits
+    in its stride (k <= s: k2 s2, k (1, 2, 2) s (1, 2, 2)) there is one shift; the k4 s2 heads
+    take 8 (each input element read by 8 blocks, the repeats from L1 and L2: the shifts of one
+    channel block run back to back), k3 s (1, 2, 2) 12 (taps j * s + r >= k masked to zero).
+
+    One program: one (n, g), one depth block bd (output rows od = bd * SD + a - PD of every a)
+    and a tile of BLOCK_H height blocks bh x BLOCK_W width blocks iw (M = BLOCK_H x BLOCK_W;
+    output rows oh = bh * SH + b - PH, columns iw * SW + c - PW). Blocks past the input are the
+    rows that output padding (and taps past the last input) add. Its accumulator is
+    [R_P * BLOCK_C, M, SW_P], rows j = (a * SH + b) * BLOCK_C + co of the box, so a row of it
+    runs along output columns (SW_P = SW residues interleaved: contiguous stores in NCDHW):
 
       * USE_DOT: per K step one MMA, [M, BLOCK_K] @ [BLOCK_K, R_P * BLOCK_C * SW_P] (the weight
-        of every (a, b, co, c) as one column block), the result permuted to the store's
-        [rows, positions, taps] order (a layout conversion through shared memory);
+        of every (a, b, co, c) of one shift as a column block), the result permuted to the
+        store's [rows, positions, residues] order (a layout conversion through shared memory);
+        at "ieee" two-level summation over the K steps, as the other head GEMMs;
       * else FMA in fp32: the product [BLOCK_K, rows, M, SW_P] summed over its first axis,
         exact for the 16-bit inputs and, at TF32, on operands rounded as cuDNN rounds them.
 
-    Per input element the layer does Cout/g x taps multiply-adds (16 for the k2 s2 8 -> 2 head),
-    so it is memory-bound on either path; which tile is faster at a given Cin and Cout is the
-    tuner's measurement. Offsets inside a batch element are 32-bit for the input (the launcher
-    offers the kind below 2^31 elements per batch element), and for the output unless Y64."""
+    Per input element the layer does Cout/g x taps multiply-adds (16 for the k2 s2 8 -> 2 head,
+    64 for the 64 -> 1 k4 s2 head), so it is memory-bound on either path; which tile is faster
+    at a given Cin and Cout is the tuner's measurement. Offsets inside a batch element are
+    32-bit for the input (the launcher offers the kind below 2^31 elements per batch element),
+    and for the output unless Y64."""
     pid = tl.program_id(0)
     pid_w = pid % tiles_w
     t = pid // tiles_w
@@ -590,16 +601,15 @@ def head_shuffle_kernel(
     J: tl.constexpr = R_P * BLOCK_C
     M: tl.constexpr = BLOCK_H * BLOCK_W
     KVOL: tl.constexpr = KD * KH * KW
+    JVOL: tl.constexpr = JD * JH * JW
 
     m = tl.arange(0, M)
     bh = pid_h * BLOCK_H + m // BLOCK_W
     iw = pid_w * BLOCK_W + m % BLOCK_W
-    # (bd < D broadcast over the positions as a tensor: Triton's interpreter rejects a mask made
-    # of a scalar comparison and a tensor one)
-    m_in = (bh < H) & (iw < W) & (bd + 0 * m < D)
-    x_d = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc + bd.to(tl.int64) * stride_xd
-    x_m = bh * stride_xh + iw * stride_xw
+    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
+    # K steps: channel blocks outside, the shifts of a block inside (its input tiles overlap).
+    steps = tl.cdiv(CIN_G, BLOCK_K) * JVOL
 
     # Rows j of the box: (a, b) = divmod(r, SH) for r = j // BLOCK_C, channel co = j % BLOCK_C.
     j = tl.arange(0, J)
@@ -608,11 +618,9 @@ def head_shuffle_kernel(
     a = r // SH
     b = r % SH
     c = tl.arange(0, SW_P)
-    # A row has taps where a < KD and b < KH, and tap c of the row where c < KW.
-    j_tap = (r < SD * SH) & (a < KD) & (b < KH) & (co < COUT_G)
-    w_j = co * KVOL + (a * KH + b) * KW
+    j_row = (r < SD * SH) & (co < COUT_G)
     od = bd * SD + a - PD
-    j_ok = (r < SD * SH) & (co < COUT_G) & (od >= 0) & (od < OD)
+    j_ok = j_row & (od >= 0) & (od < OD)
 
     if USE_DOT:
         NCOL: tl.constexpr = J * SW_P
@@ -623,25 +631,53 @@ def head_shuffle_kernel(
         co_n = n_j % BLOCK_C
         a_n = r_n // SH
         b_n = r_n % SH
-        n_ok = (r_n < SD * SH) & (a_n < KD) & (b_n < KH) & (co_n < COUT_G) & (n_c < KW)
-        w_n = co_n * KVOL + (a_n * KH + b_n) * KW + n_c
+        n_row = (r_n < SD * SH) & (co_n < COUT_G) & (n_c < SW)
         acc = tl.zeros((M, NCOL), dtype=tl.float32)
-        for k0 in range(0, CIN_G, BLOCK_K):
+        for it in range(0, steps):
+            k0 = (it // JVOL) * BLOCK_K
+            jd = it % JVOL // (JH * JW)
+            jh = it % (JH * JW) // JW
+            jw = it % JW
             ci = k0 + tl.arange(0, BLOCK_K)
             ci_ok = ci < CIN_G
-            xt = tl.load(x_d + x_m[:, None] + ci[None, :] * stride_xc, mask=m_in[:, None] & ci_ok[None, :], other=0.0)
-            wt = tl.load(w_g + ci[:, None] * stride_wc + w_n[None, :], mask=ci_ok[:, None] & n_ok[None, :], other=0.0)
-            acc = _mma_step(acc, xt, wt, ROUND_TF32, False, PRECISION)
+            ih = bh - jh
+            ix = iw - jw
+            # (the depth test broadcast over the positions as a tensor: Triton's interpreter
+            # rejects a mask made of a scalar comparison and a tensor one)
+            m_in = (ih >= 0) & (ih < H) & (ix >= 0) & (ix < W) & (bd - jd + 0 * m >= 0) & (bd - jd + 0 * m < D)
+            x_d = x_n + (bd - jd).to(tl.int64) * stride_xd
+            xt = tl.load(x_d + (ih * stride_xh + ix * stride_xw)[:, None] + ci[None, :] * stride_xc,
+                         mask=m_in[:, None] & ci_ok[None, :], other=0.0)
+            td = jd * SD + a_n
+            th = jh * SH + b_n
+            tw = jw * SW + n_c
+            n_ok = n_row & (td < KD) & (th < KH) & (tw < KW)
+            wt = tl.load(w_g + ci[:, None] * stride_wc + (co_n * KVOL + (td * KH + th) * KW + tw)[None, :],
+                         mask=ci_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = _mma_step(acc, xt, wt, ROUND_TF32, PRECISION == "ieee", PRECISION)
         out = tl.permute(tl.reshape(acc, (M, J, SW_P)), (1, 0, 2))
     else:
         out = tl.zeros((J, M, SW_P), dtype=tl.float32)
-        for k0 in range(0, CIN_G, BLOCK_K):
+        for it in range(0, steps):
+            k0 = (it // JVOL) * BLOCK_K
+            jd = it % JVOL // (JH * JW)
+            jh = it % (JH * JW) // JW
+            jw = it % JW
             ci = k0 + tl.arange(0, BLOCK_K)
             ci_ok = ci < CIN_G
-            xv = tl.load(x_d + ci[:, None] * stride_xc + x_m[None, :], mask=ci_ok[:, None] & m_in[None, :],
-                         other=0.0).to(tl.float32)
-            wv = tl.load(w_g + ci[:, None, None] * stride_wc + w_j[None, :, None] + c[None, None, :],
-                         mask=ci_ok[:, None, None] & j_tap[None, :, None] & (c < KW)[None, None, :],
+            ih = bh - jh
+            ix = iw - jw
+            m_in = (ih >= 0) & (ih < H) & (ix >= 0) & (ix < W) & (bd - jd + 0 * m >= 0) & (bd - jd + 0 * m < D)
+            x_d = x_n + (bd - jd).to(tl.int64) * stride_xd
+            xv = tl.load(x_d + ci[:, None] * stride_xc + (ih * stride_xh + ix * stride_xw)[None, :],
+                         mask=ci_ok[:, None] & m_in[None, :], other=0.0).to(tl.float32)
+            td = jd * SD + a
+            th = jh * SH + b
+            tw = jw * SW + c
+            j_tap = j_row & (td < KD) & (th < KH)
+            wv = tl.load(w_g + ci[:, None, None] * stride_wc + (co * KVOL + (td * KH + th) * KW)[None, :, None]
+                         + tw[None, None, :],
+                         mask=ci_ok[:, None, None] & j_tap[None, :, None] & ((tw < KW) & (c < SW))[None, None, :],
                          other=0.0).to(tl.float32)
             if ROUND_TF32:
                 xv = _round_tf32(xv)
@@ -651,7 +687,7 @@ def head_shuffle_kernel(
         out += tl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(tl.float32)[:, None, None]
 
     oh = bh[None, :] * SH + b[:, None] - PH  # [rows, positions]
-    ow = (iw * SW - PW)[:, None] + c[None, :]  # [positions, taps]
+    ow = (iw * SW - PW)[:, None] + c[None, :]  # [positions, residues]
     ow_ok = (ow >= 0) & (ow < OW) & (c < SW)[None, :]
     jm_ok = j_ok[:, None] & (oh >= 0) & (oh < OH)
     y_s = y_ptr + nb.to(tl.int64) * stride_yn
