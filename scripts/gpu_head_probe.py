@@ -11,8 +11,8 @@ PyTorch's backward of the same layers (dX = conv3d(dY, W), dW, and the autograd 
 (``head_backward``; each with its dY copy and weight packing), of every "rows" forward tile, and
 of cuDNN's dX and dW, with each one's error against float64.
 
-``--kind`` (with ``--one``): run the first head configuration of that kind (gather, rows, direct,
-fused, box) instead of the first of any kind; ``--persist``: the first persistent one
+``--kind``: with ``--one``, run the first head configuration of that kind (gather, rows, direct,
+fused, box, shuffle) instead of the first of any kind; without, time that kind's tiles only; ``--persist``: the first persistent one
 (``Config.persist``); ``--packed``: the first on the packed weight (``Config.w_packed``);
 ``--tile SHORT``: the configuration whose ``Config.short()`` is SHORT (e.g. "head-rows M256 N128 K16
 W128 R2048 w8 s3 wpk").
@@ -89,6 +89,8 @@ def probe(case, forward_only=False, with_backward=True, with_default=True, kind=
     for i, cfg in enumerate(configs):
         if not cfg.head and (i > 0 or not with_default):
             continue  # the phase path: its untuned default only (the tuner's other tiles are timed elsewhere)
+        if cfg.head and kind is not None and cfg.head != kind:
+            continue  # --kind: that kind's tiles only
         y = E.forward(t.x, t.w, t.b, params, prec, config=cfg)
         err = _rel(y, ref)
         us = _ms(lambda: E.forward(t.x, t.w, t.b, params, prec, config=cfg), graph=True) * 1e3

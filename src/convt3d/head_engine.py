@@ -13,7 +13,8 @@ written once. For the 16 x 64 -> 1
 head (32^3 -> 64^3, k4 s2 p1, fp32) the gather kind's Z (input positions x Cout/g x taps) makes
 134 + 2 x 134 + 17 MB against the 151 MB floor of the layer; the rows kind's Z (output rows) is
 half of it. Where no two taps meet on an output (``collision_free``) Z is skipped altogether, and
-where every kernel fits in its stride (``shuffle_layer``) one kernel writes the whole output. The
+at dilation 1 (``shuffle_layer``) one kernel writes the whole output, summing the taps past the
+stride as shifts of its K loop. The
 fused kind keeps Z in an L2-resident slot per program instead (no Z traffic to HBM), but its
 serial per-tile chain makes it latency-bound on the H200 (2-3x slower than the Z kinds, NOTES
 section 10); it is offered where no Z kind fits.
@@ -120,20 +121,24 @@ def shuffle_shape(params: ConvT3dParams, use_dot: bool) -> tuple[int, int, int]:
 
 
 def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
-    """The shuffle kind's candidates (``shuffle_layer`` layers): programs of BOX_H input rows x
-    BLOCK_W input columns (BLOCK_W covering the row up to 128), MMA tiles of M = 1 row, 128 and
-    256 positions, and one FMA tile.
+    """The shuffle kind's candidates (``shuffle_layer`` layers): programs of BOX_H rows x
+    BLOCK_W columns of blocks (BLOCK_W covering the row up to 128), MMA tiles of M = 1 row, 128
+    and 256 blocks, or flat MMA tiles of 128 and 256 blocks in row order (BOX_H 0, BLOCK_W 0)
+    where the row of blocks is not a multiple of its W tile; and one FMA tile.
 
     * MMA: N = R_P x BLOCK_C x SW_P columns (16 for the k2 s2 8 -> 2 head: 4 rows x 2 channels
       x 2 taps), at most 256; M at least 16 (tl.dot); 4 warps up to 64 fp32 accumulators per
       thread, else 8; BLOCK_K as the GEMMs'. On the H200 (2026-12-03, k2 s2 8 -> 2 head, graph
       replay) the one-row tile of 64 positions ran 30.1-47.3 us against 110-192 for the direct
       kind; programs of 1 row are small (4 KB of output each), so wider ones are timed too.
-      Layers with shifts (k > s) loop over (channel block, shift) steps: there each tile comes
-      with 1 and 3 stages (cp.async of the next steps' tiles during this one's MMA).
-    * FMA: about 2048 accumulators per program (16 per thread at 4 warps) and BLOCK_K 8, so
-      that the product of a K step (BLOCK_K x the accumulators) stays in 128 registers a
-      thread; BLOCK_W down to 1 for wide boxes. It ran 7-15 us behind the MMA tile there.
+      Layers with shifts (k > s) loop over (channel block, shift) steps, one stage: 3 stages
+      ran 4-18% slower on 4 of 5 head rows (H200, 2026-12-03, graph replay; faster, 625 against
+      682 us, on the fp32 VQ-VAE head, where the rows kind ran 382).
+    * FMA, for layers without shifts: about 2048 accumulators per program (16 per thread at 4
+      warps) and BLOCK_K 8, so that the product of a K step (BLOCK_K x the accumulators) stays
+      in 128 registers a thread; BLOCK_W down to 1 for wide boxes. It ran 7-15 us behind the
+      MMA tile on the k2 s2 head, and 8-21x behind it on the shifted heads (834 against 97 us
+      on the bf16 64 -> 3 video head, 3943 against 625 on the fp32 VQ-VAE head).
     The layer's Cout/g x taps multiply-adds per input element decide between them (compute
     against bandwidth): the tuner's measurement."""
     # Blocks q = (o + p) // s covering the output: past the input where output padding or the
@@ -146,19 +151,24 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
     ncol = r_p * bc * sw_p
     if ncol <= 256:
         bw = max(16, min(128, _pow2_ceil(w)))
+        # Box tiles where the row of blocks fills its W tiles; flat tiles (BOX_H 0) of 128 and
+        # 256 consecutive blocks where a box would mask lanes (33 blocks in a W tile of 64).
+        # (N 256: one flat tile of 64, the accumulator's limit below.)
+        flat = w % bw != 0 and w * rows_in >= 128
+        flat_m = [m for m in (128, 256) if m * ncol <= 128 * 128] or [128 * 128 // ncol]
         seen = set()
-        for m in (bw, 128, 256):
-            box_h = max(1, min(m // bw, _pow2_ceil(rows_in)))
-            if box_h in seen or box_h * bw * ncol > 128 * 128:
+        for m in (flat_m if flat else (bw, 128, 256)):
+            box_h = 0 if flat else max(1, min(m // bw, _pow2_ceil(rows_in)))
+            if (flat and m * ncol > 128 * 128) or (not flat and (box_h in seen or box_h * bw * ncol > 128 * 128)):
                 continue
             seen.add(box_h)
-            for stages in ((1, 3) if shifted else (1,)):
-                tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=bw,
-                                  BOX_H=box_h, num_warps=4 if box_h * bw * ncol <= 128 * 64 else 8,
-                                  num_stages=stages, use_dot=True, head="shuffle", BLOCK_R=0))
+            tm = m if flat else box_h * bw
+            tiles.append(dict(BLOCK_M=tm, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=0 if flat else bw,
+                              BOX_H=box_h, num_warps=4 if tm * ncol <= 128 * 64 else 8,
+                              num_stages=1, use_dot=True, head="shuffle", BLOCK_R=0))
     r_p, sw_p, bc = shuffle_shape(params, False)
     rows = r_p * bc * sw_p
-    if rows <= 2048:
+    if rows <= 2048 and not shifted:
         bw = max(1, min(128, _pow2_ceil(w), 2048 // rows))
         box_h = max(1, min(2048 // (rows * bw), _pow2_ceil(rows_in)))
         tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=rows, BLOCK_K=min(8, _pow2_ceil(params.in_channels_per_group)),
@@ -218,13 +228,17 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
       128 x 128 at 8 warps = 64 per thread); wider layers loop over N tiles in the program.
     * BLOCK_K: Cin/g rounded up to a power of two, at most 64 (16-bit) or 32 (fp32): one
       128-byte line per position and step, as the phase GEMM.
-    * Kinds: "direct" where no taps meet (collision_free), with "shuffle" where moreover every
-      kernel fits in its stride at dilation 1 (shuffle_layer), else "gather" and "rows" (Z ~SW/KW
+    * Kinds: "direct" where no taps meet (collision_free), else "gather" and "rows" (Z ~SW/KW
       of gather's: half for k4 s2, at the price of re-reading the input tile per width shift
       from cache). Measured on the H200 (2026-12-01, scripts/gpu_head_probe.py): rows won the
       bf16 heads (3-D GAN head 108-134 vs 178 us), gather the fp32 ones (228 vs 463-487 us), so
       both are candidates. Tiles: BLOCK_M 128; the direct kind also BLOCK_M 64 (it won the
       fp32 k2 s2 head, 132 vs 143 us). Each candidate costs ~1 s of compile when tuning.
+    * "shuffle" at dilation 1 (shuffle_layer), last: no Z. Where the kernel fits in the stride
+      it won the k2 s2 head by 2.6-4.6x; with shifts (k > s) its input tiles are re-read per
+      shift through L1 (ncu, 3-D GAN head bf16 cl, 8 shifts: L1/TEX 87%, DRAM 11%), and on the
+      H200 (2026-12-03, graph replay) it ran 1.8x behind the rows kind on the GAN head, about
+      even on the 64 -> 3 video head (96.9 us, chosen there), behind on 128 -> 8 and VQ-VAE.
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
     * bfloat16 calls: the gather and rows tiles keep Z in bf16 (``z_bf16``).
     * ``gluon`` (a Hopper GPU): the box kind's candidates too (``head_box_engine.box_tiles``), last.
@@ -620,15 +634,20 @@ class HeadSteps:
         p, cfg = self.params, self.cfg
         (sd, sh, sw), (pd, ph, pw), (od, oh, ow) = p.stride, p.padding, p.out_size
         blocks_d, blocks_h, blocks_w = -(-(od + pd) // sd), -(-(oh + ph) // sh), -(-(ow + pw) // sw)
+        flat = cfg.BOX_H == 0
         box_h = max(1, cfg.BOX_H)
-        tiles_h, tiles_w = -(-blocks_h // box_h), -(-blocks_w // cfg.BLOCK_W)
+        if flat:  # BLOCK_M consecutive blocks of the plane (BOX_H 0)
+            tiles_h, tiles_w = -(-(blocks_h * blocks_w) // cfg.BLOCK_M), 1
+        else:
+            tiles_h, tiles_w = -(-blocks_h // box_h), -(-blocks_w // cfg.BLOCK_W)
         r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot)
         jd, jh, jw = shuffle_shifts(p)
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, *p.in_size, od, oh, ow, pd, ph, pw,
-                *x.stride(), w.stride(0), *y.stride(), blocks_d, tiles_h, tiles_w)
+                *x.stride(), w.stride(0), *y.stride(), blocks_d, blocks_w, tiles_h, tiles_w)
         consts = dict(HAS_BIAS=self.has_bias, ROUND_TF32=self._rounds(x.dtype), PRECISION=self.precision,
                       USE_DOT=cfg.use_dot, KD=p.kernel_size[0], KH=p.kernel_size[1], KW=p.kernel_size[2],
-                      SD=sd, SH=sh, SW=sw, JD=jd, JH=jh, JW=jw, R_P=r_p, SW_P=sw_p, BLOCK_C=bc, BLOCK_H=box_h, BLOCK_W=cfg.BLOCK_W,
+                      SD=sd, SH=sh, SW=sw, JD=jd, JH=jh, JW=jw, FLAT=flat, R_P=r_p, SW_P=sw_p, BLOCK_C=bc,
+                      BLOCK_H=1 if flat else box_h, BLOCK_W=cfg.BLOCK_M if flat else cfg.BLOCK_W,
                       BLOCK_K=cfg.BLOCK_K, Y64=_batch_span(y) >= OFFSET_LIMIT, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)
         grid = (p.groups * p.batch * blocks_d * tiles_h * tiles_w,)

@@ -50,7 +50,8 @@ class Config:
     head: str = ""
     BLOCK_R: int = 0
     # The fused head kind's box of output cells: BOX_D x BOX_H x BLOCK_W; the box and shuffle
-    # kinds' tile of positions: BOX_H x BLOCK_W (= BLOCK_M).
+    # kinds' tile of positions: BOX_H x BLOCK_W (= BLOCK_M); a shuffle tile with BOX_H 0 takes
+    # BLOCK_M consecutive blocks of a plane instead.
     BOX_D: int = 0
     BOX_H: int = 0
     # The gather and rows kinds' tap-product buffer Z in bfloat16 instead of fp32 (bf16 calls
@@ -75,7 +76,8 @@ class Config:
             return (f"head-box M{self.BLOCK_M}({self.BOX_H}x{self.BLOCK_W}) N{self.BLOCK_N} K{self.BLOCK_K} "
                     f"w{self.num_warps} s{self.num_stages}")
         if self.head == "shuffle":
-            return (f"head-shuffle M{self.BLOCK_M}({self.BOX_H}x{self.BLOCK_W}) N{self.BLOCK_N} K{self.BLOCK_K} "
+            box = f"{self.BOX_H}x{self.BLOCK_W}" if self.BOX_H else "flat"
+            return (f"head-shuffle M{self.BLOCK_M}({box}) N{self.BLOCK_N} K{self.BLOCK_K} "
                     f"{'mma' if self.use_dot else 'fma'} w{self.num_warps} s{self.num_stages}")
         if self.head == "fused":
             return (f"head-fused box{self.BOX_D}x{self.BOX_H}x{self.BLOCK_W} M{self.BLOCK_M} N{self.BLOCK_N} "

@@ -27,8 +27,10 @@ store and load Z in the buffer's dtype and add in fp32.
 When no two (input, tap) pairs land on the same output position -- along every dimension
 each output residue has at most one tap, e.g. k2 s2 -- ``head_direct_kernel`` stores the GEMM tile
 straight into the output (plus bias), and ``head_gather_kernel`` with FILL_ONLY writes only the
-positions no tap reaches. Where moreover every kernel fits in its stride at dilation 1,
-``head_shuffle_kernel`` writes the whole output, unreached positions included, in one launch.
+positions no tap reaches. At dilation 1, ``head_shuffle_kernel`` writes the whole output,
+unreached positions included, in one launch: a pixel shuffle of a stride-1 convolution whose
+ceil(k / s) shifts per dimension sum the taps past the stride in registers (one shift where the
+kernel fits in its stride).
 """
 import triton
 import triton.language as tl
@@ -543,7 +545,7 @@ def head_shuffle_kernel(
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_wc,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    blocks_d, tiles_h, tiles_w,
+    blocks_d, blocks_w, tiles_h, tiles_w,
     HAS_BIAS: tl.constexpr,
     ROUND_TF32: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -551,6 +553,7 @@ def head_shuffle_kernel(
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     JD: tl.constexpr, JH: tl.constexpr, JW: tl.constexpr,
+    FLAT: tl.constexpr,
     R_P: tl.constexpr, SW_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
     Y64: tl.constexpr,
@@ -572,8 +575,11 @@ def head_shuffle_kernel(
 
     One program: one (n, g), one depth block bd (output rows od = bd * SD + a - PD of every a)
     and a tile of BLOCK_H height blocks bh x BLOCK_W width blocks iw (M = BLOCK_H x BLOCK_W;
-    output rows oh = bh * SH + b - PH, columns iw * SW + c - PW). Blocks past the input are the
-    rows that output padding (and taps past the last input) add. Its accumulator is
+    output rows oh = bh * SH + b - PH, columns iw * SW + c - PW), or with FLAT the M = BLOCK_W
+    consecutive blocks of the plane's (bh, iw) blocks in row order (tiles_w 1): no masked
+    lanes where the row of blocks is not a multiple of a power of two (a k4 s2 head on 32
+    input columns has 33 width blocks, which a box tile pads to 64). Blocks past the input are
+    the rows that output padding (and taps past the last input) add. Its accumulator is
     [R_P * BLOCK_C, M, SW_P], rows j = (a * SH + b) * BLOCK_C + co of the box, so a row of it
     runs along output columns (SW_P = SW residues interleaved: contiguous stores in NCDHW):
 
@@ -604,8 +610,13 @@ def head_shuffle_kernel(
     JVOL: tl.constexpr = JD * JH * JW
 
     m = tl.arange(0, M)
-    bh = pid_h * BLOCK_H + m // BLOCK_W
-    iw = pid_w * BLOCK_W + m % BLOCK_W
+    if FLAT:
+        blk = pid_h * M + m
+        bh = blk // blocks_w
+        iw = blk % blocks_w
+    else:
+        bh = pid_h * BLOCK_H + m // BLOCK_W
+        iw = pid_w * BLOCK_W + m % BLOCK_W
     x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     # K steps: channel blocks outside, the shifts of a block inside (its input tiles overlap).
