@@ -123,8 +123,8 @@ def shuffle_shape(params: ConvT3dParams, use_dot: bool) -> tuple[int, int, int]:
 def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
     """The shuffle kind's candidates (``shuffle_layer`` layers): programs of BOX_H rows x
     BLOCK_W columns of blocks (BLOCK_W covering the row up to 128), MMA tiles of M = 1 row, 128
-    and 256 blocks, or flat MMA tiles of 128 and 256 blocks in row order (BOX_H 0, BLOCK_W 0)
-    where the row of blocks is not a multiple of its W tile; and one FMA tile.
+    and 256 blocks, or flat MMA tiles of 128 and 256 blocks in row order (64 at N 256; BOX_H 0,
+    BLOCK_W 0) where the row of blocks is not a multiple of its W tile; and one FMA tile.
 
     * MMA: N = R_P x BLOCK_C x SW_P columns (16 for the k2 s2 8 -> 2 head: 4 rows x 2 channels
       x 2 taps), at most 256; M at least 16 (tl.dot); 4 warps up to 64 fp32 accumulators per
@@ -152,8 +152,8 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
     if ncol <= 256:
         bw = max(16, min(128, _pow2_ceil(w)))
         # Box tiles where the row of blocks fills its W tiles; flat tiles (BOX_H 0) of 128 and
-        # 256 consecutive blocks where a box would mask lanes (33 blocks in a W tile of 64).
-        # (N 256: one flat tile of 64, the accumulator's limit below.)
+        # 256 consecutive blocks where a box would mask lanes (33 blocks in a W tile of 64);
+        # at N 256 one flat tile of 64 (the accumulator limit of 128 x 128 below).
         flat = w % bw != 0 and w * rows_in >= 128
         flat_m = [m for m in (128, 256) if m * ncol <= 128 * 128] or [128 * 128 // ncol]
         seen = set()
