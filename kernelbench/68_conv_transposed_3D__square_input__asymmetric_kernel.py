@@ -1515,8 +1515,8 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
       replay) the one-row tile of 64 positions ran 30.1-47.3 us against 110-192 for the direct
       kind; programs of 1 row are small (4 KB of output each), so wider ones are timed too.
       Layers with shifts (k > s) loop over (channel block, shift) steps, one stage: 3 stages
-      ran 4-18% slower on 4 of 5 head rows (H200, 2026-12-03, graph replay; faster, 625 against
-      682 us, on the fp32 VQ-VAE head, where the rows kind ran 382).
+      ran 5-14% slower on 4 of 5 head rows, best tile against best (H200, 2026-12-03, graph
+      replay; faster, 625 against 682 us, on the fp32 VQ-VAE head, where the rows kind ran 382).
     * FMA, for layers without shifts: about 2048 accumulators per program (16 per thread at 4
       warps) and BLOCK_K 8, so that the product of a K step (BLOCK_K x the accumulators) stays
       in 128 registers a thread; BLOCK_W down to 1 for wide boxes. It ran 7-15 us behind the
