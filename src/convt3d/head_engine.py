@@ -137,7 +137,7 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
     * FMA, for layers without shifts: about 2048 accumulators per program (16 per thread at 4
       warps) and BLOCK_K 8, so that the product of a K step (BLOCK_K x the accumulators) stays
       in 128 registers a thread; BLOCK_W down to 1 for wide boxes. It ran 7-15 us behind the
-      MMA tile on the k2 s2 head, and 8-21x behind it on the shifted heads (834 against 97 us
+      MMA tile on the k2 s2 head, and 4-19x behind it on the shifted heads (834 against 97 us
       on the bf16 64 -> 3 video head, 3943 against 625 on the fp32 VQ-VAE head).
     The layer's Cout/g x taps multiply-adds per input element decide between them (compute
     against bandwidth): the tuner's measurement."""
