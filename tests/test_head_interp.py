@@ -735,7 +735,7 @@ def test_shuffle_kind(name, use_dot):
     tiles = [c for c in configs if c.head == "shuffle" and c.use_dot == use_dot]
     shifted = math.prod(head_engine.shuffle_shifts(params)) > 1
     if not use_dot and shifted:
-        # No FMA tile is offered with shifts (measured 8-21x behind the MMA tiles): forced here.
+        # No FMA tile is offered with shifts (measured 4-19x behind the MMA tiles): forced here.
         assert not tiles
         tiles = [dataclasses.replace(c, use_dot=False, BLOCK_K=8, num_warps=4) for c in configs
                  if c.head == "shuffle" and c.BOX_H][:1] or [
