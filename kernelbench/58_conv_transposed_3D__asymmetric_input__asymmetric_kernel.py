@@ -1620,8 +1620,9 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon:
     * "shuffle" at dilation 1 (shuffle_layer), last: no Z. Where the kernel fits in the stride
       it won the k2 s2 head by 2.6-4.6x; with shifts (k > s) its input tiles are re-read per
       shift through L1 (ncu, 3-D GAN head bf16 cl, 8 shifts: L1/TEX 87%, DRAM 11%), and on the
-      H200 (2026-12-03, graph replay) it ran 1.8x behind the rows kind on the GAN head, about
-      even on the 64 -> 3 video head (96.9 us, chosen there), behind on 128 -> 8 and VQ-VAE.
+      H200 (2026-12-03) its best tile by graph replay took 104.3 us on the bf16 channels-last
+      GAN head against 57.1 us for the public call on the rows kind, 96.9 us on the 64 -> 3
+      video head (where the tuner chose it), and lost on the 128 -> 8 and VQ-VAE heads.
     * tl.dot needs 16 along every operand dimension, so K and N are padded to 16 (masked).
     * bfloat16 calls: the gather and rows tiles keep Z in bf16 (``z_bf16``).
     * ``gluon`` (a Hopper GPU): the box kind's candidates too (``head_box_engine.box_tiles``), last.
