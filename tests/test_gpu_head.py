@@ -224,6 +224,8 @@ SHUFFLE_HEADS = {
     "k3s1p1-48to8": (2, 48, 8, 1, (5, 7, 9), 3, 1, 1, 0, 1),
     "k5s3-groups2-op": (1, 32, 6, 2, (3, 4, 5), 5, 3, 1, 2, 1),
     "k2s2-op-w16": (1, 16, 2, 1, (2, 3, 16), 2, 2, 0, 1, 1),
+    # 14 width blocks x 10 height blocks at 256 columns: the flat tile of 64
+    "k5s3-groups2-flat-n256": (1, 32, 6, 2, (3, 9, 13), 5, 3, 1, 2, 1),
 }
 
 

@@ -703,6 +703,9 @@ SHUFFLE_REGIMES = {
     "k2s2-op-w16-tail": Case(1, 4, 2, (1, 2, 16), (2, 2, 2), 2, 0, 1),
     # 21 width blocks x 19 height blocks: flat tiles offered (a box tile would pad 21 to 32)
     "k144-s122-flat-offered": Case(1, 4, 2, (1, 18, 20), (1, 4, 4), (1, 2, 2), (0, 1, 1)),
+    # 14 width blocks x 10 height blocks at 256 columns (16 rows x 4 channels x 4): one flat
+    # tile of 64 blocks
+    "k5s3-groups2-flat-n256": Case(1, 8, 6, (2, 9, 13), (5, 5, 5), 3, 1, 2, groups=2),
 }
 # Tiles forced on top of the offered ones: several W tiles (the last cut), programs of 4
 # input rows over 6 height blocks (a tail, and the block output padding adds past the input),
@@ -744,6 +747,8 @@ def test_shuffle_kind(name, use_dot):
     assert tiles, "a shuffle tile of each path"
     if name == "k144-s122-flat-offered" and use_dot:
         assert all(c.BOX_H == 0 for c in tiles), "flat MMA tiles where the row of blocks pads"
+    if name == "k5s3-groups2-flat-n256" and use_dot:
+        assert [(c.BOX_H, c.BLOCK_M, c.BLOCK_N) for c in tiles] == [(0, 64, 256)]
     if name in SHUFFLE_OVERRIDES:
         tiles = [dataclasses.replace(tiles[0], **SHUFFLE_OVERRIDES[name])]
     for cfg in tiles:
