@@ -1413,7 +1413,7 @@ import torch
 
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
-           "shuffle_layer", "shuffle_shifts", "shuffle_tiles", "shuffle_shape",
+           "shuffle_layer", "shuffle_shifts", "shuffle_blocks", "shuffle_tiles", "shuffle_shape",
            "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
@@ -1492,6 +1492,12 @@ def shuffle_shifts(params: ConvT3dParams) -> tuple[int, int, int]:
     return tuple(-(-a.kernel // a.stride) for a in params.axes)
 
 
+def shuffle_blocks(params: ConvT3dParams) -> tuple[int, int, int]:
+    """The shuffle kind's blocks q = (o + p) // s covering the output, per dimension: past the
+    input where output padding or the shifts reach further."""
+    return tuple(-(-(a.out_size + a.padding) // a.stride) for a in params.axes)
+
+
 def shuffle_shape(params: ConvT3dParams, use_dot: bool) -> tuple[int, int, int]:
     """(R_P, SW_P, BLOCK_C) of head_shuffle_kernel: the box's depth x height rows and its width,
     each rounded up to a power of two, and the channels per row block -- every output channel
@@ -1524,36 +1530,30 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
       on the bf16 64 -> 3 video head, 3943 against 625 on the fp32 VQ-VAE head).
     The layer's Cout/g x taps multiply-adds per input element decide between them (compute
     against bandwidth): the tuner's measurement."""
-    # Blocks q = (o + p) // s covering the output: past the input where output padding or the
-    # shifts reach further.
-    w = -(-(params.out_size[2] + params.padding[2]) // params.stride[2])
-    rows_in = -(-(params.out_size[1] + params.padding[1]) // params.stride[1])
+    _, blocks_h, blocks_w = shuffle_blocks(params)
     shifted = math.prod(shuffle_shifts(params)) > 1
     tiles = []
     r_p, sw_p, bc = shuffle_shape(params, True)
     ncol = r_p * bc * sw_p
     if ncol <= 256:
-        bw = max(16, min(128, _pow2_ceil(w)))
-        # Box tiles where the row of blocks fills its W tiles; flat tiles (BOX_H 0) of 128 and
-        # 256 consecutive blocks where a box would mask lanes (33 blocks in a W tile of 64);
-        # at N 256 one flat tile of 64 (the accumulator limit of 128 x 128 below).
-        flat = w % bw != 0 and w * rows_in >= 128
-        flat_m = [m for m in (128, 256) if m * ncol <= 128 * 128] or [128 * 128 // ncol]
-        seen = set()
-        for m in (flat_m if flat else (bw, 128, 256)):
-            box_h = 0 if flat else max(1, min(m // bw, _pow2_ceil(rows_in)))
-            if (flat and m * ncol > 128 * 128) or (not flat and (box_h in seen or box_h * bw * ncol > 128 * 128)):
-                continue
-            seen.add(box_h)
-            tm = m if flat else box_h * bw
-            tiles.append(dict(BLOCK_M=tm, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=0 if flat else bw,
+        bw = max(16, min(128, _pow2_ceil(blocks_w)))
+        # Box tiles (BLOCK_M, BOX_H, BLOCK_W) where the row of blocks fills its W tiles; flat
+        # tiles (BOX_H 0) of 128 and 256 consecutive blocks where a box would mask lanes (33
+        # blocks in a W tile of 64); at N 256 one flat tile of 64. Accumulators at most 128 x 128.
+        if blocks_w % bw != 0 and blocks_w * blocks_h >= 128:
+            shapes = [(m, 0, 0) for m in (128, 256) if m * ncol <= 128 * 128] or [(128 * 128 // ncol, 0, 0)]
+        else:
+            heights = dict.fromkeys(max(1, min(m // bw, _pow2_ceil(blocks_h))) for m in (bw, 128, 256))
+            shapes = [(box_h * bw, box_h, bw) for box_h in heights if box_h * bw * ncol <= 128 * 128]
+        for tm, box_h, tw in shapes:
+            tiles.append(dict(BLOCK_M=tm, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=tw,
                               BOX_H=box_h, num_warps=4 if tm * ncol <= 128 * 64 else 8,
                               num_stages=1, use_dot=True, head="shuffle", BLOCK_R=0))
     r_p, sw_p, bc = shuffle_shape(params, False)
     rows = r_p * bc * sw_p
     if rows <= 2048 and not shifted:
-        bw = max(1, min(128, _pow2_ceil(w), 2048 // rows))
-        box_h = max(1, min(2048 // (rows * bw), _pow2_ceil(rows_in)))
+        bw = max(1, min(128, _pow2_ceil(blocks_w), 2048 // rows))
+        box_h = max(1, min(2048 // (rows * bw), _pow2_ceil(blocks_h)))
         tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=rows, BLOCK_K=min(8, _pow2_ceil(params.in_channels_per_group)),
                           BLOCK_W=bw, BOX_H=box_h, num_warps=4, num_stages=1, use_dot=False, head="shuffle",
                           BLOCK_R=0))
@@ -2017,7 +2017,7 @@ class HeadSteps:
         dimension, output padding included."""
         p, cfg = self.params, self.cfg
         (sd, sh, sw), (pd, ph, pw), (od, oh, ow) = p.stride, p.padding, p.out_size
-        blocks_d, blocks_h, blocks_w = -(-(od + pd) // sd), -(-(oh + ph) // sh), -(-(ow + pw) // sw)
+        blocks_d, blocks_h, blocks_w = shuffle_blocks(p)
         flat = cfg.BOX_H == 0
         box_h = max(1, cfg.BOX_H)
         if flat:  # BLOCK_M consecutive blocks of the plane (BOX_H 0)
@@ -2252,6 +2252,7 @@ head_engine = types.SimpleNamespace(
     head_z_bytes=head_z_bytes,
     head_z_elements=head_z_elements,
     persistent_programs=persistent_programs,
+    shuffle_blocks=shuffle_blocks,
     shuffle_layer=shuffle_layer,
     shuffle_shape=shuffle_shape,
     shuffle_shifts=shuffle_shifts,
@@ -3810,6 +3811,27 @@ def head_direct_kernel(
 
 
 @triton.jit
+def _shuffle_shift(it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, stride_xw,
+                   JH: tl.constexpr, JW: tl.constexpr, JVOL: tl.constexpr, BLOCK_K: tl.constexpr):
+    """K step ``it`` of head_shuffle_kernel (channel blocks outside, shifts inside): its input
+    channels and their mask, its shift (jd, jh, jw), and the input q - j of every block q as
+    a depth-slice base, in-slice offsets and a mask."""
+    k0 = (it // JVOL) * BLOCK_K
+    jd = it % JVOL // (JH * JW)
+    jh = it % (JH * JW) // JW
+    jw = it % JW
+    ci = k0 + tl.arange(0, BLOCK_K)
+    ih = bh - jh
+    ix = iw - jw
+    # (the depth test broadcast over the positions as a tensor: Triton's interpreter rejects a
+    # mask made of a scalar comparison and a tensor one)
+    i_d = bd - jd + 0 * bh
+    m_in = (ih >= 0) & (ih < H) & (ix >= 0) & (ix < W) & (i_d >= 0) & (i_d < D)
+    x_d = x_n + (bd - jd).to(tl.int64) * stride_xd
+    return ci, ci < CIN_G, jd, jh, jw, x_d, ih * stride_xh + ix * stride_xw, m_in
+
+
+@triton.jit
 def head_shuffle_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
     N, CIN_G, COUT_G, D, H, W, OD, OH, OW, PD, PH, PW,
@@ -3916,20 +3938,9 @@ def head_shuffle_kernel(
         n_row = (r_n < SD * SH) & (co_n < COUT_G) & (n_c < SW)
         acc = tl.zeros((M, NCOL), dtype=tl.float32)
         for it in range(0, steps):
-            k0 = (it // JVOL) * BLOCK_K
-            jd = it % JVOL // (JH * JW)
-            jh = it % (JH * JW) // JW
-            jw = it % JW
-            ci = k0 + tl.arange(0, BLOCK_K)
-            ci_ok = ci < CIN_G
-            ih = bh - jh
-            ix = iw - jw
-            # (the depth test broadcast over the positions as a tensor: Triton's interpreter
-            # rejects a mask made of a scalar comparison and a tensor one)
-            m_in = (ih >= 0) & (ih < H) & (ix >= 0) & (ix < W) & (bd - jd + 0 * m >= 0) & (bd - jd + 0 * m < D)
-            x_d = x_n + (bd - jd).to(tl.int64) * stride_xd
-            xt = tl.load(x_d + (ih * stride_xh + ix * stride_xw)[:, None] + ci[None, :] * stride_xc,
-                         mask=m_in[:, None] & ci_ok[None, :], other=0.0)
+            ci, ci_ok, jd, jh, jw, x_d, x_m, m_in = _shuffle_shift(
+                it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, stride_xw, JH, JW, JVOL, BLOCK_K)
+            xt = tl.load(x_d + x_m[:, None] + ci[None, :] * stride_xc, mask=m_in[:, None] & ci_ok[None, :], other=0.0)
             td = jd * SD + a_n
             th = jh * SH + b_n
             tw = jw * SW + n_c
@@ -3941,18 +3952,10 @@ def head_shuffle_kernel(
     else:
         out = tl.zeros((J, M, SW_P), dtype=tl.float32)
         for it in range(0, steps):
-            k0 = (it // JVOL) * BLOCK_K
-            jd = it % JVOL // (JH * JW)
-            jh = it % (JH * JW) // JW
-            jw = it % JW
-            ci = k0 + tl.arange(0, BLOCK_K)
-            ci_ok = ci < CIN_G
-            ih = bh - jh
-            ix = iw - jw
-            m_in = (ih >= 0) & (ih < H) & (ix >= 0) & (ix < W) & (bd - jd + 0 * m >= 0) & (bd - jd + 0 * m < D)
-            x_d = x_n + (bd - jd).to(tl.int64) * stride_xd
-            xv = tl.load(x_d + ci[:, None] * stride_xc + (ih * stride_xh + ix * stride_xw)[None, :],
-                         mask=ci_ok[:, None] & m_in[None, :], other=0.0).to(tl.float32)
+            ci, ci_ok, jd, jh, jw, x_d, x_m, m_in = _shuffle_shift(
+                it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, stride_xw, JH, JW, JVOL, BLOCK_K)
+            xv = tl.load(x_d + ci[:, None] * stride_xc + x_m[None, :], mask=ci_ok[:, None] & m_in[None, :],
+                         other=0.0).to(tl.float32)
             td = jd * SD + a
             th = jh * SH + b
             tw = jw * SW + c
@@ -4333,6 +4336,7 @@ HK = types.SimpleNamespace(
     _rows_store=_rows_store,
     _rows_weight_tile=_rows_weight_tile,
     _rows_x_tile=_rows_x_tile,
+    _shuffle_shift=_shuffle_shift,
     head_direct_kernel=head_direct_kernel,
     head_fused_kernel=head_fused_kernel,
     head_gather_kernel=head_gather_kernel,
@@ -4913,6 +4917,7 @@ head_engine = types.SimpleNamespace(
     head_z_bytes=head_z_bytes,
     head_z_elements=head_z_elements,
     persistent_programs=persistent_programs,
+    shuffle_blocks=shuffle_blocks,
     shuffle_layer=shuffle_layer,
     shuffle_shape=shuffle_shape,
     shuffle_shifts=shuffle_shifts,

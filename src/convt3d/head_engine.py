@@ -30,7 +30,7 @@ from .head_box_engine import BoxSteps, box_tiles
 from .params import ConvT3dParams
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
-           "shuffle_layer", "shuffle_shifts", "shuffle_tiles", "shuffle_shape",
+           "shuffle_layer", "shuffle_shifts", "shuffle_blocks", "shuffle_tiles", "shuffle_shape",
            "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
@@ -109,6 +109,12 @@ def shuffle_shifts(params: ConvT3dParams) -> tuple[int, int, int]:
     return tuple(-(-a.kernel // a.stride) for a in params.axes)
 
 
+def shuffle_blocks(params: ConvT3dParams) -> tuple[int, int, int]:
+    """The shuffle kind's blocks q = (o + p) // s covering the output, per dimension: past the
+    input where output padding or the shifts reach further."""
+    return tuple(-(-(a.out_size + a.padding) // a.stride) for a in params.axes)
+
+
 def shuffle_shape(params: ConvT3dParams, use_dot: bool) -> tuple[int, int, int]:
     """(R_P, SW_P, BLOCK_C) of head_shuffle_kernel: the box's depth x height rows and its width,
     each rounded up to a power of two, and the channels per row block -- every output channel
@@ -141,36 +147,30 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
       on the bf16 64 -> 3 video head, 3943 against 625 on the fp32 VQ-VAE head).
     The layer's Cout/g x taps multiply-adds per input element decide between them (compute
     against bandwidth): the tuner's measurement."""
-    # Blocks q = (o + p) // s covering the output: past the input where output padding or the
-    # shifts reach further.
-    w = -(-(params.out_size[2] + params.padding[2]) // params.stride[2])
-    rows_in = -(-(params.out_size[1] + params.padding[1]) // params.stride[1])
+    _, blocks_h, blocks_w = shuffle_blocks(params)
     shifted = math.prod(shuffle_shifts(params)) > 1
     tiles = []
     r_p, sw_p, bc = shuffle_shape(params, True)
     ncol = r_p * bc * sw_p
     if ncol <= 256:
-        bw = max(16, min(128, _pow2_ceil(w)))
-        # Box tiles where the row of blocks fills its W tiles; flat tiles (BOX_H 0) of 128 and
-        # 256 consecutive blocks where a box would mask lanes (33 blocks in a W tile of 64);
-        # at N 256 one flat tile of 64 (the accumulator limit of 128 x 128 below).
-        flat = w % bw != 0 and w * rows_in >= 128
-        flat_m = [m for m in (128, 256) if m * ncol <= 128 * 128] or [128 * 128 // ncol]
-        seen = set()
-        for m in (flat_m if flat else (bw, 128, 256)):
-            box_h = 0 if flat else max(1, min(m // bw, _pow2_ceil(rows_in)))
-            if (flat and m * ncol > 128 * 128) or (not flat and (box_h in seen or box_h * bw * ncol > 128 * 128)):
-                continue
-            seen.add(box_h)
-            tm = m if flat else box_h * bw
-            tiles.append(dict(BLOCK_M=tm, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=0 if flat else bw,
+        bw = max(16, min(128, _pow2_ceil(blocks_w)))
+        # Box tiles (BLOCK_M, BOX_H, BLOCK_W) where the row of blocks fills its W tiles; flat
+        # tiles (BOX_H 0) of 128 and 256 consecutive blocks where a box would mask lanes (33
+        # blocks in a W tile of 64); at N 256 one flat tile of 64. Accumulators at most 128 x 128.
+        if blocks_w % bw != 0 and blocks_w * blocks_h >= 128:
+            shapes = [(m, 0, 0) for m in (128, 256) if m * ncol <= 128 * 128] or [(128 * 128 // ncol, 0, 0)]
+        else:
+            heights = dict.fromkeys(max(1, min(m // bw, _pow2_ceil(blocks_h))) for m in (bw, 128, 256))
+            shapes = [(box_h * bw, box_h, bw) for box_h in heights if box_h * bw * ncol <= 128 * 128]
+        for tm, box_h, tw in shapes:
+            tiles.append(dict(BLOCK_M=tm, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=tw,
                               BOX_H=box_h, num_warps=4 if tm * ncol <= 128 * 64 else 8,
                               num_stages=1, use_dot=True, head="shuffle", BLOCK_R=0))
     r_p, sw_p, bc = shuffle_shape(params, False)
     rows = r_p * bc * sw_p
     if rows <= 2048 and not shifted:
-        bw = max(1, min(128, _pow2_ceil(w), 2048 // rows))
-        box_h = max(1, min(2048 // (rows * bw), _pow2_ceil(rows_in)))
+        bw = max(1, min(128, _pow2_ceil(blocks_w), 2048 // rows))
+        box_h = max(1, min(2048 // (rows * bw), _pow2_ceil(blocks_h)))
         tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=rows, BLOCK_K=min(8, _pow2_ceil(params.in_channels_per_group)),
                           BLOCK_W=bw, BOX_H=box_h, num_warps=4, num_stages=1, use_dot=False, head="shuffle",
                           BLOCK_R=0))
@@ -634,7 +634,7 @@ class HeadSteps:
         dimension, output padding included."""
         p, cfg = self.params, self.cfg
         (sd, sh, sw), (pd, ph, pw), (od, oh, ow) = p.stride, p.padding, p.out_size
-        blocks_d, blocks_h, blocks_w = -(-(od + pd) // sd), -(-(oh + ph) // sh), -(-(ow + pw) // sw)
+        blocks_d, blocks_h, blocks_w = shuffle_blocks(p)
         flat = cfg.BOX_H == 0
         box_h = max(1, cfg.BOX_H)
         if flat:  # BLOCK_M consecutive blocks of the plane (BOX_H 0)

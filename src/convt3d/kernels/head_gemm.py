@@ -539,6 +539,27 @@ def head_direct_kernel(
 
 
 @triton.jit
+def _shuffle_shift(it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, stride_xw,
+                   JH: tl.constexpr, JW: tl.constexpr, JVOL: tl.constexpr, BLOCK_K: tl.constexpr):
+    """K step ``it`` of head_shuffle_kernel (channel blocks outside, shifts inside): its input
+    channels and their mask, its shift (jd, jh, jw), and the input q - j of every block q as
+    a depth-slice base, in-slice offsets and a mask."""
+    k0 = (it // JVOL) * BLOCK_K
+    jd = it % JVOL // (JH * JW)
+    jh = it % (JH * JW) // JW
+    jw = it % JW
+    ci = k0 + tl.arange(0, BLOCK_K)
+    ih = bh - jh
+    ix = iw - jw
+    # (the depth test broadcast over the positions as a tensor: Triton's interpreter rejects a
+    # mask made of a scalar comparison and a tensor one)
+    i_d = bd - jd + 0 * bh
+    m_in = (ih >= 0) & (ih < H) & (ix >= 0) & (ix < W) & (i_d >= 0) & (i_d < D)
+    x_d = x_n + (bd - jd).to(tl.int64) * stride_xd
+    return ci, ci < CIN_G, jd, jh, jw, x_d, ih * stride_xh + ix * stride_xw, m_in
+
+
+@triton.jit
 def head_shuffle_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
     N, CIN_G, COUT_G, D, H, W, OD, OH, OW, PD, PH, PW,
@@ -645,20 +666,9 @@ def head_shuffle_kernel(
         n_row = (r_n < SD * SH) & (co_n < COUT_G) & (n_c < SW)
         acc = tl.zeros((M, NCOL), dtype=tl.float32)
         for it in range(0, steps):
-            k0 = (it // JVOL) * BLOCK_K
-            jd = it % JVOL // (JH * JW)
-            jh = it % (JH * JW) // JW
-            jw = it % JW
-            ci = k0 + tl.arange(0, BLOCK_K)
-            ci_ok = ci < CIN_G
-            ih = bh - jh
-            ix = iw - jw
-            # (the depth test broadcast over the positions as a tensor: Triton's interpreter
-            # rejects a mask made of a scalar comparison and a tensor one)
-            m_in = (ih >= 0) & (ih < H) & (ix >= 0) & (ix < W) & (bd - jd + 0 * m >= 0) & (bd - jd + 0 * m < D)
-            x_d = x_n + (bd - jd).to(tl.int64) * stride_xd
-            xt = tl.load(x_d + (ih * stride_xh + ix * stride_xw)[:, None] + ci[None, :] * stride_xc,
-                         mask=m_in[:, None] & ci_ok[None, :], other=0.0)
+            ci, ci_ok, jd, jh, jw, x_d, x_m, m_in = _shuffle_shift(
+                it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, stride_xw, JH, JW, JVOL, BLOCK_K)
+            xt = tl.load(x_d + x_m[:, None] + ci[None, :] * stride_xc, mask=m_in[:, None] & ci_ok[None, :], other=0.0)
             td = jd * SD + a_n
             th = jh * SH + b_n
             tw = jw * SW + n_c
@@ -670,18 +680,10 @@ def head_shuffle_kernel(
     else:
         out = tl.zeros((J, M, SW_P), dtype=tl.float32)
         for it in range(0, steps):
-            k0 = (it // JVOL) * BLOCK_K
-            jd = it % JVOL // (JH * JW)
-            jh = it % (JH * JW) // JW
-            jw = it % JW
-            ci = k0 + tl.arange(0, BLOCK_K)
-            ci_ok = ci < CIN_G
-            ih = bh - jh
-            ix = iw - jw
-            m_in = (ih >= 0) & (ih < H) & (ix >= 0) & (ix < W) & (bd - jd + 0 * m >= 0) & (bd - jd + 0 * m < D)
-            x_d = x_n + (bd - jd).to(tl.int64) * stride_xd
-            xv = tl.load(x_d + ci[:, None] * stride_xc + (ih * stride_xh + ix * stride_xw)[None, :],
-                         mask=ci_ok[:, None] & m_in[None, :], other=0.0).to(tl.float32)
+            ci, ci_ok, jd, jh, jw, x_d, x_m, m_in = _shuffle_shift(
+                it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, stride_xw, JH, JW, JVOL, BLOCK_K)
+            xv = tl.load(x_d + ci[:, None] * stride_xc + x_m[None, :], mask=ci_ok[:, None] & m_in[None, :],
+                         other=0.0).to(tl.float32)
             td = jd * SD + a
             th = jh * SH + b
             tw = jw * SW + c
