@@ -1413,7 +1413,7 @@ import torch
 
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
-           "shuffle_layer", "shuffle_shifts", "shuffle_blocks", "shuffle_tiles", "shuffle_shape",
+           "shuffle_layer", "shuffle_shifts", "shuffle_n_shifts", "shuffle_halo", "shuffle_blocks", "shuffle_tiles", "shuffle_shape",
            "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
@@ -1498,14 +1498,35 @@ def shuffle_blocks(params: ConvT3dParams) -> tuple[int, int, int]:
     return tuple(-(-(a.out_size + a.padding) // a.stride) for a in params.axes)
 
 
-def shuffle_shape(params: ConvT3dParams, use_dot: bool) -> tuple[int, int, int]:
+def shuffle_n_shifts(params: ConvT3dParams, shifts_n: int) -> tuple[int, int]:
+    """(NJH, NJW): the height and width shifts a shuffle tile with ``Config.shifts_n`` puts in
+    the MMA's N (1 where they stay K steps): shifts_n 1 the width's, 2 the height's and the
+    width's."""
+    _, jh, jw = shuffle_shifts(params)
+    return (jh if shifts_n >= 2 else 1), (jw if shifts_n >= 1 else 1)
+
+
+def shuffle_halo(params: ConvT3dParams, shifts_n: int, box_h: int, block_w: int) -> tuple[int, int]:
+    """The blocks a shuffle tile reads but does not write (shifts in N read the products of
+    the rows q - (nh, nw) of the same tile): (height rows, width columns) of a box tile, or
+    (0, blocks) of a flat one (BOX_H 0: the first (NJH - 1) x blocks_w + NJW - 1 of its row
+    order)."""
+    njh, njw = shuffle_n_shifts(params, shifts_n)
+    if box_h == 0:
+        return 0, (njh - 1) * shuffle_blocks(params)[2] + njw - 1
+    return njh - 1, njw - 1
+
+
+def shuffle_shape(params: ConvT3dParams, use_dot: bool, shifts_n: int = 0) -> tuple[int, int, int]:
     """(R_P, SW_P, BLOCK_C) of head_shuffle_kernel: the box's depth x height rows and its width,
     each rounded up to a power of two, and the channels per row block -- every output channel
-    of the group, and for the MMA enough that its N (R_P x BLOCK_C x SW_P) reaches 16."""
+    of the group, and for the MMA enough that its N (NS_P x R_P x BLOCK_C x SW_P, NS_P the
+    power of two of the shifts in N) reaches 16."""
     r_p, sw_p = _pow2_ceil(params.stride[0] * params.stride[1]), _pow2_ceil(params.stride[2])
     bc = _pow2_ceil(params.out_channels_per_group)
     if use_dot:
-        bc = max(bc, _pow2_ceil(-(-16 // (r_p * sw_p))))
+        ns_p = _pow2_ceil(math.prod(shuffle_n_shifts(params, shifts_n)))
+        bc = max(bc, _pow2_ceil(-(-16 // (ns_p * r_p * sw_p))))
     return r_p, sw_p, bc
 
 
@@ -1531,24 +1552,37 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
     The layer's Cout/g x taps multiply-adds per input element decide between them (compute
     against bandwidth): the tuner's measurement."""
     _, blocks_h, blocks_w = shuffle_blocks(params)
+    _, jh, jw = shuffle_shifts(params)
     shifted = math.prod(shuffle_shifts(params)) > 1
     tiles = []
-    r_p, sw_p, bc = shuffle_shape(params, True)
-    ncol = r_p * bc * sw_p
-    if ncol <= 256:
-        bw = max(16, min(128, _pow2_ceil(blocks_w)))
+    bw = max(16, min(128, _pow2_ceil(blocks_w)))
+    plane = blocks_h * blocks_w
+    # Shifts in N (shifts_n 1: the width's, 2: the height's too) where the layer has them.
+    for shifts_n in [0] + [1] * (jw > 1) + [2] * (jh > 1):
+        njh, njw = shuffle_n_shifts(params, shifts_n)
+        r_p, sw_p, bc = shuffle_shape(params, True, shifts_n)
+        ncol = _pow2_ceil(njh * njw) * r_p * bc * sw_p
+        if ncol > 256:
+            continue
         # Box tiles (BLOCK_M, BOX_H, BLOCK_W) where the row of blocks fills its W tiles; flat
         # tiles (BOX_H 0) of 128 and 256 consecutive blocks where a box would mask lanes (33
-        # blocks in a W tile of 64); at N 256 one flat tile of 64. Accumulators at most 128 x 128.
-        if blocks_w % bw != 0 and blocks_w * blocks_h >= 128:
+        # blocks in a W tile of 64) or would lose a column and a row to the halo of shifts in
+        # N (a full W tile of 32 blocks writing 31); at N 256 one flat tile of 64.
+        # Accumulators at most 128 x 128, and tiles that write at least half their blocks
+        # (the halo is read, not written).
+        if plane >= 128 and (shifts_n or blocks_w % bw != 0):
+            halo = shuffle_halo(params, shifts_n, 0, 0)[1]
             shapes = [(m, 0, 0) for m in (128, 256) if m * ncol <= 128 * 128] or [(128 * 128 // ncol, 0, 0)]
+            shapes = [t for t in shapes if t[0] >= 2 * halo]
         else:
+            hh, hw = shuffle_halo(params, shifts_n, 1, bw)
             heights = dict.fromkeys(max(1, min(m // bw, _pow2_ceil(blocks_h))) for m in (bw, 128, 256))
-            shapes = [(box_h * bw, box_h, bw) for box_h in heights if box_h * bw * ncol <= 128 * 128]
+            shapes = [(box_h * bw, box_h, bw) for box_h in heights
+                      if box_h * bw * ncol <= 128 * 128 and 2 * (box_h - hh) * (bw - hw) >= box_h * bw]
         for tm, box_h, tw in shapes:
             tiles.append(dict(BLOCK_M=tm, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=tw,
                               BOX_H=box_h, num_warps=4 if tm * ncol <= 128 * 64 else 8,
-                              num_stages=1, use_dot=True, head="shuffle", BLOCK_R=0))
+                              num_stages=1, use_dot=True, head="shuffle", BLOCK_R=0, shifts_n=shifts_n))
     r_p, sw_p, bc = shuffle_shape(params, False)
     rows = r_p * bc * sw_p
     if rows <= 2048 and not shifted:
@@ -2020,17 +2054,25 @@ class HeadSteps:
         blocks_d, blocks_h, blocks_w = shuffle_blocks(p)
         flat = cfg.BOX_H == 0
         box_h = max(1, cfg.BOX_H)
+        # Tiles overlap by the halo that shifts in N read (shuffle_halo).
+        hh, hw = shuffle_halo(p, cfg.shifts_n, cfg.BOX_H, cfg.BLOCK_W)
         if flat:  # BLOCK_M consecutive blocks of the plane (BOX_H 0)
-            tiles_h, tiles_w = -(-(blocks_h * blocks_w) // cfg.BLOCK_M), 1
+            tiles_h, tiles_w = -(-(blocks_h * blocks_w) // (cfg.BLOCK_M - hw)), 1
         else:
-            tiles_h, tiles_w = -(-blocks_h // box_h), -(-blocks_w // cfg.BLOCK_W)
-        r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot)
+            tiles_h, tiles_w = -(-blocks_h // (box_h - hh)), -(-blocks_w // (cfg.BLOCK_W - hw))
+        r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot, cfg.shifts_n)
         jd, jh, jw = shuffle_shifts(p)
+        njh, njw = shuffle_n_shifts(p, cfg.shifts_n)
+        if njh > 1:
+            jh = 1
+        if njw > 1:
+            jw = 1
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, *p.in_size, od, oh, ow, pd, ph, pw,
                 *x.stride(), w.stride(0), *y.stride(), blocks_d, blocks_w, tiles_h, tiles_w)
         consts = dict(HAS_BIAS=self.has_bias, ROUND_TF32=self._rounds(x.dtype), PRECISION=self.precision,
                       USE_DOT=cfg.use_dot, KD=p.kernel_size[0], KH=p.kernel_size[1], KW=p.kernel_size[2],
-                      SD=sd, SH=sh, SW=sw, JD=jd, JH=jh, JW=jw, FLAT=flat, R_P=r_p, SW_P=sw_p, BLOCK_C=bc,
+                      SD=sd, SH=sh, SW=sw, JD=jd, JH=jh, JW=jw, NJH=njh, NJW=njw,
+                      NS_P=_pow2_ceil(njh * njw), FLAT=flat, R_P=r_p, SW_P=sw_p, BLOCK_C=bc,
                       BLOCK_H=1 if flat else box_h, BLOCK_W=cfg.BLOCK_M if flat else cfg.BLOCK_W,
                       BLOCK_K=cfg.BLOCK_K, Y64=_batch_span(y) >= OFFSET_LIMIT, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)
@@ -2253,7 +2295,9 @@ head_engine = types.SimpleNamespace(
     head_z_elements=head_z_elements,
     persistent_programs=persistent_programs,
     shuffle_blocks=shuffle_blocks,
+    shuffle_halo=shuffle_halo,
     shuffle_layer=shuffle_layer,
+    shuffle_n_shifts=shuffle_n_shifts,
     shuffle_shape=shuffle_shape,
     shuffle_shifts=shuffle_shifts,
     shuffle_tiles=shuffle_tiles,
@@ -2309,6 +2353,9 @@ class Config:
     # The head GEMM reads a channels-last copy of an NCDHW input (one copy kernel per call):
     # each position's channels contiguous, so its loads are vectors (head_engine._x_copies).
     x_cl: bool = False
+    # The shuffle kind's shifts as MMA columns instead of K steps: 0 none, 1 the width shifts,
+    # 2 the height and width shifts (head_shuffle_kernel's NJH, NJW).
+    shifts_n: int = 0
 
     def short(self) -> str:
         if self.head == "box":
@@ -2317,7 +2364,8 @@ class Config:
         if self.head == "shuffle":
             box = f"{self.BOX_H}x{self.BLOCK_W}" if self.BOX_H else "flat"
             return (f"head-shuffle M{self.BLOCK_M}({box}) N{self.BLOCK_N} K{self.BLOCK_K} "
-                    f"{'mma' if self.use_dot else 'fma'} w{self.num_warps} s{self.num_stages}")
+                    f"{'mma' if self.use_dot else 'fma'} w{self.num_warps} s{self.num_stages}"
+                    + ("" if not self.shifts_n else " nw" if self.shifts_n == 1 else " nhw"))
         if self.head == "fused":
             return (f"head-fused box{self.BOX_D}x{self.BOX_H}x{self.BLOCK_W} M{self.BLOCK_M} N{self.BLOCK_N} "
                     f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
@@ -3846,6 +3894,7 @@ def head_shuffle_kernel(
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     JD: tl.constexpr, JH: tl.constexpr, JW: tl.constexpr,
+    NJH: tl.constexpr, NJW: tl.constexpr, NS_P: tl.constexpr,
     FLAT: tl.constexpr,
     R_P: tl.constexpr, SW_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -3883,6 +3932,14 @@ def head_shuffle_kernel(
       * else FMA in fp32: the product [BLOCK_K, rows, M, SW_P] summed over its first axis,
         exact for the 16-bit inputs and, at TF32, on operands rounded as cuDNN rounds them.
 
+    Shifts in N (MMA only; NJH, NJW > 1, the launcher then passing JH, JW = 1): the height
+    and/or width shifts are columns of the MMA instead of K steps, each input tile loaded once
+    per remaining shift (a k4 s2 head: 2 tiles per channel block instead of 8, with N 4x as
+    wide), and block q takes its (nh, nw) column block from the products of row q - (nh, nw)
+    of the same tile: the tile's first rows and columns are a halo that it reads but does not
+    write. This trades the shifted reloads (the kernel is bound by L1 with them) for a wider
+    MMA and one gather of the accumulator.
+
     Per input element the layer does Cout/g x taps multiply-adds (16 for the k2 s2 8 -> 2 head,
     64 for the 64 -> 1 k4 s2 head), so it is memory-bound on either path; which tile is faster
     at a given Cin and Cout is the tuner's measurement. Offsets inside a batch element are
@@ -3903,13 +3960,19 @@ def head_shuffle_kernel(
     JVOL: tl.constexpr = JD * JH * JW
 
     m = tl.arange(0, M)
+    # With shifts in N (NJH, NJW > 1) block q reads the products of the rows q - (nh, nw), so
+    # a tile's first NJH - 1 height rows and NJW - 1 width columns of blocks (FLAT: its first
+    # halo blocks) are only read, and the tiles overlap by as many: `own`, the rows it writes.
     if FLAT:
-        blk = pid_h * M + m
+        halo = (NJH - 1) * blocks_w + (NJW - 1)
+        blk = pid_h * (M - halo) - halo + m
         bh = blk // blocks_w
         iw = blk % blocks_w
+        own = m >= halo
     else:
-        bh = pid_h * BLOCK_H + m // BLOCK_W
-        iw = pid_w * BLOCK_W + m % BLOCK_W
+        bh = pid_h * (BLOCK_H - (NJH - 1)) - (NJH - 1) + m // BLOCK_W
+        iw = pid_w * (BLOCK_W - (NJW - 1)) - (NJW - 1) + m % BLOCK_W
+        own = (m // BLOCK_W >= NJH - 1) & (m % BLOCK_W >= NJW - 1)
     x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     # K steps: channel blocks outside, the shifts of a block inside (its input tiles overlap).
@@ -3927,27 +3990,46 @@ def head_shuffle_kernel(
     j_ok = j_row & (od >= 0) & (od < OD)
 
     if USE_DOT:
-        NCOL: tl.constexpr = J * SW_P
+        # Columns n = (shift in N, row j, residue c): NS_P column blocks of NC0, block sn the
+        # shift (nh, nw) = divmod(sn, NJW) (past NJH x NJW: zero columns of the power of two).
+        NC0: tl.constexpr = J * SW_P
+        NCOL: tl.constexpr = NS_P * NC0
         n = tl.arange(0, NCOL)
-        n_j = n // SW_P
+        sn = n // NC0
+        nh_n = sn // NJW
+        nw_n = sn % NJW
+        n_j = n % NC0 // SW_P
         n_c = n % SW_P
         r_n = n_j // BLOCK_C
         co_n = n_j % BLOCK_C
         a_n = r_n // SH
         b_n = r_n % SH
-        n_row = (r_n < SD * SH) & (co_n < COUT_G) & (n_c < SW)
+        n_row = (r_n < SD * SH) & (co_n < COUT_G) & (n_c < SW) & (sn < NJH * NJW)
         acc = tl.zeros((M, NCOL), dtype=tl.float32)
         for it in range(0, steps):
             ci, ci_ok, jd, jh, jw, x_d, x_m, m_in = _shuffle_shift(
                 it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, stride_xw, JH, JW, JVOL, BLOCK_K)
             xt = tl.load(x_d + x_m[:, None] + ci[None, :] * stride_xc, mask=m_in[:, None] & ci_ok[None, :], other=0.0)
             td = jd * SD + a_n
-            th = jh * SH + b_n
-            tw = jw * SW + n_c
+            th = (jh + nh_n) * SH + b_n
+            tw = (jw + nw_n) * SW + n_c
             n_ok = n_row & (td < KD) & (th < KH) & (tw < KW)
             wt = tl.load(w_g + ci[:, None] * stride_wc + (co_n * KVOL + (td * KH + th) * KW + tw)[None, :],
                          mask=ci_ok[:, None] & n_ok[None, :], other=0.0)
             acc = _mma_step(acc, xt, wt, ROUND_TF32, PRECISION == "ieee", PRECISION)
+        if NS_P > 1:
+            # The shifts in N: block q adds column block (nh, nw) of row q - (nh, nw) -- a
+            # gather along M (through shared memory), then the sum over the column blocks.
+            # Where iw < nw a flat tile's row q - nw wraps into the row of blocks above; the
+            # blocks it reads there lie past the input or feed only cropped outputs, so no
+            # mask is needed (tests/test_head_interp.py, test_flat_shift_wrap_reads_nothing).
+            # Rows of the halo (not `own`) read clamped rows and are not stored.
+            if FLAT:
+                src = m[:, None] - (nh_n * blocks_w + nw_n)[None, :]
+            else:
+                src = m[:, None] - (nh_n * BLOCK_W + nw_n)[None, :]
+            acc = tl.gather(acc, tl.maximum(src, 0), axis=0)
+            acc = tl.sum(tl.reshape(acc, (M, NS_P, NC0)), axis=1)
         out = tl.permute(tl.reshape(acc, (M, J, SW_P)), (1, 0, 2))
     else:
         out = tl.zeros((J, M, SW_P), dtype=tl.float32)
@@ -3974,7 +4056,7 @@ def head_shuffle_kernel(
     oh = bh[None, :] * SH + b[:, None] - PH  # [rows, positions]
     ow = (iw * SW - PW)[:, None] + c[None, :]  # [positions, residues]
     ow_ok = (ow >= 0) & (ow < OW) & (c < SW)[None, :]
-    jm_ok = j_ok[:, None] & (oh >= 0) & (oh < OH)
+    jm_ok = j_ok[:, None] & (oh >= 0) & (oh < OH) & own[None, :]
     y_s = y_ptr + nb.to(tl.int64) * stride_yn
     if Y64:
         y_jm = ((grp * COUT_G + co).to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd)[:, None] \
@@ -4918,7 +5000,9 @@ head_engine = types.SimpleNamespace(
     head_z_elements=head_z_elements,
     persistent_programs=persistent_programs,
     shuffle_blocks=shuffle_blocks,
+    shuffle_halo=shuffle_halo,
     shuffle_layer=shuffle_layer,
+    shuffle_n_shifts=shuffle_n_shifts,
     shuffle_shape=shuffle_shape,
     shuffle_shifts=shuffle_shifts,
     shuffle_tiles=shuffle_tiles,

@@ -706,15 +706,51 @@ SHUFFLE_REGIMES = {
     # 14 width blocks x 10 height blocks at 256 columns (16 rows x 4 channels x 4): one flat
     # tile of 64 blocks
     "k5s3-groups2-flat-n256": Case(1, 8, 6, (2, 9, 13), (5, 5, 5), 3, 1, 2, groups=2),
+    # Shifts in N (shifts_n): box tiles whose halo rows and columns cut the plane into tails
+    # (37 width blocks in W tiles that write 15, 8 height blocks in boxes that write 3), with
+    # output padding; and (overrides) flat tiles on a plane whose last width block is a real
+    # input column (k4 s2 p3: 4 blocks over 4 columns), so that a width shift wraps into the
+    # row above unless masked.
+    "k4s2p1-op-shifts-n-box-tails": Case(1, 6, 2, (2, 7, 36), (4, 4, 4), 2, 1, 1),
 }
-# Tiles forced on top of the offered ones: several W tiles (the last cut), programs of 4
+# Tiles forced instead of the offered ones: several W tiles (the last cut), programs of 4
 # input rows over 6 height blocks (a tail, and the block output padding adds past the input),
-# and flat tiles (BOX_H 0) of 16 blocks over planes of 20 and 12 (tails that cross rows).
+# flat tiles (BOX_H 0) of 16 blocks over planes of 20 and 12 (tails that cross rows), and
+# tiles with shifts in N (each replacing the offered tile of its shifts_n).
 SHUFFLE_OVERRIDES = {"k2s2-w-tiles": dict(BLOCK_W=16, BLOCK_M=16, BOX_H=1),
+                     "k4s2p3-c5": [dict(BLOCK_W=0, BLOCK_M=16, BOX_H=0, shifts_n=n) for n in (1, 2)],
+                     "k4s2p1-op-shifts-n-box-tails": [dict(BLOCK_W=16, BLOCK_M=64, BOX_H=4, shifts_n=n)
+                                                      for n in (1, 2)],
                      "k2s2-row-tiles-op": dict(BLOCK_W=8, BLOCK_M=32, BOX_H=4),
                      "k2s2-op-w16-tail": dict(BLOCK_W=16, BLOCK_M=16, BOX_H=1),
                      "k4s2p1-c1": dict(BLOCK_W=0, BLOCK_M=16, BOX_H=0),
                      "k5s3-groups2-op": dict(BLOCK_W=0, BLOCK_M=16, BOX_H=0)}
+
+
+def test_flat_shift_wrap_reads_nothing():
+    # head_shuffle_kernel's flat tiles with width shifts in N: block (bh, iw) adds the products
+    # of row q - nw in row order, which for iw < nw is block blocks_w + iw - nw of the row
+    # above. The kernel does not mask it: on every 1-D geometry here (dilation 1, k past the
+    # stride) that block is past the input or every output of block iw that the shift's taps
+    # reach is cropped.
+    seen = 0
+    for k in range(2, 8):
+        for s in range(1, 5):
+            shifts = -(-k // s)
+            for p in range(k):
+                for op in range(s):
+                    for w in range(1, 9):
+                        ow = (w - 1) * s - 2 * p + k + op
+                        if shifts < 2 or ow <= 0:
+                            continue
+                        blocks = -(-(ow + p) // s)
+                        for iw in range(min(blocks, shifts - 1)):
+                            for nw in range(iw + 1, shifts):
+                                seen += 1
+                                src = blocks + iw - nw
+                                reached = [r for r in range(s) if 0 <= iw * s - p + r < ow and nw * s + r < k]
+                                assert src >= w or not reached, (k, s, p, op, w, iw, nw)
+    assert seen > 1000
 
 
 def test_joint_tiles_within_registers_and_shared_memory():
@@ -749,8 +785,13 @@ def test_shuffle_kind(name, use_dot):
         assert all(c.BOX_H == 0 for c in tiles), "flat MMA tiles where the row of blocks pads"
     if name == "k5s3-groups2-flat-n256" and use_dot:
         assert [(c.BOX_H, c.BLOCK_M, c.BLOCK_N) for c in tiles] == [(0, 64, 256)]
-    if name in SHUFFLE_OVERRIDES:
-        tiles = [dataclasses.replace(tiles[0], **SHUFFLE_OVERRIDES[name])]
+    if name == "k4s2p1-op-shifts-n-box-tails" and use_dot:
+        assert {c.shifts_n for c in tiles} == {0, 1, 2}
+    over = SHUFFLE_OVERRIDES.get(name, [])
+    over = [o for o in (over if isinstance(over, list) else [over]) if use_dot or not o.get("shifts_n")]
+    if over:  # (shifts in N are MMA columns: the FMA path keeps its tiles)
+        tiles = [dataclasses.replace(next(c for c in tiles if c.shifts_n == o.get("shifts_n", 0)), **o)
+                 for o in over]
     for cfg in tiles:
         for precision in ("ieee", "tf32"):
             y = engine.forward(x, w, b, params, precision, config=cfg)
@@ -807,18 +848,28 @@ def test_shuffle_offers_on_unseen_heads():
                                and (mma_cols <= 256 or (not shifted and fma_rows <= 2048))), params
         assert all(t["use_dot"] for t in tiles) or not shifted, params
         for t in tiles:
-            r_p, sw_p, bc = head_engine.shuffle_shape(params, t["use_dot"])
-            # Box tiles where the row of width blocks fills whole W tiles, else flat ones
-            blocks_w = -(-(params.out_size[2] + params.padding[2]) // params.stride[2])
+            r_p, sw_p, bc = head_engine.shuffle_shape(params, t["use_dot"], t.get("shifts_n", 0))
+            # Box tiles where the row of width blocks fills whole W tiles, else flat ones; with
+            # shifts in N flat ones on planes of 128 blocks; every tile writes at least half of
+            # the blocks it reads.
+            _, blocks_h, blocks_w = head_engine.shuffle_blocks(params)
+            sn = t.get("shifts_n", 0)
+            njh, njw = head_engine.shuffle_n_shifts(params, sn)
+            assert sn == 0 or (t["use_dot"] and njh * njw > 1), params
+            hh, hw = head_engine.shuffle_halo(params, sn, t["BOX_H"], t["BLOCK_W"])
             if t["BOX_H"]:
                 assert t["BLOCK_M"] == t["BOX_H"] * t["BLOCK_W"]
                 assert not t["use_dot"] or blocks_w % t["BLOCK_W"] == 0 or blocks_w * t["BOX_H"] < 128
+                assert not sn or blocks_h * blocks_w < 128
+                assert 2 * (t["BOX_H"] - hh) * (t["BLOCK_W"] - hw) >= t["BLOCK_M"]
             else:
                 assert t["use_dot"] and t["BLOCK_W"] == 0 and t["BLOCK_M"] in ((128, 256) if t["BLOCK_N"] <= 64 else (
                     128 * 128 // t["BLOCK_N"],))
-                assert blocks_w % min(128, head_engine._pow2_ceil(max(16, blocks_w))) != 0
+                assert sn or blocks_w % min(128, head_engine._pow2_ceil(max(16, blocks_w))) != 0
+                assert t["BLOCK_M"] >= 2 * hw
             if t["use_dot"]:
-                assert t["BLOCK_N"] == r_p * bc * sw_p and t["BLOCK_N"] % 16 == 0 and t["BLOCK_N"] <= 256
+                assert t["BLOCK_N"] == head_engine._pow2_ceil(njh * njw) * r_p * bc * sw_p
+                assert t["BLOCK_N"] % 16 == 0 and t["BLOCK_N"] <= 256
                 assert (t["BLOCK_W"] >= 16 or not t["BOX_H"]) and t["BLOCK_M"] * t["BLOCK_N"] <= 128 * 128
             else:
                 assert r_p * bc * sw_p * t["BLOCK_M"] <= 2048

@@ -30,7 +30,7 @@ from .head_box_engine import BoxSteps, box_tiles
 from .params import ConvT3dParams
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "fused_tiles", "fused_box", "collision_free",
-           "shuffle_layer", "shuffle_shifts", "shuffle_blocks", "shuffle_tiles", "shuffle_shape",
+           "shuffle_layer", "shuffle_shifts", "shuffle_n_shifts", "shuffle_halo", "shuffle_blocks", "shuffle_tiles", "shuffle_shape",
            "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
 # Output channels per group up to which head configurations are candidates. Above ~16 the phase
@@ -115,14 +115,35 @@ def shuffle_blocks(params: ConvT3dParams) -> tuple[int, int, int]:
     return tuple(-(-(a.out_size + a.padding) // a.stride) for a in params.axes)
 
 
-def shuffle_shape(params: ConvT3dParams, use_dot: bool) -> tuple[int, int, int]:
+def shuffle_n_shifts(params: ConvT3dParams, shifts_n: int) -> tuple[int, int]:
+    """(NJH, NJW): the height and width shifts a shuffle tile with ``Config.shifts_n`` puts in
+    the MMA's N (1 where they stay K steps): shifts_n 1 the width's, 2 the height's and the
+    width's."""
+    _, jh, jw = shuffle_shifts(params)
+    return (jh if shifts_n >= 2 else 1), (jw if shifts_n >= 1 else 1)
+
+
+def shuffle_halo(params: ConvT3dParams, shifts_n: int, box_h: int, block_w: int) -> tuple[int, int]:
+    """The blocks a shuffle tile reads but does not write (shifts in N read the products of
+    the rows q - (nh, nw) of the same tile): (height rows, width columns) of a box tile, or
+    (0, blocks) of a flat one (BOX_H 0: the first (NJH - 1) x blocks_w + NJW - 1 of its row
+    order)."""
+    njh, njw = shuffle_n_shifts(params, shifts_n)
+    if box_h == 0:
+        return 0, (njh - 1) * shuffle_blocks(params)[2] + njw - 1
+    return njh - 1, njw - 1
+
+
+def shuffle_shape(params: ConvT3dParams, use_dot: bool, shifts_n: int = 0) -> tuple[int, int, int]:
     """(R_P, SW_P, BLOCK_C) of head_shuffle_kernel: the box's depth x height rows and its width,
     each rounded up to a power of two, and the channels per row block -- every output channel
-    of the group, and for the MMA enough that its N (R_P x BLOCK_C x SW_P) reaches 16."""
+    of the group, and for the MMA enough that its N (NS_P x R_P x BLOCK_C x SW_P, NS_P the
+    power of two of the shifts in N) reaches 16."""
     r_p, sw_p = _pow2_ceil(params.stride[0] * params.stride[1]), _pow2_ceil(params.stride[2])
     bc = _pow2_ceil(params.out_channels_per_group)
     if use_dot:
-        bc = max(bc, _pow2_ceil(-(-16 // (r_p * sw_p))))
+        ns_p = _pow2_ceil(math.prod(shuffle_n_shifts(params, shifts_n)))
+        bc = max(bc, _pow2_ceil(-(-16 // (ns_p * r_p * sw_p))))
     return r_p, sw_p, bc
 
 
@@ -148,24 +169,37 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
     The layer's Cout/g x taps multiply-adds per input element decide between them (compute
     against bandwidth): the tuner's measurement."""
     _, blocks_h, blocks_w = shuffle_blocks(params)
+    _, jh, jw = shuffle_shifts(params)
     shifted = math.prod(shuffle_shifts(params)) > 1
     tiles = []
-    r_p, sw_p, bc = shuffle_shape(params, True)
-    ncol = r_p * bc * sw_p
-    if ncol <= 256:
-        bw = max(16, min(128, _pow2_ceil(blocks_w)))
+    bw = max(16, min(128, _pow2_ceil(blocks_w)))
+    plane = blocks_h * blocks_w
+    # Shifts in N (shifts_n 1: the width's, 2: the height's too) where the layer has them.
+    for shifts_n in [0] + [1] * (jw > 1) + [2] * (jh > 1):
+        njh, njw = shuffle_n_shifts(params, shifts_n)
+        r_p, sw_p, bc = shuffle_shape(params, True, shifts_n)
+        ncol = _pow2_ceil(njh * njw) * r_p * bc * sw_p
+        if ncol > 256:
+            continue
         # Box tiles (BLOCK_M, BOX_H, BLOCK_W) where the row of blocks fills its W tiles; flat
         # tiles (BOX_H 0) of 128 and 256 consecutive blocks where a box would mask lanes (33
-        # blocks in a W tile of 64); at N 256 one flat tile of 64. Accumulators at most 128 x 128.
-        if blocks_w % bw != 0 and blocks_w * blocks_h >= 128:
+        # blocks in a W tile of 64) or would lose a column and a row to the halo of shifts in
+        # N (a full W tile of 32 blocks writing 31); at N 256 one flat tile of 64.
+        # Accumulators at most 128 x 128, and tiles that write at least half their blocks
+        # (the halo is read, not written).
+        if plane >= 128 and (shifts_n or blocks_w % bw != 0):
+            halo = shuffle_halo(params, shifts_n, 0, 0)[1]
             shapes = [(m, 0, 0) for m in (128, 256) if m * ncol <= 128 * 128] or [(128 * 128 // ncol, 0, 0)]
+            shapes = [t for t in shapes if t[0] >= 2 * halo]
         else:
+            hh, hw = shuffle_halo(params, shifts_n, 1, bw)
             heights = dict.fromkeys(max(1, min(m // bw, _pow2_ceil(blocks_h))) for m in (bw, 128, 256))
-            shapes = [(box_h * bw, box_h, bw) for box_h in heights if box_h * bw * ncol <= 128 * 128]
+            shapes = [(box_h * bw, box_h, bw) for box_h in heights
+                      if box_h * bw * ncol <= 128 * 128 and 2 * (box_h - hh) * (bw - hw) >= box_h * bw]
         for tm, box_h, tw in shapes:
             tiles.append(dict(BLOCK_M=tm, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=tw,
                               BOX_H=box_h, num_warps=4 if tm * ncol <= 128 * 64 else 8,
-                              num_stages=1, use_dot=True, head="shuffle", BLOCK_R=0))
+                              num_stages=1, use_dot=True, head="shuffle", BLOCK_R=0, shifts_n=shifts_n))
     r_p, sw_p, bc = shuffle_shape(params, False)
     rows = r_p * bc * sw_p
     if rows <= 2048 and not shifted:
@@ -637,17 +671,25 @@ class HeadSteps:
         blocks_d, blocks_h, blocks_w = shuffle_blocks(p)
         flat = cfg.BOX_H == 0
         box_h = max(1, cfg.BOX_H)
+        # Tiles overlap by the halo that shifts in N read (shuffle_halo).
+        hh, hw = shuffle_halo(p, cfg.shifts_n, cfg.BOX_H, cfg.BLOCK_W)
         if flat:  # BLOCK_M consecutive blocks of the plane (BOX_H 0)
-            tiles_h, tiles_w = -(-(blocks_h * blocks_w) // cfg.BLOCK_M), 1
+            tiles_h, tiles_w = -(-(blocks_h * blocks_w) // (cfg.BLOCK_M - hw)), 1
         else:
-            tiles_h, tiles_w = -(-blocks_h // box_h), -(-blocks_w // cfg.BLOCK_W)
-        r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot)
+            tiles_h, tiles_w = -(-blocks_h // (box_h - hh)), -(-blocks_w // (cfg.BLOCK_W - hw))
+        r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot, cfg.shifts_n)
         jd, jh, jw = shuffle_shifts(p)
+        njh, njw = shuffle_n_shifts(p, cfg.shifts_n)
+        if njh > 1:
+            jh = 1
+        if njw > 1:
+            jw = 1
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, *p.in_size, od, oh, ow, pd, ph, pw,
                 *x.stride(), w.stride(0), *y.stride(), blocks_d, blocks_w, tiles_h, tiles_w)
         consts = dict(HAS_BIAS=self.has_bias, ROUND_TF32=self._rounds(x.dtype), PRECISION=self.precision,
                       USE_DOT=cfg.use_dot, KD=p.kernel_size[0], KH=p.kernel_size[1], KW=p.kernel_size[2],
-                      SD=sd, SH=sh, SW=sw, JD=jd, JH=jh, JW=jw, FLAT=flat, R_P=r_p, SW_P=sw_p, BLOCK_C=bc,
+                      SD=sd, SH=sh, SW=sw, JD=jd, JH=jh, JW=jw, NJH=njh, NJW=njw,
+                      NS_P=_pow2_ceil(njh * njw), FLAT=flat, R_P=r_p, SW_P=sw_p, BLOCK_C=bc,
                       BLOCK_H=1 if flat else box_h, BLOCK_W=cfg.BLOCK_M if flat else cfg.BLOCK_W,
                       BLOCK_K=cfg.BLOCK_K, Y64=_batch_span(y) >= OFFSET_LIMIT, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)

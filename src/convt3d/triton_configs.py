@@ -70,6 +70,9 @@ class Config:
     # The head GEMM reads a channels-last copy of an NCDHW input (one copy kernel per call):
     # each position's channels contiguous, so its loads are vectors (head_engine._x_copies).
     x_cl: bool = False
+    # The shuffle kind's shifts as MMA columns instead of K steps: 0 none, 1 the width shifts,
+    # 2 the height and width shifts (head_shuffle_kernel's NJH, NJW).
+    shifts_n: int = 0
 
     def short(self) -> str:
         if self.head == "box":
@@ -78,7 +81,8 @@ class Config:
         if self.head == "shuffle":
             box = f"{self.BOX_H}x{self.BLOCK_W}" if self.BOX_H else "flat"
             return (f"head-shuffle M{self.BLOCK_M}({box}) N{self.BLOCK_N} K{self.BLOCK_K} "
-                    f"{'mma' if self.use_dot else 'fma'} w{self.num_warps} s{self.num_stages}")
+                    f"{'mma' if self.use_dot else 'fma'} w{self.num_warps} s{self.num_stages}"
+                    + ("" if not self.shifts_n else " nw" if self.shifts_n == 1 else " nhw"))
         if self.head == "fused":
             return (f"head-fused box{self.BOX_D}x{self.BOX_H}x{self.BLOCK_W} M{self.BLOCK_M} N{self.BLOCK_N} "
                     f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")

@@ -574,6 +574,7 @@ def head_shuffle_kernel(
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     JD: tl.constexpr, JH: tl.constexpr, JW: tl.constexpr,
+    NJH: tl.constexpr, NJW: tl.constexpr, NS_P: tl.constexpr,
     FLAT: tl.constexpr,
     R_P: tl.constexpr, SW_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -611,6 +612,14 @@ def head_shuffle_kernel(
       * else FMA in fp32: the product [BLOCK_K, rows, M, SW_P] summed over its first axis,
         exact for the 16-bit inputs and, at TF32, on operands rounded as cuDNN rounds them.
 
+    Shifts in N (MMA only; NJH, NJW > 1, the launcher then passing JH, JW = 1): the height
+    and/or width shifts are columns of the MMA instead of K steps, each input tile loaded once
+    per remaining shift (a k4 s2 head: 2 tiles per channel block instead of 8, with N 4x as
+    wide), and block q takes its (nh, nw) column block from the products of row q - (nh, nw)
+    of the same tile: the tile's first rows and columns are a halo that it reads but does not
+    write. This trades the shifted reloads (the kernel is bound by L1 with them) for a wider
+    MMA and one gather of the accumulator.
+
     Per input element the layer does Cout/g x taps multiply-adds (16 for the k2 s2 8 -> 2 head,
     64 for the 64 -> 1 k4 s2 head), so it is memory-bound on either path; which tile is faster
     at a given Cin and Cout is the tuner's measurement. Offsets inside a batch element are
@@ -631,13 +640,19 @@ def head_shuffle_kernel(
     JVOL: tl.constexpr = JD * JH * JW
 
     m = tl.arange(0, M)
+    # With shifts in N (NJH, NJW > 1) block q reads the products of the rows q - (nh, nw), so
+    # a tile's first NJH - 1 height rows and NJW - 1 width columns of blocks (FLAT: its first
+    # halo blocks) are only read, and the tiles overlap by as many: `own`, the rows it writes.
     if FLAT:
-        blk = pid_h * M + m
+        halo = (NJH - 1) * blocks_w + (NJW - 1)
+        blk = pid_h * (M - halo) - halo + m
         bh = blk // blocks_w
         iw = blk % blocks_w
+        own = m >= halo
     else:
-        bh = pid_h * BLOCK_H + m // BLOCK_W
-        iw = pid_w * BLOCK_W + m % BLOCK_W
+        bh = pid_h * (BLOCK_H - (NJH - 1)) - (NJH - 1) + m // BLOCK_W
+        iw = pid_w * (BLOCK_W - (NJW - 1)) - (NJW - 1) + m % BLOCK_W
+        own = (m // BLOCK_W >= NJH - 1) & (m % BLOCK_W >= NJW - 1)
     x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
     w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
     # K steps: channel blocks outside, the shifts of a block inside (its input tiles overlap).
@@ -655,27 +670,46 @@ def head_shuffle_kernel(
     j_ok = j_row & (od >= 0) & (od < OD)
 
     if USE_DOT:
-        NCOL: tl.constexpr = J * SW_P
+        # Columns n = (shift in N, row j, residue c): NS_P column blocks of NC0, block sn the
+        # shift (nh, nw) = divmod(sn, NJW) (past NJH x NJW: zero columns of the power of two).
+        NC0: tl.constexpr = J * SW_P
+        NCOL: tl.constexpr = NS_P * NC0
         n = tl.arange(0, NCOL)
-        n_j = n // SW_P
+        sn = n // NC0
+        nh_n = sn // NJW
+        nw_n = sn % NJW
+        n_j = n % NC0 // SW_P
         n_c = n % SW_P
         r_n = n_j // BLOCK_C
         co_n = n_j % BLOCK_C
         a_n = r_n // SH
         b_n = r_n % SH
-        n_row = (r_n < SD * SH) & (co_n < COUT_G) & (n_c < SW)
+        n_row = (r_n < SD * SH) & (co_n < COUT_G) & (n_c < SW) & (sn < NJH * NJW)
         acc = tl.zeros((M, NCOL), dtype=tl.float32)
         for it in range(0, steps):
             ci, ci_ok, jd, jh, jw, x_d, x_m, m_in = _shuffle_shift(
                 it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, stride_xw, JH, JW, JVOL, BLOCK_K)
             xt = tl.load(x_d + x_m[:, None] + ci[None, :] * stride_xc, mask=m_in[:, None] & ci_ok[None, :], other=0.0)
             td = jd * SD + a_n
-            th = jh * SH + b_n
-            tw = jw * SW + n_c
+            th = (jh + nh_n) * SH + b_n
+            tw = (jw + nw_n) * SW + n_c
             n_ok = n_row & (td < KD) & (th < KH) & (tw < KW)
             wt = tl.load(w_g + ci[:, None] * stride_wc + (co_n * KVOL + (td * KH + th) * KW + tw)[None, :],
                          mask=ci_ok[:, None] & n_ok[None, :], other=0.0)
             acc = _mma_step(acc, xt, wt, ROUND_TF32, PRECISION == "ieee", PRECISION)
+        if NS_P > 1:
+            # The shifts in N: block q adds column block (nh, nw) of row q - (nh, nw) -- a
+            # gather along M (through shared memory), then the sum over the column blocks.
+            # Where iw < nw a flat tile's row q - nw wraps into the row of blocks above; the
+            # blocks it reads there lie past the input or feed only cropped outputs, so no
+            # mask is needed (tests/test_head_interp.py, test_flat_shift_wrap_reads_nothing).
+            # Rows of the halo (not `own`) read clamped rows and are not stored.
+            if FLAT:
+                src = m[:, None] - (nh_n * blocks_w + nw_n)[None, :]
+            else:
+                src = m[:, None] - (nh_n * BLOCK_W + nw_n)[None, :]
+            acc = tl.gather(acc, tl.maximum(src, 0), axis=0)
+            acc = tl.sum(tl.reshape(acc, (M, NS_P, NC0)), axis=1)
         out = tl.permute(tl.reshape(acc, (M, J, SW_P)), (1, 0, 2))
     else:
         out = tl.zeros((J, M, SW_P), dtype=tl.float32)
@@ -702,7 +736,7 @@ def head_shuffle_kernel(
     oh = bh[None, :] * SH + b[:, None] - PH  # [rows, positions]
     ow = (iw * SW - PW)[:, None] + c[None, :]  # [positions, residues]
     ow_ok = (ow >= 0) & (ow < OW) & (c < SW)[None, :]
-    jm_ok = j_ok[:, None] & (oh >= 0) & (oh < OH)
+    jm_ok = j_ok[:, None] & (oh >= 0) & (oh < OH) & own[None, :]
     y_s = y_ptr + nb.to(tl.int64) * stride_yn
     if Y64:
         y_jm = ((grp * COUT_G + co).to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd)[:, None] \
