@@ -1544,6 +1544,11 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
       Layers with shifts (k > s) loop over (channel block, shift) steps, one stage: 3 stages
       ran 5-14% slower on 4 of 5 head rows, best tile against best (H200, 2026-12-03, graph
       replay; faster, 625 against 682 us, on the fp32 VQ-VAE head, where the rows kind ran 382).
+    * MMA with shifts in N (``shifts_n`` 1: the width shifts, 2: the height ones too, where the
+      layer has them): fewer input tiles per channel block, N NS_P times as wide and a halo of
+      blocks read, not written (``shuffle_halo``). On the H200 (2026-12-03, graph replay) 1.08-
+      1.40x faster in fp32 and 1.17-1.32x in NCDHW bf16 than the tiles without, 7-16% slower in
+      channels-last bf16 and 1.21x slower on the VQ-VAE head (NOTES.md section 10, "Shifts in N").
     * FMA, for layers without shifts: about 2048 accumulators per program (16 per thread at 4
       warps) and BLOCK_K 8, so that the product of a K step (BLOCK_K x the accumulators) stays
       in 128 registers a thread; BLOCK_W down to 1 for wide boxes. It ran 7-15 us behind the
