@@ -1585,9 +1585,9 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
             shapes = [(box_h * bw, box_h, bw) for box_h in heights
                       if box_h * bw * ncol <= 128 * 128 and 2 * (box_h - hh) * (bw - hw) >= box_h * bw]
         for tm, box_h, tw in shapes:
-            # With shifts in N the gather holds a second accumulator: 8 warps offered beside 4
-            # from 32 accumulators a thread (ncu, GAN head bf16 cl, M256 N32 at 4 warps: 255
-            # registers, 12.5% occupancy, H200, 2026-12-03).
+            # With shifts in N, 8 warps offered beside 4 from 32 accumulators a thread: at 4 the
+            # tiles take 121-255 registers (ncu, GAN head bf16 cl, M256 N32: 255, 12.5%
+            # occupancy; H200, 2026-12-03), and 8 were faster on 2 of 5 head rows, slower on 3.
             warps = [4 if tm * ncol <= 128 * 64 else 8] + [8] * (shifts_n > 0 and 128 * 32 < tm * ncol <= 128 * 64)
             for n_warps in warps:
                 tiles.append(dict(BLOCK_M=tm, BLOCK_N=ncol, BLOCK_K=_block_k(params, dtype), BLOCK_W=tw,
