@@ -712,6 +712,10 @@ SHUFFLE_REGIMES = {
     # input column (k4 s2 p3: 4 blocks over 4 columns), so that a width shift wraps into the
     # row above unless masked.
     "k4s2p1-op-shifts-n-box-tails": Case(1, 6, 2, (2, 7, 36), (4, 4, 4), 2, 1, 1),
+    # shifts in N with groups, two channel blocks per group (40 per group in K blocks of 32)
+    # and channels-last input
+    "k4s2p1-groups2-ksteps-shifts-n-cl": Case(1, 80, 4, (2, 5, 6), (4, 4, 4), 2, 1, groups=2,
+                                               layout="channels_last_3d"),
 }
 # Tiles forced instead of the offered ones: several W tiles (the last cut), programs of 4
 # input rows over 6 height blocks (a tail, and the block output padding adds past the input),
@@ -785,7 +789,7 @@ def test_shuffle_kind(name, use_dot):
         assert all(c.BOX_H == 0 for c in tiles), "flat MMA tiles where the row of blocks pads"
     if name == "k5s3-groups2-flat-n256" and use_dot:
         assert [(c.BOX_H, c.BLOCK_M, c.BLOCK_N) for c in tiles] == [(0, 64, 256)]
-    if name == "k4s2p1-op-shifts-n-box-tails" and use_dot:
+    if name in ("k4s2p1-op-shifts-n-box-tails", "k4s2p1-groups2-ksteps-shifts-n-cl") and use_dot:
         assert {c.shifts_n for c in tiles} == {0, 1, 2}
     over = SHUFFLE_OVERRIDES.get(name, [])
     over = [o for o in (over if isinstance(over, list) else [over]) if use_dot or not o.get("shifts_n")]
