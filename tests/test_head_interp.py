@@ -814,6 +814,13 @@ def test_shuffle_64_bit_output_offsets(monkeypatch):
             x, w, b = case.tensors()
             y = run_head(case, x, w, b, kind="shuffle")
             check_against_reference(y, x, w, b, *case.args, context=f"{name} Y64")
+        # and a tile with shifts in N, whose halo rows are not stored
+        case = SHUFFLE_REGIMES["k4s2p1-op-shifts-n-box-tails"]
+        x, w, b = case.tensors()
+        params, _, configs = head_configs(case, x, w)
+        cfg = next(c for c in configs if c.head == "shuffle" and c.shifts_n == 2)
+        y = engine.forward(x, w, b, params, "ieee", config=cfg)
+        check_against_reference(y, x, w, b, *case.args, context=f"shifts-n {cfg.short()} Y64")
     finally:
         engine.clear_caches()
 
