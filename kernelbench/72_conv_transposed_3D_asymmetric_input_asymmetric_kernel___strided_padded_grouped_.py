@@ -3948,7 +3948,8 @@ def head_shuffle_kernel(
     wide), and block q takes its (nh, nw) column block from the products of row q - (nh, nw)
     of the same tile: the tile's first rows and columns are a halo that it reads but does not
     write. This trades the shifted reloads (the kernel is bound by L1 with them) for a wider
-    MMA and one gather of the accumulator.
+    MMA and one gather of the accumulator: on the H200 faster in fp32 and NCDHW bf16, slower in
+    channels-last bf16 (head_engine.shuffle_tiles), the tuner's choice per layer.
 
     Per input element the layer does Cout/g x taps multiply-adds (16 for the k2 s2 8 -> 2 head,
     64 for the 64 -> 1 k4 s2 head), so it is memory-bound on either path; which tile is faster
@@ -4029,7 +4030,8 @@ def head_shuffle_kernel(
             acc = _mma_step(acc, xt, wt, ROUND_TF32, PRECISION == "ieee", PRECISION)
         if NS_P > 1:
             # The shifts in N: block q adds column block (nh, nw) of row q - (nh, nw) -- a
-            # gather along M (through shared memory), then the sum over the column blocks.
+            # gather along M (Triton converts the accumulator to a layout with M inside a warp
+            # and gathers by shuffles), then the sum over the column blocks.
             # Where iw < nw a flat tile's row q - nw wraps into the row of blocks above; the
             # blocks it reads there lie past the input or feed only cropped outputs, so no
             # mask is needed (tests/test_head_interp.py, test_flat_shift_wrap_reads_nothing).
