@@ -174,8 +174,8 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
     The layer's Cout/g x taps multiply-adds per input element decide between them (compute
     against bandwidth): the tuner's measurement."""
     _, blocks_h, blocks_w = shuffle_blocks(params)
-    _, jh, jw = shuffle_shifts(params)
-    shifted = math.prod(shuffle_shifts(params)) > 1
+    jd, jh, jw = shuffle_shifts(params)
+    shifted = jd * jh * jw > 1
     tiles = []
     bw = max(16, min(128, _pow2_ceil(blocks_w)))
     plane = blocks_h * blocks_w
@@ -690,10 +690,7 @@ class HeadSteps:
         r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot, cfg.shifts_n)
         jd, jh, jw = shuffle_shifts(p)
         njh, njw = shuffle_n_shifts(p, cfg.shifts_n)
-        if njh > 1:
-            jh = 1
-        if njw > 1:
-            jw = 1
+        jh, jw = (1 if njh > 1 else jh), (1 if njw > 1 else jw)  # shifts in N leave the K loop
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, *p.in_size, od, oh, ow, pd, ph, pw,
                 *x.stride(), w.stride(0), *y.stride(), blocks_d, blocks_w, tiles_h, tiles_w)
         consts = dict(HAS_BIAS=self.has_bias, ROUND_TF32=self._rounds(x.dtype), PRECISION=self.precision,
