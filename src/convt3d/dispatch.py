@@ -485,6 +485,10 @@ def _auto_skips(call: Call, reasons: dict[str, list[str]]) -> dict[str, str]:
     skipped = {}
     cuda = ENGINES["cuda"]
     if not reasons.get("cuda"):
+        if cuda.module()[0] is not None and cuda.head_reason(call) is None:
+            # The head kernel: one nvcc build per element type (~25 s, cached on disk), then timed
+            # like the other engines.
+            return skipped
         if call.precision == "tf32":
             skipped["cuda"] = ("precision tf32: auto times the cuda engine at exact grade only (its first use builds "
                                "a CUDA extension, ~70 s; at TF32 its mma.sync tiles ran KB 77 in 615 us against the "

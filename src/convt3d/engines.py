@@ -268,8 +268,9 @@ class TritonEngine(Engine):
 
 
 class CudaEngine(Engine):
-    """The CUDA C++ engine (``convt3d.cuda_engine``; built with ``load_inline`` on first use).
-    float32 only; its exact grade is FFMA "ieee"."""
+    """The CUDA C++ engine: ``convt3d.cuda_engine`` (built with ``load_inline`` on first use;
+    float32, its exact grade FFMA "ieee") and, for output heads at dilation 1, the head kernel
+    ``convt3d.cuda_head`` (float32 at TF32, bfloat16, float16; built with nvcc on first use)."""
 
     name = "cuda"
     _autograd_engine = "cuda"
@@ -295,13 +296,28 @@ class CudaEngine(Engine):
         return tuple(getattr(mod, "PRECISIONS", ("ieee",))) if mod is not None else ("ieee",)
 
     def precision(self, call: Call) -> str:
-        # Exact grade is its FFMA "ieee"; TF32 where the build has that mode.
+        # Exact grade is its FFMA "ieee"; TF32 where the build has that mode (the head kernel's
+        # only fp32 mode).
         return "tf32" if call.precision == "tf32" and "tf32" in self.precisions() else "ieee"
 
+    @staticmethod
+    def head_reason(call: Call) -> str | None:
+        """Why the call does not run on the head kernel (``cuda_head.call_reason``), or None."""
+        from . import cuda_head
+
+        return cuda_head.call_reason(call.x, call.params, call.precision)
+
     def not_supported_reasons(self, call: Call) -> list[str]:
+        mod, why = self.module()
+        if mod is None:  # the head kernel's launcher builds with cuda_engine's compiler lookup
+            return [why]
+        head = self.head_reason(call)
+        if head is None:
+            return []
         reasons = []
         if call.dtype != torch.float32:
-            reasons.append(f"dtype {call.dtype} (the cuda engine computes float32 only)")
+            reasons.append(f"dtype {call.dtype} (the cuda engine computes float32, and 16-bit output heads on its "
+                           f"head kernel, which does not take this call: {head})")
         if call.requested == "tf32" and "tf32" not in self.precisions():
             reasons.append("precision 'tf32' (this build of the cuda engine computes ieee only)")
         mod, why = self.module()
@@ -326,6 +342,8 @@ class CudaEngine(Engine):
         channels: a phase_kernel tile), so the fallbacks are never timed by auto;
         backend='cuda' still runs them."""
         mod = self.module()[0]
+        if mod is not None and self.head_reason(call) is None:
+            return None
         choose, gemm = getattr(mod, "choose_variant", None), getattr(mod, "GEMM_VARIANTS", None)
         if choose is None or gemm is None:
             return None

@@ -35,7 +35,13 @@ def run_engine(engine: str, x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     if engine == "triton":
         return triton_engine.forward(x, weight, bias, params, precision)
     if engine == "cuda":
-        # Imported on first use: it builds a CUDA extension, which plain imports must not do.
+        # Imported on first use: they build CUDA code, which plain imports must not do. Output
+        # heads at dilation 1 (16-bit, or fp32 at TF32) run the head kernel, the rest the FFMA
+        # and mma.sync kernels of cuda_engine.
+        from . import cuda_head
+
+        if cuda_head.call_reason(x, params, precision) is None:
+            return cuda_head.forward(x, weight, bias, params, precision)
         from . import cuda_engine
 
         return cuda_engine.forward(x, weight, bias, params, precision=precision)

@@ -1,0 +1,485 @@
+"""Launcher of the CUDA head kernel (``csrc/head_shuffle.cu``): output heads at dilation 1 in one
+launch, the input staged once per channel chunk in shared memory and read by every shift.
+
+The kernel's header comment gives the design. This module holds its plan: the geometry of the
+shuffle view (shifts, first block, blocks per dimension), the tile (output blocks per CTA, its
+box shape, the tile configuration by columns), the weight packed as the kernel reads it, the
+per-shift n-tile masks, the build (nvcc into a shared library in the convt3d cache directory,
+loaded with ctypes), and a
+first-call choice among the tile boxes by timing them (``choose_tile``).
+
+It runs fp32 at TF32 (operands rounded as cuDNN rounds them), bf16 and fp16. The CUDA engine
+(``engines.CudaEngine``) routes a call here where ``unsupported_reason`` is None; exact-grade
+fp32 stays on that engine's FFMA kernels.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import math
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from .errors import BackendUnavailableError
+from .params import ConvT3dParams
+
+__all__ = ["CONFIGS", "MAX_COLUMNS", "MAX_SHIFTS", "MAX_HEAD_CHANNELS", "HeadPlan", "geometry", "columns",
+           "unsupported_reason", "call_reason", "staging_mode", "configs_for", "tile_boxes", "plan", "shift_masks", "pack_weight", "library_path", "load_library",
+           "forward", "choose_tile", "build_seconds", "clear"]
+
+# Tile configurations (the .cu's CONVT3D_HEAD_CONFIGS): index -> (MT, NTW, WM, WN). A CTA covers
+# BM = WM x MT x 16 output blocks and BN = WN x NTW x 8 columns; a warp holds MT x NTW
+# accumulator tiles of 16 x 8 and reuses each B fragment for its MT m-tiles. The narrow heads
+# (BN 8 and 16) take four m-tiles a warp: ncu on the GAN head (bf16, channels-last, H200,
+# 2026-12-03) read an issue-bound kernel (SM 72%, DRAM 14%, 7.6 cycles between issues) at two.
+CONFIGS = {
+    0: (4, 1, 4, 1),   # BM 256, BN 8
+    1: (4, 2, 4, 1),   # BM 256, BN 16
+    2: (2, 4, 4, 1),   # BM 128, BN 32
+    3: (2, 4, 4, 2),   # BM 128, BN 64 (256 threads)
+    4: (2, 4, 2, 4),   # BM 64, BN 128 (256 threads)
+    5: (2, 1, 4, 1),   # BM 128, BN 8
+    6: (2, 2, 4, 1),   # BM 128, BN 16
+}
+MAX_COLUMNS = 128        # residues x Cout/g, padded to 8: the widest configuration's BN
+MAX_SHIFTS = 64          # J_d x J_h x J_w (the kernel's mask table)
+# Output channels per group of a head (head_engine.MAX_HEAD_CHANNELS, restated: this module
+# imports only torch and params).
+MAX_HEAD_CHANNELS = 15
+# Shared memory one CTA may take: the H100/H200 opt-in maximum per block (227 KB).
+SMEM_LIMIT = 232448
+# Tile boxes whose staged tile exceeds this are not offered while a smaller one exists: two CTAs
+# per SM (228 KB) keep one CTA's staging overlapped with the other's MMAs.
+SMEM_TWO_CTAS = 113 * 1024
+
+_state: dict = {"lib": {}, "seconds": {}, "path": {}}
+_lock = threading.Lock()
+_chosen: dict = {}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_ceil(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def geometry(params: ConvT3dParams) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(shifts J, first block q0, blocks QN) per dimension. Tap t = j * s + r (j < J = ceil(k/s));
+    output o = q * s - p + r belongs to block q = (o + p) // s, so the blocks holding outputs run
+    from p // s to (O - 1 + p) // s."""
+    js, q0, qn = [], [], []
+    for a in params.axes:
+        j = _cdiv(a.kernel, a.stride)
+        first = a.padding // a.stride
+        last = (a.out_size - 1 + a.padding) // a.stride
+        js.append(j)
+        q0.append(first)
+        qn.append(max(0, last - first + 1))
+    return tuple(js), tuple(q0), tuple(qn)
+
+
+def columns(params: ConvT3dParams) -> int:
+    """N of the GEMM: residues x Cout/g, padded to a multiple of 8 (one MMA n-tile)."""
+    return _cdiv(math.prod(params.stride) * params.out_channels_per_group, 8) * 8
+
+
+def _kc(params: ConvT3dParams, itemsize: int) -> int:
+    """Channels per staged chunk: Cin/g rounded up to a power of two, between 32 bytes and 128
+    bytes of a row (an ldmatrix K step is 32 bytes; 128-byte rows span all 32 banks)."""
+    lo, hi = 32 // itemsize, 128 // itemsize
+    return max(lo, min(hi, _pow2_ceil(params.in_channels_per_group)))
+
+
+@functools.lru_cache(maxsize=1024)
+def unsupported_reason(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> str | None:
+    """Why the head kernel does not take this call (geometry, dtype, precision), or None.
+    Memoised: a repeated call pays a dictionary lookup, not the tile enumeration."""
+    if dtype == torch.float32:
+        if precision != "tf32":
+            return f"fp32 at precision {precision!r} (the head kernel computes fp32 on TF32 tensor cores only)"
+    elif dtype not in (torch.bfloat16, torch.float16):
+        return f"dtype {dtype} (the head kernel takes float32, bfloat16 and float16)"
+    if params.out_channels_per_group > MAX_HEAD_CHANNELS:
+        return f"{params.out_channels_per_group} output channels per group (a head has at most {MAX_HEAD_CHANNELS})"
+    if any(a.dilation != 1 and a.kernel != 1 for a in params.axes):
+        return f"dilation {params.dilation} (the head kernel's shifts need dilation 1)"
+    if columns(params) > MAX_COLUMNS:
+        return (f"{math.prod(params.stride)} residues x {params.out_channels_per_group} output channels "
+                f"(more than {MAX_COLUMNS} columns)")
+    js, _, _ = geometry(params)
+    if math.prod(js) > MAX_SHIFTS:
+        return f"{math.prod(js)} shifts (kernel {params.kernel_size} over stride {params.stride}; at most {MAX_SHIFTS})"
+    offered = tile_boxes(params, dtype)
+    if not offered:
+        return "no tile fits in shared memory"
+    ctas = params.batch * params.groups * min(
+        math.prod(_cdiv(q, b) for q, b in zip(geometry(params)[2], box)) for _, box in offered)
+    if ctas > 2**31 - 1:
+        return f"{ctas} thread blocks (more than 2^31 - 1)"
+    return None
+
+
+def configs_for(params: ConvT3dParams) -> tuple[int, ...]:
+    """The configurations whose BN is the narrowest that holds every column: 256 and 128 blocks
+    per CTA where BN <= 16, one of each width above."""
+    n = columns(params)
+    if n <= 8:
+        return (0, 5)
+    if n <= 16:
+        return (1, 6)
+    if n <= 32:
+        return (2,)
+    if n <= 64:
+        return (3,)
+    return (4,)
+
+
+def _bm_bn(config: int) -> tuple[int, int]:
+    mt, ntw, wm, wn = CONFIGS[config]
+    return wm * mt * 16, wn * ntw * 8
+
+
+def _stage_bytes(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int]) -> int:
+    """One stage of staged operands: the input box's rows and every shift's weight rows."""
+    js, _, _ = geometry(params)
+    _, bn = _bm_bn(config)
+    rb = _kc(params, itemsize) * itemsize
+    hr = math.prod(b + j - 1 for b, j in zip(box, js))
+    return hr * rb + math.prod(js) * bn * rb
+
+
+def _stages(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int]) -> int:
+    """Two stages (chunk c + 1 staged while chunk c is multiplied) where there is more than one
+    chunk and two still leave two CTAs per SM; else one."""
+    chunks = _cdiv(params.in_channels_per_group, _kc(params, itemsize))
+    return 2 if chunks > 1 and 2 * _stage_bytes(params, itemsize, config, box) <= SMEM_TWO_CTAS else 1
+
+
+def _smem(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int]) -> int:
+    """The stages and the staged rows' offset table (8 bytes a row), or the epilogue's fp32 tile
+    (BM x (BN + 4)) that reuses them, whichever is larger."""
+    js, _, _ = geometry(params)
+    bm, bn = _bm_bn(config)
+    stages = _stages(params, itemsize, config, box)
+    rows = math.prod(b + j - 1 for b, j in zip(box, js))
+    return max(stages * _stage_bytes(params, itemsize, config, box) + 8 * rows, bm * (bn + 4) * 4)
+
+
+def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None) -> list[tuple[int, tuple]]:
+    """(config, box) pairs to offer, best first by the staged rows they read per block (the
+    halo's share) plus the blocks they compute (those past the output included): boxes of
+    powers of two, BD x BH x BW = BM, within shared memory; boxes that leave one CTA per SM
+    last."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    js, _, qn = geometry(params)
+    out = []
+    for cfg in (configs_for(params) if config is None else (config,)):
+        bm, _ = _bm_bn(cfg)
+        for bw in (1, 2, 4, 8, 16, 32, 64, 128):
+            for bh in (1, 2, 4, 8, 16, 32, 64, 128):
+                if bm % (bw * bh):
+                    continue
+                bd = bm // (bw * bh)
+                box = (bd, bh, bw)
+                smem = _smem(params, itemsize, cfg, box)
+                if smem > SMEM_LIMIT:
+                    continue
+                tiles = math.prod(_cdiv(q, b) for q, b in zip(qn, box))
+                rows = math.prod(b + j - 1 for b, j in zip(box, js))
+                # staged rows read, blocks computed (the MMA work scales with them), and the
+                # input rows a box reads as separate runs along W (a run costs about a sector)
+                runs = (box[0] + js[0] - 1) * (box[1] + js[1] - 1)
+                cost = tiles * (rows + bm * math.prod(js) / 4 + 4 * runs)
+                out.append((cost, smem > SMEM_TWO_CTAS, cfg, box))
+    out.sort(key=lambda c: (c[1], c[0]))
+    return [(cfg, box) for _, _, cfg, box in out]
+
+
+def shift_masks(params: ConvT3dParams) -> list[int]:
+    """Per shift (jd, jh, jw), the bit mask of the n-tiles whose columns (residue r, channel co;
+    n = r x Cout/g + co) hold a tap: j x s + r < k along every dimension."""
+    js, _, _ = geometry(params)
+    cog = params.out_channels_per_group
+    (sd, sh, sw), (kd, kh, kw) = params.stride, params.kernel_size
+    masks = []
+    for jd in range(js[0]):
+        for jh in range(js[1]):
+            for jw in range(js[2]):
+                bits = 0
+                for rd in range(sd):
+                    for rh in range(sh):
+                        for rw in range(sw):
+                            if jd * sd + rd < kd and jh * sh + rh < kh and jw * sw + rw < kw:
+                                r = (rd * sh + rh) * sw + rw
+                                for nt in range(r * cog // 8, (r * cog + cog - 1) // 8 + 1):
+                                    bits |= 1 << nt
+                masks.append(bits)
+    return masks
+
+
+@dataclass(frozen=True)
+class HeadPlan:
+    """One launch: configuration, box, and the 33 integers of the kernel's ``meta``."""
+
+    config: int
+    box: tuple[int, int, int]
+    kc: int
+    nchunks: int
+    meta: tuple[int, ...]
+    masks: tuple[int, ...]
+    stages: int
+
+
+def plan(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
+         box: tuple[int, int, int] | None = None) -> HeadPlan:
+    """The launch for a call the kernel takes (``unsupported_reason`` is None): the given
+    configuration and box, else the first of ``tile_boxes``."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if config is None or box is None:
+        offered = tile_boxes(params, dtype, config)
+        if not offered:
+            raise BackendUnavailableError("backend='cuda': no head kernel tile fits this layer in shared memory")
+        config, box = offered[0] if box is None else (offered[0][0], box)
+    js, q0, qn = geometry(params)
+    bm, bn = _bm_bn(config)
+    if math.prod(box) != bm:
+        raise ValueError(f"box {box} holds {math.prod(box)} blocks; configuration {config} takes {bm}")
+    kc = _kc(params, itemsize)
+    nchunks = _cdiv(params.in_channels_per_group, kc)
+    tiles = tuple(_cdiv(q, b) for q, b in zip(qn, box))
+    blocks = params.batch * params.groups * math.prod(tiles)
+    meta = (*params.in_size, *params.out_size, *params.stride, *params.padding, *js, *q0, *box, *tiles,
+            params.in_channels_per_group, params.out_channels_per_group, params.groups, columns(params), nchunks,
+            kc, blocks, _smem(params, itemsize, config, box), bn)
+    return HeadPlan(config, tuple(box), kc, nchunks, tuple(int(v) for v in meta), tuple(shift_masks(params)),
+                    _stages(params, itemsize, config, box))
+
+
+def call_reason(x: torch.Tensor, params: ConvT3dParams, precision: str) -> str | None:
+    """Why the CUDA engine does not run this call on the head kernel (device, compiler, then
+    ``unsupported_reason``), or None. Never builds anything."""
+    if x.device.type != "cuda":
+        return f"{x.device.type.upper()} tensor (the head kernel runs on CUDA devices only)"
+    major, minor = torch.cuda.get_device_capability(x.device)
+    if major < 8:
+        return f"GPU compute capability {major}.{minor} (the head kernel needs 8.0+: bf16 mma.sync, cp.async)"
+    why = unsupported_reason(params, x.dtype, precision)
+    if why is not None:
+        return why
+    if _DTYPE_CODES[x.dtype] not in _state["lib"]:
+        from .cuda_engine import nvcc_path
+
+        if nvcc_path() is None and not library_path(x.device, x.dtype).exists():
+            return "no CUDA compiler (nvcc) found to build the head kernel: set CUDA_HOME or put nvcc on PATH"
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_memo(params: ConvT3dParams, dtype: torch.dtype, config: int | None, box: tuple | None) -> HeadPlan:
+    return plan(params, dtype, config, box)
+
+
+def pack_weight(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> torch.Tensor:
+    """(Cin, Cout/g, kD, kH, kW) -> (g, chunk, shift, column, KC), zeros for taps past the kernel,
+    columns past residues x Cout/g and channels past Cin/g: column n = r x Cout/g + co holds
+    W[ci, co, j x s + r] for shift j."""
+    g, cin_g, cog = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    js, _, _ = geometry(params)
+    (sd, sh, sw), (kd, kh, kw) = params.stride, params.kernel_size
+    w = weight.reshape(g, cin_g, cog, kd, kh, kw)
+    w = torch.nn.functional.pad(w, (0, js[2] * sw - kw, 0, js[1] * sh - kh, 0, js[0] * sd - kd))
+    w = w.reshape(g, cin_g, cog, js[0], sd, js[1], sh, js[2], sw)
+    w = w.permute(0, 3, 5, 7, 4, 6, 8, 2, 1).reshape(g, math.prod(js), math.prod(params.stride) * cog, cin_g)
+    np_ = columns(params)
+    w = torch.nn.functional.pad(w, (0, hp.nchunks * hp.kc - cin_g, 0, np_ - w.shape[2]))
+    return w.reshape(g, math.prod(js), np_, hp.nchunks, hp.kc).permute(0, 3, 1, 2, 4).contiguous()
+
+
+def _source() -> str:
+    return resources.files("convt3d").joinpath("csrc/head_shuffle.cu").read_text(encoding="utf-8")
+
+
+def build_seconds(dtype: torch.dtype = torch.bfloat16) -> float | None:
+    """Wall time of this process's build (or cache load) of ``dtype``'s library; None before it."""
+    return _state["seconds"].get(_DTYPE_CODES[dtype])
+
+
+def _arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    # sm_90a: the arch-specific target of Hopper; mma.sync and ldmatrix need nothing from it,
+    # but it is what the device runs natively.
+    return f"{major}{minor}a" if major == 9 else f"{major}{minor}"
+
+
+def library_path(device: torch.device, dtype: torch.dtype) -> Path:
+    """Where the library for this source, element type, GPU architecture and nvcc lives: the
+    convt3d cache directory, named by a digest of the four."""
+    from .cache import cache_dir
+    from .cuda_engine import nvcc_path
+
+    arch = _arch(device)
+    code = _DTYPE_CODES[dtype]
+    digest = hashlib.sha256("\n".join([_source(), arch, str(code), " ".join(_NVCC_FLAGS), str(nvcc_path())]).encode())
+    return cache_dir() / "build" / f"convt3d_head_{str(dtype).replace('torch.', '')}_sm{arch}_{digest.hexdigest()[:12]}.so"
+
+
+# nvcc alone builds the library (the .cu includes no torch or Python header): 13 s for 24
+# kernels of all three types on a 2-core host (CUDA 13, 2026-12-03), against 146 s for the same
+# kernels through torch's load_inline, whose torch headers dominate the compile. One library
+# per element type, built at that type's first call.
+_NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.bfloat16):
+    """Build the library of ``dtype`` once (into the cache directory; a later process loads it)
+    and load it with ctypes. The build writes a temporary file and renames it, so processes
+    racing on one cache directory never load a half-written library."""
+    code = _DTYPE_CODES[dtype]
+    fn = _state["lib"].get(code)
+    if fn is not None:
+        return fn
+    with _lock:
+        fn = _state["lib"].get(code)
+        if fn is not None:
+            return fn
+        from .cuda_engine import nvcc_path
+
+        device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+        path = library_path(device, dtype)
+        t0 = time.perf_counter()
+        if not path.exists():
+            nvcc = nvcc_path()
+            if nvcc is None:
+                raise BackendUnavailableError("backend='cuda': no CUDA compiler (nvcc) found; set CUDA_HOME or put "
+                                              "nvcc on PATH to build the head kernel")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            arch = _arch(device)
+            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+                src = Path(tmp) / "head_shuffle.cu"
+                src.write_text(_source(), encoding="utf-8")
+                out = Path(tmp) / path.name
+                cmd = [nvcc, *_NVCC_FLAGS, f"-DCONVT3D_HEAD_DTYPE={code}",
+                       f"-gencode=arch=compute_{arch},code=sm_{arch}", str(src), "-o", str(out)]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise BackendUnavailableError(
+                        "backend='cuda': building the head kernel failed. Compiler output, last lines:\n"
+                        + (done.stdout + done.stderr)[-4000:])
+                os.replace(out, path)
+        lib = ctypes.CDLL(str(path))
+        fn = lib.convt3d_head_launch
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)] + \
+            [ctypes.c_int] * 4 + [ctypes.c_void_p]
+        _state["lib"][code] = fn
+        _state["seconds"][code] = time.perf_counter() - t0
+        _state["path"][code] = str(path)
+        return fn
+
+
+
+
+def staging_mode(x: torch.Tensor, hp: HeadPlan) -> int:
+    """How the kernel stages the input (the .cu's stage_chunk): 0, one 16-byte cp.async per unit
+    of channels, where channels are contiguous and every unit starts 16-byte aligned (channels-
+    last input whose Cin/g and strides are multiples of a unit); 1, fp32 element by element
+    (cp.async of 4 bytes); 2, 16-bit element by element through registers."""
+    v = 16 // x.element_size()
+    cin_g = hp.meta[24]
+    if (x.stride(1) == 1 and cin_g % v == 0 and x.data_ptr() % 16 == 0
+            and all(st % v == 0 for i, st in enumerate(x.stride()) if i != 1)):
+        return 0
+    return 1 if x.element_size() == 4 else 2
+
+
+def _launch(x: torch.Tensor, wp: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, hp: HeadPlan) -> None:
+    if x.device.index is not None and x.device.index != torch.cuda.current_device():
+        with torch.cuda.device(x.device):  # the runtime launches on the current device
+            return _launch(x, wp, bias, y, hp)
+    fn = load_library(x.device, x.dtype)
+    meta = (ctypes.c_int64 * 45)(*hp.meta, *x.stride(), *y.stride(), staging_mode(x, hp), hp.stages)
+    masks = (ctypes.c_int64 * len(hp.masks))(*hp.masks)
+    err = fn(x.data_ptr(), wp.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(), meta, masks,
+             len(hp.masks), _DTYPE_CODES[x.dtype], x.element_size(), hp.config,
+             torch.cuda.current_stream(x.device).cuda_stream)
+    if err != 0:
+        raise RuntimeError(f"convt3d head kernel: CUDA error {err} at launch (configuration {hp.config}, box "
+                           f"{hp.box})")
+
+
+def _output(x: torch.Tensor, weight: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
+    from .cuda_engine import output_memory_format
+
+    return torch.empty(params.out_shape, dtype=x.dtype, device=x.device,
+                       memory_format=output_memory_format(x, weight))
+
+
+def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
+                candidates: int = 4) -> HeadPlan:
+    """The fastest of the first ``candidates`` offered (config, box) pairs, timed once per
+    signature with CUDA events (3 warm calls, then the median of 5); the first offered where no
+    timing may run (CUDA graph capture). Memoised per (geometry, dtype, layout)."""
+    key = (params, x.dtype, x.stride(), bias is not None, str(x.device))
+    hp = _chosen.get(key)
+    if hp is not None:
+        return hp
+    offered = tile_boxes(params, x.dtype)[:candidates]
+    if not offered:
+        raise BackendUnavailableError("backend='cuda': no head kernel tile fits this layer in shared memory")
+    if len(offered) == 1 or torch.cuda.is_current_stream_capturing():
+        return plan(params, x.dtype, *offered[0])
+    y = _output(x, weight, params)
+    best = None
+    for cfg, box in offered:
+        hp = plan(params, x.dtype, cfg, box)
+        wp = pack_weight(weight, params, hp)
+        for _ in range(3):
+            _launch(x, wp, bias, y, hp)
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            _launch(x, wp, bias, y, hp)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        ms = sorted(times)[len(times) // 2]
+        if best is None or ms < best[0]:
+            best = (ms, hp)
+    _chosen[key] = best[1]
+    return best[1]
+
+
+def clear() -> None:
+    """Forget the tile choices (tests)."""
+    _chosen.clear()
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
+            precision: str = "tf32", config: int | None = None, box: tuple[int, int, int] | None = None
+            ) -> torch.Tensor:
+    """The transposed convolution of a validated 5-D CUDA call the head kernel takes; ``config``
+    and ``box`` force a tile (else ``choose_tile`` times the offered ones at the first call)."""
+    why = unsupported_reason(params, x.dtype, precision)
+    if why is not None:
+        raise BackendUnavailableError(f"backend='cuda' head kernel cannot run this call: {why}")
+    y = _output(x, weight, params)
+    if y.numel() == 0:
+        return y
+    bias = bias.contiguous() if bias is not None else None  # the kernel reads bias[g x Cout/g + co]
+    hp = _plan_memo(params, x.dtype, config, box) if config is not None or box is not None else \
+        choose_tile(x, weight, bias, params)
+    _launch(x, pack_weight(weight, params, hp), bias, y, hp)
+    return y
