@@ -1,0 +1,137 @@
+"""GPU tests of the CUDA head kernel (``convt3d.cuda_head``, ``csrc/head_shuffle.cu``; skipped
+without CUDA or nvcc).
+
+Every offered tile of each geometry, at fp32 (TF32), bf16 and fp16, on NCDHW, channels-last and
+strided input, with and without bias, against float64: the output is poisoned with NaN first, and
+its error (max |y - ref| / max |ref|) must be within twice cuDNN's own at the same dtype and flags,
+or within the dtype's rounding floor where cuDNN lands closer than that on a small layer. Then the
+public call (``backend="cuda"``): unbatched input, non-contiguous weight and bias, a training
+step, CUDA-graph replay and run-to-run determinism.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convt3d
+from convt3d import cuda_head as ch
+from convt3d.cuda_engine import nvcc_path
+
+from test_cuda_head import REGIMES, _params
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+              pytest.mark.skipif(nvcc_path() is None, reason="needs nvcc to build the head kernel")]
+DEV = "cuda"
+# Relative error floors: a TF32 product rounds at 2^-11, bf16 at 2^-8, fp16 at 2^-11, and a head
+# sums up to a few hundred of them.
+FLOOR = {torch.float32: 2e-3, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+# Larger regimes on top of the CPU ones: several channel chunks (two stages), many tiles, tiles
+# past the output, the layers suite's GAN and video heads at reduced size.
+GPU_REGIMES = REGIMES + [
+    ("gan-head-small", _params(2, 64, 1, 9, 4, 2, 1)),
+    ("video-head-small", _params(2, 64, 3, (3, 9, 11), (1, 4, 4), (1, 2, 2), (0, 1, 1))),
+    ("128to8-k3-small", _params(1, 128, 8, (3, 8, 9), 3, (1, 2, 2), 1, (0, 1, 1))),
+    ("cin96-three-chunks", _params(1, 96, 5, (5, 6, 7), 3, 1, 1)),
+    ("vqvae-k4s2p3", _params(1, 240, 3, (4, 6, 6), 4, 2, 3)),
+    ("k244-s244-wide-columns", _params(1, 32, 3, (3, 4, 5), (2, 4, 4), (2, 4, 4))),
+]
+
+
+def _layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "cl":
+        return x.contiguous(memory_format=torch.channels_last_3d)
+    if layout == "strided":  # every other width element of a wider tensor
+        wide = torch.zeros(*x.shape[:4], 2 * x.shape[4], dtype=x.dtype, device=x.device)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+    return x.contiguous()
+
+
+def _tensors(params, dtype, bias, seed=0):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(params.in_shape, device=DEV, generator=gen, dtype=torch.float64)
+    w = torch.randn(params.in_channels, params.out_channels_per_group, *params.kernel_size, device=DEV,
+                    generator=gen, dtype=torch.float64)
+    b = torch.randn(params.out_channels, device=DEV, generator=gen, dtype=torch.float64) if bias else None
+    return x.to(dtype), w.to(dtype), None if b is None else b.to(dtype)
+
+
+def _args(params):
+    return params.stride, params.padding, params.output_padding, params.groups, params.dilation
+
+
+def _errors(y, x, w, b, params):
+    ref = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), *_args(params))
+    scale = ref.abs().max().item() or 1.0
+    cudnn = F.conv_transpose3d(x, w, b, *_args(params))
+    return (y.double() - ref).abs().max().item() / scale, (cudnn.double() - ref).abs().max().item() / scale
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("layout", ["ncdhw", "cl", "strided"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("params", [r[1] for r in GPU_REGIMES], ids=[r[0] for r in GPU_REGIMES])
+def test_every_offered_tile_against_float64(params, dtype, layout, bias):
+    x, w, b = _tensors(params, dtype, bias)
+    x = _layout(x, layout)
+    for cfg, box in ch.tile_boxes(params, dtype)[:4]:
+        hp = ch.plan(params, dtype, cfg, box)
+        y = ch._output(x, w, params).fill_(float("nan"))
+        ch._launch(x, ch.pack_weight(w, params, hp), b, y, hp)
+        assert torch.isfinite(y).all(), f"unwritten or non-finite output, tile {cfg} {box}"
+        err, err_cudnn = _errors(y, x, w, b, params)
+        assert err <= max(2 * err_cudnn, FLOOR[dtype]), (cfg, box, err, err_cudnn)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_public_call_on_the_cuda_engine(dtype):
+    params = _params(2, 16, 3, (4, 5, 6), 4, 2, 1)
+    x, w, b = _tensors(params, dtype, True)
+    w_nc = w.transpose(3, 4).contiguous().transpose(3, 4)  # same values, non-contiguous
+    b_nc = torch.stack([b, b], 1)[:, 0]  # a strided view
+    assert not w_nc.is_contiguous() and not b_nc.is_contiguous()
+    y = convt3d.conv_transpose3d(x, w_nc, b_nc, 2, 1, backend="cuda")
+    err, err_cudnn = _errors(y, x, w, b, params)
+    assert err <= max(2 * err_cudnn, FLOOR[dtype])
+    y1 = convt3d.conv_transpose3d(x[0], w, b, 2, 1, backend="cuda")  # unbatched
+    assert y1.shape == y.shape[1:] and torch.equal(y1, convt3d.conv_transpose3d(x[:1], w, b, 2, 1,
+                                                                                backend="cuda")[0])
+
+
+def test_runs_are_bitwise_equal_and_replay_in_a_cuda_graph():
+    params = _params(2, 32, 2, (5, 6, 7), 4, 2, 1)
+    x, w, b = _tensors(params, torch.bfloat16, True)
+    first = convt3d.conv_transpose3d(x, w, b, 2, 1, backend="cuda")
+    assert torch.equal(first, convt3d.conv_transpose3d(x, w, b, 2, 1, backend="cuda"))
+    static_x = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        convt3d.conv_transpose3d(static_x, w, b, 2, 1, backend="cuda")  # warm (tile chosen)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = convt3d.conv_transpose3d(static_x, w, b, 2, 1, backend="cuda")
+    new_x = torch.randn_like(x)
+    static_x.copy_(new_x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, convt3d.conv_transpose3d(new_x, w, b, 2, 1, backend="cuda"))
+
+
+def test_training_step_matches_pytorch():
+    params = _params(2, 16, 2, (4, 5, 5), 4, 2, 1)
+    x, w, b = _tensors(params, torch.bfloat16, True)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    ref_leaves = [t.double().clone().requires_grad_() for t in (x, w, b)]
+    y = convt3d.conv_transpose3d(*leaves, 2, 1, backend="cuda")
+    y_ref = F.conv_transpose3d(*ref_leaves, 2, 1)
+    dy = torch.randn_like(y_ref)
+    y.backward(dy.to(y.dtype))
+    y_ref.backward(dy)
+    for ours, ref in zip(leaves, ref_leaves):
+        rel = (ours.grad.double() - ref.grad).abs().max() / ref.grad.abs().max()
+        assert rel < 3e-2
