@@ -1,0 +1,185 @@
+"""The CUDA head kernel on the GPU: correctness against float64 on generated geometries, then its
+kernel time per offered tile against cuDNN on the head rows (layers suite and the heads sweep).
+
+    PYTHONPATH=src python3 scripts/gpu_cuda_head.py --json $OUT/cuda_head.json
+
+Correctness: each geometry at fp32 (TF32), bf16 and fp16, channels-last, NCDHW and a strided
+view, with and without bias, every offered tile up to ``--tiles``; the output is poisoned with
+NaN first. A case passes when its error (max |y - ref| / max |ref|, ref in float64) is within
+twice cuDNN's own at the same dtype and flags, or within the dtype's rounding floor where cuDNN
+happens to be closer than that. Timing: ``triton.testing.do_bench`` medians (L2 flushed before
+each call), kernel alone on a packed weight, the public ``cuda_head.forward`` (weight packing
+included), and ``F.conv_transpose3d`` at default flags, in one process.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from convt3d import cuda_head as ch
+from convt3d.bench.suites import HEAD_SWEEP, LAYERS
+from convt3d.params import ConvT3dParams
+
+COPY_BW = 4.24e12  # device-to-device copy, read + write (shared/CONTEXT.md)
+FLOOR_REL = {torch.float32: 2e-3, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+
+def _params(batch, cin, cout, groups, size, k, s, p, op):
+    return ConvT3dParams.create(batch, cin, cout, groups, size, k, s, p, op, (1, 1, 1))
+
+
+def _layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "cl":
+        return x.contiguous(memory_format=torch.channels_last_3d)
+    if layout == "strided":  # every other width element of a wider tensor
+        wide = torch.empty(*x.shape[:4], 2 * x.shape[4], dtype=x.dtype, device=x.device)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+    return x.contiguous()
+
+
+def correctness(count: int, tiles: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    tried = 0
+    while tried < count:
+        k = tuple(rng.choice([1, 2, 3, 4, 5]) for _ in range(3))
+        s = tuple(rng.choice([1, 2, 2, 3]) for _ in range(3))
+        p = tuple(rng.randint(0, k[i] - 1) for i in range(3))
+        op = tuple(rng.randint(0, s[i] - 1) for i in range(3))
+        groups = rng.choice([1, 1, 1, 2, 3])
+        cog = rng.randint(1, 15)
+        cin = groups * rng.choice([1, 3, 8, 16, 17, 32, 40, 64, 72])
+        batch = rng.randint(1, 3)
+        size = tuple(rng.randint(1, 13) for _ in range(3))
+        try:
+            params = _params(batch, cin, cog * groups, groups, size, k, s, p, op)
+        except Exception:
+            continue
+        if min(params.out_size) <= 0 or ch.unsupported_reason(params, torch.bfloat16, "tf32") is not None:
+            continue
+        tried += 1
+        x64 = torch.randn(batch, cin, *size, dtype=torch.float64, device="cuda")
+        w64 = torch.randn(cin, cog, *k, dtype=torch.float64, device="cuda")
+        b64 = torch.randn(cog * groups, dtype=torch.float64, device="cuda") if rng.random() < 0.6 else None
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            x0, w = x64.to(dtype), w64.to(dtype)
+            b = b64.to(dtype) if b64 is not None else None
+            ref = F.conv_transpose3d(x0.double(), w.double(), b.double() if b is not None else None, s, p, op, groups)
+            scale = ref.abs().max().item() or 1.0
+            cud = F.conv_transpose3d(x0, w, b, s, p, op, groups)
+            e_cudnn = (cud.double() - ref).abs().max().item() / scale
+            layout = rng.choice(["ncdhw", "cl", "strided"])
+            x = _layout(x0, layout)
+            for cfg, box in ch.tile_boxes(params, dtype)[:tiles]:
+                hp = ch.plan(params, dtype, cfg, box)
+                y = ch._output(x, w, params).fill_(float("nan"))
+                ch._launch(x, ch.pack_weight(w, params, hp), b, y, hp)
+                torch.cuda.synchronize()
+                finite = bool(torch.isfinite(y).all())
+                e = (y.double() - ref).abs().max().item() / scale if finite else float("inf")
+                ok = finite and e <= max(2 * e_cudnn, FLOOR_REL[dtype])
+                rows.append(dict(params=params.describe(), dtype=str(dtype), layout=layout, bias=b is not None,
+                                 config=cfg, box=box, err=e, err_cudnn=e_cudnn, ok=ok))
+                if not ok:
+                    print(f"FAIL {params.describe()} {dtype} {layout} cfg {cfg} box {box}: err {e:.3g} "
+                          f"cuDNN {e_cudnn:.3g}", flush=True)
+    return rows
+
+
+def timing(names: list[str], dtypes, layouts, tiles: int, budget_s: float) -> list[dict]:
+    import triton.testing
+
+    geos = [g for g in LAYERS + HEAD_SWEEP if g.name in names or (names == ["all"] and (
+        g.name.startswith("head_") or g.name.startswith("sweep")))]
+    out = []
+    t_end = time.perf_counter() + budget_s
+    for g in geos:
+        params = ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel,
+                                      g.stride, g.padding, g.output_padding, g.dilation)
+        for dtype in dtypes:
+            why = ch.unsupported_reason(params, dtype, "tf32")
+            if why is not None:
+                print(f"{g.name} {dtype}: not taken ({why})", flush=True)
+                continue
+            for layout in layouts:
+                if time.perf_counter() > t_end:
+                    print("time budget spent", flush=True)
+                    return out
+                gen = torch.Generator(device="cuda").manual_seed(0)
+                x = torch.randn(g.batch, g.in_channels, *g.in_size, device="cuda", generator=gen).to(dtype)
+                x = _layout(x, layout)
+                w = (torch.randn(g.weight_shape, device="cuda", generator=gen) * 0.05).to(dtype)
+                b = torch.randn(g.out_channels, device="cuda", generator=gen).to(dtype) if g.bias else None
+                args = (g.stride, g.padding, g.output_padding, g.groups, g.dilation)
+                ref = F.conv_transpose3d(x, w, b, *args)
+                ms_cudnn = triton.testing.do_bench(lambda: F.conv_transpose3d(x, w, b, *args), return_mode="median")
+                best = None
+                per_tile = []
+                for cfg, box in ch.tile_boxes(params, dtype)[:tiles]:
+                    hp = ch.plan(params, dtype, cfg, box)
+                    wp = ch.pack_weight(w, params, hp)
+                    y = ch._output(x, w, params)
+                    ms = triton.testing.do_bench(lambda: ch._launch(x, wp, b, y, hp), return_mode="median")
+                    diff = ((y.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+                    per_tile.append((cfg, box, ms * 1e3, diff))
+                    if best is None or ms < best[0]:
+                        best = (ms, cfg, box, diff)
+                ch.clear()
+                ch.forward(x, w, b, params, "tf32")  # first call: the tile choice
+                ms_api = triton.testing.do_bench(lambda: ch.forward(x, w, b, params, "tf32"), return_mode="median")
+                floor_us = params.min_bytes(x.element_size(), b is not None) / COPY_BW * 1e6
+                row = dict(name=g.name, dtype=str(dtype).replace("torch.", ""), layout=layout,
+                           cudnn_us=ms_cudnn * 1e3, kernel_us=best[0] * 1e3, api_us=ms_api * 1e3,
+                           best_config=best[1], best_box=best[2], rel_diff_vs_cudnn=best[3], floor_us=floor_us,
+                           tiles=per_tile)
+                out.append(row)
+                print(f"{g.name:28s} {row['dtype']:8s} {layout:6s} cuDNN {row['cudnn_us']:8.1f}  kernel "
+                      f"{row['kernel_us']:7.1f} ({ms_cudnn / best[0]:5.2f}x, {100 * floor_us / row['kernel_us']:4.0f}% "
+                      f"of floor {floor_us:5.1f})  api {row['api_us']:7.1f} ({ms_cudnn * 1e3 / row['api_us']:5.2f}x)  "
+                      f"cfg {best[1]} box {best[2]} diff {best[3]:.2g}", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--cases", type=int, default=40, help="generated geometries for the correctness check")
+    ap.add_argument("--tiles", type=int, default=3, help="offered tiles checked / timed per case")
+    ap.add_argument("--rows", default="all", help="comma-separated layer names, or 'all' head and sweep rows")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--layouts", default="ncdhw,cl")
+    ap.add_argument("--budget", type=float, default=300.0, help="seconds for the timing part")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        ch.load_library(dtype=dt)
+        print(f"library {dt}: build/load {ch.build_seconds(dt):.1f} s", flush=True)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}",
+          flush=True)
+    rows = correctness(args.cases, args.tiles, args.seed) if args.cases else []
+    bad = [r for r in rows if not r["ok"]]
+    worst = max((r["err"] / max(r["err_cudnn"], 1e-30) for r in rows), default=0.0)
+    print(f"correctness: {len(rows) - len(bad)} of {len(rows)} passed; worst error / cuDNN's {worst:.2f} "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    timed = timing(args.rows.split(","), [dt[d] for d in args.dtypes.split(",")], args.layouts.split(","),
+                   args.tiles, args.budget)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                           cudnn=torch.backends.cudnn.version(), correctness=rows, timing=timed), f, indent=1,
+                      default=str)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
