@@ -117,14 +117,14 @@ def unsupported_reason(params: ConvT3dParams, dtype: torch.dtype, precision: str
     if columns(params) > MAX_COLUMNS:
         return (f"{math.prod(params.stride)} residues x {params.out_channels_per_group} output channels "
                 f"(more than {MAX_COLUMNS} columns)")
-    js, _, _ = geometry(params)
+    js, _, qn = geometry(params)
     if math.prod(js) > MAX_SHIFTS:
         return f"{math.prod(js)} shifts (kernel {params.kernel_size} over stride {params.stride}; at most {MAX_SHIFTS})"
     offered = tile_boxes(params, dtype)
     if not offered:
         return "no tile fits in shared memory"
     ctas = params.batch * params.groups * min(
-        math.prod(_cdiv(q, b) for q, b in zip(geometry(params)[2], box)) for _, box in offered)
+        math.prod(_cdiv(q, b) for q, b in zip(qn, box)) for _, box in offered)
     if ctas > 2**31 - 1:
         return f"{ctas} thread blocks (more than 2^31 - 1)"
     return None

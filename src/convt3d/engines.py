@@ -320,10 +320,7 @@ class CudaEngine(Engine):
                            f"head kernel, which does not take this call: {head})")
         if call.requested == "tf32" and "tf32" not in self.precisions():
             reasons.append("precision 'tf32' (this build of the cuda engine computes ieee only)")
-        mod, why = self.module()
-        if mod is None:
-            reasons.append(why)
-        elif not reasons:
+        if not reasons:
             why = mod.unsupported_reason(call.x, call.weight, call.params)
             if why is not None:
                 reasons.append(why)
