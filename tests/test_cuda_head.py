@@ -84,6 +84,9 @@ REGIMES = [
     ("cin17-two-chunks", _params(1, 17, 2, (2, 3, 2), 2, 2)),
     ("kernel1-any-dilation", _params(1, 4, 3, (2, 3, 3), (1, 3, 3), (1, 2, 2), (0, 1, 1), d=(4, 1, 1))),
     ("size1", _params(1, 3, 2, 1, 4, 2, 1)),
+    ("depthwise-g8", _params(1, 8, 8, (3, 4, 5), 3, 2, 1, 1, groups=8)),
+    ("deep-narrow-cin256-cout1", _params(1, 256, 1, (2, 3, 3), 2, 2)),
+    ("aniso-k133-s111", _params(1, 5, 4, (2, 5, 6), (1, 3, 3), 1, (0, 1, 1))),
 ]
 
 

@@ -21,7 +21,7 @@
 // input tile once per shift through L1 (ncu: L1/TEX 81-87%, the limiter).
 //
 // Layout of the staged tiles: a row of RB = KC x sizeof(T) bytes (32, 64 or 128) per position,
-// 16-byte units XOR-swizzled by (row >> ch_shift) & (CH - 1), so the 8 rows an ldmatrix phase
+// 16-byte units XOR-swizzled by (row >> SH) & (CH - 1) (Rows<CH>), so the 8 rows an ldmatrix phase
 // reads -- any 8 consecutive rows, whatever the shift -- hit 8 different 16-byte bank groups.
 // The weights of the chunk (every shift, every column) sit beside the input as rows of the same
 // shape, B's rows being columns n (k contiguous), which is ldmatrix's non-transposed B layout.
@@ -59,7 +59,7 @@ struct HeadArgs {
   int hb[3];              // staged input box: bt + js - 1
   int cin_g, cout_g, groups;
   int np;                 // columns, residues x cout_g rounded up to 8
-  int nchunks, kc, ch, ch_shift;  // channel chunks, channels per chunk, 16-byte units per row, swizzle shift
+  int nchunks, kc, ch;    // channel chunks, channels per chunk, 16-byte units per row
   int jtot, hr;           // shifts, staged input rows (hb product)
   int mode;               // input staging: 0 cp.async 16 B units, 1 cp.async 4 B elements, 2 registers
   int stages;             // 1, or 2 (chunk c + 1 staged while chunk c is multiplied)
@@ -133,10 +133,19 @@ template <> __device__ __forceinline__ float from_float<float>(float v) { return
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
-// Byte offset of 16-byte unit c of staged row `row`: rows of ch units, swizzled.
-__device__ __forceinline__ int unit_offset(int row, int c, int ch, int ch_shift) {
-  return row * (ch << 4) + ((c ^ ((row >> ch_shift) & (ch - 1))) << 4);
-}
+// Staged rows of CH 16-byte units (RB bytes). Unit c of row r sits at c ^ key(r), the key
+// (r >> SH) & (CH - 1) repeating every 8 rows, so any 8 consecutive rows of an ldmatrix phase
+// hit 8 different 16-byte bank groups.
+template <int CH>
+struct Rows {
+  static constexpr int RB = CH * 16;
+  static constexpr int SH = CH == 8 ? 0 : (CH == 4 ? 1 : 2);
+  static constexpr int LOG = CH == 8 ? 3 : (CH == 4 ? 2 : 1);  // log2(CH)
+  // the key of row r as a byte offset (XORed into a unit's byte offset)
+  static __device__ __forceinline__ int key(int r) { return ((r >> SH) & (CH - 1)) << 4; }
+  // byte offset of unit c of row r
+  static __device__ __forceinline__ int at(int r, int c) { return r * RB + ((c << 4) ^ key(r)); }
+};
 
 // Where staged row `row` of the CTA's box reads the input: its element offset inside the batch
 // element and group, or -1 outside the input.
@@ -166,10 +175,9 @@ __device__ __forceinline__ void stage_chunk(const T* __restrict__ x, const T* __
                                             const int64_t* rtab, const HeadArgs& a, int64_t xbase, int grp,
                                             int chunk) {
   using R = typename Raw<T>::type;
+  using Row = Rows<CH>;
   constexpr int V = 16 / sizeof(T);
-  constexpr int RB = CH * 16;
-  constexpr int LOGCH = CH == 8 ? 3 : (CH == 4 ? 2 : 1);
-  constexpr int SH = CH == 8 ? 0 : (CH == 4 ? 1 : 2);
+  constexpr int LOGCH = Row::LOG;
   const uint32_t as = static_cast<uint32_t>(__cvta_generic_to_shared(As));
   const int cbase = chunk * a.kc;
   const int c = threadIdx.x & (CH - 1);  // this thread's unit column (modes 0 and the weights)
@@ -180,7 +188,7 @@ __device__ __forceinline__ void stage_chunk(const T* __restrict__ x, const T* __
     for (int row = threadIdx.x >> LOGCH; row < a.hr; row += blockDim.x >> LOGCH) {
       const int64_t off = rtab[row];
       const bool ok = cok && off >= 0;
-      cp_async16(as + row * RB + ((c ^ ((row >> SH) & (CH - 1))) << 4), ok ? xc + off : x, ok ? 16 : 0);
+      cp_async16(as + Row::at(row, c), ok ? xc + off : x, ok ? 16 : 0);
     }
   } else if (a.mode == 1) {
     const int elems = a.hr * CH * V;
@@ -192,7 +200,7 @@ __device__ __forceinline__ void stage_chunk(const T* __restrict__ x, const T* __
       const int64_t off = rtab[row];
       const bool ok = off >= 0 && ci < a.cin_g;
       const T* p = ok ? x + xbase + off + (int64_t)ci * a.sx[1] : x;
-      cp_async4(as + row * RB + ((uc ^ ((row >> SH) & (CH - 1))) << 4) + e * 4, p, ok ? 4 : 0);
+      cp_async4(as + Row::at(row, uc) + e * 4, p, ok ? 4 : 0);
     }
   } else {
     const R* xr = reinterpret_cast<const R*>(x);
@@ -207,7 +215,7 @@ __device__ __forceinline__ void stage_chunk(const T* __restrict__ x, const T* __
         const int row = u - uc * a.hr;
         const int ci0 = cbase + uc * V;
         const int64_t off = u < units ? rtab[row] : -1;
-        dst[q] = u < units ? row * RB + ((uc ^ ((row >> SH) & (CH - 1))) << 4) : -1;
+        dst[q] = u < units ? Row::at(row, uc) : -1;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           uint32_t word = 0u;
@@ -235,8 +243,7 @@ __device__ __forceinline__ void stage_chunk(const T* __restrict__ x, const T* __
     const int j = row / BN;
     const int n = row - j * BN;
     const bool ok = n < a.np;
-    cp_async16(bs + row * RB + ((c ^ ((row >> SH) & (CH - 1))) << 4), ok ? wc + (int64_t)(j * a.np + n) * a.kc : wp,
-               ok ? 16 : 0);
+    cp_async16(bs + Row::at(row, c), ok ? wc + (int64_t)(j * a.np + n) * a.kc : wp, ok ? 16 : 0);
   }
 }
 
@@ -253,8 +260,8 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   constexpr int BM = WM * MT * 16;
   constexpr int BN = WN * NTW * 8;
   constexpr int CP = BN + 4;  // fp32 pitch of the epilogue's staging rows
-  constexpr int RB = CH * 16;
-  constexpr int SH = CH == 8 ? 0 : (CH == 4 ? 1 : 2);  // swizzle: unit c of row r sits at c ^ ((r >> SH) & (CH - 1))
+  using Row = Rows<CH>;
+  constexpr int RB = Row::RB;
   extern __shared__ __align__(128) char smem[];
 
   // Tile of this CTA: width tiles fastest, then height, depth, group, batch element.
@@ -292,7 +299,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   // B's rows j * BN + 8 x tile + (lane & 7) (+ 8 for lanes 16-31) keep one swizzle key per lane:
   // the key (row >> SH) & (CH - 1) repeats every 8 rows for every CH.
   const int b_lane_row = (lane & 7) + ((lane >> 4) << 3);
-  const int b_hk = b_hi ^ (((b_lane_row >> SH) & (CH - 1)) << 4);
+  const int b_hk = b_hi ^ Row::key(b_lane_row);
 
   float acc[MT][NTW][4];
 #pragma unroll
@@ -338,7 +345,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
           for (int mt = 0; mt < MT; ++mt) {
             const int r = rowbase[mt] - shift;
             arow[mt] = as_base + (uint32_t)(r * RB);
-            ahk[mt] = a_hi ^ (((r >> SH) & (CH - 1)) << 4);
+            ahk[mt] = a_hi ^ Row::key(r);
           }
           const uint32_t brow = bs_base + (uint32_t)(j * BN * RB);
 #pragma unroll
@@ -542,7 +549,6 @@ extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bi
   a.mode = (int)meta[43];
   a.stages = (int)meta[44];
   a.ch = a.kc * itemsize / 16;
-  a.ch_shift = a.ch == 8 ? 0 : (a.ch == 4 ? 1 : 2);
   a.jtot = a.js[0] * a.js[1] * a.js[2];
   a.hr = a.hb[0] * a.hb[1] * a.hb[2];
   if (nmasks != a.jtot || (a.ch != 2 && a.ch != 4 && a.ch != 8) || a.mode < 0 || a.mode > 2 ||
