@@ -94,7 +94,7 @@ def correctness(count: int, tiles: int, seed: int) -> list[dict]:
     return rows
 
 
-def timing(names: list[str], dtypes, layouts, tiles: int, budget_s: float) -> list[dict]:
+def timing(names: list[str], dtypes, layouts, tiles: int, budget_s: float, stage_variants=(None,)) -> list[dict]:
     import triton.testing
 
     geos = [g for g in LAYERS + HEAD_SWEEP if g.name in names or (names == ["all"] and (
@@ -123,28 +123,32 @@ def timing(names: list[str], dtypes, layouts, tiles: int, budget_s: float) -> li
                 ms_cudnn = triton.testing.do_bench(lambda: F.conv_transpose3d(x, w, b, *args), return_mode="median")
                 best = None
                 per_tile = []
-                for cfg, box in ch.tile_boxes(params, dtype)[:tiles]:
-                    hp = ch.plan(params, dtype, cfg, box)
+                for cfg, box, st in [(c, bx, st) for c, bx in ch.tile_boxes(params, dtype)[:tiles]
+                                     for st in stage_variants]:
+                    hp = ch.plan(params, dtype, cfg, box, stages=st)
+                    if hp.meta[31] > ch.SMEM_LIMIT or (st is not None and st == ch.plan(params, dtype, cfg, box).stages):
+                        continue
                     wp = ch.pack_weight(w, params, hp)
                     y = ch._output(x, w, params)
                     ms = triton.testing.do_bench(lambda: ch._launch(x, wp, b, y, hp), return_mode="median")
                     diff = ((y.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-                    per_tile.append((cfg, box, ms * 1e3, diff))
+                    per_tile.append((cfg, box, hp.stages, ms * 1e3, diff))
                     if best is None or ms < best[0]:
-                        best = (ms, cfg, box, diff)
+                        best = (ms, cfg, box, diff, hp.stages)
                 ch.clear()
                 ch.forward(x, w, b, params, "tf32")  # first call: the tile choice
                 ms_api = triton.testing.do_bench(lambda: ch.forward(x, w, b, params, "tf32"), return_mode="median")
                 floor_us = params.min_bytes(x.element_size(), b is not None) / COPY_BW * 1e6
                 row = dict(name=g.name, dtype=str(dtype).replace("torch.", ""), layout=layout,
                            cudnn_us=ms_cudnn * 1e3, kernel_us=best[0] * 1e3, api_us=ms_api * 1e3,
-                           best_config=best[1], best_box=best[2], rel_diff_vs_cudnn=best[3], floor_us=floor_us,
+                           best_config=best[1], best_box=best[2], best_stages=best[4], rel_diff_vs_cudnn=best[3],
+                           floor_us=floor_us,
                            tiles=per_tile)
                 out.append(row)
                 print(f"{g.name:28s} {row['dtype']:8s} {layout:6s} cuDNN {row['cudnn_us']:8.1f}  kernel "
                       f"{row['kernel_us']:7.1f} ({ms_cudnn / best[0]:5.2f}x, {100 * floor_us / row['kernel_us']:4.0f}% "
                       f"of floor {floor_us:5.1f})  api {row['api_us']:7.1f} ({ms_cudnn * 1e3 / row['api_us']:5.2f}x)  "
-                      f"cfg {best[1]} box {best[2]} diff {best[3]:.2g}", flush=True)
+                      f"cfg {best[1]} box {best[2]} stages {best[4]} diff {best[3]:.2g}", flush=True)
     return out
 
 
@@ -158,6 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", default="ncdhw,cl")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds for the timing part")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--stages", default="default",
+                    help="stage counts timed per tile: 'default' (the plan's), or e.g. 'default,1,2'")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     for dt in (torch.float32, torch.bfloat16, torch.float16):
@@ -172,7 +178,8 @@ def main(argv=None) -> int:
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     timed = timing(args.rows.split(","), [dt[d] for d in args.dtypes.split(",")], args.layouts.split(","),
-                   args.tiles, args.budget)
+                   args.tiles, args.budget,
+                   tuple(None if v == "default" else int(v) for v in args.stages.split(",")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -120,7 +120,44 @@ def test_offered_tiles_cover_the_blocks_within_shared_memory(params):
             assert all(t * b_ >= q for t, b_, q in zip(tiles, box, qn))
             assert hp.meta[31] <= ch.SMEM_LIMIT
             assert hp.meta[30] == params.batch * params.groups * math.prod(tiles)
-            assert hp.stages in (1, 2) and (hp.stages == 1 or hp.nchunks > 1)
+            assert hp.stages in (1, 2)
+            assert len(hp.shifts) == 2 * len(hp.masks)
+
+
+@pytest.mark.parametrize("params", [r[1] for r in REGIMES], ids=[r[0] for r in REGIMES])
+def test_shared_memory_regions_are_disjoint_and_aligned(params):
+    """The kernel's regions (stages, resident weights, two row-offset tables, the epilogue's row
+    table, the epilogue tile) as the plan lays them out: 16-byte aligned, in order, none past the
+    total; the epilogue tile fits in a stage or has its own region; the staged-row offsets of
+    the shifts are whole rows of the padded pitch."""
+    for dtype in (torch.float32, torch.bfloat16):
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        for cfg, box in ch.tile_boxes(params, dtype)[:4]:
+            for stages in (None, 1, 2):
+                lay = ch._smem_layout(params, itemsize, cfg, box, stages)
+                js, _, _ = ch.geometry(params)
+                bm, bn = ch._bm_bn(cfg)
+                rp = ch._row_pitch(params, itemsize)
+                hr = math.prod(b + j - 1 for b, j in zip(box, js))
+                w_chunk = math.prod(js) * bn * rp
+                nchunks = -(-params.in_channels_per_group // ch._kc(params, itemsize))
+                assert rp % 16 == 0 and (rp // 16) % 2 == 1  # 8 consecutive rows: 8 bank groups
+                assert lay.stage_bytes == hr * rp + (0 if lay.resident else w_chunk)
+                assert lay.w_off == lay.stages * lay.stage_bytes
+                assert lay.rtab_off == lay.w_off + (nchunks * w_chunk if lay.resident else 0)
+                assert lay.etab_off >= lay.rtab_off + 16 * hr
+                end = lay.etab_off + 16 * ch._epilogue_rows(params, box)
+                cs = bm * (bn + 4) * 4
+                if lay.cs_off < 0:
+                    assert cs <= lay.stage_bytes and lay.total == end
+                else:
+                    assert lay.cs_off == end and lay.total == end + cs
+                assert all(v % 16 == 0 for v in (lay.stage_bytes, lay.w_off, lay.rtab_off, lay.etab_off))
+                assert not lay.resident or params.groups == 1  # a CTA's tiles stay in one group
+                assert lay.stages == (stages or lay.stages)
+            hp = ch.plan(params, dtype, cfg, box)
+            offs = hp.shifts[len(hp.masks):]
+            assert offs[0] == 0 and all(o % rp == 0 for o in offs)
 
 
 def test_blocks_hold_every_output_and_nothing_before_it():
@@ -187,3 +224,45 @@ def test_kernel_table_matches_the_launcher():
     rows = re.findall(r"X\((\d+), (\d+), (\d+), (\d+), (\d+)\)", src)
     assert {int(r[0]): tuple(int(v) for v in r[1:]) for r in rows} == ch.CONFIGS
     assert "#include <torch" not in src  # nvcc alone builds it (cuda_head._NVCC_FLAGS)
+
+
+def _tf32_reference(v: float) -> float:
+    """Round-to-nearest, ties away from zero, to 10 mantissa bits, on the float's bits."""
+    import struct
+    bits = struct.unpack("<I", struct.pack("<f", v))[0]
+    if bits & 0x7F800000 == 0x7F800000:
+        return v
+    return struct.unpack("<f", struct.pack("<I", ((bits + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF))[0]
+
+
+@pytest.mark.parametrize("value", [1.0, 1 + 2**-11, 1 + 2**-11 + 2**-23, -(1 + 2**-11), 1 + 3 * 2**-11, 3.0e38,
+                                   3.4028234e38, -0.0, 1e-40, float("inf"), float("-inf")],
+                         ids=["one", "tie-up", "above-tie", "negative-tie", "odd-tie", "large", "max-to-inf",
+                              "negative-zero", "subnormal", "inf", "minus-inf"])
+def test_round_tf32_is_nearest_ties_away(value):
+    got = ch.round_tf32(torch.tensor([value], dtype=torch.float32)).item()
+    want = _tf32_reference(torch.tensor(value, dtype=torch.float32).item())
+    assert got == want or (math.isnan(got) and math.isnan(want))
+    assert math.isnan(ch.round_tf32(torch.tensor([float("nan")])).item())
+
+
+def test_packed_fp32_weight_is_rounded_and_16_bit_is_not():
+    params = _params(1, 8, 2, 4, 4, 2, 1)
+    w = torch.randn(8, 2, 4, 4, 4)
+    hp = ch.plan(params, torch.float32)
+    packed = ch.pack_weight(w, params, hp)
+    assert torch.equal(packed, ch.round_tf32(packed))
+    assert not torch.equal(packed, ch.pack_weight(w.double(), params, hp).float())  # rounding happened
+    wb = w.bfloat16()
+    assert torch.equal(ch.pack_weight(wb, params, ch.plan(params, torch.bfloat16)).float().sum(), wb.float().sum())
+
+
+@pytest.mark.parametrize("cin,layout,helps", [(16, "ncdhw", True), (16, "cl", False), (12, "ncdhw", True),
+                                              (6, "ncdhw", False)],
+                         ids=["ncdhw-cin16", "cl-already", "ncdhw-cin12", "ncdhw-cin6-unaligned"])
+def test_channels_last_copy_offered_where_it_makes_whole_units(cin, layout, helps):
+    params = _params(1, cin, 2, 4, 4, 2, 1)
+    x = torch.randn(params.in_shape)
+    if layout == "cl":
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    assert ch._copy_helps(x, ch.plan(params, torch.float32)) == helps

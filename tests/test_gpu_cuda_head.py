@@ -86,6 +86,48 @@ def test_every_offered_tile_against_float64(params, dtype, layout, bias):
         assert err <= max(2 * err_cudnn, FLOOR[dtype]), (cfg, box, err, err_cudnn)
 
 
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "strided-weight"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("params", [r[1] for r in GPU_REGIMES], ids=[r[0] for r in GPU_REGIMES])
+def test_pack_kernel_equals_the_torch_packing(params, dtype, contiguous):
+    """The library's one-launch packing, bit for bit the reference ``pack_weight`` (zeros past the
+    kernel, the residues and Cin/g; fp32 rounded to TF32), from a contiguous or strided weight."""
+    _, w, _ = _tensors(params, dtype, False, seed=2)
+    if not contiguous:  # every other input channel of a wider weight
+        wide = torch.zeros(2 * w.shape[0], *w.shape[1:], dtype=dtype, device=DEV)
+        wide[::2] = w
+        w = wide[::2]
+        assert w.shape[0] == 1 or not w.is_contiguous()
+    for cfg, box in ch.tile_boxes(params, dtype)[:1]:
+        hp = ch.plan(params, dtype, cfg, box)
+        assert torch.equal(ch.pack_weight_cuda(w, params, hp), ch.pack_weight(w, params, hp))
+
+
+@pytest.mark.parametrize("ctas", [1, 3], ids=["one-cta", "three-ctas"])
+@pytest.mark.parametrize("stages", [1, 2], ids=["one-stage", "two-stages"])
+@pytest.mark.parametrize("layout", ["ncdhw", "cl"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("params", [r[1] for r in GPU_REGIMES], ids=[r[0] for r in GPU_REGIMES])
+def test_persistent_ctas_walk_every_tile(params, dtype, layout, stages, ctas):
+    """A grid capped at one or three CTAs, so that each walks many tiles (groups and batch
+    elements too): the next tile's row offsets, its staging during the last chunk (two stages),
+    the accumulators zeroed between tiles and the resident weights reused."""
+    x, w, b = _tensors(params, dtype, True, seed=1)
+    x = _layout(x, layout)
+    offered = ch.tile_boxes(params, dtype)
+    if not offered:
+        pytest.skip(f"no tile of {dtype} fits in shared memory")
+    cfg, box = offered[0]
+    hp = ch.plan(params, dtype, cfg, box, stages=stages, max_ctas=ctas)
+    if hp.meta[31] > ch.SMEM_LIMIT:
+        pytest.skip(f"{stages} stages of tile {cfg} {box} exceed the shared memory of a CTA")
+    y = ch._output(x, w, params).fill_(float("nan"))
+    ch._launch(x, ch.pack_weight(w, params, hp), b, y, hp)
+    assert torch.isfinite(y).all(), f"unwritten or non-finite output, tile {cfg} {box}"
+    err, err_cudnn = _errors(y, x, w, b, params)
+    assert err <= max(2 * err_cudnn, FLOOR[dtype]), (cfg, box, err, err_cudnn)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_public_call_on_the_cuda_engine(dtype):
     params = _params(2, 16, 3, (4, 5, 6), 4, 2, 1)

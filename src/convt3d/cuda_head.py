@@ -15,6 +15,7 @@ fp32 stays on that engine's FFMA kernels.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import math
@@ -34,7 +35,7 @@ from .params import ConvT3dParams
 
 __all__ = ["CONFIGS", "MAX_COLUMNS", "MAX_SHIFTS", "MAX_HEAD_CHANNELS", "HeadPlan", "geometry", "columns",
            "unsupported_reason", "call_reason", "staging_mode", "configs_for", "tile_boxes", "plan", "shift_masks", "pack_weight", "library_path", "load_library",
-           "forward", "choose_tile", "build_seconds", "clear"]
+           "forward", "choose_tile", "build_seconds", "clear", "round_tf32", "pack_weight_cuda"]
 
 # Tile configurations (the .cu's CONVT3D_HEAD_CONFIGS): index -> (MT, NTW, WM, WN). A CTA covers
 # BM = WM x MT x 16 output blocks and BN = WN x NTW x 8 columns; a warp holds MT x NTW
@@ -60,10 +61,17 @@ SMEM_LIMIT = 232448
 # Tile boxes whose staged tile exceeds this are not offered while a smaller one exists: two CTAs
 # per SM (228 KB) keep one CTA's staging overlapped with the other's MMAs.
 SMEM_TWO_CTAS = 113 * 1024
+# Shared memory of an SM (H100/H200: 228 KB, 1 KB of it reserved per CTA) and its registers.
+SMEM_PER_SM = 228 * 1024
+REGS_PER_SM = 65536
+# Registers a thread of the kernel takes: ptxas gives 95-128 across the 21 kernels of each type
+# (CUDA 13, sm_90a, 2026-12-03); the occupancy estimate takes the most.
+KERNEL_REGS = 128
 
-_state: dict = {"lib": {}, "seconds": {}, "path": {}}
+_state: dict = {"lib": {}, "pack": {}, "seconds": {}, "path": {}}
 _lock = threading.Lock()
 _chosen: dict = {}
+_shift_arrays: dict = {}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -123,10 +131,10 @@ def unsupported_reason(params: ConvT3dParams, dtype: torch.dtype, precision: str
     offered = tile_boxes(params, dtype)
     if not offered:
         return "no tile fits in shared memory"
-    ctas = params.batch * params.groups * min(
+    tiles = params.batch * params.groups * min(
         math.prod(_cdiv(q, b) for q, b in zip(qn, box)) for _, box in offered)
-    if ctas > 2**31 - 1:
-        return f"{ctas} thread blocks (more than 2^31 - 1)"
+    if tiles > 2**31 - 1:  # the persistent CTAs number tiles in 32 bits
+        return f"{tiles} tiles (more than 2^31 - 1)"
     return None
 
 
@@ -150,30 +158,82 @@ def _bm_bn(config: int) -> tuple[int, int]:
     return wm * mt * 16, wn * ntw * 8
 
 
-def _stage_bytes(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int]) -> int:
-    """One stage of staged operands: the input box's rows and every shift's weight rows."""
+def _row_pitch(params: ConvT3dParams, itemsize: int) -> int:
+    """Bytes between staged rows: a row of KC channels plus 16 bytes (the .cu's RP), so that any
+    8 consecutive rows start in 8 different 16-byte bank groups."""
+    return _kc(params, itemsize) * itemsize + 16
+
+
+def _epilogue_rows(params: ConvT3dParams, box: tuple[int, int, int]) -> int:
+    """Rows of the epilogue's table at most (NCDHW output: channel x depth x height outputs of
+    a tile; channels-last has one channel a row)."""
+    (sd, sh, _) = params.stride
+    return params.out_channels_per_group * box[0] * sd * box[1] * sh
+
+
+@dataclass(frozen=True)
+class _Smem:
+    """Shared memory of one CTA (bytes): stages, resident weights, two row-offset tables (8 bytes
+    a staged row), the epilogue's row table (16 bytes a row) and, where the BM x (BN + 4) fp32
+    epilogue tile does not fit in a stage, its own region."""
+
+    stages: int
+    resident: bool
+    stage_bytes: int
+    w_off: int
+    rtab_off: int
+    etab_off: int
+    cs_off: int
+    total: int
+
+
+def _align(v: int) -> int:
+    return -(-v // 16) * 16
+
+
+def _ctas_per_sm(smem: int, threads: int) -> int:
+    """CTAs an SM holds by shared memory and registers (the kernel's; see KERNEL_REGS)."""
+    return max(0, min(SMEM_PER_SM // (smem + 1024), REGS_PER_SM // (threads * KERNEL_REGS)))
+
+
+def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int],
+                 stages: int | None = None) -> _Smem:
+    """The regions, and the variant: one or two stages, the weights resident or staged with each
+    chunk. The persistent CTAs hide their loads behind each other (several a SM) or behind their
+    own MMAs (two stages), and the GPU ran the first better wherever the second cost a CTA per SM
+    (H200, 2026-12-03: the GAN head fp32 159 against 226 us, bf16 80 against 109; the two-stage
+    wins, 128 -> 8 and VQ-VAE heads in bf16 channels-last, 3-5%, kept their CTAs). Resident
+    weights are loaded once per CTA instead of once per tile, but all chunks of them at once: the
+    VQ-VAE head's 147 KB left one CTA per SM (448 against 274 us staged per chunk). So of the
+    four variants, the most CTAs per SM wins; among those, resident weights, then two stages.
+    Resident weights need one group (a CTA's tiles would span groups)."""
     js, _, _ = geometry(params)
-    _, bn = _bm_bn(config)
-    rb = _kc(params, itemsize) * itemsize
+    bm, bn = _bm_bn(config)
+    mt, ntw, wm, wn = CONFIGS[config]
+    threads = 32 * wm * wn
+    rp = _row_pitch(params, itemsize)
     hr = math.prod(b + j - 1 for b, j in zip(box, js))
-    return hr * rb + math.prod(js) * bn * rb
+    nchunks = _cdiv(params.in_channels_per_group, _kc(params, itemsize))
+    w_chunk = math.prod(js) * bn * rp
+    cs = bm * (bn + 4) * 4
 
+    def layout(st: int, resident: bool) -> _Smem:
+        stage = hr * rp + (0 if resident else w_chunk)
+        w_off = st * stage
+        rtab_off = w_off + (nchunks * w_chunk if resident else 0)
+        etab_off = rtab_off + _align(2 * 8 * hr)
+        end = etab_off + 16 * _epilogue_rows(params, box)
+        cs_off = -1 if cs <= stage else end
+        return _Smem(st, resident, stage, w_off, rtab_off, etab_off, cs_off, end + (cs if cs_off >= 0 else 0))
 
-def _stages(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int]) -> int:
-    """Two stages (chunk c + 1 staged while chunk c is multiplied) where there is more than one
-    chunk and two still leave two CTAs per SM; else one."""
-    chunks = _cdiv(params.in_channels_per_group, _kc(params, itemsize))
-    return 2 if chunks > 1 and 2 * _stage_bytes(params, itemsize, config, box) <= SMEM_TWO_CTAS else 1
+    variants = [layout(st, res) for st in ((1, 2) if stages is None else (stages,))
+                for res in ((True, False) if params.groups == 1 else (False,))]
+    fitting = [v for v in variants if v.total <= SMEM_LIMIT] or variants
+    return max(fitting, key=lambda v: (_ctas_per_sm(v.total, threads), v.resident, v.stages, -v.total))
 
 
 def _smem(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int]) -> int:
-    """The stages and the staged rows' offset table (8 bytes a row), or the epilogue's fp32 tile
-    (BM x (BN + 4)) that reuses them, whichever is larger."""
-    js, _, _ = geometry(params)
-    bm, bn = _bm_bn(config)
-    stages = _stages(params, itemsize, config, box)
-    rows = math.prod(b + j - 1 for b, j in zip(box, js))
-    return max(stages * _stage_bytes(params, itemsize, config, box) + 8 * rows, bm * (bn + 4) * 4)
+    return _smem_layout(params, itemsize, config, box).total
 
 
 def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None) -> list[tuple[int, tuple]]:
@@ -230,7 +290,9 @@ def shift_masks(params: ConvT3dParams) -> list[int]:
 
 @dataclass(frozen=True)
 class HeadPlan:
-    """One launch: configuration, box, and the 33 integers of the kernel's ``meta``."""
+    """One launch: configuration, box, and the kernel's ``meta`` (all but the tensors' strides and
+    the staging mode, which ``_launch`` appends); ``shifts`` is the per-shift n-tile masks, then
+    the per-shift staged-row byte offsets."""
 
     config: int
     box: tuple[int, int, int]
@@ -239,12 +301,20 @@ class HeadPlan:
     meta: tuple[int, ...]
     masks: tuple[int, ...]
     stages: int
+    shifts: tuple[int, ...] = ()
+    # Stage a channels-last copy of an input the kernel would read element by element (NCDHW):
+    # the copy reads and writes the input once more, the element-wise staging costs more where
+    # channels are many (GAN head, H200, 2026-12-03: fp32 374 us NCDHW against 159 channels-last
+    # plus a ~60 us copy). choose_tile times both.
+    copy_cl: bool = False
 
 
 def plan(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
-         box: tuple[int, int, int] | None = None) -> HeadPlan:
+         box: tuple[int, int, int] | None = None, stages: int | None = None, max_ctas: int = 0) -> HeadPlan:
     """The launch for a call the kernel takes (``unsupported_reason`` is None): the given
-    configuration and box, else the first of ``tile_boxes``."""
+    configuration and box, else the first of ``tile_boxes``. ``stages`` overrides the default
+    (measurements); ``max_ctas`` caps the persistent grid (0: as many CTAs as the SMs hold; tests
+    cap it to run many tiles a CTA)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     if config is None or box is None:
         offered = tile_boxes(params, dtype, config)
@@ -258,12 +328,19 @@ def plan(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
     kc = _kc(params, itemsize)
     nchunks = _cdiv(params.in_channels_per_group, kc)
     tiles = tuple(_cdiv(q, b) for q, b in zip(qn, box))
-    blocks = params.batch * params.groups * math.prod(tiles)
+    total = params.batch * params.groups * math.prod(tiles)
+    lay = _smem_layout(params, itemsize, config, box, stages)
     meta = (*params.in_size, *params.out_size, *params.stride, *params.padding, *js, *q0, *box, *tiles,
             params.in_channels_per_group, params.out_channels_per_group, params.groups, columns(params), nchunks,
-            kc, blocks, _smem(params, itemsize, config, box), bn)
-    return HeadPlan(config, tuple(box), kc, nchunks, tuple(int(v) for v in meta), tuple(shift_masks(params)),
-                    _stages(params, itemsize, config, box))
+            kc, total, lay.total, bn, lay.stages, int(lay.resident), lay.stage_bytes, lay.w_off, lay.rtab_off,
+            lay.etab_off, lay.cs_off, max_ctas)
+    rp = _row_pitch(params, itemsize)
+    hb = [b + j - 1 for b, j in zip(box, js)]
+    offsets = [((jd * hb[1] + jh) * hb[2] + jw) * rp
+               for jd in range(js[0]) for jh in range(js[1]) for jw in range(js[2])]
+    masks = tuple(shift_masks(params))
+    return HeadPlan(config, tuple(box), kc, nchunks, tuple(int(v) for v in meta), masks, lay.stages,
+                    masks + tuple(offsets))
 
 
 def call_reason(x: torch.Tensor, params: ConvT3dParams, precision: str) -> str | None:
@@ -303,7 +380,37 @@ def pack_weight(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> to
     w = w.permute(0, 3, 5, 7, 4, 6, 8, 2, 1).reshape(g, math.prod(js), math.prod(params.stride) * cog, cin_g)
     np_ = columns(params)
     w = torch.nn.functional.pad(w, (0, hp.nchunks * hp.kc - cin_g, 0, np_ - w.shape[2]))
-    return w.reshape(g, math.prod(js), np_, hp.nchunks, hp.kc).permute(0, 3, 1, 2, 4).contiguous()
+    w = w.reshape(g, math.prod(js), np_, hp.nchunks, hp.kc).permute(0, 3, 1, 2, 4).contiguous()
+    return round_tf32(w) if w.dtype == torch.float32 else w
+
+
+def pack_weight_cuda(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> torch.Tensor:
+    """``pack_weight`` in one launch of the library's pack kernel (a CUDA weight, any strides):
+    what every call of the head kernel does first, so its host time counts."""
+    load_library(weight.device, weight.dtype)
+    js, _, _ = geometry(params)
+    np_ = columns(params)
+    out = torch.empty((params.groups, hp.nchunks, math.prod(js), np_, hp.kc), dtype=weight.dtype,
+                      device=weight.device)
+    meta = (ctypes.c_int64 * 20)(*params.kernel_size, *params.stride, *js, params.in_channels_per_group,
+                                 params.out_channels_per_group, np_, hp.kc, hp.nchunks, params.groups, *weight.stride())
+    if weight.device.index is not None and weight.device.index != torch.cuda.current_device():
+        with torch.cuda.device(weight.device):  # the runtime launches on the current device
+            return pack_weight_cuda(weight, params, hp)
+    err = _state["pack"][_DTYPE_CODES[weight.dtype]](
+        weight.data_ptr(), out.data_ptr(), meta, _DTYPE_CODES[weight.dtype], weight.element_size(),
+        torch.cuda.current_stream(weight.device).cuda_stream)
+    if err != 0:
+        raise RuntimeError(f"convt3d head kernel: CUDA error {err} packing the weight")
+    return out
+
+
+def round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """fp32 -> the nearest TF32 value (ties away from zero, as cuDNN rounds its operands), inf and
+    NaN kept: the kernel's tf32_round, on a tensor. The tensor cores would otherwise truncate."""
+    bits = t.view(torch.int32)
+    rounded = ((bits + 0x1000) & -8192).view(torch.float32)
+    return torch.where(t.abs() < float("inf"), rounded, t)
 
 
 def _source() -> str:
@@ -383,6 +490,11 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)] + \
             [ctypes.c_int] * 4 + [ctypes.c_void_p]
+        pack = lib.convt3d_head_pack
+        pack.restype = ctypes.c_int
+        pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int,
+                         ctypes.c_void_p]
+        _state["pack"][code] = pack
         _state["lib"][code] = fn
         _state["seconds"][code] = time.perf_counter() - t0
         _state["path"][code] = str(path)
@@ -409,9 +521,11 @@ def _launch(x: torch.Tensor, wp: torch.Tensor, bias: torch.Tensor | None, y: tor
         with torch.cuda.device(x.device):  # the runtime launches on the current device
             return _launch(x, wp, bias, y, hp)
     fn = load_library(x.device, x.dtype)
-    meta = (ctypes.c_int64 * 45)(*hp.meta, *x.stride(), *y.stride(), staging_mode(x, hp), hp.stages)
-    masks = (ctypes.c_int64 * len(hp.masks))(*hp.masks)
-    err = fn(x.data_ptr(), wp.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(), meta, masks,
+    meta = (ctypes.c_int64 * (len(hp.meta) + 11))(*hp.meta, *x.stride(), *y.stride(), staging_mode(x, hp))
+    shifts = _shift_arrays.get(hp.shifts)
+    if shifts is None:  # one ctypes array per plan's shift table, made once
+        shifts = _shift_arrays.setdefault(hp.shifts, (ctypes.c_int64 * len(hp.shifts))(*hp.shifts))
+    err = fn(x.data_ptr(), wp.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(), meta, shifts,
              len(hp.masks), _DTYPE_CODES[x.dtype], x.element_size(), hp.config,
              torch.cuda.current_stream(x.device).cuda_stream)
     if err != 0:
@@ -426,11 +540,25 @@ def _output(x: torch.Tensor, weight: torch.Tensor, params: ConvT3dParams) -> tor
                        memory_format=output_memory_format(x, weight))
 
 
+def _copy_helps(x: torch.Tensor, hp: HeadPlan) -> bool:
+    """Whether a channels-last copy of ``x`` would be staged by 16-byte units (mode 0) where
+    ``x`` itself is not."""
+    if staging_mode(x, hp) == 0:
+        return False
+    return hp.meta[24] % (16 // x.element_size()) == 0
+
+
+def _staged_input(x: torch.Tensor, hp: HeadPlan) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last_3d) if hp.copy_cl else x
+
+
 def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
                 candidates: int = 4) -> HeadPlan:
-    """The fastest of the first ``candidates`` offered (config, box) pairs, timed once per
-    signature with CUDA events (3 warm calls, then the median of 5); the first offered where no
-    timing may run (CUDA graph capture). Memoised per (geometry, dtype, layout)."""
+    """The fastest of the first ``candidates`` offered (config, box) pairs, and, for an input the
+    kernel would stage element by element, of the first two again on a channels-last copy (the
+    copy timed with them); timed once per signature with CUDA events (3 warm calls, then the
+    median of 5). The first offered where no timing may run (CUDA graph capture). Memoised per
+    (geometry, dtype, layout)."""
     key = (params, x.dtype, x.stride(), bias is not None, str(x.device))
     hp = _chosen.get(key)
     if hp is not None:
@@ -438,20 +566,22 @@ def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     offered = tile_boxes(params, x.dtype)[:candidates]
     if not offered:
         raise BackendUnavailableError("backend='cuda': no head kernel tile fits this layer in shared memory")
-    if len(offered) == 1 or torch.cuda.is_current_stream_capturing():
-        return plan(params, x.dtype, *offered[0])
+    plans = [plan(params, x.dtype, cfg, box) for cfg, box in offered]
+    if _copy_helps(x, plans[0]):
+        plans += [dataclasses.replace(hp, copy_cl=True) for hp in plans[:2]]
+    if len(plans) == 1 or torch.cuda.is_current_stream_capturing():
+        return plans[0]
     y = _output(x, weight, params)
     best = None
-    for cfg, box in offered:
-        hp = plan(params, x.dtype, cfg, box)
-        wp = pack_weight(weight, params, hp)
+    for hp in plans:
+        wp = pack_weight_cuda(weight, params, hp)
         for _ in range(3):
-            _launch(x, wp, bias, y, hp)
+            _launch(_staged_input(x, hp), wp, bias, y, hp)
         times = []
         for _ in range(5):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            _launch(x, wp, bias, y, hp)
+            _launch(_staged_input(x, hp), wp, bias, y, hp)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
@@ -481,5 +611,5 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     bias = bias.contiguous() if bias is not None else None  # the kernel reads bias[g x Cout/g + co]
     hp = _plan_memo(params, x.dtype, config, box) if config is not None or box is not None else \
         choose_tile(x, weight, bias, params)
-    _launch(x, pack_weight(weight, params, hp), bias, y, hp)
+    _launch(_staged_input(x, hp), pack_weight_cuda(weight, params, hp), bias, y, hp)
     return y

@@ -20,24 +20,41 @@
 // Gluon only at multiples of the slice length (NOTES section 10), so its shuffle kind loads the
 // input tile once per shift through L1 (ncu: L1/TEX 81-87%, the limiter).
 //
+// The CTA is persistent: the launch starts as many CTAs as the SMs hold at once and each walks
+// the tiles t, t + grid, ... in order, so the CTAs at work cover one window of neighbouring tiles
+// (their halos meet in L2). What does not depend on the tile is done once per CTA: each lane's
+// ldmatrix row offsets, the epilogue's row table, the bias columns and, with one group, the
+// weights of every chunk (resident, where that costs no CTA per SM: cuda_head._smem_layout).
+// With two stages the next (tile, chunk) is staged while the current one multiplies, across
+// tile boundaries too, so a tile's loads overlap the previous tile's MMAs and epilogue. ncu on the GAN head (bf16, channels-last, H200, 2026-12-03) read the
+// one-tile-per-CTA kernel issue-bound at 2,200 instructions a warp per tile for 64 mma.sync:
+// 26% in the MMA loop (9 instructions an MMA: per-shift swizzle keys), 31% in the epilogue (57
+// a stored element), 21% staging and 12% prologue (64-bit tile arithmetic).
+//
 // Layout of the staged tiles: a row of RB = KC x sizeof(T) bytes (32, 64 or 128) per position,
-// 16-byte units XOR-swizzled by (row >> SH) & (CH - 1) (Rows<CH>), so the 8 rows an ldmatrix phase
-// reads -- any 8 consecutive rows, whatever the shift -- hit 8 different 16-byte bank groups.
-// The weights of the chunk (every shift, every column) sit beside the input as rows of the same
-// shape, B's rows being columns n (k contiguous), which is ldmatrix's non-transposed B layout.
+// stored at a pitch of RP = RB + 16 bytes, so that any 8 consecutive rows -- what an ldmatrix
+// phase reads, whatever the shift -- start in 8 different 16-byte bank groups (RP / 16 is odd).
+// An XOR swizzle does the same without the padding, but its key changes with the shift, and it
+// cost two instructions per fragment per K step; with the pitch, a K step is an immediate
+// offset. The weights of a chunk (every shift, every column) are rows of the same pitch, B's rows
+// being columns n (k contiguous), which is ldmatrix's non-transposed B layout.
 //
 // The MMAs: bf16 / fp16 m16n8k16 and tf32 m16n8k8, fp32 accumulation. A 32-byte slice of a row
 // is one K step for both (16 half-words or 8 tf32 words), so fragments load alike: A with
 // ldmatrix.x4 (rows 0-7 / 8-15, low / high 16 bytes), B with ldmatrix.x4 for two n-tiles. fp32
-// operands are rounded to TF32 as cuDNN rounds them (cvt.rna: nearest, ties away from zero)
-// when they are staged. A shift whose taps miss every column of a warp's n-tiles (k3 s2: tap 3
-// does not exist) is skipped by a per-shift bit mask of the n-tiles it feeds.
+// operands are rounded to TF32 as cuDNN rounds them (to nearest, ties away from zero) once: the
+// weights when the launcher packs them, the input by the thread that staged it, in shared memory
+// (rounding each fragment as it was loaded took 70% of the fp32 MMA loop, once per shift). A
+// shift whose taps miss every column of a warp's n-tiles (k3 s2: tap 3 does not exist) is skipped
+// by a per-shift bit mask of the n-tiles it feeds.
 //
-// Epilogue: the accumulators go through shared memory (the tile region, reused) so that each
-// output row is written by consecutive lanes: along W for NCDHW, along (W, C) for channels-last;
-// bias added, converted to T, masked to the output (blocks past the output and cropped padding).
-// Offsets into the tensors are 64-bit; any input strides are read (channels-last 16-byte vector
-// loads where channels are contiguous and aligned).
+// Epilogue: the accumulators (plus bias) go through shared memory so that each output row is
+// written by consecutive lanes: along W for NCDHW, along (W, C) for channels-last; converted to
+// T, masked to the output (blocks past the output and cropped padding). The output rows of a
+// tile have the same local offsets in every tile, so a table of them (shared-memory offset,
+// output offset, local depth and height) is built once per CTA. Offsets into the tensors are
+// 64-bit; any input strides are read (16-byte cp.async where channels are contiguous and
+// aligned).
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -61,12 +78,16 @@ struct HeadArgs {
   int np;                 // columns, residues x cout_g rounded up to 8
   int nchunks, kc, ch;    // channel chunks, channels per chunk, 16-byte units per row
   int jtot, hr;           // shifts, staged input rows (hb product)
+  int total;              // tiles of the launch: batch x groups x tiles[0] x tiles[1] x tiles[2]
   int mode;               // input staging: 0 cp.async 16 B units, 1 cp.async 4 B elements, 2 registers
-  int stages;             // 1, or 2 (chunk c + 1 staged while chunk c is multiplied)
-  int stage_bytes;        // one stage: input rows and weight rows
+  int stages;             // 1, or 2 (the next (tile, chunk) staged while this one is multiplied)
+  int wres;               // 1: every chunk's weights staged once per CTA (one group); 0: with each chunk
+  int stage_bytes;        // one stage: input rows, plus the chunk's weight rows where wres is 0
+  int w_off, rtab_off, etab_off, cs_off;  // shared-memory regions; cs_off < 0: the stage just read
   // multiply-high reciprocals ceil(2^32 / d) of the run-time divisors: exact while n x d < 2^32,
   // and here n < 2^17 (staged elements of a chunk, outputs of a tile) and d < 2^13
   uint32_t m_hb2, m_hb1, m_hr, m_bt2, m_bt1, m_st[3], m_len[3], m_cout;
+  int shoff[MAX_SHIFTS];          // per shift: its byte offset in the staged rows, ((jd hb1 + jh) hb2 + jw) RP
   unsigned ntmask[MAX_SHIFTS];    // per shift: the n-tiles any of its taps feeds
 };
 
@@ -76,10 +97,10 @@ __device__ __forceinline__ int fdiv(int n, uint32_t m) { return m ? (int)__umulh
 template <typename T> struct Raw { using type = uint16_t; };
 template <> struct Raw<float> { using type = uint32_t; };
 
-__device__ __forceinline__ uint32_t tf32_bits(uint32_t bits) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(__uint_as_float(bits)));
-  return r;
+// fp32 bits -> the nearest TF32 value (ties away from zero), inf and NaN kept: what cvt.rna.tf32
+// computes, in three integer instructions and a select (the launcher's pack_weight does the same).
+__device__ __forceinline__ uint32_t tf32_round(uint32_t bits) {
+  return (bits & 0x7f800000u) == 0x7f800000u ? bits : (bits + 0x1000u) & 0xffffe000u;
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -133,81 +154,115 @@ template <> __device__ __forceinline__ float from_float<float>(float v) { return
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
-// Staged rows of CH 16-byte units (RB bytes). Unit c of row r sits at c ^ key(r), the key
-// (r >> SH) & (CH - 1) repeating every 8 rows, so any 8 consecutive rows of an ldmatrix phase
-// hit 8 different 16-byte bank groups.
-template <int CH>
-struct Rows {
-  static constexpr int RB = CH * 16;
-  static constexpr int SH = CH == 8 ? 0 : (CH == 4 ? 1 : 2);
-  static constexpr int LOG = CH == 8 ? 3 : (CH == 4 ? 2 : 1);  // log2(CH)
-  // the key of row r as a byte offset (XORed into a unit's byte offset)
-  static __device__ __forceinline__ int key(int r) { return ((r >> SH) & (CH - 1)) << 4; }
-  // byte offset of unit c of row r
-  static __device__ __forceinline__ int at(int r, int c) { return r * RB + ((c << 4) ^ key(r)); }
+// A tile's place: width, height and depth tile, group, batch element. The CTA's next tile is
+// `grid` tiles on; adding grid's digits with carries replaces five divisions per tile.
+struct TilePos {
+  int w, h, d, g, n;
 };
 
-// Where staged row `row` of the CTA's box reads the input: its element offset inside the batch
-// element and group, or -1 outside the input.
-__device__ __forceinline__ int64_t box_offset(const HeadArgs& a, int row, int i0d, int i0h, int i0w) {
-  const int t = fdiv(row, a.m_hb2);
-  const int hw = row - t * a.hb[2];
-  const int hd = fdiv(t, a.m_hb1);
-  const int hh = t - hd * a.hb[1];
-  const int id = i0d + hd, ih = i0h + hh, iw = i0w + hw;
-  if ((unsigned)id >= (unsigned)a.in[0] || (unsigned)ih >= (unsigned)a.in[1] || (unsigned)iw >= (unsigned)a.in[2])
-    return -1;
-  return (int64_t)id * a.sx[2] + (int64_t)ih * a.sx[3] + (int64_t)iw * a.sx[4];
+__device__ __forceinline__ TilePos tile_pos(const HeadArgs& a, int t) {
+  TilePos p;
+  p.w = t % a.tiles[2]; t /= a.tiles[2];
+  p.h = t % a.tiles[1]; t /= a.tiles[1];
+  p.d = t % a.tiles[0]; t /= a.tiles[0];
+  p.g = t % a.groups;
+  p.n = t / a.groups;
+  return p;
 }
 
-// Stage input channel chunk `chunk` of the CTA's input box and the chunk's weights into one
-// stage (As, Bs). rtab holds each staged row's input offset (-1 outside the input), computed once
-// per CTA. Past Cin/g: zeros. Modes (the launcher picks):
+__device__ __forceinline__ TilePos tile_add(const HeadArgs& a, TilePos p, const TilePos& s) {
+  int c;
+  p.w += s.w; c = p.w >= a.tiles[2]; p.w -= c ? a.tiles[2] : 0;
+  p.h += s.h + c; c = p.h >= a.tiles[1]; p.h -= c ? a.tiles[1] : 0;
+  p.d += s.d + c; c = p.d >= a.tiles[0]; p.d -= c ? a.tiles[0] : 0;
+  p.g += s.g + c; c = p.g >= a.groups; p.g -= c ? a.groups : 0;
+  p.n += s.n + c;
+  return p;
+}
+
+// Where each staged row of the tile's box reads the input: its element offset inside the batch
+// element and group, or -1 outside the input. Once per tile, by all threads.
+__device__ __forceinline__ void fill_rtab(int64_t* rtab, const HeadArgs& a, const TilePos& p) {
+  const int i0d = a.q0[0] + p.d * a.bt[0] - (a.js[0] - 1);  // block q reads q - j: J - 1 inputs before
+  const int i0h = a.q0[1] + p.h * a.bt[1] - (a.js[1] - 1);
+  const int i0w = a.q0[2] + p.w * a.bt[2] - (a.js[2] - 1);
+  for (int row = threadIdx.x; row < a.hr; row += blockDim.x) {
+    const int t = fdiv(row, a.m_hb2);
+    const int hw = row - t * a.hb[2];
+    const int hd = fdiv(t, a.m_hb1);
+    const int hh = t - hd * a.hb[1];
+    const int id = i0d + hd, ih = i0h + hh, iw = i0w + hw;
+    const bool in = (unsigned)id < (unsigned)a.in[0] && (unsigned)ih < (unsigned)a.in[1] &&
+                    (unsigned)iw < (unsigned)a.in[2];
+    rtab[row] = in ? (int64_t)id * a.sx[2] + (int64_t)ih * a.sx[3] + (int64_t)iw * a.sx[4] : -1;
+  }
+}
+
+// The weights of chunk `chunk` of group `grp`: global [jtot][np][kc], staged as rows j x BN + n
+// (rows past np zero, so a pair of n-tiles never reads stale rows).
+template <typename T, int CH, int BN>
+__device__ __forceinline__ void stage_weights(const T* __restrict__ wp, uint32_t dst, const HeadArgs& a, int grp,
+                                              int chunk) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int LOG = CH == 8 ? 3 : (CH == 4 ? 2 : 1);
+  constexpr int RP = CH * 16 + 16;
+  const int c = threadIdx.x & (CH - 1);
+  const T* wc = wp + ((int64_t)grp * a.nchunks + chunk) * (int64_t)a.jtot * a.np * a.kc + c * V;
+  const int wrows = a.jtot * BN;
+  for (int row = threadIdx.x >> LOG; row < wrows; row += blockDim.x >> LOG) {
+    const int j = row / BN;  // BN is a power of two
+    const int n = row - j * BN;
+    const bool ok = n < a.np;
+    cp_async16(dst + row * RP + c * 16, ok ? wc + (int64_t)(j * a.np + n) * a.kc : wp, ok ? 16 : 0);
+  }
+}
+
+// Stage input channel chunk `chunk` of the tile's box (rtab: its rows' offsets) at `dst`. Past
+// Cin/g: zeros. Modes (the launcher picks):
 //   0: channels contiguous and 16-byte aligned: one cp.async of 16 bytes per unit; a thread keeps
 //      one unit column (blockDim is a multiple of CH) and walks rows;
 //   1: fp32, any strides: one cp.async of 4 bytes per element, lanes along rows (NCDHW rows are
 //      read by consecutive lanes);
 //   2: 16-bit, any strides: element loads into registers, 4 units (32 loads) in flight per thread,
 //      then 16-byte stores.
-// The weights always arrive by 16-byte cp.async. The caller commits and waits.
-template <typename T, int CH, int BN>
-__device__ __forceinline__ void stage_chunk(const T* __restrict__ x, const T* __restrict__ wp, char* As, char* Bs,
-                                            const int64_t* rtab, const HeadArgs& a, int64_t xbase, int grp,
-                                            int chunk) {
+// The caller commits and waits.
+template <typename T, int CH>
+__device__ __forceinline__ void stage_input(const T* __restrict__ x, char* dst, const int64_t* rtab,
+                                            const HeadArgs& a, int64_t xbase, int chunk) {
   using R = typename Raw<T>::type;
-  using Row = Rows<CH>;
   constexpr int V = 16 / sizeof(T);
-  constexpr int LOGCH = Row::LOG;
-  const uint32_t as = static_cast<uint32_t>(__cvta_generic_to_shared(As));
+  constexpr int LOG = CH == 8 ? 3 : (CH == 4 ? 2 : 1);
+  constexpr int RP = CH * 16 + 16;
+  const uint32_t as = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   const int cbase = chunk * a.kc;
-  const int c = threadIdx.x & (CH - 1);  // this thread's unit column (modes 0 and the weights)
   if (a.mode == 0) {
+    const int c = threadIdx.x & (CH - 1);
     const int ci0 = cbase + c * V;
     const bool cok = ci0 < a.cin_g;
     const T* xc = x + xbase + ci0;
-    for (int row = threadIdx.x >> LOGCH; row < a.hr; row += blockDim.x >> LOGCH) {
+    const int step = blockDim.x >> LOG;
+    for (int row = threadIdx.x >> LOG; row < a.hr; row += step) {
       const int64_t off = rtab[row];
       const bool ok = cok && off >= 0;
-      cp_async16(as + Row::at(row, c), ok ? xc + off : x, ok ? 16 : 0);
+      cp_async16(as + row * RP + c * 16, ok ? xc + off : x, ok ? 16 : 0);
     }
   } else if (a.mode == 1) {
     const int elems = a.hr * CH * V;
     for (int u = threadIdx.x; u < elems; u += blockDim.x) {
       const int ce = fdiv(u, a.m_hr);  // channel within the chunk
       const int row = u - ce * a.hr;
-      const int uc = ce / V, e = ce - uc * V;
       const int ci = cbase + ce;
       const int64_t off = rtab[row];
       const bool ok = off >= 0 && ci < a.cin_g;
       const T* p = ok ? x + xbase + off + (int64_t)ci * a.sx[1] : x;
-      cp_async4(as + Row::at(row, uc) + e * 4, p, ok ? 4 : 0);
+      cp_async4(as + row * RP + ce * 4, p, ok ? 4 : 0);
     }
   } else {
     const R* xr = reinterpret_cast<const R*>(x);
     const int units = a.hr * CH;
     for (int u0 = threadIdx.x; u0 < units; u0 += 4 * blockDim.x) {
       uint32_t w[4][4];
-      int dst[4];
+      int dsto[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int u = u0 + q * blockDim.x;
@@ -215,7 +270,7 @@ __device__ __forceinline__ void stage_chunk(const T* __restrict__ x, const T* __
         const int row = u - uc * a.hr;
         const int ci0 = cbase + uc * V;
         const int64_t off = u < units ? rtab[row] : -1;
-        dst[q] = u < units ? Row::at(row, uc) : -1;
+        dsto[q] = u < units ? row * RP + uc * 16 : -1;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           uint32_t word = 0u;
@@ -231,59 +286,95 @@ __device__ __forceinline__ void stage_chunk(const T* __restrict__ x, const T* __
       }
 #pragma unroll
       for (int q = 0; q < 4; ++q)
-        if (dst[q] >= 0) *reinterpret_cast<uint4*>(As + dst[q]) = make_uint4(w[q][0], w[q][1], w[q][2], w[q][3]);
+        if (dsto[q] >= 0) *reinterpret_cast<uint4*>(dst + dsto[q]) = make_uint4(w[q][0], w[q][1], w[q][2], w[q][3]);
     }
-  }
-  // Weights: global [jtot][np][kc] of this (group, chunk), staged as rows j * BN + n (rows past
-  // np zero, so a pair of n-tiles never reads stale rows).
-  const T* wc = wp + ((int64_t)grp * a.nchunks + chunk) * (int64_t)a.jtot * a.np * a.kc + c * V;
-  const uint32_t bs = static_cast<uint32_t>(__cvta_generic_to_shared(Bs));
-  const int wrows = a.jtot * BN;
-  for (int row = threadIdx.x >> LOGCH; row < wrows; row += blockDim.x >> LOGCH) {
-    const int j = row / BN;
-    const int n = row - j * BN;
-    const bool ok = n < a.np;
-    cp_async16(bs + Row::at(row, c), ok ? wc + (int64_t)(j * a.np + n) * a.kc : wp, ok ? 16 : 0);
   }
 }
 
-// One CTA: a BD x BH x BW box of output blocks (BM = WM x MT x 16 of them) of one (batch
+// fp32: round the input this thread staged (stage_input's modes 0 and 1; the same walk) to TF32
+// in place, after its cp.async group has landed and before the barrier that publishes the stage.
+template <int CH>
+__device__ __forceinline__ void round_input(char* dst, const HeadArgs& a) {
+  constexpr int LOG = CH == 8 ? 3 : (CH == 4 ? 2 : 1);
+  constexpr int RP = CH * 16 + 16;
+  if (a.mode == 0) {
+    const int c = threadIdx.x & (CH - 1);
+    const int step = blockDim.x >> LOG;
+    for (int row = threadIdx.x >> LOG; row < a.hr; row += step) {
+      uint4* q = reinterpret_cast<uint4*>(dst + row * RP + c * 16);
+      uint4 v = *q;
+      v.x = tf32_round(v.x); v.y = tf32_round(v.y); v.z = tf32_round(v.z); v.w = tf32_round(v.w);
+      *q = v;
+    }
+  } else {
+    const int elems = a.hr * CH * 4;
+    for (int u = threadIdx.x; u < elems; u += blockDim.x) {
+      const int ce = fdiv(u, a.m_hr);
+      const int row = u - ce * a.hr;
+      uint32_t* q = reinterpret_cast<uint32_t*>(dst + row * RP + ce * 4);
+      *q = tf32_round(*q);
+    }
+  }
+}
+
+__device__ __forceinline__ int64_t xbase_of(const HeadArgs& a, const TilePos& p) {
+  return (int64_t)p.n * a.sx[0] + (int64_t)p.g * a.cin_g * a.sx[1];
+}
+
+// Stage the item after (tile `cur`, chunk `chunk`) into stage `nbuf`: the tile's next chunk, or
+// the CTA's next tile's first chunk (then `nxt` and its row-offset table are made first; the
+// barrier publishes the table). Row-offset tables alternate by tile (tcount: the CTA's tiles so far).
+template <typename T, int CH, int BN>
+__device__ __forceinline__ void stage_next(const T* __restrict__ x, const T* __restrict__ wp, char* smem,
+                                           const HeadArgs& a, const TilePos& cur, const TilePos& step,
+                                           TilePos& nxt, int64_t* rtab0, int tcount, int chunk, int nbuf) {
+  constexpr int RP = CH * 16 + 16;
+  int64_t* nrt = rtab0 + (tcount & 1) * a.hr;
+  int nchunk = chunk + 1;
+  TilePos np = cur;
+  if (nchunk == a.nchunks) {
+    nxt = tile_add(a, cur, step);
+    np = nxt;
+    nrt = rtab0 + ((tcount + 1) & 1) * a.hr;
+    nchunk = 0;
+    fill_rtab(nrt, a, nxt);
+    __syncthreads();
+  }
+  char* dst = smem + nbuf * a.stage_bytes;
+  stage_input<T, CH>(x, dst, nrt, a, xbase_of(a, np), nchunk);
+  if (!a.wres)
+    stage_weights<T, CH, BN>(wp, static_cast<uint32_t>(__cvta_generic_to_shared(dst)) + a.hr * RP, a, np.g, nchunk);
+  cp_async_commit();
+}
+
+// One CTA walks tiles of BD x BH x BW output blocks (BM = WM x MT x 16 of them) of one (batch
 // element, group), all BN = WN x NTW x 8 columns. Warps split M (WM) and N (WN); a warp holds
 // MT m-tiles x NTW n-tiles of accumulators and reuses each B fragment for its MT m-tiles. CH,
 // the 16-byte units of a staged row, is a template parameter so that the K steps of a chunk
-// unroll and each ldmatrix address is one XOR and one add from per-shift values.
+// unroll into immediate offsets of one address per m-tile and shift.
 template <typename T, int CH, int MT, int NTW, int WM, int WN>
 __global__ void __launch_bounds__(WM * WN * 32)
 head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* __restrict__ bias,
                     T* __restrict__ y, const HeadArgs a) {
   constexpr bool F32 = std::is_same<T, float>::value;
-  constexpr int BM = WM * MT * 16;
   constexpr int BN = WN * NTW * 8;
   constexpr int CP = BN + 4;  // fp32 pitch of the epilogue's staging rows
-  using Row = Rows<CH>;
-  constexpr int RB = Row::RB;
+  constexpr int RP = CH * 16 + 16;
   extern __shared__ __align__(128) char smem[];
-
-  // Tile of this CTA: width tiles fastest, then height, depth, group, batch element.
-  int64_t t = blockIdx.x;
-  const int tw = (int)(t % a.tiles[2]); t /= a.tiles[2];
-  const int th = (int)(t % a.tiles[1]); t /= a.tiles[1];
-  const int td = (int)(t % a.tiles[0]); t /= a.tiles[0];
-  const int grp = (int)(t % a.groups);
-  const int64_t nb = t / a.groups;
-  const int qd0 = a.q0[0] + td * a.bt[0], qh0 = a.q0[1] + th * a.bt[1], qw0 = a.q0[2] + tw * a.bt[2];
-  // the staged box starts J - 1 inputs before the tile's first block (block q reads q - j)
-  const int i0d = qd0 - (a.js[0] - 1), i0h = qh0 - (a.js[1] - 1), i0w = qw0 - (a.js[2] - 1);
-  const int64_t xbase = nb * a.sx[0] + (int64_t)grp * a.cin_g * a.sx[1];
+  const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int wm = warp % WM;
   const int wn = warp / WM;
   const int nt0 = wn * NTW;
+  const int a_bytes = a.hr * RP;
+  const int w_chunk_bytes = a.jtot * BN * RP;
 
-  // Staged row of the block each lane addresses for ldmatrix, per m-tile, at shift 0.
-  int rowbase[MT];
+  // --- once per CTA -----------------------------------------------------------------------
+  // Byte offset, in a stage, of the staged row each lane addresses for ldmatrix at shift 0, per
+  // m-tile (lanes 16-31 read the high 16 bytes of a K step).
+  uint32_t lane_a[MT];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int m = (wm * MT + mt) * 16 + (lane & 15);
@@ -291,15 +382,50 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
     const int lw = m - r * a.bt[2];
     const int ld = fdiv(r, a.m_bt1);
     const int lh = r - ld * a.bt[1];
-    rowbase[mt] = ((ld + a.js[0] - 1) * a.hb[1] + lh + a.js[1] - 1) * a.hb[2] + lw + a.js[2] - 1;
+    const int row = ((ld + a.js[0] - 1) * a.hb[1] + lh + a.js[1] - 1) * a.hb[2] + lw + a.js[2] - 1;
+    lane_a[mt] = (uint32_t)(row * RP + ((lane >> 4) << 4));
   }
-  // Per-lane halves of a K step: A lanes 16-31 read the high 16 bytes; B lanes 8-15 and 24-31.
-  const int a_hi = (lane >> 4) << 4;
-  const int b_hi = ((lane >> 3) & 1) << 4;
-  // B's rows j * BN + 8 x tile + (lane & 7) (+ 8 for lanes 16-31) keep one swizzle key per lane:
-  // the key (row >> SH) & (CH - 1) repeats every 8 rows for every CH.
-  const int b_lane_row = (lane & 7) + ((lane >> 4) << 3);
-  const int b_hk = b_hi ^ Row::key(b_lane_row);
+  // B: rows 8 x tile + (lane & 7) (+ 8 for lanes 16-31), high 16 bytes for lanes 8-15 and 24-31.
+  const uint32_t lane_b = (uint32_t)((nt0 * 8 + (lane & 7) + ((lane >> 4) << 3)) * RP + (((lane >> 3) & 1) << 4));
+  // The output channel of each accumulator column this thread holds (-1: a padding column).
+  const int g8 = lane >> 2, t4 = lane & 3;
+  int bco[NTW][2];
+#pragma unroll
+  for (int i = 0; i < NTW; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = (nt0 + i) * 8 + 2 * t4 + e;
+      bco[i][e] = n < a.np ? n - fdiv(n, a.m_cout) * a.cout_g : -1;
+    }
+
+  // Epilogue geometry. Columns (fixed per thread): the width outputs (NCDHW; rows are (channel,
+  // depth, height)) or (width, channel) pairs (channels-last; rows are (depth, height)).
+  const int sd = a.st[0], sh = a.st[1], sw = a.st[2];
+  const int ld_len = a.bt[0] * sd, lh_len = a.bt[1] * sh, lw_len = a.bt[2] * sw;
+  const int cout_g = a.cout_g;
+  const bool cl_out = a.sy[1] == 1 && a.sy[4] != 1;
+  const int cols = cl_out ? lw_len * cout_g : lw_len;
+  const int erows = cl_out ? ld_len * lh_len : cout_g * ld_len * lh_len;
+  const int per_row = cols < (int)blockDim.x ? cols : (int)blockDim.x;
+  const int row_step = blockDim.x / per_row;
+  const int r0 = threadIdx.x / per_row;
+  // Row table: shared-memory offset of the row (before its column's), output offset (before the
+  // tile's origin and the column's), and the local (depth, height) for the bounds.
+  int4* etab = reinterpret_cast<int4*>(smem + a.etab_off);
+  for (int r = threadIdx.x; r < erows; r += blockDim.x) {
+    const int t = fdiv(r, a.m_len[1]);
+    const int ohl = r - t * lh_len;
+    const int co_r = fdiv(t, a.m_len[0]);
+    const int odl = t - co_r * ld_len;
+    const int lh = fdiv(ohl, a.m_st[1]), rh = ohl - lh * sh;
+    const int ldd = fdiv(odl, a.m_st[0]), rd = odl - ldd * sd;
+    const int cs = (ldd * a.bt[1] + lh) * a.bt[2] * CP + (rd * sh + rh) * sw * cout_g + co_r;
+    const int64_t yo = (int64_t)co_r * a.sy[1] + (int64_t)odl * a.sy[2] + (int64_t)ohl * a.sy[3];
+    etab[r] = make_int4(cs, (odl << 16) | ohl, (int)(uint32_t)(uint64_t)yo, (int)(uint32_t)((uint64_t)yo >> 32));
+  }
+
+  // Two row-offset tables: the tile being multiplied and the next one being staged.
+  int64_t* const rtab0 = reinterpret_cast<int64_t*>(smem + a.rtab_off);
 
   float acc[MT][NTW][4];
 #pragma unroll
@@ -308,146 +434,135 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
     for (int i = 0; i < NTW; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][i][e] = 0.f;
-
   const unsigned warp_bits = (1u << NTW) - 1u;
-  const int a_bytes = a.hr * RB;
 
-  // Input offset of every staged row (-1 outside the input), once per CTA, after the stages.
-  int64_t* rtab = reinterpret_cast<int64_t*>(smem + a.stages * a.stage_bytes);
-  for (int r = threadIdx.x; r < a.hr; r += blockDim.x) rtab[r] = box_offset(a, r, i0d, i0h, i0w);
+  int tile = blockIdx.x;
+  if (tile >= a.total) return;  // the launcher starts at most `total` CTAs
+  const TilePos step = tile_pos(a, (int)gridDim.x);
+  TilePos cur = tile_pos(a, tile);
+  TilePos nxt = cur;
+
+  // Prologue: the resident weights, the first tile's row offsets and its first chunk.
+  if (a.wres)
+    for (int c = 0; c < a.nchunks; ++c) stage_weights<T, CH, BN>(wp, smem_u32 + a.w_off + c * w_chunk_bytes, a, 0, c);
+  fill_rtab(rtab0, a, cur);
   __syncthreads();
-
-  stage_chunk<T, CH, BN>(x, wp, smem, smem + a_bytes, rtab, a, xbase, grp, 0);
+  stage_input<T, CH>(x, smem, rtab0, a, xbase_of(a, cur), 0);
+  if (!a.wres) stage_weights<T, CH, BN>(wp, smem_u32 + a_bytes, a, cur.g, 0);
   cp_async_commit();
-  for (int chunk = 0; chunk < a.nchunks; ++chunk) {
-    const int buf = a.stages == 2 ? (chunk & 1) : 0;
-    if (a.stages == 2 && chunk + 1 < a.nchunks) {
-      char* nxt = smem + ((chunk + 1) & 1) * a.stage_bytes;
-      stage_chunk<T, CH, BN>(x, wp, nxt, nxt + a_bytes, rtab, a, xbase, grp, chunk + 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const uint32_t as_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem + buf * a.stage_bytes));
-    const uint32_t bs_base = as_base + a_bytes + (uint32_t)((nt0 * 8 + b_lane_row) * RB);
-    int j = 0;
-    for (int jd = 0; jd < a.js[0]; ++jd) {
-      for (int jh = 0; jh < a.js[1]; ++jh) {
-        for (int jw = 0; jw < a.js[2]; ++jw, ++j) {
-          const unsigned bits = (a.ntmask[j] >> nt0) & warp_bits;
-          if (bits == 0u) continue;  // no tap of this shift feeds this warp's columns
-          const int shift = (jd * a.hb[1] + jh) * a.hb[2] + jw;
-          uint32_t arow[MT];
-          int ahk[MT];
+
+  int item = 0;   // (tile, chunk) items of this CTA so far: the stage parity
+  int tcount = 0; // tiles of this CTA so far: the row-table parity
+  for (;;) {
+    const bool more = (int64_t)tile + gridDim.x < a.total;
+    for (int chunk = 0; chunk < a.nchunks; ++chunk, ++item) {
+      const int buf = a.stages == 2 ? (item & 1) : 0;
+      const bool last = chunk + 1 == a.nchunks;
+      const bool has_next = !last || more;
+      if (a.stages == 2 && has_next) {
+        stage_next<T, CH, BN>(x, wp, smem, a, cur, step, nxt, rtab0, tcount, chunk, buf ^ 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      if constexpr (F32) round_input<CH>(smem + buf * a.stage_bytes, a);
+      __syncthreads();
+
+      // The MMAs of this chunk: every shift reads the staged box at its row offset.
+      const uint32_t sbase = smem_u32 + buf * a.stage_bytes;
+      const uint32_t wbase = (a.wres ? smem_u32 + a.w_off + chunk * w_chunk_bytes : sbase + a_bytes) + lane_b;
+      for (int j = 0; j < a.jtot; ++j) {
+        const unsigned bits = (a.ntmask[j] >> nt0) & warp_bits;
+        if (bits == 0u) continue;  // no tap of this shift feeds this warp's columns
+        const uint32_t arow0 = sbase - (uint32_t)a.shoff[j];
+        const uint32_t brow = wbase + (uint32_t)(j * BN * RP);
+#pragma unroll
+        for (int ks = 0; ks < CH / 2; ++ks) {
+          uint32_t b[NTW][2];
+#pragma unroll
+          for (int i = 0; i + 1 < NTW; i += 2) {
+            uint32_t r[4];
+            ldsm_x4(r, brow + i * 8 * RP + 32 * ks);
+            b[i][0] = r[0]; b[i][1] = r[1]; b[i + 1][0] = r[2]; b[i + 1][1] = r[3];
+          }
+          if constexpr (NTW % 2 == 1) {
+            uint32_t r[2];
+            ldsm_x2(r, brow + (NTW - 1) * 8 * RP + 32 * ks);
+            b[NTW - 1][0] = r[0]; b[NTW - 1][1] = r[1];
+          }
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            const int r = rowbase[mt] - shift;
-            arow[mt] = as_base + (uint32_t)(r * RB);
-            ahk[mt] = a_hi ^ Row::key(r);
+            uint32_t af[4];
+            ldsm_x4(af, arow0 + lane_a[mt] + 32 * ks);
+#pragma unroll
+            for (int i = 0; i < NTW; ++i)
+              if ((bits >> i) & 1u) mma<T>(acc[mt][i], af, b[i]);
           }
-          const uint32_t brow = bs_base + (uint32_t)(j * BN * RB);
+        }
+      }
+
+      if (last) {
+        // Epilogue: accumulators plus bias to shared memory, then whole output rows per lane
+        // group. The tile region just read holds them, unless the launcher gave them their own.
+        __syncthreads();
+        float* Cs = reinterpret_cast<float*>(smem + (a.cs_off >= 0 ? a.cs_off : buf * a.stage_bytes));
+        float bv[NTW][2];
 #pragma unroll
-          for (int ks = 0; ks < CH / 2; ++ks) {
-            uint32_t b[NTW][2];
+        for (int i = 0; i < NTW; ++i)
 #pragma unroll
-            for (int i = 0; i + 1 < NTW; i += 2) {
-              uint32_t r[4];
-              ldsm_x4(r, brow + i * 8 * RB + ((32 * ks) ^ b_hk));
-              b[i][0] = r[0]; b[i][1] = r[1]; b[i + 1][0] = r[2]; b[i + 1][1] = r[3];
+          for (int e = 0; e < 2; ++e)
+            bv[i][e] = (bias != nullptr && bco[i][e] >= 0) ? to_float<T>(bias[cur.g * cout_g + bco[i][e]]) : 0.f;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const int m = (wm * MT + mt) * 16 + g8;
+#pragma unroll
+          for (int i = 0; i < NTW; ++i) {
+            const int n = (nt0 + i) * 8 + 2 * t4;
+            *reinterpret_cast<float2*>(Cs + m * CP + n) =
+                make_float2(acc[mt][i][0] + bv[i][0], acc[mt][i][1] + bv[i][1]);
+            *reinterpret_cast<float2*>(Cs + (m + 8) * CP + n) =
+                make_float2(acc[mt][i][2] + bv[i][0], acc[mt][i][3] + bv[i][1]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][i][e] = 0.f;
+          }
+        }
+        __syncthreads();
+        const int qd0 = a.q0[0] + cur.d * a.bt[0], qh0 = a.q0[1] + cur.h * a.bt[1], qw0 = a.q0[2] + cur.w * a.bt[2];
+        const int od0 = qd0 * sd - a.pad[0], oh0 = qh0 * sh - a.pad[1], ow0 = qw0 * sw - a.pad[2];
+        const int64_t ybase = (int64_t)cur.n * a.sy[0] + (int64_t)cur.g * cout_g * a.sy[1] +
+                              (int64_t)od0 * a.sy[2] + (int64_t)oh0 * a.sy[3];
+        if (r0 < row_step) {
+          for (int col = threadIdx.x - r0 * per_row; col < cols; col += per_row) {
+            int owl = col, co_c = 0;
+            if (cl_out) {
+              owl = fdiv(col, a.m_cout);
+              co_c = col - owl * cout_g;
             }
-            if constexpr (NTW % 2 == 1) {
-              uint32_t r[2];
-              ldsm_x2(r, brow + (NTW - 1) * 8 * RB + ((32 * ks) ^ b_hk));
-              b[NTW - 1][0] = r[0]; b[NTW - 1][1] = r[1];
-            }
-            if constexpr (F32) {  // TF32 operands rounded as cuDNN rounds them (cvt.rna)
-#pragma unroll
-              for (int i = 0; i < NTW; ++i) { b[i][0] = tf32_bits(b[i][0]); b[i][1] = tf32_bits(b[i][1]); }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              uint32_t af[4];
-              ldsm_x4(af, arow[mt] + ((32 * ks) ^ ahk[mt]));
-              if constexpr (F32) {
-#pragma unroll
-                for (int k = 0; k < 4; ++k) af[k] = tf32_bits(af[k]);
-              }
-#pragma unroll
-              for (int i = 0; i < NTW; ++i)
-                if ((bits >> i) & 1u) mma<T>(acc[mt][i], af, b[i]);
+            const int ow = ow0 + owl;
+            if ((unsigned)ow >= (unsigned)a.out[2]) continue;
+            const int lw = fdiv(owl, a.m_st[2]);
+            const int rw = owl - lw * sw;
+            const float* cs_col = Cs + lw * CP + rw * cout_g + co_c;
+            T* y_col = y + ybase + (int64_t)ow * a.sy[4] + (int64_t)co_c * a.sy[1];
+            for (int r = r0; r < erows; r += row_step) {
+              const int4 e = etab[r];
+              const int od = od0 + (e.y >> 16), oh = oh0 + (e.y & 0xffff);
+              if ((unsigned)od >= (unsigned)a.out[0] || (unsigned)oh >= (unsigned)a.out[1]) continue;
+              const int64_t yo = (int64_t)(((uint64_t)(uint32_t)e.w << 32) | (uint32_t)e.z);
+              y_col[yo] = from_float<T>(cs_col[e.x]);
             }
           }
         }
       }
+      __syncthreads();  // this stage (and the epilogue tile) is read; the next staging may overwrite it
+      if (a.stages == 1 && has_next) stage_next<T, CH, BN>(x, wp, smem, a, cur, step, nxt, rtab0, tcount, chunk, 0);
     }
-    __syncthreads();  // this stage is read; the next staging may overwrite it
-    if (a.stages == 1 && chunk + 1 < a.nchunks) {
-      stage_chunk<T, CH, BN>(x, wp, smem, smem + a_bytes, rtab, a, xbase, grp, chunk + 1);
-      cp_async_commit();
-    }
+    if (!more) break;
+    cur = nxt;
+    tile += gridDim.x;
+    ++tcount;
   }
-
-  // Epilogue: accumulators to shared memory, then whole output rows per lane group.
-  float* Cs = reinterpret_cast<float*>(smem);
-  const int g8 = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int m = (wm * MT + mt) * 16 + g8;
-#pragma unroll
-    for (int i = 0; i < NTW; ++i) {
-      const int n = (nt0 + i) * 8 + 2 * t4;
-      *reinterpret_cast<float2*>(Cs + m * CP + n) = make_float2(acc[mt][i][0], acc[mt][i][1]);
-      *reinterpret_cast<float2*>(Cs + (m + 8) * CP + n) = make_float2(acc[mt][i][2], acc[mt][i][3]);
-    }
-  }
-  __syncthreads();
-
-  // Each thread keeps fixed output columns of the tile's rows and walks the rows: columns are the
-  // width outputs (NCDHW; rows are (channel, depth, height)) or (width, channel) pairs
-  // (channels-last; rows are (depth, height)), so consecutive lanes write consecutive addresses
-  // and the column's share of the indices is computed once.
-  const int sd = a.st[0], sh = a.st[1], sw = a.st[2];
-  const int ld_len = a.bt[0] * sd, lh_len = a.bt[1] * sh, lw_len = a.bt[2] * sw;
-  const int od0 = qd0 * sd - a.pad[0], oh0 = qh0 * sh - a.pad[1], ow0 = qw0 * sw - a.pad[2];
-  const int cout_g = a.cout_g;
-  const bool cl_out = a.sy[1] == 1 && a.sy[4] != 1;
-  const int cols = cl_out ? lw_len * cout_g : lw_len;
-  const int rows = cl_out ? ld_len * lh_len : cout_g * ld_len * lh_len;
-  const int per_row = cols < (int)blockDim.x ? cols : (int)blockDim.x;
-  const int row_step = blockDim.x / per_row;
-  const int64_t ybase = nb * a.sy[0] + (int64_t)grp * cout_g * a.sy[1];
-  const int r0 = threadIdx.x / per_row;
-  if (r0 < row_step) {
-    for (int col = threadIdx.x - r0 * per_row; col < cols; col += per_row) {
-      int owl = col, co_c = 0;
-      if (cl_out) {
-        owl = fdiv(col, a.m_cout);
-        co_c = col - owl * cout_g;
-      }
-      const int ow = ow0 + owl;
-      if ((unsigned)ow >= (unsigned)a.out[2]) continue;
-      const int lw = fdiv(owl, a.m_st[2]);
-      const int rw = owl - lw * sw;
-      const int cs_col = lw * CP + rw * cout_g + co_c;
-      const int64_t y_col = (int64_t)ow * a.sy[4] + (int64_t)co_c * a.sy[1];
-      for (int r = r0; r < rows; r += row_step) {
-        const int t = fdiv(r, a.m_len[1]);
-        const int ohl = r - t * lh_len;
-        const int co_r = fdiv(t, a.m_len[0]);
-        const int odl = t - co_r * ld_len;
-        const int od = od0 + odl, oh = oh0 + ohl;
-        if ((unsigned)od >= (unsigned)a.out[0] || (unsigned)oh >= (unsigned)a.out[1]) continue;
-        const int lh = fdiv(ohl, a.m_st[1]), rh = ohl - lh * sh;
-        const int ldd = fdiv(odl, a.m_st[0]), rd = odl - ldd * sd;
-        const int co = co_r + co_c;
-        float v = Cs[(ldd * a.bt[1] + lh) * a.bt[2] * CP + (rd * sh + rh) * sw * cout_g + co_r + cs_col];
-        if (bias != nullptr) v += to_float<T>(bias[grp * cout_g + co]);
-        y[ybase + y_col + (int64_t)co_r * a.sy[1] + (int64_t)od * a.sy[2] + (int64_t)oh * a.sy[3]] = from_float<T>(v);
-      }
-    }
-  }
+  cp_async_wait<0>();  // nothing is in flight here; kept so a CTA never exits with copies pending
 }
 
 // Tile configurations: index -> (MT, NTW, WM, WN), BM = WM x MT x 16 output blocks and
@@ -461,17 +576,38 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   X(5, 2, 1, 4, 1)  /* BM 128, BN 8 */ \
   X(6, 2, 2, 4, 1)  /* BM 128, BN 16 */
 
+// The persistent grid: as many CTAs as the SMs hold at once (the occupancy calculator, with the
+// shared-memory carveout at its maximum), at most one per tile; `max_ctas` > 0 caps it (tests
+// run many tiles a CTA that way).
+template <typename K>
+cudaError_t grid_for(K kern, int threads, size_t smem, int total, int max_ctas, int* grid) {
+  int dev = 0, sms = 0, fit = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kern, threads, smem);
+  if (err != cudaSuccess) return err;
+  if (fit < 1) return cudaErrorInvalidConfiguration;
+  int64_t g = (int64_t)fit * sms;
+  if (max_ctas > 0 && max_ctas < g) g = max_ctas;
+  *grid = (int)(g < total ? g : total);
+  return cudaSuccess;
+}
+
 template <typename T, int CH>
-cudaError_t launch_ch(int config, const T* x, const T* wp, const T* bias, T* y, const HeadArgs& a, int64_t blocks,
-                      size_t smem, cudaStream_t stream) {
+cudaError_t launch_ch(int config, const T* x, const T* wp, const T* bias, T* y, const HeadArgs& a, size_t smem,
+                      int max_ctas, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   switch (config) {
 #define CONVT3D_HEAD_CASE(IDX, MT_, NTW_, WM_, WN_)                                                  \
   case IDX: {                                                                                       \
     auto kern = head_shuffle_kernel<T, CH, MT_, NTW_, WM_, WN_>;                                    \
+    int grid = 0;                                                                                   \
     if (smem > 48 * 1024)                                                                           \
       err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);     \
-    if (err == cudaSuccess) kern<<<(unsigned)blocks, WM_ * WN_ * 32, smem, stream>>>(x, wp, bias, y, a); \
+    if (err == cudaSuccess) err = grid_for(kern, WM_ * WN_ * 32, smem, a.total, max_ctas, &grid);     \
+    if (err == cudaSuccess) kern<<<(unsigned)grid, WM_ * WN_ * 32, smem, stream>>>(x, wp, bias, y, a); \
     break;                                                                                          \
   }
     CONVT3D_HEAD_CONFIGS(CONVT3D_HEAD_CASE)
@@ -484,21 +620,55 @@ cudaError_t launch_ch(int config, const T* x, const T* wp, const T* bias, T* y, 
 
 template <typename T>
 cudaError_t launch(int config, const void* x, const void* wp, const void* bias, void* y, const HeadArgs& a,
-                   int64_t blocks, size_t smem, cudaStream_t stream) {
+                   size_t smem, int max_ctas, cudaStream_t stream) {
   const T* xp = static_cast<const T*>(x);
   const T* wpp = static_cast<const T*>(wp);
   const T* bp = static_cast<const T*>(bias);
   T* yp = static_cast<T*>(y);
   switch (a.ch) {
-    case 2: return launch_ch<T, 2>(config, xp, wpp, bp, yp, a, blocks, smem, stream);
-    case 4: return launch_ch<T, 4>(config, xp, wpp, bp, yp, a, blocks, smem, stream);
-    case 8: return launch_ch<T, 8>(config, xp, wpp, bp, yp, a, blocks, smem, stream);
+    case 2: return launch_ch<T, 2>(config, xp, wpp, bp, yp, a, smem, max_ctas, stream);
+    case 4: return launch_ch<T, 4>(config, xp, wpp, bp, yp, a, smem, max_ctas, stream);
+    case 8: return launch_ch<T, 8>(config, xp, wpp, bp, yp, a, smem, max_ctas, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
+// The weight as the kernel reads it (cuda_head.pack_weight is the same in torch): W (Cin,
+// Cout/g, kD, kH, kW), any strides, to [g][chunk][shift][column][KC], column n = r x Cout/g + co
+// holding W[ci, co, j x s + r] for shift j; zeros for taps past the kernel, columns past the
+// residues and channels past Cin/g; fp32 rounded to TF32. One launch instead of the eight torch
+// operations of the reference (their host time, ~50 us a call, was most of a small head's).
+struct PackArgs {
+  int64_t sw[5];  // weight strides (ci, co, kd, kh, kw), elements
+  int k[3], st[3], js[3];
+  int cin_g, cout_g, np, kc, nchunks, jtot;
+  int64_t total;  // elements of the packed weight
+};
+
+template <typename T>
+__global__ void pack_weight_kernel(const T* __restrict__ w, T* __restrict__ out, const PackArgs p) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= p.total) return;
+  int64_t t = i;
+  const int k = (int)(t % p.kc); t /= p.kc;
+  const int n = (int)(t % p.np); t /= p.np;
+  const int j = (int)(t % p.jtot); t /= p.jtot;
+  const int chunk = (int)(t % p.nchunks);
+  const int64_t grp = t / p.nchunks;
+  const int ci = chunk * p.kc + k;
+  const int co = n % p.cout_g, r = n / p.cout_g;
+  const int rw = r % p.st[2], rh = (r / p.st[2]) % p.st[1], rd = r / (p.st[2] * p.st[1]);
+  const int jw = j % p.js[2], jh = (j / p.js[2]) % p.js[1], jd = j / (p.js[2] * p.js[1]);
+  const int td = jd * p.st[0] + rd, th = jh * p.st[1] + rh, tw = jw * p.st[2] + rw;
+  const bool ok = ci < p.cin_g && rd < p.st[0] && td < p.k[0] && th < p.k[1] && tw < p.k[2];
+  T v = from_float<T>(0.f);
+  if (ok) v = w[(grp * p.cin_g + ci) * p.sw[0] + co * p.sw[1] + td * p.sw[2] + th * p.sw[3] + tw * p.sw[4]];
+  if constexpr (std::is_same<T, float>::value) v = __uint_as_float(tf32_round(__float_as_uint(v)));
+  out[i] = v;
+}
+
 // One library per element type (CONVT3D_HEAD_DTYPE: 0 float32 at TF32, 1 bfloat16, 2 float16),
-// built when a call of that type first needs it: 21 kernels each.
+// built when a call of that type first needs it: 21 kernels each, and the weight's pack kernel.
 #ifndef CONVT3D_HEAD_DTYPE
 #define CONVT3D_HEAD_DTYPE 1
 #endif
@@ -513,15 +683,18 @@ using Elem = __half;
 }  // namespace
 
 // The library's one entry point, called through ctypes (convt3d/cuda_head.py): no Python or
-// torch headers, so the build is nvcc alone. meta (int64): in[3], out[3], stride[3], pad[3],
-// shifts[3], q0[3], box[3], tiles[3], cin_g, cout_g, groups, columns, chunks, KC, CTAs, shared
-// memory bytes, BN, then the input's and the output's strides (n, c, d, h, w), the staging mode
-// and the stages. masks: one n-tile mask per shift. dtype: 0 float32 (TF32), 1 bfloat16, 2 float16, this library's
+// torch headers, so the build is nvcc alone. meta (int64), as cuda_head.HeadPlan.meta lays it
+// out: in[3], out[3], stride[3], pad[3], shifts[3], q0[3], box[3], tiles[3], cin_g, cout_g,
+// groups, columns, chunks, KC, tiles in all, shared memory bytes, BN, stages, resident weights,
+// stage bytes, the weight, row-offset, epilogue-table and epilogue-tile offsets (-1: in the
+// stage), a cap on the CTAs (0: as many as fit); then the input's and the output's strides (n, c, d, h,
+// w) and the staging mode. shifts: per shift its n-tile mask, then per shift its staged-row byte
+// offset (2 x nshifts values). dtype: 0 float32 (TF32), 1 bfloat16, 2 float16, this library's
 // (CONVT3D_HEAD_DTYPE). Returns a cudaError_t.
 extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bias, void* y, const int64_t* meta,
-                                   const int64_t* masks, int nmasks, int dtype, int itemsize, int config,
+                                   const int64_t* shifts, int nshifts, int dtype, int itemsize, int config,
                                    void* stream) {
-  if (nmasks > MAX_SHIFTS) return (int)cudaErrorInvalidValue;
+  if (nshifts > MAX_SHIFTS || nshifts < 1) return (int)cudaErrorInvalidValue;
   HeadArgs a;
   for (int i = 0; i < 3; ++i) {
     a.in[i] = (int)meta[i];
@@ -540,22 +713,30 @@ extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bi
   a.np = (int)meta[27];
   a.nchunks = (int)meta[28];
   a.kc = (int)meta[29];
-  const int64_t blocks = meta[30];
+  const int64_t total = meta[30];
   const size_t smem = (size_t)meta[31];
+  const int bn = (int)meta[32];
+  a.stages = (int)meta[33];
+  a.wres = (int)meta[34];
+  a.stage_bytes = (int)meta[35];
+  a.w_off = (int)meta[36];
+  a.rtab_off = (int)meta[37];
+  a.etab_off = (int)meta[38];
+  a.cs_off = (int)meta[39];
+  const int max_ctas = (int)meta[40];
   for (int i = 0; i < 5; ++i) {
-    a.sx[i] = meta[33 + i];
-    a.sy[i] = meta[38 + i];
+    a.sx[i] = meta[41 + i];
+    a.sy[i] = meta[46 + i];
   }
-  a.mode = (int)meta[43];
-  a.stages = (int)meta[44];
+  a.mode = (int)meta[51];
   a.ch = a.kc * itemsize / 16;
   a.jtot = a.js[0] * a.js[1] * a.js[2];
   a.hr = a.hb[0] * a.hb[1] * a.hb[2];
-  if (nmasks != a.jtot || (a.ch != 2 && a.ch != 4 && a.ch != 8) || a.mode < 0 || a.mode > 2 ||
-      (a.mode == 1 && itemsize != 4) || a.stages < 1 || a.stages > 2)
+  if (nshifts != a.jtot || (a.ch != 2 && a.ch != 4 && a.ch != 8) || a.mode < 0 || a.mode > 2 ||
+      (a.mode == 1 && itemsize != 4) || a.stages < 1 || a.stages > 2 || total > 0x7fffffff ||
+      (a.wres && a.groups != 1) || bn < 8 || (bn & (bn - 1)) != 0)
     return (int)cudaErrorInvalidValue;
-  const int bn = (int)meta[32];
-  a.stage_bytes = a.hr * a.ch * 16 + a.jtot * bn * a.ch * 16;
+  a.total = (int)total;
   auto recip = [](int d) { return (uint32_t)((0x100000000ull + (uint64_t)d - 1) / (uint64_t)d); };
   a.m_hb2 = recip(a.hb[2]);
   a.m_hb1 = recip(a.hb[1]);
@@ -567,8 +748,38 @@ extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bi
     a.m_len[i] = recip(a.bt[i] * a.st[i]);
   }
   a.m_cout = recip(a.cout_g);
-  for (int j = 0; j < MAX_SHIFTS; ++j) a.ntmask[j] = j < a.jtot ? (unsigned)masks[j] : 0u;
-  if (blocks == 0) return (int)cudaSuccess;
+  for (int j = 0; j < MAX_SHIFTS; ++j) {
+    a.ntmask[j] = j < a.jtot ? (unsigned)shifts[j] : 0u;
+    a.shoff[j] = j < a.jtot ? (int)shifts[a.jtot + j] : 0;
+  }
+  if (total == 0) return (int)cudaSuccess;
   if (dtype != CONVT3D_HEAD_DTYPE || itemsize != (int)sizeof(Elem)) return (int)cudaErrorInvalidValue;
-  return (int)launch<Elem>(config, x, wp, bias, y, a, blocks, smem, static_cast<cudaStream_t>(stream));
+  return (int)launch<Elem>(config, x, wp, bias, y, a, smem, max_ctas, static_cast<cudaStream_t>(stream));
+}
+
+// Packs a weight (see pack_weight_kernel). meta (int64): k[3], stride[3], shifts[3], cin_g,
+// cout_g, columns, KC, chunks, groups, then the weight's five strides. Returns a cudaError_t.
+extern "C" int convt3d_head_pack(const void* w, void* out, const int64_t* meta, int dtype, int itemsize,
+                                 void* stream) {
+  if (dtype != CONVT3D_HEAD_DTYPE || itemsize != (int)sizeof(Elem)) return (int)cudaErrorInvalidValue;
+  PackArgs p;
+  for (int i = 0; i < 3; ++i) {
+    p.k[i] = (int)meta[i];
+    p.st[i] = (int)meta[3 + i];
+    p.js[i] = (int)meta[6 + i];
+  }
+  p.cin_g = (int)meta[9];
+  p.cout_g = (int)meta[10];
+  p.np = (int)meta[11];
+  p.kc = (int)meta[12];
+  p.nchunks = (int)meta[13];
+  const int64_t groups = meta[14];
+  for (int i = 0; i < 5; ++i) p.sw[i] = meta[15 + i];
+  p.jtot = p.js[0] * p.js[1] * p.js[2];
+  p.total = groups * p.nchunks * p.jtot * (int64_t)p.np * p.kc;
+  if (p.total == 0) return (int)cudaSuccess;
+  const int threads = 256;
+  pack_weight_kernel<Elem><<<(unsigned)((p.total + threads - 1) / threads), threads, 0,
+                             static_cast<cudaStream_t>(stream)>>>(static_cast<const Elem*>(w), static_cast<Elem*>(out), p);
+  return (int)cudaGetLastError();
 }
