@@ -187,10 +187,6 @@ class _Smem:
     total: int
 
 
-def _align(v: int) -> int:
-    return -(-v // 16) * 16
-
-
 def _ctas_per_sm(smem: int, threads: int) -> int:
     """CTAs an SM holds by shared memory and registers (the kernel's; see KERNEL_REGS)."""
     return max(0, min(SMEM_PER_SM // (smem + 1024), REGS_PER_SM // (threads * KERNEL_REGS)))
@@ -209,8 +205,7 @@ def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[i
     Resident weights need one group (a CTA's tiles would span groups)."""
     js, _, _ = geometry(params)
     bm, bn = _bm_bn(config)
-    mt, ntw, wm, wn = CONFIGS[config]
-    threads = 32 * wm * wn
+    threads = 32 * CONFIGS[config][2] * CONFIGS[config][3]
     rp = _row_pitch(params, itemsize)
     hr = math.prod(b + j - 1 for b, j in zip(box, js))
     nchunks = _cdiv(params.in_channels_per_group, _kc(params, itemsize))
@@ -221,7 +216,7 @@ def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[i
         stage = hr * rp + (0 if resident else w_chunk)
         w_off = st * stage
         rtab_off = w_off + (nchunks * w_chunk if resident else 0)
-        etab_off = rtab_off + _align(2 * 8 * hr)
+        etab_off = rtab_off + _cdiv(2 * 8 * hr, 16) * 16
         end = etab_off + 16 * _epilogue_rows(params, box)
         cs_off = -1 if cs <= stage else end
         return _Smem(st, resident, stage, w_off, rtab_off, etab_off, cs_off, end + (cs if cs_off >= 0 else 0))

@@ -154,6 +154,17 @@ template <> __device__ __forceinline__ float from_float<float>(float v) { return
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
+// Staged rows of CH 16-byte units: RB bytes of channels at a pitch of RP = RB + 16 (an odd
+// number of units, so 8 consecutive rows start in 8 bank groups); LOG = log2(CH), for the
+// threads that keep one unit column each.
+template <int CH>
+struct Rows {
+  static_assert(CH == 2 || CH == 4 || CH == 8, "rows of 32, 64 or 128 bytes");
+  static constexpr int RB = CH * 16;
+  static constexpr int RP = RB + 16;
+  static constexpr int LOG = CH == 8 ? 3 : (CH == 4 ? 2 : 1);
+};
+
 // A tile's place: width, height and depth tile, group, batch element. The CTA's next tile is
 // `grid` tiles on; adding grid's digits with carries replaces five divisions per tile.
 struct TilePos {
@@ -204,8 +215,7 @@ template <typename T, int CH, int BN>
 __device__ __forceinline__ void stage_weights(const T* __restrict__ wp, uint32_t dst, const HeadArgs& a, int grp,
                                               int chunk) {
   constexpr int V = 16 / sizeof(T);
-  constexpr int LOG = CH == 8 ? 3 : (CH == 4 ? 2 : 1);
-  constexpr int RP = CH * 16 + 16;
+  constexpr int LOG = Rows<CH>::LOG, RP = Rows<CH>::RP;
   const int c = threadIdx.x & (CH - 1);
   const T* wc = wp + ((int64_t)grp * a.nchunks + chunk) * (int64_t)a.jtot * a.np * a.kc + c * V;
   const int wrows = a.jtot * BN;
@@ -231,8 +241,7 @@ __device__ __forceinline__ void stage_input(const T* __restrict__ x, char* dst, 
                                             const HeadArgs& a, int64_t xbase, int chunk) {
   using R = typename Raw<T>::type;
   constexpr int V = 16 / sizeof(T);
-  constexpr int LOG = CH == 8 ? 3 : (CH == 4 ? 2 : 1);
-  constexpr int RP = CH * 16 + 16;
+  constexpr int LOG = Rows<CH>::LOG, RP = Rows<CH>::RP;
   const uint32_t as = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   const int cbase = chunk * a.kc;
   if (a.mode == 0) {
@@ -295,8 +304,7 @@ __device__ __forceinline__ void stage_input(const T* __restrict__ x, char* dst, 
 // in place, after its cp.async group has landed and before the barrier that publishes the stage.
 template <int CH>
 __device__ __forceinline__ void round_input(char* dst, const HeadArgs& a) {
-  constexpr int LOG = CH == 8 ? 3 : (CH == 4 ? 2 : 1);
-  constexpr int RP = CH * 16 + 16;
+  constexpr int LOG = Rows<CH>::LOG, RP = Rows<CH>::RP;
   if (a.mode == 0) {
     const int c = threadIdx.x & (CH - 1);
     const int step = blockDim.x >> LOG;
@@ -328,7 +336,7 @@ template <typename T, int CH, int BN>
 __device__ __forceinline__ void stage_next(const T* __restrict__ x, const T* __restrict__ wp, char* smem,
                                            const HeadArgs& a, const TilePos& cur, const TilePos& step,
                                            TilePos& nxt, int64_t* rtab0, int tcount, int chunk, int nbuf) {
-  constexpr int RP = CH * 16 + 16;
+  constexpr int RP = Rows<CH>::RP;
   int64_t* nrt = rtab0 + (tcount & 1) * a.hr;
   int nchunk = chunk + 1;
   TilePos np = cur;
@@ -359,7 +367,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   constexpr bool F32 = std::is_same<T, float>::value;
   constexpr int BN = WN * NTW * 8;
   constexpr int CP = BN + 4;  // fp32 pitch of the epilogue's staging rows
-  constexpr int RP = CH * 16 + 16;
+  constexpr int RP = Rows<CH>::RP;
   extern __shared__ __align__(128) char smem[];
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
