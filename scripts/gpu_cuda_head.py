@@ -2,6 +2,8 @@
 kernel time per offered tile against cuDNN on the head rows (layers suite and the heads sweep).
 
     PYTHONPATH=src python3 scripts/gpu_cuda_head.py --json $OUT/cuda_head.json
+    ncu --section SourceCounters -k regex:head_shuffle -c 1 -o rep \
+        python3 scripts/gpu_cuda_head.py --profile head_gan_64to1:fp32:2:6:4:4:8
 
 Correctness: each geometry at fp32 (TF32), bf16 and fp16, channels-last, NCDHW and a strided
 view, with and without bias, every offered tile up to ``--tiles``; the output is poisoned with
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -78,8 +79,8 @@ def correctness(count: int, tiles: int, seed: int) -> list[dict]:
             e_cudnn = (cud.double() - ref).abs().max().item() / scale
             layout = rng.choice(["ncdhw", "cl", "strided"])
             x = _layout(x0, layout)
-            for cfg, box in ch.tile_boxes(params, dtype)[:tiles]:
-                hp = ch.plan(params, dtype, cfg, box)
+            for jn, cfg, box in ch.offers(params, dtype, tiles):
+                hp = ch.plan(params, dtype, cfg, box, jn=jn)
                 y = ch._output(x, w, params).fill_(float("nan"))
                 ch._launch(x, ch.pack_weight(w, params, hp), b, y, hp)
                 torch.cuda.synchronize()
@@ -87,9 +88,9 @@ def correctness(count: int, tiles: int, seed: int) -> list[dict]:
                 e = (y.double() - ref).abs().max().item() / scale if finite else float("inf")
                 ok = finite and e <= max(2 * e_cudnn, FLOOR_REL[dtype])
                 rows.append(dict(params=params.describe(), dtype=str(dtype), layout=layout, bias=b is not None,
-                                 config=cfg, box=box, err=e, err_cudnn=e_cudnn, ok=ok))
+                                 config=cfg, box=box, jn=jn, err=e, err_cudnn=e_cudnn, ok=ok))
                 if not ok:
-                    print(f"FAIL {params.describe()} {dtype} {layout} cfg {cfg} box {box}: err {e:.3g} "
+                    print(f"FAIL {params.describe()} {dtype} {layout} cfg {cfg} box {box} jn {jn}: err {e:.3g} "
                           f"cuDNN {e_cudnn:.3g}", flush=True)
     return rows
 
@@ -123,40 +124,66 @@ def timing(names: list[str], dtypes, layouts, tiles: int, budget_s: float, stage
                 ms_cudnn = triton.testing.do_bench(lambda: F.conv_transpose3d(x, w, b, *args), return_mode="median")
                 best = None
                 per_tile = []
-                for cfg, box, st in [(c, bx, st) for c, bx in ch.tile_boxes(params, dtype)[:tiles]
-                                     for st in stage_variants]:
-                    hp = ch.plan(params, dtype, cfg, box, stages=st)
-                    if hp.meta[31] > ch.SMEM_LIMIT or (st is not None and st == ch.plan(params, dtype, cfg, box).stages):
+                for jn, cfg, box, st in [(jn, c, bx, st) for jn, c, bx in ch.offers(params, dtype, tiles)
+                                         for st in stage_variants]:
+                    hp = ch.plan(params, dtype, cfg, box, stages=st, jn=jn)
+                    if hp.meta[31] > ch.SMEM_LIMIT or (
+                            st is not None and st == ch.plan(params, dtype, cfg, box, jn=jn).stages):
                         continue
                     wp = ch.pack_weight(w, params, hp)
                     y = ch._output(x, w, params)
                     ms = triton.testing.do_bench(lambda: ch._launch(x, wp, b, y, hp), return_mode="median")
                     diff = ((y.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-                    per_tile.append((cfg, box, hp.stages, ms * 1e3, diff))
+                    per_tile.append((cfg, box, hp.stages, ms * 1e3, diff, jn))
                     if best is None or ms < best[0]:
-                        best = (ms, cfg, box, diff, hp.stages)
+                        best = (ms, cfg, box, diff, hp.stages, jn)
                 ch.clear()
                 ch.forward(x, w, b, params, "tf32")  # first call: the tile choice
                 ms_api = triton.testing.do_bench(lambda: ch.forward(x, w, b, params, "tf32"), return_mode="median")
                 floor_us = params.min_bytes(x.element_size(), b is not None) / COPY_BW * 1e6
                 row = dict(name=g.name, dtype=str(dtype).replace("torch.", ""), layout=layout,
                            cudnn_us=ms_cudnn * 1e3, kernel_us=best[0] * 1e3, api_us=ms_api * 1e3,
-                           best_config=best[1], best_box=best[2], best_stages=best[4], rel_diff_vs_cudnn=best[3],
-                           floor_us=floor_us,
+                           best_config=best[1], best_box=best[2], best_stages=best[4], best_jn=best[5],
+                           rel_diff_vs_cudnn=best[3], floor_us=floor_us, api_jn=ch.choose_tile(x, w, b, params).jn,
                            tiles=per_tile)
                 out.append(row)
                 print(f"{g.name:28s} {row['dtype']:8s} {layout:6s} cuDNN {row['cudnn_us']:8.1f}  kernel "
                       f"{row['kernel_us']:7.1f} ({ms_cudnn / best[0]:5.2f}x, {100 * floor_us / row['kernel_us']:4.0f}% "
                       f"of floor {floor_us:5.1f})  api {row['api_us']:7.1f} ({ms_cudnn * 1e3 / row['api_us']:5.2f}x)  "
-                      f"cfg {best[1]} box {best[2]} stages {best[4]} diff {best[3]:.2g}", flush=True)
+                      f"cfg {best[1]} box {best[2]} stages {best[4]} jn {best[5]} diff {best[3]:.2g}", flush=True)
+                by_jn = {}
+                for t in per_tile:
+                    by_jn[t[5]] = min(by_jn.get(t[5], float("inf")), t[3])
+                print("    best kernel us by variant: " + ", ".join(f"jn {k}: {v:.1f}" for k, v in sorted(by_jn.items())),
+                      flush=True)
     return out
+
+
+def profile(spec: str) -> None:
+    """Launch one plan three times on a channels-last input, for a profiler: ``spec`` is
+    ROW:DTYPE:JN:CONFIG:BD:BH:BW (a layers or heads-sweep row; fp32 or bf16; the width shifts taken
+    as columns, 1 for the plain variant; the configuration and the M box)."""
+    name, dt, jn, cfg, bd, bh, bw = spec.split(":")
+    g = next(g for g in LAYERS + HEAD_SWEEP if g.name == name)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dt]
+    params = ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel,
+                                  g.stride, g.padding, g.output_padding, g.dilation)
+    x = _layout(torch.randn(g.batch, g.in_channels, *g.in_size, device="cuda").to(dtype), "cl")
+    w = (torch.randn(g.weight_shape, device="cuda") * 0.05).to(dtype)
+    b = torch.randn(g.out_channels, device="cuda").to(dtype) if g.bias else None
+    hp = ch.plan(params, dtype, int(cfg), (int(bd), int(bh), int(bw)), jn=int(jn))
+    wp, y = ch.pack_weight(w, params, hp), ch._output(x, w, params)
+    for _ in range(3):
+        ch._launch(x, wp, b, y, hp)
+    torch.cuda.synchronize()
+    print(f"{name} {dt} jn {hp.jn} config {hp.config} box {hp.box} stages {hp.stages} smem {hp.meta[31]}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--cases", type=int, default=40, help="generated geometries for the correctness check")
-    ap.add_argument("--tiles", type=int, default=3, help="offered tiles checked / timed per case")
+    ap.add_argument("--tiles", type=int, default=3, help="offered tiles checked / timed per case and variant")
     ap.add_argument("--rows", default="all", help="comma-separated layer names, or 'all' head and sweep rows")
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--layouts", default="ncdhw,cl")
@@ -164,7 +191,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stages", default="default",
                     help="stage counts timed per tile: 'default' (the plan's), or e.g. 'default,1,2'")
+    ap.add_argument("--profile", default=None, metavar="ROW:DTYPE:JN:CONFIG:BD:BH:BW",
+                    help="only launch this one plan three times (for ncu)")
     args = ap.parse_args(argv)
+    if args.profile:
+        profile(args.profile)
+        return 0
     t0 = time.perf_counter()
     for dt in (torch.float32, torch.bfloat16, torch.float16):
         ch.load_library(dtype=dt)

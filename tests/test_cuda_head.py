@@ -70,6 +70,107 @@ def emulate(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, params: Co
     return y
 
 
+def emulate_tiles(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, params: ConvT3dParams,
+                  hp: ch.HeadPlan, itemsize: int, cl_out: bool) -> torch.Tensor:
+    """The kernel's own index arithmetic, tile by tile, in float64 from ``hp.meta`` and the packed
+    weight: each tile's place from its index, the staged box's row offsets (``fill_rtab``), each M
+    row's staged row and the shifts' byte offsets (``lane_a``, ``shifts``), the n-tile masks (a
+    masked n-tile is skipped, as the kernel skips it), the bias columns, and the epilogue's row
+    table and columns (``etab``, ``cs_col``, the width-shift sum where jn > 1), writing into an
+    output of NaN in the NCDHW or channels-last layout. An element the kernel would not write
+    stays NaN."""
+    m = hp.meta
+    insz, outsz, st, pad, js, q0 = m[0:3], m[3:6], m[6:9], m[9:12], m[12:15], m[15:18]
+    bt, tiles = list(m[18:21]), m[21:24]
+    cin_g, cog, groups, np_, nchunks, kc = m[24:30]
+    bn, jn = m[32], m[41]
+    mw = bt[2]
+    bt[2] = mw - jn + 1
+    hb = [bt[0] + js[0] - 1, bt[1] + js[1] - 1, mw + js[2] - 1]
+    rc = st[0] * st[1] * st[2] * cog
+    cp = bn + 4
+    jtot = js[0] * js[1] * js[2]
+    rp = hp.kc * itemsize + 16
+    wp = ch.pack_weight(w.double(), params, hp)  # (g, chunk, shift, column, KC)
+    y = torch.full(params.out_shape, float("nan"), dtype=torch.float64)
+    if cl_out:
+        y = y.contiguous(memory_format=torch.channels_last_3d)
+    sy = y.stride()
+    yflat = y.as_strided((y.numel(),), (1,))
+    xd = x.double()
+    bm = bt[0] * bt[1] * mw
+    mrow = torch.arange(bm)
+    lw_m, r_m = mrow % mw, mrow // mw
+    lh_m, ld_m = r_m % bt[1], r_m // bt[1]
+    lane_row = ((ld_m + js[0] - 1) * hb[1] + lh_m + js[1] - 1) * hb[2] + lw_m + js[2] - 1
+    shoff = hp.shifts[len(hp.masks):]
+    ncol = torch.arange(bn)
+    bias_col = torch.where(ncol < rc, ncol % cog, torch.full_like(ncol, -1))
+    # epilogue geometry
+    ld_len, lh_len, lw_len = bt[0] * st[0], bt[1] * st[1], bt[2] * st[2]
+    cols = lw_len * cog if cl_out else lw_len
+    erows = ld_len * lh_len if cl_out else cog * ld_len * lh_len
+    r = torch.arange(erows)
+    ohl, t = r % lh_len, r // lh_len
+    odl, co_r = t % ld_len, t // ld_len
+    lh_e, rh_e = ohl // st[1], ohl % st[1]
+    ldd_e, rd_e = odl // st[0], odl % st[0]
+    e_cs = (ldd_e * bt[1] + lh_e) * mw * cp + (rd_e * st[1] + rh_e) * st[2] * cog + co_r
+    e_yo = co_r * sy[1] + odl * sy[2] + ohl * sy[3]
+    col = torch.arange(cols)
+    owl, co_c = (col // cog, col % cog) if cl_out else (col, torch.zeros_like(col))
+    lw_c, rw_c = owl // st[2], owl % st[2]
+    c_cs = (lw_c + jn - 1) * cp + rw_c * cog + co_c
+    for tile in range(m[30]):
+        tt = tile
+        pw = tt % tiles[2]; tt //= tiles[2]
+        ph = tt % tiles[1]; tt //= tiles[1]
+        pd = tt % tiles[0]; tt //= tiles[0]
+        grp, nb = tt % groups, tt // groups
+        i0 = (q0[0] + pd * bt[0] - (js[0] - 1), q0[1] + ph * bt[1] - (js[1] - 1),
+              q0[2] + pw * bt[2] - (jn - 1) - (js[2] - 1))
+        row = torch.arange(hb[0] * hb[1] * hb[2])
+        hw, tr = row % hb[2], row // hb[2]
+        hh, hd = tr % hb[1], tr // hb[1]
+        pos = [i0[0] + hd, i0[1] + hh, i0[2] + hw]
+        inside = (pos[0] >= 0) & (pos[0] < insz[0]) & (pos[1] >= 0) & (pos[1] < insz[1]) & (pos[2] >= 0) & (
+            pos[2] < insz[2])
+        acc = torch.zeros(bm, bn, dtype=torch.float64)
+        for chunk in range(nchunks):
+            staged = torch.zeros(len(row), kc, dtype=torch.float64)
+            ci = torch.arange(chunk * kc, min((chunk + 1) * kc, cin_g))
+            xs = xd[nb, grp * cin_g + ci][:, pos[0].clamp(0, insz[0] - 1), pos[1].clamp(0, insz[1] - 1),
+                                          pos[2].clamp(0, insz[2] - 1)]
+            staged[:, :len(ci)] = (xs * inside).T
+            for j in range(jtot):
+                assert shoff[j] % rp == 0
+                a_rows = staged[lane_row - shoff[j] // rp]
+                wj = wp[grp, chunk, j]  # (columns, KC)
+                for nt in range(bn // 8):
+                    if (hp.masks[j] >> nt) & 1 and nt * 8 < np_:
+                        acc[:, nt * 8:nt * 8 + 8] += a_rows @ wj[nt * 8:nt * 8 + 8].T
+        cs = torch.full((bm * cp,), float("nan"), dtype=torch.float64)
+        bias_v = torch.zeros(bn, dtype=torch.float64)
+        if b is not None:
+            ok = bias_col >= 0
+            bias_v[ok] = b.double()[grp * cog + bias_col[ok]]
+        cs.view(bm, cp)[:, :bn] = acc + bias_v
+        qd0, qh0, qw0 = q0[0] + pd * bt[0], q0[1] + ph * bt[1], q0[2] + pw * bt[2]
+        od0, oh0, ow0 = qd0 * st[0] - pad[0], qh0 * st[1] - pad[1], qw0 * st[2] - pad[2]
+        ybase = nb * sy[0] + grp * cog * sy[1] + od0 * sy[2] + oh0 * sy[3]
+        ow = ow0 + owl
+        od, oh = od0 + odl, oh0 + ohl
+        keep_c = (ow >= 0) & (ow < outsz[2])
+        keep_r = (od >= 0) & (od < outsz[0]) & (oh >= 0) & (oh < outsz[1])
+        idx = (c_cs[keep_c][None, :] + e_cs[keep_r][:, None])
+        val = cs[idx]
+        for jw in range(1, jn):
+            val = val + cs[idx + jw * (rc - cp)]
+        yi = ybase + (ow[keep_c] * sy[4] + co_c[keep_c] * sy[1])[None, :] + e_yo[keep_r][:, None]
+        yflat[yi.reshape(-1)] = val.reshape(-1)
+    return y
+
+
 # (id, params): the regimes the kernel's geometry must cover.
 REGIMES = [
     ("gan-k4s2p1-cout1", _params(2, 8, 1, 4, 4, 2, 1)),
@@ -90,34 +191,87 @@ REGIMES = [
 ]
 
 
-@pytest.mark.parametrize("params", [r[1] for r in REGIMES], ids=[r[0] for r in REGIMES])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_plan_computes_the_transposed_convolution(params, dtype):
-    assert ch.unsupported_reason(params, dtype, "tf32") is None
-    gen = torch.Generator().manual_seed(0)
+def _problem(params: ConvT3dParams, seed: int):
+    """float64 input, weight and bias of ``params``, and the reference output."""
+    gen = torch.Generator().manual_seed(seed)
     x = torch.randn(params.in_shape, dtype=torch.float64, generator=gen)
     w = torch.randn(params.in_channels, params.out_channels_per_group, *params.kernel_size, dtype=torch.float64,
                     generator=gen)
     b = torch.randn(params.out_channels, dtype=torch.float64, generator=gen)
     ref = F.conv_transpose3d(x, w, b, params.stride, params.padding, params.output_padding, params.groups,
                              params.dilation)
+    return x, w, b, ref
+
+
+@pytest.mark.parametrize("params", [r[1] for r in REGIMES], ids=[r[0] for r in REGIMES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_plan_computes_the_transposed_convolution(params, dtype):
+    assert ch.unsupported_reason(params, dtype, "tf32") is None
+    x, w, b, ref = _problem(params, 0)
     for cfg, box in ch.tile_boxes(params, dtype)[:3]:
         out = emulate(x, w, b, params, ch.plan(params, dtype, cfg, box))
         assert (out - ref).abs().max().item() < 1e-9
 
 
+def _variants(params):
+    return sorted({1, ch.width_shifts(params)})
+
+
+@pytest.mark.parametrize("cl_out", [False, True], ids=["ncdhw-out", "cl-out"])
+@pytest.mark.parametrize("params", [r[1] for r in REGIMES], ids=[r[0] for r in REGIMES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kernel_index_arithmetic_computes_the_transposed_convolution(params, dtype, cl_out):
+    """``emulate_tiles`` (the kernel's tile, staging, lane, mask and epilogue arithmetic) on the
+    first two offered tiles of each variant (plain, width shifts as columns), in float64 with the
+    plan of each dtype (its chunk width and row pitch): every output element written once, equal
+    to float64 ``F.conv_transpose3d``."""
+    x, w, b, ref = _problem(params, 1)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    for jn in _variants(params):
+        for cfg, box in ch.tile_boxes(params, dtype, jn=jn)[:2]:
+            out = emulate_tiles(x, w, b, params, ch.plan(params, dtype, cfg, box, jn=jn), itemsize, cl_out)
+            assert not out.isnan().any(), (jn, cfg, box, "unwritten outputs")
+            assert (out - ref).abs().max().item() < 1e-9 * max(1.0, ref.abs().max().item()), (jn, cfg, box)
+
+
+def test_width_shifts_as_columns_offered_where_they_fit():
+    assert ch.width_shifts(_params(1, 4, 1, 4, 4, 2, 1)) == 2          # k4 s2: J_w 2, 16 columns
+    assert ch.width_shifts(_params(1, 4, 3, 4, 3, 1, 1)) == 3          # k3 s1: J_w 3, 9 columns
+    assert ch.width_shifts(_params(1, 4, 2, 4, 2, 2)) == 1             # k2 s2: one width shift
+    assert ch.width_shifts(_params(1, 4, 15, 4, 4, 2, 1)) == 1         # 2 x 120 columns: past 128
+    assert ch.width_shifts(_params(1, 4, 3, 4, (1, 4, 4), (1, 2, 2), (0, 1, 1))) == 2
+    with pytest.raises(ValueError, match="width shifts as columns"):
+        ch.plan(_params(1, 4, 2, 4, 2, 2), torch.bfloat16, jn=2)
+
+
+@pytest.mark.parametrize("params,jns", [
+    (_params(1, 4, 1, 4, 4, 2, 1), [1, 2]),                      # k4 s2: both variants timed
+    (_params(1, 4, 2, 4, 2, 2), [1]),                            # one width shift: plain only
+    (_params(1, 4, 3, (3, 5, 4), 3, 1, 1), [1, 3]),              # k3 s1: J_w 3
+], ids=["k4s2-both", "k2s2-plain-only", "k3s1-jw3"])
+def test_candidate_plans_time_each_offered_variant(params, jns):
+    plans = ch.candidate_plans(params, torch.bfloat16, 2)
+    assert sorted({hp.jn for hp in plans}) == jns
+    assert [(hp.jn, hp.config, hp.box) for hp in plans] == ch.offers(params, torch.bfloat16, 2)
+    for hp in plans:  # each plan's meta carries its variant, and its kernel shifts drop J_w
+        js = ch.geometry(params)[0]
+        assert hp.meta[41] == hp.jn and hp.meta[14] == (1 if hp.jn > 1 else js[2])
+
+
 @pytest.mark.parametrize("params", [r[1] for r in REGIMES], ids=[r[0] for r in REGIMES])
 def test_offered_tiles_cover_the_blocks_within_shared_memory(params):
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        offered = ch.tile_boxes(params, dtype)
+    for dtype, jn in ((d, jn) for d in (torch.float32, torch.bfloat16, torch.float16) for jn in _variants(params)):
+        offered = ch.tile_boxes(params, dtype, jn=jn)
         assert offered
         for cfg, box in offered:
-            hp = ch.plan(params, dtype, cfg, box)
+            hp = ch.plan(params, dtype, cfg, box, jn=jn)
             bm, bn = ch._bm_bn(cfg)
             js, q0, qn = ch.geometry(params)
-            assert math.prod(box) == bm and bn >= ch.columns(params)
+            assert math.prod(box) == bm and bn >= ch.columns(params, jn)
             tiles = hp.meta[21:24]
-            assert all(t * b_ >= q for t, b_, q in zip(tiles, box, qn))
+            outb = (box[0], box[1], box[2] - jn + 1)
+            assert all(t * b_ >= q for t, b_, q in zip(tiles, outb, qn))
+            assert all((t - 1) * b_ < q for t, b_, q in zip(tiles, outb, qn))  # no tile wholly past the output
             assert hp.meta[31] <= ch.SMEM_LIMIT
             assert hp.meta[30] == params.batch * params.groups * math.prod(tiles)
             assert hp.stages in (1, 2)

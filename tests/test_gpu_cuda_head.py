@@ -77,13 +77,13 @@ def _errors(y, x, w, b, params):
 def test_every_offered_tile_against_float64(params, dtype, layout, bias):
     x, w, b = _tensors(params, dtype, bias)
     x = _layout(x, layout)
-    for cfg, box in ch.tile_boxes(params, dtype)[:4]:
-        hp = ch.plan(params, dtype, cfg, box)
+    for jn, cfg, box in ch.offers(params, dtype, 4):
+        hp = ch.plan(params, dtype, cfg, box, jn=jn)
         y = ch._output(x, w, params).fill_(float("nan"))
         ch._launch(x, ch.pack_weight(w, params, hp), b, y, hp)
-        assert torch.isfinite(y).all(), f"unwritten or non-finite output, tile {cfg} {box}"
+        assert torch.isfinite(y).all(), f"unwritten or non-finite output, tile {cfg} {box} jn {jn}"
         err, err_cudnn = _errors(y, x, w, b, params)
-        assert err <= max(2 * err_cudnn, FLOOR[dtype]), (cfg, box, err, err_cudnn)
+        assert err <= max(2 * err_cudnn, FLOOR[dtype]), (jn, cfg, box, err, err_cudnn)
 
 
 @pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "strided-weight"])
@@ -98,27 +98,32 @@ def test_pack_kernel_equals_the_torch_packing(params, dtype, contiguous):
         wide[::2] = w
         w = wide[::2]
         assert w.shape[0] == 1 or not w.is_contiguous()
-    for cfg, box in ch.tile_boxes(params, dtype)[:1]:
-        hp = ch.plan(params, dtype, cfg, box)
-        assert torch.equal(ch.pack_weight_cuda(w, params, hp), ch.pack_weight(w, params, hp))
+    for jn, cfg, box in ch.offers(params, dtype, 1):
+        hp = ch.plan(params, dtype, cfg, box, jn=jn)
+        assert torch.equal(ch.pack_weight_cuda(w, params, hp), ch.pack_weight(w, params, hp)), jn
 
 
+@pytest.mark.parametrize("jn", ["plain", "width-columns"])
 @pytest.mark.parametrize("ctas", [1, 3], ids=["one-cta", "three-ctas"])
 @pytest.mark.parametrize("stages", [1, 2], ids=["one-stage", "two-stages"])
 @pytest.mark.parametrize("layout", ["ncdhw", "cl"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("params", [r[1] for r in GPU_REGIMES], ids=[r[0] for r in GPU_REGIMES])
-def test_persistent_ctas_walk_every_tile(params, dtype, layout, stages, ctas):
+def test_persistent_ctas_walk_every_tile(params, dtype, layout, stages, ctas, jn):
     """A grid capped at one or three CTAs, so that each walks many tiles (groups and batch
     elements too): the next tile's row offsets, its staging during the last chunk (two stages),
-    the accumulators zeroed between tiles and the resident weights reused."""
+    the accumulators zeroed between tiles and the resident weights reused; in both variants
+    (the width shifts as columns: tiles that step mw - jn + 1 blocks along W)."""
     x, w, b = _tensors(params, dtype, True, seed=1)
     x = _layout(x, layout)
-    offered = ch.tile_boxes(params, dtype)
+    if jn == "width-columns" and ch.width_shifts(params) == 1:
+        pytest.skip("one width shift: no column variant")
+    jn = 1 if jn == "plain" else ch.width_shifts(params)
+    offered = ch.tile_boxes(params, dtype, jn=jn)
     if not offered:
         pytest.skip(f"no tile of {dtype} fits in shared memory")
     cfg, box = offered[0]
-    hp = ch.plan(params, dtype, cfg, box, stages=stages, max_ctas=ctas)
+    hp = ch.plan(params, dtype, cfg, box, stages=stages, max_ctas=ctas, jn=jn)
     if hp.meta[31] > ch.SMEM_LIMIT:
         pytest.skip(f"{stages} stages of tile {cfg} {box} exceed the shared memory of a CTA")
     y = ch._output(x, w, params).fill_(float("nan"))

@@ -2,11 +2,11 @@
 launch, the input staged once per channel chunk in shared memory and read by every shift.
 
 The kernel's header comment gives the design. This module holds its plan: the geometry of the
-shuffle view (shifts, first block, blocks per dimension), the tile (output blocks per CTA, its
-box shape, the tile configuration by columns), the weight packed as the kernel reads it, the
-per-shift n-tile masks, the build (nvcc into a shared library in the convt3d cache directory,
-loaded with ctypes), and a
-first-call choice among the tile boxes by timing them (``choose_tile``).
+shuffle view (shifts, first block, blocks per dimension), the variant (the width shifts as K
+steps, or as MMA columns: ``width_shifts``), the tile (output blocks per CTA, its box shape, the
+tile configuration by columns), the weight packed as the kernel reads it, the per-shift n-tile
+masks, the build (nvcc into a shared library in the convt3d cache directory, loaded with
+ctypes), and a first-call choice among the variants' tiles by timing them (``choose_tile``).
 
 It runs fp32 at TF32 (operands rounded as cuDNN rounds them), bf16 and fp16. The CUDA engine
 (``engines.CudaEngine``) routes a call here where ``unsupported_reason`` is None; exact-grade
@@ -34,8 +34,9 @@ from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 
 __all__ = ["CONFIGS", "MAX_COLUMNS", "MAX_SHIFTS", "MAX_HEAD_CHANNELS", "HeadPlan", "geometry", "columns",
-           "unsupported_reason", "call_reason", "staging_mode", "configs_for", "tile_boxes", "plan", "shift_masks", "pack_weight", "library_path", "load_library",
-           "forward", "choose_tile", "build_seconds", "clear", "round_tf32", "pack_weight_cuda"]
+           "width_shifts", "unsupported_reason", "call_reason", "staging_mode", "configs_for", "tile_boxes", "plan",
+           "shift_masks", "pack_weight", "library_path", "load_library", "forward", "offers", "candidate_plans",
+           "choose_tile", "build_seconds", "clear", "round_tf32", "pack_weight_cuda"]
 
 # Tile configurations (the .cu's CONVT3D_HEAD_CONFIGS): index -> (MT, NTW, WM, WN). A CTA covers
 # BM = WM x MT x 16 output blocks and BN = WN x NTW x 8 columns; a warp holds MT x NTW
@@ -64,8 +65,8 @@ SMEM_TWO_CTAS = 113 * 1024
 # Shared memory of an SM (H100/H200: 228 KB, 1 KB of it reserved per CTA) and its registers.
 SMEM_PER_SM = 228 * 1024
 REGS_PER_SM = 65536
-# Registers a thread of the kernel takes: ptxas gives 95-128 across the 21 kernels of each type
-# (CUDA 13, sm_90a, 2026-12-03); the occupancy estimate takes the most.
+# Registers a thread of the kernel takes: ptxas gives 72-128 across the 21 kernels of each type
+# (CUDA 13, sm_90a, 2026-12-04); the occupancy estimate takes the most.
 KERNEL_REGS = 128
 
 _state: dict = {"lib": {}, "pack": {}, "seconds": {}, "path": {}}
@@ -97,9 +98,38 @@ def geometry(params: ConvT3dParams) -> tuple[tuple[int, ...], tuple[int, ...], t
     return tuple(js), tuple(q0), tuple(qn)
 
 
-def columns(params: ConvT3dParams) -> int:
-    """N of the GEMM: residues x Cout/g, padded to a multiple of 8 (one MMA n-tile)."""
-    return _cdiv(math.prod(params.stride) * params.out_channels_per_group, 8) * 8
+def columns(params: ConvT3dParams, jn: int = 1) -> int:
+    """N of the GEMM: residues x Cout/g (times the jn width shifts taken as columns), padded to a
+    multiple of 8 (one MMA n-tile)."""
+    return _cdiv(jn * math.prod(params.stride) * params.out_channels_per_group, 8) * 8
+
+
+def width_shifts(params: ConvT3dParams) -> int:
+    """The width shifts the column variant takes as MMA columns (J_w), or 1 where it is not
+    offered: one width shift, or more than MAX_COLUMNS columns with them. In that variant an A
+    fragment feeds J_w times the MMAs; the plain one reads each staged row once per shift (ncu,
+    GAN head fp32 cl, H200, 2026-12-03: ldmatrix 60% of the shared-memory wavefronts, the
+    kernel bound by them)."""
+    jw = geometry(params)[0][2]
+    return jw if jw > 1 and columns(params, jw) <= MAX_COLUMNS else 1
+
+
+def _kshifts(params: ConvT3dParams, jn: int) -> tuple[int, int, int]:
+    """The shifts taken as K steps: all of them, or (J_d, J_h, 1) where the width ones are
+    columns."""
+    js = geometry(params)[0]
+    return js if jn == 1 else (js[0], js[1], 1)
+
+
+def _staged_box(params: ConvT3dParams, box: tuple[int, int, int], jn: int) -> list[int]:
+    """The staged input box of an M box (BD, BH, mw): the box plus J - 1 per dimension taken as K
+    steps (the M rows along W are input positions already where the width shifts are columns)."""
+    return [b + j - 1 for b, j in zip(box, _kshifts(params, jn))]
+
+
+def _out_blocks(box: tuple[int, int, int], jn: int) -> tuple[int, int, int]:
+    """Output blocks of a tile: the M box, less the jn - 1 rows along W that only feed the next."""
+    return (box[0], box[1], box[2] - jn + 1)
 
 
 def _kc(params: ConvT3dParams, itemsize: int) -> int:
@@ -138,10 +168,10 @@ def unsupported_reason(params: ConvT3dParams, dtype: torch.dtype, precision: str
     return None
 
 
-def configs_for(params: ConvT3dParams) -> tuple[int, ...]:
+def configs_for(params: ConvT3dParams, jn: int = 1) -> tuple[int, ...]:
     """The configurations whose BN is the narrowest that holds every column: 256 and 128 blocks
     per CTA where BN <= 16, one of each width above."""
-    n = columns(params)
+    n = columns(params, jn)
     if n <= 8:
         return (0, 5)
     if n <= 16:
@@ -193,7 +223,7 @@ def _ctas_per_sm(smem: int, threads: int) -> int:
 
 
 def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int],
-                 stages: int | None = None) -> _Smem:
+                 stages: int | None = None, jn: int = 1) -> _Smem:
     """The regions, and the variant: one or two stages, the weights resident or staged with each
     chunk. The persistent CTAs hide their loads behind each other (several a SM) or behind their
     own MMAs (two stages), and the GPU ran the first better wherever the second cost a CTA per SM
@@ -203,11 +233,11 @@ def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[i
     VQ-VAE head's 147 KB left one CTA per SM (448 against 274 us staged per chunk). So of the
     four variants, the most CTAs per SM wins; among those, resident weights, then two stages.
     Resident weights need one group (a CTA's tiles would span groups)."""
-    js, _, _ = geometry(params)
+    js = _kshifts(params, jn)
     bm, bn = _bm_bn(config)
     threads = 32 * CONFIGS[config][2] * CONFIGS[config][3]
     rp = _row_pitch(params, itemsize)
-    hr = math.prod(b + j - 1 for b, j in zip(box, js))
+    hr = math.prod(_staged_box(params, box, jn))
     nchunks = _cdiv(params.in_channels_per_group, _kc(params, itemsize))
     w_chunk = math.prod(js) * bn * rp
     cs = bm * (bn + 4) * 4
@@ -227,58 +257,63 @@ def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[i
     return max(fitting, key=lambda v: (_ctas_per_sm(v.total, threads), v.resident, v.stages, -v.total))
 
 
-def _smem(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int]) -> int:
-    return _smem_layout(params, itemsize, config, box).total
+def _smem(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int], jn: int = 1) -> int:
+    return _smem_layout(params, itemsize, config, box, jn=jn).total
 
 
-def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None) -> list[tuple[int, tuple]]:
-    """(config, box) pairs to offer, best first by the staged rows they read per block (the
-    halo's share) plus the blocks they compute (those past the output included): boxes of
-    powers of two, BD x BH x BW = BM, within shared memory; boxes that leave one CTA per SM
-    last."""
+def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
+               jn: int = 1) -> list[tuple[int, tuple]]:
+    """(config, box) pairs to offer for the plain variant (jn 1) or the one with jn width shifts
+    as columns, best first by the staged rows they read per block (the halo's share) plus the
+    blocks they compute (those past the output included): boxes of powers of two, BD x BH x BW
+    = BM, within shared memory; boxes that leave one CTA per SM last."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     js, _, qn = geometry(params)
+    ks = _kshifts(params, jn)
     out = []
-    for cfg in (configs_for(params) if config is None else (config,)):
+    for cfg in (configs_for(params, jn) if config is None else (config,)):
         bm, _ = _bm_bn(cfg)
         for bw in (1, 2, 4, 8, 16, 32, 64, 128):
             for bh in (1, 2, 4, 8, 16, 32, 64, 128):
-                if bm % (bw * bh):
+                if bm % (bw * bh) or bw < jn:
                     continue
                 bd = bm // (bw * bh)
                 box = (bd, bh, bw)
-                smem = _smem(params, itemsize, cfg, box)
+                smem = _smem(params, itemsize, cfg, box, jn)
                 if smem > SMEM_LIMIT:
                     continue
-                tiles = math.prod(_cdiv(q, b) for q, b in zip(qn, box))
-                rows = math.prod(b + j - 1 for b, j in zip(box, js))
-                # staged rows read, blocks computed (the MMA work scales with them), and the
-                # input rows a box reads as separate runs along W (a run costs about a sector)
-                runs = (box[0] + js[0] - 1) * (box[1] + js[1] - 1)
+                tiles = math.prod(_cdiv(q, b) for q, b in zip(qn, _out_blocks(box, jn)))
+                rows = math.prod(_staged_box(params, box, jn))
+                # staged rows read, M rows computed (the MMA work scales with them and the shifts),
+                # and the input rows a box reads as separate runs along W (a run costs about a sector)
+                runs = (box[0] + ks[0] - 1) * (box[1] + ks[1] - 1)
                 cost = tiles * (rows + bm * math.prod(js) / 4 + 4 * runs)
                 out.append((cost, smem > SMEM_TWO_CTAS, cfg, box))
     out.sort(key=lambda c: (c[1], c[0]))
     return [(cfg, box) for _, _, cfg, box in out]
 
 
-def shift_masks(params: ConvT3dParams) -> list[int]:
-    """Per shift (jd, jh, jw), the bit mask of the n-tiles whose columns (residue r, channel co;
-    n = r x Cout/g + co) hold a tap: j x s + r < k along every dimension."""
-    js, _, _ = geometry(params)
+def shift_masks(params: ConvT3dParams, jn: int = 1) -> list[int]:
+    """Per shift (jd, jh, jw) taken as a K step, the bit mask of the n-tiles whose columns (width
+    shift jw' < jn taken as a column, residue r, channel co; n = (jw' x R + r) x Cout/g + co) hold
+    a tap: j x s + r < k along every dimension."""
+    ks = _kshifts(params, jn)
     cog = params.out_channels_per_group
     (sd, sh, sw), (kd, kh, kw) = params.stride, params.kernel_size
+    res = sd * sh * sw
     masks = []
-    for jd in range(js[0]):
-        for jh in range(js[1]):
-            for jw in range(js[2]):
+    for jd in range(ks[0]):
+        for jh in range(ks[1]):
+            for jw in range(ks[2]):
                 bits = 0
-                for rd in range(sd):
-                    for rh in range(sh):
-                        for rw in range(sw):
-                            if jd * sd + rd < kd and jh * sh + rh < kh and jw * sw + rw < kw:
-                                r = (rd * sh + rh) * sw + rw
-                                for nt in range(r * cog // 8, (r * cog + cog - 1) // 8 + 1):
-                                    bits |= 1 << nt
+                for jc in range(jn):
+                    for rd in range(sd):
+                        for rh in range(sh):
+                            for rw in range(sw):
+                                if jd * sd + rd < kd and jh * sh + rh < kh and (jw + jc) * sw + rw < kw:
+                                    r = jc * res + (rd * sh + rh) * sw + rw
+                                    for nt in range(r * cog // 8, (r * cog + cog - 1) // 8 + 1):
+                                        bits |= 1 << nt
                 masks.append(bits)
     return masks
 
@@ -302,40 +337,50 @@ class HeadPlan:
     # channels are many (GAN head, H200, 2026-12-03: fp32 374 us NCDHW against 159 channels-last
     # plus a ~60 us copy). choose_tile times both.
     copy_cl: bool = False
+    # Width shifts taken as MMA columns (1: none; the .cu's jn); box is then the M rows' (BD, BH,
+    # mw) and a tile's output blocks along W are mw - jn + 1.
+    jn: int = 1
 
 
 def plan(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
-         box: tuple[int, int, int] | None = None, stages: int | None = None, max_ctas: int = 0) -> HeadPlan:
+         box: tuple[int, int, int] | None = None, stages: int | None = None, max_ctas: int = 0,
+         jn: int = 1) -> HeadPlan:
     """The launch for a call the kernel takes (``unsupported_reason`` is None): the given
-    configuration and box, else the first of ``tile_boxes``. ``stages`` overrides the default
-    (measurements); ``max_ctas`` caps the persistent grid (0: as many CTAs as the SMs hold; tests
-    cap it to run many tiles a CTA)."""
+    configuration and box, else the first of ``tile_boxes``; ``jn`` > 1 takes that many width
+    shifts as columns (``width_shifts``). ``stages`` overrides the default (measurements);
+    ``max_ctas`` caps the persistent grid (0: as many CTAs as the SMs hold; tests cap it to run
+    many tiles a CTA)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
+    if jn not in (1, width_shifts(params)):
+        raise ValueError(f"jn={jn}: this layer takes 1 or {width_shifts(params)} width shifts as columns")
     if config is None or box is None:
-        offered = tile_boxes(params, dtype, config)
+        offered = tile_boxes(params, dtype, config, jn)
         if not offered:
             raise BackendUnavailableError("backend='cuda': no head kernel tile fits this layer in shared memory")
         config, box = offered[0] if box is None else (offered[0][0], box)
-    js, q0, qn = geometry(params)
+    _, q0, qn = geometry(params)
+    ks = _kshifts(params, jn)
     bm, bn = _bm_bn(config)
     if math.prod(box) != bm:
         raise ValueError(f"box {box} holds {math.prod(box)} blocks; configuration {config} takes {bm}")
+    if box[2] < jn:
+        raise ValueError(f"box {box}: {jn} width shifts as columns need at least {jn} M rows along W")
     kc = _kc(params, itemsize)
     nchunks = _cdiv(params.in_channels_per_group, kc)
-    tiles = tuple(_cdiv(q, b) for q, b in zip(qn, box))
+    tiles = tuple(_cdiv(q, b) for q, b in zip(qn, _out_blocks(box, jn)))
     total = params.batch * params.groups * math.prod(tiles)
-    lay = _smem_layout(params, itemsize, config, box, stages)
-    meta = (*params.in_size, *params.out_size, *params.stride, *params.padding, *js, *q0, *box, *tiles,
-            params.in_channels_per_group, params.out_channels_per_group, params.groups, columns(params), nchunks,
-            kc, total, lay.total, bn, lay.stages, int(lay.resident), lay.stage_bytes, lay.w_off, lay.rtab_off,
-            lay.etab_off, lay.cs_off, max_ctas)
+    lay = _smem_layout(params, itemsize, config, box, stages, jn)
+    meta = (*params.in_size, *params.out_size, *params.stride, *params.padding, *ks, *q0, *box, *tiles,
+            params.in_channels_per_group, params.out_channels_per_group, params.groups, columns(params, jn),
+            nchunks, kc, total, lay.total, bn, lay.stages, int(lay.resident), lay.stage_bytes, lay.w_off,
+            lay.rtab_off, lay.etab_off, lay.cs_off, max_ctas, jn)
     rp = _row_pitch(params, itemsize)
-    hb = [b + j - 1 for b, j in zip(box, js)]
+    hb = _staged_box(params, box, jn)
     offsets = [((jd * hb[1] + jh) * hb[2] + jw) * rp
-               for jd in range(js[0]) for jh in range(js[1]) for jw in range(js[2])]
-    masks = tuple(shift_masks(params))
+               for jd in range(ks[0]) for jh in range(ks[1]) for jw in range(ks[2])]
+    masks = tuple(shift_masks(params, jn))
     return HeadPlan(config, tuple(box), kc, nchunks, tuple(int(v) for v in meta), masks, lay.stages,
-                    masks + tuple(offsets))
+                    masks + tuple(offsets), jn=jn)
 
 
 def call_reason(x: torch.Tensor, params: ConvT3dParams, precision: str) -> str | None:
@@ -358,24 +403,29 @@ def call_reason(x: torch.Tensor, params: ConvT3dParams, precision: str) -> str |
 
 
 @functools.lru_cache(maxsize=256)
-def _plan_memo(params: ConvT3dParams, dtype: torch.dtype, config: int | None, box: tuple | None) -> HeadPlan:
-    return plan(params, dtype, config, box)
+def _plan_memo(params: ConvT3dParams, dtype: torch.dtype, config: int | None, box: tuple | None,
+               jn: int = 1) -> HeadPlan:
+    return plan(params, dtype, config, box, jn=jn)
 
 
 def pack_weight(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> torch.Tensor:
     """(Cin, Cout/g, kD, kH, kW) -> (g, chunk, shift, column, KC), zeros for taps past the kernel,
-    columns past residues x Cout/g and channels past Cin/g: column n = r x Cout/g + co holds
-    W[ci, co, j x s + r] for shift j."""
+    columns past them and channels past Cin/g: column n = (jw' x R + r) x Cout/g + co holds
+    W[ci, co, (j + jw') x s + r] for K-step shift j (jw' < hp.jn: the width shifts taken as
+    columns, 0 in the plain variant)."""
     g, cin_g, cog = params.groups, params.in_channels_per_group, params.out_channels_per_group
     js, _, _ = geometry(params)
     (sd, sh, sw), (kd, kh, kw) = params.stride, params.kernel_size
     w = weight.reshape(g, cin_g, cog, kd, kh, kw)
     w = torch.nn.functional.pad(w, (0, js[2] * sw - kw, 0, js[1] * sh - kh, 0, js[0] * sd - kd))
     w = w.reshape(g, cin_g, cog, js[0], sd, js[1], sh, js[2], sw)
-    w = w.permute(0, 3, 5, 7, 4, 6, 8, 2, 1).reshape(g, math.prod(js), math.prod(params.stride) * cog, cin_g)
-    np_ = columns(params)
+    # (g, J_d, J_h, J_w, s_d, s_h, s_w, Cout/g, Cin/g): J_w next to the residues, so that it joins
+    # the columns where hp.jn takes it there
+    ks = math.prod(_kshifts(params, hp.jn))
+    w = w.permute(0, 3, 5, 7, 4, 6, 8, 2, 1).reshape(g, ks, -1, cin_g)
+    np_ = columns(params, hp.jn)
     w = torch.nn.functional.pad(w, (0, hp.nchunks * hp.kc - cin_g, 0, np_ - w.shape[2]))
-    w = w.reshape(g, math.prod(js), np_, hp.nchunks, hp.kc).permute(0, 3, 1, 2, 4).contiguous()
+    w = w.reshape(g, ks, np_, hp.nchunks, hp.kc).permute(0, 3, 1, 2, 4).contiguous()
     return round_tf32(w) if w.dtype == torch.float32 else w
 
 
@@ -383,12 +433,13 @@ def pack_weight_cuda(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) 
     """``pack_weight`` in one launch of the library's pack kernel (a CUDA weight, any strides):
     what every call of the head kernel does first, so its host time counts."""
     load_library(weight.device, weight.dtype)
-    js, _, _ = geometry(params)
-    np_ = columns(params)
-    out = torch.empty((params.groups, hp.nchunks, math.prod(js), np_, hp.kc), dtype=weight.dtype,
+    ks = _kshifts(params, hp.jn)
+    np_ = columns(params, hp.jn)
+    out = torch.empty((params.groups, hp.nchunks, math.prod(ks), np_, hp.kc), dtype=weight.dtype,
                       device=weight.device)
-    meta = (ctypes.c_int64 * 20)(*params.kernel_size, *params.stride, *js, params.in_channels_per_group,
-                                 params.out_channels_per_group, np_, hp.kc, hp.nchunks, params.groups, *weight.stride())
+    meta = (ctypes.c_int64 * 21)(*params.kernel_size, *params.stride, *ks, params.in_channels_per_group,
+                                 params.out_channels_per_group, np_, hp.kc, hp.nchunks, params.groups,
+                                 *weight.stride(), hp.jn)
     if weight.device.index is not None and weight.device.index != torch.cuda.current_device():
         with torch.cuda.device(weight.device):  # the runtime launches on the current device
             return pack_weight_cuda(weight, params, hp)
@@ -547,23 +598,39 @@ def _staged_input(x: torch.Tensor, hp: HeadPlan) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last_3d) if hp.copy_cl else x
 
 
+def offers(params: ConvT3dParams, dtype: torch.dtype, per_variant: int = 4) -> list[tuple[int, int, tuple]]:
+    """(jn, config, box): the first ``per_variant`` offered tiles of the plain variant (jn 1), then
+    of the one with the width shifts as columns where ``width_shifts`` offers it."""
+    return [(jn, cfg, box) for jn in sorted({1, width_shifts(params)})
+            for cfg, box in tile_boxes(params, dtype, jn=jn)[:per_variant]]
+
+
+def candidate_plans(params: ConvT3dParams, dtype: torch.dtype, candidates: int = 4) -> list[HeadPlan]:
+    """What ``choose_tile`` times: ``offers``. Which variant wins is a measurement: the columns
+    one reads an A fragment for J_w times the MMAs but computes mw - jn + 1 output blocks along W
+    of mw M rows, and its tiles differ (H200, 2026-12-04: it won on the GAN, 128 -> 8 and video
+    k4s2p1 heads, lost on the video 64 -> 3 and VQ-VAE heads; NOTES section 10)."""
+    return [plan(params, dtype, cfg, box, jn=jn) for jn, cfg, box in offers(params, dtype, candidates)]
+
+
 def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
                 candidates: int = 4) -> HeadPlan:
-    """The fastest of the first ``candidates`` offered (config, box) pairs, and, for an input the
-    kernel would stage element by element, of the first two again on a channels-last copy (the
-    copy timed with them); timed once per signature with CUDA events (3 warm calls, then the
-    median of 5). The first offered where no timing may run (CUDA graph capture). Memoised per
-    (geometry, dtype, layout)."""
+    """The fastest of ``candidate_plans``, and, for an input the kernel would stage element by
+    element, of the first two of each variant again on a channels-last copy (the copy timed with
+    them); timed once per signature with CUDA events (3 warm calls, then the median of 5). The
+    first offered where no timing may run (CUDA graph capture). Memoised per (geometry, dtype,
+    layout)."""
     key = (params, x.dtype, x.stride(), bias is not None, str(x.device))
     hp = _chosen.get(key)
     if hp is not None:
         return hp
-    offered = tile_boxes(params, x.dtype)[:candidates]
-    if not offered:
+    plans = candidate_plans(params, x.dtype, candidates)
+    if not plans:
         raise BackendUnavailableError("backend='cuda': no head kernel tile fits this layer in shared memory")
-    plans = [plan(params, x.dtype, cfg, box) for cfg, box in offered]
     if _copy_helps(x, plans[0]):
-        plans += [dataclasses.replace(hp, copy_cl=True) for hp in plans[:2]]
+        base = list(plans)
+        for jn in sorted({hp.jn for hp in base}):  # the first two of each variant
+            plans += [dataclasses.replace(hp, copy_cl=True) for hp in base if hp.jn == jn][:2]
     if len(plans) == 1 or torch.cuda.is_current_stream_capturing():
         return plans[0]
     y = _output(x, weight, params)
@@ -593,10 +660,11 @@ def clear() -> None:
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
-            precision: str = "tf32", config: int | None = None, box: tuple[int, int, int] | None = None
-            ) -> torch.Tensor:
-    """The transposed convolution of a validated 5-D CUDA call the head kernel takes; ``config``
-    and ``box`` force a tile (else ``choose_tile`` times the offered ones at the first call)."""
+            precision: str = "tf32", config: int | None = None, box: tuple[int, int, int] | None = None,
+            jn: int = 1) -> torch.Tensor:
+    """The transposed convolution of a validated 5-D CUDA call the head kernel takes; ``config``,
+    ``box`` and ``jn`` force a tile (else ``choose_tile`` times the offered ones at the first
+    call)."""
     why = unsupported_reason(params, x.dtype, precision)
     if why is not None:
         raise BackendUnavailableError(f"backend='cuda' head kernel cannot run this call: {why}")
@@ -604,7 +672,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     if y.numel() == 0:
         return y
     bias = bias.contiguous() if bias is not None else None  # the kernel reads bias[g x Cout/g + co]
-    hp = _plan_memo(params, x.dtype, config, box) if config is not None or box is not None else \
+    hp = _plan_memo(params, x.dtype, config, box, jn) if config is not None or box is not None or jn != 1 else \
         choose_tile(x, weight, bias, params)
     _launch(_staged_input(x, hp), pack_weight_cuda(weight, params, hp), bias, y, hp)
     return y

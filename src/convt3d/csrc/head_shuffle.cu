@@ -20,6 +20,15 @@
 // Gluon only at multiples of the slice length (NOTES section 10), so its shuffle kind loads the
 // input tile once per shift through L1 (ncu: L1/TEX 81-87%, the limiter).
 //
+// Width shifts as columns (jn = J_w > 1, a variant the launcher offers beside the other): the
+// product of one input row with every width shift's weight is computed at once, N = jn x
+// residues x Cout/g, and block q sums, in the epilogue, shift jw's columns of the M row
+// q - jw. The M rows are then input positions along W (mw of them per tile, from jn - 1 before
+// the tile's first block), the tile's output blocks along W are mw - jn + 1, and an A fragment
+// feeds jn times the MMAs. ncu on the GAN head (fp32, channels-last, 2026-12-03) read the
+// kernel bound by shared-memory traffic, 60% of it ldmatrix: each staged row read once per
+// shift, and with 8 columns one A fragment feeding one MMA.
+//
 // The CTA is persistent: the launch starts as many CTAs as the SMs hold at once and each walks
 // the tiles t, t + grid, ... in order, so the CTAs at work cover one window of neighbouring tiles
 // (their halos meet in L2). What does not depend on the tile is done once per CTA: each lane's
@@ -69,11 +78,14 @@ struct HeadArgs {
   int64_t sx[5];          // input strides (n, c, d, h, w), elements
   int64_t sy[5];          // output strides
   int in[3], out[3], st[3], pad[3];
-  int js[3];              // shifts per dimension
+  int js[3];              // shifts per dimension taken as K steps (J_w is 1 where they are columns)
   int q0[3];              // first block of the output: pad / stride
-  int bt[3];              // blocks per CTA tile (BD, BH, BW)
+  int bt[3];              // output blocks per CTA tile (BD, BH, and BW - jn + 1 along W)
   int tiles[3];           // tiles per dimension
-  int hb[3];              // staged input box: bt + js - 1
+  int hb[3];              // staged input box: bt + js - 1 (mw + js - 1 along W)
+  int jn;                 // width shifts as columns (1: none; else J_w, and js[2] is 1)
+  int mw;                 // the M rows' extent along W: bt[2] + jn - 1
+  int rc;                 // columns of one width shift: residues x cout_g
   int cin_g, cout_g, groups;
   int np;                 // columns, residues x cout_g rounded up to 8
   int nchunks, kc, ch;    // channel chunks, channels per chunk, 16-byte units per row
@@ -86,7 +98,7 @@ struct HeadArgs {
   int w_off, rtab_off, etab_off, cs_off;  // shared-memory regions; cs_off < 0: the stage just read
   // multiply-high reciprocals ceil(2^32 / d) of the run-time divisors: exact while n x d < 2^32,
   // and here n < 2^17 (staged elements of a chunk, outputs of a tile) and d < 2^13
-  uint32_t m_hb2, m_hb1, m_hr, m_bt2, m_bt1, m_st[3], m_len[3], m_cout;
+  uint32_t m_hb2, m_hb1, m_hr, m_mw, m_bt1, m_st[3], m_len[3], m_cout;
   int shoff[MAX_SHIFTS];          // per shift: its byte offset in the staged rows, ((jd hb1 + jh) hb2 + jw) RP
   unsigned ntmask[MAX_SHIFTS];    // per shift: the n-tiles any of its taps feeds
 };
@@ -196,7 +208,7 @@ __device__ __forceinline__ TilePos tile_add(const HeadArgs& a, TilePos p, const 
 __device__ __forceinline__ void fill_rtab(int64_t* rtab, const HeadArgs& a, const TilePos& p) {
   const int i0d = a.q0[0] + p.d * a.bt[0] - (a.js[0] - 1);  // block q reads q - j: J - 1 inputs before
   const int i0h = a.q0[1] + p.h * a.bt[1] - (a.js[1] - 1);
-  const int i0w = a.q0[2] + p.w * a.bt[2] - (a.js[2] - 1);
+  const int i0w = a.q0[2] + p.w * a.bt[2] - (a.jn - 1) - (a.js[2] - 1);  // the M rows start jn - 1 before
   for (int row = threadIdx.x; row < a.hr; row += blockDim.x) {
     const int t = fdiv(row, a.m_hb2);
     const int hw = row - t * a.hb[2];
@@ -230,7 +242,10 @@ __device__ __forceinline__ void stage_weights(const T* __restrict__ wp, uint32_t
 // Stage input channel chunk `chunk` of the tile's box (rtab: its rows' offsets) at `dst`. Past
 // Cin/g: zeros. Modes (the launcher picks):
 //   0: channels contiguous and 16-byte aligned: one cp.async of 16 bytes per unit; a thread keeps
-//      one unit column (blockDim is a multiple of CH) and walks rows;
+//      one unit column (blockDim is a multiple of CH) and walks rows. Two threads a row, each
+//      copying every other unit of it (one row-offset lookup for CH / 2 units), ran 5-12% slower
+//      on every fp32 head row timed (H200, 2026-12-04: GAN head 155.9 against 138.2 us); a
+//      warp's copy then spans 16 rows of 32 bytes instead of 4 rows of 128;
 //   1: fp32, any strides: one cp.async of 4 bytes per element, lanes along rows (NCDHW rows are
 //      read by consecutive lanes);
 //   2: 16-bit, any strides: element loads into registers, 4 units (32 loads) in flight per thread,
@@ -241,10 +256,11 @@ __device__ __forceinline__ void stage_input(const T* __restrict__ x, char* dst, 
                                             const HeadArgs& a, int64_t xbase, int chunk) {
   using R = typename Raw<T>::type;
   constexpr int V = 16 / sizeof(T);
-  constexpr int LOG = Rows<CH>::LOG, RP = Rows<CH>::RP;
+  constexpr int RP = Rows<CH>::RP;
   const uint32_t as = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   const int cbase = chunk * a.kc;
   if (a.mode == 0) {
+    constexpr int LOG = Rows<CH>::LOG;
     const int c = threadIdx.x & (CH - 1);
     const int ci0 = cbase + c * V;
     const bool cok = ci0 < a.cin_g;
@@ -304,8 +320,9 @@ __device__ __forceinline__ void stage_input(const T* __restrict__ x, char* dst, 
 // in place, after its cp.async group has landed and before the barrier that publishes the stage.
 template <int CH>
 __device__ __forceinline__ void round_input(char* dst, const HeadArgs& a) {
-  constexpr int LOG = Rows<CH>::LOG, RP = Rows<CH>::RP;
+  constexpr int RP = Rows<CH>::RP;
   if (a.mode == 0) {
+    constexpr int LOG = Rows<CH>::LOG;
     const int c = threadIdx.x & (CH - 1);
     const int step = blockDim.x >> LOG;
     for (int row = threadIdx.x >> LOG; row < a.hr; row += step) {
@@ -372,9 +389,9 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
   const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int wm = warp % WM;
-  const int wn = warp / WM;
+  const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0);  // warp-uniform to ptxas too (no WARPSYNC before a masked MMA)
+  const int wm = WN == 1 ? warp : warp % WM;
+  const int wn = WN == 1 ? 0 : warp / WM;  // a compile-time 0 for one warp column: the shift masks stay uniform
   const int nt0 = wn * NTW;
   const int a_bytes = a.hr * RP;
   const int w_chunk_bytes = a.jtot * BN * RP;
@@ -386,8 +403,8 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int m = (wm * MT + mt) * 16 + (lane & 15);
-    const int r = fdiv(m, a.m_bt2);
-    const int lw = m - r * a.bt[2];
+    const int r = fdiv(m, a.m_mw);
+    const int lw = m - r * a.mw;
     const int ld = fdiv(r, a.m_bt1);
     const int lh = r - ld * a.bt[1];
     const int row = ((ld + a.js[0] - 1) * a.hb[1] + lh + a.js[1] - 1) * a.hb[2] + lw + a.js[2] - 1;
@@ -403,7 +420,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int n = (nt0 + i) * 8 + 2 * t4 + e;
-      bco[i][e] = n < a.np ? n - fdiv(n, a.m_cout) * a.cout_g : -1;
+      bco[i][e] = n < a.rc ? n - fdiv(n, a.m_cout) * a.cout_g : -1;  // once: the columns of width shift 0
     }
 
   // Epilogue geometry. Columns (fixed per thread): the width outputs (NCDHW; rows are (channel,
@@ -413,6 +430,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   const int cout_g = a.cout_g;
   const bool cl_out = a.sy[1] == 1 && a.sy[4] != 1;
   const int cols = cl_out ? lw_len * cout_g : lw_len;
+  const int jstep = a.rc - CP;  // from width shift jw to jw + 1 in the epilogue tile: a row up, rc columns on
   const int erows = cl_out ? ld_len * lh_len : cout_g * ld_len * lh_len;
   const int per_row = cols < (int)blockDim.x ? cols : (int)blockDim.x;
   const int row_step = blockDim.x / per_row;
@@ -427,7 +445,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
     const int odl = t - co_r * ld_len;
     const int lh = fdiv(ohl, a.m_st[1]), rh = ohl - lh * sh;
     const int ldd = fdiv(odl, a.m_st[0]), rd = odl - ldd * sd;
-    const int cs = (ldd * a.bt[1] + lh) * a.bt[2] * CP + (rd * sh + rh) * sw * cout_g + co_r;
+    const int cs = (ldd * a.bt[1] + lh) * a.mw * CP + (rd * sh + rh) * sw * cout_g + co_r;
     const int64_t yo = (int64_t)co_r * a.sy[1] + (int64_t)odl * a.sy[2] + (int64_t)ohl * a.sy[3];
     etab[r] = make_int4(cs, (odl << 16) | ohl, (int)(uint32_t)(uint64_t)yo, (int)(uint32_t)((uint64_t)yo >> 32));
   }
@@ -479,11 +497,12 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
       // The MMAs of this chunk: every shift reads the staged box at its row offset.
       const uint32_t sbase = smem_u32 + buf * a.stage_bytes;
       const uint32_t wbase = (a.wres ? smem_u32 + a.w_off + chunk * w_chunk_bytes : sbase + a_bytes) + lane_b;
-      for (int j = 0; j < a.jtot; ++j) {
-        const unsigned bits = (a.ntmask[j] >> nt0) & warp_bits;
-        if (bits == 0u) continue;  // no tap of this shift feeds this warp's columns
-        const uint32_t arow0 = sbase - (uint32_t)a.shoff[j];
-        const uint32_t brow = wbase + (uint32_t)(j * BN * RP);
+      // A shift's K steps; `all`: every n-tile of the warp has a tap (the common case, with no
+      // predicate at all). An MMA under a predicate ptxas cannot prove warp-uniform costs a
+      // WARPSYNC before it: 24 of the loop's 69 instructions per shift on the GAN head (ncu,
+      // H200, 2026-12-04), hence the warp index through a shuffle above. The two together: GAN
+      // head fp32 cl 145.5 -> 138.2 us, VQ-VAE 529.7 -> 483.7.
+      auto shift_mma = [&](auto all, uint32_t arow0, uint32_t brow, unsigned bits) {
 #pragma unroll
         for (int ks = 0; ks < CH / 2; ++ks) {
           uint32_t b[NTW][2];
@@ -504,9 +523,19 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
             ldsm_x4(af, arow0 + lane_a[mt] + 32 * ks);
 #pragma unroll
             for (int i = 0; i < NTW; ++i)
-              if ((bits >> i) & 1u) mma<T>(acc[mt][i], af, b[i]);
+              if (decltype(all)::value || ((bits >> i) & 1u)) mma<T>(acc[mt][i], af, b[i]);
           }
         }
+      };
+      for (int j = 0; j < a.jtot; ++j) {
+        const unsigned bits = (a.ntmask[j] >> nt0) & warp_bits;
+        if (bits == 0u) continue;  // no tap of this shift feeds this warp's columns
+        const uint32_t arow0 = sbase - (uint32_t)a.shoff[j];
+        const uint32_t brow = wbase + (uint32_t)(j * BN * RP);
+        if (bits == warp_bits)
+          shift_mma(std::true_type{}, arow0, brow, bits);
+        else
+          shift_mma(std::false_type{}, arow0, brow, bits);
       }
 
       if (last) {
@@ -539,7 +568,11 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
         const int od0 = qd0 * sd - a.pad[0], oh0 = qh0 * sh - a.pad[1], ow0 = qw0 * sw - a.pad[2];
         const int64_t ybase = (int64_t)cur.n * a.sy[0] + (int64_t)cur.g * cout_g * a.sy[1] +
                               (int64_t)od0 * a.sy[2] + (int64_t)oh0 * a.sy[3];
-        if (r0 < row_step) {
+        // JN: the width shifts summed per element, known at compile time for 1-3 (a loop inside
+        // the row loop kept nvcc from unrolling it: the k2s2 head, jn 1, ran 76.4 against 55.6
+        // us, H200, 2026-12-04); 0: a.jn at run time.
+        auto store_rows = [&](auto jnc) {
+          constexpr int JN = decltype(jnc)::value;
           for (int col = threadIdx.x - r0 * per_row; col < cols; col += per_row) {
             int owl = col, co_c = 0;
             if (cl_out) {
@@ -550,16 +583,30 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
             if ((unsigned)ow >= (unsigned)a.out[2]) continue;
             const int lw = fdiv(owl, a.m_st[2]);
             const int rw = owl - lw * sw;
-            const float* cs_col = Cs + lw * CP + rw * cout_g + co_c;
+            // Block lw takes width shift jw from M row lw + jn - 1 - jw, columns jw x rc on.
+            const float* cs_col = Cs + (lw + a.jn - 1) * CP + rw * cout_g + co_c;
             T* y_col = y + ybase + (int64_t)ow * a.sy[4] + (int64_t)co_c * a.sy[1];
             for (int r = r0; r < erows; r += row_step) {
               const int4 e = etab[r];
               const int od = od0 + (e.y >> 16), oh = oh0 + (e.y & 0xffff);
               if ((unsigned)od >= (unsigned)a.out[0] || (unsigned)oh >= (unsigned)a.out[1]) continue;
               const int64_t yo = (int64_t)(((uint64_t)(uint32_t)e.w << 32) | (uint32_t)e.z);
-              y_col[yo] = from_float<T>(cs_col[e.x]);
+              float v = cs_col[e.x];
+              if constexpr (JN == 0) {
+                for (int jw = 1; jw < a.jn; ++jw) v += cs_col[e.x + jw * jstep];
+              } else {
+#pragma unroll
+                for (int jw = 1; jw < JN; ++jw) v += cs_col[e.x + jw * jstep];
+              }
+              y_col[yo] = from_float<T>(v);
             }
           }
+        };
+        if (r0 < row_step) {
+          if (a.jn == 1) store_rows(std::integral_constant<int, 1>{});
+          else if (a.jn == 2) store_rows(std::integral_constant<int, 2>{});
+          else if (a.jn == 3) store_rows(std::integral_constant<int, 3>{});
+          else store_rows(std::integral_constant<int, 0>{});
         }
       }
       __syncthreads();  // this stage (and the epilogue tile) is read; the next staging may overwrite it
@@ -642,14 +689,15 @@ cudaError_t launch(int config, const void* x, const void* wp, const void* bias, 
 }
 
 // The weight as the kernel reads it (cuda_head.pack_weight is the same in torch): W (Cin,
-// Cout/g, kD, kH, kW), any strides, to [g][chunk][shift][column][KC], column n = r x Cout/g + co
-// holding W[ci, co, j x s + r] for shift j; zeros for taps past the kernel, columns past the
-// residues and channels past Cin/g; fp32 rounded to TF32. One launch instead of the eight torch
+// Cout/g, kD, kH, kW), any strides, to [g][chunk][shift][column][KC], column n = (jw' x R + r) x
+// Cout/g + co holding W[ci, co, (j + jw') x s + r] for shift j (jw' < jn: the width shifts taken
+// as columns; jw' is 0 and jn 1 otherwise); zeros for taps past the kernel, columns past them
+// and channels past Cin/g; fp32 rounded to TF32. One launch instead of the eight torch
 // operations of the reference (their host time, ~50 us a call, was most of a small head's).
 struct PackArgs {
   int64_t sw[5];  // weight strides (ci, co, kd, kh, kw), elements
   int k[3], st[3], js[3];
-  int cin_g, cout_g, np, kc, nchunks, jtot;
+  int cin_g, cout_g, np, kc, nchunks, jtot, jn;
   int64_t total;  // elements of the packed weight
 };
 
@@ -664,11 +712,13 @@ __global__ void pack_weight_kernel(const T* __restrict__ w, T* __restrict__ out,
   const int chunk = (int)(t % p.nchunks);
   const int64_t grp = t / p.nchunks;
   const int ci = chunk * p.kc + k;
-  const int co = n % p.cout_g, r = n / p.cout_g;
+  const int res = p.st[0] * p.st[1] * p.st[2];
+  const int co = n % p.cout_g, rr = n / p.cout_g;
+  const int jwn = rr / res, r = rr % res;  // width shift (as a column) and residue
   const int rw = r % p.st[2], rh = (r / p.st[2]) % p.st[1], rd = r / (p.st[2] * p.st[1]);
-  const int jw = j % p.js[2], jh = (j / p.js[2]) % p.js[1], jd = j / (p.js[2] * p.js[1]);
+  const int jw = j % p.js[2] + jwn, jh = (j / p.js[2]) % p.js[1], jd = j / (p.js[2] * p.js[1]);
   const int td = jd * p.st[0] + rd, th = jh * p.st[1] + rh, tw = jw * p.st[2] + rw;
-  const bool ok = ci < p.cin_g && rd < p.st[0] && td < p.k[0] && th < p.k[1] && tw < p.k[2];
+  const bool ok = ci < p.cin_g && jwn < p.jn && td < p.k[0] && th < p.k[1] && tw < p.k[2];
   T v = from_float<T>(0.f);
   if (ok) v = w[(grp * p.cin_g + ci) * p.sw[0] + co * p.sw[1] + td * p.sw[2] + th * p.sw[3] + tw * p.sw[4]];
   if constexpr (std::is_same<T, float>::value) v = __uint_as_float(tf32_round(__float_as_uint(v)));
@@ -692,11 +742,12 @@ using Elem = __half;
 
 // The library's one entry point, called through ctypes (convt3d/cuda_head.py): no Python or
 // torch headers, so the build is nvcc alone. meta (int64), as cuda_head.HeadPlan.meta lays it
-// out: in[3], out[3], stride[3], pad[3], shifts[3], q0[3], box[3], tiles[3], cin_g, cout_g,
+// out: in[3], out[3], stride[3], pad[3], shifts[3] (the K steps': J_w 1 where the width
+// shifts are columns), q0[3], box[3] (the M rows: BD, BH, mw), tiles[3], cin_g, cout_g,
 // groups, columns, chunks, KC, tiles in all, shared memory bytes, BN, stages, resident weights,
 // stage bytes, the weight, row-offset, epilogue-table and epilogue-tile offsets (-1: in the
-// stage), a cap on the CTAs (0: as many as fit); then the input's and the output's strides (n, c, d, h,
-// w) and the staging mode. shifts: per shift its n-tile mask, then per shift its staged-row byte
+// stage), a cap on the CTAs (0: as many as fit), the width shifts taken as columns (jn); then the
+// input's and the output's strides (n, c, d, h, w) and the staging mode. shifts: per shift its n-tile mask, then per shift its staged-row byte
 // offset (2 x nshifts values). dtype: 0 float32 (TF32), 1 bfloat16, 2 float16, this library's
 // (CONVT3D_HEAD_DTYPE). Returns a cudaError_t.
 extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bias, void* y, const int64_t* meta,
@@ -713,7 +764,6 @@ extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bi
     a.q0[i] = (int)meta[15 + i];
     a.bt[i] = (int)meta[18 + i];
     a.tiles[i] = (int)meta[21 + i];
-    a.hb[i] = a.bt[i] + a.js[i] - 1;
   }
   a.cin_g = (int)meta[24];
   a.cout_g = (int)meta[25];
@@ -732,24 +782,31 @@ extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bi
   a.etab_off = (int)meta[38];
   a.cs_off = (int)meta[39];
   const int max_ctas = (int)meta[40];
+  a.jn = (int)meta[41];
   for (int i = 0; i < 5; ++i) {
-    a.sx[i] = meta[41 + i];
-    a.sy[i] = meta[46 + i];
+    a.sx[i] = meta[42 + i];
+    a.sy[i] = meta[47 + i];
   }
-  a.mode = (int)meta[51];
+  a.mode = (int)meta[52];
   a.ch = a.kc * itemsize / 16;
+  // meta's box is the M rows' (BD, BH, mw); a tile's output blocks along W are mw - jn + 1
+  a.mw = a.bt[2];
+  a.bt[2] = a.mw - a.jn + 1;
+  for (int i = 0; i < 3; ++i) a.hb[i] = (i == 2 ? a.mw : a.bt[i]) + a.js[i] - 1;
+  a.rc = a.st[0] * a.st[1] * a.st[2] * a.cout_g;
   a.jtot = a.js[0] * a.js[1] * a.js[2];
   a.hr = a.hb[0] * a.hb[1] * a.hb[2];
   if (nshifts != a.jtot || (a.ch != 2 && a.ch != 4 && a.ch != 8) || a.mode < 0 || a.mode > 2 ||
       (a.mode == 1 && itemsize != 4) || a.stages < 1 || a.stages > 2 || total > 0x7fffffff ||
-      (a.wres && a.groups != 1) || bn < 8 || (bn & (bn - 1)) != 0)
+      (a.wres && a.groups != 1) || bn < 8 || (bn & (bn - 1)) != 0 || a.jn < 1 || a.bt[2] < 1 ||
+      (a.jn > 1 && a.js[2] != 1) || a.jn * a.rc > a.np)
     return (int)cudaErrorInvalidValue;
   a.total = (int)total;
   auto recip = [](int d) { return (uint32_t)((0x100000000ull + (uint64_t)d - 1) / (uint64_t)d); };
   a.m_hb2 = recip(a.hb[2]);
   a.m_hb1 = recip(a.hb[1]);
   a.m_hr = recip(a.hr);
-  a.m_bt2 = recip(a.bt[2]);
+  a.m_mw = recip(a.mw);
   a.m_bt1 = recip(a.bt[1]);
   for (int i = 0; i < 3; ++i) {
     a.m_st[i] = recip(a.st[i]);
@@ -765,8 +822,9 @@ extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bi
   return (int)launch<Elem>(config, x, wp, bias, y, a, smem, max_ctas, static_cast<cudaStream_t>(stream));
 }
 
-// Packs a weight (see pack_weight_kernel). meta (int64): k[3], stride[3], shifts[3], cin_g,
-// cout_g, columns, KC, chunks, groups, then the weight's five strides. Returns a cudaError_t.
+// Packs a weight (see pack_weight_kernel). meta (int64): k[3], stride[3], shifts[3] (the K
+// steps'), cin_g, cout_g, columns, KC, chunks, groups, the weight's five strides, then the width
+// shifts taken as columns. Returns a cudaError_t.
 extern "C" int convt3d_head_pack(const void* w, void* out, const int64_t* meta, int dtype, int itemsize,
                                  void* stream) {
   if (dtype != CONVT3D_HEAD_DTYPE || itemsize != (int)sizeof(Elem)) return (int)cudaErrorInvalidValue;
@@ -783,6 +841,7 @@ extern "C" int convt3d_head_pack(const void* w, void* out, const int64_t* meta, 
   p.nchunks = (int)meta[13];
   const int64_t groups = meta[14];
   for (int i = 0; i < 5; ++i) p.sw[i] = meta[15 + i];
+  p.jn = (int)meta[20];
   p.jtot = p.js[0] * p.js[1] * p.js[2];
   p.total = groups * p.nchunks * p.jtot * (int64_t)p.np * p.kc;
   if (p.total == 0) return (int)cudaSuccess;
