@@ -27,7 +27,9 @@
 // the tile's first block), the tile's output blocks along W are mw - jn + 1, and an A fragment
 // feeds jn times the MMAs. ncu on the GAN head (fp32, channels-last, 2026-12-03) read the
 // kernel bound by shared-memory traffic, 60% of it ldmatrix: each staged row read once per
-// shift, and with 8 columns one A fragment feeding one MMA.
+// shift, and with 8 columns one A fragment feeding one MMA. The first call times both
+// variants; on the H200 (2026-12-04) the columns won on the GAN, 128 -> 8 and video k4s2p1 heads
+// (1.10-1.31x) and lost on the video 64 -> 3 and VQ-VAE ones.
 //
 // The CTA is persistent: the launch starts as many CTAs as the SMs hold at once and each walks
 // the tiles t, t + grid, ... in order, so the CTAs at work cover one window of neighbouring tiles
@@ -389,7 +391,9 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
   const int lane = threadIdx.x & 31;
-  const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0);  // warp-uniform to ptxas too (no WARPSYNC before a masked MMA)
+  // the warp index through a shuffle: ptxas then knows it warp-uniform, so no WARPSYNC before a
+  // masked MMA
+  const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0);
   const int wm = WN == 1 ? warp : warp % WM;
   const int wn = WN == 1 ? 0 : warp / WM;  // a compile-time 0 for one warp column: the shift masks stay uniform
   const int nt0 = wn * NTW;
@@ -747,9 +751,9 @@ using Elem = __half;
 // groups, columns, chunks, KC, tiles in all, shared memory bytes, BN, stages, resident weights,
 // stage bytes, the weight, row-offset, epilogue-table and epilogue-tile offsets (-1: in the
 // stage), a cap on the CTAs (0: as many as fit), the width shifts taken as columns (jn); then the
-// input's and the output's strides (n, c, d, h, w) and the staging mode. shifts: per shift its n-tile mask, then per shift its staged-row byte
-// offset (2 x nshifts values). dtype: 0 float32 (TF32), 1 bfloat16, 2 float16, this library's
-// (CONVT3D_HEAD_DTYPE). Returns a cudaError_t.
+// input's and the output's strides (n, c, d, h, w) and the staging mode. shifts: per shift its
+// n-tile mask, then per shift its staged-row byte offset (2 x nshifts values). dtype: 0 float32
+// (TF32), 1 bfloat16, 2 float16, this library's (CONVT3D_HEAD_DTYPE). Returns a cudaError_t.
 extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bias, void* y, const int64_t* meta,
                                    const int64_t* shifts, int nshifts, int dtype, int itemsize, int config,
                                    void* stream) {
