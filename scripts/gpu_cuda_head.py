@@ -95,6 +95,20 @@ def correctness(count: int, tiles: int, seed: int) -> list[dict]:
     return rows
 
 
+def _row_params(g) -> ConvT3dParams:
+    return ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel, g.stride,
+                                g.padding, g.output_padding, g.dilation)
+
+
+def _row_tensors(g, dtype: torch.dtype, layout: str):
+    """A suite row's input (in ``layout``), weight and bias, from a fixed seed."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = _layout(torch.randn(g.batch, g.in_channels, *g.in_size, device="cuda", generator=gen).to(dtype), layout)
+    w = (torch.randn(g.weight_shape, device="cuda", generator=gen) * 0.05).to(dtype)
+    b = torch.randn(g.out_channels, device="cuda", generator=gen).to(dtype) if g.bias else None
+    return x, w, b
+
+
 def timing(names: list[str], dtypes, layouts, tiles: int, budget_s: float, stage_variants=(None,)) -> list[dict]:
     import triton.testing
 
@@ -103,8 +117,7 @@ def timing(names: list[str], dtypes, layouts, tiles: int, budget_s: float, stage
     out = []
     t_end = time.perf_counter() + budget_s
     for g in geos:
-        params = ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel,
-                                      g.stride, g.padding, g.output_padding, g.dilation)
+        params = _row_params(g)
         for dtype in dtypes:
             why = ch.unsupported_reason(params, dtype, "tf32")
             if why is not None:
@@ -114,11 +127,7 @@ def timing(names: list[str], dtypes, layouts, tiles: int, budget_s: float, stage
                 if time.perf_counter() > t_end:
                     print("time budget spent", flush=True)
                     return out
-                gen = torch.Generator(device="cuda").manual_seed(0)
-                x = torch.randn(g.batch, g.in_channels, *g.in_size, device="cuda", generator=gen).to(dtype)
-                x = _layout(x, layout)
-                w = (torch.randn(g.weight_shape, device="cuda", generator=gen) * 0.05).to(dtype)
-                b = torch.randn(g.out_channels, device="cuda", generator=gen).to(dtype) if g.bias else None
+                x, w, b = _row_tensors(g, dtype, layout)
                 args = (g.stride, g.padding, g.output_padding, g.groups, g.dilation)
                 ref = F.conv_transpose3d(x, w, b, *args)
                 ms_cudnn = triton.testing.do_bench(lambda: F.conv_transpose3d(x, w, b, *args), return_mode="median")
@@ -166,11 +175,8 @@ def profile(spec: str) -> None:
     name, dt, jn, cfg, bd, bh, bw = spec.split(":")
     g = next(g for g in LAYERS + HEAD_SWEEP if g.name == name)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dt]
-    params = ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel,
-                                  g.stride, g.padding, g.output_padding, g.dilation)
-    x = _layout(torch.randn(g.batch, g.in_channels, *g.in_size, device="cuda").to(dtype), "cl")
-    w = (torch.randn(g.weight_shape, device="cuda") * 0.05).to(dtype)
-    b = torch.randn(g.out_channels, device="cuda").to(dtype) if g.bias else None
+    params = _row_params(g)
+    x, w, b = _row_tensors(g, dtype, "cl")
     hp = ch.plan(params, dtype, int(cfg), (int(bd), int(bh), int(bw)), jn=int(jn))
     wp, y = ch.pack_weight(w, params, hp), ch._output(x, w, params)
     for _ in range(3):

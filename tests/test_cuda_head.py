@@ -213,10 +213,6 @@ def test_plan_computes_the_transposed_convolution(params, dtype):
         assert (out - ref).abs().max().item() < 1e-9
 
 
-def _variants(params):
-    return sorted({1, ch.width_shifts(params)})
-
-
 @pytest.mark.parametrize("cl_out", [False, True], ids=["ncdhw-out", "cl-out"])
 @pytest.mark.parametrize("params", [r[1] for r in REGIMES], ids=[r[0] for r in REGIMES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -227,7 +223,7 @@ def test_kernel_index_arithmetic_computes_the_transposed_convolution(params, dty
     to float64 ``F.conv_transpose3d``."""
     x, w, b, ref = _problem(params, 1)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    for jn in _variants(params):
+    for jn in ch.variants(params):
         for cfg, box in ch.tile_boxes(params, dtype, jn=jn)[:2]:
             out = emulate_tiles(x, w, b, params, ch.plan(params, dtype, cfg, box, jn=jn), itemsize, cl_out)
             assert not out.isnan().any(), (jn, cfg, box, "unwritten outputs")
@@ -260,7 +256,7 @@ def test_candidate_plans_time_each_offered_variant(params, jns):
 
 @pytest.mark.parametrize("params", [r[1] for r in REGIMES], ids=[r[0] for r in REGIMES])
 def test_offered_tiles_cover_the_blocks_within_shared_memory(params):
-    for dtype, jn in ((d, jn) for d in (torch.float32, torch.bfloat16, torch.float16) for jn in _variants(params)):
+    for dtype, jn in ((d, jn) for d in (torch.float32, torch.bfloat16, torch.float16) for jn in ch.variants(params)):
         offered = ch.tile_boxes(params, dtype, jn=jn)
         assert offered
         for cfg, box in offered:

@@ -35,7 +35,8 @@ from .params import ConvT3dParams
 
 __all__ = ["CONFIGS", "MAX_COLUMNS", "MAX_SHIFTS", "MAX_HEAD_CHANNELS", "HeadPlan", "geometry", "columns",
            "width_shifts", "unsupported_reason", "call_reason", "staging_mode", "configs_for", "tile_boxes", "plan",
-           "shift_masks", "pack_weight", "library_path", "load_library", "forward", "offers", "candidate_plans",
+           "shift_masks", "pack_weight", "library_path", "load_library", "forward", "variants", "offers",
+           "candidate_plans",
            "choose_tile", "build_seconds", "clear", "round_tf32", "pack_weight_cuda"]
 
 # Tile configurations (the .cu's CONVT3D_HEAD_CONFIGS): index -> (MT, NTW, WM, WN). A CTA covers
@@ -598,11 +599,14 @@ def _staged_input(x: torch.Tensor, hp: HeadPlan) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last_3d) if hp.copy_cl else x
 
 
+def variants(params: ConvT3dParams) -> list[int]:
+    """The jn of each variant offered: 1 (plain), then J_w where ``width_shifts`` offers it."""
+    return sorted({1, width_shifts(params)})
+
+
 def offers(params: ConvT3dParams, dtype: torch.dtype, per_variant: int = 4) -> list[tuple[int, int, tuple]]:
-    """(jn, config, box): the first ``per_variant`` offered tiles of the plain variant (jn 1), then
-    of the one with the width shifts as columns where ``width_shifts`` offers it."""
-    return [(jn, cfg, box) for jn in sorted({1, width_shifts(params)})
-            for cfg, box in tile_boxes(params, dtype, jn=jn)[:per_variant]]
+    """(jn, config, box): the first ``per_variant`` offered tiles of each of ``variants``."""
+    return [(jn, cfg, box) for jn in variants(params) for cfg, box in tile_boxes(params, dtype, jn=jn)[:per_variant]]
 
 
 def candidate_plans(params: ConvT3dParams, dtype: torch.dtype, candidates: int = 4) -> list[HeadPlan]:
