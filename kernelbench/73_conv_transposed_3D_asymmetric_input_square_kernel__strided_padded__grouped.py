@@ -1971,8 +1971,10 @@ def _batch_span(x: torch.Tensor) -> int:
     return 1 + sum(abs(st) * (n - 1) for n, st in zip(x.shape[1:], x.stride()[1:]))
 
 
-def _flat_x(x: torch.Tensor) -> bool:
-    """D, H, W of x can be walked by one stride (its W stride)."""
+def flat_spatial(x: torch.Tensor) -> bool:
+    """D, H, W of x can be walked by one stride (its W stride): contiguous NCDHW or channels-last
+    planes. The head kernels (forward and ``head_grad.head_wgrad_kernel``) then offset a position
+    s of a batch element by ``s * stride_w``: runs the compiler sees where that stride is 1."""
     _, _, d, h, w = x.shape
     sd, sh, sw = x.stride()[2:]
     return (h == 1 or sh == w * sw) and (d == 1 or sd == h * sh)
@@ -2094,7 +2096,7 @@ class HeadSteps:
         ncol = _columns(p)
         tiles_m = -(-s // cfg.BLOCK_M)
         round_tf32 = self._rounds(x.dtype)
-        flat = _flat_x(x)
+        flat = flat_spatial(x)
         consts = dict(FLAT_X=flat, ROUND_TF32=round_tf32, PRECISION=self.precision,
                       BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -2284,7 +2286,6 @@ head_engine = types.SimpleNamespace(
     _batch_span=_batch_span,
     _block_k=_block_k,
     _columns=_columns,
-    _flat_x=_flat_x,
     _gather_tile=_gather_tile,
     _joint_fits=_joint_fits,
     _packed=_packed,
@@ -2294,6 +2295,7 @@ head_engine = types.SimpleNamespace(
     _rows_steps=_rows_steps,
     _x_copies=_x_copies,
     collision_free=collision_free,
+    flat_spatial=flat_spatial,
     fused_box=fused_box,
     fused_tiles=fused_tiles,
     head_smem=head_smem,
@@ -4991,7 +4993,6 @@ head_engine = types.SimpleNamespace(
     _batch_span=_batch_span,
     _block_k=_block_k,
     _columns=_columns,
-    _flat_x=_flat_x,
     _gather_tile=_gather_tile,
     _joint_fits=_joint_fits,
     _packed=_packed,
@@ -5001,6 +5002,7 @@ head_engine = types.SimpleNamespace(
     _rows_steps=_rows_steps,
     _x_copies=_x_copies,
     collision_free=collision_free,
+    flat_spatial=flat_spatial,
     fused_box=fused_box,
     fused_tiles=fused_tiles,
     head_smem=head_smem,

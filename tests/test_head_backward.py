@@ -89,6 +89,10 @@ CASES = {
     "groups4-1-per-group-cl": (G(2, 32, 4, (1, 2, 3), 2, 2, 0, 0, 1, 4), "cl", "cl", "tf32x3"),
     "batch3": (G(3, 8, 1, (2, 2, 2), 3, 2, 1), "ncdhw", "ncdhw", "tf32x3"),
     "cin40-channel-tiles": (G(1, 40, 2, (2, 2, 2), 2, 2), "ncdhw", "ncdhw", "ieee"),  # 2 Cin tiles of 32, masked
+    # Position tiles of one batch element: S = 60 gives full tiles (stored and loaded without the
+    # position mask) and a partial one per element; S = 32, full tiles only.
+    "batch2-full-and-partial-tiles": (G(2, 8, 2, (3, 4, 5), 3, 2, 1), "ncdhw", "ncdhw", "ieee"),
+    "batch2-full-tiles-cl": (G(2, 8, 1, (2, 4, 4), 4, 2, 1), "cl", "cl", "ieee"),
     "dy-slice-w": (G(1, 8, 3, (2, 2, 3), 3, 2, 1), "ncdhw", "slice_w", "ieee"),
     "x-slice-w": (G(1, 8, 3, (2, 2, 3), 3, 2, 1), "slice_w", "ncdhw", "ieee"),
     "dy-transpose-dh": (G(1, 8, 2, (2, 3, 2), 2, 2), "ncdhw", "transpose_dh", "ieee"),
@@ -103,7 +107,7 @@ def _dtype_prec(prec):
     return (prec, "ieee") if isinstance(prec, torch.dtype) else (torch.float32, prec)
 
 
-# The two kernels of each gradient: dY from its zero-padded copy with positions flattened, and
+# The two kernels of each gradient: dY from its zero-padded copy with runs of positions, and
 # dY split by phase with tiles of rows along W (the CPU candidates hold one of each, in this order).
 KERNELS = {"flat": 0, "phases": 1}
 
@@ -150,6 +154,13 @@ def test_head_wgrad_matches_float64(name, kernel):
     if precision == "tf32":
         _assert_close(gw, _ref(dy, x, w, params, [False, True, False], round_tf32=True)[1], 1e-5,
                       f"{name} dW vs exact TF32")
+
+
+def test_dgrad_writes_only_ncdhw_or_channels_last():
+    x, w, dy, params = _setup(G(1, 8, 2, (2, 2, 2), 3, 2, 1))
+    with pytest.raises(ValueError, match="NCDHW or channels-last"):
+        HB.head_dgrad(dy, w, params, "ieee", torch.float32, _dcfg(params, torch.float32, "flat"),
+                      torch.preserve_format)
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
@@ -280,7 +291,7 @@ def test_every_gpu_candidate_config(monkeypatch):
     for cfg in dgrads:
         assert cfg.num_stages * (cfg.BLOCK_M * cfg.BLOCK_K + cfg.BLOCK_K * cfg.BLOCK_N) * 4 <= 160 * 1024
         _assert_close(HB.head_dgrad(dy, w, params, "ieee", torch.float32, cfg), ref[0], 1e-5, cfg.short())
-    # Reduction steps: 5 of 32 flattened positions (flat tiles), 4 tiles of 4 x 16 positions
+    # Reduction steps: 5 of 32 positions (flat tiles), 4 tiles of 4 x 16 positions
     # (phase tiles), so one split either way (>= 4 steps each).
     for cfg in wgrads:
         assert cfg.splits == 1, cfg.short()

@@ -14,7 +14,8 @@ These kernels flatten (tap, output channel) into one GEMM dimension and position
 so a head's whole kernel is one or two MMA steps and X is read once per dW program range. Two
 kernels per gradient read dY two ways:
 - ``kernels/head_grad.py``: from a zero-padded copy (:func:`padded_dy`, or dY itself where no
-  zero is needed), positions flattened over (n, d, h, w), one gathered address per element;
+  zero is needed), tiles of positions (d, h, w) of one batch element, one gathered address per
+  element;
 - ``kernels/head_phase_grad.py``: from dY split by phase (:class:`DyPhases`, one launch), tiles of
   rows along W, where each (tap, channel) row of the operand is a run of consecutive elements.
 dW's fp32 partial sums per split are added and written as dW by one launch
@@ -38,6 +39,7 @@ import torch
 import triton
 
 from .errors import BackendUnavailableError
+from .head_engine import flat_spatial
 from .kernels import head_grad, head_phase_grad
 from .params import ConvT3dParams
 from .triton_configs import _cdiv, _pow2_at_least
@@ -49,7 +51,7 @@ __all__ = ["MAX_OUT_PER_GROUP", "MIN_IN_PER_GROUP", "HeadDgradConfig", "HeadWgra
 
 MAX_OUT_PER_GROUP = 15
 MIN_IN_PER_GROUP = 8
-# Positions are flattened into one 32-bit index (with a tile of headroom).
+# Program and step indices over all positions are 32-bit (with a tile of headroom).
 _MAX_POSITIONS = 2**31 - 2**16
 # The dW partial sums: at most 2^22 fp32 values (16 MB) over all splits, so adding them costs a
 # few microseconds next to reading X.
@@ -58,12 +60,12 @@ _MAX_PARTIAL = 2**22
 
 @dataclass(frozen=True)
 class HeadDgradConfig:
-    BLOCK_M: int  # input positions (flattened over n, id, ih, iw; or BLOCK_M // BLOCK_W rows x BLOCK_W)
+    BLOCK_M: int  # input positions (a run of one batch element's (id, ih, iw); or BLOCK_M // BLOCK_W rows x BLOCK_W)
     BLOCK_N: int  # input channels of a group
     BLOCK_K: int  # (tap, output channel) pairs per step
     num_warps: int
     num_stages: int
-    # 0: dY from its zero-padded copy, positions flattened (head_grad.head_dgrad_kernel); > 0: dY
+    # 0: dY from its zero-padded copy, runs of positions (head_grad.head_dgrad_kernel); > 0: dY
     # split by phase, tiles of rows of BLOCK_W positions (head_phase_grad.head_dgrad_phase_kernel).
     BLOCK_W: int = 0
 
@@ -151,7 +153,10 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
         return (HeadDgradConfig(bm, min(bn, 32), bk, 4, 1),
                 HeadDgradConfig(32, min(bn, 32), bk, 4, 1, _phase_block_w(params, 32)))
     out = []
-    for bm, bn_cap, warps in ((128, 64, 4), (128, 128, 8), (256, 64, 8)):
+    # 64 x 128 on 4 warps: the VQ-VAE 240 -> 3 head's bf16 NCDHW dX in 261 us against 379 for the
+    # best of the other three (H200, 2026-12-04, kernel time by graph replay); 921 against 624 in
+    # fp32. ptxas offline (sm_90a, triton 3.9): 187 registers bf16, 205 fp32, no spills.
+    for bm, bn_cap, warps in ((128, 64, 4), (128, 128, 8), (256, 64, 8), (64, 128, 4)):
         cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1)
         if cfg not in out:
             out.append(cfg)
@@ -218,7 +223,7 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
         return (HeadWgradConfig(min(bci, 16), bk, 16, 4, 1, 1),
                 HeadWgradConfig(min(bci, 16), bk, 16, 4, 1, 1, BLOCK_W=_phase_block_w(params, 16)))
     out = []
-    steps = triton.cdiv(_positions(params), 32)
+    steps = params.batch * triton.cdiv(math.prod(params.in_size), 32)
     for bk_cap, warps in ((64, 4), (128, 8)):
         bk = _clamp_pow2(ktot, 16, bk_cap)
         tiles = params.groups * triton.cdiv(params.in_channels_per_group, bci) * triton.cdiv(ktot, bk)
@@ -377,14 +382,16 @@ def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, 
             return Site("head_dgrad_phase_kernel", (tiles * tiles_n, g), (
                 cin_g, cout_g, _ktot(params), *spatial, *phase, *dx.stride(), tiles_n,
             ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
-        m = _positions(params)
-        return Site("head_dgrad_kernel", (_cdiv(m, cfg.BLOCK_M) * tiles_n, g), (
-            m, cin_g, cout_g, _ktot(params),
+        # Position tiles per batch element (the kernel's store sees runs of positions).
+        s = math.prod(params.in_size)
+        tiles_s = _cdiv(s, cfg.BLOCK_M)
+        return Site("head_dgrad_kernel", (params.batch * tiles_s * tiles_n, g), (
+            s, cin_g, cout_g, _ktot(params),
             *params.in_size,
             params.kernel_size[1], params.kernel_size[2],
             *dyp.stride(), *dx.stride(),
             *params.stride, *params.dilation,
-            tiles_n,
+            tiles_s, tiles_n,
         ), consts, head_grad)
 
     return site(("head_dgrad", params, cfg, dyp.shape, dyp.stride(), dx.stride(), wp.dtype, precision), build)
@@ -401,6 +408,8 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
     cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
     if dyp is None:
         dyp = dy_operand(dy, params, w.dtype, cfg)
+    if x_format not in (torch.contiguous_format, torch.channels_last_3d):
+        raise ValueError(f"head_dgrad writes dX NCDHW or channels-last, not {x_format}")
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     kd, kh, kw = params.kernel_size
@@ -428,13 +437,13 @@ def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dy
                 *phase, *x.stride(), tiles_ci, tiles_k,
             ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
         return Site("head_wgrad_kernel", grid, (
-            _positions(params), cin_g, cout_g, ktot,
+            params.batch, math.prod(params.in_size), cin_g, cout_g, ktot,
             *params.in_size,
             params.kernel_size[1], params.kernel_size[2], g, cfg.splits,
             *x.stride(), *dyp.stride(),
             *params.stride, *params.dilation,
             tiles_ci, tiles_k,
-        ), dict(consts, LANES_ON_M=cfg.lanes_on_m), head_grad)
+        ), dict(consts, LANES_ON_M=cfg.lanes_on_m, FLAT_X=flat_spatial(x)), head_grad)
 
     return site(("head_wgrad", params, cfg, x.stride(), dyp.shape, dyp.stride(), x.dtype, precision), build)
 
@@ -442,8 +451,9 @@ def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dy
 # The finish: [BLOCK_S, BLOCK_E] fp32 tiles of 8192 values (32 KB) per step; BLOCK_E small enough
 # that ~one program per SM (``device_programs(device, 1)``) gets elements. On the H200
 # (2026-12-02) a finish of 256 elements per program took 50.4 us for the k2s2 8 -> 2 head, whose
-# 128 partial elements and 528 splits made one program add 17 blocks in turn; an earlier finish that added the splits serially in a few programs
-# cost more than torch's sum and copy it replaced (NOTES.md, section 10).
+# 128 partial elements and 528 splits made one program add 17 blocks in turn; an earlier finish
+# that added the splits serially in a few programs cost more than torch's sum and copy it replaced
+# (NOTES.md, section 10).
 _FINISH_TILE = 8192
 
 

@@ -12,15 +12,24 @@ A head reads a wide input (Cin/g >= 8) and writes a thin output (Cout/g <= 15). 
 to 16 for ``tl.dot``: at one output channel 15/16 of every MMA is padding, and the wide operand
 (X for dW) is read once per tap -- 64 times for a 4x4x4 kernel. Here the (tap, output channel)
 pairs form one flat GEMM dimension, ``k = tap * Cout/g + co`` (taps x Cout/g: 64 for a 64 -> 1
-k4 head, so one or two MMA steps), and the positions are flattened over (n, id, ih, iw):
+k4 head, so one or two MMA steps), and the other dimension is input positions (n, id, ih, iw),
+taken in tiles of one batch element: a tile is a run of ``s = (id * H + ih) * W + iw`` whose
+offsets are ``s * stride_w`` where the tensor's D, H, W are walked by one stride (NCDHW or
+channels-last), so in NCDHW the compiler sees runs of positions and moves them as 16-byte
+vectors. A tile wholly inside S = D*H*W is moved without the position mask, whose runs would
+otherwise end at any element (S is rarely a multiple of 16: 78408 on the VQ-VAE head). On the
+H200 (2026-12-04, VQ-VAE 240 -> 3 head, fp32, dX written NCDHW, tile M128 N64 K32 on 4 warps)
+the dX kernel took 624 us this way against 1544 us with positions flattened over the batch,
+where ncu showed its stores using 4 of each 32-byte sector and 8.3 M local-memory spill requests.
 
-* ``head_dgrad_kernel``: M = N*D*H*W positions, N = Cin/g, K = taps x Cout/g. The A tile is a
-  gather of dY (a few MB for a head: it stays in L2), B the weight packed by the launcher as
-  ``[G, K, Cin/g]`` (rows contiguous along Cin: vector loads); each dX element is written once
-  (no atomics).
+* ``head_dgrad_kernel``: M = positions, N = Cin/g, K = taps x Cout/g. The A tile is a gather of
+  dY (a few MB for a head: it stays in L2), B the weight packed by the launcher as ``[G, K,
+  Cin/g]`` (rows contiguous along Cin: vector loads); each dX element is written once (no
+  atomics). dX is the launcher's, NCDHW or channels-last.
 * ``head_wgrad_kernel``: M = Cin/g, N = taps x Cout/g, K = positions, split into SPLITS ranges.
-  One program reads its range of X once for every tap and writes an fp32 partial
-  ``part[split, g, ci, k]``; the launcher adds the splits in a fixed order (deterministic).
+  One program reads its range of X (any strides; ``FLAT_X`` where walked by one stride) once for
+  every tap and writes an fp32 partial ``part[split, g, ci, k]``; the launcher adds the splits
+  in a fixed order (deterministic).
 
 dY is read from a zero-padded copy (``dyp``, the launcher's, a few MB): its data sits at offset
 ``p`` along each dimension, so the dY position of (i, t) is ``i*s + t*d`` in the copy, always
@@ -60,48 +69,40 @@ def _tap_offsets(k, COUT_G, KH, KW, DD, DH, DW, stride_c, stride_d, stride_h, st
 
 
 @triton.jit
-def _positions(p, D, H, W):
-    """Flattened position -> (n, id, ih, iw)."""
-    iw = p % W
-    t = p // W
-    ih = t % H
-    t = t // H
-    id_ = t % D
-    nb = t // D
-    return nb, id_, ih, iw
-
-
-@triton.jit
 def head_dgrad_kernel(
     dyp_ptr, wp_ptr, dx_ptr,
-    M, CIN_G, COUT_G, KTOT,
+    S, CIN_G, COUT_G, KTOT,
     D, H, W,
     KH, KW,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     SD, SH, SW,
     DD, DH, DW,
-    tiles_n,
+    tiles_s, tiles_n,
     PRECISION: tl.constexpr,
     ROUND_TF32: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     BIG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # Program -> (position tile, Cin tile), Cin tile fastest: programs that gather the same dY
-    # window run together. Axis 1 is the group.
+    # Program -> (batch element, position tile of its S = D*H*W, Cin tile), Cin tile fastest:
+    # programs that gather the same dY window run together. Axis 1 is the group.
     pid = tl.program_id(0)
     grp = tl.program_id(1)
     pid_n = pid % tiles_n
-    pid_m = pid // tiles_n
+    t = pid // tiles_n
+    pid_s = t % tiles_s
+    nb = t // tiles_s
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < M
-    nb, id_, ih, iw = _positions(offs_m, D, H, W)
+    offs_s = pid_s * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_s < S
+    iw = offs_s % W
+    t = offs_s // W
+    ih = t % H
+    id_ = t // H
     # Padded dY position of tap 0: i * s per dimension.
-    y_m = _wide(nb, BIG) * stride_yn + _wide(id_ * SD, BIG) * stride_yd + _wide(ih * SH, BIG) * stride_yh \
-        + _wide(iw * SW, BIG) * stride_yw
-    y_g = dyp_ptr + (grp * COUT_G).to(tl.int64) * stride_yc
+    y_m = _wide(id_ * SD, BIG) * stride_yd + _wide(ih * SH, BIG) * stride_yh + _wide(iw * SW, BIG) * stride_yw
+    y_g = dyp_ptr + nb.to(tl.int64) * stride_yn + (grp * COUT_G).to(tl.int64) * stride_yc
 
     offs_ci = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ci_ok = offs_ci < CIN_G
@@ -128,20 +129,23 @@ def head_dgrad_kernel(
         # TWO_LEVEL (exact-grade fp32): each K block's dot summed on its own, then added.
         acc = _mma_step(acc, a_tile, b_tile, ROUND_TF32, TWO_LEVEL, PRECISION)
 
-    # Store as [channel, position]: for NCDHW dX the threads run along W; for channels-last dX
-    # the channel stride is 1.
-    x_m = _wide(nb, BIG) * stride_xn + _wide(id_, BIG) * stride_xd + _wide(ih, BIG) * stride_xh \
-        + _wide(iw, BIG) * stride_xw
+    # Stored as [channel, position], a position's offset s * the W stride (dX is the launcher's,
+    # walked by one stride): in NCDHW runs of positions, in channels-last runs of channels. A
+    # tile wholly inside S stores without the position mask (16-byte vectors; module docstring).
+    x_m = _wide(offs_s, BIG) * stride_xw
     x_c = _wide(offs_ci, BIG) * stride_xc
-    x_g = dx_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
-    tl.store(x_g + (x_c[:, None] + x_m[None, :]), tl.trans(acc).to(dx_ptr.dtype.element_ty),
-             mask=ci_ok[:, None] & m_ok[None, :])
+    x_g = dx_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
+    out = tl.trans(acc).to(dx_ptr.dtype.element_ty)
+    if pid_s * BLOCK_M + BLOCK_M <= S:
+        tl.store(x_g + (x_c[:, None] + x_m[None, :]), out, mask=ci_ok[:, None])
+    else:
+        tl.store(x_g + (x_c[:, None] + x_m[None, :]), out, mask=ci_ok[:, None] & m_ok[None, :])
 
 
 @triton.jit
 def head_wgrad_kernel(
     x_ptr, dyp_ptr, part_ptr,
-    M, CIN_G, COUT_G, KTOT,
+    NB, S, CIN_G, COUT_G, KTOT,
     D, H, W,
     KH, KW, GROUPS, SPLITS,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
@@ -154,6 +158,7 @@ def head_wgrad_kernel(
     TWO_LEVEL: tl.constexpr,
     BIG: tl.constexpr,
     LANES_ON_M: tl.constexpr,
+    FLAT_X: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     # Program -> (split, Cin tile, (tap, channel) tile), the last fastest: programs of one split
@@ -164,7 +169,10 @@ def head_wgrad_kernel(
     t = pid // tiles_k
     pid_ci = t % tiles_ci
     split = t // tiles_ci
-    steps = tl.cdiv(M, BLOCK_P).to(tl.int64)  # steps x split can pass 2^31
+    # Reduction steps: BLOCK_P positions of one batch element each (steps_s per element), so that
+    # a step's X offsets are s * stride_xw where X is walked by one stride (FLAT_X).
+    steps_s = tl.cdiv(S, BLOCK_P)
+    steps = steps_s.to(tl.int64) * NB  # steps x split can pass 2^31
     s_lo = ((steps * split) // SPLITS).to(tl.int32)
     s_hi = ((steps * (split + 1)) // SPLITS).to(tl.int32)
 
@@ -180,12 +188,23 @@ def head_wgrad_kernel(
 
     acc = tl.zeros((BLOCK_CI, BLOCK_K), dtype=tl.float32)
     for step in range(s_lo, s_hi):
-        p = step * BLOCK_P + tl.arange(0, BLOCK_P)
-        p_ok = p < M
-        nb, id_, ih, iw = _positions(p, D, H, W)
-        x_p = _wide(nb, BIG) * stride_xn + _wide(id_, BIG) * stride_xd + _wide(ih, BIG) * stride_xh \
-            + _wide(iw, BIG) * stride_xw
-        x_tile = tl.load(x_g + (x_c[:, None] + x_p[None, :]), mask=ci_ok[:, None] & p_ok[None, :], other=0.0)
+        nb = step // steps_s
+        s0 = (step - nb * steps_s) * BLOCK_P
+        p = s0 + tl.arange(0, BLOCK_P)
+        p_ok = p < S
+        iw = p % W
+        ih = (p // W) % H
+        id_ = p // (W * H)
+        if FLAT_X:
+            x_p = _wide(p, BIG) * stride_xw
+        else:
+            x_p = _wide(id_, BIG) * stride_xd + _wide(ih, BIG) * stride_xh + _wide(iw, BIG) * stride_xw
+        x_n = x_g + nb.to(tl.int64) * stride_xn
+        # A step wholly inside S loads without the position mask (module docstring).
+        if s0 + BLOCK_P <= S:
+            x_tile = tl.load(x_n + (x_c[:, None] + x_p[None, :]), mask=ci_ok[:, None], other=0.0)
+        else:
+            x_tile = tl.load(x_n + (x_c[:, None] + x_p[None, :]), mask=ci_ok[:, None] & p_ok[None, :], other=0.0)
         y_p = _wide(nb, BIG) * stride_yn + _wide(id_ * SD, BIG) * stride_yd + _wide(ih * SH, BIG) * stride_yh \
             + _wide(iw * SW, BIG) * stride_yw
         if LANES_ON_M:  # the dY gather with lanes along positions (see head_dgrad_kernel; timed)

@@ -12,7 +12,7 @@ with zeros where ``q*s + r`` falls outside dY, so every index of every tap is in
 the GEMM operands are loaded as plain 2-D tiles: a row offset per (tap, channel), a column offset
 per position, and the lanes of a warp along the positions (consecutive addresses). The flat
 kernels of ``head_grad.py`` gather the same dY elements one address per element, with the
-positions flattened over (n, d, h, w), so neighbouring lanes read dY ``s`` elements apart.
+positions in runs of (d, h, w), so neighbouring lanes read dY ``s`` elements apart.
 
 * ``head_dgrad_phase_kernel``: M = a tile of BLOCK_M // BLOCK_W input rows x BLOCK_W positions of
   one (n, d), N = Cin/g, K = (tap, channel) pairs ``k = tap * Cout/g + co``.
