@@ -155,7 +155,8 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     out = []
     # 64 x 128 on 4 warps: the VQ-VAE 240 -> 3 head's bf16 NCDHW dX in 261 us against 379 for the
     # best of the other three (H200, 2026-12-04, kernel time by graph replay); 921 against 624 in
-    # fp32. ptxas offline (sm_90a, triton 3.9): 187 registers bf16, 205 fp32, no spills.
+    # fp32. ptxas offline (sm_90a, triton 3.6 as on the GPU machine): 157 registers bf16, 195
+    # fp32, no spills.
     for bm, bn_cap, warps in ((128, 64, 4), (128, 128, 8), (256, 64, 8), (64, 128, 4)):
         cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1)
         if cfg not in out:
