@@ -406,11 +406,11 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
     (:func:`dy_operand`; or ``dyp``, that copy made already for the same call in the weight's
     dtype) and the weight packed as the GEMM's B operand."""
     _check_runnable(dy, params, "input")
+    if x_format not in (torch.contiguous_format, torch.channels_last_3d):
+        raise ValueError(f"head_dgrad writes dX NCDHW or channels-last, not {x_format}")
     cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
     if dyp is None:
         dyp = dy_operand(dy, params, w.dtype, cfg)
-    if x_format not in (torch.contiguous_format, torch.channels_last_3d):
-        raise ValueError(f"head_dgrad writes dX NCDHW or channels-last, not {x_format}")
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     kd, kh, kw = params.kernel_size

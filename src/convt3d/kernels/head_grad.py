@@ -69,6 +69,12 @@ def _tap_offsets(k, COUT_G, KH, KW, DD, DH, DW, stride_c, stride_d, stride_h, st
 
 
 @triton.jit
+def _spatial(s, H, W):
+    """Position s = (id * H + ih) * W + iw of a batch element -> (id, ih, iw)."""
+    return s // (W * H), (s // W) % H, s % W
+
+
+@triton.jit
 def head_dgrad_kernel(
     dyp_ptr, wp_ptr, dx_ptr,
     S, CIN_G, COUT_G, KTOT,
@@ -96,10 +102,7 @@ def head_dgrad_kernel(
 
     offs_s = pid_s * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_s < S
-    iw = offs_s % W
-    t = offs_s // W
-    ih = t % H
-    id_ = t // H
+    id_, ih, iw = _spatial(offs_s, H, W)
     # Padded dY position of tap 0: i * s per dimension.
     y_m = _wide(id_ * SD, BIG) * stride_yd + _wide(ih * SH, BIG) * stride_yh + _wide(iw * SW, BIG) * stride_yw
     y_g = dyp_ptr + nb.to(tl.int64) * stride_yn + (grp * COUT_G).to(tl.int64) * stride_yc
@@ -192,9 +195,7 @@ def head_wgrad_kernel(
         s0 = (step - nb * steps_s) * BLOCK_P
         p = s0 + tl.arange(0, BLOCK_P)
         p_ok = p < S
-        iw = p % W
-        ih = (p // W) % H
-        id_ = p // (W * H)
+        id_, ih, iw = _spatial(p, H, W)
         if FLAT_X:
             x_p = _wide(p, BIG) * stride_xw
         else:
