@@ -1549,6 +1549,11 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
       blocks read, not written (``shuffle_halo``). On the H200 (2026-12-03, graph replay) 1.08-
       1.40x faster in fp32 and 1.17-1.32x in NCDHW bf16 than the tiles without, 7-16% slower in
       channels-last bf16 and 1.21x slower on the VQ-VAE head (NOTES.md section 10, "Shifts in N").
+      One stage here too. Of 24 shifted-in-N tiles timed at one and at 3 stages (H200, 2026-12-04,
+      graph replay; GAN fp32 NCDHW, video 64 -> 3 in four layouts and dtypes, 128 -> 8 fp32 cl),
+      3 stages were slower on 19, by 1.35-3.9x in fp32 (video fp32 NCDHW nw M256: 218.3 against
+      460.8 us), within 0.2% on the four bf16 NCDHW ones, and faster on one (video bf16 cl nw M256
+      on 8 warps, 114.7 against 140.4 us), which the row's best tile (97.2 us) beats anyway.
     * FMA, for layers without shifts: about 2048 accumulators per program (16 per thread at 4
       warps) and BLOCK_K 8, so that the product of a K step (BLOCK_K x the accumulators) stays
       in 128 registers a thread; BLOCK_W down to 1 for wide boxes. It ran 7-15 us behind the

@@ -174,13 +174,18 @@ def test_expanded_dy_from_sum_backward(kernel):
                   _ref(dy, x, w, params, [False, True, False])[1], 1e-5, "dW")
 
 
+@pytest.mark.parametrize("geo", [G(1, 8, 1, (2, 2, 2), 2, 2), G(1, 8, 2, (2, 2, 3), 4, 2, 1)],
+                         ids=["k2s2p0-dy-rounded-in-kernel", "k4s2p1-dy-rounded-in-its-copy"])
 @pytest.mark.parametrize("kernel", list(KERNELS))
-def test_tf32_rounds_to_nearest_not_truncates(kernel):
-    # Values just above a TF32 rounding boundary: truncation would be off by 2^-11 relative.
-    x, w, _, params = _setup(G(1, 8, 1, (2, 2, 2), 2, 2))
+def test_tf32_rounds_to_nearest_not_truncates(kernel, geo):
+    # Values just above a TF32 rounding boundary: truncation would be off by 2^-11 relative. dY
+    # is rounded where its copy is made (the phase kernels always; the flat ones where the copy
+    # needs zeros) or, read in place (k2 s2 p0, flat), as the kernel loads it.
+    x, w, _, params = _setup(geo)
     w = torch.full_like(w, 1.0 + 2.0 ** -11 + 2.0 ** -20)  # rounds up to 1 + 2^-10
     x = torch.full_like(x, 1.0 + 2.0 ** -11 + 2.0 ** -20)
-    dy = torch.rand(params.out_shape) + 1.0
+    dy = torch.full(params.out_shape, 1.0 + 2.0 ** -11 + 2.0 ** -20) + torch.randint(0, 4, params.out_shape)
+    assert HB.dy_copied(params, _dcfg(params, torch.float32, kernel)) == (kernel == "phases" or params.padding[0] > 0)
     _assert_close(HB.head_dgrad(dy, w, params, "tf32", torch.float32, _dcfg(params, torch.float32, kernel)),
                   _ref(dy, x, w, params, [True, False, False], round_tf32=True)[0], 1e-6, "dX nearest-TF32")
     _assert_close(HB.head_wgrad(dy, x, params, "tf32", torch.float32, _wcfg(params, torch.float32, kernel)),
@@ -358,13 +363,61 @@ def test_head_backward_pads_dy_at_most_once(geo, args, pads, head_calls, monkeyp
     leaves = [t.detach().requires_grad_() for t in (x, w)]
     y = convt3d.conv_transpose3d(*leaves, None, *args, backend="triton", precision="ieee")
     dy = _rnd(*y.shape)
-    real_pad, count = torch.nn.functional.pad, []
-    monkeypatch.setattr(torch.nn.functional, "pad", lambda *a, **k: count.append(1) or real_pad(*a, **k))
+    real_pad, count = HB._pad_site, []
+    monkeypatch.setattr(HB, "_pad_site", lambda *a, **k: count.append(1) or real_pad(*a, **k))
     y.backward(dy)
     assert sorted(head_calls) == ["head_dgrad", "head_wgrad"] and len(count) == pads
     ref = _ref(dy, x, w, params, [True, True, False])
     _assert_close(leaves[0].grad, ref[0], 1e-5, "dX")
     _assert_close(leaves[1].grad, ref[1], 1e-5, "dW")
+
+
+def _pad_reference(dy: torch.Tensor, params) -> torch.Tensor:
+    """dY zero-padded from the definition: ``p`` zeros before the data along each dimension, and
+    after it up to ``(in-1)*s + (k-1)*d + 1``."""
+    pads = []
+    for a in reversed(params.axes):
+        pads += [a.padding, max(0, (a.in_size - 1) * a.stride + (a.kernel - 1) * a.dilation + 1 - a.padding
+                                - a.out_size)]
+    return torch.nn.functional.pad(dy.double(), pads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16-from-fp32"])
+@pytest.mark.parametrize("dy_layout", ["ncdhw", "cl", "slice_w", "transpose_dh"])
+@pytest.mark.parametrize("name", ["cout3-video-k144", "cout15-dilation2", "aniso-everything", "padding-beyond-reach",
+                                  "groups4-1-per-group-cl"])
+def test_padded_dy_copy_matches_its_definition(name, dy_layout, dtype):
+    # Every element of the one-launch copy (allocated uninitialised): dY's data at its padding
+    # offset, zeros around it, in the copy's dtype and in dY's layout (channels-last stays so;
+    # rows of (position, channel) pairs there, of positions in NCDHW). A layer that needs no
+    # zero (groups4-1-per-group-cl: k2 s2 p0) gets dY itself, converted.
+    geo = CASES[name][0]
+    _, _, dy, params = _setup(geo, torch.float32, "ncdhw", dy_layout)
+    got = HB.padded_dy(dy, params, dtype)
+    want = _pad_reference(dy, params)
+    assert got.dtype == dtype and got.shape == want.shape
+    if name == "groups4-1-per-group-cl":
+        assert got.data_ptr() == dy.data_ptr() or dtype != dy.dtype
+    else:
+        assert got.is_contiguous(memory_format=CL if dy_layout == "cl" else torch.contiguous_format)
+    assert torch.equal(got.double(), want.to(dtype).double())
+
+
+@pytest.mark.parametrize("name", ["cout3-video-k144", "aniso-everything", "tf32-cl"])
+@pytest.mark.parametrize("copy", ["padded", "phases"])
+def test_dy_copies_round_to_tf32_when_asked(copy, name):
+    # At TF32 the copies hold dY rounded to nearest TF32 (ties away from zero), every element
+    # once; the values sit on and around rounding boundaries, and an expanded dY (stride 0) is
+    # read through its strides.
+    geo, _, dy_layout, _ = CASES[name]
+    _, _, dy, params = _setup(geo, torch.float32, "ncdhw", dy_layout)
+    dy = (dy.sign() * (1.0 + 2.0 ** -11 * torch.randint(0, 3, dy.shape) + 2.0 ** -22)).to(dy)
+    if copy == "padded":
+        got, want = HB.padded_dy(dy, params, torch.float32, True), _pad_reference(dy, params)
+    else:
+        got, want = HB.dy_phases(dy, params, torch.float32, True), _copy_reference(dy, params)
+    assert torch.equal(got.double(), _round_tf32(want).double())
+    assert not torch.equal(got.double(), want), "the values straddle TF32 boundaries"
 
 
 @pytest.mark.parametrize("kinds", [("phases", "phases"), ("phases", "flat"), ("flat", "phases")],

@@ -718,7 +718,7 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
         # Both head kernels read the same copy of dY (zero-padded, or split by phase): one copy
         # for the two (a head's dY is its largest tensor; 33 MB in bf16 for the k2s2 8 -> 2 head
         # at 128^3).
-        dyp = HB.dy_operand(dy, params, x.dtype, ximpl.config)
+        dyp = HB.dy_operand(dy, params, x.dtype, ximpl.config, precision)
     if need_x and not use_torch_x:
         gx = dgrad_triton(dy, w, params, precision, x.dtype, ximpl.config, fx, dyp=dyp)
     if need_w and not use_torch_w:

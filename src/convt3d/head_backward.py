@@ -247,20 +247,58 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     return tuple(out)
 
 
-def padded_dy(dy: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
+def _dy_pads(params: ConvT3dParams) -> tuple[tuple[int, int], ...]:
+    """Per dimension (D, H, W), the zeros the padded copy of dY holds before and after dY's data:
+    ``p`` before, and after it up to ``(in-1)*s + (k-1)*d + 1``."""
+    return tuple((a.padding, max(0, (a.in_size - 1) * a.stride + (a.kernel - 1) * a.dilation + 1
+                                 - a.padding - a.out_size)) for a in params.axes)
+
+
+def dy_copied(params: ConvT3dParams, config: HeadDgradConfig | HeadWgradConfig) -> bool:
+    """Whether ``config``'s kernel reads a copy of dY (:func:`dy_operand`) rather than dY itself:
+    the phase kernels always, the flat ones where the padded copy needs a zero."""
+    return bool(config.BLOCK_W) or any(any(p) for p in _dy_pads(params))
+
+
+def _pad_site(params: ConvT3dParams, dy: torch.Tensor, dyp: torch.Tensor, round_tf32: bool) -> Site:
+    """The launch site of head_grad.dy_pad_kernel: chunks of 1024 elements of a plane per
+    program."""
+    def build():
+        cl = dyp.stride(1) == 1 and params.out_channels > 1
+        (pd, _), (ph, _), (pw, _) = _dy_pads(params)
+        n, c, ld, lh, lw = dyp.shape
+        plane = lh * lw * (c if cl else 1)
+        block = _clamp_pow2(plane, 128, 1024)
+        chunks = _cdiv(plane, block)
+        return Site("dy_pad_kernel", (dyp.numel() // plane * chunks,), (
+            plane, chunks, c, *params.out_size, ld, lw, pd, ph, pw, *dy.stride(),
+        ), dict(CL=cl, ROUND_TF32=round_tf32, BIG=_big(dy, dyp), BLOCK=block, num_warps=4), head_grad)
+
+    return site(("dy_pad", params, dy.stride(), dy.dtype, dyp.dtype, dyp.stride(), round_tf32), build)
+
+
+def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None = None,
+              round_tf32: bool = False) -> torch.Tensor:
     """dY with zeros around it, so that the dY position ``i*s - p + t*d`` of every (input, tap)
-    pair is ``i*s + t*d`` inside the copy (the kernels then gather without bounds tests): ``p``
-    zeros before the data along each dimension, and after it up to ``(in-1)*s + (k-1)*d + 1``.
-    Where no dimension needs a zero (padding 0 and every position reached, as in k2 s2 p0), dY
-    itself: the kernels read it through its strides, and ``F.pad`` would copy it whole (66 MB
-    of traffic for the bf16 k2s2 8 -> 2 head's dY at 128^3)."""
-    pads = []
-    for a in reversed(params.axes):  # F.pad lists the last dimension first
-        reach = (a.in_size - 1) * a.stride + (a.kernel - 1) * a.dilation + 1
-        pads += [a.padding, max(0, reach - a.padding - a.out_size)]
-    if not any(pads):
-        return dy
-    return torch.nn.functional.pad(dy, pads)
+    pair is ``i*s + t*d`` inside the copy (the kernels then gather without bounds tests), in
+    ``dtype`` (dY's by default) and in dY's layout (channels-last stays channels-last, any other
+    becomes contiguous). One launch (``head_grad.dy_pad_kernel``) writes every element, data or
+    zero, and at TF32 (``round_tf32``) rounds the data to TF32 as it goes, so that the gradient
+    kernels need not round dY on every load. Where no dimension needs a zero (padding 0 and every
+    position reached, as in k2 s2 p0), dY itself (converted to ``dtype``): the kernels read it
+    through its strides and round it as they load it, since a copy would cost 66 MB of traffic
+    for the bf16 k2s2 8 -> 2 head's dY at 128^3."""
+    dtype = dtype or dy.dtype
+    round_tf32 = round_tf32 and dtype == torch.float32  # TF32 is a rounding of fp32 only
+    pads = _dy_pads(params)
+    if not any(any(p) for p in pads):
+        return dy.to(dtype)
+    shape = params.out_shape[:2] + tuple(o + a + b for o, (a, b) in zip(params.out_size, pads))
+    cl = dy.dim() == 5 and dy.is_contiguous(memory_format=torch.channels_last_3d) and not dy.is_contiguous()
+    dyp = torch.empty(shape, dtype=dtype, device=dy.device,
+                      memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
+    _pad_site(params, dy, dyp, round_tf32).launch(dy.device, dy, dyp)
+    return dyp
 
 
 @dataclass(frozen=True)
@@ -298,7 +336,7 @@ def dy_phases_layout(params: ConvT3dParams) -> DyPhases:
     return DyPhases(tuple(lift), tuple(shift), tuple(length), shape)
 
 
-def _phases_site(params: ConvT3dParams, dy: torch.Tensor, dyq: torch.Tensor) -> Site:
+def _phases_site(params: ConvT3dParams, dy: torch.Tensor, dyq: torch.Tensor, round_tf32: bool) -> Site:
     """The launch site of dy_phases_kernel: BLOCK_R rows of the copy per program."""
     def build():
         lay = dy_phases_layout(params)
@@ -308,27 +346,35 @@ def _phases_site(params: ConvT3dParams, dy: torch.Tensor, dyq: torch.Tensor) -> 
         return Site("dy_phases_kernel", (_cdiv(rows, block_r),), (
             rows, params.batch, params.out_channels, lay.length[0], lay.length[1], lay.length[2],
             *params.out_size, *params.stride, *lay.shift, *dy.stride(),
-        ), dict(BIG=_big(dy, dyq), BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4), head_phase_grad)
+        ), dict(ROUND_TF32=round_tf32, BIG=_big(dy, dyq), BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4),
+            head_phase_grad)
 
-    return site(("dy_phases", params, dy.stride(), dy.dtype, dyq.dtype), build)
+    return site(("dy_phases", params, dy.stride(), dy.dtype, dyq.dtype, round_tf32), build)
 
 
-def dy_phases(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype) -> torch.Tensor:
+def dy_phases(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype, round_tf32: bool = False) -> torch.Tensor:
     """dY split by phase (:class:`DyPhases`) in ``dtype``, in one launch: every element of the
-    copy is written (data or zero), so it needs no fill first."""
+    copy is written (data or zero), so it needs no fill first; at TF32 (``round_tf32``) rounded
+    to TF32 as it is written."""
     dyq = torch.empty(dy_phases_layout(params).shape, dtype=dtype, device=dy.device)
-    _phases_site(params, dy, dyq).launch(dy.device, dy, dyq)
+    _phases_site(params, dy, dyq, round_tf32 and dtype == torch.float32).launch(dy.device, dy, dyq)
     return dyq
 
 
+def _rounds(dtype: torch.dtype, precision: str) -> bool:
+    """Whether a call's operands are rounded to TF32: fp32 at "tf32" (cuDNN's numerics)."""
+    return dtype == torch.float32 and precision == "tf32"
+
+
 def dy_operand(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype,
-               config: HeadDgradConfig | HeadWgradConfig) -> torch.Tensor:
+               config: HeadDgradConfig | HeadWgradConfig, precision: str) -> torch.Tensor:
     """The copy of dY that ``config``'s kernel reads, in ``dtype``: split by phase, or
-    zero-padded (:func:`padded_dy`). ``backward.grads`` makes one for dX and dW when both
-    kernels read the same kind."""
+    zero-padded (:func:`padded_dy`), rounded to TF32 where the call's precision is TF32 and a
+    copy is made (:func:`dy_copied`; the kernels then skip dY's rounding). ``backward.grads``
+    makes one for dX and dW when both kernels read the same kind."""
     if config.BLOCK_W:
-        return dy_phases(dy, params, dtype)
-    return padded_dy(dy.to(dtype), params)
+        return dy_phases(dy, params, dtype, _rounds(dtype, precision))
+    return padded_dy(dy, params, dtype, _rounds(dtype, precision))
 
 
 def _span(t: torch.Tensor) -> int:
@@ -341,10 +387,12 @@ def _big(*tensors: torch.Tensor) -> bool:
     return any(_span(t) >= 2**31 for t in tensors)
 
 
-def _precision_args(dtype: torch.dtype, precision: str) -> dict:
+def _precision_args(dtype: torch.dtype, precision: str, dy_rounded: bool) -> dict:
+    """The kernels' precision constexprs; ``dy_rounded``: the dY operand is a copy rounded to TF32
+    when it was made (:func:`dy_operand`), so the kernel rounds only the other operand."""
     is_fp32 = dtype == torch.float32
-    return {"PRECISION": precision if is_fp32 else "tf32", "ROUND_TF32": is_fp32 and precision == "tf32",
-            "TWO_LEVEL": is_fp32 and precision != "tf32"}
+    return {"PRECISION": precision if is_fp32 else "tf32", "ROUND_TF32": _rounds(dtype, precision),
+            "DY_ROUNDED": dy_rounded and _rounds(dtype, precision), "TWO_LEVEL": is_fp32 and precision != "tf32"}
 
 
 def _check_runnable(t: torch.Tensor, params: ConvT3dParams, what: str) -> None:
@@ -374,7 +422,7 @@ def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, 
     def build():
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
         tiles_n = _cdiv(cin_g, cfg.BLOCK_N)
-        consts = dict(**_precision_args(wp.dtype, precision), BIG=_big(dyp, wp, dx),
+        consts = dict(**_precision_args(wp.dtype, precision, dy_copied(params, cfg)), BIG=_big(dyp, wp, dx),
                       BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if cfg.BLOCK_W:
@@ -410,7 +458,7 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
         raise ValueError(f"head_dgrad writes dX NCDHW or channels-last, not {x_format}")
     cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
     if dyp is None:
-        dyp = dy_operand(dy, params, w.dtype, cfg)
+        dyp = dy_operand(dy, params, w.dtype, cfg, precision)
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     kd, kh, kw = params.kernel_size
@@ -428,7 +476,7 @@ def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dy
         ktot = _ktot(params)
         tiles_ci, tiles_k = _cdiv(cin_g, cfg.BLOCK_CI), _cdiv(ktot, cfg.BLOCK_K)
         grid = (cfg.splits * tiles_ci * tiles_k, g)
-        consts = dict(**_precision_args(x.dtype, precision), BIG=_big(x, dyp),
+        consts = dict(**_precision_args(x.dtype, precision, dy_copied(params, cfg)), BIG=_big(x, dyp),
                       BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if cfg.BLOCK_W:
@@ -484,7 +532,7 @@ def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precisi
     _check_runnable(x, params, "weight")
     cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
     if dyp is None:
-        dyp = dy_operand(dy, params, x.dtype, cfg)
+        dyp = dy_operand(dy, params, x.dtype, cfg, precision)
     g, cin_g = params.groups, params.in_channels_per_group
     part = torch.empty((cfg.splits, g, cin_g, _ktot(params)), dtype=torch.float32, device=x.device)
     _wgrad_site(params, cfg, x, dyp, precision).launch(x.device, x, dyp, part)

@@ -31,7 +31,10 @@ where ncu showed its stores using 4 of each 32-byte sector and 8.3 M local-memor
   every tap and writes an fp32 partial ``part[split, g, ci, k]``; the launcher adds the splits
   in a fixed order (deterministic).
 
-dY is read from a zero-padded copy (``dyp``, the launcher's, a few MB): its data sits at offset
+dY is read from a zero-padded copy (``dyp``, made by ``dy_pad_kernel`` in one launch, a few MB;
+at TF32 rounded to TF32 there, once per element, so that the kernels round only the other operand,
+``DY_ROUNDED``: on the H200, 2026-12-04, VQ-VAE head fp32 NCDHW with the copy, dX 666 -> 592 us,
+dW 553 -> 428 us, against dY rounded at every load): its data sits at offset
 ``p`` along each dimension, so the dY position of (i, t) is ``i*s + t*d`` in the copy, always
 inside it, and the gather needs no bounds test -- its offset is a sum of a part per position and
 a part per (tap, channel), and its mask a product of a position mask and a (tap, channel) mask.
@@ -44,6 +47,7 @@ import triton
 import triton.language as tl
 
 from .head_gemm import _mma_step
+from .phase_gemm import _round_tf32
 
 
 @triton.jit
@@ -75,6 +79,57 @@ def _spatial(s, H, W):
 
 
 @triton.jit
+def dy_pad_kernel(
+    dy_ptr, dyp_ptr,
+    PLANE, CHUNKS, C, OD, OH, OW,
+    LD, LW, PD, PH, PW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    CL: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    BIG: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The zero-padded copy of dY (``dyp``: dY's data at offset (PD, PH, PW), zeros around it),
+    contiguous, NCDHW or (``CL``) channels-last, in dyp's dtype, every element written once (data
+    or zero), and at TF32 (``ROUND_TF32``) rounded to TF32 here, once, so that the gradient kernels
+    read dY ready for the tensor cores. A program writes BLOCK consecutive elements of one plane
+    of the copy (CHUNKS programs a plane): an (n, c, d) plane of LH x LW positions in NCDHW, an
+    (n, d) plane of LH x LW x C (position, channel) pairs in channels-last, PLANE elements. Whole
+    planes rather than rows: a head's rows are short (C = 1-15 channels; 66 positions for the
+    3-D GAN head), and row tiles of a power-of-two width left up to half their lanes idle."""
+    pid = _wide(tl.program_id(0), BIG)
+    plane = pid // CHUNKS
+    j = (pid - plane * CHUNKS) * BLOCK + tl.arange(0, BLOCK)
+    ok = j < PLANE
+    d = plane % LD
+    t = plane // LD
+    if CL:
+        nb = t
+        row = LW * C
+        h = j // row
+        r = j - h * row
+        w = r // C
+        col = _wide(r - w * C, BIG) * stride_yc
+    else:
+        nb = t // C
+        h = j // LW
+        w = j - h * LW
+        col = _wide(t % C, BIG) * stride_yc
+    od = d - PD
+    oh = h - PH
+    ow = w - PW
+    # The plane's depth test is one per program (a scalar: tl.where, which Triton's interpreter
+    # takes where `&` between a scalar and a block it does not).
+    inside = tl.where((od >= 0) & (od < OD), ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW), False)
+    src = _wide(nb, BIG) * stride_yn + _wide(od, BIG) * stride_yd + _wide(oh, BIG) * stride_yh \
+        + _wide(ow, BIG) * stride_yw + col
+    v = tl.load(dy_ptr + src, mask=inside, other=0.0).to(dyp_ptr.dtype.element_ty)
+    if ROUND_TF32:
+        v = _round_tf32(v)
+    tl.store(dyp_ptr + (plane * PLANE + j), v, mask=ok)
+
+
+@triton.jit
 def head_dgrad_kernel(
     dyp_ptr, wp_ptr, dx_ptr,
     S, CIN_G, COUT_G, KTOT,
@@ -87,6 +142,7 @@ def head_dgrad_kernel(
     tiles_s, tiles_n,
     PRECISION: tl.constexpr,
     ROUND_TF32: tl.constexpr,
+    DY_ROUNDED: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     BIG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -130,7 +186,13 @@ def head_dgrad_kernel(
         b_tile = tl.load(w_g + (k[:, None] * CIN_G + offs_ci[None, :]), mask=k_ok[:, None] & ci_ok[None, :],
                          other=0.0)
         # TWO_LEVEL (exact-grade fp32): each K block's dot summed on its own, then added.
-        acc = _mma_step(acc, a_tile, b_tile, ROUND_TF32, TWO_LEVEL, PRECISION)
+        # At TF32 the operands are rounded to nearest TF32 (cuDNN's numerics), dY here only where
+        # its copy was not rounded when it was made (DY_ROUNDED).
+        if ROUND_TF32 and not DY_ROUNDED:
+            a_tile = _round_tf32(a_tile)
+        if ROUND_TF32:
+            b_tile = _round_tf32(b_tile)
+        acc = _mma_step(acc, a_tile, b_tile, False, TWO_LEVEL, PRECISION)
 
     # Stored as [channel, position], a position's offset s * the W stride (dX is the launcher's,
     # walked by one stride): in NCDHW runs of positions, in channels-last runs of channels. A
@@ -158,6 +220,7 @@ def head_wgrad_kernel(
     tiles_ci, tiles_k,
     PRECISION: tl.constexpr,
     ROUND_TF32: tl.constexpr,
+    DY_ROUNDED: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     BIG: tl.constexpr,
     LANES_ON_M: tl.constexpr,
@@ -215,7 +278,13 @@ def head_wgrad_kernel(
             y_tile = tl.load(y_g + (y_p[:, None] + y_k[None, :]), mask=p_ok[:, None] & k_ok[None, :], other=0.0)
         # TWO_LEVEL (exact-grade fp32): a head's reduction runs over every input position (524288
         # on a 16 x 32^3 GAN head); each step's BLOCK_P-term dot is summed on its own, then added.
-        acc = _mma_step(acc, x_tile, y_tile, ROUND_TF32, TWO_LEVEL, PRECISION)
+        # At TF32 the operands are rounded to nearest TF32 (cuDNN's numerics), dY here only where
+        # its copy was not rounded when it was made (DY_ROUNDED).
+        if ROUND_TF32 and not DY_ROUNDED:
+            y_tile = _round_tf32(y_tile)
+        if ROUND_TF32:
+            x_tile = _round_tf32(x_tile)
+        acc = _mma_step(acc, x_tile, y_tile, False, TWO_LEVEL, PRECISION)
 
     # part[split, grp, ci, k], contiguous.
     base = (split * GROUPS + grp).to(tl.int64) * CIN_G * KTOT

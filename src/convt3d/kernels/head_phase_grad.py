@@ -29,6 +29,7 @@ import triton.language as tl
 
 from .head_gemm import _mma_step
 from .head_grad import _wide as _big
+from .phase_gemm import _round_tf32
 
 
 @triton.jit
@@ -82,9 +83,12 @@ def dy_phases_kernel(
     SD, SH, SW,
     CD, CH, CW,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    ROUND_TF32: tl.constexpr,
     BIG: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
+    # At TF32 (ROUND_TF32) the copy is rounded to TF32 as it is made, once, so that the phase
+    # kernels read dY ready for the tensor cores.
     # Program -> BLOCK_R rows (rd, rh, rw, n, c, qd, qh) of the copy, each QW elements long; a
     # row's coordinates are decoded once (32-bit), not per element.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -112,8 +116,10 @@ def dy_phases_kernel(
         ow = (q - CW) * SW + rw[:, None]
         ok = inside[:, None] & (q < QW)[None, :] & (ow >= 0) & (ow < OW)
         v = tl.load(dy_ptr + (src[:, None] + _big(ow, BIG) * stride_yw), mask=ok, other=0.0)
-        tl.store(dyq_ptr + (dst[:, None] + q[None, :]), v.to(dyq_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & (q < QW)[None, :])
+        v = v.to(dyq_ptr.dtype.element_ty)
+        if ROUND_TF32:
+            v = _round_tf32(v)
+        tl.store(dyq_ptr + (dst[:, None] + q[None, :]), v, mask=row_ok[:, None] & (q < QW)[None, :])
 
 
 @triton.jit
@@ -130,6 +136,7 @@ def head_dgrad_phase_kernel(
     tiles_n,
     PRECISION: tl.constexpr,
     ROUND_TF32: tl.constexpr,
+    DY_ROUNDED: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     BIG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -159,7 +166,13 @@ def head_dgrad_phase_kernel(
                                   other=0.0))
         b_tile = tl.load(w_g + (k[:, None] * CIN_G + offs_ci[None, :]), mask=k_ok[:, None] & ci_ok[None, :],
                          other=0.0)
-        acc = _mma_step(acc, a_tile, b_tile, ROUND_TF32, TWO_LEVEL, PRECISION)
+        # At TF32 the operands are rounded to nearest TF32 (cuDNN's numerics), dY here only where
+        # its copy was not rounded when it was made (DY_ROUNDED).
+        if ROUND_TF32 and not DY_ROUNDED:
+            a_tile = _round_tf32(a_tile)
+        if ROUND_TF32:
+            b_tile = _round_tf32(b_tile)
+        acc = _mma_step(acc, a_tile, b_tile, False, TWO_LEVEL, PRECISION)
 
     x_m = _big(nb, BIG) * stride_xn + _big(id_, BIG) * stride_xd + _big(ih, BIG) * stride_xh \
         + _big(iw, BIG) * stride_xw
@@ -183,6 +196,7 @@ def head_wgrad_phase_kernel(
     tiles_ci, tiles_k,
     PRECISION: tl.constexpr,
     ROUND_TF32: tl.constexpr,
+    DY_ROUNDED: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     BIG: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -217,7 +231,13 @@ def head_wgrad_phase_kernel(
             + _big(iw, BIG) * stride_xw
         x_tile = tl.load(x_g + (x_p[:, None] + x_c[None, :]), mask=p_ok[:, None] & ci_ok[None, :], other=0.0)
         # TWO_LEVEL (exact-grade fp32): each tile's BLOCK_P-term dot summed on its own, then added.
-        acc = _mma_step(acc, y_tile, x_tile, ROUND_TF32, TWO_LEVEL, PRECISION)
+        # At TF32 the operands are rounded to nearest TF32 (cuDNN's numerics), dY here only where
+        # its copy was not rounded when it was made (DY_ROUNDED).
+        if ROUND_TF32 and not DY_ROUNDED:
+            y_tile = _round_tf32(y_tile)
+        if ROUND_TF32:
+            x_tile = _round_tf32(x_tile)
+        acc = _mma_step(acc, y_tile, x_tile, False, TWO_LEVEL, PRECISION)
 
     # part[split, grp, ci, k], contiguous (the layout of head_grad.head_wgrad_kernel's partials).
     base = (split * GROUPS + grp).to(tl.int64) * CIN_G * KTOT
