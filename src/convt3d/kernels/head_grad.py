@@ -73,6 +73,19 @@ def _tap_offsets(k, COUT_G, KH, KW, DD, DH, DW, stride_c, stride_d, stride_h, st
 
 
 @triton.jit
+def _grad_step(acc, a, b, ROUND_A: tl.constexpr, ROUND_B: tl.constexpr, TWO_LEVEL: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """acc += a @ b, the K step of the gradient kernels. At TF32 the operands are rounded to
+    nearest TF32 (cuDNN's numerics); the callers skip dY's rounding where its copy was rounded
+    when it was made (their DY_ROUNDED)."""
+    if ROUND_A:
+        a = _round_tf32(a)
+    if ROUND_B:
+        b = _round_tf32(b)
+    return _mma_step(acc, a, b, False, TWO_LEVEL, PRECISION)
+
+
+@triton.jit
 def _spatial(s, H, W):
     """Position s = (id * H + ih) * W + iw of a batch element -> (id, ih, iw)."""
     return s // (W * H), (s // W) % H, s % W
@@ -186,13 +199,7 @@ def head_dgrad_kernel(
         b_tile = tl.load(w_g + (k[:, None] * CIN_G + offs_ci[None, :]), mask=k_ok[:, None] & ci_ok[None, :],
                          other=0.0)
         # TWO_LEVEL (exact-grade fp32): each K block's dot summed on its own, then added.
-        # At TF32 the operands are rounded to nearest TF32 (cuDNN's numerics), dY here only where
-        # its copy was not rounded when it was made (DY_ROUNDED).
-        if ROUND_TF32 and not DY_ROUNDED:
-            a_tile = _round_tf32(a_tile)
-        if ROUND_TF32:
-            b_tile = _round_tf32(b_tile)
-        acc = _mma_step(acc, a_tile, b_tile, False, TWO_LEVEL, PRECISION)
+        acc = _grad_step(acc, a_tile, b_tile, ROUND_TF32 and not DY_ROUNDED, ROUND_TF32, TWO_LEVEL, PRECISION)
 
     # Stored as [channel, position], a position's offset s * the W stride (dX is the launcher's,
     # walked by one stride): in NCDHW runs of positions, in channels-last runs of channels. A
@@ -278,13 +285,7 @@ def head_wgrad_kernel(
             y_tile = tl.load(y_g + (y_p[:, None] + y_k[None, :]), mask=p_ok[:, None] & k_ok[None, :], other=0.0)
         # TWO_LEVEL (exact-grade fp32): a head's reduction runs over every input position (524288
         # on a 16 x 32^3 GAN head); each step's BLOCK_P-term dot is summed on its own, then added.
-        # At TF32 the operands are rounded to nearest TF32 (cuDNN's numerics), dY here only where
-        # its copy was not rounded when it was made (DY_ROUNDED).
-        if ROUND_TF32 and not DY_ROUNDED:
-            y_tile = _round_tf32(y_tile)
-        if ROUND_TF32:
-            x_tile = _round_tf32(x_tile)
-        acc = _mma_step(acc, x_tile, y_tile, False, TWO_LEVEL, PRECISION)
+        acc = _grad_step(acc, x_tile, y_tile, ROUND_TF32, ROUND_TF32 and not DY_ROUNDED, TWO_LEVEL, PRECISION)
 
     # part[split, grp, ci, k], contiguous.
     base = (split * GROUPS + grp).to(tl.int64) * CIN_G * KTOT

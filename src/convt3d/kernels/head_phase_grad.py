@@ -27,8 +27,7 @@ Offsets are 32-bit where every tensor spans fewer than 2^31 elements (``BIG`` Fa
 import triton
 import triton.language as tl
 
-from .head_gemm import _mma_step
-from .head_grad import _wide as _big
+from .head_grad import _grad_step, _wide as _big
 from .phase_gemm import _round_tf32
 
 
@@ -166,13 +165,7 @@ def head_dgrad_phase_kernel(
                                   other=0.0))
         b_tile = tl.load(w_g + (k[:, None] * CIN_G + offs_ci[None, :]), mask=k_ok[:, None] & ci_ok[None, :],
                          other=0.0)
-        # At TF32 the operands are rounded to nearest TF32 (cuDNN's numerics), dY here only where
-        # its copy was not rounded when it was made (DY_ROUNDED).
-        if ROUND_TF32 and not DY_ROUNDED:
-            a_tile = _round_tf32(a_tile)
-        if ROUND_TF32:
-            b_tile = _round_tf32(b_tile)
-        acc = _mma_step(acc, a_tile, b_tile, False, TWO_LEVEL, PRECISION)
+        acc = _grad_step(acc, a_tile, b_tile, ROUND_TF32 and not DY_ROUNDED, ROUND_TF32, TWO_LEVEL, PRECISION)
 
     x_m = _big(nb, BIG) * stride_xn + _big(id_, BIG) * stride_xd + _big(ih, BIG) * stride_xh \
         + _big(iw, BIG) * stride_xw
@@ -231,13 +224,7 @@ def head_wgrad_phase_kernel(
             + _big(iw, BIG) * stride_xw
         x_tile = tl.load(x_g + (x_p[:, None] + x_c[None, :]), mask=p_ok[:, None] & ci_ok[None, :], other=0.0)
         # TWO_LEVEL (exact-grade fp32): each tile's BLOCK_P-term dot summed on its own, then added.
-        # At TF32 the operands are rounded to nearest TF32 (cuDNN's numerics), dY here only where
-        # its copy was not rounded when it was made (DY_ROUNDED).
-        if ROUND_TF32 and not DY_ROUNDED:
-            y_tile = _round_tf32(y_tile)
-        if ROUND_TF32:
-            x_tile = _round_tf32(x_tile)
-        acc = _mma_step(acc, y_tile, x_tile, False, TWO_LEVEL, PRECISION)
+        acc = _grad_step(acc, y_tile, x_tile, ROUND_TF32 and not DY_ROUNDED, ROUND_TF32, TWO_LEVEL, PRECISION)
 
     # part[split, grp, ci, k], contiguous (the layout of head_grad.head_wgrad_kernel's partials).
     base = (split * GROUPS + grp).to(tl.int64) * CIN_G * KTOT
