@@ -201,9 +201,12 @@ class _Steps:
         companions = cfg.companions and companion_masks(params) is not None
         self.tab = phase_table(params, device, cfg.W_GROUP, cfg.fill_separate or companions, companions)
         self.n_groups = self.tab.shape[0] // cfg.W_GROUP
-        # Empty rows/planes: in stream order before the GEMM. Filling on a side stream
-        # concurrently with the GEMM was measured (KB 77): no gain in NCDHW (392 vs 398 us) and
-        # a loss in channels-last (329 vs 260 us), so the simple order stays.
+        # Empty rows/planes: in stream order before the GEMM. The fill on a side stream, launched
+        # after the GEMM so that the two co-reside (H200, 2026-12-04, KB 77, whole call by graph
+        # replay): NCDHW fp32 356.8 -> 353.7 us, bf16 249.8 -> 246.2; channels-last fp32 287.5
+        # -> 258.8, bf16 182.3 -> 170.5; launched before the GEMM, at most 1%. Not used:
+        # KernelBench's static rules reject any stream in its files, which carry this module
+        # verbatim, and the KernelBench layout (NCDHW) gains 1% (NOTES.md, section 12).
         # fill_site: the site getter of the fill kernel, None when nothing needs a fill.
         self.fill_site, self.fill_table = None, None
         if companions:
