@@ -549,33 +549,6 @@ def _row_value(tab_ptr, r, i):
 
 
 @gluon.jit
-def _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n):
-    """(pid_n, phase group, pid_h, pid_w, qd, n, group) of box ``tile``: N tiles fastest, then
-    phase groups, box columns, box rows, compact depth, batch, group."""
-    pid_n = tile % tiles_n
-    t = tile // tiles_n
-    pgrp = t % NUM_GROUPS
-    t = t // NUM_GROUPS
-    pid_w = t % tiles_w
-    t = t // tiles_w
-    pid_h = t % tiles_h
-    t = t // tiles_h
-    qd = t % QD
-    t = t // QD
-    return pid_n, pgrp, pid_h, pid_w, qd, t % N, t // N
-
-
-@gluon.jit
-def _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K: gl.constexpr):
-    """K steps (taps x channel blocks) of phase row ``r`` (of the group at ``row0``) for the box
-    at (qd, qh0, qw0); 0 where the box lies past the phase's compact grid (it only stores)."""
-    active = ((qd < _row_value(tab_ptr, row0, 12)) & (qh0 < _row_value(tab_ptr, row0, 13))
-              & (qw0 < _row_value(tab_ptr, r, 14)))
-    taps = _row_value(tab_ptr, r, 3) * _row_value(tab_ptr, r, 4) * _row_value(tab_ptr, r, 5)
-    return gl.where(active, taps * ((CIN_G + BLOCK_K - 1) // BLOCK_K), 0)
-
-
-@gluon.jit
 def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, w_row, jd, jh, jw,
            OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base):
     """Start the two boxes of one K step into stage ``s``: the input at the box shifted by tap
@@ -749,8 +722,19 @@ def box_gemm_kernel(
     m_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     n_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
 
-    pid_n, pgrp, pid_h, pid_w, qd, nb, grp = _box_tile(gl.program_id(0), N, QD, NUM_GROUPS, tiles_h, tiles_w,
-                                                       tiles_n)
+    pid = gl.program_id(0)
+    pid_n = pid % tiles_n
+    t = pid // tiles_n
+    pgrp = t % NUM_GROUPS
+    t = t // NUM_GROUPS
+    pid_w = t % tiles_w
+    t = t // tiles_w
+    pid_h = t % tiles_h
+    t = t // tiles_h
+    qd = t % QD
+    t = t // QD
+    nb = t % N
+    grp = t // N
     qh0 = pid_h * BH
     qw0 = pid_w * BW
 
@@ -776,6 +760,8 @@ def box_gemm_kernel(
     row0 = pgrp * W_GROUP
     rd = _row_value(tab_ptr, row0, 0)
     rh = _row_value(tab_ptr, row0, 1)
+    qd_n = _row_value(tab_ptr, row0, 12)
+    qh_n = _row_value(tab_ptr, row0, 13)
     od = qd * SD + rd
     g = 0  # K steps this program has put through its ring
     acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 0 (W_GROUP=2) / the phase
@@ -783,9 +769,13 @@ def box_gemm_kernel(
     for j in gl.static_range(W_GROUP):
         if j != W_SKIP:
             r = row0 + j
+            td = _row_value(tab_ptr, r, 3)
             th = _row_value(tab_ptr, r, 4)
             tw = _row_value(tab_ptr, r, 5)
-            n_iter = _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K)
+            qw_n = _row_value(tab_ptr, r, 14)
+            active = (qd < qd_n) & (qh0 < qh_n) & (qw0 < qw_n)
+            k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
+            n_iter = gl.where(active, td * th * tw * k_blocks, 0)
             acc, g = _mainloop(
                 x_desc, w_desc, a_smem, b_smem, bars, g, n_iter, nb,
                 qd + PD + _row_value(tab_ptr, r, 9), qh0 + PH + _row_value(tab_ptr, r, 10),
@@ -846,220 +836,6 @@ def box_gemm_kernel(
                     _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od_f, rc % SH,
                                 rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP,
                                 OFF32, False, num_warps)
-
-
-# ---- the persistent, warp-specialised variant (NCDHW output) -----------------------------------
-# box_gemm_kernel's program runs its K loop, then its epilogue: the NCDHW rows through shared
-# memory and the companion rows, about 100 of the ~240 us of KB 77's GEMM (the same GEMM with
-# compact stores took 144 us), while at most one other program of the SM issues MMAs (two
-# programs of 98 KB of shared memory per SM; ncu, H200, 2026-12-04: L1/TEX 70.6%, L2 52.8%,
-# DRAM 25.4%, no unit saturated). Here one program per SM loops over the same boxes in three
-# partitions, so that a box's stores drain while the next boxes' loads and MMAs run:
-# - a loader warp puts every K step of the program's boxes through the operand ring (``ready``:
-#   TMA bytes landed; ``empty``: the wgmma that read the stage is done);
-# - the default partition (one warpgroup) runs the wgmmas and hands each box's accumulators to
-#   the storers through one buffer in shared memory (``c_ready`` / ``c_free``);
-# - four storer warps write the buffer as whole output rows, then the companion rows.
-# Boxes with no K steps (past their phase's grid) never reach the MMA partition: the storers
-# write their bias rows alone. Every partition walks the same boxes (``_box_tile``) and counts
-# K steps and handed-over boxes the same way, which is what keeps the barrier phases in step.
-
-
-@gluon.jit
-def _ws_load(x_desc, w_desc, a_smem, b_smem, ready, empty, tab_ptr, n_tiles,
-             N, CIN_G, COUT_G, PD, PH, PW, QD, NUM_GROUPS, KVOL, KH, KW,
-             TSD, TSH, TSW, OSD, OSH, OSW, tiles_h, tiles_w, tiles_n,
-             W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, STAGES: gl.constexpr):
-    BH: gl.constexpr = x_desc.block_type.shape[2]
-    BW: gl.constexpr = x_desc.block_type.shape[3]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
-    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    g = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_n, pgrp, pid_h, pid_w, qd, nb, grp = _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n)
-        qh0 = pid_h * BH
-        qw0 = pid_w * BW
-        row0 = pgrp * W_GROUP
-        for j in gl.static_range(W_GROUP):
-            if j != W_SKIP:
-                r = row0 + j
-                n_iter = _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K)
-                th = _row_value(tab_ptr, r, 4)
-                tw = _row_value(tab_ptr, r, 5)
-                d0 = qd + PD + _row_value(tab_ptr, r, 9)
-                h0 = qh0 + PH + _row_value(tab_ptr, r, 10)
-                w0 = qw0 + PW + _row_value(tab_ptr, r, 11)
-                t0d = _row_value(tab_ptr, r, 6)
-                t0h = _row_value(tab_ptr, r, 7)
-                t0w = _row_value(tab_ptr, r, 8)
-                cb = 0
-                jw = 0
-                jh = 0
-                jd = 0
-                for k in range(n_iter):
-                    s = g % STAGES
-                    # A fresh barrier counts as having completed the phase before its first:
-                    # the first pass through the ring waits on nothing.
-                    mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
-                    _issue(x_desc, w_desc, a_smem, b_smem, ready, s, nb, d0, h0, w0, grp * CIN_G, cb,
-                           pid_n * BLOCK_N, jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w,
-                           COUT_G, grp * KVOL * COUT_G)
-                    cb, jw, jh, jd = _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K)
-                    g += 1
-
-
-@gluon.jit
-def _ws_mma(a_smem, b_smem, ready, empty, c_smem, c_ready, c_free, tab_ptr, n_tiles,
-            N, CIN_G, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n,
-            BH: gl.constexpr, BW: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr,
-            STAGES: gl.constexpr, num_warps: gl.constexpr):
-    BLOCK_M: gl.constexpr = a_smem.shape[1]
-    BLOCK_K: gl.constexpr = a_smem.shape[2]
-    BLOCK_N: gl.constexpr = b_smem.shape[1]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1],
-        instr_shape=[16, BLOCK_N, 256 // a_smem.dtype.primitive_bitwidth])
-    g = 0  # K steps consumed
-    handed = 0  # boxes handed to the storers
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_n, pgrp, pid_h, pid_w, qd, nb, grp = _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n)
-        qh0 = pid_h * BH
-        qw0 = pid_w * BW
-        row0 = pgrp * W_GROUP
-        steps = 0
-        acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-        acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-        for j in gl.static_range(W_GROUP):
-            if j != W_SKIP:
-                n_iter = _box_steps(tab_ptr, row0, row0 + j, qd, qh0, qw0, CIN_G, BLOCK_K)
-                steps += n_iter
-                acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-                for k in range(n_iter):
-                    s = g % STAGES
-                    mbarrier.wait(ready.index(s), (g // STAGES) & 1)
-                    acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
-                    acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
-                    # At most this step's wgmma in flight: the step before has read its stage.
-                    mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=k > 0)
-                    g += 1
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=n_iter > 0)
-                if j == 0:
-                    acc0 = acc
-                else:
-                    acc1 = acc
-        if steps > 0:
-            mbarrier.wait(c_free, (handed & 1) ^ 1)
-            for j in gl.static_range(W_GROUP):
-                vals = acc0 if j == 0 else acc1
-                c_smem.slice(j, 1, dim=2).store(gl.reshape(gl.permute(vals, [1, 0]), [BLOCK_N, BLOCK_M, 1]))
-            cta_barrier()  # this partition's warps only (a named barrier): the whole box written
-            mbarrier.arrive(c_ready)
-            handed += 1
-
-
-@gluon.jit
-def _ws_store(c_smem, c_ready, c_free, y_ptr, b_ptr, tab_ptr, n_tiles,
-              N, CIN_G, COUT_G, QD, OD, OH, OW, NUM_GROUPS,
-              stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, tiles_h, tiles_w, tiles_n,
-              HAS_BIAS: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr,
-              BH: gl.constexpr, BW: gl.constexpr, BLOCK_K: gl.constexpr, STORE_WARPS: gl.constexpr):
-    BLOCK_N: gl.constexpr = c_smem.shape[0]
-    BLOCK_M: gl.constexpr = c_smem.shape[1]
-    c_rows = c_smem.reshape([BLOCK_N, BLOCK_M * W_GROUP])
-    taken = 0  # boxes taken from the MMA partition
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_n, pgrp, pid_h, pid_w, qd, nb, grp = _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n)
-        qh0 = pid_h * BH
-        qw0 = pid_w * BW
-        row0 = pgrp * W_GROUP
-        steps = 0
-        for j in gl.static_range(W_GROUP):
-            if j != W_SKIP:
-                steps += _box_steps(tab_ptr, row0, row0 + j, qd, qh0, qw0, CIN_G, BLOCK_K)
-        od = qd * SD + _row_value(tab_ptr, row0, 0)
-        rh = _row_value(tab_ptr, row0, 1)
-        rw0 = _row_value(tab_ptr, row0, 2)
-        y_n = nb.to(gl.int64) * stride_yn
-        if steps > 0:
-            mbarrier.wait(c_ready, taken & 1)
-            _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW,
-                        SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, True, STORE_WARPS)
-            cta_barrier()  # this partition's warps only: every read of the buffer done
-            mbarrier.arrive(c_free)
-            taken += 1
-        else:
-            _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW,
-                        SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, False, STORE_WARPS)
-        cmask = _row_value(tab_ptr, row0, 15)
-        for rc in range(SD * SH):
-            if ((cmask >> rc) & 1) != 0:
-                _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, qd * SD + rc // SH,
-                            rc % SH, rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP,
-                            OFF32, False, STORE_WARPS)
-
-
-@gluon.jit
-def box_ws_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    PD, PH, PW,
-    QD, OD, OH, OW,
-    NUM_GROUPS, KVOL,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    TSD, TSH, TSW,
-    OSD, OSH, OSW,
-    tiles_h, tiles_w, tiles_n, n_tiles,
-    HAS_BIAS: gl.constexpr,
-    W_GROUP: gl.constexpr,
-    W_SKIP: gl.constexpr,
-    OFF32: gl.constexpr,
-    STAGES: gl.constexpr,
-    LOAD_REGS: gl.constexpr,
-    STORE_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
-):
-    """``box_gemm_kernel``'s boxes (the same arguments, NCDHW output only, plus ``n_tiles``, the
-    number of boxes) on a grid of at most one program per SM, each looping over boxes
-    program_id, program_id + programs, ... in the three partitions described above."""
-    BH: gl.constexpr = x_desc.block_type.shape[2]
-    BW: gl.constexpr = x_desc.block_type.shape[3]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
-    BLOCK_M: gl.constexpr = BH * BW
-    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    STORE_WARPS: gl.constexpr = 4
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], x_desc.dtype)
-    a_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_layout)
-    b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    c_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M, W_GROUP], c_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    c_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    c_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    mbarrier.init(c_ready, count=1)
-    mbarrier.init(c_free, count=1)
-    gl.warp_specialize([
-        (_ws_mma, (a_smem, b_smem, ready, empty, c_smem, c_ready, c_free, tab_ptr, n_tiles,
-                   N, CIN_G, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n, BH, BW, W_GROUP, W_SKIP, STAGES, num_warps)),
-        (_ws_load, (x_desc, w_desc, a_smem, b_smem, ready, empty, tab_ptr, n_tiles,
-                    N, CIN_G, COUT_G, PD, PH, PW, QD, NUM_GROUPS, KVOL, KH, KW,
-                    TSD, TSH, TSW, OSD, OSH, OSW, tiles_h, tiles_w, tiles_n, W_GROUP, W_SKIP, STAGES)),
-        (_ws_store, (c_smem, c_ready, c_free, y_ptr, b_ptr, tab_ptr, n_tiles,
-                     N, CIN_G, COUT_G, QD, OD, OH, OW, NUM_GROUPS,
-                     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, tiles_h, tiles_w, tiles_n,
-                     HAS_BIAS, W_GROUP, W_SKIP, OFF32, BH, BW, BLOCK_K, STORE_WARPS)),
-    ], [1, STORE_WARPS], [LOAD_REGS, STORE_REGS])
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
-    mbarrier.invalidate(c_ready)
-    mbarrier.invalidate(c_free)
 
 
 # ==================== convt3d/kernels/head_box.py (verbatim; package-relative imports rewritten) ====================
@@ -2619,7 +2395,6 @@ class Config:
                 + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp") + (f" {self.x_cache}" if self.x_cache else "")
                 + (f" r{self.maxnreg}" if self.maxnreg else "") + (" tma" if self.tma else "")
                 + (" flat" if self.flat else "") + (" gluon" if self.gluon else "")
-                + (f" ws p{self.persist}" if self.persist else "")
                 + (f" fold{self.fold}" if self.fold > 1 else ""))
 
 
@@ -2655,11 +2430,6 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
             best, best_pad = bw, pad
         bw *= 2
     return best
-
-
-# Shared memory box_ws_kernel may plan for (its ring and output buffer): the H100 / H200's 227 KB
-# per block, less room for its barriers and Triton's alignment of each buffer.
-WS_SMEM = 216 * 1024
 
 
 @functools.lru_cache(maxsize=1024)
@@ -2752,17 +2522,6 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
             # M64 s4: 371); its GEMM alone in the spike, us for 2 / 3 / 4 stages, fp32 151.0 /
             # 144.2 / 146.8, bf16 113.6 / 101.2 / 98.5.
             plans.append((128, 4, plane, {"flat": True, "gluon": True}))
-            if not channels_last_out:
-                # box_ws_kernel: the same boxes on one persistent program per SM, its NCDHW
-                # epilogue in a partition of its own so that it overlaps the next boxes' MMAs
-                # (kernels/gluon_gemm.py). One warpgroup of MMAs, and the ring and one output
-                # buffer must share the SM: the most stages that fit.
-                bn_ws = max(16, min(128, _pow2_at_least(cout_g)))
-                for stages in (4, 3, 2):
-                    ring = stages * (128 * bk + bn_ws * bk) * esize
-                    if ring + bn_ws * 128 * wg * 4 <= WS_SMEM and acc_wg * 128 * bn_ws <= 128 * 64:
-                        plans.append((128, stages, plane, {"flat": True, "gluon": True, "persist": 1}))
-                        break
     else:
         # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
         # tiles measured at commit 1bd87ef (2026-11-29).
@@ -4687,8 +4446,6 @@ HK = types.SimpleNamespace(
 )
 GK = types.SimpleNamespace(
     _advance=_advance,
-    _box_steps=_box_steps,
-    _box_tile=_box_tile,
     _channel_offsets=_channel_offsets,
     _issue=_issue,
     _mainloop=_mainloop,
@@ -4696,11 +4453,7 @@ GK = types.SimpleNamespace(
     _row_value=_row_value,
     _store=_store,
     _store_rows=_store_rows,
-    _ws_load=_ws_load,
-    _ws_mma=_ws_mma,
-    _ws_store=_ws_store,
     box_gemm_kernel=box_gemm_kernel,
-    box_ws_kernel=box_ws_kernel,
     cta_barrier=cta_barrier,
     tma_load=tma_load,
 )
@@ -5124,8 +4877,7 @@ def gluon_capable(device: torch.device) -> bool:
 
 def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, params: ConvT3dParams, geo,
               has_bias: bool) -> Site:
-    """The launch site of box_gemm_kernel, or of box_ws_kernel for a persistent config (``persist``:
-    programs per SM); descriptors from ``_box_descriptors``."""
+    """The launch site of box_gemm_kernel (descriptors from ``_box_descriptors``)."""
     def build():
         (pd, ph, pw), _ = geo
         _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
@@ -5134,38 +4886,26 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
         # extra row or column of empty phases, KB 77).
         tiles_h, tiles_w = _cdiv(q[1], cfg.BLOCK_M // cfg.BLOCK_W), _cdiv(q[2], cfg.BLOCK_W)
         tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+        axes = params.axes
         programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
-        consts = dict(
-            HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
-            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), STAGES=cfg.num_stages, num_warps=cfg.num_warps)
-        if cfg.persist:
-            # box_ws_kernel: one program per SM over the same boxes; its loader warp and storer
-            # warps need few registers, the MMA warpgroup takes the rest.
-            sms = torch.cuda.get_device_properties(y.device).multi_processor_count
-            return Site("box_ws_kernel", (min(programs, cfg.persist * sms),), _box_ints(
-                params, pd, ph, pw, n_groups, y, tiles_h, tiles_w, tiles_n) + (programs,),
-                dict(consts, LOAD_REGS=40, STORE_REGS=128))
-        return Site("box_gemm_kernel", (programs,), _box_ints(params, pd, ph, pw, n_groups, y, tiles_h, tiles_w,
-                                                              tiles_n),
-                    dict(consts, CL_OUT=y.stride(1) == 1 and params.out_channels > 1))
-
-    return site(("box_gemm", params, cfg, y.stride(), n_groups, has_bias), build)
-
-
-def _box_ints(params: ConvT3dParams, pd: int, ph: int, pw: int, n_groups: int, y: torch.Tensor, tiles_h: int,
-              tiles_w: int, tiles_n: int) -> tuple:
-    """The integer arguments box_gemm_kernel and box_ws_kernel share."""
-    axes = params.axes
-    return (params.batch, params.in_channels_per_group, params.out_channels_per_group,
+        return Site("box_gemm_kernel", (programs,), (
+            params.batch, params.in_channels_per_group, params.out_channels_per_group,
             pd, ph, pw,
-            params.compact_size[0], *params.out_size,
+            q[0], *params.out_size,
             n_groups, math.prod(params.kernel_size),
             params.kernel_size[1], params.kernel_size[2],
             *y.stride(),
             *params.stride,
             *(a.tap_step for a in axes),
             *(a.offset_step for a in axes),
-            tiles_h, tiles_w, tiles_n)
+            tiles_h, tiles_w, tiles_n,
+        ), dict(
+            HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
+            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), CL_OUT=y.stride(1) == 1 and params.out_channels > 1,
+            STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        ))
+
+    return site(("box_gemm", params, cfg, y.stride(), n_groups, has_bias), build)
 
 
 @functools.lru_cache(maxsize=64)

@@ -18,8 +18,7 @@ from test_gluon_spike import compile_in_clean_process
 _GL = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, kernel: str = "box_gemm_kernel",
-             **consts):
+def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **consts):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -34,7 +33,7 @@ def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, ker
            "w_desc": f"tensordesc<{dtype}[{block_n},{block_k}],{b!r}>",
            "b_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "tab_ptr": "*i32"}
     consts = dict(consts, num_warps=warps)
-    fn = getattr(GK, kernel)
+    fn = GK.box_gemm_kernel
     signature = {a: sig.get(a, "constexpr" if a in consts else "i32") for a in fn.arg_names}
     return triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=consts),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
@@ -51,45 +50,10 @@ def test_box_gemm_compiles_for_sm90(dtype, block_n, block_k, box, warps, w_group
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     # In a process of its own, without the interpreter (see test_gluon_spike.compile_in_clean_process).
     consts = dict(HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip, OFF32=off32, CL_OUT=cl_out, STAGES=4)
-    args = json.dumps([dtype, block_n, block_k, list(box), warps, "box_gemm_kernel", consts])
+    args = json.dumps([dtype, block_n, block_k, list(box), warps, consts])
     out = compile_in_clean_process([__file__, args])
     assert "wgmma.mma_async" in out
     assert "cp.async.bulk.tensor.5d" in out  # the 5-D input boxes
-
-
-@pytest.mark.parametrize("dtype,block_n,block_k,box,w_group,w_skip,bias,off32,stages", [
-    ("fp32", 64, 32, (1, 1, 4, 32, 32), 2, 0, False, True, 4),    # KB 77: a W residue without taps
-    ("bf16", 64, 64, (1, 1, 8, 16, 64), 1, -1, True, False, 4),   # stride 1, 64-bit offsets
-    ("fp16", 32, 64, (1, 1, 8, 16, 64), 2, -1, True, True, 3),    # both W residues with taps
-], ids=["kb77-wskip", "bf16-stride1-off64", "fp16-both-residues"])
-def test_box_ws_compiles_for_sm90(dtype, block_n, block_k, box, w_group, w_skip, bias, off32, stages):
-    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    consts = dict(HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip, OFF32=off32, STAGES=stages, LOAD_REGS=40,
-                  STORE_REGS=128)
-    args = json.dumps([dtype, block_n, block_k, list(box), 4, "box_ws_kernel", consts])
-    out = compile_in_clean_process([__file__, args])
-    assert "wgmma.mma_async" in out and "cp.async.bulk.tensor.5d" in out
-    # Three partitions: the loader and the storers give registers back, the MMA warpgroup takes them.
-    assert "setmaxnreg.dec" in out and "setmaxnreg.inc" in out
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_box_ws_offered_for_ncdhw_output_within_shared_memory(dtype):
-    params = _params(32, 64, (16, 32, 32), 3, 2, 1, d=2, dtype=dtype)  # KB 77
-    ncdhw = E.candidate_configs(params, dtype, "tf32", False, flat=True, gluon=True)
-    ws = [c for c in ncdhw if c.persist]
-    assert len(ws) == 1 and ws[0].gluon and ws[0].num_warps == 4
-    cfg = ws[0]
-    es = dtype.itemsize
-    ring = cfg.num_stages * (cfg.BLOCK_M + cfg.BLOCK_N) * cfg.BLOCK_K * es
-    assert ring + cfg.BLOCK_N * cfg.BLOCK_M * cfg.W_GROUP * 4 <= E.WS_SMEM
-    assert cfg.short().endswith("ws p1")
-    # Channels-last output stores from the accumulators: no persistent variant.
-    assert not any(c.persist for c in E.candidate_configs(params, dtype, "tf32", True, flat=True, gluon=True))
-    # Both W residues with taps and 128 output channels: two accumulators of 128 x 128 would need
-    # two warpgroups; not offered.
-    wide = _params(32, 128, (4, 9, 11), 4, 2, 1, dtype=dtype)
-    assert not any(c.persist for c in E.candidate_configs(wide, dtype, "tf32", False, flat=True, gluon=True))
 
 
 def _params(cin, cout, size, k, s, p, op=0, g=1, d=1, dtype=torch.float32):
@@ -142,5 +106,5 @@ def test_no_gluon_candidate_off_sm90():
 
 
 if __name__ == "__main__":  # the compile test's clean process: print the PTX of one configuration
-    dtype_, bn_, bk_, box_, warps_, kernel_, consts_ = json.loads(sys.argv[1])
-    print(_compile(dtype_, bn_, bk_, tuple(box_), warps_, kernel_, **consts_).asm["ptx"])
+    dtype_, bn_, bk_, box_, warps_, consts_ = json.loads(sys.argv[1])
+    print(_compile(dtype_, bn_, bk_, tuple(box_), warps_, **consts_).asm["ptx"])

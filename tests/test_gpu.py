@@ -11,7 +11,6 @@ problems.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 
@@ -209,32 +208,6 @@ def test_box_gemm_every_geometry(geom, size, bias, layout, dtype):
     assert gluon, "box_gemm_kernel must be a candidate for this geometry"
     for cfg in gluon:
         _check(x, w, b, args, prec, E.forward(x, w, b, params, prec, config=cfg))
-
-
-@_hopper
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-@pytest.mark.parametrize("geom,size,batch", [
-    (dict(k=3, s=2, p=1, op=0, d=2, g=1, cin=32, cout=64), (8, 32, 32), 3),   # KB 77's plane: edge boxes
-    (dict(k=3, s=1, p=1, op=0, d=1, g=1, cin=24, cout=40), (12, 20, 18), 2),  # stride 1, partial boxes
-    (dict(k=3, s=1, p=1, op=0, d=1, g=2, cin=64, cout=32), (9, 16, 16), 2),   # groups
-], ids=["kb77-plane", "stride1-partial", "groups2"])
-def test_box_ws_equals_box_gemm_over_many_boxes(geom, size, batch, bias, dtype):
-    # Several boxes per persistent program (hundreds of boxes on 132 programs), so that the ring's
-    # and the output buffer's barrier phases wrap: the same boxes, the same K order and the same
-    # wgmma as box_gemm_kernel, so the same bits.
-    x, w, b, args = _geometry_inputs(geom, "ncdhw", dtype, size)
-    x = torch.randn(batch, *x.shape[1:], device=DEV, dtype=dtype)
-    b = b if bias else None
-    params, _ = check_call(x, w, b, *args)
-    configs = E.plan(params, x, w, "tf32").configs
-    ws = [c for c in configs if c.persist and c.gluon]
-    assert ws, "box_ws_kernel must be a candidate for NCDHW output"
-    for cfg in ws:
-        twin = next(c for c in configs if c == dataclasses.replace(cfg, persist=0, num_stages=4))
-        out = E.forward(x, w, b, params, "tf32", config=cfg)
-        assert torch.equal(out, E.forward(x, w, b, params, "tf32", config=twin)), cfg.short()
-        _check(x, w, b, args, "tf32", out)
 
 
 @_hopper

@@ -98,7 +98,6 @@ class Config:
                 + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp") + (f" {self.x_cache}" if self.x_cache else "")
                 + (f" r{self.maxnreg}" if self.maxnreg else "") + (" tma" if self.tma else "")
                 + (" flat" if self.flat else "") + (" gluon" if self.gluon else "")
-                + (f" ws p{self.persist}" if self.persist else "")
                 + (f" fold{self.fold}" if self.fold > 1 else ""))
 
 
@@ -134,11 +133,6 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
             best, best_pad = bw, pad
         bw *= 2
     return best
-
-
-# Shared memory box_ws_kernel may plan for (its ring and output buffer): the H100 / H200's 227 KB
-# per block, less room for its barriers and Triton's alignment of each buffer.
-WS_SMEM = 216 * 1024
 
 
 @functools.lru_cache(maxsize=1024)
@@ -231,17 +225,6 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
             # M64 s4: 371); its GEMM alone in the spike, us for 2 / 3 / 4 stages, fp32 151.0 /
             # 144.2 / 146.8, bf16 113.6 / 101.2 / 98.5.
             plans.append((128, 4, plane, {"flat": True, "gluon": True}))
-            if not channels_last_out:
-                # box_ws_kernel: the same boxes on one persistent program per SM, its NCDHW
-                # epilogue in a partition of its own so that it overlaps the next boxes' MMAs
-                # (kernels/gluon_gemm.py). One warpgroup of MMAs, and the ring and one output
-                # buffer must share the SM: the most stages that fit.
-                bn_ws = max(16, min(128, _pow2_at_least(cout_g)))
-                for stages in (4, 3, 2):
-                    ring = stages * (128 * bk + bn_ws * bk) * esize
-                    if ring + bn_ws * 128 * wg * 4 <= WS_SMEM and acc_wg * 128 * bn_ws <= 128 * 64:
-                        plans.append((128, stages, plane, {"flat": True, "gluon": True, "persist": 1}))
-                        break
     else:
         # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
         # tiles measured at commit 1bd87ef (2026-11-29).

@@ -22,7 +22,7 @@ from . import head_engine
 # The engine's other two modules; their names are this module's too (callers use either).
 from .triton_configs import (Config, TuneRecord, _cdiv, _choose, _head_configs, _pow2_at_least, _tune_key, _tuned,
     _tuning_enabled, _w_skip, block_w, candidate_configs, device_name, flat_geometry, flat_unsupported, group_folds,
-    tuned_config, tuning_log, uses_tensor_cores, WS_SMEM)  # noqa: F401
+    tuned_config, tuning_log, uses_tensor_cores)  # noqa: F401
 from .triton_sites import (Site, _INT32_MAX, _channels_last_site, _check_slice_offsets, _device_table,
     _fill_planes_site, _fill_rows_site, _flat_descriptors, _flat_site, _flattenable, _head_site, _hook_set, _kernel,
     _offsets_fit_int32, _pack_site, _pack_weight, _packed_shape, _padded_site, _phase_site, _prepare_input,

@@ -443,8 +443,7 @@ def gluon_capable(device: torch.device) -> bool:
 
 def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, params: ConvT3dParams, geo,
               has_bias: bool) -> Site:
-    """The launch site of box_gemm_kernel, or of box_ws_kernel for a persistent config (``persist``:
-    programs per SM); descriptors from ``_box_descriptors``."""
+    """The launch site of box_gemm_kernel (descriptors from ``_box_descriptors``)."""
     def build():
         (pd, ph, pw), _ = geo
         _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
@@ -453,38 +452,26 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
         # extra row or column of empty phases, KB 77).
         tiles_h, tiles_w = _cdiv(q[1], cfg.BLOCK_M // cfg.BLOCK_W), _cdiv(q[2], cfg.BLOCK_W)
         tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+        axes = params.axes
         programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
-        consts = dict(
-            HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
-            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), STAGES=cfg.num_stages, num_warps=cfg.num_warps)
-        if cfg.persist:
-            # box_ws_kernel: one program per SM over the same boxes; its loader warp and storer
-            # warps need few registers, the MMA warpgroup takes the rest.
-            sms = torch.cuda.get_device_properties(y.device).multi_processor_count
-            return Site("box_ws_kernel", (min(programs, cfg.persist * sms),), _box_ints(
-                params, pd, ph, pw, n_groups, y, tiles_h, tiles_w, tiles_n) + (programs,),
-                dict(consts, LOAD_REGS=40, STORE_REGS=128))
-        return Site("box_gemm_kernel", (programs,), _box_ints(params, pd, ph, pw, n_groups, y, tiles_h, tiles_w,
-                                                              tiles_n),
-                    dict(consts, CL_OUT=y.stride(1) == 1 and params.out_channels > 1))
-
-    return site(("box_gemm", params, cfg, y.stride(), n_groups, has_bias), build)
-
-
-def _box_ints(params: ConvT3dParams, pd: int, ph: int, pw: int, n_groups: int, y: torch.Tensor, tiles_h: int,
-              tiles_w: int, tiles_n: int) -> tuple:
-    """The integer arguments box_gemm_kernel and box_ws_kernel share."""
-    axes = params.axes
-    return (params.batch, params.in_channels_per_group, params.out_channels_per_group,
+        return Site("box_gemm_kernel", (programs,), (
+            params.batch, params.in_channels_per_group, params.out_channels_per_group,
             pd, ph, pw,
-            params.compact_size[0], *params.out_size,
+            q[0], *params.out_size,
             n_groups, math.prod(params.kernel_size),
             params.kernel_size[1], params.kernel_size[2],
             *y.stride(),
             *params.stride,
             *(a.tap_step for a in axes),
             *(a.offset_step for a in axes),
-            tiles_h, tiles_w, tiles_n)
+            tiles_h, tiles_w, tiles_n,
+        ), dict(
+            HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
+            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), CL_OUT=y.stride(1) == 1 and params.out_channels > 1,
+            STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        ))
+
+    return site(("box_gemm", params, cfg, y.stride(), n_groups, has_bias), build)
 
 
 @functools.lru_cache(maxsize=64)
