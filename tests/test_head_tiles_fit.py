@@ -55,7 +55,7 @@ def test_candidates_fit_shared_memory_when_compiled():
     # 504 columns, the widest joint tiles), channels-last: 19 kernels, about two minutes on one
     # core. In a process of its own, without the interpreter (test_gluon_spike explains why). The
     # script runs the two suites and generated layers the same way, at more length (NOTES.md
-    # section 10, "dY rounded once").
+    # section 10, "Shared memory of every head candidate, checked offline").
     out = compile_in_clean_process([str(SCRIPT), "--case", "sweep09_256to7_k666s222", "--dtypes", "bf16",
                                     "--layouts", "cl"])
     assert " 0 over " in out, out

@@ -254,10 +254,16 @@ def _dy_pads(params: ConvT3dParams) -> tuple[tuple[int, int], ...]:
                                  - a.padding - a.out_size)) for a in params.axes)
 
 
+def _dy_needs_zeros(params: ConvT3dParams) -> bool:
+    """Whether the padded copy of dY holds any zero: else :func:`padded_dy` returns dY itself."""
+    return any(any(p) for p in _dy_pads(params))
+
+
 def dy_copied(params: ConvT3dParams, config: HeadDgradConfig | HeadWgradConfig) -> bool:
     """Whether ``config``'s kernel reads a copy of dY (:func:`dy_operand`) rather than dY itself:
-    the phase kernels always, the flat ones where the padded copy needs a zero."""
-    return bool(config.BLOCK_W) or any(any(p) for p in _dy_pads(params))
+    the phase kernels always, the flat ones where the padded copy needs a zero. The kernels skip
+    dY's TF32 rounding on this answer, so it must be the rule :func:`padded_dy` follows."""
+    return bool(config.BLOCK_W) or _dy_needs_zeros(params)
 
 
 def _pad_site(params: ConvT3dParams, dy: torch.Tensor, dyp: torch.Tensor, round_tf32: bool) -> Site:
@@ -290,9 +296,9 @@ def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None
     for the bf16 k2s2 8 -> 2 head's dY at 128^3."""
     dtype = dtype or dy.dtype
     round_tf32 = round_tf32 and dtype == torch.float32  # TF32 is a rounding of fp32 only
-    pads = _dy_pads(params)
-    if not any(any(p) for p in pads):
+    if not _dy_needs_zeros(params):
         return dy.to(dtype)
+    pads = _dy_pads(params)
     shape = params.out_shape[:2] + tuple(o + a + b for o, (a, b) in zip(params.out_size, pads))
     cl = dy.dim() == 5 and dy.is_contiguous(memory_format=torch.channels_last_3d) and not dy.is_contiguous()
     dyp = torch.empty(shape, dtype=dtype, device=dy.device,
