@@ -18,7 +18,7 @@ from test_gluon_spike import compile_in_clean_process
 _GL = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **consts):
+def _compile(kernel: str, dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **consts):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -33,7 +33,7 @@ def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **c
            "w_desc": f"tensordesc<{dtype}[{block_n},{block_k}],{b!r}>",
            "b_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "tab_ptr": "*i32"}
     consts = dict(consts, num_warps=warps)
-    fn = GK.box_gemm_kernel
+    fn = getattr(GK, kernel)
     signature = {a: sig.get(a, "constexpr" if a in consts else "i32") for a in fn.arg_names}
     return triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=consts),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
@@ -50,10 +50,41 @@ def test_box_gemm_compiles_for_sm90(dtype, block_n, block_k, box, warps, w_group
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     # In a process of its own, without the interpreter (see test_gluon_spike.compile_in_clean_process).
     consts = dict(HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip, OFF32=off32, CL_OUT=cl_out, STAGES=4)
-    args = json.dumps([dtype, block_n, block_k, list(box), warps, consts])
+    args = json.dumps(["box_gemm_kernel", dtype, block_n, block_k, list(box), warps, consts])
     out = compile_in_clean_process([__file__, args])
     assert "wgmma.mma_async" in out
     assert "cp.async.bulk.tensor.5d" in out  # the 5-D input boxes
+
+
+@pytest.mark.parametrize("dtype,block_n,block_k,box,w_group,w_skip,bias,off32,stages", [
+    ("fp32", 64, 32, (1, 1, 4, 32, 32), 2, 0, False, True, 3),    # KB 77
+    ("fp32", 64, 32, (1, 1, 8, 16, 32), 1, -1, True, False, 3),   # stride 1, 64-bit offsets
+    ("bf16", 32, 64, (1, 1, 8, 16, 64), 2, -1, True, True, 6),    # both W residues with taps
+], ids=["kb77-wskip", "stride1-off64", "bf16-both-residues"])
+def test_box_pp_compiles_for_sm90(dtype, block_n, block_k, box, w_group, w_skip, bias, off32, stages):
+    # The persistent ping-pong kernel: two consumer warpgroups and a loader warp, each with its
+    # register budget (setmaxnreg), on this Triton's warp_specialize.
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    consts = dict(HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip, OFF32=off32, STAGES=stages, LOAD_REGS=40,
+                  MMA_REGS=160)
+    args = json.dumps(["box_pp_kernel", dtype, block_n, block_k, list(box), 4, consts])
+    out = compile_in_clean_process([__file__, args])
+    assert "wgmma.mma_async" in out
+    assert "cp.async.bulk.tensor.5d" in out
+    assert "setmaxnreg" in out  # warp-specialised partitions
+
+
+def test_box_pp_offered_for_ncdhw_output_where_its_buffers_fit():
+    kb77 = _params(32, 64, (16, 32, 32), 3, 2, 1, d=2)
+    pp = [c for c in E.candidate_configs(kb77, torch.float32, "tf32", False, flat=True, gluon=True) if c.persist]
+    assert len(pp) == 1 and pp[0].gluon and pp[0].num_stages == 6  # 6 x 24 KB ring + a 64 KB buffer
+    assert "pp1" in pp[0].short()
+    # Channels-last output stores from the accumulators: no ping-pong candidate.
+    assert not any(c.persist for c in E.candidate_configs(kb77, torch.float32, "tf32", True, flat=True, gluon=True))
+    # 128 output channels and two W residues with taps: two 128 x 128 accumulators per
+    # warpgroup would spill.
+    wide = _params(32, 128, (4, 9, 11), 4, 2, 1)
+    assert not any(c.persist for c in E.candidate_configs(wide, torch.float32, "tf32", False, flat=True, gluon=True))
 
 
 def _params(cin, cout, size, k, s, p, op=0, g=1, d=1, dtype=torch.float32):
@@ -106,5 +137,5 @@ def test_no_gluon_candidate_off_sm90():
 
 
 if __name__ == "__main__":  # the compile test's clean process: print the PTX of one configuration
-    dtype_, bn_, bk_, box_, warps_, consts_ = json.loads(sys.argv[1])
-    print(_compile(dtype_, bn_, bk_, tuple(box_), warps_, **consts_).asm["ptx"])
+    kernel_, dtype_, bn_, bk_, box_, warps_, consts_ = json.loads(sys.argv[1])
+    print(_compile(kernel_, dtype_, bn_, bk_, tuple(box_), warps_, **consts_).asm["ptx"])

@@ -32,7 +32,7 @@ import convt3d.triton_sites as triton_sites
 from convt3d.params import ConvT3dParams
 from convt3d.validate import check_call
 
-from conftest import (CL, Case, assert_close_to_reference, check_against_reference, magnitude,
+from conftest import (CL, Case, PoisonedTorch, assert_close_to_reference, check_against_reference, magnitude,
                       memory_format_of, random_case, reference, requires_interpreter, tolerance)
 
 pytestmark = requires_interpreter
@@ -250,26 +250,6 @@ def test_batch_zero(path, layout):
 # ---------------------------------------------------------------------------------------------
 # Every element written; special values; determinism
 # ---------------------------------------------------------------------------------------------
-class _PoisonedTorch:
-    """The ``torch`` module as the launcher sees it, except that uninitialised allocations
-    (``empty``, ``empty_like``, ``empty_strided``) come back full of NaN: any output element
-    (or packed-operand element) the kernels fail to write then shows up as NaN."""
-
-    def __init__(self, real):
-        self._real = real
-
-    def __getattr__(self, name):
-        attr = getattr(self._real, name)
-        if name in ("empty", "empty_like", "empty_strided"):
-            def poisoned(*args, **kwargs):
-                t = attr(*args, **kwargs)
-                if t.is_floating_point():
-                    t.fill_(float("nan"))
-                return t
-            return poisoned
-        return attr
-
-
 POISON_REGIMES = ["tc-kb77-scaled", "tc-kernel-below-stride", "tc-multi-tile-plane", "tc-cout-not-pow2", "fma-k1s4",
                   "fma-kb77-scaled", "fma-cin1"]
 
@@ -281,7 +261,7 @@ def test_every_output_element_written(name, layout, monkeypatch):
     case = Case(base.batch, base.cin, base.cout, base.in_size, base.kernel, *base.args[:3], base.dilation,
                 base.groups, bias=False, layout=layout)  # no bias: empty phases must be written as 0
     x, w, b = case.tensors()
-    monkeypatch.setattr(engine, "torch", _PoisonedTorch(torch))
+    monkeypatch.setattr(engine, "torch", PoisonedTorch(torch))
     y = run(case, x, w, b)
     monkeypatch.undo()
     assert not torch.isnan(y).any(), f"{int(torch.isnan(y).sum())} of {y.numel()} output elements never written"
@@ -293,7 +273,7 @@ def test_poison_is_effective(monkeypatch):
     # its kernels would return NaN (so the test above cannot pass vacuously).
     case = REGIMES["fma-k1s4"]
     x, w, b = case.tensors()
-    monkeypatch.setattr(engine, "torch", _PoisonedTorch(torch))
+    monkeypatch.setattr(engine, "torch", PoisonedTorch(torch))
     params, _ = check_call(x, w, b, *case.args[:3], case.groups, case.dilation)
     monkeypatch.setattr(triton_sites, "_kernel", lambda name, device, module=None: _NoLaunch())
     y = engine.forward(x, w, b, params, "ieee")
@@ -597,7 +577,7 @@ PATHS = {
 
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("name", list(PATH_CASES))
-def test_every_kernel_path(name, path):
+def test_every_kernel_path(name, path, monkeypatch):
     case = PATH_CASES[name]
     x, w, b = case.tensors()
     x5, params = _params(case, x, w, b)
@@ -606,7 +586,10 @@ def test_every_kernel_path(name, path):
     cfg = dataclasses.replace(base, **PATHS[path])
     if not cfg.flat:
         cfg = dataclasses.replace(cfg, BLOCK_W=engine.block_w(params.compact_size[1:], cfg.BLOCK_M))
+    monkeypatch.setattr(engine, "torch", PoisonedTorch(torch))  # an element no kernel writes reads NaN
     y = engine.forward(x5, w, b, params, "ieee", config=cfg)
+    monkeypatch.undo()
+    assert not torch.isnan(y).any(), f"{int(torch.isnan(y).sum())} of {y.numel()} output elements never written"
     check_against_reference(y, x5, w, b, *case.args, context=f"{name} {cfg}")
 
 
