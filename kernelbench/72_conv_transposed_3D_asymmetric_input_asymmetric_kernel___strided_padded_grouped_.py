@@ -549,6 +549,33 @@ def _row_value(tab_ptr, r, i):
 
 
 @gluon.jit
+def _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n):
+    """(pid_n, phase group, pid_h, pid_w, qd, n, group) of box ``tile`` in ``box_gemm_kernel``'s
+    grid: N tiles fastest, then phase groups, box columns, box rows, compact depth, batch, group."""
+    pid_n = tile % tiles_n
+    t = tile // tiles_n
+    pgrp = t % NUM_GROUPS
+    t = t // NUM_GROUPS
+    pid_w = t % tiles_w
+    t = t // tiles_w
+    pid_h = t % tiles_h
+    t = t // tiles_h
+    qd = t % QD
+    t = t // QD
+    return pid_n, pgrp, pid_h, pid_w, qd, t % N, t // N
+
+
+@gluon.jit
+def _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K: gl.constexpr):
+    """K steps (taps x channel blocks) of phase row ``r`` (of the group at ``row0``) for the box
+    at (qd, qh0, qw0); 0 where the box lies past the phase's compact grid (it only stores)."""
+    active = ((qd < _row_value(tab_ptr, row0, 12)) & (qh0 < _row_value(tab_ptr, row0, 13))
+              & (qw0 < _row_value(tab_ptr, r, 14)))
+    taps = _row_value(tab_ptr, r, 3) * _row_value(tab_ptr, r, 4) * _row_value(tab_ptr, r, 5)
+    return gl.where(active, taps * ((CIN_G + BLOCK_K - 1) // BLOCK_K), 0)
+
+
+@gluon.jit
 def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, w_row, jd, jh, jw,
            OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base):
     """Start the two boxes of one K step into stage ``s``: the input at the box shifted by tap
@@ -686,6 +713,68 @@ def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, q
 
 
 @gluon.jit
+def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, pid_n, COUT_G, stride_yc, qd, qh0, qw0,
+                    OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr,
+                    BW: gl.constexpr, W_GROUP: gl.constexpr, OFF32: gl.constexpr, num_warps: gl.constexpr):
+    """The NCDHW output of one box: its accumulators (one per W residue) through ``c_smem``
+    [BLOCK_N, BLOCK_M, W_GROUP], where the W residues of a position are adjacent, so that each
+    store instruction of a warp covers 32 consecutive output columns of one channel; then the
+    companion rows of its row class (bias or zeros). Stored straight from the accumulators, each
+    residue filled only every other 4 bytes of a sector: KB 77's kernel wrote 769 MB of sectors
+    into L2 for 277 MB of output and took 566 us (ncu, H200, 2026-12-01)."""
+    BLOCK_N: gl.constexpr = c_smem.shape[0]
+    BLOCK_M: gl.constexpr = c_smem.shape[1]
+    for j in gl.static_range(W_GROUP):
+        vals = acc0 if j == 0 else acc1
+        c_smem.slice(j, 1, dim=2).store(gl.reshape(gl.permute(vals, [1, 0]), [BLOCK_N, BLOCK_M, 1]))
+    cta_barrier()  # in a warp_specialize partition: that partition's warps only (a named barrier)
+    c_rows = c_smem.reshape([BLOCK_N, BLOCK_M * W_GROUP])
+    od = qd * SD + _row_value(tab_ptr, row0, 0)
+    rh = _row_value(tab_ptr, row0, 1)
+    rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
+    _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
+                stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, True, num_warps)
+    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
+    # columns (every W residue of the group).
+    cmask = _row_value(tab_ptr, row0, 15)
+    for rc in range(SD * SH):
+        if ((cmask >> rc) & 1) != 0:
+            _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, qd * SD + rc // SH, rc % SH,
+                        rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, False,
+                        num_warps)
+
+
+@gluon.jit
+def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, qh, qw, OD, OH, OW, SD, SH, SW,
+                  stride_yd, stride_yh, stride_yw, W_GROUP: gl.constexpr, OFF32: gl.constexpr):
+    """Store one box's accumulators (one per W residue) and its companion rows straight from
+    the accumulator layout (channels-last output): a thread's two accumulator columns are
+    adjacent channels, four lanes a 32-byte sector, so every store writes whole sectors."""
+    od = qd * SD + _row_value(tab_ptr, row0, 0)
+    rh = _row_value(tab_ptr, row0, 1)
+    rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
+    oh = qh * SH + rh
+    for j in gl.static_range(W_GROUP):
+        ow = qw * SW + (rw0 if W_GROUP == 1 else j)
+        vals = acc0 if j == 0 else acc1
+        _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
+               stride_yd, stride_yh, stride_yw, OFF32)
+    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
+    # columns (every W residue of the group).
+    cmask = _row_value(tab_ptr, row0, 15)
+    if cmask != 0:
+        fill = gl.zeros_like(acc0) + gl.expand_dims(bias, 0)
+        for rc in range(SD * SH):
+            if ((cmask >> rc) & 1) != 0:
+                od_f = qd * SD + rc // SH
+                oh_f = qh * SH + rc % SH
+                for j in gl.static_range(W_GROUP):
+                    ow_f = qw * SW + (rw0 if W_GROUP == 1 else j)
+                    _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd,
+                           stride_yh, stride_yw, OFF32)
+
+
+@gluon.jit
 def box_gemm_kernel(
     x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
     N, CIN_G, COUT_G,
@@ -722,19 +811,8 @@ def box_gemm_kernel(
     m_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     n_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
 
-    pid = gl.program_id(0)
-    pid_n = pid % tiles_n
-    t = pid // tiles_n
-    pgrp = t % NUM_GROUPS
-    t = t // NUM_GROUPS
-    pid_w = t % tiles_w
-    t = t // tiles_w
-    pid_h = t % tiles_h
-    t = t // tiles_h
-    qd = t % QD
-    t = t // QD
-    nb = t % N
-    grp = t // N
+    pid_n, pgrp, pid_h, pid_w, qd, nb, grp = _box_tile(gl.program_id(0), N, QD, NUM_GROUPS, tiles_h, tiles_w,
+                                                       tiles_n)
     qh0 = pid_h * BH
     qw0 = pid_w * BW
 
@@ -758,24 +836,15 @@ def box_gemm_kernel(
 
     # The row class (rd, rh) and its compact bounds are those of the group's first phase.
     row0 = pgrp * W_GROUP
-    rd = _row_value(tab_ptr, row0, 0)
-    rh = _row_value(tab_ptr, row0, 1)
-    qd_n = _row_value(tab_ptr, row0, 12)
-    qh_n = _row_value(tab_ptr, row0, 13)
-    od = qd * SD + rd
     g = 0  # K steps this program has put through its ring
     acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 0 (W_GROUP=2) / the phase
     acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 1 (W_GROUP=2)
     for j in gl.static_range(W_GROUP):
         if j != W_SKIP:
             r = row0 + j
-            td = _row_value(tab_ptr, r, 3)
             th = _row_value(tab_ptr, r, 4)
             tw = _row_value(tab_ptr, r, 5)
-            qw_n = _row_value(tab_ptr, r, 14)
-            active = (qd < qd_n) & (qh0 < qh_n) & (qw0 < qw_n)
-            k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
-            n_iter = gl.where(active, td * th * tw * k_blocks, 0)
+            n_iter = _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K)
             acc, g = _mainloop(
                 x_desc, w_desc, a_smem, b_smem, bars, g, n_iter, nb,
                 qd + PD + _row_value(tab_ptr, r, 9), qh0 + PH + _row_value(tab_ptr, r, 10),
@@ -789,53 +858,16 @@ def box_gemm_kernel(
                 acc1 = acc
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
-    rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
     if CL_OUT:
-        # Channels innermost: a thread's two accumulator columns are adjacent channels, four
-        # lanes a 32-byte sector, so the accumulator's own layout stores whole sectors.
-        oh = qh * SH + rh
-        for j in gl.static_range(W_GROUP):
-            ow = qw * SW + (rw0 if W_GROUP == 1 else j)
-            vals = acc0 if j == 0 else acc1
-            _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
-                   stride_yd, stride_yh, stride_yw, OFF32)
+        _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, qh, qw, OD, OH, OW, SD, SH, SW,
+                      stride_yd, stride_yh, stride_yw, W_GROUP, OFF32)
     else:
-        # Positions innermost (NCDHW): stored from shared memory, [BLOCK_N, BLOCK_M, W_GROUP]
-        # with the W residues of a position adjacent, so that each store instruction of a warp
-        # covers 32 consecutive output columns of one channel. Stored straight from the
-        # accumulators, each residue filled only every other 4 bytes of a sector: KB 77's kernel
-        # wrote 769 MB of sectors into L2 for 277 MB of output and took 566 us (ncu, H200,
-        # 2026-12-01).
+        # Positions innermost (NCDHW): through shared memory (``_ncdhw_epilogue``).
         c_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
         c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M, W_GROUP], c_layout)
-        for j in gl.static_range(W_GROUP):
-            vals = acc0 if j == 0 else acc1
-            c_smem.slice(j, 1, dim=2).store(gl.reshape(gl.permute(vals, [1, 0]), [BLOCK_N, BLOCK_M, 1]))
-        cta_barrier()
-        c_rows = c_smem.reshape([BLOCK_N, BLOCK_M * W_GROUP])
-        _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G,
-                    stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw,
-                    HAS_BIAS, BW, W_GROUP, OFF32, True, num_warps)
-
-    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
-    # columns (every W residue of the group).
-    cmask = _row_value(tab_ptr, row0, 15)
-    if cmask != 0:
-        if CL_OUT:
-            fill = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout) + gl.expand_dims(bias, 0)
-        for rc in range(SD * SH):
-            if ((cmask >> rc) & 1) != 0:
-                od_f = qd * SD + rc // SH
-                if CL_OUT:
-                    oh_f = qh * SH + rc % SH
-                    for j in gl.static_range(W_GROUP):
-                        ow_f = qw * SW + (rw0 if W_GROUP == 1 else j)
-                        _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd,
-                               stride_yh, stride_yw, OFF32)
-                else:
-                    _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od_f, rc % SH,
-                                rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP,
-                                OFF32, False, num_warps)
+        _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, pid_n, COUT_G, stride_yc, qd, qh0,
+                        qw0, OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32,
+                        num_warps)
 
 
 # ==================== convt3d/kernels/head_box.py (verbatim; package-relative imports rewritten) ====================
@@ -4445,10 +4477,14 @@ HK = types.SimpleNamespace(
     head_shuffle_kernel=head_shuffle_kernel,
 )
 GK = types.SimpleNamespace(
+    _acc_epilogue=_acc_epilogue,
     _advance=_advance,
+    _box_steps=_box_steps,
+    _box_tile=_box_tile,
     _channel_offsets=_channel_offsets,
     _issue=_issue,
     _mainloop=_mainloop,
+    _ncdhw_epilogue=_ncdhw_epilogue,
     _position_offsets=_position_offsets,
     _row_value=_row_value,
     _store=_store,

@@ -56,37 +56,6 @@ def test_box_gemm_compiles_for_sm90(dtype, block_n, block_k, box, warps, w_group
     assert "cp.async.bulk.tensor.5d" in out  # the 5-D input boxes
 
 
-@pytest.mark.parametrize("dtype,block_n,block_k,box,w_group,w_skip,bias,off32,stages", [
-    ("fp32", 64, 32, (1, 1, 4, 32, 32), 2, 0, False, True, 3),    # KB 77
-    ("fp32", 64, 32, (1, 1, 8, 16, 32), 1, -1, True, False, 3),   # stride 1, 64-bit offsets
-    ("bf16", 32, 64, (1, 1, 8, 16, 64), 2, -1, True, True, 6),    # both W residues with taps
-], ids=["kb77-wskip", "stride1-off64", "bf16-both-residues"])
-def test_box_pp_compiles_for_sm90(dtype, block_n, block_k, box, w_group, w_skip, bias, off32, stages):
-    # The persistent ping-pong kernel: two consumer warpgroups and a loader warp, each with its
-    # register budget (setmaxnreg), on this Triton's warp_specialize.
-    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    consts = dict(HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip, OFF32=off32, STAGES=stages, LOAD_REGS=40,
-                  MMA_REGS=160)
-    args = json.dumps(["box_pp_kernel", dtype, block_n, block_k, list(box), 4, consts])
-    out = compile_in_clean_process([__file__, args])
-    assert "wgmma.mma_async" in out
-    assert "cp.async.bulk.tensor.5d" in out
-    assert "setmaxnreg" in out  # warp-specialised partitions
-
-
-def test_box_pp_offered_for_ncdhw_output_where_its_buffers_fit():
-    kb77 = _params(32, 64, (16, 32, 32), 3, 2, 1, d=2)
-    pp = [c for c in E.candidate_configs(kb77, torch.float32, "tf32", False, flat=True, gluon=True) if c.persist]
-    assert len(pp) == 1 and pp[0].gluon and pp[0].num_stages == 6  # 6 x 24 KB ring + a 64 KB buffer
-    assert "pp1" in pp[0].short()
-    # Channels-last output stores from the accumulators: no ping-pong candidate.
-    assert not any(c.persist for c in E.candidate_configs(kb77, torch.float32, "tf32", True, flat=True, gluon=True))
-    # 128 output channels and two W residues with taps: two 128 x 128 accumulators per
-    # warpgroup would spill.
-    wide = _params(32, 128, (4, 9, 11), 4, 2, 1)
-    assert not any(c.persist for c in E.candidate_configs(wide, torch.float32, "tf32", False, flat=True, gluon=True))
-
-
 def _params(cin, cout, size, k, s, p, op=0, g=1, d=1, dtype=torch.float32):
     x = torch.randn(2, cin, *size, dtype=dtype)
     w = torch.randn(cin, cout // g, *((k,) * 3 if isinstance(k, int) else k), dtype=dtype)

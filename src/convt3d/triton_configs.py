@@ -58,8 +58,8 @@ class Config:
     # only; head_engine.head_tiles says why): half of Z's traffic.
     z_bf16: bool = False
     # Programs per SM of a persistent head GEMM, each looping over its share of the tiles so
-    # that the next tile's loads are in flight during this one's MMAs (head_rows_kernel); with
-    # gluon, of box_pp_kernel; 0: one program per tile.
+    # that the next tile's loads are in flight during this one's MMAs (head_rows_kernel);
+    # 0: one program per tile.
     persist: int = 0
     # The rows kind's weight tiles packed densely once per call (head_rows_pack_kernel) and
     # read as contiguous blocks, instead of gathered tap by tap from the weight at every step.
@@ -98,7 +98,6 @@ class Config:
                 + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp") + (f" {self.x_cache}" if self.x_cache else "")
                 + (f" r{self.maxnreg}" if self.maxnreg else "") + (" tma" if self.tma else "")
                 + (" flat" if self.flat else "") + (" gluon" if self.gluon else "")
-                + (f" pp{self.persist}" if self.persist else "")
                 + (f" fold{self.fold}" if self.fold > 1 else ""))
 
 
@@ -134,11 +133,6 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
             best, best_pad = bw, pad
         bw *= 2
     return best
-
-
-# Shared memory box_pp_kernel may plan for (its ring and its output buffer): the H100 / H200's
-# 227 KB per block, less room for its barriers and Triton's alignment of each buffer.
-PP_SMEM = 216 * 1024
 
 
 @functools.lru_cache(maxsize=1024)
@@ -231,17 +225,6 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
             # M64 s4: 371); its GEMM alone in the spike, us for 2 / 3 / 4 stages, fp32 151.0 /
             # 144.2 / 146.8, bf16 113.6 / 101.2 / 98.5.
             plans.append((128, 4, plane, {"flat": True, "gluon": True}))
-            if not channels_last_out:
-                # box_pp_kernel: the same boxes on one persistent program per SM, two consumer
-                # warpgroups taking turns so that one's NCDHW epilogue overlaps the other's MMAs
-                # (kernels/gluon_gemm.py). The ring and the output buffer share the SM: the most
-                # stages that fit, up to 6 (one program per SM keeps only its own ring's loads in
-                # flight; box_gemm_kernel has two programs of 4 stages).
-                for stages in (6, 5, 4, 3, 2):
-                    ring = stages * (128 * bk + bn * bk) * esize
-                    if ring + bn * 128 * wg * 4 <= PP_SMEM and acc_wg * 128 * bn <= 128 * 64:
-                        plans.append((128, stages, plane, {"flat": True, "gluon": True, "persist": 1}))
-                        break
     else:
         # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
         # tiles measured at commit 1bd87ef (2026-11-29).

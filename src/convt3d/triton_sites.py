@@ -443,8 +443,7 @@ def gluon_capable(device: torch.device) -> bool:
 
 def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, params: ConvT3dParams, geo,
               has_bias: bool) -> Site:
-    """The launch site of box_gemm_kernel, or of box_pp_kernel for a persistent config (``persist``:
-    programs per SM); descriptors from ``_box_descriptors``."""
+    """The launch site of box_gemm_kernel (descriptors from ``_box_descriptors``)."""
     def build():
         (pd, ph, pw), _ = geo
         _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
@@ -455,7 +454,7 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
         tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         axes = params.axes
         programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
-        ints = (
+        return Site("box_gemm_kernel", (programs,), (
             params.batch, params.in_channels_per_group, params.out_channels_per_group,
             pd, ph, pw,
             q[0], *params.out_size,
@@ -466,18 +465,11 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
             *(a.tap_step for a in axes),
             *(a.offset_step for a in axes),
             tiles_h, tiles_w, tiles_n,
-        )
-        consts = dict(HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
-                      OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), STAGES=cfg.num_stages,
-                      num_warps=cfg.num_warps)
-        if cfg.persist:
-            # box_pp_kernel: at most ``persist`` programs per SM over the same boxes. The loader
-            # warp needs few registers; the two consumer warpgroups take the rest.
-            sms = torch.cuda.get_device_properties(y.device).multi_processor_count
-            return Site("box_pp_kernel", (min(programs, cfg.persist * sms),), ints + (params.groups, programs),
-                        dict(consts, LOAD_REGS=40, MMA_REGS=160))
-        return Site("box_gemm_kernel", (programs,), ints,
-                    dict(consts, CL_OUT=y.stride(1) == 1 and params.out_channels > 1))
+        ), dict(
+            HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
+            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), CL_OUT=y.stride(1) == 1 and params.out_channels > 1,
+            STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        ))
 
     return site(("box_gemm", params, cfg, y.stride(), n_groups, has_bias), build)
 

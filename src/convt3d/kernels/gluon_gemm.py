@@ -251,6 +251,36 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
 
 
 @gluon.jit
+def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, qh, qw, OD, OH, OW, SD, SH, SW,
+                  stride_yd, stride_yh, stride_yw, W_GROUP: gl.constexpr, OFF32: gl.constexpr):
+    """Store one box's accumulators (one per W residue) and its companion rows straight from
+    the accumulator layout (channels-last output): a thread's two accumulator columns are
+    adjacent channels, four lanes a 32-byte sector, so every store writes whole sectors."""
+    od = qd * SD + _row_value(tab_ptr, row0, 0)
+    rh = _row_value(tab_ptr, row0, 1)
+    rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
+    oh = qh * SH + rh
+    for j in gl.static_range(W_GROUP):
+        ow = qw * SW + (rw0 if W_GROUP == 1 else j)
+        vals = acc0 if j == 0 else acc1
+        _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
+               stride_yd, stride_yh, stride_yw, OFF32)
+    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
+    # columns (every W residue of the group).
+    cmask = _row_value(tab_ptr, row0, 15)
+    if cmask != 0:
+        fill = gl.zeros_like(acc0) + gl.expand_dims(bias, 0)
+        for rc in range(SD * SH):
+            if ((cmask >> rc) & 1) != 0:
+                od_f = qd * SD + rc // SH
+                oh_f = qh * SH + rc % SH
+                for j in gl.static_range(W_GROUP):
+                    ow_f = qw * SW + (rw0 if W_GROUP == 1 else j)
+                    _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd,
+                           stride_yh, stride_yw, OFF32)
+
+
+@gluon.jit
 def box_gemm_kernel(
     x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
     N, CIN_G, COUT_G,
@@ -312,9 +342,6 @@ def box_gemm_kernel(
 
     # The row class (rd, rh) and its compact bounds are those of the group's first phase.
     row0 = pgrp * W_GROUP
-    rd = _row_value(tab_ptr, row0, 0)
-    rh = _row_value(tab_ptr, row0, 1)
-    od = qd * SD + rd
     g = 0  # K steps this program has put through its ring
     acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 0 (W_GROUP=2) / the phase
     acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 1 (W_GROUP=2)
@@ -337,29 +364,9 @@ def box_gemm_kernel(
                 acc1 = acc
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
-    rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
     if CL_OUT:
-        # Channels innermost: a thread's two accumulator columns are adjacent channels, four
-        # lanes a 32-byte sector, so the accumulator's own layout stores whole sectors.
-        oh = qh * SH + rh
-        for j in gl.static_range(W_GROUP):
-            ow = qw * SW + (rw0 if W_GROUP == 1 else j)
-            vals = acc0 if j == 0 else acc1
-            _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
-                   stride_yd, stride_yh, stride_yw, OFF32)
-        # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this
-        # box's columns (every W residue of the group).
-        cmask = _row_value(tab_ptr, row0, 15)
-        if cmask != 0:
-            fill = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout) + gl.expand_dims(bias, 0)
-            for rc in range(SD * SH):
-                if ((cmask >> rc) & 1) != 0:
-                    od_f = qd * SD + rc // SH
-                    oh_f = qh * SH + rc % SH
-                    for j in gl.static_range(W_GROUP):
-                        ow_f = qw * SW + (rw0 if W_GROUP == 1 else j)
-                        _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd,
-                               stride_yh, stride_yw, OFF32)
+        _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, qh, qw, OD, OH, OW, SD, SH, SW,
+                      stride_yd, stride_yh, stride_yw, W_GROUP, OFF32)
     else:
         # Positions innermost (NCDHW): through shared memory (``_ncdhw_epilogue``).
         c_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
@@ -368,228 +375,3 @@ def box_gemm_kernel(
                         qw0, OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32,
                         num_warps)
 
-
-# ---- the persistent ping-pong variant (NCDHW output) ------------------------------------------
-# In box_gemm_kernel a program runs its K loop, then its NCDHW epilogue: about 100 of the
-# ~240 us of KB 77's GEMM (the same GEMM with compact stores took 144 us). Two programs share an
-# SM, but they stay in step: while both run MMAs each runs at half rate, and whichever reaches
-# its epilogue first lets the other's MMAs run alone and catch up, so the two epilogues fall
-# together and the tensor cores idle through them (ncu, H200, 2026-12-04: L1/TEX 70.6%, L2
-# 52.8%, DRAM 25.4%, SM 32.4%; no unit saturated). Here one program per SM loops over the boxes
-# in three partitions:
-# - a loader warp puts every K step of the program's boxes through one operand ring (``ready``:
-#   TMA bytes landed; ``empty``: the wgmma that read the stage is done);
-# - two consumer warpgroups take the program's boxes in turn, each running its box's wgmmas,
-#   then its epilogue from a shared-memory buffer of its own (``_ncdhw_epilogue``). A token
-#   (``turn``) passes between them after each box's last wgmma, so that one warpgroup's MMAs
-#   run while the other's stores drain, and the K steps are consumed in ring order: a consumer
-#   never waits on a stage whose previous load, for the other consumer, has not landed yet
-#   (a parity wait would pass on it).
-# The boxes are walked with the box columns slowest (``_pp_tile``): with box_gemm_kernel's order
-# and an even number of programs, a program's boxes would all share one column, and on KB 77
-# the second column holds only the store-only edge (58% of its boxes: 2848 of 4896). Every
-# partition walks the same boxes and counts K steps the same way, which keeps the barrier
-# phases in step.
-
-
-@gluon.jit
-def _pp_tile(tile, N, G, QD, NUM_GROUPS, tiles_h, tiles_n):
-    """``_box_tile``'s fields of box ``tile`` in the persistent kernel's order: N tiles fastest,
-    then phase groups, box rows, compact depth, batch, group (of G), and box columns slowest."""
-    pid_n = tile % tiles_n
-    t = tile // tiles_n
-    pgrp = t % NUM_GROUPS
-    t = t // NUM_GROUPS
-    pid_h = t % tiles_h
-    t = t // tiles_h
-    qd = t % QD
-    t = t // QD
-    nb = t % N
-    t = t // N
-    return pid_n, pgrp, pid_h, t // G, qd, nb, t % G
-
-
-@gluon.jit
-def _pp_load(x_desc, w_desc, a_smem, b_smem, ready, empty, tab_ptr, n_tiles,
-             N, G, CIN_G, COUT_G, PD, PH, PW, QD, NUM_GROUPS, KVOL, KH, KW,
-             TSD, TSH, TSW, OSD, OSH, OSW, tiles_h, tiles_n,
-             W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, STAGES: gl.constexpr):
-    """The loader warp: every K step of the program's boxes, in box order, into the ring."""
-    BH: gl.constexpr = x_desc.block_type.shape[2]
-    BW: gl.constexpr = x_desc.block_type.shape[3]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
-    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    g = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_n, pgrp, pid_h, pid_w, qd, nb, grp = _pp_tile(tile, N, G, QD, NUM_GROUPS, tiles_h, tiles_n)
-        qh0 = pid_h * BH
-        qw0 = pid_w * BW
-        row0 = pgrp * W_GROUP
-        for j in gl.static_range(W_GROUP):
-            if j != W_SKIP:
-                r = row0 + j
-                n_iter = _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K)
-                th = _row_value(tab_ptr, r, 4)
-                tw = _row_value(tab_ptr, r, 5)
-                d0 = qd + PD + _row_value(tab_ptr, r, 9)
-                h0 = qh0 + PH + _row_value(tab_ptr, r, 10)
-                w0 = qw0 + PW + _row_value(tab_ptr, r, 11)
-                t0d = _row_value(tab_ptr, r, 6)
-                t0h = _row_value(tab_ptr, r, 7)
-                t0w = _row_value(tab_ptr, r, 8)
-                cb = 0
-                jw = 0
-                jh = 0
-                jd = 0
-                for k in range(n_iter):
-                    s = g % STAGES
-                    # A fresh barrier counts as having completed the phase before its first:
-                    # the first pass through the ring waits on nothing.
-                    mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
-                    _issue(x_desc, w_desc, a_smem, b_smem, ready, s, nb, d0, h0, w0, grp * CIN_G, cb,
-                           pid_n * BLOCK_N, jd, jh, jw, OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w,
-                           COUT_G, grp * KVOL * COUT_G)
-                    cb, jw, jh, jd = _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K)
-                    g += 1
-
-
-@gluon.jit
-def _pp_consume(a_smem, b_smem, ready, empty, turn, epi, c_smem, y_ptr, b_ptr, tab_ptr, n_tiles, me,
-                N, G, CIN_G, COUT_G, QD, OD, OH, OW, NUM_GROUPS,
-                stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, tiles_h, tiles_n,
-                HAS_BIAS: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr,
-                BH: gl.constexpr, BW: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-    """Consumer warpgroup ``me`` (0 or 1): the program's boxes k with k % 2 == me. It walks the
-    other consumer's boxes too, counting their K steps, so that its ring positions are right."""
-    BLOCK_M: gl.constexpr = a_smem.shape[1]
-    BLOCK_K: gl.constexpr = a_smem.shape[2]
-    BLOCK_N: gl.constexpr = b_smem.shape[1]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1],
-        instr_shape=[16, BLOCK_N, 256 // a_smem.dtype.primitive_bitwidth])
-    g = 0  # K steps of the program's boxes before this one (both consumers')
-    k = 0  # the box's ordinal in the program
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_n, pgrp, pid_h, pid_w, qd, nb, grp = _pp_tile(tile, N, G, QD, NUM_GROUPS, tiles_h, tiles_n)
-        qh0 = pid_h * BH
-        qw0 = pid_w * BW
-        row0 = pgrp * W_GROUP
-        if k % 2 == me:
-            # The token: the other consumer's box before this one has issued its last wgmma.
-            mbarrier.wait(turn.index(me), (k // 2) & 1)
-            acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-            acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-            for j in gl.static_range(W_GROUP):
-                if j != W_SKIP:
-                    n_iter = _box_steps(tab_ptr, row0, row0 + j, qd, qh0, qw0, CIN_G, BLOCK_K)
-                    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-                    for i in range(n_iter):
-                        s = g % STAGES
-                        mbarrier.wait(ready.index(s), (g // STAGES) & 1)
-                        acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
-                        acc, _, _ = warpgroup_mma_wait(num_outstanding=1,
-                                                       deps=(acc, a_smem.index(s), b_smem.index(s)))
-                        # At most this step's wgmma in flight: the step before has read its stage.
-                        mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=i > 0)
-                        g += 1
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                    mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=n_iter > 0)
-                    if j == 0:
-                        acc0 = acc
-                    else:
-                        acc1 = acc
-            mbarrier.arrive(turn.index(1 - me))
-            # The output buffer, shared by the two consumers, taken in box order as well.
-            mbarrier.wait(epi.index(me), (k // 2) & 1)
-            _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, nb.to(gl.int64) * stride_yn, b_ptr, tab_ptr, row0, grp, pid_n,
-                            COUT_G, stride_yc, qd, qh0, qw0, OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw,
-                            HAS_BIAS, BW, W_GROUP, OFF32, num_warps)
-            cta_barrier()  # every read of c_smem done before the other consumer writes it
-            mbarrier.arrive(epi.index(1 - me))
-        else:
-            for j in gl.static_range(W_GROUP):
-                if j != W_SKIP:
-                    g += _box_steps(tab_ptr, row0, row0 + j, qd, qh0, qw0, CIN_G, BLOCK_K)
-        k += 1
-
-
-@gluon.jit
-def _pp_consume_second(a_smem, b_smem, ready, empty, turn, epi, c_smem, y_ptr, b_ptr, tab_ptr, n_tiles,
-                       N, G, CIN_G, COUT_G, QD, OD, OH, OW, NUM_GROUPS,
-                       stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, tiles_h, tiles_n,
-                       HAS_BIAS: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr,
-                       BH: gl.constexpr, BW: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-    """The second consumer warpgroup (a worker partition): ``_pp_consume`` with me = 1."""
-    _pp_consume(a_smem, b_smem, ready, empty, turn, epi, c_smem, y_ptr, b_ptr, tab_ptr, n_tiles, 1,
-                N, G, CIN_G, COUT_G, QD, OD, OH, OW, NUM_GROUPS,
-                stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, tiles_h, tiles_n,
-                HAS_BIAS, W_GROUP, W_SKIP, OFF32, BH, BW, STAGES, num_warps)
-
-
-@gluon.jit
-def box_pp_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    PD, PH, PW,
-    QD, OD, OH, OW,
-    NUM_GROUPS, KVOL,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    TSD, TSH, TSW,
-    OSD, OSH, OSW,
-    tiles_h, tiles_w, tiles_n, G, n_tiles,
-    HAS_BIAS: gl.constexpr,
-    W_GROUP: gl.constexpr,
-    W_SKIP: gl.constexpr,
-    OFF32: gl.constexpr,
-    STAGES: gl.constexpr,
-    LOAD_REGS: gl.constexpr,
-    MMA_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
-):
-    """``box_gemm_kernel``'s boxes (its arguments, NCDHW output only, plus the groups G and the
-    number of boxes) on a grid of at most one program per SM, each looping over boxes
-    program_id, program_id + programs, ... of ``_pp_tile``'s order in the three partitions
-    described above (the default partition is the first consumer)."""
-    BH: gl.constexpr = x_desc.block_type.shape[2]
-    BW: gl.constexpr = x_desc.block_type.shape[3]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
-    BLOCK_M: gl.constexpr = BH * BW
-    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], x_desc.dtype)
-    a_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_layout)
-    b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    c_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M, W_GROUP], c_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    epi = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
-        mbarrier.init(epi.index(i), count=1)
-    mbarrier.arrive(turn.index(0))  # the first consumer starts with both tokens
-    mbarrier.arrive(epi.index(0))
-    gl.warp_specialize([
-        (_pp_consume, (a_smem, b_smem, ready, empty, turn, epi, c_smem, y_ptr, b_ptr, tab_ptr, n_tiles, 0,
-                       N, G, CIN_G, COUT_G, QD, OD, OH, OW, NUM_GROUPS,
-                       stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, tiles_h, tiles_n,
-                       HAS_BIAS, W_GROUP, W_SKIP, OFF32, BH, BW, STAGES, num_warps)),
-        (_pp_consume_second, (a_smem, b_smem, ready, empty, turn, epi, c_smem, y_ptr, b_ptr, tab_ptr, n_tiles,
-                              N, G, CIN_G, COUT_G, QD, OD, OH, OW, NUM_GROUPS,
-                              stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, tiles_h, tiles_n,
-                              HAS_BIAS, W_GROUP, W_SKIP, OFF32, BH, BW, STAGES, num_warps)),
-        (_pp_load, (x_desc, w_desc, a_smem, b_smem, ready, empty, tab_ptr, n_tiles,
-                    N, G, CIN_G, COUT_G, PD, PH, PW, QD, NUM_GROUPS, KVOL, KH, KW,
-                    TSD, TSH, TSW, OSD, OSH, OSW, tiles_h, tiles_n, W_GROUP, W_SKIP, STAGES)),
-    ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
-    for i in gl.static_range(2):
-        mbarrier.invalidate(turn.index(i))
-        mbarrier.invalidate(epi.index(i))
