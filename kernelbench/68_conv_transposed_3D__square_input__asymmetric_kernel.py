@@ -677,10 +677,11 @@ def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, str
 @gluon.jit
 def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
                 stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr, BW: gl.constexpr, W_GROUP: gl.constexpr,
-                OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, num_warps: gl.constexpr):
+                OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, W_SKIP: gl.constexpr, num_warps: gl.constexpr):
     """Store the tile [BLOCK_N, BLOCK_M x W_GROUP] in ``c_smem`` (column p: position p // W_GROUP
     of the box, W residue p % W_GROUP) plus the bias (without FROM_SMEM: the bias alone, at rows
-    of residue ``rh``), 16 channels at a time. Lane i of a warp holds column i of 32: each store
+    of residue ``rh``), 16 channels at a time. The columns of residue W_SKIP (no taps) are
+    zeros, whatever the buffer holds there. Lane i of a warp holds column i of 32: each store
     instruction writes 128 whole bytes. With 4 adjacent columns per thread (4 stores, each 4 bytes
     in 16) KB 77's kernel sent 636 MB of sectors into L2 for 277 MB of output (ncu, H200,
     2026-12-01)."""
@@ -703,6 +704,8 @@ def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, q
         co_ok = co < COUT_G
         if FROM_SMEM:
             vals = c_smem.slice(c * CHUNK, CHUNK, dim=0).load(rows_layout)
+            if W_SKIP >= 0:
+                vals = gl.where(gl.expand_dims(p % W_GROUP == W_SKIP, 0), 0.0, vals)
         else:
             vals = gl.zeros([CHUNK, COLS], gl.float32, rows_layout)
         if HAS_BIAS:
@@ -715,25 +718,28 @@ def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, q
 @gluon.jit
 def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, pid_n, COUT_G, stride_yc, qd, qh0, qw0,
                     OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr,
-                    BW: gl.constexpr, W_GROUP: gl.constexpr, OFF32: gl.constexpr, num_warps: gl.constexpr):
+                    BW: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr,
+                    num_warps: gl.constexpr):
     """The NCDHW output of one box: its accumulators (one per W residue) through ``c_smem``
     [BLOCK_N, BLOCK_M, W_GROUP], where the W residues of a position are adjacent, so that each
     store instruction of a warp covers 32 consecutive output columns of one channel; then the
     companion rows of its row class (bias or zeros). Stored straight from the accumulators, each
     residue filled only every other 4 bytes of a sector: KB 77's kernel wrote 769 MB of sectors
-    into L2 for 277 MB of output and took 566 us (ncu, H200, 2026-12-01)."""
+    into L2 for 277 MB of output and took 566 us (ncu, H200, 2026-12-01). A residue without
+    taps (W_SKIP) is not written to the buffer: ``_store_rows`` stores zeros for its columns."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     BLOCK_M: gl.constexpr = c_smem.shape[1]
     for j in gl.static_range(W_GROUP):
-        vals = acc0 if j == 0 else acc1
-        c_smem.slice(j, 1, dim=2).store(gl.reshape(gl.permute(vals, [1, 0]), [BLOCK_N, BLOCK_M, 1]))
-    cta_barrier()  # in a warp_specialize partition: that partition's warps only (a named barrier)
+        if j != W_SKIP:
+            vals = acc0 if j == 0 else acc1
+            c_smem.slice(j, 1, dim=2).store(gl.reshape(gl.permute(vals, [1, 0]), [BLOCK_N, BLOCK_M, 1]))
+    cta_barrier()  # every warp's part of the buffer written before any warp reads rows
     c_rows = c_smem.reshape([BLOCK_N, BLOCK_M * W_GROUP])
     od = qd * SD + _row_value(tab_ptr, row0, 0)
     rh = _row_value(tab_ptr, row0, 1)
     rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
     _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
-                stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, True, num_warps)
+                stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, True, W_SKIP, num_warps)
     # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
     # columns (every W residue of the group).
     cmask = _row_value(tab_ptr, row0, 15)
@@ -741,7 +747,7 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
         if ((cmask >> rc) & 1) != 0:
             _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, qd * SD + rc // SH, rc % SH,
                         rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, False,
-                        num_warps)
+                        -1, num_warps)
 
 
 @gluon.jit
@@ -866,8 +872,8 @@ def box_gemm_kernel(
         c_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
         c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M, W_GROUP], c_layout)
         _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, pid_n, COUT_G, stride_yc, qd, qh0,
-                        qw0, OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32,
-                        num_warps)
+                        qw0, OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, W_SKIP,
+                        OFF32, num_warps)
 
 
 # ==================== convt3d/kernels/head_box.py (verbatim; package-relative imports rewritten) ====================
