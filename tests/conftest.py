@@ -355,3 +355,15 @@ class PoisonedTorch:
                 return t
             return poisoned
         return attr
+
+
+def poisoned_call(module, fn, context: str = ""):
+    """``fn()`` with ``module``'s ``torch`` a :class:`PoisonedTorch` (only for that call: the
+    test's own patches stay); asserts that the output it returns holds no NaN, i.e. that the
+    kernels wrote every element, and returns it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(module, "torch", PoisonedTorch(torch))
+        y = fn()
+    assert not torch.isnan(y).any(), \
+        f"{context}: {int(torch.isnan(y).sum())} of {y.numel()} output elements never written"
+    return y

@@ -18,7 +18,7 @@ from test_gluon_spike import compile_in_clean_process
 _GL = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def _compile(kernel: str, dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **consts):
+def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **consts):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -33,7 +33,7 @@ def _compile(kernel: str, dtype: str, block_n: int, block_k: int, box: tuple, wa
            "w_desc": f"tensordesc<{dtype}[{block_n},{block_k}],{b!r}>",
            "b_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "tab_ptr": "*i32"}
     consts = dict(consts, num_warps=warps)
-    fn = getattr(GK, kernel)
+    fn = GK.box_gemm_kernel
     signature = {a: sig.get(a, "constexpr" if a in consts else "i32") for a in fn.arg_names}
     return triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=consts),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
@@ -50,7 +50,7 @@ def test_box_gemm_compiles_for_sm90(dtype, block_n, block_k, box, warps, w_group
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     # In a process of its own, without the interpreter (see test_gluon_spike.compile_in_clean_process).
     consts = dict(HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip, OFF32=off32, CL_OUT=cl_out, STAGES=4)
-    args = json.dumps(["box_gemm_kernel", dtype, block_n, block_k, list(box), warps, consts])
+    args = json.dumps([dtype, block_n, block_k, list(box), warps, consts])
     out = compile_in_clean_process([__file__, args])
     assert "wgmma.mma_async" in out
     assert "cp.async.bulk.tensor.5d" in out  # the 5-D input boxes
@@ -106,5 +106,5 @@ def test_no_gluon_candidate_off_sm90():
 
 
 if __name__ == "__main__":  # the compile test's clean process: print the PTX of one configuration
-    kernel_, dtype_, bn_, bk_, box_, warps_, consts_ = json.loads(sys.argv[1])
-    print(_compile(kernel_, dtype_, bn_, bk_, tuple(box_), warps_, **consts_).asm["ptx"])
+    dtype_, bn_, bk_, box_, warps_, consts_ = json.loads(sys.argv[1])
+    print(_compile(dtype_, bn_, bk_, tuple(box_), warps_, **consts_).asm["ptx"])
