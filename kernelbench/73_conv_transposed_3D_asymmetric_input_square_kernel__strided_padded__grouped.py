@@ -522,10 +522,12 @@ The epilogue writes what ``flat_gemm_kernel``'s does:
   (``companion_masks``): the bias.
 
 With channels innermost the accumulator's own layout stores whole sectors. NCDHW tiles go
-through shared memory, where the W residues of a position are adjacent, and leave as rows of 32
-consecutive columns per warp (``_store_rows``). KB 77's whole call took 352 us this way against
-371 us for the best flat tile, and 680 us with stores from the accumulator layout (H200,
-2026-12-01; NOTES.md, section 12).
+through shared memory (``_epilogue_buffer``, swizzled so that neither its stores nor its reads
+have bank conflicts) and leave as rows of consecutive output columns per warp (``_store_rows``):
+one column per lane, or both W residues of a position per lane as one 8-byte store where the
+output's width and strides let every pair be aligned (PAIRS). KB 77's whole call took 352 us
+this way against 371 us for the best flat tile, and 680 us with stores from the accumulator
+layout (H200, 2026-12-01; NOTES.md, section 12).
 
 Only sm_90 has wgmma, and Triton's interpreter does not run Gluon, so this kernel runs on Hopper
 GPUs only. The Triton kernels stay the portable path, and the tuner times this one against them.
@@ -534,6 +536,7 @@ GPUs only. The Triton kernels stay the portable path, and the tuner times this o
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.runtime.jit import constexpr_function
 
 # The TMA load's name: triton 3.6 has only async_copy_global_to_shared, 3.9 only async_load
 # (the old name raises there). Same arguments: (descriptor, coordinates, barrier, destination).
@@ -675,20 +678,42 @@ def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, str
 
 
 @gluon.jit
+def _buffer_rows(rows, PAIRS: gl.constexpr, num_warps: gl.constexpr):
+    """A chunk of the epilogue buffer as output rows [CHUNK, BLOCK_M x W_GROUP], column p =
+    position p // W_GROUP, residue p % W_GROUP (``rows``: the buffer's channels c_0 .. c_0 +
+    CHUNK viewed as [CHUNK, BLOCK_M, W_GROUP], see ``_epilogue_buffer``). Lane i holds column i
+    of 32, or with PAIRS both residues of position i of 32; either way a warp's read hits 32
+    distinct banks."""
+    CHUNK: gl.constexpr = rows.shape[0]
+    BLOCK_M: gl.constexpr = rows.shape[1]
+    W_GROUP: gl.constexpr = rows.shape[2]
+    if PAIRS:
+        layout: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 32, 1], [num_warps, 1, 1], [2, 1, 0])
+    else:
+        layout: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 32 // W_GROUP, W_GROUP], [num_warps, 1, 1], [2, 1, 0])
+    return gl.reshape(rows.load(layout), [CHUNK, BLOCK_M * W_GROUP])
+
+
+@gluon.jit
 def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
                 stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr, BW: gl.constexpr, W_GROUP: gl.constexpr,
-                OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, W_SKIP: gl.constexpr, num_warps: gl.constexpr):
-    """Store the tile [BLOCK_N, BLOCK_M x W_GROUP] in ``c_smem`` (column p: position p // W_GROUP
-    of the box, W residue p % W_GROUP) plus the bias (without FROM_SMEM: the bias alone, at rows
-    of residue ``rh``), 16 channels at a time. The columns of residue W_SKIP (no taps) are
-    zeros, whatever the buffer holds there. Lane i of a warp holds column i of 32: each store
-    instruction writes 128 whole bytes. With 4 adjacent columns per thread (4 stores, each 4 bytes
-    in 16) KB 77's kernel sent 636 MB of sectors into L2 for 277 MB of output (ncu, H200,
-    2026-12-01)."""
+                OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, PAIRS: gl.constexpr, num_warps: gl.constexpr):
+    """Store the box's rows [BLOCK_N, BLOCK_M x W_GROUP] (column p: position p // W_GROUP of the
+    box, W residue p % W_GROUP) from ``c_smem`` (``_buffer_rows``) plus the bias; without
+    FROM_SMEM the bias alone, at rows of residue ``rh``. 16 channels at a time.
+
+    Each store instruction of a warp writes whole sectors: with PAIRS (W_GROUP=2, the launcher
+    checked that every output stride but W's and the width are even and the address 8-byte
+    aligned) a thread holds both residues of a position and stores them as one vector, 64
+    consecutive columns per warp; else lane i holds column i of 32. With 4 adjacent columns per
+    thread stored one by one (4 bytes of every 16) KB 77's kernel sent 636 MB of sectors into L2
+    for 277 MB of output (ncu, H200, 2026-12-01)."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
-    COLS: gl.constexpr = c_smem.shape[1]
+    BLOCK_M: gl.constexpr = c_smem.shape[1]
+    COLS: gl.constexpr = BLOCK_M * W_GROUP
     CHUNK: gl.constexpr = 16
-    rows_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+    V: gl.constexpr = 2 if PAIRS else 1
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, V], [1, 32], [num_warps, 1], [1, 0])
     p = gl.arange(0, COLS, layout=gl.SliceLayout(0, rows_layout))
     m = p // W_GROUP
     qh = qh0 + m // BW
@@ -699,47 +724,64 @@ def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, q
         ow = qw * SW + p % W_GROUP
     oh = qh * SH + rh
     ok, y_s, y_m = _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32)
+    if PAIRS:
+        y_s = gl.multiple_of(y_s, 2)
     for c in gl.static_range(BLOCK_N // CHUNK):
         co = pid_n * BLOCK_N + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, rows_layout))
         co_ok = co < COUT_G
         if FROM_SMEM:
-            vals = c_smem.slice(c * CHUNK, CHUNK, dim=0).load(rows_layout)
-            if W_SKIP >= 0:
-                vals = gl.where(gl.expand_dims(p % W_GROUP == W_SKIP, 0), 0.0, vals)
+            vals = gl.convert_layout(_buffer_rows(c_smem.slice(c * CHUNK, CHUNK, dim=0), PAIRS, num_warps),
+                                     rows_layout)
         else:
             vals = gl.zeros([CHUNK, COLS], gl.float32, rows_layout)
         if HAS_BIAS:
             vals += gl.expand_dims(gl.load(b_ptr + grp * COUT_G + co, mask=co_ok, other=0.0).to(gl.float32), 1)
-        y_co = _channel_offsets(grp * COUT_G + co, stride_yc, OFF32)
-        gl.store(y_ptr + y_s + (gl.expand_dims(y_co, 1) + gl.expand_dims(y_m, 0)), vals.to(y_ptr.dtype.element_ty),
-                 mask=gl.expand_dims(co_ok, 1) & gl.expand_dims(ok, 0))
+        offs = gl.expand_dims(_channel_offsets(grp * COUT_G + co, stride_yc, OFF32), 1) + gl.expand_dims(y_m, 0)
+        mask = gl.expand_dims(co_ok, 1) & gl.expand_dims(ok, 0)
+        if PAIRS:
+            offs = gl.max_contiguous(gl.multiple_of(offs, [1, 2]), [1, 2])
+            mask = gl.max_constancy(mask, [1, 2])
+        gl.store(y_ptr + y_s + offs, vals.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @gluon.jit
 def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, pid_n, COUT_G, stride_yc, qd, qh0, qw0,
                     OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr,
                     BW: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr,
-                    num_warps: gl.constexpr):
-    """The NCDHW output of one box: its accumulators (one per W residue) through ``c_smem``
-    [BLOCK_N, BLOCK_M, W_GROUP], where the W residues of a position are adjacent, so that each
-    store instruction of a warp covers 32 consecutive output columns of one channel; then the
-    companion rows of its row class (bias or zeros). Stored straight from the accumulators, each
-    residue filled only every other 4 bytes of a sector: KB 77's kernel wrote 769 MB of sectors
-    into L2 for 277 MB of output and took 566 us (ncu, H200, 2026-12-01). A residue without
-    taps (W_SKIP) is not written to the buffer: ``_store_rows`` stores zeros for its columns."""
+                    PAIRS: gl.constexpr, num_warps: gl.constexpr):
+    """The NCDHW output of one box: its accumulators through ``c_smem`` (``_epilogue_buffer``),
+    so that each store instruction of a warp covers whole rows of consecutive output columns of
+    a channel (``_store_rows``); then the companion rows of its row class (bias or zeros).
+    Stored straight from the accumulators, each residue filled only every other 4 bytes of a
+    sector: KB 77's kernel wrote 769 MB of sectors into L2 for 277 MB of output and took 566 us
+    (ncu, H200, 2026-12-01).
+
+    The buffer is [BLOCK_N, W_GROUP, BLOCK_M] (``_epilogue_buffer``); with W_GROUP=2 a thread's
+    two accumulators go in as one joined tensor, a residue without taps (W_SKIP) as zeros.
+    With both residues in the buffer (KB 77's W_SKIP included) and the XOR layout, ncu on KB 77's
+    kernel read 0.29 M shared-store bank conflicts against 4.09 M with the residues interleaved
+    and unswizzled, and 248.1 against 258.3 us (H200, 2026-12-04)."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
-    BLOCK_M: gl.constexpr = c_smem.shape[1]
-    for j in gl.static_range(W_GROUP):
-        if j != W_SKIP:
-            vals = acc0 if j == 0 else acc1
-            c_smem.slice(j, 1, dim=2).store(gl.reshape(gl.permute(vals, [1, 0]), [BLOCK_N, BLOCK_M, 1]))
+    BLOCK_M: gl.constexpr = c_smem.shape[2]
+    if W_GROUP == 1:
+        c_smem.store(gl.reshape(gl.permute(acc0, [1, 0]), [BLOCK_N, 1, BLOCK_M]))
+    else:
+        # Both residues in one store (the layout's XOR on the residue forbids a slice per
+        # residue); a residue without taps as zeros, so that reads need no select.
+        if W_SKIP == 0:
+            both = gl.join(gl.zeros_like(acc1), acc1)
+        elif W_SKIP == 1:
+            both = gl.join(acc0, gl.zeros_like(acc0))
+        else:
+            both = gl.join(acc0, acc1)
+        c_smem.store(gl.permute(both, [1, 2, 0]))
     cta_barrier()  # every warp's part of the buffer written before any warp reads rows
-    c_rows = c_smem.reshape([BLOCK_N, BLOCK_M * W_GROUP])
+    c_rows = c_smem.permute((0, 2, 1))  # [BLOCK_N, BLOCK_M, W_GROUP]: sliced by channels only
     od = qd * SD + _row_value(tab_ptr, row0, 0)
     rh = _row_value(tab_ptr, row0, 1)
     rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
     _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
-                stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, True, W_SKIP, num_warps)
+                stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, True, PAIRS, num_warps)
     # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
     # columns (every W residue of the group).
     cmask = _row_value(tab_ptr, row0, 15)
@@ -747,7 +789,38 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
         if ((cmask >> rc) & 1) != 0:
             _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, qd * SD + rc // SH, rc % SH,
                         rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, False,
-                        -1, num_warps)
+                        PAIRS, num_warps)
+
+
+@constexpr_function
+def _epilogue_layout(block_n, w_group, block_m):
+    """The shared-memory layout of ``_epilogue_buffer``: rows of BLOCK_M words per (channel n, W
+    residue j), residue-major, with column m of a row at word m ^ (8 x ((n >> 1) & 3)) ^ (16 x j).
+
+    Why: one store from the accumulator covers 8 positions (lanes // 4) x 4 channels 2 apart
+    (lanes % 4), and a read covers 32 consecutive output columns of one channel, 16 positions x
+    both residues. Unswizzled rows of BLOCK_M words (a multiple of 32 banks) put the four
+    channels of a store on the same banks: 4-way conflicts, 28% excess shared wavefronts on KB 77
+    with the residues interleaved (ncu, H200, 2026-12-04). The XOR puts the channels of a store 8
+    banks apart and the two residues of a read 16 apart; within a row it only permutes aligned
+    groups of 32 words, so a warp's 32 consecutive columns still hit 32 banks. (A padded layout
+    cost 5-6 more address instructions per element in the PTX Triton 3.6 emits for it.)"""
+    def log2(v):
+        return v.bit_length() - 1
+    bases = [[0, 0, 1 << b] for b in range(log2(block_m))]
+    if w_group == 2:
+        bases.append([0, 1, 16 if block_m >= 32 else 0])
+    for b in range(log2(block_n)):
+        xor = {1: 8, 2: 16}.get(b, 0) if block_m >= 32 else 0
+        bases.append([1 << b, 0, xor])
+    return gl.SharedLinearLayout(bases)
+
+
+@gluon.jit
+def _epilogue_buffer(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, W_GROUP: gl.constexpr):
+    """``_ncdhw_epilogue``'s buffer [BLOCK_N, W_GROUP, BLOCK_M] fp32 (``_epilogue_layout``)."""
+    layout: gl.constexpr = _epilogue_layout(BLOCK_N, W_GROUP, BLOCK_M)
+    return gl.allocate_shared_memory(gl.float32, [BLOCK_N, W_GROUP, BLOCK_M], layout)
 
 
 @gluon.jit
@@ -798,13 +871,16 @@ def box_gemm_kernel(
     W_SKIP: gl.constexpr,
     OFF32: gl.constexpr,
     CL_OUT: gl.constexpr,
+    PAIRS: gl.constexpr,
     STAGES: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """One box of compact positions of one phase group (see the module docstring). ``x_desc``:
     the zero-haloed input [N, DP, HP, WP, C] in boxes [1, 1, BH, BW, BLOCK_K]; ``w_desc``: the
     packed weight as [G * taps * Cout/g, Cin/g] in boxes [BLOCK_N, BLOCK_K]; the other arguments
-    are ``flat_gemm_kernel``'s, with the position tile as (tiles_h, tiles_w) boxes."""
+    are ``flat_gemm_kernel``'s, with the position tile as (tiles_h, tiles_w) boxes. PAIRS: the
+    NCDHW rows leave as 8-byte pairs of W residues (``triton_sites.w_pairs`` says when that is
+    aligned)."""
     BH: gl.constexpr = x_desc.block_type.shape[2]
     BW: gl.constexpr = x_desc.block_type.shape[3]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
@@ -869,11 +945,10 @@ def box_gemm_kernel(
                       stride_yd, stride_yh, stride_yw, W_GROUP, OFF32)
     else:
         # Positions innermost (NCDHW): through shared memory (``_ncdhw_epilogue``).
-        c_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-        c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M, W_GROUP], c_layout)
+        c_smem = _epilogue_buffer(BLOCK_N, BLOCK_M, W_GROUP)
         _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, pid_n, COUT_G, stride_yc, qd, qh0,
                         qw0, OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, W_SKIP,
-                        OFF32, num_warps)
+                        OFF32, PAIRS, num_warps)
 
 
 # ==================== convt3d/kernels/head_box.py (verbatim; package-relative imports rewritten) ====================
@@ -4487,7 +4562,10 @@ GK = types.SimpleNamespace(
     _advance=_advance,
     _box_steps=_box_steps,
     _box_tile=_box_tile,
+    _buffer_rows=_buffer_rows,
     _channel_offsets=_channel_offsets,
+    _epilogue_buffer=_epilogue_buffer,
+    _epilogue_layout=_epilogue_layout,
     _issue=_issue,
     _mainloop=_mainloop,
     _ncdhw_epilogue=_ncdhw_epilogue,
@@ -4917,6 +4995,17 @@ def gluon_capable(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
+def w_pairs(cfg: Config, params: ConvT3dParams, y: torch.Tensor) -> bool:
+    """box_gemm_kernel may store both W residues of a position as one vector (``_store_rows``,
+    PAIRS): NCDHW output with W residues interleaved (W_GROUP=2), every pair starting on an even
+    element (an even width and even strides but W's) of an address aligned to the pair. ``y`` is
+    ``_output``'s fresh allocation (the caching allocator aligns it to 512 bytes), so the site
+    that caches this answer holds for every later call of the signature."""
+    cl_out = y.stride(1) == 1 and params.out_channels > 1
+    return (cfg.W_GROUP == 2 and not cl_out and y.stride(4) == 1 and params.out_size[2] % 2 == 0
+            and all(s % 2 == 0 for s in y.stride()[:4]) and y.data_ptr() % (2 * y.element_size()) == 0)
+
+
 def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, params: ConvT3dParams, geo,
               has_bias: bool) -> Site:
     """The launch site of box_gemm_kernel (descriptors from ``_box_descriptors``)."""
@@ -4930,6 +5019,7 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
         tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         axes = params.axes
         programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
+        cl_out = y.stride(1) == 1 and params.out_channels > 1
         return Site("box_gemm_kernel", (programs,), (
             params.batch, params.in_channels_per_group, params.out_channels_per_group,
             pd, ph, pw,
@@ -4943,7 +5033,7 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
             tiles_h, tiles_w, tiles_n,
         ), dict(
             HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
-            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), CL_OUT=y.stride(1) == 1 and params.out_channels > 1,
+            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), CL_OUT=cl_out, PAIRS=w_pairs(cfg, params, y),
             STAGES=cfg.num_stages, num_warps=cfg.num_warps,
         ))
 

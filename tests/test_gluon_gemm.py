@@ -35,25 +35,33 @@ def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **c
     consts = dict(consts, num_warps=warps)
     fn = GK.box_gemm_kernel
     signature = {a: sig.get(a, "constexpr" if a in consts else "i32") for a in fn.arg_names}
-    return triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=consts),
+    # The pointers 16-byte aligned, as the launch specialises a fresh allocation.
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("b_ptr", "y_ptr", "tab_ptr")}
+    return triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
-@pytest.mark.parametrize("dtype,block_n,block_k,box,warps,w_group,w_skip,cl_out,bias,off32", [
-    ("fp32", 64, 32, (1, 1, 4, 32, 32), 4, 2, 0, False, False, True),    # KB 77: a W residue without taps
-    ("fp32", 64, 32, (1, 1, 8, 16, 32), 4, 1, -1, False, True, False),   # stride 1, 64-bit offsets
-    ("bf16", 32, 64, (1, 1, 8, 16, 64), 4, 2, -1, False, True, True),    # both W residues with taps
-    ("fp16", 128, 32, (1, 1, 8, 16, 32), 8, 1, -1, True, True, True),    # channels-last out, 2 warpgroups
-    ("bf16", 16, 16, (1, 1, 4, 16, 16), 4, 1, -1, True, False, True),    # the smallest tiles
-], ids=["kb77-wskip", "stride1-off64", "bf16-both-residues", "fp16-cl-8warps", "bf16-smallest"])
-def test_box_gemm_compiles_for_sm90(dtype, block_n, block_k, box, warps, w_group, w_skip, cl_out, bias, off32):
+@pytest.mark.parametrize("dtype,block_n,block_k,box,warps,w_group,w_skip,cl_out,bias,off32,pairs", [
+    ("fp32", 64, 32, (1, 1, 4, 32, 32), 4, 2, 0, False, False, True, True),    # KB 77: a W residue without taps
+    ("fp32", 64, 32, (1, 1, 4, 32, 32), 4, 2, 1, False, True, True, False),    # the same, odd output width
+    ("fp32", 64, 32, (1, 1, 8, 16, 32), 4, 1, -1, False, True, False, False),  # stride 1, 64-bit offsets
+    ("bf16", 32, 64, (1, 1, 8, 16, 64), 4, 2, -1, False, True, True, True),    # both W residues with taps
+    ("fp32", 32, 32, (1, 1, 8, 16, 32), 4, 2, -1, False, False, True, False),  # both, odd output width
+    ("fp16", 128, 32, (1, 1, 8, 16, 32), 8, 1, -1, True, True, True, False),   # channels-last out, 2 warpgroups
+    ("bf16", 16, 16, (1, 1, 4, 16, 16), 4, 1, -1, True, False, True, False),   # the smallest tiles
+], ids=["kb77-wskip-pairs", "wskip-odd-width", "stride1-off64", "bf16-both-residues-pairs", "both-residues-odd-width",
+        "fp16-cl-8warps", "bf16-smallest"])
+def test_box_gemm_compiles_for_sm90(dtype, block_n, block_k, box, warps, w_group, w_skip, cl_out, bias, off32, pairs):
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     # In a process of its own, without the interpreter (see test_gluon_spike.compile_in_clean_process).
-    consts = dict(HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip, OFF32=off32, CL_OUT=cl_out, STAGES=4)
+    consts = dict(HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip, OFF32=off32, CL_OUT=cl_out, PAIRS=pairs, STAGES=4)
     args = json.dumps([dtype, block_n, block_k, list(box), warps, consts])
     out = compile_in_clean_process([__file__, args])
     assert "wgmma.mma_async" in out
     assert "cp.async.bulk.tensor.5d" in out  # the 5-D input boxes
+    if dtype == "fp32" and not cl_out:
+        # PAIRS: both W residues of a position leave as one 8-byte store, else one column per lane.
+        assert ("st.global.v2.b32" in out) == pairs
 
 
 def _params(cin, cout, size, k, s, p, op=0, g=1, d=1, dtype=torch.float32):
@@ -95,6 +103,26 @@ def test_box_gemm_tile_is_a_box_of_the_compact_plane():
                if c.gluon)
     assert (cfg.BLOCK_M, cfg.BLOCK_W, cfg.W_GROUP) == (128, 32, 2)
     assert cfg.short().endswith("flat gluon") and "(4x32)" in cfg.short()
+
+
+@pytest.mark.parametrize("case,layout,pairs", [
+    (dict(k=4, s=2, p=1), "ncdhw", True),          # output width 2W: every pair starts on an even column
+    (dict(k=3, s=2, p=1, d=2), "ncdhw", False),    # KB 77's geometry: width 2W + 1, odd rows start odd
+    (dict(k=3, s=2, p=1, op=1), "ncdhw", True),
+    (dict(k=4, s=2, p=1), "cl", False),            # channels-last: W_GROUP 1, no residues to pair
+    (dict(k=3, s=1, p=1), "ncdhw", False),         # stride 1: one residue
+    (dict(k=4, s=2, p=1), "offset", False),        # the address one element past an allocation
+], ids=["k4s2-even-width", "kb77-odd-width", "op1-even-width", "channels-last", "stride1", "misaligned-address"])
+def test_w_pairs_only_where_every_pair_is_aligned(case, layout, pairs):
+    from convt3d.triton_sites import w_pairs
+    params = _params(16, 32, (3, 8, 10), **case)
+    fmt = torch.channels_last_3d if layout == "cl" else torch.contiguous_format
+    y = torch.empty(params.out_shape, memory_format=fmt)
+    if layout == "offset":
+        y = torch.empty(y.numel() + 1)[1:].view(params.out_shape)
+    cfg = next(c for c in E.candidate_configs(params, torch.float32, "tf32", layout == "cl", flat=True, gluon=True)
+               if c.gluon)
+    assert w_pairs(cfg, params, y) == pairs
 
 
 def test_no_gluon_candidate_off_sm90():

@@ -192,6 +192,8 @@ _hopper = pytest.mark.skipif(not (torch.cuda.is_available() and E.gluon_capable(
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("geom,size", [
     (dict(k=3, s=2, p=1, op=0, d=2, g=1, cin=32, cout=64), (6, 9, 11)),    # KB 77: W residue skipped, companions
+    (dict(k=3, s=2, p=1, op=1, d=2, g=1, cin=32, cout=64), (5, 8, 10)),    # the same, even width: W pairs
+    (dict(k=3, s=2, p=1, op=0, d=1, g=1, cin=16, cout=32), (4, 8, 9)),     # both W residues, odd width
     (dict(k=3, s=1, p=1, op=0, d=1, g=1, cin=24, cout=40), (5, 7, 9)),     # stride 1, Cin not a K block
     (dict(k=4, s=2, p=1, op=0, d=1, g=1, cin=32, cout=48), (4, 6, 7)),     # both W residues with taps
     (dict(k=2, s=2, p=0, op=0, d=1, g=1, cin=64, cout=32), (3, 8, 10)),    # one tap per phase
@@ -199,8 +201,8 @@ _hopper = pytest.mark.skipif(not (torch.cuda.is_available() and E.gluon_capable(
     (dict(k=(1, 3, 3), s=(1, 2, 2), p=(0, 1, 1), op=(0, 1, 1), d=1, g=1, cin=32, cout=136), (3, 9, 10)),  # 2 N blocks
     (dict(k=3, s=3, p=0, op=2, d=1, g=1, cin=16, cout=16), (3, 8, 9)),     # stride 3
     (dict(k=3, s=1, p=2, op=0, d=(1, 2, 3), g=2, cin=64, cout=32), (5, 6, 8)),  # groups, anisotropic dilation
-], ids=["kb77", "stride1-cin24", "k4s2-both-residues", "k2s2", "op1-cout8", "video-2nblocks", "stride3",
-        "groups2-dilated"])
+], ids=["kb77", "kb77-even-width", "both-residues-odd-width", "stride1-cin24", "k4s2-both-residues", "k2s2",
+        "op1-cout8", "video-2nblocks", "stride3", "groups2-dilated"])
 def test_box_gemm_every_geometry(geom, size, bias, layout, dtype):
     x, w, b, args = _geometry_inputs(geom, layout, dtype, size)
     b = b if bias else None

@@ -441,6 +441,17 @@ def gluon_capable(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
+def w_pairs(cfg: Config, params: ConvT3dParams, y: torch.Tensor) -> bool:
+    """box_gemm_kernel may store both W residues of a position as one vector (``_store_rows``,
+    PAIRS): NCDHW output with W residues interleaved (W_GROUP=2), every pair starting on an even
+    element (an even width and even strides but W's) of an address aligned to the pair. ``y`` is
+    ``_output``'s fresh allocation (the caching allocator aligns it to 512 bytes), so the site
+    that caches this answer holds for every later call of the signature."""
+    cl_out = y.stride(1) == 1 and params.out_channels > 1
+    return (cfg.W_GROUP == 2 and not cl_out and y.stride(4) == 1 and params.out_size[2] % 2 == 0
+            and all(s % 2 == 0 for s in y.stride()[:4]) and y.data_ptr() % (2 * y.element_size()) == 0)
+
+
 def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, params: ConvT3dParams, geo,
               has_bias: bool) -> Site:
     """The launch site of box_gemm_kernel (descriptors from ``_box_descriptors``)."""
@@ -454,6 +465,7 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
         tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         axes = params.axes
         programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
+        cl_out = y.stride(1) == 1 and params.out_channels > 1
         return Site("box_gemm_kernel", (programs,), (
             params.batch, params.in_channels_per_group, params.out_channels_per_group,
             pd, ph, pw,
@@ -467,7 +479,7 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
             tiles_h, tiles_w, tiles_n,
         ), dict(
             HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
-            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), CL_OUT=y.stride(1) == 1 and params.out_channels > 1,
+            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), CL_OUT=cl_out, PAIRS=w_pairs(cfg, params, y),
             STAGES=cfg.num_stages, num_warps=cfg.num_warps,
         ))
 
