@@ -1,6 +1,7 @@
 """box_gemm_kernel (kernels/gluon_gemm.py) without a GPU: it compiles for sm_90 on the Triton
 installed here (CI's is newer than the GPU machine's 3.6) for every constexpr combination the
-launcher can ask for, and the candidate list offers it exactly where it can compute the call.
+launcher can ask for, the candidate list offers it exactly where it can compute the call, and
+its NCDHW epilogue buffer's layout gives every warp access 32 distinct banks.
 Its numerics are GPU tests (tests/test_gpu.py, test_box_gemm_every_geometry): Triton's
 interpreter does not run Gluon."""
 from __future__ import annotations
@@ -103,6 +104,52 @@ def test_box_gemm_tile_is_a_box_of_the_compact_plane():
                if c.gluon)
     assert (cfg.BLOCK_M, cfg.BLOCK_W, cfg.W_GROUP) == (128, 32, 2)
     assert cfg.short().endswith("flat gluon") and "(4x32)" in cfg.short()
+
+
+def _buffer_words(block_n: int, w_group: int, block_m: int) -> dict:
+    """The word of every (channel, residue, position) in ``_epilogue_buffer``'s layout: offset
+    bit b stands for the logical step ``offset_bases[b]``, XORed together."""
+    pytest.importorskip("triton.experimental.gluon.language")
+    from convt3d.kernels import gluon_gemm as GK
+
+    bases = GK._epilogue_layout(block_n, w_group, block_m).offset_bases
+    words = {}
+    for off in range(block_n * w_group * block_m):
+        n = j = m = 0
+        for b, (dn, dj, dm) in enumerate(bases):
+            if off >> b & 1:
+                n, j, m = n ^ dn, j ^ dj, m ^ dm
+        words[(n, j, m)] = off
+    return words
+
+
+@pytest.mark.parametrize("block_n,w_group,block_m,warps", [
+    (64, 2, 128, 4), (64, 1, 128, 4), (128, 2, 128, 8), (16, 2, 64, 4), (32, 1, 64, 4),
+], ids=["kb77", "stride1", "n128-8warps", "smallest-w-pairs", "stride1-m64"])
+def test_epilogue_buffer_has_no_bank_conflicts(block_n, w_group, block_m, warps):
+    # The buffer's layout is a permutation of its words, and each warp access the epilogue makes
+    # touches 32 distinct banks (a word's bank: its offset mod 32):
+    # - a store from wgmma's accumulator: lane l holds position 16 x warp + 8h + l // 4 and channel
+    #   8i + 2(l % 4) + e of residue j, one register (h, i, e, j) per instruction;
+    # - a read of one channel's output columns: lane l holds position m0 + l // 2, residue l % 2
+    #   (W_GROUP=2), or position m0 + l (W_GROUP=1, and each residue of PAIRS).
+    words = _buffer_words(block_n, w_group, block_m)
+    assert sorted(words.values()) == list(range(block_n * w_group * block_m))
+    lanes = range(32)
+    for w in range(warps):
+        for h in range(2):
+            for i in range(block_n // 8):
+                for e in range(2):
+                    for j in range(w_group):
+                        banks = {words[(8 * i + 2 * (l % 4) + e, j, 16 * w + 8 * h + l // 4)] % 32 for l in lanes}
+                        assert len(banks) == 32, (w, h, i, e, j)
+    for n in range(block_n):
+        for m0 in range(0, block_m, 32):
+            for j in range(w_group):
+                assert len({words[(n, j, m0 + l)] % 32 for l in lanes}) == 32, (n, m0, j)
+        if w_group == 2:
+            for m0 in range(0, block_m, 16):
+                assert len({words[(n, l % 2, m0 + l // 2)] % 32 for l in lanes}) == 32, (n, m0)
 
 
 @pytest.mark.parametrize("case,layout,pairs", [
