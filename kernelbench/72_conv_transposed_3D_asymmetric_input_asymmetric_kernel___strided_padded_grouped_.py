@@ -4998,11 +4998,11 @@ def gluon_capable(device: torch.device) -> bool:
 def w_pairs(cfg: Config, params: ConvT3dParams, y: torch.Tensor) -> bool:
     """box_gemm_kernel may store both W residues of a position as one vector (``_store_rows``,
     PAIRS): NCDHW output with W residues interleaved (W_GROUP=2), every pair starting on an even
-    element (an even width and even strides but W's) of an address aligned to the pair. ``y`` is
-    ``_output``'s fresh allocation (the caching allocator aligns it to 512 bytes), so the site
-    that caches this answer holds for every later call of the signature."""
-    cl_out = y.stride(1) == 1 and params.out_channels > 1
-    return (cfg.W_GROUP == 2 and not cl_out and y.stride(4) == 1 and params.out_size[2] % 2 == 0
+    element (an even width and even strides but W's) of an address aligned to the pair; W's
+    stride of 1 rules out a channels-last output of more than one channel. ``y`` is ``_output``'s
+    fresh allocation (the caching allocator aligns it to 512 bytes), so the site that caches this
+    answer holds for every later call of the signature."""
+    return (cfg.W_GROUP == 2 and y.stride(4) == 1 and params.out_size[2] % 2 == 0
             and all(s % 2 == 0 for s in y.stride()[:4]) and y.data_ptr() % (2 * y.element_size()) == 0)
 
 
