@@ -3126,35 +3126,56 @@ def to_channels_last_kernel(
 
 
 @triton.jit
+def _pack_block(w_ptr, p_ptr, pid, grp,
+                CIN_G, COUT_G, KVOL, FOLD, stride_wi,
+                ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
+    """One [BLOCK_CI, BLOCK_J] block of pack_weight_kernel's transpose, program ``pid`` of
+    group ``grp``: rows ci of the merged group, columns j = co * KVOL + tap (the weight's own
+    contiguous order). Loads run along j and stores along ci, so both are coalesced; Triton
+    moves the tile between the two layouts through shared memory.
+
+    Why a tile: gathering p's elements one by one in p's order read the weight at a stride of
+    Cout/g x taps elements, one 32-byte sector per 2- or 4-byte element. On gan_k4s2p1 in bf16
+    (256 -> 128, k4: a 4 MB weight) that kernel took 17.5 us on the H200 for 8 MB of useful
+    traffic (NOTES.md, section 12, 2026-12-04).
+
+    Merged groups (``FOLD`` > 1): a row ci of original group f = ci // (CIN_G / FOLD) has
+    weights only in the columns of that group, j in [f * span, (f + 1) * span) with span =
+    (COUT_G / FOLD) x KVOL, read from the row's own columns j - f * span; every other element
+    of p is zero (the block-diagonal weight)."""
+    j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
+    ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
+    j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
+    ci_ok = ci < CIN_G
+    span = (COUT_G // FOLD) * KVOL
+    src_j = j[None, :] - ((ci // (CIN_G // FOLD)) * span)[:, None]
+    row = (grp.to(tl.int64) * CIN_G + ci) * stride_wi
+    v = tl.load(w_ptr + row[:, None] + src_j, mask=ci_ok[:, None] & (src_j >= 0) & (src_j < span), other=0.0)
+    if ROUND_TF32:
+        v = _round_tf32(v)
+    co = j // KVOL
+    tap = j % KVOL
+    dst = ((grp.to(tl.int64) * KVOL + tap) * COUT_G + co) * CIN_G
+    tl.store(p_ptr + dst[None, :] + ci[:, None], v, mask=ci_ok[:, None] & (j < COUT_G * KVOL)[None, :])
+
+
+@triton.jit
 def pack_weight_kernel(
     w_ptr, p_ptr,
     CIN_G, COUT_G, KVOL, FOLD,
-    stride_wi, stride_wo, stride_wt,
+    stride_wi,
     ROUND_TF32: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap]: each tap's weights as a K-major tile.
+    """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap]: each tap's weights as a K-major tile, for a
+    contiguous weight (stride_wi: its input-channel stride; (co, tap) flattened has stride 1).
+    Grid: (ci blocks x j blocks, groups); see ``_pack_block``.
 
     ``FOLD`` > 1 packs for merged groups (ConvT3dParams.fold_groups): CIN_G / COUT_G are the
     merged group's channels, and a weight (ci, co) is w[g*CIN_G + ci, co % (COUT_G/FOLD), tap]
-    where ci and co belong to the same original group, else zero (the block-diagonal weight).
-    ``stride_wt`` is the stride of the flattened (kD, kH, kW) index, valid because the weight's
-    kernel dimensions are made contiguous by the launcher.
-    """
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    grp = tl.program_id(1)
-    ci = offs % CIN_G
-    tmp = offs // CIN_G
-    co = tmp % COUT_G
-    tap = tmp // COUT_G
-    mask = offs < KVOL * COUT_G * CIN_G
-    sub_ci, sub_co = CIN_G // FOLD, COUT_G // FOLD  # channels of one original group
-    same = (ci // sub_ci) == (co // sub_co)
-    src = (grp * CIN_G + ci) * stride_wi + (co % sub_co) * stride_wo + tap * stride_wt
-    v = tl.load(w_ptr + src, mask=mask & same, other=0.0)
-    if ROUND_TF32:
-        v = _round_tf32(v)
-    tl.store(p_ptr + grp.to(tl.int64) * KVOL * COUT_G * CIN_G + offs, v, mask=mask)
+    where ci and co belong to the same original group, else zero (the block-diagonal weight)."""
+    _pack_block(w_ptr, p_ptr, tl.program_id(0), tl.program_id(1), CIN_G, COUT_G, KVOL, FOLD, stride_wi,
+                ROUND_TF32, BLOCK_CI, BLOCK_J)
 
 
 @triton.jit
@@ -3398,6 +3419,56 @@ def flat_gemm_kernel(
 
 
 @triton.jit
+def _pad_block(x_ptr, y_ptr, pid_r, pid_c, nb,
+               C, D, H, W,
+               DP, HP, WP,
+               PD, PH, PW,
+               stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+               ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr,
+               BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
+    """One block of to_padded_kernel: BLOCK_W positions of one padded row (dp, hp) -- program
+    ``pid_r`` of DP x HP x cdiv(WP, BLOCK_W), width fastest -- by BLOCK_C channels from pid_c *
+    BLOCK_C, of batch element ``nb`` (int64).
+
+    Why rows: the source offset along a row is (wp - PW) x stride_xw, which Triton's contiguity
+    analysis follows when the stride is 1 (it specialises an integer argument of 1). A block of
+    flattened positions had its width as position % WP, whose contiguity it cannot prove, so the
+    load of an NCDHW input took the store's layout, threads along channels: each warp's load
+    touched 32 sectors of 4 useful bytes (the sm_90a TTGIR of triton 3.6, 2026-12-04; NOTES.md,
+    section 12). Now the NCDHW load runs along W and the store along channels, with the
+    transpose through shared memory."""
+    w_blocks = tl.cdiv(WP, BLOCK_W)
+    wp = (pid_r % w_blocks) * BLOCK_W + tl.arange(0, BLOCK_W)
+    row = pid_r // w_blocks
+    hp = row % HP
+    dp = row // HP
+    d = dp - PD
+    h = hp - PH
+    w = wp - PW
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    w_ok = wp < WP
+    # d and h as vectors: Triton's interpreter (CPU CI) rejects a mask made from a scalar test.
+    dv = d + tl.zeros_like(w)
+    hv = h + tl.zeros_like(w)
+    inside = w_ok & (w >= 0) & (w < W) & (dv >= 0) & (dv < D) & (hv >= 0) & (hv < H)
+    x_row = x_ptr + nb * stride_xn + d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh
+    x_w = w.to(tl.int64) * stride_xw
+    x_c = offs_c.to(tl.int64) * stride_xc
+    y_w = (((nb * DP + dp) * HP + hp) * WP + wp.to(tl.int64)) * C
+    if SRC_CL:
+        v = tl.load(x_row + x_w[:, None] + x_c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+    else:
+        v = tl.load(x_row + x_c[:, None] + x_w[None, :], mask=c_ok[:, None] & inside[None, :], other=0.0)
+    if ROUND_TF32:
+        v = _round_tf32(v)
+    if SRC_CL:
+        tl.store(y_ptr + y_w[:, None] + offs_c[None, :], v, mask=w_ok[:, None] & c_ok[None, :])
+    else:
+        tl.store(y_ptr + y_w[None, :] + offs_c[:, None], v, mask=c_ok[:, None] & w_ok[None, :])
+
+
+@triton.jit
 def to_padded_kernel(
     x_ptr, y_ptr,
     C, D, H, W,
@@ -3406,43 +3477,55 @@ def to_padded_kernel(
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     ROUND_TF32: tl.constexpr,
     SRC_CL: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """y[n, dp, hp, wp, c] = x[n, c, dp - PD, hp - PH, wp - PW], zero outside x (the halo);
     y is contiguous. Optional TF32 rounding as in to_channels_last_kernel. SRC_CL (x has channel
     stride 1): the tile is [positions, channels], so loads and stores both run along channels;
-    otherwise [channels, positions], loads along W and stores along channels."""
-    pid_s = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    nb = tl.program_id(2).to(tl.int64)
-    S = DP * HP * WP
-    offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    wp = offs_s % WP
-    t = offs_s // WP
-    hp = t % HP
-    dp = t // HP
-    d = dp - PD
-    h = hp - PH
-    w = wp - PW
-    inside = (offs_s < S) & (d >= 0) & (d < D) & (h >= 0) & (h < H) & (w >= 0) & (w < W)
-    s_ok = offs_s < S
-    c_ok = offs_c < C
-    x_s = d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh + w.to(tl.int64) * stride_xw
-    x_c = offs_c.to(tl.int64) * stride_xc
-    y_s = (nb * S + offs_s.to(tl.int64)) * C
-    if SRC_CL:
-        v = tl.load(x_ptr + nb * stride_xn + x_s[:, None] + x_c[None, :], mask=inside[:, None] & c_ok[None, :],
-                    other=0.0)
+    otherwise [channels, positions], loads along W and stores along channels. Grid: (row blocks
+    DP x HP x cdiv(WP, BLOCK_W), channel blocks, batch); see ``_pad_block``."""
+    _pad_block(x_ptr, y_ptr, tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64),
+               C, D, H, W, DP, HP, WP, PD, PH, PW,
+               stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+               ROUND_TF32, SRC_CL, BLOCK_C, BLOCK_W)
+
+
+@triton.jit
+def flat_operands_kernel(
+    x_ptr, xp_ptr, w_ptr, wp_ptr,
+    C, D, H, W,
+    DP, HP, WP,
+    PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    CIN_G, COUT_G, KVOL, FOLD,
+    stride_wi,
+    PAD_R_BLOCKS, PAD_C_BLOCKS, PAD_PROGRAMS, PACK_PROGRAMS,
+    ROUND_TF32: tl.constexpr,
+    SRC_CL: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+    BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
+):
+    """Both operands of the flat and box GEMMs in one launch: programs below PAD_PROGRAMS make
+    to_padded_kernel's haloed copy of x, the others pack the weight as pack_weight_kernel
+    (PACK_PROGRAMS per group). Grid: (PAD_PROGRAMS + PACK_PROGRAMS x groups,).
+
+    Why one launch: every launch costs host time (13-33 us through Triton's own path on the
+    H200's host, less replayed by a launch site; NOTES.md, section 4), and in two launches the
+    pack ran after the copy instead of beside it.
+    On gan_k4s2p1 in bf16 the two kernels took 16.5 + 17.5 us of GPU time in separate launches
+    and the layer stayed on PyTorch by 45 us of host time beyond PyTorch's (NOTES.md, section
+    12, 2026-12-04)."""
+    pid = tl.program_id(0)
+    if pid < PAD_PROGRAMS:
+        rest = pid // PAD_R_BLOCKS
+        _pad_block(x_ptr, xp_ptr, pid % PAD_R_BLOCKS, rest % PAD_C_BLOCKS, (rest // PAD_C_BLOCKS).to(tl.int64),
+                   C, D, H, W, DP, HP, WP, PD, PH, PW,
+                   stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+                   ROUND_TF32, SRC_CL, BLOCK_C, BLOCK_W)
     else:
-        v = tl.load(x_ptr + nb * stride_xn + x_c[:, None] + x_s[None, :], mask=c_ok[:, None] & inside[None, :],
-                    other=0.0)
-    if ROUND_TF32:
-        v = _round_tf32(v)
-    if SRC_CL:
-        tl.store(y_ptr + y_s[:, None] + offs_c[None, :], v, mask=s_ok[:, None] & c_ok[None, :])
-    else:
-        tl.store(y_ptr + y_s[None, :] + offs_c[:, None], v, mask=c_ok[:, None] & s_ok[None, :])
+        q = pid - PAD_PROGRAMS
+        _pack_block(w_ptr, wp_ptr, q % PACK_PROGRAMS, q // PACK_PROGRAMS, CIN_G, COUT_G, KVOL, FOLD, stride_wi,
+                    ROUND_TF32, BLOCK_CI, BLOCK_J)
 
 
 # ==================== convt3d/kernels/head_gemm.py (verbatim; package-relative imports rewritten) ====================
@@ -4524,11 +4607,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 K = types.SimpleNamespace(
     PHASE_TABLE_COLUMNS=PHASE_TABLE_COLUMNS,
+    _pack_block=_pack_block,
+    _pad_block=_pad_block,
     _phase_row=_phase_row,
     _round_tf32=_round_tf32,
     fill_planes_kernel=fill_planes_kernel,
     fill_rows_kernel=fill_rows_kernel,
     flat_gemm_kernel=flat_gemm_kernel,
+    flat_operands_kernel=flat_operands_kernel,
     pack_weight_kernel=pack_weight_kernel,
     phase_gemm_kernel=phase_gemm_kernel,
     to_channels_last_kernel=to_channels_last_kernel,
@@ -4841,16 +4927,23 @@ def _packed_shape(params: ConvT3dParams) -> tuple[int, int, int, int]:
             params.in_channels_per_group)
 
 
+def _pack_blocks(params: ConvT3dParams) -> tuple[int, int, int]:
+    """(BLOCK_CI, BLOCK_J, programs per group) of pack_weight_kernel's tiles for the kernel's
+    ``params``: 32 x 64 elements (4 warps, 16 per thread), narrower for fewer channels."""
+    _, kvol, cout_g, cin_g = _packed_shape(params)
+    block_ci, block_j = min(32, _pow2_at_least(cin_g)), 64
+    return block_ci, block_j, _cdiv(cin_g, block_ci) * _cdiv(cout_g * kvol, block_j)
+
+
 def _pack_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool, fold: int = 1) -> Site:
     """The launch site of pack_weight_kernel for a contiguous weight ``w``; ``params`` are the
     kernel's (merged, when ``fold`` > 1: ConvT3dParams.fold_groups)."""
     g, kvol, cout_g, cin_g = _packed_shape(params)
 
     def build():
-        block = 1024
-        return Site("pack_weight_kernel", (_cdiv(kvol * cout_g * cin_g, block), g),
-                    (cin_g, cout_g, kvol, fold, w.stride(0), w.stride(1), 1),
-                    dict(ROUND_TF32=round_tf32, BLOCK=block, num_warps=4))
+        block_ci, block_j, programs = _pack_blocks(params)
+        return Site("pack_weight_kernel", (programs, g), (cin_g, cout_g, kvol, fold, w.stride(0)),
+                    dict(ROUND_TF32=round_tf32, BLOCK_CI=block_ci, BLOCK_J=block_j, num_warps=4))
 
     return site(("pack_weight", params, round_tf32, fold), build)
 
@@ -4916,19 +5009,60 @@ def _w_descriptor(wp: torch.Tensor, cfg: Config):
     return TensorDescriptor(wp, list(wp.shape), list(wp.stride()), [1, 1, cfg.BLOCK_N, cfg.BLOCK_K])
 
 
-def _padded_site(x: torch.Tensor, geo, round_tf32: bool) -> Site:
-    (pd, ph, pw), (dp, hp, wp) = geo
-    n, c, d, h, w = x.shape
+def _padded_blocks(x: torch.Tensor, geo) -> tuple[int, int, tuple[int, int, int]]:
+    """(BLOCK_C, BLOCK_W, grid) of to_padded_kernel's blocks: up to 64 channels by up to 64
+    positions of one padded row, narrower for fewer channels or a narrower row, so that a
+    small layer's 4-8 wide rows do not leave most of a block masked."""
+    _, (dp, hp, wp) = geo
+    n, c = x.shape[:2]
+    block_c, block_w = min(64, _pow2_at_least(c)), min(64, _pow2_at_least(wp))
+    return block_c, block_w, (dp * hp * _cdiv(wp, block_w), _cdiv(c, block_c), n)
 
+
+def _padded_ints(x: torch.Tensor, geo) -> tuple:
+    (pd, ph, pw), (dp, hp, wp) = geo
+    return (*x.shape[1:], dp, hp, wp, pd, ph, pw, *x.stride())
+
+
+def _padded_site(x: torch.Tensor, geo, round_tf32: bool) -> Site:
     def build():
-        block_c = min(64, _pow2_at_least(c))
-        block_s = 64
-        return Site("to_padded_kernel", (_cdiv(dp * hp * wp, block_s), _cdiv(c, block_c), n),
-                    (c, d, h, w, dp, hp, wp, pd, ph, pw, *x.stride()),
-                    dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and c > 1, BLOCK_C=block_c,
-                         BLOCK_S=block_s, num_warps=4))
+        block_c, block_w, grid = _padded_blocks(x, geo)
+        return Site("to_padded_kernel", grid, _padded_ints(x, geo),
+                    dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and x.shape[1] > 1, BLOCK_C=block_c,
+                         BLOCK_W=block_w, num_warps=4))
 
     return site(("to_padded", x.shape, x.stride(), geo, round_tf32), build)
+
+
+def _operands_site(x: torch.Tensor, geo, params: ConvT3dParams, w: torch.Tensor, round_tf32: bool,
+                   fold: int = 1) -> Site:
+    """The launch site of flat_operands_kernel: ``_padded_site``'s copy of ``x`` and
+    ``_pack_site``'s packing of the contiguous weight ``w`` in one launch (``params``: the
+    kernel's, merged when ``fold`` > 1)."""
+    def build():
+        block_c, block_w, (r_blocks, c_blocks, n) = _padded_blocks(x, geo)
+        block_ci, block_j, pack_programs = _pack_blocks(params)
+        g, kvol, cout_g, cin_g = _packed_shape(params)
+        pad_programs = r_blocks * c_blocks * n
+        return Site("flat_operands_kernel", (pad_programs + pack_programs * g,),
+                    (*_padded_ints(x, geo), cin_g, cout_g, kvol, fold, w.stride(0),
+                     r_blocks, c_blocks, pad_programs, pack_programs),
+                    dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and x.shape[1] > 1, BLOCK_C=block_c,
+                         BLOCK_W=block_w, BLOCK_CI=block_ci, BLOCK_J=block_j, num_warps=4))
+
+    return site(("flat_operands", x.shape, x.stride(), geo, params, round_tf32, fold), build)
+
+
+def _flat_operands(x: torch.Tensor, weight: torch.Tensor, geo, params: ConvT3dParams, round_tf32: bool,
+                   ops: Site) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed weight, zero-haloed NDHWC copy of x) by one launch of ``ops``
+    (``_operands_site``)."""
+    _, (dp, hp, wp) = geo
+    w = weight.contiguous()
+    packed = torch.empty(_packed_shape(params), dtype=weight.dtype, device=weight.device)
+    xp = torch.empty((x.shape[0], dp, hp, wp, x.shape[1]), dtype=x.dtype, device=x.device)
+    ops.launch(x.device, x, xp, w, packed)
+    return packed, xp
 
 
 def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool, prep: Site | None = None) -> torch.Tensor:
@@ -5348,6 +5482,7 @@ class _Steps:
         self.fill: Site | None = None
         self.prep: Site | None = None
         self.pack: Site | None = None
+        self.ops: Site | None = None  # the padded copy and the pack in one launch (flat configs)
         self.gemm: dict[tuple[bool, bool], Site] = {}
 
     def packed_weight(self, weight: torch.Tensor) -> torch.Tensor:
@@ -5362,14 +5497,28 @@ class _Steps:
     def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """A settled call: allocate the output, pack the weight, launch (``bias`` contiguous)."""
         y = _output(self.params, self.pl, x)
-        wp = self.packed_weight(weight)
-        self.run(x, wp, bias if bias is not None else wp, y)  # wp: dummy pointer when HAS_BIAS is False
+        self.call(x, weight, bias, y)
         return y
 
-    def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
+    def call(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor):
+        """Every launch of a call onto ``y`` from the caller's ``weight``: for the flat and box
+        GEMMs the padded copy and the pack in one launch (``flat_operands_kernel``), else the
+        pack, then ``run``. Returns ``run``'s handle."""
+        if self.head is None and self.cfg.flat and self.n_groups > 0:
+            if self.ops is None:
+                self.ops = _operands_site(x, self.geo, self.params, weight.contiguous(), self.pl.round_tf32,
+                                          self.cfg.fold)
+            wp, xp = _flat_operands(x, weight, self.geo, self.params, self.pl.round_tf32, self.ops)
+            return self.run(x, wp, bias if bias is not None else wp, y, xp)
+        wp = self.packed_weight(weight)
+        return self.run(x, wp, bias if bias is not None else wp, y)  # wp: dummy pointer when HAS_BIAS is False
+
+    def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
+            xp: torch.Tensor | None = None):
         """Launch onto ``y`` (allocated, in the plan's memory format) from ``x`` and the packed
-        weight ``wp``; ``b`` is the bias, or any tensor when there is none. Returns Triton's
-        handle of the main kernel (None when no phase has taps)."""
+        weight ``wp``; ``b`` is the bias, or any tensor when there is none; ``xp``: the flat
+        configs' padded copy of ``x`` when the caller made it. Returns Triton's handle of the
+        main kernel (None when no phase has taps)."""
         if self.head is not None:
             return self.head.run(x, wp, b, y)
         params, cfg, dev = self.params, self.cfg, x.device
@@ -5381,9 +5530,10 @@ class _Steps:
             return None
         round_tf32 = self.pl.round_tf32
         if cfg.flat:
-            if self.prep is None:
-                self.prep = _padded_site(x, self.geo, round_tf32)
-            xp = _prepare_padded_input(x, self.geo, round_tf32, self.prep)
+            if xp is None:
+                if self.prep is None:
+                    self.prep = _padded_site(x, self.geo, round_tf32)
+                xp = _prepare_padded_input(x, self.geo, round_tf32, self.prep)
             # flat_gemm_kernel, or box_gemm_kernel (Gluon) on the same padded copy: the same
             # arguments after their descriptors.
             gemm = self.gemm.get((True, True))
@@ -5476,9 +5626,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     def run(cfg: Config):
         # The weight packed per run, as every steady call packs it: the tuner then times each
         # config's whole host and GPU work (``_choose`` costs a config by the slower of the two).
-        st = _steps_for(params, pl, cfg, has_bias, x)
-        wp = st.packed_weight(weight)
-        return st.run(x, wp, bias if has_bias else wp, y)  # wp: dummy pointer when HAS_BIAS is False
+        return _steps_for(params, pl, cfg, has_bias, x).call(x, weight, bias, y)
 
     return Launch(y, run, pl)
 

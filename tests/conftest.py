@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -208,6 +209,38 @@ def check_against_reference(y, x, w, b, stride=1, padding=0, output_padding=0, g
     args = (stride, padding, output_padding, groups, dilation)
     assert_close_to_reference(y, reference(x, w, b, *args), magnitude(x, w, b, *args), tolerance(x.dtype, precision),
                               context)
+
+
+def round_tf32_reference(t: torch.Tensor) -> torch.Tensor:
+    """The kernels' TF32 rounding of an fp32 tensor (nearest, ties away from zero; inf and NaN
+    kept), in PyTorch."""
+    rounded = ((t.contiguous().view(torch.int32) + 0x1000) & -8192).view(torch.float32)
+    return torch.where(t.abs() < float("inf"), rounded, t)
+
+
+def packed_weight_reference(w: torch.Tensor, params, fold: int = 1) -> torch.Tensor:
+    """The packed weight p[g, tap, co, ci] of the kernels' ``params`` (merged groups when
+    ``fold`` > 1: block-diagonal over the ``fold`` original groups, zero between them)."""
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    kvol = math.prod(params.kernel_size)
+    sub_ci, sub_co = cin_g // fold, cout_g // fold
+    wf = w.reshape(w.shape[0], w.shape[1], kvol)
+    p = torch.zeros(g, kvol, cout_g, cin_g, dtype=w.dtype, device=w.device)
+    for gi in range(g):
+        for f in range(fold):
+            rows = wf[gi * cin_g + f * sub_ci: gi * cin_g + (f + 1) * sub_ci]  # [sub_ci, sub_co, kvol]
+            p[gi, :, f * sub_co:(f + 1) * sub_co, f * sub_ci:(f + 1) * sub_ci] = rows.permute(2, 1, 0)
+    return p
+
+
+def padded_input_reference(x: torch.Tensor, geo) -> torch.Tensor:
+    """The flat path's zero-haloed NDHWC copy of x: ``geo`` = ((PD, PH, PW), (DP, HP, WP)), x at
+    offset (PD, PH, PW) of a [N, DP, HP, WP, C] grid that may also cut x off."""
+    (pd, ph, pw), (dp, hp, wp) = geo
+    n, c, d, h, w = x.shape
+    y = torch.zeros(n, dp, hp, wp, c, dtype=x.dtype, device=x.device)
+    y[:, pd:pd + d, ph:ph + h, pw:pw + w] = x.permute(0, 2, 3, 4, 1)[:, :dp - pd, :hp - ph, :wp - pw]
+    return y
 
 
 def memory_format_of(t: torch.Tensor) -> str:

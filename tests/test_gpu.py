@@ -343,6 +343,45 @@ def test_tuning_picks_a_candidate(monkeypatch):
     _check(x, w, None, (2, 1, 0, 1, 1), "tf32", out)
 
 
+# ---- the flat and box GEMMs' operands: padded copy and packed weight, compiled -----------------
+# The copy's rows are transposed through shared memory (loads along W, stores along channels),
+# and the pack's tiles the same way: layouts Triton's interpreter does not have. Bitwise against
+# their definitions, alone and in one launch, with the outputs NaN-filled first.
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d", "slice"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("fold", [1, 2], ids=["groups1", "merged-groups"])
+def test_gemm_operands_compiled_equal_their_definition(fold, dtype, layout, monkeypatch):
+    from convt3d import triton_sites as S
+
+    from conftest import PoisonedTorch, packed_weight_reference, padded_input_reference, round_tf32_reference
+
+    x = torch.randn(2, 48, 5, 6, 70 if layout != "slice" else 140, device=DEV, dtype=dtype)
+    if layout == "channels_last_3d":
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    elif layout == "slice":
+        x = x[..., ::2]
+    geo = ((1, 2, 1), (7, 9, 73))
+    groups = 4 if fold > 1 else 1
+    params = check_call(x, torch.empty(48, 40 // groups, 3, 2, 3, device=DEV, dtype=dtype), None, 2, 0, 0,
+                        groups, 1)[0]
+    kp = params.fold_groups(fold) if fold > 1 else params
+    w = torch.randn(48, 40 // groups, 3, 2, 3, device=DEV, dtype=dtype)
+    rounding = dtype == torch.float32
+    tf32 = round_tf32_reference if rounding else (lambda t: t)
+    expect_w = tf32(packed_weight_reference(w, kp, fold))
+    expect_x = tf32(padded_input_reference(x, geo))
+    xp = torch.full_like(expect_x, float("nan"))
+    S._padded_site(x, geo, rounding).launch(x.device, x, xp)
+    wp = torch.full_like(expect_w, float("nan"))
+    S._pack_site(kp, w, rounding, fold).launch(w.device, w, wp)
+    assert torch.equal(xp, expect_x) and torch.equal(wp, expect_w)
+    ops = S._operands_site(x, geo, kp, w, rounding, fold)
+    monkeypatch.setattr(S, "torch", PoisonedTorch(torch))  # its allocations NaN-filled
+    for _ in range(2):  # Triton's launch, then the site's replay
+        wp, xp = S._flat_operands(x, w, geo, kp, rounding, ops)
+        assert torch.equal(xp, expect_x) and torch.equal(wp, expect_w)
+
+
 # ---- launch sites: replaying the compiled kernel must equal Triton's own launch ----------------
 @pytest.mark.parametrize("dtype,layout,stride", [
     (torch.float32, "ncdhw", 2), (torch.bfloat16, "cl", 2), (torch.float16, "ncdhw", 1)],

@@ -33,7 +33,8 @@ from convt3d.params import ConvT3dParams
 from convt3d.validate import check_call
 
 from conftest import (CL, Case, PoisonedTorch, assert_close_to_reference, check_against_reference, magnitude,
-                      memory_format_of, poisoned_call, random_case, reference, requires_interpreter, tolerance)
+                      memory_format_of, packed_weight_reference, padded_input_reference, poisoned_call, random_case,
+                      reference, requires_interpreter, round_tf32_reference, tolerance)
 
 pytestmark = requires_interpreter
 
@@ -306,6 +307,106 @@ def test_fill_planes_writes_exactly_its_planes(seg, shift, dtype, has_bias):
     assert torch.equal(y.nan_to_num(-7), expect.nan_to_num(-7))
     if shift:
         assert torch.isnan(buf[0]), "wrote before the tensor"
+
+
+# ---------------------------------------------------------------------------------------------
+# The operands of the flat and box GEMMs: the zero-haloed NDHWC copy of x (to_padded_kernel), the
+# packed weight (pack_weight_kernel), and both in one launch (flat_operands_kernel). Each is
+# checked element by element against its definition, on NaN-filled outputs.
+# ---------------------------------------------------------------------------------------------
+# (Cin, Cout, groups, fold, kernel): fold > 1 packs for merged groups (the block-diagonal weight).
+PACK_CASES = {
+    "one-channel-k1": (1, 1, 1, 1, (1, 1, 1)),
+    "odd-channels-k232": (3, 5, 1, 1, (2, 3, 2)),
+    "kb77-like-k3": (32, 16, 1, 1, (3, 3, 3)),
+    "cin-past-one-block": (33, 70, 1, 1, (1, 2, 1)),
+    "groups2": (40, 24, 2, 1, (2, 2, 2)),
+    "merged-groups-by-2": (16, 12, 4, 2, (3, 1, 2)),
+    "depthwise-merged-by-4": (8, 8, 8, 4, (1, 1, 1)),
+    "merged-by-3-k4": (48, 6, 6, 3, (4, 4, 4)),
+}
+
+
+@pytest.mark.parametrize("round_tf32", [False, True], ids=["as-is", "tf32-rounded"])
+@pytest.mark.parametrize("name", list(PACK_CASES))
+def test_pack_weight_kernel_packs_every_tap_k_major(name, round_tf32):
+    cin, cout, groups, fold, k = PACK_CASES[name]
+    params = ConvT3dParams.create(1, cin, cout, groups, (2, 2, 2), k, (2, 2, 2), (0, 0, 0), (0, 0, 0), (1, 1, 1))
+    kp = params.fold_groups(fold) if fold > 1 else params
+    w = torch.randn(cin, cout // groups, *k) * 3
+    site = triton_sites._pack_site(kp, w, round_tf32, fold)
+    packed = torch.full(triton_sites._packed_shape(kp), float("nan"))
+    site.launch(w.device, w, packed)
+    expect = packed_weight_reference(w, kp, fold)
+    assert torch.equal(packed, round_tf32_reference(expect) if round_tf32 else expect)
+
+
+# (x shape, ((PD, PH, PW), (DP, HP, WP)), layout): halos on every side, a padded grid that cuts
+# the input off (the flat path's grid ends where the taps stop), rows wider than one 64-position
+# block, channels past one 64-channel block.
+PAD_CASES = {
+    "halo-every-side": ((2, 3, 4, 5, 6), ((1, 2, 1), (6, 9, 9)), "contiguous"),
+    "grid-cuts-the-input": ((1, 4, 4, 4, 5), ((0, 1, 0), (3, 4, 4)), "contiguous"),
+    "row-past-one-block": ((1, 5, 2, 3, 67), ((0, 1, 2), (3, 5, 70)), "contiguous"),
+    "one-channel-halo-past-input": ((1, 1, 2, 2, 2), ((2, 2, 2), (6, 6, 6)), "contiguous"),
+    "channels-last": ((2, 5, 2, 3, 4), ((1, 1, 1), (4, 5, 6)), "channels_last_3d"),
+    "channels-last-past-one-block": ((1, 70, 2, 2, 3), ((0, 0, 1), (2, 2, 4)), "channels_last_3d"),
+    "strided-view": ((2, 6, 5, 5, 10), ((1, 1, 1), (7, 7, 7)), "slice"),
+}
+
+
+def _pad_input(shape, layout):
+    x = torch.randn(shape)
+    if layout == "channels_last_3d":
+        return x.to(memory_format=torch.channels_last_3d)
+    return x[:, ::2, :, :, ::2] if layout == "slice" else x
+
+
+@pytest.mark.parametrize("round_tf32", [False, True], ids=["as-is", "tf32-rounded"])
+@pytest.mark.parametrize("name", list(PAD_CASES))
+def test_to_padded_kernel_copies_x_into_its_halo(name, round_tf32):
+    shape, geo, layout = PAD_CASES[name]
+    x = _pad_input(shape, layout)
+    xp = triton_sites._prepare_padded_input(x, geo, round_tf32)
+    expect = padded_input_reference(x, geo)
+    assert torch.equal(xp, round_tf32_reference(expect) if round_tf32 else expect)
+
+
+@pytest.mark.parametrize("pack", ["merged-groups-by-2", "cin-past-one-block", "one-channel-k1"])
+@pytest.mark.parametrize("pad", ["halo-every-side", "channels-last", "strided-view"])
+def test_flat_operands_kernel_does_both_in_one_launch(pad, pack, monkeypatch):
+    shape, geo, layout = PAD_CASES[pad]
+    cin, cout, groups, fold, k = PACK_CASES[pack]
+    x = _pad_input(shape, layout)
+    params = ConvT3dParams.create(1, cin, cout, groups, (2, 2, 2), k, (2, 2, 2), (0, 0, 0), (0, 0, 0), (1, 1, 1))
+    kp = params.fold_groups(fold) if fold > 1 else params
+    w = torch.randn(cin, cout // groups, *k)
+    launched = []
+    kernel = triton_sites._kernel
+    monkeypatch.setattr(triton_sites, "_kernel", lambda name, *a: launched.append(name) or kernel(name, *a))
+    ops = triton_sites._operands_site(x, geo, kp, w, True, fold)
+    monkeypatch.setattr(triton_sites, "torch", PoisonedTorch(torch))  # its allocations NaN-filled
+    wp, xp = triton_sites._flat_operands(x, w, geo, kp, True, ops)
+    assert launched == ["flat_operands_kernel"]
+    assert torch.equal(wp, round_tf32_reference(packed_weight_reference(w, kp, fold)))
+    assert torch.equal(xp, round_tf32_reference(padded_input_reference(x, geo)))
+
+
+def test_a_flat_call_prepares_its_operands_in_one_launch(monkeypatch):
+    """A flat config's call (tuned or steady) launches flat_operands_kernel, then the GEMM; the
+    separate copy and pack kernels stay for the other configs and callers."""
+    case = PATH_CASES["kb77-like"]
+    x, w, b = case.tensors()
+    x5, params = _params(case, x, w, b)
+    cfg = engine.candidate_configs(params, torch.float32, "ieee", False, flat=True)[0]
+    assert cfg.flat
+    launched = []
+    kernel = triton_sites._kernel
+    monkeypatch.setattr(triton_sites, "_kernel", lambda name, *a: launched.append(name) or kernel(name, *a))
+    y = engine.forward(x5, w, b, params, "ieee", config=cfg)
+    assert "flat_operands_kernel" in launched and "flat_gemm_kernel" in launched
+    assert "to_padded_kernel" not in launched and "pack_weight_kernel" not in launched
+    check_against_reference(y, x5, w, b, *case.args, context="flat call")
 
 
 SPECIAL_REGIMES = ["tc-k3s2p1op1", "tc-kb77-scaled", "fma-k3s2p1op1", "fma-depthwise-multiplier2"]

@@ -90,7 +90,7 @@ from .params import ConvT3dParams
 from .kernels import dgrad_bwd, wgrad_bwd
 from .triton_configs import _cdiv, _pow2_at_least
 from .triton_engine import _tuning_enabled, device_name, interpreter_active, suggests_channels_last
-from .triton_sites import Site, site
+from .triton_sites import Site, _prepare_padded_input, site
 
 __all__ = ["WGRAD_IMPLS", "DGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
            "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates", "dgrad_choice_candidates", "choices",
@@ -370,18 +370,6 @@ def _dy_in_place_ok(dy: torch.Tensor, params: ConvT3dParams) -> bool:
     return span <= _INT32_MAX
 
 
-def _dy_copy_site(dy: torch.Tensor) -> Site:
-    """The launch site of dy_to_ndhwc_kernel (NDHWC copy of dY with TF32 rounding)."""
-    def build():
-        n, c, od, oh, ow = dy.shape
-        block_c, block_s = min(64, _pow2_at_least(c)), 64
-        return Site("dy_to_ndhwc_kernel", (_cdiv(od * oh * ow, block_s), _cdiv(c, block_c), n),
-                    (c, od, oh, ow, *dy.stride()), dict(ROUND_TF32=True, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4),
-                    dgrad_bwd)
-
-    return site(("dy_to_ndhwc", dy.shape, dy.stride()), build)
-
-
 def _pack_dgrad_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool) -> Site:
     """The launch site of pack_dgrad_weight_kernel ([G, taps, Cin/g, Cout/g], K-major per tap)."""
     def build():
@@ -444,11 +432,8 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
     if _dy_in_place_ok(dy, params):
         round_a = round_tf32  # rounded by the GEMM kernel as it reads dY
     elif round_tf32:
-        # One pass: NDHWC copy and TF32 rounding.
-        n, c, od, oh, ow = dy.shape
-        dst = torch.empty((n, od, oh, ow, c), dtype=dy.dtype, device=dy.device)
-        _dy_copy_site(dy).launch(dy.device, dy, dst)
-        dy = dst.permute(0, 4, 1, 2, 3)
+        # One pass: NDHWC copy and TF32 rounding (the forward's padded copy, without a halo).
+        dy = _prepare_padded_input(dy, ((0, 0, 0), tuple(dy.shape[2:])), True).permute(0, 4, 1, 2, 3)
     else:
         dy = dy.contiguous(memory_format=torch.channels_last_3d)
 

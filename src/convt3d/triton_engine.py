@@ -25,7 +25,8 @@ from .triton_configs import (Config, TuneRecord, _cdiv, _choose, _head_configs, 
     tuned_config, tuning_log, uses_tensor_cores)  # noqa: F401
 from .triton_sites import (Site, _INT32_MAX, _channels_last_site, _check_slice_offsets, _device_table,
     _fill_planes_site, _fill_rows_site, _flat_descriptors, _flat_site, _flattenable, _head_site, _hook_set, _kernel,
-    _offsets_fit_int32, _pack_site, _pack_weight, _packed_shape, _padded_site, _phase_site, _prepare_input,
+    _offsets_fit_int32, _operands_site, _flat_operands, _pack_site, _pack_weight, _packed_shape, _padded_site,
+    _phase_site, _prepare_input,
     _prepare_padded_input, _row_class_empty, _sites, _tables, _tma_capable, _tma_strides_ok, _w_descriptor,
     _x_descriptor, companion_masks, empty_planes, empty_rows, interpreter_active, phase_table, site,
     slice_offsets_fit, gluon_capable, gluon_descriptor, _box_site, _box_descriptors)  # noqa: F401
@@ -220,6 +221,7 @@ class _Steps:
         self.fill: Site | None = None
         self.prep: Site | None = None
         self.pack: Site | None = None
+        self.ops: Site | None = None  # the padded copy and the pack in one launch (flat configs)
         self.gemm: dict[tuple[bool, bool], Site] = {}
 
     def packed_weight(self, weight: torch.Tensor) -> torch.Tensor:
@@ -234,14 +236,28 @@ class _Steps:
     def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """A settled call: allocate the output, pack the weight, launch (``bias`` contiguous)."""
         y = _output(self.params, self.pl, x)
-        wp = self.packed_weight(weight)
-        self.run(x, wp, bias if bias is not None else wp, y)  # wp: dummy pointer when HAS_BIAS is False
+        self.call(x, weight, bias, y)
         return y
 
-    def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
+    def call(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor):
+        """Every launch of a call onto ``y`` from the caller's ``weight``: for the flat and box
+        GEMMs the padded copy and the pack in one launch (``flat_operands_kernel``), else the
+        pack, then ``run``. Returns ``run``'s handle."""
+        if self.head is None and self.cfg.flat and self.n_groups > 0:
+            if self.ops is None:
+                self.ops = _operands_site(x, self.geo, self.params, weight.contiguous(), self.pl.round_tf32,
+                                          self.cfg.fold)
+            wp, xp = _flat_operands(x, weight, self.geo, self.params, self.pl.round_tf32, self.ops)
+            return self.run(x, wp, bias if bias is not None else wp, y, xp)
+        wp = self.packed_weight(weight)
+        return self.run(x, wp, bias if bias is not None else wp, y)  # wp: dummy pointer when HAS_BIAS is False
+
+    def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
+            xp: torch.Tensor | None = None):
         """Launch onto ``y`` (allocated, in the plan's memory format) from ``x`` and the packed
-        weight ``wp``; ``b`` is the bias, or any tensor when there is none. Returns Triton's
-        handle of the main kernel (None when no phase has taps)."""
+        weight ``wp``; ``b`` is the bias, or any tensor when there is none; ``xp``: the flat
+        configs' padded copy of ``x`` when the caller made it. Returns Triton's handle of the
+        main kernel (None when no phase has taps)."""
         if self.head is not None:
             return self.head.run(x, wp, b, y)
         params, cfg, dev = self.params, self.cfg, x.device
@@ -253,9 +269,10 @@ class _Steps:
             return None
         round_tf32 = self.pl.round_tf32
         if cfg.flat:
-            if self.prep is None:
-                self.prep = _padded_site(x, self.geo, round_tf32)
-            xp = _prepare_padded_input(x, self.geo, round_tf32, self.prep)
+            if xp is None:
+                if self.prep is None:
+                    self.prep = _padded_site(x, self.geo, round_tf32)
+                xp = _prepare_padded_input(x, self.geo, round_tf32, self.prep)
             # flat_gemm_kernel, or box_gemm_kernel (Gluon) on the same padded copy: the same
             # arguments after their descriptors.
             gemm = self.gemm.get((True, True))
@@ -348,9 +365,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     def run(cfg: Config):
         # The weight packed per run, as every steady call packs it: the tuner then times each
         # config's whole host and GPU work (``_choose`` costs a config by the slower of the two).
-        st = _steps_for(params, pl, cfg, has_bias, x)
-        wp = st.packed_weight(weight)
-        return st.run(x, wp, bias if has_bias else wp, y)  # wp: dummy pointer when HAS_BIAS is False
+        return _steps_for(params, pl, cfg, has_bias, x).call(x, weight, bias, y)
 
     return Launch(y, run, pl)
 

@@ -287,16 +287,23 @@ def _packed_shape(params: ConvT3dParams) -> tuple[int, int, int, int]:
             params.in_channels_per_group)
 
 
+def _pack_blocks(params: ConvT3dParams) -> tuple[int, int, int]:
+    """(BLOCK_CI, BLOCK_J, programs per group) of pack_weight_kernel's tiles for the kernel's
+    ``params``: 32 x 64 elements (4 warps, 16 per thread), narrower for fewer channels."""
+    _, kvol, cout_g, cin_g = _packed_shape(params)
+    block_ci, block_j = min(32, _pow2_at_least(cin_g)), 64
+    return block_ci, block_j, _cdiv(cin_g, block_ci) * _cdiv(cout_g * kvol, block_j)
+
+
 def _pack_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool, fold: int = 1) -> Site:
     """The launch site of pack_weight_kernel for a contiguous weight ``w``; ``params`` are the
     kernel's (merged, when ``fold`` > 1: ConvT3dParams.fold_groups)."""
     g, kvol, cout_g, cin_g = _packed_shape(params)
 
     def build():
-        block = 1024
-        return Site("pack_weight_kernel", (_cdiv(kvol * cout_g * cin_g, block), g),
-                    (cin_g, cout_g, kvol, fold, w.stride(0), w.stride(1), 1),
-                    dict(ROUND_TF32=round_tf32, BLOCK=block, num_warps=4))
+        block_ci, block_j, programs = _pack_blocks(params)
+        return Site("pack_weight_kernel", (programs, g), (cin_g, cout_g, kvol, fold, w.stride(0)),
+                    dict(ROUND_TF32=round_tf32, BLOCK_CI=block_ci, BLOCK_J=block_j, num_warps=4))
 
     return site(("pack_weight", params, round_tf32, fold), build)
 
@@ -362,19 +369,60 @@ def _w_descriptor(wp: torch.Tensor, cfg: Config):
     return TensorDescriptor(wp, list(wp.shape), list(wp.stride()), [1, 1, cfg.BLOCK_N, cfg.BLOCK_K])
 
 
-def _padded_site(x: torch.Tensor, geo, round_tf32: bool) -> Site:
-    (pd, ph, pw), (dp, hp, wp) = geo
-    n, c, d, h, w = x.shape
+def _padded_blocks(x: torch.Tensor, geo) -> tuple[int, int, tuple[int, int, int]]:
+    """(BLOCK_C, BLOCK_W, grid) of to_padded_kernel's blocks: up to 64 channels by up to 64
+    positions of one padded row, narrower for fewer channels or a narrower row, so that a
+    small layer's 4-8 wide rows do not leave most of a block masked."""
+    _, (dp, hp, wp) = geo
+    n, c = x.shape[:2]
+    block_c, block_w = min(64, _pow2_at_least(c)), min(64, _pow2_at_least(wp))
+    return block_c, block_w, (dp * hp * _cdiv(wp, block_w), _cdiv(c, block_c), n)
 
+
+def _padded_ints(x: torch.Tensor, geo) -> tuple:
+    (pd, ph, pw), (dp, hp, wp) = geo
+    return (*x.shape[1:], dp, hp, wp, pd, ph, pw, *x.stride())
+
+
+def _padded_site(x: torch.Tensor, geo, round_tf32: bool) -> Site:
     def build():
-        block_c = min(64, _pow2_at_least(c))
-        block_s = 64
-        return Site("to_padded_kernel", (_cdiv(dp * hp * wp, block_s), _cdiv(c, block_c), n),
-                    (c, d, h, w, dp, hp, wp, pd, ph, pw, *x.stride()),
-                    dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and c > 1, BLOCK_C=block_c,
-                         BLOCK_S=block_s, num_warps=4))
+        block_c, block_w, grid = _padded_blocks(x, geo)
+        return Site("to_padded_kernel", grid, _padded_ints(x, geo),
+                    dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and x.shape[1] > 1, BLOCK_C=block_c,
+                         BLOCK_W=block_w, num_warps=4))
 
     return site(("to_padded", x.shape, x.stride(), geo, round_tf32), build)
+
+
+def _operands_site(x: torch.Tensor, geo, params: ConvT3dParams, w: torch.Tensor, round_tf32: bool,
+                   fold: int = 1) -> Site:
+    """The launch site of flat_operands_kernel: ``_padded_site``'s copy of ``x`` and
+    ``_pack_site``'s packing of the contiguous weight ``w`` in one launch (``params``: the
+    kernel's, merged when ``fold`` > 1)."""
+    def build():
+        block_c, block_w, (r_blocks, c_blocks, n) = _padded_blocks(x, geo)
+        block_ci, block_j, pack_programs = _pack_blocks(params)
+        g, kvol, cout_g, cin_g = _packed_shape(params)
+        pad_programs = r_blocks * c_blocks * n
+        return Site("flat_operands_kernel", (pad_programs + pack_programs * g,),
+                    (*_padded_ints(x, geo), cin_g, cout_g, kvol, fold, w.stride(0),
+                     r_blocks, c_blocks, pad_programs, pack_programs),
+                    dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and x.shape[1] > 1, BLOCK_C=block_c,
+                         BLOCK_W=block_w, BLOCK_CI=block_ci, BLOCK_J=block_j, num_warps=4))
+
+    return site(("flat_operands", x.shape, x.stride(), geo, params, round_tf32, fold), build)
+
+
+def _flat_operands(x: torch.Tensor, weight: torch.Tensor, geo, params: ConvT3dParams, round_tf32: bool,
+                   ops: Site) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed weight, zero-haloed NDHWC copy of x) by one launch of ``ops``
+    (``_operands_site``)."""
+    _, (dp, hp, wp) = geo
+    w = weight.contiguous()
+    packed = torch.empty(_packed_shape(params), dtype=weight.dtype, device=weight.device)
+    xp = torch.empty((x.shape[0], dp, hp, wp, x.shape[1]), dtype=x.dtype, device=x.device)
+    ops.launch(x.device, x, xp, w, packed)
+    return packed, xp
 
 
 def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool, prep: Site | None = None) -> torch.Tensor:

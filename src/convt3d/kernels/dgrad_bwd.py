@@ -190,34 +190,3 @@ def pack_dgrad_weight_kernel(
     if ROUND_TF32:
         v = _round_tf32(v)
     tl.store(p_ptr + grp.to(tl.int64) * TAPS * CIN_G * COUT_G + offs, v, mask=mask)
-
-
-@triton.jit
-def dy_to_ndhwc_kernel(
-    src_ptr, dst_ptr,
-    C, OD, OH, OW,
-    stride_n, stride_c, stride_d, stride_h, stride_w,
-    ROUND_TF32: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
-):
-    """dst[n, od, oh, ow, c] = round_tf32(src[n, c, od, oh, ow]) for any source strides; dst is
-    contiguous. Used for fp32 "tf32" dY that is not channels-last already (copy and rounding in
-    one pass); other copies go through torch."""
-    pid_s = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    nb = tl.program_id(2).to(tl.int64)
-    S = OD * OH * OW
-    offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    ow = offs_s % OW
-    t = offs_s // OW
-    oh = t % OH
-    od = t // OH
-    mask = (offs_c < C)[:, None] & (offs_s < S)[None, :]
-    src = src_ptr + nb * stride_n + offs_c[:, None].to(tl.int64) * stride_c \
-        + (od.to(tl.int64) * stride_d + oh.to(tl.int64) * stride_h + ow.to(tl.int64) * stride_w)[None, :]
-    v = tl.load(src, mask=mask, other=0.0)
-    if ROUND_TF32:
-        v = _round_tf32(v)
-    dst = dst_ptr + (nb * S + offs_s[None, :].to(tl.int64)) * C + offs_c[:, None]
-    tl.store(dst, v, mask=mask)

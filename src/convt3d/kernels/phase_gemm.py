@@ -283,35 +283,56 @@ def to_channels_last_kernel(
 
 
 @triton.jit
+def _pack_block(w_ptr, p_ptr, pid, grp,
+                CIN_G, COUT_G, KVOL, FOLD, stride_wi,
+                ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
+    """One [BLOCK_CI, BLOCK_J] block of pack_weight_kernel's transpose, program ``pid`` of
+    group ``grp``: rows ci of the merged group, columns j = co * KVOL + tap (the weight's own
+    contiguous order). Loads run along j and stores along ci, so both are coalesced; Triton
+    moves the tile between the two layouts through shared memory.
+
+    Why a tile: gathering p's elements one by one in p's order read the weight at a stride of
+    Cout/g x taps elements, one 32-byte sector per 2- or 4-byte element. On gan_k4s2p1 in bf16
+    (256 -> 128, k4: a 4 MB weight) that kernel took 17.5 us on the H200 for 8 MB of useful
+    traffic (NOTES.md, section 12, 2026-12-04).
+
+    Merged groups (``FOLD`` > 1): a row ci of original group f = ci // (CIN_G / FOLD) has
+    weights only in the columns of that group, j in [f * span, (f + 1) * span) with span =
+    (COUT_G / FOLD) x KVOL, read from the row's own columns j - f * span; every other element
+    of p is zero (the block-diagonal weight)."""
+    j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
+    ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
+    j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
+    ci_ok = ci < CIN_G
+    span = (COUT_G // FOLD) * KVOL
+    src_j = j[None, :] - ((ci // (CIN_G // FOLD)) * span)[:, None]
+    row = (grp.to(tl.int64) * CIN_G + ci) * stride_wi
+    v = tl.load(w_ptr + row[:, None] + src_j, mask=ci_ok[:, None] & (src_j >= 0) & (src_j < span), other=0.0)
+    if ROUND_TF32:
+        v = _round_tf32(v)
+    co = j // KVOL
+    tap = j % KVOL
+    dst = ((grp.to(tl.int64) * KVOL + tap) * COUT_G + co) * CIN_G
+    tl.store(p_ptr + dst[None, :] + ci[:, None], v, mask=ci_ok[:, None] & (j < COUT_G * KVOL)[None, :])
+
+
+@triton.jit
 def pack_weight_kernel(
     w_ptr, p_ptr,
     CIN_G, COUT_G, KVOL, FOLD,
-    stride_wi, stride_wo, stride_wt,
+    stride_wi,
     ROUND_TF32: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap]: each tap's weights as a K-major tile.
+    """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap]: each tap's weights as a K-major tile, for a
+    contiguous weight (stride_wi: its input-channel stride; (co, tap) flattened has stride 1).
+    Grid: (ci blocks x j blocks, groups); see ``_pack_block``.
 
     ``FOLD`` > 1 packs for merged groups (ConvT3dParams.fold_groups): CIN_G / COUT_G are the
     merged group's channels, and a weight (ci, co) is w[g*CIN_G + ci, co % (COUT_G/FOLD), tap]
-    where ci and co belong to the same original group, else zero (the block-diagonal weight).
-    ``stride_wt`` is the stride of the flattened (kD, kH, kW) index, valid because the weight's
-    kernel dimensions are made contiguous by the launcher.
-    """
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    grp = tl.program_id(1)
-    ci = offs % CIN_G
-    tmp = offs // CIN_G
-    co = tmp % COUT_G
-    tap = tmp // COUT_G
-    mask = offs < KVOL * COUT_G * CIN_G
-    sub_ci, sub_co = CIN_G // FOLD, COUT_G // FOLD  # channels of one original group
-    same = (ci // sub_ci) == (co // sub_co)
-    src = (grp * CIN_G + ci) * stride_wi + (co % sub_co) * stride_wo + tap * stride_wt
-    v = tl.load(w_ptr + src, mask=mask & same, other=0.0)
-    if ROUND_TF32:
-        v = _round_tf32(v)
-    tl.store(p_ptr + grp.to(tl.int64) * KVOL * COUT_G * CIN_G + offs, v, mask=mask)
+    where ci and co belong to the same original group, else zero (the block-diagonal weight)."""
+    _pack_block(w_ptr, p_ptr, tl.program_id(0), tl.program_id(1), CIN_G, COUT_G, KVOL, FOLD, stride_wi,
+                ROUND_TF32, BLOCK_CI, BLOCK_J)
 
 
 @triton.jit
@@ -555,6 +576,56 @@ def flat_gemm_kernel(
 
 
 @triton.jit
+def _pad_block(x_ptr, y_ptr, pid_r, pid_c, nb,
+               C, D, H, W,
+               DP, HP, WP,
+               PD, PH, PW,
+               stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+               ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr,
+               BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
+    """One block of to_padded_kernel: BLOCK_W positions of one padded row (dp, hp) -- program
+    ``pid_r`` of DP x HP x cdiv(WP, BLOCK_W), width fastest -- by BLOCK_C channels from pid_c *
+    BLOCK_C, of batch element ``nb`` (int64).
+
+    Why rows: the source offset along a row is (wp - PW) x stride_xw, which Triton's contiguity
+    analysis follows when the stride is 1 (it specialises an integer argument of 1). A block of
+    flattened positions had its width as position % WP, whose contiguity it cannot prove, so the
+    load of an NCDHW input took the store's layout, threads along channels: each warp's load
+    touched 32 sectors of 4 useful bytes (the sm_90a TTGIR of triton 3.6, 2026-12-04; NOTES.md,
+    section 12). Now the NCDHW load runs along W and the store along channels, with the
+    transpose through shared memory."""
+    w_blocks = tl.cdiv(WP, BLOCK_W)
+    wp = (pid_r % w_blocks) * BLOCK_W + tl.arange(0, BLOCK_W)
+    row = pid_r // w_blocks
+    hp = row % HP
+    dp = row // HP
+    d = dp - PD
+    h = hp - PH
+    w = wp - PW
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    w_ok = wp < WP
+    # d and h as vectors: Triton's interpreter (CPU CI) rejects a mask made from a scalar test.
+    dv = d + tl.zeros_like(w)
+    hv = h + tl.zeros_like(w)
+    inside = w_ok & (w >= 0) & (w < W) & (dv >= 0) & (dv < D) & (hv >= 0) & (hv < H)
+    x_row = x_ptr + nb * stride_xn + d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh
+    x_w = w.to(tl.int64) * stride_xw
+    x_c = offs_c.to(tl.int64) * stride_xc
+    y_w = (((nb * DP + dp) * HP + hp) * WP + wp.to(tl.int64)) * C
+    if SRC_CL:
+        v = tl.load(x_row + x_w[:, None] + x_c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+    else:
+        v = tl.load(x_row + x_c[:, None] + x_w[None, :], mask=c_ok[:, None] & inside[None, :], other=0.0)
+    if ROUND_TF32:
+        v = _round_tf32(v)
+    if SRC_CL:
+        tl.store(y_ptr + y_w[:, None] + offs_c[None, :], v, mask=w_ok[:, None] & c_ok[None, :])
+    else:
+        tl.store(y_ptr + y_w[None, :] + offs_c[:, None], v, mask=c_ok[:, None] & w_ok[None, :])
+
+
+@triton.jit
 def to_padded_kernel(
     x_ptr, y_ptr,
     C, D, H, W,
@@ -563,40 +634,52 @@ def to_padded_kernel(
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     ROUND_TF32: tl.constexpr,
     SRC_CL: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """y[n, dp, hp, wp, c] = x[n, c, dp - PD, hp - PH, wp - PW], zero outside x (the halo);
     y is contiguous. Optional TF32 rounding as in to_channels_last_kernel. SRC_CL (x has channel
     stride 1): the tile is [positions, channels], so loads and stores both run along channels;
-    otherwise [channels, positions], loads along W and stores along channels."""
-    pid_s = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    nb = tl.program_id(2).to(tl.int64)
-    S = DP * HP * WP
-    offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    wp = offs_s % WP
-    t = offs_s // WP
-    hp = t % HP
-    dp = t // HP
-    d = dp - PD
-    h = hp - PH
-    w = wp - PW
-    inside = (offs_s < S) & (d >= 0) & (d < D) & (h >= 0) & (h < H) & (w >= 0) & (w < W)
-    s_ok = offs_s < S
-    c_ok = offs_c < C
-    x_s = d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh + w.to(tl.int64) * stride_xw
-    x_c = offs_c.to(tl.int64) * stride_xc
-    y_s = (nb * S + offs_s.to(tl.int64)) * C
-    if SRC_CL:
-        v = tl.load(x_ptr + nb * stride_xn + x_s[:, None] + x_c[None, :], mask=inside[:, None] & c_ok[None, :],
-                    other=0.0)
+    otherwise [channels, positions], loads along W and stores along channels. Grid: (row blocks
+    DP x HP x cdiv(WP, BLOCK_W), channel blocks, batch); see ``_pad_block``."""
+    _pad_block(x_ptr, y_ptr, tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64),
+               C, D, H, W, DP, HP, WP, PD, PH, PW,
+               stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+               ROUND_TF32, SRC_CL, BLOCK_C, BLOCK_W)
+
+
+@triton.jit
+def flat_operands_kernel(
+    x_ptr, xp_ptr, w_ptr, wp_ptr,
+    C, D, H, W,
+    DP, HP, WP,
+    PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    CIN_G, COUT_G, KVOL, FOLD,
+    stride_wi,
+    PAD_R_BLOCKS, PAD_C_BLOCKS, PAD_PROGRAMS, PACK_PROGRAMS,
+    ROUND_TF32: tl.constexpr,
+    SRC_CL: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+    BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
+):
+    """Both operands of the flat and box GEMMs in one launch: programs below PAD_PROGRAMS make
+    to_padded_kernel's haloed copy of x, the others pack the weight as pack_weight_kernel
+    (PACK_PROGRAMS per group). Grid: (PAD_PROGRAMS + PACK_PROGRAMS x groups,).
+
+    Why one launch: every launch costs host time (13-33 us through Triton's own path on the
+    H200's host, less replayed by a launch site; NOTES.md, section 4), and in two launches the
+    pack ran after the copy instead of beside it.
+    On gan_k4s2p1 in bf16 the two kernels took 16.5 + 17.5 us of GPU time in separate launches
+    and the layer stayed on PyTorch by 45 us of host time beyond PyTorch's (NOTES.md, section
+    12, 2026-12-04)."""
+    pid = tl.program_id(0)
+    if pid < PAD_PROGRAMS:
+        rest = pid // PAD_R_BLOCKS
+        _pad_block(x_ptr, xp_ptr, pid % PAD_R_BLOCKS, rest % PAD_C_BLOCKS, (rest // PAD_C_BLOCKS).to(tl.int64),
+                   C, D, H, W, DP, HP, WP, PD, PH, PW,
+                   stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+                   ROUND_TF32, SRC_CL, BLOCK_C, BLOCK_W)
     else:
-        v = tl.load(x_ptr + nb * stride_xn + x_c[:, None] + x_s[None, :], mask=c_ok[:, None] & inside[None, :],
-                    other=0.0)
-    if ROUND_TF32:
-        v = _round_tf32(v)
-    if SRC_CL:
-        tl.store(y_ptr + y_s[:, None] + offs_c[None, :], v, mask=s_ok[:, None] & c_ok[None, :])
-    else:
-        tl.store(y_ptr + y_s[None, :] + offs_c[:, None], v, mask=c_ok[:, None] & s_ok[None, :])
+        q = pid - PAD_PROGRAMS
+        _pack_block(w_ptr, wp_ptr, q % PACK_PROGRAMS, q // PACK_PROGRAMS, CIN_G, COUT_G, KVOL, FOLD, stride_wi,
+                    ROUND_TF32, BLOCK_CI, BLOCK_J)
