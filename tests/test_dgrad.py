@@ -150,6 +150,36 @@ def test_dgrad_matches_float64(name, x_format):
         _assert_close(gx, _ref_dx(dy, x, w, params, round_tf32=True), 1e-5, f"{name} dX vs exact TF32")
 
 
+# pack_dgrad_weight_kernel: the weight as [G, taps, Cin/g, Cout/g], bitwise, with the packed
+# buffer NaN-filled (every element written): channel and tap counts past one block and below it,
+# groups, and a weight whose kernel dimensions are not contiguous (the launcher copies it).
+PACK_DGRAD = {
+    "one-channel-k1": (1, 1, 1, (1, 1, 1)),
+    "odd-channels-k232": (3, 5, 1, (2, 3, 2)),
+    "k3-cout-past-one-block": (8, 40, 1, (3, 3, 3)),
+    "groups2-k4-cout-70": (16, 70, 2, (4, 4, 4)),
+    "depthwise": (8, 8, 8, (1, 2, 1)),
+    "k5-taps-past-one-block": (5, 33, 1, (5, 5, 5)),
+}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "kernel-dims-strided"])
+@pytest.mark.parametrize("round_tf32", [False, True], ids=["as-is", "tf32-rounded"])
+@pytest.mark.parametrize("name", list(PACK_DGRAD))
+def test_pack_dgrad_weight_packs_every_tap_k_major(name, round_tf32, layout, monkeypatch):
+    from conftest import PoisonedTorch, round_tf32_reference
+
+    cin, cout, groups, k = PACK_DGRAD[name]
+    w = torch.randn(cin, cout // groups, *k) * 3
+    if layout != "contiguous":
+        w = w.transpose(3, 4).contiguous().transpose(3, 4)
+    params = check_call(torch.empty(1, cin, 2, 2, 2), w, None, 2, 0, 0, groups, 1)[0]
+    monkeypatch.setattr(B, "torch", PoisonedTorch(torch))
+    packed = B._pack_dgrad(w, params, round_tf32)
+    expect = w.reshape(groups, cin // groups, cout // groups, -1).permute(0, 3, 1, 2)
+    assert torch.equal(packed, round_tf32_reference(expect) if round_tf32 else expect)
+
+
 def test_tf32_rounds_to_nearest_not_truncates():
     # Values just above a TF32 rounding boundary: truncation would be off by 2^-11 relative.
     geo = G(1, 8, 8, (2, 2, 2), 1, 1)

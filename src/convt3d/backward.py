@@ -371,17 +371,29 @@ def _dy_in_place_ok(dy: torch.Tensor, params: ConvT3dParams) -> bool:
 
 
 def _pack_dgrad_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool) -> Site:
-    """The launch site of pack_dgrad_weight_kernel ([G, taps, Cin/g, Cout/g], K-major per tap)."""
+    """The launch site of pack_dgrad_weight_kernel ([G, taps, Cin/g, Cout/g], K-major per tap)
+    for a weight ``w`` with contiguous kernel dimensions (``_pack_dgrad``)."""
     def build():
         cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
-        kernel = params.kernel_size
-        taps = math.prod(kernel)
-        block = 1024
-        return Site("pack_dgrad_weight_kernel", (_cdiv(taps * cin_g * cout_g, block), params.groups),
-                    (cin_g, cout_g, taps, kernel[1], kernel[2], *w.stride()),
-                    dict(ROUND_TF32=round_tf32, BLOCK=block, num_warps=4), dgrad_bwd)
+        taps = math.prod(params.kernel_size)
+        # Blocks of 32 output channels by up to 64 taps (k3: 27 of 32, k4: 64): 4 warps.
+        block_co, block_t = min(32, _pow2_at_least(cout_g)), min(64, _pow2_at_least(taps))
+        return Site("pack_dgrad_weight_kernel", (cin_g * _cdiv(cout_g, block_co) * _cdiv(taps, block_t),
+                                                 params.groups),
+                    (cin_g, cout_g, taps, w.stride(0), w.stride(1)),
+                    dict(ROUND_TF32=round_tf32, BLOCK_CO=block_co, BLOCK_T=block_t, num_warps=4), dgrad_bwd)
 
     return site(("pack_dgrad_weight", params, w.stride(), round_tf32), build)
+
+
+def _pack_dgrad(w: torch.Tensor, params: ConvT3dParams, round_tf32: bool) -> torch.Tensor:
+    """The dgrad kernel's packed weight [G, taps, Cin/g, Cout/g]."""
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    if w.stride()[2:] != (w.shape[3] * w.shape[4], w.shape[4], 1):
+        w = w.contiguous()  # the kernel reads each (ci, co) row's taps as one contiguous run
+    packed = torch.empty((g, math.prod(params.kernel_size), cin_g, cout_g), dtype=w.dtype, device=w.device)
+    _pack_dgrad_site(params, w, round_tf32).launch(w.device, w, packed)
+    return packed
 
 
 def _dgrad_site(params: ConvT3dParams, cfg: DgradConfig, dy: torch.Tensor, dx: torch.Tensor, precision: str,
@@ -423,8 +435,6 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
             "the Triton input-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
             "before triton is imported")
     cfg = config or dgrad_candidates(params, w.dtype, dy.device, precision)[0]
-    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-    taps = math.prod(params.kernel_size)
     round_tf32 = w.dtype == torch.float32 and precision == "tf32"
     if dy.dtype != w.dtype:
         dy = dy.to(w.dtype)
@@ -437,8 +447,7 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
     else:
         dy = dy.contiguous(memory_format=torch.channels_last_3d)
 
-    packed = torch.empty((g, taps, cin_g, cout_g), dtype=w.dtype, device=w.device)
-    _pack_dgrad_site(params, w, round_tf32).launch(w.device, w, packed)
+    packed = _pack_dgrad(w, params, round_tf32)
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
     _dgrad_site(params, cfg, dy, dx, precision, round_a).launch(dy.device, dy, packed, dx)
     return dx

@@ -168,25 +168,32 @@ def dgrad_kernel(
 @triton.jit
 def pack_dgrad_weight_kernel(
     w_ptr, p_ptr,
-    CIN_G, COUT_G, TAPS, KH, KW,
-    stride_wi, stride_wo, stride_wd, stride_wh, stride_ww,
+    CIN_G, COUT_G, TAPS,
+    stride_wi, stride_wo,
     ROUND_TF32: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """p[g, tap, ci, co] = w[g*CIN_G + ci, co, td, th, tw] (contiguous): per tap, a K-major
-    [Cout/g, Cin/g] B operand (co innermost). Any weight strides; optional TF32 rounding."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    """p[g, tap, ci, co] = w[g*CIN_G + ci, co, tap] (p contiguous): per tap, a K-major
+    [Cout/g, Cin/g] B operand (co innermost), for a weight whose kernel dimensions are contiguous
+    (the flattened tap has stride 1). Optional TF32 rounding. Grid: (Cin/g x co blocks x tap
+    blocks, groups).
+
+    A program transposes one input channel's [BLOCK_CO, BLOCK_T] block of (co, tap): loads run
+    along the taps, stores along co, and Triton moves the block between the two layouts through
+    shared memory. Gathering p's elements in p's order read the weight Cout-neighbours taps
+    apart: one 32-byte sector per 2- or 4-byte element (as the forward's pack did, NOTES.md
+    section 12)."""
+    t_blocks = tl.cdiv(TAPS, BLOCK_T)
+    blocks = tl.cdiv(COUT_G, BLOCK_CO) * t_blocks
+    ci = tl.program_id(0) // blocks
+    pid = tl.program_id(0) % blocks
     grp = tl.program_id(1)
-    co = offs % COUT_G
-    tmp = offs // COUT_G
-    ci = tmp % CIN_G
-    tap = tmp // CIN_G
-    tw = tap % KW
-    th = (tap // KW) % KH
-    td = tap // (KW * KH)
-    mask = offs < TAPS * CIN_G * COUT_G
-    src = (grp * CIN_G + ci) * stride_wi + co * stride_wo + td * stride_wd + th * stride_wh + tw * stride_ww
-    v = tl.load(w_ptr + src, mask=mask, other=0.0)
+    co = (pid // t_blocks) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+    tap = (pid % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
+    mask = (co < COUT_G)[:, None] & (tap < TAPS)[None, :]
+    row = (grp.to(tl.int64) * CIN_G + ci) * stride_wi
+    v = tl.load(w_ptr + row + co[:, None].to(tl.int64) * stride_wo + tap[None, :], mask=mask, other=0.0)
     if ROUND_TF32:
         v = _round_tf32(v)
-    tl.store(p_ptr + grp.to(tl.int64) * TAPS * CIN_G * COUT_G + offs, v, mask=mask)
+    dst = ((grp.to(tl.int64) * TAPS + tap[None, :]) * CIN_G + ci) * COUT_G + co[:, None]
+    tl.store(p_ptr + dst, v, mask=mask)
