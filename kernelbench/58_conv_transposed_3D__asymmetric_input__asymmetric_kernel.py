@@ -3419,16 +3419,19 @@ def flat_gemm_kernel(
 
 
 @triton.jit
-def _pad_block(x_ptr, y_ptr, pid_r, pid_c, nb,
+def _pad_block(x_ptr, y_ptr, pid,
                C, D, H, W,
                DP, HP, WP,
                PD, PH, PW,
                stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+               R_BLOCKS, C_BLOCKS,
                ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr,
                BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
-    """One block of to_padded_kernel: BLOCK_W positions of one padded row (dp, hp) -- program
-    ``pid_r`` of DP x HP x cdiv(WP, BLOCK_W), width fastest -- by BLOCK_C channels from pid_c *
-    BLOCK_C, of batch element ``nb`` (int64).
+    """Block ``pid`` of to_padded_kernel, of R_BLOCKS x C_BLOCKS x N (one grid axis, whose
+    2^31 - 1 programs no batch reaches, where the other axes stop at 65535): BLOCK_W positions of
+    one padded row (dp, hp) -- row block pid % R_BLOCKS of DP x HP x cdiv(WP, BLOCK_W), width
+    fastest -- by BLOCK_C channels of channel block (pid // R_BLOCKS) % C_BLOCKS, of batch element
+    pid // (R_BLOCKS x C_BLOCKS).
 
     Why rows: the source offset along a row is (wp - PW) x stride_xw, which Triton's contiguity
     analysis follows when the stride is 1 (it specialises an integer argument of 1). A block of
@@ -3437,6 +3440,9 @@ def _pad_block(x_ptr, y_ptr, pid_r, pid_c, nb,
     touched 32 sectors of 4 useful bytes (the sm_90a TTGIR of triton 3.6, 2026-12-04; NOTES.md,
     section 12). Now the NCDHW load runs along W and the store along channels, with the
     transpose through shared memory."""
+    pid_r = pid % R_BLOCKS
+    pid_c = (pid // R_BLOCKS) % C_BLOCKS
+    nb = (pid // R_BLOCKS // C_BLOCKS).to(tl.int64)
     w_blocks = tl.cdiv(WP, BLOCK_W)
     wp = (pid_r % w_blocks) * BLOCK_W + tl.arange(0, BLOCK_W)
     row = pid_r // w_blocks
@@ -3475,6 +3481,7 @@ def to_padded_kernel(
     DP, HP, WP,
     PD, PH, PW,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    R_BLOCKS, C_BLOCKS,
     ROUND_TF32: tl.constexpr,
     SRC_CL: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -3482,12 +3489,12 @@ def to_padded_kernel(
     """y[n, dp, hp, wp, c] = x[n, c, dp - PD, hp - PH, wp - PW], zero outside x (the halo);
     y is contiguous. Optional TF32 rounding as in to_channels_last_kernel. SRC_CL (x has channel
     stride 1): the tile is [positions, channels], so loads and stores both run along channels;
-    otherwise [channels, positions], loads along W and stores along channels. Grid: (row blocks
-    DP x HP x cdiv(WP, BLOCK_W), channel blocks, batch); see ``_pad_block``."""
-    _pad_block(x_ptr, y_ptr, tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64),
+    otherwise [channels, positions], loads along W and stores along channels. Grid: (R_BLOCKS x
+    C_BLOCKS x N,); see ``_pad_block``."""
+    _pad_block(x_ptr, y_ptr, tl.program_id(0),
                C, D, H, W, DP, HP, WP, PD, PH, PW,
                stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-               ROUND_TF32, SRC_CL, BLOCK_C, BLOCK_W)
+               R_BLOCKS, C_BLOCKS, ROUND_TF32, SRC_CL, BLOCK_C, BLOCK_W)
 
 
 @triton.jit
@@ -3517,11 +3524,10 @@ def flat_operands_kernel(
     12, 2026-12-04)."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
-        rest = pid // PAD_R_BLOCKS
-        _pad_block(x_ptr, xp_ptr, pid % PAD_R_BLOCKS, rest % PAD_C_BLOCKS, (rest // PAD_C_BLOCKS).to(tl.int64),
+        _pad_block(x_ptr, xp_ptr, pid,
                    C, D, H, W, DP, HP, WP, PD, PH, PW,
                    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-                   ROUND_TF32, SRC_CL, BLOCK_C, BLOCK_W)
+                   PAD_R_BLOCKS, PAD_C_BLOCKS, ROUND_TF32, SRC_CL, BLOCK_C, BLOCK_W)
     else:
         q = pid - PAD_PROGRAMS
         _pack_block(w_ptr, wp_ptr, q % PACK_PROGRAMS, q // PACK_PROGRAMS, CIN_G, COUT_G, KVOL, FOLD, stride_wi,
@@ -5009,14 +5015,14 @@ def _w_descriptor(wp: torch.Tensor, cfg: Config):
     return TensorDescriptor(wp, list(wp.shape), list(wp.stride()), [1, 1, cfg.BLOCK_N, cfg.BLOCK_K])
 
 
-def _padded_blocks(x: torch.Tensor, geo) -> tuple[int, int, tuple[int, int, int]]:
-    """(BLOCK_C, BLOCK_W, grid) of to_padded_kernel's blocks: up to 64 channels by up to 64
-    positions of one padded row, narrower for fewer channels or a narrower row, so that a
-    small layer's 4-8 wide rows do not leave most of a block masked."""
+def _padded_blocks(x: torch.Tensor, geo) -> tuple[int, int, int, int]:
+    """(BLOCK_C, BLOCK_W, row blocks, channel blocks) of to_padded_kernel: up to 64 channels by
+    up to 64 positions of one padded row, narrower for fewer channels or a narrower row, so that
+    a small layer's 4-8 wide rows do not leave most of a block masked."""
     _, (dp, hp, wp) = geo
-    n, c = x.shape[:2]
+    c = x.shape[1]
     block_c, block_w = min(64, _pow2_at_least(c)), min(64, _pow2_at_least(wp))
-    return block_c, block_w, (dp * hp * _cdiv(wp, block_w), _cdiv(c, block_c), n)
+    return block_c, block_w, dp * hp * _cdiv(wp, block_w), _cdiv(c, block_c)
 
 
 def _padded_ints(x: torch.Tensor, geo) -> tuple:
@@ -5026,8 +5032,9 @@ def _padded_ints(x: torch.Tensor, geo) -> tuple:
 
 def _padded_site(x: torch.Tensor, geo, round_tf32: bool) -> Site:
     def build():
-        block_c, block_w, grid = _padded_blocks(x, geo)
-        return Site("to_padded_kernel", grid, _padded_ints(x, geo),
+        block_c, block_w, r_blocks, c_blocks = _padded_blocks(x, geo)
+        return Site("to_padded_kernel", (r_blocks * c_blocks * x.shape[0],),
+                    (*_padded_ints(x, geo), r_blocks, c_blocks),
                     dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and x.shape[1] > 1, BLOCK_C=block_c,
                          BLOCK_W=block_w, num_warps=4))
 
@@ -5040,10 +5047,10 @@ def _operands_site(x: torch.Tensor, geo, params: ConvT3dParams, w: torch.Tensor,
     ``_pack_site``'s packing of the contiguous weight ``w`` in one launch (``params``: the
     kernel's, merged when ``fold`` > 1)."""
     def build():
-        block_c, block_w, (r_blocks, c_blocks, n) = _padded_blocks(x, geo)
+        block_c, block_w, r_blocks, c_blocks = _padded_blocks(x, geo)
         block_ci, block_j, pack_programs = _pack_blocks(params)
         g, kvol, cout_g, cin_g = _packed_shape(params)
-        pad_programs = r_blocks * c_blocks * n
+        pad_programs = r_blocks * c_blocks * x.shape[0]
         return Site("flat_operands_kernel", (pad_programs + pack_programs * g,),
                     (*_padded_ints(x, geo), cin_g, cout_g, kvol, fold, w.stride(0),
                      r_blocks, c_blocks, pad_programs, pack_programs),

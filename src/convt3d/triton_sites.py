@@ -369,14 +369,14 @@ def _w_descriptor(wp: torch.Tensor, cfg: Config):
     return TensorDescriptor(wp, list(wp.shape), list(wp.stride()), [1, 1, cfg.BLOCK_N, cfg.BLOCK_K])
 
 
-def _padded_blocks(x: torch.Tensor, geo) -> tuple[int, int, tuple[int, int, int]]:
-    """(BLOCK_C, BLOCK_W, grid) of to_padded_kernel's blocks: up to 64 channels by up to 64
-    positions of one padded row, narrower for fewer channels or a narrower row, so that a
-    small layer's 4-8 wide rows do not leave most of a block masked."""
+def _padded_blocks(x: torch.Tensor, geo) -> tuple[int, int, int, int]:
+    """(BLOCK_C, BLOCK_W, row blocks, channel blocks) of to_padded_kernel: up to 64 channels by
+    up to 64 positions of one padded row, narrower for fewer channels or a narrower row, so that
+    a small layer's 4-8 wide rows do not leave most of a block masked."""
     _, (dp, hp, wp) = geo
-    n, c = x.shape[:2]
+    c = x.shape[1]
     block_c, block_w = min(64, _pow2_at_least(c)), min(64, _pow2_at_least(wp))
-    return block_c, block_w, (dp * hp * _cdiv(wp, block_w), _cdiv(c, block_c), n)
+    return block_c, block_w, dp * hp * _cdiv(wp, block_w), _cdiv(c, block_c)
 
 
 def _padded_ints(x: torch.Tensor, geo) -> tuple:
@@ -386,8 +386,9 @@ def _padded_ints(x: torch.Tensor, geo) -> tuple:
 
 def _padded_site(x: torch.Tensor, geo, round_tf32: bool) -> Site:
     def build():
-        block_c, block_w, grid = _padded_blocks(x, geo)
-        return Site("to_padded_kernel", grid, _padded_ints(x, geo),
+        block_c, block_w, r_blocks, c_blocks = _padded_blocks(x, geo)
+        return Site("to_padded_kernel", (r_blocks * c_blocks * x.shape[0],),
+                    (*_padded_ints(x, geo), r_blocks, c_blocks),
                     dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and x.shape[1] > 1, BLOCK_C=block_c,
                          BLOCK_W=block_w, num_warps=4))
 
@@ -400,10 +401,10 @@ def _operands_site(x: torch.Tensor, geo, params: ConvT3dParams, w: torch.Tensor,
     ``_pack_site``'s packing of the contiguous weight ``w`` in one launch (``params``: the
     kernel's, merged when ``fold`` > 1)."""
     def build():
-        block_c, block_w, (r_blocks, c_blocks, n) = _padded_blocks(x, geo)
+        block_c, block_w, r_blocks, c_blocks = _padded_blocks(x, geo)
         block_ci, block_j, pack_programs = _pack_blocks(params)
         g, kvol, cout_g, cin_g = _packed_shape(params)
-        pad_programs = r_blocks * c_blocks * n
+        pad_programs = r_blocks * c_blocks * x.shape[0]
         return Site("flat_operands_kernel", (pad_programs + pack_programs * g,),
                     (*_padded_ints(x, geo), cin_g, cout_g, kvol, fold, w.stride(0),
                      r_blocks, c_blocks, pad_programs, pack_programs),
