@@ -3101,7 +3101,7 @@ def phase_gemm_kernel(
 @triton.jit
 def to_channels_last_kernel(
     x_ptr, y_ptr,
-    C, S,
+    C, S, S_BLOCKS, C_BLOCKS,
     stride_xn, stride_xc, stride_xs,
     ROUND_TF32: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -3109,11 +3109,13 @@ def to_channels_last_kernel(
     """y[n, s, c] = x[n, c, s] (s = flattened D*H*W with one stride); y is contiguous.
 
     The GEMM reads its input with channels innermost (K-major operands, which TF32 tensor cores
-    require), so NCDHW input is copied once; the copy optionally rounds to TF32.
+    require), so NCDHW input is copied once; the copy optionally rounds to TF32. Grid: (S_BLOCKS x
+    C_BLOCKS x N,), positions fastest (one axis: the batch may exceed 65535).
     """
-    pid_s = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    nb = tl.program_id(2).to(tl.int64)
+    pid = tl.program_id(0)
+    pid_s = pid % S_BLOCKS
+    pid_c = (pid // S_BLOCKS) % C_BLOCKS
+    nb = (pid // S_BLOCKS // C_BLOCKS).to(tl.int64)
     offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (offs_c < C)[:, None] & (offs_s < S)[None, :]
@@ -3181,17 +3183,20 @@ def pack_weight_kernel(
 @triton.jit
 def fill_rows_kernel(
     y_ptr, b_ptr, rows_ptr,
-    C, OW,
+    C, OW, ROWS, C_BLOCKS,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     HAS_BIAS: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """y[n, c, od, oh, :] = bias[c] (or 0) for the listed (od, oh) rows: rows whose depth or
     height residue no tap reaches (3/4 of KB 77's output). Store-only programs, so they run at
-    full occupancy instead of inheriting the GEMM kernel's register budget."""
-    r = tl.program_id(0)
-    nb = tl.program_id(1).to(tl.int64)
-    offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    full occupancy instead of inheriting the GEMM kernel's register budget. Grid: (ROWS x
+    C_BLOCKS x N,), row fastest (one axis: the batch may exceed 65535)."""
+    pid = tl.program_id(0)
+    r = pid % ROWS
+    rest = pid // ROWS
+    nb = (rest // C_BLOCKS).to(tl.int64)
+    offs_c = (rest % C_BLOCKS) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
     od = tl.load(rows_ptr + 2 * r)
     oh = tl.load(rows_ptr + 2 * r + 1)
@@ -3210,7 +3215,7 @@ def fill_rows_kernel(
 @triton.jit
 def fill_planes_kernel(
     y_ptr, b_ptr, planes_ptr,
-    C, SEG,
+    C, SEG, PLANES,
     stride_yn, stride_yc, stride_yd,
     CHANNELS_LAST: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -3226,9 +3231,14 @@ def fill_planes_kernel(
     NCDHW planes of odd size (KB 77: 65 * 65) start at addresses that are not 16-byte aligned,
     and a store masked per element compiles to 4-byte stores: 2.3 TB/s measured on the H200.
     So the aligned interior is written as rows of VEC elements (16 bytes) masked per row, which
-    compiles to 16-byte stores, and the fewer than VEC elements at either end separately."""
-    od = tl.load(planes_ptr + tl.program_id(0))
-    outer = tl.program_id(1)
+    compiles to 16-byte stores, and the fewer than VEC elements at either end separately.
+
+    Grid: (PLANES x outer,), plane fastest, outer = the batch element (channels-last) or (batch
+    element, channel) pair (NCDHW): one axis, since N x C may exceed the 65535 of a second one
+    (batch 128 x 512 channels)."""
+    pid = tl.program_id(0)
+    od = tl.load(planes_ptr + pid % PLANES)
+    outer = pid // PLANES
     if CHANNELS_LAST:
         base = y_ptr + outer.to(tl.int64) * stride_yn + od.to(tl.int64) * stride_yd
         offs = tl.arange(0, BLOCK)
@@ -4836,8 +4846,8 @@ def _fill_planes_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, pl
         oh, ow = params.out_size[1:]
         outer = params.batch if cl else params.batch * params.out_channels
         seg = oh * ow * (params.out_channels if cl else 1)
-        return Site("fill_planes_kernel", (planes.numel(), outer),
-                    (params.out_channels, seg, y.stride(0), y.stride(1), y.stride(2)),
+        return Site("fill_planes_kernel", (planes.numel() * outer,),
+                    (params.out_channels, seg, planes.numel(), y.stride(0), y.stride(1), y.stride(2)),
                     dict(CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, VEC=16 // y.element_size(),
                          num_warps=4))
 
@@ -4849,8 +4859,9 @@ def _fill_rows_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, rows
     def build():
         block_c = min(64, _pow2_at_least(params.out_channels))
         block_w = min(128, _pow2_at_least(params.out_size[2]))
-        return Site("fill_rows_kernel", (rows.shape[0], params.batch, _cdiv(params.out_channels, block_c)),
-                    (params.out_channels, params.out_size[2], *y.stride()),
+        c_blocks = _cdiv(params.out_channels, block_c)
+        return Site("fill_rows_kernel", (rows.shape[0] * c_blocks * params.batch,),
+                    (params.out_channels, params.out_size[2], rows.shape[0], c_blocks, *y.stride()),
                     dict(HAS_BIAS=has_bias, BLOCK_C=block_c, BLOCK_W=block_w, num_warps=4))
 
     return site(("fill_rows", params, y.stride(), has_bias), build)
@@ -4908,8 +4919,9 @@ def _channels_last_site(x: torch.Tensor, round_tf32: bool) -> Site:
     def build():
         block_c = min(64, _pow2_at_least(c))
         block_s = 64
-        return Site("to_channels_last_kernel", (_cdiv(s, block_s), _cdiv(c, block_c), n),
-                    (c, s, x.stride(0), x.stride(1), x.stride(4)),
+        s_blocks, c_blocks = _cdiv(s, block_s), _cdiv(c, block_c)
+        return Site("to_channels_last_kernel", (s_blocks * c_blocks * n,),
+                    (c, s, s_blocks, c_blocks, x.stride(0), x.stride(1), x.stride(4)),
                     dict(ROUND_TF32=round_tf32, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4))
 
     return site(("to_channels_last", x.shape, x.stride(), round_tf32), build)

@@ -298,8 +298,8 @@ def test_fill_planes_writes_exactly_its_planes(seg, shift, dtype, has_bias):
     y = buf[shift:].view(n, c, d, seg)
     bias = torch.arange(1, c + 1, dtype=dtype)
     planes = torch.tensor([0, 2], dtype=torch.int32)
-    fill_planes_kernel[(planes.numel(), n * c)](
-        y, bias, planes, c, seg, y.stride(0), y.stride(1), y.stride(2),
+    fill_planes_kernel[(planes.numel() * n * c,)](
+        y, bias, planes, c, seg, planes.numel(), y.stride(0), y.stride(1), y.stride(2),
         CHANNELS_LAST=False, HAS_BIAS=has_bias, BLOCK=16, VEC=16 // y.element_size())
     expect = torch.full_like(y, float("nan"))
     expect[:, :, [0, 2]] = bias.view(1, c, 1, 1) if has_bias else 0

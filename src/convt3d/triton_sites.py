@@ -190,8 +190,8 @@ def _fill_planes_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, pl
         oh, ow = params.out_size[1:]
         outer = params.batch if cl else params.batch * params.out_channels
         seg = oh * ow * (params.out_channels if cl else 1)
-        return Site("fill_planes_kernel", (planes.numel(), outer),
-                    (params.out_channels, seg, y.stride(0), y.stride(1), y.stride(2)),
+        return Site("fill_planes_kernel", (planes.numel() * outer,),
+                    (params.out_channels, seg, planes.numel(), y.stride(0), y.stride(1), y.stride(2)),
                     dict(CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, VEC=16 // y.element_size(),
                          num_warps=4))
 
@@ -203,8 +203,9 @@ def _fill_rows_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, rows
     def build():
         block_c = min(64, _pow2_at_least(params.out_channels))
         block_w = min(128, _pow2_at_least(params.out_size[2]))
-        return Site("fill_rows_kernel", (rows.shape[0], params.batch, _cdiv(params.out_channels, block_c)),
-                    (params.out_channels, params.out_size[2], *y.stride()),
+        c_blocks = _cdiv(params.out_channels, block_c)
+        return Site("fill_rows_kernel", (rows.shape[0] * c_blocks * params.batch,),
+                    (params.out_channels, params.out_size[2], rows.shape[0], c_blocks, *y.stride()),
                     dict(HAS_BIAS=has_bias, BLOCK_C=block_c, BLOCK_W=block_w, num_warps=4))
 
     return site(("fill_rows", params, y.stride(), has_bias), build)
@@ -262,8 +263,9 @@ def _channels_last_site(x: torch.Tensor, round_tf32: bool) -> Site:
     def build():
         block_c = min(64, _pow2_at_least(c))
         block_s = 64
-        return Site("to_channels_last_kernel", (_cdiv(s, block_s), _cdiv(c, block_c), n),
-                    (c, s, x.stride(0), x.stride(1), x.stride(4)),
+        s_blocks, c_blocks = _cdiv(s, block_s), _cdiv(c, block_c)
+        return Site("to_channels_last_kernel", (s_blocks * c_blocks * n,),
+                    (c, s, s_blocks, c_blocks, x.stride(0), x.stride(1), x.stride(4)),
                     dict(ROUND_TF32=round_tf32, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4))
 
     return site(("to_channels_last", x.shape, x.stride(), round_tf32), build)

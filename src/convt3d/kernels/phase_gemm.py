@@ -258,7 +258,7 @@ def phase_gemm_kernel(
 @triton.jit
 def to_channels_last_kernel(
     x_ptr, y_ptr,
-    C, S,
+    C, S, S_BLOCKS, C_BLOCKS,
     stride_xn, stride_xc, stride_xs,
     ROUND_TF32: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -266,11 +266,13 @@ def to_channels_last_kernel(
     """y[n, s, c] = x[n, c, s] (s = flattened D*H*W with one stride); y is contiguous.
 
     The GEMM reads its input with channels innermost (K-major operands, which TF32 tensor cores
-    require), so NCDHW input is copied once; the copy optionally rounds to TF32.
+    require), so NCDHW input is copied once; the copy optionally rounds to TF32. Grid: (S_BLOCKS x
+    C_BLOCKS x N,), positions fastest (one axis: the batch may exceed 65535).
     """
-    pid_s = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    nb = tl.program_id(2).to(tl.int64)
+    pid = tl.program_id(0)
+    pid_s = pid % S_BLOCKS
+    pid_c = (pid // S_BLOCKS) % C_BLOCKS
+    nb = (pid // S_BLOCKS // C_BLOCKS).to(tl.int64)
     offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (offs_c < C)[:, None] & (offs_s < S)[None, :]
@@ -338,17 +340,20 @@ def pack_weight_kernel(
 @triton.jit
 def fill_rows_kernel(
     y_ptr, b_ptr, rows_ptr,
-    C, OW,
+    C, OW, ROWS, C_BLOCKS,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     HAS_BIAS: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """y[n, c, od, oh, :] = bias[c] (or 0) for the listed (od, oh) rows: rows whose depth or
     height residue no tap reaches (3/4 of KB 77's output). Store-only programs, so they run at
-    full occupancy instead of inheriting the GEMM kernel's register budget."""
-    r = tl.program_id(0)
-    nb = tl.program_id(1).to(tl.int64)
-    offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    full occupancy instead of inheriting the GEMM kernel's register budget. Grid: (ROWS x
+    C_BLOCKS x N,), row fastest (one axis: the batch may exceed 65535)."""
+    pid = tl.program_id(0)
+    r = pid % ROWS
+    rest = pid // ROWS
+    nb = (rest // C_BLOCKS).to(tl.int64)
+    offs_c = (rest % C_BLOCKS) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
     od = tl.load(rows_ptr + 2 * r)
     oh = tl.load(rows_ptr + 2 * r + 1)
@@ -367,7 +372,7 @@ def fill_rows_kernel(
 @triton.jit
 def fill_planes_kernel(
     y_ptr, b_ptr, planes_ptr,
-    C, SEG,
+    C, SEG, PLANES,
     stride_yn, stride_yc, stride_yd,
     CHANNELS_LAST: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -383,9 +388,14 @@ def fill_planes_kernel(
     NCDHW planes of odd size (KB 77: 65 * 65) start at addresses that are not 16-byte aligned,
     and a store masked per element compiles to 4-byte stores: 2.3 TB/s measured on the H200.
     So the aligned interior is written as rows of VEC elements (16 bytes) masked per row, which
-    compiles to 16-byte stores, and the fewer than VEC elements at either end separately."""
-    od = tl.load(planes_ptr + tl.program_id(0))
-    outer = tl.program_id(1)
+    compiles to 16-byte stores, and the fewer than VEC elements at either end separately.
+
+    Grid: (PLANES x outer,), plane fastest, outer = the batch element (channels-last) or (batch
+    element, channel) pair (NCDHW): one axis, since N x C may exceed the 65535 of a second one
+    (batch 128 x 512 channels)."""
+    pid = tl.program_id(0)
+    od = tl.load(planes_ptr + pid % PLANES)
+    outer = pid // PLANES
     if CHANNELS_LAST:
         base = y_ptr + outer.to(tl.int64) * stride_yn + od.to(tl.int64) * stride_yd
         offs = tl.arange(0, BLOCK)
