@@ -11,6 +11,7 @@ problems.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -275,6 +276,28 @@ def test_output_above_2_pow_31_elements():
         got = out[:, :, 2 * d0:2 * d0 + 2].double()
         assert (got - ref).abs().max().item() < 1e-4
     del out
+
+
+@pytest.mark.parametrize("layout", ["ncdhw", "cl"])
+@pytest.mark.parametrize("config", ["flat", "tma-5d", "fill-rows"])
+def test_batch_past_the_65535_of_a_grid_axis(config, layout):
+    # 70000 batch elements: the batch alone, and N x C of the plane fill, pass the limit of a
+    # second or third grid axis; every launch of the call must still reach all of them.
+    x = torch.randn(70000, 8, 2, 2, 3, device=DEV)
+    if layout == "cl":
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(8, 8, 1, 2, 3, device=DEV)
+    b = torch.randn(8, device=DEV)
+    params, _ = check_call(x, w, b, (2, 1, 2), 0, 0, 1, 1)  # depth k1 s2: empty planes
+    base = E.candidate_configs(params, torch.float32, "ieee", layout == "cl", flat=True)[0]
+    cfg = dict(flat=dataclasses.replace(base, flat=True, tma=False),
+               **{"tma-5d": dataclasses.replace(base, flat=False, tma=True),
+                  "fill-rows": dataclasses.replace(base, flat=False, tma=False, companions=False,
+                                                   fill_separate=True)})[config]
+    if not cfg.flat:
+        cfg = dataclasses.replace(cfg, BLOCK_W=E.block_w(params.compact_size[1:], cfg.BLOCK_M))
+    out = poisoned_call(E, lambda: E.forward(x, w, b, params, "ieee", config=cfg), config)
+    _check(x, w, b, ((2, 1, 2), 0, 0, 1, 1), "ieee", out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
