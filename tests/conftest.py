@@ -212,9 +212,10 @@ def check_against_reference(y, x, w, b, stride=1, padding=0, output_padding=0, g
 
 
 def round_tf32_reference(t: torch.Tensor) -> torch.Tensor:
-    """The kernels' TF32 rounding of an fp32 tensor (nearest, ties away from zero; inf and NaN
-    kept), in PyTorch."""
-    rounded = ((t.contiguous().view(torch.int32) + 0x1000) & -8192).view(torch.float32)
+    """The kernels' TF32 rounding, as cuDNN rounds its operands (nearest, ties away from zero;
+    inf and NaN kept), in PyTorch, of ``t`` as fp32."""
+    t = t.float().contiguous()
+    rounded = ((t.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
     return torch.where(t.abs() < float("inf"), rounded, t)
 
 

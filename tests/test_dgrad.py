@@ -21,7 +21,7 @@ from convt3d import backward as B
 from convt3d.errors import BackendUnavailableError
 from convt3d.validate import check_call
 
-from conftest import CL, requires_interpreter
+from conftest import CL, PoisonedTorch, requires_interpreter, round_tf32_reference
 
 pytestmark = requires_interpreter
 
@@ -75,17 +75,10 @@ def _make_dy(shape, dtype, layout):
 
 
 def _ref_dx(dy, x, w, params, round_tf32=False):
-    f = _round_tf32 if round_tf32 else (lambda t: t)
+    f = round_tf32_reference if round_tf32 else (lambda t: t)
     return torch.ops.aten.convolution_backward(
         f(dy).double(), x.double(), f(w).double(), None, list(params.stride), list(params.padding),
         list(params.dilation), True, list(params.output_padding), params.groups, [True, False, False])[0]
-
-
-def _round_tf32(t):
-    """Nearest TF32 value (ties away from zero), as the kernels' rounding."""
-    bits = t.float().contiguous().view(torch.int32)
-    r = ((bits + 0x1000) & -8192).view(torch.float32)
-    return torch.where(t.float().abs() < float("inf"), r, t.float())
 
 
 def _assert_close(got, ref, rel, what):
@@ -167,8 +160,6 @@ PACK_DGRAD = {
 @pytest.mark.parametrize("round_tf32", [False, True], ids=["as-is", "tf32-rounded"])
 @pytest.mark.parametrize("name", list(PACK_DGRAD))
 def test_pack_dgrad_weight_packs_every_tap_k_major(name, round_tf32, layout, monkeypatch):
-    from conftest import PoisonedTorch, round_tf32_reference
-
     cin, cout, groups, k = PACK_DGRAD[name]
     w = torch.randn(cin, cout // groups, *k) * 3
     if layout != "contiguous":

@@ -24,7 +24,7 @@ from convt3d import triton_engine as E
 from convt3d.dispatch import EXACT_GRADE, decide
 from convt3d.validate import check_call
 
-from conftest import poisoned_call
+from conftest import poisoned_call, round_tf32_reference
 
 pytestmark = [pytest.mark.gpu]
 DEV = "cuda"
@@ -36,12 +36,6 @@ def _no_autotune(monkeypatch):
     # (test_tuning_picks_a_candidate covers the tuner).
     monkeypatch.setenv("CONVT3D_AUTOTUNE", "0")
     yield
-
-
-def _round_tf32(t: torch.Tensor) -> torch.Tensor:
-    bits = t.float().contiguous().view(torch.int32)
-    r = ((bits + 0x1000) & -8192).view(torch.float32)
-    return torch.where(t.float().abs() < float("inf"), r, t.float())
 
 
 def _cudnn(x, w, b, args, precision):
@@ -62,7 +56,7 @@ def _check(x, w, b, args, precision, out):
     err_cudnn = (cud.double() - ref).abs().max().item() if ref.numel() else 0.0
     budget = err_cudnn
     if x.dtype == torch.float32 and precision == "tf32":
-        ideal = F.conv_transpose3d(_round_tf32(x).double(), _round_tf32(w).double(),
+        ideal = F.conv_transpose3d(round_tf32_reference(x).double(), round_tf32_reference(w).double(),
                                    None if b is None else b.double(), *args)
         budget = max(budget, (ideal - ref).abs().max().item() if ref.numel() else 0.0)
     ulp = torch.finfo(x.dtype).eps * (ref.abs().max().item() if ref.numel() else 0.0)
@@ -376,7 +370,7 @@ def test_tuning_picks_a_candidate(monkeypatch):
 def test_gemm_operands_compiled_equal_their_definition(fold, dtype, layout, monkeypatch):
     from convt3d import triton_sites as S
 
-    from conftest import PoisonedTorch, packed_weight_reference, padded_input_reference, round_tf32_reference
+    from conftest import PoisonedTorch, packed_weight_reference, padded_input_reference
 
     x = torch.randn(2, 48, 5, 6, 70 if layout != "slice" else 140, device=DEV, dtype=dtype)
     if layout == "channels_last_3d":

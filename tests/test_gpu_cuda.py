@@ -31,7 +31,8 @@ from convt3d.dispatch import cudnn_conv_tf32
 from convt3d.kernelbench.problems import PROBLEMS
 from convt3d.validate import check_call
 
-from conftest import assert_close_to_reference, check_against_reference, magnitude, random_case, tolerance
+from conftest import (assert_close_to_reference, check_against_reference, magnitude, random_case,
+                      round_tf32_reference, tolerance)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEV = "cuda"
@@ -294,17 +295,10 @@ def test_gemm_on_kernelbench_geometries(problem, variant):
 
 
 # ---- TF32 mode -------------------------------------------------------------------------------------
-def _round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """The nearest TF32 value, ties away from zero (inf/NaN kept): cuDNN's operand rounding."""
-    bits = t.contiguous().view(torch.int32)
-    r = ((bits + 0x1000) & -8192).view(torch.float32)
-    return torch.where(t.abs() < float("inf"), r, t)
-
-
 def _check_tf32(y, x, w, b, args, context):
     """y equals float64 of the TF32-rounded operands to fp32 accumulation error (the exact-grade
     bound), and the exact result to the TF32 bound."""
-    rx, rw = _round_tf32(x), _round_tf32(w)
+    rx, rw = round_tf32_reference(x), round_tf32_reference(w)
     mag = magnitude(x, w, b, *args)
     assert_close_to_reference(y, _ref(rx.cpu(), rw.cpu(), None if b is None else b.cpu(), args), mag,
                               tolerance(torch.float32, "ieee"), f"{context} vs rounded operands")
@@ -341,7 +335,7 @@ def test_tf32_rounds_ties_away_and_keeps_inf_nan():
     x = vals.reshape(1, 1, 1, 1, -1)
     w = torch.ones(1, 1, 1, 1, 1, device=DEV)
     y = _run(x, w, None, (1, 0, 0, 1, 1), precision="tf32")
-    expected = _round_tf32(vals)
+    expected = round_tf32_reference(vals)
     assert torch.equal(expected[:4].abs(), base.abs() + torch.tensor([2.0 ** -10] * 2 + [2.0 ** -9] * 2, device=DEV))
     assert torch.equal(y.flatten()[:5], expected[:5]) and torch.isnan(y.flatten()[5])
 
@@ -364,7 +358,7 @@ def test_tf32_kernelbench_problems(problem):
         theirs = F.conv_transpose3d(x, w, None, *args)
     ours_err = (y.double() - ref).abs().max().item()
     cudnn_err = (theirs.double() - ref).abs().max().item()
-    arith_err = (_ref(_round_tf32(x), _round_tf32(w), None, args) - ref).abs().max().item()
+    arith_err = (_ref(round_tf32_reference(x), round_tf32_reference(w), None, args) - ref).abs().max().item()
     assert ours_err <= 2 * max(cudnn_err, arith_err), (ours_err, cudnn_err, arith_err)
     if problem.cudnn_uses_tf32:
         diff = (y - theirs).abs().max().item()
@@ -393,7 +387,7 @@ def test_tensor_core_tiles_on_kernelbench_geometries(problem, variant):
     args = (layer.stride, layer.padding, layer.output_padding, layer.groups, layer.dilation)
     w, b = layer.weight.detach(), torch.randn(layer.out_channels, device=DEV) * 0.1
     y = _run(x, w, b, args, precision="tf32", variant=variant)
-    ref = _ref(_round_tf32(x), _round_tf32(w), b, args)
+    ref = _ref(round_tf32_reference(x), round_tf32_reference(w), b, args)
     err = (y.double() - ref).abs().max().item()
     assert torch.allclose(y.double(), ref, atol=1e-5, rtol=1e-5), f"{variant}: {err:.3g} from the rounded operands"
     assert torch.equal(y, _run(x, w, b, args, precision="tf32", variant=variant)), "bitwise repeatable"

@@ -341,7 +341,8 @@ from convt3d import backward as B  # noqa: E402
 from convt3d import head_backward as HB  # noqa: E402
 from convt3d.torch_engine import cudnn_conv_tf32  # noqa: E402
 
-from test_gpu_training import _bwd as _conv_bwd, _round_tf32  # noqa: E402  -- the same reference and rounding
+from test_gpu_training import _bwd as _conv_bwd  # noqa: E402  -- the same reference
+from conftest import round_tf32_reference  # noqa: E402
 
 # Every head row has >= 8 input and <= 15 output channels per group (the test checks it).
 BWD_HEADS = list(HEADS)
@@ -356,8 +357,8 @@ def _grad_budgets(dy, x, w, params, precision):
         cud = _conv_bwd(dy, x, w, params, [True, True, False])
     buds = [(cud[i].double() - ref[i]).abs().max().item() for i in (0, 1)]
     if precision == "tf32" and x.dtype == torch.float32:
-        ideal = _conv_bwd(_round_tf32(dy), _round_tf32(x), _round_tf32(w), params, [True, True, False],
-                          dtype64=True)
+        ideal = _conv_bwd(round_tf32_reference(dy), round_tf32_reference(x), round_tf32_reference(w), params,
+                          [True, True, False], dtype64=True)
         buds = [max(b_, (ideal[i] - ref[i]).abs().max().item()) for i, b_ in enumerate(buds)]
     return ref[0], ref[1], buds[0], buds[1]
 

@@ -22,15 +22,11 @@ from convt3d.dispatch import cudnn_conv_tf32
 from convt3d.ops import conv_transpose3d_op
 from convt3d.validate import check_call
 
+from conftest import round_tf32_reference
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEV = "cuda"
 CL = torch.channels_last_3d
-
-
-def _round_tf32(t):
-    bits = t.float().contiguous().view(torch.int32)
-    r = ((bits + 0x1000) & -8192).view(torch.float32)
-    return torch.where(t.float().abs() < float("inf"), r, t.float())
 
 
 def _bwd(dy, x, w, params, mask, dtype64=False):
@@ -85,7 +81,8 @@ def test_gradients_within_2x_cudnn(name, dtype, precision, wgrad, monkeypatch):
         cud = _bwd(dy, x, w, params, [True, True, False])
     budgets = [(cud[0].double() - ref[0]).abs().max().item(), (cud[1].double() - ref[1]).abs().max().item()]
     if precision == "tf32":
-        ideal = _bwd(_round_tf32(dy), _round_tf32(x), _round_tf32(w), params, [True, True, False], dtype64=True)
+        ideal = _bwd(round_tf32_reference(dy), round_tf32_reference(x), round_tf32_reference(w), params,
+                     [True, True, False], dtype64=True)
         budgets = [max(bud, (i - r).abs().max().item()) for bud, i, r in zip(budgets, ideal, ref)]
     for what, got, r, bud in zip(("dX", "dW"), grads[:2], ref[:2], budgets):
         err = (got.double() - r).abs().max().item()
@@ -122,7 +119,8 @@ def _dx_budget(dy, x, w, params, precision, ref):
         cud = _bwd(dy, x, w, params, [True, False, False])[0]
     bud = (cud.double() - ref).abs().max().item()
     if precision == "tf32":
-        ideal = _bwd(_round_tf32(dy), x.float(), _round_tf32(w), params, [True, False, False], dtype64=True)[0]
+        ideal = _bwd(round_tf32_reference(dy), x.float(), round_tf32_reference(w), params, [True, False, False],
+                     dtype64=True)[0]
         bud = max(bud, (ideal - ref).abs().max().item())
     return bud
 

@@ -29,8 +29,8 @@ from convt3d.errors import BackendUnavailableError
 from convt3d.params import ConvT3dParams
 from convt3d.validate import check_call
 
-from conftest import CL, requires_interpreter
-from test_dgrad import G, _assert_close, _round_tf32  # the same geometry record and checks
+from conftest import CL, requires_interpreter, round_tf32_reference
+from test_dgrad import G, _assert_close  # the same geometry record and checks
 
 pytestmark = requires_interpreter
 
@@ -66,7 +66,7 @@ def _setup(geo: G, dtype=torch.float32, x_layout="ncdhw", dy_layout="ncdhw"):
 
 
 def _ref(dy, x, w, params, mask, round_tf32=False):
-    f = _round_tf32 if round_tf32 else (lambda t: t)
+    f = round_tf32_reference if round_tf32 else (lambda t: t)
     return torch.ops.aten.convolution_backward(
         f(dy).double(), f(x).double(), f(w).double(), None, list(params.stride), list(params.padding),
         list(params.dilation), True, list(params.output_padding), params.groups, mask)
@@ -417,7 +417,7 @@ def test_dy_copies_round_to_tf32_when_asked(copy, name):
         got, want = HB.padded_dy(dy, params, torch.float32, True), _pad_reference(dy, params)
     else:
         got, want = HB.dy_phases(dy, params, torch.float32, True), _copy_reference(dy, params)
-    assert torch.equal(got.double(), _round_tf32(want).double())
+    assert torch.equal(got.double(), round_tf32_reference(want).double())
     assert not torch.equal(got.double(), want), "the values straddle TF32 boundaries"
 
 

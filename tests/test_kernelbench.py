@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from convt3d.kernelbench import evaluate, export, static_check
 from convt3d.kernelbench.problems import PROBLEMS, SEED, ReferenceModel, by_id
 
-from conftest import requires_interpreter
+from conftest import requires_interpreter, round_tf32_reference
 
 KB_DIR = export.default_out_dir()
 IDS = [p.id for p in PROBLEMS]
@@ -411,12 +411,6 @@ def _global_state():
             torch.backends.cudnn.deterministic, torch.get_float32_matmul_precision(), torch.get_rng_state())
 
 
-def _round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """Round to the nearest TF32 value, ties away from zero (cuDNN's operand rounding)."""
-    bits = t.contiguous().view(torch.int32)
-    return ((bits + 0x1000) & -8192).view(torch.float32)
-
-
 @requires_interpreter
 @pytest.mark.parametrize("allowed", [False, True], ids=["tf32-off", "tf32-allowed"])
 def test_model_new_forward_matches_float64_and_keeps_global_state(allowed, restore_flags):
@@ -441,7 +435,7 @@ def test_model_new_forward_matches_float64_and_keeps_global_state(allowed, resto
     y64 = F.conv_transpose3d(x.double(), w.double(), None, *args)
     assert y.dtype == torch.float32 and y.shape == y64.shape
     if allowed:
-        y64r = F.conv_transpose3d(_round_tf32(x).double(), _round_tf32(w).double(), None, *args)
+        y64r = F.conv_transpose3d(round_tf32_reference(x).double(), round_tf32_reference(w).double(), None, *args)
         assert torch.allclose(y64r.float(), y, atol=1e-6, rtol=1e-5), (y.double() - y64r).abs().max()
         assert (y.double() - y64).abs().max() > 1e-6, "TF32 allowed, yet the result is exact"
     else:
