@@ -5497,11 +5497,14 @@ class _Steps:
         if self.fill_table is not None and self.fill_table.shape[0] == 0:
             self.fill_site = None
         self.geo = flat_geometry(params) if cfg.flat else None
+        # The input copy the GEMM reads: the flat configs' zero-haloed grid, or NDHWC without a
+        # halo where the plan copies x (NCDHW input, or TF32 rounding); None: x read in place.
+        self.copy_geo = self.geo if cfg.flat else ((0, 0, 0), params.in_size) if pl.copy_input else None
         self.use_tma = cfg.tma and cfg.use_dot and _tma_capable(device)
         self.fill: Site | None = None
         self.prep: Site | None = None
         self.pack: Site | None = None
-        self.ops: Site | None = None  # the padded copy and the pack in one launch (flat configs)
+        self.ops: Site | None = None  # the input copy and the pack in one launch (copy_geo)
         self.gemm: dict[tuple[bool, bool], Site] = {}
 
     def packed_weight(self, weight: torch.Tensor) -> torch.Tensor:
@@ -5520,14 +5523,14 @@ class _Steps:
         return y
 
     def call(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor):
-        """Every launch of a call onto ``y`` from the caller's ``weight``: for the flat and box
-        GEMMs the padded copy and the pack in one launch (``flat_operands_kernel``), else the
-        pack, then ``run``. Returns ``run``'s handle."""
-        if self.head is None and self.cfg.flat and self.n_groups > 0:
+        """Every launch of a call onto ``y`` from the caller's ``weight``: where the GEMM reads a
+        copy of x (``copy_geo``), that copy and the pack in one launch (``flat_operands_kernel``),
+        else the pack alone; then ``run``. Returns ``run``'s handle."""
+        if self.head is None and self.copy_geo is not None and self.n_groups > 0:
             if self.ops is None:
-                self.ops = _operands_site(x, self.geo, self.params, weight.contiguous(), self.pl.round_tf32,
+                self.ops = _operands_site(x, self.copy_geo, self.params, weight.contiguous(), self.pl.round_tf32,
                                           self.cfg.fold)
-            wp, xp = _flat_operands(x, weight, self.geo, self.params, self.pl.round_tf32, self.ops)
+            wp, xp = _flat_operands(x, weight, self.copy_geo, self.params, self.pl.round_tf32, self.ops)
             return self.run(x, wp, bias if bias is not None else wp, y, xp)
         wp = self.packed_weight(weight)
         return self.run(x, wp, bias if bias is not None else wp, y)  # wp: dummy pointer when HAS_BIAS is False
@@ -5535,9 +5538,9 @@ class _Steps:
     def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
             xp: torch.Tensor | None = None):
         """Launch onto ``y`` (allocated, in the plan's memory format) from ``x`` and the packed
-        weight ``wp``; ``b`` is the bias, or any tensor when there is none; ``xp``: the flat
-        configs' padded copy of ``x`` when the caller made it. Returns Triton's handle of the
-        main kernel (None when no phase has taps)."""
+        weight ``wp``; ``b`` is the bias, or any tensor when there is none; ``xp``: the copy of
+        ``x`` the GEMM reads ([N, DP, HP, WP, C] on ``copy_geo``) when the caller made it.
+        Returns Triton's handle of the main kernel (None when no phase has taps)."""
         if self.head is not None:
             return self.head.run(x, wp, b, y)
         params, cfg, dev = self.params, self.cfg, x.device
@@ -5563,7 +5566,7 @@ class _Steps:
             descriptors = _box_descriptors if cfg.gluon else _flat_descriptors
             x_desc, w_desc = descriptors(cfg, xp, wp, params.in_channels_per_group)
             return gemm.launch(dev, x_desc, w_desc, b, y, self.tab)
-        xin = _prepare_input(x, round_tf32, self.pl.copy_input)
+        xin = xp.permute(0, 4, 1, 2, 3) if xp is not None else _prepare_input(x, round_tf32, self.pl.copy_input)
         x_arg = _x_descriptor(xin, params, cfg) if self.use_tma else None
         w_arg = _w_descriptor(wp, cfg) if self.use_tma else None
         which = (x_arg is not None, w_arg is not None)

@@ -392,21 +392,31 @@ def test_flat_operands_kernel_does_both_in_one_launch(pad, pack, monkeypatch):
     assert torch.equal(xp, round_tf32_reference(padded_input_reference(x, geo)))
 
 
-def test_a_flat_call_prepares_its_operands_in_one_launch(monkeypatch):
-    """A flat config's call (tuned or steady) launches flat_operands_kernel, then the GEMM; the
-    separate copy and pack kernels stay for the other configs and callers."""
-    case = PATH_CASES["kb77-like"]
+@pytest.mark.parametrize("path,layout,precision,copied", [
+    ("flat", "contiguous", "ieee", True), ("tma-5d", "contiguous", "ieee", True),
+    ("pointer", "contiguous", "ieee", True), ("tma-5d", "channels_last_3d", "tf32", True),
+    ("tma-5d", "channels_last_3d", "ieee", False)],
+    ids=["flat", "tma-ncdhw", "pointer-ncdhw", "tma-cl-tf32-rounded", "tma-cl-read-in-place"])
+def test_a_call_prepares_its_operands_in_one_launch(path, layout, precision, copied, monkeypatch):
+    """Where the GEMM reads a copy of x (the flat configs' haloed grid; NDHWC for an NCDHW input
+    or TF32 rounding), a call launches flat_operands_kernel, then the GEMM; otherwise the pack
+    alone. The separate copy kernels are not launched."""
+    base = PATH_CASES["kb77-like"]
+    case = Case(base.batch, base.cin, base.cout, base.in_size, base.kernel, *base.args[:3], base.dilation,
+                base.groups, bias=base.bias, layout=layout)
     x, w, b = case.tensors()
     x5, params = _params(case, x, w, b)
-    cfg = engine.candidate_configs(params, torch.float32, "ieee", False, flat=True)[0]
-    assert cfg.flat
+    cfg = dataclasses.replace(engine.candidate_configs(params, torch.float32, precision, False, flat=True)[0],
+                              **PATHS[path])
+    if not cfg.flat:
+        cfg = dataclasses.replace(cfg, BLOCK_W=engine.block_w(params.compact_size[1:], cfg.BLOCK_M))
     launched = []
     kernel = triton_sites._kernel
     monkeypatch.setattr(triton_sites, "_kernel", lambda name, *a: launched.append(name) or kernel(name, *a))
-    y = engine.forward(x5, w, b, params, "ieee", config=cfg)
-    assert "flat_operands_kernel" in launched and "flat_gemm_kernel" in launched
-    assert "to_padded_kernel" not in launched and "pack_weight_kernel" not in launched
-    check_against_reference(y, x5, w, b, *case.args, context="flat call")
+    y = poisoned_call(engine, lambda: engine.forward(x5, w, b, params, precision, config=cfg))
+    assert ("flat_operands_kernel" in launched) == copied and ("pack_weight_kernel" in launched) != copied
+    assert "to_padded_kernel" not in launched and "to_channels_last_kernel" not in launched
+    check_against_reference(y, x5, w, b, *case.args, context=f"{path} {layout}", precision=precision)
 
 
 SPECIAL_REGIMES = ["tc-k3s2p1op1", "tc-kb77-scaled", "fma-k3s2p1op1", "fma-depthwise-multiplier2"]
