@@ -3508,7 +3508,7 @@ def to_padded_kernel(
 
 
 @triton.jit
-def flat_operands_kernel(
+def gemm_operands_kernel(
     x_ptr, xp_ptr, w_ptr, wp_ptr,
     C, D, H, W,
     DP, HP, WP,
@@ -3522,16 +3522,16 @@ def flat_operands_kernel(
     BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """Both operands of the flat and box GEMMs in one launch: programs below PAD_PROGRAMS make
-    to_padded_kernel's haloed copy of x, the others pack the weight as pack_weight_kernel
-    (PACK_PROGRAMS per group). Grid: (PAD_PROGRAMS + PACK_PROGRAMS x groups,).
+    """Both operands of a GEMM that reads a copy of x, in one launch: programs below PAD_PROGRAMS
+    make to_padded_kernel's copy of x (zero-haloed for the flat and box GEMMs, without a halo
+    for the others), the rest pack the weight as pack_weight_kernel (PACK_PROGRAMS per group).
+    Grid: (PAD_PROGRAMS + PACK_PROGRAMS x groups,).
 
     Why one launch: every launch costs host time (13-33 us through Triton's own path on the
     H200's host, less replayed by a launch site; NOTES.md, section 4), and in two launches the
-    pack ran after the copy instead of beside it.
-    On gan_k4s2p1 in bf16 the two kernels took 16.5 + 17.5 us of GPU time in separate launches
-    and the layer stayed on PyTorch by 45 us of host time beyond PyTorch's (NOTES.md, section
-    12, 2026-12-04)."""
+    pack ran after the copy instead of beside it. On gan_k4s2p1 in bf16 the two kernels took
+    16.5 + 17.5 us of GPU time in separate launches, and the layer stayed on PyTorch by 45 us of
+    host time beyond PyTorch's (NOTES.md, section 12, 2026-12-04)."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
         _pad_block(x_ptr, xp_ptr, pid,
@@ -4630,7 +4630,7 @@ K = types.SimpleNamespace(
     fill_planes_kernel=fill_planes_kernel,
     fill_rows_kernel=fill_rows_kernel,
     flat_gemm_kernel=flat_gemm_kernel,
-    flat_operands_kernel=flat_operands_kernel,
+    gemm_operands_kernel=gemm_operands_kernel,
     pack_weight_kernel=pack_weight_kernel,
     phase_gemm_kernel=phase_gemm_kernel,
     to_channels_last_kernel=to_channels_last_kernel,
@@ -5055,7 +5055,7 @@ def _padded_site(x: torch.Tensor, geo, round_tf32: bool) -> Site:
 
 def _operands_site(x: torch.Tensor, geo, params: ConvT3dParams, w: torch.Tensor, round_tf32: bool,
                    fold: int = 1) -> Site:
-    """The launch site of flat_operands_kernel: ``_padded_site``'s copy of ``x`` and
+    """The launch site of gemm_operands_kernel: ``_padded_site``'s copy of ``x`` and
     ``_pack_site``'s packing of the contiguous weight ``w`` in one launch (``params``: the
     kernel's, merged when ``fold`` > 1)."""
     def build():
@@ -5063,19 +5063,19 @@ def _operands_site(x: torch.Tensor, geo, params: ConvT3dParams, w: torch.Tensor,
         block_ci, block_j, pack_programs = _pack_blocks(params)
         g, kvol, cout_g, cin_g = _packed_shape(params)
         pad_programs = r_blocks * c_blocks * x.shape[0]
-        return Site("flat_operands_kernel", (pad_programs + pack_programs * g,),
+        return Site("gemm_operands_kernel", (pad_programs + pack_programs * g,),
                     (*_padded_ints(x, geo), cin_g, cout_g, kvol, fold, w.stride(0),
                      r_blocks, c_blocks, pad_programs, pack_programs),
                     dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and x.shape[1] > 1, BLOCK_C=block_c,
                          BLOCK_W=block_w, BLOCK_CI=block_ci, BLOCK_J=block_j, num_warps=4))
 
-    return site(("flat_operands", x.shape, x.stride(), geo, params, round_tf32, fold), build)
+    return site(("gemm_operands", x.shape, x.stride(), geo, params, round_tf32, fold), build)
 
 
-def _flat_operands(x: torch.Tensor, weight: torch.Tensor, geo, params: ConvT3dParams, round_tf32: bool,
+def _gemm_operands(x: torch.Tensor, weight: torch.Tensor, geo, params: ConvT3dParams, round_tf32: bool,
                    ops: Site) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed weight, zero-haloed NDHWC copy of x) by one launch of ``ops``
-    (``_operands_site``)."""
+    """(packed weight, NDHWC copy of x on ``geo``'s grid: zero-haloed for the flat configs) by one
+    launch of ``ops`` (``_operands_site``)."""
     _, (dp, hp, wp) = geo
     w = weight.contiguous()
     packed = torch.empty(_packed_shape(params), dtype=weight.dtype, device=weight.device)
@@ -5524,13 +5524,13 @@ class _Steps:
 
     def call(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor):
         """Every launch of a call onto ``y`` from the caller's ``weight``: where the GEMM reads a
-        copy of x (``copy_geo``), that copy and the pack in one launch (``flat_operands_kernel``),
+        copy of x (``copy_geo``), that copy and the pack in one launch (``gemm_operands_kernel``),
         else the pack alone; then ``run``. Returns ``run``'s handle."""
         if self.head is None and self.copy_geo is not None and self.n_groups > 0:
             if self.ops is None:
                 self.ops = _operands_site(x, self.copy_geo, self.params, weight.contiguous(), self.pl.round_tf32,
                                           self.cfg.fold)
-            wp, xp = _flat_operands(x, weight, self.copy_geo, self.params, self.pl.round_tf32, self.ops)
+            wp, xp = _gemm_operands(x, weight, self.copy_geo, self.params, self.pl.round_tf32, self.ops)
             return self.run(x, wp, bias if bias is not None else wp, y, xp)
         wp = self.packed_weight(weight)
         return self.run(x, wp, bias if bias is not None else wp, y)  # wp: dummy pointer when HAS_BIAS is False

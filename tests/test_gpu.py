@@ -395,7 +395,7 @@ def test_gemm_operands_compiled_equal_their_definition(fold, dtype, layout, monk
     ops = S._operands_site(x, geo, kp, w, rounding, fold)
     monkeypatch.setattr(S, "torch", PoisonedTorch(torch))  # its allocations NaN-filled
     for _ in range(2):  # Triton's launch, then the site's replay
-        wp, xp = S._flat_operands(x, w, geo, kp, rounding, ops)
+        wp, xp = S._gemm_operands(x, w, geo, kp, rounding, ops)
         assert torch.equal(xp, expect_x) and torch.equal(wp, expect_w)
 
 

@@ -311,7 +311,7 @@ def test_fill_planes_writes_exactly_its_planes(seg, shift, dtype, has_bias):
 
 # ---------------------------------------------------------------------------------------------
 # The operands of the flat and box GEMMs: the zero-haloed NDHWC copy of x (to_padded_kernel), the
-# packed weight (pack_weight_kernel), and both in one launch (flat_operands_kernel). Each is
+# packed weight (pack_weight_kernel), and both in one launch (gemm_operands_kernel). Each is
 # checked element by element against its definition, on NaN-filled outputs.
 # ---------------------------------------------------------------------------------------------
 # (Cin, Cout, groups, fold, kernel): fold > 1 packs for merged groups (the block-diagonal weight).
@@ -374,7 +374,7 @@ def test_to_padded_kernel_copies_x_into_its_halo(name, round_tf32):
 
 @pytest.mark.parametrize("pack", ["merged-groups-by-2", "cin-past-one-block", "one-channel-k1"])
 @pytest.mark.parametrize("pad", ["halo-every-side", "channels-last", "strided-view"])
-def test_flat_operands_kernel_does_both_in_one_launch(pad, pack, monkeypatch):
+def test_gemm_operands_kernel_does_both_in_one_launch(pad, pack, monkeypatch):
     shape, geo, layout = PAD_CASES[pad]
     cin, cout, groups, fold, k = PACK_CASES[pack]
     x = _pad_input(shape, layout)
@@ -386,8 +386,8 @@ def test_flat_operands_kernel_does_both_in_one_launch(pad, pack, monkeypatch):
     monkeypatch.setattr(triton_sites, "_kernel", lambda name, *a: launched.append(name) or kernel(name, *a))
     ops = triton_sites._operands_site(x, geo, kp, w, True, fold)
     monkeypatch.setattr(triton_sites, "torch", PoisonedTorch(torch))  # its allocations NaN-filled
-    wp, xp = triton_sites._flat_operands(x, w, geo, kp, True, ops)
-    assert launched == ["flat_operands_kernel"]
+    wp, xp = triton_sites._gemm_operands(x, w, geo, kp, True, ops)
+    assert launched == ["gemm_operands_kernel"]
     assert torch.equal(wp, round_tf32_reference(packed_weight_reference(w, kp, fold)))
     assert torch.equal(xp, round_tf32_reference(padded_input_reference(x, geo)))
 
@@ -399,7 +399,7 @@ def test_flat_operands_kernel_does_both_in_one_launch(pad, pack, monkeypatch):
     ids=["flat", "tma-ncdhw", "pointer-ncdhw", "tma-cl-tf32-rounded", "tma-cl-read-in-place"])
 def test_a_call_prepares_its_operands_in_one_launch(path, layout, precision, copied, monkeypatch):
     """Where the GEMM reads a copy of x (the flat configs' haloed grid; NDHWC for an NCDHW input
-    or TF32 rounding), a call launches flat_operands_kernel, then the GEMM; otherwise the pack
+    or TF32 rounding), a call launches gemm_operands_kernel, then the GEMM; otherwise the pack
     alone. The separate copy kernels are not launched."""
     base = PATH_CASES["kb77-like"]
     case = Case(base.batch, base.cin, base.cout, base.in_size, base.kernel, *base.args[:3], base.dilation,
@@ -414,7 +414,7 @@ def test_a_call_prepares_its_operands_in_one_launch(path, layout, precision, cop
     kernel = triton_sites._kernel
     monkeypatch.setattr(triton_sites, "_kernel", lambda name, *a: launched.append(name) or kernel(name, *a))
     y = poisoned_call(engine, lambda: engine.forward(x5, w, b, params, precision, config=cfg))
-    assert ("flat_operands_kernel" in launched) == copied and ("pack_weight_kernel" in launched) != copied
+    assert ("gemm_operands_kernel" in launched) == copied and ("pack_weight_kernel" in launched) != copied
     assert "to_padded_kernel" not in launched and "to_channels_last_kernel" not in launched
     check_against_reference(y, x5, w, b, *case.args, context=f"{path} {layout}", precision=precision)
 

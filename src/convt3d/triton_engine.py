@@ -25,7 +25,7 @@ from .triton_configs import (Config, TuneRecord, _cdiv, _choose, _head_configs, 
     tuned_config, tuning_log, uses_tensor_cores)  # noqa: F401
 from .triton_sites import (Site, _INT32_MAX, _channels_last_site, _check_slice_offsets, _device_table,
     _fill_planes_site, _fill_rows_site, _flat_descriptors, _flat_site, _flattenable, _head_site, _hook_set, _kernel,
-    _offsets_fit_int32, _operands_site, _flat_operands, _pack_site, _pack_weight, _packed_shape, _padded_site,
+    _offsets_fit_int32, _operands_site, _gemm_operands, _pack_site, _pack_weight, _packed_shape, _padded_site,
     _phase_site, _prepare_input,
     _prepare_padded_input, _row_class_empty, _sites, _tables, _tma_capable, _tma_strides_ok, _w_descriptor,
     _x_descriptor, companion_masks, empty_planes, empty_rows, interpreter_active, phase_table, site,
@@ -244,13 +244,13 @@ class _Steps:
 
     def call(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor):
         """Every launch of a call onto ``y`` from the caller's ``weight``: where the GEMM reads a
-        copy of x (``copy_geo``), that copy and the pack in one launch (``flat_operands_kernel``),
+        copy of x (``copy_geo``), that copy and the pack in one launch (``gemm_operands_kernel``),
         else the pack alone; then ``run``. Returns ``run``'s handle."""
         if self.head is None and self.copy_geo is not None and self.n_groups > 0:
             if self.ops is None:
                 self.ops = _operands_site(x, self.copy_geo, self.params, weight.contiguous(), self.pl.round_tf32,
                                           self.cfg.fold)
-            wp, xp = _flat_operands(x, weight, self.copy_geo, self.params, self.pl.round_tf32, self.ops)
+            wp, xp = _gemm_operands(x, weight, self.copy_geo, self.params, self.pl.round_tf32, self.ops)
             return self.run(x, wp, bias if bias is not None else wp, y, xp)
         wp = self.packed_weight(weight)
         return self.run(x, wp, bias if bias is not None else wp, y)  # wp: dummy pointer when HAS_BIAS is False

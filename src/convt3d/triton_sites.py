@@ -399,7 +399,7 @@ def _padded_site(x: torch.Tensor, geo, round_tf32: bool) -> Site:
 
 def _operands_site(x: torch.Tensor, geo, params: ConvT3dParams, w: torch.Tensor, round_tf32: bool,
                    fold: int = 1) -> Site:
-    """The launch site of flat_operands_kernel: ``_padded_site``'s copy of ``x`` and
+    """The launch site of gemm_operands_kernel: ``_padded_site``'s copy of ``x`` and
     ``_pack_site``'s packing of the contiguous weight ``w`` in one launch (``params``: the
     kernel's, merged when ``fold`` > 1)."""
     def build():
@@ -407,19 +407,19 @@ def _operands_site(x: torch.Tensor, geo, params: ConvT3dParams, w: torch.Tensor,
         block_ci, block_j, pack_programs = _pack_blocks(params)
         g, kvol, cout_g, cin_g = _packed_shape(params)
         pad_programs = r_blocks * c_blocks * x.shape[0]
-        return Site("flat_operands_kernel", (pad_programs + pack_programs * g,),
+        return Site("gemm_operands_kernel", (pad_programs + pack_programs * g,),
                     (*_padded_ints(x, geo), cin_g, cout_g, kvol, fold, w.stride(0),
                      r_blocks, c_blocks, pad_programs, pack_programs),
                     dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and x.shape[1] > 1, BLOCK_C=block_c,
                          BLOCK_W=block_w, BLOCK_CI=block_ci, BLOCK_J=block_j, num_warps=4))
 
-    return site(("flat_operands", x.shape, x.stride(), geo, params, round_tf32, fold), build)
+    return site(("gemm_operands", x.shape, x.stride(), geo, params, round_tf32, fold), build)
 
 
-def _flat_operands(x: torch.Tensor, weight: torch.Tensor, geo, params: ConvT3dParams, round_tf32: bool,
+def _gemm_operands(x: torch.Tensor, weight: torch.Tensor, geo, params: ConvT3dParams, round_tf32: bool,
                    ops: Site) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed weight, zero-haloed NDHWC copy of x) by one launch of ``ops``
-    (``_operands_site``)."""
+    """(packed weight, NDHWC copy of x on ``geo``'s grid: zero-haloed for the flat configs) by one
+    launch of ``ops`` (``_operands_site``)."""
     _, (dp, hp, wp) = geo
     w = weight.contiguous()
     packed = torch.empty(_packed_shape(params), dtype=weight.dtype, device=weight.device)

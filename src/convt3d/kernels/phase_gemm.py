@@ -665,7 +665,7 @@ def to_padded_kernel(
 
 
 @triton.jit
-def flat_operands_kernel(
+def gemm_operands_kernel(
     x_ptr, xp_ptr, w_ptr, wp_ptr,
     C, D, H, W,
     DP, HP, WP,
@@ -679,16 +679,16 @@ def flat_operands_kernel(
     BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """Both operands of the flat and box GEMMs in one launch: programs below PAD_PROGRAMS make
-    to_padded_kernel's haloed copy of x, the others pack the weight as pack_weight_kernel
-    (PACK_PROGRAMS per group). Grid: (PAD_PROGRAMS + PACK_PROGRAMS x groups,).
+    """Both operands of a GEMM that reads a copy of x, in one launch: programs below PAD_PROGRAMS
+    make to_padded_kernel's copy of x (zero-haloed for the flat and box GEMMs, without a halo
+    for the others), the rest pack the weight as pack_weight_kernel (PACK_PROGRAMS per group).
+    Grid: (PAD_PROGRAMS + PACK_PROGRAMS x groups,).
 
     Why one launch: every launch costs host time (13-33 us through Triton's own path on the
     H200's host, less replayed by a launch site; NOTES.md, section 4), and in two launches the
-    pack ran after the copy instead of beside it.
-    On gan_k4s2p1 in bf16 the two kernels took 16.5 + 17.5 us of GPU time in separate launches
-    and the layer stayed on PyTorch by 45 us of host time beyond PyTorch's (NOTES.md, section
-    12, 2026-12-04)."""
+    pack ran after the copy instead of beside it. On gan_k4s2p1 in bf16 the two kernels took
+    16.5 + 17.5 us of GPU time in separate launches, and the layer stayed on PyTorch by 45 us of
+    host time beyond PyTorch's (NOTES.md, section 12, 2026-12-04)."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
         _pad_block(x_ptr, xp_ptr, pid,
