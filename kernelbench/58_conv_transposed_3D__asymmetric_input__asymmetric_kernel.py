@@ -3464,10 +3464,9 @@ def _pad_block(x_ptr, y_ptr, pid,
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
     w_ok = wp < WP
-    # d and h as vectors: Triton's interpreter (CPU CI) rejects a mask made from a scalar test.
-    dv = d + tl.zeros_like(w)
-    hv = h + tl.zeros_like(w)
-    inside = w_ok & (w >= 0) & (w < W) & (dv >= 0) & (dv < D) & (hv >= 0) & (hv < H)
+    # The row's depth and height test once per program (a scalar: tl.where, which Triton's
+    # interpreter takes where `&` between a scalar and a block it does not).
+    inside = tl.where((d >= 0) & (d < D) & (h >= 0) & (h < H), w_ok & (w >= 0) & (w < W), False)
     x_row = x_ptr + nb * stride_xn + d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh
     x_w = w.to(tl.int64) * stride_xw
     x_c = offs_c.to(tl.int64) * stride_xc
@@ -5076,20 +5075,23 @@ def _gemm_operands(x: torch.Tensor, weight: torch.Tensor, geo, params: ConvT3dPa
                    ops: Site) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed weight, NDHWC copy of x on ``geo``'s grid: zero-haloed for the flat configs) by one
     launch of ``ops`` (``_operands_site``)."""
-    _, (dp, hp, wp) = geo
-    w = weight.contiguous()
     packed = torch.empty(_packed_shape(params), dtype=weight.dtype, device=weight.device)
-    xp = torch.empty((x.shape[0], dp, hp, wp, x.shape[1]), dtype=x.dtype, device=x.device)
-    ops.launch(x.device, x, xp, w, packed)
+    xp = _padded_buffer(x, geo)
+    ops.launch(x.device, x, xp, weight.contiguous(), packed)
     return packed, xp
 
 
-def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool, prep: Site | None = None) -> torch.Tensor:
-    """The zero-haloed NDHWC copy read by flat_gemm_kernel: [N, DP, HP, WP, C], contiguous.
-    ``prep``: its launch site, when the caller already resolved it."""
+def _padded_buffer(x: torch.Tensor, geo) -> torch.Tensor:
+    """An uninitialised [N, DP, HP, WP, C] buffer for x's copy on ``geo``'s grid."""
     _, (dp, hp, wp) = geo
-    y = torch.empty((x.shape[0], dp, hp, wp, x.shape[1]), dtype=x.dtype, device=x.device)
-    (prep or _padded_site(x, geo, round_tf32)).launch(x.device, x, y)
+    return torch.empty((x.shape[0], dp, hp, wp, x.shape[1]), dtype=x.dtype, device=x.device)
+
+
+def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool) -> torch.Tensor:
+    """x's NDHWC copy on ``geo``'s grid by to_padded_kernel alone: [N, DP, HP, WP, C], contiguous
+    (the backward's dY copy; a forward call makes it with the pack, ``_gemm_operands``)."""
+    y = _padded_buffer(x, geo)
+    _padded_site(x, geo, round_tf32).launch(x.device, x, y)
     return y
 
 
@@ -5502,7 +5504,6 @@ class _Steps:
         self.copy_geo = self.geo if cfg.flat else ((0, 0, 0), params.in_size) if pl.copy_input else None
         self.use_tma = cfg.tma and cfg.use_dot and _tma_capable(device)
         self.fill: Site | None = None
-        self.prep: Site | None = None
         self.pack: Site | None = None
         self.ops: Site | None = None  # the input copy and the pack in one launch (copy_geo)
         self.gemm: dict[tuple[bool, bool], Site] = {}
@@ -5539,8 +5540,9 @@ class _Steps:
             xp: torch.Tensor | None = None):
         """Launch onto ``y`` (allocated, in the plan's memory format) from ``x`` and the packed
         weight ``wp``; ``b`` is the bias, or any tensor when there is none; ``xp``: the copy of
-        ``x`` the GEMM reads ([N, DP, HP, WP, C] on ``copy_geo``) when the caller made it.
-        Returns Triton's handle of the main kernel (None when no phase has taps)."""
+        ``x`` the GEMM reads ([N, DP, HP, WP, C] on ``copy_geo``, made by ``call``), None where
+        it reads x in place. Returns Triton's handle of the main kernel (None when no phase has
+        taps)."""
         if self.head is not None:
             return self.head.run(x, wp, b, y)
         params, cfg, dev = self.params, self.cfg, x.device
@@ -5550,12 +5552,7 @@ class _Steps:
             self.fill.launch(dev, y, b, self.fill_table)
         if self.n_groups == 0:
             return None
-        round_tf32 = self.pl.round_tf32
         if cfg.flat:
-            if xp is None:
-                if self.prep is None:
-                    self.prep = _padded_site(x, self.geo, round_tf32)
-                xp = _prepare_padded_input(x, self.geo, round_tf32, self.prep)
             # flat_gemm_kernel, or box_gemm_kernel (Gluon) on the same padded copy: the same
             # arguments after their descriptors.
             gemm = self.gemm.get((True, True))
@@ -5566,7 +5563,7 @@ class _Steps:
             descriptors = _box_descriptors if cfg.gluon else _flat_descriptors
             x_desc, w_desc = descriptors(cfg, xp, wp, params.in_channels_per_group)
             return gemm.launch(dev, x_desc, w_desc, b, y, self.tab)
-        xin = xp.permute(0, 4, 1, 2, 3) if xp is not None else _prepare_input(x, round_tf32, self.pl.copy_input)
+        xin = x if xp is None else xp.permute(0, 4, 1, 2, 3)
         x_arg = _x_descriptor(xin, params, cfg) if self.use_tma else None
         w_arg = _w_descriptor(wp, cfg) if self.use_tma else None
         which = (x_arg is not None, w_arg is not None)

@@ -222,7 +222,6 @@ class _Steps:
         self.copy_geo = self.geo if cfg.flat else ((0, 0, 0), params.in_size) if pl.copy_input else None
         self.use_tma = cfg.tma and cfg.use_dot and _tma_capable(device)
         self.fill: Site | None = None
-        self.prep: Site | None = None
         self.pack: Site | None = None
         self.ops: Site | None = None  # the input copy and the pack in one launch (copy_geo)
         self.gemm: dict[tuple[bool, bool], Site] = {}
@@ -259,8 +258,9 @@ class _Steps:
             xp: torch.Tensor | None = None):
         """Launch onto ``y`` (allocated, in the plan's memory format) from ``x`` and the packed
         weight ``wp``; ``b`` is the bias, or any tensor when there is none; ``xp``: the copy of
-        ``x`` the GEMM reads ([N, DP, HP, WP, C] on ``copy_geo``) when the caller made it.
-        Returns Triton's handle of the main kernel (None when no phase has taps)."""
+        ``x`` the GEMM reads ([N, DP, HP, WP, C] on ``copy_geo``, made by ``call``), None where
+        it reads x in place. Returns Triton's handle of the main kernel (None when no phase has
+        taps)."""
         if self.head is not None:
             return self.head.run(x, wp, b, y)
         params, cfg, dev = self.params, self.cfg, x.device
@@ -270,12 +270,7 @@ class _Steps:
             self.fill.launch(dev, y, b, self.fill_table)
         if self.n_groups == 0:
             return None
-        round_tf32 = self.pl.round_tf32
         if cfg.flat:
-            if xp is None:
-                if self.prep is None:
-                    self.prep = _padded_site(x, self.geo, round_tf32)
-                xp = _prepare_padded_input(x, self.geo, round_tf32, self.prep)
             # flat_gemm_kernel, or box_gemm_kernel (Gluon) on the same padded copy: the same
             # arguments after their descriptors.
             gemm = self.gemm.get((True, True))
@@ -286,7 +281,7 @@ class _Steps:
             descriptors = _box_descriptors if cfg.gluon else _flat_descriptors
             x_desc, w_desc = descriptors(cfg, xp, wp, params.in_channels_per_group)
             return gemm.launch(dev, x_desc, w_desc, b, y, self.tab)
-        xin = xp.permute(0, 4, 1, 2, 3) if xp is not None else _prepare_input(x, round_tf32, self.pl.copy_input)
+        xin = x if xp is None else xp.permute(0, 4, 1, 2, 3)
         x_arg = _x_descriptor(xin, params, cfg) if self.use_tma else None
         w_arg = _w_descriptor(wp, cfg) if self.use_tma else None
         which = (x_arg is not None, w_arg is not None)

@@ -420,20 +420,23 @@ def _gemm_operands(x: torch.Tensor, weight: torch.Tensor, geo, params: ConvT3dPa
                    ops: Site) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed weight, NDHWC copy of x on ``geo``'s grid: zero-haloed for the flat configs) by one
     launch of ``ops`` (``_operands_site``)."""
-    _, (dp, hp, wp) = geo
-    w = weight.contiguous()
     packed = torch.empty(_packed_shape(params), dtype=weight.dtype, device=weight.device)
-    xp = torch.empty((x.shape[0], dp, hp, wp, x.shape[1]), dtype=x.dtype, device=x.device)
-    ops.launch(x.device, x, xp, w, packed)
+    xp = _padded_buffer(x, geo)
+    ops.launch(x.device, x, xp, weight.contiguous(), packed)
     return packed, xp
 
 
-def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool, prep: Site | None = None) -> torch.Tensor:
-    """The zero-haloed NDHWC copy read by flat_gemm_kernel: [N, DP, HP, WP, C], contiguous.
-    ``prep``: its launch site, when the caller already resolved it."""
+def _padded_buffer(x: torch.Tensor, geo) -> torch.Tensor:
+    """An uninitialised [N, DP, HP, WP, C] buffer for x's copy on ``geo``'s grid."""
     _, (dp, hp, wp) = geo
-    y = torch.empty((x.shape[0], dp, hp, wp, x.shape[1]), dtype=x.dtype, device=x.device)
-    (prep or _padded_site(x, geo, round_tf32)).launch(x.device, x, y)
+    return torch.empty((x.shape[0], dp, hp, wp, x.shape[1]), dtype=x.dtype, device=x.device)
+
+
+def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool) -> torch.Tensor:
+    """x's NDHWC copy on ``geo``'s grid by to_padded_kernel alone: [N, DP, HP, WP, C], contiguous
+    (the backward's dY copy; a forward call makes it with the pack, ``_gemm_operands``)."""
+    y = _padded_buffer(x, geo)
+    _padded_site(x, geo, round_tf32).launch(x.device, x, y)
     return y
 
 

@@ -621,10 +621,9 @@ def _pad_block(x_ptr, y_ptr, pid,
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
     w_ok = wp < WP
-    # d and h as vectors: Triton's interpreter (CPU CI) rejects a mask made from a scalar test.
-    dv = d + tl.zeros_like(w)
-    hv = h + tl.zeros_like(w)
-    inside = w_ok & (w >= 0) & (w < W) & (dv >= 0) & (dv < D) & (hv >= 0) & (hv < H)
+    # The row's depth and height test once per program (a scalar: tl.where, which Triton's
+    # interpreter takes where `&` between a scalar and a block it does not).
+    inside = tl.where((d >= 0) & (d < D) & (h >= 0) & (h < H), w_ok & (w >= 0) & (w < W), False)
     x_row = x_ptr + nb * stride_xn + d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh
     x_w = w.to(tl.int64) * stride_xw
     x_c = offs_c.to(tl.int64) * stride_xc
