@@ -411,7 +411,7 @@ def test_tiny_layers_without_timing_take_the_heuristic_and_stay_a_guess(monkeypa
     assert dispatch.decide(x, "auto", None, params, weight=w, bias=b).source == "measured"
 
 
-def test_no_measuring_during_graph_capture_or_tracing(monkeypatch):
+def test_no_measuring_during_graph_capture_or_tracing_without_data(monkeypatch):
     rec = Recorder({"triton": 1.0, "torch": 2.0})
     monkeypatch.setattr(dispatch, "_measure", rec)
     x, w, b, params = _call()
@@ -420,11 +420,36 @@ def test_no_measuring_during_graph_capture_or_tracing(monkeypatch):
     assert rec.calls == [] and d.reason.startswith("auto (heuristic)")
     monkeypatch.setattr(dispatch, "_capturing", lambda: False)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    # Traced with tensors that hold no values (torch.export's fake tensors, meta): the heuristic.
+    monkeypatch.setattr(dispatch, "_without_data", lambda t: True)
     d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
     assert rec.calls == [] and "traced" in d.reason
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
     dispatch.decide(x, "auto", None, params, weight=w, bias=b)  # after capture: measured
     assert len(rec.calls) == 1
+
+
+def test_torch_compile_decides_on_its_example_tensors_as_an_eager_call(monkeypatch):
+    """functional._decide_for_trace runs eagerly at trace time with real tensors: the decision
+    is measured (once per signature) and read from the disk cache by a later process, not
+    guessed by the heuristic."""
+    rec = Recorder({"triton": 1.0, "torch": 2.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x, w, b, params = _call()
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert d.engine == "triton" and d.source == "measured" and len(rec.calls) == 1
+    dispatch.clear_decisions()
+    cache.reset()
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert d.engine == "triton" and d.source == "cache" and len(rec.calls) == 1
+
+
+def test_fake_and_meta_tensors_hold_no_data():
+    assert dispatch._without_data(torch.empty(2, device="meta"))
+    assert not dispatch._without_data(torch.empty(2))
+    with torch._subclasses.FakeTensorMode():
+        assert dispatch._without_data(torch.empty(2))
 
 
 def test_no_measuring_without_the_weight_or_when_asked_not_to(monkeypatch):
@@ -480,6 +505,31 @@ def test_cuda_engine_is_timed_for_exact_fp32_only(dtype, precision, with_cuda, m
     assert d.engine == ("cuda" if with_cuda else "triton")
     if with_cuda:
         assert d.precision == "ieee"
+
+
+# A stride-1 layer big enough to be timed: it has a conv3d form (engines.Conv3dEngine).
+STRIDE1 = (4, 32, 32, (32, 32, 32), 3, 1, 1)
+
+
+@pytest.mark.parametrize("times,engine", [
+    ({"triton": 2.0, "conv3d": 1.0, "torch": 3.0}, "conv3d"),
+    ({"triton": 1.0, "conv3d": 2.0, "torch": 3.0}, "triton"),
+    ({"triton": 4.0, "conv3d": 2.95, "torch": 3.0}, "torch"),  # inside the noise margin
+], ids=["conv3d-fastest", "triton-fastest", "conv3d-within-noise"])
+def test_conv3d_form_is_timed_on_stride_1_calls(times, engine, monkeypatch):
+    rec = Recorder(times)
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    x, w, b, params = _call(geometry=STRIDE1)
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert "conv3d" in rec.calls[0] and d.engine == engine and d.source == "measured", d.reason
+
+
+def test_conv3d_form_is_no_candidate_at_stride_2(monkeypatch):
+    rec = Recorder({"triton": 2.0, "torch": 1.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    x, w, b, params = _call()
+    dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert rec.calls == [("triton", "torch")]
 
 
 def test_only_one_candidate_needs_no_measuring(monkeypatch):

@@ -24,7 +24,7 @@ import convt3d.functional
 import convt3d.triton_engine
 from convt3d import BackendUnavailableError
 
-BACKENDS = ("torch", "triton", "auto")
+BACKENDS = ("torch", "triton", "auto", "conv3d")
 
 
 class EngineRan(Exception):

@@ -153,6 +153,34 @@ def test_decoder_geometries(geom, layout, dtype):
         _check(x, w, b, args, prec, out)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["ncdhw", "cl"])
+@pytest.mark.parametrize("geom", [
+    dict(k=3, s=1, p=1, op=0, d=1, g=1, cin=24, cout=40),               # refine
+    dict(k=(3, 5, 7), s=1, p=(0, 2, 1), op=0, d=1, g=1, cin=32, cout=16),  # KB 58-like
+    dict(k=3, s=1, p=(3, 1, 2), op=0, d=(1, 2, 1), g=1, cin=16, cout=16),  # padding past d (K - 1): x trimmed
+    dict(k=3, s=1, p=1, op=0, d=1, g=4, cin=32, cout=48),               # grouped
+], ids=["refine", "kb58-like", "trimmed", "grouped"])
+def test_conv3d_form(geom, layout, dtype):
+    """backend="conv3d" (a stride-1 call as cuDNN's conv3d of the flipped weight) within the
+    accuracy bar, at every precision, and its training step against float64 autograd."""
+    x, w, b, args = _geometry_inputs(geom, layout, dtype, (6, 9, 10))
+    precs = ["tf32", "ieee"] if dtype == torch.float32 else ["tf32"]
+    for prec in precs:
+        out = convt3d.conv_transpose3d(x, w, b, *args, backend="conv3d", precision=prec)
+        _check(x, w, b, args, prec, out)
+    if dtype == torch.float32:
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+        y = convt3d.conv_transpose3d(*leaves, *args, backend="conv3d", precision="ieee")
+        dy = torch.randn_like(y)
+        got = torch.autograd.grad(y, leaves, dy)
+        ref = [t.detach().double().requires_grad_() for t in (x, w, b)]
+        want = torch.autograd.grad(F.conv_transpose3d(*ref, *args), ref, dy.double())
+        for name, g, r in zip(("dX", "dW", "db"), got, want):
+            scale = r.abs().max().item()
+            assert (g.double() - r).abs().max().item() <= 1e-4 * max(scale, 1.0), name
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("layout", ["ncdhw", "cl"])
 @pytest.mark.parametrize("geom", [

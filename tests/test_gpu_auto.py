@@ -59,6 +59,31 @@ def test_auto_times_every_candidate_once_by_default():
     assert all(dispatch.MEASURE_ROUNDS <= len(v) <= dispatch.MAX_MEASURE_ROUNDS for v in entry["rounds_ms"].values())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_auto_times_the_conv3d_form_of_a_stride_1_layer(dtype):
+    # 64 -> 64 channels at 48^3: a roofline floor of ~50 us in bf16, far above dispatch.TINY_FLOOR_S.
+    x, w, b, args, params = _layer(dtype, cin=64, cout=64, size=48, s=1, p=1)
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    timings = dispatch.cached_timings(Call(x, w, b, params, "tf32"))
+    assert set(timings) == {"triton", "conv3d", "torch"} and all(v > 0 for v in timings.values())
+    y = convt3d.conv_transpose3d(x, w, b, 1, 1)
+    ref = torch.nn.functional.conv_transpose3d(x.double(), w.double(), b.double(), 1, 1)
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3  # TF32 / bf16 products of unit-scale terms
+    assert (y.double() - ref).abs().max().item() <= tol * ref.abs().max().item(), d.engine
+
+
+def test_torch_compile_measures_at_trace_time():
+    """The compiled call's decision is measured on the example tensors at trace time (not the
+    heuristic's guess), and the compiled output is right."""
+    x, w, b, (s, p), params = _layer(torch.bfloat16, size=TIMED)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x, w, b: convt3d.conv_transpose3d(x, w, b, s, p), fullgraph=True)
+    y = fn(x, w, b)
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b, measure=False)
+    assert d.source == "measured", d.reason
+    check_against_reference(y, x, w, b, s, p, context=f"compiled, {d.engine}")
+
+
 def test_a_tiny_layer_times_pytorch_first():
     """A tiny layer (roofline floor under TINY_FLOOR_S): PyTorch's call is timed; if it is under
     HOST_BOUND_S nothing else is timed, otherwise ours are timed against it. Which branch a GPU

@@ -28,9 +28,12 @@ convolution parameter and shape, precision, and whether autograd records the cal
   Training calls time whole steps, forward and backward. The decision goes to the disk
   cache, so later processes pay nothing; ``convt3d.tune(model, x)`` pays it ahead of time.
 * The heuristic (:func:`heuristic`, a pure function of the geometry) decides only where timing
-  cannot run: inside CUDA graph capture or torch.compile tracing, when ``measure=False``
-  (explain), or when measuring is switched off (``convt3d.set_benchmark(False)``). A heuristic
-  decision is held in memory only; the next call that can measure replaces it.
+  cannot run: inside CUDA graph capture, tracing with fake or meta tensors (torch.export), when
+  ``measure=False`` (explain), or when measuring is switched off
+  (``convt3d.set_benchmark(False)``). A heuristic decision is held in memory only; the next call
+  that can measure replaces it. torch.compile decides once per signature at trace time on the
+  example tensors, which are real there (``functional._decide_for_trace``): the memory, the
+  disk cache, else timing, as an eager first call; the decision is a constant of the graph.
 * Tiny layers (roofline floor below ``TINY_FLOOR_S``) time PyTorch's call alone first: below
   ``HOST_BOUND_S`` it stands, nothing else timed (host-bound); above it every candidate is timed.
 * Under ``torch.distributed`` every rank takes rank 0's decision (``convt3d.distributed``).
@@ -63,11 +66,11 @@ __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve
            "MEASURE_ROUNDS", "MAX_MEASURE_ROUNDS", "HYBRID",
            "override", "Steady", "steady_key", "steady", "remember", "remember_direct"]
 
-BACKENDS = ("auto", "triton", "torch", "cuda")
+BACKENDS = ("auto", "triton", "torch", "cuda", "conv3d")
 
 @dataclass(frozen=True)
 class Decision:
-    engine: str  # "triton", "cuda" or "torch"
+    engine: str  # "triton", "cuda", "conv3d" or "torch"
     precision: str  # "tf32" | "tf32x3" | "ieee" (meaningful for float32 only)
     reason: str
     # engine "torch" under autograd: PyTorch's forward with convt3d's backward (its per-gradient
@@ -391,8 +394,11 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
     if record is not None:
         record.skipped = skipped
     cands = [n for n, why in reasons.items() if not why and n not in skipped]
-    if torch.compiler.is_compiling():
-        # Traced code: no memo, no files, no timing -- the heuristic alone (a pure function).
+    if torch.compiler.is_compiling() and _without_data(call.x):
+        # Traced with fake or meta tensors (torch.export): nothing to time and no signature worth
+        # a file entry -- the heuristic alone (a pure function). torch.compile itself decides on
+        # the example tensors (functional._decide_for_trace runs eagerly at trace time, with real
+        # tensors), and then goes on below as an eager call does: the disk cache, else timing.
         engine, why = heuristic(call.params, call.dtype, call.precision, call.bias is not None,
                                 tuple(c for c in cands if c in ("triton", "torch")) or ("torch",))
         return _decision(engine, call, f"auto (heuristic, traced): {why}", "heuristic")
@@ -433,6 +439,11 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
     if record is None:
         _guessed[call.key] = d
     return d
+
+
+def _without_data(t) -> bool:
+    """A tensor whose values do not exist: a FakeTensor (export's tracing) or on the meta device."""
+    return isinstance(t, torch._subclasses.FakeTensor) or getattr(t, "is_meta", False)
 
 
 def _settle(call: Call, d: Decision, record: Pass | None) -> Decision:
@@ -765,9 +776,9 @@ def decide(input: torch.Tensor, backend: str | None, precision: str | None, para
     if params is None or weight is None:  # a caller without the geometry: Triton where it can run
         if name == "torch":
             return Decision("torch", prec, "backend='torch' requested", source="requested")
-        if name == "cuda":
-            raise BackendUnavailableError("backend='cuda' cannot run this call: its check needs the weight and the "
-                                          "geometry")
+        if name in ("cuda", "conv3d"):
+            raise BackendUnavailableError(f"backend={name!r} cannot run this call: its check needs the weight and "
+                                          "the geometry")
         if name == "triton":
             why = triton_engine.unsupported_reason(input, None)
             if why is not None:

@@ -13,7 +13,8 @@ Each engine answers, for a validated :class:`convt3d.call.Call`:
   "pytorch".
 
 ``ENGINES`` holds them in the dispatcher's preference order for ties: our engines first, then
-PyTorch, then PyTorch's forward with convt3d's backward (training calls only).
+the conv3d form of a stride-1 call (PyTorch's conv3d), then PyTorch, then PyTorch's forward with
+convt3d's backward (training calls only).
 """
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ import torch
 from . import cache, distributed, ops, triton_engine
 from .call import Call, autocast_inputs
 from .steady import Direct, Repeat, steady_key
-from .torch_engine import at_flags_as_they_are, torch_forward
+from .torch_engine import at_flags_as_they_are, conv3d_form_reasons, torch_forward
 from .triton_configs import HOST_CALLS, HOST_REP_MS  # noqa: F401 (re-exported)
 from .triton_configs import _host_ms as triton_host_ms
 
-__all__ = ["Engine", "TritonEngine", "CudaEngine", "TorchEngine", "HybridEngine", "ENGINES", "HYBRID",
+__all__ = ["Engine", "TritonEngine", "CudaEngine", "TorchEngine", "Conv3dEngine", "HybridEngine", "ENGINES", "HYBRID",
            "MEASURE_WARMUP_MS", "MEASURE_REP_MS", "HOST_CALLS", "Timing"]
 
 HYBRID = "torch+bwd"  # PyTorch's forward, convt3d's backward (training steps)
@@ -401,6 +402,27 @@ class TorchEngine(Engine):
         return _memo_check(call, Direct)
 
 
+class Conv3dEngine(Engine):
+    """A stride-1 call as PyTorch's conv3d of the flipped weight with its channel axes swapped
+    (``torch_engine.conv3d_forward``): cuDNN's forward kernels, where PyTorch's own
+    conv_transpose3d runs its dgrad kernels (KernelBench 58 and 70 at TF32 on the H200: 7.1x and
+    3.7x faster, NOTES.md section 7). Training steps take convt3d's backward: autograd through the
+    conv3d would compute dX on those dgrad kernels, where the transposed convolution's dX is a
+    forward conv3d."""
+
+    name = "conv3d"
+    _autograd_engine = "conv3d"
+
+    def not_supported_reasons(self, call: Call) -> list[str]:
+        return conv3d_form_reasons(call.params)
+
+    precision_reasons = TorchEngine.precision_reasons
+    precision = TorchEngine.precision
+
+    def forward(self, call: Call) -> torch.Tensor:
+        return ops.run_engine("conv3d", call.x, call.weight, call.bias, call.params, self.precision(call))
+
+
 class HybridEngine(Engine):
     """Training steps only: PyTorch's forward, recorded with convt3d's backward. cuDNN's dX runs
     25x slower than our Triton dX on gan_k4s2p1 and videogpt_k4s2p3 in bf16 channels-last (6.4 ms
@@ -422,4 +444,5 @@ class HybridEngine(Engine):
         return torch_forward(call.x, call.weight, call.bias, call.params, call.requested)
 
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (TritonEngine(), CudaEngine(), TorchEngine(), HybridEngine())}
+ENGINES: dict[str, Engine] = {e.name: e for e in (TritonEngine(), CudaEngine(), Conv3dEngine(), TorchEngine(),
+                                                   HybridEngine())}

@@ -224,6 +224,10 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
             tf32 = (precision == "tf32") if precision is not None else cudnn_conv_allows_tf32()
             flags += f", TF32 {'on' if tf32 else 'off'}"
         kernel.append(f"PyTorch conv_transpose3d ({'cuDNN' if input.device.type == 'cuda' else 'CPU'}; {flags})")
+    elif engine == "conv3d":
+        pad = [max(d * (k - 1) - p, 0) for d, k, p in zip(params.dilation, params.kernel_size, params.padding)]
+        kernel.append(f"PyTorch conv3d of the flipped weight, padding {tuple(pad)} "
+                      f"({'cuDNN forward kernels' if input.device.type == 'cuda' else 'CPU'})")
     elif engine == "cuda":
         mod = ENGINES["cuda"].module()[0]
         built = mod.build_seconds() if mod is not None and hasattr(mod, "build_seconds") else None

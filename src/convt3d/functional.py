@@ -24,7 +24,8 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     Args (beyond PyTorch's):
         backend: "auto" (default; ``$CONVT3D_BACKEND`` overrides the default), "triton" (our
             engine; on CPU tensors it runs through Triton's interpreter), "torch" (PyTorch's
-            own implementation) or "cuda" (the CUDA C++ engine, exact fp32). A named backend
+            own implementation), "cuda" (the CUDA C++ engine, exact fp32) or "conv3d" (a
+            stride-1 call as PyTorch's conv3d of the flipped weight). A named backend
             that cannot run the call raises :class:`convt3d.BackendUnavailableError`; only
             "auto" falls back.
         precision: float32 only. None follows ``torch.backends.cudnn.allow_tf32`` as PyTorch's
@@ -144,6 +145,8 @@ def _decide_for_trace(input, weight, bias, stride, padding, output_padding, grou
     trace time on the example tensors (Dynamo cannot trace the geometry's cached properties, and
     the decision reads environment variables and device properties); the result is a constant of
     the graph, guarded by Dynamo's usual checks on the tensors' shapes, strides, dtype and device.
+    The example tensors hold real values here, so "auto" decides as an eager first call does:
+    the cache file, else timing (``dispatch._auto_choose``).
     Changing $CONVT3D_BACKEND or the TF32 flag after compiling does not recompile."""
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
     d = dispatch.decide(input, backend, precision, params, weight=weight, bias=bias)

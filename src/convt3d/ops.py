@@ -18,13 +18,13 @@ import torch
 
 from . import backward as _bwd
 from . import triton_engine
-from .torch_engine import torch_forward
+from .torch_engine import conv3d_forward, torch_forward
 from .validate import check_call
 
 __all__ = ["OP_NAME", "conv_transpose3d_op", "conv_transpose3d_backward_op", "conv_transpose3d_autograd",
            "ENGINES", "run_engine"]
 
-ENGINES = ("triton", "cuda")
+ENGINES = ("triton", "cuda", "conv3d")
 # The op's name: also the name of an eager call's range under a profiler (functional).
 OP_NAME = "convt3d::conv_transpose3d"
 
@@ -45,6 +45,11 @@ def run_engine(engine: str, x: torch.Tensor, weight: torch.Tensor, bias: Optiona
         from . import cuda_engine
 
         return cuda_engine.forward(x, weight, bias, params, precision=precision)
+    if engine == "conv3d":
+        # In the memory format of the op's fake (PyTorch's rule on CUDA, which cuDNN's conv3d
+        # follows there; on the CPU a channels-last batch of one comes back contiguous).
+        fmt = triton_engine.output_memory_format(x, weight)
+        return conv3d_forward(x, weight, bias, params, precision).contiguous(memory_format=fmt)
     raise ValueError(f"{OP_NAME}: unknown engine={engine!r}; expected one of {ENGINES}")
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["cudnn_conv_allows_tf32", "cudnn_conv_tf32", "at_flags_as_they_are", "torch_forward"]
+__all__ = ["cudnn_conv_allows_tf32", "cudnn_conv_tf32", "at_flags_as_they_are", "torch_forward",
+           "conv3d_form_reasons", "conv3d_weight", "conv3d_forward"]
 
 
 def cudnn_conv_allows_tf32() -> bool:
@@ -72,3 +73,55 @@ def torch_forward(x, weight, bias, params, precision):
         return torch.nn.functional.conv_transpose3d(*args)
     with cudnn_conv_tf32(precision == "tf32"):
         return torch.nn.functional.conv_transpose3d(*args)
+
+
+# ---- the conv3d form of a stride-1 call ----------------------------------------------------------
+# At stride 1 a transposed convolution is a plain one: y[o] = sum_k x[o + p - d k] w[k] is the
+# cross-correlation of x, padded by d (K - 1) - p, with the weight flipped along every kernel
+# axis and its two channel axes swapped (per group). cuDNN runs that conv3d on its forward
+# kernels, and runs conv_transpose3d on its dgrad kernels, which are slower: on the H200
+# (2026-11-29, cuDNN 9.19, TF32 on) 1208 against 8534 us on KernelBench 58, 7911 against 28952
+# on KernelBench 70, where the Triton engine took 1375 and 8735 (NOTES.md, section 7).
+
+
+def conv3d_form_reasons(params) -> list[str]:
+    """Why a call has no conv3d form (empty: it has one). It needs stride 1, and then an
+    output_padding of 0: the extra rows would need padding on one side only (a copy of x)."""
+    reasons = []
+    if params.stride != (1, 1, 1):
+        reasons.append(f"stride={params.stride}: the conv3d form needs stride 1")
+    elif params.output_padding != (0, 0, 0):
+        reasons.append(f"output_padding={params.output_padding}: the conv3d form pads both sides alike")
+    return reasons
+
+
+def conv3d_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """The conv3d weight of a transposed convolution's ``weight`` [Cin, Cout/g, kD, kH, kW]:
+    [Cout, Cin/g, kD, kH, kW], flipped along the kernel axes, in the weight's memory format
+    (PyTorch picks channels-last output when the weight is channels-last, for either op).
+    Two copies (flip, then the channel swap): PyTorch has no negative strides, and a flipped
+    view is what one copy would need."""
+    cin, cout_g = weight.shape[0], weight.shape[1]
+    k = tuple(weight.shape[2:])
+    fmt = (torch.channels_last_3d if not weight.is_contiguous()
+           and weight.is_contiguous(memory_format=torch.channels_last_3d) else torch.contiguous_format)
+    swapped = weight.flip((2, 3, 4)).reshape(groups, cin // groups, cout_g, *k).transpose(1, 2)
+    return swapped.reshape(groups * cout_g, cin // groups, *k).contiguous(memory_format=fmt)
+
+
+def conv3d_forward(x, weight, bias, params, precision):
+    """A stride-1 call (``conv3d_form_reasons`` empty) as PyTorch's conv3d, TF32 flag as in
+    ``torch_forward``. Padding beyond d (K - 1) trims x instead (a view): the conv3d's padding
+    would be negative there."""
+    pad, trim = [], []
+    for i in range(3):
+        q = params.dilation[i] * (params.kernel_size[i] - 1) - params.padding[i]
+        pad.append(max(q, 0))
+        trim.append(max(-q, 0))
+    if any(trim):
+        x = x[:, :, trim[0]:x.shape[2] - trim[0], trim[1]:x.shape[3] - trim[1], trim[2]:x.shape[4] - trim[2]]
+    args = (x, conv3d_weight(weight, params.groups), bias, 1, pad, params.dilation, params.groups)
+    if at_flags_as_they_are(x, precision):
+        return torch.nn.functional.conv3d(*args)
+    with cudnn_conv_tf32(precision == "tf32"):
+        return torch.nn.functional.conv3d(*args)

@@ -38,7 +38,7 @@ from . import suites
 __all__ = ["main", "build_parser"]
 
 _REEXEC_MARK = "CONVT3D_BENCH_REEXEC"
-BACKENDS = ("auto", "triton", "torch", "cuda")
+BACKENDS = ("auto", "triton", "torch", "cuda", "conv3d")
 MODE_NAMES = ("fwd", "bwd", "full")
 
 
