@@ -186,3 +186,20 @@ def test_compile_fullgraph_matches_eager():
     torch.testing.assert_close(y1, y0, rtol=0, atol=0)
     for a, c in zip([p.grad for p in m.parameters()] + [x.grad], eager):
         torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "unbatched"])
+def test_repeats_are_answered_by_the_weights_memo(batched):
+    """A repeated inference call goes from its weight's steady.Repeat memo to the conv3d form,
+    and sees the weight's current values."""
+    case = Case(2 if batched else None, 4, 6, (4, 5, 6), (3, 3, 3), padding=1)
+    x, w, b = case.tensors()
+    with torch.no_grad():
+        first = convt3d.conv_transpose3d(x, w, b, *case.args, backend="conv3d")
+        for _ in range(2):
+            assert torch.equal(convt3d.conv_transpose3d(x, w, b, *case.args, backend="conv3d"), first)
+        memo = dispatch._direct[id(w)]
+        assert type(memo).__name__ == "Repeat" and memo.hit.decision.engine == "conv3d"
+        w.mul_(-0.5)
+        y = convt3d.conv_transpose3d(x, w, b, *case.args, backend="conv3d")
+    check_against_reference(y, x, w, b, *case.args, context="after an in-place weight update")

@@ -18,7 +18,7 @@ import torch
 from . import cache, dispatch, triton_engine
 from .call import layout_name, make_call
 from .engines import ENGINES
-from .torch_engine import cudnn_conv_allows_tf32
+from .torch_engine import conv3d_padding, cudnn_conv_allows_tf32
 from .params import ConvT3dParams
 
 __all__ = ["explain", "Explanation"]
@@ -225,8 +225,9 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
             flags += f", TF32 {'on' if tf32 else 'off'}"
         kernel.append(f"PyTorch conv_transpose3d ({'cuDNN' if input.device.type == 'cuda' else 'CPU'}; {flags})")
     elif engine == "conv3d":
-        pad = [max(d * (k - 1) - p, 0) for d, k, p in zip(params.dilation, params.kernel_size, params.padding)]
-        kernel.append(f"PyTorch conv3d of the flipped weight, padding {tuple(pad)} "
+        pad, trim = conv3d_padding(params)
+        kernel.append(f"PyTorch conv3d of the flipped weight, padding {pad}"
+                      + (f", x trimmed by {trim} on each side" if any(trim) else "") + " "
                       f"({'cuDNN forward kernels' if input.device.type == 'cuda' else 'CPU'})")
     elif engine == "cuda":
         mod = ENGINES["cuda"].module()[0]

@@ -7,10 +7,12 @@ backward can all use it without importing each other.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["cudnn_conv_allows_tf32", "cudnn_conv_tf32", "at_flags_as_they_are", "torch_forward",
-           "conv3d_form_reasons", "conv3d_weight", "conv3d_forward"]
+           "conv3d_form_reasons", "conv3d_padding", "conv3d_weight", "conv3d_forward"]
 
 
 def cudnn_conv_allows_tf32() -> bool:
@@ -109,16 +111,20 @@ def conv3d_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
     return swapped.reshape(groups * cout_g, cin // groups, *k).contiguous(memory_format=fmt)
 
 
+@functools.lru_cache(maxsize=1024)
+def conv3d_padding(params) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(padding of the conv3d, elements trimmed off each side of x) per axis: d (K - 1) - p where
+    that is not negative, else no padding and x trimmed by p - d (K - 1)."""
+    q = [d * (k - 1) - p for d, k, p in zip(params.dilation, params.kernel_size, params.padding)]
+    return tuple(max(v, 0) for v in q), tuple(max(-v, 0) for v in q)
+
+
 def conv3d_forward(x, weight, bias, params, precision):
     """A stride-1 call (``conv3d_form_reasons`` empty) as PyTorch's conv3d, TF32 flag as in
     ``torch_forward``. Padding beyond d (K - 1) trims x instead (a view): the conv3d's padding
     would be negative there."""
-    pad, trim = [], []
-    for i in range(3):
-        q = params.dilation[i] * (params.kernel_size[i] - 1) - params.padding[i]
-        pad.append(max(q, 0))
-        trim.append(max(-q, 0))
-    if any(trim):
+    pad, trim = conv3d_padding(params)
+    if trim != (0, 0, 0):
         x = x[:, :, trim[0]:x.shape[2] - trim[0], trim[1]:x.shape[3] - trim[1], trim[2]:x.shape[4] - trim[2]]
     args = (x, conv3d_weight(weight, params.groups), bias, 1, pad, params.dilation, params.groups)
     if at_flags_as_they_are(x, precision):
