@@ -401,3 +401,26 @@ def poisoned_call(module, fn, context: str = ""):
     assert not torch.isnan(y).any(), \
         f"{context}: {int(torch.isnan(y).sum())} of {y.numel()} output elements never written"
     return y
+
+
+def assert_compiled_matches_eager(m, x) -> None:
+    """``torch.compile(m, fullgraph=True)`` with the aot_eager backend (Dynamo's full capture and
+    AOTAutograd's joint graph with our fake kernels, without Inductor's C++ build on the CPU):
+    one frame, the eager output bitwise with its strides, and the gradients of a squared-sum
+    loss within 1e-6. ``x`` requires grad."""
+    from torch._dynamo import testing as dynamo_testing
+
+    torch._dynamo.reset()
+    y0 = m(x)
+    y0.square().sum().backward()
+    eager = [p.grad.clone() for p in m.parameters()] + [x.grad.clone()]
+    m.zero_grad()
+    x.grad = None
+    counter = dynamo_testing.CompileCounterWithBackend("aot_eager")
+    y1 = torch.compile(m, fullgraph=True, backend=counter)(x)
+    y1.square().sum().backward()
+    assert counter.frame_count == 1
+    assert y1.stride() == y0.stride()
+    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
+    for a, c in zip([p.grad for p in m.parameters()] + [x.grad], eager):
+        torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)

@@ -21,7 +21,7 @@ from convt3d.errors import BackendUnavailableError
 from convt3d.torch_engine import conv3d_weight
 from convt3d.triton_engine import output_memory_format
 
-from conftest import LAYOUTS, Case, check_against_reference, reference
+from conftest import LAYOUTS, Case, assert_compiled_matches_eager, check_against_reference, reference
 
 # (id, case): the regimes of the rewrite.
 CASES = [
@@ -165,27 +165,11 @@ def test_custom_op_registrations(layout):
 
 
 def test_compile_fullgraph_matches_eager():
-    # aot_eager, as tests/test_training.py: Dynamo's capture and AOTAutograd without Inductor's
-    # C++ build on the CPU.
-    from torch._dynamo import testing as dynamo_testing
-
-    torch._dynamo.reset()
     torch.manual_seed(0)
     m = convt3d.ConvTranspose3d(4, 6, 3, padding=2, dilation=(1, 2, 1))
     m.backend = "conv3d"
-    x = torch.randn(2, 4, 3, 5, 4, requires_grad=True)
-    y0 = m(x)
-    y0.square().sum().backward()
-    eager = [p.grad.clone() for p in m.parameters()] + [x.grad.clone()]
-    m.zero_grad()
-    x.grad = None
-    counter = dynamo_testing.CompileCounterWithBackend("aot_eager")
-    y1 = torch.compile(m, fullgraph=True, backend=counter)(x)
-    y1.square().sum().backward()
-    assert counter.frame_count == 1 and y1.stride() == y0.stride()
-    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
-    for a, c in zip([p.grad for p in m.parameters()] + [x.grad], eager):
-        torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
+    assert_compiled_matches_eager(m, torch.randn(2, 4, 3, 5, 4, requires_grad=True))
+
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "unbatched"])

@@ -18,7 +18,7 @@ from convt3d import backward as B
 from convt3d.ops import conv_transpose3d_backward_op, conv_transpose3d_op
 from convt3d.validate import check_call
 
-from conftest import CL, Case, requires_interpreter
+from conftest import CL, Case, assert_compiled_matches_eager, requires_interpreter
 
 pytestmark = requires_interpreter
 
@@ -235,31 +235,12 @@ def _decoder(precision="ieee"):
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d"])
 def test_compile_fullgraph_matches_eager(layout):
-    # aot_eager: Dynamo's full capture plus AOTAutograd's joint graph with our fake kernels, without
-    # Inductor's C++ build on the CPU (tests/test_gpu_training.py compiles with Inductor).
-    torch._dynamo.reset()
+    # tests/test_gpu_training.py compiles with Inductor.
     m = _decoder()
     x = torch.randn(1, 8, 2, 2, 2)
     if layout == "channels_last_3d":
         x = x.contiguous(memory_format=CL)
-    x.requires_grad_()
-    y0 = m(x)
-    y0.square().sum().backward()
-    eager = [p.grad.clone() for p in m.parameters()] + [x.grad.clone()]
-    m.zero_grad()
-    x.grad = None
-    from torch._dynamo import testing as dynamo_testing
-
-    counter = dynamo_testing.CompileCounterWithBackend("aot_eager")
-    cm = torch.compile(m, fullgraph=True, backend=counter)
-    y1 = cm(x)
-    y1.square().sum().backward()
-    compiled = [p.grad for p in m.parameters()] + [x.grad]
-    assert counter.frame_count == 1
-    assert y1.stride() == y0.stride()
-    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
-    for a, b_ in zip(compiled, eager):
-        torch.testing.assert_close(a, b_, rtol=1e-6, atol=1e-6)
+    assert_compiled_matches_eager(m, x.requires_grad_())
 
 
 # ---- autocast --------------------------------------------------------------------------------------
