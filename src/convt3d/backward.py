@@ -84,7 +84,7 @@ import triton
 
 from . import cache as disk_cache
 from . import head_backward as HB
-from .torch_engine import cudnn_conv_tf32
+from .torch_engine import cudnn_conv_tf32, set_backend_flag
 from .errors import BackendUnavailableError
 from .params import ConvT3dParams
 from .kernels import dgrad_bwd, wgrad_bwd
@@ -175,12 +175,12 @@ class _cudnn_flags:
             self.tf32.__enter__()
         self._old = torch.backends.cudnn.deterministic
         if self.deterministic and not self._old:
-            torch.backends.cudnn.deterministic = True
+            set_backend_flag(torch.backends.cudnn, "deterministic", True)
         return self
 
     def __exit__(self, *exc):
         if torch.backends.cudnn.deterministic != self._old:
-            torch.backends.cudnn.deterministic = self._old
+            set_backend_flag(torch.backends.cudnn, "deterministic", self._old)
         if self.tf32 is not None:
             self.tf32.__exit__(*exc)
         return False

@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-__all__ = ["cudnn_conv_allows_tf32", "cudnn_conv_tf32", "at_flags_as_they_are", "torch_forward",
+__all__ = ["cudnn_conv_allows_tf32", "cudnn_conv_tf32", "set_backend_flag", "at_flags_as_they_are", "torch_forward",
            "conv3d_form_reasons", "conv3d_padding", "conv3d_weight", "conv3d_forward"]
 
 
@@ -35,6 +35,22 @@ def cudnn_conv_allows_tf32() -> bool:
     return bool(torch.backends.cudnn.allow_tf32)  # "none": inherited, the legacy flag decides
 
 
+def set_backend_flag(obj, attr: str, value) -> None:
+    """``setattr(obj, attr, value)`` on a ``torch.backends`` flag, also where PyTorch's own test
+    harness froze those flags (``torch.backends.disable_global_flags()``, which importing
+    ``torch.testing._internal.common_utils`` calls): a plain assignment then raises RuntimeError
+    ("not allowed to set torch.backends.cudnn flags"). The bracketed mutation is the context
+    PyTorch's own ``flags()`` managers set them in; our changes are bracketed too (restored on
+    exit)."""
+    frozen = getattr(torch.backends, "flags_frozen", None)
+    allow = getattr(torch.backends, "__allow_nonbracketed_mutation", None)
+    if frozen is not None and allow is not None and frozen():
+        with allow():
+            setattr(obj, attr, value)
+    else:
+        setattr(obj, attr, value)
+
+
 class cudnn_conv_tf32:
     """Context manager: PyTorch's convolutions run with TF32 on or off, restored on exit (the
     per-operator flag where torch has it, else the legacy one)."""
@@ -52,12 +68,12 @@ class cudnn_conv_tf32:
         # Set only on a change: the flag's setter validates and re-derives torch's precision
         # state, host time that every backward of a training step would pay twice.
         if self._old != self._value:
-            setattr(self._obj, self._attr, self._value)
+            set_backend_flag(self._obj, self._attr, self._value)
         return self
 
     def __exit__(self, *exc):
         if self._old != self._value:
-            setattr(self._obj, self._attr, self._old)
+            set_backend_flag(self._obj, self._attr, self._old)
         return False
 
 
