@@ -367,3 +367,49 @@ def _params_of(geom):
     w = torch.empty(geom.weight_shape, device="meta")
     params, _ = check_call(x, w, None, *geom.conv_args())
     return params
+
+
+# ---- double backward (create_graph=True) ----------------------------------------------------------
+# Gradient penalties and path-length regularisers differentiate a gradient again. Our backward's
+# kernels record no graph, so a step taken with create_graph=True takes PyTorch's own formula.
+@pytest.mark.parametrize("case,backend", [
+    (Case(1, 4, 6, (3, 2, 3), (3, 3, 3), 1, 1), "conv3d"),
+    (Case(None, 4, 6, (3, 2, 3), (3, 2, 3), 1, (1, 0, 1), groups=2), "conv3d"),
+], ids=["conv3d-k3p1", "conv3d-unbatched-grouped"])
+def test_gradgradcheck(case, backend):
+    x, w, b = case.tensors(torch.float64)
+    inputs = tuple(t.clone().requires_grad_() for t in (x, w, b))
+    fn = lambda x, w, b: convt3d.conv_transpose3d(x, w, b, *case.args, backend=backend)  # noqa: E731
+    assert torch.autograd.gradgradcheck(fn, inputs)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("case", [
+    Case(1, 8, 8, (2, 3, 2), (3, 3, 3), 2, 1, 1),
+    Case(2, 8, 16, (2, 2, 3), (2, 2, 2), 2, layout="channels_last_3d"),
+], ids=["k3s2p1op1", "k2s2-channels-last"])
+def test_second_order_gradients_on_the_triton_engine(case):
+    """A path-length-style penalty: |dL/dx|^2 differentiated again w.r.t. the weight and bias,
+    against the same in float64 through PyTorch."""
+    x, w, b = case.tensors()
+    results = []
+    for dtype, backend in ((torch.float32, "triton"), (torch.float64, "torch")):
+        xs, ws, bs = (t.to(dtype).clone().requires_grad_() for t in (x, w, b))
+        y = convt3d.conv_transpose3d(xs, ws, bs, *case.args, backend=backend, precision="ieee")
+        gx, = torch.autograd.grad(y.square().sum(), xs, create_graph=True)
+        results.append(torch.autograd.grad(gx.square().sum(), (ws, bs)))
+    for got, want in zip(*results):
+        scale = want.abs().max().item()
+        assert scale > 0 and (got.double() - want).abs().max().item() <= 1e-4 * scale
+
+
+def test_first_order_steps_keep_the_engines_backward(monkeypatch):
+    """Without create_graph the backward stays convt3d's (its kernels or its per-gradient choice)."""
+    calls = []
+    grads = B.grads
+    monkeypatch.setattr(B, "grads", lambda *a: calls.append("grads") or grads(*a))
+    monkeypatch.setattr(B, "differentiable_grads", lambda *a: pytest.fail("the differentiable formula ran"))
+    case = Case(1, 4, 6, (3, 2, 3), (3, 3, 3), 1, 1)
+    x, w, b = (t.clone().requires_grad_() for t in case.tensors())
+    torch.autograd.grad(convt3d.conv_transpose3d(x, w, b, *case.args, backend="conv3d").sum(), (x, w, b))
+    assert calls == ["grads"]

@@ -186,6 +186,14 @@ class _cudnn_flags:
         return False
 
 
+def differentiable_grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
+                         mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, ...]:
+    """(dX, dW, db) as :func:`grads`, by PyTorch's ``convolution_backward``, which autograd
+    records (it has a double-backward formula): the backward of a step taken with
+    ``create_graph=True``. cuDNN's flags as in :func:`_torch_grads`."""
+    return _torch_grads(dy, x, w, params, precision, *mask)
+
+
 def grad_formats(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.memory_format, torch.memory_format]:
     """Memory formats of (dX, dW): each follows its own tensor (channels_last_3d in, channels_last_3d
     gradient), so autograd never re-lays a gradient out. The fake implementation uses the same rule."""

@@ -143,13 +143,18 @@ class _EagerConvT3d(torch.autograd.Function):
         return run_engine(engine, input, weight, bias, params, precision)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         input, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         mask = (bool(need_x), bool(need_w), bool(need_b and ctx.has_bias))
         if not any(mask):
             return (None,) * 6
+        if torch.is_grad_enabled():
+            # create_graph=True: these gradients will be differentiated again (gradient
+            # penalties, path-length regularisers), so they come from PyTorch's own formula,
+            # which autograd records. Our kernels' gradients would carry no graph, and the
+            # second-order terms through this layer would be silently missing.
+            return _bwd.differentiable_grads(grad_out, input, weight, ctx.params, ctx.precision, mask) + (None,) * 3
         gx, gw, gb = _bwd.grads(grad_out, input, weight, ctx.params, ctx.precision, mask)
         return gx, gw, gb, None, None, None
 
