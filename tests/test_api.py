@@ -576,3 +576,28 @@ def test_inference_and_autograd_routes_agree():
     y1 = convt3d.conv_transpose3d(x.requires_grad_(), w, b, *case.args, backend="triton", precision="ieee")
     assert y1.requires_grad and not y0.requires_grad
     assert torch.equal(y0, y1.detach())
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.jit.trace records ATen operations only
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("backend", [None, "auto", "torch"])
+def test_jit_trace_records_pytorchs_op(backend):
+    torch.manual_seed(0)
+    m = convt3d.ConvTranspose3d(4, 6, 3, stride=2, padding=1, output_padding=1)
+    m.backend = backend
+    traced = torch.jit.trace(m, torch.randn(2, 4, 3, 3, 3))
+    assert any(n.kind() == "aten::_convolution" or "conv_transpose3d" in n.kind() for n in traced.graph.nodes())
+    x = torch.randn(2, 4, 3, 3, 3)
+    assert torch.equal(traced(x), m(x))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("backend", ["triton", "conv3d"])
+def test_jit_trace_of_a_named_engine_raises(backend):
+    m = convt3d.ConvTranspose3d(4, 6, 3, padding=1)
+    m.backend = backend
+    with pytest.raises(convt3d.BackendUnavailableError, match=rf"backend='{backend}' cannot run this call under "
+                                                              "torch.jit.trace"):
+        torch.jit.trace(m, torch.randn(2, 4, 3, 3, 3))

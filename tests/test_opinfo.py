@@ -20,10 +20,20 @@ from conftest import check_against_reference, interpreter_active
 pytest.importorskip("expecttest", reason="the OpInfo database imports expecttest (pip install -e '.[test]')")
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 
+
+
+def _unfreeze_backend_flags() -> None:
+    """Undo ``torch.backends.disable_global_flags()``: the flag lives in the globals of the
+    module's functions (``torch.backends`` itself is a wrapper module, where setattr would not
+    reach it)."""
+    torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True
+
+
 # Importing PyTorch's test utilities froze torch.backends' flags for the whole process
 # (disable_global_flags). Unfreeze them for the other test files collected in this worker;
 # test_frozen_backend_flags below runs our calls with them frozen, as PyTorch's harness does.
-setattr(torch.backends, "__allow_nonbracketed_mutation_flag", True)
+_unfreeze_backend_flags()
+assert not torch.backends.flags_frozen()
 
 OPINFO = next(o for o in op_db if o.name == "nn.functional.conv_transpose3d")
 # The sample list is PyTorch's; its length is printed in each id so a change in PyTorch shows.
@@ -87,7 +97,7 @@ def test_sample(i, backend, dtype):
 def frozen_flags():
     torch.backends.disable_global_flags()
     yield
-    setattr(torch.backends, "__allow_nonbracketed_mutation_flag", True)
+    _unfreeze_backend_flags()
 
 
 @pytest.mark.parametrize("backend", ["auto", "conv3d", "triton"])

@@ -35,6 +35,9 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     if torch.compiler.is_compiling():
         input, weight, bias = autocast_inputs(input, weight, bias)
         return _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
+    if torch.jit.is_tracing():
+        return _in_jit_trace(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
+                             precision)
     if has_torch_function((input, weight, bias)):
         # A tensor subclass with its own __torch_function__ (MONAI's MetaTensor) is handled as
         # PyTorch's functions handle it: its handler runs the call -- here on plain views of its
@@ -116,6 +119,25 @@ def _in_transform(input, weight, bias, stride, padding, output_padding, groups, 
         return _recorded(ENGINES["torch"].run_arguments, *args)
     with cudnn_conv_tf32(resolve_precision(precision) == "tf32"):
         return _recorded(ENGINES["torch"].run_arguments, *args)
+
+
+def _in_jit_trace(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
+    """A call under ``torch.jit.trace``, which records ATen operations only: our engines' kernel
+    launches would be missing from the trace (its graph would return an empty tensor), so "auto"
+    and "torch" record PyTorch's op, and a named engine of ours raises. An explicit precision sets
+    cuDNN's TF32 flag while tracing; the traced graph runs at the flag as it is then, as any
+    traced convolution does."""
+    name = dispatch.resolve_backend_name(backend)
+    if name not in ("auto", "torch"):
+        raise BackendUnavailableError(
+            f"backend={name!r} cannot run this call under torch.jit.trace, which records ATen operations only: "
+            "convt3d runs PyTorch's own op there (backend='auto' or 'torch'); torch.compile and torch.export record "
+            "convt3d's custom op instead")
+    args = (input, weight, bias, stride, padding, output_padding, groups, dilation)
+    if precision is None:
+        return ENGINES["torch"].run_arguments(*args)
+    with cudnn_conv_tf32(resolve_precision(precision) == "tf32"):
+        return ENGINES["torch"].run_arguments(*args)
 
 
 def _plain(t):
