@@ -225,6 +225,12 @@ def test_hybrid_autograd_matches_pytorch_autograd():
         assert torch.allclose(a, c, rtol=1e-12, atol=1e-12)
 
 
+def test_heuristic_never_guesses_the_conv3d_form():
+    params = ConvT3dParams.create(2, 32, 32, 1, (16, 16, 16), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    engine, why = dispatch.heuristic(params, torch.float32, "tf32", True, candidates=("conv3d", "torch"))
+    assert engine == "torch" and "only torch" in why
+
+
 def test_heuristic_with_one_runnable_engine():
     params = _p(8, 256, 128, 16, 4, 2, 1)
     assert dispatch.heuristic(params, torch.float32, "tf32x3", candidates=("cuda", "torch"))[0] == "torch"
