@@ -187,3 +187,22 @@ def test_repeats_are_answered_by_the_weights_memo(batched):
         w.mul_(-0.5)
         y = convt3d.conv_transpose3d(x, w, b, *case.args, backend="conv3d")
     check_against_reference(y, x, w, b, *case.args, context="after an in-place weight update")
+
+
+def test_timed_repeats_take_the_launcher(monkeypatch):
+    """auto's timed repeats of an inference call take the path a repeat takes (the weight's memo,
+    then the launcher), so the host time charged is the one the layer will cost."""
+    from convt3d.call import Call
+
+    engine = ENGINES["conv3d"]
+    ran = []
+    launcher = engine.steady_launcher
+    monkeypatch.setattr(engine, "steady_launcher", lambda *a: ran.append(1) or launcher(*a))
+    case = Case(2, 4, 6, (4, 5, 6), (3, 3, 3), padding=1)
+    x, w, b = case.tensors()
+    params, _ = convt3d.validate.check_call(x, w, b, *case.args)
+    call = Call(x, w, b, params, "ieee", None, False)
+    with torch.no_grad():
+        y = engine._timed(call, call.given, False, True)
+    assert ran == [1]
+    check_against_reference(y, x, w, b, *case.args, context="timed repeat")

@@ -179,27 +179,15 @@ class Engine:
         return step
 
 
-class TritonEngine(Engine):
-    """The phase-decomposed implicit GEMM in Triton (``convt3d.triton_engine``)."""
+class LaunchedRepeats(Engine):
+    """An engine whose repeated inference calls go from the weight's ``steady.Repeat`` memo to
+    its ``steady_launcher``, without the key and the Call; its timings take the same path, so
+    that auto charges it the host time those repeats cost."""
 
-    name = "triton"
-    _autograd_engine = "triton"
-
-    def __init__(self):
-        self._primed: set = set()
-
-    def not_supported_reasons(self, call: Call) -> list[str]:
-        why = triton_engine.unsupported_reason(call.x, call.params)
-        return [] if why is None else [why]
-
-    def forward(self, call: Call) -> torch.Tensor:
-        self._prime(call)
-        return triton_engine.forward(call.x, call.weight, call.bias, call.params, call.precision)
-
-    def run(self, call: Call) -> torch.Tensor:
-        if call.training:
-            self._prime(call)
-        return super().run(call)
+    def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
+                        precision: str):
+        """(run(x, weight, bias), alive()) of a settled inference signature, or None."""
+        raise NotImplementedError
 
     @staticmethod
     def _repeats_launch(call: Call) -> bool:
@@ -223,6 +211,29 @@ class TritonEngine(Engine):
             if launcher is not None:
                 return launcher[0](call.x, call.weight, call.bias)
         return super()._timed(call, given, training, repeat)
+
+
+class TritonEngine(LaunchedRepeats):
+    """The phase-decomposed implicit GEMM in Triton (``convt3d.triton_engine``)."""
+
+    name = "triton"
+    _autograd_engine = "triton"
+
+    def __init__(self):
+        self._primed: set = set()
+
+    def not_supported_reasons(self, call: Call) -> list[str]:
+        why = triton_engine.unsupported_reason(call.x, call.params)
+        return [] if why is None else [why]
+
+    def forward(self, call: Call) -> torch.Tensor:
+        self._prime(call)
+        return triton_engine.forward(call.x, call.weight, call.bias, call.params, call.precision)
+
+    def run(self, call: Call) -> torch.Tensor:
+        if call.training:
+            self._prime(call)
+        return super().run(call)
 
     def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         params, precision: str):
@@ -402,7 +413,7 @@ class TorchEngine(Engine):
         return _memo_check(call, Direct)
 
 
-class Conv3dEngine(Engine):
+class Conv3dEngine(LaunchedRepeats):
     """A stride-1 call as PyTorch's conv3d of the flipped weight with its channel axes swapped
     (``torch_engine.conv3d_forward``): cuDNN's forward kernels, where PyTorch's own
     conv_transpose3d runs its dgrad kernels (KernelBench 58 and 70 at TF32 on the H200: 7.1x and
