@@ -389,6 +389,7 @@ def test_a_steady_repeat_skips_the_triton_engines_priming(monkeypatch):
     monkeypatch.setattr(cache, "flush_triton", lambda: flushed.append(1))
     monkeypatch.setattr(triton_engine, "plan", lambda *a: SimpleNamespace(tune_key="tk", configs=[]))
     monkeypatch.setattr(triton_engine, "device_name", lambda device: "gpu")
+    monkeypatch.setattr(triton_engine, "tuned_config", lambda key: "seeded from the cache file")  # nothing to tune
 
     def call(repeat):
         return SimpleNamespace(device=torch.device("cuda"), key=("signature",), bias=None, repeat=repeat, params=None,

@@ -91,3 +91,89 @@ def test_host_charge_without_host_times_is_the_gpu_time():
 
     assert host_charged({"a": 1.0, "b": 2.0}, {}) == {"a": 1.0, "b": 2.0}
     assert host_charged({"a": 1.0, "b": 0.05}, {"a": 0.2, "b": 0.09}) == pytest.approx({"a": 1.0, "b": 0.09})
+
+
+@pytest.mark.parametrize("fails,winner", [({1}, 2), ({0}, 1), ({0, 1}, 2)],
+                         ids=["fastest-fails", "first-fails", "two-fail"])
+def test_a_candidate_that_fails_to_compile_is_left_out(fails, winner, monkeypatch):
+    """A GPU with less shared memory than the offer rules assume fails some candidates at their
+    compile. The engine's guarded run (engines._guarded) reports the failure; the tuner leaves
+    those candidates out, records why, and chooses among the others."""
+    from convt3d.engines import _guarded
+
+    configs = _configs(3)
+    bench = _Bench(configs, {0: [2.0], 1: [1.0], 2: [1.5]})
+    monkeypatch.setattr(triton.testing, "do_bench", bench.do_bench)
+
+    def run(cfg):
+        if configs.index(cfg) in fails:
+            raise RuntimeError("out of resource: shared memory, Required: 245760, Hardware limit: 232448")
+        bench.run(cfg)
+
+    key = ("test-gpu", "tuner-fail", len(fails))
+    assert triton_engine._choose(key, configs, _guarded(run)) == configs[winner]
+    rec = triton_engine.tuning_log()[key]
+    assert set(rec.failed) == {configs[i].short() for i in fails}
+    assert all(why.startswith("RuntimeError: out of resource") for why in rec.failed.values())
+    assert set(rec.timings_ms) == {configs[i].short() for i in range(3) if i not in fails}
+
+
+def test_the_tuner_raises_when_every_candidate_fails(monkeypatch):
+    from convt3d.engines import _guarded
+
+    configs = _configs(2)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **_: pytest.fail("nothing should be timed"))
+
+    def run(cfg):
+        raise RuntimeError(f"no compile for {cfg.short()}")
+
+    with pytest.raises(RuntimeError, match=r"every tile configuration failed: \[.*\] RuntimeError: no compile for"):
+        triton_engine._choose(("test-gpu", "tuner-all-fail"), configs, _guarded(run))
+
+
+def test_an_unguarded_run_lets_the_error_through(monkeypatch):
+    """The KernelBench files' path (no guard there: KernelBench's rules reject try/except): the
+    first failing candidate's own error."""
+    configs = _configs(2)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **_: 1.0)
+
+    def run(cfg):
+        raise ValueError("the compile's own error")
+
+    with pytest.raises(ValueError, match="the compile's own error"):
+        triton_engine._choose(("test-gpu", "tuner-unguarded"), configs, run)
+
+
+def test_the_engine_tunes_a_new_signature_with_guarded_runs(monkeypatch):
+    """TritonEngine._prime tunes a signature at its first sight on CUDA, every candidate's run
+    guarded: the one that fails to compile is left out, and the call goes on."""
+    from types import SimpleNamespace
+
+    import torch
+    from convt3d import cache
+    from convt3d.engines import ENGINES
+
+    configs = _configs(3)
+    bench = _Bench(configs, {0: [2.0], 1: [1.0], 2: [1.5]})
+    monkeypatch.setattr(triton.testing, "do_bench", bench.do_bench)
+
+    def run(cfg):
+        if cfg == configs[1]:
+            raise RuntimeError("out of resource: shared memory")
+        bench.run(cfg)
+
+    launch = SimpleNamespace(y=torch.empty(4), configs=configs, run=run)
+    monkeypatch.setattr(cache, "prime_triton", lambda *a: None)
+    monkeypatch.setattr(triton_engine, "plan", lambda *a: SimpleNamespace(tune_key="tk-guarded", configs=configs))
+    monkeypatch.setattr(triton_engine, "prepare", lambda *a: launch)
+    monkeypatch.setattr(triton_engine, "device_name", lambda device: "gpu")
+    call = SimpleNamespace(device=torch.device("cuda"), key=("signature-guarded",), bias=None, repeat=False,
+                           params=None, x=None, weight=None, precision="tf32")
+    engine = ENGINES["triton"]
+    engine.forget()
+    try:
+        engine._prime(call)
+    finally:
+        engine.forget()
+    rec = triton_engine.tuning_log()["tk-guarded"]
+    assert rec.config == configs[2] and set(rec.failed) == {configs[1].short()}

@@ -28,6 +28,7 @@ from .call import Call, autocast_inputs
 from .steady import Direct, Repeat, steady_key
 from .torch_engine import at_flags_as_they_are, conv3d_form_reasons, torch_forward
 from .triton_configs import HOST_CALLS, HOST_REP_MS  # noqa: F401 (re-exported)
+from .triton_configs import CandidateFailure
 from .triton_configs import _host_ms as triton_host_ms
 
 __all__ = ["Engine", "TritonEngine", "CudaEngine", "TorchEngine", "Conv3dEngine", "HybridEngine", "ENGINES", "HYBRID",
@@ -253,30 +254,54 @@ class TritonEngine(LaunchedRepeats):
         return run, alive
 
     def _prime(self, call: Call) -> None:
-        """Before a signature's first call on CUDA, seed its tile choice from the disk cache; on
-        later calls, persist tuning results that earlier calls produced (one set lookup and one
-        flag check when there are none; the flag check alone for a steady-path repeat)."""
+        """Before a signature's first call on CUDA, seed its tile choice from the disk cache, or
+        tune it with every candidate's run guarded (``_guarded``); on later calls, persist tuning
+        results that earlier calls produced (one set lookup and one flag check when there are
+        none; the flag check alone for a steady-path repeat)."""
         if call.device.type != "cuda":
             return
         key = None if call.repeat else (call.key, call.bias is not None)
         if key is not None and key not in self._primed:
             self._primed.add(key)
             plan = triton_engine.plan(call.params, call.x, call.weight, call.precision)
-            cache.prime_triton(triton_engine.device_name(call.device), plan.tune_key, plan.configs)
-            if distributed.active() and not torch.cuda.is_current_stream_capturing():
+            tk = plan.tune_key
+            cache.prime_triton(triton_engine.device_name(call.device), tk, plan.configs)
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                return  # nothing is timed inside graph capture: triton_engine.forward runs the default
+            launch = None
+            if distributed.active() or triton_engine.tuned_config(tk) is None:
+                launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
+            if distributed.active():
                 # Every rank agrees on the tile at its first sight of the signature, whatever it
                 # seeded from its own cache file: rank 0 tunes (or keeps its seed), the others
                 # take its config (convt3d.distributed).
-                launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
-                tk = plan.tune_key
                 distributed.agree_config(
-                    tk, lambda: triton_engine.tuned_config(tk) or triton_engine._choose(tk, launch.configs, launch.run),
+                    tk, lambda: triton_engine.tuned_config(tk) or triton_engine._choose(tk, launch.configs,
+                                                                                         _guarded(launch.run)),
                     launch.configs, tuner=triton_engine)
+            elif launch is not None and launch.y.numel():
+                triton_engine._choose(tk, launch.configs, _guarded(launch.run))
         elif cache.has_pending():
             cache.flush_triton()
 
     def forget(self) -> None:
         self._primed.clear()
+
+
+def _guarded(run: Callable[[triton_engine.Config], object]) -> Callable[[triton_engine.Config], object]:
+    """``run`` for the tuner, returning a candidate's failure (``CandidateFailure``) instead of
+    raising it, so that a tile this GPU cannot compile (less shared memory per block than the
+    H100/H200 the offer rules assume) is left out rather than failing the call. Here and not in
+    ``triton_configs``: the KernelBench files carry that module verbatim, and KernelBench's static
+    rules reject any try/except there (on the H200 it runs on, every candidate compiles)."""
+
+    def attempt(cfg):
+        try:
+            return run(cfg)
+        except Exception as exc:  # noqa: BLE001 -- any failure of one candidate leaves it out
+            return CandidateFailure(f"{type(exc).__name__}: {exc}"[:300])
+
+    return attempt
 
 
 class CudaEngine(Engine):

@@ -138,6 +138,8 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
     if log is not None:
         src = "tuned in this process" if log.seconds > 0 else "seeded (cache file or untimed)"
         lines.append(f"config: {log.config.short()} ({src}{f', {log.seconds:.2f} s' if log.seconds > 0 else ''})")
+        for cfg, why in log.failed.items():
+            lines.append(f"left out of the tuning, it failed on this GPU: [{cfg}] {why}")
         tuning = dict(log.timings_ms) or None
     else:
         entry = None

@@ -283,9 +283,21 @@ class TuneRecord:
     timings_ms: dict[str, float]
     # Host ms per call of each config's launches (``_host_ms``), where the tuner read them.
     host_ms: dict[str, float] = field(default_factory=dict)
+    # Configs that raised on their first run (a compile that needs more shared memory or
+    # registers than this GPU has), with the error: left out of the choice.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 _tuned: dict[tuple, TuneRecord] = {}
+
+
+@dataclass(frozen=True)
+class CandidateFailure:
+    """What a guarded tuning run returns instead of raising: the error of a candidate that could
+    not run (``engines.TritonEngine`` guards its runs; a run that raises is not guarded, and
+    ``_choose`` lets the error through)."""
+
+    error: str
 
 
 def tuning_log() -> dict[tuple, TuneRecord]:
@@ -364,10 +376,21 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     hosts: dict[str, float] = {}
+    failed: dict[str, str] = {}
     for cfg in configs:
-        run(cfg)  # compile + warm
+        outcome = run(cfg)  # compile + warm
+        if isinstance(outcome, CandidateFailure):
+            # A run that reports its failure (engines.TritonEngine's guarded run): the offer rules
+            # hold the H100/H200's limits (shared memory per block, registers), and on a GPU with
+            # less a candidate fails to compile. The others still decide; every run writes the
+            # whole output, so a partial run leaves nothing behind.
+            failed[cfg.short()] = outcome.error
+            continue
         timings[cfg.short()] = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=30, return_mode="median")
         hosts[cfg.short()] = _host_ms(lambda: run(cfg), timings[cfg.short()])
+    if not timings:
+        raise RuntimeError("every tile configuration failed: " + "; ".join(f"[{k}] {v}" for k, v in failed.items()))
+    configs = [c for c in configs if c.short() in timings]
     # The candidates within 25% of the best, timed again in reverse order (at most 3): one pass
     # lets clock ramp or a neighbour's work decide between near-equal tiles; each keeps its
     # lower median, as the auto backend's two opposite-order rounds do.
@@ -381,7 +404,7 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
             hosts[cfg.short()] = min(hosts[cfg.short()], _host_ms(lambda: run(cfg), timings[cfg.short()]))
         cost = host_charged(timings, hosts)
     best = min(configs, key=lambda c: cost[c.short()])
-    _tuned[key] = TuneRecord(best, time.perf_counter() - t0, timings, hosts)
+    _tuned[key] = TuneRecord(best, time.perf_counter() - t0, timings, hosts, failed)
     return best
 
 
