@@ -601,3 +601,27 @@ def test_jit_trace_of_a_named_engine_raises(backend):
     with pytest.raises(convt3d.BackendUnavailableError, match=rf"backend='{backend}' cannot run this call under "
                                                               "torch.jit.trace"):
         torch.jit.trace(m, torch.randn(2, 4, 3, 3, 3))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("output_size", [None, [6, 6, 6]], ids=["plain", "output-size"])
+def test_jit_script_compiles_pytorchs_op(output_size):
+    """torch.jit.script of a patched layer (nn.ConvTranspose3d scripts): TorchScript compiles
+    PyTorch's own op, and the scripted module saves and loads without convt3d's Python."""
+    import io
+
+    torch.manual_seed(0)
+    m = convt3d.ConvTranspose3d(4, 6, 3, stride=2, padding=1)
+    m.backend = "triton"  # read by the Python path only
+    scripted = torch.jit.script(m)
+    assert any(n.kind() == "aten::conv_transpose3d" for n in scripted.graph.nodes())
+    x = torch.randn(2, 4, 3, 3, 3)
+    buf = io.BytesIO()
+    torch.jit.save(scripted, buf)
+    buf.seek(0)
+    loaded = torch.jit.load(buf)
+    ref = nn.ConvTranspose3d(4, 6, 3, stride=2, padding=1)
+    ref.load_state_dict(m.state_dict())
+    want = ref(x, output_size) if output_size else ref(x)
+    for module in (scripted, loaded):
+        assert torch.equal(module(x, output_size) if output_size else module(x), want)

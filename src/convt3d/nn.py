@@ -1,6 +1,8 @@
 """``convt3d.ConvTranspose3d`` (a drop-in subclass of ``torch.nn.ConvTranspose3d``) and ``patch``."""
 from __future__ import annotations
 
+from typing import List, Optional
+
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
@@ -21,12 +23,25 @@ class ConvTranspose3d(nn.ConvTranspose3d):
 
     backend: str | None = None
     precision: str | None = None
+    # TorchScript compiles ``forward`` into a graph of ATen operations, where PyTorch's own op
+    # runs (below); these two are read by the Python path alone.
+    __jit_ignored_attributes__ = ["backend", "precision"]
 
-    def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+    def forward(self, input: torch.Tensor, output_size: Optional[List[int]] = None) -> torch.Tensor:
         if self.padding_mode != "zeros":
             raise ValueError("Only `zeros` padding mode is supported for ConvTranspose3d")
         output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size, 3,
                                               self.dilation)
+        if torch.jit.is_scripting():
+            # torch.jit.script(model): our engines are Python, which TorchScript does not run, so a
+            # scripted layer computes as nn.ConvTranspose3d does (torch.compile and torch.export
+            # record convt3d's custom op instead).
+            return torch.nn.functional.conv_transpose3d(input, self.weight, self.bias, self.stride, self.padding,
+                                                        output_padding, self.groups, self.dilation)
+        return self._convt3d_forward(input, output_padding)
+
+    @torch.jit.unused
+    def _convt3d_forward(self, input: torch.Tensor, output_padding: List[int]) -> torch.Tensor:
         return conv_transpose3d(input, self.weight, self.bias, self.stride, self.padding, output_padding,
                                 self.groups, self.dilation, backend=self.backend, precision=self.precision)
 
