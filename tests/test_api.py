@@ -625,3 +625,17 @@ def test_jit_script_compiles_pytorchs_op(output_size):
     want = ref(x, output_size) if output_size else ref(x)
     for module in (scripted, loaded):
         assert torch.equal(module(x, output_size) if output_size else module(x), want)
+
+
+@pytest.mark.parametrize("backend", [None, "torch"])
+def test_patch_takes_lazy_layers_at_their_first_call(backend):
+    """nn.LazyConvTranspose3d builds its parameters at its first call and then turns into
+    nn.ConvTranspose3d: after patch(), into convt3d's, with the backend patch() was given."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyConvTranspose3d(6, 3, stride=2, padding=1), nn.ReLU())
+    convt3d.patch(model, backend=backend)
+    x = torch.randn(2, 4, 3, 3, 3)
+    y = model(x)
+    layer = model[0]
+    assert type(layer) is convt3d.ConvTranspose3d and layer.backend == backend
+    assert torch.equal(y, F.relu(F.conv_transpose3d(x, layer.weight, layer.bias, 2, 1)))

@@ -57,8 +57,8 @@ class ConvTranspose3d(nn.ConvTranspose3d):
 def patch(model: nn.Module, *, backend: str | None = None, precision: str | None = None) -> nn.Module:
     """Swap every ``nn.ConvTranspose3d`` inside ``model`` (``model`` itself included) for
     :class:`ConvTranspose3d`, in place, parametrized ones (spectral or weight norm through
-    ``torch.nn.utils.parametrizations``) included. Other subclasses of ``nn.ConvTranspose3d``
-    are left alone.
+    ``torch.nn.utils.parametrizations``) included; an ``nn.LazyConvTranspose3d`` not yet built
+    becomes one at its first call. Other subclasses of ``nn.ConvTranspose3d`` are left alone.
 
     The same parameter and buffer objects are kept (so optimisers holding them keep working),
     along with their device and dtype, hooks, and training mode. Returns ``model``.
@@ -75,6 +75,10 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
         cls = type(module)
         if cls is nn.ConvTranspose3d:
             module.__class__ = ConvTranspose3d
+        elif cls is nn.LazyConvTranspose3d:
+            # Its parameters are made at its first call, when it turns into ``cls_to_become``
+            # (nn.ConvTranspose3d): ours instead, with the backend and precision set here.
+            module.cls_to_become = ConvTranspose3d
         elif _parametrized_convt(module):
             module.__class__ = _parametrized_class(cls)
         else:
