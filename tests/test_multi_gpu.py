@@ -119,6 +119,38 @@ def test_gpu_every_rank_ran_with_rank0s_decisions(what, gpu_reports):
 
 # ---- CPU, gloo ----------------------------------------------------------------------------------
 # Each interpreted layer call costs 0.3-1.3 s (2026-12-01, triton 3.9 on this 2-core machine):
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU_COUNT < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("backend", ["triton", "auto", "conv3d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_layer_on_another_device_than_the_current_one(backend, dtype):
+    """A model moved to cuda:1 and called while cuda:0 is current (no torch.cuda.set_device):
+    Triton launches on the current device, so convt3d makes the tensors' device current. Three
+    calls (the first call's measurement and tuning, then the steady path) and a training step,
+    against PyTorch on the same device."""
+    import torch.nn.functional as F
+
+    import convt3d
+
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 1)
+    torch.manual_seed(0)
+    s = 1 if backend == "conv3d" else 2
+    m = convt3d.ConvTranspose3d(32, 16, 3, stride=s, padding=1).to(dev, dtype)
+    m.backend = backend
+    x = torch.randn(2, 32, 9, 10, 11, device=dev, dtype=dtype, requires_grad=True)
+    ref = F.conv_transpose3d(x.double(), m.weight.double(), m.bias.double(), s, 1)
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    for _ in range(3):
+        with torch.no_grad():
+            y = m(x)
+        assert y.device == dev and (y.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
+    y = m(x)
+    y.float().square().sum().backward()
+    assert x.grad is not None and x.grad.device == dev and torch.isfinite(x.grad).all()
+    assert torch.cuda.current_device() == 0
+
+
 # 3 steps per wrapper keep the run near a minute.
 CPU_STEPS = 3
 

@@ -1,6 +1,8 @@
 """``convt3d.conv_transpose3d``: a drop-in for ``torch.nn.functional.conv_transpose3d``."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import handle_torch_function, has_torch_function
@@ -65,7 +67,8 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
         input, weight, bias = autocast_inputs(input, weight, bias)
         call = Call(input.unsqueeze(0) if hit.unbatched else input, weight, bias, hit.params, hit.precision,
                     precision, hit.training, hit.unbatched, repeat=True)
-        return _run(ENGINES[hit.decision.candidate], call)
+        with _device_current(input):
+            return _run(ENGINES[hit.decision.candidate], call)
     # One validation, one dispatcher pass, one engine run. Calls autograd records (a training
     # Call) run the engine's forward recorded with its backward; torch.compile always takes the
     # registered custom op (``_traced``).
@@ -77,9 +80,22 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     input, weight, bias = cast
     call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
                      autograd=True, sources=sources)
-    decision = dispatch.select(call, backend)
-    dispatch.remember(key, call, decision, given)
-    return _run(ENGINES[decision.candidate], call)
+    with _device_current(input):
+        decision = dispatch.select(call, backend)
+        dispatch.remember(key, call, decision, given)
+        return _run(ENGINES[decision.candidate], call)
+
+
+_SAME_DEVICE = contextlib.nullcontext()
+
+
+def _device_current(t: torch.Tensor):
+    """The tensor's CUDA device made current for the block, where another one is: Triton compiles
+    and launches on the current device, and the measurement times on it (its events and
+    synchronisations), whatever the tensors' device. PyTorch's own ops guard themselves."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return _SAME_DEVICE
 
 
 def _on_plain_tensors(input, weight, bias, stride, padding, output_padding, groups, dilation, *, backend=None,
