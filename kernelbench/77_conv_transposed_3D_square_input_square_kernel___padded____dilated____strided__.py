@@ -4738,7 +4738,8 @@ def _kernel(name: str, device: torch.device, module=None):
 # first launch (which goes through Triton as usual: compile, specialise) replays the compiled
 # kernel directly for the same pointer-alignment pattern -- exactly the arguments Triton's own
 # launch passes. Triton's path is kept where a replay could differ from it: launch hooks
-# installed (profilers), another current device, the interpreter.
+# installed (profilers), the interpreter. A launch for a device that is not the current one
+# makes it current first (Triton launches on the current device).
 class Site:
     """One kernel launch of a call signature: kernel name, grid, integer arguments and
     constexpr/launch options. ``launch(*tensors)`` passes the tensor (or descriptor)
@@ -4755,20 +4756,26 @@ class Site:
 
     def launch(self, device: torch.device, *tensors):
         kern = _kernel(self.name, device, self.module)
-        hooks = triton.knobs.runtime
-        if device.type != "cuda" or _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
+        if device.type != "cuda":
             return kern[self.grid](*tensors, *self.ints, **self.consts)
         drv = triton.runtime.driver.active
         idx = drv.get_current_device()
+        if idx != device.index:
+            # Triton compiles for and launches on the current device, not the tensors': a layer on
+            # cuda:1 called while cuda:0 is current (no torch.cuda.set_device) would run there.
+            with torch.cuda.device(device.index):
+                return self.launch(device, *tensors)
+        hooks = triton.knobs.runtime
+        if _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
+            return kern[self.grid](*tensors, *self.ints, **self.consts)
         # Triton specialises a pointer on its 16-byte alignment (and dtype); a descriptor on
         # its block shape and dtype, which the signature fixes.
         key = (idx,) + tuple((t.dtype, t.data_ptr() % 16 == 0) if isinstance(t, torch.Tensor) else None
                              for t in tensors)
         ck = self.compiled.get(key)
-        if ck is None or idx != device.index:
+        if ck is None:
             ck = kern[self.grid](*tensors, *self.ints, **self.consts)
-            if idx == device.index:
-                self.compiled[key] = ck
+            self.compiled[key] = ck
             if self.tail is None:
                 names = kern.arg_names[len(tensors) + len(self.ints):]
                 defaults = {p.name: p.default for p in kern.params}
