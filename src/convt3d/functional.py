@@ -187,7 +187,8 @@ def _decide_for_trace(input, weight, bias, stride, padding, output_padding, grou
     the cache file, else timing (``dispatch._auto_choose``).
     Changing $CONVT3D_BACKEND or the TF32 flag after compiling does not recompile."""
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    d = dispatch.decide(input, backend, precision, params, weight=weight, bias=bias)
+    with _device_current(input):  # the measurement times on the current device
+        d = dispatch.decide(input, backend, precision, params, weight=weight, bias=bias)
     return (d.engine, d.precision, list(params.stride), list(params.padding), list(params.output_padding),
             params.groups, list(params.dilation), unbatched)
 
