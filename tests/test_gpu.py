@@ -165,20 +165,21 @@ def test_conv3d_form(geom, layout, dtype):
     """backend="conv3d" (a stride-1 call as cuDNN's conv3d of the flipped weight) within the
     accuracy bar, at every precision, and its training step against float64 autograd."""
     x, w, b, args = _geometry_inputs(geom, layout, dtype, (6, 9, 10))
-    precs = ["tf32", "ieee"] if dtype == torch.float32 else ["tf32"]
-    for prec in precs:
-        out = convt3d.conv_transpose3d(x, w, b, *args, backend="conv3d", precision=prec)
-        _check(x, w, b, args, prec, out)
+    out = convt3d.conv_transpose3d(x, w, b, *args, backend="conv3d", precision="tf32")
+    _check(x, w, b, args, "tf32", out)
     if dtype == torch.float32:
+        with pytest.raises(convt3d.BackendUnavailableError, match="precision 'ieee'"):
+            convt3d.conv_transpose3d(x, w, b, *args, backend="conv3d", precision="ieee")
         leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
-        y = convt3d.conv_transpose3d(*leaves, *args, backend="conv3d", precision="ieee")
+        y = convt3d.conv_transpose3d(*leaves, *args, backend="conv3d", precision="tf32")
         dy = torch.randn_like(y)
         got = torch.autograd.grad(y, leaves, dy)
         ref = [t.detach().double().requires_grad_() for t in (x, w, b)]
         want = torch.autograd.grad(F.conv_transpose3d(*ref, *args), ref, dy.double())
         for name, g, r in zip(("dX", "dW", "db"), got, want):
             scale = r.abs().max().item()
-            assert (g.double() - r).abs().max().item() <= 1e-4 * max(scale, 1.0), name
+            # TF32 products (2^-10 per operand) in the forward's layer and its backward.
+            assert (g.double() - r).abs().max().item() <= 1e-2 * max(scale, 1.0), name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

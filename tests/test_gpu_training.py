@@ -359,21 +359,24 @@ def restore_tf32():
     torch.backends.cudnn.allow_tf32 = old
 
 
-@pytest.mark.parametrize("backend", ["triton", "conv3d", "auto"])
+@pytest.mark.parametrize("backend", ["triton", "auto"])
 def test_second_order_gradients(backend):
     """create_graph=True on our engines (a path-length-style penalty): the second-order gradients
-    of the weight and bias against float64 PyTorch, exact grade."""
+    of the weight and bias against float64 PyTorch, exact grade. TF32 is off for the whole test:
+    the ops of the second backward run at cuDNN's flags as they are then (as PyTorch's own
+    layer's do), which at PyTorch's default TF32 err ~1e-4 of the largest gradient (H200,
+    2026-12-04)."""
     torch.manual_seed(0)
-    s = 1 if backend == "conv3d" else 2
     x = torch.randn(2, 16, 5, 6, 7, device=DEV)
     w = torch.randn(16, 8, 3, 3, 3, device=DEV) * 0.2
     b = torch.randn(8, device=DEV)
     results = []
-    for dtype, be in ((torch.float32, backend), (torch.float64, "torch")):
-        xs, ws, bs = (t.to(dtype).clone().requires_grad_() for t in (x, w, b))
-        y = convt3d.conv_transpose3d(xs, ws, bs, s, 1, backend=be, precision="ieee" if dtype == torch.float32 else None)
-        gx, = torch.autograd.grad(y.square().sum(), xs, create_graph=True)
-        results.append(torch.autograd.grad(gx.square().sum(), (ws, bs)))
+    with cudnn_conv_tf32(False):
+        for dtype, be in ((torch.float32, backend), (torch.float64, "torch")):
+            xs, ws, bs = (t.to(dtype).clone().requires_grad_() for t in (x, w, b))
+            y = convt3d.conv_transpose3d(xs, ws, bs, 2, 1, backend=be)
+            gx, = torch.autograd.grad(y.square().sum(), xs, create_graph=True)
+            results.append(torch.autograd.grad(gx.square().sum(), (ws, bs)))
     for got, want in zip(*results):
         scale = want.abs().max().item()
         assert scale > 0 and (got.double() - want).abs().max().item() <= 1e-4 * scale

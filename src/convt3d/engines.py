@@ -450,7 +450,7 @@ class Conv3dEngine(LaunchedRepeats):
     _autograd_engine = "conv3d"
 
     def not_supported_reasons(self, call: Call) -> list[str]:
-        return conv3d_form_reasons(call.params)
+        return conv3d_form_reasons(call.params, call.dtype, call.precision)
 
     precision_reasons = TorchEngine.precision_reasons
     precision = TorchEngine.precision

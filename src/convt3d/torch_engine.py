@@ -102,14 +102,23 @@ def torch_forward(x, weight, bias, params, precision):
 # on KernelBench 70, where the Triton engine took 1375 and 8735 (NOTES.md, section 7).
 
 
-def conv3d_form_reasons(params) -> list[str]:
+def conv3d_form_reasons(params, dtype: torch.dtype = torch.float32, precision: str = "tf32") -> list[str]:
     """Why a call has no conv3d form (empty: it has one). It needs stride 1, and then an
-    output_padding of 0: the extra rows would need padding on one side only (a copy of x)."""
+    output_padding of 0: the extra rows would need padding on one side only (a copy of x).
+
+    Not for float32 at exact grade: with TF32 off, cuDNN's conv3d picked an algorithm whose
+    error on a KernelBench-58-like layer (k (3, 5, 7), 32 -> 16 channels; H200, cuDNN 9.19,
+    2026-12-04) was 4.65e-5 against 7.1e-6 for its conv_transpose3d, beyond the error budget
+    of twice cuDNN's own. At exact grade the two ran equally fast on KernelBench 58 and 70
+    (NOTES.md, section 7), so nothing is lost."""
     reasons = []
     if params.stride != (1, 1, 1):
         reasons.append(f"stride={params.stride}: the conv3d form needs stride 1")
     elif params.output_padding != (0, 0, 0):
         reasons.append(f"output_padding={params.output_padding}: the conv3d form pads both sides alike")
+    if dtype == torch.float32 and precision != "tf32":
+        reasons.append(f"precision {precision!r}: the conv3d form is for TF32 and 16-bit calls (cuDNN's exact "
+                       "fp32 conv3d errs up to 7x its conv_transpose3d)")
     return reasons
 
 
