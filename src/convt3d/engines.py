@@ -268,19 +268,19 @@ class TritonEngine(LaunchedRepeats):
             cache.prime_triton(triton_engine.device_name(call.device), tk, plan.configs)
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 return  # nothing is timed inside graph capture: triton_engine.forward runs the default
-            launch = None
-            if distributed.active() or triton_engine.tuned_config(tk) is None:
-                launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
             if distributed.active():
                 # Every rank agrees on the tile at its first sight of the signature, whatever it
                 # seeded from its own cache file: rank 0 tunes (or keeps its seed), the others
                 # take its config (convt3d.distributed).
+                launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
                 distributed.agree_config(
                     tk, lambda: triton_engine.tuned_config(tk) or triton_engine._choose(tk, launch.configs,
                                                                                          _guarded(launch.run)),
                     launch.configs, tuner=triton_engine)
-            elif launch is not None and launch.y.numel():
-                triton_engine._choose(tk, launch.configs, _guarded(launch.run))
+            elif triton_engine.tuned_config(tk) is None:
+                launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
+                if launch.y.numel():
+                    triton_engine._choose(tk, launch.configs, _guarded(launch.run))
         elif cache.has_pending():
             cache.flush_triton()
 
@@ -452,11 +452,11 @@ class Conv3dEngine(LaunchedRepeats):
     def not_supported_reasons(self, call: Call) -> list[str]:
         return conv3d_form_reasons(call.params, call.dtype, call.precision)
 
+    # Its precision is the call's: not_supported_reasons leaves it TF32 or 16-bit.
     precision_reasons = TorchEngine.precision_reasons
-    precision = TorchEngine.precision
 
     def forward(self, call: Call) -> torch.Tensor:
-        return ops.run_engine("conv3d", call.x, call.weight, call.bias, call.params, self.precision(call))
+        return ops.run_engine("conv3d", call.x, call.weight, call.bias, call.params, call.precision)
 
     def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
                         precision: str):
@@ -464,10 +464,9 @@ class Conv3dEngine(LaunchedRepeats):
         the caller's tensors without the key and the Call. On a desktop CPU, a call of a tiny
         layer (launches all but free) took 28 us through the key and 8.4 us as PyTorch's own op
         through convt3d; of the difference, 8.9 us is the weight's two copies."""
-        prec = precision if x.dtype != torch.float32 or precision == "tf32" else "ieee"
 
         def run(x, weight, bias):
-            return ops.run_engine("conv3d", x, weight, bias, params, prec)
+            return ops.run_engine("conv3d", x, weight, bias, params, precision)
 
         return run, _always
 

@@ -121,39 +121,38 @@ def _transformed(input, weight, bias) -> bool:
 
 
 def _in_transform(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
-    """A call inside a torch.func transform: PyTorch's op under "auto" or "torch" (its validation
-    and its errors included; an explicit precision sets cuDNN's TF32 flag for the call, exact
-    grade as exact fp32), and an error for a named engine of ours, which cannot run it."""
-    name = dispatch.resolve_backend_name(backend)
-    if name not in ("auto", "torch"):
-        raise BackendUnavailableError(
-            f"backend={name!r} cannot run this call: its tensors are inside a torch.func transform (vmap, grad, "
-            "jacrev, ...), whose batching and gradient rules only PyTorch's own op has; use backend='auto' or "
-            "'torch' there")
-    args = (input, weight, bias, stride, padding, output_padding, groups, dilation)
-    if precision is None:
-        return _recorded(ENGINES["torch"].run_arguments, *args)
-    with cudnn_conv_tf32(resolve_precision(precision) == "tf32"):
-        return _recorded(ENGINES["torch"].run_arguments, *args)
+    """A call inside a torch.func transform, whose batching and gradient rules only PyTorch's op
+    has (``_pytorchs_op_only``)."""
+    return _pytorchs_op_only(
+        ": its tensors are inside a torch.func transform (vmap, grad, jacrev, ...), whose batching and gradient "
+        "rules only PyTorch's own op has; use backend='auto' or 'torch' there",
+        input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
 
 
 def _in_jit_trace(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
     """A call under ``torch.jit.trace``, which records ATen operations only: our engines' kernel
-    launches would be missing from the trace (its graph would return an empty tensor), so "auto"
-    and "torch" record PyTorch's op, and a named engine of ours raises. An explicit precision sets
-    cuDNN's TF32 flag while tracing; the traced graph runs at the flag as it is then, as any
-    traced convolution does."""
+    launches would be missing from the trace (its graph would return an empty tensor). The traced
+    graph runs at cuDNN's TF32 flag as it is then, as any traced convolution does."""
+    return _pytorchs_op_only(
+        " under torch.jit.trace, which records ATen operations only: convt3d runs PyTorch's own op there "
+        "(backend='auto' or 'torch'); torch.compile and torch.export record convt3d's custom op instead",
+        input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
+
+
+def _pytorchs_op_only(why, input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
+                      precision):
+    """A call only PyTorch's own op can run: that op under "auto" or "torch" (its validation and
+    its errors included; an explicit precision sets cuDNN's TF32 flag for the call, exact grade as
+    exact fp32), and BackendUnavailableError for a named engine of ours, its message ending in
+    ``why``."""
     name = dispatch.resolve_backend_name(backend)
     if name not in ("auto", "torch"):
-        raise BackendUnavailableError(
-            f"backend={name!r} cannot run this call under torch.jit.trace, which records ATen operations only: "
-            "convt3d runs PyTorch's own op there (backend='auto' or 'torch'); torch.compile and torch.export record "
-            "convt3d's custom op instead")
+        raise BackendUnavailableError(f"backend={name!r} cannot run this call{why}")
     args = (input, weight, bias, stride, padding, output_padding, groups, dilation)
     if precision is None:
-        return ENGINES["torch"].run_arguments(*args)
+        return _recorded(ENGINES["torch"].run_arguments, *args)
     with cudnn_conv_tf32(resolve_precision(precision) == "tf32"):
-        return ENGINES["torch"].run_arguments(*args)
+        return _recorded(ENGINES["torch"].run_arguments, *args)
 
 
 def _plain(t):

@@ -102,7 +102,7 @@ def torch_forward(x, weight, bias, params, precision):
 # on KernelBench 70, where the Triton engine took 1375 and 8735 (NOTES.md, section 7).
 
 
-def conv3d_form_reasons(params, dtype: torch.dtype = torch.float32, precision: str = "tf32") -> list[str]:
+def conv3d_form_reasons(params, dtype: torch.dtype, precision: str) -> list[str]:
     """Why a call has no conv3d form (empty: it has one). It needs stride 1, and then an
     output_padding of 0: the extra rows would need padding on one side only (a copy of x).
 
