@@ -5056,40 +5056,13 @@ def _w_descriptor(wp: torch.Tensor, cfg: Config):
     return TensorDescriptor(wp, list(wp.shape), list(wp.stride()), [1, 1, cfg.BLOCK_N, cfg.BLOCK_K])
 
 
-# The smallest block of to_padded_kernel's copy (channels x positions) where the layer has more
-# elements per padded row than that; see _padded_blocks.
-PAD_MIN_TILE = 1024
-PAD_MAX_TILE = 4096
-
-
 def _padded_blocks(x: torch.Tensor, geo) -> tuple[int, int, int, int]:
-    """(BLOCK_C, BLOCK_W, row blocks, channel blocks) of to_padded_kernel: the power-of-two block
-    of channels x positions of one padded row that leaves the fewest lanes masked, between
-    PAD_MIN_TILE and PAD_MAX_TILE elements (a row smaller than PAD_MIN_TILE in one block); of
-    equal blocks, the larger.
-
-    Why by masked lanes: a masked lane issues the same instructions as a live one, and the copy
-    is bound by issue, not by DRAM. With blocks of up to 64 x 64 as powers of two at least C and
-    WP, KB 61's copy (C 48, padded rows of 68) used 40% of its lanes (48/64 x 68/128); ncu on the
-    H200 (2026-12-05, commit 1d910bf) read 70% of issue slots busy and DRAM at 46% (2.2 TB/s),
-    393.6 us at its locked clocks, against about 250 us for its 886 MB at 3.5 TB/s."""
+    """(BLOCK_C, BLOCK_W, row blocks, channel blocks) of to_padded_kernel: up to 64 channels by
+    up to 64 positions of one padded row, narrower for fewer channels or a narrower row, so that
+    a small layer's 4-8 wide rows do not leave most of a block masked."""
     _, (dp, hp, wp) = geo
     c = x.shape[1]
-    c_max, w_max = min(64, _pow2_at_least(c)), min(128, _pow2_at_least(wp))
-    least = min(PAD_MIN_TILE, c_max * w_max)
-    best = None
-    for block_c in (4, 8, 16, 32, 64):
-        for block_w in (8, 16, 32, 64, 128):
-            tile = block_c * block_w
-            if block_c > c_max or block_w > w_max or not least <= tile <= PAD_MAX_TILE:
-                continue
-            lanes = _cdiv(c, block_c) * block_c * _cdiv(wp, block_w) * block_w
-            if best is None or (lanes, -tile) < best[0]:
-                best = ((lanes, -tile), block_c, block_w)
-    if best is None:  # a row narrower than the smallest block: one block holds it
-        block_c, block_w = c_max, w_max
-    else:
-        _, block_c, block_w = best
+    block_c, block_w = min(64, _pow2_at_least(c)), min(64, _pow2_at_least(wp))
     return block_c, block_w, dp * hp * _cdiv(wp, block_w), _cdiv(c, block_c)
 
 

@@ -352,8 +352,6 @@ PAD_CASES = {
     "channels-last": ((2, 5, 2, 3, 4), ((1, 1, 1), (4, 5, 6)), "channels_last_3d"),
     "channels-last-past-one-block": ((1, 70, 2, 2, 3), ((0, 0, 1), (2, 2, 4)), "channels_last_3d"),
     "strided-view": ((2, 6, 5, 5, 10), ((1, 1, 1), (7, 7, 7)), "slice"),
-    # 48 channels on rows of 100: three 16-channel blocks of 128 positions (_padded_blocks)
-    "channels-in-three-blocks": ((1, 48, 1, 2, 96), ((0, 0, 2), (1, 2, 100)), "contiguous"),
 }
 
 
@@ -372,31 +370,6 @@ def test_to_padded_kernel_copies_x_into_its_halo(name, round_tf32):
     xp = triton_sites._prepare_padded_input(x, geo, round_tf32)
     expect = padded_input_reference(x, geo)
     assert torch.equal(xp, round_tf32_reference(expect) if round_tf32 else expect)
-
-
-def test_padded_blocks_leave_the_fewest_lanes_masked():
-    """The copy's block, over channel counts and padded widths no suite holds: powers of two,
-    within the tile bounds (or one block for a smaller row), covering every channel and position,
-    and with no allowed block that masks fewer lanes."""
-    def lanes(c, wp, bc, bw):
-        return -(-c // bc) * bc * -(-wp // bw) * bw
-
-    for c in (1, 3, 5, 16, 24, 33, 48, 64, 96, 130, 240, 256):
-        for wp in (3, 6, 9, 18, 34, 36, 47, 68, 72, 100, 130, 131, 259):
-            x = torch.empty(1, c, 1, 1, 1)
-            bc, bw, r_blocks, c_blocks = triton_sites._padded_blocks(x, ((0, 0, 0), (1, 1, wp)))
-            context = f"C {c}, WP {wp}: block {bc} x {bw}"
-            assert bc & (bc - 1) == 0 and bw & (bw - 1) == 0, context
-            assert c_blocks * bc >= c and r_blocks * bw >= wp and (c_blocks - 1) * bc < c, context
-            c_max, w_max = min(64, 1 << (c - 1).bit_length()), min(128, 1 << (wp - 1).bit_length())
-            least = min(triton_sites.PAD_MIN_TILE, c_max * w_max)
-            allowed = [(c2, w2) for c2 in (4, 8, 16, 32, 64) for w2 in (8, 16, 32, 64, 128)
-                       if c2 <= c_max and w2 <= w_max and least <= c2 * w2 <= triton_sites.PAD_MAX_TILE]
-            if not allowed:
-                assert (bc, bw) == (c_max, w_max), context
-                continue
-            assert (bc, bw) in allowed, context
-            assert lanes(c, wp, bc, bw) == min(lanes(c, wp, *b) for b in allowed), context
 
 
 @pytest.mark.parametrize("pack", ["merged-groups-by-2", "cin-past-one-block", "one-channel-k1"])
