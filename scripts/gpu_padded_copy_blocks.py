@@ -15,6 +15,7 @@ from triton.testing import do_bench
 
 from convt3d import triton_sites
 from convt3d.kernels import phase_gemm as K
+from convt3d.triton_configs import _cdiv
 
 # name, batch, channels, (D, H, W), halo per side, dtype, channels-last source
 GEOMETRIES = [
@@ -32,10 +33,6 @@ GEOMETRIES = [
     ("c3", 1, 3, (33, 70, 70), (1, 1, 1), torch.float32, False),
     ("video", 4, 240, (10, 34, 34), (2, 2, 2), torch.bfloat16, False),
 ]
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _lanes(c: int, wp: int, bc: int, bw: int) -> int:

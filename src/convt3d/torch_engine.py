@@ -87,10 +87,16 @@ def torch_forward(x, weight, bias, params, precision):
     """PyTorch's forward of a validated call. A precision for CUDA float32 sets cuDNN's TF32 flag
     for this call only ("tf32": TF32 on; any exact grade: off); None follows the flag as it is."""
     args = (x, weight, bias, params.stride, params.padding, params.output_padding, params.groups, params.dilation)
-    if at_flags_as_they_are(x, precision):
-        return torch.nn.functional.conv_transpose3d(*args)
+    return _at_precision(torch.nn.functional.conv_transpose3d, args, precision)
+
+
+def _at_precision(op, args: tuple, precision):
+    """``op(*args)`` (a PyTorch convolution whose input is ``args[0]``) at the call's precision:
+    cuDNN's flags as they are, or its TF32 flag set for this call (``at_flags_as_they_are``)."""
+    if at_flags_as_they_are(args[0], precision):
+        return op(*args)
     with cudnn_conv_tf32(precision == "tf32"):
-        return torch.nn.functional.conv_transpose3d(*args)
+        return op(*args)
 
 
 # ---- the conv3d form of a stride-1 call ----------------------------------------------------------
@@ -145,14 +151,11 @@ def conv3d_padding(params) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
 
 
 def conv3d_forward(x, weight, bias, params, precision):
-    """A stride-1 call (``conv3d_form_reasons`` empty) as PyTorch's conv3d, TF32 flag as in
-    ``torch_forward``. Padding beyond d (K - 1) trims x instead (a view): the conv3d's padding
+    """A stride-1 call (``conv3d_form_reasons`` empty) as PyTorch's conv3d, at the call's
+    precision as ``torch_forward``. Padding beyond d (K - 1) trims x instead (a view): the conv3d's padding
     would be negative there."""
     pad, trim = conv3d_padding(params)
     if trim != (0, 0, 0):
         x = x[:, :, trim[0]:x.shape[2] - trim[0], trim[1]:x.shape[3] - trim[1], trim[2]:x.shape[4] - trim[2]]
     args = (x, conv3d_weight(weight, params.groups), bias, 1, pad, params.dilation, params.groups)
-    if at_flags_as_they_are(x, precision):
-        return torch.nn.functional.conv3d(*args)
-    with cudnn_conv_tf32(precision == "tf32"):
-        return torch.nn.functional.conv3d(*args)
+    return _at_precision(torch.nn.functional.conv3d, args, precision)
