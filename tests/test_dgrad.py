@@ -253,7 +253,7 @@ def test_candidates_are_capped_by_channels():
     assert len(set(cands)) == len(cands)
     big = check_call(torch.empty(1, 256, 2, 2, 2), torch.empty(256, 128, 4, 4, 4), None, 2, 1, 0, 1, 1)[0]
     cuda = torch.device("cuda")
-    # The H200 winners (backward.dgrad_candidates): 128x64 K32 first, then the two 128x128 tiles.
+    # The tiles the choice times (backward.dgrad_candidates): 128x64 K32 first, then the two 128x128 tiles.
     assert B.dgrad_candidates(big, torch.bfloat16, cuda) == (
         B.DgradConfig(128, 64, 32, 4, 4), B.DgradConfig(128, 128, 64, 8, 3), B.DgradConfig(128, 128, 32, 8, 4))
     assert B.DgradConfig(128, 128, 32, 8, 4) in B.dgrad_candidates(big, torch.float32, cuda, "ieee")

@@ -235,8 +235,10 @@ def test_tune_report_names_where_a_decision_came_from(reason, source):
 def test_explain_names_the_output_head_tiles_of_a_narrow_layer():
     x, w = torch.randn(1, 16, 3, 3, 3), torch.randn(16, 1, 4, 4, 4)
     text = str(convt3d.explain(x, w, None, 2, 1, backend="triton"))
-    assert "phase GEMM on the FMA path" in text and "output-head tiles" in text and "N = Cout/g x taps = 64" in text
-    assert "runs one by default" in text and "config: head-" in text
+    # k4 s2 at dilation 1: both kinds, the rows GEMM's N = 1 x 4 x 4 x 2, the shuffle's 1 x 2^3 over 8 shifts
+    assert "phase GEMM on the FMA path" in text and "output-head tiles (rows: " in text
+    assert "W residues = 32" in text and "; shuffle: " in text and "8 shift(s), N = Cout/g x stride volume = 8" in text
+    assert "runs one by default" in text and "config: head-rows" in text
 
 
 def test_explain_reports_the_backward_choice():

@@ -14,7 +14,7 @@ import torch
 
 from convt3d import triton_engine as E
 from convt3d.validate import check_call
-from test_gluon_spike import compile_in_clean_process
+from clean_process import compile_in_clean_process
 
 _GL = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -54,7 +54,7 @@ def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **c
         "fp16-cl-8warps", "bf16-smallest"])
 def test_box_gemm_compiles_for_sm90(dtype, block_n, block_k, box, warps, w_group, w_skip, cl_out, bias, off32, pairs):
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    # In a process of its own, without the interpreter (see test_gluon_spike.compile_in_clean_process).
+    # In a process of its own, without the interpreter (see clean_process.compile_in_clean_process).
     consts = dict(HAS_BIAS=bias, W_GROUP=w_group, W_SKIP=w_skip, OFF32=off32, CL_OUT=cl_out, PAIRS=pairs, STAGES=4)
     args = json.dumps([dtype, block_n, block_k, list(box), warps, consts])
     out = compile_in_clean_process([__file__, args])

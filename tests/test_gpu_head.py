@@ -39,8 +39,8 @@ HEADS = {
     "gan-64to1-k4s2p1": (2, 64, 1, 1, (9, 10, 11), 4, 2, 1, 0, 1),
     "video-64to3-k144": (2, 64, 3, 1, (5, 12, 13), (1, 4, 4), (1, 2, 2), (0, 1, 1), 0, 1),
     "tc-side-128to8-k3": (2, 128, 8, 1, (4, 9, 12), 3, (1, 2, 2), 1, (0, 1, 1), 1),
-    "direct-k2s2-8to2": (2, 8, 2, 1, (9, 10, 11), 2, 2, 0, 0, 1),
-    "direct-k2s3-fill": (2, 16, 3, 1, (5, 6, 7), 2, 3, 0, 1, 1),
+    "free-k2s2-8to2": (2, 8, 2, 1, (9, 10, 11), 2, 2, 0, 0, 1),
+    "free-k2s3-fill": (2, 16, 3, 1, (5, 6, 7), 2, 3, 0, 1, 1),
     "video-128to3-k4s2p1": (1, 128, 3, 1, (4, 12, 17), 4, 2, 1, 0, 1),
     "groups2-5-per-group": (2, 32, 10, 2, (5, 6, 7), 3, 2, 1, 1, 1),
     "c15-dilation2": (1, 24, 15, 1, (4, 5, 6), 3, 2, 2, 1, 2),
@@ -77,7 +77,7 @@ def _first_of_each_kind(heads):
     return [next(c for c in heads if c.head == kind) for kind in dict.fromkeys(c.head for c in heads)]
 
 
-KIND_HEADS = ["gan-64to1-k4s2p1", "video-64to3-k144", "tc-side-128to8-k3", "direct-k2s2-8to2", "direct-k2s3-fill",
+KIND_HEADS = ["gan-64to1-k4s2p1", "video-64to3-k144", "tc-side-128to8-k3", "free-k2s2-8to2", "free-k2s3-fill",
               "groups2-5-per-group", "c15-dilation2", "cin200-ksteps"]
 
 
@@ -85,8 +85,8 @@ KIND_HEADS = ["gan-64to1-k4s2p1", "video-64to3-k144", "tc-side-128to8-k3", "dire
 @pytest.mark.parametrize("layout", ["ncdhw", "cl"])
 @pytest.mark.parametrize("name", KIND_HEADS)
 def test_every_head_candidate(name, layout, dtype):
-    # Every head candidate of the layer (gather and rows, or the direct tiles), at the bench's
-    # precision (TF32 for fp32): the tuner may pick any of them.
+    # Every head candidate of the layer (rows where taps meet, shuffle at dilation 1), at the
+    # bench's precision (TF32 for fp32): the tuner may pick any of them.
     x, w, b, args = _inputs(HEADS[name], layout, dtype)
     params, _ = check_call(x, w, b, *args)
     for cfg in _heads(params, x, w, "tf32"):
@@ -105,18 +105,17 @@ PERSISTENT_HEADS = {
 @pytest.mark.parametrize("layout", ["ncdhw", "cl", "noncontig"])
 @pytest.mark.parametrize("name", list(PERSISTENT_HEADS))
 def test_persistent_tiles_walk_many_tiles(name, layout, dtype):
-    # The persistent gather and rows tiles (Config.persist) on layers with more tiles than
-    # programs, so that every program loops: full and partial output widths, flat and strided
-    # inputs.
+    # The persistent rows tiles (Config.persist) on layers with more tiles than programs, so
+    # that every program loops: full and partial output widths, flat and strided inputs.
     from convt3d import head_engine
     x, w, b, args = _inputs(PERSISTENT_HEADS[name], layout, dtype)
     params, _ = check_call(x, w, b, *args)
     persistent = [c for c in _heads(params, x, w, "tf32") if c.persist]
     assert persistent, "a persistent tile must be offered"
-    (d, h, wd), ow, sw = params.in_size, params.out_size[2], params.stride[2]
+    (d, h, _), ow, sw = params.in_size, params.out_size[2], params.stride[2]
     for cfg in persistent:
-        # M: input positions (gather) or input rows x compact output columns (rows).
-        m = d * h * (-(-ow // sw) if cfg.head == "rows" else wd)
+        # M: input rows x compact output columns.
+        m = d * h * -(-ow // sw)
         tiles = params.batch * -(-m // cfg.BLOCK_M)
         assert tiles > head_engine.persistent_programs(x.device, tiles, cfg.persist)
         _check(x, w, b, args, "tf32", E.forward(x, w, b, params, "tf32", config=cfg))
@@ -151,64 +150,12 @@ def test_packed_weight_rows_tiles(name, layout, dtype, precision):
         _check(x, w, b, args, precision, E.forward(x, w, b, params, precision, config=cfg))
 
 
-# Layers whose taps meet and whose Z slot fits (c15-dilation2: 15 x 27 = 405 columns, 512 padded,
-# so no box's slot is <= 128 KB and fused_tiles offers none; test_fused_tiles_fit_the_slot_budget).
-FUSED_HEADS = [n for n in KIND_HEADS if not n.startswith("direct") and n != "c15-dilation2"]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("layout", ["ncdhw", "cl", "noncontig"])
-@pytest.mark.parametrize("name", FUSED_HEADS)
-def test_fused_kind(name, layout, dtype):
-    # head_fused_kernel (offered by the plan only where no Z kind fits; forced here on every
-    # layer whose taps meet): each of its tiles, at the bench's precision and at tf32x3 for fp32.
-    from convt3d import head_engine
-
-    x, w, b, args = _inputs(HEADS[name], layout, dtype)
-    params, _ = check_call(x, w, b, *args)
-    tiles = [E.Config(**t) for t in head_engine.fused_tiles(params, dtype)]
-    assert tiles, "a layer whose taps meet has fused tiles"
-    for precision in ["tf32"] + (["tf32x3"] if dtype == torch.float32 else []):
-        for cfg in tiles:
-            _check(x, w, b, args, precision, E.forward(x, w, b, params, precision, config=cfg))
-
-
-# The box kind's two box regimes: whole rows (every head above: H, W <= the box), and boxes
-# that overlap along height (40 rows) and along width (80 columns > 64: boxes of 32).
-BOX_HEADS = dict(HEADS, **{
-    "gan-overlapping-rows": (1, 64, 1, 1, (3, 40, 24), 4, 2, 1, 0, 1),
-    "video-overlapping-columns": (1, 32, 3, 1, (2, 6, 80), (1, 4, 4), (1, 2, 2), (0, 1, 1), 0, 1),
-})
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("layout", ["ncdhw", "cl", "noncontig"])
-@pytest.mark.parametrize("name", list(BOX_HEADS))
-def test_box_kind(name, layout, dtype):
-    # head_box_kernel (Gluon, sm_90): every box tile the plan offers for the layer, at the bench's
-    # precision (TF32 for fp32; the kind is not offered at tf32x3 or ieee).
-    from convt3d import head_box_engine
-
-    if not E.gluon_capable(torch.device(DEV)):
-        pytest.skip("the box kind needs sm_90 (wgmma)")
-    x, w, b, args = _inputs(BOX_HEADS[name], layout, dtype)
-    params, _ = check_call(x, w, b, *args)
-    tiles = [E.Config(**t) for t in head_box_engine.box_tiles(params, dtype, "tf32")]
-    if not tiles:
-        pytest.skip(f"not offered: {head_box_engine.box_unsupported(params, dtype, 'tf32') or 'no box fits'}")
-    offered = [c for c in E.plan(params, x, w, "tf32").configs if c.head == "box"]
-    assert offered == tiles
-    for cfg in tiles:
-        _check(x, w, b, args, "tf32", E.forward(x, w, b, params, "tf32", config=cfg))
-        _check(x, w, None, args, "tf32", E.forward(x, w, None, params, "tf32", config=cfg))
-
-
 # The shuffle kind's regimes (dilation 1): kernels within the stride with every position reached,
 # boxes with bias-only positions (k < s), output padding, cropping padding, anisotropic strides,
 # a stride of 3 (box width not a power of two), 15 channels over 4 x 4 boxes, groups, K steps.
 SHUFFLE_HEADS = {
-    "k2s2-8to2": HEADS["direct-k2s2-8to2"],
-    "k2s3-op1": HEADS["direct-k2s3-fill"],
+    "k2s2-8to2": HEADS["free-k2s2-8to2"],
+    "k2s3-op1": HEADS["free-k2s3-fill"],
     "k122-s122-64to3-p": (2, 64, 3, 1, (5, 12, 13), (1, 2, 2), (1, 2, 2), (0, 1, 0), (0, 1, 1), 1),
     "k444-s444-16to15": (1, 16, 15, 1, (4, 5, 7), 4, 4, 0, 0, 1),
     "k213-s423-p": (1, 40, 5, 1, (3, 5, 6), (2, 1, 3), (4, 2, 3), (3, 0, 1), (1, 1, 2), 1),
@@ -247,7 +194,7 @@ def test_shuffle_kind(name, layout, dtype):
 
 @pytest.mark.parametrize("dtype, precision", [(torch.float16, "tf32"), (torch.float32, "tf32x3"),
                                               (torch.float32, "ieee")], ids=["float16", "tf32x3", "ieee"])
-@pytest.mark.parametrize("name", ["video-128to3-k4s2p1", "direct-k2s2-8to2", "groups2-5-per-group"])
+@pytest.mark.parametrize("name", ["video-128to3-k4s2p1", "free-k2s2-8to2", "groups2-5-per-group"])
 def test_head_precisions(name, dtype, precision):
     x, w, b, args = _inputs(HEADS[name], "ncdhw", dtype)
     params, _ = check_call(x, w, b, *args)
@@ -255,7 +202,7 @@ def test_head_precisions(name, dtype, precision):
         _check(x, w, b, args, precision, E.forward(x, w, b, params, precision, config=cfg))
 
 
-@pytest.mark.parametrize("name", ["gan-64to1-k4s2p1", "direct-k2s3-fill"])
+@pytest.mark.parametrize("name", ["gan-64to1-k4s2p1", "free-k2s3-fill"])
 def test_noncontiguous_input(name):
     # A strided view: D, H, W are not one stride apart, so the GEMM divides per row.
     x, w, b, args = _inputs(HEADS[name], "noncontig", torch.bfloat16)
@@ -397,7 +344,7 @@ def test_head_backward_every_candidate(name, layout, dtype, precision):
 
 
 @pytest.mark.parametrize("kernel", ["flat", "phases"])
-@pytest.mark.parametrize("name", ["gan-64to1-k4s2p1", "direct-k2s3-fill"])
+@pytest.mark.parametrize("name", ["gan-64to1-k4s2p1", "free-k2s3-fill"])
 def test_head_backward_noncontiguous_input(name, kernel):
     # The first tile of each kernel (dY zero-padded / split by phase) on a strided X and dY.
     x, w, b, args = _inputs(HEADS[name], "noncontig", torch.bfloat16)

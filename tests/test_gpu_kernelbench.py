@@ -5,8 +5,9 @@ default flags and with TF32 off for convolutions: ``Model`` and ``ModelNew`` bui
 42, five trials seeded as ``run_and_check_correctness`` seeds them, each passing only when
 ``torch.allclose(reference, ModelNew, atol=1e-4, rtol=1e-4)`` against the reference run under
 the same flags (``convt3d.kernelbench.evaluate`` holds the mirrored steps). Also: the file's
-precision under those flags, and the problem table's record of how cuDNN computes each default-
-flag reference (TF32 or full fp32), re-measured against float64.
+precision under those flags, the candidate its chooser kept (one of the file's, timed where the
+GPU and the precision allow more than one), and the problem table's record of how cuDNN computes
+each default-flag reference (TF32 or full fp32), re-measured against float64.
 """
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ def test_file_passes_kernelbench_check(entry, tf32):
                   for seed in evaluate.trial_seeds(evaluate.CORRECT_TRIALS)]
     diffs = [f"{t.max_abs_diff:.2e}" for t in trials]
     assert all(t.passes for t in trials), f"{sum(t.passes for t in trials)}/5 trials pass; max abs diffs {diffs}"
+    if not name.endswith("_cuda.py"):
+        names = [c["name"] for c in module.CANDIDATES]
+        for choice in module.CHOICES:
+            assert choice["config"] in names and set(choice["timings_ms"]) <= set(names), choice
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: f"kb{p.id}")

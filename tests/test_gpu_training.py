@@ -1,4 +1,4 @@
-"""GPU tests of training (issue 5; skipped without CUDA): opcheck on CUDA, the gradient sweep
+"""GPU tests of training (skipped without CUDA): opcheck on CUDA, the gradient sweep
 against float64 with the 2x-cuDNN bar (both dW implementations; every Triton dX tile
 configuration, and dX forced to Triton through autograd), torch.compile(fullgraph=True)
 with Inductor, CUDA graph capture and replay of forward + backward, autocast, and a 50-step
@@ -364,8 +364,7 @@ def test_second_order_gradients(backend):
     """create_graph=True on our engines (a path-length-style penalty): the second-order gradients
     of the weight and bias against float64 PyTorch, exact grade. TF32 is off for the whole test:
     the ops of the second backward run at cuDNN's flags as they are then (as PyTorch's own
-    layer's do), which at PyTorch's default TF32 err ~1e-4 of the largest gradient (H200,
-    2026-12-04)."""
+    layer's do), which at PyTorch's default TF32 err ~1e-4 of the largest gradient."""
     torch.manual_seed(0)
     x = torch.randn(2, 16, 5, 6, 7, device=DEV)
     w = torch.randn(16, 8, 3, 3, 3, device=DEV) * 0.2

@@ -468,11 +468,33 @@ def test_choice_candidates_by_regime(name):
         assert isinstance(dx[0], B.DgradConfig)
 
 
-def test_general_wgrad_timed_with_heads_on_request(monkeypatch):
-    x, w, _, params = _setup(G(1, 16, 12, (2, 2, 2), 3, 2, 1))
-    monkeypatch.setenv("CONVT3D_TIME_TRITON_DW", "1")
-    dw = B.wgrad_choice_candidates(params, torch.float32, x.device)
-    assert isinstance(dw[0], HB.HeadWgradConfig) and any(isinstance(c, B.WgradConfig) for c in dw)
+@pytest.mark.parametrize("name,timed", [("head-64to1", True), ("head-16to12-both-kernels", True),
+                                        ("mid-32to16", False)],
+                         ids=["head-64to1-timed", "head-16to12-timed", "mid-32to16-not-timed"])
+def test_wgrad_timed_only_for_heads(name, timed, auto_state, monkeypatch):
+    # dW's timed choice runs where the head kernels can (their tiles are its candidates); the
+    # general Triton dW is never timed, so a layer that is not a head takes cuDNN untimed.
+    monkeypatch.delenv("CONVT3D_BWD_WEIGHT", raising=False)
+    monkeypatch.setattr(B, "_can_time", lambda x, supported, time_triton: supported and time_triton)
+    ran = []
+
+    def fake_time_choice(cands, run_cudnn, run_triton):
+        ran.append(cands)
+        return B.Choice("cudnn", None, 0.0, {}, "timed (stub)")
+
+    monkeypatch.setattr(B, "_time_choice", fake_time_choice)
+    B.clear_caches()
+    x, w, dy, params = _setup(REGIMES[name][0])
+    try:
+        rec = B.choose_wgrad(dy, x, w, params, "ieee")
+    finally:
+        B.clear_caches()
+    assert rec.impl == "cudnn"
+    assert bool(ran) == timed
+    if timed:
+        assert ran[0] and all(isinstance(c, HB.HeadWgradConfig) for c in ran[0])
+    else:
+        assert rec.reason.startswith("static rule")
 
 
 def test_static_choice_on_cpu_stays_cudnn_for_heads(monkeypatch):
@@ -575,7 +597,7 @@ def test_timed_choice_is_saved_and_read_back_by_a_later_process(auto_state, monk
 
     from convt3d import cache
 
-    for env in ("CONVT3D_BWD_INPUT", "CONVT3D_BWD_WEIGHT", "CONVT3D_TIME_TRITON_DW"):
+    for env in ("CONVT3D_BWD_INPUT", "CONVT3D_BWD_WEIGHT"):
         monkeypatch.delenv(env, raising=False)
     monkeypatch.setattr(B, "_can_time", lambda x, supported, time_triton: supported and time_triton)
     x, w, dy, params = _setup(G(1, 8, 1, (2, 2, 2), 4, 2, 1))

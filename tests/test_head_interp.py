@@ -7,9 +7,10 @@ would). Every output is compared with float64 PyTorch element by element (confte
 positions no tap reaches (bias only) are checked as well as the summed ones.
 
 Shapes are tiny (the interpreter costs ~1 s per call here) but each regime really occurs:
-overlapping taps (the Z + gather kind) and collision-free layers (the direct kind, with and
-without positions no tap reaches), groups, several M tiles, several N tiles, several K steps,
-gather rows wider than the gather span, every input layout, unbatched input.
+overlapping taps (the rows kind, and the shuffle kind at dilation 1) and collision-free layers
+(the shuffle kind, with and without positions no tap reaches), groups, several M tiles, several
+N tiles, several K steps, output rows wider than the tap sum's span, every input layout,
+unbatched input.
 """
 from __future__ import annotations
 
@@ -41,9 +42,6 @@ def run_head(case: Case, x, w, b, precision="ieee", pick=0, kind=None, **overrid
     forced (fields in ``override`` replaced); unbatched input is given its batch of one here, as
     the API does."""
     params, x5, configs = head_configs(case, x, w, precision)
-    if kind == "fused" and not any(c.head == "fused" for c in configs):
-        # Offered by the plan only where no Z kind is (head_tiles); forced here on any layer.
-        configs = [engine.Config(**t) for t in head_engine.fused_tiles(params, x5.dtype)]
     configs = [c for c in configs if kind in (None, c.head)]
     assert configs, f"the case has no head candidate of kind {kind}"
     cfg = dataclasses.replace(configs[pick], **override)
@@ -55,30 +53,36 @@ def run_head(case: Case, x, w, b, precision="ieee", pick=0, kind=None, **overrid
 # Regimes: Case(batch, cin, cout, in_size, kernel, stride, padding, output_padding, dilation, groups)
 # ---------------------------------------------------------------------------------------------
 REGIMES = {
-    # Z + gather: taps overlap on the output
-    "gather-c1-k4s2p1": Case(2, 4, 1, (2, 3, 4), (4, 4, 4), 2, 1),  # 3-D GAN voxel head
-    "gather-c3-k144-s122-cl": Case(2, 6, 3, (2, 3, 5), (1, 4, 4), (1, 2, 2), (0, 1, 1),
-                                   layout="channels_last_3d"),  # RGB video head
-    "gather-c8-k3-s122-op011": Case(1, 8, 8, (2, 3, 4), (3, 3, 3), (1, 2, 2), 1, (0, 1, 1)),
-    "gather-c15-odd": Case(1, 5, 15, (1, 3, 5), (2, 3, 3), 2, (0, 1, 1), 1),
-    "gather-stride1-k3p1-c4": Case(1, 6, 4, (2, 3, 3), (3, 3, 3), 1, 1),
-    "gather-videogpt-p3-c5": Case(1, 4, 5, (3, 4, 4), (4, 4, 4), 2, 3, bias=False),  # padding above stride
-    "gather-dilation2-stride2-op": Case(1, 3, 2, (2, 3, 3), (2, 3, 2), 2, 1, 1, 2),
-    "gather-dilation3-stride2": Case(1, 2, 2, (2, 3, 3), (3, 2, 3), 2, 1, 1, 3),  # gcd(s, d) = 1
-    "gather-per-dim-everything": Case(1, 4, 3, (3, 4, 3), (2, 3, 3), (1, 2, 3), (0, 1, 1), (0, 1, 2), (1, 1, 2)),
-    "gather-groups2-c3": Case(2, 8, 6, (2, 3, 3), (3, 3, 3), 2, 1, 1, groups=2),
-    "gather-depthwise-c1": Case(1, 3, 3, (2, 3, 4), (3, 3, 3), 2, 1, 1, groups=3),
-    "gather-m-tiles": Case(1, 4, 2, (2, 9, 10), (3, 3, 3), 2, 1, bias=False),  # 180 positions: 2 M tiles of 128
-    "gather-k144-s2-unreached-planes": Case(1, 4, 2, (2, 3, 3), (1, 4, 4), 2, (0, 1, 1), (1, 0, 0)),  # odd od: bias
-    "gather-k-steps-n-tiles": Case(1, 40, 6, (1, 3, 3), (3, 3, 3), 2, 1),  # K 40 = 2 steps of 32; N 162 = 2 tiles
-    # direct: collision-free (dilation * (k - 1) < stride along every dimension)
-    "direct-c2-k2s2": Case(2, 8, 2, (2, 3, 4), (2, 2, 2), 2),  # every position reached: no fill
-    "direct-c3-k2s3-fill": Case(1, 4, 3, (2, 3, 3), (2, 2, 2), 3, 0, 1),  # residue 2 and the op row: fill
-    "direct-pointwise-k1s1": Case(1, 5, 4, (2, 3, 4), (1, 1, 1), 1),
-    "direct-k2s2-p1-groups2": Case(1, 4, 4, (2, 3, 4), (2, 2, 2), 2, 1, 1, groups=2),  # cropped edges
-    "direct-k2-dilation3-stride2": Case(1, 2, 2, (2, 3, 3), (2, 2, 2), 2, 1, 1, 3),  # taps 3 apart
-    "direct-per-dim-everything": Case(1, 4, 3, (3, 4, 3), (1, 2, 3), (1, 2, 3), (0, 1, 1), (0, 1, 2), (1, 1, 2)),
-    "direct-k1s2-unreached": Case(1, 3, 1, (2, 3, 3), (1, 1, 1), 2, 0, 1),  # 7 of 8 phases empty
+    # overlap: taps meet on the output (the rows kind; the shuffle kind too at dilation 1)
+    "overlap-c1-k4s2p1": Case(2, 4, 1, (2, 3, 4), (4, 4, 4), 2, 1),  # 3-D GAN voxel head
+    "overlap-c3-k144-s122-cl": Case(2, 6, 3, (2, 3, 5), (1, 4, 4), (1, 2, 2), (0, 1, 1),
+                                    layout="channels_last_3d"),  # RGB video head
+    "overlap-c8-k3-s122-op011": Case(1, 8, 8, (2, 3, 4), (3, 3, 3), (1, 2, 2), 1, (0, 1, 1)),
+    "overlap-c15-odd": Case(1, 5, 15, (1, 3, 5), (2, 3, 3), 2, (0, 1, 1), 1),
+    "overlap-stride1-k3p1-c4": Case(1, 6, 4, (2, 3, 3), (3, 3, 3), 1, 1),
+    "overlap-videogpt-p3-c5": Case(1, 4, 5, (3, 4, 4), (4, 4, 4), 2, 3, bias=False),  # padding above stride
+    "overlap-dilation2-stride2-op": Case(1, 3, 2, (2, 3, 3), (2, 3, 2), 2, 1, 1, 2),
+    "overlap-dilation3-stride2": Case(1, 2, 2, (2, 3, 3), (3, 2, 3), 2, 1, 1, 3),  # gcd(s, d) = 1
+    "overlap-per-dim-everything": Case(1, 4, 3, (3, 4, 3), (2, 3, 3), (1, 2, 4), (0, 1, 1), (0, 1, 2), (1, 1, 2)),
+    "overlap-groups2-c3": Case(2, 8, 6, (2, 3, 3), (3, 3, 3), 2, 1, 1, groups=2),
+    "overlap-depthwise-c1": Case(1, 3, 3, (2, 3, 4), (3, 3, 3), 2, 1, 1, groups=3),
+    "overlap-m-tiles": Case(1, 4, 2, (2, 9, 10), (3, 3, 3), 2, 1, bias=False),  # 180 positions: 2 M tiles of 128
+    "overlap-k144-s2-unreached-planes": Case(1, 4, 2, (2, 3, 3), (1, 4, 4), 2, (0, 1, 1), (1, 0, 0)),  # odd od: bias
+    "overlap-k-steps-n-tiles": Case(1, 40, 6, (1, 3, 3), (3, 3, 3), 2, 1),  # K 40 = 2 steps of 32; N 162 = 2 tiles
+    # free: collision-free (dilation * (k - 1) < stride along every dimension), at dilation 1
+    "free-c2-k2s2": Case(2, 8, 2, (2, 3, 4), (2, 2, 2), 2),  # every position reached
+    "free-c3-k2s3-fill": Case(1, 4, 3, (2, 3, 3), (2, 2, 2), 3, 0, 1),  # residue 2 and the op row: bias only
+    "free-pointwise-k1s1": Case(1, 5, 4, (2, 3, 4), (1, 1, 1), 1),
+    "free-k2s2-p1-groups2": Case(1, 4, 4, (2, 3, 4), (2, 2, 2), 2, 1, 1, groups=2),  # cropped edges
+    "free-k1s2-unreached": Case(1, 3, 1, (2, 3, 3), (1, 1, 1), 2, 0, 1),  # 7 of 8 phases empty
+}
+# Heads neither kind takes (the rows kind is offered where taps meet at a power-of-two width
+# stride, the shuffle kind at dilation 1): collision-free layers and a width stride of 3, each
+# with a dilation past 1.
+NO_HEAD_REGIMES = {
+    "free-k2-dilation3-stride2": Case(1, 2, 2, (2, 3, 3), (2, 2, 2), 2, 1, 1, 3),  # taps 3 apart
+    "free-per-dim-everything": Case(1, 4, 3, (3, 4, 3), (1, 2, 3), (1, 2, 3), (0, 1, 1), (0, 1, 2), (1, 1, 2)),
+    "overlap-w-stride3-dilation2": Case(1, 4, 3, (3, 4, 3), (2, 3, 3), (1, 2, 3), (0, 1, 1), (0, 1, 2), (1, 1, 2)),
 }
 
 
@@ -88,26 +92,30 @@ def _kinds(case: Case) -> list[str]:
 
 
 def test_regime_names_match_the_kind():
-    # "gather"/"direct" must describe what the launcher really runs: taps that meet get the
-    # gather kind, and the rows kind too where the W stride is a power of two.
+    # "overlap"/"free" must describe what the launcher really runs: taps that meet get the rows
+    # kind where the W stride is a power of two, and every layer at dilation 1 the shuffle kind.
     for name, case in REGIMES.items():
         kinds = _kinds(case)
-        if name.startswith("direct"):
-            # and the shuffle kind where the kernel fits in the stride at dilation 1
-            params = check_call(*case.tensors()[:2], None, *case.args)[0]
-            assert kinds == (["direct", "shuffle"] if head_engine.shuffle_layer(params) else ["direct"]), name
-        else:
-            sw = case.stride if isinstance(case.stride, int) else case.stride[2]
-            params = check_call(*case.tensors()[:2], None, *case.args)[0]
-            # (the fused kind only where no Z kind is offered: not at these sizes; the shuffle
-            # kind at dilation 1, its shifts summing the taps past the stride)
-            want = (["gather", "rows"] if sw & (sw - 1) == 0 else ["gather"]) + (
-                ["shuffle"] if head_engine.shuffle_layer(params) else [])
-            assert kinds == want, name
+        sw = case.stride if isinstance(case.stride, int) else case.stride[2]
+        params = check_call(*case.tensors()[:2], None, *case.args)[0]
+        assert head_engine.collision_free(params) == name.startswith("free"), name
+        want = (["rows"] if name.startswith("overlap") and sw & (sw - 1) == 0 else []) + (
+            ["shuffle"] if head_engine.shuffle_layer(params) else [])
+        assert kinds == want and kinds, name
 
 
-KIND_CASES = [(name, kind) for name, case in REGIMES.items()
-              for kind in _kinds(case) + ([] if name.startswith("direct") else ["fused"])]
+@pytest.mark.parametrize("name", list(NO_HEAD_REGIMES))
+def test_heads_neither_kind_takes_run_the_phase_path(name):
+    # No head candidate: the plan's tiles are the phase GEMM's, and its default is right.
+    case = NO_HEAD_REGIMES[name]
+    x, w, b = case.tensors()
+    params, x5, heads = head_configs(case, x, w)
+    assert not heads and engine.plan(params, x5, w, "ieee").configs
+    y = engine.forward(x5, w, b, params, "ieee")
+    check_against_reference(y, x5, w, b, *case.args, precision="ieee", context=name)
+
+
+KIND_CASES = [(name, kind) for name, case in REGIMES.items() for kind in _kinds(case)]
 
 
 @pytest.mark.parametrize("name, kind", KIND_CASES, ids=[f"{n}-{k}" for n, k in KIND_CASES])
@@ -119,27 +127,25 @@ def test_fp32_ieee(name, kind):
     assert memory_format_of(y) == ("channels_last_3d" if case.layout == "channels_last_3d" else "contiguous")
 
 
-PRECISION_REGIMES = ["gather-c1-k4s2p1", "gather-groups2-c3", "gather-k-steps-n-tiles", "direct-c3-k2s3-fill"]
+PRECISION_REGIMES = ["overlap-c1-k4s2p1", "overlap-groups2-c3", "overlap-k-steps-n-tiles", "free-c3-k2s3-fill"]
 
 
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
 @pytest.mark.parametrize("name", PRECISION_REGIMES)
-@pytest.mark.parametrize("kind", ["last", "fused"])
-def test_fp32_tf32_precisions(name, precision, kind):
+@pytest.mark.parametrize("pick", [0, -1], ids=["first", "last"])
+def test_fp32_tf32_precisions(name, precision, pick):
+    # The first head tile (the untuned default) and the last one offered.
     case = REGIMES[name]
     x, w, b = case.tensors()
-    if kind == "fused" and name.startswith("direct"):
-        pytest.skip("collision-free: no fused kind")
-    # "last": rows where offered, else the last tile
-    y = run_head(case, x, w, b, precision, pick=-1 if kind == "last" else 0, kind=None if kind == "last" else kind)
-    check_against_reference(y, x, w, b, *case.args, precision=precision, context=f"{name} {precision} {kind}")
+    y = run_head(case, x, w, b, precision, pick=pick)
+    check_against_reference(y, x, w, b, *case.args, precision=precision, context=f"{name} {precision} {pick}")
 
 
 def test_tf32_rounds_operands_to_nearest():
     # "tf32" must be exactly TF32 arithmetic with round-to-nearest operands (cuDNN's numerics):
     # against float64 of the rounded operands the error is fp32 accumulation only, far below
     # the TF32 rounding itself (which the unrounded reference would show).
-    case = REGIMES["gather-c1-k4s2p1"]
+    case = REGIMES["overlap-c1-k4s2p1"]
     x, w, b = case.tensors()
     y = run_head(case, x, w, b, "tf32")
 
@@ -150,23 +156,21 @@ def test_tf32_rounds_operands_to_nearest():
     check_against_reference(y, rnd(x), rnd(w), b, *case.args, precision="ieee", context="rounded operands")
 
 
-@pytest.mark.parametrize("kind", ["gather", "rows", "fused"])
-@pytest.mark.parametrize("name", ["gather-c3-k144-s122-cl", "gather-groups2-c3"])
+@pytest.mark.parametrize("kind", ["rows", "shuffle"])
+@pytest.mark.parametrize("name", ["overlap-c3-k144-s122-cl", "overlap-groups2-c3"])
 def test_float16(name, kind):
     case = REGIMES[name]
     x, w, b = case.tensors(torch.float16)
     check_against_reference(run_head(case, x, w, b, kind=kind), x, w, b, *case.args, context=f"{name} {kind}")
 
 
-@pytest.mark.parametrize("kind", ["direct", "shuffle"])
-def test_float16_collision_free(kind):
-    case = REGIMES["direct-c3-k2s3-fill"]
+def test_float16_collision_free():
+    case = REGIMES["free-c3-k2s3-fill"]
     x, w, b = case.tensors(torch.float16)
-    check_against_reference(run_head(case, x, w, b, kind=kind), x, w, b, *case.args, context=f"{kind} float16")
+    check_against_reference(run_head(case, x, w, b, kind="shuffle"), x, w, b, *case.args, context="float16")
 
 
-LAYOUT_BASES = {"gather": "gather-c3-k144-s122-cl", "rows": "gather-c3-k144-s122-cl", "direct": "direct-c2-k2s2",
-                "shuffle": "direct-c2-k2s2", "fused": "gather-c3-k144-s122-cl"}
+LAYOUT_BASES = {"rows": "overlap-c3-k144-s122-cl", "shuffle": "free-c2-k2s2"}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -179,9 +183,9 @@ def test_input_layouts(kind, layout):
     check_against_reference(y, x, w, b, *case.args, context=f"{kind} {layout}")
 
 
-@pytest.mark.parametrize("kind", ["gather", "rows", "direct", "shuffle", "fused"])
+@pytest.mark.parametrize("kind", ["rows", "shuffle"])
 def test_unbatched_input(kind):
-    base = REGIMES["direct-c3-k2s3-fill" if kind in ("direct", "shuffle") else "gather-c1-k4s2p1"]
+    base = REGIMES["free-c3-k2s3-fill" if kind == "shuffle" else "overlap-c1-k4s2p1"]
     case = dataclasses.replace(base, batch=None)
     x, w, b = case.tensors()
     assert x.dim() == 4
@@ -189,18 +193,18 @@ def test_unbatched_input(kind):
     check_against_reference(y, x, w, b, *case.args, context=f"{kind} unbatched")
 
 
-@pytest.mark.parametrize("pick", [0, 1], ids=["gather", "rows"])
-def test_every_candidate_tile(pick):
-    case = REGIMES["gather-m-tiles"]
+@pytest.mark.parametrize("kind", ["rows", "shuffle"])
+def test_first_tile_of_each_kind_over_m_tiles(kind):
+    case = REGIMES["overlap-m-tiles"]
     x, w, b = case.tensors()
-    check_against_reference(run_head(case, x, w, b, pick=pick), x, w, b, *case.args, context=f"pick {pick}")
+    check_against_reference(run_head(case, x, w, b, kind=kind), x, w, b, *case.args, context=kind)
 
 
 PERSISTENT_ROWS = {
-    "m-tail": REGIMES["gather-m-tiles"],
-    "groups2": REGIMES["gather-groups2-c3"],
-    "video-head-cl": REGIMES["gather-c3-k144-s122-cl"],
-    "gan-head-batch2": REGIMES["gather-c1-k4s2p1"],
+    "m-tail": REGIMES["overlap-m-tiles"],
+    "groups2": REGIMES["overlap-groups2-c3"],
+    "video-head-cl": REGIMES["overlap-c3-k144-s122-cl"],
+    "gan-head-batch2": REGIMES["overlap-c1-k4s2p1"],
     # K 40 = 2 steps of 32, N 8 x 3 x 3 x 2 = 144 = 2 tiles of 128
     "k-steps-n-tiles": Case(1, 40, 8, (2, 5, 6), (3, 3, 3), 2, 1),
     "dilation2-op": Case(1, 3, 2, (2, 4, 7), (2, 3, 2), 2, 1, 1, 2),
@@ -288,12 +292,22 @@ def test_joint_n_tiles_are_offered_where_the_columns_pass_one_tile():
         assert bool(nj) == joint and all(t["w_packed"] and t["BLOCK_N"] == 64 and not t.get("persist") for t in nj)
 
 
-@pytest.mark.parametrize("override", [dict(persist=1), dict(head="gather")], ids=["persistent", "gather"])
+@pytest.mark.parametrize("override", [dict(persist=1), dict(head="shuffle")], ids=["persistent", "shuffle"])
 def test_packed_weight_is_a_single_sweep_rows_option(override):
     case = PERSISTENT_ROWS["m-tail"]
     x, w, b = case.tensors()
     with pytest.raises(ValueError, match="w_packed"):
         run_head(case, x, w, b, kind="rows", w_packed=True, **override)
+
+
+@pytest.mark.parametrize("head", ["gather", "direct", "fused", "box"])
+def test_a_head_config_of_no_kind_is_refused(head):
+    # Only the rows and shuffle kinds have kernels: a hand-built config naming another kind
+    # (forward's config= takes any) raises instead of running the rows kernels.
+    case = PERSISTENT_ROWS["m-tail"]
+    x, w, b = case.tensors()
+    with pytest.raises(ValueError, match="not a head kind"):
+        run_head(case, x, w, b, kind="rows", head=head)
 
 
 def test_joint_n_tiles_need_the_packed_weight():
@@ -424,23 +438,19 @@ def test_packed_tiles_where_no_weight_is_held_and_one_where_it_is():
                          [(1, 64, 4, 2), (3, 64, (1, 4, 4), (1, 2, 2)), (8, 128, 3, (1, 2, 2)), (15, 256, 3, 1)],
                          ids=["gan-head", "video-head", "128to8-k3", "256to15-k3s1"])
 def test_head_tiles_fit_the_shared_memory(dtype, cout, cin, kernel, stride):
-    # Every persistent gather and rows tile offered fits one block's shared memory by
-    # head_smem's estimate, and its programs per SM fit the SM together; only rows tiles hold
-    # their weight; the single-sweep tiles come first (the untuned defaults).
+    # Every persistent rows tile offered fits one block's shared memory by head_smem's
+    # estimate, and its programs per SM fit the SM together; the single-sweep tile comes first
+    # (the untuned default).
     k3 = (kernel,) * 3 if isinstance(kernel, int) else kernel
     s3 = (stride,) * 3 if isinstance(stride, int) else stride
     params = ConvT3dParams(2, cin, cout, 1, (8, 16, 16), k3, s3, (1, 1, 1), (0, 0, 0), (1, 1, 1))
-    tiles = [t for t in head_engine.head_tiles(params, dtype, "tf32") if t["head"] in ("gather", "rows")]
+    tiles = [t for t in head_engine.head_tiles(params, dtype, "tf32") if t["head"] == "rows"]
     assert tiles
-    for kind in ("gather", "rows"):
-        of_kind = [t for t in tiles if t["head"] == kind]
-        if of_kind:
-            assert not of_kind[0].get("persist"), "the single-sweep tile stays the untuned default"
+    assert not tiles[0].get("persist"), "the single-sweep tile stays the untuned default"
     for t in tiles:
         if t.get("persist"):
             smem, held = head_engine.head_smem(params, dtype, t)
             assert smem <= head_engine.MAX_BLOCK_SMEM, t
-            assert not held or t["head"] == "rows"
             assert t["persist"] * (smem + (9 << 10)) <= head_engine.SM_SHARED_BYTES, t
 
 
@@ -504,47 +514,16 @@ def test_rows_tile_offers_on_unseen_heads(dtype, channels_last):
     assert seen_joint and seen_held and seen_unheld, "the sweep must reach every offer rule"
 
 
-@pytest.mark.parametrize("name, kind", [("gather-per-dim-everything", "gather"), ("gather-m-tiles", "rows"),
-                                        ("direct-c3-k2s3-fill", "direct")])
-def test_gather_span_narrower_than_the_row(name, kind):
-    # Output rows of 7-20 columns split over gather programs of 4 columns (tails included).
+@pytest.mark.parametrize("name", ["overlap-per-dim-everything", "overlap-m-tiles", "overlap-dilation2-stride2-op"])
+def test_gather_span_narrower_than_the_row(name):
+    # Output rows of 6-20 columns split over tap-sum programs of 4 columns (tails included).
     case = REGIMES[name]
     x, w, b = case.tensors()
-    check_against_reference(run_head(case, x, w, b, kind=kind, BLOCK_W=4), x, w, b, *case.args, context=name)
-
-
-@pytest.mark.parametrize("box", [(1, 1, 1), (1, 2, 4), (2, 2, 2)], ids=lambda b: "box{}x{}x{}".format(*b))
-@pytest.mark.parametrize("name", ["gather-c1-k4s2p1", "gather-per-dim-everything", "gather-videogpt-p3-c5",
-                                  "gather-dilation3-stride2"])
-def test_fused_boxes_tile_the_output(name, box):
-    # Boxes smaller than the output along every dimension: several cells per dimension, the
-    # halo of each box read from its neighbours' inputs, the persistent loop over many tiles,
-    # and the box edge cut by the output edge (cells * box * stride > out).
-    case = REGIMES[name]
-    x, w, b = case.tensors()
-    y = run_head(case, x, w, b, kind="fused", BOX_D=box[0], BOX_H=box[1], BLOCK_W=box[2], BLOCK_M=16)
-    check_against_reference(y, x, w, b, *case.args, context=f"{name} box {box}")
-
-
-@pytest.mark.parametrize("cout, kernel, dil, offered", [(1, 4, 1, True), (3, 4, 1, True), (8, 3, 1, True),
-                                                       (15, 3, 1, True), (15, 3, 2, False)],
-                         ids=["c1-k4", "c3-k4", "c8-k3", "c15-k3-smallest-box", "c15-k3-dil2-slot-too-large"])
-def test_fused_tiles_fit_the_slot_budget(cout, kernel, dil, offered):
-    # A tile's slot (columns x rows of its input box, fp32, padded to the GEMM tiles) is at most
-    # 128 KB; wider layers get smaller boxes, and none when even the smallest does not fit.
-    p = _params(cout, cin=16, kernel=(kernel,) * 3, stride=(2, 2, 2), padding=(1, 1, 1), size=(16, 16, 16),
-                dilation=(dil,) * 3)
-    tiles = head_engine.fused_tiles(p, torch.bfloat16)
-    assert bool(tiles) == offered
-    ncol = cout * kernel ** 3
-    for t in tiles:
-        rows = head_engine.fused_box(p, (t["BOX_D"], t["BOX_H"], t["BLOCK_W"]))[2]
-        n_pad = -(-ncol // t["BLOCK_N"]) * t["BLOCK_N"]
-        assert n_pad * (-(-rows // t["BLOCK_M"]) * t["BLOCK_M"]) * 4 <= 128 << 10
+    check_against_reference(run_head(case, x, w, b, kind="rows", BLOCK_W=4), x, w, b, *case.args, context=name)
 
 
 def test_empty_batch():
-    case = dataclasses.replace(REGIMES["gather-c1-k4s2p1"], batch=0)
+    case = dataclasses.replace(REGIMES["overlap-c1-k4s2p1"], batch=0)
     x, w, b = case.tensors()
     assert run_head(case, x, w, b).shape == (0, 1, 4, 6, 8)
 
@@ -552,7 +531,7 @@ def test_empty_batch():
 def test_public_api_runs_a_seeded_head_config(monkeypatch):
     # The tuner's result (as cache.prime_triton seeds a persisted one) is what backend="triton"
     # runs: seed a head config for the signature, then call the public function.
-    case = REGIMES["gather-groups2-c3"]
+    case = REGIMES["overlap-groups2-c3"]
     x, w, b = case.tensors()
     params, x5, configs = head_configs(case, x, w)
     key = engine.plan(params, x5, w, "ieee").tune_key
@@ -609,23 +588,21 @@ def test_collision_free_rule_picks_the_kind(kernel, stride, dilation, free):
     # (the shuffle kind: dilation 1, or kernels of 1, along every dimension)
     shuffle = all(d == 1 or k == 1 for k, d in zip(kernel, dilation))
     assert head_engine.shuffle_layer(p) == shuffle
-    assert kinds == ({"direct"} if free else {"gather", "rows"}) | ({"shuffle"} if shuffle else set())
+    assert kinds == (set() if free else {"rows"}) | ({"shuffle"} if shuffle else set())
 
 
-@pytest.mark.parametrize("stride, kinds", [(1, {"gather", "rows"}), (2, {"gather", "rows"}), (3, {"gather"}),
-                                           (4, {"gather", "rows"})])
+@pytest.mark.parametrize("stride, kinds", [(1, {"rows"}), (2, {"rows"}), (3, set()), (4, {"rows"})])
 def test_rows_kind_needs_a_power_of_two_width_stride(stride, kinds):
     p = _params(2, kernel=(3, 3, 5), stride=(2, 2, stride), padding=(0, 0, 0))
     assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == kinds | {"shuffle"}
 
 
-BF16_Z_CASES = [(name, kind) for name in ("gather-c1-k4s2p1", "gather-c3-k144-s122-cl", "gather-groups2-c3",
-                                          "gather-c15-odd", "gather-k-steps-n-tiles")
-                for kind in ("gather", "rows") if kind in _kinds(REGIMES[name])]
+BF16_Z_CASES = ["overlap-c1-k4s2p1", "overlap-c3-k144-s122-cl", "overlap-groups2-c3", "overlap-c15-odd",
+                "overlap-k-steps-n-tiles"]
 
 
-@pytest.mark.parametrize("name, kind", BF16_Z_CASES, ids=[f"{n}-{k}" for n, k in BF16_Z_CASES])
-def test_bf16_z_rounds_each_partial_once(name, kind):
+@pytest.mark.parametrize("name", BF16_Z_CASES)
+def test_bf16_z_rounds_each_partial_once(name):
     # Config.z_bf16 stores Z in bfloat16 (offered for bf16 calls; forced here on fp32 data,
     # since the interpreter mis-computes bf16 dots). Each partial is rounded once: to nearest on
     # a GPU (|error| <= 2^-8 of it, bf16 keeping 8 significant bits), towards zero in the
@@ -634,7 +611,7 @@ def test_bf16_z_rounds_each_partial_once(name, kind):
     # fp32 Z path is ~1e-6 off.
     case = REGIMES[name]
     x, w, b = case.tensors()
-    y = run_head(case, x, w, b, "ieee", kind=kind, z_bf16=True)
+    y = run_head(case, x, w, b, "ieee", kind="rows", z_bf16=True)
     ref = torch.nn.functional.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None,
                                                *case.args)
     bound = torch.nn.functional.conv_transpose3d(x.double().abs(), w.double().abs(), None, *case.args)
@@ -644,14 +621,14 @@ def test_bf16_z_rounds_each_partial_once(name, kind):
 
 
 def test_bf16_z_is_offered_for_bf16_calls_only():
-    # bf16 calls: every gather and rows tile keeps Z in bf16; fp16 and fp32 calls: none does.
+    # bf16 calls: every rows tile keeps Z in bf16; fp16 and fp32 calls: none does.
     p = _params(3)
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         tiles = head_engine.head_tiles(p, dtype, "tf32")
-        z_kinds = [t for t in tiles if t["head"] in ("gather", "rows")]
-        assert {t["head"] for t in z_kinds} == {"gather", "rows"}
+        z_kinds = [t for t in tiles if t["head"] == "rows"]
+        assert z_kinds and any(t["head"] == "shuffle" for t in tiles)
         assert all(t.get("z_bf16", False) == (dtype == torch.bfloat16) for t in z_kinds), dtype
-        assert not any(t.get("z_bf16") for t in tiles if t["head"] not in ("gather", "rows"))
+        assert not any(t.get("z_bf16") for t in tiles if t["head"] != "rows")
 
 
 def test_width_shifts_cover_every_tap():
@@ -679,7 +656,7 @@ def test_brute_force_collision_rule():
                 assert head_engine.collision_free(p) == (len(hits) == len(set(hits))), (k, s, d)
 
 
-# The shuffle kind (head_shuffle_kernel): regimes beyond the direct ones above. Output padding
+# The shuffle kind (head_shuffle_kernel): regimes beyond the free ones above. Output padding
 # past the last input block, padding that crops a box, boxes wider than the kernel (bias-only
 # positions), a width stride of 3 (box width padded to 4), several W tiles, K steps of both
 # tiles, groups.
@@ -889,18 +866,17 @@ def test_shuffle_offers_on_unseen_heads():
 
 
 def test_large_z_is_not_offered():
-    # 8 x 27 columns of fp32 per input position of a 2 x 64 x 160^3 input: 7.1 GB of Z (4.7 GB
-    # for the rows kind).
+    # 8 x 3 x 3 rows columns of fp32 per input row position of a 2 x 64 x 160^3 input, over 319
+    # output columns: 4.7 GB of Z.
     p = _params(8, cin=64, size=(160, 160, 160))
-    assert head_engine.head_z_bytes(p, "rows") > head_engine.MAX_Z_BYTES
-    # The fused kind remains (its Z lives in a few slots of L2, whatever the layer's size), and
-    # the shuffle kind, which needs no Z; at dilation 2 the fused kind alone.
-    assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == {"fused", "shuffle"}
+    assert head_engine.head_z_bytes(p) > head_engine.MAX_Z_BYTES
+    # The shuffle kind remains (it needs no Z); at dilation 2 no head tile is left.
+    assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == {"shuffle"}
     p = _params(8, cin=64, size=(160, 160, 160), dilation=(2, 2, 2))
-    assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == {"fused"}
-    # The direct kind needs no Z, whatever the size.
+    assert head_engine.head_tiles(p, torch.float32, "tf32") == []
+    # A collision-free layer at dilation 1: the shuffle kind, whatever the size.
     p = _params(8, cin=64, size=(160, 160, 160), kernel=(2, 2, 2), padding=(0, 0, 0))
-    assert head_engine.head_tiles(p, torch.float32, "tf32")
+    assert {t["head"] for t in head_engine.head_tiles(p, torch.float32, "tf32")} == {"shuffle"}
 
 
 def test_head_configs_survive_the_cache_round_trip():
@@ -911,12 +887,12 @@ def test_head_configs_survive_the_cache_round_trip():
     for cfg in configs:
         assert cache.config_from_dict(cache.config_to_dict(cfg), configs) is cfg
     head = next(c for c in configs if c.head)
-    assert head.head == "gather" and "head-gather" in head.short()
+    assert head.head == "rows" and "head-rows" in head.short()
     # A head config is not confused with a phase config of the same tile.
     assert cache.config_from_dict(cache.config_to_dict(dataclasses.replace(head, head="")), configs) is None
 
 
-@pytest.mark.parametrize("name", ["gather-c1-k4s2p1", "direct-c2-k2s2"])
+@pytest.mark.parametrize("name", ["overlap-c1-k4s2p1", "free-c2-k2s2"])
 def test_tuner_runs_phase_and_head_configs_on_one_call(name):
     # The tuner runs every candidate on one prepared call (Launch.run): a head config run after a
     # phase config must still read the weight as PyTorch stores it, not the phase packing.

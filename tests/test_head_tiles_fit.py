@@ -1,9 +1,8 @@
 """Every output-head candidate the tuner is offered fits one block's shared memory, on layers no
-suite holds: ``scripts/head_tiles_smem.py`` builds each candidate's launches on meta tensors and
+suite holds: ``tools/head_tiles_smem.py`` builds each candidate's launches on meta tensors and
 compiles its kernels for sm_90a on the Triton installed here (no GPU). One candidate that does
-not fit fails at its first launch and takes the whole tuning of its layer with it (the heads
-sweep's 256 -> 7 k6 s2 head did so on the H200, 2026-12-03, before the joint tiles' rule); the
-offer rules (``head_engine.head_smem``, ``_joint_fits``) are estimates, and this holds them to
+not fit fails at its first launch and takes the whole tuning of its layer with it; the offer
+rules (``head_engine.head_smem``, ``_joint_fits``) are estimates, and this holds them to
 Triton's own figure."""
 from __future__ import annotations
 
@@ -13,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_gluon_spike import compile_in_clean_process
+from clean_process import compile_in_clean_process
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "head_tiles_smem.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "head_tiles_smem.py"
 
 
 def _script():
@@ -33,7 +32,7 @@ def test_every_candidate_records_its_launches(seed):
     for params in mod.generated_layers(seed, 2):
         for dtype in (torch.float32, torch.bfloat16):
             for cl in (True, False):
-                for t in mod.HE.head_tiles(params, dtype, "tf32", False, cl):
+                for t in mod.HE.head_tiles(params, dtype, "tf32", channels_last=cl):
                     cfg = mod.TC.Config(**t)
                     launches = mod.launches(params, cfg, dtype, "tf32", cl)
                     assert launches, cfg.short()
@@ -51,11 +50,10 @@ def test_generated_layers_are_heads():
 
 
 def test_candidates_fit_shared_memory_when_compiled():
-    # The row and dtype whose tuning failed on the H200 (the sweep's 256 -> 7 k6 s2 head in bf16:
-    # 504 columns, the widest joint tiles), channels-last: 19 kernels, about two minutes on one
-    # core. In a process of its own, without the interpreter (test_gluon_spike explains why). The
-    # script runs the two suites and generated layers the same way, at more length (NOTES.md
-    # section 10, "Shared memory of every head candidate, checked offline").
+    # The row and dtype whose tuning once failed on a candidate's shared memory (the sweep's
+    # 256 -> 7 k6 s2 head in bf16: 504 columns, the widest joint tiles), channels-last. In a
+    # process of its own, without the interpreter (clean_process explains why). The script runs
+    # the two suites and generated layers the same way, at more length.
     out = compile_in_clean_process([str(SCRIPT), "--case", "sweep09_256to7_k666s222", "--dtypes", "bf16",
                                     "--layouts", "cl"])
     assert " 0 over " in out, out

@@ -1,4 +1,4 @@
-"""Training on the CPU (issue 5): the custom ops under opcheck, gradients of every kind of call
+"""Training on the CPU: the custom ops under opcheck, gradients of every kind of call
 against float64 PyTorch (the Triton weight-gradient kernel through the interpreter), needs_input_grad
 subsets, torch.compile(fullgraph=True), autocast, a short training curve against
 nn.ConvTranspose3d, and the bench's bwd/full modes.

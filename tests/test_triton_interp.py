@@ -422,9 +422,18 @@ def test_a_call_prepares_its_operands_in_one_launch(path, layout, precision, cop
 SPECIAL_REGIMES = ["tc-k3s2p1op1", "tc-kb77-scaled", "fma-k3s2p1op1", "fma-depthwise-multiplier2"]
 
 
+_HEAD_INF = pytest.mark.xfail(strict=True, reason=(
+    "FINDING (kernels/head_gemm.py): the rows and shuffle head kinds, the FMA path's default here, multiply "
+    "each input tile by weight columns that are zero where a (shift, residue) pair has no tap, so an Inf input "
+    "turns outputs NaN that PyTorch leaves +-Inf or finite (Inf * 0 = NaN inside the GEMM); the lead decides "
+    "whether it is accepted. strict: this turns into a failure the day the behaviour changes."))
+SPECIAL_INPUTS = [pytest.param(name, special, id=f"{special}-{name}",
+                               marks=_HEAD_INF if name.startswith("fma-k3s2") and "inf" in special else ())
+                  for name in SPECIAL_REGIMES for special in ("nan-input", "inf-input", "nan-and-inf-input")]
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf * 0 in NumPy: expected
-@pytest.mark.parametrize("name", SPECIAL_REGIMES)
-@pytest.mark.parametrize("special", ["nan-input", "inf-input", "nan-and-inf-input"])
+@pytest.mark.parametrize("name, special", SPECIAL_INPUTS)
 def test_nan_inf_input_propagate_like_pytorch(name, special):
     case = REGIMES[name]
     x, w, b = case.tensors()
@@ -472,8 +481,9 @@ _PHASE_NAN = pytest.mark.xfail(strict=True, reason=(
     "it is accepted. strict: this turns into a failure the day the behaviour changes."))
 
 
-# The FMA-path regime now runs the output-head path by default (its Z = X @ W then sums only the
-# taps that reach an output, so an out-of-input tap never meets the NaN weight): like PyTorch.
+# The FMA-path regime runs the output-head path by default (the rows kind, whose tap sum adds only
+# the depth and height taps that reach an output, so the corner tap, cropped along the depth of
+# one input plane, never meets the output): like PyTorch.
 @pytest.mark.parametrize("name", [pytest.param("tc-k3s2p1op1", marks=_PHASE_NAN), "fma-k3s2p1op1"])
 def test_nan_weight_pattern_exactly_like_pytorch(name):
     case = REGIMES[name]

@@ -6,59 +6,40 @@ For ``y = conv_transpose3d(x, w, b)`` with output gradient dY:
   groups of the transposed convolution): an implicit GEMM with M = N*D*H*W input positions,
   N = Cin/g and K = Cout/g * taps. cuDNN runs it as its *forward* convolution through
   ``aten.convolution_backward`` (which also handles output_padding >= stride, where F.conv3d's
-  output would be one row too long), but on H200 its choice is poor on some layers (gan_k4s2p1
-  bf16 channels_last_3d: 6455 us for a 222 us forward; videogpt_k4s2p3 15958 us vs 633 us) while
-  fine on others (nnunet_128_64 bf16: 36 us). Two implementations compete per call signature:
-  "cudnn" and "triton" (``kernels/dgrad_bwd.py``: one program per (group, n, id, tile of the
+  output would be one row too long), but its algorithm choice is poor on some layers and fine on
+  others, so two implementations compete per call signature: "cudnn" and "triton"
+  (``kernels/dgrad_bwd.py``: one program per (group, n, id, tile of the
   (ih, iw) plane, Cin tile), a flat K loop over (tap, Cout block) that visits only the taps whose
   dY window reaches the tile; dY is read channels-innermost -- copied to NDHWC first unless its
   channel stride is 1 -- and the weight packed per group as [taps, Cin/g, Cout/g], so both MMA
   operands are K-major; every dX element is written once, no atomics).
 * dW is the correlation of dY with X: per group and tap, a GEMM [Cin/g x P] @ [P x Cout/g]
-  whose reduction runs over all P = N*D*H*W input positions. cuDNN's weight-gradient kernels
-  for 3-D (``convolution_backward`` with only the weight mask) are the part of a
-  transposed-convolution backward it does worst; its deterministic algorithms (which we need)
-  are slower still. Two implementations compete per call signature: "cudnn" and "triton"
-  (``kernels/wgrad_bwd.py``: one program per (tap, Cin tile, Cout tile, split of the
-  reduction), fp32 partial sums per split added in a fixed order -- deterministic).
+  whose reduction runs over all P = N*D*H*W input positions. It runs on cuDNN (deterministic
+  algorithms) unless forced: the general Triton kernel (``kernels/wgrad_bwd.py``: one program
+  per (tap, Cin tile, Cout tile, split of the reduction), fp32 partial sums per split added in a
+  fixed order -- deterministic) is slower than cuDNN's on the layers measured, so it is never
+  timed, and runs only under ``CONVT3D_BWD_WEIGHT=triton``.
 * Output heads (>= 8 input, <= 15 output channels per group: a generator's voxel or RGB layer)
   have their own dX and dW kernels (``head_backward``, ``kernels/head_grad.py``,
   ``kernels/head_phase_grad.py``): (tap, output channel) pairs form one GEMM dimension, so a
   64 -> 1 k4 head is one or two MMA steps instead of 64 steps of 1/16-filled MMAs, and dW reads
-  X once for every tap. Their candidates join the
-  timed choice of each gradient, and dW is timed for heads although the general Triton dW is not.
+  X once for every tap. Their candidates join the timed choice of each gradient; for dW they
+  are the only Triton candidates timed.
 * db is the sum of dY over batch and positions (fp32 accumulation, as PyTorch).
 
 Choice per call signature (device, dtype, precision, geometry, layouts), made separately for dX
 and for dW: on CUDA the first backward of a signature times cuDNN and each Triton candidate
-(``triton.testing.do_bench`` medians, ~0.2-1 s plus compilation once per signature) and keeps a
+(``triton.testing.do_bench`` medians, plus compilation, once per signature) and keeps a
 Triton tile only if it beats cuDNN by more than 3%; a candidate that fails to build is left out.
 The choice is saved in the cache file (``convt3d.cache``, section "backward"), so a later process
 reads it instead of timing. Under CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU, the
-static rule decides: cuDNN. dW is not timed by default (cuDNN; see ``choose_wgrad``) except for
-heads. ``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton") force one per
+static rule decides: cuDNN. dW of a layer that is not a head is not timed (cuDNN).
+``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton") force one per
 gradient. When both dX and dW go to cuDNN they are computed by one ``convolution_backward`` call,
 db with them. The general Triton kernels need >= 8 input and output channels per group (below
 that most of every MMA would be padding; depthwise layers stay on cuDNN); the head kernels need
 >= 8 input and <= 15 output channels per group. The choices are kept in ``dgrad_choices()`` (dX)
 and ``choices()`` (dW).
-
-Measured on the H200 (2026-11-29, commit 8812ce7, scripts/gpu_training.py; us, cuDNN deterministic vs the best
-Triton tile; bf16 channels-last / fp32 NCDHW, default precision):
-
-  =================  ===============  ===============  ================  ================
-  layer              dX bf16 cuDNN    dX bf16 Triton   dX fp32 cuDNN     dX fp32 Triton
-  =================  ===============  ===============  ================  ================
-  nnunet_128_64      49.7             44.5             157.7             149.2
-  nnunet_64_32       94.6             98.7             455.0             436.5
-  monai_unet_k3      48.9             55.2             204.3             161.8
-  gan_k4s2p1         6435.0           257.6            716.1             649.9
-  videogpt_k4s2p3    16066.5          618.1            1833.3            1746.5
-  aniso_122          72.8             57.4             228.4             177.0
-  refine_k3s1        81.4             93.5             206.2             168.7
-  =================  ===============  ===============  ================  ================
-
-dW: the Triton kernel lost every row (best tile 1.1-1.4x cuDNN's time in bf16, 2.3-8.4x in fp32).
 
 Precision follows the forward's resolved precision: float32 "tf32" runs cuDNN with its TF32 flag
 on and the Triton kernel with TF32 MMAs on operands rounded to nearest TF32 (cuDNN's rounding);
@@ -68,9 +49,9 @@ added). 16-bit inputs multiply in their own type and accumulate in fp32 everywhe
 kernel's TF32 rounding: in the NDHWC copy of an NCDHW dY, in the GEMM loop for a dY read in place,
 in the packing kernel for the weight.)
 
-Determinism: every path is deterministic by default (cuDNN runs with
+Determinism: every path is deterministic (cuDNN runs with
 ``torch.backends.cudnn.deterministic = True`` for these calls, which excludes its atomic-add
-weight-gradient algorithms). ``CONVT3D_DETERMINISTIC=0`` lifts that for cuDNN.
+weight-gradient algorithms).
 """
 from __future__ import annotations
 
@@ -138,9 +119,6 @@ class Choice:
     reason: str
 
 
-WgradChoice = Choice
-DgradChoice = Choice
-
 _choices: dict[tuple, Choice] = {}  # dW
 _dgrad_choices: dict[tuple, Choice] = {}  # dX
 
@@ -164,17 +142,16 @@ def clear_caches() -> None:
 # ---- helpers ------------------------------------------------------------------------------------
 class _cudnn_flags:
     """cuDNN for our backward calls: TF32 per the resolved precision (fp32 only) and
-    deterministic algorithms unless CONVT3D_DETERMINISTIC=0; restored on exit."""
+    deterministic algorithms; restored on exit."""
 
     def __init__(self, dtype: torch.dtype, precision: str):
         self.tf32 = cudnn_conv_tf32(precision == "tf32") if dtype == torch.float32 else None
-        self.deterministic = os.environ.get("CONVT3D_DETERMINISTIC", "1") not in ("0", "false", "False")
 
     def __enter__(self):
         if self.tf32 is not None:
             self.tf32.__enter__()
         self._old = torch.backends.cudnn.deterministic
-        if self.deterministic and not self._old:
+        if not self._old:
             set_backend_flag(torch.backends.cudnn, "deterministic", True)
         return self
 
@@ -219,46 +196,42 @@ def _torch_grads(dy, x, w, params, precision, need_x, need_w, need_b=False):
 
 # ---- Triton dW --------------------------------------------------------------------------------
 def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[WgradConfig, ...]:
-    """Tile configurations of ``wgrad_kernel``; the first is the untuned default.
+    """The tile configuration of ``wgrad_kernel``, as a one-element tuple: the general Triton dW
+    is never timed (module docstring), so only the tile a forced ``CONVT3D_BWD_WEIGHT=triton``
+    runs is offered.
 
-    Tiles: Cin/g and Cout/g are the GEMM's M and N (each padded to >= 16 for tl.dot); the
+    Tile: Cin/g and Cout/g are the GEMM's M and N (each padded to >= 16 for tl.dot); the
     reduction step covers BLOCK_P input positions of one (n, id) row. The accumulator stays at
     <= 64 fp32 registers per thread; operand stages at <= 150 KB of shared memory.
     """
     cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
-    esize = dtype.itemsize
-    bci_max = max(16, min(128, _pow2_at_least(cin_g)))
-    bco = max(16, min(128, _pow2_at_least(cout_g)))
     w = params.in_size[2]
     h = params.in_size[1]
     taps = math.prod(params.kernel_size)
-    out = []
     interp = device.type != "cuda"
-    shapes = ((64, 64), (128, 32), (64, 32)) if not interp else ((16, 16),)
-    for bci, bp in shapes:
-        bci = min(bci, bci_max)
-        bp = min(bp, max(16, _pow2_at_least(h * w)))
-        bw = min(bp, _pow2_at_least(w))
-        warps = 8 if bci * bco >= 64 * 128 else 4
-        stages = 3
-        while stages > 1 and stages * (bci * bp + bp * bco) * esize > 150 * 1024:
-            stages -= 1
+    bci, bp = (16, 16) if interp else (64, 64)
+    bci = min(bci, max(16, min(128, _pow2_at_least(cin_g))))
+    bco = max(16, min(128, _pow2_at_least(cout_g)))
+    bp = min(bp, max(16, _pow2_at_least(h * w)))
+    bw = min(bp, _pow2_at_least(w))
+    warps = 8 if bci * bco >= 64 * 128 else 4
+    stages = 3
+    while stages > 1 and stages * (bci * bp + bp * bco) * dtype.itemsize > 150 * 1024:
+        stages -= 1
+    if interp:
+        splits = 1  # Triton's interpreter runs one program at a time; tests force more splits
+    else:
         tiles = params.groups * taps * triton.cdiv(cin_g, bci) * triton.cdiv(cout_g, bco)
         rows = params.batch * params.in_size[0] * triton.cdiv(h, bp // bw) * triton.cdiv(w, bw)
         splits = max(1, min(triton.cdiv(HB.device_programs(device), tiles), max(1, rows // 4), 256))
-        if interp:
-            splits = 1  # Triton's interpreter: ~0.1 s per program step; tests force more splits
-        cfg = WgradConfig(bci, bco, bp, bw, warps, stages, max(1, splits))
-        if cfg not in out:
-            out.append(cfg)
-    return tuple(out)
+    return (WgradConfig(bci, bco, bp, bw, warps, stages, splits),)
 
 
 def _wgrad_site(params: ConvT3dParams, cfg: WgradConfig, x: torch.Tensor, dy: torch.Tensor, precision: str) -> Site:
     """The launch site of wgrad_kernel: every integer argument, the grid and the constexprs are
-    fixed by the call signature, so the steps after the first replay the compiled kernel (a
-    ``kernel[grid]`` launch binds its ~40 arguments again each time: 22-33 us of host, NOTES.md
-    section 4)."""
+    fixed by the call signature, so the steps after the first replay the compiled kernel rather
+    than binding its ~40 arguments again through ``kernel[grid]`` (host time a small layer's step
+    is bound by)."""
     def build():
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
         kernel = params.kernel_size
@@ -320,9 +293,9 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     per tap (BLOCK_K, one tap per step). BLOCK_N is capped by Cin/g and BLOCK_K by Cout/g (each
     padded to >= 16 for tl.dot), so layers with few channels do not pay for padding; duplicates
     after capping are dropped. Operand stages stay at <= 160 KB of shared memory.
-    Warps (ptxas 12.x for sm_90 via Triton 3.6, checked offline): 16-bit and fp32 exact grades
-    run 128x128 tiles on 8 warps (4 warps spill the two-level fp32 sum: 1.3-1.7 KB); fp32 "tf32"
-    runs them on 4 warps, since on 8 ptxas serialises the wgmma chain (warning C7515).
+    Warps: 16-bit and fp32 exact grades run 128x128 tiles on 8 warps (on 4 the two-level fp32 sum
+    spills); fp32 "tf32" runs them on 4 warps, since on 8 ptxas serialises the wgmma chain
+    (warning C7515).
     """
     bn_max = max(16, min(128, _pow2_at_least(params.in_channels_per_group)))
     bk_max = max(16, min(64, _pow2_at_least(params.out_channels_per_group)))
@@ -331,12 +304,8 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
         # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
         shapes = ((min(32, max(16, _pow2_at_least(hw))), 16, 16, 4, 1),)
     else:
-        # The three tiles that won on the H200 (2026-11-29, commit 8812ce7, scripts/gpu_training.py: six tiles
-        # timed on the 14 layer rows, bf16 channels-last and fp32 NCDHW): 128x64 K32 won 6 rows
-        # (the 64-128-channel layers), 128x128 K64 8 warps the bf16 gan/videogpt rows (258 and
-        # 618 us; cuDNN 6435 and 16066), 128x128 K32 their fp32 rows (650 and 1746 us; cuDNN 716
-        # and 1833). The other three tiles were never more than 8% faster than these; every tile
-        # costs ~1-3 s of compilation on a signature's first backward.
+        # The tiles that won the layer suite, one per regime; every tile timed costs a
+        # compilation on a signature's first backward, so tiles that never win by much are left out.
         shapes = (
             (128, 64, 32, 4, 4),   # default
             (128, 128, 64, 8, 3),  # large 16-bit layers: one 128-byte row per channel block
@@ -569,8 +538,7 @@ def _can_time(x: torch.Tensor, supported: bool, time_triton: bool) -> bool:
 def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_cudnn, run_triton,
             dy, x, w, params, precision, time_triton: bool = True) -> Choice:
     """The per-signature choice of one gradient (see the module docstring). Without timing the
-    static rule is cuDNN: on the H200 no Triton tile wins by enough to be the untimed default
-    (module docstring table)."""
+    static rule is cuDNN: no Triton tile wins on enough layers to be the untimed default."""
     forced = _forced(env)
     if forced is not None:
         if forced == "triton" and not supported:
@@ -585,16 +553,18 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
     if rec is not None:
         return rec
     if not _can_time(x, supported, time_triton):
-        why = ("static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)" if time_triton or
-               x.device.type != "cuda" else "static rule (not timed: the Triton kernel lost every H200 row)")
+        why = ("static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)"
+               if time_triton or x.device.type != "cuda"
+               else "static rule (not timed: the general Triton dW is slower than cuDNN's)")
         rec = Choice("cudnn", None, 0.0, {}, why)
         if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
             cache[key] = rec
         return rec
     gpu = device_name(x.device)
-    det = os.environ.get("CONVT3D_DETERMINISTIC", "1") not in ("0", "false", "False")
+    # The cache file's key; cuDNN always runs deterministic here, and the name keeps saying so,
+    # so that entries saved by earlier versions stay valid.
     name = (f"bwd-{what}|{x.dtype}|{precision}|{params}|{tuple(x.stride())}|{tuple(dy.stride())}|"
-            f"{tuple(w.stride())}|deterministic={det}")
+            f"{tuple(w.stride())}|deterministic=True")
 
     def decide() -> Choice:
         # The disk cache first (inside the agreement: only rank 0's file counts, see
@@ -619,25 +589,14 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
     return rec
 
 
-# The Triton dW kernel is not timed against cuDNN by default: on the H200 (2026-11-29, commit 8812ce7,
-# scripts/gpu_training.py, 14 layer rows, bf16 channels-last and fp32 NCDHW) its best tile lost
-# every row -- by 1.1-1.4x in bf16 (nnunet_128_64 48 vs 43 us, gan 473 vs 400, videogpt 1817 vs
-# 968) and 2.3-8.4x in fp32 (videogpt 26.3 ms vs 4.8 ms) -- and timing it costs ~1-3 s of
-# compilation per tile on each signature's first backward. CONVT3D_BWD_WEIGHT=triton still runs
-# it, and CONVT3D_TIME_TRITON_DW=1 puts it back into the timed choice.
-def _time_triton_dw() -> bool:
-    return os.environ.get("CONVT3D_TIME_TRITON_DW", "0") not in ("0", "false", "False", "")
-
-
 def wgrad_choice_candidates(params, dtype, device) -> tuple:
-    """The Triton dW configurations the choice times (and the first, which a forced
-    ``CONVT3D_BWD_WEIGHT=triton`` runs): the head kernel's where it can run (output heads: its
-    candidates are always timed), then the general kernel's where it can run and either no head
-    candidate exists or ``CONVT3D_TIME_TRITON_DW=1`` asks for it."""
-    head = HB.wgrad_candidates(params, dtype, device) if HB.supports(params) else ()
-    general = (wgrad_candidates(params, dtype, device)
-               if _triton_wgrad_ok(params) and (not head or _time_triton_dw()) else ())
-    return head + general
+    """The Triton dW configurations of a call (the first is what a forced
+    ``CONVT3D_BWD_WEIGHT=triton`` runs): the head kernel's where it can run, which the choice
+    times; else the general kernel's where it can run, which the choice never times (it is
+    slower than cuDNN's dW: module docstring)."""
+    if HB.supports(params):
+        return HB.wgrad_candidates(params, dtype, device)
+    return wgrad_candidates(params, dtype, device) if _triton_wgrad_ok(params) else ()
 
 
 def dgrad_choice_candidates(params, dtype, device, precision) -> tuple:
@@ -653,7 +612,7 @@ def choose_wgrad(dy, x, w, params, precision) -> Choice:
                    lambda: wgrad_choice_candidates(params, x.dtype, x.device),
                    lambda: _torch_grads(dy, x, w, params, precision, False, True)[1],
                    lambda cfg: wgrad_triton(dy, x, params, precision, w.dtype, cfg),
-                   dy, x, w, params, precision, time_triton=_time_triton_dw() or HB.supports(params))
+                   dy, x, w, params, precision, time_triton=HB.supports(params))
 
 
 def choose_dgrad(dy, x, w, params, precision) -> Choice:
@@ -667,11 +626,11 @@ def choose_dgrad(dy, x, w, params, precision) -> Choice:
 
 # ---- entry point --------------------------------------------------------------------------------
 # The decisions of one backward signature, looked up once per call: a training step of a small
-# layer is host-bound (H200 host, 2026-11-29, commit 04ff4e7: our backward took 350-580 us of host time against
-# ~100 us of GPU work; the two choices, the gradient formats and the environment overrides were
-# ~100 us of that in Python). The key holds everything the decisions read, the overriding
-# environment variables included, so changing one takes effect on the next call.
-_ENV_KEYS = (_FORCE_ENV, _FORCE_ENV_X, "CONVT3D_AUTOTUNE", "CONVT3D_DETERMINISTIC", "CONVT3D_TIME_TRITON_DW")
+# layer is host-bound, and making the two choices, the gradient formats and the environment
+# overrides again on every call would be a large part of its host time. The key holds
+# everything the decisions read, the overriding environment variables included, so changing one
+# takes effect on the next call.
+_ENV_KEYS = (_FORCE_ENV, _FORCE_ENV_X, "CONVT3D_AUTOTUNE")
 _plans: dict[tuple, tuple] = {}
 
 
@@ -718,8 +677,7 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
             and isinstance(wimpl.config, HB.HeadWgradConfig) and w.dtype == x.dtype
             and bool(ximpl.config.BLOCK_W) == bool(wimpl.config.BLOCK_W)):
         # Both head kernels read the same copy of dY (zero-padded, or split by phase): one copy
-        # for the two (a head's dY is its largest tensor; 33 MB in bf16 for the k2s2 8 -> 2 head
-        # at 128^3).
+        # for the two (a head's dY is its largest tensor).
         dyp = HB.dy_operand(dy, params, x.dtype, ximpl.config, precision)
     if need_x and not use_torch_x:
         gx = dgrad_triton(dy, w, params, precision, x.dtype, ximpl.config, fx, dyp=dyp)

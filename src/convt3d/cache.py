@@ -4,14 +4,14 @@ Where: ``$CONVT3D_CACHE_DIR`` if set, else ``~/.cache/convt3d/``. One JSON file 
 (``NVIDIA_H200.json``)::
 
     {"format": 1,
-     "key": {"gpu": "NVIDIA H200", "convt3d": "0.1.0", "source": "fa2908398d8a", "torch": "2.11.0+cu130",
+     "key": {"gpu": "NVIDIA H200", "convt3d": "0.1.0", "source": "<source digest>", "torch": "2.11.0+cu130",
              "triton": "3.6.0"},
      "decisions": {"<call signature>": {"engine": "triton", "timings_ms": {"triton": 0.25, ...}, ...}},
      "triton_configs": {"<tune key>": {"config": {...Config fields...}, "timings_ms": {...}}},
      "backward": {"bwd-input|<signature>": {"impl": "triton", "config": {"type": ..., "fields": {...}},
                                            "timings_ms": {...}, "candidates": [...]}}}
 
-Rules (issue 7):
+Rules:
 
 * Nothing in the file is trusted: a decision is used only if it names an engine that can run the
   call now, a config only if it is one of the Triton engine's current candidates for that key
@@ -164,8 +164,8 @@ def _locked(directory: Path) -> Iterator[None]:
     polling wait with a deadline would let a waiter on a busy machine lose to the processes that
     take the lock between its polls, give up, and leave its entries to a later save that may
     never come (a process killed, or ending without exit hooks). The lock is never held across
-    anything but one read, one JSON dump, one write and one fsync of the file (~1-5 ms for a few
-    hundred entries on a local disk).
+    anything but one read, one JSON dump, one write and one fsync of the file (milliseconds for a
+    few hundred entries on a local disk).
     """
     if fcntl is None:
         yield
@@ -409,7 +409,7 @@ _pending: dict = {}  # tune key -> gpu: not tuned yet when first seen; persisted
 
 
 def prime_triton(gpu: str, key, candidates) -> None:
-    """Before the first call of a tune key: seed a persisted config (skipping 2-4 s of tuning),
+    """Before the first call of a tune key: seed a persisted config (skipping its tuning),
     or remember the key so that :func:`flush_triton` persists the result of its tuning."""
     if key in _seen:
         return

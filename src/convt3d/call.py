@@ -66,8 +66,8 @@ class Call:
     loses it again in ``convt3d.functional``); ``precision`` is concrete, ``requested`` the
     argument as given (None follows cuDNN's flag: what the "torch" engine passes on).
     ``repeat``: made by the steady path for a signature whose first call has run, so an engine
-    skips its first-sight work (the Triton engine's cache priming: 2.7 us of signature building
-    and lookup per call on a desktop CPU). ``sources``: the (input, weight, bias) the caller
+    skips its first-sight work (the Triton engine's cache priming: a signature built and looked
+    up per call). ``sources``: the (input, weight, bias) the caller
     passed, where autocast cast any of them into ``x``/``weight``/``bias`` (None otherwise); a
     timed call starts from them, as every later call of the layer does (``Engine.time``)."""
 

@@ -66,11 +66,9 @@ GEMM_VARIANTS = {
 # channel gathered from L2 instead of 9 x 256). Where ``halo_layout`` refuses the geometry the
 # launcher runs the plain variant of the same (BN, BK, STAGES) -- the value here -- which takes the
 # same padded weight packing.
-# Measured on the H200 (2026-11-29, commit e738cde, scripts/gpu_cuda.py, KB 77): g64r 1222.7 us against g64k32's
-# 1008.2 us, both exact (1.7e-6 / 1.5e-6 from float64). Cutting the L2 gathers 6.4x did not pay:
-# the 90 KB window allows 2 blocks per SM, and ptxas spills 88/212 B outside the hot loop. So the
-# gathers were not what held g64k32 at 26 TFLOP/s; g64r stays a selectable experiment, never the
-# default.
+# g64r stays a selectable experiment, never the default: cutting the L2 gathers did not pay
+# (tools/gpu_cuda.py variants), because its 90 KB window allows 2 blocks per SM and the gathers
+# were not what held g64k32 back.
 HALO_VARIANTS = {"g64r": "g64k8"}
 # gemm_kernel's MMA form (the .cu's GEMM_VARIANTS MMA column), TF32 mode only: the same block tile,
 # loader and epilogue, the products on the tensor cores (mma.sync m16n8k8 TF32, fp32 accumulation)
@@ -105,8 +103,8 @@ def cuda_source() -> str:
 def nvcc_path() -> str | None:
     """The CUDA compiler torch's extension builder would use, or None: found where that builder
     looks for CUDA_HOME ($CUDA_HOME, $CUDA_PATH, the nvcc on PATH, /usr/local/cuda) without
-    importing ``torch.utils.cpp_extension``, which imports setuptools -- 0.31 s of the first call
-    of a process on the H200's host (2026-12-01), paid by every fp32 layer's support check."""
+    importing ``torch.utils.cpp_extension``, which imports setuptools -- a large part of a
+    process's first call, which every fp32 layer's support check would pay."""
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
         if home:
             candidate = os.path.join(home, "bin", "nvcc")
@@ -309,15 +307,15 @@ def choose_variant(params: ConvT3dParams, precision: str = "ieee") -> str:
     than 16 input channels per group, g32 for 17-32 output channels) is the default where it
     applies: its 8 x 8 register tile issues 64 FFMAs per 4 shared-memory loads at 128 registers
     and 16 warps per SM, where phase_kernel's best tile (p8c16, 252 registers, 8 warps per SM)
-    ran KernelBench 77 at 16.7 TFLOP/s of 51. Pending H200 timing (``scripts/gpu_cuda.py`` times
-    every variant on KB 77 and the other problems; g64k32 is the candidate where Cin/g is a
-    multiple of 32). It needs at least 8 input channels per group (fewer would mostly multiply
-    the zero padding of a K step) and the launcher's 32-bit limits (``gemm_applies``); narrow
-    groups (KB 58/72: 8-16 output channels per group) stay on phase_kernel's narrow tiles.
+    reaches a third of the FFMA ceiling (``tools/gpu_cuda.py variants`` times every variant;
+    g64k32 is the candidate where Cin/g is a multiple of 32). It needs at least 8 input channels
+    per group (fewer would mostly multiply the zero padding of a K step) and the launcher's
+    32-bit limits (``gemm_applies``); narrow groups (KB 58/72: 8-16 output channels per group)
+    stay on phase_kernel's narrow tiles.
 
     In TF32 mode the 64-channel tiles for 16+ input channels per group run on the tensor cores
     (g64t where Cin/g is a multiple of 32, as g64k32; else g64t16): the same tile and traffic with
-    the FFMA work (26 TFLOP/s of 51 on KB 77, the FFMA ceiling) moved to mma.sync."""
+    the FFMA work (which held the FFMA tiles at half the FFMA ceiling) moved to mma.sync."""
     override = os.environ.get("CONVT3D_CUDA_VARIANT")
     if override:
         if override not in variant_names(precision):
@@ -330,9 +328,8 @@ def choose_variant(params: ConvT3dParams, precision: str = "ieee") -> str:
             if gemm_applies(params, name):
                 return name
         if cout_g > 32 and gemm_applies(params, "g64"):
-            # KB 77 on the H200 (2026-11-29, commit 8812ce7, scripts/gpu_cuda.py): g64k32 1010 us, g64 1050,
-            # g64k8 1100, g32 1162, phase_kernel p8c16 1596 -- the 32-channel K step halves the
-            # per-step overhead where Cin/g fills it.
+            # The 32-channel K step halves the per-step overhead where Cin/g fills it; g64k32 is
+            # then the fastest of the variants (tools/gpu_cuda.py variants).
             if params.in_channels_per_group % 32 == 0 and gemm_applies(params, "g64k32"):
                 return "g64k32"
             return "g64k8" if params.in_channels_per_group < 16 else "g64"

@@ -42,8 +42,8 @@ __all__ = ["CONFIGS", "MAX_COLUMNS", "MAX_SHIFTS", "MAX_HEAD_CHANNELS", "HeadPla
 # Tile configurations (the .cu's CONVT3D_HEAD_CONFIGS): index -> (MT, NTW, WM, WN). A CTA covers
 # BM = WM x MT x 16 output blocks and BN = WN x NTW x 8 columns; a warp holds MT x NTW
 # accumulator tiles of 16 x 8 and reuses each B fragment for its MT m-tiles. The narrow heads
-# (BN 8 and 16) take four m-tiles a warp: ncu on the GAN head (bf16, channels-last, H200,
-# 2026-12-03) read an issue-bound kernel (SM 72%, DRAM 14%, 7.6 cycles between issues) at two.
+# (BN 8 and 16) take four m-tiles a warp: at two, ncu reads the GAN head's kernel as
+# issue-bound.
 CONFIGS = {
     0: (4, 1, 4, 1),   # BM 256, BN 8
     1: (4, 2, 4, 1),   # BM 256, BN 16
@@ -67,7 +67,7 @@ SMEM_TWO_CTAS = 113 * 1024
 SMEM_PER_SM = 228 * 1024
 REGS_PER_SM = 65536
 # Registers a thread of the kernel takes: ptxas gives 72-128 across the 21 kernels of each type
-# (CUDA 13, sm_90a, 2026-12-04); the occupancy estimate takes the most.
+# (CUDA 13, sm_90a); the occupancy estimate takes the most.
 KERNEL_REGS = 128
 
 _state: dict = {"lib": {}, "pack": {}, "seconds": {}, "path": {}}
@@ -108,9 +108,8 @@ def columns(params: ConvT3dParams, jn: int = 1) -> int:
 def width_shifts(params: ConvT3dParams) -> int:
     """The width shifts the column variant takes as MMA columns (J_w), or 1 where it is not
     offered: one width shift, or more than MAX_COLUMNS columns with them. In that variant an A
-    fragment feeds J_w times the MMAs; the plain one reads each staged row once per shift (ncu,
-    GAN head fp32 cl, H200, 2026-12-03: ldmatrix 60% of the shared-memory wavefronts, the
-    kernel bound by them)."""
+    fragment feeds J_w times the MMAs; the plain one reads each staged row once per shift, and
+    ncu reads such a kernel as bound by its ldmatrix shared-memory wavefronts."""
     jw = geometry(params)[0][2]
     return jw if jw > 1 and columns(params, jw) <= MAX_COLUMNS else 1
 
@@ -227,12 +226,11 @@ def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[i
                  stages: int | None = None, jn: int = 1) -> _Smem:
     """The regions, and the variant: one or two stages, the weights resident or staged with each
     chunk. The persistent CTAs hide their loads behind each other (several a SM) or behind their
-    own MMAs (two stages), and the GPU ran the first better wherever the second cost a CTA per SM
-    (H200, 2026-12-03: the GAN head fp32 159 against 226 us, bf16 80 against 109; the two-stage
-    wins, 128 -> 8 and VQ-VAE heads in bf16 channels-last, 3-5%, kept their CTAs). Resident
-    weights are loaded once per CTA instead of once per tile, but all chunks of them at once: the
-    VQ-VAE head's 147 KB left one CTA per SM (448 against 274 us staged per chunk). So of the
-    four variants, the most CTAs per SM wins; among those, resident weights, then two stages.
+    own MMAs (two stages), and the GPU runs the first better wherever the second costs a CTA per
+    SM; two stages win by a few percent only where they keep the CTAs. Resident weights are
+    loaded once per CTA instead of once per tile, but all chunks of them at once, and a large
+    weight that leaves fewer CTAs per SM loses more than it saves. So of the four variants, the
+    most CTAs per SM wins; among those, resident weights, then two stages.
     Resident weights need one group (a CTA's tiles would span groups)."""
     js = _kshifts(params, jn)
     bm, bn = _bm_bn(config)
@@ -335,8 +333,7 @@ class HeadPlan:
     shifts: tuple[int, ...] = ()
     # Stage a channels-last copy of an input the kernel would read element by element (NCDHW):
     # the copy reads and writes the input once more, the element-wise staging costs more where
-    # channels are many (GAN head, H200, 2026-12-03: fp32 374 us NCDHW against 159 channels-last
-    # plus a ~60 us copy). choose_tile times both.
+    # channels are many (the GAN head). choose_tile times both.
     copy_cl: bool = False
     # Width shifts taken as MMA columns (1: none; the .cu's jn); box is then the M rows' (BD, BH,
     # mw) and a tile's output blocks along W are mw - jn + 1.
@@ -488,9 +485,9 @@ def library_path(device: torch.device, dtype: torch.dtype) -> Path:
     return cache_dir() / "build" / f"convt3d_head_{str(dtype).replace('torch.', '')}_sm{arch}_{digest.hexdigest()[:12]}.so"
 
 
-# nvcc alone builds the library (the .cu includes no torch or Python header): 13 s for 24
-# kernels of all three types on a 2-core host (CUDA 13, 2026-12-03), against 146 s for the same
-# kernels through torch's load_inline, whose torch headers dominate the compile. One library
+# nvcc alone builds the library (the .cu includes no torch or Python header), about ten times
+# faster than the same kernels through torch's load_inline, whose torch headers dominate the
+# compile. One library
 # per element type, built at that type's first call.
 _NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -612,8 +609,8 @@ def offers(params: ConvT3dParams, dtype: torch.dtype, per_variant: int = 4) -> l
 def candidate_plans(params: ConvT3dParams, dtype: torch.dtype, candidates: int = 4) -> list[HeadPlan]:
     """What ``choose_tile`` times: ``offers``. Which variant wins is a measurement: the columns
     one reads an A fragment for J_w times the MMAs but computes mw - jn + 1 output blocks along W
-    of mw M rows, and its tiles differ (H200, 2026-12-04: it won on the GAN, 128 -> 8 and video
-    k4s2p1 heads, lost on the video 64 -> 3 and VQ-VAE heads; NOTES section 10)."""
+    of mw M rows, and its tiles differ; on the bench's heads each variant wins some (docs/design.md,
+    "The CUDA head kernel")."""
     return [plan(params, dtype, cfg, box, jn=jn) for jn, cfg, box in offers(params, dtype, candidates)]
 
 

@@ -146,34 +146,28 @@ def benchmark(enabled: bool | None) -> Iterator[None]:
 
 
 # ---- the heuristic ------------------------------------------------------------------------------
-# H200 ceilings as bench/roofline.py measures them (NOTES.md): 4.24 TB/s copy (read + write bytes),
-# 683 / 374 / 51 TFLOP/s bf16 / TF32 / exact fp32 matmul. Only their ratios matter to the
-# heuristic; Hopper-class GPUs share them within ~20%.
+# Nominal ceilings (copy bytes/s counting read + write; bf16, TF32 and exact fp32 matmul FLOP/s)
+# of an H200 as bench/roofline.py measures them. Only their ratios matter to the heuristic, and
+# Hopper-class GPUs share those ratios within ~20%.
 NOMINAL_CEILINGS = roofline.Ceilings(4.24e12, 683e12, 374e12, 51e12)
 
-# Rule 1 -- tiny layers go to cuDNN. Below ~10 us of roofline floor a call is host-bound: the
-# Triton engine spends 100-170 us of host time per call (2-4 launches at 25-30 us each, NOTES.md
-# "Host time"), a cuDNN call ~20-30 us. The smallest bench layer (nnunet_128_64 bf16, 19.8 us
-# floor) is still won by Triton (1.46-1.71x), so the threshold sits below it; scripts/gpu_auto.py
-# times two tiny probes to check this rule.
+# Rule 1 -- tiny layers go to cuDNN: below this roofline floor a call is host-bound, and the
+# Triton engine's 2-4 launches per call cost several times the host time of cuDNN's one. The
+# threshold sits below the smallest bench layer Triton still wins (nnunet_128_64 bf16);
+# tools/gpu_auto.py times two tiny probes to check the rule.
 TINY_FLOOR_S = 10e-6
 # ... but where timing can run, a tiny layer's PyTorch call is timed first, and only if it takes
-# HOST_BOUND_S or more are our engines timed too: the host time of a Triton call through the
-# public API is 76-140 us on the H200's host (2026-12-01, scripts/host_time.py layers:
-# head_k2s2_8to2 bf16 cl 75.8 us, refine_k3s1 bf16 cl 139.5 us), so a PyTorch call below 50 us
-# cannot be beaten, while one far above its floor can (head_video_k4s2p1_3 bf16: floor 9.4 us,
-# cuDNN 565 us).
+# HOST_BOUND_S or more are our engines timed too: a PyTorch call shorter than the host time of a
+# Triton call through the public API cannot be beaten, while one far above its floor can
+# (tools/host_time.py reads that host time).
 HOST_BOUND_S = 50e-6
-# Rule 3 -- compute-bound = compute floor at least this multiple of the memory floor. The bench's
-# layers fall in two clusters: <= 1.06 (nnunet, monai, aniso, KB 72/73/77) and >= 2.4 (gan 8.0,
-# videogpt 8.8, refine 4.6, KB 58/61/68/70); 2 separates them.
+# Rule 3 -- compute-bound = compute floor at least this multiple of the memory floor; the bench's
+# layers fall in two clusters of this ratio, one at most ~1 and one at 2.4 or more, and 2
+# separates them.
 COMPUTE_BOUND_RATIO = 2.0
 # ... and cuDNN is fast on compute-bound layers only when both channel counts per group are
-# multiples of its tile: measured on the H200, compute-bound layers with 64-aligned channels run
-# in cuDNN at 33-68% of the roofline in fp32/TF32 (gan 256->128: 68%, refine 64->64: 34-42%) against
-# 15-48% for Triton, while 16-/32-/48-aligned fp32 layers run at 4-10% (KB 58, 61, 68, 70; videogpt
-# 240->240 falls back to exact fp32, 10.6 ms vs Triton's 1.8 ms). In 16-bit, 16-aligned is enough
-# (videogpt bf16 240->240: cuDNN 46-55% vs Triton 35-55%).
+# multiples of its tensor-core tile (64 in fp32/TF32, 16 in 16-bit); otherwise it has no
+# tensor-core kernel for them and runs far below the roofline.
 CUDNN_CHANNEL_ALIGN = {torch.float32: 64, torch.float16: 16, torch.bfloat16: 16}
 
 
@@ -189,11 +183,8 @@ def floors(params, dtype: torch.dtype, precision: str, has_bias: bool = False,
 
 
 # Training steps (autograd records the call): below this roofline floor of the forward, a step is
-# host-bound and PyTorch's own forward + backward has the least host time. Measured on the H200
-# (2026-11-29, commit 8812ce7, scripts/gpu_training.py, Triton forward + convt3d backward vs cuDNN's step): the
-# layers that lost are all below it -- nnunet_128_64 (floor 20-40 us: 0.34-0.51x), monai_unet_k3
-# (20-40 us: 0.40-0.88x), aniso_122 (24-48 us: 0.39-0.70x) -- and those that won are all above it:
-# nnunet_64_32 (79-158 us: 1.45-1.55x), videogpt fp32 (677 us: 2.2x).
+# host-bound and PyTorch's own forward + backward has the least host time. The threshold separates
+# the bench's training layers that lost to cuDNN's step from those that won (tools/gpu_training.py).
 TRAIN_SMALL_FLOOR_S = 60e-6
 
 
@@ -205,9 +196,8 @@ def heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool = False
     ``TRAIN_SMALL_FLOOR_S`` takes PyTorch's forward and backward ("torch"); otherwise the forward
     rules below decide, and where they pick "torch" and HYBRID is a candidate, the step takes
     PyTorch's forward with convt3d's backward (HYBRID: per gradient the faster of cuDNN and our
-    Triton kernels, timed once per signature -- cuDNN's dX runs 25x slower than our Triton dX
-    on gan_k4s2p1 and videogpt_k4s2p3 in bf16 channels-last, 6.4 ms vs 0.26 ms and 16 ms vs
-    0.62 ms, while cuDNN's forward there is as fast as ours).
+    Triton kernels, timed once per signature), because cuDNN's dX can be many times slower than
+    ours on layers where its forward is as fast.
     """
     fwd = tuple(c for c in candidates if c != HYBRID)
     if training and "torch" in fwd and len(fwd) > 1:
@@ -227,21 +217,17 @@ def _forward_heuristic(params, dtype: torch.dtype, precision: str, has_bias: boo
                        candidates: tuple[str, ...]) -> tuple[str, str]:
     """(engine, why) of the forward: a pure function of the geometry.
 
-    On the H200 bench (README: 42 rows) it picks the faster engine on 40; the two misses are
-    refine_k3s1 fp32 NCDHW (torch chosen, Triton 1.03x) and aniso_122 fp32 channels_last
-    (Triton chosen, 0.58x). Rules, in order (constants above, with their data):
+    Rules, in order (the constants above give their reasons):
 
     0. only one candidate can run the call: that one;
-    1. tiny (roofline floor < 10 us): torch -- host time decides;
-    2. exact-grade float32 ("tf32x3"/"ieee"): triton -- cuDNN's exact fp32 is FFMA-only (51
-       TFLOP/s) and lost every KernelBench exact row (1.7-6.6x); the cuda engine is chosen only
-       by measurement until its H200 numbers calibrate a rule;
-    3. compute-bound (compute floor >= 2x memory floor) with channels per group aligned to
-       cuDNN's tiles (64 in fp32/TF32, 16 in 16-bit): torch -- gan_k4s2p1, refine_k3s1,
-       videogpt bf16;
+    1. tiny (roofline floor < ``TINY_FLOOR_S``): torch -- host time decides;
+    2. exact-grade float32 ("tf32x3"/"ieee"): triton -- cuDNN's exact fp32 runs on FFMA only,
+       without tensor cores; the cuda engine is chosen only by measurement;
+    3. compute-bound (compute floor >= ``COMPUTE_BOUND_RATIO`` x memory floor) with channels per
+       group aligned to cuDNN's tiles (``CUDNN_CHANNEL_ALIGN``): torch;
     4. otherwise triton: memory-bound or balanced layers (the phase decomposition skips empty
-       phases and writes whole rows once; KernelBench 72/73/77 at TF32: 2.6-10.8x) and compute-bound ones
-       cuDNN has no tensor-core kernel for (KernelBench 58-70, videogpt fp32: 2-5.8x).
+       phases and writes whole rows once) and compute-bound ones cuDNN has no tensor-core
+       kernel for.
     """
     if "triton" not in candidates or "torch" not in candidates:
         # The rules below are about these two; the cuda and conv3d engines are chosen by
@@ -252,10 +238,10 @@ def _forward_heuristic(params, dtype: torch.dtype, precision: str, has_bias: boo
     floor = max(mem, comp)
     if floor < TINY_FLOOR_S:
         return "torch", (f"tiny layer: roofline floor {floor * 1e6:.3g} us < {TINY_FLOOR_S * 1e6:.0f} us, host-bound "
-                         "(Triton's 2-4 launches cost 100-170 us of host time, cuDNN's ~20-30 us)")
+                         "(Triton's launches cost several times cuDNN's host time)")
     if dtype == torch.float32 and precision != "tf32":
-        return "triton", (f"exact-grade fp32 ({precision}): cuDNN's exact fp32 runs on FFMA only (51 TFLOP/s); "
-                          "Triton's 3xTF32 won every KernelBench exact row 1.7-6.6x on the H200")
+        return "triton", (f"exact-grade fp32 ({precision}): cuDNN's exact fp32 runs on FFMA only, "
+                          "under half the rate of Triton's 3xTF32 on tensor cores")
     ratio = comp / mem if mem > 0 else float("inf")
     align = CUDNN_CHANNEL_ALIGN[dtype]
     cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
@@ -264,13 +250,12 @@ def _forward_heuristic(params, dtype: torch.dtype, precision: str, has_bias: boo
              f"Cin/g={cin_g}, Cout/g={cout_g}")
     if ratio >= COMPUTE_BOUND_RATIO and aligned:
         return "torch", (f"compute-bound with channels aligned to cuDNN's tiles ({shape}, multiples of {align}): "
-                         "cuDNN runs such layers at 34-68% of roofline on the H200 (gan_k4s2p1, refine_k3s1, "
-                         "videogpt bf16)")
+                         "cuDNN runs such layers near its tensor-core peak")
     if ratio >= COMPUTE_BOUND_RATIO:
         return "triton", (f"compute-bound but channels not multiples of {align} ({shape}): cuDNN has no fast "
-                          "tensor-core kernel here (KernelBench 58-70, videogpt fp32: Triton 2-5.8x)")
+                          "tensor-core kernel here")
     return "triton", (f"memory-bound or balanced ({shape}): the phase decomposition skips empty phases and "
-                      "writes each output row once (nnunet, monai; KernelBench 72/73/77: Triton 2.6-10.8x at TF32)")
+                      "writes each output row once")
 
 
 # ---- the in-process memory ---------------------------------------------------------------------------
@@ -499,13 +484,13 @@ def _auto_skips(call: Call, reasons: dict[str, list[str]]) -> dict[str, str]:
     cuda = ENGINES["cuda"]
     if not reasons.get("cuda"):
         if cuda.head_reason(call) is None:
-            # The head kernel: one nvcc build per element type (11-17 s on the H200 machine,
-            # cached on disk), then timed like the other engines.
+            # The head kernel: one nvcc build per element type, cached on disk, then timed like
+            # the other engines.
             return skipped
         if call.precision == "tf32":
             skipped["cuda"] = ("precision tf32: auto times the cuda engine at exact grade only (its first use builds "
-                               "a CUDA extension, ~70 s; at TF32 its mma.sync tiles ran KB 77 in 615 us against the "
-                               "Triton engine's 381 us on the H200, 2026-12-01); backend='cuda' runs it")
+                               "a CUDA extension, and at TF32 the Triton engine's tiles are faster); "
+                               "backend='cuda' runs it")
         else:
             why = cuda.slow_path(call)
             if why is not None:
@@ -516,13 +501,12 @@ def _auto_skips(call: Call, reasons: dict[str, list[str]]) -> dict[str, str]:
 # ---- measuring ------------------------------------------------------------------------------------
 # The smallest margin by which convt3d must beat PyTorch to be chosen: ties go to PyTorch, the
 # baseline "auto" promises never to lose to. 3% is above the run-to-run spread of do_bench
-# medians of one call in one process on the H200 (README "auto": the two rounds of each
-# measurement are recorded beside it in the cache file).
+# medians of one call in one process (the rounds of each measurement are recorded beside it in
+# the cache file).
 NOISE_MARGIN = 0.03
 # Two rounds, and up to MAX_MEASURE_ROUNDS while a candidate's two lowest differ by more than
-# the noise margin. On the H200 machine's host (2026-12-01, --mode full bf16 cl) the training
-# steps of head_video_k4s2p1_3 read Triton 0.842 ms against PyTorch's 0.919 in rounds 22.7%
-# apart, so two rounds left PyTorch's step (1.00x) where Triton's was 9% faster.
+# the noise margin: on a busy host two rounds can lie far apart, and their spread, which becomes
+# the margin, would then keep PyTorch where ours is faster.
 MEASURE_ROUNDS = 2
 MAX_MEASURE_ROUNDS = 4
 
@@ -606,8 +590,8 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
 
     ``tiny`` (roofline floor below ``TINY_FLOOR_S``): PyTorch's own call is timed first, and if it
     takes less than ``HOST_BOUND_S`` nothing else is timed -- our engines' host time alone is
-    more. The floor alone does not say it: a tiny output head can take cuDNN 60x its floor
-    (head_video_k4s2p1_3 in bf16: 9.4 us floor, 565 us in cuDNN, 295 us in fp32 on our engine)."""
+    more. The floor alone does not say it: a tiny output head can take cuDNN many times its
+    floor."""
     entry = _cached_entry(call, cands, gpu)
     if entry is not None:
         return entry
@@ -690,9 +674,9 @@ _STEADY_LIMIT = 4096
 def steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
            precision) -> tuple[tuple | None, Steady | None]:
     """(the call's ``steady_key`` or None, its steady entry or None): the dispatcher's one entry
-    on a repeated call. The memo of the call's weight answers first (~2-3 us, no key):
+    on a repeated call. The memo of the call's weight answers first (no key to build):
     ``steady.Direct`` for a call decided for PyTorch's op, ``steady.Repeat`` (an entry whose
-    ``run`` launches the engine) for an inference call decided for ours; then the key (~5 us).
+    ``run`` launches the engine) for an inference call decided for ours; then the key.
     A key's entry found for another weight object gives that weight its memo."""
     if _listeners:  # a listener such as convt3d.tune waits for every decision
         return None, None

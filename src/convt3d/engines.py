@@ -36,8 +36,8 @@ __all__ = ["Engine", "TritonEngine", "CudaEngine", "TorchEngine", "Conv3dEngine"
 
 HYBRID = "torch+bwd"  # PyTorch's forward, convt3d's backward (training steps)
 
-# do_bench budget of one timing: 5 ms of warm-up and 25 ms of timed calls (a 100 us layer gets
-# ~250 timed calls; a 185 ms KernelBench row gets do_bench's minimum of one), median.
+# do_bench budget of one timing (warm-up, then timed calls, of which the median is read): a short
+# layer gets hundreds of timed calls, a long KernelBench row do_bench's minimum of one.
 MEASURE_WARMUP_MS = 5.0
 MEASURE_REP_MS = 25.0
 
@@ -45,15 +45,13 @@ MEASURE_REP_MS = 25.0
 class Timing(NamedTuple):
     """One timing round of a candidate.
 
-    ``ms``: do_bench's median of back-to-back calls. It hides up to ~80 us of a call's host
-    time: do_bench flushes the L2 (a 256 MB fill) before each timed call, and the call's host
-    work before its first launch runs while the flush does. ``host_ms``: the host time per call
-    of up to ``HOST_CALLS`` calls enqueued without synchronising. In a network that waits on the
-    GPU now and then (a ``.item()``, a copy to the host), host time and GPU time add up, so
-    "auto" charges a candidate the host time it costs beyond PyTorch's (``dispatch.pick``): on
-    the H200 (2026-12-01) the VQ-VAE decoder's 240 -> 240 layer measured Triton 0.674 ms against
-    PyTorch's 0.760, but its public call cost 186 us of host against PyTorch's 58, and the
-    patched network read 0.95x."""
+    ``ms``: do_bench's median of back-to-back calls. It hides part of a call's host time:
+    do_bench flushes the L2 (a 256 MB fill) before each timed call, and the call's host work
+    before its first launch runs while the flush does. ``host_ms``: the host time per call of up
+    to ``HOST_CALLS`` calls enqueued without synchronising. In a network that waits on the GPU
+    now and then (a ``.item()``, a copy to the host), host time and GPU time add up, so "auto"
+    charges a candidate the host time it costs beyond PyTorch's (``dispatch.pick``): a layer
+    faster on the GPU alone can otherwise make such a network slower."""
 
     ms: float
     host_ms: float
@@ -126,10 +124,9 @@ class Engine:
         # Each timed call does what a repeated call of the steady path does with this engine's
         # decision -- its memo check (``steady_cost``), the autocast casts of the caller's
         # tensors, then a Call of its own through ``run`` (``_timed``) -- so that on a host-bound
-        # layer the host cost of that path is in the measurement: on the H200 machine's host the
-        # public call of a Triton layer cost 33 us more than the engine's forward alone (186 vs
-        # 153 us, refine_k3s1 bf16 ncdhw, 2026-12-01, scripts/host_time.py), and a measurement
-        # without it chose Triton at 125 us where the public call took 150.
+        # layer the host cost of that path is in the measurement: the public call costs more
+        # host time than the engine's forward alone, and a measurement without it can choose an
+        # engine whose public call is slower than PyTorch's.
         cost = self.steady_cost(call)
         if not call.training:
             def forward(repeat: bool):
@@ -370,11 +367,10 @@ class CudaEngine(Engine):
 
     def slow_path(self, call: Call) -> str | None:
         """Why "auto" does not time the cuda engine on a call it can run: only its
-        register-blocked gemm_kernel is a contender (KB 77 on the H200: 1010 us; its older
-        phase_kernel tiles 1596 us and slower, the direct kernel slower still). A measuring run
-        stalled for over 6 minutes on KernelBench 58 at exact grade (105 taps, 16 output
-        channels: a phase_kernel tile), so the fallbacks are never timed by auto;
-        backend='cuda' still runs them."""
+        register-blocked gemm_kernel is a contender; its older phase_kernel tiles and the direct
+        kernel are slower, and timing them can stall a measuring run for minutes (many taps, few
+        output channels), so the fallbacks are never timed by auto; backend='cuda' still runs
+        them."""
         mod = self.module()[0]
         if mod is not None and self.head_reason(call) is None:
             return None
@@ -441,8 +437,8 @@ class TorchEngine(Engine):
 class Conv3dEngine(LaunchedRepeats):
     """A stride-1 call as PyTorch's conv3d of the flipped weight with its channel axes swapped
     (``torch_engine.conv3d_forward``): cuDNN's forward kernels, where PyTorch's own
-    conv_transpose3d runs its dgrad kernels (KernelBench 58 and 70 at TF32 on the H200: 7.1x and
-    3.7x faster, NOTES.md section 7). Training steps take convt3d's backward: autograd through the
+    conv_transpose3d runs its dgrad kernels, several times slower on such calls (docs/design.md,
+    "The conv3d form of stride-1 calls"). Training steps take convt3d's backward: autograd through the
     conv3d would compute dX on those dgrad kernels, where the transposed convolution's dX is a
     forward conv3d."""
 
@@ -461,9 +457,9 @@ class Conv3dEngine(LaunchedRepeats):
     def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
                         precision: str):
         """(run, alive) of a settled inference signature for ``steady.Repeat``: the conv3d form of
-        the caller's tensors without the key and the Call. On a desktop CPU, a call of a tiny
-        layer (launches all but free) took 28 us through the key and 8.4 us as PyTorch's own op
-        through convt3d; of the difference, 8.9 us is the weight's two copies."""
+        the caller's tensors without the key and the Call: on a tiny layer, whose launches are
+        all but free, those cost about as much host time as the weight's two copies the form
+        itself needs."""
 
         def run(x, weight, bias):
             return ops.run_engine("conv3d", x, weight, bias, params, precision)
@@ -476,9 +472,8 @@ def _always() -> bool:
 
 
 class HybridEngine(Engine):
-    """Training steps only: PyTorch's forward, recorded with convt3d's backward. cuDNN's dX runs
-    25x slower than our Triton dX on gan_k4s2p1 and videogpt_k4s2p3 in bf16 channels-last (6.4 ms
-    vs 0.26 ms and 16 ms vs 0.62 ms on the H200) while its forward there is as fast as ours."""
+    """Training steps only: PyTorch's forward, recorded with convt3d's backward, for layers where
+    cuDNN's forward is as fast as ours but its dX is many times slower than our Triton dX."""
 
     name = HYBRID
     _autograd_engine = "torch"

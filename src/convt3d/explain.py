@@ -128,11 +128,16 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
              f"{', TF32-rounded' if plan.round_tf32 else ''}"]
     heads = [c for c in plan.configs if c.head]
     if heads:
-        kinds = ", ".join(dict.fromkeys(c.head for c in heads))
-        lines.append(f"output-head tiles ({kinds}): one GEMM with M = input positions, K = Cin/g, N = Cout/g x "
-                     f"taps = {params.out_channels_per_group * math.prod(params.kernel_size)}, then the taps summed "
-                     "per output (or stored directly where taps never meet); the tuner times them against the "
-                     "phase GEMM" + (" and runs one by default" if plan.configs[0].head else ""))
+        (kd, kh, _), stride, cout_g = params.kernel_size, params.stride, params.out_channels_per_group
+        shifts = math.prod(-(-k // s) for k, s in zip(params.kernel_size, stride))
+        about = {"rows": f"rows: a GEMM with M = input rows x output columns / W stride, K = Cin/g per width "
+                         f"shift, N = Cout/g x depth and height taps x W residues = {cout_g * kd * kh * stride[2]}, "
+                         "into output rows whose depth and height taps are then summed",
+                 "shuffle": f"shuffle: one sweep over blocks of stride-sized outputs, K = Cin/g x {shifts} shift(s), "
+                            f"N = Cout/g x stride volume = {cout_g * math.prod(stride)}, no buffer"}
+        lines.append("output-head tiles (" + "; ".join(about[k] for k in dict.fromkeys(c.head for c in heads))
+                     + "); the tuner times them against the phase GEMM"
+                     + (" and runs one by default" if plan.configs[0].head else ""))
     tuning = None
     log = triton_engine.tuning_log().get(plan.tune_key)
     if log is not None:

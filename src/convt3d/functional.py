@@ -49,10 +49,9 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
                                      output_padding, groups, dilation, backend=backend, precision=precision)
     # A call whose arguments were seen before skips validation and the pass: one dispatcher entry
     # (dispatch.steady) answers it. Decided for PyTorch's own op, it goes there as an untouched
-    # layer's call does, after one check of its weight's memo (steady.Direct, ~2 us); decided for
-    # one of our engines in inference, to the engine's steady launcher after the same check
-    # (steady.Repeat); otherwise after one lookup by its key (steady.steady_key, ~5 us), to the
-    # engine.
+    # layer's call does, after one check of its weight's memo (steady.Direct); decided for one of
+    # our engines in inference, to the engine's steady launcher after the same check
+    # (steady.Repeat); otherwise after one lookup by its key (steady.steady_key), to the engine.
     key, hit = dispatch.steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
                                precision)
     if hit is not None and hit.direct:
@@ -107,13 +106,13 @@ def _on_plain_tensors(input, weight, bias, stride, padding, output_padding, grou
 
 
 # torch.func's transforms (vmap, grad, jacrev, ...) wrap tensors that have no storage of their
-# own; only PyTorch's op has their batching and gradient rules. 0.08 us a tensor on a desktop CPU,
-# asked only off the direct path.
+# own; only PyTorch's op has their batching and gradient rules. Asked only off the direct path.
 _is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 
 
 def _transformed(input, weight, bias) -> bool:
-    # Written out rather than any() over a generator: 0.5 against 1.7 us on every repeated call.
+    # Written out rather than any() over a generator, which costs several times more on every
+    # repeated call.
     tensor = torch.Tensor
     return _is_wrapped is not None and ((isinstance(input, tensor) and _is_wrapped(input))
                                         or (isinstance(weight, tensor) and _is_wrapped(weight))

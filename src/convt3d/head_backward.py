@@ -4,10 +4,8 @@ configurations, launchers).
 
 A head reads a wide input and writes a thin output: a 3-D GAN's 64 -> 1 voxel layer, a video
 decoder's 64 -> 3 RGB layer, a U-Net's last up-convolution to a few classes. Its backward is
-memory-bound: dX writes a tensor as wide as X from a thin dY, dW reads X once. cuDNN runs both far
-above their floors on the H200 (2026-12-01, bf16, 16 x 64 -> 1, 32^3 -> 64^3, k4 s2 p1: dX 358 us,
-dW 521 us, against ~18 us each for reading and writing their operands once at 4.8 TB/s). The
-general Triton kernels (``backward``) need >= 8 output channels per group: they walk one tap per
+memory-bound: dX writes a tensor as wide as X from a thin dY, dW reads X once. cuDNN runs both
+far above the time of reading and writing their operands once. The general Triton kernels (``backward``) need >= 8 output channels per group: they walk one tap per
 step with Cout/g padded to 16.
 
 These kernels flatten (tap, output channel) into one GEMM dimension and positions into another,
@@ -139,11 +137,9 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     N = Cin/g and K = taps x Cout/g are capped by their sizes (padded to >= 16 for ``tl.dot``); M
     is the free dimension. The flat kernel's A tile is a gather (a 64-bit address per element, no
     vector loads), so K steps of 32; one stage, since gathered 16-bit loads are not pipelined and
-    a second fp32 stage made ptxas spill. Register use, ptxas for sm_90a offline (triton 3.9 code
-    generation, 2026-12-01; no spills in any of them, bf16 / fp32 tf32 / fp32 two-level): 128 x 64
-    on 4 warps 168 / 188 / 255 registers, 128 x 128 on 8 warps 176 / 174 / 255, 256 x 64 on 8
-    warps 224 / 188 / 255. The phase kernel's A tile is rows of consecutive copy elements. Which is
-    fastest on a GPU is the timed choice's to say.
+    a second fp32 stage made ptxas spill. Every tile here compiles for sm_90a without spills in
+    bf16 and in fp32 at every precision. The phase kernel's A tile is rows of consecutive copy
+    elements. Which is fastest on a GPU is the timed choice's to say.
     """
     bn = _clamp_pow2(params.in_channels_per_group, 16, 128)
     bk = _clamp_pow2(_ktot(params), 16, 32)
@@ -153,17 +149,14 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
         return (HeadDgradConfig(bm, min(bn, 32), bk, 4, 1),
                 HeadDgradConfig(32, min(bn, 32), bk, 4, 1, _phase_block_w(params, 32)))
     out = []
-    # 64 x 128 on 4 warps: the VQ-VAE 240 -> 3 head's bf16 NCDHW dX in 261 us against 379 for the
-    # best of the other three (H200, 2026-12-04, kernel time by graph replay); 921 against 624 in
-    # fp32. ptxas offline (sm_90a, triton 3.6 as on the GPU machine): 157 registers bf16, 195
-    # fp32, no spills.
+    # 64 x 128 on 4 warps: the fastest tile for wide heads in 16 bits (the VQ-VAE 240 -> 3 head),
+    # slower than the others in fp32; the timed choice takes it where it wins.
     for bm, bn_cap, warps in ((128, 64, 4), (128, 128, 8), (256, 64, 8), (64, 128, 4)):
         cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1)
         if cfg not in out:
             out.append(cfg)
-    # The phase kernel's tiles: a K step of 64 ran 6-34x slower than these on every head row
-    # timed (H200, 2026-12-02: 128 x 64 on 4 warps, bf16, e.g. 2337 us against 68 us for the
-    # video k4 s2 p1 head), so K stays at 32.
+    # The phase kernel's tiles: K stays at 32, since a K step of 64 was several times slower on
+    # every head timed.
     for bm, bn_cap, warps in ((64, 128, 4), (128, 128, 8)):
         cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1, _phase_block_w(params, bm))
         if cfg not in out:
@@ -203,15 +196,11 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
 
     Flat kernel: M = Cin/g (<= 64 per tile) and N = taps x Cout/g (<= 64 or <= 128 per tile: 64
     for a 4x4x4 kernel with one output channel, so each program reads its X range once for every
-    tap); the reduction step is 32 positions, one stage (ptxas for sm_90a offline, 2026-12-01:
-    64-position steps or more stages spilled 100-1000 bytes in fp32; these two tiles use 161-193
-    registers and never spill). The reduction is split so that ~4 programs run per SM.
+    tap); the reduction step is 32 positions, one stage (64-position steps or more stages spill
+    in fp32; these two tiles do not). The reduction is split so that ~4 programs run per SM.
 
     Each flat tile comes twice: its dY gather with the lanes along (tap, channel) pairs, and along
-    positions (``lanes_on_m``). Neither wins everywhere (H200, 2026-12-01, kernel time by graph
-    replay, ``scripts/gpu_head_probe.py --grads``, first tile, each with the same dY copy): 3-D
-    GAN head fp32 263 us along positions against 240, k2 s2 8 -> 2 head bf16 119 against 129,
-    128 -> 8 head bf16 438 against 501; so the timed choice takes one of them.
+    positions (``lanes_on_m``). Neither wins on every head, so the timed choice takes one of them.
 
     Phase kernel: M = (tap, channel) pairs (64 or 128), N = Cin/g (64 or 128), K = 64 positions
     (32 in fp32) per step in rows along W; its dY rows are runs of consecutive copy elements.
@@ -233,8 +222,8 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
             out.append(cfg)
     out += [dataclasses.replace(c, lanes_on_m=True) for c in out]
     bci_wide = _clamp_pow2(params.in_channels_per_group, 16, 128)
-    # 64 positions per step in 16-bit, 32 in fp32 (a 64 x 64 fp32 tile with 64 positions took 255
-    # registers and spilled at "tf32": ptxas for sm_90a offline, triton 3.6, 2026-12-02).
+    # 64 positions per step in 16-bit, 32 in fp32 (a 64 x 64 fp32 tile with 64 positions spills at
+    # "tf32").
     bp = 64 if dtype != torch.float32 else 32
     bw = _phase_block_w(params, bp)
     for bk_cap, ci, warps in ((64, bci, 4), (128, bci, 8), (64, bci_wide, 8)):
@@ -292,8 +281,8 @@ def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None
     zero, and at TF32 (``round_tf32``) rounds the data to TF32 as it goes, so that the gradient
     kernels need not round dY on every load. Where no dimension needs a zero (padding 0 and every
     position reached, as in k2 s2 p0), dY itself (converted to ``dtype``): the kernels read it
-    through its strides and round it as they load it, since a copy would cost 66 MB of traffic
-    for the bf16 k2s2 8 -> 2 head's dY at 128^3."""
+    through its strides and round it as they load it, since a copy would add a read and a write
+    of a head's largest tensor."""
     dtype = dtype or dy.dtype
     round_tf32 = round_tf32 and dtype == torch.float32  # TF32 is a rounding of fp32 only
     if not _dy_needs_zeros(params):
@@ -422,9 +411,8 @@ def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, 
                 precision: str) -> Site:
     """The launch site of head_dgrad_kernel (or head_dgrad_phase_kernel): its integer arguments,
     grid and constexprs are fixed by the call signature (geometry, config, strides, dtypes), so
-    later steps replay the compiled kernel. Through ``kernel[grid]`` each of a step's two head
-    launches cost ~20-33 us of argument binding (NOTES.md, section 4), on a k2s2 head step whose
-    kernels take ~175 us."""
+    later steps replay the compiled kernel: binding the arguments again through ``kernel[grid]``
+    on each launch would cost host time comparable to a small head's kernels."""
     def build():
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
         tiles_n = _cdiv(cin_g, cfg.BLOCK_N)
@@ -504,11 +492,8 @@ def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dy
 
 
 # The finish: [BLOCK_S, BLOCK_E] fp32 tiles of 8192 values (32 KB) per step; BLOCK_E small enough
-# that ~one program per SM (``device_programs(device, 1)``) gets elements. On the H200
-# (2026-12-02) a finish of 256 elements per program took 50.4 us for the k2s2 8 -> 2 head, whose
-# 128 partial elements and 528 splits made one program add 17 blocks in turn; an earlier finish
-# that added the splits serially in a few programs cost more than torch's sum and copy it replaced
-# (NOTES.md, section 10).
+# that ~one program per SM (``device_programs(device, 1)``) gets elements, since a head with few
+# partial elements and many splits would otherwise leave one program adding every block in turn.
 _FINISH_TILE = 8192
 
 

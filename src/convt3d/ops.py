@@ -125,10 +125,9 @@ conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)
 # ---- eager autograd -------------------------------------------------------------------------------
 # The custom ops above are what torch.compile traces. In eager mode their dispatch is host time a
 # training step pays twice (forward op, backward op): the custom-op machinery (argument defaults,
-# redispatch through Autograd/ADInplaceOrView/CUDA keys, re-validation of list arguments) measured
-# ~500 us per forward+backward on our CPU with the engines stubbed out, against 40 us for the
-# forward alone; on the H200 host a convt3d training step of nnunet_128_64 bf16 took 1437 us
-# against 357 us for cuDNN's, with 220 us of GPU work (2026-11-29, commit 25519cd, scripts/gpu_training.py).
+# redispatch through Autograd/ADInplaceOrView/CUDA keys, re-validation of list arguments) costs
+# many times the forward's own host time, enough to make a host-bound training step several
+# times slower than cuDNN's (tools/gpu_training.py).
 # Eager calls therefore use this autograd.Function: the same engine forward and the same
 # backward (``backward.grads``) as the ops' registrations, with no dispatcher round trip.
 class _EagerConvT3d(torch.autograd.Function):

@@ -8,17 +8,15 @@ dispatcher's pass.
   errors), so its memo only has to say that the decision still holds: the same weight and bias
   objects, the input's shape, layout, dtype and device, the same geometry arguments, backend,
   precision and ``$CONVT3D_BACKEND``, grad mode, autocast and cuDNN's TF32 flag. That check
-  costs ~2 us where the key costs ~5 us, and on a slow host each us counts several times over:
-  on the H200 machine's host (2026-12-01, ``scripts/host_time.py layers``) a forward through the
-  key and the dispatcher's tables cost 43 us more than ``F.conv_transpose3d`` itself (120 vs
-  78 us), and a host-bound training step of refine_k3s1 (bf16 cl) read 377 against 313 us.
+  costs less than building the key, and a host-bound layer pays every microsecond of it: a
+  forward through the key and the dispatcher's tables costs measurably more host time than
+  ``F.conv_transpose3d`` itself (``tools/host_time.py layers``).
 - :class:`Repeat`: the same memo for an inference call decided for one of our engines outside
   autocast. It also pins the weight's and bias's layout (a ``.data`` assignment can change it
   under the same object) and holds the engine's own steady launcher (``run``), so a repeated
   call goes from the check straight to the allocation and the launches: no key, no ``Call``, no
-  engine lookup. On this project's CPU machine (2026-12-02, ``scripts/host_time.py stubbed
-  --layer head``, launches stubbed) the public call of a Triton-decided head cost 42-55 us
-  against the engine's forward alone at 12-13 us.
+  engine lookup, which together cost a small layer several times the host time of the
+  engine's forward alone (``tools/host_time.py stubbed``).
 
 A leaf module (it imports nothing that imports the dispatcher): the engines use both to time a
 candidate with the host cost its repeated calls will have.
@@ -51,7 +49,7 @@ def _precision_reader():
 
 
 def _tf32() -> bool:
-    """``torch_engine.cudnn_conv_allows_tf32`` in 0.2 us instead of 0.55 (the getter's arguments
+    """``torch_engine.cudnn_conv_allows_tf32`` at under half its cost (the getter's arguments
     are not looked up through ``torch.backends``' module ``__getattr__`` each time): the steady
     path reads the flag on every call."""
     read = _precision_reader()
@@ -74,8 +72,7 @@ def steady_key(input, weight, bias, stride, padding, output_padding, groups, dil
     dtypes, devices and requires_grad; the geometry arguments; backend and precision;
     ``$CONVT3D_BACKEND``, cuDNN's TF32 flag, grad mode and the autocast state -- or None where the
     call must take the full pass (tensor subclasses and arguments that do not hash by value, as
-    ``validate.memo_arguments`` says). ~4-5 us on a desktop CPU, against ~20 us for validation
-    and the pass."""
+    ``validate.memo_arguments`` says). It costs a fraction of validation and the pass."""
     if not (backend is None or type(backend) is str) or not (precision is None or type(precision) is str):
         return None
     geometry = memo_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation)

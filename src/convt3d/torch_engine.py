@@ -21,8 +21,8 @@ def cudnn_conv_allows_tf32() -> bool:
     ``torch.backends.cudnn.allow_tf32`` getter mirrors it but raises RuntimeError once the new
     API has set conv and rnn differently (e.g. ``cudnn.conv.fp32_precision = "ieee"``).
 
-    Read on every call: through ``torch._C``'s getter where it exists (0.4 us; the attribute
-    path through ``torch.backends``' module ``__getattr__`` costs ~1.4 us)."""
+    Read on every call: through ``torch._C``'s getter where it exists (the attribute path
+    through ``torch.backends``' module ``__getattr__`` costs several times more)."""
     conv = getattr(torch.backends.cudnn, "conv", None)
     getter = getattr(torch._C, "_get_fp32_precision_getter", None)
     if getter is not None and hasattr(conv, "backend"):
@@ -103,20 +103,17 @@ def _at_precision(op, args: tuple, precision):
 # At stride 1 a transposed convolution is a plain one: y[o] = sum_k x[o + p - d k] w[k] is the
 # cross-correlation of x, padded by d (K - 1) - p, with the weight flipped along every kernel
 # axis and its two channel axes swapped (per group). cuDNN runs that conv3d on its forward
-# kernels, and runs conv_transpose3d on its dgrad kernels, which are slower: on the H200
-# (2026-11-29, cuDNN 9.19, TF32 on) 1208 against 8534 us on KernelBench 58, 7911 against 28952
-# on KernelBench 70, where the Triton engine took 1375 and 8735 (NOTES.md, section 7).
+# kernels, and runs conv_transpose3d on its dgrad kernels, which are several times slower at
+# TF32 on such calls (docs/design.md, "The conv3d form of stride-1 calls").
 
 
 def conv3d_form_reasons(params, dtype: torch.dtype, precision: str) -> list[str]:
     """Why a call has no conv3d form (empty: it has one). It needs stride 1, and then an
     output_padding of 0: the extra rows would need padding on one side only (a copy of x).
 
-    Not for float32 at exact grade: with TF32 off, cuDNN's conv3d picked an algorithm whose
-    error on a KernelBench-58-like layer (k (3, 5, 7), 32 -> 16 channels; H200, cuDNN 9.19,
-    2026-12-04) was 4.65e-5 against 7.1e-6 for its conv_transpose3d, beyond the error budget
-    of twice cuDNN's own. At exact grade the two ran equally fast on KernelBench 58 and 70
-    (NOTES.md, section 7), so nothing is lost."""
+    Not for float32 at exact grade: with TF32 off, cuDNN's conv3d can pick an algorithm whose
+    error is several times its conv_transpose3d's, beyond the error budget of twice cuDNN's
+    own; at exact grade the two run equally fast (docs/design.md, "The conv3d form of stride-1 calls"), so nothing is lost."""
     reasons = []
     if params.stride != (1, 1, 1):
         reasons.append(f"stride={params.stride}: the conv3d form needs stride 1")

@@ -44,18 +44,16 @@ class Config:
     # copy, tiles of BLOCK_M // BLOCK_W x BLOCK_W compact positions.
     gluon: bool = False
     fold: int = 1  # groups merged per GEMM (group_folds): block-diagonal weight, wider tiles
-    # Output-head path (head_engine, kernels/head_gemm.py): "gather" or "direct", "" otherwise.
-    # Its GEMM tile is BLOCK_M input positions x BLOCK_N (Cout/g x taps) x BLOCK_K; BLOCK_W is
-    # the gather kernel's row span and BLOCK_R its elements per program.
+    # Output-head path (head_engine, kernels/head_gemm.py): "rows" or "shuffle", "" otherwise.
+    # Its GEMM tile is BLOCK_M positions x BLOCK_N columns x BLOCK_K; for the rows kind BLOCK_W
+    # is the tap sum's row span and BLOCK_R its elements per program.
     head: str = ""
     BLOCK_R: int = 0
-    # The fused head kind's box of output cells: BOX_D x BOX_H x BLOCK_W; the box and shuffle
-    # kinds' tile of positions: BOX_H x BLOCK_W (= BLOCK_M); a shuffle tile with BOX_H 0 takes
+    # The shuffle kind's tile of blocks: BOX_H x BLOCK_W (= BLOCK_M); with BOX_H 0 it takes
     # BLOCK_M consecutive blocks of a plane instead.
-    BOX_D: int = 0
     BOX_H: int = 0
-    # The gather and rows kinds' tap-product buffer Z in bfloat16 instead of fp32 (bf16 calls
-    # only; head_engine.head_tiles says why): half of Z's traffic.
+    # The rows kind's tap-product buffer Z in bfloat16 instead of fp32 (bf16 calls only;
+    # head_engine.head_tiles says why): half of Z's traffic.
     z_bf16: bool = False
     # Programs per SM of a persistent head GEMM, each looping over its share of the tiles so
     # that the next tile's loads are in flight during this one's MMAs (head_rows_kernel);
@@ -75,17 +73,11 @@ class Config:
     shifts_n: int = 0
 
     def short(self) -> str:
-        if self.head == "box":
-            return (f"head-box M{self.BLOCK_M}({self.BOX_H}x{self.BLOCK_W}) N{self.BLOCK_N} K{self.BLOCK_K} "
-                    f"w{self.num_warps} s{self.num_stages}")
         if self.head == "shuffle":
             box = f"{self.BOX_H}x{self.BLOCK_W}" if self.BOX_H else "flat"
             return (f"head-shuffle M{self.BLOCK_M}({box}) N{self.BLOCK_N} K{self.BLOCK_K} "
                     f"{'mma' if self.use_dot else 'fma'} w{self.num_warps} s{self.num_stages}"
                     + ("" if not self.shifts_n else " nw" if self.shifts_n == 1 else " nhw"))
-        if self.head == "fused":
-            return (f"head-fused box{self.BOX_D}x{self.BOX_H}x{self.BLOCK_W} M{self.BLOCK_M} N{self.BLOCK_N} "
-                    f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}")
         if self.head:
             return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
                     f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
@@ -141,23 +133,20 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
                       gluon: bool = False) -> tuple[Config, ...]:
     """All configurations tried for one GEMM shape and dtype; the first is the untuned default.
 
-    Measured on the H200 (scripts/gpu_config_sweep.py, NOTES.md; 2026-11-29, commit 1bd87ef), why these tiles:
+    Why these tiles:
     * BLOCK_N (output channels) covers Cout/g in one tile up to 128, so each input tile is read
-      once per program; Cout/g <= 64 on 5 of the 7 KernelBench problems. The spatial side is
-      the MMA's M, so wgmma runs for any Cout/g >= 16.
+      once per program. The spatial side is the MMA's M, so wgmma runs for any Cout/g >= 16.
     * BLOCK_K (input channels per step): 32 for fp32 (one 128-byte line per position), 64 for
-      16-bit (bf16 with K32 spilled and ran 3-7x slower than K64).
-    * BLOCK_M (positions): 128 is the default; 256 with 8 warps won on the large-N bf16 layers
-      (gan 418 -> 311 us, videogpt 848 -> 612 us) and on KB 77 (739 -> 616 us); 64 with 4
-      stages on KB 77 at tf32x3. Accumulators are kept <= 128 registers per thread.
-    * num_stages 3: 4-6 stages never won by more than noise and lost up to 40% (KB 73, 68).
-      The .ca cache hint and a 128-register cap were tried too and changed nothing (< 3%).
-    * tma: operands through tensor descriptors. Kernel-only times, pointer -> TMA loads:
-      KB 73 922 -> 684 us, nnunet_64_32 bf16 238 -> 199, gan fp32 869 -> 726, KB 68 11.7 ->
-      11.0 ms, KB 77 730 -> 701; but KB 58 (Cout 16) 1596 -> 1928 and the fp32 FMA ("ieee")
-      dot spills with it. So both kinds are candidates and the tuner picks.
+      16-bit (bf16 at K 32 spills registers and runs several times slower).
+    * BLOCK_M (positions): 128 is the default; 256 on 8 warps (large-N bf16 layers) and 64 at 4
+      stages are candidates. Accumulators are kept <= 128 registers per thread.
+    * num_stages 3: more stages never won by more than noise and lost on some layers; cache
+      hints and register caps changed nothing.
+    * tma: operands through tensor descriptors, faster on most layers but slower where Cout is
+      narrow (and the fp32 FMA ("ieee") dot spills with it), so both kinds are candidates and
+      the tuner picks.
     * W_GROUP=2 for stride 2 along W into NCDHW output: both W-residues of a row are computed
-      and stored as whole rows (strided per-phase stores ran KB 77 at 2.3 ms, 250 GB/s).
+      and stored as whole rows (strided per-phase stores use a fraction of each transaction).
     * companions (default) / fill_separate: rows no tap reaches are written by the GEMM
       programs next to their own rows (companion_masks), else by a store-only kernel.
     """
@@ -175,11 +164,9 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
         fma = tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
         # The output-head tiles come first, as the untuned default (graph capture, the CPU
-        # interpreter, CONVT3D_AUTOTUNE=0): on the H200 (2026-12-01, scripts/gpu_head_probe.py)
-        # they beat these FMA tiles on 14 of the 16 FMA-path head rows, by 5-55x (GAN head 64 -> 1
-        # fp32: 228 vs 2770 us); the FMA tiles stay candidates (k2 s2 8 -> 2 channels-last: FMA
-        # 111 vs 157 us).
-        return _head_configs(params, dtype, precision, gluon, channels_last_out) + fma
+        # interpreter, CONVT3D_AUTOTUNE=0): they beat these FMA tiles on nearly every head layer,
+        # by large factors; the FMA tiles stay candidates for the few k2 s2 heads they win.
+        return _head_configs(params, dtype, precision, channels_last_out) + fma
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, _pow2_at_least(hw[0] * hw[1]))
@@ -200,14 +187,9 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
 
     if flat and flat_unsupported(params, dtype, bk) is None:
         # Hopper (and the interpreter): flat_gemm_kernel first, then the 5-D TMA path of
-        # phase_gemm_kernel. Measured kernel times (H200, 2026-11-29, commit 1590245; scripts/gpu_config_sweep.py), best per case:
-        #   flat M128 s3: KB 58 1321 us (5-D TMA 2026), KB 61 3310 (4375), aniso bf16 95 (148),
-        #     refine bf16 82 (89), KB 77 channels-last 172 + 84 plane fill;
-        #   flat M64 s4: KB 77 NCDHW 261 + 129 plane fill (5-D TMA M64: 501 in all), gan bf16 402;
-        #   5-D TMA M128 s3 still wins KB 73 (686 vs 607-867 flat), monai bf16 (90 vs 115) and
-        #     gan fp32 (842 vs 890); 5-D TMA M256 s3 gan bf16 (323 vs 365-402 flat).
-        # flat M128 s4 and M256 s3 were within 1-3% of these on their best cases (KB 61, aniso,
-        # KB 58, nnunet): left out, since every candidate costs ~1 s of compile when tuning.
+        # phase_gemm_kernel: each tiling here is the fastest on some layer; further tilings came
+        # within a few percent of these and are left out, since every candidate costs about a
+        # second of compile when tuning.
         # Flat tiles run along whole padded rows: the plane bound uses the padded width.
         _, (_, _, wp) = flat_geometry(params)
         fplane = max(16, _pow2_at_least(hw[0] * wp))
@@ -215,19 +197,17 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
                  (128, 3, plane, {"tma": True}), (256, 3, plane, {"tma": True})]
         if esize == 4 and precision != "ieee" and 32 < cin_g <= 64 and (params.groups == 1 or cin_g == 64):
             # One 64-channel K step per tap instead of two of 32 (the second partly padding when
-            # Cin/g = 48). H200, 2026-11-29, commit 97a1955, tf32x3: KB 70 (48 -> 24) 14.3 vs 15.2 ms, but KB 61
-            # (48 -> 48) 11.4 vs 7.3 ms, so a candidate for the tuner, not a rule.
+            # Cin/g = 48): faster on some such layers and slower on others, so a candidate for
+            # the tuner, not a rule.
             plans.append((128, 3, fplane, {"flat": True, "block_k": 64}))
         if gluon and (esize == 2 or precision == "tf32") and plane >= 64:  # wgmma: 64 rows per warpgroup
             # box_gemm_kernel (wgmma reads fp32 as TF32 only, so not for tf32x3 / ieee). Last:
-            # the first candidate is the untuned default, and this one runs on sm_90 alone.
-            # 4 stages (H200, 2026-12-01): KB 77's whole call 352 us against 377 with 3 (flat
-            # M64 s4: 371); its GEMM alone in the spike, us for 2 / 3 / 4 stages, fp32 151.0 /
-            # 144.2 / 146.8, bf16 113.6 / 101.2 / 98.5.
+            # the first candidate is the untuned default, and this one runs on sm_90 alone. At 4
+            # stages, which made the whole call faster than 3.
             plans.append((128, 4, plane, {"flat": True, "gluon": True}))
     else:
-        # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads with the
-        # tiles measured at commit 1bd87ef (2026-11-29).
+        # No TMA (before Hopper, or a call flat_unsupported rejects): pointer loads, with the
+        # tilings that won the pointer-load sweep.
         plans = [(128, 3, plane, {}), (256, 3, plane, {}), (64, 4, plane, {}), (128, 4, plane, {})]
     configs = []
     for bm, stages, bound, kind in plans:
@@ -239,24 +219,23 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     for f in group_folds(params):
         merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
         configs += [replace(c, fold=f) for c in merged[:2]]
-    return tuple(configs) + _head_configs(params, dtype, precision, gluon, channels_last_out)
+    return tuple(configs) + _head_configs(params, dtype, precision, channels_last_out)
 
 
-def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str, gluon: bool,
+def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
                   channels_last: bool) -> tuple[Config, ...]:
     """Output-head candidates (head_engine.head_tiles) for layers of <= 15 channels per group,
-    timed by the tuner against the phase-GEMM configs above (``gluon``: the box kind's too;
-    ``channels_last``: the call is laid out channels-last, so no tile reads a copy)."""
-    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision, gluon, channels_last))
+    timed by the tuner against the phase-GEMM configs above (``channels_last``: the call is laid
+    out channels-last, so no tile reads a copy)."""
+    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision, channels_last))
 
 
 def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
     """Group merges (ConvT3dParams.fold_groups) worth a tuning candidate, smallest first.
 
     A group of fewer than 16 input or output channels fills at most half of each 16-wide MMA
-    operand, and its programs do one small MMA per tap: KernelBench 72 (4 groups of 8 -> 8, 105
-    taps) ran at 3% of its roofline, 1.20 ms TF32 / 1.76 ms tf32x3 (the FMA path: 3.08 ms; H200,
-    2026-11-29, commit 44b638a). Merging f groups multiplies the work by f but fills the tiles. Candidates: the
+    operand, and its programs do one small MMA per tap, far below the roofline (KernelBench 72:
+    4 groups of 8 -> 8, 105 taps). Merging f groups multiplies the work by f but fills the tiles. Candidates: the
     smallest f reaching 16 channels on both sides, and the full merge (one dense GEMM) while it
     keeps <= 128 channels, i.e. one output-channel tile. Only for calls already on tensor cores
     (>= 8 channels per group): the FMA path's smaller groups would multiply the work by >= 16x.
@@ -354,13 +333,9 @@ def host_charged(timings: dict[str, float], host_ms: dict[str, float]) -> dict[s
     host time per call (the host enqueues ahead while the GPU is the slower; the GPU waits
     while the host is). do_bench's median alone hides up to ~80 us of a call's host time (its
     L2 flush runs while the host prepares the next call), so on a host-bound layer it picks
-    the config that is slower in use: H200, 2026-12-01, the bf16 channels-last k2 s2 head
-    (``head_k2s2_8to2``), the box kind at 80.1 us of kernel against 112.0 for the FMA tile, but
-    185.8 against 115.2 us per call. Adding the host time beyond the cheapest config's (the
-    rule "auto" applies between engines, for networks that wait on the GPU) picked the wrong
-    tile where the GPU is the slower: H200, 2026-12-02, the same head, the direct kind at
-    128.8 us of kernel over the FMA tile at 115.4 (FMA's host 13.4+ us more: one launch more),
-    then 128.3 us per call in the bench against 115.2."""
+    the config that is slower in use; adding only the host time beyond the cheapest config's
+    (the rule "auto" applies between engines, for networks that wait on the GPU) picks the
+    wrong tile where the GPU is the slower."""
     if not host_ms:
         return dict(timings)
     return {k: max(v, host_ms.get(k, 0.0)) for k, v in timings.items()}

@@ -46,8 +46,8 @@ _unsupported: dict[tuple, str | None] = {}
 
 def unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None = None) -> str | None:
     """Why the Triton engine cannot run this call, or None (the dispatcher's one question).
-    Memoised per (geometry, dtype, device, strides): ~18 us of checks per call otherwise, on
-    layers whose whole GPU time is ~100 us."""
+    Memoised per (geometry, dtype, device, strides): unmemoised, the checks cost a fifth of a
+    small layer's GPU time per call."""
     key = (params, x.dtype, x.device, x.stride())
     if key not in _unsupported:
         if len(_unsupported) >= 4096:
@@ -167,7 +167,7 @@ def plan(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision
         # K-major operands: the MMA's K is the input channel, so the input is read
         # channels-innermost. tf32 wgmma cannot take an MN-major operand at all, and 16-bit loads
         # along W would not be provably contiguous (no 16-byte cp.async); the copy costs 2x the
-        # input bytes (16 us of KB 77's 600). It also rounds fp32 to TF32 (see the copy kernel).
+        # input bytes, a small share of the call. It also rounds fp32 to TF32 (see the copy kernel).
         copy_input = use_dot and (x.stride(1) != 1 or round_tf32)
         # 16-bit operands ignore the dot's input precision; "tf32" keeps them on the chained
         # accumulate path (the "ieee" path sums each K block separately, see the kernel).
@@ -184,8 +184,8 @@ class _Steps:
     launch sites resolved on the first run and held, so later runs only allocate and launch.
 
     Why: per call, resolving everything again (key tuples, table and site lookups, closures)
-    cost ~70 us of Python on top of the launches (scripts/host_time.py stubbed, 2026-11-29, commit bda8a77), while the
-    small bench layers run 70-160 us of GPU kernels; their calls were host-bound (NOTES.md).
+    costs about as much Python as the small bench layers' GPU time, which makes their calls
+    host-bound.
     Everything held here is fixed by the signature (shapes, strides, dtype, device, bias or not,
     precision) and the config; what depends on the tensors' addresses (tensor descriptors, TMA
     eligibility of a user's input) is still decided per run."""
@@ -195,19 +195,16 @@ class _Steps:
         params = params.fold_groups(cfg.fold) if cfg.fold > 1 else params
         self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
         # Output-head configs launch their own kernels (head_engine), through this engine's sites.
-        self.head = (head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site, _prepare_input,
-                                           gluon_descriptor) if cfg.head else None)
+        self.head = (head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site, _prepare_input)
+                     if cfg.head else None)
         if self.head is not None:
             return
         companions = cfg.companions and companion_masks(params) is not None
         self.tab = phase_table(params, device, cfg.W_GROUP, cfg.fill_separate or companions, companions)
         self.n_groups = self.tab.shape[0] // cfg.W_GROUP
-        # Empty rows/planes: in stream order before the GEMM. The fill on a side stream, launched
-        # after the GEMM so that the two co-reside (H200, 2026-12-04, KB 77, whole call by graph
-        # replay): NCDHW fp32 356.8 -> 353.7 us, bf16 249.8 -> 246.2; channels-last fp32 287.5
-        # -> 258.8, bf16 182.3 -> 170.5; launched before the GEMM, at most 1%. Not used:
-        # KernelBench's static rules reject any stream in its files, which carry this module
-        # verbatim, and the KernelBench layout (NCDHW) gains 1% (NOTES.md, section 12).
+        # Empty rows/planes: in stream order before the GEMM. Not on a side stream beside the
+        # GEMM: KernelBench's static rules reject any stream in its files, which carry this
+        # module verbatim, and in the KernelBench layout (NCDHW) the overlap gains about 1%.
         # fill_site: the site getter of the fill kernel, None when nothing needs a fill.
         self.fill_site, self.fill_table = None, None
         if companions:

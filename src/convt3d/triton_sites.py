@@ -52,10 +52,9 @@ def _kernel(name: str, device: torch.device, module=None):
 # ----------------------------------------------------------------------------------------------
 # Launch sites: the host side of a launch, built once per call signature.
 # ----------------------------------------------------------------------------------------------
-# Small layers are host-bound (H200 host, triton 3.6, 2026-11-29, commit 25519cd, scripts/host_time.py launch): one
-# ``kernel[grid](...)`` costs 22 us with 2 arguments and 33 us with 40 (argument binding and
-# specialisation in ``JITFunction.run``), 2-4 launches per call, against ~100 us of GPU work on
-# nnunet_128_64 bf16. Every integer argument, the grid and the constexprs of our launches are
+# Small layers are host-bound: one ``kernel[grid](...)`` spends tens of microseconds in argument
+# binding and specialisation (``JITFunction.run``), more with more arguments, and a call makes 2-4
+# launches for about as much GPU work. Every integer argument, the grid and the constexprs of our launches are
 # fixed by the call signature; only tensor pointers change. A Site keeps them, and after its
 # first launch (which goes through Triton as usual: compile, specialise) replays the compiled
 # kernel directly for the same pointer-alignment pattern -- exactly the arguments Triton's own

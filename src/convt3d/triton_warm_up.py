@@ -11,15 +11,14 @@ __all__ = ["start_warm_up"]
 
 # The first kernel a process launches makes Triton compute its installation's key (the sha256 of
 # libtriton and of its compiler and language sources, ``triton.runtime.cache.triton_key``, cached
-# for the process) before it can find even a cached binary: 0.38 of the 0.53 s that a patched
-# GAN generator's first call took with every cache warm (H200 machine, triton 3.6, 2026-12-01,
-# scripts/host_time.py first-call). It depends on nothing of the call, and hashing releases the
-# GIL, so ``convt3d.patch`` starts it in a daemon thread: it overlaps whatever the caller does
-# before the first call; a call that comes first computes the key itself, as without it. With
-# convt3d imported the key imports nothing (triton 3.6 and 3.9, 0.31-0.37 s on a CPU machine,
-# 2026-12-01): file reads and hashing only, so a process forked meanwhile (DataLoader workers)
+# for the process) before it can find even a cached binary: most of a patched model's first
+# call with every cache warm (tools/host_time.py first-call). It depends on nothing of the
+# call, and hashing releases the GIL, so ``convt3d.patch`` starts it in a daemon thread: it
+# overlaps whatever the caller does before the first call; a call that comes first computes the
+# key itself, as without it. With convt3d imported the key imports nothing (triton 3.6 and
+# 3.9): file reads and hashing only, so a process forked meanwhile (DataLoader workers)
 # inherits no held import lock; Python 3.12's warning about forking a multi-threaded process can
-# still fire within those ~0.4 s. (A module of its own: the KernelBench files, which copy
+# still fire while the thread runs. (A module of its own: the KernelBench files, which copy
 # triton_sites, may hold no threads.)
 _warm_up_started = False
 

@@ -21,7 +21,7 @@ __all__ = ["triple", "check_call", "memo_arguments"]
 def _as_int(value: Any) -> int | None:
     """``value`` as an int the way PyTorch's argument parser reads one (Python and NumPy ints and
     one-element integer tensors; bool is refused here), else None."""
-    if type(value) is int:  # the common case, without the ABC check below (~2 us per call)
+    if type(value) is int:  # the common case, without the costlier ABC check below
         return value
     if isinstance(value, bool):
         return None
@@ -35,8 +35,8 @@ def _as_int(value: Any) -> int | None:
 
 def triple(name: str, value: Any) -> tuple[int, int, int]:
     """Normalise an int-or-sequence argument to three ints, as PyTorch's argument parser does."""
-    # Fast paths for what layers pass on every call (validation ran at ~27 us per call, most of
-    # it in numbers.Integral checks; small layers are host-bound).
+    # Fast paths for what layers pass on every call: numbers.Integral checks were most of
+    # validation's host time, and small layers are host-bound.
     if type(value) is int:
         return (value,) * 3
     if type(value) is tuple and len(value) == 3 and all(type(v) is int for v in value):
@@ -102,8 +102,8 @@ def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, ou
 
     Raises TypeError / RuntimeError / ValueError as PyTorch does, naming the argument and value.
     Calls that passed before with the same shapes, dtypes, devices and plain int/tuple arguments
-    are answered from a small memo (the full checks cost ~19 us, a lookup ~3 us; small layers are
-    host-bound). Only successes are memoised, so every error is raised by the checks themselves.
+    are answered from a small memo (a lookup costs a fraction of the full checks; small layers
+    are host-bound). Only successes are memoised, so every error is raised by the checks themselves.
     """
     key = None
     args = memo_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation)

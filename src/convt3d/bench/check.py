@@ -6,7 +6,7 @@ and groups kept) and run with ``backend="triton"`` on CPU tensors, which execute
 kernel functions in Triton's interpreter. The result is compared against float64 PyTorch on the
 same (rounded) inputs.
 
-The bar is the one of issue 3 -- at most 2x the reference implementation's own error against
+The bar is the project's accuracy bar -- at most 2x the reference implementation's own error against
 float64 -- with CPU stand-ins for cuDNN, since cuDNN is not here:
 
 * fp32 "default" (TF32): a TF32 convolution emulated in float64 (inputs and weights rounded to
@@ -143,8 +143,8 @@ def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] |
                advance: Callable[[], None] | None = None, jobs: int = 1) -> tuple[list[CheckRow], list[dict]]:
     """Check every case, on ``jobs`` processes; returns (rows, failures) in the order of ``cases``.
 
-    A case that raises becomes a failure entry. The interpreter is pure Python (~30 ms per
-    program x tap iteration of the GEMM kernel: 42 cases take ~90 s on one core), so cases run in
+    A case that raises becomes a failure entry. The interpreter is pure Python (every program x
+    tap iteration of the GEMM kernel is slow, a suite takes minutes on one core), so cases run in
     parallel worker processes, longest first.
     """
     say = status or (lambda _msg: None)

@@ -54,9 +54,9 @@ from .stats import paired_ratio
 
 __all__ = ["DDPUnavailableError", "unavailable_reason", "run_ddp", "format_rows", "exit_worker"]
 
-# Per-round budget and bounds on back-to-back steps per round (a 400 ms step gets 3, a 5 ms one
-# 40); 11 pairs of 0.2 s rounds put the median between quartiles of 3 pairs or more at ~5 s a
-# network.
+# Per-round budget and bounds on back-to-back steps per round (a slow step gets MIN_ITERS, a
+# fast one about ROUND_S / its time); 11 pairs of rounds put the median between quartiles of 3
+# pairs or more in seconds a network.
 ROUND_S = 0.2
 MIN_ITERS, MAX_ITERS = 3, 100
 WARMUP_STEPS = 3
@@ -219,9 +219,9 @@ def exit_worker() -> None:
     The teardown races: rank 0 hosts the group's store, and a gloo rank still closing its pairs
     when that store goes aborts in C++ ("terminate called without an active exception", exit
     -6). A barrier before ``destroy_process_group`` narrowed the window but did not close it: the
-    abort recurred on a loaded 2-core CI machine (2026-12-01, ``tests/multi_gpu_train.py`` under
-    torchrun). With no destructors run there is nothing left to race. Only for the success path:
-    a failing worker raises as usual, so that its launcher reports the traceback."""
+    abort recurred on a loaded 2-core CI machine (``tests/multi_gpu_train.py`` under torchrun).
+    With no destructors run there is nothing left to race. Only for the success path: a failing
+    worker raises as usual, so that its launcher reports the traceback."""
     import torch.distributed as dist
 
     if dist.is_initialized():

@@ -50,8 +50,8 @@ relative, is far below bf16's ~4e-3, so it stands for the exact gradients at a f
 float64 step's cost). Errors are relative. Inference: max |y - ref| / max |ref|. Training: the
 norm-wise error of all parameter gradients together, ||g - ref|| / ||ref|| (a per-parameter
 maximum would be ruled by gradients that are zero in exact arithmetic -- a bias followed by a
-normalisation -- where both models' errors are pure rounding noise over ~1e-10: 1e3-1e4 "relative"
-on the H200 for the MONAI UNet and the video decoder), and the same over the ConvTranspose3d
+normalisation -- where both models' errors are pure rounding noise over ~1e-10, thousands of
+times over in "relative" terms), and the same over the ConvTranspose3d
 weights alone (``convt_grad_rel_err``: the layers convt3d computes). ``within_error_budget``: each
 patched error is at most twice the untouched one (the project's budget), or one unit of the mode's
 epsilon.
@@ -285,7 +285,7 @@ class Network:
 
 
 _MONAI, _DNA = "monai", "dynamic-network-architectures"
-# Order: the networks of issue 15's first measurements first, so that an interrupted run keeps them.
+# Order: the networks a run must report first, so that an interrupted run keeps them.
 NETWORKS: tuple[Network, ...] = (
     Network("gan3d", "3D-GAN generator, z 200 -> 1x64^3, batch 32", None, (), _gan3d),
     Network("vqvae_video", "VQ-VAE video decoder (VideoGPT), 240 ch, (4,240,8,32,32) -> (4,3,32,128,128)", None, (),
@@ -624,8 +624,8 @@ def _reference(model: nn.Module, x: torch.Tensor, mode: NetMode, target: torch.T
 def _tf32_arithmetic(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The float64 forward with every ConvTranspose3d's input and weight rounded to TF32 first:
     what exact TF32 arithmetic gives on those layers. With TF32 allowed, cuDNN still computes
-    some layers in full fp32 (the 240-channel VQ-VAE up-convolution, 2026-12-01 on the H200: its
-    untouched network error 2.7e-5 against 3.0e-4 for TF32), so PyTorch's own error is not the
+    some layers in full fp32 (the 240-channel VQ-VAE up-convolution: its untouched network error
+    is an order of magnitude below TF32's), so PyTorch's own error is not the
     whole budget of a TF32 engine there: the budget is twice the larger of the two."""
     from .check import round_to_tf32
 
@@ -763,12 +763,10 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
     return row
 
 
-# Pairs of timing blocks per mode (``--rounds``). The U-Nets' steps are host-bound on the H200
-# machine's host, whose speed swings by up to 45% between seconds (UNETR's bf16 training step:
-# 55-82 ms per step across rounds of one process, the same kernels on both sides, 2026-12-01), so
-# whole rounds of one side then the other decided by their lowest read 0.94-0.95x where the
-# paired blocks' ratios centre on 1.00x. 21 pairs put the median between quartiles of 5 pairs or
-# more on each side.
+# Pairs of timing blocks per mode (``--rounds``). The U-Nets' steps are host-bound, and a host's
+# speed can swing by nearly half between seconds, so whole rounds of one side then the other
+# decided by their lowest read a few percent off where the paired blocks' ratios centre on
+# 1.00x. 21 pairs put the median between quartiles of 5 pairs or more on each side.
 DEFAULT_PAIRS = 21
 
 

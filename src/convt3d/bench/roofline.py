@@ -12,12 +12,12 @@ its binding resource.
 
 Precision classes and their peaks (8192^3 matmuls by cuBLAS, measured once per process):
 
-* "bf16" -- bf16 (and fp16) rows: bf16 matmul, fp32 accumulate (683 TFLOP/s on our H200);
-* "tf32" -- fp32 rows at default flags: fp32 matmul with TF32 (374 TFLOP/s);
-* "exact" -- fp32 rows at exact grade: the faster of cuBLAS's exact fp32 matmul (51 TFLOP/s) and
-  a third of the TF32 peak (125 TFLOP/s). Exact grade may run as 3xTF32 (three TF32 products per
-  multiply, convt3d's EXACT_GRADE), which the tensor cores do at a third of the TF32 rate;
-  against the 51 TFLOP/s of the FMA units alone a 3xTF32 kernel could show more than 100%.
+* "bf16" -- bf16 (and fp16) rows: bf16 matmul, fp32 accumulate;
+* "tf32" -- fp32 rows at default flags: fp32 matmul with TF32;
+* "exact" -- fp32 rows at exact grade: the faster of cuBLAS's exact fp32 matmul and a third of
+  the TF32 peak. Exact grade may run as 3xTF32 (three TF32 products per multiply, convt3d's
+  EXACT_GRADE), which the tensor cores do at a third of the TF32 rate; against the peak of the
+  FMA units alone a 3xTF32 kernel could show more than 100%.
 """
 from __future__ import annotations
 
@@ -34,11 +34,11 @@ __all__ = ["Ceilings", "peak_class", "floors", "roofline_percent", "tflops", "ge
 
 PEAK_CLASSES = ("bf16", "tf32", "exact")
 
-# 1 GiB each way: far beyond the 50 MB L2, so the copy runs at HBM speed (4.24 TB/s measured),
-# and ~0.5 ms per copy, long enough for event timing.
+# 1 GiB each way: far beyond the 50 MB L2, so the copy runs at HBM speed, and long enough per
+# copy for event timing.
 COPY_BYTES = 1 << 30
-# The size shared/CONTEXT.md's peaks were measured at (683 / 374 / 51 TFLOP/s); 1.1 TFLOP per call,
-# so even exact fp32 (21 ms per call) is timed in well under a second.
+# The size shared/CONTEXT.md's peaks were measured at; 1.1 TFLOP per call, so even exact fp32 is
+# timed in well under a second.
 MATMUL_SIZE = 8192
 
 
@@ -148,13 +148,13 @@ def _matmul_flops_per_s(device, gen: torch.Generator, dtype: torch.dtype, tf32: 
     b = torch.randn((n, n), generator=gen, device=device).to(dtype)
     c = torch.empty((n, n), device=device, dtype=dtype)
     with matmul_tf32(tf32):
-        # exact fp32 takes ~21 ms per call: rep 100 ms still gives 4 timed calls.
+        # exact fp32, the slowest class, still gets several timed calls within ``rep``.
         ms = triton.testing.do_bench(lambda: torch.mm(a, b, out=c), warmup=25, rep=100, return_mode="median")
     return 2 * n ** 3 / (ms * 1e-3)
 
 
 def measure_ceilings(device: torch.device | str = "cuda", status: Callable[[str], None] | None = None) -> Ceilings:
-    """Copy bandwidth and matmul peaks of ``device``, on random data; ~2 s on an H200."""
+    """Copy bandwidth and matmul peaks of ``device``, on random data (a few seconds)."""
     say = status or (lambda _msg: None)
     t0 = time.perf_counter()
     gen = torch.Generator(device=device)

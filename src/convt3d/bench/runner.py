@@ -9,7 +9,7 @@ For each case, under ``torch.no_grad()`` (grad enabled for bwd/full) and the cas
    in rounds ordered convt3d, PyTorch, PyTorch, convt3d (repeated, up to ``MAX_ABBA`` times,
    until each side's two lowest medians agree within ``ROUND_SPREAD``), the lowest per side;
 3. for an exact row, cuDNN's time at PyTorch's default flags too (reused from the default row of
-   the same geometry when it was just measured): the issue-3 bars compare against it;
+   the same geometry when it was just measured): the accuracy bars compare against it;
 4. floors and % of roofline from the measured ceilings (:mod:`.roofline`).
 
 Modes (``--mode``): "fwd" times the forward; "bwd" the backward alone (``torch.autograd.grad`` of
@@ -39,8 +39,8 @@ __all__ = ["TimingSettings", "CudaTimer", "Mode", "MODES", "PLANNED_MODES", "get
 
 @dataclass(frozen=True)
 class TimingSettings:
-    # Short budgets because GPU time is scarce: 60 ms of repetitions is 300+ calls of a 150 us
-    # kernel; slow calls (cuDNN on kb68 exact, 185 ms) get min_reps timed calls instead.
+    # Short budgets because GPU time is scarce: the repetitions still give a short kernel hundreds
+    # of calls; slow calls (cuDNN on kb68 exact) get min_reps timed calls instead.
     warmup_ms: float = 10.0
     rep_ms: float = 60.0
     min_reps: int = 5
@@ -113,10 +113,10 @@ class CudaTimer:
         torch.cuda.empty_cache()
 
 
-# A block of the paired timing lasts at least this long: 40 ms amortises the start of a block from
-# an idle GPU (the first kernel waits for the host, ~10-50 us) to under 0.2% while a 21-pair
-# mode stays under 2 s of timing for the 1.5 ms GAN forward; a step above it (the U-Nets' 20-80
-# ms training steps) is one call per block.
+# A block of the paired timing lasts at least this long: long enough to amortise the start of a
+# block from an idle GPU (the first kernel waits for the host) to a fraction of a percent, short
+# enough to keep a 21-pair mode of a short forward within seconds of timing; a step longer than
+# it (the U-Nets' training steps) is one call per block.
 PAIRED_BLOCK_MS = 40.0
 
 
@@ -301,9 +301,8 @@ def _tuner_record(params, dtype: torch.dtype) -> dict:
 
 
 # More A B B A pairs until each side's two lowest medians agree within ROUND_SPREAD. Training
-# steps of small layers swing with the host: on the H200 (2026-12-01, --mode full bf16 cl) the
-# same PyTorch step of aniso_122 read 577 then 424 us, and refine_k3s1's 426 then 572 us, within
-# one row, while GPU-bound rows agree within 0.5%.
+# steps of small layers swing with the host by a third or more within one row, while GPU-bound
+# rows agree within 0.5%.
 MAX_ABBA = 3
 ROUND_SPREAD = 0.02
 

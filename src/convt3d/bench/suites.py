@@ -1,6 +1,6 @@
 """The bench cases: what is measured, with which data.
 
-Two suites (issue 2, "The measuring stick"):
+Two suites:
 
 * ``kernelbench`` -- the seven KernelBench level-1 ConvTranspose3d problems, fp32 NCDHW, bias
   False, input ``torch.rand``, each at two precisions: "default" (PyTorch's default flags, i.e.
@@ -81,9 +81,9 @@ class Geometry:
                      zip(self.in_size, self.kernel, self.stride, self.padding, self.output_padding, self.dilation))
 
 
-# KernelBench level 1, exactly as issue 2 lists them. Problem 73's file passes groups=4 into the
-# output_padding slot, which is never used, so the layer KernelBench builds has groups 1 and
-# output_padding 0 (see shared/CONTEXT.md); that is the layer measured here.
+# KernelBench level 1, exactly as its problem files define them. Problem 73's file passes
+# groups=4 into the output_padding slot, which is never used, so the layer KernelBench builds has
+# groups 1 and output_padding 0 (see shared/CONTEXT.md); that is the layer measured here.
 KERNELBENCH: tuple[Geometry, ...] = (
     Geometry.of("kb58", 16, 32, 16, (16, 32, 64), (3, 5, 7), 1, 0, 0, 1, 1),
     Geometry.of("kb61", 8, 48, 48, (64, 64, 64), 3, 1, 0, 0, 1, 1),
@@ -94,7 +94,7 @@ KERNELBENCH: tuple[Geometry, ...] = (
     Geometry.of("kb77", 16, 32, 64, (16, 32, 32), 3, 2, 1, 0, 2, 1),
 )
 
-# Real decoder layers (issue 2): nnU-Net, MONAI UNet, a DCGAN-style 3-D generator, VideoGPT's
+# Real decoder layers: nnU-Net, MONAI UNet, a DCGAN-style 3-D generator, VideoGPT's
 # decoder, an anisotropic (1,2,2) upsampler and a stride-1 refinement layer.
 LAYERS: tuple[Geometry, ...] = (
     Geometry.of("nnunet_128_64", 2, 128, 64, 32, 2, 2, 0, bias=True),
@@ -104,7 +104,7 @@ LAYERS: tuple[Geometry, ...] = (
     Geometry.of("videogpt_k4s2p3", 4, 240, 240, (10, 34, 34), 4, 2, 3, bias=True),
     Geometry.of("aniso_122", 2, 256, 128, (8, 64, 64), (1, 2, 2), (1, 2, 2), 0, bias=True),
     Geometry.of("refine_k3s1", 4, 64, 64, 32, 3, 1, 1, bias=True),
-    # Output heads (issue 16): the last layer of generators and decoders, 1-8 output channels,
+    # Output heads: the last layer of generators and decoders, 1-8 output channels,
     # memory-bound (a wide input read once, a thin output written once). A 3-D GAN's voxel head,
     # an RGB video head (k (1,4,4)), an 8-class head on the tensor-core side of the FMA
     # threshold, a k2 s2 segmentation head (taps never overlap) and a VQ-VAE-style 3-channel
@@ -232,8 +232,8 @@ def select(suite: str = "all", names: Iterable[str] | None = None, dtypes: Itera
 
 
 # ---- reduced sizes for Triton's interpreter ------------------------------------------------------
-# The interpreter costs ~15 ms per (program x tap x channel block) iteration of the GEMM kernel on
-# one CPU core, so a case must stay at a few hundred iterations: batch 1, at most 16 channels per
+# The interpreter is slow per (program x tap x channel block) iteration of the GEMM kernel on one
+# CPU core, so a case must stay at a few hundred iterations: batch 1, at most 16 channels per
 # group (the same side of the tensor-core threshold of 8 as the full layer, so the same kernel
 # path runs), and 2 input positions per dimension -- enough for taps of neighbouring inputs to
 # overlap -- raised until every output residue (phase) occurs at least once.

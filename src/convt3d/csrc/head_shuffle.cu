@@ -17,19 +17,18 @@
 // per dimension -- in shared memory once, and every shift reads its A fragments from that one
 // tile with ldmatrix at a run-time row offset (each lane names its own row, so a window of a 3-D
 // box is as cheap as a contiguous one). Triton cannot slice shared memory at such offsets and
-// Gluon only at multiples of the slice length (NOTES section 10), so its shuffle kind loads the
-// input tile once per shift through L1 (ncu: L1/TEX 81-87%, the limiter).
+// Gluon only at multiples of the slice length (docs/design.md, "The shuffle kind"), so its shuffle kind loads the
+// input tile once per shift through L1, which ncu reads as its limiter.
 //
 // Width shifts as columns (jn = J_w > 1, a variant the launcher offers beside the other): the
 // product of one input row with every width shift's weight is computed at once, N = jn x
 // residues x Cout/g, and block q sums, in the epilogue, shift jw's columns of the M row
 // q - jw. The M rows are then input positions along W (mw of them per tile, from jn - 1 before
 // the tile's first block), the tile's output blocks along W are mw - jn + 1, and an A fragment
-// feeds jn times the MMAs. ncu on the GAN head (fp32, channels-last, 2026-12-03) read the
-// kernel bound by shared-memory traffic, 60% of it ldmatrix: each staged row read once per
-// shift, and with 8 columns one A fragment feeding one MMA. The first call times both
-// variants; on the H200 (2026-12-04) the columns won on the GAN, 128 -> 8 and video k4s2p1 heads
-// (1.10-1.31x) and lost on the video 64 -> 3 and VQ-VAE ones.
+// feeds jn times the MMAs. Without it ncu reads the GAN head's kernel as bound by shared-memory
+// traffic, mostly ldmatrix: each staged row read once per shift, and with 8 columns one A
+// fragment feeding one MMA. The first call times both variants; each wins on some of the
+// bench's heads (docs/design.md, "The CUDA head kernel").
 //
 // The CTA is persistent: the launch starts as many CTAs as the SMs hold at once and each walks
 // the tiles t, t + grid, ... in order, so the CTAs at work cover one window of neighbouring tiles
@@ -37,10 +36,10 @@
 // ldmatrix row offsets, the epilogue's row table, the bias columns and, with one group, the
 // weights of every chunk (resident, where that costs no CTA per SM: cuda_head._smem_layout).
 // With two stages the next (tile, chunk) is staged while the current one multiplies, across
-// tile boundaries too, so a tile's loads overlap the previous tile's MMAs and epilogue. ncu on the GAN head (bf16, channels-last, H200, 2026-12-03) read the
-// one-tile-per-CTA kernel issue-bound at 2,200 instructions a warp per tile for 64 mma.sync:
-// 26% in the MMA loop (9 instructions an MMA: per-shift swizzle keys), 31% in the epilogue (57
-// a stored element), 21% staging and 12% prologue (64-bit tile arithmetic).
+// tile boundaries too, so a tile's loads overlap the previous tile's MMAs and epilogue. A
+// one-tile-per-CTA kernel is issue-bound (ncu on the GAN head): dozens of instructions a warp
+// per mma.sync, spread over the MMA loop's per-shift swizzle keys, the epilogue, the staging
+// and the prologue's 64-bit tile arithmetic.
 //
 // Layout of the staged tiles: a row of RB = KC x sizeof(T) bytes (32, 64 or 128) per position,
 // stored at a pitch of RP = RB + 16 bytes, so that any 8 consecutive rows -- what an ldmatrix
@@ -245,9 +244,8 @@ __device__ __forceinline__ void stage_weights(const T* __restrict__ wp, uint32_t
 // Cin/g: zeros. Modes (the launcher picks):
 //   0: channels contiguous and 16-byte aligned: one cp.async of 16 bytes per unit; a thread keeps
 //      one unit column (blockDim is a multiple of CH) and walks rows. Two threads a row, each
-//      copying every other unit of it (one row-offset lookup for CH / 2 units), ran 5-12% slower
-//      on every fp32 head row timed (H200, 2026-12-04: GAN head 155.9 against 138.2 us); a
-//      warp's copy then spans 16 rows of 32 bytes instead of 4 rows of 128;
+//      copying every other unit of it (one row-offset lookup for CH / 2 units), is slower on
+//      every fp32 head: a warp's copy then spans 16 rows of 32 bytes instead of 4 rows of 128;
 //   1: fp32, any strides: one cp.async of 4 bytes per element, lanes along rows (NCDHW rows are
 //      read by consecutive lanes);
 //   2: 16-bit, any strides: element loads into registers, 4 units (32 loads) in flight per thread,
@@ -503,9 +501,8 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
       const uint32_t wbase = (a.wres ? smem_u32 + a.w_off + chunk * w_chunk_bytes : sbase + a_bytes) + lane_b;
       // A shift's K steps; `all`: every n-tile of the warp has a tap (the common case, with no
       // predicate at all). An MMA under a predicate ptxas cannot prove warp-uniform costs a
-      // WARPSYNC before it: 24 of the loop's 69 instructions per shift on the GAN head (ncu,
-      // H200, 2026-12-04), hence the warp index through a shuffle above. The two together: GAN
-      // head fp32 cl 145.5 -> 138.2 us, VQ-VAE 529.7 -> 483.7.
+      // WARPSYNC before it, a third of the loop's instructions per shift on the GAN head (ncu),
+      // hence the warp index through a shuffle above.
       auto shift_mma = [&](auto all, uint32_t arow0, uint32_t brow, unsigned bits) {
 #pragma unroll
         for (int ks = 0; ks < CH / 2; ++ks) {
@@ -573,8 +570,8 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
         const int64_t ybase = (int64_t)cur.n * a.sy[0] + (int64_t)cur.g * cout_g * a.sy[1] +
                               (int64_t)od0 * a.sy[2] + (int64_t)oh0 * a.sy[3];
         // JN: the width shifts summed per element, known at compile time for 1-3 (a loop inside
-        // the row loop kept nvcc from unrolling it: the k2s2 head, jn 1, ran 76.4 against 55.6
-        // us, H200, 2026-12-04); 0: a.jn at run time.
+        // the row loop kept nvcc from unrolling it, and a jn-1 head ran markedly slower); 0: a.jn
+        // at run time.
         auto store_rows = [&](auto jnc) {
           constexpr int JN = decltype(jnc)::value;
           for (int col = threadIdx.x - r0 * per_row; col < cols; col += per_row) {
@@ -697,7 +694,7 @@ cudaError_t launch(int config, const void* x, const void* wp, const void* bias, 
 // Cout/g + co holding W[ci, co, (j + jw') x s + r] for shift j (jw' < jn: the width shifts taken
 // as columns; jw' is 0 and jn 1 otherwise); zeros for taps past the kernel, columns past them
 // and channels past Cin/g; fp32 rounded to TF32. One launch instead of the eight torch
-// operations of the reference (their host time, ~50 us a call, was most of a small head's).
+// operations of the reference (their host time was most of a small head's call).
 struct PackArgs {
   int64_t sw[5];  // weight strides (ci, co, kd, kh, kw), elements
   int k[3], st[3], js[3];

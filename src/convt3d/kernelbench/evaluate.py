@@ -33,8 +33,11 @@ flags.
 
 Without CUDA the command says so, checks that every file imports and constructs with parameters
 identical to the reference's, and -- when ``TRITON_INTERPRET=1`` is set -- runs the correctness
-check on scaled-down inputs through Triton's interpreter. PyTorch's CPU convolution never uses
-TF32, so that check always runs as ``--exact`` does (TF32 off).
+check through Triton's interpreter on the same problem at a reduced size: a file's launches are
+specialised to KernelBench's input, so the check exports the problem's reduced geometry
+(``export.reduced``: batch 1, at most 16 channels per group, kernel, stride, padding, dilation and
+groups kept) with its first candidate the interpreter runs, and judges that file. PyTorch's CPU
+convolution never uses TF32, so that check always runs as ``--exact`` does (TF32 off).
 
 Exit status: 0 when every selected file loaded, built the reference's parameters and (where
 checked) passed KernelBench's verdict on every trial; 1 otherwise (the full table is printed
@@ -50,6 +53,7 @@ import importlib.util
 import json
 import math
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -58,10 +62,10 @@ from types import ModuleType
 
 import torch
 
-from .export import CUDA_PROBLEMS, cuda_file_name, default_out_dir
+from .export import CUDA_PROBLEMS, cuda_file_name, default_out_dir, reduced, render
 from .problems import SEED, Problem, ReferenceModel, parse_ids
 
-__all__ = ["TOLERANCE", "SCALED_SPATIAL", "load_model_file", "trial_seeds", "set_seed", "time_with_cuda_events",
+__all__ = ["TOLERANCE", "load_model_file", "trial_seeds", "set_seed", "time_with_cuda_events",
            "check_trial", "flags_in_force", "main"]
 
 TOLERANCE = 1e-4  # KernelBench's atol = rtol for fp32
@@ -69,10 +73,6 @@ WARMUP = 3
 DISCARD_FIRST = 1
 CORRECT_TRIALS = 5
 L2_FLUSH_BYTES = 256 * 2 ** 20  # KernelBench writes 32 x 1024 x 1024 int64
-# Input (D, H, W) of the CPU interpreter check: batch 1 and the problem's channels; big enough to
-# give every problem several phases, tile tails and a non-trivial output, small enough for the
-# interpreter (0.5-6 s per problem).
-SCALED_SPATIAL = (2, 3, 4)
 NOTE = ("'correct' is KernelBench's verdict: allclose(reference, ModelNew, atol=rtol=1e-4) with the reference "
         "run under the same flags, on every trial. With TF32 allowed cuDNN computes most references in TF32, "
         "and the files compute in TF32 as they do; 'vs fp64' checks the same outputs against the reference "
@@ -276,12 +276,9 @@ def check_trial(seed: int, reference: torch.nn.Module, reference64: torch.nn.Mod
 
 
 def _tuning_of(module: ModuleType) -> list[dict]:
-    """The configurations the file's engine chose (its ``tuning_log``), for the JSON."""
-    log = getattr(module, "tuning_log", None)
-    if log is None:
-        return []
-    return [{"config": rec.config.short(), "tuning_s": rec.seconds, "timings_ms": rec.timings_ms}
-            for rec in log().values()]
+    """What the file's chooser timed at its first forward (a Triton file's ``CHOICES``), if any."""
+    return [{"config": c["config"], "precision": c["precision"], "tuning_s": c["seconds"],
+             "timings_ms": c["timings_ms"]} for c in getattr(module, "CHOICES", [])]
 
 
 def _file_precision(module: ModuleType) -> str | None:
@@ -322,21 +319,28 @@ def evaluate_gpu(problem: Problem, directory: Path, correct_trials: int, trials:
 
 def evaluate_cpu(problem: Problem, directory: Path, correct_trials: int, interpret: bool,
                  file_name: str | None = None) -> Result:
-    """Import and construct; with the interpreter, correctness on a scaled-down input (Triton
-    files only: a CUDA entry needs a GPU to run at all)."""
+    """Import and construct; with the interpreter, correctness on the problem's reduced geometry
+    (Triton files only: a CUDA entry needs a GPU to run at all), judged on a file exported for it."""
     file_name = file_name or problem.file_name
-    shape = (1, problem.input_shape[1], *SCALED_SPATIAL)
-    result = Result(problem.id, file_name, problem.describe(), list(shape))
-    module = load_model_file(directory / file_name)
     interpret = interpret and file_name == problem.file_name
+    small = reduced(problem)
+    result = Result(problem.id, file_name, small.describe() if interpret else problem.describe(),
+                    list(small.input_shape if interpret else problem.input_shape))
+    module = load_model_file(directory / file_name)
     result.loaded = True
     result.precision = _file_precision(module)
     reference, candidate = build_models(problem, module)
     result.parameters_identical = parameters_identical(reference, candidate)
     if interpret:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / file_name
+            path.write_text(render(small, small=True), encoding="utf-8")
+            small_module = load_model_file(path)
+        reference, candidate = build_models(small, small_module)
         reference64 = copy.deepcopy(reference).double()
         for seed in trial_seeds(correct_trials):
-            result.trials.append(check_trial(seed, reference, reference64, candidate, shape, torch.device("cpu")))
+            result.trials.append(check_trial(seed, reference, reference64, candidate, small.input_shape,
+                                             torch.device("cpu")))
     return result
 
 
@@ -356,7 +360,7 @@ def _flags_text(flags: dict) -> str:
 def print_table(console, results: list[Result], env: dict, flags: dict) -> None:
     from rich.table import Table
 
-    where = env.get("gpu") or "CPU (Triton interpreter, scaled-down inputs)"
+    where = env.get("gpu") or "CPU (Triton interpreter, reduced geometries)"
     title = f"KernelBench level 1 ConvTranspose3d, fp32 - {where} - {_flags_text(flags)}"
     caption = (f"torch {env['torch']}, triton {env['triton']}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}, "
                f"Python {env['python']}, convt3d {env['convt3d']} ({env.get('git_commit') or 'no git'})")
@@ -526,9 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print("[bold yellow]convt3d kernelbench needs a CUDA GPU[/] for KernelBench's timings and its "
                       "full-size correctness check; this machine has none.")
         console.print("Checking instead that every file imports and constructs with the reference's parameters"
-                      + (f", and running {correct_trials} correctness trial(s) per problem on input (1, C, "
-                         f"{', '.join(map(str, SCALED_SPATIAL))}) through Triton's interpreter, with TF32 off "
-                         "(PyTorch's CPU reference never uses TF32)." if interpret else
+                      + (f", and running {correct_trials} correctness trial(s) per problem through Triton's "
+                         "interpreter on the problem at a reduced size (export.reduced: the file exported for "
+                         "it), with TF32 off (PyTorch's CPU reference never uses TF32)." if interpret else
                          "; set TRITON_INTERPRET=1 to also check correctness through Triton's interpreter."))
         with flags_in_force(exact):
             flags = _flags()
@@ -547,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                        "verdict": "allclose(reference under the flags of the run, ModelNew) on every trial",
                        "exact": exact, "timed_trials": args.trials if gpu else 0, "warmup": args.warmup,
                        "discard_first": DISCARD_FIRST, "l2_flush_bytes": L2_FLUSH_BYTES,
-                       "scaled_spatial": None if gpu else SCALED_SPATIAL, "interpreter": interpret},
+                       "reduced_geometry": not gpu and interpret, "interpreter": interpret},
             "note": NOTE, "seconds": time.perf_counter() - t0,
             "problems": [r.as_dict() for r in results], "summary": s,
         })

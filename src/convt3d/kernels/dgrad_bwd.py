@@ -152,9 +152,8 @@ def dgrad_kernel(
     # Store as [channel, position]. dX is the launcher's (NCDHW or channels-last), so its (ih, iw)
     # plane is walked by one stride: the in-plane index times the W stride. Triton then sees runs
     # of positions in NCDHW and of channels in channels-last. A tile wholly inside the plane
-    # stores without the position mask, so those runs go out as 16-byte vectors (the head dX
-    # kernel, ``head_grad.py``, measured the same store at 624 against 1544 us on the H200 where
-    # its positions were not provably contiguous: 4 bytes used of each 32-byte sector).
+    # stores without the position mask, so those runs go out as 16-byte vectors rather than
+    # using a fraction of each 32-byte sector (as in the head dX kernel, ``head_grad.py``).
     x_s = dx_ptr + nb.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd
     x_c = (grp * CIN_G + offs_ci).to(tl.int64) * stride_xc
     x_m = offs_m * stride_xw
@@ -180,9 +179,8 @@ def pack_dgrad_weight_kernel(
 
     A program transposes one input channel's [BLOCK_CO, BLOCK_T] block of (co, tap): loads run
     along the taps, stores along co, and Triton moves the block between the two layouts through
-    shared memory. Gathering p's elements in p's order read the weight Cout-neighbours taps
-    apart: one 32-byte sector per 2- or 4-byte element (as the forward's pack did, NOTES.md
-    section 12)."""
+    shared memory, since gathering p's elements in p's order would read the weight
+    Cout-neighbours taps apart: one 32-byte sector per 2- or 4-byte element."""
     t_blocks = tl.cdiv(TAPS, BLOCK_T)
     blocks = tl.cdiv(COUT_G, BLOCK_CO) * t_blocks
     ci = tl.program_id(0) // blocks

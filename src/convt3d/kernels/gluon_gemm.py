@@ -4,11 +4,9 @@ the operand ring, the barriers and the MMA written out (``triton.experimental.gl
 Why a second kernel for the same arithmetic: ``flat_gemm_kernel`` tiles whole padded rows of a
 compact plane (2-D TMA boxes, so every tap is one scalar shift) and leaves the pipelining to
 Triton. Its tiles include the padding columns, and Triton gives it no say over how loads and
-MMAs overlap. On KB 77's dense phase (262144 positions x 64 x 864, TF32; H200, triton 3.6,
-2026-12-01, ``scripts/gluon_tap_gemm_spike.py``), the tap GEMM over padded rows took 225.6 us
-with a 3-stage TMA ring and async wgmma. The same loop over boxes of output positions, as here,
-took 144.2 us, against 161.7 us for cuDNN's conv3d of the same arithmetic. ncu put both at
-70% of L2 throughput with 55% tensor-pipe use: they are bound by L2 traffic, not by latency.
+MMAs overlap. The same loop over boxes of output positions, as here, does no MMA work on
+padding columns and runs the tap GEMM faster than padded rows do, on a par with cuDNN's conv3d
+of the same arithmetic; both are bound by L2 traffic, not by latency.
 
 A program is one box of BH x BW compact positions of one (group, n, qd, phase group,
 Cout/g block). A K step (tap of its phase, block of BLOCK_K input channels) is one 5-D TMA box
@@ -30,9 +28,8 @@ With channels innermost the accumulator's own layout stores whole sectors. NCDHW
 through shared memory (``_epilogue_buffer``, swizzled so that neither its stores nor its reads
 have bank conflicts) and leave as rows of consecutive output columns per warp (``_store_rows``):
 one column per lane, or both W residues of a position per lane as one 8-byte store where the
-output's width and strides let every pair be aligned (PAIRS). KB 77's whole call took 352 us
-this way against 371 us for the best flat tile, and 680 us with stores from the accumulator
-layout (H200, 2026-12-01; NOTES.md, section 12).
+output's width and strides let every pair be aligned (PAIRS). Stores from the accumulator
+layout write partial sectors and nearly double the time of a call (docs/design.md, "The Gluon box GEMM").
 
 Only sm_90 has wgmma, and Triton's interpreter does not run Gluon, so this kernel runs on Hopper
 GPUs only. The Triton kernels stay the portable path, and the tuner times this one against them.
@@ -212,8 +209,8 @@ def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, q
     checked that every output stride but W's and the width are even and the address aligned to
     a pair) a thread holds both residues of a position and stores them as one vector, 64
     consecutive columns per warp; else lane i holds column i of 32. With 4 adjacent columns per
-    thread stored one by one (4 bytes of every 16) KB 77's kernel sent 636 MB of sectors into L2
-    for 277 MB of output (ncu, H200, 2026-12-01)."""
+    thread stored one by one (4 bytes of every 16) the kernel sends over twice the output's
+    bytes of sectors into L2."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     BLOCK_M: gl.constexpr = c_smem.shape[1]
     COLS: gl.constexpr = BLOCK_M * W_GROUP
@@ -258,15 +255,14 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
     """The NCDHW output of one box: its accumulators through ``c_smem`` (``_epilogue_buffer``),
     so that each store instruction of a warp covers whole rows of consecutive output columns of
     a channel (``_store_rows``); then the companion rows of its row class (bias or zeros).
-    Stored straight from the accumulators, each residue filled only every other 4 bytes of a
-    sector: KB 77's kernel wrote 769 MB of sectors into L2 for 277 MB of output and took 566 us
-    (ncu, H200, 2026-12-01).
+    Stored straight from the accumulators, each residue fills only every other 4 bytes of a
+    sector, and the kernel writes nearly three times the output's bytes of sectors into L2.
 
     The buffer is [BLOCK_N, W_GROUP, BLOCK_M] (``_epilogue_buffer``); with W_GROUP=2 a thread's
     two accumulators go in as one joined tensor, a residue without taps (W_SKIP) as zeros.
-    With both residues in the buffer (KB 77's W_SKIP included) and the XOR layout, ncu on KB 77's
-    kernel read 0.29 M shared-store bank conflicts against 4.09 M with the residues interleaved
-    and unswizzled, and 248.1 against 258.3 us (H200, 2026-12-04)."""
+    With both residues in the buffer (a W_SKIP residue included) and the XOR layout, the
+    shared-store bank conflicts fall by an order of magnitude against the residues interleaved
+    and unswizzled."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     BLOCK_M: gl.constexpr = c_smem.shape[2]
     if W_GROUP == 1:
@@ -306,8 +302,7 @@ def _epilogue_layout(block_n, w_group, block_m):
     Why: one store from the accumulator covers 8 positions (lanes // 4) x 4 channels 2 apart
     (lanes % 4), and a read covers 32 consecutive output columns of one channel, 16 positions x
     both residues. Unswizzled rows of BLOCK_M words (a multiple of 32 banks) put the four
-    channels of a store on the same banks: 4-way conflicts, 28% excess shared wavefronts on KB 77
-    with the residues interleaved (ncu, H200, 2026-12-04). The XOR puts the channels of a store 8
+    channels of a store on the same banks: 4-way conflicts. The XOR puts the channels of a store 8
     banks apart and the two residues of a read 16 apart; within a row it only permutes aligned
     groups of 32 words, so a warp's 32 consecutive columns still hit 32 banks. (A padded layout
     cost 5-6 more address instructions per element in the PTX Triton 3.6 emits for it.)"""

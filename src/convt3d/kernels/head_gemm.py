@@ -7,30 +7,28 @@ rounding), so the KernelBench exporter can inline it after ``kernels/phase_gemm.
 Why a separate path. For a head the phase GEMM (``phase_gemm.py``: M = output positions,
 N = Cout/g, K = Cin/g x taps) has a tiny N: every K step loads an input tile from L2 for an MMA
 of 1-8 useful columns, and the input is re-read once per tap (64x for k4 s2). Here the taps go
-into N instead:
+into N instead.
 
-    Z[g, n, co * KVOL + t, s] = sum_ci X[n, g * Cin/g + ci, s] * Wt[g * Cin/g + ci, co, t]
+``head_rows_kernel`` is one dense GEMM per group with M = (input depth, input height, compact
+output column qw), N = (co, depth tap td, height tap th, W residue rw) and K = the input
+channels at each width shift delta = iw - qw, so that it sums the width taps itself:
 
-one dense GEMM per group with M = input positions s, K = Cin/g and N = Cout/g x kD*kH*kW
-(64 for 1 x 4^3, 48 for 3 x 1x4x4, 216 for 8 x 27), whose B operand is the weight exactly as
-PyTorch stores it (its (co, kd, kh, kw) dimensions are one contiguous row per input channel).
-The input is read once. A second kernel (``head_gather_kernel``) sums, for every output position,
-the Z entries of the taps that reach it:
+    Zr[g, n, (co, td, th), id, ih, ow] = sum_{iw, tw -> ow} sum_ci X[ci, id, ih, iw] Wt[ci, co, td, th, tw]
 
-    out[n, co, o] = bias[co] + sum_{t reaching o}  Z[g, n, co * KVOL + t, i(o, t)]
+The input is read once from HBM (and once per width shift from cache). A second kernel
+(``head_gather_tile_kernel``) sums, for every output position, the Z rows of the depth and
+height taps that reach it:
+
+    out[n, co, od, oh, ow] = bias[co] + sum_{(td, th) reaching (od, oh)} Zr[g, n, (co, td, th), id, ih, ow]
 
 Each Z element is read by exactly one output element. Z is fp32 (the products of 16-bit
 operands and the TF32 products keep their fp32 accumulation; only the output is rounded), or
 bfloat16 for bfloat16 calls where the launcher allocates it so (``Config.z_bf16``): the kernels
 store and load Z in the buffer's dtype and add in fp32.
 
-When no two (input, tap) pairs land on the same output position -- along every dimension
-each output residue has at most one tap, e.g. k2 s2 -- ``head_direct_kernel`` stores the GEMM tile
-straight into the output (plus bias), and ``head_gather_kernel`` with FILL_ONLY writes only the
-positions no tap reaches. At dilation 1, ``head_shuffle_kernel`` writes the whole output,
-unreached positions included, in one launch: a pixel shuffle of a stride-1 convolution whose
-ceil(k / s) shifts per dimension sum the taps past the stride in registers (one shift where the
-kernel fits in its stride).
+At dilation 1, ``head_shuffle_kernel`` writes the whole output, unreached positions included, in
+one launch: a pixel shuffle of a stride-1 convolution whose ceil(k / s) shifts per dimension sum
+the taps past the stride in registers (one shift where the kernel fits in its stride).
 """
 import triton
 import triton.language as tl
@@ -41,7 +39,7 @@ from .phase_gemm import _round_tf32
 @triton.jit
 def _mma_step(acc, a, b, ROUND_TF32: tl.constexpr, TWO_LEVEL: tl.constexpr, PRECISION: tl.constexpr):
     """acc += a @ b at the call's precision: the K step of every head kernel, forward
-    (``_head_tile``, ``head_rows_kernel``) and backward (``head_grad``)."""
+    (``head_rows_kernel``, ``head_shuffle_kernel``) and backward (``head_grad``)."""
     if ROUND_TF32:
         # cuDNN's TF32 numerics: operands rounded to nearest TF32 (the tensor cores would
         # truncate); rounded here, in registers.
@@ -54,103 +52,6 @@ def _mma_step(acc, a, b, ROUND_TF32: tl.constexpr, TWO_LEVEL: tl.constexpr, PREC
     else:
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
-
-
-@triton.jit
-def _head_k_step(acc, x_n, w_g, x_m, m_ok, cols, c_ok, k0, CIN_G, stride_xc, stride_wc,
-                 ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += the input tile of channels k0 .. k0 + BLOCK_K @ its weight tile (``_head_tile``)."""
-    ks = k0 + tl.arange(0, BLOCK_K)
-    k_ok = ks < CIN_G
-    x_t = tl.load(x_n + x_m[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
-                  mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-    w_t = tl.load(w_g + ks.to(tl.int64)[:, None] * stride_wc + cols[None, :],
-                  mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-    return _mma_step(acc, x_t, w_t, ROUND_TF32, PRECISION == "ieee", PRECISION)
-
-
-@triton.jit
-def _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
-               ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               UNROLL: tl.constexpr, K_STEPS: tl.constexpr):
-    """acc[m, col] = sum_ci X[m, ci] * W[ci, col] over one group's Cin/g channels (fp32).
-
-    ``x_n``/``w_g``: the group's base pointers; ``x_m``: per-row offsets of the positions;
-    ``cols``: the N columns (co * KVOL + tap). Channel offsets are 64-bit (NCDHW input has a
-    channel stride of D*H*W, times up to Cin/g channels). The K steps are a runtime loop, which
-    Triton pipelines, or with UNROLL K_STEPS constexpr steps (a persistent kernel's tile loop is
-    then the loop it pipelines, head_gemm_kernel)."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if UNROLL:
-        for kk in tl.static_range(K_STEPS):
-            acc = _head_k_step(acc, x_n, w_g, x_m, m_ok, cols, c_ok, kk * BLOCK_K, CIN_G, stride_xc, stride_wc,
-                               ROUND_TF32, PRECISION, BLOCK_K)
-    else:
-        for k0 in range(0, CIN_G, BLOCK_K):
-            acc = _head_k_step(acc, x_n, w_g, x_m, m_ok, cols, c_ok, k0, CIN_G, stride_xc, stride_wc,
-                               ROUND_TF32, PRECISION, BLOCK_K)
-    return acc
-
-
-@triton.jit
-def _head_rows(pid, S, H, W, stride_xd, stride_xh, stride_xw,
-               FLAT_X: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The program's BLOCK_M input positions (flat index s = (id * H + ih) * W + iw of one
-    batch element), their validity and their offsets in x. FLAT_X: D, H, W are walked by one
-    stride (contiguous NCDHW or channels-last planes), so the offset is s * stride_xw and the
-    compiler sees the contiguity; otherwise one division per row (strided views)."""
-    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < S
-    if FLAT_X:
-        x_m = offs_m * stride_xw
-    else:
-        iw = offs_m % W
-        t = offs_m // W
-        x_m = (t // H) * stride_xd + (t % H) * stride_xh + iw * stride_xw
-    return offs_m, m_ok, x_m
-
-
-@triton.jit
-def head_gemm_kernel(
-    x_ptr, w_ptr, z_ptr,
-    N, CIN_G, NCOL, S, H, W,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    stride_wc,
-    tiles_m, num_tiles,
-    FLAT_X: tl.constexpr,
-    ROUND_TF32: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UNROLL: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """Z[g, n, col, s] (contiguous [G, N, NCOL, S]) for tiles of BLOCK_M input positions and
-    every column: the N tiles loop inside the program, so the input tile is read from HBM once
-    and re-read (N_TILES - 1 times) from cache.
-
-    A program walks tiles pid, pid + programs, ... of the num_tiles (g, n, M tile) tiles. With
-    one program per tile the K steps are a runtime loop, which Triton pipelines; with a few
-    programs per SM (``Config.persist``) UNROLL makes them a constexpr loop, so that the tile
-    loop is the one Triton pipelines and the next tile's input is in flight during this one's
-    MMAs and stores (head_rows_kernel says why)."""
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        pid_m = tile % tiles_m
-        t = tile // tiles_m
-        nb = t % N
-        grp = t // N
-        offs_m, m_ok, x_m = _head_rows(pid_m, S, H, W, stride_xd, stride_xh, stride_xw, FLAT_X, BLOCK_M)
-        x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
-        w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
-        # Z of (g, n) (t = g * N + n): NCOL rows of S positions; a column's row is contiguous
-        # along s, so the stores are coalesced along M.
-        z_g = z_ptr + t.to(tl.int64) * NCOL * S
-        for nt in tl.static_range(N_TILES):
-            cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
-            c_ok = cols < NCOL
-            acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
-                             ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, K_STEPS)
-            tl.store(z_g + cols.to(tl.int64)[None, :] * S + offs_m[:, None], acc.to(z_ptr.dtype.element_ty),
-                     mask=m_ok[:, None] & c_ok[None, :])
 
 
 @triton.jit
@@ -187,9 +88,8 @@ def _rows_packed_offsets(nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constexpr
     """Offsets in a group's packed weight of the [BLOCK_K, BLOCK_N] tile of N tile ``nt``, width
     shift ``j`` and channels from ``k0``: one contiguous block, K fastest. K-major because TF32
     tensor cores read B only so (wgmma has no transpose for 32-bit types): from an N-major copy
-    Triton 3.6 fills its K-major shared tile with one 4-byte copy per element, and on the H200
-    the M256 fp32 tile of the VQ-VAE decoder's head ran with L1/TEX at 80% of peak and the
-    tensor cores at 24% (ncu, 2026-12-02)."""
+    Triton fills its K-major shared tile with one 4-byte copy per element, which keeps L1 busy
+    and the tensor cores waiting."""
     tile = (j * K_STEPS + k0 // BLOCK_K) * N_TILES + nt
     kk = tl.arange(0, BLOCK_K)
     nn = tl.arange(0, BLOCK_N)
@@ -321,8 +221,8 @@ def head_rows_kernel(
     tap tw = (rw + PW - delta * SW) / DW where that is a tap (zero elsewhere). The input tile is
     re-read once per shift, from cache (the same rows, shifted by a column). The SW_C residues
     are interleaved in registers before the store, so each store writes contiguous output
-    columns. Against the "gather" kind, Z shrinks by ~KW / SW (half for k4 s2), and the gather
-    sums depth and height taps only (head_gather_tile_kernel over a width of OW, one width tap).
+    columns. Against a Z of every tap, Z shrinks by ~KW / SW (half for k4 s2), and the tap sum
+    adds depth and height taps only (head_gather_tile_kernel over a width of OW, one width tap).
 
     Grid (programs, groups): a program walks tiles pid, pid + programs, ... of its group's
     num_tiles (n, M tile) tiles. With one program per tile (the single-sweep launch) the shifts
@@ -344,18 +244,12 @@ def head_rows_kernel(
     ROUND_X / ROUND_W (fp32 at TF32, cuDNN's numerics): each operand is rounded once, where it
     is made -- the input in registers as it is loaded (ROUND_X) unless the call reads the
     engine's channels-last copy, which rounds it (x_cl); the weight as it is gathered, or in the
-    packed copy (head_rows_pack_kernel). Rounding both inside the MMA step, as the other kinds
-    do, made Triton 3.6 (TTGIR for sm_90a, offline, 2026-12-02) issue the packed tile's wgmma
-    synchronously (wait pendings 0) with the weight tile re-stored to shared memory each step;
-    with operands rounded beforehand it stays asynchronous (pendings 1). On the H200 the VQ-VAE
-    decoder's fp32 head fell from 990 to 660 us with this and BLOCK_M 256 (bench, 2026-12-02).
-    (ncu, H200, 2026-12-02, bf16 3-D GAN head: unrolled, a program per tile and the weight
-    gathered per tile, the kernel issued 38.5 M instructions at 2 CTAs per SM, latency- and
-    issue-bound: 107 us at 17% of DRAM's bandwidth.)
+    packed copy (head_rows_pack_kernel). Rounded inside the MMA step instead, both operands
+    make Triton issue the packed tile's wgmma synchronously, with the weight tile re-stored to
+    shared memory each step; rounded beforehand, the wgmma stays asynchronous.
 
-    (Summing the height taps in the GEMM too -- Z of output planes, 9 shifted input tiles for
-    k4 s2 p1 -- was measured slower on every head row of the bench, H200 2026-12-01: 3-D GAN
-    head bf16 165-246 vs 108-134 us, fp32 603-899 vs 463-487 us.)"""
+    (The height taps are not summed in the GEMM too: Z of output planes, from 9 shifted input
+    tiles for k4 s2 p1, was slower on every head row of the bench.)"""
     grp = tl.program_id(1)
     S = D * H * QW
     x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
@@ -450,95 +344,6 @@ def head_rows_kernel(
 
 
 @triton.jit
-def head_direct_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr,
-    N, CIN_G, COUT_G, NCOL, S, H, W,
-    OD, OH, OW,
-    KH, KW,
-    SD, SH, SW, PD, PH, PW, DD, DH, DW,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    stride_wc,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    tiles_m,
-    HAS_BIAS: tl.constexpr,
-    FLAT_X: tl.constexpr,
-    ROUND_TF32: tl.constexpr,
-    PRECISION: tl.constexpr,
-    INTERLEAVE_W: tl.constexpr,
-    KW_C: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """The GEMM of head_gemm_kernel stored straight into the output, for layers where no two
-    (input, tap) pairs reach the same output position (head_engine.collision_free: along every
-    dimension each output residue has at most one tap). Element (s, co * KVOL + t) goes to
-    o = i * stride - padding + tap * dilation per dimension, if inside the output; the output
-    offset is a row part (of s) plus a column part (of co, t), so no per-element division."""
-    pid = tl.program_id(0)
-    pid_m = pid % tiles_m
-    t = pid // tiles_m
-    nb = t % N
-    grp = t // N
-    offs_m, m_ok, x_m = _head_rows(pid_m, S, H, W, stride_xd, stride_xh, stride_xw, FLAT_X, BLOCK_M)
-    x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
-    w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
-    # Output coordinates of the rows (tap 0, before padding).
-    iw = offs_m % W
-    r = offs_m // W
-    od_r = (r // H) * SD
-    oh_r = (r % H) * SH
-    ow_r = iw * SW
-    y_r = od_r.to(tl.int64) * stride_yd + oh_r.to(tl.int64) * stride_yh + ow_r.to(tl.int64) * stride_yw
-    y_n = y_ptr + nb.to(tl.int64) * stride_yn
-    kvol = NCOL // COUT_G
-    for n0 in range(0, NCOL, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < NCOL
-        acc = _head_tile(x_n, w_g, x_m, m_ok, cols, c_ok, CIN_G, stride_xc, stride_wc,
-                         ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, False, 1)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + grp * COUT_G + cols // kvol, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-        if INTERLEAVE_W:
-            # NCDHW output with k = s along W (dilation 1): the KW taps of consecutive inputs
-            # tile an output row, so the tile is stored as [column groups, BLOCK_M x KW] with the
-            # W taps interleaved -- whole row segments per store instead of KW strided halves
-            # (the launcher sets it where KW = KW_C divides BLOCK_N: a power of two).
-            G_N: tl.constexpr = BLOCK_N // KW_C
-            out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, KW_C)), (1, 0, 2)),
-                             (G_N, BLOCK_M * KW_C))
-            e = tl.arange(0, BLOCK_M * KW_C)
-            em = pid_m * BLOCK_M + e // KW_C
-            ecol = (n0 + tl.arange(0, G_N) * KW_C)[:, None] + (e % KW_C)[None, :]
-            e_iw = em % W
-            e_r = em // W
-            etap = ecol % kvol
-            od = ((e_r // H) * SD)[None, :] + (etap // (KW * KH)) * DD - PD
-            oh = ((e_r % H) * SH)[None, :] + ((etap // KW) % KH) * DH - PH
-            ow = (e_iw * SW + e % KW_C - PW)[None, :]
-            ok = (em < S)[None, :] & (ecol < NCOL) & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) \
-                & (ow >= 0) & (ow < OW)
-            y_e = (grp * COUT_G + ecol // kvol).to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd \
-                + oh.to(tl.int64) * stride_yh + ow
-            tl.store(y_n + y_e, out.to(y_ptr.dtype.element_ty), mask=ok)
-        else:
-            co = cols // kvol
-            tap = cols % kvol
-            tw = tap % KW
-            th = (tap // KW) % KH
-            td = tap // (KW * KH)
-            od_c = td * DD - PD
-            oh_c = th * DH - PH
-            ow_c = tw * DW - PW
-            y_c = (grp * COUT_G + co).to(tl.int64) * stride_yc + od_c.to(tl.int64) * stride_yd \
-                + oh_c.to(tl.int64) * stride_yh + ow_c.to(tl.int64) * stride_yw
-            od = od_r[:, None] + od_c[None, :]
-            oh = oh_r[:, None] + oh_c[None, :]
-            ow = ow_r[:, None] + ow_c[None, :]
-            ok = (m_ok[:, None] & c_ok[None, :] & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH)
-                  & (ow >= 0) & (ow < OW))
-            tl.store(y_n + y_r[:, None] + y_c[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
 def _shuffle_shift(it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, stride_xw,
                    JH: tl.constexpr, JW: tl.constexpr, JVOL: tl.constexpr, BLOCK_K: tl.constexpr):
     """K step ``it`` of head_shuffle_kernel (channel blocks outside, shifts inside): its input
@@ -608,7 +413,7 @@ def head_shuffle_kernel(
       * USE_DOT: per K step one MMA, [M, BLOCK_K] @ [BLOCK_K, R_P * BLOCK_C * SW_P] (the weight
         of every (a, b, co, c) of one shift as a column block), the result permuted to the
         store's [rows, positions, residues] order (a layout conversion through shared memory);
-        at "ieee" two-level summation over the K steps, as the other head GEMMs;
+        at "ieee" two-level summation over the K steps, as head_rows_kernel;
       * else FMA in fp32: the product [BLOCK_K, rows, M, SW_P] summed over its first axis,
         exact for the 16-bit inputs and, at TF32, on operands rounded as cuDNN rounds them.
 
@@ -754,86 +559,6 @@ def head_shuffle_kernel(
 
 
 @triton.jit
-def head_gather_kernel(
-    z_ptr, b_ptr, y_ptr,
-    N, COUT_G, D, H, W, OD, OH, OW,
-    KD, KH,
-    SD, SH, SW, PD, PH, PW, DD, DH, DW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    tiles_h, tiles_w,
-    HAS_BIAS: tl.constexpr,
-    KW: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
-):
-    """out[n, g * COUT_G + co, od, oh, ow] = bias + sum over the taps reaching (od, oh, ow) of
-    Z[g, n, co * KVOL + tap, i(o, tap)] for the gather kind (Z of every tap), in any output
-    layout (strides).
-
-    One program: one (n, g, od), BLOCK_H consecutive output rows (a runtime loop), BLOCK_W
-    columns and every output channel of the group (BLOCK_C >= COUT_G). od and each row's oh are
-    scalars, so which depth and height taps reach a row is a scalar test (runtime loops over
-    KD, KH); the W taps are a constexpr loop of masked loads along the row (each lane takes the
-    taps of its own W residue). Every output element is written exactly once, positions no tap
-    reaches included (bias or zero); the sum runs in a fixed order (deterministic).
-
-    Measured against head_gather_tile_kernel on this Z (H200, 2026-12-01, same GEMM): 3-D GAN
-    head 16 x 64 -> 1 178 vs 364 us in all (bf16), 228 vs 347 us (fp32); that kernel's tiles of
-    one height residue, with every tap unrolled, suit Z of output rows (the rows kind) instead.
-
-    Z is read once, marked evict_first, so the output stays in L2 for the next op (see
-    head_gather_tile_kernel)."""
-    pid = tl.program_id(0)
-    pid_w = pid % tiles_w
-    t = pid // tiles_w
-    pid_h = t % tiles_h
-    t = t // tiles_h
-    od = t % OD
-    t = t // OD
-    nb = t % N
-    grp = t // N
-
-    offs_c = tl.arange(0, BLOCK_C)
-    c_ok = offs_c < COUT_G
-    ow = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
-    w_ok = ow < OW
-    kvol = KD * KH * KW
-    S = D * H * W
-    fill = tl.zeros((BLOCK_C, BLOCK_W), dtype=tl.float32)
-    if HAS_BIAS:
-        fill += tl.load(b_ptr + grp * COUT_G + offs_c, mask=c_ok, other=0.0).to(tl.float32)[:, None]
-    # Z of (g, n) and of each channel's KVOL rows.
-    z_g = z_ptr + (grp * N + nb).to(tl.int64) * COUT_G * kvol * S
-    z_c = offs_c.to(tl.int64) * kvol * S
-    y_row = (y_ptr + nb.to(tl.int64) * stride_yn + od.to(tl.int64) * stride_yd
-             + (grp * COUT_G + offs_c).to(tl.int64)[:, None] * stride_yc + ow[None, :] * stride_yw)
-    for r in range(BLOCK_H):
-        oh = pid_h * BLOCK_H + r
-        acc = fill
-        for td in range(KD):
-            idn = od + PD - td * DD
-            id_ = idn // SD
-            # idn >= 0 first: with it false the division's rounding of negatives is irrelevant.
-            if (idn >= 0) & (idn - id_ * SD == 0) & (id_ < D):
-                for th in range(KH):
-                    ihn = oh + PH - th * DH
-                    ih = ihn // SH
-                    if (ihn >= 0) & (ihn - ih * SH == 0) & (ih < H) & (oh < OH):
-                        z_row = z_g + ((td * KH + th) * KW).to(tl.int64) * S + (id_ * H + ih).to(tl.int64) * W
-                        for tw in tl.static_range(KW):
-                            iwn = ow + PW - tw * DW
-                            iw = iwn // SW
-                            ok = (iwn >= 0) & (iwn - iw * SW == 0) & (iw < W) & w_ok
-                            acc += tl.load(z_row + tw * S + z_c[:, None] + iw[None, :],
-                                           mask=c_ok[:, None] & ok[None, :], other=0.0,
-                                           eviction_policy="evict_first").to(tl.float32)
-        # Row bound folded into the column bound (vector masks only: the interpreter rejects
-        # mixing scalar and vector booleans).
-        w_lim = tl.where(oh < OH, OW, 0)
-        st_ok = c_ok[:, None] & (ow < w_lim)[None, :]
-        tl.store(y_row + oh.to(tl.int64) * stride_yh, acc.to(y_ptr.dtype.element_ty), mask=st_ok)
-
-
-@triton.jit
 def head_gather_tile_kernel(
     z_ptr, b_ptr, y_ptr,
     N, COUT_G, D, H, W, OD, OH, OW,
@@ -841,14 +566,12 @@ def head_gather_tile_kernel(
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     tiles_q, tiles_w,
     HAS_BIAS: tl.constexpr,
-    FILL_ONLY: tl.constexpr,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """out[n, g * COUT_G + co, od, oh, ow] = bias + sum over the taps reaching (od, oh, ow) of
-    Z[g, n, co * KVOL + tap, i(o, tap)], in any output layout (strides): the gather of the rows
-    kind (Z of output rows, called with a width of OW and one width tap) and the fill of the
-    direct kind.
+    Z[g, n, co * KVOL + tap, i(o, tap)], in any output layout (strides): the tap sum of the rows
+    kind (Z of output rows, called with a width of OW and one width tap).
 
     One program: one (n, g, od), BLOCK_R output rows of one height residue rh (oh = q * SH + rh
     for BLOCK_R consecutive q), BLOCK_W columns and every output channel of the group
@@ -859,13 +582,9 @@ def head_gather_tile_kernel(
     height) tap together. Every output element is written exactly once, positions no tap
     reaches included (bias or zero); the sum runs in a fixed order (deterministic).
 
-    FILL_ONLY (after head_direct_kernel): no Z; write bias/zero only where no tap reaches.
-
-    Z is read once, marked evict_first: Z is several times the output (fp32, Cout/g x taps
-    columns), and streamed through L2 with the default policy it pushes the output out before
-    the next op reads it. In MONAI's UNet (bf16, H200, 2026-12-01) the instance norm after the
-    32 -> 3 head (25 MB output, 170 MB Z) took 2.77 ms after this kernel against 2.11 ms after
-    cuDNN, a loss larger than the head's gain; with evict_first it takes 2.12 ms."""
+    Z is read once, marked evict_first: Z is several times the output, and streamed through L2
+    with the default policy it pushes the output out before the next op reads it, which then
+    loses more time than the head gains."""
     pid = tl.program_id(0)
     pid_w = pid % tiles_w
     t = pid // tiles_w
@@ -891,7 +610,6 @@ def head_gather_tile_kernel(
     acc = tl.zeros((BLOCK_C * BLOCK_R, BLOCK_W), dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(b_ptr + grp * COUT_G + co, mask=co < COUT_G, other=0.0).to(tl.float32)[:, None]
-    reached = tl.zeros((BLOCK_C * BLOCK_R, BLOCK_W), dtype=tl.int32)
     # Z of (g, n) and of each row's channel.
     z_g = z_ptr + (grp * N + nb).to(tl.int64) * COUT_G * kvol * S
     z_i = co.to(tl.int64) * kvol * S64
@@ -910,139 +628,10 @@ def head_gather_tile_kernel(
                         wn = ow + PW - tw * DW
                         iw = wn // SW
                         ok = ((wn % SW) == 0) & (wn >= 0) & (iw < W) & w_ok
-                        if FILL_ONLY:
-                            reached += (row_ok[:, None] & ok[None, :]).to(tl.int32)
-                        else:
-                            acc += tl.load(z_row[:, None] + tw * S64 + iw[None, :],
-                                           mask=row_ok[:, None] & ok[None, :], other=0.0,
-                                           eviction_policy="evict_first").to(tl.float32)
+                        acc += tl.load(z_row[:, None] + tw * S64 + iw[None, :],
+                                       mask=row_ok[:, None] & ok[None, :], other=0.0,
+                                       eviction_policy="evict_first").to(tl.float32)
     st_ok = i_ok[:, None] & w_ok[None, :]
-    if FILL_ONLY:
-        st_ok = st_ok & (reached == 0)
     y_i = (grp * COUT_G + co).to(tl.int64) * stride_yc + oh.to(tl.int64) * stride_yh
     y_s = y_ptr + nb.to(tl.int64) * stride_yn + od.to(tl.int64) * stride_yd
     tl.store(y_s + y_i[:, None] + ow[None, :] * stride_yw, acc.to(y_ptr.dtype.element_ty), mask=st_ok)
-
-
-@triton.jit
-def head_fused_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, z_ptr,
-    N, CIN_G, COUT_G, NCOL,
-    D, H, W, OD, OH, OW,
-    PD, PH, PW,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    stride_wc,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    cells_d, cells_h, cells_w, num_tiles, num_programs,
-    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
-    SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-    DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    ROUND_TF32: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BOX_D: tl.constexpr, BOX_H: tl.constexpr, BOX_W: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_CO: tl.constexpr,
-    M_PAD: tl.constexpr, N_PAD: tl.constexpr,
-):
-    """The "fused" kind: the GEMM and the gather of the gather kind in one persistent kernel,
-    with Z kept in a per-program scratch slot that stays in L2 -- the layer moves the input once
-    and the output once, as its memory floor does (the gather kind also writes and reads Z:
-    134 + 2 x 134 + 17 MB on the 3-D GAN head, against a floor of 151 MB).
-
-    A tile is a box of output "cells" of one (n, g): BOX_D x BOX_H x BOX_W cells of SD x SH x SW
-    outputs each, starting at o0 = cell * S - (P mod S) per dimension, so that o + P is a
-    multiple of S at a cell's first output. The inputs that reach the box are the cells' own
-    plus HALO = (K - 1) * DIL // S before them per dimension: IB = BOX + HALO inputs (the halo is
-    recomputed by the neighbouring box: (5 x 5 x 9) / (4 x 4 x 8) = 1.76x the MMA work for
-    k4 s2 p1, on tensor cores that the layer leaves idle otherwise).
-
-    1. GEMM over the IBD x IBH x IBW input positions of the box (M, in chunks of BLOCK_M) and
-       every (co, tap) column (N, in chunks of BLOCK_N): Z[col, row] into the program's slot
-       (fp32, [N_PAD, M_PAD], rows contiguous so that the gather's loads are coalesced).
-    2. Barrier: the whole CTA's Z is visible to the whole CTA.
-    3. Gather: per output phase (rd, rh, rw) -- a constexpr loop -- the taps of that phase are
-       the constexpr (kd, kh, kw) with (r - k * DIL) % S == 0 per dimension; an output
-       (cell j, phase r) takes Z[(co, tap), row j + (r - k * DIL) / S + HALO]. Each output is
-       written once, in a fixed order (deterministic); positions no tap reaches get the bias.
-    4. Barrier before the next tile's GEMM overwrites the slot.
-
-    The grid is persistent (``num_programs`` programs, tiles strided over them), so the slots
-    are few (grid x N_PAD x M_PAD x 4 bytes, sized by the launcher to a share of L2) and are
-    rewritten while still in L2: Z never reaches HBM."""
-    HALO_D: tl.constexpr = ((KD - 1) * DD) // SD
-    HALO_H: tl.constexpr = ((KH - 1) * DH) // SH
-    HALO_W: tl.constexpr = ((KW - 1) * DW) // SW
-    IBD: tl.constexpr = BOX_D + HALO_D
-    IBH: tl.constexpr = BOX_H + HALO_H
-    IBW: tl.constexpr = BOX_W + HALO_W
-    KVOL: tl.constexpr = KD * KH * KW
-    BLOCK_J: tl.constexpr = BOX_D * BOX_H * BOX_W
-    pid = tl.program_id(0)
-    z_slot = z_ptr + pid.to(tl.int64) * (N_PAD * M_PAD)
-    offs_co = tl.arange(0, BLOCK_CO)
-    co_ok = offs_co < COUT_G
-    jj = tl.arange(0, BLOCK_J)
-    jd = jj // (BOX_H * BOX_W)
-    jh = (jj // BOX_W) % BOX_H
-    jw = jj % BOX_W
-    for tile in range(pid, num_tiles, num_programs):
-        cw = tile % cells_w
-        t = tile // cells_w
-        ch = t % cells_h
-        t = t // cells_h
-        cd = t % cells_d
-        t = t // cells_d
-        nb = t % N
-        grp = t // N
-        # First input of the box per dimension (o0 + P = S * (cell * BOX + P // S)).
-        i0d = cd * BOX_D + PD // SD - HALO_D
-        i0h = ch * BOX_H + PH // SH - HALO_H
-        i0w = cw * BOX_W + PW // SW - HALO_W
-        x_n = x_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
-        w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
-        tl.debug_barrier()  # the previous tile's gather has read the slot
-        for m0 in tl.static_range(0, M_PAD, BLOCK_M):
-            rows = m0 + tl.arange(0, BLOCK_M)
-            id_ = i0d + rows // (IBH * IBW)
-            ih = i0h + (rows // IBW) % IBH
-            iw = i0w + rows % IBW
-            m_ok = ((rows < IBD * IBH * IBW) & (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H)
-                    & (iw >= 0) & (iw < W))
-            x_m = id_ * stride_xd + ih * stride_xh + iw * stride_xw
-            for n0 in tl.static_range(0, N_PAD, BLOCK_N):
-                cols = n0 + tl.arange(0, BLOCK_N)
-                acc = _head_tile(x_n, w_g, x_m, m_ok, cols, cols < NCOL, CIN_G, stride_xc, stride_wc,
-                                 ROUND_TF32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, False, 1)
-                # The slot is exactly [N_PAD, M_PAD]: every (col, row) of the tile is inside it
-                # (rows and columns beyond the layer hold zeros, never read by the gather).
-                tl.store(z_slot + cols[None, :] * M_PAD + rows[:, None], acc,
-                         mask=(cols < N_PAD)[None, :] & (rows < M_PAD)[:, None])
-        tl.debug_barrier()  # the slot's Z is visible to every thread of the program
-        y_n = y_ptr + nb.to(tl.int64) * stride_yn + (grp * COUT_G + offs_co).to(tl.int64)[None, :] * stride_yc
-        for rd in tl.static_range(SD):
-            for rh in tl.static_range(SH):
-                for rw in tl.static_range(SW):
-                    acc = tl.zeros((BLOCK_J, BLOCK_CO), dtype=tl.float32)
-                    if HAS_BIAS:
-                        acc += tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok,
-                                       other=0.0).to(tl.float32)[None, :]
-                    for kd in tl.static_range(KD):
-                        if (rd - kd * DD) % SD == 0:
-                            ld = jd + ((rd - kd * DD) // SD + HALO_D)
-                            for kh in tl.static_range(KH):
-                                if (rh - kh * DH) % SH == 0:
-                                    lh = jh + ((rh - kh * DH) // SH + HALO_H)
-                                    for kw in tl.static_range(KW):
-                                        if (rw - kw * DW) % SW == 0:
-                                            lw = jw + ((rw - kw * DW) // SW + HALO_W)
-                                            row = (ld * IBH + lh) * IBW + lw
-                                            col = offs_co * KVOL + ((kd * KH + kh) * KW + kw)
-                                            acc += tl.load(z_slot + col[None, :] * M_PAD + row[:, None],
-                                                           mask=co_ok[None, :], other=0.0)
-                    od = cd * (BOX_D * SD) - PD % SD + jd * SD + rd
-                    oh = ch * (BOX_H * SH) - PH % SH + jh * SH + rh
-                    ow = cw * (BOX_W * SW) - PW % SW + jw * SW + rw
-                    o_ok = (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
-                    y_o = od.to(tl.int64) * stride_yd + oh.to(tl.int64) * stride_yh + ow.to(tl.int64) * stride_yw
-                    tl.store(y_n + y_o[:, None], acc.to(y_ptr.dtype.element_ty),
-                             mask=o_ok[:, None] & co_ok[None, :])

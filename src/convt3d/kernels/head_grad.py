@@ -17,10 +17,9 @@ taken in tiles of one batch element: a tile is a run of ``s = (id * H + ih) * W 
 offsets are ``s * stride_w`` where the tensor's D, H, W are walked by one stride (NCDHW or
 channels-last), so in NCDHW the compiler sees runs of positions and moves them as 16-byte
 vectors. A tile wholly inside S = D*H*W is moved without the position mask, whose runs would
-otherwise end at any element (S is rarely a multiple of 16: 78408 on the VQ-VAE head). On the
-H200 (2026-12-04, VQ-VAE 240 -> 3 head, fp32, dX written NCDHW, tile M128 N64 K32 on 4 warps)
-the dX kernel took 624 us this way against 1544 us with positions flattened over the batch,
-where ncu showed its stores using 4 of each 32-byte sector and 8.3 M local-memory spill requests.
+otherwise end at any element (S is rarely a multiple of 16: 78408 on the VQ-VAE head). Positions
+flattened over the batch instead hide those runs: the stores then use a fraction of each
+32-byte sector.
 
 * ``head_dgrad_kernel``: M = positions, N = Cin/g, K = taps x Cout/g. The A tile is a gather of
   dY (a few MB for a head: it stays in L2), B the weight packed by the launcher as ``[G, K,
@@ -33,14 +32,12 @@ where ncu showed its stores using 4 of each 32-byte sector and 8.3 M local-memor
 
 dY is read from a zero-padded copy (``dyp``, made by ``dy_pad_kernel`` in one launch, a few MB;
 at TF32 rounded to TF32 there, once per element, so that the kernels round only the other operand,
-``DY_ROUNDED``: on the H200, 2026-12-04, VQ-VAE head fp32 NCDHW with the copy, dX 666 -> 592 us,
-dW 553 -> 428 us, against dY rounded at every load): its data sits at offset
+``DY_ROUNDED``, instead of rounding dY at every load): its data sits at offset
 ``p`` along each dimension, so the dY position of (i, t) is ``i*s + t*d`` in the copy, always
 inside it, and the gather needs no bounds test -- its offset is a sum of a part per position and
 a part per (tap, channel), and its mask a product of a position mask and a (tap, channel) mask.
-(Testing the three dimensions of every gathered element against dY's bounds instead held six
-comparisons and three 2-D index tensors live per element: ptxas, sm_90a, offline: 255 registers
-and 280-2600 bytes of spills on every dX tile.) Offsets are 32-bit where the tensors they index
+(Testing the three dimensions of every gathered element against dY's bounds instead holds six
+comparisons and three 2-D index tensors live per element, which spills on every dX tile.) Offsets are 32-bit where the tensors they index
 span fewer than 2^31 elements (``BIG`` False, the launcher's test), 64-bit otherwise.
 """
 import triton
@@ -190,10 +187,7 @@ def head_dgrad_kernel(
         # The gather is built as [K, M] and transposed: where no axis is provably contiguous
         # (positions step by the stride, (tap, channel) pairs by a division), Triton runs the
         # lanes along the last axis, so neighbouring lanes read dY elements s apart instead of
-        # other rows. H200, 2026-12-01 (kernel time by graph replay, scripts/gpu_head_probe.py
-        # --grads, first tile, each with the same dY copy): 128 -> 8 head bf16 388 against 733 us for
-        # [M, K], k2 s2 8 -> 2 head bf16 49 against 99, 3-D GAN head fp32 221 against 252;
-        # faster on all 10 head rows timed.
+        # other rows; faster than an [M, K] gather on every head timed.
         a_tile = tl.trans(tl.load(y_g + (y_k[:, None] + y_m[None, :]), mask=k_ok[:, None] & m_ok[None, :],
                                   other=0.0))
         b_tile = tl.load(w_g + (k[:, None] * CIN_G + offs_ci[None, :]), mask=k_ok[:, None] & ci_ok[None, :],

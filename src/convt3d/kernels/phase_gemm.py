@@ -120,7 +120,8 @@ def phase_gemm_kernel(
     k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
     # Phases come W-residue fastest. With W_GROUP == 2 (stride 2 along W) the two W-residues
     # of a (rd, rh) pair are computed by one program and interleaved in registers, so each
-    # store writes whole contiguous output rows (per-phase strided stores ran KB 77 at 250 GB/s);
+    # store writes whole contiguous output rows (per-phase strided stores fill half of each
+    # sector they touch and run far below the copy bandwidth);
     # otherwise a program computes one phase (stride-1 rows are contiguous anyway, and
     # channels-last output is contiguous along channels).
     # The launcher's table lists phase groups (W_GROUP rows each); row classes (rd, rh) that no
@@ -228,10 +229,10 @@ def phase_gemm_kernel(
                  mask=co_ok[:, None] & st_ok[None, :])
 
     # Companion rows: rows of empty row classes (bias or zero only) that the launcher assigned
-    # to this phase group, written by this program over its own tile of columns. KB 77 (7 of 8
-    # phases empty): a separate fill kernel wrote those 434 MB at 1.6 TB/s, because half of them
-    # are isolated 260-byte rows between GEMM rows (277 us, more than the GEMM's 307 us); here
-    # they are written next to the GEMM rows of the same tile, overlapping other programs' MMAs.
+    # to this phase group, written by this program over its own tile of columns. A separate fill
+    # kernel writes such rows far below the copy bandwidth where many are short isolated rows
+    # between GEMM rows (KB 77, 7 of 8 phases empty); here they are written next to the GEMM
+    # rows of the same tile, overlapping other programs' MMAs.
     cmask = tl.load(tab_ptr + pgrp * W_GROUP * 16 + 15)
     if cmask != 0:
         offs_f = tl.arange(0, W_GROUP * BLOCK_W)
@@ -294,9 +295,7 @@ def _pack_block(w_ptr, p_ptr, pid, grp,
     moves the tile between the two layouts through shared memory.
 
     Why a tile: gathering p's elements one by one in p's order read the weight at a stride of
-    Cout/g x taps elements, one 32-byte sector per 2- or 4-byte element. On gan_k4s2p1 in bf16
-    (256 -> 128, k4: a 4 MB weight) that kernel took 17.5 us on the H200 for 8 MB of useful
-    traffic (NOTES.md, section 12, 2026-12-04).
+    Cout/g x taps elements, one 32-byte sector per 2- or 4-byte element (docs/design.md, "The GEMM operands in one launch").
 
     Merged groups (``FOLD`` > 1): a row ci of original group f = ci // (CIN_G / FOLD) has
     weights only in the columns of that group, j in [f * span, (f + 1) * span) with span =
@@ -383,10 +382,10 @@ def fill_planes_kernel(
     17 of KB 77's 33 planes, 294 MB). Each program writes one contiguous segment of SEG
     elements: a (n, c, od) plane of OH * OW for NCDHW output (bias[c]), a (n, od) plane of
     OH * OW * C for channels-last output (bias[e % C]). Long contiguous runs write at full
-    bandwidth; the same bytes written as per-tile pieces by the GEMM programs ran at 1.35 TB/s.
+    bandwidth; the same bytes written as per-tile pieces by the GEMM programs do not.
 
     NCDHW planes of odd size (KB 77: 65 * 65) start at addresses that are not 16-byte aligned,
-    and a store masked per element compiles to 4-byte stores: 2.3 TB/s measured on the H200.
+    and a store masked per element compiles to 4-byte stores, well below full bandwidth.
     So the aligned interior is written as rows of VEC elements (16 bytes) masked per row, which
     compiles to 16-byte stores, and the fewer than VEC elements at either end separately.
 
@@ -604,9 +603,9 @@ def _pad_block(x_ptr, y_ptr, pid,
     analysis follows when the stride is 1 (it specialises an integer argument of 1). A block of
     flattened positions had its width as position % WP, whose contiguity it cannot prove, so the
     load of an NCDHW input took the store's layout, threads along channels: each warp's load
-    touched 32 sectors of 4 useful bytes (the sm_90a TTGIR of triton 3.6, 2026-12-04; NOTES.md,
-    section 12). Now the NCDHW load runs along W and the store along channels, with the
-    transpose through shared memory."""
+    touched 32 sectors of 4 useful bytes (the sm_90a TTGIR of triton 3.6; docs/design.md, "The GEMM operands in one launch").
+    Now the NCDHW load runs along W and the store along channels, with the transpose through
+    shared memory."""
     pid_r = pid % R_BLOCKS
     pid_c = (pid // R_BLOCKS) % C_BLOCKS
     nb = (pid // R_BLOCKS // C_BLOCKS).to(tl.int64)
@@ -683,11 +682,9 @@ def gemm_operands_kernel(
     for the others), the rest pack the weight as pack_weight_kernel (PACK_PROGRAMS per group).
     Grid: (PAD_PROGRAMS + PACK_PROGRAMS x groups,).
 
-    Why one launch: every launch costs host time (13-33 us through Triton's own path on the
-    H200's host, less replayed by a launch site; NOTES.md, section 4), and in two launches the
-    pack ran after the copy instead of beside it. On gan_k4s2p1 in bf16 the two kernels took
-    16.5 + 17.5 us of GPU time in separate launches, and the layer stayed on PyTorch by 45 us of
-    host time beyond PyTorch's (NOTES.md, section 12, 2026-12-04)."""
+    Why one launch: every launch costs host time (docs/design.md, "Host time and the steady path"), and in two launches the
+    pack runs after the copy instead of beside it; on a host-bound layer the second launch's
+    host time alone can keep PyTorch faster (docs/design.md, "The GEMM operands in one launch")."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
         _pad_block(x_ptr, xp_ptr, pid,

@@ -1,7 +1,7 @@
-"""Render `convt3d bench --json` files (and `scripts/gpu_auto.py`'s JSON) as the README's
+"""Render `convt3d bench --json` files (and `tools/gpu_auto.py`'s JSON) as the README's
 markdown tables. Needs neither a GPU nor convt3d:
 
-    python3 scripts/bench_md.py docs/bench/bench_kb.json [more.json ...]
+    python3 tools/bench_md.py docs/bench/bench_kb.json [more.json ...]
 
 One table per file: case, precision or dtype/layout, engine (and backward choices in --mode full),
 convt3d us, cuDNN us, speedup, % of roofline, first call s; then the file's summary groups. A
@@ -10,9 +10,9 @@ untouched and patched ms, ratio, the two timing rounds, first calls, errors, eng
 """
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import sys
 
 
 def _engine(r: dict) -> str:
@@ -26,7 +26,7 @@ def _engine(r: dict) -> str:
 
 
 def render_auto(d: dict, path: str) -> str:
-    """scripts/gpu_auto.py's JSON: each backend, auto with benchmark off (heuristic) and on."""
+    """tools/gpu_auto.py's JSON: each backend, auto with benchmark off (heuristic) and on."""
     env = d.get("env", {})
     out = [f"`{path}`: {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}, "
            f"cuDNN {env.get('cudnn')}", "",
@@ -106,5 +106,13 @@ def render(path: str) -> str:
     return "\n".join(out)
 
 
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("json", nargs="+", help="convt3d bench --json files, or tools/gpu_auto.py's JSON")
+    args = ap.parse_args(argv)
+    print("\n\n".join(render(p) for p in args.json))
+    return 0
+
+
 if __name__ == "__main__":
-    print("\n\n".join(render(p) for p in sys.argv[1:]))
+    raise SystemExit(main())

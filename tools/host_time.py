@@ -1,7 +1,7 @@
 """Host time of a forward call: what the CPU spends before the GPU has work, on the small layers
-whose GPU kernels (70-160 us) are shorter than it.
+whose GPU kernels are shorter than it.
 
-Six measurements, one per sub-command:
+Seven measurements, one per sub-command:
 
 ``layers`` (GPU) -- per bench row: do_bench medians of cuDNN, ``backend="triton"`` and auto
 (twice, interleaved, to show the run-to-run swing); the host time per call (200 calls enqueued
@@ -38,9 +38,8 @@ do_bench medians and the host and wall time per step; then ``Engine.time`` of th
 PyTorch steps three times each (``Timing``: median ms, host ms), the kernels and the stalling
 CUDA runtime calls (synchronisations, allocations, copies) of a public step under auto and with
 ``backend="triton"``, cProfile of 50 Triton steps (by own time), and the auto decision's cache
-entry (rounds, host rounds, margin). Default row:
-head_k2s2_8to2/bf16/cl, whose public step the bench timed ~0.5 ms above auto's measurement
-(NOTES.md, "Open in the measured auto").
+entry (rounds, host rounds, margin). Default row: head_k2s2_8to2/bf16/cl, a small head whose
+step is host-bound.
 
 ``stubbed`` (CPU, Triton's interpreter) -- the public API and the engine alone, every kernel launch stubbed out
 (``triton_engine.Site.launch`` does nothing), so what remains is convt3d's own Python: us per
@@ -49,13 +48,13 @@ than CUDA's caching allocator, so read the Python part, not the total.
 
 Run on the GPU machine (``stubbed`` anywhere):
 
-    PYTHONPATH=src python3 scripts/host_time.py layers [--rows aniso_122/bf16/cl,monai_unet_k3/fp32/cl]
-    PYTHONPATH=src python3 scripts/host_time.py launch
-    PYTHONPATH=src python3 scripts/host_time.py profile --rows nnunet_128_64/bf16/cl
-    CONVT3D_CACHE_DIR=/tmp/c PYTHONPATH=src python3 scripts/host_time.py first-call --network gan3d [--dtype bf16]
-    PYTHONPATH=src python3 scripts/host_time.py network --network monai_unetr [--dtype bf16] [--train]
-    PYTHONPATH=src python3 scripts/host_time.py step [--rows head_k2s2_8to2/bf16/cl]
-    TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/host_time.py stubbed [--dtype bf16] [--layer head]
+    PYTHONPATH=src python3 tools/host_time.py layers [--rows aniso_122/bf16/cl,monai_unet_k3/fp32/cl]
+    PYTHONPATH=src python3 tools/host_time.py launch
+    PYTHONPATH=src python3 tools/host_time.py profile --rows nnunet_128_64/bf16/cl
+    CONVT3D_CACHE_DIR=/tmp/c PYTHONPATH=src python3 tools/host_time.py first-call --network gan3d [--dtype bf16]
+    PYTHONPATH=src python3 tools/host_time.py network --network monai_unetr [--dtype bf16] [--train]
+    PYTHONPATH=src python3 tools/host_time.py step [--rows head_k2s2_8to2/bf16/cl]
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 tools/host_time.py stubbed [--dtype bf16] [--layer head]
 
 Prints plain text, one block per row.
 """
@@ -85,7 +84,7 @@ from convt3d.bench import suites  # noqa: E402
 from convt3d.validate import check_call  # noqa: E402
 from convt3d.dispatch import resolve_precision  # noqa: E402
 
-# The layers-suite rows found host-bound on the H200 (NOTES.md, "Host time").
+# Layers-suite rows whose forward is host-bound: their GPU kernels are shorter than the call's host time.
 DEFAULT_ROWS = "aniso_122/bf16/cl,monai_unet_k3/bf16/cl,nnunet_128_64/bf16/ncdhw,monai_unet_k3/fp32/cl"
 
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The GPU runner: the GPU tests and the bench in one call on the GPU machine, logs under one folder.
+# The GPU runner: the GPU tests and the bench suites in one call on the GPU machine, logs under one
+# folder.
 #
 # Usage (from the repository root, on the GPU machine):
-#   bash scripts/gpu_run.sh [LOGDIR] [--only PARTS] [--skip PARTS] [--budget SECONDS]
-#                           [--cuda-cache FILE.tgz] [--save-cuda-cache] [--wheels DIR]
-#                           [--bench-args "ARGS"] [--pytest-args "ARGS"]
+#   bash tools/gpu_run.sh [LOGDIR] [--only PARTS] [--skip PARTS] [--budget SECONDS]
+#                         [--cuda-cache FILE.tgz] [--save-cuda-cache] [--wheels DIR]
+#                         [--bench-args "ARGS"] [--pytest-args "ARGS"] [--tests-cap SECONDS]
 #
 #   LOGDIR        where everything is written (default: $OUT if set, else ./gpu_logs)
 #   PARTS         comma-separated, from:
@@ -23,23 +24,20 @@
 #                             fp32 ncdhw -> full_fp32.json
 #                   cuda      bench of the cuda engine, exact grade, on its gemm_kernel problems
 #                             (kb61,kb68,kb70,kb73,kb77) -> bench_cuda.json
-#                   auto      scripts/gpu_auto.py auto.json (auto against each backend)
-#                   spike     scripts/gluon_tap_gemm_spike.py, its five kernels in fp32 and bf16 (issue
-#                             17's Gluon tap GEMM on KB 77's dense phase: float64 check, time,
-#                             cuDNN's conv3d of the same)
+#                   auto      tools/gpu_auto.py auto.json (auto against each backend)
 #                 default: tests,kb,layers,networks,eval
 #   --budget      seconds for the whole run (default 570: the device's per-command limit is 600);
 #                 each part gets its own cap or what is left, and a part that would start with
 #                 less than 30 s left is skipped with a line saying so
 #   --cuda-cache  a tarball of a CUDA extension build (TORCH_EXTENSIONS_DIR) to unpack first, so
-#                 the CUDA engine loads instead of compiling (~70 s); carry it in the device call
+#                 the CUDA engine loads instead of compiling; carry it in the device call
 #   --save-cuda-cache  write the build as cuda_cache.tgz under LOGDIR at the end
 #   --wheels      a folder of wheels (optional extras such as monai for the networks suite) to
 #                 install into /tmp/site, which joins PYTHONPATH (default: .whl if it exists)
 #   --bench-args  extra arguments for every `convt3d bench` call (e.g. "--cudnn-benchmark")
 #   --pytest-args extra arguments for pytest (e.g. "-k 'not cuda'")
-#   --tests-cap   seconds for the tests part (default 400: the 716 GPU tests took over 290 s with
-#                 -n 14 on the H200, 2026-12-01, 66-83 s of it the CUDA engine's first build)
+#   --tests-cap   seconds for the tests part (default 400: the whole GPU suite, including the
+#                 CUDA engine's first build)
 #
 # Writes under LOGDIR: run.log (every part's output, each under a "==== part" header, with its
 # exit status and seconds) and one JSON per bench part; at most 8 files come back from the
@@ -47,7 +45,19 @@
 # part the exit status and seconds, then its last lines (pytest's failures and summary line,
 # the bench's summary table, the evaluator's table). Exits 1 if any part failed, else 0.
 #
-# One device call, e.g.:  run(command="bash scripts/gpu_run.sh --only tests,kb,layers", timeout_s=600)
+# One device call, e.g.:  run(command="bash tools/gpu_run.sh --only tests,kb,layers", timeout_s=600)
+#
+# The other tools of this folder (each one's docstring says what it measures and how to run it):
+#   gpu_config_sweep.py     the Triton forward engine's tile configurations, timed one by one
+#   gpu_precision_probe.py  each fp32 dot precision's time and error on the KernelBench problems
+#   gpu_training.py         the parts of a training step (forward, dX, dW, db) per layers-suite row
+#   gpu_auto.py             "auto" against each backend on both bench suites
+#   gpu_cuda.py             the CUDA engine's kernel variants, and the CUDA head kernel's tiles
+#   host_time.py            host time of a call: launches, Python, first calls, networks, steps
+#   ncu_call.py             one bench row's call under Nsight Compute; a SASS report's hot blocks
+#   ptxas_regs.py           registers, spills and shared memory of one Triton tile (offline)
+#   head_tiles_smem.py      shared memory of every output-head candidate (offline)
+#   bench_md.py             `convt3d bench --json` files as the README's markdown tables
 set -u
 cd "$(dirname "$0")/.."
 
@@ -79,8 +89,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 for p in ${PARTS//,/ } ${SKIP//,/ }; do
-  case "$p" in tests|kb|layers|networks|tuned|warm|eval|full|cuda|auto|spike) ;;
-    *) echo "gpu_run.sh: unknown part '$p' (tests, kb, layers, networks, tuned, warm, eval, full, cuda, auto, spike)" >&2
+  case "$p" in tests|kb|layers|networks|tuned|warm|eval|full|cuda|auto) ;;
+    *) echo "gpu_run.sh: unknown part '$p' (tests, kb, layers, networks, tuned, warm, eval, full, cuda, auto)" >&2
        exit 2 ;;
   esac
 done
@@ -153,13 +163,11 @@ bench() { local name=$1 cap=$2; shift 2
   # shellcheck disable=SC2086
   run_part "$name" "$cap" 16 python3 -m convt3d bench "$@" $BENCH_ARGS; }
 wanted kb && bench kb 150 --suite kernelbench --json "$LOGDIR/bench_kb.json"
-# The layers suite's first calls compile and tune (3-16 s a row on a cold machine; the 48 rows
-# took 186-230 s on the H200, 2026-12-01), hence its larger cap.
+# The layers suite's first calls compile and tune every row on a cold machine, hence its larger cap.
 wanted layers && bench layers 300 --suite layers --json "$LOGDIR/bench_layers.json"
 if wanted networks; then
   if python3 -m convt3d bench --help 2>/dev/null | grep -q networks; then
-    # On a fresh H200 with cold caches the 21 modes take ~330 s (2026-12-01, commit e347900: 16
-    # modes in the first 240 s, the other 5 in ~80 s), so the part wants a device call of its own.
+    # With cold caches every mode compiles and tunes its layers: the part wants a device call of its own.
     bench networks 420 --suite networks --json "$LOGDIR/bench_networks.json"
   else
     echo "==== networks: skipped, this convt3d bench has no networks suite" | tee -a "$LOG"
@@ -171,19 +179,12 @@ wanted warm && bench warm 200 --suite networks --first-calls --json "$LOGDIR/fir
 wanted eval && run_part eval 240 24 python3 -m convt3d kernelbench --json "$LOGDIR/kb_eval.json"
 if wanted full; then
   bench full_bf16_cl 120 --suite layers --mode full --dtype bf16 --layout cl --json "$LOGDIR/full_bf16_cl.json"
-  # fp32 ncdhw needs ~130 s for its 12 rows (11 fitted in 120 s on the H200, 2026-12-01).
+  # fp32 NCDHW runs slower per row than bf16 channels-last, hence its larger cap.
   bench full_fp32 150 --suite layers --mode full --dtype fp32 --layout ncdhw --json "$LOGDIR/full_fp32.json"
 fi
 wanted cuda && bench cuda 120 --suite kernelbench --backend cuda --precision exact \
   --case kb61,kb68,kb70,kb73,kb77 --json "$LOGDIR/bench_cuda.json"
-wanted auto && run_part auto 300 12 python3 scripts/gpu_auto.py "$LOGDIR/auto.json"
-if wanted spike; then
-  for k in ring ws persistent box hbox; do
-    for dt in fp32 bf16; do
-      run_part "spike_${k}_${dt}" 90 4 python3 scripts/gluon_tap_gemm_spike.py --kernel "$k" --dtype "$dt"
-    done
-  done
-fi
+wanted auto && run_part auto 300 12 python3 tools/gpu_auto.py "$LOGDIR/auto.json"
 
 if [ "$SAVE_CUDA_CACHE" = 1 ] && [ -d "$TORCH_EXTENSIONS_DIR" ]; then
   tar czf "$LOGDIR/cuda_cache.tgz" -C "$(dirname "$TORCH_EXTENSIONS_DIR")" "$(basename "$TORCH_EXTENSIONS_DIR")" \

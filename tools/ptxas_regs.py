@@ -2,20 +2,20 @@
 
 Compiles the kernel with ``triton.compile`` for a ``GPUTarget("cuda", 90, 32)`` (Triton's own code
 generation, down to PTX) and runs the CUDA toolkit's ``ptxas -v`` on the PTX. It answers "does this
-tile spill?" on a CPU machine; the figures are those of the Triton installed here. Run it with the
-GPU machine's Triton (3.6; a venv with ``pip install triton==3.6.0`` beside this one): versions
-differ by more than a few registers. On 2026-12-04 triton 3.9 gave the old head dX tile (positions
-flattened over the batch) a store with lanes along positions, 255 registers and no spills, where
-triton 3.6 laid the store across channels and spilled 304 bytes -- what ncu then measured on the
-H200 (NOTES.md, section 10). The PTX version line is lowered to what the local ptxas reads.
+tile spill?" on a CPU machine; the figures are those of the Triton installed here, so run it with
+the GPU machine's Triton version (a venv beside this one): Triton versions can lay out the same
+tile differently, and differ by more than a few registers. The PTX version line is lowered to
+what the local ptxas reads.
 
-    PYTHONPATH=src python3 scripts/ptxas_regs.py convt3d.kernels.head_grad:head_dgrad_kernel \\
+    PYTHONPATH=src python3 tools/ptxas_regs.py convt3d.kernels.head_grad:head_dgrad_kernel \\
         --ptr '*bf16' --const PRECISION=tf32 ROUND_TF32=0 TWO_LEVEL=0 BIG=0 BLOCK_M=128 BLOCK_N=64 BLOCK_K=32 \\
         --warps 4 --stages 1
 
 ``--ptr`` is the type of every pointer argument (``*bf16``, ``*fp16``, ``*fp32``), except those
 named with ``--ptr-arg NAME=TYPE``; every other non-constexpr argument is an i32. Constexpr values
-are integers (0/1 for flags) or strings. Prints one line: registers, spill stores/loads (bytes),
+are integers (0/1 for flags) or strings; ``--div16 NAME...`` marks integer arguments Triton would
+specialise as multiples of 16; ``--warps``, ``--stages`` and ``--maxnreg`` are the launch options;
+``--ir DIR`` also writes the TTGIR and PTX. Prints one line: registers, spill stores/loads (bytes),
 shared memory (bytes).
 """
 from __future__ import annotations

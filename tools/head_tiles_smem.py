@@ -2,8 +2,7 @@
 
 The tuner times every head candidate it is offered (``head_engine.head_tiles``), and a candidate
 whose kernel needs more shared memory than a block may take fails at its first launch -- and
-with it the whole tuning of that layer (on the H200, 2026-12-03, a joint tile of the 256 -> 7
-k6 s2 head of the heads sweep asked for 245760 bytes; auto then kept PyTorch). The offer rules
+with it the whole tuning of that layer, so auto keeps PyTorch there. The offer rules
 (``head_smem``, ``_joint_fits``) are estimates; this script checks them against Triton's own
 figure. For each layer it builds every candidate's launches (``HeadSteps.run`` on meta tensors:
 nothing is allocated or run), compiles each kernel for sm_90a (Triton's code generation and its
@@ -12,9 +11,9 @@ block may take on the H100 and H200). Layers: the head rows of the layers suite 
 sweep (``--suite``), or ``--count`` layers drawn from ``--seed`` (1-15 output channels per group,
 kernels 1-6, strides 1-4, groups, odd sizes: shapes no suite holds).
 
-    PYTHONPATH=src python3 scripts/head_tiles_smem.py --seed 1 --count 5
-    PYTHONPATH=src python3 scripts/head_tiles_smem.py --suite heads --dtypes bf16
-    PYTHONPATH=src python3 scripts/head_tiles_smem.py --case head_128to8_k3 --count 1 --layouts cl
+    PYTHONPATH=src python3 tools/head_tiles_smem.py --seed 1 --count 5
+    PYTHONPATH=src python3 tools/head_tiles_smem.py --suite heads --dtypes bf16
+    PYTHONPATH=src python3 tools/head_tiles_smem.py --case head_128to8_k3 --count 1 --layouts cl
 
 Prints one line per candidate over the limit and a summary; exits 1 if any is over. Run it
 without TRITON_INTERPRET (the interpreter replaces the kernels this compiles).
@@ -138,9 +137,7 @@ def check(layers: list[ConvT3dParams], dtypes: list[torch.dtype], layouts: list[
     for params in layers:
         for dtype in dtypes:
             for cl in layouts:
-                for t in HE.head_tiles(params, dtype, "tf32", False, cl):
-                    if t["head"] == "box":
-                        continue  # Gluon: tests/test_head_box.py compiles it
+                for t in HE.head_tiles(params, dtype, "tf32", channels_last=cl):
                     cfg = TC.Config(**t)
                     for name, ints, consts, module, tensors in launches(params, cfg, dtype, "tf32", cl):
                         n += 1

@@ -1,17 +1,32 @@
-"""The CUDA head kernel on the GPU: correctness against float64 on generated geometries, then its
-kernel time per offered tile against cuDNN on the head rows (layers suite and the heads sweep).
+"""The CUDA C++ engines on the GPU, one sub-command each; the first use of an engine builds its
+extension (TORCH_EXTENSIONS_DIR keeps the build for later processes).
 
-    PYTHONPATH=src python3 scripts/gpu_cuda_head.py --json $OUT/cuda_head.json
-    ncu --section SourceCounters -k regex:head_shuffle -c 1 -o rep \
-        python3 scripts/gpu_cuda_head.py --profile head_gan_64to1:fp32:2:6:4:4:8
+``variants`` -- the forward engine's kernel variants (``cuda_engine``), per KernelBench problem:
+the build seconds, then per variant (gemm_kernel tiles, and phase_kernel tiles with both inner
+loops) the max abs error against float64, allclose(atol=rtol=1e-4), whether a second call is
+bitwise equal, the do_bench median (us) with TFLOP/s of useful work, and cuDNN (TF32 off and
+default) and ``zero_()`` of the output (the memory floor) on the same input for scale. The
+default variant (``choose_variant``) is marked with '*'. Options: ``--problem`` (KernelBench ids,
+default 77), ``--rep`` (do_bench ms per variant), ``--variants`` (names, default all but direct).
 
-Correctness: each geometry at fp32 (TF32), bf16 and fp16, channels-last, NCDHW and a strided
-view, with and without bias, every offered tile up to ``--tiles``; the output is poisoned with
-NaN first. A case passes when its error (max |y - ref| / max |ref|, ref in float64) is within
-twice cuDNN's own at the same dtype and flags, or within the dtype's rounding floor where cuDNN
-happens to be closer than that. Timing: ``triton.testing.do_bench`` medians (L2 flushed before
-each call), kernel alone on a packed weight, the public ``cuda_head.forward`` (weight packing
-included), and ``F.conv_transpose3d`` at default flags, in one process.
+``head`` -- the output-head kernel (``cuda_head``): correctness against float64 on ``--cases``
+generated geometries, then its kernel time per offered tile against cuDNN on the head rows
+(layers suite and the heads sweep). Correctness: each geometry at fp32 (TF32), bf16 and fp16,
+channels-last, NCDHW and a strided view, with and without bias, every offered tile up to
+``--tiles``; the output is poisoned with NaN first. A case passes when its error (max |y - ref|
+/ max |ref|, ref in float64) is within twice cuDNN's own at the same dtype and flags, or within
+the dtype's rounding floor where cuDNN happens to be closer than that. Timing:
+``triton.testing.do_bench`` medians (L2 flushed before each call), kernel alone on a packed
+weight, the public ``cuda_head.forward`` (weight packing included), and ``F.conv_transpose3d``
+at default flags, in one process. ``--profile ROW:DTYPE:JN:CONFIG:BD:BH:BW`` only launches one
+plan three times, for ncu. Exits 1 if a correctness case fails.
+
+Run on the GPU machine:
+
+    PYTHONPATH=src python3 tools/gpu_cuda.py variants --problem 77,58,61 [--rep 200] [--variants g64,g32,p8c16]
+    PYTHONPATH=src python3 tools/gpu_cuda.py head --json $OUT/cuda_head.json [--rows head_gan_64to1 --cases 10]
+    ncu --section SourceCounters -k regex:head_shuffle -c 1 -o rep \\
+        python3 tools/gpu_cuda.py head --profile head_gan_64to1:fp32:2:6:4:4:8
 """
 from __future__ import annotations
 
@@ -23,12 +38,96 @@ import time
 
 import torch
 import torch.nn.functional as F
+import triton.testing
 
+from convt3d import cuda_engine as E
 from convt3d import cuda_head as ch
 from convt3d.bench.suites import HEAD_SWEEP, LAYERS
+from convt3d.kernelbench.problems import parse_ids
 from convt3d.params import ConvT3dParams
+from convt3d.validate import check_call
 
-COPY_BW = 4.24e12  # device-to-device copy, read + write (shared/CONTEXT.md)
+
+# ---- the forward engine's variants (``variants``) ----------------------------------------------
+def _variants(selected: str | None) -> list[tuple[str, bool]]:
+    """(variant, hreuse) pairs to time: gemm tiles first, then phase tiles with both inner loops."""
+    names = [v for v in E.variant_names() if v != "direct"]
+    if selected:
+        wanted = [v.strip() for v in selected.split(",") if v.strip()]
+        unknown = sorted(set(wanted) - set(names))
+        if unknown:
+            raise SystemExit(f"unknown variants {unknown}; known: {names}")
+        names = [v for v in names if v in wanted]
+    gemm = [(v, False) for v in names if v in E.GEMM_VARIANTS]
+    phase = [(v, h) for v in names if v in E.VARIANTS for h in (False, True)]
+    return gemm + phase
+
+
+def run_problem(problem, args) -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.ConvTranspose3d(**problem.layer_args(), device="cuda")
+    x = torch.rand(*problem.input_shape, device="cuda")
+    w = layer.weight.detach()
+    b = None if layer.bias is None else layer.bias.detach()
+    cargs = (layer.stride, layer.padding, layer.output_padding, layer.groups, layer.dilation)
+    params, _ = check_call(x, w, b, *cargs)
+    default = E.choose_variant(params)
+    print(f"\nproblem {problem.id}: {problem.describe()}; {torch.cuda.get_device_name()}")
+    print(params.describe())
+    print(f"default variant {default}; hreuse applies {E.hreuse_applies(params)}; "
+          f"gemm plan {E.launch_plan(params, 'g64', False)}")
+    for name in E.HALO_VARIANTS:  # the window variants run their plain tile where halo_layout refuses
+        print(f"{name} plan {E.launch_plan(params, name, False)}")
+
+    t0 = time.perf_counter()
+    y = E.forward(x, w, b, params)
+    torch.cuda.synchronize()
+    print(f"first call {time.perf_counter() - t0:.1f} s, build_seconds() = {E.build_seconds():.1f} s")
+    ref = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), *cargs)
+    del y
+
+    flops = params.useful_flops
+    rows = []
+    for name, hreuse in _variants(args.variants):
+        yv = E.forward(x, w, b, params, variant=name, hreuse=hreuse)
+        torch.cuda.synchronize()
+        err = (yv.double() - ref).abs().max().item()
+        ok = torch.allclose(yv.double(), ref, atol=1e-4, rtol=1e-4)
+        again = torch.equal(yv, E.forward(x, w, b, params, variant=name, hreuse=hreuse))
+        del yv
+        ms = triton.testing.do_bench(lambda: E.forward(x, w, b, params, variant=name, hreuse=hreuse),
+                                     warmup=25, rep=args.rep, return_mode="median")
+        rows.append((name, hreuse, ms, ok))
+        mark = "*" if name == default and (name in E.GEMM_VARIANTS or hreuse == E.hreuse_applies(params)) else " "
+        print(f" {mark}{name:6s} hreuse={int(hreuse)}  {ms * 1e3:9.1f} us  {flops / ms / 1e9:6.1f} TFLOP/s  "
+              f"max abs err {err:.2e}  allclose(1e-4) {ok}  bitwise-repeatable {again}", flush=True)
+    del ref
+    for tf32 in (False, True):
+        torch.backends.cudnn.allow_tf32 = tf32
+        ms = triton.testing.do_bench(lambda: F.conv_transpose3d(x, w, b, *cargs), warmup=10, rep=args.rep,
+                                     return_mode="median")
+        print(f"  cuDNN tf32={tf32}: {ms * 1e3:9.1f} us")
+    torch.backends.cudnn.allow_tf32 = True
+    out = torch.empty(params.out_shape, device="cuda")
+    ms = triton.testing.do_bench(lambda: out.zero_(), warmup=10, rep=50, return_mode="median")
+    print(f"  output zero_() (memory floor): {ms * 1e3:9.1f} us")
+    del out
+    good = [r for r in rows if r[3]]
+    if good:
+        best = min(good, key=lambda r: r[2])
+        print(f"best correct: {best[0]} hreuse={int(best[1])} at {best[2] * 1e3:.1f} us "
+              f"({flops / best[2] / 1e9:.1f} TFLOP/s)")
+    bad = [f"{r[0]}/hreuse={int(r[1])}" for r in rows if not r[3]]
+    if bad:
+        print(f"NOT allclose: {', '.join(bad)}")
+    torch.cuda.empty_cache()
+
+
+# ---- the output-head kernel (``head``) ----------------------------------------------------------
+# The memory floor's copy rate: the H200's device-to-device copy, read + write bytes per second.
+COPY_BW = 4.24e12
+# Relative error a head output may always have, per dtype: its rounding floor where cuDNN
+# happens to be closer than that.
 FLOOR_REL = {torch.float32: 2e-3, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
 
 
@@ -110,8 +209,6 @@ def _row_tensors(g, dtype: torch.dtype, layout: str):
 
 
 def timing(names: list[str], dtypes, layouts, tiles: int, budget_s: float, stage_variants=(None,)) -> list[dict]:
-    import triton.testing
-
     geos = [g for g in LAYERS + HEAD_SWEEP if g.name in names or (names == ["all"] and (
         g.name.startswith("head_") or g.name.startswith("sweep")))]
     out = []
@@ -187,19 +284,33 @@ def profile(spec: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--cases", type=int, default=40, help="generated geometries for the correctness check")
-    ap.add_argument("--tiles", type=int, default=3, help="offered tiles checked / timed per case and variant")
-    ap.add_argument("--rows", default="all", help="comma-separated layer names, or 'all' head and sweep rows")
-    ap.add_argument("--dtypes", default="fp32,bf16")
-    ap.add_argument("--layouts", default="ncdhw,cl")
-    ap.add_argument("--budget", type=float, default=300.0, help="seconds for the timing part")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--stages", default="default",
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sp = sub.add_parser("variants", help="the forward engine's kernel variants per KernelBench problem")
+    sp.add_argument("--problem", default="77", help="KernelBench problem ids, comma-separated (default 77)")
+    sp.add_argument("--rep", type=int, default=200, help="do_bench rep (ms of timing per variant)")
+    sp.add_argument("--variants", default=None, help="comma-separated variant names (default: all but direct)")
+    sp = sub.add_parser("head", help="the output-head kernel: correctness, then time per offered tile")
+    sp.add_argument("--json", default=None, help="write every correctness case and timing here")
+    sp.add_argument("--cases", type=int, default=40, help="generated geometries for the correctness check")
+    sp.add_argument("--tiles", type=int, default=3, help="offered tiles checked / timed per case and variant")
+    sp.add_argument("--rows", default="all", help="comma-separated layer names, or 'all' head and sweep rows")
+    sp.add_argument("--dtypes", default="fp32,bf16")
+    sp.add_argument("--layouts", default="ncdhw,cl")
+    sp.add_argument("--budget", type=float, default=300.0, help="seconds for the timing part")
+    sp.add_argument("--seed", type=int, default=1)
+    sp.add_argument("--stages", default="default",
                     help="stage counts timed per tile: 'default' (the plan's), or e.g. 'default,1,2'")
-    ap.add_argument("--profile", default=None, metavar="ROW:DTYPE:JN:CONFIG:BD:BH:BW",
+    sp.add_argument("--profile", default=None, metavar="ROW:DTYPE:JN:CONFIG:BD:BH:BW",
                     help="only launch this one plan three times (for ncu)")
     args = ap.parse_args(argv)
+    if args.cmd == "variants":
+        for problem in parse_ids(args.problem):
+            run_problem(problem, args)
+        return 0
+    return head_main(args)
+
+
+def head_main(args) -> int:
     if args.profile:
         profile(args.profile)
         return 0

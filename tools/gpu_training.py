@@ -5,9 +5,10 @@ Per case, at bf16 channels_last_3d and fp32 NCDHW default precision (TF32 on), d
 (L2 flushed), in us, of:
   fwd      convt3d forward, cuDNN forward
   dX       cuDNN (convolution_backward, input mask only), deterministic and default algorithms;
-           convt3d's Triton kernel (kernels/dgrad_bwd.py) for every candidate configuration
-  dW       cuDNN deterministic / default algorithms; convt3d's Triton kernel for every candidate
-           configuration
+           convt3d's Triton kernels for every candidate configuration: the general one
+           (kernels/dgrad_bwd.py) and, on output heads, the head kernels (head_backward)
+  dW       cuDNN deterministic / default algorithms; convt3d's Triton kernels for every candidate
+           configuration (kernels/wgrad_bwd.py, and the head kernels on output heads)
   db       sum of dY
   full     convt3d training step (forward + backward, the backward's own timed choice) vs
            F.conv_transpose3d + autograd (PyTorch's default flags)
@@ -20,8 +21,8 @@ by CPU time) of five steps.
 
 Run on the GPU machine:
 
-    PYTHONPATH=src python3 scripts/gpu_training.py [--case gan_k4s2p1,...] [--json FILE] [--accuracy]
-    PYTHONPATH=src python3 scripts/gpu_training.py --profile --case nnunet_128_64,monai_unet_k3
+    PYTHONPATH=src python3 tools/gpu_training.py [--case gan_k4s2p1,...] [--json FILE] [--accuracy]
+    PYTHONPATH=src python3 tools/gpu_training.py --profile --case nnunet_128_64,monai_unet_k3
 
 Prints one line per case (the best Triton tile of dX and dW, the step's speedup and the
 backward's choices) and the full step's geometric mean; --json (default $OUT/gpu_training.json)
@@ -44,6 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 import convt3d  # noqa: E402
 from convt3d import backward as B  # noqa: E402
+from convt3d import head_backward as HB  # noqa: E402
 from convt3d.bench import suites  # noqa: E402
 from convt3d.dispatch import cudnn_conv_tf32  # noqa: E402
 from convt3d.validate import check_call  # noqa: E402
@@ -67,6 +69,18 @@ def conv_bwd(dy, x, w, params, mask, deterministic: bool, tf32: bool):
         torch.backends.cudnn.deterministic = old
 
 
+def dx_candidates(params, dtype, device, prec) -> tuple:
+    """Every Triton dX configuration of the layer: the general kernel's, then the head kernels'."""
+    return B.dgrad_candidates(params, dtype, device, prec) + (
+        HB.dgrad_candidates(params, dtype, device) if HB.supports(params) else ())
+
+
+def dw_candidates(params, dtype, device) -> tuple:
+    """Every Triton dW configuration of the layer: the head kernels', then the general kernel's."""
+    return (HB.wgrad_candidates(params, dtype, device) if HB.supports(params) else ()) + B.wgrad_candidates(
+        params, dtype, device)
+
+
 def run_case(case, accuracy: bool) -> dict:
     t = suites.make_tensors(case, "cuda", 0)
     g = case.geometry
@@ -85,7 +99,7 @@ def run_case(case, accuracy: bool) -> dict:
         row[f"dw_cudnn_{tag}_us"] = bench(lambda: conv_bwd(dy, t.x, t.w, params, [False, True, False], det, tf32))
     row["db_us"] = bench(lambda: dy.sum(dim=(0, 2, 3, 4), dtype=torch.float32))
     row["dw_triton_us"] = {}
-    for cfg in B.wgrad_candidates(params, t.x.dtype, t.x.device):
+    for cfg in dw_candidates(params, t.x.dtype, t.x.device):
         try:
             row["dw_triton_us"][cfg.short()] = bench(lambda: B.wgrad_triton(dy, t.x, params, prec, t.w.dtype, cfg))
         except Exception as exc:  # noqa: BLE001 -- report and go on
@@ -94,7 +108,7 @@ def run_case(case, accuracy: bool) -> dict:
     # timed call includes the NDHWC copy, TF32-rounding for fp32), dX in the input's layout.
     fx = B.grad_formats(t.x, t.w)[0]
     row["dx_triton_us"] = {}
-    for cfg in B.dgrad_candidates(params, t.w.dtype, t.x.device, prec):
+    for cfg in dx_candidates(params, t.w.dtype, t.x.device, prec):
         try:
             row["dx_triton_us"][cfg.short()] = bench(
                 lambda: B.dgrad_triton(dy, t.w, params, prec, t.x.dtype, cfg, fx))
@@ -111,12 +125,12 @@ def run_case(case, accuracy: bool) -> dict:
         row["dw_scale"] = ref[1].abs().max().item()
         row["dx_scale"] = ref[0].abs().max().item()
         row["dx_err_triton"] = {}
-        for cfg in B.dgrad_candidates(params, t.w.dtype, t.x.device, prec):
+        for cfg in dx_candidates(params, t.w.dtype, t.x.device, prec):
             gx = B.dgrad_triton(dy, t.w, params, prec, t.x.dtype, cfg, fx)
             row["dx_err_triton"][cfg.short()] = (gx.double() - ref[0]).abs().max().item()
             del gx
         row["dw_err_triton"] = {}
-        for cfg in B.wgrad_candidates(params, t.x.dtype, t.x.device):
+        for cfg in dw_candidates(params, t.x.dtype, t.x.device):
             gw = B.wgrad_triton(dy, t.x, params, prec, t.w.dtype, cfg)
             row["dw_err_triton"][cfg.short()] = (gw.double() - ref[1]).abs().max().item()
         del ref, cud
@@ -205,7 +219,7 @@ def profile_case(case) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--case", default=None)
     p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gpu_training.json"))
     p.add_argument("--accuracy", action="store_true")

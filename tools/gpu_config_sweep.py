@@ -5,29 +5,32 @@ What it measures, per bench case (``convt3d.bench.suites``: the same tensors as 
   write floor of the call);
 - for each configuration: the time of ``Launch.run(config)`` -- every kernel of the call (fill,
   input copy, GEMM) on a prepared output and packed weight, as the tuner times it -- with
-  ``triton.testing.do_bench`` (median, L2 flushed), the first run's compile seconds, TFLOP/s of
+  ``triton.testing.do_bench`` (median, L2 flushed; with ``--graph``, ``do_bench_cudagraph``: the
+  kernels alone, without the host's launch cost), the first run's compile seconds, TFLOP/s of
   useful work, the max abs error against float64, and the compiler's facts of the main kernel
   (registers, spills, shared memory, MMA kind, TMA or not);
 - with ``--kernels``: the per-kernel breakdown (torch.profiler) of ``forward`` with the best
   configuration, and the tuner's own choice.
 
 Which configurations: the engine's candidate list (``--candidates``, the default when nothing else
-is asked), variants of its first candidate (``--set KEY=VALUE[,KEY=VALUE]``, one variant per
-``--set``; keys are ``triton_engine.Config`` fields, e.g. ``num_stages=4``, ``BLOCK_M=256,num_warps=8``,
-``tma=False``, ``companions=False``, ``x_cache=.ca``, ``maxnreg=128``, ``BLOCK_K=64``), and a grid of
-flat tiles (``--grid``: BLOCK_M 64/128/256 x 4/8 warps x 2-8 stages x BLOCK_K 16/32/64 over the
-first flat candidate). A BLOCK_M override re-derives BLOCK_W unless it is given.
+is asked; on an output-head row it holds the head kernels' tiles), variants of its first candidate
+(``--set KEY=VALUE[,KEY=VALUE]``, one variant per ``--set``; keys are ``triton_engine.Config``
+fields, e.g. ``num_stages=4``, ``BLOCK_M=256,num_warps=8``, ``tma=False``, ``companions=False``,
+``x_cache=.ca``, ``maxnreg=128``, ``BLOCK_K=64``), and a grid of flat tiles (``--grid``: BLOCK_M
+64/128/256 x 4/8 warps x 2-8 stages x BLOCK_K 16/32/64 over the first flat candidate). A BLOCK_M
+override re-derives BLOCK_W unless it is given.
 
 Run on the GPU machine:
 
-    PYTHONPATH=src python3 scripts/gpu_config_sweep.py kb77 --precision tf32 --set num_stages=4 --kernels
-    PYTHONPATH=src python3 scripts/gpu_config_sweep.py kb61,kb68,kb70,kb73,kb77 --precision tf32x3 --grid
-    PYTHONPATH=src python3 scripts/gpu_config_sweep.py aniso_122 --dtype bf16 --layout cl --set tma=False
+    PYTHONPATH=src python3 tools/gpu_config_sweep.py kb77 --precision tf32 --set num_stages=4 --kernels
+    PYTHONPATH=src python3 tools/gpu_config_sweep.py kb61,kb68,kb70,kb73,kb77 --precision tf32x3 --grid
+    PYTHONPATH=src python3 tools/gpu_config_sweep.py aniso_122 --dtype bf16 --layout cl --set tma=False
+    PYTHONPATH=src python3 tools/gpu_config_sweep.py head_gan_64to1 --dtype bf16 --layout cl --candidates --graph
 
 Without a GPU, ``TRITON_INTERPRET=1`` runs the same sweep through Triton's interpreter on the
 bench's reduced CPU shapes, as a check of the script (its times mean nothing):
 
-    TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/gpu_config_sweep.py kb77 --set num_stages=4
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 tools/gpu_config_sweep.py kb77 --set num_stages=4
 
 Prints one JSON line per measurement (``what``: "case", "config", "kernels", "tuned"); ``--json FILE``
 also writes them all as one list. A configuration that fails to compile or launch prints an
@@ -64,11 +67,16 @@ def emit(**kw) -> None:
     print(json.dumps(kw), flush=True)
 
 
+GRAPH = False  # --graph: time by CUDA-graph replay
+
+
 def bench_us(fn, rep: int) -> float:
     if not torch.cuda.is_available():  # the interpreter check: one call, wall time
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
+    if GRAPH:
+        return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e3
     return triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median") * 1e3
 
 
@@ -215,8 +223,12 @@ def main(argv=None) -> int:
     ap.add_argument("--grid", action="store_true", help="the flat-tile grid over the first flat candidate")
     ap.add_argument("--kernels", action="store_true", help="per-kernel breakdown of the best config, tuner choice")
     ap.add_argument("--rep", type=int, default=60, help="do_bench budget per timing (ms)")
+    ap.add_argument("--graph", action="store_true",
+                    help="time by CUDA-graph replay (kernel time without the host's launch cost)")
     ap.add_argument("--json", default=None, help="also write every row to this file")
     args = ap.parse_args(argv)
+    global GRAPH
+    GRAPH = args.graph
     if not torch.cuda.is_available() and not E.interpreter_active():
         print("needs a CUDA device (or TRITON_INTERPRET=1 for a check through the interpreter)", file=sys.stderr)
         return 2

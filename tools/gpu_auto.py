@@ -3,8 +3,8 @@ its heuristic pick the fastest engine?
 
 Run on the GPU machine:
 
-    PYTHONPATH=src python3 scripts/gpu_auto.py auto.json                      # both suites + two tiny probes
-    PYTHONPATH=src python3 scripts/gpu_auto.py auto.json --suite layers --case gan_k4s2p1,refine_k3s1
+    PYTHONPATH=src python3 tools/gpu_auto.py auto.json                      # both suites + two tiny probes
+    PYTHONPATH=src python3 tools/gpu_auto.py auto.json --suite layers --case gan_k4s2p1,refine_k3s1
 
 For every case of both bench suites (``convt3d.bench.suites``: the same tensors and flags as
 ``convt3d bench``), forward, each timed with ``triton.testing.do_bench`` (median, L2 flushed):
@@ -15,9 +15,9 @@ For every case of both bench suites (``convt3d.bench.suites``: the same tensors 
 * auto with benchmark on (``convt3d.set_benchmark(True)``: the first call measures the candidates).
 
 Prints a line per case as it goes (partial JSON survives a timeout), then a table (us) and the two
-bars of issue 7 -- auto (benchmark on) >= 0.97x cuDNN on every row, and the heuristic picking the
-faster engine on >= 90% of rows -- and writes everything as JSON (``scripts/bench_md.py`` renders
-it as the README's table).
+bars -- auto (benchmark on) >= 0.97x cuDNN on every row, and the heuristic picking the faster
+engine on >= 90% of rows -- and writes everything as JSON (``tools/bench_md.py`` renders it as the
+README's table). Options: ``--suite all|kernelbench|layers``, ``--case NAME,...``, ``--no-probes``.
 The "meas" column says whether the benchmark-on decision came from a measurement (this run's, or
 one in the cache file); "no" means auto fell back to a rule or the heuristic there.
 """
@@ -51,8 +51,8 @@ from convt3d.bench import suites  # noqa: E402
 from convt3d.bench.roofline import cudnn_tf32  # noqa: E402
 from convt3d.validate import check_call  # noqa: E402
 
-# Two layers far below the suites' smallest (nnunet_128_64 bf16: 19.8 us floor) to check the
-# heuristic's "tiny -> torch" rule (floors 1-3 us), which no suite row exercises.
+# Two layers far below the suites' smallest, to check the heuristic's "tiny -> torch" rule, which
+# no suite row exercises.
 PROBES = (
     suites.Geometry.of("tiny_k2s2", 1, 32, 16, 8, 2, 2, 0, bias=True),
     suites.Geometry.of("tiny_k3s1", 1, 16, 16, 8, 3, 1, 1, bias=True),
@@ -89,9 +89,8 @@ def run_case(case: suites.Case, cuda_ok: bool) -> dict:
         times["triton"] = bench_ms(lambda: convt3d.conv_transpose3d(t.x, t.w, t.b, *args, backend="triton"))
         variant = cuda_engine.choose_variant(params) if cuda_ok else None
         if variant is not None and variant not in cuda_engine.GEMM_VARIANTS:
-            # The phase_kernel/direct fallbacks, which auto does not time either: a run of
-            # 2026-11-29, before commit e2d0d46, stalled for more than 6 min on KB 58 exact
-            # (NOTES.md, "Auto and dispatch").
+            # The phase_kernel/direct fallbacks, which auto does not time either: on the large
+            # problems one call of them can take longer than the whole run's budget.
             row["cuda_skipped"] = f"its tile for this geometry is {variant!r}, not gemm_kernel"
         elif cuda_ok and case.dtype == "fp32" and prec != "tf32":
             try:  # the engine itself, independent of the dispatcher's wiring
@@ -155,7 +154,7 @@ def main(argv=None) -> int:
     if not args.no_probes and names is None:
         cases += probe_cases()
     try:
-        cuda_engine.load_module()  # builds the extension (~70 s) or loads it from the torch extensions cache
+        cuda_engine.load_module()  # builds the extension or loads it from the torch extensions cache
         cuda_ok, why = True, None
     except Exception as exc:  # noqa: BLE001 -- the table is still useful without the cuda column
         cuda_ok, why = False, f"{type(exc).__name__}: {exc}"[:300]
