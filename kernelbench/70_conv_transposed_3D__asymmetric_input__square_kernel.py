@@ -24,7 +24,7 @@ import types
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 
-# ==================== convt3d/kernels/phase_gemm.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, verbatim) ====================
 @triton.jit
 def _phase_row(tab_ptr, r):
     """Row r of the phase table: rd, rh, rw, Td, Th, Tw, t0d, t0h, t0w, off0d, off0h, off0w,
@@ -320,12 +320,12 @@ def gemm_operands_kernel(
                     ROUND_TF32, BLOCK_CI, BLOCK_J)
 
 
-# ==================== convt3d/errors.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/core/errors.py (what this file reaches, verbatim) ====================
 class BackendUnavailableError(RuntimeError):
     """The backend that was asked for cannot run this call (it never silently runs another)."""
 
 
-# ==================== convt3d/triton_sites.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/engines/triton/sites.py (what this file reaches, verbatim) ====================
 K = types.SimpleNamespace(
     flat_gemm_kernel=flat_gemm_kernel,
     gemm_operands_kernel=gemm_operands_kernel,
@@ -578,14 +578,14 @@ def forward(x, weight, bias, precision):
 # forward computes as the reference's cuDNN convolution does under the flags in force: in TF32
 # where PyTorch allows TF32 for convolutions and cuDNN uses it on this problem, at the engine's
 # exact grade otherwise. Nothing here reads or changes any other state.
-EXACT_GRADE = 'tf32x3'  # convt3d.dispatch.EXACT_GRADE at export time
+EXACT_GRADE = 'tf32x3'  # convt3d.dispatch.select.EXACT_GRADE at export time
 # Measured 2026-12-01, H200, torch 2.11.0+cu130, cuDNN 9.19: with TF32 allowed, cuDNN computes this
 # problem's reference in TF32 (7.1e-04 max abs from float64), so this file computes in TF32 then
 # too.
 CUDNN_USES_TF32 = True
 
 
-# convt3d.dispatch's reader of PyTorch's TF32 flag for convolutions, verbatim:
+# convt3d.dispatch.select's reader of PyTorch's TF32 flag for convolutions, verbatim:
 def cudnn_conv_allows_tf32() -> bool:
     """The TF32 flag PyTorch's convolutions read. Since torch 2.9 that is the per-operator
     ``torch.backends.cudnn.conv.fp32_precision`` ("tf32" or not); the legacy

@@ -30,7 +30,7 @@ from triton.runtime.jit import constexpr_function
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 
-# ==================== convt3d/kernels/phase_gemm.py (what this file reaches, without docstrings and comment lines) ====================
+# ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, without docstrings and comment lines) ====================
 @triton.jit
 def _phase_row(tab_ptr, r):
     row = tab_ptr + r * 16
@@ -302,7 +302,7 @@ def gemm_operands_kernel(
                     ROUND_TF32, BLOCK_CI, BLOCK_J)
 
 
-# ==================== convt3d/kernels/gluon_gemm.py (what this file reaches, without docstrings and comment lines) ====================
+# ==================== convt3d/engines/triton/kernels/gluon_gemm.py (what this file reaches, without docstrings and comment lines) ====================
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
@@ -620,12 +620,12 @@ def box_gemm_kernel(
                         OFF32, PAIRS, num_warps)
 
 
-# ==================== convt3d/errors.py (what this file reaches, without docstrings and comment lines) ====================
+# ==================== convt3d/core/errors.py (what this file reaches, without docstrings and comment lines) ====================
 class BackendUnavailableError(RuntimeError):
     """The backend that was asked for cannot run this call (it never silently runs another)."""
 
 
-# ==================== convt3d/triton_sites.py (what this file reaches, without docstrings and comment lines) ====================
+# ==================== convt3d/engines/triton/sites.py (what this file reaches, without docstrings and comment lines) ====================
 K = types.SimpleNamespace(
     fill_planes_kernel=fill_planes_kernel,
     flat_gemm_kernel=flat_gemm_kernel,
@@ -862,14 +862,14 @@ def forward(x, weight, bias, precision):
 # forward computes as the reference's cuDNN convolution does under the flags in force: in TF32
 # where PyTorch allows TF32 for convolutions and cuDNN uses it on this problem, at the engine's
 # exact grade otherwise. Nothing here reads or changes any other state.
-EXACT_GRADE = 'tf32x3'  # convt3d.dispatch.EXACT_GRADE at export time
+EXACT_GRADE = 'tf32x3'  # convt3d.dispatch.select.EXACT_GRADE at export time
 # Measured 2026-12-01, H200, torch 2.11.0+cu130, cuDNN 9.19: with TF32 allowed, cuDNN computes this
 # problem's reference in TF32 (3.4e-04 max abs from float64), so this file computes in TF32 then
 # too.
 CUDNN_USES_TF32 = True
 
 
-# convt3d.dispatch's reader of PyTorch's TF32 flag for convolutions, verbatim:
+# convt3d.dispatch.select's reader of PyTorch's TF32 flag for convolutions, verbatim:
 def cudnn_conv_allows_tf32() -> bool:
     """The TF32 flag PyTorch's convolutions read. Since torch 2.9 that is the per-operator
     ``torch.backends.cudnn.conv.fp32_precision`` ("tf32" or not); the legacy

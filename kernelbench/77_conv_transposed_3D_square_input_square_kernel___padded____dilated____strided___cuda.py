@@ -24,13 +24,13 @@ import types
 from importlib import resources
 
 
-# ==================== convt3d/errors.py (what this file reaches, without docstrings) ====================
+# ==================== convt3d/core/errors.py (what this file reaches, without docstrings) ====================
 class BackendUnavailableError(RuntimeError):
     """The backend that was asked for cannot run this call (it never silently runs another)."""
 
 
-# ==================== convt3d/cuda_engine.py (what this file reaches, without docstrings) ====================
-# Set by the KernelBench export to the .cu text; the package reads csrc/convt3d.cu instead.
+# ==================== convt3d/engines/cuda/gemm.py (what this file reaches, without docstrings) ====================
+# Set by the KernelBench export to the .cu text; the package reads gemm.cu instead.
 CUDA_SOURCE = None
 
 _CPP_DECL = ("torch::Tensor convt3d_forward(torch::Tensor x, torch::Tensor wpk, torch::Tensor bias, bool has_bias, "
@@ -41,7 +41,7 @@ _state = {"module": None, "seconds": None}
 def cuda_source() -> str:
     if CUDA_SOURCE is not None:
         return CUDA_SOURCE
-    return resources.files("convt3d").joinpath("csrc/convt3d.cu").read_text(encoding="utf-8")
+    return resources.files("convt3d").joinpath("engines/cuda/gemm.cu").read_text(encoding="utf-8")
 
 def nvcc_path() -> str | None:
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
@@ -162,7 +162,7 @@ def forward(x, weight, bias, precision):
                                   precision == "tf32")
 
 
-# ==================== convt3d/csrc/convt3d.cu (what the launches reach; compiled by load_inline) ====================
+# ==================== convt3d/engines/cuda/gemm.cu (what the launches reach; compiled by load_inline) ====================
 CUDA_SOURCE = r"""#include <cstdint>
 #include <type_traits>
 
@@ -805,7 +805,7 @@ EXACT_GRADE = 'ieee'  # the CUDA engine's exact grade (exact fp32 FFMA)
 CUDNN_USES_TF32 = True
 
 
-# convt3d.dispatch's reader of PyTorch's TF32 flag for convolutions, verbatim:
+# convt3d.dispatch.select's reader of PyTorch's TF32 flag for convolutions, verbatim:
 def cudnn_conv_allows_tf32() -> bool:
     """The TF32 flag PyTorch's convolutions read. Since torch 2.9 that is the per-operator
     ``torch.backends.cudnn.conv.fp32_precision`` ("tf32" or not); the legacy

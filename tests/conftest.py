@@ -62,7 +62,7 @@ def _private_cache_dir(tmp_path_factory):
     test session, never to the user's ~/.cache/convt3d: a test must neither read what an earlier
     run measured nor leave its own measurements behind. Tests that need a fresh one per test use
     ``auto_state``."""
-    from convt3d import cache
+    from convt3d.dispatch import cache
 
     old = os.environ.get(cache.ENV_DIR)
     os.environ[cache.ENV_DIR] = str(tmp_path_factory.mktemp("convt3d-cache"))
@@ -88,7 +88,8 @@ def _seed():
 def auto_state(tmp_path, monkeypatch):
     """The auto backend's process state, isolated per test: fresh decisions, benchmark mode back
     to following cuDNN's flag, a private cache directory, no $CONVT3D_BACKEND."""
-    from convt3d import cache, dispatch
+    from convt3d.dispatch import cache
+    from convt3d.dispatch import select as dispatch
 
     monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache"))
     monkeypatch.delenv("CONVT3D_BACKEND", raising=False)

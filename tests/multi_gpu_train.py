@@ -17,7 +17,7 @@ measures and writes to ``DIR/rank<r>.json``:
   patched model and of the untouched ``nn.ConvTranspose3d`` model, same initial weights and data.
 * ``decisions``: what this rank ran with -- the engine auto chose per call signature, the Triton
   tile per tune key, the backward's dX/dW implementation per signature -- so the parent can check
-  that every rank took the same (``convt3d.distributed``).
+  that every rank took the same (``convt3d.dispatch.distributed``).
 
 Nothing is asserted here: the test compares the numbers with its tolerances and shows them.
 Devices: ``cuda`` (NCCL, one GPU per rank, auto with benchmark mode on: rank 0 measures) or
@@ -150,7 +150,9 @@ def loss_curves(base, wrap, dtype, x, target, device, engine, steps: int, lr: fl
 
 def decisions_seen(events: list) -> dict:
     """What this rank ran with, keyed without the device index (comparable across ranks)."""
-    from convt3d import backward, cache, triton_engine
+    from convt3d.engines.triton import backward
+    from convt3d.dispatch import cache
+    from convt3d.engines.triton import engine as triton_engine
 
     tuning = {cache.tune_key_text(k): rec.config.short() for k, rec in triton_engine.tuning_log().items()}
     bwd = {}
@@ -183,7 +185,7 @@ def main(argv=None) -> int:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     import convt3d
-    from convt3d import dispatch
+    from convt3d.dispatch import select as dispatch
 
     if args.device == "cuda":
         convt3d.set_benchmark(True)  # auto measures: the decisions that must agree across ranks

@@ -20,8 +20,8 @@ from torch import nn
 
 import convt3d
 import convt3d.functional
-import convt3d.triton_engine
-from convt3d import dispatch
+import convt3d.engines.triton.engine
+from convt3d.dispatch import select as dispatch
 
 from conftest import CL, LAYOUTS, Case, check_against_reference, memory_format_of, random_case, requires_interpreter
 
@@ -315,7 +315,7 @@ def test_patch_starts_the_triton_warm_up_once(monkeypatch, cuda, interpreter, st
     import threading
 
     import triton.runtime.cache
-    from convt3d import triton_warm_up
+    from convt3d.engines.triton import warm_up as triton_warm_up
 
     calls = []
     monkeypatch.setattr(triton.runtime.cache, "triton_key", lambda: calls.append(threading.current_thread().name))
@@ -393,7 +393,7 @@ def test_patched_model_trains():
 def spies(monkeypatch):
     """Record which engine ran (both still run for real)."""
     calls = []
-    real_torch, real_triton = convt3d.engines.torch_forward, convt3d.triton_engine.forward
+    real_torch, real_triton = convt3d.engines.torch.torch_forward, convt3d.engines.triton.engine.forward
 
     def torch_spy(*a, **k):
         calls.append("torch")
@@ -403,8 +403,8 @@ def spies(monkeypatch):
         calls.append("triton")
         return real_triton(*a, **k)
 
-    monkeypatch.setattr(convt3d.engines, "torch_forward", torch_spy)
-    monkeypatch.setattr(convt3d.triton_engine, "forward", triton_spy)
+    monkeypatch.setattr(convt3d.engines.peers, "torch_forward", torch_spy)
+    monkeypatch.setattr(convt3d.engines.triton.engine, "forward", triton_spy)
     return calls
 
 
@@ -493,14 +493,14 @@ def _fake_cuda_input(dtype):
     (torch.float64, "torch"), (torch.complex64, "torch"), (torch.int32, "torch"),
 ], ids=["float32", "float16", "bfloat16", "float64", "complex64", "int32"])
 def test_auto_on_cuda_picks_triton_for_its_dtypes(dtype, engine, monkeypatch):
-    monkeypatch.setattr(convt3d.triton_engine, "unsupported_reason",
-                        lambda x, *a, **k: None if x.dtype in convt3d.triton_engine.SUPPORTED_DTYPES else "dtype")
+    monkeypatch.setattr(convt3d.engines.triton.engine, "unsupported_reason",
+                        lambda x, *a, **k: None if x.dtype in convt3d.engines.triton.engine.SUPPORTED_DTYPES else "dtype")
     d = dispatch.decide(_fake_cuda_input(dtype), "auto", "ieee")
     assert d.engine == engine and d.precision == "ieee" and d.reason
 
 
 def test_auto_on_old_gpu_falls_back_but_triton_refuses(monkeypatch):
-    monkeypatch.setattr(convt3d.triton_engine, "unsupported_reason", lambda x, *a, **k: "compute capability 7.x")
+    monkeypatch.setattr(convt3d.engines.triton.engine, "unsupported_reason", lambda x, *a, **k: "compute capability 7.x")
     x = _fake_cuda_input(torch.float32)
     d = dispatch.decide(x, "auto", None)
     assert d.engine == "torch" and "compute capability 7.x" in d.reason

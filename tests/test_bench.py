@@ -15,7 +15,7 @@ import torch
 from convt3d.bench import check, cli, report, roofline, runner, suites
 from conftest import requires_interpreter
 from convt3d.bench.suites import Case, Geometry
-from convt3d.validate import check_call
+from convt3d.core.validate import check_call
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -92,9 +92,9 @@ def test_heads_suite_is_a_fixed_sweep_of_heads_outside_all():
     # The generated sweep: the same 12 geometries in every process (a fixed seed, no hash of
     # salted strings), each a head (1-15 output channels per group) with a valid output that the
     # head path takes (head tiles offered), none in another suite, and not part of "all".
-    from convt3d import head_engine
-    from convt3d.head_engine import MAX_HEAD_CHANNELS
-    from convt3d.params import ConvT3dParams
+    from convt3d.engines.triton import head as head_engine
+    from convt3d.engines.triton.head import MAX_HEAD_CHANNELS
+    from convt3d.core.params import ConvT3dParams
 
     again = suites._head_sweep()
     assert again == suites.HEAD_SWEEP and len(again) == 12
@@ -376,7 +376,7 @@ def test_source_digest_follows_the_sources(tmp_path):
     shutil.copytree(Path(convt3d.__file__).resolve().parent, copy)
     before = report.source_digest(copy)
     assert len(before) == 12 and before == report.source_digest(copy) == report.source_digest()
-    (copy / "params.py").write_text((copy / "params.py").read_text() + "\n# changed\n")
+    (copy / "core" / "params.py").write_text((copy / "core" / "params.py").read_text() + "\n# changed\n")
     assert report.source_digest(copy) != before
 
 

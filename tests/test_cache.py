@@ -1,4 +1,4 @@
-"""CPU tests of the persistent cache (``convt3d.cache``): round trip, corrupt / truncated / stale
+"""CPU tests of the persistent cache (``convt3d.dispatch.cache``): round trip, corrupt / truncated / stale
 files (one warning, ignored, rewritten), unwritable locations (one warning, works in memory),
 concurrent writers (the file stays valid JSON and keeps every process's entries; a save waits
 for the lock rather than writing unlocked), threads of one process, and the Triton
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from convt3d import cache, triton_engine
-from convt3d.params import ConvT3dParams
+from convt3d.dispatch import cache
+from convt3d.engines.triton import engine as triton_engine
+from convt3d.core.params import ConvT3dParams
 
 KEY = {"gpu": "Test GPU 9000", "convt3d": "0.1.0", "source": "0123456789ab", "torch": "2.99", "triton": "9.9"}
 

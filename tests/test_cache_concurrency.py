@@ -7,7 +7,7 @@ its choice, ``flush_triton`` persisting it). All eight also overwrite one shared
 Meanwhile a ninth process reads the raw file as fast as it can. Then a fresh process reads every
 decision and seeds every tuning result back.
 
-What must hold (the cache's contract, ``convt3d.cache`` docstring):
+What must hold (the cache's contract, ``convt3d.dispatch.cache`` docstring):
 
 * every raw read during the writes parses as a complete cache file (atomic replace: never a
   torn file), and no temporary file is left behind;
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from convt3d import cache
+from convt3d.dispatch import cache
 
 WRITERS = 8
 DECISIONS = 30  # per writer; each one is a separate read-merge-write of the file
@@ -56,8 +56,8 @@ def _decision(w: int, i: int) -> dict:
 def _tune_key(w: int, i: int):
     import torch
 
-    from convt3d import triton_engine
-    from convt3d.params import ConvT3dParams
+    from convt3d.engines.triton import engine as triton_engine
+    from convt3d.core.params import ConvT3dParams
 
     # A distinct geometry per (writer, key): channel counts 8+w -> 8+i.
     params = ConvT3dParams.create(1, 8 + w, 8 + i, 1, (2, 3, 4), (3, 3, 3), (2, 2, 2), (1, 1, 1), (0, 0, 0),
@@ -76,7 +76,7 @@ def _writer(directory: str, w: int, barrier, seed: int) -> None:
 
     import triton.testing
 
-    from convt3d import triton_engine
+    from convt3d.engines.triton import engine as triton_engine
 
     os.environ[cache.ENV_DIR] = directory
     os.environ.pop("CONVT3D_AUTOTUNE", None)
@@ -134,7 +134,7 @@ def _raw_reader(path: str, stop, out: str) -> None:
 
 def _fresh_reader(directory: str, out: str) -> None:
     """A new process: read back every decision and seed every tuning result."""
-    from convt3d import triton_engine
+    from convt3d.engines.triton import engine as triton_engine
 
     os.environ[cache.ENV_DIR] = directory
     cache.reset()  # nothing of the parent's state (forked): what it knows comes from the file

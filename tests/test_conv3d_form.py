@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from convt3d import dispatch
-from convt3d.engines import ENGINES
-from convt3d.errors import BackendUnavailableError
-from convt3d.torch_engine import conv3d_weight
-from convt3d.triton_engine import output_memory_format
+from convt3d.dispatch import select as dispatch
+from convt3d.engines.peers import ENGINES
+from convt3d.core.errors import BackendUnavailableError
+from convt3d.engines.torch import conv3d_weight
+from convt3d.engines.triton.engine import output_memory_format
 
 from conftest import LAYOUTS, Case, assert_compiled_matches_eager, check_against_reference, reference
 
@@ -155,7 +155,7 @@ def test_reference_is_what_the_rewrite_computes():
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d"])
 def test_custom_op_registrations(layout):
     """The op torch.compile traces, with engine "conv3d": schema, autograd and fake tensor."""
-    from convt3d.ops import conv_transpose3d_op
+    from convt3d.engines.op import conv_transpose3d_op
 
     case = Case(1, 8, 8, (2, 3, 2), (3, 3, 3), padding=1, layout=layout)
     x, w, b = case.tensors()
@@ -192,7 +192,7 @@ def test_repeats_are_answered_by_the_weights_memo(batched):
 def test_timed_repeats_take_the_launcher(monkeypatch):
     """auto's timed repeats of an inference call take the path a repeat takes (the weight's memo,
     then the launcher), so the host time charged is the one the layer will cost."""
-    from convt3d.call import Call
+    from convt3d.core.call import Call
 
     engine = ENGINES["conv3d"]
     ran = []
@@ -200,7 +200,7 @@ def test_timed_repeats_take_the_launcher(monkeypatch):
     monkeypatch.setattr(engine, "steady_launcher", lambda *a: ran.append(1) or launcher(*a))
     case = Case(2, 4, 6, (4, 5, 6), (3, 3, 3), padding=1)
     x, w, b = case.tensors()
-    params, _ = convt3d.validate.check_call(x, w, b, *case.args)
+    params, _ = convt3d.core.validate.check_call(x, w, b, *case.args)
     call = Call(x, w, b, params, "ieee", None, False)
     with torch.no_grad():
         y = engine._timed(call, call.given, False, True)

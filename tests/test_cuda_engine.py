@@ -39,9 +39,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from convt3d import cuda_engine as E
-from convt3d.errors import BackendUnavailableError
-from convt3d.params import ConvT3dParams
+from convt3d.engines.cuda import gemm as E
+from convt3d.core.errors import BackendUnavailableError
+from convt3d.core.params import ConvT3dParams
 
 from conftest import make_input, random_case
 
@@ -429,7 +429,7 @@ def test_kernel_meta_for_kernelbench_77():
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d", "slice_w", "permuted_view", "transpose_dh"])
 def test_output_memory_format_equals_triton_rule(layout):
-    from convt3d import triton_engine
+    from convt3d.engines.triton import engine as triton_engine
 
     x = make_input(2, 3, (3, 4, 5), layout)
     for w in (torch.randn(3, 2, 2, 2, 2), torch.randn(3, 2, 2, 2, 2).contiguous(memory_format=torch.channels_last_3d)):
@@ -438,7 +438,7 @@ def test_output_memory_format_equals_triton_rule(layout):
 
 # ---- launch plans against CUDA's launch limits ---------------------------------------------------
 def _case_params(case) -> ConvT3dParams:
-    from convt3d.validate import check_call
+    from convt3d.core.validate import check_call
 
     x, w, b = case.tensors()
     return check_call(x, w, b, *case.args)[0]

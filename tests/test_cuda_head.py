@@ -1,4 +1,4 @@
-"""The CUDA head kernel's plan on the CPU (``convt3d.cuda_head``): the shuffle geometry, the packed
+"""The CUDA head kernel's plan on the CPU (``convt3d.engines.cuda.head``): the shuffle geometry, the packed
 weight and the per-shift n-tile masks, checked against float64 ``F.conv_transpose3d`` by an
 emulation of the kernel's GEMM; the tile offer rules; the staging mode; what it refuses. The
 kernel itself runs in ``test_gpu_cuda_head.py``."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from convt3d import cuda_head as ch
-from convt3d.params import ConvT3dParams
+from convt3d.engines.cuda import head as ch
+from convt3d.core.params import ConvT3dParams
 
 
 def _params(n, cin, cout, size, k, s=1, p=0, op=0, groups=1, d=1):
@@ -370,7 +370,7 @@ def test_staging_mode_follows_layout_and_alignment(dtype, layout, mode):
 
 def test_kernel_table_matches_the_launcher():
     """The .cu's CONVT3D_HEAD_CONFIGS rows are the launcher's CONFIGS."""
-    src = resources.files("convt3d").joinpath("csrc/head_shuffle.cu").read_text()
+    src = resources.files("convt3d").joinpath("engines/cuda/head_shuffle.cu").read_text()
     rows = re.findall(r"X\((\d+), (\d+), (\d+), (\d+), (\d+)\)", src)
     assert {int(r[0]): tuple(int(v) for v in r[1:]) for r in rows} == ch.CONFIGS
     assert "#include <torch" not in src  # nvcc alone builds it (cuda_head._NVCC_FLAGS)

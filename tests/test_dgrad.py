@@ -1,4 +1,4 @@
-"""The Triton input-gradient kernel (``kernels/dgrad_bwd.py`` through ``convt3d.backward``) on the
+"""The Triton input-gradient kernel (``kernels/dgrad_bwd.py`` through ``convt3d.engines.triton.backward``) on the
 CPU, through Triton's interpreter: dX against float64 ``aten.convolution_backward`` over the
 regimes of the geometry (stride 1/2/anisotropic, dilation, padding, output_padding, groups,
 channel blocks and position tiles that end inside the data, batch), every dY layout (NCDHW,
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import convt3d
-from convt3d import backward as B
-from convt3d.errors import BackendUnavailableError
-from convt3d.validate import check_call
+from convt3d.engines.triton import backward as B
+from convt3d.core.errors import BackendUnavailableError
+from convt3d.core.validate import check_call
 
 from conftest import CL, PoisonedTorch, requires_interpreter, round_tf32_reference
 

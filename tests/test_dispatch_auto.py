@@ -14,12 +14,14 @@ import pytest
 import torch
 
 import convt3d
-from convt3d import cache, dispatch, triton_engine
-from convt3d.call import Call
-from convt3d.engines import ENGINES, Timing
+from convt3d.dispatch import cache
+from convt3d.dispatch import select as dispatch
+from convt3d.engines.triton import engine as triton_engine
+from convt3d.core.call import Call
+from convt3d.engines.peers import ENGINES, Timing
 from convt3d.bench import suites
-from convt3d.params import ConvT3dParams
-from convt3d.validate import check_call
+from convt3d.core.params import ConvT3dParams
+from convt3d.core.validate import check_call
 
 GPU = "Fake GPU 9000"
 
@@ -61,7 +63,7 @@ def _isolated(auto_state, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: GPU)
     monkeypatch.setattr(dispatch, "_capturing", lambda: False)
-    monkeypatch.setattr(ENGINES["cuda"], "_mod", (None, "the CUDA C++ engine (convt3d.cuda_engine) is not in this build"))
+    monkeypatch.setattr(ENGINES["cuda"], "_mod", (None, "the CUDA C++ engine (convt3d.engines.cuda.gemm) is not in this build"))
     yield
     triton_engine.clear_caches()
 
@@ -208,7 +210,7 @@ def test_training_decisions_are_their_own_signature(monkeypatch):
 def test_hybrid_autograd_matches_pytorch_autograd():
     # engine "torch" through our autograd.Function: PyTorch's forward, convt3d's backward (on CPU
     # its cuDNN branch is PyTorch's own convolution_backward: the same numbers as autograd).
-    from convt3d import ops
+    from convt3d.engines import op as ops
 
     torch.manual_seed(0)
     x = torch.randn(2, 8, 3, 4, 5, dtype=torch.float64, requires_grad=True)

@@ -1,4 +1,4 @@
-"""Rank-consistent decisions (``convt3d.distributed``) on the CPU with gloo process groups.
+"""Rank-consistent decisions (``convt3d.dispatch.distributed``) on the CPU with gloo process groups.
 
 Each test starts 2 or 3 processes that form a gloo group and run one scenario; every rank writes
 what it ended with to a file and the parent compares them. Ranks are given *different* answers
@@ -23,8 +23,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from convt3d import cache, distributed, triton_engine
-from convt3d.params import ConvT3dParams
+from convt3d.dispatch import cache
+from convt3d.dispatch import distributed
+from convt3d.engines.triton import engine as triton_engine
+from convt3d.core.params import ConvT3dParams
 
 JOIN_S = 60.0
 GPU = "Agreement Test GPU"

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from convt3d import triton_engine as engine
-from convt3d.params import ConvT3dParams
+from convt3d.engines.triton import engine
+from convt3d.core.params import ConvT3dParams
 
 
 def _random_params(rng: random.Random) -> ConvT3dParams:

@@ -21,7 +21,7 @@ from torch import nn
 
 import convt3d
 import convt3d.functional
-import convt3d.triton_engine
+import convt3d.engines.triton.engine
 from convt3d import BackendUnavailableError
 
 BACKENDS = ("torch", "triton", "auto", "conv3d")
@@ -40,11 +40,11 @@ def engines_forbidden(monkeypatch):
         def tripwire(*args, **kwargs):
             raise EngineRan("an engine ran on an invalid call")
 
-        monkeypatch.setattr(convt3d.engines, "torch_forward", tripwire)
+        monkeypatch.setattr(convt3d.engines.peers, "torch_forward", tripwire)
         monkeypatch.setattr(convt3d.functional, "conv_transpose3d_op", tripwire)
-        monkeypatch.setattr(convt3d.ops, "conv_transpose3d_autograd", tripwire)
-        monkeypatch.setattr(convt3d.ops, "run_engine", tripwire)
-        monkeypatch.setattr(convt3d.triton_engine, "forward", tripwire)
+        monkeypatch.setattr(convt3d.engines.op, "conv_transpose3d_autograd", tripwire)
+        monkeypatch.setattr(convt3d.engines.op, "run_engine", tripwire)
+        monkeypatch.setattr(convt3d.engines.triton.engine, "forward", tripwire)
         monkeypatch.setattr(F, "conv_transpose3d", tripwire)
     return arm
 
@@ -337,7 +337,7 @@ def test_patch_rejects_non_module():
 # check_call's memo of successful calls (host-time fast path) must never change an answer.
 # ---------------------------------------------------------------------------------------------
 def test_check_call_memo_keeps_every_error_and_answer():
-    from convt3d.validate import check_call
+    from convt3d.core.validate import check_call
     x, w, b = torch.randn(1, 4, 2, 3, 3), torch.randn(4, 2, 3, 3, 3), torch.randn(2)
     first = check_call(x, w, b, 2, 1, 1, 1, 1)
     assert check_call(x, w, b, 2, 1, 1, 1, 1) == first  # a memo hit gives the same geometry

@@ -11,9 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import convt3d
-from convt3d.call import Call
-from convt3d import cli, dispatch, triton_engine
-from convt3d.validate import check_call
+from convt3d.core.call import Call
+from convt3d import cli
+from convt3d.dispatch import select as dispatch
+from convt3d.engines.triton import engine as triton_engine
+from convt3d.core.validate import check_call
 
 from conftest import interpreter_active
 
@@ -244,7 +246,7 @@ def test_explain_names_the_output_head_tiles_of_a_narrow_layer():
 def test_explain_reports_the_backward_choice():
     # A head layer: both gradients would time cuDNN against head tiles; after a backward, the
     # choice made for the signature is reported with its reason (static cuDNN on the CPU).
-    from convt3d import backward as B
+    from convt3d.engines.triton import backward as B
 
     B.clear_caches()
     x = torch.randn(1, 16, 2, 2, 2, requires_grad=True)

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from convt3d import triton_engine as E
-from convt3d.validate import check_call
+from convt3d.engines.triton import engine as E
+from convt3d.core.validate import check_call
 from clean_process import compile_in_clean_process
 
 _GL = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -25,7 +25,7 @@ def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **c
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from convt3d.kernels import gluon_gemm as GK
+    from convt3d.engines.triton.kernels import gluon_gemm as GK
 
     g = getattr(gl, _GL[dtype])
     a = gl.NVMMASharedLayout.get_default_for(list(box), g)
@@ -110,7 +110,7 @@ def _buffer_words(block_n: int, w_group: int, block_m: int) -> dict:
     """The word of every (channel, residue, position) in ``_epilogue_buffer``'s layout: offset
     bit b stands for the logical step ``offset_bases[b]``, XORed together."""
     pytest.importorskip("triton.experimental.gluon.language")
-    from convt3d.kernels import gluon_gemm as GK
+    from convt3d.engines.triton.kernels import gluon_gemm as GK
 
     bases = GK._epilogue_layout(block_n, w_group, block_m).offset_bases
     words = {}
@@ -161,7 +161,7 @@ def test_epilogue_buffer_has_no_bank_conflicts(block_n, w_group, block_m, warps)
     (dict(k=4, s=2, p=1), "offset", False),        # the address one element past an allocation
 ], ids=["k4s2-even-width", "kb77-odd-width", "op1-even-width", "channels-last", "stride1", "misaligned-address"])
 def test_w_pairs_only_where_every_pair_is_aligned(case, layout, pairs):
-    from convt3d.triton_sites import w_pairs
+    from convt3d.engines.triton.sites import w_pairs
     params = _params(16, 32, (3, 8, 10), **case)
     fmt = torch.channels_last_3d if layout == "cl" else torch.contiguous_format
     y = torch.empty(params.out_shape, memory_format=fmt)

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from convt3d import triton_engine as E
-from convt3d.dispatch import EXACT_GRADE, decide
-from convt3d.validate import check_call
+from convt3d.engines.triton import engine as E
+from convt3d.dispatch.select import EXACT_GRADE, decide
+from convt3d.core.validate import check_call
 
 from conftest import poisoned_call, round_tf32_reference
 
@@ -397,7 +397,7 @@ def test_tuning_picks_a_candidate(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("fold", [1, 2], ids=["groups1", "merged-groups"])
 def test_gemm_operands_compiled_equal_their_definition(fold, dtype, layout, monkeypatch):
-    from convt3d import triton_sites as S
+    from convt3d.engines.triton import sites as S
 
     from conftest import PoisonedTorch, packed_weight_reference, padded_input_reference
 

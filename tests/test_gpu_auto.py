@@ -14,10 +14,12 @@ import pytest
 import torch
 
 import convt3d
-from convt3d.call import Call
-from convt3d.engines import ENGINES
-from convt3d import cache, dispatch, triton_engine
-from convt3d.validate import check_call
+from convt3d.core.call import Call
+from convt3d.engines.peers import ENGINES
+from convt3d.dispatch import cache
+from convt3d.dispatch import select as dispatch
+from convt3d.engines.triton import engine as triton_engine
+from convt3d.core.validate import check_call
 
 from conftest import check_against_reference
 
@@ -167,7 +169,7 @@ def test_triton_tuning_persists_to_a_new_process(tmp_path, monkeypatch):
     code = (
         "import torch, convt3d\n"
         "from convt3d import triton_engine, dispatch\n"
-        "from convt3d.validate import check_call\n"
+        "from convt3d.core.validate import check_call\n"
         "torch.manual_seed(0)\n"
         f"x = torch.empty({tuple(x.shape)}, device='cuda').normal_()\n"
         f"w = torch.empty({tuple(w.shape)}, device='cuda').normal_()\n"

@@ -1,4 +1,4 @@
-"""GPU tests of the CUDA engine (``convt3d.cuda_engine``; skipped without CUDA).
+"""GPU tests of the CUDA engine (``convt3d.engines.cuda.gemm``; skipped without CUDA).
 
 Bar (issue 6): allclose(atol=rtol=1e-4) against float64 PyTorch on a randomised sweep and on all
 seven KernelBench problems (batch reduced for the slow ones), element-wise bounds from
@@ -26,10 +26,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from convt3d import cuda_engine as E
-from convt3d.dispatch import cudnn_conv_tf32
+from convt3d.engines.cuda import gemm as E
+from convt3d.dispatch.select import cudnn_conv_tf32
 from convt3d.kernelbench.problems import PROBLEMS
-from convt3d.validate import check_call
+from convt3d.core.validate import check_call
 
 from conftest import (assert_close_to_reference, check_against_reference, magnitude, random_case,
                       round_tf32_reference, tolerance)
@@ -98,7 +98,7 @@ def test_kernelbench_problems(problem):
 
 @pytest.mark.parametrize("problem", [p for p in PROBLEMS if p.id in (72, 73, 77)], ids=lambda p: f"kb{p.id}")
 def test_matches_triton_engine_ieee(problem):
-    from convt3d import triton_engine
+    from convt3d.engines.triton import engine as triton_engine
 
     layer = torch.nn.ConvTranspose3d(**problem.layer_args(), device=DEV)
     x = torch.rand(2, *problem.input_shape[1:], device=DEV)

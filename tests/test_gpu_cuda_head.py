@@ -1,4 +1,4 @@
-"""GPU tests of the CUDA head kernel (``convt3d.cuda_head``, ``csrc/head_shuffle.cu``; skipped
+"""GPU tests of the CUDA head kernel (``convt3d.engines.cuda.head``, ``csrc/head_shuffle.cu``; skipped
 without CUDA or nvcc).
 
 Every offered tile of each geometry, at fp32 (TF32), bf16 and fp16, on NCDHW, channels-last and
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from convt3d import cuda_head as ch
-from convt3d.cuda_engine import nvcc_path
+from convt3d.engines.cuda import head as ch
+from convt3d.engines.cuda.gemm import nvcc_path
 
 from test_cuda_head import REGIMES, _params
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import convt3d
-from convt3d import triton_engine as E
-from convt3d.validate import check_call
+from convt3d.engines.triton import engine as E
+from convt3d.core.validate import check_call
 
 import test_gpu
 
@@ -107,7 +107,7 @@ PERSISTENT_HEADS = {
 def test_persistent_tiles_walk_many_tiles(name, layout, dtype):
     # The persistent rows tiles (Config.persist) on layers with more tiles than programs, so
     # that every program loops: full and partial output widths, flat and strided inputs.
-    from convt3d import head_engine
+    from convt3d.engines.triton import head as head_engine
     x, w, b, args = _inputs(PERSISTENT_HEADS[name], layout, dtype)
     params, _ = check_call(x, w, b, *args)
     persistent = [c for c in _heads(params, x, w, "tf32") if c.persist]
@@ -231,7 +231,7 @@ def test_repeated_inference_calls_take_the_weights_memo(backend, layout, auto_st
     # From the third call on, the weight's steady.Repeat memo answers a Triton-decided inference
     # call and runs the engine's launcher: the same output as the first call, bit for bit, also
     # after an in-place weight update (read, not remembered) and inside a CUDA graph capture.
-    from convt3d import dispatch
+    from convt3d.dispatch import select as dispatch
 
     x, w, b, args = _inputs(HEADS["gan-64to1-k4s2p1"], layout, torch.bfloat16)
     with torch.no_grad():
@@ -284,9 +284,9 @@ def test_deterministic_bitwise():
 # Accuracy bar as tests/test_gpu_training.py: per gradient, at most 2x cuDNN's own error against
 # float64 for the same inputs, dtype and TF32 flag (for "tf32", 2x the larger of cuDNN's error and
 # exact TF32 arithmetic's), plus one unit in the last place of the gradient's largest value.
-from convt3d import backward as B  # noqa: E402
-from convt3d import head_backward as HB  # noqa: E402
-from convt3d.torch_engine import cudnn_conv_tf32  # noqa: E402
+from convt3d.engines.triton import backward as B  # noqa: E402
+from convt3d.engines.triton import head_backward as HB  # noqa: E402
+from convt3d.engines.torch import cudnn_conv_tf32  # noqa: E402
 
 from test_gpu_training import _bwd as _conv_bwd  # noqa: E402  -- the same reference
 from conftest import round_tf32_reference  # noqa: E402

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from convt3d.dispatch import cudnn_conv_tf32
+from convt3d.dispatch.select import cudnn_conv_tf32
 from convt3d.kernelbench import evaluate, export
 from convt3d.kernelbench.problems import PROBLEMS, SEED
 

@@ -43,7 +43,8 @@ def test_tune_network_check_leaves_a_consistent_state(name, tmp_path, monkeypatc
     import copy
 
     import convt3d
-    from convt3d import cache, dispatch
+    from convt3d.dispatch import cache
+    from convt3d.dispatch import select as dispatch
 
     monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache"))
     dispatch.clear_decisions()

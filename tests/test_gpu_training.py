@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import convt3d
-from convt3d import backward as B
-from convt3d.dispatch import cudnn_conv_tf32
-from convt3d.ops import conv_transpose3d_op
-from convt3d.validate import check_call
+from convt3d.engines.triton import backward as B
+from convt3d.dispatch.select import cudnn_conv_tf32
+from convt3d.engines.op import conv_transpose3d_op
+from convt3d.core.validate import check_call
 
 from conftest import round_tf32_reference
 
@@ -202,9 +202,9 @@ def test_opcheck_cuda(name, dtype, precision, engine, monkeypatch):
     monkeypatch.setenv("CONVT3D_BWD_WEIGHT", "cudnn")
     if engine == "cuda":
         try:
-            import convt3d.cuda_engine  # noqa: F401
+            import convt3d.engines.cuda.gemm  # noqa: F401
         except ImportError as exc:
-            pytest.skip(f"convt3d.cuda_engine is not available: {exc}")
+            pytest.skip(f"convt3d.engines.cuda.gemm is not available: {exc}")
         if dtype != "fp32":
             pytest.skip("the CUDA engine computes float32")
         precision = "ieee"  # its exact grade is FFMA; the op refuses "tf32x3" for it (ValueError)

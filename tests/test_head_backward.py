@@ -1,5 +1,5 @@
-"""The head backward kernels (``kernels/head_grad.py`` through ``convt3d.head_backward`` and
-``convt3d.backward``) on the CPU, through Triton's interpreter: dX and dW of layers with 1-15
+"""The head backward kernels (``kernels/head_grad.py`` through ``convt3d.engines.triton.head_backward`` and
+``convt3d.engines.triton.backward``) on the CPU, through Triton's interpreter: dX and dW of layers with 1-15
 output channels per group against float64 ``aten.convolution_backward`` -- strides, dilation,
 padding, output_padding, groups, odd sizes, batch; both layouts of X, dY and dX, sliced and
 expanded dY, non-contiguous X; the fp32 precisions and fp16; the split reduction of dW; every
@@ -23,11 +23,11 @@ import pytest
 import torch
 
 import convt3d
-from convt3d import backward as B
-from convt3d import head_backward as HB
-from convt3d.errors import BackendUnavailableError
-from convt3d.params import ConvT3dParams
-from convt3d.validate import check_call
+from convt3d.engines.triton import backward as B
+from convt3d.engines.triton import head_backward as HB
+from convt3d.core.errors import BackendUnavailableError
+from convt3d.core.params import ConvT3dParams
+from convt3d.core.validate import check_call
 
 from conftest import CL, requires_interpreter, round_tf32_reference
 from test_dgrad import G, _assert_close  # the same geometry record and checks
@@ -196,7 +196,7 @@ def test_tf32_rounds_to_nearest_not_truncates(kernel, geo):
 def test_64bit_offsets_agree(kernel, monkeypatch):
     # The kernels' BIG variant (64-bit offsets, taken when a tensor spans >= 2^31 elements) on a
     # small layer: the same gradients as float64. The sites are rebuilt so that BIG is re-decided.
-    from convt3d import triton_sites
+    from convt3d.engines.triton import sites as triton_sites
 
     monkeypatch.setattr(HB, "_big", lambda *tensors: True)
     monkeypatch.setattr(triton_sites, "_sites", {})
@@ -595,7 +595,7 @@ def test_timed_choice_is_saved_and_read_back_by_a_later_process(auto_state, monk
     # timed again.
     import triton.testing
 
-    from convt3d import cache
+    from convt3d.dispatch import cache
 
     for env in ("CONVT3D_BWD_INPUT", "CONVT3D_BWD_WEIGHT"):
         monkeypatch.delenv(env, raising=False)

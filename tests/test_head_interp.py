@@ -21,10 +21,11 @@ import pytest
 import torch
 
 import convt3d
-import convt3d.triton_engine as engine
-from convt3d import cache, head_engine
-from convt3d.params import ConvT3dParams
-from convt3d.validate import check_call
+import convt3d.engines.triton.engine as engine
+from convt3d.dispatch import cache
+from convt3d.engines.triton import head as head_engine
+from convt3d.core.params import ConvT3dParams
+from convt3d.core.validate import check_call
 
 from conftest import LAYOUTS, Case, check_against_reference, memory_format_of, requires_interpreter
 

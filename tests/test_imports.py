@@ -101,7 +101,7 @@ def test_the_cycle_finder(graph, cyclic):
 def test_the_graph_sees_function_level_imports():
     graph = import_graph()
     # ops imports the CUDA engine on first use only (inside run_engine).
-    assert "convt3d.cuda_engine" in graph["convt3d.ops"]
+    assert "convt3d.engines.cuda.gemm" in graph["convt3d.engines.op"]
 
 
 # ---- the trip of one call through the package -------------------------------------------------------
@@ -135,18 +135,18 @@ def test_a_steady_call_enters_the_dispatcher_once_and_its_engine_once(backend, a
     import torch
 
     import convt3d
-    import convt3d.dispatch
-    import convt3d.engines
-    import convt3d.triton_engine
+    import convt3d.dispatch.select
+    import convt3d.engines.peers
+    import convt3d.engines.triton.engine
 
     layer = convt3d.ConvTranspose3d(2, 1, 2, stride=2)
     layer.backend = backend
     x = torch.randn(1, 2, 2, 2, 2)
     layer(x)  # the first call decides
-    import convt3d.head_engine
+    import convt3d.engines.triton.head
 
     # The Triton engine is its launcher and the output-head launcher it hands head tiles to.
-    groups = {"dispatcher": ("convt3d.dispatch",), "engines": ("convt3d.engines",),
-              "triton engine": ("convt3d.triton_engine", "convt3d.head_engine")}
+    groups = {"dispatcher": ("convt3d.dispatch.select",), "engines": ("convt3d.engines.peers",),
+              "triton engine": ("convt3d.engines.triton.engine", "convt3d.engines.triton.head")}
     counts = _entries(lambda: layer(x), groups)
     assert counts == {"dispatcher": 1, "engines": 1, "triton engine": 1 if backend == "triton" else 0}, counts

@@ -94,8 +94,8 @@ def test_sources_are_the_engine_and_its_imports_in_dependency_order():
         for i, path in enumerate(order):
             for dep in export._imported_modules(path):
                 assert dep in order[:i], f"{path} imports {dep}, which is not read before it"
-    assert export.sources(export.CUDA_ROOTS)[-1] == "cuda_engine.py"
-    assert {"params.py", "errors.py", "triton_sites.py", "kernels/phase_gemm.py"} <= set(export.sources())
+    assert export.sources(export.CUDA_ROOTS)[-1] == "engines/cuda/gemm.py"
+    assert {"core/params.py", "core/errors.py", "engines/triton/sites.py", "engines/triton/kernels/phase_gemm.py"} <= set(export.sources())
 
 
 def test_export_refuses_an_import_cycle(monkeypatch):
@@ -131,7 +131,7 @@ def test_file_is_a_solution_within_the_line_limit(name):
 def test_file_carries_its_candidates_and_what_they_launch_only(pid):
     """The problem's candidates, in its order, and none of the engine's tuner, candidate lists,
     head kinds or pointer-path kernel (every candidate is a flat-kind tile)."""
-    from convt3d.triton_configs import Config
+    from convt3d.engines.triton.configs import Config
 
     problem = by_id(pid)
     module = _module(problem)
@@ -274,13 +274,13 @@ def test_exporter_refuses_source_that_breaks_a_rule(monkeypatch, tmp_path, capsy
     def planted(path):
         text = real_read(path)
         return text.replace('"""The backend that was asked for', '"""Nothing to pass. The backend that was asked for',
-                            1) if path == "errors.py" else text
+                            1) if path == "core/errors.py" else text
 
     monkeypatch.setattr(export, "_read", planted)
     assert export.main(["--out", str(tmp_path)]) == 1
     assert list(tmp_path.iterdir()) == []
     err = capsys.readouterr().err
-    assert "convt3d/errors.py:5" in err and "code_bypass/pass-word" in err, err
+    assert "convt3d/core/errors.py:5" in err and "code_bypass/pass-word" in err, err
 
 
 def test_exporter_refuses_a_file_over_the_line_limit(monkeypatch):
@@ -706,7 +706,7 @@ def test_cuda_entry_embeds_the_kernels_its_variants_reach_and_imports_only_torch
     """CUDA_SOURCE is the package's .cu cut down to what the launch reaches: its lines in the
     package's order (a decided ``if constexpr`` leaves a bare brace), gemm_kernel and the host
     entry kept, the phase_kernel tiles no variant of this geometry takes left out."""
-    from convt3d import cuda_engine
+    from convt3d.engines.cuda import gemm as cuda_engine
 
     module = evaluate.load_model_file(_cuda_path())
     package = cuda_engine.cuda_source().split("\n")

@@ -6,7 +6,7 @@
   the same model on the concatenated batch, within the dtype's tolerance; the loss over 50 SGD
   steps tracks the untouched model's and falls; every rank ran with the same engine per call
   signature, the same Triton tile per tune key and the same backward implementation per
-  signature (auto in benchmark mode: rank 0 measures, ``convt3d.distributed``).
+  signature (auto in benchmark mode: rank 0 measures, ``convt3d.dispatch.distributed``).
 * on the CPU (gloo, 2 processes, convt3d's Triton kernels through the interpreter, fp32 only --
   the interpreter mis-computes bf16): the same gradient check for DDP and FSDP2 on a tiny
   decoder, and 3 steps of loss tracking the untouched model's (falling, not halved).

@@ -375,7 +375,7 @@ def test_patched_layers_are_ops_of_the_profile(backend):
         with profile() as prof:
             patched(x)
     names = [e.name for e in prof.events()]
-    assert names.count(convt3d.ops.OP_NAME) == 1
+    assert names.count(convt3d.engines.op.OP_NAME) == 1
 
 
 def test_error_budget():

@@ -1,7 +1,7 @@
-"""The geometry of ``convt3d.params`` against brute-force enumeration of every (input, tap) pair.
+"""The geometry of ``convt3d.core.params`` against brute-force enumeration of every (input, tap) pair.
 
 A transposed convolution sends input position ``i`` through kernel tap ``t`` to output
-``o = i*s - p + t*d``; everything in ``convt3d.params`` (output size, the taps of each residue,
+``o = i*s - p + t*d``; everything in ``convt3d.core.params`` (output size, the taps of each residue,
 compact grids, empty phases, GEMM map, useful MACs, bytes) is a closed form of that one
 mapping. Here each quantity is recomputed by enumerating the mapping directly, over hundreds of
 random parameter sets per dimension and in 3-D. Pure Python: the whole file runs in seconds.
@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from convt3d.params import Axis, ConvT3dParams
+from convt3d.core.params import Axis, ConvT3dParams
 
 from conftest import out_len
 

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from convt3d import dispatch, functional
-from convt3d.torch_engine import cudnn_conv_allows_tf32, cudnn_conv_tf32
+from convt3d import functional
+from convt3d.dispatch import select as dispatch
+from convt3d.engines.torch import cudnn_conv_allows_tf32, cudnn_conv_tf32
 from conftest import requires_interpreter
 
 
@@ -263,8 +264,8 @@ def test_timing_a_candidate_goes_through_the_steady_path(monkeypatch):
     repeated call does, so the host cost of that path is in the measurement."""
     import triton.testing
 
-    from convt3d.call import make_call
-    from convt3d.engines import ENGINES
+    from convt3d.core.call import make_call
+    from convt3d.engines.peers import ENGINES
 
     x, w, b = _layer()
     call = make_call(x, w, b, 2, 1, 1, 1, 1)
@@ -272,7 +273,7 @@ def test_timing_a_candidate_goes_through_the_steady_path(monkeypatch):
     engine = ENGINES["torch"]
     monkeypatch.setattr(engine, "run", lambda c: seen.append(c) or F.conv_transpose3d(c.x, c.weight, c.bias, 2, 1, 1))
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: [fn() for _ in range(3)] and 0.5)
-    from convt3d.engines import HOST_CALLS
+    from convt3d.engines.peers import HOST_CALLS
 
     t = engine.time(call)
     assert t.ms == 0.5 and t.host_ms > 0
@@ -306,7 +307,7 @@ def test_a_direct_call_is_answered_by_its_weights_memo_without_the_key(passes, m
 @pytest.mark.parametrize("change", ["other-weight", "other-bias", "no-bias", "tensor-stride", "list-stride",
                                     "non-tensor-input"])
 def test_a_weights_memo_fits_only_its_own_call(change):
-    from convt3d.steady import Direct
+    from convt3d.dispatch.steady import Direct
 
     x, w, b = _layer()
     args = (2, 1, 1, 1, 1)
@@ -334,8 +335,9 @@ def test_timing_a_candidate_pays_its_steady_check(monkeypatch):
     (steady.Direct, steady.Repeat), the key for a training call on ours."""
     import triton.testing
 
-    from convt3d import engines, steady
-    from convt3d.call import make_call
+    from convt3d.engines import peers as engines
+    from convt3d.dispatch import steady
+    from convt3d.core.call import make_call
 
     x, w, b = _layer()
     call = make_call(x, w, b, 2, 1, 1, 1, 1)
@@ -358,7 +360,7 @@ def test_timing_a_candidate_pays_its_steady_check(monkeypatch):
 
 @pytest.mark.parametrize("setting", ["as-is", "legacy-flag-off", "per-op-ieee", "per-op-tf32"])
 def test_the_steady_paths_flag_reader_agrees_with_torch_engines(setting, monkeypatch):
-    from convt3d import steady
+    from convt3d.dispatch import steady
 
     conv = getattr(torch.backends.cudnn, "conv", None)
     if setting.startswith("per-op") and not hasattr(conv, "fp32_precision"):
@@ -379,8 +381,9 @@ def test_a_steady_repeat_skips_the_triton_engines_priming(monkeypatch):
     the steady path (``Call.repeat``) only checks for tuning results to persist."""
     from types import SimpleNamespace
 
-    from convt3d import cache, triton_engine
-    from convt3d.engines import ENGINES
+    from convt3d.dispatch import cache
+    from convt3d.engines.triton import engine as triton_engine
+    from convt3d.engines.peers import ENGINES
 
     engine = ENGINES["triton"]
     primed, flushed = [], []
@@ -443,7 +446,7 @@ def test_inside_a_transform_auto_runs_pytorchs_op_at_the_precision_asked(precisi
 def _autocast_call(batched=True, requires_grad=False):
     """(call, (x, w, b)): a call made as conv_transpose3d makes it under CPU bf16 autocast from
     fp32 tensors -- the cast tensors in the Call, the caller's as its sources."""
-    from convt3d.call import autocast_inputs, make_call
+    from convt3d.core.call import autocast_inputs, make_call
 
     x, w, b = _layer(batched=batched)
     w.requires_grad_(requires_grad)
@@ -474,8 +477,8 @@ def test_timing_under_autocast_starts_from_the_callers_tensors(batched, monkeypa
     tensors, which it casts itself (with autocast's weight cache)."""
     import triton.testing
 
-    from convt3d import engines
-    from convt3d.engines import ENGINES
+    from convt3d.engines import peers as engines
+    from convt3d.engines.peers import ENGINES
 
     call, (x, w, b) = _autocast_call(batched)
     casts, got = [0], []
@@ -507,7 +510,7 @@ def test_timing_under_autocast_starts_from_the_callers_tensors(batched, monkeypa
 def test_a_timed_training_step_under_autocast_differentiates_through_the_casts(monkeypatch):
     """The step auto times under autocast: the caller's fp32 leaves, cast in the step, so the
     weight gradient comes back in fp32 through the cast's backward, as in the caller's model."""
-    from convt3d.engines import ENGINES
+    from convt3d.engines.peers import ENGINES
 
     call, (x, w, b) = _autocast_call(requires_grad=True)
     assert call.training
@@ -525,8 +528,8 @@ def test_a_timed_training_step_under_autocast_differentiates_through_the_casts(m
 def test_timed_calls_after_the_first_are_steady_path_repeats(requires_grad, monkeypatch):
     # Engine.time's first call is a first sight (the engine primes its caches); every timed call
     # after it is a repeat, as the steady path makes it -- for a training step as for a forward.
-    from convt3d import engines
-    from convt3d.engines import ENGINES
+    from convt3d.engines import peers as engines
+    from convt3d.engines.peers import ENGINES
 
     call, _ = _autocast_call(requires_grad=requires_grad)
     assert call.training is requires_grad
@@ -593,7 +596,7 @@ def test_an_inference_call_on_our_engine_is_answered_by_its_weights_memo(batched
 def test_a_repeat_memo_answers_only_its_own_call(change, keys):
     """Whatever a Repeat memo does not pin sends the call back to the key and, where the
     signature is new, to the pass: the result is the reference's each time."""
-    from convt3d import triton_engine
+    from convt3d.engines.triton import engine as triton_engine
 
     x, w, b = _layer(cin=4, cout=2)
     w = torch.nn.Parameter(w)
@@ -614,7 +617,7 @@ def test_a_repeat_memo_answers_only_its_own_call(change, keys):
     elif change == "cleared-tuning":
         triton_engine.clear_caches()
     elif change == "seeded-tile":
-        from convt3d.validate import check_call
+        from convt3d.core.validate import check_call
 
         params, _ = check_call(x, w, b, 2, 1, 1, 1, 1)
         plan = triton_engine.plan(params, x, w.detach(), "ieee")
@@ -661,9 +664,9 @@ def test_timing_an_inference_call_on_our_engine_times_the_launcher_a_repeat_runs
     """Engine.time of a Triton inference call: the first call settles the signature through
     ``run``; the timed repeats go through the weight's memo check and the steady launcher, as a
     repeated call of the steady path does (steady.Repeat), not through the key and ``run``."""
-    from convt3d import engines
-    from convt3d.call import make_call
-    from convt3d.engines import ENGINES
+    from convt3d.engines import peers as engines
+    from convt3d.core.call import make_call
+    from convt3d.engines.peers import ENGINES
 
     x, w, b = _layer(cin=4, cout=2)
     call = make_call(x, w, b, 2, 1, 1, 1, 1, precision="ieee")

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import convt3d
-from convt3d import backward as B
-from convt3d.ops import conv_transpose3d_backward_op, conv_transpose3d_op
-from convt3d.validate import check_call
+from convt3d.engines.triton import backward as B
+from convt3d.engines.op import conv_transpose3d_backward_op, conv_transpose3d_op
+from convt3d.core.validate import check_call
 
 from conftest import CL, Case, assert_compiled_matches_eager, requires_interpreter
 
@@ -95,7 +95,7 @@ def test_eager_autograd_matches_the_custom_op(mask, monkeypatch):
     for path in ("eager", "op"):
         leaves = [t.detach().clone().requires_grad_(need) for t, need in zip((x, w, b), mask)]
         if path == "eager":
-            y = convt3d.ops.conv_transpose3d_autograd(*leaves, params, "ieee", "triton")
+            y = convt3d.engines.op.conv_transpose3d_autograd(*leaves, params, "ieee", "triton")
         else:
             y = conv_transpose3d_op(*leaves, stride, padding, op, groups, dilation, "ieee", "triton")
         wanted = [t for t in leaves if t.requires_grad]
@@ -129,7 +129,7 @@ def test_op_rejects_unknown_engine():
 
 # ---- gradients against float64 ------------------------------------------------------------------
 # (case, dtype, precision). The weight gradient is forced to the Triton kernel; dX/db come from
-# PyTorch's kernels (the design of convt3d.backward), so the sweep is mostly about dW.
+# PyTorch's kernels (the design of convt3d.engines.triton.backward), so the sweep is mostly about dW.
 WGRAD_CASES = {
     "k3s2p1op1-bias": (Case(1, 8, 8, (2, 3, 2), (3, 3, 3), 2, 1, 1), torch.float32, "ieee"),
     "grouped-dilated": (Case(1, 16, 16, (3, 2, 2), (2, 2, 2), 1, 1, 0, 2, 2), torch.float32, "tf32x3"),

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-import convt3d.triton_engine as engine
-import convt3d.triton_sites as triton_sites
-from convt3d.params import ConvT3dParams
-from convt3d.validate import check_call
+import convt3d.engines.triton.engine as engine
+import convt3d.engines.triton.sites as triton_sites
+from convt3d.core.params import ConvT3dParams
+from convt3d.core.validate import check_call
 
 from conftest import (CL, Case, PoisonedTorch, assert_close_to_reference, check_against_reference, magnitude,
                       memory_format_of, packed_weight_reference, padded_input_reference, poisoned_call, random_case,
@@ -146,7 +146,7 @@ def test_fp32_tf32_precisions(name, precision):
                          ids=["allow_tf32-on", "allow_tf32-off"])
 def test_precision_none_follows_allow_tf32(allow_tf32, explicit):
     # precision=None must give bitwise what the precision it resolves to gives.
-    from convt3d.dispatch import EXACT_GRADE
+    from convt3d.dispatch.select import EXACT_GRADE
     case = REGIMES["tc-k3s2p1op1"]
     x, w, b = case.tensors()
     with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=allow_tf32):
@@ -292,7 +292,7 @@ class _NoLaunch:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32-vec4", "fp16-vec8"])
 @pytest.mark.parametrize("has_bias", [False, True], ids=["zero", "bias"])
 def test_fill_planes_writes_exactly_its_planes(seg, shift, dtype, has_bias):
-    from convt3d.kernels.phase_gemm import fill_planes_kernel
+    from convt3d.engines.triton.kernels.phase_gemm import fill_planes_kernel
     n, c, d = 2, 3, 3
     buf = torch.full((n * c * d * seg + shift,), float("nan"), dtype=dtype)
     y = buf[shift:].view(n, c, d, seg)

@@ -1,6 +1,6 @@
 """CPU tests of ``convt3d.tune``'s network check: after each layer's decision (measured on the
 layer alone), the whole model is timed with those decisions against PyTorch for every layer, and
-the signatures that make it slower are reverted (``convt3d.network_check``).
+the signatures that make it slower are reverted (``convt3d.dispatch.network_check``).
 
 Timings are injected: ``measure``/``timer`` stand-ins compute a model time from which layers run
 on PyTorch, so every branch (kept, one culprit, all reverted, ties and noise) is exercised without
@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import convt3d
-from convt3d import dispatch
-from convt3d import network_check as NC
+from convt3d.dispatch import select as dispatch
+from convt3d.dispatch import network_check as NC
 from convt3d.tune import TuneReport
 
 
@@ -138,7 +138,7 @@ def test_tune_on_cpu_has_no_network_check():
 
 def test_layer_signature_matches_the_dispatch_key_text():
     # The pre-hook's signature is the one dispatch keys decisions by (what override replaces).
-    from convt3d.call import make_call
+    from convt3d.core.call import make_call
 
     model = _Decoder()
     x = torch.randn(1, 4, 2, 2, 2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import triton.testing
 
-from convt3d import triton_engine
+from convt3d.engines.triton import engine as triton_engine
 
 
 def _configs(n: int):
@@ -68,7 +68,7 @@ def test_tuner_picks_the_fastest_robustly(script, winner, retimed, monkeypatch):
 def test_tuner_costs_a_config_by_the_slower_of_gpu_and_host(gpu, host, winner, monkeypatch):
     """A config's cost is the larger of its GPU median and its host time per call
     (``triton_configs.host_charged``): what a stream of its calls costs each."""
-    from convt3d import triton_configs
+    from convt3d.engines.triton import configs as triton_configs
 
     configs = _configs(2)
     bench = _Bench(configs, gpu)
@@ -87,7 +87,7 @@ def test_tuner_costs_a_config_by_the_slower_of_gpu_and_host(gpu, host, winner, m
 
 
 def test_host_charge_without_host_times_is_the_gpu_time():
-    from convt3d.triton_configs import host_charged
+    from convt3d.engines.triton.configs import host_charged
 
     assert host_charged({"a": 1.0, "b": 2.0}, {}) == {"a": 1.0, "b": 2.0}
     assert host_charged({"a": 1.0, "b": 0.05}, {"a": 0.2, "b": 0.09}) == pytest.approx({"a": 1.0, "b": 0.09})
@@ -99,7 +99,7 @@ def test_a_candidate_that_fails_to_compile_is_left_out(fails, winner, monkeypatc
     """A GPU with less shared memory than the offer rules assume fails some candidates at their
     compile. The engine's guarded run (engines._guarded) reports the failure; the tuner leaves
     those candidates out, records why, and chooses among the others."""
-    from convt3d.engines import _guarded
+    from convt3d.engines.peers import _guarded
 
     configs = _configs(3)
     bench = _Bench(configs, {0: [2.0], 1: [1.0], 2: [1.5]})
@@ -119,7 +119,7 @@ def test_a_candidate_that_fails_to_compile_is_left_out(fails, winner, monkeypatc
 
 
 def test_the_tuner_raises_when_every_candidate_fails(monkeypatch):
-    from convt3d.engines import _guarded
+    from convt3d.engines.peers import _guarded
 
     configs = _configs(2)
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **_: pytest.fail("nothing should be timed"))
@@ -150,8 +150,8 @@ def test_the_engine_tunes_a_new_signature_with_guarded_runs(monkeypatch):
     from types import SimpleNamespace
 
     import torch
-    from convt3d import cache
-    from convt3d.engines import ENGINES
+    from convt3d.dispatch import cache
+    from convt3d.engines.peers import ENGINES
 
     configs = _configs(3)
     bench = _Bench(configs, {0: [2.0], 1: [1.0], 2: [1.5]})

@@ -46,10 +46,12 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 import convt3d  # noqa: E402
-from convt3d import cache, cuda_engine, dispatch  # noqa: E402
+from convt3d.dispatch import cache
+from convt3d.engines.cuda import gemm as cuda_engine
+from convt3d.dispatch import select as dispatch  # noqa: E402
 from convt3d.bench import suites  # noqa: E402
 from convt3d.bench.roofline import cudnn_tf32  # noqa: E402
-from convt3d.validate import check_call  # noqa: E402
+from convt3d.core.validate import check_call  # noqa: E402
 
 # Two layers far below the suites' smallest, to check the heuristic's "tiny -> torch" rule, which
 # no suite row exercises.

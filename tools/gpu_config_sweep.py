@@ -50,9 +50,9 @@ import torch.nn.functional as F
 import triton
 import triton.testing
 
-from convt3d import triton_engine as E
+from convt3d.engines.triton import engine as E
 from convt3d.bench import suites
-from convt3d.validate import check_call
+from convt3d.core.validate import check_call
 
 # (BLOCK_M, num_warps, num_stages, BLOCK_K) of --grid: the exact-grade tile sweep's grid.
 GRID = [(128, 4, 3, 32), (128, 4, 4, 32), (128, 4, 5, 32), (128, 8, 3, 32), (128, 8, 4, 32), (256, 8, 3, 32),

@@ -40,12 +40,12 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
-from convt3d import cuda_engine as E
-from convt3d import cuda_head as ch
+from convt3d.engines.cuda import gemm as E
+from convt3d.engines.cuda import head as ch
 from convt3d.bench.suites import HEAD_SWEEP, LAYERS
 from convt3d.kernelbench.problems import parse_ids
-from convt3d.params import ConvT3dParams
-from convt3d.validate import check_call
+from convt3d.core.params import ConvT3dParams
+from convt3d.core.validate import check_call
 
 
 # ---- the forward engine's variants (``variants``) ----------------------------------------------

@@ -26,10 +26,10 @@ import torch.nn.functional as F
 import triton
 import triton.testing
 
-from convt3d import triton_configs as TC
-from convt3d import triton_engine as TE
+from convt3d.engines.triton import configs as TC
+from convt3d.engines.triton import engine as TE
 from convt3d.bench.suites import select, make_tensors
-from convt3d.params import ConvT3dParams
+from convt3d.core.params import ConvT3dParams
 
 
 def emit(**kw):

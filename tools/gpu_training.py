@@ -1,5 +1,5 @@
 """The parts of a training step, per layers-suite case, on the GPU: the measurements behind
-convt3d.backward's choices (cuDNN or Triton for dX, cuDNN for dW, db with cuDNN's call).
+convt3d.engines.triton.backward's choices (cuDNN or Triton for dX, cuDNN for dW, db with cuDNN's call).
 
 Per case, at bf16 channels_last_3d and fp32 NCDHW default precision (TF32 on), do_bench medians
 (L2 flushed), in us, of:
@@ -44,11 +44,11 @@ import triton.testing
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 import convt3d  # noqa: E402
-from convt3d import backward as B  # noqa: E402
-from convt3d import head_backward as HB  # noqa: E402
+from convt3d.engines.triton import backward as B  # noqa: E402
+from convt3d.engines.triton import head_backward as HB  # noqa: E402
 from convt3d.bench import suites  # noqa: E402
-from convt3d.dispatch import cudnn_conv_tf32  # noqa: E402
-from convt3d.validate import check_call  # noqa: E402
+from convt3d.dispatch.select import cudnn_conv_tf32  # noqa: E402
+from convt3d.core.validate import check_call  # noqa: E402
 
 
 def bench(fn) -> float:

@@ -27,10 +27,10 @@ import time
 
 import torch
 
-from convt3d import head_engine as HE
-from convt3d import triton_configs as TC
-from convt3d.kernels import head_gemm
-from convt3d.params import ConvT3dParams
+from convt3d.engines.triton import head as HE
+from convt3d.engines.triton import configs as TC
+from convt3d.engines.triton.kernels import head_gemm
+from convt3d.core.params import ConvT3dParams
 
 H200_BLOCK_SMEM = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on the H100 / H200
 _PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}

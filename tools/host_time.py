@@ -79,10 +79,10 @@ import triton.language as tl  # noqa: E402
 import triton.testing  # noqa: E402
 
 import convt3d  # noqa: E402
-from convt3d import triton_engine as E  # noqa: E402
+from convt3d.engines.triton import engine as E  # noqa: E402
 from convt3d.bench import suites  # noqa: E402
-from convt3d.validate import check_call  # noqa: E402
-from convt3d.dispatch import resolve_precision  # noqa: E402
+from convt3d.core.validate import check_call  # noqa: E402
+from convt3d.dispatch.select import resolve_precision  # noqa: E402
 
 # Layers-suite rows whose forward is host-bound: their GPU kernels are shorter than the call's host time.
 DEFAULT_ROWS = "aniso_122/bf16/cl,monai_unet_k3/bf16/cl,nnunet_128_64/bf16/ncdhw,monai_unet_k3/fp32/cl"
@@ -326,10 +326,10 @@ def cmd_network(args) -> None:
 def cmd_step(args) -> None:
     import json
 
-    from convt3d import cache
+    from convt3d.dispatch import cache
     from convt3d.bench import runner
-    from convt3d.call import make_call
-    from convt3d.engines import ENGINES
+    from convt3d.core.call import make_call
+    from convt3d.engines.peers import ENGINES
 
     for case, t, cargs, params in rows(args.rows):
         print(f"== {case.label}", flush=True)

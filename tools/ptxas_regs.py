@@ -7,7 +7,7 @@ the GPU machine's Triton version (a venv beside this one): Triton versions can l
 tile differently, and differ by more than a few registers. The PTX version line is lowered to
 what the local ptxas reads.
 
-    PYTHONPATH=src python3 tools/ptxas_regs.py convt3d.kernels.head_grad:head_dgrad_kernel \\
+    PYTHONPATH=src python3 tools/ptxas_regs.py convt3d.engines.triton.kernels.head_grad:head_dgrad_kernel \\
         --ptr '*bf16' --const PRECISION=tf32 ROUND_TF32=0 TWO_LEVEL=0 BIG=0 BLOCK_M=128 BLOCK_N=64 BLOCK_K=32 \\
         --warps 4 --stages 1
 

@@ -7,12 +7,12 @@
 
 Importing convt3d has no side effects beyond registering the ``convt3d::conv_transpose3d`` op.
 """
-from .dispatch import set_benchmark
-from .errors import BackendUnavailableError
+from .dispatch.select import set_benchmark
+from .core.errors import BackendUnavailableError
 from .explain import explain
 from .functional import conv_transpose3d
 from .nn import ConvTranspose3d, patch
-from .params import ConvT3dParams
+from .core.params import ConvT3dParams
 from .tune import tune
 from .version import __version__
 

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import cache, dispatch, triton_engine
-from .call import layout_name, make_call
-from .engines import ENGINES
-from .torch_engine import conv3d_padding, cudnn_conv_allows_tf32
-from .params import ConvT3dParams
+from .dispatch import cache, select as dispatch
+from .engines.triton import engine as triton_engine
+from .core.call import layout_name, make_call
+from .engines.peers import ENGINES
+from .engines.torch import conv3d_padding, cudnn_conv_allows_tf32
+from .core.params import ConvT3dParams
 
 __all__ = ["explain", "Explanation"]
 
@@ -167,7 +168,7 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
 def _backward_lines(x5, weight, params, prec) -> list[str]:
     """Per gradient: the implementations the backward's timed choice would compare, and what it
     chose for this signature in this process (any dY layout), if it has."""
-    from . import backward as B
+    from .engines.triton import backward as B
 
     bprec = prec if x5.dtype == torch.float32 else "tf32"
     lines = []

@@ -68,7 +68,7 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch() expects an nn.Module, but got {type(model).__name__}")
-    from .triton_warm_up import start_warm_up
+    from .engines.triton.warm_up import start_warm_up
 
     start_warm_up()
     for module in model.modules():

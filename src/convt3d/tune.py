@@ -4,7 +4,7 @@ the first real step is already fast.
 ``tune`` runs the model once with measuring forced on -- forward, and backward when it has parameters that
 need gradients -- so that every convt3d call signature is measured ("auto" times its candidate
 engines) and the Triton engine tunes its tile configuration; both land in the persistent cache
-(``convt3d.cache``), which later processes read. The model is left as it was: gradients and
+(``convt3d.dispatch.cache``), which later processes read. The model is left as it was: gradients and
 buffers (e.g. BatchNorm running statistics) are restored afterwards.
 
     convt3d tune --suite layers                 # the bench's decoder layers, forward
@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from . import cache, dispatch
-from .network_check import check_network, layer_signature
+from .dispatch import cache, select as dispatch
+from .dispatch.network_check import check_network, layer_signature
 
 __all__ = ["tune", "TuneReport", "main", "build_parser"]
 
@@ -275,7 +275,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     if not report.entries:
         report.entries = list(seen.values())
     if cuda:
-        from .triton_engine import device_name
+        from .engines.triton.engine import device_name
 
         report.cache_file = str(cache.file_for(cache.cache_dir(), device_name(cuda[0])))
     else:
@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
               f"measure; the cache would be {cache.cache_dir()}", file=sys.stderr)
         return 0
     from .bench.roofline import cudnn_tf32
-    from .triton_engine import device_name
+    from .engines.triton.engine import device_name
 
     gpu = device_name(torch.device("cuda", torch.cuda.current_device()))
     if args.show:

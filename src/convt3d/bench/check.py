@@ -87,7 +87,7 @@ class CheckRow:
 def check_case(case: Case, seed: int = 0) -> CheckRow:
     """Run one reduced case through the interpreter and measure its error (see module docstring)."""
     import convt3d
-    from convt3d.dispatch import decide
+    from convt3d.dispatch.select import decide
 
     g = reduced_for_interpreter(case.geometry)
     t = make_tensors(case, "cpu", seed, geometry=g)

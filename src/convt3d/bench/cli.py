@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.interpret or not torch.cuda.is_available():
-        from convt3d.triton_engine import interpreter_active
+        from convt3d.engines.triton.engine import interpreter_active
 
         if not interpreter_active():
             return _rerun_with_interpreter(argv)
@@ -372,7 +372,7 @@ def _networks_main(args, argv: list[str]) -> int:
     import torch
 
     if args.interpret or not torch.cuda.is_available():
-        from convt3d.triton_engine import interpreter_active
+        from convt3d.engines.triton.engine import interpreter_active
 
         if not interpreter_active():
             return _rerun_with_interpreter(argv)

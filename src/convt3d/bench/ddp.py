@@ -15,7 +15,7 @@ own input of the suite's per-network batch (the global batch is N times it).
 
 Timing. The first step of each model is timed alone (wall clock of the slowest rank; for the
 patched model it includes compilation, Triton tuning and auto's measuring, which rank 0 does for
-every rank under ``convt3d.distributed``). Then, after warm-up steps, rounds alternate between
+every rank under ``convt3d.dispatch.distributed``). Then, after warm-up steps, rounds alternate between
 the two models so that drift hits both: a round times ``iters`` back-to-back steps between CUDA
 events on every rank (``iters`` chosen by rank 0 from its warm-up so a round lasts about
 ``round_s``, the same on every rank: DDP needs every rank to run the same number of steps); the

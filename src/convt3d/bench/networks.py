@@ -80,8 +80,8 @@ from torch import nn
 
 from .roofline import cudnn_tf32
 from .stats import paired_ratio
-from ..ops import OP_NAME
-from ..torch_engine import cudnn_conv_allows_tf32
+from ..engines.op import OP_NAME
+from ..engines.torch import cudnn_conv_allows_tf32
 
 __all__ = ["GAN3DGenerator", "VideoDecoder", "AxialAttention3d", "Network", "NetMode", "NETWORKS", "NET_MODES",
            "network_names", "select_networks", "select_modes", "unavailable_reason", "build_network",

@@ -246,8 +246,8 @@ def _engine_of(case: Case, t: Tensors, backend: str, training: bool = False) -> 
     """(engine label, reason) that convt3d's dispatcher picks for this call, e.g. 'triton tf32x3';
     for a training step of the torch engine with convt3d's backward, 'torch+bwd'. Asked after the
     first call, so that a decision measured by that call (benchmark mode) is the one reported."""
-    from convt3d.dispatch import HYBRID, decide
-    from convt3d.validate import check_call
+    from convt3d.dispatch.select import HYBRID, decide
+    from convt3d.core.validate import check_call
 
     params, _ = check_call(t.x, t.w, t.b, *case.geometry.conv_args())
     d = decide(t.x, backend, None, params, weight=t.w, bias=t.b, measure=False, training=training)
@@ -277,7 +277,7 @@ def _is_cl(y) -> bool:
 def _bwd_choice(params, dtype: torch.dtype) -> str:
     """The dX and dW implementations convt3d's backward chose for this geometry and dtype (e.g.
     'dX triton ...; dW cudnn (...)'), from this process's choices (the latest if several)."""
-    from convt3d import backward
+    from convt3d.engines.triton import backward
 
     parts = []
     for what, table in (("dX", backward.dgrad_choices()), ("dW", backward.choices())):
@@ -292,7 +292,7 @@ def _tuner_record(params, dtype: torch.dtype) -> dict:
     """The Triton tuner's choice and per-candidate times (ms) for this geometry and dtype, from
     this process's tuning log (the latest if several): which tile the row ran, and how close
     the others came."""
-    from convt3d import triton_engine
+    from convt3d.engines.triton import engine as triton_engine
 
     recs = [r for k, r in triton_engine.tuning_log().items() if k[-1] == params and k[1] == dtype]
     if not recs:
@@ -309,7 +309,7 @@ ROUND_SPREAD = 0.02
 
 def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceilings, timer,
              default_cudnn_s: dict[tuple, float], status: Callable[[str], None]) -> dict:
-    from convt3d.validate import check_call
+    from convt3d.core.validate import check_call
 
     g = case.geometry
     params, _ = check_call(t.x, t.w, t.b, *g.conv_args())

@@ -4,7 +4,7 @@ Rounds of one call (``lowest_spread``): a GPU call's time only grows with distur
 the host, another process, a clock drop), so the lowest round is the estimate; it is trusted once a
 second round comes close to it, and one round thrown off by a disturbance does not widen the
 spread the way max/min would. Used by the bench's layer rounds and by "auto"'s measurement
-(``convt3d.dispatch``).
+(``convt3d.dispatch.select``).
 
 Paired blocks of two calls (``paired_ratio``): where both sides are host-bound on a host whose
 speed swings between seconds, the lowest round of each side is a race between two lucky draws.

@@ -147,7 +147,7 @@ def time_with_cuda_events(fn, x: torch.Tensor, trials: int, warmup: int = WARMUP
 def flags_in_force(exact: bool):
     """A context for the whole evaluation: PyTorch's flags as they are, or (``exact``) TF32 off
     for convolutions, restored on exit."""
-    from convt3d.dispatch import cudnn_conv_tf32  # imports the engine: only when evaluating
+    from convt3d.dispatch.select import cudnn_conv_tf32  # imports the engine: only when evaluating
 
     return cudnn_conv_tf32(False) if exact else contextlib.nullcontext()
 
@@ -437,7 +437,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def _flags() -> dict:
-    from convt3d.torch_engine import cudnn_conv_allows_tf32
+    from convt3d.engines.torch import cudnn_conv_allows_tf32
 
     conv = getattr(torch.backends.cudnn, "conv", None)
     return {"cudnn_conv_tf32": cudnn_conv_allows_tf32(),

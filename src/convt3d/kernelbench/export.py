@@ -24,7 +24,7 @@ fastest the engine's tuner timed on it), no more:
 * the chooser: at the first forward on a GPU, each candidate the GPU and the precision allow is
   timed a few times with CUDA events and the fastest kept (one candidate: no timing);
 * the precision rule (``_precision_lines``): the forward reads PyTorch's TF32 flag for
-  convolutions at each call (the function ``convt3d.dispatch`` reads it with, copied verbatim)
+  convolutions at each call (the function ``convt3d.dispatch.select`` reads it with, copied verbatim)
   and computes in TF32 where the problem's reference does (``Problem.cudnn_uses_tf32``,
   measured), at the engine's exact grade otherwise. KernelBench compares ModelNew with its Model
   under the same flags, so the file computes as the reference does;
@@ -72,10 +72,10 @@ MAX_LINES = 1000
 # The package modules a Triton file draws on (the engine, with what it imports: ``sources``); the
 # CUDA entry (problem 77 only) the CUDA engine's Python side, then the .cu kernels as the string
 # the engine compiles (CUDA_SOURCE).
-ROOTS = ("triton_engine.py",)
-CUDA_ROOTS = ("cuda_engine.py",)
+ROOTS = ("engines/triton/engine.py",)
+CUDA_ROOTS = ("engines/cuda/gemm.py",)
 CUDA_PROBLEMS = (77,)
-CUDA_FILE = "csrc/convt3d.cu"
+CUDA_FILE = "engines/cuda/gemm.cu"
 
 
 class ExportError(RuntimeError):
@@ -156,7 +156,7 @@ def _paragraph(text: str, prefix: str = "") -> str:
 
 # ---- the problem's geometry, candidates and reduced form ------------------------------------------
 def _exact_grade() -> str:
-    from convt3d.dispatch import EXACT_GRADE  # imports the engine (and triton): only when exporting
+    from convt3d.dispatch.select import EXACT_GRADE  # imports the engine (and triton): only when exporting
 
     return EXACT_GRADE
 
@@ -166,7 +166,7 @@ def _meta_call(problem: Problem, has_bias: bool = False):
     import torch
     from torch import nn
 
-    from convt3d.validate import check_call
+    from convt3d.core.validate import check_call
 
     layer = nn.ConvTranspose3d(**problem.layer_args(bias=has_bias), device="meta")
     x = torch.empty(problem.input_shape, device="meta")
@@ -188,7 +188,7 @@ def file_configs(problem: Problem, check_offered: bool = True) -> list[tuple[obj
     limit (the reduced geometry, where the tiles are not the ones tuned)."""
     import torch
 
-    from convt3d.triton_configs import Config, candidate_configs
+    from convt3d.engines.triton.configs import Config, candidate_configs
 
     params, *_ = _meta_call(problem)
     out = []
@@ -247,8 +247,8 @@ def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list) 
     docstring); ``tables`` collects the device tables (shape, values) the launches read."""
     import torch
 
-    from convt3d import triton_engine as TE
-    from convt3d import triton_sites as TS
+    from convt3d.engines.triton import engine as TE
+    from convt3d.engines.triton import sites as TS
 
     params, x, w, b = _meta_call(problem, has_bias)
     recorded: list = []
@@ -518,7 +518,7 @@ def _arg_source(a, body: list[str], names: _Names) -> str:
     if kind == "bias-or":
         return f"{_arg_source(a[1], body, names)} if bias is None else bias"
     if kind == "gluon":
-        names.shaker.reach([("triton_sites.py", "gluon_descriptor")])
+        names.shaker.reach([("engines/triton/sites.py", "gluon_descriptor")])
         return f"gluon_descriptor({_arg_source(a[1], body, names)}, {a[2]!r})"
     if kind == "descriptor":
         cls, base, fields = a[1], a[2], a[3]
@@ -606,7 +606,7 @@ _GENERATED_DEFINES = ("PROBLEM", "INPUT_SHAPE", "WEIGHT_SHAPE", "OUTPUT_SHAPE", 
 def _tf32_flag_reader() -> tuple[str, list[Line]]:
     """(name, verbatim source lines) of the function convt3d's dispatcher reads PyTorch's TF32
     flag for convolutions with (``torch_engine.cudnn_conv_allows_tf32``)."""
-    from convt3d import torch_engine
+    from convt3d.engines import torch as torch_engine
 
     fn = torch_engine.cudnn_conv_allows_tf32
     text, first = inspect.getsourcelines(fn)
@@ -636,7 +636,7 @@ EXACT_GRADE = {grade!r}  # {engine}
 CUDNN_USES_TF32 = {ref.tf32!r}
 
 
-# convt3d.dispatch's reader of PyTorch's TF32 flag for convolutions, verbatim:'''
+# convt3d.dispatch.select's reader of PyTorch's TF32 flag for convolutions, verbatim:'''
     tail = '''
 
 def forward_precision():
@@ -815,7 +815,7 @@ def _render_lines(problem: Problem, small: bool = False) -> list[list[Line]]:
             raise ExportError(f"the kernel {name!r} is defined in {len(found)} of the modules the file draws on")
         owners.setdefault(found[0], set()).add(name)
     try:
-        shaker.reach([("triton_sites.py", n) for n in ("Site", "gluon_capable", "_tma_capable")], owners)
+        shaker.reach([("engines/triton/sites.py", n) for n in ("Site", "gluon_capable", "_tma_capable")], owners)
     except ShakeError as e:
         raise ExportError(str(e)) from None
     taken = [n for n in _GENERATED_DEFINES if shaker.defines(n)]
@@ -827,7 +827,7 @@ def _render_lines(problem: Problem, small: bool = False) -> list[list[Line]]:
         (("import types",) if shaker.namespaces else ())
     head = _header(problem, configs, grade, small) + _imports(shaker, extra)
     rest = (_gen(launcher + "\n") + _gen(_CHOOSER.format(rule="=" * 20) + "\n")
-            + _precision_lines(problem, grade, "convt3d.dispatch.EXACT_GRADE at export time") + _gen(tail))
+            + _precision_lines(problem, grade, "convt3d.dispatch.select.EXACT_GRADE at export time") + _gen(tail))
     return [head + shaker.lines(strip) + rest for strip in (0, 1, 2)]
 
 
@@ -900,7 +900,7 @@ def _cuda_launch(problem: Problem) -> tuple[object, dict[str, tuple]]:
     does not apply)."""
     import os
 
-    from convt3d import cuda_engine as CE
+    from convt3d.engines.cuda import gemm as CE
 
     if os.environ.get("CONVT3D_CUDA_VARIANT"):
         raise ExportError("CONVT3D_CUDA_VARIANT is set: the CUDA entry takes the engine's own choice; unset it")
@@ -921,7 +921,7 @@ def _cuda_source_lines(launch: dict[str, tuple], comments: bool) -> list[Line]:
     """``CUDA_SOURCE = r\"\"\"...\"\"\"``: the .cu lines the launches reach (``shake.prune_cuda``)."""
     import re
 
-    from convt3d import cuda_engine as CE
+    from convt3d.engines.cuda import gemm as CE
 
     text = _read(CUDA_FILE)
     if '"""' in text or text.rstrip("\n").endswith("\\"):
@@ -950,7 +950,7 @@ def _cuda_launcher_source(problem: Problem, params, launch: dict[str, tuple], sh
     ``params`` the engine's kept helpers read), the kernel's sizes and table, and ``forward``."""
     import ast
 
-    from convt3d import cuda_engine as CE
+    from convt3d.engines.cuda import gemm as CE
 
     attrs: set[str] = set()
     for _, node in shaker.kept_nodes():
@@ -1009,7 +1009,7 @@ def _render_cuda_lines(problem: Problem) -> list[list[Line]]:
     needs = {"load_module", "build_seconds", "BackendUnavailableError"}
     needs |= {"pack_weight_padded" if padded else "pack_weight" for _, _, padded in launch.values()}
     try:
-        shaker.reach([("cuda_engine.py", n) for n in sorted(needs)])
+        shaker.reach([("engines/cuda/gemm.py", n) for n in sorted(needs)])
     except ShakeError as e:
         raise ExportError(str(e)) from None
     taken = [n for n in _CUDA_GENERATED_DEFINES if shaker.defines(n)]

@@ -1,0 +1,148 @@
+"""One validated call of the transposed convolution, as every engine and the dispatcher see it.
+
+``make_call`` checks the arguments once (``convt3d.core.validate``: invalid input raises here, with
+PyTorch's exception type and wording) and resolves the precision; the resulting :class:`Call`
+carries the 5-D tensors, the geometry (``ConvT3dParams``), the concrete precision, whether
+autograd records the call, and its signature -- what "auto" decides by and remembers.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .params import ConvT3dParams
+from ..engines.torch import cudnn_conv_allows_tf32
+from .validate import check_call
+
+__all__ = ["PRECISIONS", "EXACT_GRADE", "resolve_precision", "Call", "make_call", "layout_name", "signature_text",
+           "autocast_inputs"]
+
+PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+# Exact grade = what precision=None means when TF32 is off. tf32x3 (three TF32 MMAs per
+# product, split hi/lo operands) is ~2.4x faster than FMA "ieee" at peak (3 x 1/374 vs 1/51
+# TFLOP/s) and stays within 2x of cuDNN's own exact-fp32 error (tests/test_gpu.py checks both).
+EXACT_GRADE = "tf32x3"
+
+
+def resolve_precision(precision: str | None) -> str:
+    """The user's precision as a concrete one (float32 semantics): None follows PyTorch's cuDNN
+    TF32 flag like PyTorch's convolutions ("tf32" when allowed, exact grade otherwise)."""
+    if precision is None:
+        return "tf32" if cudnn_conv_allows_tf32() else EXACT_GRADE
+    if not isinstance(precision, str):
+        raise TypeError(f"conv_transpose3d(): argument 'precision' must be str or None, not {type(precision).__name__}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision={precision!r}; expected None or one of {PRECISIONS}")
+    return precision
+
+
+def layout_name(t) -> str:
+    if t.is_contiguous():
+        return "ncdhw"
+    if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
+        return "cl"
+    return "strided" + "x".join(map(str, t.stride()))
+
+
+def signature_text(x, weight, bias, params: ConvT3dParams, precision: str, training: bool = False) -> str:
+    """The persistent form of a call signature (the GPU model is the cache file's)."""
+    p = params
+
+    def t3(v):
+        return "x".join(map(str, v))
+
+    return (f"{str(x.dtype).replace('torch.', '')}|x={layout_name(x)}|w={layout_name(weight)}|"
+            f"{'bias' if bias is not None else 'nobias'}|N{p.batch} {p.in_channels}->{p.out_channels} g{p.groups} "
+            f"in{t3(p.in_size)} k{t3(p.kernel_size)} s{t3(p.stride)} p{t3(p.padding)} op{t3(p.output_padding)} "
+            f"d{t3(p.dilation)}|{precision}" + ("|train" if training else ""))
+
+
+@dataclass(frozen=True, eq=False)
+class Call:
+    """A validated call. ``x`` is 5-D (an unbatched input gains its batch dimension here and
+    loses it again in ``convt3d.functional``); ``precision`` is concrete, ``requested`` the
+    argument as given (None follows cuDNN's flag: what the "torch" engine passes on).
+    ``repeat``: made by the steady path for a signature whose first call has run, so an engine
+    skips its first-sight work (the Triton engine's cache priming: a signature built and looked
+    up per call). ``sources``: the (input, weight, bias) the caller
+    passed, where autocast cast any of them into ``x``/``weight``/``bias`` (None otherwise); a
+    timed call starts from them, as every later call of the layer does (``Engine.time``)."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    params: ConvT3dParams
+    precision: str
+    requested: str | None = None
+    training: bool = False
+    unbatched: bool = False
+    repeat: bool = False
+    sources: tuple | None = None
+
+    @property
+    def given(self) -> tuple:
+        """The (input, weight, bias) as the caller passed them: ``sources`` where autocast cast
+        them, else the call's own tensors (the input without the batch dimension an unbatched
+        call gained)."""
+        if self.sources is not None:
+            return self.sources
+        return self.x.squeeze(0) if self.unbatched else self.x, self.weight, self.bias
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @functools.cached_property
+    def key(self) -> tuple:
+        """The in-process signature: everything an engine's speed or result depends on."""
+        return (self.x.device, self.x.dtype, self.x.stride(), self.weight.stride(), self.bias is not None,
+                self.params, self.precision, self.training)
+
+    @functools.cached_property
+    def text(self) -> str:
+        """The persistent signature (``convt3d.dispatch.cache`` keys decisions by it)."""
+        return signature_text(self.x, self.weight, self.bias, self.params, self.precision, self.training)
+
+
+def make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision=None,
+              autograd: bool = False, sources: tuple | None = None) -> Call:
+    """Validate a call (raises as PyTorch does) and resolve its precision, once: what
+    ``convt3d.conv_transpose3d`` and ``convt3d.explain`` both start with. ``sources``: the
+    caller's tensors where autocast cast them (see :class:`Call`)."""
+    params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    prec = resolve_precision(precision)
+    # ``autograd``: the caller records the call when grad mode is on and a tensor requires grad
+    # (read after validation: the arguments are tensors by then).
+    training = autograd and torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (input, weight, bias))
+    x = input.unsqueeze(0) if unbatched else input
+    return Call(x, weight, bias, params, prec, precision, training, unbatched, sources=sources)
+
+
+def autocast_inputs(input, weight, bias):
+    """Under ``torch.autocast``, cast as PyTorch's autocast does for conv_transpose3d (an op of its
+    lower-precision list on CUDA and CPU): every floating-point tensor to the autocast dtype, so the
+    output has that dtype and, the casts being differentiable, fp32 parameters get fp32
+    gradients. Done in ``convt3d.conv_transpose3d`` rather than in the custom op's Autocast kernel
+    because the dtype is the region's (bfloat16 or float16), not one fixed at registration."""
+    if not isinstance(input, torch.Tensor):
+        return input, weight, bias  # check_call raises the TypeError
+    dev = input.device.type
+    if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
+        return input, weight, bias
+    dtype = torch.get_autocast_dtype(dev)
+
+    def cast(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type == dev and t.dtype != dtype \
+                and t.dtype != torch.float64:
+            return t.to(dtype)
+        return t
+
+    return cast(input), cast(weight), cast(bias)

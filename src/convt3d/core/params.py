@@ -1,0 +1,271 @@
+"""Geometry of a 3-D transposed convolution, worked out once per call signature.
+
+Vocabulary (the rest of convt3d uses these words with exactly these meanings)
+----------------------------------------------------------------------------
+Along one spatial dimension with input size ``I``, kernel size ``k``, stride ``s``,
+padding ``p``, dilation ``d`` and output padding ``op``, input position ``i`` and
+kernel tap ``t`` contribute to output position
+
+    o = i*s - p + t*d,          0 <= o < O,   O = (I-1)*s - 2p + d*(k-1) + op + 1.
+
+* **phase / residue** -- output positions with the same ``r = o mod s`` form the phase
+  of residue ``r``. In 3-D a phase is a residue triple ``(rd, rh, rw)``; there are
+  ``sd*sh*sw`` phases.
+* **taps of a phase** -- the taps whose contributions land on residue ``r``: those with
+  ``(r + p - t*d) mod s == 0``. They form an arithmetic progression
+  ``t = t0 + j*tstep`` (``j < T``, ``tstep = s/gcd(s,d)``). Tap ``j`` reads input
+  ``i = q + off0 - j*ostep`` (``ostep = d/gcd(s,d)``) for compact index ``q``.
+* **compact grid** -- the output positions of residue ``r`` are ``o = q*s + r`` for
+  ``q < Q = ceil((O - r)/s)``; a phase's compact grid is the 3-D product of its three
+  per-dimension ranges.
+* **empty phase** -- a phase with no taps along some dimension. Its outputs are the bias
+  (or zero): no multiply-add can reach them.
+* **GEMM map** -- each non-empty phase is one implicit GEMM with
+  ``M = N * Qd*Qh*Qw`` (batch times phase positions), ``N = Cout/g`` and
+  ``K = Cin/g * Td*Th*Tw`` (input channels of a group times the taps of the phase),
+  run once per group.
+
+Everything here is pure Python on integers, so it is cheap, testable without a GPU and
+shared by the engines, the bench and the KernelBench exporter.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+__all__ = ["AxisPhase", "Axis", "Phase", "ConvT3dParams"]
+
+_DIMS = ("depth", "height", "width")
+
+
+@dataclass(frozen=True)
+class AxisPhase:
+    """The taps of one residue along one dimension (see the module docstring)."""
+
+    residue: int
+    num_taps: int  # T
+    first_tap: int  # t0 (meaningless when num_taps == 0)
+    first_offset: int  # off0: input index = q + off0 - j*ostep
+    size: int  # Q: compact positions of this residue
+
+    def taps(self, tstep: int) -> tuple[int, ...]:
+        return tuple(self.first_tap + j * tstep for j in range(self.num_taps))
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One spatial dimension: sizes, arguments and its per-residue taps."""
+
+    in_size: int
+    kernel: int
+    stride: int
+    padding: int
+    dilation: int
+    output_padding: int
+
+    @property
+    def out_size(self) -> int:
+        return (self.in_size - 1) * self.stride - 2 * self.padding + self.dilation * (self.kernel - 1) \
+            + self.output_padding + 1
+
+    @property
+    def tap_step(self) -> int:
+        return self.stride // math.gcd(self.stride, self.dilation)
+
+    @property
+    def offset_step(self) -> int:
+        return self.dilation // math.gcd(self.stride, self.dilation)
+
+    @functools.cached_property
+    def phases(self) -> tuple[AxisPhase, ...]:
+        s, p, d, out = self.stride, self.padding, self.dilation, self.out_size
+        result = []
+        for r in range(s):
+            taps = [t for t in range(self.kernel) if (r + p - t * d) % s == 0]
+            size = max(0, -(-(out - r) // s))
+            if taps:
+                result.append(AxisPhase(r, len(taps), taps[0], (r + p - taps[0] * d) // s, size))
+            else:
+                result.append(AxisPhase(r, 0, 0, 0, size))
+        return tuple(result)
+
+    def useful_taps(self) -> int:
+        """Sum over input positions of the taps that land inside the output (for MAC counts)."""
+        count = 0
+        for t in range(self.kernel):
+            # o = i*s - p + t*d in [0, O): count the i in [0, I) that satisfy it.
+            lo = max(0, -(-(self.padding - t * self.dilation) // self.stride))
+            hi = min(self.in_size - 1, (self.out_size - 1 + self.padding - t * self.dilation) // self.stride)
+            count += max(0, hi - lo + 1)
+        return count
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A 3-D phase: one residue per dimension."""
+
+    index: int  # linear index, residue of width fastest
+    axes: tuple[AxisPhase, AxisPhase, AxisPhase]
+
+    @property
+    def residue(self) -> tuple[int, int, int]:
+        return tuple(a.residue for a in self.axes)
+
+    @property
+    def num_taps(self) -> int:
+        return self.axes[0].num_taps * self.axes[1].num_taps * self.axes[2].num_taps
+
+    @property
+    def positions(self) -> int:
+        return self.axes[0].size * self.axes[1].size * self.axes[2].size
+
+    @property
+    def empty(self) -> bool:
+        """No multiply-add lands here: the output of this phase is bias or zero."""
+        return self.num_taps == 0
+
+
+@dataclass(frozen=True)
+class ConvT3dParams:
+    """Every argument of a 3-D transposed convolution, normalised, plus derived geometry.
+
+    Build it with :meth:`create` (cached), which expects already-validated integers; the
+    public entry points validate tensors and arguments first (``convt3d.core.validate``).
+    ``batch`` is the batch size after unbatched input was given a batch of one.
+    """
+
+    batch: int
+    in_channels: int
+    out_channels: int
+    groups: int
+    in_size: tuple[int, int, int]
+    kernel_size: tuple[int, int, int]
+    stride: tuple[int, int, int]
+    padding: tuple[int, int, int]
+    output_padding: tuple[int, int, int]
+    dilation: tuple[int, int, int]
+
+    def __hash__(self) -> int:
+        # Cached: instances key the launcher's per-signature dicts, about ten lookups per call,
+        # and the generated hash would build a tuple of ten fields each time.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.batch, self.in_channels, self.out_channels, self.groups, self.in_size, self.kernel_size,
+                      self.stride, self.padding, self.output_padding, self.dilation))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    @staticmethod
+    @functools.lru_cache(maxsize=4096)
+    def create(batch: int, in_channels: int, out_channels: int, groups: int,
+               in_size: tuple[int, int, int], kernel_size: tuple[int, int, int],
+               stride: tuple[int, int, int], padding: tuple[int, int, int],
+               output_padding: tuple[int, int, int], dilation: tuple[int, int, int]) -> "ConvT3dParams":
+        return ConvT3dParams(batch, in_channels, out_channels, groups, tuple(in_size), tuple(kernel_size),
+                             tuple(stride), tuple(padding), tuple(output_padding), tuple(dilation))
+
+    # ---- per-dimension geometry ------------------------------------------------------
+    @functools.cached_property
+    def axes(self) -> tuple[Axis, Axis, Axis]:
+        return tuple(Axis(self.in_size[i], self.kernel_size[i], self.stride[i], self.padding[i],
+                          self.dilation[i], self.output_padding[i]) for i in range(3))
+
+    @functools.cached_property
+    def out_size(self) -> tuple[int, int, int]:
+        return tuple(a.out_size for a in self.axes)
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int, int]:
+        return (self.batch, self.out_channels) + self.out_size
+
+    @property
+    def in_shape(self) -> tuple[int, int, int, int, int]:
+        return (self.batch, self.in_channels) + self.in_size
+
+    @property
+    def in_channels_per_group(self) -> int:
+        return self.in_channels // self.groups
+
+    @property
+    def out_channels_per_group(self) -> int:
+        return self.out_channels // self.groups
+
+    def fold_groups(self, fold: int) -> "ConvT3dParams":
+        """The same call with every ``fold`` neighbouring groups merged into one: groups / fold
+        groups of fold x Cin/g -> fold x Cout/g channels, whose weight is block-diagonal (zero
+        between the merged groups). Same output; fold x the multiply-adds, in wider GEMM tiles."""
+        if fold < 1 or self.groups % fold:
+            raise ValueError(f"fold must divide groups={self.groups}, but got fold={fold}")
+        return ConvT3dParams.create(self.batch, self.in_channels, self.out_channels, self.groups // fold,
+                                    self.in_size, self.kernel_size, self.stride, self.padding,
+                                    self.output_padding, self.dilation)
+
+    # ---- phases ----------------------------------------------------------------------
+    @functools.cached_property
+    def phases(self) -> tuple[Phase, ...]:
+        """All ``sd*sh*sw`` phases, residue of width varying fastest."""
+        ad, ah, aw = (a.phases for a in self.axes)
+        out = []
+        for pd in ad:
+            for ph in ah:
+                for pw in aw:
+                    out.append(Phase(len(out), (pd, ph, pw)))
+        return tuple(out)
+
+    @property
+    def num_phases(self) -> int:
+        return self.stride[0] * self.stride[1] * self.stride[2]
+
+    @functools.cached_property
+    def compact_size(self) -> tuple[int, int, int]:
+        """The largest compact grid over phases (residue 0 along each dimension)."""
+        return tuple(a.phases[0].size for a in self.axes)
+
+    @functools.cached_property
+    def max_taps(self) -> tuple[int, int, int]:
+        return tuple(max(p.num_taps for p in a.phases) for a in self.axes)
+
+    def gemm_shape(self, phase: Phase) -> tuple[int, int, int]:
+        """(M, N, K) of one group's implicit GEMM for ``phase``."""
+        return (self.batch * phase.positions, self.out_channels_per_group,
+                self.in_channels_per_group * phase.num_taps)
+
+    @functools.cached_property
+    def empty_fraction(self) -> float:
+        """Fraction of output positions that belong to empty phases."""
+        total = self.out_size[0] * self.out_size[1] * self.out_size[2]
+        if total == 0:
+            return 0.0
+        return sum(p.positions for p in self.phases if p.empty) / total
+
+    # ---- work and traffic ------------------------------------------------------------
+    @functools.cached_property
+    def useful_macs(self) -> int:
+        """Multiply-adds whose product lands inside the output (structural zeros excluded)."""
+        taps = 1
+        for a in self.axes:
+            taps *= a.useful_taps()
+        return self.batch * self.in_channels_per_group * self.out_channels * taps
+
+    @property
+    def useful_flops(self) -> int:
+        return 2 * self.useful_macs
+
+    def min_bytes(self, element_size: int, has_bias: bool = False) -> int:
+        """Bytes that must move through device memory: input, weight, bias read once, output written once."""
+        n_in = self.batch * self.in_channels * math.prod(self.in_size)
+        n_w = self.in_channels * self.out_channels_per_group * math.prod(self.kernel_size)
+        n_out = self.batch * self.out_channels * math.prod(self.out_size)
+        return element_size * (n_in + n_w + n_out + (self.out_channels if has_bias else 0))
+
+    def describe(self) -> str:
+        """One line per phase: residue, taps, compact grid, GEMM shape (for explain and the bench)."""
+        lines = []
+        for ph in self.phases:
+            m, n, k = self.gemm_shape(ph)
+            tag = "empty (bias/zero fill)" if ph.empty else f"GEMM M={m} N={n} K={k} x{self.groups} groups"
+            lines.append(f"phase {ph.residue}: taps {tuple(a.num_taps for a in ph.axes)}, "
+                         f"grid {tuple(a.size for a in ph.axes)}: {tag}")
+        return "\n".join(lines)

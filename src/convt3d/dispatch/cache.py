@@ -1,0 +1,476 @@
+"""The persistent cache of what convt3d measured: auto-backend decisions and Triton tile configs.
+
+Where: ``$CONVT3D_CACHE_DIR`` if set, else ``~/.cache/convt3d/``. One JSON file per GPU model
+(``NVIDIA_H200.json``)::
+
+    {"format": 1,
+     "key": {"gpu": "NVIDIA H200", "convt3d": "0.1.0", "source": "<source digest>", "torch": "2.11.0+cu130",
+             "triton": "3.6.0"},
+     "decisions": {"<call signature>": {"engine": "triton", "timings_ms": {"triton": 0.25, ...}, ...}},
+     "triton_configs": {"<tune key>": {"config": {...Config fields...}, "timings_ms": {...}}},
+     "backward": {"bwd-input|<signature>": {"impl": "triton", "config": {"type": ..., "fields": {...}},
+                                           "timings_ms": {...}, "candidates": [...]}}}
+
+Rules:
+
+* Nothing in the file is trusted: a decision is used only if it names an engine that can run the
+  call now, a config only if it is one of the Triton engine's current candidates for that key
+  (a config is a tile shape; a foreign one such as W_GROUP=2 where stride_W != 2 would compute
+  wrong values). So a stale or tampered file can cost time, never correctness.
+* A corrupt or truncated file, or one written by other versions or other sources of convt3d (the
+  ``key``), gives one warning
+  (:class:`CacheWarning`), is ignored, and is rewritten at once with this process's key.
+* A location that cannot be written (read-only, not a directory) gives one warning; convt3d then
+  keeps its results in memory only.
+* Concurrent processes (DDP ranks, bench workers, several jobs on one node): every save takes an
+  advisory ``flock`` on ``.lock`` in the directory, re-reads the file, merges this process's
+  entries into what is on disk, writes a temporary file in the same directory, fsyncs it and
+  renames it over the old one (``os.replace`` is atomic), so a reader sees either the old or the
+  new file, never a partial one, and no process's entries are lost. The rename is not fsynced
+  (the directory): a crash can lose the last save, never leave a partial file. Entries put
+  without saving are saved at exit. Where ``fcntl`` does not exist saves are still atomic and
+  a lost concurrent entry only costs a re-measurement.
+* A lookup that misses re-reads the file when it changed on disk since this process last read
+  it (one ``stat``), so an entry another process saved meanwhile is found without measuring.
+* Within a process a lock guards each store, so threads may save concurrently.
+
+This module calls into ``triton_engine`` (seed and read tuning results); the engine itself knows
+nothing of files.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..engines.triton import engine as triton_engine
+
+try:  # POSIX only; without it saves are still atomic, merges may lose a concurrent entry
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+__all__ = ["CacheWarning", "FORMAT", "SECTIONS", "cache_dir", "environment_key", "file_for", "Store", "store_for",
+           "reset", "load_decision", "save_decision", "load_backward", "save_backward", "prime_triton",
+           "flush_triton", "tune_key_text", "config_to_dict", "config_from_dict"]
+
+FORMAT = 1
+SECTIONS = ("decisions", "triton_configs", "backward")
+ENV_DIR = "CONVT3D_CACHE_DIR"
+# Permissions of the cache file: readable by the group and others, as files written with open()
+# under the usual umask (tempfile.mkstemp would leave 0600).
+FILE_MODE = 0o644
+
+
+class CacheWarning(UserWarning):
+    """The on-disk cache was ignored (corrupt, truncated, stale) or cannot be written."""
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(path: Path, kind: str, message: str) -> None:
+    tag = (str(path), kind)
+    if tag in _warned:
+        return
+    _warned.add(tag)
+    warnings.warn(message, CacheWarning, stacklevel=3)
+
+
+# ---- location and key ---------------------------------------------------------------------------
+def cache_dir() -> Path:
+    """``$CONVT3D_CACHE_DIR`` if set and non-empty, else ``~/.cache/convt3d``."""
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return Path(env).expanduser()
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):  # no home directory (some containers): a per-user temp dir
+        home = Path(tempfile.gettempdir()) / f"convt3d-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+    return home / ".cache" / "convt3d"
+
+
+@functools.cache
+def _source_digest() -> str:
+    """The package's source digest, read once per process (~60 files)."""
+    from ..version import source_digest
+
+    return source_digest()
+
+
+def environment_key(gpu: str) -> dict[str, str]:
+    """What a cached measurement depends on besides the call: the GPU model, the version and the
+    sources of convt3d (kernels, candidates: an editable install keeps its version string across
+    commits, so a file tuned by other kernels would otherwise be trusted), and the versions of torch
+    (cuDNN) and triton (code generation)."""
+    import torch
+    import triton
+
+    from ..version import __version__
+
+    return {"gpu": gpu, "convt3d": __version__, "source": _source_digest(), "torch": torch.__version__,
+            "triton": triton.__version__}
+
+
+def file_for(directory: Path, gpu: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", gpu).strip("_.") or "device"
+    return Path(directory) / f"{slug}.json"
+
+
+# ---- one file -----------------------------------------------------------------------------------
+def _empty() -> dict[str, dict]:
+    return {s: {} for s in SECTIONS}
+
+
+def _parse(text: str, key: dict) -> tuple[dict | None, str | None, str]:
+    """(sections, problem, kind): sections when the text is a valid file of this key; otherwise
+    None, a description of the problem and its kind ("corrupt" or "stale")."""
+    if not text.strip():
+        return None, "it is empty (truncated)", "corrupt"
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError is a ValueError
+        return None, f"it is not valid JSON (corrupt or truncated: {exc})", "corrupt"
+    if not isinstance(doc, dict) or not isinstance(doc.get("key"), dict):
+        return None, "it does not have the structure of a convt3d cache file", "corrupt"
+    if doc.get("format") != FORMAT or doc["key"] != key:
+        found = {k: doc["key"].get(k) for k in key}
+        return None, (f"it was written for {found} (format {doc.get('format')!r}), this process is {key} "
+                      f"(format {FORMAT})"), "stale"
+    sections = _empty()
+    for s in SECTIONS:
+        entries = doc.get(s, {})
+        if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
+            return None, f"its {s!r} section is malformed", "corrupt"
+        sections[s] = entries
+    return sections, None, ""
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """Hold the directory's advisory lock for a block (nothing where ``fcntl`` does not exist).
+
+    The wait is a blocking ``flock``: the kernel wakes a waiter when the lock is released. A
+    polling wait with a deadline would let a waiter on a busy machine lose to the processes that
+    take the lock between its polls, give up, and leave its entries to a later save that may
+    never come (a process killed, or ending without exit hooks). The lock is never held across
+    anything but one read, one JSON dump, one write and one fsync of the file (milliseconds for a
+    few hundred entries on a local disk).
+    """
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _stamp(path: Path) -> tuple | None:
+    """What identifies one version of the file: (inode, size, mtime ns); None if absent."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class Store:
+    """The cache file of one GPU model in one directory, loaded once, merged on every save."""
+
+    def __init__(self, directory: Path | str, key: dict[str, str]):
+        self.directory = Path(directory)
+        self.key = dict(key)
+        self.path = file_for(self.directory, self.key.get("gpu", "device"))
+        self.entries = _empty()  # the file's valid entries plus this process's
+        self._mine = _empty()  # this process's entries: they win when merging
+        self._unsaved = False  # entries of this process that are not on disk yet
+        self._stamp: tuple | None = None  # the version of the file last read
+        self._lock = threading.RLock()
+        self.writable = True
+        self.loaded = False
+
+    # -- reading --
+    def _read(self) -> tuple[dict | None, str | None, str]:
+        stamp = _stamp(self.path)
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (FileNotFoundError, NotADirectoryError):  # no file (yet) at this location
+            self._stamp = None
+            return _empty(), None, ""
+        except (OSError, UnicodeDecodeError) as exc:
+            return None, f"it cannot be read ({type(exc).__name__}: {exc})", "corrupt"
+        # The stamp taken before reading: if the file is replaced in between, the next miss
+        # sees a newer stamp and reads again (never a newer file taken for an older stamp).
+        self._stamp = stamp
+        return _parse(text, self.key)
+
+    def load(self) -> "Store":
+        with self._lock:
+            if self.loaded:
+                return self
+            self.loaded = True
+            sections, problem, kind = self._read()
+            if sections is None:
+                _warn_once(self.path, kind, f"convt3d: ignoring the cache file {self.path}: {problem}; it is "
+                                            "rewritten (measurements will be redone as needed)")
+                self.save(force=True)
+                return self
+            for s in SECTIONS:
+                self.entries[s].update(sections[s])
+            return self
+
+    def refresh(self) -> bool:
+        """Merge in what other processes saved since this process last read the file (nothing
+        when the file is unchanged: one ``stat``). True if the file was read."""
+        with self._lock:
+            self.load()
+            if _stamp(self.path) == self._stamp:
+                return False
+            sections, _, _ = self._read()
+            if sections is None:  # went bad meanwhile: the next save replaces it
+                return True
+            for s in SECTIONS:
+                sections[s].update(self._mine[s])
+                self.entries[s].update(sections[s])
+            return True
+
+    def get(self, section: str, name: str) -> dict | None:
+        with self._lock:
+            self.load()
+            entry = self.entries[section].get(name)
+            if entry is None and self.refresh():
+                entry = self.entries[section].get(name)
+            return entry
+
+    # -- writing --
+    def put(self, section: str, name: str, entry: dict, save: bool = True) -> None:
+        if section not in SECTIONS:
+            raise ValueError(f"unknown cache section {section!r}; expected one of {SECTIONS}")
+        with self._lock:
+            self.load()
+            self.entries[section][name] = entry
+            self._mine[section][name] = entry
+            self._unsaved = True
+            _save_at_exit(self)
+            if save:
+                self.save()
+
+    def save(self, force: bool = False) -> bool:
+        """Merge this process's entries into the file (atomic replace). False if not written."""
+        with self._lock:
+            if not self.writable or not (force or self._unsaved):
+                return False
+            tmp = None
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                with _locked(self.directory):
+                    current, _, _ = self._read()  # a file that went bad meanwhile is simply replaced
+                    merged = current if current is not None else _empty()
+                    for s in SECTIONS:
+                        merged[s].update(self._mine[s])
+                    doc = {"format": FORMAT, "key": self.key, **merged}
+                    fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{self.path.name}.", suffix=".tmp")
+                    with os.fdopen(fd, "w", encoding="utf-8") as f:
+                        # One write of the whole text: json.dump's chunked writes take ~2x as long,
+                        # and the lock is held meanwhile.
+                        f.write(json.dumps(doc, indent=1, sort_keys=True))
+                        f.flush()
+                        with contextlib.suppress(OSError, AttributeError):
+                            os.fchmod(f.fileno(), FILE_MODE)
+                        os.fsync(f.fileno())
+                    os.replace(tmp, self.path)
+                    tmp = None
+                    self._stamp = _stamp(self.path)
+                self.entries = merged
+                self._unsaved = False
+                return True
+            except OSError as exc:
+                self.writable = False
+                _warn_once(self.directory, "unwritable",
+                           f"convt3d: the cache directory {self.directory} cannot be written ({type(exc).__name__}: "
+                           f"{exc}); convt3d keeps its measurements in memory for this process only (set "
+                           f"{ENV_DIR} to a writable directory to persist them)")
+                return False
+            finally:
+                if tmp is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+
+
+_unsaved_stores: list[Store] = []  # stores whose entries may still be pending at exit
+
+
+def _save_at_exit(store: Store) -> None:
+    if store not in _unsaved_stores:
+        _unsaved_stores.append(store)
+        _flush_at_exit()
+
+
+_stores: dict[tuple[str, str], Store] = {}
+
+
+def store_for(gpu: str) -> Store:
+    """The loaded store of ``gpu`` in the current cache directory (read once per process)."""
+    directory = cache_dir()
+    k = (str(directory), gpu)
+    store = _stores.get(k)
+    if store is None:
+        store = Store(directory, environment_key(gpu)).load()
+        _stores[k] = store
+    return store
+
+
+def reset() -> None:
+    """Forget loaded files, pending tuning results and the warnings given (tests; a changed
+    ``$CONVT3D_CACHE_DIR`` is picked up without it)."""
+    _stores.clear()
+    _unsaved_stores.clear()
+    _warned.clear()
+    _seen.clear()
+    _pending.clear()
+
+
+# ---- decisions ----------------------------------------------------------------------------------
+def load_decision(gpu: str, signature: str) -> dict | None:
+    """A well-formed persisted decision for a call signature, or None. (The caller checks that
+    its engine can run the call.)"""
+    entry = store_for(gpu).get("decisions", signature)
+    if entry is None or not isinstance(entry.get("engine"), str):
+        return None
+    timings = entry.get("timings_ms", {})
+    if not isinstance(timings, dict) or not all(isinstance(v, (int, float)) for v in timings.values()):
+        return None
+    return entry
+
+
+def save_decision(gpu: str, signature: str, entry: dict) -> None:
+    store_for(gpu).put("decisions", signature, entry)
+
+
+# ---- backward choices ---------------------------------------------------------------------------
+def load_backward(gpu: str, name: str) -> dict | None:
+    """A persisted dX/dW implementation choice (``backward``), or None. The caller checks that it
+    was made among its current candidates and names one of them."""
+    entry = store_for(gpu).get("backward", name)
+    return entry if isinstance(entry, dict) else None
+
+
+def save_backward(gpu: str, name: str, entry: dict) -> None:
+    store_for(gpu).put("backward", name, entry)
+
+
+# ---- Triton tuning results ----------------------------------------------------------------------
+def _jsonable(obj: Any) -> Any:
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (tuple, list)):
+        return [_jsonable(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [type(obj).__name__] + [_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    return str(obj)  # torch.dtype, torch.device, ...
+
+
+def tune_key_text(key) -> str:
+    """The Triton engine's tune key (a tuple of device name, dtype, precision, layout flag and
+    ConvT3dParams) as a stable string."""
+    return json.dumps(_jsonable(key), separators=(",", ":"))
+
+
+def config_to_dict(config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def config_from_dict(data, candidates) -> object | None:
+    """The candidate equal to ``data`` field by field, or None (never a config built from the
+    file alone: only the engine's own candidates are known to be correct for the key)."""
+    if not isinstance(data, dict):
+        return None
+    for cfg in candidates:
+        if dataclasses.asdict(cfg) == data:
+            return cfg
+    return None
+
+
+_seen: set = set()  # tune keys already looked up this process
+_pending: dict = {}  # tune key -> gpu: not tuned yet when first seen; persisted once tuned
+
+
+def prime_triton(gpu: str, key, candidates) -> None:
+    """Before the first call of a tune key: seed a persisted config (skipping its tuning),
+    or remember the key so that :func:`flush_triton` persists the result of its tuning."""
+    if key in _seen:
+        return
+    _seen.add(key)
+    if triton_engine.tuned_config(key) is not None:
+        _pending[key] = gpu  # tuned earlier in this process: persist it too
+        _flush_at_exit()
+        return
+    entry = store_for(gpu).get("triton_configs", tune_key_text(key))
+    cfg = config_from_dict(entry.get("config"), candidates) if entry else None
+    if cfg is not None:
+        timings = entry.get("timings_ms")
+        triton_engine.seed_tuning(key, cfg, timings if isinstance(timings, dict) else None)
+        return
+    _pending[key] = gpu
+    _flush_at_exit()
+
+
+_atexit_registered = False
+
+
+def _flush_at_exit() -> None:
+    """The last signature's tuning result would otherwise wait for a next call that never comes;
+    registered on first use, not at import."""
+    global _atexit_registered
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(_flush_quietly)
+
+
+def _flush_quietly() -> None:
+    with contextlib.suppress(Exception):
+        flush_triton()
+    for store in list(_unsaved_stores):  # entries left pending by a lock timeout
+        with contextlib.suppress(Exception):
+            store.save()
+
+
+def has_pending() -> bool:
+    return bool(_pending)
+
+
+def flush_triton() -> int:
+    """Persist the tuning results of pending keys that have been tuned since; returns how many.
+    Results that were not timed (one candidate, CONVT3D_AUTOTUNE=0) are not persisted."""
+    done = [k for k in _pending if triton_engine.tuned_config(k) is not None]
+    if not done:
+        return 0
+    log = triton_engine.tuning_log()
+    saved, touched = 0, {}
+    for key in done:
+        gpu = _pending.pop(key)
+        rec = log.get(key)
+        if rec is None or not rec.timings_ms or rec.seconds <= 0:
+            continue
+        store = store_for(gpu)
+        store.put("triton_configs", tune_key_text(key),
+                  {"config": config_to_dict(rec.config), "timings_ms": dict(rec.timings_ms),
+                   "tuning_s": rec.seconds, "short": rec.config.short()}, save=False)
+        touched[id(store)] = store
+        saved += 1
+    for store in touched.values():  # one read-merge-write per file, however many keys
+        store.save()
+    return saved

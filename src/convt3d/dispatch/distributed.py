@@ -1,0 +1,355 @@
+"""Rank-consistent decisions under ``torch.distributed``: rank 0 decides, every rank uses its answer.
+
+What is decided per call signature -- the engine "auto" picks (``dispatch``), the tile config the
+Triton tuner picks (``triton_engine``), the dX/dW implementation of the backward
+(``backward``) -- comes from timings, and timings differ between GPUs and between runs. Under
+data-parallel training (DDP, FSDP2) every rank runs the same layers on its own GPU; left to
+themselves the ranks would pick different engines or tiles for the same layer (different
+rounding per rank, different step times: the slowest rank sets the pace). So each decision
+goes through :func:`agree`::
+
+    decision = distributed.agree(lambda: decide_here(...), what="auto|" + signature_text)
+
+Without a process group, or with one of world size 1, ``agree`` is ``compute()``. With one:
+
+* rank 0 runs ``compute()`` and publishes the result under ``what`` in the process group's
+  key-value store (the store that ``init_process_group`` rendezvoused through), then goes on:
+  **rank 0 never waits for another rank**;
+* every other rank does not compute: it waits for rank 0's entry of ``what`` and returns it
+  (the caller stores it in its own tables exactly as it would a result of its own);
+* every rank remembers what it agreed on (per ``what``), so asking again costs a dict lookup.
+
+The rule that makes this hang-free and consistent (SPMD): **a decision is made at the first
+in-process sight of its signature, which SPMD training reaches in the same order on every rank,
+and every rank goes through agree() at that point, whether or not its own state -- its disk
+cache (``convt3d.dispatch.cache``), a config seeded from that file -- already holds an answer.** So the
+disk lookup belongs inside ``compute()``. Were it outside, a hit on rank 1 and a miss on rank 0
+would have rank 1 run its own cached engine (inconsistent), and a hit on rank 0 and a miss on
+rank 1 would leave rank 1 waiting for a decision rank 0 never publishes. Only rank 0's disk
+cache matters; only rank 0 writes measurements to it.
+
+Why a store entry rather than a collective (``broadcast_object_list``): a collective pairs the
+n-th call of every rank, so any rank-dependent path -- a decision rank 0 took inside another
+one's ``compute()`` (auto measuring the Triton engine runs the tuner, whose decision rank 1 meets
+later, on its own first Triton call), a backward decided in autograd's device thread, a cache
+hit on one rank -- would pair different decisions or leave one rank waiting on a collective the
+others never enter. A keyed entry pairs by *name*: a decision rank 0 made inside another's
+``compute()`` (any thread) is published under its own ``what`` like any other, and whichever
+rank needs it later finds it. It also never competes with DDP's gradient all-reduces for the
+NCCL stream, and never runs during CUDA graph capture (callers decide without timing there).
+
+``what`` names the decision, identically on every rank: the signature text of the call
+without the device index (``cuda:0`` vs ``cuda:1``) or the GPU model, prefixed by the kind of
+decision. A rank checks that what it receives can run on it (an engine it has, a tile among its
+own candidates) and otherwise decides for itself: ranks on different GPU models pair up by
+name and never run a config their GPU does not offer.
+
+When a rank is not running the same layers as rank 0 (pipeline stages, per-rank shapes), the
+rule does not hold: pass the group whose ranks do run the same layers to :func:`set_group`
+(e.g. the data-parallel group), or set ``CONVT3D_DISTRIBUTED=local`` to decide per rank as
+without a process group. A rank that waits longer than ``CONVT3D_AGREE_TIMEOUT_S`` (default
+1800 s: a first sight with tuning of every engine can take minutes on rank 0) warns and
+decides locally, never hangs for good. If ``compute()`` raises on rank 0, the others raise
+:class:`AgreementError` naming rank 0's error.
+
+:func:`local` (and the fallback after a timeout) makes every thread of the process decide
+locally, not only the calling one: a decision taken inside it may run in autograd's device
+thread.
+
+Tuning results inside a decision: :func:`agree_with_tuning` also carries the Triton tuning
+records rank 0 made while computing (``triton_engine.tuning_log``) and seeds them on the other
+ranks (``triton_engine.seed_tuning``); :func:`agree_config` is the tuner's own agreement point
+(one tune key).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import threading
+import time
+import warnings
+from datetime import timedelta
+from typing import Any, Callable, Iterator, TypeVar
+
+import torch
+
+__all__ = ["AgreementError", "ENV_MODE", "ENV_TIMEOUT", "active", "rank", "agree", "agree_with_tuning",
+           "agree_config", "set_group", "local", "reset", "agreed"]
+
+T = TypeVar("T")
+
+ENV_MODE = "CONVT3D_DISTRIBUTED"  # "agree" (default) or "local"
+ENV_TIMEOUT = "CONVT3D_AGREE_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800.0
+# Waiting is done in slices so that a rank 0 that died (its entry never comes) is noticed by
+# the store's own error, and the total wait can be bounded by our timeout, not the store's.
+_WAIT_SLICE_S = 5.0
+
+
+class AgreementError(RuntimeError):
+    """Rank 0 failed to compute a decision the other ranks were waiting for."""
+
+
+class _State:
+    """This process's agreements within one process group (reset when the group changes)."""
+
+    def __init__(self, store, prefix: str):
+        self.store = store  # held: its identity tells a re-initialised process group apart
+        self.prefix = prefix
+        self.values: dict[str, Any] = {}
+
+
+_lock = threading.Lock()  # guards _state and its values; never held while computing or waiting
+_state: _State | None = None
+_sessions = 0  # process groups seen by this process (same count on every rank under SPMD)
+_group = None  # None: the default (world) group
+_local_depth = 0  # > 0: inside local(), or inside a local fallback compute
+
+
+def _mode() -> str:
+    mode = os.environ.get(ENV_MODE, "agree") or "agree"
+    if mode not in ("agree", "local"):
+        raise ValueError(f"environment variable {ENV_MODE}={mode!r} is not a mode; expected 'agree' or 'local'")
+    return mode
+
+
+def _timeout_s() -> float:
+    text = os.environ.get(ENV_TIMEOUT)
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"environment variable {ENV_TIMEOUT}={text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"environment variable {ENV_TIMEOUT}={text!r} must be a positive number of seconds")
+    return value
+
+
+def _dist():
+    """torch.distributed if a process group is initialised, else None."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
+
+
+def active() -> bool:
+    """Whether decisions are agreed now: an initialised process group of more than one rank
+    (the :func:`set_group` group if one is set), ``CONVT3D_DISTRIBUTED`` not "local", and not
+    inside :func:`local`."""
+    if _local_depth > 0 or _mode() == "local":
+        return False
+    dist = _dist()
+    if dist is None:
+        return False
+    return dist.get_world_size(_group) > 1 if _group is not None else dist.get_world_size() > 1
+
+
+def rank() -> int:
+    """This process's rank in the agreeing group (0 without a process group)."""
+    dist = _dist()
+    if dist is None:
+        return 0
+    return dist.get_rank(_group) if _group is not None else dist.get_rank()
+
+
+def set_group(group) -> None:
+    """Agree within ``group`` (a ``torch.distributed`` ProcessGroup whose ranks run the same
+    layers, e.g. the data-parallel group) instead of the whole job; None: the default group.
+    Call it on every rank of the job, with that rank's group."""
+    global _group, _state
+    with _lock:
+        _group = group
+        _state = None
+
+
+@contextlib.contextmanager
+def local() -> Iterator[None]:
+    """Decide locally (as without a process group) for the duration of a block."""
+    global _local_depth
+    with _lock:
+        _local_depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _local_depth -= 1
+
+
+def reset() -> None:
+    """Forget this process's agreements (tests; a process group that changed is noticed
+    without it)."""
+    global _state
+    with _lock:
+        _state = None
+
+
+def agreed() -> dict[str, Any]:
+    """What this process agreed on so far in the current process group (``what`` -> value)."""
+    with _lock:
+        return {} if _state is None else dict(_state.values)
+
+
+def _current_state() -> _State:
+    """The state of the current process group, new when the group changed (its store is another
+    object). The prefix separates process groups of one job that reuse one store (an elastic
+    agent's store outlives restarts) and the groups of :func:`set_group`."""
+    global _state, _sessions
+    from torch.distributed import distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    with _lock:
+        if _state is None or _state.store is not store:
+            _sessions += 1
+            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            group = "world"
+            if _group is not None:
+                dist = _dist()
+                group = "ranks" + "-".join(map(str, dist.get_process_group_ranks(_group)))
+            _state = _State(store, f"convt3d/agree/{restart}/{_sessions}/{group}/")
+        return _state
+
+
+def _store_key(state: _State, what: str) -> str:
+    # Signature texts are long and free-form; the store key is their digest, the entry holds
+    # ``what`` itself so that a (vanishingly unlikely) collision is detected, not used.
+    return state.prefix + hashlib.sha256(what.encode()).hexdigest()
+
+
+def _publish(state: _State, what: str, status: str, payload: Any) -> None:
+    state.store.set(_store_key(state, what), pickle.dumps((what, status, payload)))
+
+
+def _receive(state: _State, what: str, timeout_s: float) -> tuple[str, Any] | None:
+    """(status, payload) of rank 0's entry, or None when it did not come within ``timeout_s``."""
+    key = _store_key(state, what)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            state.store.wait([key], timedelta(seconds=min(_WAIT_SLICE_S, left)))
+            break
+        except RuntimeError as exc:  # DistStoreError (a RuntimeError): this slice timed out
+            if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
+                raise
+    got_what, status, payload = pickle.loads(state.store.get(key))
+    if got_what != what:
+        raise AgreementError(f"convt3d: two decisions share the store key {key!r}: {what!r} and {got_what!r}")
+    return status, payload
+
+
+def agree(compute: Callable[[], T], what: str) -> T:
+    """``compute()`` on rank 0, its result on every rank (see the module docstring).
+
+    ``what`` names the decision identically on every rank (no device index, no rank). The
+    result must be picklable. Every rank that meets the decision must call this at its first
+    sight of it, whatever it holds already.
+    """
+    if not isinstance(what, str):
+        raise TypeError(f"agree(): argument 'what' must be str, not {type(what).__name__}")
+    if not active():
+        return compute()
+    state = _current_state()
+    with _lock:
+        if what in state.values:
+            return state.values[what]
+    if rank() == 0:
+        try:
+            value = compute()
+        except Exception as exc:
+            _publish(state, what, "error", f"{type(exc).__name__}: {exc}"[:2000])
+            raise
+        with _lock:  # another thread may have decided the same meanwhile: the first one stands
+            value = state.values.setdefault(what, value)
+        try:
+            _publish(state, what, "ok", value)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # not picklable: tell the others
+            _publish(state, what, "error", f"its result cannot be sent to the other ranks ({type(exc).__name__}: "
+                                           f"{exc})"[:2000])
+            raise
+        return value
+    timeout_s = _timeout_s()
+    got = _receive(state, what, timeout_s)
+    if got is None:
+        warnings.warn(f"convt3d: rank {rank()} waited {timeout_s:.0f} s for rank 0's decision of {what!r} and "
+                      f"decides it locally (ranks may differ). The ranks are not running the same layers in the same "
+                      f"order: see convt3d.dispatch.distributed.set_group or {ENV_MODE}=local", RuntimeWarning, stacklevel=2)
+        with local():
+            return compute()
+    status, payload = got
+    if status == "error":
+        raise AgreementError(f"convt3d: rank 0 failed to decide {what!r}: {payload}")
+    with _lock:
+        return state.values.setdefault(what, payload)
+
+
+# ---- Triton tuning --------------------------------------------------------------------------------
+# The tuner is passed in (``tuner``: the module that holds the tuning records, i.e.
+# ``convt3d.engines.triton.engine``, with tuning_log(), tuned_config(key) and seed_tuning(key, config,
+# timings_ms, replace=)) rather than imported here: the engine itself calls agree_config, and
+# this module stays a leaf of the package's import graph.
+def _install(tuner, key, config, timings_ms: dict | None) -> None:
+    """Make ``config`` this process's tuned config of ``key`` (rank 0's choice wins over one
+    this rank seeded from its own cache file)."""
+    current = tuner.tuned_config(key)
+    if current == config:
+        return
+    tuner.seed_tuning(key, config, timings_ms, replace=current is not None)
+
+
+def agree_with_tuning(compute: Callable[[], T], what: str, tuner) -> T:
+    """:func:`agree`, and the Triton tuning results rank 0 recorded while computing (new or
+    changed entries of ``tuner.tuning_log()``) are seeded on the other ranks, so that their
+    first Triton call of those keys takes rank 0's config without timing."""
+    if not active():
+        return compute()
+
+    def with_records():
+        before = tuner.tuning_log()
+        result = compute()
+        records = [(key, rec.config, dict(rec.timings_ms)) for key, rec in tuner.tuning_log().items()
+                   if before.get(key) is not rec]
+        return result, records
+
+    result, records = agree(with_records, what)
+    if rank() != 0:
+        for key, config, timings in records:
+            _install(tuner, key, config, timings)
+    return result
+
+
+def agree_config(key, choose: Callable[[], Any], candidates=None, *, tuner):
+    """The Triton tuner's agreement point for one tune key: ``choose()`` (this process's answer:
+    its tuned or seeded config, or a tuning run) on rank 0; on the others rank 0's config,
+    installed as this process's tuned config of ``key``. Returns the config.
+
+    The decision is named by the key without its first field, the GPU model (the engine's tune
+    key is (GPU model, dtype, precision, channels-last output, ConvT3dParams)), so that ranks on
+    different GPU models still pair up. A config that is not one of this rank's ``candidates``
+    (a tile rank 0's GPU has and this one has not) is never installed: this rank chooses for
+    itself, with a warning (a foreign tile could compute wrong values; see ``convt3d.dispatch.cache``).
+    """
+    if not active():
+        return choose()
+
+    def on_rank0():
+        config = choose()
+        rec = tuner.tuning_log().get(key)
+        return config, dict(rec.timings_ms) if rec is not None and rec.config == config else {}
+
+    config, timings = agree(on_rank0, "triton-config|" + repr(tuple(key)[1:]))
+    if rank() == 0:
+        return config
+    if candidates is not None and config not in tuple(candidates):
+        warnings.warn(f"convt3d: rank 0's Triton tile {config.short()} is not a candidate on rank {rank()} (another "
+                      "GPU model?); this rank tunes for itself", RuntimeWarning, stacklevel=2)
+        with local():
+            return choose()
+    _install(tuner, key, config, timings)
+    return config

@@ -1,0 +1,134 @@
+"""The network check of ``convt3d.tune``: a decision measured on one layer alone can still make
+its network slower, so after the per-layer decisions the whole model is timed with them against
+PyTorch for every layer, and the signatures that make it slower are reverted to PyTorch -- in this
+process and in the cache file (``dispatch.override``), so that ``patch(model)`` in a later process
+starts from the reverted decisions.
+
+:func:`network_check` is the decision (a pure function of a ``measure`` callback, tested with
+injected timings); :func:`check_network` applies it to a model and a ``TuneReport``;
+:func:`layer_signature` names a patched layer's call as the dispatcher keys it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from . import select as dispatch
+
+__all__ = ["NETWORK_MARGIN", "network_check", "check_network", "layer_signature"]
+
+# The smallest margin of the network check. A layer's decision needs 3% over PyTorch
+# (dispatch.NOISE_MARGIN); a model whose transposed convolutions are 5-10% of its time (the U-Nets
+# of the networks suite: 1.4-12%) would never show such a layer's gain at 3% of the whole model, and
+# the check would revert real wins. 1% is the floor; the spread of the model's own two rounds
+# raises it where the model times less steadily.
+NETWORK_MARGIN = 0.01
+
+
+def network_check(groups: Sequence[str], measure: Callable[[frozenset], float],
+                  margin: float = NETWORK_MARGIN) -> tuple[frozenset, dict]:
+    """Which layer signatures to revert to PyTorch so that the whole model is not slower than with
+    PyTorch for every layer: (reverted signatures, times in ms).
+
+    ``measure(reverted)`` times the model with the signatures in ``reverted`` on PyTorch and the
+    others on convt3d's choices. First the two ends, in two rounds of opposite order: convt3d's
+    choices are kept if they beat PyTorch-everywhere by more than ``margin`` or the spread of
+    the rounds, whichever is larger. Otherwise the groups are reverted one at a time, in the
+    order given (the caller puts the smallest measured per-layer gain first), each kept reverted
+    if that makes the model faster by more than ``margin``; if the result still does not beat
+    PyTorch-everywhere by the noise, every group is reverted (ties go to PyTorch, as in "auto").
+    """
+    none, every = frozenset(), frozenset(groups)
+    rounds: dict[frozenset, list[float]] = {none: [], every: []}
+    for order in ((none, every), (every, none)):
+        for subset in order:
+            rounds[subset].append(measure(subset))
+    ours, theirs = min(rounds[none]), min(rounds[every])
+    m = max(margin, *(max(v) / min(v) - 1.0 for v in rounds.values()))
+    times = {"convt3d_ms": ours, "torch_ms": theirs, "margin": m}
+    if ours * (1.0 + m) < theirs:
+        return none, dict(times, final_ms=ours)
+    current, current_ms = none, ours
+    for g in groups:
+        trial = current | {g}
+        t = measure(trial) if trial != every else theirs
+        if t * (1.0 + margin) < current_ms:
+            current, current_ms = trial, t
+    if not current_ms * (1.0 + m) < theirs:
+        current, current_ms = every, theirs
+    return current, dict(times, final_ms=current_ms)
+
+
+def _time_model(fn: Callable[[], object]) -> float:
+    """ms per run of ``fn`` (do_bench median; at least ~8 runs however long one is)."""
+    import triton.testing
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    est_ms = (time.perf_counter() - t0) * 1e3
+    return float(triton.testing.do_bench(fn, warmup=max(25.0, 2 * est_ms), rep=max(100.0, 8 * est_ms),
+                                         return_mode="median"))
+
+
+def check_network(report, layers_by_sig: dict[str, list[nn.Module]], run: Callable[[], object],
+                  device: torch.device, bar, timer: Callable[[Callable[[], object]], float] = _time_model) -> None:
+    """Time the model (``run``) with convt3d's decisions against PyTorch for every layer and revert
+    the signatures that make it slower (:func:`network_check`), in this process and in the cache.
+
+    ``report``: the ``TuneReport`` of the tuning run (its entries: signature, engine, source,
+    timings), updated in place, with ``report.network`` set; ``layers_by_sig``: the patched "auto"
+    layers per call signature; ``bar``: anything with ``status(str)``."""
+    decided = {e["signature"]: e for e in report.entries}
+    # Signatures "auto" decided for convt3d (layers_by_sig holds "auto" layers only).
+    groups = [sig for sig in layers_by_sig if sig in decided and decided[sig]["engine"] != "torch"]
+    if not groups:
+        return
+
+    def gain(sig: str) -> float:
+        t = decided[sig].get("timings_ms") or {}
+        ours = min((v for k, v in t.items() if k != "torch"), default=None)
+        return (t["torch"] / ours) if ours and "torch" in t else float("inf")
+
+    groups.sort(key=gain)
+
+    def measure(reverted: frozenset) -> float:
+        bar.status(f"network check: {len(reverted)} of {len(groups)} signature(s) on PyTorch")
+        saved = []
+        try:
+            for sig in reverted:
+                for m in layers_by_sig[sig]:
+                    saved.append((m, m.backend))
+                    m.backend = "torch"
+            return timer(run)
+        finally:
+            for m, b in reversed(saved):
+                m.backend = b
+
+    reverted, times = network_check(groups, measure)
+    for sig in groups:
+        if sig in reverted:
+            why = (f"convt3d.tune's network check reverted this layer to PyTorch: the model took "
+                   f"{times['convt3d_ms']:.4g} ms with convt3d's choices and {times['final_ms']:.4g} ms with this "
+                   f"layer on PyTorch (every layer on PyTorch: {times['torch_ms']:.4g} ms)")
+            dispatch.override(sig, "torch", why, device, detail=dict(times))
+            decided[sig].update(engine="torch", source="network check", reason=why)
+    report.network = dict(times, reverted=[sig for sig in groups if sig in reverted], checked=list(groups))
+
+
+def layer_signature(module: nn.Module, args: tuple) -> str | None:
+    """The persistent signature of a patched layer's call (as dispatch keys it), or None."""
+    from ..core.call import autocast_inputs, make_call
+
+    try:
+        x, w, b = autocast_inputs(args[0], module.weight, module.bias)
+        size = args[1] if len(args) > 1 else None
+        op = module._output_padding(x, size, module.stride, module.padding, module.kernel_size, 3, module.dilation)
+        return make_call(x, w, b, module.stride, module.padding, op, module.groups, module.dilation,
+                         module.precision, autograd=True).text
+    except Exception:  # noqa: BLE001 -- the call itself reports its errors; here it is only not checked
+        return None

@@ -1,0 +1,782 @@
+"""The dispatcher: one ordered pass over the engines for every call.
+
+The pass, for a validated call (``convt3d.core.call.Call``: invalid arguments raised before it):
+
+1. the backend name is resolved: the ``backend=`` argument, else ``$CONVT3D_BACKEND``, else
+   "auto"; an unknown name raises ValueError (the precision was resolved with the call);
+2. the candidates: each engine of ``convt3d.engines.peers.ENGINES`` answers
+   ``not_supported_reasons(call)``. A named backend runs if its list is empty and raises
+   BackendUnavailableError with the reasons otherwise -- it never runs something else;
+3. "auto" decides among the engines that can run the call: from this process's memory, else
+   from the disk cache (``convt3d.dispatch.cache``, shared by every process on the same GPU model and
+   versions), else by measurement, else by the heuristic; unsupported input falls back to
+   PyTorch here, and only here;
+4. the decided engine runs the call (``Engine.run``).
+
+``explain()`` prints the same pass without running or timing anything.
+
+How "auto" decides a new signature (device, dtype, input and weight strides, bias or not, every
+convolution parameter and shape, precision, and whether autograd records the call):
+
+* CPU tensors and dtypes other than float32/float16/bfloat16: PyTorch.
+* Measured (the default on CUDA): the first call of a signature times every candidate on the
+  call's own tensors -- convt3d's engines (their first call compiles and tunes the Triton engine
+  or builds the CUDA one) against PyTorch's own call under the same flags -- in two rounds in
+  opposite orders, and keeps convt3d's fastest only if it beats PyTorch by more than the noise
+  of the measurement (``NOISE_MARGIN``, or the spread between the two rounds where that is
+  larger), each of ours charged the host time per call it costs beyond PyTorch's (:func:`pick`).
+  Training calls time whole steps, forward and backward. The decision goes to the disk
+  cache, so later processes pay nothing; ``convt3d.tune(model, x)`` pays it ahead of time.
+* The heuristic (:func:`heuristic`, a pure function of the geometry) decides only where timing
+  cannot run: inside CUDA graph capture, tracing with fake or meta tensors (torch.export), when
+  ``measure=False`` (explain), or when measuring is switched off
+  (``convt3d.set_benchmark(False)``). A heuristic decision is held in memory only; the next call
+  that can measure replaces it. torch.compile decides once per signature at trace time on the
+  example tensors, which are real there (``functional._decide_for_trace``): the memory, the
+  disk cache, else timing, as an eager first call; the decision is a constant of the graph.
+* Tiny layers (roofline floor below ``TINY_FLOOR_S``) time PyTorch's call alone first: below
+  ``HOST_BOUND_S`` it stands, nothing else timed (host-bound); above it every candidate is timed.
+* Under ``torch.distributed`` every rank takes rank 0's decision (``convt3d.dispatch.distributed``).
+* ``convt3d.tune(model, x)`` can replace a decision afterwards (:func:`override`): its network
+  check times the whole model and reverts to PyTorch the signatures that were measured faster
+  alone but make the model slower.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from . import cache, distributed
+from ..engines.triton import engine as triton_engine
+from ..bench import roofline
+from ..bench.stats import lowest_spread
+from ..core.call import EXACT_GRADE, PRECISIONS, Call, resolve_precision, signature_text
+from ..engines.peers import ENGINES, HYBRID
+from ..core.errors import BackendUnavailableError
+from ..core.params import ConvT3dParams
+from ..engines.torch import at_flags_as_they_are, cudnn_conv_tf32, torch_forward
+from .steady import BACKEND_ENV, Direct, Repeat, steady_key
+
+__all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve_backend_name", "resolve_precision",
+           "decide", "select", "explain_pass", "heuristic", "set_benchmark", "benchmark_enabled", "clear_decisions",
+           "cudnn_conv_tf32", "signature_text", "torch_forward", "NOMINAL_CEILINGS", "NOISE_MARGIN",
+           "MEASURE_ROUNDS", "MAX_MEASURE_ROUNDS", "HYBRID",
+           "override", "Steady", "steady_key", "steady", "remember", "remember_direct"]
+
+BACKENDS = ("auto", "triton", "torch", "cuda", "conv3d")
+
+@dataclass(frozen=True)
+class Decision:
+    engine: str  # "triton", "cuda", "conv3d" or "torch"
+    precision: str  # "tf32" | "tf32x3" | "ieee" (meaningful for float32 only)
+    reason: str
+    # engine "torch" under autograd: PyTorch's forward with convt3d's backward (its per-gradient
+    # timed choice of cuDNN or our Triton dX/dW kernels) instead of PyTorch's own backward. Our
+    # engines always use convt3d's backward.
+    ours_backward: bool = False
+    # How it was made: "requested" (a named backend), "only" (one candidate), "rule" (CPU, dtype,
+    # tiny layer), "cache" (disk), "measured", "heuristic", "network" (convt3d.tune's network check).
+    source: str = ""
+    # The engine name in ``ENGINES`` that runs the call (HYBRID for PyTorch's forward with
+    # convt3d's backward); a field, not a property, so the steady path reads it without a call.
+    candidate: str = ""
+
+    def __post_init__(self):
+        if not self.candidate:
+            object.__setattr__(self, "candidate", HYBRID if self.ours_backward else self.engine)
+
+
+@dataclass
+class Pass:
+    """What the dispatcher did with one call (``explain`` prints it)."""
+
+    backend: str
+    reasons: dict[str, list[str]] = field(default_factory=dict)  # engine -> why it cannot run ([]: it can)
+    skipped: dict[str, str] = field(default_factory=dict)  # engines auto does not time, and why
+    decision: Decision | None = None
+    error: str | None = None  # a named backend that cannot run the call
+
+
+def resolve_backend_name(backend: str | None) -> str:
+    if backend is None:
+        env = os.environ.get(BACKEND_ENV)
+        if env is None or env == "":
+            return "auto"
+        if env not in BACKENDS:
+            raise ValueError(f"environment variable {BACKEND_ENV}={env!r} is not a backend; expected one of {BACKENDS}")
+        return env
+    if not isinstance(backend, str):
+        raise TypeError(f"conv_transpose3d(): argument 'backend' must be str or None, not {type(backend).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend={backend!r}; expected one of {BACKENDS}")
+    return backend
+
+
+# ---- measuring on or off ----------------------------------------------------------------------------
+_benchmark: bool | None = None  # None: the default, measure on CUDA
+
+
+def set_benchmark(enabled: bool | None) -> None:
+    """Measure "auto" decisions (True, or None: the default) or decide by the heuristic alone
+    (False: no first-call timing). Decisions already measured are reused in every mode."""
+    global _benchmark
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"set_benchmark(): argument 'enabled' must be bool or None, not {type(enabled).__name__}")
+    _benchmark = enabled
+
+
+def benchmark_enabled() -> bool:
+    """Whether "auto" measures new signatures (the default)."""
+    return True if _benchmark is None else _benchmark
+
+
+@contextlib.contextmanager
+def benchmark(enabled: bool | None) -> Iterator[None]:
+    """``set_benchmark(enabled)`` for the duration of a block (``convt3d.tune`` uses it)."""
+    global _benchmark
+    old = _benchmark
+    set_benchmark(enabled)
+    try:
+        yield
+    finally:
+        _benchmark = old
+
+
+# ---- the heuristic ------------------------------------------------------------------------------
+# Nominal ceilings (copy bytes/s counting read + write; bf16, TF32 and exact fp32 matmul FLOP/s)
+# of an H200 as bench/roofline.py measures them. Only their ratios matter to the heuristic, and
+# Hopper-class GPUs share those ratios within ~20%.
+NOMINAL_CEILINGS = roofline.Ceilings(4.24e12, 683e12, 374e12, 51e12)
+
+# Rule 1 -- tiny layers go to cuDNN: below this roofline floor a call is host-bound, and the
+# Triton engine's 2-4 launches per call cost several times the host time of cuDNN's one. The
+# threshold sits below the smallest bench layer Triton still wins (nnunet_128_64 bf16);
+# tools/gpu_auto.py times two tiny probes to check the rule.
+TINY_FLOOR_S = 10e-6
+# ... but where timing can run, a tiny layer's PyTorch call is timed first, and only if it takes
+# HOST_BOUND_S or more are our engines timed too: a PyTorch call shorter than the host time of a
+# Triton call through the public API cannot be beaten, while one far above its floor can
+# (tools/host_time.py reads that host time).
+HOST_BOUND_S = 50e-6
+# Rule 3 -- compute-bound = compute floor at least this multiple of the memory floor; the bench's
+# layers fall in two clusters of this ratio, one at most ~1 and one at 2.4 or more, and 2
+# separates them.
+COMPUTE_BOUND_RATIO = 2.0
+# ... and cuDNN is fast on compute-bound layers only when both channel counts per group are
+# multiples of its tensor-core tile (64 in fp32/TF32, 16 in 16-bit); otherwise it has no
+# tensor-core kernel for them and runs far below the roofline.
+CUDNN_CHANNEL_ALIGN = {torch.float32: 64, torch.float16: 16, torch.bfloat16: 16}
+
+
+def floors(params, dtype: torch.dtype, precision: str, has_bias: bool = False,
+           ceilings: roofline.Ceilings = NOMINAL_CEILINGS) -> tuple[float, float, str]:
+    """(memory floor s, compute floor s, peak class) of a call (bench/roofline.py arithmetic)."""
+    name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
+    if name is None:
+        raise ValueError(f"no roofline for dtype {dtype}")
+    peak = roofline.peak_class(name, "default" if precision == "tf32" else "exact")
+    mem, comp = roofline.floors(params.useful_flops, params.min_bytes(dtype.itemsize, has_bias), ceilings, peak)
+    return mem, comp, peak
+
+
+# Training steps (autograd records the call): below this roofline floor of the forward, a step is
+# host-bound and PyTorch's own forward + backward has the least host time. The threshold separates
+# the bench's training layers that lost to cuDNN's step from those that won (tools/gpu_training.py).
+TRAIN_SMALL_FLOOR_S = 60e-6
+
+
+def heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool = False,
+              candidates: tuple[str, ...] = ("triton", "torch"), training: bool = False) -> tuple[str, str]:
+    """(candidate, why) for a CUDA call without timing: a pure function of the geometry.
+
+    Training steps (``training``): a layer whose forward roofline floor is below
+    ``TRAIN_SMALL_FLOOR_S`` takes PyTorch's forward and backward ("torch"); otherwise the forward
+    rules below decide, and where they pick "torch" and HYBRID is a candidate, the step takes
+    PyTorch's forward with convt3d's backward (HYBRID: per gradient the faster of cuDNN and our
+    Triton kernels, timed once per signature), because cuDNN's dX can be many times slower than
+    ours on layers where its forward is as fast.
+    """
+    fwd = tuple(c for c in candidates if c != HYBRID)
+    if training and "torch" in fwd and len(fwd) > 1:
+        mem, comp, _ = floors(params, dtype, precision, has_bias)
+        if max(mem, comp) < TRAIN_SMALL_FLOOR_S:
+            return "torch", (f"training step of a small layer (roofline floor {max(mem, comp) * 1e6:.3g} us < "
+                             f"{TRAIN_SMALL_FLOOR_S * 1e6:.0f} us): host-bound, PyTorch's forward and backward "
+                             "have the least host time")
+    engine, why = _forward_heuristic(params, dtype, precision, has_bias, fwd)
+    if training and engine == "torch" and HYBRID in candidates:
+        return HYBRID, (why + "; backward by convt3d (per gradient the faster of cuDNN and our Triton kernels, "
+                        "timed once per signature)")
+    return engine, why
+
+
+def _forward_heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool,
+                       candidates: tuple[str, ...]) -> tuple[str, str]:
+    """(engine, why) of the forward: a pure function of the geometry.
+
+    Rules, in order (the constants above give their reasons):
+
+    0. only one candidate can run the call: that one;
+    1. tiny (roofline floor < ``TINY_FLOOR_S``): torch -- host time decides;
+    2. exact-grade float32 ("tf32x3"/"ieee"): triton -- cuDNN's exact fp32 runs on FFMA only,
+       without tensor cores; the cuda engine is chosen only by measurement;
+    3. compute-bound (compute floor >= ``COMPUTE_BOUND_RATIO`` x memory floor) with channels per
+       group aligned to cuDNN's tiles (``CUDNN_CHANNEL_ALIGN``): torch;
+    4. otherwise triton: memory-bound or balanced layers (the phase decomposition skips empty
+       phases and writes whole rows once) and compute-bound ones cuDNN has no tensor-core
+       kernel for.
+    """
+    if "triton" not in candidates or "torch" not in candidates:
+        # The rules below are about these two; the cuda and conv3d engines are chosen by
+        # measurement only.
+        only = [c for c in candidates if c in ("triton", "torch")] or list(candidates)
+        return only[0], f"only {only[0]} of triton/torch can run this call"
+    mem, comp, peak = floors(params, dtype, precision, has_bias)
+    floor = max(mem, comp)
+    if floor < TINY_FLOOR_S:
+        return "torch", (f"tiny layer: roofline floor {floor * 1e6:.3g} us < {TINY_FLOOR_S * 1e6:.0f} us, host-bound "
+                         "(Triton's launches cost several times cuDNN's host time)")
+    if dtype == torch.float32 and precision != "tf32":
+        return "triton", (f"exact-grade fp32 ({precision}): cuDNN's exact fp32 runs on FFMA only, "
+                          "under half the rate of Triton's 3xTF32 on tensor cores")
+    ratio = comp / mem if mem > 0 else float("inf")
+    align = CUDNN_CHANNEL_ALIGN[dtype]
+    cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
+    aligned = cin_g % align == 0 and cout_g % align == 0
+    shape = (f"compute floor {comp * 1e6:.1f} us = {ratio:.2f}x memory floor {mem * 1e6:.1f} us ({peak} peak), "
+             f"Cin/g={cin_g}, Cout/g={cout_g}")
+    if ratio >= COMPUTE_BOUND_RATIO and aligned:
+        return "torch", (f"compute-bound with channels aligned to cuDNN's tiles ({shape}, multiples of {align}): "
+                         "cuDNN runs such layers near its tensor-core peak")
+    if ratio >= COMPUTE_BOUND_RATIO:
+        return "triton", (f"compute-bound but channels not multiples of {align} ({shape}): cuDNN has no fast "
+                          "tensor-core kernel here")
+    return "triton", (f"memory-bound or balanced ({shape}): the phase decomposition skips empty phases and "
+                      "writes each output row once")
+
+
+# ---- the in-process memory ---------------------------------------------------------------------------
+_settled: dict[tuple, Decision] = {}  # measured, read from the disk cache, one candidate, or a rule
+_guessed: dict[tuple, Decision] = {}  # heuristic decisions (replaced once a call can measure)
+_named: dict[tuple, Decision] = {}  # named backends that can run a signature
+_timings: dict[tuple, dict[str, float]] = {}  # measured ms per engine (explain)
+_texts: dict[tuple, str] = {}  # the persistent signature of each settled key (override)
+_listeners: list[Callable[[str, dict], None]] = []
+
+
+def clear_decisions() -> None:
+    """Forget this process's decisions (not the disk cache)."""
+    _settled.clear()
+    _guessed.clear()
+    _named.clear()
+    _timings.clear()
+    _texts.clear()
+    _forget_steady()
+    ENGINES["triton"].forget()
+
+
+@contextlib.contextmanager
+def listening(callback: Callable[[str, dict], None]) -> Iterator[None]:
+    """Call ``callback(event, info)`` on "decision" (every auto decision) and "measure" (a
+    candidate about to be timed) events for the duration of a block (``convt3d.tune``)."""
+    _listeners.append(callback)
+    try:
+        yield
+    finally:
+        _listeners.remove(callback)
+
+
+def _notify(event: str, **info) -> None:
+    for cb in list(_listeners):
+        cb(event, info)
+
+
+def cached_timings(call: Call) -> dict[str, float] | None:
+    """Measured ms per engine for this call signature (this process or the disk cache), or None."""
+    if call.key in _timings:
+        return dict(_timings[call.key])
+    if call.device.type != "cuda":
+        return None
+    entry = cache.load_decision(triton_engine.device_name(call.device), call.text)
+    return None if entry is None else dict(entry.get("timings_ms", {}))
+
+
+# ---- the pass ------------------------------------------------------------------------------------
+def select(call: Call, backend: str | None = None, *, measure: bool = True) -> Decision:
+    """The engine that runs ``call`` (steps 1-3 of the module docstring). A signature seen before
+    is answered from memory with one dictionary lookup."""
+    name = resolve_backend_name(backend)
+    if name == "auto":
+        d = _settled.get(call.key)
+        if d is None:
+            # A guess stands until a call can measure (outside capture and tracing, measuring on).
+            d = _guessed.get(call.key) if call.device.type == "cuda" and not _can_measure(call, measure) else None
+            if d is None:
+                d = _auto(call, measure, None)
+        return d
+    d = _named.get((call.key, name, call.requested))
+    if d is None:
+        d = _run_named(call, name, None)
+    return d
+
+
+def explain_pass(call: Call, backend: str | None = None) -> Pass:
+    """The pass :func:`select` makes for ``call``, recorded, with nothing timed."""
+    name = resolve_backend_name(backend)
+    record = Pass(name)
+    try:
+        record.decision = _auto(call, False, record) if name == "auto" else _run_named(call, name, record)
+    except BackendUnavailableError as exc:
+        record.error = str(exc)
+    if not record.reasons:  # auto decided before asking the engines (CPU, dtype): ask them for the report
+        _reasons(call, record)
+    return record
+
+
+def _reasons(call: Call, record: Pass | None) -> dict[str, list[str]]:
+    reasons = {name: engine.not_supported_reasons(call) for name, engine in ENGINES.items()
+               if name != HYBRID or call.training}
+    if record is not None:
+        record.reasons = reasons
+    return reasons
+
+
+def _run_named(call: Call, name: str, record: Pass | None) -> Decision:
+    engine = ENGINES[name]
+    why = _reasons(call, record)[name] if record is not None else engine.not_supported_reasons(call)
+    why = engine.precision_reasons(call) + why
+    if why:
+        raise BackendUnavailableError(f"backend={name!r} cannot run this call: " + "; ".join(why))
+    d = Decision(name, engine.precision(call), f"backend={name!r} requested", source="requested")
+    if record is None:
+        _named[(call.key, name, call.requested)] = d
+    return d
+
+
+def _decision(name: str, call: Call, reason: str, source: str) -> Decision:
+    engine = ENGINES[name]
+    if name == HYBRID:
+        return Decision("torch", engine.precision(call), reason, ours_backward=True, source=source)
+    return Decision(name, engine.precision(call), reason, source=source)
+
+
+def _auto(call: Call, measure: bool, record: Pass | None) -> Decision:
+    d = _auto_choose(call, measure, record)
+    if _listeners:
+        _notify("decision", signature=call.text, decision=d, timings=_timings.get(call.key))
+    return d
+
+
+def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
+    if call.device.type != "cuda":
+        return _settle(call, _decision("torch", call, "auto: CPU tensors use PyTorch", "rule"), record)
+    if call.dtype not in triton_engine.SUPPORTED_DTYPES:
+        return _settle(call, _decision("torch", call, f"auto: dtype {call.dtype} is not run by our engines", "rule"),
+                       record)
+    reasons = _reasons(call, record)
+    skipped = _auto_skips(call, reasons)
+    if record is not None:
+        record.skipped = skipped
+    cands = [n for n, why in reasons.items() if not why and n not in skipped]
+    if torch.compiler.is_compiling() and _without_data(call.x):
+        # Traced with fake or meta tensors (torch.export): nothing to time and no signature worth
+        # a file entry -- the heuristic alone (a pure function). torch.compile itself decides on
+        # the example tensors (functional._decide_for_trace runs eagerly at trace time, with real
+        # tensors), and then goes on below as an eager call does: the disk cache, else timing.
+        engine, why = heuristic(call.params, call.dtype, call.precision, call.bias is not None,
+                                tuple(c for c in cands if c in ("triton", "torch")) or ("torch",))
+        return _decision(engine, call, f"auto (heuristic, traced): {why}", "heuristic")
+    if len(cands) == 1:
+        d = _decision(cands[0], call, f"auto: only {cands[0]} can run this call ("
+                      + "; ".join(f"{k}: {'; '.join(v) if v else skipped.get(k)}" for k, v in reasons.items()
+                                  if k != cands[0]) + ")", "only")
+        return _settle(call, d, record)
+    floor = max(floors(call.params, call.dtype, call.precision, call.bias is not None)[:2])
+    tiny = floor < TINY_FLOOR_S
+    gpu = triton_engine.device_name(call.device)
+    if _can_measure(call, measure) and record is None:
+        # The disk cache and the measurement, as one decision every rank of a process group
+        # takes from rank 0 (convt3d.dispatch.distributed; without one, agree_with_tuning is a call).
+        entry = distributed.agree_with_tuning(lambda: _cached_or_measured(call, cands, gpu, tiny),
+                                              "auto|" + call.text, tuner=triton_engine)
+        if entry["engine"] not in cands:  # rank 0 could run an engine this rank cannot
+            with distributed.local():
+                entry = _cached_or_measured(call, cands, gpu, tiny)
+        return _settle(call, _from_entry(call, entry), None)
+
+    def cached_or_guessed() -> dict:
+        entry = _cached_entry(call, cands, gpu)
+        if entry is not None:
+            return entry
+        engine, why = heuristic(call.params, call.dtype, call.precision, call.bias is not None, tuple(cands),
+                                call.training)
+        return {"engine": engine, "source": "heuristic", "why": why}
+
+    # Not measured: a disk-cache entry or the heuristic, rank 0's on every rank (explain asks no one).
+    entry = cached_or_guessed() if record is not None else distributed.agree(cached_or_guessed,
+                                                                             "auto-guess|" + call.text)
+    if entry["engine"] not in cands:
+        entry = cached_or_guessed()
+    if entry["source"] == "cache":
+        return _settle(call, _from_entry(call, entry), record)
+    d = _decision(entry["engine"], call, f"auto (heuristic): {entry['why']}", "heuristic")
+    if record is None:
+        _guessed[call.key] = d
+    return d
+
+
+def _without_data(t) -> bool:
+    """A tensor whose values do not exist: a FakeTensor (export's tracing) or on the meta device."""
+    return isinstance(t, torch._subclasses.FakeTensor) or getattr(t, "is_meta", False)
+
+
+def _settle(call: Call, d: Decision, record: Pass | None) -> Decision:
+    if record is None:
+        _settled[call.key] = d
+        _texts[call.key] = call.text
+    return d
+
+
+def override(signature: str, engine: str, why: str, device: torch.device, detail: dict | None = None) -> int:
+    """Replace the decision of a call signature (its text, as ``convt3d.tune`` reports it) by
+    ``engine``: in this process (every settled call of that signature) and, on CUDA, in the disk
+    cache, so later processes take it too. ``convt3d.tune``'s network check uses it to revert a
+    layer that was measured faster alone but makes the whole network slower. Returns how many
+    in-process decisions were replaced."""
+    if engine not in ENGINES:
+        raise ValueError(f"override(): engine {engine!r} is not one of {tuple(ENGINES)}")
+    _forget_steady()
+    replaced = 0
+    for key, text in list(_texts.items()):
+        if text == signature and key in _settled:
+            old = _settled[key]
+            d = (Decision("torch", old.precision, why, ours_backward=True, source="network") if engine == HYBRID
+                 else Decision(engine, old.precision, why, source="network"))
+            _settled[key] = d
+            replaced += 1
+    if device.type == "cuda":
+        gpu = triton_engine.device_name(device)
+        old_entry = cache.load_decision(gpu, signature) or {}
+        entry = {"engine": engine, "timings_ms": dict(old_entry.get("timings_ms", {})), "network": why}
+        if detail:
+            entry["network_ms"] = detail
+        if old_entry.get("engine"):
+            entry["replaced"] = old_entry["engine"]
+        cache.save_decision(gpu, signature, entry)
+    return replaced
+
+
+def _can_measure(call: Call, measure: bool) -> bool:
+    return measure and benchmark_enabled() and not _capturing()
+
+
+def _capturing() -> bool:
+    """A CUDA graph is being captured on the current stream (then nothing may be timed)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _auto_skips(call: Call, reasons: dict[str, list[str]]) -> dict[str, str]:
+    """Engines that can run the call but that auto does not time, and why."""
+    skipped = {}
+    cuda = ENGINES["cuda"]
+    if not reasons.get("cuda"):
+        if cuda.head_reason(call) is None:
+            # The head kernel: one nvcc build per element type, cached on disk, then timed like
+            # the other engines.
+            return skipped
+        if call.precision == "tf32":
+            skipped["cuda"] = ("precision tf32: auto times the cuda engine at exact grade only (its first use builds "
+                               "a CUDA extension, and at TF32 the Triton engine's tiles are faster); "
+                               "backend='cuda' runs it")
+        else:
+            why = cuda.slow_path(call)
+            if why is not None:
+                skipped["cuda"] = why
+    return skipped
+
+
+# ---- measuring ------------------------------------------------------------------------------------
+# The smallest margin by which convt3d must beat PyTorch to be chosen: ties go to PyTorch, the
+# baseline "auto" promises never to lose to. 3% is above the run-to-run spread of do_bench
+# medians of one call in one process (the rounds of each measurement are recorded beside it in
+# the cache file).
+NOISE_MARGIN = 0.03
+# Two rounds, and up to MAX_MEASURE_ROUNDS while a candidate's two lowest differ by more than
+# the noise margin: on a busy host two rounds can lie far apart, and their spread, which becomes
+# the margin, would then keep PyTorch where ours is faster.
+MEASURE_ROUNDS = 2
+MAX_MEASURE_ROUNDS = 4
+
+
+def _measure(call: Call, cands: list[str], label: str
+             ) -> tuple[dict[str, list[float]], dict[str, str], dict[str, list[float]]]:
+    """Timings (ms, one per round) of each candidate on the call's own tensors, rounds in
+    alternating orders so drift during the measurement falls on every candidate; more rounds
+    (up to ``MAX_MEASURE_ROUNDS``) while a candidate's two lowest are further apart than
+    ``NOISE_MARGIN``; (runs, failures, host ms per call per round: ``engines.Timing``). A
+    candidate that raises (a failed CUDA build, out of memory) is left out."""
+    runs: dict[str, list[float]] = {}
+    hosts: dict[str, list[float]] = {}
+    failed: dict[str, str] = {}
+    for r in range(MAX_MEASURE_ROUNDS):
+        if r >= MEASURE_ROUNDS and all(lowest_spread(v) <= NOISE_MARGIN for v in runs.values()):
+            break
+        for name in (cands if r % 2 == 0 else cands[::-1]):
+            if name in failed:
+                continue
+            _notify("measure", signature=label, engine=name)
+            try:
+                t = ENGINES[name].time(call)
+            except Exception as exc:  # noqa: BLE001 -- any engine failure just removes the candidate
+                failed[name] = f"{type(exc).__name__}: {exc}"[:300]
+                runs.pop(name, None)
+                hosts.pop(name, None)
+                if len(failed) == len(cands):
+                    raise
+                continue
+            runs.setdefault(name, []).append(t.ms)
+            hosts.setdefault(name, []).append(t.host_ms)
+    return runs, failed, hosts
+
+
+def host_extra(hosts: dict[str, list[float]] | None, name: str, baseline: str = "torch") -> float:
+    """The host ms per call that ``name`` costs beyond ``baseline`` (lowest rounds; 0 where either
+    was not read)."""
+    if not hosts or not hosts.get(name) or not hosts.get(baseline):
+        return 0.0
+    return max(0.0, min(hosts[name]) - min(hosts[baseline]))
+
+
+def pick(runs: dict[str, list[float]], baseline: str = "torch",
+         hosts: dict[str, list[float]] | None = None) -> tuple[str, float]:
+    """(winner, margin) from per-round timings: convt3d's fastest candidate wins only if it beats
+    the baseline by more than the margin -- ``NOISE_MARGIN`` or the larger spread of the two
+    between their two lowest rounds (``bench.stats.lowest_spread``) -- so a noisy or failed
+    measurement falls back to PyTorch, never to a slower engine.
+
+    ``hosts`` (host ms per call per round, ``engines.Timing``): a candidate is charged the host
+    time it costs beyond the baseline's, on top of its timing. The timing is what the layer
+    costs where the GPU never waits for the host; the sum is what it costs where the two take
+    turns, as in a network that synchronises now and then. A candidate chosen by the sum is
+    no slower in either."""
+    best = {k: min(v) for k, v in runs.items() if v}
+    spread = {k: lowest_spread(v) for k, v in runs.items() if v}
+    if baseline not in best:  # PyTorch failed (e.g. out of memory): the fastest of ours
+        winner = min(best, key=best.get)
+        return winner, spread[winner]
+    cost = {k: v + host_extra(hosts, k, baseline) for k, v in best.items() if k != baseline}
+    if not cost:
+        return baseline, spread[baseline]
+    challenger = min(cost, key=cost.get)
+    margin = max(NOISE_MARGIN, spread[challenger], spread[baseline])
+    return (challenger if cost[challenger] * (1.0 + margin) < best[baseline] else baseline), margin
+
+
+def _cached_entry(call: Call, cands: list[str], gpu: str) -> dict | None:
+    """The disk cache's decision for this signature, if it names an engine that can run the call."""
+    entry = cache.load_decision(gpu, call.text)
+    if entry is None or entry.get("engine") not in cands:
+        return None
+    if len(entry.get("rounds_ms") or ()) > 1 and "host_ms" not in entry and not entry.get("network"):
+        return None  # measured before candidates were charged their host time: measure again
+    return dict(entry, source="cache")
+
+
+def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = False) -> dict:
+    """The decision entry of a new signature: from the disk cache, else measured now (and saved).
+
+    ``tiny`` (roofline floor below ``TINY_FLOOR_S``): PyTorch's own call is timed first, and if it
+    takes less than ``HOST_BOUND_S`` nothing else is timed -- our engines' host time alone is
+    more. The floor alone does not say it: a tiny output head can take cuDNN many times its
+    floor."""
+    entry = _cached_entry(call, cands, gpu)
+    if entry is not None:
+        return entry
+    if tiny and "torch" in cands:
+        runs, failed, _ = _measure(call, ["torch"], call.text)
+        t = min(runs["torch"]) * 1e-3
+        if t < HOST_BOUND_S:
+            entry = {"engine": "torch", "timings_ms": {"torch": t * 1e3}, "rounds_ms": runs, "margin": 0.0,
+                     "failed": failed, "candidates": ["torch"],
+                     "why": f"tiny layer: PyTorch's call takes {t * 1e6:.3g} us < {HOST_BOUND_S * 1e6:.0f} us, less "
+                            "than our engines' host time; the others were not timed"}
+            cache.save_decision(gpu, call.text, entry)
+            return dict(entry, source="measured")
+    runs, failed, hosts = _measure(call, cands, call.text)
+    winner, margin = pick(runs, hosts=hosts)
+    entry = {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,
+             "margin": margin, "failed": failed, "candidates": cands}
+    # Written even when empty: an entry without it was measured before the host charge.
+    entry["host_ms"] = {k: min(v) for k, v in hosts.items() if v}
+    entry["host_rounds_ms"] = hosts
+    cache.save_decision(gpu, call.text, entry)
+    return dict(entry, source="measured")
+
+
+def _from_entry(call: Call, entry: dict) -> Decision:
+    timings = {k: float(v) for k, v in entry.get("timings_ms", {}).items()}
+    _timings[call.key] = timings
+    if entry["source"] == "cache":
+        if entry.get("network"):  # convt3d.tune's network check replaced the layer's own measurement
+            return _decision(entry["engine"], call, f"auto (from the cache file): {entry['network']}", "cache")
+        return _decision(entry["engine"], call, "auto (measured earlier, from the cache file): "
+                         + _timings_text(timings, entry["engine"], entry.get("host_ms")), "cache")
+    kind = "training steps" if call.training else "calls"
+    if entry.get("why"):
+        reason = f"auto (measured {kind}): {entry['why']}"
+    else:
+        reason = (f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): "
+                  + _timings_text(timings, entry["engine"], entry.get("host_ms")))
+    if entry.get("failed"):
+        reason += "; failed: " + "; ".join(f"{k}: {v}" for k, v in entry["failed"].items())
+    return _decision(entry["engine"], call, reason, "measured")
+
+
+def _timings_text(timings: dict[str, float], best: str, host_ms: dict[str, float] | None = None) -> str:
+    def one(k: str, v: float) -> str:
+        extra = host_extra({n: [h] for n, h in (host_ms or {}).items()}, k) if k != "torch" else 0.0
+        return f"{k} {v:.4g} ms" + (f" (+{extra:.3g} ms host beyond torch's)" if extra > 0 else "")
+
+    parts = ", ".join(one(k, v) for k, v in sorted(timings.items(), key=lambda kv: kv[1]))
+    return f"{parts} -> {best}"
+
+
+# ---- the steady path: a repeated call in one lookup -------------------------------------------------
+@dataclass(frozen=True)
+class Steady:
+    """What a call's arguments led to before: its geometry, precision and flags as validated, and
+    the settled decision. ``direct``: the decision is PyTorch's own forward and backward at the
+    flags as they are, so the call goes straight to ``F.conv_transpose3d`` with the caller's own
+    arguments (PyTorch casts under autocast, with its weight-cast cache, and handles unbatched
+    input and autograd) -- the host time of an untouched layer, which host-bound networks notice."""
+
+    decision: Decision
+    params: ConvT3dParams
+    precision: str
+    training: bool
+    unbatched: bool
+    direct: bool
+    # A repeated inference call decided for one of our engines: the engine's steady forward of
+    # (input, weight, bias) as the caller passes them (steady.Repeat); None otherwise.
+    run: Callable | None = None
+
+
+_steady: dict[tuple, Steady] = {}
+# The direct memo, one per weight object (the latest signature of that weight): steady.Direct,
+# or steady.Repeat for an inference call decided for one of our engines.
+_direct: dict[int, Direct] = {}
+_STEADY_LIMIT = 4096
+
+
+def steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
+           precision) -> tuple[tuple | None, Steady | None]:
+    """(the call's ``steady_key`` or None, its steady entry or None): the dispatcher's one entry
+    on a repeated call. The memo of the call's weight answers first (no key to build):
+    ``steady.Direct`` for a call decided for PyTorch's op, ``steady.Repeat`` (an entry whose
+    ``run`` launches the engine) for an inference call decided for ours; then the key.
+    A key's entry found for another weight object gives that weight its memo."""
+    if _listeners:  # a listener such as convt3d.tune waits for every decision
+        return None, None
+    args = (stride, padding, output_padding, groups, dilation)
+    memo = _direct.get(id(weight))
+    if memo is not None and memo.fits(input, weight, bias, args, backend, precision):
+        return None, _DIRECT if type(memo) is Direct else memo.hit
+    key = steady_key(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
+    hit = None if key is None else _steady.get(key)
+    if hit is not None:
+        if hit.direct:
+            remember_direct(input, weight, bias, args, backend, precision)
+        elif not hit.training:
+            _remember_repeat(input, weight, bias, args, backend, precision, hit)
+    return key, hit
+
+
+def _remember_repeat(input, weight, bias, args: tuple, backend, precision, hit: Steady) -> None:
+    """Give the weight a ``steady.Repeat`` memo where the decided engine has a steady launcher
+    for the call (its signature settled: a tile tuned or seeded) and the call needs nothing the
+    launcher does not do: plain tensors, no autocast casts, no gradient recorded."""
+    engine = ENGINES[hit.decision.candidate]
+    if (type(input) is not torch.Tensor or not hasattr(engine, "steady_launcher")
+            or torch.is_autocast_enabled(input.device.type)):
+        return
+    x = input.unsqueeze(0) if hit.unbatched else input
+    launcher = engine.steady_launcher(x, weight, bias, hit.params, hit.precision)
+    if launcher is None:
+        return
+    run, alive = launcher
+    if hit.unbatched:
+        def run(input, weight, bias, _run=run):
+            return _run(input.unsqueeze(0), weight, bias).squeeze(0)
+    if len(_direct) >= _STEADY_LIMIT:
+        _forget_steady()
+    _direct[id(weight)] = Repeat(input, weight, bias, args, backend, precision, alive,
+                                 Steady(hit.decision, hit.params, hit.precision, False, hit.unbatched, False, run))
+
+
+def _forget_steady() -> None:
+    _steady.clear()
+    _direct.clear()
+
+
+def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = None) -> None:
+    """Keep a settled decision for the call's argument signature. Heuristic guesses are not kept
+    (the next call that can measure replaces them), nor calls under CUDA graph capture or while
+    a listener waits for every decision. ``given``: the call as the caller passed it (input,
+    weight, bias, (stride, padding, output_padding, groups, dilation), backend, precision), for the
+    direct memo of a decision for PyTorch's own op."""
+    if d.source == "heuristic" or _listeners or (call.device.type == "cuda" and _capturing()):
+        return
+    is_direct = d.candidate == "torch" and at_flags_as_they_are(call.x, call.requested)
+    if key is not None:
+        if len(_steady) >= _STEADY_LIMIT:
+            _forget_steady()
+        _steady[key] = Steady(d, call.params, call.precision, call.training, call.unbatched, is_direct)
+    # A call without a key (a tensor subclass without __torch_function__) still gets the direct
+    # memo: PyTorch's op handles the subclass as it does in an untouched layer.
+    if is_direct and given is not None:
+        remember_direct(*given)
+
+
+# What ``steady`` answers for a call its direct memo fits: only ``direct`` is read.
+_DIRECT = Steady(Decision("torch", "", "the direct memo of its weight", source="steady"), None, "", False, False,
+                 True)
+
+
+def remember_direct(input, weight, bias, args: tuple, backend, precision) -> None:
+    """Keep the direct memo of a call decided for PyTorch's own op at the flags as they are."""
+    if len(_direct) >= _STEADY_LIMIT:
+        _forget_steady()
+    _direct[id(weight)] = Direct(input, weight, bias, args, backend, precision)
+
+
+# ---- the call-level entry for callers holding tensors and a geometry ------------------------------
+def decide(input: torch.Tensor, backend: str | None, precision: str | None, params=None, *, weight=None, bias=None,
+           measure: bool = True, training: bool = False) -> Decision:
+    """:func:`select` for callers that hold the tensors and the geometry (already validated)
+    rather than a :class:`Call`. ``measure=False`` never times anything."""
+    name = resolve_backend_name(backend)
+    prec = resolve_precision(precision)
+    if params is None or weight is None:  # a caller without the geometry: Triton where it can run
+        if name == "torch":
+            return Decision("torch", prec, "backend='torch' requested", source="requested")
+        if name in ("cuda", "conv3d"):
+            raise BackendUnavailableError(f"backend={name!r} cannot run this call: its check needs the weight and "
+                                          "the geometry")
+        if name == "triton":
+            why = triton_engine.unsupported_reason(input, None)
+            if why is not None:
+                raise BackendUnavailableError(f"backend='triton' cannot run this call: {why}")
+            return Decision("triton", prec, "backend='triton' requested", source="requested")
+        if input.device.type != "cuda" or input.dtype not in triton_engine.SUPPORTED_DTYPES:
+            return Decision("torch", prec, "auto: PyTorch (CPU tensors, or a dtype our engines do not run)", source="rule")
+        why = triton_engine.unsupported_reason(input, None)
+        if why is not None:
+            return Decision("torch", prec, f"auto: Triton engine unsupported here ({why})", source="rule")
+        return Decision("triton", prec, "auto: CUDA float32/float16/bfloat16 use the Triton engine", source="rule")
+    unbatched = input.dim() == 4
+    x = input.unsqueeze(0) if unbatched else input
+    return select(Call(x, weight, bias, params, prec, precision, training, unbatched), name, measure=measure)

@@ -1,0 +1,156 @@
+"""The steady path's memos: how a repeated call is recognised without validation or the
+dispatcher's pass.
+
+- :func:`steady_key`: everything validation and the pass read from a call, as one hashable key
+  (the dispatcher keeps the settled decision under it).
+- :class:`Direct`: a call decided for PyTorch's own op at the flags as they are. It needs no
+  validation at all (``F.conv_transpose3d`` checks its own arguments and raises its own
+  errors), so its memo only has to say that the decision still holds: the same weight and bias
+  objects, the input's shape, layout, dtype and device, the same geometry arguments, backend,
+  precision and ``$CONVT3D_BACKEND``, grad mode, autocast and cuDNN's TF32 flag. That check
+  costs less than building the key, and a host-bound layer pays every microsecond of it: a
+  forward through the key and the dispatcher's tables costs measurably more host time than
+  ``F.conv_transpose3d`` itself (``tools/host_time.py layers``).
+- :class:`Repeat`: the same memo for an inference call decided for one of our engines outside
+  autocast. It also pins the weight's and bias's layout (a ``.data`` assignment can change it
+  under the same object) and holds the engine's own steady launcher (``run``), so a repeated
+  call goes from the check straight to the allocation and the launches: no key, no ``Call``, no
+  engine lookup, which together cost a small layer several times the host time of the
+  engine's forward alone (``tools/host_time.py stubbed``).
+
+A leaf module (it imports nothing that imports the dispatcher): the engines use both to time a
+candidate with the host cost its repeated calls will have.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import weakref
+
+import torch
+
+from ..engines.torch import cudnn_conv_allows_tf32
+from ..core.validate import memo_arguments
+
+__all__ = ["BACKEND_ENV", "steady_key", "Direct", "Repeat"]
+
+BACKEND_ENV = "CONVT3D_BACKEND"
+
+
+@functools.cache
+def _precision_reader():
+    """A zero-argument reader of cuDNN convolution's fp32_precision through torch._C's getter, its
+    backend and op names read once (at the first call, not at import); None on a torch without it."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    getter = getattr(torch._C, "_get_fp32_precision_getter", None)
+    if getter is None or not hasattr(conv, "backend"):
+        return None
+    return functools.partial(getter, conv.backend, conv.op)
+
+
+def _tf32() -> bool:
+    """``torch_engine.cudnn_conv_allows_tf32`` at under half its cost (the getter's arguments
+    are not looked up through ``torch.backends``' module ``__getattr__`` each time): the steady
+    path reads the flag on every call."""
+    read = _precision_reader()
+    value = read() if read is not None else None
+    if value in ("tf32", "ieee"):
+        return value == "tf32"
+    return cudnn_conv_allows_tf32()  # inherited ("none"), or a torch without the getter
+
+
+def _autocast_state(device_type: str):
+    """None outside autocast; the autocast dtype inside it (devices autocast knows: cuda, cpu)."""
+    if device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def steady_key(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
+               precision) -> tuple | None:
+    """Everything validation and the pass read from a call -- the tensors' shapes, strides,
+    dtypes, devices and requires_grad; the geometry arguments; backend and precision;
+    ``$CONVT3D_BACKEND``, cuDNN's TF32 flag, grad mode and the autocast state -- or None where the
+    call must take the full pass (tensor subclasses and arguments that do not hash by value, as
+    ``validate.memo_arguments`` says). It costs a fraction of validation and the pass."""
+    if not (backend is None or type(backend) is str) or not (precision is None or type(precision) is str):
+        return None
+    geometry = memo_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    if geometry is None:
+        return None
+    dev = input.device
+    return (input.shape, input.stride(), input.dtype, dev, input.requires_grad,
+            weight.shape, weight.stride(), weight.dtype, weight.device, weight.requires_grad,
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device, bias.requires_grad),
+            geometry, backend, precision, os.environ.get(BACKEND_ENV) if backend is None else None,
+            _tf32(), torch.is_grad_enabled(), _autocast_state(dev.type))
+
+
+def _no_object():
+    return None
+
+
+def _same(args: tuple, memo: tuple) -> bool:
+    """``args == memo`` for a memo of ints and tuples of ints; False where an argument compares as
+    a tensor (a tensor stride: F.conv_transpose3d then raises its own TypeError)."""
+    try:
+        return bool(args == memo)
+    except (RuntimeError, TypeError):
+        return False
+
+
+class Direct:
+    """The memo of one call that went straight to ``F.conv_transpose3d``; ``fits`` says whether
+    another call may too. Holds its weight and bias weakly (a dropped model frees them)."""
+
+    __slots__ = ("weight", "bias", "x_type", "shape", "strides", "dtype", "device", "x_grad", "w_grad", "b_grad",
+                 "args", "backend", "precision", "env", "tf32", "grad", "autocast", "__weakref__")
+
+    def __init__(self, input, weight, bias, args: tuple, backend, precision):
+        self.weight = weakref.ref(weight)
+        self.bias = _no_object if bias is None else weakref.ref(bias)
+        self.x_type = type(input)
+        self.shape, self.strides, self.dtype, self.device = input.shape, input.stride(), input.dtype, input.device
+        self.x_grad, self.w_grad = input.requires_grad, weight.requires_grad
+        self.b_grad = None if bias is None else bias.requires_grad
+        self.args, self.backend, self.precision = args, backend, precision
+        self.env = os.environ.get(BACKEND_ENV) if backend is None else None
+        self.tf32, self.grad = _tf32(), torch.is_grad_enabled()
+        self.autocast = _autocast_state(input.device.type)
+
+    def fits(self, input, weight, bias, args: tuple, backend, precision) -> bool:
+        """Whether a call with these arguments would be decided as this one was. The cheap and
+        discriminating checks come first; a non-tensor input fails the type check before any
+        attribute is read. (Tensor subclasses with their own __torch_function__ never get here:
+        ``convt3d.conv_transpose3d`` hands them to their handler, which calls it on plain views.)"""
+        return (type(input) is self.x_type and self.weight() is weight and self.bias() is bias
+                and input.shape == self.shape and input.dtype is self.dtype and input.stride() == self.strides
+                and _same(args, self.args) and backend == self.backend and precision == self.precision
+                and input.requires_grad is self.x_grad and weight.requires_grad is self.w_grad
+                and (bias is None or bias.requires_grad is self.b_grad)
+                and torch.is_grad_enabled() is self.grad and input.device == self.device
+                and _tf32() is self.tf32 and _autocast_state(self.device.type) == self.autocast
+                and (backend is not None or os.environ.get(BACKEND_ENV) == self.env))
+
+
+def _layout(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+class Repeat(Direct):
+    """The memo of an inference call (no autocast) decided for one of our engines: ``Direct``'s
+    check, the weight's and bias's shape, strides, dtype and device, and ``alive()`` of the
+    engine's launcher. ``hit``: what the dispatcher's ``steady()`` answers for a call this memo
+    fits, whose ``run(input, weight, bias)`` is the engine's steady forward of the caller's
+    tensors (the launcher's own memo -- the tuned tile, its launch sites -- held, not looked up)."""
+
+    __slots__ = ("w_layout", "b_layout", "alive", "hit")
+
+    def __init__(self, input, weight, bias, args: tuple, backend, precision, alive, hit=None):
+        super().__init__(input, weight, bias, args, backend, precision)
+        self.w_layout, self.b_layout = _layout(weight), _layout(bias)
+        self.alive, self.hit = alive, hit
+
+    def fits(self, input, weight, bias, args: tuple, backend, precision) -> bool:
+        return (super().fits(input, weight, bias, args, backend, precision)
+                and _layout(weight) == self.w_layout and _layout(bias) == self.b_layout and self.alive())

@@ -1,0 +1,1 @@
+"""The CUDA C++ engine: kernels built with nvcc and launched from Python."""

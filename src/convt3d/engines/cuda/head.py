@@ -1,0 +1,679 @@
+"""Launcher of the CUDA head kernel (``head_shuffle.cu``): output heads at dilation 1 in one
+launch, the input staged once per channel chunk in shared memory and read by every shift.
+
+The kernel's header comment gives the design. This module holds its plan: the geometry of the
+shuffle view (shifts, first block, blocks per dimension), the variant (the width shifts as K
+steps, or as MMA columns: ``width_shifts``), the tile (output blocks per CTA, its box shape, the
+tile configuration by columns), the weight packed as the kernel reads it, the per-shift n-tile
+masks, the build (nvcc into a shared library in the convt3d cache directory, loaded with
+ctypes), and a first-call choice among the variants' tiles by timing them (``choose_tile``).
+
+It runs fp32 at TF32 (operands rounded as cuDNN rounds them), bf16 and fp16. The CUDA engine
+(``engines.CudaEngine``) routes a call here where ``unsupported_reason`` is None; exact-grade
+fp32 stays on that engine's FFMA kernels.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import math
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ...core.errors import BackendUnavailableError
+from ...core.params import ConvT3dParams
+
+__all__ = ["CONFIGS", "MAX_COLUMNS", "MAX_SHIFTS", "MAX_HEAD_CHANNELS", "HeadPlan", "geometry", "columns",
+           "width_shifts", "unsupported_reason", "call_reason", "staging_mode", "configs_for", "tile_boxes", "plan",
+           "shift_masks", "pack_weight", "library_path", "load_library", "forward", "variants", "offers",
+           "candidate_plans",
+           "choose_tile", "build_seconds", "clear", "round_tf32", "pack_weight_cuda"]
+
+# Tile configurations (the .cu's CONVT3D_HEAD_CONFIGS): index -> (MT, NTW, WM, WN). A CTA covers
+# BM = WM x MT x 16 output blocks and BN = WN x NTW x 8 columns; a warp holds MT x NTW
+# accumulator tiles of 16 x 8 and reuses each B fragment for its MT m-tiles. The narrow heads
+# (BN 8 and 16) take four m-tiles a warp: at two, ncu reads the GAN head's kernel as
+# issue-bound.
+CONFIGS = {
+    0: (4, 1, 4, 1),   # BM 256, BN 8
+    1: (4, 2, 4, 1),   # BM 256, BN 16
+    2: (2, 4, 4, 1),   # BM 128, BN 32
+    3: (2, 4, 4, 2),   # BM 128, BN 64 (256 threads)
+    4: (2, 4, 2, 4),   # BM 64, BN 128 (256 threads)
+    5: (2, 1, 4, 1),   # BM 128, BN 8
+    6: (2, 2, 4, 1),   # BM 128, BN 16
+}
+MAX_COLUMNS = 128        # residues x Cout/g, padded to 8: the widest configuration's BN
+MAX_SHIFTS = 64          # J_d x J_h x J_w (the kernel's mask table)
+# Output channels per group of a head (head_engine.MAX_HEAD_CHANNELS, restated: this module
+# imports only torch and params).
+MAX_HEAD_CHANNELS = 15
+# Shared memory one CTA may take: the H100/H200 opt-in maximum per block (227 KB).
+SMEM_LIMIT = 232448
+# Tile boxes whose staged tile exceeds this are not offered while a smaller one exists: two CTAs
+# per SM (228 KB) keep one CTA's staging overlapped with the other's MMAs.
+SMEM_TWO_CTAS = 113 * 1024
+# Shared memory of an SM (H100/H200: 228 KB, 1 KB of it reserved per CTA) and its registers.
+SMEM_PER_SM = 228 * 1024
+REGS_PER_SM = 65536
+# Registers a thread of the kernel takes: ptxas gives 72-128 across the 21 kernels of each type
+# (CUDA 13, sm_90a); the occupancy estimate takes the most.
+KERNEL_REGS = 128
+
+_state: dict = {"lib": {}, "pack": {}, "seconds": {}, "path": {}}
+_lock = threading.Lock()
+_chosen: dict = {}
+_shift_arrays: dict = {}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_ceil(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def geometry(params: ConvT3dParams) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(shifts J, first block q0, blocks QN) per dimension. Tap t = j * s + r (j < J = ceil(k/s));
+    output o = q * s - p + r belongs to block q = (o + p) // s, so the blocks holding outputs run
+    from p // s to (O - 1 + p) // s."""
+    js, q0, qn = [], [], []
+    for a in params.axes:
+        j = _cdiv(a.kernel, a.stride)
+        first = a.padding // a.stride
+        last = (a.out_size - 1 + a.padding) // a.stride
+        js.append(j)
+        q0.append(first)
+        qn.append(max(0, last - first + 1))
+    return tuple(js), tuple(q0), tuple(qn)
+
+
+def columns(params: ConvT3dParams, jn: int = 1) -> int:
+    """N of the GEMM: residues x Cout/g (times the jn width shifts taken as columns), padded to a
+    multiple of 8 (one MMA n-tile)."""
+    return _cdiv(jn * math.prod(params.stride) * params.out_channels_per_group, 8) * 8
+
+
+def width_shifts(params: ConvT3dParams) -> int:
+    """The width shifts the column variant takes as MMA columns (J_w), or 1 where it is not
+    offered: one width shift, or more than MAX_COLUMNS columns with them. In that variant an A
+    fragment feeds J_w times the MMAs; the plain one reads each staged row once per shift, and
+    ncu reads such a kernel as bound by its ldmatrix shared-memory wavefronts."""
+    jw = geometry(params)[0][2]
+    return jw if jw > 1 and columns(params, jw) <= MAX_COLUMNS else 1
+
+
+def _kshifts(params: ConvT3dParams, jn: int) -> tuple[int, int, int]:
+    """The shifts taken as K steps: all of them, or (J_d, J_h, 1) where the width ones are
+    columns."""
+    js = geometry(params)[0]
+    return js if jn == 1 else (js[0], js[1], 1)
+
+
+def _staged_box(params: ConvT3dParams, box: tuple[int, int, int], jn: int) -> list[int]:
+    """The staged input box of an M box (BD, BH, mw): the box plus J - 1 per dimension taken as K
+    steps (the M rows along W are input positions already where the width shifts are columns)."""
+    return [b + j - 1 for b, j in zip(box, _kshifts(params, jn))]
+
+
+def _out_blocks(box: tuple[int, int, int], jn: int) -> tuple[int, int, int]:
+    """Output blocks of a tile: the M box, less the jn - 1 rows along W that only feed the next."""
+    return (box[0], box[1], box[2] - jn + 1)
+
+
+def _kc(params: ConvT3dParams, itemsize: int) -> int:
+    """Channels per staged chunk: Cin/g rounded up to a power of two, between 32 bytes and 128
+    bytes of a row (an ldmatrix K step is 32 bytes; 128-byte rows span all 32 banks)."""
+    lo, hi = 32 // itemsize, 128 // itemsize
+    return max(lo, min(hi, _pow2_ceil(params.in_channels_per_group)))
+
+
+@functools.lru_cache(maxsize=1024)
+def unsupported_reason(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> str | None:
+    """Why the head kernel does not take this call (geometry, dtype, precision), or None.
+    Memoised: a repeated call pays a dictionary lookup, not the tile enumeration."""
+    if dtype == torch.float32:
+        if precision != "tf32":
+            return f"fp32 at precision {precision!r} (the head kernel computes fp32 on TF32 tensor cores only)"
+    elif dtype not in (torch.bfloat16, torch.float16):
+        return f"dtype {dtype} (the head kernel takes float32, bfloat16 and float16)"
+    if params.out_channels_per_group > MAX_HEAD_CHANNELS:
+        return f"{params.out_channels_per_group} output channels per group (a head has at most {MAX_HEAD_CHANNELS})"
+    if any(a.dilation != 1 and a.kernel != 1 for a in params.axes):
+        return f"dilation {params.dilation} (the head kernel's shifts need dilation 1)"
+    if columns(params) > MAX_COLUMNS:
+        return (f"{math.prod(params.stride)} residues x {params.out_channels_per_group} output channels "
+                f"(more than {MAX_COLUMNS} columns)")
+    js, _, qn = geometry(params)
+    if math.prod(js) > MAX_SHIFTS:
+        return f"{math.prod(js)} shifts (kernel {params.kernel_size} over stride {params.stride}; at most {MAX_SHIFTS})"
+    offered = tile_boxes(params, dtype)
+    if not offered:
+        return "no tile fits in shared memory"
+    tiles = params.batch * params.groups * min(
+        math.prod(_cdiv(q, b) for q, b in zip(qn, box)) for _, box in offered)
+    if tiles > 2**31 - 1:  # the persistent CTAs number tiles in 32 bits
+        return f"{tiles} tiles (more than 2^31 - 1)"
+    return None
+
+
+def configs_for(params: ConvT3dParams, jn: int = 1) -> tuple[int, ...]:
+    """The configurations whose BN is the narrowest that holds every column: 256 and 128 blocks
+    per CTA where BN <= 16, one of each width above."""
+    n = columns(params, jn)
+    if n <= 8:
+        return (0, 5)
+    if n <= 16:
+        return (1, 6)
+    if n <= 32:
+        return (2,)
+    if n <= 64:
+        return (3,)
+    return (4,)
+
+
+def _bm_bn(config: int) -> tuple[int, int]:
+    mt, ntw, wm, wn = CONFIGS[config]
+    return wm * mt * 16, wn * ntw * 8
+
+
+def _row_pitch(params: ConvT3dParams, itemsize: int) -> int:
+    """Bytes between staged rows: a row of KC channels plus 16 bytes (the .cu's RP), so that any
+    8 consecutive rows start in 8 different 16-byte bank groups."""
+    return _kc(params, itemsize) * itemsize + 16
+
+
+def _epilogue_rows(params: ConvT3dParams, box: tuple[int, int, int]) -> int:
+    """Rows of the epilogue's table at most (NCDHW output: channel x depth x height outputs of
+    a tile; channels-last has one channel a row)."""
+    (sd, sh, _) = params.stride
+    return params.out_channels_per_group * box[0] * sd * box[1] * sh
+
+
+@dataclass(frozen=True)
+class _Smem:
+    """Shared memory of one CTA (bytes): stages, resident weights, two row-offset tables (8 bytes
+    a staged row), the epilogue's row table (16 bytes a row) and, where the BM x (BN + 4) fp32
+    epilogue tile does not fit in a stage, its own region."""
+
+    stages: int
+    resident: bool
+    stage_bytes: int
+    w_off: int
+    rtab_off: int
+    etab_off: int
+    cs_off: int
+    total: int
+
+
+def _ctas_per_sm(smem: int, threads: int) -> int:
+    """CTAs an SM holds by shared memory and registers (the kernel's; see KERNEL_REGS)."""
+    return max(0, min(SMEM_PER_SM // (smem + 1024), REGS_PER_SM // (threads * KERNEL_REGS)))
+
+
+def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int],
+                 stages: int | None = None, jn: int = 1) -> _Smem:
+    """The regions, and the variant: one or two stages, the weights resident or staged with each
+    chunk. The persistent CTAs hide their loads behind each other (several a SM) or behind their
+    own MMAs (two stages), and the GPU runs the first better wherever the second costs a CTA per
+    SM; two stages win by a few percent only where they keep the CTAs. Resident weights are
+    loaded once per CTA instead of once per tile, but all chunks of them at once, and a large
+    weight that leaves fewer CTAs per SM loses more than it saves. So of the four variants, the
+    most CTAs per SM wins; among those, resident weights, then two stages.
+    Resident weights need one group (a CTA's tiles would span groups)."""
+    js = _kshifts(params, jn)
+    bm, bn = _bm_bn(config)
+    threads = 32 * CONFIGS[config][2] * CONFIGS[config][3]
+    rp = _row_pitch(params, itemsize)
+    hr = math.prod(_staged_box(params, box, jn))
+    nchunks = _cdiv(params.in_channels_per_group, _kc(params, itemsize))
+    w_chunk = math.prod(js) * bn * rp
+    cs = bm * (bn + 4) * 4
+
+    def layout(st: int, resident: bool) -> _Smem:
+        stage = hr * rp + (0 if resident else w_chunk)
+        w_off = st * stage
+        rtab_off = w_off + (nchunks * w_chunk if resident else 0)
+        etab_off = rtab_off + _cdiv(2 * 8 * hr, 16) * 16
+        end = etab_off + 16 * _epilogue_rows(params, box)
+        cs_off = -1 if cs <= stage else end
+        return _Smem(st, resident, stage, w_off, rtab_off, etab_off, cs_off, end + (cs if cs_off >= 0 else 0))
+
+    variants = [layout(st, res) for st in ((1, 2) if stages is None else (stages,))
+                for res in ((True, False) if params.groups == 1 else (False,))]
+    fitting = [v for v in variants if v.total <= SMEM_LIMIT] or variants
+    return max(fitting, key=lambda v: (_ctas_per_sm(v.total, threads), v.resident, v.stages, -v.total))
+
+
+def _smem(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int], jn: int = 1) -> int:
+    return _smem_layout(params, itemsize, config, box, jn=jn).total
+
+
+def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
+               jn: int = 1) -> list[tuple[int, tuple]]:
+    """(config, box) pairs to offer for the plain variant (jn 1) or the one with jn width shifts
+    as columns, best first by the staged rows they read per block (the halo's share) plus the
+    blocks they compute (those past the output included): boxes of powers of two, BD x BH x BW
+    = BM, within shared memory; boxes that leave one CTA per SM last."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    js, _, qn = geometry(params)
+    ks = _kshifts(params, jn)
+    out = []
+    for cfg in (configs_for(params, jn) if config is None else (config,)):
+        bm, _ = _bm_bn(cfg)
+        for bw in (1, 2, 4, 8, 16, 32, 64, 128):
+            for bh in (1, 2, 4, 8, 16, 32, 64, 128):
+                if bm % (bw * bh) or bw < jn:
+                    continue
+                bd = bm // (bw * bh)
+                box = (bd, bh, bw)
+                smem = _smem(params, itemsize, cfg, box, jn)
+                if smem > SMEM_LIMIT:
+                    continue
+                tiles = math.prod(_cdiv(q, b) for q, b in zip(qn, _out_blocks(box, jn)))
+                rows = math.prod(_staged_box(params, box, jn))
+                # staged rows read, M rows computed (the MMA work scales with them and the shifts),
+                # and the input rows a box reads as separate runs along W (a run costs about a sector)
+                runs = (box[0] + ks[0] - 1) * (box[1] + ks[1] - 1)
+                cost = tiles * (rows + bm * math.prod(js) / 4 + 4 * runs)
+                out.append((cost, smem > SMEM_TWO_CTAS, cfg, box))
+    out.sort(key=lambda c: (c[1], c[0]))
+    return [(cfg, box) for _, _, cfg, box in out]
+
+
+def shift_masks(params: ConvT3dParams, jn: int = 1) -> list[int]:
+    """Per shift (jd, jh, jw) taken as a K step, the bit mask of the n-tiles whose columns (width
+    shift jw' < jn taken as a column, residue r, channel co; n = (jw' x R + r) x Cout/g + co) hold
+    a tap: j x s + r < k along every dimension."""
+    ks = _kshifts(params, jn)
+    cog = params.out_channels_per_group
+    (sd, sh, sw), (kd, kh, kw) = params.stride, params.kernel_size
+    res = sd * sh * sw
+    masks = []
+    for jd in range(ks[0]):
+        for jh in range(ks[1]):
+            for jw in range(ks[2]):
+                bits = 0
+                for jc in range(jn):
+                    for rd in range(sd):
+                        for rh in range(sh):
+                            for rw in range(sw):
+                                if jd * sd + rd < kd and jh * sh + rh < kh and (jw + jc) * sw + rw < kw:
+                                    r = jc * res + (rd * sh + rh) * sw + rw
+                                    for nt in range(r * cog // 8, (r * cog + cog - 1) // 8 + 1):
+                                        bits |= 1 << nt
+                masks.append(bits)
+    return masks
+
+
+@dataclass(frozen=True)
+class HeadPlan:
+    """One launch: configuration, box, and the kernel's ``meta`` (all but the tensors' strides and
+    the staging mode, which ``_launch`` appends); ``shifts`` is the per-shift n-tile masks, then
+    the per-shift staged-row byte offsets."""
+
+    config: int
+    box: tuple[int, int, int]
+    kc: int
+    nchunks: int
+    meta: tuple[int, ...]
+    masks: tuple[int, ...]
+    stages: int
+    shifts: tuple[int, ...] = ()
+    # Stage a channels-last copy of an input the kernel would read element by element (NCDHW):
+    # the copy reads and writes the input once more, the element-wise staging costs more where
+    # channels are many (the GAN head). choose_tile times both.
+    copy_cl: bool = False
+    # Width shifts taken as MMA columns (1: none; the .cu's jn); box is then the M rows' (BD, BH,
+    # mw) and a tile's output blocks along W are mw - jn + 1.
+    jn: int = 1
+
+
+def plan(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
+         box: tuple[int, int, int] | None = None, stages: int | None = None, max_ctas: int = 0,
+         jn: int = 1) -> HeadPlan:
+    """The launch for a call the kernel takes (``unsupported_reason`` is None): the given
+    configuration and box, else the first of ``tile_boxes``; ``jn`` > 1 takes that many width
+    shifts as columns (``width_shifts``). ``stages`` overrides the default (measurements);
+    ``max_ctas`` caps the persistent grid (0: as many CTAs as the SMs hold; tests cap it to run
+    many tiles a CTA)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if jn not in (1, width_shifts(params)):
+        raise ValueError(f"jn={jn}: this layer takes 1 or {width_shifts(params)} width shifts as columns")
+    if config is None or box is None:
+        offered = tile_boxes(params, dtype, config, jn)
+        if not offered:
+            raise BackendUnavailableError("backend='cuda': no head kernel tile fits this layer in shared memory")
+        config, box = offered[0] if box is None else (offered[0][0], box)
+    _, q0, qn = geometry(params)
+    ks = _kshifts(params, jn)
+    bm, bn = _bm_bn(config)
+    if math.prod(box) != bm:
+        raise ValueError(f"box {box} holds {math.prod(box)} blocks; configuration {config} takes {bm}")
+    if box[2] < jn:
+        raise ValueError(f"box {box}: {jn} width shifts as columns need at least {jn} M rows along W")
+    kc = _kc(params, itemsize)
+    nchunks = _cdiv(params.in_channels_per_group, kc)
+    tiles = tuple(_cdiv(q, b) for q, b in zip(qn, _out_blocks(box, jn)))
+    total = params.batch * params.groups * math.prod(tiles)
+    lay = _smem_layout(params, itemsize, config, box, stages, jn)
+    meta = (*params.in_size, *params.out_size, *params.stride, *params.padding, *ks, *q0, *box, *tiles,
+            params.in_channels_per_group, params.out_channels_per_group, params.groups, columns(params, jn),
+            nchunks, kc, total, lay.total, bn, lay.stages, int(lay.resident), lay.stage_bytes, lay.w_off,
+            lay.rtab_off, lay.etab_off, lay.cs_off, max_ctas, jn)
+    rp = _row_pitch(params, itemsize)
+    hb = _staged_box(params, box, jn)
+    offsets = [((jd * hb[1] + jh) * hb[2] + jw) * rp
+               for jd in range(ks[0]) for jh in range(ks[1]) for jw in range(ks[2])]
+    masks = tuple(shift_masks(params, jn))
+    return HeadPlan(config, tuple(box), kc, nchunks, tuple(int(v) for v in meta), masks, lay.stages,
+                    masks + tuple(offsets), jn=jn)
+
+
+def call_reason(x: torch.Tensor, params: ConvT3dParams, precision: str) -> str | None:
+    """Why the CUDA engine does not run this call on the head kernel (device, compiler, then
+    ``unsupported_reason``), or None. Never builds anything."""
+    if x.device.type != "cuda":
+        return f"{x.device.type.upper()} tensor (the head kernel runs on CUDA devices only)"
+    major, minor = torch.cuda.get_device_capability(x.device)
+    if major < 8:
+        return f"GPU compute capability {major}.{minor} (the head kernel needs 8.0+: bf16 mma.sync, cp.async)"
+    why = unsupported_reason(params, x.dtype, precision)
+    if why is not None:
+        return why
+    if _DTYPE_CODES[x.dtype] not in _state["lib"]:
+        from .gemm import nvcc_path
+
+        if nvcc_path() is None and not library_path(x.device, x.dtype).exists():
+            return "no CUDA compiler (nvcc) found to build the head kernel: set CUDA_HOME or put nvcc on PATH"
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_memo(params: ConvT3dParams, dtype: torch.dtype, config: int | None, box: tuple | None,
+               jn: int = 1) -> HeadPlan:
+    return plan(params, dtype, config, box, jn=jn)
+
+
+def pack_weight(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> torch.Tensor:
+    """(Cin, Cout/g, kD, kH, kW) -> (g, chunk, shift, column, KC), zeros for taps past the kernel,
+    columns past them and channels past Cin/g: column n = (jw' x R + r) x Cout/g + co holds
+    W[ci, co, (j + jw') x s + r] for K-step shift j (jw' < hp.jn: the width shifts taken as
+    columns, 0 in the plain variant)."""
+    g, cin_g, cog = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    js, _, _ = geometry(params)
+    (sd, sh, sw), (kd, kh, kw) = params.stride, params.kernel_size
+    w = weight.reshape(g, cin_g, cog, kd, kh, kw)
+    w = torch.nn.functional.pad(w, (0, js[2] * sw - kw, 0, js[1] * sh - kh, 0, js[0] * sd - kd))
+    w = w.reshape(g, cin_g, cog, js[0], sd, js[1], sh, js[2], sw)
+    # (g, J_d, J_h, J_w, s_d, s_h, s_w, Cout/g, Cin/g): J_w next to the residues, so that it joins
+    # the columns where hp.jn takes it there
+    ks = math.prod(_kshifts(params, hp.jn))
+    w = w.permute(0, 3, 5, 7, 4, 6, 8, 2, 1).reshape(g, ks, -1, cin_g)
+    np_ = columns(params, hp.jn)
+    w = torch.nn.functional.pad(w, (0, hp.nchunks * hp.kc - cin_g, 0, np_ - w.shape[2]))
+    w = w.reshape(g, ks, np_, hp.nchunks, hp.kc).permute(0, 3, 1, 2, 4).contiguous()
+    return round_tf32(w) if w.dtype == torch.float32 else w
+
+
+def pack_weight_cuda(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> torch.Tensor:
+    """``pack_weight`` in one launch of the library's pack kernel (a CUDA weight, any strides):
+    what every call of the head kernel does first, so its host time counts."""
+    load_library(weight.device, weight.dtype)
+    ks = _kshifts(params, hp.jn)
+    np_ = columns(params, hp.jn)
+    out = torch.empty((params.groups, hp.nchunks, math.prod(ks), np_, hp.kc), dtype=weight.dtype,
+                      device=weight.device)
+    meta = (ctypes.c_int64 * 21)(*params.kernel_size, *params.stride, *ks, params.in_channels_per_group,
+                                 params.out_channels_per_group, np_, hp.kc, hp.nchunks, params.groups,
+                                 *weight.stride(), hp.jn)
+    if weight.device.index is not None and weight.device.index != torch.cuda.current_device():
+        with torch.cuda.device(weight.device):  # the runtime launches on the current device
+            return pack_weight_cuda(weight, params, hp)
+    err = _state["pack"][_DTYPE_CODES[weight.dtype]](
+        weight.data_ptr(), out.data_ptr(), meta, _DTYPE_CODES[weight.dtype], weight.element_size(),
+        torch.cuda.current_stream(weight.device).cuda_stream)
+    if err != 0:
+        raise RuntimeError(f"convt3d head kernel: CUDA error {err} packing the weight")
+    return out
+
+
+def round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """fp32 -> the nearest TF32 value (ties away from zero, as cuDNN rounds its operands), inf and
+    NaN kept: the kernel's tf32_round, on a tensor. The tensor cores would otherwise truncate."""
+    bits = t.view(torch.int32)
+    rounded = ((bits + 0x1000) & -8192).view(torch.float32)
+    return torch.where(t.abs() < float("inf"), rounded, t)
+
+
+def _source() -> str:
+    return resources.files("convt3d").joinpath("engines/cuda/head_shuffle.cu").read_text(encoding="utf-8")
+
+
+def build_seconds(dtype: torch.dtype = torch.bfloat16) -> float | None:
+    """Wall time of this process's build (or cache load) of ``dtype``'s library; None before it."""
+    return _state["seconds"].get(_DTYPE_CODES[dtype])
+
+
+def _arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    # sm_90a: the arch-specific target of Hopper; mma.sync and ldmatrix need nothing from it,
+    # but it is what the device runs natively.
+    return f"{major}{minor}a" if major == 9 else f"{major}{minor}"
+
+
+def library_path(device: torch.device, dtype: torch.dtype) -> Path:
+    """Where the library for this source, element type, GPU architecture and nvcc lives: the
+    convt3d cache directory, named by a digest of the four."""
+    from ...dispatch.cache import cache_dir
+    from .gemm import nvcc_path
+
+    arch = _arch(device)
+    code = _DTYPE_CODES[dtype]
+    digest = hashlib.sha256("\n".join([_source(), arch, str(code), " ".join(_NVCC_FLAGS), str(nvcc_path())]).encode())
+    return cache_dir() / "build" / f"convt3d_head_{str(dtype).replace('torch.', '')}_sm{arch}_{digest.hexdigest()[:12]}.so"
+
+
+# nvcc alone builds the library (the .cu includes no torch or Python header), about ten times
+# faster than the same kernels through torch's load_inline, whose torch headers dominate the
+# compile. One library
+# per element type, built at that type's first call.
+_NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.bfloat16):
+    """Build the library of ``dtype`` once (into the cache directory; a later process loads it)
+    and load it with ctypes. The build writes a temporary file and renames it, so processes
+    racing on one cache directory never load a half-written library."""
+    code = _DTYPE_CODES[dtype]
+    fn = _state["lib"].get(code)
+    if fn is not None:
+        return fn
+    with _lock:
+        fn = _state["lib"].get(code)
+        if fn is not None:
+            return fn
+        from .gemm import nvcc_path
+
+        device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+        path = library_path(device, dtype)
+        t0 = time.perf_counter()
+        if not path.exists():
+            nvcc = nvcc_path()
+            if nvcc is None:
+                raise BackendUnavailableError("backend='cuda': no CUDA compiler (nvcc) found; set CUDA_HOME or put "
+                                              "nvcc on PATH to build the head kernel")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            arch = _arch(device)
+            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+                src = Path(tmp) / "head_shuffle.cu"
+                src.write_text(_source(), encoding="utf-8")
+                out = Path(tmp) / path.name
+                cmd = [nvcc, *_NVCC_FLAGS, f"-DCONVT3D_HEAD_DTYPE={code}",
+                       f"-gencode=arch=compute_{arch},code=sm_{arch}", str(src), "-o", str(out)]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise BackendUnavailableError(
+                        "backend='cuda': building the head kernel failed. Compiler output, last lines:\n"
+                        + (done.stdout + done.stderr)[-4000:])
+                os.replace(out, path)
+        lib = ctypes.CDLL(str(path))
+        fn = lib.convt3d_head_launch
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)] + \
+            [ctypes.c_int] * 4 + [ctypes.c_void_p]
+        pack = lib.convt3d_head_pack
+        pack.restype = ctypes.c_int
+        pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int,
+                         ctypes.c_void_p]
+        _state["pack"][code] = pack
+        _state["lib"][code] = fn
+        _state["seconds"][code] = time.perf_counter() - t0
+        _state["path"][code] = str(path)
+        return fn
+
+
+
+
+def staging_mode(x: torch.Tensor, hp: HeadPlan) -> int:
+    """How the kernel stages the input (the .cu's stage_chunk): 0, one 16-byte cp.async per unit
+    of channels, where channels are contiguous and every unit starts 16-byte aligned (channels-
+    last input whose Cin/g and strides are multiples of a unit); 1, fp32 element by element
+    (cp.async of 4 bytes); 2, 16-bit element by element through registers."""
+    v = 16 // x.element_size()
+    cin_g = hp.meta[24]
+    if (x.stride(1) == 1 and cin_g % v == 0 and x.data_ptr() % 16 == 0
+            and all(st % v == 0 for i, st in enumerate(x.stride()) if i != 1)):
+        return 0
+    return 1 if x.element_size() == 4 else 2
+
+
+def _launch(x: torch.Tensor, wp: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, hp: HeadPlan) -> None:
+    if x.device.index is not None and x.device.index != torch.cuda.current_device():
+        with torch.cuda.device(x.device):  # the runtime launches on the current device
+            return _launch(x, wp, bias, y, hp)
+    fn = load_library(x.device, x.dtype)
+    meta = (ctypes.c_int64 * (len(hp.meta) + 11))(*hp.meta, *x.stride(), *y.stride(), staging_mode(x, hp))
+    shifts = _shift_arrays.get(hp.shifts)
+    if shifts is None:  # one ctypes array per plan's shift table, made once
+        shifts = _shift_arrays.setdefault(hp.shifts, (ctypes.c_int64 * len(hp.shifts))(*hp.shifts))
+    err = fn(x.data_ptr(), wp.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(), meta, shifts,
+             len(hp.masks), _DTYPE_CODES[x.dtype], x.element_size(), hp.config,
+             torch.cuda.current_stream(x.device).cuda_stream)
+    if err != 0:
+        raise RuntimeError(f"convt3d head kernel: CUDA error {err} at launch (configuration {hp.config}, box "
+                           f"{hp.box})")
+
+
+def _output(x: torch.Tensor, weight: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
+    from .gemm import output_memory_format
+
+    return torch.empty(params.out_shape, dtype=x.dtype, device=x.device,
+                       memory_format=output_memory_format(x, weight))
+
+
+def _copy_helps(x: torch.Tensor, hp: HeadPlan) -> bool:
+    """Whether a channels-last copy of ``x`` would be staged by 16-byte units (mode 0) where
+    ``x`` itself is not."""
+    if staging_mode(x, hp) == 0:
+        return False
+    return hp.meta[24] % (16 // x.element_size()) == 0
+
+
+def _staged_input(x: torch.Tensor, hp: HeadPlan) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last_3d) if hp.copy_cl else x
+
+
+def variants(params: ConvT3dParams) -> list[int]:
+    """The jn of each variant offered: 1 (plain), then J_w where ``width_shifts`` offers it."""
+    return sorted({1, width_shifts(params)})
+
+
+def offers(params: ConvT3dParams, dtype: torch.dtype, per_variant: int = 4) -> list[tuple[int, int, tuple]]:
+    """(jn, config, box): the first ``per_variant`` offered tiles of each of ``variants``."""
+    return [(jn, cfg, box) for jn in variants(params) for cfg, box in tile_boxes(params, dtype, jn=jn)[:per_variant]]
+
+
+def candidate_plans(params: ConvT3dParams, dtype: torch.dtype, candidates: int = 4) -> list[HeadPlan]:
+    """What ``choose_tile`` times: ``offers``. Which variant wins is a measurement: the columns
+    one reads an A fragment for J_w times the MMAs but computes mw - jn + 1 output blocks along W
+    of mw M rows, and its tiles differ; on the bench's heads each variant wins some (docs/design.md,
+    "The CUDA head kernel")."""
+    return [plan(params, dtype, cfg, box, jn=jn) for jn, cfg, box in offers(params, dtype, candidates)]
+
+
+def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
+                candidates: int = 4) -> HeadPlan:
+    """The fastest of ``candidate_plans``, and, for an input the kernel would stage element by
+    element, of the first two of each variant again on a channels-last copy (the copy timed with
+    them); timed once per signature with CUDA events (3 warm calls, then the median of 5). The
+    first offered where no timing may run (CUDA graph capture). Memoised per (geometry, dtype,
+    layout)."""
+    key = (params, x.dtype, x.stride(), bias is not None, str(x.device))
+    hp = _chosen.get(key)
+    if hp is not None:
+        return hp
+    plans = candidate_plans(params, x.dtype, candidates)
+    if not plans:
+        raise BackendUnavailableError("backend='cuda': no head kernel tile fits this layer in shared memory")
+    if _copy_helps(x, plans[0]):
+        base = list(plans)
+        for jn in sorted({hp.jn for hp in base}):  # the first two of each variant
+            plans += [dataclasses.replace(hp, copy_cl=True) for hp in base if hp.jn == jn][:2]
+    if len(plans) == 1 or torch.cuda.is_current_stream_capturing():
+        return plans[0]
+    y = _output(x, weight, params)
+    best = None
+    for hp in plans:
+        wp = pack_weight_cuda(weight, params, hp)
+        for _ in range(3):
+            _launch(_staged_input(x, hp), wp, bias, y, hp)
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            _launch(_staged_input(x, hp), wp, bias, y, hp)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        ms = sorted(times)[len(times) // 2]
+        if best is None or ms < best[0]:
+            best = (ms, hp)
+    _chosen[key] = best[1]
+    return best[1]
+
+
+def clear() -> None:
+    """Forget the tile choices (tests)."""
+    _chosen.clear()
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
+            precision: str = "tf32", config: int | None = None, box: tuple[int, int, int] | None = None,
+            jn: int = 1) -> torch.Tensor:
+    """The transposed convolution of a validated 5-D CUDA call the head kernel takes; ``config``,
+    ``box`` and ``jn`` force a tile (else ``choose_tile`` times the offered ones at the first
+    call)."""
+    why = unsupported_reason(params, x.dtype, precision)
+    if why is not None:
+        raise BackendUnavailableError(f"backend='cuda' head kernel cannot run this call: {why}")
+    y = _output(x, weight, params)
+    if y.numel() == 0:
+        return y
+    bias = bias.contiguous() if bias is not None else None  # the kernel reads bias[g x Cout/g + co]
+    hp = _plan_memo(params, x.dtype, config, box, jn) if config is not None or box is not None or jn != 1 else \
+        choose_tile(x, weight, bias, params)
+    _launch(_staged_input(x, hp), pack_weight_cuda(weight, params, hp), bias, y, hp)
+    return y

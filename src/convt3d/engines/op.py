@@ -1,0 +1,165 @@
+"""``convt3d::conv_transpose3d`` and ``convt3d::conv_transpose3d_backward``: the torch.library
+custom ops around our engines, with fake (meta) implementations and the autograd formula, so the
+layer works under autograd, torch.compile (no graph break: both ops are opaque nodes with exact
+fake shapes, strides and memory formats) and CUDA graphs like a native op.
+
+The ops take already-normalised arguments (5-D input, 3-element lists, a concrete precision and
+engine); ``convt3d.functional`` validates and dispatches before calling them.
+
+The backward is an op of its own (not a Python formula traced into the graph) so that what runs
+is decided when it runs: the per-signature choice of dW implementation, the cuDNN TF32 and
+determinism flags of ``convt3d.engines.triton.backward`` -- global flags a traced graph would not capture.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from .triton import backward as _bwd
+from .triton import engine as triton_engine
+from .torch import conv3d_forward, torch_forward
+from ..core.validate import check_call
+
+__all__ = ["OP_NAME", "conv_transpose3d_op", "conv_transpose3d_backward_op", "conv_transpose3d_autograd",
+           "ENGINES", "run_engine"]
+
+ENGINES = ("triton", "cuda", "conv3d")
+# The op's name: also the name of an eager call's range under a profiler (functional).
+OP_NAME = "convt3d::conv_transpose3d"
+
+
+def run_engine(engine: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], params,
+               precision: str) -> torch.Tensor:
+    """The forward of one of our engines on a validated 5-D call."""
+    if engine == "triton":
+        return triton_engine.forward(x, weight, bias, params, precision)
+    if engine == "cuda":
+        # Imported on first use: they build CUDA code, which plain imports must not do. Output
+        # heads at dilation 1 (16-bit, or fp32 at TF32) run the head kernel, the rest the FFMA
+        # and mma.sync kernels of cuda_engine.
+        from .cuda import head as cuda_head
+
+        if cuda_head.call_reason(x, params, precision) is None:
+            return cuda_head.forward(x, weight, bias, params, precision)
+        from .cuda import gemm as cuda_engine
+
+        return cuda_engine.forward(x, weight, bias, params, precision=precision)
+    if engine == "conv3d":
+        # In the memory format of the op's fake (PyTorch's rule on CUDA, which cuDNN's conv3d
+        # follows there; on the CPU a channels-last batch of one comes back contiguous).
+        fmt = triton_engine.output_memory_format(x, weight)
+        return conv3d_forward(x, weight, bias, params, precision).contiguous(memory_format=fmt)
+    raise ValueError(f"{OP_NAME}: unknown engine={engine!r}; expected one of {ENGINES}")
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def conv_transpose3d_op(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                        stride: List[int], padding: List[int], output_padding: List[int], groups: int,
+                        dilation: List[int], precision: str, engine: str) -> torch.Tensor:
+    params, _ = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    return run_engine(engine, input, weight, bias, params, precision)
+
+
+@conv_transpose3d_op.register_fake
+def _fake(input, weight, bias, stride, padding, output_padding, groups, dilation, precision, engine):
+    out = [input.shape[0], weight.shape[1] * groups]
+    for i in range(3):
+        out.append((input.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.shape[2 + i] - 1)
+                   + output_padding[i] + 1)
+    # Both engines follow PyTorch's convolution rule (channels_last_3d out when the input or the
+    # weight suggests it).
+    fmt = triton_engine.output_memory_format(input, weight)
+    return torch.empty(out, dtype=input.dtype, device=input.device, memory_format=fmt)
+
+
+@torch.library.custom_op("convt3d::conv_transpose3d_backward", mutates_args=())
+def conv_transpose3d_backward_op(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                                 stride: List[int], padding: List[int], output_padding: List[int], groups: int,
+                                 dilation: List[int], precision: str,
+                                 output_mask: List[bool]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dX, dW, db); an entry whose mask is False is an empty tensor (custom ops cannot return None)."""
+    params, _ = check_call(input, weight, None, stride, padding, output_padding, groups, dilation)
+    gx, gw, gb = _bwd.grads(grad_output, input, weight, params, precision, tuple(output_mask))
+    # Outputs may not alias each other: one fresh empty tensor per missing gradient.
+    return tuple(grad_output.new_empty(0) if g is None else g for g in (gx, gw, gb))
+
+
+@conv_transpose3d_backward_op.register_fake
+def _fake_backward(grad_output, input, weight, stride, padding, output_padding, groups, dilation, precision,
+                   output_mask):
+    fx, fw = _bwd.grad_formats(input, weight)
+    gx = torch.empty(input.shape, dtype=input.dtype, device=input.device, memory_format=fx) \
+        if output_mask[0] else grad_output.new_empty(0)
+    gw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device, memory_format=fw) \
+        if output_mask[1] else grad_output.new_empty(0)
+    gb = grad_output.new_empty((weight.shape[1] * groups,)) if output_mask[2] else grad_output.new_empty(0)
+    return gx, gw, gb
+
+
+def _setup_context(ctx, inputs, output):
+    input, weight, bias, stride, padding, output_padding, groups, dilation, precision, engine = inputs
+    # dX needs only the weight and dW only the input, but both are small next to dY and the
+    # needs_input_grad of a later backward is not known here: keep both (as PyTorch does).
+    ctx.save_for_backward(input, weight)
+    ctx.has_bias = bias is not None
+    ctx.args = (stride, padding, output_padding, groups, dilation, precision)
+
+
+def _backward(ctx, grad_out):
+    input, weight = ctx.saved_tensors
+    stride, padding, output_padding, groups, dilation, precision = ctx.args
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    mask = [bool(need_x), bool(need_w), bool(need_b and ctx.has_bias)]
+    none = (None,) * 7
+    if not any(mask):
+        return (None, None, None) + none
+    gx, gw, gb = conv_transpose3d_backward_op(grad_out, input, weight, stride, padding, output_padding, groups,
+                                              dilation, precision, mask)
+    return (gx if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None) + none
+
+
+conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- eager autograd -------------------------------------------------------------------------------
+# The custom ops above are what torch.compile traces. In eager mode their dispatch is host time a
+# training step pays twice (forward op, backward op): the custom-op machinery (argument defaults,
+# redispatch through Autograd/ADInplaceOrView/CUDA keys, re-validation of list arguments) costs
+# many times the forward's own host time, enough to make a host-bound training step several
+# times slower than cuDNN's (tools/gpu_training.py).
+# Eager calls therefore use this autograd.Function: the same engine forward and the same
+# backward (``backward.grads``) as the ops' registrations, with no dispatcher round trip.
+class _EagerConvT3d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias, params, precision, engine):
+        ctx.save_for_backward(input, weight)
+        ctx.params, ctx.precision, ctx.has_bias = params, precision, bias is not None
+        if engine == "torch":
+            # PyTorch's forward with our backward (auto's "torch+bwd" for training steps; see
+            # dispatch.heuristic), cuDNN's TF32 flag set from the resolved precision.
+            return torch_forward(input, weight, bias, params, precision)
+        return run_engine(engine, input, weight, bias, params, precision)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        input, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        mask = (bool(need_x), bool(need_w), bool(need_b and ctx.has_bias))
+        if not any(mask):
+            return (None,) * 6
+        if torch.is_grad_enabled():
+            # create_graph=True: these gradients will be differentiated again (gradient
+            # penalties, path-length regularisers), so they come from PyTorch's own formula,
+            # which autograd records. Our kernels' gradients would carry no graph, and the
+            # second-order terms through this layer would be silently missing.
+            return _bwd.differentiable_grads(grad_out, input, weight, ctx.params, ctx.precision, mask) + (None,) * 3
+        gx, gw, gb = _bwd.grads(grad_out, input, weight, ctx.params, ctx.precision, mask)
+        return gx, gw, gb, None, None, None
+
+
+def conv_transpose3d_autograd(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], params,
+                              precision: str, engine: str) -> torch.Tensor:
+    """Eager forward of a validated 5-D call with autograd (see ``_EagerConvT3d``); ``engine`` is
+    one of ``ENGINES`` or "torch" (PyTorch's forward, convt3d's backward)."""
+    return _EagerConvT3d.apply(input, weight, bias, params, precision, engine)

@@ -1,0 +1,695 @@
+"""Backward of ``convt3d.conv_transpose3d``: dX, dW and db, and the choice of implementation.
+
+For ``y = conv_transpose3d(x, w, b)`` with output gradient dY:
+
+* dX is an ordinary strided conv3d of dY with the same weight (stride, padding, dilation and
+  groups of the transposed convolution): an implicit GEMM with M = N*D*H*W input positions,
+  N = Cin/g and K = Cout/g * taps. cuDNN runs it as its *forward* convolution through
+  ``aten.convolution_backward`` (which also handles output_padding >= stride, where F.conv3d's
+  output would be one row too long), but its algorithm choice is poor on some layers and fine on
+  others, so two implementations compete per call signature: "cudnn" and "triton"
+  (``kernels/dgrad_bwd.py``: one program per (group, n, id, tile of the
+  (ih, iw) plane, Cin tile), a flat K loop over (tap, Cout block) that visits only the taps whose
+  dY window reaches the tile; dY is read channels-innermost -- copied to NDHWC first unless its
+  channel stride is 1 -- and the weight packed per group as [taps, Cin/g, Cout/g], so both MMA
+  operands are K-major; every dX element is written once, no atomics).
+* dW is the correlation of dY with X: per group and tap, a GEMM [Cin/g x P] @ [P x Cout/g]
+  whose reduction runs over all P = N*D*H*W input positions. It runs on cuDNN (deterministic
+  algorithms) unless forced: the general Triton kernel (``kernels/wgrad_bwd.py``: one program
+  per (tap, Cin tile, Cout tile, split of the reduction), fp32 partial sums per split added in a
+  fixed order -- deterministic) is slower than cuDNN's on the layers measured, so it is never
+  timed, and runs only under ``CONVT3D_BWD_WEIGHT=triton``.
+* Output heads (>= 8 input, <= 15 output channels per group: a generator's voxel or RGB layer)
+  have their own dX and dW kernels (``head_backward``, ``kernels/head_grad.py``,
+  ``kernels/head_phase_grad.py``): (tap, output channel) pairs form one GEMM dimension, so a
+  64 -> 1 k4 head is one or two MMA steps instead of 64 steps of 1/16-filled MMAs, and dW reads
+  X once for every tap. Their candidates join the timed choice of each gradient; for dW they
+  are the only Triton candidates timed.
+* db is the sum of dY over batch and positions (fp32 accumulation, as PyTorch).
+
+Choice per call signature (device, dtype, precision, geometry, layouts), made separately for dX
+and for dW: on CUDA the first backward of a signature times cuDNN and each Triton candidate
+(``triton.testing.do_bench`` medians, plus compilation, once per signature) and keeps a
+Triton tile only if it beats cuDNN by more than 3%; a candidate that fails to build is left out.
+The choice is saved in the cache file (``convt3d.dispatch.cache``, section "backward"), so a later process
+reads it instead of timing. Under CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU, the
+static rule decides: cuDNN. dW of a layer that is not a head is not timed (cuDNN).
+``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton") force one per
+gradient. When both dX and dW go to cuDNN they are computed by one ``convolution_backward`` call,
+db with them. The general Triton kernels need >= 8 input and output channels per group (below
+that most of every MMA would be padding; depthwise layers stay on cuDNN); the head kernels need
+>= 8 input and <= 15 output channels per group. The choices are kept in ``dgrad_choices()`` (dX)
+and ``choices()`` (dW).
+
+Precision follows the forward's resolved precision: float32 "tf32" runs cuDNN with its TF32 flag
+on and the Triton kernel with TF32 MMAs on operands rounded to nearest TF32 (cuDNN's rounding);
+"tf32x3" and "ieee" run cuDNN in exact fp32 (``cudnn_conv_tf32(False)``) and the Triton kernels
+at the same precision with two-level summation (each K block's dot summed on its own, then
+added). 16-bit inputs multiply in their own type and accumulate in fp32 everywhere. (The dX
+kernel's TF32 rounding: in the NDHWC copy of an NCDHW dY, in the GEMM loop for a dY read in place,
+in the packing kernel for the weight.)
+
+Determinism: every path is deterministic (cuDNN runs with
+``torch.backends.cudnn.deterministic = True`` for these calls, which excludes its atomic-add
+weight-gradient algorithms).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ...dispatch import cache as disk_cache
+from . import head_backward as HB
+from ..torch import cudnn_conv_tf32, set_backend_flag
+from ...core.errors import BackendUnavailableError
+from ...core.params import ConvT3dParams
+from .kernels import dgrad_bwd, wgrad_bwd
+from .configs import _cdiv, _pow2_at_least
+from .engine import _tuning_enabled, device_name, interpreter_active, suggests_channels_last
+from .sites import Site, _prepare_padded_input, site
+
+__all__ = ["WGRAD_IMPLS", "DGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
+           "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates", "dgrad_choice_candidates", "choices",
+           "dgrad_choices", "recorded_choices", "clear_caches", "grad_formats"]
+
+WGRAD_IMPLS = ("cudnn", "triton")
+DGRAD_IMPLS = ("cudnn", "triton")
+_FORCE_ENV = "CONVT3D_BWD_WEIGHT"
+_FORCE_ENV_X = "CONVT3D_BWD_INPUT"
+
+
+@dataclass(frozen=True)
+class WgradConfig:
+    BLOCK_CI: int
+    BLOCK_CO: int
+    BLOCK_P: int  # reduction positions per step: (BLOCK_P // BLOCK_W) rows x BLOCK_W columns of (ih, iw)
+    BLOCK_W: int
+    num_warps: int
+    num_stages: int
+    splits: int  # programs along the reduction; partial sums are added in a fixed order
+
+    def short(self) -> str:
+        return (f"CI{self.BLOCK_CI} CO{self.BLOCK_CO} P{self.BLOCK_P}({self.BLOCK_P // self.BLOCK_W}x{self.BLOCK_W}) "
+                f"w{self.num_warps} s{self.num_stages} split{self.splits}")
+
+
+@dataclass(frozen=True)
+class DgradConfig:
+    BLOCK_M: int  # input positions of one (n, id) plane, flattened (ih, iw)
+    BLOCK_N: int  # input channels of a group
+    BLOCK_K: int  # output channels of a group per step (one tap per step)
+    num_warps: int
+    num_stages: int
+
+    def short(self) -> str:
+        return f"M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}"
+
+
+@dataclass
+class Choice:
+    impl: str  # "cudnn" | "triton"
+    config: WgradConfig | DgradConfig | None
+    seconds: float  # tuning time (0 for a static choice)
+    timings_ms: dict[str, float]
+    reason: str
+
+
+_choices: dict[tuple, Choice] = {}  # dW
+_dgrad_choices: dict[tuple, Choice] = {}  # dX
+
+
+def choices() -> dict[tuple, Choice]:
+    """dW implementation chosen per call signature in this process (for the bench and tests)."""
+    return dict(_choices)
+
+
+def dgrad_choices() -> dict[tuple, Choice]:
+    """dX implementation chosen per call signature in this process (same keys as :func:`choices`)."""
+    return dict(_dgrad_choices)
+
+
+def clear_caches() -> None:
+    _choices.clear()
+    _dgrad_choices.clear()
+    _plans.clear()
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+class _cudnn_flags:
+    """cuDNN for our backward calls: TF32 per the resolved precision (fp32 only) and
+    deterministic algorithms; restored on exit."""
+
+    def __init__(self, dtype: torch.dtype, precision: str):
+        self.tf32 = cudnn_conv_tf32(precision == "tf32") if dtype == torch.float32 else None
+
+    def __enter__(self):
+        if self.tf32 is not None:
+            self.tf32.__enter__()
+        self._old = torch.backends.cudnn.deterministic
+        if not self._old:
+            set_backend_flag(torch.backends.cudnn, "deterministic", True)
+        return self
+
+    def __exit__(self, *exc):
+        if torch.backends.cudnn.deterministic != self._old:
+            set_backend_flag(torch.backends.cudnn, "deterministic", self._old)
+        if self.tf32 is not None:
+            self.tf32.__exit__(*exc)
+        return False
+
+
+def differentiable_grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
+                         mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, ...]:
+    """(dX, dW, db) as :func:`grads`, by PyTorch's ``convolution_backward``, which autograd
+    records (it has a double-backward formula): the backward of a step taken with
+    ``create_graph=True``. cuDNN's flags as in :func:`_torch_grads`."""
+    return _torch_grads(dy, x, w, params, precision, *mask)
+
+
+def grad_formats(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.memory_format, torch.memory_format]:
+    """Memory formats of (dX, dW): each follows its own tensor (channels_last_3d in, channels_last_3d
+    gradient), so autograd never re-lays a gradient out. The fake implementation uses the same rule."""
+    fx = torch.channels_last_3d if suggests_channels_last(x) else torch.contiguous_format
+    fw = torch.channels_last_3d if suggests_channels_last(w) else torch.contiguous_format
+    return fx, fw
+
+
+def _conv_args(params: ConvT3dParams):
+    return (list(params.stride), list(params.padding), list(params.dilation), True, list(params.output_padding),
+            params.groups)
+
+
+def _torch_grads(dy, x, w, params, precision, need_x, need_w, need_b=False):
+    """PyTorch's own kernels (cuDNN on CUDA): dX and/or dW (and db) in one call -- the call
+    PyTorch's autograd makes for nn.ConvTranspose3d."""
+    bias_sizes = [params.out_channels] if need_b else None
+    with _cudnn_flags(x.dtype, precision):
+        gx, gw, gb = torch.ops.aten.convolution_backward(dy, x, w, bias_sizes, *_conv_args(params),
+                                                         [need_x, need_w, need_b])
+    return gx, gw, gb
+
+
+# ---- Triton dW --------------------------------------------------------------------------------
+def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[WgradConfig, ...]:
+    """The tile configuration of ``wgrad_kernel``, as a one-element tuple: the general Triton dW
+    is never timed (module docstring), so only the tile a forced ``CONVT3D_BWD_WEIGHT=triton``
+    runs is offered.
+
+    Tile: Cin/g and Cout/g are the GEMM's M and N (each padded to >= 16 for tl.dot); the
+    reduction step covers BLOCK_P input positions of one (n, id) row. The accumulator stays at
+    <= 64 fp32 registers per thread; operand stages at <= 150 KB of shared memory.
+    """
+    cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
+    w = params.in_size[2]
+    h = params.in_size[1]
+    taps = math.prod(params.kernel_size)
+    interp = device.type != "cuda"
+    bci, bp = (16, 16) if interp else (64, 64)
+    bci = min(bci, max(16, min(128, _pow2_at_least(cin_g))))
+    bco = max(16, min(128, _pow2_at_least(cout_g)))
+    bp = min(bp, max(16, _pow2_at_least(h * w)))
+    bw = min(bp, _pow2_at_least(w))
+    warps = 8 if bci * bco >= 64 * 128 else 4
+    stages = 3
+    while stages > 1 and stages * (bci * bp + bp * bco) * dtype.itemsize > 150 * 1024:
+        stages -= 1
+    if interp:
+        splits = 1  # Triton's interpreter runs one program at a time; tests force more splits
+    else:
+        tiles = params.groups * taps * triton.cdiv(cin_g, bci) * triton.cdiv(cout_g, bco)
+        rows = params.batch * params.in_size[0] * triton.cdiv(h, bp // bw) * triton.cdiv(w, bw)
+        splits = max(1, min(triton.cdiv(HB.device_programs(device), tiles), max(1, rows // 4), 256))
+    return (WgradConfig(bci, bco, bp, bw, warps, stages, splits),)
+
+
+def _wgrad_site(params: ConvT3dParams, cfg: WgradConfig, x: torch.Tensor, dy: torch.Tensor, precision: str) -> Site:
+    """The launch site of wgrad_kernel: every integer argument, the grid and the constexprs are
+    fixed by the call signature, so the steps after the first replay the compiled kernel rather
+    than binding its ~40 arguments again through ``kernel[grid]`` (host time a small layer's step
+    is bound by)."""
+    def build():
+        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+        kernel = params.kernel_size
+        taps = math.prod(kernel)
+        tiles_ci, tiles_co = _cdiv(cin_g, cfg.BLOCK_CI), _cdiv(cout_g, cfg.BLOCK_CO)
+        tiles_h = _cdiv(params.in_size[1], cfg.BLOCK_P // cfg.BLOCK_W)
+        tiles_w = _cdiv(params.in_size[2], cfg.BLOCK_W)
+        is_fp32 = x.dtype == torch.float32
+        return Site("wgrad_kernel", (cfg.splits * g * taps * tiles_ci * tiles_co,), (
+            params.batch, cin_g, cout_g, *params.in_size, *params.out_size,
+            kernel[1], kernel[2], taps, g, cfg.splits,
+            *x.stride(), *dy.stride(),
+            *params.stride, *params.padding, *params.dilation,
+            tiles_ci, tiles_co, tiles_h, tiles_w,
+        ), dict(
+            PRECISION=precision if is_fp32 else "tf32",
+            ROUND_TF32=is_fp32 and precision == "tf32",
+            TWO_LEVEL=is_fp32 and precision != "tf32",
+            BLOCK_CI=cfg.BLOCK_CI, BLOCK_CO=cfg.BLOCK_CO, BLOCK_P=cfg.BLOCK_P, BLOCK_W=cfg.BLOCK_W,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ), wgrad_bwd)
+
+    return site(("wgrad", params, cfg, x.stride(), dy.stride(), x.dtype, precision), build)
+
+
+def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str,
+                 out_dtype: torch.dtype, config: WgradConfig | HB.HeadWgradConfig | None = None,
+                 dyp: torch.Tensor | None = None) -> torch.Tensor:
+    """dW [Cin, Cout/g, kD, kH, kW] (contiguous) by ``kernels.wgrad_bwd.wgrad_kernel``, or by the
+    head kernels (``head_backward``) for a :class:`~convt3d.engines.triton.head_backward.HeadWgradConfig`, which
+    take ``dyp``, the copy of dY made for the call (``head_backward.dy_operand``), where there is one."""
+    if isinstance(config, HB.HeadWgradConfig):
+        return HB.head_wgrad(dy, x, params, precision, out_dtype, config, dyp=dyp)
+    if x.device.type == "cpu" and not interpreter_active():
+        raise BackendUnavailableError(
+            "the Triton weight-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
+            "before triton is imported")
+    cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    kernel = params.kernel_size
+    taps = math.prod(kernel)
+    part = torch.empty((cfg.splits, g, taps, cin_g, cout_g), dtype=torch.float32, device=x.device)
+    _wgrad_site(params, cfg, x, dy, precision).launch(x.device, x, dy, part)
+    total = part.sum(0) if cfg.splits > 1 else part[0]  # fixed-order reduction: deterministic
+    dw = torch.empty((params.in_channels, cout_g) + tuple(kernel), dtype=out_dtype, device=x.device)
+    dw.view(g, cin_g, cout_g, taps).copy_(total.permute(0, 2, 3, 1))
+    return dw
+
+
+# ---- Triton dX --------------------------------------------------------------------------------
+_INT32_MAX = 2**31 - 1
+
+
+def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device,
+                     precision: str = "tf32") -> tuple[DgradConfig, ...]:
+    """Tile configurations of ``dgrad_kernel``; the first is the untuned default.
+
+    GEMM map: M = input positions (BLOCK_M of one (n, id) plane), N = Cin/g (BLOCK_N), K = Cout/g
+    per tap (BLOCK_K, one tap per step). BLOCK_N is capped by Cin/g and BLOCK_K by Cout/g (each
+    padded to >= 16 for tl.dot), so layers with few channels do not pay for padding; duplicates
+    after capping are dropped. Operand stages stay at <= 160 KB of shared memory.
+    Warps: 16-bit and fp32 exact grades run 128x128 tiles on 8 warps (on 4 the two-level fp32 sum
+    spills); fp32 "tf32" runs them on 4 warps, since on 8 ptxas serialises the wgmma chain
+    (warning C7515).
+    """
+    bn_max = max(16, min(128, _pow2_at_least(params.in_channels_per_group)))
+    bk_max = max(16, min(64, _pow2_at_least(params.out_channels_per_group)))
+    hw = params.in_size[1] * params.in_size[2]
+    if device.type != "cuda":
+        # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
+        shapes = ((min(32, max(16, _pow2_at_least(hw))), 16, 16, 4, 1),)
+    else:
+        # The tiles that won the layer suite, one per regime; every tile timed costs a
+        # compilation on a signature's first backward, so tiles that never win by much are left out.
+        shapes = (
+            (128, 64, 32, 4, 4),   # default
+            (128, 128, 64, 8, 3),  # large 16-bit layers: one 128-byte row per channel block
+            (128, 128, 32, 8, 4),  # large fp32 layers (tf32 runs it on 4 warps, below)
+        )
+    tf32_mma = dtype == torch.float32 and precision == "tf32"
+    out = []
+    for bm, bn, bk, warps, stages in shapes:
+        bn, bk = min(bn, bn_max), min(bk, bk_max)
+        if bm * bn < 128 * 128 or tf32_mma:
+            warps = min(warps, 4)
+        while stages > 1 and stages * (bm * bk + bk * bn) * dtype.itemsize > 160 * 1024:
+            stages -= 1
+        cfg = DgradConfig(bm, bn, bk, warps, stages)
+        if cfg not in out:
+            out.append(cfg)
+    return tuple(out)
+
+
+def _dgrad_sizes_fit(params: ConvT3dParams) -> bool:
+    """32-bit in-slice offsets of the kernel (positions and channels of one depth slice of the
+    NDHWC dY, with padding overhang on both sides, and of dX) stay below 2^31; the weight of one
+    group too. Larger slices go to cuDNN."""
+    (oh, ow), (ph, pw) = params.out_size[1:], params.padding[1:]
+    (h, w) = params.in_size[1:]
+    y_span = ((oh + 2 * ph + 1) * (ow + 2 * pw + 1) + 1) * params.out_channels
+    x_span = h * w * params.in_channels
+    w_span = math.prod(params.kernel_size) * params.in_channels_per_group * params.out_channels_per_group
+    return max(y_span, x_span, w_span) <= _INT32_MAX
+
+
+def _dy_in_place_ok(dy: torch.Tensor, params: ConvT3dParams) -> bool:
+    """dY can be read as it is: channels innermost (K-major) and in-slice offsets in 32 bits."""
+    st = dy.stride()
+    if (st[1] != 1 and dy.shape[1] != 1) or any(v < 0 for v in st):
+        return False
+    (oh, ow), (ph, pw) = params.out_size[1:], params.padding[1:]
+    span = (oh + 2 * ph + 1) * st[3] + (ow + 2 * pw + 1) * st[4] + (params.out_channels - 1) * st[1]
+    return span <= _INT32_MAX
+
+
+def _pack_dgrad_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool) -> Site:
+    """The launch site of pack_dgrad_weight_kernel ([G, taps, Cin/g, Cout/g], K-major per tap)
+    for a weight ``w`` with contiguous kernel dimensions (``_pack_dgrad``)."""
+    def build():
+        cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
+        taps = math.prod(params.kernel_size)
+        # Blocks of 32 output channels by up to 64 taps (k3: 27 of 32, k4: 64): 4 warps.
+        block_co, block_t = min(32, _pow2_at_least(cout_g)), min(64, _pow2_at_least(taps))
+        return Site("pack_dgrad_weight_kernel", (cin_g * _cdiv(cout_g, block_co) * _cdiv(taps, block_t),
+                                                 params.groups),
+                    (cin_g, cout_g, taps, w.stride(0), w.stride(1)),
+                    dict(ROUND_TF32=round_tf32, BLOCK_CO=block_co, BLOCK_T=block_t, num_warps=4), dgrad_bwd)
+
+    return site(("pack_dgrad_weight", params, w.stride(), round_tf32), build)
+
+
+def _pack_dgrad(w: torch.Tensor, params: ConvT3dParams, round_tf32: bool) -> torch.Tensor:
+    """The dgrad kernel's packed weight [G, taps, Cin/g, Cout/g]."""
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    if w.stride()[2:] != (w.shape[3] * w.shape[4], w.shape[4], 1):
+        w = w.contiguous()  # the kernel reads each (ci, co) row's taps as one contiguous run
+    packed = torch.empty((g, math.prod(params.kernel_size), cin_g, cout_g), dtype=w.dtype, device=w.device)
+    _pack_dgrad_site(params, w, round_tf32).launch(w.device, w, packed)
+    return packed
+
+
+def _dgrad_site(params: ConvT3dParams, cfg: DgradConfig, dy: torch.Tensor, dx: torch.Tensor, precision: str,
+                round_a: bool) -> Site:
+    """The launch site of dgrad_kernel (see ``_wgrad_site``)."""
+    def build():
+        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+        is_fp32 = dy.dtype == torch.float32
+        tiles_m = _cdiv(params.in_size[1] * params.in_size[2], cfg.BLOCK_M)
+        tiles_n = _cdiv(cin_g, cfg.BLOCK_N)
+        return Site("dgrad_kernel", (g * params.batch * params.in_size[0] * tiles_m * tiles_n,), (
+            params.batch, cin_g, cout_g, *params.in_size, *params.out_size,
+            *params.kernel_size, g,
+            *dy.stride(), *dx.stride(),
+            *params.stride, *params.padding, *params.dilation,
+            tiles_m, tiles_n,
+        ), dict(
+            PRECISION=precision if is_fp32 else "tf32",
+            ROUND_A=round_a,
+            TWO_LEVEL=is_fp32 and precision != "tf32",
+            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ), dgrad_bwd)
+
+    return site(("dgrad", params, cfg, dy.stride(), dx.stride(), dy.dtype, precision, round_a), build)
+
+
+def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
+                 config: DgradConfig | HB.HeadDgradConfig | None = None,
+                 x_format: torch.memory_format = torch.contiguous_format,
+                 dyp: torch.Tensor | None = None) -> torch.Tensor:
+    """dX [N, Cin, D, H, W] in ``x_format`` by ``kernels.dgrad_bwd.dgrad_kernel``, or by the head
+    kernels (``head_backward``) for a :class:`~convt3d.engines.triton.head_backward.HeadDgradConfig`, which take
+    ``dyp``, the copy of dY made for the call (``head_backward.dy_operand``), where there is one."""
+    if isinstance(config, HB.HeadDgradConfig):
+        return HB.head_dgrad(dy, w, params, precision, x_dtype, config, x_format, dyp=dyp)
+    if dy.device.type == "cpu" and not interpreter_active():
+        raise BackendUnavailableError(
+            "the Triton input-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
+            "before triton is imported")
+    cfg = config or dgrad_candidates(params, w.dtype, dy.device, precision)[0]
+    round_tf32 = w.dtype == torch.float32 and precision == "tf32"
+    if dy.dtype != w.dtype:
+        dy = dy.to(w.dtype)
+    round_a = False
+    if _dy_in_place_ok(dy, params):
+        round_a = round_tf32  # rounded by the GEMM kernel as it reads dY
+    elif round_tf32:
+        # One pass: NDHWC copy and TF32 rounding (the forward's padded copy, without a halo).
+        dy = _prepare_padded_input(dy, ((0, 0, 0), tuple(dy.shape[2:])), True).permute(0, 4, 1, 2, 3)
+    else:
+        dy = dy.contiguous(memory_format=torch.channels_last_3d)
+
+    packed = _pack_dgrad(w, params, round_tf32)
+    dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
+    _dgrad_site(params, cfg, dy, dx, precision, round_a).launch(dy.device, dy, packed, dx)
+    return dx
+
+
+# ---- choice -------------------------------------------------------------------------------------
+def _triton_wgrad_ok(params: ConvT3dParams) -> bool:
+    # tl.dot pads Cin/g and Cout/g to 16; below 8 channels per group more than half of every
+    # MMA would be padding (depthwise and small-group layers): cuDNN only there.
+    return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8
+
+
+def _triton_dgrad_ok(params: ConvT3dParams) -> bool:
+    # Same channel threshold as dW (N = Cin/g and K = Cout/g per tap are padded to 16), and
+    # 32-bit in-slice offsets.
+    return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8 and _dgrad_sizes_fit(params)
+
+
+def _forced(env: str = _FORCE_ENV) -> str | None:
+    v = os.environ.get(env)
+    if not v:
+        return None
+    if v == "torch":
+        v = "cudnn"
+    if v not in WGRAD_IMPLS:
+        what = "a weight" if env == _FORCE_ENV else "an input"
+        raise ValueError(f"environment variable {env}={v!r} is not {what}-gradient implementation; "
+                         f"expected one of {WGRAD_IMPLS}")
+    return v
+
+
+def _key(dy, x, w, params, precision) -> tuple:
+    return (str(x.device), x.dtype, precision, params, x.stride(), dy.stride(), w.stride())
+
+
+def recorded_choices(x, w, params, precision) -> list[tuple[str, Choice]]:
+    """("dX" | "dW", choice) made in this process for a forward signature, whatever dY's layout
+    (``convt3d.explain``)."""
+    want = (str(x.device), x.dtype, precision, params, x.stride())
+    return [(what, rec) for what, made in (("dX", _dgrad_choices), ("dW", _choices))
+            for key, rec in made.items() if key[:5] == want and key[6] == w.stride()]
+
+
+# A Triton candidate replaces cuDNN only when its median is lower by more than this: the
+# forward's measured auto uses the same 3% (dispatch.NOISE_MARGIN); do_bench medians of one
+# signature move by ~1-2% between runs.
+_MARGIN = 0.03
+
+
+def _time_choice(cands: tuple, run_cudnn, run_triton) -> Choice:
+    """Time cuDNN and every Triton candidate (do_bench medians); a candidate that raises (a failed
+    build, out of memory) is left out and named in the reason."""
+    import triton.testing
+
+    t0 = time.perf_counter()
+    runs = {"cudnn": (None, run_cudnn)}
+    for cfg in cands:
+        runs[f"triton {cfg.short()}"] = (cfg, lambda cfg=cfg: run_triton(cfg))
+    timings, failed = {}, {}
+    for label, (cfg, fn) in runs.items():
+        try:
+            fn()  # compile + warm
+            timings[label] = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+        except Exception as exc:  # noqa: BLE001 -- one candidate's failure only removes it
+            if cfg is None:
+                raise  # cuDNN itself failed: PyTorch's own backward would fail the same way
+            failed[label] = f"{type(exc).__name__}: {exc}"[:200]
+    best = min(timings, key=timings.get)
+    if best != "cudnn" and not timings[best] * (1.0 + _MARGIN) < timings["cudnn"]:
+        best = "cudnn"
+    reason = f"timed: {best} fastest" + (f" (beyond a {_MARGIN:.0%} margin)" if best != "cudnn" else "")
+    if failed:
+        reason += "; failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
+    return Choice("cudnn" if best == "cudnn" else "triton", runs[best][0], time.perf_counter() - t0, timings, reason)
+
+
+def _entry_from_choice(rec: Choice, cands: tuple) -> dict:
+    """The disk-cache entry of a timed choice (``convt3d.dispatch.cache``, section "backward")."""
+    config = None if rec.config is None else {"type": type(rec.config).__name__,
+                                              "fields": disk_cache.config_to_dict(rec.config)}
+    return {"impl": rec.impl, "config": config, "timings_ms": dict(rec.timings_ms), "tuning_s": rec.seconds,
+            "candidates": [c.short() for c in cands]}
+
+
+def _choice_from_entry(entry: dict | None, cands: tuple) -> Choice | None:
+    """A cached choice, if it was made among exactly the current candidates and names one of them
+    (nothing in the file is trusted: a foreign tile could compute wrong values); else None."""
+    if not isinstance(entry, dict) or entry.get("candidates") != [c.short() for c in cands]:
+        return None
+    timings = entry.get("timings_ms")
+    timings = dict(timings) if isinstance(timings, dict) else {}
+    if entry.get("impl") == "cudnn" and entry.get("config") is None:
+        return Choice("cudnn", None, 0.0, timings, "cached: cudnn fastest (timed by an earlier process)")
+    cfg = entry.get("config")
+    if entry.get("impl") != "triton" or not isinstance(cfg, dict):
+        return None
+    # The same fields can name tiles of two kernels (DgradConfig, HeadDgradConfig): match the type too.
+    c = disk_cache.config_from_dict(cfg.get("fields"), [c for c in cands if type(c).__name__ == cfg.get("type")])
+    if c is None:
+        return None
+    return Choice("triton", c, 0.0, timings, f"cached: triton {c.short()} fastest (timed by an earlier process)")
+
+
+def _can_time(x: torch.Tensor, supported: bool, time_triton: bool) -> bool:
+    """Whether this call may time its candidates: CUDA, a Triton kernel that can run it, timing
+    on (``CONVT3D_AUTOTUNE``) and wanted for this gradient, and not inside graph capture."""
+    return (x.device.type == "cuda" and supported and _tuning_enabled() and time_triton
+            and not torch.cuda.is_current_stream_capturing())
+
+
+def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_cudnn, run_triton,
+            dy, x, w, params, precision, time_triton: bool = True) -> Choice:
+    """The per-signature choice of one gradient (see the module docstring). Without timing the
+    static rule is cuDNN: no Triton tile wins on enough layers to be the untimed default."""
+    forced = _forced(env)
+    if forced is not None:
+        if forced == "triton" and not supported:
+            raise BackendUnavailableError(
+                f"{env}=triton cannot run this call: the Triton {what}-gradient kernels need at least 8 input "
+                f"and output channels per group, or at least {HB.MIN_IN_PER_GROUP} input and at most "
+                f"{HB.MAX_OUT_PER_GROUP} output channels per group (the head kernels)")
+        cfg = candidates()[0] if forced == "triton" else None
+        return Choice(forced, cfg, 0.0, {}, f"${env}={forced}")
+    key = _key(dy, x, w, params, precision)
+    rec = cache.get(key)
+    if rec is not None:
+        return rec
+    if not _can_time(x, supported, time_triton):
+        why = ("static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)"
+               if time_triton or x.device.type != "cuda"
+               else "static rule (not timed: the general Triton dW is slower than cuDNN's)")
+        rec = Choice("cudnn", None, 0.0, {}, why)
+        if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
+            cache[key] = rec
+        return rec
+    gpu = device_name(x.device)
+    # The cache file's key; cuDNN always runs deterministic here, and the name keeps saying so,
+    # so that entries saved by earlier versions stay valid.
+    name = (f"bwd-{what}|{x.dtype}|{precision}|{params}|{tuple(x.stride())}|{tuple(dy.stride())}|"
+            f"{tuple(w.stride())}|deterministic=True")
+
+    def decide() -> Choice:
+        # The disk cache first (inside the agreement: only rank 0's file counts, see
+        # convt3d.dispatch.distributed), then timing, whose result is saved for later processes.
+        cands = tuple(candidates())
+        rec = _choice_from_entry(disk_cache.load_backward(gpu, name), cands)
+        if rec is None:
+            rec = _time_choice(cands, run_cudnn, run_triton)
+            disk_cache.save_backward(gpu, name, _entry_from_choice(rec, cands))
+        return rec
+
+    # Under torch.distributed rank 0 decides, every rank takes its choice (convt3d.dispatch.distributed);
+    # the name leaves out the device (index and model). A tile this rank does not offer (another
+    # GPU model) is never run: it times for itself.
+    from ...dispatch import distributed
+
+    rec = distributed.agree(decide, name)
+    if rec.config is not None and rec.config not in candidates():
+        with distributed.local():
+            rec = _time_choice(tuple(candidates()), run_cudnn, run_triton)
+    cache[key] = rec
+    return rec
+
+
+def wgrad_choice_candidates(params, dtype, device) -> tuple:
+    """The Triton dW configurations of a call (the first is what a forced
+    ``CONVT3D_BWD_WEIGHT=triton`` runs): the head kernel's where it can run, which the choice
+    times; else the general kernel's where it can run, which the choice never times (it is
+    slower than cuDNN's dW: module docstring)."""
+    if HB.supports(params):
+        return HB.wgrad_candidates(params, dtype, device)
+    return wgrad_candidates(params, dtype, device) if _triton_wgrad_ok(params) else ()
+
+
+def dgrad_choice_candidates(params, dtype, device, precision) -> tuple:
+    """The Triton dX configurations the choice times: the general kernel's (its first stays the
+    forced default where it can run), then the head kernel's where that can run."""
+    general = dgrad_candidates(params, dtype, device, precision) if _triton_dgrad_ok(params) else ()
+    head = HB.dgrad_candidates(params, dtype, device) if HB.supports(params) else ()
+    return general + head
+
+
+def choose_wgrad(dy, x, w, params, precision) -> Choice:
+    return _choose(_choices, _FORCE_ENV, "weight", _triton_wgrad_ok(params) or HB.supports(params),
+                   lambda: wgrad_choice_candidates(params, x.dtype, x.device),
+                   lambda: _torch_grads(dy, x, w, params, precision, False, True)[1],
+                   lambda cfg: wgrad_triton(dy, x, params, precision, w.dtype, cfg),
+                   dy, x, w, params, precision, time_triton=HB.supports(params))
+
+
+def choose_dgrad(dy, x, w, params, precision) -> Choice:
+    fx = grad_formats(x, w)[0]
+    return _choose(_dgrad_choices, _FORCE_ENV_X, "input", _triton_dgrad_ok(params) or HB.supports(params),
+                   lambda: dgrad_choice_candidates(params, w.dtype, x.device, precision),
+                   lambda: _torch_grads(dy, x, w, params, precision, True, False)[0],
+                   lambda cfg: dgrad_triton(dy, w, params, precision, x.dtype, cfg, fx),
+                   dy, x, w, params, precision)
+
+
+# ---- entry point --------------------------------------------------------------------------------
+# The decisions of one backward signature, looked up once per call: a training step of a small
+# layer is host-bound, and making the two choices, the gradient formats and the environment
+# overrides again on every call would be a large part of its host time. The key holds
+# everything the decisions read, the overriding environment variables included, so changing one
+# takes effect on the next call.
+_ENV_KEYS = (_FORCE_ENV, _FORCE_ENV_X, "CONVT3D_AUTOTUNE")
+_plans: dict[tuple, tuple] = {}
+
+
+def _plan(dy, x, w, params, precision, mask) -> tuple:
+    """(dX format, dW format, dX choice or None, dW choice or None) for this call."""
+    env = os.environ
+    key = (x.device, x.dtype, precision, params, x.stride(), dy.stride(), w.stride(), mask,
+           tuple(env.get(k) for k in _ENV_KEYS))
+    p = _plans.get(key)
+    if p is None:
+        fx, fw = grad_formats(x, w)
+        ximpl = choose_dgrad(dy, x, w, params, precision) if mask[0] else None
+        wimpl = choose_wgrad(dy, x, w, params, precision) if mask[1] else None
+        p = (fx, fw, ximpl, wimpl)
+        # Choices made without timing during graph capture are provisional (not cached there
+        # either): a later uncaptured call times them.
+        if x.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            if len(_plans) >= 4096:
+                _plans.clear()
+            _plans[key] = p
+    return p
+
+def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
+          mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(dX, dW, db) for the entries of ``mask`` that are True (None for the others).
+
+    ``precision`` is the forward's resolved precision ("tf32" | "tf32x3" | "ieee"; only float32
+    reads it). dX and dW come back in the memory formats of :func:`grad_formats`.
+    """
+    need_x, need_w, need_b = mask
+    gx = gw = gb = None
+    fx, fw, ximpl, wimpl = _plan(dy, x, w, params, precision, mask)
+    use_torch_x = ximpl is not None and ximpl.impl == "cudnn"
+    use_torch_w = wimpl is not None and wimpl.impl == "cudnn"
+    if use_torch_x or use_torch_w:
+        # Both on cuDNN: one convolution_backward call computes them together, and db with them
+        # (as PyTorch's own autograd does: the same reduction, no second dispatch).
+        gx_t, gw_t, gb = _torch_grads(dy, x, w, params, precision, use_torch_x, use_torch_w, need_b)
+        gx = gx_t if use_torch_x else None
+        gw = gw_t if use_torch_w else None
+        need_b = False
+    dyp = None
+    if (need_x and not use_torch_x and isinstance(ximpl.config, HB.HeadDgradConfig) and need_w and not use_torch_w
+            and isinstance(wimpl.config, HB.HeadWgradConfig) and w.dtype == x.dtype
+            and bool(ximpl.config.BLOCK_W) == bool(wimpl.config.BLOCK_W)):
+        # Both head kernels read the same copy of dY (zero-padded, or split by phase): one copy
+        # for the two (a head's dY is its largest tensor).
+        dyp = HB.dy_operand(dy, params, x.dtype, ximpl.config, precision)
+    if need_x and not use_torch_x:
+        gx = dgrad_triton(dy, w, params, precision, x.dtype, ximpl.config, fx, dyp=dyp)
+    if need_w and not use_torch_w:
+        gw = wgrad_triton(dy, x, params, precision, w.dtype, wimpl.config, dyp=dyp)
+    if need_b:
+        # fp32 accumulation for 16-bit dY, as PyTorch's bias gradient.
+        gb = dy.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(dy.dtype)
+    # The Triton kernels write dX in fx and dW contiguous; cuDNN's may come in either layout.
+    # (A no-op ``contiguous`` still costs a dispatch: host time of a host-bound head step.)
+    if use_torch_x:
+        gx = gx.contiguous(memory_format=fx)
+    if gw is not None and (use_torch_w or fw != torch.contiguous_format):
+        gw = gw.contiguous(memory_format=fw)
+    return gx, gw, gb

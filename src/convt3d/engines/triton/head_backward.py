@@ -1,0 +1,533 @@
+"""Backward of an output head: dX and dW of a transposed convolution with few output channels
+per group, by ``kernels/head_grad.py`` and ``kernels/head_phase_grad.py`` (plan, tile
+configurations, launchers).
+
+A head reads a wide input and writes a thin output: a 3-D GAN's 64 -> 1 voxel layer, a video
+decoder's 64 -> 3 RGB layer, a U-Net's last up-convolution to a few classes. Its backward is
+memory-bound: dX writes a tensor as wide as X from a thin dY, dW reads X once. cuDNN runs both
+far above the time of reading and writing their operands once. The general Triton kernels (``backward``) need >= 8 output channels per group: they walk one tap per
+step with Cout/g padded to 16.
+
+These kernels flatten (tap, output channel) into one GEMM dimension and positions into another,
+so a head's whole kernel is one or two MMA steps and X is read once per dW program range. Two
+kernels per gradient read dY two ways:
+- ``kernels/head_grad.py``: from a zero-padded copy (:func:`padded_dy`, or dY itself where no
+  zero is needed), tiles of positions (d, h, w) of one batch element, one gathered address per
+  element;
+- ``kernels/head_phase_grad.py``: from dY split by phase (:class:`DyPhases`, one launch), tiles of
+  rows along W, where each (tap, channel) row of the operand is a run of consecutive elements.
+dW's fp32 partial sums per split are added and written as dW by one launch
+(``wgrad_finish_kernel``) for both. All tiles are candidates of the timed choice in ``backward``
+(dX and dW each against cuDNN, per call signature); nothing here decides by a threshold beyond
+which layers they can run.
+
+Which layers: at least 8 input channels per group (the wide side is the MMA's N for dX and M for
+dW; fewer would be mostly padding, as for depthwise layers) and at most ``MAX_OUT_PER_GROUP``
+output channels per group -- the narrow-output range of the forward's head path
+(``head_engine``); from 8 to 15 output channels the general kernels compete too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ...core.errors import BackendUnavailableError
+from .head import flat_spatial
+from .kernels import head_grad, head_phase_grad
+from ...core.params import ConvT3dParams
+from .configs import _cdiv, _pow2_at_least
+from .sites import Site, interpreter_active, site
+
+__all__ = ["MAX_OUT_PER_GROUP", "MIN_IN_PER_GROUP", "HeadDgradConfig", "HeadWgradConfig", "DyPhases", "supports",
+           "unsupported_reason", "device_programs", "dgrad_candidates", "wgrad_candidates", "padded_dy", "dy_phases",
+           "dy_phases_layout", "dy_operand", "head_dgrad", "head_wgrad"]
+
+MAX_OUT_PER_GROUP = 15
+MIN_IN_PER_GROUP = 8
+# Program and step indices over all positions are 32-bit (with a tile of headroom).
+_MAX_POSITIONS = 2**31 - 2**16
+# The dW partial sums: at most 2^22 fp32 values (16 MB) over all splits, so adding them costs a
+# few microseconds next to reading X.
+_MAX_PARTIAL = 2**22
+
+
+@dataclass(frozen=True)
+class HeadDgradConfig:
+    BLOCK_M: int  # input positions (a run of one batch element's (id, ih, iw); or BLOCK_M // BLOCK_W rows x BLOCK_W)
+    BLOCK_N: int  # input channels of a group
+    BLOCK_K: int  # (tap, output channel) pairs per step
+    num_warps: int
+    num_stages: int
+    # 0: dY from its zero-padded copy, runs of positions (head_grad.head_dgrad_kernel); > 0: dY
+    # split by phase, tiles of rows of BLOCK_W positions (head_phase_grad.head_dgrad_phase_kernel).
+    BLOCK_W: int = 0
+
+    def short(self) -> str:
+        return (f"head M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}"
+                + (f" phases W{self.BLOCK_W}" if self.BLOCK_W else ""))
+
+
+@dataclass(frozen=True)
+class HeadWgradConfig:
+    BLOCK_CI: int  # input channels of a group
+    BLOCK_K: int  # (tap, output channel) pairs
+    BLOCK_P: int  # reduction positions per step
+    num_warps: int
+    num_stages: int
+    splits: int  # programs along the reduction; partial sums added in a fixed order
+    # The dY gather's lanes along positions instead of (tap, channel) pairs (head_wgrad_kernel).
+    lanes_on_m: bool = False
+    # As HeadDgradConfig.BLOCK_W: > 0 reads dY split by phase, BLOCK_P positions in rows of BLOCK_W
+    # (head_phase_grad.head_wgrad_phase_kernel).
+    BLOCK_W: int = 0
+
+    def short(self) -> str:
+        return (f"head CI{self.BLOCK_CI} K{self.BLOCK_K} P{self.BLOCK_P} w{self.num_warps} s{self.num_stages} "
+                f"split{self.splits}" + (" lanes-m" if self.lanes_on_m else "")
+                + (f" phases W{self.BLOCK_W}" if self.BLOCK_W else ""))
+
+
+def _clamp_pow2(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, _pow2_at_least(v)))
+
+
+def _ktot(params: ConvT3dParams) -> int:
+    return math.prod(params.kernel_size) * params.out_channels_per_group
+
+
+def _positions(params: ConvT3dParams) -> int:
+    return params.batch * math.prod(params.in_size)
+
+
+@functools.lru_cache(maxsize=1024)
+def unsupported_reason(params: ConvT3dParams) -> str | None:
+    """Why the head kernels cannot run this call (None: they can). Memoised per geometry: every
+    head dX and dW launch asks (two per training step)."""
+    if params.out_channels_per_group > MAX_OUT_PER_GROUP:
+        return (f"{params.out_channels_per_group} output channels per group: the head kernels take at most "
+                f"{MAX_OUT_PER_GROUP}")
+    if params.in_channels_per_group < MIN_IN_PER_GROUP:
+        return (f"{params.in_channels_per_group} input channels per group: the head kernels need at least "
+                f"{MIN_IN_PER_GROUP} (the wide side fills the MMA)")
+    if _positions(params) > _MAX_POSITIONS:
+        return f"{_positions(params)} input positions do not fit the kernels' 32-bit position index"
+    return None
+
+
+def supports(params: ConvT3dParams) -> bool:
+    return unsupported_reason(params) is None
+
+
+def _phase_block_w(params: ConvT3dParams, block: int) -> int:
+    """Positions along W of a phase-copy tile of ``block`` positions: the input's W up to the
+    next power of two, at most the tile (the rest of the tile is rows along H)."""
+    return _clamp_pow2(params.in_size[2], 1, block)
+
+
+def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadDgradConfig, ...]:
+    """Tile configurations of ``head_dgrad_kernel`` (dY from its zero-padded copy) and of
+    ``head_dgrad_phase_kernel`` (dY split by phase: ``BLOCK_W`` > 0); the first is the untuned
+    default.
+
+    N = Cin/g and K = taps x Cout/g are capped by their sizes (padded to >= 16 for ``tl.dot``); M
+    is the free dimension. The flat kernel's A tile is a gather (a 64-bit address per element, no
+    vector loads), so K steps of 32; one stage, since gathered 16-bit loads are not pipelined and
+    a second fp32 stage made ptxas spill. Every tile here compiles for sm_90a without spills in
+    bf16 and in fp32 at every precision. The phase kernel's A tile is rows of consecutive copy
+    elements. Which is fastest on a GPU is the timed choice's to say.
+    """
+    bn = _clamp_pow2(params.in_channels_per_group, 16, 128)
+    bk = _clamp_pow2(_ktot(params), 16, 32)
+    if device.type != "cuda":
+        # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
+        bm = min(32, _clamp_pow2(_positions(params), 16, 32))
+        return (HeadDgradConfig(bm, min(bn, 32), bk, 4, 1),
+                HeadDgradConfig(32, min(bn, 32), bk, 4, 1, _phase_block_w(params, 32)))
+    out = []
+    # 64 x 128 on 4 warps: the fastest tile for wide heads in 16 bits (the VQ-VAE 240 -> 3 head),
+    # slower than the others in fp32; the timed choice takes it where it wins.
+    for bm, bn_cap, warps in ((128, 64, 4), (128, 128, 8), (256, 64, 8), (64, 128, 4)):
+        cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1)
+        if cfg not in out:
+            out.append(cfg)
+    # The phase kernel's tiles: K stays at 32, since a K step of 64 was several times slower on
+    # every head timed.
+    for bm, bn_cap, warps in ((64, 128, 4), (128, 128, 8)):
+        cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1, _phase_block_w(params, bm))
+        if cfg not in out:
+            out.append(cfg)
+    return tuple(out)
+
+
+def device_programs(device: torch.device, per_sm: int = 4) -> int:
+    """Programs that fill a device: ``per_sm`` per SM on CUDA (the split-reduction kernels of the
+    backward use 4: enough to hide the latency of the L2 reads that feed each step); 1 on the
+    CPU (the interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _splits(params: ConvT3dParams, tiles: int, steps: int, device: torch.device) -> int:
+    """Splits of the dW reduction of ``steps`` position steps over ``tiles`` output tiles."""
+    per_split = params.groups * params.in_channels_per_group * _ktot(params)
+    cap = max(1, min(_MAX_PARTIAL // per_split, steps // 4, 1024))
+    # ~4 programs per SM: each streams its X range once; several per SM hide the L2 latency of
+    # the dY loads.
+    return max(1, min(triton.cdiv(device_programs(device), tiles), cap))
+
+
+def _phase_tiles(params: ConvT3dParams, block: int, block_w: int) -> int:
+    """Position tiles of the phase kernels: rows of ``block_w`` along W, ``block // block_w`` rows
+    along H, per (n, d)."""
+    n, (d, h, w) = params.batch, params.in_size
+    return n * d * _cdiv(h, block // block_w) * _cdiv(w, block_w)
+
+
+def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadWgradConfig, ...]:
+    """Tile configurations of ``head_wgrad_kernel`` (dY from its zero-padded copy) and of
+    ``head_wgrad_phase_kernel`` (dY split by phase: ``BLOCK_W`` > 0); the first is the untuned
+    default.
+
+    Flat kernel: M = Cin/g (<= 64 per tile) and N = taps x Cout/g (<= 64 or <= 128 per tile: 64
+    for a 4x4x4 kernel with one output channel, so each program reads its X range once for every
+    tap); the reduction step is 32 positions, one stage (64-position steps or more stages spill
+    in fp32; these two tiles do not). The reduction is split so that ~4 programs run per SM.
+
+    Each flat tile comes twice: its dY gather with the lanes along (tap, channel) pairs, and along
+    positions (``lanes_on_m``). Neither wins on every head, so the timed choice takes one of them.
+
+    Phase kernel: M = (tap, channel) pairs (64 or 128), N = Cin/g (64 or 128), K = 64 positions
+    (32 in fp32) per step in rows along W; its dY rows are runs of consecutive copy elements.
+    """
+    bci = _clamp_pow2(params.in_channels_per_group, 16, 64)
+    ktot = _ktot(params)
+    if device.type != "cuda":
+        # Interpreter: one split (tests force more), small tiles.
+        bk = _clamp_pow2(ktot, 16, 32)
+        return (HeadWgradConfig(min(bci, 16), bk, 16, 4, 1, 1),
+                HeadWgradConfig(min(bci, 16), bk, 16, 4, 1, 1, BLOCK_W=_phase_block_w(params, 16)))
+    out = []
+    steps = params.batch * triton.cdiv(math.prod(params.in_size), 32)
+    for bk_cap, warps in ((64, 4), (128, 8)):
+        bk = _clamp_pow2(ktot, 16, bk_cap)
+        tiles = params.groups * triton.cdiv(params.in_channels_per_group, bci) * triton.cdiv(ktot, bk)
+        cfg = HeadWgradConfig(bci, bk, 32, warps, 1, _splits(params, tiles, steps, device))
+        if cfg not in out:
+            out.append(cfg)
+    out += [dataclasses.replace(c, lanes_on_m=True) for c in out]
+    bci_wide = _clamp_pow2(params.in_channels_per_group, 16, 128)
+    # 64 positions per step in 16-bit, 32 in fp32 (a 64 x 64 fp32 tile with 64 positions spills at
+    # "tf32").
+    bp = 64 if dtype != torch.float32 else 32
+    bw = _phase_block_w(params, bp)
+    for bk_cap, ci, warps in ((64, bci, 4), (128, bci, 8), (64, bci_wide, 8)):
+        bk = _clamp_pow2(ktot, 16, bk_cap)
+        tiles = params.groups * triton.cdiv(params.in_channels_per_group, ci) * triton.cdiv(ktot, bk)
+        cfg = HeadWgradConfig(ci, bk, bp, warps, 1, _splits(params, tiles, _phase_tiles(params, bp, bw), device),
+                              BLOCK_W=bw)
+        if cfg not in out:
+            out.append(cfg)
+    return tuple(out)
+
+
+def _dy_pads(params: ConvT3dParams) -> tuple[tuple[int, int], ...]:
+    """Per dimension (D, H, W), the zeros the padded copy of dY holds before and after dY's data:
+    ``p`` before, and after it up to ``(in-1)*s + (k-1)*d + 1``."""
+    return tuple((a.padding, max(0, (a.in_size - 1) * a.stride + (a.kernel - 1) * a.dilation + 1
+                                 - a.padding - a.out_size)) for a in params.axes)
+
+
+def _dy_needs_zeros(params: ConvT3dParams) -> bool:
+    """Whether the padded copy of dY holds any zero: else :func:`padded_dy` returns dY itself."""
+    return any(any(p) for p in _dy_pads(params))
+
+
+def dy_copied(params: ConvT3dParams, config: HeadDgradConfig | HeadWgradConfig) -> bool:
+    """Whether ``config``'s kernel reads a copy of dY (:func:`dy_operand`) rather than dY itself:
+    the phase kernels always, the flat ones where the padded copy needs a zero. The kernels skip
+    dY's TF32 rounding on this answer, so it must be the rule :func:`padded_dy` follows."""
+    return bool(config.BLOCK_W) or _dy_needs_zeros(params)
+
+
+def _pad_site(params: ConvT3dParams, dy: torch.Tensor, dyp: torch.Tensor, round_tf32: bool) -> Site:
+    """The launch site of head_grad.dy_pad_kernel: chunks of 1024 elements of a plane per
+    program."""
+    def build():
+        cl = dyp.stride(1) == 1 and params.out_channels > 1
+        (pd, _), (ph, _), (pw, _) = _dy_pads(params)
+        n, c, ld, lh, lw = dyp.shape
+        plane = lh * lw * (c if cl else 1)
+        block = _clamp_pow2(plane, 128, 1024)
+        chunks = _cdiv(plane, block)
+        return Site("dy_pad_kernel", (dyp.numel() // plane * chunks,), (
+            plane, chunks, c, *params.out_size, ld, lw, pd, ph, pw, *dy.stride(),
+        ), dict(CL=cl, ROUND_TF32=round_tf32, BIG=_big(dy, dyp), BLOCK=block, num_warps=4), head_grad)
+
+    return site(("dy_pad", params, dy.stride(), dy.dtype, dyp.dtype, dyp.stride(), round_tf32), build)
+
+
+def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None = None,
+              round_tf32: bool = False) -> torch.Tensor:
+    """dY with zeros around it, so that the dY position ``i*s - p + t*d`` of every (input, tap)
+    pair is ``i*s + t*d`` inside the copy (the kernels then gather without bounds tests), in
+    ``dtype`` (dY's by default) and in dY's layout (channels-last stays channels-last, any other
+    becomes contiguous). One launch (``head_grad.dy_pad_kernel``) writes every element, data or
+    zero, and at TF32 (``round_tf32``) rounds the data to TF32 as it goes, so that the gradient
+    kernels need not round dY on every load. Where no dimension needs a zero (padding 0 and every
+    position reached, as in k2 s2 p0), dY itself (converted to ``dtype``): the kernels read it
+    through its strides and round it as they load it, since a copy would add a read and a write
+    of a head's largest tensor."""
+    dtype = dtype or dy.dtype
+    round_tf32 = round_tf32 and dtype == torch.float32  # TF32 is a rounding of fp32 only
+    if not _dy_needs_zeros(params):
+        return dy.to(dtype)
+    pads = _dy_pads(params)
+    shape = params.out_shape[:2] + tuple(o + a + b for o, (a, b) in zip(params.out_size, pads))
+    cl = dy.dim() == 5 and dy.is_contiguous(memory_format=torch.channels_last_3d) and not dy.is_contiguous()
+    dyp = torch.empty(shape, dtype=dtype, device=dy.device,
+                      memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
+    _pad_site(params, dy, dyp, round_tf32).launch(dy.device, dy, dyp)
+    return dyp
+
+
+@dataclass(frozen=True)
+class DyPhases:
+    """The layout of dY split by phase (``kernels/head_phase_grad.py``): per dimension, tap t
+    reads residue ``(t*d - p) mod s`` at copy index ``i + (t*d + lift) // s``, with ``lift = c*s
+    - p`` and ``c = ceil(p / s)``; the copy holds ``length`` indices per residue, index ``q'``
+    being dY's position ``(q' - c)*s + r`` (zero outside dY). Shape [sd, sh, sw, N, C, Ld, Lh,
+    Lw], contiguous."""
+
+    lift: tuple[int, int, int]
+    shift: tuple[int, int, int]  # c per dimension
+    length: tuple[int, int, int]
+    shape: tuple[int, ...]
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """(residue d, residue h, residue w, n, c, index d, index h); index w has stride 1."""
+        out, acc = [], 1
+        for n in reversed(self.shape):
+            out.append(acc)
+            acc *= n
+        return tuple(reversed(out))[:-1]
+
+
+@functools.lru_cache(maxsize=1024)
+def dy_phases_layout(params: ConvT3dParams) -> DyPhases:
+    lift, shift, length = [], [], []
+    for a in params.axes:
+        c = -(-a.padding // a.stride)
+        lift.append(c * a.stride - a.padding)
+        shift.append(c)
+        length.append(a.in_size + ((a.kernel - 1) * a.dilation + lift[-1]) // a.stride)
+    shape = tuple(params.stride) + (params.batch, params.out_channels) + tuple(length)
+    return DyPhases(tuple(lift), tuple(shift), tuple(length), shape)
+
+
+def _phases_site(params: ConvT3dParams, dy: torch.Tensor, dyq: torch.Tensor, round_tf32: bool) -> Site:
+    """The launch site of dy_phases_kernel: BLOCK_R rows of the copy per program."""
+    def build():
+        lay = dy_phases_layout(params)
+        rows = dyq.numel() // lay.length[2]
+        block_q = _clamp_pow2(lay.length[2], 16, 128)
+        block_r = max(1, 2048 // block_q)  # ~2048 elements per program
+        return Site("dy_phases_kernel", (_cdiv(rows, block_r),), (
+            rows, params.batch, params.out_channels, lay.length[0], lay.length[1], lay.length[2],
+            *params.out_size, *params.stride, *lay.shift, *dy.stride(),
+        ), dict(ROUND_TF32=round_tf32, BIG=_big(dy, dyq), BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4),
+            head_phase_grad)
+
+    return site(("dy_phases", params, dy.stride(), dy.dtype, dyq.dtype, round_tf32), build)
+
+
+def dy_phases(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype, round_tf32: bool = False) -> torch.Tensor:
+    """dY split by phase (:class:`DyPhases`) in ``dtype``, in one launch: every element of the
+    copy is written (data or zero), so it needs no fill first; at TF32 (``round_tf32``) rounded
+    to TF32 as it is written."""
+    dyq = torch.empty(dy_phases_layout(params).shape, dtype=dtype, device=dy.device)
+    _phases_site(params, dy, dyq, round_tf32 and dtype == torch.float32).launch(dy.device, dy, dyq)
+    return dyq
+
+
+def _rounds(dtype: torch.dtype, precision: str) -> bool:
+    """Whether a call's operands are rounded to TF32: fp32 at "tf32" (cuDNN's numerics)."""
+    return dtype == torch.float32 and precision == "tf32"
+
+
+def dy_operand(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype,
+               config: HeadDgradConfig | HeadWgradConfig, precision: str) -> torch.Tensor:
+    """The copy of dY that ``config``'s kernel reads, in ``dtype``: split by phase, or
+    zero-padded (:func:`padded_dy`), rounded to TF32 where the call's precision is TF32 and a
+    copy is made (:func:`dy_copied`; the kernels then skip dY's rounding). ``backward.grads``
+    makes one for dX and dW when both kernels read the same kind."""
+    if config.BLOCK_W:
+        return dy_phases(dy, params, dtype, _rounds(dtype, precision))
+    return padded_dy(dy, params, dtype, _rounds(dtype, precision))
+
+
+def _span(t: torch.Tensor) -> int:
+    """Elements from the first to the last of ``t`` (its strides' reach)."""
+    return 1 + sum(abs(st) * (n - 1) for n, st in zip(t.shape, t.stride()) if n > 0)
+
+
+def _big(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels need 64-bit offsets for these tensors."""
+    return any(_span(t) >= 2**31 for t in tensors)
+
+
+def _precision_args(dtype: torch.dtype, precision: str, dy_rounded: bool) -> dict:
+    """The kernels' precision constexprs; ``dy_rounded``: the dY operand is a copy rounded to TF32
+    when it was made (:func:`dy_operand`), so the kernel rounds only the other operand."""
+    is_fp32 = dtype == torch.float32
+    return {"PRECISION": precision if is_fp32 else "tf32", "ROUND_TF32": _rounds(dtype, precision),
+            "DY_ROUNDED": dy_rounded and _rounds(dtype, precision), "TWO_LEVEL": is_fp32 and precision != "tf32"}
+
+
+def _check_runnable(t: torch.Tensor, params: ConvT3dParams, what: str) -> None:
+    if t.device.type == "cpu" and not interpreter_active():
+        raise BackendUnavailableError(
+            f"the Triton head {what}-gradient kernel on CPU tensors needs Triton's interpreter: set "
+            "TRITON_INTERPRET=1 before triton is imported")
+    reason = unsupported_reason(params)
+    if reason is not None:
+        raise BackendUnavailableError(f"the Triton head {what}-gradient kernel cannot run this call: {reason}")
+
+
+def _phase_geometry_args(params: ConvT3dParams) -> tuple:
+    """The phase kernels' geometry arguments from D, H, W on (see their signatures)."""
+    lay = dy_phases_layout(params)
+    return (*params.in_size, params.kernel_size[1], params.kernel_size[2]), (
+        *params.stride, *params.dilation, *lay.lift, *lay.strides)
+
+
+def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, wp: torch.Tensor, dx: torch.Tensor,
+                precision: str) -> Site:
+    """The launch site of head_dgrad_kernel (or head_dgrad_phase_kernel): its integer arguments,
+    grid and constexprs are fixed by the call signature (geometry, config, strides, dtypes), so
+    later steps replay the compiled kernel: binding the arguments again through ``kernel[grid]``
+    on each launch would cost host time comparable to a small head's kernels."""
+    def build():
+        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+        tiles_n = _cdiv(cin_g, cfg.BLOCK_N)
+        consts = dict(**_precision_args(wp.dtype, precision, dy_copied(params, cfg)), BIG=_big(dyp, wp, dx),
+                      BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if cfg.BLOCK_W:
+            spatial, phase = _phase_geometry_args(params)
+            tiles = _phase_tiles(params, cfg.BLOCK_M, cfg.BLOCK_W)
+            return Site("head_dgrad_phase_kernel", (tiles * tiles_n, g), (
+                cin_g, cout_g, _ktot(params), *spatial, *phase, *dx.stride(), tiles_n,
+            ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
+        # Position tiles per batch element (the kernel's store sees runs of positions).
+        s = math.prod(params.in_size)
+        tiles_s = _cdiv(s, cfg.BLOCK_M)
+        return Site("head_dgrad_kernel", (params.batch * tiles_s * tiles_n, g), (
+            s, cin_g, cout_g, _ktot(params),
+            *params.in_size,
+            params.kernel_size[1], params.kernel_size[2],
+            *dyp.stride(), *dx.stride(),
+            *params.stride, *params.dilation,
+            tiles_s, tiles_n,
+        ), consts, head_grad)
+
+    return site(("head_dgrad", params, cfg, dyp.shape, dyp.stride(), dx.stride(), wp.dtype, precision), build)
+
+
+def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
+               config: HeadDgradConfig | None = None,
+               x_format: torch.memory_format = torch.contiguous_format,
+               dyp: torch.Tensor | None = None) -> torch.Tensor:
+    """dX [N, Cin, D, H, W] in ``x_format``, from the copy of dY that the config's kernel reads
+    (:func:`dy_operand`; or ``dyp``, that copy made already for the same call in the weight's
+    dtype) and the weight packed as the GEMM's B operand."""
+    _check_runnable(dy, params, "input")
+    if x_format not in (torch.contiguous_format, torch.channels_last_3d):
+        raise ValueError(f"head_dgrad writes dX NCDHW or channels-last, not {x_format}")
+    cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
+    if dyp is None:
+        dyp = dy_operand(dy, params, w.dtype, cfg, precision)
+    dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    kd, kh, kw = params.kernel_size
+    # [G, taps, Cout/g, Cin/g]: row k = tap * Cout/g + co of the GEMM's B operand, Cin contiguous.
+    wp = w.reshape(g, cin_g, cout_g, kd * kh * kw).permute(0, 3, 2, 1).contiguous()
+    _dgrad_site(params, cfg, dyp, wp, dx, precision).launch(dy.device, dyp, wp, dx)
+    return dx
+
+
+def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dyp: torch.Tensor,
+                precision: str) -> Site:
+    """The launch site of head_wgrad_kernel or head_wgrad_phase_kernel (see ``_dgrad_site``)."""
+    def build():
+        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+        ktot = _ktot(params)
+        tiles_ci, tiles_k = _cdiv(cin_g, cfg.BLOCK_CI), _cdiv(ktot, cfg.BLOCK_K)
+        grid = (cfg.splits * tiles_ci * tiles_k, g)
+        consts = dict(**_precision_args(x.dtype, precision, dy_copied(params, cfg)), BIG=_big(x, dyp),
+                      BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if cfg.BLOCK_W:
+            spatial, phase = _phase_geometry_args(params)
+            return Site("head_wgrad_phase_kernel", grid, (
+                cin_g, cout_g, ktot, *spatial, g, cfg.splits, _phase_tiles(params, cfg.BLOCK_P, cfg.BLOCK_W),
+                *phase, *x.stride(), tiles_ci, tiles_k,
+            ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
+        return Site("head_wgrad_kernel", grid, (
+            params.batch, math.prod(params.in_size), cin_g, cout_g, ktot,
+            *params.in_size,
+            params.kernel_size[1], params.kernel_size[2], g, cfg.splits,
+            *x.stride(), *dyp.stride(),
+            *params.stride, *params.dilation,
+            tiles_ci, tiles_k,
+        ), dict(consts, LANES_ON_M=cfg.lanes_on_m, FLAT_X=flat_spatial(x)), head_grad)
+
+    return site(("head_wgrad", params, cfg, x.stride(), dyp.shape, dyp.stride(), x.dtype, precision), build)
+
+
+# The finish: [BLOCK_S, BLOCK_E] fp32 tiles of 8192 values (32 KB) per step; BLOCK_E small enough
+# that ~one program per SM (``device_programs(device, 1)``) gets elements, since a head with few
+# partial elements and many splits would otherwise leave one program adding every block in turn.
+_FINISH_TILE = 8192
+
+
+def _finish_blocks(elements: int, splits: int, programs: int) -> tuple[int, int]:
+    """(BLOCK_S, BLOCK_E) of wgrad_finish_kernel, for about ``programs`` programs."""
+    block_e = _clamp_pow2(_cdiv(elements, programs), 32, 256)
+    return _clamp_pow2(splits, 2, _FINISH_TILE // block_e), block_e
+
+
+def _finish_site(params: ConvT3dParams, splits: int, dw: torch.Tensor) -> Site:
+    def build():
+        e = params.groups * params.in_channels_per_group * _ktot(params)
+        block_s, block_e = _finish_blocks(e, splits, device_programs(dw.device, 1))
+        return Site("wgrad_finish_kernel", (_cdiv(e, block_e),), (
+            e, splits, params.out_channels_per_group, _ktot(params), math.prod(params.kernel_size),
+        ), dict(BLOCK_S=block_s, BLOCK_E=block_e, num_warps=4), head_phase_grad)
+
+    return site(("head_wgrad_finish", params, splits, dw.dtype, dw.device), build)
+
+
+def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str, out_dtype: torch.dtype,
+               config: HeadWgradConfig | None = None, dyp: torch.Tensor | None = None) -> torch.Tensor:
+    """dW [Cin, Cout/g, kD, kH, kW] (contiguous), from X in place (any strides) and the copy of dY
+    that the config's kernel reads (:func:`dy_operand`; or ``dyp``, that copy made already for
+    the same call in X's dtype): fp32 partial sums per split, then one launch that adds them in
+    a fixed order and writes dW."""
+    _check_runnable(x, params, "weight")
+    cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
+    if dyp is None:
+        dyp = dy_operand(dy, params, x.dtype, cfg, precision)
+    g, cin_g = params.groups, params.in_channels_per_group
+    part = torch.empty((cfg.splits, g, cin_g, _ktot(params)), dtype=torch.float32, device=x.device)
+    _wgrad_site(params, cfg, x, dyp, precision).launch(x.device, x, dyp, part)
+    dw = torch.empty((params.in_channels, params.out_channels_per_group) + tuple(params.kernel_size),
+                     dtype=out_dtype, device=x.device)
+    _finish_site(params, cfg.splits, dw).launch(x.device, part, dw)
+    return dw

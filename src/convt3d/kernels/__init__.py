@@ -1,1 +1,0 @@
-"""Triton kernels of convt3d (pure ``@triton.jit`` functions; host logic lives in ``convt3d.triton_engine``)."""
