@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from convt3d.engines.triton.configs import tuning_log
 
 WRAPS = ("ddp", "fsdp2")
 DTYPES = ("fp32", "bf16")
@@ -154,7 +155,7 @@ def decisions_seen(events: list) -> dict:
     from convt3d.dispatch import cache
     from convt3d.engines.triton import engine as triton_engine
 
-    tuning = {cache.tune_key_text(k): rec.config.short() for k, rec in triton_engine.tuning_log().items()}
+    tuning = {cache.tune_key_text(k): rec.config.short() for k, rec in tuning_log().items()}
     bwd = {}
     for kind, table in (("dW", backward.choices()), ("dX", backward.dgrad_choices())):
         for key, c in table.items():

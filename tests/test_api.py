@@ -393,7 +393,7 @@ def test_patched_model_trains():
 def spies(monkeypatch):
     """Record which engine ran (both still run for real)."""
     calls = []
-    real_torch, real_triton = convt3d.engines.torch.torch_forward, convt3d.engines.triton.engine.forward
+    real_torch, real_triton = convt3d.engines.torch.calls.torch_forward, convt3d.engines.triton.engine.forward
 
     def torch_spy(*a, **k):
         calls.append("torch")
@@ -403,7 +403,7 @@ def spies(monkeypatch):
         calls.append("triton")
         return real_triton(*a, **k)
 
-    monkeypatch.setattr(convt3d.engines.peers, "torch_forward", torch_spy)
+    monkeypatch.setattr(convt3d.engines.torch.peer, "torch_forward", torch_spy)
     monkeypatch.setattr(convt3d.engines.triton.engine, "forward", triton_spy)
     return calls
 

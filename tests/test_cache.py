@@ -17,6 +17,8 @@ import torch
 from convt3d.dispatch import cache
 from convt3d.engines.triton import engine as triton_engine
 from convt3d.core.params import ConvT3dParams
+from convt3d.engines.triton.persist import _flush_quietly, flush_triton, has_pending, prime_triton
+from convt3d.engines.triton.configs import tuned_config, tuning_log
 
 KEY = {"gpu": "Test GPU 9000", "convt3d": "0.1.0", "source": "0123456789ab", "torch": "2.99", "triton": "9.9"}
 
@@ -257,7 +259,7 @@ def test_pending_entries_are_saved_at_exit(tmp_path, monkeypatch):
     s = _store(d)
     s.put("decisions", "later", {"engine": "torch", "timings_ms": {}}, save=False)
     assert not s.path.exists()
-    cache._flush_quietly()  # what the exit hook runs
+    _flush_quietly()  # what the exit hook runs
     assert list(_read(s.path)["decisions"]) == ["later"]
 
 
@@ -319,9 +321,9 @@ def test_persisted_config_is_seeded_before_the_first_call():
     cache.store_for(KEY["gpu"]).put("triton_configs", cache.tune_key_text(key),
                                     {"config": cache.config_to_dict(chosen), "timings_ms": {"a": 1.0}})
     cache.reset()  # a new process
-    cache.prime_triton(KEY["gpu"], key, configs)
-    assert triton_engine.tuned_config(key) == chosen
-    assert triton_engine.tuning_log()[key].seconds == 0.0  # seeded, not timed
+    prime_triton(KEY["gpu"], key, configs)
+    assert tuned_config(key) == chosen
+    assert tuning_log()[key].seconds == 0.0  # seeded, not timed
 
 
 @pytest.mark.parametrize("bad", ["not-a-candidate", "unknown-field", "not-a-dict"])
@@ -332,18 +334,18 @@ def test_foreign_config_in_file_is_never_used(bad):
              "unknown-field": dict(cfg, FUTURE_FIELD=1), "not-a-dict": [1, 2]}[bad]
     cache.store_for(KEY["gpu"]).put("triton_configs", cache.tune_key_text(key), {"config": entry})
     cache.reset()
-    cache.prime_triton(KEY["gpu"], key, configs)
-    assert triton_engine.tuned_config(key) is None  # the engine will tune as if no file existed
+    prime_triton(KEY["gpu"], key, configs)
+    assert tuned_config(key) is None  # the engine will tune as if no file existed
 
 
 def test_tuning_result_is_persisted_once_known():
     key, configs = _plan_key()
-    cache.prime_triton(KEY["gpu"], key, configs)
-    assert cache.has_pending() and cache.flush_triton() == 0  # not tuned yet
+    prime_triton(KEY["gpu"], key, configs)
+    assert has_pending() and flush_triton() == 0  # not tuned yet
     # What triton_engine._choose records after timing the candidates.
     triton_engine._tuned[key] = triton_engine.TuneRecord(configs[1], 2.5, {configs[0].short(): 0.2,
                                                                             configs[1].short(): 0.1})
-    assert cache.flush_triton() == 1 and not cache.has_pending()
+    assert flush_triton() == 1 and not has_pending()
     doc = _read(cache.file_for(cache.cache_dir(), KEY["gpu"]))
     entry = doc["triton_configs"][cache.tune_key_text(key)]
     assert entry["config"] == cache.config_to_dict(configs[1]) and entry["tuning_s"] == 2.5
@@ -351,9 +353,9 @@ def test_tuning_result_is_persisted_once_known():
 
 def test_untimed_results_are_not_persisted():
     key, configs = _plan_key()
-    cache.prime_triton(KEY["gpu"], key, configs)
+    prime_triton(KEY["gpu"], key, configs)
     triton_engine.seed_tuning(key, configs[0])  # e.g. CONVT3D_AUTOTUNE=0: configs[0], no timings
-    assert cache.flush_triton() == 0
+    assert flush_triton() == 0
     assert not cache.file_for(cache.cache_dir(), KEY["gpu"]).exists()
 
 
@@ -361,4 +363,4 @@ def test_seed_tuning_never_overrides_a_result_of_this_process():
     key, configs = _plan_key()
     triton_engine._tuned[key] = triton_engine.TuneRecord(configs[0], 1.0, {})
     triton_engine.seed_tuning(key, configs[1])
-    assert triton_engine.tuned_config(key) == configs[0]
+    assert tuned_config(key) == configs[0]

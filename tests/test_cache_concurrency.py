@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 
 from convt3d.dispatch import cache
+from convt3d.engines.triton.persist import flush_triton, prime_triton
+from convt3d.engines.triton.configs import tuned_config, tuning_log
 
 WRITERS = 8
 DECISIONS = 30  # per writer; each one is a separate read-merge-write of the file
@@ -101,14 +103,14 @@ def _writer(directory: str, w: int, barrier, seed: int) -> None:
             cache.save_decision(GPU, SHARED, _decision(w, 999))
         else:
             key, configs = keys[i]
-            cache.prime_triton(GPU, key, configs)  # before the key's first call: nothing on disk yet
+            prime_triton(GPU, key, configs)  # before the key's first call: nothing on disk yet
             best = _fastest(w, i, len(configs))
 
             def run(cfg, configs=configs, best=best):
                 current["rank"] = (configs.index(cfg) - best) % len(configs)  # 0 for the fastest
 
             triton_engine._choose(key, configs, run)  # what the engine's first call on a GPU does
-            cache.flush_triton()
+            flush_triton()
 
 
 def _raw_reader(path: str, stop, out: str) -> None:
@@ -149,11 +151,11 @@ def _fresh_reader(directory: str, out: str) -> None:
                 wrong.append(_signature(w, i))
         for i in range(TUNE_KEYS):
             key, configs = _tune_key(w, i)
-            cache.prime_triton(GPU, key, configs)
-            got = triton_engine.tuned_config(key)
+            prime_triton(GPU, key, configs)
+            got = tuned_config(key)
             if got != configs[_fastest(w, i, len(configs))]:
                 configs_wrong.append(f"writer {w} key {i}: {None if got is None else got.short()}")
-            elif triton_engine.tuning_log()[key].seconds != 0.0:
+            elif tuning_log()[key].seconds != 0.0:
                 retimed.append(f"writer {w} key {i}")
     shared = cache.load_decision(GPU, SHARED)
     shared_ok = shared is not None and shared in [_decision(w, 999) for w in range(WRITERS)]

@@ -16,10 +16,10 @@ import torch.nn.functional as F
 
 import convt3d
 from convt3d.dispatch import select as dispatch
-from convt3d.engines.peers import ENGINES
+from convt3d.dispatch.registry import ENGINES
 from convt3d.core.errors import BackendUnavailableError
-from convt3d.engines.torch import conv3d_weight
-from convt3d.engines.triton.engine import output_memory_format
+from convt3d.engines.torch.calls import conv3d_weight
+from convt3d.core.call import output_memory_format
 
 from conftest import LAYOUTS, Case, assert_compiled_matches_eager, check_against_reference, reference
 

@@ -18,10 +18,13 @@ from convt3d.dispatch import cache
 from convt3d.dispatch import select as dispatch
 from convt3d.engines.triton import engine as triton_engine
 from convt3d.core.call import Call
-from convt3d.engines.peers import ENGINES, Timing
+from convt3d.dispatch.registry import ENGINES
+from convt3d.dispatch.timing import Timing
 from convt3d.bench import suites
 from convt3d.core.params import ConvT3dParams
 from convt3d.core.validate import check_call
+from convt3d.engines.triton.configs import tuned_config
+from convt3d.dispatch.heuristic import heuristic
 
 GPU = "Fake GPU 9000"
 
@@ -57,13 +60,15 @@ class FakeCuda:
 def _isolated(auto_state, monkeypatch):
     """Fresh decisions, a private cache directory (conftest.auto_state), no real GPU queries,
     measuring at its default."""
-    monkeypatch.setattr(triton_engine, "device_name", lambda device: GPU if device.type == "cuda" else "cpu")
+    monkeypatch.setattr(dispatch, "device_name", lambda device: GPU if device.type == "cuda" else "cpu")
+    for module in (convt3d.engines.triton.configs, convt3d.engines.triton.peer):
+        monkeypatch.setattr(module, "device_name", lambda device: GPU if device.type == "cuda" else "cpu")
     monkeypatch.setattr(triton_engine, "unsupported_reason", lambda x, params=None: None)
     # The Triton plan asks about the (fake) GPU: say it is a Hopper.
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: GPU)
     monkeypatch.setattr(dispatch, "_capturing", lambda: False)
-    monkeypatch.setattr(ENGINES["cuda"], "_mod", (None, "the CUDA C++ engine (convt3d.engines.cuda.gemm) is not in this build"))
+    monkeypatch.setattr(ENGINES["cuda"], "call_reasons", lambda call: ["the head kernel is not in this build"])
     yield
     triton_engine.clear_caches()
 
@@ -81,7 +86,7 @@ class Recorder:
                 for c in cands}, {}, {}
 
 
-# A layer big enough to be timed (roofline floor 17-34 us > dispatch.TINY_FLOOR_S), as meta tensors.
+# A layer big enough to be timed (roofline floor 17-34 us > TINY_FLOOR_S), as meta tensors.
 BIG = (4, 32, 32, (32, 32, 32), 3, 2, 1)
 
 
@@ -131,7 +136,7 @@ def _heuristic_for(case) -> str:
     params = ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel, g.stride,
                                   g.padding, g.output_padding, g.dilation)
     prec = "tf32" if case.precision == "default" else dispatch.EXACT_GRADE
-    return dispatch.heuristic(params, case.torch_dtype, prec, g.bias)[0]
+    return heuristic(params, case.torch_dtype, prec, g.bias)[0]
 
 
 def test_readme_table_covers_every_bench_case_but_the_heads():
@@ -170,7 +175,7 @@ def _p(n, cin, cout, size, k, s, p=0, groups=1):
 ], ids=["tiny-host-bound", "exact-tf32x3", "exact-ieee", "bf16-compute-aligned", "fp32-compute-unaligned",
         "fp16-compute-16-aligned", "bf16-memory-bound"])
 def test_heuristic_rules(params, dtype, prec, engine, phrase):
-    got, why = dispatch.heuristic(params, dtype, prec)
+    got, why = heuristic(params, dtype, prec)
     assert got == engine and phrase in why, why
 
 
@@ -184,15 +189,15 @@ def test_heuristic_rules(params, dtype, prec, engine, phrase):
 ], ids=["small-bf16-torch", "small-fp32-torch", "gan-bf16-hybrid", "videogpt-bf16-hybrid", "mid-bf16-triton",
         "videogpt-fp32-triton"])
 def test_heuristic_for_training_steps(name, dtype, expect):
-    # The H200 rows behind TRAIN_SMALL_FLOOR_S and the hybrid (dispatch.heuristic docstring).
+    # The H200 rows behind TRAIN_SMALL_FLOOR_S and the hybrid (heuristic docstring).
     g = next(c.geometry for c in suites.all_cases() if c.geometry.name == name)
     params = ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel, g.stride,
                                   g.padding, g.output_padding, g.dilation)
     cands = ("triton", "torch", dispatch.HYBRID)
-    got, why = dispatch.heuristic(params, dtype, "tf32", g.bias, cands, training=True)
+    got, why = heuristic(params, dtype, "tf32", g.bias, cands, training=True)
     assert got == expect, why
     # Without autograd the forward rules alone decide, and the hybrid is never an answer.
-    assert dispatch.heuristic(params, dtype, "tf32", g.bias, cands)[0] in ("triton", "torch")
+    assert heuristic(params, dtype, "tf32", g.bias, cands)[0] in ("triton", "torch")
 
 
 def test_training_decisions_are_their_own_signature(monkeypatch):
@@ -229,14 +234,14 @@ def test_hybrid_autograd_matches_pytorch_autograd():
 
 def test_heuristic_never_guesses_the_conv3d_form():
     params = ConvT3dParams.create(2, 32, 32, 1, (16, 16, 16), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1))
-    engine, why = dispatch.heuristic(params, torch.float32, "tf32", True, candidates=("conv3d", "torch"))
+    engine, why = heuristic(params, torch.float32, "tf32", True, candidates=("conv3d", "torch"))
     assert engine == "torch" and "only torch" in why
 
 
 def test_heuristic_with_one_runnable_engine():
     params = _p(8, 256, 128, 16, 4, 2, 1)
-    assert dispatch.heuristic(params, torch.float32, "tf32x3", candidates=("cuda", "torch"))[0] == "torch"
-    assert dispatch.heuristic(params, torch.bfloat16, "tf32", candidates=("triton",))[0] == "triton"
+    assert heuristic(params, torch.float32, "tf32x3", candidates=("cuda", "torch"))[0] == "torch"
+    assert heuristic(params, torch.bfloat16, "tf32", candidates=("triton",))[0] == "triton"
 
 
 # ---- order and named backends ---------------------------------------------------------------------
@@ -269,61 +274,48 @@ def test_cpu_auto_is_torch_with_geometry_too():
 def test_cuda_backend_absent_raises_backend_unavailable():
     x, w = torch.randn(1, 2, 2, 2, 2), torch.randn(2, 2, 2, 2, 2)
     params, _ = check_call(x, w, None, 1, 0, 0, 1, 1)
-    with pytest.raises(convt3d.BackendUnavailableError, match="not in this build"):
+    with pytest.raises(convt3d.BackendUnavailableError, match="device 'cpu'"):
         dispatch.decide(x, "cuda", None, params, weight=w)
     with pytest.raises(convt3d.BackendUnavailableError, match="backend='cuda'"):
         convt3d.conv_transpose3d(x, w, backend="cuda")
 
 
-class FakeCudaEngine:
-    def __init__(self, why=None):
-        self.why, self.seen = why, []
+@pytest.fixture
+def cuda_anywhere(monkeypatch):
+    """The CUDA engine's declared support widened to this CPU machine, its call check scripted."""
+    eng = ENGINES["cuda"]
+    monkeypatch.setattr(eng, "devices", None)
+    monkeypatch.setattr(eng, "min_capability", None)
+    seen = []
 
-    def unsupported_reason(self, x, weight, params):
-        self.seen.append((x, weight, params))
-        return self.why
+    def script(why):
+        monkeypatch.setattr(eng, "call_reasons", lambda call: seen.append(call) or ([why] if why else []))
+        return seen
+
+    return script
 
 
-def test_cuda_backend_unsupported_call_raises_its_reason(monkeypatch):
-    monkeypatch.setattr(ENGINES["cuda"], "_mod", (FakeCudaEngine("CPU tensor"), None))
+def test_cuda_backend_unsupported_call_raises_its_reason(cuda_anywhere):
+    cuda_anywhere("dilation (2, 2, 2) (the head kernel runs dilation 1)")
     x, w = torch.randn(1, 2, 2, 2, 2), torch.randn(2, 2, 2, 2, 2)
     params, _ = check_call(x, w, None, 1, 0, 0, 1, 1)
-    with pytest.raises(convt3d.BackendUnavailableError, match="CPU tensor"):
+    with pytest.raises(convt3d.BackendUnavailableError, match="dilation"):
         dispatch.decide(x, "cuda", None, params, weight=w)
 
 
-@pytest.mark.parametrize("precision,phrase", [("tf32", "computes ieee"), ("tf32x3", "exact grade is FFMA")],
-                         ids=["tf32-without-tf32-mode", "tf32x3"])
-def test_cuda_backend_refuses_a_precision_it_cannot_compute(precision, phrase, monkeypatch):
-    monkeypatch.setattr(ENGINES["cuda"], "_mod", (FakeCudaEngine(None), None))
+@pytest.mark.parametrize("precision", ["tf32x3", "ieee"], ids=["tf32x3", "ieee"])
+def test_cuda_backend_refuses_an_exact_precision(precision, cuda_anywhere):
+    cuda_anywhere(None)
     x, w, _, params = _call()
-    with pytest.raises(convt3d.BackendUnavailableError, match=phrase):
+    with pytest.raises(convt3d.BackendUnavailableError, match="TF32 only"):
         dispatch.decide(x, "cuda", precision, params, weight=w)
 
 
-class FakeCudaEngineTF32(FakeCudaEngine):
-    PRECISIONS = ("ieee", "tf32")
-
-
-@pytest.mark.parametrize("precision,tf32_flag,expect", [
-    (None, True, "tf32"), (None, False, "ieee"), ("tf32", False, "tf32"), ("ieee", True, "ieee")],
-    ids=["follows-flag-on", "follows-flag-off", "explicit-tf32", "explicit-ieee"])
-def test_cuda_backend_follows_the_tf32_flag_where_it_has_a_tf32_mode(precision, tf32_flag, expect, monkeypatch):
-    monkeypatch.setattr(ENGINES["cuda"], "_mod", (FakeCudaEngineTF32(None), None))
+def test_cuda_backend_runs_its_supported_call_at_tf32(cuda_anywhere):
+    seen = cuda_anywhere(None)
     x, w, _, params = _call()
-    with dispatch.cudnn_conv_tf32(tf32_flag):
-        d = dispatch.decide(x, "cuda", precision, params, weight=w)
-    assert (d.engine, d.precision) == ("cuda", expect)
-
-
-@pytest.mark.parametrize("precision", [None, "ieee"])
-def test_cuda_backend_runs_exact_fp32(precision, monkeypatch):
-    eng = FakeCudaEngine(None)
-    monkeypatch.setattr(ENGINES["cuda"], "_mod", (eng, None))
-    x, w, _, params = _call()
-    with dispatch.cudnn_conv_tf32(False):
-        d = dispatch.decide(x, "cuda", precision, params, weight=w)
-    assert (d.engine, d.precision) == ("cuda", "ieee") and eng.seen[-1] == (x, w, params)
+    d = dispatch.decide(x, "cuda", "tf32", params, weight=w)
+    assert (d.engine, d.precision) == ("cuda", "tf32") and seen[-1].params == params
 
 
 def test_legacy_callers_without_geometry_keep_the_old_rule():
@@ -362,7 +354,7 @@ def test_heuristic_decides_without_timing_when_measuring_is_off(monkeypatch):
     d1 = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
     d2 = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
     assert rec.calls == [] and d1 is d2 and d1.reason.startswith("auto (heuristic)") and d1.source == "heuristic"
-    assert d1.engine == dispatch.heuristic(params, torch.bfloat16, "tf32", True)[0]
+    assert d1.engine == heuristic(params, torch.bfloat16, "tf32", True)[0]
     # Switched back on: the next call of the signature measures and replaces the guess.
     convt3d.set_benchmark(None)
     monkeypatch.setattr(dispatch, "_measure", Recorder({"triton": 1.0, "torch": 2.0}))
@@ -385,7 +377,7 @@ def test_measuring_is_the_default_and_happens_once_per_signature(monkeypatch):
     assert len(rec.calls) == 4
 
 
-TINY = (1, 16, 8, (4, 4, 4), 2, 2, 0)  # roofline floor well below dispatch.TINY_FLOOR_S
+TINY = (1, 16, 8, (4, 4, 4), 2, 2, 0)  # roofline floor well below TINY_FLOOR_S
 
 
 @pytest.mark.parametrize("torch_ms,triton_ms,timed,engine", [
@@ -500,19 +492,14 @@ def test_cached_decision_for_an_engine_that_cannot_run_is_ignored(monkeypatch):
     assert d.source == "measured" and rec.calls == [("triton", "torch")] and d.engine == "triton"
 
 
-@pytest.mark.parametrize("dtype,precision,with_cuda", [
-    (torch.float32, "tf32x3", True), (torch.float32, "ieee", True), (torch.float32, "tf32", False),
-    (torch.bfloat16, None, False)], ids=["fp32-exact-grade", "fp32-ieee", "fp32-tf32", "bf16"])
-def test_cuda_engine_is_timed_for_exact_fp32_only(dtype, precision, with_cuda, monkeypatch):
-    monkeypatch.setattr(ENGINES["cuda"], "_mod", (FakeCudaEngine(None), None))
+@pytest.mark.parametrize("dtype,precision", [(torch.float32, "tf32"), (torch.bfloat16, None)], ids=["fp32-tf32", "bf16"])
+def test_the_cuda_engine_is_timed_where_it_can_run(dtype, precision, cuda_anywhere, monkeypatch):
+    cuda_anywhere(None)
     rec = Recorder({"triton": 2.0, "torch": 3.0, "cuda": 1.0})
     monkeypatch.setattr(dispatch, "_measure", rec)
     x, w, b, params = _call(dtype=dtype)
     d = dispatch.decide(x, "auto", precision, params, weight=w, bias=b)
-    assert ("cuda" in rec.calls[0]) is with_cuda
-    assert d.engine == ("cuda" if with_cuda else "triton")
-    if with_cuda:
-        assert d.precision == "ieee"
+    assert "cuda" in rec.calls[0] and d.engine == "cuda"
 
 
 # A stride-1 layer big enough to be timed: it has a conv3d form (engines.Conv3dEngine).
@@ -730,29 +717,7 @@ def test_triton_choice_seeds_the_tuning_from_the_cache_file():
     call = _as_call(x, w, b, params, "tf32")
     assert dispatch.select(call, "triton").engine == "triton"
     ENGINES["triton"]._prime(call)  # what the engine does before a signature's first run
-    assert triton_engine.tuned_config(plan.tune_key) == chosen
-
-
-class FakeCudaWithTiles(FakeCudaEngine):
-    GEMM_VARIANTS = {"g64": (), "g32": ()}
-
-    def __init__(self, variant):
-        super().__init__(None)
-        self.variant = variant
-
-    def choose_variant(self, params):
-        return self.variant
-
-
-@pytest.mark.parametrize("variant,measured", [("g64", True), ("p8c8w", False)], ids=["gemm-tile", "fallback-tile"])
-def test_auto_measures_the_cuda_engine_only_on_its_gemm_kernel(monkeypatch, variant, measured):
-    monkeypatch.setattr(ENGINES["cuda"], "_mod", (FakeCudaWithTiles(variant), None))
-    rec = Recorder({"triton": 2.0, "torch": 3.0, "cuda": 1.0})
-    monkeypatch.setattr(dispatch, "_measure", rec)
-    x, w, b, params = _call()
-    d = dispatch.decide(x, "auto", "ieee", params, weight=w, bias=b)
-    assert ("cuda" in rec.calls[0]) == measured
-    assert d.engine == ("cuda" if measured else "triton")
+    assert tuned_config(plan.tune_key) == chosen
 
 
 def test_a_guess_is_answered_from_memory_without_asking_the_engines_again(monkeypatch):

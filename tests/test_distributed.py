@@ -27,6 +27,7 @@ from convt3d.dispatch import cache
 from convt3d.dispatch import distributed
 from convt3d.engines.triton import engine as triton_engine
 from convt3d.core.params import ConvT3dParams
+from convt3d.engines.triton.configs import tuned_config, tuning_log
 
 JOIN_S = 60.0
 GPU = "Agreement Test GPU"
@@ -186,8 +187,8 @@ def _tuning_inside_a_decision(rank, world):
         return "triton"
 
     engine = distributed.agree_with_tuning(decide, "auto|with-tuning", tuner=triton_engine)
-    return {"engine": engine, "configs": [configs.index(triton_engine.tuned_config(key)) for key, configs in keys],
-            "seeded": [triton_engine.tuning_log()[key].seconds == 0.0 for key, _ in keys]}
+    return {"engine": engine, "configs": [configs.index(tuned_config(key)) for key, configs in keys],
+            "seeded": [tuning_log()[key].seconds == 0.0 for key, _ in keys]}
 
 
 def _tuner_agreement_point(rank, world):
@@ -195,8 +196,8 @@ def _tuner_agreement_point(rank, world):
     tune = _fake_tuner(rank)
     key, configs = _tune_key(16)
     cfg = distributed.agree_config(key, lambda: tune(key, configs), tuner=triton_engine)
-    return {"config": configs.index(cfg), "tuned": configs.index(triton_engine.tuned_config(key)),
-            "timed_here": triton_engine.tuning_log()[key].seconds > 0}
+    return {"config": configs.index(cfg), "tuned": configs.index(tuned_config(key)),
+            "timed_here": tuning_log()[key].seconds > 0}
 
 
 def _tuner_on_other_gpu_models(rank, world):
@@ -220,8 +221,8 @@ def _tuner_overrides_own_disk_seed(rank, world):
     """Every rank seeded a config for the key from its own cache file; rank 0's wins."""
     key, configs = _tune_key(24)
     triton_engine.seed_tuning(key, configs[rank % len(configs)], {})
-    cfg = distributed.agree_config(key, lambda: triton_engine.tuned_config(key), tuner=triton_engine)
-    return {"config": configs.index(cfg), "tuned": configs.index(triton_engine.tuned_config(key))}
+    cfg = distributed.agree_config(key, lambda: tuned_config(key), tuner=triton_engine)
+    return {"config": configs.index(cfg), "tuned": configs.index(tuned_config(key))}
 
 
 def _error_on_rank0(rank, world):

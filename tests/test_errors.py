@@ -40,7 +40,7 @@ def engines_forbidden(monkeypatch):
         def tripwire(*args, **kwargs):
             raise EngineRan("an engine ran on an invalid call")
 
-        monkeypatch.setattr(convt3d.engines.peers, "torch_forward", tripwire)
+        monkeypatch.setattr(convt3d.engines.torch.peer, "torch_forward", tripwire)
         monkeypatch.setattr(convt3d.functional, "conv_transpose3d_op", tripwire)
         monkeypatch.setattr(convt3d.engines.op, "conv_transpose3d_autograd", tripwire)
         monkeypatch.setattr(convt3d.engines.op, "run_engine", tripwire)

@@ -25,6 +25,8 @@ from convt3d.dispatch.select import EXACT_GRADE, decide
 from convt3d.core.validate import check_call
 
 from conftest import poisoned_call, round_tf32_reference
+from convt3d.core.call import suggests_channels_last
+from convt3d.engines.triton.configs import block_w, group_folds, tuning_log
 
 pytestmark = [pytest.mark.gpu]
 DEV = "cuda"
@@ -63,8 +65,8 @@ def _check(x, w, b, args, precision, out):
     assert err <= 2 * budget + ulp, f"error {err:.3g} > 2 x {budget:.3g} + {ulp:.3g} (cuDNN {err_cudnn:.3g})"
     # channels_last_3d in, channels_last_3d out (cuDNN's rule). PyTorch itself returns NCDHW when
     # it bypasses cuDNN (output_padding >= stride); convt3d keeps the one rule.
-    want_cl = E.suggests_channels_last(x) or E.suggests_channels_last(w)
-    assert E.suggests_channels_last(out) == want_cl or out.numel() == 0
+    want_cl = suggests_channels_last(x) or suggests_channels_last(w)
+    assert suggests_channels_last(out) == want_cl or out.numel() == 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -193,7 +195,7 @@ def test_grouped_every_candidate_config(geom, layout, dtype):
     # other tests only see the first. Every candidate must meet the accuracy bar.
     x, w, b, args = _geometry_inputs(geom, layout, dtype, (5, 7, 9))
     params, _ = check_call(x, w, b, *args)
-    assert E.group_folds(params), "the geometry must have merged-group candidates"
+    assert group_folds(params), "the geometry must have merged-group candidates"
     precs = ["tf32", "tf32x3"] if dtype == torch.float32 else ["tf32"]
     for prec in precs:
         configs = E.plan(params, x, w, prec).configs
@@ -318,7 +320,7 @@ def test_batch_past_the_65535_of_a_grid_axis(config, layout):
                   "fill-rows": dataclasses.replace(base, flat=False, tma=False, companions=False,
                                                    fill_separate=True)})[config]
     if not cfg.flat:
-        cfg = dataclasses.replace(cfg, BLOCK_W=E.block_w(params.compact_size[1:], cfg.BLOCK_M))
+        cfg = dataclasses.replace(cfg, BLOCK_W=block_w(params.compact_size[1:], cfg.BLOCK_M))
     out = poisoned_call(E, lambda: E.forward(x, w, b, params, "ieee", config=cfg), config)
     _check(x, w, b, ((2, 1, 2), 0, 0, 1, 1), "ieee", out)
 
@@ -382,7 +384,7 @@ def test_tuning_picks_a_candidate(monkeypatch):
     w = torch.randn(32, 32, 3, 3, 3, device=DEV)
     params, _ = check_call(x, w, None, 2, 1, 0, 1, 1)
     out = E.forward(x, w, None, params, "tf32")
-    recs = list(E.tuning_log().values())
+    recs = list(tuning_log().values())
     configs = E.plan(params, x, w, "tf32").configs
     assert len(recs) == 1 and recs[0].config in configs
     assert recs[0].seconds > 0 and len(recs[0].timings_ms) == len(configs)

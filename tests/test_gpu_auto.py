@@ -15,13 +15,15 @@ import torch
 
 import convt3d
 from convt3d.core.call import Call
-from convt3d.engines.peers import ENGINES
+from convt3d.dispatch.registry import ENGINES
 from convt3d.dispatch import cache
 from convt3d.dispatch import select as dispatch
 from convt3d.engines.triton import engine as triton_engine
 from convt3d.core.validate import check_call
 
 from conftest import check_against_reference
+from convt3d.engines.triton.configs import tuning_log
+from convt3d.dispatch.heuristic import HOST_BOUND_S, TINY_FLOOR_S, floors, heuristic
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEV = "cuda"
@@ -43,7 +45,7 @@ def _layer(dtype=torch.float32, cl=False, bias=True, cin=32, cout=32, size=6, k=
     return x, w, b, (s, p), params
 
 
-# Large enough to be timed: roofline floor above dispatch.TINY_FLOOR_S in bf16 and fp32.
+# Large enough to be timed: roofline floor above TINY_FLOOR_S in bf16 and fp32.
 TIMED = 36
 
 
@@ -63,7 +65,7 @@ def test_auto_times_every_candidate_once_by_default():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_auto_times_the_conv3d_form_of_a_stride_1_layer(dtype):
-    # 64 -> 64 channels at 48^3: a roofline floor of ~50 us in bf16, far above dispatch.TINY_FLOOR_S.
+    # 64 -> 64 channels at 48^3: a roofline floor of ~50 us in bf16, far above TINY_FLOOR_S.
     x, w, b, args, params = _layer(dtype, cin=64, cout=64, size=48, s=1, p=1)
     d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
     timings = dispatch.cached_timings(Call(x, w, b, params, "tf32"))
@@ -91,8 +93,8 @@ def test_a_tiny_layer_times_pytorch_first():
     HOST_BOUND_S nothing else is timed, otherwise ours are timed against it. Which branch a GPU
     takes is its measurement; the test checks that the record says which, and is consistent."""
     x, w, b, _, params = _layer(torch.bfloat16, cin=16, cout=2, size=4, k=2, s=2, p=0)
-    floor = max(dispatch.floors(params, x.dtype, "tf32", True)[:2])
-    assert floor < dispatch.TINY_FLOOR_S
+    floor = max(floors(params, x.dtype, "tf32", True)[:2])
+    assert floor < TINY_FLOOR_S
     d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
     assert d.source == "measured", d.reason
     timings = dispatch.cached_timings(Call(x, w, b, params, "tf32"))
@@ -100,7 +102,7 @@ def test_a_tiny_layer_times_pytorch_first():
     # where the others were timed too (its PyTorch time may then fall under the bar: a busy GPU
     # can slow the first one).
     if set(timings) == {"torch"}:
-        assert timings["torch"] < dispatch.HOST_BOUND_S * 1e3 and d.engine == "torch" and "not timed" in d.reason
+        assert timings["torch"] < HOST_BOUND_S * 1e3 and d.engine == "torch" and "not timed" in d.reason
     else:
         assert set(timings) >= {"triton", "torch"} and "not timed" not in d.reason
 
@@ -162,7 +164,7 @@ def test_triton_tuning_persists_to_a_new_process(tmp_path, monkeypatch):
     convt3d.conv_transpose3d(x, w, b, *args, backend="triton")  # tunes
     convt3d.conv_transpose3d(x, w, b, *args, backend="triton")  # persists the result
     plan = triton_engine.plan(params, x, w, dispatch.resolve_precision(None))
-    rec = triton_engine.tuning_log()[plan.tune_key]
+    rec = tuning_log()[plan.tune_key]
     doc = json.loads(cache.file_for(cache.cache_dir(), torch.cuda.get_device_name()).read_text())
     if len(plan.configs) > 1 and rec.seconds > 0:
         assert cache.tune_key_text(plan.tune_key) in doc["triton_configs"]
@@ -177,7 +179,7 @@ def test_triton_tuning_persists_to_a_new_process(tmp_path, monkeypatch):
         f"convt3d.conv_transpose3d(x, w, b, *{args!r}, backend='triton')\n"
         f"params, _ = check_call(x, w, b, *{args!r}, 0, 1, 1)\n"
         "key = triton_engine.plan(params, x, w, dispatch.resolve_precision(None)).tune_key\n"
-        "r = triton_engine.tuning_log()[key]\n"
+        "r = tuning_log()[key]\n"
         "print(r.seconds, r.config.short())\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import convt3d
 from convt3d.engines.cuda import head as ch
-from convt3d.engines.cuda.gemm import nvcc_path
+from convt3d.engines.cuda.head import nvcc_path
 
 from test_cuda_head import REGIMES, _params
 

@@ -22,7 +22,7 @@ def _check(x, w, b, args, precision, out):
     """test_gpu's accuracy bar; the memory format is checked as "out is laid out as PyTorch's
     rule wants", since with one output channel channels_last_3d and contiguous coincide (and
     test_gpu._check's format test, which asks which one a tensor suggests, cannot tell)."""
-    want = torch.channels_last_3d if (E.suggests_channels_last(x) or E.suggests_channels_last(w)) \
+    want = torch.channels_last_3d if (suggests_channels_last(x) or suggests_channels_last(w)) \
         else torch.contiguous_format
     assert out.is_contiguous(memory_format=want)
     if out.shape[1] == 1:
@@ -265,7 +265,7 @@ def test_tuner_times_head_candidates(monkeypatch):
     try:
         out = convt3d.conv_transpose3d(x, w, b, *args, backend="triton")
         key = E.plan(params, x, w, "tf32").tune_key
-        rec = E.tuning_log()[key]
+        rec = tuning_log()[key]
     finally:
         E.clear_caches()
     assert any(name.startswith("head-") for name in rec.timings_ms)
@@ -286,10 +286,12 @@ def test_deterministic_bitwise():
 # exact TF32 arithmetic's), plus one unit in the last place of the gradient's largest value.
 from convt3d.engines.triton import backward as B  # noqa: E402
 from convt3d.engines.triton import head_backward as HB  # noqa: E402
-from convt3d.engines.torch import cudnn_conv_tf32  # noqa: E402
+from convt3d.core.flags import cudnn_conv_tf32
 
 from test_gpu_training import _bwd as _conv_bwd  # noqa: E402  -- the same reference
 from conftest import round_tf32_reference  # noqa: E402
+from convt3d.core.call import suggests_channels_last
+from convt3d.engines.triton.configs import tuning_log
 
 # Every head row has >= 8 input and <= 15 output channels per group (the test checks it).
 BWD_HEADS = list(HEADS)

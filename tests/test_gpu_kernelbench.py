@@ -1,6 +1,6 @@
 """The KernelBench files on a GPU, judged as KernelBench judges them (skipped without CUDA).
 
-For every generated file (the seven Triton files and the CUDA entry of 77), under PyTorch's
+For every file (the seven generated Triton files and the hand-kept CUDA entry of 77), under PyTorch's
 default flags and with TF32 off for convolutions: ``Model`` and ``ModelNew`` built after seeding
 42, five trials seeded as ``run_and_check_correctness`` seeds them, each passing only when
 ``torch.allclose(reference, ModelNew, atol=1e-4, rtol=1e-4)`` against the reference run under
@@ -14,14 +14,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from convt3d.dispatch.select import cudnn_conv_tf32
+from convt3d.core.flags import cudnn_conv_tf32
 from convt3d.kernelbench import evaluate, export
 from convt3d.kernelbench.problems import PROBLEMS, SEED
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 KB_DIR = export.default_out_dir()
-ENTRIES = [(p, p.file_name) for p in PROBLEMS] + [(p, export.cuda_file_name(p)) for p in PROBLEMS
-                                                   if p.id in export.CUDA_PROBLEMS]
+ENTRIES = evaluate.entries(list(PROBLEMS))  # the seven Triton files and the hand-kept CUDA entry of 77
 
 
 def _id(entry) -> str:

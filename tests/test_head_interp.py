@@ -28,6 +28,7 @@ from convt3d.core.params import ConvT3dParams
 from convt3d.core.validate import check_call
 
 from conftest import LAYOUTS, Case, check_against_reference, memory_format_of, requires_interpreter
+from convt3d.engines.triton.persist import prime_triton
 
 pytestmark = requires_interpreter
 
@@ -530,7 +531,7 @@ def test_empty_batch():
 
 
 def test_public_api_runs_a_seeded_head_config(monkeypatch):
-    # The tuner's result (as cache.prime_triton seeds a persisted one) is what backend="triton"
+    # The tuner's result (as prime_triton seeds a persisted one) is what backend="triton"
     # runs: seed a head config for the signature, then call the public function.
     case = REGIMES["overlap-groups2-c3"]
     x, w, b = case.tensors()

@@ -120,7 +120,7 @@ def test_frozen_backend_flags(backend, frozen_flags):
 
 
 def test_a_backend_flag_is_set_and_restored_while_frozen(frozen_flags):
-    from convt3d.engines.torch import cudnn_conv_allows_tf32, cudnn_conv_tf32, set_backend_flag
+    from convt3d.core.flags import cudnn_conv_allows_tf32, cudnn_conv_tf32, set_backend_flag
 
     old = torch.backends.cudnn.deterministic
     set_backend_flag(torch.backends.cudnn, "deterministic", not old)

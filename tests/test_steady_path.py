@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
+from convt3d.dispatch.registry import ENGINES
 from convt3d import functional
 from convt3d.dispatch import select as dispatch
-from convt3d.engines.torch import cudnn_conv_allows_tf32, cudnn_conv_tf32
+from convt3d.core.flags import cudnn_conv_allows_tf32, cudnn_conv_tf32
 from conftest import requires_interpreter
 
 
@@ -265,7 +266,7 @@ def test_timing_a_candidate_goes_through_the_steady_path(monkeypatch):
     import triton.testing
 
     from convt3d.core.call import make_call
-    from convt3d.engines.peers import ENGINES
+    from convt3d.dispatch.registry import ENGINES
 
     x, w, b = _layer()
     call = make_call(x, w, b, 2, 1, 1, 1, 1)
@@ -273,7 +274,7 @@ def test_timing_a_candidate_goes_through_the_steady_path(monkeypatch):
     engine = ENGINES["torch"]
     monkeypatch.setattr(engine, "run", lambda c: seen.append(c) or F.conv_transpose3d(c.x, c.weight, c.bias, 2, 1, 1))
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: [fn() for _ in range(3)] and 0.5)
-    from convt3d.engines.peers import HOST_CALLS
+    from convt3d.dispatch.timing import HOST_CALLS
 
     t = engine.time(call)
     assert t.ms == 0.5 and t.host_ms > 0
@@ -335,7 +336,8 @@ def test_timing_a_candidate_pays_its_steady_check(monkeypatch):
     (steady.Direct, steady.Repeat), the key for a training call on ours."""
     import triton.testing
 
-    from convt3d.engines import peers as engines
+    from convt3d.engines import base as engines
+    from convt3d.dispatch import timing
     from convt3d.dispatch import steady
     from convt3d.core.call import make_call
 
@@ -346,10 +348,10 @@ def test_timing_a_candidate_pays_its_steady_check(monkeypatch):
     monkeypatch.setattr(engines, "steady_key", lambda *a: keys.__setitem__(0, keys[0] + 1) or key(*a))
     monkeypatch.setattr(steady.Direct, "fits", lambda self, *a: fits.__setitem__(0, fits[0] + 1) or fit(self, *a))
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: [fn() for _ in range(3)] and 0.5)
-    engines.ENGINES["torch"].time(call)
-    n = 4 + engines.HOST_CALLS  # the first call, three by do_bench, HOST_CALLS for the host time
+    ENGINES["torch"].time(call)
+    n = 4 + timing.HOST_CALLS  # the first call, three by do_bench, HOST_CALLS for the host time
     assert fits[0] == n and keys[0] == 0
-    triton = engines.ENGINES["triton"]
+    triton = ENGINES["triton"]
     monkeypatch.setattr(triton, "run", lambda c: F.conv_transpose3d(c.x, c.weight, c.bias, 2, 1, 1))
     triton.time(call)
     assert keys[0] == 0 and fits[0] == 2 * n
@@ -381,18 +383,17 @@ def test_a_steady_repeat_skips_the_triton_engines_priming(monkeypatch):
     the steady path (``Call.repeat``) only checks for tuning results to persist."""
     from types import SimpleNamespace
 
-    from convt3d.dispatch import cache
     from convt3d.engines.triton import engine as triton_engine
-    from convt3d.engines.peers import ENGINES
+    from convt3d.engines.triton import peer as triton_peer
 
     engine = ENGINES["triton"]
     primed, flushed = [], []
-    monkeypatch.setattr(cache, "prime_triton", lambda *a: primed.append(a))
-    monkeypatch.setattr(cache, "has_pending", lambda: True)
-    monkeypatch.setattr(cache, "flush_triton", lambda: flushed.append(1))
+    monkeypatch.setattr(triton_peer, "prime_triton", lambda *a: primed.append(a))
+    monkeypatch.setattr(triton_peer, "has_pending", lambda: True)
+    monkeypatch.setattr(triton_peer, "flush_triton", lambda: flushed.append(1))
     monkeypatch.setattr(triton_engine, "plan", lambda *a: SimpleNamespace(tune_key="tk", configs=[]))
-    monkeypatch.setattr(triton_engine, "device_name", lambda device: "gpu")
-    monkeypatch.setattr(triton_engine, "tuned_config", lambda key: "seeded from the cache file")  # nothing to tune
+    monkeypatch.setattr(triton_peer, "device_name", lambda device: "gpu")
+    monkeypatch.setattr(triton_peer, "tuned_config", lambda key: "seeded from the cache file")  # nothing to tune
 
     def call(repeat):
         return SimpleNamespace(device=torch.device("cuda"), key=("signature",), bias=None, repeat=repeat, params=None,
@@ -477,8 +478,9 @@ def test_timing_under_autocast_starts_from_the_callers_tensors(batched, monkeypa
     tensors, which it casts itself (with autocast's weight cache)."""
     import triton.testing
 
-    from convt3d.engines import peers as engines
-    from convt3d.engines.peers import ENGINES
+    from convt3d.engines import base as engines
+    from convt3d.dispatch import timing
+    from convt3d.dispatch.registry import ENGINES
 
     call, (x, w, b) = _autocast_call(batched)
     casts, got = [0], []
@@ -501,7 +503,7 @@ def test_timing_under_autocast_starts_from_the_callers_tensors(batched, monkeypa
         monkeypatch.setattr(triton, "run", lambda c: seen.append(c) or F.conv_transpose3d(
             c.x, c.weight, c.bias, 2, 1, 1))
         triton.time(call)
-    n = 4 + engines.HOST_CALLS
+    n = 4 + timing.HOST_CALLS
     assert casts[0] == n and len(seen) == n
     assert all(c.x.dtype == c.weight.dtype == c.bias.dtype == torch.bfloat16 and c.x.dim() == 5 for c in seen)
     assert all(c.x is not call.x for c in seen)  # cast again for every timed call
@@ -510,7 +512,7 @@ def test_timing_under_autocast_starts_from_the_callers_tensors(batched, monkeypa
 def test_a_timed_training_step_under_autocast_differentiates_through_the_casts(monkeypatch):
     """The step auto times under autocast: the caller's fp32 leaves, cast in the step, so the
     weight gradient comes back in fp32 through the cast's backward, as in the caller's model."""
-    from convt3d.engines.peers import ENGINES
+    from convt3d.dispatch.registry import ENGINES
 
     call, (x, w, b) = _autocast_call(requires_grad=True)
     assert call.training
@@ -528,8 +530,9 @@ def test_a_timed_training_step_under_autocast_differentiates_through_the_casts(m
 def test_timed_calls_after_the_first_are_steady_path_repeats(requires_grad, monkeypatch):
     # Engine.time's first call is a first sight (the engine primes its caches); every timed call
     # after it is a repeat, as the steady path makes it -- for a training step as for a forward.
-    from convt3d.engines import peers as engines
-    from convt3d.engines.peers import ENGINES
+    from convt3d.engines import base as engines
+    from convt3d.dispatch import timing
+    from convt3d.dispatch.registry import ENGINES
 
     call, _ = _autocast_call(requires_grad=requires_grad)
     assert call.training is requires_grad
@@ -543,10 +546,10 @@ def test_timed_calls_after_the_first_are_steady_path_repeats(requires_grad, monk
     def bench(fn, first=None):
         (first or fn)()
         fn(), fn()
-        return engines.Timing(1.0, 0.1)
+        return timing.Timing(1.0, 0.1)
 
     monkeypatch.setattr(engine, "run", run)
-    monkeypatch.setattr(engines, "_bench", bench)
+    monkeypatch.setattr(engines, "time_call", bench)
     with torch.autocast("cpu", torch.bfloat16):
         engine.time(call)
     assert seen == [False, True, True]
@@ -664,9 +667,10 @@ def test_timing_an_inference_call_on_our_engine_times_the_launcher_a_repeat_runs
     """Engine.time of a Triton inference call: the first call settles the signature through
     ``run``; the timed repeats go through the weight's memo check and the steady launcher, as a
     repeated call of the steady path does (steady.Repeat), not through the key and ``run``."""
-    from convt3d.engines import peers as engines
+    from convt3d.engines import base as engines
+    from convt3d.dispatch import timing
     from convt3d.core.call import make_call
-    from convt3d.engines.peers import ENGINES
+    from convt3d.dispatch.registry import ENGINES
 
     x, w, b = _layer(cin=4, cout=2)
     call = make_call(x, w, b, 2, 1, 1, 1, 1, precision="ieee")
@@ -685,9 +689,9 @@ def test_timing_an_inference_call_on_our_engine_times_the_launcher_a_repeat_runs
     def bench(fn, first=None):
         outs.append((first or fn)())
         outs.extend((fn(), fn()))
-        return engines.Timing(1.0, 0.1)
+        return timing.Timing(1.0, 0.1)
 
-    monkeypatch.setattr(engines, "_bench", bench)
+    monkeypatch.setattr(engines, "time_call", bench)
     with torch.no_grad():
         engine.time(call)
     assert runs == [False] and len(launched) == 2

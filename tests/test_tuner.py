@@ -4,9 +4,12 @@ does not decide)."""
 from __future__ import annotations
 
 import pytest
+
+import convt3d.engines.triton.peer
 import triton.testing
 
 from convt3d.engines.triton import engine as triton_engine
+from convt3d.engines.triton.configs import device_name, tuning_log
 
 
 def _configs(n: int):
@@ -55,7 +58,7 @@ def test_tuner_picks_the_fastest_robustly(script, winner, retimed, monkeypatch):
     assert cfg == configs[winner]
     twice = {i for i in range(3) if bench.calls.count(i) == 2}
     assert twice == retimed
-    rec = triton_engine.tuning_log()[key]
+    rec = tuning_log()[key]
     assert rec.config == cfg and rec.seconds > 0
     assert set(rec.timings_ms) == {c.short() for c in configs}
 
@@ -78,10 +81,10 @@ def test_tuner_costs_a_config_by_the_slower_of_gpu_and_host(gpu, host, winner, m
         fn()
         return host[bench.last]
 
-    monkeypatch.setattr(triton_configs, "_host_ms", host_ms)
+    monkeypatch.setattr(triton_configs, "host_ms", host_ms)
     key = ("test-gpu", "tuner-host", 0)
     assert triton_engine._choose(key, configs, bench.run) == configs[winner]
-    rec = triton_engine.tuning_log()[key]
+    rec = tuning_log()[key]
     assert rec.host_ms == {configs[i].short(): host[i] for i in range(2)}
     assert rec.timings_ms == {configs[i].short(): gpu[i][0] for i in range(2)}
 
@@ -99,7 +102,7 @@ def test_a_candidate_that_fails_to_compile_is_left_out(fails, winner, monkeypatc
     """A GPU with less shared memory than the offer rules assume fails some candidates at their
     compile. The engine's guarded run (engines._guarded) reports the failure; the tuner leaves
     those candidates out, records why, and chooses among the others."""
-    from convt3d.engines.peers import _guarded
+    from convt3d.engines.triton.peer import guarded as _guarded
 
     configs = _configs(3)
     bench = _Bench(configs, {0: [2.0], 1: [1.0], 2: [1.5]})
@@ -112,14 +115,14 @@ def test_a_candidate_that_fails_to_compile_is_left_out(fails, winner, monkeypatc
 
     key = ("test-gpu", "tuner-fail", len(fails))
     assert triton_engine._choose(key, configs, _guarded(run)) == configs[winner]
-    rec = triton_engine.tuning_log()[key]
+    rec = tuning_log()[key]
     assert set(rec.failed) == {configs[i].short() for i in fails}
     assert all(why.startswith("RuntimeError: out of resource") for why in rec.failed.values())
     assert set(rec.timings_ms) == {configs[i].short() for i in range(3) if i not in fails}
 
 
 def test_the_tuner_raises_when_every_candidate_fails(monkeypatch):
-    from convt3d.engines.peers import _guarded
+    from convt3d.engines.triton.peer import guarded as _guarded
 
     configs = _configs(2)
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **_: pytest.fail("nothing should be timed"))
@@ -151,7 +154,7 @@ def test_the_engine_tunes_a_new_signature_with_guarded_runs(monkeypatch):
 
     import torch
     from convt3d.dispatch import cache
-    from convt3d.engines.peers import ENGINES
+    from convt3d.dispatch.registry import ENGINES
 
     configs = _configs(3)
     bench = _Bench(configs, {0: [2.0], 1: [1.0], 2: [1.5]})
@@ -163,10 +166,10 @@ def test_the_engine_tunes_a_new_signature_with_guarded_runs(monkeypatch):
         bench.run(cfg)
 
     launch = SimpleNamespace(y=torch.empty(4), configs=configs, run=run)
-    monkeypatch.setattr(cache, "prime_triton", lambda *a: None)
+    monkeypatch.setattr(convt3d.engines.triton.peer, "prime_triton", lambda *a: None)
     monkeypatch.setattr(triton_engine, "plan", lambda *a: SimpleNamespace(tune_key="tk-guarded", configs=configs))
     monkeypatch.setattr(triton_engine, "prepare", lambda *a: launch)
-    monkeypatch.setattr(triton_engine, "device_name", lambda device: "gpu")
+    monkeypatch.setattr(convt3d.engines.triton.peer, "device_name", lambda device: "gpu")
     call = SimpleNamespace(device=torch.device("cuda"), key=("signature-guarded",), bias=None, repeat=False,
                            params=None, x=None, weight=None, precision="tf32")
     engine = ENGINES["triton"]
@@ -175,5 +178,5 @@ def test_the_engine_tunes_a_new_signature_with_guarded_runs(monkeypatch):
         engine._prime(call)
     finally:
         engine.forget()
-    rec = triton_engine.tuning_log()["tk-guarded"]
+    rec = tuning_log()["tk-guarded"]
     assert rec.config == configs[2] and set(rec.failed) == {configs[1].short()}

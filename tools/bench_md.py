@@ -1,12 +1,7 @@
-"""Render `convt3d bench --json` files (and `tools/gpu_auto.py`'s JSON) as the README's
-markdown tables. Needs neither a GPU nor convt3d:
+"""Render `convt3d bench --json` files (and `tools/gpu_auto.py`'s JSON) as the README's markdown
+tables, one per file, then the file's summary groups. Needs neither a GPU nor convt3d:
 
     python3 tools/bench_md.py docs/bench/bench_kb.json [more.json ...]
-
-One table per file: case, precision or dtype/layout, engine (and backward choices in --mode full),
-convt3d us, cuDNN us, speedup, % of roofline, first call s; then the file's summary groups. A
-networks file (``--suite networks``) gets the networks table: mode, transposed-conv share,
-untouched and patched ms, ratio, the two timing rounds, first calls, errors, engines.
 """
 from __future__ import annotations
 
@@ -30,13 +25,12 @@ def render_auto(d: dict, path: str) -> str:
     env = d.get("env", {})
     out = [f"`{path}`: {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}, "
            f"cuDNN {env.get('cudnn')}", "",
-           "| case | cuDNN µs | triton µs | cuda µs | auto, benchmark off µs (pick) | auto, benchmark on µs (pick) "
+           "| case | cuDNN µs | triton µs | auto, benchmark off µs (pick) | auto, benchmark on µs (pick) "
            "| fastest | on / cuDNN |",
-           "|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
         t = r["times_ms"]
-        cuda = f"{t['cuda'] * 1e3:.1f}" if "cuda" in t else ""
-        out.append(f"| {r['label']} | {t['torch'] * 1e3:.1f} | {t['triton'] * 1e3:.1f} | {cuda} "
+        out.append(f"| {r['label']} | {t['torch'] * 1e3:.1f} | {t['triton'] * 1e3:.1f} "
                    f"| {r['auto_heuristic_ms'] * 1e3:.1f} ({r['heuristic_engine']}) "
                    f"| {r['auto_bench_ms'] * 1e3:.1f} ({r['bench_engine']}) | {r['best_engine']} "
                    f"| {r['auto_bench_vs_cudnn']:.2f}x |")

@@ -53,6 +53,8 @@ import triton.testing
 from convt3d.engines.triton import engine as E
 from convt3d.bench import suites
 from convt3d.core.validate import check_call
+from convt3d.engines.triton.configs import block_w, tuning_log
+from convt3d.engines.triton.sites import interpreter_active
 
 # (BLOCK_M, num_warps, num_stages, BLOCK_K) of --grid: the exact-grade tile sweep's grid.
 GRID = [(128, 4, 3, 32), (128, 4, 4, 32), (128, 4, 5, 32), (128, 8, 3, 32), (128, 8, 4, 32), (256, 8, 3, 32),
@@ -125,7 +127,7 @@ def variant(base: E.Config, params, overrides: dict) -> E.Config:
             cfg = dc.replace(cfg, BLOCK_W=cfg.BLOCK_M)
         else:
             hw = tuple(max(ph.axes[i].size for ph in params.phases if not ph.empty) for i in (1, 2))
-            cfg = dc.replace(cfg, BLOCK_W=E.block_w(hw, cfg.BLOCK_M))
+            cfg = dc.replace(cfg, BLOCK_W=block_w(hw, cfg.BLOCK_M))
     return cfg
 
 
@@ -203,7 +205,7 @@ def run_case(case, prec: str, args) -> None:
         emit(what="kernels", case=case.label, precision=prec, config=cfg.short(),
              kernels_us=kernels_of(lambda: E.forward(t.x, t.w, t.b, params, prec, config=cfg)))
         E.forward(t.x, t.w, t.b, params, prec)  # the tuner's own choice (first call of the signature)
-        rec = E.tuning_log().get(launch.tune_key)
+        rec = tuning_log().get(launch.tune_key)
         if rec is not None:
             emit(what="tuned", case=case.label, precision=prec, config=rec.config.short(),
                  seconds=round(rec.seconds, 2), timings_ms=rec.timings_ms)
@@ -229,7 +231,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     global GRAPH
     GRAPH = args.graph
-    if not torch.cuda.is_available() and not E.interpreter_active():
+    if not torch.cuda.is_available() and not interpreter_active():
         print("needs a CUDA device (or TRITON_INTERPRET=1 for a check through the interpreter)", file=sys.stderr)
         return 2
     names = args.cases.split(",")

@@ -18,9 +18,13 @@ import torch
 from .dispatch import cache, select as dispatch
 from .engines.triton import engine as triton_engine
 from .core.call import layout_name, make_call
-from .engines.peers import ENGINES
-from .engines.torch import conv3d_padding, cudnn_conv_allows_tf32
+from .dispatch.registry import ENGINES
+from .engines.torch.calls import conv3d_padding
+from .core.flags import cudnn_conv_allows_tf32
 from .core.params import ConvT3dParams
+from .engines.triton.configs import device_name, tuning_log
+from .engines.triton.sites import interpreter_active
+from .dispatch.heuristic import floors, heuristic
 
 __all__ = ["explain", "Explanation"]
 
@@ -140,7 +144,7 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
                      + "); the tuner times them against the phase GEMM"
                      + (" and runs one by default" if plan.configs[0].head else ""))
     tuning = None
-    log = triton_engine.tuning_log().get(plan.tune_key)
+    log = tuning_log().get(plan.tune_key)
     if log is not None:
         src = "tuned in this process" if log.seconds > 0 else "seeded (cache file or untimed)"
         lines.append(f"config: {log.config.short()} ({src}{f', {log.seconds:.2f} s' if log.seconds > 0 else ''})")
@@ -150,7 +154,7 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
     else:
         entry = None
         if x5.device.type == "cuda":
-            entry = cache.store_for(triton_engine.device_name(x5.device)).get(
+            entry = cache.store_for(device_name(x5.device)).get(
                 "triton_configs", cache.tune_key_text(plan.tune_key))
         cfg = cache.config_from_dict(entry.get("config"), plan.configs) if entry else None
         if cfg is not None:
@@ -212,7 +216,7 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
 
     candidates: dict[str, str | None] = {}
     for cand, why in record.reasons.items():
-        if cand == "triton" and not why and input.device.type != "cuda" and not triton_engine.interpreter_active():
+        if cand == "triton" and not why and input.device.type != "cuda" and not interpreter_active():
             why = ["CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)"]
         text = "; ".join(why) if why else None
         if text is None and cand in record.skipped:
@@ -222,7 +226,7 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
     heur = None
     if input.dtype in triton_engine.SUPPORTED_DTYPES:
         cands = tuple(c for c in ("triton", "torch") if candidates.get(c) is None or input.device.type != "cuda")
-        heur = dispatch.heuristic(params, input.dtype, prec, bias is not None, cands)
+        heur = heuristic(params, input.dtype, prec, bias is not None, cands)
 
     kernel: list[str] = []
     tuning = None
@@ -253,7 +257,7 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
 
     mem = comp = peak = None
     if input.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        mem, comp, peak = dispatch.floors(params, input.dtype, prec if input.dtype == torch.float32 else "tf32",
+        mem, comp, peak = floors(params, input.dtype, prec if input.dtype == torch.float32 else "tf32",
                                           bias is not None)
 
     backward_lines = _backward_lines(x5, weight, params, eprec if engine is not None else prec) \
@@ -261,7 +265,7 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
     n_empty = sum(p.empty for p in params.phases)
     return Explanation(
         call=_call_text(input, weight, bias, params),
-        device=(f"{input.device} ({triton_engine.device_name(input.device)})" if input.device.type == "cuda"
+        device=(f"{input.device} ({device_name(input.device)})" if input.device.type == "cuda"
                 else str(input.device)),
         backend=name, engine=engine, precision=eprec, reason=reason, benchmark=dispatch.benchmark_enabled(),
         candidates=candidates, heuristic=heur, kernel=kernel, phases=params.describe().splitlines(),

@@ -9,10 +9,10 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from .dispatch import select as dispatch
 from .core.call import Call, autocast_inputs, make_call, resolve_precision
-from .engines.peers import ENGINES
+from .dispatch.registry import ENGINES
 from .core.errors import BackendUnavailableError
 from .engines.op import OP_NAME, conv_transpose3d_op
-from .engines.torch import cudnn_conv_tf32
+from .core.flags import cudnn_conv_tf32
 from .core.validate import check_call
 
 __all__ = ["conv_transpose3d"]

@@ -25,6 +25,7 @@ from torch import nn
 
 from .dispatch import cache, select as dispatch
 from .dispatch.network_check import check_network, layer_signature
+from .engines.triton.persist import flush_triton
 
 __all__ = ["tune", "TuneReport", "main", "build_parser"]
 
@@ -256,7 +257,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
                 if not ran:
                     report.notes.append("backward skipped: no output requires grad")
                 bar.advance("backward")
-        cache.flush_triton()
+        flush_triton()
         for h in hooks[len(layers):]:
             h.remove()
         report.entries = list(seen.values())
@@ -275,7 +276,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     if not report.entries:
         report.entries = list(seen.values())
     if cuda:
-        from .engines.triton.engine import device_name
+        from .engines.triton.configs import device_name
 
         report.cache_file = str(cache.file_for(cache.cache_dir(), device_name(cuda[0])))
     else:
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
               f"measure; the cache would be {cache.cache_dir()}", file=sys.stderr)
         return 0
     from .bench.roofline import cudnn_tf32
-    from .engines.triton.engine import device_name
+    from .engines.triton.configs import device_name
 
     gpu = device_name(torch.device("cuda", torch.cuda.current_device()))
     if args.show:

@@ -1,21 +1,12 @@
 """Without CUDA: correctness of the Triton kernels through Triton's interpreter, at reduced sizes.
 
-Each case of the suites is shrunk (``suites.reduced_for_interpreter``: batch 1, <= 16 channels
-per group, ~2 input positions per dimension; kernel, stride, padding, dilation, output_padding
-and groups kept) and run with ``backend="triton"`` on CPU tensors, which executes the very same
-kernel functions in Triton's interpreter. The result is compared against float64 PyTorch on the
-same (rounded) inputs.
-
-The bar is the project's accuracy bar -- at most 2x the reference implementation's own error against
-float64 -- with CPU stand-ins for cuDNN, since cuDNN is not here:
-
-* fp32 "default" (TF32): a TF32 convolution emulated in float64 (inputs and weights rounded to
-  TF32 the way tensor-core kernels do: nearest, ties away; exact accumulation; fp32 output);
-* fp32 "exact": PyTorch's own fp32 CPU convolution;
-* bf16: PyTorch's own bf16 CPU convolution.
-
-To keep a zero reference error (possible on tiny cases) from demanding bit-exactness, the bar
-never goes below one unit of the output dtype's epsilon times the largest |output|.
+Each case is shrunk (``suites.reduced_for_interpreter``) and run with ``backend="triton"`` on CPU
+tensors, which executes the same kernel functions in the interpreter, against float64. The bar is
+the project's: at most twice the reference's own error against float64, with CPU stand-ins for
+cuDNN -- fp32 "default": a TF32 convolution emulated in float64 (operands rounded to TF32 as
+tensor cores do); fp32 "exact" and bf16: PyTorch's own CPU convolution -- and never below one unit
+of the output dtype's epsilon times the largest |output|, so that a zero reference error does not
+demand bit-exactness.
 """
 from __future__ import annotations
 
@@ -31,7 +22,7 @@ import torch.nn.functional as F
 from .roofline import cudnn_tf32
 from .suites import Case, make_tensors, reduced_for_interpreter
 
-__all__ = ["round_to_tf32", "check_case", "run_checks"]
+__all__ = ["CHECK_BACKEND", "CheckRow", "round_to_tf32", "check_case", "run_checks", "failure_entry"]
 
 # The interpreter checks the engine, whatever --backend says.
 CHECK_BACKEND = "triton"
@@ -46,11 +37,10 @@ def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(x), rounded, x)
 
 
-def _reference_stand_in(case: Case, x, w, b, args) -> torch.Tensor:
-    if case.dtype == "fp32" and case.precision == "default":
-        bb = b.double() if b is not None else None
-        return F.conv_transpose3d(round_to_tf32(x).double(), round_to_tf32(w).double(), bb, *args).float()
-    return F.conv_transpose3d(x, w, b, *args)
+def failure_entry(exc: BaseException, **fields) -> dict:
+    """A failure of the bench's JSON: ``fields`` (case, dtype, ...), the error in one line, a short traceback."""
+    return dict(fields, error=f"{type(exc).__name__}: {exc}",
+                traceback="".join(traceback.format_exception(exc, limit=6)))
 
 
 @dataclass(frozen=True)
@@ -74,18 +64,14 @@ class CheckRow:
         return {
             "case": self.case.name, "suite": self.case.suite, "dtype": self.case.dtype, "layout": self.case.layout,
             "precision": self.case.precision, "backend": CHECK_BACKEND, "engine": self.engine,
-            "reduced_geometry": {"batch": g.batch, "in_channels": g.in_channels, "out_channels": g.out_channels,
-                                 "in_size": list(g.in_size), "out_size": list(g.out_size()),
-                                 "kernel": list(g.kernel), "stride": list(g.stride), "padding": list(g.padding),
-                                 "output_padding": list(g.output_padding), "dilation": list(g.dilation),
-                                 "groups": g.groups, "bias": g.bias},
+            "reduced_geometry": dict(g.as_dict(), out_size=list(g.out_size())),
             "max_abs_err": self.max_abs_err, "ref_max_abs_err": self.ref_max_abs_err, "bar": self.bar,
             "max_abs_out": self.max_abs_out, "layout_ok": self.layout_ok, "ok": self.ok, "seconds": self.seconds,
         }
 
 
 def check_case(case: Case, seed: int = 0) -> CheckRow:
-    """Run one reduced case through the interpreter and measure its error (see module docstring)."""
+    """Run one reduced case through the interpreter and measure its error (see the module docstring)."""
     import convt3d
     from convt3d.dispatch.select import decide
 
@@ -98,34 +84,30 @@ def check_case(case: Case, seed: int = 0) -> CheckRow:
         ours = convt3d.conv_transpose3d(t.x, t.w, t.b, *args, backend=CHECK_BACKEND, precision=None)
         seconds = time.perf_counter() - t0
         exact = F.conv_transpose3d(t.x.double(), t.w.double(), t.b.double() if t.b is not None else None, *args)
-        stand_in = _reference_stand_in(case, t.x, t.w, t.b, args)
-        same_dtype = F.conv_transpose3d(t.x, t.w, t.b, *args)  # PyTorch's output shape and dtype
+        if case.dtype == "fp32" and case.precision == "default":
+            bb = t.b.double() if t.b is not None else None
+            stand_in = F.conv_transpose3d(round_to_tf32(t.x).double(), round_to_tf32(t.w).double(), bb, *args).float()
+        else:
+            stand_in = F.conv_transpose3d(t.x, t.w, t.b, *args)
     engine = f"{d.engine} {d.precision}" if case.dtype == "fp32" else d.engine
     err = (ours.double() - exact).abs().max().item()
     ref_err = (stand_in.double() - exact).abs().max().item()
     scale = exact.abs().max().item()
     bar = max(2 * ref_err, torch.finfo(case.torch_dtype).eps * scale)
-    # The output layout follows the input's, as PyTorch does on CUDA. PyTorch's own CPU output is
-    # no reference here: at batch 1 with a bias it comes back contiguous for a channels_last_3d
-    # input. A tensor with one channel (an output head) is dense in both layouts at once, so the
-    # test is that the output is dense in the input's layout.
+    # The output is dense in the input's layout, as PyTorch's is on CUDA (PyTorch's own CPU output
+    # is no reference: at batch 1 with a bias it comes back contiguous for a channels-last input).
     fmt = torch.channels_last_3d if case.layout == "cl" else torch.contiguous_format
-    layout_ok = (ours.shape == same_dtype.shape and ours.dtype == same_dtype.dtype
+    layout_ok = (tuple(ours.shape) == (g.batch, g.out_channels) + g.out_size() and ours.dtype == case.torch_dtype
                  and ours.is_contiguous(memory_format=fmt))
     return CheckRow(case, g, engine, err, ref_err, bar, scale, layout_ok, seconds)
-
-
-def _failure(case: Case, exc: BaseException) -> dict:
-    return {"case": case.name, "dtype": case.dtype, "layout": case.layout, "precision": case.precision,
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": "".join(traceback.format_exception(exc, limit=6))}
 
 
 def _check_one(case: Case, seed: int) -> tuple[CheckRow | None, dict | None]:
     try:
         return check_case(case, seed), None
     except Exception as exc:  # noqa: BLE001 -- report every case, not just the first failure
-        return None, _failure(case, exc)
+        return None, failure_entry(exc, case=case.name, dtype=case.dtype, layout=case.layout,
+                                   precision=case.precision)
 
 
 def _worker_init() -> None:
@@ -133,20 +115,10 @@ def _worker_init() -> None:
     torch.set_num_threads(1)
 
 
-def interpreter_cost(case: Case) -> int:
-    """Relative interpreter time: every program walks every tap of every phase, and the taps of
-    all phases together are kD*kH*kW; programs scale with groups (one spatial tile at these sizes)."""
-    return case.geometry.groups * math.prod(case.geometry.kernel)
-
-
 def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] | None = None,
                advance: Callable[[], None] | None = None, jobs: int = 1) -> tuple[list[CheckRow], list[dict]]:
-    """Check every case, on ``jobs`` processes; returns (rows, failures) in the order of ``cases``.
-
-    A case that raises becomes a failure entry. The interpreter is pure Python (every program x
-    tap iteration of the GEMM kernel is slow, a suite takes minutes on one core), so cases run in
-    parallel worker processes, longest first.
-    """
+    """Check every case on ``jobs`` processes (the interpreter is pure Python), longest first:
+    (rows, failures) in the order of ``cases``; a case that raises becomes a failure entry."""
     say = status or (lambda _msg: None)
     step = advance or (lambda: None)
     results: list[tuple[CheckRow | None, dict | None]] = [(None, None)] * len(cases)
@@ -159,9 +131,9 @@ def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] |
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        # spawn, not fork: forking a process whose torch/triton state (thread pools) is live can hang.
-        # Children inherit TRITON_INTERPRET=1 through the environment and sys.path from us.
-        order = sorted(range(len(cases)), key=lambda i: -interpreter_cost(cases[i]))
+        # spawn, not fork: forking a process whose torch/triton thread pools are live can hang. The
+        # children inherit TRITON_INTERPRET=1 and sys.path. A program walks every tap of every phase.
+        order = sorted(range(len(cases)), key=lambda i: -cases[i].geometry.groups * math.prod(cases[i].geometry.kernel))
         say(f"interpreter: {len(cases)} cases on {jobs} processes")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_worker_init) as pool:
@@ -171,9 +143,9 @@ def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] |
                 try:
                     results[i] = fut.result()
                 except Exception as exc:  # noqa: BLE001 -- a worker that died takes only its case down
-                    results[i] = (None, _failure(cases[i], exc))
+                    c = cases[i]
+                    results[i] = (None, failure_entry(exc, case=c.name, dtype=c.dtype, layout=c.layout,
+                                                      precision=c.precision))
                 say(f"{cases[i].label}: done")
                 step()
-    rows = [r for r, _ in results if r is not None]
-    failures = [f for _, f in results if f is not None]
-    return rows, failures
+    return [r for r, _ in results if r is not None], [f for _, f in results if f is not None]

@@ -7,22 +7,13 @@
     convt3d bench --list                            # the cases a filter selects, without running
     convt3d bench --suite heads --layout cl         # 12 generated output heads no other suite holds
     convt3d bench --suite networks                  # whole networks: untouched vs convt3d.patch(model)
-    convt3d bench --suite networks --case gan3d,monai_unet --mode fwd --dtype bf16
 
-On a CUDA machine: device ceilings are measured once, then every selected case is timed (see
-``convt3d.bench.runner``). Without CUDA (or with ``--interpret``): the Triton kernels are checked
-for correctness through Triton's interpreter at reduced sizes (``convt3d.bench.check``); timings
-need a GPU. The interpreter must be switched on before triton is imported, and importing convt3d
-imports triton, so this command re-runs itself in a child process with TRITON_INTERPRET=1.
-
-``--suite networks`` (``convt3d.bench.networks``; not part of "all") times real networks, untouched
-against patched: inference in fp32 and bf16 autocast (``--mode fwd``) and a bf16-autocast training
-step (``--mode full``); both by default. ``--case`` names networks, ``--dtype`` filters the modes.
-Without CUDA it checks each network at a tiny size through the interpreter instead. Networks from
-optional packages (MONAI, dynamic-network-architectures) are skipped, one line each, when absent.
-
-Exit status: 0 when every case ran (and, in the interpreter check, met its bar); 1 when a case
-failed; 2 for a usage error (unknown case, unimplemented mode, nothing selected).
+On a CUDA machine device ceilings are measured once, then every selected case is timed
+(``convt3d.bench.runner``; networks: ``convt3d.bench.networks``). Without CUDA (or with
+``--interpret``) the Triton kernels are checked through Triton's interpreter at reduced sizes;
+the interpreter must be on before triton is imported, so this command re-runs itself with
+TRITON_INTERPRET=1. Exit status: 0 when every case ran (and met its bar), 1 when one failed, 2 for
+a usage error.
 """
 from __future__ import annotations
 
@@ -53,8 +44,8 @@ def _positive_int(text: str) -> int:
 
 
 def _csv(choices: tuple[str, ...] | None):
-    """argparse type: one value or a comma-separated list, each in ``choices`` (if given). The
-    filters are also repeatable (action="append"), so ``--case a,b`` == ``--case a --case b``."""
+    """argparse type: one value or a comma-separated list, each in ``choices`` (if given); the
+    filters are repeatable too, so ``--case a,b`` == ``--case a --case b``."""
 
     def parse(text: str) -> list[str]:
         values = [v.strip() for v in text.split(",") if v.strip()]
@@ -70,12 +61,14 @@ def _csv(choices: tuple[str, ...] | None):
 
 
 def _default_jobs() -> int:
-    # 8 at most: each worker holds its own torch + triton (~300 MB).
+    # 8 at most: each worker holds its own torch + triton.
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(cores, 8))
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .networks import network_names
+
     p = argparse.ArgumentParser(prog="convt3d bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sel = p.add_argument_group("what to run")
@@ -84,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "holds (suites.HEAD_SWEEP); networks runs on its own (whole models, minutes)")
     sel.add_argument("--case", action="append", type=_csv(None), metavar="NAME[,NAME]",
                      help=f"case names, repeatable: {', '.join(suites.case_names())}; with --suite networks, "
-                          f"network names: {', '.join(_network_names())}")
+                          f"network names: {', '.join(network_names())}")
     sel.add_argument("--dtype", action="append", type=_csv(tuple(suites.DTYPES)), metavar="{fp32,bf16}")
     sel.add_argument("--layout", action="append", type=_csv(suites.LAYOUTS), metavar="{ncdhw,cl}",
                      help="input memory format: ncdhw (contiguous) or cl (channels_last_3d)")
@@ -130,27 +123,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _network_names() -> list[str]:
-    from .networks import network_names
-
-    return network_names()
-
-
 def _flatten(values: list[list[str]] | None) -> list[str] | None:
     return None if values is None else [v for group in values for v in group]
 
 
-# ---- progress -----------------------------------------------------------------------------------
+def _usage_error(message: str) -> int:
+    print(f"convt3d bench: error: {message}", file=sys.stderr)
+    return 2
+
+
 class _Progress:
-    """A rich progress bar on a terminal; in a log (no terminal), one plain line per step instead."""
+    """A rich progress bar on a terminal; in a log (no terminal) or without rich, one plain line per step."""
 
     def __init__(self, console, total: int, title: str):
-        self.console, self.total, self.done = console, total, 0
-        self.bar = None
+        self.console, self.total, self.done, self.bar = console, total, 0, None
         if console.is_terminal:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                       TimeElapsedColumn)
-
+            try:
+                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                           TimeElapsedColumn)
+            except ImportError:
+                return
             self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
             self.task = self.bar.add_task(title, total=total)
@@ -180,57 +172,53 @@ class _Progress:
 # ---- entry point --------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help (0) and usage errors (2)
         return int(exc.code or 0)
-
     if args.ddp is not None and args.suite != "networks":
-        print("convt3d bench: error: --ddp N needs --suite networks", file=sys.stderr)
-        return 2
+        return _usage_error("--ddp N needs --suite networks")
     if args.suite == "networks":
         return _networks_main(args, argv)
     args.mode = args.mode or "fwd"
-
-    from .runner import get_mode
-
     try:
-        get_mode(args.mode)
         cases = suites.select(args.suite, _flatten(args.case), _flatten(args.dtype), _flatten(args.layout),
                               _flatten(args.precision))
-    except (NotImplementedError, ValueError) as exc:
-        print(f"convt3d bench: error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:
+        return _usage_error(str(exc))
     if not cases:
-        print("convt3d bench: error: no case matches the filters (note: exact precision exists only in the "
-              "kernelbench suite)", file=sys.stderr)
-        return 2
+        return _usage_error("no case matches the filters (note: exact precision exists only in the kernelbench "
+                            "suite)")
     if args.list:
         for c in cases:
             print(f"{c.suite:<12} {c.label}")
         return 0
-    if args.min_reps < 1 or args.rep_ms <= 0 or args.warmup_ms < 0 or args.jobs < 1:
-        print("convt3d bench: error: --min-reps and --jobs must be >= 1, --rep-ms > 0 and --warmup-ms >= 0",
-              file=sys.stderr)
-        return 2
+    if args.jobs < 1:
+        return _usage_error("--jobs must be >= 1")
+    return _bad_budgets(args) or _run(args, argv, cases, _run_interpreter_check, _run_timing)
 
+
+def _bad_budgets(args) -> int:
+    if args.min_reps < 1 or args.rep_ms <= 0 or args.warmup_ms < 0:
+        return _usage_error("--min-reps must be >= 1, --rep-ms > 0 and --warmup-ms >= 0")
+    return 0
+
+
+def _run(args, argv, selected, check, timing, *extra) -> int:
+    """``timing`` on a CUDA machine, else ``check`` in a process with Triton's interpreter on."""
     import torch
 
-    if args.interpret or not torch.cuda.is_available():
-        from convt3d.engines.triton.engine import interpreter_active
+    if not args.interpret and torch.cuda.is_available():
+        if args.cudnn_benchmark:
+            torch.backends.cudnn.benchmark = True
+        return timing(args, argv, selected, *extra)
+    from convt3d.engines.triton.sites import interpreter_active
 
-        if not interpreter_active():
-            return _rerun_with_interpreter(argv)
-        return _run_interpreter_check(args, argv, cases)
-    return _run_timing(args, argv, cases)
-
-
-def _rerun_with_interpreter(argv: list[str]) -> int:
+    if interpreter_active():
+        return check(args, argv, selected)
     if os.environ.get(_REEXEC_MARK):
-        print("convt3d bench: error: TRITON_INTERPRET=1 did not switch Triton's interpreter on in the child "
-              "process; run: TRITON_INTERPRET=1 python -m convt3d bench ...", file=sys.stderr)
-        return 2
+        return _usage_error("TRITON_INTERPRET=1 did not switch Triton's interpreter on in the child process; "
+                            "run: TRITON_INTERPRET=1 python -m convt3d bench ...")
     import convt3d
 
     env = dict(os.environ, TRITON_INTERPRET="1", **{_REEXEC_MARK: "1"})
@@ -248,62 +236,86 @@ def _settings(args, cases) -> dict:
             "cudnn_benchmark": args.cudnn_benchmark, "jobs": args.jobs}
 
 
+def _write(console, args, data: dict | None = None, rows=(), plot_title: str | None = None) -> None:
+    """--json and --plot: the JSON as given, the plot of timing ``rows`` (without a title: no timings)."""
+    from . import report
+
+    if args.json and data is not None:
+        report.write_json(args.json, data)
+        console.print(f"wrote {args.json}")
+    if not args.plot:
+        return
+    if plot_title is None:
+        console.print("--plot skipped: the plot shows timings, which need a GPU")
+    elif rows:
+        try:
+            report.write_plot(args.plot, list(rows), plot_title)
+            console.print(f"wrote {args.plot}")
+        except ImportError:
+            console.print("--plot skipped: matplotlib is not installed (pip install matplotlib)")
+
+
+def _check(args, argv, note: str, what: str, total: int, run, table, settings: dict, summary_extra: dict,
+           command: str) -> int:
+    """The no-CUDA check of ``total`` items: ``run(status, advance)`` -> (rows, failures, skipped or
+    None), the table, a summary line, the JSON."""
+    from . import report
+
+    console = report.make_console()
+    env = report.environment(cuda=False)
+    report.print_header(console, env, None, "[bold yellow]No CUDA device: timings need a GPU.[/bold yellow] " + note)
+    t0 = time.perf_counter()
+    with _Progress(console, total, f"{what} check") as prog:
+        rows, failures, skipped = run(prog.status, prog.advance)
+    if rows:
+        table(console, rows)
+    report.print_skipped(console, skipped or [])
+    report.print_failures(console, failures)
+    passed, seconds = sum(r["ok"] for r in rows), time.perf_counter() - t0
+    extra = "" if skipped is None else f"{len(skipped)} skipped, "
+    console.print(f"{passed}/{total} {what} within the bar, {len(rows) - passed} above it, {len(failures)} errors, "
+                  f"{extra}in {seconds:.1f} s. Timings need a GPU: run `{command}` on a CUDA machine.")
+    summary = dict({"cases": total, "passed": passed, "failed": len(rows) - passed, "errors": len(failures)},
+                   **summary_extra, **({} if skipped is None else {"skipped": len(skipped)}), seconds=seconds)
+    _write(console, args, report.payload("interpreter-check", argv, env, settings, rows, failures, summary,
+                                         skipped=skipped))
+    return 0 if passed == len(rows) and not failures else 1
+
+
 def _run_interpreter_check(args, argv: list[str], cases) -> int:
     from . import report
     from .check import CHECK_BACKEND, run_checks
     from .suites import INTERP_IN_SIZE, INTERP_MAX_CHANNELS_PER_GROUP
 
-    console = report.make_console()
-    env = report.environment(cuda=False)
-    note = ("[bold yellow]No CUDA device: timings need a GPU.[/bold yellow] Checking the Triton kernels' "
-            "correctness instead, through Triton's interpreter, against float64 PyTorch, at reduced sizes "
-            f"(batch 1, <= {INTERP_MAX_CHANNELS_PER_GROUP} channels per group, ~{INTERP_IN_SIZE} input positions "
-            "per dimension; kernel, stride, padding, dilation, output_padding and groups as in the suite).")
+    note = ("Checking the Triton kernels' correctness instead, through Triton's interpreter, against float64 "
+            f"PyTorch, at reduced sizes (batch 1, <= {INTERP_MAX_CHANNELS_PER_GROUP} channels per group, "
+            f"~{INTERP_IN_SIZE} input positions per dimension; kernel, stride, padding, dilation, output_padding and "
+            "groups as in the suite).")
     if args.mode != "fwd":
-        note += (f" (--mode {args.mode}: this check runs the forward kernels; the gradients, Triton weight-gradient "
-                 "kernel included, are checked through the interpreter by tests/test_training.py.)")
+        note += (f" (--mode {args.mode}: this check runs the forward kernels; the gradients are checked through "
+                 "the interpreter by tests/test_training.py.)")
     if args.backend not in ("auto", CHECK_BACKEND):
         note += f" (--backend {args.backend} is ignored here: the check runs backend='{CHECK_BACKEND}'.)"
-    # Triton's interpreter computes bf16 tl.dot wrongly (a 16x16 bf16 dot is off by ~1e10 in
-    # triton 3.9; fp16 is right), so bf16 cases are left to the GPU tests and said so.
+    # Triton's interpreter computes bf16 dot products wrongly (fp16 is right): bf16 is left to the GPU tests.
     skipped = [c for c in cases if c.dtype == "bf16"]
     cases = [c for c in cases if c.dtype != "bf16"]
     if skipped:
         note += (f" {len(skipped)} bf16 case(s) skipped: Triton's interpreter mis-computes bf16 dot products; "
                  "tests/test_gpu.py covers bf16 on a GPU.")
-    report.print_header(console, env, None, note)
-    t0 = time.perf_counter()
-    with _Progress(console, len(cases), "interpreter check") as prog:
-        rows, failures = run_checks(cases, args.seed, prog.status, prog.advance, jobs=args.jobs)
-    seconds = time.perf_counter() - t0
-    dict_rows = [r.as_dict() for r in rows]
-    if dict_rows:
-        report.print_check_table(console, dict_rows)
-    report.print_failures(console, failures)
-    passed = sum(r.ok for r in rows)
-    summary = {"cases": len(cases), "passed": passed, "failed": len(rows) - passed, "errors": len(failures),
-               "skipped_bf16": len(skipped), "seconds": seconds}
-    console.print(f"{passed}/{len(cases)} cases within the bar, {len(rows) - passed} above it, {len(failures)} "
-                  f"errors, in {seconds:.1f} s. Timings need a GPU: run `convt3d bench` on a CUDA machine.")
-    if args.json:
-        report.write_json(args.json, report.payload("interpreter-check", argv, env, _settings(args, cases),
-                                                    dict_rows, failures, summary))
-        console.print(f"wrote {args.json}")
-    if args.plot:
-        console.print("--plot skipped: the plot shows timings, which need a GPU")
-    return 0 if passed == len(cases) else 1
+
+    def run(status, advance):
+        rows, failures = run_checks(cases, args.seed, status, advance, jobs=args.jobs)
+        return [r.as_dict() for r in rows], failures, None
+
+    return _check(args, argv, note, "cases", len(cases), run, report.print_check_table, _settings(args, cases),
+                  {"skipped_bf16": len(skipped)}, "convt3d bench")
 
 
 def _run_timing(args, argv: list[str], cases) -> int:
-    import torch
-
     from . import report
     from .roofline import measure_ceilings
     from .runner import TimingSettings, run_cases
 
-    if args.cudnn_benchmark:
-        torch.backends.cudnn.benchmark = True
-    settings = TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed)
     console = report.make_console()
     env = report.environment(cuda=True)
     t0 = time.perf_counter()
@@ -312,7 +324,9 @@ def _run_timing(args, argv: list[str], cases) -> int:
         ceilings = measure_ceilings("cuda", prog.status)
     report.print_header(console, env, ceilings)
     with _Progress(console, len(cases), "timing") as prog:
-        rows, failures = run_cases(cases, args.mode, args.backend, ceilings, settings, prog.status, prog.advance)
+        rows, failures = run_cases(cases, args.mode, args.backend, ceilings,
+                                   TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed),
+                                   prog.status, prog.advance)
     seconds = time.perf_counter() - t0
     for suite in dict.fromkeys(r["suite"] for r in rows):
         report.print_timing_table(console, [r for r in rows if r["suite"] == suite],
@@ -323,15 +337,9 @@ def _run_timing(args, argv: list[str], cases) -> int:
     report.print_failures(console, failures)
     console.print(f"{len(rows)}/{len(cases)} cases timed in {seconds:.0f} s"
                   + (f", {len(failures)} failed" if failures else ""))
-    if args.json:
-        report.write_json(args.json, report.payload("timing", argv, env, dict(_settings(args, cases),
-                                                                               seconds=seconds),
-                                                    rows, failures, summary, ceilings))
-        console.print(f"wrote {args.json}")
-    if args.plot and rows:
-        report.write_plot(args.plot, rows, f"convt3d {env['convt3d']} on {env['gpu']}: {args.mode}, "
-                                           f"backend={args.backend}")
-        console.print(f"wrote {args.plot}")
+    _write(console, args, report.payload("timing", argv, env, dict(_settings(args, cases), seconds=seconds), rows,
+                                         failures, summary, ceilings),
+           rows, f"convt3d {env['convt3d']} on {env['gpu']}: {args.mode}, backend={args.backend}")
     return 0 if not failures else 1
 
 
@@ -348,36 +356,21 @@ def _networks_main(args, argv: list[str]) -> int:
             if values is not None and set(values) != {allowed}:
                 raise ValueError(f"{name} {','.join(values)}: the networks suite runs {allowed} only")
     except ValueError as exc:
-        print(f"convt3d bench: error: {exc}", file=sys.stderr)
-        return 2
+        return _usage_error(str(exc))
     if not modes:
-        print("convt3d bench: error: no network mode matches the filters (the training step runs in bf16 only)",
-              file=sys.stderr)
-        return 2
+        return _usage_error("no network mode matches the filters (the training step runs in bf16 only)")
     if args.list:
         for net in nets:
             reason = networks.unavailable_reason(net)
             print(f"{'networks':<12} {net.name:<18} {', '.join(m.label for m in modes):<30} "
                   f"{net.description}" + (f"  [skipped: {reason}]" if reason else ""))
         return 0
-    if args.min_reps < 1 or args.rep_ms <= 0 or args.warmup_ms < 0:
-        print("convt3d bench: error: --min-reps must be >= 1, --rep-ms > 0 and --warmup-ms >= 0", file=sys.stderr)
+    if _bad_budgets(args):
         return 2
-
     if args.ddp is not None:
         return _run_ddp(args, nets)
-    if args.rounds is None:
-        args.rounds = networks.DEFAULT_PAIRS
-
-    import torch
-
-    if args.interpret or not torch.cuda.is_available():
-        from convt3d.engines.triton.engine import interpreter_active
-
-        if not interpreter_active():
-            return _rerun_with_interpreter(argv)
-        return _run_network_check(args, argv, nets)
-    return _run_network_timing(args, argv, nets, modes)
+    args.rounds = args.rounds or networks.DEFAULT_PAIRS
+    return _run(args, argv, nets, _run_network_check, _run_network_timing, modes)
 
 
 def _run_ddp(args, nets) -> int:
@@ -385,15 +378,13 @@ def _run_ddp(args, nets) -> int:
     from . import ddp, networks
 
     if args.ddp < 1:
-        print(f"convt3d bench: error: --ddp must be >= 1, got {args.ddp}", file=sys.stderr)
-        return 2
+        return _usage_error(f"--ddp must be >= 1, got {args.ddp}")
     try:
         modes = networks.select_modes("full", _flatten(args.dtype))
         rows, failures, skipped = ddp.run_ddp(args.ddp, nets=nets, modes=modes, backend=args.backend,
                                               status=lambda msg: print(msg, file=sys.stderr))
     except (ddp.DDPUnavailableError, ValueError) as exc:
-        print(f"convt3d bench: error: {exc}", file=sys.stderr)
-        return 2
+        return _usage_error(str(exc))
     print(ddp.format_rows(rows, failures, skipped))
     if args.json:
         from . import report
@@ -414,66 +405,43 @@ def _network_settings(args, nets, modes) -> dict:
 def _run_network_check(args, argv: list[str], nets) -> int:
     from . import networks, report
 
-    console = report.make_console()
-    env = report.environment(cuda=False)
-    note = ("[bold yellow]No CUDA device: timings need a GPU.[/bold yellow] Checking each network at a tiny size "
-            f"instead: the patched model (backend='{networks.CHECK_BACKEND}', Triton's interpreter) against the "
-            "untouched one and float64, fp32 inference with TF32 off (bf16 and the training step need a GPU: "
-            "tests/test_gpu_networks.py).")
+    note = (f"Checking each network at a tiny size instead: the patched model (backend='{networks.CHECK_BACKEND}', "
+            "Triton's interpreter) against the untouched one and float64, fp32 inference with TF32 off (bf16 and the "
+            "training step need a GPU: tests/test_gpu_networks.py).")
     if args.backend not in ("auto", networks.CHECK_BACKEND):
         note += f" (--backend {args.backend} is ignored here.)"
-    report.print_header(console, env, None, note)
-    t0 = time.perf_counter()
-    with _Progress(console, len(nets), "networks check") as prog:
-        rows, failures, skipped = networks.check_networks(nets, args.seed, prog.status, prog.advance)
-    seconds = time.perf_counter() - t0
-    if rows:
-        report.print_network_check_table(console, rows)
-    report.print_skipped(console, skipped)
-    report.print_failures(console, failures)
-    passed = sum(r["ok"] for r in rows)
-    summary = {"cases": len(nets), "passed": passed, "failed": len(rows) - passed, "errors": len(failures),
-               "skipped": len(skipped), "seconds": seconds}
-    console.print(f"{passed}/{len(nets)} networks within the bar, {len(rows) - passed} above it, {len(failures)} "
-                  f"errors, {len(skipped)} skipped, in {seconds:.1f} s. Timings need a GPU: run "
-                  "`convt3d bench --suite networks` on a CUDA machine.")
-    if args.json:
-        report.write_json(args.json, report.payload("interpreter-check", argv, env,
-                                                    _network_settings(args, nets, []), rows, failures, summary,
-                                                    skipped=skipped))
-        console.print(f"wrote {args.json}")
-    if args.plot:
-        console.print("--plot skipped: the plot shows timings, which need a GPU")
-    return 0 if passed == len(rows) and not failures else 1
+
+    def run(status, advance):
+        return networks.check_networks(nets, args.seed, status, advance)
+
+    return _check(args, argv, note, "networks", len(nets), run, report.print_network_check_table,
+                  _network_settings(args, nets, []), {}, "convt3d bench --suite networks")
 
 
 def _run_network_timing(args, argv: list[str], nets, modes) -> int:
-    import torch
-
     from . import networks, report
     from .runner import TimingSettings
 
-    if args.cudnn_benchmark:
-        torch.backends.cudnn.benchmark = True
-    settings = TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed)
     console = report.make_console()
     env = report.environment(cuda=True)
     report.print_header(console, env, None, "networks: untouched model vs convt3d.patch(copy.deepcopy(model)), "
                                             "same process; ratio = untouched time / patched time")
     t0 = time.perf_counter()
 
-    def write(rows, failures, skipped, summary=None, final=False):
+    def data(rows, failures, skipped, summary=None, final=False) -> dict:
+        settings = dict(_network_settings(args, nets, modes), seconds=time.perf_counter() - t0, complete=final)
+        return report.payload("timing", argv, env, settings, rows, failures, summary or [], skipped=skipped)
+
+    def rewrite(rows, failures, skipped) -> None:
+        # The JSON is rewritten after each network: an interrupted run keeps what it measured.
         if args.json:
-            settings_out = dict(_network_settings(args, nets, modes), seconds=time.perf_counter() - t0,
-                                complete=final)
-            report.write_json(args.json, report.payload("timing", argv, env, settings_out, rows, failures,
-                                                        summary if summary is not None else [], skipped=skipped))
+            report.write_json(args.json, data(rows, failures, skipped))
 
     with _Progress(console, len(nets) * len(modes), "networks") as prog:
-        # The JSON is rewritten after each network: an interrupted run keeps what it measured.
-        rows, failures, skipped = networks.run_networks(nets, modes, args.backend, settings, prog.status,
-                                                        prog.advance, on_network=write, tune=args.tune,
-                                                        measure=not args.first_calls, rounds=args.rounds)
+        rows, failures, skipped = networks.run_networks(
+            nets, modes, args.backend, TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed),
+            prog.status, prog.advance, on_network=rewrite, tune=args.tune, measure=not args.first_calls,
+            rounds=args.rounds)
     seconds = time.perf_counter() - t0
     summary = []
     if rows and args.first_calls:
@@ -482,19 +450,15 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
         report.print_network_table(console, rows, f"networks, convt3d backend={args.backend} (patched) vs "
                                                    "PyTorch (untouched)")
         summary = report.summarize(rows)
-        if summary:
-            report.print_summary(console, summary)
+        report.print_summary(console, summary)
     report.print_skipped(console, skipped)
     report.print_failures(console, failures)
     what = "network modes' first calls" if args.first_calls else "network modes timed"
     console.print(f"{len(rows)}/{len(nets) * len(modes)} {what} in {seconds:.0f} s"
-                  + (f", {len(failures)} failed" if failures else "") + (f", {len(skipped)} networks skipped"
-                                                                         if skipped else ""))
-    if args.json:
-        write(rows, failures, skipped, summary, final=True)
-        console.print(f"wrote {args.json}")
-    if args.plot and rows and not args.first_calls:
-        report.write_plot(args.plot, rows, f"convt3d {env['convt3d']} on {env['gpu']}: networks, "
-                                           f"backend={args.backend}")
-        console.print(f"wrote {args.plot}")
+                  + (f", {len(failures)} failed" if failures else "")
+                  + (f", {len(skipped)} networks skipped" if skipped else ""))
+    title = None if args.first_calls else f"convt3d {env['convt3d']} on {env['gpu']}: networks, backend={args.backend}"
+    if args.first_calls and args.plot:
+        args.plot = None  # first calls have no steady times to plot
+    _write(console, args, data(rows, failures, skipped, summary, final=True), rows, title)
     return 0 if not failures else 1

@@ -1,35 +1,14 @@
 """``convt3d bench --suite networks --ddp N``: a DistributedDataParallel training step of each
-network of the networks suite (``convt3d.bench.networks``) on N GPUs, patched vs untouched.
+network of the networks suite on N GPUs, patched vs untouched.
 
-    from convt3d.bench import ddp
-    rows, failures, skipped = ddp.run_ddp(2)                   # every network, train bf16, 2 GPUs
-    rows, failures, skipped = ddp.run_ddp(4, nets=networks.select_networks(["gan3d"]))
-
-One process per GPU (``torch.multiprocessing``, spawn; NCCL), each holding the untouched model
-and ``convt3d.patch(copy.deepcopy(model))`` wrapped in DDP. A step is what a data-parallel
-training loop runs per batch: ``zero_grad``, the forward (under bf16 autocast for the suite's
-"train bf16" mode), an MSE loss against a fixed random target, ``backward`` -- which all-reduces
-the gradients in DDP's buckets, overlapped with the backward -- and no optimizer step (as the
-networks suite's training rows, so every step sees the same weights). Each rank trains on its
-own input of the suite's per-network batch (the global batch is N times it).
-
-Timing. The first step of each model is timed alone (wall clock of the slowest rank; for the
-patched model it includes compilation, Triton tuning and auto's measuring, which rank 0 does for
-every rank under ``convt3d.dispatch.distributed``). Then, after warm-up steps, rounds alternate between
-the two models so that drift hits both: a round times ``iters`` back-to-back steps between CUDA
-events on every rank (``iters`` chosen by rank 0 from its warm-up so a round lasts about
-``round_s``, the same on every rank: DDP needs every rank to run the same number of steps); the
-round's time is the slowest rank's (DDP steps in lockstep). Rounds come in pairs, one of each
-model back to back, so that a swing of the host hits both: ``speedup`` is the median of the
-pairs' ratios untouched / patched and ``speedup_quartiles`` their quartiles, ``torch_us`` and
-``convt3d_us`` each model's median round (``stats.paired_ratio``, as the single-process suite).
-
-A network whose package is missing is skipped (``networks.unavailable_reason``), as in the
-single-process suite; one that raises on every rank becomes a failure row and the run goes on.
-Fewer than N GPUs: :class:`DDPUnavailableError` with a one-line message, before anything starts.
-
-``device="cpu"`` runs the same orchestration with gloo and wall-clock timing on CPU processes
-(``tiny`` networks; convt3d's auto runs PyTorch there): for tests of this module, not a benchmark.
+One process per GPU (spawned; NCCL), each holding the untouched model and ``convt3d.patch`` of a
+copy, both wrapped in DDP, each rank on its own input. A step is zero_grad, the forward (bf16
+autocast for "train bf16"), an MSE loss, backward (DDP all-reduces the gradients in its buckets)
+and no optimizer step. The first step of each model is timed alone; then rounds of ``iters``
+back-to-back steps between CUDA events alternate between the models in pairs, a round's time the
+slowest rank's (DDP steps in lockstep), and ``speedup`` is the median of the pairs' ratios
+(``stats.paired_ratio``). ``device="cpu"`` runs the same orchestration with gloo on tiny networks,
+for the tests. Fewer than N GPUs: :class:`DDPUnavailableError` with a one-line message.
 """
 from __future__ import annotations
 
@@ -41,7 +20,6 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
@@ -49,20 +27,19 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .check import failure_entry
 from .runner import event_seconds
 from .stats import paired_ratio
 
 __all__ = ["DDPUnavailableError", "unavailable_reason", "run_ddp", "format_rows", "exit_worker"]
 
-# Per-round budget and bounds on back-to-back steps per round (a slow step gets MIN_ITERS, a
-# fast one about ROUND_S / its time); 11 pairs of rounds put the median between quartiles of 3
-# pairs or more in seconds a network.
+# A round lasts about ROUND_S (within MIN_ITERS..MAX_ITERS steps); 11 pairs of rounds put the median
+# between quartiles of 3 pairs or more, in seconds a network.
 ROUND_S = 0.2
 MIN_ITERS, MAX_ITERS = 3, 100
 WARMUP_STEPS = 3
 ROUNDS = 11
-# A rank stuck in a collective (another rank died, or ran out of memory in a step the others
-# finished) errors out after this long instead of hanging the bench.
+# A rank stuck in a collective (another rank died or ran out of memory) errors out after this long.
 PG_TIMEOUT_S = 900
 
 
@@ -116,38 +93,25 @@ class _Clock:
         return (time.perf_counter() - t0) / iters
 
 
-def _slowest(value: float, device: torch.device) -> float:
-    """The largest value over the ranks."""
+def _collective(value, dtype: torch.dtype, device: torch.device, op: str):
+    """``value`` after a collective over the ranks: "max" (all_reduce), "sum" (all_reduce) or "rank0" (broadcast)."""
     import torch.distributed as dist
 
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def _from_rank0(value: int, device: torch.device) -> int:
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.broadcast(t, 0)
-    return int(t.item())
-
-
-def _all_ranks_ok(ok: bool, device: torch.device) -> bool:
-    import torch.distributed as dist
-
-    t = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
-    dist.all_reduce(t)
-    return int(t.item()) == 0
+    t = torch.tensor([value], dtype=dtype, device=device)
+    if op == "rank0":
+        dist.broadcast(t, 0)
+    else:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t.item()
 
 
 def _ddp_step(model, x: torch.Tensor, target: torch.Tensor, autocast: bool) -> Callable[[], None]:
+    from .networks import first_tensor
+
     def step() -> None:
         model.zero_grad(set_to_none=True)
         with torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
-            out = model(x)
-        while isinstance(out, (list, tuple)):
-            out = out[0]
+            out = first_tensor(model(x))
         F.mse_loss(out.float(), target).backward()
 
     return step
@@ -170,12 +134,8 @@ def _time_network(net, mode, backend: str, device: torch.device, tiny: bool, see
     model.train()
     patched.train()
     with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=mode.autocast):
-        out = model(x)
-    while isinstance(out, (list, tuple)):
-        out = out[0]
-    gen = torch.Generator().manual_seed(seed + 31 * rank)
-    target = torch.randn(out.shape, generator=gen).to(device)
-    del out
+        shape = networks.first_tensor(model(x)).shape
+    target = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 31 * rank)).to(device)
     ids = [device.index] if device.type == "cuda" else None
     steps = {"torch": _ddp_step(DDP(model, device_ids=ids), x, target, mode.autocast),
              "convt3d": _ddp_step(DDP(patched, device_ids=ids), x, target, mode.autocast)}
@@ -192,16 +152,18 @@ def _time_network(net, mode, backend: str, device: torch.device, tiny: bool, see
         t0 = time.perf_counter()
         step()
         clock.sync()
-        row[f"{'torch_' if name == 'torch' else ''}first_step_s"] = _slowest(time.perf_counter() - t0, device)
+        row[f"{'torch_' if name == 'torch' else ''}first_step_s"] = _collective(time.perf_counter() - t0,
+                                                                               torch.float64, device, "max")
     estimate = {}
     for name, step in steps.items():
         estimate[name] = clock.per_step(step, WARMUP_STEPS)
-    iters = _from_rank0(max(MIN_ITERS, min(MAX_ITERS, int(round_s / max(max(estimate.values()), 1e-6)))), device)
+    iters = int(_collective(max(MIN_ITERS, min(MAX_ITERS, int(round_s / max(max(estimate.values()), 1e-6)))),
+                            torch.int64, device, "rank0"))
     times: dict[str, list[float]] = {"torch": [], "convt3d": []}
     for r in range(rounds):
         for name in (("torch", "convt3d") if r % 2 == 0 else ("convt3d", "torch")):
             dist.barrier()
-            times[name].append(_slowest(clock.per_step(steps[name], iters), device))
+            times[name].append(_collective(clock.per_step(steps[name], iters), torch.float64, device, "max"))
     ratio, low, high = paired_ratio(times["torch"], times["convt3d"])
     t_u, t_p = statistics.median(times["torch"]), statistics.median(times["convt3d"])
     row.update(iters_per_round=iters, torch_us=t_u * 1e6, convt3d_us=t_p * 1e6, speedup=ratio,
@@ -212,16 +174,9 @@ def _time_network(net, mode, backend: str, device: torch.device, tiny: bool, see
 
 
 def exit_worker() -> None:
-    """End a worker of a multi-process run that has done its work and written its outputs: a
-    barrier (every rank's collective work is over), then an immediate exit (``os._exit(0)``)
-    without tearing the process group down.
-
-    The teardown races: rank 0 hosts the group's store, and a gloo rank still closing its pairs
-    when that store goes aborts in C++ ("terminate called without an active exception", exit
-    -6). A barrier before ``destroy_process_group`` narrowed the window but did not close it: the
-    abort recurred on a loaded 2-core CI machine (``tests/multi_gpu_train.py`` under torchrun).
-    With no destructors run there is nothing left to race. Only for the success path: a failing
-    worker raises as usual, so that its launcher reports the traceback."""
+    """End a multi-process worker that has done its work: a barrier, then ``os._exit(0)`` without
+    tearing the process group down, whose teardown races (a gloo rank still closing its pairs when
+    rank 0's store goes aborts in C++). Only for the success path: a failing worker raises."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -263,44 +218,32 @@ def _worker(rank: int, world: int, port: int, spec: dict, out_dir: str) -> None:
                     row = _time_network(net, mode, spec["backend"], device, spec["tiny"], spec["seed"], clock,
                                         spec["round_s"], spec["rounds"])
                 except Exception as exc:  # noqa: BLE001 -- one network's failure must not hide the others
-                    error = {"case": net.name, "mode": mode.name, "dtype": mode.dtype, "rank": rank,
-                             "error": f"{type(exc).__name__}: {exc}",
-                             "traceback": "".join(traceback.format_exception(exc, limit=6))}
+                    error = failure_entry(exc, case=net.name, mode=mode.name, dtype=mode.dtype, rank=rank)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 # A failure on every rank (out of memory, a build error) is a row; on some ranks
                 # only, the others are stuck in a collective until PG_TIMEOUT_S.
-                if _all_ranks_ok(error is None, device):
+                if _collective(0 if error is None else 1, torch.int64, device, "sum") == 0:
                     rows.append(row)
                 elif error is not None:
                     failures.append(error)
     except BaseException:
-        if rank == 0:
-            _write_ddp_json(out_dir, rows, failures, skipped)
         dist.destroy_process_group()
         raise
-    if rank == 0:
-        _write_ddp_json(out_dir, rows, failures, skipped)
+    finally:  # what rank 0 measured, also when a later network raised
+        if rank == 0:
+            Path(out_dir, "ddp.json").write_text(json.dumps({"rows": rows, "failures": failures, "skipped": skipped}))
     exit_worker()
-
-
-def _write_ddp_json(out_dir: str, rows: list, failures: list, skipped: list) -> None:
-    Path(out_dir, "ddp.json").write_text(json.dumps({"rows": rows, "failures": failures, "skipped": skipped}))
 
 
 # ---- the launcher ---------------------------------------------------------------------------------
 def run_ddp(nproc: int, nets=None, modes=None, backend: str = "auto", *, device: str = "cuda", tiny: bool = False,
             seed: int = 0, round_s: float = ROUND_S, rounds: int = ROUNDS,
             status: Callable[[str], None] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
-    """Time a DDP training step of each network on ``nproc`` GPUs: (rows, failures, skipped),
-    rows as the networks suite's (``case``, ``mode``, ``dtype``, ``torch_us``, ``convt3d_us``,
-    ``speedup``, ...) plus ``ddp`` (the number of processes) and the first steps' times.
-
-    ``nets``: :class:`~convt3d.bench.networks.Network` objects (default: the whole suite);
-    ``modes``: :class:`~convt3d.bench.networks.NetMode` objects of training modes (default: the
-    suite's training mode, bf16 autocast). Raises :class:`DDPUnavailableError` (one line) when
-    ``nproc`` processes cannot run here, ValueError for an inference mode.
-    """
+    """Time a DDP training step of each network (default: all) in each training mode (default:
+    bf16) on ``nproc`` processes: (rows, failures, skipped), rows as the networks suite's plus
+    ``ddp`` and the first steps' times. Raises DDPUnavailableError (one line) where ``nproc``
+    processes cannot run, ValueError for an inference mode."""
     import torch.multiprocessing as mp
 
     from . import networks

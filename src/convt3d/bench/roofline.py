@@ -1,133 +1,40 @@
-"""Device ceilings and the roofline arithmetic of a bench row.
-
-A row's two floors:
-
-* memory floor = bytes that must move (input, weight and bias read once, output written once:
-  ``ConvT3dParams.min_bytes``) / measured device-to-device copy bandwidth (read + write bytes);
-* compute floor = useful FLOP (structurally-zero taps excluded: ``ConvT3dParams.useful_flops``)
-  / measured matmul peak of the row's precision class.
-
-"% of roofline" = 100 * max(floors) / measured time: 100 means the kernel runs at the speed of
-its binding resource.
-
-Precision classes and their peaks (8192^3 matmuls by cuBLAS, measured once per process):
-
-* "bf16" -- bf16 (and fp16) rows: bf16 matmul, fp32 accumulate;
-* "tf32" -- fp32 rows at default flags: fp32 matmul with TF32;
-* "exact" -- fp32 rows at exact grade: the faster of cuBLAS's exact fp32 matmul and a third of
-  the TF32 peak. Exact grade may run as 3xTF32 (three TF32 products per multiply, convt3d's
-  EXACT_GRADE), which the tensor cores do at a third of the TF32 rate; against the peak of the
-  FMA units alone a 3xTF32 kernel could show more than 100%.
-"""
+"""Device ceilings measured on this GPU (copy bandwidth, matmul peaks per precision class) and the
+flags a bench row runs under; the arithmetic is ``convt3d.core.roofline``."""
 from __future__ import annotations
 
 import contextlib
-import math
 import time
-from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import torch
+
+from ..core.roofline import COPY_BYTES, MATMUL_SIZE, Ceilings, floors, geomean, peak_class, roofline_percent, tflops
 
 __all__ = ["Ceilings", "peak_class", "floors", "roofline_percent", "tflops", "geomean", "measure_ceilings",
            "cudnn_tf32", "matmul_tf32"]
 
-PEAK_CLASSES = ("bf16", "tf32", "exact")
-
-# 1 GiB each way: far beyond the 50 MB L2, so the copy runs at HBM speed, and long enough per
-# copy for event timing.
-COPY_BYTES = 1 << 30
-# The size shared/CONTEXT.md's peaks were measured at; 1.1 TFLOP per call, so even exact fp32 is
-# timed in well under a second.
-MATMUL_SIZE = 8192
-
-
-@dataclass(frozen=True)
-class Ceilings:
-    """Measured device ceilings (bytes/s and FLOP/s)."""
-
-    copy_bytes_per_s: float  # device-to-device copy, read + write bytes counted
-    bf16_flops_per_s: float
-    tf32_flops_per_s: float
-    fp32_flops_per_s: float  # exact fp32 (TF32 off)
-    seconds: float = 0.0  # how long measuring took
-
-    @property
-    def exact_grade_flops_per_s(self) -> float:
-        return max(self.fp32_flops_per_s, self.tf32_flops_per_s / 3)
-
-    def peak(self, peak_class: str) -> float:
-        peaks = {"bf16": self.bf16_flops_per_s, "tf32": self.tf32_flops_per_s,
-                 "exact": self.exact_grade_flops_per_s}
-        if peak_class not in peaks:
-            raise ValueError(f"unknown peak class {peak_class!r}; expected one of {PEAK_CLASSES}")
-        return peaks[peak_class]
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["exact_grade_flops_per_s"] = self.exact_grade_flops_per_s
-        d["copy_bytes"] = COPY_BYTES
-        d["matmul_size"] = MATMUL_SIZE
-        return d
-
-
-def peak_class(dtype: str, precision: str) -> str:
-    """The matmul peak that bounds a row: 16-bit rows "bf16"; fp32 rows "tf32" or "exact"."""
-    if dtype in ("bf16", "fp16"):
-        return "bf16"
-    if dtype != "fp32":
-        raise ValueError(f"no tensor-core peak for dtype {dtype!r}")
-    return "exact" if precision == "exact" else "tf32"
-
-
-def floors(flop: float, nbytes: float, ceilings: Ceilings, peak: str) -> tuple[float, float]:
-    """(memory floor, compute floor) in seconds."""
-    return nbytes / ceilings.copy_bytes_per_s, flop / ceilings.peak(peak)
-
-
-def roofline_percent(time_s: float, mem_floor_s: float, compute_floor_s: float) -> float:
-    """100 * (the larger floor) / time: how close a measured time is to the roofline."""
-    if not time_s > 0:
-        raise ValueError(f"time must be positive, got {time_s}")
-    return 100.0 * max(mem_floor_s, compute_floor_s) / time_s
-
-
-def tflops(flop: float, time_s: float) -> float:
-    return flop / time_s / 1e12
-
-
-def geomean(values: Iterable[float]) -> float:
-    vals = [float(v) for v in values]
-    if not vals:
-        return math.nan
-    if any(not v > 0 for v in vals):
-        raise ValueError(f"geometric mean needs positive values, got {vals}")
-    return math.exp(sum(math.log(v) for v in vals) / len(vals))
-
 
 # ---- flags ----------------------------------------------------------------------------------------
-# Plain attribute assignment rather than torch.backends.cudnn.flags(): flags() resets every flag it
-# is not given to its own defaults (enabled=False among them) and its signature differs between
-# torch 2.11 and 2.13. Only the legacy allow_tf32 switches are used, never the fp32_precision API:
-# mixing the two makes PyTorch raise.
+# Plain attribute assignment rather than torch.backends.cudnn.flags(), which resets every flag it is
+# not given; only the legacy allow_tf32 switches, since mixing them with fp32_precision makes PyTorch raise.
 @contextlib.contextmanager
-def cudnn_tf32(allow: bool) -> Iterator[None]:
-    saved = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = allow
+def _flag(obj, attr: str, value: bool) -> Iterator[None]:
+    saved = getattr(obj, attr)
+    setattr(obj, attr, value)
     try:
         yield
     finally:
-        torch.backends.cudnn.allow_tf32 = saved
+        setattr(obj, attr, saved)
 
 
-@contextlib.contextmanager
-def matmul_tf32(allow: bool) -> Iterator[None]:
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allow
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+def cudnn_tf32(allow: bool):
+    """``torch.backends.cudnn.allow_tf32 = allow`` for a block, restored after."""
+    return _flag(torch.backends.cudnn, "allow_tf32", allow)
+
+
+def matmul_tf32(allow: bool):
+    """``torch.backends.cuda.matmul.allow_tf32 = allow`` for a block, restored after."""
+    return _flag(torch.backends.cuda.matmul, "allow_tf32", allow)
 
 
 # ---- measuring (CUDA only) ------------------------------------------------------------------------

@@ -1,28 +1,14 @@
-"""How repeated timings are read.
-
-Rounds of one call (``lowest_spread``): a GPU call's time only grows with disturbances (a swing of
-the host, another process, a clock drop), so the lowest round is the estimate; it is trusted once a
-second round comes close to it, and one round thrown off by a disturbance does not widen the
-spread the way max/min would. Used by the bench's layer rounds and by "auto"'s measurement
-(``convt3d.dispatch.select``).
-
-Paired blocks of two calls (``paired_ratio``): where both sides are host-bound on a host whose
-speed swings between seconds, the lowest round of each side is a race between two lucky draws.
-Blocks of the two sides timed back to back share the host's state of that moment, so the ratio
-of each pair cancels the swing, and the median of the pairs' ratios is the estimate, its quartiles
-the noise band. Used by the networks suite.
-"""
+"""How repeated timings are read: rounds of one call by their lowest (``lowest_spread``, shared
+with "auto"'s measurement), and paired blocks of two calls by the median of the pairs' ratios
+(``paired_ratio``): where both sides are host-bound on a host whose speed swings, blocks timed
+back to back share the host's state, so each pair's ratio cancels the swing."""
 from __future__ import annotations
 
 import statistics
 
+from ..dispatch.timing import lowest_spread
+
 __all__ = ["lowest_spread", "paired_ratio"]
-
-
-def lowest_spread(times: list[float]) -> float:
-    """How far the second-lowest time is above the lowest (0.0 for a single time)."""
-    low = sorted(times)[:2]
-    return low[-1] / low[0] - 1.0
 
 
 def paired_ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .params import ConvT3dParams
-from ..engines.torch import cudnn_conv_allows_tf32
+from .flags import cudnn_conv_allows_tf32
 from .validate import check_call
 
 __all__ = ["PRECISIONS", "EXACT_GRADE", "resolve_precision", "Call", "make_call", "layout_name", "signature_text",
@@ -146,3 +146,21 @@ def autocast_inputs(input, weight, bias):
         return t
 
     return cast(input), cast(weight), cast(bias)
+
+
+def suggests_channels_last(t: torch.Tensor) -> bool:
+    """PyTorch's rule for a 5-D tensor's preferred memory format (channels_last_3d vs contiguous)."""
+    if t.dim() != 5 or t.is_contiguous():
+        return False
+    if t.is_contiguous(memory_format=torch.channels_last_3d):
+        return True
+    # Non-contiguous views: channels_last if the channel stride is the smallest.
+    dims = [i for i in range(5) if t.shape[i] > 1]
+    return 1 in dims and t.stride(1) == min(t.stride(i) for i in dims)
+
+
+def output_memory_format(x: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
+    """As PyTorch's convolutions: channels_last_3d out if the input or the weight suggests it."""
+    if suggests_channels_last(x) or suggests_channels_last(weight):
+        return torch.channels_last_3d
+    return torch.contiguous_format

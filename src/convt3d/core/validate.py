@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .params import ConvT3dParams
+from .memo import memo
 
 __all__ = ["triple", "check_call", "memo_arguments"]
 
@@ -65,7 +66,7 @@ def _type_name(t: torch.Tensor) -> str:
     return f"{t.dtype} on {t.device}"
 
 
-_valid: dict[tuple, tuple[ConvT3dParams, bool]] = {}
+_valid: dict[tuple, tuple[ConvT3dParams, bool]] = memo("core.validate.valid")
 
 
 def _argument_key(v: Any) -> Any:

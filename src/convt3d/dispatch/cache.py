@@ -34,8 +34,8 @@ Rules:
   it (one ``stat``), so an entry another process saved meanwhile is found without measuring.
 * Within a process a lock guards each store, so threads may save concurrently.
 
-This module calls into ``triton_engine`` (seed and read tuning results); the engine itself knows
-nothing of files.
+The Triton tuner's results go through ``convt3d.engines.triton.persist``; this module knows no
+engine.
 """
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
+from ..core.memo import memo
 
-from ..engines.triton import engine as triton_engine
 
 try:  # POSIX only; without it saves are still atomic, merges may lose a concurrent entry
     import fcntl
@@ -61,8 +61,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 __all__ = ["CacheWarning", "FORMAT", "SECTIONS", "cache_dir", "environment_key", "file_for", "Store", "store_for",
-           "reset", "load_decision", "save_decision", "load_backward", "save_backward", "prime_triton",
-           "flush_triton", "tune_key_text", "config_to_dict", "config_from_dict"]
+           "reset", "load_decision", "save_decision", "load_backward", "save_backward", "save_unsaved", "on_reset",
+           "tune_key_text", "config_to_dict", "config_from_dict"]
 
 FORMAT = 1
 SECTIONS = ("decisions", "triton_configs", "backward")
@@ -313,13 +313,25 @@ class Store:
 _unsaved_stores: list[Store] = []  # stores whose entries may still be pending at exit
 
 
+_atexit_registered = False
+_reset_hooks: list = []  # what else a reset forgets (the Triton tuner's pending results)
+
+
 def _save_at_exit(store: Store) -> None:
+    global _atexit_registered
     if store not in _unsaved_stores:
         _unsaved_stores.append(store)
-        _flush_at_exit()
+    if not _atexit_registered:  # registered on first use, not at import
+        _atexit_registered = True
+        atexit.register(save_unsaved)
 
 
-_stores: dict[tuple[str, str], Store] = {}
+def on_reset(hook) -> None:
+    """Call ``hook()`` in :func:`reset`."""
+    _reset_hooks.append(hook)
+
+
+_stores: dict[tuple[str, str], Store] = memo("dispatch.cache.stores")
 
 
 def store_for(gpu: str) -> Store:
@@ -339,8 +351,8 @@ def reset() -> None:
     _stores.clear()
     _unsaved_stores.clear()
     _warned.clear()
-    _seen.clear()
-    _pending.clear()
+    for hook in _reset_hooks:
+        hook()
 
 
 # ---- decisions ----------------------------------------------------------------------------------
@@ -404,73 +416,8 @@ def config_from_dict(data, candidates) -> object | None:
     return None
 
 
-_seen: set = set()  # tune keys already looked up this process
-_pending: dict = {}  # tune key -> gpu: not tuned yet when first seen; persisted once tuned
-
-
-def prime_triton(gpu: str, key, candidates) -> None:
-    """Before the first call of a tune key: seed a persisted config (skipping its tuning),
-    or remember the key so that :func:`flush_triton` persists the result of its tuning."""
-    if key in _seen:
-        return
-    _seen.add(key)
-    if triton_engine.tuned_config(key) is not None:
-        _pending[key] = gpu  # tuned earlier in this process: persist it too
-        _flush_at_exit()
-        return
-    entry = store_for(gpu).get("triton_configs", tune_key_text(key))
-    cfg = config_from_dict(entry.get("config"), candidates) if entry else None
-    if cfg is not None:
-        timings = entry.get("timings_ms")
-        triton_engine.seed_tuning(key, cfg, timings if isinstance(timings, dict) else None)
-        return
-    _pending[key] = gpu
-    _flush_at_exit()
-
-
-_atexit_registered = False
-
-
-def _flush_at_exit() -> None:
-    """The last signature's tuning result would otherwise wait for a next call that never comes;
-    registered on first use, not at import."""
-    global _atexit_registered
-    if not _atexit_registered:
-        _atexit_registered = True
-        atexit.register(_flush_quietly)
-
-
-def _flush_quietly() -> None:
-    with contextlib.suppress(Exception):
-        flush_triton()
-    for store in list(_unsaved_stores):  # entries left pending by a lock timeout
+def save_unsaved() -> None:
+    """Save the stores whose entries a lock timeout left pending (at exit)."""
+    for store in list(_unsaved_stores):
         with contextlib.suppress(Exception):
             store.save()
-
-
-def has_pending() -> bool:
-    return bool(_pending)
-
-
-def flush_triton() -> int:
-    """Persist the tuning results of pending keys that have been tuned since; returns how many.
-    Results that were not timed (one candidate, CONVT3D_AUTOTUNE=0) are not persisted."""
-    done = [k for k in _pending if triton_engine.tuned_config(k) is not None]
-    if not done:
-        return 0
-    log = triton_engine.tuning_log()
-    saved, touched = 0, {}
-    for key in done:
-        gpu = _pending.pop(key)
-        rec = log.get(key)
-        if rec is None or not rec.timings_ms or rec.seconds <= 0:
-            continue
-        store = store_for(gpu)
-        store.put("triton_configs", tune_key_text(key),
-                  {"config": config_to_dict(rec.config), "timings_ms": dict(rec.timings_ms),
-                   "tuning_s": rec.seconds, "short": rec.config.short()}, save=False)
-        touched[id(store)] = store
-        saved += 1
-    for store in touched.values():  # one read-merge-write per file, however many keys
-        store.save()
-    return saved

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from . import select as dispatch
+from .timing import gpu_ms
 
 __all__ = ["NETWORK_MARGIN", "network_check", "check_network", "layer_signature"]
 
@@ -64,15 +65,12 @@ def network_check(groups: Sequence[str], measure: Callable[[frozenset], float],
 
 def _time_model(fn: Callable[[], object]) -> float:
     """ms per run of ``fn`` (do_bench median; at least ~8 runs however long one is)."""
-    import triton.testing
-
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn()
     torch.cuda.synchronize()
     est_ms = (time.perf_counter() - t0) * 1e3
-    return float(triton.testing.do_bench(fn, warmup=max(25.0, 2 * est_ms), rep=max(100.0, 8 * est_ms),
-                                         return_mode="median"))
+    return gpu_ms(fn, warmup=max(25.0, 2 * est_ms), rep=max(100.0, 8 * est_ms))
 
 
 def check_network(report, layers_by_sig: dict[str, list[nn.Module]], run: Callable[[], object],

@@ -4,7 +4,7 @@ The pass, for a validated call (``convt3d.core.call.Call``: invalid arguments ra
 
 1. the backend name is resolved: the ``backend=`` argument, else ``$CONVT3D_BACKEND``, else
    "auto"; an unknown name raises ValueError (the precision was resolved with the call);
-2. the candidates: each engine of ``convt3d.engines.peers.ENGINES`` answers
+2. the candidates: each engine of ``registry.ENGINES`` answers
    ``not_supported_reasons(call)``. A named backend runs if its list is empty and raises
    BackendUnavailableError with the reasons otherwise -- it never runs something else;
 3. "auto" decides among the engines that can run the call: from this process's memory, else
@@ -51,19 +51,19 @@ from typing import Callable, Iterator
 import torch
 
 from . import cache, distributed
-from ..engines.triton import engine as triton_engine
-from ..bench import roofline
-from ..bench.stats import lowest_spread
+from .timing import lowest_spread
 from ..core.call import EXACT_GRADE, PRECISIONS, Call, resolve_precision, signature_text
-from ..engines.peers import ENGINES, HYBRID
+from .registry import ENGINES, HYBRID
 from ..core.errors import BackendUnavailableError
 from ..core.params import ConvT3dParams
-from ..engines.torch import at_flags_as_they_are, cudnn_conv_tf32, torch_forward
+from ..core.flags import at_flags_as_they_are, cudnn_conv_tf32, device_name
+from .heuristic import HOST_BOUND_S, TINY_FLOOR_S, floors, heuristic
 from .steady import BACKEND_ENV, Direct, Repeat, steady_key
+from ..core.memo import memo
 
 __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve_backend_name", "resolve_precision",
-           "decide", "select", "explain_pass", "heuristic", "set_benchmark", "benchmark_enabled", "clear_decisions",
-           "cudnn_conv_tf32", "signature_text", "torch_forward", "NOMINAL_CEILINGS", "NOISE_MARGIN",
+           "decide", "select", "explain_pass", "set_benchmark", "benchmark_enabled", "clear_decisions",
+           "cudnn_conv_tf32", "signature_text", "NOISE_MARGIN",
            "MEASURE_ROUNDS", "MAX_MEASURE_ROUNDS", "HYBRID",
            "override", "Steady", "steady_key", "steady", "remember", "remember_direct"]
 
@@ -146,125 +146,12 @@ def benchmark(enabled: bool | None) -> Iterator[None]:
         _benchmark = old
 
 
-# ---- the heuristic ------------------------------------------------------------------------------
-# Nominal ceilings (copy bytes/s counting read + write; bf16, TF32 and exact fp32 matmul FLOP/s)
-# of an H200 as bench/roofline.py measures them. Only their ratios matter to the heuristic, and
-# Hopper-class GPUs share those ratios within ~20%.
-NOMINAL_CEILINGS = roofline.Ceilings(4.24e12, 683e12, 374e12, 51e12)
-
-# Rule 1 -- tiny layers go to cuDNN: below this roofline floor a call is host-bound, and the
-# Triton engine's 2-4 launches per call cost several times the host time of cuDNN's one. The
-# threshold sits below the smallest bench layer Triton still wins (nnunet_128_64 bf16);
-# tools/gpu_auto.py times two tiny probes to check the rule.
-TINY_FLOOR_S = 10e-6
-# ... but where timing can run, a tiny layer's PyTorch call is timed first, and only if it takes
-# HOST_BOUND_S or more are our engines timed too: a PyTorch call shorter than the host time of a
-# Triton call through the public API cannot be beaten, while one far above its floor can
-# (tools/host_time.py reads that host time).
-HOST_BOUND_S = 50e-6
-# Rule 3 -- compute-bound = compute floor at least this multiple of the memory floor; the bench's
-# layers fall in two clusters of this ratio, one at most ~1 and one at 2.4 or more, and 2
-# separates them.
-COMPUTE_BOUND_RATIO = 2.0
-# ... and cuDNN is fast on compute-bound layers only when both channel counts per group are
-# multiples of its tensor-core tile (64 in fp32/TF32, 16 in 16-bit); otherwise it has no
-# tensor-core kernel for them and runs far below the roofline.
-CUDNN_CHANNEL_ALIGN = {torch.float32: 64, torch.float16: 16, torch.bfloat16: 16}
-
-
-def floors(params, dtype: torch.dtype, precision: str, has_bias: bool = False,
-           ceilings: roofline.Ceilings = NOMINAL_CEILINGS) -> tuple[float, float, str]:
-    """(memory floor s, compute floor s, peak class) of a call (bench/roofline.py arithmetic)."""
-    name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
-    if name is None:
-        raise ValueError(f"no roofline for dtype {dtype}")
-    peak = roofline.peak_class(name, "default" if precision == "tf32" else "exact")
-    mem, comp = roofline.floors(params.useful_flops, params.min_bytes(dtype.itemsize, has_bias), ceilings, peak)
-    return mem, comp, peak
-
-
-# Training steps (autograd records the call): below this roofline floor of the forward, a step is
-# host-bound and PyTorch's own forward + backward has the least host time. The threshold separates
-# the bench's training layers that lost to cuDNN's step from those that won (tools/gpu_training.py).
-TRAIN_SMALL_FLOOR_S = 60e-6
-
-
-def heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool = False,
-              candidates: tuple[str, ...] = ("triton", "torch"), training: bool = False) -> tuple[str, str]:
-    """(candidate, why) for a CUDA call without timing: a pure function of the geometry.
-
-    Training steps (``training``): a layer whose forward roofline floor is below
-    ``TRAIN_SMALL_FLOOR_S`` takes PyTorch's forward and backward ("torch"); otherwise the forward
-    rules below decide, and where they pick "torch" and HYBRID is a candidate, the step takes
-    PyTorch's forward with convt3d's backward (HYBRID: per gradient the faster of cuDNN and our
-    Triton kernels, timed once per signature), because cuDNN's dX can be many times slower than
-    ours on layers where its forward is as fast.
-    """
-    fwd = tuple(c for c in candidates if c != HYBRID)
-    if training and "torch" in fwd and len(fwd) > 1:
-        mem, comp, _ = floors(params, dtype, precision, has_bias)
-        if max(mem, comp) < TRAIN_SMALL_FLOOR_S:
-            return "torch", (f"training step of a small layer (roofline floor {max(mem, comp) * 1e6:.3g} us < "
-                             f"{TRAIN_SMALL_FLOOR_S * 1e6:.0f} us): host-bound, PyTorch's forward and backward "
-                             "have the least host time")
-    engine, why = _forward_heuristic(params, dtype, precision, has_bias, fwd)
-    if training and engine == "torch" and HYBRID in candidates:
-        return HYBRID, (why + "; backward by convt3d (per gradient the faster of cuDNN and our Triton kernels, "
-                        "timed once per signature)")
-    return engine, why
-
-
-def _forward_heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool,
-                       candidates: tuple[str, ...]) -> tuple[str, str]:
-    """(engine, why) of the forward: a pure function of the geometry.
-
-    Rules, in order (the constants above give their reasons):
-
-    0. only one candidate can run the call: that one;
-    1. tiny (roofline floor < ``TINY_FLOOR_S``): torch -- host time decides;
-    2. exact-grade float32 ("tf32x3"/"ieee"): triton -- cuDNN's exact fp32 runs on FFMA only,
-       without tensor cores; the cuda engine is chosen only by measurement;
-    3. compute-bound (compute floor >= ``COMPUTE_BOUND_RATIO`` x memory floor) with channels per
-       group aligned to cuDNN's tiles (``CUDNN_CHANNEL_ALIGN``): torch;
-    4. otherwise triton: memory-bound or balanced layers (the phase decomposition skips empty
-       phases and writes whole rows once) and compute-bound ones cuDNN has no tensor-core
-       kernel for.
-    """
-    if "triton" not in candidates or "torch" not in candidates:
-        # The rules below are about these two; the cuda and conv3d engines are chosen by
-        # measurement only.
-        only = [c for c in candidates if c in ("triton", "torch")] or list(candidates)
-        return only[0], f"only {only[0]} of triton/torch can run this call"
-    mem, comp, peak = floors(params, dtype, precision, has_bias)
-    floor = max(mem, comp)
-    if floor < TINY_FLOOR_S:
-        return "torch", (f"tiny layer: roofline floor {floor * 1e6:.3g} us < {TINY_FLOOR_S * 1e6:.0f} us, host-bound "
-                         "(Triton's launches cost several times cuDNN's host time)")
-    if dtype == torch.float32 and precision != "tf32":
-        return "triton", (f"exact-grade fp32 ({precision}): cuDNN's exact fp32 runs on FFMA only, "
-                          "under half the rate of Triton's 3xTF32 on tensor cores")
-    ratio = comp / mem if mem > 0 else float("inf")
-    align = CUDNN_CHANNEL_ALIGN[dtype]
-    cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
-    aligned = cin_g % align == 0 and cout_g % align == 0
-    shape = (f"compute floor {comp * 1e6:.1f} us = {ratio:.2f}x memory floor {mem * 1e6:.1f} us ({peak} peak), "
-             f"Cin/g={cin_g}, Cout/g={cout_g}")
-    if ratio >= COMPUTE_BOUND_RATIO and aligned:
-        return "torch", (f"compute-bound with channels aligned to cuDNN's tiles ({shape}, multiples of {align}): "
-                         "cuDNN runs such layers near its tensor-core peak")
-    if ratio >= COMPUTE_BOUND_RATIO:
-        return "triton", (f"compute-bound but channels not multiples of {align} ({shape}): cuDNN has no fast "
-                          "tensor-core kernel here")
-    return "triton", (f"memory-bound or balanced ({shape}): the phase decomposition skips empty phases and "
-                      "writes each output row once")
-
-
 # ---- the in-process memory ---------------------------------------------------------------------------
-_settled: dict[tuple, Decision] = {}  # measured, read from the disk cache, one candidate, or a rule
-_guessed: dict[tuple, Decision] = {}  # heuristic decisions (replaced once a call can measure)
-_named: dict[tuple, Decision] = {}  # named backends that can run a signature
-_timings: dict[tuple, dict[str, float]] = {}  # measured ms per engine (explain)
-_texts: dict[tuple, str] = {}  # the persistent signature of each settled key (override)
+_settled: dict[tuple, Decision] = memo("dispatch.select.settled")  # measured, read from the disk cache, one candidate, or a rule
+_guessed: dict[tuple, Decision] = memo("dispatch.select.guessed")  # heuristic decisions (replaced once a call can measure)
+_named: dict[tuple, Decision] = memo("dispatch.select.named")  # named backends that can run a signature
+_timings: dict[tuple, dict[str, float]] = memo("dispatch.select.timings")  # measured ms per engine (explain)
+_texts: dict[tuple, str] = memo("dispatch.select.texts")  # the persistent signature of each settled key (override)
 _listeners: list[Callable[[str, dict], None]] = []
 
 
@@ -301,7 +188,7 @@ def cached_timings(call: Call) -> dict[str, float] | None:
         return dict(_timings[call.key])
     if call.device.type != "cuda":
         return None
-    entry = cache.load_decision(triton_engine.device_name(call.device), call.text)
+    entry = cache.load_decision(device_name(call.device), call.text)
     return None if entry is None else dict(entry.get("timings_ms", {}))
 
 
@@ -374,7 +261,7 @@ def _auto(call: Call, measure: bool, record: Pass | None) -> Decision:
 def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
     if call.device.type != "cuda":
         return _settle(call, _decision("torch", call, "auto: CPU tensors use PyTorch", "rule"), record)
-    if call.dtype not in triton_engine.SUPPORTED_DTYPES:
+    if call.dtype not in ENGINES["triton"].dtypes:
         return _settle(call, _decision("torch", call, f"auto: dtype {call.dtype} is not run by our engines", "rule"),
                        record)
     reasons = _reasons(call, record)
@@ -397,12 +284,12 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
         return _settle(call, d, record)
     floor = max(floors(call.params, call.dtype, call.precision, call.bias is not None)[:2])
     tiny = floor < TINY_FLOOR_S
-    gpu = triton_engine.device_name(call.device)
+    gpu = device_name(call.device)
     if _can_measure(call, measure) and record is None:
         # The disk cache and the measurement, as one decision every rank of a process group
         # takes from rank 0 (convt3d.dispatch.distributed; without one, agree_with_tuning is a call).
         entry = distributed.agree_with_tuning(lambda: _cached_or_measured(call, cands, gpu, tiny),
-                                              "auto|" + call.text, tuner=triton_engine)
+                                              "auto|" + call.text, tuner=ENGINES["triton"].tuner)
         if entry["engine"] not in cands:  # rank 0 could run an engine this rank cannot
             with distributed.local():
                 entry = _cached_or_measured(call, cands, gpu, tiny)
@@ -459,7 +346,7 @@ def override(signature: str, engine: str, why: str, device: torch.device, detail
             _settled[key] = d
             replaced += 1
     if device.type == "cuda":
-        gpu = triton_engine.device_name(device)
+        gpu = device_name(device)
         old_entry = cache.load_decision(gpu, signature) or {}
         entry = {"engine": engine, "timings_ms": dict(old_entry.get("timings_ms", {})), "network": why}
         if detail:
@@ -480,23 +367,8 @@ def _capturing() -> bool:
 
 
 def _auto_skips(call: Call, reasons: dict[str, list[str]]) -> dict[str, str]:
-    """Engines that can run the call but that auto does not time, and why."""
-    skipped = {}
-    cuda = ENGINES["cuda"]
-    if not reasons.get("cuda"):
-        if cuda.head_reason(call) is None:
-            # The head kernel: one nvcc build per element type, cached on disk, then timed like
-            # the other engines.
-            return skipped
-        if call.precision == "tf32":
-            skipped["cuda"] = ("precision tf32: auto times the cuda engine at exact grade only (its first use builds "
-                               "a CUDA extension, and at TF32 the Triton engine's tiles are faster); "
-                               "backend='cuda' runs it")
-        else:
-            why = cuda.slow_path(call)
-            if why is not None:
-                skipped["cuda"] = why
-    return skipped
+    """Engines that can run the call but that auto does not time, and why (none today)."""
+    return {}
 
 
 # ---- measuring ------------------------------------------------------------------------------------
@@ -555,7 +427,7 @@ def pick(runs: dict[str, list[float]], baseline: str = "torch",
          hosts: dict[str, list[float]] | None = None) -> tuple[str, float]:
     """(winner, margin) from per-round timings: convt3d's fastest candidate wins only if it beats
     the baseline by more than the margin -- ``NOISE_MARGIN`` or the larger spread of the two
-    between their two lowest rounds (``bench.stats.lowest_spread``) -- so a noisy or failed
+    between their two lowest rounds (``timing.lowest_spread``) -- so a noisy or failed
     measurement falls back to PyTorch, never to a slower engine.
 
     ``hosts`` (host ms per call per round, ``engines.Timing``): a candidate is charged the host
@@ -665,10 +537,10 @@ class Steady:
     run: Callable | None = None
 
 
-_steady: dict[tuple, Steady] = {}
+_steady: dict[tuple, Steady] = memo("dispatch.select.steady")
 # The direct memo, one per weight object (the latest signature of that weight): steady.Direct,
 # or steady.Repeat for an inference call decided for one of our engines.
-_direct: dict[int, Direct] = {}
+_direct: dict[int, Direct] = memo("dispatch.select.direct")
 _STEADY_LIMIT = 4096
 
 
@@ -767,13 +639,13 @@ def decide(input: torch.Tensor, backend: str | None, precision: str | None, para
             raise BackendUnavailableError(f"backend={name!r} cannot run this call: its check needs the weight and "
                                           "the geometry")
         if name == "triton":
-            why = triton_engine.unsupported_reason(input, None)
+            why = ENGINES["triton"].input_reason(input)
             if why is not None:
                 raise BackendUnavailableError(f"backend='triton' cannot run this call: {why}")
             return Decision("triton", prec, "backend='triton' requested", source="requested")
-        if input.device.type != "cuda" or input.dtype not in triton_engine.SUPPORTED_DTYPES:
+        if input.device.type != "cuda" or input.dtype not in ENGINES["triton"].dtypes:
             return Decision("torch", prec, "auto: PyTorch (CPU tensors, or a dtype our engines do not run)", source="rule")
-        why = triton_engine.unsupported_reason(input, None)
+        why = ENGINES["triton"].input_reason(input)
         if why is not None:
             return Decision("torch", prec, f"auto: Triton engine unsupported here ({why})", source="rule")
         return Decision("triton", prec, "auto: CUDA float32/float16/bfloat16 use the Triton engine", source="rule")

@@ -29,7 +29,7 @@ import weakref
 
 import torch
 
-from ..engines.torch import cudnn_conv_allows_tf32
+from ..core.flags import cudnn_conv_allows_tf32
 from ..core.validate import memo_arguments
 
 __all__ = ["BACKEND_ENV", "steady_key", "Direct", "Repeat"]

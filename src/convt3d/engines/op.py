@@ -18,8 +18,9 @@ import torch
 
 from .triton import backward as _bwd
 from .triton import engine as triton_engine
-from .torch import conv3d_forward, torch_forward
+from .torch.calls import conv3d_forward, torch_forward
 from ..core.validate import check_call
+from ..core.call import output_memory_format
 
 __all__ = ["OP_NAME", "conv_transpose3d_op", "conv_transpose3d_backward_op", "conv_transpose3d_autograd",
            "ENGINES", "run_engine"]
@@ -35,20 +36,14 @@ def run_engine(engine: str, x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     if engine == "triton":
         return triton_engine.forward(x, weight, bias, params, precision)
     if engine == "cuda":
-        # Imported on first use: they build CUDA code, which plain imports must not do. Output
-        # heads at dilation 1 (16-bit, or fp32 at TF32) run the head kernel, the rest the FFMA
-        # and mma.sync kernels of cuda_engine.
+        # Imported on first use: it builds CUDA code, which plain imports must not do.
         from .cuda import head as cuda_head
 
-        if cuda_head.call_reason(x, params, precision) is None:
-            return cuda_head.forward(x, weight, bias, params, precision)
-        from .cuda import gemm as cuda_engine
-
-        return cuda_engine.forward(x, weight, bias, params, precision=precision)
+        return cuda_head.forward(x, weight, bias, params, precision)
     if engine == "conv3d":
         # In the memory format of the op's fake (PyTorch's rule on CUDA, which cuDNN's conv3d
         # follows there; on the CPU a channels-last batch of one comes back contiguous).
-        fmt = triton_engine.output_memory_format(x, weight)
+        fmt = output_memory_format(x, weight)
         return conv3d_forward(x, weight, bias, params, precision).contiguous(memory_format=fmt)
     raise ValueError(f"{OP_NAME}: unknown engine={engine!r}; expected one of {ENGINES}")
 
@@ -69,7 +64,7 @@ def _fake(input, weight, bias, stride, padding, output_padding, groups, dilation
                    + output_padding[i] + 1)
     # Both engines follow PyTorch's convolution rule (channels_last_3d out when the input or the
     # weight suggests it).
-    fmt = triton_engine.output_memory_format(input, weight)
+    fmt = output_memory_format(input, weight)
     return torch.empty(out, dtype=input.dtype, device=input.device, memory_format=fmt)
 
 

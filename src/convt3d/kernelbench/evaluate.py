@@ -1,47 +1,23 @@
-"""``convt3d kernelbench``: evaluate the generated ``ModelNew`` files the way KernelBench does.
+"""``convt3d kernelbench``: evaluate the ``ModelNew`` files the way KernelBench does.
 
     convt3d kernelbench                          # all seven problems (and the CUDA entry), one table
     convt3d kernelbench --exact                  # the same with TF32 off for the reference and the files
     convt3d kernelbench --problems 58,77 --json kb.json --trials 100
 
-KernelBench's method (``eval_kernel_against_ref``, ``run_and_check_correctness`` and
-``set_seed`` in ``src/kernelbench/eval.py``, ``time_execution_with_cuda_event`` in
-``timing.py`` of ScalingIntelligence/KernelBench), followed step by step:
+The steps are KernelBench's (``eval_kernel_against_ref``, ``run_and_check_correctness``, ``set_seed``
+and ``time_execution_with_cuda_event`` of ScalingIntelligence/KernelBench): models built on the CPU
+after seeding 42, five correctness trials with KernelBench's seeds and ``torch.rand`` inputs, each
+passing when ``allclose(reference, ModelNew, atol=rtol=1e-4)`` under the flags in force, then timings
+with CUDA events after an L2 flush, ModelNew first. Two more columns check the same outputs, and the
+reference itself, against the layer in float64. ``--exact`` turns TF32 off for convolutions throughout.
 
-* construction: the reference ``Model`` (the plain ``nn.ConvTranspose3d`` of the problem) and
-  ``ModelNew`` are each built on the CPU under ``torch.no_grad()`` right after seeding 42, then
-  moved to the GPU; ``ModelNew`` comes from its file, imported the way KernelBench imports a
-  Triton file (a module object from the file path, not registered in ``sys.modules``);
-* correctness, KernelBench's verdict: ``torch.manual_seed(42)`` then five
-  ``torch.randint(0, 2**32 - 1, (1,))`` draws give the trial seeds; each trial seeds, draws
-  ``get_inputs()`` (``torch.rand`` on the CPU, fp32, then moved), runs the reference and then
-  ``ModelNew`` under the PyTorch flags in force, and passes when
-  ``torch.allclose(reference, candidate, atol=1e-4, rtol=1e-4)``; the file is correct when every
-  trial passes;
-* timing: inputs drawn after seeding 42; 3 warm-up calls, then 100 timed trials plus one
-  discarded, each after a 256 MB write that flushes L2, with CUDA events around the forward,
-  ModelNew first and then the reference; speedup = reference mean / ModelNew mean.
+Without CUDA each file is imported and constructed, and with ``TRITON_INTERPRET=1`` the Triton files'
+launches are checked through the interpreter on the problem's reduced geometry (``export.reduced``,
+exported for it), TF32 off as PyTorch's CPU convolution is.
 
-Two more columns, which KernelBench does not compute: the same five outputs against the
-reference layer run in float64 (rounded once to fp32, same tolerance), and the reference's own
-distance from float64. With TF32 allowed (PyTorch's default) cuDNN computes six of the seven
-references in TF32, 2.5e-4 - 7.1e-4 from float64, and the files compute in TF32 as they do; so a
-file can pass KernelBench's verdict and not the float64 check. ``--exact`` runs everything
-with TF32 off for convolutions (the reference, the files and the timings): the files then
-compute at exact grade, and both checks apply the same rule. Nothing else changes PyTorch's
-flags.
-
-Without CUDA the command says so, checks that every file imports and constructs with parameters
-identical to the reference's, and -- when ``TRITON_INTERPRET=1`` is set -- runs the correctness
-check through Triton's interpreter on the same problem at a reduced size: a file's launches are
-specialised to KernelBench's input, so the check exports the problem's reduced geometry
-(``export.reduced``: batch 1, at most 16 channels per group, kernel, stride, padding, dilation and
-groups kept) with its first candidate the interpreter runs, and judges that file. PyTorch's CPU
-convolution never uses TF32, so that check always runs as ``--exact`` does (TF32 off).
-
-Exit status: 0 when every selected file loaded, built the reference's parameters and (where
-checked) passed KernelBench's verdict on every trial; 1 otherwise (the full table is printed
-first); 2 for an unknown problem.
+Exit status: 0 when every selected file loaded, built the reference's parameters and (where checked)
+passed KernelBench's verdict on every trial; 1 otherwise (the full table is printed first); 2 for an
+unknown problem.
 """
 from __future__ import annotations
 
@@ -62,7 +38,7 @@ from types import ModuleType
 
 import torch
 
-from .export import CUDA_PROBLEMS, cuda_file_name, default_out_dir, reduced, render
+from .export import default_out_dir, reduced, render
 from .problems import SEED, Problem, ReferenceModel, parse_ids
 
 __all__ = ["TOLERANCE", "load_model_file", "trial_seeds", "set_seed", "time_with_cuda_events",
@@ -147,7 +123,7 @@ def time_with_cuda_events(fn, x: torch.Tensor, trials: int, warmup: int = WARMUP
 def flags_in_force(exact: bool):
     """A context for the whole evaluation: PyTorch's flags as they are, or (``exact``) TF32 off
     for convolutions, restored on exit."""
-    from convt3d.dispatch.select import cudnn_conv_tf32  # imports the engine: only when evaluating
+    from convt3d.core.flags import cudnn_conv_tf32
 
     return cudnn_conv_tf32(False) if exact else contextlib.nullcontext()
 
@@ -197,43 +173,24 @@ class Result:
     tuning: list[dict] = field(default_factory=list)
     error: str | None = None
 
-    @property
-    def correct(self) -> bool:
-        """KernelBench's verdict: every trial passes against the reference."""
-        return bool(self.trials) and all(t.passes for t in self.trials)
+    def _all(self, name: str) -> bool:
+        return bool(self.trials) and all(getattr(t, name) for t in self.trials)
 
-    @property
-    def correct_fp64(self) -> bool:
-        return bool(self.trials) and all(t.passes_fp64 for t in self.trials)
+    def _max(self, name: str) -> float:
+        return max((getattr(t, name) for t in self.trials), default=math.nan)
 
-    @property
-    def ref_passes_fp64(self) -> bool:
-        return bool(self.trials) and all(t.ref_passes_fp64 for t in self.trials)
-
-    @property
-    def max_abs_diff(self) -> float:
-        return max((t.max_abs_diff for t in self.trials), default=math.nan)
-
-    @property
-    def max_abs_err_fp64(self) -> float:
-        return max((t.max_abs_err_fp64 for t in self.trials), default=math.nan)
-
-    @property
-    def ref_max_abs_err_fp64(self) -> float:
-        return max((t.ref_max_abs_err_fp64 for t in self.trials), default=math.nan)
-
-    @property
-    def speedup(self) -> float:
-        if self.ref_ms is None or self.new_ms is None:
-            return math.nan
-        return self.ref_ms.mean / self.new_ms.mean
+    correct = property(lambda self: self._all("passes"))  # KernelBench's verdict: every trial passes
+    correct_fp64 = property(lambda self: self._all("passes_fp64"))
+    ref_passes_fp64 = property(lambda self: self._all("ref_passes_fp64"))
+    max_abs_diff = property(lambda self: self._max("max_abs_diff"))
+    max_abs_err_fp64 = property(lambda self: self._max("max_abs_err_fp64"))
+    ref_max_abs_err_fp64 = property(lambda self: self._max("ref_max_abs_err_fp64"))
+    speedup = property(lambda self: self.ref_ms.mean / self.new_ms.mean if self.ref_ms and self.new_ms else math.nan)
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d.update(correct=self.correct, correct_fp64=self.correct_fp64, ref_passes_fp64=self.ref_passes_fp64,
-                 max_abs_diff=self.max_abs_diff, max_abs_err_fp64=self.max_abs_err_fp64,
-                 ref_max_abs_err_fp64=self.ref_max_abs_err_fp64, speedup=self.speedup)
-        return d
+        return {**asdict(self), **{k: getattr(self, k) for k in (
+            "correct", "correct_fp64", "ref_passes_fp64", "max_abs_diff", "max_abs_err_fp64", "ref_max_abs_err_fp64",
+            "speedup")}}
 
 
 # ---- the checks ---------------------------------------------------------------------------------
@@ -287,15 +244,21 @@ def _file_precision(module: ModuleType) -> str | None:
     return fn() if fn is not None else None
 
 
-def evaluate_gpu(problem: Problem, directory: Path, correct_trials: int, trials: int, warmup: int, console,
-                 device: torch.device, file_name: str | None = None) -> Result:
-    file_name = file_name or problem.file_name
-    result = Result(problem.id, file_name, problem.describe(), list(problem.input_shape))
-    module = load_model_file(directory / file_name)
+def _load(problem: Problem, path: Path, result: Result) -> tuple[ModuleType, torch.nn.Module, torch.nn.Module]:
+    """The file's module, the reference and ModelNew built from it; ``result`` records each step."""
+    module = load_model_file(path)
     result.loaded = True
     result.precision = _file_precision(module)
     reference, candidate = build_models(problem, module)
     result.parameters_identical = parameters_identical(reference, candidate)
+    return module, reference, candidate
+
+
+def evaluate_gpu(problem: Problem, directory: Path, correct_trials: int, trials: int, warmup: int, console,
+                 device: torch.device, file_name: str | None = None) -> Result:
+    file_name = file_name or problem.file_name
+    result = Result(problem.id, file_name, problem.describe(), list(problem.input_shape))
+    module, reference, candidate = _load(problem, directory / file_name, result)
     reference, candidate = reference.to(device), candidate.to(device)
     reference64 = copy.deepcopy(reference).double()
     for i, seed in enumerate(trial_seeds(correct_trials)):
@@ -326,11 +289,7 @@ def evaluate_cpu(problem: Problem, directory: Path, correct_trials: int, interpr
     small = reduced(problem)
     result = Result(problem.id, file_name, small.describe() if interpret else problem.describe(),
                     list(small.input_shape if interpret else problem.input_shape))
-    module = load_model_file(directory / file_name)
-    result.loaded = True
-    result.precision = _file_precision(module)
-    reference, candidate = build_models(problem, module)
-    result.parameters_identical = parameters_identical(reference, candidate)
+    _load(problem, directory / file_name, result)
     if interpret:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / file_name
@@ -437,7 +396,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def _flags() -> dict:
-    from convt3d.engines.torch import cudnn_conv_allows_tf32
+    from convt3d.core.flags import cudnn_conv_allows_tf32
 
     conv = getattr(torch.backends.cudnn, "conv", None)
     return {"cudnn_conv_tf32": cudnn_conv_allows_tf32(),
@@ -463,14 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def entries(problems: list[Problem]) -> list[tuple[Problem, str]]:
-    """(problem, file name) rows of the table: each problem's Triton file, and after it the CUDA
-    entry where there is one (problem 77)."""
-    rows = []
-    for p in problems:
-        rows.append((p, p.file_name))
-        if p.id in CUDA_PROBLEMS:
-            rows.append((p, cuda_file_name(p)))
-    return rows
+    """(problem, file name) rows of the table: each problem's Triton file, then its CUDA entry if any."""
+    return [(p, name) for p in problems for name in (p.file_name, p.cuda_file_name) if name]
 
 
 def row_line(r: Result) -> str:

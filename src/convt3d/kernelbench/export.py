@@ -4,52 +4,20 @@
     convt3d export-kernelbench --check         # exit 1 if a committed file differs from a fresh export
     convt3d export-kernelbench --out DIR
 
-KernelBench evaluates one self-contained file per problem. Each file is a solution built from
-what that problem's candidate configurations launch (``Problem.candidates``: the one to three
-fastest the engine's tuner timed on it), no more:
-
-* the launches, traced: for each candidate, each precision the file computes in, with and
-  without a bias, the engine's own steps for KernelBench's call (``triton_engine._Steps`` on
-  meta tensors of KernelBench's shapes, its device tables built on the CPU) run with
-  ``Site.launch`` recording instead of launching. The records -- kernel, grid, integer
-  arguments, constexprs, and which tensor goes where -- become a straight-line launcher per
-  candidate: its sites with constant grids and arguments (a constexpr that follows the precision
-  or the bias as the expression it follows), its buffers allocated at their shapes, its
-  descriptors built at their shapes and blocks, the engine's phase and plane tables as constants;
-* the package source those launchers reach, tree-shaken (``shake.PythonShaker``): the kernels
-  the sites name, ``Site`` and what it calls, the descriptor helpers, the checks of the GPU a
-  candidate needs; each top-level definition copied, every other one left out. Copied verbatim
-  where the file fits ``MAX_LINES`` so; else without docstrings; else also without comment lines
-  (the package keeps them); the section banners say which;
-* the chooser: at the first forward on a GPU, each candidate the GPU and the precision allow is
-  timed a few times with CUDA events and the fastest kept (one candidate: no timing);
-* the precision rule (``_precision_lines``): the forward reads PyTorch's TF32 flag for
-  convolutions at each call (the function ``convt3d.dispatch.select`` reads it with, copied verbatim)
-  and computes in TF32 where the problem's reference does (``Problem.cudnn_uses_tf32``,
-  measured), at the engine's exact grade otherwise. KernelBench compares ModelNew with its Model
-  under the same flags, so the file computes as the reference does;
-* ``ModelNew`` with the problem's own constructor, and a provenance header: the convt3d version,
-  where the candidates were measured, each candidate with its median and why it is there.
-
-The launchers hold only for KernelBench's input shape and the problem's layer: another shape
-raises. ``reduced`` gives the same problem at a small size, whose export is how the CPU tests
-and ``convt3d kernelbench`` run a file's launches through Triton's interpreter. The CUDA entry
-of problem 77 (``render_cuda``) carries what ``cuda_engine.forward`` launches for KernelBench's
-call at each precision: the engine's Python side it reaches, the geometry as constants, and the
-.cu kernels and host code the chosen variants reach (``shake.prune_cuda``).
-
-Every file starts with ``MARKER``, imports only torch, triton and the standard library, has at
-most ``MAX_LINES`` lines, and passes KernelBench's static rules (``static_check``); a file that
-would not is never written, and the error names the package source line to reword. Each starts
-with ``from __future__ import annotations``: the package source's annotations name classes a
-file does not carry. No dataclass may be carried then (KernelBench imports a file as a module
-not registered in ``sys.modules``, where ``dataclasses`` resolves string annotations).
+A file carries what its problem's candidates (``Problem.candidates``) launch for KernelBench's call and no
+more: the engine's launches traced on meta tensors into straight-line launchers, the package source they
+reach tree-shaken (``shake``), a chooser that times the candidates at the first forward, the precision
+rule of the problem's reference (TF32 where cuDNN computes it in TF32) and ``ModelNew`` with the problem's
+own constructor. A file starts with ``MARKER``, imports only torch, triton and the standard library, has
+at most ``MAX_LINES`` lines and passes KernelBench's static rules (``static_check``), or is not written.
+The CUDA entry of problem 77 is kept by hand beside these files; the exporter neither writes nor checks it.
 
 Exit status: 0 written / up to date; 1 a file differs (``--check``) or a rule is broken.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import difflib
 import inspect
@@ -60,26 +28,17 @@ from pathlib import Path
 
 from . import static_check
 from .problems import CANDIDATES_MEASURED, PROBLEMS, Problem
-from .shake import Line, PythonShaker, ShakeError, prune_cuda
+from .shake import Line, PythonShaker, ShakeError, import_target, relative_base
+from .trace import ExportError, launcher_source, meta_call
 
-__all__ = ["MARKER", "MAX_LINES", "ROOTS", "CUDA_ROOTS", "sources", "CUDA_PROBLEMS", "ExportError", "render",
-           "render_cuda", "render_all", "reduced", "file_configs", "cuda_file_name", "default_out_dir", "main"]
+__all__ = ["MARKER", "MAX_LINES", "ROOTS", "sources", "ExportError", "render", "render_all", "reduced",
+           "file_configs", "default_out_dir", "main"]
 
-# The first line of every generated file.
 MARKER = "# generated by convt3d export-kernelbench; do not edit"
 # A file is a solution, not the package: at most this many lines.
 MAX_LINES = 1000
-# The package modules a Triton file draws on (the engine, with what it imports: ``sources``); the
-# CUDA entry (problem 77 only) the CUDA engine's Python side, then the .cu kernels as the string
-# the engine compiles (CUDA_SOURCE).
+# The package modules a file draws on: the engine, with what it imports (``sources``).
 ROOTS = ("engines/triton/engine.py",)
-CUDA_ROOTS = ("engines/cuda/gemm.py",)
-CUDA_PROBLEMS = (77,)
-CUDA_FILE = "engines/cuda/gemm.cu"
-
-
-class ExportError(RuntimeError):
-    """The package source cannot be exported as it is (the message says which line and why)."""
 
 
 def _read(path: str) -> str:
@@ -90,26 +49,14 @@ def _is_module(path: str) -> bool:
     return resources.files("convt3d").joinpath(path).is_file()
 
 
-def _resolve(node, importer: str) -> str:
-    """The package path of the module a relative import names ('kernels' or 'params', ...)."""
-    package = importer.split("/")[:-1]
-    base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
-    return "/".join(base + ([node.module.replace(".", "/")] if node.module else []))
-
-
 def _imported_modules(path: str) -> list[str]:
     """The package modules ``path`` imports relatively at top level, in the order it names them."""
-    import ast
-
     found: list[str] = []
     for node in ast.parse(_read(path)).body:
         if not (isinstance(node, ast.ImportFrom) and node.level > 0):
             continue
-        base = _resolve(node, path)
         for alias in node.names:
-            as_module = f"{base}/{alias.name}.py" if base else f"{alias.name}.py"
-            target = as_module if _is_module(as_module) else (f"{base}.py" if _is_module(f"{base}.py")
-                                                              else f"{base}/__init__.py")
+            target = import_target(relative_base(node, path), alias.name, _is_module)[1]
             if not _is_module(target):
                 raise ExportError(f"convt3d/{path}:{node.lineno}: cannot find the module it imports")
             if target not in found:
@@ -118,8 +65,7 @@ def _imported_modules(path: str) -> list[str]:
 
 
 def sources(roots: tuple[str, ...] = ROOTS) -> tuple[str, ...]:
-    """``roots`` and every package module they import, directly or not, dependencies first (so
-    each module's package imports name only modules before it)."""
+    """``roots`` and every package module they import, directly or not, dependencies first."""
     order: list[str] = []
     visiting: list[str] = []
 
@@ -139,13 +85,6 @@ def sources(roots: tuple[str, ...] = ROOTS) -> tuple[str, ...]:
     return tuple(order)
 
 
-def _shaker(roots: tuple[str, ...]) -> PythonShaker:
-    try:
-        return PythonShaker(sources(roots), _read, _is_module)
-    except ShakeError as e:
-        raise ExportError(str(e)) from None
-
-
 def _gen(text: str) -> list[Line]:
     return [Line(t, "generated") for t in text.split("\n")]
 
@@ -155,42 +94,21 @@ def _paragraph(text: str, prefix: str = "") -> str:
 
 
 # ---- the problem's geometry, candidates and reduced form ------------------------------------------
-def _exact_grade() -> str:
-    from convt3d.dispatch.select import EXACT_GRADE  # imports the engine (and triton): only when exporting
-
-    return EXACT_GRADE
-
-
-def _meta_call(problem: Problem, has_bias: bool = False):
-    """(params, x, weight, bias): KernelBench's call of the problem's layer as meta tensors."""
-    import torch
-    from torch import nn
-
-    from convt3d.core.validate import check_call
-
-    layer = nn.ConvTranspose3d(**problem.layer_args(bias=has_bias), device="meta")
-    x = torch.empty(problem.input_shape, device="meta")
-    params, _ = check_call(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.output_padding,
-                           layer.groups, layer.dilation)
-    return params, x, layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
-
-
 def _precisions(problem: Problem) -> tuple[str, ...]:
-    """The precisions the file's forward computes in: TF32 (flag allowing) where the reference
-    does, and the exact grade."""
-    return ("tf32", _exact_grade()) if problem.cudnn_uses_tf32 else (_exact_grade(),)
+    """The precisions a file computes in: TF32 where the reference does, and the exact grade (last)."""
+    from convt3d.core.call import EXACT_GRADE
+
+    return ("tf32", EXACT_GRADE) if problem.cudnn_uses_tf32 else (EXACT_GRADE,)
 
 
 def file_configs(problem: Problem, check_offered: bool = True) -> list[tuple[object, tuple[str, ...]]]:
-    """(Config, the precisions it runs at) of each of the problem's candidates: at a precision
-    where the engine offers it (``candidate_configs`` for KernelBench's call: a Gluon tile only
-    for TF32); ``check_offered`` False takes every candidate at every precision but Gluon's
-    limit (the reduced geometry, where the tiles are not the ones tuned)."""
+    """(Config, its precisions) of each candidate: those at which the engine offers it for KernelBench's
+    call; ``check_offered`` False (a reduced geometry) takes every precision but Gluon's TF32-only limit."""
     import torch
 
     from convt3d.engines.triton.configs import Config, candidate_configs
 
-    params, *_ = _meta_call(problem)
+    params, *_ = meta_call(problem)
     out = []
     for cand in problem.candidates:
         try:
@@ -212,9 +130,8 @@ def file_configs(problem: Problem, check_offered: bool = True) -> list[tuple[obj
 
 
 def reduced(problem: Problem) -> Problem:
-    """The problem at the interpreter's size (``bench.suites.reduced_for_interpreter``: batch 1, at
-    most 16 channels per group, a few input positions; kernel, stride, padding, output padding,
-    dilation and groups kept) with its first candidate that the interpreter runs (not Gluon)."""
+    """The problem at the interpreter's size (``bench.suites.reduced_for_interpreter``; the layer's
+    geometry kept) with its first candidate that the interpreter runs (not Gluon)."""
     from convt3d.bench.suites import Geometry, reduced_for_interpreter
 
     la = problem.layer_args()
@@ -228,307 +145,6 @@ def reduced(problem: Problem) -> Problem:
     first = next(cand for cand in problem.candidates if not cand.config.get("gluon"))
     return dataclasses.replace(problem, init_inputs=tuple(bound[k] for k in names),
                                input_shape=(small.batch, small.in_channels, *small.in_size), candidates=(first,))
-
-
-# ---- tracing the engine's launches ----------------------------------------------------------------
-@dataclasses.dataclass
-class _Launch:
-    name: str
-    grid: tuple
-    ints: tuple
-    consts: dict
-    # per argument: ("tensor", name) | ("new", name, shape, dtype) | ("view", name, shape) | ("table",
-    # index) | ("gluon", base, block) | ("descriptor", class, base, field values) | ("bias-or", argument)
-    args: list
-
-
-def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list) -> list[_Launch]:
-    """The launches the engine makes for KernelBench's call under ``cfg`` (see the module
-    docstring); ``tables`` collects the device tables (shape, values) the launches read."""
-    import torch
-
-    from convt3d.engines.triton import engine as TE
-    from convt3d.engines.triton import sites as TS
-
-    params, x, w, b = _meta_call(problem, has_bias)
-    recorded: list = []
-    # the engine's caches as they were: the trace's sites, tables and plan are of meta tensors
-    caches = [getattr(TS, "_sites"), getattr(TS, "_tables"), getattr(TE, "_plans")]
-    saved_caches = [dict(c) for c in caches]
-    saved = {name: getattr(TE, name) for name in ("_tma_capable", "gluon_capable")}
-    launch = TS.Site.launch
-    TS.Site.launch = lambda site, device, *tensors: recorded.append((site, tensors))
-    TE._tma_capable = TE.gluon_capable = lambda device: True  # the Hopper GPU the candidates were tuned on
-    try:
-        pl = TE.plan(params, x, w, precision)
-        y = torch.empty(params.out_shape, device="meta", memory_format=pl.out_format)
-        TE._Steps(params, pl, cfg, has_bias, torch.device("cpu")).call(x, w, b, y)
-    except Exception as e:  # noqa: BLE001 - the engine changed under the exporter: say where
-        raise ExportError(f"problem {problem.id}: tracing the engine's launches of {cfg.short()!r} failed: "
-                          f"{type(e).__name__}: {e}") from e
-    finally:
-        TS.Site.launch = launch
-        for name, value in saved.items():
-            setattr(TE, name, value)
-        for cache, saved_cache in zip(caches, saved_caches):
-            cache.clear()
-            cache.update(saved_cache)
-
-    names: dict[int, str] = {id(x): "x", id(w): "weight", id(y): "y"}
-    if b is not None:
-        names[id(b)] = "bias"
-    new: dict[int, str] = {}
-
-    def tensor(t) -> tuple:
-        if id(t) in names:
-            return ("tensor", names[id(t)])
-        if t.device.type == "cpu":  # a device table the engine built from the geometry
-            entry = (tuple(t.shape), tuple(int(v) for v in t.flatten().tolist()))
-            if entry not in tables:
-                tables.append(entry)
-            return ("table", tables.index(entry))
-        if t._base is not None and id(t._base) in new:
-            if not t.is_contiguous():
-                raise ExportError(f"problem {problem.id}: a launch of {cfg.short()!r} reads a strided view")
-            return ("view", new[id(t._base)], tuple(t.shape))
-        if id(t) not in new:
-            if not t.is_contiguous():
-                raise ExportError(f"problem {problem.id}: a buffer of {cfg.short()!r} is not contiguous")
-            new[id(t)] = f"t{len(new)}"
-            return ("new", new[id(t)], tuple(t.shape), t.dtype)
-        return ("tensor", new[id(t)])
-
-    out = []
-    for site, args in recorded:
-        if site.module is not None:
-            raise ExportError(f"problem {problem.id}: {site.name} lives outside the forward's kernels")
-        described = []
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                described.append(tensor(a))
-            elif dataclasses.is_dataclass(a) and hasattr(a, "base"):
-                fields = {f.name: getattr(a, f.name) for f in dataclasses.fields(a) if f.name != "base"}
-                made = TS.gluon_descriptor(a.base, tuple(a.block_shape)) if type(a) is TS.GluonDescriptor else None
-                if made is not None and fields == {k: getattr(made, k) for k in fields}:
-                    # the engine's own helper, whose shared-memory layout follows the Triton installed
-                    described.append(("gluon", tensor(a.base), tuple(a.block_shape)))
-                elif not any(dataclasses.is_dataclass(v) for v in fields.values()):
-                    described.append(("descriptor", type(a), tensor(a.base), fields))
-                else:
-                    raise ExportError(f"problem {problem.id}: {site.name} takes a {type(a).__name__} the exporter "
-                                      "cannot rebuild from plain fields")
-            else:
-                raise ExportError(f"problem {problem.id}: {site.name} takes a {type(a).__name__}, which the "
-                                  "exporter cannot rebuild")
-        out.append(_Launch(site.name, tuple(site.grid), tuple(site.ints), dict(site.consts), described))
-    return out
-
-
-# Expressions a constexpr may follow, as the launcher's arguments name them, with their values.
-_FOLLOWS = {"has_bias": lambda precision, has_bias: has_bias,
-            "precision": lambda precision, has_bias: precision,
-            'precision == "tf32"': lambda precision, has_bias: precision == "tf32"}
-
-
-def _merge(problem: Problem, cfg, traces: dict[tuple[str, bool], list[_Launch]]) -> list[_Launch]:
-    """One launch list for every (precision, bias) trace of a candidate: the same kernels, grids,
-    integer arguments and tensors, constexprs as literals or as the expression they follow."""
-    first = next(iter(traces.values()))
-    where = f"problem {problem.id}, candidate {cfg.short()!r}"
-    for key, launches in traces.items():
-        if [(L.name, L.grid, L.ints) for L in launches] != [(L.name, L.grid, L.ints) for L in first]:
-            raise ExportError(f"{where}: the launches differ between precisions or bias ({key}); the exporter "
-                              "expects one sequence")
-    merged = []
-    for i, launch in enumerate(first):
-        consts = {}
-        for key in launch.consts:
-            values = {k: t[i].consts.get(key) for k, t in traces.items()}
-            if len(set(map(repr, values.values()))) == 1:
-                consts[key] = repr(launch.consts[key])
-                continue
-            follows = [e for e, value in _FOLLOWS.items() if all(value(p, hb) == v for (p, hb), v in values.items())]
-            if not follows:
-                raise ExportError(f"{where}: {launch.name}'s constexpr {key} varies as {values}, which no argument "
-                                  "of the launcher gives")
-            consts[key] = follows[0]
-        args = []
-        for j, arg in enumerate(launch.args):
-            seen = {k: t[i].args[j] for k, t in traces.items()}
-            if len(set(map(repr, seen.values()))) == 1:
-                args.append(arg)
-                continue
-            with_bias = {repr(v) for (p, hb), v in seen.items() if hb}
-            without = {v for (p, hb), v in seen.items() if not hb}
-            if with_bias == {repr(("tensor", "bias"))} and len({repr(v) for v in without}) == 1:
-                args.append(("bias-or", next(iter(without))))
-                continue
-            raise ExportError(f"{where}: {launch.name}'s argument {j} varies as {seen}")
-        merged.append(_Launch(launch.name, launch.grid, launch.ints, consts, args))
-    return merged
-
-
-# ---- the generated launcher -----------------------------------------------------------------------
-def _wrap_call(head: str, items: list[str], indent: str, tail: str = ")") -> str:
-    """``indent + head + items + tail``, the items wrapped at 112 columns under the first one."""
-    text = indent + head + ", ".join(items) + tail
-    if len(text) <= 112:
-        return text
-    lines, line = [], indent + head
-    pad = " " * len(line)
-    for k, item in enumerate(items):
-        piece = item + (", " if k + 1 < len(items) else tail)
-        if len(line) + len(piece.rstrip()) > 112 and line != indent + head:
-            lines.append(line.rstrip())
-            line = pad
-        line += piece
-    lines.append(line)
-    return "\n".join(lines)
-
-
-def _tuple_items(values) -> list[str]:
-    """The items of a tuple literal (one item keeps its trailing comma)."""
-    items = [str(v) for v in values]
-    return [items[0] + ","] if len(items) == 1 else items
-
-
-def _site_source(L: _Launch) -> str:
-    """``Site(name, grid, ints, consts)`` of one launch, each part on its own lines if long."""
-    one = f"        Site({L.name!r}, {L.grid!r}, {L.ints!r}, dict({', '.join(f'{k}={v}' for k, v in L.consts.items())})),"
-    if len(one) <= 112:
-        return one
-    pad = " " * 13
-    return "\n".join([f"        Site({L.name!r}, {L.grid!r},",
-                      _wrap_call("(", _tuple_items(L.ints), pad, "),"),
-                      _wrap_call("dict(", [f"{k}={v}" for k, v in L.consts.items()], pad, ")),")])
-
-
-class _Names:
-    """How the generated code names a class it builds (``TensorDescriptor``): through an import
-    the package source binds, which the shaker then keeps."""
-
-    def __init__(self, shaker: PythonShaker):
-        self.shaker = shaker
-        self.bound: dict[int, tuple[str, str]] = {}  # id(object) -> (module, bound name)
-        for path, module in shaker.modules.items():
-            for name, binding in module.bindings.items():
-                if binding[0] == "ext":
-                    namespace: dict = {}
-                    exec(binding[1], namespace)  # noqa: S102 - the package's own import statement
-                    self.bound.setdefault(id(namespace[name]), (path, name))
-
-    def of(self, cls) -> str:
-        found = self.bound.get(id(cls))
-        if found is None:
-            raise ExportError(f"no module the file draws on imports {cls.__module__}.{cls.__qualname__}")
-        self.shaker.reach([found])
-        return found[1]
-
-
-def _layer_constants(problem: Problem) -> str:
-    """The problem's constants both kinds of file check a call against."""
-    from torch import nn
-
-    params, *_ = _meta_call(problem)
-    built = nn.ConvTranspose3d(**problem.layer_args(), device="meta")
-    geometry = dict(stride=built.stride, padding=built.padding, output_padding=built.output_padding,
-                    dilation=built.dilation, groups=built.groups)
-    return f"""PROBLEM = {problem.id}
-INPUT_SHAPE = {tuple(problem.input_shape)!r}
-WEIGHT_SHAPE = {tuple(built.weight.shape)!r}
-OUTPUT_SHAPE = {tuple(params.out_shape)!r}
-LAYER = {geometry!r}"""
-
-
-def _launcher_source(problem: Problem, configs, names: _Names) -> tuple[str, set[str]]:
-    """The generated launches: the problem's constants, the tables, and per candidate its sites
-    and its launcher; and the kernels they name."""
-    tables: list = []
-    kernels: set[str] = set()
-    parts: list[str] = []
-    entries: list[str] = []
-    for index, (cfg, runs) in enumerate(configs):
-        traces = {(p, hb): _trace(problem, cfg, p, hb, tables) for p in runs for hb in (False, True)}
-        launches = _merge(problem, cfg, traces)
-        sites, body = [], []
-        for k, L in enumerate(launches):
-            kernels.add(L.name)
-            sites.append(_site_source(L))
-            args = [_arg_source(a, body, names) for a in L.args]
-            body.append(_wrap_call(f"s[{k}].launch(", ["x.device"] + args, " " * 4))
-        gpu = "Gluon, sm_90" if cfg.gluon else "TMA, sm_90+" if (cfg.flat or cfg.tma) else "sm_80+"
-        parts.append(f'''def _launch_{index}(x, weight, bias, y, precision):
-    """{cfg.short()!r} ({gpu}): its launches onto ``y``."""
-    has_bias = bias is not None
-    s = _sites(({index}, precision, has_bias), lambda: (
-{chr(10).join(sites)}
-    ))
-{chr(10).join(body)}
-''')
-        entries.append(f"    dict(name={cfg.short()!r}, precisions={runs!r}, gluon={cfg.gluon!r}, "
-                       f"tma={bool(cfg.flat or cfg.tma)!r}, launch=_launch_{index}),")
-    table_text = ",\n".join(_wrap_call(f"({shape!r}, (", _tuple_items(values), " " * 4, "))")
-                            for shape, values in tables)
-    head = f'''# {"=" * 20} the launches of problem {problem.id}'s candidates (generated) {"=" * 20}
-# Traced from the engine's own steps for KernelBench's call (convt3d export-kernelbench), so they
-# hold only for that call: float32 input {problem.input_shape}, this layer, contiguous tensors.
-{_layer_constants(problem)}
-# The device tables the launches read (shape, values): the engine's phase table (a row per phase:
-# residues, tap counts, first taps and offsets, compact sizes, companion mask) and its empty planes
-# or rows, for this geometry.
-TABLES = (
-{table_text},
-)
-_tables = {{}}
-
-
-def _table(k, device):
-    """TABLES[k] as an int32 tensor on ``device``, made once per device."""
-    t = _tables.get((k, str(device)))
-    if t is None:
-        shape, values = TABLES[k]
-        t = _tables[(k, str(device))] = torch.tensor(values, dtype=torch.int32).reshape(shape).to(device)
-    return t
-
-
-'''
-    candidates = "\n".join(entries)
-    return head + "\n\n".join(parts) + f'''
-
-# The candidates, fastest first where measured; ``precisions``: those each runs at (Gluon's wgmma
-# reads fp32 as TF32 only); ``gluon``, ``tma``: the GPU it needs.
-CANDIDATES = (
-{candidates}
-)
-''', kernels
-
-
-def _arg_source(a, body: list[str], names: _Names) -> str:
-    """The expression of one launch argument (a buffer's allocation goes to ``body`` first)."""
-    kind = a[0]
-    if kind == "tensor":
-        return a[1]
-    if kind == "table":
-        return f"_table({a[1]}, x.device)"
-    if kind == "new":
-        body.append(f"    {a[1]} = torch.empty({a[2]!r}, dtype={a[3]!r}, device=x.device)")
-        return a[1]
-    if kind == "view":
-        return f"{a[1]}.view({a[2]!r})"
-    if kind == "bias-or":
-        return f"{_arg_source(a[1], body, names)} if bias is None else bias"
-    if kind == "gluon":
-        names.shaker.reach([("engines/triton/sites.py", "gluon_descriptor")])
-        return f"gluon_descriptor({_arg_source(a[1], body, names)}, {a[2]!r})"
-    if kind == "descriptor":
-        cls, base, fields = a[1], a[2], a[3]
-        items = [_arg_source(base, body, names)]
-        for f in dataclasses.fields(cls):
-            if f.name in fields and not (f.default is not dataclasses.MISSING and fields[f.name] == f.default):
-                items.append(f"{f.name}={fields[f.name]!r}" if f.default is not dataclasses.MISSING
-                             else repr(fields[f.name]))
-        return f"{names.of(cls)}({', '.join(items)})"
-    raise ExportError(f"unknown launch argument {a!r}")
 
 
 _CHOOSER = '''# {rule} the chooser and the forward (generated) {rule}
@@ -602,20 +218,18 @@ _GENERATED_DEFINES = ("PROBLEM", "INPUT_SHAPE", "WEIGHT_SHAPE", "OUTPUT_SHAPE", 
                       "_triple", "ModelNew")
 
 
-# ---- the precision rule and the layer -------------------------------------------------------------
+# ---- the precision rule and ModelNew -------------------------------------------------------------
 def _tf32_flag_reader() -> tuple[str, list[Line]]:
     """(name, verbatim source lines) of the function convt3d's dispatcher reads PyTorch's TF32
-    flag for convolutions with (``torch_engine.cudnn_conv_allows_tf32``)."""
-    from convt3d.engines import torch as torch_engine
+    flag for convolutions with."""
+    from convt3d.core.flags import cudnn_conv_allows_tf32 as fn
 
-    fn = torch_engine.cudnn_conv_allows_tf32
     text, first = inspect.getsourcelines(fn)
-    where = Path(inspect.getsourcefile(fn)).resolve().relative_to(Path(torch_engine.__file__).resolve().parent)
-    lines = [Line(t.rstrip("\n"), f"convt3d/{where.as_posix()}:{first + i}") for i, t in enumerate(text)]
-    return fn.__name__, lines
+    where = Path(inspect.getsourcefile(fn)).resolve().relative_to(Path(__file__).resolve().parents[1])
+    return fn.__name__, [Line(t.rstrip("\n"), f"convt3d/{where.as_posix()}:{first + i}") for i, t in enumerate(text)]
 
 
-def _precision_lines(problem: Problem, grade: str, engine: str) -> list[Line]:
+def _precision_lines(problem: Problem, grade: str) -> list[Line]:
     """The precision rule of a file: its exact grade, whether the problem's reference computes in
     TF32 when TF32 is allowed (measured), the flag reader, and ``forward_precision()``."""
     ref = problem.default_reference
@@ -631,34 +245,34 @@ def _precision_lines(problem: Problem, grade: str, engine: str) -> list[Line]:
 # forward computes as the reference's cuDNN convolution does under the flags in force: in TF32
 # where PyTorch allows TF32 for convolutions and cuDNN uses it on this problem, at the engine's
 # exact grade otherwise. Nothing here reads or changes any other state.
-EXACT_GRADE = {grade!r}  # {engine}
+EXACT_GRADE = {grade!r}  # convt3d.dispatch.select.EXACT_GRADE at export time
 {_paragraph(how, "# ")}
 CUDNN_USES_TF32 = {ref.tf32!r}
 
 
 # convt3d.dispatch.select's reader of PyTorch's TF32 flag for convolutions, verbatim:'''
-    tail = '''
+    name, reader = _tf32_flag_reader()
+    return _gen(head) + reader + _gen(f'''
 
 def forward_precision():
     """The precision of this forward under the flags in force: "tf32" or EXACT_GRADE."""
-    return "tf32" if CUDNN_USES_TF32 and @READER@() else EXACT_GRADE
+    return "tf32" if CUDNN_USES_TF32 and {name}() else EXACT_GRADE
 
-'''
-    name, reader = _tf32_flag_reader()
-    return _gen(head) + reader + _gen(tail.replace("@READER@", name))
+''')
 
 
-# The layer class both kinds of file define: PyTorch's ConvTranspose3d parameters and checks, one
-# forward through the file's launcher. One text, so the Triton and CUDA entries cannot drift.
-_LAYER_CLASS = """def _triple(value):
+# The layer (PyTorch's ConvTranspose3d parameters and checks, one forward through the launcher) and
+# ModelNew with the problem's own constructor.
+_MODEL_NEW = """# ==================== ModelNew for KernelBench level 1 problem @ID@ (generated) ====================
+def _triple(value):
     \"\"\"An int or three ints as three ints, as PyTorch's ConvTranspose3d reads its arguments.\"\"\"
     return tuple(value) if isinstance(value, collections.abc.Iterable) else (value,) * 3
 
 
-class @CLS@(torch.nn.Module):
+class ConvTranspose3dTriton(torch.nn.Module):
     \"\"\"The parameters of PyTorch's ConvTranspose3d layer, created and initialised the way it does
     (the same seed gives bitwise the same values, the same state_dict keys), computed by the
-    @DOC@.\"\"\"
+    launches above at forward_precision().\"\"\"
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0,
                  groups=1, bias=True, dilation=1, device=None, dtype=None):
@@ -697,61 +311,46 @@ class @CLS@(torch.nn.Module):
         if geometry != LAYER:
             raise RuntimeError(f"this file's launches are specialised to KernelBench problem {PROBLEM}'s layer "
                                f"{LAYER}, but this layer has {geometry}")
-        # forward() is @WHAT@, not this method.
+        # forward() is this file's launcher (above), not this method.
         return forward(x, self.weight, self.bias, forward_precision())
-"""
 
-
-def _layer_class(cls: str, doc: str, what: str) -> str:
-    return _LAYER_CLASS.replace("@CLS@", cls).replace("@DOC@", doc).replace("@WHAT@", what)
-
-
-def _model_new_source(problem: Problem, cls: str, doc: str, what: str, entry: str = "") -> str:
-    """The per-problem tail: the layer, then ModelNew with the problem's own constructor."""
-    signature = ", ".join(["self"] + [a.source() for a in problem.signature])
-    forwarded = "".join(f", {name}={name}" for name in problem.forwarded)
-    ignored = "".join(
-        f"        # KernelBench's Model accepts {name} but never passes it on (so {name}={problem.bind()[name]!r}\n"
-        f"        # from get_init_inputs() is dropped there); this one does the same.\n"
-        for name in problem.ignored)
-    return f'''# {"=" * 20} ModelNew for KernelBench level 1 problem {problem.id}{entry} (generated) {"=" * 20}
-{_layer_class(cls, doc, what)}
 
 class ModelNew(torch.nn.Module):
-    """KernelBench level 1 problem {problem.id}: the constructor of its Model, the layer it builds."""
+    \"\"\"KernelBench level 1 problem @ID@: the constructor of its Model, the layer it builds.\"\"\"
 
-    def __init__({signature}):
+    def __init__(@SIGNATURE@):
         super().__init__()
-{ignored}        self.conv_transpose3d = {cls}(in_channels, out_channels, kernel_size{forwarded})
+@IGNORED@        self.conv_transpose3d = ConvTranspose3dTriton(in_channels, out_channels, kernel_size@FORWARDED@)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv_transpose3d(x)
 
 
-__all__ = ["ModelNew", "{cls}"]
-'''
+__all__ = ["ModelNew", "ConvTranspose3dTriton"]
+"""
 
 
-def _policy_text(problem: Problem, grade: str) -> str:
-    """The docstring phrase on the file's precision."""
-    if problem.cudnn_uses_tf32:
-        return (f"in TF32 when PyTorch allows TF32 for convolutions (as the reference computes then) and at "
-                f"exact grade ({grade}) when it does not")
-    return (f"at exact grade ({grade}) under either flag setting (cuDNN computes this problem's reference in "
-            f"full fp32 even when TF32 is allowed)")
+def _model_new_source(problem: Problem) -> str:
+    ignored = "".join(
+        f"        # KernelBench's Model accepts {name} but never passes it on (so {name}={problem.bind()[name]!r}\n"
+        f"        # from get_init_inputs() is dropped there); this one does the same.\n"
+        for name in problem.ignored)
+    return (_MODEL_NEW.replace("@ID@", str(problem.id)).replace("@IGNORED@", ignored)
+            .replace("@SIGNATURE@", ", ".join(["self"] + [a.source() for a in problem.signature]))
+            .replace("@FORWARDED@", "".join(f", {name}={name}" for name in problem.forwarded)))
 
 
-def _provenance(problem: Problem, configs, small: bool) -> list[str]:
-    """Comment lines after MARKER: the convt3d version, where the candidates were measured, and
-    each candidate with its median and why it is there."""
+# ---- the header, the imports, the file ----------------------------------------------------------------
+def _header(problem: Problem, configs, grade: str, small: bool) -> list[Line]:
+    """MARKER; the convt3d version, where the candidates were measured, each with its median and why
+    it is there; the docstring."""
     from convt3d.version import __version__
 
-    grade = _exact_grade()
-    at = "exact grade" if not problem.cudnn_uses_tf32 else "TF32"
     if small:
         lines = [f"# convt3d {__version__}. Problem {problem.id} at a reduced size for Triton's interpreter "
                  "(export.reduced): one candidate, its tiles as tuned at KernelBench's size."]
     else:
+        at = "exact grade" if not problem.cudnn_uses_tf32 else "TF32"
         lines = [_paragraph(f"convt3d {__version__}. Candidates: the fastest of the engine's, by the tuner's medians on "
                             f"KernelBench's inputs at {at} ({CANDIDATES_MEASURED}); the first forward times those "
                             "its GPU and precision run and keeps the fastest.", "# ")]
@@ -766,35 +365,28 @@ def _provenance(problem: Problem, configs, small: bool) -> list[str]:
         elif problem.cudnn_uses_tf32 and grade not in runs:
             why += "; TF32 only"
         lines.append(f"#   {cfg.short():<{width}}  {cand.median_ms:6.3f} ms  {why}")
-    return lines
-
-
-def _header(problem: Problem, configs, grade: str, small: bool) -> list[Line]:
+    policy = (f"in TF32 when PyTorch allows TF32 for convolutions (as the reference computes then) and at exact "
+              f"grade ({grade}) when it does not" if problem.cudnn_uses_tf32 else
+              f"at exact grade ({grade}) under either flag setting (cuDNN computes this problem's reference in "
+              "full fp32 even when TF32 is allowed)")
     about = _paragraph(
         f"``ModelNew`` computes the problem's 3-D transposed convolution with the Triton engine of convt3d, "
-        f"{_policy_text(problem, grade)}: the launches of the candidates above, specialised to KernelBench's "
-        "input, and the package source they reach. Generated by ``convt3d export-kernelbench``: edit the package "
-        "and regenerate.")
-    text = f'''{MARKER}
-{chr(10).join(_provenance(problem, configs, small))}
+        f"{policy}: the launches of the candidates above, specialised to KernelBench's input, and the package "
+        "source they reach. Generated by ``convt3d export-kernelbench``: edit the package and regenerate.")
+    return _gen(f'''{MARKER}
+{chr(10).join(lines)}
 """KernelBench level 1, problem {problem.id}: {problem.file_name}
 
 {about}
-"""'''
-    return _gen(text)
+"""''')
 
 
 def _imports(shaker: PythonShaker, extra: tuple[str, ...]) -> list[Line]:
-    """``from __future__ import annotations`` (the annotations of the package source it carries
-    name classes it does not: they stay strings), then the imports, one per line."""
-    try:
-        shaker.check_lazy_annotations()
-    except ShakeError as e:
-        raise ExportError(str(e)) from None
+    """``from __future__ import annotations`` (the package source's annotations name classes a file
+    does not carry: they stay strings), then the imports, one per line."""
+    shaker.check_lazy_annotations()
     statements = shaker.imports()
-    for text in extra:
-        if text not in statements:
-            statements.append(text)
+    statements += [text for text in extra if text not in statements]
     plain = sorted(s for s in statements if s.startswith("import "))
     froms = sorted(s for s in statements if s.startswith("from "))
     return _gen("\n".join(["from __future__ import annotations", ""] + plain + froms) + "\n\n")
@@ -803,31 +395,25 @@ def _imports(shaker: PythonShaker, extra: tuple[str, ...]) -> list[Line]:
 def _render_lines(problem: Problem, small: bool = False) -> list[list[Line]]:
     """The file's lines with the package source verbatim, without its docstrings, and also without
     its comment lines (``render`` takes the first that fits MAX_LINES)."""
-    grade = _exact_grade()
+    grade = _precisions(problem)[-1]
     configs = file_configs(problem, check_offered=not small)
-    shaker = _shaker(ROOTS)
-    names = _Names(shaker)
-    launcher, kernels = _launcher_source(problem, configs, names)
+    shaker = PythonShaker(sources(ROOTS), _read, _is_module)
+    launcher, kernels = launcher_source(problem, configs, shaker)
     owners: dict[str, set[str]] = {}
     for name in kernels:
         found = [p for p, m in shaker.modules.items() if m.bindings.get(name, ("",))[0] == "stmt"]
         if len(found) != 1:
             raise ExportError(f"the kernel {name!r} is defined in {len(found)} of the modules the file draws on")
         owners.setdefault(found[0], set()).add(name)
-    try:
-        shaker.reach([("engines/triton/sites.py", n) for n in ("Site", "gluon_capable", "_tma_capable")], owners)
-    except ShakeError as e:
-        raise ExportError(str(e)) from None
+    shaker.reach([("engines/triton/sites.py", n) for n in ("Site", "gluon_capable", "_tma_capable")], owners)
     taken = [n for n in _GENERATED_DEFINES if shaker.defines(n)]
     if taken:
         raise ExportError(f"the generated code defines {taken}, which the package source it reaches defines too")
-    tail = _model_new_source(problem, "ConvTranspose3dTriton", "launches above at forward_precision()",
-                             "this file's launcher (above)")
     extra = ("import collections.abc", "import math", "import time", "import torch") + \
         (("import types",) if shaker.namespaces else ())
     head = _header(problem, configs, grade, small) + _imports(shaker, extra)
-    rest = (_gen(launcher + "\n") + _gen(_CHOOSER.format(rule="=" * 20) + "\n")
-            + _precision_lines(problem, grade, "convt3d.dispatch.select.EXACT_GRADE at export time") + _gen(tail))
+    rest = (_gen(launcher + "\n") + _gen(_CHOOSER.format(rule="=" * 20) + "\n") + _precision_lines(problem, grade)
+            + _gen(_model_new_source(problem)))
     return [head + shaker.lines(strip) + rest for strip in (0, 1, 2)]
 
 
@@ -835,18 +421,16 @@ def _line_count(lines: list[Line]) -> int:
     return len("\n".join(line.text for line in lines).splitlines())
 
 
-def _fitting(problem: Problem, forms: list[list[Line]], backend: str = "triton", file_name: str | None = None) -> str:
-    """The first of ``forms`` within MAX_LINES, checked against KernelBench's static rules."""
-    for lines in forms:
-        if _line_count(lines) <= MAX_LINES:
-            return _checked(problem, lines, backend, file_name)
-    return _checked(problem, forms[-1], backend, file_name)
-
-
-def _checked(problem: Problem, lines: list[Line], backend: str = "triton", file_name: str | None = None) -> str:
+def render(problem: Problem, small: bool = False) -> str:
+    """The file for one problem, the first of its forms within MAX_LINES (raises ExportError if it
+    would break a rule). ``small``: the problem is ``reduced(...)``'s, not tuned at that size."""
+    try:
+        forms = _render_lines(problem, small)
+    except ShakeError as e:
+        raise ExportError(str(e)) from None
+    lines = next((form for form in forms if _line_count(form) <= MAX_LINES), forms[-1])
     text = "\n".join(line.text for line in lines)
-    file_name = file_name or problem.file_name
-    violations = static_check.check(text, strict=True, backend=backend)
+    violations = static_check.check(text, strict=True)
     if violations:
         report = []
         for v in violations:
@@ -855,194 +439,21 @@ def _checked(problem: Problem, lines: list[Line], backend: str = "triton", file_
                 report.append(f"  {origin.origin}: {v.category}/{v.rule} matches {v.text!r} in\n"
                               f"      {origin.text.strip()}")
             else:
-                report.append(f"  {file_name}: {v.category}/{v.rule}: no match for {v.text!r}")
+                report.append(f"  {problem.file_name}: {v.category}/{v.rule}: no match for {v.text!r}")
         raise ExportError(
-            f"{file_name} would break KernelBench's static rules (its checker cuts '#' comments and then "
+            f"{problem.file_name} would break KernelBench's static rules (its checker cuts '#' comments and then "
             "matches the text anywhere, docstrings and strings included). The exporter copies the package source "
             "verbatim, so reword these source lines:\n" + "\n".join(report))
     count = _line_count(lines)
     if count > MAX_LINES:
-        raise ExportError(f"{file_name} would have {count} lines, over {MAX_LINES}: a KernelBench file carries what "
-                          "its candidates launch, no more (fewer candidates, or smaller kernels)")
+        raise ExportError(f"{problem.file_name} would have {count} lines, over {MAX_LINES}: a KernelBench file carries "
+                          "what its candidates launch, no more (fewer candidates, or smaller kernels)")
     return text
 
 
-def render(problem: Problem, small: bool = False) -> str:
-    """The file for one problem (raises ExportError if it would break a rule). ``small``: the
-    problem is ``reduced(...)``'s, its candidates not the ones the engine offers at that size."""
-    return _fitting(problem, _render_lines(problem, small))
-
-
 def render_all(problems=PROBLEMS) -> dict[str, str]:
-    """file name -> content, for every problem and its CUDA entry if any."""
-    files = {p.file_name: render(p) for p in problems}
-    files.update((cuda_file_name(p), render_cuda(p)) for p in problems if p.id in CUDA_PROBLEMS)
-    return files
-
-
-# ---- the CUDA entry -------------------------------------------------------------------------------
-CUDA_EXACT_GRADE = "ieee"  # the CUDA engine's exact grade (cuda_engine.PRECISIONS: exact FFMA, or "tf32")
-# Names the CUDA entry's generated code defines (CUDA_SOURCE overrides the engine's None on purpose).
-_CUDA_GENERATED_DEFINES = ("PROBLEM", "INPUT_SHAPE", "WEIGHT_SHAPE", "OUTPUT_SHAPE", "LAYER", "PARAMS", "META",
-                           "TABLE", "HREUSE", "LAUNCH", "_tables", "forward", "EXACT_GRADE", "CUDNN_USES_TF32",
-                           "forward_precision", "_triple", "ModelNew")
-
-
-def cuda_file_name(problem: Problem) -> str:
-    """'77_..._strided__.py' -> '77_..._strided___cuda.py' (beside the Triton file)."""
-    return problem.name + "_cuda.py"
-
-
-def _cuda_launch(problem: Problem) -> tuple[object, dict[str, tuple]]:
-    """(params, precision -> (variant, kernel index, (BN, BK) of the padded weight packing or
-    None)): what ``cuda_engine.forward`` launches for KernelBench's call at each precision the
-    file computes in (its variant by ``choose_variant``, the direct kernel where the gemm tile
-    does not apply)."""
-    import os
-
-    from convt3d.engines.cuda import gemm as CE
-
-    if os.environ.get("CONVT3D_CUDA_VARIANT"):
-        raise ExportError("CONVT3D_CUDA_VARIANT is set: the CUDA entry takes the engine's own choice; unset it")
-    params, *_ = _meta_call(problem)
-    launch = {}
-    for precision in ("tf32", CUDA_EXACT_GRADE) if problem.cudnn_uses_tf32 else (CUDA_EXACT_GRADE,):
-        name = CE.choose_variant(params, precision)
-        if name in CE._GEMM_ALL:
-            index, bn, _, bk, _ = CE._GEMM_ALL[name]
-            gemm = CE.gemm_applies(params, name)
-            launch[precision] = (name, index, (bn, bk)) if gemm else (name, CE.VARIANTS["direct"][0], None)
-        else:
-            launch[precision] = (name, CE.VARIANTS[name][0], None)
-    return params, launch
-
-
-def _cuda_source_lines(launch: dict[str, tuple], comments: bool) -> list[Line]:
-    """``CUDA_SOURCE = r\"\"\"...\"\"\"``: the .cu lines the launches reach (``shake.prune_cuda``)."""
-    import re
-
-    from convt3d.engines.cuda import gemm as CE
-
-    text = _read(CUDA_FILE)
-    if '"""' in text or text.rstrip("\n").endswith("\\"):
-        raise ExportError(f"convt3d/{CUDA_FILE} cannot be embedded as a raw triple-quoted string")
-    used = {index for _, index, _ in launch.values()}
-    cases = {int(m) for m in re.findall(r"^\s*case (-?\d+):", text, flags=re.M)}
-    names = [name for name, _, padded in launch.values() if padded is not None]
-    fixed = {}
-    for flag, variants in (("HALO", CE.HALO_VARIANTS), ("MMA", CE.MMA_VARIANTS)):
-        values = {name in variants for name in names}
-        if len(values) == 1:
-            fixed[flag] = values.pop()
-    try:
-        kept = prune_cuda(text, {"convt3d_forward"}, cases - used, fixed, comments)
-    except ShakeError as e:
-        raise ExportError(f"convt3d/{CUDA_FILE}: {e}") from None
-    head = f"# {'=' * 20} convt3d/{CUDA_FILE} (what the launches reach; compiled by load_inline) {'=' * 20}"
-    lines = [Line(head, "generated"), Line('CUDA_SOURCE = r"""' + kept[0][1], f"convt3d/{CUDA_FILE}:{kept[0][0]}")]
-    lines += [Line(t, f"convt3d/{CUDA_FILE}:{n}") for n, t in kept[1:]]
-    lines[-1] = Line(lines[-1].text + '\n"""', lines[-1].origin)
-    return lines + _gen("\n")
-
-
-def _cuda_launcher_source(problem: Problem, params, launch: dict[str, tuple], shaker: PythonShaker) -> str:
-    """The CUDA entry's generated launch: the problem's constants, PARAMS (the attributes of their
-    ``params`` the engine's kept helpers read), the kernel's sizes and table, and ``forward``."""
-    import ast
-
-    from convt3d.engines.cuda import gemm as CE
-
-    attrs: set[str] = set()
-    for _, node in shaker.kept_nodes():
-        if isinstance(node, ast.FunctionDef) and any(a.arg == "params" for a in node.args.args):
-            attrs |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
-                      and isinstance(n.value, ast.Name) and n.value.id == "params"}
-    values = {a: getattr(params, a) for a in sorted(attrs)}
-    if any(callable(v) for v in values.values()):
-        raise ExportError(f"the CUDA engine's helpers call methods of their params ({sorted(values)})")
-    return f'''# {"=" * 20} the launch of problem {problem.id} (generated) {"=" * 20}
-# What cuda_engine.forward launches for KernelBench's call, so it holds only for that call: float32
-# input {problem.input_shape}, this layer. PARAMS: the geometry the engine's weight packing reads;
-# META and TABLE: the kernel's sizes and geometry table (cuda_engine.kernel_meta, geometry_table);
-# LAUNCH: per precision the variant cuda_engine.choose_variant takes (name, kernel index, (BN, BK)
-# of the padded weight packing, or None for the plain packing).
-{_layer_constants(problem)}
-{_wrap_call("PARAMS = types.SimpleNamespace(", [f"{k}={v!r}" for k, v in values.items()], "")}
-{_wrap_call("META = (", _tuple_items(CE.kernel_meta(params)), "")}
-{_wrap_call("TABLE = (", _tuple_items(CE.geometry_table(params)), "")}
-HREUSE = {CE.hreuse_applies(params)!r}
-LAUNCH = {launch!r}
-_tables = {{}}
-
-
-def forward(x, weight, bias, precision):
-    """The layer on KernelBench's input: the CUDA engine's launch of LAUNCH[precision] (built on the
-    first call), onto the fresh NCDHW output it returns (``precision``: "tf32" or EXACT_GRADE)."""
-    if tuple(x.shape) != INPUT_SHAPE or tuple(weight.shape) != WEIGHT_SHAPE or x.dtype != torch.float32 \\
-            or weight.dtype != x.dtype:
-        raise RuntimeError(f"this file's launch is specialised to KernelBench problem {{PROBLEM}}: float32 input "
-                           f"{{INPUT_SHAPE}} and weight {{WEIGHT_SHAPE}}, but got input {{x.dtype}} {{tuple(x.shape)}} "
-                           f"and weight {{weight.dtype}} {{tuple(weight.shape)}}")
-    if x.device.type != "cuda":
-        raise BackendUnavailableError(f"the CUDA engine runs on CUDA devices only, not {{x.device.type.upper()}} tensors")
-    if torch.cuda.get_device_capability(x.device)[0] < 8:
-        raise BackendUnavailableError("the CUDA engine needs compute capability 8.0+ (cp.async)")
-    module = load_module(x.device)
-    _, index, padded = LAUNCH[precision]
-    wpk = pack_weight_padded(weight, PARAMS, *padded) if padded else pack_weight(weight, PARAMS)
-    tab = _tables.get(str(x.device))
-    if tab is None:
-        tab = _tables[str(x.device)] = torch.tensor(TABLE, dtype=torch.int32).to(x.device)
-    b = bias.contiguous() if bias is not None else x.new_empty(0)
-    return module.convt3d_forward(x.contiguous(), wpk, b, bias is not None, tab, list(META), index, HREUSE,
-                                  precision == "tf32")
-'''
-
-
-def _render_cuda_lines(problem: Problem) -> list[list[Line]]:
-    from convt3d.version import __version__
-
-    if problem.ignored:
-        raise ExportError(f"problem {problem.id}: the CUDA template does not handle ignored arguments")
-    params, launch = _cuda_launch(problem)
-    shaker = _shaker(CUDA_ROOTS)
-    needs = {"load_module", "build_seconds", "BackendUnavailableError"}
-    needs |= {"pack_weight_padded" if padded else "pack_weight" for _, _, padded in launch.values()}
-    try:
-        shaker.reach([("engines/cuda/gemm.py", n) for n in sorted(needs)])
-    except ShakeError as e:
-        raise ExportError(str(e)) from None
-    taken = [n for n in _CUDA_GENERATED_DEFINES if shaker.defines(n)]
-    if taken:
-        raise ExportError(f"the generated code defines {taken}, which the package source it reaches defines too")
-    width = max(len(p) for p in launch)
-    about = _paragraph(
-        "``ModelNew`` computes the problem's 3-D transposed convolution with the CUDA C++ engine of convt3d "
-        f"(fp32 FFMA), {_policy_text(problem, 'exact fp32')}: the launch ``cuda_engine.forward`` makes for "
-        "KernelBench's input, with the engine's Python side and .cu kernels it reaches (CUDA_SOURCE, built by "
-        "torch.utils.cpp_extension.load_inline on the first forward). Generated by ``convt3d "
-        "export-kernelbench``: edit the package and regenerate.")
-    header = [MARKER, f"# convt3d {__version__}. The CUDA engine's variant per precision, as "
-                      "cuda_engine.choose_variant takes it for this geometry:"]
-    header += [f"#   {p:<{width}}  {name} (kernel index {index}"
-               + (f", padded packing BN {padded[0]} BK {padded[1]})" if padded else ")")
-               for p, (name, index, padded) in launch.items()]
-    head = _gen("\n".join(header) + f'''
-"""KernelBench level 1, problem {problem.id}: {problem.file_name} -- CUDA entry
-
-{about}
-"""''') + _imports(shaker, ("import collections.abc", "import math", "import torch", "import types"))
-    launcher = _gen(_cuda_launcher_source(problem, params, launch, shaker) + "\n")
-    tail = _precision_lines(problem, CUDA_EXACT_GRADE, "the CUDA engine's exact grade (exact fp32 FFMA)") + _gen(
-        _model_new_source(problem, "ConvTranspose3dCuda", "CUDA engine above at forward_precision() (built by "
-                          "load_inline on the first forward)", "the CUDA launch (above)", ", CUDA entry"))
-    return [head + shaker.lines(strip) + launcher + _cuda_source_lines(launch, comments=strip == 0) + tail
-            for strip in (0, 1, 2)]
-
-
-def render_cuda(problem: Problem) -> str:
-    """The CUDA entry for one problem (raises ExportError if it would break a rule)."""
-    return _fitting(problem, _render_cuda_lines(problem), "cuda", cuda_file_name(problem))
+    """file name -> content, for every problem."""
+    return {p.file_name: render(p) for p in problems}
 
 
 # ---- command ----------------------------------------------------------------------------------------

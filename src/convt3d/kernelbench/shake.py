@@ -1,34 +1,21 @@
 """Tree-shaking of the package source for the KernelBench files: only what an entry reaches.
 
-``PythonShaker`` reads the package modules a file may draw on and keeps, from a set of entry
-names, every top-level definition they reach, transitively: a function's or class's global
-names (``symtable``, so a local that shadows a module-level name reaches nothing), the names its
-decorators and defaults evaluate at module scope, and the attributes read from a module alias
-(``K.flat_gemm_kernel``). Annotations reach nothing: a file starts with ``from __future__ import
-annotations``, so they stay strings (``check_lazy_annotations`` refuses a dataclass, which would
-resolve them). Kept statements are copied with the comment lines directly above them (verbatim,
-or without docstrings, or also without comment lines: ``lines``); package-relative imports
-become nothing (the name is defined earlier in the same file), ``alias = name`` (an ``as``
-import), or a ``types.SimpleNamespace`` of the reached names (a module alias); absolute imports
-of reached names are hoisted to the top. Every module's names share one namespace in the file,
-so two reached definitions of one name are refused.
-
-``prune_cuda`` does the same by lines for the .cu source of the CUDA entry: top-level items
-(functions, structs, constants) kept when reached from the entry points by identifier, the
-``case`` labels of launch variants the file never selects and explicit instantiations dropped,
-``if constexpr`` branches decided where the condition is fixed for every kept instantiation,
-and comment lines kept or dropped.
+``PythonShaker`` keeps, from a set of entry names, every top-level definition they reach, transitively
+(global names by ``symtable``, decorator and default expressions, attributes read from a module alias),
+and copies it with the comment lines above it. Package-relative imports become nothing, ``alias = name``
+or a ``types.SimpleNamespace``; absolute imports of reached names are hoisted. Every module shares one
+namespace in the file, so two reached definitions of one name are refused; a kept dataclass is refused
+too (the files keep annotations as strings, which KernelBench's loader cannot resolve for one).
 """
 from __future__ import annotations
 
 import ast
-import re
 import symtable
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["ShakeError", "Line", "PythonShaker", "prune_cuda"]
+__all__ = ["ShakeError", "Line", "PythonShaker", "relative_base", "import_target"]
 
 _ALLOWED_THIRD_PARTY = frozenset({"torch", "triton"})
 
@@ -43,7 +30,6 @@ class Line:
     origin: str  # "convt3d/<module>:<line>" or "generated"
 
 
-# ---- Python ---------------------------------------------------------------------------------------
 @dataclass
 class _Stmt:
     module: str
@@ -58,15 +44,24 @@ class _Module:
     source: str
     tree: ast.Module
     table: symtable.SymbolTable
-    # name -> ("stmt", _Stmt) | ("from", module path, name) | ("alias", module path) | ("ext", node, alias)
+    # name -> ("stmt", _Stmt) | ("from", module path, name) | ("alias", module path) | ("ext", import text, node)
     bindings: dict[str, tuple] = field(default_factory=dict)
-    statements: list[_Stmt] = field(default_factory=list)
 
 
-def _resolve_base(node: ast.ImportFrom, importer: str) -> str:
+def relative_base(node: ast.ImportFrom, importer: str) -> str:
+    """The package path a relative import in ``importer`` names ('engines/triton/kernels', ...)."""
     package = importer.split("/")[:-1]
     base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
     return "/".join(base + ([node.module.replace(".", "/")] if node.module else []))
+
+
+def import_target(base: str, name: str, is_module: Callable[[str], bool]) -> tuple[bool, str]:
+    """(True, the module) where ``from base import name`` imports a module, else (False, the module
+    that defines ``name``)."""
+    as_module = f"{base}/{name}.py" if base else f"{name}.py"
+    if is_module(as_module):
+        return True, as_module
+    return False, f"{base}.py" if is_module(f"{base}.py") else f"{base}/__init__.py"
 
 
 def _check_absolute_import(node: ast.AST, where: str) -> None:
@@ -145,15 +140,10 @@ class PythonShaker:
     def _bind(self, module: _Module, i: int, node: ast.stmt, is_module) -> None:
         where = f"convt3d/{module.path}:{node.lineno}"
         if isinstance(node, ast.ImportFrom) and node.level > 0:
-            base = _resolve_base(node, module.path)
+            base = relative_base(node, module.path)
             for a in node.names:
-                as_module = f"{base}/{a.name}.py" if base else f"{a.name}.py"
-                name = a.asname or a.name
-                if is_module(as_module):
-                    module.bindings[name] = ("alias", as_module)
-                else:
-                    target = f"{base}.py" if is_module(f"{base}.py") else f"{base}/__init__.py"
-                    module.bindings[name] = ("from", target, a.name)
+                is_alias, target = import_target(base, a.name, is_module)
+                module.bindings[a.asname or a.name] = ("alias", target) if is_alias else ("from", target, a.name)
             return
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             _check_absolute_import(node, where)
@@ -176,7 +166,6 @@ class PythonShaker:
         elif isinstance(node, ast.AnnAssign):
             defines = _target_names(node.target)
         stmt = _Stmt(module.path, node, i, tuple(defines))
-        module.statements.append(stmt)
         for name in defines:
             if name != "__all__":
                 module.bindings[name] = ("stmt", stmt)
@@ -251,17 +240,11 @@ class PythonShaker:
                         work.extend((b[1], n) for n in used)
                         work.append((path, alias))
 
-    def kept_nodes(self):
-        """(module, node) of every kept statement, in module order."""
-        for path in self.order:
-            for i, node in enumerate(self.modules[path].tree.body):
-                if (path, i) in self.kept:
-                    yield path, node
-
     def check_lazy_annotations(self) -> None:
         """A kept dataclass would need its annotations evaluated (KernelBench's loader does not
         register the module, where ``dataclasses`` looks string annotations up): refuse it."""
-        for path, node in self.kept_nodes():
+        for path, i in sorted(self.kept):
+            node = self.modules[path].tree.body[i]
             if isinstance(node, ast.ClassDef) and "dataclass" in _loads(node.decorator_list) | {
                     a for d in node.decorator_list for a in _attributes(d).get("dataclasses", ())}:
                 raise ShakeError(f"convt3d/{path}:{node.lineno}: the file would carry the dataclass {node.name}, "
@@ -378,169 +361,3 @@ def _comment_lines(source: str) -> set[int]:
 def _is_simple(node: ast.stmt) -> bool:
     """A one-statement assignment or import: kept next to its neighbours without blank lines."""
     return isinstance(node, (ast.Assign, ast.AnnAssign, ast.Import, ast.ImportFrom)) and node.lineno == node.end_lineno
-
-
-# ---- CUDA C++ -------------------------------------------------------------------------------------
-_IDENT = re.compile(r"[A-Za-z_]\w*")
-
-
-def _mask(line: str) -> str:
-    """A line with its // comment and the contents of its string and char literals blanked
-    (same length), so braces and identifiers are the code's own."""
-    out = re.sub(r'"(?:\\.|[^"\\])*"', lambda m: '"' + " " * (len(m.group(0)) - 2) + '"', line)
-    out = re.sub(r"'(?:\\.|[^'\\])'", lambda m: " " * len(m.group(0)), out)
-    cut = out.find("//")
-    return out if cut < 0 else out[:cut] + " " * (len(out) - cut)
-
-
-@dataclass
-class _Item:
-    first: int  # line index (0-based)
-    last: int
-    name: str  # what it defines ("" for none)
-    kind: str  # "code", "comment", "blank", "pre", "namespace", "instantiation"
-
-
-def _defined_name(text: str) -> str:
-    """The name a top-level C++ declaration or definition introduces."""
-    text = re.sub(r"template\s*<[^>]*>", " ", text)
-    text = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", text)
-    head = re.split(r"[=({\[;]", text, maxsplit=1)[0]
-    names = _IDENT.findall(head)
-    return names[-1] if names else ""
-
-
-def _items(lines: list[str], masked: list[str]) -> list[_Item]:
-    """Top-level items: from a statement's first line to its closing ';' or the closing brace of
-    its body, at namespace depth (the braces of ``namespace x {`` do not nest)."""
-    items: list[_Item] = []
-    i, n = 0, len(masked)
-    while i < n:
-        code = masked[i].strip()
-        if not code:
-            items.append(_Item(i, i, "", "comment" if lines[i].strip() else "blank"))
-            i += 1
-            continue
-        if code.startswith("#"):
-            items.append(_Item(i, i, "", "pre"))
-            i += 1
-            continue
-        if re.fullmatch(r"namespace\s+\w+\s*\{", code) or code == "}":
-            items.append(_Item(i, i, "", "namespace"))
-            i += 1
-            continue
-        depth, j, opened = 0, i, False
-        while j < n:
-            c = masked[j]
-            depth += c.count("{") + c.count("(") - c.count("}") - c.count(")")
-            opened = opened or "{" in c
-            tail = c.rstrip()
-            if depth == 0 and (tail.endswith(";") or (opened and tail.endswith("}"))):
-                break
-            j += 1
-        text = " ".join(masked[k] for k in range(i, j + 1))
-        kind = "instantiation" if re.match(r"template\s+(?!<)", code) else "code"
-        items.append(_Item(i, j, _defined_name(text), kind))
-        i = j + 1
-    return items
-
-
-def _close(masked: list[str], line: int, col: int) -> tuple[int, int]:
-    """(line, column) of the brace closing the one at (line, col)."""
-    depth = 0
-    for i in range(line, len(masked)):
-        for j in range(col if i == line else 0, len(masked[i])):
-            ch = masked[i][j]
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    return i, j
-    raise ShakeError(f"unbalanced braces from line {line + 1}")
-
-
-def _decide_constexpr(lines: list[tuple[int, str]], fixed: dict[str, bool]) -> list[tuple[int, str]]:
-    """``if constexpr (cond) { A } else { B }`` where ``fixed`` decides ``cond`` (template
-    parameters with one value in every kept instantiation) becomes the block it takes."""
-    out = list(lines)
-    i = 0
-    while i < len(out):
-        m = re.fullmatch(r"(\s*)if constexpr \((.*)\) \{\s*", _mask(out[i][1]).rstrip() + " ")
-        names = set(_IDENT.findall(m.group(2))) if m else set()
-        if not m or not names or not names <= set(fixed) or re.search(r"[^\w\s!&|()]", m.group(2)):
-            i += 1
-            continue
-        expr = m.group(2).replace("&&", " and ").replace("||", " or ").replace("!", " not ")
-        value = bool(eval(expr, {"__builtins__": {}}, dict(fixed)))  # noqa: S307 - names and ! && || only
-        masked = [_mask(t) for _, t in out]
-        end, _ = _close(masked, i, masked[i].rindex("{"))
-        then_body, else_body, last = out[i + 1:end], [], end
-        if re.fullmatch(r"\s*\}\s*else\s*\{\s*", masked[end]):
-            last, _ = _close(masked, end, masked[end].rindex("{"))
-            else_body = out[end + 1:last]
-        elif masked[end].strip() != "}":
-            i += 1
-            continue
-        body = then_body if value else else_body
-        indent = m.group(1)
-        out[i:last + 1] = ([(out[i][0], indent + "{")] + body + [(out[last][0], indent + "}")]) if body else []
-        i += 1
-    return out
-
-
-def prune_cuda(text: str, roots: set[str], drop_cases: set[int], fixed: dict[str, bool],
-               comments: bool = True) -> list[tuple[int, str]]:
-    """(source line, text) of the .cu lines a file needs: preprocessor lines, namespaces, and the
-    top-level items ``roots`` reach by identifier, without the ``case N:`` lines of
-    ``drop_cases`` (launch variants the file never selects) or explicit instantiations (the
-    compile instantiates what the launcher calls), with ``if constexpr`` branches that ``fixed``
-    decides resolved; ``comments``: keep comment lines (within and above kept items)."""
-    lines = text.split("\n")
-    for idx, line in enumerate(lines):
-        m = re.match(r"\s*case (-?\d+):", line)
-        if m and int(m.group(1)) in drop_cases:
-            lines[idx] = ""
-    masked = [_mask(t) for t in lines]
-    items = _items(lines, masked)
-    by_name: dict[str, list[_Item]] = {}
-    for item in items:
-        if item.kind == "code" and item.name:
-            by_name.setdefault(item.name, []).append(item)
-    kept: set[int] = set()
-    work, seen = list(roots), set()
-    while work:
-        name = work.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        for item in by_name.get(name, []):
-            kept.add(item.first)
-            for k in range(item.first, item.last + 1):
-                work.extend(_IDENT.findall(masked[k]))
-    out: list[tuple[int, str]] = []
-    pending: list[tuple[int, str]] = []  # comment lines waiting for the item they precede
-    for item in items:
-        if item.kind in ("comment", "blank"):
-            if item.kind == "comment" and comments:
-                pending.append((item.first + 1, lines[item.first]))
-            elif item.kind == "blank":
-                pending = []
-                if out and out[-1][1] != "":
-                    out.append((item.first + 1, ""))
-            continue
-        if item.kind in ("code", "instantiation") and item.first not in kept:
-            pending = []
-            continue
-        out += pending
-        pending = []
-        for k in range(item.first, item.last + 1):
-            if masked[k].strip() or (comments and lines[k].strip()):
-                out.append((k + 1, lines[k]))
-    while out and out[-1][1] == "":
-        out.pop()
-    collapsed: list[tuple[int, str]] = []
-    for entry in out:
-        if not (entry[1] == "" and collapsed and collapsed[-1][1] == ""):
-            collapsed.append(entry)
-    return _decide_constexpr(collapsed, fixed)

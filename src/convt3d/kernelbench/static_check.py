@@ -1,32 +1,13 @@
 """Our own implementation of KernelBench's static rules for a Triton or CUDA ``ModelNew`` file.
 
-KernelBench (``src/kernelbench/kernel_static_checker.py`` of ScalingIntelligence/KernelBench)
-judges a candidate file with regular expressions, after cutting each line at its first ``#`` and
-then at its first ``//``. It does not parse Python: a docstring, a string or an error message is
-code to it, so the word of the no-op statement in a docstring fails a file just as the
-statement would.
-
-Its rules, as categories (a file is valid when no forbidding rule matches and every requirement
-matches):
-
-* always an error: try/except fallbacks and the no-op statement (``code_bypass``), reassigning a
-  timing function (``timing_event_patch``), threads and processes (``thread_injection``), lazy or
-  fake tensors (``lazy_eval``), and for the Triton backend ``@triton.jit`` plus ``tl.`` ops (for the
-  CUDA backend ``__global__`` and ``load_inline``);
-* a warning by default, an error under its strict settings: ``torch.nn`` beyond the containers,
-  ``Parameter`` and ``init`` (``pytorch_wrap``), high-level torch ops and ``torch.nn.functional``
-  (``torch_computation_ops``), CUDA streams (``stream_injection``) and fp32 -> fp16 downgrades
-  (``precision_downgrade``).
-
-We apply the union of the patterns of its past and present versions, under strict settings, and
-two extras a regex on ``torch.nn.`` alone would miss: a compute layer named through an ``nn``
-alias (``nn.Conv3d``) and an import of ``torch.nn.functional`` under another name. So a file that
-passes here passes KernelBench.
-
-Forbidding rules are matched twice, on KernelBench's own stripping and on the text with only the
-``#`` comments cut (a superset of every line, which also covers a match that KernelBench's ``//``
-cut would join across lines); requirements are matched on KernelBench's stripping only, the text
-it actually searches. Violations name the line, so the exporter can point at the source line.
+KernelBench (``src/kernelbench/kernel_static_checker.py`` of ScalingIntelligence/KernelBench) matches
+regular expressions on the text after cutting each line at its first ``#`` and then its first ``//``:
+a docstring or a string is code to it. We apply the union of the patterns of its past and present
+versions under its strict settings (where ``torch.nn`` layers, high-level torch ops, streams and fp16
+downgrades are errors too), plus two a regex on ``torch.nn.`` alone would miss (a layer through an
+``nn`` alias, ``torch.nn.functional`` imported under another name), so a file that passes here passes
+KernelBench. Forbidding rules are matched on KernelBench's stripping and on the text with only ``#``
+comments cut; requirements on KernelBench's stripping alone. Violations name the line.
 """
 from __future__ import annotations
 

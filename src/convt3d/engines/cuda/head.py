@@ -20,6 +20,7 @@ import functools
 import hashlib
 import math
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -32,6 +33,7 @@ import torch
 
 from ...core.errors import BackendUnavailableError
 from ...core.params import ConvT3dParams
+from ...core.memo import memo
 
 __all__ = ["CONFIGS", "MAX_COLUMNS", "MAX_SHIFTS", "MAX_HEAD_CHANNELS", "HeadPlan", "geometry", "columns",
            "width_shifts", "unsupported_reason", "call_reason", "staging_mode", "configs_for", "tile_boxes", "plan",
@@ -72,8 +74,8 @@ KERNEL_REGS = 128
 
 _state: dict = {"lib": {}, "pack": {}, "seconds": {}, "path": {}}
 _lock = threading.Lock()
-_chosen: dict = {}
-_shift_arrays: dict = {}
+_chosen: dict = memo("engines.cuda.head.chosen")
+_shift_arrays: dict = memo("engines.cuda.head.shift_arrays")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -393,8 +395,6 @@ def call_reason(x: torch.Tensor, params: ConvT3dParams, precision: str) -> str |
     if why is not None:
         return why
     if _DTYPE_CODES[x.dtype] not in _state["lib"]:
-        from .gemm import nvcc_path
-
         if nvcc_path() is None and not library_path(x.device, x.dtype).exists():
             return "no CUDA compiler (nvcc) found to build the head kernel: set CUDA_HOME or put nvcc on PATH"
     return None
@@ -477,8 +477,6 @@ def library_path(device: torch.device, dtype: torch.dtype) -> Path:
     """Where the library for this source, element type, GPU architecture and nvcc lives: the
     convt3d cache directory, named by a digest of the four."""
     from ...dispatch.cache import cache_dir
-    from .gemm import nvcc_path
-
     arch = _arch(device)
     code = _DTYPE_CODES[dtype]
     digest = hashlib.sha256("\n".join([_source(), arch, str(code), " ".join(_NVCC_FLAGS), str(nvcc_path())]).encode())
@@ -505,8 +503,6 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
         fn = _state["lib"].get(code)
         if fn is not None:
             return fn
-        from .gemm import nvcc_path
-
         device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
         path = library_path(device, dtype)
         t0 = time.perf_counter()
@@ -578,7 +574,7 @@ def _launch(x: torch.Tensor, wp: torch.Tensor, bias: torch.Tensor | None, y: tor
 
 
 def _output(x: torch.Tensor, weight: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
-    from .gemm import output_memory_format
+    from ...core.call import output_memory_format
 
     return torch.empty(params.out_shape, dtype=x.dtype, device=x.device,
                        memory_format=output_memory_format(x, weight))
@@ -677,3 +673,20 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
         choose_tile(x, weight, bias, params)
     _launch(_staged_input(x, hp), pack_weight_cuda(weight, params, hp), bias, y, hp)
     return y
+
+
+def nvcc_path() -> str | None:
+    """The CUDA compiler torch's extension builder would use, or None: found where that builder
+    looks for CUDA_HOME ($CUDA_HOME, $CUDA_PATH, the nvcc on PATH, /usr/local/cuda) without
+    importing ``torch.utils.cpp_extension``, which imports setuptools -- a large part of a
+    process's first call, which every fp32 layer's support check would pay."""
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if home:
+            candidate = os.path.join(home, "bin", "nvcc")
+            if os.path.isfile(candidate):
+                return candidate
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    candidate = os.path.join("/usr/local/cuda", "bin", "nvcc")
+    return candidate if os.path.isfile(candidate) else None

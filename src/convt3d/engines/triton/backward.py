@@ -65,13 +65,17 @@ import triton
 
 from ...dispatch import cache as disk_cache
 from . import head_backward as HB
-from ..torch import cudnn_conv_tf32, set_backend_flag
+from ...core.flags import cudnn_conv_tf32, set_backend_flag
 from ...core.errors import BackendUnavailableError
 from ...core.params import ConvT3dParams
+from ...dispatch.timing import gpu_ms
 from .kernels import dgrad_bwd, wgrad_bwd
 from .configs import _cdiv, _pow2_at_least
-from .engine import _tuning_enabled, device_name, interpreter_active, suggests_channels_last
+from .sites import interpreter_active
+from .configs import _tuning_enabled, device_name
+from ...core.call import suggests_channels_last
 from .sites import Site, _prepare_padded_input, site
+from ...core.memo import memo
 
 __all__ = ["WGRAD_IMPLS", "DGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
            "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates", "dgrad_choice_candidates", "choices",
@@ -119,8 +123,8 @@ class Choice:
     reason: str
 
 
-_choices: dict[tuple, Choice] = {}  # dW
-_dgrad_choices: dict[tuple, Choice] = {}  # dX
+_choices: dict[tuple, Choice] = memo("engines.triton.backward.choices")  # dW
+_dgrad_choices: dict[tuple, Choice] = memo("engines.triton.backward.dgrad_choices")  # dX
 
 
 def choices() -> dict[tuple, Choice]:
@@ -477,8 +481,6 @@ _MARGIN = 0.03
 def _time_choice(cands: tuple, run_cudnn, run_triton) -> Choice:
     """Time cuDNN and every Triton candidate (do_bench medians); a candidate that raises (a failed
     build, out of memory) is left out and named in the reason."""
-    import triton.testing
-
     t0 = time.perf_counter()
     runs = {"cudnn": (None, run_cudnn)}
     for cfg in cands:
@@ -487,7 +489,7 @@ def _time_choice(cands: tuple, run_cudnn, run_triton) -> Choice:
     for label, (cfg, fn) in runs.items():
         try:
             fn()  # compile + warm
-            timings[label] = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+            timings[label] = gpu_ms(fn, warmup=5, rep=25)
         except Exception as exc:  # noqa: BLE001 -- one candidate's failure only removes it
             if cfg is None:
                 raise  # cuDNN itself failed: PyTorch's own backward would fail the same way
@@ -631,7 +633,7 @@ def choose_dgrad(dy, x, w, params, precision) -> Choice:
 # everything the decisions read, the overriding environment variables included, so changing one
 # takes effect on the next call.
 _ENV_KEYS = (_FORCE_ENV, _FORCE_ENV_X, "CONVT3D_AUTOTUNE")
-_plans: dict[tuple, tuple] = {}
+_plans: dict[tuple, tuple] = memo("engines.triton.backward.plans")
 
 
 def _plan(dy, x, w, params, precision, mask) -> tuple:

@@ -18,8 +18,11 @@ from typing import Callable
 import torch
 import triton
 
+from ...core.flags import device_name
 from ...core.params import ConvT3dParams
+from ...dispatch.timing import gpu_ms, host_ms
 from . import head as head_engine
+from ...core.memo import memo
 
 
 @dataclass(frozen=True)
@@ -267,7 +270,7 @@ class TuneRecord:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-_tuned: dict[tuple, TuneRecord] = {}
+_tuned: dict[tuple, TuneRecord] = memo("engines.triton.configs.tuned")
 
 
 @dataclass(frozen=True)
@@ -295,37 +298,8 @@ def _tuning_enabled() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
 def _tune_key(params: ConvT3dParams, x: torch.Tensor, precision: str, out_cl: bool) -> tuple:
     return (device_name(x.device), x.dtype, precision, out_cl, params)
-
-
-# Calls enqueued, without waiting for the GPU, to read a candidate's host time per call (a tile
-# here, an engine in ``engines.Engine.time``): up to HOST_CALLS, fewer where they would take
-# more than HOST_REP_MS of GPU time (a layer of milliseconds is not decided by ~0.1 ms of host
-# time).
-HOST_CALLS = 10
-HOST_REP_MS = 5.0
-
-
-def _host_ms(fn: Callable[[], object], gpu_ms: float, rounds: int = 2, least: int = 2) -> float:
-    """Host ms per call of ``fn``, at least ``least`` calls enqueued without synchronising; the
-    lowest of ``rounds`` rounds (the tuner takes two: a Python-timed round moves with the host's
-    other work by 10-30%)."""
-    n = max(least, min(HOST_CALLS, int(HOST_REP_MS / gpu_ms))) if gpu_ms > 0 else HOST_CALLS
-    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
-    best = math.inf
-    for _ in range(rounds):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e3)
-    sync()
-    return best
 
 
 def host_charged(timings: dict[str, float], host_ms: dict[str, float]) -> dict[str, float]:
@@ -361,8 +335,8 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
             # whole output, so a partial run leaves nothing behind.
             failed[cfg.short()] = outcome.error
             continue
-        timings[cfg.short()] = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=30, return_mode="median")
-        hosts[cfg.short()] = _host_ms(lambda: run(cfg), timings[cfg.short()])
+        timings[cfg.short()] = gpu_ms(lambda: run(cfg), warmup=5, rep=30)
+        hosts[cfg.short()] = host_ms(lambda: run(cfg), timings[cfg.short()])
     if not timings:
         raise RuntimeError("every tile configuration failed: " + "; ".join(f"[{k}] {v}" for k, v in failed.items()))
     configs = [c for c in configs if c.short() in timings]
@@ -374,9 +348,9 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
                    key=lambda c: cost[c.short()])[:3]
     if len(close) > 1:
         for cfg in reversed(close):
-            again = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=30, return_mode="median")
+            again = gpu_ms(lambda: run(cfg), warmup=5, rep=30)
             timings[cfg.short()] = min(timings[cfg.short()], again)
-            hosts[cfg.short()] = min(hosts[cfg.short()], _host_ms(lambda: run(cfg), timings[cfg.short()]))
+            hosts[cfg.short()] = min(hosts[cfg.short()], host_ms(lambda: run(cfg), timings[cfg.short()]))
         cost = host_charged(timings, hosts)
     best = min(configs, key=lambda c: cost[c.short()])
     _tuned[key] = TuneRecord(best, time.perf_counter() - t0, timings, hosts, failed)

@@ -17,21 +17,21 @@ from typing import Callable
 
 import torch
 
+from ...core.call import output_memory_format
+from ...core.memo import memo
 from ...core.params import ConvT3dParams
 from . import head as head_engine
-# The engine's other two modules; their names are this module's too (callers use either).
-from .configs import (Config, TuneRecord, _cdiv, _choose, _head_configs, _pow2_at_least, _tune_key, _tuned,
-    _tuning_enabled, _w_skip, block_w, candidate_configs, device_name, flat_geometry, flat_unsupported, group_folds,
-    tuned_config, tuning_log, uses_tensor_cores)  # noqa: F401
-from .sites import (Site, _INT32_MAX, _channels_last_site, _check_slice_offsets, _device_table,
-    _fill_planes_site, _fill_rows_site, _flat_descriptors, _flat_site, _flattenable, _head_site, _hook_set, _kernel,
-    _offsets_fit_int32, _operands_site, _gemm_operands, _pack_site, _pack_weight, _packed_shape, _padded_site,
-    _phase_site, _prepare_input,
-    _prepare_padded_input, _row_class_empty, _sites, _tables, _tma_capable, _tma_strides_ok, _w_descriptor,
-    _x_descriptor, companion_masks, empty_planes, empty_rows, interpreter_active, phase_table, site,
-    slice_offsets_fit, gluon_capable, gluon_descriptor, _box_site, _box_descriptors)  # noqa: F401
+# The tuner's face (dispatch.distributed and the persisted results read it here): its records and
+# seed_tuning, which also forgets the settled steps.
+from .configs import (Config, TuneRecord, _choose, _tune_key, _tuned, candidate_configs, flat_geometry,
+    tuned_config, tuning_log, uses_tensor_cores)
+from .sites import (Site, _fill_planes_site, _fill_rows_site, _flat_descriptors, _flat_site, _head_site,
+    _operands_site, _gemm_operands, _pack_site, _pack_weight, _phase_site, _prepare_input, _sites, _tables,
+    _tma_capable, _w_descriptor, _x_descriptor, companion_masks, empty_planes, empty_rows, phase_table,
+    slice_offsets_fit, gluon_capable, _box_site, _box_descriptors)
 
-__all__ = ["Config", "candidate_configs", "forward", "plan", "tuning_log", "clear_caches", "SUPPORTED_DTYPES",
+__all__ = ["Config", "candidate_configs", "forward", "plan", "clear_caches", "SUPPORTED_DTYPES", "seed_tuning",
+           "tuned_config", "tuning_log",
            "unsupported_reason"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -41,7 +41,7 @@ PRECISIONS = ("tf32", "tf32x3", "ieee")
 # ----------------------------------------------------------------------------------------------
 # What the engine can run
 # ----------------------------------------------------------------------------------------------
-_unsupported: dict[tuple, str | None] = {}
+_unsupported: dict[tuple, str | None] = memo("engines.triton.engine.unsupported")
 
 
 def unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None = None) -> str | None:
@@ -77,23 +77,6 @@ def _unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None) -> str | 
             return "a depth slice of the input or output spans more than 2^31 elements"
     return None
 
-
-def suggests_channels_last(t: torch.Tensor) -> bool:
-    """PyTorch's rule for a 5-D tensor's preferred memory format (channels_last_3d vs contiguous)."""
-    if t.dim() != 5 or t.is_contiguous():
-        return False
-    if t.is_contiguous(memory_format=torch.channels_last_3d):
-        return True
-    # Non-contiguous views: channels_last if the channel stride is the smallest.
-    dims = [i for i in range(5) if t.shape[i] > 1]
-    return 1 in dims and t.stride(1) == min(t.stride(i) for i in dims)
-
-
-def output_memory_format(x: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
-    """As PyTorch's convolutions: channels_last_3d out if the input or the weight suggests it."""
-    if suggests_channels_last(x) or suggests_channels_last(weight):
-        return torch.channels_last_3d
-    return torch.contiguous_format
 
 
 def clear_caches() -> None:
@@ -149,7 +132,7 @@ class Launch:
         return self.plan.tune_key
 
 
-_plans: dict[tuple, Plan] = {}
+_plans: dict[tuple, Plan] = memo("engines.triton.engine.plans")
 
 
 def plan(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision: str) -> Plan:
@@ -289,9 +272,9 @@ class _Steps:
         return gemm.launch(dev, xin if x_arg is None else x_arg, wp if w_arg is None else w_arg, b, y, self.tab)
 
 
-_steps: dict[tuple, _Steps] = {}
+_steps: dict[tuple, _Steps] = memo("engines.triton.engine.steps")
 # Signature -> the steps of its tuned config: the steady state of ``forward``.
-_steady: dict[tuple, _Steps] = {}
+_steady: dict[tuple, _Steps] = memo("engines.triton.engine.steady")
 # Bumped whenever settled signatures are forgotten: a launcher from ``steady_launcher`` is valid
 # while the count is the one it was made at (an entry is only ever added to ``_steady``, never
 # replaced, between two such bumps).

@@ -23,6 +23,7 @@ from .kernels import gluon_gemm as GK
 from ...core.errors import BackendUnavailableError
 from ...core.params import ConvT3dParams
 from .configs import Config, _cdiv, _pow2_at_least, _w_skip, block_w
+from ...core.memo import memo
 
 
 _INT32_MAX = 2**31 - 1
@@ -112,7 +113,7 @@ def _hook_set(hook) -> bool:
     return hook is not None and len(getattr(hook, "calls", (hook,))) > 0
 
 
-_sites: dict[tuple, Site] = {}
+_sites: dict[tuple, Site] = memo("engines.triton.sites.sites")
 
 
 def site(key: tuple, build: Callable[[], Site]) -> Site:
@@ -134,7 +135,7 @@ def _head_site(key: tuple, name: str, grid: tuple, ints: tuple, consts: dict, mo
 # ----------------------------------------------------------------------------------------------
 # Device tables (phases, empty rows and planes) and the fills: fixed by the call signature, cached.
 # ----------------------------------------------------------------------------------------------
-_tables: dict[tuple, torch.Tensor] = {}
+_tables: dict[tuple, torch.Tensor] = memo("engines.triton.sites.tables")
 
 
 def _device_table(kind: tuple, params: ConvT3dParams, device: torch.device, build: Callable[[], list],

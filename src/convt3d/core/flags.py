@@ -1,0 +1,90 @@
+"""The flags a call runs under: cuDNN's TF32 switch as PyTorch reads it, set for one call and
+restored, also where PyTorch's test harness froze the flags."""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["cudnn_conv_allows_tf32", "set_backend_flag", "cudnn_conv_tf32", "at_flags_as_they_are", "at_precision",
+           "device_name"]
+
+
+def cudnn_conv_allows_tf32() -> bool:
+    """The TF32 flag PyTorch's convolutions read. Since torch 2.9 that is the per-operator
+    ``torch.backends.cudnn.conv.fp32_precision`` ("tf32" or not); the legacy
+    ``torch.backends.cudnn.allow_tf32`` getter mirrors it but raises RuntimeError once the new
+    API has set conv and rnn differently (e.g. ``cudnn.conv.fp32_precision = "ieee"``).
+
+    Read on every call: through ``torch._C``'s getter where it exists (the attribute path
+    through ``torch.backends``' module ``__getattr__`` costs several times more)."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    getter = getattr(torch._C, "_get_fp32_precision_getter", None)
+    if getter is not None and hasattr(conv, "backend"):
+        value = getter(conv.backend, conv.op)
+        if value in ("tf32", "ieee"):
+            return value == "tf32"
+    value = getattr(conv, "fp32_precision", None)
+    if value in ("tf32", "ieee"):
+        return value == "tf32"
+    return bool(torch.backends.cudnn.allow_tf32)  # "none": inherited, the legacy flag decides
+
+
+def set_backend_flag(obj, attr: str, value) -> None:
+    """``setattr(obj, attr, value)`` on a ``torch.backends`` flag, also where PyTorch's own test
+    harness froze those flags (``torch.backends.disable_global_flags()``, which importing
+    ``torch.testing._internal.common_utils`` calls): a plain assignment then raises RuntimeError
+    ("not allowed to set torch.backends.cudnn flags"). The bracketed mutation is the context
+    PyTorch's own ``flags()`` managers set them in; our changes are bracketed too (restored on
+    exit)."""
+    frozen = getattr(torch.backends, "flags_frozen", None)
+    allow = getattr(torch.backends, "__allow_nonbracketed_mutation", None)
+    if frozen is not None and allow is not None and frozen():
+        with allow():
+            setattr(obj, attr, value)
+    else:
+        setattr(obj, attr, value)
+
+
+class cudnn_conv_tf32:
+    """Context manager: PyTorch's convolutions run with TF32 on or off, restored on exit (the
+    per-operator flag where torch has it, else the legacy one)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __enter__(self):
+        conv = getattr(torch.backends.cudnn, "conv", None)
+        if conv is not None and hasattr(conv, "fp32_precision"):
+            self._obj, self._attr, self._value = conv, "fp32_precision", "tf32" if self.enabled else "ieee"
+        else:
+            self._obj, self._attr, self._value = torch.backends.cudnn, "allow_tf32", self.enabled
+        self._old = getattr(self._obj, self._attr)
+        # Set only on a change: the flag's setter validates and re-derives torch's precision
+        # state, host time that every backward of a training step would pay twice.
+        if self._old != self._value:
+            set_backend_flag(self._obj, self._attr, self._value)
+        return self
+
+    def __exit__(self, *exc):
+        if self._old != self._value:
+            set_backend_flag(self._obj, self._attr, self._old)
+        return False
+
+
+def at_flags_as_they_are(x, precision) -> bool:
+    """Whether PyTorch's forward of a call with this input and requested precision runs at cuDNN's
+    flags as they are (True), or sets the TF32 flag for the call (CUDA float32 with a precision)."""
+    return precision is None or x.device.type != "cuda" or x.dtype != torch.float32
+
+
+def at_precision(op, args: tuple, precision):
+    """``op(*args)`` (a PyTorch convolution whose input is ``args[0]``) at the call's precision:
+    cuDNN's flags as they are, or its TF32 flag set for this call (``at_flags_as_they_are``)."""
+    if at_flags_as_they_are(args[0], precision):
+        return op(*args)
+    with cudnn_conv_tf32(precision == "tf32"):
+        return op(*args)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU model a decision or a tuning result holds for ("cpu" off CUDA)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -1,0 +1,175 @@
+"""The face every engine shows the dispatcher, as xFormers' operators do: what it supports
+(declared as data: devices, dtypes, compute capability; ``call_reasons`` for the rest), from
+which ``not_supported_reasons`` follows; the precision it computes; its forward and run; and its
+timing as "auto" measures it (forward, or a whole training step, through the steady path)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..core.call import Call, autocast_inputs
+from ..dispatch.steady import Direct, Repeat, steady_key
+from ..dispatch.timing import Timing, time_call
+from . import op as ops
+from .torch.calls import torch_forward
+
+__all__ = ["Engine", "LaunchedRepeats", "memo_check", "FLOATS"]
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def memo_check(call: Call, make: Callable[..., Direct]) -> Callable[[], bool]:
+    """The check a weight's memo (``make``: ``steady.Direct`` or a ``steady.Repeat`` maker) does on
+    a repeat of ``call``, for ``Engine.time`` to pay per timed call; the memo is made at the
+    first check, under the grad mode of the timed calls."""
+    p = call.params
+    args = (p.stride, p.padding, p.output_padding, p.groups, p.dilation)
+    x, w, b = call.given
+    memo: list[Direct] = []
+
+    def check() -> bool:
+        if not memo:
+            memo.append(make(x, w, b, args, None, call.requested))
+        return memo[0].fits(x, w, b, args, None, call.requested)
+
+    return check
+
+
+class Engine:
+    """The face every engine shows the dispatcher."""
+
+    name: str = ""
+    backward: str = "convt3d"
+    devices: tuple[str, ...] | None = ("cuda", "cpu")  # None: any
+    dtypes: tuple[torch.dtype, ...] | None = FLOATS  # None: any
+    min_capability: tuple[int, int] | None = None  # CUDA compute capability, where it needs one
+
+    def not_supported_reasons(self, call: Call) -> list[str]:
+        """Why it cannot run the call: the declared support first, then ``call_reasons``."""
+        reasons = []
+        if self.devices is not None and call.device.type not in self.devices:
+            reasons.append(f"device {call.device.type!r} (runs on {', '.join(self.devices)})")
+        if self.dtypes is not None and call.dtype not in self.dtypes:
+            reasons.append(f"dtype {call.dtype} (runs {', '.join(str(d).replace('torch.', '') for d in self.dtypes)})")
+        if (self.min_capability is not None and call.device.type == "cuda"
+                and torch.cuda.get_device_capability(call.device) < self.min_capability):
+            reasons.append(f"compute capability {torch.cuda.get_device_capability(call.device)} (needs "
+                           f"{self.min_capability} or newer)")
+        return reasons or self.call_reasons(call)
+
+    def call_reasons(self, call: Call) -> list[str]:
+        """Why it cannot run this call beyond the declared support (shapes, layouts, limits)."""
+        return []
+
+    def precision(self, call: Call) -> str:
+        """The precision this engine computes the call at (float32 semantics)."""
+        return call.precision
+
+    def precision_reasons(self, call: Call) -> list[str]:
+        """Why it cannot compute an explicitly requested precision as such. A named backend
+        raises on these; "auto" still runs the engine where it computes at least as exactly
+        (an exact-grade request is met by exact fp32)."""
+        return []
+
+    def forward(self, call: Call) -> torch.Tensor:
+        """The plain forward (no autograd recording)."""
+        raise NotImplementedError
+
+    def run(self, call: Call) -> torch.Tensor:
+        if call.training:
+            return ops.conv_transpose3d_autograd(call.x, call.weight, call.bias, call.params, self.precision(call),
+                                                 self._autograd_engine)
+        return self.forward(call)
+
+    _autograd_engine = ""  # the engine name ops.conv_transpose3d_autograd runs the forward with
+
+    def time(self, call: Call) -> Timing:
+        # Each timed call does what a repeated call of the steady path does with this engine's
+        # decision -- its memo check (``steady_cost``), the autocast casts of the caller's
+        # tensors, then a Call of its own through ``run`` (``_timed``) -- so that on a host-bound
+        # layer the host cost of that path is in the measurement: the public call costs more
+        # host time than the engine's forward alone, and a measurement without it can choose an
+        # engine whose public call is slower than PyTorch's.
+        cost = self.steady_cost(call)
+        if not call.training:
+            def forward(repeat: bool):
+                cost()
+                return self._timed(call, call.given, False, repeat)
+
+            # The first call is a first sight (the engine primes its caches, agrees across
+            # ranks); the timed ones are repeats.
+            with torch.no_grad():
+                return time_call(lambda: forward(True), first=lambda: forward(False))
+        step = self._step(call, cost)
+        return time_call(step, first=lambda: step(False))
+
+    def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
+        """One call as ``convt3d.conv_transpose3d`` makes it once this engine is decided: from
+        ``given`` (tensors in the form the caller passes them, ``Call.given``), cast as every call
+        casts them under autocast, then a Call of its own through ``run``. 5-D output."""
+        x, w, b = autocast_inputs(*given)
+        if call.unbatched:
+            x = x.unsqueeze(0)
+        return self.run(Call(x, w, b, call.params, call.precision, call.requested, training, call.unbatched,
+                             repeat=repeat))
+
+    def steady_cost(self, call: Call) -> Callable[[], object]:
+        """The host work a repeated call decided for this engine does before ``run``: the steady
+        key of its arguments (the caller's, before autocast)."""
+        x, w, b = call.given
+        p, requested = call.params, call.requested
+        return lambda: steady_key(x, w, b, p.stride, p.padding, p.output_padding, p.groups, p.dilation, None,
+                                  requested)
+
+    def _step(self, call: Call, cost: Callable[[], object]) -> Callable[[], object]:
+        """One training step on the call's own tensors (the caller's, where autocast cast them,
+        with their casts in the step and in its backward): the steady path's memo check
+        (``cost``), the forward, then the gradients of the tensors that require them, for a
+        fixed random output gradient. ``step(repeat)``: a steady-path repeat unless ``repeat`` is
+        False (the first step, a first sight as the forward's first timed call is)."""
+        leaves = tuple(None if t is None else t.detach().requires_grad_(t.requires_grad) for t in call.given)
+        wanted = [t for t in leaves if t is not None and t.requires_grad]
+        with torch.no_grad():
+            dy = torch.randn_like(torch_forward(call.x, call.weight, call.bias, call.params, call.requested))
+
+        def step(repeat: bool = True):
+            with torch.enable_grad():
+                cost()
+                return torch.autograd.grad(self._timed(call, leaves, True, repeat), wanted, dy)
+
+        return step
+
+
+class LaunchedRepeats(Engine):
+    """An engine whose repeated inference calls go from the weight's ``steady.Repeat`` memo to
+    its ``steady_launcher``, without the key and the Call; its timings take the same path, so
+    that auto charges it the host time those repeats cost."""
+
+    def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
+                        precision: str):
+        """(run(x, weight, bias), alive()) of a settled inference signature, or None."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _repeats_launch(call: Call) -> bool:
+        """Whether a repeat of this call goes through its weight's ``steady.Repeat`` memo straight
+        to the launcher (dispatch.steady): inference on plain tensors outside autocast."""
+        return (not call.training and call.sources is None and type(call.x) is torch.Tensor
+                and not torch.is_autocast_enabled(call.device.type))
+
+    def steady_cost(self, call: Call) -> Callable[[], object]:
+        """A repeat that its weight's Repeat memo answers costs that memo's check, not the key."""
+        if not self._repeats_launch(call):
+            return super().steady_cost(call)
+        return memo_check(call, lambda *a: Repeat(*a, lambda: True))
+
+    def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
+        # A repeat of an inference call runs as the steady path runs it: the launcher alone, once
+        # the first timed call has settled the signature (looked up per timed call, a key more
+        # than the weight's memo, which holds it; held here it would keep the call's tensors).
+        if repeat and not training and self._repeats_launch(call):
+            launcher = self.steady_launcher(call.x, call.weight, call.bias, call.params, call.precision)
+            if launcher is not None:
+                return launcher[0](call.x, call.weight, call.bias)
+        return super()._timed(call, given, training, repeat)

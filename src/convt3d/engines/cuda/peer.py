@@ -1,0 +1,38 @@
+"""The CUDA engine as the dispatcher sees it: the head kernel (``convt3d.engines.cuda.head``) for
+output heads at dilation 1, float32 at TF32, bfloat16 and float16, built with nvcc."""
+from __future__ import annotations
+
+import torch
+
+from ...core.call import Call
+from .. import op as ops
+from ..base import Engine
+
+__all__ = ["CudaEngine"]
+
+
+class CudaEngine(Engine):
+    """The CUDA head kernel: output heads (few output channels per group) at dilation 1."""
+
+    name = "cuda"
+    _autograd_engine = "cuda"
+    devices = ("cuda",)
+    min_capability = (8, 0)  # bf16 mma.sync and cp.async
+
+    def call_reasons(self, call: Call) -> list[str]:
+        from . import head
+
+        why = head.call_reason(call.x, call.params, call.precision)
+        return [] if why is None else [why]
+
+    def precision(self, call: Call) -> str:
+        # Its only fp32 mode is TF32; an exact-grade call is not one it supports (call_reasons).
+        return call.precision
+
+    def precision_reasons(self, call: Call) -> list[str]:
+        if call.dtype == torch.float32 and call.requested in ("tf32x3", "ieee"):
+            return [f"precision {call.requested!r} (the head kernel computes float32 at TF32 only)"]
+        return []
+
+    def forward(self, call: Call) -> torch.Tensor:
+        return ops.run_engine("cuda", call.x, call.weight, call.bias, call.params, self.precision(call))

@@ -1,0 +1,81 @@
+"""PyTorch's own forward (cuDNN on CUDA), as convt3d runs it: the "torch" engine's work, the
+forward of the ``torch+bwd`` training step, and the baseline every "auto" measurement compares
+against; and the conv3d form of a stride-1 call."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ...core.flags import at_precision
+
+__all__ = ["torch_forward",
+           "conv3d_form_reasons", "conv3d_padding", "conv3d_weight", "conv3d_forward"]
+
+
+
+def torch_forward(x, weight, bias, params, precision):
+    """PyTorch's forward of a validated call. A precision for CUDA float32 sets cuDNN's TF32 flag
+    for this call only ("tf32": TF32 on; any exact grade: off); None follows the flag as it is."""
+    args = (x, weight, bias, params.stride, params.padding, params.output_padding, params.groups, params.dilation)
+    return at_precision(torch.nn.functional.conv_transpose3d, args, precision)
+
+
+
+# ---- the conv3d form of a stride-1 call ----------------------------------------------------------
+# At stride 1 a transposed convolution is a plain one: y[o] = sum_k x[o + p - d k] w[k] is the
+# cross-correlation of x, padded by d (K - 1) - p, with the weight flipped along every kernel
+# axis and its two channel axes swapped (per group). cuDNN runs that conv3d on its forward
+# kernels, and runs conv_transpose3d on its dgrad kernels, which are several times slower at
+# TF32 on such calls (docs/design.md, "The conv3d form of stride-1 calls").
+
+
+def conv3d_form_reasons(params, dtype: torch.dtype, precision: str) -> list[str]:
+    """Why a call has no conv3d form (empty: it has one). It needs stride 1, and then an
+    output_padding of 0: the extra rows would need padding on one side only (a copy of x).
+
+    Not for float32 at exact grade: with TF32 off, cuDNN's conv3d can pick an algorithm whose
+    error is several times its conv_transpose3d's, beyond the error budget of twice cuDNN's
+    own; at exact grade the two run equally fast (docs/design.md, "The conv3d form of stride-1 calls"), so nothing is lost."""
+    reasons = []
+    if params.stride != (1, 1, 1):
+        reasons.append(f"stride={params.stride}: the conv3d form needs stride 1")
+    elif params.output_padding != (0, 0, 0):
+        reasons.append(f"output_padding={params.output_padding}: the conv3d form pads both sides alike")
+    if dtype == torch.float32 and precision != "tf32":
+        reasons.append(f"precision {precision!r}: the conv3d form is for TF32 and 16-bit calls (cuDNN's exact "
+                       "fp32 conv3d errs up to 7x its conv_transpose3d)")
+    return reasons
+
+
+def conv3d_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """The conv3d weight of a transposed convolution's ``weight`` [Cin, Cout/g, kD, kH, kW]:
+    [Cout, Cin/g, kD, kH, kW], flipped along the kernel axes, in the weight's memory format
+    (PyTorch picks channels-last output when the weight is channels-last, for either op).
+    Two copies (flip, then the channel swap): PyTorch has no negative strides, and a flipped
+    view is what one copy would need."""
+    cin, cout_g = weight.shape[0], weight.shape[1]
+    k = tuple(weight.shape[2:])
+    fmt = (torch.channels_last_3d if not weight.is_contiguous()
+           and weight.is_contiguous(memory_format=torch.channels_last_3d) else torch.contiguous_format)
+    swapped = weight.flip((2, 3, 4)).reshape(groups, cin // groups, cout_g, *k).transpose(1, 2)
+    return swapped.reshape(groups * cout_g, cin // groups, *k).contiguous(memory_format=fmt)
+
+
+@functools.lru_cache(maxsize=1024)
+def conv3d_padding(params) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(padding of the conv3d, elements trimmed off each side of x) per axis: d (K - 1) - p where
+    that is not negative, else no padding and x trimmed by p - d (K - 1)."""
+    q = [d * (k - 1) - p for d, k, p in zip(params.dilation, params.kernel_size, params.padding)]
+    return tuple(max(v, 0) for v in q), tuple(max(-v, 0) for v in q)
+
+
+def conv3d_forward(x, weight, bias, params, precision):
+    """A stride-1 call (``conv3d_form_reasons`` empty) as PyTorch's conv3d, at the call's
+    precision as ``torch_forward``. Padding beyond d (K - 1) trims x instead (a view): the conv3d's padding
+    would be negative there."""
+    pad, trim = conv3d_padding(params)
+    if trim != (0, 0, 0):
+        x = x[:, :, trim[0]:x.shape[2] - trim[0], trim[1]:x.shape[3] - trim[1], trim[2]:x.shape[4] - trim[2]]
+    args = (x, conv3d_weight(weight, params.groups), bias, 1, pad, params.dilation, params.groups)
+    return at_precision(torch.nn.functional.conv3d, args, precision)

@@ -1,0 +1,100 @@
+"""PyTorch's own call as a peer of our engines (``TorchEngine``: the baseline "auto" measures
+against), and the conv3d form of a stride-1 call (``Conv3dEngine``)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ...core.call import Call
+from ...core.flags import at_flags_as_they_are
+from ...dispatch.steady import Direct
+from .. import op as ops
+from ..base import Engine, LaunchedRepeats, memo_check
+from .calls import conv3d_form_reasons, torch_forward
+
+__all__ = ["TorchEngine", "Conv3dEngine"]
+
+
+class TorchEngine(Engine):
+    """PyTorch's own forward and backward (cuDNN on CUDA)."""
+
+    name = "torch"
+    backward = "pytorch"
+
+    devices = dtypes = None
+
+    def precision_reasons(self, call: Call) -> list[str]:
+        if call.requested == "tf32x3":
+            return ["precision 'tf32x3' (cuDNN offers 'tf32' or exact fp32 'ieee')"]
+        return []
+
+    def precision(self, call: Call) -> str:
+        return call.precision if call.dtype != torch.float32 or call.precision == "tf32" else "ieee"
+
+    def forward(self, call: Call) -> torch.Tensor:
+        return torch_forward(call.x, call.weight, call.bias, call.params, call.requested)
+
+    def run(self, call: Call) -> torch.Tensor:
+        return self.forward(call)  # differentiable as it is
+
+    def run_arguments(self, input, weight, bias, stride, padding, output_padding, groups, dilation):
+        """The steady path of a call decided for PyTorch at the flags as they are: its own op on
+        the caller's arguments, as an untouched layer calls it (autocast, unbatched input and
+        autograd handled by PyTorch)."""
+        return torch.nn.functional.conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups,
+                                                    dilation)
+
+    def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
+        # At the flags as they are, a repeated call is PyTorch's own op on the caller's tensors:
+        # under autocast PyTorch casts them itself (a model's fp32 weight once per autocast
+        # region, from its cast cache), so a timed call of a call autocast cast starts from them.
+        if call.sources is None or not at_flags_as_they_are(call.x, call.requested):
+            return super()._timed(call, given, training, repeat)
+        p = call.params
+        y = self.run_arguments(*given, p.stride, p.padding, p.output_padding, p.groups, p.dilation)
+        return y.unsqueeze(0) if call.unbatched else y
+
+    def steady_cost(self, call: Call) -> Callable[[], object]:
+        """At the flags as they are, a repeated call goes straight to PyTorch's op after the check
+        of its direct memo (``steady.Direct``); with an explicit precision it takes the key."""
+        if not at_flags_as_they_are(call.x, call.requested):
+            return super().steady_cost(call)
+        return memo_check(call, Direct)
+
+
+class Conv3dEngine(LaunchedRepeats):
+    """A stride-1 call as PyTorch's conv3d of the flipped weight with its channel axes swapped
+    (``torch_engine.conv3d_forward``): cuDNN's forward kernels, where PyTorch's own
+    conv_transpose3d runs its dgrad kernels, several times slower on such calls (docs/design.md,
+    "The conv3d form of stride-1 calls"). Training steps take convt3d's backward: autograd through the
+    conv3d would compute dX on those dgrad kernels, where the transposed convolution's dX is a
+    forward conv3d."""
+
+    name = "conv3d"
+    _autograd_engine = "conv3d"
+
+    def call_reasons(self, call: Call) -> list[str]:
+        return conv3d_form_reasons(call.params, call.dtype, call.precision)
+
+    # Its precision is the call's: not_supported_reasons leaves it TF32 or 16-bit.
+    precision_reasons = TorchEngine.precision_reasons
+
+    def forward(self, call: Call) -> torch.Tensor:
+        return ops.run_engine("conv3d", call.x, call.weight, call.bias, call.params, call.precision)
+
+    def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
+                        precision: str):
+        """(run, alive) of a settled inference signature for ``steady.Repeat``: the conv3d form of
+        the caller's tensors without the key and the Call: on a tiny layer, whose launches are
+        all but free, those cost about as much host time as the weight's two copies the form
+        itself needs."""
+
+        def run(x, weight, bias):
+            return ops.run_engine("conv3d", x, weight, bias, params, precision)
+
+        return run, _always
+
+
+def _always() -> bool:
+    return True

@@ -1,0 +1,137 @@
+"""The Triton engine as the dispatcher sees it (``TritonEngine``), and PyTorch's forward recorded
+with its backward for training steps (``HybridEngine``)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ...core.call import Call
+from ...dispatch import cache, distributed
+from ...dispatch.registry import HYBRID
+from ..base import Engine, LaunchedRepeats
+from ..torch.calls import torch_forward
+from ..torch.peer import TorchEngine
+from . import engine as triton_engine
+from .configs import CandidateFailure
+from .persist import flush_triton, has_pending, prime_triton
+from .configs import device_name, tuned_config
+
+__all__ = ["TritonEngine", "HybridEngine", "guarded"]
+
+
+class TritonEngine(LaunchedRepeats):
+    """The phase-decomposed implicit GEMM in Triton (``convt3d.engines.triton.engine``)."""
+
+    name = "triton"
+    _autograd_engine = "triton"
+
+    def __init__(self):
+        self._primed: set = set()
+
+    tuner = triton_engine  # holds the tuning records the ranks agree on (dispatch.distributed)
+
+    def call_reasons(self, call: Call) -> list[str]:
+        why = triton_engine.unsupported_reason(call.x, call.params)
+        return [] if why is None else [why]
+
+    @staticmethod
+    def input_reason(x: torch.Tensor) -> str | None:
+        """Why the engine cannot run calls on this input at all, for callers without the geometry."""
+        return triton_engine.unsupported_reason(x, None)
+
+    def forward(self, call: Call) -> torch.Tensor:
+        self._prime(call)
+        return triton_engine.forward(call.x, call.weight, call.bias, call.params, call.precision)
+
+    def run(self, call: Call) -> torch.Tensor:
+        if call.training:
+            self._prime(call)
+        return super().run(call)
+
+    def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        params, precision: str):
+        """(run, alive) of a settled inference signature for ``steady.Repeat``
+        (``triton_engine.steady_launcher``), or None; on CUDA ``run`` also persists pending
+        tuning results first, as ``_prime`` does for a repeat."""
+        launcher = triton_engine.steady_launcher(x, weight, bias is not None, params, precision)
+        if launcher is None or x.device.type != "cuda":
+            return launcher
+        launch, alive = launcher
+
+        def run(x, weight, bias):
+            if has_pending():
+                flush_triton()
+            return launch(x, weight, bias)
+
+        return run, alive
+
+    def _prime(self, call: Call) -> None:
+        """Before a signature's first call on CUDA, seed its tile choice from the disk cache, or
+        tune it with every candidate's run guarded (``guarded``); on later calls, persist tuning
+        results that earlier calls produced (one set lookup and one flag check when there are
+        none; the flag check alone for a steady-path repeat)."""
+        if call.device.type != "cuda":
+            return
+        key = None if call.repeat else (call.key, call.bias is not None)
+        if key is not None and key not in self._primed:
+            self._primed.add(key)
+            plan = triton_engine.plan(call.params, call.x, call.weight, call.precision)
+            tk = plan.tune_key
+            prime_triton(device_name(call.device), tk, plan.configs)
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                return  # nothing is timed inside graph capture: triton_engine.forward runs the default
+            if distributed.active():
+                # Every rank agrees on the tile at its first sight of the signature, whatever it
+                # seeded from its own cache file: rank 0 tunes (or keeps its seed), the others
+                # take its config (convt3d.dispatch.distributed).
+                launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
+                distributed.agree_config(
+                    tk, lambda: tuned_config(tk) or triton_engine._choose(tk, launch.configs,
+                                                                                         guarded(launch.run)),
+                    launch.configs, tuner=triton_engine)
+            elif tuned_config(tk) is None:
+                launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
+                if launch.y.numel():
+                    triton_engine._choose(tk, launch.configs, guarded(launch.run))
+        elif has_pending():
+            flush_triton()
+
+    def forget(self) -> None:
+        self._primed.clear()
+
+
+def guarded(run: Callable[[triton_engine.Config], object]) -> Callable[[triton_engine.Config], object]:
+    """``run`` for the tuner, returning a candidate's failure (``CandidateFailure``) instead of
+    raising it, so that a tile this GPU cannot compile (less shared memory per block than the
+    H100/H200 the offer rules assume) is left out rather than failing the call."""
+
+    def attempt(cfg):
+        try:
+            return run(cfg)
+        except Exception as exc:  # noqa: BLE001 -- any failure of one candidate leaves it out
+            return CandidateFailure(f"{type(exc).__name__}: {exc}"[:300])
+
+    return attempt
+
+
+class HybridEngine(Engine):
+    """Training steps only: PyTorch's forward, recorded with convt3d's backward, for layers where
+    cuDNN's forward is as fast as ours but its dX is many times slower than our Triton dX."""
+
+    name = HYBRID
+    _autograd_engine = "torch"
+
+    devices = dtypes = None
+
+    def call_reasons(self, call: Call) -> list[str]:
+        return [] if call.training else ["not a training call (PyTorch's forward with convt3d's backward)"]
+
+    precision_reasons = TorchEngine.precision_reasons
+
+    def precision(self, call: Call) -> str:
+        # Also the precision of convt3d's backward kernels: exact grade stays tf32x3 there.
+        return call.precision
+
+    def forward(self, call: Call) -> torch.Tensor:
+        return torch_forward(call.x, call.weight, call.bias, call.params, call.requested)
