@@ -386,16 +386,24 @@ def test_json_writes_nan_as_null(tmp_path):
     assert json.loads(path.read_text())["rows"] == [{"x": None}]
 
 
-def test_tables_render(timing_rows):
+@pytest.mark.parametrize("rich", [True, False], ids=["rich", "plain-text-without-rich"])
+def test_tables_render(timing_rows, rich, monkeypatch, capsys):
     import io
 
+    if not rich:  # None in sys.modules makes `import` raise ImportError, installed or not
+        for m in ("rich", "rich.console", "rich.table", "rich.progress"):
+            monkeypatch.setitem(sys.modules, m, None)
     buf = io.StringIO()
     console = report.make_console(buf)
+    assert isinstance(console, report.PlainConsole) is not rich
     report.print_header(console, report.environment(cuda=False), H200)
     report.print_timing_table(console, timing_rows, "t")
     report.print_summary(console, report.summarize(timing_rows))
     text = buf.getvalue()
     assert "tiny" in text and "3.00x" in text and "ceilings" in text
+    if not rich:
+        assert "[bold]" not in text and "[/" not in text  # markup stripped
+        assert capsys.readouterr().err.strip() == "rich is not installed: plain-text tables (pip install rich)"
 
 
 def test_plot(timing_rows, tmp_path):

@@ -69,6 +69,8 @@ def _isolated(auto_state, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: GPU)
     monkeypatch.setattr(dispatch, "_capturing", lambda: False)
     monkeypatch.setattr(ENGINES["cuda"], "call_reasons", lambda call: ["the head kernel is not in this build"])
+    # PyTorch's call computes TF32 where allowed (its precision class), unless a test says otherwise.
+    monkeypatch.setattr(ENGINES["torch"], "precision_class", lambda call: "tf32")
     yield
     triton_engine.clear_caches()
 
@@ -755,3 +757,74 @@ def test_override_replaces_the_decision_in_memory_and_in_the_cache(monkeypatch):
 def test_override_of_an_unknown_engine_raises():
     with pytest.raises(ValueError, match="engine 'magic'"):
         dispatch.override("sig", "magic", "why", torch.device("cpu"))
+
+
+# ---- PyTorch's precision class: never below PyTorch's own numerics ---------------------------------
+class CallRecorder(Recorder):
+    """A Recorder that also keeps the precision each measured call was made at."""
+
+    def __call__(self, call, cands, label):
+        self.precisions = getattr(self, "precisions", []) + [call.precision]
+        return super().__call__(call, cands, label)
+
+
+@pytest.fixture
+def classified(monkeypatch):
+    """PyTorch's call classified as the test says (counting the classifications); the fake tensors
+    stand for real ones, so the class is measured."""
+    asked = []
+
+    def set_class(klass):
+        monkeypatch.setattr(ENGINES["torch"], "precision_class", lambda call: asked.append(call.text) or klass)
+        return asked
+
+    monkeypatch.setattr(dispatch, "_without_data", lambda t: False)
+    return set_class
+
+
+@pytest.mark.parametrize("klass,expect", [("fp32", "tf32x3"), ("tf32", "tf32")], ids=["cudnn-exact", "cudnn-tf32"])
+def test_auto_runs_at_exact_grade_where_pytorch_computes_full_fp32(klass, expect, classified, monkeypatch):
+    asked = classified(klass)
+    rec = CallRecorder({"triton": 1.0, "torch": 2.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    x, w, b, params = _call()
+    with dispatch.cudnn_conv_tf32(True):
+        d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+        call = dispatch.decided_call(Call(x, w, b, params, "tf32"), d)
+    assert d.engine == "triton" and d.precision == expect and rec.precisions == [expect] and len(asked) == 1
+    assert call.precision == expect
+    assert (d.precision_class, "full fp32" in d.reason) == (("fp32", True) if klass == "fp32" else ("", False))
+    # A later process reads the class from the cache file: nothing is classified again.
+    dispatch.clear_decisions()
+    cache.reset()
+    with dispatch.cudnn_conv_tf32(True):
+        again = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert (again.precision, again.source, len(asked)) == (expect, "cache", 1)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"], ids=["explicit-tf32", "explicit-exact"])
+def test_an_explicit_precision_is_never_reclassified(precision, classified, monkeypatch):
+    asked = classified("fp32")
+    monkeypatch.setattr(dispatch, "_measure", Recorder({"triton": 1.0, "torch": 2.0}))
+    x, w, b, params = _call()
+    d = dispatch.decide(x, "auto", precision, params, weight=w, bias=b)
+    assert d.precision == precision and not asked and not d.precision_class
+
+
+@pytest.mark.parametrize("noise,klass", [(0.0, "fp32"), (1e-7, "fp32"), (1e-3, "tf32")],
+                         ids=["identical", "fp32-reordering", "tf32-rounding"])
+def test_the_precision_class_separates_tf32_from_fp32_rounding(noise, klass, monkeypatch):
+    """The classifier compares PyTorch's call at TF32 against it in exact fp32: on this CPU both are
+    exact, and a TF32-sized error injected into the TF32 call makes it "tf32"."""
+    import convt3d.engines.torch.peer as peer
+
+    real = peer.torch_forward
+
+    def forward(x, w, b, params, precision):
+        y = real(x, w, b, params, precision)
+        return y + noise * y.abs().max() if precision == "tf32" else y
+
+    monkeypatch.setattr(peer, "torch_forward", forward)
+    x, w = torch.randn(1, 4, 3, 3, 3), torch.randn(4, 2, 3, 3, 3)
+    params, _ = check_call(x, w, None, 2, 1, 0, 1, 1)
+    assert peer.TorchEngine.precision_class(Call(x, w, None, params, "tf32")) == klass

@@ -521,6 +521,22 @@ def test_cli_timing_path_with_a_fake_gpu(fake_gpu, monkeypatch, tmp_path, capsys
     assert (tmp_path / "t.png").stat().st_size > 0
 
 
+def test_cli_plot_without_matplotlib_is_a_line(fake_gpu, monkeypatch, tmp_path, capsys):
+    # Without matplotlib the timing run still writes its table and JSON; --plot says why it is skipped.
+    for m in ("matplotlib", "matplotlib.pyplot", "matplotlib.ticker"):
+        monkeypatch.setitem(sys.modules, m, None)
+    real_run = networks.run_networks
+    monkeypatch.setattr(networks, "run_networks", lambda *a, **kw: real_run(
+        *a, **dict(kw, device="cpu", timer=FakeTimer([2e-3, 1e-3]), tiny=True)))
+    path, png = tmp_path / "t.json", tmp_path / "t.png"
+    rc = cli.main(["--suite", "networks", "--case", "gan3d", "--mode", "fwd", "--dtype", "fp32", "--json", str(path),
+                   "--plot", str(png)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "--plot skipped: matplotlib is not installed (pip install matplotlib)" in out and "2.00x" in out
+    assert json.loads(path.read_text())["rows"] and not png.exists()
+
+
 def test_cli_first_calls_with_a_fake_gpu(fake_gpu, monkeypatch, tmp_path, capsys):
     """--first-calls: first calls and agreement only (no steady timing, no profile), the extra
     first-call seconds of the patched model in the table and the JSON."""

@@ -5,12 +5,11 @@ heuristic pick the fastest engine?
     PYTHONPATH=src python3 tools/gpu_auto.py auto.json --suite layers --case gan_k4s2p1,refine_k3s1
 
 For every case of the bench suites (the same tensors and flags as ``convt3d bench``), forward,
-do_bench medians (L2 flushed) of cuDNN, ``backend="triton"``, auto with benchmark off (the
-heuristic; a fresh cache directory) and auto with benchmark on (the first call measures). Prints a
-line per case as it goes (the JSON is rewritten after each: a timeout keeps what ran), then a table
-and the two bars -- auto with benchmark on >= 0.97x cuDNN on every row, the heuristic picking the
-fastest engine on >= 90% of rows -- and writes everything as JSON (``tools/bench_md.py`` renders it).
-Two tiny probe layers check the heuristic's "tiny -> torch" rule, which no suite row exercises.
+do_bench medians of cuDNN, ``backend="triton"``, auto with benchmark off (the heuristic; a fresh
+cache directory) and on (the first call measures), and two tiny probe layers for the heuristic's
+"tiny -> torch" rule. Prints a line per case (the JSON is rewritten after each), then the summary
+and the two bars: auto with benchmark on >= 0.97x cuDNN on every row, the heuristic picking the
+fastest engine on >= 90% of rows. ``tools/bench_md.py`` renders the JSON as a table.
 """
 from __future__ import annotations
 
@@ -148,14 +147,6 @@ def main(argv=None) -> int:
             summary = summarize(suite_rows, time.perf_counter() - t0)
         Path(args.json).write_text(json.dumps({"env": env, "summary": summary, "rows": rows, "failures": failures},
                                               indent=1))
-    print(f"{'case':<34} {'torch':>9} {'triton':>9} {'auto-h':>9} {'auto-b':>9} {'h pick':>7} {'b pick':>7} "
-          f"{'best':>7} {'b/cuDNN':>8} {'h/cuDNN':>8} meas   (us)")
-    for r in rows:
-        t = r["times_ms"]
-        print(f"{r['label']:<34} {t['torch'] * 1e3:9.1f} {t['triton'] * 1e3:9.1f} {r['auto_heuristic_ms'] * 1e3:9.1f} "
-              f"{r['auto_bench_ms'] * 1e3:9.1f} {r['heuristic_engine']:>7} {r['bench_engine']:>7} "
-              f"{r['best_engine']:>7} {r['auto_bench_vs_cudnn']:8.2f} {r['auto_heuristic_vs_cudnn']:8.2f} "
-              f"{'yes' if r['measured'] else 'no'}")
     if summary:
         print(json.dumps(summary, indent=1))
         print(f"BAR auto(benchmark on) >= 0.97x cuDNN everywhere: "

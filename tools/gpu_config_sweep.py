@@ -1,40 +1,23 @@
 """Tile and launch configurations of the Triton forward engine, timed one by one on the GPU.
 
-What it measures, per bench case (``convt3d.bench.suites``: the same tensors as ``convt3d bench``):
-- cuDNN's ``F.conv_transpose3d`` at the matching TF32 flag, and ``zero_()`` of the output (the
-  write floor of the call);
-- for each configuration: the time of ``Launch.run(config)`` -- every kernel of the call (fill,
-  input copy, GEMM) on a prepared output and packed weight, as the tuner times it -- with
-  ``triton.testing.do_bench`` (median, L2 flushed; with ``--graph``, ``do_bench_cudagraph``: the
-  kernels alone, without the host's launch cost), the first run's compile seconds, TFLOP/s of
-  useful work, the max abs error against float64, and the compiler's facts of the main kernel
-  (registers, spills, shared memory, MMA kind, TMA or not);
-- with ``--kernels``: the per-kernel breakdown (torch.profiler) of ``forward`` with the best
-  configuration, and the tuner's own choice.
-
-Which configurations: the engine's candidate list (``--candidates``, the default when nothing else
-is asked; on an output-head row it holds the head kernels' tiles), variants of its first candidate
-(``--set KEY=VALUE[,KEY=VALUE]``, one variant per ``--set``; keys are ``triton_engine.Config``
-fields, e.g. ``num_stages=4``, ``BLOCK_M=256,num_warps=8``, ``tma=False``, ``companions=False``,
-``x_cache=.ca``, ``maxnreg=128``, ``BLOCK_K=64``), and a grid of flat tiles (``--grid``: BLOCK_M
-64/128/256 x 4/8 warps x 2-8 stages x BLOCK_K 16/32/64 over the first flat candidate). A BLOCK_M
-override re-derives BLOCK_W unless it is given.
-
-Run on the GPU machine:
+Per bench case (the same tensors as ``convt3d bench``): cuDNN at the engine precision's TF32 flag
+and ``zero_()`` of the output (the call's write floor); then per configuration ``Launch.run(config)``
+-- every kernel of the call, as the tuner times it -- by do_bench (``--graph``: CUDA-graph replay,
+without the host's launch cost), its compile seconds, TFLOP/s, max abs error against float64 and
+the main kernel's registers, spills, shared memory, MMA kind and TMA use; ``--kernels``: the
+per-kernel breakdown of the best configuration and the tuner's own choice. Configurations: the
+engine's candidates (``--candidates``, the default), variants of the first one (``--set
+KEY=VALUE[,...]`` of ``Config`` fields, e.g. ``BLOCK_M=256,num_warps=8``, ``tma=False``, one variant
+each; a BLOCK_M override re-derives BLOCK_W).
 
     PYTHONPATH=src python3 tools/gpu_config_sweep.py kb77 --precision tf32 --set num_stages=4 --kernels
-    PYTHONPATH=src python3 tools/gpu_config_sweep.py kb61,kb68,kb70,kb73,kb77 --precision tf32x3 --grid
-    PYTHONPATH=src python3 tools/gpu_config_sweep.py aniso_122 --dtype bf16 --layout cl --set tma=False
+    PYTHONPATH=src python3 tools/gpu_config_sweep.py kb61,kb73 --precision tf32x3 --set BLOCK_M=256,num_warps=8
     PYTHONPATH=src python3 tools/gpu_config_sweep.py head_gan_64to1 --dtype bf16 --layout cl --candidates --graph
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 tools/gpu_config_sweep.py kb77 --set num_stages=4   # script check
 
-Without a GPU, ``TRITON_INTERPRET=1`` runs the same sweep through Triton's interpreter on the
-bench's reduced CPU shapes, as a check of the script (its times mean nothing):
-
-    TRITON_INTERPRET=1 PYTHONPATH=src python3 tools/gpu_config_sweep.py kb77 --set num_stages=4
-
-Prints one JSON line per measurement (``what``: "case", "config", "kernels", "tuned"); ``--json FILE``
-also writes them all as one list. A configuration that fails to compile or launch prints an
-``error`` line and the sweep goes on.
+Prints one JSON line per measurement (``--json FILE`` also writes them as one list); a configuration
+that fails to compile or launch prints an ``error`` line and the sweep goes on. Without a GPU the
+interpreter runs the bench's reduced shapes: a check of the script, its times mean nothing.
 """
 from __future__ import annotations
 
@@ -56,9 +39,6 @@ from convt3d.core.validate import check_call
 from convt3d.engines.triton.configs import block_w, tuning_log
 from convt3d.engines.triton.sites import interpreter_active
 
-# (BLOCK_M, num_warps, num_stages, BLOCK_K) of --grid: the exact-grade tile sweep's grid.
-GRID = [(128, 4, 3, 32), (128, 4, 4, 32), (128, 4, 5, 32), (128, 8, 3, 32), (128, 8, 4, 32), (256, 8, 3, 32),
-        (256, 8, 2, 32), (64, 4, 5, 32), (64, 4, 6, 32), (128, 4, 6, 16), (64, 4, 8, 16), (128, 4, 3, 64)]
 # Above this many output elements the float64 reference is skipped (host/GPU memory and time).
 REF_MAX_ELEMENTS = 6e8
 ROWS: list[dict] = []
@@ -82,11 +62,6 @@ def bench_us(fn, rep: int) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median") * 1e3
 
 
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def compiler_facts(handle) -> dict:
     """Registers, spills, shared memory, MMA kind and TMA use of a compiled Triton kernel."""
     if handle is None:
@@ -108,15 +83,8 @@ def parse_set(text: str) -> dict:
         key, _, raw = item.partition("=")
         if key not in types:
             raise SystemExit(f"--set: {key!r} is not a Config field; fields: {', '.join(types)}")
-        if raw in ("True", "False"):
-            out[key] = raw == "True"
-        elif raw in ("None", ""):
-            out[key] = None if raw == "None" else ""
-        else:
-            try:
-                out[key] = int(raw)
-            except ValueError:
-                out[key] = raw
+        consts = {"True": True, "False": False, "None": None}
+        out[key] = consts[raw] if raw in consts else int(raw) if raw.lstrip("-").isdigit() else raw
     return out
 
 
@@ -133,22 +101,8 @@ def variant(base: E.Config, params, overrides: dict) -> E.Config:
 
 def configs_for(launch, params, args) -> list[E.Config]:
     cands = list(launch.configs)
-    out = cands if args.candidates or not (args.set or args.grid) else []
-    out += [variant(cands[0], params, parse_set(s)) for s in args.set]
-    if args.grid:
-        flat = next((c for c in cands if c.flat), None)
-        if flat is None:
-            emit(what="note", note="no flat candidate for this call (not Hopper, or the geometry does not fit): "
-                                   "--grid skipped")
-        else:
-            out += [dc.replace(flat, BLOCK_M=bm, BLOCK_W=bm, num_warps=nw, num_stages=ns, BLOCK_K=bk)
-                    for bm, nw, ns, bk in GRID]
-    seen, uniq = set(), []
-    for c in out:
-        if c not in seen:
-            seen.add(c)
-            uniq.append(c)
-    return uniq
+    out = cands if args.candidates or not args.set else []
+    return list(dict.fromkeys(out + [variant(cands[0], params, parse_set(s)) for s in args.set]))
 
 
 def kernels_of(fn, n: int = 5) -> dict[str, float]:
@@ -189,7 +143,8 @@ def run_case(case, prec: str, args) -> None:
             launch.y.fill_(float("nan"))  # a config that leaves elements unwritten shows as a NaN error
             t0 = time.perf_counter()
             handle = launch.run(cfg)
-            sync()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
             err = None if ref is None else (launch.y.double() - ref).abs().max().item()
             us = bench_us(lambda: launch.run(cfg), args.rep)
@@ -222,7 +177,6 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", action="store_true", help="time the engine's candidate list")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=V[,KEY=V]",
                     help="one variant of the first candidate per --set")
-    ap.add_argument("--grid", action="store_true", help="the flat-tile grid over the first flat candidate")
     ap.add_argument("--kernels", action="store_true", help="per-kernel breakdown of the best config, tuner choice")
     ap.add_argument("--rep", type=int, default=60, help="do_bench budget per timing (ms)")
     ap.add_argument("--graph", action="store_true",
@@ -236,8 +190,8 @@ def main(argv=None) -> int:
         return 2
     names = args.cases.split(",")
     cases = suites.select("all", names, dtypes=[args.dtype], layouts=[args.layout], precisions=["default"])
-    emit(what="env", gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "interpreter", torch=torch.__version__, triton=triton.__version__,
-         cudnn=torch.backends.cudnn.version())
+    emit(what="env", gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "interpreter",
+         torch=torch.__version__, triton=triton.__version__, cudnn=torch.backends.cudnn.version())
     try:
         for case in cases:
             run_case(case, args.precision, args)

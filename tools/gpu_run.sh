@@ -13,7 +13,6 @@
 #                   kb        convt3d bench --suite kernelbench --json bench_kb.json
 #                   layers    convt3d bench --suite layers --json bench_layers.json
 #                   networks  convt3d bench --suite networks --json bench_networks.json
-#                             (skipped, with a line, where the bench has no such suite)
 #                   tuned     the same with --tune (convt3d.tune and its network check before each
 #                             patched first call) -> bench_networks_tuned.json
 #                   warm      the networks' first calls again in a new process (--first-calls), with
@@ -22,41 +21,33 @@
 #                   eval      convt3d kernelbench --json kb_eval.json (the KernelBench evaluator)
 #                   full      bench --suite layers --mode full: bf16 cl -> full_bf16_cl.json,
 #                             fp32 ncdhw -> full_fp32.json
-#                   cuda      bench of the cuda engine, exact grade, on its gemm_kernel problems
-#                             (kb61,kb68,kb70,kb73,kb77) -> bench_cuda.json
 #                   auto      tools/gpu_auto.py auto.json (auto against each backend)
 #                 default: tests,kb,layers,networks,eval
 #   --budget      seconds for the whole run (default 570: the device's per-command limit is 600);
 #                 each part gets its own cap or what is left, and a part that would start with
 #                 less than 30 s left is skipped with a line saying so
 #   --cuda-cache  a tarball of a CUDA extension build (TORCH_EXTENSIONS_DIR) to unpack first, so
-#                 the CUDA engine loads instead of compiling; carry it in the device call
+#                 load_inline builds (the KernelBench CUDA entry) load instead of compiling
 #   --save-cuda-cache  write the build as cuda_cache.tgz under LOGDIR at the end
-#   --wheels      a folder of wheels (optional extras such as monai for the networks suite) to
-#                 install into /tmp/site, which joins PYTHONPATH (default: .whl if it exists)
+#   --wheels      wheels (optional extras such as monai) to install into /tmp/site, which joins
+#                 PYTHONPATH (default: .whl if it exists)
 #   --bench-args  extra arguments for every `convt3d bench` call (e.g. "--cudnn-benchmark")
 #   --pytest-args extra arguments for pytest (e.g. "-k 'not cuda'")
-#   --tests-cap   seconds for the tests part (default 400: the whole GPU suite, including the
-#                 CUDA engine's first build)
+#   --tests-cap   seconds for the tests part (default 400: the whole GPU suite, CUDA builds included)
 #
-# Writes under LOGDIR: run.log (every part's output, each under a "==== part" header, with its
-# exit status and seconds) and one JSON per bench part; at most 8 files come back from the
-# device's $OUT, and the default parts write 5. At the end it prints a summary to stdout: per
-# part the exit status and seconds, then its last lines (pytest's failures and summary line,
-# the bench's summary table, the evaluator's table). Exits 1 if any part failed, else 0.
+# Writes under LOGDIR run.log (each part's output under a "==== part" header, with its exit status
+# and seconds) and one JSON per bench part (the default parts write 5 files of the 8 the device
+# returns), then prints per part its status, seconds and last lines. Exits 1 if any part failed.
 #
 # One device call, e.g.:  run(command="bash tools/gpu_run.sh --only tests,kb,layers", timeout_s=600)
 #
 # The other tools of this folder (each one's docstring says what it measures and how to run it):
 #   gpu_config_sweep.py     the Triton forward engine's tile configurations, timed one by one
-#   gpu_precision_probe.py  each fp32 dot precision's time and error on the KernelBench problems
-#   gpu_training.py         the parts of a training step (forward, dX, dW, db) per layers-suite row
 #   gpu_auto.py             "auto" against each backend on both bench suites
-#   gpu_cuda.py             the CUDA engine's kernel variants, and the CUDA head kernel's tiles
-#   host_time.py            host time of a call: launches, Python, first calls, networks, steps
+#   host_time.py            host time of a call: layers, networks, convt3d's own Python (stubbed)
 #   ncu_call.py             one bench row's call under Nsight Compute; a SASS report's hot blocks
-#   ptxas_regs.py           registers, spills and shared memory of one Triton tile (offline)
 #   head_tiles_smem.py      shared memory of every output-head candidate (offline)
+#   house_budgets.py        lines, long files, timing figures and private imports of the code
 #   bench_md.py             `convt3d bench --json` files as the README's markdown tables
 set -u
 cd "$(dirname "$0")/.."
@@ -89,8 +80,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 for p in ${PARTS//,/ } ${SKIP//,/ }; do
-  case "$p" in tests|kb|layers|networks|tuned|warm|eval|full|cuda|auto) ;;
-    *) echo "gpu_run.sh: unknown part '$p' (tests, kb, layers, networks, tuned, warm, eval, full, cuda, auto)" >&2
+  case "$p" in tests|kb|layers|networks|tuned|warm|eval|full|auto) ;;
+    *) echo "gpu_run.sh: unknown part '$p' (tests, kb, layers, networks, tuned, warm, eval, full, auto)" >&2
        exit 2 ;;
   esac
 done
@@ -165,15 +156,8 @@ bench() { local name=$1 cap=$2; shift 2
 wanted kb && bench kb 150 --suite kernelbench --json "$LOGDIR/bench_kb.json"
 # The layers suite's first calls compile and tune every row on a cold machine, hence its larger cap.
 wanted layers && bench layers 300 --suite layers --json "$LOGDIR/bench_layers.json"
-if wanted networks; then
-  if python3 -m convt3d bench --help 2>/dev/null | grep -q networks; then
-    # With cold caches every mode compiles and tunes its layers: the part wants a device call of its own.
-    bench networks 420 --suite networks --json "$LOGDIR/bench_networks.json"
-  else
-    echo "==== networks: skipped, this convt3d bench has no networks suite" | tee -a "$LOG"
-    SUMMARY+=("networks: skipped (no networks suite)")
-  fi
-fi
+# With cold caches every networks mode compiles and tunes its layers: the part wants a device call of its own.
+wanted networks && bench networks 420 --suite networks --json "$LOGDIR/bench_networks.json"
 wanted tuned && bench tuned 300 --suite networks --tune --json "$LOGDIR/bench_networks_tuned.json"
 wanted warm && bench warm 200 --suite networks --first-calls --json "$LOGDIR/first_calls_warm.json"
 wanted eval && run_part eval 240 24 python3 -m convt3d kernelbench --json "$LOGDIR/kb_eval.json"
@@ -182,8 +166,6 @@ if wanted full; then
   # fp32 NCDHW runs slower per row than bf16 channels-last, hence its larger cap.
   bench full_fp32 150 --suite layers --mode full --dtype fp32 --layout ncdhw --json "$LOGDIR/full_fp32.json"
 fi
-wanted cuda && bench cuda 120 --suite kernelbench --backend cuda --precision exact \
-  --case kb61,kb68,kb70,kb73,kb77 --json "$LOGDIR/bench_cuda.json"
 wanted auto && run_part auto 300 12 python3 tools/gpu_auto.py "$LOGDIR/auto.json"
 
 if [ "$SAVE_CUDA_CACHE" = 1 ] && [ -d "$TORCH_EXTENSIONS_DIR" ]; then

@@ -1,22 +1,16 @@
 """Shared memory of every output-head candidate, offline: no GPU needed.
 
-The tuner times every head candidate it is offered (``head_engine.head_tiles``), and a candidate
-whose kernel needs more shared memory than a block may take fails at its first launch -- and
-with it the whole tuning of that layer, so auto keeps PyTorch there. The offer rules
-(``head_smem``, ``_joint_fits``) are estimates; this script checks them against Triton's own
-figure. For each layer it builds every candidate's launches (``HeadSteps.run`` on meta tensors:
-nothing is allocated or run), compiles each kernel for sm_90a (Triton's code generation and its
-bundled ptxas) and compares ``metadata.shared`` with ``--limit`` (232448 bytes, the most one
-block may take on the H100 and H200). Layers: the head rows of the layers suite and the heads
-sweep (``--suite``), or ``--count`` layers drawn from ``--seed`` (1-15 output channels per group,
-kernels 1-6, strides 1-4, groups, odd sizes: shapes no suite holds).
+A head candidate whose kernel needs more shared memory than a block may take fails at its first
+launch, and with it the tuning of its layer; the offer rules (``head_smem``, ``_joint_fits``) are
+estimates. For each layer this builds every candidate's launches (``HeadSteps.run`` on meta
+tensors), compiles each kernel for sm_90a and compares Triton's ``metadata.shared`` with
+``--limit``. Layers: the head rows of the layers suite and the heads sweep (``--suite``, ``--case``)
+or ``--count`` layers drawn from ``--seed``. Run it without TRITON_INTERPRET.
 
     PYTHONPATH=src python3 tools/head_tiles_smem.py --seed 1 --count 5
     PYTHONPATH=src python3 tools/head_tiles_smem.py --suite heads --dtypes bf16
-    PYTHONPATH=src python3 tools/head_tiles_smem.py --case head_128to8_k3 --count 1 --layouts cl
 
-Prints one line per candidate over the limit and a summary; exits 1 if any is over. Run it
-without TRITON_INTERPRET (the interpreter replaces the kernels this compiles).
+Prints one line per candidate over the limit and a summary; exits 1 if any is over.
 """
 from __future__ import annotations
 

@@ -1,22 +1,14 @@
-"""Host time of a call: what the CPU spends before the GPU has work, on layers and networks whose
-kernels are shorter than it. One sub-command per measurement:
+"""Host time of a call: what the CPU spends before the GPU has work, where the kernels are short.
 
-``layers`` (GPU) -- per layers-suite row: do_bench medians of cuDNN, ``backend="triton"`` and auto
-(twice, interleaved, to show the swing); host time per call (200 calls enqueued without
-synchronising) and wall time per call of triton, auto, the engine alone and cuDNN, with the CUDA
-kernels of 20 calls; whether triton and auto agree bitwise; the tuner's choices.
-
-``network`` (GPU) -- where a patched network's time goes beyond its kernels: one network of the
-networks suite as three copies (untouched; patched, auto; patched, every layer on PyTorch), in
-interleaved rounds: CUDA-event time per forward, host time to enqueue one, garbage collections per
-forward; per copy the CUDA runtime calls that can stall the queue and the kernels whose time
-changed against the untouched copy; auto's decision per layer. ``--train``: the bench's training
-step instead of the forward.
-
-``stubbed`` (CPU, Triton's interpreter) -- the public call and the engine alone with every kernel
-launch stubbed out, so what remains is convt3d's own Python: us per call, launches per call and
-the cProfile of 300 calls (CPU allocations cost more than CUDA's caching allocator: read the
-Python part, not the total).
+``layers`` (GPU): per layers-suite row, do_bench medians of cuDNN, triton and auto (twice, to show
+the swing), then host and wall time per call (200 calls enqueued without synchronising) of triton,
+auto, the engine alone and cuDNN with their CUDA kernels, and the tuner's choices.
+``network`` (GPU): one network of the networks suite as three copies (untouched; patched, auto;
+patched, all PyTorch) in interleaved rounds: CUDA-event time and host time per call, garbage
+collections, the CUDA runtime calls that can stall the queue, the kernels whose time changed, and
+auto's decision per layer; ``--train`` for the bench's training step.
+``stubbed`` (CPU, interpreter): the public call and the engine alone with every launch stubbed out,
+so what remains is convt3d's own Python (read that part: CPU allocations cost more than CUDA's).
 
     PYTHONPATH=src python3 tools/host_time.py layers [--rows aniso_122/bf16/cl,monai_unet_k3/fp32/cl]
     PYTHONPATH=src python3 tools/host_time.py network --network monai_unetr [--dtype bf16] [--train]
@@ -46,6 +38,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import convt3d  # noqa: E402
 from convt3d.bench import networks, suites  # noqa: E402
+from convt3d.bench.runner import event_seconds  # noqa: E402
 from convt3d.core.call import resolve_precision  # noqa: E402
 from convt3d.core.validate import check_call  # noqa: E402
 from convt3d.engines.triton import engine as E  # noqa: E402
@@ -147,21 +140,10 @@ def cmd_network(args) -> int:
     collections = {"n": 0}
     gc.callbacks.append(lambda phase, info: collections.__setitem__("n", collections["n"] + (phase == "start")))
 
-    def event_us(fn, n: int = 20) -> float:
-        times = []
-        for _ in range(n):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3)
-        return statistics.median(times)
-
     for r in range(args.rounds):
         line = []
         for label, fn in fns.items():
-            ev = event_us(fn)
+            ev = statistics.median(event_seconds(fn, 1) for _ in range(20)) * 1e6
             torch.cuda.synchronize()
             collections["n"] = 0
             t0 = time.perf_counter()

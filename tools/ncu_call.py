@@ -1,18 +1,15 @@
 """Nsight Compute helpers: one bench row's call to profile, and where a profiled kernel's
 instructions go.
 
-Profile one call (GPU): three warm calls, then one inside cudaProfilerStart/Stop, so that
-``ncu --profile-from-start off`` profiles that call's kernels alone (the tuning and auto's
-measurement of a new signature run in the warm calls). The dispatcher's explanation of the call
-goes to stderr first. Arguments: SUITE NAME DTYPE LAYOUT [BACKEND (default auto)] [PRECISION
-(default or exact)].
+Profile one call (GPU): three warm calls (tuning and auto's measurement run there), then one inside
+cudaProfilerStart/Stop for ``ncu --profile-from-start off``; the dispatcher's explanation goes to
+stderr. Arguments: SUITE NAME DTYPE LAYOUT [BACKEND (default auto)] [PRECISION (default or exact)].
 
     ncu --profile-from-start off --set basic --section MemoryWorkloadAnalysis \\
         python tools/ncu_call.py kernelbench kb61 fp32 ncdhw [BACKEND] [default|exact]
 
-Read a SASS report (``--sass``, no GPU): from Nsight Compute's per-SASS source counters,
-consecutive instructions executed equally often form one basic block; the blocks are listed by
-their share of the executed instructions (with their stall samples and most frequent opcodes),
+Read a SASS report (``--sass``, no GPU): consecutive instructions executed equally often form one
+basic block, listed by share of the executed instructions (with stall samples and top opcodes),
 then the shared-memory wavefronts by opcode.
 
     ncu --section SourceCounters -k regex:KERNEL -c 1 -o rep python tools/ncu_call.py kernelbench kb61 fp32 ncdhw

@@ -242,16 +242,22 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
                       + (f", x trimmed by {trim} on each side" if any(trim) else "") + " "
                       f"({'cuDNN forward kernels' if input.device.type == 'cuda' else 'CPU'})")
     elif engine == "cuda":
-        mod = ENGINES["cuda"].module()[0]
-        built = mod.build_seconds() if mod is not None and hasattr(mod, "build_seconds") else None
-        kind = "TF32-rounded operands, fp32 FFMA" if eprec == "tf32" else "exact fp32 FFMA"
-        kernel.append(f"CUDA C++ engine: {kind} over non-empty phases, weights staged in shared memory"
-                      + (f"; built in {built:.1f} s" if built else "; built on first use"))
+        kernel.append("CUDA head kernel: mma.sync over the output head's phases (a library built with nvcc "
+                      "once per element type and GPU, kept on disk)")
     if candidates.get("triton") is None or engine == "triton":
         lines, tuning = _triton_lines(x5, weight, params, eprec if engine == "triton" else prec, engine == "triton")
         kernel += lines
 
     timings = dispatch.cached_timings(call)
+    klass = dispatch.precision_class_of(call)
+    if klass == "fp32":
+        notes.append("PyTorch's own call computes this TF32-allowed call in full fp32 (measured): convt3d runs it "
+                     "at exact grade")
+    elif klass == "tf32":
+        notes.append("PyTorch's own call computes this call with TF32 operands (measured): convt3d does too")
+    elif input.dtype == torch.float32 and prec == "tf32" and precision is None and input.device.type == "cuda":
+        notes.append("auto's first call measures whether PyTorch's own call computes in full fp32 although TF32 "
+                     "is allowed; where it does, convt3d runs at exact grade")
     if input.device.type != "cuda":
         notes.append("CPU tensors: 'auto' runs PyTorch; floors and the heuristic describe a CUDA device")
 

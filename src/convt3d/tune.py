@@ -1,16 +1,5 @@
 """``convt3d.tune(model, *example_inputs)`` and the ``convt3d tune`` command: fill the cache so that
-the first real step is already fast.
-
-``tune`` runs the model once with measuring forced on -- forward, and backward when it has parameters that
-need gradients -- so that every convt3d call signature is measured ("auto" times its candidate
-engines) and the Triton engine tunes its tile configuration; both land in the persistent cache
-(``convt3d.dispatch.cache``), which later processes read. The model is left as it was: gradients and
-buffers (e.g. BatchNorm running statistics) are restored afterwards.
-
-    convt3d tune --suite layers                 # the bench's decoder layers, forward
-    convt3d tune --suite all --backward         # both suites, forward + backward
-    convt3d tune --show                         # what the cache file of this GPU holds
-"""
+the first real step is already fast."""
 from __future__ import annotations
 
 import argparse

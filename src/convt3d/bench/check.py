@@ -1,13 +1,7 @@
-"""Without CUDA: correctness of the Triton kernels through Triton's interpreter, at reduced sizes.
-
-Each case is shrunk (``suites.reduced_for_interpreter``) and run with ``backend="triton"`` on CPU
-tensors, which executes the same kernel functions in the interpreter, against float64. The bar is
-the project's: at most twice the reference's own error against float64, with CPU stand-ins for
-cuDNN -- fp32 "default": a TF32 convolution emulated in float64 (operands rounded to TF32 as
-tensor cores do); fp32 "exact" and bf16: PyTorch's own CPU convolution -- and never below one unit
-of the output dtype's epsilon times the largest |output|, so that a zero reference error does not
-demand bit-exactness.
-"""
+"""Without CUDA: the Triton kernels through Triton's interpreter at reduced sizes, against float64.
+The bar is the project's: at most twice a CPU stand-in for cuDNN's own error (fp32 default: TF32
+arithmetic emulated in float64; fp32 exact and bf16: PyTorch's CPU convolution), and never below
+one unit of the dtype's epsilon times the largest |output|."""
 from __future__ import annotations
 
 import math

@@ -2,18 +2,12 @@
 
     convt3d bench                                   # both suites, backend auto, forward
     convt3d bench --suite kernelbench --precision exact --json kb.json --plot kb.png
-    convt3d bench --case kb77,gan_k4s2p1 --dtype bf16 --layout cl --backend triton
-    convt3d bench --suite layers --mode full        # training step (forward + backward) vs cuDNN
-    convt3d bench --list                            # the cases a filter selects, without running
-    convt3d bench --suite heads --layout cl         # 12 generated output heads no other suite holds
+    convt3d bench --case kb77,gan_k4s2p1 --dtype bf16 --layout cl --backend triton --mode full
     convt3d bench --suite networks                  # whole networks: untouched vs convt3d.patch(model)
 
-On a CUDA machine device ceilings are measured once, then every selected case is timed
-(``convt3d.bench.runner``; networks: ``convt3d.bench.networks``). Without CUDA (or with
-``--interpret``) the Triton kernels are checked through Triton's interpreter at reduced sizes;
-the interpreter must be on before triton is imported, so this command re-runs itself with
-TRITON_INTERPRET=1. Exit status: 0 when every case ran (and met its bar), 1 when one failed, 2 for
-a usage error.
+Without CUDA the Triton kernels are checked through Triton's interpreter instead, in a child
+process with TRITON_INTERPRET=1 (it must be set before triton is imported). Exit status: 0 when
+every case ran (and met its bar), 1 when one failed, 2 for a usage error.
 """
 from __future__ import annotations
 
@@ -73,8 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sel = p.add_argument_group("what to run")
     sel.add_argument("--suite", choices=("kernelbench", "layers", "all", "heads", "networks"), default="all",
-                     help="all = kernelbench + layers; heads: a generated sweep of output heads no other suite "
-                          "holds (suites.HEAD_SWEEP); networks runs on its own (whole models, minutes)")
+                     help="all = kernelbench + layers; heads: 12 generated output heads; networks: whole models")
     sel.add_argument("--case", action="append", type=_csv(None), metavar="NAME[,NAME]",
                      help=f"case names, repeatable: {', '.join(suites.case_names())}; with --suite networks, "
                           f"network names: {', '.join(network_names())}")
@@ -82,32 +75,26 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--layout", action="append", type=_csv(suites.LAYOUTS), metavar="{ncdhw,cl}",
                      help="input memory format: ncdhw (contiguous) or cl (channels_last_3d)")
     sel.add_argument("--precision", action="append", type=_csv(suites.PRECISIONS), metavar="{default,exact}",
-                     help="default: PyTorch's default flags (TF32 on); exact: cudnn.allow_tf32=False for both "
-                          "engines (kernelbench only; layers run at default)")
+                     help="default: PyTorch's flags (TF32 on); exact: cudnn.allow_tf32=False (kernelbench only)")
     sel.add_argument("--backend", choices=BACKENDS, default="auto", help="convt3d backend to time (default auto)")
     sel.add_argument("--mode", choices=MODE_NAMES, default=None,
-                     help="fwd (forward, the default), bwd (backward alone: dX, dW, db of a retained forward) or "
-                          "full (training step: forward + backward); the reference is F.conv_transpose3d + "
-                          "autograd. Networks: fwd = inference, full = training step, default both")
+                     help="fwd (the default), bwd (dX, dW, db of a retained forward) or full (training step); "
+                          "networks: fwd = inference, full = training step, default both")
     sel.add_argument("--ddp", type=int, default=None, metavar="N",
-                     help="with --suite networks: time a DDP training step of each network on N GPUs (one "
-                          "process each, NCCL), untouched vs patched")
+                     help="with --suite networks: a DDP training step of each network on N GPUs")
     sel.add_argument("--tune", action="store_true",
-                     help="with --suite networks: call convt3d.tune(patched, x) (with its network check) before "
-                          "the patched model's first call, as the README recommends")
+                     help="with --suite networks: convt3d.tune(patched, x) before the patched first call")
     sel.add_argument("--rounds", type=_positive_int, default=None, metavar="N",
-                     help="with --suite networks: pairs of timing blocks per mode, untouched and patched back to "
-                          "back, the ratio the median of the pairs' ratios (default 21): a host whose speed "
-                          "swings needs more of them")
+                     help="with --suite networks: pairs of timing blocks per mode (default 21; more on a host "
+                          "whose speed swings)")
     sel.add_argument("--first-calls", action="store_true",
-                     help="with --suite networks: first calls and output agreement only, no steady timing; run "
-                          "after a full run, in a new process, it reads what a warm cache leaves to a user's "
-                          "first call (patched minus untouched: 'extra s')")
+                     help="with --suite networks: first calls and agreement only; after a full run, what a warm "
+                          "cache leaves to a new process's first call")
     sel.add_argument("--list", action="store_true", help="print the selected cases and exit")
     sel.add_argument("--interpret", action="store_true",
-                     help="run the CPU interpreter correctness check even when a GPU is present")
+                     help="the interpreter check even where a GPU is present")
     sel.add_argument("--jobs", type=int, default=_default_jobs(),
-                     help="worker processes of the interpreter check (default: CPU cores, at most 8)")
+                     help="processes of the interpreter check (default: CPU cores, at most 8)")
 
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write environment, ceilings, every row and the summary")

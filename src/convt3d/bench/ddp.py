@@ -1,15 +1,8 @@
 """``convt3d bench --suite networks --ddp N``: a DistributedDataParallel training step of each
-network of the networks suite on N GPUs, patched vs untouched.
-
-One process per GPU (spawned; NCCL), each holding the untouched model and ``convt3d.patch`` of a
-copy, both wrapped in DDP, each rank on its own input. A step is zero_grad, the forward (bf16
-autocast for "train bf16"), an MSE loss, backward (DDP all-reduces the gradients in its buckets)
-and no optimizer step. The first step of each model is timed alone; then rounds of ``iters``
-back-to-back steps between CUDA events alternate between the models in pairs, a round's time the
-slowest rank's (DDP steps in lockstep), and ``speedup`` is the median of the pairs' ratios
-(``stats.paired_ratio``). ``device="cpu"`` runs the same orchestration with gloo on tiny networks,
-for the tests. Fewer than N GPUs: :class:`DDPUnavailableError` with a one-line message.
-"""
+network on N GPUs (one spawned process each, NCCL), patched vs untouched. Rounds of back-to-back
+steps alternate between the models in pairs, a round's time the slowest rank's (DDP steps in
+lockstep), the speedup the median of the pairs' ratios. ``device="cpu"`` runs the same with gloo,
+for the tests."""
 from __future__ import annotations
 
 import copy

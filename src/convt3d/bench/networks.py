@@ -1,16 +1,8 @@
-"""The networks suite: whole 3-D networks, untouched against ``convt3d.patch``-ed, in one process.
-
-Two networks are written in the project (``convt3d.bench.models``); the others come from the
-packages their users install (the extra ``networks``), skipped with a one-line reason where
-missing. Modes: fp32 inference, bf16-autocast inference, and a bf16-autocast training step (an MSE
-loss against a fixed target, the gradient of every parameter, no optimizer). A row holds each
-model's first call, the steady times of paired blocks (``CudaTimer.paired``, the ratio the median
-of the pairs' ratios), the share of ConvTranspose3d in the untouched forward's GPU time, and the
-agreement with a reference: float64 for inference, the fp32 step with TF32 off for training (far
-below bf16's error), norm-wise over all gradients (a per-parameter maximum would be ruled by
-gradients that are zero in exact arithmetic). ``within_error_budget``: each patched error at most
-twice the untouched one, or one unit of the mode's epsilon.
-"""
+"""The networks suite: whole 3-D networks, untouched against ``convt3d.patch``-ed, in one process,
+in fp32 and bf16-autocast inference and a bf16-autocast training step. Each row holds both models'
+first calls, the median ratio of paired timing blocks, the ConvTranspose3d share of the GPU time
+and the agreement with a reference (float64 for inference; for training the fp32 step with TF32
+off, norm-wise over all gradients), within budget when at most twice the untouched model's error."""
 from __future__ import annotations
 
 import copy

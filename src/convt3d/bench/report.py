@@ -1,22 +1,11 @@
-"""What the bench prints and writes: environment, tables, summary, JSON, plot.
+"""What the bench prints and writes: environment, tables (rich, else plain text), summary, JSON
+and the plot (matplotlib, else skipped with a line).
 
-rich (tables, colour) and matplotlib (the plot) are optional: without rich the tables are plain
-text, without matplotlib ``--plot`` is skipped, each said in one line.
-
-JSON (``--json FILE``), schema "convt3d-bench/1"; times in microseconds (``*_us``) or seconds
-(``*_s``), rates in bytes/s and FLOP/s, NaN and inf written as null:
-
-    schema, kind      "convt3d-bench/1"; "timing" (GPU) or "interpreter-check" (no CUDA)
-    created, argv     UTC time; the bench options
-    environment       versions, git_commit, source_digest, gpu (or cpu), CONVT3D_* variables
-    settings          the run's options (suite, cases, backend, mode, budgets, seed, ...)
-    ceilings          timing runs of the layer suites: ``roofline.Ceilings.as_dict()``; else null
-    rows              timing rows (``runner._run_row``), network rows (``networks._run_mode``) or
-                      interpreter-check rows (``check.CheckRow.as_dict``, ``networks.check_network``)
-    failures          [{case, dtype, layout, precision, (mode,) error, traceback}]
-    summary           timing: per group of rows (``summarize``) the geomean and minimum speedup and
-                      geomean % of roofline; interpreter-check: {cases, passed, failed, errors, seconds}
-    skipped           networks only: [{case, reason}] (an optional extra not installed)
+JSON, schema "convt3d-bench/1" (``*_us`` microseconds, ``*_s`` seconds, NaN and inf as null): schema,
+kind ("timing" or "interpreter-check"), created, argv, environment, settings, ceilings (layer timing
+runs: ``Ceilings.as_dict()``), rows, failures ({case, dtype, layout, precision, error, traceback}),
+summary (timing: ``summarize``; a check: {cases, passed, failed, errors, seconds}) and, for networks,
+skipped ({case, reason}).
 """
 from __future__ import annotations
 
@@ -59,18 +48,13 @@ def _cudnn_version() -> str | None:
 
 
 def _git_commit() -> str | None:
-    """The project's commit when run from a checkout (so a table can be traced to its code)."""
-    here = Path(__file__).resolve().parent
+    """The project's commit when run from a checkout, "+dirty" with tracked changes."""
     try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5)
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always",
+                              "--dirty=+dirty", "--exclude=*"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def environment(cuda: bool) -> dict:
@@ -160,7 +144,7 @@ def payload(kind: str, argv: list[str], env: dict, settings: dict, rows: list[di
     }
     if skipped is not None:
         data["skipped"] = skipped
-    return _clean(data)
+    return data
 
 
 def _parent_made(path: str | os.PathLike) -> Path:
@@ -171,7 +155,8 @@ def _parent_made(path: str | os.PathLike) -> Path:
 
 
 def write_json(path: str | os.PathLike, data: dict) -> None:
-    _parent_made(path).write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    """``data`` as JSON, NaN and inf as null."""
+    _parent_made(path).write_text(json.dumps(_clean(data), indent=2, allow_nan=False) + "\n")
 
 
 # ---- plot -----------------------------------------------------------------------------------------

@@ -1,13 +1,6 @@
-"""GPU timing: one row per case, convt3d against PyTorch (cuDNN), in one process.
-
-Per case, under the case's ``cudnn.allow_tf32``: the first call of each side (wall clock, so
-convt3d's includes compiling and tuning) and their outputs compared; then steady times by
-``triton.testing.do_bench`` in rounds ordered convt3d, PyTorch, PyTorch, convt3d, repeated while
-a side's two lowest medians differ by more than ``ROUND_SPREAD``, the lowest per side (a clock
-drift over the row cancels; the host's swings only add time); an exact row also gets cuDNN's time
-at default flags; then floors and % of roofline (:mod:`.roofline`). Modes: "fwd" the forward,
-"bwd" the backward alone (dX, dW, db of a retained forward), "full" a training step.
-"""
+"""GPU timing: one row per case, convt3d against PyTorch (cuDNN) in one process, each side's time
+the lowest do_bench median of rounds in A B B A order (a clock drift cancels; the host's swings
+only add time), with floors and % of roofline (:mod:`.roofline`)."""
 from __future__ import annotations
 
 import math

@@ -1,15 +1,7 @@
-"""The bench cases: what is measured, with which data.
-
-* ``kernelbench`` -- the seven KernelBench level-1 ConvTranspose3d problems, fp32 NCDHW, no bias,
-  input ``torch.rand``, each at "default" precision (PyTorch's flags: TF32 on for cuDNN) and
-  "exact" (``cudnn.allow_tf32 = False`` for both engines): 14 rows.
-* ``layers`` -- seven decoder layers and six output heads (``head_*``, 1-8 output channels) in
-  fp32 and bf16, NCDHW and channels_last_3d, at default precision, input ``torch.randn``: 52 rows.
-* ``heads`` (not part of "all") -- 12 generated output heads no other suite holds.
-
-Weights and bias follow ``nn.ConvTranspose3d``'s own initialisation, as KernelBench's models hold
-them; inputs are never zeros, since tensor-core power and clocks depend on the data.
-"""
+"""The bench cases: the seven KernelBench ConvTranspose3d problems (fp32 NCDHW, default and exact
+precision), thirteen decoder layers and output heads (fp32 and bf16, NCDHW and channels_last_3d),
+and a generated sweep of output heads (``heads``, not part of "all"). Weights follow
+``nn.ConvTranspose3d``'s initialisation; inputs are never zeros (power and clocks depend on data)."""
 from __future__ import annotations
 
 import math

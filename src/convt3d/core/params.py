@@ -1,48 +1,24 @@
-"""Geometry of a 3-D transposed convolution, worked out once per call signature.
+"""Geometry of a 3-D transposed convolution, worked out once per call signature (pure Python).
 
-Vocabulary (the rest of convt3d uses these words with exactly these meanings)
-----------------------------------------------------------------------------
-Along one spatial dimension with input size ``I``, kernel size ``k``, stride ``s``,
-padding ``p``, dilation ``d`` and output padding ``op``, input position ``i`` and
-kernel tap ``t`` contribute to output position
-
-    o = i*s - p + t*d,          0 <= o < O,   O = (I-1)*s - 2p + d*(k-1) + op + 1.
-
-* **phase / residue** -- output positions with the same ``r = o mod s`` form the phase
-  of residue ``r``. In 3-D a phase is a residue triple ``(rd, rh, rw)``; there are
-  ``sd*sh*sw`` phases.
-* **taps of a phase** -- the taps whose contributions land on residue ``r``: those with
-  ``(r + p - t*d) mod s == 0``. They form an arithmetic progression
-  ``t = t0 + j*tstep`` (``j < T``, ``tstep = s/gcd(s,d)``). Tap ``j`` reads input
-  ``i = q + off0 - j*ostep`` (``ostep = d/gcd(s,d)``) for compact index ``q``.
-* **compact grid** -- the output positions of residue ``r`` are ``o = q*s + r`` for
-  ``q < Q = ceil((O - r)/s)``; a phase's compact grid is the 3-D product of its three
-  per-dimension ranges.
-* **empty phase** -- a phase with no taps along some dimension. Its outputs are the bias
-  (or zero): no multiply-add can reach them.
-* **GEMM map** -- each non-empty phase is one implicit GEMM with
-  ``M = N * Qd*Qh*Qw`` (batch times phase positions), ``N = Cout/g`` and
-  ``K = Cin/g * Td*Th*Tw`` (input channels of a group times the taps of the phase),
-  run once per group.
-
-Everything here is pure Python on integers, so it is cheap, testable without a GPU and
-shared by the engines, the bench and the KernelBench exporter.
+Along one dimension input ``i`` and tap ``t`` reach output ``o = i*s - p + t*d``. Outputs of one
+residue ``r = o mod s`` form a **phase**; its **taps** are ``t = t0 + j*tstep`` (``tstep =
+s/gcd(s,d)``) and tap ``j`` reads input ``q + off0 - j*ostep`` (``ostep = d/gcd(s,d)``) for the
+**compact** index ``q`` of output ``q*s + r``. A phase with no taps along some dimension is
+**empty** (bias or zero); every other phase is one implicit GEMM per group with M = N x compact
+positions, N = Cout/g and K = Cin/g x taps.
 """
 from __future__ import annotations
 
 import functools
 import math
 from dataclasses import dataclass
-from typing import Sequence
 
 __all__ = ["AxisPhase", "Axis", "Phase", "ConvT3dParams"]
-
-_DIMS = ("depth", "height", "width")
 
 
 @dataclass(frozen=True)
 class AxisPhase:
-    """The taps of one residue along one dimension (see the module docstring)."""
+    """The taps of one residue along one dimension."""
 
     residue: int
     num_taps: int  # T
@@ -95,7 +71,6 @@ class Axis:
         """Sum over input positions of the taps that land inside the output (for MAC counts)."""
         count = 0
         for t in range(self.kernel):
-            # o = i*s - p + t*d in [0, O): count the i in [0, I) that satisfy it.
             lo = max(0, -(-(self.padding - t * self.dilation) // self.stride))
             hi = min(self.in_size - 1, (self.out_size - 1 + self.padding - t * self.dilation) // self.stride)
             count += max(0, hi - lo + 1)
@@ -129,12 +104,8 @@ class Phase:
 
 @dataclass(frozen=True)
 class ConvT3dParams:
-    """Every argument of a 3-D transposed convolution, normalised, plus derived geometry.
-
-    Build it with :meth:`create` (cached), which expects already-validated integers; the
-    public entry points validate tensors and arguments first (``convt3d.core.validate``).
-    ``batch`` is the batch size after unbatched input was given a batch of one.
-    """
+    """Every argument of a 3-D transposed convolution, normalised, plus derived geometry. Build it
+    with :meth:`create` (cached) from validated integers; unbatched input has ``batch`` 1."""
 
     batch: int
     in_channels: int
@@ -148,8 +119,7 @@ class ConvT3dParams:
     dilation: tuple[int, int, int]
 
     def __hash__(self) -> int:
-        # Cached: instances key the launcher's per-signature dicts, about ten lookups per call,
-        # and the generated hash would build a tuple of ten fields each time.
+        # Cached: instances key several per-signature dicts on every call.
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.batch, self.in_channels, self.out_channels, self.groups, self.in_size, self.kernel_size,
@@ -166,7 +136,6 @@ class ConvT3dParams:
         return ConvT3dParams(batch, in_channels, out_channels, groups, tuple(in_size), tuple(kernel_size),
                              tuple(stride), tuple(padding), tuple(output_padding), tuple(dilation))
 
-    # ---- per-dimension geometry ------------------------------------------------------
     @functools.cached_property
     def axes(self) -> tuple[Axis, Axis, Axis]:
         return tuple(Axis(self.in_size[i], self.kernel_size[i], self.stride[i], self.padding[i],
@@ -193,16 +162,14 @@ class ConvT3dParams:
         return self.out_channels // self.groups
 
     def fold_groups(self, fold: int) -> "ConvT3dParams":
-        """The same call with every ``fold`` neighbouring groups merged into one: groups / fold
-        groups of fold x Cin/g -> fold x Cout/g channels, whose weight is block-diagonal (zero
-        between the merged groups). Same output; fold x the multiply-adds, in wider GEMM tiles."""
+        """The same call with every ``fold`` neighbouring groups merged into one (block-diagonal
+        weight): same output, fold x the multiply-adds in wider GEMM tiles."""
         if fold < 1 or self.groups % fold:
             raise ValueError(f"fold must divide groups={self.groups}, but got fold={fold}")
         return ConvT3dParams.create(self.batch, self.in_channels, self.out_channels, self.groups // fold,
                                     self.in_size, self.kernel_size, self.stride, self.padding,
                                     self.output_padding, self.dilation)
 
-    # ---- phases ----------------------------------------------------------------------
     @functools.cached_property
     def phases(self) -> tuple[Phase, ...]:
         """All ``sd*sh*sw`` phases, residue of width varying fastest."""
@@ -240,7 +207,6 @@ class ConvT3dParams:
             return 0.0
         return sum(p.positions for p in self.phases if p.empty) / total
 
-    # ---- work and traffic ------------------------------------------------------------
     @functools.cached_property
     def useful_macs(self) -> int:
         """Multiply-adds whose product lands inside the output (structural zeros excluded)."""
@@ -254,7 +220,7 @@ class ConvT3dParams:
         return 2 * self.useful_macs
 
     def min_bytes(self, element_size: int, has_bias: bool = False) -> int:
-        """Bytes that must move through device memory: input, weight, bias read once, output written once."""
+        """Bytes that must move through device memory: every operand read once, the output written once."""
         n_in = self.batch * self.in_channels * math.prod(self.in_size)
         n_w = self.in_channels * self.out_channels_per_group * math.prod(self.kernel_size)
         n_out = self.batch * self.out_channels * math.prod(self.out_size)

@@ -1,24 +1,4 @@
-"""The roofline arithmetic of a call: its memory and compute floors against device ceilings.
-
-A row's two floors:
-
-* memory floor = bytes that must move (input, weight and bias read once, output written once:
-  ``ConvT3dParams.min_bytes``) / measured device-to-device copy bandwidth (read + write bytes);
-* compute floor = useful FLOP (structurally-zero taps excluded: ``ConvT3dParams.useful_flops``)
-  / measured matmul peak of the row's precision class.
-
-"% of roofline" = 100 * max(floors) / measured time: 100 means the kernel runs at the speed of
-its binding resource.
-
-Precision classes and their peaks (8192^3 matmuls by cuBLAS, measured once per process):
-
-* "bf16" -- bf16 (and fp16) rows: bf16 matmul, fp32 accumulate;
-* "tf32" -- fp32 rows at default flags: fp32 matmul with TF32;
-* "exact" -- fp32 rows at exact grade: the faster of cuBLAS's exact fp32 matmul and a third of
-  the TF32 peak. Exact grade may run as 3xTF32 (three TF32 products per multiply, convt3d's
-  EXACT_GRADE), which the tensor cores do at a third of the TF32 rate; against the peak of the
-  FMA units alone a 3xTF32 kernel could show more than 100%.
-"""
+"""The roofline arithmetic of a call: its memory and compute floors against device ceilings."""
 from __future__ import annotations
 
 import math

@@ -1,10 +1,6 @@
-"""Argument checking for conv_transpose3d: invalid input raises here, before any engine runs.
-
-Each error has the exception type PyTorch raises for the same mistake
-(PyTorch's functional ``conv_transpose3d`` on CPU/CUDA) and a message that starts with PyTorch's
-wording and names the argument and the value. Where PyTorch's own message is obscure
-(dilation 0 gives "dimensions are invalid", a zero-size kernel a oneDNN failure) the type is
-kept and the message is made plain.
+"""Argument checking for conv_transpose3d: invalid input raises here, before any engine runs,
+with PyTorch's exception type and wording plus the argument and its value (plain wording where
+PyTorch's own message is obscure).
 """
 from __future__ import annotations
 
@@ -20,8 +16,7 @@ __all__ = ["triple", "check_call", "memo_arguments"]
 
 
 def _as_int(value: Any) -> int | None:
-    """``value`` as an int the way PyTorch's argument parser reads one (Python and NumPy ints and
-    one-element integer tensors; bool is refused here), else None."""
+    """``value`` as an int the way PyTorch's argument parser reads one (bool refused), else None."""
     if type(value) is int:  # the common case, without the costlier ABC check below
         return value
     if isinstance(value, bool):
@@ -36,8 +31,7 @@ def _as_int(value: Any) -> int | None:
 
 def triple(name: str, value: Any) -> tuple[int, int, int]:
     """Normalise an int-or-sequence argument to three ints, as PyTorch's argument parser does."""
-    # Fast paths for what layers pass on every call: numbers.Integral checks were most of
-    # validation's host time, and small layers are host-bound.
+    # Fast paths for what layers give on every call: small layers are host-bound.
     if type(value) is int:
         return (value,) * 3
     if type(value) is tuple and len(value) == 3 and all(type(v) is int for v in value):
@@ -70,9 +64,8 @@ _valid: dict[tuple, tuple[ConvT3dParams, bool]] = memo("core.validate.valid")
 
 
 def _argument_key(v: Any) -> Any:
-    """An int, or a tuple or list of ints, as a key that hashes by value (a list becomes a
-    tuple); None for anything else (a tensor element hashes by identity, so a changed value could
-    hit a stale entry: such calls are never memoised)."""
+    """An int or a tuple or list of ints as a key that hashes by value; None for anything else
+    (a tensor hashes by identity, so a changed value could hit a stale entry)."""
     if type(v) is int or (type(v) is tuple and all(type(e) is int for e in v)):
         return v
     if type(v) is list and all(type(e) is int for e in v):
@@ -80,16 +73,14 @@ def _argument_key(v: Any) -> Any:
     return None
 
 
-# nn.Parameter is the weight's usual type (nn.ConvTranspose3d); other subclasses (fake,
-# distributed tensors, MetaTensor) are checked in full.
+# Other tensor subclasses (fake, distributed, MetaTensor) are checked in full.
 _MEMO_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def memo_arguments(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
                    groups: Any, dilation: Any) -> tuple | None:
     """The geometry arguments of a call as a key that hashes by value, or None where the call
-    cannot be memoised (a tensor subclass, or an argument that does not hash by value): the part
-    of a memo key that this check's memo and the dispatcher's steady path share."""
+    cannot be memoised; shared by this check's memo and the dispatcher's steady path."""
     if type(input) not in _MEMO_TYPES or type(weight) not in _MEMO_TYPES \
             or (bias is not None and type(bias) not in _MEMO_TYPES) or type(groups) is not int:
         return None
@@ -99,13 +90,8 @@ def memo_arguments(input: Any, weight: Any, bias: Any, stride: Any, padding: Any
 
 def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
                groups: Any, dilation: Any) -> tuple[ConvT3dParams, bool]:
-    """Validate every argument; return the geometry and whether the input was unbatched.
-
-    Raises TypeError / RuntimeError / ValueError as PyTorch does, naming the argument and value.
-    Calls that passed before with the same shapes, dtypes, devices and plain int/tuple arguments
-    are answered from a small memo (a lookup costs a fraction of the full checks; small layers
-    are host-bound). Only successes are memoised, so every error is raised by the checks themselves.
-    """
+    """Validate every argument; return the geometry and whether the input was unbatched. Successes
+    are memoised by shapes, dtypes, devices and arguments, so every error comes from the checks."""
     key = None
     args = memo_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation)
     if args is not None:
@@ -182,7 +168,6 @@ def _check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, o
         raise RuntimeError(f"expected a positive kernel size, but got weight of size {list(weight.shape)} "
                            f"(kernel_size={kernel})")
     if cout_g == 0:
-        # PyTorch refuses an empty weight ("non-empty 5D ... tensor expected for weight").
         raise RuntimeError(f"expected weight to have at least one output channel per group, but got weight of "
                            f"size {list(weight.shape)} (out_channels/groups=0)")
 

@@ -1,42 +1,6 @@
-"""The persistent cache of what convt3d measured: auto-backend decisions and Triton tile configs.
-
-Where: ``$CONVT3D_CACHE_DIR`` if set, else ``~/.cache/convt3d/``. One JSON file per GPU model
-(``NVIDIA_H200.json``)::
-
-    {"format": 1,
-     "key": {"gpu": "NVIDIA H200", "convt3d": "0.1.0", "source": "<source digest>", "torch": "2.11.0+cu130",
-             "triton": "3.6.0"},
-     "decisions": {"<call signature>": {"engine": "triton", "timings_ms": {"triton": 0.25, ...}, ...}},
-     "triton_configs": {"<tune key>": {"config": {...Config fields...}, "timings_ms": {...}}},
-     "backward": {"bwd-input|<signature>": {"impl": "triton", "config": {"type": ..., "fields": {...}},
-                                           "timings_ms": {...}, "candidates": [...]}}}
-
-Rules:
-
-* Nothing in the file is trusted: a decision is used only if it names an engine that can run the
-  call now, a config only if it is one of the Triton engine's current candidates for that key
-  (a config is a tile shape; a foreign one such as W_GROUP=2 where stride_W != 2 would compute
-  wrong values). So a stale or tampered file can cost time, never correctness.
-* A corrupt or truncated file, or one written by other versions or other sources of convt3d (the
-  ``key``), gives one warning
-  (:class:`CacheWarning`), is ignored, and is rewritten at once with this process's key.
-* A location that cannot be written (read-only, not a directory) gives one warning; convt3d then
-  keeps its results in memory only.
-* Concurrent processes (DDP ranks, bench workers, several jobs on one node): every save takes an
-  advisory ``flock`` on ``.lock`` in the directory, re-reads the file, merges this process's
-  entries into what is on disk, writes a temporary file in the same directory, fsyncs it and
-  renames it over the old one (``os.replace`` is atomic), so a reader sees either the old or the
-  new file, never a partial one, and no process's entries are lost. The rename is not fsynced
-  (the directory): a crash can lose the last save, never leave a partial file. Entries put
-  without saving are saved at exit. Where ``fcntl`` does not exist saves are still atomic and
-  a lost concurrent entry only costs a re-measurement.
-* A lookup that misses re-reads the file when it changed on disk since this process last read
-  it (one ``stat``), so an entry another process saved meanwhile is found without measuring.
-* Within a process a lock guards each store, so threads may save concurrently.
-
-The Triton tuner's results go through ``convt3d.engines.triton.persist``; this module knows no
-engine.
-"""
+"""The persistent cache of what convt3d measured: auto-backend decisions, Triton tile configs and
+backward choices, one JSON file per GPU model and library versions; saves are atomic and merged
+under a file lock, so concurrent processes lose nothing."""
 from __future__ import annotations
 
 import atexit
@@ -61,11 +25,11 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 __all__ = ["CacheWarning", "FORMAT", "SECTIONS", "cache_dir", "environment_key", "file_for", "Store", "store_for",
-           "reset", "load_decision", "save_decision", "load_backward", "save_backward", "save_unsaved", "on_reset",
+           "reset", "load_decision", "save_decision", "load_backward", "save_backward", "load_precision_class", "save_precision_class", "save_unsaved", "on_reset",
            "tune_key_text", "config_to_dict", "config_from_dict"]
 
 FORMAT = 1
-SECTIONS = ("decisions", "triton_configs", "backward")
+SECTIONS = ("decisions", "triton_configs", "backward", "precision")
 ENV_DIR = "CONVT3D_CACHE_DIR"
 # Permissions of the cache file: readable by the group and others, as files written with open()
 # under the usual umask (tempfile.mkstemp would leave 0600).
@@ -373,6 +337,16 @@ def save_decision(gpu: str, signature: str, entry: dict) -> None:
 
 
 # ---- backward choices ---------------------------------------------------------------------------
+def load_precision_class(gpu: str, signature: str) -> str | None:
+    """How PyTorch's own call of this TF32-allowed float32 signature computes ("fp32" or "tf32")."""
+    entry = store_for(gpu).get("precision", signature)
+    return entry.get("class") if entry and entry.get("class") in ("fp32", "tf32") else None
+
+
+def save_precision_class(gpu: str, signature: str, klass: str) -> None:
+    store_for(gpu).put("precision", signature, {"class": klass})
+
+
 def load_backward(gpu: str, name: str) -> dict | None:
     """A persisted dX/dW implementation choice (``backward``), or None. The caller checks that it
     was made among its current candidates and names one of them."""

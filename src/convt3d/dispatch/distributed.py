@@ -1,66 +1,7 @@
-"""Rank-consistent decisions under ``torch.distributed``: rank 0 decides, every rank uses its answer.
-
-What is decided per call signature -- the engine "auto" picks (``dispatch``), the tile config the
-Triton tuner picks (``triton_engine``), the dX/dW implementation of the backward
-(``backward``) -- comes from timings, and timings differ between GPUs and between runs. Under
-data-parallel training (DDP, FSDP2) every rank runs the same layers on its own GPU; left to
-themselves the ranks would pick different engines or tiles for the same layer (different
-rounding per rank, different step times: the slowest rank sets the pace). So each decision
-goes through :func:`agree`::
-
-    decision = distributed.agree(lambda: decide_here(...), what="auto|" + signature_text)
-
-Without a process group, or with one of world size 1, ``agree`` is ``compute()``. With one:
-
-* rank 0 runs ``compute()`` and publishes the result under ``what`` in the process group's
-  key-value store (the store that ``init_process_group`` rendezvoused through), then goes on:
-  **rank 0 never waits for another rank**;
-* every other rank does not compute: it waits for rank 0's entry of ``what`` and returns it
-  (the caller stores it in its own tables exactly as it would a result of its own);
-* every rank remembers what it agreed on (per ``what``), so asking again costs a dict lookup.
-
-The rule that makes this hang-free and consistent (SPMD): **a decision is made at the first
-in-process sight of its signature, which SPMD training reaches in the same order on every rank,
-and every rank goes through agree() at that point, whether or not its own state -- its disk
-cache (``convt3d.dispatch.cache``), a config seeded from that file -- already holds an answer.** So the
-disk lookup belongs inside ``compute()``. Were it outside, a hit on rank 1 and a miss on rank 0
-would have rank 1 run its own cached engine (inconsistent), and a hit on rank 0 and a miss on
-rank 1 would leave rank 1 waiting for a decision rank 0 never publishes. Only rank 0's disk
-cache matters; only rank 0 writes measurements to it.
-
-Why a store entry rather than a collective (``broadcast_object_list``): a collective pairs the
-n-th call of every rank, so any rank-dependent path -- a decision rank 0 took inside another
-one's ``compute()`` (auto measuring the Triton engine runs the tuner, whose decision rank 1 meets
-later, on its own first Triton call), a backward decided in autograd's device thread, a cache
-hit on one rank -- would pair different decisions or leave one rank waiting on a collective the
-others never enter. A keyed entry pairs by *name*: a decision rank 0 made inside another's
-``compute()`` (any thread) is published under its own ``what`` like any other, and whichever
-rank needs it later finds it. It also never competes with DDP's gradient all-reduces for the
-NCCL stream, and never runs during CUDA graph capture (callers decide without timing there).
-
-``what`` names the decision, identically on every rank: the signature text of the call
-without the device index (``cuda:0`` vs ``cuda:1``) or the GPU model, prefixed by the kind of
-decision. A rank checks that what it receives can run on it (an engine it has, a tile among its
-own candidates) and otherwise decides for itself: ranks on different GPU models pair up by
-name and never run a config their GPU does not offer.
-
-When a rank is not running the same layers as rank 0 (pipeline stages, per-rank shapes), the
-rule does not hold: pass the group whose ranks do run the same layers to :func:`set_group`
-(e.g. the data-parallel group), or set ``CONVT3D_DISTRIBUTED=local`` to decide per rank as
-without a process group. A rank that waits longer than ``CONVT3D_AGREE_TIMEOUT_S`` (default
-1800 s: a first sight with tuning of every engine can take minutes on rank 0) warns and
-decides locally, never hangs for good. If ``compute()`` raises on rank 0, the others raise
-:class:`AgreementError` naming rank 0's error.
-
-:func:`local` (and the fallback after a timeout) makes every thread of the process decide
-locally, not only the calling one: a decision taken inside it may run in autograd's device
-thread.
-
-Tuning results inside a decision: :func:`agree_with_tuning` also carries the Triton tuning
-records rank 0 made while computing (``triton_engine.tuning_log``) and seeds them on the other
-ranks (``triton_engine.seed_tuning``); :func:`agree_config` is the tuner's own agreement point
-(one tune key).
-"""
+"""Rank-consistent decisions under ``torch.distributed``: rank 0 decides and publishes each
+decision under its name in the process group's store, the other ranks wait for it. Every rank
+goes through ``agree`` at a signature's first sight, whatever its own cache holds, so SPMD ranks
+never diverge and never wait for an answer that is not coming."""
 from __future__ import annotations
 
 import contextlib

@@ -1,49 +1,11 @@
-"""The dispatcher: one ordered pass over the engines for every call.
-
-The pass, for a validated call (``convt3d.core.call.Call``: invalid arguments raised before it):
-
-1. the backend name is resolved: the ``backend=`` argument, else ``$CONVT3D_BACKEND``, else
-   "auto"; an unknown name raises ValueError (the precision was resolved with the call);
-2. the candidates: each engine of ``registry.ENGINES`` answers
-   ``not_supported_reasons(call)``. A named backend runs if its list is empty and raises
-   BackendUnavailableError with the reasons otherwise -- it never runs something else;
-3. "auto" decides among the engines that can run the call: from this process's memory, else
-   from the disk cache (``convt3d.dispatch.cache``, shared by every process on the same GPU model and
-   versions), else by measurement, else by the heuristic; unsupported input falls back to
-   PyTorch here, and only here;
-4. the decided engine runs the call (``Engine.run``).
-
-``explain()`` prints the same pass without running or timing anything.
-
-How "auto" decides a new signature (device, dtype, input and weight strides, bias or not, every
-convolution parameter and shape, precision, and whether autograd records the call):
-
-* CPU tensors and dtypes other than float32/float16/bfloat16: PyTorch.
-* Measured (the default on CUDA): the first call of a signature times every candidate on the
-  call's own tensors -- convt3d's engines (their first call compiles and tunes the Triton engine
-  or builds the CUDA one) against PyTorch's own call under the same flags -- in two rounds in
-  opposite orders, and keeps convt3d's fastest only if it beats PyTorch by more than the noise
-  of the measurement (``NOISE_MARGIN``, or the spread between the two rounds where that is
-  larger), each of ours charged the host time per call it costs beyond PyTorch's (:func:`pick`).
-  Training calls time whole steps, forward and backward. The decision goes to the disk
-  cache, so later processes pay nothing; ``convt3d.tune(model, x)`` pays it ahead of time.
-* The heuristic (:func:`heuristic`, a pure function of the geometry) decides only where timing
-  cannot run: inside CUDA graph capture, tracing with fake or meta tensors (torch.export), when
-  ``measure=False`` (explain), or when measuring is switched off
-  (``convt3d.set_benchmark(False)``). A heuristic decision is held in memory only; the next call
-  that can measure replaces it. torch.compile decides once per signature at trace time on the
-  example tensors, which are real there (``functional._decide_for_trace``): the memory, the
-  disk cache, else timing, as an eager first call; the decision is a constant of the graph.
-* Tiny layers (roofline floor below ``TINY_FLOOR_S``) time PyTorch's call alone first: below
-  ``HOST_BOUND_S`` it stands, nothing else timed (host-bound); above it every candidate is timed.
-* Under ``torch.distributed`` every rank takes rank 0's decision (``convt3d.dispatch.distributed``).
-* ``convt3d.tune(model, x)`` can replace a decision afterwards (:func:`override`): its network
-  check times the whole model and reverts to PyTorch the signatures that were measured faster
-  alone but make the model slower.
-"""
+"""The dispatcher: one ordered pass over the registered engines for every call. A named backend
+runs, or raises with its reasons; "auto" decides from memory, the disk cache, a measurement
+against PyTorch's own call, else the heuristic, and keeps ours only where it beats PyTorch
+beyond the noise. Unsupported input falls back to PyTorch here, and only here."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -65,7 +27,7 @@ __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve
            "decide", "select", "explain_pass", "set_benchmark", "benchmark_enabled", "clear_decisions",
            "cudnn_conv_tf32", "signature_text", "NOISE_MARGIN",
            "MEASURE_ROUNDS", "MAX_MEASURE_ROUNDS", "HYBRID",
-           "override", "Steady", "steady_key", "steady", "remember", "remember_direct"]
+           "override", "Steady", "steady_key", "steady", "remember", "remember_direct", "decided_call", "precision_class_of"]
 
 BACKENDS = ("auto", "triton", "torch", "cuda", "conv3d")
 
@@ -84,6 +46,9 @@ class Decision:
     # The engine name in ``ENGINES`` that runs the call (HYBRID for PyTorch's forward with
     # convt3d's backward); a field, not a property, so the steady path reads it without a call.
     candidate: str = ""
+    # How PyTorch's own call of this TF32-allowed float32 signature computes, where auto measured
+    # it: "fp32" (then ours run at exact grade, never below PyTorch's numerics) or "tf32".
+    precision_class: str = ""
 
     def __post_init__(self):
         if not self.candidate:
@@ -151,6 +116,7 @@ _settled: dict[tuple, Decision] = memo("dispatch.select.settled")  # measured, r
 _guessed: dict[tuple, Decision] = memo("dispatch.select.guessed")  # heuristic decisions (replaced once a call can measure)
 _named: dict[tuple, Decision] = memo("dispatch.select.named")  # named backends that can run a signature
 _timings: dict[tuple, dict[str, float]] = memo("dispatch.select.timings")  # measured ms per engine (explain)
+_classes: dict[tuple, str] = memo("dispatch.select.classes")  # PyTorch's precision class per signature
 _texts: dict[tuple, str] = memo("dispatch.select.texts")  # the persistent signature of each settled key (override)
 _listeners: list[Callable[[str, dict], None]] = []
 
@@ -161,6 +127,7 @@ def clear_decisions() -> None:
     _guessed.clear()
     _named.clear()
     _timings.clear()
+    _classes.clear()
     _texts.clear()
     _forget_steady()
     ENGINES["triton"].forget()
@@ -264,6 +231,16 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
     if call.dtype not in ENGINES["triton"].dtypes:
         return _settle(call, _decision("torch", call, f"auto: dtype {call.dtype} is not run by our engines", "rule"),
                        record)
+    klass = _pytorchs_class(call, measure, record)
+    if klass == "fp32":
+        # PyTorch's own call computes this TF32-allowed call in full fp32: ours run it at exact
+        # grade, so switching to convt3d never lowers the user's numerics.
+        exact = dataclasses.replace(call, precision=EXACT_GRADE)
+        d = _auto_choose(exact, measure, record)
+        d = dataclasses.replace(d, precision_class="fp32", reason=d.reason + (
+            f"; PyTorch's own call computes this TF32-allowed call in full fp32, so it runs at exact grade "
+            f"({EXACT_GRADE})"))
+        return d if d.source == "heuristic" else _settle(call, d, record)
     reasons = _reasons(call, record)
     skipped = _auto_skips(call, reasons)
     if record is not None:
@@ -314,6 +291,31 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
     if record is None:
         _guessed[call.key] = d
     return d
+
+
+def _pytorchs_class(call: Call, measure: bool, record: Pass | None) -> str | None:
+    """How PyTorch's own call of a flag-following TF32 float32 call computes: "fp32" or "tf32"
+    (this process's memory, the disk cache, else measured once, every rank taking rank 0's), or
+    None where it is not known and cannot be measured here."""
+    if call.dtype != torch.float32 or call.precision != "tf32" or call.requested is not None:
+        return None
+    klass = _classes.get(call.key)
+    if klass is not None:
+        return klass
+    gpu = device_name(call.device)
+    klass = cache.load_precision_class(gpu, call.text)
+    if klass is None:
+        if record is not None or not _can_measure(call, measure) or _without_data(call.x):
+            return None
+
+        def measured() -> str:
+            found = cache.load_precision_class(gpu, call.text) or ENGINES["torch"].precision_class(call)
+            cache.save_precision_class(gpu, call.text, found)
+            return found
+
+        klass = distributed.agree(measured, "class|" + call.text)
+    _classes[call.key] = klass
+    return klass
 
 
 def _without_data(t) -> bool:
@@ -623,6 +625,19 @@ def remember_direct(input, weight, bias, args: tuple, backend, precision) -> Non
     if len(_direct) >= _STEADY_LIMIT:
         _forget_steady()
     _direct[id(weight)] = Direct(input, weight, bias, args, backend, precision)
+
+
+def precision_class_of(call: Call) -> str | None:
+    """PyTorch's precision class of the call where known (memory or disk cache), never measured."""
+    return _pytorchs_class(call, False, Pass(""))
+
+
+def decided_call(call: Call, d: Decision) -> Call:
+    """The call as its decision runs it: at exact grade where PyTorch's own call computes the
+    TF32-allowed call in full fp32."""
+    if d.precision_class == "fp32" and call.precision == "tf32":
+        return dataclasses.replace(call, precision=EXACT_GRADE)
+    return call
 
 
 # ---- the call-level entry for callers holding tensors and a geometry ------------------------------

@@ -1,26 +1,5 @@
 """The steady path's memos: how a repeated call is recognised without validation or the
-dispatcher's pass.
-
-- :func:`steady_key`: everything validation and the pass read from a call, as one hashable key
-  (the dispatcher keeps the settled decision under it).
-- :class:`Direct`: a call decided for PyTorch's own op at the flags as they are. It needs no
-  validation at all (``F.conv_transpose3d`` checks its own arguments and raises its own
-  errors), so its memo only has to say that the decision still holds: the same weight and bias
-  objects, the input's shape, layout, dtype and device, the same geometry arguments, backend,
-  precision and ``$CONVT3D_BACKEND``, grad mode, autocast and cuDNN's TF32 flag. That check
-  costs less than building the key, and a host-bound layer pays every microsecond of it: a
-  forward through the key and the dispatcher's tables costs measurably more host time than
-  ``F.conv_transpose3d`` itself (``tools/host_time.py layers``).
-- :class:`Repeat`: the same memo for an inference call decided for one of our engines outside
-  autocast. It also pins the weight's and bias's layout (a ``.data`` assignment can change it
-  under the same object) and holds the engine's own steady launcher (``run``), so a repeated
-  call goes from the check straight to the allocation and the launches: no key, no ``Call``, no
-  engine lookup, which together cost a small layer several times the host time of the
-  engine's forward alone (``tools/host_time.py stubbed``).
-
-A leaf module (it imports nothing that imports the dispatcher): the engines use both to time a
-candidate with the host cost its repeated calls will have.
-"""
+dispatcher's pass."""
 from __future__ import annotations
 
 import functools

@@ -1,15 +1,7 @@
 """``convt3d::conv_transpose3d`` and ``convt3d::conv_transpose3d_backward``: the torch.library
 custom ops around our engines, with fake (meta) implementations and the autograd formula, so the
 layer works under autograd, torch.compile (no graph break: both ops are opaque nodes with exact
-fake shapes, strides and memory formats) and CUDA graphs like a native op.
-
-The ops take already-normalised arguments (5-D input, 3-element lists, a concrete precision and
-engine); ``convt3d.functional`` validates and dispatches before calling them.
-
-The backward is an op of its own (not a Python formula traced into the graph) so that what runs
-is decided when it runs: the per-signature choice of dW implementation, the cuDNN TF32 and
-determinism flags of ``convt3d.engines.triton.backward`` -- global flags a traced graph would not capture.
-"""
+fake shapes, strides and memory formats) and CUDA graphs like a native op."""
 from __future__ import annotations
 
 from typing import List, Optional, Tuple

@@ -1,16 +1,7 @@
-"""Launcher of the CUDA head kernel (``head_shuffle.cu``): output heads at dilation 1 in one
-launch, the input staged once per channel chunk in shared memory and read by every shift.
-
-The kernel's header comment gives the design. This module holds its plan: the geometry of the
-shuffle view (shifts, first block, blocks per dimension), the variant (the width shifts as K
-steps, or as MMA columns: ``width_shifts``), the tile (output blocks per CTA, its box shape, the
-tile configuration by columns), the weight packed as the kernel reads it, the per-shift n-tile
-masks, the build (nvcc into a shared library in the convt3d cache directory, loaded with
-ctypes), and a first-call choice among the variants' tiles by timing them (``choose_tile``).
-
-It runs fp32 at TF32 (operands rounded as cuDNN rounds them), bf16 and fp16. The CUDA engine
-(``engines.CudaEngine``) routes a call here where ``unsupported_reason`` is None; exact-grade
-fp32 stays on that engine's FFMA kernels.
+"""Launcher of the CUDA head kernel (``head_shuffle.cu``, whose header gives the design): output
+heads at dilation 1 in one launch. Here: the shuffle view's geometry, the tiles offered and the
+first call's choice among them by timing, the weight packing, and the nvcc build loaded with
+ctypes. fp32 runs at TF32 (rounded as cuDNN rounds), bf16 and fp16 as they are.
 """
 from __future__ import annotations
 
@@ -18,6 +9,7 @@ import ctypes
 import dataclasses
 import functools
 import hashlib
+import itertools
 import math
 import os
 import shutil
@@ -38,14 +30,11 @@ from ...core.memo import memo
 __all__ = ["CONFIGS", "MAX_COLUMNS", "MAX_SHIFTS", "MAX_HEAD_CHANNELS", "HeadPlan", "geometry", "columns",
            "width_shifts", "unsupported_reason", "call_reason", "staging_mode", "configs_for", "tile_boxes", "plan",
            "shift_masks", "pack_weight", "library_path", "load_library", "forward", "variants", "offers",
-           "candidate_plans",
-           "choose_tile", "build_seconds", "clear", "round_tf32", "pack_weight_cuda"]
+           "candidate_plans", "choose_tile", "build_seconds", "clear", "round_tf32", "pack_weight_cuda"]
 
-# Tile configurations (the .cu's CONVT3D_HEAD_CONFIGS): index -> (MT, NTW, WM, WN). A CTA covers
-# BM = WM x MT x 16 output blocks and BN = WN x NTW x 8 columns; a warp holds MT x NTW
-# accumulator tiles of 16 x 8 and reuses each B fragment for its MT m-tiles. The narrow heads
-# (BN 8 and 16) take four m-tiles a warp: at two, ncu reads the GAN head's kernel as
-# issue-bound.
+# Tile configurations (the .cu's CONVT3D_HEAD_CONFIGS): index -> (MT, NTW, WM, WN); a CTA covers
+# BM = WM x MT x 16 output blocks and BN = WN x NTW x 8 columns. Narrow heads take four m-tiles a
+# warp, as two leave the kernel issue-bound.
 CONFIGS = {
     0: (4, 1, 4, 1),   # BM 256, BN 8
     1: (4, 2, 4, 1),   # BM 256, BN 16
@@ -57,22 +46,15 @@ CONFIGS = {
 }
 MAX_COLUMNS = 128        # residues x Cout/g, padded to 8: the widest configuration's BN
 MAX_SHIFTS = 64          # J_d x J_h x J_w (the kernel's mask table)
-# Output channels per group of a head (head_engine.MAX_HEAD_CHANNELS, restated: this module
-# imports only torch and params).
-MAX_HEAD_CHANNELS = 15
-# Shared memory one CTA may take: the H100/H200 opt-in maximum per block (227 KB).
-SMEM_LIMIT = 232448
-# Tile boxes whose staged tile exceeds this are not offered while a smaller one exists: two CTAs
-# per SM (228 KB) keep one CTA's staging overlapped with the other's MMAs.
+MAX_HEAD_CHANNELS = 15  # output channels per group of a head (as head_engine's)
+SMEM_LIMIT = 232448  # the H100/H200 opt-in shared memory per block
+# Boxes staging more rank after smaller ones: two CTAs an SM overlap one's staging with the other's MMAs.
 SMEM_TWO_CTAS = 113 * 1024
-# Shared memory of an SM (H100/H200: 228 KB, 1 KB of it reserved per CTA) and its registers.
-SMEM_PER_SM = 228 * 1024
+SMEM_PER_SM = 228 * 1024  # H100/H200, 1 KB of it reserved per CTA
 REGS_PER_SM = 65536
-# Registers a thread of the kernel takes: ptxas gives 72-128 across the 21 kernels of each type
-# (CUDA 13, sm_90a); the occupancy estimate takes the most.
-KERNEL_REGS = 128
+KERNEL_REGS = 128  # the most ptxas gives any of the kernels, for the occupancy estimate
 
-_state: dict = {"lib": {}, "pack": {}, "seconds": {}, "path": {}}
+_state: dict = {"lib": {}, "pack": {}, "seconds": {}}
 _lock = threading.Lock()
 _chosen: dict = memo("engines.cuda.head.chosen")
 _shift_arrays: dict = memo("engines.cuda.head.shift_arrays")
@@ -87,45 +69,37 @@ def _pow2_ceil(v: int) -> int:
 
 
 def geometry(params: ConvT3dParams) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """(shifts J, first block q0, blocks QN) per dimension. Tap t = j * s + r (j < J = ceil(k/s));
-    output o = q * s - p + r belongs to block q = (o + p) // s, so the blocks holding outputs run
-    from p // s to (O - 1 + p) // s."""
+    """(shifts J = ceil(k/s), first block p // s, blocks) per dimension: tap t = j * s + r, and
+    output o = q * s - p + r belongs to block q."""
     js, q0, qn = [], [], []
     for a in params.axes:
-        j = _cdiv(a.kernel, a.stride)
-        first = a.padding // a.stride
-        last = (a.out_size - 1 + a.padding) // a.stride
-        js.append(j)
+        first, last = a.padding // a.stride, (a.out_size - 1 + a.padding) // a.stride
+        js.append(_cdiv(a.kernel, a.stride))
         q0.append(first)
         qn.append(max(0, last - first + 1))
     return tuple(js), tuple(q0), tuple(qn)
 
 
 def columns(params: ConvT3dParams, jn: int = 1) -> int:
-    """N of the GEMM: residues x Cout/g (times the jn width shifts taken as columns), padded to a
-    multiple of 8 (one MMA n-tile)."""
+    """N of the GEMM: jn x residues x Cout/g, padded to a multiple of 8 (one MMA n-tile)."""
     return _cdiv(jn * math.prod(params.stride) * params.out_channels_per_group, 8) * 8
 
 
 def width_shifts(params: ConvT3dParams) -> int:
-    """The width shifts the column variant takes as MMA columns (J_w), or 1 where it is not
-    offered: one width shift, or more than MAX_COLUMNS columns with them. In that variant an A
-    fragment feeds J_w times the MMAs; the plain one reads each staged row once per shift, and
-    ncu reads such a kernel as bound by its ldmatrix shared-memory wavefronts."""
+    """J_w, the width shifts the column variant takes as MMA columns (each A fragment then feeds
+    J_w MMAs), or 1 where that variant is not offered."""
     jw = geometry(params)[0][2]
     return jw if jw > 1 and columns(params, jw) <= MAX_COLUMNS else 1
 
 
 def _kshifts(params: ConvT3dParams, jn: int) -> tuple[int, int, int]:
-    """The shifts taken as K steps: all of them, or (J_d, J_h, 1) where the width ones are
-    columns."""
+    """The shifts taken as K steps: (J_d, J_h, 1) where the width ones are columns."""
     js = geometry(params)[0]
     return js if jn == 1 else (js[0], js[1], 1)
 
 
 def _staged_box(params: ConvT3dParams, box: tuple[int, int, int], jn: int) -> list[int]:
-    """The staged input box of an M box (BD, BH, mw): the box plus J - 1 per dimension taken as K
-    steps (the M rows along W are input positions already where the width shifts are columns)."""
+    """The staged input box of an M box: the box plus J - 1 per dimension taken as K steps."""
     return [b + j - 1 for b, j in zip(box, _kshifts(params, jn))]
 
 
@@ -135,16 +109,15 @@ def _out_blocks(box: tuple[int, int, int], jn: int) -> tuple[int, int, int]:
 
 
 def _kc(params: ConvT3dParams, itemsize: int) -> int:
-    """Channels per staged chunk: Cin/g rounded up to a power of two, between 32 bytes and 128
-    bytes of a row (an ldmatrix K step is 32 bytes; 128-byte rows span all 32 banks)."""
+    """Channels per staged chunk: Cin/g as a power of two within 32 bytes (an ldmatrix K step) and
+    128 bytes (all 32 banks)."""
     lo, hi = 32 // itemsize, 128 // itemsize
     return max(lo, min(hi, _pow2_ceil(params.in_channels_per_group)))
 
 
 @functools.lru_cache(maxsize=1024)
 def unsupported_reason(params: ConvT3dParams, dtype: torch.dtype, precision: str) -> str | None:
-    """Why the head kernel does not take this call (geometry, dtype, precision), or None.
-    Memoised: a repeated call pays a dictionary lookup, not the tile enumeration."""
+    """Why the head kernel does not take this call (geometry, dtype, precision), or None; memoised."""
     if dtype == torch.float32:
         if precision != "tf32":
             return f"fp32 at precision {precision!r} (the head kernel computes fp32 on TF32 tensor cores only)"
@@ -165,23 +138,17 @@ def unsupported_reason(params: ConvT3dParams, dtype: torch.dtype, precision: str
         return "no tile fits in shared memory"
     tiles = params.batch * params.groups * min(
         math.prod(_cdiv(q, b) for q, b in zip(qn, box)) for _, box in offered)
-    if tiles > 2**31 - 1:  # the persistent CTAs number tiles in 32 bits
+    if tiles > 2**31 - 1:  # the CTAs number tiles in 32 bits
         return f"{tiles} tiles (more than 2^31 - 1)"
     return None
 
 
 def configs_for(params: ConvT3dParams, jn: int = 1) -> tuple[int, ...]:
-    """The configurations whose BN is the narrowest that holds every column: 256 and 128 blocks
-    per CTA where BN <= 16, one of each width above."""
+    """The configurations of the narrowest BN that holds every column (BM 256 and 128 where BN <= 16)."""
     n = columns(params, jn)
-    if n <= 8:
-        return (0, 5)
-    if n <= 16:
-        return (1, 6)
-    if n <= 32:
-        return (2,)
-    if n <= 64:
-        return (3,)
+    for widest, configs in ((8, (0, 5)), (16, (1, 6)), (32, (2,)), (64, (3,))):
+        if n <= widest:
+            return configs
     return (4,)
 
 
@@ -191,23 +158,20 @@ def _bm_bn(config: int) -> tuple[int, int]:
 
 
 def _row_pitch(params: ConvT3dParams, itemsize: int) -> int:
-    """Bytes between staged rows: a row of KC channels plus 16 bytes (the .cu's RP), so that any
-    8 consecutive rows start in 8 different 16-byte bank groups."""
+    """Bytes between staged rows (the .cu's RP): KC channels plus 16, so 8 consecutive rows start in
+    8 bank groups."""
     return _kc(params, itemsize) * itemsize + 16
 
 
 def _epilogue_rows(params: ConvT3dParams, box: tuple[int, int, int]) -> int:
-    """Rows of the epilogue's table at most (NCDHW output: channel x depth x height outputs of
-    a tile; channels-last has one channel a row)."""
+    """Rows of the epilogue's table at most (channel x depth x height outputs of a tile)."""
     (sd, sh, _) = params.stride
     return params.out_channels_per_group * box[0] * sd * box[1] * sh
 
 
 @dataclass(frozen=True)
 class _Smem:
-    """Shared memory of one CTA (bytes): stages, resident weights, two row-offset tables (8 bytes
-    a staged row), the epilogue's row table (16 bytes a row) and, where the BM x (BN + 4) fp32
-    epilogue tile does not fit in a stage, its own region."""
+    """Shared memory regions of one CTA (bytes); ``cs_off`` -1: the epilogue tile reuses a stage."""
 
     stages: int
     resident: bool
@@ -220,20 +184,15 @@ class _Smem:
 
 
 def _ctas_per_sm(smem: int, threads: int) -> int:
-    """CTAs an SM holds by shared memory and registers (the kernel's; see KERNEL_REGS)."""
+    """CTAs an SM holds by shared memory and registers."""
     return max(0, min(SMEM_PER_SM // (smem + 1024), REGS_PER_SM // (threads * KERNEL_REGS)))
 
 
 def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int],
                  stages: int | None = None, jn: int = 1) -> _Smem:
-    """The regions, and the variant: one or two stages, the weights resident or staged with each
-    chunk. The persistent CTAs hide their loads behind each other (several a SM) or behind their
-    own MMAs (two stages), and the GPU runs the first better wherever the second costs a CTA per
-    SM; two stages win by a few percent only where they keep the CTAs. Resident weights are
-    loaded once per CTA instead of once per tile, but all chunks of them at once, and a large
-    weight that leaves fewer CTAs per SM loses more than it saves. So of the four variants, the
-    most CTAs per SM wins; among those, resident weights, then two stages.
-    Resident weights need one group (a CTA's tiles would span groups)."""
+    """The regions of the best variant (one or two stages; weights resident, one group only, or
+    staged per chunk): the most CTAs per SM wins, since CTAs hide each other's loads better than
+    a second stage does; then resident weights, then two stages."""
     js = _kshifts(params, jn)
     bm, bn = _bm_bn(config)
     threads = 32 * CONFIGS[config][2] * CONFIGS[config][3]
@@ -258,16 +217,10 @@ def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[i
     return max(fitting, key=lambda v: (_ctas_per_sm(v.total, threads), v.resident, v.stages, -v.total))
 
 
-def _smem(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int], jn: int = 1) -> int:
-    return _smem_layout(params, itemsize, config, box, jn=jn).total
-
-
 def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
                jn: int = 1) -> list[tuple[int, tuple]]:
-    """(config, box) pairs to offer for the plain variant (jn 1) or the one with jn width shifts
-    as columns, best first by the staged rows they read per block (the halo's share) plus the
-    blocks they compute (those past the output included): boxes of powers of two, BD x BH x BW
-    = BM, within shared memory; boxes that leave one CTA per SM last."""
+    """(config, box) pairs to offer for variant ``jn``: power-of-two boxes of BM blocks within shared
+    memory, best first by staged rows read plus blocks computed, one-CTA-per-SM boxes last."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     js, _, qn = geometry(params)
     ks = _kshifts(params, jn)
@@ -278,15 +231,13 @@ def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = N
             for bh in (1, 2, 4, 8, 16, 32, 64, 128):
                 if bm % (bw * bh) or bw < jn:
                     continue
-                bd = bm // (bw * bh)
-                box = (bd, bh, bw)
-                smem = _smem(params, itemsize, cfg, box, jn)
+                box = (bm // (bw * bh), bh, bw)
+                smem = _smem_layout(params, itemsize, cfg, box, jn=jn).total
                 if smem > SMEM_LIMIT:
                     continue
                 tiles = math.prod(_cdiv(q, b) for q, b in zip(qn, _out_blocks(box, jn)))
                 rows = math.prod(_staged_box(params, box, jn))
-                # staged rows read, M rows computed (the MMA work scales with them and the shifts),
-                # and the input rows a box reads as separate runs along W (a run costs about a sector)
+                # staged rows, M rows times shifts (MMA work), and runs along W (about a sector each)
                 runs = (box[0] + ks[0] - 1) * (box[1] + ks[1] - 1)
                 cost = tiles * (rows + bm * math.prod(js) / 4 + 4 * runs)
                 out.append((cost, smem > SMEM_TWO_CTAS, cfg, box))
@@ -295,35 +246,28 @@ def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = N
 
 
 def shift_masks(params: ConvT3dParams, jn: int = 1) -> list[int]:
-    """Per shift (jd, jh, jw) taken as a K step, the bit mask of the n-tiles whose columns (width
-    shift jw' < jn taken as a column, residue r, channel co; n = (jw' x R + r) x Cout/g + co) hold
-    a tap: j x s + r < k along every dimension."""
+    """Per K-step shift, the bit mask of the n-tiles whose columns (n = (jw' x R + r) x Cout/g + co)
+    hold a tap: j x s + r < k along every dimension."""
     ks = _kshifts(params, jn)
     cog = params.out_channels_per_group
     (sd, sh, sw), (kd, kh, kw) = params.stride, params.kernel_size
     res = sd * sh * sw
     masks = []
-    for jd in range(ks[0]):
-        for jh in range(ks[1]):
-            for jw in range(ks[2]):
-                bits = 0
-                for jc in range(jn):
-                    for rd in range(sd):
-                        for rh in range(sh):
-                            for rw in range(sw):
-                                if jd * sd + rd < kd and jh * sh + rh < kh and (jw + jc) * sw + rw < kw:
-                                    r = jc * res + (rd * sh + rh) * sw + rw
-                                    for nt in range(r * cog // 8, (r * cog + cog - 1) // 8 + 1):
-                                        bits |= 1 << nt
-                masks.append(bits)
+    for jd, jh, jw in itertools.product(*map(range, ks)):
+        bits = 0
+        for jc, rd, rh, rw in itertools.product(range(jn), range(sd), range(sh), range(sw)):
+            if jd * sd + rd < kd and jh * sh + rh < kh and (jw + jc) * sw + rw < kw:
+                r = jc * res + (rd * sh + rh) * sw + rw
+                for nt in range(r * cog // 8, (r * cog + cog - 1) // 8 + 1):
+                    bits |= 1 << nt
+        masks.append(bits)
     return masks
 
 
 @dataclass(frozen=True)
 class HeadPlan:
-    """One launch: configuration, box, and the kernel's ``meta`` (all but the tensors' strides and
-    the staging mode, which ``_launch`` appends); ``shifts`` is the per-shift n-tile masks, then
-    the per-shift staged-row byte offsets."""
+    """One launch: configuration, box and the kernel's ``meta`` (``_launch`` appends the strides and
+    staging mode); ``shifts``: the per-shift n-tile masks, then staged-row byte offsets."""
 
     config: int
     box: tuple[int, int, int]
@@ -333,23 +277,15 @@ class HeadPlan:
     masks: tuple[int, ...]
     stages: int
     shifts: tuple[int, ...] = ()
-    # Stage a channels-last copy of an input the kernel would read element by element (NCDHW):
-    # the copy reads and writes the input once more, the element-wise staging costs more where
-    # channels are many (the GAN head). choose_tile times both.
-    copy_cl: bool = False
-    # Width shifts taken as MMA columns (1: none; the .cu's jn); box is then the M rows' (BD, BH,
-    # mw) and a tile's output blocks along W are mw - jn + 1.
-    jn: int = 1
+    copy_cl: bool = False  # stage a channels-last copy of an input read element by element
+    jn: int = 1  # width shifts as MMA columns; box is then the M rows' and yields mw - jn + 1 blocks
 
 
 def plan(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
          box: tuple[int, int, int] | None = None, stages: int | None = None, max_ctas: int = 0,
          jn: int = 1) -> HeadPlan:
-    """The launch for a call the kernel takes (``unsupported_reason`` is None): the given
-    configuration and box, else the first of ``tile_boxes``; ``jn`` > 1 takes that many width
-    shifts as columns (``width_shifts``). ``stages`` overrides the default (measurements);
-    ``max_ctas`` caps the persistent grid (0: as many CTAs as the SMs hold; tests cap it to run
-    many tiles a CTA)."""
+    """The launch for a call the kernel takes: the given configuration and box, else the first of
+    ``tile_boxes``; ``max_ctas`` caps the persistent grid (0: as many CTAs as the SMs hold)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     if jn not in (1, width_shifts(params)):
         raise ValueError(f"jn={jn}: this layer takes 1 or {width_shifts(params)} width shifts as columns")
@@ -376,16 +312,14 @@ def plan(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
             lay.rtab_off, lay.etab_off, lay.cs_off, max_ctas, jn)
     rp = _row_pitch(params, itemsize)
     hb = _staged_box(params, box, jn)
-    offsets = [((jd * hb[1] + jh) * hb[2] + jw) * rp
-               for jd in range(ks[0]) for jh in range(ks[1]) for jw in range(ks[2])]
+    offsets = [((jd * hb[1] + jh) * hb[2] + jw) * rp for jd, jh, jw in itertools.product(*map(range, ks))]
     masks = tuple(shift_masks(params, jn))
     return HeadPlan(config, tuple(box), kc, nchunks, tuple(int(v) for v in meta), masks, lay.stages,
                     masks + tuple(offsets), jn=jn)
 
 
 def call_reason(x: torch.Tensor, params: ConvT3dParams, precision: str) -> str | None:
-    """Why the CUDA engine does not run this call on the head kernel (device, compiler, then
-    ``unsupported_reason``), or None. Never builds anything."""
+    """Why the head kernel cannot run this call here (device, compiler, geometry), or None; builds nothing."""
     if x.device.type != "cuda":
         return f"{x.device.type.upper()} tensor (the head kernel runs on CUDA devices only)"
     major, minor = torch.cuda.get_device_capability(x.device)
@@ -407,18 +341,15 @@ def _plan_memo(params: ConvT3dParams, dtype: torch.dtype, config: int | None, bo
 
 
 def pack_weight(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> torch.Tensor:
-    """(Cin, Cout/g, kD, kH, kW) -> (g, chunk, shift, column, KC), zeros for taps past the kernel,
-    columns past them and channels past Cin/g: column n = (jw' x R + r) x Cout/g + co holds
-    W[ci, co, (j + jw') x s + r] for K-step shift j (jw' < hp.jn: the width shifts taken as
-    columns, 0 in the plain variant)."""
+    """(Cin, Cout/g, kD, kH, kW) -> (g, chunk, shift, column, KC), zero-padded: column
+    n = (jw' x R + r) x Cout/g + co holds W[ci, co, (j + jw') x s + r] for K-step shift j."""
     g, cin_g, cog = params.groups, params.in_channels_per_group, params.out_channels_per_group
     js, _, _ = geometry(params)
     (sd, sh, sw), (kd, kh, kw) = params.stride, params.kernel_size
     w = weight.reshape(g, cin_g, cog, kd, kh, kw)
     w = torch.nn.functional.pad(w, (0, js[2] * sw - kw, 0, js[1] * sh - kh, 0, js[0] * sd - kd))
     w = w.reshape(g, cin_g, cog, js[0], sd, js[1], sh, js[2], sw)
-    # (g, J_d, J_h, J_w, s_d, s_h, s_w, Cout/g, Cin/g): J_w next to the residues, so that it joins
-    # the columns where hp.jn takes it there
+    # J_w next to the residues, so that it joins the columns where hp.jn takes it there
     ks = math.prod(_kshifts(params, hp.jn))
     w = w.permute(0, 3, 5, 7, 4, 6, 8, 2, 1).reshape(g, ks, -1, cin_g)
     np_ = columns(params, hp.jn)
@@ -428,8 +359,7 @@ def pack_weight(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> to
 
 
 def pack_weight_cuda(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> torch.Tensor:
-    """``pack_weight`` in one launch of the library's pack kernel (a CUDA weight, any strides):
-    what every call of the head kernel does first, so its host time counts."""
+    """``pack_weight`` in one launch of the library's pack kernel (a CUDA weight, any strides)."""
     load_library(weight.device, weight.dtype)
     ks = _kshifts(params, hp.jn)
     np_ = columns(params, hp.jn)
@@ -450,8 +380,8 @@ def pack_weight_cuda(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) 
 
 
 def round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """fp32 -> the nearest TF32 value (ties away from zero, as cuDNN rounds its operands), inf and
-    NaN kept: the kernel's tf32_round, on a tensor. The tensor cores would otherwise truncate."""
+    """fp32 -> the nearest TF32 value (ties away from zero, as cuDNN rounds), inf and NaN kept: the
+    tensor cores would otherwise truncate."""
     bits = t.view(torch.int32)
     rounded = ((bits + 0x1000) & -8192).view(torch.float32)
     return torch.where(t.abs() < float("inf"), rounded, t)
@@ -468,14 +398,12 @@ def build_seconds(dtype: torch.dtype = torch.bfloat16) -> float | None:
 
 def _arch(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
-    # sm_90a: the arch-specific target of Hopper; mma.sync and ldmatrix need nothing from it,
-    # but it is what the device runs natively.
+    # sm_90a: Hopper's native target.
     return f"{major}{minor}a" if major == 9 else f"{major}{minor}"
 
 
 def library_path(device: torch.device, dtype: torch.dtype) -> Path:
-    """Where the library for this source, element type, GPU architecture and nvcc lives: the
-    convt3d cache directory, named by a digest of the four."""
+    """The library's path in the cache directory, named by a digest of source, dtype, arch and nvcc."""
     from ...dispatch.cache import cache_dir
     arch = _arch(device)
     code = _DTYPE_CODES[dtype]
@@ -483,18 +411,15 @@ def library_path(device: torch.device, dtype: torch.dtype) -> Path:
     return cache_dir() / "build" / f"convt3d_head_{str(dtype).replace('torch.', '')}_sm{arch}_{digest.hexdigest()[:12]}.so"
 
 
-# nvcc alone builds the library (the .cu includes no torch or Python header), about ten times
-# faster than the same kernels through torch's load_inline, whose torch headers dominate the
-# compile. One library
-# per element type, built at that type's first call.
+# nvcc alone builds the library (no torch headers, so ten times faster than load_inline); one
+# library per element type, built at its first call.
 _NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.bfloat16):
-    """Build the library of ``dtype`` once (into the cache directory; a later process loads it)
-    and load it with ctypes. The build writes a temporary file and renames it, so processes
-    racing on one cache directory never load a half-written library."""
+    """Build the library of ``dtype`` once into the cache directory and load it with ctypes; the build
+    renames a finished temporary file, so racing processes never load a half-written library."""
     code = _DTYPE_CODES[dtype]
     fn = _state["lib"].get(code)
     if fn is not None:
@@ -537,17 +462,12 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
         _state["pack"][code] = pack
         _state["lib"][code] = fn
         _state["seconds"][code] = time.perf_counter() - t0
-        _state["path"][code] = str(path)
         return fn
 
 
-
-
 def staging_mode(x: torch.Tensor, hp: HeadPlan) -> int:
-    """How the kernel stages the input (the .cu's stage_chunk): 0, one 16-byte cp.async per unit
-    of channels, where channels are contiguous and every unit starts 16-byte aligned (channels-
-    last input whose Cin/g and strides are multiples of a unit); 1, fp32 element by element
-    (cp.async of 4 bytes); 2, 16-bit element by element through registers."""
+    """How the kernel stages the input: 0, 16-byte units (channels contiguous and aligned); 1, fp32
+    element by element; 2, 16-bit element by element through registers."""
     v = 16 // x.element_size()
     cin_g = hp.meta[24]
     if (x.stride(1) == 1 and cin_g % v == 0 and x.data_ptr() % 16 == 0
@@ -581,11 +501,8 @@ def _output(x: torch.Tensor, weight: torch.Tensor, params: ConvT3dParams) -> tor
 
 
 def _copy_helps(x: torch.Tensor, hp: HeadPlan) -> bool:
-    """Whether a channels-last copy of ``x`` would be staged by 16-byte units (mode 0) where
-    ``x`` itself is not."""
-    if staging_mode(x, hp) == 0:
-        return False
-    return hp.meta[24] % (16 // x.element_size()) == 0
+    """Whether a channels-last copy of ``x`` would be staged by 16-byte units where ``x`` is not."""
+    return staging_mode(x, hp) != 0 and hp.meta[24] % (16 // x.element_size()) == 0
 
 
 def _staged_input(x: torch.Tensor, hp: HeadPlan) -> torch.Tensor:
@@ -603,25 +520,19 @@ def offers(params: ConvT3dParams, dtype: torch.dtype, per_variant: int = 4) -> l
 
 
 def candidate_plans(params: ConvT3dParams, dtype: torch.dtype, candidates: int = 4) -> list[HeadPlan]:
-    """What ``choose_tile`` times: ``offers``. Which variant wins is a measurement: the columns
-    one reads an A fragment for J_w times the MMAs but computes mw - jn + 1 output blocks along W
-    of mw M rows, and its tiles differ; on the bench's heads each variant wins some (docs/design.md,
-    "The CUDA head kernel")."""
+    """What ``choose_tile`` times: ``offers`` of both variants, as each wins on some heads."""
     return [plan(params, dtype, cfg, box, jn=jn) for jn, cfg, box in offers(params, dtype, candidates)]
 
 
-def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
-                candidates: int = 4) -> HeadPlan:
-    """The fastest of ``candidate_plans``, and, for an input the kernel would stage element by
-    element, of the first two of each variant again on a channels-last copy (the copy timed with
-    them); timed once per signature with CUDA events (3 warm calls, then the median of 5). The
-    first offered where no timing may run (CUDA graph capture). Memoised per (geometry, dtype,
-    layout)."""
+def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams) -> HeadPlan:
+    """The fastest of ``candidate_plans`` (plus, for an input staged element by element, the first
+    two of each variant on a channels-last copy), by CUDA events once per signature; the first
+    offered under graph capture."""
     key = (params, x.dtype, x.stride(), bias is not None, str(x.device))
     hp = _chosen.get(key)
     if hp is not None:
         return hp
-    plans = candidate_plans(params, x.dtype, candidates)
+    plans = candidate_plans(params, x.dtype)
     if not plans:
         raise BackendUnavailableError("backend='cuda': no head kernel tile fits this layer in shared memory")
     if _copy_helps(x, plans[0]):
@@ -659,9 +570,8 @@ def clear() -> None:
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             precision: str = "tf32", config: int | None = None, box: tuple[int, int, int] | None = None,
             jn: int = 1) -> torch.Tensor:
-    """The transposed convolution of a validated 5-D CUDA call the head kernel takes; ``config``,
-    ``box`` and ``jn`` force a tile (else ``choose_tile`` times the offered ones at the first
-    call)."""
+    """The transposed convolution of a validated 5-D CUDA call; ``config``, ``box`` and ``jn`` force
+    a tile, else ``choose_tile`` picks one."""
     why = unsupported_reason(params, x.dtype, precision)
     if why is not None:
         raise BackendUnavailableError(f"backend='cuda' head kernel cannot run this call: {why}")
@@ -676,17 +586,10 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
 
 
 def nvcc_path() -> str | None:
-    """The CUDA compiler torch's extension builder would use, or None: found where that builder
-    looks for CUDA_HOME ($CUDA_HOME, $CUDA_PATH, the nvcc on PATH, /usr/local/cuda) without
-    importing ``torch.utils.cpp_extension``, which imports setuptools -- a large part of a
-    process's first call, which every fp32 layer's support check would pay."""
+    """The nvcc torch's extension builder would use, or None, found without importing
+    ``torch.utils.cpp_extension`` (which imports setuptools, slow on a first call)."""
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
-        if home:
-            candidate = os.path.join(home, "bin", "nvcc")
-            if os.path.isfile(candidate):
-                return candidate
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    candidate = os.path.join("/usr/local/cuda", "bin", "nvcc")
-    return candidate if os.path.isfile(candidate) else None
+        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    found = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    return found if os.path.isfile(found) else None

@@ -1,70 +1,18 @@
-// convt3d's CUDA head kernel: output heads (few output channels per group) at dilation 1, one
-// launch, the input read once from HBM and once per shift from shared memory.
+// convt3d's CUDA head kernel: output heads (few output channels per group) at dilation 1 in one
+// launch; the launcher is engines/cuda/head.py, which computes every size below.
 //
-// Geometry (the "shuffle" view of head_engine.shuffle_layer; the launcher, convt3d/cuda_head.py,
-// computes every size below). Along each dimension a tap t = j * s + r (shift j < J = ceil(k/s),
-// residue r < s) sends input i to output (i + j) * s - p + r. So the outputs o = q * s - p + r of
-// block q are the sums, over the shifts j and the input channels, of X[q - j] times the weight of
-// tap j * s + r:
+// Along each dimension tap t = j * s + r (shift j < J = ceil(k/s), residue r < s), so output
+// block q is Y[q][(r, co)] = bias[co] + sum_{j, ci} X[q - j][ci] * Wj[ci][(r, co)]: a GEMM with
+// M = output blocks, N = residues x Cout/g (padded to 8) and K = shifts x Cin/g.
 //
-//   Y[block q][(r, co)] = bias[co] + sum_{j, ci} X[q - j][ci] * Wj[ci][(r, co)]
-//
-// a GEMM with M = output blocks, N = residues x Cout/g (the "columns", padded to 8) and
-// K = shifts x Cin/g, whose A operand for shift j is the input tile moved by j positions.
-//
-// Why CUDA C++ here: each CTA owns a box of BD x BH x BW output blocks. Per chunk of KC input
-// channels it stages the input box those blocks read -- the box plus a halo of J - 1 positions
-// per dimension -- in shared memory once, and every shift reads its A fragments from that one
-// tile with ldmatrix at a run-time row offset (each lane names its own row, so a window of a 3-D
-// box is as cheap as a contiguous one). Triton cannot slice shared memory at such offsets and
-// Gluon only at multiples of the slice length (docs/design.md, "The shuffle kind"), so its shuffle kind loads the
-// input tile once per shift through L1, which ncu reads as its limiter.
-//
-// Width shifts as columns (jn = J_w > 1, a variant the launcher offers beside the other): the
-// product of one input row with every width shift's weight is computed at once, N = jn x
-// residues x Cout/g, and block q sums, in the epilogue, shift jw's columns of the M row
-// q - jw. The M rows are then input positions along W (mw of them per tile, from jn - 1 before
-// the tile's first block), the tile's output blocks along W are mw - jn + 1, and an A fragment
-// feeds jn times the MMAs. Without it ncu reads the GAN head's kernel as bound by shared-memory
-// traffic, mostly ldmatrix: each staged row read once per shift, and with 8 columns one A
-// fragment feeding one MMA. The first call times both variants; each wins on some of the
-// bench's heads (docs/design.md, "The CUDA head kernel").
-//
-// The CTA is persistent: the launch starts as many CTAs as the SMs hold at once and each walks
-// the tiles t, t + grid, ... in order, so the CTAs at work cover one window of neighbouring tiles
-// (their halos meet in L2). What does not depend on the tile is done once per CTA: each lane's
-// ldmatrix row offsets, the epilogue's row table, the bias columns and, with one group, the
-// weights of every chunk (resident, where that costs no CTA per SM: cuda_head._smem_layout).
-// With two stages the next (tile, chunk) is staged while the current one multiplies, across
-// tile boundaries too, so a tile's loads overlap the previous tile's MMAs and epilogue. A
-// one-tile-per-CTA kernel is issue-bound (ncu on the GAN head): dozens of instructions a warp
-// per mma.sync, spread over the MMA loop's per-shift swizzle keys, the epilogue, the staging
-// and the prologue's 64-bit tile arithmetic.
-//
-// Layout of the staged tiles: a row of RB = KC x sizeof(T) bytes (32, 64 or 128) per position,
-// stored at a pitch of RP = RB + 16 bytes, so that any 8 consecutive rows -- what an ldmatrix
-// phase reads, whatever the shift -- start in 8 different 16-byte bank groups (RP / 16 is odd).
-// An XOR swizzle does the same without the padding, but its key changes with the shift, and it
-// cost two instructions per fragment per K step; with the pitch, a K step is an immediate
-// offset. The weights of a chunk (every shift, every column) are rows of the same pitch, B's rows
-// being columns n (k contiguous), which is ldmatrix's non-transposed B layout.
-//
-// The MMAs: bf16 / fp16 m16n8k16 and tf32 m16n8k8, fp32 accumulation. A 32-byte slice of a row
-// is one K step for both (16 half-words or 8 tf32 words), so fragments load alike: A with
-// ldmatrix.x4 (rows 0-7 / 8-15, low / high 16 bytes), B with ldmatrix.x4 for two n-tiles. fp32
-// operands are rounded to TF32 as cuDNN rounds them (to nearest, ties away from zero) once: the
-// weights when the launcher packs them, the input by the thread that staged it, in shared memory
-// (rounding each fragment as it was loaded took 70% of the fp32 MMA loop, once per shift). A
-// shift whose taps miss every column of a warp's n-tiles (k3 s2: tap 3 does not exist) is skipped
-// by a per-shift bit mask of the n-tiles it feeds.
-//
-// Epilogue: the accumulators (plus bias) go through shared memory so that each output row is
-// written by consecutive lanes: along W for NCDHW, along (W, C) for channels-last; converted to
-// T, masked to the output (blocks past the output and cropped padding). The output rows of a
-// tile have the same local offsets in every tile, so a table of them (shared-memory offset,
-// output offset, local depth and height) is built once per CTA. Offsets into the tensors are
-// 64-bit; any input strides are read (16-byte cp.async where channels are contiguous and
-// aligned).
+// Each persistent CTA walks boxes of output blocks; per chunk of KC input channels it stages the
+// box plus its J - 1 halo in shared memory once, and every shift reads its A fragments there with
+// ldmatrix at a run-time row offset, which Triton cannot express. Rows have a pitch of RP = RB +
+// 16 bytes, so any 8 consecutive rows start in 8 bank groups whatever the shift (an XOR swizzle's
+// key would change with the shift). Variant jn > 1 takes the width shifts as MMA columns, so one
+// A fragment feeds jn MMAs. With two stages the next (tile, chunk) is staged while this one
+// multiplies, across tiles too. fp32 is rounded to TF32 once, when staged; the epilogue goes through
+// shared memory so that consecutive lanes write each output row.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -104,14 +52,13 @@ struct HeadArgs {
   unsigned ntmask[MAX_SHIFTS];    // per shift: the n-tiles any of its taps feeds
 };
 
-// m = 0 stands for d = 1 (ceil(2^32 / 1) does not fit 32 bits)
+// m = 0 stands for d = 1
 __device__ __forceinline__ int fdiv(int n, uint32_t m) { return m ? (int)__umulhi((uint32_t)n, m) : n; }
 
 template <typename T> struct Raw { using type = uint16_t; };
 template <> struct Raw<float> { using type = uint32_t; };
 
-// fp32 bits -> the nearest TF32 value (ties away from zero), inf and NaN kept: what cvt.rna.tf32
-// computes, in three integer instructions and a select (the launcher's pack_weight does the same).
+// fp32 bits -> the nearest TF32 value (ties away from zero, as cvt.rna.tf32), inf and NaN kept.
 __device__ __forceinline__ uint32_t tf32_round(uint32_t bits) {
   return (bits & 0x7f800000u) == 0x7f800000u ? bits : (bits + 0x1000u) & 0xffffe000u;
 }
@@ -125,8 +72,7 @@ __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 
-// cp.async with zero fill: src_bytes 0 writes zeros and reads nothing (the address is then any
-// valid one).
+// cp.async with zero fill: src_bytes 0 writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async16(uint32_t saddr, const void* g, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(g), "r"(src_bytes));
 }
@@ -167,9 +113,7 @@ template <> __device__ __forceinline__ float from_float<float>(float v) { return
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
-// Staged rows of CH 16-byte units: RB bytes of channels at a pitch of RP = RB + 16 (an odd
-// number of units, so 8 consecutive rows start in 8 bank groups); LOG = log2(CH), for the
-// threads that keep one unit column each.
+// Staged rows of CH 16-byte units at a pitch of RP = RB + 16; LOG = log2(CH).
 template <int CH>
 struct Rows {
   static_assert(CH == 2 || CH == 4 || CH == 8, "rows of 32, 64 or 128 bytes");
@@ -178,8 +122,7 @@ struct Rows {
   static constexpr int LOG = CH == 8 ? 3 : (CH == 4 ? 2 : 1);
 };
 
-// A tile's place: width, height and depth tile, group, batch element. The CTA's next tile is
-// `grid` tiles on; adding grid's digits with carries replaces five divisions per tile.
+// A tile's place; the next tile is `grid` on, added digit by digit with carries (no divisions).
 struct TilePos {
   int w, h, d, g, n;
 };
@@ -204,8 +147,7 @@ __device__ __forceinline__ TilePos tile_add(const HeadArgs& a, TilePos p, const 
   return p;
 }
 
-// Where each staged row of the tile's box reads the input: its element offset inside the batch
-// element and group, or -1 outside the input. Once per tile, by all threads.
+// Each staged row's input offset within the batch element and group, or -1 outside the input.
 __device__ __forceinline__ void fill_rtab(int64_t* rtab, const HeadArgs& a, const TilePos& p) {
   const int i0d = a.q0[0] + p.d * a.bt[0] - (a.js[0] - 1);  // block q reads q - j: J - 1 inputs before
   const int i0h = a.q0[1] + p.h * a.bt[1] - (a.js[1] - 1);
@@ -222,8 +164,7 @@ __device__ __forceinline__ void fill_rtab(int64_t* rtab, const HeadArgs& a, cons
   }
 }
 
-// The weights of chunk `chunk` of group `grp`: global [jtot][np][kc], staged as rows j x BN + n
-// (rows past np zero, so a pair of n-tiles never reads stale rows).
+// The weights of one chunk and group, staged as rows j x BN + n (rows past np zero).
 template <typename T, int CH, int BN>
 __device__ __forceinline__ void stage_weights(const T* __restrict__ wp, uint32_t dst, const HeadArgs& a, int grp,
                                               int chunk) {
@@ -240,17 +181,9 @@ __device__ __forceinline__ void stage_weights(const T* __restrict__ wp, uint32_t
   }
 }
 
-// Stage input channel chunk `chunk` of the tile's box (rtab: its rows' offsets) at `dst`. Past
-// Cin/g: zeros. Modes (the launcher picks):
-//   0: channels contiguous and 16-byte aligned: one cp.async of 16 bytes per unit; a thread keeps
-//      one unit column (blockDim is a multiple of CH) and walks rows. Two threads a row, each
-//      copying every other unit of it (one row-offset lookup for CH / 2 units), is slower on
-//      every fp32 head: a warp's copy then spans 16 rows of 32 bytes instead of 4 rows of 128;
-//   1: fp32, any strides: one cp.async of 4 bytes per element, lanes along rows (NCDHW rows are
-//      read by consecutive lanes);
-//   2: 16-bit, any strides: element loads into registers, 4 units (32 loads) in flight per thread,
-//      then 16-byte stores.
-// The caller commits and waits.
+// Stage one input channel chunk of the tile's box (zeros past Cin/g); the caller commits and waits.
+// Modes: 0, 16-byte cp.async per unit (channels contiguous and aligned), a thread per unit column;
+// 1, fp32 by 4-byte cp.async; 2, 16-bit loads into registers, then 16-byte stores.
 template <typename T, int CH>
 __device__ __forceinline__ void stage_input(const T* __restrict__ x, char* dst, const int64_t* rtab,
                                             const HeadArgs& a, int64_t xbase, int chunk) {
@@ -316,8 +249,7 @@ __device__ __forceinline__ void stage_input(const T* __restrict__ x, char* dst, 
   }
 }
 
-// fp32: round the input this thread staged (stage_input's modes 0 and 1; the same walk) to TF32
-// in place, after its cp.async group has landed and before the barrier that publishes the stage.
+// fp32: round the input this thread staged to TF32 in place, before the barrier that publishes it.
 template <int CH>
 __device__ __forceinline__ void round_input(char* dst, const HeadArgs& a) {
   constexpr int RP = Rows<CH>::RP;
@@ -346,9 +278,7 @@ __device__ __forceinline__ int64_t xbase_of(const HeadArgs& a, const TilePos& p)
   return (int64_t)p.n * a.sx[0] + (int64_t)p.g * a.cin_g * a.sx[1];
 }
 
-// Stage the item after (tile `cur`, chunk `chunk`) into stage `nbuf`: the tile's next chunk, or
-// the CTA's next tile's first chunk (then `nxt` and its row-offset table are made first; the
-// barrier publishes the table). Row-offset tables alternate by tile (tcount: the CTA's tiles so far).
+// Stage the next (tile, chunk) item into stage `nbuf`; row-offset tables alternate by tile.
 template <typename T, int CH, int BN>
 __device__ __forceinline__ void stage_next(const T* __restrict__ x, const T* __restrict__ wp, char* smem,
                                            const HeadArgs& a, const TilePos& cur, const TilePos& step,
@@ -372,11 +302,8 @@ __device__ __forceinline__ void stage_next(const T* __restrict__ x, const T* __r
   cp_async_commit();
 }
 
-// One CTA walks tiles of BD x BH x BW output blocks (BM = WM x MT x 16 of them) of one (batch
-// element, group), all BN = WN x NTW x 8 columns. Warps split M (WM) and N (WN); a warp holds
-// MT m-tiles x NTW n-tiles of accumulators and reuses each B fragment for its MT m-tiles. CH,
-// the 16-byte units of a staged row, is a template parameter so that the K steps of a chunk
-// unroll into immediate offsets of one address per m-tile and shift.
+// A CTA tile: BM = WM x MT x 16 output blocks by BN = WN x NTW x 8 columns; CH is a template
+// parameter so that a chunk's K steps unroll into immediate offsets.
 template <typename T, int CH, int MT, int NTW, int WM, int WN>
 __global__ void __launch_bounds__(WM * WN * 32)
 head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* __restrict__ bias,
@@ -389,8 +316,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
   const int lane = threadIdx.x & 31;
-  // the warp index through a shuffle: ptxas then knows it warp-uniform, so no WARPSYNC before a
-  // masked MMA
+  // the warp index through a shuffle: ptxas then knows it warp-uniform (no WARPSYNC before a masked MMA)
   const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 5, 0);
   const int wm = WN == 1 ? warp : warp % WM;
   const int wn = WN == 1 ? 0 : warp / WM;  // a compile-time 0 for one warp column: the shift masks stay uniform
@@ -398,9 +324,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   const int a_bytes = a.hr * RP;
   const int w_chunk_bytes = a.jtot * BN * RP;
 
-  // --- once per CTA -----------------------------------------------------------------------
-  // Byte offset, in a stage, of the staged row each lane addresses for ldmatrix at shift 0, per
-  // m-tile (lanes 16-31 read the high 16 bytes of a K step).
+  // Once per CTA: each lane's ldmatrix row offset at shift 0, per m-tile.
   uint32_t lane_a[MT];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -412,9 +336,8 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
     const int row = ((ld + a.js[0] - 1) * a.hb[1] + lh + a.js[1] - 1) * a.hb[2] + lw + a.js[2] - 1;
     lane_a[mt] = (uint32_t)(row * RP + ((lane >> 4) << 4));
   }
-  // B: rows 8 x tile + (lane & 7) (+ 8 for lanes 16-31), high 16 bytes for lanes 8-15 and 24-31.
   const uint32_t lane_b = (uint32_t)((nt0 * 8 + (lane & 7) + ((lane >> 4) << 3)) * RP + (((lane >> 3) & 1) << 4));
-  // The output channel of each accumulator column this thread holds (-1: a padding column).
+  // The output channel of each accumulator column (-1: padding).
   const int g8 = lane >> 2, t4 = lane & 3;
   int bco[NTW][2];
 #pragma unroll
@@ -425,8 +348,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
       bco[i][e] = n < a.rc ? n - fdiv(n, a.m_cout) * a.cout_g : -1;  // once: the columns of width shift 0
     }
 
-  // Epilogue geometry. Columns (fixed per thread): the width outputs (NCDHW; rows are (channel,
-  // depth, height)) or (width, channel) pairs (channels-last; rows are (depth, height)).
+  // Epilogue: columns are widths (NCDHW) or (width, channel) pairs (channels-last).
   const int sd = a.st[0], sh = a.st[1], sw = a.st[2];
   const int ld_len = a.bt[0] * sd, lh_len = a.bt[1] * sh, lw_len = a.bt[2] * sw;
   const int cout_g = a.cout_g;
@@ -437,8 +359,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   const int per_row = cols < (int)blockDim.x ? cols : (int)blockDim.x;
   const int row_step = blockDim.x / per_row;
   const int r0 = threadIdx.x / per_row;
-  // Row table: shared-memory offset of the row (before its column's), output offset (before the
-  // tile's origin and the column's), and the local (depth, height) for the bounds.
+  // Row table: shared-memory offset, output offset and local (depth, height) of each row.
   int4* etab = reinterpret_cast<int4*>(smem + a.etab_off);
   for (int r = threadIdx.x; r < erows; r += blockDim.x) {
     const int t = fdiv(r, a.m_len[1]);
@@ -452,7 +373,6 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
     etab[r] = make_int4(cs, (odl << 16) | ohl, (int)(uint32_t)(uint64_t)yo, (int)(uint32_t)((uint64_t)yo >> 32));
   }
 
-  // Two row-offset tables: the tile being multiplied and the next one being staged.
   int64_t* const rtab0 = reinterpret_cast<int64_t*>(smem + a.rtab_off);
 
   float acc[MT][NTW][4];
@@ -470,7 +390,6 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   TilePos cur = tile_pos(a, tile);
   TilePos nxt = cur;
 
-  // Prologue: the resident weights, the first tile's row offsets and its first chunk.
   if (a.wres)
     for (int c = 0; c < a.nchunks; ++c) stage_weights<T, CH, BN>(wp, smem_u32 + a.w_off + c * w_chunk_bytes, a, 0, c);
   fill_rtab(rtab0, a, cur);
@@ -496,13 +415,9 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
       if constexpr (F32) round_input<CH>(smem + buf * a.stage_bytes, a);
       __syncthreads();
 
-      // The MMAs of this chunk: every shift reads the staged box at its row offset.
       const uint32_t sbase = smem_u32 + buf * a.stage_bytes;
       const uint32_t wbase = (a.wres ? smem_u32 + a.w_off + chunk * w_chunk_bytes : sbase + a_bytes) + lane_b;
-      // A shift's K steps; `all`: every n-tile of the warp has a tap (the common case, with no
-      // predicate at all). An MMA under a predicate ptxas cannot prove warp-uniform costs a
-      // WARPSYNC before it, a third of the loop's instructions per shift on the GAN head (ncu),
-      // hence the warp index through a shuffle above.
+      // A shift's K steps; `all`: every n-tile of the warp has a tap, so no predicate.
       auto shift_mma = [&](auto all, uint32_t arow0, uint32_t brow, unsigned bits) {
 #pragma unroll
         for (int ks = 0; ks < CH / 2; ++ks) {
@@ -540,8 +455,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
       }
 
       if (last) {
-        // Epilogue: accumulators plus bias to shared memory, then whole output rows per lane
-        // group. The tile region just read holds them, unless the launcher gave them their own.
+        // Epilogue: accumulators plus bias to shared memory, then whole output rows per lane group.
         __syncthreads();
         float* Cs = reinterpret_cast<float*>(smem + (a.cs_off >= 0 ? a.cs_off : buf * a.stage_bytes));
         float bv[NTW][2];
@@ -569,9 +483,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
         const int od0 = qd0 * sd - a.pad[0], oh0 = qh0 * sh - a.pad[1], ow0 = qw0 * sw - a.pad[2];
         const int64_t ybase = (int64_t)cur.n * a.sy[0] + (int64_t)cur.g * cout_g * a.sy[1] +
                               (int64_t)od0 * a.sy[2] + (int64_t)oh0 * a.sy[3];
-        // JN: the width shifts summed per element, known at compile time for 1-3 (a loop inside
-        // the row loop kept nvcc from unrolling it, and a jn-1 head ran markedly slower); 0: a.jn
-        // at run time.
+        // JN: the width shifts summed per element, a compile-time constant for 1-3 (0: a.jn).
         auto store_rows = [&](auto jnc) {
           constexpr int JN = decltype(jnc)::value;
           for (int col = threadIdx.x - r0 * per_row; col < cols; col += per_row) {
@@ -621,8 +533,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   cp_async_wait<0>();  // nothing is in flight here; kept so a CTA never exits with copies pending
 }
 
-// Tile configurations: index -> (MT, NTW, WM, WN), BM = WM x MT x 16 output blocks and
-// BN = WN x NTW x 8 columns per CTA. The launcher (cuda_head.CONFIGS) keeps the same table.
+// Tile configurations: index -> (MT, NTW, WM, WN), the same table as head.py's CONFIGS.
 #define CONVT3D_HEAD_CONFIGS(X) \
   X(0, 4, 1, 4, 1)  /* BM 256, BN 8 */ \
   X(1, 4, 2, 4, 1)  /* BM 256, BN 16 */ \
@@ -632,9 +543,7 @@ head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* 
   X(5, 2, 1, 4, 1)  /* BM 128, BN 8 */ \
   X(6, 2, 2, 4, 1)  /* BM 128, BN 16 */
 
-// The persistent grid: as many CTAs as the SMs hold at once (the occupancy calculator, with the
-// shared-memory carveout at its maximum), at most one per tile; `max_ctas` > 0 caps it (tests
-// run many tiles a CTA that way).
+// The persistent grid: as many CTAs as the SMs hold, at most one per tile; `max_ctas` > 0 caps it.
 template <typename K>
 cudaError_t grid_for(K kern, int threads, size_t smem, int total, int max_ctas, int* grid) {
   int dev = 0, sms = 0, fit = 0;
@@ -689,12 +598,8 @@ cudaError_t launch(int config, const void* x, const void* wp, const void* bias, 
   }
 }
 
-// The weight as the kernel reads it (cuda_head.pack_weight is the same in torch): W (Cin,
-// Cout/g, kD, kH, kW), any strides, to [g][chunk][shift][column][KC], column n = (jw' x R + r) x
-// Cout/g + co holding W[ci, co, (j + jw') x s + r] for shift j (jw' < jn: the width shifts taken
-// as columns; jw' is 0 and jn 1 otherwise); zeros for taps past the kernel, columns past them
-// and channels past Cin/g; fp32 rounded to TF32. One launch instead of the eight torch
-// operations of the reference (their host time was most of a small head's call).
+// The weight as the kernel reads it, as head.py's pack_weight in one launch: [g][chunk][shift]
+// [column][KC], zero-padded, fp32 rounded to TF32.
 struct PackArgs {
   int64_t sw[5];  // weight strides (ci, co, kd, kh, kw), elements
   int k[3], st[3], js[3];
@@ -726,8 +631,7 @@ __global__ void pack_weight_kernel(const T* __restrict__ w, T* __restrict__ out,
   out[i] = v;
 }
 
-// One library per element type (CONVT3D_HEAD_DTYPE: 0 float32 at TF32, 1 bfloat16, 2 float16),
-// built when a call of that type first needs it: 21 kernels each, and the weight's pack kernel.
+// One library per element type (CONVT3D_HEAD_DTYPE: 0 float32 at TF32, 1 bfloat16, 2 float16).
 #ifndef CONVT3D_HEAD_DTYPE
 #define CONVT3D_HEAD_DTYPE 1
 #endif
@@ -741,16 +645,9 @@ using Elem = __half;
 
 }  // namespace
 
-// The library's one entry point, called through ctypes (convt3d/cuda_head.py): no Python or
-// torch headers, so the build is nvcc alone. meta (int64), as cuda_head.HeadPlan.meta lays it
-// out: in[3], out[3], stride[3], pad[3], shifts[3] (the K steps': J_w 1 where the width
-// shifts are columns), q0[3], box[3] (the M rows: BD, BH, mw), tiles[3], cin_g, cout_g,
-// groups, columns, chunks, KC, tiles in all, shared memory bytes, BN, stages, resident weights,
-// stage bytes, the weight, row-offset, epilogue-table and epilogue-tile offsets (-1: in the
-// stage), a cap on the CTAs (0: as many as fit), the width shifts taken as columns (jn); then the
-// input's and the output's strides (n, c, d, h, w) and the staging mode. shifts: per shift its
-// n-tile mask, then per shift its staged-row byte offset (2 x nshifts values). dtype: 0 float32
-// (TF32), 1 bfloat16, 2 float16, this library's (CONVT3D_HEAD_DTYPE). Returns a cudaError_t.
+// The library's entry point, called through ctypes: meta as head.py's HeadPlan.meta, then the
+// input's and output's strides and the staging mode; shifts: per shift its n-tile mask, then its
+// staged-row byte offset. Returns a cudaError_t.
 extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bias, void* y, const int64_t* meta,
                                    const int64_t* shifts, int nshifts, int dtype, int itemsize, int config,
                                    void* stream) {
@@ -823,9 +720,7 @@ extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bi
   return (int)launch<Elem>(config, x, wp, bias, y, a, smem, max_ctas, static_cast<cudaStream_t>(stream));
 }
 
-// Packs a weight (see pack_weight_kernel). meta (int64): k[3], stride[3], shifts[3] (the K
-// steps'), cin_g, cout_g, columns, KC, chunks, groups, the weight's five strides, then the width
-// shifts taken as columns. Returns a cudaError_t.
+// Packs a weight (pack_weight_kernel); meta as head.py's pack_weight_cuda lays it out.
 extern "C" int convt3d_head_pack(const void* w, void* out, const int64_t* meta, int dtype, int itemsize,
                                  void* stream) {
   if (dtype != CONVT3D_HEAD_DTYPE || itemsize != (int)sizeof(Elem)) return (int)cudaErrorInvalidValue;

@@ -13,7 +13,12 @@ from .. import op as ops
 from ..base import Engine, LaunchedRepeats, memo_check
 from .calls import conv3d_form_reasons, torch_forward
 
-__all__ = ["TorchEngine", "Conv3dEngine"]
+__all__ = ["TorchEngine", "Conv3dEngine", "FP32_CLASS_TOL"]
+
+# PyTorch's TF32-allowed call is taken as full fp32 where its output is within this fraction of
+# the output's largest magnitude of the exact-fp32 call's: fp32 summation order moves results by
+# about 1e-6 of it, TF32 operands by about 1e-4.
+FP32_CLASS_TOL = 2e-5
 
 
 class TorchEngine(Engine):
@@ -37,6 +42,20 @@ class TorchEngine(Engine):
 
     def run(self, call: Call) -> torch.Tensor:
         return self.forward(call)  # differentiable as it is
+
+    @staticmethod
+    def precision_class(call: Call) -> str:
+        """"fp32" where cuDNN computes this float32 call in full fp32 although TF32 is allowed (some
+        geometries have no TF32 kernel), else "tf32": both calls on random tensors of the call's
+        shapes and layouts, so data that TF32 happens to represent exactly cannot mislead."""
+        gen = torch.Generator(device=call.device).manual_seed(0)
+        x = torch.empty_like(call.x).normal_(generator=gen)
+        w = torch.empty_like(call.weight).normal_(generator=gen)
+        with torch.no_grad():
+            y = torch_forward(x, w, None, call.params, "tf32")
+            ref = torch_forward(x, w, None, call.params, "ieee")
+        scale = float(ref.abs().max()) or 1.0
+        return "fp32" if float((y - ref).abs().max()) <= FP32_CLASS_TOL * scale else "tf32"
 
     def run_arguments(self, input, weight, bias, stride, padding, output_padding, groups, dilation):
         """The steady path of a call decided for PyTorch at the flags as they are: its own op on
@@ -73,6 +92,7 @@ class Conv3dEngine(LaunchedRepeats):
 
     name = "conv3d"
     _autograd_engine = "conv3d"
+    dtypes = None  # any dtype PyTorch's conv3d takes (conv3d_form_reasons has the rest)
 
     def call_reasons(self, call: Call) -> list[str]:
         return conv3d_form_reasons(call.params, call.dtype, call.precision)

@@ -1,57 +1,12 @@
-"""Backward of ``convt3d.conv_transpose3d``: dX, dW and db, and the choice of implementation.
+"""Backward of ``convt3d.conv_transpose3d``: dX, dW and db, and which implementation runs each.
 
-For ``y = conv_transpose3d(x, w, b)`` with output gradient dY:
-
-* dX is an ordinary strided conv3d of dY with the same weight (stride, padding, dilation and
-  groups of the transposed convolution): an implicit GEMM with M = N*D*H*W input positions,
-  N = Cin/g and K = Cout/g * taps. cuDNN runs it as its *forward* convolution through
-  ``aten.convolution_backward`` (which also handles output_padding >= stride, where F.conv3d's
-  output would be one row too long), but its algorithm choice is poor on some layers and fine on
-  others, so two implementations compete per call signature: "cudnn" and "triton"
-  (``kernels/dgrad_bwd.py``: one program per (group, n, id, tile of the
-  (ih, iw) plane, Cin tile), a flat K loop over (tap, Cout block) that visits only the taps whose
-  dY window reaches the tile; dY is read channels-innermost -- copied to NDHWC first unless its
-  channel stride is 1 -- and the weight packed per group as [taps, Cin/g, Cout/g], so both MMA
-  operands are K-major; every dX element is written once, no atomics).
-* dW is the correlation of dY with X: per group and tap, a GEMM [Cin/g x P] @ [P x Cout/g]
-  whose reduction runs over all P = N*D*H*W input positions. It runs on cuDNN (deterministic
-  algorithms) unless forced: the general Triton kernel (``kernels/wgrad_bwd.py``: one program
-  per (tap, Cin tile, Cout tile, split of the reduction), fp32 partial sums per split added in a
-  fixed order -- deterministic) is slower than cuDNN's on the layers measured, so it is never
-  timed, and runs only under ``CONVT3D_BWD_WEIGHT=triton``.
-* Output heads (>= 8 input, <= 15 output channels per group: a generator's voxel or RGB layer)
-  have their own dX and dW kernels (``head_backward``, ``kernels/head_grad.py``,
-  ``kernels/head_phase_grad.py``): (tap, output channel) pairs form one GEMM dimension, so a
-  64 -> 1 k4 head is one or two MMA steps instead of 64 steps of 1/16-filled MMAs, and dW reads
-  X once for every tap. Their candidates join the timed choice of each gradient; for dW they
-  are the only Triton candidates timed.
-* db is the sum of dY over batch and positions (fp32 accumulation, as PyTorch).
-
-Choice per call signature (device, dtype, precision, geometry, layouts), made separately for dX
-and for dW: on CUDA the first backward of a signature times cuDNN and each Triton candidate
-(``triton.testing.do_bench`` medians, plus compilation, once per signature) and keeps a
-Triton tile only if it beats cuDNN by more than 3%; a candidate that fails to build is left out.
-The choice is saved in the cache file (``convt3d.dispatch.cache``, section "backward"), so a later process
-reads it instead of timing. Under CUDA graph capture, with ``CONVT3D_AUTOTUNE=0`` or on CPU, the
-static rule decides: cuDNN. dW of a layer that is not a head is not timed (cuDNN).
-``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` ("cudnn" or "triton") force one per
-gradient. When both dX and dW go to cuDNN they are computed by one ``convolution_backward`` call,
-db with them. The general Triton kernels need >= 8 input and output channels per group (below
-that most of every MMA would be padding; depthwise layers stay on cuDNN); the head kernels need
->= 8 input and <= 15 output channels per group. The choices are kept in ``dgrad_choices()`` (dX)
-and ``choices()`` (dW).
-
-Precision follows the forward's resolved precision: float32 "tf32" runs cuDNN with its TF32 flag
-on and the Triton kernel with TF32 MMAs on operands rounded to nearest TF32 (cuDNN's rounding);
-"tf32x3" and "ieee" run cuDNN in exact fp32 (``cudnn_conv_tf32(False)``) and the Triton kernels
-at the same precision with two-level summation (each K block's dot summed on its own, then
-added). 16-bit inputs multiply in their own type and accumulate in fp32 everywhere. (The dX
-kernel's TF32 rounding: in the NDHWC copy of an NCDHW dY, in the GEMM loop for a dY read in place,
-in the packing kernel for the weight.)
-
-Determinism: every path is deterministic (cuDNN runs with
-``torch.backends.cudnn.deterministic = True`` for these calls, which excludes its atomic-add
-weight-gradient algorithms).
+On CUDA the first backward of a call signature times cuDNN against the Triton candidates of each
+gradient (``kernels/dgrad_bwd.py`` for dX, the head kernels of ``head_backward`` for both) and keeps
+a Triton tile only if it wins by more than ``_MARGIN``, saving the choice in the cache file. The
+general Triton dW kernel (``kernels/wgrad_bwd.py``) is slower than cuDNN's, so it runs only when
+forced. Without timing (CPU, graph capture, ``CONVT3D_AUTOTUNE=0``) the rule is cuDNN;
+``$CONVT3D_BWD_INPUT`` / ``$CONVT3D_BWD_WEIGHT`` force "cudnn" or "triton". Precision follows the
+forward's ("tf32" rounds operands as cuDNN does), and every path is deterministic.
 """
 from __future__ import annotations
 
@@ -77,12 +32,11 @@ from ...core.call import suggests_channels_last
 from .sites import Site, _prepare_padded_input, site
 from ...core.memo import memo
 
-__all__ = ["WGRAD_IMPLS", "DGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
+__all__ = ["WGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
            "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates", "dgrad_choice_candidates", "choices",
            "dgrad_choices", "recorded_choices", "clear_caches", "grad_formats"]
 
 WGRAD_IMPLS = ("cudnn", "triton")
-DGRAD_IMPLS = ("cudnn", "triton")
 _FORCE_ENV = "CONVT3D_BWD_WEIGHT"
 _FORCE_ENV_X = "CONVT3D_BWD_INPUT"
 
@@ -143,10 +97,8 @@ def clear_caches() -> None:
     _plans.clear()
 
 
-# ---- helpers ------------------------------------------------------------------------------------
 class _cudnn_flags:
-    """cuDNN for our backward calls: TF32 per the resolved precision (fp32 only) and
-    deterministic algorithms; restored on exit."""
+    """cuDNN for our backward calls: TF32 per the precision (fp32 only), deterministic algorithms."""
 
     def __init__(self, dtype: torch.dtype, precision: str):
         self.tf32 = cudnn_conv_tf32(precision == "tf32") if dtype == torch.float32 else None
@@ -169,15 +121,12 @@ class _cudnn_flags:
 
 def differentiable_grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
                          mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, ...]:
-    """(dX, dW, db) as :func:`grads`, by PyTorch's ``convolution_backward``, which autograd
-    records (it has a double-backward formula): the backward of a step taken with
-    ``create_graph=True``. cuDNN's flags as in :func:`_torch_grads`."""
+    """(dX, dW, db) by ``convolution_backward``, which autograd can differentiate (``create_graph``)."""
     return _torch_grads(dy, x, w, params, precision, *mask)
 
 
 def grad_formats(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.memory_format, torch.memory_format]:
-    """Memory formats of (dX, dW): each follows its own tensor (channels_last_3d in, channels_last_3d
-    gradient), so autograd never re-lays a gradient out. The fake implementation uses the same rule."""
+    """Memory formats of (dX, dW): each follows its own tensor, so autograd never re-lays one out."""
     fx = torch.channels_last_3d if suggests_channels_last(x) else torch.contiguous_format
     fw = torch.channels_last_3d if suggests_channels_last(w) else torch.contiguous_format
     return fx, fw
@@ -189,8 +138,7 @@ def _conv_args(params: ConvT3dParams):
 
 
 def _torch_grads(dy, x, w, params, precision, need_x, need_w, need_b=False):
-    """PyTorch's own kernels (cuDNN on CUDA): dX and/or dW (and db) in one call -- the call
-    PyTorch's autograd makes for nn.ConvTranspose3d."""
+    """dX and/or dW (and db) by PyTorch's kernels in one call, as autograd does for ConvTranspose3d."""
     bias_sizes = [params.out_channels] if need_b else None
     with _cudnn_flags(x.dtype, precision):
         gx, gw, gb = torch.ops.aten.convolution_backward(dy, x, w, bias_sizes, *_conv_args(params),
@@ -198,16 +146,9 @@ def _torch_grads(dy, x, w, params, precision, need_x, need_w, need_b=False):
     return gx, gw, gb
 
 
-# ---- Triton dW --------------------------------------------------------------------------------
 def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[WgradConfig, ...]:
-    """The tile configuration of ``wgrad_kernel``, as a one-element tuple: the general Triton dW
-    is never timed (module docstring), so only the tile a forced ``CONVT3D_BWD_WEIGHT=triton``
-    runs is offered.
-
-    Tile: Cin/g and Cout/g are the GEMM's M and N (each padded to >= 16 for tl.dot); the
-    reduction step covers BLOCK_P input positions of one (n, id) row. The accumulator stays at
-    <= 64 fp32 registers per thread; operand stages at <= 150 KB of shared memory.
-    """
+    """The one tile of ``wgrad_kernel`` (never timed: it runs only when forced), with <= 64 fp32
+    accumulators per thread and <= 150 KB of operand stages."""
     cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
     w = params.in_size[2]
     h = params.in_size[1]
@@ -232,10 +173,7 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
 
 
 def _wgrad_site(params: ConvT3dParams, cfg: WgradConfig, x: torch.Tensor, dy: torch.Tensor, precision: str) -> Site:
-    """The launch site of wgrad_kernel: every integer argument, the grid and the constexprs are
-    fixed by the call signature, so the steps after the first replay the compiled kernel rather
-    than binding its ~40 arguments again through ``kernel[grid]`` (host time a small layer's step
-    is bound by)."""
+    """wgrad_kernel's launch site, fixed by the call signature, so later steps replay it cheaply."""
     def build():
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
         kernel = params.kernel_size
@@ -264,9 +202,7 @@ def _wgrad_site(params: ConvT3dParams, cfg: WgradConfig, x: torch.Tensor, dy: to
 def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str,
                  out_dtype: torch.dtype, config: WgradConfig | HB.HeadWgradConfig | None = None,
                  dyp: torch.Tensor | None = None) -> torch.Tensor:
-    """dW [Cin, Cout/g, kD, kH, kW] (contiguous) by ``kernels.wgrad_bwd.wgrad_kernel``, or by the
-    head kernels (``head_backward``) for a :class:`~convt3d.engines.triton.head_backward.HeadWgradConfig`, which
-    take ``dyp``, the copy of dY made for the call (``head_backward.dy_operand``), where there is one."""
+    """dW (contiguous) by ``wgrad_kernel``, or by the head kernels for a ``HeadWgradConfig``."""
     if isinstance(config, HB.HeadWgradConfig):
         return HB.head_wgrad(dy, x, params, precision, out_dtype, config, dyp=dyp)
     if x.device.type == "cpu" and not interpreter_active():
@@ -285,31 +221,21 @@ def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, preci
     return dw
 
 
-# ---- Triton dX --------------------------------------------------------------------------------
 _INT32_MAX = 2**31 - 1
 
 
 def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device,
                      precision: str = "tf32") -> tuple[DgradConfig, ...]:
-    """Tile configurations of ``dgrad_kernel``; the first is the untuned default.
-
-    GEMM map: M = input positions (BLOCK_M of one (n, id) plane), N = Cin/g (BLOCK_N), K = Cout/g
-    per tap (BLOCK_K, one tap per step). BLOCK_N is capped by Cin/g and BLOCK_K by Cout/g (each
-    padded to >= 16 for tl.dot), so layers with few channels do not pay for padding; duplicates
-    after capping are dropped. Operand stages stay at <= 160 KB of shared memory.
-    Warps: 16-bit and fp32 exact grades run 128x128 tiles on 8 warps (on 4 the two-level fp32 sum
-    spills); fp32 "tf32" runs them on 4 warps, since on 8 ptxas serialises the wgmma chain
-    (warning C7515).
-    """
+    """Tile configurations of ``dgrad_kernel`` (the first is the default), capped by the channels.
+    128 x 128 tiles use 8 warps (4 spill at two-level fp32), 4 at "tf32" (8 serialise its wgmma)."""
     bn_max = max(16, min(128, _pow2_at_least(params.in_channels_per_group)))
     bk_max = max(16, min(64, _pow2_at_least(params.out_channels_per_group)))
     hw = params.in_size[1] * params.in_size[2]
     if device.type != "cuda":
-        # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
+        # The interpreter is slow per program step whatever the tile: small tiles.
         shapes = ((min(32, max(16, _pow2_at_least(hw))), 16, 16, 4, 1),)
     else:
-        # The tiles that won the layer suite, one per regime; every tile timed costs a
-        # compilation on a signature's first backward, so tiles that never win by much are left out.
+        # One tile per regime that won the layer suite: every tile timed costs a compilation.
         shapes = (
             (128, 64, 32, 4, 4),   # default
             (128, 128, 64, 8, 3),  # large 16-bit layers: one 128-byte row per channel block
@@ -330,9 +256,7 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
 
 
 def _dgrad_sizes_fit(params: ConvT3dParams) -> bool:
-    """32-bit in-slice offsets of the kernel (positions and channels of one depth slice of the
-    NDHWC dY, with padding overhang on both sides, and of dX) stay below 2^31; the weight of one
-    group too. Larger slices go to cuDNN."""
+    """The kernel's 32-bit in-slice offsets (dY with padding overhang, dX, a group's weight) fit."""
     (oh, ow), (ph, pw) = params.out_size[1:], params.padding[1:]
     (h, w) = params.in_size[1:]
     y_span = ((oh + 2 * ph + 1) * (ow + 2 * pw + 1) + 1) * params.out_channels
@@ -352,8 +276,6 @@ def _dy_in_place_ok(dy: torch.Tensor, params: ConvT3dParams) -> bool:
 
 
 def _pack_dgrad_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool) -> Site:
-    """The launch site of pack_dgrad_weight_kernel ([G, taps, Cin/g, Cout/g], K-major per tap)
-    for a weight ``w`` with contiguous kernel dimensions (``_pack_dgrad``)."""
     def build():
         cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
         taps = math.prod(params.kernel_size)
@@ -406,9 +328,7 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
                  config: DgradConfig | HB.HeadDgradConfig | None = None,
                  x_format: torch.memory_format = torch.contiguous_format,
                  dyp: torch.Tensor | None = None) -> torch.Tensor:
-    """dX [N, Cin, D, H, W] in ``x_format`` by ``kernels.dgrad_bwd.dgrad_kernel``, or by the head
-    kernels (``head_backward``) for a :class:`~convt3d.engines.triton.head_backward.HeadDgradConfig`, which take
-    ``dyp``, the copy of dY made for the call (``head_backward.dy_operand``), where there is one."""
+    """dX in ``x_format`` by ``dgrad_kernel``, or by the head kernels for a ``HeadDgradConfig``."""
     if isinstance(config, HB.HeadDgradConfig):
         return HB.head_dgrad(dy, w, params, precision, x_dtype, config, x_format, dyp=dyp)
     if dy.device.type == "cpu" and not interpreter_active():
@@ -434,16 +354,13 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
     return dx
 
 
-# ---- choice -------------------------------------------------------------------------------------
 def _triton_wgrad_ok(params: ConvT3dParams) -> bool:
-    # tl.dot pads Cin/g and Cout/g to 16; below 8 channels per group more than half of every
-    # MMA would be padding (depthwise and small-group layers): cuDNN only there.
+    # Below 8 channels per group most of each MMA (padded to 16) would be padding: cuDNN only.
     return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8
 
 
 def _triton_dgrad_ok(params: ConvT3dParams) -> bool:
-    # Same channel threshold as dW (N = Cin/g and K = Cout/g per tap are padded to 16), and
-    # 32-bit in-slice offsets.
+    # Same channel threshold as dW, and 32-bit in-slice offsets.
     return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8 and _dgrad_sizes_fit(params)
 
 
@@ -465,22 +382,18 @@ def _key(dy, x, w, params, precision) -> tuple:
 
 
 def recorded_choices(x, w, params, precision) -> list[tuple[str, Choice]]:
-    """("dX" | "dW", choice) made in this process for a forward signature, whatever dY's layout
-    (``convt3d.explain``)."""
+    """("dX" | "dW", choice) made in this process for a forward signature (``convt3d.explain``)."""
     want = (str(x.device), x.dtype, precision, params, x.stride())
     return [(what, rec) for what, made in (("dX", _dgrad_choices), ("dW", _choices))
             for key, rec in made.items() if key[:5] == want and key[6] == w.stride()]
 
 
-# A Triton candidate replaces cuDNN only when its median is lower by more than this: the
-# forward's measured auto uses the same 3% (dispatch.NOISE_MARGIN); do_bench medians of one
-# signature move by ~1-2% between runs.
+# A Triton tile replaces cuDNN only when faster by more than this: medians move by 1-2% between runs.
 _MARGIN = 0.03
 
 
 def _time_choice(cands: tuple, run_cudnn, run_triton) -> Choice:
-    """Time cuDNN and every Triton candidate (do_bench medians); a candidate that raises (a failed
-    build, out of memory) is left out and named in the reason."""
+    """Time cuDNN and each Triton candidate; a candidate that raises is left out, named in the reason."""
     t0 = time.perf_counter()
     runs = {"cudnn": (None, run_cudnn)}
     for cfg in cands:
@@ -531,16 +444,14 @@ def _choice_from_entry(entry: dict | None, cands: tuple) -> Choice | None:
 
 
 def _can_time(x: torch.Tensor, supported: bool, time_triton: bool) -> bool:
-    """Whether this call may time its candidates: CUDA, a Triton kernel that can run it, timing
-    on (``CONVT3D_AUTOTUNE``) and wanted for this gradient, and not inside graph capture."""
+    """Whether this call may time its candidates (CUDA, a capable kernel, tuning on, no capture)."""
     return (x.device.type == "cuda" and supported and _tuning_enabled() and time_triton
             and not torch.cuda.is_current_stream_capturing())
 
 
 def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_cudnn, run_triton,
             dy, x, w, params, precision, time_triton: bool = True) -> Choice:
-    """The per-signature choice of one gradient (see the module docstring). Without timing the
-    static rule is cuDNN: no Triton tile wins on enough layers to be the untimed default."""
+    """The per-signature choice of one gradient; without timing cuDNN (no Triton tile wins widely)."""
     forced = _forced(env)
     if forced is not None:
         if forced == "triton" and not supported:
@@ -563,14 +474,12 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
             cache[key] = rec
         return rec
     gpu = device_name(x.device)
-    # The cache file's key; cuDNN always runs deterministic here, and the name keeps saying so,
-    # so that entries saved by earlier versions stay valid.
+    # The cache file's key; "deterministic=True" stays in it so that earlier entries stay valid.
     name = (f"bwd-{what}|{x.dtype}|{precision}|{params}|{tuple(x.stride())}|{tuple(dy.stride())}|"
             f"{tuple(w.stride())}|deterministic=True")
 
     def decide() -> Choice:
-        # The disk cache first (inside the agreement: only rank 0's file counts, see
-        # convt3d.dispatch.distributed), then timing, whose result is saved for later processes.
+        # The disk cache first (only rank 0's file counts under torch.distributed), then timing.
         cands = tuple(candidates())
         rec = _choice_from_entry(disk_cache.load_backward(gpu, name), cands)
         if rec is None:
@@ -578,9 +487,8 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
             disk_cache.save_backward(gpu, name, _entry_from_choice(rec, cands))
         return rec
 
-    # Under torch.distributed rank 0 decides, every rank takes its choice (convt3d.dispatch.distributed);
-    # the name leaves out the device (index and model). A tile this rank does not offer (another
-    # GPU model) is never run: it times for itself.
+    # Under torch.distributed every rank takes rank 0's choice; a tile this rank does not offer
+    # (another GPU model) is never run: it times for itself.
     from ...dispatch import distributed
 
     rec = distributed.agree(decide, name)
@@ -592,10 +500,8 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
 
 
 def wgrad_choice_candidates(params, dtype, device) -> tuple:
-    """The Triton dW configurations of a call (the first is what a forced
-    ``CONVT3D_BWD_WEIGHT=triton`` runs): the head kernel's where it can run, which the choice
-    times; else the general kernel's where it can run, which the choice never times (it is
-    slower than cuDNN's dW: module docstring)."""
+    """The Triton dW configurations of a call (the first runs when forced): the head kernel's where
+    it can run (timed), else the general kernel's (never timed)."""
     if HB.supports(params):
         return HB.wgrad_candidates(params, dtype, device)
     return wgrad_candidates(params, dtype, device) if _triton_wgrad_ok(params) else ()
@@ -626,12 +532,8 @@ def choose_dgrad(dy, x, w, params, precision) -> Choice:
                    dy, x, w, params, precision)
 
 
-# ---- entry point --------------------------------------------------------------------------------
-# The decisions of one backward signature, looked up once per call: a training step of a small
-# layer is host-bound, and making the two choices, the gradient formats and the environment
-# overrides again on every call would be a large part of its host time. The key holds
-# everything the decisions read, the overriding environment variables included, so changing one
-# takes effect on the next call.
+# The decisions of one backward signature, cached per call key (environment overrides included,
+# so changing one takes effect on the next call): a small layer's step is host-bound.
 _ENV_KEYS = (_FORCE_ENV, _FORCE_ENV_X, "CONVT3D_AUTOTUNE")
 _plans: dict[tuple, tuple] = memo("engines.triton.backward.plans")
 
@@ -647,8 +549,7 @@ def _plan(dy, x, w, params, precision, mask) -> tuple:
         ximpl = choose_dgrad(dy, x, w, params, precision) if mask[0] else None
         wimpl = choose_wgrad(dy, x, w, params, precision) if mask[1] else None
         p = (fx, fw, ximpl, wimpl)
-        # Choices made without timing during graph capture are provisional (not cached there
-        # either): a later uncaptured call times them.
+        # Choices made without timing during graph capture are provisional: not cached.
         if x.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
             if len(_plans) >= 4096:
                 _plans.clear()
@@ -657,19 +558,14 @@ def _plan(dy, x, w, params, precision, mask) -> tuple:
 
 def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
           mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """(dX, dW, db) for the entries of ``mask`` that are True (None for the others).
-
-    ``precision`` is the forward's resolved precision ("tf32" | "tf32x3" | "ieee"; only float32
-    reads it). dX and dW come back in the memory formats of :func:`grad_formats`.
-    """
+    """(dX, dW, db) for the True entries of ``mask`` (else None), dX and dW in :func:`grad_formats`."""
     need_x, need_w, need_b = mask
     gx = gw = gb = None
     fx, fw, ximpl, wimpl = _plan(dy, x, w, params, precision, mask)
     use_torch_x = ximpl is not None and ximpl.impl == "cudnn"
     use_torch_w = wimpl is not None and wimpl.impl == "cudnn"
     if use_torch_x or use_torch_w:
-        # Both on cuDNN: one convolution_backward call computes them together, and db with them
-        # (as PyTorch's own autograd does: the same reduction, no second dispatch).
+        # Both on cuDNN: one convolution_backward call computes them and db, as PyTorch's autograd.
         gx_t, gw_t, gb = _torch_grads(dy, x, w, params, precision, use_torch_x, use_torch_w, need_b)
         gx = gx_t if use_torch_x else None
         gw = gw_t if use_torch_w else None
@@ -678,8 +574,7 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
     if (need_x and not use_torch_x and isinstance(ximpl.config, HB.HeadDgradConfig) and need_w and not use_torch_w
             and isinstance(wimpl.config, HB.HeadWgradConfig) and w.dtype == x.dtype
             and bool(ximpl.config.BLOCK_W) == bool(wimpl.config.BLOCK_W)):
-        # Both head kernels read the same copy of dY (zero-padded, or split by phase): one copy
-        # for the two (a head's dY is its largest tensor).
+        # Both head kernels read the same copy of dY: one copy for the two.
         dyp = HB.dy_operand(dy, params, x.dtype, ximpl.config, precision)
     if need_x and not use_torch_x:
         gx = dgrad_triton(dy, w, params, precision, x.dtype, ximpl.config, fx, dyp=dyp)
@@ -689,7 +584,6 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
         # fp32 accumulation for 16-bit dY, as PyTorch's bias gradient.
         gb = dy.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(dy.dtype)
     # The Triton kernels write dX in fx and dW contiguous; cuDNN's may come in either layout.
-    # (A no-op ``contiguous`` still costs a dispatch: host time of a host-bound head step.)
     if use_torch_x:
         gx = gx.contiguous(memory_format=fx)
     if gw is not None and (use_torch_w or fw != torch.contiguous_format):

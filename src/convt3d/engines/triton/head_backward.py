@@ -1,30 +1,8 @@
-"""Backward of an output head: dX and dW of a transposed convolution with few output channels
-per group, by ``kernels/head_grad.py`` and ``kernels/head_phase_grad.py`` (plan, tile
-configurations, launchers).
-
-A head reads a wide input and writes a thin output: a 3-D GAN's 64 -> 1 voxel layer, a video
-decoder's 64 -> 3 RGB layer, a U-Net's last up-convolution to a few classes. Its backward is
-memory-bound: dX writes a tensor as wide as X from a thin dY, dW reads X once. cuDNN runs both
-far above the time of reading and writing their operands once. The general Triton kernels (``backward``) need >= 8 output channels per group: they walk one tap per
-step with Cout/g padded to 16.
-
-These kernels flatten (tap, output channel) into one GEMM dimension and positions into another,
-so a head's whole kernel is one or two MMA steps and X is read once per dW program range. Two
-kernels per gradient read dY two ways:
-- ``kernels/head_grad.py``: from a zero-padded copy (:func:`padded_dy`, or dY itself where no
-  zero is needed), tiles of positions (d, h, w) of one batch element, one gathered address per
-  element;
-- ``kernels/head_phase_grad.py``: from dY split by phase (:class:`DyPhases`, one launch), tiles of
-  rows along W, where each (tap, channel) row of the operand is a run of consecutive elements.
-dW's fp32 partial sums per split are added and written as dW by one launch
-(``wgrad_finish_kernel``) for both. All tiles are candidates of the timed choice in ``backward``
-(dX and dW each against cuDNN, per call signature); nothing here decides by a threshold beyond
-which layers they can run.
-
-Which layers: at least 8 input channels per group (the wide side is the MMA's N for dX and M for
-dW; fewer would be mostly padding, as for depthwise layers) and at most ``MAX_OUT_PER_GROUP``
-output channels per group -- the narrow-output range of the forward's head path
-(``head_engine``); from 8 to 15 output channels the general kernels compete too.
+"""Backward of an output head (<= ``MAX_OUT_PER_GROUP`` output and >= ``MIN_IN_PER_GROUP`` input
+channels per group): plan, tiles and launchers of ``kernels/head_grad.py`` and
+``kernels/head_phase_grad.py``, whose GEMMs flatten (tap, output channel) into one dimension and read
+dY from a zero-padded copy (:func:`padded_dy`) or split by phase (:class:`DyPhases`). Every tile is
+a candidate of the timed choice in ``backward``.
 """
 from __future__ import annotations
 
@@ -51,8 +29,7 @@ MAX_OUT_PER_GROUP = 15
 MIN_IN_PER_GROUP = 8
 # Program and step indices over all positions are 32-bit (with a tile of headroom).
 _MAX_POSITIONS = 2**31 - 2**16
-# The dW partial sums: at most 2^22 fp32 values (16 MB) over all splits, so adding them costs a
-# few microseconds next to reading X.
+# The dW partial sums: at most 2^22 fp32 values over all splits, cheap to add next to reading X.
 _MAX_PARTIAL = 2**22
 
 
@@ -63,8 +40,7 @@ class HeadDgradConfig:
     BLOCK_K: int  # (tap, output channel) pairs per step
     num_warps: int
     num_stages: int
-    # 0: dY from its zero-padded copy, runs of positions (head_grad.head_dgrad_kernel); > 0: dY
-    # split by phase, tiles of rows of BLOCK_W positions (head_phase_grad.head_dgrad_phase_kernel).
+    # 0: dY's zero-padded copy (head_dgrad_kernel); > 0: dY split by phase, rows of BLOCK_W.
     BLOCK_W: int = 0
 
     def short(self) -> str:
@@ -82,8 +58,7 @@ class HeadWgradConfig:
     splits: int  # programs along the reduction; partial sums added in a fixed order
     # The dY gather's lanes along positions instead of (tap, channel) pairs (head_wgrad_kernel).
     lanes_on_m: bool = False
-    # As HeadDgradConfig.BLOCK_W: > 0 reads dY split by phase, BLOCK_P positions in rows of BLOCK_W
-    # (head_phase_grad.head_wgrad_phase_kernel).
+    # As HeadDgradConfig.BLOCK_W (head_phase_grad.head_wgrad_phase_kernel).
     BLOCK_W: int = 0
 
     def short(self) -> str:
@@ -106,8 +81,7 @@ def _positions(params: ConvT3dParams) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def unsupported_reason(params: ConvT3dParams) -> str | None:
-    """Why the head kernels cannot run this call (None: they can). Memoised per geometry: every
-    head dX and dW launch asks (two per training step)."""
+    """Why the head kernels cannot run this call (None: they can); memoised, since every launch asks."""
     if params.out_channels_per_group > MAX_OUT_PER_GROUP:
         return (f"{params.out_channels_per_group} output channels per group: the head kernels take at most "
                 f"{MAX_OUT_PER_GROUP}")
@@ -124,39 +98,27 @@ def supports(params: ConvT3dParams) -> bool:
 
 
 def _phase_block_w(params: ConvT3dParams, block: int) -> int:
-    """Positions along W of a phase-copy tile of ``block`` positions: the input's W up to the
-    next power of two, at most the tile (the rest of the tile is rows along H)."""
+    """Positions along W of a phase tile: W up to a power of two, at most ``block``."""
     return _clamp_pow2(params.in_size[2], 1, block)
 
 
 def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadDgradConfig, ...]:
-    """Tile configurations of ``head_dgrad_kernel`` (dY from its zero-padded copy) and of
-    ``head_dgrad_phase_kernel`` (dY split by phase: ``BLOCK_W`` > 0); the first is the untuned
-    default.
-
-    N = Cin/g and K = taps x Cout/g are capped by their sizes (padded to >= 16 for ``tl.dot``); M
-    is the free dimension. The flat kernel's A tile is a gather (a 64-bit address per element, no
-    vector loads), so K steps of 32; one stage, since gathered 16-bit loads are not pipelined and
-    a second fp32 stage made ptxas spill. Every tile here compiles for sm_90a without spills in
-    bf16 and in fp32 at every precision. The phase kernel's A tile is rows of consecutive copy
-    elements. Which is fastest on a GPU is the timed choice's to say.
-    """
+    """Tiles of ``head_dgrad_kernel`` and ``head_dgrad_phase_kernel`` (``BLOCK_W`` > 0), the first the
+    default; the flat kernel's A tile is a gather, so K steps of 32 at one stage (no spills)."""
     bn = _clamp_pow2(params.in_channels_per_group, 16, 128)
     bk = _clamp_pow2(_ktot(params), 16, 32)
     if device.type != "cuda":
-        # Triton's interpreter: ~0.1 s per program step whatever the tile; small tiles.
+        # The interpreter is slow per program step whatever the tile: small tiles.
         bm = min(32, _clamp_pow2(_positions(params), 16, 32))
         return (HeadDgradConfig(bm, min(bn, 32), bk, 4, 1),
                 HeadDgradConfig(32, min(bn, 32), bk, 4, 1, _phase_block_w(params, 32)))
     out = []
-    # 64 x 128 on 4 warps: the fastest tile for wide heads in 16 bits (the VQ-VAE 240 -> 3 head),
-    # slower than the others in fp32; the timed choice takes it where it wins.
+    # 64 x 128 on 4 warps: the fastest for wide 16-bit heads, slower in fp32 (timed).
     for bm, bn_cap, warps in ((128, 64, 4), (128, 128, 8), (256, 64, 8), (64, 128, 4)):
         cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1)
         if cfg not in out:
             out.append(cfg)
-    # The phase kernel's tiles: K stays at 32, since a K step of 64 was several times slower on
-    # every head timed.
+    # The phase kernel's tiles keep K at 32 (a K step of 64 was slower on every head).
     for bm, bn_cap, warps in ((64, 128, 4), (128, 128, 8)):
         cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1, _phase_block_w(params, bm))
         if cfg not in out:
@@ -165,9 +127,7 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
 
 
 def device_programs(device: torch.device, per_sm: int = 4) -> int:
-    """Programs that fill a device: ``per_sm`` per SM on CUDA (the split-reduction kernels of the
-    backward use 4: enough to hide the latency of the L2 reads that feed each step); 1 on the
-    CPU (the interpreter)."""
+    """Programs that fill a device: ``per_sm`` per SM on CUDA, 1 on the CPU (the interpreter)."""
     if device.type != "cuda":
         return 1
     return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
@@ -177,34 +137,20 @@ def _splits(params: ConvT3dParams, tiles: int, steps: int, device: torch.device)
     """Splits of the dW reduction of ``steps`` position steps over ``tiles`` output tiles."""
     per_split = params.groups * params.in_channels_per_group * _ktot(params)
     cap = max(1, min(_MAX_PARTIAL // per_split, steps // 4, 1024))
-    # ~4 programs per SM: each streams its X range once; several per SM hide the L2 latency of
-    # the dY loads.
+    # ~4 programs per SM, each streaming its X range once, hide the L2 latency of the dY loads.
     return max(1, min(triton.cdiv(device_programs(device), tiles), cap))
 
 
 def _phase_tiles(params: ConvT3dParams, block: int, block_w: int) -> int:
-    """Position tiles of the phase kernels: rows of ``block_w`` along W, ``block // block_w`` rows
-    along H, per (n, d)."""
+    """Position tiles of the phase kernels: rows of ``block_w`` along W, ``block // block_w`` along H."""
     n, (d, h, w) = params.batch, params.in_size
     return n * d * _cdiv(h, block // block_w) * _cdiv(w, block_w)
 
 
 def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadWgradConfig, ...]:
-    """Tile configurations of ``head_wgrad_kernel`` (dY from its zero-padded copy) and of
-    ``head_wgrad_phase_kernel`` (dY split by phase: ``BLOCK_W`` > 0); the first is the untuned
-    default.
-
-    Flat kernel: M = Cin/g (<= 64 per tile) and N = taps x Cout/g (<= 64 or <= 128 per tile: 64
-    for a 4x4x4 kernel with one output channel, so each program reads its X range once for every
-    tap); the reduction step is 32 positions, one stage (64-position steps or more stages spill
-    in fp32; these two tiles do not). The reduction is split so that ~4 programs run per SM.
-
-    Each flat tile comes twice: its dY gather with the lanes along (tap, channel) pairs, and along
-    positions (``lanes_on_m``). Neither wins on every head, so the timed choice takes one of them.
-
-    Phase kernel: M = (tap, channel) pairs (64 or 128), N = Cin/g (64 or 128), K = 64 positions
-    (32 in fp32) per step in rows along W; its dY rows are runs of consecutive copy elements.
-    """
+    """Tiles of ``head_wgrad_kernel`` and ``head_wgrad_phase_kernel`` (``BLOCK_W`` > 0), the first the
+    default: flat tiles of 32 positions per step at one stage (more spill in fp32), each with the dY
+    gather's lanes along (tap, channel) pairs and along positions (``lanes_on_m``)."""
     bci = _clamp_pow2(params.in_channels_per_group, 16, 64)
     ktot = _ktot(params)
     if device.type != "cuda":
@@ -222,8 +168,7 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
             out.append(cfg)
     out += [dataclasses.replace(c, lanes_on_m=True) for c in out]
     bci_wide = _clamp_pow2(params.in_channels_per_group, 16, 128)
-    # 64 positions per step in 16-bit, 32 in fp32 (a 64 x 64 fp32 tile with 64 positions spills at
-    # "tf32").
+    # 64 positions per step in 16-bit, 32 in fp32 (a 64 x 64 fp32 tile of 64 spills at "tf32").
     bp = 64 if dtype != torch.float32 else 32
     bw = _phase_block_w(params, bp)
     for bk_cap, ci, warps in ((64, bci, 4), (128, bci, 8), (64, bci_wide, 8)):
@@ -249,15 +194,13 @@ def _dy_needs_zeros(params: ConvT3dParams) -> bool:
 
 
 def dy_copied(params: ConvT3dParams, config: HeadDgradConfig | HeadWgradConfig) -> bool:
-    """Whether ``config``'s kernel reads a copy of dY (:func:`dy_operand`) rather than dY itself:
-    the phase kernels always, the flat ones where the padded copy needs a zero. The kernels skip
-    dY's TF32 rounding on this answer, so it must be the rule :func:`padded_dy` follows."""
+    """Whether ``config``'s kernel reads a copy of dY (:func:`dy_operand`): the phase kernels
+    always, the flat ones where :func:`padded_dy` makes one; the kernels skip dY's rounding on it."""
     return bool(config.BLOCK_W) or _dy_needs_zeros(params)
 
 
 def _pad_site(params: ConvT3dParams, dy: torch.Tensor, dyp: torch.Tensor, round_tf32: bool) -> Site:
-    """The launch site of head_grad.dy_pad_kernel: chunks of 1024 elements of a plane per
-    program."""
+    """The launch site of head_grad.dy_pad_kernel: up to 1024 elements of a plane per program."""
     def build():
         cl = dyp.stride(1) == 1 and params.out_channels > 1
         (pd, _), (ph, _), (pw, _) = _dy_pads(params)
@@ -274,15 +217,9 @@ def _pad_site(params: ConvT3dParams, dy: torch.Tensor, dyp: torch.Tensor, round_
 
 def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None = None,
               round_tf32: bool = False) -> torch.Tensor:
-    """dY with zeros around it, so that the dY position ``i*s - p + t*d`` of every (input, tap)
-    pair is ``i*s + t*d`` inside the copy (the kernels then gather without bounds tests), in
-    ``dtype`` (dY's by default) and in dY's layout (channels-last stays channels-last, any other
-    becomes contiguous). One launch (``head_grad.dy_pad_kernel``) writes every element, data or
-    zero, and at TF32 (``round_tf32``) rounds the data to TF32 as it goes, so that the gradient
-    kernels need not round dY on every load. Where no dimension needs a zero (padding 0 and every
-    position reached, as in k2 s2 p0), dY itself (converted to ``dtype``): the kernels read it
-    through its strides and round it as they load it, since a copy would add a read and a write
-    of a head's largest tensor."""
+    """dY zero-padded so that dY position ``i*s - p + t*d`` is ``i*s + t*d`` in the copy, in ``dtype``
+    and dY's layout, rounded to TF32 with ``round_tf32``; dY itself (in ``dtype``) where no zero is
+    needed, since a copy would add a read and a write of a head's largest tensor."""
     dtype = dtype or dy.dtype
     round_tf32 = round_tf32 and dtype == torch.float32  # TF32 is a rounding of fp32 only
     if not _dy_needs_zeros(params):
@@ -298,11 +235,10 @@ def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None
 
 @dataclass(frozen=True)
 class DyPhases:
-    """The layout of dY split by phase (``kernels/head_phase_grad.py``): per dimension, tap t
-    reads residue ``(t*d - p) mod s`` at copy index ``i + (t*d + lift) // s``, with ``lift = c*s
-    - p`` and ``c = ceil(p / s)``; the copy holds ``length`` indices per residue, index ``q'``
-    being dY's position ``(q' - c)*s + r`` (zero outside dY). Shape [sd, sh, sw, N, C, Ld, Lh,
-    Lw], contiguous."""
+    """The layout of dY split by phase (``kernels/head_phase_grad.py``): per dimension, tap t reads
+    residue ``(t*d - p) mod s`` at copy index ``i + (t*d + lift) // s``, ``lift = c*s - p``,
+    ``c = ceil(p / s)``; index ``q'`` is dY's position ``(q' - c)*s + r`` (zero outside dY).
+    Shape [sd, sh, sw, N, C, Ld, Lh, Lw], contiguous."""
 
     lift: tuple[int, int, int]
     shift: tuple[int, int, int]  # c per dimension
@@ -348,9 +284,7 @@ def _phases_site(params: ConvT3dParams, dy: torch.Tensor, dyq: torch.Tensor, rou
 
 
 def dy_phases(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype, round_tf32: bool = False) -> torch.Tensor:
-    """dY split by phase (:class:`DyPhases`) in ``dtype``, in one launch: every element of the
-    copy is written (data or zero), so it needs no fill first; at TF32 (``round_tf32``) rounded
-    to TF32 as it is written."""
+    """dY split by phase (:class:`DyPhases`) in ``dtype`` by one launch, TF32-rounded with ``round_tf32``."""
     dyq = torch.empty(dy_phases_layout(params).shape, dtype=dtype, device=dy.device)
     _phases_site(params, dy, dyq, round_tf32 and dtype == torch.float32).launch(dy.device, dy, dyq)
     return dyq
@@ -363,10 +297,8 @@ def _rounds(dtype: torch.dtype, precision: str) -> bool:
 
 def dy_operand(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype,
                config: HeadDgradConfig | HeadWgradConfig, precision: str) -> torch.Tensor:
-    """The copy of dY that ``config``'s kernel reads, in ``dtype``: split by phase, or
-    zero-padded (:func:`padded_dy`), rounded to TF32 where the call's precision is TF32 and a
-    copy is made (:func:`dy_copied`; the kernels then skip dY's rounding). ``backward.grads``
-    makes one for dX and dW when both kernels read the same kind."""
+    """The copy of dY that ``config``'s kernel reads, in ``dtype``, TF32-rounded at TF32 precision (the
+    kernels then skip dY's rounding); ``backward.grads`` shares one between dX and dW."""
     if config.BLOCK_W:
         return dy_phases(dy, params, dtype, _rounds(dtype, precision))
     return padded_dy(dy, params, dtype, _rounds(dtype, precision))
@@ -409,10 +341,7 @@ def _phase_geometry_args(params: ConvT3dParams) -> tuple:
 
 def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, wp: torch.Tensor, dx: torch.Tensor,
                 precision: str) -> Site:
-    """The launch site of head_dgrad_kernel (or head_dgrad_phase_kernel): its integer arguments,
-    grid and constexprs are fixed by the call signature (geometry, config, strides, dtypes), so
-    later steps replay the compiled kernel: binding the arguments again through ``kernel[grid]``
-    on each launch would cost host time comparable to a small head's kernels."""
+    """The launch site of head_dgrad_kernel or head_dgrad_phase_kernel, replayed per call signature."""
     def build():
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
         tiles_n = _cdiv(cin_g, cfg.BLOCK_N)
@@ -444,9 +373,7 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
                config: HeadDgradConfig | None = None,
                x_format: torch.memory_format = torch.contiguous_format,
                dyp: torch.Tensor | None = None) -> torch.Tensor:
-    """dX [N, Cin, D, H, W] in ``x_format``, from the copy of dY that the config's kernel reads
-    (:func:`dy_operand`; or ``dyp``, that copy made already for the same call in the weight's
-    dtype) and the weight packed as the GEMM's B operand."""
+    """dX in ``x_format`` from the copy of dY the config's kernel reads (``dyp`` if made already)."""
     _check_runnable(dy, params, "input")
     if x_format not in (torch.contiguous_format, torch.channels_last_3d):
         raise ValueError(f"head_dgrad writes dX NCDHW or channels-last, not {x_format}")
@@ -491,9 +418,7 @@ def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dy
     return site(("head_wgrad", params, cfg, x.stride(), dyp.shape, dyp.stride(), x.dtype, precision), build)
 
 
-# The finish: [BLOCK_S, BLOCK_E] fp32 tiles of 8192 values (32 KB) per step; BLOCK_E small enough
-# that ~one program per SM (``device_programs(device, 1)``) gets elements, since a head with few
-# partial elements and many splits would otherwise leave one program adding every block in turn.
+# The finish: fp32 tiles of 8192 values per step, BLOCK_E small enough to spread over the SMs.
 _FINISH_TILE = 8192
 
 
@@ -516,10 +441,8 @@ def _finish_site(params: ConvT3dParams, splits: int, dw: torch.Tensor) -> Site:
 
 def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str, out_dtype: torch.dtype,
                config: HeadWgradConfig | None = None, dyp: torch.Tensor | None = None) -> torch.Tensor:
-    """dW [Cin, Cout/g, kD, kH, kW] (contiguous), from X in place (any strides) and the copy of dY
-    that the config's kernel reads (:func:`dy_operand`; or ``dyp``, that copy made already for
-    the same call in X's dtype): fp32 partial sums per split, then one launch that adds them in
-    a fixed order and writes dW."""
+    """dW (contiguous) from X (any strides) and the copy of dY the config's kernel reads (``dyp`` if
+    made already): fp32 partial sums per split, then one launch adding them in a fixed order."""
     _check_runnable(x, params, "weight")
     cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
     if dyp is None:

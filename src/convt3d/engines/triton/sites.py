@@ -1,9 +1,5 @@
-"""The Triton engine's launch sites: the host side of every launch, built once per call signature.
-
-Kernels (compiled on CUDA, interpreted on CPU), ``Site`` (a launch replayed with its fixed
-arguments), the device tables of phases and empty rows/planes, the input copies and weight
-packing, tensor descriptors, and the sites of the GEMM, fill, copy and pack kernels.
-``triton_engine`` puts them together per call.
+"""The Triton engine's launch sites: the host side of every launch (grid, integer arguments,
+device tables, input copies, weight packing, descriptors), built once per call signature.
 """
 from __future__ import annotations
 
@@ -22,25 +18,21 @@ from .kernels import head_gemm as HK
 from .kernels import gluon_gemm as GK
 from ...core.errors import BackendUnavailableError
 from ...core.params import ConvT3dParams
-from .configs import Config, _cdiv, _pow2_at_least, _w_skip, block_w
+from .configs import Config, _cdiv, _pow2_at_least, _w_skip
 from ...core.memo import memo
 
 
 _INT32_MAX = 2**31 - 1
 
 
-# ----------------------------------------------------------------------------------------------
-# Kernels: compiled for CUDA, interpreted for CPU (built lazily, once).
-# ----------------------------------------------------------------------------------------------
 def interpreter_active() -> bool:
     """True when Triton was imported with TRITON_INTERPRET=1 (its kernels then run on the CPU)."""
     return bool(triton.knobs.runtime.interpret)
 
 
 def _kernel(name: str, device: torch.device, module=None):
-    # Triton decides between compiling and interpreting when a @triton.jit function is created
-    # (its own library helpers such as tl.zeros included), so the interpreter cannot be switched
-    # on per call: CPU tensors need TRITON_INTERPRET=1 before triton is imported.
+    # Triton picks compiling or interpreting when a @triton.jit function is created, so CPU
+    # tensors need TRITON_INTERPRET=1 before triton is imported.
     if device.type == "cpu" and not interpreter_active():
         raise BackendUnavailableError(
             "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
@@ -50,23 +42,12 @@ def _kernel(name: str, device: torch.device, module=None):
     return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
 
-# ----------------------------------------------------------------------------------------------
-# Launch sites: the host side of a launch, built once per call signature.
-# ----------------------------------------------------------------------------------------------
-# Small layers are host-bound: one ``kernel[grid](...)`` spends tens of microseconds in argument
-# binding and specialisation (``JITFunction.run``), more with more arguments, and a call makes 2-4
-# launches for about as much GPU work. Every integer argument, the grid and the constexprs of our launches are
-# fixed by the call signature; only tensor pointers change. A Site keeps them, and after its
-# first launch (which goes through Triton as usual: compile, specialise) replays the compiled
-# kernel directly for the same pointer-alignment pattern -- exactly the arguments Triton's own
-# launch passes. Triton's path is kept where a replay could differ from it: launch hooks
-# installed (profilers), the interpreter. A launch for a device that is not the current one
-# makes it current first (Triton launches on the current device).
 class Site:
-    """One kernel launch of a call signature: kernel name, grid, integer arguments and
-    constexpr/launch options. ``launch(*tensors)`` passes the tensor (or descriptor)
-    arguments, which come first in every kernel of ``kernels/``. ``module``: the kernel's
-    module, for kernels outside the forward's (the head backward's ``kernels/head_grad.py``)."""
+    """One kernel launch of a call signature: name, grid, integer arguments and constexprs, all
+    fixed by the signature. After its first launch through Triton it replays the compiled kernel
+    directly, since Triton's argument binding costs as much as a small layer's GPU work; Triton's
+    own path stays under launch hooks and the interpreter. ``launch(device, *tensors)`` passes
+    the tensor arguments, which come first in every kernel; ``module``: the kernel's module."""
 
     __slots__ = ("name", "grid", "ints", "consts", "compiled", "tail", "module")
 
@@ -83,15 +64,13 @@ class Site:
         drv = triton.runtime.driver.active
         idx = drv.get_current_device()
         if idx != device.index:
-            # Triton compiles for and launches on the current device, not the tensors': a layer on
-            # cuda:1 called while cuda:0 is current (no torch.cuda.set_device) would run there.
+            # Triton launches on the current device, not the tensors'.
             with torch.cuda.device(device.index):
                 return self.launch(device, *tensors)
         hooks = triton.knobs.runtime
         if _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
             return kern[self.grid](*tensors, *self.ints, **self.consts)
-        # Triton specialises a pointer on its 16-byte alignment (and dtype); a descriptor on
-        # its block shape and dtype, which the signature fixes.
+        # Triton specialises a pointer on its dtype and 16-byte alignment; descriptors are fixed.
         key = (idx,) + tuple((t.dtype, t.data_ptr() % 16 == 0) if isinstance(t, torch.Tensor) else None
                              for t in tensors)
         ck = self.compiled.get(key)
@@ -127,22 +106,17 @@ def site(key: tuple, build: Callable[[], Site]) -> Site:
 
 
 def _head_site(key: tuple, name: str, grid: tuple, ints: tuple, consts: dict, module=None) -> Site:
-    """head_engine's site factory: its launches replayed like the engine's own (``module``: the
-    kernel's, where it is not ``kernels/head_gemm.py``)."""
+    """head_engine's site factory: its launches replayed like the engine's own."""
     return site(key, lambda: Site(name, grid, ints, consts, module))
 
 
-# ----------------------------------------------------------------------------------------------
-# Device tables (phases, empty rows and planes) and the fills: fixed by the call signature, cached.
-# ----------------------------------------------------------------------------------------------
 _tables: dict[tuple, torch.Tensor] = memo("engines.triton.sites.tables")
 
 
 def _device_table(kind: tuple, params: ConvT3dParams, device: torch.device, build: Callable[[], list],
                   width: int | None = None) -> torch.Tensor:
-    """An int32 table on ``device`` made by ``build()`` once per (kind, spatial geometry, device)
-    and cached: the launcher's per-call inputs that depend only on the geometry. ``width`` gives
-    a 2-D [rows, width] table (also when empty)."""
+    """An int32 table on ``device`` built once per (kind, spatial geometry, device); ``width``
+    makes it 2-D [rows, width]."""
     key = (kind, params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
            params.in_size, str(device))
     tab = _tables.get(key)
@@ -161,12 +135,10 @@ def _row_class_empty(params: ConvT3dParams, rd: int, rh: int) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def companion_masks(params: ConvT3dParams) -> dict[tuple[int, int], int] | None:
-    """Assign every empty row class (depth residue dd with taps, height residue hh without) to
-    the row class (dd, first height residue with taps), whose GEMM programs also write its rows,
-    next to their own (bit ``dd * SH + hh`` of the owner's mask). Planes of depth residues
-    without taps are not rows of anyone: fill_planes_kernel writes them (``empty_planes``).
-    None when rows would have no owner (no height residue has taps) or the mask would not
-    fit an int32; the launcher then uses fill_rows_kernel."""
+    """Owner row class -> mask: every empty row class (dd with taps, hh without) is written by the
+    GEMM programs of (dd, first height residue with taps), bit ``dd * SH + hh``; depth residues
+    without taps are left to fill_planes_kernel. None when rows would have no owner or the mask
+    would not fit an int32 (fill_rows_kernel then writes them)."""
     sd, sh = params.stride[0], params.stride[1]
     d_ok = [params.axes[0].phases[r].num_taps > 0 for r in range(sd)]
     h_ok = [params.axes[1].phases[r].num_taps > 0 for r in range(sh)]
@@ -220,10 +192,9 @@ def _fill_rows_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, rows
 
 def phase_table(params: ConvT3dParams, device: torch.device, w_group: int = 1,
                 skip_empty_rows: bool = False, companions: bool = False) -> torch.Tensor:
-    """int32 [groups * w_group, 16]: per phase its residues, tap counts, first taps, first
-    offsets and compact grid sizes, in phase order (W residue fastest). With skip_empty_rows the
-    phases of row classes no tap reaches are left out (written by fill_rows_kernel, or with
-    ``companions`` by the programs of the owner that ``companion_masks`` names: column 15)."""
+    """int32 [groups * w_group, 16]: per phase its residues, tap counts, first taps, first offsets
+    and compact sizes (W residue fastest), column 15 the companion mask; ``skip_empty_rows``
+    leaves out row classes no tap reaches."""
     def build():
         rows = []
         masks = (companion_masks(params) or {}) if companions else {}
@@ -252,12 +223,8 @@ def empty_rows(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     return _device_table(("rows",), params, device, build, width=2)
 
 
-# ----------------------------------------------------------------------------------------------
-# Operands: input copies, weight packing, tensor descriptors, and the GEMM sites
-# ----------------------------------------------------------------------------------------------
 def _flattenable(x: torch.Tensor) -> torch.Tensor:
-    """x, or its contiguous copy where D, H, W cannot be walked with one stride (rare: sliced
-    views); the NDHWC copy kernel reads the spatial positions as one flat index."""
+    """x, or its contiguous copy where D, H, W cannot be walked as one flat index (sliced views)."""
     w, h = x.shape[4], x.shape[3]
     sd, sh, sw = x.stride()[2:]
     return x if (sh == w * sw and sd == h * sh) else x.contiguous()
@@ -297,16 +264,14 @@ def _packed_shape(params: ConvT3dParams) -> tuple[int, int, int, int]:
 
 
 def _pack_blocks(params: ConvT3dParams) -> tuple[int, int, int]:
-    """(BLOCK_CI, BLOCK_J, programs per group) of pack_weight_kernel's tiles for the kernel's
-    ``params``: 32 x 64 elements (4 warps, 16 per thread), narrower for fewer channels."""
+    """(BLOCK_CI, BLOCK_J, programs per group) of pack_weight_kernel: 32 x 64, narrower for fewer channels."""
     _, kvol, cout_g, cin_g = _packed_shape(params)
     block_ci, block_j = min(32, _pow2_at_least(cin_g)), 64
     return block_ci, block_j, _cdiv(cin_g, block_ci) * _cdiv(cout_g * kvol, block_j)
 
 
 def _pack_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool, fold: int = 1) -> Site:
-    """The launch site of pack_weight_kernel for a contiguous weight ``w``; ``params`` are the
-    kernel's (merged, when ``fold`` > 1: ConvT3dParams.fold_groups)."""
+    """The launch site of pack_weight_kernel for a contiguous weight (``params`` merged when ``fold`` > 1)."""
     g, kvol, cout_g, cin_g = _packed_shape(params)
 
     def build():
@@ -317,19 +282,16 @@ def _pack_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool, fold: i
     return site(("pack_weight", params, round_tf32, fold), build)
 
 
-def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, round_tf32: bool,
-                 pack: Site | None = None) -> torch.Tensor:
-    """The packed weight for the kernel's ``params``; ``pack``: its launch site (merged groups
-    included), when the caller already resolved it."""
-    w = weight.contiguous()
+def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, pack: Site) -> torch.Tensor:
+    """The packed weight for the kernel's ``params`` by its launch site ``pack``."""
     packed = torch.empty(_packed_shape(params), dtype=weight.dtype, device=weight.device)
-    (pack or _pack_site(params, w, round_tf32)).launch(weight.device, w, packed)
+    pack.launch(weight.device, weight.contiguous(), packed)
     return packed
 
 
 def slice_offsets_fit(params: ConvT3dParams, x_strides, y_strides, pad: int) -> bool:
-    """The kernel adds 64-bit per-program bases to 32-bit in-slice offsets (h, w and channel
-    terms); those must stay below 2^31 even with tile padding of ``pad`` positions."""
+    """The kernels' 32-bit in-slice offsets (h, w and channel terms) stay below 2^31 with ``pad``
+    positions of tile padding."""
     (h, w), (oh, ow) = params.in_size[1:], params.out_size[1:]
     x_span = (h + pad) * abs(x_strides[3]) + (w + pad) * abs(x_strides[4]) \
         + params.in_channels_per_group * abs(x_strides[1])
@@ -345,22 +307,20 @@ def _check_slice_offsets(params, xin, y, pad):
 
 
 def _tma_capable(device: torch.device) -> bool:
-    # TMA exists from Hopper (sm_90) on; the interpreter emulates it, so CPU CI runs this path.
+    # TMA exists from sm_90 on; the interpreter emulates it.
     return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _tma_strides_ok(t: torch.Tensor, order) -> bool:
-    """A tensor descriptor needs a 16-byte aligned base, unit stride innermost and 16-byte
-    aligned outer strides (in the dimension order given)."""
+    """A tensor descriptor needs a 16-byte aligned base and outer strides, unit stride innermost."""
     es = t.element_size()
     st = [t.stride(i) for i in order]
     return t.data_ptr() % 16 == 0 and st[-1] == 1 and all(s * es % 16 == 0 for s in st[:-1])
 
 
 def _x_descriptor(xin: torch.Tensor, params: ConvT3dParams, cfg: Config):
-    """5-D descriptor over the NDHWC input, or None where TMA cannot express the load: a
-    channel block that would run into the next group (its values are in bounds, so TMA would
-    not zero them), or strides TMA cannot take (fp32 with Cin % 4 != 0)."""
+    """5-D descriptor over the NDHWC input, or None where a channel block would read the next
+    group (in bounds, so not zeroed) or the strides do not suit TMA."""
     cin_g = params.in_channels_per_group
     if not (params.groups == 1 or cin_g % cfg.BLOCK_K == 0) or not _tma_strides_ok(xin, (0, 2, 3, 4, 1)):
         return None
@@ -371,17 +331,15 @@ def _x_descriptor(xin: torch.Tensor, params: ConvT3dParams, cfg: Config):
 
 
 def _w_descriptor(wp: torch.Tensor, cfg: Config):
-    """4-D descriptor over the packed weight [G, taps, Cout/g, Cin/g]; out-of-range channels
-    of the last block read as zeros (each group is its own slice here)."""
+    """4-D descriptor over the packed weight [G, taps, Cout/g, Cin/g], or None."""
     if not _tma_strides_ok(wp, (0, 1, 2, 3)):
         return None
     return TensorDescriptor(wp, list(wp.shape), list(wp.stride()), [1, 1, cfg.BLOCK_N, cfg.BLOCK_K])
 
 
 def _padded_blocks(x: torch.Tensor, geo) -> tuple[int, int, int, int]:
-    """(BLOCK_C, BLOCK_W, row blocks, channel blocks) of to_padded_kernel: up to 64 channels by
-    up to 64 positions of one padded row, narrower for fewer channels or a narrower row, so that
-    a small layer's 4-8 wide rows do not leave most of a block masked."""
+    """(BLOCK_C, BLOCK_W, row blocks, channel blocks) of to_padded_kernel: up to 64 x 64, narrower
+    for fewer channels or a narrower row so that few lanes are masked."""
     _, (dp, hp, wp) = geo
     c = x.shape[1]
     block_c, block_w = min(64, _pow2_at_least(c)), min(64, _pow2_at_least(wp))
@@ -406,9 +364,7 @@ def _padded_site(x: torch.Tensor, geo, round_tf32: bool) -> Site:
 
 def _operands_site(x: torch.Tensor, geo, params: ConvT3dParams, w: torch.Tensor, round_tf32: bool,
                    fold: int = 1) -> Site:
-    """The launch site of gemm_operands_kernel: ``_padded_site``'s copy of ``x`` and
-    ``_pack_site``'s packing of the contiguous weight ``w`` in one launch (``params``: the
-    kernel's, merged when ``fold`` > 1)."""
+    """The launch site of gemm_operands_kernel: ``_padded_site``'s copy and ``_pack_site``'s pack in one launch."""
     def build():
         block_c, block_w, r_blocks, c_blocks = _padded_blocks(x, geo)
         block_ci, block_j, pack_programs = _pack_blocks(params)
@@ -425,8 +381,7 @@ def _operands_site(x: torch.Tensor, geo, params: ConvT3dParams, w: torch.Tensor,
 
 def _gemm_operands(x: torch.Tensor, weight: torch.Tensor, geo, params: ConvT3dParams, round_tf32: bool,
                    ops: Site) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed weight, NDHWC copy of x on ``geo``'s grid: zero-haloed for the flat configs) by one
-    launch of ``ops`` (``_operands_site``)."""
+    """(packed weight, NDHWC copy of x on ``geo``'s grid) by one launch of ``ops``."""
     packed = torch.empty(_packed_shape(params), dtype=weight.dtype, device=weight.device)
     xp = _padded_buffer(x, geo)
     ops.launch(x.device, x, xp, weight.contiguous(), packed)
@@ -440,8 +395,7 @@ def _padded_buffer(x: torch.Tensor, geo) -> torch.Tensor:
 
 
 def _prepare_padded_input(x: torch.Tensor, geo, round_tf32: bool) -> torch.Tensor:
-    """x's NDHWC copy on ``geo``'s grid by to_padded_kernel alone: [N, DP, HP, WP, C], contiguous
-    (the backward's dY copy; a forward call makes it with the pack, ``_gemm_operands``)."""
+    """x's contiguous [N, DP, HP, WP, C] copy on ``geo``'s grid by to_padded_kernel alone (the backward's)."""
     y = _padded_buffer(x, geo)
     _padded_site(x, geo, round_tf32).launch(x.device, x, y)
     return y
@@ -456,42 +410,32 @@ def _offsets_fit_int32(params: ConvT3dParams, y: torch.Tensor, pad: int) -> bool
 
 def _flat_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, params: ConvT3dParams, geo,
                has_bias: bool, precision: str) -> Site:
-    """The launch site of flat_gemm_kernel (2-D descriptors over the padded input ``xp`` and the
-    packed weight, see ``_flat_descriptors``)."""
+    """The launch site of flat_gemm_kernel (descriptors from ``_flat_descriptors``)."""
     cin_g = params.in_channels_per_group
 
     def build():
         (pd, ph, pw), (dp, hp, wpad) = geo
         _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
         q = params.compact_size
-        # Tiles cover the largest compact plane (q[1] rows of the padded width).
         tiles_m = _cdiv(q[1] * wpad, cfg.BLOCK_M)
         tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         axes = params.axes
         return Site("flat_gemm_kernel", (params.groups * params.batch * q[0] * tiles_m * n_groups * tiles_n,), (
-            params.batch, cin_g, params.out_channels_per_group,
-            dp, hp, wpad, pd, ph, pw,
-            q[0], params.out_size[2], params.out_size[0], params.out_size[1],
-            n_groups, math.prod(params.kernel_size),
-            params.kernel_size[1], params.kernel_size[2],
-            *y.stride(),
-            *params.stride,
-            *(a.tap_step for a in axes),
-            *(a.offset_step for a in axes),
-            tiles_m, tiles_n,
+            params.batch, cin_g, params.out_channels_per_group, dp, hp, wpad, pd, ph, pw,
+            q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups, math.prod(params.kernel_size),
+            params.kernel_size[1], params.kernel_size[2], *y.stride(),
+            *params.stride, *(a.tap_step for a in axes), *(a.offset_step for a in axes), tiles_m, tiles_n,
         ), dict(
             HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
-            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M),
-            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+            BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         ))
 
     return site(("flat_gemm", params, cfg, y.stride(), n_groups, has_bias, precision), build)
 
 
 def _flat_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int):
-    """2-D descriptors of flat_gemm_kernel: [positions, C] over the padded input, [rows, Cin/g]
-    over the packed weight (made per call: they hold the tensors' addresses)."""
+    """2-D descriptors of flat_gemm_kernel over the padded input and the packed weight (per call)."""
     c = xp.shape[-1]
     return (TensorDescriptor(xp, [xp.numel() // c, c], [c, 1], [cfg.BLOCK_M, cfg.BLOCK_K]),
             TensorDescriptor(wp, [wp.numel() // cin_g, cin_g], [cin_g, 1], [cfg.BLOCK_N, cfg.BLOCK_K]))
@@ -503,12 +447,9 @@ def gluon_capable(device: torch.device) -> bool:
 
 
 def w_pairs(cfg: Config, params: ConvT3dParams, y: torch.Tensor) -> bool:
-    """box_gemm_kernel may store both W residues of a position as one vector (``_store_rows``,
-    PAIRS): NCDHW output with W residues interleaved (W_GROUP=2), every pair starting on an even
-    element (an even width and even strides but W's) of an address aligned to the pair; W's
-    stride of 1 rules out a channels-last output of more than one channel. ``y`` is ``_output``'s
-    fresh allocation (the caching allocator aligns it to 512 bytes), so the site that caches this
-    answer holds for every later call of the signature."""
+    """box_gemm_kernel may store both W residues of a position as one vector (PAIRS): NCDHW output
+    with W_GROUP=2 and every pair on an aligned even element. ``y`` is a fresh allocation (aligned
+    by the caching allocator), so the cached answer holds for every later call."""
     return (cfg.W_GROUP == 2 and y.stride(4) == 1 and params.out_size[2] % 2 == 0
             and all(s % 2 == 0 for s in y.stride()[:4]) and y.data_ptr() % (2 * y.element_size()) == 0)
 
@@ -520,24 +461,17 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
         (pd, ph, pw), _ = geo
         _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
         q = params.compact_size
-        # Boxes cover the largest compact grid: those past a phase's own grid only store (the
-        # extra row or column of empty phases, KB 77).
+        # Boxes cover the largest compact grid; those past a phase's own grid only store.
         tiles_h, tiles_w = _cdiv(q[1], cfg.BLOCK_M // cfg.BLOCK_W), _cdiv(q[2], cfg.BLOCK_W)
         tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         axes = params.axes
         programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
         cl_out = y.stride(1) == 1 and params.out_channels > 1
         return Site("box_gemm_kernel", (programs,), (
-            params.batch, params.in_channels_per_group, params.out_channels_per_group,
-            pd, ph, pw,
-            q[0], *params.out_size,
-            n_groups, math.prod(params.kernel_size),
-            params.kernel_size[1], params.kernel_size[2],
-            *y.stride(),
-            *params.stride,
-            *(a.tap_step for a in axes),
-            *(a.offset_step for a in axes),
-            tiles_h, tiles_w, tiles_n,
+            params.batch, params.in_channels_per_group, params.out_channels_per_group, pd, ph, pw,
+            q[0], *params.out_size, n_groups, math.prod(params.kernel_size),
+            params.kernel_size[1], params.kernel_size[2], *y.stride(),
+            *params.stride, *(a.tap_step for a in axes), *(a.offset_step for a in axes), tiles_h, tiles_w, tiles_n,
         ), dict(
             HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
             OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), CL_OUT=cl_out, PAIRS=w_pairs(cfg, params, y),
@@ -549,29 +483,25 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
 
 @functools.lru_cache(maxsize=64)
 def _nvmma_layout(box: tuple, dtype: torch.dtype):
-    """The shared-memory layout wgmma reads a TMA box of ``box`` in (the widest swizzle its rows allow)."""
+    """The shared-memory layout wgmma reads a TMA box in (the widest swizzle its rows allow)."""
     gdt = {torch.float32: gl.float32, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(box), gdt)
 
 
 def gluon_descriptor(t: torch.Tensor, box: tuple):
-    """A Gluon TMA descriptor over ``t`` in boxes ``box``, in the layout wgmma reads them (made per
-    call: it holds the tensor's address)."""
+    """A Gluon TMA descriptor over ``t`` in boxes ``box``, laid out for wgmma (per call)."""
     return GluonDescriptor(t, list(t.shape), list(t.stride()), list(box), _nvmma_layout(tuple(box), t.dtype))
 
 
 def _box_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int):
-    """Gluon descriptors of box_gemm_kernel: 5-D boxes [1, 1, BH, BW, BLOCK_K] over the padded
-    input, 2-D boxes [BLOCK_N, BLOCK_K] over the packed weight as [rows, Cin/g] (made per call:
-    they hold the tensors' addresses)."""
+    """Gluon descriptors of box_gemm_kernel over the padded input and the packed weight (per call)."""
     return (gluon_descriptor(xp, (1, 1, cfg.BLOCK_M // cfg.BLOCK_W, cfg.BLOCK_W, cfg.BLOCK_K)),
             gluon_descriptor(wp.view(-1, cin_g), (cfg.BLOCK_N, cfg.BLOCK_K)))
 
 
 def _phase_site(cfg: Config, params: ConvT3dParams, pl: "Plan", xin: torch.Tensor, wp: torch.Tensor, y: torch.Tensor,
                 n_groups: int, has_bias: bool, x_tma: bool, w_tma: bool) -> Site:
-    """The launch site of phase_gemm_kernel (``x_tma`` / ``w_tma``: descriptors instead of
-    pointers for the input / the packed weight)."""
+    """The launch site of phase_gemm_kernel (``x_tma`` / ``w_tma``: descriptors for x / the weight)."""
     q = params.compact_size
 
     def build():
@@ -579,23 +509,18 @@ def _phase_site(cfg: Config, params: ConvT3dParams, pl: "Plan", xin: torch.Tenso
         bh = cfg.BLOCK_M // cfg.BLOCK_W
         tiles_h, tiles_w = _cdiv(q[1], bh), _cdiv(q[2], cfg.BLOCK_W)
         tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
-        extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and xin.device.type == "cuda" else {}
         axes = params.axes
-        return Site("phase_gemm_kernel", (params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups
-                                          * tiles_n,), (
+        programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
+        return Site("phase_gemm_kernel", (programs,), (
             params.batch, params.in_channels_per_group, params.out_channels_per_group,
             *params.in_size, q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups,
-            params.kernel_size[1], params.kernel_size[2],
-            *xin.stride(), *wp.stride(), *y.stride(),
-            *params.stride,
-            *(a.tap_step for a in axes),
-            *(a.offset_step for a in axes),
-            tiles_h, tiles_w, tiles_n,
+            params.kernel_size[1], params.kernel_size[2], *xin.stride(), *wp.stride(), *y.stride(),
+            *params.stride, *(a.tap_step for a in axes), *(a.offset_step for a in axes), tiles_h, tiles_w, tiles_n,
         ), dict(
             HAS_BIAS=has_bias, USE_DOT=cfg.use_dot, PRECISION=pl.dot_precision, W_GROUP=cfg.W_GROUP,
-            W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE=cfg.x_cache, X_TMA=x_tma,
+            W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE="", X_TMA=x_tma,
             W_TMA=w_tma, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-            BLOCK_W=cfg.BLOCK_W, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+            BLOCK_W=cfg.BLOCK_W, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         ))
 
     return site(("phase_gemm", params, cfg, xin.stride(), y.stride(), n_groups, has_bias, pl.dot_precision,

@@ -1,22 +1,8 @@
 """Triton kernels of the input gradient of a 3-D transposed convolution (pure ``@triton.jit``).
 
-With ``o = i*s - p + t*d`` per dimension (``convt3d.core.params``), the input gradient is an ordinary
-strided, dilated, grouped conv3d of dY with the same weight:
-
-    dX[n, g*Cin/g + ci, i] = sum_{co < Cout/g, t}  dY[n, g*Cout/g + co, i*s - p + t*d] * W[g*Cin/g + ci, co, t]
-
-(terms whose dY position falls outside dY are zero). ``dgrad_kernel`` is an implicit GEMM per
-group: M = N*D*H*W input positions, N = Cin/g, K = Cout/g x taps. One program computes one
-(group, n, id, tile of BLOCK_M positions of the (ih, iw) plane, Cin tile) block: n, id and the
-depth tap bounds are scalars, ih/iw come from one division of the flattened in-plane index per
-program. The K loop is one flat loop over (tap, Cout block), tap slow and channel block fast, so
-``num_stages`` pipelines across taps too; it visits only the taps whose dY window can touch the
-tile (exact along depth, the tile's row/column span along height/width; masks do the rest).
-
-Operands are K-major (what TF32 tensor cores need): dY is read with channels innermost (the
-launcher copies it to NDHWC unless its channel stride is already 1) and the weight is packed as
-``[G, taps, Cin/g, Cout/g]`` (``pack_dgrad_weight_kernel``). Each output element is written once
-by one program (no atomics: deterministic).
+dX is a strided conv3d of dY with the same weight: ``dgrad_kernel`` is an implicit GEMM per group
+(M = positions of one (n, id) plane, N = Cin/g, K = Cout/g x the taps that reach the tile), on
+K-major operands (NDHWC dY, weight packed by ``pack_dgrad_weight_kernel``), each dX written once.
 """
 import triton
 import triton.language as tl
@@ -26,9 +12,8 @@ from .phase_gemm import _round_tf32
 
 @triton.jit
 def _tap_range(i_lo, i_hi, S, P, DIL, O, K):
-    """Taps [t_lo, t_hi) whose output position i*S - P + t*DIL lies in [0, O) for some i in
-    [i_lo, i_hi] (a superset where the per-i ranges have gaps; the loads are masked anyway).
-    Only non-negative numbers are divided (Triton's integer division truncates toward zero)."""
+    """Taps [t_lo, t_hi) whose output i*S - P + t*DIL lies in [0, O) for some i in [i_lo, i_hi]
+    (a superset; the loads are masked). Only non-negative numbers are divided (Triton truncates)."""
     num = P - i_hi * S
     t_lo = tl.where(num > 0, (num + DIL - 1) // DIL, 0)
     num2 = O - 1 + P - i_lo * S
@@ -38,25 +23,14 @@ def _tap_range(i_lo, i_hi, S, P, DIL, O, K):
 
 @triton.jit
 def dgrad_kernel(
-    dy_ptr, w_ptr, dx_ptr,
-    N, CIN_G, COUT_G,
-    D, H, W,
-    OD, OH, OW,
-    KD, KH, KW, GROUPS,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    SD, SH, SW,
-    PD, PH, PW,
-    DD, DH, DW,
-    tiles_m, tiles_n,
-    PRECISION: tl.constexpr,
-    ROUND_A: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
+    dy_ptr, w_ptr, dx_ptr, N, CIN_G, COUT_G, D, H, W, OD, OH, OW, KD, KH, KW, GROUPS,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    SD, SH, SW, PD, PH, PW, DD, DH, DW, tiles_m, tiles_n,
+    PRECISION: tl.constexpr, ROUND_A: tl.constexpr, TWO_LEVEL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # Program -> (group, n, id, position tile, Cin tile), Cin tile fastest: the programs that
-    # read the same dY rows run together and share them in L2. The packed weight (a few MB at
-    # most) stays in L2 regardless.
+    # Program -> (group, n, id, position tile, Cin tile), Cin tile fastest: the programs that read
+    # the same dY rows run together.
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
     t = pid // tiles_n
@@ -94,8 +68,7 @@ def dgrad_kernel(
     k_blocks = (COUT_G + BLOCK_K - 1) // BLOCK_K
     n_iter = nd * nh * nw * k_blocks
 
-    # 64-bit scalar bases per program; 32-bit offsets inside one depth slice (the launcher checks
-    # that they fit).
+    # 64-bit scalar bases per program; 32-bit offsets inside one depth slice (the launcher checks).
     y_n = dy_ptr + nb.to(tl.int64) * stride_yn + (grp * COUT_G).to(tl.int64) * stride_yc
     ohb = ih * SH - PH  # output row of tap 0, per position
     owb = iw * SW - PW
@@ -104,9 +77,8 @@ def dgrad_kernel(
     w_n = offs_ci * COUT_G
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # (tap, channel block) counters advanced by carries instead of divisions. The channel block
-    # is counted in blocks (kc), so that `kc * BLOCK_K` carries its divisibility into the
-    # address analysis (vectorised loads, which the software pipeliner needs).
+    # (tap, channel block) counters advanced by carries; kc counts blocks, so that kc * BLOCK_K
+    # keeps its divisibility for vectorised loads.
     kc = 0
     jw = 0
     jh = 0
@@ -128,13 +100,10 @@ def dgrad_kernel(
         b_tile = tl.load(w_g + tap * CIN_G * COUT_G + (co[:, None] + w_n[None, :]),
                          mask=co_ok[:, None] & ci_ok[None, :], other=0.0)
         if ROUND_A:
-            # dY read in place (channels-last already): round it to nearest TF32 here; the packed
-            # weight was rounded by the packing kernel.
+            # dY read in place: rounded to TF32 here (the packing kernel rounded the weight).
             a_tile = _round_tf32(a_tile)
         if TWO_LEVEL:
-            # Exact-grade fp32: each K block's dot is summed on its own and then added (written as
-            # fma(part, 1, acc): Triton folds a plain `acc + dot` back into the chained form).
-            # K = Cout/g x taps is 8192 on gan_k4s2p1; the chained sum would be ~BLOCK_K times deeper.
+            # Two-level summation (fma keeps Triton from folding it into a chained dot).
             acc = tl.fma(tl.dot(a_tile, b_tile, input_precision=PRECISION), 1.0, acc)
         else:
             acc = tl.dot(a_tile, b_tile, acc, input_precision=PRECISION)
@@ -149,11 +118,8 @@ def dgrad_kernel(
         jh = tl.where(h_wrap, 0, jh)
         jd += h_wrap.to(tl.int32)
 
-    # Store as [channel, position]. dX is the launcher's (NCDHW or channels-last), so its (ih, iw)
-    # plane is walked by one stride: the in-plane index times the W stride. Triton then sees runs
-    # of positions in NCDHW and of channels in channels-last. A tile wholly inside the plane
-    # stores without the position mask, so those runs go out as 16-byte vectors rather than
-    # using a fraction of each 32-byte sector (as in the head dX kernel, ``head_grad.py``).
+    # Stored as [channel, position], the (ih, iw) plane walked by the W stride; a tile wholly
+    # inside the plane stores without the position mask, as 16-byte vectors.
     x_s = dx_ptr + nb.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd
     x_c = (grp * CIN_G + offs_ci).to(tl.int64) * stride_xc
     x_m = offs_m * stride_xw
@@ -166,21 +132,12 @@ def dgrad_kernel(
 
 @triton.jit
 def pack_dgrad_weight_kernel(
-    w_ptr, p_ptr,
-    CIN_G, COUT_G, TAPS,
-    stride_wi, stride_wo,
-    ROUND_TF32: tl.constexpr,
-    BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
+    w_ptr, p_ptr, CIN_G, COUT_G, TAPS, stride_wi, stride_wo,
+    ROUND_TF32: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """p[g, tap, ci, co] = w[g*CIN_G + ci, co, tap] (p contiguous): per tap, a K-major
-    [Cout/g, Cin/g] B operand (co innermost), for a weight whose kernel dimensions are contiguous
-    (the flattened tap has stride 1). Optional TF32 rounding. Grid: (Cin/g x co blocks x tap
-    blocks, groups).
-
-    A program transposes one input channel's [BLOCK_CO, BLOCK_T] block of (co, tap): loads run
-    along the taps, stores along co, and Triton moves the block between the two layouts through
-    shared memory, since gathering p's elements in p's order would read the weight
-    Cout-neighbours taps apart: one 32-byte sector per 2- or 4-byte element."""
+    """p[g, tap, ci, co] = w[g*CIN_G + ci, co, tap] (contiguous, K-major per tap), optionally
+    TF32-rounded; a program transposes one input channel's [BLOCK_CO, BLOCK_T] block through shared
+    memory, so loads run along taps and stores along co."""
     t_blocks = tl.cdiv(TAPS, BLOCK_T)
     blocks = tl.cdiv(COUT_G, BLOCK_CO) * t_blocks
     ci = tl.program_id(0) // blocks

@@ -1,38 +1,9 @@
-"""The tensor-core engine's Hopper kernel in Gluon: the phase GEMMs of ``flat_gemm_kernel`` with
-the operand ring, the barriers and the MMA written out (``triton.experimental.gluon``).
-
-Why a second kernel for the same arithmetic: ``flat_gemm_kernel`` tiles whole padded rows of a
-compact plane (2-D TMA boxes, so every tap is one scalar shift) and leaves the pipelining to
-Triton. Its tiles include the padding columns, and Triton gives it no say over how loads and
-MMAs overlap. The same loop over boxes of output positions, as here, does no MMA work on
-padding columns and runs the tap GEMM faster than padded rows do, on a par with cuDNN's conv3d
-of the same arithmetic; both are bound by L2 traffic, not by latency.
-
-A program is one box of BH x BW compact positions of one (group, n, qd, phase group,
-Cout/g block). A K step (tap of its phase, block of BLOCK_K input channels) is one 5-D TMA box
-[1, 1, BH, BW, BLOCK_K] of the zero-haloed NDHWC input at the box shifted by the tap. It lands
-in shared memory as the BH x BW rows of channels that wgmma reads as its A tile, so the stage is
-allocated 2-D and reshaped to five dimensions only for the copy. The weight comes as one box
-[BLOCK_N, BLOCK_K] of the packed [G * taps * Cout/g, Cin/g] matrix, and wgmma reads it
-transposed. The ring has STAGES stages (STAGES - 1 boxes ahead of the MMA), and one wgmma stays
-outstanding while the next box lands. Box coordinates past the buffer read as zeros; past the
-tile's valid positions they only feed masked stores.
-
-The epilogue writes what ``flat_gemm_kernel``'s does:
-- each phase of a W-residue group (W_GROUP=2: stride 2 along W into NCDHW) at its own residue of
-  the output row;
-- a residue with no taps (W_SKIP), and the companion rows of the empty row classes
-  (``companion_masks``): the bias.
-
-With channels innermost the accumulator's own layout stores whole sectors. NCDHW tiles go
-through shared memory (``_epilogue_buffer``, swizzled so that neither its stores nor its reads
-have bank conflicts) and leave as rows of consecutive output columns per warp (``_store_rows``):
-one column per lane, or both W residues of a position per lane as one 8-byte store where the
-output's width and strides let every pair be aligned (PAIRS). Stores from the accumulator
-layout write partial sectors and nearly double the time of a call (docs/design.md, "The Gluon box GEMM").
-
-Only sm_90 has wgmma, and Triton's interpreter does not run Gluon, so this kernel runs on Hopper
-GPUs only. The Triton kernels stay the portable path, and the tuner times this one against them.
+"""The tensor-core engine's Hopper kernel in Gluon (``triton.experimental.gluon``): the phase GEMMs
+over boxes of BH x BW output positions, which do no MMA work on padding columns (unlike
+``flat_gemm_kernel``'s padded rows), with the TMA ring, barriers and wgmma written out. NCDHW output
+leaves through a swizzled shared-memory buffer as whole rows of output columns, since stores from
+the accumulator layout write partial sectors. Only sm_90 has wgmma and the interpreter does not run
+Gluon: Hopper only, timed against the Triton kernels by the tuner.
 """
 from __future__ import annotations
 
@@ -41,10 +12,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.runtime.jit import constexpr_function
 
-# The TMA load's name: triton 3.6 has only async_copy_global_to_shared, 3.9 only async_load
-# (the old name raises there). Same arguments: (descriptor, coordinates, barrier, destination).
+# Names that differ between triton 3.6 and 3.9 (same arguments).
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-# The CTA-wide barrier: thread_barrier in 3.6, barrier in 3.9.
 cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
@@ -84,9 +53,8 @@ def _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K: gl.constexpr):
 @gluon.jit
 def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, w_row, jd, jh, jw,
            OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base):
-    """Start the two boxes of one K step into stage ``s``: the input at the box shifted by tap
-    (jd, jh, jw) of the phase, channels ``c_base + cb`` on; the weight rows of that tap,
-    columns ``cb`` on (its matrix holds one group's Cin/g)."""
+    """Start the input and weight boxes of one K step (tap jd, jh, jw; channels from ``cb``) into
+    stage ``s``."""
     bar = bars.index(s)
     mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
     tma_load(x_desc, [nb, d0 - jd * OSD, h0 - jh * OSH, w0 - jw * OSW, c_base + cb], bar,
@@ -97,9 +65,8 @@ def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, 
 
 @gluon.jit
 def _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K: gl.constexpr):
-    """The K step after (channel offset ``cb``, tap jd, jh, jw), channel block fastest: carries
-    instead of divisions (runtime integer divisions per step cost more issue slots than a
-    128-row wgmma step leaves free)."""
+    """The next K step, channel block fastest, by carries: divisions per step cost more issue
+    slots than a 128-row wgmma step leaves free."""
     cb += BLOCK_K
     c_wrap = cb >= CIN_G
     cb = gl.where(c_wrap, 0, cb)
@@ -182,11 +149,9 @@ def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, str
 
 @gluon.jit
 def _buffer_rows(rows, PAIRS: gl.constexpr, num_warps: gl.constexpr):
-    """A chunk of the epilogue buffer as output rows [CHUNK, BLOCK_M x W_GROUP], column p =
-    position p // W_GROUP, residue p % W_GROUP (``rows``: the buffer's channels c_0 .. c_0 +
-    CHUNK viewed as [CHUNK, BLOCK_M, W_GROUP], see ``_epilogue_buffer``). Lane i holds column i
-    of 32, or with PAIRS both residues of position i of 32; either way a warp's read hits 32
-    distinct banks."""
+    """A chunk of the epilogue buffer as output rows [CHUNK, BLOCK_M x W_GROUP] (column p: position
+    p // W_GROUP, residue p % W_GROUP); each lane reads one column (PAIRS: both residues of one
+    position), so a warp's read hits 32 distinct banks."""
     CHUNK: gl.constexpr = rows.shape[0]
     BLOCK_M: gl.constexpr = rows.shape[1]
     W_GROUP: gl.constexpr = rows.shape[2]
@@ -201,16 +166,9 @@ def _buffer_rows(rows, PAIRS: gl.constexpr, num_warps: gl.constexpr):
 def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
                 stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr, BW: gl.constexpr, W_GROUP: gl.constexpr,
                 OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, PAIRS: gl.constexpr, num_warps: gl.constexpr):
-    """Store the box's rows [BLOCK_N, BLOCK_M x W_GROUP] (column p: position p // W_GROUP of the
-    box, W residue p % W_GROUP) from ``c_smem`` (``_buffer_rows``) plus the bias; without
-    FROM_SMEM the bias alone, at rows of residue ``rh``. 16 channels at a time.
-
-    Each store instruction of a warp writes whole sectors: with PAIRS (W_GROUP=2, the launcher
-    checked that every output stride but W's and the width are even and the address aligned to
-    a pair) a thread holds both residues of a position and stores them as one vector, 64
-    consecutive columns per warp; else lane i holds column i of 32. With 4 adjacent columns per
-    thread stored one by one (4 bytes of every 16) the kernel sends over twice the output's
-    bytes of sectors into L2."""
+    """Store the box's rows from ``c_smem`` plus the bias (without FROM_SMEM the bias alone, at rows
+    of residue ``rh``), 16 channels at a time; lane i holds column i, or with PAIRS both residues of
+    a position as one 8-byte store, so every warp's store covers whole sectors."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     BLOCK_M: gl.constexpr = c_smem.shape[1]
     COLS: gl.constexpr = BLOCK_M * W_GROUP
@@ -252,24 +210,16 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
                     OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr,
                     BW: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr,
                     PAIRS: gl.constexpr, num_warps: gl.constexpr):
-    """The NCDHW output of one box: its accumulators through ``c_smem`` (``_epilogue_buffer``),
-    so that each store instruction of a warp covers whole rows of consecutive output columns of
-    a channel (``_store_rows``); then the companion rows of its row class (bias or zeros).
-    Stored straight from the accumulators, each residue fills only every other 4 bytes of a
-    sector, and the kernel writes nearly three times the output's bytes of sectors into L2.
-
-    The buffer is [BLOCK_N, W_GROUP, BLOCK_M] (``_epilogue_buffer``); with W_GROUP=2 a thread's
-    two accumulators go in as one joined tensor, a residue without taps (W_SKIP) as zeros.
-    With both residues in the buffer (a W_SKIP residue included) and the XOR layout, the
-    shared-store bank conflicts fall by an order of magnitude against the residues interleaved
-    and unswizzled."""
+    """The NCDHW output of one box: its accumulators through ``c_smem`` [BLOCK_N, W_GROUP,
+    BLOCK_M], so each warp's store covers whole rows of output columns (``_store_rows``), then the
+    companion rows of its row class."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     BLOCK_M: gl.constexpr = c_smem.shape[2]
     if W_GROUP == 1:
         c_smem.store(gl.reshape(gl.permute(acc0, [1, 0]), [BLOCK_N, 1, BLOCK_M]))
     else:
-        # Both residues in one store (the layout's XOR on the residue forbids a slice per
-        # residue); a residue without taps as zeros, so that reads need no select.
+        # Both residues in one store (the layout's XOR forbids a slice per residue); a residue
+        # without taps as zeros, so that reads need no select.
         if W_SKIP == 0:
             both = gl.join(gl.zeros_like(acc1), acc1)
         elif W_SKIP == 1:
@@ -284,8 +234,7 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
     rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
     _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
                 stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, True, PAIRS, num_warps)
-    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
-    # columns (every W residue of the group).
+    # Companion rows (as flat_gemm_kernel): bias/zero rows of empty row classes at these columns.
     cmask = _row_value(tab_ptr, row0, 15)
     for rc in range(SD * SH):
         if ((cmask >> rc) & 1) != 0:
@@ -296,16 +245,9 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
 
 @constexpr_function
 def _epilogue_layout(block_n, w_group, block_m):
-    """The shared-memory layout of ``_epilogue_buffer``: rows of BLOCK_M words per (channel n, W
-    residue j), residue-major, with column m of a row at word m ^ (8 x ((n >> 1) & 3)) ^ (16 x j).
-
-    Why: one store from the accumulator covers 8 positions (lanes // 4) x 4 channels 2 apart
-    (lanes % 4), and a read covers 32 consecutive output columns of one channel, 16 positions x
-    both residues. Unswizzled rows of BLOCK_M words (a multiple of 32 banks) put the four
-    channels of a store on the same banks: 4-way conflicts. The XOR puts the channels of a store 8
-    banks apart and the two residues of a read 16 apart; within a row it only permutes aligned
-    groups of 32 words, so a warp's 32 consecutive columns still hit 32 banks. (A padded layout
-    cost 5-6 more address instructions per element in the PTX Triton 3.6 emits for it.)"""
+    """``_epilogue_buffer``'s layout: rows of BLOCK_M words per (channel n, residue j), column m at
+    word m ^ (8 x ((n >> 1) & 3)) ^ (16 x j), so that neither the accumulator's stores (channels 8
+    banks apart) nor the row reads (residues 16 apart) have bank conflicts."""
     def log2(v):
         return v.bit_length() - 1
     bases = [[0, 0, 1 << b] for b in range(log2(block_m))]
@@ -327,9 +269,8 @@ def _epilogue_buffer(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, W_GROUP: gl.c
 @gluon.jit
 def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, qh, qw, OD, OH, OW, SD, SH, SW,
                   stride_yd, stride_yh, stride_yw, W_GROUP: gl.constexpr, OFF32: gl.constexpr):
-    """Store one box's accumulators (one per W residue) and its companion rows straight from
-    the accumulator layout (channels-last output): a thread's two accumulator columns are
-    adjacent channels, four lanes a 32-byte sector, so every store writes whole sectors."""
+    """Store one box's accumulators and companion rows straight from the accumulator layout
+    (channels-last output: a thread's two columns are adjacent channels, so stores fill sectors)."""
     od = qd * SD + _row_value(tab_ptr, row0, 0)
     rh = _row_value(tab_ptr, row0, 1)
     rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
@@ -339,8 +280,7 @@ def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, 
         vals = acc0 if j == 0 else acc1
         _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
                stride_yd, stride_yh, stride_yw, OFF32)
-    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
-    # columns (every W residue of the group).
+    # Companion rows (as flat_gemm_kernel): bias/zero rows of empty row classes at these columns.
     cmask = _row_value(tab_ptr, row0, 15)
     if cmask != 0:
         fill = gl.zeros_like(acc0) + gl.expand_dims(bias, 0)
@@ -356,32 +296,15 @@ def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, 
 
 @gluon.jit
 def box_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    PD, PH, PW,
-    QD, OD, OH, OW,
-    NUM_GROUPS, KVOL,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    TSD, TSH, TSW,
-    OSD, OSH, OSW,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, PD, PH, PW, QD, OD, OH, OW, NUM_GROUPS, KVOL, KH, KW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW, OSD, OSH, OSW,
     tiles_h, tiles_w, tiles_n,
-    HAS_BIAS: gl.constexpr,
-    W_GROUP: gl.constexpr,
-    W_SKIP: gl.constexpr,
-    OFF32: gl.constexpr,
-    CL_OUT: gl.constexpr,
-    PAIRS: gl.constexpr,
-    STAGES: gl.constexpr,
-    num_warps: gl.constexpr,
+    HAS_BIAS: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr, CL_OUT: gl.constexpr,
+    PAIRS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """One box of compact positions of one phase group (see the module docstring). ``x_desc``:
-    the zero-haloed input [N, DP, HP, WP, C] in boxes [1, 1, BH, BW, BLOCK_K]; ``w_desc``: the
-    packed weight as [G * taps * Cout/g, Cin/g] in boxes [BLOCK_N, BLOCK_K]; the other arguments
-    are ``flat_gemm_kernel``'s, with the position tile as (tiles_h, tiles_w) boxes. PAIRS: the
-    NCDHW rows leave as 8-byte pairs of W residues (``triton_sites.w_pairs`` says when that is
-    aligned)."""
+    """One box of compact positions of one phase group (module docstring). ``x_desc``: the
+    zero-haloed input [N, DP, HP, WP, C] in boxes [1, 1, BH, BW, BLOCK_K]; ``w_desc``: the packed
+    weight [G * taps * Cout/g, Cin/g] in boxes [BLOCK_N, BLOCK_K]; the rest as flat_gemm_kernel."""
     BH: gl.constexpr = x_desc.block_type.shape[2]
     BW: gl.constexpr = x_desc.block_type.shape[3]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]

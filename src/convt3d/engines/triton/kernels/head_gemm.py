@@ -1,34 +1,9 @@
-"""Triton kernels of the output-head path: layers with few output channels per group (1-15).
-
-Pure ``@triton.jit`` functions, no host logic; launched by ``convt3d.engines.triton.head`` through the
-Triton engine's launch sites. Imports only ``triton`` and the phase kernels (for the TF32
-rounding), so the KernelBench exporter can inline it after ``kernels/phase_gemm.py``.
-
-Why a separate path. For a head the phase GEMM (``phase_gemm.py``: M = output positions,
-N = Cout/g, K = Cin/g x taps) has a tiny N: every K step loads an input tile from L2 for an MMA
-of 1-8 useful columns, and the input is re-read once per tap (64x for k4 s2). Here the taps go
-into N instead.
-
-``head_rows_kernel`` is one dense GEMM per group with M = (input depth, input height, compact
-output column qw), N = (co, depth tap td, height tap th, W residue rw) and K = the input
-channels at each width shift delta = iw - qw, so that it sums the width taps itself:
-
-    Zr[g, n, (co, td, th), id, ih, ow] = sum_{iw, tw -> ow} sum_ci X[ci, id, ih, iw] Wt[ci, co, td, th, tw]
-
-The input is read once from HBM (and once per width shift from cache). A second kernel
-(``head_gather_tile_kernel``) sums, for every output position, the Z rows of the depth and
-height taps that reach it:
-
-    out[n, co, od, oh, ow] = bias[co] + sum_{(td, th) reaching (od, oh)} Zr[g, n, (co, td, th), id, ih, ow]
-
-Each Z element is read by exactly one output element. Z is fp32 (the products of 16-bit
-operands and the TF32 products keep their fp32 accumulation; only the output is rounded), or
-bfloat16 for bfloat16 calls where the launcher allocates it so (``Config.z_bf16``): the kernels
-store and load Z in the buffer's dtype and add in fp32.
-
-At dilation 1, ``head_shuffle_kernel`` writes the whole output, unreached positions included, in
-one launch: a pixel shuffle of a stride-1 convolution whose ceil(k / s) shifts per dimension sum
-the taps past the stride in registers (one shift where the kernel fits in its stride).
+"""Triton kernels of the output-head path (1-15 output channels per group), launched by
+``convt3d.engines.triton.head``; they import only ``triton`` and the phase kernels, so the
+KernelBench exporter can inline them. A head's phase GEMM has a tiny N and re-reads its input per
+tap, so these kernels put the taps into N: ``head_rows_kernel`` sums the width taps into Z (output
+rows, fp32 or bf16 for bf16 calls), which ``head_gather_tile_kernel`` sums over the depth and
+height taps; ``head_shuffle_kernel`` (dilation 1) writes the whole output in one launch.
 """
 import triton
 import triton.language as tl
@@ -38,16 +13,13 @@ from .phase_gemm import _round_tf32
 
 @triton.jit
 def _mma_step(acc, a, b, ROUND_TF32: tl.constexpr, TWO_LEVEL: tl.constexpr, PRECISION: tl.constexpr):
-    """acc += a @ b at the call's precision: the K step of every head kernel, forward
-    (``head_rows_kernel``, ``head_shuffle_kernel``) and backward (``head_grad``)."""
+    """acc += a @ b at the call's precision: the K step of every head kernel."""
     if ROUND_TF32:
-        # cuDNN's TF32 numerics: operands rounded to nearest TF32 (the tensor cores would
-        # truncate); rounded here, in registers.
+        # cuDNN's TF32 numerics: operands rounded to nearest (tensor cores would truncate).
         a = _round_tf32(a)
         b = _round_tf32(b)
     if TWO_LEVEL:
-        # Each K block summed on its own, then added (fma(part, 1, acc) keeps Triton from
-        # folding it back into a chained dot): two-level summation, as phase_gemm_kernel.
+        # Two-level summation (fma keeps Triton from folding it into a chained dot).
         acc = tl.fma(tl.dot(a, b, input_precision=PRECISION), 1.0, acc)
     else:
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
@@ -57,11 +29,8 @@ def _mma_step(acc, a, b, ROUND_TF32: tl.constexpr, TWO_LEVEL: tl.constexpr, PREC
 @triton.jit
 def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
                       SW_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """head_rows_kernel's weight tile of N tile ``nt``, width shift ``j`` and channels from ``k0``:
-    [BLOCK_K input channels, BLOCK_N columns (co, td, th, rw)], the tap
-    tw = (rw + PW - delta * SW) / DW of each column where that is a tap, zero elsewhere,
-    gathered from the weight as PyTorch stores it (one row of Cout/g x kD x kH x kW per input
-    channel)."""
+    """head_rows_kernel's [BLOCK_K, BLOCK_N] weight tile (N tile ``nt``, width shift ``j``, channels
+    from ``k0``): column (co, td, th, rw) holds tap tw = (rw + PW - delta * SW) / DW, or zero."""
     cols = nt * BLOCK_N + tl.arange(0, BLOCK_N)
     rw = cols % SW_C
     gcol = cols // SW_C  # (co, td, th)
@@ -77,19 +46,15 @@ def _rows_weight_tile(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0,
 @triton.jit
 def _rows_packed_base(w_ptr, grp, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Group ``grp``'s part of the packed weight (``head_rows_pack_kernel``): NSHIFT x K_STEPS x
-    N_TILES tiles of BLOCK_N x BLOCK_K per group."""
+    """Group ``grp``'s part of the packed weight: NSHIFT x K_STEPS x N_TILES tiles."""
     return w_ptr + grp.to(tl.int64) * (NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
 
 
 @triton.jit
 def _rows_packed_offsets(nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr):
-    """Offsets in a group's packed weight of the [BLOCK_K, BLOCK_N] tile of N tile ``nt``, width
-    shift ``j`` and channels from ``k0``: one contiguous block, K fastest. K-major because TF32
-    tensor cores read B only so (wgmma has no transpose for 32-bit types): from an N-major copy
-    Triton fills its K-major shared tile with one 4-byte copy per element, which keeps L1 busy
-    and the tensor cores waiting."""
+    """Offsets of packed tile (nt, j, k0): one contiguous block, K fastest, because TF32 tensor
+    cores read B only K-major (wgmma cannot transpose 32-bit types)."""
     tile = (j * K_STEPS + k0 // BLOCK_K) * N_TILES + nt
     kk = tl.arange(0, BLOCK_K)
     nn = tl.arange(0, BLOCK_N)
@@ -99,26 +64,20 @@ def _rows_packed_offsets(nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constexpr
 @triton.jit
 def _rows_packed_tile(w_g, nt, j, k0, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The same tile as ``_rows_weight_tile``, read from the packed copy (zeros where no tap is
-    and past Cin/g, so the load is unmasked)."""
+    """``_rows_weight_tile`` from the packed copy (zero-filled, so the load is unmasked)."""
     return tl.load(w_g + _rows_packed_offsets(nt, j, k0, N_TILES, K_STEPS, BLOCK_N, BLOCK_K))
 
 
 @triton.jit
 def head_rows_pack_kernel(
-    w_ptr, wp_ptr,
-    CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
+    w_ptr, wp_ptr, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, stride_wc,
     ROUND_TF32: tl.constexpr,
     SW_C: tl.constexpr, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """The rows kernel's weight tiles, gathered once per call into a dense copy
-    (``_rows_packed_offsets``' layout), for the tiles that read their weight at every K step
-    (``W_PACKED``): there the per-element tap gather of ``_rows_weight_tile`` (a masked load of
-    scattered columns with its index arithmetic) would run once per (M tile, shift, K step).
-    Grid (NSHIFT x K_STEPS x N_TILES, groups), one weight tile per program. ROUND_TF32: the copy
-    holds the weight rounded to TF32, so that the GEMM's weight tiles go from shared memory to the
-    tensor cores untouched (head_rows_kernel's ROUND_W says why)."""
+    """The rows kernel's weight tiles gathered once per call into a dense copy (``W_PACKED``), so the
+    GEMM skips the per-element tap gather at every K step; ROUND_TF32 rounds the copy. Grid
+    (NSHIFT x K_STEPS x N_TILES, groups)."""
     pid = tl.program_id(0)
     grp = tl.program_id(1)
     nt = pid % N_TILES
@@ -131,8 +90,7 @@ def head_rows_pack_kernel(
         t = _round_tf32(t)
     offs = _rows_packed_offsets(nt, j, kk * BLOCK_K, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
     wp_g = _rows_packed_base(wp_ptr, grp, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
-    # Every offset is inside the group's copy (the grid covers it exactly); the mask is the
-    # copy's size.
+    # The grid covers the copy exactly; the mask is its size.
     tl.store(wp_g + offs, t.to(wp_ptr.dtype.element_ty),
              mask=offs < NSHIFT * K_STEPS * BLOCK_K * N_TILES * BLOCK_N)
 
@@ -140,8 +98,7 @@ def head_rows_pack_kernel(
 @triton.jit
 def _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
                  ROUND_X: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The input tile at width shift ``j``, channels from ``k0``: [BLOCK_M positions, BLOCK_K],
-    rounded to TF32 in registers with ROUND_X."""
+    """The input tile [BLOCK_M, BLOCK_K] at width shift ``j``, channels from ``k0`` (ROUND_X: TF32)."""
     iw = q + (SHIFT0 + j)
     ks = k0 + tl.arange(0, BLOCK_K)
     x_t = tl.load(x_n + (x_r + iw * stride_xw)[:, None] + ks.to(tl.int64)[None, :] * stride_xc,
@@ -154,8 +111,7 @@ def _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_x
 @triton.jit
 def _rows_mma(acc, w_t, x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw,
               ROUND_X: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += the input tile at width shift ``j`` (channels from ``k0``) @ its weight tile ``w_t``
-    (already rounded where the call rounds: head_rows_kernel's ROUND_W)."""
+    """acc += the input tile at width shift ``j`` @ its (already rounded) weight tile ``w_t``."""
     x_t = _rows_x_tile(x_n, x_r, q, m_ok, j, k0, CIN_G, W, SHIFT0, stride_xc, stride_xw, ROUND_X, BLOCK_K)
     return _mma_step(acc, x_t, w_t, False, PRECISION == "ieee", PRECISION)
 
@@ -174,9 +130,8 @@ def _rows_gathered_w(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, 
 @triton.jit
 def _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL,
                 SW_C: tl.constexpr, FULL_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store N tile ``nt`` of an M tile into Z, the W residues interleaved in registers
-    ([M, G, SW] -> [G, M * SW], element e = (m, rw)) so that each store writes contiguous output
-    columns."""
+    """Store N tile ``nt`` of an M tile into Z, the W residues interleaved in registers so that
+    each store writes contiguous output columns."""
     G_N: tl.constexpr = BLOCK_N // SW_C
     out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
     e = tl.arange(0, BLOCK_M * SW_C)
@@ -196,60 +151,22 @@ def _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL,
 
 @triton.jit
 def head_rows_kernel(
-    x_ptr, w_ptr, z_ptr,
-    N, CIN_G, NCOL, D, H, W, OW, QW,
-    KH, KW, KVOL,
-    SW, PW, DW, SHIFT0,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    stride_wc,
-    tiles_m, num_tiles,
-    ROUND_X: tl.constexpr, ROUND_W: tl.constexpr,
-    PRECISION: tl.constexpr,
-    SW_C: tl.constexpr,
+    x_ptr, w_ptr, z_ptr, N, CIN_G, NCOL, D, H, W, OW, QW, KH, KW, KVOL, SW, PW, DW, SHIFT0,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, stride_wc, tiles_m, num_tiles,
+    ROUND_X: tl.constexpr, ROUND_W: tl.constexpr, PRECISION: tl.constexpr, SW_C: tl.constexpr,
     FLAT_DH: tl.constexpr, FULL_W: tl.constexpr, UNROLL: tl.constexpr, W_ONCE: tl.constexpr,
     W_PACKED: tl.constexpr, N_JOINT: tl.constexpr,
     NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """The "rows" kind: the width taps summed inside the GEMM, so Z holds output rows:
+    """The "rows" kind: Z[g, n, (co, td, th), id, ih, ow] = sum over ci and the width taps of X * W.
 
-        Zr[g, n, (co, td, th), id, ih, ow] = sum_{iw, tw -> ow} sum_ci X[ci, id, ih, iw] Wt[ci, co, td, th, tw]
-
-    M = (id, ih, qw) with qw the compact output column of every W residue (ow = qw * SW + rw);
-    N = (co, td, th, rw), rw fastest; K = the input channels at each width shift
-    delta = iw - qw (SHIFT0 .. SHIFT0 + NSHIFT - 1), whose weight column for residue rw is the
-    tap tw = (rw + PW - delta * SW) / DW where that is a tap (zero elsewhere). The input tile is
-    re-read once per shift, from cache (the same rows, shifted by a column). The SW_C residues
-    are interleaved in registers before the store, so each store writes contiguous output
-    columns. Against a Z of every tap, Z shrinks by ~KW / SW (half for k4 s2), and the tap sum
-    adds depth and height taps only (head_gather_tile_kernel over a width of OW, one width tap).
-
-    Grid (programs, groups): a program walks tiles pid, pid + programs, ... of its group's
-    num_tiles (n, M tile) tiles. With one program per tile (the single-sweep launch) the shifts
-    and K steps are runtime loops, whose K loop Triton pipelines, and each weight tile is a
-    masked per-element gather of taps (``_rows_weight_tile``) at its step. With a few programs
-    per SM (``Config.persist``) UNROLL makes the shifts and K steps constexpr loops, so the tile
-    loop is the only loop and Triton's pipeliner prefetches the next tile's input (num_stages)
-    during this one's MMAs and stores; each input tile is then loaded once and steps the
-    accumulators of all N tiles (a tuple of N_TILES, live together), where the single sweep
-    re-reads it per N tile; with W_ONCE the weight tiles are gathered once per program, before
-    the tile loop, and held (a tuple; Triton keeps them in shared memory). With W_PACKED (the
-    single sweep only) the weight tiles come from the dense copy head_rows_pack_kernel wrote for
-    this call, each a contiguous block read at its (shift, K step) of one flat loop: no
-    per-element tap gather at every step of every M tile. With N_JOINT too, each input tile of
-    that loop steps every N tile's accumulator (a tuple carried through the loop), as the
-    persistent tiles do, where otherwise the N tiles run one after another, each re-reading the
-    input (head_engine._packed says when).
-
-    ROUND_X / ROUND_W (fp32 at TF32, cuDNN's numerics): each operand is rounded once, where it
-    is made -- the input in registers as it is loaded (ROUND_X) unless the call reads the
-    engine's channels-last copy, which rounds it (x_cl); the weight as it is gathered, or in the
-    packed copy (head_rows_pack_kernel). Rounded inside the MMA step instead, both operands
-    make Triton issue the packed tile's wgmma synchronously, with the weight tile re-stored to
-    shared memory each step; rounded beforehand, the wgmma stays asynchronous.
-
-    (The height taps are not summed in the GEMM too: Z of output planes, from 9 shifted input
-    tiles for k4 s2 p1, was slower on every head row of the bench.)"""
+    M = (id, ih, qw) with ow = qw * SW + rw; N = (co, td, th, rw); K = Cin/g at each width shift
+    delta = iw - qw. Grid (programs, groups), a program walking its group's (n, M tile) tiles: one
+    per tile with runtime loops (W_PACKED: weight from head_rows_pack_kernel's copy; N_JOINT: each
+    input tile steps every N tile), or a few per SM (UNROLL, ``Config.persist``) with constexpr
+    loops, so Triton pipelines the tile loop (W_ONCE: weight held per program). ROUND_X / ROUND_W:
+    each operand rounded once where it is made, which keeps the wgmma asynchronous."""
     grp = tl.program_id(1)
     S = D * H * QW
     x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
@@ -257,8 +174,7 @@ def head_rows_kernel(
         w_g = _rows_packed_base(w_ptr, grp, NSHIFT, N_TILES, K_STEPS, BLOCK_N, BLOCK_K)
     else:
         w_g = w_ptr + (grp * CIN_G).to(tl.int64) * stride_wc
-    # The packed weight serves the single sweep only: a persistent tile gathers its weight
-    # tiles once per program (W_ONCE) or is not offered (head_engine._persistent).
+    # The packed weight serves the single sweep only (a persistent tile uses W_ONCE).
     tl.static_assert(not (W_PACKED and UNROLL), "W_PACKED is a single-sweep option")
     ws = ()
     if W_ONCE:
@@ -281,8 +197,7 @@ def head_rows_kernel(
         x_n = x_g + nb.to(tl.int64) * stride_xn
         z_g = z_ptr + (grp * N + nb).to(tl.int64) * (NCOL // SW_C) * (D * H * OW)
         if UNROLL:
-            # Each input tile loaded once per (shift, K step), into every N tile's accumulator
-            # (a tuple: N_TILES accumulators live, BLOCK_M x N_TILES x BLOCK_N fp32 in all).
+            # Each input tile loaded once per (shift, K step), into every N tile's accumulator.
             accs = ()
             for nt in tl.static_range(N_TILES):
                 accs = accs + (tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),)
@@ -318,15 +233,11 @@ def head_rows_kernel(
             for nt in tl.static_range(N_TILES):
                 _rows_store(accs[nt], nt, pid_m, z_g, S, D, H, OW, QW, NCOL, SW_C, FULL_W, BLOCK_M, BLOCK_N)
         else:
-            # N tiles outermost, one accumulator live at a time (two 128 x 128 fp32 accumulators
-            # of the 128 -> 8 head spill at 8 warps, Triton 3.6 offline); the input tiles of a
-            # second N tile come again from L1/L2.
+            # N tiles outermost, one accumulator live at a time (two 128 x 128 fp32 ones spill).
             for nt in tl.static_range(N_TILES):
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 if W_PACKED:
-                    # One runtime loop over the (shift, K step) pairs, which Triton pipelines
-                    # as a whole (the nested loops below pipeline each shift's K steps alone),
-                    # with the weight tile a contiguous block of the packed copy.
+                    # One runtime loop over (shift, K step) pairs, pipelined as a whole.
                     for step in range(NSHIFT * K_STEPS):
                         j = step // K_STEPS
                         k0 = (step % K_STEPS) * BLOCK_K
@@ -346,9 +257,8 @@ def head_rows_kernel(
 @triton.jit
 def _shuffle_shift(it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, stride_xw,
                    JH: tl.constexpr, JW: tl.constexpr, JVOL: tl.constexpr, BLOCK_K: tl.constexpr):
-    """K step ``it`` of head_shuffle_kernel (channel blocks outside, shifts inside): its input
-    channels and their mask, its shift (jd, jh, jw), and the input q - j of every block q as
-    a depth-slice base, in-slice offsets and a mask."""
+    """K step ``it`` of head_shuffle_kernel: its channels and mask, its shift (jd, jh, jw), and
+    the input q - j of every block q (depth-slice base, in-slice offsets, mask)."""
     k0 = (it // JVOL) * BLOCK_K
     jd = it % JVOL // (JH * JW)
     jh = it % (JH * JW) // JW
@@ -356,8 +266,7 @@ def _shuffle_shift(it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, st
     ci = k0 + tl.arange(0, BLOCK_K)
     ih = bh - jh
     ix = iw - jw
-    # (the depth test broadcast over the positions as a tensor: Triton's interpreter rejects a
-    # mask made of a scalar comparison and a tensor one)
+    # The depth test broadcast as a tensor: the interpreter rejects a scalar & tensor mask.
     i_d = bd - jd + 0 * bh
     m_in = (ih >= 0) & (ih < H) & (ix >= 0) & (ix < W) & (i_d >= 0) & (i_d < D)
     x_d = x_n + (bd - jd).to(tl.int64) * stride_xd
@@ -366,71 +275,22 @@ def _shuffle_shift(it, bh, iw, bd, x_n, CIN_G, D, H, W, stride_xd, stride_xh, st
 
 @triton.jit
 def head_shuffle_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr,
-    N, CIN_G, COUT_G, D, H, W, OD, OH, OW, PD, PH, PW,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    stride_wc,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    blocks_d, blocks_w, tiles_h, tiles_w,
-    HAS_BIAS: tl.constexpr,
-    ROUND_TF32: tl.constexpr,
-    PRECISION: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
-    SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-    JD: tl.constexpr, JH: tl.constexpr, JW: tl.constexpr,
-    NJH: tl.constexpr, NJW: tl.constexpr, NS_P: tl.constexpr,
-    FLAT: tl.constexpr,
-    R_P: tl.constexpr, SW_P: tl.constexpr, BLOCK_C: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
-    Y64: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, y_ptr, N, CIN_G, COUT_G, D, H, W, OD, OH, OW, PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, stride_wc,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, blocks_d, blocks_w, tiles_h, tiles_w,
+    HAS_BIAS: tl.constexpr, ROUND_TF32: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+    JD: tl.constexpr, JH: tl.constexpr, JW: tl.constexpr, NJH: tl.constexpr, NJW: tl.constexpr, NS_P: tl.constexpr,
+    FLAT: tl.constexpr, R_P: tl.constexpr, SW_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, Y64: tl.constexpr,
 ):
-    """The shuffle kind, for layers at dilation 1 (head_engine.shuffle_layer). Tap t of a
-    dimension is t = j * s + r (shift j < J = ceil(k / s), residue r < s), so input position i
-    sends tap (j, r) to output o = (i + j) * s - p + r: the outputs of block q, o = q * s - p + r,
-    gather exactly the taps (j, r) of the inputs i = q - j. So the output is a 3-D pixel shuffle
-    of a stride-1 convolution with J_d x J_h x J_w taps,
-
-      out[q * s - p + r, co] = bias[co] + sum_j X[q - j] @ W[tap j * s + r, co],
-
-    with (r, co) in the GEMM's N (R_P * BLOCK_C * SW_P columns) and (shift, input channel) in
-    its K, every sum held in registers: one sweep writes each output element once, bias-only
-    and output-padding positions included, with no Z buffer and no fill. Where the kernel fits
-    in its stride (k <= s: k2 s2, k (1, 2, 2) s (1, 2, 2)) there is one shift; the k4 s2 heads
-    take 8 (each input element read by 8 blocks, the repeats from L1 and L2: the shifts of one
-    channel block run back to back), k3 s (1, 2, 2) 12 (taps j * s + r >= k masked to zero).
-
-    One program: one (n, g), one depth block bd (output rows od = bd * SD + a - PD of every a)
-    and a tile of BLOCK_H height blocks bh x BLOCK_W width blocks iw (M = BLOCK_H x BLOCK_W;
-    output rows oh = bh * SH + b - PH, columns iw * SW + c - PW), or with FLAT the M = BLOCK_W
-    consecutive blocks of the plane's (bh, iw) blocks in row order (tiles_w 1): no masked
-    lanes where the row of blocks is not a multiple of a power of two (a k4 s2 head on 32
-    input columns has 33 width blocks, which a box tile pads to 64). Blocks past the input are
-    the rows that output padding (and taps past the last input) add. Its accumulator is
-    [R_P * BLOCK_C, M, SW_P], rows j = (a * SH + b) * BLOCK_C + co of the box, so a row of it
-    runs along output columns (SW_P = SW residues interleaved: contiguous stores in NCDHW):
-
-      * USE_DOT: per K step one MMA, [M, BLOCK_K] @ [BLOCK_K, R_P * BLOCK_C * SW_P] (the weight
-        of every (a, b, co, c) of one shift as a column block), the result permuted to the
-        store's [rows, positions, residues] order (a layout conversion through shared memory);
-        at "ieee" two-level summation over the K steps, as head_rows_kernel;
-      * else FMA in fp32: the product [BLOCK_K, rows, M, SW_P] summed over its first axis,
-        exact for the 16-bit inputs and, at TF32, on operands rounded as cuDNN rounds them.
-
-    Shifts in N (MMA only; NJH, NJW > 1, the launcher then passing JH, JW = 1): the height
-    and/or width shifts are columns of the MMA instead of K steps, each input tile loaded once
-    per remaining shift (a k4 s2 head: 2 tiles per channel block instead of 8, with N 4x as
-    wide), and block q takes its (nh, nw) column block from the products of row q - (nh, nw)
-    of the same tile: the tile's first rows and columns are a halo that it reads but does not
-    write. This trades the shifted reloads (the kernel is bound by L1 with them) for a wider
-    MMA and one gather of the accumulator: on the H200 faster in fp32 and NCDHW bf16, slower in
-    channels-last bf16 (head_engine.shuffle_tiles), the tuner's choice per layer.
-
-    Per input element the layer does Cout/g x taps multiply-adds (16 for the k2 s2 8 -> 2 head,
-    64 for the 64 -> 1 k4 s2 head), so it is memory-bound on either path; which tile is faster
-    at a given Cin and Cout is the tuner's measurement. Offsets inside a batch element are
-    32-bit for the input (the launcher offers the kind below 2^31 elements per batch element),
-    and for the output unless Y64."""
+    """The shuffle kind (dilation 1): tap t = j * s + r (shift j, residue r) sends input i to output
+    (i + j) * s - p + r, so block q's outputs sum the taps (j, r) of inputs q - j: a 3-D pixel
+    shuffle of a stride-1 convolution written in one sweep, no Z, no fill. One program: one (n, g),
+    a depth block and BLOCK_H x BLOCK_W blocks (FLAT: BLOCK_W consecutive blocks in row order).
+    USE_DOT: one MMA per K step (two-level at "ieee"), else exact fp32 FMA. NJH, NJW > 1: those
+    shifts are MMA columns, block q taking its column block from row q - (nh, nw) of the tile, whose
+    first rows are a halo read but not written. Output offsets are 32-bit unless Y64."""
     pid = tl.program_id(0)
     pid_w = pid % tiles_w
     t = pid // tiles_w
@@ -446,9 +306,8 @@ def head_shuffle_kernel(
     JVOL: tl.constexpr = JD * JH * JW
 
     m = tl.arange(0, M)
-    # With shifts in N (NJH, NJW > 1) block q reads the products of the rows q - (nh, nw), so
-    # a tile's first NJH - 1 height rows and NJW - 1 width columns of blocks (FLAT: its first
-    # halo blocks) are only read, and the tiles overlap by as many: `own`, the rows it writes.
+    # Shifts in N: a tile's first NJH - 1 rows and NJW - 1 columns of blocks (FLAT: its first
+    # halo blocks) are read but not written; `own` marks the blocks it writes.
     if FLAT:
         halo = (NJH - 1) * blocks_w + (NJW - 1)
         blk = pid_h * (M - halo) - halo + m
@@ -504,13 +363,9 @@ def head_shuffle_kernel(
                          mask=ci_ok[:, None] & n_ok[None, :], other=0.0)
             acc = _mma_step(acc, xt, wt, ROUND_TF32, PRECISION == "ieee", PRECISION)
         if NS_P > 1:
-            # The shifts in N: block q adds column block (nh, nw) of row q - (nh, nw) -- a
-            # gather along M (Triton converts the accumulator to a layout with M inside a warp
-            # and gathers by shuffles), then the sum over the column blocks.
-            # Where iw < nw a flat tile's row q - nw wraps into the row of blocks above; the
-            # blocks it reads there lie past the input or feed only cropped outputs, so no
-            # mask is needed (tests/test_head_interp.py, test_flat_shift_wrap_reads_nothing).
-            # Rows of the halo (not `own`) read clamped rows and are not stored.
+            # Shifts in N: block q adds column block (nh, nw) of row q - (nh, nw), then the blocks are
+            # summed. A flat tile's row q - nw may wrap into the row above, whose blocks lie past the
+            # input or feed only cropped outputs: no mask needed. Halo rows are not stored.
             if FLAT:
                 src = m[:, None] - (nh_n * blocks_w + nw_n)[None, :]
             else:
@@ -550,8 +405,7 @@ def head_shuffle_kernel(
             + oh.to(tl.int64) * stride_yh
         y_mc = ow.to(tl.int64) * stride_yw
     else:
-        # 32-bit offsets inside a batch element (the launcher sets Y64 where one spans 2^31
-        # elements): half the integer work per stored element.
+        # 32-bit offsets inside a batch element (Y64 where one spans 2^31): half the integer work.
         y_jm = ((grp * COUT_G + co) * stride_yc + od * stride_yd)[:, None] + oh * stride_yh
         y_mc = ow * stride_yw
     tl.store(y_s + y_jm[:, :, None] + y_mc[None, :, :], out.to(y_ptr.dtype.element_ty),
@@ -560,31 +414,15 @@ def head_shuffle_kernel(
 
 @triton.jit
 def head_gather_tile_kernel(
-    z_ptr, b_ptr, y_ptr,
-    N, COUT_G, D, H, W, OD, OH, OW,
-    SD, SH, SW, PD, PH, PW, DD, DH, DW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    tiles_q, tiles_w,
-    HAS_BIAS: tl.constexpr,
-    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    z_ptr, b_ptr, y_ptr, N, COUT_G, D, H, W, OD, OH, OW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, tiles_q, tiles_w,
+    HAS_BIAS: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    """out[n, g * COUT_G + co, od, oh, ow] = bias + sum over the taps reaching (od, oh, ow) of
-    Z[g, n, co * KVOL + tap, i(o, tap)], in any output layout (strides): the tap sum of the rows
-    kind (Z of output rows, called with a width of OW and one width tap).
-
-    One program: one (n, g, od), BLOCK_R output rows of one height residue rh (oh = q * SH + rh
-    for BLOCK_R consecutive q), BLOCK_W columns and every output channel of the group
-    (BLOCK_C >= COUT_G); the tile is [BLOCK_C * BLOCK_R, BLOCK_W] (channel-major rows). od and rh
-    are scalars, so which depth and height taps reach the tile is a scalar test and a tap that
-    does not is skipped; the W taps are masked per lane (each lane takes the taps of its own W
-    residue). The taps are constexpr loops, so a tile issues all its W-tap loads of a (depth,
-    height) tap together. Every output element is written exactly once, positions no tap
-    reaches included (bias or zero); the sum runs in a fixed order (deterministic).
-
-    Z is read once, marked evict_first: Z is several times the output, and streamed through L2
-    with the default policy it pushes the output out before the next op reads it, which then
-    loses more time than the head gains."""
+    """out[n, g * COUT_G + co, od, oh, ow] = bias + the Z rows of every (depth, height) tap reaching
+    (od, oh), over a width of OW (the rows kind's tap sum), any output strides. One program: one
+    (n, g, od), BLOCK_R rows of one height residue, BLOCK_W columns, every channel; each output
+    written once in a fixed order. Z is read evict_first so it does not evict the output from L2."""
     pid = tl.program_id(0)
     pid_w = pid % tiles_w
     t = pid // tiles_w

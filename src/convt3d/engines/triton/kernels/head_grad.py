@@ -1,44 +1,10 @@
-"""Triton kernels of the backward of an output head: a transposed convolution with few output
-channels per group (pure ``@triton.jit``).
+"""Triton kernels of the backward of an output head (Cin/g >= 8, Cout/g <= 15; pure ``@triton.jit``).
 
-A head reads a wide input (Cin/g >= 8) and writes a thin output (Cout/g <= 15). With
-``o = i*s - p + t*d`` per dimension (``convt3d.core.params``) its gradients are
-
-    dX[n, g*Cin/g + ci, i]   = sum_{t, co} dY[n, g*Cout/g + co, i*s - p + t*d] * W[g*Cin/g + ci, co, t]
-    dW[g*Cin/g + ci, co, t]  = sum_{n, i}  X[n, g*Cin/g + ci, i] * dY[n, g*Cout/g + co, i*s - p + t*d]
-
-(terms whose dY position falls outside dY are zero). The general kernels (``dgrad_bwd``,
-``wgrad_bwd``) step through the taps one at a time with K (dX) or N (dW) = Cout/g per step, padded
-to 16 for ``tl.dot``: at one output channel 15/16 of every MMA is padding, and the wide operand
-(X for dW) is read once per tap -- 64 times for a 4x4x4 kernel. Here the (tap, output channel)
-pairs form one flat GEMM dimension, ``k = tap * Cout/g + co`` (taps x Cout/g: 64 for a 64 -> 1
-k4 head, so one or two MMA steps), and the other dimension is input positions (n, id, ih, iw),
-taken in tiles of one batch element: a tile is a run of ``s = (id * H + ih) * W + iw`` whose
-offsets are ``s * stride_w`` where the tensor's D, H, W are walked by one stride (NCDHW or
-channels-last), so in NCDHW the compiler sees runs of positions and moves them as 16-byte
-vectors. A tile wholly inside S = D*H*W is moved without the position mask, whose runs would
-otherwise end at any element (S is rarely a multiple of 16: 78408 on the VQ-VAE head). Positions
-flattened over the batch instead hide those runs: the stores then use a fraction of each
-32-byte sector.
-
-* ``head_dgrad_kernel``: M = positions, N = Cin/g, K = taps x Cout/g. The A tile is a gather of
-  dY (a few MB for a head: it stays in L2), B the weight packed by the launcher as ``[G, K,
-  Cin/g]`` (rows contiguous along Cin: vector loads); each dX element is written once (no
-  atomics). dX is the launcher's, NCDHW or channels-last.
-* ``head_wgrad_kernel``: M = Cin/g, N = taps x Cout/g, K = positions, split into SPLITS ranges.
-  One program reads its range of X (any strides; ``FLAT_X`` where walked by one stride) once for
-  every tap and writes an fp32 partial ``part[split, g, ci, k]``; the launcher adds the splits
-  in a fixed order (deterministic).
-
-dY is read from a zero-padded copy (``dyp``, made by ``dy_pad_kernel`` in one launch, a few MB;
-at TF32 rounded to TF32 there, once per element, so that the kernels round only the other operand,
-``DY_ROUNDED``, instead of rounding dY at every load): its data sits at offset
-``p`` along each dimension, so the dY position of (i, t) is ``i*s + t*d`` in the copy, always
-inside it, and the gather needs no bounds test -- its offset is a sum of a part per position and
-a part per (tap, channel), and its mask a product of a position mask and a (tap, channel) mask.
-(Testing the three dimensions of every gathered element against dY's bounds instead holds six
-comparisons and three 2-D index tensors live per element, which spills on every dX tile.) Offsets are 32-bit where the tensors they index
-span fewer than 2^31 elements (``BIG`` False, the launcher's test), 64-bit otherwise.
+(tap, output channel) pairs form one GEMM dimension, ``k = tap * Cout/g + co``, where the general
+kernels step one padded tap at a time; positions of one batch element form the other, offset by
+``s * stride_w`` so the compiler sees runs. ``head_dgrad_kernel``: M = positions, N = Cin/g;
+``head_wgrad_kernel``: M = Cin/g, N = (tap, channel) pairs, K = positions in SPLITS fp32 partials.
+dY comes zero-padded (``dy_pad_kernel``), so the gather needs no bounds test.
 """
 import triton
 import triton.language as tl
@@ -72,9 +38,8 @@ def _tap_offsets(k, COUT_G, KH, KW, DD, DH, DW, stride_c, stride_d, stride_h, st
 @triton.jit
 def _grad_step(acc, a, b, ROUND_A: tl.constexpr, ROUND_B: tl.constexpr, TWO_LEVEL: tl.constexpr,
                PRECISION: tl.constexpr):
-    """acc += a @ b, the K step of the gradient kernels. At TF32 the operands are rounded to
-    nearest TF32 (cuDNN's numerics); the callers skip dY's rounding where its copy was rounded
-    when it was made (their DY_ROUNDED)."""
+    """acc += a @ b, the K step of the gradient kernels, with each operand optionally rounded to
+    TF32 (cuDNN's numerics; dY's copy may be rounded already: DY_ROUNDED)."""
     if ROUND_A:
         a = _round_tf32(a)
     if ROUND_B:
@@ -90,23 +55,13 @@ def _spatial(s, H, W):
 
 @triton.jit
 def dy_pad_kernel(
-    dy_ptr, dyp_ptr,
-    PLANE, CHUNKS, C, OD, OH, OW,
-    LD, LW, PD, PH, PW,
+    dy_ptr, dyp_ptr, PLANE, CHUNKS, C, OD, OH, OW, LD, LW, PD, PH, PW,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    CL: tl.constexpr,
-    ROUND_TF32: tl.constexpr,
-    BIG: tl.constexpr,
-    BLOCK: tl.constexpr,
+    CL: tl.constexpr, ROUND_TF32: tl.constexpr, BIG: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """The zero-padded copy of dY (``dyp``: dY's data at offset (PD, PH, PW), zeros around it),
-    contiguous, NCDHW or (``CL``) channels-last, in dyp's dtype, every element written once (data
-    or zero), and at TF32 (``ROUND_TF32``) rounded to TF32 here, once, so that the gradient kernels
-    read dY ready for the tensor cores. A program writes BLOCK consecutive elements of one plane
-    of the copy (CHUNKS programs a plane): an (n, c, d) plane of LH x LW positions in NCDHW, an
-    (n, d) plane of LH x LW x C (position, channel) pairs in channels-last, PLANE elements. Whole
-    planes rather than rows: a head's rows are short (C = 1-15 channels; 66 positions for the
-    3-D GAN head), and row tiles of a power-of-two width left up to half their lanes idle."""
+    """dY zero-padded (data at offset (PD, PH, PW)), contiguous NCDHW or (CL) channels-last, every
+    element written once, TF32-rounded with ROUND_TF32; a program writes BLOCK elements of a whole
+    plane, since a head's rows are too short to fill row tiles."""
     pid = _wide(tl.program_id(0), BIG)
     plane = pid // CHUNKS
     j = (pid - plane * CHUNKS) * BLOCK + tl.arange(0, BLOCK)
@@ -128,8 +83,7 @@ def dy_pad_kernel(
     od = d - PD
     oh = h - PH
     ow = w - PW
-    # The plane's depth test is one per program (a scalar: tl.where, which Triton's interpreter
-    # takes where `&` between a scalar and a block it does not).
+    # The plane's depth test once (tl.where: the interpreter rejects scalar & block).
     inside = tl.where((od >= 0) & (od < OD), ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW), False)
     src = _wide(nb, BIG) * stride_yn + _wide(od, BIG) * stride_yd + _wide(oh, BIG) * stride_yh \
         + _wide(ow, BIG) * stride_yw + col
@@ -141,24 +95,13 @@ def dy_pad_kernel(
 
 @triton.jit
 def head_dgrad_kernel(
-    dyp_ptr, wp_ptr, dx_ptr,
-    S, CIN_G, COUT_G, KTOT,
-    D, H, W,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    SD, SH, SW,
-    DD, DH, DW,
-    tiles_s, tiles_n,
-    PRECISION: tl.constexpr,
-    ROUND_TF32: tl.constexpr,
-    DY_ROUNDED: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    BIG: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    dyp_ptr, wp_ptr, dx_ptr, S, CIN_G, COUT_G, KTOT, D, H, W, KH, KW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    SD, SH, SW, DD, DH, DW, tiles_s, tiles_n,
+    PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, DY_ROUNDED: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    BIG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # Program -> (batch element, position tile of its S = D*H*W, Cin tile), Cin tile fastest:
-    # programs that gather the same dY window run together. Axis 1 is the group.
+    # Program -> (batch element, position tile, Cin tile), Cin tile fastest; axis 1 is the group.
     pid = tl.program_id(0)
     grp = tl.program_id(1)
     pid_n = pid % tiles_n
@@ -184,10 +127,7 @@ def head_dgrad_kernel(
         k_ok = k < KTOT
         y_k, co, td, th, tw = _tap_offsets(k, COUT_G, KH, KW, DD, DH, DW, stride_yc, stride_yd, stride_yh,
                                            stride_yw, BIG)
-        # The gather is built as [K, M] and transposed: where no axis is provably contiguous
-        # (positions step by the stride, (tap, channel) pairs by a division), Triton runs the
-        # lanes along the last axis, so neighbouring lanes read dY elements s apart instead of
-        # other rows; faster than an [M, K] gather on every head timed.
+        # The gather built as [K, M] and transposed: Triton runs lanes along the last axis.
         a_tile = tl.trans(tl.load(y_g + (y_k[:, None] + y_m[None, :]), mask=k_ok[:, None] & m_ok[None, :],
                                   other=0.0))
         b_tile = tl.load(w_g + (k[:, None] * CIN_G + offs_ci[None, :]), mask=k_ok[:, None] & ci_ok[None, :],
@@ -195,9 +135,7 @@ def head_dgrad_kernel(
         # TWO_LEVEL (exact-grade fp32): each K block's dot summed on its own, then added.
         acc = _grad_step(acc, a_tile, b_tile, ROUND_TF32 and not DY_ROUNDED, ROUND_TF32, TWO_LEVEL, PRECISION)
 
-    # Stored as [channel, position], a position's offset s * the W stride (dX is the launcher's,
-    # walked by one stride): in NCDHW runs of positions, in channels-last runs of channels. A
-    # tile wholly inside S stores without the position mask (16-byte vectors; module docstring).
+    # Stored as [channel, position] at s * the W stride; a tile inside S without the position mask.
     x_m = _wide(offs_s, BIG) * stride_xw
     x_c = _wide(offs_ci, BIG) * stride_xc
     x_g = dx_ptr + nb.to(tl.int64) * stride_xn + (grp * CIN_G).to(tl.int64) * stride_xc
@@ -210,34 +148,21 @@ def head_dgrad_kernel(
 
 @triton.jit
 def head_wgrad_kernel(
-    x_ptr, dyp_ptr, part_ptr,
-    NB, S, CIN_G, COUT_G, KTOT,
-    D, H, W,
-    KH, KW, GROUPS, SPLITS,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    DD, DH, DW,
-    tiles_ci, tiles_k,
-    PRECISION: tl.constexpr,
-    ROUND_TF32: tl.constexpr,
-    DY_ROUNDED: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    BIG: tl.constexpr,
-    LANES_ON_M: tl.constexpr,
-    FLAT_X: tl.constexpr,
+    x_ptr, dyp_ptr, part_ptr, NB, S, CIN_G, COUT_G, KTOT, D, H, W, KH, KW, GROUPS, SPLITS,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    SD, SH, SW, DD, DH, DW, tiles_ci, tiles_k,
+    PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, DY_ROUNDED: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    BIG: tl.constexpr, LANES_ON_M: tl.constexpr, FLAT_X: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    # Program -> (split, Cin tile, (tap, channel) tile), the last fastest: programs of one split
-    # read the same X range (once from DRAM, then from L2). Axis 1 is the group.
+    # Program -> (split, Cin tile, (tap, channel) tile), the last fastest; axis 1 is the group.
     pid = tl.program_id(0)
     grp = tl.program_id(1)
     pid_k = pid % tiles_k
     t = pid // tiles_k
     pid_ci = t % tiles_ci
     split = t // tiles_ci
-    # Reduction steps: BLOCK_P positions of one batch element each (steps_s per element), so that
-    # a step's X offsets are s * stride_xw where X is walked by one stride (FLAT_X).
+    # Steps of BLOCK_P positions of one batch element, so X offsets are s * stride_xw (FLAT_X).
     steps_s = tl.cdiv(S, BLOCK_P)
     steps = steps_s.to(tl.int64) * NB  # steps x split can pass 2^31
     s_lo = ((steps * split) // SPLITS).to(tl.int32)
@@ -277,8 +202,7 @@ def head_wgrad_kernel(
                                       other=0.0))
         else:
             y_tile = tl.load(y_g + (y_p[:, None] + y_k[None, :]), mask=p_ok[:, None] & k_ok[None, :], other=0.0)
-        # TWO_LEVEL (exact-grade fp32): a head's reduction runs over every input position (524288
-        # on a 16 x 32^3 GAN head); each step's BLOCK_P-term dot is summed on its own, then added.
+        # TWO_LEVEL: each step's BLOCK_P-term dot summed on its own, then added (long reductions).
         acc = _grad_step(acc, x_tile, y_tile, ROUND_TF32, ROUND_TF32 and not DY_ROUNDED, TWO_LEVEL, PRECISION)
 
     # part[split, grp, ci, k], contiguous.

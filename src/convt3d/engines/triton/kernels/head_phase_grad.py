@@ -1,28 +1,9 @@
 """Backward of an output head from dY split by phase (pure ``@triton.jit``).
 
-Along one dimension, tap ``t`` takes input position ``i`` to output ``o = i*s + u`` with
-``u = t*d - p`` (``convt3d.core.params``). Writing ``u = (u mod s) + s*floor(u / s)``, the tap reads the
-phase of residue ``r = u mod s`` at compact index ``q = i + floor(u / s)``: for a run of
-consecutive input positions along W, each (tap, output channel) pair reads a run of consecutive
-elements of its phase. ``dy_phases_kernel`` copies dY once into that form,
-
-    dyq[rd, rh, rw, n, c, qd', qh', qw']    (contiguous; q' = q + c_dim, c_dim = ceil(p / s) >= -floor(u / s)),
-
-with zeros where ``q*s + r`` falls outside dY, so every index of every tap is inside the copy and
-the GEMM operands are loaded as plain 2-D tiles: a row offset per (tap, channel), a column offset
-per position, and the lanes of a warp along the positions (consecutive addresses). The flat
-kernels of ``head_grad.py`` gather the same dY elements one address per element, with the
-positions in runs of (d, h, w), so neighbouring lanes read dY ``s`` elements apart.
-
-* ``head_dgrad_phase_kernel``: M = a tile of BLOCK_M // BLOCK_W input rows x BLOCK_W positions of
-  one (n, d), N = Cin/g, K = (tap, channel) pairs ``k = tap * Cout/g + co``.
-* ``head_wgrad_phase_kernel``: M = (tap, channel) pairs, N = Cin/g, K = positions in the same
-  tiles, split into SPLITS ranges; fp32 partials ``part[split, g, ci, k]``.
-* ``wgrad_finish_kernel``: the splits added in a fixed order (a tree over blocks of splits) and
-  written as dW ``[Cin, Cout/g, kD, kH, kW]`` in its dtype, in one launch (this kernel also
-  finishes ``head_grad.head_wgrad_kernel``, whose partials have the same layout).
-
-Offsets are 32-bit where every tensor spans fewer than 2^31 elements (``BIG`` False), else 64-bit.
+Tap ``t`` sends input ``i`` to output ``i*s + t*d - p``: the phase of residue ``(t*d - p) mod s`` at
+compact index ``i + floor((t*d - p) / s)``. ``dy_phases_kernel`` copies dY into that form (zeros
+outside dY), so each (tap, channel) row of a GEMM operand is a run of consecutive elements along W.
+``wgrad_finish_kernel`` adds the dW partials of both head wgrad kernels in a fixed order.
 """
 import triton
 import triton.language as tl
@@ -76,20 +57,12 @@ def _tile(t, D, H, W, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
 
 @triton.jit
 def dy_phases_kernel(
-    dy_ptr, dyq_ptr,
-    ROWS, NB, C, QD, QH, QW,
-    OD, OH, OW,
-    SD, SH, SW,
-    CD, CH, CW,
+    dy_ptr, dyq_ptr, ROWS, NB, C, QD, QH, QW, OD, OH, OW, SD, SH, SW, CD, CH, CW,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    ROUND_TF32: tl.constexpr,
-    BIG: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
+    ROUND_TF32: tl.constexpr, BIG: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
-    # At TF32 (ROUND_TF32) the copy is rounded to TF32 as it is made, once, so that the phase
-    # kernels read dY ready for the tensor cores.
-    # Program -> BLOCK_R rows (rd, rh, rw, n, c, qd, qh) of the copy, each QW elements long; a
-    # row's coordinates are decoded once (32-bit), not per element.
+    # Program -> BLOCK_R rows of the copy, QW elements each, coordinates decoded once per row;
+    # ROUND_TF32 rounds the copy as it is made, once.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < ROWS
     qh = rows % QH
@@ -123,25 +96,13 @@ def dy_phases_kernel(
 
 @triton.jit
 def head_dgrad_phase_kernel(
-    dyq_ptr, wp_ptr, dx_ptr,
-    CIN_G, COUT_G, KTOT,
-    D, H, W,
-    KH, KW,
-    SD, SH, SW,
-    DD, DH, DW,
-    LIFT_D, LIFT_H, LIFT_W,
+    dyq_ptr, wp_ptr, dx_ptr, CIN_G, COUT_G, KTOT, D, H, W, KH, KW, SD, SH, SW, DD, DH, DW, LIFT_D, LIFT_H, LIFT_W,
     stride_rd, stride_rh, stride_rw, stride_qn, stride_qc, stride_qd, stride_qh,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    tiles_n,
-    PRECISION: tl.constexpr,
-    ROUND_TF32: tl.constexpr,
-    DY_ROUNDED: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    BIG: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, tiles_n,
+    PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, DY_ROUNDED: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    BIG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    # Program -> (position tile, Cin tile), Cin tile fastest: the programs of one position tile
-    # read the same dY rows together. Axis 1 is the group.
+    # Program -> (position tile, Cin tile), Cin tile fastest; axis 1 is the group.
     pid = tl.program_id(0)
     grp = tl.program_id(1)
     pid_n = pid % tiles_n
@@ -177,25 +138,13 @@ def head_dgrad_phase_kernel(
 
 @triton.jit
 def head_wgrad_phase_kernel(
-    x_ptr, dyq_ptr, part_ptr,
-    CIN_G, COUT_G, KTOT,
-    D, H, W,
-    KH, KW, GROUPS, SPLITS, TILES,
-    SD, SH, SW,
-    DD, DH, DW,
-    LIFT_D, LIFT_H, LIFT_W,
-    stride_rd, stride_rh, stride_rw, stride_qn, stride_qc, stride_qd, stride_qh,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    tiles_ci, tiles_k,
-    PRECISION: tl.constexpr,
-    ROUND_TF32: tl.constexpr,
-    DY_ROUNDED: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    BIG: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr,
+    x_ptr, dyq_ptr, part_ptr, CIN_G, COUT_G, KTOT, D, H, W, KH, KW, GROUPS, SPLITS, TILES, SD, SH, SW, DD, DH, DW,
+    LIFT_D, LIFT_H, LIFT_W, stride_rd, stride_rh, stride_rw, stride_qn, stride_qc, stride_qd, stride_qh,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, tiles_ci, tiles_k,
+    PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, DY_ROUNDED: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    BIG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    # Program -> (split, Cin tile, (tap, channel) tile), the last fastest: the programs of one
-    # split read the same X range (once from DRAM, then from L2). Axis 1 is the group.
+    # Program -> (split, Cin tile, (tap, channel) tile), the last fastest; axis 1 is the group.
     pid = tl.program_id(0)
     grp = tl.program_id(1)
     pid_k = pid % tiles_k
@@ -234,13 +183,11 @@ def head_wgrad_phase_kernel(
 
 @triton.jit
 def wgrad_finish_kernel(
-    part_ptr, dw_ptr,
-    E, SPLITS, COUT_G, KTOT, TAPS,
+    part_ptr, dw_ptr, E, SPLITS, COUT_G, KTOT, TAPS,
     BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    # Program -> BLOCK_E consecutive partial elements e = (g * Cin/g + ci) * KTOT + k; the splits
-    # are added BLOCK_S at a time (a fixed tree inside each block, blocks in order:
-    # deterministic). The launcher keeps SPLITS x E below 2^22 (32-bit offsets).
+    # Program -> BLOCK_E partial elements, the splits added BLOCK_S at a time in a fixed order
+    # (deterministic); the launcher keeps SPLITS x E below 2^22.
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < E
     acc = tl.zeros((BLOCK_E,), dtype=tl.float32)

@@ -1,16 +1,7 @@
 """Triton kernel of the weight gradient of a 3-D transposed convolution (pure ``@triton.jit``).
 
-With ``o = i*s - p + t*d`` per dimension (``convt3d.core.params``), the weight gradient is, per group
-and kernel tap ``t = (td, th, tw)``, one GEMM whose reduction runs over batch and input positions:
-
-    dW[g, t, ci, co] = sum_{n, id, ih, iw}  X[n, g*Cin/g + ci, i] * dY[n, g*Cout/g + co, i*s - p + t*d]
-
-(terms whose output position falls outside dY are zero). One program computes one
-(split, group, tap, Cin tile, Cout tile) block: an fp32 accumulator [BLOCK_CI, BLOCK_CO] over its
-share of the reduction, written to ``part[split, g, tap, ci, co]``; the launcher sums the splits
-in a fixed order, so the result is deterministic (no atomics). The reduction is walked as
-(n, id) rows x tiles of the (ih, iw) plane; ``id`` is restricted to the rows whose output depth
-is inside dY (scalar bounds), ``ih``/``iw`` by masks.
+Per group and tap, dW is a GEMM reducing over batch and input positions; a program computes one
+(split, group, tap, Cin tile, Cout tile) block of fp32 partials, added by the launcher in a fixed order.
 """
 import triton
 import triton.language as tl
@@ -18,20 +9,10 @@ import triton.language as tl
 
 @triton.jit
 def wgrad_kernel(
-    x_ptr, dy_ptr, part_ptr,
-    N, CIN_G, COUT_G,
-    D, H, W,
-    OD, OH, OW,
-    KH, KW, TAPS, GROUPS, SPLITS,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    PD, PH, PW,
-    DD, DH, DW,
-    tiles_ci, tiles_co, tiles_h, tiles_w,
-    PRECISION: tl.constexpr,
-    ROUND_TF32: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
+    x_ptr, dy_ptr, part_ptr, N, CIN_G, COUT_G, D, H, W, OD, OH, OW, KH, KW, TAPS, GROUPS, SPLITS,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    SD, SH, SW, PD, PH, PW, DD, DH, DW, tiles_ci, tiles_co, tiles_h, tiles_w,
+    PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, TWO_LEVEL: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     BLOCK_H: tl.constexpr = BLOCK_P // BLOCK_W
@@ -94,17 +75,13 @@ def wgrad_kernel(
                          + (oh * stride_yh + ow * stride_yw)[:, None],
                          mask=p_ok[:, None] & co_ok[None, :], other=0.0)
         if ROUND_TF32:
-            # Tensor cores read the top 19 bits of an fp32 operand (truncation); round both
-            # operands to the nearest TF32 value first, as cuDNN's TF32 path does (inf/NaN kept).
+            # Both operands rounded to nearest TF32, as cuDNN does (tensor cores would truncate).
             xr = ((x_tile.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
             x_tile = tl.where(tl.abs(x_tile) < float("inf"), xr, x_tile)
             yr = ((y_tile.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
             y_tile = tl.where(tl.abs(y_tile) < float("inf"), yr, y_tile)
         if TWO_LEVEL:
-            # Exact-grade fp32: each step's BLOCK_P-term dot is summed on its own and then added
-            # (written as fma(part, 1, acc): Triton folds a plain `acc + dot` back into the
-            # chained form). The reduction here is long (N*D*H*W: 32768 terms on gan_k4s2p1),
-            # so the chained sum would be ~BLOCK_P times deeper.
+            # Two-level summation over a long reduction (fma keeps Triton from folding it).
             acc = tl.fma(tl.dot(x_tile, y_tile, input_precision=PRECISION), 1.0, acc)
         else:
             acc = tl.dot(x_tile, y_tile, acc, input_precision=PRECISION)
