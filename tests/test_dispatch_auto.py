@@ -289,6 +289,7 @@ def cuda_anywhere(monkeypatch):
     monkeypatch.setattr(eng, "devices", None)
     monkeypatch.setattr(eng, "min_capability", None)
     seen = []
+    monkeypatch.setattr(eng, "not_ready", lambda call: None)  # its library is built
 
     def script(why):
         monkeypatch.setattr(eng, "call_reasons", lambda call: seen.append(call) or ([why] if why else []))
@@ -828,3 +829,34 @@ def test_the_precision_class_separates_tf32_from_fp32_rounding(noise, klass, mon
     x, w = torch.randn(1, 4, 3, 3, 3), torch.randn(4, 2, 3, 3, 3)
     params, _ = check_call(x, w, None, 2, 1, 0, 1, 1)
     assert peer.TorchEngine.precision_class(Call(x, w, None, params, "tf32")) == klass
+
+
+def test_an_engine_still_being_built_is_not_waited_for_and_measured_once_built(cuda_anywhere, monkeypatch, capsys):
+    """Auto times what is ready; the engine whose library is building is named, and the cache
+    entry says so, so a later process that has it measures the signature again."""
+    cuda_anywhere(None)
+    building = ["its library is building"]
+    monkeypatch.setattr(ENGINES["cuda"], "not_ready", lambda call: building[0])
+    rec = Recorder({"triton": 2.0, "torch": 3.0, "cuda": 1.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    x, w, b, params = _call(dtype=torch.bfloat16)
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert d.engine == "triton" and "cuda" not in rec.calls[-1]
+    record = dispatch.explain_pass(Call(x, w, b, params, "tf32"), "auto")
+    assert record.skipped == {"cuda": "its library is building"}
+    # A later process, the library built: the signature is measured again, the CUDA engine with it.
+    building[0] = None
+    dispatch.clear_decisions()
+    cache.reset()
+    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert d.engine == "cuda" and "cuda" in rec.calls[-1] and d.source == "measured"
+
+
+def test_the_first_measurement_says_so_once_on_stderr(monkeypatch, capsys):
+    monkeypatch.setattr(dispatch, "_said", [])
+    monkeypatch.setattr(dispatch, "_measure", Recorder({"triton": 1.0, "torch": 2.0}))
+    for geometry in (BIG, (4, 32, 32, (32, 32, 32), 3, 2, 0)):
+        x, w, b, params = _call(geometry=geometry)
+        dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    err = capsys.readouterr().err
+    assert err.count("convt3d: first call of a new layer signature") == 1 and "triton, torch" in err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
+    "build": ("convt3d.engines.cuda.build", "Build the CUDA head kernel's libraries for this GPU ahead of first calls"),
     "bench": ("convt3d.bench.cli", "Time convt3d against PyTorch/cuDNN on the bench suites"),
     "export-kernelbench": ("convt3d.kernelbench.export", "Regenerate the self-contained KernelBench ModelNew files"),
     "kernelbench": ("convt3d.kernelbench.evaluate", "Evaluate the KernelBench ModelNew files as KernelBench does"),

@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
+from ..dispatch.select import BACKENDS
 from . import suites
+from .runner import MODES
 
 __all__ = ["main", "build_parser"]
 
 _REEXEC_MARK = "CONVT3D_BENCH_REEXEC"
-BACKENDS = ("auto", "triton", "torch", "cuda", "conv3d")
-MODE_NAMES = ("fwd", "bwd", "full")
 
 
 def _positive_int(text: str) -> int:
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--precision", action="append", type=_csv(suites.PRECISIONS), metavar="{default,exact}",
                      help="default: PyTorch's flags (TF32 on); exact: cudnn.allow_tf32=False (kernelbench only)")
     sel.add_argument("--backend", choices=BACKENDS, default="auto", help="convt3d backend to time (default auto)")
-    sel.add_argument("--mode", choices=MODE_NAMES, default=None,
+    sel.add_argument("--mode", choices=tuple(MODES), default=None,
                      help="fwd (the default), bwd (dX, dW, db of a retained forward) or full (training step); "
                           "networks: fwd = inference, full = training step, default both")
     sel.add_argument("--ddp", type=int, default=None, metavar="N",
@@ -217,10 +217,10 @@ def _run(args, argv, selected, check, timing, *extra) -> int:
     return subprocess.call([sys.executable, "-m", "convt3d", "bench", *argv], env=env)
 
 
-def _settings(args, cases) -> dict:
-    return {"suite": args.suite, "cases": [c.label for c in cases], "backend": args.backend, "mode": args.mode,
-            "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "min_reps": args.min_reps, "seed": args.seed,
-            "cudnn_benchmark": args.cudnn_benchmark, "jobs": args.jobs}
+def _settings(args, cases: list[str], **more) -> dict:
+    return dict({"suite": args.suite, "cases": cases, "backend": args.backend, "warmup_ms": args.warmup_ms,
+                 "rep_ms": args.rep_ms, "min_reps": args.min_reps, "seed": args.seed,
+                 "cudnn_benchmark": args.cudnn_benchmark}, **more)
 
 
 def _write(console, args, data: dict | None = None, rows=(), plot_title: str | None = None) -> None:
@@ -294,7 +294,8 @@ def _run_interpreter_check(args, argv: list[str], cases) -> int:
         rows, failures = run_checks(cases, args.seed, status, advance, jobs=args.jobs)
         return [r.as_dict() for r in rows], failures, None
 
-    return _check(args, argv, note, "cases", len(cases), run, report.print_check_table, _settings(args, cases),
+    return _check(args, argv, note, "cases", len(cases), run, report.print_check_table,
+                  _settings(args, [c.label for c in cases], mode=args.mode, jobs=args.jobs),
                   {"skipped_bf16": len(skipped)}, "convt3d bench")
 
 
@@ -324,8 +325,8 @@ def _run_timing(args, argv: list[str], cases) -> int:
     report.print_failures(console, failures)
     console.print(f"{len(rows)}/{len(cases)} cases timed in {seconds:.0f} s"
                   + (f", {len(failures)} failed" if failures else ""))
-    _write(console, args, report.payload("timing", argv, env, dict(_settings(args, cases), seconds=seconds), rows,
-                                         failures, summary, ceilings),
+    settings = _settings(args, [c.label for c in cases], mode=args.mode, jobs=args.jobs, seconds=seconds)
+    _write(console, args, report.payload("timing", argv, env, settings, rows, failures, summary, ceilings),
            rows, f"convt3d {env['convt3d']} on {env['gpu']}: {args.mode}, backend={args.backend}")
     return 0 if not failures else 1
 
@@ -383,10 +384,8 @@ def _run_ddp(args, nets) -> int:
 
 
 def _network_settings(args, nets, modes) -> dict:
-    return {"suite": "networks", "cases": [n.name for n in nets], "modes": [m.label for m in modes],
-            "backend": args.backend, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "min_reps": args.min_reps,
-            "seed": args.seed, "cudnn_benchmark": args.cudnn_benchmark, "tune": args.tune,
-            "first_calls": args.first_calls, "pairs": args.rounds}
+    return _settings(args, [n.name for n in nets], modes=[m.label for m in modes], tune=args.tune,
+                     first_calls=args.first_calls, pairs=args.rounds)
 
 
 def _run_network_check(args, argv: list[str], nets) -> int:

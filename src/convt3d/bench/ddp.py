@@ -66,24 +66,20 @@ def _free_port() -> int:
 
 
 # ---- in each rank ---------------------------------------------------------------------------------
-class _Clock:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _per_step(step: Callable[[], None], iters: int, device: torch.device) -> float:
     """Seconds per step of ``iters`` back-to-back steps (CUDA events; wall clock on the CPU)."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def per_step(self, step: Callable[[], None], iters: int) -> float:
-        self.sync()
-        if self.cuda:
-            return event_seconds(step, iters)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            step()
-        return (time.perf_counter() - t0) / iters
+    _sync(device)
+    if device.type == "cuda":
+        return event_seconds(step, iters)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    return (time.perf_counter() - t0) / iters
 
 
 def _collective(value, dtype: torch.dtype, device: torch.device, op: str):
@@ -110,7 +106,7 @@ def _ddp_step(model, x: torch.Tensor, target: torch.Tensor, autocast: bool) -> C
     return step
 
 
-def _time_network(net, mode, backend: str, device: torch.device, tiny: bool, seed: int, clock: _Clock,
+def _time_network(net, mode, backend: str, device: torch.device, tiny: bool, seed: int,
                   round_s: float, rounds: int) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -140,23 +136,23 @@ def _time_network(net, mode, backend: str, device: torch.device, tiny: bool, see
            "convt_layers": networks.convt_layer_count(model)[0]}
 
     for name, step in steps.items():  # first steps: compile, tune, measure (rank 0), build buckets
-        clock.sync()
+        _sync(device)
         dist.barrier()
         t0 = time.perf_counter()
         step()
-        clock.sync()
+        _sync(device)
         row[f"{'torch_' if name == 'torch' else ''}first_step_s"] = _collective(time.perf_counter() - t0,
                                                                                torch.float64, device, "max")
     estimate = {}
     for name, step in steps.items():
-        estimate[name] = clock.per_step(step, WARMUP_STEPS)
+        estimate[name] = _per_step(step, WARMUP_STEPS, device)
     iters = int(_collective(max(MIN_ITERS, min(MAX_ITERS, int(round_s / max(max(estimate.values()), 1e-6)))),
                             torch.int64, device, "rank0"))
     times: dict[str, list[float]] = {"torch": [], "convt3d": []}
     for r in range(rounds):
         for name in (("torch", "convt3d") if r % 2 == 0 else ("convt3d", "torch")):
             dist.barrier()
-            times[name].append(_collective(clock.per_step(steps[name], iters), torch.float64, device, "max"))
+            times[name].append(_collective(_per_step(steps[name], iters, device), torch.float64, device, "max"))
     ratio, low, high = paired_ratio(times["torch"], times["convt3d"])
     t_u, t_p = statistics.median(times["torch"]), statistics.median(times["convt3d"])
     row.update(iters_per_round=iters, torch_us=t_u * 1e6, convt3d_us=t_p * 1e6, speedup=ratio,
@@ -194,7 +190,6 @@ def _worker(rank: int, world: int, port: int, spec: dict, out_dir: str) -> None:
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=PG_TIMEOUT_S))
-    clock = _Clock(device)
     rows, failures, skipped = [], [], []
     modes = {m.label: m for m in networks.NET_MODES + (networks.NetMode("train", "fp32"),)}
     try:
@@ -208,7 +203,7 @@ def _worker(rank: int, world: int, port: int, spec: dict, out_dir: str) -> None:
                 mode = modes[label]
                 row, error = None, None
                 try:
-                    row = _time_network(net, mode, spec["backend"], device, spec["tiny"], spec["seed"], clock,
+                    row = _time_network(net, mode, spec["backend"], device, spec["tiny"], spec["seed"],
                                         spec["round_s"], spec["rounds"])
                 except Exception as exc:  # noqa: BLE001 -- one network's failure must not hide the others
                     error = failure_entry(exc, case=net.name, mode=mode.name, dtype=mode.dtype, rank=rank)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -265,11 +266,11 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
     if _can_measure(call, measure) and record is None:
         # The disk cache and the measurement, as one decision every rank of a process group
         # takes from rank 0 (convt3d.dispatch.distributed; without one, agree_with_tuning is a call).
-        entry = distributed.agree_with_tuning(lambda: _cached_or_measured(call, cands, gpu, tiny),
+        entry = distributed.agree_with_tuning(lambda: _cached_or_measured(call, cands, gpu, tiny, tuple(skipped)),
                                               "auto|" + call.text, tuner=ENGINES["triton"].tuner)
         if entry["engine"] not in cands:  # rank 0 could run an engine this rank cannot
             with distributed.local():
-                entry = _cached_or_measured(call, cands, gpu, tiny)
+                entry = _cached_or_measured(call, cands, gpu, tiny, tuple(skipped))
         return _settle(call, _from_entry(call, entry), None)
 
     def cached_or_guessed() -> dict:
@@ -369,8 +370,16 @@ def _capturing() -> bool:
 
 
 def _auto_skips(call: Call, reasons: dict[str, list[str]]) -> dict[str, str]:
-    """Engines that can run the call but that auto does not time, and why (none today)."""
-    return {}
+    """Engines that can run the call but that auto does not time yet, and why (code that is still
+    being built: nothing waits for it)."""
+    skipped = {}
+    for name, why in reasons.items():
+        not_ready = getattr(ENGINES[name], "not_ready", None)
+        if not why and not_ready is not None:
+            because = not_ready(call)
+            if because is not None:
+                skipped[name] = because
+    return skipped
 
 
 # ---- measuring ------------------------------------------------------------------------------------
@@ -457,25 +466,29 @@ def _cached_entry(call: Call, cands: list[str], gpu: str) -> dict | None:
         return None
     if len(entry.get("rounds_ms") or ()) > 1 and "host_ms" not in entry and not entry.get("network"):
         return None  # measured before candidates were charged their host time: measure again
+    if any(name in cands for name in entry.get("unready", ())):
+        return None  # measured while an engine was still being built, which can run now
     return dict(entry, source="cache")
 
 
-def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = False) -> dict:
+def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = False, unready: tuple = ()) -> dict:
     """The decision entry of a new signature: from the disk cache, else measured now (and saved).
 
     ``tiny`` (roofline floor below ``TINY_FLOOR_S``): PyTorch's own call is timed first, and if it
     takes less than ``HOST_BOUND_S`` nothing else is timed -- our engines' host time alone is
     more. The floor alone does not say it: a tiny output head can take cuDNN many times its
-    floor."""
+    floor. ``unready``: engines not timed because their code is still being built; the entry
+    names them, so a later process that has them measures again."""
     entry = _cached_entry(call, cands, gpu)
     if entry is not None:
         return entry
+    _say_first_call(call, cands)
     if tiny and "torch" in cands:
         runs, failed, _ = _measure(call, ["torch"], call.text)
         t = min(runs["torch"]) * 1e-3
         if t < HOST_BOUND_S:
             entry = {"engine": "torch", "timings_ms": {"torch": t * 1e3}, "rounds_ms": runs, "margin": 0.0,
-                     "failed": failed, "candidates": ["torch"],
+                     "failed": failed, "candidates": ["torch"], "unready": list(unready),
                      "why": f"tiny layer: PyTorch's call takes {t * 1e6:.3g} us < {HOST_BOUND_S * 1e6:.0f} us, less "
                             "than our engines' host time; the others were not timed"}
             cache.save_decision(gpu, call.text, entry)
@@ -483,12 +496,26 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
     runs, failed, hosts = _measure(call, cands, call.text)
     winner, margin = pick(runs, hosts=hosts)
     entry = {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,
-             "margin": margin, "failed": failed, "candidates": cands}
+             "margin": margin, "failed": failed, "candidates": cands, "unready": list(unready)}
     # Written even when empty: an entry without it was measured before the host charge.
     entry["host_ms"] = {k: min(v) for k, v in hosts.items() if v}
     entry["host_rounds_ms"] = hosts
     cache.save_decision(gpu, call.text, entry)
     return dict(entry, source="measured")
+
+
+_said: list[bool] = []
+
+
+def _say_first_call(call: Call, cands: list[str]) -> None:
+    """One line on stderr, once per process, before the first measurement: a first call that
+    compiles and times candidates takes seconds where PyTorch's takes milliseconds."""
+    if _said or len(cands) < 2:
+        return
+    _said.append(True)
+    print(f"convt3d: first call of a new layer signature: compiling and timing {', '.join(cands)} on it once "
+          f"(kept in {cache.cache_dir()}; convt3d.tune(model, x) does this ahead for a whole model)",
+          file=sys.stderr)
 
 
 def _from_entry(call: Call, entry: dict) -> Decision:

@@ -235,7 +235,7 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
         # The interpreter is slow per program step whatever the tile: small tiles.
         shapes = ((min(32, max(16, _pow2_at_least(hw))), 16, 16, 4, 1),)
     else:
-        # One tile per regime that won the layer suite: every tile timed costs a compilation.
+        # One tile per regime: every tile timed costs a compilation at a signature's first backward.
         shapes = (
             (128, 64, 32, 4, 4),   # default
             (128, 128, 64, 8, 3),  # large 16-bit layers: one 128-byte row per channel block

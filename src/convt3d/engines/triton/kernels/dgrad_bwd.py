@@ -29,8 +29,7 @@ def dgrad_kernel(
     PRECISION: tl.constexpr, ROUND_A: tl.constexpr, TWO_LEVEL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # Program -> (group, n, id, position tile, Cin tile), Cin tile fastest: the programs that read
-    # the same dY rows run together.
+    # Program -> (group, n, id, position tile, Cin tile), Cin tile fastest: dY rows shared in L2.
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
     t = pid // tiles_n

@@ -61,8 +61,7 @@ def dy_phases_kernel(
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     ROUND_TF32: tl.constexpr, BIG: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
-    # Program -> BLOCK_R rows of the copy, QW elements each, coordinates decoded once per row;
-    # ROUND_TF32 rounds the copy as it is made, once.
+    # Program -> BLOCK_R rows of the copy, decoded once per row; ROUND_TF32 rounds the copy once.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < ROWS
     qh = rows % QH

@@ -16,8 +16,7 @@ def wgrad_kernel(
     BLOCK_CI: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     BLOCK_H: tl.constexpr = BLOCK_P // BLOCK_W
-    # Program -> (split, group, tap, ci tile, co tile), co tile fastest: programs of one tap
-    # share their X rows and dY window in L2.
+    # Program -> (split, group, tap, ci tile, co tile), co tile fastest: one tap's programs share L2.
     pid = tl.program_id(0)
     pid_co = pid % tiles_co
     t = pid // tiles_co
