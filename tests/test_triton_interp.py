@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 import convt3d
 import convt3d.engines.triton.engine as engine
+import convt3d.engines.triton.configs as triton_configs
 import convt3d.engines.triton.sites as triton_sites
 from convt3d.core.params import ConvT3dParams
 from convt3d.core.validate import check_call
@@ -409,7 +410,7 @@ def test_a_call_prepares_its_operands_in_one_launch(path, layout, precision, cop
     cfg = dataclasses.replace(engine.candidate_configs(params, torch.float32, precision, False, flat=True)[0],
                               **PATHS[path])
     if not cfg.flat:
-        cfg = dataclasses.replace(cfg, BLOCK_W=engine.block_w(params.compact_size[1:], cfg.BLOCK_M))
+        cfg = dataclasses.replace(cfg, BLOCK_W=triton_configs.block_w(params.compact_size[1:], cfg.BLOCK_M))
     launched = []
     kernel = triton_sites._kernel
     monkeypatch.setattr(triton_sites, "_kernel", lambda name, *a: launched.append(name) or kernel(name, *a))
@@ -703,7 +704,7 @@ def test_every_kernel_path(name, path):
     base = engine.candidate_configs(params, torch.float32, "ieee", out_cl, flat=True)[0]
     cfg = dataclasses.replace(base, **PATHS[path])
     if not cfg.flat:
-        cfg = dataclasses.replace(cfg, BLOCK_W=engine.block_w(params.compact_size[1:], cfg.BLOCK_M))
+        cfg = dataclasses.replace(cfg, BLOCK_W=triton_configs.block_w(params.compact_size[1:], cfg.BLOCK_M))
     y = poisoned_call(engine, lambda: engine.forward(x5, w, b, params, "ieee", config=cfg))
     check_against_reference(y, x5, w, b, *case.args, context=f"{name} {cfg}")
 
@@ -715,7 +716,7 @@ def test_flat_path_is_the_default_where_tma_works():
     assert engine.candidate_configs(params, torch.float32, "tf32", False, flat=True)[0].flat
     # fp32 with 10 input channels: rows of 40 bytes are not 16-byte aligned, so no TMA.
     odd = ConvT3dParams.create(1, 10, 8, 1, (2, 3, 3), (3, 3, 3), (2, 2, 2), (1, 1, 1), (0, 0, 0), (1, 1, 1))
-    assert engine.flat_unsupported(odd, torch.float32, 16) == "channel rows not 16-byte aligned"
+    assert triton_configs.flat_unsupported(odd, torch.float32, 16) == "channel rows not 16-byte aligned"
     assert not any(c.flat or c.tma for c in engine.candidate_configs(odd, torch.float32, "tf32", False, flat=True))
 
 
@@ -792,7 +793,7 @@ def test_seeded_config_reaches_a_settled_signature():
 def test_group_folds(groups, cin_g, cout_g, expected):
     params = ConvT3dParams.create(1, groups * cin_g, groups * cout_g, groups, (3, 3, 3), (3, 3, 3), (2, 2, 2),
                                   (1, 1, 1), (0, 0, 0), (1, 1, 1))
-    assert engine.group_folds(params) == expected
+    assert triton_configs.group_folds(params) == expected
     folds = {c.fold for c in engine.candidate_configs(params, torch.float32, "ieee")}
     assert folds == {1, *expected}
     for f in expected:

@@ -26,7 +26,7 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     Args (beyond PyTorch's):
         backend: "auto" (default; ``$CONVT3D_BACKEND`` overrides the default), "triton" (our
             engine; on CPU tensors it runs through Triton's interpreter), "torch" (PyTorch's
-            own implementation), "cuda" (the CUDA C++ engine, exact fp32) or "conv3d" (a
+            own implementation), "cuda" (the CUDA head kernel, for output heads) or "conv3d" (a
             stride-1 call as PyTorch's conv3d of the flipped weight). A named backend
             that cannot run the call raises :class:`convt3d.BackendUnavailableError`; only
             "auto" falls back.

@@ -233,7 +233,7 @@ def make_console(file=None):
     return Console(file=stream, width=None if stream.isatty() else 220)
 
 
-def _table(console, title: str, columns: list[str], rows: list[list[str]], left: int | set = 1) -> None:
+def table(console, title: str, columns: list[str], rows: list[list[str]], left: int | set = 1) -> None:
     """A table: the first ``left`` columns (or those named in it) left-aligned, the others right-aligned."""
     lefts = [i < left if isinstance(left, int) else name in left for i, name in enumerate(columns)]
     if not isinstance(console, PlainConsole):
@@ -295,7 +295,7 @@ def print_timing_table(console, rows: list[dict], title: str) -> None:
                     _fmt(r["convt3d_us"], ".1f"), _fmt(r["torch_us"], ".1f"), _x(r["speedup"]), vs_default,
                     _fmt(r["tflops"], ".1f"), _fmt(r["mem_floor_us"], ".1f"), _fmt(r["compute_floor_us"], ".1f"),
                     _fmt(r["roofline_pct"], ".0f"), _fmt(r["first_call_s"], ".2f"), rel_text])
-    _table(console, title, ["case", "mode", "dtype", "layout", "prec", "engine", "convt3d µs", "cuDNN µs", "speedup",
+    table(console, title, ["case", "mode", "dtype", "layout", "prec", "engine", "convt3d µs", "cuDNN µs", "speedup",
                             "vs dflt cuDNN", "TFLOP/s", "mem floor µs", "comp floor µs", "% roofline",
                             "first call s", "max rel diff"], out, left=6)
 
@@ -305,7 +305,7 @@ def print_summary(console, summary: list[dict]) -> None:
             f"{_x(s['min_speedup'], None)} ({s['min_speedup_case']})",
             _x(s["geomean_speedup_vs_default_flags"], None) if "geomean_speedup_vs_default_flags" in s else "",
             _fmt(s["geomean_roofline_pct"], ".0f")] for s in summary]
-    _table(console, "summary (speedup = cuDNN time / convt3d time, same process)",
+    table(console, "summary (speedup = cuDNN time / convt3d time, same process)",
            ["group", "cases", "geomean speedup", "min speedup", "geomean vs dflt cuDNN", "geomean % roofline"], out)
 
 
@@ -321,7 +321,7 @@ def print_check_table(console, rows: Iterable[dict]) -> None:
         out.append([r["case"], r["dtype"], r["layout"], r["precision"], r["engine"], shape, f"{r['max_abs_err']:.2e}",
                     f"{r['ref_max_abs_err']:.2e}", f"{r['bar']:.2e}", "ok" if r["layout_ok"] else "[red]WRONG[/red]",
                     f"{r['seconds']:.1f}", _ok(r["ok"])])
-    _table(console, "Triton kernels through the interpreter vs float64 PyTorch (reduced sizes)",
+    table(console, "Triton kernels through the interpreter vs float64 PyTorch (reduced sizes)",
            ["case", "dtype", "layout", "prec", "engine", "reduced input", "max abs err", "ref err", "bar (2x ref)",
             "out layout", "s", "ok"], out, left=6)
 
@@ -351,7 +351,7 @@ def print_network_table(console, rows: list[dict], title: str) -> None:
                     _fmt(r["convt3d_us"] / 1e3, ".2f"), ratio,
                     f"{_fmt(r['torch_first_call_s'], '.2f')} / {_fmt(r['first_call_s'], '.2f')}", _rel_text(r),
                     r["reference"]])
-    _table(console, title, ["network", "mode", "dtype", "patched layers: engine", "convT share", "untouched ms",
+    table(console, title, ["network", "mode", "dtype", "patched layers: engine", "convT share", "untouched ms",
                             "patched ms", "ratio (pairs' quartiles)", "first call s (untouched / patched)",
                             "rel err vs ref (patched / untouched)", "ref"], out,
            left={"network", "mode", "dtype", "patched layers: engine", "ref"})
@@ -362,7 +362,7 @@ def print_first_call_table(console, rows: list[dict]) -> None:
     costs on top (compiling, tuning and measuring, or with a warm cache loading what others left)."""
     out = [[r["case"], r["mode"], r["dtype"], _fmt(r["torch_first_call_s"], ".2f"), _fmt(r["first_call_s"], ".2f"),
             _fmt(r["first_call_extra_s"], ".2f"), _rel_text(r)] for r in rows]
-    _table(console, "networks: first calls (untouched, then convt3d.patch)",
+    table(console, "networks: first calls (untouched, then convt3d.patch)",
            ["network", "mode", "dtype", "untouched s", "patched s", "extra s", "rel err vs ref (patched / untouched)"],
            out, left=3)
 
@@ -372,7 +372,7 @@ def print_network_check_table(console, rows: Iterable[dict]) -> None:
     out = [[r["case"], r["source"], "x".join(map(str, r["input_shape"])), "x".join(map(str, r["output_shape"])),
             f"{r['convt_layers_patched']}/{r['convt_layers']}", _rel_text(r), f"{r['max_abs_diff_vs_torch']:.1e}",
             f"{r['seconds']:.1f}", _ok(r["ok"])] for r in rows]
-    _table(console, "networks at tiny sizes: patched (Triton interpreter) vs untouched vs float64, fp32",
+    table(console, "networks at tiny sizes: patched (Triton interpreter) vs untouched vs float64, fp32",
            ["network", "source", "input", "output", "patched layers", "rel err (patched / untouched)",
             "max abs diff", "s", "ok"], out, left=4)
 

@@ -57,7 +57,7 @@ def floors(params, dtype: torch.dtype, precision: str, has_bias: bool = False,
 
 # Training steps (autograd records the call): below this roofline floor of the forward, a step is
 # host-bound and PyTorch's own forward + backward has the least host time. The threshold separates
-# the bench's training layers that lost to cuDNN's step from those that won (tools/gpu_training.py).
+# the bench's training layers that lost to cuDNN's step from those that won (docs/design.md).
 TRAIN_SMALL_FLOOR_S = 60e-6
 
 

@@ -114,7 +114,7 @@ conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)
 # training step pays twice (forward op, backward op): the custom-op machinery (argument defaults,
 # redispatch through Autograd/ADInplaceOrView/CUDA keys, re-validation of list arguments) costs
 # many times the forward's own host time, enough to make a host-bound training step several
-# times slower than cuDNN's (tools/gpu_training.py).
+# times slower than cuDNN's (docs/design.md, "Training and networks").
 # Eager calls therefore use this autograd.Function: the same engine forward and the same
 # backward (``backward.grads``) as the ops' registrations, with no dispatcher round trip.
 class _EagerConvT3d(torch.autograd.Function):

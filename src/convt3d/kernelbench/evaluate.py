@@ -40,6 +40,7 @@ import torch
 
 from .export import default_out_dir, reduced, render
 from .problems import SEED, Problem, ReferenceModel, parse_ids
+from ..bench.report import table
 
 __all__ = ["TOLERANCE", "load_model_file", "trial_seeds", "set_seed", "time_with_cuda_events",
            "check_trial", "flags_in_force", "main"]
@@ -317,18 +318,11 @@ def _flags_text(flags: dict) -> str:
 
 
 def print_table(console, results: list[Result], env: dict, flags: dict) -> None:
-    from rich.table import Table
-
     where = env.get("gpu") or "CPU (Triton interpreter, reduced geometries)"
     title = f"KernelBench level 1 ConvTranspose3d, fp32 - {where} - {_flags_text(flags)}"
-    caption = (f"torch {env['torch']}, triton {env['triton']}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}, "
-               f"Python {env['python']}, convt3d {env['convt3d']} ({env.get('git_commit') or 'no git'})")
-    table = Table(title=title, caption=caption)
-    for name, justify in (("problem", "left"), ("layer", "left"), ("precision", "left"),
-                          ("correct (KernelBench)", "center"), ("max abs diff", "right"), ("ref ms", "right"),
-                          ("new ms", "right"), ("speedup", "right"), ("vs fp64", "center"),
-                          ("max abs err vs fp64", "right"), ("ref err vs fp64", "right"), ("same params", "center")):
-        table.add_column(name, justify=justify)
+    columns = ["problem", "layer", "precision", "correct (KernelBench)", "max abs diff", "ref ms", "new ms", "speedup",
+               "vs fp64", "max abs err vs fp64", "ref err vs fp64", "same params"]
+    rows = []
     for r in results:
         n = len(r.trials)
         cells = [str(r.problem) + (" cuda" if r.file.endswith("_cuda.py") else ""), r.layer, r.precision or "-",
@@ -341,8 +335,10 @@ def print_table(console, results: list[Result], env: dict, flags: dict) -> None:
                  {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[r.parameters_identical]]
         if r.error:
             cells[3:] = [f"[red]error: {r.error.splitlines()[-1][:80]}[/]"] + [""] * (len(cells) - 4)
-        table.add_row(*cells)
-    console.print(table)
+        rows.append(cells)
+    table(console, title, columns, rows, left=3)
+    console.print(f"torch {env['torch']}, triton {env['triton']}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}, "
+                  f"Python {env['python']}, convt3d {env['convt3d']} ({env.get('git_commit') or 'no git'})")
 
 
 def _geomean(values: list[float]) -> float:
