@@ -141,7 +141,7 @@ def test_bad_file_is_rewritten_even_without_new_entries(tmp_path):
     with pytest.warns(cache.CacheWarning):
         _store(d)
     assert _read(path) == {"format": cache.FORMAT, "key": KEY, **{s: {} for s in cache.SECTIONS}}
-    assert set(cache.SECTIONS) == {"decisions", "triton_configs", "backward"}
+    assert set(cache.SECTIONS) == {"decisions", "triton_configs", "backward", "precision"}
 
 
 # ---- unwritable locations -----------------------------------------------------------------------
@@ -364,3 +364,12 @@ def test_seed_tuning_never_overrides_a_result_of_this_process():
     triton_engine._tuned[key] = triton_engine.TuneRecord(configs[0], 1.0, {})
     triton_engine.seed_tuning(key, configs[1])
     assert tuned_config(key) == configs[0]
+
+
+def test_the_precision_class_round_trips_and_a_bad_value_reads_as_unknown():
+    cache.save_precision_class(KEY["gpu"], "sig-a", "fp32")
+    cache.store_for(KEY["gpu"]).put("precision", "sig-b", {"class": "bf16"})
+    cache.reset()
+    assert cache.load_precision_class(KEY["gpu"], "sig-a") == "fp32"
+    assert cache.load_precision_class(KEY["gpu"], "sig-b") is None
+    assert cache.load_precision_class(KEY["gpu"], "sig-c") is None
