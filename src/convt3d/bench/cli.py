@@ -80,8 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--mode", choices=tuple(MODES), default=None,
                      help="fwd (the default), bwd (dX, dW, db of a retained forward) or full (training step); "
                           "networks: fwd = inference, full = training step, default both")
-    sel.add_argument("--ddp", type=int, default=None, metavar="N",
-                     help="with --suite networks: a DDP training step of each network on N GPUs")
     sel.add_argument("--tune", action="store_true",
                      help="with --suite networks: convt3d.tune(patched, x) before the patched first call")
     sel.add_argument("--rounds", type=_positive_int, default=None, metavar="N",
@@ -163,8 +161,6 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help (0) and usage errors (2)
         return int(exc.code or 0)
-    if args.ddp is not None and args.suite != "networks":
-        return _usage_error("--ddp N needs --suite networks")
     if args.suite == "networks":
         return _networks_main(args, argv)
     args.mode = args.mode or "fwd"
@@ -355,32 +351,8 @@ def _networks_main(args, argv: list[str]) -> int:
         return 0
     if _bad_budgets(args):
         return 2
-    if args.ddp is not None:
-        return _run_ddp(args, nets)
     args.rounds = args.rounds or networks.DEFAULT_PAIRS
     return _run(args, argv, nets, _run_network_check, _run_network_timing, modes)
-
-
-def _run_ddp(args, nets) -> int:
-    """``--ddp N``: a DDP training step of each network on N GPUs (``convt3d.bench.ddp``)."""
-    from . import ddp, networks
-
-    if args.ddp < 1:
-        return _usage_error(f"--ddp must be >= 1, got {args.ddp}")
-    try:
-        modes = networks.select_modes("full", _flatten(args.dtype))
-        rows, failures, skipped = ddp.run_ddp(args.ddp, nets=nets, modes=modes, backend=args.backend,
-                                              status=lambda msg: print(msg, file=sys.stderr))
-    except (ddp.DDPUnavailableError, ValueError) as exc:
-        return _usage_error(str(exc))
-    print(ddp.format_rows(rows, failures, skipped))
-    if args.json:
-        from . import report
-
-        report.write_json(args.json, {"kind": "networks-ddp", "ddp": args.ddp, "rows": rows, "failures": failures,
-                                      "skipped": skipped})
-        print(f"wrote {args.json}")
-    return 0 if not failures else 1
 
 
 def _network_settings(args, nets, modes) -> dict:
