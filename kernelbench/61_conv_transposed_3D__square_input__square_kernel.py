@@ -67,24 +67,11 @@ def _pack_block(w_ptr, p_ptr, pid, grp,
 
 @triton.jit
 def flat_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    DP, HP, WP,
-    PD, PH, PW,
-    QD, OW, OD, OH,
-    NUM_GROUPS, KVOL,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    TSD, TSH, TSW,
-    OSD, OSH, OSW,
-    tiles_m, tiles_n,
-    HAS_BIAS: tl.constexpr,
-    PRECISION: tl.constexpr,
-    W_GROUP: tl.constexpr,
-    W_SKIP: tl.constexpr,
-    OFF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD, OW, OD, OH,
+    NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW,
+    OSD, OSH, OSW, tiles_m, tiles_n,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
+    OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
@@ -105,9 +92,7 @@ def flat_gemm_kernel(
     offs_co = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     co_ok = offs_co < COUT_G
     y_n = y_ptr + nb.to(tl.int64) * stride_yn
-    # OFF32 (the launcher checked that channel + in-slice offsets stay below 2^31): 32-bit
-    # offset tiles in the epilogue. A [BLOCK_N, 2 * BLOCK_M] tile of 64-bit pointers alone took
-    # 128 registers per thread at 4 warps (242 in all on KB 77), capping occupancy at 2 CTAs.
+    # OFF32 (checked by the launcher): 32-bit epilogue offsets, since 64-bit pointer tiles cap occupancy.
     if OFF32:
         y_co = (grp * COUT_G + offs_co) * stride_yc
     else:
@@ -127,8 +112,7 @@ def flat_gemm_kernel(
             active = (qd < qd_n) & (m0 < qh_n * WP)
             n_iter = tl.where(active, td * th * tw * k_blocks, 0)
             base = row_n + (qd + PD) * plane + PH * WP + PW + m0
-            # (tap, channel block) counters advanced by carries instead of divisions: five
-            # runtime integer divisions per step cost ~100 issue slots of a 128-clock MMA.
+            # (tap, channel block) counters advanced by carries: runtime divisions cost issue slots.
             cb = 0
             jw = 0
             jh = 0
@@ -139,8 +123,7 @@ def flat_gemm_kernel(
                 kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
                 w_tile = tl.trans(w_desc.load([(grp * KVOL + kidx) * COUT_G + pid_n * BLOCK_N, cb]))
                 if PRECISION == "ieee":
-                    # Two-level summation, as in phase_gemm_kernel (fma keeps Triton from
-                    # folding the add back into a chained dot).
+                    # Two-level summation, as in phase_gemm_kernel.
                     acc = tl.fma(tl.dot(x_tile, w_tile, input_precision=PRECISION), 1.0, acc)
                 else:
                     acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
@@ -186,8 +169,7 @@ def flat_gemm_kernel(
     tl.store(y_s + (y_co[:, None] + y_m[None, :]), out.to(y_ptr.dtype.element_ty),
              mask=co_ok[:, None] & st_ok[None, :])
 
-    # Companion rows (see phase_gemm_kernel): bias/zero rows of empty row classes, at the
-    # columns of this tile. Padding columns give ow_o >= OW and are masked.
+    # Companion rows (as phase_gemm_kernel) at this tile's columns; padding columns are masked.
     cmask = tl.load(tab_ptr + pgrp * W_GROUP * 16 + 15)
     if cmask != 0:
         fill = tl.zeros((BLOCK_N, W_GROUP * BLOCK_M), dtype=tl.float32)
@@ -226,8 +208,7 @@ def _pad_block(x_ptr, y_ptr, pid,
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
     w_ok = wp < WP
-    # The row's depth and height test once per program (a scalar: tl.where, which Triton's
-    # interpreter takes where `&` between a scalar and a block it does not).
+    # The row's depth and height test once (tl.where: the interpreter rejects scalar & block).
     inside = tl.where((d >= 0) & (d < D) & (h >= 0) & (h < H), w_ok & (w >= 0) & (w < W), False)
     x_row = x_ptr + nb * stride_xn + d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh
     x_w = w.to(tl.int64) * stride_xw
@@ -246,17 +227,10 @@ def _pad_block(x_ptr, y_ptr, pid,
 
 @triton.jit
 def gemm_operands_kernel(
-    x_ptr, xp_ptr, w_ptr, wp_ptr,
-    C, D, H, W,
-    DP, HP, WP,
-    PD, PH, PW,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    CIN_G, COUT_G, KVOL, FOLD,
-    stride_wi,
+    x_ptr, xp_ptr, w_ptr, wp_ptr, C, D, H, W, DP, HP, WP, PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, CIN_G, COUT_G, KVOL, FOLD, stride_wi,
     PAD_R_BLOCKS, PAD_C_BLOCKS, PAD_PROGRAMS, PACK_PROGRAMS,
-    ROUND_TF32: tl.constexpr,
-    SRC_CL: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+    ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -272,11 +246,9 @@ def gemm_operands_kernel(
 
 
 # ==================== convt3d/engines/triton/kernels/gluon_gemm.py (what this file reaches, without docstrings) ====================
-# The TMA load's name: triton 3.6 has only async_copy_global_to_shared, 3.9 only async_load
-# (the old name raises there). Same arguments: (descriptor, coordinates, barrier, destination).
+# Names that differ between triton 3.6 and 3.9 (same arguments).
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-# The CTA-wide barrier: thread_barrier in 3.6, barrier in 3.9.
 cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 @gluon.jit
@@ -444,8 +416,8 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
     if W_GROUP == 1:
         c_smem.store(gl.reshape(gl.permute(acc0, [1, 0]), [BLOCK_N, 1, BLOCK_M]))
     else:
-        # Both residues in one store (the layout's XOR on the residue forbids a slice per
-        # residue); a residue without taps as zeros, so that reads need no select.
+        # Both residues in one store (the layout's XOR forbids a slice per residue); a residue
+        # without taps as zeros, so that reads need no select.
         if W_SKIP == 0:
             both = gl.join(gl.zeros_like(acc1), acc1)
         elif W_SKIP == 1:
@@ -460,8 +432,7 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
     rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
     _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
                 stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, True, PAIRS, num_warps)
-    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
-    # columns (every W residue of the group).
+    # Companion rows (as flat_gemm_kernel): bias/zero rows of empty row classes at these columns.
     cmask = _row_value(tab_ptr, row0, 15)
     for rc in range(SD * SH):
         if ((cmask >> rc) & 1) != 0:
@@ -498,8 +469,7 @@ def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, 
         vals = acc0 if j == 0 else acc1
         _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
                stride_yd, stride_yh, stride_yw, OFF32)
-    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
-    # columns (every W residue of the group).
+    # Companion rows (as flat_gemm_kernel): bias/zero rows of empty row classes at these columns.
     cmask = _row_value(tab_ptr, row0, 15)
     if cmask != 0:
         fill = gl.zeros_like(acc0) + gl.expand_dims(bias, 0)
@@ -514,25 +484,11 @@ def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, 
 
 @gluon.jit
 def box_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    PD, PH, PW,
-    QD, OD, OH, OW,
-    NUM_GROUPS, KVOL,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    TSD, TSH, TSW,
-    OSD, OSH, OSW,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, PD, PH, PW, QD, OD, OH, OW, NUM_GROUPS, KVOL, KH, KW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW, OSD, OSH, OSW,
     tiles_h, tiles_w, tiles_n,
-    HAS_BIAS: gl.constexpr,
-    W_GROUP: gl.constexpr,
-    W_SKIP: gl.constexpr,
-    OFF32: gl.constexpr,
-    CL_OUT: gl.constexpr,
-    PAIRS: gl.constexpr,
-    STAGES: gl.constexpr,
-    num_warps: gl.constexpr,
+    HAS_BIAS: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr, CL_OUT: gl.constexpr,
+    PAIRS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
 ):
     BH: gl.constexpr = x_desc.block_type.shape[2]
     BW: gl.constexpr = x_desc.block_type.shape[3]
@@ -619,16 +575,12 @@ GK = types.SimpleNamespace(
     box_gemm_kernel=box_gemm_kernel,
 )
 
-# ----------------------------------------------------------------------------------------------
-# Kernels: compiled for CUDA, interpreted for CPU (built lazily, once).
-# ----------------------------------------------------------------------------------------------
 def interpreter_active() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 def _kernel(name: str, device: torch.device, module=None):
-    # Triton decides between compiling and interpreting when a @triton.jit function is created
-    # (its own library helpers such as tl.zeros included), so the interpreter cannot be switched
-    # on per call: CPU tensors need TRITON_INTERPRET=1 before triton is imported.
+    # Triton picks compiling or interpreting when a @triton.jit function is created, so CPU
+    # tensors need TRITON_INTERPRET=1 before triton is imported.
     if device.type == "cpu" and not interpreter_active():
         raise BackendUnavailableError(
             "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
@@ -637,18 +589,6 @@ def _kernel(name: str, device: torch.device, module=None):
         return getattr(module, name)
     return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
-# ----------------------------------------------------------------------------------------------
-# Launch sites: the host side of a launch, built once per call signature.
-# ----------------------------------------------------------------------------------------------
-# Small layers are host-bound: one ``kernel[grid](...)`` spends tens of microseconds in argument
-# binding and specialisation (``JITFunction.run``), more with more arguments, and a call makes 2-4
-# launches for about as much GPU work. Every integer argument, the grid and the constexprs of our launches are
-# fixed by the call signature; only tensor pointers change. A Site keeps them, and after its
-# first launch (which goes through Triton as usual: compile, specialise) replays the compiled
-# kernel directly for the same pointer-alignment pattern -- exactly the arguments Triton's own
-# launch passes. Triton's path is kept where a replay could differ from it: launch hooks
-# installed (profilers), the interpreter. A launch for a device that is not the current one
-# makes it current first (Triton launches on the current device).
 class Site:
 
     __slots__ = ("name", "grid", "ints", "consts", "compiled", "tail", "module")
@@ -666,15 +606,13 @@ class Site:
         drv = triton.runtime.driver.active
         idx = drv.get_current_device()
         if idx != device.index:
-            # Triton compiles for and launches on the current device, not the tensors': a layer on
-            # cuda:1 called while cuda:0 is current (no torch.cuda.set_device) would run there.
+            # Triton launches on the current device, not the tensors'.
             with torch.cuda.device(device.index):
                 return self.launch(device, *tensors)
         hooks = triton.knobs.runtime
         if _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
             return kern[self.grid](*tensors, *self.ints, **self.consts)
-        # Triton specialises a pointer on its 16-byte alignment (and dtype); a descriptor on
-        # its block shape and dtype, which the signature fixes.
+        # Triton specialises a pointer on its dtype and 16-byte alignment; descriptors are fixed.
         key = (idx,) + tuple((t.dtype, t.data_ptr() % 16 == 0) if isinstance(t, torch.Tensor) else None
                              for t in tensors)
         ck = self.compiled.get(key)
@@ -694,7 +632,7 @@ def _hook_set(hook) -> bool:
     return hook is not None and len(getattr(hook, "calls", (hook,))) > 0
 
 def _tma_capable(device: torch.device) -> bool:
-    # TMA exists from Hopper (sm_90) on; the interpreter emulates it, so CPU CI runs this path.
+    # TMA exists from sm_90 on; the interpreter emulates it.
     return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
 
 def gluon_capable(device: torch.device) -> bool:

@@ -27,8 +27,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 # ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, verbatim) ====================
 @triton.jit
 def _phase_row(tab_ptr, r):
-    """Row r of the phase table: rd, rh, rw, Td, Th, Tw, t0d, t0h, t0w, off0d, off0h, off0w,
-    Qd, Qh, Qw (the companion mask, column 15, is read where it is used)."""
+    """Row r of the phase table, columns 0-14 (the companion mask is read where it is used)."""
     row = tab_ptr + r * 16
     return (tl.load(row + 0), tl.load(row + 1), tl.load(row + 2),
             tl.load(row + 3), tl.load(row + 4), tl.load(row + 5),
@@ -39,8 +38,7 @@ def _phase_row(tab_ptr, r):
 
 @triton.jit
 def _round_tf32(v):
-    """fp32 -> nearest TF32 value (ties away, inf/NaN kept). Tensor cores read the top 19 bits
-    of an fp32 operand (truncation); rounding first removes that bias, as cuDNN does."""
+    """fp32 -> nearest TF32 (ties away, inf/NaN kept): tensor cores truncate, cuDNN rounds first."""
     r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(v) < float("inf"), r, v)
 
@@ -49,18 +47,9 @@ def _round_tf32(v):
 def _pack_block(w_ptr, p_ptr, pid, grp,
                 CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
-    """One [BLOCK_CI, BLOCK_J] block of pack_weight_kernel's transpose, program ``pid`` of
-    group ``grp``: rows ci of the merged group, columns j = co * KVOL + tap (the weight's own
-    contiguous order). Loads run along j and stores along ci, so both are coalesced; Triton
-    moves the tile between the two layouts through shared memory.
-
-    Why a tile: gathering p's elements one by one in p's order read the weight at a stride of
-    Cout/g x taps elements, one 32-byte sector per 2- or 4-byte element (docs/design.md, "The GEMM operands in one launch").
-
-    Merged groups (``FOLD`` > 1): a row ci of original group f = ci // (CIN_G / FOLD) has
-    weights only in the columns of that group, j in [f * span, (f + 1) * span) with span =
-    (COUT_G / FOLD) x KVOL, read from the row's own columns j - f * span; every other element
-    of p is zero (the block-diagonal weight)."""
+    """One [BLOCK_CI, BLOCK_J] block of pack_weight_kernel (program ``pid`` of group ``grp``): loads
+    along j = co * KVOL + tap, stores along ci. FOLD > 1: rows of merged original group f hold
+    weights only in that group's columns, zeros elsewhere (block-diagonal)."""
     j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
     ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
     j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -79,39 +68,16 @@ def _pack_block(w_ptr, p_ptr, pid, grp,
 
 @triton.jit
 def flat_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    DP, HP, WP,
-    PD, PH, PW,
-    QD, OW, OD, OH,
-    NUM_GROUPS, KVOL,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    TSD, TSH, TSW,
-    OSD, OSH, OSW,
-    tiles_m, tiles_n,
-    HAS_BIAS: tl.constexpr,
-    PRECISION: tl.constexpr,
-    W_GROUP: tl.constexpr,
-    W_SKIP: tl.constexpr,
-    OFF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD, OW, OD, OH,
+    NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW,
+    OSD, OSH, OSW, tiles_m, tiles_n,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
+    OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """The tensor-core engine on Hopper: the same phase GEMMs as ``phase_gemm_kernel``, with
-    every operand tile a plain 2-D TMA box.
-
-    The input was copied into a zero-haloed NDHWC buffer of padded size (DP, HP, WP) (see
-    ``to_padded_kernel``), viewed as a 2-D [rows, channels] matrix. A tile is BLOCK_M
-    consecutive positions ``m = qh * WP + qw`` of one compact (h, w) plane, padding columns
-    included, so every tap's input rows are the same tile shifted by one scalar offset: a single
-    [BLOCK_M, BLOCK_K] box that lands in shared memory in the layout wgmma reads, with no
-    reshape and no per-element address or mask arithmetic in the K loop. The halo makes every
-    tap of a valid position read in bounds; rows that wrap into padding or the next plane only
-    feed positions the epilogue discards (about (WP - QW) / WP of the MMA work, 9% on KB 77).
-    The weight is the packed [G * taps * Cout/g, Cin/g] matrix: a [BLOCK_N, BLOCK_K] box,
-    transposed in shared memory for free; rows past Cout/g only feed masked columns.
-    """
+    """The phase GEMMs on Hopper with every operand tile a plain 2-D TMA box: the input is a
+    zero-haloed NDHWC copy (DP, HP, WP) viewed as [rows, channels], a tile BLOCK_M consecutive
+    positions of one compact plane with its padding columns, so each tap reads the same box shifted
+    by one offset (wrapped rows feed only discarded positions); the weight [G * taps * Cout/g, Cin/g]."""
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
     t = pid // tiles_n
@@ -131,9 +97,7 @@ def flat_gemm_kernel(
     offs_co = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     co_ok = offs_co < COUT_G
     y_n = y_ptr + nb.to(tl.int64) * stride_yn
-    # OFF32 (the launcher checked that channel + in-slice offsets stay below 2^31): 32-bit
-    # offset tiles in the epilogue. A [BLOCK_N, 2 * BLOCK_M] tile of 64-bit pointers alone took
-    # 128 registers per thread at 4 warps (242 in all on KB 77), capping occupancy at 2 CTAs.
+    # OFF32 (checked by the launcher): 32-bit epilogue offsets, since 64-bit pointer tiles cap occupancy.
     if OFF32:
         y_co = (grp * COUT_G + offs_co) * stride_yc
     else:
@@ -153,8 +117,7 @@ def flat_gemm_kernel(
             active = (qd < qd_n) & (m0 < qh_n * WP)
             n_iter = tl.where(active, td * th * tw * k_blocks, 0)
             base = row_n + (qd + PD) * plane + PH * WP + PW + m0
-            # (tap, channel block) counters advanced by carries instead of divisions: five
-            # runtime integer divisions per step cost ~100 issue slots of a 128-clock MMA.
+            # (tap, channel block) counters advanced by carries: runtime divisions cost issue slots.
             cb = 0
             jw = 0
             jh = 0
@@ -165,8 +128,7 @@ def flat_gemm_kernel(
                 kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
                 w_tile = tl.trans(w_desc.load([(grp * KVOL + kidx) * COUT_G + pid_n * BLOCK_N, cb]))
                 if PRECISION == "ieee":
-                    # Two-level summation, as in phase_gemm_kernel (fma keeps Triton from
-                    # folding the add back into a chained dot).
+                    # Two-level summation, as in phase_gemm_kernel.
                     acc = tl.fma(tl.dot(x_tile, w_tile, input_precision=PRECISION), 1.0, acc)
                 else:
                     acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
@@ -212,8 +174,7 @@ def flat_gemm_kernel(
     tl.store(y_s + (y_co[:, None] + y_m[None, :]), out.to(y_ptr.dtype.element_ty),
              mask=co_ok[:, None] & st_ok[None, :])
 
-    # Companion rows (see phase_gemm_kernel): bias/zero rows of empty row classes, at the
-    # columns of this tile. Padding columns give ow_o >= OW and are masked.
+    # Companion rows (as phase_gemm_kernel) at this tile's columns; padding columns are masked.
     cmask = tl.load(tab_ptr + pgrp * W_GROUP * 16 + 15)
     if cmask != 0:
         fill = tl.zeros((BLOCK_N, W_GROUP * BLOCK_M), dtype=tl.float32)
@@ -239,19 +200,9 @@ def _pad_block(x_ptr, y_ptr, pid,
                R_BLOCKS, C_BLOCKS,
                ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr,
                BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Block ``pid`` of to_padded_kernel, of R_BLOCKS x C_BLOCKS x N (one grid axis, whose
-    2^31 - 1 programs no batch reaches, where the other axes stop at 65535): BLOCK_W positions of
-    one padded row (dp, hp) -- row block pid % R_BLOCKS of DP x HP x cdiv(WP, BLOCK_W), width
-    fastest -- by BLOCK_C channels of channel block (pid // R_BLOCKS) % C_BLOCKS, of batch element
-    pid // (R_BLOCKS x C_BLOCKS).
-
-    Why rows: the source offset along a row is (wp - PW) x stride_xw, which Triton's contiguity
-    analysis follows when the stride is 1 (it specialises an integer argument of 1). A block of
-    flattened positions had its width as position % WP, whose contiguity it cannot prove, so the
-    load of an NCDHW input took the store's layout, threads along channels: each warp's load
-    touched 32 sectors of 4 useful bytes (the sm_90a TTGIR of triton 3.6; docs/design.md, "The GEMM operands in one launch").
-    Now the NCDHW load runs along W and the store along channels, with the transpose through
-    shared memory."""
+    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N on one axis): BLOCK_W positions of
+    one padded row by BLOCK_C channels. Rows, so that Triton sees an NCDHW source run along W and
+    loads it coalesced, transposing through shared memory for the channels-innermost store."""
     pid_r = pid % R_BLOCKS
     pid_c = (pid // R_BLOCKS) % C_BLOCKS
     nb = (pid // R_BLOCKS // C_BLOCKS).to(tl.int64)
@@ -266,8 +217,7 @@ def _pad_block(x_ptr, y_ptr, pid,
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
     w_ok = wp < WP
-    # The row's depth and height test once per program (a scalar: tl.where, which Triton's
-    # interpreter takes where `&` between a scalar and a block it does not).
+    # The row's depth and height test once (tl.where: the interpreter rejects scalar & block).
     inside = tl.where((d >= 0) & (d < D) & (h >= 0) & (h < H), w_ok & (w >= 0) & (w < W), False)
     x_row = x_ptr + nb * stride_xn + d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh
     x_w = w.to(tl.int64) * stride_xw
@@ -287,27 +237,14 @@ def _pad_block(x_ptr, y_ptr, pid,
 
 @triton.jit
 def gemm_operands_kernel(
-    x_ptr, xp_ptr, w_ptr, wp_ptr,
-    C, D, H, W,
-    DP, HP, WP,
-    PD, PH, PW,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    CIN_G, COUT_G, KVOL, FOLD,
-    stride_wi,
+    x_ptr, xp_ptr, w_ptr, wp_ptr, C, D, H, W, DP, HP, WP, PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, CIN_G, COUT_G, KVOL, FOLD, stride_wi,
     PAD_R_BLOCKS, PAD_C_BLOCKS, PAD_PROGRAMS, PACK_PROGRAMS,
-    ROUND_TF32: tl.constexpr,
-    SRC_CL: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+    ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """Both operands of a GEMM that reads a copy of x, in one launch: programs below PAD_PROGRAMS
-    make to_padded_kernel's copy of x (zero-haloed for the flat and box GEMMs, without a halo
-    for the others), the rest pack the weight as pack_weight_kernel (PACK_PROGRAMS per group).
-    Grid: (PAD_PROGRAMS + PACK_PROGRAMS x groups,).
-
-    Why one launch: every launch costs host time (docs/design.md, "Host time and the steady path"), and in two launches the
-    pack runs after the copy instead of beside it; on a host-bound layer the second launch's
-    host time alone can keep PyTorch faster (docs/design.md, "The GEMM operands in one launch")."""
+    """Both GEMM operands in one launch (each launch costs host time): programs below PAD_PROGRAMS
+    make to_padded_kernel's copy of x, the rest pack the weight as pack_weight_kernel."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
         _pad_block(x_ptr, xp_ptr, pid,
@@ -334,18 +271,14 @@ HK = types.SimpleNamespace()
 GK = types.SimpleNamespace()
 
 
-# ----------------------------------------------------------------------------------------------
-# Kernels: compiled for CUDA, interpreted for CPU (built lazily, once).
-# ----------------------------------------------------------------------------------------------
 def interpreter_active() -> bool:
     """True when Triton was imported with TRITON_INTERPRET=1 (its kernels then run on the CPU)."""
     return bool(triton.knobs.runtime.interpret)
 
 
 def _kernel(name: str, device: torch.device, module=None):
-    # Triton decides between compiling and interpreting when a @triton.jit function is created
-    # (its own library helpers such as tl.zeros included), so the interpreter cannot be switched
-    # on per call: CPU tensors need TRITON_INTERPRET=1 before triton is imported.
+    # Triton picks compiling or interpreting when a @triton.jit function is created, so CPU
+    # tensors need TRITON_INTERPRET=1 before triton is imported.
     if device.type == "cpu" and not interpreter_active():
         raise BackendUnavailableError(
             "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
@@ -355,23 +288,12 @@ def _kernel(name: str, device: torch.device, module=None):
     return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
 
-# ----------------------------------------------------------------------------------------------
-# Launch sites: the host side of a launch, built once per call signature.
-# ----------------------------------------------------------------------------------------------
-# Small layers are host-bound: one ``kernel[grid](...)`` spends tens of microseconds in argument
-# binding and specialisation (``JITFunction.run``), more with more arguments, and a call makes 2-4
-# launches for about as much GPU work. Every integer argument, the grid and the constexprs of our launches are
-# fixed by the call signature; only tensor pointers change. A Site keeps them, and after its
-# first launch (which goes through Triton as usual: compile, specialise) replays the compiled
-# kernel directly for the same pointer-alignment pattern -- exactly the arguments Triton's own
-# launch passes. Triton's path is kept where a replay could differ from it: launch hooks
-# installed (profilers), the interpreter. A launch for a device that is not the current one
-# makes it current first (Triton launches on the current device).
 class Site:
-    """One kernel launch of a call signature: kernel name, grid, integer arguments and
-    constexpr/launch options. ``launch(*tensors)`` passes the tensor (or descriptor)
-    arguments, which come first in every kernel of ``kernels/``. ``module``: the kernel's
-    module, for kernels outside the forward's (the head backward's ``kernels/head_grad.py``)."""
+    """One kernel launch of a call signature: name, grid, integer arguments and constexprs, all
+    fixed by the signature. After its first launch through Triton it replays the compiled kernel
+    directly, since Triton's argument binding costs as much as a small layer's GPU work; Triton's
+    own path stays under launch hooks and the interpreter. ``launch(device, *tensors)`` passes
+    the tensor arguments, which come first in every kernel; ``module``: the kernel's module."""
 
     __slots__ = ("name", "grid", "ints", "consts", "compiled", "tail", "module")
 
@@ -388,15 +310,13 @@ class Site:
         drv = triton.runtime.driver.active
         idx = drv.get_current_device()
         if idx != device.index:
-            # Triton compiles for and launches on the current device, not the tensors': a layer on
-            # cuda:1 called while cuda:0 is current (no torch.cuda.set_device) would run there.
+            # Triton launches on the current device, not the tensors'.
             with torch.cuda.device(device.index):
                 return self.launch(device, *tensors)
         hooks = triton.knobs.runtime
         if _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
             return kern[self.grid](*tensors, *self.ints, **self.consts)
-        # Triton specialises a pointer on its 16-byte alignment (and dtype); a descriptor on
-        # its block shape and dtype, which the signature fixes.
+        # Triton specialises a pointer on its dtype and 16-byte alignment; descriptors are fixed.
         key = (idx,) + tuple((t.dtype, t.data_ptr() % 16 == 0) if isinstance(t, torch.Tensor) else None
                              for t in tensors)
         ck = self.compiled.get(key)
@@ -419,7 +339,7 @@ def _hook_set(hook) -> bool:
 
 
 def _tma_capable(device: torch.device) -> bool:
-    # TMA exists from Hopper (sm_90) on; the interpreter emulates it, so CPU CI runs this path.
+    # TMA exists from sm_90 on; the interpreter emulates it.
     return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
 
 

@@ -30,9 +30,10 @@ from triton.runtime.jit import constexpr_function
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 
-# ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, without docstrings) ====================
+# ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, verbatim) ====================
 @triton.jit
 def _phase_row(tab_ptr, r):
+    """Row r of the phase table, columns 0-14 (the companion mask is read where it is used)."""
     row = tab_ptr + r * 16
     return (tl.load(row + 0), tl.load(row + 1), tl.load(row + 2),
             tl.load(row + 3), tl.load(row + 4), tl.load(row + 5),
@@ -40,15 +41,21 @@ def _phase_row(tab_ptr, r):
             tl.load(row + 9), tl.load(row + 10), tl.load(row + 11),
             tl.load(row + 12), tl.load(row + 13), tl.load(row + 14))
 
+
 @triton.jit
 def _round_tf32(v):
+    """fp32 -> nearest TF32 (ties away, inf/NaN kept): tensor cores truncate, cuDNN rounds first."""
     r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(v) < float("inf"), r, v)
+
 
 @triton.jit
 def _pack_block(w_ptr, p_ptr, pid, grp,
                 CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
+    """One [BLOCK_CI, BLOCK_J] block of pack_weight_kernel (program ``pid`` of group ``grp``): loads
+    along j = co * KVOL + tap, stores along ci. FOLD > 1: rows of merged original group f hold
+    weights only in that group's columns, zeros elsewhere (block-diagonal)."""
     j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
     ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
     j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -64,27 +71,19 @@ def _pack_block(w_ptr, p_ptr, pid, grp,
     dst = ((grp.to(tl.int64) * KVOL + tap) * COUT_G + co) * CIN_G
     tl.store(p_ptr + dst[None, :] + ci[:, None], v, mask=ci_ok[:, None] & (j < COUT_G * KVOL)[None, :])
 
+
 @triton.jit
 def flat_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    DP, HP, WP,
-    PD, PH, PW,
-    QD, OW, OD, OH,
-    NUM_GROUPS, KVOL,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    TSD, TSH, TSW,
-    OSD, OSH, OSW,
-    tiles_m, tiles_n,
-    HAS_BIAS: tl.constexpr,
-    PRECISION: tl.constexpr,
-    W_GROUP: tl.constexpr,
-    W_SKIP: tl.constexpr,
-    OFF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD, OW, OD, OH,
+    NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW,
+    OSD, OSH, OSW, tiles_m, tiles_n,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
+    OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    """The phase GEMMs on Hopper with every operand tile a plain 2-D TMA box: the input is a
+    zero-haloed NDHWC copy (DP, HP, WP) viewed as [rows, channels], a tile BLOCK_M consecutive
+    positions of one compact plane with its padding columns, so each tap reads the same box shifted
+    by one offset (wrapped rows feed only discarded positions); the weight [G * taps * Cout/g, Cin/g]."""
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
     t = pid // tiles_n
@@ -104,9 +103,7 @@ def flat_gemm_kernel(
     offs_co = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     co_ok = offs_co < COUT_G
     y_n = y_ptr + nb.to(tl.int64) * stride_yn
-    # OFF32 (the launcher checked that channel + in-slice offsets stay below 2^31): 32-bit
-    # offset tiles in the epilogue. A [BLOCK_N, 2 * BLOCK_M] tile of 64-bit pointers alone took
-    # 128 registers per thread at 4 warps (242 in all on KB 77), capping occupancy at 2 CTAs.
+    # OFF32 (checked by the launcher): 32-bit epilogue offsets, since 64-bit pointer tiles cap occupancy.
     if OFF32:
         y_co = (grp * COUT_G + offs_co) * stride_yc
     else:
@@ -126,8 +123,7 @@ def flat_gemm_kernel(
             active = (qd < qd_n) & (m0 < qh_n * WP)
             n_iter = tl.where(active, td * th * tw * k_blocks, 0)
             base = row_n + (qd + PD) * plane + PH * WP + PW + m0
-            # (tap, channel block) counters advanced by carries instead of divisions: five
-            # runtime integer divisions per step cost ~100 issue slots of a 128-clock MMA.
+            # (tap, channel block) counters advanced by carries: runtime divisions cost issue slots.
             cb = 0
             jw = 0
             jh = 0
@@ -138,8 +134,7 @@ def flat_gemm_kernel(
                 kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
                 w_tile = tl.trans(w_desc.load([(grp * KVOL + kidx) * COUT_G + pid_n * BLOCK_N, cb]))
                 if PRECISION == "ieee":
-                    # Two-level summation, as in phase_gemm_kernel (fma keeps Triton from
-                    # folding the add back into a chained dot).
+                    # Two-level summation, as in phase_gemm_kernel.
                     acc = tl.fma(tl.dot(x_tile, w_tile, input_precision=PRECISION), 1.0, acc)
                 else:
                     acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
@@ -185,8 +180,7 @@ def flat_gemm_kernel(
     tl.store(y_s + (y_co[:, None] + y_m[None, :]), out.to(y_ptr.dtype.element_ty),
              mask=co_ok[:, None] & st_ok[None, :])
 
-    # Companion rows (see phase_gemm_kernel): bias/zero rows of empty row classes, at the
-    # columns of this tile. Padding columns give ow_o >= OW and are masked.
+    # Companion rows (as phase_gemm_kernel) at this tile's columns; padding columns are masked.
     cmask = tl.load(tab_ptr + pgrp * W_GROUP * 16 + 15)
     if cmask != 0:
         fill = tl.zeros((BLOCK_N, W_GROUP * BLOCK_M), dtype=tl.float32)
@@ -202,6 +196,7 @@ def flat_gemm_kernel(
                 y_fd = y_n + od.to(tl.int64) * stride_yd
                 tl.store(y_fd + (y_co[:, None] + (oh_f * stride_yh + ow_o * stride_yw)[None, :]), fill, mask=co_ok[:, None] & f_ok[None, :])
 
+
 @triton.jit
 def _pad_block(x_ptr, y_ptr, pid,
                C, D, H, W,
@@ -211,6 +206,9 @@ def _pad_block(x_ptr, y_ptr, pid,
                R_BLOCKS, C_BLOCKS,
                ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr,
                BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N on one axis): BLOCK_W positions of
+    one padded row by BLOCK_C channels. Rows, so that Triton sees an NCDHW source run along W and
+    loads it coalesced, transposing through shared memory for the channels-innermost store."""
     pid_r = pid % R_BLOCKS
     pid_c = (pid // R_BLOCKS) % C_BLOCKS
     nb = (pid // R_BLOCKS // C_BLOCKS).to(tl.int64)
@@ -225,8 +223,7 @@ def _pad_block(x_ptr, y_ptr, pid,
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
     w_ok = wp < WP
-    # The row's depth and height test once per program (a scalar: tl.where, which Triton's
-    # interpreter takes where `&` between a scalar and a block it does not).
+    # The row's depth and height test once (tl.where: the interpreter rejects scalar & block).
     inside = tl.where((d >= 0) & (d < D) & (h >= 0) & (h < H), w_ok & (w >= 0) & (w < W), False)
     x_row = x_ptr + nb * stride_xn + d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh
     x_w = w.to(tl.int64) * stride_xw
@@ -243,21 +240,17 @@ def _pad_block(x_ptr, y_ptr, pid,
     else:
         tl.store(y_ptr + y_w[None, :] + offs_c[:, None], v, mask=c_ok[:, None] & w_ok[None, :])
 
+
 @triton.jit
 def gemm_operands_kernel(
-    x_ptr, xp_ptr, w_ptr, wp_ptr,
-    C, D, H, W,
-    DP, HP, WP,
-    PD, PH, PW,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    CIN_G, COUT_G, KVOL, FOLD,
-    stride_wi,
+    x_ptr, xp_ptr, w_ptr, wp_ptr, C, D, H, W, DP, HP, WP, PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, CIN_G, COUT_G, KVOL, FOLD, stride_wi,
     PAD_R_BLOCKS, PAD_C_BLOCKS, PAD_PROGRAMS, PACK_PROGRAMS,
-    ROUND_TF32: tl.constexpr,
-    SRC_CL: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+    ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
+    """Both GEMM operands in one launch (each launch costs host time): programs below PAD_PROGRAMS
+    make to_padded_kernel's copy of x, the rest pack the weight as pack_weight_kernel."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
         _pad_block(x_ptr, xp_ptr, pid,
@@ -270,20 +263,24 @@ def gemm_operands_kernel(
                     ROUND_TF32, BLOCK_CI, BLOCK_J)
 
 
-# ==================== convt3d/engines/triton/kernels/gluon_gemm.py (what this file reaches, without docstrings) ====================
-# The TMA load's name: triton 3.6 has only async_copy_global_to_shared, 3.9 only async_load
-# (the old name raises there). Same arguments: (descriptor, coordinates, barrier, destination).
+# ==================== convt3d/engines/triton/kernels/gluon_gemm.py (what this file reaches, verbatim) ====================
+# Names that differ between triton 3.6 and 3.9 (same arguments).
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-# The CTA-wide barrier: thread_barrier in 3.6, barrier in 3.9.
+
 cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
 
 @gluon.jit
 def _row_value(tab_ptr, r, i):
+    """Column ``i`` of row ``r`` of the phase table (``phase_table``: 16 int32 per phase)."""
     return gl.load(tab_ptr + r * 16 + i)
+
 
 @gluon.jit
 def _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n):
+    """(pid_n, phase group, pid_h, pid_w, qd, n, group) of box ``tile`` in ``box_gemm_kernel``'s
+    grid: N tiles fastest, then phase groups, box columns, box rows, compact depth, batch, group."""
     pid_n = tile % tiles_n
     t = tile // tiles_n
     pgrp = t % NUM_GROUPS
@@ -296,16 +293,22 @@ def _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n):
     t = t // QD
     return pid_n, pgrp, pid_h, pid_w, qd, t % N, t // N
 
+
 @gluon.jit
 def _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K: gl.constexpr):
+    """K steps (taps x channel blocks) of phase row ``r`` (of the group at ``row0``) for the box
+    at (qd, qh0, qw0); 0 where the box lies past the phase's compact grid (it only stores)."""
     active = ((qd < _row_value(tab_ptr, row0, 12)) & (qh0 < _row_value(tab_ptr, row0, 13))
               & (qw0 < _row_value(tab_ptr, r, 14)))
     taps = _row_value(tab_ptr, r, 3) * _row_value(tab_ptr, r, 4) * _row_value(tab_ptr, r, 5)
     return gl.where(active, taps * ((CIN_G + BLOCK_K - 1) // BLOCK_K), 0)
 
+
 @gluon.jit
 def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, w_row, jd, jh, jw,
            OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base):
+    """Start the input and weight boxes of one K step (tap jd, jh, jw; channels from ``cb``) into
+    stage ``s``."""
     bar = bars.index(s)
     mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
     tma_load(x_desc, [nb, d0 - jd * OSD, h0 - jh * OSH, w0 - jw * OSW, c_base + cb], bar,
@@ -313,8 +316,11 @@ def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, 
     kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
     tma_load(w_desc, [w_base + kidx * COUT_G + w_row, cb], bar, b_smem.index(s))
 
+
 @gluon.jit
 def _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K: gl.constexpr):
+    """The next K step, channel block fastest, by carries: divisions per step cost more issue
+    slots than a 128-row wgmma step leaves free."""
     cb += BLOCK_K
     c_wrap = cb >= CIN_G
     cb = gl.where(c_wrap, 0, cb)
@@ -327,10 +333,13 @@ def _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K: gl.constexpr):
     jd += h_wrap.to(gl.int32)
     return cb, jw, jh, jd
 
+
 @gluon.jit
 def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, c_base, w_row, w_base,
               CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW,
               th, tw, t0d, t0h, t0w, mma_layout: gl.constexpr, STAGES: gl.constexpr):
+    """The accumulator of one phase: its ``n_iter`` K steps (taps x channel blocks, channel
+    block fastest), numbered from ``g0`` in the program's ring. Returns it and the next number."""
     BLOCK_M: gl.constexpr = a_smem.shape[1]
     BLOCK_K: gl.constexpr = a_smem.shape[2]
     BLOCK_N: gl.constexpr = b_smem.shape[1]
@@ -359,8 +368,11 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     return acc, g0 + n_iter
 
+
 @gluon.jit
 def _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32: gl.constexpr):
+    """(inside the output, 64-bit depth-slice base, in-slice offsets) of output positions
+    (od, oh, ow). OFF32: the launcher checked that channel + in-slice offsets stay below 2^31."""
     ok = (od < OD) & (oh < OH) & (ow < OW)
     if OFF32:
         y_m = oh * stride_yh + ow * stride_yw
@@ -368,23 +380,32 @@ def _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_
         y_m = oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
     return ok, y_n + od.to(gl.int64) * stride_yd, y_m
 
+
 @gluon.jit
 def _channel_offsets(channels, stride_yc, OFF32: gl.constexpr):
+    """Offsets of output ``channels`` (32-bit under OFF32, see ``_position_offsets``)."""
     if OFF32:
         offs = channels * stride_yc
     else:
         offs = channels.to(gl.int64) * stride_yc
     return offs
 
+
 @gluon.jit
 def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw,
            OFF32: gl.constexpr):
+    """Store ``vals`` [BLOCK_M, BLOCK_N] at output positions (od, oh[m], ow[m]) and channel
+    offsets ``y_co[n]``, inside the output only."""
     ok, y_s, y_m = _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32)
     gl.store(y_ptr + y_s + (gl.expand_dims(y_m, 1) + gl.expand_dims(y_co, 0)), vals.to(y_ptr.dtype.element_ty),
              mask=gl.expand_dims(ok, 1) & gl.expand_dims(co_ok, 0))
 
+
 @gluon.jit
 def _buffer_rows(rows, PAIRS: gl.constexpr, num_warps: gl.constexpr):
+    """A chunk of the epilogue buffer as output rows [CHUNK, BLOCK_M x W_GROUP] (column p: position
+    p // W_GROUP, residue p % W_GROUP); each lane reads one column (PAIRS: both residues of one
+    position), so a warp's read hits 32 distinct banks."""
     CHUNK: gl.constexpr = rows.shape[0]
     BLOCK_M: gl.constexpr = rows.shape[1]
     W_GROUP: gl.constexpr = rows.shape[2]
@@ -394,10 +415,14 @@ def _buffer_rows(rows, PAIRS: gl.constexpr, num_warps: gl.constexpr):
         layout: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 32 // W_GROUP, W_GROUP], [num_warps, 1, 1], [2, 1, 0])
     return gl.reshape(rows.load(layout), [CHUNK, BLOCK_M * W_GROUP])
 
+
 @gluon.jit
 def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
                 stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr, BW: gl.constexpr, W_GROUP: gl.constexpr,
                 OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, PAIRS: gl.constexpr, num_warps: gl.constexpr):
+    """Store the box's rows from ``c_smem`` plus the bias (without FROM_SMEM the bias alone, at rows
+    of residue ``rh``), 16 channels at a time; lane i holds column i, or with PAIRS both residues of
+    a position as one 8-byte store, so every warp's store covers whole sectors."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     BLOCK_M: gl.constexpr = c_smem.shape[1]
     COLS: gl.constexpr = BLOCK_M * W_GROUP
@@ -433,18 +458,22 @@ def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, q
             mask = gl.max_constancy(mask, [1, 2])
         gl.store(y_ptr + y_s + offs, vals.to(y_ptr.dtype.element_ty), mask=mask)
 
+
 @gluon.jit
 def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, pid_n, COUT_G, stride_yc, qd, qh0, qw0,
                     OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr,
                     BW: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr,
                     PAIRS: gl.constexpr, num_warps: gl.constexpr):
+    """The NCDHW output of one box: its accumulators through ``c_smem`` [BLOCK_N, W_GROUP,
+    BLOCK_M], so each warp's store covers whole rows of output columns (``_store_rows``), then the
+    companion rows of its row class."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     BLOCK_M: gl.constexpr = c_smem.shape[2]
     if W_GROUP == 1:
         c_smem.store(gl.reshape(gl.permute(acc0, [1, 0]), [BLOCK_N, 1, BLOCK_M]))
     else:
-        # Both residues in one store (the layout's XOR on the residue forbids a slice per
-        # residue); a residue without taps as zeros, so that reads need no select.
+        # Both residues in one store (the layout's XOR forbids a slice per residue); a residue
+        # without taps as zeros, so that reads need no select.
         if W_SKIP == 0:
             both = gl.join(gl.zeros_like(acc1), acc1)
         elif W_SKIP == 1:
@@ -459,8 +488,7 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
     rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
     _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
                 stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, True, PAIRS, num_warps)
-    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
-    # columns (every W residue of the group).
+    # Companion rows (as flat_gemm_kernel): bias/zero rows of empty row classes at these columns.
     cmask = _row_value(tab_ptr, row0, 15)
     for rc in range(SD * SH):
         if ((cmask >> rc) & 1) != 0:
@@ -468,8 +496,12 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
                         rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, False,
                         PAIRS, num_warps)
 
+
 @constexpr_function
 def _epilogue_layout(block_n, w_group, block_m):
+    """``_epilogue_buffer``'s layout: rows of BLOCK_M words per (channel n, residue j), column m at
+    word m ^ (8 x ((n >> 1) & 3)) ^ (16 x j), so that neither the accumulator's stores (channels 8
+    banks apart) nor the row reads (residues 16 apart) have bank conflicts."""
     def log2(v):
         return v.bit_length() - 1
     bases = [[0, 0, 1 << b] for b in range(log2(block_m))]
@@ -480,14 +512,19 @@ def _epilogue_layout(block_n, w_group, block_m):
         bases.append([1 << b, 0, xor])
     return gl.SharedLinearLayout(bases)
 
+
 @gluon.jit
 def _epilogue_buffer(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, W_GROUP: gl.constexpr):
+    """``_ncdhw_epilogue``'s buffer [BLOCK_N, W_GROUP, BLOCK_M] fp32 (``_epilogue_layout``)."""
     layout: gl.constexpr = _epilogue_layout(BLOCK_N, W_GROUP, BLOCK_M)
     return gl.allocate_shared_memory(gl.float32, [BLOCK_N, W_GROUP, BLOCK_M], layout)
+
 
 @gluon.jit
 def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, qh, qw, OD, OH, OW, SD, SH, SW,
                   stride_yd, stride_yh, stride_yw, W_GROUP: gl.constexpr, OFF32: gl.constexpr):
+    """Store one box's accumulators and companion rows straight from the accumulator layout
+    (channels-last output: a thread's two columns are adjacent channels, so stores fill sectors)."""
     od = qd * SD + _row_value(tab_ptr, row0, 0)
     rh = _row_value(tab_ptr, row0, 1)
     rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
@@ -497,8 +534,7 @@ def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, 
         vals = acc0 if j == 0 else acc1
         _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
                stride_yd, stride_yh, stride_yw, OFF32)
-    # Companion rows (see flat_gemm_kernel): bias/zero rows of empty row classes at this box's
-    # columns (every W residue of the group).
+    # Companion rows (as flat_gemm_kernel): bias/zero rows of empty row classes at these columns.
     cmask = _row_value(tab_ptr, row0, 15)
     if cmask != 0:
         fill = gl.zeros_like(acc0) + gl.expand_dims(bias, 0)
@@ -511,28 +547,18 @@ def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, 
                     _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd,
                            stride_yh, stride_yw, OFF32)
 
+
 @gluon.jit
 def box_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    PD, PH, PW,
-    QD, OD, OH, OW,
-    NUM_GROUPS, KVOL,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    TSD, TSH, TSW,
-    OSD, OSH, OSW,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, PD, PH, PW, QD, OD, OH, OW, NUM_GROUPS, KVOL, KH, KW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW, OSD, OSH, OSW,
     tiles_h, tiles_w, tiles_n,
-    HAS_BIAS: gl.constexpr,
-    W_GROUP: gl.constexpr,
-    W_SKIP: gl.constexpr,
-    OFF32: gl.constexpr,
-    CL_OUT: gl.constexpr,
-    PAIRS: gl.constexpr,
-    STAGES: gl.constexpr,
-    num_warps: gl.constexpr,
+    HAS_BIAS: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr, CL_OUT: gl.constexpr,
+    PAIRS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
 ):
+    """One box of compact positions of one phase group (module docstring). ``x_desc``: the
+    zero-haloed input [N, DP, HP, WP, C] in boxes [1, 1, BH, BW, BLOCK_K]; ``w_desc``: the packed
+    weight [G * taps * Cout/g, Cin/g] in boxes [BLOCK_N, BLOCK_K]; the rest as flat_gemm_kernel."""
     BH: gl.constexpr = x_desc.block_type.shape[2]
     BW: gl.constexpr = x_desc.block_type.shape[3]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
@@ -603,12 +629,12 @@ def box_gemm_kernel(
                         OFF32, PAIRS, num_warps)
 
 
-# ==================== convt3d/core/errors.py (what this file reaches, without docstrings) ====================
+# ==================== convt3d/core/errors.py (what this file reaches, verbatim) ====================
 class BackendUnavailableError(RuntimeError):
     """The backend that was asked for cannot run this call (it never silently runs another)."""
 
 
-# ==================== convt3d/engines/triton/sites.py (what this file reaches, without docstrings) ====================
+# ==================== convt3d/engines/triton/sites.py (what this file reaches, verbatim) ====================
 K = types.SimpleNamespace(
     flat_gemm_kernel=flat_gemm_kernel,
     gemm_operands_kernel=gemm_operands_kernel,
@@ -618,16 +644,15 @@ GK = types.SimpleNamespace(
     box_gemm_kernel=box_gemm_kernel,
 )
 
-# ----------------------------------------------------------------------------------------------
-# Kernels: compiled for CUDA, interpreted for CPU (built lazily, once).
-# ----------------------------------------------------------------------------------------------
+
 def interpreter_active() -> bool:
+    """True when Triton was imported with TRITON_INTERPRET=1 (its kernels then run on the CPU)."""
     return bool(triton.knobs.runtime.interpret)
 
+
 def _kernel(name: str, device: torch.device, module=None):
-    # Triton decides between compiling and interpreting when a @triton.jit function is created
-    # (its own library helpers such as tl.zeros included), so the interpreter cannot be switched
-    # on per call: CPU tensors need TRITON_INTERPRET=1 before triton is imported.
+    # Triton picks compiling or interpreting when a @triton.jit function is created, so CPU
+    # tensors need TRITON_INTERPRET=1 before triton is imported.
     if device.type == "cpu" and not interpreter_active():
         raise BackendUnavailableError(
             "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
@@ -636,19 +661,13 @@ def _kernel(name: str, device: torch.device, module=None):
         return getattr(module, name)
     return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
-# ----------------------------------------------------------------------------------------------
-# Launch sites: the host side of a launch, built once per call signature.
-# ----------------------------------------------------------------------------------------------
-# Small layers are host-bound: one ``kernel[grid](...)`` spends tens of microseconds in argument
-# binding and specialisation (``JITFunction.run``), more with more arguments, and a call makes 2-4
-# launches for about as much GPU work. Every integer argument, the grid and the constexprs of our launches are
-# fixed by the call signature; only tensor pointers change. A Site keeps them, and after its
-# first launch (which goes through Triton as usual: compile, specialise) replays the compiled
-# kernel directly for the same pointer-alignment pattern -- exactly the arguments Triton's own
-# launch passes. Triton's path is kept where a replay could differ from it: launch hooks
-# installed (profilers), the interpreter. A launch for a device that is not the current one
-# makes it current first (Triton launches on the current device).
+
 class Site:
+    """One kernel launch of a call signature: name, grid, integer arguments and constexprs, all
+    fixed by the signature. After its first launch through Triton it replays the compiled kernel
+    directly, since Triton's argument binding costs as much as a small layer's GPU work; Triton's
+    own path stays under launch hooks and the interpreter. ``launch(device, *tensors)`` passes
+    the tensor arguments, which come first in every kernel; ``module``: the kernel's module."""
 
     __slots__ = ("name", "grid", "ints", "consts", "compiled", "tail", "module")
 
@@ -665,15 +684,13 @@ class Site:
         drv = triton.runtime.driver.active
         idx = drv.get_current_device()
         if idx != device.index:
-            # Triton compiles for and launches on the current device, not the tensors': a layer on
-            # cuda:1 called while cuda:0 is current (no torch.cuda.set_device) would run there.
+            # Triton launches on the current device, not the tensors'.
             with torch.cuda.device(device.index):
                 return self.launch(device, *tensors)
         hooks = triton.knobs.runtime
         if _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
             return kern[self.grid](*tensors, *self.ints, **self.consts)
-        # Triton specialises a pointer on its 16-byte alignment (and dtype); a descriptor on
-        # its block shape and dtype, which the signature fixes.
+        # Triton specialises a pointer on its dtype and 16-byte alignment; descriptors are fixed.
         key = (idx,) + tuple((t.dtype, t.data_ptr() % 16 == 0) if isinstance(t, torch.Tensor) else None
                              for t in tensors)
         ck = self.compiled.get(key)
@@ -689,22 +706,31 @@ class Site:
                ck.packed_metadata, None, None, None, *tensors, *self.ints, *self.tail)
         return ck
 
+
 def _hook_set(hook) -> bool:
+    """A launch hook is installed: Triton 3.6+ keeps an empty HookChain (``.calls``) when none is."""
     return hook is not None and len(getattr(hook, "calls", (hook,))) > 0
 
+
 def _tma_capable(device: torch.device) -> bool:
-    # TMA exists from Hopper (sm_90) on; the interpreter emulates it, so CPU CI runs this path.
+    # TMA exists from sm_90 on; the interpreter emulates it.
     return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
 
+
 def gluon_capable(device: torch.device) -> bool:
+    """box_gemm_kernel can run here: wgmma is sm_90's alone, and Gluon has no interpreter."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
 
 @functools.lru_cache(maxsize=64)
 def _nvmma_layout(box: tuple, dtype: torch.dtype):
+    """The shared-memory layout wgmma reads a TMA box in (the widest swizzle its rows allow)."""
     gdt = {torch.float32: gl.float32, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(box), gdt)
 
+
 def gluon_descriptor(t: torch.Tensor, box: tuple):
+    """A Gluon TMA descriptor over ``t`` in boxes ``box``, laid out for wgmma (per call)."""
     return GluonDescriptor(t, list(t.shape), list(t.stride()), list(box), _nvmma_layout(tuple(box), t.dtype))
 
 

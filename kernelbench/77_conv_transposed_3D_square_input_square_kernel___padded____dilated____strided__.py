@@ -30,7 +30,7 @@ from triton.runtime.jit import constexpr_function
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 
-# ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, without docstrings and comment lines) ====================
+# ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, without docstrings) ====================
 @triton.jit
 def _phase_row(tab_ptr, r):
     row = tab_ptr + r * 16
@@ -66,13 +66,8 @@ def _pack_block(w_ptr, p_ptr, pid, grp,
 
 @triton.jit
 def fill_planes_kernel(
-    y_ptr, b_ptr, planes_ptr,
-    C, SEG, PLANES,
-    stride_yn, stride_yc, stride_yd,
-    CHANNELS_LAST: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    VEC: tl.constexpr,
+    y_ptr, b_ptr, planes_ptr, C, SEG, PLANES, stride_yn, stride_yc, stride_yd,
+    CHANNELS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     od = tl.load(planes_ptr + pid % PLANES)
@@ -89,6 +84,8 @@ def fill_planes_kernel(
     else:
         nb = outer // C
         c = outer % C
+        # Element offsets from y_ptr (int64): the plane is [s, end); [s_up, e_dn) its
+        # VEC-aligned interior.
         s = nb.to(tl.int64) * stride_yn + c.to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd
         end = s + SEG
         s_up = (s + (VEC - 1)) // VEC * VEC
@@ -99,6 +96,8 @@ def fill_planes_kernel(
         rows = tl.arange(0, BLOCK // VEC)
         lanes = tl.arange(0, VEC)
         tile = (tl.zeros((BLOCK // VEC, VEC), dtype=tl.float32) + value).to(y_ptr.dtype.element_ty)
+        # A counted loop (not range(s_up, e_dn, BLOCK)) so the start keeps its known
+        # divisibility by VEC; a negative count (segment inside one VEC group) runs no step.
         for i in range(0, (e_dn - s_up + BLOCK - 1) // BLOCK):
             start = s_up + i * BLOCK + rows * VEC
             tl.store(y_ptr + start[:, None] + lanes[None, :], tile, mask=(start < e_dn)[:, None])
@@ -110,24 +109,11 @@ def fill_planes_kernel(
 
 @triton.jit
 def flat_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    DP, HP, WP,
-    PD, PH, PW,
-    QD, OW, OD, OH,
-    NUM_GROUPS, KVOL,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    TSD, TSH, TSW,
-    OSD, OSH, OSW,
-    tiles_m, tiles_n,
-    HAS_BIAS: tl.constexpr,
-    PRECISION: tl.constexpr,
-    W_GROUP: tl.constexpr,
-    W_SKIP: tl.constexpr,
-    OFF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD, OW, OD, OH,
+    NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW,
+    OSD, OSH, OSW, tiles_m, tiles_n,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
+    OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
@@ -148,6 +134,7 @@ def flat_gemm_kernel(
     offs_co = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     co_ok = offs_co < COUT_G
     y_n = y_ptr + nb.to(tl.int64) * stride_yn
+    # OFF32 (checked by the launcher): 32-bit epilogue offsets, since 64-bit pointer tiles cap occupancy.
     if OFF32:
         y_co = (grp * COUT_G + offs_co) * stride_yc
     else:
@@ -167,6 +154,7 @@ def flat_gemm_kernel(
             active = (qd < qd_n) & (m0 < qh_n * WP)
             n_iter = tl.where(active, td * th * tw * k_blocks, 0)
             base = row_n + (qd + PD) * plane + PH * WP + PW + m0
+            # (tap, channel block) counters advanced by carries: runtime divisions cost issue slots.
             cb = 0
             jw = 0
             jh = 0
@@ -177,6 +165,7 @@ def flat_gemm_kernel(
                 kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
                 w_tile = tl.trans(w_desc.load([(grp * KVOL + kidx) * COUT_G + pid_n * BLOCK_N, cb]))
                 if PRECISION == "ieee":
+                    # Two-level summation, as in phase_gemm_kernel.
                     acc = tl.fma(tl.dot(x_tile, w_tile, input_precision=PRECISION), 1.0, acc)
                 else:
                     acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
@@ -211,6 +200,7 @@ def flat_gemm_kernel(
         st_ok = (qh < h_lim) & (qw < qw_n)
         out = tl.trans(acc)
     else:
+        # Interleave the two W residues: column 2 m + r of the stored tile is position m, residue r.
         out = tl.reshape(tl.permute(tl.join(acc_first, acc), (1, 0, 2)), (BLOCK_N, 2 * BLOCK_M))
         offs2 = tl.arange(0, 2 * BLOCK_M)
         m2 = m0 + offs2 // 2
@@ -221,6 +211,7 @@ def flat_gemm_kernel(
     tl.store(y_s + (y_co[:, None] + y_m[None, :]), out.to(y_ptr.dtype.element_ty),
              mask=co_ok[:, None] & st_ok[None, :])
 
+    # Companion rows (as phase_gemm_kernel) at this tile's columns; padding columns are masked.
     cmask = tl.load(tab_ptr + pgrp * W_GROUP * 16 + 15)
     if cmask != 0:
         fill = tl.zeros((BLOCK_N, W_GROUP * BLOCK_M), dtype=tl.float32)
@@ -259,6 +250,7 @@ def _pad_block(x_ptr, y_ptr, pid,
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
     w_ok = wp < WP
+    # The row's depth and height test once (tl.where: the interpreter rejects scalar & block).
     inside = tl.where((d >= 0) & (d < D) & (h >= 0) & (h < H), w_ok & (w >= 0) & (w < W), False)
     x_row = x_ptr + nb * stride_xn + d.to(tl.int64) * stride_xd + h.to(tl.int64) * stride_xh
     x_w = w.to(tl.int64) * stride_xw
@@ -277,17 +269,10 @@ def _pad_block(x_ptr, y_ptr, pid,
 
 @triton.jit
 def gemm_operands_kernel(
-    x_ptr, xp_ptr, w_ptr, wp_ptr,
-    C, D, H, W,
-    DP, HP, WP,
-    PD, PH, PW,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
-    CIN_G, COUT_G, KVOL, FOLD,
-    stride_wi,
+    x_ptr, xp_ptr, w_ptr, wp_ptr, C, D, H, W, DP, HP, WP, PD, PH, PW,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, CIN_G, COUT_G, KVOL, FOLD, stride_wi,
     PAD_R_BLOCKS, PAD_C_BLOCKS, PAD_PROGRAMS, PACK_PROGRAMS,
-    ROUND_TF32: tl.constexpr,
-    SRC_CL: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+    ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -302,8 +287,10 @@ def gemm_operands_kernel(
                     ROUND_TF32, BLOCK_CI, BLOCK_J)
 
 
-# ==================== convt3d/engines/triton/kernels/gluon_gemm.py (what this file reaches, without docstrings and comment lines) ====================
+# ==================== convt3d/engines/triton/kernels/gluon_gemm.py (what this file reaches, without docstrings) ====================
+# Names that differ between triton 3.6 and 3.9 (same arguments).
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
 cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 @gluon.jit
@@ -363,6 +350,7 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
     BLOCK_K: gl.constexpr = a_smem.shape[2]
     BLOCK_N: gl.constexpr = b_smem.shape[1]
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+    # The step to issue next, as (channel offset, jw, jh, jd) (``_advance``).
     cb = 0
     jw = 0
     jh = 0
@@ -377,6 +365,7 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
         s = g % STAGES
         mbarrier.wait(bars.index(s), (g // STAGES) & 1)
         acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
+        # At most this step's wgmma in flight: the stage of the step before is free again.
         acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_smem.index(s), b_smem.index(s)))
         if k + STAGES - 1 < n_iter:
             _issue(x_desc, w_desc, a_smem, b_smem, bars, (g + STAGES - 1) % STAGES, nb, d0, h0, w0, c_base, cb,
@@ -469,6 +458,8 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
     if W_GROUP == 1:
         c_smem.store(gl.reshape(gl.permute(acc0, [1, 0]), [BLOCK_N, 1, BLOCK_M]))
     else:
+        # Both residues in one store (the layout's XOR forbids a slice per residue); a residue
+        # without taps as zeros, so that reads need no select.
         if W_SKIP == 0:
             both = gl.join(gl.zeros_like(acc1), acc1)
         elif W_SKIP == 1:
@@ -483,6 +474,7 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
     rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
     _store_rows(c_rows, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
                 stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, True, PAIRS, num_warps)
+    # Companion rows (as flat_gemm_kernel): bias/zero rows of empty row classes at these columns.
     cmask = _row_value(tab_ptr, row0, 15)
     for rc in range(SD * SH):
         if ((cmask >> rc) & 1) != 0:
@@ -519,6 +511,7 @@ def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, 
         vals = acc0 if j == 0 else acc1
         _store(y_ptr, y_n, vals + gl.expand_dims(bias, 0), y_co, co_ok, od, oh, ow, OD, OH, OW,
                stride_yd, stride_yh, stride_yw, OFF32)
+    # Companion rows (as flat_gemm_kernel): bias/zero rows of empty row classes at these columns.
     cmask = _row_value(tab_ptr, row0, 15)
     if cmask != 0:
         fill = gl.zeros_like(acc0) + gl.expand_dims(bias, 0)
@@ -533,31 +526,18 @@ def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, 
 
 @gluon.jit
 def box_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr,
-    N, CIN_G, COUT_G,
-    PD, PH, PW,
-    QD, OD, OH, OW,
-    NUM_GROUPS, KVOL,
-    KH, KW,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    SD, SH, SW,
-    TSD, TSH, TSW,
-    OSD, OSH, OSW,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, PD, PH, PW, QD, OD, OH, OW, NUM_GROUPS, KVOL, KH, KW,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW, OSD, OSH, OSW,
     tiles_h, tiles_w, tiles_n,
-    HAS_BIAS: gl.constexpr,
-    W_GROUP: gl.constexpr,
-    W_SKIP: gl.constexpr,
-    OFF32: gl.constexpr,
-    CL_OUT: gl.constexpr,
-    PAIRS: gl.constexpr,
-    STAGES: gl.constexpr,
-    num_warps: gl.constexpr,
+    HAS_BIAS: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr, CL_OUT: gl.constexpr,
+    PAIRS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
 ):
     BH: gl.constexpr = x_desc.block_type.shape[2]
     BW: gl.constexpr = x_desc.block_type.shape[3]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
     BLOCK_M: gl.constexpr = BH * BW
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    # wgmma's accumulator: one warpgroup along M per 4 warps, instruction [16, BLOCK_N, 32 bytes of K].
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1],
         instr_shape=[16, BLOCK_N, 256 // x_desc.dtype.primitive_bitwidth])
@@ -587,6 +567,7 @@ def box_gemm_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
 
+    # The row class (rd, rh) and its compact bounds are those of the group's first phase.
     row0 = pgrp * W_GROUP
     g = 0  # K steps this program has put through its ring
     acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)  # residue 0 (W_GROUP=2) / the phase
@@ -614,18 +595,19 @@ def box_gemm_kernel(
         _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, qh, qw, OD, OH, OW, SD, SH, SW,
                       stride_yd, stride_yh, stride_yw, W_GROUP, OFF32)
     else:
+        # Positions innermost (NCDHW): through shared memory (``_ncdhw_epilogue``).
         c_smem = _epilogue_buffer(BLOCK_N, BLOCK_M, W_GROUP)
         _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, pid_n, COUT_G, stride_yc, qd, qh0,
                         qw0, OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, W_SKIP,
                         OFF32, PAIRS, num_warps)
 
 
-# ==================== convt3d/core/errors.py (what this file reaches, without docstrings and comment lines) ====================
+# ==================== convt3d/core/errors.py (what this file reaches, without docstrings) ====================
 class BackendUnavailableError(RuntimeError):
     """The backend that was asked for cannot run this call (it never silently runs another)."""
 
 
-# ==================== convt3d/engines/triton/sites.py (what this file reaches, without docstrings and comment lines) ====================
+# ==================== convt3d/engines/triton/sites.py (what this file reaches, without docstrings) ====================
 K = types.SimpleNamespace(
     fill_planes_kernel=fill_planes_kernel,
     flat_gemm_kernel=flat_gemm_kernel,
@@ -640,6 +622,8 @@ def interpreter_active() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 def _kernel(name: str, device: torch.device, module=None):
+    # Triton picks compiling or interpreting when a @triton.jit function is created, so CPU
+    # tensors need TRITON_INTERPRET=1 before triton is imported.
     if device.type == "cpu" and not interpreter_active():
         raise BackendUnavailableError(
             "backend='triton' on CPU tensors runs Triton's interpreter, which must be enabled before "
@@ -665,11 +649,13 @@ class Site:
         drv = triton.runtime.driver.active
         idx = drv.get_current_device()
         if idx != device.index:
+            # Triton launches on the current device, not the tensors'.
             with torch.cuda.device(device.index):
                 return self.launch(device, *tensors)
         hooks = triton.knobs.runtime
         if _hook_set(hooks.launch_enter_hook) or _hook_set(hooks.launch_exit_hook):
             return kern[self.grid](*tensors, *self.ints, **self.consts)
+        # Triton specialises a pointer on its dtype and 16-byte alignment; descriptors are fixed.
         key = (idx,) + tuple((t.dtype, t.data_ptr() % 16 == 0) if isinstance(t, torch.Tensor) else None
                              for t in tensors)
         ck = self.compiled.get(key)
@@ -689,6 +675,7 @@ def _hook_set(hook) -> bool:
     return hook is not None and len(getattr(hook, "calls", (hook,))) > 0
 
 def _tma_capable(device: torch.device) -> bool:
+    # TMA exists from sm_90 on; the interpreter emulates it.
     return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
 
 def gluon_capable(device: torch.device) -> bool:

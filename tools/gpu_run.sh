@@ -9,7 +9,7 @@
 #
 #   LOGDIR        where everything is written (default: $OUT if set, else ./gpu_logs)
 #   PARTS         comma-separated, from:
-#                   tests     python -m pytest tests/test_gpu*.py (xdist, -rfE)
+#                   tests     python -m pytest tests/gpu and tests/kernelbench (xdist, -rfE)
 #                   kb        convt3d bench --suite kernelbench --json bench_kb.json
 #                   layers    convt3d bench --suite layers --json bench_layers.json
 #                   networks  convt3d bench --suite networks --json bench_networks.json
@@ -148,7 +148,7 @@ if wanted tests; then
   # Failures (with tracebacks) and tests over 10 s go to tests.log / tests.log.slow as they
   # happen (tests/conftest.py), so a run cut by its cap still says what failed.
   export CONVT3D_TEST_LOG="$LOGDIR/tests.log"
-  eval "run_part tests $TESTS_CAP 25 python3 -m pytest -q -n 14 --tb=short -p no:cacheprovider -p no:benchmark -rfE $PYTEST_ARGS tests/test_gpu*.py"
+  eval "run_part tests $TESTS_CAP 25 python3 -m pytest -q -n 14 --tb=short -p no:cacheprovider -p no:benchmark -rfE $PYTEST_ARGS tests/gpu tests/kernelbench"
 fi
 bench() { local name=$1 cap=$2; shift 2
   # shellcheck disable=SC2086

@@ -2,7 +2,7 @@
 installed here (CI's is newer than the GPU machine's 3.6) for every constexpr combination the
 launcher can ask for, the candidate list offers it exactly where it can compute the call, and
 its NCDHW epilogue buffer's layout gives every warp access 32 distinct banks.
-Its numerics are GPU tests (tests/test_gpu.py, test_box_gemm_every_geometry): Triton's
+Its numerics are GPU tests (tests/gpu/test_gpu.py, test_box_gemm_every_geometry): Triton's
 interpreter does not run Gluon."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """CPU tests of the networks suite (``convt3d bench --suite networks``): the in-project networks'
 layouts, every network at its tiny size patched (Triton interpreter) against untouched and
 float64, the row logic with a fake timer, the ConvTranspose3d share, skips for missing extras, and
-the CLI. The GPU side is tests/test_gpu_networks.py."""
+the CLI. The GPU side is tests/gpu/test_gpu_networks.py."""
 from __future__ import annotations
 
 import importlib.util

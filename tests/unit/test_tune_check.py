@@ -4,7 +4,7 @@ the signatures that make it slower are reverted (``convt3d.dispatch.network_chec
 
 Timings are injected: ``measure``/``timer`` stand-ins compute a model time from which layers run
 on PyTorch, so every branch (kept, one culprit, all reverted, ties and noise) is exercised without
-a GPU; tests/test_gpu_networks.py runs the real thing.
+a GPU; tests/gpu/test_gpu_networks.py runs the real thing.
 """
 from __future__ import annotations
 

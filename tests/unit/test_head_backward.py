@@ -7,7 +7,7 @@ tile configuration a GPU would time; autograd with bias and unbatched input; the
 candidates and its error paths.
 
 Sizes are tiny (the interpreter costs ~0.1 s per program step). bfloat16 is left out: the
-interpreter's bf16 dots are unreliable (tests/test_gpu_head.py covers bf16 on the GPU).
+interpreter's bf16 dots are unreliable (tests/gpu/test_gpu_head.py covers bf16 on the GPU).
 
 Why the bounds: the exact fp32 grades sum at most taps x Cout/g = 27 x 15 products (dX) or
 N x D x H x W <= 200 products per split (dW): 1e-5 of the gradient's scale is ~100x their

@@ -18,7 +18,11 @@ import convt3d
 from convt3d.engines.cuda import head as ch
 from convt3d.engines.cuda.head import nvcc_path
 
-from test_cuda_head import REGIMES, _params
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_cuda_head import REGIMES, _params  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),

@@ -3,7 +3,7 @@ with the untouched model within the project's error budget -- inference in fp32 
 autocast against float64, the bf16-autocast training step's gradients against the fp32 step with
 TF32 off (``bench/networks.py`` says why) -- under "auto" and with the Triton engine forced on every
 layer (so that the engine is exercised even where auto keeps PyTorch's call). Networks whose
-package is not installed are skipped with the reason. CPU side: tests/test_networks.py."""
+package is not installed are skipped with the reason. CPU side: tests/unit/test_networks.py."""
 from __future__ import annotations
 
 import pytest

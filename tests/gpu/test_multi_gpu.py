@@ -1,5 +1,5 @@
 """Data-parallel training with convt3d layers, one process per device, started by ``torchrun``
-(``tests/multi_gpu_train.py`` trains and reports; this file judges):
+(``tests/gpu/multi_gpu_train.py`` trains and reports; this file judges):
 
 * on 2+ GPUs (NCCL; skipped below 2 CUDA devices): DDP and FSDP2 (``fully_shard``), fp32 at exact
   grade and bf16 autocast. The gradients after one step equal those of a single-process run of
@@ -47,7 +47,7 @@ def launch(out: Path, nproc: int, *args: str, timeout: float) -> list[dict]:
     """torchrun the helper; every rank's report (a failed rank's traceback is shown)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(HELPER), "--out", str(out), *args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[1] / "src"),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[2] / "src"),
                                                                      os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]

@@ -17,7 +17,7 @@ from conftest import requires_interpreter
 from convt3d.bench.suites import Case, Geometry
 from convt3d.core.validate import check_call
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 # ---- suites: exactly the numbers of issue 2 ------------------------------------------------------
 # N, Cin, Cout, input (D,H,W), kernel, stride, padding, output_padding, dilation, groups
@@ -329,7 +329,7 @@ def test_failing_backend_becomes_a_failure_row():
 
 @pytest.mark.parametrize("mode", ["bwd", "full"])
 def test_training_modes_exist(mode):
-    # Their row logic is tested in tests/test_training.py (issue 5).
+    # Their row logic is tested in tests/unit/test_training.py (issue 5).
     assert runner.get_mode(mode).needs_grad and runner.get_mode(mode).name == mode
     with pytest.raises(ValueError, match="unknown mode"):
         runner.get_mode("sideways")

@@ -5,7 +5,7 @@ set_benchmark, and decisions reused from memory and from the disk cache.
 
 A meta tensor wrapped to report ``device cuda:0`` (``FakeCuda``) drives the CUDA branches; the
 timing itself (``dispatch._measure`` or an engine's ``time``) is replaced by a recorder --
-tests/test_gpu_auto.py times for real."""
+tests/gpu/test_gpu_auto.py times for real."""
 from __future__ import annotations
 
 import json

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import requires_interpreter
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "convt3d"
 
 

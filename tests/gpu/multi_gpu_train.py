@@ -1,8 +1,8 @@
 """Data-parallel training of a small 3-D decoder patched with convt3d, one process per device,
-started by torchrun (``tests/test_multi_gpu.py`` launches it and judges what it reports)::
+started by torchrun (``tests/gpu/test_multi_gpu.py`` launches it and judges what it reports)::
 
-    torchrun --standalone --nproc-per-node 2 tests/multi_gpu_train.py --out DIR
-    torchrun --standalone --nproc-per-node 2 tests/multi_gpu_train.py --out DIR --device cpu --steps 5
+    torchrun --standalone --nproc-per-node 2 tests/gpu/multi_gpu_train.py --out DIR
+    torchrun --standalone --nproc-per-node 2 tests/gpu/multi_gpu_train.py --out DIR --device cpu --steps 5
 
 For each wrapper (DDP; FSDP2, ``torch.distributed.fsdp.fully_shard`` on every ConvTranspose3d and
 the root) and each precision (fp32 with TF32 off; bf16 under ``torch.autocast``) every rank

@@ -14,7 +14,7 @@ import torch
 
 from clean_process import compile_in_clean_process
 
-SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "head_tiles_smem.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "head_tiles_smem.py"
 
 
 def _script():

@@ -4,7 +4,7 @@ configuration, and dX forced to Triton through autograd), torch.compile(fullgrap
 with Inductor, CUDA graph capture and replay of forward + backward, autocast, and a 50-step
 training curve against nn.ConvTranspose3d.
 
-Accuracy bar (as tests/test_gpu.py for the forward): per gradient, our max abs error against
+Accuracy bar (as tests/gpu/test_gpu.py for the forward): per gradient, our max abs error against
 float64 is at most 2x cuDNN's own error for the same inputs, dtype and TF32 flag, plus one unit of
 the output's last place; for "tf32", 2x the larger of cuDNN's error and the error of exact TF32
 arithmetic (operands rounded to TF32, float64 sums), since cuDNN sometimes runs exact fp32 anyway.

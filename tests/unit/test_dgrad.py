@@ -7,7 +7,7 @@ choice in ``backward.grads``: $CONVT3D_BWD_INPUT, the static rule on CPU, one cu
 gradients go there, and determinism.
 
 Sizes are tiny (the interpreter costs ~0.1 s per program step). bfloat16 is left out: the
-interpreter's bf16 dots are unreliable (tests/test_gpu_training.py covers bf16 on the GPU).
+interpreter's bf16 dots are unreliable (tests/gpu/test_gpu_training.py covers bf16 on the GPU).
 """
 from __future__ import annotations
 

@@ -235,7 +235,7 @@ def _decoder(precision="ieee"):
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d"])
 def test_compile_fullgraph_matches_eager(layout):
-    # tests/test_gpu_training.py compiles with Inductor.
+    # tests/gpu/test_gpu_training.py compiles with Inductor.
     m = _decoder()
     x = torch.randn(1, 8, 2, 2, 2)
     if layout == "channels_last_3d":
@@ -245,7 +245,7 @@ def test_compile_fullgraph_matches_eager(layout):
 
 # ---- autocast --------------------------------------------------------------------------------------
 def test_cpu_autocast_casts_like_nn_convtranspose3d():
-    # float16 (the interpreter computes bf16 dots wrongly; tests/test_gpu_training.py covers bf16).
+    # float16 (the interpreter computes bf16 dots wrongly; tests/gpu/test_gpu_training.py covers bf16).
     torch.manual_seed(0)
     ours = convt3d.ConvTranspose3d(8, 8, 2, stride=2)
     ours.backend = "triton"

@@ -1,6 +1,6 @@
 """GPU tests of the output-head path (head_engine; skipped without CUDA).
 
-Accuracy bar as tests/test_gpu.py (``_check``): against float64 PyTorch, at most 2x cuDNN's own
+Accuracy bar as tests/gpu/test_gpu.py (``_check``): against float64 PyTorch, at most 2x cuDNN's own
 error at the same dtype and precision flag (for "tf32", 2x the larger of cuDNN's error and that of
 exact TF32 arithmetic), plus one unit in the last place of the largest output. Head
 configurations are forced with ``config=`` (the tuner may pick any of them): bfloat16, float16 and
@@ -281,7 +281,7 @@ def test_deterministic_bitwise():
 
 
 # ---- the head backward (head_backward; kernels/head_grad.py) --------------------------------------
-# Accuracy bar as tests/test_gpu_training.py: per gradient, at most 2x cuDNN's own error against
+# Accuracy bar as tests/gpu/test_gpu_training.py: per gradient, at most 2x cuDNN's own error against
 # float64 for the same inputs, dtype and TF32 flag (for "tf32", 2x the larger of cuDNN's error and
 # exact TF32 arithmetic's), plus one unit in the last place of the gradient's largest value.
 from convt3d.engines.triton import backward as B  # noqa: E402
