@@ -23,7 +23,7 @@ from convt3d.core.validate import check_call
 
 from conftest import check_against_reference
 from convt3d.engines.triton.configs import tuning_log
-from convt3d.dispatch.heuristic import HOST_BOUND_S, TINY_FLOOR_S, floors, heuristic
+from convt3d.dispatch.heuristic import HOST_BOUND_S, TINY_FLOOR_S, floors
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEV = "cuda"
@@ -170,7 +170,9 @@ def test_triton_tuning_persists_to_a_new_process(tmp_path, monkeypatch):
         assert cache.tune_key_text(plan.tune_key) in doc["triton_configs"]
     code = (
         "import torch, convt3d\n"
-        "from convt3d import triton_engine, dispatch\n"
+        "from convt3d.engines.triton import engine as triton_engine\n"
+        "from convt3d.engines.triton.configs import tuning_log\n"
+        "from convt3d.dispatch import select as dispatch\n"
         "from convt3d.core.validate import check_call\n"
         "torch.manual_seed(0)\n"
         f"x = torch.empty({tuple(x.shape)}, device='cuda').normal_()\n"
@@ -216,13 +218,14 @@ def test_tune_fills_the_cache_for_a_model():
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_cuda_engine_is_measured_for_exact_fp32_when_built():
-    mod, why = ENGINES["cuda"].module()
-    if mod is None:
-        pytest.skip(why)
-    x, w, b, _, params = _layer(size=TIMED)
-    if mod.unsupported_reason(x, w, params) is not None:
-        pytest.skip(mod.unsupported_reason(x, w, params))
+def test_the_cuda_head_engine_is_measured_once_its_library_is_built():
+    from convt3d.engines.cuda import head
+
+    if head.nvcc_path() is None:
+        pytest.skip("no CUDA compiler (nvcc) to build the head kernel")
+    x, w, b, _, params = _layer(torch.bfloat16, cin=64, cout=3, size=64)  # an output head
+    assert ENGINES["cuda"].call_reasons(Call(x, w, b, params, "tf32")) == []
+    head.load_library(x.device, torch.bfloat16)  # what `convt3d build` and the background build do
     convt3d.set_benchmark(True)
-    dispatch.decide(x, "auto", "tf32x3", params, weight=w, bias=b)
-    assert "cuda" in dispatch.cached_timings(Call(x, w, b, params, "tf32x3"))
+    dispatch.decide(x, "auto", None, params, weight=w, bias=b)
+    assert "cuda" in dispatch.cached_timings(Call(x, w, b, params, "tf32"))

@@ -24,6 +24,7 @@ def fake_builds(monkeypatch, tmp_path):
         path(device, dtype).write_text("built")
 
     monkeypatch.setattr(head, "library_path", path)
+    monkeypatch.setattr(head, "loaded", lambda dtype: False)
     monkeypatch.setattr(head, "load_library", load)
     monkeypatch.setattr(build, "_threads", {})
     monkeypatch.setattr(build, "_failed", {})
@@ -50,3 +51,9 @@ def test_a_failed_build_is_kept_with_its_reason(fake_builds):
     build.start(device, torch.float16)
     build._threads[build._key(device, torch.float16)].join(5)
     assert build.status(device, torch.float16) == "failed: RuntimeError: nvcc failed"
+
+
+def test_a_library_loaded_in_this_process_is_ready_wherever_the_cache_folder_points(fake_builds, monkeypatch):
+    monkeypatch.setattr(head, "loaded", lambda dtype: dtype == torch.bfloat16)
+    device = torch.device("cuda", 0)
+    assert build.ready(device, torch.bfloat16) and not build.ready(device, torch.float32)

@@ -26,8 +26,8 @@ def _key(device: torch.device, dtype: torch.dtype) -> tuple:
 
 
 def ready(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the library of ``dtype`` for this GPU is on disk (or loaded): a call then costs no build."""
-    return head.library_path(device, dtype).exists()
+    """Whether the library of ``dtype`` for this GPU is loaded or on disk: a call then costs no build."""
+    return head.loaded(dtype) or head.library_path(device, dtype).exists()
 
 
 def start(device: torch.device, dtype: torch.dtype) -> None:

@@ -562,6 +562,11 @@ def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return best[1]
 
 
+def loaded(dtype: torch.dtype) -> bool:
+    """Whether this process has the library of ``dtype`` loaded already."""
+    return _DTYPE_CODES[dtype] in _state["lib"]
+
+
 def clear() -> None:
     """Forget the tile choices (tests)."""
     _chosen.clear()
