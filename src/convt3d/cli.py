@@ -11,7 +11,7 @@ COMMANDS = {
     "bench": ("convt3d.bench.cli", "Time convt3d against PyTorch/cuDNN on the bench suites"),
     "export-kernelbench": ("convt3d.kernelbench.export", "Regenerate the self-contained KernelBench ModelNew files"),
     "kernelbench": ("convt3d.kernelbench.evaluate", "Evaluate the KernelBench ModelNew files as KernelBench does"),
-    "tune": ("convt3d.tune", "Fill the auto-backend and Triton tuning cache by running the bench suites' layers "
+    "tune": ("convt3d.bench.tune_suites", "Fill the auto-backend and Triton tuning cache by running the bench suites' layers "
                              "once (e.g. --suite layers)"),
 }
 

@@ -1,8 +1,7 @@
-"""``convt3d.tune(model, *example_inputs)`` and the ``convt3d tune`` command: fill the cache so that
-the first real step is already fast."""
+"""``convt3d.tune(model, *example_inputs)``: fill the cache so that the first real step is already
+fast (the ``convt3d tune`` command does it for the bench suites' layers: ``bench/tune_suites.py``)."""
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import warnings
@@ -16,11 +15,11 @@ from .dispatch import cache, select as dispatch
 from .dispatch.network_check import check_network, layer_signature
 from .engines.triton.persist import flush_triton
 
-__all__ = ["tune", "TuneReport", "main", "build_parser"]
+__all__ = ["tune", "TuneReport", "Progress"]
 
 
 # ---- progress: rich on a terminal, else tqdm if installed, else plain lines ---------------------
-class _Progress:
+class Progress:
     def __init__(self, total: int, title: str, kind: bool | str = True, stream=None):
         self.total, self.done, self.title = total, 0, title
         self.stream = stream if stream is not None else sys.stderr
@@ -193,7 +192,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     saved_buffers = [(b, b.detach().clone()) for b in model.buffers()] if is_module else []
 
     total = max(1, len(layers)) + (1 if backward else 0)
-    bar = _Progress(total, "convt3d tune", progress)
+    bar = Progress(total, "convt3d tune", progress)
     seen: dict[str, dict] = {}
     done_layers: set[str] = set()
 
@@ -273,132 +272,3 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     return report
 
 
-# ---- convt3d tune -------------------------------------------------------------------------------
-def _csv(choices):
-    def parse(text: str) -> list[str]:
-        values = [v.strip() for v in text.split(",") if v.strip()]
-        bad = [v for v in values if choices is not None and v not in choices]
-        if not values or bad:
-            raise argparse.ArgumentTypeError(f"invalid value(s) {text!r}" + (f" (choose from {', '.join(choices)})"
-                                                                             if choices else ""))
-        return values
-    return parse
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from .bench import suites
-
-    p = argparse.ArgumentParser(
-        prog="convt3d tune", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Fill convt3d's persistent cache (auto-backend decisions and Triton tile configs) by running "
-                    "the bench suites' layers once with measuring on, so that later processes start fast.",
-        epilog="The cache lives in $CONVT3D_CACHE_DIR, else ~/.cache/convt3d/, one JSON file per GPU model, keyed on "
-               "the convt3d, torch and triton versions. Tune your own model from Python with "
-               "convt3d.tune(model, *example_inputs). Needs a CUDA device (on CPU tensors 'auto' always runs "
-               "PyTorch).")
-    p.add_argument("--suite", choices=("kernelbench", "layers", "all"), default="all")
-    p.add_argument("--case", action="append", type=_csv(suites.case_names()), metavar="NAME[,NAME]",
-                   help=f"case names: {', '.join(suites.case_names())}")
-    p.add_argument("--dtype", action="append", type=_csv(tuple(suites.DTYPES)), metavar="{fp32,bf16}")
-    p.add_argument("--layout", action="append", type=_csv(suites.LAYOUTS), metavar="{ncdhw,cl}")
-    p.add_argument("--precision", action="append", type=_csv(suites.PRECISIONS), metavar="{default,exact}")
-    p.add_argument("--backward", action="store_true", help="also run a backward pass per case (training)")
-    p.add_argument("--cache-dir", metavar="DIR", help="cache directory (sets CONVT3D_CACHE_DIR)")
-    p.add_argument("--list", action="store_true", help="print the selected cases and exit")
-    p.add_argument("--show", action="store_true", help="print the cache file of this GPU and exit")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    return p
-
-
-class _CaseLayer(nn.Module):
-    def __init__(self, geometry, w: torch.Tensor, b: torch.Tensor | None, grad: bool):
-        super().__init__()
-        self.args = geometry.conv_args()
-        self.weight = nn.Parameter(w, requires_grad=grad)
-        self.bias = None if b is None else nn.Parameter(b, requires_grad=grad)
-
-    def forward(self, x):
-        from .functional import conv_transpose3d
-
-        return conv_transpose3d(x, self.weight, self.bias, *self.args)
-
-
-def _flatten(values):
-    return None if values is None else [v for group in values for v in group]
-
-
-def _show(gpu: str) -> int:
-    store = cache.store_for(gpu)
-    print(f"{store.path} ({'exists' if store.path.exists() else 'not written yet'}), key {store.key}")
-    for sig, e in sorted(store.entries["decisions"].items()):
-        t = ", ".join(f"{k} {v:.4g}" for k, v in sorted(e.get("timings_ms", {}).items(), key=lambda kv: kv[1]))
-        print(f"  decision {e.get('engine')!s:<6} {sig}  [{t} ms]")
-    for key, e in sorted(store.entries["triton_configs"].items()):
-        print(f"  triton   {e.get('short', e.get('config'))}  {key}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    import os
-
-    from .bench import suites
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    if args.cache_dir:
-        os.environ[cache.ENV_DIR] = args.cache_dir
-    try:
-        cases = suites.select(args.suite, _flatten(args.case), _flatten(args.dtype), _flatten(args.layout),
-                              _flatten(args.precision))
-    except ValueError as exc:
-        print(f"convt3d tune: error: {exc}", file=sys.stderr)
-        return 2
-    if args.list:
-        for c in cases:
-            print(f"{c.suite:<12} {c.label}")
-        return 0
-    if not torch.cuda.is_available():
-        print("convt3d tune: no CUDA device: on CPU tensors 'auto' always runs PyTorch, so there is nothing to "
-              f"measure; the cache would be {cache.cache_dir()}", file=sys.stderr)
-        return 0
-    from .bench.roofline import cudnn_tf32
-    from .engines.triton.configs import device_name
-
-    gpu = device_name(torch.device("cuda", torch.cuda.current_device()))
-    if args.show:
-        return _show(gpu)
-    if not cases:
-        print("convt3d tune: error: no case matches the filters", file=sys.stderr)
-        return 2
-    bar = _Progress(len(cases), "convt3d tune")
-    rows, failures = [], 0
-    t0 = time.perf_counter()
-    try:
-        for case in cases:
-            bar.status(case.label)
-            try:
-                t = suites.make_tensors(case, "cuda", args.seed)
-                layer = _CaseLayer(case.geometry, t.w, t.b, args.backward)
-                x = t.x.requires_grad_(args.backward)
-                with cudnn_tf32(case.allow_tf32):
-                    # One layer per model: the network check would time that layer again.
-                    rep = tune(layer, x, backward=args.backward, progress=False, check=False)
-                rows += [(case.label, e) for e in rep.entries]
-            except Exception as exc:  # noqa: BLE001 -- report the case, go on with the others
-                failures += 1
-                print(f"convt3d tune: {case.label}: {type(exc).__name__}: {exc}", file=sys.stderr)
-            finally:
-                t = layer = x = None
-                torch.cuda.empty_cache()
-            bar.advance(case.label)
-    finally:
-        bar.close()
-    for label, e in rows:
-        times = ", ".join(f"{k} {v:.4g}" for k, v in sorted((e.get("timings_ms") or {}).items(), key=lambda kv: kv[1]))
-        print(f"{label:<34} {e['engine']:<6} {e['source']:<14} {times + ' ms' if times else ''}")
-    print(f"{len(cases) - failures}/{len(cases)} cases tuned in {time.perf_counter() - t0:.0f} s; cache: "
-          f"{cache.file_for(cache.cache_dir(), gpu)}")
-    return 0 if failures == 0 else 1

@@ -178,7 +178,7 @@ def test_tune_warns_about_unpatched_layers():
 
 
 def test_tune_rich_progress_on_a_stream():
-    from convt3d.tune import _Progress
+    from convt3d.tune import Progress as _Progress
 
     out = io.StringIO()
     bar = _Progress(2, "t", "rich", stream=out)
