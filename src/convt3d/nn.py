@@ -63,8 +63,9 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
     The same parameter and buffer objects are kept (so optimisers holding them keep working),
     along with their device and dtype, hooks, and training mode. Returns ``model``.
 
-    On a CUDA machine it also starts Triton's once-per-process setup in a background thread
-    (``triton_warm_up.start_warm_up``), off the first call's path.
+    On a CUDA machine it also starts, in background threads and off the first call's path, Triton's
+    once-per-process setup and the build of the CUDA head kernel's library for output heads already
+    on a CUDA device.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch() expects an nn.Module, but got {type(model).__name__}")
@@ -87,7 +88,25 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
             module.backend = backend
         if precision is not None:
             module.precision = precision
+        _start_head_build(module)
     return model
+
+
+def _start_head_build(module: nn.Module) -> None:
+    """Start building the CUDA head kernel's library for an output head on a CUDA device (a few
+    output channels per group, dilation 1), so that auto can time that engine at its first call."""
+    from .engines.cuda.head import MAX_HEAD_CHANNELS
+
+    weight = getattr(module, "weight", None)
+    device = getattr(weight, "device", None)
+    if (device is None or device.type != "cuda" or isinstance(weight, nn.parameter.UninitializedParameter)
+            or tuple(module.dilation) != (1, 1, 1)
+            or module.out_channels // module.groups > MAX_HEAD_CHANNELS):
+        return
+    from .engines.cuda import build, head
+
+    if head.nvcc_path() is not None and weight.dtype in build.DTYPES and not build.ready(weight.device, weight.dtype):
+        build.start(weight.device, weight.dtype)
 
 
 def _parametrized_convt(module: nn.Module) -> bool:

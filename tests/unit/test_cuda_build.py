@@ -57,3 +57,21 @@ def test_a_library_loaded_in_this_process_is_ready_wherever_the_cache_folder_poi
     monkeypatch.setattr(head, "loaded", lambda dtype: dtype == torch.bfloat16)
     device = torch.device("cuda", 0)
     assert build.ready(device, torch.bfloat16) and not build.ready(device, torch.float32)
+
+
+@pytest.mark.parametrize("out_channels,dilation,device,started", [
+    (3, 1, "cuda", True), (64, 1, "cuda", False), (3, 2, "cuda", False), (3, 1, "cpu", False)],
+    ids=["head-on-cuda", "not-a-head", "dilated", "on-cpu"])
+def test_patch_starts_the_head_library_build_for_heads_on_cuda(out_channels, dilation, device, started, monkeypatch):
+    from types import SimpleNamespace
+
+    from convt3d import nn as cnn
+
+    calls = []
+    monkeypatch.setattr(head, "nvcc_path", lambda: "/usr/local/cuda/bin/nvcc")
+    monkeypatch.setattr(build, "ready", lambda device, dtype: False)
+    monkeypatch.setattr(build, "start", lambda device, dtype: calls.append((device.type, dtype)))
+    weight = SimpleNamespace(device=torch.device(device), dtype=torch.bfloat16)
+    module = SimpleNamespace(weight=weight, dilation=(dilation,) * 3, out_channels=out_channels, groups=1)
+    cnn._start_head_build(module)
+    assert calls == ([("cuda", torch.bfloat16)] if started else [])
