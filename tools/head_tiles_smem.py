@@ -22,7 +22,6 @@ import time
 import torch
 
 from convt3d.engines.triton import head as HE
-from convt3d.engines.triton import configs as TC
 from convt3d.engines.triton.kernels import head_gemm
 from convt3d.core.params import ConvT3dParams
 
@@ -96,7 +95,7 @@ class _Compiler:
         return self.cache[key]
 
 
-def launches(params: ConvT3dParams, cfg: TC.Config, dtype: torch.dtype, precision: str, cl: bool) -> list[tuple]:
+def launches(params: ConvT3dParams, cfg: HE.HeadConfig, dtype: torch.dtype, precision: str, cl: bool) -> list[tuple]:
     """The kernel launches of ``cfg`` on this layer, as (name, ints, consts, module, tensors),
     from ``HeadSteps.run`` on meta tensors with a site factory that records instead of launching."""
     caught: list[tuple] = []
@@ -132,7 +131,7 @@ def check(layers: list[ConvT3dParams], dtypes: list[torch.dtype], layouts: list[
         for dtype in dtypes:
             for cl in layouts:
                 for t in HE.head_tiles(params, dtype, "tf32", channels_last=cl):
-                    cfg = TC.Config(**t)
+                    cfg = HE.HeadConfig(**t)
                     for name, ints, consts, module, tensors in launches(params, cfg, dtype, "tf32", cl):
                         n += 1
                         shared = comp.shared(name, ints, consts, module, tensors)

@@ -18,13 +18,13 @@ import torch
 from .dispatch import cache, select as dispatch
 from .engines.triton import engine as triton_engine
 from .core.call import layout_name, make_call
-from .dispatch.registry import ENGINES
 from .engines.torch.calls import conv3d_padding
 from .core.flags import cudnn_conv_allows_tf32
 from .core.params import ConvT3dParams
 from .engines.triton.configs import device_name, tuning_log
 from .engines.triton.sites import interpreter_active
 from .dispatch.heuristic import floors, heuristic
+from .engines.triton.head import HeadConfig
 
 __all__ = ["explain", "Explanation"]
 
@@ -131,7 +131,7 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
              f"{'channels_last_3d' if plan.out_format == torch.channels_last_3d else 'contiguous'}, "
              f"input {'copied to NDHWC' if plan.copy_input else 'read in place'}"
              f"{', TF32-rounded' if plan.round_tf32 else ''}"]
-    heads = [c for c in plan.configs if c.head]
+    heads = [c for c in plan.configs if isinstance(c, HeadConfig)]
     if heads:
         (kd, kh, _), stride, cout_g = params.kernel_size, params.stride, params.out_channels_per_group
         shifts = math.prod(-(-k // s) for k, s in zip(params.kernel_size, stride))
@@ -142,7 +142,7 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
                             f"N = Cout/g x stride volume = {cout_g * math.prod(stride)}, no buffer"}
         lines.append("output-head tiles (" + "; ".join(about[k] for k in dict.fromkeys(c.head for c in heads))
                      + "); the tuner times them against the phase GEMM"
-                     + (" and runs one by default" if plan.configs[0].head else ""))
+                     + (" and runs one by default" if isinstance(plan.configs[0], HeadConfig) else ""))
     tuning = None
     log = tuning_log().get(plan.tune_key)
     if log is not None:

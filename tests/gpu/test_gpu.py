@@ -199,7 +199,7 @@ def test_grouped_every_candidate_config(geom, layout, dtype):
     precs = ["tf32", "tf32x3"] if dtype == torch.float32 else ["tf32"]
     for prec in precs:
         configs = E.plan(params, x, w, prec).configs
-        assert any(c.fold > 1 for c in configs)
+        assert any(getattr(c, "fold", 1) > 1 for c in configs)
         for cfg in configs:
             out = E.forward(x, w, b, params, prec, config=cfg)
             _check(x, w, b, args, prec, out)
@@ -234,7 +234,7 @@ def test_box_gemm_every_geometry(geom, size, bias, layout, dtype):
     b = b if bias else None
     params, _ = check_call(x, w, b, *args)
     prec = "tf32"
-    gluon = [c for c in E.plan(params, x, w, prec).configs if c.gluon]
+    gluon = [c for c in E.plan(params, x, w, prec).configs if getattr(c, "gluon", False)]
     assert gluon, "box_gemm_kernel must be a candidate for this geometry"
     for cfg in gluon:
         # The output comes back NaN-filled from the allocator: an element no kernel writes shows.
@@ -250,11 +250,11 @@ def test_box_gemm_not_offered_where_wgmma_cannot_compute():
     w = torch.randn(32, 16, 3, 3, 3, device=DEV)
     params, _ = check_call(x, w, None, 1, 1, 0, 1, 1)
     for prec in ("tf32x3", "ieee"):
-        assert not any(c.gluon for c in E.plan(params, x, w, prec).configs)
-    assert any(c.gluon for c in E.plan(params, x, w, "tf32").configs)
+        assert not any(getattr(c, "gluon", False) for c in E.plan(params, x, w, prec).configs)
+    assert any(getattr(c, "gluon", False) for c in E.plan(params, x, w, "tf32").configs)
     w4 = torch.randn(32, 4, 3, 3, 3, device=DEV)
     p4, _ = check_call(x, w4, None, 1, 1, 0, 1, 1)
-    assert not any(c.gluon for c in E.plan(p4, x, w4, "tf32").configs)
+    assert not any(getattr(c, "gluon", False) for c in E.plan(p4, x, w4, "tf32").configs)
 
 
 # ------------------------------------------------------------------------------------------------

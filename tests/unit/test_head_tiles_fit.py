@@ -33,7 +33,7 @@ def test_every_candidate_records_its_launches(seed):
         for dtype in (torch.float32, torch.bfloat16):
             for cl in (True, False):
                 for t in mod.HE.head_tiles(params, dtype, "tf32", channels_last=cl):
-                    cfg = mod.TC.Config(**t)
+                    cfg = mod.HE.HeadConfig(**t)
                     launches = mod.launches(params, cfg, dtype, "tf32", cl)
                     assert launches, cfg.short()
                     for name, ints, consts, module, tensors in launches:

@@ -12,7 +12,6 @@ import os
 import re
 import tempfile
 import threading
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterator

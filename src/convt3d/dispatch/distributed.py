@@ -14,7 +14,6 @@ import warnings
 from datetime import timedelta
 from typing import Any, Callable, Iterator, TypeVar
 
-import torch
 
 __all__ = ["AgreementError", "ENV_MODE", "ENV_TIMEOUT", "active", "rank", "agree", "agree_with_tuning",
            "agree_config", "set_group", "local", "reset", "agreed"]

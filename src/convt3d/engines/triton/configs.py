@@ -22,7 +22,8 @@ from ...core.memo import memo
 
 @dataclass(frozen=True)
 class Config:
-    """Tile shape and launch parameters of ``phase_gemm_kernel``."""
+    """Tile shape and launch parameters of the phase, flat and box GEMMs (the output-head kinds
+    have their own: ``head.HeadConfig``)."""
 
     BLOCK_M: int  # compact output positions per program (the GEMM's M)
     BLOCK_N: int  # output channels per program (the GEMM's N)
@@ -38,29 +39,8 @@ class Config:
     flat: bool = False  # flat_gemm_kernel: 2-D TMA boxes over a zero-haloed input copy (Hopper)
     gluon: bool = False  # with flat: box_gemm_kernel (Gluon, sm_90) on the same padded copy
     fold: int = 1  # groups merged per GEMM (group_folds): block-diagonal weight, wider tiles
-    # Output-head kind ("rows" or "shuffle", see head_engine); for rows BLOCK_W is the tap sum's
-    # row span and BLOCK_R its elements per program.
-    head: str = ""
-    BLOCK_R: int = 0
-    BOX_H: int = 0  # shuffle: tile of BOX_H x BLOCK_W blocks; 0: BLOCK_M consecutive blocks
-    z_bf16: bool = False  # rows: tap-product buffer in bf16 (bf16 calls), half its traffic
-    persist: int = 0  # programs per SM of a persistent head GEMM; 0: one program per tile
-    w_packed: bool = False  # rows: weight tiles packed densely once per call
-    n_joint: bool = False  # with w_packed: every N tile's accumulator live per input tile
-    x_cl: bool = False  # the head GEMM reads a channels-last copy of an NCDHW input (vector loads)
-    shifts_n: int = 0  # shuffle: shifts as MMA columns (0 none, 1 width, 2 height and width)
 
     def short(self) -> str:
-        if self.head == "shuffle":
-            box = f"{self.BOX_H}x{self.BLOCK_W}" if self.BOX_H else "flat"
-            return (f"head-shuffle M{self.BLOCK_M}({box}) N{self.BLOCK_N} K{self.BLOCK_K} "
-                    f"{'mma' if self.use_dot else 'fma'} w{self.num_warps} s{self.num_stages}"
-                    + ("" if not self.shifts_n else " nw" if self.shifts_n == 1 else " nhw"))
-        if self.head:
-            return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
-                    f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
-                    + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else "") + (" nj" if self.n_joint else "")
-                    + (" xcl" if self.x_cl else ""))
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
         return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
@@ -165,14 +145,14 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     # Merged groups: the first two tilings of each fold (the later ones never won).
     for f in group_folds(params):
         merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
-        configs += [replace(c, fold=f) for c in merged[:2]]
+        configs += [replace(c, fold=f) for c in merged if isinstance(c, Config)][:2]
     return tuple(configs) + _head_configs(params, dtype, precision, channels_last_out)
 
 
 def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
-                  channels_last: bool) -> tuple[Config, ...]:
+                  channels_last: bool) -> tuple[head_engine.HeadConfig, ...]:
     """Output-head candidates (head_engine.head_tiles) for layers of <= 15 output channels per group."""
-    return tuple(Config(**t) for t in head_engine.head_tiles(params, dtype, precision, channels_last))
+    return tuple(head_engine.HeadConfig(**t) for t in head_engine.head_tiles(params, dtype, precision, channels_last))
 
 
 def group_folds(params: ConvT3dParams) -> tuple[int, ...]:

@@ -142,12 +142,13 @@ class _Steps:
     (descriptors) is still decided per run."""
 
     def __init__(self, params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, device: torch.device):
+        if isinstance(cfg, head_engine.HeadConfig):
+            self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
+            self.head = head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site, _prepare_input)
+            return
         params = params.fold_groups(cfg.fold) if cfg.fold > 1 else params
         self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
-        self.head = (head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site, _prepare_input)
-                     if cfg.head else None)
-        if self.head is not None:
-            return
+        self.head = None
         companions = cfg.companions and companion_masks(params) is not None
         self.tab = phase_table(params, device, cfg.W_GROUP, cfg.fill_separate or companions, companions)
         self.n_groups = self.tab.shape[0] // cfg.W_GROUP

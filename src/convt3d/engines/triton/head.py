@@ -7,13 +7,14 @@ whole output from one kernel, with no Z.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from ...core.params import ConvT3dParams
 
-__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free",
+__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "HeadConfig", "head_tiles", "collision_free",
            "shuffle_layer", "shuffle_shifts", "shuffle_n_shifts", "shuffle_halo", "shuffle_blocks", "shuffle_tiles",
            "shuffle_shape", "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
@@ -22,6 +23,41 @@ __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "head_tiles", "collision_free",
 MAX_HEAD_CHANNELS = 15
 # "rows": head_rows_kernel, then head_gather_tile_kernel over Z; "shuffle": head_shuffle_kernel.
 HEAD_KINDS = ("rows", "shuffle")
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """Tile shape and launch parameters of an output-head kind: "rows" (BLOCK_W is the tap sum's row
+    span, BLOCK_R its elements per program) or "shuffle" (tiles of BOX_H x BLOCK_W blocks, or
+    BLOCK_M consecutive blocks where BOX_H is 0)."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    BLOCK_W: int
+    num_warps: int
+    num_stages: int
+    use_dot: bool = True
+    head: str = ""  # the kind, one of HEAD_KINDS
+    BLOCK_R: int = 0
+    BOX_H: int = 0
+    z_bf16: bool = False  # rows: tap-product buffer in bf16 (bf16 calls), half its traffic
+    persist: int = 0  # programs per SM of a persistent head GEMM; 0: one program per tile
+    w_packed: bool = False  # rows: weight tiles packed densely once per call
+    n_joint: bool = False  # with w_packed: every N tile's accumulator live per input tile
+    x_cl: bool = False  # the head GEMM reads a channels-last copy of an NCDHW input (vector loads)
+    shifts_n: int = 0  # shuffle: shifts as MMA columns (0 none, 1 width, 2 height and width)
+
+    def short(self) -> str:
+        if self.head == "shuffle":
+            box = f"{self.BOX_H}x{self.BLOCK_W}" if self.BOX_H else "flat"
+            return (f"head-shuffle M{self.BLOCK_M}({box}) N{self.BLOCK_N} K{self.BLOCK_K} "
+                    f"{'mma' if self.use_dot else 'fma'} w{self.num_warps} s{self.num_stages}"
+                    + ("" if not self.shifts_n else " nw" if self.shifts_n == 1 else " nhw"))
+        return (f"head-{self.head} M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} W{self.BLOCK_W} "
+                f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
+                + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else "")
+                + (" nj" if self.n_joint else "") + (" xcl" if self.x_cl else ""))
 # Elements of one batch element up to which a kernel's offsets inside it are 32-bit.
 OFFSET_LIMIT = 2**31
 # Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from ...core.call import Call
-from ...dispatch import cache, distributed
+from ...dispatch import distributed
 from ...dispatch.registry import HYBRID
 from ..base import Engine, LaunchedRepeats
 from ..torch.calls import torch_forward
