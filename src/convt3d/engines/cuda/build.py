@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     """``convt3d build``: build the CUDA head kernel's libraries for this machine's GPU."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="convt3d build", description=main.__doc__.split(": ", 1)[1])
+    parser = argparse.ArgumentParser(prog="convt3d build", description="Build the CUDA head kernel's libraries for "
+                                     "this machine's GPU (nvcc), so that no first call waits for them.")
     parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("convt3d build: no CUDA device here; nothing to build", file=sys.stderr)
