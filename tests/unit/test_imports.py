@@ -150,3 +150,17 @@ def test_a_steady_call_enters_the_dispatcher_once_and_its_engine_once(backend, a
               "triton engine": ("convt3d.engines.triton.engine", "convt3d.engines.triton.head")}
     counts = _entries(lambda: layer(x), groups)
     assert counts == {"dispatcher": 1, "engines": 1, "triton engine": 1 if backend == "triton" else 0}, counts
+
+
+def test_every_memo_is_named_in_one_registry_that_forgets_them_all():
+    import convt3d  # noqa: F401 -- imports every module that makes a memo
+    from convt3d.core import memo
+    from convt3d.dispatch import select as dispatch
+    from convt3d.engines.triton import engine
+
+    names = set(memo._memos)
+    assert {"dispatch.select.settled", "engines.triton.engine.plans", "core.validate.valid"} <= names
+    dispatch._settled["probe"] = "decision"
+    engine._plans["probe"] = "plan"
+    memo.clear_all()
+    assert "probe" not in dispatch._settled and "probe" not in engine._plans

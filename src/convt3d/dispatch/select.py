@@ -310,7 +310,7 @@ def _pytorchs_class(call: Call, measure: bool, record: Pass | None) -> str | Non
             return None
 
         def measured() -> str:
-            found = cache.load_precision_class(gpu, call.text) or ENGINES["torch"].precision_class(call)
+            found = ENGINES["torch"].precision_class(call)
             cache.save_precision_class(gpu, call.text, found)
             return found
 
@@ -656,7 +656,7 @@ def remember_direct(input, weight, bias, args: tuple, backend, precision) -> Non
 
 def precision_class_of(call: Call) -> str | None:
     """PyTorch's precision class of the call where known (memory or disk cache), never measured."""
-    return _pytorchs_class(call, False, Pass(""))
+    return _pytorchs_class(call, False, None)
 
 
 def decided_call(call: Call, d: Decision) -> Call:

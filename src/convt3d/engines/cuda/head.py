@@ -387,6 +387,7 @@ def round_tf32(t: torch.Tensor) -> torch.Tensor:
     return torch.where(t.abs() < float("inf"), rounded, t)
 
 
+@functools.cache
 def _source() -> str:
     return resources.files("convt3d").joinpath("engines/cuda/head_shuffle.cu").read_text(encoding="utf-8")
 
