@@ -1,100 +1,421 @@
-"""Render `convt3d bench --json` files (and `tools/gpu_auto.py`'s JSON) as the README's markdown
-tables, one per file, then the file's summary groups. Needs neither a GPU nor convt3d:
+"""The bench records as markdown, without a GPU or convt3d. Two uses:
 
-    python3 tools/bench_md.py docs/bench/bench_kb.json [more.json ...]
+    python tools/bench_md.py --docs docs/bench [--plot docs/benchmarks.png] > docs/benchmarks.md
+    python tools/bench_md.py docs/bench/bench_kb.json [more.json ...]
+
+The first writes docs/benchmarks.md from every file of the folder: how each kind of record was
+timed, then per suite, mode and GPU one table of its rows with the GPU, versions and date that
+each record holds, and a geometric mean; ``--plot`` adds a bar chart of the layers and KernelBench
+speedups when matplotlib is installed. A file it cannot read stops it, so that the folder holds
+records only. tests/unit/test_benchmarks_doc.py regenerates the page and compares it byte for byte.
+The second renders `convt3d bench --json` files one table per file, with every column they hold.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
+import sys
+from dataclasses import dataclass, field
+
+# Runs written before the bench took the library's names say "default" and "exact".
+PRECISION = {"default": "tf32", "exact": "tf32x3"}
+NOT_RECORDED = "not recorded"
+
+# Sections in page order: (key, title).
+SUITES = (("kernelbench", "KernelBench problems, `convt3d bench --suite kernelbench`"),
+          ("kernelbench-check", "KernelBench files, `convt3d kernelbench`"),
+          ("kernelbench-harness", "KernelBench files, KernelBench's own harness"),
+          ("layers", "Layers suite: decoder layers and output heads"),
+          ("heads", "Heads sweep, `convt3d bench --suite heads`"),
+          ("networks", "Networks: whole models, untouched against patched"))
+MODES = {"fwd": "forward", "bwd": "backward", "full": "training step", "infer": "inference", "train": "training step"}
+
+METHOD = """\
+## How the figures are measured
+
+- **`convt3d bench`** (the kernelbench, layers and heads suites): each row times convt3d's call and
+  PyTorch's `F.conv_transpose3d` (cuDNN) in the same process, on the same tensors and under the same
+  flags. Each time is a `triton.testing.do_bench` median, L2 flushed between calls, with the warm-up
+  and repetition budgets its record states; the medians are taken in rounds of A B B A order
+  (convt3d, PyTorch, PyTorch, convt3d) and each side keeps its lowest. speedup = cuDNN µs /
+  convt3d µs. The engine column is what convt3d's `auto` chose, with the precision it computed at;
+  a row on `torch` runs PyTorch's own op. `cudnn.benchmark` is off unless a record says otherwise.
+- **precision**: tf32 runs under PyTorch's default flags (`torch.backends.cudnn.allow_tf32` on, so
+  cuDNN may compute in TF32), tf32x3 with that flag off, where convt3d computes at exact grade;
+  bf16 rows carry the name of the flag they ran under. Records written before the rename say
+  "default" and "exact"; they are shown as tf32 and tf32x3.
+- **modes**: forward is one call; training step is forward and backward (dX, dW, db); inference is
+  a whole model's forward.
+- **networks**: whole models, untouched against `convt3d.patch`-ed, in one process, timed in
+  interleaved pairs of blocks (calls between two CUDA events, without L2 flush, as a model runs in
+  a loop). The µs columns are the medians of each side's blocks (cuDNN µs: the untouched model),
+  the speedup the median ratio of the paired blocks.
+- **`convt3d kernelbench`**: each generated `kernelbench/*.py` file's ModelNew against its
+  reference Model. Correct is KernelBench's verdict: allclose (atol = rtol = 1e-4) on every
+  correctness trial, the reference run under the same flags. Times are medians of CUDA-event timed
+  trials, L2 flushed before each; the counts are in each record.
+- **KernelBench's own harness**: `eval_kernel_against_ref` of ScalingIntelligence/KernelBench on the
+  same files. It reports the mean of its CUDA-event trials in ms rounded to three significant
+  figures (shown here in µs), and speedup = reference / ModelNew; the cuDNN column is the reference.
+- **geomean**: the geometric mean of a table's speedup column, then per dtype, layout and precision
+  where the table holds more than one.
+"""
 
 
+@dataclass
+class Run:
+    """One record's rows of one suite and mode: (case, dtype, layout, precision, engine, convt3d µs,
+    cuDNN µs, speedup) each, and one line saying where they come from."""
+
+    suite: str
+    mode: str
+    gpu: str
+    source: str
+    date: str = ""  # ISO, empty where not recorded
+    rows: list[tuple] = field(default_factory=list)
+
+
+def _precision(p: str | None) -> str:
+    return PRECISION.get(p, p) if p else NOT_RECORDED
+
+
+def _renamed(label: str) -> str:
+    """A summary label ("kb61 fp32 ncdhw default") with its last word in today's precision names."""
+    head, _, last = label.rpartition(" ")
+    return f"{head} {PRECISION.get(last, last)}" if head else PRECISION.get(label, label)
+
+
+def _or_nr(v) -> str:
+    return str(v) if v not in (None, "") else NOT_RECORDED
+
+
+def _date(created: str | None) -> str:
+    """An ISO timestamp as "YYYY-MM-DD HH:MM UTC" (as written when it has no offset)."""
+    m = re.match(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)", created or "")
+    if not m:
+        return NOT_RECORDED
+    return f"{m[1]} {m[2]}" + (" UTC" if created.endswith(("+00:00", "Z")) else "")
+
+
+def _argv(argv: list[str]) -> str:
+    """The command's options less the output paths, which name the machine's folders."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--json", "--plot"):
+            skip = True
+        else:
+            out.append(a)
+    return " ".join(out)
+
+
+def _versions(gpu, date: str, **versions) -> str:
+    """The GPU, each named version and the date, "not recorded" where the record lacks one."""
+    return ", ".join([_or_nr(gpu)] + [f"{k} {_or_nr(v)}" for k, v in versions.items()] + [f"date {date}"])
+
+
+def _command(tool: str, argv: list[str]) -> str:
+    return f"`{' '.join([tool, _argv(argv)]).strip()}`"
+
+
+def _env(d: dict) -> str:
+    env = d.get("environment", {})
+    c = env.get("convt3d") and env["convt3d"] + (f" @ {env['git_commit']}" if env.get("git_commit") else "")
+    return _versions(env.get("gpu"), _date(d.get("created")), convt3d=c, torch=env.get("torch"),
+                     triton=env.get("triton"), cuDNN=env.get("cudnn"))
+
+
+# ---- readers, one per kind of record -------------------------------------------------------------
+def _bench_json(name: str, d: dict) -> list[Run]:
+    """`convt3d bench --json`: one run per suite and mode of its rows."""
+    env, st = d.get("environment", {}), d.get("settings", {})
+    head = _env(d)
+    how = [_command("convt3d bench", d.get("argv", []))]
+    if "warmup_ms" in st:
+        how.append(f"warm-up {st['warmup_ms']:g} ms, rep {st['rep_ms']:g} ms, at least {st.get('min_reps', '?')} "
+                   "calls per median")
+    if "pairs" in st:
+        how.append(f"{st['pairs']} pairs of blocks")
+    how.append("cudnn.benchmark " + ("on" if st.get("cudnn_benchmark", env.get("cudnn_benchmark")) else "off"))
+    how.append(f"backend {st.get('backend', NOT_RECORDED)}")
+    extra = [f"failed: {f.get('case')} {f.get('dtype', '')} {f.get('layout', '')} ({f.get('error', '')})"
+             for f in d.get("failures", [])]
+    extra += [f"skipped: {s}" for s in d.get("skipped") or []]
+    runs: dict[tuple, Run] = {}
+    for r in d["rows"]:
+        key = (r["suite"], r.get("mode", "fwd"))
+        if key not in runs:
+            runs[key] = Run(r["suite"], key[1], _or_nr(env.get("gpu")),
+                            f"`{name}`: {head}; " + "; ".join(how + extra), d.get("created", ""))
+        runs[key].rows.append((r["case"], r["dtype"], r["layout"], _precision(r.get("precision")), _engine(r),
+                               r["convt3d_us"], r["torch_us"], r["speedup"]))
+    return list(runs.values())
+
+
+def _kb_file(file: str) -> tuple[str, str]:
+    """(case, engine) of a KernelBench file: its problem number, and the hand-kept CUDA entry apart."""
+    return f"kb{int(file.split('_', 1)[0])}", ("cuda file" if file.endswith("_cuda.py") else "triton file")
+
+
+def _kernelbench_json(name: str, d: dict) -> list[Run]:
+    """`convt3d kernelbench --json`: KernelBench problems are fp32 NCDHW."""
+    env, m, fl, s = d.get("environment", {}), d.get("method", {}), d.get("flags", {}), d.get("summary", {})
+    head = _env(d)
+    how = (_command("convt3d kernelbench", d.get("argv", [])) +
+           f"; {m.get('correct_trials', '?')} correctness trials, {m.get('timed_trials', '?')} timed trials after "
+           f"{m.get('warmup', '?')} warm-ups, L2 flush of {m.get('l2_flush_bytes', 0) / 2**20:g} MiB; cuDNN TF32 "
+           + ("on" if fl.get("cudnn_conv_tf32") else "off") + f"; correct {s.get('correct', '?')} of "
+           f"{s.get('checked', '?')}")
+    run = Run("kernelbench-check", "fwd", _or_nr(env.get("gpu")), f"`{name}`: {head}; {how}", d.get("created", ""))
+    for p in d["problems"]:
+        if p.get("new_ms") and p.get("ref_ms"):
+            case, engine = _kb_file(p["file"])
+            new, ref = p["new_ms"]["median"] * 1e3, p["ref_ms"]["median"] * 1e3
+            run.rows.append((case, "fp32", "ncdhw", _precision(p.get("precision")), engine, new, ref, ref / new))
+    return [run]
+
+
+def _harness_json(name: str, d: dict, log: str | None) -> list[Run]:
+    """KernelBench's eval_kernel_against_ref results by file, the device and trials from its log."""
+    dev = re.search(r"Using device: \d+ (.+?), warm up (\d+), trials (\d+)", log or "")
+    timing = re.search(r"Using timing method: (\S+)", log or "")
+    gpu = dev[1] if dev else None
+    how = (f"{dev[3]} timed trials after {dev[2]} warm-ups" if dev else "trials " + NOT_RECORDED)
+    how += f", timing method {timing[1] if timing else NOT_RECORDED}"
+    env = d.pop("environment", {})  # optional: versions, date and flags the runner recorded
+    ok = sum(bool(v.get("correctness")) for v in d.values())
+    src = (f"`{name}`" + (f" and `{name[:-5]}.log`" if log else "") + ": "
+           + _versions(gpu, env.get("date", NOT_RECORDED), torch=env.get("torch"), triton=env.get("triton"),
+                       cuDNN=env.get("cudnn")) + f"; {how}; correct {ok} of {len(d)}")
+    run = Run("kernelbench-harness", "fwd", _or_nr(gpu), src)
+    for file, v in sorted(d.items()):
+        if v.get("runtime") and v.get("ref_runtime"):
+            case, engine = _kb_file(file)
+            run.rows.append((case, "fp32", "ncdhw", env.get("precision", NOT_RECORDED), engine, v["runtime"] * 1e3,
+                             v["ref_runtime"] * 1e3, v["speedup"]))
+    return [run]
+
+
+_LOG_ROW = re.compile(r"^\[(\d+)/(\d+)\] (\S+) (\S+) (\S+) (\S+): (.+?): convt3d ([\d.]+) us, cuDNN ([\d.]+) us, "
+                      r"([\d.]+)x", re.M)
+
+
+def _suite_of(case: str) -> str:
+    """A bench log names no suite; its case names do."""
+    return "kernelbench" if re.fullmatch(r"kb\d+", case) else "heads" if case.startswith("sweep") else "layers"
+
+
+def _bench_log(name: str, text: str) -> list[Run]:
+    """`convt3d bench`'s printed output, for a run cut before it wrote its JSON: the rows it reached."""
+    gpu = re.search(r"^convt3d bench on (.+?) \(sm", text, re.M)
+    v = re.search(r"^convt3d (\S+)(?: @ (\S+))?, torch (\S+), triton (\S+), CUDA \S+, cuDNN (\S+)", text, re.M)
+    rows = {int(m[1]): m for m in _LOG_ROW.finditer(text)}
+    if not gpu or not rows:
+        raise ValueError(f"{name}: not the output of convt3d bench")
+    total = max(int(m[2]) for m in rows.values())
+    convt3d, commit, torch, triton, cudnn = v.groups() if v else (None,) * 5
+    head = _versions(gpu[1], NOT_RECORDED, convt3d=convt3d and convt3d + (f" @ {commit}" if commit else ""),
+                     torch=torch, triton=triton, cuDNN=cudnn)
+    src = (f"`{name}` (printed output): {head}; {len(rows)} of {total} rows reached; command and timing "
+           f"budgets {NOT_RECORDED}")
+    runs: dict[str, Run] = {}
+    for i in sorted(rows):
+        m = rows[i]
+        suite = _suite_of(m[3])
+        run = runs.setdefault(suite, Run(suite, NOT_RECORDED, gpu[1], src))
+        run.rows.append((m[3], m[4], m[5], _precision(m[6]), m[7], float(m[8]), float(m[9]), float(m[10])))
+    return list(runs.values())
+
+
+def read_records(folder: str) -> list[Run]:
+    """Every record of ``folder``, in file-name order; a file that is none stops the page."""
+    names = sorted(os.listdir(folder))
+    runs: list[Run] = []
+    for n in names:
+        path = os.path.join(folder, n)
+        text = open(path, encoding="utf-8").read()
+        if n.endswith(".log") and n[:-4] + ".json" in names:
+            continue  # the harness log, read with its JSON
+        if n.endswith(".json"):
+            d = json.loads(text)
+            schema = str(d.get("schema", "")) if isinstance(d, dict) else ""
+            if schema.startswith("convt3d-bench/"):
+                runs += _bench_json(n, d)
+            elif schema.startswith("convt3d-kernelbench/"):
+                runs += _kernelbench_json(n, d)
+            elif isinstance(d, dict) and d and all(isinstance(v, dict) and "ref_runtime" in v
+                                                   for k, v in d.items() if k != "environment"):
+                log = os.path.join(folder, n[:-5] + ".log")
+                runs += _harness_json(n, d, open(log, encoding="utf-8").read() if os.path.exists(log) else None)
+            else:
+                raise ValueError(f"{path}: not a record this page reads")
+        elif n.endswith(".log"):
+            runs += _bench_log(n, text)
+        else:
+            raise ValueError(f"{path}: not a record this page reads (.json and .log only)")
+    return runs
+
+
+# ---- the page ------------------------------------------------------------------------------------
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _summary(rows: list[tuple]) -> str:
+    sp = [r[7] for r in rows]
+    low = min(rows, key=lambda r: r[7])
+    line = (f"Geomean speedup over the {len(rows)} rows: **{_geomean(sp):.2f}x** (min {low[7]:.2f}x, "
+            f"{' '.join(low[:3])})")
+    for col in (1, 2, 3):
+        values = sorted({r[col] for r in rows}, key=[r[col] for r in rows].index)
+        if len(values) > 1:
+            line += "; " + ", ".join(f"{v} {_geomean([r[7] for r in rows if r[col] == v]):.2f}x" for v in values)
+    return line + "."
+
+
+def group(runs: list[Run]) -> list[tuple[str, str, str, list[Run]]]:
+    """(suite, mode, gpu, runs) in page order: suites as SUITES lists them, then mode, then GPU; within
+    a group the latest record first."""
+    order = [k for k, _ in SUITES]
+    modes = list(MODES) + [NOT_RECORDED]
+    keys = sorted({(r.suite, r.mode, r.gpu) for r in runs},
+                  key=lambda k: (order.index(k[0]) if k[0] in order else len(order), k[0],
+                                 modes.index(k[1]) if k[1] in modes else len(modes), k[1], k[2]))
+    latest = sorted(sorted(runs, key=lambda r: r.source), key=lambda r: r.date, reverse=True)
+    return [(s, m, g, [r for r in latest if (r.suite, r.mode, r.gpu) == (s, m, g)]) for s, m, g in keys]
+
+
+def page(folder: str) -> str:
+    """docs/benchmarks.md from the records of ``folder``, named in it as given (normalised)."""
+    folder = os.path.normpath(folder).replace(os.sep, "/")
+    titles = dict(SUITES)
+    out = ["# Benchmarks", "",
+           f"Generated from the records in `{folder}/` by `python tools/bench_md.py --docs {folder} "
+           "> docs/benchmarks.md` (add `--plot docs/benchmarks.png` for the chart); do not edit by hand. "
+           f"`{folder}/` keeps the latest run of each suite per GPU; earlier runs are in git's history. "
+           "Every version and date below is read from its record, or says it was not recorded.", "",
+           "![speedup over cuDNN per layers row and KernelBench problem](benchmarks.png)", "", METHOD]
+    current = None
+    for suite, mode, gpu, runs in group(read_records(folder)):
+        if suite != current:
+            out += [f"## {titles.get(suite, suite)}", ""]
+            current = suite
+        out += [f"### {gpu}, {MODES.get(mode, mode if mode != NOT_RECORDED else 'mode not recorded')}", ""]
+        out += [f"- {r.source}" for r in runs] + [""]
+        rows = [row for r in runs for row in r.rows]
+        out += _table(["case", "dtype", "layout", "precision", "engine", "convt3d µs", "cuDNN µs", "speedup"],
+                      [[*r[:5], f"{r[5]:.1f}", f"{r[6]:.1f}", f"{r[7]:.2f}x"] for r in rows])
+        out += ["", _summary(rows), ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def plot(folder: str, path: str) -> bool:
+    """Bars of the speedup per row of the layers suite and per KernelBench file, one colour per record
+    group; False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    groups = group(read_records(folder))
+    # Training steps are left out: their bars would stand beside forward bars of the same row.
+    panels = [("Layers suite", [g for g in groups if g[0] == "layers" and g[1] in ("fwd", NOT_RECORDED)]),
+              ("KernelBench", [g for g in groups if g[0].startswith("kernelbench")])]
+    tools = {k: t.split(", ")[-1].replace("`", "") for k, t in SUITES}
+    fig, axes = plt.subplots(1, 2, figsize=(15, 14), gridspec_kw={"width_ratios": [3, 2]})
+    for ax, (title, gs) in zip(axes, panels):
+        labels: list[str] = []
+        series = []
+        for suite, mode, gpu, runs in gs:
+            if suite == "layers":
+                vals = {f"{r[0]} {r[1]} {r[2]}": r[7] for run in runs for r in run.rows}
+                what = MODES.get(mode, "mode not recorded")
+            else:
+                vals = {r[0] + (" cuda" if r[4] == "cuda file" else ""): r[7] for run in runs for r in run.rows}
+                what = tools[suite]
+            labels += [k for k in vals if k not in labels]
+            series.append((f"{gpu}, {what}", vals))
+        h = 0.8 / max(len(series), 1)
+        for i, (name, vals) in enumerate(series):
+            ys = [j + (i - (len(series) - 1) / 2) * h for j, k in enumerate(labels) if k in vals]
+            ax.barh(ys, [vals[k] for k in labels if k in vals], height=h, label=name)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel("speedup over cuDNN (log scale)")
+        ax.set_title(title)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    return True
+
+
+# ---- one table per `convt3d bench --json` file, every column -------------------------------------
 def _engine(r: dict) -> str:
-    eng = r.get("engine", "")
-    bwd = r.get("bwd_choice")
-    if bwd:
-        # "dX triton M128 ... (timed: ...); dW cudnn (static rule ...)" -> "dX triton, dW cudnn"
-        parts = re.findall(r"\b(dX|dW|db) (\w+)", bwd)
-        eng += " (" + ", ".join(" ".join(p) for p in parts) + ")"
-    return eng
+    """The row's engine, with the backward's picks where the row has them ("dX triton, dW cudnn")."""
+    parts = re.findall(r"\b(dX|dW|db) (\w+)", r.get("bwd_choice") or "")
+    return r.get("engine", "") + (" (" + ", ".join(" ".join(p) for p in parts) + ")" if parts else "")
 
 
-def render_auto(d: dict, path: str) -> str:
-    """tools/gpu_auto.py's JSON: each backend, auto with benchmark off (heuristic) and on."""
-    env = d.get("env", {})
-    out = [f"`{path}`: {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}, "
-           f"cuDNN {env.get('cudnn')}", "",
-           "| case | cuDNN µs | triton µs | auto, benchmark off µs (pick) | auto, benchmark on µs (pick) "
-           "| fastest | on / cuDNN |",
-           "|---|---|---|---|---|---|---|"]
-    for r in d["rows"]:
-        t = r["times_ms"]
-        out.append(f"| {r['label']} | {t['torch'] * 1e3:.1f} | {t['triton'] * 1e3:.1f} "
-                   f"| {r['auto_heuristic_ms'] * 1e3:.1f} ({r['heuristic_engine']}) "
-                   f"| {r['auto_bench_ms'] * 1e3:.1f} ({r['bench_engine']}) | {r['best_engine']} "
-                   f"| {r['auto_bench_vs_cudnn']:.2f}x |")
-    return "\n".join(out)
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    rule = "|" + "---|" * len(header)
+    return ["| " + " | ".join(header) + " |", rule] + ["| " + " | ".join(cells) + " |" for cells in rows]
 
 
-def render_networks(d: dict, path: str) -> str:
-    """The networks suite: one row per (network, mode)."""
-    out = [f"`{path}`: argv {' '.join(d.get('argv', []))}", "",
-           "| network | mode | dtype | transposed-conv share | untouched ms | patched ms | ratio "
-           "| rounds untouched / patched ms | first call s (untouched / patched) "
-           "| rel. error vs reference (patched / untouched) | engines |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in d["rows"]:
-        rounds = (", ".join(f"{t / 1e3:.2f}" for t in r["torch_us_rounds"]) + " / "
-                  + ", ".join(f"{t / 1e3:.2f}" for t in r["convt3d_us_rounds"]))
-        out.append(f"| {r['case']} | {r['mode']} | {r['dtype']} | {100 * r['convt_share']:.1f}% "
-                   f"| {r['torch_us'] / 1e3:.2f} | {r['convt3d_us'] / 1e3:.2f} | {r['speedup']:.2f}x | {rounds} "
-                   f"| {r['torch_first_call_s']:.2f} / {r['first_call_s']:.1f} "
-                   f"| {r['rel_err_vs_reference']:.1e} / {r['torch_rel_err_vs_reference']:.1e} | {r['engine']} |")
-    for s in d.get("summary", []):
-        out.append(f"- {s['group']}: {s['cases']} modes, geometric mean {s['geomean_speedup']:.2f}x, "
-                   f"min {s['min_speedup']:.2f}x ({s['min_speedup_case']})")
-    for sk in d.get("skipped", []):
-        out.append(f"- skipped: {sk}")
-    if d.get("failures"):
-        out.append(f"- failures: {d['failures']}")
-    return "\n".join(out)
+def _rounds(us: list[float]) -> str:
+    return ", ".join(f"{t / 1e3:.2f}" for t in us)
+
+
+def _networks(rows: list[dict]) -> list[str]:
+    header = ["network", "mode", "dtype", "transposed-conv share", "untouched ms", "patched ms", "ratio",
+              "rounds untouched / patched ms", "first call s (untouched / patched)",
+              "rel. error vs reference (patched / untouched)", "engines"]
+    return _table(header, [[r["case"], r["mode"], r["dtype"], f"{100 * r['convt_share']:.1f}%",
+                            f"{r['torch_us'] / 1e3:.2f}", f"{r['convt3d_us'] / 1e3:.2f}", f"{r['speedup']:.2f}x",
+                            _rounds(r["torch_us_rounds"]) + " / " + _rounds(r["convt3d_us_rounds"]),
+                            f"{r['torch_first_call_s']:.2f} / {r['first_call_s']:.1f}",
+                            f"{r['rel_err_vs_reference']:.1e} / {r['torch_rel_err_vs_reference']:.1e}", r["engine"]]
+                           for r in rows])
+
+
+def _layers(rows: list[dict]) -> list[str]:
+    kb = all(r["suite"] == "kernelbench" for r in rows)
+    key = ["case", "precision"] if kb else ["case", "dtype", "layout"]
+    header = key + ["engine", "convt3d µs", "cuDNN µs", "speedup"] + (["vs default-flag cuDNN"] if kb else [])
+    out = []
+    for r in rows:
+        cells = [_precision(r[k]) if k == "precision" else r[k] for k in key]
+        cells += [_engine(r), f"{r['convt3d_us']:.1f}", f"{r['torch_us']:.1f}", f"{r['speedup']:.2f}x"]
+        if kb:
+            vs = r.get("speedup_vs_default_flags")
+            cells.append(f"{vs:.2f}x" if vs else "")
+        out.append(cells + [f"{r['roofline_pct']:.0f}", f"{r.get('first_call_s', float('nan')):.2f}"])
+    return _table(header + ["% of roofline", "first call s"], out)
 
 
 def render(path: str) -> str:
     d = json.load(open(path))
-    if "env" in d and d.get("rows") and "times_ms" in d["rows"][0]:
-        return render_auto(d, path)
-    if d.get("rows") and d["rows"][0].get("suite") == "networks":
-        return render_networks(d, path)
     rows = d["rows"]
     env = d.get("environment", {})
     out = [f"`{path}`: {env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}, "
            f"triton {env.get('triton', '?')}, cuDNN {env.get('cudnn', '?')}; argv {' '.join(d.get('argv', []))}", ""]
-    kb = all(r["suite"] == "kernelbench" for r in rows)
-    if kb:
-        out.append("| case | precision | engine | convt3d µs | cuDNN µs | speedup | vs default-flag cuDNN "
-                   "| % of roofline | first call s |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
-    else:
-        out.append("| case | dtype | layout | engine | convt3d µs | cuDNN µs | speedup | % of roofline | first call s |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        common = [f"{r['convt3d_us']:.1f}", f"{r['torch_us']:.1f}", f"{r['speedup']:.2f}x"]
-        tail = [f"{r['roofline_pct']:.0f}", f"{r.get('first_call_s', float('nan')):.2f}"]
-        if kb:
-            vs = r.get("speedup_vs_default_flags")
-            cells = [r["case"], r["precision"], _engine(r), *common, f"{vs:.2f}x" if vs else "", *tail]
-        else:
-            cells = [r["case"], r["dtype"], r["layout"], _engine(r), *common, *tail]
-        out.append("| " + " | ".join(cells) + " |")
+    out += _networks(rows) if rows and rows[0].get("suite") == "networks" else _layers(rows)
     for s in d.get("summary", []):
-        line = (f"- {s['group']}: {s['cases']} cases, geometric mean {s['geomean_speedup']:.2f}x, "
-                f"min {s['min_speedup']:.2f}x ({s['min_speedup_case']})")
+        what = "modes" if rows and rows[0].get("suite") == "networks" else "cases"
+        line = (f"- {_renamed(s['group'])}: {s['cases']} {what}, geometric mean {s['geomean_speedup']:.2f}x, "
+                f"min {s['min_speedup']:.2f}x ({_renamed(s['min_speedup_case'])})")
         if "geomean_speedup_vs_default_flags" in s:
             line += (f"; against default-flag cuDNN {s['geomean_speedup_vs_default_flags']:.2f}x "
                      f"(min {s['min_speedup_vs_default_flags']:.2f}x)")
         out.append(line)
+    out += [f"- skipped: {sk}" for sk in d.get("skipped", [])]
     if d.get("failures"):
         out.append(f"- failures: {d['failures']}")
     return "\n".join(out)
@@ -102,8 +423,18 @@ def render(path: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", nargs="+", help="convt3d bench --json files, or tools/gpu_auto.py's JSON")
+    ap.add_argument("json", nargs="*", help="convt3d bench --json files, one table each")
+    ap.add_argument("--docs", metavar="DIR", help="write docs/benchmarks.md from every record of DIR")
+    ap.add_argument("--plot", metavar="PNG", help="with --docs: the chart, when matplotlib is installed")
     args = ap.parse_args(argv)
+    if bool(args.docs) == bool(args.json):
+        ap.error("give either --docs DIR or bench JSON files")
+    if args.docs:
+        # Bytes, so that the page is the same under any locale ("µ" is in it).
+        sys.stdout.buffer.write(page(args.docs).encode("utf-8"))
+        if args.plot and not plot(args.docs, args.plot):
+            print(f"matplotlib is not installed: {args.plot} not written", file=sys.stderr)
+        return 0
     print("\n\n".join(render(p) for p in args.json))
     return 0
 

@@ -8,17 +8,27 @@ same subpackage). The hand-kept KernelBench CUDA entry is counted on a line of i
 
     python tools/house_budgets.py [REPO_ROOT] [-v]     # -v lists the private imports
 """
-import ast, re, sys
+import ast
+import re
+import sys
 from pathlib import Path
+
+if '-h' in sys.argv or '--help' in sys.argv:
+    print(__doc__)
+    sys.exit(0)
 root = Path(next((a for a in sys.argv[1:] if not a.startswith('-')), '.'))
 pkg = root / 'src'
 files = [p for p in pkg.rglob('*') if p.suffix in ('.py', '.cu', '.cuh', '.h') and 'egg-info' not in str(p)]
 files += [p for p in (root / 'tools').glob('*') if p.is_file()]
 FIG = re.compile(r"\d(?:[\d.,]*)\s?(?:µs|us|ms|TB/s|GB/s|TFLOP/s)\b")
-total = figs = 0; big = []; across = []; within = []
+total = figs = 0
+big, across, within = [], [], []
 for p in sorted(files):
-    text = p.read_text(errors='replace'); n = text.count('\n'); total += n
-    if n > 700 and p.suffix == '.py': big.append((n, str(p.relative_to(root))))
+    text = p.read_text(errors='replace')
+    n = text.count('\n')
+    total += n
+    if n > 700 and p.suffix == '.py':
+        big.append((n, str(p.relative_to(root))))
     if p.suffix != '.py':
         figs += len(FIG.findall('\n'.join(l for l in text.splitlines() if '//' in l or '*' in l)))
         continue
@@ -50,4 +60,5 @@ for e in entry:
     print(f"hand-kept KernelBench CUDA entry: {e.name}, {e.read_text().count(chr(10))} lines")
 print("python files over 700 lines:", big)
 print(f"private names imported across subpackages: {len(across)} (within one subpackage: {len(within)})")
-if '-v' in sys.argv: print('\n'.join(across + within))
+if '-v' in sys.argv:
+    print('\n'.join(across + within))

@@ -1,12 +1,16 @@
 """``convt3d`` command line: ``convt3d <command> [options]`` (also ``python -m convt3d``).
 
-Each command lives in its own module and parses its own options; this file only routes.
+Each command lives in its own module (``module`` or ``module:function``, imported when the
+command runs) and parses its own options; this file only routes.
 """
 from __future__ import annotations
 
 import sys
 
 COMMANDS = {
+    "info": ("convt3d.info", "What this machine can run: GPU, versions, engines, caches, nvcc (--json)"),
+    "explain": ("convt3d.explain", "What convt3d would do with a call and why, from its shapes (nothing is run)"),
+    "cache": ("convt3d.info:cache_main", "Show or clear convt3d's cache of measurements (and, on request, Triton's)"),
     "build": ("convt3d.engines.cuda.build", "Build the CUDA head kernel's libraries for this GPU ahead of first calls"),
     "bench": ("convt3d.bench.cli", "Time convt3d against PyTorch/cuDNN on the bench suites"),
     "export-kernelbench": ("convt3d.kernelbench.export", "Regenerate the self-contained KernelBench ModelNew files"),
@@ -17,7 +21,7 @@ COMMANDS = {
 
 
 def _usage() -> str:
-    lines = ["usage: convt3d <command> [options]", "", "commands:"]
+    lines = ["usage: convt3d [-V | --version] <command> [options]", "", "commands:"]
     lines += [f"  {name:<20} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines.append("")
     lines.append("Run 'convt3d <command> --help' for a command's options.")
@@ -29,11 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
+    if argv[0] in ("-V", "--version"):
+        from .version import __version__
+
+        print(f"convt3d {__version__}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"convt3d: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     import importlib
 
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    target, _, function = COMMANDS[name][0].partition(":")
+    return int(getattr(importlib.import_module(target), function or "main")(rest) or 0)

@@ -7,6 +7,7 @@ why others cannot run; the Triton engine's plan and tile configuration (tuned, c
 be tuned); the phases and which are empty; useful MACs against the dense count; the memory and
 compute floors (``bench/roofline.py`` arithmetic on nominal H200 ceilings); timings measured
 earlier, if any (auto's first-call measurement, ``convt3d.tune``, the Triton tuner). Works on CPU tensors too.
+From a shell: ``convt3d explain --input 1,64,16,32,32 --weight 64,32,4,4,4 --stride 2 --padding 1`` (``main``).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .core.call import layout_name, make_call
 from .engines.torch.calls import conv3d_padding
 from .core.flags import cudnn_conv_allows_tf32
 from .core.params import ConvT3dParams
+from .engines.triton import predict
 from .engines.triton.configs import device_name, tuning_log
 from .engines.triton.sites import interpreter_active
 from .dispatch.heuristic import floors, heuristic
@@ -147,6 +149,9 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
     log = tuning_log().get(plan.tune_key)
     if log is not None:
         src = "tuned in this process" if log.seconds > 0 else "seeded (cache file or untimed)"
+        if log.seconds > 0 and len(log.timings_ms) + len(log.failed) < len(plan.configs):
+            src += (f", {len(log.timings_ms) + len(log.failed)} of {len(plan.configs)} candidates timed: the"
+                    f" shortlist the tuning table predicts ({predict.ENV_MODE}=predicted)")
         lines.append(f"config: {log.config.short()} ({src}{f', {log.seconds:.2f} s' if log.seconds > 0 else ''})")
         for cfg, why in log.failed.items():
             lines.append(f"left out of the tuning, it failed on this GPU: [{cfg}] {why}")
@@ -161,8 +166,9 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
             lines.append(f"config: {cfg.short()} (from the cache file; the first call skips tuning)")
             tuning = entry.get("timings_ms") or None
         elif x5.device.type == "cuda" and len(plan.configs) > 1:
-            lines.append(f"config: not tuned yet; the first call times {len(plan.configs)} candidates: "
-                         + "; ".join(c.short() for c in plan.configs))
+            short = predict.shortlist(plan.configs, params, x5.dtype, plan.tune_key[2], plan.tune_key[3], x5.device)
+            lines.append(f"config: not tuned yet; the first call times {len(short)} of {len(plan.configs)} "
+                         "candidates: " + "; ".join(c.short() for c in short))
         else:
             lines.append(f"config: {plan.configs[0].short()} (untuned default"
                          f"{': CPU runs the interpreter' if x5.device.type != 'cuda' else ''})")
@@ -278,3 +284,60 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
         num_phases=len(params.phases), empty_phases=n_empty, useful_macs=params.useful_macs,
         dense_macs=_dense_macs(params), memory_floor_s=mem, compute_floor_s=comp, peak_class=peak,
         timings_ms=timings, tuning_ms=tuning, notes=notes, backward=backward_lines)
+
+
+_CLI_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    import argparse
+
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _size(text: str) -> int | tuple[int, ...]:
+    sizes = _sizes(text)
+    return sizes[0] if len(sizes) == 1 else sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``convt3d explain``: :func:`explain` of a call given by its shapes, on empty tensors of the
+    CUDA device, or of the CPU where there is none (nothing is computed, so nothing is filled).
+    Arguments the call would reject exit with status 2 and the call's error in one line."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="convt3d explain", description="What convt3d would do with a "
+                                     "conv_transpose3d call, and why, without running it. Sizes are comma-separated "
+                                     "(--stride 2 or --stride 1,2,2).")
+    parser.add_argument("--input", type=_sizes, required=True, help="input shape N,C,D,H,W (or C,D,H,W)")
+    parser.add_argument("--weight", type=_sizes, required=True, help="weight shape Cin,Cout/groups,kD,kH,kW")
+    parser.add_argument("--bias", action="store_true", help="the call has a bias")
+    for name, default in (("stride", 1), ("padding", 0), ("output-padding", 0), ("dilation", 1)):
+        parser.add_argument(f"--{name}", type=_size, default=default)
+    parser.add_argument("--groups", type=int, default=1)
+    parser.add_argument("--dtype", choices=tuple(_CLI_DTYPES), default="fp32")
+    parser.add_argument("--channels-last", action="store_true", help="the input is channels_last_3d")
+    parser.add_argument("--backend", help=f"one of {dispatch.BACKENDS} (default: $CONVT3D_BACKEND, else auto)")
+    parser.add_argument("--precision", help="float32 precision: tf32, tf32x3 or ieee (default: cuDNN's TF32 flag)")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    like = {"dtype": _CLI_DTYPES[args.dtype], "device": device}
+    try:
+        x = torch.empty(args.input, **like)
+        if args.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last_3d)
+        w = torch.empty(args.weight, **like)
+        b = torch.empty(w.shape[1] * args.groups if w.dim() > 1 else 1, **like) if args.bias else None
+        report = explain(x, w, b, args.stride, args.padding, args.output_padding, args.groups, args.dilation,
+                         backend=args.backend, precision=args.precision)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        print(f"convt3d explain: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr)
+        return 2
+    if device.type == "cpu":
+        print("no CUDA device here: explained for CPU tensors, which 'auto' runs with PyTorch's call")
+    print(report)
+    return 0

@@ -217,12 +217,13 @@ def main(argv=None) -> int:
         dist.destroy_process_group()
         raise
     _write_report(args.out, rank, result)
-    # A barrier, then exit without tearing the group down (a gloo teardown can race rank 0's
-    # store and abort; convt3d.bench.ddp.exit_worker says why).
-    from convt3d.bench.ddp import exit_worker
-
-    exit_worker()
-    return 0
+    # A barrier, then exit without tearing the group down: a gloo rank still closing its pairs
+    # when rank 0's store goes aborts in C++, and with no destructors run nothing is left to race.
+    if dist.is_initialized():
+        dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _write_report(out: Path, rank: int, result: dict) -> None:

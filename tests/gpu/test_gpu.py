@@ -377,8 +377,13 @@ def test_autograd_matches_pytorch():
     assert torch.allclose(gb, layer.bias.grad, atol=1e-3, rtol=1e-4)
 
 
-def test_tuning_picks_a_candidate(monkeypatch):
+@pytest.mark.parametrize("mode", ["predicted", "exhaustive"])
+def test_tuning_picks_a_candidate(mode, monkeypatch):
+    """The first call times every candidate, or the predicted shortlist with CONVT3D_TUNE=predicted."""
+    from convt3d.engines.triton import predict
+
     monkeypatch.setenv("CONVT3D_AUTOTUNE", "1")
+    monkeypatch.setenv(predict.ENV_MODE, mode)
     E.clear_caches()
     x = torch.randn(2, 32, 8, 8, 8, device=DEV)
     w = torch.randn(32, 32, 3, 3, 3, device=DEV)
@@ -386,8 +391,11 @@ def test_tuning_picks_a_candidate(monkeypatch):
     out = E.forward(x, w, None, params, "tf32")
     recs = list(tuning_log().values())
     configs = E.plan(params, x, w, "tf32").configs
-    assert len(recs) == 1 and recs[0].config in configs
-    assert recs[0].seconds > 0 and len(recs[0].timings_ms) == len(configs)
+    short = predict.shortlist(configs, params, x.dtype, "tf32", False, x.device)
+    assert len(recs) == 1 and recs[0].config in short
+    assert recs[0].seconds > 0 and set(recs[0].timings_ms) == {c.short() for c in short}
+    if mode == "exhaustive":
+        assert short == configs
     _check(x, w, None, (2, 1, 0, 1, 1), "tf32", out)
 
 

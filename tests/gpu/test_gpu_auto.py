@@ -1,7 +1,7 @@
 """GPU tests of the auto backend (issue 7): benchmark mode really times the candidates on the call's
 tensors, once per signature; results are right whatever engine wins; no timing during CUDA graph
 capture; tuning results and decisions persist across processes; explain and tune on CUDA.
-Performance is never asserted (tools/gpu_auto.py measures it)."""
+Performance is never asserted (`convt3d bench --backend auto` measures it)."""
 from __future__ import annotations
 
 import json

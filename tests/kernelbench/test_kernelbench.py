@@ -11,7 +11,7 @@
 * each file's precision follows PyTorch's TF32 flag for convolutions as its reference does (72:
   exact grade always), and its forward hands that precision to the engine;
 * the evaluator's verdict and exit status are KernelBench's (allclose against the reference under
-  the flags in force, on every trial).
+  the flags in force, on every trial), and its ``--precision`` sets those flags (``--exact``: deprecated).
 """
 from __future__ import annotations
 
@@ -91,26 +91,33 @@ def test_gitattributes_marks_the_files_generated():
 
 def test_sources_are_the_engine_and_its_imports_in_dependency_order():
     """Every package module the engine imports is read, each after the modules it imports."""
-    order = export.sources()
-    assert set(export.ROOTS) <= set(order) and len(set(order)) == len(order)
+    from convt3d.kernelbench.shake import PythonShaker
+
+    shaker = PythonShaker(export.ROOTS, export._read, export._is_module)
+    order = shaker.order
+    assert set(export.ROOTS) <= set(order) and len(set(order)) == len(order) and set(order) == set(shaker.modules)
     for i, path in enumerate(order):
-        for dep in export._imported_modules(path):
+        for dep in shaker.modules[path].imports:
             assert dep in order[:i], f"{path} imports {dep}, which is not read before it"
-    assert {"core/params.py", "core/errors.py", "engines/triton/sites.py", "engines/triton/kernels/phase_gemm.py"} <= set(export.sources())
+    assert {"core/params.py", "core/errors.py", "engines/triton/sites.py", "engines/triton/kernels/phase_gemm.py"} <= set(order)
 
 
-def test_export_refuses_an_import_cycle(monkeypatch):
-    fake = {"a.py": "from .b import x\n", "b.py": "from .a import y\n"}
+@pytest.mark.parametrize("fake,message", [
+    ({"a.py": "from .b import x\n", "b.py": "from .a import y\n"}, "import cycle a.py -> b.py -> a.py"),
+    ({"a.py": "from .missing import x\n"}, "convt3d/a.py:1: cannot find the module it imports"),
+], ids=["cycle", "missing-module"])
+def test_export_refuses_an_import_it_cannot_order(fake, message, monkeypatch):
     monkeypatch.setattr(export, "_read", lambda path: fake[path])
     monkeypatch.setattr(export, "_is_module", lambda path: path in fake)
-    with pytest.raises(export.ExportError, match="import cycle a.py -> b.py -> a.py"):
-        export.sources(("a.py",))
+    monkeypatch.setattr(export, "ROOTS", ("a.py",))
+    with pytest.raises(export.ExportError, match=message):
+        export.render(by_id(72))
 
 
 @pytest.mark.parametrize("pid", IDS)
 def test_file_passes_kernelbench_static_rules(pid):
     text = _path(by_id(pid)).read_text()
-    violations = static_check.check(text, strict=True)
+    violations = static_check.check(text)
     assert not violations, static_check.format_violations(violations, text, by_id(pid).file_name)
 
 
@@ -354,7 +361,7 @@ def test_shaker_lists_kernels_named_at_run_time_and_refuses_a_name_clash():
                {"kernels/k.py": {"launch"}})
 
 
-def test_shaker_strips_docstrings_then_comment_lines():
+def test_shaker_strips_docstrings_and_keeps_comments():
     from convt3d.kernelbench.shake import PythonShaker
 
     source = textwrap.dedent('''
@@ -370,11 +377,11 @@ def test_shaker_strips_docstrings_then_comment_lines():
         ''')
     shaker = PythonShaker(("m.py",), lambda path: source, lambda path: path == "m.py")
     shaker.reach([("m.py", "f"), ("m.py", "Only")])
-    verbatim, no_docs, no_comments = ("\n".join(l.text for l in shaker.lines(k)) for k in (0, 1, 2))
+    verbatim, no_docs = ("\n".join(l.text for l in shaker.lines(strip)) for strip in (False, True))
     assert "Doubles x." in verbatim and "# twice" in verbatim and "# what f is for" in verbatim
-    assert "Doubles x." not in no_docs and "# twice" in no_docs and "whole body stays" in no_docs
-    assert "# twice" not in no_comments and "# what f is for" not in no_comments and "# inline" in no_comments
-    for text in (verbatim, no_docs, no_comments):
+    assert "Doubles x." not in no_docs and "whole body stays" in no_docs
+    assert "# twice" in no_docs and "# what f is for" in no_docs and "# inline" in no_docs
+    for text in (verbatim, no_docs):
         ast.parse(text)
 
 
@@ -541,6 +548,50 @@ def test_evaluator_exit_status_follows_the_verdict(passes, monkeypatch, capsys):
     assert f"KernelBench's verdict (TF32 off for convolutions): {int(passes)}/1 correct" in out
 
 
+@pytest.mark.parametrize("argv,precision", [([], "tf32"), (["--precision", "tf32"], "tf32"),
+                                            (["--precision", "tf32x3"], "tf32x3"), (["--exact"], "tf32x3")],
+                         ids=["default", "tf32", "tf32x3", "deprecated-exact"])
+def test_evaluator_precision_sets_the_flags_of_the_run(argv, precision, monkeypatch, tmp_path, restore_flags):
+    """On a (faked) GPU: tf32 evaluates under PyTorch's flags as they are, tf32x3 with TF32 off for
+    convolutions, restored afterwards; --exact is tf32x3 with a DeprecationWarning naming its spelling."""
+    import convt3d.bench.report
+    from convt3d.core.flags import cudnn_conv_allows_tf32
+
+    seen = []
+
+    def fake(problem, directory, correct_trials, trials, warmup, console, device, file_name):
+        seen.append(cudnn_conv_allows_tf32())
+        r = evaluate.Result(problem.id, file_name, problem.describe(), [1], loaded=True, parameters_identical=True)
+        r.trials = [evaluate.Trial(1, True, 0.0, True, 0.0, True, 0.0)]
+        return r
+
+    monkeypatch.setattr(evaluate, "evaluate_gpu", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(convt3d.bench.report, "environment",
+                        lambda gpu: {"gpu": "faked", "torch": "-", "triton": "-", "python": "-", "convt3d": "-"})
+    _set_tf32(True, "legacy")
+    out = tmp_path / "kb.json"
+    argv = ["--problems", "72", "--json", str(out)] + argv
+    if "--exact" in argv:
+        with pytest.warns(DeprecationWarning, match="--exact is deprecated.*use --precision tf32x3"):
+            assert evaluate.main(argv) == 0
+    else:
+        assert evaluate.main(argv) == 0
+    assert seen == [precision == "tf32"] and cudnn_conv_allows_tf32()
+    data = json.loads(out.read_text())
+    assert data["method"]["precision"] == precision and "exact" not in data["method"]
+    assert data["flags"]["cudnn_conv_tf32"] == (precision == "tf32")
+
+
+def test_evaluator_refuses_an_unknown_precision(capsys):
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--precision", "exact"])
+    assert e.value.code == 2 and "invalid choice: 'exact'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown precision='ieee'"):
+        evaluate.flags_in_force("ieee")
+
+
 # ---------------------------------------------------------------------------------------------
 # Through the interpreter: the real kernels on a tiny input
 # ---------------------------------------------------------------------------------------------
@@ -637,7 +688,7 @@ def test_evaluator_without_gpu(tmp_path, capsys):
     (row,) = data["problems"]
     assert row["problem"] == 73 and row["loaded"] and row["parameters_identical"]
     interpreted = bool(data["method"]["interpreter"])
-    assert data["method"]["exact"] and not data["flags"]["cudnn_conv_tf32"]  # the CPU check runs TF32 off
+    assert data["method"]["precision"] == "tf32x3" and not data["flags"]["cudnn_conv_tf32"]  # CPU: TF32 off
     assert row["precision"] == "tf32x3"
     assert len(row["trials"]) == int(interpreted)
     assert row["correct"] == row["correct_fp64"] == interpreted
@@ -655,7 +706,7 @@ def _cuda_path():
 
 def test_cuda_entry_passes_kernelbench_cuda_static_rules():
     text = _cuda_path().read_text()
-    violations = static_check.check(text, strict=True, backend="cuda")
+    violations = static_check.check(text, backend="cuda")
     assert not violations, static_check.format_violations(violations, text, _cuda_path().name)
     # the requirements are really checked: without the kernel the file is refused
     assert [v.rule for v in static_check.check(text.replace("__global__", "__device__"), backend="cuda")] == \

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,9 @@ from convt3d.core.validate import check_call
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
-# ---- suites: exactly the numbers of issue 2 ------------------------------------------------------
+# ---- suites: exactly the numbers the suites were specified with ----------------------------------
 # N, Cin, Cout, input (D,H,W), kernel, stride, padding, output_padding, dilation, groups
-KERNELBENCH_ISSUE = {
+KERNELBENCH_SPEC = {
     "kb58": (16, 32, 16, (16, 32, 64), (3, 5, 7), 1, 0, 0, 1, 1),
     "kb61": (8, 48, 48, (64, 64, 64), 3, 1, 0, 0, 1, 1),
     "kb68": (16, 32, 64, (64, 64, 64), (3, 5, 5), 1, 0, 0, 1, 1),
@@ -34,7 +35,7 @@ KERNELBENCH_ISSUE = {
 KERNELBENCH_OUT = {"kb58": (18, 36, 70), "kb61": (66, 66, 66), "kb68": (66, 68, 68), "kb70": (98, 98, 98),
                    "kb72": (24, 48, 96), "kb73": (63, 127, 255), "kb77": (33, 65, 65)}
 # N, Cin, Cout, input, kernel, stride, padding, output_padding, bias
-LAYERS_ISSUE = {
+LAYERS_SPEC = {
     "nnunet_128_64": (2, 128, 64, 32, 2, 2, 0, 0, True),
     "nnunet_64_32": (2, 64, 32, 64, 2, 2, 0, 0, True),
     "monai_unet_k3": (4, 64, 32, 32, 3, 2, 1, 1, True),
@@ -49,10 +50,10 @@ def t3(v):
     return tuple(v) if isinstance(v, tuple) else (v, v, v)
 
 
-@pytest.mark.parametrize("name", list(KERNELBENCH_ISSUE), ids=list(KERNELBENCH_ISSUE))
-def test_kernelbench_geometry_matches_issue(name):
+@pytest.mark.parametrize("name", list(KERNELBENCH_SPEC), ids=list(KERNELBENCH_SPEC))
+def test_kernelbench_geometry_matches_spec(name):
     g = {g.name: g for g in suites.KERNELBENCH}[name]
-    n, cin, cout, size, k, s, p, op, d, groups = KERNELBENCH_ISSUE[name]
+    n, cin, cout, size, k, s, p, op, d, groups = KERNELBENCH_SPEC[name]
     assert (g.batch, g.in_channels, g.out_channels, g.groups, g.bias) == (n, cin, cout, groups, False)
     assert (g.in_size, g.kernel, g.stride, g.padding, g.output_padding, g.dilation) == \
         tuple(t3(v) for v in (size, k, s, p, op, d))
@@ -63,10 +64,10 @@ def test_kernelbench_geometry_matches_issue(name):
     assert params.out_size == KERNELBENCH_OUT[name]
 
 
-@pytest.mark.parametrize("name", list(LAYERS_ISSUE), ids=list(LAYERS_ISSUE))
-def test_layer_geometry_matches_issue(name):
+@pytest.mark.parametrize("name", list(LAYERS_SPEC), ids=list(LAYERS_SPEC))
+def test_layer_geometry_matches_spec(name):
     g = {g.name: g for g in suites.LAYERS}[name]
-    n, cin, cout, size, k, s, p, op, bias = LAYERS_ISSUE[name]
+    n, cin, cout, size, k, s, p, op, bias = LAYERS_SPEC[name]
     assert (g.batch, g.in_channels, g.out_channels, g.groups, g.bias) == (n, cin, cout, 1, bias)
     assert (g.in_size, g.kernel, g.stride, g.padding, g.output_padding, g.dilation) == \
         tuple(t3(v) for v in (size, k, s, p, op, 1))
@@ -76,13 +77,13 @@ def test_suite_rows():
     kb = suites.select("kernelbench")
     assert len(kb) == 14
     assert {(c.dtype, c.layout, c.input_dist) for c in kb} == {("fp32", "ncdhw", "rand")}
-    assert sorted(c.precision for c in kb) == ["default"] * 7 + ["exact"] * 7
+    assert sorted(c.precision for c in kb) == ["tf32"] * 7 + ["tf32x3"] * 7
     layers = suites.select("layers")
     heads = [c for c in layers if c.geometry.name.startswith("head_")]
     assert len(layers) - len(heads) == 28 and len(heads) == 24  # 6 head layers x 2 dtypes x 2 layouts
     assert {(c.dtype, c.layout) for c in layers} == {("fp32", "ncdhw"), ("fp32", "cl"), ("bf16", "ncdhw"),
                                                      ("bf16", "cl")}
-    assert {(c.precision, c.input_dist) for c in layers} == {("default", "randn")}
+    assert {(c.precision, c.input_dist) for c in layers} == {("tf32", "randn")}
     assert len(suites.select("all")) == 14 + len(layers)
     labels = [c.label for c in suites.select("all")]
     assert len(set(labels)) == len(labels)
@@ -114,22 +115,22 @@ def test_heads_suite_is_a_fixed_sweep_of_heads_outside_all():
 
 
 @pytest.mark.parametrize("kwargs, expected", [
-    ({"suite": "kernelbench", "precisions": ["exact"]}, 7),
+    ({"suite": "kernelbench", "precisions": ["tf32x3"]}, 7),
     ({"names": ["kb77"]}, 2),
     ({"names": ["kb77", "gan_k4s2p1"]}, 6),
     ({"dtypes": ["bf16"]}, 26),
     ({"layouts": ["cl"]}, 26),
     ({"names": ["gan_k4s2p1"], "dtypes": ["bf16"], "layouts": ["cl"]}, 1),
-    ({"suite": "layers", "precisions": ["exact"]}, 0),
+    ({"suite": "layers", "precisions": ["tf32x3"]}, 0),
     ({"suite": "kernelbench", "names": ["gan_k4s2p1"]}, 0),
-], ids=["kb-exact", "one-case", "two-cases", "bf16", "cl", "single-row", "layers-exact-empty",
+], ids=["kb-tf32x3", "one-case", "two-cases", "bf16", "cl", "single-row", "layers-tf32x3-empty",
         "suite-and-case-disjoint"])
 def test_select_filters(kwargs, expected):
     assert len(suites.select(**kwargs)) == expected
 
 
-@pytest.mark.parametrize("kwargs", [{"names": ["kb99"]}, {"dtypes": ["fp16"]}, {"suite": "nope"}],
-                         ids=["case", "dtype", "suite"])
+@pytest.mark.parametrize("kwargs", [{"names": ["kb99"]}, {"dtypes": ["fp16"]}, {"suite": "nope"},
+                                    {"precisions": ["ieee"]}], ids=["case", "dtype", "suite", "precision"])
 def test_select_rejects_unknown(kwargs):
     with pytest.raises(ValueError, match="expected"):
         suites.select(**kwargs)
@@ -137,8 +138,8 @@ def test_select_rejects_unknown(kwargs):
 
 def test_cli_parses_comma_lists_and_repeats():
     args = cli.build_parser().parse_args(["--case", "kb58,kb61", "--case", "kb77", "--dtype", "fp32,bf16"])
-    assert cli._flatten(args.case) == ["kb58", "kb61", "kb77"]
-    assert cli._flatten(args.dtype) == ["fp32", "bf16"]
+    assert cli.flatten(args.case) == ["kb58", "kb61", "kb77"]
+    assert cli.flatten(args.dtype) == ["fp32", "bf16"]
 
 
 @pytest.mark.parametrize("geometry", suites.KERNELBENCH + suites.LAYERS,
@@ -183,12 +184,12 @@ def test_kb77_memory_floor_is_about_140us():
     g = {g.name: g for g in suites.KERNELBENCH}["kb77"]
     p = _params(g)
     mem_s, comp_s = roofline.floors(p.useful_flops, p.min_bytes(4, False), H200, "tf32")
-    assert 135e-6 < mem_s < 150e-6  # issue 3: "the memory floor is about 140 µs"
+    assert 135e-6 < mem_s < 150e-6  # the specification's "memory floor of about 140 µs"
     assert comp_s < mem_s
 
 
 @pytest.mark.parametrize("dtype, precision, key, peak", [
-    ("bf16", "default", "bf16", 683e12), ("fp32", "default", "tf32", 374e12),
+    ("bf16", "tf32", "bf16", 683e12), ("fp32", "tf32", "tf32", 374e12),
     ("fp32", "exact", "exact", 374e12 / 3)], ids=["bf16", "tf32", "exact"])
 def test_peak_classes(dtype, precision, key, peak):
     assert roofline.peak_class(dtype, precision) == key
@@ -258,9 +259,9 @@ class FakeTimer:
 
 
 TINY = Geometry.of("tiny", 1, 8, 8, 3, 3, 2, 1, 1, bias=True)
-TINY_CASES = [Case("kernelbench", TINY, "fp32", "ncdhw", "default", "rand"),
-              Case("kernelbench", TINY, "fp32", "ncdhw", "exact", "rand"),
-              Case("layers", TINY, "bf16", "cl", "default", "randn")]
+TINY_CASES = [Case("kernelbench", TINY, "fp32", "ncdhw", "tf32", "rand"),
+              Case("kernelbench", TINY, "fp32", "ncdhw", "tf32x3", "rand"),
+              Case("layers", TINY, "bf16", "cl", "tf32", "randn")]
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +274,7 @@ def timing_rows():
 
 def test_timing_rows(timing_rows):
     default, exact, bf16 = timing_rows
-    assert [r["precision"] for r in timing_rows] == ["default", "exact", "default"]
+    assert [r["precision"] for r in timing_rows] == ["tf32", "tf32x3", "tf32"]
     assert default["speedup"] == pytest.approx(3.0)  # default flags: 3 ms / 1 ms
     assert exact["speedup"] == pytest.approx(2.0)  # TF32 off: 2 ms / 1 ms
     assert exact["speedup_vs_default_flags"] == pytest.approx(3.0)
@@ -329,7 +330,7 @@ def test_failing_backend_becomes_a_failure_row():
 
 @pytest.mark.parametrize("mode", ["bwd", "full"])
 def test_training_modes_exist(mode):
-    # Their row logic is tested in tests/unit/test_training.py (issue 5).
+    # Their row logic is tested in tests/unit/test_training.py.
     assert runner.get_mode(mode).needs_grad and runner.get_mode(mode).name == mode
     with pytest.raises(ValueError, match="unknown mode"):
         runner.get_mode("sideways")
@@ -337,11 +338,11 @@ def test_training_modes_exist(mode):
 
 def test_summary(timing_rows):
     summary = {s["group"]: s for s in report.summarize(timing_rows)}
-    assert set(summary) == {"kernelbench", "kernelbench default", "kernelbench exact", "layers"}
+    assert set(summary) == {"kernelbench", "kernelbench tf32", "kernelbench tf32x3", "layers"}
     assert summary["kernelbench"]["geomean_speedup"] == pytest.approx(math.sqrt(6))
     assert summary["kernelbench"]["min_speedup"] == pytest.approx(2.0)
-    assert summary["kernelbench"]["min_speedup_case"] == "tiny fp32 ncdhw exact"
-    assert summary["kernelbench exact"]["geomean_speedup_vs_default_flags"] == pytest.approx(3.0)
+    assert summary["kernelbench"]["min_speedup_case"] == "tiny fp32 ncdhw tf32x3"
+    assert summary["kernelbench tf32x3"]["geomean_speedup_vs_default_flags"] == pytest.approx(3.0)
     assert "geomean_speedup_vs_default_flags" not in summary["layers"]
 
 
@@ -416,8 +417,10 @@ def test_plot(timing_rows, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--mode", "sideways"], "invalid choice"),
     (["--case", "kb99"], "unknown case"),
-    (["--suite", "layers", "--precision", "exact"], "no case matches"),
-], ids=["unknown-mode", "unknown-case", "nothing-selected"])
+    (["--suite", "layers", "--precision", "tf32x3"], "no case matches"),
+    (["--precision", "ieee"], "invalid choice(s) 'ieee' (choose from tf32, tf32x3)"),
+    (["--jobs", "0"], "--jobs: expected a positive integer"),
+], ids=["unknown-mode", "unknown-case", "nothing-selected", "unknown-precision", "no-jobs"])
 def test_cli_usage_errors(argv, message, capsys):
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
@@ -425,15 +428,75 @@ def test_cli_usage_errors(argv, message, capsys):
 
 def test_cli_list(capsys):
     assert cli.main(["--list", "--case", "kb77"]) == 0
-    assert capsys.readouterr().out.split("\n")[:2] == ["kernelbench  kb77 fp32 ncdhw default",
-                                                        "kernelbench  kb77 fp32 ncdhw exact"]
+    assert capsys.readouterr().out.split("\n")[:2] == ["kernelbench  kb77 fp32 ncdhw tf32",
+                                                        "kernelbench  kb77 fp32 ncdhw tf32x3"]
+
+
+# ---- one precision vocabulary: the library's tf32 / tf32x3 -----------------------------------------
+@pytest.mark.parametrize("old, new", [("default", "tf32"), ("exact", "tf32x3")], ids=["default-is-tf32",
+                                                                                  "exact-is-tf32x3"])
+def test_cli_takes_the_old_spelling_with_a_deprecation_warning(old, new, capsys):
+    with pytest.warns(DeprecationWarning, match=f"{old!r} is deprecated; use {new!r}"):
+        assert cli.main(["--list", "--case", "kb77", "--precision", old]) == 0
+    assert capsys.readouterr().out.split() == ["kernelbench", "kb77", "fp32", "ncdhw", new]
+
+
+@pytest.mark.parametrize("old, new", [("default", "tf32"), ("exact", "tf32x3")], ids=["default-is-tf32",
+                                                                                  "exact-is-tf32x3"])
+def test_tune_takes_the_old_spelling_with_a_deprecation_warning(old, new, capsys):
+    from convt3d.bench import tune_suites
+
+    with pytest.warns(DeprecationWarning, match=f"use {new!r}"):
+        assert tune_suites.main(["--list", "--case", "kb61", "--precision", old]) == 0
+    assert capsys.readouterr().out.split() == ["kernelbench", "kb61", "fp32", "ncdhw", new]
+
+
+def test_python_callers_of_the_suites_get_the_new_names_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="'exact' is deprecated"):
+        cases = suites.select("kernelbench", ["kb77"], precisions=["exact"])
+    assert [c.precision for c in cases] == ["tf32x3"] and not cases[0].allow_tf32
+    with pytest.warns(DeprecationWarning, match="'default' is deprecated"):
+        case = Case("layers", TINY, "fp32", "ncdhw", "default", "randn")
+    assert case.precision == "tf32" and case.allow_tf32 and case.label == "tiny fp32 ncdhw tf32"
+
+
+def test_stored_runs_read_in_the_new_names_silently(tmp_path):
+    old_run = {"schema": report.SCHEMA, "kind": "timing", "settings": {"cases": ["kb77 fp32 ncdhw default",
+                                                                                 "kb77 fp32 ncdhw exact"]},
+               "rows": [{"case": "kb77", "precision": "default"}, {"case": "kb77", "precision": "exact"}],
+               "failures": [{"case": "kb61", "precision": "exact", "error": "E"}],
+               "summary": [{"group": "kernelbench exact", "filter": {"suite": "kernelbench", "precision": "exact"},
+                            "min_speedup_case": "kb77 fp32 ncdhw exact"},
+                           {"group": "kernelbench", "filter": {"suite": "kernelbench"},
+                            "min_speedup_case": "kb77 fp32 ncdhw default"}]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old_run))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # silently: no DeprecationWarning for what was written before
+        data = report.read_json(path)
+    assert [r["precision"] for r in data["rows"] + data["failures"]] == ["tf32", "tf32x3", "tf32x3"]
+    assert data["settings"]["cases"] == ["kb77 fp32 ncdhw tf32", "kb77 fp32 ncdhw tf32x3"]
+    first, whole = data["summary"]
+    assert (first["group"], first["filter"]["precision"], first["min_speedup_case"]) == \
+        ("kernelbench tf32x3", "tf32x3", "kb77 fp32 ncdhw tf32x3")
+    assert (whole["group"], whole["min_speedup_case"]) == ("kernelbench", "kb77 fp32 ncdhw tf32")
+
+
+def test_help_names_the_suites_defaults_and_examples(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for suite, text in cli.SUITE_HELP.items():
+        assert f"  {suite:<12} {text}" in out
+    assert "examples:" in out and "convt3d bench --suite kernelbench --precision tf32x3" in out
+    assert "--precision {tf32,tf32x3}" in out and "(default: auto)" in out and "(default: 60.0)" in out
+    assert "(default: None)" not in out and "(default: False)" not in out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter check is the no-CUDA mode")
 def test_cli_interpreter_check(tmp_path):
     """End to end: in-process under TRITON_INTERPRET=1 (CI), otherwise through the re-run."""
     path = tmp_path / "check.json"
-    rc = cli.main(["--case", "kb77", "--precision", "default", "--jobs", "1", "--json", str(path)])
+    rc = cli.main(["--case", "kb77", "--precision", "tf32", "--jobs", "1", "--json", str(path)])
     data = json.loads(path.read_text())
     assert data["kind"] == "interpreter-check" and data["ceilings"] is None
     (row,) = data["rows"]
@@ -462,7 +525,7 @@ def test_interpreter_check_in_worker_processes(monkeypatch):
     cases = suites.select("layers", ["aniso_122"], ["fp32"])
     rows, failures = check.run_checks(cases, jobs=2)
     assert failures == []
-    assert [(r.case.layout, r.engine) for r in rows] == [("ncdhw", "triton tf32"), ("cl", "triton tf32")]
+    assert [(r["layout"], r["engine"]) for r in rows] == [("ncdhw", "triton tf32"), ("cl", "triton tf32")]
 
 
 @requires_interpreter
@@ -474,7 +537,7 @@ def test_interpreter_check_passes_the_output_heads(layout):
     assert len(cases) == 6
     for case in cases:
         row = check.check_case(case)
-        assert row.layout_ok and row.ok, (case.label, row.as_dict())
+        assert row["layout_ok"] and row["ok"], (case.label, row)
 
 
 def test_measure_ceilings_arithmetic(monkeypatch):

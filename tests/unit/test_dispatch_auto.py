@@ -112,13 +112,13 @@ def _as_call(x, w, b, params, precision=None, training=False):
 # ---- the heuristic on the README's H200 measurements ---------------------------------------------
 # Triton speedup over cuDNN per bench row (README "Measured" tables, forward, same flags).
 README_SPEEDUP = {
-    "kb58 fp32 ncdhw default": 5.77, "kb58 fp32 ncdhw exact": 2.31,
-    "kb61 fp32 ncdhw default": 2.00, "kb61 fp32 ncdhw exact": 2.24,
-    "kb68 fp32 ncdhw default": 2.87, "kb68 fp32 ncdhw exact": 6.62,
-    "kb70 fp32 ncdhw default": 3.43, "kb70 fp32 ncdhw exact": 1.72,
-    "kb72 fp32 ncdhw default": 2.32, "kb72 fp32 ncdhw exact": 1.34,
-    "kb73 fp32 ncdhw default": 1.82, "kb73 fp32 ncdhw exact": 5.89,
-    "kb77 fp32 ncdhw default": 2.86, "kb77 fp32 ncdhw exact": 4.94,
+    "kb58 fp32 ncdhw tf32": 5.77, "kb58 fp32 ncdhw tf32x3": 2.31,
+    "kb61 fp32 ncdhw tf32": 2.00, "kb61 fp32 ncdhw tf32x3": 2.24,
+    "kb68 fp32 ncdhw tf32": 2.87, "kb68 fp32 ncdhw tf32x3": 6.62,
+    "kb70 fp32 ncdhw tf32": 3.43, "kb70 fp32 ncdhw tf32x3": 1.72,
+    "kb72 fp32 ncdhw tf32": 2.32, "kb72 fp32 ncdhw tf32x3": 1.34,
+    "kb73 fp32 ncdhw tf32": 1.82, "kb73 fp32 ncdhw tf32x3": 5.89,
+    "kb77 fp32 ncdhw tf32": 2.86, "kb77 fp32 ncdhw tf32x3": 4.94,
 }
 for _name, _vals in {
     "nnunet_128_64": (1.16, 1.23, 1.71, 1.46), "nnunet_64_32": (2.89, 2.00, 2.62, 2.70),
@@ -127,9 +127,9 @@ for _name, _vals in {
     "refine_k3s1": (1.03, 0.88, 0.49, 0.37),
 }.items():
     for (_dt, _lay), _v in zip([("fp32", "ncdhw"), ("fp32", "cl"), ("bf16", "ncdhw"), ("bf16", "cl")], _vals):
-        README_SPEEDUP[f"{_name} {_dt} {_lay} default"] = _v
+        README_SPEEDUP[f"{_name} {_dt} {_lay} tf32"] = _v
 # The heuristic ignores the layout; these two rows go the other way (documented in heuristic()).
-KNOWN_MISSES = {"refine_k3s1 fp32 ncdhw default", "aniso_122 fp32 cl default"}
+KNOWN_MISSES = {"refine_k3s1 fp32 ncdhw tf32", "aniso_122 fp32 cl tf32"}
 CASES = {c.label: c for c in suites.all_cases()}
 
 
@@ -137,7 +137,7 @@ def _heuristic_for(case) -> str:
     g = case.geometry
     params = ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel, g.stride,
                                   g.padding, g.output_padding, g.dilation)
-    prec = "tf32" if case.precision == "default" else dispatch.EXACT_GRADE
+    prec = "tf32" if case.precision == "tf32" else dispatch.EXACT_GRADE
     return heuristic(params, case.torch_dtype, prec, g.bias)[0]
 
 

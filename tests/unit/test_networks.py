@@ -109,9 +109,11 @@ def test_gan3d_accepts_a_flat_latent():
 def test_network_tiny_patched_matches_untouched(name):
     net = _net(name)
     _skip_if_unavailable(net)
-    row = networks.check_network(net)
+    rows, failures, _ = networks.check_networks([net])
+    assert failures == [], failures
+    (row,) = rows
     assert row["convt_layers"] > 0 and row["convt_layers_patched"] == row["convt_layers"], row
-    assert row["shape_ok"], row
+    assert row["output_layout_matches"] and row["precision"] == "tf32x3", row
     assert row["within_error_budget"], (f"{name}: patched error {row['rel_err_vs_reference']:.3g} vs float64, "
                                         f"untouched {row['torch_rel_err_vs_reference']:.3g}")
     assert row["ok"]
@@ -456,7 +458,7 @@ def test_cli_says_what_is_skipped(monkeypatch, capsys, tmp_path):
     (["--suite", "networks", "--mode", "bwd"], "not a network mode"),
     (["--suite", "networks", "--mode", "full", "--dtype", "fp32"], "no network mode matches"),
     (["--suite", "networks", "--layout", "cl"], "runs ncdhw only"),
-    (["--suite", "networks", "--precision", "exact"], "runs default only"),
+    (["--suite", "networks", "--precision", "tf32x3"], "runs tf32 only"),
     (["--suite", "networks", "--case", "kb77"], "unknown network 'kb77'"),
 ], ids=["bwd", "full-fp32", "layout", "precision", "layer-name"])
 def test_cli_usage_errors(argv, message, capsys):

@@ -1,22 +1,25 @@
 """Without CUDA: the Triton kernels through Triton's interpreter at reduced sizes, against float64.
-The bar is the project's: at most twice a CPU stand-in for cuDNN's own error (fp32 default: TF32
-arithmetic emulated in float64; fp32 exact and bf16: PyTorch's CPU convolution), and never below
+The bar is the project's: at most twice a CPU stand-in for cuDNN's own error (fp32 tf32: TF32
+arithmetic emulated in float64; fp32 tf32x3 and bf16: PyTorch's CPU convolution), and never below
 one unit of the dtype's epsilon times the largest |output|."""
 from __future__ import annotations
 
 import math
+import multiprocessing
 import time
 import traceback
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+import convt3d
+from ..dispatch.select import decide
 from .roofline import cudnn_tf32
 from .suites import Case, make_tensors, reduced_for_interpreter
 
-__all__ = ["CHECK_BACKEND", "CheckRow", "round_to_tf32", "check_case", "run_checks", "failure_entry"]
+__all__ = ["CHECK_BACKEND", "round_to_tf32", "check_case", "run_checks", "failure_entry"]
 
 # The interpreter checks the engine, whatever --backend says.
 CHECK_BACKEND = "triton"
@@ -37,38 +40,9 @@ def failure_entry(exc: BaseException, **fields) -> dict:
                 traceback="".join(traceback.format_exception(exc, limit=6)))
 
 
-@dataclass(frozen=True)
-class CheckRow:
-    case: Case
-    geometry: object  # the reduced Geometry
-    engine: str
-    max_abs_err: float
-    ref_max_abs_err: float
-    bar: float
-    max_abs_out: float
-    layout_ok: bool
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return self.layout_ok and self.max_abs_err <= self.bar
-
-    def as_dict(self) -> dict:
-        g = self.geometry
-        return {
-            "case": self.case.name, "suite": self.case.suite, "dtype": self.case.dtype, "layout": self.case.layout,
-            "precision": self.case.precision, "backend": CHECK_BACKEND, "engine": self.engine,
-            "reduced_geometry": dict(g.as_dict(), out_size=list(g.out_size())),
-            "max_abs_err": self.max_abs_err, "ref_max_abs_err": self.ref_max_abs_err, "bar": self.bar,
-            "max_abs_out": self.max_abs_out, "layout_ok": self.layout_ok, "ok": self.ok, "seconds": self.seconds,
-        }
-
-
-def check_case(case: Case, seed: int = 0) -> CheckRow:
-    """Run one reduced case through the interpreter and measure its error (see the module docstring)."""
-    import convt3d
-    from convt3d.dispatch.select import decide
-
+def check_case(case: Case, seed: int = 0) -> dict:
+    """One reduced case through the interpreter: its row, ``ok`` when the error is within the bar
+    (see the module docstring) and the output has the right shape, dtype and layout."""
     g = reduced_for_interpreter(case.geometry)
     t = make_tensors(case, "cpu", seed, geometry=g)
     args = g.conv_args()
@@ -78,7 +52,7 @@ def check_case(case: Case, seed: int = 0) -> CheckRow:
         ours = convt3d.conv_transpose3d(t.x, t.w, t.b, *args, backend=CHECK_BACKEND, precision=None)
         seconds = time.perf_counter() - t0
         exact = F.conv_transpose3d(t.x.double(), t.w.double(), t.b.double() if t.b is not None else None, *args)
-        if case.dtype == "fp32" and case.precision == "default":
+        if case.dtype == "fp32" and case.precision == "tf32":
             bb = t.b.double() if t.b is not None else None
             stand_in = F.conv_transpose3d(round_to_tf32(t.x).double(), round_to_tf32(t.w).double(), bb, *args).float()
         else:
@@ -93,10 +67,14 @@ def check_case(case: Case, seed: int = 0) -> CheckRow:
     fmt = torch.channels_last_3d if case.layout == "cl" else torch.contiguous_format
     layout_ok = (tuple(ours.shape) == (g.batch, g.out_channels) + g.out_size() and ours.dtype == case.torch_dtype
                  and ours.is_contiguous(memory_format=fmt))
-    return CheckRow(case, g, engine, err, ref_err, bar, scale, layout_ok, seconds)
+    return {"case": case.name, "suite": case.suite, "dtype": case.dtype, "layout": case.layout,
+            "precision": case.precision, "backend": CHECK_BACKEND, "engine": engine,
+            "reduced_geometry": dict(g.as_dict(), out_size=list(g.out_size())), "max_abs_err": err,
+            "ref_max_abs_err": ref_err, "bar": bar, "max_abs_out": scale, "layout_ok": layout_ok,
+            "ok": layout_ok and err <= bar, "seconds": seconds}
 
 
-def _check_one(case: Case, seed: int) -> tuple[CheckRow | None, dict | None]:
+def _check_one(case: Case, seed: int) -> tuple[dict | None, dict | None]:
     try:
         return check_case(case, seed), None
     except Exception as exc:  # noqa: BLE001 -- report every case, not just the first failure
@@ -110,21 +88,18 @@ def _worker_init() -> None:
 
 
 def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] | None = None,
-               advance: Callable[[], None] | None = None, jobs: int = 1) -> tuple[list[CheckRow], list[dict]]:
+               advance: Callable[[], None] | None = None, jobs: int = 1) -> tuple[list[dict], list[dict]]:
     """Check every case on ``jobs`` processes (the interpreter is pure Python), longest first:
     (rows, failures) in the order of ``cases``; a case that raises becomes a failure entry."""
     say = status or (lambda _msg: None)
     step = advance or (lambda: None)
-    results: list[tuple[CheckRow | None, dict | None]] = [(None, None)] * len(cases)
+    results: list[tuple[dict | None, dict | None]] = [(None, None)] * len(cases)
     if jobs <= 1 or len(cases) <= 1:
         for i, case in enumerate(cases):
             say(f"{case.label}: interpreter")
             results[i] = _check_one(case, seed)
             step()
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
         # spawn, not fork: forking a process whose torch/triton thread pools are live can hang. The
         # children inherit TRITON_INTERPRET=1 and sys.path. A program walks every tap of every phase.
         order = sorted(range(len(cases)), key=lambda i: -cases[i].geometry.groups * math.prod(cases[i].geometry.kernel))

@@ -1,10 +1,5 @@
 """``convt3d bench``: time convt3d against PyTorch/cuDNN on the bench suites.
 
-    convt3d bench                                   # both suites, backend auto, forward
-    convt3d bench --suite kernelbench --precision exact --json kb.json --plot kb.png
-    convt3d bench --case kb77,gan_k4s2p1 --dtype bf16 --layout cl --backend triton --mode full
-    convt3d bench --suite networks                  # whole networks: untouched vs convt3d.patch(model)
-
 Without CUDA the Triton kernels are checked through Triton's interpreter instead, in a child
 process with TRITON_INTERPRET=1 (it must be set before triton is imported). Exit status: 0 when
 every case ran (and met its bar), 1 when one failed, 2 for a usage error.
@@ -16,42 +11,94 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
-from ..dispatch.select import BACKENDS
-from . import suites
-from .runner import MODES
+import torch
 
-__all__ = ["main", "build_parser"]
+import convt3d
+from ..dispatch.select import BACKENDS
+from ..engines.triton.sites import interpreter_active
+from . import networks, report, suites
+from .check import CHECK_BACKEND, run_checks
+from .roofline import measure_ceilings
+from .runner import MODES, TimingSettings, run_cases
+
+__all__ = ["main", "build_parser", "HelpFormatter", "comma_list", "add_filters", "flatten", "parse"]
 
 _REEXEC_MARK = "CONVT3D_BENCH_REEXEC"
 
+SUITE_HELP = {
+    "kernelbench": "the seven KernelBench ConvTranspose3d problems, fp32 NCDHW, at tf32 and tf32x3",
+    "layers": "13 decoder layers and output heads (nnU-Net, MONAI, GANs, VideoGPT), fp32/bf16, ncdhw/cl",
+    "all": "kernelbench + layers",
+    "heads": "12 output heads generated from a fixed seed, outside the other suites",
+    "networks": "whole networks (3D-GAN, VQ-VAE, MONAI and nnU-Net U-Nets): untouched vs convt3d.patch(model)",
+}
+
+EXAMPLES = """examples:
+  convt3d bench --suite kernelbench --precision tf32x3 --json kb.json --plot kb.png
+  convt3d bench --case kb77,gan_k4s2p1 --dtype bf16 --layout cl --backend triton --mode full
+  convt3d bench --suite heads --list
+  convt3d bench --suite networks --case gan3d --mode fwd"""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions as written, and each option's default where it has one worth saying."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
 
 def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
+    if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return n
+    return int(text)
 
 
-def _csv(choices: tuple[str, ...] | None):
-    """argparse type: one value or a comma-separated list, each in ``choices`` (if given); the
-    filters are repeatable too, so ``--case a,b`` == ``--case a --case b``."""
+def comma_list(choices: tuple[str, ...] | list[str] | None, rename=None):
+    """argparse type: one value or a comma-separated list, each in ``choices`` (if given) once
+    ``rename`` has mapped it; the filters are repeatable too, so ``--case a,b`` == ``--case a --case b``."""
 
-    def parse(text: str) -> list[str]:
+    def split(text: str) -> list[str]:
         values = [v.strip() for v in text.split(",") if v.strip()]
         if not values:
             raise argparse.ArgumentTypeError("expected at least one value")
+        values = [rename(v) for v in values] if rename else values
         bad = [v for v in values if choices is not None and v not in choices]
         if bad:
             raise argparse.ArgumentTypeError(f"invalid choice(s) {', '.join(map(repr, bad))} "
                                              f"(choose from {', '.join(choices)})")
         return values
 
-    return parse
+    return split
+
+
+def add_filters(group, case_choices=None, case_help: str = "") -> None:
+    """The row filters ``convt3d bench`` and ``convt3d tune`` share."""
+    group.add_argument("--case", action="append", type=comma_list(case_choices), metavar="NAME[,NAME]",
+                       help=case_help or f"case names, repeatable: {', '.join(suites.case_names())}")
+    group.add_argument("--dtype", action="append", type=comma_list(tuple(suites.DTYPES)), metavar="{fp32,bf16}")
+    group.add_argument("--layout", action="append", type=comma_list(suites.LAYOUTS), metavar="{ncdhw,cl}",
+                       help="input memory format: ncdhw (contiguous) or cl (channels_last_3d)")
+    group.add_argument("--precision", action="append", type=comma_list(suites.PRECISIONS, suites.precision_name),
+                       metavar="{tf32,tf32x3}", help="fp32 rows: tf32 = PyTorch's default flags (TF32 allowed), "
+                       "tf32x3 = cudnn.allow_tf32 off, exact grade (kernelbench only); the former names 'default' "
+                       "and 'exact' still work, with a DeprecationWarning")
+
+
+def flatten(values: list[list[str]] | None) -> list[str] | None:
+    return None if values is None else [v for group in values for v in group]
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``; a deprecated spelling is said once, on the terminal, and not
+    again by the interpreter check's child process."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore" if os.environ.get(_REEXEC_MARK) else "default", DeprecationWarning)
+        return parser.parse_args(argv)
 
 
 def _default_jobs() -> int:
@@ -61,22 +108,15 @@ def _default_jobs() -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .networks import network_names
-
-    p = argparse.ArgumentParser(prog="convt3d bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    summary, no_cuda = __doc__.split("\n\n")[:2]
+    suites_help = "\n".join(f"  {name:<12} {text}" for name, text in SUITE_HELP.items())
+    p = argparse.ArgumentParser(prog="convt3d bench", formatter_class=HelpFormatter,
+                                description=f"{summary}\n\nsuites:\n{suites_help}", epilog=f"{EXAMPLES}\n\n{no_cuda}")
     sel = p.add_argument_group("what to run")
-    sel.add_argument("--suite", choices=("kernelbench", "layers", "all", "heads", "networks"), default="all",
-                     help="all = kernelbench + layers; heads: 12 generated output heads; networks: whole models")
-    sel.add_argument("--case", action="append", type=_csv(None), metavar="NAME[,NAME]",
-                     help=f"case names, repeatable: {', '.join(suites.case_names())}; with --suite networks, "
-                          f"network names: {', '.join(network_names())}")
-    sel.add_argument("--dtype", action="append", type=_csv(tuple(suites.DTYPES)), metavar="{fp32,bf16}")
-    sel.add_argument("--layout", action="append", type=_csv(suites.LAYOUTS), metavar="{ncdhw,cl}",
-                     help="input memory format: ncdhw (contiguous) or cl (channels_last_3d)")
-    sel.add_argument("--precision", action="append", type=_csv(suites.PRECISIONS), metavar="{default,exact}",
-                     help="default: PyTorch's flags (TF32 on); exact: cudnn.allow_tf32=False (kernelbench only)")
-    sel.add_argument("--backend", choices=BACKENDS, default="auto", help="convt3d backend to time (default auto)")
+    sel.add_argument("--suite", choices=tuple(SUITE_HELP), default="all", help="the suite (listed above)")
+    add_filters(sel, None, f"case names, repeatable: {', '.join(suites.case_names())}; with --suite networks, "
+                           f"network names: {', '.join(networks.network_names())}")
+    sel.add_argument("--backend", choices=BACKENDS, default="auto", help="convt3d backend to time")
     sel.add_argument("--mode", choices=tuple(MODES), default=None,
                      help="fwd (the default), bwd (dX, dW, db of a retained forward) or full (training step); "
                           "networks: fwd = inference, full = training step, default both")
@@ -89,10 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --suite networks: first calls and agreement only; after a full run, what a warm "
                           "cache leaves to a new process's first call")
     sel.add_argument("--list", action="store_true", help="print the selected cases and exit")
-    sel.add_argument("--interpret", action="store_true",
-                     help="the interpreter check even where a GPU is present")
-    sel.add_argument("--jobs", type=int, default=_default_jobs(),
-                     help="processes of the interpreter check (default: CPU cores, at most 8)")
+    sel.add_argument("--jobs", type=_positive_int, default=_default_jobs(),
+                     help="processes of the interpreter check (CPU cores, at most 8)")
 
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write environment, ceilings, every row and the summary")
@@ -106,10 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
     tim.add_argument("--cudnn-benchmark", action="store_true",
                      help="set torch.backends.cudnn.benchmark = True (PyTorch's default is False)")
     return p
-
-
-def _flatten(values: list[list[str]] | None) -> list[str] | None:
-    return None if values is None else [v for group in values for v in group]
 
 
 def _usage_error(message: str) -> int:
@@ -158,52 +192,39 @@ class _Progress:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(build_parser(), argv)
     except SystemExit as exc:  # argparse exits on --help (0) and usage errors (2)
         return int(exc.code or 0)
+    if args.min_reps < 1 or args.rep_ms <= 0 or args.warmup_ms < 0:
+        return _usage_error("--min-reps must be >= 1, --rep-ms > 0 and --warmup-ms >= 0")
     if args.suite == "networks":
         return _networks_main(args, argv)
     args.mode = args.mode or "fwd"
     try:
-        cases = suites.select(args.suite, _flatten(args.case), _flatten(args.dtype), _flatten(args.layout),
-                              _flatten(args.precision))
+        cases = suites.select(args.suite, flatten(args.case), flatten(args.dtype), flatten(args.layout),
+                              flatten(args.precision))
     except ValueError as exc:
         return _usage_error(str(exc))
     if not cases:
-        return _usage_error("no case matches the filters (note: exact precision exists only in the kernelbench "
-                            "suite)")
+        return _usage_error("no case matches the filters (note: tf32x3 exists only in the kernelbench suite)")
     if args.list:
         for c in cases:
             print(f"{c.suite:<12} {c.label}")
         return 0
-    if args.jobs < 1:
-        return _usage_error("--jobs must be >= 1")
-    return _bad_budgets(args) or _run(args, argv, cases, _run_interpreter_check, _run_timing)
-
-
-def _bad_budgets(args) -> int:
-    if args.min_reps < 1 or args.rep_ms <= 0 or args.warmup_ms < 0:
-        return _usage_error("--min-reps must be >= 1, --rep-ms > 0 and --warmup-ms >= 0")
-    return 0
+    return _run(args, argv, cases, _run_interpreter_check, _run_timing)
 
 
 def _run(args, argv, selected, check, timing, *extra) -> int:
     """``timing`` on a CUDA machine, else ``check`` in a process with Triton's interpreter on."""
-    import torch
-
-    if not args.interpret and torch.cuda.is_available():
+    if torch.cuda.is_available():
         if args.cudnn_benchmark:
             torch.backends.cudnn.benchmark = True
         return timing(args, argv, selected, *extra)
-    from convt3d.engines.triton.sites import interpreter_active
-
     if interpreter_active():
         return check(args, argv, selected)
     if os.environ.get(_REEXEC_MARK):
         return _usage_error("TRITON_INTERPRET=1 did not switch Triton's interpreter on in the child process; "
                             "run: TRITON_INTERPRET=1 python -m convt3d bench ...")
-    import convt3d
-
     env = dict(os.environ, TRITON_INTERPRET="1", **{_REEXEC_MARK: "1"})
     # The child must import this same convt3d even when it was found through sys.path edits.
     root = str(Path(convt3d.__file__).resolve().parent.parent)
@@ -221,8 +242,6 @@ def _settings(args, cases: list[str], **more) -> dict:
 
 def _write(console, args, data: dict | None = None, rows=(), plot_title: str | None = None) -> None:
     """--json and --plot: the JSON as given, the plot of timing ``rows`` (without a title: no timings)."""
-    from . import report
-
     if args.json and data is not None:
         report.write_json(args.json, data)
         console.print(f"wrote {args.json}")
@@ -242,8 +261,6 @@ def _check(args, argv, note: str, what: str, total: int, run, table, settings: d
            command: str) -> int:
     """The no-CUDA check of ``total`` items: ``run(status, advance)`` -> (rows, failures, skipped or
     None), the table, a summary line, the JSON."""
-    from . import report
-
     console = report.make_console()
     env = report.environment(cuda=False)
     report.print_header(console, env, None, "[bold yellow]No CUDA device: timings need a GPU.[/bold yellow] " + note)
@@ -266,13 +283,9 @@ def _check(args, argv, note: str, what: str, total: int, run, table, settings: d
 
 
 def _run_interpreter_check(args, argv: list[str], cases) -> int:
-    from . import report
-    from .check import CHECK_BACKEND, run_checks
-    from .suites import INTERP_IN_SIZE, INTERP_MAX_CHANNELS_PER_GROUP
-
     note = ("Checking the Triton kernels' correctness instead, through Triton's interpreter, against float64 "
-            f"PyTorch, at reduced sizes (batch 1, <= {INTERP_MAX_CHANNELS_PER_GROUP} channels per group, "
-            f"~{INTERP_IN_SIZE} input positions per dimension; kernel, stride, padding, dilation, output_padding and "
+            f"PyTorch, at reduced sizes (batch 1, <= {suites.INTERP_MAX_CHANNELS_PER_GROUP} channels per group, "
+            f"~{suites.INTERP_IN_SIZE} input positions per dimension; kernel, stride, padding, dilation, output_padding and "
             "groups as in the suite).")
     if args.mode != "fwd":
         note += (f" (--mode {args.mode}: this check runs the forward kernels; the gradients are checked through "
@@ -287,8 +300,7 @@ def _run_interpreter_check(args, argv: list[str], cases) -> int:
                  "tests/test_gpu.py covers bf16 on a GPU.")
 
     def run(status, advance):
-        rows, failures = run_checks(cases, args.seed, status, advance, jobs=args.jobs)
-        return [r.as_dict() for r in rows], failures, None
+        return (*run_checks(cases, args.seed, status, advance, jobs=args.jobs), None)
 
     return _check(args, argv, note, "cases", len(cases), run, report.print_check_table,
                   _settings(args, [c.label for c in cases], mode=args.mode, jobs=args.jobs),
@@ -296,10 +308,6 @@ def _run_interpreter_check(args, argv: list[str], cases) -> int:
 
 
 def _run_timing(args, argv: list[str], cases) -> int:
-    from . import report
-    from .roofline import measure_ceilings
-    from .runner import TimingSettings, run_cases
-
     console = report.make_console()
     env = report.environment(cuda=True)
     t0 = time.perf_counter()
@@ -329,14 +337,12 @@ def _run_timing(args, argv: list[str], cases) -> int:
 
 # ---- the networks suite -------------------------------------------------------------------------
 def _networks_main(args, argv: list[str]) -> int:
-    from . import networks
-
     try:
-        nets = networks.select_networks(_flatten(args.case))
-        modes = networks.select_modes(args.mode, _flatten(args.dtype))
+        nets = networks.select_networks(flatten(args.case))
+        modes = networks.select_modes(args.mode, flatten(args.dtype))
         # Networks run as their users run them: NCDHW input, PyTorch's default flags.
-        for name, values, allowed in (("--layout", _flatten(args.layout), "ncdhw"),
-                                      ("--precision", _flatten(args.precision), "default")):
+        for name, values, allowed in (("--layout", flatten(args.layout), "ncdhw"),
+                                      ("--precision", flatten(args.precision), "tf32")):
             if values is not None and set(values) != {allowed}:
                 raise ValueError(f"{name} {','.join(values)}: the networks suite runs {allowed} only")
     except ValueError as exc:
@@ -349,8 +355,6 @@ def _networks_main(args, argv: list[str]) -> int:
             print(f"{'networks':<12} {net.name:<18} {', '.join(m.label for m in modes):<30} "
                   f"{net.description}" + (f"  [skipped: {reason}]" if reason else ""))
         return 0
-    if _bad_budgets(args):
-        return 2
     args.rounds = args.rounds or networks.DEFAULT_PAIRS
     return _run(args, argv, nets, _run_network_check, _run_network_timing, modes)
 
@@ -361,8 +365,6 @@ def _network_settings(args, nets, modes) -> dict:
 
 
 def _run_network_check(args, argv: list[str], nets) -> int:
-    from . import networks, report
-
     note = (f"Checking each network at a tiny size instead: the patched model (backend='{networks.CHECK_BACKEND}', "
             "Triton's interpreter) against the untouched one and float64, fp32 inference with TF32 off (bf16 and the "
             "training step need a GPU: tests/test_gpu_networks.py).")
@@ -377,9 +379,6 @@ def _run_network_check(args, argv: list[str], nets) -> int:
 
 
 def _run_network_timing(args, argv: list[str], nets, modes) -> int:
-    from . import networks, report
-    from .runner import TimingSettings
-
     console = report.make_console()
     env = report.environment(cuda=True)
     report.print_header(console, env, None, "networks: untouched model vs convt3d.patch(copy.deepcopy(model)), "

@@ -19,21 +19,25 @@ from typing import Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
+import convt3d
 from ..core.flags import cudnn_conv_allows_tf32
 from ..engines.op import OP_NAME
+from ..nn import ConvTranspose3d as Patched
 from .check import failure_entry, round_to_tf32
 from .models import AxialAttention3d, GAN3DGenerator, VideoDecoder
 from .roofline import cudnn_tf32
-from .runner import max_abs_diff
+from .runner import CudaTimer, TimingSettings, max_abs_diff
 from .stats import paired_ratio
 from .suites import name_seed
 
 __all__ = ["GAN3DGenerator", "VideoDecoder", "AxialAttention3d", "Network", "NetMode", "NETWORKS", "NET_MODES",
            "DEFAULT_PAIRS", "network_names", "select_networks", "select_modes", "unavailable_reason",
            "build_network", "convt_layer_count", "first_tensor", "forward_fn", "training_step", "target_for",
-           "layer_engines", "transposed_share", "top_kernels", "kernel_changes", "run_networks", "check_network",
-           "check_networks", "relative_error", "normwise_error"]
+           "layer_engines", "transposed_share", "top_kernels", "kernel_changes", "run_networks", "check_networks",
+           "relative_error", "normwise_error"]
 
 EXTRA_HINT = "pip install -e '.[networks]'"
 
@@ -154,8 +158,6 @@ def build_network(net: Network, device: str | torch.device, tiny: bool = False,
 
 def convt_layer_count(model: nn.Module) -> tuple[int, int]:
     """(ConvTranspose3d layers, of which computed by convt3d) in ``model``."""
-    from convt3d.nn import ConvTranspose3d as Patched
-
     mods = [m for m in model.modules() if isinstance(m, nn.ConvTranspose3d)]
     return len(mods), sum(isinstance(m, Patched) for m in mods)
 
@@ -300,6 +302,8 @@ def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode, convt_index:
     diff, scale = max_abs_diff(y_patched, y_untouched)
     row.update(max_abs_diff_vs_torch=diff, max_abs_torch=scale, output_layout_matches=True)
     if not mode.training:
+        # A broadcast would hide a wrong shape from the errors below.
+        row["output_layout_matches"] = y_patched.shape == y_untouched.shape and y_patched.dtype == y_untouched.dtype
         err, ref_err = relative_error(y_patched, ref), relative_error(y_untouched, ref)
         budget_ref = ref_err
         if y_tf32 is not None:
@@ -331,8 +335,6 @@ TRANSPOSED_OPS = frozenset({"aten::conv_transpose3d", "aten::cudnn_convolution_t
 def is_kernel(e) -> bool:
     """A GPU kernel, copy or memset event -- not the GPU span of a ``record_function`` range, which
     would count its kernels twice."""
-    from torch.autograd import DeviceType
-
     return e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
 
 
@@ -340,7 +342,6 @@ def transposed_share(events, device_type: str) -> tuple[float, float, float]:
     """(share, transposed-conv us, total us) of one profiled run (``profile(...).events()``): on CUDA
     the device time of the outermost ``TRANSPOSED_OPS`` (their kernels and their children's, autocast's
     casts included) over every kernel's; on the CPU the same in CPU time of ops."""
-    from torch.autograd import DeviceType
 
     def outermost(e) -> bool:
         p = e.cpu_parent
@@ -381,8 +382,6 @@ def kernel_changes(before: dict[str, float], after: dict[str, float], count: int
 
 def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, float, float, dict[str, float]]:
     """(share, transposed-conv us, total us, every kernel's us) of one profiled call of ``fn``."""
-    from torch.profiler import ProfilerActivity, profile
-
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Profiler clears events.*")  # one call, no schedule
@@ -397,9 +396,6 @@ def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, f
 def layer_engines(patched: nn.Module, fn: Callable[[], object]) -> tuple[str, list[str]]:
     """(summary such as "triton 3, torch 1", each layer's "engine: reason") of what convt3d decides
     for the patched layers, from ``convt3d.explain`` of what each receives in one untimed call."""
-    import convt3d
-    from convt3d.nn import ConvTranspose3d as Patched
-
     reasons: list[str] = []
     counts: dict[str, int] = {}
 
@@ -437,15 +433,14 @@ DEFAULT_PAIRS = 21
 def _row_head(net: Network, mode: NetMode, backend: str, model: nn.Module, x: torch.Tensor) -> dict:
     return {"case": net.name, "suite": "networks", "source": net.source, "description": net.description,
             "mode": mode.name, "dtype": mode.dtype, "autocast": mode.autocast, "layout": "ncdhw",
-            "precision": "default", "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32), "backend": backend,
+            "precision": "tf32" if cudnn_conv_allows_tf32() else "tf32x3",
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32), "backend": backend,
             "input_shape": list(x.shape), "parameters": sum(p.numel() for p in model.parameters()),
             "convt_layers": convt_layer_count(model)[0]}
 
 
 def _tune(patched: nn.Module, x: torch.Tensor, mode: NetMode) -> dict:
     """``convt3d.tune`` of the patched model as the mode runs it (autocast, train or eval mode)."""
-    import convt3d
-
     patched.train(mode.training)
     t0 = time.perf_counter()
     with torch.autocast(x.device.type, torch.bfloat16, enabled=mode.autocast):
@@ -523,7 +518,7 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
 
 
 def _failure(net: Network, mode: NetMode | None, exc: BaseException) -> dict:
-    return failure_entry(exc, case=net.name, dtype=mode.dtype if mode else "-", layout="ncdhw", precision="default",
+    return failure_entry(exc, case=net.name, dtype=mode.dtype if mode else "-", layout="ncdhw", precision="tf32",
                          mode=mode.name if mode else "build")
 
 
@@ -541,10 +536,6 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
     there); ``tune`` runs ``convt3d.tune`` on the patched model before its first call in each mode.
     A network that raises becomes a failure entry, a missing extra a skipped one ``{case, reason}``.
     """
-    import convt3d
-
-    from .runner import CudaTimer, TimingSettings
-
     settings = settings or TimingSettings()
     timer = timer if timer is not None else CudaTimer(settings)
     say = status or (lambda _msg: None)
@@ -584,48 +575,28 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
 CHECK_BACKEND = "triton"
 
 
-def check_network(net: Network, seed: int = 0, backend: str = CHECK_BACKEND) -> dict:
-    """One network at its tiny size on the CPU: the patched model (``backend``) against the untouched
-    one and float64, fp32 inference with TF32 off. A row (``ok``: every layer patched and within budget)."""
-    import convt3d
+class _HostTimer:
+    """First calls by the host's clock: all the CPU check times."""
 
-    model, x = build_network(net, "cpu", tiny=True, seed=seed)
-    patched = convt3d.patch(copy.deepcopy(model), backend=backend)
-    layers, swapped = convt_layer_count(patched)
-    with cudnn_tf32(False):
+    def first_call(self, fn: Callable[[], object]) -> tuple[object, float]:
         t0 = time.perf_counter()
-        y_p = forward_fn(patched, x, autocast=False)()
-        seconds = time.perf_counter() - t0
-        y_u = forward_fn(model, x, autocast=False)()
-        ref = forward_fn(copy.deepcopy(model).double(), x.double(), autocast=False)()
-    err, ref_err = relative_error(y_p, ref), relative_error(y_u, ref)
-    ok_budget = _budget_ok(err, ref_err, "fp32")
-    shape_ok = y_p.shape == y_u.shape and y_p.dtype == y_u.dtype
-    return {"case": net.name, "suite": "networks", "source": net.source, "mode": "infer", "dtype": "fp32",
-            "layout": "ncdhw", "precision": "exact", "backend": backend, "input_shape": list(x.shape),
-            "output_shape": list(y_u.shape), "convt_layers": layers, "convt_layers_patched": swapped,
-            "rel_err_vs_reference": err, "torch_rel_err_vs_reference": ref_err,
-            "max_abs_diff_vs_torch": (y_p.double() - y_u.double()).abs().max().item(),
-            "max_abs_torch": y_u.abs().max().item(), "within_error_budget": ok_budget, "shape_ok": shape_ok,
-            "ok": ok_budget and shape_ok and layers > 0 and swapped == layers, "seconds": seconds}
+        out = fn()
+        return out, time.perf_counter() - t0
+
+    def release(self) -> None:
+        pass
 
 
 def check_networks(nets: list[Network], seed: int = 0, status: Callable[[str], None] | None = None,
                    advance: Callable[[], None] | None = None,
                    backend: str = CHECK_BACKEND) -> tuple[list[dict], list[dict], list[dict]]:
-    """:func:`check_network` for each network: (rows, failures, skipped)."""
-    rows, failures, skipped = [], [], []
-    for net in nets:
-        reason = unavailable_reason(net)
-        if reason is not None:
-            skipped.append({"case": net.name, "reason": reason})
-        else:
-            if status:
-                status(f"{net.name}: tiny size, interpreter")
-            try:
-                rows.append(check_network(net, seed, backend))
-            except Exception as exc:  # noqa: BLE001 -- report every network
-                failures.append(_failure(net, NetMode("infer", "fp32"), exc))
-        if advance:
-            advance()
+    """Each network at its tiny size on the CPU, fp32 inference with TF32 off, the patched model
+    (``backend``) against the untouched one and float64: (rows, failures, skipped), a row ``ok``
+    when every layer is patched and the output has the right shape and is within budget."""
+    with cudnn_tf32(False):
+        rows, failures, skipped = run_networks(nets, [NetMode("infer", "fp32")], backend, TimingSettings(seed=seed),
+                                               status, advance, "cpu", _HostTimer(), tiny=True, measure=False)
+    for r in rows:
+        r.update(seconds=r["first_call_s"], ok=r["within_error_budget"] and r["output_layout_matches"]
+                 and r["convt_layers_patched"] == r["convt_layers"] > 0)
     return rows, failures, skipped

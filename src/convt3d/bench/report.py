@@ -3,9 +3,8 @@ and the plot (matplotlib, else skipped with a line).
 
 JSON, schema "convt3d-bench/1" (``*_us`` microseconds, ``*_s`` seconds, NaN and inf as null): schema,
 kind ("timing" or "interpreter-check"), created, argv, environment, settings, ceilings (layer timing
-runs: ``Ceilings.as_dict()``), rows, failures ({case, dtype, layout, precision, error, traceback}),
-summary (timing: ``summarize``; a check: {cases, passed, failed, errors, seconds}) and, for networks,
-skipped ({case, reason}).
+runs), rows, failures ({case, dtype, layout, precision, error, traceback}), summary and, for
+networks, skipped ({case, reason}).
 """
 from __future__ import annotations
 
@@ -21,11 +20,14 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
+import triton
 
+import convt3d
 from ..version import source_digest
 from .roofline import Ceilings, geomean
+from .suites import precision_name
 
-__all__ = ["SCHEMA", "environment", "source_digest", "summarize", "payload", "write_json", "write_plot",
+__all__ = ["SCHEMA", "environment", "source_digest", "summarize", "payload", "write_json", "read_json", "write_plot",
            "make_console", "print_header", "print_timing_table", "print_summary", "print_check_table",
            "print_failures", "print_network_table", "print_first_call_table", "print_network_check_table",
            "print_skipped"]
@@ -58,10 +60,6 @@ def _git_commit() -> str | None:
 
 
 def environment(cuda: bool) -> dict:
-    import triton
-
-    import convt3d
-
     env = {
         "convt3d": convt3d.__version__, "git_commit": _git_commit(), "source_digest": source_digest(),
         "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
@@ -159,6 +157,27 @@ def write_json(path: str | os.PathLike, data: dict) -> None:
     _parent_made(path).write_text(json.dumps(_clean(data), indent=2, allow_nan=False) + "\n")
 
 
+def _renamed(label: str) -> str:
+    head, _, last = label.rpartition(" ")
+    return f"{head} {precision_name(last, warn=False)}" if head else label
+
+
+def read_json(path: str | os.PathLike) -> dict:
+    """A stored run in today's precision names: runs written before the bench took the library's
+    names say "default" and "exact" where it now says "tf32" and "tf32x3"."""
+    data = json.loads(Path(path).read_text())
+    for entry in data.get("rows", []) + data.get("failures", []):
+        if "precision" in entry:
+            entry["precision"] = precision_name(entry["precision"], warn=False)
+    for s in data.get("summary") if isinstance(data.get("summary"), list) else []:
+        s["group"], s["min_speedup_case"] = _renamed(s["group"]), _renamed(s["min_speedup_case"])
+        if "precision" in s["filter"]:
+            s["filter"]["precision"] = precision_name(s["filter"]["precision"], warn=False)
+    if isinstance(data.get("settings", {}).get("cases"), list):
+        data["settings"]["cases"] = [_renamed(c) for c in data["settings"]["cases"]]
+    return data
+
+
 # ---- plot -----------------------------------------------------------------------------------------
 def write_plot(path: str | os.PathLike, rows: list[dict], title: str = "") -> None:
     """Two panels, one bar per row: speedup over cuDNN (log scale) and % of roofline of both.
@@ -174,14 +193,14 @@ def write_plot(path: str | os.PathLike, rows: list[dict], title: str = "") -> No
     colors = [{"kernelbench": "tab:blue", "networks": "tab:orange"}.get(r["suite"], "tab:green") for r in rows]
     # Bars grow from 1x, so a slowdown points left instead of looking like a short win.
     ax_s.barh(ys, [r["speedup"] - 1 for r in rows], left=1, color=colors)
-    exact = [(y, r["speedup_vs_default_flags"]) for y, r in zip(ys, rows) if "speedup_vs_default_flags" in r]
-    if exact:
-        ax_s.scatter([v for _, v in exact], [y for y, _ in exact], marker="|", s=120, color="black", zorder=3,
-                     label="exact rows: vs cuDNN at default flags")
+    vs_default = [(y, r["speedup_vs_default_flags"]) for y, r in zip(ys, rows) if "speedup_vs_default_flags" in r]
+    if vs_default:
+        ax_s.scatter([v for _, v in vs_default], [y for y, _ in vs_default], marker="|", s=120, color="black",
+                     zorder=3, label="tf32x3 rows: vs cuDNN at default flags")
         ax_s.legend(loc="lower right", fontsize=8)
     ax_s.axvline(1.0, color="red", linewidth=1)
     ax_s.set_xscale("log")
-    values = [r["speedup"] for r in rows] + [v for _, v in exact] + [1.0]
+    values = [r["speedup"] for r in rows] + [v for _, v in vs_default] + [1.0]
     ax_s.set_xticks([t for t in (0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200)
                      if min(values) / 1.5 <= t <= max(values) * 1.5])
     ax_s.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))

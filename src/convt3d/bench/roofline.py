@@ -7,6 +7,7 @@ import time
 from typing import Callable, Iterator
 
 import torch
+import triton.testing
 
 from ..core.roofline import COPY_BYTES, MATMUL_SIZE, Ceilings, floors, geomean, peak_class, roofline_percent, tflops
 
@@ -39,8 +40,6 @@ def matmul_tf32(allow: bool):
 
 # ---- measuring (CUDA only) ------------------------------------------------------------------------
 def _copy_bytes_per_s(device, gen: torch.Generator) -> float:
-    import triton.testing
-
     src = torch.rand(COPY_BYTES // 4, generator=gen, device=device)
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=60, return_mode="median")
@@ -48,8 +47,6 @@ def _copy_bytes_per_s(device, gen: torch.Generator) -> float:
 
 
 def _matmul_flops_per_s(device, gen: torch.Generator, dtype: torch.dtype, tf32: bool) -> float:
-    import triton.testing
-
     n = MATMUL_SIZE
     a = torch.randn((n, n), generator=gen, device=device).to(dtype)
     b = torch.randn((n, n), generator=gen, device=device).to(dtype)

@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import math
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+import triton.testing
 
+import convt3d
+from ..core.validate import check_call
+from ..dispatch.select import HYBRID, decide
+from ..engines.triton import backward
+from ..engines.triton.configs import tuning_log
+from .check import failure_entry
 from .roofline import Ceilings, cudnn_tf32, floors, peak_class, roofline_percent, tflops
 from .stats import lowest_spread
 from .suites import Case, Tensors, make_tensors
-from ..engines.triton.configs import tuning_log
 
-__all__ = ["TimingSettings", "CudaTimer", "Mode", "MODES", "get_mode", "bench_budget", "event_seconds",
+__all__ = ["TimingSettings", "CudaTimer", "Mode", "MODES", "get_mode", "bench_budget",
            "max_abs_diff", "run_cases", "ROUND_SPREAD", "MAX_ABBA", "PAIRED_BLOCK_MS"]
 
 
@@ -34,18 +39,6 @@ def bench_budget(estimate_ms: float, settings: TimingSettings) -> tuple[float, f
     """(warmup, rep) in ms for do_bench, so that at least ``min_reps`` calls are timed (+0.5 keeps
     do_bench's integer division from rounding down to min_reps - 1)."""
     return max(settings.warmup_ms, estimate_ms), max(settings.rep_ms, (settings.min_reps + 0.5) * estimate_ms)
-
-
-def event_seconds(fn: Callable[[], object], calls: int) -> float:
-    """Seconds per call of ``calls`` calls of ``fn`` between two CUDA events on the current stream
-    (no synchronisation before: the caller decides whether the block starts idle)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e-3 / calls
 
 
 # A block of the paired timing lasts at least this long, to amortise its start from an idle GPU;
@@ -69,8 +62,6 @@ class CudaTimer:
 
     def steady(self, fn: Callable[[], torch.Tensor]) -> float:
         """Median seconds per call (L2 flushed between calls), at least min_reps timed calls."""
-        import triton.testing
-
         _, estimate = self.first_call(fn)  # a warm call sizes the budget
         warmup, rep = bench_budget(estimate * 1e3, self.settings)
         return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e-3
@@ -83,10 +74,16 @@ class CudaTimer:
         _, est_b = self.first_call(fn_b)
         steps = max(1, math.ceil(PAIRED_BLOCK_MS * 1e-3 / max(est_a, est_b, 1e-6)))
         times: dict[int, list[float]] = {0: [], 1: []}
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for i in range(pairs):
             for side in ((0, 1) if i % 2 == 0 else (1, 0)):
                 torch.cuda.synchronize()
-                times[side].append(event_seconds((fn_a, fn_b)[side], steps))
+                start.record()
+                for _ in range(steps):
+                    (fn_a, fn_b)[side]()
+                end.record()
+                end.synchronize()
+                times[side].append(start.elapsed_time(end) * 1e-3 / steps)
         return times[0], times[1]
 
     def release(self) -> None:
@@ -107,8 +104,6 @@ class Mode:
 
 
 def _ours(x, w, b, args, backend):
-    import convt3d
-
     return convt3d.conv_transpose3d(x, w, b, *args, backend=backend, precision=None)
 
 
@@ -214,9 +209,6 @@ def get_mode(name: str) -> Mode:
 def _engine_of(case: Case, t: Tensors, backend: str, training: bool = False) -> tuple[str, str]:
     """(engine label, reason) convt3d's dispatcher picks for this call, e.g. 'triton tf32'; asked
     after the first call, so that a decision that call measured is the one reported."""
-    from convt3d.core.validate import check_call
-    from convt3d.dispatch.select import HYBRID, decide
-
     params, _ = check_call(t.x, t.w, t.b, *case.geometry.conv_args())
     d = decide(t.x, backend, None, params, weight=t.w, bias=t.b, measure=False, training=training)
     label = HYBRID if training and d.ours_backward else d.engine
@@ -241,8 +233,6 @@ def _is_cl(y) -> bool:
 
 def _bwd_choice(params, dtype: torch.dtype) -> str:
     """The dX and dW implementations convt3d's backward chose here (the latest), with reasons."""
-    from convt3d.engines.triton import backward
-
     parts = []
     for what, table in (("dX", backward.dgrad_choices()), ("dW", backward.choices())):
         found = [c for k, c in table.items() if k[3] == params and k[1] == dtype]
@@ -268,8 +258,6 @@ ROUND_SPREAD = 0.02
 
 def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceilings, timer,
              default_cudnn_s: dict[tuple, float], status: Callable[[str], None]) -> dict:
-    from convt3d.core.validate import check_call
-
     params, _ = check_call(t.x, t.w, t.b, *case.geometry.conv_args())
     flop, nbytes = mode.work(params, t.x.element_size(), t.b is not None)
     row = {"case": case.name, "suite": case.suite, "dtype": case.dtype, "layout": case.layout,
@@ -318,7 +306,7 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
         row.update(torch_default_flags_us=default_cudnn_s[key] * 1e6,
                    speedup_vs_default_flags=default_cudnn_s[key] / ours_s, torch_default_flags_reused=reused)
 
-    peak = peak_class(case.dtype, case.precision)
+    peak = peak_class(case.dtype, "tf32" if case.allow_tf32 else "exact")  # core.roofline's peak classes
     mem_s, comp_s = floors(flop, nbytes, ceilings, peak)
     # The row's result as soon as it is known: a run cut by a time limit keeps what it measured.
     status(f"{case.label}: {row['engine']}: convt3d {ours_s * 1e6:.1f} us, cuDNN {ref_s * 1e6:.1f} us, "
@@ -355,9 +343,8 @@ def run_cases(cases: list[Case], mode_name: str, backend: str, ceilings: Ceiling
                     tensors, tensors_key = make_tensors(case, device, settings.seed), key
                 rows.append(_run_row(case, tensors, mode, backend, ceilings, timer, default_cudnn_s, say))
             except Exception as exc:  # noqa: BLE001 -- one case's failure must not hide the others
-                failures.append({"case": case.name, "dtype": case.dtype, "layout": case.layout,
-                                 "precision": case.precision, "error": f"{type(exc).__name__}: {exc}",
-                                 "traceback": traceback.format_exc(limit=6)})
+                failures.append(failure_entry(exc, case=case.name, dtype=case.dtype, layout=case.layout,
+                                              precision=case.precision))
                 tensors, tensors_key = None, None
                 timer.release()
             if advance:

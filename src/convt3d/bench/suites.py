@@ -1,10 +1,12 @@
-"""The bench cases: the seven KernelBench ConvTranspose3d problems (fp32 NCDHW, default and exact
-precision), thirteen decoder layers and output heads (fp32 and bf16, NCDHW and channels_last_3d),
-and a generated sweep of output heads (``heads``, not part of "all"). Weights follow
-``nn.ConvTranspose3d``'s initialisation; inputs are never zeros (power and clocks depend on data)."""
+"""The bench cases: the seven KernelBench problems (fp32 NCDHW, tf32 and tf32x3), thirteen decoder
+layers and output heads (fp32 and bf16, NCDHW and channels_last_3d), and a generated sweep of output
+heads (``heads``, not part of "all"). Weights follow ``nn.ConvTranspose3d``'s initialisation; inputs
+are never zeros, since power and clocks depend on the data."""
 from __future__ import annotations
 
 import math
+import random
+import warnings
 import zlib
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
@@ -12,14 +14,28 @@ from typing import Iterable, Sequence
 import torch
 
 __all__ = ["Geometry", "Case", "Tensors", "KERNELBENCH", "LAYERS", "HEAD_SWEEP", "SUITES", "EXTRA_SUITES", "DTYPES",
-           "LAYOUTS", "PRECISIONS", "all_cases", "select", "case_names", "reduced_for_interpreter", "make_tensors",
-           "name_seed"]
+           "LAYOUTS", "PRECISIONS", "OLD_PRECISIONS", "precision_name", "all_cases", "select", "case_names",
+           "reduced_for_interpreter", "make_tensors", "name_seed"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LAYOUTS = ("ncdhw", "cl")
-PRECISIONS = ("default", "exact")
+# The library's names: "tf32" runs under PyTorch's default flags (TF32 allowed), "tf32x3" with
+# cudnn.allow_tf32 = False, where convt3d computes at exact grade.
+PRECISIONS = ("tf32", "tf32x3")
+OLD_PRECISIONS = {"default": "tf32", "exact": "tf32x3"}
 SUITES = ("kernelbench", "layers")
 EXTRA_SUITES = ("heads",)
+
+
+def precision_name(name: str, warn: bool = True) -> str:
+    """``name`` in the library's spelling; the bench's former "default" and "exact" are mapped,
+    with a DeprecationWarning when ``warn`` (stored runs are read without one)."""
+    new = OLD_PRECISIONS.get(name)
+    if new is None:
+        return name
+    if warn:
+        warnings.warn(f"precision {name!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=3)
+    return new
 
 
 def _t3(v: int | Sequence[int]) -> tuple[int, int, int]:
@@ -113,8 +129,6 @@ def _head_sweep(count: int = 12, seed: int = 20261203) -> tuple[Geometry, ...]:
     """Output heads drawn once from a fixed seed, so that nothing in the engine was fitted to them:
     per dimension a (kernel, stride, padding, output padding, dilation) of the kinds decoders use,
     16-256 input and 1-15 output channels, groups of 2 now and then, 16-64 M elements in and out."""
-    import random
-
     axis_kinds = [(1, 1, 0, 0, 1), (2, 2, 0, 0, 1), (3, 1, 1, 0, 1), (3, 2, 1, 1, 1), (4, 2, 1, 0, 1),
                   (3, 1, 2, 0, 2), (5, 1, 2, 0, 1), (4, 4, 0, 0, 1), (3, 3, 0, 0, 1), (6, 2, 2, 0, 1)]
     rng = random.Random(seed)
@@ -147,8 +161,11 @@ class Case:
     geometry: Geometry
     dtype: str  # key of DTYPES
     layout: str  # "ncdhw" or "cl" (channels_last_3d input)
-    precision: str  # "default" (PyTorch's default flags) or "exact" (cudnn.allow_tf32 = False)
+    precision: str  # a name of PRECISIONS
     input_dist: str  # "rand" (uniform [0, 1)) or "randn"
+
+    def __post_init__(self):
+        object.__setattr__(self, "precision", precision_name(self.precision))
 
     @property
     def name(self) -> str:
@@ -161,7 +178,7 @@ class Case:
     @property
     def allow_tf32(self) -> bool:
         """The value of ``torch.backends.cudnn.allow_tf32`` this row runs under."""
-        return self.precision != "exact"
+        return self.precision != "tf32x3"
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -169,14 +186,14 @@ class Case:
 
 
 def _suite_cases(suite: str) -> list[Case]:
-    # Rows of one geometry are adjacent: the runner reuses their tensors and, for an exact row, the
+    # Rows of one geometry are adjacent: the runner reuses their tensors and, for a tf32x3 row, the
     # default-flag cuDNN time measured just before.
     if suite == "kernelbench":
         return [Case(suite, g, "fp32", "ncdhw", p, "rand") for g in KERNELBENCH for p in PRECISIONS]
     geos = {"layers": LAYERS, "heads": HEAD_SWEEP}.get(suite)
     if geos is None:
         raise ValueError(f"unknown suite {suite!r}; expected one of {SUITES + EXTRA_SUITES}")
-    return [Case(suite, g, dt, lay, "default", "randn") for g in geos for dt in DTYPES for lay in LAYOUTS]
+    return [Case(suite, g, dt, lay, "tf32", "randn") for g in geos for dt in DTYPES for lay in LAYOUTS]
 
 
 def all_cases() -> list[Case]:
@@ -193,6 +210,8 @@ def select(suite: str = "all", names: Iterable[str] | None = None, dtypes: Itera
     value raises ValueError naming the choices."""
     if suite != "all" and suite not in SUITES + EXTRA_SUITES:
         raise ValueError(f"unknown suite {suite!r}; expected 'all' or one of {SUITES + EXTRA_SUITES}")
+    if precisions is not None:
+        precisions = [precision_name(p) for p in precisions]
     filters = {"case": (names, case_names()), "dtype": (dtypes, list(DTYPES)),
                "layout": (layouts, list(LAYOUTS)), "precision": (precisions, list(PRECISIONS))}
     wanted: dict[str, set[str] | None] = {}

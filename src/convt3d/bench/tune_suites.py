@@ -3,47 +3,35 @@ measuring on, so that later processes start fast (``convt3d.tune(model, x)`` doe
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import torch
 from torch import nn
 
+from ..core.flags import device_name
 from ..dispatch import cache
+from ..functional import conv_transpose3d
 from ..tune import Progress, tune
+from . import suites
+from .cli import HelpFormatter, add_filters, flatten, parse
+from .roofline import cudnn_tf32
 
 __all__ = ["main", "build_parser"]
 
 
-# ---- convt3d tune -------------------------------------------------------------------------------
-def _csv(choices):
-    def parse(text: str) -> list[str]:
-        values = [v.strip() for v in text.split(",") if v.strip()]
-        bad = [v for v in values if choices is not None and v not in choices]
-        if not values or bad:
-            raise argparse.ArgumentTypeError(f"invalid value(s) {text!r}" + (f" (choose from {', '.join(choices)})"
-                                                                             if choices else ""))
-        return values
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from . import suites
-
     p = argparse.ArgumentParser(
-        prog="convt3d tune", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="convt3d tune", formatter_class=HelpFormatter,
         description="Fill convt3d's persistent cache (auto-backend decisions and Triton tile configs) by running "
                     "the bench suites' layers once with measuring on, so that later processes start fast.",
         epilog="The cache lives in $CONVT3D_CACHE_DIR, else ~/.cache/convt3d/, one JSON file per GPU model, keyed on "
                "the convt3d, torch and triton versions. Tune your own model from Python with "
                "convt3d.tune(model, *example_inputs). Needs a CUDA device (on CPU tensors 'auto' always runs "
                "PyTorch).")
-    p.add_argument("--suite", choices=("kernelbench", "layers", "all"), default="all")
-    p.add_argument("--case", action="append", type=_csv(suites.case_names()), metavar="NAME[,NAME]",
-                   help=f"case names: {', '.join(suites.case_names())}")
-    p.add_argument("--dtype", action="append", type=_csv(tuple(suites.DTYPES)), metavar="{fp32,bf16}")
-    p.add_argument("--layout", action="append", type=_csv(suites.LAYOUTS), metavar="{ncdhw,cl}")
-    p.add_argument("--precision", action="append", type=_csv(suites.PRECISIONS), metavar="{default,exact}")
+    p.add_argument("--suite", choices=("kernelbench", "layers", "all"), default="all", help="the bench suite")
+    add_filters(p, suites.case_names())
     p.add_argument("--backward", action="store_true", help="also run a backward pass per case (training)")
     p.add_argument("--cache-dir", metavar="DIR", help="cache directory (sets CONVT3D_CACHE_DIR)")
     p.add_argument("--list", action="store_true", help="print the selected cases and exit")
@@ -60,13 +48,7 @@ class _CaseLayer(nn.Module):
         self.bias = None if b is None else nn.Parameter(b, requires_grad=grad)
 
     def forward(self, x):
-        from ..functional import conv_transpose3d
-
         return conv_transpose3d(x, self.weight, self.bias, *self.args)
-
-
-def _flatten(values):
-    return None if values is None else [v for group in values for v in group]
 
 
 def _show(gpu: str) -> int:
@@ -81,20 +63,16 @@ def _show(gpu: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
-    from . import suites
-
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(build_parser(), argv)
     except SystemExit as exc:
         return int(exc.code or 0)
     if args.cache_dir:
         os.environ[cache.ENV_DIR] = args.cache_dir
     try:
-        cases = suites.select(args.suite, _flatten(args.case), _flatten(args.dtype), _flatten(args.layout),
-                              _flatten(args.precision))
+        cases = suites.select(args.suite, flatten(args.case), flatten(args.dtype), flatten(args.layout),
+                              flatten(args.precision))
     except ValueError as exc:
         print(f"convt3d tune: error: {exc}", file=sys.stderr)
         return 2
@@ -106,9 +84,6 @@ def main(argv: list[str] | None = None) -> int:
         print("convt3d tune: no CUDA device: on CPU tensors 'auto' always runs PyTorch, so there is nothing to "
               f"measure; the cache would be {cache.cache_dir()}", file=sys.stderr)
         return 0
-    from .roofline import cudnn_tf32
-    from ..core.flags import device_name
-
     gpu = device_name(torch.device("cuda", torch.cuda.current_device()))
     if args.show:
         return _show(gpu)

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - Windows
 
 __all__ = ["CacheWarning", "FORMAT", "SECTIONS", "cache_dir", "environment_key", "file_for", "Store", "store_for",
            "reset", "load_decision", "save_decision", "load_backward", "save_backward", "load_precision_class", "save_precision_class", "save_unsaved", "on_reset",
-           "tune_key_text", "config_to_dict", "config_from_dict"]
+           "tune_key_text", "config_to_dict", "config_from_dict", "owned_files", "file_summary"]
 
 FORMAT = 1
 SECTIONS = ("decisions", "triton_configs", "backward", "precision")
@@ -394,3 +394,43 @@ def save_unsaved() -> None:
     for store in list(_unsaved_stores):
         with contextlib.suppress(Exception):
             store.save()
+
+
+# ---- what `convt3d cache` shows and clears ------------------------------------------------------
+def owned_files(directory: Path | str | None = None) -> list[Path]:
+    """The files convt3d keeps in the cache directory (by default ``cache_dir()``): one JSON file
+    per GPU model, a save's leftover temporaries and the CUDA head libraries under ``build/``;
+    other names there are left alone. The lock is left out: deleting it while a save holds it
+    would let the next save lock a new file and merge unlocked."""
+    d = cache_dir() if directory is None else Path(directory)
+    found = {f for pattern in ("*.json", ".*.json.*.tmp", "build/convt3d_head_*.so") for f in d.glob(pattern)}
+    return sorted(f for f in found if f.is_file() and (f.suffix != ".json" or _is_cache_file(f)))
+
+
+def _is_cache_file(path: Path) -> bool:
+    """A JSON file with the top-level ``format`` and ``key`` of a convt3d cache file (of any version)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "format" in doc and isinstance(doc.get("key"), dict)
+
+
+def file_summary(path: Path | str) -> tuple[dict[str, int], str | None]:
+    """Entries per section of a cache file, and why this process would ignore it (None: it is
+    current): corrupt, or stale -- written for another environment (``environment_key``)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        doc = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return {}, f"unreadable ({type(exc).__name__})"
+    key = doc.get("key") if isinstance(doc, dict) else None
+    if not isinstance(key, dict):
+        return {}, "not a convt3d cache file"
+    counts = {s: len(doc[s]) for s in SECTIONS if isinstance(doc.get(s), dict)}
+    current = environment_key(str(key.get("gpu")))
+    _, problem, kind = _parse(text, current)
+    if kind == "stale":
+        changed = [f"{k} {key.get(k)}" for k in current if key.get(k) != current[k]] or [f"format {doc.get('format')}"]
+        problem = "stale: written for " + ", ".join(changed)
+    return counts, problem

@@ -20,15 +20,14 @@ NOMINAL_CEILINGS = roofline.Ceilings(4.24e12, 683e12, 374e12, 51e12)
 
 # Rule 1 -- tiny layers go to cuDNN: below this roofline floor a call is host-bound, and the
 # Triton engine's 2-4 launches per call cost several times the host time of cuDNN's one. The
-# threshold sits below the smallest bench layer Triton still wins (nnunet_128_64 bf16);
-# tools/gpu_auto.py times two tiny probes to check the rule.
+# threshold sits below the smallest bench layer Triton still wins (nnunet_128_64 bf16).
 TINY_FLOOR_S = 10e-6
 
 
 # ... but where timing can run, a tiny layer's PyTorch call is timed first, and only if it takes
 # HOST_BOUND_S or more are our engines timed too: a PyTorch call shorter than the host time of a
 # Triton call through the public API cannot be beaten, while one far above its floor can
-# (tools/host_time.py reads that host time).
+# (auto measures that host time with each candidate).
 HOST_BOUND_S = 50e-6
 
 

@@ -1,23 +1,18 @@
 """``convt3d kernelbench``: evaluate the ``ModelNew`` files the way KernelBench does.
 
     convt3d kernelbench                          # all seven problems (and the CUDA entry), one table
-    convt3d kernelbench --exact                  # the same with TF32 off for the reference and the files
+    convt3d kernelbench --precision tf32x3       # TF32 off for convolutions, the references' and the files'
     convt3d kernelbench --problems 58,77 --json kb.json --trials 100
 
-The steps are KernelBench's (``eval_kernel_against_ref``, ``run_and_check_correctness``, ``set_seed``
-and ``time_execution_with_cuda_event`` of ScalingIntelligence/KernelBench): models built on the CPU
-after seeding 42, five correctness trials with KernelBench's seeds and ``torch.rand`` inputs, each
-passing when ``allclose(reference, ModelNew, atol=rtol=1e-4)`` under the flags in force, then timings
-with CUDA events after an L2 flush, ModelNew first. Two more columns check the same outputs, and the
-reference itself, against the layer in float64. ``--exact`` turns TF32 off for convolutions throughout.
+The steps are KernelBench's (``eval_kernel_against_ref`` of ScalingIntelligence/KernelBench): models
+built on the CPU after seeding 42, five correctness trials with its seeds and ``torch.rand`` inputs,
+each passing when ``allclose(reference, ModelNew, atol=rtol=1e-4)`` under the flags in force, then
+CUDA-event timings after an L2 flush, ModelNew first; two more columns compare both with float64.
+Without CUDA each file is imported and constructed and, with ``TRITON_INTERPRET=1``, checked through
+the interpreter on the problem's reduced geometry (``export.reduced``) at tf32x3.
 
-Without CUDA each file is imported and constructed, and with ``TRITON_INTERPRET=1`` the Triton files'
-launches are checked through the interpreter on the problem's reduced geometry (``export.reduced``,
-exported for it), TF32 off as PyTorch's CPU convolution is.
-
-Exit status: 0 when every selected file loaded, built the reference's parameters and (where checked)
-passed KernelBench's verdict on every trial; 1 otherwise (the full table is printed first); 2 for an
-unknown problem.
+Exit status: 0 when every file loaded, built the reference's parameters and passed every trial it
+ran; 1 otherwise (after the table); 2 for an unknown problem.
 """
 from __future__ import annotations
 
@@ -26,12 +21,12 @@ import contextlib
 import copy
 import datetime as _dt
 import importlib.util
-import json
 import math
 import sys
 import tempfile
 import time
 import traceback
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -40,9 +35,10 @@ import torch
 
 from .export import default_out_dir, reduced, render
 from .problems import SEED, Problem, ReferenceModel, parse_ids
-from ..bench.report import table
+from ..bench.report import table, write_json
+from ..core.roofline import geomean
 
-__all__ = ["TOLERANCE", "load_model_file", "trial_seeds", "set_seed", "time_with_cuda_events",
+__all__ = ["TOLERANCE", "PRECISIONS", "load_model_file", "trial_seeds", "set_seed", "time_with_cuda_events",
            "check_trial", "flags_in_force", "main"]
 
 TOLERANCE = 1e-4  # KernelBench's atol = rtol for fp32
@@ -50,6 +46,9 @@ WARMUP = 3
 DISCARD_FIRST = 1
 CORRECT_TRIALS = 5
 L2_FLUSH_BYTES = 256 * 2 ** 20  # KernelBench writes 32 x 1024 x 1024 int64
+# The library's precision names: "tf32" runs under PyTorch's flags as they are (TF32 allowed for
+# convolutions by default), "tf32x3" with TF32 off for convolutions throughout.
+PRECISIONS = ("tf32", "tf32x3")
 NOTE = ("'correct' is KernelBench's verdict: allclose(reference, ModelNew, atol=rtol=1e-4) with the reference "
         "run under the same flags, on every trial. With TF32 allowed cuDNN computes most references in TF32, "
         "and the files compute in TF32 as they do; 'vs fp64' checks the same outputs against the reference "
@@ -121,12 +120,14 @@ def time_with_cuda_events(fn, x: torch.Tensor, trials: int, warmup: int = WARMUP
     return times
 
 
-def flags_in_force(exact: bool):
-    """A context for the whole evaluation: PyTorch's flags as they are, or (``exact``) TF32 off
-    for convolutions, restored on exit."""
+def flags_in_force(precision: str):
+    """A context for the whole evaluation: PyTorch's flags as they are ("tf32"), or TF32 off for
+    convolutions ("tf32x3"), restored on exit."""
     from convt3d.core.flags import cudnn_conv_tf32
 
-    return cudnn_conv_tf32(False) if exact else contextlib.nullcontext()
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision={precision!r}; expected one of {PRECISIONS}")
+    return cudnn_conv_tf32(False) if precision == "tf32x3" else contextlib.nullcontext()
 
 
 # ---- results ------------------------------------------------------------------------------------
@@ -206,9 +207,8 @@ def _sync(device: torch.device) -> None:
 
 def check_trial(seed: int, reference: torch.nn.Module, reference64: torch.nn.Module | None,
                 candidate: torch.nn.Module, input_shape, device: torch.device) -> Trial:
-    """One correctness trial as ``run_and_check_correctness`` runs it: seed, draw ``torch.rand``
-    on the CPU and move it, run the reference, then ModelNew (flags as they are). Then the float64
-    reference on the same input, for the extra columns (skipped for ``reference64=None``)."""
+    """One trial as ``run_and_check_correctness`` runs it (seeded ``torch.rand`` on the CPU, moved; the
+    reference, then ModelNew), then ``reference64`` on the same input unless it is None."""
     set_seed(seed)
     x = torch.rand(*input_shape).to(dtype=torch.float32).to(device=device)
     with torch.no_grad():
@@ -233,31 +233,19 @@ def check_trial(seed: int, reference: torch.nn.Module, reference64: torch.nn.Mod
     return trial
 
 
-def _tuning_of(module: ModuleType) -> list[dict]:
-    """What the file's chooser timed at its first forward (a Triton file's ``CHOICES``), if any."""
-    return [{"config": c["config"], "precision": c["precision"], "tuning_s": c["seconds"],
-             "timings_ms": c["timings_ms"]} for c in getattr(module, "CHOICES", [])]
-
-
-def _file_precision(module: ModuleType) -> str | None:
-    """What the file's forward computes in under the flags in force (its ``forward_precision``)."""
-    fn = getattr(module, "forward_precision", None)
-    return fn() if fn is not None else None
-
-
 def _load(problem: Problem, path: Path, result: Result) -> tuple[ModuleType, torch.nn.Module, torch.nn.Module]:
     """The file's module, the reference and ModelNew built from it; ``result`` records each step."""
     module = load_model_file(path)
     result.loaded = True
-    result.precision = _file_precision(module)
+    precision_of = getattr(module, "forward_precision", None)
+    result.precision = precision_of() if precision_of is not None else None
     reference, candidate = build_models(problem, module)
     result.parameters_identical = parameters_identical(reference, candidate)
     return module, reference, candidate
 
 
 def evaluate_gpu(problem: Problem, directory: Path, correct_trials: int, trials: int, warmup: int, console,
-                 device: torch.device, file_name: str | None = None) -> Result:
-    file_name = file_name or problem.file_name
+                 device: torch.device, file_name: str) -> Result:
     result = Result(problem.id, file_name, problem.describe(), list(problem.input_shape))
     module, reference, candidate = _load(problem, directory / file_name, result)
     reference, candidate = reference.to(device), candidate.to(device)
@@ -277,15 +265,15 @@ def evaluate_gpu(problem: Problem, directory: Path, correct_trials: int, trials:
         console.print(f"  problem {problem.id}: timing the reference")
         result.ref_times_ms = time_with_cuda_events(reference, x, trials, warmup)
     result.new_ms, result.ref_ms = Stats.of(result.new_times_ms), Stats.of(result.ref_times_ms)
-    result.tuning = _tuning_of(module)
+    # what a Triton file's chooser timed at its first forward
+    result.tuning = [{"config": c["config"], "precision": c["precision"], "tuning_s": c["seconds"],
+                      "timings_ms": c["timings_ms"]} for c in getattr(module, "CHOICES", [])]
     return result
 
 
-def evaluate_cpu(problem: Problem, directory: Path, correct_trials: int, interpret: bool,
-                 file_name: str | None = None) -> Result:
-    """Import and construct; with the interpreter, correctness on the problem's reduced geometry
-    (Triton files only: a CUDA entry needs a GPU to run at all), judged on a file exported for it."""
-    file_name = file_name or problem.file_name
+def evaluate_cpu(problem: Problem, directory: Path, correct_trials: int, interpret: bool, file_name: str) -> Result:
+    """Import and construct; with the interpreter, the Triton file's trials on a file exported for
+    the problem's reduced geometry (a CUDA entry needs a GPU to run at all)."""
     interpret = interpret and file_name == problem.file_name
     small = reduced(problem)
     result = Result(problem.id, file_name, small.describe() if interpret else problem.describe(),
@@ -317,6 +305,10 @@ def _flags_text(flags: dict) -> str:
     return "TF32 allowed for convolutions" if flags["cudnn_conv_tf32"] else "TF32 off for convolutions"
 
 
+def _entry(r: Result) -> str:
+    return f"{r.problem} cuda" if r.file.endswith("_cuda.py") else f"{r.problem}"
+
+
 def print_table(console, results: list[Result], env: dict, flags: dict) -> None:
     where = env.get("gpu") or "CPU (Triton interpreter, reduced geometries)"
     title = f"KernelBench level 1 ConvTranspose3d, fp32 - {where} - {_flags_text(flags)}"
@@ -325,7 +317,7 @@ def print_table(console, results: list[Result], env: dict, flags: dict) -> None:
     rows = []
     for r in results:
         n = len(r.trials)
-        cells = [str(r.problem) + (" cuda" if r.file.endswith("_cuda.py") else ""), r.layer, r.precision or "-",
+        cells = [_entry(r), r.layer, r.precision or "-",
                  _verdict(r.correct, sum(t.passes for t in r.trials), n) if n else "-",
                  _fmt(r.max_abs_diff, ".2e"),
                  _fmt(r.ref_ms.mean if r.ref_ms else None, ".3f"), _fmt(r.new_ms.mean if r.new_ms else None, ".3f"),
@@ -341,10 +333,6 @@ def print_table(console, results: list[Result], env: dict, flags: dict) -> None:
                   f"Python {env['python']}, convt3d {env['convt3d']} ({env.get('git_commit') or 'no git'})")
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
-
-
 def summary(results: list[Result]) -> dict:
     # The speedup summary is over the seven Triton files; the CUDA entry is its own row.
     timed = [r for r in results if math.isfinite(r.speedup) and not r.file.endswith("_cuda.py")]
@@ -356,7 +344,7 @@ def summary(results: list[Result]) -> dict:
         "correct": sum(r.correct for r in checked),
         "correct_fp64": sum(r.correct_fp64 for r in checked),
         "ref_passes_fp64": sum(r.ref_passes_fp64 for r in checked),
-        "geomean_speedup": _geomean(speedups),
+        "geomean_speedup": geomean(speedups),
         "min_speedup": min(speedups, default=math.nan),
         "min_speedup_problem": min(timed, key=lambda r: r.speedup).problem if timed else None,
         "errors": sum(r.error is not None for r in results),
@@ -376,19 +364,16 @@ def print_summary(console, s: dict, flags: dict) -> None:
     console.print(f"note: {NOTE}")
 
 
-def _write_json(path: Path, data: dict) -> None:
-    def clean(v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [clean(x) for x in v]
-        return v
-
-    if path.parent != Path(""):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(clean(data), indent=2, allow_nan=False) + "\n")
+def row_line(r: Result) -> str:
+    """One result as a line (printed as each file finishes, before the table)."""
+    n = len(r.trials)
+    speed = (f", ModelNew {r.new_ms.mean:.3f} ms, reference {r.ref_ms.mean:.3f} ms, speedup {r.speedup:.2f}x"
+             if r.new_ms and r.ref_ms else "")
+    fp64 = f", vs fp64 {sum(bool(t.passes_fp64) for t in r.trials)}/{n} ({r.max_abs_err_fp64:.2e}; reference " \
+           f"{r.ref_max_abs_err_fp64:.2e})" if n else ""
+    verdict = f"{'correct' if r.correct else 'incorrect'} {sum(t.passes for t in r.trials)}/{n} (max abs diff " \
+              f"{r.max_abs_diff:.2e})" if n else "not run"
+    return f"  problem {_entry(r)} [{r.precision}]: {verdict}{speed}{fp64}"
 
 
 def _flags() -> dict:
@@ -404,11 +389,16 @@ def _flags() -> dict:
 # ---- command ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="convt3d kernelbench", description=__doc__.split("\n\n")[0],
+                                epilog="examples:\n  convt3d kernelbench --precision tf32x3 --json kb_tf32x3.json\n"
+                                       "  convt3d kernelbench --problems 72,73 --trials 20",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--problems", default=None, help="comma-separated problem ids (default: 58,61,68,70,72,73,77)")
-    p.add_argument("--exact", action="store_true",
-                   help="TF32 off for convolutions while evaluating: the reference and the files compute exact fp32")
-    p.add_argument("--json", type=Path, default=None, help="write every measurement to this file")
+    p.add_argument("--precision", choices=PRECISIONS, default="tf32",
+                   help="tf32: PyTorch's flags as they are (TF32 allowed for convolutions, its default), the files "
+                        "computing as their references do; tf32x3: TF32 off for convolutions throughout, the "
+                        "references in exact fp32 and the files at exact grade (default: tf32)")
+    p.add_argument("--exact", action="store_true", help="deprecated: the same as --precision tf32x3")
+    p.add_argument("--json", type=Path, default=None, help="write every measurement to this file (default: none)")
     p.add_argument("--trials", type=int, default=100, help="timed trials per model (default 100, plus 1 discarded)")
     p.add_argument("--warmup", type=int, default=WARMUP, help=f"warm-up calls before timing (default {WARMUP})")
     p.add_argument("--correct-trials", type=int, default=None,
@@ -417,22 +407,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The options; ``--exact`` becomes ``--precision tf32x3`` with a DeprecationWarning, shown unless
+    -W says otherwise because Python hides that category outside ``__main__``."""
+    args = build_parser().parse_args(argv)
+    if args.exact:
+        with warnings.catch_warnings():
+            if not sys.warnoptions:
+                warnings.simplefilter("default", DeprecationWarning)
+            warnings.warn("convt3d kernelbench: --exact is deprecated and will be removed; use --precision tf32x3",
+                          DeprecationWarning, stacklevel=3)
+        args.precision = "tf32x3"
+    return args
+
+
 def entries(problems: list[Problem]) -> list[tuple[Problem, str]]:
     """(problem, file name) rows of the table: each problem's Triton file, then its CUDA entry if any."""
     return [(p, name) for p in problems for name in (p.file_name, p.cuda_file_name) if name]
-
-
-def row_line(r: Result) -> str:
-    """One result as a line (printed as each file finishes, before the table)."""
-    n = len(r.trials)
-    speed = (f", ModelNew {r.new_ms.mean:.3f} ms, reference {r.ref_ms.mean:.3f} ms, speedup {r.speedup:.2f}x"
-             if r.new_ms and r.ref_ms else "")
-    fp64 = f", vs fp64 {sum(bool(t.passes_fp64) for t in r.trials)}/{n} ({r.max_abs_err_fp64:.2e}; reference " \
-           f"{r.ref_max_abs_err_fp64:.2e})" if n else ""
-    verdict = f"{'correct' if r.correct else 'incorrect'} {sum(t.passes for t in r.trials)}/{n} (max abs diff " \
-              f"{r.max_abs_diff:.2e})" if n else "not run"
-    entry = f"{r.problem} cuda" if r.file.endswith("_cuda.py") else f"{r.problem}"
-    return f"  problem {entry} [{r.precision}]: {verdict}{speed}{fp64}"
 
 
 def _run(problems: list[Problem], fn, console) -> list[Result]:
@@ -452,7 +443,7 @@ def _run(problems: list[Problem], fn, console) -> list[Result]:
 def main(argv: list[str] | None = None) -> int:
     from convt3d.bench.report import environment, make_console
 
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     try:
         problems = parse_ids(args.problems)
     except (KeyError, ValueError) as e:
@@ -465,17 +456,16 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         correct_trials = args.correct_trials or CORRECT_TRIALS
         device = torch.device("cuda", torch.cuda.current_device())
-        exact, interpret = args.exact, False
-        with flags_in_force(exact):
-            flags = _flags()
-            results = _run(problems, lambda p, name: evaluate_gpu(p, directory, correct_trials, args.trials,
-                                                                  args.warmup, console, device, name), console)
+        precision, interpret = args.precision, False
+
+        def run(p: Problem, name: str) -> Result:
+            return evaluate_gpu(p, directory, correct_trials, args.trials, args.warmup, console, device, name)
     else:
         import triton
 
         interpret = bool(triton.knobs.runtime.interpret)
         correct_trials = args.correct_trials or 1
-        exact = True  # PyTorch's CPU convolution is exact fp32 whatever the flags say
+        precision = "tf32x3"  # PyTorch's CPU convolution is exact fp32 whatever the flags say
         console.print("[bold yellow]convt3d kernelbench needs a CUDA GPU[/] for KernelBench's timings and its "
                       "full-size correctness check; this machine has none.")
         console.print("Checking instead that every file imports and constructs with the reference's parameters"
@@ -483,22 +473,24 @@ def main(argv: list[str] | None = None) -> int:
                          "interpreter on the problem at a reduced size (export.reduced: the file exported for "
                          "it), with TF32 off (PyTorch's CPU reference never uses TF32)." if interpret else
                          "; set TRITON_INTERPRET=1 to also check correctness through Triton's interpreter."))
-        with flags_in_force(exact):
-            flags = _flags()
-            results = _run(problems, lambda p, name: evaluate_cpu(p, directory, correct_trials, interpret, name),
-                           console)
+
+        def run(p: Problem, name: str) -> Result:
+            return evaluate_cpu(p, directory, correct_trials, interpret, name)
+    with flags_in_force(precision):
+        flags = _flags()
+        results = _run(problems, run, console)
     env = environment(gpu)
     print_table(console, results, env, flags)
     s = summary(results)
     print_summary(console, s, flags)
     if args.json is not None:
-        _write_json(args.json, {
-            "schema": "convt3d-kernelbench/2", "kind": "timing" if gpu else "cpu-check",
+        write_json(args.json, {
+            "schema": "convt3d-kernelbench/3", "kind": "timing" if gpu else "cpu-check",
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "argv": list(sys.argv[1:] if argv is None else argv), "environment": env, "flags": flags,
             "method": {"seed": SEED, "correct_trials": correct_trials, "tolerance": TOLERANCE,
                        "verdict": "allclose(reference under the flags of the run, ModelNew) on every trial",
-                       "exact": exact, "timed_trials": args.trials if gpu else 0, "warmup": args.warmup,
+                       "precision": precision, "timed_trials": args.trials if gpu else 0, "warmup": args.warmup,
                        "discard_first": DISCARD_FIRST, "l2_flush_bytes": L2_FLUSH_BYTES,
                        "reduced_geometry": not gpu and interpret, "interpreter": interpret},
             "note": NOTE, "seconds": time.perf_counter() - t0,

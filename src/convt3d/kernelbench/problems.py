@@ -1,12 +1,10 @@
-"""The seven KernelBench level-1 ConvTranspose3d problems, as KernelBench defines them.
+"""The seven KernelBench level-1 ConvTranspose3d problems, as ``KernelBench/level1/`` defines them.
 
-Recorded from ``KernelBench/level1/`` of ScalingIntelligence/KernelBench: each ``Model`` holds one
-``nn.ConvTranspose3d`` as ``self.conv_transpose3d`` and takes ``bias: bool = False`` last; what differs
-is the constructor's signature and the arguments it passes on (problem 73 drops its ``output_padding``,
-the slot where ``get_init_inputs`` puts the 4 meant as groups; problem 77 has neither). ``ModelNew``
-copies both, so ``ModelNew(*get_init_inputs())`` builds the layer ``Model`` builds. Each problem also
-records the tiles its file carries (``Candidate``) and how cuDNN computed its reference with TF32
-allowed (``DefaultReference``), which the file's precision follows.
+Each ``Model`` holds one ``nn.ConvTranspose3d`` as ``self.conv_transpose3d``; what differs is its
+constructor's signature and the arguments it passes on (73 drops ``output_padding``, where
+``get_init_inputs`` puts the 4 meant as groups). ``ModelNew`` copies both. Each problem also records
+the tiles its file carries (``Candidate``) and how cuDNN computed its reference with TF32 allowed
+(``DefaultReference``), which the file's precision follows.
 """
 from __future__ import annotations
 
@@ -58,9 +56,8 @@ _ALL_FORWARDED = ("stride", "padding", "output_padding", "groups", "bias")
 
 @dataclass(frozen=True)
 class DefaultReference:
-    """How cuDNN computed a problem's fp32 reference with TF32 allowed (PyTorch's default flags), as
-    measured: its max abs error against the same layer in float64 on KernelBench's inputs, where a
-    TF32 reference (operands rounded to 2^-11) lies orders of magnitude further off than exact fp32."""
+    """How cuDNN computed a problem's fp32 reference with TF32 allowed, as measured against float64 on
+    KernelBench's inputs: a TF32 reference (operands rounded to 2^-11) lies orders of magnitude further off."""
 
     tf32: bool  # True: cuDNN computed in TF32; False: in full fp32 although TF32 was allowed
     max_abs_err_fp64: float
@@ -78,8 +75,7 @@ def _tf32(err: float) -> DefaultReference:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A tile configuration a problem's file carries: the fields of the engine's ``Config`` that
-    differ from their defaults (one the engine offers for the problem), and the tuner's median."""
+    """A tile configuration a file carries (the engine ``Config``'s non-default fields) and its tuner median."""
 
     config: dict[str, Any] = field(hash=False)
     median_ms: float
@@ -104,8 +100,7 @@ class Problem:
 
     @property
     def cudnn_uses_tf32(self) -> bool:
-        """Whether the reference computes in TF32 when TF32 is allowed (measured; see
-        ``default_reference``). The file's forward uses TF32 then, exact grade otherwise."""
+        """Whether the reference computes in TF32 when TF32 is allowed, so the file's forward does too."""
         return self.default_reference.tf32
 
     @property
@@ -236,8 +231,7 @@ def parse_ids(text: str | None) -> list[Problem]:
 
 
 class ReferenceModel(nn.Module):
-    """KernelBench's ``Model`` for ``problem``: the plain ``nn.ConvTranspose3d`` it builds, under the
-    same attribute name (so state_dicts interchange with ``ModelNew``'s)."""
+    """KernelBench's ``Model`` for ``problem``, its layer under the same name as in ``ModelNew``."""
 
     def __init__(self, problem: Problem, *init_inputs, **overrides):
         super().__init__()

@@ -1,11 +1,10 @@
 """Tree-shaking of the package source for the KernelBench files: only what an entry reaches.
 
-``PythonShaker`` keeps, from a set of entry names, every top-level definition they reach, transitively
-(global names by ``symtable``, decorator and default expressions, attributes read from a module alias),
-and copies it with the comment lines above it. Package-relative imports become nothing, ``alias = name``
-or a ``types.SimpleNamespace``; absolute imports of reached names are hoisted. Every module shares one
-namespace in the file, so two reached definitions of one name are refused; a kept dataclass is refused
-too (the files keep annotations as strings, which KernelBench's loader cannot resolve for one).
+``PythonShaker`` keeps every top-level definition the entries reach, transitively (global names by
+``symtable``, decorators, defaults, attributes of a module alias), with the comment lines above it.
+Package-relative imports become nothing, ``alias = name`` or a ``types.SimpleNamespace``; absolute
+imports are hoisted. The modules share one namespace in the file, so two reached definitions of one
+name are refused, and so is a dataclass (KernelBench's loader cannot resolve its string annotations).
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["ShakeError", "Line", "PythonShaker", "relative_base", "import_target"]
+__all__ = ["ShakeError", "Line", "PythonShaker"]
 
 _ALLOWED_THIRD_PARTY = frozenset({"torch", "triton"})
 
@@ -46,18 +45,18 @@ class _Module:
     table: symtable.SymbolTable
     # name -> ("stmt", _Stmt) | ("from", module path, name) | ("alias", module path) | ("ext", import text, node)
     bindings: dict[str, tuple] = field(default_factory=dict)
+    imports: list[str] = field(default_factory=list)  # the package modules it imports relatively, in order
 
 
-def relative_base(node: ast.ImportFrom, importer: str) -> str:
+def _relative_base(node: ast.ImportFrom, importer: str) -> str:
     """The package path a relative import in ``importer`` names ('engines/triton/kernels', ...)."""
     package = importer.split("/")[:-1]
     base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
     return "/".join(base + ([node.module.replace(".", "/")] if node.module else []))
 
 
-def import_target(base: str, name: str, is_module: Callable[[str], bool]) -> tuple[bool, str]:
-    """(True, the module) where ``from base import name`` imports a module, else (False, the module
-    that defines ``name``)."""
+def _import_target(base: str, name: str, is_module: Callable[[str], bool]) -> tuple[bool, str]:
+    """(True, the module) where ``from base import name`` imports a module, else (False, its module)."""
     as_module = f"{base}/{name}.py" if base else f"{name}.py"
     if is_module(as_module):
         return True, as_module
@@ -116,19 +115,14 @@ def _scope_globals(table: symtable.SymbolTable) -> set[str]:
 
 
 class PythonShaker:
-    """The top-level definitions of ``paths`` (package-relative, dependencies first) that entries
-    reach; ``read(path)`` gives a module's source."""
+    """The top-level definitions that entries reach in ``roots`` and the package modules they import,
+    directly or not; ``read(path)`` gives a module's source, ``is_module(path)`` whether it exists."""
 
-    def __init__(self, paths: tuple[str, ...], read: Callable[[str], str], is_module: Callable[[str], bool]):
-        self.order = list(paths)
+    def __init__(self, roots: tuple[str, ...], read: Callable[[str], str], is_module: Callable[[str], bool]):
+        self.order: list[str] = []  # dependencies first: the order of the file's sections
         self.modules: dict[str, _Module] = {}
-        for path in paths:
-            source = read(path)
-            tree = ast.parse(source)
-            module = _Module(path, source, tree, symtable.symtable(source, path, "exec"))
-            for i, node in enumerate(tree.body):
-                self._bind(module, i, node, is_module)
-            self.modules[path] = module
+        for root in roots:
+            self._load(root, read, is_module, [])
         self.kept: set[tuple[str, int]] = set()  # (module, statement index)
         self.ext: dict[str, tuple[str, ast.AST]] = {}  # bound name -> (import text, node)
         self.aliases: dict[tuple[str, str], str] = {}  # (module, alias) -> the name it stands for
@@ -137,12 +131,32 @@ class PythonShaker:
         self.extra: dict[str, set[str]] = {}  # module -> names reached dynamically (e.g. kernels by name)
 
     # -- binding table ------------------------------------------------------------------------------
+    def _load(self, path: str, read, is_module, visiting: list[str]) -> None:
+        """Parse ``path`` after the modules it imports relatively, in the order it names them."""
+        if path in self.modules:
+            return
+        if path in visiting:
+            raise ShakeError(f"import cycle {' -> '.join(visiting + [path])}: the exporter needs an order")
+        source = read(path)
+        tree = ast.parse(source)
+        module = _Module(path, source, tree, symtable.symtable(source, path, "exec"))
+        for i, node in enumerate(tree.body):
+            self._bind(module, i, node, is_module)
+        for dep in module.imports:
+            self._load(dep, read, is_module, visiting + [path])
+        self.modules[path] = module
+        self.order.append(path)
+
     def _bind(self, module: _Module, i: int, node: ast.stmt, is_module) -> None:
         where = f"convt3d/{module.path}:{node.lineno}"
         if isinstance(node, ast.ImportFrom) and node.level > 0:
-            base = relative_base(node, module.path)
+            base = _relative_base(node, module.path)
             for a in node.names:
-                is_alias, target = import_target(base, a.name, is_module)
+                is_alias, target = _import_target(base, a.name, is_module)
+                if not is_module(target):
+                    raise ShakeError(f"{where}: cannot find the module it imports")
+                if target not in module.imports:
+                    module.imports.append(target)
                 module.bindings[a.asname or a.name] = ("alias", target) if is_alias else ("from", target, a.name)
             return
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -193,9 +207,8 @@ class PythonShaker:
         return names, _attributes(node)
 
     def reach(self, entries: list[tuple[str, str]], dynamic: dict[str, set[str]] | None = None) -> None:
-        """Keep what ``entries`` ((module, name) pairs) reach; ``dynamic``: module -> names reached
-        at run time by name (a kernel a launch site names), kept and listed in that module's
-        namespace where another module holds it as an alias."""
+        """Keep what ``entries`` ((module, name) pairs) reach, and ``dynamic`` (module -> names reached
+        at run time by name, as a launch site names its kernel) listed in that module's namespace."""
         for path, names in (dynamic or {}).items():
             self.extra.setdefault(path, set()).update(names)
             entries = entries + [(path, n) for n in sorted(names)]
@@ -241,8 +254,8 @@ class PythonShaker:
                         work.append((path, alias))
 
     def check_lazy_annotations(self) -> None:
-        """A kept dataclass would need its annotations evaluated (KernelBench's loader does not
-        register the module, where ``dataclasses`` looks string annotations up): refuse it."""
+        """Refuse a kept dataclass: ``dataclasses`` looks its string annotations up in a module that
+        KernelBench's loader does not register."""
         for path, i in sorted(self.kept):
             node = self.modules[path].tree.body[i]
             if isinstance(node, ast.ClassDef) and "dataclass" in _loads(node.decorator_list) | {
@@ -271,33 +284,25 @@ class PythonShaker:
 
     # -- output -------------------------------------------------------------------------------------
     def imports(self) -> list[str]:
-        """The absolute imports kept, one statement per module (``from m import a, b``)."""
-        plain: list[str] = []
-        grouped: dict[str, list[str]] = {}
+        """The absolute imports kept, sorted, one ``from`` statement per module (``from m import a, b``)."""
+        plain = {text for text, _ in self.ext.values() if text.startswith("import ")}
+        grouped: dict[str, set[str]] = {}
         for text, _ in self.ext.values():
-            if text.startswith("import "):
-                if text not in plain:
-                    plain.append(text)
-            else:
+            if text.startswith("from "):
                 module, what = text[len("from "):].split(" import ", 1)
-                grouped.setdefault(module, [])
-                if what not in grouped[module]:
-                    grouped[module].append(what)
+                grouped.setdefault(module, set()).add(what)
         return sorted(plain) + [f"from {m} import {', '.join(sorted(names))}" for m, names in sorted(grouped.items())]
 
-    def lines(self, strip: int = 0) -> list[Line]:
-        """The kept statements, module by module in dependency order, with the comment lines
-        directly above each, and the rewritten package imports. ``strip``: 0 verbatim, 1 without
-        the docstrings of the definitions (where a body keeps another statement) and one blank
-        line between definitions, 2 also without comment-only lines."""
+    def lines(self, strip: bool = False) -> list[Line]:
+        """The kept statements and rewritten package imports, module by module, each with the comment
+        lines above it; ``strip`` drops the definitions' docstrings (where the body has another
+        statement) and a blank line between definitions."""
         out: list[Line] = []
         for path in self.order:
             module = self.modules[path]
             body: list[Line] = []
             src = module.source.split("\n")
-            dropped = _docstring_lines(module.tree) if strip >= 1 else set()
-            if strip >= 2:
-                dropped |= _comment_lines(module.source)
+            dropped = _docstring_lines(module.tree) if strip else set()
             prev_simple = True
             for i, node in enumerate(module.tree.body):
                 if isinstance(node, ast.ImportFrom) and node.level > 0:
@@ -325,7 +330,7 @@ class PythonShaker:
                 body += [Line(src[j], f"convt3d/{path}:{j + 1}") for j in kept]
                 prev_simple = _is_simple(node) and kept[0] == node.lineno - 1
             if body:
-                how = ("verbatim", "without docstrings", "without docstrings and comment lines")[strip]
+                how = "without docstrings" if strip else "verbatim"
                 out.append(Line(f"# {'=' * 20} convt3d/{path} (what this file reaches, {how}) {'=' * 20}",
                                 "generated"))
                 out += body + [Line("", "generated"), Line("", "generated")]
@@ -333,29 +338,13 @@ class PythonShaker:
 
 
 def _docstring_lines(tree: ast.Module) -> set[int]:
-    """1-based lines of the docstrings of every function and class (not the module's), where
-    the body has another statement to stand for it."""
+    """1-based lines of the functions' and classes' docstrings where the body has another statement."""
     found: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and len(node.body) > 1 \
                 and ast.get_docstring(node, clean=False) is not None:
             found.update(range(node.body[0].lineno, node.body[0].end_lineno + 1))
     return found
-
-
-def _comment_lines(source: str) -> set[int]:
-    """1-based lines that hold nothing but a comment."""
-    import io
-    import tokenize
-
-    found: set[int] = set()
-    code_lines: set[int] = set()
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            found.add(tok.start[0])
-        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER):
-            code_lines.update(range(tok.start[0], tok.end[0] + 1))
-    return found - code_lines
 
 
 def _is_simple(node: ast.stmt) -> bool:

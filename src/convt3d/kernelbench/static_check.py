@@ -1,13 +1,11 @@
 """Our own implementation of KernelBench's static rules for a Triton or CUDA ``ModelNew`` file.
 
 KernelBench (``src/kernelbench/kernel_static_checker.py`` of ScalingIntelligence/KernelBench) matches
-regular expressions on the text after cutting each line at its first ``#`` and then its first ``//``:
-a docstring or a string is code to it. We apply the union of the patterns of its past and present
-versions under its strict settings (where ``torch.nn`` layers, high-level torch ops, streams and fp16
-downgrades are errors too), plus two a regex on ``torch.nn.`` alone would miss (a layer through an
-``nn`` alias, ``torch.nn.functional`` imported under another name), so a file that passes here passes
-KernelBench. Forbidding rules are matched on KernelBench's stripping and on the text with only ``#``
-comments cut; requirements on KernelBench's stripping alone. Violations name the line.
+regular expressions on the text after cutting each line at its first ``#`` and then its first ``//``,
+so a docstring or a string is code to it. The rules are the union of its past and present patterns
+under its strict settings, plus a layer through an ``nn`` alias and ``torch.nn.functional`` under
+another name, so a file that passes here passes KernelBench. Forbidding rules are matched on its
+stripping and on the text with only ``#`` comments cut; requirements on its stripping alone.
 """
 from __future__ import annotations
 
@@ -23,7 +21,6 @@ class Rule:
     category: str  # KernelBench's check name
     pattern: re.Pattern
     required: bool = False  # True: the file must contain a match; False: a match is a violation
-    strict_only: bool = False  # a warning under KernelBench's defaults, an error under strict settings
     backend: str | None = None  # a requirement of this backend only ("triton" or "cuda"); None: every file
 
 
@@ -91,30 +88,29 @@ RULES: tuple[Rule, ...] = (
     Rule("cuda-global", "cuda_impl", _r(r"__global__"), required=True, backend="cuda"),
     Rule("cuda-load-inline", "cuda_impl", _r(r"\bload_inline\b"), required=True, backend="cuda"),
     # pytorch_wrap (strict)
-    Rule("torch.nn-layer", "pytorch_wrap", _r(r"torch\.nn\.(?!" + _NN_ALLOWED + ")"), strict_only=True),
-    Rule("nn-alias-layer", "pytorch_wrap", _r(r"(?<![\w.])nn\.(?!" + _NN_ALLOWED + r")\w+"), strict_only=True),
+    Rule("torch.nn-layer", "pytorch_wrap", _r(r"torch\.nn\.(?!" + _NN_ALLOWED + ")")),
+    Rule("nn-alias-layer", "pytorch_wrap", _r(r"(?<![\w.])nn\.(?!" + _NN_ALLOWED + r")\w+")),
     # torch_computation_ops (strict)
     Rule("torch-op", "torch_computation_ops",
-         _r(r"\b(?:" + "|".join(re.escape(f"torch.{op}") for op in _TORCH_OPS) + r")(?=\s*\(|\s|$)"),
-         strict_only=True),
+         _r(r"\b(?:" + "|".join(re.escape(f"torch.{op}") for op in _TORCH_OPS) + r")(?=\s*\(|\s|$)")),
     Rule("functional", "torch_computation_ops",
-         _r(r"torch\.nn\.functional|\bnn\.functional\.\w+|\bF\.(?:" + _F_OPS + ")"), strict_only=True),
+         _r(r"torch\.nn\.functional|\bnn\.functional\.\w+|\bF\.(?:" + _F_OPS + ")")),
     Rule("functional-import", "torch_computation_ops",
-         _r(r"from\s+torch\.nn\s+import\s+[^\n]*\bfunctional\b|import\s+torch\.nn\.functional"), strict_only=True),
+         _r(r"from\s+torch\.nn\s+import\s+[^\n]*\bfunctional\b|import\s+torch\.nn\.functional")),
     # stream_injection (strict)
     Rule("streams", "stream_injection",
          _r(r"(?:torch\.)?cuda\.[Ss]tream\s*\(|with\s+(?:torch\.)?cuda\.stream|\.wait_stream\s*\("
-            r"|\.record_stream\s*\(|Stream\(\)"), strict_only=True),
+            r"|\.record_stream\s*\(|Stream\(\)")),
     # precision_downgrade for fp32 problems (strict)
     Rule("fp16-downgrade", "precision_downgrade",
          _r(r"\.half\s*\(|\.float16\s*\(|\.to\s*\(\s*(?:dtype\s*=\s*)?torch\.(?:float16|half)\b"
-            r"|tl\.astype\s*\(\s*[^,]+,\s*tl\.float16\s*\)"), strict_only=True),
+            r"|tl\.astype\s*\(\s*[^,]+,\s*tl\.float16\s*\)")),
 )
 
 
 def strip_comments(code: str, cut_floor_division: bool = True) -> str:
-    """Cut every line at its first ``#`` and (as KernelBench does) then at its first ``//``,
-    strings included; the number of lines is kept, so positions map back to lines."""
+    """Every line cut at its first ``#`` and (as KernelBench does) then at its first ``//``, strings
+    included; the lines are kept, so positions map back to them."""
     lines = []
     for line in code.split("\n"):
         line = line.split("#", 1)[0]
@@ -128,18 +124,15 @@ def _line_of(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-def check(code: str, strict: bool = True, backend: str = "triton") -> list[Violation]:
-    """Every rule the file breaks (an empty list: it passes), ordered by line. ``backend`` picks
-    the requirements: "triton" (``@triton.jit`` and ``tl.`` ops) or "cuda" (``__global__`` and
-    ``load_inline``); the forbidding rules are the same for both."""
+def check(code: str, backend: str = "triton") -> list[Violation]:
+    """Every rule the file breaks under KernelBench's strict settings, by line; ``backend`` ("triton"
+    or "cuda") picks the requirements, the forbidding rules being the same for both."""
     if backend not in ("triton", "cuda"):
         raise ValueError(f"backend={backend!r}; expected 'triton' or 'cuda'")
     kernelbench_view = strip_comments(code)
     hash_only_view = strip_comments(code, cut_floor_division=False)
     found: dict[tuple[str, int], Violation] = {}
     for rule in RULES:
-        if rule.strict_only and not strict:
-            continue
         if rule.backend is not None and rule.backend != backend:
             continue
         if rule.required:

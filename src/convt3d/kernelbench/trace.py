@@ -1,9 +1,8 @@
 """The engine's launches for KernelBench's call, as the straight-line launcher source of a file.
 
-For each candidate, precision and bias, the engine's own steps run on meta tensors of KernelBench's
-shapes with ``Site.launch`` recording instead of launching; the records (kernel, grid, integer
-arguments, constexprs, which tensor goes where) become per candidate its sites with constant grids and
-arguments, its buffers and descriptors built at their shapes, and the engine's tables as constants.
+For each candidate, precision and bias the engine's own steps run on meta tensors with ``Site.launch``
+recording; the records become the candidate's sites with constant grids and arguments, its buffers and
+descriptors built at their shapes, and the engine's tables as constants.
 """
 from __future__ import annotations
 
@@ -44,8 +43,8 @@ class _Launch:
 
 
 def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list) -> list[_Launch]:
-    """The launches the engine's steps make for KernelBench's call under ``cfg``, recorded by
-    ``Site.launch`` on meta tensors; ``tables`` collects the device tables (shape, values) they read."""
+    """The engine's launches for KernelBench's call under ``cfg``, recorded on meta tensors;
+    ``tables`` collects the device tables (shape, values) they read."""
     import torch
 
     from convt3d.engines.triton import engine as TE
@@ -132,8 +131,8 @@ _FOLLOWS = {"has_bias": lambda precision, has_bias: has_bias,
 
 
 def _merge(problem: Problem, cfg, traces: dict[tuple[str, bool], list[_Launch]]) -> list[_Launch]:
-    """One launch list for every (precision, bias) trace of a candidate: the same kernels, grids,
-    integer arguments and tensors, constexprs as literals or as the expression they follow."""
+    """One launch list for a candidate's (precision, bias) traces: constexprs as literals or as the
+    expression they follow."""
     first = next(iter(traces.values()))
     where = f"problem {problem.id}, candidate {cfg.short()!r}"
     for key, launches in traces.items():
@@ -205,8 +204,7 @@ def _site_source(L: _Launch) -> str:
 
 
 def _bound_name(shaker: PythonShaker, cls) -> str:
-    """The name an import of the package source binds ``cls`` to (the shaker then keeps that import),
-    for the generated code to build it by."""
+    """The name an import of the package source binds ``cls`` to, the shaker keeping that import."""
     for path, module in shaker.modules.items():
         for name, binding in module.bindings.items():
             if binding[0] == "ext":
@@ -219,8 +217,7 @@ def _bound_name(shaker: PythonShaker, cls) -> str:
 
 
 def launcher_source(problem: Problem, configs, shaker: PythonShaker) -> tuple[str, set[str]]:
-    """The generated launches (the problem's constants, the tables, per candidate its sites and
-    launcher) and the kernels they name."""
+    """The generated launches (constants, tables, each candidate's sites and launcher) and the kernels they name."""
     from torch import nn
 
     params, *_ = meta_call(problem)

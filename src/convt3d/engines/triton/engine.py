@@ -13,6 +13,7 @@ from ...core.call import output_memory_format
 from ...core.memo import memo
 from ...core.params import ConvT3dParams
 from . import head as head_engine
+from . import predict
 # The tuner's names are read here by dispatch.distributed and the persisted results.
 from .configs import (Config, TuneRecord, _choose, _tune_key, _tuned, candidate_configs, flat_geometry,
     tuned_config, tuning_log, uses_tensor_cores)
@@ -318,7 +319,9 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
         elif torch.cuda.is_current_stream_capturing():
             config, settled = launch.configs[0], False  # no timing inside graph capture
         else:
-            config = _choose(launch.tune_key, launch.configs, launch.run)
+            shortlist = predict.shortlist(launch.configs, params, x.dtype, precision,
+                                          launch.plan.out_format == torch.channels_last_3d, x.device)
+            config = _choose(launch.tune_key, shortlist, launch.run)
     launch.run(config)
     if settled:
         st = _steps_for(params, launch.plan, config, bias is not None, x)
