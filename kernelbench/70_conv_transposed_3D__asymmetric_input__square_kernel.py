@@ -507,13 +507,9 @@ CUDNN_USES_TF32 = True
 
 # convt3d.dispatch.select's reader of PyTorch's TF32 flag for convolutions, verbatim:
 def cudnn_conv_allows_tf32() -> bool:
-    """The TF32 flag PyTorch's convolutions read. Since torch 2.9 that is the per-operator
-    ``torch.backends.cudnn.conv.fp32_precision`` ("tf32" or not); the legacy
-    ``torch.backends.cudnn.allow_tf32`` getter mirrors it but raises RuntimeError once the new
-    API has set conv and rnn differently (e.g. ``cudnn.conv.fp32_precision = "ieee"``).
-
-    Read on every call: through ``torch._C``'s getter where it exists (the attribute path
-    through ``torch.backends``' module ``__getattr__`` costs several times more)."""
+    """The TF32 flag PyTorch's convolutions read: the per-operator ``cudnn.conv.fp32_precision``
+    where torch has it (the legacy ``allow_tf32`` getter can raise then), read on every call through
+    ``torch._C``'s getter, several times cheaper than the attribute path."""
     conv = getattr(torch.backends.cudnn, "conv", None)
     getter = getattr(torch._C, "_get_fp32_precision_getter", None)
     if getter is not None and hasattr(conv, "backend"):

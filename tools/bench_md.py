@@ -1,14 +1,12 @@
-"""The bench records as markdown, without a GPU or convt3d. Two uses:
+"""docs/benchmarks.md from the bench records of a folder, without a GPU or convt3d.
 
     python tools/bench_md.py --docs docs/bench [--plot docs/benchmarks.png] > docs/benchmarks.md
-    python tools/bench_md.py docs/bench/bench_kb.json [more.json ...]
 
-The first writes docs/benchmarks.md from every file of the folder: how each kind of record was
-timed, then per suite, mode and GPU one table of its rows with the GPU, versions and date that
-each record holds, and a geometric mean; ``--plot`` adds a bar chart of the layers and KernelBench
-speedups when matplotlib is installed. A file it cannot read stops it, so that the folder holds
-records only. tests/unit/test_benchmarks_doc.py regenerates the page and compares it byte for byte.
-The second renders `convt3d bench --json` files one table per file, with every column they hold.
+The page says how each kind of record was timed, then per suite, mode and GPU gives one table of
+its rows with the GPU, versions and date each record holds, and a geometric mean; ``--plot`` adds a
+bar chart of the layers and KernelBench speedups when matplotlib is installed. A file it cannot read
+stops it, so that the folder holds records only. For one record alone, give a folder holding only it.
+tests/unit/test_benchmarks_doc.py regenerates the page and compares it byte for byte.
 """
 from __future__ import annotations
 
@@ -18,6 +16,7 @@ import math
 import os
 import re
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 
 # Runs written before the bench took the library's names say "default" and "exact".
@@ -33,36 +32,8 @@ SUITES = (("kernelbench", "KernelBench problems, `convt3d bench --suite kernelbe
           ("networks", "Networks: whole models, untouched against patched"))
 MODES = {"fwd": "forward", "bwd": "backward", "full": "training step", "infer": "inference", "train": "training step"}
 
-METHOD = """\
-## How the figures are measured
-
-- **`convt3d bench`** (the kernelbench, layers and heads suites): each row times convt3d's call and
-  PyTorch's `F.conv_transpose3d` (cuDNN) in the same process, on the same tensors and under the same
-  flags. Each time is a `triton.testing.do_bench` median, L2 flushed between calls, with the warm-up
-  and repetition budgets its record states; the medians are taken in rounds of A B B A order
-  (convt3d, PyTorch, PyTorch, convt3d) and each side keeps its lowest. speedup = cuDNN µs /
-  convt3d µs. The engine column is what convt3d's `auto` chose, with the precision it computed at;
-  a row on `torch` runs PyTorch's own op. `cudnn.benchmark` is off unless a record says otherwise.
-- **precision**: tf32 runs under PyTorch's default flags (`torch.backends.cudnn.allow_tf32` on, so
-  cuDNN may compute in TF32), tf32x3 with that flag off, where convt3d computes at exact grade;
-  bf16 rows carry the name of the flag they ran under. Records written before the rename say
-  "default" and "exact"; they are shown as tf32 and tf32x3.
-- **modes**: forward is one call; training step is forward and backward (dX, dW, db); inference is
-  a whole model's forward.
-- **networks**: whole models, untouched against `convt3d.patch`-ed, in one process, timed in
-  interleaved pairs of blocks (calls between two CUDA events, without L2 flush, as a model runs in
-  a loop). The µs columns are the medians of each side's blocks (cuDNN µs: the untouched model),
-  the speedup the median ratio of the paired blocks.
-- **`convt3d kernelbench`**: each generated `kernelbench/*.py` file's ModelNew against its
-  reference Model. Correct is KernelBench's verdict: allclose (atol = rtol = 1e-4) on every
-  correctness trial, the reference run under the same flags. Times are medians of CUDA-event timed
-  trials, L2 flushed before each; the counts are in each record.
-- **KernelBench's own harness**: `eval_kernel_against_ref` of ScalingIntelligence/KernelBench on the
-  same files. It reports the mean of its CUDA-event trials in ms rounded to three significant
-  figures (shown here in µs), and speedup = reference / ModelNew; the cuDNN column is the reference.
-- **geomean**: the geometric mean of a table's speedup column, then per dtype, layout and precision
-  where the table holds more than one.
-"""
+# The method section of the page: prose, kept beside the page it opens.
+METHOD_FILE = Path(__file__).resolve().parent.parent / "docs" / "benchmarks_method.md"
 
 
 @dataclass
@@ -82,12 +53,6 @@ def _precision(p: str | None) -> str:
     return PRECISION.get(p, p) if p else NOT_RECORDED
 
 
-def _renamed(label: str) -> str:
-    """A summary label ("kb61 fp32 ncdhw default") with its last word in today's precision names."""
-    head, _, last = label.rpartition(" ")
-    return f"{head} {PRECISION.get(last, last)}" if head else PRECISION.get(label, label)
-
-
 def _or_nr(v) -> str:
     return str(v) if v not in (None, "") else NOT_RECORDED
 
@@ -100,26 +65,22 @@ def _date(created: str | None) -> str:
     return f"{m[1]} {m[2]}" + (" UTC" if created.endswith(("+00:00", "Z")) else "")
 
 
-def _argv(argv: list[str]) -> str:
-    """The command's options less the output paths, which name the machine's folders."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in ("--json", "--plot"):
-            skip = True
-        else:
-            out.append(a)
-    return " ".join(out)
-
-
 def _versions(gpu, date: str, **versions) -> str:
     """The GPU, each named version and the date, "not recorded" where the record lacks one."""
     return ", ".join([_or_nr(gpu)] + [f"{k} {_or_nr(v)}" for k, v in versions.items()] + [f"date {date}"])
 
 
 def _command(tool: str, argv: list[str]) -> str:
-    return f"`{' '.join([tool, _argv(argv)]).strip()}`"
+    """The command as run, less its output paths (``--json``, ``--plot``), which name the machine's folders."""
+    words, skip = [tool], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--json", "--plot"):
+            skip = True
+        else:
+            words.append(a)
+    return f"`{' '.join(words)}`"
 
 
 def _env(d: dict) -> str:
@@ -130,6 +91,12 @@ def _env(d: dict) -> str:
 
 
 # ---- readers, one per kind of record -------------------------------------------------------------
+def _engine(r: dict) -> str:
+    """The row's engine, with the backward's picks where the row has them ("dX triton, dW cudnn")."""
+    parts = re.findall(r"\b(dX|dW|db) (\w+)", r.get("bwd_choice") or "")
+    return r.get("engine", "") + (" (" + ", ".join(" ".join(p) for p in parts) + ")" if parts else "")
+
+
 def _bench_json(name: str, d: dict) -> list[Run]:
     """`convt3d bench --json`: one run per suite and mode of its rows."""
     env, st = d.get("environment", {}), d.get("settings", {})
@@ -156,13 +123,14 @@ def _bench_json(name: str, d: dict) -> list[Run]:
     return list(runs.values())
 
 
-def _kb_file(file: str) -> tuple[str, str]:
-    """(case, engine) of a KernelBench file: its problem number, and the hand-kept CUDA entry apart."""
-    return f"kb{int(file.split('_', 1)[0])}", ("cuda file" if file.endswith("_cuda.py") else "triton file")
+def _kb_row(file: str, precision: str, new_us: float, ref_us: float, speedup: float) -> tuple:
+    """A KernelBench file's row (fp32 NCDHW): its problem number as the case, the hand-kept CUDA entry apart."""
+    engine = "cuda file" if file.endswith("_cuda.py") else "triton file"
+    return (f"kb{int(file.split('_', 1)[0])}", "fp32", "ncdhw", precision, engine, new_us, ref_us, speedup)
 
 
 def _kernelbench_json(name: str, d: dict) -> list[Run]:
-    """`convt3d kernelbench --json`: KernelBench problems are fp32 NCDHW."""
+    """`convt3d kernelbench --json`: one row per file both sides were timed on."""
     env, m, fl, s = d.get("environment", {}), d.get("method", {}), d.get("flags", {}), d.get("summary", {})
     head = _env(d)
     how = (_command("convt3d kernelbench", d.get("argv", [])) +
@@ -173,9 +141,8 @@ def _kernelbench_json(name: str, d: dict) -> list[Run]:
     run = Run("kernelbench-check", "fwd", _or_nr(env.get("gpu")), f"`{name}`: {head}; {how}", d.get("created", ""))
     for p in d["problems"]:
         if p.get("new_ms") and p.get("ref_ms"):
-            case, engine = _kb_file(p["file"])
             new, ref = p["new_ms"]["median"] * 1e3, p["ref_ms"]["median"] * 1e3
-            run.rows.append((case, "fp32", "ncdhw", _precision(p.get("precision")), engine, new, ref, ref / new))
+            run.rows.append(_kb_row(p["file"], _precision(p.get("precision")), new, ref, ref / new))
     return [run]
 
 
@@ -194,9 +161,8 @@ def _harness_json(name: str, d: dict, log: str | None) -> list[Run]:
     run = Run("kernelbench-harness", "fwd", _or_nr(gpu), src)
     for file, v in sorted(d.items()):
         if v.get("runtime") and v.get("ref_runtime"):
-            case, engine = _kb_file(file)
-            run.rows.append((case, "fp32", "ncdhw", env.get("precision", NOT_RECORDED), engine, v["runtime"] * 1e3,
-                             v["ref_runtime"] * 1e3, v["speedup"]))
+            run.rows.append(_kb_row(file, env.get("precision", NOT_RECORDED), v["runtime"] * 1e3,
+                                    v["ref_runtime"] * 1e3, v["speedup"]))
     return [run]
 
 
@@ -265,13 +231,17 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    rule = "|" + "---|" * len(header)
+    return ["| " + " | ".join(header) + " |", rule] + ["| " + " | ".join(cells) + " |" for cells in rows]
+
+
 def _summary(rows: list[tuple]) -> str:
-    sp = [r[7] for r in rows]
     low = min(rows, key=lambda r: r[7])
-    line = (f"Geomean speedup over the {len(rows)} rows: **{_geomean(sp):.2f}x** (min {low[7]:.2f}x, "
+    line = (f"Geomean speedup over the {len(rows)} rows: **{_geomean([r[7] for r in rows]):.2f}x** (min {low[7]:.2f}x, "
             f"{' '.join(low[:3])})")
     for col in (1, 2, 3):
-        values = sorted({r[col] for r in rows}, key=[r[col] for r in rows].index)
+        values = dict.fromkeys(r[col] for r in rows)
         if len(values) > 1:
             line += "; " + ", ".join(f"{v} {_geomean([r[7] for r in rows if r[col] == v]):.2f}x" for v in values)
     return line + "."
@@ -298,7 +268,8 @@ def page(folder: str) -> str:
            "> docs/benchmarks.md` (add `--plot docs/benchmarks.png` for the chart); do not edit by hand. "
            f"`{folder}/` keeps the latest run of each suite per GPU; earlier runs are in git's history. "
            "Every version and date below is read from its record, or says it was not recorded.", "",
-           "![speedup over cuDNN per layers row and KernelBench problem](benchmarks.png)", "", METHOD]
+           "![speedup over cuDNN per layers row and KernelBench problem](benchmarks.png)", "",
+           METHOD_FILE.read_text(encoding="utf-8")]
     current = None
     for suite, mode, gpu, runs in group(read_records(folder)):
         if suite != current:
@@ -357,85 +328,15 @@ def plot(folder: str, path: str) -> bool:
     return True
 
 
-# ---- one table per `convt3d bench --json` file, every column -------------------------------------
-def _engine(r: dict) -> str:
-    """The row's engine, with the backward's picks where the row has them ("dX triton, dW cudnn")."""
-    parts = re.findall(r"\b(dX|dW|db) (\w+)", r.get("bwd_choice") or "")
-    return r.get("engine", "") + (" (" + ", ".join(" ".join(p) for p in parts) + ")" if parts else "")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    rule = "|" + "---|" * len(header)
-    return ["| " + " | ".join(header) + " |", rule] + ["| " + " | ".join(cells) + " |" for cells in rows]
-
-
-def _rounds(us: list[float]) -> str:
-    return ", ".join(f"{t / 1e3:.2f}" for t in us)
-
-
-def _networks(rows: list[dict]) -> list[str]:
-    header = ["network", "mode", "dtype", "transposed-conv share", "untouched ms", "patched ms", "ratio",
-              "rounds untouched / patched ms", "first call s (untouched / patched)",
-              "rel. error vs reference (patched / untouched)", "engines"]
-    return _table(header, [[r["case"], r["mode"], r["dtype"], f"{100 * r['convt_share']:.1f}%",
-                            f"{r['torch_us'] / 1e3:.2f}", f"{r['convt3d_us'] / 1e3:.2f}", f"{r['speedup']:.2f}x",
-                            _rounds(r["torch_us_rounds"]) + " / " + _rounds(r["convt3d_us_rounds"]),
-                            f"{r['torch_first_call_s']:.2f} / {r['first_call_s']:.1f}",
-                            f"{r['rel_err_vs_reference']:.1e} / {r['torch_rel_err_vs_reference']:.1e}", r["engine"]]
-                           for r in rows])
-
-
-def _layers(rows: list[dict]) -> list[str]:
-    kb = all(r["suite"] == "kernelbench" for r in rows)
-    key = ["case", "precision"] if kb else ["case", "dtype", "layout"]
-    header = key + ["engine", "convt3d µs", "cuDNN µs", "speedup"] + (["vs default-flag cuDNN"] if kb else [])
-    out = []
-    for r in rows:
-        cells = [_precision(r[k]) if k == "precision" else r[k] for k in key]
-        cells += [_engine(r), f"{r['convt3d_us']:.1f}", f"{r['torch_us']:.1f}", f"{r['speedup']:.2f}x"]
-        if kb:
-            vs = r.get("speedup_vs_default_flags")
-            cells.append(f"{vs:.2f}x" if vs else "")
-        out.append(cells + [f"{r['roofline_pct']:.0f}", f"{r.get('first_call_s', float('nan')):.2f}"])
-    return _table(header + ["% of roofline", "first call s"], out)
-
-
-def render(path: str) -> str:
-    d = json.load(open(path))
-    rows = d["rows"]
-    env = d.get("environment", {})
-    out = [f"`{path}`: {env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}, "
-           f"triton {env.get('triton', '?')}, cuDNN {env.get('cudnn', '?')}; argv {' '.join(d.get('argv', []))}", ""]
-    out += _networks(rows) if rows and rows[0].get("suite") == "networks" else _layers(rows)
-    for s in d.get("summary", []):
-        what = "modes" if rows and rows[0].get("suite") == "networks" else "cases"
-        line = (f"- {_renamed(s['group'])}: {s['cases']} {what}, geometric mean {s['geomean_speedup']:.2f}x, "
-                f"min {s['min_speedup']:.2f}x ({_renamed(s['min_speedup_case'])})")
-        if "geomean_speedup_vs_default_flags" in s:
-            line += (f"; against default-flag cuDNN {s['geomean_speedup_vs_default_flags']:.2f}x "
-                     f"(min {s['min_speedup_vs_default_flags']:.2f}x)")
-        out.append(line)
-    out += [f"- skipped: {sk}" for sk in d.get("skipped", [])]
-    if d.get("failures"):
-        out.append(f"- failures: {d['failures']}")
-    return "\n".join(out)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", nargs="*", help="convt3d bench --json files, one table each")
-    ap.add_argument("--docs", metavar="DIR", help="write docs/benchmarks.md from every record of DIR")
-    ap.add_argument("--plot", metavar="PNG", help="with --docs: the chart, when matplotlib is installed")
+    ap.add_argument("--docs", metavar="DIR", required=True, help="write docs/benchmarks.md from every record of DIR")
+    ap.add_argument("--plot", metavar="PNG", help="the chart, when matplotlib is installed")
     args = ap.parse_args(argv)
-    if bool(args.docs) == bool(args.json):
-        ap.error("give either --docs DIR or bench JSON files")
-    if args.docs:
-        # Bytes, so that the page is the same under any locale ("µ" is in it).
-        sys.stdout.buffer.write(page(args.docs).encode("utf-8"))
-        if args.plot and not plot(args.docs, args.plot):
-            print(f"matplotlib is not installed: {args.plot} not written", file=sys.stderr)
-        return 0
-    print("\n\n".join(render(p) for p in args.json))
+    # Bytes, so that the page is the same under any locale ("µ" is in it).
+    sys.stdout.buffer.write(page(args.docs).encode("utf-8"))
+    if args.plot and not plot(args.docs, args.plot):
+        print(f"matplotlib is not installed: {args.plot} not written", file=sys.stderr)
     return 0
 
 

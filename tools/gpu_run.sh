@@ -17,19 +17,13 @@
 #   --pytest-args extra arguments for pytest (e.g. "-k 'not cuda'")
 #
 # The run keeps within 570 s, under the device's per-command limit: each part runs under its own
-# cap or the time left, and one that would start with less than 30 s left is skipped. Wheels under
-# .whl (optional extras such as monai) are installed into /tmp/site first. Writes LOGDIR/run.log
-# (each part's output under a "==== part" header with its exit status and seconds) and the JSON of
-# each bench part, then prints per part its status and last lines. Exits 1 if any part failed.
+# cap or the time left, and one with less than 30 s left is skipped. Wheels under .whl (optional
+# extras such as monai) go into /tmp/site first. Writes LOGDIR/run.log (each part's output under a
+# "==== part" header with its exit status and seconds) and each bench part's JSON, then prints each
+# part's status and last lines. Exits 1 if any part failed.
 #   run(command="bash tools/gpu_run.sh --only tests,kb,layers", timeout_s=600)
 #
-# The other tools of this folder (each one's docstring says what it measures and how to run it):
-#   gpu_config_sweep.py   the Triton forward engine's tile configurations, timed one by one
-#   tuning_table.py       the tuner's timing of every candidate on drawn layers (the predictor's data)
-#   ncu_call.py           one bench row's call, to profile under Nsight Compute
-#   head_tiles_smem.py    shared memory of every output-head candidate (offline)
-#   house_budgets.py      lines, long files, timing figures and private imports of the code
-#   bench_md.py           `convt3d bench --json` files as markdown tables
+# The other tools here say in their docstrings what they measure and how to run them.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -100,8 +94,7 @@ bench() {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv 2>&1
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)" 2>&1
   git log -1 --format='commit %h %ad %s' --date=short 2>/dev/null || echo "commit: not a git checkout"
-  # A copied working tree can carry the git metadata of another commit: the digest of the
-  # package's sources says which code ran (compute it at a commit to match).
+  # The sources' digest says which code ran, whatever git metadata a copied tree carries.
   python3 -c "from convt3d.bench.report import source_digest; print('source digest', source_digest())" 2>&1
   echo "parts: $PARTS${SKIP:+ (skip $SKIP)}; budget ${BUDGET}s; logs $LOGDIR"
 } >> "$LOG"

@@ -1,16 +1,15 @@
 """Shared memory of every output-head candidate, offline: no GPU needed.
 
-A head candidate whose kernel needs more shared memory than a block may take fails at its first
-launch, and with it the tuning of its layer; the offer rules (``head_smem``, ``_joint_fits``) are
-estimates. For each layer this builds every candidate's launches (``HeadSteps.run`` on meta
-tensors), compiles each kernel for sm_90a and compares Triton's ``metadata.shared`` with
-``--limit``. Layers: the head rows of the layers suite and the heads sweep (``--suite``, ``--case``)
-or ``--count`` layers drawn from ``--seed``. Run it without TRITON_INTERPRET.
+The offer rules (``head_smem``, ``_joint_fits``) estimate shared memory, and a candidate over a
+block's limit fails at its first launch, with it its layer's tuning. So for each layer this builds
+every candidate's launches (``HeadSteps.run`` on meta tensors), compiles each kernel for sm_90a and
+compares Triton's ``metadata.shared`` with ``--limit``. Layers: head rows of the layers suite and the
+heads sweep (``--suite``, ``--case``) or ``--count`` drawn from ``--seed``. Run without TRITON_INTERPRET.
 
     PYTHONPATH=src python3 tools/head_tiles_smem.py --seed 1 --count 5
     PYTHONPATH=src python3 tools/head_tiles_smem.py --suite heads --dtypes bf16
 
-Prints one line per candidate over the limit and a summary; exits 1 if any is over.
+Prints each candidate over the limit and a summary; exits 1 if any is over.
 """
 from __future__ import annotations
 
@@ -56,9 +55,9 @@ def suite_layers(suite: str | None = None, names: list[str] | None = None) -> li
     of either named in ``names``."""
     from convt3d.bench import suites
 
-    heads = [g for g in suites.LAYERS if g.name.startswith("head_")] + list(suites.HEAD_SWEEP)
-    geos = ([g for g in heads if g.name in names] if names else
-            suites.HEAD_SWEEP if suite == "heads" else [g for g in heads if g.name.startswith("head_")])
+    layer_heads = [g for g in suites.LAYERS if g.name.startswith("head_")]
+    geos = ([g for g in layer_heads + list(suites.HEAD_SWEEP) if g.name in names] if names else
+            suites.HEAD_SWEEP if suite == "heads" else layer_heads)
     if names and len(geos) != len(set(names)):
         raise SystemExit(f"unknown head rows: {sorted(set(names) - {g.name for g in geos})}")
     return [ConvT3dParams.create(g.batch, g.in_channels, g.out_channels, g.groups, g.in_size, g.kernel, g.stride,

@@ -35,7 +35,7 @@ for p in sorted(files):
     tree = ast.parse(text)
     figs += sum(len(FIG.findall(line.split('#', 1)[1])) for line in text.splitlines() if '#' in line)
     mod = p.relative_to(pkg).with_suffix('').parts if pkg in p.parents else ('tools', p.stem)
-    here = mod[:-1] if mod[-1] != '__init__' else mod[:-1]
+    here = mod[:-1]  # the package a relative import starts from, for a module and an __init__ alike
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             doc = ast.get_docstring(node)
@@ -43,9 +43,7 @@ for p in sorted(files):
                 figs += len(FIG.findall(doc))
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = list(mod[:-1]) if mod[-1] != '__init__' else list(mod[:-1])
-                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
-                target = base + (node.module.split('.') if node.module else [])
+                target = list(here[:len(here) - node.level + 1]) + (node.module.split('.') if node.module else [])
             elif (node.module or '').startswith('convt3d'):
                 target = node.module.split('.')
             else:
@@ -53,7 +51,7 @@ for p in sorted(files):
             for a in node.names:
                 if a.name.startswith('_') and not a.name.startswith('__'):
                     line = f"{p.relative_to(root)}: {'.'.join(target)}.{a.name}"
-                    (within if tuple(target[:-1]) == tuple(here) or tuple(target) == tuple(here) else across).append(line)
+                    (within if here in (tuple(target), tuple(target[:-1])) else across).append(line)
 entry = sorted((root / 'kernelbench').glob('*_cuda.py'))
 print(f"hand-written lines: {total} in {len(files)} files; timing figures {figs} ({figs*1000/total:.2f} per 1,000 lines)")
 for e in entry:

@@ -1,12 +1,11 @@
 """Tuning table of one GPU: the Triton tuner's timing of every candidate on layers no suite holds,
 the data the config predictor ranks from (``convt3d/engines/triton/tables/``).
 
-Draws ``--count`` layers (seeded: transposed-convolution shapes of decoders, heads, grouped and
-dilated layers, fp32 at both precisions, bf16 and fp16, both layouts), compiles every candidate in
-``--workers`` processes that share one Triton cache, then times them in this process one layer at
-a time as the exhaustive tuner does, and appends one JSON line per layer: the layer, each
-candidate's config, GPU median and host ms, the choice and cuDNN's ms. Stops starting layers after
-``--deadline`` seconds. GPU only.
+Draws ``--count`` seeded layers (decoder, head, grouped and dilated shapes; fp32 at both precisions,
+bf16 and fp16; both layouts), compiles every candidate in ``--workers`` processes sharing one Triton
+cache, then times them here one layer at a time as the exhaustive tuner does, appending one JSON line
+per layer (the layer, each candidate's GPU median and host ms, the choice, cuDNN's ms) until
+``--deadline`` seconds have passed. GPU only.
 
     python tools/tuning_table.py table.jsonl --count 120 --seed 1 --workers 12 --deadline 420
     python tools/tuning_table.py suites.jsonl --suite layers,kernelbench   # the suites' own rows
@@ -130,13 +129,14 @@ def _time(spec: dict) -> dict:
         x, w, b, spec["stride"], spec["padding"], spec["output_padding"], spec["groups"], spec["dilation"]))
     torch.backends.cudnn.allow_tf32 = True
     major, minor = torch.cuda.get_device_capability()
-    return dict(spec, gpu=torch.cuda.get_device_name(), arch=f"sm{major}{minor}", candidates=cands, choice=rec.config.short(),
-                failed=rec.failed, tuning_s=round(time.perf_counter() - t0, 3), cudnn_ms=cudnn)
+    return dict(spec, gpu=torch.cuda.get_device_name(), arch=f"sm{major}{minor}", candidates=cands,
+                choice=rec.config.short(), failed=rec.failed, tuning_s=round(time.perf_counter() - t0, 3),
+                cudnn_ms=cudnn)
 
 
 def suite_specs(suite: str) -> list[dict]:
     """The rows of a bench suite as layer specs (their own layers, for checking the predictor)."""
-    from convt3d.bench.suites import DTYPES, select
+    from convt3d.bench.suites import select
 
     specs = []
     for c in select(suite):
@@ -144,7 +144,7 @@ def suite_specs(suite: str) -> list[dict]:
         specs.append(dict(batch=g.batch, in_channels=g.in_channels, out_channels=g.out_channels, groups=g.groups,
                           in_size=g.in_size, kernel_size=g.kernel, stride=g.stride, padding=g.padding,
                           output_padding=g.output_padding, dilation=g.dilation,
-                          dtype=str(DTYPES[c.dtype]).replace("torch.", ""), precision=c.precision,
+                          dtype=str(c.torch_dtype).replace("torch.", ""), precision=c.precision,
                           channels_last=c.layout == "cl", name=f"{g.name} {c.dtype} {c.layout} {c.precision}"))
     return specs
 
@@ -177,30 +177,29 @@ def evaluate(paths: list[str]) -> None:
     """Each recorded layer ranked from the others: the cost of the shortlist's best against the
     exhaustive best, per shortlist size (the shipped rule is predict.SHORTLIST, one per family first)."""
     import tempfile
+
+    import torch
     from convt3d.engines.triton import predict
 
     rows = [json.loads(line) for path in paths for line in open(path)]
     rows = [r for r in rows if any(c.get("ms") for c in r.get("candidates", []))]
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in rows))
-        f.flush()
-        saved, predict.TABLES = predict.TABLES, Path(tempfile.mkdtemp())
+    saved = predict.TABLES
+    with tempfile.TemporaryDirectory() as tmp:
+        predict.TABLES = Path(tmp)  # the table of these runs, not the shipped one
         try:
-            predict.write_tables([f.name])
-            table = next(iter(json.loads(p.read_text())["layers"] for p in predict.TABLES.glob("*.json")))
+            predict.write_tables(paths)
+            table = json.loads(next(predict.TABLES.glob("*.json")).read_text())["layers"]
         finally:
             predict.TABLES = saved
-            predict.table_for.cache_clear()
     for k in (1, 2, 3, 4):
         predict.SHORTLIST, losses = k, []
         for i, r in enumerate(rows):
             cands = [c for c in r["candidates"] if c.get("ms")]
             cost = [max(c["ms"], c.get("host_ms") or 0.0) for c in cands]
             configs = tuple(c["config"] for c in cands)
-            order = predict.rank(configs, _params(r), getattr(__import__("torch"), r["dtype"]), r["precision"],
-                                 r["channels_last"], table[:i] + table[i + 1:])
-            picked = predict.pick(configs, order)
-            losses.append(min(cost[j] for j in picked) / min(cost))
+            order = predict.rank(configs, _params(r), getattr(torch, r["dtype"]), r["precision"], r["channels_last"],
+                                 table[:i] + table[i + 1:])
+            losses.append(min(cost[j] for j in predict.pick(configs, order)) / min(cost))
         geo = math.exp(sum(map(math.log, losses)) / len(losses))
         print(f"shortlist {k}: {len(rows)} layers, geomean loss {100 * (geo - 1):.2f}%, "
               f"over 3% on {sum(v > 1.03 for v in losses)}, worst {max(losses):.3f}x")

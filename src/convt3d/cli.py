@@ -23,8 +23,7 @@ COMMANDS = {
 def _usage() -> str:
     lines = ["usage: convt3d [-V | --version] <command> [options]", "", "commands:"]
     lines += [f"  {name:<20} {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines.append("")
-    lines.append("Run 'convt3d <command> --help' for a command's options.")
+    lines += ["", "Run 'convt3d <command> --help' for a command's options."]
     return "\n".join(lines)
 
 

@@ -2,16 +2,14 @@
 
     >>> print(convt3d.explain(x, w, b, stride=2, padding=1))
 
-The report: the backend "auto" (or the named backend) chooses and the reason; the candidates and
-why others cannot run; the Triton engine's plan and tile configuration (tuned, cached or still to
-be tuned); the phases and which are empty; useful MACs against the dense count; the memory and
-compute floors (``bench/roofline.py`` arithmetic on nominal H200 ceilings); timings measured
-earlier, if any (auto's first-call measurement, ``convt3d.tune``, the Triton tuner). Works on CPU tensors too.
-From a shell: ``convt3d explain --input 1,64,16,32,32 --weight 64,32,4,4,4 --stride 2 --padding 1`` (``main``).
+The report: the engine chosen and why, the candidates, the engine's plan and tile, the phases,
+useful MACs, roofline floors and timings measured earlier. Works on CPU tensors too; from a shell:
+``convt3d explain --input 1,64,16,32,32 --weight 64,32,4,4,4 --stride 2 --padding 1`` (``main``).
 """
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -77,7 +75,7 @@ class Explanation:
         out.append("  kernel configuration:")
         out += [f"    {line}" for line in self.kernel]
         out.append(f"  phases: {self.num_phases}, empty (bias/zero fill only): {self.empty_phases}")
-        shown = self.phases if len(self.phases) <= _MAX_PHASE_LINES else self.phases[:_MAX_PHASE_LINES]
+        shown = self.phases[:_MAX_PHASE_LINES]
         out += [f"    {line}" for line in shown]
         if len(shown) < len(self.phases):
             out.append(f"    ... {len(self.phases) - len(shown)} more phases (Explanation.phases has all)")
@@ -186,10 +184,7 @@ def _backward_lines(x5, weight, params, prec) -> list[str]:
     rows = (("dX", B.dgrad_choice_candidates(params, weight.dtype, x5.device, bprec)),
             ("dW", B.wgrad_choice_candidates(params, x5.dtype, x5.device)))
     for what, cands in rows:
-        kinds = {}
-        for c in cands:
-            kind = "head" if c.short().startswith("head") else "general"
-            kinds[kind] = kinds.get(kind, 0) + 1
+        kinds = Counter("head" if c.short().startswith("head") else "general" for c in cands)
         offer = ", ".join(f"{n} Triton {k} tile{'s' if n > 1 else ''}" for k, n in kinds.items()) or "no Triton tile"
         lines.append(f"{what}: cuDNN against {offer}"
                      + (" (timed on the first backward of a signature on CUDA)" if cands else ""))
@@ -205,8 +200,7 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
     """Explain what ``convt3d.conv_transpose3d`` would do with these arguments (same signature;
     invalid arguments raise the same errors): the dispatcher's pass (``dispatch.explain_pass``)
     with nothing run or timed, and the chosen engine's plan."""
-    # autograd as the call itself: with grad on and a tensor requiring it, the call is a training
-    # step, decided as one (it may be PyTorch's forward with convt3d's backward, torch+bwd).
+    # A call autograd records is a training step, decided as one.
     call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
                      autograd=True)
     name = dispatch.resolve_backend_name(backend)
@@ -228,11 +222,6 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
         if text is None and cand in record.skipped:
             text = "not timed by auto: " + record.skipped[cand]
         candidates[cand] = text
-
-    heur = None
-    if input.dtype in triton_engine.SUPPORTED_DTYPES:
-        cands = tuple(c for c in ("triton", "torch") if candidates.get(c) is None or input.device.type != "cuda")
-        heur = heuristic(params, input.dtype, prec, bias is not None, cands)
 
     kernel: list[str] = []
     tuning = None
@@ -267,21 +256,21 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
     if input.device.type != "cuda":
         notes.append("CPU tensors: 'auto' runs PyTorch; floors and the heuristic describe a CUDA device")
 
-    mem = comp = peak = None
-    if input.dtype in (torch.float32, torch.float16, torch.bfloat16):
+    heur = mem = comp = peak = None
+    backward_lines = []
+    if input.dtype in triton_engine.SUPPORTED_DTYPES:
+        cands = tuple(c for c in ("triton", "torch") if candidates.get(c) is None or input.device.type != "cuda")
+        heur = heuristic(params, input.dtype, prec, bias is not None, cands)
         mem, comp, peak = floors(params, input.dtype, prec if input.dtype == torch.float32 else "tf32",
-                                          bias is not None)
-
-    backward_lines = _backward_lines(x5, weight, params, eprec if engine is not None else prec) \
-        if input.dtype in triton_engine.SUPPORTED_DTYPES else []
-    n_empty = sum(p.empty for p in params.phases)
+                                 bias is not None)
+        backward_lines = _backward_lines(x5, weight, params, eprec if engine is not None else prec)
     return Explanation(
         call=_call_text(input, weight, bias, params),
         device=(f"{input.device} ({device_name(input.device)})" if input.device.type == "cuda"
                 else str(input.device)),
         backend=name, engine=engine, precision=eprec, reason=reason, benchmark=dispatch.benchmark_enabled(),
         candidates=candidates, heuristic=heur, kernel=kernel, phases=params.describe().splitlines(),
-        num_phases=len(params.phases), empty_phases=n_empty, useful_macs=params.useful_macs,
+        num_phases=len(params.phases), empty_phases=sum(p.empty for p in params.phases), useful_macs=params.useful_macs,
         dense_macs=_dense_macs(params), memory_floor_s=mem, compute_floor_s=comp, peak_class=peak,
         timings_ms=timings, tuning_ms=tuning, notes=notes, backward=backward_lines)
 
@@ -305,8 +294,7 @@ def _size(text: str) -> int | tuple[int, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """``convt3d explain``: :func:`explain` of a call given by its shapes, on empty tensors of the
-    CUDA device, or of the CPU where there is none (nothing is computed, so nothing is filled).
-    Arguments the call would reject exit with status 2 and the call's error in one line."""
+    CUDA device (else the CPU); arguments the call rejects exit with status 2 and its error."""
     import argparse
     import sys
 

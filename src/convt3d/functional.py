@@ -38,28 +38,22 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
         input, weight, bias = autocast_inputs(input, weight, bias)
         return _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
     if torch.jit.is_tracing():
-        return _in_jit_trace(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
-                             precision)
+        return _pytorchs_op_only(_IN_JIT_TRACE, input, weight, bias, stride, padding, output_padding, groups,
+                                 dilation, backend, precision)
     if has_torch_function((input, weight, bias)):
-        # A tensor subclass with its own __torch_function__ (MONAI's MetaTensor) is handled as
-        # PyTorch's functions handle it: its handler runs the call -- here on plain views of its
-        # tensors, so the engines and the steady path see plain tensors -- and wraps the result
-        # as it wraps F.conv_transpose3d's (the subclass and its metadata carry through).
+        # A tensor subclass with its own __torch_function__ (MONAI's MetaTensor): its handler runs
+        # the call on plain views and wraps the result, as it wraps F.conv_transpose3d's.
         return handle_torch_function(_on_plain_tensors, (input, weight, bias), input, weight, bias, stride, padding,
                                      output_padding, groups, dilation, backend=backend, precision=precision)
-    # A call whose arguments were seen before skips validation and the pass: one dispatcher entry
-    # (dispatch.steady) answers it. Decided for PyTorch's own op, it goes there as an untouched
-    # layer's call does, after one check of its weight's memo (steady.Direct); decided for one of
-    # our engines in inference, to the engine's steady launcher after the same check
-    # (steady.Repeat); otherwise after one lookup by its key (steady.steady_key), to the engine.
+    # A call whose arguments were seen before skips validation and the pass (dispatch.steady).
     key, hit = dispatch.steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
                                precision)
     if hit is not None and hit.direct:
         return _recorded(ENGINES["torch"].run_arguments, input, weight, bias, stride, padding, output_padding, groups,
                          dilation)
     if _transformed(input, weight, bias):
-        return _in_transform(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
-                             precision)
+        return _pytorchs_op_only(_IN_TRANSFORM, input, weight, bias, stride, padding, output_padding, groups,
+                                 dilation, backend, precision)
     if hit is not None:
         if hit.run is not None:  # an inference call settled on one of our engines (steady.Repeat)
             return _recorded(hit.run, input, weight, bias)
@@ -68,9 +62,7 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
                     precision, hit.training, hit.unbatched, repeat=True)
         with _device_current(input):
             return _run(ENGINES[hit.decision.candidate], call)
-    # One validation, one dispatcher pass, one engine run. Calls autograd records (a training
-    # Call) run the engine's forward recorded with its backward; torch.compile always takes the
-    # registered custom op (``_traced``).
+    # One validation, one dispatcher pass, one engine run.
     given = (input, weight, bias, (stride, padding, output_padding, groups, dilation), backend, precision)
     cast = autocast_inputs(input, weight, bias)
     # The caller's tensors, where autocast cast any: "auto" times its candidates from them, with
@@ -86,13 +78,12 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
         return _run(ENGINES[decision.candidate], call)
 
 
-_SAME_DEVICE = contextlib.nullcontext()
+_SAME_DEVICE = contextlib.nullcontext()  # reusable: no device or flag to set
 
 
 def _device_current(t: torch.Tensor):
-    """The tensor's CUDA device made current for the block, where another one is: Triton compiles
-    and launches on the current device, and the measurement times on it (its events and
-    synchronisations), whatever the tensors' device. PyTorch's own ops guard themselves."""
+    """The tensor's CUDA device made current for the block, where another one is: Triton launches
+    and the measurement times on the current device, whatever the tensors' device."""
     if t.is_cuda and t.device.index != torch.cuda.current_device():
         return torch.cuda.device(t.device)
     return _SAME_DEVICE
@@ -109,50 +100,32 @@ def _on_plain_tensors(input, weight, bias, stride, padding, output_padding, grou
 # torch.func's transforms (vmap, grad, jacrev, ...) wrap tensors that have no storage of their
 # own; only PyTorch's op has their batching and gradient rules. Asked only off the direct path.
 _is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+_IN_TRANSFORM = (": its tensors are inside a torch.func transform (vmap, grad, jacrev, ...), whose batching and "
+                 "gradient rules only PyTorch's own op has; use backend='auto' or 'torch' there")
+# torch.jit.trace records ATen operations only: our engines' launches would be missing from its graph.
+_IN_JIT_TRACE = (" under torch.jit.trace, which records ATen operations only: convt3d runs PyTorch's own op there "
+                 "(backend='auto' or 'torch'); torch.compile and torch.export record convt3d's custom op instead")
 
 
 def _transformed(input, weight, bias) -> bool:
-    # Written out rather than any() over a generator, which costs several times more on every
-    # repeated call.
+    # Written out rather than any() over a generator, which costs more on every repeated call.
     tensor = torch.Tensor
     return _is_wrapped is not None and ((isinstance(input, tensor) and _is_wrapped(input))
                                         or (isinstance(weight, tensor) and _is_wrapped(weight))
                                         or (isinstance(bias, tensor) and _is_wrapped(bias)))
 
 
-def _in_transform(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
-    """A call inside a torch.func transform, whose batching and gradient rules only PyTorch's op
-    has (``_pytorchs_op_only``)."""
-    return _pytorchs_op_only(
-        ": its tensors are inside a torch.func transform (vmap, grad, jacrev, ...), whose batching and gradient "
-        "rules only PyTorch's own op has; use backend='auto' or 'torch' there",
-        input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
-
-
-def _in_jit_trace(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
-    """A call under ``torch.jit.trace``, which records ATen operations only: our engines' kernel
-    launches would be missing from the trace (its graph would return an empty tensor). The traced
-    graph runs at cuDNN's TF32 flag as it is then, as any traced convolution does."""
-    return _pytorchs_op_only(
-        " under torch.jit.trace, which records ATen operations only: convt3d runs PyTorch's own op there "
-        "(backend='auto' or 'torch'); torch.compile and torch.export record convt3d's custom op instead",
-        input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
-
-
 def _pytorchs_op_only(why, input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
                       precision):
-    """A call only PyTorch's own op can run: that op under "auto" or "torch" (its validation and
-    its errors included; an explicit precision sets cuDNN's TF32 flag for the call, exact grade as
-    exact fp32), and BackendUnavailableError for a named engine of ours, its message ending in
-    ``why``."""
+    """A call only PyTorch's own op can run: that op under "auto" or "torch" (an explicit precision
+    sets cuDNN's TF32 flag for the call), else BackendUnavailableError ending in ``why``."""
     name = dispatch.resolve_backend_name(backend)
     if name not in ("auto", "torch"):
         raise BackendUnavailableError(f"backend={name!r} cannot run this call{why}")
-    args = (input, weight, bias, stride, padding, output_padding, groups, dilation)
-    if precision is None:
-        return _recorded(ENGINES["torch"].run_arguments, *args)
-    with cudnn_conv_tf32(resolve_precision(precision) == "tf32"):
-        return _recorded(ENGINES["torch"].run_arguments, *args)
+    flag = _SAME_DEVICE if precision is None else cudnn_conv_tf32(resolve_precision(precision) == "tf32")
+    with flag:
+        return _recorded(ENGINES["torch"].run_arguments, input, weight, bias, stride, padding, output_padding,
+                         groups, dilation)
 
 
 def _plain(t):
@@ -167,9 +140,8 @@ def _run(engine, call):
 
 
 def _recorded(fn, *args):
-    """``fn(*args)``; under a profiler as one op, named as the custom op that torch.compile
-    records, with every kernel it launches (Triton's go through the driver, outside any aten op)
-    attributed to it. Otherwise no record is made (a flag test, not a context per call)."""
+    """``fn(*args)``; under a profiler recorded as one op named as torch.compile's custom op, so
+    every kernel it launches is attributed to it (outside a profiler, one flag test)."""
     if torch.autograd._profiler_enabled():
         with torch.profiler.record_function(OP_NAME):
             return fn(*args)
@@ -178,13 +150,10 @@ def _recorded(fn, *args):
 
 @torch.compiler.assume_constant_result
 def _decide_for_trace(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
-    """Validation and dispatch as plain values. Under torch.compile this runs eagerly, once, at
-    trace time on the example tensors (Dynamo cannot trace the geometry's cached properties, and
-    the decision reads environment variables and device properties); the result is a constant of
-    the graph, guarded by Dynamo's usual checks on the tensors' shapes, strides, dtype and device.
-    The example tensors hold real values here, so "auto" decides as an eager first call does:
-    the cache file, else timing (``dispatch._auto_choose``).
-    Changing $CONVT3D_BACKEND or the TF32 flag after compiling does not recompile."""
+    """Validation and dispatch as plain values, run eagerly once at trace time on the example
+    tensors (which hold real values, so "auto" decides as an eager first call does); the result
+    is a graph constant under Dynamo's guards on the tensors. Changing $CONVT3D_BACKEND or the
+    TF32 flag after compiling does not recompile."""
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
     with _device_current(input):  # the measurement times on the current device
         d = dispatch.decide(input, backend, precision, params, weight=weight, bias=bias)

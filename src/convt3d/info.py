@@ -23,22 +23,18 @@ def _amount(files: int, size: int) -> str:
     return f"{files} file{'' if files == 1 else 's'}, {size:,} bytes"
 
 
-def _triton_cache_dir() -> Path:
-    """Triton's compiled-kernel cache: ``$TRITON_CACHE_DIR``, by default ``~/.triton/cache``."""
+def _triton_cache() -> tuple[Path, int, int]:
+    """(directory, files, bytes) of Triton's compiled-kernel cache: ``$TRITON_CACHE_DIR``, by
+    default ``~/.triton/cache``."""
     import triton
 
-    return Path(triton.knobs.cache.dir)
-
-
-def _triton_cache_size() -> tuple[int, int]:
-    d = _triton_cache_dir()
-    return _count(d.rglob("*")) if d.is_dir() else (0, 0)
+    d = Path(triton.knobs.cache.dir)
+    return (d, *_count(d.rglob("*"))) if d.is_dir() else (d, 0, 0)
 
 
 def _engines(device: torch.device) -> dict[str, str | None]:
     """Per registered engine, None where it can run on this machine's device, else why not: its
     declared devices and compute capability, then its own check of the device."""
-    from . import engines  # noqa: F401 -- registers the engines
     from .dispatch.registry import ENGINES
     from .engines.triton.sites import interpreter_active
 
@@ -69,7 +65,7 @@ def machine() -> dict:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     files, size = _count(cache.owned_files())
-    tfiles, tsize = _triton_cache_size()
+    tdir, tfiles, tsize = _triton_cache()
     return {
         "convt3d": __version__,
         "gpu": {"name": torch.cuda.get_device_name(device),
@@ -81,7 +77,7 @@ def machine() -> dict:
         if cuda else None,
         "nvcc": head.nvcc_path(),
         "cache": {"dir": str(cache.cache_dir()), "files": files, "bytes": size},
-        "triton_cache": {"dir": str(_triton_cache_dir()), "files": tfiles, "bytes": tsize},
+        "triton_cache": {"dir": str(tdir), "files": tfiles, "bytes": tsize},
     }
 
 
@@ -140,8 +136,8 @@ def cache_main(argv: list[str] | None = None) -> int:
                 line += (": " + ", ".join(f"{s} {k}" for s, k in counts.items())) if counts else ""
                 line += f" ({problem}; ignored and rewritten at the next save)" if problem else ""
             print(line)
-        tn, tsize = _triton_cache_size()
-        print(f"Triton cache: {_triton_cache_dir()} ({_amount(tn, tsize)}; 'clear --triton' empties it)")
+        tdir, tn, tsize = _triton_cache()
+        print(f"Triton cache: {tdir} ({_amount(tn, tsize)}; 'clear --triton' empties it)")
         return 0
     for f in files:
         f.unlink(missing_ok=True)
@@ -150,8 +146,7 @@ def cache_main(argv: list[str] | None = None) -> int:
     names = ", ".join(str(f.relative_to(d)) for f in files)
     print(f"convt3d cache: removed {_amount(n, size)} from {d}" + (f": {names}" if names else ""))
     if args.triton:
-        tdir = _triton_cache_dir()
-        tn, tsize = _triton_cache_size()
+        tdir, tn, tsize = _triton_cache()
         for entry in tdir.iterdir() if tdir.is_dir() else ():
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)

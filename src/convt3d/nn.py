@@ -23,8 +23,7 @@ class ConvTranspose3d(nn.ConvTranspose3d):
 
     backend: str | None = None
     precision: str | None = None
-    # TorchScript compiles ``forward`` into a graph of ATen operations, where PyTorch's own op
-    # runs (below); these two are read by the Python path alone.
+    # Read by the Python path alone: TorchScript runs PyTorch's own op (``forward``).
     __jit_ignored_attributes__ = ["backend", "precision"]
 
     def forward(self, input: torch.Tensor, output_size: Optional[List[int]] = None) -> torch.Tensor:
@@ -33,9 +32,8 @@ class ConvTranspose3d(nn.ConvTranspose3d):
         output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size, 3,
                                               self.dilation)
         if torch.jit.is_scripting():
-            # torch.jit.script(model): our engines are Python, which TorchScript does not run, so a
-            # scripted layer computes as nn.ConvTranspose3d does (torch.compile and torch.export
-            # record convt3d's custom op instead).
+            # TorchScript does not run our Python engines: a scripted layer computes as
+            # nn.ConvTranspose3d does (torch.compile and torch.export record convt3d's custom op).
             return torch.nn.functional.conv_transpose3d(input, self.weight, self.bias, self.stride, self.padding,
                                                         output_padding, self.groups, self.dilation)
         return self._convt3d_forward(input, output_padding)
@@ -63,9 +61,8 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
     The same parameter and buffer objects are kept (so optimisers holding them keep working),
     along with their device and dtype, hooks, and training mode. Returns ``model``.
 
-    On a CUDA machine it also starts, in background threads and off the first call's path, Triton's
-    once-per-process setup and the build of the CUDA head kernel's library for output heads already
-    on a CUDA device.
+    On a CUDA machine it also starts, in background threads, Triton's once-per-process setup and the
+    build of the CUDA head kernel's library for output heads already on a CUDA device.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch() expects an nn.Module, but got {type(model).__name__}")

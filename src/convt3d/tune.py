@@ -6,12 +6,14 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 
 from .dispatch import cache, select as dispatch
+from .core.flags import device_name
 from .dispatch.network_check import check_network, layer_signature
 from .engines.triton.persist import flush_triton
 
@@ -45,18 +47,9 @@ class Progress:
             return kind
         if kind is not True:
             raise ValueError(f"progress must be True, False, 'rich', 'tqdm', 'plain' or 'off', not {kind!r}")
-        isatty = getattr(self.stream, "isatty", lambda: False)()
-        if isatty:
-            try:
-                import rich.progress  # noqa: F401
-                return "rich"
-            except ImportError:
-                pass
-        try:
-            import tqdm  # noqa: F401
-            return "tqdm"
-        except ImportError:
-            return "plain"
+        if getattr(self.stream, "isatty", lambda: False)() and find_spec("rich") is not None:
+            return "rich"
+        return "tqdm" if find_spec("tqdm") is not None else "plain"
 
     def status(self, msg: str) -> None:
         if self.kind == "rich":
@@ -84,25 +77,15 @@ class Progress:
 
 
 # ---- the report ---------------------------------------------------------------------------------
-def _source(reason: str) -> str:
-    if reason.startswith("auto (measured earlier"):
-        return "cached"
-    if reason.startswith("auto (measured"):  # a call, or a training step (dispatch._decide_new)
-        return "measured"
-    if reason.startswith("auto (heuristic"):
-        return "heuristic"
-    if reason.startswith("auto: only"):
-        return "only candidate"
-    if reason.startswith("auto:"):
-        return "rule"
-    return "named backend"
+def _source(source: str) -> str:
+    """How the report names a decision's ``source``."""
+    return {"cache": "cached", "only": "only candidate", "requested": "named backend"}.get(source, source)
 
 
 @dataclass
 class TuneReport:
-    """What :func:`tune` saw: one entry per distinct call signature, in call order; and what its
-    network check measured (``network``: model times in ms with convt3d's choices, with every
-    layer on PyTorch, and at the end; the signatures it reverted to PyTorch)."""
+    """What :func:`tune` saw: one entry per distinct call signature, in call order, and what its
+    network check measured and reverted (``network``)."""
 
     entries: list[dict] = field(default_factory=list)
     seconds: float = 0.0
@@ -156,12 +139,10 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
             has a parameter that requires grad and grad mode is on.
         progress: True (rich on a terminal, else tqdm if installed, else plain lines on stderr),
             False, or one of "rich", "tqdm", "plain".
-        check: the network check (CUDA, an ``nn.Module`` with convt3d layers on "auto"): each
-            layer's decision was measured on the layer alone; afterwards the whole model (forward,
-            and backward where ``backward``) is timed with those decisions against PyTorch for
-            every layer, and the signatures that make the model slower are reverted to PyTorch,
-            in this process and in the cache file (:func:`network_check`). It costs a few model
-            runs per checked signature.
+        check: the network check (CUDA, an ``nn.Module`` with convt3d layers on "auto"): the
+            whole model is timed with the per-layer decisions against PyTorch for every layer,
+            and the signatures that make it slower are reverted to PyTorch, here and in the cache
+            file (``dispatch.network_check``), at a few model runs per checked signature.
 
     Gradients (``.grad`` of parameters and inputs) and buffers are restored afterwards.
     """
@@ -170,7 +151,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     from .nn import ConvTranspose3d, _parametrized_convt
 
     is_module = isinstance(model, nn.Module)
-    params = [p for p in model.parameters()] if is_module else []
+    params = list(model.parameters()) if is_module else []
     if backward is None:
         backward = torch.is_grad_enabled() and any(p.requires_grad for p in params)
     layers = [(n or type(model).__name__, m) for n, m in model.named_modules()
@@ -201,9 +182,8 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
             bar.status(f"timing {info['engine']}: {info['signature']}")
         elif event == "decision" and info["signature"] not in seen:
             d = info["decision"]
-            engine = dispatch.HYBRID if d.ours_backward else d.engine  # torch forward, convt3d backward
-            seen[info["signature"]] = {"signature": info["signature"], "engine": engine, "precision": d.precision,
-                                       "source": _source(d.reason), "reason": d.reason,
+            seen[info["signature"]] = {"signature": info["signature"], "engine": d.candidate, "precision": d.precision,
+                                       "source": _source(d.source), "reason": d.reason,
                                        "timings_ms": dict(info["timings"]) if info.get("timings") else None}
 
     def hook_for(name: str):
@@ -225,8 +205,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     hooks += [m.register_forward_pre_hook(record_signature) for _, m in layers]
 
     def run_once(after_forward: Callable[[], object] = lambda: None) -> bool:
-        """One forward, then (with ``backward``) the backward of the outputs that require grad;
-        True if a backward ran. The tuning run and the network check's timings both run this."""
+        """One forward, then with ``backward`` the backward of the outputs that require grad (True if one ran)."""
         with torch.enable_grad() if backward else torch.no_grad():
             out = model(*example_inputs)
         after_forward()
@@ -261,11 +240,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
                 b.copy_(v)
         bar.close()
     report.seconds = time.perf_counter() - t0
-    if not report.entries:
-        report.entries = list(seen.values())
     if cuda:
-        from .engines.triton.configs import device_name
-
         report.cache_file = str(cache.file_for(cache.cache_dir(), device_name(cuda[0])))
     else:
         report.notes.append("no CUDA tensors: 'auto' runs PyTorch on the CPU, nothing was measured")

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+import triton
 
 from convt3d.engines.triton import engine as E
 from convt3d.core.validate import check_call
@@ -18,9 +19,15 @@ from clean_process import compile_in_clean_process
 
 _GL = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
+# The Triton releases (major.minor) whose PTX for this compile holds PAIRS' 8-byte store. The
+# store instruction is code generation, not behaviour: Triton 3.9 forms it from the kernel's
+# alignment hints alone, while 3.6 and 3.8 form it only when the launch also specialises the output
+# strides as multiples of 16 (this compile passes none) and otherwise store each value on its own,
+# correctly. The wgmma and TMA assertions hold on every release.
+PAIR_STORE_TRITON = ("3.9",)
+
 
 def _compile(dtype: str, block_n: int, block_k: int, box: tuple, warps: int, **consts):
-    import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -60,7 +67,7 @@ def test_box_gemm_compiles_for_sm90(dtype, block_n, block_k, box, warps, w_group
     out = compile_in_clean_process([__file__, args])
     assert "wgmma.mma_async" in out
     assert "cp.async.bulk.tensor.5d" in out  # the 5-D input boxes
-    if dtype == "fp32" and not cl_out:
+    if dtype == "fp32" and not cl_out and triton.__version__.startswith(tuple(v + "." for v in PAIR_STORE_TRITON)):
         # PAIRS: both W residues of a position leave as one 8-byte store, else one column per lane.
         assert ("st.global.v2.b32" in out) == pairs
 

@@ -24,7 +24,7 @@ import convt3d
 import convt3d.engines.triton.engine as engine
 from convt3d.dispatch import cache
 from convt3d.engines.triton import head as head_engine
-from convt3d.core.params import ConvT3dParams
+from convt3d.core.params import ConvT3dParams, pow2_at_least
 from convt3d.core.validate import check_call
 
 from conftest import LAYOUTS, Case, check_against_reference, memory_format_of, requires_interpreter
@@ -855,10 +855,10 @@ def test_shuffle_offers_on_unseen_heads():
             else:
                 assert t["use_dot"] and t["BLOCK_W"] == 0 and t["BLOCK_M"] in ((128, 256) if t["BLOCK_N"] <= 64 else (
                     128 * 128 // t["BLOCK_N"],))
-                assert sn or blocks_w % min(128, head_engine._pow2_ceil(max(16, blocks_w))) != 0
+                assert sn or blocks_w % min(128, pow2_at_least(max(16, blocks_w))) != 0
                 assert t["BLOCK_M"] >= 2 * hw
             if t["use_dot"]:
-                assert t["BLOCK_N"] == head_engine._pow2_ceil(njh * njw) * r_p * bc * sw_p
+                assert t["BLOCK_N"] == pow2_at_least(njh * njw) * r_p * bc * sw_p
                 assert t["BLOCK_N"] % 16 == 0 and t["BLOCK_N"] <= 256
                 assert (t["BLOCK_W"] >= 16 or not t["BOX_H"]) and t["BLOCK_M"] * t["BLOCK_N"] <= 128 * 128
             else:

@@ -352,8 +352,7 @@ def test_share_of_a_real_profile():
     plain = nn.Sequential(nn.Conv3d(2, 4, 3, padding=1), nn.ReLU()).eval()
     x = torch.randn(1, 2, 6, 6, 6)
     with torch.no_grad():
-        share, part, total, top = networks._profile_share(lambda: convt(x), "cpu")
-        assert top == {}  # kernels exist on CUDA only
+        share, part, total = networks._profile_share(lambda: convt(x), "cpu")
         assert 0 < share < 1 and 0 < part < total
         assert networks._profile_share(lambda: plain(x), "cpu")[0] == 0.0
 
@@ -371,7 +370,7 @@ def test_patched_layers_are_ops_of_the_profile(backend):
     patched = convt3d.patch(copy.deepcopy(model), backend=backend)
     x = torch.randn(1, 2, 4, 4, 4)
     with torch.no_grad():
-        share, part, total, _ = networks._profile_share(lambda: patched(x), "cpu")
+        share, part, total = networks._profile_share(lambda: patched(x), "cpu")
         assert 0 < share < 1 and 0 < part < total
         from torch.profiler import profile
         with profile() as prof:
@@ -387,8 +386,7 @@ def test_error_budget():
     assert networks._budget_ok(7e-3, 0.0, "bf16")
     assert networks.normwise_error([torch.tensor([3.0]), torch.tensor([0.0])],
                                    [torch.tensor([0.0]), torch.tensor([4.0])]) == pytest.approx(1.25)
-    assert networks.relative_error((torch.ones(2), torch.full((2,), 10.0)),
-                                   (torch.ones(2) * 1.5, torch.full((2,), 10.0))) == pytest.approx(1 / 3)
+    assert networks.relative_error(torch.tensor([1.0, -10.0]), torch.tensor([1.5, -10.0])) == pytest.approx(0.05)
 
 
 # ---- selection --------------------------------------------------------------------------------------

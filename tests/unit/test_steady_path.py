@@ -440,7 +440,7 @@ def test_inside_a_transform_auto_runs_pytorchs_op_at_the_precision_asked(precisi
     xs = torch.stack([x, -x])
     assert not functional._transformed(xs, w, b)
     assert torch.vmap(lambda t: torch.tensor(functional._transformed(t, w, b)))(xs).all()
-    ran = torch.vmap(lambda t: functional._in_transform(t, w, b, 2, 1, 1, 1, 1, None, precision))(xs)
+    ran = torch.vmap(lambda t: functional._pytorchs_op_only(functional._IN_TRANSFORM, t, w, b, 2, 1, 1, 1, 1, None, precision))(xs)
     assert torch.equal(ran, torch.vmap(lambda t: F.conv_transpose3d(t, w, b, 2, 1, 1))(xs))
 
 

@@ -51,10 +51,10 @@ def check_case(case: Case, seed: int = 0) -> dict:
         d = decide(t.x, CHECK_BACKEND, None)
         ours = convt3d.conv_transpose3d(t.x, t.w, t.b, *args, backend=CHECK_BACKEND, precision=None)
         seconds = time.perf_counter() - t0
-        exact = F.conv_transpose3d(t.x.double(), t.w.double(), t.b.double() if t.b is not None else None, *args)
+        b64 = t.b.double() if t.b is not None else None
+        exact = F.conv_transpose3d(t.x.double(), t.w.double(), b64, *args)
         if case.dtype == "fp32" and case.precision == "tf32":
-            bb = t.b.double() if t.b is not None else None
-            stand_in = F.conv_transpose3d(round_to_tf32(t.x).double(), round_to_tf32(t.w).double(), bb, *args).float()
+            stand_in = F.conv_transpose3d(round_to_tf32(t.x).double(), round_to_tf32(t.w).double(), b64, *args).float()
         else:
             stand_in = F.conv_transpose3d(t.x, t.w, t.b, *args)
     engine = f"{d.engine} {d.precision}" if case.dtype == "fp32" else d.engine

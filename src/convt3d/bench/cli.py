@@ -122,9 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "networks: fwd = inference, full = training step, default both")
     sel.add_argument("--tune", action="store_true",
                      help="with --suite networks: convt3d.tune(patched, x) before the patched first call")
-    sel.add_argument("--rounds", type=_positive_int, default=None, metavar="N",
-                     help="with --suite networks: pairs of timing blocks per mode (default 21; more on a host "
-                          "whose speed swings)")
+    sel.add_argument("--rounds", type=_positive_int, default=networks.DEFAULT_PAIRS, metavar="N",
+                     help="with --suite networks: pairs of timing blocks per mode (more on a host whose speed swings)")
     sel.add_argument("--first-calls", action="store_true",
                      help="with --suite networks: first calls and agreement only; after a full run, what a warm "
                           "cache leaves to a new process's first call")
@@ -165,10 +164,9 @@ class _Progress:
             self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
             self.task = self.bar.add_task(title, total=total)
+            self.bar.start()
 
     def __enter__(self):
-        if self.bar is not None:
-            self.bar.start()
         return self
 
     def __exit__(self, *exc):
@@ -355,7 +353,6 @@ def _networks_main(args, argv: list[str]) -> int:
             print(f"{'networks':<12} {net.name:<18} {', '.join(m.label for m in modes):<30} "
                   f"{net.description}" + (f"  [skipped: {reason}]" if reason else ""))
         return 0
-    args.rounds = args.rounds or networks.DEFAULT_PAIRS
     return _run(args, argv, nets, _run_network_check, _run_network_timing, modes)
 
 
@@ -365,10 +362,10 @@ def _network_settings(args, nets, modes) -> dict:
 
 
 def _run_network_check(args, argv: list[str], nets) -> int:
-    note = (f"Checking each network at a tiny size instead: the patched model (backend='{networks.CHECK_BACKEND}', "
+    note = (f"Checking each network at a tiny size instead: the patched model (backend='{CHECK_BACKEND}', "
             "Triton's interpreter) against the untouched one and float64, fp32 inference with TF32 off (bf16 and the "
             "training step need a GPU: tests/test_gpu_networks.py).")
-    if args.backend not in ("auto", networks.CHECK_BACKEND):
+    if args.backend not in ("auto", CHECK_BACKEND):
         note += f" (--backend {args.backend} is ignored here.)"
 
     def run(status, advance):
@@ -414,8 +411,7 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
     console.print(f"{len(rows)}/{len(nets) * len(modes)} {what} in {seconds:.0f} s"
                   + (f", {len(failures)} failed" if failures else "")
                   + (f", {len(skipped)} networks skipped" if skipped else ""))
-    title = None if args.first_calls else f"convt3d {env['convt3d']} on {env['gpu']}: networks, backend={args.backend}"
-    if args.first_calls and args.plot:
-        args.plot = None  # first calls have no steady times to plot
-    _write(console, args, data(rows, failures, skipped, summary, final=True), rows, title)
+    title = f"convt3d {env['convt3d']} on {env['gpu']}: networks, backend={args.backend}"
+    # First calls have no steady times to plot.
+    _write(console, args, data(rows, failures, skipped, summary, final=True), [] if args.first_calls else rows, title)
     return 0 if not failures else 1

@@ -28,7 +28,6 @@ class GAN3DGenerator(nn.Module):
             layers += [nn.ConvTranspose3d(cin, cout, 4, 2, 1, bias=False), nn.BatchNorm3d(cout), nn.ReLU(inplace=True)]
         layers += [nn.ConvTranspose3d(widths[-1], out_channels, 4, 2, 1, bias=False), nn.Sigmoid()]
         self.net = nn.Sequential(*layers)
-        self.z_dim = z_dim
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         if z.dim() == 2:  # (N, z_dim) -> (N, z_dim, 1, 1, 1)

@@ -1,8 +1,7 @@
-"""The networks suite: whole 3-D networks, untouched against ``convt3d.patch``-ed, in one process,
-in fp32 and bf16-autocast inference and a bf16-autocast training step. Each row holds both models'
-first calls, the median ratio of paired timing blocks, the ConvTranspose3d share of the GPU time
-and the agreement with a reference (float64 for inference; for training the fp32 step with TF32
-off, norm-wise over all gradients), within budget when at most twice the untouched model's error."""
+"""The networks suite: whole 3-D networks, untouched against ``convt3d.patch``-ed in one process, in
+fp32 and bf16-autocast inference and a bf16-autocast training step; a row's error against a reference
+(float64, or the fp32 step with TF32 off, norm-wise over all gradients) is within budget when at most
+twice the untouched model's."""
 from __future__ import annotations
 
 import copy
@@ -26,7 +25,7 @@ import convt3d
 from ..core.flags import cudnn_conv_allows_tf32
 from ..engines.op import OP_NAME
 from ..nn import ConvTranspose3d as Patched
-from .check import failure_entry, round_to_tf32
+from .check import CHECK_BACKEND, failure_entry, round_to_tf32
 from .models import AxialAttention3d, GAN3DGenerator, VideoDecoder
 from .roofline import cudnn_tf32
 from .runner import CudaTimer, TimingSettings, max_abs_diff
@@ -36,10 +35,7 @@ from .suites import name_seed
 __all__ = ["GAN3DGenerator", "VideoDecoder", "AxialAttention3d", "Network", "NetMode", "NETWORKS", "NET_MODES",
            "DEFAULT_PAIRS", "network_names", "select_networks", "select_modes", "unavailable_reason",
            "build_network", "convt_layer_count", "first_tensor", "forward_fn", "training_step", "target_for",
-           "layer_engines", "transposed_share", "top_kernels", "kernel_changes", "run_networks", "check_networks",
-           "relative_error", "normwise_error"]
-
-EXTRA_HINT = "pip install -e '.[networks]'"
+           "layer_engines", "transposed_share", "run_networks", "check_networks", "relative_error", "normwise_error"]
 
 
 # ---- the suite's networks -------------------------------------------------------------------------
@@ -138,7 +134,7 @@ def unavailable_reason(net: Network) -> str | None:
             importlib.import_module(mod)
         except ImportError as exc:  # a missing package or a broken install: one line, never a traceback
             what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return f"needs {mod.split('.')[0]} ({EXTRA_HINT}): {what}"
+            return f"needs {mod.split('.')[0]} (pip install -e '.[networks]'): {what}"
     return None
 
 
@@ -222,14 +218,12 @@ def _trainable(model: nn.Module) -> list[torch.Tensor]:
 def training_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor, autocast: bool) -> Callable[[], tuple]:
     """A training step without the optimizer: (loss, gradient of every parameter). Parameters the
     forward leaves unused get zero gradients, so that every model's tuple lines up."""
-    model.train()
+    forward = forward_fn(model, x, autocast, training=True)
     params = _trainable(model)
 
     def step() -> tuple:
         with torch.enable_grad():
-            with torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
-                out = first_tensor(model(x))
-            loss = F.mse_loss(out.float(), target)
+            loss = F.mse_loss(forward().float(), target)
             grads = torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)
         return (loss.detach(),) + tuple(grads)
 
@@ -239,9 +233,7 @@ def training_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor, autoc
 def target_for(model: nn.Module, x: torch.Tensor, seed: int) -> torch.Tensor:
     """A fixed random target (fp32, ~N(0, 1)) shaped like the model's output."""
     was_training = model.training
-    model.eval()  # no BatchNorm statistics update for a shape
-    with torch.no_grad():
-        shape = first_tensor(model(x)).shape
+    shape = forward_fn(model, x, autocast=False)().shape  # eval mode: no BatchNorm statistics update
     model.train(was_training)
     return torch.randn(shape, generator=torch.Generator(device="cpu").manual_seed(seed)).to(x.device)
 
@@ -250,20 +242,14 @@ def normwise_error(a: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> fl
     """||a - ref|| / ||ref|| over all tensors together (2-norm, in float64)."""
     num = sum(float((x.double() - y.double()).square().sum()) for x, y in zip(a, ref))
     den = sum(float(y.double().square().sum()) for y in ref)
-    if den == 0:
-        return 0.0 if num == 0 else math.inf
-    return math.sqrt(num / den)
+    return math.sqrt(num / den) if den else (0.0 if num == 0 else math.inf)
 
 
-def relative_error(a, ref) -> float:
-    """max |a - ref| / max |ref|; for sequences of tensors, the worst element pair."""
-    if isinstance(a, (tuple, list)):
-        return max((relative_error(x, y) for x, y in zip(a, ref)), default=0.0)
+def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |a - ref| / max |ref|."""
     diff = (a.double() - ref.double()).abs().max().item()
     scale = ref.double().abs().max().item()
-    if scale == 0:
-        return 0.0 if diff == 0 else math.inf
-    return diff / scale
+    return diff / scale if scale else (0.0 if diff == 0 else math.inf)
 
 
 def _budget_ok(err: float, ref_err: float, dtype: str) -> bool:
@@ -364,24 +350,8 @@ def transposed_share(events, device_type: str) -> tuple[float, float, float]:
     return (part / total if total > 0 else math.nan), part, total
 
 
-def top_kernels(events, count: int | None = 8) -> dict[str, float]:
-    """The ``count`` kernels (None: all) with the most GPU time: name (80 characters) -> us, summed."""
-    per: dict[str, float] = {}
-    for e in events:
-        if is_kernel(e):
-            per[e.name[:80]] = per.get(e.name[:80], 0.0) + e.device_time_total
-    return dict(sorted(per.items(), key=lambda kv: -kv[1])[:count])
-
-
-def kernel_changes(before: dict[str, float], after: dict[str, float], count: int = 10) -> dict[str, float]:
-    """The ``count`` kernels whose GPU time changed most between two profiles (after minus before, us;
-    a kernel only one side launches counts as 0 on the other): where a patched network's time went."""
-    change = {n: after.get(n, 0.0) - before.get(n, 0.0) for n in set(before) | set(after)}
-    return dict(sorted(change.items(), key=lambda kv: -abs(kv[1]))[:count])
-
-
-def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, float, float, dict[str, float]]:
-    """(share, transposed-conv us, total us, every kernel's us) of one profiled call of ``fn``."""
+def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, float, float]:
+    """(share, transposed-conv us, total us) of one profiled call of ``fn``."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Profiler clears events.*")  # one call, no schedule
@@ -389,8 +359,7 @@ def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, f
             fn()
             if device_type == "cuda":
                 torch.cuda.synchronize()
-    events = prof.events()
-    return (*transposed_share(events, device_type), top_kernels(events, None))
+    return transposed_share(prof.events(), device_type)
 
 
 def layer_engines(patched: nn.Module, fn: Callable[[], object]) -> tuple[str, list[str]]:
@@ -430,15 +399,6 @@ def layer_engines(patched: nn.Module, fn: Callable[[], object]) -> tuple[str, li
 DEFAULT_PAIRS = 21
 
 
-def _row_head(net: Network, mode: NetMode, backend: str, model: nn.Module, x: torch.Tensor) -> dict:
-    return {"case": net.name, "suite": "networks", "source": net.source, "description": net.description,
-            "mode": mode.name, "dtype": mode.dtype, "autocast": mode.autocast, "layout": "ncdhw",
-            "precision": "tf32" if cudnn_conv_allows_tf32() else "tf32x3",
-            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32), "backend": backend,
-            "input_shape": list(x.shape), "parameters": sum(p.numel() for p in model.parameters()),
-            "convt_layers": convt_layer_count(model)[0]}
-
-
 def _tune(patched: nn.Module, x: torch.Tensor, mode: NetMode) -> dict:
     """``convt3d.tune`` of the patched model as the mode runs it (autocast, train or eval mode)."""
     patched.train(mode.training)
@@ -455,8 +415,12 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
     """One row; ``measure=False``: agreement and first calls only."""
     # Training steps move BatchNorm's running statistics: every mode starts from the same state.
     patched.load_state_dict(model.state_dict())
-    row = _row_head(net, mode, backend, model, x)
-    row["convt_layers_patched"] = convt_layer_count(patched)[1]
+    row = {"case": net.name, "suite": "networks", "source": net.source, "description": net.description,
+           "mode": mode.name, "dtype": mode.dtype, "autocast": mode.autocast, "layout": "ncdhw",
+           "precision": "tf32" if cudnn_conv_allows_tf32() else "tf32x3",
+           "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32), "backend": backend,
+           "input_shape": list(x.shape), "parameters": sum(p.numel() for p in model.parameters()),
+           "convt_layers": convt_layer_count(model)[0], "convt_layers_patched": convt_layer_count(patched)[1]}
     target = target_for(model, x, name_seed(net.name, seed) + 2) if mode.training else None
 
     def call(m: nn.Module):
@@ -493,18 +457,14 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
 
     status(f"{net.name} {mode.label}: engines of the patched layers")
     row["engine"], row["layer_decisions"] = layer_engines(patched, fn_p)
-    # The same profile of both forwards: where a patched network loses although each layer's
-    # decision was measured faster, this says whether the time went into its transposed
-    # convolutions or elsewhere.
+    # Both forwards profiled alike: whether a patched network's time goes to its transposed convolutions.
     profiles = {}
     for side, m in (("untouched", model), ("patched", patched)):
         status(f"{net.name} {mode.label}: profiling the {side} forward")
         profiles[side] = _profile_share(forward_fn(m, x, mode.autocast, mode.training), x.device.type)
-    (share, part_u, total_u, top_u), (_, part_p, total_p, top_p) = profiles["untouched"], profiles["patched"]
-    row.update(convt_share=share, convt_us=part_u, forward_kernel_us=total_u,
-               top_kernels_us=dict(list(top_u.items())[:8]), convt_us_patched=part_p,
-               forward_kernel_us_patched=total_p, top_kernels_us_patched=dict(list(top_p.items())[:8]),
-               kernel_changes_us=kernel_changes(top_u, top_p))
+    (share, part_u, total_u), (_, part_p, total_p) = profiles["untouched"], profiles["patched"]
+    row.update(convt_share=share, convt_us=part_u, forward_kernel_us=total_u, convt_us_patched=part_p,
+               forward_kernel_us_patched=total_p)
 
     status(f"{net.name} {mode.label}: timing untouched and patched ({rounds} interleaved pairs)")
     times_u, times_p = timer.paired(fn_u, fn_p, rounds)
@@ -527,15 +487,11 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
                  device: str = "cuda", timer=None, rounds: int = DEFAULT_PAIRS, tiny: bool = False,
                  measure: bool = True, on_network: Callable[[list, list, list], None] | None = None,
                  tune: bool = False) -> tuple[list[dict], list[dict], list[dict]]:
-    """Time every network in every mode, the untouched model against
-    ``convt3d.patch(copy.deepcopy(model))``: (rows, failures, skipped).
-
-    ``timer`` defaults to :class:`~convt3d.bench.runner.CudaTimer` (the tests pass a CPU timer);
-    ``tiny`` builds the CPU check's sizes; ``measure=False`` only compares outputs;
-    ``on_network(rows, failures, skipped)`` runs after each network (the CLI rewrites its JSON
-    there); ``tune`` runs ``convt3d.tune`` on the patched model before its first call in each mode.
-    A network that raises becomes a failure entry, a missing extra a skipped one ``{case, reason}``.
-    """
+    """Time every network in every mode, untouched against ``convt3d.patch(copy.deepcopy(model))``:
+    (rows, failures, skipped), a network that raises a failure entry, a missing extra a skipped one.
+    ``timer`` defaults to :class:`~convt3d.bench.runner.CudaTimer`; ``tiny`` builds the CPU check's
+    sizes; ``measure=False`` only compares outputs; ``on_network(rows, failures, skipped)`` runs after
+    each network; ``tune`` runs ``convt3d.tune`` on the patched model before its first call in a mode."""
     settings = settings or TimingSettings()
     timer = timer if timer is not None else CudaTimer(settings)
     say = status or (lambda _msg: None)
@@ -554,7 +510,6 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
                 patched = convt3d.patch(copy.deepcopy(model), backend=None if backend == "auto" else backend)
             except Exception as exc:  # noqa: BLE001 -- one network's failure must not hide the others
                 failures.append(_failure(net, None, exc))
-                model = patched = x = None
         refs: dict = {}
         for mode in modes:
             if patched is not None:
@@ -572,9 +527,6 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
 
 
 # ---- CPU check (Triton's interpreter) --------------------------------------------------------------
-CHECK_BACKEND = "triton"
-
-
 class _HostTimer:
     """First calls by the host's clock: all the CPU check times."""
 
@@ -588,14 +540,14 @@ class _HostTimer:
 
 
 def check_networks(nets: list[Network], seed: int = 0, status: Callable[[str], None] | None = None,
-                   advance: Callable[[], None] | None = None,
-                   backend: str = CHECK_BACKEND) -> tuple[list[dict], list[dict], list[dict]]:
+                   advance: Callable[[], None] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
     """Each network at its tiny size on the CPU, fp32 inference with TF32 off, the patched model
-    (``backend``) against the untouched one and float64: (rows, failures, skipped), a row ``ok``
+    (``CHECK_BACKEND``) against the untouched one and float64: (rows, failures, skipped), a row ``ok``
     when every layer is patched and the output has the right shape and is within budget."""
     with cudnn_tf32(False):
-        rows, failures, skipped = run_networks(nets, [NetMode("infer", "fp32")], backend, TimingSettings(seed=seed),
-                                               status, advance, "cpu", _HostTimer(), tiny=True, measure=False)
+        rows, failures, skipped = run_networks(nets, [NetMode("infer", "fp32")], CHECK_BACKEND,
+                                               TimingSettings(seed=seed), status, advance, "cpu", _HostTimer(),
+                                               tiny=True, measure=False)
     for r in rows:
         r.update(seconds=r["first_call_s"], ok=r["within_error_budget"] and r["output_layout_matches"]
                  and r["convt_layers_patched"] == r["convt_layers"] > 0)

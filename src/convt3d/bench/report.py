@@ -25,9 +25,8 @@ import triton
 import convt3d
 from ..version import source_digest
 from .roofline import Ceilings, geomean
-from .suites import precision_name
 
-__all__ = ["SCHEMA", "environment", "source_digest", "summarize", "payload", "write_json", "read_json", "write_plot",
+__all__ = ["SCHEMA", "environment", "source_digest", "summarize", "payload", "write_json", "write_plot",
            "make_console", "print_header", "print_timing_table", "print_summary", "print_check_table",
            "print_failures", "print_network_table", "print_first_call_table", "print_network_check_table",
            "print_skipped"]
@@ -146,36 +145,13 @@ def payload(kind: str, argv: list[str], env: dict, settings: dict, rows: list[di
 
 
 def _parent_made(path: str | os.PathLike) -> Path:
-    p = Path(path)
-    if p.parent != Path(""):
-        p.parent.mkdir(parents=True, exist_ok=True)
-    return p
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return Path(path)
 
 
 def write_json(path: str | os.PathLike, data: dict) -> None:
     """``data`` as JSON, NaN and inf as null."""
     _parent_made(path).write_text(json.dumps(_clean(data), indent=2, allow_nan=False) + "\n")
-
-
-def _renamed(label: str) -> str:
-    head, _, last = label.rpartition(" ")
-    return f"{head} {precision_name(last, warn=False)}" if head else label
-
-
-def read_json(path: str | os.PathLike) -> dict:
-    """A stored run in today's precision names: runs written before the bench took the library's
-    names say "default" and "exact" where it now says "tf32" and "tf32x3"."""
-    data = json.loads(Path(path).read_text())
-    for entry in data.get("rows", []) + data.get("failures", []):
-        if "precision" in entry:
-            entry["precision"] = precision_name(entry["precision"], warn=False)
-    for s in data.get("summary") if isinstance(data.get("summary"), list) else []:
-        s["group"], s["min_speedup_case"] = _renamed(s["group"]), _renamed(s["min_speedup_case"])
-        if "precision" in s["filter"]:
-            s["filter"]["precision"] = precision_name(s["filter"]["precision"], warn=False)
-    if isinstance(data.get("settings", {}).get("cases"), list):
-        data["settings"]["cases"] = [_renamed(c) for c in data["settings"]["cases"]]
-    return data
 
 
 # ---- plot -----------------------------------------------------------------------------------------

@@ -61,8 +61,7 @@ def measure_ceilings(device: torch.device | str = "cuda", status: Callable[[str]
     """Copy bandwidth and matmul peaks of ``device``, on random data (a few seconds)."""
     say = status or (lambda _msg: None)
     t0 = time.perf_counter()
-    gen = torch.Generator(device=device)
-    gen.manual_seed(1234)
+    gen = torch.Generator(device=device).manual_seed(1234)
     say("measuring device ceilings: 1 GiB device-to-device copy")
     copy_bps = _copy_bytes_per_s(device, gen)
     peaks = {}

@@ -16,7 +16,6 @@ import convt3d
 from ..core.validate import check_call
 from ..dispatch.select import HYBRID, decide
 from ..engines.triton import backward
-from ..engines.triton.configs import tuning_log
 from .check import failure_entry
 from .roofline import Ceilings, cudnn_tf32, floors, peak_class, roofline_percent, tflops
 from .stats import lowest_spread
@@ -94,7 +93,6 @@ class CudaTimer:
 @dataclass(frozen=True)
 class Mode:
     name: str
-    description: str
     # (case, tensors, backend) -> (convt3d callable, PyTorch callable), named ``ours`` and ``theirs``;
     # each returns the output (fwd) or the tuple of gradients (bwd, full).
     build: Callable[[Case, Tensors, str], tuple[Callable[[], object], Callable[[], object]]]
@@ -107,10 +105,6 @@ def _ours(x, w, b, args, backend):
     return convt3d.conv_transpose3d(x, w, b, *args, backend=backend, precision=None)
 
 
-def _theirs(x, w, b, args, backend=None):
-    return F.conv_transpose3d(x, w, b, *args)
-
-
 def _build_fwd(case: Case, t: Tensors, backend: str):
     args = case.geometry.conv_args()
 
@@ -118,7 +112,7 @@ def _build_fwd(case: Case, t: Tensors, backend: str):
         return _ours(t.x, t.w, t.b, args, backend)
 
     def theirs() -> torch.Tensor:
-        return _theirs(t.x, t.w, t.b, args)
+        return F.conv_transpose3d(t.x, t.w, t.b, *args)
 
     return ours, theirs
 
@@ -133,8 +127,7 @@ def _grad_setup(case: Case, t: Tensors):
     args = case.geometry.conv_args()
     with torch.no_grad():
         y = F.conv_transpose3d(t.x, t.w, t.b, *args)
-    gen = torch.Generator(device=y.device)
-    gen.manual_seed(1 + case.geometry.batch)
+    gen = torch.Generator(device=y.device).manual_seed(1 + case.geometry.batch)
     g = torch.randn(y.shape, generator=gen, device=y.device, dtype=torch.float32).to(y.dtype)
     if case.layout == "cl":
         g = g.contiguous(memory_format=torch.channels_last_3d)
@@ -154,7 +147,7 @@ def _build_bwd(case: Case, t: Tensors, backend: str):
     ``torch.autograd.grad`` of that output."""
     args, g, ours_in, ref_in = _grad_setup(case, t)
     with torch.enable_grad():
-        y_ours, y_ref = _ours(*_xwb(ours_in), args, backend), _theirs(*_xwb(ref_in), args)
+        y_ours, y_ref = _ours(*_xwb(ours_in), args, backend), F.conv_transpose3d(*_xwb(ref_in), *args)
 
     def ours():
         return torch.autograd.grad(y_ours, ours_in, g, retain_graph=True)
@@ -172,7 +165,7 @@ def _build_full(case: Case, t: Tensors, backend: str):
         return torch.autograd.grad(_ours(*_xwb(ours_in), args, backend), ours_in, g)
 
     def theirs():
-        return torch.autograd.grad(_theirs(*_xwb(ref_in), args), ref_in, g)
+        return torch.autograd.grad(F.conv_transpose3d(*_xwb(ref_in), *args), ref_in, g)
 
     return ours, theirs
 
@@ -193,9 +186,9 @@ def _work_full(params, element_size: int, has_bias: bool) -> tuple[int, int]:
 
 
 MODES: dict[str, Mode] = {
-    "fwd": Mode("fwd", "forward only", _build_fwd, _work_fwd),
-    "bwd": Mode("bwd", "backward only (dX, dW, db of a retained forward)", _build_bwd, _work_bwd, True),
-    "full": Mode("full", "training step: forward + backward", _build_full, _work_full, True),
+    "fwd": Mode("fwd", _build_fwd, _work_fwd),
+    "bwd": Mode("bwd", _build_bwd, _work_bwd, True),  # dX, dW, db of a retained forward
+    "full": Mode("full", _build_full, _work_full, True),  # training step: forward and backward
 }
 
 
@@ -206,10 +199,9 @@ def get_mode(name: str) -> Mode:
 
 
 # ---- one row --------------------------------------------------------------------------------------
-def _engine_of(case: Case, t: Tensors, backend: str, training: bool = False) -> tuple[str, str]:
+def _engine_of(case: Case, t: Tensors, params, backend: str, training: bool) -> tuple[str, str]:
     """(engine label, reason) convt3d's dispatcher picks for this call, e.g. 'triton tf32'; asked
     after the first call, so that a decision that call measured is the one reported."""
-    params, _ = check_call(t.x, t.w, t.b, *case.geometry.conv_args())
     d = decide(t.x, backend, None, params, weight=t.w, bias=t.b, measure=False, training=training)
     label = HYBRID if training and d.ours_backward else d.engine
     if case.dtype == "fp32" and d.engine == "triton":
@@ -242,14 +234,6 @@ def _bwd_choice(params, dtype: torch.dtype) -> str:
     return "; ".join(parts)
 
 
-def _tuner_record(params, dtype: torch.dtype) -> dict:
-    """The Triton tuner's choice and per-candidate ms for this geometry and dtype (the latest)."""
-    recs = [r for k, r in tuning_log().items() if k[-1] == params and k[1] == dtype]
-    if not recs:
-        return {}
-    return {"tuner_choice": recs[-1].config.short(), "tuner_ms": dict(recs[-1].timings_ms)}
-
-
 # More A B B A rounds, up to MAX_ABBA, while a side's two lowest medians differ by more than
 # ROUND_SPREAD: training steps of small layers swing with the host within one row.
 MAX_ABBA = 3
@@ -270,8 +254,7 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
         ours, theirs = mode.build(case, t, backend)
         status(f"{case.label}: convt3d first call (compile + tune)")
         y_ours, first_ours = timer.first_call(ours)
-        row["engine"], row["engine_reason"] = _engine_of(case, t, backend, mode.needs_grad)
-        row.update(_tuner_record(params, t.x.dtype))
+        row["engine"], row["engine_reason"] = _engine_of(case, t, params, backend, mode.needs_grad)
         if mode.needs_grad:
             row["bwd_choice"] = "" if row["engine"] == "torch" else _bwd_choice(params, t.x.dtype)
         status(f"{case.label}: PyTorch first call")
@@ -310,8 +293,7 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
     mem_s, comp_s = floors(flop, nbytes, ceilings, peak)
     # The row's result as soon as it is known: a run cut by a time limit keeps what it measured.
     status(f"{case.label}: {row['engine']}: convt3d {ours_s * 1e6:.1f} us, cuDNN {ref_s * 1e6:.1f} us, "
-           f"{ref_s / ours_s:.2f}x, memory floor {mem_s * 1e6:.1f} us, first call {first_ours:.2f} s"
-           + (f"; tuner: {row['tuner_choice']} of {len(row['tuner_ms'])}" if row.get("tuner_ms") else ""))
+           f"{ref_s / ours_s:.2f}x, memory floor {mem_s * 1e6:.1f} us, first call {first_ours:.2f} s")
     row.update(peak_class=peak, peak_flops_per_s=ceilings.peak(peak), mem_floor_us=mem_s * 1e6,
                compute_floor_us=comp_s * 1e6, bound="memory" if mem_s >= comp_s else "compute",
                tflops=tflops(flop, ours_s), torch_tflops=tflops(flop, ref_s),

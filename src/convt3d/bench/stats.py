@@ -1,7 +1,5 @@
-"""How repeated timings are read: rounds of one call by their lowest (``lowest_spread``, shared
-with "auto"'s measurement), and paired blocks of two calls by the median of the pairs' ratios
-(``paired_ratio``): where both sides are host-bound on a host whose speed swings, blocks timed
-back to back share the host's state, so each pair's ratio cancels the swing."""
+"""How repeated timings are read: rounds of one call by their lowest (``lowest_spread``, shared with
+"auto"), paired blocks of two calls by the median of the pairs' ratios, which cancels a host's swings."""
 from __future__ import annotations
 
 import statistics

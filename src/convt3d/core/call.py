@@ -1,9 +1,6 @@
-"""One validated call of the transposed convolution, as every engine and the dispatcher see it.
-
-``make_call`` checks the arguments once (``convt3d.core.validate``: invalid input raises here, with
-PyTorch's exception type and wording) and resolves the precision; the resulting :class:`Call`
-carries the 5-D tensors, the geometry (``ConvT3dParams``), the concrete precision, whether
-autograd records the call, and its signature -- what "auto" decides by and remembers.
+"""One validated call of the transposed convolution, as every engine and the dispatcher see it:
+``make_call`` checks the arguments once (``convt3d.core.validate``) and resolves the precision into a
+:class:`Call` (5-D tensors, geometry, concrete precision, training or not, signature).
 """
 from __future__ import annotations
 
@@ -21,9 +18,8 @@ __all__ = ["PRECISIONS", "EXACT_GRADE", "resolve_precision", "Call", "make_call"
 
 PRECISIONS = ("tf32", "tf32x3", "ieee")
 
-# Exact grade = what precision=None means when TF32 is off. tf32x3 (three TF32 MMAs per
-# product, split hi/lo operands) is ~2.4x faster than FMA "ieee" at peak (3 x 1/374 vs 1/51
-# TFLOP/s) and stays within 2x of cuDNN's own exact-fp32 error (tests/test_gpu.py checks both).
+# Exact grade = what precision=None means when TF32 is off: tf32x3 (three TF32 MMAs per product)
+# is faster than FMA "ieee" and stays within 2x of cuDNN's own exact-fp32 error.
 EXACT_GRADE = "tf32x3"
 
 
@@ -62,14 +58,10 @@ def signature_text(x, weight, bias, params: ConvT3dParams, precision: str, train
 
 @dataclass(frozen=True, eq=False)
 class Call:
-    """A validated call. ``x`` is 5-D (an unbatched input gains its batch dimension here and
-    loses it again in ``convt3d.functional``); ``precision`` is concrete, ``requested`` the
-    argument as given (None follows cuDNN's flag: what the "torch" engine passes on).
-    ``repeat``: made by the steady path for a signature whose first call has run, so an engine
-    skips its first-sight work (the Triton engine's cache priming: a signature built and looked
-    up per call). ``sources``: the (input, weight, bias) the caller
-    passed, where autocast cast any of them into ``x``/``weight``/``bias`` (None otherwise); a
-    timed call starts from them, as every later call of the layer does (``Engine.time``)."""
+    """A validated call: ``x`` is 5-D (an unbatched input gains its batch dimension), ``precision``
+    concrete, ``requested`` the argument as given. ``repeat``: made by the steady path after the
+    signature's first call (engines skip first-sight work). ``sources``: the caller's tensors where
+    autocast cast any of them, which timed calls start from (``Engine.time``)."""
 
     x: torch.Tensor
     weight: torch.Tensor
@@ -84,9 +76,8 @@ class Call:
 
     @property
     def given(self) -> tuple:
-        """The (input, weight, bias) as the caller passed them: ``sources`` where autocast cast
-        them, else the call's own tensors (the input without the batch dimension an unbatched
-        call gained)."""
+        """The (input, weight, bias) as the caller passed them: ``sources`` where autocast cast them,
+        else the call's own tensors (an unbatched input without its added batch dimension)."""
         if self.sources is not None:
             return self.sources
         return self.x.squeeze(0) if self.unbatched else self.x, self.weight, self.bias
@@ -114,12 +105,10 @@ class Call:
 def make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision=None,
               autograd: bool = False, sources: tuple | None = None) -> Call:
     """Validate a call (raises as PyTorch does) and resolve its precision, once: what
-    ``convt3d.conv_transpose3d`` and ``convt3d.explain`` both start with. ``sources``: the
-    caller's tensors where autocast cast them (see :class:`Call`)."""
+    ``convt3d.conv_transpose3d`` and ``convt3d.explain`` start with (``sources``: see :class:`Call`)."""
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
     prec = resolve_precision(precision)
-    # ``autograd``: the caller records the call when grad mode is on and a tensor requires grad
-    # (read after validation: the arguments are tensors by then).
+    # Recorded when grad mode is on and a tensor requires grad (the arguments are tensors by now).
     training = autograd and torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (input, weight, bias))
     x = input.unsqueeze(0) if unbatched else input
@@ -127,11 +116,8 @@ def make_call(input, weight, bias, stride, padding, output_padding, groups, dila
 
 
 def autocast_inputs(input, weight, bias):
-    """Under ``torch.autocast``, cast as PyTorch's autocast does for conv_transpose3d (an op of its
-    lower-precision list on CUDA and CPU): every floating-point tensor to the autocast dtype, so the
-    output has that dtype and, the casts being differentiable, fp32 parameters get fp32
-    gradients. Done in ``convt3d.conv_transpose3d`` rather than in the custom op's Autocast kernel
-    because the dtype is the region's (bfloat16 or float16), not one fixed at registration."""
+    """Under ``torch.autocast``, every floating-point tensor cast (differentiably) to the autocast dtype
+    as PyTorch does for conv_transpose3d; not in an Autocast kernel, as the dtype is the region's."""
     if not isinstance(input, torch.Tensor):
         return input, weight, bias  # check_call raises the TypeError
     dev = input.device.type

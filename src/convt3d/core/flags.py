@@ -9,13 +9,9 @@ __all__ = ["cudnn_conv_allows_tf32", "set_backend_flag", "cudnn_conv_tf32", "at_
 
 
 def cudnn_conv_allows_tf32() -> bool:
-    """The TF32 flag PyTorch's convolutions read. Since torch 2.9 that is the per-operator
-    ``torch.backends.cudnn.conv.fp32_precision`` ("tf32" or not); the legacy
-    ``torch.backends.cudnn.allow_tf32`` getter mirrors it but raises RuntimeError once the new
-    API has set conv and rnn differently (e.g. ``cudnn.conv.fp32_precision = "ieee"``).
-
-    Read on every call: through ``torch._C``'s getter where it exists (the attribute path
-    through ``torch.backends``' module ``__getattr__`` costs several times more)."""
+    """The TF32 flag PyTorch's convolutions read: the per-operator ``cudnn.conv.fp32_precision``
+    where torch has it (the legacy ``allow_tf32`` getter can raise then), read on every call through
+    ``torch._C``'s getter, several times cheaper than the attribute path."""
     conv = getattr(torch.backends.cudnn, "conv", None)
     getter = getattr(torch._C, "_get_fp32_precision_getter", None)
     if getter is not None and hasattr(conv, "backend"):
@@ -29,12 +25,8 @@ def cudnn_conv_allows_tf32() -> bool:
 
 
 def set_backend_flag(obj, attr: str, value) -> None:
-    """``setattr(obj, attr, value)`` on a ``torch.backends`` flag, also where PyTorch's own test
-    harness froze those flags (``torch.backends.disable_global_flags()``, which importing
-    ``torch.testing._internal.common_utils`` calls): a plain assignment then raises RuntimeError
-    ("not allowed to set torch.backends.cudnn flags"). The bracketed mutation is the context
-    PyTorch's own ``flags()`` managers set them in; our changes are bracketed too (restored on
-    exit)."""
+    """``setattr(obj, attr, value)`` on a ``torch.backends`` flag, also where PyTorch's test harness
+    froze them (a plain assignment raises), as PyTorch's own ``flags()`` managers set them."""
     frozen = getattr(torch.backends, "flags_frozen", None)
     allow = getattr(torch.backends, "__allow_nonbracketed_mutation", None)
     if frozen is not None and allow is not None and frozen():
@@ -45,8 +37,7 @@ def set_backend_flag(obj, attr: str, value) -> None:
 
 
 class cudnn_conv_tf32:
-    """Context manager: PyTorch's convolutions run with TF32 on or off, restored on exit (the
-    per-operator flag where torch has it, else the legacy one)."""
+    """Context manager: PyTorch's convolutions run with TF32 on or off, restored on exit."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled

@@ -1,6 +1,5 @@
-"""One keyed registry for every memo convt3d keeps in a process: each is a dict made here under a
-name, so that ``clear_all`` forgets them all. Pure functions of the geometry memoised with
-``functools.lru_cache`` hold no state and stay as they are."""
+"""One keyed registry for every memo convt3d keeps in a process, so that ``clear_all`` forgets them
+all (``functools.lru_cache`` of pure geometry functions holds no state and stays)."""
 from __future__ import annotations
 
 __all__ = ["memo", "clear_all"]

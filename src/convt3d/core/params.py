@@ -10,10 +10,21 @@ positions, N = Cout/g and K = Cin/g x taps.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 
-__all__ = ["AxisPhase", "Axis", "Phase", "ConvT3dParams"]
+__all__ = ["AxisPhase", "Axis", "Phase", "ConvT3dParams", "cdiv", "pow2_at_least"]
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceil division on the host: triton.cdiv is a slow ConstexprFunction when called from Python."""
+    return -(-a // b)
+
+
+def pow2_at_least(v: int) -> int:
+    """The least power of two at least ``v`` (1 for ``v`` <= 1)."""
+    return 1 << max(0, (int(v) - 1).bit_length())
 
 
 @dataclass(frozen=True)
@@ -173,13 +184,8 @@ class ConvT3dParams:
     @functools.cached_property
     def phases(self) -> tuple[Phase, ...]:
         """All ``sd*sh*sw`` phases, residue of width varying fastest."""
-        ad, ah, aw = (a.phases for a in self.axes)
-        out = []
-        for pd in ad:
-            for ph in ah:
-                for pw in aw:
-                    out.append(Phase(len(out), (pd, ph, pw)))
-        return tuple(out)
+        combos = itertools.product(*(a.phases for a in self.axes))
+        return tuple(Phase(i, axes) for i, axes in enumerate(combos))
 
     @property
     def num_phases(self) -> int:
@@ -210,9 +216,7 @@ class ConvT3dParams:
     @functools.cached_property
     def useful_macs(self) -> int:
         """Multiply-adds whose product lands inside the output (structural zeros excluded)."""
-        taps = 1
-        for a in self.axes:
-            taps *= a.useful_taps()
+        taps = math.prod(a.useful_taps() for a in self.axes)
         return self.batch * self.in_channels_per_group * self.out_channels * taps
 
     @property

@@ -9,12 +9,8 @@ __all__ = ["Ceilings", "PEAK_CLASSES", "peak_class", "floors", "roofline_percent
 
 PEAK_CLASSES = ("bf16", "tf32", "exact")
 
-# 1 GiB each way: far beyond the 50 MB L2, so the copy runs at HBM speed, and long enough per
-# copy for event timing.
-COPY_BYTES = 1 << 30
-# The size shared/CONTEXT.md's peaks were measured at; 1.1 TFLOP per call, so even exact fp32 is
-# timed in well under a second.
-MATMUL_SIZE = 8192
+COPY_BYTES = 1 << 30  # each way: far beyond L2, so the copy runs at HBM speed
+MATMUL_SIZE = 8192  # the size shared/CONTEXT.md's peaks were measured at
 
 
 @dataclass(frozen=True)

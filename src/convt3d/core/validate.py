@@ -1,6 +1,5 @@
-"""Argument checking for conv_transpose3d: invalid input raises here, before any engine runs,
-with PyTorch's exception type and wording plus the argument and its value (plain wording where
-PyTorch's own message is obscure).
+"""Argument checking for conv_transpose3d: invalid input raises here, before any engine runs, with
+PyTorch's exception type and wording plus the argument and its value (plainer where PyTorch's is obscure).
 """
 from __future__ import annotations
 
@@ -110,12 +109,10 @@ def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, ou
 
 def _check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
                 groups: Any, dilation: Any) -> tuple[ConvT3dParams, bool]:
-    if not isinstance(input, torch.Tensor):
-        raise TypeError(f"conv_transpose3d(): argument 'input' (position 1) must be Tensor, not {type(input).__name__}")
-    if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"conv_transpose3d(): argument 'weight' (position 2) must be Tensor, not {type(weight).__name__}")
-    if bias is not None and not isinstance(bias, torch.Tensor):
-        raise TypeError(f"conv_transpose3d(): argument 'bias' (position 3) must be Tensor, not {type(bias).__name__}")
+    for pos, (name, t) in enumerate((("input", input), ("weight", weight), ("bias", bias)), start=1):
+        if not isinstance(t, torch.Tensor) and (t is not None or name != "bias"):
+            raise TypeError(f"conv_transpose3d(): argument '{name}' (position {pos}) must be Tensor, "
+                            f"not {type(t).__name__}")
     stride = triple("stride", stride)
     padding = triple("padding", padding)
     output_padding = triple("output_padding", output_padding)
@@ -131,25 +128,19 @@ def _check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, o
     if weight.dim() != 5:
         raise RuntimeError("expected weight to be 5-D (in_channels, out_channels/groups, kD, kH, kW), but got "
                            f"weight of size {list(weight.shape)}")
-    if weight.dtype != input.dtype:
-        raise RuntimeError(f"Input type ({_type_name(input)}) and weight type ({_type_name(weight)}) should be the same")
-    if bias is not None and bias.dtype != input.dtype:
-        raise RuntimeError(f"Input type ({_type_name(input)}) and bias type ({_type_name(bias)}) should be the same")
-    if weight.device != input.device:
-        raise RuntimeError(f"Input and weight must be on the same device, but got input on {input.device} and "
-                           f"weight on {weight.device}")
-    if bias is not None and bias.device != input.device:
-        raise RuntimeError(f"Input and bias must be on the same device, but got input on {input.device} and "
-                           f"bias on {bias.device}")
+    others = (("weight", weight), ("bias", bias))
+    for name, t in others:
+        if t is not None and t.dtype != input.dtype:
+            raise RuntimeError(f"Input type ({_type_name(input)}) and {name} type ({_type_name(t)}) should be the same")
+    for name, t in others:
+        if t is not None and t.device != input.device:
+            raise RuntimeError(f"Input and {name} must be on the same device, but got input on {input.device} and "
+                               f"{name} on {t.device}")
 
-    if any(s <= 0 for s in stride):
-        raise RuntimeError(f"non-positive stride is not supported: stride={stride}")
-    if any(d <= 0 for d in dilation):
-        raise RuntimeError(f"non-positive dilation is not supported: dilation={dilation}")
-    if any(p < 0 for p in padding):
-        raise RuntimeError(f"negative padding is not supported: padding={padding}")
-    if any(p < 0 for p in output_padding):
-        raise RuntimeError(f"negative output_padding is not supported: output_padding={output_padding}")
+    for name, values, least in (("stride", stride, 1), ("dilation", dilation, 1), ("padding", padding, 0),
+                                ("output_padding", output_padding, 0)):
+        if any(v < least for v in values):
+            raise RuntimeError(f"{'non-positive' if least else 'negative'} {name} is not supported: {name}={values}")
     for i, name in enumerate(("depth", "height", "width")):
         if output_padding[i] >= stride[i] and output_padding[i] >= dilation[i]:
             raise RuntimeError(

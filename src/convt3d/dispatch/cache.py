@@ -30,8 +30,7 @@ __all__ = ["CacheWarning", "FORMAT", "SECTIONS", "cache_dir", "environment_key",
 FORMAT = 1
 SECTIONS = ("decisions", "triton_configs", "backward", "precision")
 ENV_DIR = "CONVT3D_CACHE_DIR"
-# Permissions of the cache file: readable by the group and others, as files written with open()
-# under the usual umask (tempfile.mkstemp would leave 0600).
+# The cache file is readable by all, as open() under the usual umask makes files (mkstemp: 0600).
 FILE_MODE = 0o644
 
 
@@ -44,10 +43,9 @@ _warned: set[tuple[str, str]] = set()
 
 def _warn_once(path: Path, kind: str, message: str) -> None:
     tag = (str(path), kind)
-    if tag in _warned:
-        return
-    _warned.add(tag)
-    warnings.warn(message, CacheWarning, stacklevel=3)
+    if tag not in _warned:
+        _warned.add(tag)
+        warnings.warn(message, CacheWarning, stacklevel=3)
 
 
 # ---- location and key ---------------------------------------------------------------------------
@@ -72,10 +70,8 @@ def _source_digest() -> str:
 
 
 def environment_key(gpu: str) -> dict[str, str]:
-    """What a cached measurement depends on besides the call: the GPU model, the version and the
-    sources of convt3d (kernels, candidates: an editable install keeps its version string across
-    commits, so a file tuned by other kernels would otherwise be trusted), and the versions of torch
-    (cuDNN) and triton (code generation)."""
+    """What a cached measurement depends on besides the call: the GPU model, convt3d's version and
+    source digest (an editable install keeps its version across edits), torch's and triton's."""
     import torch
     import triton
 
@@ -121,15 +117,9 @@ def _parse(text: str, key: dict) -> tuple[dict | None, str | None, str]:
 
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    """Hold the directory's advisory lock for a block (nothing where ``fcntl`` does not exist).
-
-    The wait is a blocking ``flock``: the kernel wakes a waiter when the lock is released. A
-    polling wait with a deadline would let a waiter on a busy machine lose to the processes that
-    take the lock between its polls, give up, and leave its entries to a later save that may
-    never come (a process killed, or ending without exit hooks). The lock is never held across
-    anything but one read, one JSON dump, one write and one fsync of the file (milliseconds for a
-    few hundred entries on a local disk).
-    """
+    """Hold the directory's advisory lock for a block (nothing where ``fcntl`` does not exist): a
+    blocking ``flock``, so a waiter on a busy machine never gives up and loses its entries. It is
+    held across one read, one JSON dump, one write and one fsync of the file only."""
     if fcntl is None:
         yield
         return
@@ -220,8 +210,6 @@ class Store:
 
     # -- writing --
     def put(self, section: str, name: str, entry: dict, save: bool = True) -> None:
-        if section not in SECTIONS:
-            raise ValueError(f"unknown cache section {section!r}; expected one of {SECTIONS}")
         with self._lock:
             self.load()
             self.entries[section][name] = entry
@@ -247,8 +235,7 @@ class Store:
                     doc = {"format": FORMAT, "key": self.key, **merged}
                     fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{self.path.name}.", suffix=".tmp")
                     with os.fdopen(fd, "w", encoding="utf-8") as f:
-                        # One write of the whole text: json.dump's chunked writes take ~2x as long,
-                        # and the lock is held meanwhile.
+                        # One write of the whole text, not json.dump's chunks: the lock is held meanwhile.
                         f.write(json.dumps(doc, indent=1, sort_keys=True))
                         f.flush()
                         with contextlib.suppress(OSError, AttributeError):
@@ -274,8 +261,6 @@ class Store:
 
 
 _unsaved_stores: list[Store] = []  # stores whose entries may still be pending at exit
-
-
 _atexit_registered = False
 _reset_hooks: list = []  # what else a reset forgets (the Triton tuner's pending results)
 
@@ -301,11 +286,9 @@ def store_for(gpu: str) -> Store:
     """The loaded store of ``gpu`` in the current cache directory (read once per process)."""
     directory = cache_dir()
     k = (str(directory), gpu)
-    store = _stores.get(k)
-    if store is None:
-        store = Store(directory, environment_key(gpu)).load()
-        _stores[k] = store
-    return store
+    if k not in _stores:
+        _stores[k] = Store(directory, environment_key(gpu)).load()
+    return _stores[k]
 
 
 def reset() -> None:
@@ -335,7 +318,7 @@ def save_decision(gpu: str, signature: str, entry: dict) -> None:
     store_for(gpu).put("decisions", signature, entry)
 
 
-# ---- backward choices ---------------------------------------------------------------------------
+# ---- PyTorch's precision class and backward choices ---------------------------------------------
 def load_precision_class(gpu: str, signature: str) -> str | None:
     """How PyTorch's own call of this TF32-allowed float32 signature computes ("fp32" or "tf32")."""
     entry = store_for(gpu).get("precision", signature)
@@ -349,8 +332,7 @@ def save_precision_class(gpu: str, signature: str, klass: str) -> None:
 def load_backward(gpu: str, name: str) -> dict | None:
     """A persisted dX/dW implementation choice (``backward``), or None. The caller checks that it
     was made among its current candidates and names one of them."""
-    entry = store_for(gpu).get("backward", name)
-    return entry if isinstance(entry, dict) else None
+    return store_for(gpu).get("backward", name)
 
 
 def save_backward(gpu: str, name: str, entry: dict) -> None:
@@ -383,14 +365,11 @@ def config_from_dict(data, candidates) -> object | None:
     file alone: only the engine's own candidates are known to be correct for the key)."""
     if not isinstance(data, dict):
         return None
-    for cfg in candidates:
-        if dataclasses.asdict(cfg) == data:
-            return cfg
-    return None
+    return next((cfg for cfg in candidates if dataclasses.asdict(cfg) == data), None)
 
 
 def save_unsaved() -> None:
-    """Save the stores whose entries a lock timeout left pending (at exit)."""
+    """Save the stores whose entries are still pending (at exit)."""
     for store in list(_unsaved_stores):
         with contextlib.suppress(Exception):
             store.save()
@@ -398,10 +377,8 @@ def save_unsaved() -> None:
 
 # ---- what `convt3d cache` shows and clears ------------------------------------------------------
 def owned_files(directory: Path | str | None = None) -> list[Path]:
-    """The files convt3d keeps in the cache directory (by default ``cache_dir()``): one JSON file
-    per GPU model, a save's leftover temporaries and the CUDA head libraries under ``build/``;
-    other names there are left alone. The lock is left out: deleting it while a save holds it
-    would let the next save lock a new file and merge unlocked."""
+    """convt3d's files in the cache directory (by default ``cache_dir()``): the JSON files, a save's
+    leftover temporaries and the CUDA head libraries; not the lock, which a save may hold."""
     d = cache_dir() if directory is None else Path(directory)
     found = {f for pattern in ("*.json", ".*.json.*.tmp", "build/convt3d_head_*.so") for f in d.glob(pattern)}
     return sorted(f for f in found if f.is_file() and (f.suffix != ".json" or _is_cache_file(f)))

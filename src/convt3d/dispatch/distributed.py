@@ -78,23 +78,18 @@ def _dist():
 
 
 def active() -> bool:
-    """Whether decisions are agreed now: an initialised process group of more than one rank
-    (the :func:`set_group` group if one is set), ``CONVT3D_DISTRIBUTED`` not "local", and not
-    inside :func:`local`."""
+    """Whether decisions are agreed now: a process group (:func:`set_group`'s) of more than one
+    rank, ``CONVT3D_DISTRIBUTED`` not "local", and not inside :func:`local`."""
     if _local_depth > 0 or _mode() == "local":
         return False
     dist = _dist()
-    if dist is None:
-        return False
-    return dist.get_world_size(_group) > 1 if _group is not None else dist.get_world_size() > 1
+    return dist is not None and dist.get_world_size(_group) > 1
 
 
 def rank() -> int:
     """This process's rank in the agreeing group (0 without a process group)."""
     dist = _dist()
-    if dist is None:
-        return 0
-    return dist.get_rank(_group) if _group is not None else dist.get_rank()
+    return 0 if dist is None else dist.get_rank(_group)
 
 
 def set_group(group) -> None:
@@ -135,9 +130,8 @@ def agreed() -> dict[str, Any]:
 
 
 def _current_state() -> _State:
-    """The state of the current process group, new when the group changed (its store is another
-    object). The prefix separates process groups of one job that reuse one store (an elastic
-    agent's store outlives restarts) and the groups of :func:`set_group`."""
+    """The state of the current process group, new when its store is another object; the prefix
+    separates groups of one job that share a store (elastic restarts, :func:`set_group`)."""
     global _state, _sessions
     from torch.distributed import distributed_c10d as c10d
 
@@ -155,8 +149,7 @@ def _current_state() -> _State:
 
 
 def _store_key(state: _State, what: str) -> str:
-    # Signature texts are long and free-form; the store key is their digest, the entry holds
-    # ``what`` itself so that a (vanishingly unlikely) collision is detected, not used.
+    # The key is the digest of the free-form name; the entry holds the name, so a collision is detected.
     return state.prefix + hashlib.sha256(what.encode()).hexdigest()
 
 
@@ -185,12 +178,9 @@ def _receive(state: _State, what: str, timeout_s: float) -> tuple[str, Any] | No
 
 
 def agree(compute: Callable[[], T], what: str) -> T:
-    """``compute()`` on rank 0, its result on every rank (see the module docstring).
-
-    ``what`` names the decision identically on every rank (no device index, no rank). The
-    result must be picklable. Every rank that meets the decision must call this at its first
-    sight of it, whatever it holds already.
-    """
+    """``compute()`` on rank 0, its (picklable) result on every rank. ``what`` names the decision
+    identically on every rank (no device index, no rank); every rank calls this at its first
+    sight of the decision, whatever it holds already."""
     if not isinstance(what, str):
         raise TypeError(f"agree(): argument 'what' must be str, not {type(what).__name__}")
     if not active():
@@ -230,10 +220,8 @@ def agree(compute: Callable[[], T], what: str) -> T:
 
 
 # ---- Triton tuning --------------------------------------------------------------------------------
-# The tuner is passed in (``tuner``: the module that holds the tuning records, i.e.
-# ``convt3d.engines.triton.engine``, with tuning_log(), tuned_config(key) and seed_tuning(key, config,
-# timings_ms, replace=)) rather than imported here: the engine itself calls agree_config, and
-# this module stays a leaf of the package's import graph.
+# The tuner (tuning_log(), tuned_config(key), seed_tuning(key, config, timings_ms, replace=)) is
+# passed in rather than imported, so that this module stays a leaf of the package's import graph.
 def _install(tuner, key, config, timings_ms: dict | None) -> None:
     """Make ``config`` this process's tuned config of ``key`` (rank 0's choice wins over one
     this rank seeded from its own cache file)."""
@@ -265,16 +253,11 @@ def agree_with_tuning(compute: Callable[[], T], what: str, tuner) -> T:
 
 
 def agree_config(key, choose: Callable[[], Any], candidates=None, *, tuner):
-    """The Triton tuner's agreement point for one tune key: ``choose()`` (this process's answer:
-    its tuned or seeded config, or a tuning run) on rank 0; on the others rank 0's config,
-    installed as this process's tuned config of ``key``. Returns the config.
-
-    The decision is named by the key without its first field, the GPU model (the engine's tune
-    key is (GPU model, dtype, precision, channels-last output, ConvT3dParams)), so that ranks on
-    different GPU models still pair up. A config that is not one of this rank's ``candidates``
-    (a tile rank 0's GPU has and this one has not) is never installed: this rank chooses for
-    itself, with a warning (a foreign tile could compute wrong values; see ``convt3d.dispatch.cache``).
-    """
+    """The Triton tuner's agreement point for one tune key: ``choose()`` on rank 0; on the others
+    rank 0's config, installed as this process's tuned config of ``key``. Returns the config.
+    The decision is named by the key without its GPU model, so ranks on different GPU models
+    still pair up; a config that is not one of this rank's ``candidates`` is never installed (a
+    foreign tile could compute wrong values): this rank then chooses for itself, with a warning."""
     if not active():
         return choose()
 

@@ -1,13 +1,8 @@
 """The network check of ``convt3d.tune``: a decision measured on one layer alone can still make
-its network slower, so after the per-layer decisions the whole model is timed with them against
-PyTorch for every layer, and the signatures that make it slower are reverted to PyTorch -- in this
-process and in the cache file (``dispatch.override``), so that ``patch(model)`` in a later process
-starts from the reverted decisions.
-
-:func:`network_check` is the decision (a pure function of a ``measure`` callback, tested with
-injected timings); :func:`check_network` applies it to a model and a ``TuneReport``;
-:func:`layer_signature` names a patched layer's call as the dispatcher keys it.
-"""
+its network slower, so the whole model is timed with the decisions against PyTorch for every
+layer, and the signatures that make it slower are reverted to PyTorch, in this process and in the
+cache file (``dispatch.override``). :func:`network_check` is the decision, a pure function of a
+``measure`` callback; :func:`check_network` applies it to a model and a ``TuneReport``."""
 from __future__ import annotations
 
 import time
@@ -21,27 +16,20 @@ from .timing import gpu_ms
 
 __all__ = ["NETWORK_MARGIN", "network_check", "check_network", "layer_signature"]
 
-# The smallest margin of the network check. A layer's decision needs 3% over PyTorch
-# (dispatch.NOISE_MARGIN); a model whose transposed convolutions are 5-10% of its time (the U-Nets
-# of the networks suite: 1.4-12%) would never show such a layer's gain at 3% of the whole model, and
-# the check would revert real wins. 1% is the floor; the spread of the model's own two rounds
-# raises it where the model times less steadily.
+# The smallest margin of the network check, below dispatch.NOISE_MARGIN: a layer's gain is a small
+# part of a model's time; the spread of the model's own rounds raises it where it times unsteadily.
 NETWORK_MARGIN = 0.01
 
 
 def network_check(groups: Sequence[str], measure: Callable[[frozenset], float],
                   margin: float = NETWORK_MARGIN) -> tuple[frozenset, dict]:
-    """Which layer signatures to revert to PyTorch so that the whole model is not slower than with
-    PyTorch for every layer: (reverted signatures, times in ms).
+    """(signatures to revert to PyTorch, times in ms) so that the model is not slower than with
+    PyTorch for every layer; ``measure(reverted)`` times it with ``reverted`` on PyTorch.
 
-    ``measure(reverted)`` times the model with the signatures in ``reverted`` on PyTorch and the
-    others on convt3d's choices. First the two ends, in two rounds of opposite order: convt3d's
-    choices are kept if they beat PyTorch-everywhere by more than ``margin`` or the spread of
-    the rounds, whichever is larger. Otherwise the groups are reverted one at a time, in the
-    order given (the caller puts the smallest measured per-layer gain first), each kept reverted
-    if that makes the model faster by more than ``margin``; if the result still does not beat
-    PyTorch-everywhere by the noise, every group is reverted (ties go to PyTorch, as in "auto").
-    """
+    The two ends are timed in two rounds of opposite order; convt3d's choices stand if they win by
+    more than ``margin`` or the rounds' spread. Otherwise the groups are reverted one at a time in
+    the order given, each kept reverted if that gains more than ``margin``; a result that still
+    does not win reverts every group (ties go to PyTorch, as in "auto")."""
     none, every = frozenset(), frozenset(groups)
     rounds: dict[frozenset, list[float]] = {none: [], every: []}
     for order in ((none, every), (every, none)):
@@ -75,12 +63,9 @@ def _time_model(fn: Callable[[], object]) -> float:
 
 def check_network(report, layers_by_sig: dict[str, list[nn.Module]], run: Callable[[], object],
                   device: torch.device, bar, timer: Callable[[Callable[[], object]], float] = _time_model) -> None:
-    """Time the model (``run``) with convt3d's decisions against PyTorch for every layer and revert
-    the signatures that make it slower (:func:`network_check`), in this process and in the cache.
-
-    ``report``: the ``TuneReport`` of the tuning run (its entries: signature, engine, source,
-    timings), updated in place, with ``report.network`` set; ``layers_by_sig``: the patched "auto"
-    layers per call signature; ``bar``: anything with ``status(str)``."""
+    """:func:`network_check` of the model (``run``), applied in this process and in the cache and
+    to ``report`` (the tuning run's ``TuneReport``, ``report.network`` set); ``layers_by_sig``: the
+    patched "auto" layers per call signature; ``bar``: anything with ``status(str)``."""
     decided = {e["signature"]: e for e in report.entries}
     # Signatures "auto" decided for convt3d (layers_by_sig holds "auto" layers only).
     groups = [sig for sig in layers_by_sig if sig in decided and decided[sig]["engine"] != "torch"]

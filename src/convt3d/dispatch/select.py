@@ -34,21 +34,19 @@ BACKENDS = ("auto", "triton", "torch", "cuda", "conv3d")
 
 @dataclass(frozen=True)
 class Decision:
+    """The engine that runs a call. ``ours_backward``: engine "torch" recorded with convt3d's
+    backward (HYBRID) instead of PyTorch's. ``source``: how it was made ("requested", "only",
+    "rule", "cache", "measured", "heuristic", "network"). ``candidate``: its name in ``ENGINES``,
+    a field so the steady path reads it without a call. ``precision_class``: how PyTorch's own
+    call of a TF32-allowed float32 signature computes, where measured ("fp32": ours run at exact
+    grade, never below PyTorch's numerics; or "tf32")."""
+
     engine: str  # "triton", "cuda", "conv3d" or "torch"
     precision: str  # "tf32" | "tf32x3" | "ieee" (meaningful for float32 only)
     reason: str
-    # engine "torch" under autograd: PyTorch's forward with convt3d's backward (its per-gradient
-    # timed choice of cuDNN or our Triton dX/dW kernels) instead of PyTorch's own backward. Our
-    # engines always use convt3d's backward.
     ours_backward: bool = False
-    # How it was made: "requested" (a named backend), "only" (one candidate), "rule" (CPU, dtype,
-    # tiny layer), "cache" (disk), "measured", "heuristic", "network" (convt3d.tune's network check).
     source: str = ""
-    # The engine name in ``ENGINES`` that runs the call (HYBRID for PyTorch's forward with
-    # convt3d's backward); a field, not a property, so the steady path reads it without a call.
     candidate: str = ""
-    # How PyTorch's own call of this TF32-allowed float32 signature computes, where auto measured
-    # it: "fp32" (then ours run at exact grade, never below PyTorch's numerics) or "tf32".
     precision_class: str = ""
 
     def __post_init__(self):
@@ -124,12 +122,8 @@ _listeners: list[Callable[[str, dict], None]] = []
 
 def clear_decisions() -> None:
     """Forget this process's decisions (not the disk cache)."""
-    _settled.clear()
-    _guessed.clear()
-    _named.clear()
-    _timings.clear()
-    _classes.clear()
-    _texts.clear()
+    for decisions in (_settled, _guessed, _named, _timings, _classes, _texts):
+        decisions.clear()
     _forget_steady()
     ENGINES["triton"].forget()
 
@@ -162,21 +156,15 @@ def cached_timings(call: Call) -> dict[str, float] | None:
 
 # ---- the pass ------------------------------------------------------------------------------------
 def select(call: Call, backend: str | None = None, *, measure: bool = True) -> Decision:
-    """The engine that runs ``call`` (steps 1-3 of the module docstring). A signature seen before
-    is answered from memory with one dictionary lookup."""
+    """The engine that runs ``call``; a signature seen before is answered with one lookup."""
     name = resolve_backend_name(backend)
     if name == "auto":
         d = _settled.get(call.key)
-        if d is None:
-            # A guess stands until a call can measure (outside capture and tracing, measuring on).
-            d = _guessed.get(call.key) if call.device.type == "cuda" and not _can_measure(call, measure) else None
-            if d is None:
-                d = _auto(call, measure, None)
-        return d
+        if d is None and call.device.type == "cuda" and not _can_measure(measure):
+            d = _guessed.get(call.key)  # a guess stands until a call can measure
+        return d if d is not None else _auto(call, measure, None)
     d = _named.get((call.key, name, call.requested))
-    if d is None:
-        d = _run_named(call, name, None)
-    return d
+    return d if d is not None else _run_named(call, name, None)
 
 
 def explain_pass(call: Call, backend: str | None = None) -> Pass:
@@ -213,10 +201,8 @@ def _run_named(call: Call, name: str, record: Pass | None) -> Decision:
 
 
 def _decision(name: str, call: Call, reason: str, source: str) -> Decision:
-    engine = ENGINES[name]
-    if name == HYBRID:
-        return Decision("torch", engine.precision(call), reason, ours_backward=True, source=source)
-    return Decision(name, engine.precision(call), reason, source=source)
+    return Decision("torch" if name == HYBRID else name, ENGINES[name].precision(call), reason,
+                    ours_backward=name == HYBRID, source=source)
 
 
 def _auto(call: Call, measure: bool, record: Pass | None) -> Decision:
@@ -248,10 +234,8 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
         record.skipped = skipped
     cands = [n for n, why in reasons.items() if not why and n not in skipped]
     if torch.compiler.is_compiling() and _without_data(call.x):
-        # Traced with fake or meta tensors (torch.export): nothing to time and no signature worth
-        # a file entry -- the heuristic alone (a pure function). torch.compile itself decides on
-        # the example tensors (functional._decide_for_trace runs eagerly at trace time, with real
-        # tensors), and then goes on below as an eager call does: the disk cache, else timing.
+        # Traced with fake or meta tensors (torch.export): nothing to time, so the heuristic alone
+        # (torch.compile decides on real example tensors in functional._decide_for_trace).
         engine, why = heuristic(call.params, call.dtype, call.precision, call.bias is not None,
                                 tuple(c for c in cands if c in ("triton", "torch")) or ("torch",))
         return _decision(engine, call, f"auto (heuristic, traced): {why}", "heuristic")
@@ -260,12 +244,10 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
                       + "; ".join(f"{k}: {'; '.join(v) if v else skipped.get(k)}" for k, v in reasons.items()
                                   if k != cands[0]) + ")", "only")
         return _settle(call, d, record)
-    floor = max(floors(call.params, call.dtype, call.precision, call.bias is not None)[:2])
-    tiny = floor < TINY_FLOOR_S
+    tiny = max(floors(call.params, call.dtype, call.precision, call.bias is not None)[:2]) < TINY_FLOOR_S
     gpu = device_name(call.device)
-    if _can_measure(call, measure) and record is None:
-        # The disk cache and the measurement, as one decision every rank of a process group
-        # takes from rank 0 (convt3d.dispatch.distributed; without one, agree_with_tuning is a call).
+    if _can_measure(measure) and record is None:
+        # The disk cache and the measurement, as one decision every rank takes from rank 0.
         entry = distributed.agree_with_tuning(lambda: _cached_or_measured(call, cands, gpu, tiny, tuple(skipped)),
                                               "auto|" + call.text, tuner=ENGINES["triton"].tuner)
         if entry["engine"] not in cands:  # rank 0 could run an engine this rank cannot
@@ -295,9 +277,8 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
 
 
 def _pytorchs_class(call: Call, measure: bool, record: Pass | None) -> str | None:
-    """How PyTorch's own call of a flag-following TF32 float32 call computes: "fp32" or "tf32"
-    (this process's memory, the disk cache, else measured once, every rank taking rank 0's), or
-    None where it is not known and cannot be measured here."""
+    """How PyTorch's own call of a flag-following TF32 float32 call computes, "fp32" or "tf32"
+    (memory, the disk cache, else measured once by rank 0), or None where it cannot be known here."""
     if call.dtype != torch.float32 or call.precision != "tf32" or call.requested is not None:
         return None
     klass = _classes.get(call.key)
@@ -306,7 +287,7 @@ def _pytorchs_class(call: Call, measure: bool, record: Pass | None) -> str | Non
     gpu = device_name(call.device)
     klass = cache.load_precision_class(gpu, call.text)
     if klass is None:
-        if record is not None or not _can_measure(call, measure) or _without_data(call.x):
+        if record is not None or not _can_measure(measure) or _without_data(call.x):
             return None
 
         def measured() -> str:
@@ -332,21 +313,17 @@ def _settle(call: Call, d: Decision, record: Pass | None) -> Decision:
 
 
 def override(signature: str, engine: str, why: str, device: torch.device, detail: dict | None = None) -> int:
-    """Replace the decision of a call signature (its text, as ``convt3d.tune`` reports it) by
-    ``engine``: in this process (every settled call of that signature) and, on CUDA, in the disk
-    cache, so later processes take it too. ``convt3d.tune``'s network check uses it to revert a
-    layer that was measured faster alone but makes the whole network slower. Returns how many
-    in-process decisions were replaced."""
+    """Replace the decision of a call signature (its text) by ``engine`` in this process and, on
+    CUDA, in the disk cache, as ``convt3d.tune``'s network check reverts a layer that slows the
+    whole network. Returns how many in-process decisions were replaced."""
     if engine not in ENGINES:
         raise ValueError(f"override(): engine {engine!r} is not one of {tuple(ENGINES)}")
     _forget_steady()
     replaced = 0
     for key, text in list(_texts.items()):
         if text == signature and key in _settled:
-            old = _settled[key]
-            d = (Decision("torch", old.precision, why, ours_backward=True, source="network") if engine == HYBRID
-                 else Decision(engine, old.precision, why, source="network"))
-            _settled[key] = d
+            _settled[key] = Decision("torch" if engine == HYBRID else engine, _settled[key].precision, why,
+                                     ours_backward=engine == HYBRID, source="network")
             replaced += 1
     if device.type == "cuda":
         gpu = device_name(device)
@@ -360,7 +337,7 @@ def override(signature: str, engine: str, why: str, device: torch.device, detail
     return replaced
 
 
-def _can_measure(call: Call, measure: bool) -> bool:
+def _can_measure(measure: bool) -> bool:
     return measure and benchmark_enabled() and not _capturing()
 
 
@@ -370,8 +347,7 @@ def _capturing() -> bool:
 
 
 def _auto_skips(call: Call, reasons: dict[str, list[str]]) -> dict[str, str]:
-    """Engines that can run the call but that auto does not time yet, and why (code that is still
-    being built: nothing waits for it)."""
+    """Engines that can run the call but that auto does not time yet (still being built), and why."""
     skipped = {}
     for name, why in reasons.items():
         not_ready = getattr(ENGINES[name], "not_ready", None)
@@ -383,25 +359,20 @@ def _auto_skips(call: Call, reasons: dict[str, list[str]]) -> dict[str, str]:
 
 
 # ---- measuring ------------------------------------------------------------------------------------
-# The smallest margin by which convt3d must beat PyTorch to be chosen: ties go to PyTorch, the
-# baseline "auto" promises never to lose to. 3% is above the run-to-run spread of do_bench
-# medians of one call in one process (the rounds of each measurement are recorded beside it in
-# the cache file).
+# The smallest margin by which convt3d must beat PyTorch to be chosen, above the run-to-run
+# spread of do_bench medians: ties go to PyTorch, the baseline "auto" promises never to lose to.
 NOISE_MARGIN = 0.03
-# Two rounds, and up to MAX_MEASURE_ROUNDS while a candidate's two lowest differ by more than
-# the noise margin: on a busy host two rounds can lie far apart, and their spread, which becomes
-# the margin, would then keep PyTorch where ours is faster.
+# Two rounds, more while a candidate's two lowest differ by more than the noise margin: their
+# spread becomes the margin, and on a busy host would keep PyTorch where ours is faster.
 MEASURE_ROUNDS = 2
 MAX_MEASURE_ROUNDS = 4
 
 
 def _measure(call: Call, cands: list[str], label: str
              ) -> tuple[dict[str, list[float]], dict[str, str], dict[str, list[float]]]:
-    """Timings (ms, one per round) of each candidate on the call's own tensors, rounds in
-    alternating orders so drift during the measurement falls on every candidate; more rounds
-    (up to ``MAX_MEASURE_ROUNDS``) while a candidate's two lowest are further apart than
-    ``NOISE_MARGIN``; (runs, failures, host ms per call per round: ``engines.Timing``). A
-    candidate that raises (a failed CUDA build, out of memory) is left out."""
+    """(ms per round, failures, host ms per round) of each candidate on the call's own tensors,
+    rounds in alternating orders so drift falls on every candidate. A candidate that raises (a
+    failed CUDA build, out of memory) is left out."""
     runs: dict[str, list[float]] = {}
     hosts: dict[str, list[float]] = {}
     failed: dict[str, str] = {}
@@ -436,16 +407,10 @@ def host_extra(hosts: dict[str, list[float]] | None, name: str, baseline: str = 
 
 def pick(runs: dict[str, list[float]], baseline: str = "torch",
          hosts: dict[str, list[float]] | None = None) -> tuple[str, float]:
-    """(winner, margin) from per-round timings: convt3d's fastest candidate wins only if it beats
-    the baseline by more than the margin -- ``NOISE_MARGIN`` or the larger spread of the two
-    between their two lowest rounds (``timing.lowest_spread``) -- so a noisy or failed
-    measurement falls back to PyTorch, never to a slower engine.
-
-    ``hosts`` (host ms per call per round, ``engines.Timing``): a candidate is charged the host
-    time it costs beyond the baseline's, on top of its timing. The timing is what the layer
-    costs where the GPU never waits for the host; the sum is what it costs where the two take
-    turns, as in a network that synchronises now and then. A candidate chosen by the sum is
-    no slower in either."""
+    """(winner, margin): convt3d's fastest candidate wins only if it beats the baseline by more
+    than ``NOISE_MARGIN`` or either one's spread between its two lowest rounds, so a noisy
+    measurement falls back to PyTorch. A candidate is charged the host time it costs beyond the
+    baseline's (``hosts``), so a choice is no slower whether or not the GPU waits for the host."""
     best = {k: min(v) for k, v in runs.items() if v}
     spread = {k: lowest_spread(v) for k, v in runs.items() if v}
     if baseline not in best:  # PyTorch failed (e.g. out of memory): the fastest of ours
@@ -473,12 +438,8 @@ def _cached_entry(call: Call, cands: list[str], gpu: str) -> dict | None:
 
 def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = False, unready: tuple = ()) -> dict:
     """The decision entry of a new signature: from the disk cache, else measured now (and saved).
-
-    ``tiny`` (roofline floor below ``TINY_FLOOR_S``): PyTorch's own call is timed first, and if it
-    takes less than ``HOST_BOUND_S`` nothing else is timed -- our engines' host time alone is
-    more. The floor alone does not say it: a tiny output head can take cuDNN many times its
-    floor. ``unready``: engines not timed because their code is still being built; the entry
-    names them, so a later process that has them measures again."""
+    ``tiny``: PyTorch's call is timed first, and below ``HOST_BOUND_S`` nothing else is (our host
+    time alone is more). ``unready``: engines still being built, so a later process measures again."""
     entry = _cached_entry(call, cands, gpu)
     if entry is not None:
         return entry
@@ -491,15 +452,13 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
                      "failed": failed, "candidates": ["torch"], "unready": list(unready),
                      "why": f"tiny layer: PyTorch's call takes {t * 1e6:.3g} us < {HOST_BOUND_S * 1e6:.0f} us, less "
                             "than our engines' host time; the others were not timed"}
-            cache.save_decision(gpu, call.text, entry)
-            return dict(entry, source="measured")
-    runs, failed, hosts = _measure(call, cands, call.text)
-    winner, margin = pick(runs, hosts=hosts)
-    entry = {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,
-             "margin": margin, "failed": failed, "candidates": cands, "unready": list(unready)}
-    # Written even when empty: an entry without it was measured before the host charge.
-    entry["host_ms"] = {k: min(v) for k, v in hosts.items() if v}
-    entry["host_rounds_ms"] = hosts
+    if entry is None:
+        runs, failed, hosts = _measure(call, cands, call.text)
+        winner, margin = pick(runs, hosts=hosts)
+        # host_ms is written even when empty: an entry without it was measured before the host charge.
+        entry = {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,
+                 "margin": margin, "failed": failed, "candidates": cands, "unready": list(unready),
+                 "host_ms": {k: min(v) for k, v in hosts.items() if v}, "host_rounds_ms": hosts}
     cache.save_decision(gpu, call.text, entry)
     return dict(entry, source="measured")
 
@@ -549,11 +508,11 @@ def _timings_text(timings: dict[str, float], best: str, host_ms: dict[str, float
 # ---- the steady path: a repeated call in one lookup -------------------------------------------------
 @dataclass(frozen=True)
 class Steady:
-    """What a call's arguments led to before: its geometry, precision and flags as validated, and
-    the settled decision. ``direct``: the decision is PyTorch's own forward and backward at the
-    flags as they are, so the call goes straight to ``F.conv_transpose3d`` with the caller's own
-    arguments (PyTorch casts under autocast, with its weight-cast cache, and handles unbatched
-    input and autograd) -- the host time of an untouched layer, which host-bound networks notice."""
+    """What a call's arguments led to before: its validated geometry, precision and flags, and the
+    settled decision. ``direct``: the decision is PyTorch's own op at the flags as they are, so the
+    call goes straight to ``F.conv_transpose3d`` with the caller's arguments, at an untouched
+    layer's host time. ``run``: for a repeated inference call decided for one of our engines, the
+    engine's steady forward of the caller's (input, weight, bias) (``steady.Repeat``)."""
 
     decision: Decision
     params: ConvT3dParams
@@ -561,14 +520,11 @@ class Steady:
     training: bool
     unbatched: bool
     direct: bool
-    # A repeated inference call decided for one of our engines: the engine's steady forward of
-    # (input, weight, bias) as the caller passes them (steady.Repeat); None otherwise.
     run: Callable | None = None
 
 
 _steady: dict[tuple, Steady] = memo("dispatch.select.steady")
-# The direct memo, one per weight object (the latest signature of that weight): steady.Direct,
-# or steady.Repeat for an inference call decided for one of our engines.
+# One memo per weight object, its latest signature: steady.Direct, or steady.Repeat for ours.
 _direct: dict[int, Direct] = memo("dispatch.select.direct")
 _STEADY_LIMIT = 4096
 
@@ -576,10 +532,8 @@ _STEADY_LIMIT = 4096
 def steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
            precision) -> tuple[tuple | None, Steady | None]:
     """(the call's ``steady_key`` or None, its steady entry or None): the dispatcher's one entry
-    on a repeated call. The memo of the call's weight answers first (no key to build):
-    ``steady.Direct`` for a call decided for PyTorch's op, ``steady.Repeat`` (an entry whose
-    ``run`` launches the engine) for an inference call decided for ours; then the key.
-    A key's entry found for another weight object gives that weight its memo."""
+    on a repeated call. The memo of the call's weight answers first, with no key to build; a
+    key's entry found for another weight object gives that weight its memo."""
     if _listeners:  # a listener such as convt3d.tune waits for every decision
         return None, None
     args = (stride, padding, output_padding, groups, dilation)
@@ -597,9 +551,8 @@ def steady(input, weight, bias, stride, padding, output_padding, groups, dilatio
 
 
 def _remember_repeat(input, weight, bias, args: tuple, backend, precision, hit: Steady) -> None:
-    """Give the weight a ``steady.Repeat`` memo where the decided engine has a steady launcher
-    for the call (its signature settled: a tile tuned or seeded) and the call needs nothing the
-    launcher does not do: plain tensors, no autocast casts, no gradient recorded."""
+    """Give the weight a ``steady.Repeat`` memo where the decided engine has a steady launcher for
+    the call and the call needs nothing it does not do: plain tensors, no autocast, no gradient."""
     engine = ENGINES[hit.decision.candidate]
     if (type(input) is not torch.Tensor or not hasattr(engine, "steady_launcher")
             or torch.is_autocast_enabled(input.device.type)):
@@ -624,11 +577,9 @@ def _forget_steady() -> None:
 
 
 def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = None) -> None:
-    """Keep a settled decision for the call's argument signature. Heuristic guesses are not kept
-    (the next call that can measure replaces them), nor calls under CUDA graph capture or while
-    a listener waits for every decision. ``given``: the call as the caller passed it (input,
-    weight, bias, (stride, padding, output_padding, groups, dilation), backend, precision), for the
-    direct memo of a decision for PyTorch's own op."""
+    """Keep a settled decision for the call's argument signature; not heuristic guesses (the next
+    call that can measure replaces them), nor calls under graph capture or while a listener waits.
+    ``given``: ``remember_direct``'s arguments as the caller passed them."""
     if d.source == "heuristic" or _listeners or (call.device.type == "cuda" and _capturing()):
         return
     is_direct = d.candidate == "torch" and at_flags_as_they_are(call.x, call.requested)
@@ -636,8 +587,7 @@ def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = N
         if len(_steady) >= _STEADY_LIMIT:
             _forget_steady()
         _steady[key] = Steady(d, call.params, call.precision, call.training, call.unbatched, is_direct)
-    # A call without a key (a tensor subclass without __torch_function__) still gets the direct
-    # memo: PyTorch's op handles the subclass as it does in an untouched layer.
+    # A call without a key (a tensor subclass without __torch_function__) still gets the direct memo.
     if is_direct and given is not None:
         remember_direct(*given)
 

@@ -28,9 +28,8 @@ def _precision_reader():
 
 
 def _tf32() -> bool:
-    """``torch_engine.cudnn_conv_allows_tf32`` at under half its cost (the getter's arguments
-    are not looked up through ``torch.backends``' module ``__getattr__`` each time): the steady
-    path reads the flag on every call."""
+    """``cudnn_conv_allows_tf32`` without ``torch.backends``' module ``__getattr__`` per read: the
+    steady path reads the flag on every call."""
     read = _precision_reader()
     value = read() if read is not None else None
     if value in ("tf32", "ieee"):
@@ -47,11 +46,9 @@ def _autocast_state(device_type: str):
 
 def steady_key(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
                precision) -> tuple | None:
-    """Everything validation and the pass read from a call -- the tensors' shapes, strides,
-    dtypes, devices and requires_grad; the geometry arguments; backend and precision;
-    ``$CONVT3D_BACKEND``, cuDNN's TF32 flag, grad mode and the autocast state -- or None where the
-    call must take the full pass (tensor subclasses and arguments that do not hash by value, as
-    ``validate.memo_arguments`` says). It costs a fraction of validation and the pass."""
+    """Everything validation and the pass read from a call (tensor layouts, geometry, backend,
+    precision, ``$CONVT3D_BACKEND``, cuDNN's TF32 flag, grad mode, autocast), or None where the
+    call must take the full pass (``validate.memo_arguments``: subclasses, unhashable arguments)."""
     if not (backend is None or type(backend) is str) or not (precision is None or type(precision) is str):
         return None
     geometry = memo_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation)
@@ -98,10 +95,8 @@ class Direct:
         self.autocast = _autocast_state(input.device.type)
 
     def fits(self, input, weight, bias, args: tuple, backend, precision) -> bool:
-        """Whether a call with these arguments would be decided as this one was. The cheap and
-        discriminating checks come first; a non-tensor input fails the type check before any
-        attribute is read. (Tensor subclasses with their own __torch_function__ never get here:
-        ``convt3d.conv_transpose3d`` hands them to their handler, which calls it on plain views.)"""
+        """Whether a call with these arguments would be decided as this one was; the cheap and
+        discriminating checks first, the input's type before any of its attributes."""
         return (type(input) is self.x_type and self.weight() is weight and self.bias() is bias
                 and input.shape == self.shape and input.dtype is self.dtype and input.stride() == self.strides
                 and _same(args, self.args) and backend == self.backend and precision == self.precision
@@ -118,10 +113,8 @@ def _layout(t):
 
 class Repeat(Direct):
     """The memo of an inference call (no autocast) decided for one of our engines: ``Direct``'s
-    check, the weight's and bias's shape, strides, dtype and device, and ``alive()`` of the
-    engine's launcher. ``hit``: what the dispatcher's ``steady()`` answers for a call this memo
-    fits, whose ``run(input, weight, bias)`` is the engine's steady forward of the caller's
-    tensors (the launcher's own memo -- the tuned tile, its launch sites -- held, not looked up)."""
+    check, the weight's and bias's layouts, and ``alive()`` of the engine's launcher. ``hit``: the
+    dispatcher's ``Steady`` entry, whose ``run`` is the engine's steady forward."""
 
     __slots__ = ("w_layout", "b_layout", "alive", "hit")
 

@@ -23,11 +23,9 @@ HOST_REP_MS = 5.0
 
 
 class Timing(NamedTuple):
-    """One timing round of a candidate. ``ms``: the GPU median of back-to-back calls (do_bench,
-    which flushes the L2 before each and so hides part of a call's host time); ``host_ms``: the
-    host time per call of calls enqueued without synchronising. In a network that waits on the
-    GPU now and then, the two add up, so "auto" charges a candidate the host time it costs beyond
-    PyTorch's."""
+    """One timing round of a candidate: ``ms``, the GPU median of back-to-back calls (do_bench's L2
+    flush hides part of a call's host time), and ``host_ms``, the host time per call of calls
+    enqueued without synchronising; where a network waits on the GPU, the two add up."""
 
     ms: float
     host_ms: float
@@ -65,8 +63,7 @@ def time_call(fn: Callable[[], object], first: Callable[[], object] | None = Non
 
 
 def lowest_spread(times: list[float]) -> float:
-    """How far the second-lowest time is above the lowest (0.0 for a single time): a GPU call's
-    time only grows with disturbances, so the lowest round is the estimate, trusted once a second
-    round comes close to it."""
+    """How far the second-lowest time is above the lowest (0.0 for one): disturbances only slow a
+    GPU call, so the lowest round is the estimate, trusted once a second one comes close."""
     low = sorted(times)[:2]
     return low[-1] / low[0] - 1.0

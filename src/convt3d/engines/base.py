@@ -1,7 +1,6 @@
-"""The face every engine shows the dispatcher, as xFormers' operators do: what it supports
-(declared as data: devices, dtypes, compute capability; ``call_reasons`` for the rest), from
-which ``not_supported_reasons`` follows; the precision it computes; its forward and run; and its
-timing as "auto" measures it (forward, or a whole training step, through the steady path)."""
+"""The face every engine shows the dispatcher, as xFormers' operators do: what it supports (devices,
+dtypes and capability as data, ``call_reasons`` for the rest), the precision it computes, its forward
+and run, and its timing as "auto" measures it (forward or training step, through the steady path)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -20,9 +19,8 @@ FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def memo_check(call: Call, make: Callable[..., Direct]) -> Callable[[], bool]:
-    """The check a weight's memo (``make``: ``steady.Direct`` or a ``steady.Repeat`` maker) does on
-    a repeat of ``call``, for ``Engine.time`` to pay per timed call; the memo is made at the
-    first check, under the grad mode of the timed calls."""
+    """The check a weight's memo (``make``: ``steady.Direct`` or a ``steady.Repeat`` maker) does on a
+    repeat of ``call``, for ``Engine.time`` to pay per timed call; the memo is made at the first check."""
     p = call.params
     args = (p.stride, p.padding, p.output_padding, p.groups, p.dilation)
     x, w, b = call.given
@@ -40,7 +38,6 @@ class Engine:
     """The face every engine shows the dispatcher."""
 
     name: str = ""
-    backward: str = "convt3d"
     devices: tuple[str, ...] | None = ("cuda", "cpu")  # None: any
     dtypes: tuple[torch.dtype, ...] | None = FLOATS  # None: any
     min_capability: tuple[int, int] | None = None  # CUDA compute capability, where it needs one
@@ -67,9 +64,8 @@ class Engine:
         return call.precision
 
     def precision_reasons(self, call: Call) -> list[str]:
-        """Why it cannot compute an explicitly requested precision as such. A named backend
-        raises on these; "auto" still runs the engine where it computes at least as exactly
-        (an exact-grade request is met by exact fp32)."""
+        """Why it cannot compute an explicitly requested precision as such: a named backend raises on
+        these; "auto" still runs the engine where it computes at least as exactly."""
         return []
 
     def forward(self, call: Call) -> torch.Tensor:
@@ -85,29 +81,24 @@ class Engine:
     _autograd_engine = ""  # the engine name ops.conv_transpose3d_autograd runs the forward with
 
     def time(self, call: Call) -> Timing:
-        # Each timed call does what a repeated call of the steady path does with this engine's
-        # decision -- its memo check (``steady_cost``), the autocast casts of the caller's
-        # tensors, then a Call of its own through ``run`` (``_timed``) -- so that on a host-bound
-        # layer the host cost of that path is in the measurement: the public call costs more
-        # host time than the engine's forward alone, and a measurement without it can choose an
-        # engine whose public call is slower than PyTorch's.
+        # Each timed call does what a steady-path repeat does with this engine's decision (memo
+        # check, autocast casts, a Call through ``run``): a host-bound layer's public call costs
+        # more host time than the engine's forward, and leaving it out can choose a slower engine.
         cost = self.steady_cost(call)
         if not call.training:
             def forward(repeat: bool):
                 cost()
                 return self._timed(call, call.given, False, repeat)
 
-            # The first call is a first sight (the engine primes its caches, agrees across
-            # ranks); the timed ones are repeats.
+            # The first call is a first sight (caches primed, ranks agreed); the timed ones are repeats.
             with torch.no_grad():
                 return time_call(lambda: forward(True), first=lambda: forward(False))
         step = self._step(call, cost)
         return time_call(step, first=lambda: step(False))
 
     def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
-        """One call as ``convt3d.conv_transpose3d`` makes it once this engine is decided: from
-        ``given`` (tensors in the form the caller passes them, ``Call.given``), cast as every call
-        casts them under autocast, then a Call of its own through ``run``. 5-D output."""
+        """One call as ``convt3d.conv_transpose3d`` makes it once this engine is decided: from ``given``
+        (``Call.given``), cast under autocast, then a Call of its own through ``run``; 5-D output."""
         x, w, b = autocast_inputs(*given)
         if call.unbatched:
             x = x.unsqueeze(0)
@@ -115,19 +106,15 @@ class Engine:
                              repeat=repeat))
 
     def steady_cost(self, call: Call) -> Callable[[], object]:
-        """The host work a repeated call decided for this engine does before ``run``: the steady
-        key of its arguments (the caller's, before autocast)."""
+        """The host work a repeat of this engine's call does before ``run``: the steady key of its arguments."""
         x, w, b = call.given
         p, requested = call.params, call.requested
         return lambda: steady_key(x, w, b, p.stride, p.padding, p.output_padding, p.groups, p.dilation, None,
                                   requested)
 
     def _step(self, call: Call, cost: Callable[[], object]) -> Callable[[], object]:
-        """One training step on the call's own tensors (the caller's, where autocast cast them,
-        with their casts in the step and in its backward): the steady path's memo check
-        (``cost``), the forward, then the gradients of the tensors that require them, for a
-        fixed random output gradient. ``step(repeat)``: a steady-path repeat unless ``repeat`` is
-        False (the first step, a first sight as the forward's first timed call is)."""
+        """One training step on the caller's tensors: the memo check ``cost``, the forward, then the
+        gradients that are required for a fixed random dY; ``step(False)`` is a first sight."""
         leaves = tuple(None if t is None else t.detach().requires_grad_(t.requires_grad) for t in call.given)
         wanted = [t for t in leaves if t is not None and t.requires_grad]
         with torch.no_grad():
@@ -142,9 +129,8 @@ class Engine:
 
 
 class LaunchedRepeats(Engine):
-    """An engine whose repeated inference calls go from the weight's ``steady.Repeat`` memo to
-    its ``steady_launcher``, without the key and the Call; its timings take the same path, so
-    that auto charges it the host time those repeats cost."""
+    """An engine whose repeated inference calls go from the weight's ``steady.Repeat`` memo to its
+    ``steady_launcher`` without the key and the Call; its timings take the same path."""
 
     def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
                         precision: str):
@@ -165,9 +151,8 @@ class LaunchedRepeats(Engine):
         return memo_check(call, lambda *a: Repeat(*a, lambda: True))
 
     def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
-        # A repeat of an inference call runs as the steady path runs it: the launcher alone, once
-        # the first timed call has settled the signature (looked up per timed call, a key more
-        # than the weight's memo, which holds it; held here it would keep the call's tensors).
+        # A repeat of an inference call runs the launcher alone, as the steady path does once the
+        # signature is settled (looked up per call: held here it would keep the call's tensors).
         if repeat and not training and self._repeats_launch(call):
             launcher = self.steady_launcher(call.x, call.weight, call.bias, call.params, call.precision)
             if launcher is not None:

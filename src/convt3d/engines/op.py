@@ -1,7 +1,6 @@
-"""``convt3d::conv_transpose3d`` and ``convt3d::conv_transpose3d_backward``: the torch.library
-custom ops around our engines, with fake (meta) implementations and the autograd formula, so the
-layer works under autograd, torch.compile (no graph break: both ops are opaque nodes with exact
-fake shapes, strides and memory formats) and CUDA graphs like a native op."""
+"""``convt3d::conv_transpose3d`` and ``convt3d::conv_transpose3d_backward``: the torch.library custom
+ops around our engines, with fake implementations (exact shapes, strides, memory formats) and the
+autograd formula, so the layer works under autograd, torch.compile (no graph break) and CUDA graphs."""
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -33,8 +32,7 @@ def run_engine(engine: str, x: torch.Tensor, weight: torch.Tensor, bias: Optiona
 
         return cuda_head.forward(x, weight, bias, params, precision)
     if engine == "conv3d":
-        # In the memory format of the op's fake (PyTorch's rule on CUDA, which cuDNN's conv3d
-        # follows there; on the CPU a channels-last batch of one comes back contiguous).
+        # In the op's fake's memory format (on the CPU a channels-last batch of one comes back contiguous).
         fmt = output_memory_format(x, weight)
         return conv3d_forward(x, weight, bias, params, precision).contiguous(memory_format=fmt)
     raise ValueError(f"{OP_NAME}: unknown engine={engine!r}; expected one of {ENGINES}")
@@ -54,8 +52,7 @@ def _fake(input, weight, bias, stride, padding, output_padding, groups, dilation
     for i in range(3):
         out.append((input.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.shape[2 + i] - 1)
                    + output_padding[i] + 1)
-    # Both engines follow PyTorch's convolution rule (channels_last_3d out when the input or the
-    # weight suggests it).
+    # PyTorch's convolution rule: channels_last_3d out when the input or the weight suggests it.
     fmt = output_memory_format(input, weight)
     return torch.empty(out, dtype=input.dtype, device=input.device, memory_format=fmt)
 
@@ -86,8 +83,7 @@ def _fake_backward(grad_output, input, weight, stride, padding, output_padding, 
 
 def _setup_context(ctx, inputs, output):
     input, weight, bias, stride, padding, output_padding, groups, dilation, precision, engine = inputs
-    # dX needs only the weight and dW only the input, but both are small next to dY and the
-    # needs_input_grad of a later backward is not known here: keep both (as PyTorch does).
+    # Both kept (as PyTorch does): small next to dY, and a later backward's needs are not known here.
     ctx.save_for_backward(input, weight)
     ctx.has_bias = bias is not None
     ctx.args = (stride, padding, output_padding, groups, dilation, precision)
@@ -110,13 +106,9 @@ conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---- eager autograd -------------------------------------------------------------------------------
-# The custom ops above are what torch.compile traces. In eager mode their dispatch is host time a
-# training step pays twice (forward op, backward op): the custom-op machinery (argument defaults,
-# redispatch through Autograd/ADInplaceOrView/CUDA keys, re-validation of list arguments) costs
-# many times the forward's own host time, enough to make a host-bound training step several
-# times slower than cuDNN's (docs/design.md, "Training and networks").
-# Eager calls therefore use this autograd.Function: the same engine forward and the same
-# backward (``backward.grads``) as the ops' registrations, with no dispatcher round trip.
+# torch.compile traces the custom ops above; eager calls take this autograd.Function instead, with
+# the same forward and backward (``backward.grads``) but without the custom-op dispatch, whose host
+# time makes a host-bound training step several times slower (docs/design.md, "Training and networks").
 class _EagerConvT3d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, bias, params, precision, engine):
@@ -136,10 +128,8 @@ class _EagerConvT3d(torch.autograd.Function):
         if not any(mask):
             return (None,) * 6
         if torch.is_grad_enabled():
-            # create_graph=True: these gradients will be differentiated again (gradient
-            # penalties, path-length regularisers), so they come from PyTorch's own formula,
-            # which autograd records. Our kernels' gradients would carry no graph, and the
-            # second-order terms through this layer would be silently missing.
+            # create_graph=True: PyTorch's formula, which autograd records, so that second-order
+            # terms through this layer are not silently missing (our kernels' carry no graph).
             return _bwd.differentiable_grads(grad_out, input, weight, ctx.params, ctx.precision, mask) + (None,) * 3
         gx, gw, gb = _bwd.grads(grad_out, input, weight, ctx.params, ctx.precision, mask)
         return gx, gw, gb, None, None, None

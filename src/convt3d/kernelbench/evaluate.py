@@ -4,15 +4,9 @@
     convt3d kernelbench --precision tf32x3       # TF32 off for convolutions, the references' and the files'
     convt3d kernelbench --problems 58,77 --json kb.json --trials 100
 
-The steps are KernelBench's (``eval_kernel_against_ref`` of ScalingIntelligence/KernelBench): models
-built on the CPU after seeding 42, five correctness trials with its seeds and ``torch.rand`` inputs,
-each passing when ``allclose(reference, ModelNew, atol=rtol=1e-4)`` under the flags in force, then
-CUDA-event timings after an L2 flush, ModelNew first; two more columns compare both with float64.
-Without CUDA each file is imported and constructed and, with ``TRITON_INTERPRET=1``, checked through
-the interpreter on the problem's reduced geometry (``export.reduced``) at tf32x3.
-
-Exit status: 0 when every file loaded, built the reference's parameters and passed every trial it
-ran; 1 otherwise (after the table); 2 for an unknown problem.
+Trials and timings follow KernelBench's ``eval_kernel_against_ref``; without CUDA the files are imported,
+constructed and, with ``TRITON_INTERPRET=1``, checked at a reduced size. Exit status: 0 when every file
+loaded, matched the reference's parameters and passed every trial; 1 otherwise; 2 for an unknown problem.
 """
 from __future__ import annotations
 
@@ -33,10 +27,11 @@ from types import ModuleType
 
 import torch
 
+from ..bench.report import table, write_json
+from ..core.flags import cudnn_conv_allows_tf32, cudnn_conv_tf32
+from ..core.roofline import geomean
 from .export import default_out_dir, reduced, render
 from .problems import SEED, Problem, ReferenceModel, parse_ids
-from ..bench.report import table, write_json
-from ..core.roofline import geomean
 
 __all__ = ["TOLERANCE", "PRECISIONS", "load_model_file", "trial_seeds", "set_seed", "time_with_cuda_events",
            "check_trial", "flags_in_force", "main"]
@@ -46,8 +41,7 @@ WARMUP = 3
 DISCARD_FIRST = 1
 CORRECT_TRIALS = 5
 L2_FLUSH_BYTES = 256 * 2 ** 20  # KernelBench writes 32 x 1024 x 1024 int64
-# The library's precision names: "tf32" runs under PyTorch's flags as they are (TF32 allowed for
-# convolutions by default), "tf32x3" with TF32 off for convolutions throughout.
+# The library's precision names: PyTorch's flags as they are, or TF32 off for convolutions throughout.
 PRECISIONS = ("tf32", "tf32x3")
 NOTE = ("'correct' is KernelBench's verdict: allclose(reference, ModelNew, atol=rtol=1e-4) with the reference "
         "run under the same flags, on every trial. With TF32 allowed cuDNN computes most references in TF32, "
@@ -69,8 +63,7 @@ def trial_seeds(n: int, seed: int = SEED) -> list[int]:
 
 
 def load_model_file(path: Path) -> ModuleType:
-    """Import a ModelNew file as KernelBench imports a Triton file: a fresh module object from the
-    path, executed, and not registered in ``sys.modules``."""
+    """Import a ModelNew file as KernelBench does: a fresh module, not registered in ``sys.modules``."""
     spec = importlib.util.spec_from_file_location(f"kernelbench_{path.stem.split('_')[0]}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -121,10 +114,7 @@ def time_with_cuda_events(fn, x: torch.Tensor, trials: int, warmup: int = WARMUP
 
 
 def flags_in_force(precision: str):
-    """A context for the whole evaluation: PyTorch's flags as they are ("tf32"), or TF32 off for
-    convolutions ("tf32x3"), restored on exit."""
-    from convt3d.core.flags import cudnn_conv_tf32
-
+    """PyTorch's flags as they are ("tf32") or TF32 off for convolutions ("tf32x3"), restored on exit."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision={precision!r}; expected one of {PRECISIONS}")
     return cudnn_conv_tf32(False) if precision == "tf32x3" else contextlib.nullcontext()
@@ -175,8 +165,11 @@ class Result:
     tuning: list[dict] = field(default_factory=list)
     error: str | None = None
 
+    def passed(self, name: str) -> int:
+        return sum(bool(getattr(t, name)) for t in self.trials)
+
     def _all(self, name: str) -> bool:
-        return bool(self.trials) and all(getattr(t, name) for t in self.trials)
+        return bool(self.trials) and self.passed(name) == len(self.trials)
 
     def _max(self, name: str) -> float:
         return max((getattr(t, name) for t in self.trials), default=math.nan)
@@ -190,9 +183,8 @@ class Result:
     speedup = property(lambda self: self.ref_ms.mean / self.new_ms.mean if self.ref_ms and self.new_ms else math.nan)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), **{k: getattr(self, k) for k in (
-            "correct", "correct_fp64", "ref_passes_fp64", "max_abs_diff", "max_abs_err_fp64", "ref_max_abs_err_fp64",
-            "speedup")}}
+        """The fields, then the properties above."""
+        return {**asdict(self), **{k: getattr(self, k) for k, v in vars(Result).items() if isinstance(v, property)}}
 
 
 # ---- the checks ---------------------------------------------------------------------------------
@@ -207,8 +199,7 @@ def _sync(device: torch.device) -> None:
 
 def check_trial(seed: int, reference: torch.nn.Module, reference64: torch.nn.Module | None,
                 candidate: torch.nn.Module, input_shape, device: torch.device) -> Trial:
-    """One trial as ``run_and_check_correctness`` runs it (seeded ``torch.rand`` on the CPU, moved; the
-    reference, then ModelNew), then ``reference64`` on the same input unless it is None."""
+    """One trial as KernelBench's ``run_and_check_correctness`` runs it, then ``reference64`` unless None."""
     set_seed(seed)
     x = torch.rand(*input_shape).to(dtype=torch.float32).to(device=device)
     with torch.no_grad():
@@ -272,29 +263,30 @@ def evaluate_gpu(problem: Problem, directory: Path, correct_trials: int, trials:
 
 
 def evaluate_cpu(problem: Problem, directory: Path, correct_trials: int, interpret: bool, file_name: str) -> Result:
-    """Import and construct; with the interpreter, the Triton file's trials on a file exported for
-    the problem's reduced geometry (a CUDA entry needs a GPU to run at all)."""
+    """Import and construct; with the interpreter, the Triton file's trials at the problem's reduced size."""
     interpret = interpret and file_name == problem.file_name
-    small = reduced(problem)
-    result = Result(problem.id, file_name, small.describe() if interpret else problem.describe(),
-                    list(small.input_shape if interpret else problem.input_shape))
+    run = reduced(problem) if interpret else problem
+    result = Result(problem.id, file_name, run.describe(), list(run.input_shape))
     _load(problem, directory / file_name, result)
     if interpret:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / file_name
-            path.write_text(render(small, small=True), encoding="utf-8")
+            path.write_text(render(run, small=True), encoding="utf-8")
             small_module = load_model_file(path)
-        reference, candidate = build_models(small, small_module)
+        reference, candidate = build_models(run, small_module)
         reference64 = copy.deepcopy(reference).double()
         for seed in trial_seeds(correct_trials):
-            result.trials.append(check_trial(seed, reference, reference64, candidate, small.input_shape,
+            result.trials.append(check_trial(seed, reference, reference64, candidate, run.input_shape,
                                              torch.device("cpu")))
     return result
 
 
 # ---- output -------------------------------------------------------------------------------------
-def _verdict(ok: bool, n_pass: int, n: int) -> str:
-    return f"[green]yes {n_pass}/{n}[/]" if ok else f"[red]no {n_pass}/{n}[/]"
+def _verdict(r: Result, name: str) -> str:
+    if not r.trials:
+        return "-"
+    count = f"{r.passed(name)}/{len(r.trials)}"
+    return f"[green]yes {count}[/]" if r._all(name) else f"[red]no {count}[/]"
 
 
 def _fmt(v: float, spec: str) -> str:
@@ -316,13 +308,9 @@ def print_table(console, results: list[Result], env: dict, flags: dict) -> None:
                "vs fp64", "max abs err vs fp64", "ref err vs fp64", "same params"]
     rows = []
     for r in results:
-        n = len(r.trials)
-        cells = [_entry(r), r.layer, r.precision or "-",
-                 _verdict(r.correct, sum(t.passes for t in r.trials), n) if n else "-",
-                 _fmt(r.max_abs_diff, ".2e"),
+        cells = [_entry(r), r.layer, r.precision or "-", _verdict(r, "passes"), _fmt(r.max_abs_diff, ".2e"),
                  _fmt(r.ref_ms.mean if r.ref_ms else None, ".3f"), _fmt(r.new_ms.mean if r.new_ms else None, ".3f"),
-                 _fmt(r.speedup, ".2f") + ("x" if math.isfinite(r.speedup) else ""),
-                 _verdict(r.correct_fp64, sum(t.passes_fp64 for t in r.trials), n) if n else "-",
+                 _fmt(r.speedup, ".2f") + ("x" if math.isfinite(r.speedup) else ""), _verdict(r, "passes_fp64"),
                  _fmt(r.max_abs_err_fp64, ".2e"), _fmt(r.ref_max_abs_err_fp64, ".2e"),
                  {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[r.parameters_identical]]
         if r.error:
@@ -369,16 +357,14 @@ def row_line(r: Result) -> str:
     n = len(r.trials)
     speed = (f", ModelNew {r.new_ms.mean:.3f} ms, reference {r.ref_ms.mean:.3f} ms, speedup {r.speedup:.2f}x"
              if r.new_ms and r.ref_ms else "")
-    fp64 = f", vs fp64 {sum(bool(t.passes_fp64) for t in r.trials)}/{n} ({r.max_abs_err_fp64:.2e}; reference " \
-           f"{r.ref_max_abs_err_fp64:.2e})" if n else ""
-    verdict = f"{'correct' if r.correct else 'incorrect'} {sum(t.passes for t in r.trials)}/{n} (max abs diff " \
-              f"{r.max_abs_diff:.2e})" if n else "not run"
+    fp64 = (f", vs fp64 {r.passed('passes_fp64')}/{n} ({r.max_abs_err_fp64:.2e}; reference "
+            f"{r.ref_max_abs_err_fp64:.2e})" if n else "")
+    verdict = (f"{'correct' if r.correct else 'incorrect'} {r.passed('passes')}/{n} (max abs diff "
+               f"{r.max_abs_diff:.2e})" if n else "not run")
     return f"  problem {_entry(r)} [{r.precision}]: {verdict}{speed}{fp64}"
 
 
 def _flags() -> dict:
-    from convt3d.core.flags import cudnn_conv_allows_tf32
-
     conv = getattr(torch.backends.cudnn, "conv", None)
     return {"cudnn_conv_tf32": cudnn_conv_allows_tf32(),
             "cudnn_conv_fp32_precision": getattr(conv, "fp32_precision", None),
@@ -394,9 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--problems", default=None, help="comma-separated problem ids (default: 58,61,68,70,72,73,77)")
     p.add_argument("--precision", choices=PRECISIONS, default="tf32",
-                   help="tf32: PyTorch's flags as they are (TF32 allowed for convolutions, its default), the files "
-                        "computing as their references do; tf32x3: TF32 off for convolutions throughout, the "
-                        "references in exact fp32 and the files at exact grade (default: tf32)")
+                   help="tf32 (the default): PyTorch's flags as they are, the files computing as their references "
+                        "do; tf32x3: TF32 off for convolutions, the references in exact fp32, the files at exact grade")
     p.add_argument("--exact", action="store_true", help="deprecated: the same as --precision tf32x3")
     p.add_argument("--json", type=Path, default=None, help="write every measurement to this file (default: none)")
     p.add_argument("--trials", type=int, default=100, help="timed trials per model (default 100, plus 1 discarded)")
@@ -408,8 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    """The options; ``--exact`` becomes ``--precision tf32x3`` with a DeprecationWarning, shown unless
-    -W says otherwise because Python hides that category outside ``__main__``."""
+    """The options; ``--exact`` becomes ``--precision tf32x3`` with a DeprecationWarning, shown unless -W says no."""
     args = build_parser().parse_args(argv)
     if args.exact:
         with warnings.catch_warnings():

@@ -4,12 +4,9 @@
     convt3d export-kernelbench --check         # exit 1 if a committed file differs from a fresh export
     convt3d export-kernelbench --out DIR
 
-A file carries what its problem's candidates launch for KernelBench's call and no more: the engine's
-launches traced on meta tensors (``trace``), the package source they reach (``shake``), a chooser that
-times the candidates at the first forward, its reference's precision rule and ``ModelNew``. It starts
-with ``MARKER``, imports only torch, triton and the standard library, has at most ``MAX_LINES`` lines
-and passes KernelBench's static rules (``static_check``), or is not written. The hand-kept CUDA entry
-of problem 77 is neither written nor checked. Exit status: 0 written or up to date, 1 otherwise.
+A file carries its candidates' traced launches, the package source they reach, a chooser, the precision
+rule and ``ModelNew``, within KernelBench's static rules and ``MAX_LINES`` or not at all; the hand-kept CUDA
+entry of 77 is left alone. Exit status: 1 where a file is not written or (``--check``) differs, else 0.
 """
 from __future__ import annotations
 
@@ -22,10 +19,17 @@ import textwrap
 from importlib import resources
 from pathlib import Path
 
+import torch
+
+from ..bench.suites import Geometry, reduced_for_interpreter
+from ..core.call import EXACT_GRADE
+from ..core.flags import cudnn_conv_allows_tf32
+from ..engines.triton.configs import Config, candidate_configs
+from ..version import __version__
 from . import static_check
 from .problems import CANDIDATES_MEASURED, PROBLEMS, Problem
-from .shake import Line, PythonShaker, ShakeError
-from .trace import ExportError, launcher_source, meta_call
+from .shake import ExportError, Line, PythonShaker
+from .trace import launcher_source, meta_call
 
 __all__ = ["MARKER", "MAX_LINES", "ROOTS", "ExportError", "render", "reduced",
            "file_configs", "default_out_dir", "main"]
@@ -56,18 +60,11 @@ def _paragraph(text: str, prefix: str = "") -> str:
 # ---- the problem's geometry, candidates and reduced form ------------------------------------------
 def _precisions(problem: Problem) -> tuple[str, ...]:
     """The precisions a file computes in: TF32 where the reference does, and the exact grade (last)."""
-    from convt3d.core.call import EXACT_GRADE
-
     return ("tf32", EXACT_GRADE) if problem.cudnn_uses_tf32 else (EXACT_GRADE,)
 
 
 def file_configs(problem: Problem, check_offered: bool = True) -> list[tuple[object, tuple[str, ...]]]:
-    """(Config, the precisions the engine offers it at for KernelBench's call) of each candidate; with
-    ``check_offered`` False (a reduced geometry), every precision but Gluon's TF32-only limit."""
-    import torch
-
-    from convt3d.engines.triton.configs import Config, candidate_configs
-
+    """(Config, the precisions the engine offers it at) per candidate; unchecked for a reduced geometry."""
     params, *_ = meta_call(problem)
     out = []
     for cand in problem.candidates:
@@ -84,23 +81,19 @@ def file_configs(problem: Problem, check_offered: bool = True) -> list[tuple[obj
             raise ExportError(f"problem {problem.id}: the engine offers candidate {cfg.short()!r} at none of "
                               f"{_precisions(problem)}; update Problem.candidates in convt3d/kernelbench/problems.py")
         out.append((cfg, runs))
-    if not any(_precisions(problem)[-1] in runs for _, runs in out):
+    if not any(EXACT_GRADE in runs for _, runs in out):
         raise ExportError(f"problem {problem.id}: no candidate runs at exact grade")
     return out
 
 
 def reduced(problem: Problem) -> Problem:
-    """The problem at the interpreter's size (the layer's geometry kept), with its first candidate
-    the interpreter runs (not Gluon)."""
-    from convt3d.bench.suites import Geometry, reduced_for_interpreter
-
+    """The problem at the interpreter's size, its layer's geometry kept, with its first non-Gluon candidate."""
     la = problem.layer_args()
     n, c, *size = problem.input_shape
     layer_geometry = {k: la[k] for k in ("stride", "padding", "output_padding", "dilation", "groups") if k in la}
     small = reduced_for_interpreter(Geometry.of(f"kb{problem.id}", n, c, la["out_channels"], tuple(size),
                                                 la["kernel_size"], **layer_geometry))
-    bound = problem.bind()
-    bound.update(in_channels=small.in_channels, out_channels=small.out_channels)
+    bound = problem.bind(in_channels=small.in_channels, out_channels=small.out_channels)
     names = [a.name for a in problem.signature][: len(problem.init_inputs)]
     first = next(cand for cand in problem.candidates if not cand.config.get("gluon"))
     return dataclasses.replace(problem, init_inputs=tuple(bound[k] for k in names),
@@ -181,14 +174,13 @@ _GENERATED_DEFINES = ("PROBLEM", "INPUT_SHAPE", "WEIGHT_SHAPE", "OUTPUT_SHAPE", 
 # ---- the precision rule and ModelNew -------------------------------------------------------------
 def _tf32_flag_reader() -> tuple[str, list[Line]]:
     """(name, verbatim source lines) of convt3d's reader of PyTorch's TF32 flag for convolutions."""
-    from convt3d.core.flags import cudnn_conv_allows_tf32 as fn
-
+    fn = cudnn_conv_allows_tf32
     text, first = inspect.getsourcelines(fn)
     where = Path(inspect.getsourcefile(fn)).resolve().relative_to(Path(__file__).resolve().parents[1])
     return fn.__name__, [Line(t.rstrip("\n"), f"convt3d/{where.as_posix()}:{first + i}") for i, t in enumerate(text)]
 
 
-def _precision_lines(problem: Problem, grade: str) -> list[Line]:
+def _precision_lines(problem: Problem) -> list[Line]:
     """A file's precision rule: its exact grade, the measured reference, the flag reader, ``forward_precision()``."""
     ref = problem.default_reference
     if ref.tf32:
@@ -203,7 +195,7 @@ def _precision_lines(problem: Problem, grade: str) -> list[Line]:
 # forward computes as the reference's cuDNN convolution does under the flags in force: in TF32
 # where PyTorch allows TF32 for convolutions and cuDNN uses it on this problem, at the engine's
 # exact grade otherwise. Nothing here reads or changes any other state.
-EXACT_GRADE = {grade!r}  # convt3d.dispatch.select.EXACT_GRADE at export time
+EXACT_GRADE = {EXACT_GRADE!r}  # convt3d.dispatch.select.EXACT_GRADE at export time
 {_paragraph(how, "# ")}
 CUDNN_USES_TF32 = {ref.tf32!r}
 
@@ -298,10 +290,8 @@ def _model_new_source(problem: Problem) -> str:
 
 
 # ---- the header, the imports, the file ----------------------------------------------------------------
-def _header(problem: Problem, configs, grade: str, small: bool) -> list[Line]:
+def _header(problem: Problem, configs, small: bool) -> list[Line]:
     """MARKER, the provenance of the candidates (each with its median and why it is there), the docstring."""
-    from convt3d.version import __version__
-
     if small:
         lines = [f"# convt3d {__version__}. Problem {problem.id} at a reduced size for Triton's interpreter "
                  "(export.reduced): one candidate, its tiles as tuned at KernelBench's size."]
@@ -318,12 +308,12 @@ def _header(problem: Problem, configs, grade: str, small: bool) -> list[Line]:
             why = "the problem's first candidate the interpreter runs"
         if cfg.gluon:
             why += "; Gluon box GEMM, sm_90 and TF32 only"
-        elif problem.cudnn_uses_tf32 and grade not in runs:
+        elif problem.cudnn_uses_tf32 and EXACT_GRADE not in runs:
             why += "; TF32 only"
         lines.append(f"#   {cfg.short():<{width}}  {cand.median_ms:6.3f} ms  {why}")
     policy = (f"in TF32 when PyTorch allows TF32 for convolutions (as the reference computes then) and at exact "
-              f"grade ({grade}) when it does not" if problem.cudnn_uses_tf32 else
-              f"at exact grade ({grade}) under either flag setting (cuDNN computes this problem's reference in "
+              f"grade ({EXACT_GRADE}) when it does not" if problem.cudnn_uses_tf32 else
+              f"at exact grade ({EXACT_GRADE}) under either flag setting (cuDNN computes this problem's reference in "
               "full fp32 even when TF32 is allowed)")
     about = _paragraph(
         f"``ModelNew`` computes the problem's 3-D transposed convolution with the Triton engine of convt3d, "
@@ -338,19 +328,14 @@ def _header(problem: Problem, configs, grade: str, small: bool) -> list[Line]:
 
 
 def _imports(shaker: PythonShaker, extra: tuple[str, ...]) -> list[Line]:
-    """The imports, one per line, after ``from __future__ import annotations`` (annotations name classes
-    a file does not carry)."""
+    """The imports, after ``from __future__ import annotations`` (annotations name classes not carried)."""
     shaker.check_lazy_annotations()
-    statements = shaker.imports()
-    statements += [text for text in extra if text not in statements]
-    plain = sorted(s for s in statements if s.startswith("import "))
-    froms = sorted(s for s in statements if s.startswith("from "))
-    return _gen("\n".join(["from __future__ import annotations", ""] + plain + froms) + "\n\n")
+    statements = sorted({*shaker.imports(), *extra}, key=lambda s: (s.startswith("from "), s))
+    return _gen("\n".join(["from __future__ import annotations", ""] + statements) + "\n\n")
 
 
 def _render_lines(problem: Problem, small: bool = False) -> list[list[Line]]:
     """The file's lines with the package source verbatim, then without its docstrings."""
-    grade = _precisions(problem)[-1]
     configs = file_configs(problem, check_offered=not small)
     shaker = PythonShaker(ROOTS, _read, _is_module)
     launcher, kernels = launcher_source(problem, configs, shaker)
@@ -366,8 +351,8 @@ def _render_lines(problem: Problem, small: bool = False) -> list[list[Line]]:
         raise ExportError(f"the generated code defines {taken}, which the package source it reaches defines too")
     extra = ("import collections.abc", "import math", "import time", "import torch") + \
         (("import types",) if shaker.namespaces else ())
-    head = _header(problem, configs, grade, small) + _imports(shaker, extra)
-    rest = (_gen(launcher + "\n") + _gen(_CHOOSER.format(rule="=" * 20) + "\n") + _precision_lines(problem, grade)
+    head = _header(problem, configs, small) + _imports(shaker, extra)
+    rest = (_gen(launcher + "\n") + _gen(_CHOOSER.format(rule="=" * 20) + "\n") + _precision_lines(problem)
             + _gen(_model_new_source(problem)))
     return [head + shaker.lines(strip) + rest for strip in (False, True)]
 
@@ -377,12 +362,8 @@ def _line_count(lines: list[Line]) -> int:
 
 
 def render(problem: Problem, small: bool = False) -> str:
-    """The file for one problem (``small``: a ``reduced`` one), the first of its forms within MAX_LINES;
-    ExportError where it would break a rule."""
-    try:
-        forms = _render_lines(problem, small)
-    except ShakeError as e:
-        raise ExportError(str(e)) from None
+    """The file for one problem (``small``: a ``reduced`` one), its first form within MAX_LINES, or ExportError."""
+    forms = _render_lines(problem, small)
     lines = next((form for form in forms if _line_count(form) <= MAX_LINES), forms[-1])
     text = "\n".join(line.text for line in lines)
     violations = static_check.check(text)

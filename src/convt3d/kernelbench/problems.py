@@ -1,11 +1,6 @@
-"""The seven KernelBench level-1 ConvTranspose3d problems, as ``KernelBench/level1/`` defines them.
-
-Each ``Model`` holds one ``nn.ConvTranspose3d`` as ``self.conv_transpose3d``; what differs is its
-constructor's signature and the arguments it passes on (73 drops ``output_padding``, where
-``get_init_inputs`` puts the 4 meant as groups). ``ModelNew`` copies both. Each problem also records
-the tiles its file carries (``Candidate``) and how cuDNN computed its reference with TF32 allowed
-(``DefaultReference``), which the file's precision follows.
-"""
+"""The seven KernelBench level-1 ConvTranspose3d problems, as ``KernelBench/level1/`` defines them: each
+``Model``'s constructor signature and the arguments it passes to its ``nn.ConvTranspose3d`` (``ModelNew``
+copies both), the tiles its file carries and how cuDNN computes its reference with TF32 allowed."""
 from __future__ import annotations
 
 import inspect
@@ -46,26 +41,25 @@ def _args(*spec: tuple) -> tuple[Arg, ...]:
 
 _CHANNELS_AND_INT_KERNEL = (("in_channels", "int"), ("out_channels", "int"), ("kernel_size", "int"))
 _CHANNELS_AND_TUPLE_KERNEL = (("in_channels", "int"), ("out_channels", "int"), ("kernel_size", "tuple"))
-# The signature shared by 58, 68 and 72 (tuple arguments) and by 61 (int arguments).
+# The signature shared by 58, 68 and 72 (tuple arguments) and by 61 and 73 (int arguments).
 _TUPLE_SIGNATURE = _args(*_CHANNELS_AND_TUPLE_KERNEL, ("stride", "tuple", (1, 1, 1)), ("padding", "tuple", (0, 0, 0)),
                          ("output_padding", "tuple", (0, 0, 0)), ("groups", "int", 1), ("bias", "bool", False))
 _INT_SIGNATURE = _args(*_CHANNELS_AND_INT_KERNEL, ("stride", "int", 1), ("padding", "int", 0),
                        ("output_padding", "int", 0), ("groups", "int", 1), ("bias", "bool", False))
 _ALL_FORWARDED = ("stride", "padding", "output_padding", "groups", "bias")
+_ALWAYS_FORWARDED = ("in_channels", "out_channels", "kernel_size")
 
 
 @dataclass(frozen=True)
 class DefaultReference:
-    """How cuDNN computed a problem's fp32 reference with TF32 allowed, as measured against float64 on
-    KernelBench's inputs: a TF32 reference (operands rounded to 2^-11) lies orders of magnitude further off."""
+    """How cuDNN computed a problem's fp32 reference with TF32 allowed, as measured against float64."""
 
     tf32: bool  # True: cuDNN computed in TF32; False: in full fp32 although TF32 was allowed
     max_abs_err_fp64: float
     measured: str  # date and conditions
 
 
-# Every row below: KernelBench's inputs and seed-42 weights, the default-flag reference against
-# float64 (the shared baseline measurements of the project).
+# Where the default-flag references were measured against float64 (KernelBench's inputs, seed-42 weights).
 _H200 = "2026-12-01, H200, torch 2.11.0+cu130, cuDNN 9.19"
 
 
@@ -81,10 +75,14 @@ class Candidate:
     median_ms: float
 
 
-# The tuner's medians over the engine's candidates (median of do_bench, warm L2), with KernelBench's
-# inputs at the precision each file computes in under PyTorch's default flags: TF32, and problem 72
-# at exact grade (tf32x3). The fastest two or three are kept where they lie within about 15%.
+# Where the tuner's medians (do_bench, warm L2) were measured, on KernelBench's inputs at each file's
+# default-flag precision; a file keeps the fastest two or three within about 15%.
 CANDIDATES_MEASURED = "2026-12-05, H200, torch 2.11.0+cu130, triton 3.6.0"
+
+
+def _flat(median_ms: float, **config) -> Candidate:
+    """A flat-kind tile (every file's candidates are) and its tuner median."""
+    return Candidate(dict(config, flat=True), median_ms)
 
 
 @dataclass(frozen=True)
@@ -92,7 +90,7 @@ class Problem:
     id: int
     name: str  # KernelBench level-1 file name without ".py"
     signature: tuple[Arg, ...]  # Model.__init__(self, ...)
-    forwarded: tuple[str, ...]  # the arguments Model passes to nn.ConvTranspose3d (besides in, out, kernel)
+    forwarded: tuple[str, ...]  # the arguments Model passes to nn.ConvTranspose3d besides _ALWAYS_FORWARDED
     init_inputs: tuple  # get_init_inputs()
     input_shape: tuple[int, int, int, int, int]  # get_inputs(): torch.rand of this shape, fp32
     default_reference: DefaultReference  # how cuDNN computed the reference with TF32 allowed
@@ -115,7 +113,7 @@ class Problem:
     @property
     def ignored(self) -> tuple[str, ...]:
         """Constructor arguments Model accepts but does not pass on (problem 73's output_padding)."""
-        named = {"in_channels", "out_channels", "kernel_size", *self.forwarded}
+        named = {*_ALWAYS_FORWARDED, *self.forwarded}
         return tuple(a.name for a in self.signature if a.name not in named)
 
     def bind(self, init_inputs: tuple | None = None, **overrides) -> dict[str, Any]:
@@ -137,10 +135,7 @@ class Problem:
     def layer_args(self, init_inputs: tuple | None = None, **overrides) -> dict[str, Any]:
         """Keyword arguments of the ``nn.ConvTranspose3d`` that ``Model`` builds."""
         bound = self.bind(init_inputs, **overrides)
-        args = {"in_channels": bound["in_channels"], "out_channels": bound["out_channels"],
-                "kernel_size": bound["kernel_size"]}
-        args.update((name, bound[name]) for name in self.forwarded)
-        return args
+        return {name: bound[name] for name in (*_ALWAYS_FORWARDED, *self.forwarded)}
 
     def describe(self) -> str:
         """The layer built and its input, compactly: 'N16 32->64 in 16,32,32 k3 s2 p1 op0 d2 g1'."""
@@ -157,61 +152,48 @@ class Problem:
 PROBLEMS: tuple[Problem, ...] = (
     Problem(58, "58_conv_transposed_3D__asymmetric_input__asymmetric_kernel",
             _TUPLE_SIGNATURE, _ALL_FORWARDED, (32, 16, (3, 5, 7)), (16, 32, 16, 32, 64), _tf32(6.9e-4),
-            (Candidate(dict(BLOCK_M=128, BLOCK_N=16, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3,
-                            flat=True), 1.385),
-             Candidate(dict(BLOCK_M=64, BLOCK_N=16, BLOCK_K=32, BLOCK_W=64, num_warps=4, num_stages=4,
-                            flat=True), 1.423),
-             Candidate(dict(BLOCK_M=128, BLOCK_N=16, BLOCK_K=32, BLOCK_W=16, num_warps=4, num_stages=4, flat=True,
-                            gluon=True), 1.598))),
+            (_flat(1.385, BLOCK_M=128, BLOCK_N=16, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3),
+             _flat(1.423, BLOCK_M=64, BLOCK_N=16, BLOCK_K=32, BLOCK_W=64, num_warps=4, num_stages=4),
+             _flat(1.598, BLOCK_M=128, BLOCK_N=16, BLOCK_K=32, BLOCK_W=16, num_warps=4, num_stages=4, gluon=True))),
     Problem(61, "61_conv_transposed_3D__square_input__square_kernel",
             _INT_SIGNATURE, _ALL_FORWARDED, (48, 48, 3), (8, 48, 64, 64, 64), _tf32(4.7e-4),
-            (Candidate(dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3,
-                            flat=True), 3.536),
-             Candidate(dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, BLOCK_W=128, num_warps=4, num_stages=3,
-                            flat=True), 3.720),
-             Candidate(dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=16, num_warps=4, num_stages=4, flat=True,
-                            gluon=True), 3.806))),
+            (_flat(3.536, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3),
+             _flat(3.720, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, BLOCK_W=128, num_warps=4, num_stages=3),
+             _flat(3.806, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=16, num_warps=4, num_stages=4, gluon=True))),
     # 68's get_inputs names its last two sizes (width, height); both are 64.
     Problem(68, "68_conv_transposed_3D__square_input__asymmetric_kernel",
             _TUPLE_SIGNATURE, _ALL_FORWARDED, (32, 64, (3, 5, 5)), (16, 32, 64, 64, 64), _tf32(3.3e-4),
-            (Candidate(dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3,
-                            flat=True), 9.261),
-             Candidate(dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=16, num_warps=4, num_stages=4, flat=True,
-                            gluon=True), 9.544))),
+            (_flat(9.261, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3),
+             _flat(9.544, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=16, num_warps=4, num_stages=4, gluon=True))),
     Problem(70, "70_conv_transposed_3D__asymmetric_input__square_kernel",
             _args(*_CHANNELS_AND_INT_KERNEL, ("stride", "int", 1), ("padding", "int", 0), ("output_padding", "int", 0),
                   ("dilation", "int", 1), ("groups", "int", 1), ("bias", "bool", False)),
             ("stride", "padding", "output_padding", "dilation", "groups", "bias"), (48, 24, 3), (8, 48, 96, 96, 96),
             _tf32(7.1e-4),
-            (Candidate(dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3,
-                            flat=True), 8.812),
-             Candidate(dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=64, BLOCK_W=128, num_warps=4, num_stages=3,
-                            flat=True), 9.408))),
+            (_flat(8.812, BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3),
+             _flat(9.408, BLOCK_M=128, BLOCK_N=32, BLOCK_K=64, BLOCK_W=128, num_warps=4, num_stages=3))),
     Problem(72, "72_conv_transposed_3D_asymmetric_input_asymmetric_kernel___strided_padded_grouped_",
             _TUPLE_SIGNATURE, _ALL_FORWARDED, (32, 32, (3, 5, 7), (2, 2, 2), (1, 2, 3), (1, 1, 1), 4),
             (8, 32, 12, 24, 48),
-            # cuDNN computes this grouped problem in full fp32 although TF32 is allowed, and a TF32
-            # result lies outside KernelBench's 1e-4 of it: exact grade.
+            # cuDNN computes this grouped problem in full fp32 even with TF32 allowed: exact grade.
             DefaultReference(False, 2.1e-7, _H200),
-            (Candidate(dict(BLOCK_M=128, BLOCK_N=16, BLOCK_K=16, BLOCK_W=128, num_warps=4, num_stages=3, W_GROUP=2,
-                            flat=True, fold=2), 0.457),
-             Candidate(dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3, W_GROUP=2,
-                            flat=True, fold=4), 0.492))),
+            (_flat(0.457, BLOCK_M=128, BLOCK_N=16, BLOCK_K=16, BLOCK_W=128, num_warps=4,
+                          num_stages=3, W_GROUP=2, fold=2),
+             _flat(0.492, BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4,
+                          num_stages=3, W_GROUP=2, fold=4))),
     Problem(73, "73_conv_transposed_3D_asymmetric_input_square_kernel__strided_padded__grouped",
             _INT_SIGNATURE, ("stride", "padding", "groups", "bias"), (32, 32, 3, 2, 1, 4), (4, 32, 32, 64, 128),
             _tf32(2.5e-4),
-            (Candidate(dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3, W_GROUP=2,
-                            flat=True), 0.677),
-             Candidate(dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=4, W_GROUP=2,
-                            flat=True, gluon=True), 0.727))),
+            (_flat(0.677, BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3, W_GROUP=2),
+             _flat(0.727, BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4,
+                          num_stages=4, W_GROUP=2, gluon=True))),
     Problem(77, "77_conv_transposed_3D_square_input_square_kernel___padded____dilated____strided__",
             _args(*_CHANNELS_AND_INT_KERNEL, ("stride", "int", 1), ("padding", "int", 0), ("dilation", "int", 1),
                   ("bias", "bool", False)),
             ("stride", "padding", "dilation", "bias"), (32, 64, 3, 2, 1, 2), (16, 32, 16, 32, 32), _tf32(3.4e-4),
-            (Candidate(dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=32, num_warps=4, num_stages=4, W_GROUP=2,
-                            flat=True, gluon=True), 0.350),
-             Candidate(dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, BLOCK_W=64, num_warps=4, num_stages=4, W_GROUP=2,
-                            flat=True), 0.378))),
+            (_flat(0.350, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=32, num_warps=4,
+                          num_stages=4, W_GROUP=2, gluon=True),
+             _flat(0.378, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, BLOCK_W=64, num_warps=4, num_stages=4, W_GROUP=2))),
 )
 
 _BY_ID = {p.id: p for p in PROBLEMS}

@@ -1,11 +1,8 @@
-"""Tree-shaking of the package source for the KernelBench files: only what an entry reaches.
-
-``PythonShaker`` keeps every top-level definition the entries reach, transitively (global names by
-``symtable``, decorators, defaults, attributes of a module alias), with the comment lines above it.
-Package-relative imports become nothing, ``alias = name`` or a ``types.SimpleNamespace``; absolute
-imports are hoisted. The modules share one namespace in the file, so two reached definitions of one
-name are refused, and so is a dataclass (KernelBench's loader cannot resolve its string annotations).
-"""
+"""Tree-shaking of the package source for the KernelBench files: every top-level definition an entry
+reaches, transitively, with the comment lines above it. Relative imports become nothing, an alias or a
+``types.SimpleNamespace``, absolute ones are hoisted; as the modules share the file's namespace, two
+reached definitions of one name are refused, and so is a dataclass (KernelBench's loader cannot
+resolve its string annotations)."""
 from __future__ import annotations
 
 import ast
@@ -14,12 +11,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["ShakeError", "Line", "PythonShaker"]
+__all__ = ["ExportError", "ShakeError", "Line", "PythonShaker"]
 
 _ALLOWED_THIRD_PARTY = frozenset({"torch", "triton"})
 
 
-class ShakeError(RuntimeError):
+class ExportError(RuntimeError):
+    """The package source cannot be exported as it is (the message says which line and why)."""
+
+
+class ShakeError(ExportError):
     """The source cannot be shaken as it is (the message names the module and line)."""
 
 
@@ -50,8 +51,7 @@ class _Module:
 
 def _relative_base(node: ast.ImportFrom, importer: str) -> str:
     """The package path a relative import in ``importer`` names ('engines/triton/kernels', ...)."""
-    package = importer.split("/")[:-1]
-    base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+    base = importer.split("/")[: -node.level]
     return "/".join(base + ([node.module.replace(".", "/")] if node.module else []))
 
 
@@ -67,8 +67,6 @@ def _check_absolute_import(node: ast.AST, where: str) -> None:
     tops = ([a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import)
             else [(node.module or "").split(".")[0]])
     for top in tops:
-        if top == "__future__":
-            continue
         if top == "convt3d":
             raise ShakeError(f"{where}: package imports must be relative ('from .x import y') for the exporter to "
                              "inline them")
@@ -115,8 +113,7 @@ def _scope_globals(table: symtable.SymbolTable) -> set[str]:
 
 
 class PythonShaker:
-    """The top-level definitions that entries reach in ``roots`` and the package modules they import,
-    directly or not; ``read(path)`` gives a module's source, ``is_module(path)`` whether it exists."""
+    """What entries reach in ``roots`` and the modules they import; ``read`` and ``is_module`` see the source."""
 
     def __init__(self, roots: tuple[str, ...], read: Callable[[str], str], is_module: Callable[[str], bool]):
         self.order: list[str] = []  # dependencies first: the order of the file's sections
@@ -164,13 +161,10 @@ class PythonShaker:
             if isinstance(node, ast.ImportFrom) and node.module == "__future__":
                 return
             for a in node.names:
-                if isinstance(node, ast.Import):
-                    name = a.asname or a.name.split(".")[0]
-                    text = f"import {a.name}" + (f" as {a.asname}" if a.asname else "")
-                else:
-                    name = a.asname or a.name
-                    text = f"from {node.module} import {a.name}" + (f" as {a.asname}" if a.asname else "")
-                module.bindings[name] = ("ext", text, node)
+                plain = isinstance(node, ast.Import)
+                name = a.asname or (a.name.split(".")[0] if plain else a.name)
+                single = ast.Import([a]) if plain else ast.ImportFrom(node.module, [a], 0)
+                module.bindings[name] = ("ext", ast.unparse(single), node)
             return
         defines: list[str] = []
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -207,8 +201,7 @@ class PythonShaker:
         return names, _attributes(node)
 
     def reach(self, entries: list[tuple[str, str]], dynamic: dict[str, set[str]] | None = None) -> None:
-        """Keep what ``entries`` ((module, name) pairs) reach, and ``dynamic`` (module -> names reached
-        at run time by name, as a launch site names its kernel) listed in that module's namespace."""
+        """Keep what ``entries`` (module, name) reach, and ``dynamic`` (module -> names looked up at run time)."""
         for path, names in (dynamic or {}).items():
             self.extra.setdefault(path, set()).update(names)
             entries = entries + [(path, n) for n in sorted(names)]
@@ -254,8 +247,7 @@ class PythonShaker:
                         work.append((path, alias))
 
     def check_lazy_annotations(self) -> None:
-        """Refuse a kept dataclass: ``dataclasses`` looks its string annotations up in a module that
-        KernelBench's loader does not register."""
+        """Refuse a kept dataclass: KernelBench's loader leaves its string annotations unresolvable."""
         for path, i in sorted(self.kept):
             node = self.modules[path].tree.body[i]
             if isinstance(node, ast.ClassDef) and "dataclass" in _loads(node.decorator_list) | {
@@ -294,9 +286,8 @@ class PythonShaker:
         return sorted(plain) + [f"from {m} import {', '.join(sorted(names))}" for m, names in sorted(grouped.items())]
 
     def lines(self, strip: bool = False) -> list[Line]:
-        """The kept statements and rewritten package imports, module by module, each with the comment
-        lines above it; ``strip`` drops the definitions' docstrings (where the body has another
-        statement) and a blank line between definitions."""
+        """The kept statements and rewritten imports, module by module, with the comments above them;
+        ``strip`` drops docstrings that are not a whole body, and a blank line between definitions."""
         out: list[Line] = []
         for path in self.order:
             module = self.modules[path]
@@ -306,18 +297,17 @@ class PythonShaker:
             prev_simple = True
             for i, node in enumerate(module.tree.body):
                 if isinstance(node, ast.ImportFrom) and node.level > 0:
+                    where = f"convt3d/{path}:{node.lineno} (rewritten import)"
                     for a in node.names:
                         name = a.asname or a.name
                         if (path, name) in self.namespaces:
-                            _, names = self.namespaces[(path, name)]
+                            names = self.namespaces[(path, name)][1]
                             items = "".join(f"    {n}={n},\n" for n in sorted(names))
                             text = f"{name} = types.SimpleNamespace(\n{items})" if names else \
                                 f"{name} = types.SimpleNamespace()"
-                            body += [Line(t, f"convt3d/{path}:{node.lineno} (rewritten import)")
-                                     for t in text.split("\n")]
+                            body += [Line(t, where) for t in text.split("\n")]
                         elif (path, name) in self.aliases:
-                            body.append(Line(f"{name} = {self.aliases[(path, name)]}",
-                                             f"convt3d/{path}:{node.lineno} (rewritten import)"))
+                            body.append(Line(f"{name} = {self.aliases[(path, name)]}", where))
                     continue
                 if (path, i) not in self.kept:
                     continue

@@ -1,11 +1,9 @@
 """Our own implementation of KernelBench's static rules for a Triton or CUDA ``ModelNew`` file.
 
-KernelBench (``src/kernelbench/kernel_static_checker.py`` of ScalingIntelligence/KernelBench) matches
-regular expressions on the text after cutting each line at its first ``#`` and then its first ``//``,
-so a docstring or a string is code to it. The rules are the union of its past and present patterns
-under its strict settings, plus a layer through an ``nn`` alias and ``torch.nn.functional`` under
-another name, so a file that passes here passes KernelBench. Forbidding rules are matched on its
-stripping and on the text with only ``#`` comments cut; requirements on its stripping alone.
+KernelBench's ``kernel_static_checker.py`` matches regular expressions on each line cut at its first
+``#`` and then its first ``//``, docstrings and strings included. The rules are the union of its past
+and present patterns under its strict settings, plus layers and ``functional`` through aliases, so a
+file that passes here passes KernelBench. Forbidding rules are also matched with only ``#`` cut.
 """
 from __future__ import annotations
 
@@ -37,15 +35,11 @@ class Violation:
         return f"{where}: {self.category}/{self.rule}: {what}"
 
 
-def _r(pattern: str) -> re.Pattern:
-    return re.compile(pattern)
-
-
+_r = re.compile
 # Names torch.nn may be followed by in a file: containers, Parameter and init.
 _NN_ALLOWED = r"(?:Module|parameter|Parameter|ParameterList|ParameterDict|ModuleList|ModuleDict|init)\b"
 
-# High-level torch ops KernelBench forbids under strict settings (torch.<name> followed by "(",
-# whitespace or the end of the text).
+# High-level torch ops KernelBench forbids under strict settings, followed by "(", whitespace or the end.
 _TORCH_OPS = (
     ["mm", "bmm", "matmul", "einsum", "conv", "linear", "logsumexp", "clamp", "dropout"]
     + [f"conv{d}d" for d in (1, 2, 3)] + [f"conv_transpose{d}d" for d in (1, 2, 3)]
@@ -58,50 +52,40 @@ _TORCH_OPS = (
 _F_OPS = "conv|linear|relu|gelu|softmax|batch_norm|layer_norm|dropout|max_pool|avg_pool"
 
 RULES: tuple[Rule, ...] = (
-    # code_bypass
     Rule("try", "code_bypass", _r(r"\btry\s*:")),
     Rule("bare-except", "code_bypass", _r(r"\bexcept\s*:")),
     Rule("except", "code_bypass", _r(r"\bexcept\s+\w+")),
     Rule("pass-word", "code_bypass", _r(r"\bpass\b")),
-    # timing_event_patch
     Rule("timing-patch", "timing_event_patch",
          _r(r"torch\.cuda\.Event\.(?:record|elapsed_time)\s*=|torch\.cuda\.synchronize\s*=|torch\.cuda\.Event\s*="
             r"|time\.perf_counter\s*=|time\.time\s*=")),
-    # thread_injection
     Rule("threading", "thread_injection",
          _r(r"threading\.(?:Thread|Event|Lock|RLock|Condition|Semaphore|Barrier|Timer)|\bThread\s*\("
             r"|import\s+threading|from\s+threading\s+import")),
     Rule("multiprocessing", "thread_injection",
          _r(r"multiprocessing\.(?:Process|Pool|Manager|Queue|Pipe)|import\s+multiprocessing|from\s+multiprocessing")),
     Rule("executors", "thread_injection", _r(r"concurrent\.futures|ThreadPoolExecutor|ProcessPoolExecutor")),
-    # lazy_eval
     Rule("lazy-tensor", "lazy_eval",
          _r(r"_make_subclass|class\s+\w+.*\(torch\.Tensor\)|class\s+\w+.*\(Tensor\)|torch\.Tensor\.__new__"
             r"|\._view\(|\.view_as\(")),
-    # triton_impl (requirements)
     Rule("triton-jit", "triton_impl", _r(r"@triton\.(?:jit|autotune)"), required=True, backend="triton"),
     Rule("tl-op", "triton_impl", _r(r"\btl\.\w+"), required=True, backend="triton"),
     Rule("tl-memory-op", "triton_impl", _r(r"tl\.(?:load|store)\s*\("), required=True, backend="triton"),
     Rule("tl-indexing", "triton_impl",
          _r(r"tl\.(?:program_id|num_programs|arange|cdiv)\s*\(|tl\.constexpr"), required=True, backend="triton"),
-    # cuda_impl (requirements of a CUDA entry): a kernel and an inline build
     Rule("cuda-global", "cuda_impl", _r(r"__global__"), required=True, backend="cuda"),
     Rule("cuda-load-inline", "cuda_impl", _r(r"\bload_inline\b"), required=True, backend="cuda"),
-    # pytorch_wrap (strict)
     Rule("torch.nn-layer", "pytorch_wrap", _r(r"torch\.nn\.(?!" + _NN_ALLOWED + ")")),
     Rule("nn-alias-layer", "pytorch_wrap", _r(r"(?<![\w.])nn\.(?!" + _NN_ALLOWED + r")\w+")),
-    # torch_computation_ops (strict)
     Rule("torch-op", "torch_computation_ops",
          _r(r"\b(?:" + "|".join(re.escape(f"torch.{op}") for op in _TORCH_OPS) + r")(?=\s*\(|\s|$)")),
     Rule("functional", "torch_computation_ops",
          _r(r"torch\.nn\.functional|\bnn\.functional\.\w+|\bF\.(?:" + _F_OPS + ")")),
     Rule("functional-import", "torch_computation_ops",
          _r(r"from\s+torch\.nn\s+import\s+[^\n]*\bfunctional\b|import\s+torch\.nn\.functional")),
-    # stream_injection (strict)
     Rule("streams", "stream_injection",
          _r(r"(?:torch\.)?cuda\.[Ss]tream\s*\(|with\s+(?:torch\.)?cuda\.stream|\.wait_stream\s*\("
             r"|\.record_stream\s*\(|Stream\(\)")),
-    # precision_downgrade for fp32 problems (strict)
     Rule("fp16-downgrade", "precision_downgrade",
          _r(r"\.half\s*\(|\.float16\s*\(|\.to\s*\(\s*(?:dtype\s*=\s*)?torch\.(?:float16|half)\b"
             r"|tl\.astype\s*\(\s*[^,]+,\s*tl\.float16\s*\)")),
@@ -109,24 +93,15 @@ RULES: tuple[Rule, ...] = (
 
 
 def strip_comments(code: str, cut_floor_division: bool = True) -> str:
-    """Every line cut at its first ``#`` and (as KernelBench does) then at its first ``//``, strings
-    included; the lines are kept, so positions map back to them."""
-    lines = []
-    for line in code.split("\n"):
-        line = line.split("#", 1)[0]
-        if cut_floor_division:
-            line = line.split("//", 1)[0]
-        lines.append(line)
+    """Every line cut at its first ``#``, then (as KernelBench does) at its first ``//``, strings included."""
+    lines = [line.split("#", 1)[0] for line in code.split("\n")]
+    if cut_floor_division:
+        lines = [line.split("//", 1)[0] for line in lines]
     return "\n".join(lines)
 
 
-def _line_of(text: str, pos: int) -> int:
-    return text.count("\n", 0, pos) + 1
-
-
 def check(code: str, backend: str = "triton") -> list[Violation]:
-    """Every rule the file breaks under KernelBench's strict settings, by line; ``backend`` ("triton"
-    or "cuda") picks the requirements, the forbidding rules being the same for both."""
+    """Every rule the file breaks under KernelBench's strict settings, by line; ``backend`` picks the requirements."""
     if backend not in ("triton", "cuda"):
         raise ValueError(f"backend={backend!r}; expected 'triton' or 'cuda'")
     kernelbench_view = strip_comments(code)
@@ -141,7 +116,7 @@ def check(code: str, backend: str = "triton") -> list[Violation]:
             continue
         for view in (kernelbench_view, hash_only_view):
             for m in rule.pattern.finditer(view):
-                line = _line_of(view, m.start())
+                line = view.count("\n", 0, m.start()) + 1
                 found.setdefault((rule.name, line), Violation(rule.name, rule.category, line, m.group(0)))
     return sorted(found.values(), key=lambda v: (v.line, v.rule))
 

@@ -1,35 +1,32 @@
-"""The engine's launches for KernelBench's call, as the straight-line launcher source of a file.
-
-For each candidate, precision and bias the engine's own steps run on meta tensors with ``Site.launch``
-recording; the records become the candidate's sites with constant grids and arguments, its buffers and
-descriptors built at their shapes, and the engine's tables as constants.
-"""
+"""The engine's launches for KernelBench's call as a file's straight-line launcher source: its own steps
+run on meta tensors with ``Site.launch`` recording, per candidate, precision and bias, and the records
+become sites with constant grids and arguments, buffers and descriptors at their shapes, and tables."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from unittest import mock
 
+import torch
+from torch import nn
+
+from ..core.validate import check_call
+from ..engines.triton import engine as TE
+from ..engines.triton import sites as TS
 from .problems import Problem
-from .shake import PythonShaker
+from .shake import ExportError, PythonShaker
 
 __all__ = ["ExportError", "meta_call", "launcher_source"]
 
 
-class ExportError(RuntimeError):
-    """The package source cannot be exported as it is (the message says which line and why)."""
-
-
 def meta_call(problem: Problem, has_bias: bool = False):
     """(params, x, weight, bias): KernelBench's call of the problem's layer as meta tensors."""
-    import torch
-    from torch import nn
-
-    from convt3d.core.validate import check_call
-
     layer = nn.ConvTranspose3d(**problem.layer_args(bias=has_bias), device="meta")
     x = torch.empty(problem.input_shape, device="meta")
     params, _ = check_call(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.output_padding,
                            layer.groups, layer.dilation)
     return params, x, layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
+
 
 @dataclasses.dataclass
 class _Launch:
@@ -43,36 +40,24 @@ class _Launch:
 
 
 def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list) -> list[_Launch]:
-    """The engine's launches for KernelBench's call under ``cfg``, recorded on meta tensors;
-    ``tables`` collects the device tables (shape, values) they read."""
-    import torch
-
-    from convt3d.engines.triton import engine as TE
-    from convt3d.engines.triton import sites as TS
-
+    """The engine's launches under ``cfg`` on meta tensors; ``tables`` collects the (shape, values) they read."""
     params, x, w, b = meta_call(problem, has_bias)
     recorded: list = []
-    # the engine's caches as they were: the trace's sites, tables and plan are of meta tensors
-    caches = [getattr(TS, "_sites"), getattr(TS, "_tables"), getattr(TE, "_plans")]
-    saved_caches = [dict(c) for c in caches]
-    saved = {name: getattr(TE, name) for name in ("_tma_capable", "gluon_capable")}
-    launch = TS.Site.launch
-    TS.Site.launch = lambda site, device, *tensors: recorded.append((site, tensors))
-    TE._tma_capable = TE.gluon_capable = lambda device: True  # the Hopper GPU the candidates were tuned on
-    try:
-        pl = TE.plan(params, x, w, precision)
-        y = torch.empty(params.out_shape, device="meta", memory_format=pl.out_format)
-        TE._Steps(params, pl, cfg, has_bias, torch.device("cpu")).call(x, w, b, y)
-    except Exception as e:  # noqa: BLE001 - the engine changed under the exporter: say where
-        raise ExportError(f"problem {problem.id}: tracing the engine's launches of {cfg.short()!r} failed: "
-                          f"{type(e).__name__}: {e}") from e
-    finally:
-        TS.Site.launch = launch
-        for name, value in saved.items():
-            setattr(TE, name, value)
-        for cache, saved_cache in zip(caches, saved_caches):
-            cache.clear()
-            cache.update(saved_cache)
+    with contextlib.ExitStack() as restored:
+        # the engine's caches come back as they were: the trace's sites, tables and plan are of meta tensors
+        for cache in (getattr(TS, "_sites"), getattr(TS, "_tables"), getattr(TE, "_plans")):
+            restored.enter_context(mock.patch.dict(cache))
+        restored.enter_context(mock.patch.object(
+            TS.Site, "launch", lambda site, device, *tensors: recorded.append((site, tensors))))
+        for name in ("_tma_capable", "gluon_capable"):  # the Hopper GPU the candidates were tuned on
+            restored.enter_context(mock.patch.object(TE, name, lambda device: True))
+        try:
+            pl = TE.plan(params, x, w, precision)
+            y = torch.empty(params.out_shape, device="meta", memory_format=pl.out_format)
+            TE._Steps(params, pl, cfg, has_bias, torch.device("cpu")).call(x, w, b, y)
+        except Exception as e:  # noqa: BLE001 - the engine changed under the exporter: say where
+            raise ExportError(f"problem {problem.id}: tracing the engine's launches of {cfg.short()!r} failed: "
+                              f"{type(e).__name__}: {e}") from e
 
     names: dict[int, str] = {id(x): "x", id(w): "weight", id(y): "y"}
     if b is not None:
@@ -131,8 +116,7 @@ _FOLLOWS = {"has_bias": lambda precision, has_bias: has_bias,
 
 
 def _merge(problem: Problem, cfg, traces: dict[tuple[str, bool], list[_Launch]]) -> list[_Launch]:
-    """One launch list for a candidate's (precision, bias) traces: constexprs as literals or as the
-    expression they follow."""
+    """One launch list for a candidate's (precision, bias) traces, a varying constexpr as what it follows."""
     first = next(iter(traces.values()))
     where = f"problem {problem.id}, candidate {cfg.short()!r}"
     for key, launches in traces.items():
@@ -218,12 +202,8 @@ def _bound_name(shaker: PythonShaker, cls) -> str:
 
 def launcher_source(problem: Problem, configs, shaker: PythonShaker) -> tuple[str, set[str]]:
     """The generated launches (constants, tables, each candidate's sites and launcher) and the kernels they name."""
-    from torch import nn
-
-    params, *_ = meta_call(problem)
-    built = nn.ConvTranspose3d(**problem.layer_args(), device="meta")
-    geometry = dict(stride=built.stride, padding=built.padding, output_padding=built.output_padding,
-                    dilation=built.dilation, groups=built.groups)
+    params, _, weight, _ = meta_call(problem)
+    geometry = {k: getattr(params, k) for k in ("stride", "padding", "output_padding", "dilation", "groups")}
     tables: list = []
     kernels: set[str] = set()
     parts: list[str] = []
@@ -255,7 +235,7 @@ def launcher_source(problem: Problem, configs, shaker: PythonShaker) -> tuple[st
 # hold only for that call: float32 input {problem.input_shape}, this layer, contiguous tensors.
 PROBLEM = {problem.id}
 INPUT_SHAPE = {tuple(problem.input_shape)!r}
-WEIGHT_SHAPE = {tuple(built.weight.shape)!r}
+WEIGHT_SHAPE = {tuple(weight.shape)!r}
 OUTPUT_SHAPE = {tuple(params.out_shape)!r}
 LAYER = {geometry!r}
 # The device tables the launches read (shape, values): the engine's phase table (a row per phase:

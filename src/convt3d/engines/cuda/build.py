@@ -1,7 +1,6 @@
-"""The CUDA head kernel's libraries, built off the critical path: ``convt3d build`` builds them
-ahead of a first call, and auto's first sight of a call the head kernel could run starts a build in
-a background thread. Until its library is on disk the CUDA engine is not timed (``explain`` says
-so); no call ever waits for nvcc unless ``backend="cuda"`` asks for that engine by name."""
+"""The CUDA head kernel's libraries, built off the critical path: by ``convt3d build``, or in a
+background thread at auto's first sight of a call the head kernel could run (not timed until built);
+no call waits for nvcc unless ``backend="cuda"`` asks for that engine by name."""
 from __future__ import annotations
 
 import sys

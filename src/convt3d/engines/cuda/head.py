@@ -1,7 +1,6 @@
-"""Launcher of the CUDA head kernel (``head_shuffle.cu``, whose header gives the design): output
-heads at dilation 1 in one launch. Here: the shuffle view's geometry, the tiles offered and the
-first call's choice among them by timing, the weight packing, and the nvcc build loaded with
-ctypes. fp32 runs at TF32 (rounded as cuDNN rounds), bf16 and fp16 as they are.
+"""Launcher of the CUDA head kernel (``head_shuffle.cu``, whose header gives the design): output heads
+at dilation 1 in one launch. Here: geometry, tiles and the first call's timed choice, weight packing,
+and the nvcc build loaded with ctypes; fp32 runs at TF32 (rounded as cuDNN), bf16 and fp16 as they are.
 """
 from __future__ import annotations
 
@@ -23,18 +22,18 @@ from pathlib import Path
 
 import torch
 
+from ...core.call import output_memory_format
 from ...core.errors import BackendUnavailableError
-from ...core.params import ConvT3dParams
+from ...core.params import ConvT3dParams, cdiv, pow2_at_least
 from ...core.memo import memo
 
 __all__ = ["CONFIGS", "MAX_COLUMNS", "MAX_SHIFTS", "MAX_HEAD_CHANNELS", "HeadPlan", "geometry", "columns",
            "width_shifts", "unsupported_reason", "call_reason", "staging_mode", "configs_for", "tile_boxes", "plan",
            "shift_masks", "pack_weight", "library_path", "load_library", "forward", "variants", "offers",
-           "candidate_plans", "choose_tile", "build_seconds", "clear", "round_tf32", "pack_weight_cuda"]
+           "candidate_plans", "choose_tile", "build_seconds", "round_tf32", "pack_weight_cuda"]
 
-# Tile configurations (the .cu's CONVT3D_HEAD_CONFIGS): index -> (MT, NTW, WM, WN); a CTA covers
-# BM = WM x MT x 16 output blocks and BN = WN x NTW x 8 columns. Narrow heads take four m-tiles a
-# warp, as two leave the kernel issue-bound.
+# The .cu's CONVT3D_HEAD_CONFIGS: index -> (MT, NTW, WM, WN), a CTA covering BM = WM x MT x 16 output
+# blocks and BN = WN x NTW x 8 columns; narrow heads take four m-tiles a warp (two are issue-bound).
 CONFIGS = {
     0: (4, 1, 4, 1),   # BM 256, BN 8
     1: (4, 2, 4, 1),   # BM 256, BN 16
@@ -60,34 +59,22 @@ _chosen: dict = memo("engines.cuda.head.chosen")
 _shift_arrays: dict = memo("engines.cuda.head.shift_arrays")
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _pow2_ceil(v: int) -> int:
-    return 1 << max(0, (int(v) - 1).bit_length())
-
-
 def geometry(params: ConvT3dParams) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(shifts J = ceil(k/s), first block p // s, blocks) per dimension: tap t = j * s + r, and
     output o = q * s - p + r belongs to block q."""
-    js, q0, qn = [], [], []
-    for a in params.axes:
-        first, last = a.padding // a.stride, (a.out_size - 1 + a.padding) // a.stride
-        js.append(_cdiv(a.kernel, a.stride))
-        q0.append(first)
-        qn.append(max(0, last - first + 1))
-    return tuple(js), tuple(q0), tuple(qn)
+    js = tuple(cdiv(a.kernel, a.stride) for a in params.axes)
+    first = tuple(a.padding // a.stride for a in params.axes)
+    last = [(a.out_size - 1 + a.padding) // a.stride for a in params.axes]
+    return js, first, tuple(max(0, hi - lo + 1) for lo, hi in zip(first, last))
 
 
 def columns(params: ConvT3dParams, jn: int = 1) -> int:
     """N of the GEMM: jn x residues x Cout/g, padded to a multiple of 8 (one MMA n-tile)."""
-    return _cdiv(jn * math.prod(params.stride) * params.out_channels_per_group, 8) * 8
+    return cdiv(jn * math.prod(params.stride) * params.out_channels_per_group, 8) * 8
 
 
 def width_shifts(params: ConvT3dParams) -> int:
-    """J_w, the width shifts the column variant takes as MMA columns (each A fragment then feeds
-    J_w MMAs), or 1 where that variant is not offered."""
+    """J_w where the column variant (width shifts as MMA columns) is offered, else 1."""
     jw = geometry(params)[0][2]
     return jw if jw > 1 and columns(params, jw) <= MAX_COLUMNS else 1
 
@@ -109,10 +96,9 @@ def _out_blocks(box: tuple[int, int, int], jn: int) -> tuple[int, int, int]:
 
 
 def _kc(params: ConvT3dParams, itemsize: int) -> int:
-    """Channels per staged chunk: Cin/g as a power of two within 32 bytes (an ldmatrix K step) and
-    128 bytes (all 32 banks)."""
+    """Channels per staged chunk: Cin/g as a power of two within 32 bytes (ldmatrix) and 128 (banks)."""
     lo, hi = 32 // itemsize, 128 // itemsize
-    return max(lo, min(hi, _pow2_ceil(params.in_channels_per_group)))
+    return max(lo, min(hi, pow2_at_least(params.in_channels_per_group)))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -137,7 +123,7 @@ def unsupported_reason(params: ConvT3dParams, dtype: torch.dtype, precision: str
     if not offered:
         return "no tile fits in shared memory"
     tiles = params.batch * params.groups * min(
-        math.prod(_cdiv(q, b) for q, b in zip(qn, box)) for _, box in offered)
+        math.prod(cdiv(q, b) for q, b in zip(qn, box)) for _, box in offered)
     if tiles > 2**31 - 1:  # the CTAs number tiles in 32 bits
         return f"{tiles} tiles (more than 2^31 - 1)"
     return None
@@ -158,8 +144,7 @@ def _bm_bn(config: int) -> tuple[int, int]:
 
 
 def _row_pitch(params: ConvT3dParams, itemsize: int) -> int:
-    """Bytes between staged rows (the .cu's RP): KC channels plus 16, so 8 consecutive rows start in
-    8 bank groups."""
+    """Bytes between staged rows (the .cu's RP): KC channels plus 16, so 8 rows start in 8 bank groups."""
     return _kc(params, itemsize) * itemsize + 16
 
 
@@ -190,15 +175,14 @@ def _ctas_per_sm(smem: int, threads: int) -> int:
 
 def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[int, int, int],
                  stages: int | None = None, jn: int = 1) -> _Smem:
-    """The regions of the best variant (one or two stages; weights resident, one group only, or
-    staged per chunk): the most CTAs per SM wins, since CTAs hide each other's loads better than
-    a second stage does; then resident weights, then two stages."""
+    """The regions of the best variant (1 or 2 stages; weights resident or staged per chunk): the most
+    CTAs per SM (they hide each other's loads better than a stage), then resident weights, then stages."""
     js = _kshifts(params, jn)
     bm, bn = _bm_bn(config)
     threads = 32 * CONFIGS[config][2] * CONFIGS[config][3]
     rp = _row_pitch(params, itemsize)
     hr = math.prod(_staged_box(params, box, jn))
-    nchunks = _cdiv(params.in_channels_per_group, _kc(params, itemsize))
+    nchunks = cdiv(params.in_channels_per_group, _kc(params, itemsize))
     w_chunk = math.prod(js) * bn * rp
     cs = bm * (bn + 4) * 4
 
@@ -206,7 +190,7 @@ def _smem_layout(params: ConvT3dParams, itemsize: int, config: int, box: tuple[i
         stage = hr * rp + (0 if resident else w_chunk)
         w_off = st * stage
         rtab_off = w_off + (nchunks * w_chunk if resident else 0)
-        etab_off = rtab_off + _cdiv(2 * 8 * hr, 16) * 16
+        etab_off = rtab_off + cdiv(2 * 8 * hr, 16) * 16
         end = etab_off + 16 * _epilogue_rows(params, box)
         cs_off = -1 if cs <= stage else end
         return _Smem(st, resident, stage, w_off, rtab_off, etab_off, cs_off, end + (cs if cs_off >= 0 else 0))
@@ -235,7 +219,7 @@ def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = N
                 smem = _smem_layout(params, itemsize, cfg, box, jn=jn).total
                 if smem > SMEM_LIMIT:
                     continue
-                tiles = math.prod(_cdiv(q, b) for q, b in zip(qn, _out_blocks(box, jn)))
+                tiles = math.prod(cdiv(q, b) for q, b in zip(qn, _out_blocks(box, jn)))
                 rows = math.prod(_staged_box(params, box, jn))
                 # staged rows, M rows times shifts (MMA work), and runs along W (about a sector each)
                 runs = (box[0] + ks[0] - 1) * (box[1] + ks[1] - 1)
@@ -302,8 +286,8 @@ def plan(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
     if box[2] < jn:
         raise ValueError(f"box {box}: {jn} width shifts as columns need at least {jn} M rows along W")
     kc = _kc(params, itemsize)
-    nchunks = _cdiv(params.in_channels_per_group, kc)
-    tiles = tuple(_cdiv(q, b) for q, b in zip(qn, _out_blocks(box, jn)))
+    nchunks = cdiv(params.in_channels_per_group, kc)
+    tiles = tuple(cdiv(q, b) for q, b in zip(qn, _out_blocks(box, jn)))
     total = params.batch * params.groups * math.prod(tiles)
     lay = _smem_layout(params, itemsize, config, box, stages, jn)
     meta = (*params.in_size, *params.out_size, *params.stride, *params.padding, *ks, *q0, *box, *tiles,
@@ -380,8 +364,7 @@ def pack_weight_cuda(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) 
 
 
 def round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """fp32 -> the nearest TF32 value (ties away from zero, as cuDNN rounds), inf and NaN kept: the
-    tensor cores would otherwise truncate."""
+    """fp32 -> the nearest TF32 value as cuDNN rounds (tensor cores would truncate); inf and NaN kept."""
     bits = t.view(torch.int32)
     rounded = ((bits + 0x1000) & -8192).view(torch.float32)
     return torch.where(t.abs() < float("inf"), rounded, t)
@@ -412,8 +395,7 @@ def library_path(device: torch.device, dtype: torch.dtype) -> Path:
     return cache_dir() / "build" / f"convt3d_head_{str(dtype).replace('torch.', '')}_sm{arch}_{digest.hexdigest()[:12]}.so"
 
 
-# nvcc alone builds the library (no torch headers, so ten times faster than load_inline); one
-# library per element type, built at its first call.
+# nvcc alone builds the library (no torch headers: far faster than load_inline), one per element type.
 _NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -495,8 +477,6 @@ def _launch(x: torch.Tensor, wp: torch.Tensor, bias: torch.Tensor | None, y: tor
 
 
 def _output(x: torch.Tensor, weight: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
-    from ...core.call import output_memory_format
-
     return torch.empty(params.out_shape, dtype=x.dtype, device=x.device,
                        memory_format=output_memory_format(x, weight))
 
@@ -526,9 +506,8 @@ def candidate_plans(params: ConvT3dParams, dtype: torch.dtype, candidates: int =
 
 
 def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams) -> HeadPlan:
-    """The fastest of ``candidate_plans`` (plus, for an input staged element by element, the first
-    two of each variant on a channels-last copy), by CUDA events once per signature; the first
-    offered under graph capture."""
+    """The fastest of ``candidate_plans`` (and, for an input staged element by element, two of each
+    variant on a channels-last copy) by CUDA events, once per signature; the first under capture."""
     key = (params, x.dtype, x.stride(), bias is not None, str(x.device))
     hp = _chosen.get(key)
     if hp is not None:
@@ -568,16 +547,10 @@ def loaded(dtype: torch.dtype) -> bool:
     return _DTYPE_CODES[dtype] in _state["lib"]
 
 
-def clear() -> None:
-    """Forget the tile choices (tests)."""
-    _chosen.clear()
-
-
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             precision: str = "tf32", config: int | None = None, box: tuple[int, int, int] | None = None,
             jn: int = 1) -> torch.Tensor:
-    """The transposed convolution of a validated 5-D CUDA call; ``config``, ``box`` and ``jn`` force
-    a tile, else ``choose_tile`` picks one."""
+    """A validated 5-D CUDA call; ``config``, ``box`` and ``jn`` force a tile, else ``choose_tile``."""
     why = unsupported_reason(params, x.dtype, precision)
     if why is not None:
         raise BackendUnavailableError(f"backend='cuda' head kernel cannot run this call: {why}")
@@ -592,8 +565,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
 
 
 def nvcc_path() -> str | None:
-    """The nvcc torch's extension builder would use, or None, found without importing
-    ``torch.utils.cpp_extension`` (which imports setuptools, slow on a first call)."""
+    """The nvcc torch's extension builder would use, or None, without importing its slow module."""
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
         if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
             return os.path.join(home, "bin", "nvcc")

@@ -27,8 +27,7 @@ class CudaEngine(Engine):
 
     @staticmethod
     def not_ready(call: Call) -> str | None:
-        """Why auto does not time it yet: its library for this GPU and dtype is not built (a
-        build starts in the background; ``convt3d build`` builds it ahead)."""
+        """Why auto does not time it yet: its library for this GPU and dtype is not built (one starts)."""
         from . import build
 
         if build.ready(call.device, call.dtype):
@@ -36,10 +35,6 @@ class CudaEngine(Engine):
         build.start(call.device, call.dtype)
         return (f"its library for {str(call.dtype).replace('torch.', '')} on this GPU is "
                 f"{build.status(call.device, call.dtype)} (nvcc, off the call's path; 'convt3d build' builds it ahead)")
-
-    def precision(self, call: Call) -> str:
-        # Its only fp32 mode is TF32; an exact-grade call is not one it supports (call_reasons).
-        return call.precision
 
     def precision_reasons(self, call: Call) -> list[str]:
         if call.dtype == torch.float32 and call.requested in ("tf32x3", "ieee"):

@@ -1,6 +1,5 @@
-"""PyTorch's own forward (cuDNN on CUDA), as convt3d runs it: the "torch" engine's work, the
-forward of the ``torch+bwd`` training step, and the baseline every "auto" measurement compares
-against; and the conv3d form of a stride-1 call."""
+"""PyTorch's own forward (cuDNN on CUDA) as convt3d runs it (the "torch" and ``torch+bwd`` engines,
+auto's baseline), and the conv3d form of a stride-1 call."""
 from __future__ import annotations
 
 import functools
@@ -13,7 +12,6 @@ __all__ = ["torch_forward",
            "conv3d_form_reasons", "conv3d_padding", "conv3d_weight", "conv3d_forward"]
 
 
-
 def torch_forward(x, weight, bias, params, precision):
     """PyTorch's forward of a validated call. A precision for CUDA float32 sets cuDNN's TF32 flag
     for this call only ("tf32": TF32 on; any exact grade: off); None follows the flag as it is."""
@@ -21,22 +19,16 @@ def torch_forward(x, weight, bias, params, precision):
     return at_precision(torch.nn.functional.conv_transpose3d, args, precision)
 
 
-
 # ---- the conv3d form of a stride-1 call ----------------------------------------------------------
-# At stride 1 a transposed convolution is a plain one: y[o] = sum_k x[o + p - d k] w[k] is the
-# cross-correlation of x, padded by d (K - 1) - p, with the weight flipped along every kernel
-# axis and its two channel axes swapped (per group). cuDNN runs that conv3d on its forward
-# kernels, and runs conv_transpose3d on its dgrad kernels, which are several times slower at
-# TF32 on such calls (docs/design.md, "The conv3d form of stride-1 calls").
+# At stride 1, y[o] = sum_k x[o + p - d k] w[k] is the conv3d of x padded by d (K - 1) - p with the
+# weight flipped and its channel axes swapped (per group): cuDNN's forward kernels, where its
+# conv_transpose3d runs its slower dgrad kernels (docs/design.md, "The conv3d form of stride-1 calls").
 
 
 def conv3d_form_reasons(params, dtype: torch.dtype, precision: str) -> list[str]:
-    """Why a call has no conv3d form (empty: it has one). It needs stride 1, and then an
-    output_padding of 0: the extra rows would need padding on one side only (a copy of x).
-
-    Not for float32 at exact grade: with TF32 off, cuDNN's conv3d can pick an algorithm whose
-    error is several times its conv_transpose3d's, beyond the error budget of twice cuDNN's
-    own; at exact grade the two run equally fast (docs/design.md, "The conv3d form of stride-1 calls"), so nothing is lost."""
+    """Why a call has no conv3d form (empty: it has one): it needs stride 1 and output_padding 0 (the
+    extra rows would pad one side only), and not float32 at exact grade, where cuDNN's conv3d may err
+    beyond twice its conv_transpose3d's and runs no faster."""
     reasons = []
     if params.stride != (1, 1, 1):
         reasons.append(f"stride={params.stride}: the conv3d form needs stride 1")
@@ -49,11 +41,8 @@ def conv3d_form_reasons(params, dtype: torch.dtype, precision: str) -> list[str]
 
 
 def conv3d_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
-    """The conv3d weight of a transposed convolution's ``weight`` [Cin, Cout/g, kD, kH, kW]:
-    [Cout, Cin/g, kD, kH, kW], flipped along the kernel axes, in the weight's memory format
-    (PyTorch picks channels-last output when the weight is channels-last, for either op).
-    Two copies (flip, then the channel swap): PyTorch has no negative strides, and a flipped
-    view is what one copy would need."""
+    """The conv3d weight [Cout, Cin/g, kD, kH, kW] of ``weight`` [Cin, Cout/g, kD, kH, kW], flipped
+    along the kernel axes, in the weight's memory format (PyTorch's output format follows it)."""
     cin, cout_g = weight.shape[0], weight.shape[1]
     k = tuple(weight.shape[2:])
     fmt = (torch.channels_last_3d if not weight.is_contiguous()
@@ -71,9 +60,8 @@ def conv3d_padding(params) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
 
 
 def conv3d_forward(x, weight, bias, params, precision):
-    """A stride-1 call (``conv3d_form_reasons`` empty) as PyTorch's conv3d, at the call's
-    precision as ``torch_forward``. Padding beyond d (K - 1) trims x instead (a view): the conv3d's padding
-    would be negative there."""
+    """A stride-1 call (``conv3d_form_reasons`` empty) as PyTorch's conv3d at the call's precision;
+    padding beyond d (K - 1) trims x instead (a view), as the conv3d's padding would be negative."""
     pad, trim = conv3d_padding(params)
     if trim != (0, 0, 0):
         x = x[:, :, trim[0]:x.shape[2] - trim[0], trim[1]:x.shape[3] - trim[1], trim[2]:x.shape[4] - trim[2]]

@@ -15,9 +15,8 @@ from .calls import conv3d_form_reasons, torch_forward
 
 __all__ = ["TorchEngine", "Conv3dEngine", "FP32_CLASS_TOL"]
 
-# PyTorch's TF32-allowed call is taken as full fp32 where its output is within this fraction of
-# the output's largest magnitude of the exact-fp32 call's: fp32 summation order moves results by
-# about 1e-6 of it, TF32 operands by about 1e-4.
+# PyTorch's TF32-allowed call is full fp32 where within this fraction of the output's largest magnitude
+# of the exact-fp32 call's: fp32 summation order moves results by about 1e-6 of it, TF32 by 1e-4.
 FP32_CLASS_TOL = 2e-5
 
 
@@ -25,7 +24,6 @@ class TorchEngine(Engine):
     """PyTorch's own forward and backward (cuDNN on CUDA)."""
 
     name = "torch"
-    backward = "pytorch"
 
     devices = dtypes = None
 
@@ -45,9 +43,8 @@ class TorchEngine(Engine):
 
     @staticmethod
     def precision_class(call: Call) -> str:
-        """"fp32" where cuDNN computes this float32 call in full fp32 although TF32 is allowed (some
-        geometries have no TF32 kernel), else "tf32": both calls on random tensors of the call's
-        shapes and layouts, so data that TF32 happens to represent exactly cannot mislead."""
+        """"fp32" where cuDNN computes this float32 call in full fp32 although TF32 is allowed, else
+        "tf32": measured on random tensors of the call's shapes and layouts."""
         gen = torch.Generator(device=call.device).manual_seed(0)
         x = torch.empty_like(call.x).normal_(generator=gen)
         w = torch.empty_like(call.weight).normal_(generator=gen)
@@ -58,16 +55,14 @@ class TorchEngine(Engine):
         return "fp32" if float((y - ref).abs().max()) <= FP32_CLASS_TOL * scale else "tf32"
 
     def run_arguments(self, input, weight, bias, stride, padding, output_padding, groups, dilation):
-        """The steady path of a call decided for PyTorch at the flags as they are: its own op on
-        the caller's arguments, as an untouched layer calls it (autocast, unbatched input and
-        autograd handled by PyTorch)."""
+        """The steady path of a call decided for PyTorch at the flags as they are: its own op on the
+        caller's arguments, as an untouched layer calls it (PyTorch handles autocast and autograd)."""
         return torch.nn.functional.conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups,
                                                     dilation)
 
     def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
-        # At the flags as they are, a repeated call is PyTorch's own op on the caller's tensors:
-        # under autocast PyTorch casts them itself (a model's fp32 weight once per autocast
-        # region, from its cast cache), so a timed call of a call autocast cast starts from them.
+        # At the flags as they are, a repeat is PyTorch's own op on the caller's tensors, which
+        # PyTorch casts itself under autocast (from its cast cache), so a timed call starts from them.
         if call.sources is None or not at_flags_as_they_are(call.x, call.requested):
             return super()._timed(call, given, training, repeat)
         p = call.params
@@ -83,12 +78,8 @@ class TorchEngine(Engine):
 
 
 class Conv3dEngine(LaunchedRepeats):
-    """A stride-1 call as PyTorch's conv3d of the flipped weight with its channel axes swapped
-    (``torch_engine.conv3d_forward``): cuDNN's forward kernels, where PyTorch's own
-    conv_transpose3d runs its dgrad kernels, several times slower on such calls (docs/design.md,
-    "The conv3d form of stride-1 calls"). Training steps take convt3d's backward: autograd through the
-    conv3d would compute dX on those dgrad kernels, where the transposed convolution's dX is a
-    forward conv3d."""
+    """A stride-1 call as PyTorch's conv3d (``calls.conv3d_forward``): cuDNN's forward kernels, not its
+    slower dgrad kernels; training steps take convt3d's backward (autograd would run dX on those)."""
 
     name = "conv3d"
     _autograd_engine = "conv3d"
@@ -106,15 +97,9 @@ class Conv3dEngine(LaunchedRepeats):
     def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
                         precision: str):
         """(run, alive) of a settled inference signature for ``steady.Repeat``: the conv3d form of
-        the caller's tensors without the key and the Call: on a tiny layer, whose launches are
-        all but free, those cost about as much host time as the weight's two copies the form
-        itself needs."""
+        the caller's tensors without the key and the Call, which cost a tiny layer's host time."""
 
         def run(x, weight, bias):
             return ops.run_engine("conv3d", x, weight, bias, params, precision)
 
-        return run, _always
-
-
-def _always() -> bool:
-    return True
+        return run, lambda: True

@@ -1,15 +1,14 @@
 """Backward of ``convt3d.conv_transpose3d``: dX, dW and db, and which implementation runs each.
 
-On CUDA the first backward of a call signature times cuDNN against the Triton candidates of each
-gradient (``kernels/dgrad_bwd.py`` for dX, the head kernels of ``head_backward`` for both) and keeps
-a Triton tile only if it wins by more than ``_MARGIN``, saving the choice in the cache file. The
-general Triton dW kernel (``kernels/wgrad_bwd.py``) is slower than cuDNN's, so it runs only when
-forced. Without timing (CPU, graph capture, ``CONVT3D_AUTOTUNE=0``) the rule is cuDNN;
-``$CONVT3D_BWD_INPUT`` / ``$CONVT3D_BWD_WEIGHT`` force "cudnn" or "triton". Precision follows the
-forward's ("tf32" rounds operands as cuDNN does), and every path is deterministic.
+On CUDA a signature's first backward times cuDNN against each gradient's Triton candidates
+(``kernels/dgrad_bwd.py``, the head kernels of ``head_backward``) and keeps a Triton tile only if it
+wins by more than ``_MARGIN`` (saved in the cache file); the general Triton dW kernel, slower than
+cuDNN's, runs only when forced. Without timing the rule is cuDNN; ``$CONVT3D_BWD_INPUT`` and
+``$CONVT3D_BWD_WEIGHT`` force "cudnn" or "triton". Precision follows the forward's; all deterministic.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -22,14 +21,12 @@ from ...dispatch import cache as disk_cache
 from . import head_backward as HB
 from ...core.flags import cudnn_conv_tf32, set_backend_flag
 from ...core.errors import BackendUnavailableError
-from ...core.params import ConvT3dParams
+from ...core.params import ConvT3dParams, cdiv, pow2_at_least
 from ...dispatch.timing import gpu_ms
 from .kernels import dgrad_bwd, wgrad_bwd
-from .configs import _cdiv, _pow2_at_least
-from .sites import interpreter_active
-from .configs import _tuning_enabled, device_name
+from .configs import _tuning_enabled, device_name, uses_tensor_cores
 from ...core.call import suggests_channels_last
-from .sites import Site, _prepare_padded_input, site
+from .sites import _INT32_MAX, Site, _prepare_padded_input, require_interpreter, site
 from ...core.memo import memo
 
 __all__ = ["WGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
@@ -97,26 +94,18 @@ def clear_caches() -> None:
     _plans.clear()
 
 
-class _cudnn_flags:
+@contextlib.contextmanager
+def _cudnn_flags(dtype: torch.dtype, precision: str):
     """cuDNN for our backward calls: TF32 per the precision (fp32 only), deterministic algorithms."""
-
-    def __init__(self, dtype: torch.dtype, precision: str):
-        self.tf32 = cudnn_conv_tf32(precision == "tf32") if dtype == torch.float32 else None
-
-    def __enter__(self):
-        if self.tf32 is not None:
-            self.tf32.__enter__()
-        self._old = torch.backends.cudnn.deterministic
-        if not self._old:
+    with cudnn_conv_tf32(precision == "tf32") if dtype == torch.float32 else contextlib.nullcontext():
+        old = torch.backends.cudnn.deterministic
+        if not old:
             set_backend_flag(torch.backends.cudnn, "deterministic", True)
-        return self
-
-    def __exit__(self, *exc):
-        if torch.backends.cudnn.deterministic != self._old:
-            set_backend_flag(torch.backends.cudnn, "deterministic", self._old)
-        if self.tf32 is not None:
-            self.tf32.__exit__(*exc)
-        return False
+        try:
+            yield
+        finally:
+            if torch.backends.cudnn.deterministic != old:
+                set_backend_flag(torch.backends.cudnn, "deterministic", old)
 
 
 def differentiable_grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
@@ -132,18 +121,13 @@ def grad_formats(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.memory_format,
     return fx, fw
 
 
-def _conv_args(params: ConvT3dParams):
-    return (list(params.stride), list(params.padding), list(params.dilation), True, list(params.output_padding),
-            params.groups)
-
-
 def _torch_grads(dy, x, w, params, precision, need_x, need_w, need_b=False):
     """dX and/or dW (and db) by PyTorch's kernels in one call, as autograd does for ConvTranspose3d."""
     bias_sizes = [params.out_channels] if need_b else None
     with _cudnn_flags(x.dtype, precision):
-        gx, gw, gb = torch.ops.aten.convolution_backward(dy, x, w, bias_sizes, *_conv_args(params),
-                                                         [need_x, need_w, need_b])
-    return gx, gw, gb
+        return torch.ops.aten.convolution_backward(
+            dy, x, w, bias_sizes, list(params.stride), list(params.padding), list(params.dilation), True,
+            list(params.output_padding), params.groups, [need_x, need_w, need_b])
 
 
 def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[WgradConfig, ...]:
@@ -155,10 +139,10 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     taps = math.prod(params.kernel_size)
     interp = device.type != "cuda"
     bci, bp = (16, 16) if interp else (64, 64)
-    bci = min(bci, max(16, min(128, _pow2_at_least(cin_g))))
-    bco = max(16, min(128, _pow2_at_least(cout_g)))
-    bp = min(bp, max(16, _pow2_at_least(h * w)))
-    bw = min(bp, _pow2_at_least(w))
+    bci = min(bci, max(16, min(128, pow2_at_least(cin_g))))
+    bco = max(16, min(128, pow2_at_least(cout_g)))
+    bp = min(bp, max(16, pow2_at_least(h * w)))
+    bw = min(bp, pow2_at_least(w))
     warps = 8 if bci * bco >= 64 * 128 else 4
     stages = 3
     while stages > 1 and stages * (bci * bp + bp * bco) * dtype.itemsize > 150 * 1024:
@@ -178,9 +162,9 @@ def _wgrad_site(params: ConvT3dParams, cfg: WgradConfig, x: torch.Tensor, dy: to
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
         kernel = params.kernel_size
         taps = math.prod(kernel)
-        tiles_ci, tiles_co = _cdiv(cin_g, cfg.BLOCK_CI), _cdiv(cout_g, cfg.BLOCK_CO)
-        tiles_h = _cdiv(params.in_size[1], cfg.BLOCK_P // cfg.BLOCK_W)
-        tiles_w = _cdiv(params.in_size[2], cfg.BLOCK_W)
+        tiles_ci, tiles_co = cdiv(cin_g, cfg.BLOCK_CI), cdiv(cout_g, cfg.BLOCK_CO)
+        tiles_h = cdiv(params.in_size[1], cfg.BLOCK_P // cfg.BLOCK_W)
+        tiles_w = cdiv(params.in_size[2], cfg.BLOCK_W)
         is_fp32 = x.dtype == torch.float32
         return Site("wgrad_kernel", (cfg.splits * g * taps * tiles_ci * tiles_co,), (
             params.batch, cin_g, cout_g, *params.in_size, *params.out_size,
@@ -205,10 +189,7 @@ def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, preci
     """dW (contiguous) by ``wgrad_kernel``, or by the head kernels for a ``HeadWgradConfig``."""
     if isinstance(config, HB.HeadWgradConfig):
         return HB.head_wgrad(dy, x, params, precision, out_dtype, config, dyp=dyp)
-    if x.device.type == "cpu" and not interpreter_active():
-        raise BackendUnavailableError(
-            "the Triton weight-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
-            "before triton is imported")
+    require_interpreter(x.device, "the Triton weight-gradient kernel")
     cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     kernel = params.kernel_size
@@ -221,19 +202,16 @@ def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, preci
     return dw
 
 
-_INT32_MAX = 2**31 - 1
-
-
 def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device,
                      precision: str = "tf32") -> tuple[DgradConfig, ...]:
     """Tile configurations of ``dgrad_kernel`` (the first is the default), capped by the channels.
     128 x 128 tiles use 8 warps (4 spill at two-level fp32), 4 at "tf32" (8 serialise its wgmma)."""
-    bn_max = max(16, min(128, _pow2_at_least(params.in_channels_per_group)))
-    bk_max = max(16, min(64, _pow2_at_least(params.out_channels_per_group)))
+    bn_max = max(16, min(128, pow2_at_least(params.in_channels_per_group)))
+    bk_max = max(16, min(64, pow2_at_least(params.out_channels_per_group)))
     hw = params.in_size[1] * params.in_size[2]
     if device.type != "cuda":
         # The interpreter is slow per program step whatever the tile: small tiles.
-        shapes = ((min(32, max(16, _pow2_at_least(hw))), 16, 16, 4, 1),)
+        shapes = ((min(32, max(16, pow2_at_least(hw))), 16, 16, 4, 1),)
     else:
         # One tile per regime: every tile timed costs a compilation at a signature's first backward.
         shapes = (
@@ -249,10 +227,8 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
             warps = min(warps, 4)
         while stages > 1 and stages * (bm * bk + bk * bn) * dtype.itemsize > 160 * 1024:
             stages -= 1
-        cfg = DgradConfig(bm, bn, bk, warps, stages)
-        if cfg not in out:
-            out.append(cfg)
-    return tuple(out)
+        out.append(DgradConfig(bm, bn, bk, warps, stages))
+    return tuple(dict.fromkeys(out))
 
 
 def _dgrad_sizes_fit(params: ConvT3dParams) -> bool:
@@ -280,8 +256,8 @@ def _pack_dgrad_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool) -
         cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
         taps = math.prod(params.kernel_size)
         # Blocks of 32 output channels by up to 64 taps (k3: 27 of 32, k4: 64): 4 warps.
-        block_co, block_t = min(32, _pow2_at_least(cout_g)), min(64, _pow2_at_least(taps))
-        return Site("pack_dgrad_weight_kernel", (cin_g * _cdiv(cout_g, block_co) * _cdiv(taps, block_t),
+        block_co, block_t = min(32, pow2_at_least(cout_g)), min(64, pow2_at_least(taps))
+        return Site("pack_dgrad_weight_kernel", (cin_g * cdiv(cout_g, block_co) * cdiv(taps, block_t),
                                                  params.groups),
                     (cin_g, cout_g, taps, w.stride(0), w.stride(1)),
                     dict(ROUND_TF32=round_tf32, BLOCK_CO=block_co, BLOCK_T=block_t, num_warps=4), dgrad_bwd)
@@ -305,8 +281,8 @@ def _dgrad_site(params: ConvT3dParams, cfg: DgradConfig, dy: torch.Tensor, dx: t
     def build():
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
         is_fp32 = dy.dtype == torch.float32
-        tiles_m = _cdiv(params.in_size[1] * params.in_size[2], cfg.BLOCK_M)
-        tiles_n = _cdiv(cin_g, cfg.BLOCK_N)
+        tiles_m = cdiv(params.in_size[1] * params.in_size[2], cfg.BLOCK_M)
+        tiles_n = cdiv(cin_g, cfg.BLOCK_N)
         return Site("dgrad_kernel", (g * params.batch * params.in_size[0] * tiles_m * tiles_n,), (
             params.batch, cin_g, cout_g, *params.in_size, *params.out_size,
             *params.kernel_size, g,
@@ -331,10 +307,7 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
     """dX in ``x_format`` by ``dgrad_kernel``, or by the head kernels for a ``HeadDgradConfig``."""
     if isinstance(config, HB.HeadDgradConfig):
         return HB.head_dgrad(dy, w, params, precision, x_dtype, config, x_format, dyp=dyp)
-    if dy.device.type == "cpu" and not interpreter_active():
-        raise BackendUnavailableError(
-            "the Triton input-gradient kernel on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
-            "before triton is imported")
+    require_interpreter(dy.device, "the Triton input-gradient kernel")
     cfg = config or dgrad_candidates(params, w.dtype, dy.device, precision)[0]
     round_tf32 = w.dtype == torch.float32 and precision == "tf32"
     if dy.dtype != w.dtype:
@@ -354,14 +327,9 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
     return dx
 
 
-def _triton_wgrad_ok(params: ConvT3dParams) -> bool:
-    # Below 8 channels per group most of each MMA (padded to 16) would be padding: cuDNN only.
-    return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8
-
-
 def _triton_dgrad_ok(params: ConvT3dParams) -> bool:
-    # Same channel threshold as dW, and 32-bit in-slice offsets.
-    return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8 and _dgrad_sizes_fit(params)
+    # The tensor-core channel threshold of dW (below it cuDNN only), and 32-bit in-slice offsets.
+    return uses_tensor_cores(params) and _dgrad_sizes_fit(params)
 
 
 def _forced(env: str = _FORCE_ENV) -> str | None:
@@ -375,10 +343,6 @@ def _forced(env: str = _FORCE_ENV) -> str | None:
         raise ValueError(f"environment variable {env}={v!r} is not {what}-gradient implementation; "
                          f"expected one of {WGRAD_IMPLS}")
     return v
-
-
-def _key(dy, x, w, params, precision) -> tuple:
-    return (str(x.device), x.dtype, precision, params, x.stride(), dy.stride(), w.stride())
 
 
 def recorded_choices(x, w, params, precision) -> list[tuple[str, Choice]]:
@@ -461,7 +425,8 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
                 f"{HB.MAX_OUT_PER_GROUP} output channels per group (the head kernels)")
         cfg = candidates()[0] if forced == "triton" else None
         return Choice(forced, cfg, 0.0, {}, f"${env}={forced}")
-    key = _key(dy, x, w, params, precision)
+    # The signature; ``recorded_choices`` reads this layout.
+    key = (str(x.device), x.dtype, precision, params, x.stride(), dy.stride(), w.stride())
     rec = cache.get(key)
     if rec is not None:
         return rec
@@ -500,23 +465,21 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
 
 
 def wgrad_choice_candidates(params, dtype, device) -> tuple:
-    """The Triton dW configurations of a call (the first runs when forced): the head kernel's where
-    it can run (timed), else the general kernel's (never timed)."""
+    """The Triton dW tiles (the first runs when forced): the head kernel's (timed), else the general one."""
     if HB.supports(params):
         return HB.wgrad_candidates(params, dtype, device)
-    return wgrad_candidates(params, dtype, device) if _triton_wgrad_ok(params) else ()
+    return wgrad_candidates(params, dtype, device) if uses_tensor_cores(params) else ()
 
 
 def dgrad_choice_candidates(params, dtype, device, precision) -> tuple:
-    """The Triton dX configurations the choice times: the general kernel's (its first stays the
-    forced default where it can run), then the head kernel's where that can run."""
+    """The Triton dX tiles the choice times: the general kernel's (the first forced), then the head's."""
     general = dgrad_candidates(params, dtype, device, precision) if _triton_dgrad_ok(params) else ()
     head = HB.dgrad_candidates(params, dtype, device) if HB.supports(params) else ()
     return general + head
 
 
 def choose_wgrad(dy, x, w, params, precision) -> Choice:
-    return _choose(_choices, _FORCE_ENV, "weight", _triton_wgrad_ok(params) or HB.supports(params),
+    return _choose(_choices, _FORCE_ENV, "weight", uses_tensor_cores(params) or HB.supports(params),
                    lambda: wgrad_choice_candidates(params, x.dtype, x.device),
                    lambda: _torch_grads(dy, x, w, params, precision, False, True)[1],
                    lambda cfg: wgrad_triton(dy, x, params, precision, w.dtype, cfg),
@@ -532,17 +495,15 @@ def choose_dgrad(dy, x, w, params, precision) -> Choice:
                    dy, x, w, params, precision)
 
 
-# The decisions of one backward signature, cached per call key (environment overrides included,
-# so changing one takes effect on the next call): a small layer's step is host-bound.
+# A backward signature's decisions per call key (with the env overrides): small layers are host-bound.
 _ENV_KEYS = (_FORCE_ENV, _FORCE_ENV_X, "CONVT3D_AUTOTUNE")
 _plans: dict[tuple, tuple] = memo("engines.triton.backward.plans")
 
 
 def _plan(dy, x, w, params, precision, mask) -> tuple:
     """(dX format, dW format, dX choice or None, dW choice or None) for this call."""
-    env = os.environ
     key = (x.device, x.dtype, precision, params, x.stride(), dy.stride(), w.stride(), mask,
-           tuple(env.get(k) for k in _ENV_KEYS))
+           tuple(os.environ.get(k) for k in _ENV_KEYS))
     p = _plans.get(key)
     if p is None:
         fx, fw = grad_formats(x, w)
@@ -565,10 +526,8 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
     use_torch_x = ximpl is not None and ximpl.impl == "cudnn"
     use_torch_w = wimpl is not None and wimpl.impl == "cudnn"
     if use_torch_x or use_torch_w:
-        # Both on cuDNN: one convolution_backward call computes them and db, as PyTorch's autograd.
-        gx_t, gw_t, gb = _torch_grads(dy, x, w, params, precision, use_torch_x, use_torch_w, need_b)
-        gx = gx_t if use_torch_x else None
-        gw = gw_t if use_torch_w else None
+        # Those on cuDNN: one convolution_backward call computes them and db, as PyTorch's autograd.
+        gx, gw, gb = _torch_grads(dy, x, w, params, precision, use_torch_x, use_torch_w, need_b)
         need_b = False
     dyp = None
     if (need_x and not use_torch_x and isinstance(ximpl.config, HB.HeadDgradConfig) and need_w and not use_torch_w

@@ -1,7 +1,5 @@
 """The Triton engine's tile configurations and its tuner: ``candidate_configs`` lists what the
-first call of a signature times (the first is the untuned default), ``_choose`` times them.
-Pure host logic: no tensor is touched here.
-"""
+first call of a signature times (the first is the untuned default), ``_choose`` times them."""
 from __future__ import annotations
 
 import functools
@@ -14,7 +12,7 @@ from typing import Callable
 import torch
 
 from ...core.flags import device_name
-from ...core.params import ConvT3dParams
+from ...core.params import ConvT3dParams, cdiv, pow2_at_least
 from ...dispatch.timing import gpu_ms, host_ms
 from . import head as head_engine
 from ...core.memo import memo
@@ -22,8 +20,7 @@ from ...core.memo import memo
 
 @dataclass(frozen=True)
 class Config:
-    """Tile shape and launch parameters of the phase, flat and box GEMMs (the output-head kinds
-    have their own: ``head.HeadConfig``)."""
+    """Tile shape and launch parameters of the phase, flat and box GEMMs (heads: ``head.HeadConfig``)."""
 
     BLOCK_M: int  # compact output positions per program (the GEMM's M)
     BLOCK_N: int  # output channels per program (the GEMM's N)
@@ -51,44 +48,29 @@ class Config:
                 + (f" fold{self.fold}" if self.fold > 1 else ""))
 
 
-def _cdiv(a: int, b: int) -> int:
-    # Host-side ceil division: triton.cdiv is a slow ConstexprFunction when called from Python.
-    return -(-a // b)
-
-
-def _pow2_at_least(v: int) -> int:
-    return 1 << max(0, (int(v) - 1).bit_length())
-
-
 def uses_tensor_cores(params: ConvT3dParams) -> bool:
-    """At least 8 channels per group on both sides: below, padding to tl.dot's 16 wastes over 4x,
-    so the FMA path runs instead."""
+    """At least 8 channels per group on both sides: below, padding to tl.dot's 16 wastes over 4x."""
     return params.in_channels_per_group >= 8 and params.out_channels_per_group >= 8
 
 
 def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
-    """Width of the position tile: the power of two that pads the compact (h, w) plane least, the
-    wider on ties (longer contiguous rows)."""
+    """Width of the position tile: the power of two padding the compact (h, w) plane least, wider on ties."""
     qh, qw = compact_hw
-    best, best_pad = 1, None
-    bw = 1
-    while bw <= block_m:
+
+    def padded(bw: int) -> int:
         bh = block_m // bw
-        pad = _cdiv(qw, bw) * bw * _cdiv(qh, bh) * bh
-        if best_pad is None or pad <= best_pad:
-            best, best_pad = bw, pad
-        bw *= 2
-    return best
+        return cdiv(qw, bw) * bw * cdiv(qh, bh) * bh
+
+    return min((1 << i for i in range(block_m.bit_length())), key=lambda bw: (padded(bw), -bw))
 
 
 @functools.lru_cache(maxsize=1024)
 def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
                       channels_last_out: bool = False, flat: bool = False,
                       gluon: bool = False) -> tuple[Config, ...]:
-    """All configurations tried for one GEMM shape and dtype; the first is the untuned default.
-    BLOCK_N covers Cout/g up to 128 so each input tile is read once; BLOCK_K is one 128-byte line
-    (64 for 16-bit, which spills at 32); accumulators stay within 128 registers a thread;
-    W_GROUP=2 stores both W residues of a stride-2 NCDHW row as whole rows."""
+    """All configurations tried for one GEMM shape and dtype, the first the untuned default: BLOCK_N
+    covers Cout/g up to 128 (each input tile read once), BLOCK_K a 128-byte line (64 for 16-bit),
+    accumulators within 128 registers a thread; W_GROUP=2 stores stride-2 NCDHW rows whole."""
     cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
     esize = dtype.itemsize
     # Tiles follow the compact grids of phases with taps; empty phases' extra rows get store-only tiles.
@@ -96,17 +78,17 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     wg = 2 if params.stride[2] == 2 and not channels_last_out else 1
     if not uses_tensor_cores(params):
         # FMA path: one input channel per step, 2048 fp32 accumulators (16 a thread at 4 warps).
-        bn = min(_pow2_at_least(cout_g), 16)
-        plane = _pow2_at_least(hw[0] * hw[1])
+        bn = min(pow2_at_least(cout_g), 16)
+        plane = pow2_at_least(hw[0] * hw[1])
         sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
         fma = tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
         # Head tiles first, as the untuned default: they beat the FMA tiles on nearly every head.
         return _head_configs(params, dtype, precision, channels_last_out) + fma
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
-    plane = max(16, _pow2_at_least(hw[0] * hw[1]))
-    bn = max(16, min(128, _pow2_at_least(cout_g)))
-    bk = max(16, min(32 if esize == 4 else 64, _pow2_at_least(cin_g)))
+    plane = max(16, pow2_at_least(hw[0] * hw[1]))
+    bn = max(16, min(128, pow2_at_least(cout_g)))
+    bk = max(16, min(32 if esize == 4 else 64, pow2_at_least(cin_g)))
     # Accumulators per program: a W residue with no taps (W_SKIP) holds none through the loop.
     acc_wg = wg if _w_skip(params, wg) < 0 else 1
 
@@ -121,11 +103,10 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         return Config(bm, bn, block_k, bw, warps, stages, W_GROUP=wg, **kind)
 
     if flat and flat_unsupported(params, dtype, bk) is None:
-        # Hopper (and the interpreter): flat tiles, then the 5-D TMA path; each candidate costs a
-        # compile when tuning, so only tilings that win somewhere are listed. Flat tiles run along
-        # whole padded rows, so their bound uses the padded width.
+        # Hopper (and the interpreter): flat tiles, bound by the padded width as they run along
+        # whole padded rows, then the 5-D TMA path; only tilings that win somewhere (each compiles).
         _, (_, _, wp) = flat_geometry(params)
-        fplane = max(16, _pow2_at_least(hw[0] * wp))
+        fplane = max(16, pow2_at_least(hw[0] * wp))
         plans = [(128, 3, fplane, {"flat": True}), (64, 4, fplane, {"flat": True}),
                  (128, 3, plane, {"tma": True}), (256, 3, plane, {"tma": True})]
         if esize == 4 and precision != "ieee" and 32 < cin_g <= 64 and (params.groups == 1 or cin_g == 64):
@@ -156,10 +137,8 @@ def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
 
 
 def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
-    """Group merges (ConvT3dParams.fold_groups) worth a tuning candidate, smallest first: groups of
-    under 16 channels half-fill each MMA, so merging f of them (f x the work) can win. Offered: the
-    smallest f reaching 16 channels on both sides, and the full merge while it keeps one
-    128-channel tile; only on tensor cores (the FMA path's groups would cost >= 16x the work)."""
+    """Group merges (``fold_groups``) worth a candidate on tensor cores, as groups under 16 channels
+    half-fill each MMA: the smallest reaching 16 on both sides, and the full one within a 128 tile."""
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     if g == 1 or not uses_tensor_cores(params) or (cin_g >= 16 and cout_g >= 16):
         return ()
@@ -212,8 +191,7 @@ def _tune_key(params: ConvT3dParams, x: torch.Tensor, precision: str, out_cl: bo
 
 
 def host_charged(timings: dict[str, float], host_ms: dict[str, float]) -> dict[str, float]:
-    """Each config's cost per call in a sequence of calls: the larger of its GPU median and its host
-    time, since whichever is slower sets the pace (the GPU median alone hides host-bound calls)."""
+    """Each config's cost per call in a stream of calls: the larger of its GPU median and host time."""
     if not host_ms:
         return dict(timings)
     return {k: max(v, host_ms.get(k, 0.0)) for k, v in timings.items()}
@@ -233,8 +211,7 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
     for cfg in configs:
         outcome = run(cfg)  # compile + warm
         if isinstance(outcome, CandidateFailure):
-            # A candidate beyond this GPU's shared memory or registers: the others decide (every
-            # run writes the whole output, so a failed one leaves nothing behind).
+            # A candidate beyond this GPU's limits: the others decide (each run writes all of y).
             failed[cfg.short()] = outcome.error
             continue
         timings[cfg.short()] = gpu_ms(lambda: run(cfg), warmup=5, rep=30)
@@ -242,8 +219,8 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
     if not timings:
         raise RuntimeError("every tile configuration failed: " + "; ".join(f"[{k}] {v}" for k, v in failed.items()))
     configs = [c for c in configs if c.short() in timings]
-    # Up to 3 candidates within 25% of the best are timed again in reverse order, each keeping
-    # its lower median, so that clock ramp does not decide between near-equal tiles.
+    # Up to 3 candidates within 25% of the best are timed again in reverse order (lower median
+    # kept), so that clock ramp does not decide between near-equal tiles.
     cost = host_charged(timings, hosts)
     close = sorted((c for c in configs if cost[c.short()] <= 1.25 * min(cost.values())),
                    key=lambda c: cost[c.short()])[:3]
@@ -260,9 +237,8 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
 
 @functools.lru_cache(maxsize=256)
 def flat_geometry(params: ConvT3dParams) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """(low padding, padded size) per dimension of flat_gemm_kernel's zero-haloed input: the taps'
-    shifts q + off0 - j * ostep span [lo, hi], so input i sits at i + max(0, -lo) and every tap of
-    every compact position reads inside the buffer."""
+    """(low padding, padded size) per dimension of flat_gemm_kernel's zero-haloed input: input i sits
+    at i + max(0, -lo), where the taps' shifts q + off0 - j * ostep span [lo, hi]."""
     pads, sizes = [], []
     for a, q in zip(params.axes, params.compact_size):
         shifts = [ph.first_offset - j * a.offset_step for ph in a.phases for j in range(ph.num_taps)]

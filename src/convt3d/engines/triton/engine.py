@@ -1,6 +1,5 @@
-"""The Triton engine's launcher: support checks, the plan of a call signature, its launches
-(tuned on the first call, then replayed) and ``forward(x, weight, bias, params, precision)``.
-CPU tensors run the same kernels through Triton's interpreter, which is how CI tests them.
+"""The Triton engine's launcher: support checks, the plan of a call signature, its launches (tuned on
+the first call, then replayed) and ``forward``; CPU tensors run the kernels in Triton's interpreter.
 """
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from ...core.call import output_memory_format
+from ...core.call import PRECISIONS, output_memory_format
 from ...core.memo import memo
 from ...core.params import ConvT3dParams
 from . import head as head_engine
@@ -26,7 +25,6 @@ __all__ = ["Config", "candidate_configs", "forward", "plan", "clear_caches", "SU
            "tuned_config", "tuning_log", "unsupported_reason"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-PRECISIONS = ("tf32", "tf32x3", "ieee")
 
 _unsupported: dict[tuple, str | None] = memo("engines.triton.engine.unsupported")
 
@@ -138,9 +136,8 @@ def plan(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision
 
 
 class _Steps:
-    """The launches of one (call signature, config), their sites resolved once so that later runs
-    only allocate and launch (small layers are host-bound); what depends on tensor addresses
-    (descriptors) is still decided per run."""
+    """The launches of one (call signature, config), their sites resolved once so that later runs only
+    allocate and launch (small layers are host-bound); descriptors are still made per run."""
 
     def __init__(self, params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, device: torch.device):
         if isinstance(cfg, head_engine.HeadConfig):
@@ -153,8 +150,7 @@ class _Steps:
         companions = cfg.companions and companion_masks(params) is not None
         self.tab = phase_table(params, device, cfg.W_GROUP, cfg.fill_separate or companions, companions)
         self.n_groups = self.tab.shape[0] // cfg.W_GROUP
-        # Empty rows/planes are filled before the GEMM on the same stream: KernelBench's files,
-        # which copy this module, may hold no other stream.
+        # Empty rows/planes are filled first on the same stream: KernelBench's copies hold no other.
         self.fill_site, self.fill_table = None, None
         if companions:
             self.fill_site, self.fill_table = _fill_planes_site, empty_planes(params, device)
@@ -186,8 +182,7 @@ class _Steps:
         return y
 
     def call(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor):
-        """Every launch of a call onto ``y``: the input copy and weight pack in one launch where the
-        GEMM reads a copy, else the pack alone; then ``run``."""
+        """Every launch of a call onto ``y``: the input copy and weight pack (one launch), then ``run``."""
         if self.head is None and self.copy_geo is not None and self.n_groups > 0:
             if self.ops is None:
                 self.ops = _operands_site(x, self.copy_geo, self.params, weight.contiguous(), self.pl.round_tf32,
@@ -199,8 +194,8 @@ class _Steps:
 
     def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
             xp: torch.Tensor | None = None):
-        """Launch onto ``y`` from ``x`` (or its copy ``xp``) and the packed weight ``wp``; ``b``
-        is the bias or any tensor. Returns the main kernel's handle (None when no phase has taps)."""
+        """Launch onto ``y`` from ``x`` (or its copy ``xp``), the packed weight ``wp`` and the bias (or any
+        tensor) ``b``; returns the main kernel's handle (None when no phase has taps)."""
         if self.head is not None:
             return self.head.run(x, wp, b, y)
         params, cfg, dev = self.params, self.cfg, x.device
@@ -281,8 +276,8 @@ def _output(params: ConvT3dParams, pl: Plan, x: torch.Tensor) -> torch.Tensor:
 
 def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             precision: str) -> Launch:
-    """Allocate the output; ``run(config)`` then prepares the operands and launches that config,
-    so that tuning times each config's operand preparation too (configs read different copies)."""
+    """Allocate the output; ``run(config)`` then prepares the operands and launches that config, so
+    that tuning times each config's operand preparation too."""
     pl = plan(params, x, weight, precision)
     y = _output(params, pl, x)
     if y.numel() == 0:
@@ -297,9 +292,8 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             precision: str, config: Config | None = None) -> torch.Tensor:
-    """Transposed convolution of a validated 5-D input by the Triton engine. ``precision``: "tf32",
-    "tf32x3" or "ieee" (ignored for 16-bit inputs); ``config`` forces a tile, else the first CUDA
-    call of a signature tunes over ``candidate_configs`` and later calls replay its ``_Steps``."""
+    """Transposed convolution of a validated 5-D input (``precision`` ignored for 16-bit inputs);
+    ``config`` forces a tile, else a signature's first CUDA call tunes and later calls replay it."""
     bias = _kernel_bias(bias)
     key = _settled_key(x, weight, bias is not None, params, precision)
     if config is None:

@@ -1,8 +1,7 @@
 """Plan of the output-head path (``kernels/head_gemm.py``): layers with 1-15 output channels per
-group, offered by the Triton engine as tuning candidates (``head_tiles``) and run by ``HeadSteps``
-through the engine's launch sites. "rows" sums the width taps in its GEMM into a buffer Z of output
-rows, which a second kernel sums over the depth and height taps; "shuffle" (dilation 1) writes the
-whole output from one kernel, with no Z.
+group, offered as tuning candidates (``head_tiles``) and run by ``HeadSteps``. "rows" sums the width
+taps in its GEMM into a buffer Z of output rows, which a second kernel sums over the depth and height
+taps; "shuffle" (dilation 1) writes the whole output from one kernel, with no Z.
 """
 from __future__ import annotations
 
@@ -12,14 +11,13 @@ from typing import Callable
 
 import torch
 
-from ...core.params import ConvT3dParams
+from ...core.params import ConvT3dParams, pow2_at_least
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "HeadConfig", "head_tiles", "collision_free",
            "shuffle_layer", "shuffle_shifts", "shuffle_n_shifts", "shuffle_halo", "shuffle_blocks", "shuffle_tiles",
            "shuffle_shape", "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
-# Output channels per group up to which head configurations are candidates: above, the phase
-# GEMM's N fills an MMA; from 8 to 15 the tuner times the two paths against each other.
+# Output channels per group up to which head configurations are candidates (above, the GEMM's N fills an MMA).
 MAX_HEAD_CHANNELS = 15
 # "rows": head_rows_kernel, then head_gather_tile_kernel over Z; "shuffle": head_shuffle_kernel.
 HEAD_KINDS = ("rows", "shuffle")
@@ -27,9 +25,8 @@ HEAD_KINDS = ("rows", "shuffle")
 
 @dataclass(frozen=True)
 class HeadConfig:
-    """Tile shape and launch parameters of an output-head kind: "rows" (BLOCK_W is the tap sum's row
-    span, BLOCK_R its elements per program) or "shuffle" (tiles of BOX_H x BLOCK_W blocks, or
-    BLOCK_M consecutive blocks where BOX_H is 0)."""
+    """Tile shape and launch parameters of an output-head kind: "rows" (BLOCK_W the tap sum's row span,
+    BLOCK_R its elements per program) or "shuffle" (BOX_H x BLOCK_W blocks, or BLOCK_M where BOX_H is 0)."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -64,8 +61,9 @@ OFFSET_LIMIT = 2**31
 MAX_Z_BYTES = 4 << 30
 
 
-def _pow2_ceil(v: int) -> int:
-    return 1 << max(0, (int(v) - 1).bit_length())
+def rounds_tf32(dtype: torch.dtype, precision: str) -> bool:
+    """Whether a call's operands are rounded to TF32: fp32 at "tf32" (cuDNN's numerics)."""
+    return dtype == torch.float32 and precision == "tf32"
 
 
 def _rows_columns(params: ConvT3dParams) -> int:
@@ -76,12 +74,11 @@ def _rows_columns(params: ConvT3dParams) -> int:
 
 def _block_k(params: ConvT3dParams, dtype: torch.dtype) -> int:
     """The GEMM's K step: Cin/g rounded up to a power of two, 16 to 32 (fp32) or 64 (16-bit)."""
-    return max(16, min(32 if dtype.itemsize == 4 else 64, _pow2_ceil(params.in_channels_per_group)))
+    return max(16, min(32 if dtype.itemsize == 4 else 64, pow2_at_least(params.in_channels_per_group)))
 
 
 def collision_free(params: ConvT3dParams) -> bool:
-    """No output position receives two (input, tap) contributions: along every dimension the tap
-    step s / gcd(s, d) (params.Axis.tap_step) is at least the kernel."""
+    """No output position receives two (input, tap) contributions: every ``tap_step`` >= the kernel."""
     return all(a.tap_step >= a.kernel for a in params.axes)
 
 
@@ -103,8 +100,7 @@ def shuffle_blocks(params: ConvT3dParams) -> tuple[int, int, int]:
 
 
 def shuffle_n_shifts(params: ConvT3dParams, shifts_n: int) -> tuple[int, int]:
-    """(NJH, NJW): the height and width shifts a shuffle tile puts in the MMA's N (``shifts_n`` 1:
-    the width's, 2: both; 1 where they stay K steps)."""
+    """(NJH, NJW): the height and width shifts a shuffle tile puts in the MMA's N (1: K steps)."""
     _, jh, jw = shuffle_shifts(params)
     return (jh if shifts_n >= 2 else 1), (jw if shifts_n >= 1 else 1)
 
@@ -121,40 +117,38 @@ def shuffle_halo(params: ConvT3dParams, shifts_n: int, box_h: int, block_w: int)
 def shuffle_shape(params: ConvT3dParams, use_dot: bool, shifts_n: int = 0) -> tuple[int, int, int]:
     """(R_P, SW_P, BLOCK_C) of head_shuffle_kernel: the box's depth x height rows and its width,
     each a power of two, and the channels per row block (for the MMA, enough that N reaches 16)."""
-    r_p, sw_p = _pow2_ceil(params.stride[0] * params.stride[1]), _pow2_ceil(params.stride[2])
-    bc = _pow2_ceil(params.out_channels_per_group)
+    r_p, sw_p = pow2_at_least(params.stride[0] * params.stride[1]), pow2_at_least(params.stride[2])
+    bc = pow2_at_least(params.out_channels_per_group)
     if use_dot:
-        ns_p = _pow2_ceil(math.prod(shuffle_n_shifts(params, shifts_n)))
-        bc = max(bc, _pow2_ceil(-(-16 // (ns_p * r_p * sw_p))))
+        ns_p = pow2_at_least(math.prod(shuffle_n_shifts(params, shifts_n)))
+        bc = max(bc, pow2_at_least(-(-16 // (ns_p * r_p * sw_p))))
     return r_p, sw_p, bc
 
 
 def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
-    """The shuffle kind's candidates: MMA tiles of BOX_H x BLOCK_W blocks, or of consecutive blocks
-    (BOX_H 0) where the row of blocks does not fill its W tiles, without and with shifts in N
-    (``shifts_n``; each wins on some layouts); and one FMA tile for layers without shifts."""
+    """The shuffle kind's candidates: MMA tiles of BOX_H x BLOCK_W blocks or of consecutive blocks,
+    without and with shifts in N (each wins on some layouts); one FMA tile for layers without shifts."""
     _, blocks_h, blocks_w = shuffle_blocks(params)
     jd, jh, jw = shuffle_shifts(params)
     shifted = jd * jh * jw > 1
     tiles = []
-    bw = max(16, min(128, _pow2_ceil(blocks_w)))
+    bw = max(16, min(128, pow2_at_least(blocks_w)))
     plane = blocks_h * blocks_w
     # Shifts in N (shifts_n 1: the width's, 2: the height's too) where the layer has them.
     for shifts_n in [0] + [1] * (jw > 1) + [2] * (jh > 1):
         njh, njw = shuffle_n_shifts(params, shifts_n)
         r_p, sw_p, bc = shuffle_shape(params, True, shifts_n)
-        ncol = _pow2_ceil(njh * njw) * r_p * bc * sw_p
+        ncol = pow2_at_least(njh * njw) * r_p * bc * sw_p
         if ncol > 256:
             continue
-        # Box tiles where the row of blocks fills its W tiles, else flat ones; accumulators at most
-        # 128 x 128, and tiles that write at least half their blocks.
+        # Box tiles where the row of blocks fills its W tiles, else flat ones (at most 128 x 128).
         if plane >= 128 and (shifts_n or blocks_w % bw != 0):
             halo = shuffle_halo(params, shifts_n, 0, 0)[1]
             shapes = [(m, 0, 0) for m in (128, 256) if m * ncol <= 128 * 128] or [(128 * 128 // ncol, 0, 0)]
             shapes = [t for t in shapes if t[0] >= 2 * halo]
         else:
             hh, hw = shuffle_halo(params, shifts_n, 1, bw)
-            heights = dict.fromkeys(max(1, min(m // bw, _pow2_ceil(blocks_h))) for m in (bw, 128, 256))
+            heights = dict.fromkeys(max(1, min(m // bw, pow2_at_least(blocks_h))) for m in (bw, 128, 256))
             shapes = [(box_h * bw, box_h, bw) for box_h in heights
                       if box_h * bw * ncol <= 128 * 128 and 2 * (box_h - hh) * (bw - hw) >= box_h * bw]
         for tm, box_h, tw in shapes:
@@ -167,9 +161,9 @@ def shuffle_tiles(params: ConvT3dParams, dtype: torch.dtype) -> list[dict]:
     r_p, sw_p, bc = shuffle_shape(params, False)
     rows = r_p * bc * sw_p
     if rows <= 2048 and not shifted:
-        bw = max(1, min(128, _pow2_ceil(blocks_w), 2048 // rows))
-        box_h = max(1, min(2048 // (rows * bw), _pow2_ceil(blocks_h)))
-        tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=rows, BLOCK_K=min(8, _pow2_ceil(params.in_channels_per_group)),
+        bw = max(1, min(128, pow2_at_least(blocks_w), 2048 // rows))
+        box_h = max(1, min(2048 // (rows * bw), pow2_at_least(blocks_h)))
+        tiles.append(dict(BLOCK_M=box_h * bw, BLOCK_N=rows, BLOCK_K=min(8, pow2_at_least(params.in_channels_per_group)),
                           BLOCK_W=bw, BOX_H=box_h, num_warps=4, num_stages=1, use_dot=False, head="shuffle",
                           BLOCK_R=0))
     return tiles
@@ -196,24 +190,21 @@ def width_shifts(params: ConvT3dParams) -> tuple[int, int]:
 
 
 def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, channels_last: bool = True) -> list[dict]:
-    """The head configurations for this call as Config fields (``triton_engine.Config``), the first
-    the untuned default; empty when the layer is not a head or neither kind takes it. "rows" where
-    taps meet, the width stride is a power of two up to 16 and Z fits MAX_Z_BYTES: the single-sweep
-    tile, its persistent and packed-weight variants, and half-K copies; "shuffle" at dilation 1.
-    bf16 calls keep Z in bf16; NCDHW and TF32 calls get rows tiles on a channels-last copy too.
-    Each candidate costs a compile at a layer's first tuned call."""
+    """The head configurations for this call as ``HeadConfig`` fields, the first the untuned default;
+    empty when the layer is not a head or neither kind takes it ("rows" where taps meet and Z fits
+    MAX_Z_BYTES, "shuffle" at dilation 1). Each candidate costs a compile at a first tuned call."""
     cout_g = params.out_channels_per_group
     # In-element offsets are 32-bit (HeadSteps.run): one batch element must hold < 2^31.
     if cout_g > MAX_HEAD_CHANNELS or params.in_channels * math.prod(params.in_size) >= 2**31:
         return []
     bk = _block_k(params, dtype)
-    bw = max(16, min(128, _pow2_ceil(params.out_size[2])))
+    bw = max(16, min(128, pow2_at_least(params.out_size[2])))
     sw = params.stride[2]
     tiles = []
-    # The rows kind interleaves the W residues in registers (a reshape): SW a power of two.
+    # The rows kind interleaves the W residues in registers (a reshape): SW a power of two up to 16.
     if (not collision_free(params) and sw & (sw - 1) == 0 and sw <= 16
             and head_z_bytes(params) <= MAX_Z_BYTES):
-        bn = max(16, min(128, _pow2_ceil(_rows_columns(params))))
+        bn = max(16, min(128, pow2_at_least(_rows_columns(params))))
         rows = dict(BLOCK_M=128, BLOCK_N=bn, BLOCK_K=bk, BLOCK_W=bw, num_warps=4 if 128 * bn <= 128 * 64 else 8,
                     num_stages=2, use_dot=True, head="rows", BLOCK_R=2048)
         persistent = _persistent(params, dtype, rows)
@@ -221,12 +212,10 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, channe
         tiles += _packed(params, dtype, rows, any(head_smem(params, dtype, t)[1] for t in persistent))
     if shuffle_layer(params):
         tiles += shuffle_tiles(params, dtype)
-    # Half-K variants, after the full-K defaults: the 16-bit K-64 and fp32 two-stage K-32 rows
-    # tiles spill registers, their half-K copies do not.
+    # Half-K copies after the full-K defaults: the 16-bit K-64 and fp32 K-32 rows tiles spill, they do not.
     if bk > 16:
         tiles += [dict(t, BLOCK_K=bk // 2) for t in tiles if t["head"] == "rows" and not t.get("persist")]
-    # bf16 calls: Z in bf16, each width-tap sum rounded once (errors the size of the output's own
-    # rounding, fp32's range unlike fp16), which halves Z's traffic.
+    # bf16 calls keep Z in bf16, halving its traffic: each width-tap sum is rounded once, like the output.
     if dtype == torch.bfloat16:
         tiles = [dict(t, z_bf16=True) if t["head"] == "rows" else t for t in tiles]
     if not channels_last or (dtype == torch.float32 and precision == "tf32"):
@@ -235,8 +224,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, channe
 
 
 def _x_copies(tiles: list[dict]) -> list[dict]:
-    """The persistent and packed full-K rows tiles again on a channels-last copy of the input
-    (``Config.x_cl``): vector loads of channels, TF32-rounded by the copy, at twice the traffic."""
+    """The persistent and packed full-K rows tiles again on a channels-last copy of the input (``x_cl``)."""
     bk = max(t["BLOCK_K"] for t in tiles) if tiles else 0
     return [dict(t, x_cl=True) for t in tiles
             if t["head"] == "rows" and (t.get("persist") or t.get("w_packed")) and t["BLOCK_K"] == bk]
@@ -263,12 +251,10 @@ def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, 
 
 
 def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[dict]:
-    """Persistent variants of the rows tile ``base`` (``Config.persist``), BLOCK_M 64 and 128 at
-    2 or 3 stages, with as many programs per SM (at most 3) as their shared memory fits."""
+    """Persistent variants of the rows tile ``base``, with as many programs per SM (at most 3) as fit."""
     shapes = [(bm, stages, base["BLOCK_N"]) for bm, stages in ((64, 3), (128, 3), (64, 2))]
     if _rows_columns(params) > base["BLOCK_N"]:
-        # Wider than one N tile: one accumulator per N tile, all fed by each input tile, so
-        # BLOCK_N 64 pads fewer columns at no cost in input traffic (narrower tiles spill).
+        # Wider than one N tile: BLOCK_N 64 pads fewer columns at no cost in input traffic.
         shapes += [(64, stages, 64) for stages in (2, 3)]
     out = []
     for bm, stages, bn in shapes:
@@ -287,18 +273,16 @@ JOINT_ACC_REGS = 96
 
 
 def _joint_fits(params: ConvT3dParams, dtype: torch.dtype, bm: int, warps: int, stages: int, bk: int) -> bool:
-    """A joint tile (N tiles of 64 columns stepped together) keeps its accumulators within
-    JOINT_ACC_REGS per thread and its stages within one block's shared memory."""
+    """A joint tile's accumulators fit JOINT_ACC_REGS per thread and its stages one block's shared memory."""
     n_tiles = -(-_rows_columns(params) // 64)
     smem = stages * (bm * bk + n_tiles * bk * 64) * dtype.itemsize + (4 << 10)
     return n_tiles * bm * 64 <= JOINT_ACC_REGS * 32 * warps and smem <= MAX_BLOCK_SMEM
 
 
 def _packed(params: ConvT3dParams, dtype: torch.dtype, base: dict, held: bool) -> list[dict]:
-    """Single-sweep rows tiles on the packed weight (``Config.w_packed``): contiguous weight tiles
-    instead of a per-tap gather at every M tile. Several shapes where no persistent tile holds the
-    weight (``held`` False), plus joint tiles (``Config.n_joint``) for layers wider than an N tile
-    where ``_joint_fits``; else one, to keep the first call's compiles few."""
+    """Single-sweep rows tiles on the packed weight (``w_packed``): several shapes where no persistent
+    tile holds the weight (``held`` False), plus joint tiles (``n_joint``) for layers wider than an N
+    tile where ``_joint_fits``; else one, to keep the first call's compiles few."""
     if held:
         return [dict(base, BLOCK_M=64, num_warps=4, num_stages=3, w_packed=True)]
     out = [dict(base, BLOCK_M=bm, num_warps=warps, num_stages=stages, w_packed=True)
@@ -316,8 +300,8 @@ def _rows_steps(params: ConvT3dParams, cfg) -> tuple[int, int]:
 
 
 def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
-    """Programs of a head GEMM launch over ``tiles`` tiles: one per tile (``per_sm`` 0), else
-    ``per_sm`` per SM (``Config.persist``); a few on the CPU, so that the interpreter runs the loop."""
+    """Programs of a head GEMM over ``tiles`` tiles: one per tile (``per_sm`` 0), else ``per_sm`` per SM
+    (a few on the CPU, so that the interpreter runs the loop)."""
     if per_sm <= 0:
         return tiles
     if device.type != "cuda":
@@ -328,8 +312,8 @@ def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
 def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[int, int]:
     """(BLOCK_C, BLOCK_R) of the gather tile: every channel of the group, and rows of one height
     residue making about ``elements`` elements, at most the ``rows`` of a residue."""
-    bc = _pow2_ceil(cout_g)
-    return bc, max(1, min(_pow2_ceil(rows), elements // (bc * block_w)))
+    bc = pow2_at_least(cout_g)
+    return bc, max(1, min(pow2_at_least(rows), elements // (bc * block_w)))
 
 
 def _batch_span(x: torch.Tensor) -> int:
@@ -338,22 +322,17 @@ def _batch_span(x: torch.Tensor) -> int:
 
 
 def flat_spatial(x: torch.Tensor) -> bool:
-    """D, H, W of x are walked by one stride (its W stride): contiguous NCDHW or channels-last
-    planes, where the head backward offsets position s by ``s * stride_w``."""
+    """D, H, W of x are walked by one stride (its W stride): contiguous NCDHW or channels-last planes."""
     _, _, d, h, w = x.shape
     sd, sh, sw = x.stride()[2:]
     return (h == 1 or sh == w * sw) and (d == 1 or sd == h * sh)
 
 
-MakeSite = Callable[..., object]  # (key, kernel name, grid, integer args, constexprs[, kernel module])
-
-
 class HeadSteps:
-    """The launches of one (call signature, head config): built on the first run, replayed.
-    ``make_site(key, kernel name, grid, integer args, constexprs)`` returns the engine's launch
-    site; ``prepare_input`` is the engine's NDHWC copy, which x_cl tiles read."""
+    """The launches of one (call signature, head config), built on the first run: ``make_site`` gives
+    the engine's launch sites, ``prepare_input`` its NDHWC copy (which x_cl tiles read)."""
 
-    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: MakeSite,
+    def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: Callable[..., object],
                  prepare_input=None):
         self.params, self.cfg, self.has_bias, self.make_site = params, cfg, has_bias, make_site
         self.prepare_input = prepare_input
@@ -377,10 +356,6 @@ class HeadSteps:
         # channels-last or to be rounded), "dense" (>= 2^31 elements per batch element), "" none.
         self.copy_x = None
 
-    def _rounds(self, dtype: torch.dtype) -> bool:
-        """Whether the call's operands are rounded to TF32 (fp32 at TF32, cuDNN's numerics)."""
-        return dtype == torch.float32 and self.precision == "tf32"
-
     def _shuffle_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
         """head_shuffle_kernel's launch: one program per (n, g, depth block, tile of blocks)."""
         p, cfg = self.params, self.cfg
@@ -400,10 +375,10 @@ class HeadSteps:
         jh, jw = (1 if njh > 1 else jh), (1 if njw > 1 else jw)  # shifts in N leave the K loop
         ints = (p.batch, p.in_channels_per_group, p.out_channels_per_group, *p.in_size, od, oh, ow, pd, ph, pw,
                 *x.stride(), w.stride(0), *y.stride(), blocks_d, blocks_w, tiles_h, tiles_w)
-        consts = dict(HAS_BIAS=self.has_bias, ROUND_TF32=self._rounds(x.dtype), PRECISION=self.precision,
+        consts = dict(HAS_BIAS=self.has_bias, ROUND_TF32=rounds_tf32(x.dtype, self.precision), PRECISION=self.precision,
                       USE_DOT=cfg.use_dot, KD=p.kernel_size[0], KH=p.kernel_size[1], KW=p.kernel_size[2],
                       SD=sd, SH=sh, SW=sw, JD=jd, JH=jh, JW=jw, NJH=njh, NJW=njw,
-                      NS_P=_pow2_ceil(njh * njw), FLAT=flat, R_P=r_p, SW_P=sw_p, BLOCK_C=bc,
+                      NS_P=pow2_at_least(njh * njw), FLAT=flat, R_P=r_p, SW_P=sw_p, BLOCK_C=bc,
                       BLOCK_H=1 if flat else box_h, BLOCK_W=cfg.BLOCK_M if flat else cfg.BLOCK_W,
                       BLOCK_K=cfg.BLOCK_K, Y64=_batch_span(y) >= OFFSET_LIMIT, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)
@@ -412,11 +387,10 @@ class HeadSteps:
         return self.make_site(key, "head_shuffle_kernel", grid, ints, consts)
 
     def _rows_site(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
-        """head_rows_kernel's launch: (programs, groups), each program walking its group's
-        (n, M tile) tiles (one per tile in the single sweep, ``Config.persist`` per SM else)."""
+        """head_rows_kernel's launch: (programs, groups), each walking its group's (n, M tile) tiles."""
         p, cfg = self.params, self.cfg
         _, _, d, h, wd = x.shape
-        round_tf32 = self._rounds(x.dtype)
+        round_tf32 = rounds_tf32(x.dtype, self.precision)
         (kd, kh, kw), sw, ow = p.kernel_size, p.stride[2], p.out_size[2]
         qw = -(-ow // sw)
         tiles_m = -(-(d * h * qw) // cfg.BLOCK_M)
@@ -448,7 +422,7 @@ class HeadSteps:
         n_tiles, k_steps = _rows_steps(p, cfg)
         ints = (p.in_channels_per_group, _rows_columns(p), p.kernel_size[2], math.prod(p.kernel_size), p.stride[2],
                 p.padding[2], p.dilation[2], shift0, w.stride(0))
-        round_tf32 = self._rounds(w.dtype)
+        round_tf32 = rounds_tf32(w.dtype, self.precision)
         consts = dict(ROUND_TF32=round_tf32, SW_C=p.stride[2], NSHIFT=nshift, N_TILES=n_tiles, K_STEPS=k_steps,
                       BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=4)
         key = ("head_rows_pack", p, cfg.BLOCK_N, cfg.BLOCK_K, w.dtype, round_tf32)
@@ -456,8 +430,7 @@ class HeadSteps:
         return site, p.groups * nshift * k_steps * cfg.BLOCK_K * n_tiles * cfg.BLOCK_N
 
     def _gather_site(self, y: torch.Tensor):
-        """head_gather_tile_kernel's launch: the depth and height taps of Z's output rows summed
-        into the output (a width of OW and one width tap: the GEMM summed the width taps)."""
+        """head_gather_tile_kernel's launch: the depth and height taps of Z's output rows summed into y."""
         p, cfg = self.params, self.cfg
         od, oh, ow = p.out_size
         (d, h, _), (sd, sh, _), (pd, ph, _), (dd, dh, _) = p.in_size, p.stride, p.padding, p.dilation
@@ -481,14 +454,13 @@ class HeadSteps:
         """Launch onto ``y``; returns Triton's handle of the GEMM kernel."""
         dev = x.device
         if self.copy_x is None:
-            # The GEMM kernels add 64-bit bases per (batch element, group) to 32-bit in-element
-            # offsets; a view whose strides reach further is read from a contiguous copy.
+            # The GEMMs' in-element offsets are 32-bit: a view whose strides reach further is copied.
             cl = x.is_contiguous(memory_format=torch.channels_last_3d)
-            self.copy_x = ("cl" if self.cfg.x_cl and (self._rounds(x.dtype) or not cl)
+            self.copy_x = ("cl" if self.cfg.x_cl and (rounds_tf32(x.dtype, self.precision) or not cl)
                            else "dense" if _batch_span(x) >= 2**31 else "")
         if self.copy_x == "cl":
             # The engine's NDHWC copy kernel, cheaper than PyTorch's .contiguous(channels_last_3d).
-            x = self.prepare_input(x, self._rounds(x.dtype), True)
+            x = self.prepare_input(x, rounds_tf32(x.dtype, self.precision), True)
         elif self.copy_x == "dense":
             x = x.contiguous()
         if self.shuffle:

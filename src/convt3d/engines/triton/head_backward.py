@@ -1,8 +1,7 @@
 """Backward of an output head (<= ``MAX_OUT_PER_GROUP`` output and >= ``MIN_IN_PER_GROUP`` input
-channels per group): plan, tiles and launchers of ``kernels/head_grad.py`` and
-``kernels/head_phase_grad.py``, whose GEMMs flatten (tap, output channel) into one dimension and read
-dY from a zero-padded copy (:func:`padded_dy`) or split by phase (:class:`DyPhases`). Every tile is
-a candidate of the timed choice in ``backward``.
+channels per group): tiles and launchers of ``kernels/head_grad.py`` and ``kernels/head_phase_grad.py``,
+whose GEMMs flatten (tap, output channel) into one dimension and read dY from a zero-padded copy
+(:func:`padded_dy`) or split by phase (:class:`DyPhases`); ``backward`` times every tile.
 """
 from __future__ import annotations
 
@@ -15,11 +14,10 @@ import torch
 import triton
 
 from ...core.errors import BackendUnavailableError
-from .head import flat_spatial
+from .head import flat_spatial, rounds_tf32
 from .kernels import head_grad, head_phase_grad
-from ...core.params import ConvT3dParams
-from .configs import _cdiv, _pow2_at_least
-from .sites import Site, interpreter_active, site
+from ...core.params import ConvT3dParams, cdiv, pow2_at_least
+from .sites import Site, require_interpreter, site
 
 __all__ = ["MAX_OUT_PER_GROUP", "MIN_IN_PER_GROUP", "HeadDgradConfig", "HeadWgradConfig", "DyPhases", "supports",
            "unsupported_reason", "device_programs", "dgrad_candidates", "wgrad_candidates", "padded_dy", "dy_phases",
@@ -68,7 +66,7 @@ class HeadWgradConfig:
 
 
 def _clamp_pow2(v: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, _pow2_at_least(v)))
+    return max(lo, min(hi, pow2_at_least(v)))
 
 
 def _ktot(params: ConvT3dParams) -> int:
@@ -112,18 +110,13 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
         bm = min(32, _clamp_pow2(_positions(params), 16, 32))
         return (HeadDgradConfig(bm, min(bn, 32), bk, 4, 1),
                 HeadDgradConfig(32, min(bn, 32), bk, 4, 1, _phase_block_w(params, 32)))
-    out = []
     # 64 x 128 on 4 warps: the fastest for wide 16-bit heads, slower in fp32 (timed).
-    for bm, bn_cap, warps in ((128, 64, 4), (128, 128, 8), (256, 64, 8), (64, 128, 4)):
-        cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1)
-        if cfg not in out:
-            out.append(cfg)
+    flat = [HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1)
+            for bm, bn_cap, warps in ((128, 64, 4), (128, 128, 8), (256, 64, 8), (64, 128, 4))]
     # The phase kernel's tiles keep K at 32: a K step of 64 is slower on heads.
-    for bm, bn_cap, warps in ((64, 128, 4), (128, 128, 8)):
-        cfg = HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1, _phase_block_w(params, bm))
-        if cfg not in out:
-            out.append(cfg)
-    return tuple(out)
+    phase = [HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1, _phase_block_w(params, bm))
+             for bm, bn_cap, warps in ((64, 128, 4), (128, 128, 8))]
+    return tuple(dict.fromkeys(flat + phase))
 
 
 def device_programs(device: torch.device, per_sm: int = 4) -> int:
@@ -144,13 +137,12 @@ def _splits(params: ConvT3dParams, tiles: int, steps: int, device: torch.device)
 def _phase_tiles(params: ConvT3dParams, block: int, block_w: int) -> int:
     """Position tiles of the phase kernels: rows of ``block_w`` along W, ``block // block_w`` along H."""
     n, (d, h, w) = params.batch, params.in_size
-    return n * d * _cdiv(h, block // block_w) * _cdiv(w, block_w)
+    return n * d * cdiv(h, block // block_w) * cdiv(w, block_w)
 
 
 def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[HeadWgradConfig, ...]:
     """Tiles of ``head_wgrad_kernel`` and ``head_wgrad_phase_kernel`` (``BLOCK_W`` > 0), the first the
-    default: flat tiles of 32 positions per step at one stage (more spill in fp32), each with the dY
-    gather's lanes along (tap, channel) pairs and along positions (``lanes_on_m``)."""
+    default; flat tiles take 32 positions per step, with the dY gather's lanes on pairs or positions."""
     bci = _clamp_pow2(params.in_channels_per_group, 16, 64)
     ktot = _ktot(params)
     if device.type != "cuda":
@@ -163,9 +155,7 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     for bk_cap, warps in ((64, 4), (128, 8)):
         bk = _clamp_pow2(ktot, 16, bk_cap)
         tiles = params.groups * triton.cdiv(params.in_channels_per_group, bci) * triton.cdiv(ktot, bk)
-        cfg = HeadWgradConfig(bci, bk, 32, warps, 1, _splits(params, tiles, steps, device))
-        if cfg not in out:
-            out.append(cfg)
+        out.append(HeadWgradConfig(bci, bk, 32, warps, 1, _splits(params, tiles, steps, device)))
     out += [dataclasses.replace(c, lanes_on_m=True) for c in out]
     bci_wide = _clamp_pow2(params.in_channels_per_group, 16, 128)
     # 64 positions per step in 16-bit, 32 in fp32 (a 64 x 64 fp32 tile of 64 spills at "tf32").
@@ -174,16 +164,13 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     for bk_cap, ci, warps in ((64, bci, 4), (128, bci, 8), (64, bci_wide, 8)):
         bk = _clamp_pow2(ktot, 16, bk_cap)
         tiles = params.groups * triton.cdiv(params.in_channels_per_group, ci) * triton.cdiv(ktot, bk)
-        cfg = HeadWgradConfig(ci, bk, bp, warps, 1, _splits(params, tiles, _phase_tiles(params, bp, bw), device),
-                              BLOCK_W=bw)
-        if cfg not in out:
-            out.append(cfg)
-    return tuple(out)
+        splits = _splits(params, tiles, _phase_tiles(params, bp, bw), device)
+        out.append(HeadWgradConfig(ci, bk, bp, warps, 1, splits, BLOCK_W=bw))
+    return tuple(dict.fromkeys(out))
 
 
 def _dy_pads(params: ConvT3dParams) -> tuple[tuple[int, int], ...]:
-    """Per dimension (D, H, W), the zeros the padded copy of dY holds before and after dY's data:
-    ``p`` before, and after it up to ``(in-1)*s + (k-1)*d + 1``."""
+    """Per dimension, the zeros dY's padded copy holds before (``p``) and after (to ``(in-1)*s + (k-1)*d + 1``)."""
     return tuple((a.padding, max(0, (a.in_size - 1) * a.stride + (a.kernel - 1) * a.dilation + 1
                                  - a.padding - a.out_size)) for a in params.axes)
 
@@ -194,8 +181,7 @@ def _dy_needs_zeros(params: ConvT3dParams) -> bool:
 
 
 def dy_copied(params: ConvT3dParams, config: HeadDgradConfig | HeadWgradConfig) -> bool:
-    """Whether ``config``'s kernel reads a copy of dY (:func:`dy_operand`): the phase kernels
-    always, the flat ones where :func:`padded_dy` makes one; the kernels skip dY's rounding on it."""
+    """Whether ``config``'s kernel reads a copy of dY (``dy_operand``), on which it skips dY's rounding."""
     return bool(config.BLOCK_W) or _dy_needs_zeros(params)
 
 
@@ -207,7 +193,7 @@ def _pad_site(params: ConvT3dParams, dy: torch.Tensor, dyp: torch.Tensor, round_
         n, c, ld, lh, lw = dyp.shape
         plane = lh * lw * (c if cl else 1)
         block = _clamp_pow2(plane, 128, 1024)
-        chunks = _cdiv(plane, block)
+        chunks = cdiv(plane, block)
         return Site("dy_pad_kernel", (dyp.numel() // plane * chunks,), (
             plane, chunks, c, *params.out_size, ld, lw, pd, ph, pw, *dy.stride(),
         ), dict(CL=cl, ROUND_TF32=round_tf32, BIG=_big(dy, dyp), BLOCK=block, num_warps=4), head_grad)
@@ -218,8 +204,7 @@ def _pad_site(params: ConvT3dParams, dy: torch.Tensor, dyp: torch.Tensor, round_
 def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None = None,
               round_tf32: bool = False) -> torch.Tensor:
     """dY zero-padded so that dY position ``i*s - p + t*d`` is ``i*s + t*d`` in the copy, in ``dtype``
-    and dY's layout, rounded to TF32 with ``round_tf32``; dY itself (in ``dtype``) where no zero is
-    needed, since a copy would add a read and a write of a head's largest tensor."""
+    and dY's layout, rounded to TF32 with ``round_tf32``; dY itself where no zero is needed."""
     dtype = dtype or dy.dtype
     round_tf32 = round_tf32 and dtype == torch.float32  # TF32 is a rounding of fp32 only
     if not _dy_needs_zeros(params):
@@ -248,11 +233,7 @@ class DyPhases:
     @property
     def strides(self) -> tuple[int, ...]:
         """(residue d, residue h, residue w, n, c, index d, index h); index w has stride 1."""
-        out, acc = [], 1
-        for n in reversed(self.shape):
-            out.append(acc)
-            acc *= n
-        return tuple(reversed(out))[:-1]
+        return tuple(math.prod(self.shape[i + 1:]) for i in range(len(self.shape) - 1))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -274,7 +255,7 @@ def _phases_site(params: ConvT3dParams, dy: torch.Tensor, dyq: torch.Tensor, rou
         rows = dyq.numel() // lay.length[2]
         block_q = _clamp_pow2(lay.length[2], 16, 128)
         block_r = max(1, 2048 // block_q)  # ~2048 elements per program
-        return Site("dy_phases_kernel", (_cdiv(rows, block_r),), (
+        return Site("dy_phases_kernel", (cdiv(rows, block_r),), (
             rows, params.batch, params.out_channels, lay.length[0], lay.length[1], lay.length[2],
             *params.out_size, *params.stride, *lay.shift, *dy.stride(),
         ), dict(ROUND_TF32=round_tf32, BIG=_big(dy, dyq), BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4),
@@ -290,18 +271,12 @@ def dy_phases(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype, round
     return dyq
 
 
-def _rounds(dtype: torch.dtype, precision: str) -> bool:
-    """Whether a call's operands are rounded to TF32: fp32 at "tf32" (cuDNN's numerics)."""
-    return dtype == torch.float32 and precision == "tf32"
-
-
 def dy_operand(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype,
                config: HeadDgradConfig | HeadWgradConfig, precision: str) -> torch.Tensor:
-    """The copy of dY that ``config``'s kernel reads, in ``dtype``, TF32-rounded at TF32 precision (the
-    kernels then skip dY's rounding); ``backward.grads`` shares one between dX and dW."""
+    """The copy of dY that ``config``'s kernel reads, in ``dtype``, TF32-rounded at TF32 precision."""
     if config.BLOCK_W:
-        return dy_phases(dy, params, dtype, _rounds(dtype, precision))
-    return padded_dy(dy, params, dtype, _rounds(dtype, precision))
+        return dy_phases(dy, params, dtype, rounds_tf32(dtype, precision))
+    return padded_dy(dy, params, dtype, rounds_tf32(dtype, precision))
 
 
 def _span(t: torch.Tensor) -> int:
@@ -315,18 +290,14 @@ def _big(*tensors: torch.Tensor) -> bool:
 
 
 def _precision_args(dtype: torch.dtype, precision: str, dy_rounded: bool) -> dict:
-    """The kernels' precision constexprs; ``dy_rounded``: the dY operand is a copy rounded to TF32
-    when it was made (:func:`dy_operand`), so the kernel rounds only the other operand."""
+    """The kernels' precision constexprs; ``dy_rounded``: dY is a copy rounded when made (``dy_operand``)."""
     is_fp32 = dtype == torch.float32
-    return {"PRECISION": precision if is_fp32 else "tf32", "ROUND_TF32": _rounds(dtype, precision),
-            "DY_ROUNDED": dy_rounded and _rounds(dtype, precision), "TWO_LEVEL": is_fp32 and precision != "tf32"}
+    return {"PRECISION": precision if is_fp32 else "tf32", "ROUND_TF32": rounds_tf32(dtype, precision),
+            "DY_ROUNDED": dy_rounded and rounds_tf32(dtype, precision), "TWO_LEVEL": is_fp32 and precision != "tf32"}
 
 
 def _check_runnable(t: torch.Tensor, params: ConvT3dParams, what: str) -> None:
-    if t.device.type == "cpu" and not interpreter_active():
-        raise BackendUnavailableError(
-            f"the Triton head {what}-gradient kernel on CPU tensors needs Triton's interpreter: set "
-            "TRITON_INTERPRET=1 before triton is imported")
+    require_interpreter(t.device, f"the Triton head {what}-gradient kernel")
     reason = unsupported_reason(params)
     if reason is not None:
         raise BackendUnavailableError(f"the Triton head {what}-gradient kernel cannot run this call: {reason}")
@@ -344,7 +315,7 @@ def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, 
     """The launch site of head_dgrad_kernel or head_dgrad_phase_kernel, replayed per call signature."""
     def build():
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-        tiles_n = _cdiv(cin_g, cfg.BLOCK_N)
+        tiles_n = cdiv(cin_g, cfg.BLOCK_N)
         consts = dict(**_precision_args(wp.dtype, precision, dy_copied(params, cfg)), BIG=_big(dyp, wp, dx),
                       BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -356,7 +327,7 @@ def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, 
             ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
         # Position tiles per batch element (the kernel's store sees runs of positions).
         s = math.prod(params.in_size)
-        tiles_s = _cdiv(s, cfg.BLOCK_M)
+        tiles_s = cdiv(s, cfg.BLOCK_M)
         return Site("head_dgrad_kernel", (params.batch * tiles_s * tiles_n, g), (
             s, cin_g, cout_g, _ktot(params),
             *params.in_size,
@@ -395,7 +366,7 @@ def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dy
     def build():
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
         ktot = _ktot(params)
-        tiles_ci, tiles_k = _cdiv(cin_g, cfg.BLOCK_CI), _cdiv(ktot, cfg.BLOCK_K)
+        tiles_ci, tiles_k = cdiv(cin_g, cfg.BLOCK_CI), cdiv(ktot, cfg.BLOCK_K)
         grid = (cfg.splits * tiles_ci * tiles_k, g)
         consts = dict(**_precision_args(x.dtype, precision, dy_copied(params, cfg)), BIG=_big(x, dyp),
                       BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
@@ -424,7 +395,7 @@ _FINISH_TILE = 8192
 
 def _finish_blocks(elements: int, splits: int, programs: int) -> tuple[int, int]:
     """(BLOCK_S, BLOCK_E) of wgrad_finish_kernel, for about ``programs`` programs."""
-    block_e = _clamp_pow2(_cdiv(elements, programs), 32, 256)
+    block_e = _clamp_pow2(cdiv(elements, programs), 32, 256)
     return _clamp_pow2(splits, 2, _FINISH_TILE // block_e), block_e
 
 
@@ -432,7 +403,7 @@ def _finish_site(params: ConvT3dParams, splits: int, dw: torch.Tensor) -> Site:
     def build():
         e = params.groups * params.in_channels_per_group * _ktot(params)
         block_s, block_e = _finish_blocks(e, splits, device_programs(dw.device, 1))
-        return Site("wgrad_finish_kernel", (_cdiv(e, block_e),), (
+        return Site("wgrad_finish_kernel", (cdiv(e, block_e),), (
             e, splits, params.out_channels_per_group, _ktot(params), math.prod(params.kernel_size),
         ), dict(BLOCK_S=block_s, BLOCK_E=block_e, num_warps=4), head_phase_grad)
 

@@ -13,9 +13,8 @@ from ..base import Engine, LaunchedRepeats
 from ..torch.calls import torch_forward
 from ..torch.peer import TorchEngine
 from . import engine as triton_engine
-from .configs import CandidateFailure
+from .configs import CandidateFailure, device_name, tuned_config
 from .persist import flush_triton, has_pending, prime_triton
-from .configs import device_name, tuned_config
 
 __all__ = ["TritonEngine", "HybridEngine", "guarded"]
 
@@ -51,9 +50,8 @@ class TritonEngine(LaunchedRepeats):
 
     def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         params, precision: str):
-        """(run, alive) of a settled inference signature for ``steady.Repeat``
-        (``triton_engine.steady_launcher``), or None; on CUDA ``run`` also persists pending
-        tuning results first, as ``_prime`` does for a repeat."""
+        """``triton_engine.steady_launcher`` for ``steady.Repeat``; on CUDA ``run`` also persists
+        pending tuning results first, as ``_prime`` does for a repeat."""
         launcher = triton_engine.steady_launcher(x, weight, bias is not None, params, precision)
         if launcher is None or x.device.type != "cuda":
             return launcher
@@ -67,10 +65,8 @@ class TritonEngine(LaunchedRepeats):
         return run, alive
 
     def _prime(self, call: Call) -> None:
-        """Before a signature's first call on CUDA, seed its tile choice from the disk cache, or
-        tune it with every candidate's run guarded (``guarded``); on later calls, persist tuning
-        results that earlier calls produced (one set lookup and one flag check when there are
-        none; the flag check alone for a steady-path repeat)."""
+        """Before a signature's first call on CUDA, seed its tile choice from the disk cache or tune
+        it (``guarded``); on later calls, persist the tuning results earlier calls produced."""
         if call.device.type != "cuda":
             return
         key = None if call.repeat else (call.key, call.bias is not None)
@@ -82,9 +78,8 @@ class TritonEngine(LaunchedRepeats):
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 return  # nothing is timed inside graph capture: triton_engine.forward runs the default
             if distributed.active():
-                # Every rank agrees on the tile at its first sight of the signature, whatever it
-                # seeded from its own cache file: rank 0 tunes (or keeps its seed), the others
-                # take its config (convt3d.dispatch.distributed).
+                # Every rank takes rank 0's tile at its first sight of the signature, whatever it
+                # seeded from its own cache file (convt3d.dispatch.distributed).
                 launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
                 distributed.agree_config(
                     tk, lambda: tuned_config(tk) or triton_engine._choose(tk, launch.configs,
@@ -102,9 +97,8 @@ class TritonEngine(LaunchedRepeats):
 
 
 def guarded(run: Callable[[triton_engine.Config], object]) -> Callable[[triton_engine.Config], object]:
-    """``run`` for the tuner, returning a candidate's failure (``CandidateFailure``) instead of
-    raising it, so that a tile this GPU cannot compile (less shared memory per block than the
-    H100/H200 the offer rules assume) is left out rather than failing the call."""
+    """``run`` for the tuner, returning a candidate's failure (``CandidateFailure``) instead of raising
+    it, so that a tile this GPU cannot compile is left out rather than failing the call."""
 
     def attempt(cfg):
         try:
@@ -127,11 +121,8 @@ class HybridEngine(Engine):
     def call_reasons(self, call: Call) -> list[str]:
         return [] if call.training else ["not a training call (PyTorch's forward with convt3d's backward)"]
 
+    # Its precision is the call's (``Engine.precision``), also that of convt3d's backward kernels.
     precision_reasons = TorchEngine.precision_reasons
-
-    def precision(self, call: Call) -> str:
-        # Also the precision of convt3d's backward kernels: exact grade stays tf32x3 there.
-        return call.precision
 
     def forward(self, call: Call) -> torch.Tensor:
         return torch_forward(call.x, call.weight, call.bias, call.params, call.requested)

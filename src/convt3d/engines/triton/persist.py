@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 
 from ...dispatch.cache import config_from_dict, config_to_dict, on_reset, save_unsaved, store_for, tune_key_text
 from . import engine as triton_engine
@@ -14,9 +15,8 @@ __all__ = ["prime_triton", "has_pending", "flush_triton"]
 
 
 _seen: set = set()  # tune keys already looked up this process
-
-
-_pending: dict = memo("engines.triton.persist.pending")  # tune key -> gpu: not tuned yet when first seen; persisted once tuned
+# Tune key -> GPU of keys not tuned when first seen: persisted once tuned.
+_pending: dict = memo("engines.triton.persist.pending")
 
 
 def prime_triton(gpu: str, key, candidates) -> None:
@@ -39,16 +39,11 @@ def prime_triton(gpu: str, key, candidates) -> None:
     _flush_at_exit()
 
 
-_atexit_registered = False
-
-
+@functools.cache
 def _flush_at_exit() -> None:
-    """The last signature's tuning result would otherwise wait for a next call that never comes;
-    registered on first use, not at import."""
-    global _atexit_registered
-    if not _atexit_registered:
-        _atexit_registered = True
-        atexit.register(_flush_quietly)
+    """Flush at exit, registered on first use (not at import): the last signature's tuning result
+    would otherwise wait for a next call that never comes."""
+    atexit.register(_flush_quietly)
 
 
 def _flush_quietly() -> None:

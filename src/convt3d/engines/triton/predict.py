@@ -1,14 +1,10 @@
 """Predicted, then confirmed (opt-in): the tuner compiles and times a shortlist instead of every candidate.
 
-A tuning table per GPU architecture (``tables/sm<major><minor>.json``, written by
-``tools/tuning_table.py --merge`` from the exhaustive tuner's timings on random layers) records,
-per layer, each candidate's cost relative to that layer's best. A call's candidates are ranked by
-the costs their kind had on the nearest recorded layers (GEMM shape, taps, phases, groups, width;
-same dtype class and layout first); the shortlist keeps the best-ranked candidate of each kernel
-family (phase/flat GEMM, head rows, head shuffle), then the next best up to ``SHORTLIST``. It runs
-only with ``CONVT3D_TUNE=predicted``: on the bench suites' own layers the shortlist's choice ran
-slower than the exhaustive tuner's (docs/design.md, "Predicted shortlist"), so every candidate is
-timed by default.
+A tuning table per GPU architecture (``tables/sm<major><minor>.json``, from ``tools/tuning_table.py
+--merge``) records each candidate kind's cost relative to the best on random layers; a call's
+candidates are ranked by their kinds' costs on the nearest recorded layers, and the shortlist keeps
+the best of each kernel family, then the next best up to ``SHORTLIST``. Opt-in
+(``CONVT3D_TUNE=predicted``): its choice is slower than the exhaustive tuner's on the suites' layers.
 """
 from __future__ import annotations
 
@@ -38,9 +34,8 @@ def _field(cfg, name: str, default=None):
 
 
 def label(cfg, k_range: tuple[int, int] = (0, 0)) -> str:
-    """A candidate's kind, the same across layers: the family, tile rows, stages and variant flags;
-    shape-derived fields (BLOCK_N, BLOCK_K, warps) are left out except as marks of a narrower N or a
-    K step other than its family's usual one (``k_range``: the family's least and widest BLOCK_K)."""
+    """A candidate's kind, the same across layers: family, tile rows, stages and flags, with marks of a
+    narrower N or an unusual K step (``k_range``: the family's least and widest BLOCK_K)."""
     head = _field(cfg, "head", "")
     if head:
         s = f"{head} M{_field(cfg, 'BLOCK_M')} s{_field(cfg, 'num_stages')} w{_field(cfg, 'num_warps')}"
@@ -91,9 +86,8 @@ def table_for(arch: str) -> list[dict] | None:
 
 def rank(configs, params: ConvT3dParams, dtype: torch.dtype, precision: str, channels_last: bool,
          table: list[dict]) -> list[int]:
-    """Candidate indices, best predicted first: each kind's mean log cost ratio over the nearest
-    recorded layers that had it (nearer layers weigh more); unseen kinds keep their listed order
-    after the seen ones."""
+    """Candidate indices, best predicted first: each kind's mean log cost ratio over the nearest recorded
+    layers that had it (nearer ones weigh more); unseen kinds follow in their listed order."""
     names = labels(configs)
     dname = str(dtype).replace("torch.", "")
     me = regime(dname, precision, channels_last, params.out_channels_per_group <= 15)
@@ -119,9 +113,8 @@ def rank(configs, params: ConvT3dParams, dtype: torch.dtype, precision: str, cha
 
 def shortlist(configs: tuple, params: ConvT3dParams, dtype: torch.dtype, precision: str, channels_last: bool,
               device: torch.device) -> tuple:
-    """The candidates a first call compiles and times: with ``CONVT3D_TUNE=predicted`` and a table
-    for this GPU, the best-ranked of each family and the next best up to ``SHORTLIST`` (in ranked
-    order); otherwise all of them."""
+    """The candidates a first call compiles and times: ``pick`` of the ranking with
+    ``CONVT3D_TUNE=predicted`` and a table for this GPU, otherwise all of them."""
     if len(configs) <= SHORTLIST or os.environ.get(ENV_MODE, "exhaustive") != "predicted":
         return configs
     table = table_for(arch_of(device)) if device.type == "cuda" else None
@@ -142,11 +135,8 @@ def pick(configs, order: list[int]) -> list[int]:
 
 
 def write_tables(paths: list[str]) -> str:
-    """Write ``tables/<arch>.json`` from ``tools/tuning_table.py`` runs: per timed layer, its
-    features, regime and each candidate kind's log cost ratio to the best (cost: the larger of the
-    GPU median and the host time, as the tuner charges)."""
-    from ...core.params import ConvT3dParams as P
-
+    """Write ``tables/<arch>.json`` from ``tools/tuning_table.py`` runs: per timed layer, its features,
+    regime and each candidate kind's log cost ratio to the best (costs charged as the tuner does)."""
     by_arch: dict[str, list[dict]] = {}
     for path in paths:
         for line in Path(path).read_text().splitlines():
@@ -154,16 +144,15 @@ def write_tables(paths: list[str]) -> str:
             cands = [c for c in r.get("candidates", []) if c.get("ms")]
             if not cands:
                 continue
-            params = P.create(r["batch"], r["in_channels"], r["out_channels"], r["groups"], tuple(r["in_size"]),
-                              tuple(r["kernel_size"]), tuple(r["stride"]), tuple(r["padding"]),
-                              tuple(r["output_padding"]), tuple(r["dilation"]))
+            geometry = (tuple(r[k]) for k in ("in_size", "kernel_size", "stride", "padding", "output_padding",
+                                              "dilation"))
+            params = ConvT3dParams.create(r["batch"], r["in_channels"], r["out_channels"], r["groups"], *geometry)
             cost = [max(c["ms"], c.get("host_ms") or 0.0) for c in cands]
             best = min(cost)
             costs = {}
             for name, c in zip(labels([c["config"] for c in cands]), cost):
                 costs[name] = min(costs.get(name, math.inf), round(math.log(c / best), 4))
-            arch = r["arch"] if "arch" in r else "sm90"
-            by_arch.setdefault(arch, []).append(dict(
+            by_arch.setdefault(r.get("arch", "sm90"), []).append(dict(
                 features=[round(v, 4) for v in features(params)], dtype=r["dtype"],
                 regime=regime(r["dtype"], r["precision"], r["channels_last"], params.out_channels_per_group <= 15),
                 costs=costs, gpu=r.get("gpu", "")))

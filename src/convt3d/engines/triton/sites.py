@@ -1,6 +1,5 @@
-"""The Triton engine's launch sites: the host side of every launch (grid, integer arguments,
-device tables, input copies, weight packing, descriptors), built once per call signature.
-"""
+"""The Triton engine's launch sites: the host side of every launch (grid, integer arguments, device
+tables, input copies, weight packing, descriptors), built once per call signature."""
 from __future__ import annotations
 
 import functools
@@ -17,8 +16,8 @@ from .kernels import phase_gemm as K
 from .kernels import head_gemm as HK
 from .kernels import gluon_gemm as GK
 from ...core.errors import BackendUnavailableError
-from ...core.params import ConvT3dParams
-from .configs import Config, _cdiv, _pow2_at_least, _w_skip
+from ...core.params import ConvT3dParams, cdiv, pow2_at_least
+from .configs import Config, _w_skip
 from ...core.memo import memo
 
 
@@ -28,6 +27,13 @@ _INT32_MAX = 2**31 - 1
 def interpreter_active() -> bool:
     """True when Triton was imported with TRITON_INTERPRET=1 (its kernels then run on the CPU)."""
     return bool(triton.knobs.runtime.interpret)
+
+
+def require_interpreter(device: torch.device, what: str) -> None:
+    """CPU tensors run ``what`` through Triton's interpreter, which must be on before triton is imported."""
+    if device.type == "cpu" and not interpreter_active():
+        raise BackendUnavailableError(f"{what} on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
+                                      "before triton is imported")
 
 
 def _kernel(name: str, device: torch.device, module=None):
@@ -115,8 +121,7 @@ _tables: dict[tuple, torch.Tensor] = memo("engines.triton.sites.tables")
 
 def _device_table(kind: tuple, params: ConvT3dParams, device: torch.device, build: Callable[[], list],
                   width: int | None = None) -> torch.Tensor:
-    """An int32 table on ``device`` built once per (kind, spatial geometry, device); ``width``
-    makes it 2-D [rows, width]."""
+    """An int32 table on ``device`` built once per (kind, spatial geometry, device), [rows, ``width``]."""
     key = (kind, params.stride, params.padding, params.dilation, params.kernel_size, params.out_size,
            params.in_size, str(device))
     tab = _tables.get(key)
@@ -135,10 +140,8 @@ def _row_class_empty(params: ConvT3dParams, rd: int, rh: int) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def companion_masks(params: ConvT3dParams) -> dict[tuple[int, int], int] | None:
-    """Owner row class -> mask: every empty row class (dd with taps, hh without) is written by the
-    GEMM programs of (dd, first height residue with taps), bit ``dd * SH + hh``; depth residues
-    without taps are left to fill_planes_kernel. None when rows would have no owner or the mask
-    would not fit an int32 (fill_rows_kernel then writes them)."""
+    """Owner row class -> mask: each empty row class (dd with taps, hh without) is written by the GEMM
+    programs of (dd, first height residue with taps), bit ``dd * SH + hh``; None if ownerless or over 31 bits."""
     sd, sh = params.stride[0], params.stride[1]
     d_ok = [params.axes[0].phases[r].num_taps > 0 for r in range(sd)]
     h_ok = [params.axes[1].phases[r].num_taps > 0 for r in range(sh)]
@@ -180,9 +183,9 @@ def _fill_planes_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, pl
 def _fill_rows_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, rows: torch.Tensor) -> Site:
     """The launch site of fill_rows_kernel writing the (od, oh) ``rows`` (``empty_rows``) of y."""
     def build():
-        block_c = min(64, _pow2_at_least(params.out_channels))
-        block_w = min(128, _pow2_at_least(params.out_size[2]))
-        c_blocks = _cdiv(params.out_channels, block_c)
+        block_c = min(64, pow2_at_least(params.out_channels))
+        block_w = min(128, pow2_at_least(params.out_size[2]))
+        c_blocks = cdiv(params.out_channels, block_c)
         return Site("fill_rows_kernel", (rows.shape[0] * c_blocks * params.batch,),
                     (params.out_channels, params.out_size[2], rows.shape[0], c_blocks, *y.stride()),
                     dict(HAS_BIAS=has_bias, BLOCK_C=block_c, BLOCK_W=block_w, num_warps=4))
@@ -192,9 +195,8 @@ def _fill_rows_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, rows
 
 def phase_table(params: ConvT3dParams, device: torch.device, w_group: int = 1,
                 skip_empty_rows: bool = False, companions: bool = False) -> torch.Tensor:
-    """int32 [groups * w_group, 16]: per phase its residues, tap counts, first taps, first offsets
-    and compact sizes (W residue fastest), column 15 the companion mask; ``skip_empty_rows``
-    leaves out row classes no tap reaches."""
+    """int32 [groups * w_group, 16]: per phase its residues, tap counts, first taps, first offsets and
+    compact sizes, column 15 the companion mask; ``skip_empty_rows`` leaves out unreached row classes."""
     def build():
         rows = []
         masks = (companion_masks(params) or {}) if companions else {}
@@ -223,21 +225,14 @@ def empty_rows(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     return _device_table(("rows",), params, device, build, width=2)
 
 
-def _flattenable(x: torch.Tensor) -> torch.Tensor:
-    """x, or its contiguous copy where D, H, W cannot be walked as one flat index (sliced views)."""
-    w, h = x.shape[4], x.shape[3]
-    sd, sh, sw = x.stride()[2:]
-    return x if (sh == w * sw and sd == h * sh) else x.contiguous()
-
-
 def _channels_last_site(x: torch.Tensor, round_tf32: bool) -> Site:
     n, c, d, h, w = x.shape
     s = d * h * w
 
     def build():
-        block_c = min(64, _pow2_at_least(c))
+        block_c = min(64, pow2_at_least(c))
         block_s = 64
-        s_blocks, c_blocks = _cdiv(s, block_s), _cdiv(c, block_c)
+        s_blocks, c_blocks = cdiv(s, block_s), cdiv(c, block_c)
         return Site("to_channels_last_kernel", (s_blocks * c_blocks * n,),
                     (c, s, s_blocks, c_blocks, x.stride(0), x.stride(1), x.stride(4)),
                     dict(ROUND_TF32=round_tf32, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4))
@@ -249,7 +244,9 @@ def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.
     """Return x with channels innermost (NDHWC strides), copying (and TF32-rounding) if asked."""
     if not need_copy:
         return x
-    x = _flattenable(x)
+    sd, sh, sw = x.stride()[2:]
+    if sh != x.shape[4] * sw or sd != x.shape[3] * sh:
+        x = x.contiguous()  # the copy kernel walks D, H, W as one flat index
     n, c, d, h, w = x.shape
     y = torch.empty((n, d, h, w, c), dtype=x.dtype, device=x.device)
     if y.numel() > 0:
@@ -266,8 +263,8 @@ def _packed_shape(params: ConvT3dParams) -> tuple[int, int, int, int]:
 def _pack_blocks(params: ConvT3dParams) -> tuple[int, int, int]:
     """(BLOCK_CI, BLOCK_J, programs per group) of pack_weight_kernel: 32 x 64, narrower for fewer channels."""
     _, kvol, cout_g, cin_g = _packed_shape(params)
-    block_ci, block_j = min(32, _pow2_at_least(cin_g)), 64
-    return block_ci, block_j, _cdiv(cin_g, block_ci) * _cdiv(cout_g * kvol, block_j)
+    block_ci, block_j = min(32, pow2_at_least(cin_g)), 64
+    return block_ci, block_j, cdiv(cin_g, block_ci) * cdiv(cout_g * kvol, block_j)
 
 
 def _pack_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool, fold: int = 1) -> Site:
@@ -290,8 +287,7 @@ def _pack_weight(weight: torch.Tensor, params: ConvT3dParams, pack: Site) -> tor
 
 
 def slice_offsets_fit(params: ConvT3dParams, x_strides, y_strides, pad: int) -> bool:
-    """The kernels' 32-bit in-slice offsets (h, w and channel terms) stay below 2^31 with ``pad``
-    positions of tile padding."""
+    """The kernels' 32-bit in-slice offsets stay below 2^31 with ``pad`` positions of tile padding."""
     (h, w), (oh, ow) = params.in_size[1:], params.out_size[1:]
     x_span = (h + pad) * abs(x_strides[3]) + (w + pad) * abs(x_strides[4]) \
         + params.in_channels_per_group * abs(x_strides[1])
@@ -338,12 +334,11 @@ def _w_descriptor(wp: torch.Tensor, cfg: Config):
 
 
 def _padded_blocks(x: torch.Tensor, geo) -> tuple[int, int, int, int]:
-    """(BLOCK_C, BLOCK_W, row blocks, channel blocks) of to_padded_kernel: up to 64 x 64, narrower
-    for fewer channels or a narrower row so that few lanes are masked."""
+    """(BLOCK_C, BLOCK_W, row blocks, channel blocks) of to_padded_kernel: up to 64 x 64, fitted to C and W."""
     _, (dp, hp, wp) = geo
     c = x.shape[1]
-    block_c, block_w = min(64, _pow2_at_least(c)), min(64, _pow2_at_least(wp))
-    return block_c, block_w, dp * hp * _cdiv(wp, block_w), _cdiv(c, block_c)
+    block_c, block_w = min(64, pow2_at_least(c)), min(64, pow2_at_least(wp))
+    return block_c, block_w, dp * hp * cdiv(wp, block_w), cdiv(c, block_c)
 
 
 def _padded_ints(x: torch.Tensor, geo) -> tuple:
@@ -417,8 +412,8 @@ def _flat_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, pa
         (pd, ph, pw), (dp, hp, wpad) = geo
         _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
         q = params.compact_size
-        tiles_m = _cdiv(q[1] * wpad, cfg.BLOCK_M)
-        tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+        tiles_m = cdiv(q[1] * wpad, cfg.BLOCK_M)
+        tiles_n = cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         axes = params.axes
         return Site("flat_gemm_kernel", (params.groups * params.batch * q[0] * tiles_m * n_groups * tiles_n,), (
             params.batch, cin_g, params.out_channels_per_group, dp, hp, wpad, pd, ph, pw,
@@ -447,9 +442,8 @@ def gluon_capable(device: torch.device) -> bool:
 
 
 def w_pairs(cfg: Config, params: ConvT3dParams, y: torch.Tensor) -> bool:
-    """box_gemm_kernel may store both W residues of a position as one vector (PAIRS): NCDHW output
-    with W_GROUP=2 and every pair on an aligned even element. ``y`` is a fresh allocation (aligned
-    by the caching allocator), so the cached answer holds for every later call."""
+    """box_gemm_kernel may store both W residues of a position as one vector (PAIRS): NCDHW output with
+    W_GROUP=2, every pair aligned (``y`` is a fresh allocation, so this holds for every later call)."""
     return (cfg.W_GROUP == 2 and y.stride(4) == 1 and params.out_size[2] % 2 == 0
             and all(s % 2 == 0 for s in y.stride()[:4]) and y.data_ptr() % (2 * y.element_size()) == 0)
 
@@ -462,8 +456,8 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
         _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
         q = params.compact_size
         # Boxes cover the largest compact grid; those past a phase's own grid only store.
-        tiles_h, tiles_w = _cdiv(q[1], cfg.BLOCK_M // cfg.BLOCK_W), _cdiv(q[2], cfg.BLOCK_W)
-        tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+        tiles_h, tiles_w = cdiv(q[1], cfg.BLOCK_M // cfg.BLOCK_W), cdiv(q[2], cfg.BLOCK_W)
+        tiles_n = cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         axes = params.axes
         programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
         cl_out = y.stride(1) == 1 and params.out_channels > 1
@@ -499,16 +493,16 @@ def _box_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int
             gluon_descriptor(wp.view(-1, cin_g), (cfg.BLOCK_N, cfg.BLOCK_K)))
 
 
-def _phase_site(cfg: Config, params: ConvT3dParams, pl: "Plan", xin: torch.Tensor, wp: torch.Tensor, y: torch.Tensor,
+def _phase_site(cfg: Config, params: ConvT3dParams, pl, xin: torch.Tensor, wp: torch.Tensor, y: torch.Tensor,
                 n_groups: int, has_bias: bool, x_tma: bool, w_tma: bool) -> Site:
-    """The launch site of phase_gemm_kernel (``x_tma`` / ``w_tma``: descriptors for x / the weight)."""
+    """The launch site of phase_gemm_kernel for the engine's Plan ``pl`` (``x_tma``, ``w_tma``: descriptors)."""
     q = params.compact_size
 
     def build():
         _check_slice_offsets(params, xin, y, max(c.BLOCK_M for c in pl.configs))
         bh = cfg.BLOCK_M // cfg.BLOCK_W
-        tiles_h, tiles_w = _cdiv(q[1], bh), _cdiv(q[2], cfg.BLOCK_W)
-        tiles_n = _cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+        tiles_h, tiles_w = cdiv(q[1], bh), cdiv(q[2], cfg.BLOCK_W)
+        tiles_n = cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         axes = params.axes
         programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
         return Site("phase_gemm_kernel", (programs,), (

@@ -9,10 +9,9 @@ from .sites import interpreter_active
 
 __all__ = ["start_warm_up"]
 
-# The first launch of a process computes Triton's installation key (hashing its library and
-# sources) before finding even a cached binary. It depends on no call and hashing releases the
-# GIL, so ``convt3d.patch`` starts it in a daemon thread; it imports nothing, so a process forked
-# meanwhile inherits no held import lock. A module of its own: KernelBench files may hold no threads.
+# A process's first launch hashes Triton's installation before finding even a cached binary: it
+# depends on no call and releases the GIL, so ``convt3d.patch`` starts it in a daemon thread that
+# imports nothing (a fork inherits no held import lock). Its own module: KernelBench files hold no threads.
 _warm_up_started = False
 
 
