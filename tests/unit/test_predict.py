@@ -84,3 +84,13 @@ def test_the_shipped_table_knows_a_kind_of_every_call():
         for dtype in (torch.float32, torch.bfloat16):
             names = predict.labels(candidate_configs(p, dtype, "tf32", False, flat=True, gluon=True))
             assert known & set(names), (p.describe(), dtype, names)
+
+
+def test_an_unknown_mode_warns_and_times_every_candidate(monkeypatch):
+    configs = candidate_configs(HEAD, torch.float32, "tf32", False, flat=True, gluon=True)
+    monkeypatch.setattr(predict, "table_for", lambda arch: _table(HEAD, configs, [0.0] * len(configs)))
+    monkeypatch.setattr(predict, "arch_of", lambda device: "sm90")
+    monkeypatch.setenv(predict.ENV_MODE, "fastest")
+    predict._warn_unknown_mode.cache_clear()
+    with pytest.warns(UserWarning, match="CONVT3D_TUNE='fastest'"):
+        assert predict.shortlist(configs, HEAD, torch.float32, "tf32", False, _Cuda()) == configs

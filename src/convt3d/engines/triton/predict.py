@@ -12,13 +12,14 @@ import functools
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 
 import torch
 
 from ...core.params import ConvT3dParams
 
-__all__ = ["SHORTLIST", "ENV_MODE", "label", "features", "rank", "pick", "shortlist", "table_for", "write_tables"]
+__all__ = ["SHORTLIST", "ENV_MODE", "MODES", "tune_mode", "label", "features", "rank", "pick", "shortlist", "table_for", "write_tables"]
 
 TABLES = Path(__file__).with_name("tables")
 ENV_MODE = "CONVT3D_TUNE"  # "exhaustive" (default) or "predicted"
@@ -111,11 +112,28 @@ def rank(configs, params: ConvT3dParams, dtype: torch.dtype, precision: str, cha
     return sorted(range(len(configs)), key=lambda i: (score[names[i]], i))
 
 
+MODES = ("exhaustive", "predicted")
+
+
+def tune_mode() -> str:
+    """``$CONVT3D_TUNE``; an unknown value warns once and times every candidate."""
+    mode = os.environ.get(ENV_MODE, "exhaustive")
+    if mode not in MODES:
+        _warn_unknown_mode(mode)
+        return "exhaustive"
+    return mode
+
+
+@functools.cache
+def _warn_unknown_mode(mode: str) -> None:
+    warnings.warn(f"{ENV_MODE}={mode!r} is not one of {MODES}; every tile candidate is timed", stacklevel=3)
+
+
 def shortlist(configs: tuple, params: ConvT3dParams, dtype: torch.dtype, precision: str, channels_last: bool,
               device: torch.device) -> tuple:
     """The candidates a first call compiles and times: ``pick`` of the ranking with
     ``CONVT3D_TUNE=predicted`` and a table for this GPU, otherwise all of them."""
-    if len(configs) <= SHORTLIST or os.environ.get(ENV_MODE, "exhaustive") != "predicted":
+    if len(configs) <= SHORTLIST or tune_mode() != "predicted":
         return configs
     table = table_for(arch_of(device)) if device.type == "cuda" else None
     if table is None:
