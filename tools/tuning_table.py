@@ -84,11 +84,9 @@ def _tensors(spec: dict):
 
 
 def _params(spec: dict):
-    from convt3d.core.params import ConvT3dParams
+    from convt3d.engines.triton.predict import params_of
 
-    return ConvT3dParams.create(spec["batch"], spec["in_channels"], spec["out_channels"], spec["groups"],
-                                tuple(spec["in_size"]), tuple(spec["kernel_size"]), tuple(spec["stride"]),
-                                tuple(spec["padding"]), tuple(spec["output_padding"]), tuple(spec["dilation"]))
+    return params_of(spec)
 
 
 def _compile(specs: list[dict]) -> None:
@@ -111,6 +109,7 @@ def _compile(specs: list[dict]) -> None:
 
 def _time(spec: dict) -> dict:
     import torch
+    from convt3d.core.flags import cudnn_conv_tf32
     from convt3d.dispatch.timing import gpu_ms
     from convt3d.engines.triton import engine
 
@@ -124,10 +123,9 @@ def _time(spec: dict) -> dict:
     rec = engine.tuning_log()[pl.tune_key]
     cands = [dict(kind=type(c).__name__, config=dataclasses.asdict(c), short=c.short(),
                   ms=rec.timings_ms.get(c.short()), host_ms=rec.host_ms.get(c.short())) for c in pl.configs]
-    torch.backends.cudnn.allow_tf32 = spec["precision"] == "tf32"
-    cudnn = gpu_ms(lambda: torch.nn.functional.conv_transpose3d(
-        x, w, b, spec["stride"], spec["padding"], spec["output_padding"], spec["groups"], spec["dilation"]))
-    torch.backends.cudnn.allow_tf32 = True
+    with cudnn_conv_tf32(spec["precision"] == "tf32"):
+        cudnn = gpu_ms(lambda: torch.nn.functional.conv_transpose3d(
+            x, w, b, spec["stride"], spec["padding"], spec["output_padding"], spec["groups"], spec["dilation"]))
     major, minor = torch.cuda.get_device_capability()
     return dict(spec, gpu=torch.cuda.get_device_name(), arch=f"sm{major}{minor}", candidates=cands,
                 choice=rec.config.short(), failed=rec.failed, tuning_s=round(time.perf_counter() - t0, 3),
@@ -150,7 +148,7 @@ def suite_specs(suite: str) -> list[dict]:
 
 
 def collect(args) -> None:
-    os.environ["CONVT3D_TUNE"] = "exhaustive"  # every candidate timed, here and in the workers
+    os.environ["CONVT3D_TUNE"] = "exhaustive"  # every candidate timed, here and in the spawned workers
     rng = random.Random(args.seed)
     specs = [s for name in args.suite.split(",") for s in suite_specs(name)] if args.suite else \
         [draw(rng) for _ in range(args.count)]
@@ -195,7 +193,7 @@ def evaluate(paths: list[str]) -> None:
         predict.SHORTLIST, losses = k, []
         for i, r in enumerate(rows):
             cands = [c for c in r["candidates"] if c.get("ms")]
-            cost = [max(c["ms"], c.get("host_ms") or 0.0) for c in cands]
+            cost = [predict.charged_ms(c) for c in cands]
             configs = tuple(c["config"] for c in cands)
             order = predict.rank(configs, _params(r), getattr(torch, r["dtype"]), r["precision"], r["channels_last"],
                                  table[:i] + table[i + 1:])

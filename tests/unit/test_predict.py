@@ -25,7 +25,7 @@ def _table(params, configs, costs, dtype="float32", precision="tf32", cl=False):
     """A one-layer table recording ``costs`` (log ratio per candidate, in listed order)."""
     names = predict.labels(configs)
     row = dict(features=predict.features(params), dtype=dtype, costs=dict(zip(names, costs)),
-               regime=predict.regime(dtype, precision, cl, params.out_channels_per_group <= 15))
+               regime=predict.regime(dtype, precision, cl, params))
     return [row]
 
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from ...core.params import ConvT3dParams, pow2_at_least
+from ...core.params import ConvT3dParams, cdiv, pow2_at_least
 
 __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "HeadConfig", "head_tiles", "collision_free",
            "shuffle_layer", "shuffle_shifts", "shuffle_n_shifts", "shuffle_halo", "shuffle_blocks", "shuffle_tiles",
@@ -91,12 +91,12 @@ def shuffle_layer(params: ConvT3dParams) -> bool:
 
 def shuffle_shifts(params: ConvT3dParams) -> tuple[int, int, int]:
     """(J_d, J_h, J_w): the shuffle kind's shifts per dimension, ceil(k / s)."""
-    return tuple(-(-a.kernel // a.stride) for a in params.axes)
+    return tuple(cdiv(a.kernel, a.stride) for a in params.axes)
 
 
 def shuffle_blocks(params: ConvT3dParams) -> tuple[int, int, int]:
     """The shuffle kind's blocks q = (o + p) // s covering the output, per dimension."""
-    return tuple(-(-(a.out_size + a.padding) // a.stride) for a in params.axes)
+    return tuple(cdiv(a.out_size + a.padding, a.stride) for a in params.axes)
 
 
 def shuffle_n_shifts(params: ConvT3dParams, shifts_n: int) -> tuple[int, int]:
@@ -121,7 +121,7 @@ def shuffle_shape(params: ConvT3dParams, use_dot: bool, shifts_n: int = 0) -> tu
     bc = pow2_at_least(params.out_channels_per_group)
     if use_dot:
         ns_p = pow2_at_least(math.prod(shuffle_n_shifts(params, shifts_n)))
-        bc = max(bc, pow2_at_least(-(-16 // (ns_p * r_p * sw_p))))
+        bc = max(bc, pow2_at_least(cdiv(16, ns_p * r_p * sw_p)))
     return r_p, sw_p, bc
 
 
@@ -241,8 +241,8 @@ def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, 
     ~4 KB of epilogue; within 2 KB of Triton's figure for sm_90a."""
     elt = dtype.itemsize
     nshift = width_shifts(params)[1]
-    k_steps = -(-params.in_channels_per_group // t["BLOCK_K"])
-    n_tiles = -(-_rows_columns(params) // t["BLOCK_N"])
+    k_steps = cdiv(params.in_channels_per_group, t["BLOCK_K"])
+    n_tiles = cdiv(_rows_columns(params), t["BLOCK_N"])
     x_stage = nshift * k_steps * t["BLOCK_M"] * t["BLOCK_K"] * elt
     w_bytes = nshift * k_steps * n_tiles * t["BLOCK_K"] * t["BLOCK_N"] * elt
     stages = t["num_stages"] * x_stage + (4 << 10)
@@ -274,7 +274,7 @@ JOINT_ACC_REGS = 96
 
 def _joint_fits(params: ConvT3dParams, dtype: torch.dtype, bm: int, warps: int, stages: int, bk: int) -> bool:
     """A joint tile's accumulators fit JOINT_ACC_REGS per thread and its stages one block's shared memory."""
-    n_tiles = -(-_rows_columns(params) // 64)
+    n_tiles = cdiv(_rows_columns(params), 64)
     smem = stages * (bm * bk + n_tiles * bk * 64) * dtype.itemsize + (4 << 10)
     return n_tiles * bm * 64 <= JOINT_ACC_REGS * 32 * warps and smem <= MAX_BLOCK_SMEM
 
@@ -296,7 +296,7 @@ def _packed(params: ConvT3dParams, dtype: torch.dtype, base: dict, held: bool) -
 
 def _rows_steps(params: ConvT3dParams, cfg) -> tuple[int, int]:
     """(N tiles, K steps) of the rows GEMM under ``cfg``'s BLOCK_N and BLOCK_K."""
-    return -(-_rows_columns(params) // cfg.BLOCK_N), -(-params.in_channels_per_group // cfg.BLOCK_K)
+    return cdiv(_rows_columns(params), cfg.BLOCK_N), cdiv(params.in_channels_per_group, cfg.BLOCK_K)
 
 
 def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
@@ -366,9 +366,9 @@ class HeadSteps:
         # Tiles overlap by the halo that shifts in N read (shuffle_halo).
         hh, hw = shuffle_halo(p, cfg.shifts_n, cfg.BOX_H, cfg.BLOCK_W)
         if flat:  # BLOCK_M consecutive blocks of the plane (BOX_H 0)
-            tiles_h, tiles_w = -(-(blocks_h * blocks_w) // (cfg.BLOCK_M - hw)), 1
+            tiles_h, tiles_w = cdiv(blocks_h * blocks_w, cfg.BLOCK_M - hw), 1
         else:
-            tiles_h, tiles_w = -(-blocks_h // (box_h - hh)), -(-blocks_w // (cfg.BLOCK_W - hw))
+            tiles_h, tiles_w = cdiv(blocks_h, box_h - hh), cdiv(blocks_w, cfg.BLOCK_W - hw)
         r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot, cfg.shifts_n)
         jd, jh, jw = shuffle_shifts(p)
         njh, njw = shuffle_n_shifts(p, cfg.shifts_n)
@@ -392,11 +392,11 @@ class HeadSteps:
         _, _, d, h, wd = x.shape
         round_tf32 = rounds_tf32(x.dtype, self.precision)
         (kd, kh, kw), sw, ow = p.kernel_size, p.stride[2], p.out_size[2]
-        qw = -(-ow // sw)
-        tiles_m = -(-(d * h * qw) // cfg.BLOCK_M)
+        qw = cdiv(ow, sw)
+        tiles_m = cdiv(d * h * qw, cfg.BLOCK_M)
         shift0, nshift = width_shifts(p)
         num_tiles = p.batch * tiles_m  # per group: the grid's second axis
-        programs = -(-persistent_programs(x.device, p.groups * num_tiles, cfg.persist) // p.groups)
+        programs = cdiv(persistent_programs(x.device, p.groups * num_tiles, cfg.persist), p.groups)
         ints = (p.batch, p.in_channels_per_group, _rows_columns(p), d, h, wd, ow, qw,
                 kh, kw, kd * kh * kw, sw, p.padding[2], p.dilation[2], shift0,
                 *x.stride(), w.stride(0), tiles_m, num_tiles)
@@ -437,9 +437,9 @@ class HeadSteps:
         (kd, kh, _), cout_g = p.kernel_size, p.out_channels_per_group
         # Z holds output rows: one "width tap" over a width of OW (iw = ow).
         wd, sw, pw, dw, kw = ow, 1, 0, 1, 1
-        bc, br = _gather_tile(cout_g, -(-oh // sh), cfg.BLOCK_W, cfg.BLOCK_R)
+        bc, br = _gather_tile(cout_g, cdiv(oh, sh), cfg.BLOCK_W, cfg.BLOCK_R)
         # Programs per (n, g, od): height residues x tiles of BLOCK_R rows of a residue x W tiles.
-        tiles_q, tiles_w = -(-(-(-oh // sh)) // br), -(-ow // cfg.BLOCK_W)
+        tiles_q, tiles_w = cdiv(cdiv(oh, sh), br), cdiv(ow, cfg.BLOCK_W)
         grid = (p.groups * p.batch * od * sh * tiles_q * tiles_w,)
         ints = (p.batch, cout_g, d, h, wd, od, oh, ow, sd, sh, sw, pd, ph, pw, dd, dh, dw, *y.stride(),
                 tiles_q, tiles_w)

@@ -18,11 +18,14 @@ from pathlib import Path
 import torch
 
 from ...core.params import ConvT3dParams
+from .head import MAX_HEAD_CHANNELS
 
-__all__ = ["SHORTLIST", "ENV_MODE", "MODES", "tune_mode", "label", "features", "rank", "pick", "shortlist", "table_for", "write_tables"]
+__all__ = ["SHORTLIST", "ENV_MODE", "MODES", "tune_mode", "label", "labels", "features", "regime", "params_of",
+           "charged_ms", "rank", "pick", "shortlist", "table_for", "write_tables"]
 
 TABLES = Path(__file__).with_name("tables")
-ENV_MODE = "CONVT3D_TUNE"  # "exhaustive" (default) or "predicted"
+ENV_MODE = "CONVT3D_TUNE"
+MODES = ("exhaustive", "predicted")  # the first is the default
 SHORTLIST = 3  # candidates compiled and timed at a first call (one per family, at least)
 NEIGHBOURS = 8  # recorded layers whose costs rank a candidate kind
 WEIGHTS = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5)  # per feature: M, N, K, taps, phases, groups, width
@@ -67,8 +70,22 @@ def features(params: ConvT3dParams) -> list[float]:
             math.log2(params.out_size[2])]
 
 
-def regime(dtype: str, precision: str, channels_last: bool, head: bool) -> list:
-    return [dtype == "float32", precision if dtype == "float32" else "tf32", bool(channels_last), bool(head)]
+def regime(dtype: str, precision: str, channels_last: bool, params: ConvT3dParams) -> list:
+    """What a recorded layer must share with a call to count as near: dtype class, precision, layout, head side."""
+    head = params.out_channels_per_group <= MAX_HEAD_CHANNELS
+    return [dtype == "float32", precision if dtype == "float32" else "tf32", bool(channels_last), head]
+
+
+def params_of(row: dict) -> ConvT3dParams:
+    """The layer of a ``tools/tuning_table.py`` row."""
+    geometry = (tuple(row[k]) for k in ("in_size", "kernel_size", "stride", "padding", "output_padding", "dilation"))
+    return ConvT3dParams.create(row["batch"], row["in_channels"], row["out_channels"], row["groups"], *geometry)
+
+
+def charged_ms(candidate: dict) -> float:
+    """A recorded candidate's cost as the tuner charges it (configs.host_charged): the slower of its GPU
+    median and its host time."""
+    return max(candidate["ms"], candidate.get("host_ms") or 0.0)
 
 
 def arch_of(device: torch.device) -> str:
@@ -91,7 +108,7 @@ def rank(configs, params: ConvT3dParams, dtype: torch.dtype, precision: str, cha
     layers that had it (nearer ones weigh more); unseen kinds follow in their listed order."""
     names = labels(configs)
     dname = str(dtype).replace("torch.", "")
-    me = regime(dname, precision, channels_last, params.out_channels_per_group <= 15)
+    me = regime(dname, precision, channels_last, params)
     f = features(params)
     near = sorted((math.sqrt(sum(w * (a - b) ** 2 for w, a, b in zip(WEIGHTS, f, row["features"])))
                    + (0.0 if row["regime"] == me else OTHER_REGIME)
@@ -112,15 +129,12 @@ def rank(configs, params: ConvT3dParams, dtype: torch.dtype, precision: str, cha
     return sorted(range(len(configs)), key=lambda i: (score[names[i]], i))
 
 
-MODES = ("exhaustive", "predicted")
-
-
 def tune_mode() -> str:
     """``$CONVT3D_TUNE``; an unknown value warns once and times every candidate."""
-    mode = os.environ.get(ENV_MODE, "exhaustive")
+    mode = os.environ.get(ENV_MODE, MODES[0])
     if mode not in MODES:
         _warn_unknown_mode(mode)
-        return "exhaustive"
+        return MODES[0]
     return mode
 
 
@@ -162,17 +176,15 @@ def write_tables(paths: list[str]) -> str:
             cands = [c for c in r.get("candidates", []) if c.get("ms")]
             if not cands:
                 continue
-            geometry = (tuple(r[k]) for k in ("in_size", "kernel_size", "stride", "padding", "output_padding",
-                                              "dilation"))
-            params = ConvT3dParams.create(r["batch"], r["in_channels"], r["out_channels"], r["groups"], *geometry)
-            cost = [max(c["ms"], c.get("host_ms") or 0.0) for c in cands]
+            params = params_of(r)
+            cost = [charged_ms(c) for c in cands]
             best = min(cost)
             costs = {}
             for name, c in zip(labels([c["config"] for c in cands]), cost):
                 costs[name] = min(costs.get(name, math.inf), round(math.log(c / best), 4))
             by_arch.setdefault(r.get("arch", "sm90"), []).append(dict(
                 features=[round(v, 4) for v in features(params)], dtype=r["dtype"],
-                regime=regime(r["dtype"], r["precision"], r["channels_last"], params.out_channels_per_group <= 15),
+                regime=regime(r["dtype"], r["precision"], r["channels_last"], params),
                 costs=costs, gpu=r.get("gpu", "")))
     TABLES.mkdir(exist_ok=True)
     for arch, rows in by_arch.items():
