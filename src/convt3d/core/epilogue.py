@@ -1,0 +1,198 @@
+"""The epilogue vocabulary: a short elementwise program applied to the convolution's output before its
+only store (``convt3d.conv_transpose3d(..., epilogue=...)``), and by the finishing kernels.
+
+A program is a sequence of at most ``MAX_OPS`` steps over one value ``v`` (float32) and one register
+``r``; each step is ``(name,)`` or ``(name, operand)``:
+
+- ``mul``, ``add``, ``div``: a Python number, a per-channel tensor of ``C`` values (or any shape that
+  holds ``C`` values, as ``(C, 1, 1, 1)``), or for ``add`` a tensor of the output's shape (a residual);
+- ``clamp_min``, ``clamp_max``: a number; ``leaky_relu``: its negative slope (default 0.01);
+- ``relu``, ``gelu`` (erf form), ``gelu_tanh``, ``silu``, ``hardswish``, ``sigmoid``, ``tanh``;
+- ``save`` (``r = v``), ``mul_saved`` (``v = v * r``), ``add_saved`` (``v = v + r``): the register
+  lets a program use the value it started from, as ``x * hardswish(x)`` =
+  ``save, hardswish, mul_saved``.
+
+The kernels receive the program as one integer (``encode``: 5 bits per step, a compile-time constant),
+the scalars as a float32 vector of ``MAX_OPS`` values and the per-channel operands as a float32
+``[MAX_OPS, C]`` table (row ``i`` for step ``i``); ``apply_torch`` is the same program in PyTorch (the
+fallback and the tests' reference).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["OPS", "MAX_OPS", "Step", "Epilogue", "as_epilogue", "encode", "apply_torch"]
+
+MAX_OPS = 8
+BITS = 5
+
+# Name -> code; the operand each takes: "scalar", "value" (a number or per-channel), "add"
+# (also a residual tensor), "slope" (optional number) or None. Codes 1-31 (0 ends the program).
+OPS = {
+    "mul": (1, "value"), "add": (3, "add"), "div": (19, "value"),
+    "clamp_min": (6, "scalar"), "clamp_max": (7, "scalar"),
+    "relu": (8, None), "leaky_relu": (9, "slope"), "gelu": (10, None), "gelu_tanh": (11, None),
+    "silu": (12, None), "hardswish": (13, None), "sigmoid": (14, None), "tanh": (15, None),
+    "save": (16, None), "mul_saved": (17, None), "add_saved": (18, None),
+}
+# Codes of the operand forms: per-channel mul/add/div and the residual add.
+MUL_C, ADD_C, ADD_T, DIV_C = 2, 4, 5, 20
+SCALAR, CHANNEL, TENSOR = "scalar", "channel", "tensor"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One validated step: its kernel code, its operand's form and the operand."""
+
+    name: str
+    code: int
+    form: str | None  # None, SCALAR, CHANNEL or TENSOR
+    operand: object = None
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """A validated program; ``signature`` is what a compiled kernel depends on (codes and forms)."""
+
+    steps: tuple[Step, ...]
+
+    @property
+    def code(self) -> int:
+        return encode(self)
+
+    @property
+    def residual(self) -> torch.Tensor | None:
+        return next((s.operand for s in self.steps if s.form == TENSOR), None)
+
+    @property
+    def signature(self) -> tuple:
+        return tuple((s.code, s.form) for s in self.steps)
+
+    def __bool__(self) -> bool:
+        return bool(self.steps)
+
+    def scalars(self, device: torch.device) -> torch.Tensor:
+        """The float32 vector of each step's scalar (0 where a step has none)."""
+        vals = [float(s.operand) if s.form == SCALAR else 0.0 for s in self.steps]
+        return torch.tensor(vals + [0.0] * (MAX_OPS - len(vals)), dtype=torch.float32, device=device)
+
+    def channels(self, channels: int, device: torch.device) -> torch.Tensor:
+        """The float32 ``[MAX_OPS, channels]`` table of per-channel operands (row i: step i)."""
+        rows = [s.operand.reshape(channels).to(device=device, dtype=torch.float32) if s.form == CHANNEL
+                else torch.zeros(channels, dtype=torch.float32, device=device) for s in self.steps]
+        rows += [torch.zeros(channels, dtype=torch.float32, device=device)] * (MAX_OPS - len(rows))
+        return torch.stack(rows)
+
+
+def _step(item, channels: int | None, out_shape: tuple | None) -> Step:
+    if isinstance(item, str):
+        item = (item,)
+    if not isinstance(item, (tuple, list)) or not item or not isinstance(item[0], str) or len(item) > 2:
+        raise TypeError(f"epilogue: each step must be a name or a (name, operand) pair, but got {item!r}")
+    name = item[0]
+    if name not in OPS:
+        raise ValueError(f"epilogue: unknown step {name!r}; expected one of {sorted(OPS)}")
+    code, kind = OPS[name]
+    operand = item[1] if len(item) == 2 else None
+    if kind is None:
+        if operand is not None:
+            raise TypeError(f"epilogue: step {name!r} takes no operand, but got {operand!r}")
+        return Step(name, code, None)
+    if operand is None:
+        if kind == "slope":
+            return Step(name, code, SCALAR, 0.01)
+        raise TypeError(f"epilogue: step {name!r} needs an operand")
+    if isinstance(operand, numbers.Real) and not isinstance(operand, bool):
+        if name == "div" and operand == 0:
+            raise ValueError("epilogue: step 'div' by zero")
+        return Step(name, code, SCALAR, float(operand))
+    if not isinstance(operand, torch.Tensor) or kind in ("scalar", "slope"):
+        raise TypeError(f"epilogue: step {name!r} takes a number, but got {type(operand).__name__}")
+    if operand.is_complex() or not operand.is_floating_point():
+        raise TypeError(f"epilogue: step {name!r} takes a floating tensor, but got dtype {operand.dtype}")
+    if kind == "add" and out_shape is not None and tuple(operand.shape) == tuple(out_shape):
+        return Step(name, ADD_T, TENSOR, operand)
+    if channels is not None and operand.numel() == channels:
+        return Step(name, {"mul": MUL_C, "add": ADD_C, "div": DIV_C}[name], CHANNEL, operand)
+    raise ValueError(f"epilogue: step {name!r} takes a number, a tensor of {channels} per-channel values"
+                     + (" or a tensor of the output's shape" if kind == "add" else "")
+                     + f", but got a tensor of shape {tuple(operand.shape)}")
+
+
+def as_epilogue(program, channels: int | None = None, out_shape: tuple | None = None) -> Epilogue:
+    """Validate a program (a sequence of steps, an ``Epilogue`` or None) for ``channels`` output
+    channels and an output of ``out_shape``; raises TypeError or ValueError naming the step."""
+    if program is None:
+        return Epilogue(())
+    if isinstance(program, Epilogue):
+        return program
+    if isinstance(program, (str, tuple)) and program and isinstance(program[0], str):
+        program = [program]  # one step
+    steps = tuple(_step(item, channels, out_shape) for item in program)
+    if len(steps) > MAX_OPS:
+        raise ValueError(f"epilogue: at most {MAX_OPS} steps, but got {len(steps)}")
+    if sum(s.form == TENSOR for s in steps) > 1:
+        raise ValueError("epilogue: at most one residual tensor")
+    return Epilogue(steps)
+
+
+def encode(epi: Epilogue) -> int:
+    """The program as the kernels' compile-time integer: step i's code in bits [5i, 5i + 5)."""
+    return sum(s.code << (BITS * i) for i, s in enumerate(epi.steps))
+
+
+def _channel(t: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    shape = [1] * y.dim()
+    shape[dim] = -1
+    return t.reshape(-1).to(torch.float32).reshape(shape)
+
+
+def apply_torch(y: torch.Tensor, epi: Epilogue, channel_dim: int = 1) -> torch.Tensor:
+    """The program in PyTorch, computed in float32 and returned in ``y``'s dtype."""
+    v = y.float()
+    r = v
+    for s in epi.steps:
+        a = s.operand
+        if s.form == CHANNEL:
+            a = _channel(a, v, channel_dim)
+        elif s.form == TENSOR:
+            a = a.float()
+        n = s.name
+        if n == "mul":
+            v = v * a
+        elif n == "add":
+            v = v + a
+        elif n == "div":
+            v = v / a
+        elif n == "clamp_min":
+            v = torch.clamp(v, min=a)
+        elif n == "clamp_max":
+            v = torch.clamp(v, max=a)
+        elif n == "relu":
+            v = F.relu(v)
+        elif n == "leaky_relu":
+            v = F.leaky_relu(v, a)
+        elif n == "gelu":
+            v = F.gelu(v)
+        elif n == "gelu_tanh":
+            v = F.gelu(v, approximate="tanh")
+        elif n == "silu":
+            v = F.silu(v)
+        elif n == "hardswish":
+            v = F.hardswish(v)
+        elif n == "sigmoid":
+            v = torch.sigmoid(v)
+        elif n == "tanh":
+            v = torch.tanh(v)
+        elif n == "save":
+            r = v
+        elif n == "mul_saved":
+            v = v * r
+        elif n == "add_saved":
+            v = v + r
+    return v.to(y.dtype)
