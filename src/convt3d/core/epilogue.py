@@ -19,7 +19,6 @@ fallback and the tests' reference).
 """
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 
