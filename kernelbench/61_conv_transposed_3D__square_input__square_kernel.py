@@ -31,6 +31,11 @@ from triton.runtime.jit import constexpr_function
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 
+# ==================== convt3d/core/errors.py (what this file reaches, without docstrings) ====================
+class BackendUnavailableError(RuntimeError):
+    """The backend that was asked for cannot run this call (it never silently runs another)."""
+
+
 # ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, without docstrings) ====================
 @triton.jit
 def _phase_row(tab_ptr, r):
@@ -67,11 +72,11 @@ def _pack_block(w_ptr, p_ptr, pid, grp,
 
 @triton.jit
 def flat_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD, OW, OD, OH,
-    NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW,
-    OSD, OSH, OSW, tiles_m, tiles_n,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, epi_ptr, ch_ptr, res_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD,
+    OW, OD, OH, NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW,
+    TSD, TSH, TSW, OSD, OSH, OSW, tiles_m, tiles_n, C_OUT,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
-    OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPI: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
@@ -560,11 +565,6 @@ def box_gemm_kernel(
                         OFF32, PAIRS, num_warps)
 
 
-# ==================== convt3d/core/errors.py (what this file reaches, without docstrings) ====================
-class BackendUnavailableError(RuntimeError):
-    """The backend that was asked for cannot run this call (it never silently runs another)."""
-
-
 # ==================== convt3d/engines/triton/sites.py (what this file reaches, without docstrings) ====================
 K = types.SimpleNamespace(
     flat_gemm_kernel=flat_gemm_kernel,
@@ -684,7 +684,7 @@ def _launch_0(x, weight, bias, y, precision):
                   num_warps=4)),
         Site('flat_gemm_kernel', (19008, 1, 1),
              (8, 48, 48, 68, 68, 68, 2, 2, 2, 66, 66, 66, 66, 1, 27, 3, 3, 13799808, 287496, 4356, 66, 1, 1, 1,
-              1, 1, 1, 1, 1, 1, 1, 36, 1),
+              1, 1, 1, 1, 1, 1, 1, 36, 1, 48),
              dict(HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=1, W_SKIP=-1, OFF32=True, BLOCK_M=128,
                   BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=3)),
     ))
@@ -693,7 +693,7 @@ def _launch_0(x, weight, bias, y, precision):
     s[0].launch(x.device, x, t0, weight, t1)
     s[1].launch(x.device, TensorDescriptor(t0, [2515456, 48], [48, 1], [128, 32]),
                 TensorDescriptor(t1, [1296, 48], [48, 1], [64, 32]), t1 if bias is None else bias, y,
-                _table(0, x.device))
+                _table(0, x.device), y, y, y)
 
 
 def _launch_1(x, weight, bias, y, precision):
@@ -707,7 +707,7 @@ def _launch_1(x, weight, bias, y, precision):
                   num_warps=4)),
         Site('flat_gemm_kernel', (19008, 1, 1),
              (8, 48, 48, 68, 68, 68, 2, 2, 2, 66, 66, 66, 66, 1, 27, 3, 3, 13799808, 287496, 4356, 66, 1, 1, 1,
-              1, 1, 1, 1, 1, 1, 1, 36, 1),
+              1, 1, 1, 1, 1, 1, 1, 36, 1, 48),
              dict(HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=1, W_SKIP=-1, OFF32=True, BLOCK_M=128,
                   BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)),
     ))
@@ -716,7 +716,7 @@ def _launch_1(x, weight, bias, y, precision):
     s[0].launch(x.device, x, t0, weight, t1)
     s[1].launch(x.device, TensorDescriptor(t0, [2515456, 48], [48, 1], [128, 64]),
                 TensorDescriptor(t1, [1296, 48], [48, 1], [64, 64]), t1 if bias is None else bias, y,
-                _table(0, x.device))
+                _table(0, x.device), y, y, y)
 
 
 def _launch_2(x, weight, bias, y, precision):

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import math
 import random
@@ -210,6 +211,25 @@ def check_against_reference(y, x, w, b, stride=1, padding=0, output_padding=0, g
     args = (stride, padding, output_padding, groups, dilation)
     assert_close_to_reference(y, reference(x, w, b, *args), magnitude(x, w, b, *args), tolerance(x.dtype, precision),
                               context)
+
+
+def check_epilogue(y, x, w, b, args: tuple, epi, *, precision="ieee", context=""):
+    """Compare a convt3d output with an epilogue program ``epi`` (a validated ``Epilogue``) against the
+    float64 reference followed by the program (``apply_torch``): the convolution's bound (Tol) is carried
+    through the program by evaluating it at the reference plus and minus that bound, plus the float32
+    rounding of each step (operands are taken below 4 in magnitude)."""
+    from convt3d.core.epilogue import Epilogue, apply_torch
+
+    assert y.dtype == x.dtype, f"{context}: output dtype {y.dtype} != input dtype {x.dtype}"
+    epi = Epilogue(tuple(dataclasses.replace(s, operand=s.operand.cpu()) if isinstance(s.operand, torch.Tensor)
+                         else s for s in epi.steps))  # the reference is computed on the CPU
+    ref, tol = reference(x, w, b, *args), tolerance(x.dtype, precision)
+    err = tol.rel_mag * magnitude(x, w, b, *args) + tol.rel_out * ref.abs() + tol.abs
+    cd = ref.dim() - 4  # the channel dimension (unbatched outputs have none before it)
+    want = apply_torch(ref, epi, cd)
+    moved = (apply_torch(ref + err, epi, cd) - want).abs() + (apply_torch(ref - err, epi, cd) - want).abs()
+    bound = moved + 2.0 ** -18 * len(epi.steps) * (4 * ref.abs() + want.abs() + 1)
+    assert_close_to_reference(y, want, bound, Tol(1.0, tol.rel_out, tol.abs), context)
 
 
 def round_tf32_reference(t: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,8 @@ import torch
 from .dispatch import cache, select as dispatch
 from .engines.triton import engine as triton_engine
 from .core.call import layout_name, make_call
+from .core.errors import BackendUnavailableError
+from .functional import epilogue_route, validated_epilogue
 from .engines.torch.calls import conv3d_padding
 from .core.flags import cudnn_conv_allows_tf32
 from .core.params import ConvT3dParams
@@ -57,6 +59,7 @@ class Explanation:
     tuning_ms: dict[str, float] | None = None  # Triton tuning: per config
     notes: list[str] = field(default_factory=list)
     backward: list[str] = field(default_factory=list)  # what a training step's backward would run
+    epilogue: str | None = None  # where an epilogue= program runs, and why
 
     def __str__(self) -> str:
         out = [f"convt3d.explain: {self.call}", f"  device: {self.device}"]
@@ -64,6 +67,8 @@ class Explanation:
         prec = f", precision {self.precision}" if self.engine is not None else ""
         out.append(f"  backend: {self.backend} -> {chosen}{prec}")
         out.append(f"    why: {self.reason}")
+        if self.epilogue is not None:
+            out.append(f"  epilogue: {self.epilogue}")
         mode = "on (the first call of a new signature times the candidates against PyTorch)" if self.benchmark \
             else "off (heuristic unless a measurement is cached)"
         out.append(f"  measuring: {mode}")
@@ -195,11 +200,20 @@ def _backward_lines(x5, weight, params, prec) -> list[str]:
     return lines
 
 
+def _epilogue_text(call, program, name: str, decision) -> str:
+    """Where ``program`` runs (fused into the Triton GEMM or after the convolution) and why, nothing timed."""
+    try:
+        fused, why = epilogue_route(call, validated_epilogue(program, call), name, decision=decision)
+    except BackendUnavailableError as exc:
+        return f"cannot run: {exc}"
+    return ("fused into the Triton GEMM's store" if fused is not None else "after the convolution") + f" -- {why}"
+
+
 def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
-            backend=None, precision=None) -> Explanation:
+            backend=None, precision=None, epilogue=None) -> Explanation:
     """Explain what ``convt3d.conv_transpose3d`` would do with these arguments (same signature;
     invalid arguments raise the same errors): the dispatcher's pass (``dispatch.explain_pass``)
-    with nothing run or timed, and the chosen engine's plan."""
+    with nothing run or timed, the chosen engine's plan, and where an ``epilogue`` program runs."""
     # A call autograd records is a training step, decided as one.
     call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
                      autograd=True)
@@ -272,7 +286,8 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
         candidates=candidates, heuristic=heur, kernel=kernel, phases=params.describe().splitlines(),
         num_phases=len(params.phases), empty_phases=sum(p.empty for p in params.phases), useful_macs=params.useful_macs,
         dense_macs=_dense_macs(params), memory_floor_s=mem, compute_floor_s=comp, peak_class=peak,
-        timings_ms=timings, tuning_ms=tuning, notes=notes, backward=backward_lines)
+        timings_ms=timings, tuning_ms=tuning, notes=notes, backward=backward_lines,
+        epilogue=None if epilogue is None else _epilogue_text(call, epilogue, name, record.decision))
 
 
 _CLI_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -9,9 +10,13 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from .dispatch import select as dispatch
 from .core.call import Call, autocast_inputs, make_call, resolve_precision
+from .core.epilogue import CHANNEL, TENSOR, Epilogue, apply_torch, as_epilogue
+from .core.memo import memo
 from .dispatch.registry import ENGINES
+from .dispatch.timing import time_call
 from .core.errors import BackendUnavailableError
 from .engines.op import OP_NAME, conv_transpose3d_op
+from .engines.triton import engine as triton_engine
 from .core.flags import cudnn_conv_tf32
 from .core.validate import check_call
 
@@ -19,7 +24,7 @@ __all__ = ["conv_transpose3d"]
 
 
 def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
-                     backend=None, precision=None):
+                     backend=None, precision=None, epilogue=None):
     """3-D transposed convolution with the signature and semantics of
     ``torch.nn.functional.conv_transpose3d``.
 
@@ -33,7 +38,16 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
         precision: float32 only. None follows ``torch.backends.cudnn.allow_tf32`` as PyTorch's
             convolutions do (True: "tf32", False: exact grade); or "tf32", "tf32x3", "ieee".
             float16/bfloat16 multiply in their own type and accumulate in float32.
+        epilogue: an elementwise program applied to the output (``convt3d.core.epilogue``), as
+            ``[("mul", 2.0), "relu", ("add", residual)]``: the result is the program applied in float32
+            to the convolution's output, cast to its dtype once. "auto" fuses it into the Triton GEMM's
+            store where that is measured faster than the convolution followed by the program in
+            PyTorch; "triton" fuses it or raises; other backends, and calls autograd records, run the
+            convolution, then the program in PyTorch.
     """
+    if epilogue is not None:
+        return _with_epilogue(input, weight, bias, (stride, padding, output_padding, groups, dilation), backend,
+                              precision, epilogue)
     if torch.compiler.is_compiling():
         input, weight, bias = autocast_inputs(input, weight, bias)
         return _traced(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
@@ -173,3 +187,92 @@ def _traced(input, weight, bias, stride, padding, output_padding, groups, dilati
     return y.squeeze(0) if unbatched else y
 
 
+# ---- the fused epilogue ---------------------------------------------------------------------------
+# (call key, program signature) -> (fused path no slower, its ms, the composite's ms): auto's timing.
+_fused: dict[tuple, tuple[bool, float, float]] = memo("functional.fused_epilogue")
+
+
+def _with_epilogue(input, weight, bias, args: tuple, backend, precision, program):
+    """``conv_transpose3d`` followed by ``program``: fused into the Triton GEMM's store where
+    ``epilogue_route`` says so, else the composite (the convolution, then ``apply_torch``)."""
+    name = dispatch.resolve_backend_name(backend)
+
+    def composite(epi: Epilogue | None = None):
+        y = conv_transpose3d(input, weight, bias, *args, backend=backend, precision=precision)
+        epi = epi if epi is not None else as_epilogue(program, y.shape[-4], tuple(y.shape))
+        return apply_torch(y, epi, y.dim() - 4)  # the channel dimension of a batched or unbatched output
+
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing() or has_torch_function((input, weight, bias))
+            or _transformed(input, weight, bias)):
+        return composite()  # traced, subclassed or transformed tensors: PyTorch's ops carry the program
+    input, weight, bias = autocast_inputs(input, weight, bias)
+    call = make_call(input, weight, bias, *args, precision, autograd=True)
+    epi = validated_epilogue(program, call)
+    # The program of the call's 5-D form: an unbatched call's residual gains the batch dimension.
+    epi5 = Epilogue(tuple(dataclasses.replace(s, operand=s.operand.unsqueeze(0)) if s.form == TENSOR
+                          and call.unbatched else s for s in epi.steps))
+    with _device_current(input):  # auto's measurement and Triton's launches run on the current device
+        fused, _ = epilogue_route(call, epi5, name, composite=lambda: composite(epi))
+        if fused is None:
+            return composite(epi)
+        y = _recorded(_run_fused, fused, epi5)
+    return y.squeeze(0) if call.unbatched else y
+
+
+def validated_epilogue(program, call: Call) -> Epilogue:
+    """``program`` validated for the call's output (``as_epilogue``), its tensors on the output's device
+    (PyTorch's elementwise ops raise this error otherwise)."""
+    p = call.params
+    epi = as_epilogue(program, p.out_channels, p.out_shape[1:] if call.unbatched else p.out_shape)
+    for s in epi.steps:
+        if s.form in (CHANNEL, TENSOR) and s.operand.device != call.device:
+            raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
+                               f"{call.device} and {s.operand.device}!")
+    return epi
+
+
+def _run_fused(call: Call, epi: Epilogue) -> torch.Tensor:
+    return triton_engine.forward(call.x, call.weight, call.bias, call.params, call.precision, epilogue=epi)
+
+
+def epilogue_route(call: Call, epi: Epilogue, name: str, *, composite=None, decision=None) -> tuple[Call | None, str]:
+    """(the call the fused Triton path runs, or None for the composite; why) for the program ``epi`` of the
+    call's 5-D form. Auto times the fused path against ``composite`` on a signature's first CUDA call;
+    without ``composite`` (explain) nothing is timed or decided, and ``decision`` is auto's for the plain
+    call where known."""
+    if not epi:
+        return None, "an empty program: the convolution alone"
+    if call.training or (torch.is_grad_enabled() and any(
+            s.form in (CHANNEL, TENSOR) and s.operand.requires_grad for s in epi.steps)):
+        return None, ("autograd records this call: the convolution, then the program in PyTorch (the fused path "
+                      "is forward-only)")
+    if name not in ("auto", "triton"):
+        return None, f"backend={name!r}: its convolution, then the program in PyTorch"
+    why = ENGINES["triton"].epilogue_reasons(call)
+    if name == "triton":
+        if why:
+            raise BackendUnavailableError("backend='triton' cannot fuse this epilogue: " + "; ".join(why))
+        return call, "backend='triton': fused into the GEMM before its store"
+    if why or call.device.type != "cuda":
+        return None, ("auto: the dispatched convolution, then the program in PyTorch ("
+                      + ("; ".join(why) or "CPU tensors use PyTorch") + ")")
+    d = decision if decision is not None else dispatch.select(call, "auto", measure=composite is not None)
+    fused = dispatch.decided_call(call, d)
+    key = (fused.key, epi.signature)
+    if key not in _fused and composite is not None and dispatch.benchmark_enabled() \
+            and not torch.cuda.is_current_stream_capturing():
+        with torch.no_grad():
+            f = time_call(lambda: _run_fused(fused, epi))
+            c = time_call(composite)
+        # Charged the host time it costs beyond the composite's, as auto charges its candidates.
+        _fused[key] = (f.ms + max(0.0, f.host_ms - c.host_ms) <= c.ms, f.ms, c.ms)
+    composite_text = f"{d.engine}'s convolution, then the program in PyTorch"
+    if key in _fused:
+        won, f_ms, c_ms = _fused[key]
+        return (fused if won else None), (f"auto (measured): fused {f_ms:.4g} ms, composite ({composite_text}) "
+                                          f"{c_ms:.4g} ms -> {'fused' if won else 'composite'}")
+    if composite is None and dispatch.benchmark_enabled():
+        return None, f"auto: the first call times the fused path against the composite ({composite_text})"
+    # Nothing timed (measuring off, graph capture): fused where the convolution alone runs on Triton.
+    won = d.engine == "triton"
+    return (fused if won else None), f"auto (not measured): {'fused' if won else composite_text}"

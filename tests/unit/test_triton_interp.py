@@ -772,7 +772,7 @@ def test_seeded_config_reaches_a_settled_signature():
     engine.seed_tuning(pl.tune_key, other)
     seen = []
     orig = engine._steps_for
-    engine_steps = lambda params, pl, cfg, has_bias, x: seen.append(cfg) or orig(params, pl, cfg, has_bias, x)  # noqa: E731
+    engine_steps = lambda params, pl, cfg, has_bias, x, *epi: seen.append(cfg) or orig(params, pl, cfg, has_bias, x, *epi)  # noqa: E731,E501
     try:
         engine._steps_for = engine_steps
         y = run(case, x, w, b)

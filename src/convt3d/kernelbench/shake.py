@@ -95,6 +95,12 @@ def _loads(nodes) -> set[str]:
     return found
 
 
+def _dead_ifs(node: ast.AST, dead: set[str]) -> list[ast.If]:
+    """The ``if NAME != 0:`` statements (no else) in ``node`` whose NAME is in ``dead``."""
+    return [n for n in ast.walk(node) if isinstance(n, ast.If) and not n.orelse and ast.unparse(n.test) in
+            {f"{name} != 0" for name in dead}]
+
+
 def _attributes(node: ast.AST) -> dict[str, set[str]]:
     """name -> attributes read from it (``K.x`` gives K -> {x})."""
     found: dict[str, set[str]] = {}
@@ -126,6 +132,9 @@ class PythonShaker:
         self.namespaces: dict[tuple[str, str], tuple[str, set[str]]] = {}  # (module, alias) -> (target, names)
         self.owner: dict[str, tuple[str, int]] = {}  # emitted name -> (module, statement index)
         self.extra: dict[str, set[str]] = {}  # module -> names reached dynamically (e.g. kernels by name)
+        # Constexprs the file never sets from their default 0: their ``if NAME != 0:`` blocks are left
+        # out, with what only they reach.
+        self.dead: set[str] = set()
 
     # -- binding table ------------------------------------------------------------------------------
     def _load(self, path: str, read, is_module, visiting: list[str]) -> None:
@@ -194,6 +203,12 @@ class PythonShaker:
             if len(tables) != 1:
                 raise ShakeError(f"convt3d/{module.path}:{node.lineno}: no single scope for {node.name!r}")
             names |= _scope_globals(tables[0])
+            ifs = _dead_ifs(node, self.dead)
+            if ifs:
+                live = ast.parse(ast.unparse(node))
+                for block in _dead_ifs(live, self.dead):
+                    block.body, block.test = [], ast.Constant(False)
+                names -= _loads(ifs) - _loads([live])
         elif isinstance(node, ast.AnnAssign):
             names |= _loads([node.value])
         else:
@@ -294,6 +309,7 @@ class PythonShaker:
             body: list[Line] = []
             src = module.source.split("\n")
             dropped = _docstring_lines(module.tree) if strip else set()
+            dropped |= {j for n in _dead_ifs(module.tree, self.dead) for j in range(n.lineno, n.end_lineno + 1)}
             prev_simple = True
             for i, node in enumerate(module.tree.body):
                 if isinstance(node, ast.ImportFrom) and node.level > 0:

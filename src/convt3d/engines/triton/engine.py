@@ -9,6 +9,8 @@ from typing import Callable
 import torch
 
 from ...core.call import PRECISIONS, output_memory_format
+from ...core.epilogue import CHANNEL, MAX_OPS, SCALAR, Epilogue
+from ...core.errors import BackendUnavailableError
 from ...core.memo import memo
 from ...core.params import ConvT3dParams
 from . import head as head_engine
@@ -22,7 +24,7 @@ from .sites import (Site, _fill_planes_site, _fill_rows_site, _flat_descriptors,
     slice_offsets_fit, gluon_capable, _box_site, _box_descriptors)
 
 __all__ = ["Config", "candidate_configs", "forward", "plan", "clear_caches", "SUPPORTED_DTYPES", "seed_tuning",
-           "tuned_config", "tuning_log", "unsupported_reason"]
+           "tuned_config", "tuning_log", "unsupported_reason", "epilogue_configs", "epilogue_reason"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -60,6 +62,21 @@ def _unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None) -> str | 
     return None
 
 
+def epilogue_configs(configs: tuple) -> tuple[Config, ...]:
+    """The candidates that take an epilogue: phase and flat GEMM tiles (not Gluon boxes, not head tiles)."""
+    return tuple(c for c in configs if isinstance(c, Config) and not c.gluon)
+
+
+def epilogue_reason(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision: str) -> str | None:
+    """Why the engine cannot fuse an epilogue into this call, or None (``unsupported_reason`` comes first)."""
+    if any(ph.num_taps == 0 for a in params.axes[:2] for ph in a.phases):
+        # fill_rows/fill_planes and companion rows write those bias-only rows without the program.
+        return "output rows that no tap reaches (kernel below the stride along depth or height) take no epilogue"
+    if not epilogue_configs(plan(params, x, weight, precision).configs):
+        return "no phase or flat GEMM tile for this layer (output-head tiles take no epilogue)"
+    return None
+
+
 def clear_caches() -> None:
     """Forget tuning results, plans and phase tables of this process."""
     _unsupported.clear()
@@ -69,6 +86,7 @@ def clear_caches() -> None:
     _tables.clear()
     _sites.clear()
     _plans.clear()
+    _scalars.clear()
 
 
 def seed_tuning(key, config: Config, timings_ms: dict | None = None, replace: bool = False) -> None:
@@ -98,14 +116,16 @@ class Launch:
     y: torch.Tensor
     run: Callable[[Config], object]
     plan: Plan
+    epilogue: Epilogue | None = None
 
     @property
     def configs(self) -> tuple[Config, ...]:
-        return self.plan.configs
+        return self.plan.configs if self.epilogue is None else epilogue_configs(self.plan.configs)
 
     @property
     def tune_key(self) -> tuple:
-        return self.plan.tune_key
+        # An epilogue call tunes among its own candidates, under a key of its own.
+        return self.plan.tune_key if self.epilogue is None else self.plan.tune_key + (self.epilogue.signature,)
 
 
 _plans: dict[tuple, Plan] = memo("engines.triton.engine.plans")
@@ -139,7 +159,9 @@ class _Steps:
     """The launches of one (call signature, config), their sites resolved once so that later runs only
     allocate and launch (small layers are host-bound); descriptors are still made per run."""
 
-    def __init__(self, params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, device: torch.device):
+    def __init__(self, params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, device: torch.device,
+                 epi: int = 0):
+        self.epi = epi  # the fused epilogue program's code (0: none)
         if isinstance(cfg, head_engine.HeadConfig):
             self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
             self.head = head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site, _prepare_input)
@@ -175,27 +197,31 @@ class _Steps:
             self.pack = _pack_site(self.params, weight.contiguous(), self.pl.round_tf32, self.cfg.fold)
         return _pack_weight(weight, self.params, self.pack)
 
-    def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                epi: Epilogue | None = None) -> torch.Tensor:
         """A settled call: allocate the output and launch (``bias`` contiguous)."""
         y = _output(self.params, self.pl, x)
-        self.call(x, weight, bias, y)
+        self.call(x, weight, bias, y, epi)
         return y
 
-    def call(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor):
+    def call(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
+             epi: Epilogue | None = None):
         """Every launch of a call onto ``y``: the input copy and weight pack (one launch), then ``run``."""
+        ops = _epilogue_operands(epi, y)
         if self.head is None and self.copy_geo is not None and self.n_groups > 0:
             if self.ops is None:
                 self.ops = _operands_site(x, self.copy_geo, self.params, weight.contiguous(), self.pl.round_tf32,
                                           self.cfg.fold)
             wp, xp = _gemm_operands(x, weight, self.copy_geo, self.params, self.pl.round_tf32, self.ops)
-            return self.run(x, wp, bias if bias is not None else wp, y, xp)
+            return self.run(x, wp, bias if bias is not None else wp, y, xp, ops)
         wp = self.packed_weight(weight)
-        return self.run(x, wp, bias if bias is not None else wp, y)  # wp: dummy pointer when HAS_BIAS is False
+        return self.run(x, wp, bias if bias is not None else wp, y, None, ops)  # wp: dummy pointer without bias
 
     def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
-            xp: torch.Tensor | None = None):
-        """Launch onto ``y`` from ``x`` (or its copy ``xp``), the packed weight ``wp`` and the bias (or any
-        tensor) ``b``; returns the main kernel's handle (None when no phase has taps)."""
+            xp: torch.Tensor | None = None, ops: tuple = ()):
+        """Launch onto ``y`` from ``x`` (or its copy ``xp``), the packed weight ``wp``, the bias (or any
+        tensor) ``b`` and the epilogue's operands ``ops`` (``_epilogue_operands``); returns the main
+        kernel's handle (None when no phase has taps)."""
         if self.head is not None:
             return self.head.run(x, wp, b, y)
         params, cfg, dev = self.params, self.cfg, x.device
@@ -211,10 +237,11 @@ class _Steps:
             if gemm is None:
                 gemm = self.gemm[(True, True)] = (
                     _box_site(cfg, xp, y, self.n_groups, params, self.geo, self.has_bias) if cfg.gluon else
-                    _flat_site(cfg, xp, y, self.n_groups, params, self.geo, self.has_bias, self.pl.dot_precision))
+                    _flat_site(cfg, xp, y, self.n_groups, params, self.geo, self.has_bias, self.pl.dot_precision,
+                               self.epi))
             descriptors = _box_descriptors if cfg.gluon else _flat_descriptors
             x_desc, w_desc = descriptors(cfg, xp, wp, params.in_channels_per_group)
-            return gemm.launch(dev, x_desc, w_desc, b, y, self.tab)
+            return gemm.launch(dev, x_desc, w_desc, b, y, self.tab, *(() if cfg.gluon else ops))
         xin = x if xp is None else xp.permute(0, 4, 1, 2, 3)
         x_arg = _x_descriptor(xin, params, cfg) if self.use_tma else None
         w_arg = _w_descriptor(wp, cfg) if self.use_tma else None
@@ -222,8 +249,8 @@ class _Steps:
         gemm = self.gemm.get(which)
         if gemm is None:
             gemm = self.gemm[which] = _phase_site(cfg, params, self.pl, xin, wp, y, self.n_groups, self.has_bias,
-                                                  *which)
-        return gemm.launch(dev, xin if x_arg is None else x_arg, wp if w_arg is None else w_arg, b, y, self.tab)
+                                                  *which, self.epi)
+        return gemm.launch(dev, xin if x_arg is None else x_arg, wp if w_arg is None else w_arg, b, y, self.tab, *ops)
 
 
 _steps: dict[tuple, _Steps] = memo("engines.triton.engine.steps")
@@ -236,6 +263,36 @@ _settled_epoch = [0]
 def _forget_settled() -> None:
     _steady.clear()
     _settled_epoch[0] += 1
+
+
+# (scalar values, device) -> their float32 vector there: a host-to-device copy waits for the stream.
+_scalars: dict[tuple, torch.Tensor] = memo("engines.triton.engine.scalars")
+
+
+def _epilogue_operands(epi: Epilogue | None, y: torch.Tensor) -> tuple:
+    """The GEMM kernels' (scalars, per-channel table, residual) of a program, the residual copied to the
+    output's strides where it has others (the kernels read it at the store's offsets); without a
+    program, ``y`` three times as pointers the kernels never read."""
+    if epi is None:
+        return y, y, y
+    key = (tuple(s.operand if s.form == SCALAR else 0.0 for s in epi.steps), y.device)
+    scalars = _scalars.get(key)
+    if scalars is None:
+        if len(_scalars) >= 256:
+            _scalars.clear()
+        scalars = _scalars[key] = epi.scalars(y.device)
+    table = scalars
+    if any(s.form == CHANNEL for s in epi.steps):
+        table = torch.zeros((MAX_OPS, y.shape[1]), dtype=torch.float32, device=y.device)  # epi.channels' table
+        for i, s in enumerate(epi.steps):
+            if s.form == CHANNEL:
+                table[i] = s.operand.reshape(-1)
+    res = epi.residual
+    if res is None:
+        res = y
+    elif res.stride() != y.stride() or res.device != y.device:
+        res = torch.empty_like(y, dtype=res.dtype).copy_(res)
+    return scalars, table, res
 
 
 def _kernel_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -259,14 +316,15 @@ def steady_launcher(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, param
             lambda: _settled_epoch[0] == epoch)
 
 
-def _steps_for(params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, x: torch.Tensor) -> _Steps:
+def _steps_for(params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, x: torch.Tensor,
+               epi: int = 0) -> _Steps:
     # x's strides are in the key: sites that read x bake them in.
-    key = (pl, cfg, has_bias, x.device, x.stride())
+    key = (pl, cfg, has_bias, x.device, x.stride()) + ((epi,) if epi else ())
     st = _steps.get(key)
     if st is None:
         if len(_steps) >= 4096:
             _steps.clear()
-        st = _steps[key] = _Steps(params, pl, cfg, has_bias, x.device)
+        st = _steps[key] = _Steps(params, pl, cfg, has_bias, x.device, epi)
     return st
 
 
@@ -275,37 +333,50 @@ def _output(params: ConvT3dParams, pl: Plan, x: torch.Tensor) -> torch.Tensor:
 
 
 def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
-            precision: str) -> Launch:
+            precision: str, epilogue: Epilogue | None = None) -> Launch:
     """Allocate the output; ``run(config)`` then prepares the operands and launches that config, so
-    that tuning times each config's operand preparation too."""
+    that tuning times each config's operand preparation too (and ``epilogue``, fused)."""
     pl = plan(params, x, weight, precision)
     y = _output(params, pl, x)
     if y.numel() == 0:
-        return Launch(y, lambda cfg: None, pl)
+        return Launch(y, lambda cfg: None, pl, epilogue)
     has_bias = bias is not None
+    code = epilogue.code if epilogue is not None else 0
 
     def run(cfg: Config):
-        return _steps_for(params, pl, cfg, has_bias, x).call(x, weight, bias, y)
+        return _steps_for(params, pl, cfg, has_bias, x, code).call(x, weight, bias, y, epilogue)
 
-    return Launch(y, run, pl)
+    return Launch(y, run, pl, epilogue)
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
-            precision: str, config: Config | None = None) -> torch.Tensor:
+            precision: str, config: Config | None = None, epilogue: Epilogue | None = None) -> torch.Tensor:
     """Transposed convolution of a validated 5-D input (``precision`` ignored for 16-bit inputs);
-    ``config`` forces a tile, else a signature's first CUDA call tunes and later calls replay it."""
+    ``config`` forces a tile, else a signature's first CUDA call tunes and later calls replay it.
+    ``epilogue`` (a validated ``core.epilogue.Epilogue`` for the 5-D output) is applied before the store."""
     bias = _kernel_bias(bias)
-    key = _settled_key(x, weight, bias is not None, params, precision)
+    epi = epilogue if epilogue else None  # an empty program is none
+    key = _settled_key(x, weight, bias is not None, params, precision) + ((epi.signature,) if epi else ())
     if config is None:
         st = _steady.get(key)
         if st is not None:
-            return st.forward(x, weight, bias)
-    launch = prepare(x, weight, bias, params, precision)
+            return st.forward(x, weight, bias, epi)
+    if epi is not None:
+        why = unsupported_reason(x, params) or epilogue_reason(params, x, weight, precision)
+        if why is None and config is not None and not epilogue_configs((config,)):
+            why = f"the tile {config.short()} takes no epilogue"
+        if why is not None:
+            raise BackendUnavailableError(f"backend='triton' cannot fuse this epilogue: {why}")
+    launch = prepare(x, weight, bias, params, precision, epi)
     if launch.y.numel() == 0:
         return launch.y
     settled = config is None
     if config is None:
         rec = _tuned.get(launch.tune_key)
+        if rec is None and epi is not None:
+            # The plain call's tile where it takes an epilogue: a short elementwise epilogue does not move it.
+            rec = _tuned.get(launch.plan.tune_key)
+            rec = rec if rec is not None and rec.config in launch.configs else None
         if rec is not None:
             config = rec.config
         elif x.device.type != "cuda":
@@ -318,7 +389,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
             config = _choose(launch.tune_key, shortlist, launch.run)
     launch.run(config)
     if settled:
-        st = _steps_for(params, launch.plan, config, bias is not None, x)
+        st = _steps_for(params, launch.plan, config, bias is not None, x, epi.code if epi else 0)
         if len(_steady) >= 4096:
             _forget_settled()
         _steady[key] = st

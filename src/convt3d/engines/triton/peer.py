@@ -34,6 +34,12 @@ class TritonEngine(LaunchedRepeats):
         why = triton_engine.unsupported_reason(call.x, call.params)
         return [] if why is None else [why]
 
+    def epilogue_reasons(self, call: Call) -> list[str]:
+        """Why the engine cannot run ``call`` with an epilogue fused into its GEMM (``engine.forward``)."""
+        why = self.not_supported_reasons(call)
+        fused = None if why else triton_engine.epilogue_reason(call.params, call.x, call.weight, call.precision)
+        return why + ([fused] if fused else [])
+
     @staticmethod
     def input_reason(x: torch.Tensor) -> str | None:
         """Why the engine cannot run calls on this input at all, for callers without the geometry."""

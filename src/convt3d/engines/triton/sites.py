@@ -403,9 +403,14 @@ def _offsets_fit_int32(params: ConvT3dParams, y: torch.Tensor, pad: int) -> bool
     return span <= _INT32_MAX
 
 
+def _epi_consts(epi: int) -> dict:
+    """The GEMM kernels' EPI constexpr where a program is fused (its default 0 left implicit otherwise)."""
+    return {"EPI": epi} if epi else {}
+
+
 def _flat_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, params: ConvT3dParams, geo,
-               has_bias: bool, precision: str) -> Site:
-    """The launch site of flat_gemm_kernel (descriptors from ``_flat_descriptors``)."""
+               has_bias: bool, precision: str, epi: int = 0) -> Site:
+    """The launch site of flat_gemm_kernel (descriptors from ``_flat_descriptors``; ``epi``: the program's code)."""
     cin_g = params.in_channels_per_group
 
     def build():
@@ -420,13 +425,14 @@ def _flat_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, pa
             q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups, math.prod(params.kernel_size),
             params.kernel_size[1], params.kernel_size[2], *y.stride(),
             *params.stride, *(a.tap_step for a in axes), *(a.offset_step for a in axes), tiles_m, tiles_n,
+            params.out_channels,
         ), dict(
             HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
             OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-            BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_epi_consts(epi),
         ))
 
-    return site(("flat_gemm", params, cfg, y.stride(), n_groups, has_bias, precision), build)
+    return site(("flat_gemm", params, cfg, y.stride(), n_groups, has_bias, precision, epi), build)
 
 
 def _flat_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int):
@@ -494,8 +500,9 @@ def _box_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int
 
 
 def _phase_site(cfg: Config, params: ConvT3dParams, pl, xin: torch.Tensor, wp: torch.Tensor, y: torch.Tensor,
-                n_groups: int, has_bias: bool, x_tma: bool, w_tma: bool) -> Site:
-    """The launch site of phase_gemm_kernel for the engine's Plan ``pl`` (``x_tma``, ``w_tma``: descriptors)."""
+                n_groups: int, has_bias: bool, x_tma: bool, w_tma: bool, epi: int = 0) -> Site:
+    """The launch site of phase_gemm_kernel for the engine's Plan ``pl`` (``x_tma``, ``w_tma``: descriptors;
+    ``epi``: the epilogue program's code)."""
     q = params.compact_size
 
     def build():
@@ -510,12 +517,13 @@ def _phase_site(cfg: Config, params: ConvT3dParams, pl, xin: torch.Tensor, wp: t
             *params.in_size, q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups,
             params.kernel_size[1], params.kernel_size[2], *xin.stride(), *wp.stride(), *y.stride(),
             *params.stride, *(a.tap_step for a in axes), *(a.offset_step for a in axes), tiles_h, tiles_w, tiles_n,
+            params.out_channels,
         ), dict(
             HAS_BIAS=has_bias, USE_DOT=cfg.use_dot, PRECISION=pl.dot_precision, W_GROUP=cfg.W_GROUP,
             W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE="", X_TMA=x_tma,
             W_TMA=w_tma, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-            BLOCK_W=cfg.BLOCK_W, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            BLOCK_W=cfg.BLOCK_W, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_epi_consts(epi),
         ))
 
     return site(("phase_gemm", params, cfg, xin.stride(), y.stride(), n_groups, has_bias, pl.dot_precision,
-                 x_tma, w_tma), build)
+                 x_tma, w_tma, epi), build)

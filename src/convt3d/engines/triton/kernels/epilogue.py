@@ -14,6 +14,53 @@ def _tanh(v):
 
 
 @triton.jit
+def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.constexpr, op: tl.constexpr):
+    """Step ``i`` of code ``op`` on the value ``v`` and the register ``r``; a function of its own, since
+    an unrolled loop cannot bind a constant name twice."""
+    if op == 1:
+        v = v * tl.load(epi_ptr + i)
+    if op == 2:
+        v = v * tl.load(ch_ptr + i * C + c_idx, mask=c_ok, other=0.0)
+    if op == 3:
+        v = v + tl.load(epi_ptr + i)
+    if op == 4:
+        v = v + tl.load(ch_ptr + i * C + c_idx, mask=c_ok, other=0.0)
+    if op == 5:
+        v = v + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
+    if op == 6:
+        v = tl.maximum(v, tl.load(epi_ptr + i))
+    if op == 7:
+        v = tl.minimum(v, tl.load(epi_ptr + i))
+    if op == 8:
+        v = tl.maximum(v, 0.0)
+    if op == 9:
+        v = tl.where(v > 0, v, v * tl.load(epi_ptr + i))
+    if op == 10:
+        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+    if op == 11:
+        v = 0.5 * v * (1.0 + _tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+    if op == 12:
+        v = v * tl.sigmoid(v)
+    if op == 13:
+        v = v * tl.minimum(tl.maximum(v + 3.0, 0.0), 6.0) / 6.0
+    if op == 14:
+        v = tl.sigmoid(v)
+    if op == 15:
+        v = _tanh(v)
+    if op == 16:
+        r = v
+    if op == 17:
+        v = v * r
+    if op == 18:
+        v = v + r
+    if op == 19:
+        v = v / tl.load(epi_ptr + i)
+    if op == 20:
+        v = v / tl.load(ch_ptr + i * C + c_idx, mask=c_ok, other=1.0)
+    return v, r
+
+
+@triton.jit
 def apply_epilogue(v, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, PROG: tl.constexpr):
     """``v`` after the program ``PROG`` (5 bits per step, ``core.epilogue.encode``). ``c_idx``/``c_ok``:
     each element's output channel and its validity, broadcastable to ``v``; ``res_ptrs``: the residual's
@@ -21,45 +68,5 @@ def apply_epilogue(v, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, PROG: tl.
     ``[8, C]`` per-channel operands."""
     r = v
     for i in tl.static_range(8):
-        op: tl.constexpr = (PROG >> (5 * i)) & 31
-        if op == 1:
-            v = v * tl.load(epi_ptr + i)
-        if op == 2:
-            v = v * tl.load(ch_ptr + i * C + c_idx, mask=c_ok, other=0.0)
-        if op == 3:
-            v = v + tl.load(epi_ptr + i)
-        if op == 4:
-            v = v + tl.load(ch_ptr + i * C + c_idx, mask=c_ok, other=0.0)
-        if op == 5:
-            v = v + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
-        if op == 6:
-            v = tl.maximum(v, tl.load(epi_ptr + i))
-        if op == 7:
-            v = tl.minimum(v, tl.load(epi_ptr + i))
-        if op == 8:
-            v = tl.maximum(v, 0.0)
-        if op == 9:
-            v = tl.where(v > 0, v, v * tl.load(epi_ptr + i))
-        if op == 10:
-            v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
-        if op == 11:
-            v = 0.5 * v * (1.0 + _tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
-        if op == 12:
-            v = v * tl.sigmoid(v)
-        if op == 13:
-            v = v * tl.minimum(tl.maximum(v + 3.0, 0.0), 6.0) / 6.0
-        if op == 14:
-            v = tl.sigmoid(v)
-        if op == 15:
-            v = _tanh(v)
-        if op == 16:
-            r = v
-        if op == 17:
-            v = v * r
-        if op == 18:
-            v = v + r
-        if op == 19:
-            v = v / tl.load(epi_ptr + i)
-        if op == 20:
-            v = v / tl.load(ch_ptr + i * C + c_idx, mask=c_ok, other=1.0)
+        v, r = _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i, (PROG >> (5 * i)) & 31)
     return v

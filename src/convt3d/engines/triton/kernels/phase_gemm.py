@@ -1,11 +1,13 @@
 """Triton kernels of the phase-GEMM engine: pure ``@triton.jit`` functions, no host logic.
 
-Imports only ``triton``, so that ``convt3d export-kernelbench`` can copy it verbatim into a KernelBench
-file: no torch, no package imports, no exception handling, not the bare word for a no-op statement
-(KernelBench's static checker rejects them). Vocabulary: ``convt3d.core.params``.
+Imports only ``triton`` and its sibling ``epilogue``, so that ``convt3d export-kernelbench`` can copy it
+verbatim into a KernelBench file: no torch, no other package imports, no exception handling, not the bare
+word for a no-op statement (KernelBench's static checker rejects them). Vocabulary: ``convt3d.core.params``.
 """
 import triton
 import triton.language as tl
+
+from .epilogue import apply_epilogue
 
 # The phase table: int32 rows of 16 per phase, rd rh rw | Td Th Tw | t0d t0h t0w | off0d off0h off0w |
 # Qd Qh Qw | companion mask (a phase group's first row: bit dd * SH + hh per empty row class it writes).
@@ -31,16 +33,17 @@ def _round_tf32(v):
 
 @triton.jit
 def phase_gemm_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, D, H, W, QD, OW, OD, OH, NUM_GROUPS, KH, KW,
-    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, stride_wg, stride_wt, stride_wo, stride_wc,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW, OSD, OSH, OSW,
-    tiles_h, tiles_w, tiles_n,
+    x_ptr, w_ptr, b_ptr, y_ptr, tab_ptr, epi_ptr, ch_ptr, res_ptr, N, CIN_G, COUT_G, D, H, W, QD, OW, OD, OH,
+    NUM_GROUPS, KH, KW, stride_xn, stride_xc, stride_xd, stride_xh, stride_xw, stride_wg, stride_wt, stride_wo,
+    stride_wc, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW, OSD, OSH, OSW,
+    tiles_h, tiles_w, tiles_n, C_OUT,
     HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr,
     W_SKIP: tl.constexpr, X_CACHE: tl.constexpr, X_TMA: tl.constexpr, W_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr, EPI: tl.constexpr = 0,
 ):
     # X_TMA / W_TMA: x_ptr / w_ptr are TMA descriptors (x over the NDHWC input, w over [G, taps,
-    # Cout/g, Cin/g]); out-of-range boxes read as zeros, so the K loop has no masks.
+    # Cout/g, Cin/g]); out-of-range boxes read as zeros, so the K loop has no masks. EPI: the
+    # epilogue program (core.epilogue.encode; 0 none) over C_OUT channels, applied before the store.
     BLOCK_H: tl.constexpr = BLOCK_M // BLOCK_W
     # Program -> (group, n, qd, h tile, w tile, phase group, channel tile): one tile's programs share L2.
     pid = tl.program_id(0)
@@ -151,9 +154,6 @@ def phase_gemm_kernel(
         st_ok = (qh < h_lim) & (qw < qw_n)
         out = tl.trans(acc)
         y_m = oh * stride_yh + ow * stride_yw
-        # Stored as [channel, position]: Triton runs threads along W (NCDHW) or channels (channels-last).
-        tl.store(y_s + y_co[:, None] + y_m[None, :], out.to(y_ptr.dtype.element_ty),
-                 mask=co_ok[:, None] & st_ok[None, :])
     else:
         # Interleave the two W-residues: [M, N] x 2 -> [N, 2M] with output W contiguous.
         out = tl.reshape(tl.permute(tl.join(acc_first, acc), (1, 0, 2)), (BLOCK_N, 2 * BLOCK_M))
@@ -162,8 +162,14 @@ def phase_gemm_kernel(
         ow2 = pid_w * (2 * BLOCK_W) + offs2 % (2 * BLOCK_W)
         st_ok = (qh2 < h_lim) & (ow2 < OW)
         y_m = (qh2 * SH + rh) * stride_yh + ow2 * stride_yw
-        tl.store(y_s + y_co[:, None] + y_m[None, :], out.to(y_ptr.dtype.element_ty),
-                 mask=co_ok[:, None] & st_ok[None, :])
+    if EPI != 0:
+        # The residual has the output's strides: it is read at the store's offsets.
+        r_s = res_ptr + nb.to(tl.int64) * stride_yn + (qd * SD + rd).to(tl.int64) * stride_yd
+        out = apply_epilogue(out, (grp * COUT_G + offs_co)[:, None], co_ok[:, None],
+                             r_s + y_co[:, None] + y_m[None, :], co_ok[:, None] & st_ok[None, :], epi_ptr, ch_ptr,
+                             C_OUT, EPI)
+    # Stored as [channel, position]: Triton runs threads along W (NCDHW) or channels (channels-last).
+    tl.store(y_s + y_co[:, None] + y_m[None, :], out.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & st_ok[None, :])
 
     # Companion rows: empty row classes' bias/zero rows assigned to this phase group, at its columns.
     cmask = tl.load(tab_ptr + pgrp * W_GROUP * 16 + 15)
@@ -322,11 +328,11 @@ def fill_planes_kernel(
 
 @triton.jit
 def flat_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD, OW, OD, OH,
-    NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW,
-    OSD, OSH, OSW, tiles_m, tiles_n,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, epi_ptr, ch_ptr, res_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD,
+    OW, OD, OH, NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW,
+    TSD, TSH, TSW, OSD, OSH, OSW, tiles_m, tiles_n, C_OUT,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
-    OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPI: tl.constexpr = 0,
 ):
     """The phase GEMMs on Hopper with every operand tile a plain 2-D TMA box: the input is a
     zero-haloed NDHWC copy (DP, HP, WP) viewed as [rows, channels], a tile BLOCK_M consecutive
@@ -425,6 +431,12 @@ def flat_gemm_kernel(
         ow_o = (m2 % WP) * 2 + offs2 % 2
         st_ok = (qh_o < h_lim) & (ow_o < OW)
     y_m = (qh_o * SH + rh) * stride_yh + ow_o * stride_yw
+    if EPI != 0:
+        # The epilogue (as phase_gemm_kernel's), the residual read at the store's offsets.
+        r_s = res_ptr + nb.to(tl.int64) * stride_yn + (qd * SD + rd).to(tl.int64) * stride_yd
+        out = apply_epilogue(out, (grp * COUT_G + offs_co)[:, None], co_ok[:, None],
+                             r_s + (y_co[:, None] + y_m[None, :]), co_ok[:, None] & st_ok[None, :], epi_ptr, ch_ptr,
+                             C_OUT, EPI)
     tl.store(y_s + (y_co[:, None] + y_m[None, :]), out.to(y_ptr.dtype.element_ty),
              mask=co_ok[:, None] & st_ok[None, :])
 

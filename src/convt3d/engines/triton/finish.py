@@ -1,0 +1,196 @@
+"""The finishing steps after a transposed convolution that need statistics or windows: reductions,
+pooling, BatchNorm and GroupNorm (kernels in ``kernels/finish.py``).
+
+Each takes a 5-D NCDHW tensor (float32, float16 or bfloat16, on CUDA or, through Triton's interpreter,
+on the CPU), computes in float32 and returns the input's dtype. ``pre`` (a program of
+``core.epilogue``) applies to every input element before anything else and ``post`` to every output
+element; their per-channel operands index the element's channel, and an output reduced over channels
+has one. A residual step is refused: the finishing kernels read one tensor. The data path is Triton
+only; PyTorch allocates.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import triton
+
+from ...core.epilogue import Epilogue, as_epilogue
+from .kernels import finish as FK
+
+__all__ = ["reduce", "pool", "batch_norm", "group_norm"]
+
+REDUCE_OPS = ("sum", "mean", "max", "logsumexp", "softmax", "layer_norm")  # the axis kernel's MODE codes
+FINISH_TILE = 4096  # elements a program holds at once
+FINISH_BLOCK = 1024  # elements per step of the elementwise, moments and pooling kernels
+MOMENTS_CHUNK = 16 * FINISH_BLOCK  # elements per moments program: long rows split, so few rows fill the GPU
+
+
+def _finish_input(y, name: str) -> torch.Tensor:
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"{name}(): argument 'input' must be Tensor, not {type(y).__name__}")
+    if y.dim() != 5:
+        raise ValueError(f"{name}: expected a 5-D (N, C, D, H, W) tensor, but got a {y.dim()}-D one")
+    if y.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"{name}: expected float32, float16 or bfloat16, but got {y.dtype}")
+    return y.contiguous()
+
+
+def _finish_programs(y, pre, post, out_shape, post_channels: int, name: str):
+    """The kernel operands of ``pre`` and ``post`` (scalars and per-channel table of each) and their
+    codes; an ``Epilogue`` validated elsewhere is checked again against this call's shapes."""
+    args, codes = [], []
+    for p, channels, shape, what in ((pre, y.shape[1], y.shape, "pre"), (post, post_channels, out_shape, "post")):
+        if isinstance(p, Epilogue):
+            p = [(s.name, s.operand) if s.form else s.name for s in p.steps]
+        epi = as_epilogue(p, channels, tuple(shape))
+        if epi.residual is not None:
+            raise ValueError(f"{name}: a residual step is not allowed in {what} (these kernels read one tensor)")
+        args += [epi.scalars(y.device), epi.channels(channels, y.device)]
+        codes.append(epi.code)
+    return args, *codes
+
+
+def _finish_vector(t, n: int, what: str, name: str):
+    if t is not None and t.numel() != n:
+        raise RuntimeError(f"{name}: {what} should contain {n} elements not {t.numel()}")
+    return None if t is None else t.contiguous()
+
+
+def _reduce_dims(dim) -> list[int]:
+    ds = list(dim) if isinstance(dim, (tuple, list)) else [dim]
+    if not ds or not all(isinstance(d, int) and not isinstance(d, bool) for d in ds):
+        raise TypeError(f"reduce: dim must be an int or a tuple of ints, but got {dim!r}")
+    ds = sorted(d + 5 if d < 0 else d for d in ds)
+    if ds[0] < 1 or ds[-1] > 4 or ds != list(range(ds[0], ds[-1] + 1)):
+        raise ValueError(f"reduce: dim must be one of 1-4 or consecutive ones (as (2, 3, 4)), but got {dim!r}")
+    return ds
+
+
+def reduce(y, dim, op: str, *, pre=None, post=None, weight=None, bias=None, eps: float = 1e-5):
+    """``op`` over ``dim`` (1, 2, 3, 4 or consecutive ones, as (2, 3, 4)): "sum", "mean", "max",
+    "logsumexp" keep ``dim`` with size 1; "softmax" and "layer_norm" (population variance, ``eps``,
+    then ``weight``/``bias`` of the reduced dims' size, as F.layer_norm) keep the shape."""
+    y = _finish_input(y, "reduce")
+    ds = _reduce_dims(dim)
+    if op not in REDUCE_OPS:
+        raise ValueError(f"reduce: op must be one of {REDUCE_OPS}, but got {op!r}")
+    if op != "layer_norm" and (weight is not None or bias is not None):
+        raise ValueError(f"reduce: weight and bias belong to 'layer_norm', not {op!r}")
+    shape = tuple(y.shape)
+    O, R, I = math.prod(shape[:ds[0]]), math.prod(shape[ds[0]:ds[-1] + 1]), math.prod(shape[ds[-1] + 1:])
+    keep = REDUCE_OPS.index(op) <= 3
+    out_shape = tuple(1 if k in ds else s for k, s in enumerate(shape)) if keep else shape
+    args, pre_code, post_code = _finish_programs(y, pre, post, out_shape, 1 if keep and 1 in ds else shape[1], "reduce")
+    weight, bias = (_finish_vector(t, R, what, "reduce") for t, what in ((weight, "weight"), (bias, "bias")))
+    so, sr, si = R * I, I, 1
+    if I == 1 and R <= 256:  # a short contiguous axis: a program takes many rows instead of one
+        O, I, so, sr, si = 1, O, 0, 1, R
+    block_r = min(triton.next_power_of_2(R), 128 if I > 1 else FINISH_TILE)
+    block_i = min(triton.next_power_of_2(I), FINISH_TILE // block_r)
+    out = torch.empty(out_shape, dtype=y.dtype, device=y.device)
+    if out.numel() == 0:
+        return out
+    n_iblk = triton.cdiv(I, block_i)
+    FK.axis_kernel[(O * n_iblk,)](
+        y, out, y if weight is None else weight, y if bias is None else bias, *args, R, I, n_iblk, so, sr, si,
+        math.prod(shape[2:]), shape[1], 1 if keep and 1 in ds else shape[1], float(eps),
+        MODE=REDUCE_OPS.index(op), PRE=pre_code, POST=post_code, HAS_W=weight is not None, HAS_B=bias is not None,
+        BLOCK_R=block_r, BLOCK_I=block_i)
+    return out
+
+
+def _pool_triple(v, what: str) -> tuple[int, int, int]:
+    t = tuple(v) if isinstance(v, (tuple, list)) else (v, v, v)
+    if len(t) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) for x in t):
+        raise TypeError(f"pool: {what} must be a single int, or a tuple of three ints, but got {v!r}")
+    if min(t) <= 0:
+        raise ValueError(f"pool: {what} must be greater than zero, but got {v!r}")
+    return t
+
+
+def pool(y, kind: str, kernel_size, stride=None, *, pre=None, post=None):
+    """``kind`` ("max" or "avg") pooling with no padding and floor mode, as F.max_pool3d/F.avg_pool3d."""
+    y = _finish_input(y, "pool")
+    if kind not in ("max", "avg"):
+        raise ValueError(f"pool: kind must be 'max' or 'avg', but got {kind!r}")
+    k = _pool_triple(kernel_size, "kernel_size")
+    s = k if stride is None else _pool_triple(stride, "stride")
+    N, C, D, H, W = y.shape
+    od, oh, ow = ((x - kk) // ss + 1 for x, kk, ss in zip((D, H, W), k, s))
+    if min(od, oh, ow) <= 0:
+        raise RuntimeError(f"Given input size: ({C}x{D}x{H}x{W}). Calculated output size: "
+                           f"({C}x{od}x{oh}x{ow}). Output size is too small")
+    out = torch.empty((N, C, od, oh, ow), dtype=y.dtype, device=y.device)
+    args, pre_code, post_code = _finish_programs(y, pre, post, out.shape, C, "pool")
+    if out.numel() == 0:
+        return out
+    block = min(triton.next_power_of_2(od * oh * ow), FINISH_BLOCK)
+    n_blk = triton.cdiv(od * oh * ow, block)
+    FK.pool_kernel[(N * C * n_blk,)](y, out, *args, C, D, H, W, od, oh, ow, n_blk, *s, KD=k[0], KH=k[1], KW=k[2],
+                                     MAX=kind == "max", PRE=pre_code, POST=post_code, BLOCK=block)
+    return out
+
+
+def _finish_normalize(y, units: int, rows: int, J: int, SJ: int, cpu: int, a_n: int, weight, bias, rm, rv,
+               train: bool, momentum: float, eps: float, pre, post, name: str) -> torch.Tensor:
+    """Moments of ``rows`` contiguous rows (train), per-unit scale and shift (``stats_kernel``), then
+    ``post(a * pre(y) + b)``."""
+    C, numel = y.shape[1], y.numel()
+    dhw = numel // (y.shape[0] * C)
+    args, pre_code, post_code = _finish_programs(y, pre, post, y.shape, C, name)
+    out = torch.empty_like(y)
+    if numel == 0:
+        return out
+    ab = torch.empty((2, a_n), dtype=torch.float32, device=y.device)
+    L = numel // rows
+    k = triton.cdiv(L, MOMENTS_CHUNK) if train else 1
+    part = torch.empty(2 * rows * k if train else 1, dtype=torch.float32, device=y.device)
+    if train:
+        FK.moments_kernel[(rows * k,)](y, part, *args[:2], L, k, MOMENTS_CHUNK, dhw, C, PRE=pre_code,
+                                       BLOCK=min(triton.next_power_of_2(L), FINISH_BLOCK))
+    FK.stats_kernel[(units,)](
+        part, ab[0], ab[1], *(ab if t is None else t for t in (weight, bias, rm, rv)), J, SJ, k, L, MOMENTS_CHUNK, C,
+        cpu, float(eps), float(momentum or 0.0), TRAIN=train, UPDATE=train and rm is not None,
+        HAS_W=weight is not None, HAS_B=bias is not None,
+        BLOCK_T=min(triton.next_power_of_2(J * k), FINISH_BLOCK), BLOCK_C=triton.next_power_of_2(cpu))
+    FK.affine_kernel[(triton.cdiv(numel, FINISH_BLOCK),)](y, out, ab[0], ab[1], *args, numel, dhw, C, a_n,
+                                                          PRE=pre_code, POST=post_code, BLOCK=FINISH_BLOCK)
+    return out
+
+
+def batch_norm(y, weight, bias, running_mean, running_var, training: bool, momentum: float, eps: float,
+               *, pre=None, post=None):
+    """``post(F.batch_norm(pre(y), running_mean, running_var, weight, bias, training, momentum, eps))``;
+    in training the running statistics are updated in place as PyTorch does (nn.BatchNorm3d with
+    ``momentum=None`` passes ``1 / num_batches_tracked``)."""
+    y = _finish_input(y, "batch_norm")
+    N, C = y.shape[:2]
+    if not training and (running_mean is None or running_var is None):
+        raise RuntimeError("running_mean must be defined in evaluation mode")
+    if training and y.numel() // C <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {y.shape}")
+    update = training and running_mean is not None and running_var is not None
+    if update and not isinstance(momentum, numbers.Real):
+        raise TypeError(f"batch_norm(): argument 'momentum' must be float, not {type(momentum).__name__}")
+    if update and not (running_mean.is_contiguous() and running_var.is_contiguous()):
+        raise ValueError("batch_norm: running_mean and running_var must be contiguous (updated in place)")
+    if training and not update:  # batch statistics only
+        running_mean = running_var = None
+    weight, bias, running_mean, running_var = (_finish_vector(t, C, "running_mean", "batch_norm")
+                                               for t in (weight, bias, running_mean, running_var))
+    return _finish_normalize(y, C, N * C, N, C, 1, C, weight, bias, running_mean, running_var, training,
+                      momentum, eps, pre, post, "batch_norm")
+
+
+def group_norm(y, groups: int, weight=None, bias=None, eps: float = 1e-5, *, pre=None, post=None):
+    """``post(F.group_norm(pre(y), groups, weight, bias, eps))``."""
+    y = _finish_input(y, "group_norm")
+    N, C = y.shape[:2]
+    if not isinstance(groups, int) or groups <= 0 or C % groups:
+        raise RuntimeError("Expected number of channels in input to be divisible by num_groups, but got "
+                           f"input of shape {list(y.shape)} and num_groups={groups}")
+    weight, bias = (_finish_vector(t, C, what, "group_norm") for t, what in ((weight, "weight"), (bias, "bias")))
+    return _finish_normalize(y, N * groups, N * groups, 1, 0, C // groups, N * C, weight, bias, None, None, True,
+                      0.0, eps, pre, post, "group_norm")

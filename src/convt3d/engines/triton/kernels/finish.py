@@ -1,0 +1,209 @@
+"""The finishing kernels: reductions, pooling and normalisations after a transposed convolution, each
+with an elementwise program on its input (``PRE``) and its output (``POST``; ``.epilogue``). Tensors are
+contiguous NCDHW; an element's channel is ``(offset // DHW) % C``. Imports only ``triton`` and
+``.epilogue`` (exported verbatim)."""
+import triton
+import triton.language as tl
+
+from .epilogue import apply_epilogue
+
+
+@triton.jit
+def _chan(n, mean, m2, nb, mean_b, m2_b):
+    """Chan's formula: the mean and centred sum of squares of ``n`` values joined by ``nb`` more; it
+    combines centred partials, so a large mean costs no digits."""
+    d = mean_b - mean
+    w = nb / (n + nb)
+    return mean + d * w, m2 + m2_b + d * d * n * w
+
+
+@triton.jit
+def axis_kernel(x_ptr, out_ptr, w_ptr, b_ptr, pre_s, pre_c, post_s, post_c, R, I, n_iblk,
+                stride_o, stride_r, stride_i, DHW, C, C_POST, eps,
+                MODE: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, HAS_W: tl.constexpr,
+                HAS_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    """Reduce the view ``[O, R, I]`` of ``x`` over R; a program takes one o and BLOCK_I values of i.
+    MODE 0-3 (sum, mean, max, logsumexp) write ``out[o * I + i]``; 4 (softmax) and 5 (layer norm,
+    then ``w``/``b`` indexed by r) make a second pass and write ``out`` at ``x``'s offsets. ``C_POST``:
+    the output's channels (1 when the reduction spans them)."""
+    pid = tl.program_id(0)
+    o = (pid // n_iblk).to(tl.int64)
+    i = (pid % n_iblk) * BLOCK_I + tl.arange(0, BLOCK_I)
+    i_ok = i < I
+    base = o * stride_o + i.to(tl.int64) * stride_i
+    rr = tl.arange(0, BLOCK_R)
+    m = tl.full([BLOCK_I], float("-inf"), tl.float32)  # running max
+    s = tl.zeros([BLOCK_I], tl.float32)  # sum, softmax denominator or layer norm's mean
+    q = tl.zeros([BLOCK_I], tl.float32)  # layer norm's centred sum of squares
+    for r0 in range(0, R, BLOCK_R):
+        r = r0 + rr
+        ok = (r < R)[:, None] & i_ok[None, :]
+        off = base[None, :] + r.to(tl.int64)[:, None] * stride_r
+        v = tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32)
+        v = apply_epilogue(v, (off // DHW) % C, ok, x_ptr + off, ok, pre_s, pre_c, C, PRE)
+        if MODE <= 1:
+            s += tl.sum(tl.where(ok, v, 0.0), axis=0)
+        if MODE == 2:
+            m = tl.maximum(m, tl.max(tl.where(ok, v, float("-inf")), axis=0))
+        if MODE == 3 or MODE == 4:
+            # Online softmax: rescale the sum to the new max (a safe 0 while a column has seen none).
+            mx = tl.maximum(m, tl.max(tl.where(ok, v, float("-inf")), axis=0))
+            ms = tl.where(mx == float("-inf"), 0.0, mx)
+            s = s * tl.exp(m - ms) + tl.sum(tl.where(ok, tl.exp(v - ms[None, :]), 0.0), axis=0)
+            m = mx
+        if MODE == 5:
+            nb = tl.minimum(R - r0, BLOCK_R).to(tl.float32)
+            mb = tl.sum(tl.where(ok, v, 0.0), axis=0) / nb
+            d = tl.where(ok, v - mb[None, :], 0.0)
+            s, q = _chan(r0 * 1.0, s, q, nb, mb, tl.sum(d * d, axis=0))
+    s = tl.where(i_ok, s, 1.0)  # columns past I: no division by zero
+    if MODE <= 3:
+        res = s
+        if MODE == 1:
+            res = s / R
+        if MODE == 2:
+            res = m
+        if MODE == 3:
+            res = m + tl.log(s)
+        res = apply_epilogue(res, (base // DHW) % C_POST, i_ok, x_ptr, i_ok, post_s, post_c, C_POST, POST)
+        tl.store(out_ptr + o * I + i, res.to(out_ptr.dtype.element_ty), mask=i_ok)
+    else:
+        ms = tl.where(m == float("-inf"), 0.0, m)
+        rstd = 1.0 / tl.sqrt(q / R + eps)
+        for r0 in range(0, R, BLOCK_R):
+            r = r0 + rr
+            ok = (r < R)[:, None] & i_ok[None, :]
+            off = base[None, :] + r.to(tl.int64)[:, None] * stride_r
+            c = (off // DHW) % C
+            v = tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32)
+            v = apply_epilogue(v, c, ok, x_ptr + off, ok, pre_s, pre_c, C, PRE)
+            if MODE == 4:
+                v = tl.exp(v - ms[None, :]) / s[None, :]
+            if MODE == 5:
+                v = (v - s[None, :]) * rstd[None, :]
+                if HAS_W:
+                    v = v * tl.load(w_ptr + r, mask=r < R, other=0.0).to(tl.float32)[:, None]
+                if HAS_B:
+                    v = v + tl.load(b_ptr + r, mask=r < R, other=0.0).to(tl.float32)[:, None]
+            v = apply_epilogue(v, c, ok, x_ptr + off, ok, post_s, post_c, C, POST)
+            tl.store(out_ptr + off, v.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def moments_kernel(x_ptr, part_ptr, pre_s, pre_c, L, K, CHUNK, DHW, C,
+                   PRE: tl.constexpr, BLOCK: tl.constexpr):
+    """The mean and centred sum of squares of chunk ``k`` (CHUNK elements) of row ``row`` (L
+    contiguous elements) into ``part[2 * (row * K + k) + (0, 1)]``; program ``row * K + k``."""
+    pid = tl.program_id(0)
+    row = (pid // K).to(tl.int64)
+    start = (pid % K) * CHUNK
+    end = tl.minimum(start + CHUNK, L)
+    mean = 0.0
+    m2 = 0.0
+    for j0 in range(start, end, BLOCK):
+        j = j0 + tl.arange(0, BLOCK)
+        ok = j < end
+        off = row * L + j
+        v = tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32)
+        v = apply_epilogue(v, (off // DHW) % C, ok, x_ptr + off, ok, pre_s, pre_c, C, PRE)
+        nb = tl.minimum(end - j0, BLOCK).to(tl.float32)
+        mb = tl.sum(tl.where(ok, v, 0.0), axis=0) / nb
+        d = tl.where(ok, v - mb, 0.0)
+        mean, m2 = _chan((j0 - start) * 1.0, mean, m2, nb, mb, tl.sum(d * d, axis=0))
+    tl.store(part_ptr + 2 * pid, mean)
+    tl.store(part_ptr + 2 * pid + 1, m2)
+
+
+@triton.jit
+def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ, K, L, CHUNK, C, CPU,
+                 eps, momentum, TRAIN: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
+                 HAS_B: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Unit ``u`` (a BatchNorm channel or a GroupNorm (n, group)) joins the partials of rows
+    ``j * SJ + u`` (j < J) and writes ``a``, ``b`` (``x * a + b`` normalises) for its CPU entries
+    ``u * CPU + cc``, of channel ``(u * CPU + cc) % C``. TRAIN: statistics from the partials (UPDATE:
+    the running ones follow with the unbiased variance); else from ``rm``/``rv``."""
+    u = tl.program_id(0)
+    cc = tl.arange(0, BLOCK_C)
+    c_ok = cc < CPU
+    idx = u * CPU + cc
+    ch = idx % C
+    if TRAIN:
+        n = 0.0
+        mean = 0.0
+        m2 = 0.0
+        for t0 in range(0, J * K, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            ok = t < J * K
+            k = t % K
+            p = ((t // K) * SJ + u).to(tl.int64) * K + k
+            cnt = tl.where(ok, tl.minimum(CHUNK, L - k * CHUNK), 0).to(tl.float32)
+            pm = tl.load(part_ptr + 2 * p, mask=ok, other=0.0)
+            pq = tl.load(part_ptr + 2 * p + 1, mask=ok, other=0.0)
+            nb = tl.sum(cnt, axis=0)
+            mb = tl.sum(cnt * pm, axis=0) / nb
+            mean, m2 = _chan(n, mean, m2, nb, mb, tl.sum(pq + cnt * (pm - mb) * (pm - mb), axis=0))
+            n += nb
+        var = m2 / n
+        if UPDATE:
+            rm = tl.load(rm_ptr + ch, mask=c_ok, other=0.0).to(tl.float32)
+            rv = tl.load(rv_ptr + ch, mask=c_ok, other=0.0).to(tl.float32)
+            rm = (1.0 - momentum) * rm + momentum * mean
+            rv = (1.0 - momentum) * rv + momentum * (m2 / (n - 1.0))
+            tl.store(rm_ptr + ch, rm.to(rm_ptr.dtype.element_ty), mask=c_ok)
+            tl.store(rv_ptr + ch, rv.to(rv_ptr.dtype.element_ty), mask=c_ok)
+    else:
+        mean = tl.load(rm_ptr + ch, mask=c_ok, other=0.0).to(tl.float32)
+        var = tl.load(rv_ptr + ch, mask=c_ok, other=1.0).to(tl.float32)
+    a = 1.0 / tl.sqrt(var + eps) + tl.zeros([BLOCK_C], tl.float32)
+    if HAS_W:
+        a = a * tl.load(w_ptr + ch, mask=c_ok, other=0.0).to(tl.float32)
+    b = -mean * a
+    if HAS_B:
+        b = b + tl.load(bias_ptr + ch, mask=c_ok, other=0.0).to(tl.float32)
+    tl.store(a_ptr + idx, a, mask=c_ok)
+    tl.store(b_ptr + idx, b, mask=c_ok)
+
+
+@triton.jit
+def affine_kernel(x_ptr, out_ptr, a_ptr, b_ptr, pre_s, pre_c, post_s, post_c, numel, DHW, C, A_N,
+                  PRE: tl.constexpr, POST: tl.constexpr, BLOCK: tl.constexpr):
+    """``out = post(a[s] * pre(x) + b[s])`` with ``s`` the element's (n, c) row modulo ``A_N`` (C:
+    per channel; N * C: per sample and channel)."""
+    off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = off < numel
+    nc = off // DHW
+    c = nc % C
+    v = tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32)
+    v = apply_epilogue(v, c, ok, x_ptr + off, ok, pre_s, pre_c, C, PRE)
+    v = v * tl.load(a_ptr + nc % A_N, mask=ok, other=0.0) + tl.load(b_ptr + nc % A_N, mask=ok, other=0.0)
+    v = apply_epilogue(v, c, ok, x_ptr + off, ok, post_s, post_c, C, POST)
+    tl.store(out_ptr + off, v.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def pool_kernel(x_ptr, out_ptr, pre_s, pre_c, post_s, post_c, C, D, H, W, OD, OH, OW, n_blk, SD, SH, SW,
+                KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MAX: tl.constexpr,
+                PRE: tl.constexpr, POST: tl.constexpr, BLOCK: tl.constexpr):
+    """Max (MAX) or average pooling without padding: a program takes BLOCK output positions of one
+    (n, c) plane; ``pre`` applies to every window element, ``post`` to the result."""
+    pid = tl.program_id(0)
+    plane = (pid // n_blk).to(tl.int64)
+    p = (pid % n_blk) * BLOCK + tl.arange(0, BLOCK)
+    ok = p < OD * OH * OW
+    c = plane % C
+    od = p // (OH * OW)
+    oh = (p // OW) % OH
+    ow = p % OW
+    base = plane * D * H * W + ((od * SD) * H + oh * SH).to(tl.int64) * W + ow * SW
+    acc = tl.full([BLOCK], float("-inf") if MAX else 0.0, tl.float32)
+    for kd in range(KD):
+        for kh in range(KH):
+            for kw in range(KW):
+                ptrs = x_ptr + base + (kd * H + kh) * W + kw
+                v = tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)
+                v = apply_epilogue(v, c, c < C, ptrs, ok, pre_s, pre_c, C, PRE)
+                acc = tl.maximum(acc, v) if MAX else acc + v
+    if not MAX:
+        acc = acc / (KD * KH * KW)
+    acc = apply_epilogue(acc, c, c < C, x_ptr, ok, post_s, post_c, C, POST)
+    tl.store(out_ptr + plane * OD * OH * OW + p, acc.to(out_ptr.dtype.element_ty), mask=ok)

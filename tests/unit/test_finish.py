@@ -1,0 +1,318 @@
+"""The finishing kernels (engines/triton/finish.py) against PyTorch in float64: reductions over each
+axis and over all space, pooling, BatchNorm (with the running statistics' update) and GroupNorm, each
+with ``pre``/``post`` programs; the errors they raise; and a compile of every kernel for sm_90 (the
+interpreter does not check what only the compiler rejects). The helpers take a device: the GPU tests
+(tests/gpu/test_gpu_finish.py) run them on CUDA."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+
+from convt3d.core.epilogue import apply_torch, as_epilogue
+from convt3d.engines.triton import finish as FIN
+from clean_process import compile_in_clean_process
+
+# CPU tensors run through Triton's interpreter (conftest turns it on where there is no GPU); not
+# conftest's own marker, since the compile test's clean process runs this file without conftest.
+requires_interpreter = pytest.mark.skipif(not triton.knobs.runtime.interpret,
+                                          reason="CPU tensors need TRITON_INTERPRET=1 before triton is imported")
+
+DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+RTOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+KEEP = ("sum", "mean", "max", "logsumexp")
+
+
+def _close(got, want, dtype):
+    """Within a few units of the output dtype's rounding, relative to the reference's largest value."""
+    assert got.dtype == dtype and got.shape == want.shape
+    tol = RTOL[dtype] * (1.0 + want.abs().max().item())
+    torch.testing.assert_close(got.double(), want, rtol=RTOL[dtype], atol=tol)
+
+
+def _pre(C, device):
+    """Per-channel, scalar and activation steps, the register included."""
+    return [("mul", torch.linspace(0.5, 1.5, C, device=device)), ("add", -0.25), "save", "gelu", "add_saved"]
+
+
+def _post(C, device):
+    if C == 1:  # one channel: scalar steps (or a one-value tensor)
+        return [("mul", 0.5), "tanh", ("add", torch.tensor([0.125], device=device))]
+    return [("add", torch.linspace(-1.0, 1.0, C, device=device)), ("leaky_relu", 0.2), ("div", 2.0)]
+
+
+def _f64(y, program, channels):
+    """``program`` on ``y`` in PyTorch (which computes it in float32), as float64."""
+    return y.double() if program is None else apply_torch(y.double(), as_epilogue(program, channels), 1).double()
+
+
+def _ref_reduce(x, dims, op, w=None, b=None, eps=1e-5):
+    """``op`` over the consecutive ``dims`` of the float64 ``x``, from their flattening."""
+    a, z = dims[0], dims[-1]
+    sh = list(x.shape)
+    f = x.reshape(sh[:a] + [-1] + sh[z + 1:])
+    if op == "softmax":
+        return torch.softmax(f, a).reshape(sh)
+    if op == "layer_norm":
+        r = (f - f.mean(a, keepdim=True)) / torch.sqrt(f.var(a, unbiased=False, keepdim=True) + eps)
+        at = [1] * r.dim()
+        at[a] = -1
+        r = r if w is None else r * w.double().reshape(at)
+        return (r if b is None else r + b.double().reshape(at)).reshape(sh)
+    r = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax, "logsumexp": torch.logsumexp}[op](f, a, keepdim=True)
+    return r.reshape([1 if k in dims else s for k, s in enumerate(sh)])
+
+
+def run_reduce(shape, dim, op, dtype, device, programs=True, affine=True):
+    y = torch.randn(shape, device=device).to(dtype)
+    dims = [d % 5 for d in (dim if isinstance(dim, tuple) else (dim,))]
+    C = shape[1]
+    c_post = 1 if op in KEEP and 1 in dims else C
+    pre, post = (_pre(C, device), _post(c_post, device)) if programs else (None, None)
+    R = torch.Size([shape[d] for d in dims]).numel()
+    w = b = None
+    if op == "layer_norm" and affine:
+        w, b = torch.randn([shape[d] for d in dims], device=device), torch.randn(R, device=device)
+    got = FIN.reduce(y, dim, op, pre=pre, post=post, weight=w, bias=b)
+    _close(got, _f64(_ref_reduce(_f64(y, pre, C), dims, op, w, b), post, c_post), dtype)
+
+
+def run_pool(shape, kind, k, s, dtype, device):
+    y = torch.randn(shape, device=device).to(dtype)
+    C = shape[1]
+    got = FIN.pool(y, kind, k, s, pre=_pre(C, device), post=_post(C, device))
+    fn = F.max_pool3d if kind == "max" else F.avg_pool3d
+    _close(got, _f64(fn(_f64(y, _pre(C, device), C), k, s), _post(C, device), C), dtype)
+
+
+def run_batch_norm(shape, momentum, affine, dtype, device, steps=2, loc=0.0, programs=True):
+    """nn.BatchNorm3d in float64 (train mode, then eval) and our batch_norm on the same stream of
+    inputs: outputs and running statistics after each step; ``momentum=None`` is the module's
+    cumulative average, to which it passes ``1 / num_batches_tracked``."""
+    C = shape[1]
+    bn = torch.nn.BatchNorm3d(C, momentum=momentum, affine=affine, device=device, dtype=torch.float64)
+    if affine:
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-1.0, 1.0)
+    rm = torch.zeros(C, device=device)
+    rv = torch.ones(C, device=device)
+    w, b = (bn.weight.float(), bn.bias.float()) if affine else (None, None)
+    pre, post = (_pre(C, device), _post(C, device)) if programs else (None, None)
+    for step in range(steps):
+        y = (torch.randn(shape, device=device) + loc).to(dtype)
+        bn.train()
+        want = bn(_f64(y, pre, C)).detach()
+        factor = 1.0 / bn.num_batches_tracked.item() if momentum is None else momentum
+        got = FIN.batch_norm(y, w, b, rm, rv, True, factor, bn.eps, pre=pre, post=post)
+        _close(got, _f64(want, post, C), dtype)
+        torch.testing.assert_close(rm.double(), bn.running_mean, rtol=1e-5, atol=1e-5 * (1 + abs(loc)))
+        torch.testing.assert_close(rv.double(), bn.running_var, rtol=1e-5, atol=1e-5)
+    bn.eval()
+    got = FIN.batch_norm(y, w, b, rm, rv, False, 0.1, bn.eps, pre=pre, post=post)
+    _close(got, _f64(bn(_f64(y, pre, C)).detach(), post, C), dtype)
+
+
+def run_group_norm(shape, groups, affine, dtype, device, loc=0.0, programs=True):
+    C = shape[1]
+    y = (torch.randn(shape, device=device) + loc).to(dtype)
+    w, b = (torch.rand(C, device=device) + 0.5, torch.randn(C, device=device)) if affine else (None, None)
+    pre, post = (_pre(C, device), _post(C, device)) if programs else (None, None)
+    got = FIN.group_norm(y, groups, w, b, 1e-5, pre=pre, post=post)
+    want = F.group_norm(_f64(y, pre, C), groups, None if w is None else w.double(),
+                        None if b is None else b.double(), 1e-5)
+    _close(got, _f64(want, post, C), dtype)
+
+
+# (shape, dim): each axis, all space, odd sizes; C = 130 crosses the channel block; a width of 300
+# and a space of 990 take the one-row-per-program view, the shorter ones many rows per program.
+REDUCTIONS = {
+    "channels-c3-odd": ((2, 3, 5, 3, 7), 1),
+    "channels-c130-crosses-block": ((1, 130, 2, 3, 5), 1),
+    "depth": ((2, 4, 7, 3, 5), 2),
+    "height": ((1, 3, 2, 9, 5), 3),
+    "width": ((2, 3, 3, 4, 9), 4),
+    "width-300-long-rows": ((1, 2, 2, 1, 300), -1),
+    "spatial": ((2, 3, 5, 6, 7), (2, 3, 4)),
+    "spatial-990-long-rows": ((1, 2, 9, 10, 11), (2, 3, 4)),
+    "height-width": ((2, 3, 3, 5, 6), (3, 4)),
+}
+
+
+@requires_interpreter
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("op", FIN.REDUCE_OPS)
+@pytest.mark.parametrize("regime", list(REDUCTIONS))
+def test_reduce(regime, op, dtype):
+    shape, dim = REDUCTIONS[regime]
+    run_reduce(shape, dim, op, DT[dtype], "cpu")
+
+
+@requires_interpreter
+@pytest.mark.parametrize("op", FIN.REDUCE_OPS)
+@pytest.mark.parametrize("regime", ["channels-c3-odd", "width", "spatial"])
+def test_reduce_without_programs(regime, op):
+    shape, dim = REDUCTIONS[regime]
+    run_reduce(shape, dim, op, torch.float32, "cpu", programs=False, affine=False)
+
+
+@requires_interpreter
+def test_reduce_negative_dim_is_the_same_axis():
+    y = torch.randn(2, 3, 2, 2, 5)
+    torch.testing.assert_close(FIN.reduce(y, -1, "softmax"), FIN.reduce(y, 4, "softmax"), rtol=0, atol=0)
+
+
+@requires_interpreter
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_softmax_and_logsumexp_of_a_column_of_minus_infinity():
+    """PyTorch's answers: softmax is NaN where every value is -inf, logsumexp -inf (the interpreter's
+    NumPy warns of the 0 / 0 and log(0) that give them)."""
+    y = torch.randn(1, 4, 1, 1, 3)
+    y[0, :, 0, 0, 1] = float("-inf")
+    torch.testing.assert_close(FIN.reduce(y, 1, "softmax"), torch.softmax(y, 1), equal_nan=True)
+    torch.testing.assert_close(FIN.reduce(y, 1, "logsumexp"), torch.logsumexp(y, 1, keepdim=True))
+
+
+POOLS = {
+    "k2-odd-floor": ((2, 3, 7, 6, 5), 2, None),
+    "k3-s1-overlap": ((1, 2, 5, 6, 7), 3, 1),
+    "k123-s122": ((2, 3, 4, 6, 7), (1, 2, 3), (1, 2, 2)),
+    "k2-s3-gaps": ((1, 3, 8, 7, 9), 2, 3),
+}
+
+
+@requires_interpreter
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("regime", list(POOLS))
+def test_pool(regime, kind, dtype):
+    shape, k, s = POOLS[regime]
+    run_pool(shape, kind, k, s, DT[dtype], "cpu")
+
+
+@requires_interpreter
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum-0.1", "momentum-none-cumulative"])
+def test_batch_norm_train_updates_running_stats(momentum, affine, dtype):
+    run_batch_norm((3, 5, 3, 4, 5), momentum, affine, DT[dtype], "cpu")
+
+
+@requires_interpreter
+def test_batch_norm_large_mean_and_count():
+    """70,000 values per (n, c) row, split into chunks, around a mean of 1000: a sum of squares in
+    float32 would lose the variance; centred partials keep it."""
+    run_batch_norm((2, 2, 40, 35, 50), 0.1, True, torch.float32, "cpu", steps=1, loc=1000.0, programs=False)
+
+
+@requires_interpreter
+def test_batch_norm_without_running_stats_uses_batch_stats():
+    y = torch.randn(2, 3, 2, 3, 4)
+    got = FIN.batch_norm(y, None, None, None, None, True, 0.1, 1e-5)
+    _close(got, F.batch_norm(y.double(), None, None, training=True), torch.float32)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("groups", [1, 3, 6], ids=["one-group", "groups-of-2", "group-per-channel"])
+def test_group_norm(groups, affine, dtype):
+    run_group_norm((2, 6, 3, 5, 4), groups, affine, DT[dtype], "cpu")
+
+
+@requires_interpreter
+def test_group_norm_large_mean_and_count():
+    """72,000 values per (n, group) row around a mean of 1000, as for BatchNorm."""
+    run_group_norm((1, 4, 30, 30, 40), 2, True, torch.float32, "cpu", loc=1000.0, programs=False)
+
+
+@requires_interpreter
+def test_a_validated_epilogue_is_checked_against_the_call():
+    y = torch.randn(1, 3, 2, 2, 2)
+    epi = as_epilogue([("mul", torch.ones(3)), "relu"], 3)
+    _close(FIN.reduce(y, 2, "sum", pre=epi), F.relu(y.double()).sum(2, keepdim=True), torch.float32)
+    with pytest.raises(ValueError, match="per-channel"):
+        FIN.reduce(torch.randn(1, 4, 2, 2, 2), 2, "sum", pre=epi)
+
+
+Y = torch.randn(2, 3, 4, 4, 4)
+ERRORS = {
+    "dim-batch": (lambda: FIN.reduce(Y, 0, "sum"), ValueError, "dim must be"),
+    "dim-not-consecutive": (lambda: FIN.reduce(Y, (2, 4), "sum"), ValueError, "dim must be"),
+    "dim-out-of-range": (lambda: FIN.reduce(Y, 5, "sum"), ValueError, "dim must be"),
+    "dim-not-int": (lambda: FIN.reduce(Y, "w", "sum"), TypeError, "dim must be"),
+    "op-unknown": (lambda: FIN.reduce(Y, 1, "median"), ValueError, "op must be"),
+    "weight-not-layer-norm": (lambda: FIN.reduce(Y, 1, "sum", weight=torch.ones(3)), ValueError, "layer_norm"),
+    "layer-norm-weight-size": (lambda: FIN.reduce(Y, 4, "layer_norm", weight=torch.ones(3)), RuntimeError,
+                               "4 elements"),
+    "residual-in-pre": (lambda: FIN.reduce(Y, 1, "softmax", pre=[("add", torch.randn(Y.shape))]), ValueError,
+                        "residual"),
+    "residual-in-post": (lambda: FIN.pool(Y, "max", 2, post=[("add", torch.randn(2, 3, 2, 2, 2))]), ValueError,
+                         "residual"),
+    "per-channel-post-of-channel-sum": (lambda: FIN.reduce(Y, 1, "sum", post=[("mul", torch.ones(3))]),
+                                        ValueError, "per-channel"),
+    "unknown-step": (lambda: FIN.reduce(Y, 2, "max", pre=["swish"]), ValueError, "unknown step"),
+    "not-5d": (lambda: FIN.reduce(Y[0], 1, "sum"), ValueError, "5-D"),
+    "int-dtype": (lambda: FIN.pool(Y.long(), "max", 2), TypeError, "float32"),
+    "pool-kind": (lambda: FIN.pool(Y, "min", 2), ValueError, "kind"),
+    "pool-kernel-zero": (lambda: FIN.pool(Y, "max", 0), ValueError, "greater than zero"),
+    "pool-kernel-pair": (lambda: FIN.pool(Y, "avg", (2, 2)), TypeError, "three ints"),
+    "pool-too-small": (lambda: FIN.pool(Y, "max", 5), RuntimeError, "Output size is too small"),
+    "bn-eval-without-stats": (lambda: FIN.batch_norm(Y, None, None, None, None, False, 0.1, 1e-5), RuntimeError,
+                              "evaluation mode"),
+    "bn-one-value-per-channel": (lambda: FIN.batch_norm(Y[:1, :, :1, :1, :1], None, None, None, None, True, 0.1,
+                                                        1e-5), ValueError, "more than 1 value"),
+    "bn-weight-size": (lambda: FIN.batch_norm(Y, torch.ones(4), None, None, None, True, 0.1, 1e-5), RuntimeError,
+                       "3 elements not 4"),
+    "bn-momentum-none": (lambda: FIN.batch_norm(Y, None, None, torch.zeros(3), torch.ones(3), True, None, 1e-5),
+                         TypeError, "momentum"),
+    "gn-groups": (lambda: FIN.group_norm(Y, 2), RuntimeError, "divisible by num_groups"),
+}
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_errors(case):
+    fn, exc, match = ERRORS[case]
+    with pytest.raises(exc, match=match):
+        fn()
+
+
+# Every kernel with steps of each operand form, in each mode, compiled for sm_90 in a clean process.
+PROG = 8 | (2 << 5) | (14 << 10) | (16 << 15) | (17 << 20)  # relu, per-channel mul, sigmoid, save, mul_saved
+COMPILES = [("axis_kernel", "fp16", dict(MODE=m, PRE=PROG, POST=1 | (4 << 5), HAS_W=m == 5, HAS_B=m == 5,
+                                         BLOCK_R=64, BLOCK_I=64)) for m in range(6)] + [
+    ("axis_kernel", "bf16", dict(MODE=3, PRE=0, POST=1, HAS_W=False, HAS_B=False, BLOCK_R=4096, BLOCK_I=1)),
+    ("moments_kernel", "fp32", dict(PRE=PROG, BLOCK=1024)),
+    ("stats_kernel", "fp32", dict(TRAIN=True, UPDATE=True, HAS_W=True, HAS_B=True, BLOCK_T=128, BLOCK_C=1)),
+    ("stats_kernel", "fp32", dict(TRAIN=False, UPDATE=False, HAS_W=False, HAS_B=True, BLOCK_T=1, BLOCK_C=8)),
+    ("affine_kernel", "bf16", dict(PRE=PROG, POST=PROG, BLOCK=1024)),
+    ("pool_kernel", "fp16", dict(KD=2, KH=3, KW=2, MAX=True, PRE=PROG, POST=PROG, BLOCK=256)),
+    ("pool_kernel", "fp32", dict(KD=2, KH=2, KW=2, MAX=False, PRE=0, POST=0, BLOCK=1024)),
+]
+
+
+def _compile(name: str, dtype: str, consts: dict) -> str:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from convt3d.engines.triton.kernels import finish as K
+
+    fn = getattr(K, name)
+    floats, data = {"eps", "momentum"}, {"x_ptr", "out_ptr"}
+    sig = {a: "constexpr" if a in consts else f"*{dtype}" if a in data else "*fp32" if a.endswith(
+        ("_ptr", "_s", "_c")) else "fp32" if a in floats else "i32" for a in fn.arg_names}
+    return triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+
+def test_kernels_compile_for_sm90():
+    pytest.importorskip("triton.backends.nvidia")
+    out = compile_in_clean_process([__file__, "compile"])
+    assert out.count(".entry") == len(COMPILES), out[-2000:]
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["compile"]:  # the compile test's clean process
+    for name_, dtype_, consts_ in COMPILES:
+        print(next(line for line in _compile(name_, dtype_, consts_).splitlines() if ".entry" in line))
