@@ -5,9 +5,10 @@ off for convolutions: ``Model`` and ``ModelNew`` (``convt3d.kernelbench.level2``
 42 on the CPU with bitwise the same parameters, moved to the GPU in training mode, then five trials
 seeded as ``run_and_check_correctness`` seeds them, each passing only when ``torch.allclose(reference,
 ModelNew, atol=1e-4, rtol=1e-4)`` (1e-2 for a problem whose normalisation magnifies the reference's
-own TF32 rounding, where PyTorch's exact-fp32 output fails the 1e-4 check on every trial); after the five forwards both hold the same state (BatchNorm's running
-statistics). Also ``convt3d kernelbench --level 2`` on two problems: verdict, the TF32-sensitive
-problem's exact-fp32 report, and timings against the eager and the compiled reference.
+own TF32 rounding, where PyTorch's exact-fp32 output fails the 1e-4 check on every trial); after
+the five forwards both hold the same state (BatchNorm's running statistics). Also ``convt3d
+kernelbench --level 2`` on two problems: verdict, the TF32-sensitive problem's exact-fp32 report,
+and timings against the eager and the compiled reference.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from convt3d.core.flags import cudnn_conv_tf32
-from convt3d.kernelbench import evaluate, level2
+from convt3d.kernelbench import evaluate, evaluate_level2, level2
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -31,13 +32,13 @@ def _id(p: level2.Problem) -> str:
 def test_problem_passes_kernelbench_check(problem, tf32):
     device = torch.device("cuda", torch.cuda.current_device())
     with cudnn_conv_tf32(tf32):
-        reference, candidate = evaluate.build_level2(problem)
+        reference, candidate = evaluate_level2.build_level2(problem)
         assert evaluate.parameters_identical(reference, candidate)
         reference, candidate = reference.to(device), candidate.to(device)
-        trials = [evaluate.check_trial2(seed, reference, candidate, problem.input_shapes, device,
-                                        exact=tf32 and problem.tf32_sensitive)
+        trials = [evaluate_level2.check_trial2(seed, reference, candidate, problem.input_shapes, device,
+                                               exact=tf32 and problem.tf32_sensitive)
                   for seed in evaluate.trial_seeds(evaluate.CORRECT_TRIALS)]
-    verdict = evaluate.Result2(problem.id, problem.file_name, [], trials=trials)
+    verdict = evaluate_level2.Result2(problem.id, problem.file_name, [], trials=trials)
     diffs = [f"{t.max_abs_diff:.2e}" for t in trials]
     assert verdict.correct, f"{sum(t.passes for t in trials)}/5 trials pass; max abs diffs {diffs}"
     sr, sc = reference.state_dict(), candidate.state_dict()

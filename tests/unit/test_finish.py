@@ -238,6 +238,18 @@ def test_a_validated_epilogue_is_checked_against_the_call():
         FIN.reduce(torch.randn(1, 4, 2, 2, 2), 2, "sum", pre=epi)
 
 
+@requires_interpreter
+@pytest.mark.parametrize("op", KEEP)
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1, 1, 1)], ids=["0d", "one-value", "one-value-4d"])
+def test_one_value_tensor_in_post_of_a_channel_reduction(op, shape):
+    """The output of a reduction over channels has one channel, so a tensor of one value is a per-channel
+    operand (channel 0): a model's one-value parameter stays on the device."""
+    y = torch.randn(2, 3, 2, 3, 5)
+    b = torch.tensor(0.75).reshape(shape)
+    got = FIN.reduce(y, 1, op, post=[("add", -b), "tanh", ("mul", b)])
+    _close(got, torch.tanh(_ref_reduce(y.double(), [1], op) - 0.75) * 0.75, torch.float32)
+
+
 Y = torch.randn(2, 3, 4, 4, 4)
 ERRORS = {
     "dim-batch": (lambda: FIN.reduce(Y, 0, "sum"), ValueError, "dim must be"),

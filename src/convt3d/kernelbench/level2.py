@@ -1,23 +1,16 @@
-"""KernelBench level 2's nineteen problems that start with ``nn.ConvTranspose3d``, and convt3d's solution
-to each.
+"""KernelBench level 2's nineteen problems that start with ``nn.ConvTranspose3d``, and convt3d's solution to each.
 
-A :class:`Problem` holds what KernelBench's file defines: ``Model.__init__``'s parameters, its
-``get_init_inputs()`` and ``get_inputs()`` shapes, what its constructor creates (modules, parameters and
-plain values, in order) and its forward. :class:`Reference` is that ``Model``; :class:`ModelNew` creates
-the same attributes in the same order, so that both hold identical parameters after the same seed, and
-runs the problem's ``pipeline``: the transposed convolution with the elementwise steps after it as its
-epilogue, then convt3d's finishing kernels (``engines/triton/finish.py``) for what needs statistics or
-windows, each with the elementwise steps around it as its ``pre``/``post`` program.
-
-A program's operand is a number or a name: a forward input (``"add_input"``) or an attribute of the
-model (``"bias"``, ``"leaky_relu.negative_slope"``); ``"-name"`` is its negation.
-"""
+:class:`Reference` is a :class:`Problem`'s ``Model``; :class:`ModelNew` creates the same attributes in the same order
+and runs the problem's ``pipeline``: the transposed convolution with the elementwise steps after it as its epilogue,
+then convt3d's finishing kernels (``engines/triton/finish.py``) with ``pre``/``post`` programs. An operand is a number
+or the name of a forward input or model attribute (``"leaky_relu.negative_slope"``); ``"-name"`` negates it."""
 from __future__ import annotations
 
 import ast
 import dataclasses
 import functools
 import inspect
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -36,7 +29,7 @@ __all__ = ["Problem", "PROBLEMS", "by_id", "parse_ids", "Reference", "ModelNew",
 
 
 def _convt(x, weight, bias, stride, padding, output_padding, groups, dilation, program):
-    """convt3d's transposed convolution of ``x`` with ``program`` as its epilogue."""
+    """convt3d's transposed convolution of ``x`` with ``program`` as its epilogue (the exporter traces this call)."""
     return convt3d.conv_transpose3d(x, weight, bias, stride, padding, output_padding, groups, dilation,
                                     epilogue=program or None)
 
@@ -46,9 +39,8 @@ def _triple(v) -> tuple[int, int, int]:
 
 
 def _resolve(program, m: nn.Module, env: dict, channels: int) -> list | None:
-    """``program`` with each named operand looked up (a forward input, else an attribute of ``m``); a
-    one-element tensor becomes a number where the output has one channel, else one value per channel
-    (the kernels take a scalar or per-channel operand, never a broadcast one). None for no steps."""
+    """``program`` with its named operands looked up, a one-element tensor repeated per channel (the kernels
+    take a number or one value per channel; a tensor needs no host sync); None for no steps."""
     steps = []
     for step in program:
         name, *operand = (step,) if isinstance(step, str) else step
@@ -56,7 +48,7 @@ def _resolve(program, m: nn.Module, env: dict, channels: int) -> list | None:
             ref = operand[0].lstrip("-")
             v = env[ref] if ref in env else functools.reduce(getattr, ref.split("."), m)
             if isinstance(v, torch.Tensor) and v.numel() == 1:
-                v = float(v) if channels == 1 else v.reshape(1).expand(channels)
+                v = v.reshape(1).expand(channels)
             operand = [-v if operand[0].startswith("-") else v]
         steps.append((name, *operand))
     return steps or None
@@ -98,18 +90,16 @@ class DepthMeanConv(Conv):
 
 
 def _plain_pool(p: nn.Module) -> bool:
-    """A max or average pool the finishing kernel computes: no padding, floor mode, no dilation,
-    indices or divisor override."""
+    """A max or average pool without padding, ceil mode, dilation, indices or divisor override."""
     return (isinstance(p, (nn.MaxPool3d, nn.AvgPool3d)) and _triple(p.padding) == (0, 0, 0) and not p.ceil_mode
             and _triple(getattr(p, "dilation", 1)) == (1, 1, 1) and not getattr(p, "return_indices", False)
             and getattr(p, "divisor_override", None) is None)
 
 
 class Pool:
-    """The model's pools ``names``, applied in a row, as one finishing pool with ``pre``/``post``.
-    Windows that do not overlap (stride = kernel), of k1 then k2, cover what one window of k1 * k2
-    covers (floor(floor(n / k1) / k2) = floor(n / (k1 * k2))), whose max or mean they compute;
-    other pools run as PyTorch's modules."""
+    """The model's pools ``names``, applied in a row, as one finishing pool with ``pre``/``post``. Windows
+    that do not overlap (stride = kernel), of k1 then k2, cover what one window of k1 * k2 covers
+    (floor(floor(n / k1) / k2) = floor(n / (k1 * k2))); other pools run as PyTorch's modules."""
 
     def __init__(self, *names, pre=(), post=()):
         self.names, self.pre, self.post = names, pre, post
@@ -123,7 +113,7 @@ class Pool:
             for p in pools:
                 y = p(y)
             return apply_torch(y, as_epilogue(post, y.shape[1]))
-        kernel = tuple(map(lambda *k: functools.reduce(int.__mul__, k), *(_triple(p.kernel_size) for p in pools)))
+        kernel = tuple(map(math.prod, zip(*(_triple(p.kernel_size) for p in pools))))
         stride = kernel if len(pools) > 1 else _triple(pools[0].stride)
         kind = "max" if isinstance(pools[0], nn.MaxPool3d) else "avg"
         return finish.pool(y, kind, kernel, stride, pre=pre, post=post)
@@ -137,8 +127,7 @@ class PooledConv(Conv):
     (affine ones) may be moved from before the pool to ``steps``. Other pools run after the layer."""
 
     def __init__(self, pool: str, *steps):
-        super().__init__(*steps)
-        self.pool = pool
+        self.pool, self.steps = pool, steps
 
     def __call__(self, m, x, env):
         c, pool = m.conv_transpose, getattr(m, self.pool)
@@ -161,34 +150,29 @@ class PooledConv(Conv):
 
 
 class Reduce:
-    """A finishing reduction of ``op`` over ``dim`` (convt3d.engines.triton.finish.reduce); ``norm``
-    names the model's LayerNorm whose weight, bias and eps a "layer_norm" takes; ``keepdim=False``
-    drops ``dim`` afterwards, as ``torch.max(x, dim)[0]`` does."""
+    """``finish.reduce`` of ``op`` over ``dim`` with ``pre``/``post``, with the weight, bias and eps of the
+    LayerNorm ``norm`` for "layer_norm"; ``keepdim=False`` drops ``dim`` afterwards, as ``torch.max(x, dim)[0]``."""
 
     def __init__(self, dim, op: str, *, pre=(), post=(), norm: str | None = None, keepdim: bool = True):
         self.dim, self.op, self.pre, self.post, self.norm, self.keepdim = dim, op, pre, post, norm, keepdim
 
     def __call__(self, m, y, env):
-        c = y.shape[1]
-        out_c = 1 if self.dim == 1 and self.op not in ("softmax", "layer_norm") else c
-        ln = getattr(m, self.norm) if self.norm else None
-        affine = dict(weight=ln.weight, bias=ln.bias, eps=ln.eps) if ln is not None else {}
-        out = finish.reduce(y, self.dim, self.op, pre=_resolve(self.pre, m, env, c),
+        out_c = 1 if self.dim == 1 and self.op not in ("softmax", "layer_norm") else y.shape[1]
+        affine = {k: getattr(getattr(m, self.norm), k) for k in ("weight", "bias", "eps")} if self.norm else {}
+        out = finish.reduce(y, self.dim, self.op, pre=_resolve(self.pre, m, env, y.shape[1]),
                             post=_resolve(self.post, m, env, out_c), **affine)
         return out if self.keepdim else out.squeeze(self.dim)
 
 
 class Norm:
-    """The model's BatchNorm3d or GroupNorm ``name`` as a finishing kernel with ``pre``/``post``; a
-    BatchNorm counts the batch and picks its momentum and statistics as ``nn.BatchNorm3d`` does, the
-    kernel updating the running statistics in training mode."""
+    """The model's BatchNorm3d or GroupNorm ``name`` as a finishing kernel with ``pre``/``post``; a BatchNorm
+    counts the batch, picks momentum and statistics and updates the running ones as ``nn.BatchNorm3d`` does."""
 
     def __init__(self, name: str, *, pre=(), post=()):
         self.name, self.pre, self.post = name, pre, post
 
     def __call__(self, m, y, env):
-        mod = getattr(m, self.name)
-        pre, post = (_resolve(p, m, env, y.shape[1]) for p in (self.pre, self.post))
+        mod, pre, post = getattr(m, self.name), *(_resolve(p, m, env, y.shape[1]) for p in (self.pre, self.post))
         if isinstance(mod, nn.GroupNorm):
             return finish.group_norm(y, mod.num_groups, mod.weight, mod.bias, mod.eps, pre=pre, post=post)
         momentum = 0.0 if mod.momentum is None else mod.momentum
@@ -207,7 +191,7 @@ class Norm:
 class Problem:
     id: int
     name: str  # KernelBench level-2 file name without ".py"
-    signature: str  # Model.__init__'s parameters after self, as written there ("a, b, bias=True")
+    signature: str  # Model.__init__'s parameters after in_channels, out_channels, kernel_size ("stride, bias=True")
     init_inputs: tuple  # get_init_inputs()
     input_shapes: tuple  # get_inputs(): torch.rand of each shape, in order
     small: tuple  # (init_inputs, input_shapes) at the interpreter's size
@@ -216,22 +200,14 @@ class Problem:
     pipeline: tuple  # ModelNew's forward: stages called as stage(model, y, the inputs by name)
     tf32_sensitive: bool = False  # a normalisation right after the conv magnifies its TF32 rounding
 
-    @property
-    def file_name(self) -> str:
-        return self.name + ".py"
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        """The forward's input names (``x``, and ``add_input`` for 26)."""
-        return tuple(inspect.signature(self.forward).parameters)[1:]
+    file_name = property(lambda self: self.name + ".py")
+    inputs = property(lambda self: tuple(inspect.signature(self.forward).parameters)[1:])  # the forward's input names
 
     def bind(self, init_inputs: tuple | None = None, **overrides) -> SimpleNamespace:
         """``Model(*init_inputs, **overrides)``'s arguments by name (a TypeError as Python's binding raises)."""
-        params = []
-        for part in self.signature.split(", "):
-            name, eq, default = part.partition("=")
-            params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                            default=ast.literal_eval(default) if eq else inspect.Parameter.empty))
+        params = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    default=ast.literal_eval(default) if eq else inspect.Parameter.empty)
+                  for name, eq, default in (part.partition("=") for part in (_CHANNELS + self.signature).split(", "))]
         bound = inspect.Signature(params).bind(*(self.init_inputs if init_inputs is None else init_inputs), **overrides)
         bound.apply_defaults()
         return SimpleNamespace(**bound.arguments)
@@ -246,8 +222,8 @@ def _ct(a, *forwarded) -> nn.ConvTranspose3d:
     return nn.ConvTranspose3d(a.in_channels, a.out_channels, a.kernel_size, **{k: getattr(a, k) for k in forwarded})
 
 
+_CHANNELS = "in_channels, out_channels, kernel_size, "  # every Model's first parameters, left out of its signature
 SP, SPO = ("stride", "padding"), ("stride", "padding", "output_padding")
-_CHANNELS = "in_channels, out_channels, kernel_size, "
 _LEAKY = ("leaky_relu", "leaky_relu.negative_slope")
 _CLAMP = (("clamp_min", "clamp_min"), ("clamp_max", "clamp_max"))
 _IN = ((2, 3, 2, 3, 4),)  # most problems' interpreter input: batch 2, 3 channels, odd and even sizes
@@ -255,7 +231,7 @@ _P, _Tensor = nn.Parameter, torch.tensor
 
 PROBLEMS: tuple[Problem, ...] = (
     Problem(3, "3_ConvTranspose3d_Sum_LayerNorm_AvgPool_GELU",
-            _CHANNELS + "stride, padding, output_padding, sum_weight, norm_shape, pool_kernel_size",
+            "stride, padding, output_padding, sum_weight, norm_shape, pool_kernel_size",
             (32, 64, (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), 1.0, (64,), (2, 2, 2)), ((32, 32, 16, 32, 32),),
             ((3, 4, (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), 1.0, (8,), (2, 2, 2)), _IN),  # LayerNorm over W = 8
             lambda a: [("conv_transpose", _ct(a, *SPO)), ("sum_weight", _P(_Tensor(a.sum_weight))),
@@ -264,33 +240,32 @@ PROBLEMS: tuple[Problem, ...] = (
             lambda m, x: m.gelu(m.avg_pool(m.norm(m.conv_transpose(x) + m.sum_weight))),
             (Conv(("add", "sum_weight")), Reduce(4, "layer_norm", norm="norm"), Pool("avg_pool", post=("gelu",))),
             tf32_sensitive=True),
-    Problem(13, "13_ConvTranspose3d_Mean_Add_Softmax_Tanh_Scaling", _CHANNELS + "stride, padding, scaling_factor",
+    Problem(13, "13_ConvTranspose3d_Mean_Add_Softmax_Tanh_Scaling", "stride, padding, scaling_factor",
             (16, 64, 3, 1, 1, 2.0), ((16, 16, 32, 128, 128),), ((3, 4, 3, 1, 1, 2.0), ((2, 3, 4, 3, 5),)),
             lambda a: [("conv_transpose", _ct(a, *SP)), ("bias", _P(torch.randn(1, a.out_channels, 1, 1, 1))),
                        ("scaling_factor", a.scaling_factor)],
             lambda m, x: torch.tanh(torch.softmax(m.conv_transpose(x).mean(dim=2, keepdim=True) + m.bias, dim=1))
             * m.scaling_factor,
             (DepthMeanConv(("add", "bias")), Reduce(1, "softmax", post=("tanh", ("mul", "scaling_factor"))))),
-    Problem(15, "15_ConvTranspose3d_BatchNorm_Subtract", _CHANNELS + "stride, padding, bias=True",
+    Problem(15, "15_ConvTranspose3d_BatchNorm_Subtract", "stride, padding, bias=True",
             (16, 32, 3, 2, 1), ((16, 16, 16, 32, 32),), ((3, 4, 3, 2, 1), _IN),
             lambda a: [("conv_transpose", _ct(a, *SP, "bias")), ("batch_norm", nn.BatchNorm3d(a.out_channels))],
             lambda m, x: (y := m.batch_norm(m.conv_transpose(x))) - torch.mean(y, dim=(2, 3, 4), keepdim=True),
             # the mean per sample and channel is subtracted by PyTorch: the kernels' operands are per channel
             (Conv(), Norm("batch_norm"), lambda m, y, env: y - finish.reduce(y, (2, 3, 4), "mean"))),
     Problem(20, "20_ConvTranspose3d_Sum_ResidualAdd_Multiply_ResidualAdd",
-            _CHANNELS + "stride, padding, output_padding, bias_shape",
+            "stride, padding, output_padding, bias_shape",
             (32, 64, 3, 2, 1, 1, (64, 1, 1, 1)), ((16, 32, 16, 32, 32),), ((3, 4, 3, 2, 1, 1, (4, 1, 1, 1)), _IN),
             lambda a: [("conv_transpose", _ct(a, *SPO)), ("bias", _P(torch.randn(a.bias_shape)))],
             lambda m, x: ((y := m.conv_transpose(x)) + m.bias + (o := y.clone().detach())) * o + o,
             (Conv("save", ("add", "bias"), "add_saved", "mul_saved", "add_saved"),)),
-    Problem(26, "26_ConvTranspose3d_Add_HardSwish", _CHANNELS + "stride, padding, output_padding, bias_shape",
+    Problem(26, "26_ConvTranspose3d_Add_HardSwish", "stride, padding, output_padding, bias_shape",
             (32, 64, 3, 2, 1, 1, (64, 1, 1, 1, 1)), ((128, 32, 16, 16, 16), (128, 64, 32, 32, 32)),
             ((3, 4, 3, 2, 1, 1, (4, 1, 1, 1, 1)), (*_IN, (2, 4, 4, 6, 8))),
             lambda a: [("conv_transpose", _ct(a, *SPO)), ("bias", _P(torch.randn(a.bias_shape)))],
             lambda m, x, add_input: (y := m.conv_transpose(x) + add_input) * F.hardswish(y),
             (Conv(("add", "add_input"), "save", "hardswish", "mul_saved"),)),
-    Problem(34, "34_ConvTranspose3d_LayerNorm_GELU_Scaling",
-            _CHANNELS + "stride, padding, bias=True, eps=1e-5, scaling_factor=1.0",
+    Problem(34, "34_ConvTranspose3d_LayerNorm_GELU_Scaling", "stride, padding, bias=True, eps=1e-5, scaling_factor=1.0",
             (32, 64, 4, 2, 1, True, 1e-5, 1.0), ((32, 32, 16, 32, 32),),
             ((3, 8, 4, 2, 1, True, 1e-5, 2.0), _IN),  # LayerNorm(out_channels) over W = 8
             lambda a: [("conv_transpose", _ct(a, *SP, "bias")), ("layer_norm", nn.LayerNorm(a.out_channels, eps=a.eps)),
@@ -299,7 +274,7 @@ PROBLEMS: tuple[Problem, ...] = (
             (Conv(), Reduce(4, "layer_norm", norm="layer_norm", post=("gelu", ("mul", "scaling_factor")))),
             tf32_sensitive=True),
     Problem(38, "38_ConvTranspose3d_AvgPool_Clamp_Softmax_Multiply",
-            _CHANNELS + "stride, padding, output_padding, pool_kernel_size, clamp_min, clamp_max",
+            "stride, padding, output_padding, pool_kernel_size, clamp_min, clamp_max",
             (32, 64, 3, 2, 1, 1, 2, 0.0, 1.0), ((32, 32, 32, 64, 64),),
             ((3, 4, 3, 2, 1, 1, 2, 0.0, 1.0), ((2, 3, 4, 6, 9),)),
             lambda a: [("avg_pool", nn.AvgPool3d(a.pool_kernel_size)), ("conv_transpose", _ct(a, *SPO)),
@@ -308,14 +283,13 @@ PROBLEMS: tuple[Problem, ...] = (
             lambda m, x: torch.softmax((y := torch.clamp(m.conv_transpose(m.avg_pool(x)), m.clamp_min, m.clamp_max))
                                        .view(*y.shape[:2], -1), dim=2).view(y.shape) * m.scale,
             (Pool("avg_pool"), Conv(*_CLAMP), Reduce((2, 3, 4), "softmax", post=(("mul", "scale"),)))),
-    Problem(49, "49_ConvTranspose3d_Softmax_Sigmoid", _CHANNELS + "stride, padding, output_padding, bias=True",
+    Problem(49, "49_ConvTranspose3d_Softmax_Sigmoid", "stride, padding, output_padding, bias=True",
             (32, 64, 3, 2, 1, 1), ((16, 32, 16, 32, 32),), ((3, 4, 3, 2, 1, 1), _IN),
             lambda a: [("conv_transpose", _ct(a, *SPO, "bias")), ("softmax", nn.Softmax(dim=1)),
                        ("sigmoid", nn.Sigmoid())],
             lambda m, x: m.sigmoid(m.softmax(m.conv_transpose(x))),
             (Conv(), Reduce(1, "softmax", post=("sigmoid",)))),
-    Problem(50, "50_ConvTranspose3d_Scaling_AvgPool_BiasAdd_Scaling",
-            _CHANNELS + "stride, padding, scale1, scale2, bias_shape",
+    Problem(50, "50_ConvTranspose3d_Scaling_AvgPool_BiasAdd_Scaling", "stride, padding, scale1, scale2, bias_shape",
             (3, 16, 3, 2, 1, 0.5, 1.0, (16, 1, 1, 1)), ((128, 3, 16, 32, 32),),
             ((3, 4, 3, 2, 1, 0.5, 1.5, (4, 1, 1, 1)), _IN),
             lambda a: [("conv_transpose", _ct(a, *SP)), ("scale1", _P(_Tensor(a.scale1))),
@@ -324,27 +298,27 @@ PROBLEMS: tuple[Problem, ...] = (
             lambda m, x: (m.avg_pool(m.conv_transpose(x) * m.scale1) + m.bias) * m.scale2,
             # x * scale1 commutes with the average: it follows the pool folded into the layer
             (PooledConv("avg_pool", ("mul", "scale1"), ("add", "bias"), ("mul", "scale2")),)),
-    Problem(58, "58_ConvTranspose3d_LogSumExp_HardSwish_Subtract_Clamp", _CHANNELS + "stride, padding, bias_shape",
+    Problem(58, "58_ConvTranspose3d_LogSumExp_HardSwish_Subtract_Clamp", "stride, padding, bias_shape",
             (3, 16, 3, 2, 1, (1, 1, 1, 1)), ((128, 3, 16, 32, 32),), ((3, 4, 3, 2, 1, (1, 1, 1, 1)), _IN),
             lambda a: [("conv_transpose", _ct(a, *SP)), ("bias", _P(torch.randn(1, 1, 1, 1)))],
             lambda m, x: torch.clamp((y := torch.logsumexp(m.conv_transpose(x), dim=1, keepdim=True))
                                      * torch.sigmoid(y + 3) / 6 - m.bias, min=-1, max=1),
             (Conv(), Reduce(1, "logsumexp", post=("save", ("add", 3), "sigmoid", "mul_saved", ("div", 6),
                                                   ("add", "-bias"), ("clamp_min", -1), ("clamp_max", 1))))),
-    Problem(60, "60_ConvTranspose3d_Swish_GroupNorm_HardSwish", _CHANNELS + "stride, padding, groups, eps, bias=True",
+    Problem(60, "60_ConvTranspose3d_Swish_GroupNorm_HardSwish", "stride, padding, groups, eps, bias=True",
             (3, 16, 3, 2, 1, 4, 1e-5), ((128, 3, 16, 32, 32),), ((3, 8, 3, 2, 1, 4, 1e-5), _IN),
             lambda a: [("conv_transpose", _ct(a, *SP, "bias")),
                        ("group_norm", nn.GroupNorm(num_groups=a.groups, num_channels=a.out_channels, eps=a.eps))],
             lambda m, x: F.hardswish(m.group_norm(torch.sigmoid(y := m.conv_transpose(x)) * y)),
             (Conv("silu"), Norm("group_norm", post=("hardswish",))),
             tf32_sensitive=True),
-    Problem(61, "61_ConvTranspose3d_ReLU_GroupNorm", _CHANNELS + "groups, bias=False",
+    Problem(61, "61_ConvTranspose3d_ReLU_GroupNorm", "groups, bias=False",
             (64, 128, 3, 8, False), ((16, 64, 32, 32, 32),), ((3, 8, 3, 4, False), _IN),
             lambda a: [("conv_transpose", _ct(a, "bias")), ("relu", nn.ReLU()),
                        ("group_norm", nn.GroupNorm(num_groups=a.groups, num_channels=a.out_channels))],
             lambda m, x: m.group_norm(m.relu(m.conv_transpose(x))),
             (Conv("relu"), Norm("group_norm"))),
-    Problem(72, "72_ConvTranspose3d_BatchNorm_AvgPool_AvgPool", _CHANNELS + "stride, padding, bias_shape",
+    Problem(72, "72_ConvTranspose3d_BatchNorm_AvgPool_AvgPool", "stride, padding, bias_shape",
             (3, 16, 3, 2, 1, (16, 1, 1, 1)), ((64, 3, 32, 32, 32),),
             ((3, 4, 3, 2, 1, (4, 1, 1, 1)), ((2, 3, 4, 5, 6),)),
             lambda a: [("conv_transpose", _ct(a, *SP)), ("batch_norm", nn.BatchNorm3d(a.out_channels)),
@@ -352,27 +326,27 @@ PROBLEMS: tuple[Problem, ...] = (
             lambda m, x: m.avg_pool2(m.avg_pool1(m.batch_norm(m.conv_transpose(x)))),
             (Conv(), Norm("batch_norm"), Pool("avg_pool1", "avg_pool2"))),
     Problem(74, "74_ConvTranspose3d_LeakyReLU_Multiply_LeakyReLU_Max",
-            _CHANNELS + "stride, padding, output_padding, multiplier_shape",
+            "stride, padding, output_padding, multiplier_shape",
             (16, 32, 3, 2, 1, 1, (32, 1, 1, 1)), ((16, 16, 16, 32, 32),), ((3, 4, 3, 2, 1, 1, (4, 1, 1, 1)), _IN),
             lambda a: [("conv_transpose", _ct(a, *SPO)), ("multiplier", _P(torch.randn(a.multiplier_shape))),
                        ("leaky_relu", nn.LeakyReLU(negative_slope=0.2)), ("max_pool", nn.MaxPool3d(kernel_size=2))],
             lambda m, x: m.max_pool(m.leaky_relu(m.leaky_relu(m.conv_transpose(x)) * m.multiplier)),
             (Conv(_LEAKY, ("mul", "multiplier"), _LEAKY), Pool("max_pool"))),
-    Problem(77, "77_ConvTranspose3d_Scale_BatchNorm_GlobalAvgPool", _CHANNELS + "scale_factor, eps=1e-5, momentum=0.1",
+    Problem(77, "77_ConvTranspose3d_Scale_BatchNorm_GlobalAvgPool", "scale_factor, eps=1e-5, momentum=0.1",
             (64, 128, 5, 2.0), ((16, 64, 16, 32, 32),), ((3, 4, 3, 2.0), _IN),
             lambda a: [("conv_transpose", _ct(a)), ("scale_factor", a.scale_factor),
                        ("batch_norm", nn.BatchNorm3d(a.out_channels, eps=a.eps, momentum=a.momentum)),
                        ("global_avg_pool", nn.AdaptiveAvgPool3d((1, 1, 1)))],
             lambda m, x: m.global_avg_pool(m.batch_norm(m.conv_transpose(x) * m.scale_factor)),
             (Conv(("mul", "scale_factor")), Norm("batch_norm"), Reduce((2, 3, 4), "mean"))),
-    Problem(78, "78_ConvTranspose3d_Max_Max_Sum", _CHANNELS + "stride, padding",
+    Problem(78, "78_ConvTranspose3d_Max_Max_Sum", "stride, padding",
             (32, 64, 5, 2, 2), ((16, 32, 32, 32, 32),), ((3, 4, 5, 2, 2), ((2, 3, 6, 7, 8),)),
             lambda a: [("conv_transpose", _ct(a, *SP)), ("max_pool1", nn.MaxPool3d(kernel_size=2)),
                        ("max_pool2", nn.MaxPool3d(kernel_size=3))],
             lambda m, x: torch.sum(m.max_pool2(m.max_pool1(m.conv_transpose(x))), dim=1, keepdim=True),
             (Conv(), Pool("max_pool1", "max_pool2"), Reduce(1, "sum"))),
     Problem(89, "89_ConvTranspose3d_MaxPool_Softmax_Subtract_Swish_Max",
-            _CHANNELS + "stride, padding, output_padding, pool_kernel_size, pool_stride, pool_padding",
+            "stride, padding, output_padding, pool_kernel_size, pool_stride, pool_padding",
             (3, 16, 3, 2, 1, 1, 2, 2, 0), ((128, 3, 16, 32, 32),), ((3, 4, 3, 2, 1, 1, 2, 2, 0), _IN),
             lambda a: [("conv_transpose", _ct(a, *SPO)), ("max_pool", nn.MaxPool3d(
                 kernel_size=a.pool_kernel_size, stride=a.pool_stride, padding=a.pool_padding)),
@@ -382,8 +356,7 @@ PROBLEMS: tuple[Problem, ...] = (
             (Conv(), Pool("max_pool"),
              Reduce(1, "softmax", post=(("add", "-subtract"), "save", "sigmoid", "mul_saved")),
              Reduce(1, "max", keepdim=False))),
-    Problem(96, "96_ConvTranspose3d_Multiply_Max_GlobalAvgPool_Clamp",
-            _CHANNELS + "stride, padding, scale, maxpool_kernel_size",
+    Problem(96, "96_ConvTranspose3d_Multiply_Max_GlobalAvgPool_Clamp", "stride, padding, scale, maxpool_kernel_size",
             (3, 16, 3, 2, 1, 0.5, 2), ((128, 3, 16, 32, 32),), ((3, 4, 3, 2, 1, 0.5, 2), _IN),
             lambda a: [("conv_transpose", _ct(a, *SP)), ("scale", a.scale),
                        ("maxpool", nn.MaxPool3d(kernel_size=a.maxpool_kernel_size)),
@@ -391,7 +364,7 @@ PROBLEMS: tuple[Problem, ...] = (
             lambda m, x: torch.clamp(m.global_avg_pool(m.maxpool(m.conv_transpose(x) * m.scale)), min=m.clamp_min,
                                      max=m.clamp_max),
             (Conv(("mul", "scale")), Pool("maxpool"), Reduce((2, 3, 4), "mean", post=_CLAMP))),
-    Problem(100, "100_ConvTranspose3d_Clamp_Min_Divide", _CHANNELS + "stride, padding, min_value, divisor",
+    Problem(100, "100_ConvTranspose3d_Clamp_Min_Divide", "stride, padding, min_value, divisor",
             (64, 128, 3, 2, 1, -1.0, 2.0), ((16, 64, 24, 48, 48),), ((3, 4, 3, 2, 1, -1.0, 2.0), _IN),
             lambda a: [("conv_transpose", _ct(a, *SP)), ("min_value", a.min_value), ("divisor", a.divisor)],
             lambda m, x: torch.clamp(m.conv_transpose(x), min=m.min_value) / m.divisor,
@@ -409,14 +382,11 @@ def by_id(problem_id: int) -> Problem:
 
 def parse_ids(text: str | None) -> list[Problem]:
     """'3,100' -> those problems (all nineteen for None or empty)."""
-    if not text:
-        return list(PROBLEMS)
-    return [by_id(int(v)) for v in text.split(",") if v.strip()]
+    return [by_id(int(v)) for v in text.split(",") if v.strip()] if text else list(PROBLEMS)
 
 
 class _Built(nn.Module):
-    """What ``problem``'s Model creates, assigned in its order (so the RNG draws and the state_dict
-    order are Model's)."""
+    """What ``problem``'s Model creates, in its order: the RNG draws and the state_dict are Model's."""
 
     def __init__(self, problem: Problem, *init_inputs, **overrides):
         super().__init__()
@@ -437,7 +407,4 @@ class ModelNew(_Built):
 
     def forward(self, *inputs):
         env = dict(zip(self._problem.inputs, inputs))
-        y = inputs[0]
-        for stage in self._problem.pipeline:
-            y = stage(self, y, env)
-        return y
+        return functools.reduce(lambda y, stage: stage(self, y, env), self._problem.pipeline, inputs[0])

@@ -24,7 +24,7 @@ def axis_kernel(x_ptr, out_ptr, w_ptr, b_ptr, pre_s, pre_c, post_s, post_c, R, I
                 HAS_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
     """Reduce the view ``[O, R, I]`` of ``x`` over R; a program takes one o and BLOCK_I values of i.
     MODE 0-3 (sum, mean, max, logsumexp) write ``out[o * I + i]``; 4 (softmax) and 5 (layer norm,
-    then ``w``/``b`` indexed by r) make a second pass and write ``out`` at ``x``'s offsets. ``C_POST``:
+    then ``w``/``b`` indexed by r) read the row again and write ``out`` at ``x``'s offsets. ``C_POST``:
     the output's channels (1 when the reduction spans them)."""
     pid = tl.program_id(0)
     o = (pid // n_iblk).to(tl.int64)
