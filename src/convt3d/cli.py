@@ -13,8 +13,8 @@ COMMANDS = {
     "cache": ("convt3d.info:cache_main", "Show or clear convt3d's cache of measurements (and, on request, Triton's)"),
     "build": ("convt3d.engines.cuda.build", "Build the CUDA head kernel's libraries for this GPU ahead of first calls"),
     "bench": ("convt3d.bench.cli", "Time convt3d against PyTorch/cuDNN on the bench suites"),
-    "export-kernelbench": ("convt3d.kernelbench.export", "Regenerate the self-contained KernelBench ModelNew files"),
-    "kernelbench": ("convt3d.kernelbench.evaluate", "Evaluate the KernelBench ModelNew files as KernelBench does"),
+    "export-kernelbench": ("convt3d.kernelbench.command:export_main", "Regenerate the self-contained KernelBench ModelNew files"),
+    "kernelbench": ("convt3d.kernelbench.command", "Evaluate the KernelBench ModelNew files as KernelBench does"),
     "tune": ("convt3d.bench.tune_suites", "Fill the auto-backend and Triton tuning cache by running the bench suites' layers "
                              "once (e.g. --suite layers)"),
 }

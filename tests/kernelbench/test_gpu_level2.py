@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from convt3d.core.flags import cudnn_conv_tf32
-from convt3d.kernelbench import evaluate, evaluate_level2, level2
+from convt3d.kernelbench import command, evaluate, evaluate_level2, level2
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -51,7 +51,7 @@ def test_problem_passes_kernelbench_check(problem, tf32):
 
 def test_evaluator_level2_times_and_reports(tmp_path, capsys):
     out = tmp_path / "kb2.json"
-    assert evaluate.main(["--level", "2", "--problems", "34,100", "--trials", "3", "--warmup", "1",
+    assert command.main(["--level", "2", "--problems", "34,100", "--trials", "3", "--warmup", "1",
                           "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "KernelBench's verdict" in text and "2/2 correct" in text and "over torch.compile" in text

@@ -28,7 +28,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from convt3d.kernelbench import evaluate, export, static_check
+from convt3d.kernelbench import command, evaluate, export, static_check
 from convt3d.kernelbench.problems import PROBLEMS, SEED, ReferenceModel, by_id
 
 from conftest import requires_interpreter, round_tf32_reference
@@ -64,7 +64,7 @@ def test_committed_files_equal_a_fresh_export_and_the_cuda_entry_is_left_alone(t
         (tmp_path / path.name).write_text(path.read_text())
     cuda = tmp_path / by_id(77).cuda_file_name
     cuda.write_text("# edited by hand\n")
-    rc = export.main(["--check", "--out", str(tmp_path)])
+    rc = command.export_main(["--check", "--out", str(tmp_path)])
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert f"{len(PROBLEMS)} KernelBench files in {tmp_path} are up to date" in out
@@ -285,7 +285,7 @@ def test_exporter_refuses_source_that_breaks_a_rule(monkeypatch, tmp_path, capsy
                             1) if path == "core/errors.py" else text
 
     monkeypatch.setattr(export, "_read", planted)
-    assert export.main(["--out", str(tmp_path)]) == 1
+    assert command.export_main(["--out", str(tmp_path)]) == 1
     assert list(tmp_path.iterdir()) == []
     err = capsys.readouterr().err
     assert "convt3d/core/errors.py:5" in err and "code_bypass/pass-word" in err, err

@@ -25,7 +25,7 @@ import pytest
 import torch
 from torch import nn
 
-from convt3d.kernelbench import evaluate, evaluate_level2, level2
+from convt3d.kernelbench import command, evaluate, evaluate_level2, level2
 
 from conftest import requires_interpreter
 
@@ -215,7 +215,7 @@ def test_pooled_conv_falls_back_to_the_pool_where_windows_differ_from_the_stride
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the evaluator times the full problems")
 def test_evaluator_level2_checks_a_reduced_problem(tmp_path, capsys):
     out = tmp_path / "kb2.json"
-    assert evaluate.main(["--level", "2", "--problems", "100", "--json", str(out)]) == 0
+    assert command.main(["--level", "2", "--problems", "100", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "needs a CUDA GPU" in text
     assert "KernelBench's verdict (TF32 off for convolutions): 1/1 correct" in text
@@ -232,10 +232,10 @@ def test_evaluator_level2_checks_a_reduced_problem(tmp_path, capsys):
 def test_evaluator_level2_exit_status_follows_the_verdict(monkeypatch, capsys):
     wrong = dataclasses.replace(level2.by_id(100), pipeline=(level2.Conv(("clamp_min", "min_value"), ("div", 1.9)),))
     monkeypatch.setattr(level2, "parse_ids", lambda text: [wrong])
-    assert evaluate.main(["--level", "2", "--problems", "100"]) == 1
+    assert command.main(["--level", "2", "--problems", "100"]) == 1
     assert "KernelBench's verdict (TF32 off for convolutions): 0/1 correct" in capsys.readouterr().out
 
 
 def test_evaluator_level2_refuses_an_unknown_problem(capsys):
-    assert evaluate.main(["--level", "2", "--problems", "58,2"]) == 2
+    assert command.main(["--level", "2", "--problems", "58,2"]) == 2
     assert "no KernelBench level-2 ConvTranspose3d problem 2" in capsys.readouterr().err

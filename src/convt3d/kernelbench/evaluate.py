@@ -438,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The options; ``--exact`` becomes ``--precision tf32x3`` with a DeprecationWarning, shown unless -W says no."""
     args = build_parser().parse_args(argv)
     if args.exact:
@@ -532,14 +532,13 @@ def conclude(args: argparse.Namespace, argv: list[str] | None, console, m: Machi
     return 1 if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
+    """Level 1 (``command.main`` routes ``--level 2`` to ``evaluate_level2``)."""
     from convt3d.bench.report import environment, make_console
 
-    args = _parse(argv)
-    if args.level == 2:
-        from .evaluate_level2 import main_level2
-
-        return main_level2(args, argv)
+    args = parse_args(argv) if args is None else args
+    if args.level != 1:
+        raise ValueError("evaluate.main runs level 1; convt3d kernelbench (kernelbench.command) routes --level 2")
     if (problems := select(parse_ids, args.problems)) is None:
         return 2
     directory = args.dir if args.dir is not None else default_out_dir()

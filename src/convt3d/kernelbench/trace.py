@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 from unittest import mock
 
 import torch
@@ -34,15 +35,18 @@ class _Launch:
     grid: tuple
     ints: tuple
     consts: dict
-    # per argument: ("tensor", name) | ("new", name, shape, dtype) | ("view", name, shape) | ("table",
-    # index) | ("gluon", base, block) | ("descriptor", class, base, field values) | ("bias-or", argument)
+    # per argument: ("tensor", name) | ("new", name, shape, dtype) | ("view", name, shape) | ("permute", name,
+    # dims) | ("table", index) | ("gluon", base, block) | ("descriptor", class, base, field values) | ("bias-or",
+    # argument)
     args: list
 
 
-def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list) -> list[_Launch]:
-    """The engine's launches under ``cfg`` on meta tensors; ``tables`` collects the (shape, values) they read."""
+def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list, epi_code: int = 0) -> list[_Launch]:
+    """The engine's launches under ``cfg`` on meta tensors; ``tables`` collects the (shape, values) they read.
+    ``epi_code``: a fused epilogue program's code, its operands named ``epi_s``, ``epi_c``, ``epi_r``."""
     params, x, w, b = meta_call(problem, has_bias)
     recorded: list = []
+    ops = tuple(torch.empty(1, device="meta") for _ in range(3)) if epi_code else ()
     with contextlib.ExitStack() as restored:
         # the engine's caches come back as they were: the trace's sites, tables and plan are of meta tensors
         for cache in (getattr(TS, "_sites"), getattr(TS, "_tables"), getattr(TE, "_plans")):
@@ -51,15 +55,18 @@ def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list) 
             TS.Site, "launch", lambda site, device, *tensors: recorded.append((site, tensors))))
         for name in ("_tma_capable", "gluon_capable"):  # the Hopper GPU the candidates were tuned on
             restored.enter_context(mock.patch.object(TE, name, lambda device: True))
+        if epi_code:
+            restored.enter_context(mock.patch.object(TE, "_epilogue_operands", lambda epi, y: ops))
         try:
             pl = TE.plan(params, x, w, precision)
             y = torch.empty(params.out_shape, device="meta", memory_format=pl.out_format)
-            TE._Steps(params, pl, cfg, has_bias, torch.device("cpu")).call(x, w, b, y)
+            TE._Steps(params, pl, cfg, has_bias, torch.device("cpu"), epi_code).call(x, w, b, y, epi_code or None)
         except Exception as e:  # noqa: BLE001 - the engine changed under the exporter: say where
             raise ExportError(f"problem {problem.id}: tracing the engine's launches of {cfg.short()!r} failed: "
                               f"{type(e).__name__}: {e}") from e
 
     names: dict[int, str] = {id(x): "x", id(w): "weight", id(y): "y"}
+    names.update((id(t), n) for t, n in zip(ops, ("epi_s", "epi_c", "epi_r")))
     if b is not None:
         names[id(b)] = "bias"
     new: dict[int, str] = {}
@@ -74,7 +81,11 @@ def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list) 
             return ("table", tables.index(entry))
         if t._base is not None and id(t._base) in new:
             if not t.is_contiguous():
-                raise ExportError(f"problem {problem.id}: a launch of {cfg.short()!r} reads a strided view")
+                order = next((p for p in itertools.permutations(range(t.dim())) if t._base.dim() == t.dim() and
+                              t._base.permute(p).shape == t.shape and t._base.permute(p).stride() == t.stride()), None)
+                if order is None:
+                    raise ExportError(f"problem {problem.id}: a launch of {cfg.short()!r} reads a strided view")
+                return ("permute", new[id(t._base)], order)
             return ("view", new[id(t._base)], tuple(t.shape))
         if id(t) not in new:
             if not t.is_contiguous():
@@ -200,8 +211,9 @@ def _bound_name(shaker: PythonShaker, cls) -> str:
     raise ExportError(f"no module the file draws on imports {cls.__module__}.{cls.__qualname__}")
 
 
-def launcher_source(problem: Problem, configs, shaker: PythonShaker) -> tuple[str, set[str]]:
-    """The generated launches (constants, tables, each candidate's sites and launcher) and the kernels they name."""
+def launcher_source(problem: Problem, configs, shaker: PythonShaker, epi_code: int = 0) -> tuple[str, set[str]]:
+    """The generated launches (constants, tables, each candidate's sites and launcher) and the kernels they name;
+    with ``epi_code``, a fused epilogue's, each launcher taking its operands ``epi_s, epi_c, epi_r`` last."""
     params, _, weight, _ = meta_call(problem)
     geometry = {k: getattr(params, k) for k in ("stride", "padding", "output_padding", "dilation", "groups")}
     tables: list = []
@@ -209,7 +221,7 @@ def launcher_source(problem: Problem, configs, shaker: PythonShaker) -> tuple[st
     parts: list[str] = []
     entries: list[str] = []
     for index, (cfg, runs) in enumerate(configs):
-        traces = {(p, hb): _trace(problem, cfg, p, hb, tables) for p in runs for hb in (False, True)}
+        traces = {(p, hb): _trace(problem, cfg, p, hb, tables, epi_code) for p in runs for hb in (False, True)}
         launches = _merge(problem, cfg, traces)
         sites, body = [], []
         for k, L in enumerate(launches):
@@ -218,7 +230,8 @@ def launcher_source(problem: Problem, configs, shaker: PythonShaker) -> tuple[st
             args = [_arg_source(a, body, shaker) for a in L.args]
             body.append(_wrap_call(f"s[{k}].launch(", ["x.device"] + args, " " * 4))
         gpu = "Gluon, sm_90" if cfg.gluon else "TMA, sm_90+" if (cfg.flat or cfg.tma) else "sm_80+"
-        parts.append(f'''def _launch_{index}(x, weight, bias, y, precision):
+        operands = ", epi_s, epi_c, epi_r" if epi_code else ""
+        parts.append(f'''def _launch_{index}(x, weight, bias, y, precision{operands}):
     """{cfg.short()!r} ({gpu}): its launches onto ``y``."""
     has_bias = bias is not None
     s = _sites(({index}, precision, has_bias), lambda: (
@@ -280,6 +293,8 @@ def _arg_source(a, body: list[str], shaker: PythonShaker) -> str:
         return a[1]
     if kind == "view":
         return f"{a[1]}.view({a[2]!r})"
+    if kind == "permute":
+        return f"{a[1]}.permute{a[2]!r}"
     if kind == "bias-or":
         return f"{_arg_source(a[1], body, shaker)} if bias is None else bias"
     if kind == "gluon":
