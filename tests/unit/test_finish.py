@@ -1,8 +1,8 @@
 """The finishing kernels (engines/triton/finish.py) against PyTorch in float64: reductions over each
-axis and over all space, pooling, BatchNorm (with the running statistics' update) and GroupNorm, each
-with ``pre``/``post`` programs; the errors they raise; and a compile of every kernel for sm_90 (the
-interpreter does not check what only the compiler rejects). The helpers take a device: the GPU tests
-(tests/gpu/test_gpu_finish.py) run them on CUDA."""
+axis and over all space, the subtraction of each plane's mean, pooling, BatchNorm (with the running
+statistics' update) and GroupNorm, each with ``pre``/``post`` programs; the errors they raise; and a
+compile of every kernel for sm_90 (the interpreter does not check what only the compiler rejects). The
+helpers take a device: the GPU tests (tests/gpu/test_gpu_finish.py) run them on CUDA."""
 from __future__ import annotations
 
 import sys
@@ -78,6 +78,15 @@ def run_reduce(shape, dim, op, dtype, device, programs=True, affine=True):
         w, b = torch.randn([shape[d] for d in dims], device=device), torch.randn(R, device=device)
     got = FIN.reduce(y, dim, op, pre=pre, post=post, weight=w, bias=b)
     _close(got, _f64(_ref_reduce(_f64(y, pre, C), dims, op, w, b), post, c_post), dtype)
+
+
+def run_subtract_mean(shape, dtype, device, programs=True):
+    C = shape[1]
+    y = torch.randn(shape, device=device).to(dtype)
+    pre, post = (_pre(C, device), _post(C, device)) if programs else (None, None)
+    v = _f64(y, pre, C)
+    got = FIN.subtract_mean(y, pre=pre, post=post)
+    _close(got, _f64(v - v.mean((2, 3, 4), keepdim=True), post, C), dtype)
 
 
 def run_pool(shape, kind, k, s, dtype, device):
@@ -176,6 +185,29 @@ def test_softmax_and_logsumexp_of_a_column_of_minus_infinity():
     torch.testing.assert_close(FIN.reduce(y, 1, "logsumexp"), torch.logsumexp(y, 1, keepdim=True))
 
 
+# Planes of 105 values (many per program), 990 (one per program, one block) and 4347 (several
+# blocks); a plane of one value leaves post(0).
+SUBTRACT_MEANS = {
+    "odd-105-many-rows": (2, 3, 5, 3, 7),
+    "990-one-row-per-program": (1, 2, 9, 10, 11),
+    "4347-several-blocks": (1, 2, 9, 23, 21),
+    "one-value-planes": (2, 5, 1, 1, 1),
+}
+
+
+@requires_interpreter
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("regime", list(SUBTRACT_MEANS))
+def test_subtract_mean(regime, dtype):
+    run_subtract_mean(SUBTRACT_MEANS[regime], DT[dtype], "cpu")
+
+
+@requires_interpreter
+@pytest.mark.parametrize("regime", ["odd-105-many-rows", "4347-several-blocks"])
+def test_subtract_mean_without_programs(regime):
+    run_subtract_mean(SUBTRACT_MEANS[regime], torch.float32, "cpu", programs=False)
+
+
 POOLS = {
     "k2-odd-floor": ((2, 3, 7, 6, 5), 2, None),
     "k3-s1-overlap": ((1, 2, 5, 6, 7), 3, 1),
@@ -268,6 +300,12 @@ ERRORS = {
                                         ValueError, "per-channel"),
     "unknown-step": (lambda: FIN.reduce(Y, 2, "max", pre=["swish"]), ValueError, "unknown step"),
     "not-5d": (lambda: FIN.reduce(Y[0], 1, "sum"), ValueError, "5-D"),
+    "subtract-mean-not-5d": (lambda: FIN.subtract_mean(Y[0]), ValueError, "5-D"),
+    "subtract-mean-not-tensor": (lambda: FIN.subtract_mean(Y.tolist()), TypeError, "must be Tensor"),
+    "subtract-mean-residual-in-post": (lambda: FIN.subtract_mean(Y, post=[("add", torch.randn(Y.shape))]), ValueError,
+                                       "residual"),
+    "subtract-mean-per-channel-size": (lambda: FIN.subtract_mean(Y, pre=[("mul", torch.ones(4))]), ValueError,
+                                       "per-channel"),
     "int-dtype": (lambda: FIN.pool(Y.long(), "max", 2), TypeError, "float32"),
     "pool-kind": (lambda: FIN.pool(Y, "min", 2), ValueError, "kind"),
     "pool-kernel-zero": (lambda: FIN.pool(Y, "max", 0), ValueError, "greater than zero"),

@@ -33,7 +33,8 @@ __all__ = ["ROOTS", "TABLE_ARCH", "SUPPORTED_STAGES", "candidates", "exported", 
 ROOTS = export.ROOTS + ("engines/triton/kernels/finish.py",)  # the engine, and the finishing kernels
 TABLE_ARCH = "sm90"  # the predictor's table that ranks the candidates: the GPUs KernelBench times on
 # The stages a file carries (a plain function computes with PyTorch).
-SUPPORTED_STAGES = (level2.Conv, level2.DepthMeanConv, level2.PooledConv, level2.Pool, level2.Reduce, level2.Norm)
+SUPPORTED_STAGES = (level2.Conv, level2.DepthMeanConv, level2.PooledConv, level2.Pool, level2.Reduce,
+                    level2.SubtractMean, level2.Norm)
 _GENERATED_DEFINES = export._GENERATED_DEFINES + ("INIT_INPUTS", "_programs", "_program", "_expect", "_Norm")
 _finish_programs = finish._finish_programs
 
@@ -76,6 +77,7 @@ class _Tracer:
             patched.enter_context(mock.patch.object(level2, "_convt", self._conv))
             patched.enter_context(mock.patch.object(finish, "_finish_programs", self._programs))
             patched.enter_context(mock.patch.object(finish, "FK", self))
+            patched.enter_context(mock.patch.object(finish, "_ones", self._ones))
             # PooledConv's weight: zero-padded by a copy, average-pooled by the finishing kernel
             patched.enter_context(mock.patch.object(level2, "F", types.SimpleNamespace(
                 pad=self._pad, avg_pool3d=lambda t, size: finish.pool(t, "avg", size))))
@@ -109,10 +111,18 @@ class _Tracer:
         self.events.append(("pad", w, pads, out))
         return out
 
+    def _ones(self, n, device):
+        """finish._ones: a vector the file fills with ones."""
+        out = torch.empty(n, device="meta")
+        self.events.append(("ones", out))
+        return out
+
     def _programs(self, y, pre, post, out_shape, post_channels, name):
+        """Each program's events: the stage's, read from its names, or finish.NEGATE, from its numbers."""
         args, pre_code, post_code = _finish_programs(y, pre, post, out_shape, post_channels, name)
         for k, (p, raw, c, shape) in enumerate(((pre, getattr(self.stage, "pre", ()), y.shape[1], y.shape),
                                                 (post, getattr(self.stage, "post", ()), post_channels, out_shape))):
+            raw = p if p is finish.NEGATE else raw
             self.events.append(("program", y, raw, as_epilogue(p, c, tuple(shape)), c, args[2 * k:2 * k + 2]))
         return args, pre_code, post_code
 
@@ -208,6 +218,9 @@ class _Tracer:
                 lines += [f"{name} = torch.zeros({tuple(padded.shape)!r}, dtype=torch.float32, device=x.device)",
                           f"{name}[:, :, {', '.join(f'{d}:{d + b - a}' for a, b, d in box)}] = {names[_key(w)]}"
                           f"[:, :, {', '.join(f'{a}:{b}' for a, b, _ in box)}]"]
+            elif event[0] == "ones":
+                names[_key(event[1])] = name = f"t{next(temps)}"
+                lines.append(f"{name} = torch.ones({tuple(event[1].shape)!r}, dtype=torch.float32, device=x.device)")
             elif event[0] == "program":
                 _, y, raw, epi, channels, tensors = event
                 names.update(zip(map(_key, tensors), program(raw, epi, channels, expr(y))))
@@ -435,6 +448,7 @@ def _header(problem: level2.Problem, configs, small: bool) -> list:
     lines += [f"#   {cfg.short():<{width}}  rank {rank}; runs at {', '.join(runs)}"
               for rank, (cfg, runs) in enumerate(configs, 1)]
     stages = ", ".join("pooling" if isinstance(s, level2.Pool) else f"the {s.name}" if isinstance(s, level2.Norm)
+                       else "the subtraction of each plane's mean" if isinstance(s, level2.SubtractMean)
                        else f"a {s.op} over dim{'s' * isinstance(s.dim, tuple)} {s.dim}"
                        for s in problem.pipeline if not isinstance(s, level2.Conv))
     about = export._paragraph(

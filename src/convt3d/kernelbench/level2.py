@@ -25,7 +25,7 @@ from ..core.epilogue import apply_torch, as_epilogue
 from ..engines.triton import finish
 
 __all__ = ["Problem", "PROBLEMS", "by_id", "parse_ids", "Reference", "ModelNew", "Conv", "DepthMeanConv", "PooledConv",
-           "Pool", "Reduce", "Norm"]
+           "Pool", "Reduce", "SubtractMean", "Norm"]
 
 
 def _convt(x, weight, bias, stride, padding, output_padding, groups, dilation, program):
@@ -164,6 +164,17 @@ class Reduce:
         return out if self.keepdim else out.squeeze(self.dim)
 
 
+class SubtractMean:
+    """``finish.subtract_mean`` with ``pre``/``post``: each (n, c) plane less its mean over (2, 3, 4)."""
+
+    def __init__(self, *, pre=(), post=()):
+        self.pre, self.post = pre, post
+
+    def __call__(self, m, y, env):
+        return finish.subtract_mean(y, pre=_resolve(self.pre, m, env, y.shape[1]),
+                                    post=_resolve(self.post, m, env, y.shape[1]))
+
+
 class Norm:
     """The model's BatchNorm3d or GroupNorm ``name`` as a finishing kernel with ``pre``/``post``; a BatchNorm
     counts the batch, picks momentum and statistics and updates the running ones as ``nn.BatchNorm3d`` does."""
@@ -251,8 +262,7 @@ PROBLEMS: tuple[Problem, ...] = (
             (16, 32, 3, 2, 1), ((16, 16, 16, 32, 32),), ((3, 4, 3, 2, 1), _IN),
             lambda a: [("conv_transpose", _ct(a, *SP, "bias")), ("batch_norm", nn.BatchNorm3d(a.out_channels))],
             lambda m, x: (y := m.batch_norm(m.conv_transpose(x))) - torch.mean(y, dim=(2, 3, 4), keepdim=True),
-            # the mean per sample and channel is subtracted by PyTorch: the kernels' operands are per channel
-            (Conv(), Norm("batch_norm"), lambda m, y, env: y - finish.reduce(y, (2, 3, 4), "mean"))),
+            (Conv(), Norm("batch_norm"), SubtractMean())),
     Problem(20, "20_ConvTranspose3d_Sum_ResidualAdd_Multiply_ResidualAdd",
             "stride, padding, output_padding, bias_shape",
             (32, 64, 3, 2, 1, 1, (64, 1, 1, 1)), ((16, 32, 16, 32, 32),), ((3, 4, 3, 2, 1, 1, (4, 1, 1, 1)), _IN),

@@ -1,12 +1,12 @@
 """The finishing steps after a transposed convolution that need statistics or windows: reductions,
-pooling, BatchNorm and GroupNorm (kernels in ``kernels/finish.py``).
+the subtraction of each plane's mean, pooling, BatchNorm and GroupNorm (kernels in ``kernels/finish.py``).
 
 Each takes a 5-D NCDHW tensor (float32, float16 or bfloat16, on CUDA or, through Triton's interpreter,
 on the CPU), computes in float32 and returns the input's dtype. ``pre`` (a program of
 ``core.epilogue``) applies to every input element before anything else and ``post`` to every output
 element; their per-channel operands index the element's channel, and an output reduced over channels
 has one. A residual step is refused: the finishing kernels read one tensor. The data path is Triton
-only; PyTorch allocates.
+only; PyTorch allocates (and fills subtract_mean's unit scale).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import triton
 from ...core.epilogue import Epilogue, as_epilogue
 from .kernels import finish as FK
 
-__all__ = ["reduce", "pool", "batch_norm", "group_norm"]
+__all__ = ["reduce", "subtract_mean", "pool", "batch_norm", "group_norm"]
 
 REDUCE_OPS = ("sum", "mean", "max", "logsumexp", "softmax", "layer_norm")  # the axis kernel's MODE codes
 FINISH_TILE = 4096  # elements a program holds at once
@@ -68,6 +68,24 @@ def _reduce_dims(dim) -> list[int]:
     return ds
 
 
+def _axis(y, out, ds, mode: int, args, pre_code: int, post_code: int, c_post: int, weight=None, bias=None,
+          eps: float = 1e-5) -> None:
+    """Launch the axis kernel: ``REDUCE_OPS[mode]`` of ``y`` over the consecutive dims ``ds`` into ``out``,
+    whose channels number ``c_post``."""
+    shape = tuple(y.shape)
+    O, R, I = math.prod(shape[:ds[0]]), math.prod(shape[ds[0]:ds[-1] + 1]), math.prod(shape[ds[-1] + 1:])
+    so, sr, si = R * I, I, 1
+    if I == 1 and R <= 256:  # a short contiguous axis: a program takes many rows instead of one
+        O, I, so, sr, si = 1, O, 0, 1, R
+    block_r = min(triton.next_power_of_2(R), 128 if I > 1 else FINISH_TILE)
+    block_i = min(triton.next_power_of_2(I), FINISH_TILE // block_r)
+    n_iblk = triton.cdiv(I, block_i)
+    FK.axis_kernel[(O * n_iblk,)](
+        y, out, y if weight is None else weight, y if bias is None else bias, *args, R, I, n_iblk, so, sr, si,
+        math.prod(shape[2:]), shape[1], c_post, float(eps), MODE=mode, PRE=pre_code, POST=post_code,
+        HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_R=block_r, BLOCK_I=block_i)
+
+
 def reduce(y, dim, op: str, *, pre=None, post=None, weight=None, bias=None, eps: float = 1e-5):
     """``op`` over ``dim`` (1, 2, 3, 4 or consecutive ones, as (2, 3, 4)): "sum", "mean", "max",
     "logsumexp" keep ``dim`` with size 1; "softmax" and "layer_norm" (population variance, ``eps``,
@@ -79,25 +97,44 @@ def reduce(y, dim, op: str, *, pre=None, post=None, weight=None, bias=None, eps:
     if op != "layer_norm" and (weight is not None or bias is not None):
         raise ValueError(f"reduce: weight and bias belong to 'layer_norm', not {op!r}")
     shape = tuple(y.shape)
-    O, R, I = math.prod(shape[:ds[0]]), math.prod(shape[ds[0]:ds[-1] + 1]), math.prod(shape[ds[-1] + 1:])
     keep = REDUCE_OPS.index(op) <= 3
     out_shape = tuple(1 if k in ds else s for k, s in enumerate(shape)) if keep else shape
-    args, pre_code, post_code = _finish_programs(y, pre, post, out_shape, 1 if keep and 1 in ds else shape[1], "reduce")
+    c_post = 1 if keep and 1 in ds else shape[1]
+    args, pre_code, post_code = _finish_programs(y, pre, post, out_shape, c_post, "reduce")
+    R = math.prod(shape[ds[0]:ds[-1] + 1])
     weight, bias = (_finish_vector(t, R, what, "reduce") for t, what in ((weight, "weight"), (bias, "bias")))
-    so, sr, si = R * I, I, 1
-    if I == 1 and R <= 256:  # a short contiguous axis: a program takes many rows instead of one
-        O, I, so, sr, si = 1, O, 0, 1, R
-    block_r = min(triton.next_power_of_2(R), 128 if I > 1 else FINISH_TILE)
-    block_i = min(triton.next_power_of_2(I), FINISH_TILE // block_r)
     out = torch.empty(out_shape, dtype=y.dtype, device=y.device)
     if out.numel() == 0:
         return out
-    n_iblk = triton.cdiv(I, block_i)
-    FK.axis_kernel[(O * n_iblk,)](
-        y, out, y if weight is None else weight, y if bias is None else bias, *args, R, I, n_iblk, so, sr, si,
-        math.prod(shape[2:]), shape[1], 1 if keep and 1 in ds else shape[1], float(eps),
-        MODE=REDUCE_OPS.index(op), PRE=pre_code, POST=post_code, HAS_W=weight is not None, HAS_B=bias is not None,
-        BLOCK_R=block_r, BLOCK_I=block_i)
+    _axis(y, out, ds, REDUCE_OPS.index(op), args, pre_code, post_code, c_post, weight, bias, eps)
+    return out
+
+
+def _ones(n: int, device) -> torch.Tensor:
+    """A float32 vector of ``n`` ones (the affine kernel's unit scale)."""
+    return torch.ones(n, dtype=torch.float32, device=device)
+
+
+NEGATE = (("mul", -1.0),)  # the post program of subtract_mean's mean: the affine kernel adds its shift
+
+
+def subtract_mean(y, *, pre=None, post=None):
+    """``post(v - v.mean((2, 3, 4), keepdim=True))`` with ``v = pre(y)``: each (n, c) plane less its mean.
+    The axis kernel writes the negated means in float32 and the affine kernel adds them with a unit
+    scale: its scale and shift are per (n, c) row, which a program's per-channel operands cannot be."""
+    y = _finish_input(y, "subtract_mean")
+    N, C = y.shape[:2]
+    args, pre_code, post_code = _finish_programs(y, pre, post, y.shape, C, "subtract_mean")
+    neg, _, neg_code = _finish_programs(y, None, NEGATE, (N, C, 1, 1, 1), C, "subtract_mean")
+    out = torch.empty_like(y)
+    if y.numel() == 0:
+        return out
+    shift = torch.empty((N, C, 1, 1, 1), dtype=torch.float32, device=y.device)
+    _axis(y, shift, [2, 3, 4], REDUCE_OPS.index("mean"), args[:2] + neg[2:], pre_code, neg_code, C)
+    dhw = y.numel() // (N * C)
+    FK.affine_kernel[(triton.cdiv(y.numel(), FINISH_BLOCK),)](
+        y, out, _ones(N * C, y.device), shift, *args, y.numel(), dhw, C, N * C, PRE=pre_code, POST=post_code,
+        BLOCK=FINISH_BLOCK)
     return out
 
 
