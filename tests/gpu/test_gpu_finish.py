@@ -79,3 +79,9 @@ def test_group_norm(shape, groups, affine, dtype):
 
 def test_group_norm_large_mean():
     U.run_group_norm((2, 32, 31, 63, 63), 4, True, torch.float32, DEV, loc=1000.0, programs=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 16, 9, 17, 63), (4, 32, 31, 31, 31)], ids=["planes-9x17x63", "planes-31-cubed"])
+def test_subtract_mean(shape, dtype):
+    U.run_subtract_mean(shape, U.DT[dtype], DEV)
