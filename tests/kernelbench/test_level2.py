@@ -86,7 +86,7 @@ def test_problem_table_covers_the_nineteen_problems_with_kernelbench_file_names(
     for p in PROBLEMS:
         assert p.file_name.startswith(f"{p.id}_ConvTranspose3d_") and p.file_name.endswith(".py")
         assert len(p.inputs) == len(p.input_shapes) == len(p.small[1])
-    assert [p.id for p in PROBLEMS if p.tf32_sensitive] == [3, 34, 60]
+    assert [p.id for p in PROBLEMS if p.tf32_sensitive] == [3, 15, 34, 60, 61, 72]
     assert level2.by_id(26).inputs == ("x", "add_input")
     with pytest.raises(KeyError, match="no KernelBench level-2 ConvTranspose3d problem 1"):
         level2.by_id(1)
