@@ -42,8 +42,9 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
             ``[("mul", 2.0), "relu", ("add", residual)]``: the result is the program applied in float32
             to the convolution's output, cast to its dtype once. "auto" fuses it into the Triton GEMM's
             store where that is measured faster than the convolution followed by the program in
-            PyTorch; "triton" fuses it or raises; other backends, and calls autograd records, run the
-            convolution, then the program in PyTorch.
+            PyTorch; "triton" fuses it or raises (also where autograd records the call: the fused path
+            is forward-only); other backends, and auto's calls autograd records, run the convolution,
+            then the program in PyTorch.
     """
     if epilogue is not None:
         return _with_epilogue(input, weight, bias, (stride, padding, output_padding, groups, dilation), backend,
@@ -244,8 +245,11 @@ def epilogue_route(call: Call, epi: Epilogue, name: str, *, composite=None, deci
         return None, "an empty program: the convolution alone"
     if call.training or (torch.is_grad_enabled() and any(
             s.form in (CHANNEL, TENSOR) and s.operand.requires_grad for s in epi.steps)):
-        return None, ("autograd records this call: the convolution, then the program in PyTorch (the fused path "
-                      "is forward-only)")
+        why = "autograd records this call and the fused path is forward-only"
+        if name == "triton":
+            raise BackendUnavailableError(f"backend='triton' cannot fuse this epilogue: {why}; backend='auto' runs "
+                                          "the convolution, then the program in PyTorch")
+        return None, f"{why}: the convolution, then the program in PyTorch"
     if name not in ("auto", "triton"):
         return None, f"backend={name!r}: its convolution, then the program in PyTorch"
     why = ENGINES["triton"].epilogue_reasons(call)

@@ -194,7 +194,9 @@ def test_autograd_runs_the_composite(needs_grad):
     res, ch = torch.randn(C16_OUT), torch.randn(16)
     leaf = {"input": x, "residual": res, "channel-operand": ch}[needs_grad].requires_grad_()
     program = [("mul", ch), ("add", res), "silu"]
-    y = convt3d.conv_transpose3d(x, w, b, *C16.args, backend="triton", precision="ieee", epilogue=program)
+    with pytest.raises(BackendUnavailableError, match="forward-only"):  # a named engine never falls back
+        convt3d.conv_transpose3d(x, w, b, *C16.args, backend="triton", precision="ieee", epilogue=program)
+    y = convt3d.conv_transpose3d(x, w, b, *C16.args, precision="ieee", epilogue=program)
     (got,) = torch.autograd.grad(y, leaf, torch.ones_like(y))
     ref = apply_torch(F.conv_transpose3d(x, w, b, *C16.args), as_epilogue(program, 16, C16_OUT))
     (want,) = torch.autograd.grad(ref, leaf, torch.ones_like(ref))
