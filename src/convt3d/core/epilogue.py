@@ -82,10 +82,11 @@ class Epilogue:
 
     def channels(self, channels: int, device: torch.device) -> torch.Tensor:
         """The float32 ``[MAX_OPS, channels]`` table of per-channel operands (row i: step i)."""
-        rows = [s.operand.reshape(channels).to(device=device, dtype=torch.float32) if s.form == CHANNEL
-                else torch.zeros(channels, dtype=torch.float32, device=device) for s in self.steps]
-        rows += [torch.zeros(channels, dtype=torch.float32, device=device)] * (MAX_OPS - len(rows))
-        return torch.stack(rows)
+        table = torch.zeros((MAX_OPS, channels), dtype=torch.float32, device=device)
+        for i, s in enumerate(self.steps):
+            if s.form == CHANNEL:
+                table[i] = s.operand.reshape(channels)
+        return table
 
 
 def _step(item, channels: int | None, out_shape: tuple | None) -> Step:

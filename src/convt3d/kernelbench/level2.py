@@ -23,6 +23,7 @@ import convt3d
 
 from ..core.epilogue import apply_torch, as_epilogue
 from ..engines.triton import finish
+from .problems import find, select_ids
 
 __all__ = ["Problem", "PROBLEMS", "by_id", "parse_ids", "Reference", "ModelNew", "Conv", "DepthMeanConv", "PooledConv",
            "Pool", "Reduce", "SubtractMean", "Norm"]
@@ -388,14 +389,12 @@ _BY_ID = {p.id: p for p in PROBLEMS}
 
 
 def by_id(problem_id: int) -> Problem:
-    if problem_id not in _BY_ID:
-        raise KeyError(f"no KernelBench level-2 ConvTranspose3d problem {problem_id}; known: {sorted(_BY_ID)}")
-    return _BY_ID[problem_id]
+    return find(_BY_ID, problem_id, "level-2 ")
 
 
 def parse_ids(text: str | None) -> list[Problem]:
     """'3,100' -> those problems (all nineteen for None or empty)."""
-    return [by_id(int(v)) for v in text.split(",") if v.strip()] if text else list(PROBLEMS)
+    return select_ids(text, by_id, PROBLEMS)
 
 
 class _Built(nn.Module):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 __all__ = ["Arg", "DefaultReference", "Candidate", "Problem", "PROBLEMS", "CUDA_PROBLEMS", "by_id", "parse_ids",
-           "ReferenceModel", "SEED"]
+           "ReferenceModel", "SEED", "find", "select_ids"]
 
 SEED = 42  # KernelBench's seed_num: models are built after seeding it, trial seeds derive from it
 
@@ -199,17 +199,25 @@ PROBLEMS: tuple[Problem, ...] = (
 _BY_ID = {p.id: p for p in PROBLEMS}
 
 
+def find(table: dict, problem_id: int, level: str = ""):
+    """``table[problem_id]``, else KeyError naming the known ids (``level``: "level-2 " or empty)."""
+    if problem_id not in table:
+        raise KeyError(f"no KernelBench {level}ConvTranspose3d problem {problem_id}; known: {sorted(table)}")
+    return table[problem_id]
+
+
+def select_ids(text: str | None, by_id, everything) -> list:
+    """'58,77' -> those problems by ``by_id`` (``everything`` for None or empty)."""
+    return [by_id(int(v)) for v in text.split(",") if v.strip()] if text else list(everything)
+
+
 def by_id(problem_id: int) -> Problem:
-    if problem_id not in _BY_ID:
-        raise KeyError(f"no KernelBench ConvTranspose3d problem {problem_id}; known: {sorted(_BY_ID)}")
-    return _BY_ID[problem_id]
+    return find(_BY_ID, problem_id)
 
 
 def parse_ids(text: str | None) -> list[Problem]:
     """'58,77' -> those problems (all seven for None or empty)."""
-    if not text:
-        return list(PROBLEMS)
-    return [by_id(int(v)) for v in text.split(",") if v.strip()]
+    return select_ids(text, by_id, PROBLEMS)
 
 
 class ReferenceModel(nn.Module):

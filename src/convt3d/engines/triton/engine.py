@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from ...core.call import PRECISIONS, output_memory_format
-from ...core.epilogue import CHANNEL, MAX_OPS, SCALAR, Epilogue
+from ...core.epilogue import CHANNEL, SCALAR, Epilogue
 from ...core.errors import BackendUnavailableError
 from ...core.memo import memo
 from ...core.params import ConvT3dParams
@@ -281,12 +281,8 @@ def _epilogue_operands(epi: Epilogue | None, y: torch.Tensor) -> tuple:
         if len(_scalars) >= 256:
             _scalars.clear()
         scalars = _scalars[key] = epi.scalars(y.device)
-    table = scalars
-    if any(s.form == CHANNEL for s in epi.steps):
-        table = torch.zeros((MAX_OPS, y.shape[1]), dtype=torch.float32, device=y.device)  # epi.channels' table
-        for i, s in enumerate(epi.steps):
-            if s.form == CHANNEL:
-                table[i] = s.operand.reshape(-1)
+    # Without per-channel steps the kernels never read the table: the scalars stand in as its pointer.
+    table = epi.channels(y.shape[1], y.device) if any(s.form == CHANNEL for s in epi.steps) else scalars
     res = epi.residual
     if res is None:
         res = y
