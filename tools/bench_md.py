@@ -2,11 +2,9 @@
 
     python tools/bench_md.py --docs docs/bench [--plot docs/benchmarks.png] > docs/benchmarks.md
 
-The page says how each kind of record was timed, then per suite, mode and GPU gives one table of
-its rows with the GPU, versions and date each record holds, and a geometric mean; ``--plot`` adds a
-bar chart of the layers and KernelBench speedups when matplotlib is installed. A file it cannot read
-stops it, so that the folder holds records only. For one record alone, give a folder holding only it.
-tests/unit/test_benchmarks_doc.py regenerates the page and compares it byte for byte.
+Per suite, mode and GPU one table of the records' rows, with each record's GPU, versions and date,
+and a geometric mean; ``--plot`` adds a bar chart of the layers and KernelBench speedups. A file that
+is no record stops it, so that the folder holds records only (for one record, a folder of it alone).
 """
 from __future__ import annotations
 
@@ -72,15 +70,8 @@ def _versions(gpu, date: str, **versions) -> str:
 
 def _command(tool: str, argv: list[str]) -> str:
     """The command as run, less its output paths (``--json``, ``--plot``), which name the machine's folders."""
-    words, skip = [tool], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in ("--json", "--plot"):
-            skip = True
-        else:
-            words.append(a)
-    return f"`{' '.join(words)}`"
+    outputs = {i + j for i, a in enumerate(argv) if a in ("--json", "--plot") for j in (0, 1)}
+    return f"`{' '.join([tool] + [a for i, a in enumerate(argv) if i not in outputs])}`"
 
 
 def _env(d: dict) -> str:
@@ -100,7 +91,6 @@ def _engine(r: dict) -> str:
 def _bench_json(name: str, d: dict) -> list[Run]:
     """`convt3d bench --json`: one run per suite and mode of its rows."""
     env, st = d.get("environment", {}), d.get("settings", {})
-    head = _env(d)
     how = [_command("convt3d bench", d.get("argv", []))]
     if "warmup_ms" in st:
         how.append(f"warm-up {st['warmup_ms']:g} ms, rep {st['rep_ms']:g} ms, at least {st.get('min_reps', '?')} "
@@ -117,7 +107,7 @@ def _bench_json(name: str, d: dict) -> list[Run]:
         key = (r["suite"], r.get("mode", "fwd"))
         if key not in runs:
             runs[key] = Run(r["suite"], key[1], _or_nr(env.get("gpu")),
-                            f"`{name}`: {head}; " + "; ".join(how + extra), d.get("created", ""))
+                            f"`{name}`: {_env(d)}; " + "; ".join(how + extra), d.get("created", ""))
         runs[key].rows.append((r["case"], r["dtype"], r["layout"], _precision(r.get("precision")), _engine(r),
                                r["convt3d_us"], r["torch_us"], r["speedup"]))
     return list(runs.values())
@@ -132,13 +122,12 @@ def _kb_row(file: str, precision: str, new_us: float, ref_us: float, speedup: fl
 def _kernelbench_json(name: str, d: dict) -> list[Run]:
     """`convt3d kernelbench --json`: one row per file both sides were timed on."""
     env, m, fl, s = d.get("environment", {}), d.get("method", {}), d.get("flags", {}), d.get("summary", {})
-    head = _env(d)
     how = (_command("convt3d kernelbench", d.get("argv", [])) +
            f"; {m.get('correct_trials', '?')} correctness trials, {m.get('timed_trials', '?')} timed trials after "
            f"{m.get('warmup', '?')} warm-ups, L2 flush of {m.get('l2_flush_bytes', 0) / 2**20:g} MiB; cuDNN TF32 "
            + ("on" if fl.get("cudnn_conv_tf32") else "off") + f"; correct {s.get('correct', '?')} of "
            f"{s.get('checked', '?')}")
-    run = Run("kernelbench-check", "fwd", _or_nr(env.get("gpu")), f"`{name}`: {head}; {how}", d.get("created", ""))
+    run = Run("kernelbench-check", "fwd", _or_nr(env.get("gpu")), f"`{name}`: {_env(d)}; {how}", d.get("created", ""))
     for p in d["problems"]:
         if p.get("new_ms") and p.get("ref_ms"):
             new, ref = p["new_ms"]["median"] * 1e3, p["ref_ms"]["median"] * 1e3

@@ -22,8 +22,6 @@
 # "==== part" header with its exit status and seconds) and each bench part's JSON, then prints each
 # part's status and last lines. Exits 1 if any part failed.
 #   run(command="bash tools/gpu_run.sh --only tests,kb,layers", timeout_s=600)
-#
-# The other tools here say in their docstrings what they measure and how to run them.
 set -u
 cd "$(dirname "$0")/.."
 

@@ -1,11 +1,9 @@
 """Tuning table of one GPU: the Triton tuner's timing of every candidate on layers no suite holds,
 the data the config predictor ranks from (``convt3d/engines/triton/tables/``).
 
-Draws ``--count`` seeded layers (decoder, head, grouped and dilated shapes; fp32 at both precisions,
-bf16 and fp16; both layouts), compiles every candidate in ``--workers`` processes sharing one Triton
-cache, then times them here one layer at a time as the exhaustive tuner does, appending one JSON line
-per layer (the layer, each candidate's GPU median and host ms, the choice, cuDNN's ms) until
-``--deadline`` seconds have passed. GPU only.
+Compiles every candidate of ``--count`` seeded layers in ``--workers`` processes sharing one Triton
+cache, then times them one layer at a time as the exhaustive tuner does, appending one JSON line per
+layer (each candidate's GPU median and host ms, the choice, cuDNN's ms) until ``--deadline``. GPU only.
 
     python tools/tuning_table.py table.jsonl --count 120 --seed 1 --workers 12 --deadline 420
     python tools/tuning_table.py suites.jsonl --suite layers,kernelbench   # the suites' own rows
@@ -15,6 +13,7 @@ per layer (the layer, each candidate's GPU median and host ms, the choice, cuDNN
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -83,27 +82,17 @@ def _tensors(spec: dict):
     return x, w, b
 
 
-def _params(spec: dict):
-    from convt3d.engines.triton.predict import params_of
-
-    return params_of(spec)
-
-
 def _compile(specs: list[dict]) -> None:
     """Worker: run every candidate of each layer once (compiles into the shared Triton cache)."""
-    from convt3d.engines.triton import engine
+    from convt3d.engines.triton import engine, predict
 
     for spec in specs:
-        try:
+        with contextlib.suppress(Exception):  # a layer or candidate that fails is recorded when timed
             x, w, b = _tensors(spec)
-            params = _params(spec)
+            params = predict.params_of(spec)
             for cfg in engine.plan(params, x, w, spec["precision"]).configs:
-                try:
+                with contextlib.suppress(Exception):
                     engine.forward(x, w, b, params, spec["precision"], config=cfg)
-                except Exception:
-                    pass
-        except Exception:
-            pass
         engine.clear_caches()
 
 
@@ -111,10 +100,10 @@ def _time(spec: dict) -> dict:
     import torch
     from convt3d.core.flags import cudnn_conv_tf32
     from convt3d.dispatch.timing import gpu_ms
-    from convt3d.engines.triton import engine
+    from convt3d.engines.triton import engine, predict
 
     x, w, b = _tensors(spec)
-    params = _params(spec)
+    params = predict.params_of(spec)
     engine.clear_caches()
     pl = engine.plan(params, x, w, spec["precision"])
     t0 = time.perf_counter()
@@ -195,8 +184,8 @@ def evaluate(paths: list[str]) -> None:
             cands = [c for c in r["candidates"] if c.get("ms")]
             cost = [predict.charged_ms(c) for c in cands]
             configs = tuple(c["config"] for c in cands)
-            order = predict.rank(configs, _params(r), getattr(torch, r["dtype"]), r["precision"], r["channels_last"],
-                                 table[:i] + table[i + 1:])
+            order = predict.rank(configs, predict.params_of(r), getattr(torch, r["dtype"]), r["precision"],
+                                 r["channels_last"], table[:i] + table[i + 1:])
             losses.append(min(cost[j] for j in predict.pick(configs, order)) / min(cost))
         geo = math.exp(sum(map(math.log, losses)) / len(losses))
         print(f"shortlist {k}: {len(rows)} layers, geomean loss {100 * (geo - 1):.2f}%, "

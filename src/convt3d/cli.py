@@ -1,8 +1,5 @@
-"""``convt3d`` command line: ``convt3d <command> [options]`` (also ``python -m convt3d``).
-
-Each command lives in its own module (``module`` or ``module:function``, imported when the
-command runs) and parses its own options; this file only routes.
-"""
+"""``convt3d`` command line: ``convt3d <command> [options]``; each command lives in its own module
+(``module`` or ``module:function``, imported when it runs) and parses its own options."""
 from __future__ import annotations
 
 import sys

@@ -1,14 +1,11 @@
-"""``convt3d.explain``: what convt3d would do with a call, and why -- without running it.
-
-    >>> print(convt3d.explain(x, w, b, stride=2, padding=1))
-
-The report: the engine chosen and why, the candidates, the engine's plan and tile, the phases,
-useful MACs, roofline floors and timings measured earlier. Works on CPU tensors too; from a shell:
-``convt3d explain --input 1,64,16,32,32 --weight 64,32,4,4,4 --stride 2 --padding 1`` (``main``).
-"""
+"""``convt3d.explain``: what convt3d would do with a call, and why, without running it (the engine, its
+candidates, plan and tile, the phases, roofline floors and earlier timings); from a shell:
+``convt3d explain --input 1,64,16,32,32 --weight 64,32,4,4,4 --stride 2 --padding 1``."""
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -186,13 +183,15 @@ def _backward_lines(x5, weight, params, prec) -> list[str]:
     bprec = prec if x5.dtype == torch.float32 else "tf32"
     lines = []
     made = B.recorded_choices(x5, weight, params, bprec)
-    rows = (("dX", B.dgrad_choice_candidates(params, weight.dtype, x5.device, bprec)),
-            ("dW", B.wgrad_choice_candidates(params, x5.dtype, x5.device)))
-    for what, cands in rows:
+    rows = (("dX", B.dgrad_choice_candidates(params, weight.dtype, x5.device, bprec), None),
+            ("dW", B.wgrad_choice_candidates(params, x5.dtype, x5.device), B.wgrad_fallback(params)))
+    for what, cands, fallback in rows:
         kinds = Counter("head" if c.short().startswith("head") else "general" for c in cands)
         offer = ", ".join(f"{n} Triton {k} tile{'s' if n > 1 else ''}" for k, n in kinds.items()) or "no Triton tile"
         lines.append(f"{what}: cuDNN against {offer}"
                      + (" (timed on the first backward of a signature on CUDA)" if cands else ""))
+        if fallback is not None:
+            lines.append(f"  forced: {fallback}")
         for grad, rec in made:
             if grad == what:
                 cfg = f" {rec.config.short()}" if rec.config is not None else ""
@@ -294,8 +293,6 @@ _CLI_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.floa
 
 
 def _sizes(text: str) -> tuple[int, ...]:
-    import argparse
-
     try:
         return tuple(int(v) for v in text.split(","))
     except ValueError:
@@ -310,9 +307,6 @@ def _size(text: str) -> int | tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     """``convt3d explain``: :func:`explain` of a call given by its shapes, on empty tensors of the
     CUDA device (else the CPU); arguments the call rejects exit with status 2 and its error."""
-    import argparse
-    import sys
-
     parser = argparse.ArgumentParser(prog="convt3d explain", description="What convt3d would do with a "
                                      "conv_transpose3d call, and why, without running it. Sizes are comma-separated "
                                      "(--stride 2 or --stride 1,2,2).")

@@ -25,26 +25,22 @@ __all__ = ["conv_transpose3d"]
 
 def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
                      backend=None, precision=None, epilogue=None):
-    """3-D transposed convolution with the signature and semantics of
-    ``torch.nn.functional.conv_transpose3d``.
+    """3-D transposed convolution with the signature and semantics of ``torch.nn.functional.conv_transpose3d``.
 
     Args (beyond PyTorch's):
-        backend: "auto" (default; ``$CONVT3D_BACKEND`` overrides the default), "triton" (our
-            engine; on CPU tensors it runs through Triton's interpreter), "torch" (PyTorch's
-            own implementation), "cuda" (the CUDA head kernel, for output heads) or "conv3d" (a
-            stride-1 call as PyTorch's conv3d of the flipped weight). A named backend
-            that cannot run the call raises :class:`convt3d.BackendUnavailableError`; only
-            "auto" falls back.
+        backend: "auto" (default; ``$CONVT3D_BACKEND`` overrides the default), "triton" (our engine;
+            on CPU tensors through Triton's interpreter), "torch" (PyTorch's own), "cuda" (the CUDA
+            head kernel, for output heads) or "conv3d" (a stride-1 call as PyTorch's conv3d of the
+            flipped weight). A named backend that cannot run the call raises
+            :class:`convt3d.BackendUnavailableError`; only "auto" falls back.
         precision: float32 only. None follows ``torch.backends.cudnn.allow_tf32`` as PyTorch's
             convolutions do (True: "tf32", False: exact grade); or "tf32", "tf32x3", "ieee".
             float16/bfloat16 multiply in their own type and accumulate in float32.
-        epilogue: an elementwise program applied to the output (``convt3d.core.epilogue``), as
-            ``[("mul", 2.0), "relu", ("add", residual)]``: the result is the program applied in float32
-            to the convolution's output, cast to its dtype once. "auto" fuses it into the Triton GEMM's
-            store where that is measured faster than the convolution followed by the program in
-            PyTorch; "triton" fuses it or raises (also where autograd records the call: the fused path
-            is forward-only); other backends, and auto's calls autograd records, run the convolution,
-            then the program in PyTorch.
+        epilogue: an elementwise program applied in float32 to the output before its one cast
+            (``convt3d.core.epilogue``), as ``[("mul", 2.0), "relu", ("add", residual)]``. "auto" fuses
+            it into the Triton GEMM's store where that is measured faster; "triton" fuses it or raises
+            (also where autograd records the call: the fused path is forward-only); otherwise the
+            convolution runs, then the program in PyTorch.
     """
     if epilogue is not None:
         return _with_epilogue(input, weight, bias, (stride, padding, output_padding, groups, dilation), backend,
@@ -56,8 +52,7 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
         return _pytorchs_op_only(_IN_JIT_TRACE, input, weight, bias, stride, padding, output_padding, groups,
                                  dilation, backend, precision)
     if has_torch_function((input, weight, bias)):
-        # A tensor subclass with its own __torch_function__ (MONAI's MetaTensor): its handler runs
-        # the call on plain views and wraps the result, as it wraps F.conv_transpose3d's.
+        # A tensor subclass with its own __torch_function__ (MONAI's MetaTensor) wraps our result.
         return handle_torch_function(_on_plain_tensors, (input, weight, bias), input, weight, bias, stride, padding,
                                      output_padding, groups, dilation, backend=backend, precision=precision)
     # A call whose arguments were seen before skips validation and the pass (dispatch.steady).
@@ -80,8 +75,7 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     # One validation, one dispatcher pass, one engine run.
     given = (input, weight, bias, (stride, padding, output_padding, groups, dilation), backend, precision)
     cast = autocast_inputs(input, weight, bias)
-    # The caller's tensors, where autocast cast any: "auto" times its candidates from them, with
-    # the casts every later call makes (ours each call, PyTorch's own op with autocast's cache).
+    # The caller's tensors, where autocast cast any: "auto" times its candidates from them, casts included.
     sources = None if all(c is t for c, t in zip(cast, (input, weight, bias))) else (input, weight, bias)
     input, weight, bias = cast
     call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
@@ -97,8 +91,7 @@ _SAME_DEVICE = contextlib.nullcontext()  # reusable: no device or flag to set
 
 
 def _device_current(t: torch.Tensor):
-    """The tensor's CUDA device made current for the block, where another one is: Triton launches
-    and the measurement times on the current device, whatever the tensors' device."""
+    """The tensor's CUDA device made current for the block: Triton launches on the current device."""
     if t.is_cuda and t.device.index != torch.cuda.current_device():
         return torch.cuda.device(t.device)
     return _SAME_DEVICE
@@ -106,14 +99,12 @@ def _device_current(t: torch.Tensor):
 
 def _on_plain_tensors(input, weight, bias, stride, padding, output_padding, groups, dilation, *, backend=None,
                       precision=None):
-    """``conv_transpose3d`` on plain views of tensor-subclass arguments (``as_subclass``: the same
-    storage, still attached to autograd), for the subclass's __torch_function__ to call."""
+    """``conv_transpose3d`` on plain views of tensor-subclass arguments (for their __torch_function__)."""
     return conv_transpose3d(_plain(input), _plain(weight), _plain(bias), stride, padding, output_padding, groups,
                             dilation, backend=backend, precision=precision)
 
 
-# torch.func's transforms (vmap, grad, jacrev, ...) wrap tensors that have no storage of their
-# own; only PyTorch's op has their batching and gradient rules. Asked only off the direct path.
+# torch.func's transforms wrap tensors that have no storage of their own: only PyTorch's op has their rules.
 _is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 _IN_TRANSFORM = (": its tensors are inside a torch.func transform (vmap, grad, jacrev, ...), whose batching and "
                  "gradient rules only PyTorch's own op has; use backend='auto' or 'torch' there")
@@ -155,8 +146,7 @@ def _run(engine, call):
 
 
 def _recorded(fn, *args):
-    """``fn(*args)``; under a profiler recorded as one op named as torch.compile's custom op, so
-    every kernel it launches is attributed to it (outside a profiler, one flag test)."""
+    """``fn(*args)``, under a profiler recorded as one op named as torch.compile's custom op."""
     if torch.autograd._profiler_enabled():
         with torch.profiler.record_function(OP_NAME):
             return fn(*args)
@@ -165,10 +155,9 @@ def _recorded(fn, *args):
 
 @torch.compiler.assume_constant_result
 def _decide_for_trace(input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
-    """Validation and dispatch as plain values, run eagerly once at trace time on the example
-    tensors (which hold real values, so "auto" decides as an eager first call does); the result
-    is a graph constant under Dynamo's guards on the tensors. Changing $CONVT3D_BACKEND or the
-    TF32 flag after compiling does not recompile."""
+    """Validation and dispatch as plain values, run eagerly once at trace time on the example tensors
+    (so "auto" decides as an eager first call does); the result is a graph constant, so changing
+    $CONVT3D_BACKEND or the TF32 flag after compiling does not recompile."""
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
     with _device_current(input):  # the measurement times on the current device
         d = dispatch.decide(input, backend, precision, params, weight=weight, bias=bias)
@@ -180,8 +169,7 @@ def _traced(input, weight, bias, stride, padding, output_padding, groups, dilati
     engine, prec, stride, padding, output_padding, groups, dilation, unbatched = _decide_for_trace(
         input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision)
     if engine == "torch":
-        # PyTorch's own op traces natively (an explicit precision cannot set cuDNN's global flag
-        # inside a graph: the flag at run time applies).
+        # PyTorch's own op traces natively (inside a graph the TF32 flag at run time applies).
         return F.conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups, dilation)
     x = input.unsqueeze(0) if unbatched else input
     y = conv_transpose3d_op(x, weight, bias, stride, padding, output_padding, groups, dilation, prec, engine)
@@ -221,8 +209,7 @@ def _with_epilogue(input, weight, bias, args: tuple, backend, precision, program
 
 
 def validated_epilogue(program, call: Call) -> Epilogue:
-    """``program`` validated for the call's output (``as_epilogue``), its tensors on the output's device
-    (PyTorch's elementwise ops raise this error otherwise)."""
+    """``program`` validated for the call's output, its tensors on the output's device as PyTorch requires."""
     p = call.params
     epi = as_epilogue(program, p.out_channels, p.out_shape[1:] if call.unbatched else p.out_shape)
     for s in epi.steps:
@@ -237,10 +224,9 @@ def _run_fused(call: Call, epi: Epilogue) -> torch.Tensor:
 
 
 def epilogue_route(call: Call, epi: Epilogue, name: str, *, composite=None, decision=None) -> tuple[Call | None, str]:
-    """(the call the fused Triton path runs, or None for the composite; why) for the program ``epi`` of the
-    call's 5-D form. Auto times the fused path against ``composite`` on a signature's first CUDA call;
-    without ``composite`` (explain) nothing is timed or decided, and ``decision`` is auto's for the plain
-    call where known."""
+    """(the call the fused Triton path runs, or None for the composite; why) for the program ``epi``.
+    Auto times the fused path against ``composite`` on a signature's first CUDA call; without it (explain)
+    nothing is timed, and ``decision`` is auto's for the plain call where known."""
     if not epi:
         return None, "an empty program: the convolution alone"
     if call.training or (torch.is_grad_enabled() and any(

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import torch
 
+from .dispatch import cache
+from .version import __version__
+
 __all__ = ["machine", "main", "cache_main"]
 
 
@@ -24,8 +27,7 @@ def _amount(files: int, size: int) -> str:
 
 
 def _triton_cache() -> tuple[Path, int, int]:
-    """(directory, files, bytes) of Triton's compiled-kernel cache: ``$TRITON_CACHE_DIR``, by
-    default ``~/.triton/cache``."""
+    """(directory, files, bytes) of Triton's compiled-kernel cache."""
     import triton
 
     d = Path(triton.knobs.cache.dir)
@@ -33,8 +35,7 @@ def _triton_cache() -> tuple[Path, int, int]:
 
 
 def _engines(device: torch.device) -> dict[str, str | None]:
-    """Per registered engine, None where it can run on this machine's device, else why not: its
-    declared devices and compute capability, then its own check of the device."""
+    """Per registered engine, None where it can run on this machine's device, else why not."""
     from .dispatch.registry import ENGINES
     from .engines.triton.sites import interpreter_active
 
@@ -58,9 +59,7 @@ def machine() -> dict:
     """What ``convt3d info`` reports, as plain data."""
     import triton
 
-    from .dispatch import cache
     from .engines.cuda import build, head
-    from .version import __version__
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
@@ -115,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def cache_main(argv: list[str] | None = None) -> int:
     """``convt3d cache show|clear``: convt3d's cache files, and Triton's cache folder."""
-    from .dispatch import cache
-
     parser = argparse.ArgumentParser(prog="convt3d cache", description="Show or clear convt3d's cache (measured "
                                      f"decisions, tuned tiles, CUDA head libraries) in ${cache.ENV_DIR}, by default "
                                      "~/.cache/convt3d. Measurements are redone as calls need them.")

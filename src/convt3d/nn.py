@@ -13,13 +13,9 @@ __all__ = ["ConvTranspose3d", "patch"]
 
 
 class ConvTranspose3d(nn.ConvTranspose3d):
-    """``torch.nn.ConvTranspose3d`` computed by convt3d.
-
-    The constructor, parameters, initialisation and state_dict are PyTorch's own (the same seed
-    gives identical weights; state_dicts load both ways). Two attributes choose the engine for
-    this layer: ``backend`` and ``precision`` (both default None: the package defaults, see
-    :func:`convt3d.conv_transpose3d`).
-    """
+    """``torch.nn.ConvTranspose3d`` computed by convt3d: the constructor, parameters, initialisation and
+    state_dict are PyTorch's own; ``backend`` and ``precision`` (default None: the package defaults, see
+    :func:`convt3d.conv_transpose3d`) choose the engine for this layer."""
 
     backend: str | None = None
     precision: str | None = None
@@ -32,8 +28,7 @@ class ConvTranspose3d(nn.ConvTranspose3d):
         output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size, 3,
                                               self.dilation)
         if torch.jit.is_scripting():
-            # TorchScript does not run our Python engines: a scripted layer computes as
-            # nn.ConvTranspose3d does (torch.compile and torch.export record convt3d's custom op).
+            # TorchScript does not run our Python engines: a scripted layer computes as nn.ConvTranspose3d.
             return torch.nn.functional.conv_transpose3d(input, self.weight, self.bias, self.stride, self.padding,
                                                         output_padding, self.groups, self.dilation)
         return self._convt3d_forward(input, output_padding)
@@ -44,12 +39,8 @@ class ConvTranspose3d(nn.ConvTranspose3d):
                                 self.groups, self.dilation, backend=self.backend, precision=self.precision)
 
     def extra_repr(self) -> str:
-        s = super().extra_repr()
-        if self.backend is not None:
-            s += f", backend={self.backend!r}"
-        if self.precision is not None:
-            s += f", precision={self.precision!r}"
-        return s
+        chosen = [f", {k}={getattr(self, k)!r}" for k in ("backend", "precision") if getattr(self, k) is not None]
+        return super().extra_repr() + "".join(chosen)
 
 
 def patch(model: nn.Module, *, backend: str | None = None, precision: str | None = None) -> nn.Module:
@@ -58,11 +49,9 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
     ``torch.nn.utils.parametrizations``) included; an ``nn.LazyConvTranspose3d`` not yet built
     becomes one at its first call. Other subclasses of ``nn.ConvTranspose3d`` are left alone.
 
-    The same parameter and buffer objects are kept (so optimisers holding them keep working),
-    along with their device and dtype, hooks, and training mode. Returns ``model``.
-
-    On a CUDA machine it also starts, in background threads, Triton's once-per-process setup and the
-    build of the CUDA head kernel's library for output heads already on a CUDA device.
+    The same parameter and buffer objects are kept (optimisers holding them keep working), with their
+    hooks and training mode. Returns ``model``. On a CUDA machine it also starts, in background threads,
+    Triton's once-per-process setup and the build of the CUDA head kernel's library for output heads.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch() expects an nn.Module, but got {type(model).__name__}")
@@ -74,8 +63,7 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
         if cls is nn.ConvTranspose3d:
             module.__class__ = ConvTranspose3d
         elif cls is nn.LazyConvTranspose3d:
-            # Its parameters are made at its first call, when it turns into ``cls_to_become``
-            # (nn.ConvTranspose3d): ours instead, with the backend and precision set here.
+            # It turns into ``cls_to_become`` at its first call: ours instead.
             module.cls_to_become = ConvTranspose3d
         elif _parametrized_convt(module):
             module.__class__ = _parametrized_class(cls)
@@ -90,8 +78,7 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
 
 
 def _start_head_build(module: nn.Module) -> None:
-    """Start building the CUDA head kernel's library for an output head on a CUDA device (a few
-    output channels per group, dilation 1), so that auto can time that engine at its first call."""
+    """Start building the CUDA head library for an output head on a CUDA device, for auto to time."""
     from .engines.cuda.head import MAX_HEAD_CHANNELS
 
     weight = getattr(module, "weight", None)
@@ -107,17 +94,15 @@ def _start_head_build(module: nn.Module) -> None:
 
 
 def _parametrized_convt(module: nn.Module) -> bool:
-    """A plain nn.ConvTranspose3d under ``torch.nn.utils.parametrize`` (spectral or weight norm
-    through ``torch.nn.utils.parametrizations``): its class is the one-module subclass parametrize
-    made, holding only the properties of the parametrized tensors and its copy hooks."""
+    """A plain nn.ConvTranspose3d under ``torch.nn.utils.parametrize``: its class is the one-module
+    subclass parametrize made, holding only the parametrized tensors' properties and copy hooks."""
     cls = type(module)
     return (cls.__bases__ == (nn.ConvTranspose3d,) and "forward" not in cls.__dict__
             and parametrize.is_parametrized(module))
 
 
 def _parametrized_class(cls: type) -> type:
-    """parametrize's class for one module, rebuilt on :class:`ConvTranspose3d`: the same
-    properties (the weight computed from its parametrization on every access) and hooks, our
-    forward. ``remove_parametrizations`` rolls a module back to the base, which is then ours."""
+    """parametrize's class for one module, rebuilt on :class:`ConvTranspose3d`: the same properties and
+    hooks, our forward (``remove_parametrizations`` rolls a module back to ours)."""
     body = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
     return type(cls.__name__, (ConvTranspose3d,), body)

@@ -1,5 +1,4 @@
-"""``convt3d.tune(model, *example_inputs)``: fill the cache so that the first real step is already
-fast (the ``convt3d tune`` command does it for the bench suites' layers: ``bench/tune_suites.py``)."""
+"""``convt3d.tune(model, *example_inputs)``: fill the cache so that the first real step is already fast."""
 from __future__ import annotations
 
 import sys
@@ -16,6 +15,7 @@ from .dispatch import cache, select as dispatch
 from .core.flags import device_name
 from .dispatch.network_check import check_network, layer_signature
 from .engines.triton.persist import flush_triton
+from .nn import ConvTranspose3d, _parametrized_convt
 
 __all__ = ["tune", "TuneReport", "Progress"]
 
@@ -84,8 +84,7 @@ def _source(source: str) -> str:
 
 @dataclass
 class TuneReport:
-    """What :func:`tune` saw: one entry per distinct call signature, in call order, and what its
-    network check measured and reverted (``network``)."""
+    """What :func:`tune` saw: one entry per call signature, and what its network check reverted."""
 
     entries: list[dict] = field(default_factory=list)
     seconds: float = 0.0
@@ -139,16 +138,14 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
             has a parameter that requires grad and grad mode is on.
         progress: True (rich on a terminal, else tqdm if installed, else plain lines on stderr),
             False, or one of "rich", "tqdm", "plain".
-        check: the network check (CUDA, an ``nn.Module`` with convt3d layers on "auto"): the
-            whole model is timed with the per-layer decisions against PyTorch for every layer,
-            and the signatures that make it slower are reverted to PyTorch, here and in the cache
-            file (``dispatch.network_check``), at a few model runs per checked signature.
+        check: the network check (CUDA, an ``nn.Module`` with convt3d layers on "auto"): the whole
+            model is timed with the per-layer decisions against PyTorch for every layer, and the
+            signatures that make it slower are reverted to PyTorch, here and in the cache file.
 
     Gradients (``.grad`` of parameters and inputs) and buffers are restored afterwards.
     """
     if not callable(model):
         raise TypeError(f"tune(): argument 'model' must be an nn.Module or callable, not {type(model).__name__}")
-    from .nn import ConvTranspose3d, _parametrized_convt
 
     is_module = isinstance(model, nn.Module)
     params = list(model.parameters()) if is_module else []
@@ -205,7 +202,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     hooks += [m.register_forward_pre_hook(record_signature) for _, m in layers]
 
     def run_once(after_forward: Callable[[], object] = lambda: None) -> bool:
-        """One forward, then with ``backward`` the backward of the outputs that require grad (True if one ran)."""
+        """One forward, then with ``backward`` the backward of the outputs (True if one ran)."""
         with torch.enable_grad() if backward else torch.no_grad():
             out = model(*example_inputs)
         after_forward()

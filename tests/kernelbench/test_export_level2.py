@@ -117,7 +117,7 @@ def test_file_passes_static_rules_within_the_line_limit_importing_torch_and_trit
     assert text.split("\n", 1)[0] == export.MARKER
     assert ast.get_docstring(ast.parse(text)).startswith(f"KernelBench level 2, problem {pid}: {problem.file_name}")
     violations = static_check.check(text)
-    assert not violations, static_check.format_violations(violations, text, problem.file_name)
+    assert not violations, list(map(str, violations))
     assert text.count("\n") <= export.MAX_LINES == 1000
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, (ast.Import, ast.ImportFrom)):

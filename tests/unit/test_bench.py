@@ -226,9 +226,10 @@ def test_cudnn_tf32_flag_is_restored():
     assert torch.backends.cudnn.enabled  # only the TF32 flag was touched
 
 
-def test_round_to_tf32():
+def test_round_tf32():
+    # The check's TF32 stand-in for cuDNN rounds as cuDNN does: to nearest, ties away from zero.
     x = torch.tensor([1 + 2 ** -11, 1 + 2 ** -12, -(1 + 3 * 2 ** -11), float("inf"), float("nan")])
-    y = check.round_to_tf32(x)
+    y = check.round_tf32(x)
     assert y[0].item() == 1 + 2 ** -10  # tie: away from zero
     assert y[1].item() == 1.0
     assert y[2].item() == -(1 + 2 ** -9)

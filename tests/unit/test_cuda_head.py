@@ -248,7 +248,8 @@ def test_width_shifts_as_columns_offered_where_they_fit():
 def test_candidate_plans_time_each_offered_variant(params, jns):
     plans = ch.candidate_plans(params, torch.bfloat16, 2)
     assert sorted({hp.jn for hp in plans}) == jns
-    assert [(hp.jn, hp.config, hp.box) for hp in plans] == ch.offers(params, torch.bfloat16, 2)
+    offered = [(jn, cfg, box) for jn in jns for cfg, box in ch.tile_boxes(params, torch.bfloat16, jn=jn)[:2]]
+    assert [(hp.jn, hp.config, hp.box) for hp in plans] == offered
     for hp in plans:  # each plan's meta carries its variant, and its kernel shifts drop J_w
         js = ch.geometry(params)[0]
         assert hp.meta[41] == hp.jn and hp.meta[14] == (1 if hp.jn > 1 else js[2])

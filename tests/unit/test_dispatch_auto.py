@@ -582,13 +582,10 @@ def test_measure_reads_host_time_from_each_timing(monkeypatch):
     assert hosts == {"triton": [0.186, 0.19], "torch": [0.058, 0.06]}
 
 
-def test_a_decision_measured_without_host_times_is_measured_again(monkeypatch):
-    """A cache entry from before the host charge (rounds, no host_ms) is measured again; the new
-    entry records each candidate's host time and the choice it makes."""
+def test_a_measured_decision_records_each_candidates_host_time(monkeypatch):
+    """The saved entry keeps each candidate's host time, and the reason the host time it was charged."""
     x, w, b, params = _call()
     sig = dispatch.signature_text(x, w, b, params, "tf32")
-    cache.save_decision(GPU, sig, {"engine": "triton", "timings_ms": {"triton": 0.674, "torch": 0.76},
-                                   "rounds_ms": {"triton": [0.674], "torch": [0.76]}, "margin": 0.03})
     times = {"triton": Timing(0.674, 0.186), "torch": Timing(0.76, 0.058)}
     for name, t in times.items():
         monkeypatch.setattr(ENGINES[name], "time", lambda call, t=t: t)

@@ -287,11 +287,6 @@ def test_without_a_process_group_agree_is_compute():
     assert calls == [1, 1] and distributed.rank() == 0
 
 
-def test_what_must_be_a_string():
-    with pytest.raises(TypeError, match="'what' must be str"):
-        distributed.agree(lambda: 1, ("auto", 1))
-
-
 @pytest.mark.parametrize("value", ["sometimes", ""], ids=["unknown-mode", "empty-means-default"])
 def test_mode_environment_variable(value, monkeypatch):
     monkeypatch.setenv(distributed.ENV_MODE, value)

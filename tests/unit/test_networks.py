@@ -292,7 +292,7 @@ def test_rows_go_through_summary_table_json_and_plot(gan_rows, tmp_path):
     console = report.make_console(io.StringIO())
     report.print_network_table(console, rows, "networks")
     report.print_summary(console, summary)
-    report.print_skipped(console, [{"case": "monai_unet", "reason": "needs monai"}])
+    report.print_failures(console, [], [{"case": "monai_unet", "reason": "needs monai"}])
     text = console.file.getvalue()
     assert "gan3d" in text and "3.00x" in text and "skipped monai_unet: needs monai" in text
     path = tmp_path / "n.json"
@@ -561,7 +561,7 @@ def test_cli_first_calls_with_a_fake_gpu(fake_gpu, monkeypatch, tmp_path, capsys
 def test_tf32_arithmetic_reference_rounds_the_transposed_conv_operands():
     # The fp32 budget's second term: float64 with each ConvTranspose3d's input and weight rounded
     # to TF32. Its error against plain float64 is TF32-sized, and the model is left untouched.
-    from convt3d.bench.check import round_to_tf32
+    from convt3d.bench.check import round_tf32
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.ConvTranspose3d(8, 4, 2, stride=2), torch.nn.ReLU())
@@ -570,7 +570,7 @@ def test_tf32_arithmetic_reference_rounds_the_transposed_conv_operands():
     got = networks._tf32_arithmetic(model, x)
     conv = model[0]
     expect = torch.relu(torch.nn.functional.conv_transpose3d(
-        round_to_tf32(x).double(), round_to_tf32(conv.weight.detach()).double(), conv.bias.double(), 2))
+        round_tf32(x).double(), round_tf32(conv.weight.detach()).double(), conv.bias.double(), 2))
     assert torch.allclose(got, expect, rtol=0, atol=1e-12)
     exact = model.double()(x.double())
     assert 1e-6 < networks.relative_error(got, exact) < 1e-2

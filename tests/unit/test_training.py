@@ -1,7 +1,6 @@
-"""Training on the CPU: the custom ops under opcheck, gradients of every kind of call
-against float64 PyTorch (the Triton weight-gradient kernel through the interpreter), needs_input_grad
-subsets, torch.compile(fullgraph=True), autocast, a short training curve against
-nn.ConvTranspose3d, and the bench's bwd/full modes.
+"""Training on the CPU: the custom ops under opcheck, needs_input_grad subsets against float64
+PyTorch, the forced dW's fallback off output heads, torch.compile(fullgraph=True), autocast, a short
+training curve against nn.ConvTranspose3d, and the bench's bwd/full modes.
 
 Sizes are tiny: Triton's interpreter costs ~1 s per kernel call here. Channel counts are >= 8 per
 group where the tensor-core path is meant (below 8 the forward takes the slower FMA path).
@@ -128,56 +127,6 @@ def test_op_rejects_unknown_engine():
 
 
 # ---- gradients against float64 ------------------------------------------------------------------
-# (case, dtype, precision). The weight gradient is forced to the Triton kernel; dX/db come from
-# PyTorch's kernels (the design of convt3d.engines.triton.backward), so the sweep is mostly about dW.
-WGRAD_CASES = {
-    "k3s2p1op1-bias": (Case(1, 8, 8, (2, 3, 2), (3, 3, 3), 2, 1, 1), torch.float32, "ieee"),
-    "grouped-dilated": (Case(1, 16, 16, (3, 2, 2), (2, 2, 2), 1, 1, 0, 2, 2), torch.float32, "tf32x3"),
-    "aniso-k122-s122-batch2": (Case(2, 8, 16, (2, 2, 3), (1, 2, 2), (1, 2, 2)), torch.float32, "ieee"),
-    "channels_last-k2s2": (Case(1, 8, 8, (2, 2, 2), (2, 2, 2), 2, layout="channels_last_3d"), torch.float32, "ieee"),
-    "sliced-input": (Case(1, 8, 8, (2, 2, 2), (2, 2, 2), 2, 1, layout="slice_w"), torch.float32, "ieee"),
-    "stride3-op2-dil2": (Case(1, 8, 8, (2, 2, 2), (2, 2, 2), 3, 0, 2, 2), torch.float32, "ieee"),
-    "tf32": (Case(1, 8, 8, (2, 2, 2), (2, 2, 2), 2, 1), torch.float32, "tf32"),
-    "fp16": (Case(1, 8, 8, (2, 2, 2), (2, 2, 2), 2, 1), torch.float16, "ieee"),
-}
-# Why these bounds: fp32 exact grades sum <= 2*27*24 = 1300 terms here (1e-5 of scale is ~100x
-# the typical rounding); "tf32" rounds each operand to 10 bits (2^-11 relative each, 2^-10 per
-# product; 4e-3 of the scale leaves a factor ~4 for cancellation); fp16 rounds the fp32 result
-# to 11 bits once (2^-11 = 4.9e-4) after exact products and fp32 sums.
-WGRAD_REL = {"ieee": 1e-5, "tf32x3": 1e-5, "tf32": 4e-3, torch.float16: 2e-3}
-
-
-@pytest.mark.parametrize("name", list(WGRAD_CASES))
-def test_triton_weight_gradient(name):
-    case, dtype, precision = WGRAD_CASES[name]
-    x, w, b = case.tensors(dtype)
-    args, params = _norm_args(case)
-    x5 = x if x.dim() == 5 else x.unsqueeze(0)
-    dy = torch.randn(params.out_shape, dtype=torch.float64).to(dtype)
-    cfg = B.wgrad_candidates(params, dtype, x.device)[0]
-    assert cfg.splits >= 1
-    gw = B.wgrad_triton(dy, x5, params, precision, dtype, cfg)
-    assert gw.dtype == dtype and gw.is_contiguous()
-    ref = _ref_grads(x5, w, b, args, dy, (False, True, False))[1]
-    _assert_grad_close(gw, ref, f"{name} dW", WGRAD_REL[dtype if dtype != torch.float32 else precision])
-
-
-def test_triton_weight_gradient_split_count_does_not_change_much():
-    # The splits are summed in a fixed order; 1 and 3 splits reduce in a different order, so they
-    # agree to rounding only -- and each run is bitwise repeatable (deterministic).
-    case = Case(2, 8, 8, (2, 2, 1), (2, 1, 1), 2)
-    x, w, _ = case.tensors()
-    args, params = _norm_args(case)
-    dy = torch.randn(params.out_shape)
-    base = B.wgrad_candidates(params, torch.float32, x.device)[0]
-    one = B.wgrad_triton(dy, x, params, "ieee", torch.float32, B.WgradConfig(**{**base.__dict__, "splits": 1}))
-    three = B.wgrad_triton(dy, x, params, "ieee", torch.float32, B.WgradConfig(**{**base.__dict__, "splits": 3}))
-    again = B.wgrad_triton(dy, x, params, "ieee", torch.float32, B.WgradConfig(**{**base.__dict__, "splits": 3}))
-    assert torch.equal(three, again)
-    _assert_grad_close(one, _ref_grads(x, w, None, args, dy, (False, True, False))[1], "1 split", 1e-5)
-    _assert_grad_close(three, _ref_grads(x, w, None, args, dy, (False, True, False))[1], "3 splits", 1e-5)
-
-
 SUBSETS = {"input-only": (True, False, False), "weight-only": (False, True, False), "bias-only": (False, False, True),
            "input+bias": (True, False, True), "all": (True, True, True)}
 
@@ -211,6 +160,24 @@ def test_forced_wgrad_name_is_validated(monkeypatch):
     y = convt3d.conv_transpose3d(x, w, backend="triton", precision="ieee")
     with pytest.raises(ValueError, match="CONVT3D_BWD_WEIGHT='magic'"):
         y.sum().backward()
+
+
+def test_forced_triton_wgrad_off_heads_falls_back_to_cudnn(monkeypatch):
+    # The Triton dW kernels are the head kernels: a wider layer's forced dW runs cuDNN, and explain says why.
+    monkeypatch.setenv("CONVT3D_BWD_WEIGHT", "triton")
+    B.clear_caches()
+    x, w = torch.randn(1, 8, 2, 2, 2), torch.randn(8, 16, 2, 2, 2)
+    params, _ = check_call(x, w, None, 2, 0, 0, 1, 1)
+    rec = B.choose_wgrad(torch.randn(params.out_shape), x, w, params, "ieee")
+    assert rec.impl == "cudnn" and rec.config is None and "output heads only" in rec.reason
+    lines = convt3d.explain(x, w, stride=2, backend="triton", precision="ieee").backward
+    assert any("forced:" in line and "16 output channels per group" in line for line in lines), lines
+    leaves = [x.requires_grad_(), w.requires_grad_()]
+    y = convt3d.conv_transpose3d(*leaves, stride=2, backend="triton", precision="ieee")
+    dy = torch.randn(y.shape, dtype=torch.float64)
+    y.backward(dy.float())
+    ref = _ref_grads(x, w, None, ((2,) * 3, (0,) * 3, (0,) * 3, 1, (1,) * 3), dy, (True, True, False))
+    _assert_grad_close(w.grad, ref[1], "weight", 1e-5)
 
 
 def test_static_choice_on_cpu_is_pytorch_and_cached():

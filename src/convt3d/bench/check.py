@@ -16,22 +16,14 @@ import torch.nn.functional as F
 
 import convt3d
 from ..dispatch.select import decide
+from ..engines.cuda.head import round_tf32
 from .roofline import cudnn_tf32
 from .suites import Case, make_tensors, reduced_for_interpreter
 
-__all__ = ["CHECK_BACKEND", "round_to_tf32", "check_case", "run_checks", "failure_entry"]
+__all__ = ["CHECK_BACKEND", "round_tf32", "check_case", "run_checks", "failure_entry", "case_failure"]
 
 # The interpreter checks the engine, whatever --backend says.
 CHECK_BACKEND = "triton"
-
-
-def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
-    """fp32 -> the nearest TF32 value (10 mantissa bits; ties away from zero), inf/NaN kept."""
-    if x.dtype != torch.float32:
-        raise TypeError(f"round_to_tf32 expects float32, got {x.dtype}")
-    bits = x.contiguous().view(torch.int32)
-    rounded = ((bits + 0x1000) & -8192).view(torch.float32).reshape(x.shape)
-    return torch.where(torch.isfinite(x), rounded, x)
 
 
 def failure_entry(exc: BaseException, **fields) -> dict:
@@ -54,7 +46,7 @@ def check_case(case: Case, seed: int = 0) -> dict:
         b64 = t.b.double() if t.b is not None else None
         exact = F.conv_transpose3d(t.x.double(), t.w.double(), b64, *args)
         if case.dtype == "fp32" and case.precision == "tf32":
-            stand_in = F.conv_transpose3d(round_to_tf32(t.x).double(), round_to_tf32(t.w).double(), b64, *args).float()
+            stand_in = F.conv_transpose3d(round_tf32(t.x).double(), round_tf32(t.w).double(), b64, *args).float()
         else:
             stand_in = F.conv_transpose3d(t.x, t.w, t.b, *args)
     engine = f"{d.engine} {d.precision}" if case.dtype == "fp32" else d.engine
@@ -74,12 +66,16 @@ def check_case(case: Case, seed: int = 0) -> dict:
             "ok": layout_ok and err <= bar, "seconds": seconds}
 
 
+def case_failure(case: Case, exc: BaseException) -> dict:
+    """The failure entry of a bench case."""
+    return failure_entry(exc, case=case.name, dtype=case.dtype, layout=case.layout, precision=case.precision)
+
+
 def _check_one(case: Case, seed: int) -> tuple[dict | None, dict | None]:
     try:
         return check_case(case, seed), None
     except Exception as exc:  # noqa: BLE001 -- report every case, not just the first failure
-        return None, failure_entry(exc, case=case.name, dtype=case.dtype, layout=case.layout,
-                                   precision=case.precision)
+        return None, case_failure(case, exc)
 
 
 def _worker_init() -> None:
@@ -112,9 +108,7 @@ def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] |
                 try:
                     results[i] = fut.result()
                 except Exception as exc:  # noqa: BLE001 -- a worker that died takes only its case down
-                    c = cases[i]
-                    results[i] = (None, failure_entry(exc, case=c.name, dtype=c.dtype, layout=c.layout,
-                                                      precision=c.precision))
+                    results[i] = (None, case_failure(cases[i], exc))
                 say(f"{cases[i].label}: done")
                 step()
     return [r for r, _ in results if r is not None], [f for _, f in results if f is not None]

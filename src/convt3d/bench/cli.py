@@ -238,9 +238,9 @@ def _settings(args, cases: list[str], **more) -> dict:
                  "cudnn_benchmark": args.cudnn_benchmark}, **more)
 
 
-def _write(console, args, data: dict | None = None, rows=(), plot_title: str | None = None) -> None:
+def _write(console, args, data: dict, rows=(), plot_title: str | None = None) -> None:
     """--json and --plot: the JSON as given, the plot of timing ``rows`` (without a title: no timings)."""
-    if args.json and data is not None:
+    if args.json:
         report.write_json(args.json, data)
         console.print(f"wrote {args.json}")
     if not args.plot:
@@ -267,8 +267,7 @@ def _check(args, argv, note: str, what: str, total: int, run, table, settings: d
         rows, failures, skipped = run(prog.status, prog.advance)
     if rows:
         table(console, rows)
-    report.print_skipped(console, skipped or [])
-    report.print_failures(console, failures)
+    report.print_failures(console, failures, skipped or [])
     passed, seconds = sum(r["ok"] for r in rows), time.perf_counter() - t0
     extra = "" if skipped is None else f"{len(skipped)} skipped, "
     console.print(f"{passed}/{total} {what} within the bar, {len(rows) - passed} above it, {len(failures)} errors, "
@@ -321,7 +320,7 @@ def _run_timing(args, argv: list[str], cases) -> int:
     for suite in dict.fromkeys(r["suite"] for r in rows):
         report.print_timing_table(console, [r for r in rows if r["suite"] == suite],
                                   f"{suite}: {args.mode}, convt3d backend={args.backend} vs PyTorch/cuDNN")
-    summary = report.summarize(rows) if rows else []
+    summary = report.summarize(rows)
     if summary:
         report.print_summary(console, summary)
     report.print_failures(console, failures)
@@ -405,8 +404,7 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
                                                    "PyTorch (untouched)")
         summary = report.summarize(rows)
         report.print_summary(console, summary)
-    report.print_skipped(console, skipped)
-    report.print_failures(console, failures)
+    report.print_failures(console, failures, skipped)
     what = "network modes' first calls" if args.first_calls else "network modes timed"
     console.print(f"{len(rows)}/{len(nets) * len(modes)} {what} in {seconds:.0f} s"
                   + (f", {len(failures)} failed" if failures else "")

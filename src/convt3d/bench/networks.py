@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import importlib.metadata
 import math
 import statistics
@@ -25,7 +24,7 @@ import convt3d
 from ..core.flags import cudnn_conv_allows_tf32
 from ..engines.op import OP_NAME
 from ..nn import ConvTranspose3d as Patched
-from .check import CHECK_BACKEND, failure_entry, round_to_tf32
+from .check import CHECK_BACKEND, failure_entry, round_tf32
 from .models import AxialAttention3d, GAN3DGenerator, VideoDecoder
 from .roofline import cudnn_tf32
 from .runner import CudaTimer, TimingSettings, max_abs_diff
@@ -34,7 +33,7 @@ from .suites import name_seed
 
 __all__ = ["GAN3DGenerator", "VideoDecoder", "AxialAttention3d", "Network", "NetMode", "NETWORKS", "NET_MODES",
            "DEFAULT_PAIRS", "network_names", "select_networks", "select_modes", "unavailable_reason",
-           "build_network", "convt_layer_count", "first_tensor", "forward_fn", "training_step", "target_for",
+           "build_network", "convt_layer_count", "forward_fn", "training_step", "target_for",
            "layer_engines", "transposed_share", "run_networks", "check_networks", "relative_error", "normwise_error"]
 
 
@@ -116,15 +115,13 @@ def network_names() -> list[str]:
     return [n.name for n in NETWORKS]
 
 
-def select_networks(names: Iterable[str] | None = None) -> list[Network]:
+def select_networks(names: Sequence[str] | None = None) -> list[Network]:
     """The networks named (all when None), in the suite's order; an unknown name raises ValueError."""
-    if names is None:
-        return list(NETWORKS)
-    unknown = sorted(set(names) - set(network_names()))
+    unknown = sorted(set(names or ()) - set(network_names()))
     if unknown:
         raise ValueError(f"unknown network {', '.join(map(repr, unknown))}; expected one of "
                          f"{', '.join(network_names())}")
-    return [n for n in NETWORKS if n.name in set(names)]
+    return [n for n in NETWORKS if names is None or n.name in names]
 
 
 def unavailable_reason(net: Network) -> str | None:
@@ -193,20 +190,17 @@ def select_modes(mode: str | None = None, dtypes: Iterable[str] | None = None) -
 
 
 # ---- calls, references, errors -------------------------------------------------------------------
-def first_tensor(out) -> torch.Tensor:
-    """A network's output tensor (the first, for models that return a list or tuple)."""
-    while isinstance(out, (list, tuple)):
-        out = out[0]
-    return out
-
-
 def forward_fn(model: nn.Module, x: torch.Tensor, autocast: bool, training: bool = False) -> Callable[[], torch.Tensor]:
-    """The model's forward: eval mode without grad, or (``training``) train mode with grad."""
+    """The model's forward: eval mode without grad, or (``training``) train mode with grad; of a
+    model that returns a list or tuple, its first tensor."""
     model.train(training)
 
     def run() -> torch.Tensor:
         with torch.set_grad_enabled(training), torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
-            return first_tensor(model(x))
+            out = model(x)
+        while isinstance(out, (list, tuple)):
+            out = out[0]
+        return out
 
     return run
 
@@ -232,9 +226,7 @@ def training_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor, autoc
 
 def target_for(model: nn.Module, x: torch.Tensor, seed: int) -> torch.Tensor:
     """A fixed random target (fp32, ~N(0, 1)) shaped like the model's output."""
-    was_training = model.training
     shape = forward_fn(model, x, autocast=False)().shape  # eval mode: no BatchNorm statistics update
-    model.train(was_training)
     return torch.randn(shape, generator=torch.Generator(device="cpu").manual_seed(seed)).to(x.device)
 
 
@@ -274,12 +266,12 @@ def _tf32_arithmetic(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     ref_model = copy.deepcopy(model).double()
 
     def hook(module, args):
-        return (round_to_tf32(args[0].float()).double(),) + tuple(args[1:])
+        return (round_tf32(args[0].float()).double(),) + tuple(args[1:])
 
     for m in ref_model.modules():
         if isinstance(m, nn.ConvTranspose3d):
             with torch.no_grad():
-                m.weight.copy_(round_to_tf32(m.weight.float()).double())
+                m.weight.copy_(round_tf32(m.weight.float()).double())
             m.register_forward_pre_hook(hook)
     return forward_fn(ref_model, x.double(), autocast=False)()
 
@@ -312,16 +304,10 @@ def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode, convt_index:
 
 
 # ---- ConvTranspose3d share of the GPU time --------------------------------------------------------
-# PyTorch's own ops, and convt3d's (the patched layers, whichever engine runs inside). Profiler op
-# names find the layers whatever module wraps them; aten::convolution serves both directions.
+# PyTorch's transposed-convolution ops and convt3d's, found by name whatever module wraps them
+# (aten::convolution serves both directions, so it is not one of them).
 TRANSPOSED_OPS = frozenset({"aten::conv_transpose3d", "aten::cudnn_convolution_transpose",
                             "aten::slow_conv_transpose3d", OP_NAME})
-
-
-def is_kernel(e) -> bool:
-    """A GPU kernel, copy or memset event -- not the GPU span of a ``record_function`` range, which
-    would count its kernels twice."""
-    return e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
 
 
 def transposed_share(events, device_type: str) -> tuple[float, float, float]:
@@ -339,6 +325,9 @@ def transposed_share(events, device_type: str) -> tuple[float, float, float]:
 
     def is_cpu_op(e) -> bool:
         return e.device_type == DeviceType.CPU and not e.is_async
+
+    def is_kernel(e) -> bool:  # not a record_function range's GPU span, which would count its kernels twice
+        return e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
 
     convt = [e for e in events if e.name in TRANSPOSED_OPS and is_cpu_op(e) and outermost(e)]
     if device_type == "cuda":
@@ -435,19 +424,16 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
         fn_p = call(patched)
     status(f"{net.name} {mode.label}: patched first call (compile, tune, measure)")
     y_p, first_p = timer.first_call(fn_p)
-    key = "train" if mode.training else "infer"
-    if key not in refs:
+    if mode.name not in refs:  # one reference per kind of mode, whatever its dtype
         status(f"{net.name} {mode.label}: reference")
         t0 = time.perf_counter()
-        refs[key] = _reference(model, x, mode, target)
-        refs[key + "_s"] = time.perf_counter() - t0
-    ref, ref_name = refs[key]
+        refs[mode.name] = (*_reference(model, x, mode, target), time.perf_counter() - t0)
+    ref, row["reference"], row["reference_s"] = refs[mode.name]
     y_tf32 = None
     if not mode.training and mode.dtype == "fp32" and x.device.type == "cuda" and cudnn_conv_allows_tf32():
         if "infer_tf32" not in refs:
             refs["infer_tf32"] = _tf32_arithmetic(model, x)
         y_tf32 = refs["infer_tf32"]
-    row.update(reference=ref_name, reference_s=refs[key + "_s"])
     weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.ConvTranspose3d)}
     _compare(row, y_p, y_u, ref, mode, [i for i, p in enumerate(_trainable(model)) if id(p) in weights], y_tf32)
     row.update(torch_first_call_s=first_u, first_call_s=first_p, first_call_extra_s=first_p - first_u)
@@ -489,9 +475,7 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
                  tune: bool = False) -> tuple[list[dict], list[dict], list[dict]]:
     """Time every network in every mode, untouched against ``convt3d.patch(copy.deepcopy(model))``:
     (rows, failures, skipped), a network that raises a failure entry, a missing extra a skipped one.
-    ``timer`` defaults to :class:`~convt3d.bench.runner.CudaTimer`; ``tiny`` builds the CPU check's
-    sizes; ``measure=False`` only compares outputs; ``on_network(rows, failures, skipped)`` runs after
-    each network; ``tune`` runs ``convt3d.tune`` on the patched model before its first call in a mode."""
+    ``measure=False`` only compares outputs; ``on_network(rows, failures, skipped)`` runs after each."""
     settings = settings or TimingSettings()
     timer = timer if timer is not None else CudaTimer(settings)
     say = status or (lambda _msg: None)
@@ -527,18 +511,6 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
 
 
 # ---- CPU check (Triton's interpreter) --------------------------------------------------------------
-class _HostTimer:
-    """First calls by the host's clock: all the CPU check times."""
-
-    def first_call(self, fn: Callable[[], object]) -> tuple[object, float]:
-        t0 = time.perf_counter()
-        out = fn()
-        return out, time.perf_counter() - t0
-
-    def release(self) -> None:
-        pass
-
-
 def check_networks(nets: list[Network], seed: int = 0, status: Callable[[str], None] | None = None,
                    advance: Callable[[], None] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
     """Each network at its tiny size on the CPU, fp32 inference with TF32 off, the patched model
@@ -546,7 +518,7 @@ def check_networks(nets: list[Network], seed: int = 0, status: Callable[[str], N
     when every layer is patched and the output has the right shape and is within budget."""
     with cudnn_tf32(False):
         rows, failures, skipped = run_networks(nets, [NetMode("infer", "fp32")], CHECK_BACKEND,
-                                               TimingSettings(seed=seed), status, advance, "cpu", _HostTimer(),
+                                               TimingSettings(seed=seed), status, advance, "cpu",
                                                tiny=True, measure=False)
     for r in rows:
         r.update(seconds=r["first_call_s"], ok=r["within_error_budget"] and r["output_layout_matches"]

@@ -28,8 +28,7 @@ from .roofline import Ceilings, geomean
 
 __all__ = ["SCHEMA", "environment", "source_digest", "summarize", "payload", "write_json", "write_plot",
            "make_console", "print_header", "print_timing_table", "print_summary", "print_check_table",
-           "print_failures", "print_network_table", "print_first_call_table", "print_network_check_table",
-           "print_skipped"]
+           "print_failures", "print_network_table", "print_first_call_table", "print_network_check_table"]
 
 SCHEMA = "convt3d-bench/1"
 
@@ -41,11 +40,8 @@ SUSPECT_REL_DIFF = 2e-2
 # ---- environment ----------------------------------------------------------------------------------
 def _cudnn_version() -> str | None:
     v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    if not v:
-        return None
-    # cuDNN 9 encodes major*10000 + minor*100 + patch (8.x used major*1000 + minor*100 + patch).
-    major = 10000 if v >= 90000 else 1000
-    return f"{v // major}.{v % major // 100}.{v % 100}"
+    # cuDNN 9, the one torch >= 2.11 ships, encodes major*10000 + minor*100 + patch.
+    return f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v else None
 
 
 def _git_commit() -> str | None:
@@ -321,7 +317,10 @@ def print_check_table(console, rows: Iterable[dict]) -> None:
             "out layout", "s", "ok"], out, left=6)
 
 
-def print_failures(console, failures: list[dict]) -> None:
+def print_failures(console, failures: list[dict], skipped: list[dict] = ()) -> None:
+    """Each skipped network with its reason, then each failure."""
+    for s in skipped:
+        console.print(f"[yellow]skipped[/yellow] {s['case']}: {s['reason']}", highlight=False)
     for f in failures:
         mode = f" {f['mode']}" if f.get("mode") else ""  # network failures name their mode
         console.print(f"[red]failed[/red] {f['case']}{mode} {f['dtype']} {f['layout']} {f['precision']}: {f['error']}")
@@ -370,8 +369,3 @@ def print_network_check_table(console, rows: Iterable[dict]) -> None:
     table(console, "networks at tiny sizes: patched (Triton interpreter) vs untouched vs float64, fp32",
            ["network", "source", "input", "output", "patched layers", "rel err (patched / untouched)",
             "max abs diff", "s", "ok"], out, left=4)
-
-
-def print_skipped(console, skipped: list[dict]) -> None:
-    for s in skipped:
-        console.print(f"[yellow]skipped[/yellow] {s['case']}: {s['reason']}", highlight=False)

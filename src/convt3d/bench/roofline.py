@@ -12,7 +12,7 @@ import triton.testing
 from ..core.roofline import COPY_BYTES, MATMUL_SIZE, Ceilings, floors, geomean, peak_class, roofline_percent, tflops
 
 __all__ = ["Ceilings", "peak_class", "floors", "roofline_percent", "tflops", "geomean", "measure_ceilings",
-           "cudnn_tf32", "matmul_tf32"]
+           "cudnn_tf32"]
 
 
 # ---- flags ----------------------------------------------------------------------------------------
@@ -33,11 +33,6 @@ def cudnn_tf32(allow: bool):
     return _flag(torch.backends.cudnn, "allow_tf32", allow)
 
 
-def matmul_tf32(allow: bool):
-    """``torch.backends.cuda.matmul.allow_tf32 = allow`` for a block, restored after."""
-    return _flag(torch.backends.cuda.matmul, "allow_tf32", allow)
-
-
 # ---- measuring (CUDA only) ------------------------------------------------------------------------
 def _copy_bytes_per_s(device, gen: torch.Generator) -> float:
     src = torch.rand(COPY_BYTES // 4, generator=gen, device=device)
@@ -51,7 +46,7 @@ def _matmul_flops_per_s(device, gen: torch.Generator, dtype: torch.dtype, tf32: 
     a = torch.randn((n, n), generator=gen, device=device).to(dtype)
     b = torch.randn((n, n), generator=gen, device=device).to(dtype)
     c = torch.empty((n, n), device=device, dtype=dtype)
-    with matmul_tf32(tf32):
+    with _flag(torch.backends.cuda.matmul, "allow_tf32", tf32):
         # exact fp32, the slowest class, still gets several timed calls within ``rep``.
         ms = triton.testing.do_bench(lambda: torch.mm(a, b, out=c), warmup=25, rep=100, return_mode="median")
     return 2 * n ** 3 / (ms * 1e-3)

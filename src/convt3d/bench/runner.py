@@ -16,7 +16,7 @@ import convt3d
 from ..core.validate import check_call
 from ..dispatch.select import HYBRID, decide
 from ..engines.triton import backward
-from .check import failure_entry
+from .check import case_failure
 from .roofline import Ceilings, cudnn_tf32, floors, peak_class, roofline_percent, tflops
 from .stats import lowest_spread
 from .suites import Case, Tensors, make_tensors
@@ -46,17 +46,19 @@ PAIRED_BLOCK_MS = 40.0
 
 
 class CudaTimer:
-    """Wall-clock first calls and do_bench steady-state times on the current CUDA device."""
+    """Wall-clock first calls and do_bench steady-state times on the current CUDA device; without
+    CUDA (the networks' CPU check) first calls by the host's clock alone."""
 
     def __init__(self, settings: TimingSettings):
         self.settings = settings
+        self.sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
 
     def first_call(self, fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
         """(output, seconds) of one synchronised call: for a new shape, Triton compile + tuning."""
-        torch.cuda.synchronize()
+        self.sync()
         t0 = time.perf_counter()
         out = fn()
-        torch.cuda.synchronize()
+        self.sync()
         return out, time.perf_counter() - t0
 
     def steady(self, fn: Callable[[], torch.Tensor]) -> float:
@@ -180,9 +182,8 @@ def _work_bwd(params, element_size: int, has_bias: bool) -> tuple[int, int]:
 
 
 def _work_full(params, element_size: int, has_bias: bool) -> tuple[int, int]:
-    f_flop, f_bytes = _work_fwd(params, element_size, has_bias)
-    b_flop, b_bytes = _work_bwd(params, element_size, has_bias)
-    return f_flop + b_flop, f_bytes + b_bytes
+    fwd, bwd = _work_fwd(params, element_size, has_bias), _work_bwd(params, element_size, has_bias)
+    return fwd[0] + bwd[0], fwd[1] + bwd[1]
 
 
 MODES: dict[str, Mode] = {
@@ -305,9 +306,8 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
 def run_cases(cases: list[Case], mode_name: str, backend: str, ceilings: Ceilings, settings: TimingSettings,
               status: Callable[[str], None] | None = None, advance: Callable[[], None] | None = None,
               device: str = "cuda", timer=None) -> tuple[list[dict], list[dict]]:
-    """Time every case: (rows, failures). A case that raises becomes a failure entry and the bench
-    goes on. ``device`` and ``timer`` (default :class:`CudaTimer`) let the tests drive the row
-    logic on the CPU with a fake timer."""
+    """Time every case: (rows, failures), a case that raises a failure entry. ``device`` and ``timer``
+    let the tests drive the row logic on the CPU with a fake timer."""
     mode = get_mode(mode_name)
     timer = timer if timer is not None else CudaTimer(settings)
     say = status or (lambda _msg: None)
@@ -325,8 +325,7 @@ def run_cases(cases: list[Case], mode_name: str, backend: str, ceilings: Ceiling
                     tensors, tensors_key = make_tensors(case, device, settings.seed), key
                 rows.append(_run_row(case, tensors, mode, backend, ceilings, timer, default_cudnn_s, say))
             except Exception as exc:  # noqa: BLE001 -- one case's failure must not hide the others
-                failures.append(failure_entry(exc, case=case.name, dtype=case.dtype, layout=case.layout,
-                                              precision=case.precision))
+                failures.append(case_failure(case, exc))
                 tensors, tensors_key = None, None
                 timer.release()
             if advance:

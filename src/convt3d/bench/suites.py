@@ -36,11 +36,7 @@ def precision_name(name: str) -> str:
 
 
 def _t3(v: int | Sequence[int]) -> tuple[int, int, int]:
-    if isinstance(v, int):
-        return (v, v, v)
-    if len(v) != 3:
-        raise ValueError(f"expected an int or 3 ints, got {v!r}")
-    return tuple(int(i) for i in v)
+    return (v, v, v) if isinstance(v, int) else tuple(v)
 
 
 def _out_len(i: int, k: int, s: int, p: int, op: int, d: int) -> int:
@@ -149,7 +145,7 @@ class Case:
     precision: str  # a name of PRECISIONS
     input_dist: str  # "rand" (uniform [0, 1)) or "randn"
 
-    def __post_init__(self):
+    def __post_init__(self):  # the former precision names, mapped with a DeprecationWarning
         object.__setattr__(self, "precision", precision_name(self.precision))
 
     @property
@@ -213,9 +209,9 @@ def select(suite: str = "all", names: Iterable[str] | None = None, dtypes: Itera
 
 
 # ---- reduced sizes for Triton's interpreter ------------------------------------------------------
-# The interpreter is slow per (program x tap x channel block) iteration, so a case keeps batch 1,
-# at most 16 channels per group (the same side of the tensor-core threshold of 8, so the same
-# kernel path runs) and 2 input positions per dimension, raised until every output phase occurs.
+# The interpreter is slow per program iteration: batch 1, at most 16 channels per group (the same
+# side of the tensor-core threshold of 8, so the same kernel path runs) and 2 input positions per
+# dimension, raised until every output phase occurs.
 INTERP_MAX_CHANNELS_PER_GROUP = 16
 INTERP_IN_SIZE = 2
 

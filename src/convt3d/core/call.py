@@ -1,7 +1,5 @@
-"""One validated call of the transposed convolution, as every engine and the dispatcher see it:
-``make_call`` checks the arguments once (``convt3d.core.validate``) and resolves the precision into a
-:class:`Call` (5-D tensors, geometry, concrete precision, training or not, signature).
-"""
+"""One validated call of the transposed convolution, as every engine and the dispatcher see it
+(``make_call``: the arguments checked once, the precision resolved)."""
 from __future__ import annotations
 
 import functools
@@ -18,14 +16,13 @@ __all__ = ["PRECISIONS", "EXACT_GRADE", "resolve_precision", "Call", "make_call"
 
 PRECISIONS = ("tf32", "tf32x3", "ieee")
 
-# Exact grade = what precision=None means when TF32 is off: tf32x3 (three TF32 MMAs per product)
-# is faster than FMA "ieee" and stays within 2x of cuDNN's own exact-fp32 error.
+# What precision=None means when TF32 is off: tf32x3 is faster than FMA "ieee" and stays within 2x of
+# cuDNN's own exact-fp32 error.
 EXACT_GRADE = "tf32x3"
 
 
 def resolve_precision(precision: str | None) -> str:
-    """The user's precision as a concrete one (float32 semantics): None follows PyTorch's cuDNN
-    TF32 flag like PyTorch's convolutions ("tf32" when allowed, exact grade otherwise)."""
+    """The user's precision as a concrete one: None follows PyTorch's cuDNN TF32 flag (else exact grade)."""
     if precision is None:
         return "tf32" if cudnn_conv_allows_tf32() else EXACT_GRADE
     if not isinstance(precision, str):
@@ -58,10 +55,9 @@ def signature_text(x, weight, bias, params: ConvT3dParams, precision: str, train
 
 @dataclass(frozen=True, eq=False)
 class Call:
-    """A validated call: ``x`` is 5-D (an unbatched input gains its batch dimension), ``precision``
-    concrete, ``requested`` the argument as given. ``repeat``: made by the steady path after the
-    signature's first call (engines skip first-sight work). ``sources``: the caller's tensors where
-    autocast cast any of them, which timed calls start from (``Engine.time``)."""
+    """A validated call: ``x`` is 5-D, ``precision`` concrete, ``requested`` the argument as given.
+    ``repeat``: made by the steady path (engines skip first-sight work). ``sources``: the caller's
+    tensors where autocast cast any of them, which timed calls start from."""
 
     x: torch.Tensor
     weight: torch.Tensor
@@ -76,8 +72,7 @@ class Call:
 
     @property
     def given(self) -> tuple:
-        """The (input, weight, bias) as the caller passed them: ``sources`` where autocast cast them,
-        else the call's own tensors (an unbatched input without its added batch dimension)."""
+        """The (input, weight, bias) as the caller passed them (before autocast and batching)."""
         if self.sources is not None:
             return self.sources
         return self.x.squeeze(0) if self.unbatched else self.x, self.weight, self.bias
@@ -104,8 +99,7 @@ class Call:
 
 def make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision=None,
               autograd: bool = False, sources: tuple | None = None) -> Call:
-    """Validate a call (raises as PyTorch does) and resolve its precision, once: what
-    ``convt3d.conv_transpose3d`` and ``convt3d.explain`` start with (``sources``: see :class:`Call`)."""
+    """Validate a call (raises as PyTorch does) and resolve its precision, once."""
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
     prec = resolve_precision(precision)
     # Recorded when grad mode is on and a tensor requires grad (the arguments are tensors by now).
@@ -116,8 +110,7 @@ def make_call(input, weight, bias, stride, padding, output_padding, groups, dila
 
 
 def autocast_inputs(input, weight, bias):
-    """Under ``torch.autocast``, every floating-point tensor cast (differentiably) to the autocast dtype
-    as PyTorch does for conv_transpose3d; not in an Autocast kernel, as the dtype is the region's."""
+    """Under ``torch.autocast``, the floating-point tensors cast (differentiably) as PyTorch casts them."""
     if not isinstance(input, torch.Tensor):
         return input, weight, bias  # check_call raises the TypeError
     dev = input.device.type

@@ -12,10 +12,8 @@ A program is a sequence of at most ``MAX_OPS`` steps over one value ``v`` (float
   lets a program use the value it started from, as ``x * hardswish(x)`` =
   ``save, hardswish, mul_saved``.
 
-The kernels receive the program as one integer (``encode``: 5 bits per step, a compile-time constant),
-the scalars as a float32 vector of ``MAX_OPS`` values and the per-channel operands as a float32
-``[MAX_OPS, C]`` table (row ``i`` for step ``i``); ``apply_torch`` is the same program in PyTorch (the
-fallback and the tests' reference).
+The kernels receive the program as one compile-time integer (``encode``), its scalars as a float32
+vector and its per-channel operands as a float32 ``[MAX_OPS, C]`` table; ``apply_torch`` runs it in PyTorch.
 """
 from __future__ import annotations
 
@@ -152,6 +150,14 @@ def _channel(t: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
     return t.reshape(-1).to(torch.float32).reshape(shape)
 
 
+# The steps in PyTorch: those of an operand, those of the register and those of neither.
+_BINARY = {"mul": torch.mul, "add": torch.add, "div": torch.div, "leaky_relu": F.leaky_relu,
+           "clamp_min": lambda v, a: torch.clamp(v, min=a), "clamp_max": lambda v, a: torch.clamp(v, max=a)}
+_SAVED = {"mul_saved": torch.mul, "add_saved": torch.add}
+_UNARY = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"), "silu": F.silu,
+          "hardswish": F.hardswish, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
+
+
 def apply_torch(y: torch.Tensor, epi: Epilogue, channel_dim: int = 1) -> torch.Tensor:
     """The program in PyTorch, computed in float32 and returned in ``y``'s dtype."""
     v = y.float()
@@ -162,37 +168,12 @@ def apply_torch(y: torch.Tensor, epi: Epilogue, channel_dim: int = 1) -> torch.T
             a = _channel(a, v, channel_dim)
         elif s.form == TENSOR:
             a = a.float()
-        n = s.name
-        if n == "mul":
-            v = v * a
-        elif n == "add":
-            v = v + a
-        elif n == "div":
-            v = v / a
-        elif n == "clamp_min":
-            v = torch.clamp(v, min=a)
-        elif n == "clamp_max":
-            v = torch.clamp(v, max=a)
-        elif n == "relu":
-            v = F.relu(v)
-        elif n == "leaky_relu":
-            v = F.leaky_relu(v, a)
-        elif n == "gelu":
-            v = F.gelu(v)
-        elif n == "gelu_tanh":
-            v = F.gelu(v, approximate="tanh")
-        elif n == "silu":
-            v = F.silu(v)
-        elif n == "hardswish":
-            v = F.hardswish(v)
-        elif n == "sigmoid":
-            v = torch.sigmoid(v)
-        elif n == "tanh":
-            v = torch.tanh(v)
-        elif n == "save":
+        if s.name == "save":
             r = v
-        elif n == "mul_saved":
-            v = v * r
-        elif n == "add_saved":
-            v = v + r
+        elif s.name in _SAVED:
+            v = _SAVED[s.name](v, r)
+        elif s.name in _UNARY:
+            v = _UNARY[s.name](v)
+        else:
+            v = _BINARY[s.name](v, a)
     return v.to(y.dtype)

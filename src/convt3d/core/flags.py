@@ -25,8 +25,7 @@ def cudnn_conv_allows_tf32() -> bool:
 
 
 def set_backend_flag(obj, attr: str, value) -> None:
-    """``setattr(obj, attr, value)`` on a ``torch.backends`` flag, also where PyTorch's test harness
-    froze them (a plain assignment raises), as PyTorch's own ``flags()`` managers set them."""
+    """``setattr`` on a ``torch.backends`` flag, also where PyTorch's test harness froze them."""
     frozen = getattr(torch.backends, "flags_frozen", None)
     allow = getattr(torch.backends, "__allow_nonbracketed_mutation", None)
     if frozen is not None and allow is not None and frozen():
@@ -49,8 +48,7 @@ class cudnn_conv_tf32:
         else:
             self._obj, self._attr, self._value = torch.backends.cudnn, "allow_tf32", self.enabled
         self._old = getattr(self._obj, self._attr)
-        # Set only on a change: the flag's setter validates and re-derives torch's precision
-        # state, host time that every backward of a training step would pay twice.
+        # Set only on a change: the flag's setter costs host time every backward would pay twice.
         if self._old != self._value:
             set_backend_flag(self._obj, self._attr, self._value)
         return self
@@ -62,14 +60,13 @@ class cudnn_conv_tf32:
 
 
 def at_flags_as_they_are(x, precision) -> bool:
-    """Whether PyTorch's forward of a call with this input and requested precision runs at cuDNN's
-    flags as they are (True), or sets the TF32 flag for the call (CUDA float32 with a precision)."""
+    """Whether PyTorch's forward of this call runs at cuDNN's flags as they are, rather than setting the
+    TF32 flag for it (CUDA float32 with a precision)."""
     return precision is None or x.device.type != "cuda" or x.dtype != torch.float32
 
 
 def at_precision(op, args: tuple, precision):
-    """``op(*args)`` (a PyTorch convolution whose input is ``args[0]``) at the call's precision:
-    cuDNN's flags as they are, or its TF32 flag set for this call (``at_flags_as_they_are``)."""
+    """``op(*args)`` (a PyTorch convolution whose input is ``args[0]``) at the call's precision."""
     if at_flags_as_they_are(args[0], precision):
         return op(*args)
     with cudnn_conv_tf32(precision == "tf32"):

@@ -1,5 +1,4 @@
-"""One keyed registry for every memo convt3d keeps in a process, so that ``clear_all`` forgets them
-all (``functools.lru_cache`` of pure geometry functions holds no state and stays)."""
+"""One keyed registry for every memo convt3d keeps in a process, so that ``clear_all`` forgets them all."""
 from __future__ import annotations
 
 __all__ = ["memo", "clear_all"]

@@ -37,9 +37,6 @@ class AxisPhase:
     first_offset: int  # off0: input index = q + off0 - j*ostep
     size: int  # Q: compact positions of this residue
 
-    def taps(self, tstep: int) -> tuple[int, ...]:
-        return tuple(self.first_tap + j * tstep for j in range(self.num_taps))
-
 
 @dataclass(frozen=True)
 class Axis:
@@ -196,22 +193,10 @@ class ConvT3dParams:
         """The largest compact grid over phases (residue 0 along each dimension)."""
         return tuple(a.phases[0].size for a in self.axes)
 
-    @functools.cached_property
-    def max_taps(self) -> tuple[int, int, int]:
-        return tuple(max(p.num_taps for p in a.phases) for a in self.axes)
-
     def gemm_shape(self, phase: Phase) -> tuple[int, int, int]:
         """(M, N, K) of one group's implicit GEMM for ``phase``."""
         return (self.batch * phase.positions, self.out_channels_per_group,
                 self.in_channels_per_group * phase.num_taps)
-
-    @functools.cached_property
-    def empty_fraction(self) -> float:
-        """Fraction of output positions that belong to empty phases."""
-        total = self.out_size[0] * self.out_size[1] * self.out_size[2]
-        if total == 0:
-            return 0.0
-        return sum(p.positions for p in self.phases if p.empty) / total
 
     @functools.cached_property
     def useful_macs(self) -> int:

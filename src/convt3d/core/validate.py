@@ -1,6 +1,5 @@
 """Argument checking for conv_transpose3d: invalid input raises here, before any engine runs, with
-PyTorch's exception type and wording plus the argument and its value (plainer where PyTorch's is obscure).
-"""
+PyTorch's exception type and wording plus the argument and its value."""
 from __future__ import annotations
 
 import numbers
@@ -63,8 +62,8 @@ _valid: dict[tuple, tuple[ConvT3dParams, bool]] = memo("core.validate.valid")
 
 
 def _argument_key(v: Any) -> Any:
-    """An int or a tuple or list of ints as a key that hashes by value; None for anything else
-    (a tensor hashes by identity, so a changed value could hit a stale entry)."""
+    """An int or a tuple or list of ints as a key that hashes by value; None for anything else (a
+    tensor hashes by identity, so a changed value could hit a stale entry)."""
     if type(v) is int or (type(v) is tuple and all(type(e) is int for e in v)):
         return v
     if type(v) is list and all(type(e) is int for e in v):
@@ -78,8 +77,8 @@ _MEMO_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 def memo_arguments(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
                    groups: Any, dilation: Any) -> tuple | None:
-    """The geometry arguments of a call as a key that hashes by value, or None where the call
-    cannot be memoised; shared by this check's memo and the dispatcher's steady path."""
+    """The geometry arguments of a call as a key that hashes by value, or None where the call cannot
+    be memoised (this check's memo and the dispatcher's steady path)."""
     if type(input) not in _MEMO_TYPES or type(weight) not in _MEMO_TYPES \
             or (bias is not None and type(bias) not in _MEMO_TYPES) or type(groups) is not int:
         return None
@@ -89,8 +88,7 @@ def memo_arguments(input: Any, weight: Any, bias: Any, stride: Any, padding: Any
 
 def check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
                groups: Any, dilation: Any) -> tuple[ConvT3dParams, bool]:
-    """Validate every argument; return the geometry and whether the input was unbatched. Successes
-    are memoised by shapes, dtypes, devices and arguments, so every error comes from the checks."""
+    """Validate every argument: the geometry and whether the input was unbatched (successes memoised)."""
     key = None
     args = memo_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation)
     if args is not None:

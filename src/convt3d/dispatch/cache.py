@@ -15,8 +15,9 @@ import threading
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
-from ..core.memo import memo
 
+from ..core.memo import memo
+from ..version import __version__, source_digest
 
 try:  # POSIX only; without it saves are still atomic, merges may lose a concurrent entry
     import fcntl
@@ -61,12 +62,7 @@ def cache_dir() -> Path:
     return home / ".cache" / "convt3d"
 
 
-@functools.cache
-def _source_digest() -> str:
-    """The package's source digest, read once per process (~60 files)."""
-    from ..version import source_digest
-
-    return source_digest()
+_source_digest = functools.cache(source_digest)  # read once per process
 
 
 def environment_key(gpu: str) -> dict[str, str]:
@@ -74,8 +70,6 @@ def environment_key(gpu: str) -> dict[str, str]:
     source digest (an editable install keeps its version across edits), torch's and triton's."""
     import torch
     import triton
-
-    from ..version import __version__
 
     return {"gpu": gpu, "convt3d": __version__, "source": _source_digest(), "torch": torch.__version__,
             "triton": triton.__version__}
@@ -117,9 +111,8 @@ def _parse(text: str, key: dict) -> tuple[dict | None, str | None, str]:
 
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    """Hold the directory's advisory lock for a block (nothing where ``fcntl`` does not exist): a
-    blocking ``flock``, so a waiter on a busy machine never gives up and loses its entries. It is
-    held across one read, one JSON dump, one write and one fsync of the file only."""
+    """Hold the directory's advisory lock for a block (nothing without ``fcntl``): a blocking
+    ``flock``, so a waiter on a busy machine never gives up and loses its entries."""
     if fcntl is None:
         yield
         return
@@ -181,13 +174,11 @@ class Store:
                                             "rewritten (measurements will be redone as needed)")
                 self.save(force=True)
                 return self
-            for s in SECTIONS:
-                self.entries[s].update(sections[s])
+            self.entries = sections
             return self
 
     def refresh(self) -> bool:
-        """Merge in what other processes saved since this process last read the file (nothing
-        when the file is unchanged: one ``stat``). True if the file was read."""
+        """Merge in what other processes saved since the last read (one ``stat`` if nothing); True if read."""
         with self._lock:
             self.load()
             if _stamp(self.path) == self._stamp:
@@ -292,8 +283,7 @@ def store_for(gpu: str) -> Store:
 
 
 def reset() -> None:
-    """Forget loaded files, pending tuning results and the warnings given (tests; a changed
-    ``$CONVT3D_CACHE_DIR`` is picked up without it)."""
+    """Forget loaded files, pending tuning results and the warnings given (tests)."""
     _stores.clear()
     _unsaved_stores.clear()
     _warned.clear()
@@ -303,8 +293,7 @@ def reset() -> None:
 
 # ---- decisions ----------------------------------------------------------------------------------
 def load_decision(gpu: str, signature: str) -> dict | None:
-    """A well-formed persisted decision for a call signature, or None. (The caller checks that
-    its engine can run the call.)"""
+    """A well-formed persisted decision for a call signature, or None."""
     entry = store_for(gpu).get("decisions", signature)
     if entry is None or not isinstance(entry.get("engine"), str):
         return None
@@ -330,8 +319,7 @@ def save_precision_class(gpu: str, signature: str, klass: str) -> None:
 
 
 def load_backward(gpu: str, name: str) -> dict | None:
-    """A persisted dX/dW implementation choice (``backward``), or None. The caller checks that it
-    was made among its current candidates and names one of them."""
+    """A persisted dX/dW implementation choice, or None (the caller checks it against its candidates)."""
     return store_for(gpu).get("backward", name)
 
 
@@ -351,8 +339,7 @@ def _jsonable(obj: Any) -> Any:
 
 
 def tune_key_text(key) -> str:
-    """The Triton engine's tune key (a tuple of device name, dtype, precision, layout flag and
-    ConvT3dParams) as a stable string."""
+    """The Triton engine's tune key as a stable string."""
     return json.dumps(_jsonable(key), separators=(",", ":"))
 
 
@@ -361,8 +348,7 @@ def config_to_dict(config) -> dict:
 
 
 def config_from_dict(data, candidates) -> object | None:
-    """The candidate equal to ``data`` field by field, or None (never a config built from the
-    file alone: only the engine's own candidates are known to be correct for the key)."""
+    """The candidate equal to ``data`` field by field, or None: only the engine's own candidates are trusted."""
     if not isinstance(data, dict):
         return None
     return next((cfg for cfg in candidates if dataclasses.asdict(cfg) == data), None)
@@ -376,10 +362,10 @@ def save_unsaved() -> None:
 
 
 # ---- what `convt3d cache` shows and clears ------------------------------------------------------
-def owned_files(directory: Path | str | None = None) -> list[Path]:
-    """convt3d's files in the cache directory (by default ``cache_dir()``): the JSON files, a save's
-    leftover temporaries and the CUDA head libraries; not the lock, which a save may hold."""
-    d = cache_dir() if directory is None else Path(directory)
+def owned_files() -> list[Path]:
+    """convt3d's files in ``cache_dir()``: the JSON files, a save's leftover temporaries and the CUDA
+    head libraries; not the lock, which a save may hold."""
+    d = cache_dir()
     found = {f for pattern in ("*.json", ".*.json.*.tmp", "build/convt3d_head_*.so") for f in d.glob(pattern)}
     return sorted(f for f in found if f.is_file() and (f.suffix != ".json" or _is_cache_file(f)))
 

@@ -1,7 +1,6 @@
-"""Rank-consistent decisions under ``torch.distributed``: rank 0 decides and publishes each
-decision under its name in the process group's store, the other ranks wait for it. Every rank
-goes through ``agree`` at a signature's first sight, whatever its own cache holds, so SPMD ranks
-never diverge and never wait for an answer that is not coming."""
+"""Rank-consistent decisions under ``torch.distributed``: rank 0 decides and publishes each decision
+in the process group's store, the other ranks wait for it. Every rank goes through ``agree`` at a
+signature's first sight, whatever its own cache holds, so SPMD ranks never diverge."""
 from __future__ import annotations
 
 import contextlib
@@ -11,20 +10,20 @@ import pickle
 import threading
 import time
 import warnings
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Iterator, TypeVar
 
 
 __all__ = ["AgreementError", "ENV_MODE", "ENV_TIMEOUT", "active", "rank", "agree", "agree_with_tuning",
-           "agree_config", "set_group", "local", "reset", "agreed"]
+           "agree_config", "set_group", "local", "reset"]
 
 T = TypeVar("T")
 
 ENV_MODE = "CONVT3D_DISTRIBUTED"  # "agree" (default) or "local"
 ENV_TIMEOUT = "CONVT3D_AGREE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800.0
-# Waiting is done in slices so that a rank 0 that died (its entry never comes) is noticed by
-# the store's own error, and the total wait can be bounded by our timeout, not the store's.
+# Waiting in slices notices a rank 0 that died by the store's error, and bounds the wait by our timeout.
 _WAIT_SLICE_S = 5.0
 
 
@@ -32,13 +31,13 @@ class AgreementError(RuntimeError):
     """Rank 0 failed to compute a decision the other ranks were waiting for."""
 
 
+@dataclass
 class _State:
     """This process's agreements within one process group (reset when the group changes)."""
 
-    def __init__(self, store, prefix: str):
-        self.store = store  # held: its identity tells a re-initialised process group apart
-        self.prefix = prefix
-        self.values: dict[str, Any] = {}
+    store: Any  # held: its identity tells a re-initialised process group apart
+    prefix: str
+    values: dict[str, Any] = field(default_factory=dict)
 
 
 _lock = threading.Lock()  # guards _state and its values; never held while computing or waiting
@@ -116,22 +115,15 @@ def local() -> Iterator[None]:
 
 
 def reset() -> None:
-    """Forget this process's agreements (tests; a process group that changed is noticed
-    without it)."""
+    """Forget this process's agreements (tests)."""
     global _state
     with _lock:
         _state = None
 
 
-def agreed() -> dict[str, Any]:
-    """What this process agreed on so far in the current process group (``what`` -> value)."""
-    with _lock:
-        return {} if _state is None else dict(_state.values)
-
-
 def _current_state() -> _State:
-    """The state of the current process group, new when its store is another object; the prefix
-    separates groups of one job that share a store (elastic restarts, :func:`set_group`)."""
+    """The state of the current process group, new when its store is another object; the prefix separates
+    groups of one job that share a store (elastic restarts, :func:`set_group`)."""
     global _state, _sessions
     from torch.distributed import distributed_c10d as c10d
 
@@ -179,10 +171,7 @@ def _receive(state: _State, what: str, timeout_s: float) -> tuple[str, Any] | No
 
 def agree(compute: Callable[[], T], what: str) -> T:
     """``compute()`` on rank 0, its (picklable) result on every rank. ``what`` names the decision
-    identically on every rank (no device index, no rank); every rank calls this at its first
-    sight of the decision, whatever it holds already."""
-    if not isinstance(what, str):
-        raise TypeError(f"agree(): argument 'what' must be str, not {type(what).__name__}")
+    identically on every rank; every rank calls this at its first sight of the decision."""
     if not active():
         return compute()
     state = _current_state()
@@ -220,21 +209,17 @@ def agree(compute: Callable[[], T], what: str) -> T:
 
 
 # ---- Triton tuning --------------------------------------------------------------------------------
-# The tuner (tuning_log(), tuned_config(key), seed_tuning(key, config, timings_ms, replace=)) is
-# passed in rather than imported, so that this module stays a leaf of the package's import graph.
+# The tuner is passed in rather than imported, so that this module stays a leaf of the import graph.
 def _install(tuner, key, config, timings_ms: dict | None) -> None:
-    """Make ``config`` this process's tuned config of ``key`` (rank 0's choice wins over one
-    this rank seeded from its own cache file)."""
+    """Make ``config`` this process's tuned config of ``key`` (rank 0's choice wins over this rank's own)."""
     current = tuner.tuned_config(key)
-    if current == config:
-        return
-    tuner.seed_tuning(key, config, timings_ms, replace=current is not None)
+    if current != config:
+        tuner.seed_tuning(key, config, timings_ms, replace=current is not None)
 
 
 def agree_with_tuning(compute: Callable[[], T], what: str, tuner) -> T:
-    """:func:`agree`, and the Triton tuning results rank 0 recorded while computing (new or
-    changed entries of ``tuner.tuning_log()``) are seeded on the other ranks, so that their
-    first Triton call of those keys takes rank 0's config without timing."""
+    """:func:`agree`, with the Triton tuning results rank 0 recorded while computing seeded on the other
+    ranks, so that their first Triton call of those keys takes rank 0's config without timing."""
     if not active():
         return compute()
 
@@ -253,11 +238,10 @@ def agree_with_tuning(compute: Callable[[], T], what: str, tuner) -> T:
 
 
 def agree_config(key, choose: Callable[[], Any], candidates=None, *, tuner):
-    """The Triton tuner's agreement point for one tune key: ``choose()`` on rank 0; on the others
-    rank 0's config, installed as this process's tuned config of ``key``. Returns the config.
-    The decision is named by the key without its GPU model, so ranks on different GPU models
-    still pair up; a config that is not one of this rank's ``candidates`` is never installed (a
-    foreign tile could compute wrong values): this rank then chooses for itself, with a warning."""
+    """The Triton tuner's agreement point for one tune key: ``choose()`` on rank 0; on the others rank 0's
+    config, installed as this process's tuned config of ``key``. The decision is named by the key without
+    its GPU model; a config that is not one of this rank's ``candidates`` is never installed (a foreign
+    tile could compute wrong values): this rank then chooses for itself, with a warning."""
     if not active():
         return choose()
 

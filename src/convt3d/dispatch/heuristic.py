@@ -1,6 +1,5 @@
-"""The heuristic: the engine for a CUDA call where nothing can be timed (graph capture, tracing
-with fake tensors, ``measure=False``, measuring switched off), as a pure function of the geometry
-and its roofline floors on nominal Hopper ceilings."""
+"""The heuristic: the engine for a CUDA call where nothing can be timed (graph capture, fake
+tensors, measuring off), a pure function of the geometry and its roofline floors."""
 from __future__ import annotations
 
 import torch
@@ -12,15 +11,13 @@ __all__ = ["NOMINAL_CEILINGS", "TINY_FLOOR_S", "HOST_BOUND_S", "COMPUTE_BOUND_RA
            "TRAIN_SMALL_FLOOR_S", "floors", "heuristic"]
 
 
-# Nominal H200 ceilings (copy bytes/s, read + write; bf16, TF32 and exact fp32 matmul FLOP/s): only
-# their ratios matter, and Hopper-class GPUs share those within ~20%.
+# Nominal H200 ceilings (copy bytes/s; bf16, TF32 and exact fp32 FLOP/s): only their ratios matter.
 NOMINAL_CEILINGS = roofline.Ceilings(4.24e12, 683e12, 374e12, 51e12)
 
 # Rule 1: below this roofline floor a call is host-bound, and Triton's launches cost more than cuDNN's.
 TINY_FLOOR_S = 10e-6
 
-# Where timing runs, a tiny layer's PyTorch call shorter than this cannot be beaten by our engines,
-# whose host time through the public API alone is more, so nothing else is timed.
+# A PyTorch call shorter than this is not beaten by our engines, whose host time alone is more.
 HOST_BOUND_S = 50e-6
 
 # Rule 3: compute-bound means a compute floor at least this multiple of the memory floor.
@@ -46,10 +43,9 @@ TRAIN_SMALL_FLOOR_S = 60e-6
 
 def heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool = False,
               candidates: tuple[str, ...] = ("triton", "torch"), training: bool = False) -> tuple[str, str]:
-    """(candidate, why) for a CUDA call without timing: a pure function of the geometry. A
-    training step below ``TRAIN_SMALL_FLOOR_S`` takes PyTorch's ("torch"); otherwise the forward
-    rules decide, and where they pick "torch" and HYBRID is a candidate, the step takes PyTorch's
-    forward with convt3d's backward, as cuDNN's dX can be far slower where its forward is not."""
+    """(candidate, why) for a CUDA call without timing. A training step below ``TRAIN_SMALL_FLOOR_S``
+    takes PyTorch's; otherwise the forward rules decide, and where they pick "torch" and HYBRID is a
+    candidate, PyTorch's forward with convt3d's backward (cuDNN's dX can be far slower)."""
     fwd = tuple(c for c in candidates if c != HYBRID)
     if training and "torch" in fwd and len(fwd) > 1:
         mem, comp, _ = floors(params, dtype, precision, has_bias)
@@ -66,10 +62,9 @@ def heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool = False
 
 def _forward_heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool,
                        candidates: tuple[str, ...]) -> tuple[str, str]:
-    """(engine, why) of the forward, rules in order: 0. one of triton/torch can run the call:
-    that one; 1. tiny: torch; 2. exact-grade float32: triton (cuDNN's exact fp32 has no tensor
-    cores); 3. compute-bound with channels aligned to cuDNN's tiles: torch; 4. otherwise triton.
-    The cuda and conv3d engines are chosen by measurement only."""
+    """(engine, why) of the forward, rules in order: 0. only one of triton/torch can run: that one;
+    1. tiny: torch; 2. exact-grade float32: triton; 3. compute-bound with channels aligned to cuDNN's
+    tiles: torch; 4. otherwise triton. The cuda and conv3d engines are chosen by measurement only."""
     if "triton" not in candidates or "torch" not in candidates:
         only = [c for c in candidates if c in ("triton", "torch")] or list(candidates)
         return only[0], f"only {only[0]} of triton/torch can run this call"

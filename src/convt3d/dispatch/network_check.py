@@ -1,8 +1,6 @@
-"""The network check of ``convt3d.tune``: a decision measured on one layer alone can still make
-its network slower, so the whole model is timed with the decisions against PyTorch for every
-layer, and the signatures that make it slower are reverted to PyTorch, in this process and in the
-cache file (``dispatch.override``). :func:`network_check` is the decision, a pure function of a
-``measure`` callback; :func:`check_network` applies it to a model and a ``TuneReport``."""
+"""The network check of ``convt3d.tune``: a decision measured on one layer alone can still make its
+network slower, so the whole model is timed against PyTorch for every layer, and the signatures that
+make it slower are reverted to PyTorch (``dispatch.override``)."""
 from __future__ import annotations
 
 import time
@@ -16,8 +14,8 @@ from .timing import gpu_ms
 
 __all__ = ["NETWORK_MARGIN", "network_check", "check_network", "layer_signature"]
 
-# The smallest margin of the network check, below dispatch.NOISE_MARGIN: a layer's gain is a small
-# part of a model's time; the spread of the model's own rounds raises it where it times unsteadily.
+# The smallest margin of the network check, below dispatch.NOISE_MARGIN: a layer's gain is a small part
+# of a model's time.
 NETWORK_MARGIN = 0.01
 
 
@@ -52,7 +50,7 @@ def network_check(groups: Sequence[str], measure: Callable[[frozenset], float],
 
 
 def _time_model(fn: Callable[[], object]) -> float:
-    """ms per run of ``fn`` (do_bench median; at least ~8 runs however long one is)."""
+    """ms per run of ``fn`` (do_bench median of at least ~8 runs)."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn()
@@ -63,11 +61,9 @@ def _time_model(fn: Callable[[], object]) -> float:
 
 def check_network(report, layers_by_sig: dict[str, list[nn.Module]], run: Callable[[], object],
                   device: torch.device, bar, timer: Callable[[Callable[[], object]], float] = _time_model) -> None:
-    """:func:`network_check` of the model (``run``), applied in this process and in the cache and
-    to ``report`` (the tuning run's ``TuneReport``, ``report.network`` set); ``layers_by_sig``: the
-    patched "auto" layers per call signature; ``bar``: anything with ``status(str)``."""
+    """:func:`network_check` of the model (``run``), applied in this process, in the cache and to
+    ``report`` (a ``TuneReport``); ``layers_by_sig``: the "auto" layers per call signature."""
     decided = {e["signature"]: e for e in report.entries}
-    # Signatures "auto" decided for convt3d (layers_by_sig holds "auto" layers only).
     groups = [sig for sig in layers_by_sig if sig in decided and decided[sig]["engine"] != "torch"]
     if not groups:
         return

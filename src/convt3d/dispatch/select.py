@@ -35,11 +35,9 @@ BACKENDS = ("auto", "triton", "torch", "cuda", "conv3d")
 @dataclass(frozen=True)
 class Decision:
     """The engine that runs a call. ``ours_backward``: engine "torch" recorded with convt3d's
-    backward (HYBRID) instead of PyTorch's. ``source``: how it was made ("requested", "only",
-    "rule", "cache", "measured", "heuristic", "network"). ``candidate``: its name in ``ENGINES``,
-    a field so the steady path reads it without a call. ``precision_class``: how PyTorch's own
-    call of a TF32-allowed float32 signature computes, where measured ("fp32": ours run at exact
-    grade, never below PyTorch's numerics; or "tf32")."""
+    backward (HYBRID). ``source``: how it was made ("requested", "only", "rule", "cache", "measured",
+    "heuristic", "network"). ``candidate``: its name in ``ENGINES``. ``precision_class``: how PyTorch's
+    own TF32-allowed float32 call computes, where measured ("fp32": ours then run at exact grade)."""
 
     engine: str  # "triton", "cuda", "conv3d" or "torch"
     precision: str  # "tf32" | "tf32x3" | "ieee" (meaningful for float32 only)
@@ -67,9 +65,7 @@ class Pass:
 
 def resolve_backend_name(backend: str | None) -> str:
     if backend is None:
-        env = os.environ.get(BACKEND_ENV)
-        if env is None or env == "":
-            return "auto"
+        env = os.environ.get(BACKEND_ENV) or "auto"
         if env not in BACKENDS:
             raise ValueError(f"environment variable {BACKEND_ENV}={env!r} is not a backend; expected one of {BACKENDS}")
         return env
@@ -234,8 +230,7 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
         record.skipped = skipped
     cands = [n for n, why in reasons.items() if not why and n not in skipped]
     if torch.compiler.is_compiling() and _without_data(call.x):
-        # Traced with fake or meta tensors (torch.export): nothing to time, so the heuristic alone
-        # (torch.compile decides on real example tensors in functional._decide_for_trace).
+        # Traced with fake or meta tensors (torch.export): nothing to time, so the heuristic alone.
         engine, why = heuristic(call.params, call.dtype, call.precision, call.bias is not None,
                                 tuple(c for c in cands if c in ("triton", "torch")) or ("torch",))
         return _decision(engine, call, f"auto (heuristic, traced): {why}", "heuristic")
@@ -313,9 +308,8 @@ def _settle(call: Call, d: Decision, record: Pass | None) -> Decision:
 
 
 def override(signature: str, engine: str, why: str, device: torch.device, detail: dict | None = None) -> int:
-    """Replace the decision of a call signature (its text) by ``engine`` in this process and, on
-    CUDA, in the disk cache, as ``convt3d.tune``'s network check reverts a layer that slows the
-    whole network. Returns how many in-process decisions were replaced."""
+    """Replace the decision of a call signature (its text) by ``engine`` in this process and, on CUDA,
+    in the disk cache (``convt3d.tune``'s network check). Returns how many in-process decisions it replaced."""
     if engine not in ENGINES:
         raise ValueError(f"override(): engine {engine!r} is not one of {tuple(ENGINES)}")
     _forget_steady()
@@ -348,31 +342,24 @@ def _capturing() -> bool:
 
 def _auto_skips(call: Call, reasons: dict[str, list[str]]) -> dict[str, str]:
     """Engines that can run the call but that auto does not time yet (still being built), and why."""
-    skipped = {}
-    for name, why in reasons.items():
-        not_ready = getattr(ENGINES[name], "not_ready", None)
-        if not why and not_ready is not None:
-            because = not_ready(call)
-            if because is not None:
-                skipped[name] = because
-    return skipped
+    checks = {name: getattr(ENGINES[name], "not_ready", None) for name, why in reasons.items() if not why}
+    found = {name: check(call) for name, check in checks.items() if check is not None}
+    return {name: why for name, why in found.items() if why is not None}
 
 
 # ---- measuring ------------------------------------------------------------------------------------
-# The smallest margin by which convt3d must beat PyTorch to be chosen, above the run-to-run
-# spread of do_bench medians: ties go to PyTorch, the baseline "auto" promises never to lose to.
+# The smallest margin by which convt3d must beat PyTorch (ties go to PyTorch), above do_bench's run-to-run spread.
 NOISE_MARGIN = 0.03
-# Two rounds, more while a candidate's two lowest differ by more than the noise margin: their
-# spread becomes the margin, and on a busy host would keep PyTorch where ours is faster.
+# Two rounds, more while a candidate's two lowest differ by more than the noise margin (their
+# spread becomes the margin, and on a busy host would keep PyTorch where ours is faster).
 MEASURE_ROUNDS = 2
 MAX_MEASURE_ROUNDS = 4
 
 
 def _measure(call: Call, cands: list[str], label: str
              ) -> tuple[dict[str, list[float]], dict[str, str], dict[str, list[float]]]:
-    """(ms per round, failures, host ms per round) of each candidate on the call's own tensors,
-    rounds in alternating orders so drift falls on every candidate. A candidate that raises (a
-    failed CUDA build, out of memory) is left out."""
+    """(ms per round, failures, host ms per round) of each candidate on the call's own tensors, rounds
+    in alternating orders so drift falls on every candidate; a candidate that raises is left out."""
     runs: dict[str, list[float]] = {}
     hosts: dict[str, list[float]] = {}
     failed: dict[str, str] = {}
@@ -397,31 +384,28 @@ def _measure(call: Call, cands: list[str], label: str
     return runs, failed, hosts
 
 
-def host_extra(hosts: dict[str, list[float]] | None, name: str, baseline: str = "torch") -> float:
-    """The host ms per call that ``name`` costs beyond ``baseline`` (lowest rounds; 0 where either
-    was not read)."""
-    if not hosts or not hosts.get(name) or not hosts.get(baseline):
+def host_extra(hosts: dict[str, list[float]] | None, name: str) -> float:
+    """The host ms per call that ``name`` costs beyond PyTorch's (0 where either was not read)."""
+    if not hosts or not hosts.get(name) or not hosts.get("torch"):
         return 0.0
-    return max(0.0, min(hosts[name]) - min(hosts[baseline]))
+    return max(0.0, min(hosts[name]) - min(hosts["torch"]))
 
 
-def pick(runs: dict[str, list[float]], baseline: str = "torch",
-         hosts: dict[str, list[float]] | None = None) -> tuple[str, float]:
-    """(winner, margin): convt3d's fastest candidate wins only if it beats the baseline by more
-    than ``NOISE_MARGIN`` or either one's spread between its two lowest rounds, so a noisy
-    measurement falls back to PyTorch. A candidate is charged the host time it costs beyond the
-    baseline's (``hosts``), so a choice is no slower whether or not the GPU waits for the host."""
+def pick(runs: dict[str, list[float]], hosts: dict[str, list[float]] | None = None) -> tuple[str, float]:
+    """(winner, margin): convt3d's fastest candidate, charged the host time it costs beyond PyTorch's,
+    wins only if it beats PyTorch's call by more than ``NOISE_MARGIN`` or either one's spread between
+    its two lowest rounds, so a noisy measurement falls back to PyTorch."""
     best = {k: min(v) for k, v in runs.items() if v}
     spread = {k: lowest_spread(v) for k, v in runs.items() if v}
-    if baseline not in best:  # PyTorch failed (e.g. out of memory): the fastest of ours
+    if "torch" not in best:  # PyTorch failed (e.g. out of memory): the fastest of ours
         winner = min(best, key=best.get)
         return winner, spread[winner]
-    cost = {k: v + host_extra(hosts, k, baseline) for k, v in best.items() if k != baseline}
+    cost = {k: v + host_extra(hosts, k) for k, v in best.items() if k != "torch"}
     if not cost:
-        return baseline, spread[baseline]
+        return "torch", spread["torch"]
     challenger = min(cost, key=cost.get)
-    margin = max(NOISE_MARGIN, spread[challenger], spread[baseline])
-    return (challenger if cost[challenger] * (1.0 + margin) < best[baseline] else baseline), margin
+    margin = max(NOISE_MARGIN, spread[challenger], spread["torch"])
+    return (challenger if cost[challenger] * (1.0 + margin) < best["torch"] else "torch"), margin
 
 
 def _cached_entry(call: Call, cands: list[str], gpu: str) -> dict | None:
@@ -429,17 +413,15 @@ def _cached_entry(call: Call, cands: list[str], gpu: str) -> dict | None:
     entry = cache.load_decision(gpu, call.text)
     if entry is None or entry.get("engine") not in cands:
         return None
-    if len(entry.get("rounds_ms") or ()) > 1 and "host_ms" not in entry and not entry.get("network"):
-        return None  # measured before candidates were charged their host time: measure again
     if any(name in cands for name in entry.get("unready", ())):
         return None  # measured while an engine was still being built, which can run now
     return dict(entry, source="cache")
 
 
 def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = False, unready: tuple = ()) -> dict:
-    """The decision entry of a new signature: from the disk cache, else measured now (and saved).
-    ``tiny``: PyTorch's call is timed first, and below ``HOST_BOUND_S`` nothing else is (our host
-    time alone is more). ``unready``: engines still being built, so a later process measures again."""
+    """The decision entry of a new signature: from the disk cache, else measured now and saved. ``tiny``:
+    PyTorch's call is timed first, and below ``HOST_BOUND_S`` nothing else is; ``unready``: engines still
+    being built, so a later process measures again."""
     entry = _cached_entry(call, cands, gpu)
     if entry is not None:
         return entry
@@ -455,7 +437,6 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
     if entry is None:
         runs, failed, hosts = _measure(call, cands, call.text)
         winner, margin = pick(runs, hosts=hosts)
-        # host_ms is written even when empty: an entry without it was measured before the host charge.
         entry = {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,
                  "margin": margin, "failed": failed, "candidates": cands, "unready": list(unready),
                  "host_ms": {k: min(v) for k, v in hosts.items() if v}, "host_rounds_ms": hosts}
@@ -508,11 +489,10 @@ def _timings_text(timings: dict[str, float], best: str, host_ms: dict[str, float
 # ---- the steady path: a repeated call in one lookup -------------------------------------------------
 @dataclass(frozen=True)
 class Steady:
-    """What a call's arguments led to before: its validated geometry, precision and flags, and the
-    settled decision. ``direct``: the decision is PyTorch's own op at the flags as they are, so the
-    call goes straight to ``F.conv_transpose3d`` with the caller's arguments, at an untouched
-    layer's host time. ``run``: for a repeated inference call decided for one of our engines, the
-    engine's steady forward of the caller's (input, weight, bias) (``steady.Repeat``)."""
+    """What a call's arguments led to before: its validated geometry, precision, flags and settled
+    decision. ``direct``: the decision is PyTorch's own op at the flags as they are, so the call goes
+    straight to ``F.conv_transpose3d``. ``run``: for a repeated inference call decided for one of
+    our engines, the engine's steady forward of (input, weight, bias) (``steady.Repeat``)."""
 
     decision: Decision
     params: ConvT3dParams
@@ -531,9 +511,8 @@ _STEADY_LIMIT = 4096
 
 def steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
            precision) -> tuple[tuple | None, Steady | None]:
-    """(the call's ``steady_key`` or None, its steady entry or None): the dispatcher's one entry
-    on a repeated call. The memo of the call's weight answers first, with no key to build; a
-    key's entry found for another weight object gives that weight its memo."""
+    """(the call's ``steady_key`` or None, its steady entry or None): the dispatcher's one entry on a
+    repeated call, where the memo of the call's weight answers first, with no key to build."""
     if _listeners:  # a listener such as convt3d.tune waits for every decision
         return None, None
     args = (stride, padding, output_padding, groups, dilation)
@@ -577,9 +556,8 @@ def _forget_steady() -> None:
 
 
 def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = None) -> None:
-    """Keep a settled decision for the call's argument signature; not heuristic guesses (the next
-    call that can measure replaces them), nor calls under graph capture or while a listener waits.
-    ``given``: ``remember_direct``'s arguments as the caller passed them."""
+    """Keep a settled decision for the call's argument signature (not a heuristic guess, a call under
+    graph capture or one a listener waits for); ``given``: ``remember_direct``'s arguments."""
     if d.source == "heuristic" or _listeners or (call.device.type == "cuda" and _capturing()):
         return
     is_direct = d.candidate == "torch" and at_flags_as_they_are(call.x, call.requested)
@@ -610,8 +588,7 @@ def precision_class_of(call: Call) -> str | None:
 
 
 def decided_call(call: Call, d: Decision) -> Call:
-    """The call as its decision runs it: at exact grade where PyTorch's own call computes the
-    TF32-allowed call in full fp32."""
+    """The call as its decision runs it: at exact grade where PyTorch's own call computes in full fp32."""
     if d.precision_class == "fp32" and call.precision == "tf32":
         return dataclasses.replace(call, precision=EXACT_GRADE)
     return call
@@ -620,8 +597,7 @@ def decided_call(call: Call, d: Decision) -> Call:
 # ---- the call-level entry for callers holding tensors and a geometry ------------------------------
 def decide(input: torch.Tensor, backend: str | None, precision: str | None, params=None, *, weight=None, bias=None,
            measure: bool = True, training: bool = False) -> Decision:
-    """:func:`select` for callers that hold the tensors and the geometry (already validated)
-    rather than a :class:`Call`. ``measure=False`` never times anything."""
+    """:func:`select` for callers holding the tensors and the validated geometry; ``measure=False`` times nothing."""
     name = resolve_backend_name(backend)
     prec = resolve_precision(precision)
     if params is None or weight is None:  # a caller without the geometry: Triton where it can run

@@ -18,8 +18,7 @@ BACKEND_ENV = "CONVT3D_BACKEND"
 
 @functools.cache
 def _precision_reader():
-    """A zero-argument reader of cuDNN convolution's fp32_precision through torch._C's getter, its
-    backend and op names read once (at the first call, not at import); None on a torch without it."""
+    """A reader of cuDNN convolution's fp32_precision through torch._C's getter, or None without one."""
     conv = getattr(torch.backends.cudnn, "conv", None)
     getter = getattr(torch._C, "_get_fp32_precision_getter", None)
     if getter is None or not hasattr(conv, "backend"):
@@ -28,8 +27,7 @@ def _precision_reader():
 
 
 def _tf32() -> bool:
-    """``cudnn_conv_allows_tf32`` without ``torch.backends``' module ``__getattr__`` per read: the
-    steady path reads the flag on every call."""
+    """``cudnn_conv_allows_tf32`` without ``torch.backends``' module ``__getattr__``: read on every steady call."""
     read = _precision_reader()
     value = read() if read is not None else None
     if value in ("tf32", "ieee"):
@@ -46,9 +44,8 @@ def _autocast_state(device_type: str):
 
 def steady_key(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
                precision) -> tuple | None:
-    """Everything validation and the pass read from a call (tensor layouts, geometry, backend,
-    precision, ``$CONVT3D_BACKEND``, cuDNN's TF32 flag, grad mode, autocast), or None where the
-    call must take the full pass (``validate.memo_arguments``: subclasses, unhashable arguments)."""
+    """Everything validation and the pass read from a call (layouts, geometry, backend, precision,
+    ``$CONVT3D_BACKEND``, the TF32 flag, grad mode, autocast), or None where it takes the full pass."""
     if not (backend is None or type(backend) is str) or not (precision is None or type(precision) is str):
         return None
     geometry = memo_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation)
@@ -76,8 +73,8 @@ def _same(args: tuple, memo: tuple) -> bool:
 
 
 class Direct:
-    """The memo of one call that went straight to ``F.conv_transpose3d``; ``fits`` says whether
-    another call may too. Holds its weight and bias weakly (a dropped model frees them)."""
+    """The memo of one call that went straight to ``F.conv_transpose3d``; ``fits`` says whether another
+    call may too. Holds its weight and bias weakly (a dropped model frees them)."""
 
     __slots__ = ("weight", "bias", "x_type", "shape", "strides", "dtype", "device", "x_grad", "w_grad", "b_grad",
                  "args", "backend", "precision", "env", "tf32", "grad", "autocast", "__weakref__")
@@ -112,9 +109,8 @@ def _layout(t):
 
 
 class Repeat(Direct):
-    """The memo of an inference call (no autocast) decided for one of our engines: ``Direct``'s
-    check, the weight's and bias's layouts, and ``alive()`` of the engine's launcher. ``hit``: the
-    dispatcher's ``Steady`` entry, whose ``run`` is the engine's steady forward."""
+    """The memo of an inference call decided for one of our engines: ``Direct``'s check, the weight's
+    and bias's layouts, and the launcher's ``alive()``. ``hit``: the dispatcher's ``Steady`` entry."""
 
     __slots__ = ("w_layout", "b_layout", "alive", "hit")
 

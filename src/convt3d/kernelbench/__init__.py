@@ -1,2 +1,2 @@
-"""KernelBench level-1 ConvTranspose3d deliverables: the problems, the ``ModelNew`` exporter, our static
-rules and the evaluator, as submodules; nothing is imported here, so ``convt3d`` stays cheap to import."""
+"""KernelBench ConvTranspose3d deliverables (levels 1 and 2): the problems, the ``ModelNew`` exporters, our static
+rules and the evaluators, as submodules; nothing is imported here, so ``convt3d`` stays cheap to import."""

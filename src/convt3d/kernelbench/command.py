@@ -1,6 +1,5 @@
-"""The KernelBench commands over both levels: ``convt3d kernelbench`` (level 1 evaluates the ModelNew
-files, ``evaluate``; level 2 the level-2 problems, ``evaluate_level2``) and ``convt3d export-kernelbench``
-(``export``, ``export_level2``)."""
+"""The KernelBench commands over both levels: ``convt3d kernelbench`` (level 1 in ``evaluate``, level 2 in
+``evaluate_level2``) and ``convt3d export-kernelbench`` (``export``, ``export_level2``)."""
 from __future__ import annotations
 
 import argparse

@@ -1,13 +1,9 @@
 """``convt3d kernelbench``: evaluate the ``ModelNew`` files the way KernelBench does.
 
-    convt3d kernelbench                          # all seven problems (and the CUDA entry), one table
-    convt3d kernelbench --precision tf32x3       # TF32 off for convolutions, the references' and the files'
-    convt3d kernelbench --problems 58,77 --json kb.json --trials 100
-    convt3d kernelbench --level 2 --problems 3,100   # level 2 (evaluate_level2): kernelbench.level2's ModelNew
-
-Trials and timings follow KernelBench's ``eval_kernel_against_ref``; without CUDA the files are imported,
-constructed and, with ``TRITON_INTERPRET=1``, checked at a reduced size. Exit status: 0 when every file
-loaded, matched the reference's parameters and passed every trial; 1 otherwise; 2 for an unknown problem.
+Trials and timings follow KernelBench's ``eval_kernel_against_ref`` (``--level 2``: ``evaluate_level2``);
+without CUDA the files are imported, constructed and, with ``TRITON_INTERPRET=1``, checked at a reduced
+size. Exit status: 0 when every file loaded, matched the reference's parameters and passed every trial;
+1 otherwise; 2 for an unknown problem.
 """
 from __future__ import annotations
 
@@ -357,18 +353,18 @@ def speedups(results: list, key: str = "speedup") -> dict:
             f"min_{key}_problem": None if low is None else low.problem}
 
 
-def summary(results: list[Result]) -> dict:
+def counts(results: list, *verdicts: str) -> dict:
+    """How many problems ran, were checked and raised, and how many checked ones hold each of ``verdicts``."""
     checked = [r for r in results if r.trials]
-    return {
-        "problems": len(results),
-        "checked": len(checked),
-        "correct": sum(r.correct for r in checked),
-        "correct_fp64": sum(r.correct_fp64 for r in checked),
-        "ref_passes_fp64": sum(r.ref_passes_fp64 for r in checked),
-        # over the seven Triton files; the CUDA entry is its own row
-        **speedups([r for r in results if not r.file.endswith("_cuda.py")]),
-        "errors": sum(r.error is not None for r in results),
-    }
+    return {"problems": len(results), "checked": len(checked),
+            **{name: sum(getattr(r, name) for r in checked) for name in verdicts},
+            "errors": sum(r.error is not None for r in results)}
+
+
+def summary(results: list[Result]) -> dict:
+    # the speedups over the seven Triton files; the CUDA entry is its own row
+    return {**counts(results, "correct", "correct_fp64", "ref_passes_fp64"),
+            **speedups([r for r in results if not r.file.endswith("_cuda.py")])}
 
 
 def print_verdict(console, s: dict, flags: dict, rule: str = "") -> None:
@@ -533,12 +529,10 @@ def conclude(args: argparse.Namespace, argv: list[str] | None, console, m: Machi
 
 
 def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
-    """Level 1 (``command.main`` routes ``--level 2`` to ``evaluate_level2``)."""
+    """``convt3d kernelbench`` at level 1 (``command.main`` routes level 2 to ``evaluate_level2``)."""
     from convt3d.bench.report import environment, make_console
 
     args = parse_args(argv) if args is None else args
-    if args.level != 1:
-        raise ValueError("evaluate.main runs level 1; convt3d kernelbench (kernelbench.command) routes --level 2")
     if (problems := select(parse_ids, args.problems)) is None:
         return 2
     directory = args.dir if args.dir is not None else default_out_dir()

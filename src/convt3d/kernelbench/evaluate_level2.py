@@ -13,9 +13,9 @@ import convt3d
 from ..bench import report
 from ..core.flags import cudnn_conv_tf32
 from . import level2
-from .evaluate import (DISCARD_FIRST, SAME_PARAMS, SEED, Machine, Result, Stats, close, conclude, flags_in_force,
-                       flags_now, fmt, machine, max_abs, parameters_identical, print_results, print_speedup,
-                       print_verdict, run_all, run_trial, run_trials, select, set_seed, speedups,
+from .evaluate import (DISCARD_FIRST, SAME_PARAMS, SEED, Machine, Result, Stats, close, conclude, counts,
+                       flags_in_force, flags_now, fmt, machine, max_abs, parameters_identical, print_results,
+                       print_speedup, print_verdict, run_all, run_trial, run_trials, select, set_seed, speedups,
                        time_with_cuda_events, verdict_cell, verdict_text)
 
 __all__ = ["TOLERANCE_L2", "Trial2", "Result2", "build_level2", "check_trial2", "evaluate_level2", "main_level2"]
@@ -127,10 +127,7 @@ def row_line2(r: Result2) -> str:
 
 
 def summary2(results: list[Result2]) -> dict:
-    checked = [r for r in results if r.trials]
-    return {"problems": len(results), "checked": len(checked), "correct": sum(r.correct for r in checked),
-            "errors": sum(r.error is not None for r in results), **speedups(results),
-            **speedups(results, "speedup_compiled")}
+    return {**counts(results, "correct"), **speedups(results), **speedups(results, "speedup_compiled")}
 
 
 def _cells(r: Result2) -> list[str]:

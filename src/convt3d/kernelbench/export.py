@@ -1,10 +1,5 @@
 """``convt3d export-kernelbench``: regenerate the KernelBench ``ModelNew`` files, one solution per problem.
 
-    convt3d export-kernelbench                 # write kernelbench/<problem file>.py, one per problem
-    convt3d export-kernelbench --check         # exit 1 if a committed file differs from a fresh export
-    convt3d export-kernelbench --out DIR
-    convt3d export-kernelbench --level 2       # level 2's files, in kernelbench/level2/ (--level all: both)
-
 A file carries its candidates' traced launches, the package source they reach, a chooser, the precision
 rule and ``ModelNew``, within KernelBench's static rules and ``MAX_LINES`` or not at all; the hand-kept CUDA
 entry of 77 is left alone. Exit status: 1 where a file is not written or (``--check``) differs, else 0.
@@ -94,10 +89,8 @@ def reduced(problem: Problem) -> Problem:
     layer_geometry = {k: la[k] for k in ("stride", "padding", "output_padding", "dilation", "groups") if k in la}
     small = reduced_for_interpreter(Geometry.of(f"kb{problem.id}", n, c, la["out_channels"], tuple(size),
                                                 la["kernel_size"], **layer_geometry))
-    bound = problem.bind(in_channels=small.in_channels, out_channels=small.out_channels)
-    names = [a.name for a in problem.signature][: len(problem.init_inputs)]
     first = next(cand for cand in problem.candidates if not cand.config.get("gluon"))
-    return dataclasses.replace(problem, init_inputs=tuple(bound[k] for k in names),
+    return dataclasses.replace(problem, init_inputs=(small.in_channels, small.out_channels, *problem.init_inputs[2:]),
                                input_shape=(small.batch, small.in_channels, *small.in_size), candidates=(first,))
 
 
@@ -119,7 +112,7 @@ def _sites(key, build):
     return s
 
 
-def _choose(x, weight, bias, y, precision):
+def _choose(x, weight, bias, y, precision{ops}):
     """The candidate for this device and precision (the interpreter emulates TMA, not Gluon)."""
     key = (str(x.device), precision)
     if key in _chosen:
@@ -135,12 +128,12 @@ def _choose(x, weight, bias, y, precision):
         return usable[0]  # inside graph capture: untimed, until a call outside it
     t0, stream, medians = time.perf_counter(), torch.cuda.current_stream(x.device), {{}}
     for c in usable:
-        c["launch"](x, weight, bias, y, precision)
+        c["launch"](x, weight, bias, y, precision{ops})
         runs = []
         for _ in range(CHOOSER_RUNS):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(stream)
-            c["launch"](x, weight, bias, y, precision)
+            c["launch"](x, weight, bias, y, precision{ops})
             end.record(stream)
             end.synchronize()
             runs.append(start.elapsed_time(end))
@@ -151,7 +144,7 @@ def _choose(x, weight, bias, y, precision):
     return _chosen[key]
 
 
-def forward(x, weight, bias, precision):
+def forward(x, weight, bias, precision{ops}):
     """The layer on KernelBench's input: the chosen candidate's launches onto a fresh output
     (``precision``: "tf32" or EXACT_GRADE, as forward_precision() says)."""
     if tuple(x.shape) != INPUT_SHAPE or tuple(weight.shape) != WEIGHT_SHAPE or x.dtype != torch.float32 \\
@@ -162,7 +155,7 @@ def forward(x, weight, bias, precision):
     x, weight = x.contiguous(), weight.contiguous()
     bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
     y = torch.empty(OUTPUT_SHAPE, dtype=x.dtype, device=x.device)
-    _choose(x, weight, bias, y, precision)["launch"](x, weight, bias, y, precision)
+    _choose(x, weight, bias, y, precision{ops})["launch"](x, weight, bias, y, precision{ops})
     return y
 '''
 # Names the generated code above defines: the shaken package source must not define them too.
@@ -173,16 +166,29 @@ _GENERATED_DEFINES = ("PROBLEM", "INPUT_SHAPE", "WEIGHT_SHAPE", "OUTPUT_SHAPE", 
 
 
 # ---- the precision rule and ModelNew -------------------------------------------------------------
-def _tf32_flag_reader() -> tuple[str, list[Line]]:
-    """(name, verbatim source lines) of convt3d's reader of PyTorch's TF32 flag for convolutions."""
+def precision_lines(what: str, rule: str, doc: str, condition: str) -> list[Line]:
+    """A file's precision section: ``rule`` under its title, convt3d's reader of PyTorch's TF32 flag for
+    convolutions verbatim, and ``forward_precision()``, "tf32" where ``condition`` holds and the flag allows it."""
     fn = cudnn_conv_allows_tf32
     text, first = inspect.getsourcelines(fn)
     where = Path(inspect.getsourcefile(fn)).resolve().relative_to(Path(__file__).resolve().parents[1])
-    return fn.__name__, [Line(t.rstrip("\n"), f"convt3d/{where.as_posix()}:{first + i}") for i, t in enumerate(text)]
+    reader = [Line(t.rstrip("\n"), f"convt3d/{where.as_posix()}:{first + i}") for i, t in enumerate(text)]
+    head = f'''# {"=" * 20} the precision of {what} (generated) {"=" * 20}
+{rule}
+
+
+# convt3d.dispatch.select's reader of PyTorch's TF32 flag for convolutions, verbatim:'''
+    return _gen(head) + reader + _gen(f'''
+
+def forward_precision():
+    """{doc} under the flags in force: "tf32" or EXACT_GRADE."""
+    return "tf32" if {condition}{fn.__name__}() else EXACT_GRADE
+
+''')
 
 
 def _precision_lines(problem: Problem) -> list[Line]:
-    """A file's precision rule: its exact grade, the measured reference, the flag reader, ``forward_precision()``."""
+    """Level 1's precision rule: the measured reference decides whether the file computes in TF32 when allowed."""
     ref = problem.default_reference
     if ref.tf32:
         how = (f"Measured {ref.measured}: with TF32 allowed, cuDNN computes this problem's reference in TF32 "
@@ -191,25 +197,14 @@ def _precision_lines(problem: Problem) -> list[Line]:
         how = (f"Measured {ref.measured}: cuDNN computes this problem's reference in full fp32 although TF32 is "
                f"allowed ({ref.max_abs_err_fp64:.1e} max abs from float64), so this file stays at exact grade "
                "under either flag setting.")
-    head = f'''# {"=" * 20} the precision of ModelNew's forward (generated) {"=" * 20}
-# KernelBench compares ModelNew with its reference Model under the same PyTorch flags, so the
+    rule = f'''# KernelBench compares ModelNew with its reference Model under the same PyTorch flags, so the
 # forward computes as the reference's cuDNN convolution does under the flags in force: in TF32
 # where PyTorch allows TF32 for convolutions and cuDNN uses it on this problem, at the engine's
 # exact grade otherwise. Nothing here reads or changes any other state.
 EXACT_GRADE = {EXACT_GRADE!r}  # convt3d.dispatch.select.EXACT_GRADE at export time
 {_paragraph(how, "# ")}
-CUDNN_USES_TF32 = {ref.tf32!r}
-
-
-# convt3d.dispatch.select's reader of PyTorch's TF32 flag for convolutions, verbatim:'''
-    name, reader = _tf32_flag_reader()
-    return _gen(head) + reader + _gen(f'''
-
-def forward_precision():
-    """The precision of this forward under the flags in force: "tf32" or EXACT_GRADE."""
-    return "tf32" if CUDNN_USES_TF32 and {name}() else EXACT_GRADE
-
-''')
+CUDNN_USES_TF32 = {ref.tf32!r}'''
+    return precision_lines("ModelNew's forward", rule, "The precision of this forward", "CUDNN_USES_TF32 and ")
 
 
 # The layer (PyTorch's ConvTranspose3d parameters and checks) and ModelNew with the problem's constructor.
@@ -286,23 +281,35 @@ def _model_new_source(problem: Problem) -> str:
         f"        # from get_init_inputs() is dropped there); this one does the same.\n"
         for name in problem.ignored)
     return (_MODEL_NEW.replace("@ID@", str(problem.id)).replace("@IGNORED@", ignored)
-            .replace("@SIGNATURE@", ", ".join(["self"] + [a.source() for a in problem.signature]))
+            .replace("@SIGNATURE@", "self, " + problem.signature)
             .replace("@FORWARDED@", "".join(f", {name}={name}" for name in problem.forwarded)))
 
 
 # ---- the header, the imports, the file ----------------------------------------------------------------
+def header_lines(level: int, problem, provenance: list[str], configs, notes: list[str], about: str) -> list[Line]:
+    """MARKER, ``provenance``, a line per candidate (its ``notes``), then the docstring: ``about`` as a paragraph."""
+    width = max(len(cfg.short()) for cfg, _ in configs)
+    lines = provenance + [f"#   {cfg.short():<{width}}  {note}" for (cfg, _), note in zip(configs, notes)]
+    return _gen(f'''{MARKER}
+{chr(10).join(lines)}
+"""KernelBench level {level}, problem {problem.id}: {problem.file_name}
+
+{_paragraph(about)}
+"""''')
+
+
 def _header(problem: Problem, configs, small: bool) -> list[Line]:
-    """MARKER, the provenance of the candidates (each with its median and why it is there), the docstring."""
+    """The provenance of the candidates, each with its median and why it is there, and the docstring."""
     if small:
-        lines = [f"# convt3d {__version__}. Problem {problem.id} at a reduced size for Triton's interpreter "
-                 "(export.reduced): one candidate, its tiles as tuned at KernelBench's size."]
+        provenance = [f"# convt3d {__version__}. Problem {problem.id} at a reduced size for Triton's interpreter "
+                      "(export.reduced): one candidate, its tiles as tuned at KernelBench's size."]
     else:
         at = "exact grade" if not problem.cudnn_uses_tf32 else "TF32"
-        lines = [_paragraph(f"convt3d {__version__}. Candidates: the fastest of the engine's, by the tuner's medians on "
-                            f"KernelBench's inputs at {at} ({CANDIDATES_MEASURED}); the first forward times those "
-                            "its GPU and precision run and keeps the fastest.", "# ")]
+        provenance = [_paragraph(f"convt3d {__version__}. Candidates: the fastest of the engine's, by the tuner's "
+                                 f"medians on KernelBench's inputs at {at} ({CANDIDATES_MEASURED}); the first forward "
+                                 "times those its GPU and precision run and keeps the fastest.", "# ")]
     best = min(c.median_ms for c in problem.candidates)
-    width = max(len(cfg.short()) for cfg, _ in configs)
+    notes = []
     for (cfg, runs), cand in zip(configs, problem.candidates):
         why = "the tuner's choice" if cand.median_ms == best else f"{100 * (cand.median_ms / best - 1):.0f}% behind it"
         if small:
@@ -311,21 +318,15 @@ def _header(problem: Problem, configs, small: bool) -> list[Line]:
             why += "; Gluon box GEMM, sm_90 and TF32 only"
         elif problem.cudnn_uses_tf32 and EXACT_GRADE not in runs:
             why += "; TF32 only"
-        lines.append(f"#   {cfg.short():<{width}}  {cand.median_ms:6.3f} ms  {why}")
+        notes.append(f"{cand.median_ms:6.3f} ms  {why}")
     policy = (f"in TF32 when PyTorch allows TF32 for convolutions (as the reference computes then) and at exact "
               f"grade ({EXACT_GRADE}) when it does not" if problem.cudnn_uses_tf32 else
               f"at exact grade ({EXACT_GRADE}) under either flag setting (cuDNN computes this problem's reference in "
               "full fp32 even when TF32 is allowed)")
-    about = _paragraph(
+    return header_lines(1, problem, provenance, configs, notes, (
         f"``ModelNew`` computes the problem's 3-D transposed convolution with the Triton engine of convt3d, "
         f"{policy}: the launches of the candidates above, specialised to KernelBench's input, and the package "
-        "source they reach. Generated by ``convt3d export-kernelbench``: edit the package and regenerate.")
-    return _gen(f'''{MARKER}
-{chr(10).join(lines)}
-"""KernelBench level 1, problem {problem.id}: {problem.file_name}
-
-{about}
-"""''')
+        "source they reach. Generated by ``convt3d export-kernelbench``: edit the package and regenerate."))
 
 
 def _imports(shaker: PythonShaker, extra: tuple[str, ...]) -> list[Line]:
@@ -335,38 +336,50 @@ def _imports(shaker: PythonShaker, extra: tuple[str, ...]) -> list[Line]:
     return _gen("\n".join(["from __future__ import annotations", ""] + statements) + "\n\n")
 
 
-def _render_lines(problem: Problem, small: bool = False) -> list[list[Line]]:
-    """The file's lines with the package source verbatim, then without its docstrings."""
-    configs = file_configs(problem, check_offered=not small)
-    shaker = PythonShaker(ROOTS, _read, _is_module)
-    launcher, kernels = launcher_source(problem, configs, shaker)
+def assemble(roots: tuple[str, ...], call, configs, header: list[Line], rest: list[Line],
+             generated_defines: tuple[str, ...], epi_code: int = 0, kernels=()) -> list[list[Line]]:
+    """A file's lines, with the package source verbatim and then without docstrings: ``header``, the imports,
+    what the launches and ``kernels`` (module, name) reach, the launcher, ``rest`` (``generated_defines``)."""
+    shaker = PythonShaker(roots, _read, _is_module)
+    launcher, launched = launcher_source(call, configs, shaker, epi_code)
     shaker.dead = {name for name in OPTIONAL_CONSTEXPRS if f"{name}=" not in launcher}
     owners: dict[str, set[str]] = {}
-    for name in kernels:
+    for name in launched:
         found = [p for p, m in shaker.modules.items() if m.bindings.get(name, ("",))[0] == "stmt"]
         if len(found) != 1:
             raise ExportError(f"the kernel {name!r} is defined in {len(found)} of the modules the file draws on")
         owners.setdefault(found[0], set()).add(name)
     shaker.reach([("engines/triton/sites.py", n) for n in ("Site", "gluon_capable", "_tma_capable")], owners)
-    taken = [n for n in _GENERATED_DEFINES if shaker.defines(n)]
+    shaker.reach(list(kernels))
+    taken = [n for n in generated_defines if shaker.defines(n)]
     if taken:
         raise ExportError(f"the generated code defines {taken}, which the package source it reaches defines too")
     extra = ("import collections.abc", "import math", "import time", "import torch") + \
         (("import types",) if shaker.namespaces else ())
-    head = _header(problem, configs, small) + _imports(shaker, extra)
-    rest = (_gen(launcher + "\n") + _gen(_CHOOSER.format(rule="=" * 20) + "\n") + _precision_lines(problem)
-            + _gen(_model_new_source(problem)))
-    return [head + shaker.lines(strip) + rest for strip in (False, True)]
+    head = header + _imports(shaker, extra)
+    tail = _gen(launcher + "\n") + rest
+    return [head + shaker.lines(strip) + tail for strip in (False, True)]
+
+
+def _render_lines(problem: Problem, small: bool = False) -> list[list[Line]]:
+    """The file's lines with the package source verbatim, then without its docstrings."""
+    configs = file_configs(problem, check_offered=not small)
+    rest = _gen(_CHOOSER.format(rule="=" * 20, ops="") + "\n") + _precision_lines(problem) \
+        + _gen(_model_new_source(problem))
+    return assemble(ROOTS, problem, configs, _header(problem, configs, small), rest, _GENERATED_DEFINES)
 
 
 def _line_count(lines: list[Line]) -> int:
     return len("\n".join(line.text for line in lines).splitlines())
 
 
-def render(problem: Problem, small: bool = False) -> str:
-    """The file for one problem (``small``: a ``reduced`` one), its first form within MAX_LINES, or ExportError."""
-    forms = _render_lines(problem, small)
-    lines = next((form for form in forms if _line_count(form) <= MAX_LINES), forms[-1])
+def first_fit(forms: list[list[Line]]) -> list[Line]:
+    """The first of a file's forms within MAX_LINES, else its last."""
+    return next((form for form in forms if _line_count(form) <= MAX_LINES), forms[-1])
+
+
+def checked_text(file_name: str, lines: list[Line]) -> str:
+    """The file's text, or ExportError where it breaks KernelBench's static rules or MAX_LINES."""
     text = "\n".join(line.text for line in lines)
     violations = static_check.check(text)
     if violations:
@@ -377,16 +390,21 @@ def render(problem: Problem, small: bool = False) -> str:
                 report.append(f"  {origin.origin}: {v.category}/{v.rule} matches {v.text!r} in\n"
                               f"      {origin.text.strip()}")
             else:
-                report.append(f"  {problem.file_name}: {v.category}/{v.rule}: no match for {v.text!r}")
+                report.append(f"  {file_name}: {v.category}/{v.rule}: no match for {v.text!r}")
         raise ExportError(
-            f"{problem.file_name} would break KernelBench's static rules (its checker cuts '#' comments and then "
+            f"{file_name} would break KernelBench's static rules (its checker cuts '#' comments and then "
             "matches the text anywhere, docstrings and strings included). The exporter copies the package source "
             "verbatim, so reword these source lines:\n" + "\n".join(report))
     count = _line_count(lines)
     if count > MAX_LINES:
-        raise ExportError(f"{problem.file_name} would have {count} lines, over {MAX_LINES}: a KernelBench file carries "
+        raise ExportError(f"{file_name} would have {count} lines, over {MAX_LINES}: a KernelBench file carries "
                           "what its candidates launch, no more (fewer candidates, or smaller kernels)")
     return text
+
+
+def render(problem: Problem, small: bool = False) -> str:
+    """The file for one problem (``small``: a ``reduced`` one), its first form within MAX_LINES, or ExportError."""
+    return checked_text(problem.file_name, first_fit(_render_lines(problem, small)))
 
 
 # ---- command ----------------------------------------------------------------------------------------

@@ -1,11 +1,8 @@
 """``convt3d export-kernelbench --level 2``: KernelBench level 2's ConvTranspose3d problems as ``ModelNew`` files.
 
-A file is the in-library solution (``level2.ModelNew``) run on meta tensors once per mode (training,
-evaluation): its transposed convolution with the fused epilogue becomes level 1's traced launcher and
-chooser, over the engine's tiles that take an epilogue as its predictor ranks them; each finishing
-kernel becomes a straight-line launch, and each program's operands are built in the forward from the
-parameters, which ``ModelNew`` creates as the reference does (same order, same draws).
-"""
+``level2.ModelNew`` runs on meta tensors once per mode (training, evaluation): its convolution with the fused
+epilogue becomes level 1's traced launcher and chooser over the predictor's epilogue tiles, each finishing
+kernel a straight-line launch; ``ModelNew`` creates the reference's parameters (same order, same draws)."""
 from __future__ import annotations
 
 import contextlib
@@ -24,9 +21,9 @@ from ..engines.triton import finish, predict
 from ..engines.triton.configs import candidate_configs
 from ..engines.triton.kernels import finish as FK
 from ..version import __version__
-from . import export, level2, static_check
-from .shake import ExportError, PythonShaker
-from .trace import _wrap_call, launcher_source, meta_call
+from . import export, level2
+from .shake import ExportError
+from .trace import _wrap_call, meta_call
 
 __all__ = ["ROOTS", "TABLE_ARCH", "SUPPORTED_STAGES", "candidates", "exported", "render"]
 
@@ -148,15 +145,12 @@ class _Tracer:
     def _depth_sums(self, x, lines: list[str]) -> str:
         """DepthMeanConv's input: per depth tap, the sum of the input depths it reaches (its ranges) by
         axis_kernel over a depth slice of ``x``, into a stack in reverse the layer reads as (N, C, K, H, W)."""
-        c, (n, ch, d, h, w) = self.model.conv_transpose, x.shape
-        (s, p, op, dl), k = (v[0] for v in (c.stride, c.padding, c.output_padding, c.dilation)), c.kernel_size[0]
-        out = (d - 1) * s - 2 * p + dl * (k - 1) + op + 1
+        (n, ch, d, h, w), (_, reach) = x.shape, level2.depth_reach(self.model.conv_transpose, x.shape[2])
+        k = len(reach)
         if h * w == 1:
             raise ExportError(f"problem {self.problem.id}: depth sums of a 1x1 plane are not exported")
         lines.append(f"sums = torch.empty({(k, n, ch, h, w)!r}, dtype=torch.float32, device=x.device)")
-        for j in range(k):  # as level2.DepthMeanConv: tap j reaches the inputs i with 0 <= i * s - p + j * dl < out
-            lo = min(d, max(0, -((j * dl - p) // s)))
-            hi = max(lo, min(d, (out - 1 + p - j * dl) // s + 1))
+        for j, (lo, hi) in enumerate(reach):
             block_r = min(triton.next_power_of_2(max(hi - lo, 1)), 128)
             block_i = min(triton.next_power_of_2(h * w), finish.FINISH_TILE // block_r)
             ints = (hi - lo, h * w, triton.cdiv(h * w, block_i), d * h * w, h * w, 1, d * h * w, ch, ch, 1e-05)
@@ -379,8 +373,6 @@ def _model_new(problem: level2.Problem, train: _Tracer, evaluation: _Tracer) -> 
         body += [f"if self.{stage.name}.training:", f"    self.{stage.name}.num_batches_tracked.add_(1)",
                  *train_lines, "else:", *eval_lines]
     body.append(f"return y{len(problem.pipeline) - 1}")
-    first = "in_channels, out_channels, kernel_size"  # which the problem's record may leave out
-    signature = problem.signature if problem.signature.startswith(first) else f"{first}, {problem.signature}"
     init = ["given = {k: tuple(v) if isinstance(v, list) else v for k, v in locals().items() if k in INIT_INPUTS}",
             "if given != INIT_INPUTS:",
             "    raise ValueError(f\"this file's launches are specialised to KernelBench problem {PROBLEM}'s init \"",
@@ -399,7 +391,7 @@ class ModelNew(torch.nn.Module):
     """KernelBench level 2 problem {problem.id}: Model's constructor and state, its forward as convt3d's
     kernels (the launches above), for KernelBench's init inputs."""
 
-{_wrap_call("def __init__(", ["self", *signature.split(", ")], "    ", "):")}{"".join(
+{_wrap_call("def __init__(", ["self", *(level2.CHANNELS + problem.signature).split(", ")], "    ", "):")}{"".join(
         indent + line for b in init for line in b.split(chr(10)))}
 
     def forward(self, {", ".join(problem.inputs)}):{"".join(indent + line for b in body for line in b.split(chr(10)))}
@@ -409,60 +401,31 @@ __all__ = ["ModelNew"]
 '''
 
 
-def _chooser() -> str:
-    """Level 1's chooser and forward, each launch also passing the epilogue's operands ``ops``."""
-    text = export._CHOOSER.format(rule="=" * 20)
-    for old, new in (("bias, y, precision)", "bias, y, precision, *ops)"),
-                     ("def forward(x, weight, bias, precision):", "def forward(x, weight, bias, precision, *ops):")):
-        if old not in text:
-            raise ExportError(f"export._CHOOSER no longer has {old!r}")
-        text = text.replace(old, new)
-    return text
-
-
 def _precision() -> list:
-    name, reader = export._tf32_flag_reader()
-    return export._gen(f'''# {"=" * 20} the precision of the convolution (generated) {"=" * 20}
-# KernelBench compares ModelNew with its reference under the same PyTorch flags: the convolution
+    rule = f'''# KernelBench compares ModelNew with its reference under the same PyTorch flags: the convolution
 # computes in TF32 where PyTorch allows TF32 for convolutions (as cuDNN may then), at the
 # engine's exact grade otherwise; the finishing kernels compute in float32.
-EXACT_GRADE = {EXACT_GRADE!r}  # convt3d.dispatch.select.EXACT_GRADE at export time
-
-
-# convt3d.dispatch.select's reader of PyTorch's TF32 flag for convolutions, verbatim:''') + reader + export._gen(f'''
-
-def forward_precision():
-    """The convolution's precision under the flags in force: "tf32" or EXACT_GRADE."""
-    return "tf32" if {name}() else EXACT_GRADE
-
-''')
+EXACT_GRADE = {EXACT_GRADE!r}  # convt3d.dispatch.select.EXACT_GRADE at export time'''
+    return export.precision_lines("the convolution", rule, "The convolution's precision", "")
 
 
 def _header(problem: level2.Problem, configs, small: bool) -> list:
-    lines = [f"# convt3d {__version__}. Problem {problem.id} at a reduced size for Triton's interpreter "
-             "(Problem.reduced), with its first candidate there:"] if small else [export._paragraph(
+    provenance = [f"# convt3d {__version__}. Problem {problem.id} at a reduced size for Triton's interpreter "
+                  "(Problem.reduced), with its first candidate there:"] if small else [export._paragraph(
         f"convt3d {__version__}. Candidates: the Triton engine's tiles that take an epilogue, ranked for this "
         f"problem's transposed convolution by its predictor (engines/triton/predict.py, the {TABLE_ARCH} table) at "
         "TF32; the first forward times those its GPU and precision run and keeps the fastest:", "# ")]
-    width = max(len(cfg.short()) for cfg, _ in configs)
-    lines += [f"#   {cfg.short():<{width}}  rank {rank}; runs at {', '.join(runs)}"
-              for rank, (cfg, runs) in enumerate(configs, 1)]
+    notes = [f"rank {rank}; runs at {', '.join(runs)}" for rank, (_, runs) in enumerate(configs, 1)]
     stages = ", ".join("pooling" if isinstance(s, level2.Pool) else f"the {s.name}" if isinstance(s, level2.Norm)
                        else "the subtraction of each plane's mean" if isinstance(s, level2.SubtractMean)
                        else f"a {s.op} over dim{'s' * isinstance(s.dim, tuple)} {s.dim}"
                        for s in problem.pipeline if not isinstance(s, level2.Conv))
-    about = export._paragraph(
+    return export.header_lines(2, problem, provenance, configs, notes, (
         "``ModelNew`` computes the problem with convt3d's Triton kernels: the transposed convolution with the "
         "elementwise steps after it fused into its store (the candidates above, in TF32 where PyTorch allows "
         f"TF32 for convolutions, else at exact grade){f', then {stages} in finishing kernels' if stages else ''}, "
         "all specialised to KernelBench's inputs. Generated by ``convt3d export-kernelbench --level 2``: edit "
-        "the package and regenerate.")
-    return export._gen(f'''{export.MARKER}
-{chr(10).join(lines)}
-"""KernelBench level 2, problem {problem.id}: {problem.file_name}
-
-{about}
-"""''')
+        "the package and regenerate."))
 
 
 def _render_lines(problem: level2.Problem, small: bool, count: int) -> list[list]:
@@ -475,41 +438,17 @@ def _render_lines(problem: level2.Problem, small: bool, count: int) -> list[list
     configs = ranked[:1 if small else count]
     if not any(EXACT_GRADE in runs for _, runs in configs):  # one candidate runs at exact grade, always
         configs[-1] = next(c for c in ranked if EXACT_GRADE in c[1])
-    shaker = PythonShaker(ROOTS, export._read, export._is_module)
-    launcher, kernels = launcher_source(call, configs, shaker, code)
-    shaker.dead = {name for name in export.OPTIONAL_CONSTEXPRS if f"{name}=" not in launcher}
-    owners: dict[str, set[str]] = {}
-    for name in kernels:
-        found = [m for m, mod in shaker.modules.items() if mod.bindings.get(name, ("",))[0] == "stmt"]
-        if len(found) != 1:
-            raise ExportError(f"the kernel {name!r} is defined in {len(found)} of the modules the file draws on")
-        owners.setdefault(found[0], set()).add(name)
-    shaker.reach([("engines/triton/sites.py", n) for n in ("Site", "gluon_capable", "_tma_capable")], owners)
-    shaker.reach([(ROOTS[-1], k) for k in sorted(train.kernels | evaluation.kernels)])
-    taken = [n for n in _GENERATED_DEFINES if shaker.defines(n)]
-    if taken:
-        raise ExportError(f"the generated code defines {taken}, which the package source it reaches defines too")
-    extra = ("import collections.abc", "import math", "import time", "import torch") + \
-        (("import types",) if shaker.namespaces else ())
-    head = _header(problem, configs, small) + export._imports(shaker, extra)
-    rest = (export._gen(launcher + "\n") + export._gen(_chooser() + "\n") + _precision()
+    rest = (export._gen(export._CHOOSER.format(rule="=" * 20, ops=", *ops") + "\n") + _precision()
             + export._gen(_SUPPORT.format(rule="=" * 20) + _model_new(p, train, evaluation)))
-    return [head + shaker.lines(strip) + rest for strip in (False, True)]
+    return export.assemble(ROOTS, call, configs, _header(problem, configs, small), rest, _GENERATED_DEFINES, code,
+                           [(ROOTS[-1], k) for k in sorted(train.kernels | evaluation.kernels)])
 
 
 def render(problem: level2.Problem, small: bool = False) -> str:
     """The file of one problem (``small``: at its reduced size), its first form within MAX_LINES (with fewer
     candidates where none fits), or ExportError."""
     for count in range(predict.SHORTLIST + 1, 0, -1):
-        forms = _render_lines(problem, small, count)
-        lines = next((f for f in forms if export._line_count(f) <= export.MAX_LINES), forms[-1])
+        lines = export.first_fit(_render_lines(problem, small, count))
         if export._line_count(lines) <= export.MAX_LINES:
             break
-    text = "\n".join(line.text for line in lines)
-    violations = static_check.check(text)
-    if violations:
-        raise ExportError(f"{problem.file_name} would break KernelBench's static rules:\n" + "\n".join(
-            f"  {lines[v.line - 1].origin if v.line else problem.file_name}: {v}" for v in violations))
-    if export._line_count(lines) > export.MAX_LINES:
-        raise ExportError(f"{problem.file_name} would have {export._line_count(lines)} lines, over {export.MAX_LINES}")
-    return text
+    return export.checked_text(problem.file_name, lines)

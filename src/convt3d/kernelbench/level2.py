@@ -6,7 +6,6 @@ then convt3d's finishing kernels (``engines/triton/finish.py``) with ``pre``/``p
 or the name of a forward input or model attribute (``"leaky_relu.negative_slope"``); ``"-name"`` negates it."""
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import inspect
@@ -23,7 +22,7 @@ import convt3d
 
 from ..core.epilogue import apply_torch, as_epilogue
 from ..engines.triton import finish
-from .problems import find, select_ids
+from .problems import bind, find, select_ids
 
 __all__ = ["Problem", "PROBLEMS", "by_id", "parse_ids", "Reference", "ModelNew", "Conv", "DepthMeanConv", "PooledConv",
            "Pool", "Reduce", "SubtractMean", "Norm"]
@@ -68,6 +67,18 @@ class Conv:
                       _resolve(self.steps, m, env, c.out_channels))
 
 
+def depth_reach(c: nn.ConvTranspose3d, n: int) -> tuple[int, list[tuple[int, int]]]:
+    """The layer's output depth for ``n`` input depths, and per depth tap j the input depths [lo, hi) it
+    reaches: those i with 0 <= i * stride - padding + j * dilation < the output depth."""
+    (s, p, op, dl), k = (v[0] for v in (c.stride, c.padding, c.output_padding, c.dilation)), c.kernel_size[0]
+    out = (n - 1) * s - 2 * p + dl * (k - 1) + op + 1
+    reach = []
+    for j in range(k):
+        lo = min(n, max(0, -((j * dl - p) // s)))
+        reach.append((lo, max(lo, min(n, (out - 1 + p - j * dl) // s + 1))))
+    return out, reach
+
+
 class DepthMeanConv(Conv):
     """``conv_transpose(x).mean(dim=2, keepdim=True)``, then ``steps``, as one transposed convolution
     with one output depth: the mean over output depth of depth tap k's contributions is tap k applied
@@ -76,18 +87,12 @@ class DepthMeanConv(Conv):
 
     def __call__(self, m, x, env):
         c = m.conv_transpose
-        (s, *sh), (p, *ph), (op, *oph), (dl, *dh) = c.stride, c.padding, c.output_padding, c.dilation
-        k, n = c.kernel_size[0], x.shape[2]
-        out = (n - 1) * s - 2 * p + dl * (k - 1) + op + 1
-        sums = []
-        for j in range(k):  # tap j reaches the inputs i with 0 <= i * s - p + j * dl < out
-            lo = min(n, max(0, -((j * dl - p) // s)))
-            hi = max(lo, min(n, (out - 1 + p - j * dl) // s + 1))
-            sums.append(x[:, :, lo:hi].sum(2))
-        z = torch.stack(sums[::-1], 2)
+        (_, *sh), (_, *ph), (_, *oph), (_, *dh) = c.stride, c.padding, c.output_padding, c.dilation
+        out, reach = depth_reach(c, x.shape[2])
+        z = torch.stack([x[:, :, lo:hi].sum(2) for lo, hi in reach[::-1]], 2)
         program = [("div", out)] + ([("add", c.bias)] if c.bias is not None else [])
         program += _resolve(self.steps, m, env, c.out_channels) or []
-        return _convt(z, c.weight, None, (1, *sh), (k - 1, *ph), (0, *oph), c.groups, (1, *dh), program)
+        return _convt(z, c.weight, None, (1, *sh), (len(reach) - 1, *ph), (0, *oph), c.groups, (1, *dh), program)
 
 
 def _plain_pool(p: nn.Module) -> bool:
@@ -121,11 +126,9 @@ class Pool:
 
 
 class PooledConv(Conv):
-    """``avg_pool(conv_transpose(x))``, then ``steps``, as one transposed convolution, where the pool
-    averages windows the size of the layer's stride s (no padding, no dilation): output j is then
-    sum_i x[i] w'[j - i] with w'[t] the mean of w[s t + d + padding] over d < s, a stride-1 layer whose
-    kernel is the zero-padded weight average-pooled by s. Only steps that commute with an average
-    (affine ones) may be moved from before the pool to ``steps``. Other pools run after the layer."""
+    """``avg_pool(conv_transpose(x))``, then ``steps`` (affine ones commute with the average), as one stride-1
+    transposed convolution whose kernel is the zero-padded weight average-pooled by the stride s, where the
+    pool's windows are s (no padding, no dilation); other pools run after the layer."""
 
     def __init__(self, pool: str, *steps):
         self.pool, self.steps = pool, steps
@@ -217,12 +220,8 @@ class Problem:
 
     def bind(self, init_inputs: tuple | None = None, **overrides) -> SimpleNamespace:
         """``Model(*init_inputs, **overrides)``'s arguments by name (a TypeError as Python's binding raises)."""
-        params = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                    default=ast.literal_eval(default) if eq else inspect.Parameter.empty)
-                  for name, eq, default in (part.partition("=") for part in (_CHANNELS + self.signature).split(", "))]
-        bound = inspect.Signature(params).bind(*(self.init_inputs if init_inputs is None else init_inputs), **overrides)
-        bound.apply_defaults()
-        return SimpleNamespace(**bound.arguments)
+        return SimpleNamespace(**bind(CHANNELS + self.signature,
+                                      self.init_inputs if init_inputs is None else init_inputs, overrides))
 
     def reduced(self) -> "Problem":
         """The problem at the interpreter's size, its ops and layer geometry kept."""
@@ -234,7 +233,7 @@ def _ct(a, *forwarded) -> nn.ConvTranspose3d:
     return nn.ConvTranspose3d(a.in_channels, a.out_channels, a.kernel_size, **{k: getattr(a, k) for k in forwarded})
 
 
-_CHANNELS = "in_channels, out_channels, kernel_size, "  # every Model's first parameters, left out of its signature
+CHANNELS = "in_channels, out_channels, kernel_size, "  # every Model's first parameters, left out of its signature
 SP, SPO = ("stride", "padding"), ("stride", "padding", "output_padding")
 _LEAKY = ("leaky_relu", "leaky_relu.negative_slope")
 _CLAMP = (("clamp_min", "clamp_min"), ("clamp_max", "clamp_max"))

@@ -3,6 +3,7 @@
 copies both), the tiles its file carries and how cuDNN computes its reference with TF32 allowed."""
 from __future__ import annotations
 
+import ast
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,42 +11,36 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Arg", "DefaultReference", "Candidate", "Problem", "PROBLEMS", "CUDA_PROBLEMS", "by_id", "parse_ids",
-           "ReferenceModel", "SEED", "find", "select_ids"]
+__all__ = ["DefaultReference", "Candidate", "Problem", "PROBLEMS", "CUDA_PROBLEMS", "by_id", "parse_ids",
+           "ReferenceModel", "SEED", "find", "select_ids", "parameters", "bind"]
 
 SEED = 42  # KernelBench's seed_num: models are built after seeding it, trial seeds derive from it
-
-_REQUIRED = inspect.Parameter.empty
 # The problems with a hand-kept CUDA entry (kernelbench/<name>_cuda.py) beside their generated file.
 CUDA_PROBLEMS = (77,)
 
 
-@dataclass(frozen=True)
-class Arg:
-    """One constructor argument of a problem's ``Model``: name, annotation text, default."""
-
-    name: str
-    annotation: str
-    default: Any = _REQUIRED
-
-    def source(self) -> str:
-        """As written in a ``def`` line."""
-        if self.default is _REQUIRED:
-            return f"{self.name}: {self.annotation}"
-        return f"{self.name}: {self.annotation} = {self.default!r}"
+def parameters(signature: str) -> list[inspect.Parameter]:
+    """The parameters of ``def f(<signature>)``, their defaults evaluated as literals."""
+    args = ast.parse(f"def f({signature}): pass").body[0].args
+    defaults = [inspect.Parameter.empty] * (len(args.args) - len(args.defaults))
+    defaults += [ast.literal_eval(d) for d in args.defaults]
+    return [inspect.Parameter(a.arg, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d)
+            for a, d in zip(args.args, defaults)]
 
 
-def _args(*spec: tuple) -> tuple[Arg, ...]:
-    return tuple(Arg(*s) for s in spec)
+def bind(signature: str, args: tuple, overrides: dict) -> dict[str, Any]:
+    """Every parameter's value for ``f(*args, **overrides)`` of ``def f(<signature>)``, as Python binds them."""
+    bound = inspect.Signature(parameters(signature)).bind(*args, **overrides)
+    bound.apply_defaults()
+    return dict(bound.arguments)
 
 
-_CHANNELS_AND_INT_KERNEL = (("in_channels", "int"), ("out_channels", "int"), ("kernel_size", "int"))
-_CHANNELS_AND_TUPLE_KERNEL = (("in_channels", "int"), ("out_channels", "int"), ("kernel_size", "tuple"))
+_KERNEL = "in_channels: int, out_channels: int, kernel_size: "
 # The signature shared by 58, 68 and 72 (tuple arguments) and by 61 and 73 (int arguments).
-_TUPLE_SIGNATURE = _args(*_CHANNELS_AND_TUPLE_KERNEL, ("stride", "tuple", (1, 1, 1)), ("padding", "tuple", (0, 0, 0)),
-                         ("output_padding", "tuple", (0, 0, 0)), ("groups", "int", 1), ("bias", "bool", False))
-_INT_SIGNATURE = _args(*_CHANNELS_AND_INT_KERNEL, ("stride", "int", 1), ("padding", "int", 0),
-                       ("output_padding", "int", 0), ("groups", "int", 1), ("bias", "bool", False))
+_TUPLE_SIGNATURE = (_KERNEL + "tuple, stride: tuple = (1, 1, 1), padding: tuple = (0, 0, 0), "
+                    "output_padding: tuple = (0, 0, 0), groups: int = 1, bias: bool = False")
+_INT_SIGNATURE = (_KERNEL + "int, stride: int = 1, padding: int = 0, output_padding: int = 0, groups: int = 1, "
+                  "bias: bool = False")
 _ALL_FORWARDED = ("stride", "padding", "output_padding", "groups", "bias")
 _ALWAYS_FORWARDED = ("in_channels", "out_channels", "kernel_size")
 
@@ -89,7 +84,7 @@ def _flat(median_ms: float, **config) -> Candidate:
 class Problem:
     id: int
     name: str  # KernelBench level-1 file name without ".py"
-    signature: tuple[Arg, ...]  # Model.__init__(self, ...)
+    signature: str  # Model.__init__(self, ...)'s parameters, as written there
     forwarded: tuple[str, ...]  # the arguments Model passes to nn.ConvTranspose3d besides _ALWAYS_FORWARDED
     init_inputs: tuple  # get_init_inputs()
     input_shape: tuple[int, int, int, int, int]  # get_inputs(): torch.rand of this shape, fp32
@@ -113,24 +108,11 @@ class Problem:
     @property
     def ignored(self) -> tuple[str, ...]:
         """Constructor arguments Model accepts but does not pass on (problem 73's output_padding)."""
-        named = {*_ALWAYS_FORWARDED, *self.forwarded}
-        return tuple(a.name for a in self.signature if a.name not in named)
+        return tuple(name for name in self.bind() if name not in {*_ALWAYS_FORWARDED, *self.forwarded})
 
     def bind(self, init_inputs: tuple | None = None, **overrides) -> dict[str, Any]:
         """Every constructor argument's value for ``Model(*init_inputs, **overrides)``."""
-        values = self.init_inputs if init_inputs is None else tuple(init_inputs)
-        if len(values) > len(self.signature):
-            raise TypeError(f"problem {self.id}: {len(values)} positional arguments for {len(self.signature)}")
-        bound = {a.name: a.default for a in self.signature}
-        bound.update(zip((a.name for a in self.signature), values))
-        unknown = set(overrides) - set(bound)
-        if unknown:
-            raise TypeError(f"problem {self.id}: unexpected arguments {sorted(unknown)}")
-        bound.update(overrides)
-        missing = [name for name, v in bound.items() if v is _REQUIRED]
-        if missing:
-            raise TypeError(f"problem {self.id}: missing arguments {missing}")
-        return bound
+        return bind(self.signature, self.init_inputs if init_inputs is None else tuple(init_inputs), overrides)
 
     def layer_args(self, init_inputs: tuple | None = None, **overrides) -> dict[str, Any]:
         """Keyword arguments of the ``nn.ConvTranspose3d`` that ``Model`` builds."""
@@ -166,8 +148,8 @@ PROBLEMS: tuple[Problem, ...] = (
             (_flat(9.261, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3),
              _flat(9.544, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=16, num_warps=4, num_stages=4, gluon=True))),
     Problem(70, "70_conv_transposed_3D__asymmetric_input__square_kernel",
-            _args(*_CHANNELS_AND_INT_KERNEL, ("stride", "int", 1), ("padding", "int", 0), ("output_padding", "int", 0),
-                  ("dilation", "int", 1), ("groups", "int", 1), ("bias", "bool", False)),
+            _KERNEL + "int, stride: int = 1, padding: int = 0, output_padding: int = 0, dilation: int = 1, "
+            "groups: int = 1, bias: bool = False",
             ("stride", "padding", "output_padding", "dilation", "groups", "bias"), (48, 24, 3), (8, 48, 96, 96, 96),
             _tf32(7.1e-4),
             (_flat(8.812, BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3),
@@ -177,22 +159,21 @@ PROBLEMS: tuple[Problem, ...] = (
             (8, 32, 12, 24, 48),
             # cuDNN computes this grouped problem in full fp32 even with TF32 allowed: exact grade.
             DefaultReference(False, 2.1e-7, _H200),
-            (_flat(0.457, BLOCK_M=128, BLOCK_N=16, BLOCK_K=16, BLOCK_W=128, num_warps=4,
-                          num_stages=3, W_GROUP=2, fold=2),
-             _flat(0.492, BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4,
-                          num_stages=3, W_GROUP=2, fold=4))),
+            (_flat(0.457, BLOCK_M=128, BLOCK_N=16, BLOCK_K=16, BLOCK_W=128, num_warps=4, num_stages=3, W_GROUP=2,
+                   fold=2),
+             _flat(0.492, BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3, W_GROUP=2,
+                   fold=4))),
     Problem(73, "73_conv_transposed_3D_asymmetric_input_square_kernel__strided_padded__grouped",
             _INT_SIGNATURE, ("stride", "padding", "groups", "bias"), (32, 32, 3, 2, 1, 4), (4, 32, 32, 64, 128),
             _tf32(2.5e-4),
             (_flat(0.677, BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=3, W_GROUP=2),
-             _flat(0.727, BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4,
-                          num_stages=4, W_GROUP=2, gluon=True))),
+             _flat(0.727, BLOCK_M=128, BLOCK_N=32, BLOCK_K=32, BLOCK_W=128, num_warps=4, num_stages=4, W_GROUP=2,
+                   gluon=True))),
     Problem(77, "77_conv_transposed_3D_square_input_square_kernel___padded____dilated____strided__",
-            _args(*_CHANNELS_AND_INT_KERNEL, ("stride", "int", 1), ("padding", "int", 0), ("dilation", "int", 1),
-                  ("bias", "bool", False)),
+            _KERNEL + "int, stride: int = 1, padding: int = 0, dilation: int = 1, bias: bool = False",
             ("stride", "padding", "dilation", "bias"), (32, 64, 3, 2, 1, 2), (16, 32, 16, 32, 32), _tf32(3.4e-4),
-            (_flat(0.350, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=32, num_warps=4,
-                          num_stages=4, W_GROUP=2, gluon=True),
+            (_flat(0.350, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, BLOCK_W=32, num_warps=4, num_stages=4, W_GROUP=2,
+                   gluon=True),
              _flat(0.378, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, BLOCK_W=64, num_warps=4, num_stages=4, W_GROUP=2))),
 )
 

@@ -1,8 +1,6 @@
-"""Tree-shaking of the package source for the KernelBench files: every top-level definition an entry
-reaches, transitively, with the comment lines above it. Relative imports become nothing, an alias or a
-``types.SimpleNamespace``, absolute ones are hoisted; as the modules share the file's namespace, two
-reached definitions of one name are refused, and so is a dataclass (KernelBench's loader cannot
-resolve its string annotations)."""
+"""Tree-shaking of the package source for the KernelBench files: every top-level definition an entry reaches,
+with the comments above it; relative imports become nothing, an alias or a ``types.SimpleNamespace``, absolute
+ones are hoisted. The modules share one namespace, so two reached definitions of one name are refused."""
 from __future__ import annotations
 
 import ast
@@ -85,14 +83,8 @@ def _target_names(target: ast.expr) -> list[str]:
 
 def _loads(nodes) -> set[str]:
     """Names read in these expressions (evaluated in module scope)."""
-    found: set[str] = set()
-    for node in nodes:
-        if node is None:
-            continue
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
-                found.add(sub.id)
-    return found
+    return {sub.id for node in nodes if node is not None for sub in ast.walk(node)
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load)}
 
 
 def _dead_ifs(node: ast.AST, dead: set[str]) -> list[ast.If]:

@@ -1,16 +1,13 @@
-"""Our own implementation of KernelBench's static rules for a Triton or CUDA ``ModelNew`` file.
-
-KernelBench's ``kernel_static_checker.py`` matches regular expressions on each line cut at its first
-``#`` and then its first ``//``, docstrings and strings included. The rules are the union of its past
-and present patterns under its strict settings, plus layers and ``functional`` through aliases, so a
-file that passes here passes KernelBench. Forbidding rules are also matched with only ``#`` cut.
-"""
+"""KernelBench's static rules for a Triton or CUDA ``ModelNew`` file, as its ``kernel_static_checker.py``
+matches them (regular expressions on each line cut at its first ``#`` and then its first ``//``, strings
+included): the union of its past and present strict patterns, plus layers and ``functional`` through
+aliases, so a file that passes here passes KernelBench. Forbidding rules also match with only ``#`` cut."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-__all__ = ["Rule", "Violation", "RULES", "strip_comments", "check", "format_violations"]
+__all__ = ["Rule", "Violation", "RULES", "strip_comments", "check"]
 
 
 @dataclass(frozen=True)
@@ -120,12 +117,3 @@ def check(code: str, backend: str = "triton") -> list[Violation]:
                 found.setdefault((rule.name, line), Violation(rule.name, rule.category, line, m.group(0)))
     return sorted(found.values(), key=lambda v: (v.line, v.rule))
 
-
-def format_violations(violations: list[Violation], code: str, name: str = "<file>") -> str:
-    """One line per violation, with the offending source line."""
-    lines = code.split("\n")
-    out = []
-    for v in violations:
-        src = f"    {lines[v.line - 1].strip()}" if v.line else ""
-        out.append(f"{name}:{v}" + (f"\n{src}" if src else ""))
-    return "\n".join(out)

@@ -35,10 +35,7 @@ class _Launch:
     grid: tuple
     ints: tuple
     consts: dict
-    # per argument: ("tensor", name) | ("new", name, shape, dtype) | ("view", name, shape) | ("permute", name,
-    # dims) | ("table", index) | ("gluon", base, block) | ("descriptor", class, base, field values) | ("bias-or",
-    # argument)
-    args: list
+    args: list  # per argument, a tuple of its kind and what rebuilds it (``_arg_source`` reads each kind)
 
 
 def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list, epi_code: int = 0) -> list[_Launch]:
@@ -65,10 +62,8 @@ def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list, 
             raise ExportError(f"problem {problem.id}: tracing the engine's launches of {cfg.short()!r} failed: "
                               f"{type(e).__name__}: {e}") from e
 
-    names: dict[int, str] = {id(x): "x", id(w): "weight", id(y): "y"}
-    names.update((id(t), n) for t, n in zip(ops, ("epi_s", "epi_c", "epi_r")))
-    if b is not None:
-        names[id(b)] = "bias"
+    names = {id(t): n for t, n in zip((x, w, y, b, *ops), ("x", "weight", "y", "bias", "epi_s", "epi_c", "epi_r"))
+             if t is not None}
     new: dict[int, str] = {}
 
     def tensor(t) -> tuple:

@@ -29,7 +29,7 @@ from ...core.memo import memo
 
 __all__ = ["CONFIGS", "MAX_COLUMNS", "MAX_SHIFTS", "MAX_HEAD_CHANNELS", "HeadPlan", "geometry", "columns",
            "width_shifts", "unsupported_reason", "call_reason", "staging_mode", "configs_for", "tile_boxes", "plan",
-           "shift_masks", "pack_weight", "library_path", "load_library", "forward", "variants", "offers",
+           "shift_masks", "pack_weight", "library_path", "load_library", "forward", "variants",
            "candidate_plans", "choose_tile", "build_seconds", "round_tf32", "pack_weight_cuda"]
 
 # The .cu's CONVT3D_HEAD_CONFIGS: index -> (MT, NTW, WM, WN), a CTA covering BM = WM x MT x 16 output
@@ -495,14 +495,11 @@ def variants(params: ConvT3dParams) -> list[int]:
     return sorted({1, width_shifts(params)})
 
 
-def offers(params: ConvT3dParams, dtype: torch.dtype, per_variant: int = 4) -> list[tuple[int, int, tuple]]:
-    """(jn, config, box): the first ``per_variant`` offered tiles of each of ``variants``."""
-    return [(jn, cfg, box) for jn in variants(params) for cfg, box in tile_boxes(params, dtype, jn=jn)[:per_variant]]
-
-
-def candidate_plans(params: ConvT3dParams, dtype: torch.dtype, candidates: int = 4) -> list[HeadPlan]:
-    """What ``choose_tile`` times: ``offers`` of both variants, as each wins on some heads."""
-    return [plan(params, dtype, cfg, box, jn=jn) for jn, cfg, box in offers(params, dtype, candidates)]
+def candidate_plans(params: ConvT3dParams, dtype: torch.dtype, per_variant: int = 4) -> list[HeadPlan]:
+    """What ``choose_tile`` times: the first ``per_variant`` offered tiles of each of ``variants``, as
+    each variant wins on some heads."""
+    return [plan(params, dtype, cfg, box, jn=jn) for jn in variants(params)
+            for cfg, box in tile_boxes(params, dtype, jn=jn)[:per_variant]]
 
 
 def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams) -> HeadPlan:

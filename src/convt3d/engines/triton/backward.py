@@ -1,10 +1,10 @@
 """Backward of ``convt3d.conv_transpose3d``: dX, dW and db, and which implementation runs each.
 
-On CUDA a signature's first backward times cuDNN against each gradient's Triton candidates
-(``kernels/dgrad_bwd.py``, the head kernels of ``head_backward``) and keeps a Triton tile only if it
-wins by more than ``_MARGIN`` (saved in the cache file); the general Triton dW kernel, slower than
-cuDNN's, runs only when forced. Without timing the rule is cuDNN; ``$CONVT3D_BWD_INPUT`` and
-``$CONVT3D_BWD_WEIGHT`` force "cudnn" or "triton". Precision follows the forward's; all deterministic.
+On CUDA a signature's first backward times cuDNN against each gradient's Triton tiles (dX:
+``kernels/dgrad_bwd.py``; heads: ``head_backward``) and keeps a tile only if it wins by more than
+``_MARGIN`` (saved in the cache file), else cuDNN. ``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT``
+force "cudnn" or "triton" (dW's Triton kernels take output heads only). Precision follows the forward's;
+all deterministic.
 """
 from __future__ import annotations
 
@@ -15,42 +15,27 @@ import time
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ...dispatch import cache as disk_cache
 from . import head_backward as HB
+from . import precompile
 from ...core.flags import cudnn_conv_tf32, set_backend_flag
 from ...core.errors import BackendUnavailableError
 from ...core.params import ConvT3dParams, cdiv, pow2_at_least
 from ...dispatch.timing import gpu_ms
-from .kernels import dgrad_bwd, wgrad_bwd
+from .kernels import dgrad_bwd
 from .configs import _tuning_enabled, device_name, uses_tensor_cores
 from ...core.call import suggests_channels_last
 from .sites import _INT32_MAX, Site, _prepare_padded_input, require_interpreter, site
 from ...core.memo import memo
 
-__all__ = ["WGRAD_IMPLS", "WgradConfig", "DgradConfig", "grads", "wgrad_triton", "wgrad_candidates",
-           "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates", "dgrad_choice_candidates", "choices",
-           "dgrad_choices", "recorded_choices", "clear_caches", "grad_formats"]
+__all__ = ["WGRAD_IMPLS", "DgradConfig", "grads", "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates",
+           "dgrad_choice_candidates", "wgrad_fallback", "choices", "dgrad_choices", "recorded_choices",
+           "clear_caches", "grad_formats"]
 
 WGRAD_IMPLS = ("cudnn", "triton")
 _FORCE_ENV = "CONVT3D_BWD_WEIGHT"
 _FORCE_ENV_X = "CONVT3D_BWD_INPUT"
-
-
-@dataclass(frozen=True)
-class WgradConfig:
-    BLOCK_CI: int
-    BLOCK_CO: int
-    BLOCK_P: int  # reduction positions per step: (BLOCK_P // BLOCK_W) rows x BLOCK_W columns of (ih, iw)
-    BLOCK_W: int
-    num_warps: int
-    num_stages: int
-    splits: int  # programs along the reduction; partial sums are added in a fixed order
-
-    def short(self) -> str:
-        return (f"CI{self.BLOCK_CI} CO{self.BLOCK_CO} P{self.BLOCK_P}({self.BLOCK_P // self.BLOCK_W}x{self.BLOCK_W}) "
-                f"w{self.num_warps} s{self.num_stages} split{self.splits}")
 
 
 @dataclass(frozen=True)
@@ -68,7 +53,7 @@ class DgradConfig:
 @dataclass
 class Choice:
     impl: str  # "cudnn" | "triton"
-    config: WgradConfig | DgradConfig | None
+    config: DgradConfig | HB.HeadDgradConfig | HB.HeadWgradConfig | None
     seconds: float  # tuning time (0 for a static choice)
     timings_ms: dict[str, float]
     reason: str
@@ -128,78 +113,6 @@ def _torch_grads(dy, x, w, params, precision, need_x, need_w, need_b=False):
         return torch.ops.aten.convolution_backward(
             dy, x, w, bias_sizes, list(params.stride), list(params.padding), list(params.dilation), True,
             list(params.output_padding), params.groups, [need_x, need_w, need_b])
-
-
-def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device) -> tuple[WgradConfig, ...]:
-    """The one tile of ``wgrad_kernel`` (never timed: it runs only when forced), with <= 64 fp32
-    accumulators per thread and <= 150 KB of operand stages."""
-    cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
-    w = params.in_size[2]
-    h = params.in_size[1]
-    taps = math.prod(params.kernel_size)
-    interp = device.type != "cuda"
-    bci, bp = (16, 16) if interp else (64, 64)
-    bci = min(bci, max(16, min(128, pow2_at_least(cin_g))))
-    bco = max(16, min(128, pow2_at_least(cout_g)))
-    bp = min(bp, max(16, pow2_at_least(h * w)))
-    bw = min(bp, pow2_at_least(w))
-    warps = 8 if bci * bco >= 64 * 128 else 4
-    stages = 3
-    while stages > 1 and stages * (bci * bp + bp * bco) * dtype.itemsize > 150 * 1024:
-        stages -= 1
-    if interp:
-        splits = 1  # Triton's interpreter runs one program at a time; tests force more splits
-    else:
-        tiles = params.groups * taps * triton.cdiv(cin_g, bci) * triton.cdiv(cout_g, bco)
-        rows = params.batch * params.in_size[0] * triton.cdiv(h, bp // bw) * triton.cdiv(w, bw)
-        splits = max(1, min(triton.cdiv(HB.device_programs(device), tiles), max(1, rows // 4), 256))
-    return (WgradConfig(bci, bco, bp, bw, warps, stages, splits),)
-
-
-def _wgrad_site(params: ConvT3dParams, cfg: WgradConfig, x: torch.Tensor, dy: torch.Tensor, precision: str) -> Site:
-    """wgrad_kernel's launch site, fixed by the call signature, so later steps replay it cheaply."""
-    def build():
-        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-        kernel = params.kernel_size
-        taps = math.prod(kernel)
-        tiles_ci, tiles_co = cdiv(cin_g, cfg.BLOCK_CI), cdiv(cout_g, cfg.BLOCK_CO)
-        tiles_h = cdiv(params.in_size[1], cfg.BLOCK_P // cfg.BLOCK_W)
-        tiles_w = cdiv(params.in_size[2], cfg.BLOCK_W)
-        is_fp32 = x.dtype == torch.float32
-        return Site("wgrad_kernel", (cfg.splits * g * taps * tiles_ci * tiles_co,), (
-            params.batch, cin_g, cout_g, *params.in_size, *params.out_size,
-            kernel[1], kernel[2], taps, g, cfg.splits,
-            *x.stride(), *dy.stride(),
-            *params.stride, *params.padding, *params.dilation,
-            tiles_ci, tiles_co, tiles_h, tiles_w,
-        ), dict(
-            PRECISION=precision if is_fp32 else "tf32",
-            ROUND_TF32=is_fp32 and precision == "tf32",
-            TWO_LEVEL=is_fp32 and precision != "tf32",
-            BLOCK_CI=cfg.BLOCK_CI, BLOCK_CO=cfg.BLOCK_CO, BLOCK_P=cfg.BLOCK_P, BLOCK_W=cfg.BLOCK_W,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        ), wgrad_bwd)
-
-    return site(("wgrad", params, cfg, x.stride(), dy.stride(), x.dtype, precision), build)
-
-
-def wgrad_triton(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precision: str,
-                 out_dtype: torch.dtype, config: WgradConfig | HB.HeadWgradConfig | None = None,
-                 dyp: torch.Tensor | None = None) -> torch.Tensor:
-    """dW (contiguous) by ``wgrad_kernel``, or by the head kernels for a ``HeadWgradConfig``."""
-    if isinstance(config, HB.HeadWgradConfig):
-        return HB.head_wgrad(dy, x, params, precision, out_dtype, config, dyp=dyp)
-    require_interpreter(x.device, "the Triton weight-gradient kernel")
-    cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
-    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-    kernel = params.kernel_size
-    taps = math.prod(kernel)
-    part = torch.empty((cfg.splits, g, taps, cin_g, cout_g), dtype=torch.float32, device=x.device)
-    _wgrad_site(params, cfg, x, dy, precision).launch(x.device, x, dy, part)
-    total = part.sum(0) if cfg.splits > 1 else part[0]  # fixed-order reduction: deterministic
-    dw = torch.empty((params.in_channels, cout_g) + tuple(kernel), dtype=out_dtype, device=x.device)
-    dw.view(g, cin_g, cout_g, taps).copy_(total.permute(0, 2, 3, 1))
-    return dw
 
 
 def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device,
@@ -277,7 +190,7 @@ def _pack_dgrad(w: torch.Tensor, params: ConvT3dParams, round_tf32: bool) -> tor
 
 def _dgrad_site(params: ConvT3dParams, cfg: DgradConfig, dy: torch.Tensor, dx: torch.Tensor, precision: str,
                 round_a: bool) -> Site:
-    """The launch site of dgrad_kernel (see ``_wgrad_site``)."""
+    """dgrad_kernel's launch site, fixed by the call signature, so later steps replay it cheaply."""
     def build():
         g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
         is_fp32 = dy.dtype == torch.float32
@@ -328,11 +241,11 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
 
 
 def _triton_dgrad_ok(params: ConvT3dParams) -> bool:
-    # The tensor-core channel threshold of dW (below it cuDNN only), and 32-bit in-slice offsets.
+    # The tensor-core channel threshold (below it cuDNN only), and 32-bit in-slice offsets.
     return uses_tensor_cores(params) and _dgrad_sizes_fit(params)
 
 
-def _forced(env: str = _FORCE_ENV) -> str | None:
+def _forced(env: str) -> str | None:
     v = os.environ.get(env)
     if not v:
         return None
@@ -359,6 +272,7 @@ _MARGIN = 0.03
 def _time_choice(cands: tuple, run_cudnn, run_triton) -> Choice:
     """Time cuDNN and each Triton candidate; a candidate that raises is left out, named in the reason."""
     t0 = time.perf_counter()
+    precompile.compile_candidates(cands, run_triton)
     runs = {"cudnn": (None, run_cudnn)}
     for cfg in cands:
         runs[f"triton {cfg.short()}"] = (cfg, lambda cfg=cfg: run_triton(cfg))
@@ -407,14 +321,13 @@ def _choice_from_entry(entry: dict | None, cands: tuple) -> Choice | None:
     return Choice("triton", c, 0.0, timings, f"cached: triton {c.short()} fastest (timed by an earlier process)")
 
 
-def _can_time(x: torch.Tensor, supported: bool, time_triton: bool) -> bool:
+def _can_time(x: torch.Tensor, supported: bool) -> bool:
     """Whether this call may time its candidates (CUDA, a capable kernel, tuning on, no capture)."""
-    return (x.device.type == "cuda" and supported and _tuning_enabled() and time_triton
-            and not torch.cuda.is_current_stream_capturing())
+    return x.device.type == "cuda" and supported and _tuning_enabled() and not torch.cuda.is_current_stream_capturing()
 
 
 def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_cudnn, run_triton,
-            dy, x, w, params, precision, time_triton: bool = True) -> Choice:
+            dy, x, w, params, precision) -> Choice:
     """The per-signature choice of one gradient; without timing cuDNN (no Triton tile wins widely)."""
     forced = _forced(env)
     if forced is not None:
@@ -430,10 +343,9 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
     rec = cache.get(key)
     if rec is not None:
         return rec
-    if not _can_time(x, supported, time_triton):
-        why = ("static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)"
-               if time_triton or x.device.type != "cuda"
-               else "static rule (not timed: the general Triton dW is slower than cuDNN's)")
+    if not _can_time(x, supported):
+        why = ("static rule (no timing: CPU, graph capture or CONVT3D_AUTOTUNE=0)" if supported
+               else f"static rule (no Triton {what}-gradient kernel takes this layer)")
         rec = Choice("cudnn", None, 0.0, {}, why)
         if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
             cache[key] = rec
@@ -465,10 +377,16 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
 
 
 def wgrad_choice_candidates(params, dtype, device) -> tuple:
-    """The Triton dW tiles (the first runs when forced): the head kernel's (timed), else the general one."""
-    if HB.supports(params):
-        return HB.wgrad_candidates(params, dtype, device)
-    return wgrad_candidates(params, dtype, device) if uses_tensor_cores(params) else ()
+    """The Triton dW tiles the choice times (the first runs when forced): the head kernels', heads only."""
+    return HB.wgrad_candidates(params, dtype, device) if HB.supports(params) else ()
+
+
+def wgrad_fallback(params: ConvT3dParams) -> str | None:
+    """Why ``$CONVT3D_BWD_WEIGHT=triton`` leaves this layer's dW to cuDNN (it is no output head), or None."""
+    why = HB.unsupported_reason(params)
+    if os.environ.get(_FORCE_ENV) != "triton" or why is None:
+        return None
+    return f"${_FORCE_ENV}=triton: cuDNN, as the Triton dW kernels take output heads only ({why})"
 
 
 def dgrad_choice_candidates(params, dtype, device, precision) -> tuple:
@@ -479,11 +397,14 @@ def dgrad_choice_candidates(params, dtype, device, precision) -> tuple:
 
 
 def choose_wgrad(dy, x, w, params, precision) -> Choice:
-    return _choose(_choices, _FORCE_ENV, "weight", uses_tensor_cores(params) or HB.supports(params),
+    fallback = wgrad_fallback(params)
+    if fallback is not None:
+        return Choice("cudnn", None, 0.0, {}, fallback)
+    return _choose(_choices, _FORCE_ENV, "weight", HB.supports(params),
                    lambda: wgrad_choice_candidates(params, x.dtype, x.device),
                    lambda: _torch_grads(dy, x, w, params, precision, False, True)[1],
-                   lambda cfg: wgrad_triton(dy, x, params, precision, w.dtype, cfg),
-                   dy, x, w, params, precision, time_triton=HB.supports(params))
+                   lambda cfg: HB.head_wgrad(dy, x, params, precision, w.dtype, cfg),
+                   dy, x, w, params, precision)
 
 
 def choose_dgrad(dy, x, w, params, precision) -> Choice:
@@ -530,15 +451,14 @@ def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dPar
         gx, gw, gb = _torch_grads(dy, x, w, params, precision, use_torch_x, use_torch_w, need_b)
         need_b = False
     dyp = None
-    if (need_x and not use_torch_x and isinstance(ximpl.config, HB.HeadDgradConfig) and need_w and not use_torch_w
-            and isinstance(wimpl.config, HB.HeadWgradConfig) and w.dtype == x.dtype
-            and bool(ximpl.config.BLOCK_W) == bool(wimpl.config.BLOCK_W)):
-        # Both head kernels read the same copy of dY: one copy for the two.
+    if (need_x and need_w and not use_torch_x and not use_torch_w and isinstance(ximpl.config, HB.HeadDgradConfig)
+            and w.dtype == x.dtype and bool(ximpl.config.BLOCK_W) == bool(wimpl.config.BLOCK_W)):
+        # Both head kernels (every Triton dW tile is a head's) read the same copy of dY: one copy for the two.
         dyp = HB.dy_operand(dy, params, x.dtype, ximpl.config, precision)
     if need_x and not use_torch_x:
         gx = dgrad_triton(dy, w, params, precision, x.dtype, ximpl.config, fx, dyp=dyp)
     if need_w and not use_torch_w:
-        gw = wgrad_triton(dy, x, params, precision, w.dtype, wimpl.config, dyp=dyp)
+        gw = HB.head_wgrad(dy, x, params, precision, w.dtype, wimpl.config, dyp=dyp)
     if need_b:
         # fp32 accumulation for 16-bit dY, as PyTorch's bias gradient.
         gb = dy.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(dy.dtype)

@@ -13,6 +13,7 @@ import torch
 
 from ...core.flags import device_name
 from ...core.params import ConvT3dParams, cdiv, pow2_at_least
+from . import precompile
 from ...dispatch.timing import gpu_ms, host_ms
 from . import head as head_engine
 from ...core.memo import memo
@@ -208,8 +209,9 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
     timings: dict[str, float] = {}
     hosts: dict[str, float] = {}
     failed: dict[str, str] = {}
+    precompile.compile_candidates(configs, run)
     for cfg in configs:
-        outcome = run(cfg)  # compile + warm
+        outcome = run(cfg)  # compile (or load what the workers compiled) + warm
         if isinstance(outcome, CandidateFailure):
             # A candidate beyond this GPU's limits: the others decide (each run writes all of y).
             failed[cfg.short()] = outcome.error

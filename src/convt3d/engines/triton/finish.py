@@ -111,7 +111,7 @@ def reduce(y, dim, op: str, *, pre=None, post=None, weight=None, bias=None, eps:
 
 
 def _ones(n: int, device) -> torch.Tensor:
-    """A float32 vector of ``n`` ones (the affine kernel's unit scale)."""
+    """A float32 vector of ``n`` ones (the affine kernel's unit scale; the level-2 exporter replaces it)."""
     return torch.ones(n, dtype=torch.float32, device=device)
 
 

@@ -1,11 +1,7 @@
-"""Predicted, then confirmed (opt-in): the tuner compiles and times a shortlist instead of every candidate.
-
-A tuning table per GPU architecture (``tables/sm<major><minor>.json``, from ``tools/tuning_table.py
---merge``) records each candidate kind's cost relative to the best on random layers; a call's
-candidates are ranked by their kinds' costs on the nearest recorded layers, and the shortlist keeps
-the best of each kernel family, then the next best up to ``SHORTLIST``. Opt-in
-(``CONVT3D_TUNE=predicted``): its choice is slower than the exhaustive tuner's on the suites' layers.
-"""
+"""Predicted, then confirmed: the tuner times a shortlist (``pick`` of ``rank``) instead of every candidate,
+ranked by the tuning table of the GPU's architecture (``tables/sm<major><minor>.json``, from
+``tools/tuning_table.py --merge``). Opt-in (``CONVT3D_TUNE=predicted``), as its choice is slower than the
+exhaustive tuner's on the suites' layers."""
 from __future__ import annotations
 
 import functools

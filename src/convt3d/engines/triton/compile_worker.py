@@ -1,0 +1,105 @@
+"""A compile worker of ``precompile``: reads (module, kernel name, specialisation, target) jobs from
+stdin and compiles each into Triton's on-disk cache, answering None or the error's text.
+
+Run as a script, not imported: it loads the kernel modules without the convt3d package, so that a
+worker starts with Triton alone (no PyTorch, no CUDA context). Messages are pickles, each after
+its length as 8 bytes.
+"""
+import importlib
+import json
+import os
+import pickle
+import struct
+import sys
+import types
+
+_PACKAGE = "convt3d.engines.triton"
+
+
+def _load(module: str):
+    """Import a kernel module under its package name, its parent packages stubbed (no __init__ run)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    parts = _PACKAGE.split(".")
+    for i in range(len(parts)):
+        name = ".".join(parts[:i + 1])
+        if name not in sys.modules:
+            stub = types.ModuleType(name)
+            stub.__path__ = [os.path.join(here, *[".."] * (len(parts) - 1 - i))]
+            sys.modules[name] = stub
+    return importlib.import_module(module)
+
+
+def _tuples(v):
+    return tuple(_tuples(e) for e in v) if isinstance(v, list) else v
+
+
+def compile_one(module: str, name: str, spec: str, target: tuple) -> None:
+    """Compile one specialisation as Triton's launch would, from the JSON its cache hook gives."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+
+    fn = getattr(_load(module), name)
+    d = json.loads(spec)
+
+    def constant(v):
+        if isinstance(v, str) and tl.dtype.is_dtype(v):
+            return tl.dtype(v)
+        if isinstance(v, dict) and "constexpr" in v:
+            return tl.constexpr(v["constexpr"])
+        return _tuples(v)
+
+    constexprs = {tuple(k): constant(v) for k, v in zip(d["constant_keys"], d["constant_vals"])}
+    attrs = dict(zip(map(tuple, d["attrs_keys"]), d["attrs_vals"]))
+    signature = {k: _tuples(v) for k, v in d["signature"].items()}
+    options = {k: _tuples(v) for k, v in d["options"].items()}
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    else:
+        from triton.compiler import ASTSource as source
+    src = source(fn, signature, constexprs, attrs)
+    kernel = triton.compile(src, target=GPUTarget(*target), options=options)
+    _build_launcher(src, kernel)
+
+
+def _build_launcher(src, kernel) -> None:
+    """Triton versions that launch through a C launcher per kernel signature build it with the host's
+    C compiler at the first launch; build it here too, into the same cache (newer versions have one
+    generic launcher and no ``make_launcher``)."""
+    try:
+        from triton.backends.nvidia import driver as nv
+        make_launcher = nv.make_launcher
+    except (ImportError, AttributeError):
+        return
+    index = lambda k: (src.fn.arg_names.index(k),) if isinstance(k, str) else k  # noqa: E731
+    constants = {index(k): v for k, v in getattr(src, "constants", {}).items()}
+    code = make_launcher(constants, dict(src.signature), getattr(kernel.metadata, "tensordesc_meta", None))
+    nv.compile_module_from_src(src=code, name="__triton_launcher", library_dirs=nv.library_dirs(),
+                               include_dirs=nv.include_dirs, libraries=nv.libraries)
+
+
+def main() -> None:
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # the protocol owns stdout
+    try:
+        from triton.runtime.cache import triton_key
+        triton_key()  # the installation's hash, computed once before the first job
+    except Exception:  # noqa: BLE001 -- the first compile computes it again
+        pass
+    while True:
+        head = inp.read(8)
+        if len(head) < 8:
+            return
+        job = pickle.loads(inp.read(struct.unpack("<Q", head)[0]))
+        try:
+            compile_one(*job)
+            answer = None
+        except Exception as exc:  # noqa: BLE001 -- reported to the parent, which compiles it itself
+            answer = f"{type(exc).__name__}: {exc}"[:300]
+        data = pickle.dumps(answer)
+        out.write(struct.pack("<Q", len(data)) + data)
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Tile candidates compiled in parallel before the tuner times them.
+
+A signature's first call times every candidate, and compiling them one after another in this
+process is most of what that call costs: Triton's compiler holds the GIL, so threads do not help.
+Instead the candidates' launches are first run dry (Triton's ``jit_cache_hook`` records each
+kernel's specialisation and skips it), worker processes compile those specialisations into
+Triton's on-disk cache side by side, and the timed runs then load them from it. Nothing is decided
+here: a specialisation a worker cannot compile is compiled by the timed run as before, and a
+failure there is the tuner's to report. ``CONVT3D_COMPILE_WORKERS`` sets the number of workers
+(0: compile in this process only).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterable
+
+import triton
+
+__all__ = ["compile_candidates", "start_workers", "worker_count"]
+
+_WORKER = Path(__file__).with_name("compile_worker.py")
+_lock = threading.Lock()
+_workers: list[subprocess.Popen] = []
+
+
+def worker_count() -> int:
+    """Workers to start: ``CONVT3D_COMPILE_WORKERS``, else one per CPU but one, at most 16."""
+    env = os.environ.get("CONVT3D_COMPILE_WORKERS", "").strip()
+    if env:
+        try:
+            return max(0, int(env))
+        except ValueError:
+            raise ValueError(f"CONVT3D_COMPILE_WORKERS must be an integer, got {env!r}") from None
+    return max(0, min(16, (os.cpu_count() or 1) - 1))
+
+
+def start_workers() -> list[subprocess.Popen]:
+    """Start the workers once per process (they import Triton while this process goes on); a worker
+    exits when this process closes its pipe."""
+    with _lock:
+        if not _workers and worker_count() > 0:
+            env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+            for _ in range(worker_count()):
+                try:
+                    _workers.append(subprocess.Popen([sys.executable, str(_WORKER)], stdin=subprocess.PIPE,
+                                                     stdout=subprocess.PIPE, env=env))
+                except OSError:
+                    break
+            atexit.register(_stop)
+        return list(_workers)
+
+
+def _stop() -> None:
+    for w in _workers:
+        try:
+            w.stdin.close()
+        except OSError:
+            pass
+
+
+@contextmanager
+def _dry_launches():
+    """Within the block, a Triton launch of this thread that would compile records (module, name,
+    specialisation) and returns without compiling or launching."""
+    seen: list[tuple[str, str, str]] = []
+    hooks = triton.knobs.runtime
+    previous = hooks.jit_cache_hook
+    me = threading.get_ident()
+
+    def record(**kw):
+        if threading.get_ident() != me:  # another thread's launches compile and run as usual
+            return previous(**kw) if previous else None
+        seen.append((kw["fn"].module, kw["fn"].name, kw["compile"]["specialization_data"]))
+        return True
+
+    hooks.jit_cache_hook = record
+    try:
+        yield seen
+    finally:
+        hooks.jit_cache_hook = previous
+
+
+def _send(w: subprocess.Popen, obj) -> object:
+    data = pickle.dumps(obj)
+    w.stdin.write(struct.pack("<Q", len(data)) + data)
+    w.stdin.flush()
+    head = w.stdout.read(8)
+    if len(head) < 8:
+        raise EOFError("compile worker exited")
+    return pickle.loads(w.stdout.read(struct.unpack("<Q", head)[0]))
+
+
+def compile_all(jobs: Iterable[tuple[str, str, str]], target) -> dict[tuple, str | None]:
+    """Compile each (module, kernel name, specialisation) for ``target`` on the workers; returns each
+    job's error text (None: compiled, or found in Triton's cache)."""
+    jobs = list(dict.fromkeys(jobs))
+    workers = start_workers()
+    results: dict[tuple, str | None] = {}
+    if not jobs or not workers:
+        return results
+    todo: queue.Queue = queue.Queue()
+    for job in jobs:
+        todo.put(job)
+    target = (target.backend, target.arch, target.warp_size)
+
+    def serve(w: subprocess.Popen) -> None:
+        while True:
+            try:
+                job = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                results[job] = _send(w, job + (target,))
+            except (OSError, EOFError, pickle.PickleError) as exc:
+                results[job] = f"{type(exc).__name__}: {exc}"
+                return  # a broken worker takes no more jobs; the timed runs compile what is left
+
+    threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in workers if w.poll() is None]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def compile_candidates(configs: Iterable, run: Callable[[object], object]) -> dict[tuple, str | None]:
+    """Compile in parallel what running each config launches (``run(config)``, run dry here)."""
+    if worker_count() == 0 or triton.knobs.runtime.interpret:
+        return {}
+    start_workers()
+    with _dry_launches() as jobs:
+        for cfg in configs:
+            try:
+                run(cfg)
+            except Exception:  # noqa: BLE001 -- the timed run meets the same error and reports it
+                pass
+    return compile_all(jobs, triton.runtime.driver.active.get_current_target())
