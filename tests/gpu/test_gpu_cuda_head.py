@@ -81,13 +81,12 @@ def _errors(y, x, w, b, params):
 def test_every_offered_tile_against_float64(params, dtype, layout, bias):
     x, w, b = _tensors(params, dtype, bias)
     x = _layout(x, layout)
-    for jn, cfg, box in ch.offers(params, dtype, 4):
-        hp = ch.plan(params, dtype, cfg, box, jn=jn)
+    for hp in ch.candidate_plans(params, dtype, 4):
         y = ch._output(x, w, params).fill_(float("nan"))
         ch._launch(x, ch.pack_weight(w, params, hp), b, y, hp)
-        assert torch.isfinite(y).all(), f"unwritten or non-finite output, tile {cfg} {box} jn {jn}"
+        assert torch.isfinite(y).all(), f"unwritten or non-finite output, plan {hp}"
         err, err_cudnn = _errors(y, x, w, b, params)
-        assert err <= max(2 * err_cudnn, FLOOR[dtype]), (jn, cfg, box, err, err_cudnn)
+        assert err <= max(2 * err_cudnn, FLOOR[dtype]), (hp, err, err_cudnn)
 
 
 @pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "strided-weight"])
@@ -102,9 +101,8 @@ def test_pack_kernel_equals_the_torch_packing(params, dtype, contiguous):
         wide[::2] = w
         w = wide[::2]
         assert w.shape[0] == 1 or not w.is_contiguous()
-    for jn, cfg, box in ch.offers(params, dtype, 1):
-        hp = ch.plan(params, dtype, cfg, box, jn=jn)
-        assert torch.equal(ch.pack_weight_cuda(w, params, hp), ch.pack_weight(w, params, hp)), jn
+    for hp in ch.candidate_plans(params, dtype, 1):
+        assert torch.equal(ch.pack_weight_cuda(w, params, hp), ch.pack_weight(w, params, hp)), hp
 
 
 @pytest.mark.parametrize("jn", ["plain", "width-columns"])

@@ -534,6 +534,9 @@ CANDIDATE_CASES = {
     "tc-odd-everything": Case(2, 8, 8, (1, 3, 5), (3, 2, 3), 2, 1, (1, 0, 0)),
     "tc-channels_last-out": Case(1, 8, 16, (2, 3, 5), (2, 2, 3), (1, 2, 2), (0, 1, 1), layout="channels_last_3d"),
     "fma-odd-everything": Case(1, 2, 3, (2, 3, 5), (3, 2, 3), 2, 1, (1, 0, 0)),
+    # 3 input channels to 16 (an RGB decoder input): FMA tiles and tensor-core tiles with K padded.
+    "padded-k-rgb": Case(1, 3, 16, (2, 3, 5), (3, 2, 3), 2, 1, (1, 0, 0)),
+    "padded-k-rgb-channels_last": Case(1, 3, 24, (2, 3, 4), (3, 3, 3), 2, 1, 1, layout="channels_last_3d"),
     # 4 groups of 8 -> 8 (KB 72's group shape): the merged-group candidates (fold 2 and 4).
     "tc-groups4-folds": Case(1, 32, 32, (1, 3, 4), (3, 2, 3), 2, (1, 0, 1), (1, 1, 0), groups=4),
 }

@@ -65,6 +65,24 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
     return min((1 << i for i in range(block_m.bit_length())), key=lambda bw: (padded(bw), -bw))
 
 
+def _padded_k_configs(params: ConvT3dParams, hw: tuple[int, int], wg: int) -> tuple[Config, ...]:
+    """Tensor-core tiles for fewer than 8 input channels but at least 8 output channels per group (an
+    RGB decoder input): one K step of 16 with the missing channels masked off. Such layers are bound by
+    their output, not by the wasted products, so large position tiles win over outer products."""
+    cout_g = params.out_channels_per_group
+    if params.in_channels_per_group >= 8 or cout_g < 8:
+        return ()
+    bn = max(16, min(128, pow2_at_least(cout_g)))
+    acc_wg = wg if _w_skip(params, wg) < 0 else 1
+    plane = max(16, pow2_at_least(hw[0] * hw[1]))
+    tiles = []
+    for bm in dict.fromkeys(min(b, plane) for b in (256, 128)):
+        warps = 4 if acc_wg * bm * bn <= 128 * 64 else 8
+        if acc_wg * bm * bn // (32 * warps) <= 128:  # accumulators within 128 registers a thread
+            tiles.append(Config(bm, bn, 16, block_w(hw, bm), warps, 2, W_GROUP=wg))
+    return tuple(tiles)
+
+
 @functools.lru_cache(maxsize=1024)
 def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
                       channels_last_out: bool = False, flat: bool = False,
@@ -84,7 +102,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
         fma = tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
         # Head tiles first, as the untuned default: they beat the FMA tiles on nearly every head.
-        return _head_configs(params, dtype, precision, channels_last_out) + fma
+        return _head_configs(params, dtype, precision, channels_last_out) + fma + _padded_k_configs(params, hw, wg)
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, pow2_at_least(hw[0] * hw[1]))
