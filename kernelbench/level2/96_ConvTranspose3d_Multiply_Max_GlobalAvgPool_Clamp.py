@@ -2,9 +2,8 @@
 # convt3d 0.1.0. Candidates: the Triton engine's tiles that take an epilogue, ranked for this
 # problem's transposed convolution by its predictor (engines/triton/predict.py, the sm90 table) at
 # TF32; the first forward times those its GPU and precision run and keeps the fastest:
-#   fma M32(1x32) N16 K1 w4 s2 wg2    rank 1; runs at tf32, tf32x3
-#   fma M64(2x32) N16 K1 w4 s2 wg2    rank 2; runs at tf32, tf32x3
-#   dot M256(8x32) N16 K16 w4 s2 wg2  rank 3; runs at tf32, tf32x3
+#   fma M32(1x32) N16 K1 w4 s2 wg2  rank 1; runs at tf32, tf32x3
+#   fma M64(2x32) N16 K1 w4 s2 wg2  rank 2; runs at tf32, tf32x3
 """KernelBench level 2, problem 96: 96_ConvTranspose3d_Multiply_Max_GlobalAvgPool_Clamp.py
 
 ``ModelNew`` computes the problem with convt3d's Triton kernels: the transposed convolution with the
@@ -579,31 +578,11 @@ def _launch_1(x, weight, bias, y, precision, epi_s, epi_c, epi_r):
     s[1].launch(x.device, x, t0, t0 if bias is None else bias, y, _table(0, x.device), epi_s, epi_c, epi_r)
 
 
-def _launch_2(x, weight, bias, y, precision, epi_s, epi_c, epi_r):
-    """'dot M256(8x32) N16 K16 w4 s2 wg2' (sm_80+): its launches onto ``y``."""
-    has_bias = bias is not None
-    s = _sites((2, precision, has_bias), lambda: (
-        Site('pack_weight_kernel', (7, 1, 1),
-             (3, 16, 27, 1, 432),
-             dict(ROUND_TF32=False, BLOCK_CI=4, BLOCK_J=64, num_warps=4)),
-        Site('phase_gemm_kernel', (32768, 1, 1),
-             (128, 3, 16, 16, 32, 32, 16, 63, 31, 63, 4, 3, 3, 49152, 16384, 1024, 32, 1, 1296, 48, 3, 1,
-              1968624, 123039, 3969, 63, 1, 2, 2, 2, 2, 2, 2, 1, 1, 1, 4, 1, 1, 16),
-             dict(HAS_BIAS=has_bias, USE_DOT=True, PRECISION=precision, W_GROUP=2, W_SKIP=-1, X_CACHE='',
-                  X_TMA=False, W_TMA=False, BLOCK_M=256, BLOCK_N=16, BLOCK_K=16, BLOCK_W=32, num_warps=4,
-                  num_stages=2, EPI=1)),
-    ))
-    t0 = torch.empty((1, 27, 16, 3), dtype=torch.float32, device=x.device)
-    s[0].launch(x.device, weight, t0)
-    s[1].launch(x.device, x, t0, t0 if bias is None else bias, y, _table(0, x.device), epi_s, epi_c, epi_r)
-
-
 # The candidates, fastest first where measured; ``precisions``: those each runs at (Gluon's wgmma
 # reads fp32 as TF32 only); ``gluon``, ``tma``: the GPU it needs.
 CANDIDATES = (
     dict(name='fma M32(1x32) N16 K1 w4 s2 wg2', precisions=('tf32', 'tf32x3'), gluon=False, tma=False, launch=_launch_0),
     dict(name='fma M64(2x32) N16 K1 w4 s2 wg2', precisions=('tf32', 'tf32x3'), gluon=False, tma=False, launch=_launch_1),
-    dict(name='dot M256(8x32) N16 K16 w4 s2 wg2', precisions=('tf32', 'tf32x3'), gluon=False, tma=False, launch=_launch_2),
 )
 
 

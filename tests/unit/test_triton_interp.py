@@ -534,9 +534,6 @@ CANDIDATE_CASES = {
     "tc-odd-everything": Case(2, 8, 8, (1, 3, 5), (3, 2, 3), 2, 1, (1, 0, 0)),
     "tc-channels_last-out": Case(1, 8, 16, (2, 3, 5), (2, 2, 3), (1, 2, 2), (0, 1, 1), layout="channels_last_3d"),
     "fma-odd-everything": Case(1, 2, 3, (2, 3, 5), (3, 2, 3), 2, 1, (1, 0, 0)),
-    # 3 input channels to 16 (an RGB decoder input): FMA tiles and tensor-core tiles with K padded.
-    "padded-k-rgb": Case(1, 3, 16, (2, 3, 5), (3, 2, 3), 2, 1, (1, 0, 0)),
-    "padded-k-rgb-channels_last": Case(1, 3, 24, (2, 3, 4), (3, 3, 3), 2, 1, 1, layout="channels_last_3d"),
     # 4 groups of 8 -> 8 (KB 72's group shape): the merged-group candidates (fold 2 and 4).
     "tc-groups4-folds": Case(1, 32, 32, (1, 3, 4), (3, 2, 3), 2, (1, 0, 1), (1, 1, 0), groups=4),
 }
@@ -553,6 +550,27 @@ def test_launcher_every_candidate_config(name):
     assert configs
     for cfg in _distinct_tilings(configs):
         y = engine.forward(x5, w, b, params, "ieee", config=cfg)
+        check_against_reference(y, x5, w, b, *case.args, context=f"{name} {cfg}")
+
+
+# 3 input channels to 16 or 24 (an RGB decoder input): at exact grade, tensor-core tiles with K padded too.
+PADDED_K_CASES = {
+    "rgb-to-16": Case(1, 3, 16, (2, 3, 5), (3, 2, 3), 2, 1, (1, 0, 0)),
+    "rgb-to-24-stride1": Case(1, 3, 24, (2, 3, 4), (3, 3, 3), 1, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(PADDED_K_CASES))
+def test_padded_k_tiles_at_exact_grade(name):
+    case = PADDED_K_CASES[name]
+    x, w, b = case.tensors()
+    x5, params = _params(case, x, w, b)
+    configs = engine.candidate_configs(params, torch.float32, "tf32x3")
+    padded = [c for c in configs if c.use_dot]
+    assert padded and all(c.BLOCK_K == 16 for c in padded)
+    assert not any(c.use_dot for c in engine.candidate_configs(params, torch.float32, "tf32"))
+    for cfg in _distinct_tilings(configs):
+        y = engine.forward(x5, w, b, params, "tf32x3", config=cfg)
         check_against_reference(y, x5, w, b, *case.args, context=f"{name} {cfg}")
 
 

@@ -68,7 +68,8 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
 def _padded_k_configs(params: ConvT3dParams, hw: tuple[int, int], wg: int) -> tuple[Config, ...]:
     """Tensor-core tiles for fewer than 8 input channels but at least 8 output channels per group (an
     RGB decoder input): one K step of 16 with the missing channels masked off. Such layers are bound by
-    their output, not by the wasted products, so large position tiles win over outer products."""
+    their output, not by the wasted products, so large position tiles win over outer products. Offered
+    at exact grade only, the grade of the FMA tiles they replace (at TF32 their error neared twice cuDNN's)."""
     cout_g = params.out_channels_per_group
     if params.in_channels_per_group >= 8 or cout_g < 8:
         return ()
@@ -102,7 +103,8 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
         fma = tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
         # Head tiles first, as the untuned default: they beat the FMA tiles on nearly every head.
-        return _head_configs(params, dtype, precision, channels_last_out) + fma + _padded_k_configs(params, hw, wg)
+        padded = _padded_k_configs(params, hw, wg) if dtype == torch.float32 and precision == "tf32x3" else ()
+        return _head_configs(params, dtype, precision, channels_last_out) + fma + padded
 
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, pow2_at_least(hw[0] * hw[1]))
