@@ -7,7 +7,7 @@
 #
 #   LOGDIR        where everything is written (default: $OUT if set, else ./gpu_logs)
 #   PARTS         comma-separated (default tests,kb,layers,networks,eval), from:
-#                   tests     pytest tests/gpu tests/kernelbench (xdist, -rfE; cap --tests-cap, default 400 s)
+#                   tests     pytest tests/gpu (14 workers), then tests/kernelbench (3) (-rfE; cap --tests-cap each, default 400 s)
 #                   kb, layers, networks   convt3d bench on that suite -> bench_PART.json
 #                   tuned     networks with --tune -> bench_networks_tuned.json
 #                   warm      networks --first-calls in a new process, after the parts before it
@@ -107,7 +107,9 @@ if wanted tests; then
   # Failures (with tracebacks) and tests over 10 s go to tests.log / tests.log.slow as they
   # happen (tests/conftest.py), so a run cut by its cap still says what failed.
   export CONVT3D_TEST_LOG="$LOGDIR/tests.log"
-  eval "run_part tests $TESTS_CAP 25 python3 -m pytest -q -n 14 --tb=short -p no:cacheprovider -p no:benchmark -rfE $PYTEST_ARGS tests/gpu tests/kernelbench"
+  # KernelBench's problems hold up to tens of GB each: their files run on 3 workers, after the rest.
+  eval "run_part tests $TESTS_CAP 25 python3 -m pytest -q -n 14 --tb=short -p no:cacheprovider -p no:benchmark -rfE $PYTEST_ARGS tests/gpu"
+  eval "run_part tests-kernelbench $TESTS_CAP 25 python3 -m pytest -q -n 3 --tb=short -p no:cacheprovider -p no:benchmark -rfE $PYTEST_ARGS tests/kernelbench"
 fi
 wanted kb && bench kb 150 --suite kernelbench --json "$LOGDIR/bench_kb.json"
 # The layers suite's first calls compile and tune every row on a cold machine, hence its larger cap.
