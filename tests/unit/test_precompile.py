@@ -77,3 +77,18 @@ def test_dry_launches_record_this_thread_only():
         t.join()
     assert seen == [("m", "k", "{}")] and other == [None]  # another thread compiles as usual
     assert triton.knobs.runtime.jit_cache_hook is None
+
+
+def test_a_forked_child_does_not_inherit_the_workers(monkeypatch):
+    monkeypatch.setattr(precompile, "_workers", precompile._workers)
+    precompile._workers.append("the parent's worker")
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child reports how many workers it sees
+            os.write(write, str(len(precompile._workers)).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(read, 16) == b"0" and precompile._workers == ["the parent's worker"]
+    finally:
+        precompile._workers.remove("the parent's worker")

@@ -30,6 +30,8 @@ __all__ = ["compile_candidates", "start_workers", "worker_count"]
 _WORKER = Path(__file__).with_name("compile_worker.py")
 _lock = threading.Lock()
 _workers: list[subprocess.Popen] = []
+# A forked child starts workers of its own: the parent's pipes are the parent's to use.
+os.register_at_fork(after_in_child=lambda: _workers.clear())
 
 
 def worker_count() -> int:
