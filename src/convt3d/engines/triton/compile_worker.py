@@ -79,8 +79,10 @@ def _build_launcher(src, kernel) -> None:
 
 
 def main() -> None:
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # the protocol owns stdout
+    # The protocol owns the original stdout; anything else written to fd 1 (compiler messages) goes to stderr.
+    inp, out = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     try:
         from triton.runtime.cache import triton_key
         triton_key()  # the installation's hash, computed once before the first job
