@@ -36,9 +36,14 @@ _GENERATED_DEFINES = export._GENERATED_DEFINES + ("INIT_INPUTS", "_programs", "_
 _finish_programs = finish._finish_programs
 
 
+_keyed: list[torch.Tensor] = []  # every tensor a trace has keyed, alive until it ends: no id is reused
+
+
 def _key(t: torch.Tensor) -> tuple:
     """A tensor as a kernel sees it: its storage, offset and shape (two views of one buffer differ)."""
-    return id(t if t._base is None else t._base), t.storage_offset(), tuple(t.shape)
+    base = t if t._base is None else t._base
+    _keyed.append(base)
+    return id(base), t.storage_offset(), tuple(t.shape)
 
 
 def exported(problem: level2.Problem) -> bool:
@@ -71,6 +76,7 @@ class _Tracer:
         self.names.update((_key(t), n) for n, t in self.inputs.items())
         y = self.inputs[problem.inputs[0]]
         with contextlib.ExitStack() as patched:
+            patched.callback(_keyed.clear)
             patched.enter_context(mock.patch.object(level2, "_convt", self._conv))
             patched.enter_context(mock.patch.object(finish, "_finish_programs", self._programs))
             patched.enter_context(mock.patch.object(finish, "FK", self))
