@@ -184,14 +184,14 @@ def _backward_lines(x5, weight, params, prec) -> list[str]:
     lines = []
     made = B.recorded_choices(x5, weight, params, bprec)
     rows = (("dX", B.dgrad_choice_candidates(params, weight.dtype, x5.device, bprec), None),
-            ("dW", B.wgrad_choice_candidates(params, x5.dtype, x5.device), B.wgrad_fallback(params)))
-    for what, cands, fallback in rows:
+            ("dW", B.wgrad_choice_candidates(params, x5.dtype, x5.device), B.wgrad_unavailable(params)))
+    for what, cands, unavailable in rows:
         kinds = Counter("head" if c.short().startswith("head") else "general" for c in cands)
         offer = ", ".join(f"{n} Triton {k} tile{'s' if n > 1 else ''}" for k, n in kinds.items()) or "no Triton tile"
         lines.append(f"{what}: cuDNN against {offer}"
                      + (" (timed on the first backward of a signature on CUDA)" if cands else ""))
-        if fallback is not None:
-            lines.append(f"  forced: {fallback}")
+        if unavailable is not None:
+            lines.append(f"  forced: {unavailable}")
         for grad, rec in made:
             if grad == what:
                 cfg = f" {rec.config.short()}" if rec.config is not None else ""

@@ -16,6 +16,7 @@ import convt3d
 from convt3d.engines.triton import backward as B
 from convt3d.engines.op import conv_transpose3d_backward_op, conv_transpose3d_op
 from convt3d.core.validate import check_call
+from convt3d.core.errors import BackendUnavailableError
 
 from conftest import CL, Case, assert_compiled_matches_eager, requires_interpreter
 
@@ -162,22 +163,21 @@ def test_forced_wgrad_name_is_validated(monkeypatch):
         y.sum().backward()
 
 
-def test_forced_triton_wgrad_off_heads_falls_back_to_cudnn(monkeypatch):
-    # The Triton dW kernels are the head kernels: a wider layer's forced dW runs cuDNN, and explain says why.
+def test_forced_triton_wgrad_off_heads_raises(monkeypatch):
+    # The Triton dW kernels are the head kernels: a wider layer's forced dW raises (a forced
+    # implementation never runs another), and explain says why without raising.
     monkeypatch.setenv("CONVT3D_BWD_WEIGHT", "triton")
     B.clear_caches()
     x, w = torch.randn(1, 8, 2, 2, 2), torch.randn(8, 16, 2, 2, 2)
     params, _ = check_call(x, w, None, 2, 0, 0, 1, 1)
-    rec = B.choose_wgrad(torch.randn(params.out_shape), x, w, params, "ieee")
-    assert rec.impl == "cudnn" and rec.config is None and "output heads only" in rec.reason
+    with pytest.raises(BackendUnavailableError, match="CONVT3D_BWD_WEIGHT=triton cannot run this call: .*output heads only"):
+        B.choose_wgrad(torch.randn(params.out_shape), x, w, params, "ieee")
     lines = convt3d.explain(x, w, stride=2, backend="triton", precision="ieee").backward
     assert any("forced:" in line and "16 output channels per group" in line for line in lines), lines
     leaves = [x.requires_grad_(), w.requires_grad_()]
     y = convt3d.conv_transpose3d(*leaves, stride=2, backend="triton", precision="ieee")
-    dy = torch.randn(y.shape, dtype=torch.float64)
-    y.backward(dy.float())
-    ref = _ref_grads(x, w, None, ((2,) * 3, (0,) * 3, (0,) * 3, 1, (1,) * 3), dy, (True, True, False))
-    _assert_grad_close(w.grad, ref[1], "weight", 1e-5)
+    with pytest.raises(BackendUnavailableError, match="output heads only"):
+        y.backward(torch.ones_like(y))
 
 
 def test_static_choice_on_cpu_is_pytorch_and_cached():

@@ -30,7 +30,7 @@ from .sites import _INT32_MAX, Site, _prepare_padded_input, require_interpreter,
 from ...core.memo import memo
 
 __all__ = ["WGRAD_IMPLS", "DgradConfig", "grads", "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates",
-           "dgrad_choice_candidates", "wgrad_fallback", "choices", "dgrad_choices", "recorded_choices",
+           "dgrad_choice_candidates", "wgrad_unavailable", "choices", "dgrad_choices", "recorded_choices",
            "clear_caches", "grad_formats"]
 
 WGRAD_IMPLS = ("cudnn", "triton")
@@ -381,12 +381,13 @@ def wgrad_choice_candidates(params, dtype, device) -> tuple:
     return HB.wgrad_candidates(params, dtype, device) if HB.supports(params) else ()
 
 
-def wgrad_fallback(params: ConvT3dParams) -> str | None:
-    """Why ``$CONVT3D_BWD_WEIGHT=triton`` leaves this layer's dW to cuDNN (it is no output head), or None."""
+def wgrad_unavailable(params: ConvT3dParams) -> str | None:
+    """Why ``$CONVT3D_BWD_WEIGHT=triton`` cannot run this layer's dW (it is no output head), or None: a
+    forced implementation never silently runs another."""
     why = HB.unsupported_reason(params)
     if os.environ.get(_FORCE_ENV) != "triton" or why is None:
         return None
-    return f"${_FORCE_ENV}=triton: cuDNN, as the Triton dW kernels take output heads only ({why})"
+    return f"{_FORCE_ENV}=triton cannot run this call: the Triton weight-gradient kernels take output heads only ({why})"
 
 
 def dgrad_choice_candidates(params, dtype, device, precision) -> tuple:
@@ -397,9 +398,9 @@ def dgrad_choice_candidates(params, dtype, device, precision) -> tuple:
 
 
 def choose_wgrad(dy, x, w, params, precision) -> Choice:
-    fallback = wgrad_fallback(params)
-    if fallback is not None:
-        return Choice("cudnn", None, 0.0, {}, fallback)
+    why = wgrad_unavailable(params)
+    if why is not None:
+        raise BackendUnavailableError(why)
     return _choose(_choices, _FORCE_ENV, "weight", HB.supports(params),
                    lambda: wgrad_choice_candidates(params, x.dtype, x.device),
                    lambda: _torch_grads(dy, x, w, params, precision, False, True)[1],
