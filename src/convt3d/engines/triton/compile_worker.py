@@ -1,5 +1,6 @@
 """A compile worker of ``precompile``: reads (module, kernel name, specialisation, target) jobs from
-stdin and compiles each into Triton's on-disk cache, answering None or the error's text.
+stdin and compiles each into Triton's on-disk cache, answering None or the error's text
+(``write_message``/``read_message``, which the parent uses too).
 
 Run as a script, not imported: it loads the kernel modules without the convt3d package, so that a
 worker starts with Triton alone (no PyTorch, no CUDA context). Messages are pickles, each after
@@ -27,6 +28,21 @@ def _load(module: str):
             stub.__path__ = [os.path.join(here, *[".."] * (len(parts) - 1 - i))]
             sys.modules[name] = stub
     return importlib.import_module(module)
+
+
+def write_message(stream, obj) -> None:
+    """One message: its pickle after the pickle's length as 8 bytes."""
+    data = pickle.dumps(obj)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def read_message(stream):
+    """The next message of ``stream``; EOFError where the other side has closed it."""
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError("the other side closed the pipe")
+    return pickle.loads(stream.read(struct.unpack("<Q", head)[0]))
 
 
 def _tuples(v):
@@ -89,18 +105,16 @@ def main() -> None:
     except Exception:  # noqa: BLE001 -- the first compile computes it again
         pass
     while True:
-        head = inp.read(8)
-        if len(head) < 8:
+        try:
+            job = read_message(inp)
+        except EOFError:
             return
-        job = pickle.loads(inp.read(struct.unpack("<Q", head)[0]))
         try:
             compile_one(*job)
             answer = None
         except Exception as exc:  # noqa: BLE001 -- reported to the parent, which compiles it itself
             answer = f"{type(exc).__name__}: {exc}"[:300]
-        data = pickle.dumps(answer)
-        out.write(struct.pack("<Q", len(data)) + data)
-        out.flush()
+        write_message(out, answer)
 
 
 if __name__ == "__main__":

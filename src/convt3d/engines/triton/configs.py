@@ -65,25 +65,6 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
     return min((1 << i for i in range(block_m.bit_length())), key=lambda bw: (padded(bw), -bw))
 
 
-def _padded_k_configs(params: ConvT3dParams, hw: tuple[int, int], wg: int) -> tuple[Config, ...]:
-    """Tensor-core tiles for fewer than 8 input channels but at least 8 output channels per group (an
-    RGB decoder input): one K step of 16 with the missing channels masked off. Such layers are bound by
-    their output, not by the wasted products, so large position tiles win over outer products. Offered
-    at exact grade only, the grade of the FMA tiles they replace (at TF32 their error neared twice cuDNN's)."""
-    cout_g = params.out_channels_per_group
-    if params.in_channels_per_group >= 8 or cout_g < 8:
-        return ()
-    bn = max(16, min(128, pow2_at_least(cout_g)))
-    acc_wg = wg if _w_skip(params, wg) < 0 else 1
-    plane = max(16, pow2_at_least(hw[0] * hw[1]))
-    tiles = []
-    for bm in dict.fromkeys(min(b, plane) for b in (256, 128)):
-        warps = 4 if acc_wg * bm * bn <= 128 * 64 else 8
-        if acc_wg * bm * bn // (32 * warps) <= 128:  # accumulators within 128 registers a thread
-            tiles.append(Config(bm, bn, 16, block_w(hw, bm), warps, 2, W_GROUP=wg))
-    return tuple(tiles)
-
-
 @functools.lru_cache(maxsize=1024)
 def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
                       channels_last_out: bool = False, flat: bool = False,
@@ -96,16 +77,6 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     # Tiles follow the compact grids of phases with taps; empty phases' extra rows get store-only tiles.
     hw = tuple(max(p.axes[i].size for p in params.phases if not p.empty) for i in (1, 2))
     wg = 2 if params.stride[2] == 2 and not channels_last_out else 1
-    if not uses_tensor_cores(params):
-        # FMA path: one input channel per step, 2048 fp32 accumulators (16 a thread at 4 warps).
-        bn = min(pow2_at_least(cout_g), 16)
-        plane = pow2_at_least(hw[0] * hw[1])
-        sizes = dict.fromkeys(min(b, plane) for b in (2048 // bn // wg, 1024 // bn // wg))
-        fma = tuple(Config(bm, bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
-        # Head tiles first, as the untuned default: they beat the FMA tiles on nearly every head.
-        padded = _padded_k_configs(params, hw, wg) if dtype == torch.float32 and precision == "tf32x3" else ()
-        return _head_configs(params, dtype, precision, channels_last_out) + fma + padded
-
     # Tiles larger than the compact plane only add padding (and interpreter time on CPU).
     plane = max(16, pow2_at_least(hw[0] * hw[1]))
     bn = max(16, min(128, pow2_at_least(cout_g)))
@@ -122,6 +93,21 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
             return None  # operand ring beyond shared memory
         bw = bm if kind.get("flat") and not kind.get("gluon") else block_w(hw, bm)
         return Config(bm, bn, block_k, bw, warps, stages, W_GROUP=wg, **kind)
+
+    if not uses_tensor_cores(params):
+        # FMA path: one input channel per step, 2048 fp32 accumulators (16 a thread at 4 warps).
+        fma_bn = min(pow2_at_least(cout_g), 16)
+        fma_plane = pow2_at_least(hw[0] * hw[1])
+        sizes = dict.fromkeys(min(b, fma_plane) for b in (2048 // fma_bn // wg, 1024 // fma_bn // wg))
+        fma = tuple(Config(bm, fma_bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
+        padded = ()
+        if cout_g >= 8 and dtype == torch.float32 and precision == "tf32x3":
+            # Under 8 input channels (an RGB decoder input) a layer is bound by its output, not by the
+            # wasted products: tensor-core tiles with one K step of 16, the missing channels masked off.
+            # At exact grade only, the FMA tiles' grade (at TF32 their error neared twice cuDNN's).
+            padded = tuple(t for t in dict.fromkeys(tile(bm, 2, plane, block_k=16) for bm in (256, 128)) if t)
+        # Head tiles first, as the untuned default: they beat the FMA tiles on nearly every head.
+        return _head_configs(params, dtype, precision, channels_last_out) + fma + padded
 
     if flat and flat_unsupported(params, dtype, bk) is None:
         # Hopper (and the interpreter): flat tiles, bound by the padded width as they run along

@@ -15,7 +15,6 @@ import atexit
 import os
 import pickle
 import queue
-import struct
 import subprocess
 import sys
 import threading
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import triton
+
+from .compile_worker import read_message, write_message
 
 __all__ = ["compile_candidates", "start_workers", "worker_count"]
 
@@ -49,9 +50,10 @@ def start_workers() -> list[subprocess.Popen]:
     """Start the workers once per process (they import Triton while this process goes on); a worker
     exits when this process closes its pipe."""
     with _lock:
-        if not _workers and worker_count() > 0:
+        count = 0 if _workers else worker_count()
+        if count:
             env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-            for _ in range(worker_count()):
+            for _ in range(count):
                 try:
                     _workers.append(subprocess.Popen([sys.executable, str(_WORKER)], stdin=subprocess.PIPE,
                                                      stdout=subprocess.PIPE, env=env))
@@ -91,16 +93,6 @@ def _dry_launches():
         hooks.jit_cache_hook = previous
 
 
-def _send(w: subprocess.Popen, obj) -> object:
-    data = pickle.dumps(obj)
-    w.stdin.write(struct.pack("<Q", len(data)) + data)
-    w.stdin.flush()
-    head = w.stdout.read(8)
-    if len(head) < 8:
-        raise EOFError("compile worker exited")
-    return pickle.loads(w.stdout.read(struct.unpack("<Q", head)[0]))
-
-
 def compile_all(jobs: Iterable[tuple[str, str, str]], target) -> dict[tuple, str | None]:
     """Compile each (module, kernel name, specialisation) for ``target`` on the workers; returns each
     job's error text (None: compiled, or found in Triton's cache)."""
@@ -121,7 +113,8 @@ def compile_all(jobs: Iterable[tuple[str, str, str]], target) -> dict[tuple, str
             except queue.Empty:
                 return
             try:
-                results[job] = _send(w, job + (target,))
+                write_message(w.stdin, job + (target,))
+                results[job] = read_message(w.stdout)
             except (OSError, EOFError, pickle.PickleError) as exc:
                 results[job] = f"{type(exc).__name__}: {exc}"
                 return  # a broken worker takes no more jobs; the timed runs compile what is left
@@ -136,9 +129,10 @@ def compile_all(jobs: Iterable[tuple[str, str, str]], target) -> dict[tuple, str
 
 def compile_candidates(configs: Iterable, run: Callable[[object], object]) -> dict[tuple, str | None]:
     """Compile in parallel what running each config launches (``run(config)``, run dry here)."""
-    if worker_count() == 0 or triton.knobs.runtime.interpret:
+    configs = list(configs)
+    if not configs or worker_count() == 0 or triton.knobs.runtime.interpret:
         return {}
-    start_workers()
+    start_workers()  # before the dry runs: the workers import Triton meanwhile
     with _dry_launches() as jobs:
         for cfg in configs:
             try:
