@@ -79,10 +79,13 @@ def _private_cache_dir(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _seed():
     """Every test starts from the same RNG state, so a failure reproduces with the same data
-    whatever the order or the xdist worker the test runs on."""
+    whatever the order or the xdist worker the test runs on. After a test its cached GPU memory
+    goes back to the device: the xdist workers share one GPU."""
     torch.manual_seed(0)
     random.seed(0)
     yield
+    if HAS_CUDA:
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture

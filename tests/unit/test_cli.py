@@ -139,6 +139,7 @@ def _fill(tmp_path):
     (d / "Old_GPU.json").write_text(json.dumps({"format": cache.FORMAT, "key": stale, "decisions": {"x": {}}}))
     (d / "build").mkdir()
     (d / "build" / "convt3d_head_bfloat16_sm90_0123456789ab.so").write_bytes(b"\0" * 10)
+    (d / "build" / "triton_key.txt").write_text("stamp\nhash")
     (d / "notes.txt").write_text("not convt3d's")
     (tmp_path / "triton" / "KEY").mkdir(parents=True)
     (tmp_path / "triton" / "KEY" / "kernel.cubin").write_bytes(b"\0" * 7)
@@ -149,12 +150,13 @@ def test_cache_show_lists_files_entries_and_triton_cache(tmp_path, capsys):
     d = _fill(tmp_path)
     assert cli.main(["cache", "show"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(f"convt3d cache: {d} (3 files, ")
+    assert lines[0].startswith(f"convt3d cache: {d} (4 files, ")
     current = next(line for line in lines if "Test_GPU_9000.json" in line)
     assert current.endswith(": decisions 1, triton_configs 2, backward 0, precision 0")
     stale = next(line for line in lines if "Old_GPU.json" in line)
     assert "decisions 1" in stale and "stale: written for torch 0.0" in stale
     assert "  build/convt3d_head_bfloat16_sm90_0123456789ab.so  10 bytes" in lines
+    assert "  build/triton_key.txt  10 bytes" in lines
     assert not any("notes.txt" in line for line in lines)
     assert lines[-1].startswith(f"Triton cache: {tmp_path / 'triton'} (1 file, 7 bytes;")
 
@@ -164,7 +166,7 @@ def test_cache_clear_removes_convt3d_files_only(triton, tmp_path, capsys):
     d = _fill(tmp_path)
     assert cli.main(["cache", "clear", *(["--triton"] if triton else [])]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("convt3d cache: removed 3 files, ") and "Old_GPU.json" in out and "Test_GPU_9000.json" in out
+    assert out.startswith("convt3d cache: removed 4 files, ") and "Old_GPU.json" in out and "Test_GPU_9000.json" in out
     assert sorted(p.name for p in d.iterdir()) == [".lock", "notes.txt"]  # the lock, and what is not convt3d's
     assert (f"Triton cache: removed 1 file, 7 bytes from {tmp_path / 'triton'}" in out) == triton
     assert (tmp_path / "triton").is_dir() and any((tmp_path / "triton").iterdir()) != triton

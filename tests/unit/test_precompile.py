@@ -92,3 +92,21 @@ def test_a_forked_child_does_not_inherit_the_workers(monkeypatch):
         assert os.read(read, 16) == b"0" and precompile._workers == ["the parent's worker"]
     finally:
         precompile._workers.remove("the parent's worker")
+
+
+def test_workers_take_the_parents_installation_key(tmp_path, monkeypatch):
+    """A job's key is the hash Triton files the compiled kernel under: a new key compiles anew, the same key finds it."""
+    from triton.backends.compiler import GPUTarget
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CONVT3D_COMPILE_WORKERS", "1")
+    monkeypatch.setattr(precompile, "_workers", [])
+    job = ("convt3d.engines.triton.kernels.phase_gemm", "fill_rows_kernel", _fill_rows_spec(True))
+    cubins = lambda: sorted(f for _, _, files in os.walk(tmp_path) for f in files if f.endswith(".cubin"))  # noqa: E731
+    counts = []
+    try:
+        for key in ("installation-a", "installation-a", "installation-b"):
+            assert precompile.compile_all([job], GPUTarget("cuda", 90, 32), key) == {job: None}
+            counts.append(len(cubins()))
+    finally:
+        precompile._stop()
+    assert counts == [1, 1, 2]

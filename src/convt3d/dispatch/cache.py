@@ -363,10 +363,11 @@ def save_unsaved() -> None:
 
 # ---- what `convt3d cache` shows and clears ------------------------------------------------------
 def owned_files() -> list[Path]:
-    """convt3d's files in ``cache_dir()``: the JSON files, a save's leftover temporaries and the CUDA
-    head libraries; not the lock, which a save may hold."""
+    """convt3d's files in ``cache_dir()``: the JSON files, a save's leftover temporaries, the CUDA
+    head libraries and Triton's kept installation hash; not the lock, which a save may hold."""
     d = cache_dir()
-    found = {f for pattern in ("*.json", ".*.json.*.tmp", "build/convt3d_head_*.so") for f in d.glob(pattern)}
+    patterns = ("*.json", ".*.json.*.tmp", "build/convt3d_head_*.so", "build/triton_key.txt")
+    found = {f for pattern in patterns for f in d.glob(pattern)}
     return sorted(f for f in found if f.is_file() and (f.suffix != ".json" or _is_cache_file(f)))
 
 

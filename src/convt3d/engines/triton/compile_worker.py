@@ -1,5 +1,6 @@
-"""A compile worker of ``precompile``: reads (module, kernel name, specialisation, target) jobs from
-stdin and compiles each into Triton's on-disk cache, answering None or the error's text
+"""A compile worker of ``precompile``: reads (module, kernel name, specialisation, target, Triton's
+installation hash or None) jobs from stdin and compiles each into Triton's on-disk cache, answering
+None or the error's text
 (``write_message``/``read_message``, which the parent uses too).
 
 Run as a script, not imported: it loads the kernel modules without the convt3d package, so that a
@@ -49,11 +50,18 @@ def _tuples(v):
     return tuple(_tuples(e) for e in v) if isinstance(v, list) else v
 
 
-def compile_one(module: str, name: str, spec: str, target: tuple) -> None:
-    """Compile one specialisation as Triton's launch would, from the JSON its cache hook gives."""
+def compile_one(module: str, name: str, spec: str, target: tuple, key: str | None = None) -> None:
+    """Compile one specialisation as Triton's launch would, from the JSON its cache hook gives; ``key``:
+    the parent's hash of the Triton installation they share, so that this process need not compute it."""
+    import functools
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
+    from triton.runtime import cache
+
+    if key is not None and getattr(cache.triton_key, "convt3d_key", None) != key:
+        cache.triton_key = functools.lru_cache()(lambda: key)
+        cache.triton_key.convt3d_key = key
 
     fn = getattr(_load(module), name)
     d = json.loads(spec)
@@ -99,11 +107,6 @@ def main() -> None:
     inp, out = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    try:
-        from triton.runtime.cache import triton_key
-        triton_key()  # the installation's hash, computed once before the first job
-    except Exception:  # noqa: BLE001 -- the first compile computes it again
-        pass
     while True:
         try:
             job = read_message(inp)

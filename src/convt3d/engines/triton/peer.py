@@ -15,6 +15,7 @@ from ..torch.peer import TorchEngine
 from . import engine as triton_engine
 from .configs import CandidateFailure, device_name, tuned_config
 from .persist import flush_triton, has_pending, prime_triton
+from .warm_up import start_warm_up
 
 __all__ = ["TritonEngine", "HybridEngine", "guarded"]
 
@@ -78,6 +79,7 @@ class TritonEngine(LaunchedRepeats):
         key = None if call.repeat else (call.key, call.bias is not None)
         if key is not None and key not in self._primed:
             self._primed.add(key)
+            start_warm_up()
             plan = triton_engine.plan(call.params, call.x, call.weight, call.precision)
             tk = plan.tune_key
             prime_triton(device_name(call.device), tk, plan.configs)

@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 import triton
 
 from .compile_worker import read_message, write_message
+from .warm_up import installation_key, start_warm_up
 
 __all__ = ["compile_candidates", "start_workers", "worker_count"]
 
@@ -93,9 +94,10 @@ def _dry_launches():
         hooks.jit_cache_hook = previous
 
 
-def compile_all(jobs: Iterable[tuple[str, str, str]], target) -> dict[tuple, str | None]:
-    """Compile each (module, kernel name, specialisation) for ``target`` on the workers; returns each
-    job's error text (None: compiled, or found in Triton's cache)."""
+def compile_all(jobs: Iterable[tuple[str, str, str]], target, key: str | None = None) -> dict[tuple, str | None]:
+    """Compile each (module, kernel name, specialisation) for ``target`` on the workers, which take
+    ``key`` as Triton's installation hash (None: they compute it); returns each job's error text
+    (None: compiled, or found in Triton's cache)."""
     jobs = list(dict.fromkeys(jobs))
     workers = start_workers()
     results: dict[tuple, str | None] = {}
@@ -113,7 +115,7 @@ def compile_all(jobs: Iterable[tuple[str, str, str]], target) -> dict[tuple, str
             except queue.Empty:
                 return
             try:
-                write_message(w.stdin, job + (target,))
+                write_message(w.stdin, job + (target, key))
                 results[job] = read_message(w.stdout)
             except (OSError, EOFError, pickle.PickleError) as exc:
                 results[job] = f"{type(exc).__name__}: {exc}"
@@ -133,10 +135,11 @@ def compile_candidates(configs: Iterable, run: Callable[[object], object]) -> di
     if not configs or worker_count() == 0 or triton.knobs.runtime.interpret:
         return {}
     start_workers()  # before the dry runs: the workers import Triton meanwhile
+    start_warm_up()  # and the installation's hash is found or computed meanwhile
     with _dry_launches() as jobs:
         for cfg in configs:
             try:
                 run(cfg)
             except Exception:  # noqa: BLE001 -- the timed run meets the same error and reports it
                 pass
-    return compile_all(jobs, triton.runtime.driver.active.get_current_target())
+    return compile_all(jobs, triton.runtime.driver.active.get_current_target(), installation_key())

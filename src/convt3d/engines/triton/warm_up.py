@@ -1,34 +1,104 @@
-"""Triton's once-per-process setup, started off the first call's path."""
+"""Triton's once-per-process setup: the hash of its installation, which every compile and every load
+of a cached kernel needs before it can look in Triton's cache.
+
+Triton computes that hash by reading its whole compiler library, a cost each new process pays again.
+convt3d keeps it in its cache folder beside a stamp of the installation (version, and each source
+and library file's size and modification time) and, while the stamp holds, hands it to Triton
+instead; a changed installation changes the stamp and the hash is computed afresh. The compile
+workers get the same hash. ``convt3d.patch`` starts this in a daemon thread, off the first call's path.
+"""
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
 import threading
+from pathlib import Path
 
 import torch
+import triton
 
-from .sites import interpreter_active
+from ...dispatch.cache import cache_dir
 
-__all__ = ["start_warm_up"]
+try:
+    from triton.runtime import cache as triton_cache  # its triton_key: triton 3.6 to 3.9
+except ImportError:  # pragma: no cover
+    triton_cache = None
 
-# A process's first launch hashes Triton's installation before finding even a cached binary: it
-# depends on no call and releases the GIL, so ``convt3d.patch`` starts it in a daemon thread that
-# imports nothing (a fork inherits no held import lock). Its own module: KernelBench files hold no threads.
+__all__ = ["installation_key", "start_warm_up", "KEY_FILE"]
+
+KEY_FILE = "triton_key.txt"  # in the cache folder's build/: the stamp's line, then the hash
+_lock = threading.Lock()
+_key: str | None = None
 _warm_up_started = False
 
 
+def _stamp() -> str:
+    """Triton's version and the size and modification time of each file its hash reads."""
+    root = Path(triton.__file__).parent
+    h = hashlib.sha256(triton.__version__.encode())
+    for sub in ("compiler", "backends", "language", "runtime", "_C"):
+        for dirpath, dirnames, filenames in os.walk(root / sub):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.endswith((".py", ".so")):
+                    path = os.path.join(dirpath, name)
+                    st = os.stat(path)
+                    h.update(f"{os.path.relpath(path, root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.hexdigest()
+
+
+def _saved(path: Path, stamp: str) -> str | None:
+    try:
+        saved_stamp, key = path.read_text(encoding="utf-8").split("\n", 1)
+    except (OSError, ValueError):
+        return None
+    return key if saved_stamp == stamp and key else None
+
+
+def installation_key(compute: bool = True) -> str | None:
+    """Triton's installation hash, from convt3d's cache where its stamp holds, else (``compute``)
+    computed and kept; from then on this process's Triton uses it instead of hashing again. None
+    under the interpreter, where this Triton computes no such hash, or where none is kept and
+    ``compute`` is false."""
+    global _key
+    with _lock:
+        original = getattr(triton_cache, "triton_key", None)
+        if _key is not None or original is None or triton.knobs.runtime.interpret:
+            return _key
+        path = cache_dir() / "build" / KEY_FILE
+        stamp = _stamp()
+        key = _saved(path, stamp)
+        if key is None:
+            if not compute:
+                return None
+            key = original()
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.tmp")
+                tmp.write_text(f"{stamp}\n{key}", encoding="utf-8")
+                os.replace(tmp, path)
+            except OSError:
+                pass  # a read-only cache folder: the next process computes it again
+        triton_cache.triton_key = functools.lru_cache()(lambda: key)
+        _key = key
+        return key
+
+
 def start_warm_up() -> None:
-    """Start Triton's key computation in a daemon thread, once (CUDA and compiled Triton only)."""
+    """Hand Triton its kept installation hash now; where none is kept, compute it in a daemon thread,
+    once (CUDA and compiled Triton only). The hashing releases the GIL, and the thread imports
+    nothing (a fork inherits no held import lock)."""
     global _warm_up_started
-    if _warm_up_started or interpreter_active() or not torch.cuda.is_available():
+    if _warm_up_started or triton.knobs.runtime.interpret or not torch.cuda.is_available():
         return
     _warm_up_started = True
-    try:
-        from triton.runtime.cache import triton_key  # triton 3.6 to 3.9
-    except ImportError:
+    if installation_key(compute=False) is not None:
         return
 
     def work() -> None:
         try:
-            triton_key()
+            installation_key()
         except Exception:  # noqa: BLE001 -- the first launch computes it again and reports any error
             pass
 
