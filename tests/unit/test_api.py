@@ -309,18 +309,21 @@ def test_patch_swaps_nested_layers_in_place(dtype):
 @pytest.mark.parametrize("cuda,interpreter,starts", [(True, False, True), (False, False, False),
                                                       (True, True, False)],
                          ids=["cuda-compiled", "no-cuda", "interpreter"])
-def test_patch_starts_the_triton_warm_up_once(monkeypatch, cuda, interpreter, starts):
+def test_patch_starts_the_triton_warm_up_once(monkeypatch, tmp_path, cuda, interpreter, starts):
     # patch() computes Triton's per-process key in a daemon thread, once, and only where a
-    # compiled kernel will need it.
+    # compiled kernel will need it (none is kept in this empty cache folder).
     import threading
 
-    import triton.runtime.cache
+    import triton
     from convt3d.engines.triton import warm_up as triton_warm_up
 
     calls = []
-    monkeypatch.setattr(triton.runtime.cache, "triton_key", lambda: calls.append(threading.current_thread().name))
+    monkeypatch.setenv("CONVT3D_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton_warm_up.triton_cache, "triton_key",
+                        lambda: calls.append(threading.current_thread().name) or "hash")
     monkeypatch.setattr(triton_warm_up, "_warm_up_started", False)
-    monkeypatch.setattr(triton_warm_up, "interpreter_active", lambda: interpreter)
+    monkeypatch.setattr(triton_warm_up, "_key", None)
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", interpreter)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     for _ in range(2):
         convt3d.patch(nn.Sequential(nn.ConvTranspose3d(2, 2, 2)))

@@ -380,3 +380,27 @@ def test_first_order_steps_keep_the_engines_backward(monkeypatch):
     x, w, b = (t.clone().requires_grad_() for t in case.tensors())
     torch.autograd.grad(convt3d.conv_transpose3d(x, w, b, *case.args, backend="conv3d").sum(), (x, w, b))
     assert calls == ["grads"]
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32"], ids=["exact-fp32", "tf32"])
+def test_torch_engine_backward_runs_at_the_calls_precision(precision, monkeypatch):
+    # PyTorch's autograd would run the backward at the TF32 flag of the moment; an explicit precision
+    # holds for it too. The flag path is CUDA's: here the check that treats CPU tensors as "at the
+    # flags as they are" is lifted, and the precision each PyTorch kernel runs at is recorded.
+    from convt3d.core.call import Call
+    from convt3d.engines.torch import calls, peer
+
+    seen = []
+    real = calls.at_precision
+    monkeypatch.setattr(calls, "at_precision", lambda op, args, prec: seen.append((op, prec)) or real(op, args, prec))
+    monkeypatch.setattr(peer, "at_flags_as_they_are", lambda x, prec: False)
+    case = Case(2, 4, 6, (3, 4, 5), (3, 3, 2), (2, 1, 2), (1, 0, 1), (1, 0, 0))
+    x, w, b = (t.requires_grad_() for t in case.tensors())
+    params, _ = check_call(x, w, b, *case.args)
+    y = peer.TorchEngine().run(Call(x, w, b, params, precision, precision, True, False))
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, w, b), dy)
+    assert [(op, p) for op, p in seen] == [(F.conv_transpose3d, precision),
+                                           (torch.ops.aten.convolution_backward, precision)]
+    for g, r, what in zip(got, _ref_grads(x, w, b, _norm_args(case)[0], dy), ("dX", "dW", "db")):
+        _assert_grad_close(g, r, what, 1e-5)

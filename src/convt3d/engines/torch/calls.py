@@ -8,7 +8,7 @@ import torch
 
 from ...core.flags import at_precision
 
-__all__ = ["torch_forward",
+__all__ = ["torch_forward", "torch_autograd_at_precision",
            "conv3d_form_reasons", "conv3d_padding", "conv3d_weight", "conv3d_forward"]
 
 
@@ -17,6 +17,32 @@ def torch_forward(x, weight, bias, params, precision):
     for this call only ("tf32": TF32 on; any exact grade: off); None follows the flag as it is."""
     args = (x, weight, bias, params.stride, params.padding, params.output_padding, params.groups, params.dilation)
     return at_precision(torch.nn.functional.conv_transpose3d, args, precision)
+
+
+class _AtPrecision(torch.autograd.Function):
+    """PyTorch's forward and backward kernels of a call, both at the call's precision: PyTorch's own
+    autograd would run the backward at the TF32 flag of the moment the backward runs."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, params, precision):
+        ctx.save_for_backward(x, weight)
+        ctx.params, ctx.precision, ctx.has_bias = params, precision, bias is not None
+        return torch_forward(x, weight, bias, params, precision)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        p = ctx.params
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2] and ctx.has_bias]
+        args = (dy, x, weight, [p.out_channels] if mask[2] else None, list(p.stride), list(p.padding),
+                list(p.dilation), True, list(p.output_padding), p.groups, mask)
+        gx, gw, gb = at_precision(torch.ops.aten.convolution_backward, args, ctx.precision)
+        return (gx if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None, None, None)
+
+
+def torch_autograd_at_precision(x, weight, bias, params, precision):
+    """``torch_forward`` recorded for autograd with a backward at the same precision."""
+    return _AtPrecision.apply(x, weight, bias, params, precision)
 
 
 # ---- the conv3d form of a stride-1 call ----------------------------------------------------------

@@ -11,7 +11,7 @@ from ...core.flags import at_flags_as_they_are
 from ...dispatch.steady import Direct
 from .. import op as ops
 from ..base import Engine, LaunchedRepeats, memo_check
-from .calls import conv3d_form_reasons, torch_forward
+from .calls import conv3d_form_reasons, torch_autograd_at_precision, torch_forward
 
 __all__ = ["TorchEngine", "Conv3dEngine", "FP32_CLASS_TOL"]
 
@@ -39,6 +39,9 @@ class TorchEngine(Engine):
         return torch_forward(call.x, call.weight, call.bias, call.params, call.requested)
 
     def run(self, call: Call) -> torch.Tensor:
+        if call.training and not at_flags_as_they_are(call.x, call.requested):
+            # An explicit precision holds for the backward too, whatever the flag when it runs.
+            return torch_autograd_at_precision(call.x, call.weight, call.bias, call.params, call.requested)
         return self.forward(call)  # differentiable as it is
 
     @staticmethod

@@ -73,6 +73,8 @@ def installation_key(compute: bool = True) -> str | None:
             if not compute:
                 return None
             key = original()
+            if not isinstance(key, str) or not key:
+                return None  # not a hash this module knows how to keep
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.tmp")
