@@ -58,3 +58,16 @@ def test_stamp_follows_the_files(monkeypatch):
     assert before == warm_up._stamp()
     monkeypatch.setattr(triton, "__version__", triton.__version__ + ".changed")
     assert warm_up._stamp() != before
+
+
+def test_a_fork_during_the_hashing_leaves_the_child_a_free_lock(monkeypatch):
+    import os
+    monkeypatch.setattr(warm_up, "_lock", warm_up._lock)
+    with warm_up._lock:  # as the warm-up thread holds it while it hashes
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(write, b"1" if warm_up._lock.acquire(timeout=5) else b"0")
+            os._exit(0)
+        os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"

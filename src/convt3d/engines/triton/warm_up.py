@@ -33,6 +33,14 @@ _key: str | None = None
 _warm_up_started = False
 
 
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a fork during the hashing leaves the child a lock no thread will release
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _stamp() -> str:
     """Triton's version and the size and modification time of each file its hash reads."""
     root = Path(triton.__file__).parent
