@@ -1,0 +1,94 @@
+"""The error fuzz (GPU): convt3d's error against PyTorch's own call's, on random layers no suite holds.
+
+Each of ``--count`` seeded layers (``tuning_table.draw``: decoder shapes, heads, grouped, dilated and
+depth-kept layers; fp32, bf16 and fp16; both layouts) runs under the flags its draw names (fp32 "tf32":
+PyTorch's default, TF32 allowed; "tf32x3": TF32 off): PyTorch's call, ``convt3d.conv_transpose3d``
+(auto) and the float64 result. An error is max |y - y64| over max |y64|. The budget is twice PyTorch's
+own error, and at least one unit in the last place of the dtype at the output's largest magnitude;
+where PyTorch's fp32 call computed in TF32 (it differs from its exact-fp32 call by more than
+``FP32_CLASS_TOL`` of the output), that is the TF32 budget. Exits 1 if any layer is over it.
+
+    python tools/error_fuzz.py --count 150 --seed 7 --json fuzz.json --deadline 540
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+
+def judge(theirs, ours, exact, ref, allow_tf32: bool) -> dict:
+    """The verdict on one layer from PyTorch's output (``theirs``), convt3d's, PyTorch's exact-fp32
+    output (``exact``, fp32 only) and the float64 ``ref``."""
+    import torch
+
+    from convt3d.engines.torch.peer import FP32_CLASS_TOL
+
+    scale = ref.abs().max().item() or 1.0
+    err = lambda y: (y.double() - ref).abs().max().item() / scale  # noqa: E731
+    tf32 = theirs.dtype == torch.float32 and allow_tf32 and (
+        (theirs.double() - exact.double()).abs().max().item() > FP32_CLASS_TOL * scale)
+    theirs_err, ours_err = err(theirs), err(ours)
+    budget = max(2 * theirs_err, torch.finfo(theirs.dtype).eps)
+    return dict(torch_err=theirs_err, convt3d_err=ours_err, budget=budget, torch_class="tf32" if tf32 else "exact",
+                within=ours_err <= budget)
+
+
+def run_layer(spec: dict) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    import convt3d
+    from convt3d.core.flags import cudnn_conv_tf32
+    from tuning_table import _tensors
+
+    x, w, b = _tensors(spec)
+    args = (spec["stride"], spec["padding"], spec["output_padding"], spec["groups"], spec["dilation"])
+    allow = spec["precision"] == "tf32"
+    with cudnn_conv_tf32(allow):
+        theirs = F.conv_transpose3d(x, w, b, *args)
+        ours = convt3d.conv_transpose3d(x, w, b, *args)
+        engine = convt3d.explain(x, w, b, *args).engine
+    with cudnn_conv_tf32(False):
+        exact = F.conv_transpose3d(x, w, b, *args) if x.dtype == torch.float32 else None
+    ref = F.conv_transpose3d(x.double(), w.double(), b.double(), *args)
+    return dict(judge(theirs, ours, exact, ref, allow), engine=engine)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=int, default=150, help="layers to draw (default 150)")
+    ap.add_argument("--seed", type=int, default=7, help="the draw's seed (default 7)")
+    ap.add_argument("--deadline", type=float, default=float("inf"), help="seconds after which no layer starts")
+    ap.add_argument("--json", help="write every layer's spec and verdict here")
+    a = ap.parse_args(argv)
+    from tuning_table import draw
+
+    rng, t0, rows = random.Random(a.seed), time.perf_counter(), []
+    for i in range(a.count):
+        spec = draw(rng)
+        if time.perf_counter() - t0 > a.deadline:
+            break
+        try:
+            row = dict(spec, **run_layer(spec))
+        except Exception as exc:  # noqa: BLE001 -- a layer that fails is reported, and counts as over budget
+            row = dict(spec, error=f"{type(exc).__name__}: {exc}"[:300], within=False)
+        rows.append(row)
+        print(f"{i:3d} {spec['dtype'][:4]} {spec['precision']:6s} {spec['in_channels']:3d}->{spec['out_channels']:<3d} "
+              f"g{spec['groups']} k{spec['kernel_size']} s{spec['stride']} "
+              + (f"{row['engine']:8s} torch {row['torch_err']:.2e} ({row['torch_class']}) convt3d "
+                 f"{row['convt3d_err']:.2e} budget {row['budget']:.2e}" if "error" not in row else row["error"])
+              + ("" if row["within"] else "  OVER"), flush=True)
+    over = [r for r in rows if not r["within"]]
+    worst = max((r["convt3d_err"] / r["budget"] for r in rows if "budget" in r), default=0.0)
+    print(f"{len(rows)} layers, {len(over)} over budget; worst convt3d error {worst:.2f}x its budget")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
