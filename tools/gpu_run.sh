@@ -13,6 +13,7 @@
 #                   warm      networks --first-calls in a new process, after the parts before it
 #                             filled the caches -> first_calls_warm.json
 #                   eval      convt3d kernelbench (the KernelBench evaluator) -> kb_eval.json
+#                   fuzz      tools/error_fuzz.py, 150 seeded random layers' errors -> error_fuzz.json
 #                   full      layers --mode full: bf16 cl -> full_bf16_cl.json, fp32 ncdhw -> full_fp32.json
 #   --pytest-args extra arguments for pytest (e.g. "-k 'not cuda'")
 #
@@ -42,7 +43,7 @@ while [ $# -gt 0 ]; do
     *) LOGDIR="$1"; shift ;;
   esac
 done
-ALL_PARTS="tests kb layers networks tuned warm eval full"
+ALL_PARTS="tests kb layers networks tuned warm eval full fuzz"
 for p in ${PARTS//,/ } ${SKIP//,/ }; do
   [[ " $ALL_PARTS " == *" $p "* ]] || { echo "gpu_run.sh: unknown part '$p' ($ALL_PARTS)" >&2; exit 2; }
 done
@@ -119,6 +120,8 @@ wanted networks && bench networks 420 --suite networks --json "$LOGDIR/bench_net
 wanted tuned && bench tuned 300 --suite networks --tune --json "$LOGDIR/bench_networks_tuned.json"
 wanted warm && bench warm 200 --suite networks --first-calls --json "$LOGDIR/first_calls_warm.json"
 wanted eval && run_part eval 240 24 python3 -m convt3d kernelbench --json "$LOGDIR/kb_eval.json"
+# Each drawn layer is a first call (compile and tune): no layer starts after 480 s.
+wanted fuzz && run_part fuzz 540 24 python3 tools/error_fuzz.py --count 150 --deadline 480 --json "$LOGDIR/error_fuzz.json"
 if wanted full; then
   bench full_bf16_cl 120 --suite layers --mode full --dtype bf16 --layout cl --json "$LOGDIR/full_bf16_cl.json"
   # fp32 NCDHW runs slower per row than bf16 channels-last, hence its larger cap.
