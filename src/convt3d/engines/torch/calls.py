@@ -8,7 +8,7 @@ import torch
 
 from ...core.flags import at_precision
 
-__all__ = ["torch_forward", "torch_autograd_at_precision",
+__all__ = ["torch_forward", "torch_grads", "torch_autograd_at_precision",
            "conv3d_form_reasons", "conv3d_padding", "conv3d_weight", "conv3d_forward"]
 
 
@@ -17,6 +17,14 @@ def torch_forward(x, weight, bias, params, precision):
     for this call only ("tf32": TF32 on; any exact grade: off); None follows the flag as it is."""
     args = (x, weight, bias, params.stride, params.padding, params.output_padding, params.groups, params.dilation)
     return at_precision(torch.nn.functional.conv_transpose3d, args, precision)
+
+
+def torch_grads(dy, x, weight, params, precision, mask):
+    """(dX, dW, db) for the True entries of ``mask`` by PyTorch's kernels in one call, as autograd computes
+    them for ConvTranspose3d, at the call's precision (``at_precision``); differentiable by autograd."""
+    args = (dy, x, weight, [params.out_channels] if mask[2] else None, list(params.stride), list(params.padding),
+            list(params.dilation), True, list(params.output_padding), params.groups, list(mask))
+    return at_precision(torch.ops.aten.convolution_backward, args, precision)
 
 
 class _AtPrecision(torch.autograd.Function):
@@ -32,11 +40,8 @@ class _AtPrecision(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        p = ctx.params
         mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2] and ctx.has_bias]
-        args = (dy, x, weight, [p.out_channels] if mask[2] else None, list(p.stride), list(p.padding),
-                list(p.dilation), True, list(p.output_padding), p.groups, mask)
-        gx, gw, gb = at_precision(torch.ops.aten.convolution_backward, args, ctx.precision)
+        gx, gw, gb = torch_grads(dy, x, weight, ctx.params, ctx.precision, mask)
         return (gx if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None, None, None)
 
 

@@ -19,7 +19,8 @@ import torch
 from ...dispatch import cache as disk_cache
 from . import head_backward as HB
 from . import precompile
-from ...core.flags import cudnn_conv_tf32, set_backend_flag
+from ...core.flags import set_backend_flag
+from ..torch.calls import torch_grads
 from ...core.errors import BackendUnavailableError
 from ...core.params import ConvT3dParams, cdiv, pow2_at_least
 from ...dispatch.timing import gpu_ms
@@ -80,17 +81,16 @@ def clear_caches() -> None:
 
 
 @contextlib.contextmanager
-def _cudnn_flags(dtype: torch.dtype, precision: str):
-    """cuDNN for our backward calls: TF32 per the precision (fp32 only), deterministic algorithms."""
-    with cudnn_conv_tf32(precision == "tf32") if dtype == torch.float32 else contextlib.nullcontext():
-        old = torch.backends.cudnn.deterministic
-        if not old:
-            set_backend_flag(torch.backends.cudnn, "deterministic", True)
-        try:
-            yield
-        finally:
-            if torch.backends.cudnn.deterministic != old:
-                set_backend_flag(torch.backends.cudnn, "deterministic", old)
+def _deterministic():
+    """cuDNN's deterministic algorithms for our backward calls (the TF32 flag is the precision's: ``torch_grads``)."""
+    old = torch.backends.cudnn.deterministic
+    if not old:
+        set_backend_flag(torch.backends.cudnn, "deterministic", True)
+    try:
+        yield
+    finally:
+        if torch.backends.cudnn.deterministic != old:
+            set_backend_flag(torch.backends.cudnn, "deterministic", old)
 
 
 def differentiable_grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
@@ -108,11 +108,8 @@ def grad_formats(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.memory_format,
 
 def _torch_grads(dy, x, w, params, precision, need_x, need_w, need_b=False):
     """dX and/or dW (and db) by PyTorch's kernels in one call, as autograd does for ConvTranspose3d."""
-    bias_sizes = [params.out_channels] if need_b else None
-    with _cudnn_flags(x.dtype, precision):
-        return torch.ops.aten.convolution_backward(
-            dy, x, w, bias_sizes, list(params.stride), list(params.padding), list(params.dilation), True,
-            list(params.output_padding), params.groups, [need_x, need_w, need_b])
+    with _deterministic():
+        return torch_grads(dy, x, w, params, precision, (need_x, need_w, need_b))
 
 
 def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device,

@@ -7,6 +7,7 @@ Run as a script, not imported: it loads the kernel modules without the convt3d p
 worker starts with Triton alone (no PyTorch, no CUDA context). Messages are pickles, each after
 its length as 8 bytes.
 """
+import functools
 import importlib
 import json
 import os
@@ -46,6 +47,17 @@ def read_message(stream):
     return pickle.loads(stream.read(struct.unpack("<Q", head)[0]))
 
 
+def use_installation_key(key: str) -> None:
+    """Make ``key`` Triton's installation hash in this process: ``triton.runtime.cache.triton_key``, the
+    function every compile and cache lookup calls (Triton's own compile pool replaces it the same way)."""
+    from triton.runtime import cache
+
+    if getattr(cache.triton_key, "installation_key", None) != key:
+        kept = functools.lru_cache()(lambda: key)
+        kept.installation_key = key
+        cache.triton_key = kept
+
+
 def _tuples(v):
     return tuple(_tuples(e) for e in v) if isinstance(v, list) else v
 
@@ -53,15 +65,12 @@ def _tuples(v):
 def compile_one(module: str, name: str, spec: str, target: tuple, key: str | None = None) -> None:
     """Compile one specialisation as Triton's launch would, from the JSON its cache hook gives; ``key``:
     the parent's hash of the Triton installation they share, so that this process need not compute it."""
-    import functools
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
-    from triton.runtime import cache
 
-    if key is not None and getattr(cache.triton_key, "convt3d_key", None) != key:
-        cache.triton_key = functools.lru_cache()(lambda: key)
-        cache.triton_key.convt3d_key = key
+    if key is not None:
+        use_installation_key(key)
 
     fn = getattr(_load(module), name)
     d = json.loads(spec)

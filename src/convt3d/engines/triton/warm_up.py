@@ -9,7 +9,6 @@ workers get the same hash. ``convt3d.patch`` starts this in a daemon thread, off
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import threading
@@ -19,6 +18,7 @@ import torch
 import triton
 
 from ...dispatch.cache import cache_dir
+from .compile_worker import use_installation_key
 
 try:
     from triton.runtime import cache as triton_cache  # its triton_key: triton 3.6 to 3.9
@@ -90,7 +90,7 @@ def installation_key(compute: bool = True) -> str | None:
                 os.replace(tmp, path)
             except OSError:
                 pass  # a read-only cache folder: the next process computes it again
-        triton_cache.triton_key = functools.lru_cache()(lambda: key)
+        use_installation_key(key)
         _key = key
         return key
 
