@@ -24,6 +24,9 @@ import torch.nn.functional as F
 
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+# Tests check decisions as tuned: a first call waits for every candidate. The tests of the
+# background mode (test_first_call.py, test_gpu_first_call.py) set it themselves.
+os.environ.setdefault("CONVT3D_FIRST_CALL", "wait")
 
 CL = torch.channels_last_3d
 HAS_CUDA = torch.cuda.is_available()

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import handle_torch_function, has_torch_function
 
-from .dispatch import select as dispatch
+from .dispatch import first_call, select as dispatch
 from .core.call import Call, autocast_inputs, make_call, resolve_precision
 from .core.epilogue import CHANNEL, TENSOR, Epilogue, apply_torch, as_epilogue
 from .core.memo import memo
@@ -159,7 +159,8 @@ def _decide_for_trace(input, weight, bias, stride, padding, output_padding, grou
     (so "auto" decides as an eager first call does); the result is a graph constant, so changing
     $CONVT3D_BACKEND or the TF32 flag after compiling does not recompile."""
     params, unbatched = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    with _device_current(input):  # the measurement times on the current device
+    # The measurement times on the current device, and waits for every candidate: the graph keeps its result.
+    with _device_current(input), first_call.waiting():
         d = dispatch.decide(input, backend, precision, params, weight=weight, bias=bias)
     return (d.engine, d.precision, list(params.stride), list(params.padding), list(params.output_padding),
             params.groups, list(params.dilation), unbatched)

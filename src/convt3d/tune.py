@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .dispatch import cache, select as dispatch
+from .dispatch import cache, first_call, select as dispatch
 from .core.flags import device_name
 from .dispatch.network_check import check_network, layer_signature
 from .engines.triton.persist import flush_triton
@@ -215,7 +215,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     cuda = [d for d in devices if d.type == "cuda"]
     t0 = time.perf_counter()
     try:
-        with dispatch.benchmark(True), dispatch.listening(on_event):
+        with dispatch.benchmark(True), dispatch.listening(on_event), first_call.waiting():
             ran = run_once(lambda: None if layers else bar.advance("forward"))
             if backward:
                 if not ran:

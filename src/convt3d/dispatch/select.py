@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import cache, distributed
+from . import cache, distributed, first_call
 from .timing import lowest_spread
 from ..core.call import EXACT_GRADE, PRECISIONS, Call, resolve_precision, signature_text
 from .registry import ENGINES, HYBRID
@@ -113,12 +113,15 @@ _named: dict[tuple, Decision] = memo("dispatch.select.named")  # named backends 
 _timings: dict[tuple, dict[str, float]] = memo("dispatch.select.timings")  # measured ms per engine (explain)
 _classes: dict[tuple, str] = memo("dispatch.select.classes")  # PyTorch's precision class per signature
 _texts: dict[tuple, str] = memo("dispatch.select.texts")  # the persistent signature of each settled key (override)
+# Keys settled while an engine was still compiling -> first_call.generation() then: decided again
+# once it has grown (an engine became ready), and kept off the steady path meanwhile.
+_provisional: dict[tuple, int] = memo("dispatch.select.provisional")
 _listeners: list[Callable[[str, dict], None]] = []
 
 
 def clear_decisions() -> None:
     """Forget this process's decisions (not the disk cache)."""
-    for decisions in (_settled, _guessed, _named, _timings, _classes, _texts):
+    for decisions in (_settled, _guessed, _named, _timings, _classes, _texts, _provisional):
         decisions.clear()
     _forget_steady()
     ENGINES["triton"].forget()
@@ -156,6 +159,8 @@ def select(call: Call, backend: str | None = None, *, measure: bool = True) -> D
     name = resolve_backend_name(backend)
     if name == "auto":
         d = _settled.get(call.key)
+        if d is not None and call.key in _provisional and _provisional[call.key] != first_call.generation():
+            d = None  # decided without an engine that has become ready for some signature since
         if d is None and call.device.type == "cuda" and not _can_measure(measure):
             d = _guessed.get(call.key)  # a guess stands until a call can measure
         return d if d is not None else _auto(call, measure, None)
@@ -202,13 +207,20 @@ def _decision(name: str, call: Call, reason: str, source: str) -> Decision:
 
 
 def _auto(call: Call, measure: bool, record: Pass | None) -> Decision:
-    d = _auto_choose(call, measure, record)
+    generation = first_call.generation()  # read before the engines are asked whether they are ready
+    unready: list[str] = []
+    d = _auto_choose(call, measure, record, unready)
+    if record is None:
+        if unready and d.source in ("measured", "cache"):
+            _provisional[call.key] = generation
+        else:
+            _provisional.pop(call.key, None)
     if _listeners:
         _notify("decision", signature=call.text, decision=d, timings=_timings.get(call.key))
     return d
 
 
-def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
+def _auto_choose(call: Call, measure: bool, record: Pass | None, unready: list[str]) -> Decision:
     if call.device.type != "cuda":
         return _settle(call, _decision("torch", call, "auto: CPU tensors use PyTorch", "rule"), record)
     if call.dtype not in ENGINES["triton"].dtypes:
@@ -219,13 +231,14 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
         # PyTorch's own call computes this TF32-allowed call in full fp32: ours run it at exact
         # grade, so switching to convt3d never lowers the user's numerics.
         exact = dataclasses.replace(call, precision=EXACT_GRADE)
-        d = _auto_choose(exact, measure, record)
+        d = _auto_choose(exact, measure, record, unready)
         d = dataclasses.replace(d, precision_class="fp32", reason=d.reason + (
             f"; PyTorch's own call computes this TF32-allowed call in full fp32, so it runs at exact grade "
             f"({EXACT_GRADE})"))
         return d if d.source == "heuristic" else _settle(call, d, record)
     reasons = _reasons(call, record)
     skipped = _auto_skips(call, reasons)
+    unready.extend(skipped)
     if record is not None:
         record.skipped = skipped
     cands = [n for n, why in reasons.items() if not why and n not in skipped]
@@ -234,7 +247,7 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
         engine, why = heuristic(call.params, call.dtype, call.precision, call.bias is not None,
                                 tuple(c for c in cands if c in ("triton", "torch")) or ("torch",))
         return _decision(engine, call, f"auto (heuristic, traced): {why}", "heuristic")
-    if len(cands) == 1:
+    if len(cands) == 1 and not skipped:  # else measured: the others' compiles start there
         d = _decision(cands[0], call, f"auto: only {cands[0]} can run this call ("
                       + "; ".join(f"{k}: {'; '.join(v) if v else skipped.get(k)}" for k, v in reasons.items()
                                   if k != cands[0]) + ")", "only")
@@ -248,6 +261,8 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None) -> Decision:
         if entry["engine"] not in cands:  # rank 0 could run an engine this rank cannot
             with distributed.local():
                 entry = _cached_or_measured(call, cands, gpu, tiny, tuple(skipped))
+        if not entry.get("unready"):  # decided without needing them (a tiny layer; a named result)
+            unready.clear()
         return _settle(call, _from_entry(call, entry), None)
 
     def cached_or_guessed() -> dict:
@@ -424,17 +439,20 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
     being built, so a later process measures again."""
     entry = _cached_entry(call, cands, gpu)
     if entry is not None:
+        if entry.get("unready"):
+            _make_ready(call, unready)
         return entry
-    _say_first_call(call, cands)
+    _say_first_call(call, cands, unready)
     if tiny and "torch" in cands:
         runs, failed, _ = _measure(call, ["torch"], call.text)
         t = min(runs["torch"]) * 1e-3
         if t < HOST_BOUND_S:
             entry = {"engine": "torch", "timings_ms": {"torch": t * 1e3}, "rounds_ms": runs, "margin": 0.0,
-                     "failed": failed, "candidates": ["torch"], "unready": list(unready),
+                     "failed": failed, "candidates": ["torch"], "unready": [],
                      "why": f"tiny layer: PyTorch's call takes {t * 1e6:.3g} us < {HOST_BOUND_S * 1e6:.0f} us, less "
                             "than our engines' host time; the others were not timed"}
     if entry is None:
+        _make_ready(call, unready)
         runs, failed, hosts = _measure(call, cands, call.text)
         winner, margin = pick(runs, hosts=hosts)
         entry = {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,
@@ -444,18 +462,30 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
     return dict(entry, source="measured")
 
 
+def _make_ready(call: Call, unready) -> None:
+    """Start what the engines left out still need, off the call's path (``dispatch.first_call``)."""
+    for name in unready:
+        start = getattr(ENGINES[name], "make_ready", None)
+        if start is not None:
+            start(call)
+
+
 _said: list[bool] = []
 
 
-def _say_first_call(call: Call, cands: list[str]) -> None:
-    """One line on stderr, once per process, before the first measurement: a first call that
-    compiles and times candidates takes seconds where PyTorch's takes milliseconds."""
-    if _said or len(cands) < 2:
+def _say_first_call(call: Call, cands: list[str], unready: tuple = ()) -> None:
+    """One line on stderr, once per process, before the first measurement: what a new signature's
+    first call does that PyTorch's does not (compile and time, or compile in the background)."""
+    if _said or (len(cands) < 2 and not unready):
         return
     _said.append(True)
-    print(f"convt3d: first call of a new layer signature: compiling and timing {', '.join(cands)} on it once "
-          f"(kept in {cache.cache_dir()}; convt3d.tune(model, x) does this ahead for a whole model)",
-          file=sys.stderr)
+    if unready:
+        what = (f"timing {', '.join(cands)} on it now while the kernels of {', '.join(unready)} compile in "
+                f"background processes, timed at a later call once compiled ({first_call.ENV}=wait waits for them)")
+    else:
+        what = f"compiling and timing {', '.join(cands)} on it once"
+    print(f"convt3d: first call of a new layer signature: {what} (kept in {cache.cache_dir()}; "
+          "convt3d.tune(model, x) does this ahead for a whole model)", file=sys.stderr)
 
 
 def _from_entry(call: Call, entry: dict) -> Decision:
@@ -556,9 +586,11 @@ def _forget_steady() -> None:
 
 
 def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = None) -> None:
-    """Keep a settled decision for the call's argument signature (not a heuristic guess, a call under
-    graph capture or one a listener waits for); ``given``: ``remember_direct``'s arguments."""
-    if d.source == "heuristic" or _listeners or (call.device.type == "cuda" and _capturing()):
+    """Keep a settled decision for the call's argument signature (not a heuristic guess, a decision
+    made while an engine compiles, a call under graph capture or one a listener waits for);
+    ``given``: ``remember_direct``'s arguments."""
+    if d.source == "heuristic" or _listeners or call.key in _provisional or (
+            call.device.type == "cuda" and _capturing()):
         return
     is_direct = d.candidate == "torch" and at_flags_as_they_are(call.x, call.requested)
     if key is not None:

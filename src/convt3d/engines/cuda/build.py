@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from ...dispatch import first_call
 from . import head
 
 __all__ = ["DTYPES", "ready", "start", "status", "build", "main"]
@@ -41,10 +42,16 @@ def start(device: torch.device, dtype: torch.dtype) -> None:
                 head.load_library(device, dtype)
             except Exception as exc:  # noqa: BLE001 -- the engine stays out of auto's candidates, with the reason
                 _failed[key] = f"{type(exc).__name__}: {exc}"[:300]
+            first_call.became_ready()  # decisions made without it are made again (built, or unsupported)
 
         thread = threading.Thread(target=run, name=f"convt3d-build-{dtype}", daemon=True)
         _threads[key] = thread
         thread.start()
+
+
+def failure(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the library of ``dtype`` failed to build in this process, or None."""
+    return _failed.get(_key(device, dtype))
 
 
 def status(device: torch.device, dtype: torch.dtype) -> str:

@@ -20,9 +20,11 @@ class CudaEngine(Engine):
     min_capability = (8, 0)  # bf16 mma.sync and cp.async
 
     def call_reasons(self, call: Call) -> list[str]:
-        from . import head
+        from . import build, head
 
         why = head.call_reason(call.x, call.params, call.precision)
+        if why is None and build.failure(call.device, call.dtype):
+            why = f"its library failed to build: {build.failure(call.device, call.dtype)}"
         return [] if why is None else [why]
 
     @staticmethod

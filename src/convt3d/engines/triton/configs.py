@@ -215,7 +215,8 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
     timings: dict[str, float] = {}
     hosts: dict[str, float] = {}
     failed: dict[str, str] = {}
-    precompile.compile_candidates(configs, run)
+    if key not in precompile.compiled:
+        precompile.compile_candidates(configs, run)
     for cfg in configs:
         outcome = run(cfg)  # compile (or load what the workers compiled) + warm
         if isinstance(outcome, CandidateFailure):

@@ -12,6 +12,7 @@ from ...dispatch.registry import HYBRID
 from ..base import Engine, LaunchedRepeats
 from ..torch.calls import torch_forward
 from ..torch.peer import TorchEngine
+from . import background
 from . import engine as triton_engine
 from .configs import CandidateFailure, device_name, tuned_config
 from .persist import flush_triton, has_pending, prime_triton
@@ -40,6 +41,16 @@ class TritonEngine(LaunchedRepeats):
         why = self.not_supported_reasons(call)
         fused = None if why else triton_engine.epilogue_reason(call.params, call.x, call.weight, call.precision)
         return why + ([fused] if fused else [])
+
+    @staticmethod
+    def not_ready(call: Call) -> str | None:
+        """Why auto does not time it on ``call`` yet: its candidates are not compiled (first-call mode
+        "background"); ``make_ready`` compiles them off the call's path."""
+        return background.not_ready(call)
+
+    @staticmethod
+    def make_ready(call: Call) -> None:
+        background.start(call)
 
     @staticmethod
     def input_reason(x: torch.Tensor) -> str | None:
@@ -102,6 +113,7 @@ class TritonEngine(LaunchedRepeats):
 
     def forget(self) -> None:
         self._primed.clear()
+        background.forget()
 
 
 def guarded(run: Callable[[triton_engine.Config], object]) -> Callable[[triton_engine.Config], object]:
@@ -128,6 +140,17 @@ class HybridEngine(Engine):
 
     def call_reasons(self, call: Call) -> list[str]:
         return [] if call.training else ["not a training call (PyTorch's forward with convt3d's backward)"]
+
+    @staticmethod
+    def not_ready(call: Call) -> str | None:
+        """Timed with the Triton engine, once that one's candidates are compiled: its backward's
+        candidates compile at that measurement."""
+        if triton_engine.unsupported_reason(call.x, call.params) is not None:
+            return None
+        why = background.not_ready(call)
+        return None if why is None else "waits for the Triton engine: " + why
+
+    make_ready = TritonEngine.make_ready
 
     # Its precision is the call's (``Engine.precision``), also that of convt3d's backward kernels.
     precision_reasons = TorchEngine.precision_reasons

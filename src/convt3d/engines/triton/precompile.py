@@ -27,11 +27,14 @@ import triton
 from .compile_worker import read_message, write_message
 from .warm_up import installation_key, start_warm_up
 
-__all__ = ["compile_candidates", "start_workers", "worker_count"]
+__all__ = ["available", "compile_all", "compile_candidates", "dry_jobs", "start_workers", "target",
+           "worker_count"]
 
 _WORKER = Path(__file__).with_name("compile_worker.py")
 _lock = threading.Lock()
 _workers: list[subprocess.Popen] = []
+# Tune keys whose candidates were compiled already (``background``): their tuning loads them from Triton's cache.
+compiled: set = set()
 # A forked child starts workers of its own: the parent's pipes are the parent's to use.
 os.register_at_fork(after_in_child=lambda: _workers.clear())
 
@@ -94,6 +97,10 @@ def _dry_launches():
         hooks.jit_cache_hook = previous
 
 
+# One set of workers serves one batch of jobs at a time (a background batch and a tuning's alike).
+_serving = threading.Lock()
+
+
 def compile_all(jobs: Iterable[tuple[str, str, str]], target, key: str | None = None) -> dict[tuple, str | None]:
     """Compile each (module, kernel name, specialisation) for ``target`` on the workers, which take
     ``key`` as Triton's installation hash (None: they compute it); returns each job's error text
@@ -121,19 +128,23 @@ def compile_all(jobs: Iterable[tuple[str, str, str]], target, key: str | None = 
                 results[job] = f"{type(exc).__name__}: {exc}"
                 return  # a broken worker takes no more jobs; the timed runs compile what is left
 
-    threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in workers if w.poll() is None]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with _serving:
+        threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in workers if w.poll() is None]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     return results
 
 
-def compile_candidates(configs: Iterable, run: Callable[[object], object]) -> dict[tuple, str | None]:
-    """Compile in parallel what running each config launches (``run(config)``, run dry here)."""
-    configs = list(configs)
-    if not configs or worker_count() == 0 or triton.knobs.runtime.interpret:
-        return {}
+def available() -> bool:
+    """Whether candidates can be compiled in worker processes here (not under the interpreter)."""
+    return worker_count() > 0 and not triton.knobs.runtime.interpret
+
+
+def dry_jobs(configs: Iterable, run: Callable[[object], object]) -> list[tuple[str, str, str]]:
+    """The (module, kernel name, specialisation) of each kernel that running each config would
+    compile, from ``run(config)`` run dry here; the workers and the hash start meanwhile."""
     start_workers()  # before the dry runs: the workers import Triton meanwhile
     start_warm_up()  # and the installation's hash is found or computed meanwhile
     with _dry_launches() as jobs:
@@ -142,4 +153,17 @@ def compile_candidates(configs: Iterable, run: Callable[[object], object]) -> di
                 run(cfg)
             except Exception:  # noqa: BLE001 -- the timed run meets the same error and reports it
                 pass
-    return compile_all(jobs, triton.runtime.driver.active.get_current_target(), installation_key())
+    return jobs
+
+
+def target():
+    return triton.runtime.driver.active.get_current_target()
+
+
+def compile_candidates(configs: Iterable, run: Callable[[object], object]) -> dict[tuple, str | None]:
+    """Compile in parallel what running each config launches (``run(config)``, run dry here)."""
+    configs = list(configs)
+    if not configs or not available():
+        return {}
+    jobs = dry_jobs(configs, run)
+    return compile_all(jobs, target(), installation_key())

@@ -1,0 +1,92 @@
+"""A new signature's tile candidates compiled off the call's path (``dispatch.first_call``).
+
+Compiling a signature's candidates costs seconds and timing them a fraction of one, so in the
+"background" first-call mode auto decides a new signature without this engine while its
+candidates compile: the launches run dry here (a few hundred milliseconds), the worker processes
+compile them into Triton's cache in a thread, and the signature's next call after that times them
+as a first call in "wait" mode would, loading each kernel from the cache. A signature is ready
+when it was tuned in this process, compiled here, or has an entry in the cache file (tuned or
+compiled by another process); where workers cannot run (the interpreter, no spare CPU) nothing
+is deferred.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ...core.call import Call
+from ...core.memo import memo
+from ...dispatch import first_call
+from ...dispatch.cache import store_for, tune_key_text
+from . import engine as triton_engine
+from . import precompile, predict
+from .configs import device_name, tuned_config
+from .warm_up import installation_key
+
+__all__ = ["not_ready", "start", "forget"]
+
+_COMPILED = {"compiled": True}  # the cache-file entry of a tune key compiled but not yet tuned
+# Tune key -> "compiling" or "ready".
+_state: dict[tuple, str] = memo("engines.triton.background.state")
+
+
+def _applies(call: Call) -> bool:
+    return call.device.type == "cuda" and first_call.background() and precompile.available()
+
+
+def _shortlist(call: Call, launch) -> tuple:
+    return predict.shortlist(launch.configs, call.params, call.dtype, call.precision,
+                             launch.plan.out_format == torch.channels_last_3d, call.device)
+
+
+def not_ready(call: Call) -> str | None:
+    """Why auto does not time the engine on ``call`` yet (its candidates are not compiled), or None."""
+    if not _applies(call):
+        return None
+    key = triton_engine.plan(call.params, call.x, call.weight, call.precision).tune_key
+    state = _state.get(key)
+    if state == "ready" or tuned_config(key) is not None:
+        return None
+    if state is None and store_for(device_name(call.device)).get("triton_configs", tune_key_text(key)) is not None:
+        _state[key] = "ready"  # tuned or compiled by an earlier process: its kernels are in Triton's cache
+        precompile.compiled.add(key)
+        return None
+    if state == "compiling":
+        return "its tile candidates are compiling in background processes; the next call after they are ready times them"
+    return ("its tile candidates are not compiled yet (they compile in background processes; "
+            f"{first_call.ENV}=wait or convt3d.tune compiles and times them on the first call)")
+
+
+def start(call: Call) -> None:
+    """Compile ``call``'s candidates in the background, once per tune key; when done, the key is
+    ready (marked in the cache file too) and the dispatcher measures again at its next call."""
+    if not _applies(call):
+        return
+    launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
+    key = launch.plan.tune_key
+    if key in _state:
+        return
+    _state[key] = "compiling"
+    jobs = precompile.dry_jobs(_shortlist(call, launch), launch.run) if launch.y.numel() else []
+    target, gpu = precompile.target(), device_name(call.device)
+
+    def compile_them() -> None:
+        try:
+            precompile.compile_all(jobs, target, installation_key())
+            store = store_for(gpu)
+            if store.get("triton_configs", tune_key_text(key)) is None:
+                store.put("triton_configs", tune_key_text(key), dict(_COMPILED))
+        finally:
+            # Failures are the timed run's to meet and report, as in "wait" mode.
+            precompile.compiled.add(key)
+            _state[key] = "ready"
+            first_call.became_ready()
+
+    threading.Thread(target=compile_them, name="convt3d-compile", daemon=True).start()
+
+
+def forget() -> None:
+    """Forget which keys are compiled (a compile in flight still marks its key when done)."""
+    _state.clear()
+    precompile.compiled.clear()

@@ -1,0 +1,243 @@
+"""The first-call modes (``dispatch.first_call``): in "background" mode auto decides a new signature
+without the engines still compiling, keeps that decision off the steady path, and measures again
+at the next call after one becomes ready; "wait" mode, ``convt3d.tune`` and multi-process runs time
+every candidate at once. CPU tests: the readiness and the timings are injected."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import convt3d
+from convt3d.core.call import Call
+from convt3d.dispatch import cache, distributed, first_call
+from convt3d.dispatch import select as dispatch
+from convt3d.dispatch.registry import ENGINES
+from convt3d.engines.triton import background, precompile
+from convt3d.engines.triton import engine as triton_engine
+
+from test_dispatch_auto import BIG, GPU, Recorder, _call, _isolated  # noqa: F401 -- the fixture is used
+
+
+@pytest.fixture
+def compiling(monkeypatch):
+    """Background mode with the Triton engine's readiness scripted: ``state["ready"]`` says whether
+    its candidates are compiled; ``state["started"]`` lists the calls it was asked to compile."""
+    monkeypatch.setenv(first_call.ENV, "background")
+    state = {"ready": False, "started": []}
+    tri = ENGINES["triton"]
+    monkeypatch.setattr(tri, "not_ready", lambda call: None if state["ready"] else "its candidates are compiling")
+    monkeypatch.setattr(tri, "make_ready", lambda call: state["started"].append(call))
+    monkeypatch.setattr(ENGINES["torch+bwd"], "not_ready", lambda call: None)
+    return state
+
+
+def _decide(geometry=BIG):
+    x, w, b, params = _call(geometry=geometry)
+    return dispatch.decide(x, "auto", None, params, weight=w, bias=b), (x, w, b, params)
+
+
+def test_a_new_signature_is_decided_without_the_compiling_engine_which_starts_compiling(compiling, monkeypatch):
+    rec = Recorder({"triton": 1.0, "torch": 3.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    d, (x, w, b, params) = _decide()
+    assert d.engine == "torch" and rec.calls == [("torch",)]
+    assert len(compiling["started"]) == 1  # its compile was started, once
+    record = dispatch.explain_pass(Call(x, w, b, params, "tf32"), "auto")
+    assert record.skipped == {"triton": "its candidates are compiling"}
+    # Until an engine becomes ready, the decision stands: nothing is measured again.
+    assert _decide()[0].engine == "torch" and len(rec.calls) == 1
+
+
+def test_the_next_call_after_the_engine_is_ready_measures_again_with_it(compiling, monkeypatch):
+    rec = Recorder({"triton": 1.0, "torch": 3.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    assert _decide()[0].engine == "torch"
+    compiling["ready"] = True
+    first_call.became_ready()
+    d = _decide()[0]
+    assert d.engine == "triton" and d.source == "measured" and rec.calls[-1] == ("triton", "torch")
+    # Final now: a later generation measures nothing again.
+    first_call.became_ready()
+    assert _decide()[0].engine == "triton" and len(rec.calls) == 2
+
+
+def test_a_decision_made_while_compiling_stays_off_the_steady_path(compiling, monkeypatch):
+    monkeypatch.setattr(dispatch, "_measure", Recorder({"triton": 1.0, "torch": 3.0}))
+    d, (x, w, b, params) = _decide()
+    call = Call(x, w, b, params, "tf32")
+    key = ("a steady key",)
+    dispatch.remember(key, call, d)
+    assert key not in dispatch._steady
+    compiling["ready"] = True
+    first_call.became_ready()
+    d = _decide()[0]
+    dispatch.remember(key, call, d)
+    assert dispatch._steady[key].decision.engine == "triton"
+
+
+def test_a_new_process_measures_again_once_the_engine_is_ready(compiling, monkeypatch):
+    rec = Recorder({"triton": 1.0, "torch": 3.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    assert _decide()[0].engine == "torch"
+    entry = cache.load_decision(GPU, _as_text_call().text)
+    assert entry["unready"] == ["triton"]
+    # A new process where the candidates are still not compiled takes the entry, and compiles them.
+    dispatch.clear_decisions()
+    cache.reset()
+    started = len(compiling["started"])
+    d = _decide()[0]
+    assert d.engine == "torch" and d.source == "cache" and len(compiling["started"]) == started + 1
+    # One where they are: measured again, with them.
+    dispatch.clear_decisions()
+    cache.reset()
+    compiling["ready"] = True
+    d = _decide()[0]
+    assert d.engine == "triton" and d.source == "measured"
+
+
+def _as_text_call():
+    x, w, b, params = _call()
+    return Call(x, w, b, params, "tf32")
+
+
+def test_a_tiny_layer_is_final_at_once(compiling, monkeypatch):
+    """PyTorch's call below the host-bound floor decides without timing the others: nothing to wait for."""
+    rec = Recorder({"triton": 0.001, "torch": 0.001})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    d, (x, w, b, params) = _decide(geometry=(1, 4, 4, (2, 2, 2), 2, 2, 0))
+    assert d.engine == "torch" and not compiling["started"]
+    call = Call(x, w, b, params, "tf32")
+    dispatch.remember(("tiny",), call, d)
+    assert ("tiny",) in dispatch._steady
+
+
+@pytest.mark.parametrize("how", ["env-wait", "waiting-block", "tune-listener"])
+def test_wait_mode_times_every_candidate_on_the_first_call(how, monkeypatch):
+    monkeypatch.setenv(first_call.ENV, "wait" if how == "env-wait" else "background")
+    monkeypatch.setattr(precompile, "available", lambda: True)
+    rec = Recorder({"triton": 1.0, "torch": 3.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    if how == "env-wait":
+        d = _decide()[0]
+    elif how == "waiting-block":
+        with first_call.waiting():
+            d = _decide()[0]
+    else:
+        with dispatch.listening(lambda *a: None), first_call.waiting():
+            d = _decide()[0]
+    assert d.engine == "triton" and rec.calls == [("triton", "torch")]
+
+
+def test_multi_process_runs_wait(monkeypatch):
+    monkeypatch.setenv(first_call.ENV, "background")
+    assert first_call.background()
+    monkeypatch.setattr(distributed, "active", lambda: True)
+    assert not first_call.background()
+
+
+def test_an_unknown_mode_is_named(monkeypatch):
+    monkeypatch.setenv(first_call.ENV, "later")
+    with pytest.raises(ValueError, match="CONVT3D_FIRST_CALL='later'"):
+        first_call.mode()
+
+
+# ---- the Triton engine's side ---------------------------------------------------------------------
+def _fake_call():
+    x, w, b, params = _call()
+    return Call(x, w, b, params, "tf32")
+
+
+def test_triton_readiness_follows_the_mode_the_state_and_the_cache_file(monkeypatch):
+    monkeypatch.setenv(first_call.ENV, "background")
+    monkeypatch.setattr(precompile, "available", lambda: True)
+    call = _fake_call()
+    assert "not compiled yet" in background.not_ready(call)
+    with first_call.waiting():
+        assert background.not_ready(call) is None
+    monkeypatch.setattr(precompile, "available", lambda: False)  # the interpreter, or no spare CPU
+    assert background.not_ready(call) is None
+    monkeypatch.setattr(precompile, "available", lambda: True)
+    key = triton_engine.plan(call.params, call.x, call.weight, call.precision).tune_key
+    background._state[key] = "compiling"
+    assert "compiling in background processes" in background.not_ready(call)
+    # Another process compiled (or tuned) it: its entry in the cache file makes it ready here.
+    background._state.clear()
+    cache.store_for(GPU).put("triton_configs", cache.tune_key_text(key), {"compiled": True})
+    assert background.not_ready(call) is None and key in precompile.compiled
+
+
+def test_triton_start_compiles_in_a_thread_then_marks_the_key_ready(monkeypatch):
+    monkeypatch.setenv(first_call.ENV, "background")
+    monkeypatch.setattr(precompile, "available", lambda: True)
+    jobs = [("mod", "kernel", "spec")]
+    compiled = []
+    gate = threading.Event()
+
+    class Launch:  # what prepare returns, without allocating on the fake GPU
+        y = torch.empty(1, device="meta")
+        configs = ("cfg",)
+
+        def __init__(self, plan):
+            self.plan = plan
+
+        def run(self, cfg):
+            raise AssertionError("the launches run dry (dry_jobs is replaced here)")
+
+    call = _fake_call()
+    plan = triton_engine.plan(call.params, call.x, call.weight, call.precision)
+    monkeypatch.setattr(triton_engine, "prepare", lambda *a, **k: Launch(plan))
+    monkeypatch.setattr(background, "_shortlist", lambda call, launch: launch.configs)
+    monkeypatch.setattr(precompile, "dry_jobs", lambda configs, run: list(jobs))
+    monkeypatch.setattr(precompile, "target", lambda: "sm_90a")
+    monkeypatch.setattr(background, "installation_key", lambda: "hash")
+
+    def compile_all(j, target, key):
+        gate.wait(10)
+        compiled.append((tuple(j), target, key))
+
+    monkeypatch.setattr(precompile, "compile_all", compile_all)
+    generation = first_call.generation()
+    background.start(call)
+    background.start(call)  # once per tune key
+    assert "compiling" in background.not_ready(call)
+    gate.set()
+    for _ in range(200):
+        if first_call.generation() != generation:
+            break
+        threading.Event().wait(0.01)
+    assert compiled == [(tuple(jobs), "sm_90a", "hash")]
+    assert background.not_ready(call) is None and plan.tune_key in precompile.compiled
+    assert cache.store_for(GPU).get("triton_configs", cache.tune_key_text(plan.tune_key)) == {"compiled": True}
+
+
+def test_a_cuda_library_that_failed_to_build_is_unsupported_not_unready(monkeypatch):
+    """A failed build is final for the process: the engine is unsupported (with the error), so
+    decisions do not wait for it."""
+    from convt3d.engines.cuda import build, head
+    from convt3d.engines.cuda.peer import CudaEngine
+
+    monkeypatch.setattr(head, "call_reason", lambda x, params, precision: None)
+    monkeypatch.setattr(build, "failure", lambda device, dtype: "nvcc: not found")
+    call = _fake_call()
+    assert CudaEngine.call_reasons(ENGINES["cuda"], call) == ["its library failed to build: nvcc: not found"]
+    monkeypatch.setattr(build, "failure", lambda device, dtype: None)
+    assert CudaEngine.call_reasons(ENGINES["cuda"], call) == []
+
+
+def test_a_traced_call_waits_for_every_candidate(monkeypatch):
+    """torch.compile keeps the trace-time decision in its graph: it must be final."""
+    from convt3d import functional
+
+    monkeypatch.setenv(first_call.ENV, "background")
+    seen = []
+
+    def decide(*a, **k):
+        seen.append(first_call.background())
+        return dispatch.Decision("torch", "tf32", "recorded", source="rule")
+
+    monkeypatch.setattr(functional.dispatch, "decide", decide)
+    x, w = torch.randn(1, 4, 3, 3, 3), torch.randn(4, 2, 3, 3, 3)
+    functional._decide_for_trace(x, w, None, 2, 1, 0, 1, 1, None, None)
+    assert seen == [False] and first_call.background()
