@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -30,7 +29,7 @@ from ...core.memo import memo
 __all__ = ["CONFIGS", "MAX_COLUMNS", "MAX_SHIFTS", "MAX_HEAD_CHANNELS", "HeadPlan", "geometry", "columns",
            "width_shifts", "unsupported_reason", "call_reason", "staging_mode", "configs_for", "tile_boxes", "plan",
            "shift_masks", "pack_weight", "library_path", "load_library", "forward", "variants",
-           "candidate_plans", "choose_tile", "build_seconds", "round_tf32", "pack_weight_cuda"]
+           "candidate_plans", "choose_tile", "round_tf32", "pack_weight_cuda"]
 
 # The .cu's CONVT3D_HEAD_CONFIGS: index -> (MT, NTW, WM, WN), a CTA covering BM = WM x MT x 16 output
 # blocks and BN = WN x NTW x 8 columns; narrow heads take four m-tiles a warp (two are issue-bound).
@@ -53,7 +52,7 @@ SMEM_PER_SM = 228 * 1024  # H100/H200, 1 KB of it reserved per CTA
 REGS_PER_SM = 65536
 KERNEL_REGS = 128  # the most ptxas gives any of the kernels, for the occupancy estimate
 
-_state: dict = {"lib": {}, "pack": {}, "seconds": {}}
+_state: dict = {"lib": {}, "pack": {}}
 _lock = threading.Lock()
 _chosen: dict = memo("engines.cuda.head.chosen")
 _shift_arrays: dict = memo("engines.cuda.head.shift_arrays")
@@ -375,11 +374,6 @@ def _source() -> str:
     return resources.files("convt3d").joinpath("engines/cuda/head_shuffle.cu").read_text(encoding="utf-8")
 
 
-def build_seconds(dtype: torch.dtype = torch.bfloat16) -> float | None:
-    """Wall time of this process's build (or cache load) of ``dtype``'s library; None before it."""
-    return _state["seconds"].get(_DTYPE_CODES[dtype])
-
-
 def _arch(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
     # sm_90a: Hopper's native target.
@@ -413,7 +407,6 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
             return fn
         device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
         path = library_path(device, dtype)
-        t0 = time.perf_counter()
         if not path.exists():
             nvcc = nvcc_path()
             if nvcc is None:
@@ -444,7 +437,6 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
                          ctypes.c_void_p]
         _state["pack"][code] = pack
         _state["lib"][code] = fn
-        _state["seconds"][code] = time.perf_counter() - t0
         return fn
 
 
