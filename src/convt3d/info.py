@@ -55,6 +55,22 @@ def _engines(device: torch.device) -> dict[str, str | None]:
     return out
 
 
+def _first_calls() -> str:
+    """How a new signature's first call treats candidates still compiling, and who compiles them."""
+    from .dispatch import first_call
+    from .engines.triton import precompile
+
+    try:
+        mode = first_call.mode()
+    except ValueError as exc:
+        return str(exc)
+    workers = precompile.worker_count()
+    how = f"{workers} compile worker process{'es' if workers > 1 else ''}" if workers else "no compile workers (CONVT3D_COMPILE_WORKERS=0)"
+    if mode == "background" and workers:
+        return f"background ({first_call.ENV}): PyTorch's call runs while {how} build the candidates"
+    return f"wait: the first call compiles and times every candidate ({how})"
+
+
 def machine() -> dict:
     """What ``convt3d info`` reports, as plain data."""
     import triton
@@ -75,6 +91,7 @@ def machine() -> dict:
         "cuda_head_libraries": {str(d).replace("torch.", ""): build.status(device, d) for d in build.DTYPES}
         if cuda else None,
         "nvcc": head.nvcc_path(),
+        "first_calls": _first_calls(),
         "cache": {"dir": str(cache.cache_dir()), "files": files, "bytes": size},
         "triton_cache": {"dir": str(tdir), "files": tfiles, "bytes": tsize},
     }
@@ -95,6 +112,7 @@ def _text(m: dict) -> str:
     out.append("CUDA head libraries: " + (", ".join(f"{k} {s}" for k, s in libs.items()) if libs
                                           else "no CUDA device to build them for"))
     out.append(f"nvcc: {m['nvcc'] or 'not found (set CUDA_HOME or put nvcc on PATH)'}")
+    out.append(f"first calls: {m['first_calls']}")
     c, t = m["cache"], m["triton_cache"]
     out.append(f"convt3d cache: {c['dir']} ({_amount(c['files'], c['bytes'])}; 'convt3d cache show' lists them)")
     out.append(f"Triton cache: {t['dir']} ({_amount(t['files'], t['bytes'])})")

@@ -241,3 +241,15 @@ def test_a_traced_call_waits_for_every_candidate(monkeypatch):
     x, w = torch.randn(1, 4, 3, 3, 3), torch.randn(4, 2, 3, 3, 3)
     functional._decide_for_trace(x, w, None, 2, 1, 0, 1, 1, None, None)
     assert seen == [False] and first_call.background()
+
+
+def test_a_training_step_waits_for_the_triton_candidates_before_timing_convt3ds_backward(monkeypatch):
+    """PyTorch's forward with convt3d's backward is timed with the Triton engine, once its candidates compiled."""
+    hybrid = ENGINES["torch+bwd"]
+    started = []
+    monkeypatch.setattr(background, "not_ready", lambda call: "its tile candidates are compiling")
+    monkeypatch.setattr(background, "start", lambda call: started.append(call))
+    call = _fake_call()
+    assert hybrid.not_ready(call) == "waits for the Triton engine: its tile candidates are compiling"
+    hybrid.make_ready(call)
+    assert started == [call]

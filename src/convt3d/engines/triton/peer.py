@@ -150,7 +150,9 @@ class HybridEngine(Engine):
         why = background.not_ready(call)
         return None if why is None else "waits for the Triton engine: " + why
 
-    make_ready = TritonEngine.make_ready
+    @staticmethod
+    def make_ready(call: Call) -> None:
+        background.start(call)
 
     # Its precision is the call's (``Engine.precision``), also that of convt3d's backward kernels.
     precision_reasons = TorchEngine.precision_reasons
