@@ -110,3 +110,25 @@ def test_workers_take_the_parents_installation_key(tmp_path, monkeypatch):
     finally:
         precompile._stop()
     assert counts == [1, 1, 2]
+
+
+def test_a_worker_whose_parent_has_gone_exits_quietly(tmp_path):
+    """A background compile in flight when the parent exits: the worker's answer meets a closed pipe."""
+    import subprocess
+    import sys
+
+    from triton.backends.compiler import GPUTarget
+
+    from convt3d.engines.triton.compile_worker import write_message
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    w = subprocess.Popen([sys.executable, str(precompile._WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env)
+    target = GPUTarget("cuda", 90, 32)
+    write_message(w.stdin, ("convt3d.engines.triton.kernels.phase_gemm", "no_such_kernel", _fill_rows_spec(True),
+                            (target.backend, target.arch, target.warp_size), None))
+    w.stdout.close()  # the parent is gone before the answer
+    w.stdin.close()
+    assert w.wait(timeout=120) == 0
+    assert b"BrokenPipeError" not in w.stderr.read()

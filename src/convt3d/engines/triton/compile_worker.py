@@ -126,7 +126,10 @@ def main() -> None:
             answer = None
         except Exception as exc:  # noqa: BLE001 -- reported to the parent, which compiles it itself
             answer = f"{type(exc).__name__}: {exc}"[:300]
-        write_message(out, answer)
+        try:
+            write_message(out, answer)
+        except OSError:  # the parent exited while this job compiled (a background compile at exit)
+            return
 
 
 if __name__ == "__main__":

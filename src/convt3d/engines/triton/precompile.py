@@ -124,7 +124,7 @@ def compile_all(jobs: Iterable[tuple[str, str, str]], target, key: str | None = 
             try:
                 write_message(w.stdin, job + (target, key))
                 results[job] = read_message(w.stdout)
-            except (OSError, EOFError, pickle.PickleError) as exc:
+            except (OSError, ValueError, EOFError, pickle.PickleError) as exc:  # ValueError: a pipe closed at exit
                 results[job] = f"{type(exc).__name__}: {exc}"
                 return  # a broken worker takes no more jobs; the timed runs compile what is left
 
