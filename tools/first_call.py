@@ -1,0 +1,77 @@
+"""First calls from empty caches (GPU): each row a new process, one layer, ``convt3d.conv_transpose3d``
+under auto in the default first-call mode ("background").
+
+Rows: every layers-suite geometry at one (dtype, layout), alternating, then ``UNSEEN`` layers drawn by
+``tuning_table.draw`` (seed ``SEED``) that no suite holds. Cold: empty convt3d and Triton caches. A row
+prints cuDNN's first call (s), convt3d's first call (s), the engine after it, the seconds from the
+first call until the decision is final (a call every 0.05 s meanwhile), the calls made, the final
+engine, convt3d's and PyTorch's steady time (µs, CUDA events, median of 15) and the first call's
+largest difference from PyTorch's output. Warm: a new process with the caches kept, its first call.
+
+    OUT=. START=0 UNSEEN=4 SEED=2027 python tools/first_call.py      # writes first_call_bg.json
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, "src"); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from convt3d.bench.suites import LAYERS
+import tuning_table
+rows = []
+for i, g in enumerate(LAYERS):
+    rows.append((g.name, dict(batch=g.batch, cin=g.in_channels, cout=g.out_channels, size=g.in_size, k=g.kernel, s=g.stride,
+                 p=g.padding, op=g.output_padding, d=g.dilation, groups=g.groups, dtype=["float32", "bfloat16"][i % 2], cl=i % 4 >= 2)))
+rng = random.Random(int(os.environ.get("SEED", "2027")))
+for j in range(int(os.environ.get("UNSEEN", "4"))):
+    sp = tuning_table.draw(rng)
+    rows.append((f"unseen{j}_{sp['in_channels']}to{sp['out_channels']}_k{sp['kernel_size'][2]}s{sp['stride'][2]}",
+                 dict(batch=sp["batch"], cin=sp["in_channels"], cout=sp["out_channels"], size=sp["in_size"], k=sp["kernel_size"],
+                      s=sp["stride"], p=sp["padding"], op=sp["output_padding"], d=sp["dilation"], groups=sp["groups"],
+                      dtype=sp["dtype"], cl=sp["channels_last"])))
+CHILD = r'''
+import sys, time, torch
+import convt3d
+from convt3d.dispatch import select
+a = {spec!r}
+dt = getattr(torch, a["dtype"])
+x = torch.randn(a["batch"], a["cin"], *a["size"], device="cuda", dtype=dt)
+w = torch.randn(a["cin"], a["cout"] // a["groups"], *a["k"], device="cuda", dtype=dt)
+if a["cl"]:
+    x = x.to(memory_format=torch.channels_last_3d); w = w.to(memory_format=torch.channels_last_3d)
+args = (None, a["s"], a["p"], a["op"], a["groups"], a["d"])
+torch.cuda.synchronize(); t1 = time.perf_counter()
+y = torch.nn.functional.conv_transpose3d(x, w, *args); torch.cuda.synchronize(); t2 = time.perf_counter()
+y2 = convt3d.conv_transpose3d(x, w, *args); torch.cuda.synchronize(); t3 = time.perf_counter()
+first_engine = convt3d.explain(x, w, *args).engine
+calls, t_final = 1, None
+while select._provisional and time.perf_counter() - t3 < 90:
+    time.sleep(0.05)
+    convt3d.conv_transpose3d(x, w, *args); torch.cuda.synchronize(); calls += 1
+t_final = time.perf_counter() - t2
+e = convt3d.explain(x, w, *args)
+def us(f):
+    for _ in range(3): f()
+    s, t = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ms = []
+    for _ in range(15):
+        s.record(); f(); t.record(); t.synchronize(); ms.append(s.elapsed_time(t))
+    return sorted(ms)[len(ms) // 2] * 1e3
+ours = us(lambda: convt3d.conv_transpose3d(x, w, *args)); theirs = us(lambda: torch.nn.functional.conv_transpose3d(x, w, *args))
+err = (y2.double() - y.double()).abs().max().item()
+print("RESULT", round(t2 - t1, 3), round(t3 - t2, 3), first_engine, round(t_final, 2), calls, e.engine, round(ours, 1), round(theirs, 1), "%.2g" % err)
+'''
+out = {}
+for name, spec in rows[int(os.environ.get("START", "0")):]:
+    triton_cache = tempfile.mkdtemp(); c3d_cache = tempfile.mkdtemp()
+    for kind in ("cold", "warm"):
+        env = dict(os.environ, TRITON_CACHE_DIR=triton_cache, CONVT3D_CACHE_DIR=c3d_cache, PYTHONPATH="src",
+                   CONVT3D_FIRST_CALL="background")
+        r = subprocess.run([sys.executable, "-c", CHILD.format(spec=spec)], env=env, capture_output=True, text=True, timeout=150)
+        line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
+        note = [l[:160] for l in r.stderr.splitlines() if "convt3d:" in l][:1] if not r.returncode else r.stderr.strip().splitlines()[-2:]
+        print(f"{name:34s} {spec['dtype'][:4]} {'cl' if spec['cl'] else 'nc'} {kind}: " + (line[0][7:] if line else f"rc {r.returncode}"), note, flush=True)
+        out[f"{name} {spec['dtype']} {'cl' if spec['cl'] else 'ncdhw'} {kind}"] = line[0][7:] if line else None
+        json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "first_call_bg.json"), "w"), indent=1)
