@@ -253,3 +253,19 @@ def test_a_training_step_waits_for_the_triton_candidates_before_timing_convt3ds_
     assert hybrid.not_ready(call) == "waits for the Triton engine: its tile candidates are compiling"
     hybrid.make_ready(call)
     assert started == [call]
+
+
+def test_a_cached_decision_measured_with_every_engine_is_final_without_measuring(compiling, monkeypatch):
+    """With measuring off, a cache entry that no engine was missing from stays final even while
+    this process has not compiled the Triton candidates (they would only be timed again)."""
+    rec = Recorder({"triton": 3.0, "torch": 1.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    compiling["ready"] = True
+    assert _decide()[0].engine == "torch"
+    dispatch.clear_decisions()
+    cache.reset()
+    compiling["ready"] = False
+    with dispatch.benchmark(False):
+        d = _decide()[0]
+    assert d.engine == "torch" and d.source == "cache" and len(rec.calls) == 1
+    assert not dispatch._provisional

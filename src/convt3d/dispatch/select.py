@@ -279,6 +279,8 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None, unready: list[s
     if entry["engine"] not in cands:
         entry = cached_or_guessed()
     if entry["source"] == "cache":
+        if not entry.get("unready"):  # measured with every engine that could run it: final
+            unready.clear()
         return _settle(call, _from_entry(call, entry), record)
     d = _decision(entry["engine"], call, f"auto (heuristic): {entry['why']}", "heuristic")
     if record is None:
