@@ -144,15 +144,22 @@ def test_an_unknown_mode_is_named(monkeypatch):
 
 
 # ---- the Triton engine's side ---------------------------------------------------------------------
-def _fake_call():
-    x, w, b, params = _call()
+def _fake_call(geometry=None):
+    x, w, b, params = _call(geometry=geometry)
     return Call(x, w, b, params, "tf32")
 
 
-def test_triton_readiness_follows_the_mode_the_state_and_the_cache_file(monkeypatch):
+# Layers no suite holds: a one-channel head, a deep and narrow layer, an anisotropic kernel and stride.
+GEOMETRIES = {"decoder": BIG, "head-64to1": (2, 64, 1, (16, 16, 16), 4, 2, 1),
+              "deep-narrow-512to4": (1, 512, 4, (8, 8, 8), 2, 2, 0),
+              "anisotropic-k133-s122": (1, 32, 16, (4, 32, 32), (1, 3, 3), (1, 2, 2), (0, 1, 1))}
+
+
+@pytest.mark.parametrize("geometry", list(GEOMETRIES.values()), ids=list(GEOMETRIES))
+def test_triton_readiness_follows_the_mode_the_state_and_the_cache_file(geometry, monkeypatch):
     monkeypatch.setenv(first_call.ENV, "background")
     monkeypatch.setattr(precompile, "available", lambda: True)
-    call = _fake_call()
+    call = _fake_call(geometry)
     assert "not compiled yet" in background.not_ready(call)
     with first_call.waiting():
         assert background.not_ready(call) is None
@@ -160,10 +167,10 @@ def test_triton_readiness_follows_the_mode_the_state_and_the_cache_file(monkeypa
     assert background.not_ready(call) is None
     monkeypatch.setattr(precompile, "available", lambda: True)
     key = triton_engine.plan(call.params, call.x, call.weight, call.precision).tune_key
-    background._state[key] = "compiling"
+    background._compiling[key] = True
     assert "compiling in background processes" in background.not_ready(call)
     # Another process compiled (or tuned) it: its entry in the cache file makes it ready here.
-    background._state.clear()
+    background._compiling.clear()
     cache.store_for(GPU).put("triton_configs", cache.tune_key_text(key), {"compiled": True})
     assert background.not_ready(call) is None and key in precompile.compiled
 

@@ -23,8 +23,8 @@ class CudaEngine(Engine):
         from . import build, head
 
         why = head.call_reason(call.x, call.params, call.precision)
-        if why is None and build.failure(call.device, call.dtype):
-            why = f"its library failed to build: {build.failure(call.device, call.dtype)}"
+        if why is None and (failed := build.failure(call.device, call.dtype)):
+            why = f"its library failed to build: {failed}"
         return [] if why is None else [why]
 
     @staticmethod

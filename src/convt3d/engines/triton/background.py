@@ -27,47 +27,44 @@ from .warm_up import installation_key
 __all__ = ["not_ready", "start", "forget"]
 
 _COMPILED = {"compiled": True}  # the cache-file entry of a tune key compiled but not yet tuned
-# Tune key -> "compiling" or "ready".
-_state: dict[tuple, str] = memo("engines.triton.background.state")
+# Tune keys whose candidates are compiling now (``precompile.compiled`` holds those done).
+_compiling: dict[tuple, bool] = memo("engines.triton.background.compiling")
 
 
 def _applies(call: Call) -> bool:
     return call.device.type == "cuda" and first_call.background() and precompile.available()
 
 
-def _shortlist(call: Call, launch) -> tuple:
-    return predict.shortlist(launch.configs, call.params, call.dtype, call.precision,
-                             launch.plan.out_format == torch.channels_last_3d, call.device)
+def _key(call: Call) -> tuple:
+    return triton_engine.plan(call.params, call.x, call.weight, call.precision).tune_key
 
 
 def not_ready(call: Call) -> str | None:
     """Why auto does not time the engine on ``call`` yet (its candidates are not compiled), or None."""
     if not _applies(call):
         return None
-    key = triton_engine.plan(call.params, call.x, call.weight, call.precision).tune_key
-    state = _state.get(key)
-    if state == "ready" or tuned_config(key) is not None:
+    key = _key(call)
+    if key in precompile.compiled or tuned_config(key) is not None:
         return None
-    if state is None and store_for(device_name(call.device)).get("triton_configs", tune_key_text(key)) is not None:
-        _state[key] = "ready"  # tuned or compiled by an earlier process: its kernels are in Triton's cache
-        precompile.compiled.add(key)
-        return None
-    if state == "compiling":
+    if key in _compiling:
         return "its tile candidates are compiling in background processes; the next call after they are ready times them"
+    if store_for(device_name(call.device)).get("triton_configs", tune_key_text(key)) is not None:
+        precompile.compiled[key] = True  # tuned or compiled by an earlier process: its kernels are in Triton's cache
+        return None
     return ("its tile candidates are not compiled yet (they compile in background processes; "
             f"{first_call.ENV}=wait or convt3d.tune compiles and times them on the first call)")
 
 
 def start(call: Call) -> None:
     """Compile ``call``'s candidates in the background, once per tune key; when done, the key is
-    ready (marked in the cache file too) and the dispatcher measures again at its next call."""
+    compiled (marked in the cache file too) and the dispatcher measures again at its next call."""
     if not _applies(call):
         return
-    launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
-    key = launch.plan.tune_key
-    if key in _state:
+    key = _key(call)
+    if key in _compiling or key in precompile.compiled:
         return
-    _state[key] = "compiling"
+    _compiling[key] = True
+    launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
     jobs = precompile.dry_jobs(_shortlist(call, launch), launch.run) if launch.y.numel() else []
     target, gpu = precompile.target(), device_name(call.device)
 
@@ -79,14 +76,19 @@ def start(call: Call) -> None:
                 store.put("triton_configs", tune_key_text(key), dict(_COMPILED))
         finally:
             # Failures are the timed run's to meet and report, as in "wait" mode.
-            precompile.compiled.add(key)
-            _state[key] = "ready"
+            precompile.compiled[key] = True
+            _compiling.pop(key, None)
             first_call.became_ready()
 
     threading.Thread(target=compile_them, name="convt3d-compile", daemon=True).start()
 
 
+def _shortlist(call: Call, launch) -> tuple:
+    return predict.shortlist(launch.configs, call.params, call.dtype, call.precision,
+                             launch.plan.out_format == torch.channels_last_3d, call.device)
+
+
 def forget() -> None:
     """Forget which keys are compiled (a compile in flight still marks its key when done)."""
-    _state.clear()
+    _compiling.clear()
     precompile.compiled.clear()

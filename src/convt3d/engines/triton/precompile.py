@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 
 import triton
 
+from ...core.memo import memo
 from .compile_worker import read_message, write_message
 from .warm_up import installation_key, start_warm_up
 
@@ -34,7 +35,7 @@ _WORKER = Path(__file__).with_name("compile_worker.py")
 _lock = threading.Lock()
 _workers: list[subprocess.Popen] = []
 # Tune keys whose candidates were compiled already (``background``): their tuning loads them from Triton's cache.
-compiled: set = set()
+compiled: dict[tuple, bool] = memo("engines.triton.precompile.compiled")
 # A forked child starts workers of its own: the parent's pipes are the parent's to use.
 os.register_at_fork(after_in_child=lambda: _workers.clear())
 
