@@ -55,9 +55,8 @@ def signature_text(x, weight, bias, params: ConvT3dParams, precision: str, train
 
 @dataclass(frozen=True, eq=False)
 class Call:
-    """A validated call: ``x`` is 5-D, ``precision`` concrete, ``requested`` the argument as given.
-    ``repeat``: made by the steady path (engines skip first-sight work). ``sources``: the caller's
-    tensors where autocast cast any of them, which timed calls start from."""
+    """A validated call: ``x`` 5-D, ``precision`` concrete, ``requested`` as given; ``repeat``: made by the steady
+    path (engines skip first-sight work); ``sources``: the caller's tensors where autocast cast any (timed from)."""
 
     x: torch.Tensor
     weight: torch.Tensor

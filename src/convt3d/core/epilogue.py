@@ -1,19 +1,10 @@
-"""The epilogue vocabulary: a short elementwise program applied to the convolution's output before its
-only store (``convt3d.conv_transpose3d(..., epilogue=...)``), and by the finishing kernels.
-
-A program is a sequence of at most ``MAX_OPS`` steps over one value ``v`` (float32) and one register
-``r``; each step is ``(name,)`` or ``(name, operand)``:
-
-- ``mul``, ``add``, ``div``: a Python number, a per-channel tensor of ``C`` values (or any shape that
-  holds ``C`` values, as ``(C, 1, 1, 1)``), or for ``add`` a tensor of the output's shape (a residual);
-- ``clamp_min``, ``clamp_max``: a number; ``leaky_relu``: its negative slope (default 0.01);
-- ``relu``, ``gelu`` (erf form), ``gelu_tanh``, ``silu``, ``hardswish``, ``sigmoid``, ``tanh``;
-- ``save`` (``r = v``), ``mul_saved`` (``v = v * r``), ``add_saved`` (``v = v + r``): the register
-  lets a program use the value it started from, as ``x * hardswish(x)`` =
-  ``save, hardswish, mul_saved``.
-
-The kernels receive the program as one compile-time integer (``encode``), its scalars as a float32
-vector and its per-channel operands as a float32 ``[MAX_OPS, C]`` table; ``apply_torch`` runs it in PyTorch.
+"""The epilogue vocabulary: at most ``MAX_OPS`` elementwise steps, ``(name,)`` or ``(name, operand)``, over a
+float32 value ``v`` and a register ``r`` (``save``: r = v; ``mul_saved``, ``add_saved``), applied to the
+convolution's output before its only store (``conv_transpose3d(..., epilogue=...)``) and by the finishing
+kernels. ``mul``, ``add`` and ``div`` take a number, ``C`` per-channel values in any shape, or for ``add`` a
+tensor of the output's shape (a residual). The kernels receive the program as one compile-time integer
+(``encode``), its scalars as a float32 vector and its per-channel operands as a float32 ``[MAX_OPS, C]``
+table; ``apply_torch`` runs it in PyTorch.
 """
 from __future__ import annotations
 
@@ -123,8 +114,7 @@ def _step(item, channels: int | None, out_shape: tuple | None) -> Step:
 
 
 def as_epilogue(program, channels: int | None = None, out_shape: tuple | None = None) -> Epilogue:
-    """Validate a program (a sequence of steps, an ``Epilogue`` or None) for ``channels`` output
-    channels and an output of ``out_shape``; raises TypeError or ValueError naming the step."""
+    """A program (steps, an ``Epilogue`` or None) validated for the output; TypeError or ValueError name the step."""
     if program is None:
         return Epilogue(())
     if isinstance(program, Epilogue):

@@ -60,8 +60,7 @@ class cudnn_conv_tf32:
 
 
 def at_flags_as_they_are(x, precision) -> bool:
-    """Whether PyTorch's forward of this call runs at cuDNN's flags as they are, rather than setting the
-    TF32 flag for it (CUDA float32 with a precision)."""
+    """Whether PyTorch's forward runs at cuDNN's flags as they are (all but CUDA float32 with a precision)."""
     return precision is None or x.device.type != "cuda" or x.dtype != torch.float32
 
 

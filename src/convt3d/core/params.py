@@ -1,12 +1,8 @@
-"""Geometry of a 3-D transposed convolution, worked out once per call signature (pure Python).
-
-Along one dimension input ``i`` and tap ``t`` reach output ``o = i*s - p + t*d``. Outputs of one
-residue ``r = o mod s`` form a **phase**; its **taps** are ``t = t0 + j*tstep`` (``tstep =
-s/gcd(s,d)``) and tap ``j`` reads input ``q + off0 - j*ostep`` (``ostep = d/gcd(s,d)``) for the
-**compact** index ``q`` of output ``q*s + r``. A phase with no taps along some dimension is
-**empty** (bias or zero); every other phase is one implicit GEMM per group with M = N x compact
-positions, N = Cout/g and K = Cin/g x taps.
-"""
+"""Geometry of a 3-D transposed convolution, worked out once per call signature (pure Python). Along one
+dimension input ``i`` and tap ``t`` reach output ``o = i*s - p + t*d``; the outputs of one residue ``r = o mod s``
+form a **phase**, whose **taps** are ``t = t0 + j*s/gcd(s,d)``, tap ``j`` reading input ``q + off0 - j*d/gcd(s,d)``
+for the **compact** index ``q`` of output ``q*s + r``. A phase without taps along some dimension is **empty** (bias
+or zero); every other one is an implicit GEMM per group: M = N x compact positions, N = Cout/g, K = Cin/g x taps."""
 from __future__ import annotations
 
 import functools
@@ -112,8 +108,8 @@ class Phase:
 
 @dataclass(frozen=True)
 class ConvT3dParams:
-    """Every argument of a 3-D transposed convolution, normalised, plus derived geometry. Build it
-    with :meth:`create` (cached) from validated integers; unbatched input has ``batch`` 1."""
+    """Every argument, normalised, plus derived geometry: :meth:`create` (cached) builds it from validated
+    integers; unbatched input has ``batch`` 1."""
 
     batch: int
     in_channels: int
@@ -170,8 +166,7 @@ class ConvT3dParams:
         return self.out_channels // self.groups
 
     def fold_groups(self, fold: int) -> "ConvT3dParams":
-        """The same call with every ``fold`` neighbouring groups merged into one (block-diagonal
-        weight): same output, fold x the multiply-adds in wider GEMM tiles."""
+        """Every ``fold`` neighbouring groups merged (block-diagonal weight): same output, fold x the MACs."""
         if fold < 1 or self.groups % fold:
             raise ValueError(f"fold must divide groups={self.groups}, but got fold={fold}")
         return ConvT3dParams.create(self.batch, self.in_channels, self.out_channels, self.groups // fold,

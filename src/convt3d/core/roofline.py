@@ -35,11 +35,8 @@ class Ceilings:
         return peaks[peak_class]
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d["exact_grade_flops_per_s"] = self.exact_grade_flops_per_s
-        d["copy_bytes"] = COPY_BYTES
-        d["matmul_size"] = MATMUL_SIZE
-        return d
+        return dict(asdict(self), exact_grade_flops_per_s=self.exact_grade_flops_per_s, copy_bytes=COPY_BYTES,
+                    matmul_size=MATMUL_SIZE)
 
 
 def peak_class(dtype: str, precision: str) -> str:

@@ -62,8 +62,7 @@ _valid: dict[tuple, tuple[ConvT3dParams, bool]] = memo("core.validate.valid")
 
 
 def _argument_key(v: Any) -> Any:
-    """An int or a tuple or list of ints as a key that hashes by value; None for anything else (a
-    tensor hashes by identity, so a changed value could hit a stale entry)."""
+    """Ints or a tuple or list of them as a key hashing by value, else None (a tensor hashes by identity)."""
     if type(v) is int or (type(v) is tuple and all(type(e) is int for e in v)):
         return v
     if type(v) is list and all(type(e) is int for e in v):
@@ -77,8 +76,7 @@ _MEMO_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 def memo_arguments(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, output_padding: Any,
                    groups: Any, dilation: Any) -> tuple | None:
-    """The geometry arguments of a call as a key that hashes by value, or None where the call cannot
-    be memoised (this check's memo and the dispatcher's steady path)."""
+    """The geometry arguments as a key hashing by value (this check's memo, the steady path), or None."""
     if type(input) not in _MEMO_TYPES or type(weight) not in _MEMO_TYPES \
             or (bias is not None and type(bias) not in _MEMO_TYPES) or type(groups) is not int:
         return None
@@ -115,10 +113,9 @@ def _check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, o
     padding = triple("padding", padding)
     output_padding = triple("output_padding", output_padding)
     dilation = triple("dilation", dilation)
-    groups_int = _as_int(groups)
-    if groups_int is None:
-        raise TypeError(f"conv_transpose3d(): argument 'groups' must be int, not {type(groups).__name__}")
-    groups = groups_int
+    groups, given = _as_int(groups), groups
+    if groups is None:
+        raise TypeError(f"conv_transpose3d(): argument 'groups' must be int, not {type(given).__name__}")
 
     if input.dim() not in (4, 5):
         raise RuntimeError("Expected 4D (unbatched) or 5D (batched) input to conv_transpose3d, but got input of "

@@ -86,8 +86,7 @@ def _empty() -> dict[str, dict]:
 
 
 def _parse(text: str, key: dict) -> tuple[dict | None, str | None, str]:
-    """(sections, problem, kind): sections when the text is a valid file of this key; otherwise
-    None, a description of the problem and its kind ("corrupt" or "stale")."""
+    """(sections, None, "") of a valid file of this key, else (None, the problem, "corrupt" or "stale")."""
     if not text.strip():
         return None, "it is empty (truncated)", "corrupt"
     try:
@@ -111,8 +110,7 @@ def _parse(text: str, key: dict) -> tuple[dict | None, str | None, str]:
 
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    """Hold the directory's advisory lock for a block (nothing without ``fcntl``): a blocking
-    ``flock``, so a waiter on a busy machine never gives up and loses its entries."""
+    """The directory's advisory lock (none without ``fcntl``), blocking: a waiter never gives up its entries."""
     if fcntl is None:
         yield
         return
@@ -173,8 +171,8 @@ class Store:
                 _warn_once(self.path, kind, f"convt3d: ignoring the cache file {self.path}: {problem}; it is "
                                             "rewritten (measurements will be redone as needed)")
                 self.save(force=True)
-                return self
-            self.entries = sections
+            else:
+                self.entries = sections
             return self
 
     def refresh(self) -> bool:
@@ -363,8 +361,8 @@ def save_unsaved() -> None:
 
 # ---- what `convt3d cache` shows and clears ------------------------------------------------------
 def owned_files() -> list[Path]:
-    """convt3d's files in ``cache_dir()``: the JSON files, a save's leftover temporaries, the CUDA
-    head libraries and Triton's kept installation hash; not the lock, which a save may hold."""
+    """convt3d's files in ``cache_dir()``: cache files, a save's leftover temporaries, the CUDA head
+    libraries and Triton's kept installation hash; not the lock, which a save may hold."""
     d = cache_dir()
     patterns = ("*.json", ".*.json.*.tmp", "build/convt3d_head_*.so", "build/triton_key.txt")
     found = {f for pattern in patterns for f in d.glob(pattern)}
@@ -381,8 +379,8 @@ def _is_cache_file(path: Path) -> bool:
 
 
 def file_summary(path: Path | str) -> tuple[dict[str, int], str | None]:
-    """Entries per section of a cache file, and why this process would ignore it (None: it is
-    current): corrupt, or stale -- written for another environment (``environment_key``)."""
+    """Entries per section of a cache file, and why this process would ignore it (corrupt, or stale: written
+    for another ``environment_key``), None where it is current."""
     try:
         text = Path(path).read_text(encoding="utf-8")
         doc = json.loads(text)

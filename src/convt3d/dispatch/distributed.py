@@ -1,6 +1,6 @@
-"""Rank-consistent decisions under ``torch.distributed``: rank 0 decides and publishes each decision
-in the process group's store, the other ranks wait for it. Every rank goes through ``agree`` at a
-signature's first sight, whatever its own cache holds, so SPMD ranks never diverge."""
+"""Rank-consistent decisions under ``torch.distributed``: rank 0 publishes each decision in the process
+group's store and the other ranks wait for it; every rank goes through ``agree`` at a signature's first
+sight, whatever its own cache holds, so SPMD ranks never diverge."""
 from __future__ import annotations
 
 import contextlib
@@ -48,7 +48,7 @@ _local_depth = 0  # > 0: inside local(), or inside a local fallback compute
 
 
 def _mode() -> str:
-    mode = os.environ.get(ENV_MODE, "agree") or "agree"
+    mode = os.environ.get(ENV_MODE) or "agree"
     if mode not in ("agree", "local"):
         raise ValueError(f"environment variable {ENV_MODE}={mode!r} is not a mode; expected 'agree' or 'local'")
     return mode
@@ -71,14 +71,11 @@ def _dist():
     """torch.distributed if a process group is initialised, else None."""
     import torch.distributed as dist
 
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist
+    return dist if dist.is_available() and dist.is_initialized() else None
 
 
 def active() -> bool:
-    """Whether decisions are agreed now: a process group (:func:`set_group`'s) of more than one
-    rank, ``CONVT3D_DISTRIBUTED`` not "local", and not inside :func:`local`."""
+    """Whether decisions are agreed: a group (:func:`set_group`'s) of 2+ ranks, outside "local" mode and :func:`local`."""
     if _local_depth > 0 or _mode() == "local":
         return False
     dist = _dist()
@@ -92,9 +89,8 @@ def rank() -> int:
 
 
 def set_group(group) -> None:
-    """Agree within ``group`` (a ``torch.distributed`` ProcessGroup whose ranks run the same
-    layers, e.g. the data-parallel group) instead of the whole job; None: the default group.
-    Call it on every rank of the job, with that rank's group."""
+    """Agree within ``group`` (a ProcessGroup whose ranks run the same layers, e.g. the data-parallel group;
+    None: the default group); call it on every rank of the job, with that rank's group."""
     global _group, _state
     with _lock:
         _group = group
@@ -122,8 +118,8 @@ def reset() -> None:
 
 
 def _current_state() -> _State:
-    """The state of the current process group, new when its store is another object; the prefix separates
-    groups of one job that share a store (elastic restarts, :func:`set_group`)."""
+    """The current process group's state, new with another store; the prefix separates groups of one job
+    that share a store (elastic restarts, :func:`set_group`)."""
     global _state, _sessions
     from torch.distributed import distributed_c10d as c10d
 
@@ -170,8 +166,7 @@ def _receive(state: _State, what: str, timeout_s: float) -> tuple[str, Any] | No
 
 
 def agree(compute: Callable[[], T], what: str) -> T:
-    """``compute()`` on rank 0, its (picklable) result on every rank. ``what`` names the decision
-    identically on every rank; every rank calls this at its first sight of the decision."""
+    """``compute()`` on rank 0, its picklable result on every rank, which calls this at first sight, same ``what``."""
     if not active():
         return compute()
     state = _current_state()
@@ -238,10 +233,9 @@ def agree_with_tuning(compute: Callable[[], T], what: str, tuner) -> T:
 
 
 def agree_config(key, choose: Callable[[], Any], candidates=None, *, tuner):
-    """The Triton tuner's agreement point for one tune key: ``choose()`` on rank 0; on the others rank 0's
-    config, installed as this process's tuned config of ``key``. The decision is named by the key without
-    its GPU model; a config that is not one of this rank's ``candidates`` is never installed (a foreign
-    tile could compute wrong values): this rank then chooses for itself, with a warning."""
+    """``choose()`` of a tune key on rank 0, installed as the others' tuned config of ``key`` (named by the key
+    without its GPU model); one not among this rank's ``candidates`` (a foreign tile could compute wrong
+    values) is never installed: this rank then chooses for itself, with a warning."""
     if not active():
         return choose()
 

@@ -1,11 +1,7 @@
-"""How a new layer signature's first call treats engines whose code is not compiled yet.
-
-"background" (the default): auto decides among the engines that are ready, PyTorch's own call
-always among them, while the others compile in background processes; once one becomes ready,
-the signature's next call measures again with it. "wait": the first call compiles and times every
-candidate before it returns, so its decision is final at once. ``CONVT3D_FIRST_CALL`` sets the
-mode; ``convt3d.tune`` and multi-process runs wait (ranks must decide at the same call).
-"""
+"""How a new signature's first call treats engines not compiled yet: "background" (the default) decides
+among the ready ones, PyTorch's always among them, while the others compile in background processes, and
+measures again once one is ready; "wait" compiles and times every candidate first, so the decision is final
+at once. ``CONVT3D_FIRST_CALL`` sets it; ``convt3d.tune`` and multi-process runs wait (ranks decide together)."""
 from __future__ import annotations
 
 import contextlib
@@ -52,6 +48,5 @@ def generation() -> int:
 
 
 def became_ready() -> None:
-    """Called by an engine (from any thread) when code it was compiling is ready: decisions made
-    without it are measured again at their signature's next call."""
+    """An engine's code became ready (any thread): decisions made without it measure again at their next call."""
     _generation[0] += 1

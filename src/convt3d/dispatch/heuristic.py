@@ -1,5 +1,5 @@
-"""The heuristic: the engine for a CUDA call where nothing can be timed (graph capture, fake
-tensors, measuring off), a pure function of the geometry and its roofline floors."""
+"""The engine for a CUDA call where nothing can be timed (graph capture, fake tensors, measuring off), a pure
+function of the geometry and its roofline floors."""
 from __future__ import annotations
 
 import torch
@@ -43,9 +43,9 @@ TRAIN_SMALL_FLOOR_S = 60e-6
 
 def heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool = False,
               candidates: tuple[str, ...] = ("triton", "torch"), training: bool = False) -> tuple[str, str]:
-    """(candidate, why) for a CUDA call without timing. A training step below ``TRAIN_SMALL_FLOOR_S``
-    takes PyTorch's; otherwise the forward rules decide, and where they pick "torch" and HYBRID is a
-    candidate, PyTorch's forward with convt3d's backward (cuDNN's dX can be far slower)."""
+    """(candidate, why) for a CUDA call without timing: PyTorch's for a training step below ``TRAIN_SMALL_FLOOR_S``,
+    else the forward rules, where they pick "torch" with convt3d's backward if HYBRID is a candidate (cuDNN's dX
+    can be far slower)."""
     fwd = tuple(c for c in candidates if c != HYBRID)
     if training and "torch" in fwd and len(fwd) > 1:
         mem, comp, _ = floors(params, dtype, precision, has_bias)

@@ -1,6 +1,5 @@
-"""The network check of ``convt3d.tune``: a decision measured on one layer alone can still make its
-network slower, so the whole model is timed against PyTorch for every layer, and the signatures that
-make it slower are reverted to PyTorch (``dispatch.override``)."""
+"""The network check of ``convt3d.tune``: a layer's decision can still slow its network, so the whole model
+is timed against PyTorch for every layer and the signatures that slow it are reverted (``dispatch.override``)."""
 from __future__ import annotations
 
 import time
@@ -21,13 +20,11 @@ NETWORK_MARGIN = 0.01
 
 def network_check(groups: Sequence[str], measure: Callable[[frozenset], float],
                   margin: float = NETWORK_MARGIN) -> tuple[frozenset, dict]:
-    """(signatures to revert to PyTorch, times in ms) so that the model is not slower than with
-    PyTorch for every layer; ``measure(reverted)`` times it with ``reverted`` on PyTorch.
-
-    The two ends are timed in two rounds of opposite order; convt3d's choices stand if they win by
-    more than ``margin`` or the rounds' spread. Otherwise the groups are reverted one at a time in
-    the order given, each kept reverted if that gains more than ``margin``; a result that still
-    does not win reverts every group (ties go to PyTorch, as in "auto")."""
+    """(signatures to revert to PyTorch, times in ms) so that the model, timed by ``measure(reverted)``, is not
+    slower than with PyTorch for every layer. The two ends are timed in two rounds of opposite order; unless
+    ours win by more than ``margin`` and the rounds' spread, groups are reverted one at a time in the order
+    given, each kept reverted where that gains more than ``margin``, and a result that still does not win
+    reverts every group (ties go to PyTorch, as in "auto")."""
     none, every = frozenset(), frozenset(groups)
     rounds: dict[frozenset, list[float]] = {none: [], every: []}
     for order in ((none, every), (every, none)):

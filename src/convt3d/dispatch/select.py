@@ -1,7 +1,7 @@
-"""The dispatcher: one ordered pass over the registered engines for every call. A named backend
-runs, or raises with its reasons; "auto" decides from memory, the disk cache, a measurement
-against PyTorch's own call, else the heuristic, and keeps ours only where it beats PyTorch
-beyond the noise. Unsupported input falls back to PyTorch here, and only here."""
+"""The dispatcher: one pass over the registered engines per call. A named backend runs or raises with
+its reasons; "auto" decides from memory, the disk cache, a measurement against PyTorch's own call, else
+the heuristic, keeping ours only where it beats PyTorch beyond the noise; unsupported input falls back to
+PyTorch here, and only here."""
 from __future__ import annotations
 
 import contextlib
@@ -34,16 +34,14 @@ BACKENDS = ("auto", "triton", "torch", "cuda", "conv3d")
 
 @dataclass(frozen=True)
 class Decision:
-    """The engine that runs a call. ``ours_backward``: engine "torch" recorded with convt3d's
-    backward (HYBRID). ``source``: how it was made ("requested", "only", "rule", "cache", "measured",
-    "heuristic", "network"). ``candidate``: its name in ``ENGINES``. ``precision_class``: how PyTorch's
-    own TF32-allowed float32 call computes, where measured ("fp32": ours then run at exact grade)."""
+    """The engine that runs a call; ``candidate`` is its name in ``ENGINES`` (HYBRID where ``ours_backward``).
+    ``precision_class``: how PyTorch's own TF32-allowed float32 call computes ("fp32": ours run at exact grade)."""
 
     engine: str  # "triton", "cuda", "conv3d" or "torch"
     precision: str  # "tf32" | "tf32x3" | "ieee" (meaningful for float32 only)
     reason: str
-    ours_backward: bool = False
-    source: str = ""
+    ours_backward: bool = False  # engine "torch" recorded with convt3d's backward (HYBRID)
+    source: str = ""  # "requested", "only", "rule", "cache", "measured", "heuristic" or "network"
     candidate: str = ""
     precision_class: str = ""
 
@@ -97,13 +95,12 @@ def benchmark_enabled() -> bool:
 @contextlib.contextmanager
 def benchmark(enabled: bool | None) -> Iterator[None]:
     """``set_benchmark(enabled)`` for the duration of a block (``convt3d.tune`` uses it)."""
-    global _benchmark
     old = _benchmark
     set_benchmark(enabled)
     try:
         yield
     finally:
-        _benchmark = old
+        set_benchmark(old)
 
 
 # ---- the in-process memory ---------------------------------------------------------------------------
@@ -254,18 +251,12 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None, unready: list[s
         return _settle(call, d, record)
     tiny = max(floors(call.params, call.dtype, call.precision, call.bias is not None)[:2]) < TINY_FLOOR_S
     gpu = device_name(call.device)
-    if _can_measure(measure) and record is None:
-        # The disk cache and the measurement, as one decision every rank takes from rank 0.
-        entry = distributed.agree_with_tuning(lambda: _cached_or_measured(call, cands, gpu, tiny, tuple(skipped)),
-                                              "auto|" + call.text, tuner=ENGINES["triton"].tuner)
-        if entry["engine"] not in cands:  # rank 0 could run an engine this rank cannot
-            with distributed.local():
-                entry = _cached_or_measured(call, cands, gpu, tiny, tuple(skipped))
-        if not entry.get("unready"):  # decided without needing them (a tiny layer; a named result)
-            unready.clear()
-        return _settle(call, _from_entry(call, entry), None)
+    measuring = _can_measure(measure) and record is None
 
-    def cached_or_guessed() -> dict:
+    def cached_or_new() -> dict:
+        """The disk cache's entry, else measured now (and saved), else without measuring the heuristic's."""
+        if measuring:
+            return _cached_or_measured(call, cands, gpu, tiny, tuple(skipped))
         entry = _cached_entry(call, cands, gpu)
         if entry is not None:
             return entry
@@ -273,19 +264,24 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None, unready: list[s
                                 call.training)
         return {"engine": engine, "source": "heuristic", "why": why}
 
-    # Not measured: a disk-cache entry or the heuristic, rank 0's on every rank (explain asks no one).
-    entry = cached_or_guessed() if record is not None else distributed.agree(cached_or_guessed,
-                                                                             "auto-guess|" + call.text)
-    if entry["engine"] not in cands:
-        entry = cached_or_guessed()
-    if entry["source"] == "cache":
-        if not entry.get("unready"):  # measured with every engine that could run it: final
-            unready.clear()
-        return _settle(call, _from_entry(call, entry), record)
-    d = _decision(entry["engine"], call, f"auto (heuristic): {entry['why']}", "heuristic")
-    if record is None:
-        _guessed[call.key] = d
-    return d
+    # One decision every rank takes from rank 0, with the Triton tunings it measured (explain asks no one).
+    if record is not None:
+        entry = cached_or_new()
+    elif measuring:
+        entry = distributed.agree_with_tuning(cached_or_new, "auto|" + call.text, tuner=ENGINES["triton"].tuner)
+    else:
+        entry = distributed.agree(cached_or_new, "auto-guess|" + call.text)
+    if entry["engine"] not in cands:  # rank 0 could run an engine this rank cannot
+        with distributed.local():
+            entry = cached_or_new()
+    if entry["source"] == "heuristic":
+        d = _decision(entry["engine"], call, f"auto (heuristic): {entry['why']}", "heuristic")
+        if record is None:
+            _guessed[call.key] = d
+        return d
+    if not entry.get("unready"):  # decided with every engine that could run it, or needing none: final
+        unready.clear()
+    return _settle(call, _from_entry(call, entry), record)
 
 
 def _pytorchs_class(call: Call, measure: bool, record: Pass | None) -> str | None:
@@ -375,8 +371,8 @@ MAX_MEASURE_ROUNDS = 4
 
 def _measure(call: Call, cands: list[str], label: str
              ) -> tuple[dict[str, list[float]], dict[str, str], dict[str, list[float]]]:
-    """(ms per round, failures, host ms per round) of each candidate on the call's own tensors, rounds
-    in alternating orders so drift falls on every candidate; a candidate that raises is left out."""
+    """(ms per round, failures, host ms per round) per candidate on the call's tensors, rounds in alternating
+    orders so drift falls on every candidate; a candidate that raises is left out."""
     runs: dict[str, list[float]] = {}
     hosts: dict[str, list[float]] = {}
     failed: dict[str, str] = {}
@@ -409,9 +405,8 @@ def host_extra(hosts: dict[str, list[float]] | None, name: str) -> float:
 
 
 def pick(runs: dict[str, list[float]], hosts: dict[str, list[float]] | None = None) -> tuple[str, float]:
-    """(winner, margin): convt3d's fastest candidate, charged the host time it costs beyond PyTorch's,
-    wins only if it beats PyTorch's call by more than ``NOISE_MARGIN`` or either one's spread between
-    its two lowest rounds, so a noisy measurement falls back to PyTorch."""
+    """(winner, margin): our fastest, charged its host time beyond PyTorch's, wins only by more than the larger
+    of ``NOISE_MARGIN`` and either one's spread of its two lowest rounds (a noisy measurement keeps PyTorch)."""
     best = {k: min(v) for k, v in runs.items() if v}
     spread = {k: lowest_spread(v) for k, v in runs.items() if v}
     if "torch" not in best:  # PyTorch failed (e.g. out of memory): the fastest of ours
@@ -436,9 +431,8 @@ def _cached_entry(call: Call, cands: list[str], gpu: str) -> dict | None:
 
 
 def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = False, unready: tuple = ()) -> dict:
-    """The decision entry of a new signature: from the disk cache, else measured now and saved. ``tiny``:
-    PyTorch's call is timed first, and below ``HOST_BOUND_S`` nothing else is; ``unready``: engines still
-    being built, so a later process measures again."""
+    """A new signature's entry from the disk cache, else measured now and saved. ``tiny``: PyTorch's call is
+    timed first, and below ``HOST_BOUND_S`` alone; ``unready``: engines still being built (measured later)."""
     entry = _cached_entry(call, cands, gpu)
     if entry is not None:
         if entry.get("unready"):
@@ -476,8 +470,7 @@ _said: list[bool] = []
 
 
 def _say_first_call(call: Call, cands: list[str], unready: tuple = ()) -> None:
-    """One line on stderr, once per process, before the first measurement: what a new signature's
-    first call does that PyTorch's does not (compile and time, or compile in the background)."""
+    """One line on stderr, once per process, before the first measurement of what a first call does."""
     if _said or (len(cands) < 2 and not unready):
         return
     _said.append(True)
@@ -521,10 +514,9 @@ def _timings_text(timings: dict[str, float], best: str, host_ms: dict[str, float
 # ---- the steady path: a repeated call in one lookup -------------------------------------------------
 @dataclass(frozen=True)
 class Steady:
-    """What a call's arguments led to before: its validated geometry, precision, flags and settled
-    decision. ``direct``: the decision is PyTorch's own op at the flags as they are, so the call goes
-    straight to ``F.conv_transpose3d``. ``run``: for a repeated inference call decided for one of
-    our engines, the engine's steady forward of (input, weight, bias) (``steady.Repeat``)."""
+    """What a call's arguments led to before: geometry, precision, flags and settled decision. ``direct``: PyTorch's
+    own op at the flags as they are (straight to ``F.conv_transpose3d``); ``run``: a repeated inference call's
+    steady forward of (input, weight, bias) by one of our engines (``steady.Repeat``)."""
 
     decision: Decision
     params: ConvT3dParams
@@ -543,8 +535,8 @@ _STEADY_LIMIT = 4096
 
 def steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
            precision) -> tuple[tuple | None, Steady | None]:
-    """(the call's ``steady_key`` or None, its steady entry or None): the dispatcher's one entry on a
-    repeated call, where the memo of the call's weight answers first, with no key to build."""
+    """(the call's ``steady_key`` or None, its steady entry or None) for a repeated call; the memo of its
+    weight answers first, with no key to build."""
     if _listeners:  # a listener such as convt3d.tune waits for every decision
         return None, None
     args = (stride, padding, output_padding, groups, dilation)
@@ -562,8 +554,8 @@ def steady(input, weight, bias, stride, padding, output_padding, groups, dilatio
 
 
 def _remember_repeat(input, weight, bias, args: tuple, backend, precision, hit: Steady) -> None:
-    """Give the weight a ``steady.Repeat`` memo where the decided engine has a steady launcher for
-    the call and the call needs nothing it does not do: plain tensors, no autocast, no gradient."""
+    """Give the weight a ``steady.Repeat`` memo where the engine has a steady launcher for the call and the
+    call needs nothing it lacks: plain tensors, no autocast, no gradient."""
     engine = ENGINES[hit.decision.candidate]
     if (type(input) is not torch.Tensor or not hasattr(engine, "steady_launcher")
             or torch.is_autocast_enabled(input.device.type)):
@@ -588,9 +580,8 @@ def _forget_steady() -> None:
 
 
 def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = None) -> None:
-    """Keep a settled decision for the call's argument signature (not a heuristic guess, a decision
-    made while an engine compiles, a call under graph capture or one a listener waits for);
-    ``given``: ``remember_direct``'s arguments."""
+    """Keep a settled decision for the call's argument signature (not a guess, one made while an engine
+    compiles, under graph capture or awaited by a listener); ``given``: ``remember_direct``'s arguments."""
     if d.source == "heuristic" or _listeners or call.key in _provisional or (
             call.device.type == "cuda" and _capturing()):
         return
@@ -635,19 +626,16 @@ def decide(input: torch.Tensor, backend: str | None, precision: str | None, para
     name = resolve_backend_name(backend)
     prec = resolve_precision(precision)
     if params is None or weight is None:  # a caller without the geometry: Triton where it can run
-        if name == "torch":
-            return Decision("torch", prec, "backend='torch' requested", source="requested")
         if name in ("cuda", "conv3d"):
             raise BackendUnavailableError(f"backend={name!r} cannot run this call: its check needs the weight and "
                                           "the geometry")
-        if name == "triton":
-            why = ENGINES["triton"].input_reason(input)
-            if why is not None:
-                raise BackendUnavailableError(f"backend='triton' cannot run this call: {why}")
-            return Decision("triton", prec, "backend='triton' requested", source="requested")
-        if input.device.type != "cuda" or input.dtype not in ENGINES["triton"].dtypes:
+        if name == "auto" and (input.device.type != "cuda" or input.dtype not in ENGINES["triton"].dtypes):
             return Decision("torch", prec, "auto: PyTorch (CPU tensors, or a dtype our engines do not run)", source="rule")
-        why = ENGINES["triton"].input_reason(input)
+        why = None if name == "torch" else ENGINES["triton"].input_reason(input)
+        if name != "auto":
+            if why is not None:
+                raise BackendUnavailableError(f"backend={name!r} cannot run this call: {why}")
+            return Decision(name, prec, f"backend={name!r} requested", source="requested")
         if why is not None:
             return Decision("torch", prec, f"auto: Triton engine unsupported here ({why})", source="rule")
         return Decision("triton", prec, "auto: CUDA float32/float16/bfloat16 use the Triton engine", source="rule")

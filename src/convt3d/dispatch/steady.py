@@ -92,8 +92,7 @@ class Direct:
         self.autocast = _autocast_state(input.device.type)
 
     def fits(self, input, weight, bias, args: tuple, backend, precision) -> bool:
-        """Whether a call with these arguments would be decided as this one was; the cheap and
-        discriminating checks first, the input's type before any of its attributes."""
+        """Whether these arguments decide as this call's did: cheap, discriminating checks first, the type first."""
         return (type(input) is self.x_type and self.weight() is weight and self.bias() is bias
                 and input.shape == self.shape and input.dtype is self.dtype and input.stride() == self.strides
                 and _same(args, self.args) and backend == self.backend and precision == self.precision
