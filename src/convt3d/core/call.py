@@ -16,8 +16,7 @@ __all__ = ["PRECISIONS", "EXACT_GRADE", "resolve_precision", "Call", "make_call"
 
 PRECISIONS = ("tf32", "tf32x3", "ieee")
 
-# What precision=None means when TF32 is off: tf32x3 is faster than FMA "ieee" and stays within 2x of
-# cuDNN's own exact-fp32 error.
+# precision=None with TF32 off: tf32x3 is faster than FMA "ieee" and within 2x of cuDNN's exact-fp32 error.
 EXACT_GRADE = "tf32x3"
 
 

@@ -64,11 +64,9 @@ class Axis:
         result = []
         for r in range(s):
             taps = [t for t in range(self.kernel) if (r + p - t * d) % s == 0]
-            size = max(0, -(-(out - r) // s))
-            if taps:
-                result.append(AxisPhase(r, len(taps), taps[0], (r + p - taps[0] * d) // s, size))
-            else:
-                result.append(AxisPhase(r, 0, 0, 0, size))
+            t0 = taps[0] if taps else 0
+            size = max(0, cdiv(out - r, s))
+            result.append(AxisPhase(r, len(taps), t0, (r + p - t0 * d) // s if taps else 0, size))
         return tuple(result)
 
     def useful_taps(self) -> int:

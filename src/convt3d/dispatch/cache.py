@@ -146,7 +146,6 @@ class Store:
         self.writable = True
         self.loaded = False
 
-    # -- reading --
     def _read(self) -> tuple[dict | None, str | None, str]:
         stamp = _stamp(self.path)
         try:
@@ -156,8 +155,7 @@ class Store:
             return _empty(), None, ""
         except (OSError, UnicodeDecodeError) as exc:
             return None, f"it cannot be read ({type(exc).__name__}: {exc})", "corrupt"
-        # The stamp taken before reading: if the file is replaced in between, the next miss
-        # sees a newer stamp and reads again (never a newer file taken for an older stamp).
+        # The stamp from before reading: a file replaced in between is read again at the next miss.
         self._stamp = stamp
         return _parse(text, self.key)
 
@@ -197,7 +195,6 @@ class Store:
                 entry = self.entries[section].get(name)
             return entry
 
-    # -- writing --
     def put(self, section: str, name: str, entry: dict, save: bool = True) -> None:
         with self._lock:
             self.load()
@@ -289,7 +286,6 @@ def reset() -> None:
         hook()
 
 
-# ---- decisions ----------------------------------------------------------------------------------
 def load_decision(gpu: str, signature: str) -> dict | None:
     """A well-formed persisted decision for a call signature, or None."""
     entry = store_for(gpu).get("decisions", signature)
@@ -305,7 +301,6 @@ def save_decision(gpu: str, signature: str, entry: dict) -> None:
     store_for(gpu).put("decisions", signature, entry)
 
 
-# ---- PyTorch's precision class and backward choices ---------------------------------------------
 def load_precision_class(gpu: str, signature: str) -> str | None:
     """How PyTorch's own call of this TF32-allowed float32 signature computes ("fp32" or "tf32")."""
     entry = store_for(gpu).get("precision", signature)
@@ -325,7 +320,6 @@ def save_backward(gpu: str, name: str, entry: dict) -> None:
     store_for(gpu).put("backward", name, entry)
 
 
-# ---- Triton tuning results ----------------------------------------------------------------------
 def _jsonable(obj: Any) -> Any:
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj

@@ -75,7 +75,7 @@ def _dist():
 
 
 def active() -> bool:
-    """Whether decisions are agreed: a group (:func:`set_group`'s) of 2+ ranks, outside "local" mode and :func:`local`."""
+    """Whether decisions are agreed: a group (:func:`set_group`'s) of 2+ ranks, outside "local" mode and local()."""
     if _local_depth > 0 or _mode() == "local":
         return False
     dist = _dist()

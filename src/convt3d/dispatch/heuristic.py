@@ -36,8 +36,7 @@ def floors(params, dtype: torch.dtype, precision: str, has_bias: bool = False) -
     return mem, comp, peak
 
 
-# Below this forward roofline floor a training step is host-bound, and PyTorch's own step has the
-# least host time.
+# Below this forward roofline floor a training step is host-bound, and PyTorch's has the least host time.
 TRAIN_SMALL_FLOOR_S = 60e-6
 
 

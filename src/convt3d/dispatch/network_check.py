@@ -13,8 +13,7 @@ from .timing import gpu_ms
 
 __all__ = ["NETWORK_MARGIN", "network_check", "check_network", "layer_signature"]
 
-# The smallest margin of the network check, below dispatch.NOISE_MARGIN: a layer's gain is a small part
-# of a model's time.
+# The network check's smallest margin, below dispatch.NOISE_MARGIN: a layer's gain is a small part of a model's.
 NETWORK_MARGIN = 0.01
 
 

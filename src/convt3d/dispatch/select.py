@@ -486,17 +486,16 @@ def _say_first_call(call: Call, cands: list[str], unready: tuple = ()) -> None:
 def _from_entry(call: Call, entry: dict) -> Decision:
     timings = {k: float(v) for k, v in entry.get("timings_ms", {}).items()}
     _timings[call.key] = timings
+    text = _timings_text(timings, entry["engine"], entry.get("host_ms"))
+    if entry.get("network"):  # (from the cache file) convt3d.tune's network check replaced the layer's measurement
+        return _decision(entry["engine"], call, f"auto (from the cache file): {entry['network']}", "cache")
     if entry["source"] == "cache":
-        if entry.get("network"):  # convt3d.tune's network check replaced the layer's own measurement
-            return _decision(entry["engine"], call, f"auto (from the cache file): {entry['network']}", "cache")
-        return _decision(entry["engine"], call, "auto (measured earlier, from the cache file): "
-                         + _timings_text(timings, entry["engine"], entry.get("host_ms")), "cache")
+        return _decision(entry["engine"], call, f"auto (measured earlier, from the cache file): {text}", "cache")
     kind = "training steps" if call.training else "calls"
     if entry.get("why"):
         reason = f"auto (measured {kind}): {entry['why']}"
     else:
-        reason = (f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): "
-                  + _timings_text(timings, entry["engine"], entry.get("host_ms")))
+        reason = f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): {text}"
     if entry.get("failed"):
         reason += "; failed: " + "; ".join(f"{k}: {v}" for k, v in entry["failed"].items())
     return _decision(entry["engine"], call, reason, "measured")
@@ -507,8 +506,7 @@ def _timings_text(timings: dict[str, float], best: str, host_ms: dict[str, float
         extra = host_extra({n: [h] for n, h in (host_ms or {}).items()}, k) if k != "torch" else 0.0
         return f"{k} {v:.4g} ms" + (f" (+{extra:.3g} ms host beyond torch's)" if extra > 0 else "")
 
-    parts = ", ".join(one(k, v) for k, v in sorted(timings.items(), key=lambda kv: kv[1]))
-    return f"{parts} -> {best}"
+    return ", ".join(one(k, v) for k, v in sorted(timings.items(), key=lambda kv: kv[1])) + f" -> {best}"
 
 
 # ---- the steady path: a repeated call in one lookup -------------------------------------------------
