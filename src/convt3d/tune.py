@@ -51,23 +51,19 @@ class Progress:
             return "rich"
         return "tqdm" if find_spec("tqdm") is not None else "plain"
 
-    def status(self, msg: str) -> None:
+    def status(self, msg: str, step: int = 0) -> None:
         if self.kind == "rich":
-            self._bar.update(self._task, description=msg)
+            self._bar.update(self._task, advance=step, description=msg)
         elif self.kind == "tqdm":
             self._bar.set_description_str(msg)
+            if step:
+                self._bar.update(step)
         elif self.kind == "plain":
-            print(f"{self.title}: {msg}", file=self.stream, flush=True)
+            print(f"{self.title}: {f'[{self.done}/{self.total}] ' if step else ''}{msg}", file=self.stream, flush=True)
 
     def advance(self, msg: str) -> None:
         self.done += 1
-        if self.kind == "rich":
-            self._bar.update(self._task, advance=1, description=msg)
-        elif self.kind == "tqdm":
-            self._bar.set_description_str(msg)
-            self._bar.update(1)
-        elif self.kind == "plain":
-            print(f"{self.title}: [{self.done}/{self.total}] {msg}", file=self.stream, flush=True)
+        self.status(msg, 1)
 
     def close(self) -> None:
         if self.kind == "rich":
