@@ -121,19 +121,20 @@ def _time(spec: dict) -> dict:
                 cudnn_ms=cudnn)
 
 
+def geometry_spec(g, **rest) -> dict:
+    """A bench suite's geometry as a layer spec, with ``rest`` (dtype, layout, ...)."""
+    return dict(batch=g.batch, in_channels=g.in_channels, out_channels=g.out_channels, groups=g.groups,
+                in_size=g.in_size, kernel_size=g.kernel, stride=g.stride, padding=g.padding,
+                output_padding=g.output_padding, dilation=g.dilation, **rest)
+
+
 def suite_specs(suite: str) -> list[dict]:
     """The rows of a bench suite as layer specs (their own layers, for checking the predictor)."""
     from convt3d.bench.suites import select
 
-    specs = []
-    for c in select(suite):
-        g = c.geometry
-        specs.append(dict(batch=g.batch, in_channels=g.in_channels, out_channels=g.out_channels, groups=g.groups,
-                          in_size=g.in_size, kernel_size=g.kernel, stride=g.stride, padding=g.padding,
-                          output_padding=g.output_padding, dilation=g.dilation,
-                          dtype=str(c.torch_dtype).replace("torch.", ""), precision=c.precision,
-                          channels_last=c.layout == "cl", name=f"{g.name} {c.dtype} {c.layout} {c.precision}"))
-    return specs
+    return [geometry_spec(c.geometry, dtype=str(c.torch_dtype).replace("torch.", ""), precision=c.precision,
+                          channels_last=c.layout == "cl", name=f"{c.geometry.name} {c.dtype} {c.layout} {c.precision}")
+            for c in select(suite)]
 
 
 def collect(args) -> None:
