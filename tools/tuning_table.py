@@ -165,20 +165,17 @@ def evaluate(paths: list[str]) -> None:
     """Each recorded layer ranked from the others: the cost of the shortlist's best against the
     exhaustive best, per shortlist size (the shipped rule is predict.SHORTLIST, one per family first)."""
     import tempfile
+    from unittest import mock
 
     import torch
     from convt3d.engines.triton import predict
 
     rows = [json.loads(line) for path in paths for line in open(path)]
     rows = [r for r in rows if any(c.get("ms") for c in r.get("candidates", []))]
-    saved = predict.TABLES
-    with tempfile.TemporaryDirectory() as tmp:
-        predict.TABLES = Path(tmp)  # the table of these runs, not the shipped one
-        try:
-            predict.write_tables(paths)
-            table = json.loads(next(predict.TABLES.glob("*.json")).read_text())["layers"]
-        finally:
-            predict.TABLES = saved
+    # The table of these runs, not the shipped one.
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(predict, "TABLES", Path(tmp)):
+        predict.write_tables(paths)
+        table = json.loads(next(Path(tmp).glob("*.json")).read_text())["layers"]
     for k in (1, 2, 3, 4):
         predict.SHORTLIST, losses = k, []
         for i, r in enumerate(rows):
