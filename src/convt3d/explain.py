@@ -81,11 +81,9 @@ class Explanation:
             bound = "memory" if self.memory_floor_s >= self.compute_floor_s else "compute"
             out.append(f"  floors (nominal H200: 4.24 TB/s, {self.peak_class} peak): memory "
                        f"{_fmt_s(self.memory_floor_s)}, compute {_fmt_s(self.compute_floor_s)} -> {bound}-bound")
-        if self.timings_ms:
-            out.append("  measured (ms, median): " + ", ".join(f"{k} {v:.4g}" for k, v in
-                                                               sorted(self.timings_ms.items(), key=lambda kv: kv[1])))
-        else:
-            out.append("  measured: nothing cached for this signature")
+        timed = sorted(self.timings_ms.items(), key=lambda kv: kv[1]) if self.timings_ms else []
+        out.append("  measured (ms, median): " + ", ".join(f"{k} {v:.4g}" for k, v in timed) if timed
+                   else "  measured: nothing cached for this signature")
         if self.tuning_ms:
             out.append("  Triton tuning (ms per config): " + ", ".join(f"[{k}] {v:.4g}" for k, v in
                                                                        self.tuning_ms.items()))
@@ -99,11 +97,8 @@ class Explanation:
 
 
 def _fmt_s(seconds: float) -> str:
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    if seconds >= 1e-6:
-        return f"{seconds * 1e6:.3g} us"
-    return f"{seconds * 1e9:.3g} ns"
+    scale, unit = (1e3, "ms") if seconds >= 1e-3 else (1e6, "us") if seconds >= 1e-6 else (1e9, "ns")
+    return f"{seconds * scale:.3g} {unit}"
 
 
 def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], dict | None]:
