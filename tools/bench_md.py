@@ -242,7 +242,6 @@ def group(runs: list[Run]) -> list[tuple[str, str, str, list[Run]]]:
 def page(folder: str) -> str:
     """docs/benchmarks.md from the records of ``folder``, named in it as given (normalised)."""
     folder = os.path.normpath(folder).replace(os.sep, "/")
-    titles = dict(SUITES)
     out = ["# Benchmarks", "",
            f"Generated from the records in `{folder}/` by `python tools/bench_md.py --docs {folder} "
            "> docs/benchmarks.md` (add `--plot docs/benchmarks.png` for the chart); do not edit by hand. "
@@ -253,7 +252,7 @@ def page(folder: str) -> str:
     current = None
     for suite, mode, gpu, runs in group(read_records(folder)):
         if suite != current:
-            out += [f"## {titles.get(suite, suite)}", ""]
+            out += [f"## {dict(SUITES).get(suite, suite)}", ""]
             current = suite
         out += [f"### {gpu}, {MODES.get(mode, mode if mode != NOT_RECORDED else 'mode not recorded')}", ""]
         out += [f"- {r.source}" for r in runs] + [""]

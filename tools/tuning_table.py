@@ -203,15 +203,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.evaluate:
         evaluate(args.evaluate)
-        return 0
-    if args.merge:
+    elif args.merge:
         from convt3d.engines.triton.predict import write_tables
 
         print(write_tables(args.merge))
-        return 0
-    if not args.out:
+    elif not args.out:
         p.error("the output file is required")
-    collect(args)
+    else:
+        collect(args)
     return 0
 
 
