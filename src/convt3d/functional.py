@@ -105,7 +105,6 @@ def _on_plain_tensors(input, weight, bias, stride, padding, output_padding, grou
 _is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 _IN_TRANSFORM = (": its tensors are inside a torch.func transform (vmap, grad, jacrev, ...), whose batching and "
                  "gradient rules only PyTorch's own op has; use backend='auto' or 'torch' there")
-# torch.jit.trace records ATen operations only: our engines' launches would be missing from its graph.
 _IN_JIT_TRACE = (" under torch.jit.trace, which records ATen operations only: convt3d runs PyTorch's own op there "
                  "(backend='auto' or 'torch'); torch.compile and torch.export record convt3d's custom op instead")
 
