@@ -30,7 +30,6 @@ SUITES = (("kernelbench", "KernelBench problems, `convt3d bench --suite kernelbe
           ("networks", "Networks: whole models, untouched against patched"))
 MODES = {"fwd": "forward", "bwd": "backward", "full": "training step", "infer": "inference", "train": "training step"}
 
-# The method section of the page: prose, kept beside the page it opens.
 METHOD_FILE = Path(__file__).resolve().parent.parent / "docs" / "benchmarks_method.md"
 
 
@@ -97,19 +96,17 @@ def _bench_json(name: str, d: dict) -> list[Run]:
                    "calls per median")
     if "pairs" in st:
         how.append(f"{st['pairs']} pairs of blocks")
-    how.append("cudnn.benchmark " + ("on" if st.get("cudnn_benchmark", env.get("cudnn_benchmark")) else "off"))
-    how.append(f"backend {st.get('backend', NOT_RECORDED)}")
+    how += ["cudnn.benchmark " + ("on" if st.get("cudnn_benchmark", env.get("cudnn_benchmark")) else "off"),
+            f"backend {st.get('backend', NOT_RECORDED)}"]
     extra = [f"failed: {f.get('case')} {f.get('dtype', '')} {f.get('layout', '')} ({f.get('error', '')})"
              for f in d.get("failures", [])]
     extra += [f"skipped: {s}" for s in d.get("skipped") or []]
-    runs: dict[tuple, Run] = {}
+    src, runs = f"`{name}`: {_env(d)}; " + "; ".join(how + extra), {}
     for r in d["rows"]:
         key = (r["suite"], r.get("mode", "fwd"))
-        if key not in runs:
-            runs[key] = Run(r["suite"], key[1], _or_nr(env.get("gpu")),
-                            f"`{name}`: {_env(d)}; " + "; ".join(how + extra), d.get("created", ""))
-        runs[key].rows.append((r["case"], r["dtype"], r["layout"], _precision(r.get("precision")), _engine(r),
-                               r["convt3d_us"], r["torch_us"], r["speedup"]))
+        runs.setdefault(key, Run(*key, _or_nr(env.get("gpu")), src, d.get("created", ""))).rows.append(
+            (r["case"], r["dtype"], r["layout"], _precision(r.get("precision")), _engine(r), r["convt3d_us"],
+             r["torch_us"], r["speedup"]))
     return list(runs.values())
 
 
@@ -159,11 +156,6 @@ _LOG_ROW = re.compile(r"^\[(\d+)/(\d+)\] (\S+) (\S+) (\S+) (\S+): (.+?): convt3d
                       r"([\d.]+)x", re.M)
 
 
-def _suite_of(case: str) -> str:
-    """A bench log names no suite; its case names do."""
-    return "kernelbench" if re.fullmatch(r"kb\d+", case) else "heads" if case.startswith("sweep") else "layers"
-
-
 def _bench_log(name: str, text: str) -> list[Run]:
     """`convt3d bench`'s printed output, for a run cut before it wrote its JSON: the rows it reached."""
     gpu = re.search(r"^convt3d bench on (.+?) \(sm", text, re.M)
@@ -178,9 +170,9 @@ def _bench_log(name: str, text: str) -> list[Run]:
     src = (f"`{name}` (printed output): {head}; {len(rows)} of {total} rows reached; command and timing "
            f"budgets {NOT_RECORDED}")
     runs: dict[str, Run] = {}
-    for i in sorted(rows):
-        m = rows[i]
-        suite = _suite_of(m[3])
+    for _, m in sorted(rows.items()):
+        # A bench log names no suite; its case names do.
+        suite = "kernelbench" if re.fullmatch(r"kb\d+", m[3]) else "heads" if m[3].startswith("sweep") else "layers"
         run = runs.setdefault(suite, Run(suite, NOT_RECORDED, gpu[1], src))
         run.rows.append((m[3], m[4], m[5], _precision(m[6]), m[7], float(m[8]), float(m[9]), float(m[10])))
     return list(runs.values())
@@ -221,8 +213,8 @@ def _geomean(xs: list[float]) -> float:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    rule = "|" + "---|" * len(header)
-    return ["| " + " | ".join(header) + " |", rule] + ["| " + " | ".join(cells) + " |" for cells in rows]
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(cells) + " |" for cells in rows]
 
 
 def _summary(rows: list[tuple]) -> str:
@@ -237,8 +229,7 @@ def _summary(rows: list[tuple]) -> str:
 
 
 def group(runs: list[Run]) -> list[tuple[str, str, str, list[Run]]]:
-    """(suite, mode, gpu, runs) in page order: suites as SUITES lists them, then mode, then GPU; within
-    a group the latest record first."""
+    """(suite, mode, gpu, runs) in page order (SUITES' order, then mode, then GPU), the latest record first."""
     order = [k for k, _ in SUITES]
     modes = list(MODES) + [NOT_RECORDED]
     keys = sorted({(r.suite, r.mode, r.gpu) for r in runs},
@@ -251,7 +242,6 @@ def group(runs: list[Run]) -> list[tuple[str, str, str, list[Run]]]:
 def page(folder: str) -> str:
     """docs/benchmarks.md from the records of ``folder``, named in it as given (normalised)."""
     folder = os.path.normpath(folder).replace(os.sep, "/")
-    titles = dict(SUITES)
     out = ["# Benchmarks", "",
            f"Generated from the records in `{folder}/` by `python tools/bench_md.py --docs {folder} "
            "> docs/benchmarks.md` (add `--plot docs/benchmarks.png` for the chart); do not edit by hand. "
@@ -262,7 +252,7 @@ def page(folder: str) -> str:
     current = None
     for suite, mode, gpu, runs in group(read_records(folder)):
         if suite != current:
-            out += [f"## {titles.get(suite, suite)}", ""]
+            out += [f"## {dict(SUITES).get(suite, suite)}", ""]
             current = suite
         out += [f"### {gpu}, {MODES.get(mode, mode if mode != NOT_RECORDED else 'mode not recorded')}", ""]
         out += [f"- {r.source}" for r in runs] + [""]
@@ -274,8 +264,7 @@ def page(folder: str) -> str:
 
 
 def plot(folder: str, path: str) -> bool:
-    """Bars of the speedup per row of the layers suite and per KernelBench file, one colour per record
-    group; False without matplotlib."""
+    """Bars of the speedup per layers row and KernelBench file, a colour per group; False without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -289,8 +278,7 @@ def plot(folder: str, path: str) -> bool:
     tools = {k: t.split(", ")[-1].replace("`", "") for k, t in SUITES}
     fig, axes = plt.subplots(1, 2, figsize=(15, 14), gridspec_kw={"width_ratios": [3, 2]})
     for ax, (title, gs) in zip(axes, panels):
-        labels: list[str] = []
-        series = []
+        labels, series = [], []
         for suite, mode, gpu, runs in gs:
             if suite == "layers":
                 vals = {f"{r[0]} {r[1]} {r[2]}": r[7] for run in runs for r in run.rows}

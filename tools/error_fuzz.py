@@ -18,6 +18,8 @@ import random
 import sys
 import time
 
+from tuning_table import _tensors, draw
+
 
 def judge(theirs, ours, exact, ref, allow_tf32: bool) -> dict:
     """The verdict on one layer from PyTorch's output (``theirs``), convt3d's, PyTorch's exact-fp32
@@ -42,7 +44,6 @@ def run_layer(spec: dict) -> dict:
 
     import convt3d
     from convt3d.core.flags import cudnn_conv_tf32
-    from tuning_table import _tensors
 
     x, w, b = _tensors(spec)
     args = (spec["stride"], spec["padding"], spec["output_padding"], spec["groups"], spec["dilation"])
@@ -64,8 +65,6 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline", type=float, default=float("inf"), help="seconds after which no layer starts")
     ap.add_argument("--json", help="write every layer's spec and verdict here")
     a = ap.parse_args(argv)
-    from tuning_table import draw
-
     rng, t0, rows = random.Random(a.seed), time.perf_counter(), []
     for i in range(a.count):
         spec = draw(rng)

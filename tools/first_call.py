@@ -20,28 +20,23 @@ import tempfile
 sys.path.insert(0, "src"); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from convt3d.bench.suites import LAYERS
 import tuning_table
-rows = []
-for i, g in enumerate(LAYERS):
-    rows.append((g.name, dict(batch=g.batch, cin=g.in_channels, cout=g.out_channels, size=g.in_size, k=g.kernel, s=g.stride,
-                 p=g.padding, op=g.output_padding, d=g.dilation, groups=g.groups, dtype=["float32", "bfloat16"][i % 2], cl=i % 4 >= 2)))
+rows = [(g.name, tuning_table.geometry_spec(g, dtype=["float32", "bfloat16"][i % 2], channels_last=i % 4 >= 2))
+        for i, g in enumerate(LAYERS)]
 rng = random.Random(int(os.environ.get("SEED", "2027")))
 for j in range(int(os.environ.get("UNSEEN", "4"))):
     sp = tuning_table.draw(rng)
-    rows.append((f"unseen{j}_{sp['in_channels']}to{sp['out_channels']}_k{sp['kernel_size'][2]}s{sp['stride'][2]}",
-                 dict(batch=sp["batch"], cin=sp["in_channels"], cout=sp["out_channels"], size=sp["in_size"], k=sp["kernel_size"],
-                      s=sp["stride"], p=sp["padding"], op=sp["output_padding"], d=sp["dilation"], groups=sp["groups"],
-                      dtype=sp["dtype"], cl=sp["channels_last"])))
+    rows.append((f"unseen{j}_{sp['in_channels']}to{sp['out_channels']}_k{sp['kernel_size'][2]}s{sp['stride'][2]}", sp))
 CHILD = r'''
 import sys, time, torch
 import convt3d
 from convt3d.dispatch import select
 a = {spec!r}
 dt = getattr(torch, a["dtype"])
-x = torch.randn(a["batch"], a["cin"], *a["size"], device="cuda", dtype=dt)
-w = torch.randn(a["cin"], a["cout"] // a["groups"], *a["k"], device="cuda", dtype=dt)
-if a["cl"]:
+x = torch.randn(a["batch"], a["in_channels"], *a["in_size"], device="cuda", dtype=dt)
+w = torch.randn(a["in_channels"], a["out_channels"] // a["groups"], *a["kernel_size"], device="cuda", dtype=dt)
+if a["channels_last"]:
     x = x.to(memory_format=torch.channels_last_3d); w = w.to(memory_format=torch.channels_last_3d)
-args = (None, a["s"], a["p"], a["op"], a["groups"], a["d"])
+args = (None, a["stride"], a["padding"], a["output_padding"], a["groups"], a["dilation"])
 torch.cuda.synchronize(); t1 = time.perf_counter()
 y = torch.nn.functional.conv_transpose3d(x, w, *args); torch.cuda.synchronize(); t2 = time.perf_counter()
 y2 = convt3d.conv_transpose3d(x, w, *args); torch.cuda.synchronize(); t3 = time.perf_counter()
@@ -72,6 +67,8 @@ for name, spec in rows[int(os.environ.get("START", "0")):]:
         r = subprocess.run([sys.executable, "-c", CHILD.format(spec=spec)], env=env, capture_output=True, text=True, timeout=150)
         line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
         note = [l[:160] for l in r.stderr.splitlines() if "convt3d:" in l][:1] if not r.returncode else r.stderr.strip().splitlines()[-2:]
-        print(f"{name:34s} {spec['dtype'][:4]} {'cl' if spec['cl'] else 'nc'} {kind}: " + (line[0][7:] if line else f"rc {r.returncode}"), note, flush=True)
-        out[f"{name} {spec['dtype']} {'cl' if spec['cl'] else 'ncdhw'} {kind}"] = line[0][7:] if line else None
+        result = line[0][7:] if line else None
+        layout = "cl" if spec["channels_last"] else "ncdhw"
+        print(f"{name:34s} {spec['dtype'][:4]} {layout[:2]} {kind}: " + (result or f"rc {r.returncode}"), note, flush=True)
+        out[f"{name} {spec['dtype']} {layout} {kind}"] = result
         json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "first_call_bg.json"), "w"), indent=1)

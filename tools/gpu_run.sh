@@ -17,11 +17,10 @@
 #                   full      layers --mode full: bf16 cl -> full_bf16_cl.json, fp32 ncdhw -> full_fp32.json
 #   --pytest-args extra arguments for pytest (e.g. "-k 'not cuda'")
 #
-# The run keeps within 570 s, under the device's per-command limit: each part runs under its own
-# cap or the time left, and one with less than 30 s left is skipped. Wheels under .whl (optional
-# extras such as monai) go into /tmp/site first. Writes LOGDIR/run.log (each part's output under a
-# "==== part" header with its exit status and seconds) and each bench part's JSON, then prints each
-# part's status and last lines. Exits 1 if any part failed.
+# The run keeps within 570 s (the device's per-command limit): each part runs under its own cap or the
+# time left, and one with less than 30 s left is skipped. Wheels under .whl (optional extras such as
+# monai) go into /tmp/site first. Writes LOGDIR/run.log (each part's output, exit status and seconds)
+# and each part's JSON, then prints each part's status and last lines. Exits 1 if any part failed.
 #   run(command="bash tools/gpu_run.sh --only tests,kb,layers", timeout_s=600)
 set -u
 cd "$(dirname "$0")/.."
@@ -105,8 +104,7 @@ if ls .whl/*.whl > /dev/null 2>&1; then
 fi
 
 if wanted tests; then
-  # Failures (with tracebacks) and tests over 10 s go to tests.log / tests.log.slow as they
-  # happen (tests/conftest.py), so a run cut by its cap still says what failed.
+  # Failures and tests over 10 s go to tests.log(.slow) as they happen (tests/conftest.py): a cut run says what failed.
   export CONVT3D_TEST_LOG="$LOGDIR/tests.log"
   # KernelBench's problems hold up to tens of GB each: their files run on 3 workers, after the rest.
   eval "run_part tests $TESTS_CAP 25 python3 -m pytest -q -n 14 --tb=short -p no:cacheprovider -p no:benchmark -rfE $PYTEST_ARGS tests/gpu"

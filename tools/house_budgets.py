@@ -1,10 +1,7 @@
-"""House budgets of the hand-written code: lines, long files, timing figures, private imports.
-
-Measures the package (src/convt3d, Python and CUDA, the bench and the KernelBench exporter
-included) and this tools folder: total lines, Python files over 700 lines, timing figures (a
-number followed by us/µs/ms/TB/s/GB/s/TFLOP/s) in comments and docstrings per 1,000 lines, and
-private names imported from another subpackage (and, for the record, from another module of the
-same subpackage). The hand-kept KernelBench CUDA entry is counted on a line of its own. No GPU.
+"""House budgets of the hand-written code (src/convt3d, Python and CUDA, and this tools folder), no GPU:
+total lines, Python files over 700 lines, timing figures (a number followed by us/µs/ms/TB/s/GB/s/TFLOP/s)
+in comments and docstrings per 1,000 lines, and private names imported from another subpackage (and,
+for the record, within one). The hand-kept KernelBench CUDA entry is counted on a line of its own.
 
     python tools/house_budgets.py [REPO_ROOT] [-v]     # -v lists the private imports
 """

@@ -11,35 +11,8 @@ PyTorch's default flags; tf32x3: ``cudnn.allow_tf32=False``, kernelbench rows on
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
-
-
-def profile_call(suite: str, name: str, dtype: str, layout: str, backend: str, precision: str) -> None:
-    import torch
-
-    import convt3d
-    from convt3d.bench import suites
-
-    # Matched by the row's cuDNN flag rather than its spelling: tf32 rows allow TF32, tf32x3 rows do not.
-    rows = [c for c in suites.select(suite, [name], [dtype], [layout]) if c.allow_tf32 == (precision == "tf32")]
-    if not rows:
-        raise SystemExit(f"no {suite} row {name} {dtype} {layout} at precision {precision}")
-    case = rows[0]
-    torch.backends.cudnn.allow_tf32 = case.allow_tf32
-    t = suites.make_tensors(case, "cuda")
-    args = case.geometry.conv_args()
-
-    def call():
-        return convt3d.conv_transpose3d(t.x, t.w, t.b, *args, backend=backend)
-
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    print(convt3d.explain(t.x, t.w, t.b, *args, backend=None if backend == "auto" else backend), file=sys.stderr)
-    torch.cuda.cudart().cudaProfilerStart()
-    call()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,8 +24,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("backend", nargs="?", default="auto", help="the convt3d backend to call (default auto)")
     ap.add_argument("precision", nargs="?", default="tf32", choices=("tf32", "tf32x3"),
                     help="the row's precision (default tf32)")
-    args = ap.parse_args(argv)
-    profile_call(args.suite, args.name, args.dtype, args.layout, args.backend, args.precision)
+    a = ap.parse_args(argv)
+    import torch
+
+    import convt3d
+    from convt3d.bench import suites
+
+    # Matched by the row's cuDNN flag rather than its spelling: tf32 rows allow TF32, tf32x3 rows do not.
+    case = next((c for c in suites.select(a.suite, [a.name], [a.dtype], [a.layout])
+                 if c.allow_tf32 == (a.precision == "tf32")), None)
+    if case is None:
+        raise SystemExit(f"no {a.suite} row {a.name} {a.dtype} {a.layout} at precision {a.precision}")
+    torch.backends.cudnn.allow_tf32 = case.allow_tf32
+    t, args = suites.make_tensors(case, "cuda"), case.geometry.conv_args()
+    call = functools.partial(convt3d.conv_transpose3d, t.x, t.w, t.b, *args, backend=a.backend)
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    print(convt3d.explain(t.x, t.w, t.b, *args, backend=None if a.backend == "auto" else a.backend), file=sys.stderr)
+    torch.cuda.cudart().cudaProfilerStart()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
     return 0
 
 

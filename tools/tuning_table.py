@@ -121,19 +121,20 @@ def _time(spec: dict) -> dict:
                 cudnn_ms=cudnn)
 
 
+def geometry_spec(g, **rest) -> dict:
+    """A bench suite's geometry as a layer spec, with ``rest`` (dtype, layout, ...)."""
+    return dict(batch=g.batch, in_channels=g.in_channels, out_channels=g.out_channels, groups=g.groups,
+                in_size=g.in_size, kernel_size=g.kernel, stride=g.stride, padding=g.padding,
+                output_padding=g.output_padding, dilation=g.dilation, **rest)
+
+
 def suite_specs(suite: str) -> list[dict]:
     """The rows of a bench suite as layer specs (their own layers, for checking the predictor)."""
     from convt3d.bench.suites import select
 
-    specs = []
-    for c in select(suite):
-        g = c.geometry
-        specs.append(dict(batch=g.batch, in_channels=g.in_channels, out_channels=g.out_channels, groups=g.groups,
-                          in_size=g.in_size, kernel_size=g.kernel, stride=g.stride, padding=g.padding,
-                          output_padding=g.output_padding, dilation=g.dilation,
-                          dtype=str(c.torch_dtype).replace("torch.", ""), precision=c.precision,
-                          channels_last=c.layout == "cl", name=f"{g.name} {c.dtype} {c.layout} {c.precision}"))
-    return specs
+    return [geometry_spec(c.geometry, dtype=str(c.torch_dtype).replace("torch.", ""), precision=c.precision,
+                          channels_last=c.layout == "cl", name=f"{c.geometry.name} {c.dtype} {c.layout} {c.precision}")
+            for c in select(suite)]
 
 
 def collect(args) -> None:
@@ -164,20 +165,17 @@ def evaluate(paths: list[str]) -> None:
     """Each recorded layer ranked from the others: the cost of the shortlist's best against the
     exhaustive best, per shortlist size (the shipped rule is predict.SHORTLIST, one per family first)."""
     import tempfile
+    from unittest import mock
 
     import torch
     from convt3d.engines.triton import predict
 
     rows = [json.loads(line) for path in paths for line in open(path)]
     rows = [r for r in rows if any(c.get("ms") for c in r.get("candidates", []))]
-    saved = predict.TABLES
-    with tempfile.TemporaryDirectory() as tmp:
-        predict.TABLES = Path(tmp)  # the table of these runs, not the shipped one
-        try:
-            predict.write_tables(paths)
-            table = json.loads(next(predict.TABLES.glob("*.json")).read_text())["layers"]
-        finally:
-            predict.TABLES = saved
+    # The table of these runs, not the shipped one.
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(predict, "TABLES", Path(tmp)):
+        predict.write_tables(paths)
+        table = json.loads(next(Path(tmp).glob("*.json")).read_text())["layers"]
     for k in (1, 2, 3, 4):
         predict.SHORTLIST, losses = k, []
         for i, r in enumerate(rows):
@@ -205,15 +203,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.evaluate:
         evaluate(args.evaluate)
-        return 0
-    if args.merge:
+    elif args.merge:
         from convt3d.engines.triton.predict import write_tables
 
         print(write_tables(args.merge))
-        return 0
-    if not args.out:
+    elif not args.out:
         p.error("the output file is required")
-    collect(args)
+    else:
+        collect(args)
     return 0
 
 

@@ -1,5 +1,4 @@
-"""``convt3d.explain``: what convt3d would do with a call, and why, without running it (the engine, its
-candidates, plan and tile, the phases, roofline floors and earlier timings); from a shell:
+"""``convt3d.explain``: what convt3d would do with a call, and why, without running it; from a shell:
 ``convt3d explain --input 1,64,16,32,32 --weight 64,32,4,4,4 --stride 2 --padding 1``."""
 from __future__ import annotations
 
@@ -11,19 +10,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .dispatch import cache, select as dispatch
-from .engines.triton import engine as triton_engine
 from .core.call import layout_name, make_call
 from .core.errors import BackendUnavailableError
-from .functional import epilogue_route, validated_epilogue
-from .engines.torch.calls import conv3d_padding
 from .core.flags import cudnn_conv_allows_tf32
-from .core.params import ConvT3dParams
-from .engines.triton import predict
-from .engines.triton.configs import device_name, tuning_log
-from .engines.triton.sites import interpreter_active
+from .dispatch import cache, select as dispatch
 from .dispatch.heuristic import floors, heuristic
+from .engines.torch.calls import conv3d_padding
+from .engines.triton import engine as triton_engine, predict
+from .engines.triton.configs import device_name, tuning_log
 from .engines.triton.head import HeadConfig
+from .engines.triton.sites import interpreter_active
+from .functional import epilogue_route, validated_epilogue
 
 __all__ = ["explain", "Explanation"]
 
@@ -60,22 +57,18 @@ class Explanation:
 
     def __str__(self) -> str:
         out = [f"convt3d.explain: {self.call}", f"  device: {self.device}"]
-        chosen = self.engine if self.engine is not None else "(none: the named backend cannot run this call)"
-        prec = f", precision {self.precision}" if self.engine is not None else ""
-        out.append(f"  backend: {self.backend} -> {chosen}{prec}")
-        out.append(f"    why: {self.reason}")
+        chosen = (f"{self.engine}, precision {self.precision}" if self.engine is not None
+                  else "(none: the named backend cannot run this call)")
+        out += [f"  backend: {self.backend} -> {chosen}", f"    why: {self.reason}"]
         if self.epilogue is not None:
             out.append(f"  epilogue: {self.epilogue}")
         mode = "on (the first call of a new signature times the candidates against PyTorch)" if self.benchmark \
             else "off (heuristic unless a measurement is cached)"
-        out.append(f"  measuring: {mode}")
-        out.append("  candidates:")
-        for name, why in self.candidates.items():
-            out.append(f"    {name:<7} {'can run' if why is None else 'no: ' + why}")
+        out += [f"  measuring: {mode}", "  candidates:"]
+        out += [f"    {name:<7} {'can run' if why is None else 'no: ' + why}" for name, why in self.candidates.items()]
         if self.heuristic is not None:
             out.append(f"  heuristic on a CUDA device: {self.heuristic[0]} -- {self.heuristic[1]}")
-        out.append("  kernel configuration:")
-        out += [f"    {line}" for line in self.kernel]
+        out += ["  kernel configuration:"] + [f"    {line}" for line in self.kernel]
         out.append(f"  phases: {self.num_phases}, empty (bias/zero fill only): {self.empty_phases}")
         shown = self.phases[:_MAX_PHASE_LINES]
         out += [f"    {line}" for line in shown]
@@ -88,11 +81,9 @@ class Explanation:
             bound = "memory" if self.memory_floor_s >= self.compute_floor_s else "compute"
             out.append(f"  floors (nominal H200: 4.24 TB/s, {self.peak_class} peak): memory "
                        f"{_fmt_s(self.memory_floor_s)}, compute {_fmt_s(self.compute_floor_s)} -> {bound}-bound")
-        if self.timings_ms:
-            out.append("  measured (ms, median): " + ", ".join(f"{k} {v:.4g}" for k, v in
-                                                               sorted(self.timings_ms.items(), key=lambda kv: kv[1])))
-        else:
-            out.append("  measured: nothing cached for this signature")
+        timed = sorted(self.timings_ms.items(), key=lambda kv: kv[1]) if self.timings_ms else []
+        out.append("  measured (ms, median): " + ", ".join(f"{k} {v:.4g}" for k, v in timed) if timed
+                   else "  measured: nothing cached for this signature")
         if self.tuning_ms:
             out.append("  Triton tuning (ms per config): " + ", ".join(f"[{k}] {v:.4g}" for k, v in
                                                                        self.tuning_ms.items()))
@@ -106,22 +97,8 @@ class Explanation:
 
 
 def _fmt_s(seconds: float) -> str:
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    if seconds >= 1e-6:
-        return f"{seconds * 1e6:.3g} us"
-    return f"{seconds * 1e9:.3g} ns"
-
-
-def _dense_macs(p: ConvT3dParams) -> int:
-    return p.batch * p.in_channels * p.out_channels_per_group * math.prod(p.in_size) * math.prod(p.kernel_size)
-
-
-def _call_text(x, w, b, p: ConvT3dParams) -> str:
-    return (f"input {tuple(x.shape)} {str(x.dtype).replace('torch.', '')} ({layout_name(x)}), weight "
-            f"{tuple(w.shape)}, bias {'yes' if b is not None else 'no'}, stride {p.stride}, padding {p.padding}, "
-            f"output_padding {p.output_padding}, groups {p.groups}, dilation {p.dilation} -> output "
-            f"{p.out_shape}")
+    scale, unit = (1e3, "ms") if seconds >= 1e-3 else (1e6, "us") if seconds >= 1e-6 else (1e9, "ns")
+    return f"{seconds * scale:.3g} {unit}"
 
 
 def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], dict | None]:
@@ -153,14 +130,11 @@ def _triton_lines(x5, weight, params, prec, chosen: bool) -> tuple[list[str], di
             src += (f", {len(log.timings_ms) + len(log.failed)} of {len(plan.configs)} candidates timed: the"
                     f" shortlist the tuning table predicts ({predict.ENV_MODE}=predicted)")
         lines.append(f"config: {log.config.short()} ({src}{f', {log.seconds:.2f} s' if log.seconds > 0 else ''})")
-        for cfg, why in log.failed.items():
-            lines.append(f"left out of the tuning, it failed on this GPU: [{cfg}] {why}")
+        lines += [f"left out of the tuning, it failed on this GPU: [{cfg}] {why}" for cfg, why in log.failed.items()]
         tuning = dict(log.timings_ms) or None
     else:
-        entry = None
-        if x5.device.type == "cuda":
-            entry = cache.store_for(device_name(x5.device)).get(
-                "triton_configs", cache.tune_key_text(plan.tune_key))
+        entry = (cache.store_for(device_name(x5.device)).get("triton_configs", cache.tune_key_text(plan.tune_key))
+                 if x5.device.type == "cuda" else None)
         cfg = cache.config_from_dict(entry.get("config"), plan.configs) if entry else None
         if cfg is not None:
             lines.append(f"config: {cfg.short()} (from the cache file; the first call skips tuning)")
@@ -181,8 +155,7 @@ def _backward_lines(x5, weight, params, prec) -> list[str]:
     from .engines.triton import backward as B
 
     bprec = prec if x5.dtype == torch.float32 else "tf32"
-    lines = []
-    made = B.recorded_choices(x5, weight, params, bprec)
+    lines, made = [], B.recorded_choices(x5, weight, params, bprec)
     rows = (("dX", B.dgrad_choice_candidates(params, weight.dtype, x5.device, bprec), None),
             ("dW", B.wgrad_choice_candidates(params, x5.dtype, x5.device), B.wgrad_unavailable(params)))
     for what, cands, unavailable in rows:
@@ -192,10 +165,8 @@ def _backward_lines(x5, weight, params, prec) -> list[str]:
                      + (" (timed on the first backward of a signature on CUDA)" if cands else ""))
         if unavailable is not None:
             lines.append(f"  forced: {unavailable}")
-        for grad, rec in made:
-            if grad == what:
-                cfg = f" {rec.config.short()}" if rec.config is not None else ""
-                lines.append(f"  chosen: {rec.impl}{cfg} -- {rec.reason}")
+        lines += [f"  chosen: {rec.impl}{'' if rec.config is None else ' ' + rec.config.short()} -- {rec.reason}"
+                  for grad, rec in made if grad == what]
     return lines
 
 
@@ -217,75 +188,68 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
     call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
                      autograd=True)
     name = dispatch.resolve_backend_name(backend)
-    params, prec, x5 = call.params, call.precision, call.x
+    p, prec, x5, cuda = call.params, call.precision, call.x, input.device.type == "cuda"
     record = dispatch.explain_pass(call, name)
-    notes = []
-    if record.decision is not None:
-        d = record.decision
-        engine, eprec = d.engine, d.precision
-        reason = d.reason + (f" [{d.source}]" if d.source else "")
-    else:
-        engine, eprec, reason = None, prec, record.error
-
+    d = record.decision
+    engine, eprec = (None, prec) if d is None else (d.engine, d.precision)
+    reason = record.error if d is None else d.reason + (f" [{d.source}]" if d.source else "")
     candidates: dict[str, str | None] = {}
     for cand, why in record.reasons.items():
-        if cand == "triton" and not why and input.device.type != "cuda" and not interpreter_active():
+        if cand == "triton" and not why and not cuda and not interpreter_active():
             why = ["CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)"]
-        text = "; ".join(why) if why else None
-        if text is None and cand in record.skipped:
-            text = "not timed by auto: " + record.skipped[cand]
-        candidates[cand] = text
+        candidates[cand] = "; ".join(why) if why else (
+            "not timed by auto: " + record.skipped[cand] if cand in record.skipped else None)
 
-    kernel: list[str] = []
-    tuning = None
+    kernel, tuning, notes = [], None, []
     if engine == "torch":
         flags = f"cudnn.benchmark={torch.backends.cudnn.benchmark}"
         if input.dtype == torch.float32:
             tf32 = (precision == "tf32") if precision is not None else cudnn_conv_allows_tf32()
             flags += f", TF32 {'on' if tf32 else 'off'}"
-        kernel.append(f"PyTorch conv_transpose3d ({'cuDNN' if input.device.type == 'cuda' else 'CPU'}; {flags})")
+        kernel.append(f"PyTorch conv_transpose3d ({'cuDNN' if cuda else 'CPU'}; {flags})")
     elif engine == "conv3d":
-        pad, trim = conv3d_padding(params)
+        pad, trim = conv3d_padding(p)
         kernel.append(f"PyTorch conv3d of the flipped weight, padding {pad}"
                       + (f", x trimmed by {trim} on each side" if any(trim) else "") + " "
-                      f"({'cuDNN forward kernels' if input.device.type == 'cuda' else 'CPU'})")
+                      f"({'cuDNN forward kernels' if cuda else 'CPU'})")
     elif engine == "cuda":
         kernel.append("CUDA head kernel: mma.sync over the output head's phases (a library built with nvcc "
                       "once per element type and GPU, kept on disk)")
     if candidates.get("triton") is None or engine == "triton":
-        lines, tuning = _triton_lines(x5, weight, params, eprec if engine == "triton" else prec, engine == "triton")
+        lines, tuning = _triton_lines(x5, weight, p, eprec if engine == "triton" else prec, engine == "triton")
         kernel += lines
 
-    timings = dispatch.cached_timings(call)
     klass = dispatch.precision_class_of(call)
     if klass == "fp32":
         notes.append("PyTorch's own call computes this TF32-allowed call in full fp32 (measured): convt3d runs it "
                      "at exact grade")
     elif klass == "tf32":
         notes.append("PyTorch's own call computes this call with TF32 operands (measured): convt3d does too")
-    elif input.dtype == torch.float32 and prec == "tf32" and precision is None and input.device.type == "cuda":
+    elif input.dtype == torch.float32 and prec == "tf32" and precision is None and cuda:
         notes.append("auto's first call measures whether PyTorch's own call computes in full fp32 although TF32 "
                      "is allowed; where it does, convt3d runs at exact grade")
-    if input.device.type != "cuda":
+    if not cuda:
         notes.append("CPU tensors: 'auto' runs PyTorch; floors and the heuristic describe a CUDA device")
 
     heur = mem = comp = peak = None
     backward_lines = []
     if input.dtype in triton_engine.SUPPORTED_DTYPES:
-        cands = tuple(c for c in ("triton", "torch") if candidates.get(c) is None or input.device.type != "cuda")
-        heur = heuristic(params, input.dtype, prec, bias is not None, cands)
-        mem, comp, peak = floors(params, input.dtype, prec if input.dtype == torch.float32 else "tf32",
-                                 bias is not None)
-        backward_lines = _backward_lines(x5, weight, params, eprec if engine is not None else prec)
+        cands = tuple(c for c in ("triton", "torch") if candidates.get(c) is None or not cuda)
+        heur = heuristic(p, input.dtype, prec, bias is not None, cands)
+        mem, comp, peak = floors(p, input.dtype, prec if input.dtype == torch.float32 else "tf32", bias is not None)
+        backward_lines = _backward_lines(x5, weight, p, eprec if engine is not None else prec)
     return Explanation(
-        call=_call_text(input, weight, bias, params),
-        device=(f"{input.device} ({device_name(input.device)})" if input.device.type == "cuda"
-                else str(input.device)),
+        call=f"input {tuple(input.shape)} {str(input.dtype).replace('torch.', '')} ({layout_name(input)}), weight "
+             f"{tuple(weight.shape)}, bias {'yes' if bias is not None else 'no'}, stride {p.stride}, padding "
+             f"{p.padding}, output_padding {p.output_padding}, groups {p.groups}, dilation {p.dilation} -> output "
+             f"{p.out_shape}",
+        device=f"{input.device} ({device_name(input.device)})" if cuda else str(input.device),
         backend=name, engine=engine, precision=eprec, reason=reason, benchmark=dispatch.benchmark_enabled(),
-        candidates=candidates, heuristic=heur, kernel=kernel, phases=params.describe().splitlines(),
-        num_phases=len(params.phases), empty_phases=sum(p.empty for p in params.phases), useful_macs=params.useful_macs,
-        dense_macs=_dense_macs(params), memory_floor_s=mem, compute_floor_s=comp, peak_class=peak,
-        timings_ms=timings, tuning_ms=tuning, notes=notes, backward=backward_lines,
+        candidates=candidates, heuristic=heur, kernel=kernel, phases=p.describe().splitlines(),
+        num_phases=len(p.phases), empty_phases=sum(ph.empty for ph in p.phases), useful_macs=p.useful_macs,
+        dense_macs=p.batch * p.in_channels * p.out_channels_per_group * math.prod(p.in_size) * math.prod(p.kernel_size),
+        memory_floor_s=mem, compute_floor_s=comp, peak_class=peak, timings_ms=dispatch.cached_timings(call),
+        tuning_ms=tuning, notes=notes, backward=backward_lines,
         epilogue=None if epilogue is None else _epilogue_text(call, epilogue, name, record.decision))
 
 

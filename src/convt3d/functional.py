@@ -72,7 +72,6 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
                     precision, hit.training, hit.unbatched, repeat=True)
         with _device_current(input):
             return _run(ENGINES[hit.decision.candidate], call)
-    # One validation, one dispatcher pass, one engine run.
     given = (input, weight, bias, (stride, padding, output_padding, groups, dilation), backend, precision)
     cast = autocast_inputs(input, weight, bias)
     # The caller's tensors, where autocast cast any: "auto" times its candidates from them, casts included.
@@ -87,14 +86,12 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
         return _run(ENGINES[decision.candidate], call)
 
 
-_SAME_DEVICE = contextlib.nullcontext()  # reusable: no device or flag to set
+_NOTHING = contextlib.nullcontext()  # reusable: no device or flag to set
 
 
 def _device_current(t: torch.Tensor):
     """The tensor's CUDA device made current for the block: Triton launches on the current device."""
-    if t.is_cuda and t.device.index != torch.cuda.current_device():
-        return torch.cuda.device(t.device)
-    return _SAME_DEVICE
+    return torch.cuda.device(t.device) if t.is_cuda and t.device.index != torch.cuda.current_device() else _NOTHING
 
 
 def _on_plain_tensors(input, weight, bias, stride, padding, output_padding, groups, dilation, *, backend=None,
@@ -108,7 +105,6 @@ def _on_plain_tensors(input, weight, bias, stride, padding, output_padding, grou
 _is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 _IN_TRANSFORM = (": its tensors are inside a torch.func transform (vmap, grad, jacrev, ...), whose batching and "
                  "gradient rules only PyTorch's own op has; use backend='auto' or 'torch' there")
-# torch.jit.trace records ATen operations only: our engines' launches would be missing from its graph.
 _IN_JIT_TRACE = (" under torch.jit.trace, which records ATen operations only: convt3d runs PyTorch's own op there "
                  "(backend='auto' or 'torch'); torch.compile and torch.export record convt3d's custom op instead")
 
@@ -128,8 +124,7 @@ def _pytorchs_op_only(why, input, weight, bias, stride, padding, output_padding,
     name = dispatch.resolve_backend_name(backend)
     if name not in ("auto", "torch"):
         raise BackendUnavailableError(f"backend={name!r} cannot run this call{why}")
-    flag = _SAME_DEVICE if precision is None else cudnn_conv_tf32(resolve_precision(precision) == "tf32")
-    with flag:
+    with _NOTHING if precision is None else cudnn_conv_tf32(resolve_precision(precision) == "tf32"):
         return _recorded(ENGINES["torch"].run_arguments, input, weight, bias, stride, padding, output_padding,
                          groups, dilation)
 

@@ -26,7 +26,6 @@ class Progress:
         self.total, self.done, self.title = total, 0, title
         self.stream = stream if stream is not None else sys.stderr
         self.kind = self._pick(kind)
-        self._bar = None
         if self.kind == "rich":
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -51,23 +50,19 @@ class Progress:
             return "rich"
         return "tqdm" if find_spec("tqdm") is not None else "plain"
 
-    def status(self, msg: str) -> None:
+    def status(self, msg: str, step: int = 0) -> None:
         if self.kind == "rich":
-            self._bar.update(self._task, description=msg)
+            self._bar.update(self._task, advance=step, description=msg)
         elif self.kind == "tqdm":
             self._bar.set_description_str(msg)
+            if step:
+                self._bar.update(step)
         elif self.kind == "plain":
-            print(f"{self.title}: {msg}", file=self.stream, flush=True)
+            print(f"{self.title}: {f'[{self.done}/{self.total}] ' if step else ''}{msg}", file=self.stream, flush=True)
 
     def advance(self, msg: str) -> None:
         self.done += 1
-        if self.kind == "rich":
-            self._bar.update(self._task, advance=1, description=msg)
-        elif self.kind == "tqdm":
-            self._bar.set_description_str(msg)
-            self._bar.update(1)
-        elif self.kind == "plain":
-            print(f"{self.title}: [{self.done}/{self.total}] {msg}", file=self.stream, flush=True)
+        self.status(msg, 1)
 
     def close(self) -> None:
         if self.kind == "rich":
@@ -118,11 +113,8 @@ class TuneReport:
 def _tensors(obj: Any) -> Iterable[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
+    elif isinstance(obj, (dict, list, tuple)):
+        for v in obj.values() if isinstance(obj, dict) else obj:
             yield from _tensors(v)
 
 
@@ -169,8 +161,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     saved_grads = [(t, None if t.grad is None else t.grad.detach().clone()) for t in grad_owners]
     saved_buffers = [(b, b.detach().clone()) for b in model.buffers()] if is_module else []
 
-    total = max(1, len(layers)) + (1 if backward else 0)
-    bar = Progress(total, "convt3d tune", progress)
+    bar = Progress(max(1, len(layers)) + (1 if backward else 0), "convt3d tune", progress)
     seen: dict[str, dict] = {}
     done_layers: set[str] = set()
 

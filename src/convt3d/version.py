@@ -9,9 +9,8 @@ __version__ = "0.1.0"
 
 
 def source_digest(root=None) -> str:
-    """A digest of the package's own ``.py`` and ``.cu`` sources (by relative path and content): what ran,
-    where neither git metadata nor the version string tells (a copied tree, an editable install).
-    ``root``: another copy of the package's directory, by default this module's."""
+    """A digest of the ``.py`` and ``.cu`` sources under ``root`` (default: this package) by relative path and
+    content: what ran, where neither git metadata nor the version tells (a copied tree, an editable install)."""
     root = Path(__file__).resolve().parent if root is None else Path(root)
     h = hashlib.sha256()
     for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cu") and "__pycache__" not in p.parts):
