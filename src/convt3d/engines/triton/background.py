@@ -1,13 +1,9 @@
-"""A new signature's tile candidates compiled off the call's path (``dispatch.first_call``).
+"""A new signature's tile candidates compiled off the call's path (``dispatch.first_call``, "background").
 
-Compiling a signature's candidates costs seconds and timing them a fraction of one, so in the
-"background" first-call mode auto decides a new signature without this engine while its
-candidates compile: the launches run dry here (a few hundred milliseconds), the worker processes
-compile them into Triton's cache in a thread, and the signature's next call after that times them
-as a first call in "wait" mode would, loading each kernel from the cache. A signature is ready
-when it was tuned in this process, compiled here, or has an entry in the cache file (tuned or
-compiled by another process); where workers cannot run (the interpreter, no spare CPU) nothing
-is deferred.
+Compiling candidates costs seconds and timing them a fraction of one, so auto decides a new signature
+without this engine while the workers compile its dry-run launches into Triton's cache; its next call
+after that times them as in "wait" mode. A signature is ready when tuned here, compiled here, or in the
+cache file (another process's); where workers cannot run (the interpreter, no spare CPU) nothing waits.
 """
 from __future__ import annotations
 
@@ -31,23 +27,21 @@ _COMPILED = {"compiled": True}  # the cache-file entry of a tune key compiled bu
 _compiling: dict[tuple, bool] = memo("engines.triton.background.compiling")
 
 
-def _applies(call: Call) -> bool:
-    return call.device.type == "cuda" and first_call.background() and precompile.available()
-
-
-def _key(call: Call) -> tuple:
-    return triton_engine.plan(call.params, call.x, call.weight, call.precision).tune_key
+def _key(call: Call) -> tuple | None:
+    """The call's tune key where its candidates compile in the background, else None."""
+    if call.device.type == "cuda" and first_call.background() and precompile.available():
+        return triton_engine.plan(call.params, call.x, call.weight, call.precision).tune_key
+    return None
 
 
 def not_ready(call: Call) -> str | None:
     """Why auto does not time the engine on ``call`` yet (its candidates are not compiled), or None."""
-    if not _applies(call):
-        return None
     key = _key(call)
-    if key in precompile.compiled or tuned_config(key) is not None:
+    if key is None or key in precompile.compiled or tuned_config(key) is not None:
         return None
     if key in _compiling:
-        return "its tile candidates are compiling in background processes; the next call after they are ready times them"
+        return ("its tile candidates are compiling in background processes; "
+                "the next call after they are ready times them")
     if store_for(device_name(call.device)).get("triton_configs", tune_key_text(key)) is not None:
         precompile.compiled[key] = True  # tuned or compiled by an earlier process: its kernels are in Triton's cache
         return None
@@ -56,12 +50,10 @@ def not_ready(call: Call) -> str | None:
 
 
 def start(call: Call) -> None:
-    """Compile ``call``'s candidates in the background, once per tune key; when done, the key is
-    compiled (marked in the cache file too) and the dispatcher measures again at its next call."""
-    if not _applies(call):
-        return
+    """Compile ``call``'s candidates in the background, once per tune key; when done, the key is marked
+    compiled (in the cache file too) and the dispatcher measures again at its next call."""
     key = _key(call)
-    if key in _compiling or key in precompile.compiled:
+    if key is None or key in _compiling or key in precompile.compiled:
         return
     _compiling[key] = True
     launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)

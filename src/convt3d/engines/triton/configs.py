@@ -41,12 +41,10 @@ class Config:
     def short(self) -> str:
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
-        return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
-                f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}" + (" wg2" if self.W_GROUP == 2 else "")
-                + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp")
-                + (" tma" if self.tma else "")
-                + (" flat" if self.flat else "") + (" gluon" if self.gluon else "")
-                + (f" fold{self.fold}" if self.fold > 1 else ""))
+        flags = [("wg2", self.W_GROUP == 2), ("nofill", not self.fill_separate), ("nocomp", not self.companions),
+                 ("tma", self.tma), ("flat", self.flat), ("gluon", self.gluon), (f"fold{self.fold}", self.fold > 1)]
+        return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}"
+                + "".join(f" {name}" for name, on in flags if on))
 
 
 def uses_tensor_cores(params: ConvT3dParams) -> bool:
@@ -66,9 +64,8 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
-                      channels_last_out: bool = False, flat: bool = False,
-                      gluon: bool = False) -> tuple[Config, ...]:
+def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str, channels_last_out: bool = False,
+                      flat: bool = False, gluon: bool = False) -> tuple[Config, ...]:
     """All configurations tried for one GEMM shape and dtype, the first the untuned default: BLOCK_N
     covers Cout/g up to 128 (each input tile read once), BLOCK_K a 128-byte line (64 for 16-bit),
     accumulators within 128 registers a thread; W_GROUP=2 stores stride-2 NCDHW rows whole."""
@@ -102,9 +99,8 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         fma = tuple(Config(bm, fma_bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
         padded = ()
         if cout_g >= 8 and dtype == torch.float32 and precision == "tf32x3":
-            # Under 8 input channels (an RGB decoder input) a layer is bound by its output, not by the
-            # wasted products: tensor-core tiles with one K step of 16, the missing channels masked off.
-            # At exact grade only, the FMA tiles' grade (at TF32 their error neared twice cuDNN's).
+            # Under 8 input channels a layer is bound by its output, not the wasted products: tensor-core tiles
+            # of one masked K step of 16; at exact grade only (at TF32 their error neared twice cuDNN's).
             padded = tuple(t for t in dict.fromkeys(tile(bm, 2, plane, block_k=16) for bm in (256, 128)) if t)
         # Head tiles first, as the untuned default: they beat the FMA tiles on nearly every head.
         return _head_configs(params, dtype, precision, channels_last_out) + fma + padded
@@ -125,11 +121,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     else:
         # No TMA (before Hopper, or flat_unsupported): pointer loads.
         plans = [(128, 3, plane, {}), (256, 3, plane, {}), (64, 4, plane, {}), (128, 4, plane, {})]
-    configs = []
-    for bm, stages, bound, kind in plans:
-        cfg = tile(bm, stages, bound, **kind)
-        if cfg is not None and cfg not in configs:
-            configs.append(cfg)
+    configs = [c for c in dict.fromkeys(tile(bm, stages, bound, **kind) for bm, stages, bound, kind in plans) if c]
     # Merged groups: the first two tilings of each fold (the later ones never won).
     for f in group_folds(params):
         merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
@@ -212,9 +204,7 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
         _tuned[key] = TuneRecord(configs[0], 0.0, {})
         return configs[0]
     t0 = time.perf_counter()
-    timings: dict[str, float] = {}
-    hosts: dict[str, float] = {}
-    failed: dict[str, str] = {}
+    timings, hosts, failed = {}, {}, {}
     if key not in precompile.compiled:
         precompile.compile_candidates(configs, run)
     for cfg in configs:
@@ -277,8 +267,4 @@ def flat_unsupported(params: ConvT3dParams, dtype: torch.dtype, block_k: int) ->
 
 def _w_skip(params: ConvT3dParams, w_group: int) -> int:
     """The W residue (0 or 1) of an interleaved pair that has no taps, else -1."""
-    if w_group == 2:
-        for r in (0, 1):
-            if params.axes[2].phases[r].num_taps == 0:
-                return r
-    return -1
+    return next((r for r in (0, 1) if w_group == 2 and params.axes[2].phases[r].num_taps == 0), -1)
