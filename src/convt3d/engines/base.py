@@ -16,8 +16,7 @@ __all__ = ["Engine", "LaunchedRepeats", "memo_check"]
 
 
 def memo_check(call: Call, make: Callable[..., Direct]) -> Callable[[], bool]:
-    """The check a weight's memo (``make``: ``steady.Direct`` or a ``steady.Repeat`` maker) does on a repeat
-    of ``call``, for ``Engine.time`` to pay per timed call."""
+    """The check a weight's memo (``make``: ``steady.Direct`` or a Repeat maker) does on a repeat, for ``time``."""
     p = call.params
     args = (p.stride, p.padding, p.output_padding, p.groups, p.dilation)
     x, w, b = call.given
@@ -106,8 +105,7 @@ class Engine:
                                   requested)
 
     def _step(self, call: Call, cost: Callable[[], object]) -> Callable[[], object]:
-        """One training step on the caller's tensors: ``cost``, the forward, then the required gradients for a
-        fixed random dY; ``step(False)`` is a first sight."""
+        """A training step on the caller's tensors (``cost``, forward, grads of a fixed dY); ``step(False)``: first."""
         leaves = tuple(None if t is None else t.detach().requires_grad_(t.requires_grad) for t in call.given)
         wanted = [t for t in leaves if t is not None and t.requires_grad]
         with torch.no_grad():
@@ -122,8 +120,7 @@ class Engine:
 
 
 class LaunchedRepeats(Engine):
-    """An engine whose repeated inference calls go from the weight's ``steady.Repeat`` memo to its
-    ``steady_launcher`` without the key and the Call; its timings take the same path."""
+    """An engine whose inference repeats (and timings) go from the weight's ``steady.Repeat`` to ``steady_launcher``."""
 
     def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
                         precision: str):
@@ -132,8 +129,7 @@ class LaunchedRepeats(Engine):
 
     @staticmethod
     def _repeats_launch(call: Call) -> bool:
-        """Whether a repeat goes from its weight's ``steady.Repeat`` memo straight to the launcher: inference on
-        plain tensors outside autocast."""
+        """Whether a repeat goes from the weight's Repeat memo to the launcher: inference on plain tensors, no autocast."""
         return (not call.training and call.sources is None and type(call.x) is torch.Tensor
                 and not torch.is_autocast_enabled(call.device.type))
 

@@ -132,6 +132,5 @@ class _EagerConvT3d(torch.autograd.Function):
 
 def conv_transpose3d_autograd(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], params,
                               precision: str, engine: str) -> torch.Tensor:
-    """Eager forward of a validated 5-D call with autograd (see ``_EagerConvT3d``); ``engine`` is
-    one of ``ENGINES`` or "torch" (PyTorch's forward, convt3d's backward)."""
+    """Eager forward of a validated 5-D call with autograd; ``engine``: one of ``ENGINES`` or "torch" (our backward)."""
     return _EagerConvT3d.apply(input, weight, bias, params, precision, engine)

@@ -19,16 +19,14 @@ def torch_forward(x, weight, bias, params, precision):
 
 
 def torch_grads(dy, x, weight, params, precision, mask):
-    """(dX, dW, db) for the True entries of ``mask`` by PyTorch's kernels in one call, at the call's precision;
-    differentiable by autograd."""
+    """(dX, dW, db) for the True entries of ``mask`` by PyTorch's kernels in one call, at the call's precision."""
     args = (dy, x, weight, [params.out_channels] if mask[2] else None, list(params.stride), list(params.padding),
             list(params.dilation), True, list(params.output_padding), params.groups, list(mask))
     return at_precision(torch.ops.aten.convolution_backward, args, precision)
 
 
 class _AtPrecision(torch.autograd.Function):
-    """PyTorch's forward and backward kernels of a call, both at the call's precision: PyTorch's own
-    autograd would run the backward at the TF32 flag of the moment the backward runs."""
+    """PyTorch's forward and backward at the call's precision (its autograd would use the flag at backward time)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, params, precision):

@@ -46,8 +46,7 @@ class TorchEngine(Engine):
 
     @staticmethod
     def precision_class(call: Call) -> str:
-        """"fp32" where cuDNN computes this float32 call in full fp32 although TF32 is allowed, else "tf32"
-        (measured on random tensors of the call's shapes and layouts)."""
+        """"fp32" where cuDNN computes this float32 call in full fp32 with TF32 allowed (measured), else "tf32"."""
         gen = torch.Generator(device=call.device).manual_seed(0)
         x = torch.empty_like(call.x).normal_(generator=gen)
         w = torch.empty_like(call.weight).normal_(generator=gen)
@@ -58,8 +57,7 @@ class TorchEngine(Engine):
         return "fp32" if float((y - ref).abs().max()) <= FP32_CLASS_TOL * scale else "tf32"
 
     def run_arguments(self, input, weight, bias, stride, padding, output_padding, groups, dilation):
-        """The steady path of a call decided for PyTorch at the flags as they are: its own op on the caller's
-        arguments (PyTorch handles autocast and autograd)."""
+        """The steady path at the flags as they are: PyTorch's own op on the caller's arguments, autocast included."""
         return torch.nn.functional.conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups,
                                                     dilation)
 

@@ -1,10 +1,7 @@
-"""A new signature's tile candidates compiled off the call's path (``dispatch.first_call``, "background").
-
-Compiling candidates costs seconds and timing them a fraction of one, so auto decides a new signature
-without this engine while the workers compile its dry-run launches into Triton's cache; its next call
-after that times them as in "wait" mode. A signature is ready when tuned here, compiled here, or in the
-cache file (another process's); where workers cannot run (the interpreter, no spare CPU) nothing waits.
-"""
+"""A new signature's tile candidates compiled off the call's path (first-call mode "background"): compiling
+costs seconds and timing a fraction of one, so auto decides without this engine while the workers compile the
+dry-run launches into Triton's cache, and the next call after that times them as "wait" mode would. Ready: tuned
+here, compiled here, or in the cache file; where workers cannot run (interpreter, no spare CPU) nothing waits."""
 from __future__ import annotations
 
 import threading
@@ -50,8 +47,7 @@ def not_ready(call: Call) -> str | None:
 
 
 def start(call: Call) -> None:
-    """Compile ``call``'s candidates in the background, once per tune key; when done, the key is marked
-    compiled (in the cache file too) and the dispatcher measures again at its next call."""
+    """Compile ``call``'s candidates in the background once per tune key, then mark it compiled (cache file too)."""
     key = _key(call)
     if key is None or key in _compiling or key in precompile.compiled:
         return

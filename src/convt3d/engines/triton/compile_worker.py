@@ -1,8 +1,7 @@
 """A compile worker of ``precompile``: reads (module, kernel name, specialisation, target, installation hash
 or None) jobs from stdin, compiles each into Triton's on-disk cache and answers None or the error's text.
 Run as a script: it loads the kernel modules without the convt3d package, so that a worker starts with
-Triton alone (no PyTorch, no CUDA context).
-"""
+Triton alone (no PyTorch, no CUDA context)."""
 import functools
 import importlib
 import json
@@ -44,8 +43,7 @@ def read_message(stream):
 
 
 def use_installation_key(key: str) -> None:
-    """Make ``key`` Triton's installation hash here: replace ``triton.runtime.cache.triton_key``, which every
-    compile and cache lookup calls, as Triton's own compile pool does."""
+    """Make ``key`` Triton's installation hash here, replacing ``cache.triton_key`` as Triton's compile pool does."""
     from triton.runtime import cache
 
     if getattr(cache.triton_key, "installation_key", None) != key:
@@ -59,8 +57,7 @@ def _tuples(v):
 
 
 def compile_one(module: str, name: str, spec: str, target: tuple, key: str | None = None) -> None:
-    """Compile one specialisation as Triton's launch would, from its cache hook's JSON; ``key``: the parent's
-    installation hash, so that this process need not compute it."""
+    """Compile one specialisation as Triton's launch would, from its cache hook's JSON (``key``: the parent's hash)."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget

@@ -141,10 +141,7 @@ def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     if g == 1 or not uses_tensor_cores(params) or (cin_g >= 16 and cout_g >= 16):
         return ()
-    folds = []
-    smallest = next((f for f in range(2, g + 1) if g % f == 0 and f * cin_g >= 16 and f * cout_g >= 16), None)
-    if smallest is not None:
-        folds.append(smallest)
+    folds = [f for f in range(2, g + 1) if g % f == 0 and f * cin_g >= 16 and f * cout_g >= 16][:1]
     if g not in folds and params.in_channels <= 128 and params.out_channels <= 128:
         folds.append(g)
     return tuple(folds)
@@ -191,8 +188,6 @@ def _tune_key(params: ConvT3dParams, x: torch.Tensor, precision: str, out_cl: bo
 
 def host_charged(timings: dict[str, float], host_ms: dict[str, float]) -> dict[str, float]:
     """Each config's cost per call in a stream of calls: the larger of its GPU median and host time."""
-    if not host_ms:
-        return dict(timings)
     return {k: max(v, host_ms.get(k, 0.0)) for k, v in timings.items()}
 
 
@@ -218,8 +213,8 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
     if not timings:
         raise RuntimeError("every tile configuration failed: " + "; ".join(f"[{k}] {v}" for k, v in failed.items()))
     configs = [c for c in configs if c.short() in timings]
-    # Up to 3 candidates within 25% of the best are timed again in reverse order (lower median
-    # kept), so that clock ramp does not decide between near-equal tiles.
+    # Up to 3 candidates within 25% of the best are timed again in reverse order (lower median kept):
+    # clock ramp must not decide between near-equal tiles.
     cost = host_charged(timings, hosts)
     close = sorted((c for c in configs if cost[c.short()] <= 1.25 * min(cost.values())),
                    key=lambda c: cost[c.short()])[:3]

@@ -150,8 +150,7 @@ def plan(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision
 
 
 class _Steps:
-    """The launches of one (call signature, config), their sites resolved once so that later runs only
-    allocate and launch (small layers are host-bound); descriptors are still made per run."""
+    """The launches of one (call signature, config), their sites resolved once: small layers are host-bound."""
 
     def __init__(self, params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, device: torch.device,
                  epi: int = 0):
@@ -259,9 +258,8 @@ _scalars: dict[tuple, torch.Tensor] = memo("engines.triton.engine.scalars")
 
 
 def _epilogue_operands(epi: Epilogue | None, y: torch.Tensor) -> tuple:
-    """The GEMM kernels' (scalars, per-channel table, residual) of a program, the residual copied to the
-    output's strides where it has others (the kernels read it at the store's offsets); without a
-    program, ``y`` three times as pointers the kernels never read."""
+    """The GEMM kernels' (scalars, per-channel table, residual) of a program, the residual at the output's
+    strides (the kernels read it at the store's offsets); without one, ``y`` thrice as unread pointers."""
     if epi is None:
         return y, y, y
     key = (tuple(s.operand if s.form == SCALAR else 0.0 for s in epi.steps), y.device)
@@ -291,8 +289,8 @@ def _settled_key(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, params: 
 
 def steady_launcher(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, params: ConvT3dParams,
                     precision: str):
-    """(run, alive) for a settled signature, else None: ``run(x, weight, bias)`` is ``forward``'s
-    steady path without its lookup; ``alive()`` says whether the signature is still settled."""
+    """(run, alive) of a settled signature, else None: ``forward``'s steady path without its lookup, and
+    whether the signature is still settled."""
     st = _steady.get(_settled_key(x, weight, has_bias, params, precision))
     if st is None:
         return None
@@ -319,8 +317,7 @@ def _output(params: ConvT3dParams, pl: Plan, x: torch.Tensor) -> torch.Tensor:
 
 def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             precision: str, epilogue: Epilogue | None = None) -> Launch:
-    """Allocate the output; ``run(config)`` then prepares the operands and launches that config, so
-    that tuning times each config's operand preparation too (and ``epilogue``, fused)."""
+    """Allocate the output; ``run(config)`` prepares the operands and launches, so tuning times both."""
     pl = plan(params, x, weight, precision)
     y = _output(params, pl, x)
     if y.numel() == 0:
@@ -336,9 +333,8 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             precision: str, config: Config | None = None, epilogue: Epilogue | None = None) -> torch.Tensor:
-    """Transposed convolution of a validated 5-D input (``precision`` ignored for 16-bit inputs);
-    ``config`` forces a tile, else a signature's first CUDA call tunes and later calls replay it.
-    ``epilogue`` (a validated ``core.epilogue.Epilogue`` for the 5-D output) is applied before the store."""
+    """Transposed convolution of a validated 5-D input (``precision`` ignored for 16-bit); ``config`` forces a
+    tile, else a signature's first CUDA call tunes; ``epilogue`` (validated) is applied before the store."""
     bias = _kernel_bias(bias)
     epi = epilogue if epilogue else None  # an empty program is none
     key = _settled_key(x, weight, bias is not None, params, precision) + ((epi.signature,) if epi else ())

@@ -126,8 +126,7 @@ def guarded(run: Callable[[triton_engine.Config], object]) -> Callable[[triton_e
 
 
 class HybridEngine(Engine):
-    """Training steps only: PyTorch's forward, recorded with convt3d's backward, for layers where
-    cuDNN's forward is as fast as ours but its dX is many times slower than our Triton dX."""
+    """Training steps only: PyTorch's forward with convt3d's backward, where cuDNN's dX is many times slower."""
 
     name = HYBRID
     _autograd_engine = "torch"

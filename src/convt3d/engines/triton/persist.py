@@ -52,8 +52,7 @@ def has_pending() -> bool:
 
 
 def flush_triton() -> int:
-    """Persist the timed tuning results of pending keys tuned since (not one candidate's, nor CONVT3D_AUTOTUNE=0's);
-    returns how many."""
+    """Persist pending keys' timed results (not one candidate's, nor CONVT3D_AUTOTUNE=0's); returns how many."""
     done = [k for k in _pending if tuned_config(k) is not None]
     if not done:
         return 0

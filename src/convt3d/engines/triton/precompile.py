@@ -1,11 +1,7 @@
-"""Tile candidates compiled in parallel before the tuner times them.
-
-Compiling candidates one after another is most of a first call's cost, and Triton's compiler holds the
-GIL, so the launches run dry (``jit_cache_hook`` records each kernel's specialisation), worker processes
-compile those into Triton's on-disk cache, and the timed runs load them. A specialisation a worker cannot
-compile is compiled by the timed run, which reports any failure. ``CONVT3D_COMPILE_WORKERS`` sets the
-number of workers (0: compile in this process only).
-"""
+"""Tile candidates compiled in parallel before the tuner times them: compiling is most of a first call's cost
+and Triton's compiler holds the GIL, so the launches run dry (``jit_cache_hook`` records each specialisation),
+worker processes compile those into Triton's on-disk cache, and the timed runs load them (or compile, and
+report, what a worker could not). ``CONVT3D_COMPILE_WORKERS`` sets the number of workers (0: none)."""
 from __future__ import annotations
 
 import atexit

@@ -1,8 +1,7 @@
 """Triton's installation hash, which every compile and cached-kernel load needs: Triton computes it by reading
 its whole compiler library in each process, so convt3d keeps it in its cache folder beside a stamp of the
 installation (version, each file's size and modification time) and hands it to Triton (and the compile
-workers) while the stamp holds. ``convt3d.patch`` starts this in a daemon thread, off the first call's path.
-"""
+workers) while the stamp holds. ``convt3d.patch`` starts this in a daemon thread, off the first call's path."""
 from __future__ import annotations
 
 import contextlib
