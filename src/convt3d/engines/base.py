@@ -129,7 +129,7 @@ class LaunchedRepeats(Engine):
 
     @staticmethod
     def _repeats_launch(call: Call) -> bool:
-        """Whether a repeat goes from the weight's Repeat memo to the launcher: inference on plain tensors, no autocast."""
+        """Whether a repeat goes from the weight's Repeat memo to the launcher: plain-tensor inference, no autocast."""
         return (not call.training and call.sources is None and type(call.x) is torch.Tensor
                 and not torch.is_autocast_enabled(call.device.type))
 
