@@ -80,6 +80,9 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     bk = max(16, min(32 if esize == 4 else 64, pow2_at_least(cin_g)))
     # Accumulators per program: a W residue with no taps (W_SKIP) holds none through the loop.
     acc_wg = wg if _w_skip(params, wg) < 0 else 1
+    # Output-head candidates (layers of few output channels per group), last but on the FMA path.
+    head_fields = head_engine.head_tiles(params, dtype, precision, channels_last_out)
+    heads = tuple(head_engine.HeadConfig(**t) for t in head_fields)
 
     def tile(bm: int, stages: int, bound: int, block_k: int = bk, **kind) -> Config | None:
         bm = min(bm, bound)
@@ -103,7 +106,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
             # of one masked K step of 16; at exact grade only (at TF32 their error neared twice cuDNN's).
             padded = tuple(t for t in dict.fromkeys(tile(bm, 2, plane, block_k=16) for bm in (256, 128)) if t)
         # Head tiles first, as the untuned default: they beat the FMA tiles on nearly every head.
-        return _head_configs(params, dtype, precision, channels_last_out) + fma + padded
+        return heads + fma + padded
 
     if flat and flat_unsupported(params, dtype, bk) is None:
         # Hopper (and the interpreter): flat tiles, bound by the padded width as they run along
@@ -126,13 +129,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     for f in group_folds(params):
         merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
         configs += [replace(c, fold=f) for c in merged if isinstance(c, Config)][:2]
-    return tuple(configs) + _head_configs(params, dtype, precision, channels_last_out)
-
-
-def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
-                  channels_last: bool) -> tuple[head_engine.HeadConfig, ...]:
-    """Output-head candidates (head_engine.head_tiles) for layers of <= 15 output channels per group."""
-    return tuple(head_engine.HeadConfig(**t) for t in head_engine.head_tiles(params, dtype, precision, channels_last))
+    return tuple(configs) + heads
 
 
 def group_folds(params: ConvT3dParams) -> tuple[int, ...]:

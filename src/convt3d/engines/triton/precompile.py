@@ -5,10 +5,10 @@ report, what a worker could not). ``CONVT3D_COMPILE_WORKERS`` sets the number of
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import os
 import pickle
-import queue
 import subprocess
 import sys
 import threading
@@ -98,16 +98,14 @@ def compile_all(jobs: Iterable[tuple[str, str, str]], target, key: str | None = 
     results: dict[tuple, str | None] = {}
     if not jobs or not workers:
         return results
-    todo: queue.Queue = queue.Queue()
-    for job in jobs:
-        todo.put(job)
+    todo = collections.deque(jobs)  # popleft is thread-safe
     target = (target.backend, target.arch, target.warp_size)
 
     def serve(w: subprocess.Popen) -> None:
         while True:
             try:
-                job = todo.get_nowait()
-            except queue.Empty:
+                job = todo.popleft()
+            except IndexError:
                 return
             try:
                 write_message(w.stdin, job + (target, key))

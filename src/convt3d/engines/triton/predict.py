@@ -1,7 +1,6 @@
-"""Predicted, then confirmed: the tuner times a shortlist (``pick`` of ``rank``) instead of every candidate,
-ranked by the tuning table of the GPU's architecture (``tables/sm<major><minor>.json``, from
-``tools/tuning_table.py --merge``). Opt-in (``CONVT3D_TUNE=predicted``), as its choice is slower than the
-exhaustive tuner's on the suites' layers."""
+"""Predicted, then confirmed: the tuner times a shortlist (``pick`` of ``rank``), ranked by the GPU architecture's
+tuning table (``tables/sm<major><minor>.json``, from ``tools/tuning_table.py --merge``). Opt-in
+(``CONVT3D_TUNE=predicted``): its choice is slower than the exhaustive tuner's on the suites' layers."""
 from __future__ import annotations
 
 import functools
@@ -47,7 +46,8 @@ def label(cfg, k_range: tuple[int, int] = (0, 0)) -> str:
         return s + (" halfK" if _field(cfg, "BLOCK_K") < k_range[1] else "")
     s = f"{'dot' if _field(cfg, 'use_dot') else 'fma'} M{_field(cfg, 'BLOCK_M')} s{_field(cfg, 'num_stages')}"
     s += "".join(f" {name}" for name in ("tma", "flat", "gluon") if _field(cfg, name))
-    return s + (" fold" if _field(cfg, "fold", 1) > 1 else "") + (" wideK" if _field(cfg, "BLOCK_K") > k_range[0] else "")
+    s += " fold" if _field(cfg, "fold", 1) > 1 else ""
+    return s + (" wideK" if _field(cfg, "BLOCK_K") > k_range[0] else "")
 
 
 def labels(configs) -> list[str]:
