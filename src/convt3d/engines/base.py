@@ -140,8 +140,7 @@ class LaunchedRepeats(Engine):
         return memo_check(call, lambda *a: Repeat(*a, lambda: True))
 
     def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
-        # A repeat of an inference call runs the launcher alone, as the steady path does once the
-        # signature is settled (looked up per call: held here it would keep the call's tensors).
+        # A repeat runs the launcher alone, as the steady path does (looked up per call: held, it keeps tensors).
         if repeat and not training and self._repeats_launch(call):
             launcher = self.steady_launcher(call.x, call.weight, call.bias, call.params, call.precision)
             if launcher is not None:

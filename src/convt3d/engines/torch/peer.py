@@ -62,8 +62,7 @@ class TorchEngine(Engine):
                                                     dilation)
 
     def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
-        # At the flags as they are, a repeat is PyTorch's own op on the caller's tensors, which
-        # PyTorch casts itself under autocast (from its cast cache), so a timed call starts from them.
+        # At the flags as they are, a repeat is PyTorch's own op on the caller's tensors (it casts under autocast).
         if call.sources is None or not at_flags_as_they_are(call.x, call.requested):
             return super()._timed(call, given, training, repeat)
         p = call.params

@@ -109,8 +109,7 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         return heads + fma + padded
 
     if flat and flat_unsupported(params, dtype, bk) is None:
-        # Hopper (and the interpreter): flat tiles, bound by the padded width as they run along
-        # whole padded rows, then the 5-D TMA path; only tilings that win somewhere (each compiles).
+        # Hopper, interpreter: flat tiles (whole padded rows: fplane), then 5-D TMA; only winners (each compiles).
         _, (_, _, wp) = flat_geometry(params)
         fplane = max(16, pow2_at_least(hw[0] * wp))
         plans = [(128, 3, fplane, {"flat": True}), (64, 4, fplane, {"flat": True}),
