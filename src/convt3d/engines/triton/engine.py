@@ -1,6 +1,5 @@
 """The Triton engine's launcher: support checks, the plan of a call signature, its launches (tuned on
-the first call, then replayed) and ``forward``; CPU tensors run the kernels in Triton's interpreter.
-"""
+the first call, then replayed) and ``forward``; CPU tensors run the kernels in Triton's interpreter."""
 from __future__ import annotations
 
 from dataclasses import dataclass
