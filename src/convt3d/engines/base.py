@@ -1,6 +1,5 @@
-"""The face every engine shows the dispatcher, as xFormers' operators do: what it supports (devices,
-dtypes and capability as data, ``call_reasons`` for the rest), the precision it computes, its forward
-and run, and its timing as "auto" measures it (forward or training step, through the steady path)."""
+"""The face every engine shows the dispatcher: what it supports (devices, dtypes and capability as data,
+``call_reasons`` for the rest), its precision, forward and run, and its timing as "auto" measures it."""
 from __future__ import annotations
 
 from typing import Callable
@@ -13,14 +12,11 @@ from ..dispatch.timing import Timing, time_call
 from . import op as ops
 from .torch.calls import torch_forward
 
-__all__ = ["Engine", "LaunchedRepeats", "memo_check", "FLOATS"]
-
-FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+__all__ = ["Engine", "LaunchedRepeats", "memo_check"]
 
 
 def memo_check(call: Call, make: Callable[..., Direct]) -> Callable[[], bool]:
-    """The check a weight's memo (``make``: ``steady.Direct`` or a ``steady.Repeat`` maker) does on a
-    repeat of ``call``, for ``Engine.time`` to pay per timed call; the memo is made at the first check."""
+    """The check a weight's memo (``make``: ``steady.Direct`` or a Repeat maker) does on a repeat, for ``time``."""
     p = call.params
     args = (p.stride, p.padding, p.output_padding, p.groups, p.dilation)
     x, w, b = call.given
@@ -39,7 +35,7 @@ class Engine:
 
     name: str = ""
     devices: tuple[str, ...] | None = ("cuda", "cpu")  # None: any
-    dtypes: tuple[torch.dtype, ...] | None = FLOATS  # None: any
+    dtypes: tuple[torch.dtype, ...] | None = (torch.float32, torch.float16, torch.bfloat16)  # None: any
     min_capability: tuple[int, int] | None = None  # CUDA compute capability, where it needs one
 
     def not_supported_reasons(self, call: Call) -> list[str]:
@@ -49,10 +45,9 @@ class Engine:
             reasons.append(f"device {call.device.type!r} (runs on {', '.join(self.devices)})")
         if self.dtypes is not None and call.dtype not in self.dtypes:
             reasons.append(f"dtype {call.dtype} (runs {', '.join(str(d).replace('torch.', '') for d in self.dtypes)})")
-        if (self.min_capability is not None and call.device.type == "cuda"
-                and torch.cuda.get_device_capability(call.device) < self.min_capability):
-            reasons.append(f"compute capability {torch.cuda.get_device_capability(call.device)} (needs "
-                           f"{self.min_capability} or newer)")
+        cap = call.device.type == "cuda" and self.min_capability and torch.cuda.get_device_capability(call.device)
+        if cap and cap < self.min_capability:
+            reasons.append(f"compute capability {cap} (needs {self.min_capability} or newer)")
         return reasons or self.call_reasons(call)
 
     def call_reasons(self, call: Call) -> list[str]:
@@ -64,8 +59,7 @@ class Engine:
         return call.precision
 
     def precision_reasons(self, call: Call) -> list[str]:
-        """Why it cannot compute an explicitly requested precision as such: a named backend raises on
-        these; "auto" still runs the engine where it computes at least as exactly."""
+        """Why it cannot compute an explicitly requested precision: a named backend raises; "auto" still runs it."""
         return []
 
     def forward(self, call: Call) -> torch.Tensor:
@@ -81,9 +75,8 @@ class Engine:
     _autograd_engine = ""  # the engine name ops.conv_transpose3d_autograd runs the forward with
 
     def time(self, call: Call) -> Timing:
-        # Each timed call does what a steady-path repeat does with this engine's decision (memo
-        # check, autocast casts, a Call through ``run``): a host-bound layer's public call costs
-        # more host time than the engine's forward, and leaving it out can choose a slower engine.
+        # Each timed call does what a steady-path repeat does (memo check, autocast, a Call through ``run``): a
+        # host-bound layer's public call costs more than its forward, and leaving that out can pick a slower engine.
         cost = self.steady_cost(call)
         if not call.training:
             def forward(repeat: bool):
@@ -97,8 +90,7 @@ class Engine:
         return time_call(step, first=lambda: step(False))
 
     def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
-        """One call as ``convt3d.conv_transpose3d`` makes it once this engine is decided: from ``given``
-        (``Call.given``), cast under autocast, then a Call of its own through ``run``; 5-D output."""
+        """One call as ``convt3d.conv_transpose3d`` makes it once this engine is decided; 5-D output."""
         x, w, b = autocast_inputs(*given)
         if call.unbatched:
             x = x.unsqueeze(0)
@@ -113,8 +105,7 @@ class Engine:
                                   requested)
 
     def _step(self, call: Call, cost: Callable[[], object]) -> Callable[[], object]:
-        """One training step on the caller's tensors: the memo check ``cost``, the forward, then the
-        gradients that are required for a fixed random dY; ``step(False)`` is a first sight."""
+        """A training step on the caller's tensors (``cost``, forward, grads of a fixed dY); ``step(False)``: first."""
         leaves = tuple(None if t is None else t.detach().requires_grad_(t.requires_grad) for t in call.given)
         wanted = [t for t in leaves if t is not None and t.requires_grad]
         with torch.no_grad():
@@ -129,8 +120,7 @@ class Engine:
 
 
 class LaunchedRepeats(Engine):
-    """An engine whose repeated inference calls go from the weight's ``steady.Repeat`` memo to its
-    ``steady_launcher`` without the key and the Call; its timings take the same path."""
+    """An engine whose inference repeats (and timings) go from the weight's ``steady.Repeat`` to ``steady_launcher``."""
 
     def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
                         precision: str):
@@ -139,8 +129,7 @@ class LaunchedRepeats(Engine):
 
     @staticmethod
     def _repeats_launch(call: Call) -> bool:
-        """Whether a repeat of this call goes through its weight's ``steady.Repeat`` memo straight
-        to the launcher (dispatch.steady): inference on plain tensors outside autocast."""
+        """Whether a repeat goes from the weight's Repeat memo to the launcher: plain-tensor inference, no autocast."""
         return (not call.training and call.sources is None and type(call.x) is torch.Tensor
                 and not torch.is_autocast_enabled(call.device.type))
 
@@ -151,8 +140,7 @@ class LaunchedRepeats(Engine):
         return memo_check(call, lambda *a: Repeat(*a, lambda: True))
 
     def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
-        # A repeat of an inference call runs the launcher alone, as the steady path does once the
-        # signature is settled (looked up per call: held here it would keep the call's tensors).
+        # A repeat runs the launcher alone, as the steady path does (looked up per call: held, it keeps tensors).
         if repeat and not training and self._repeats_launch(call):
             launcher = self.steady_launcher(call.x, call.weight, call.bias, call.params, call.precision)
             if launcher is not None:

@@ -73,10 +73,8 @@ def conv_transpose3d_backward_op(grad_output: torch.Tensor, input: torch.Tensor,
 def _fake_backward(grad_output, input, weight, stride, padding, output_padding, groups, dilation, precision,
                    output_mask):
     fx, fw = _bwd.grad_formats(input, weight)
-    gx = torch.empty(input.shape, dtype=input.dtype, device=input.device, memory_format=fx) \
-        if output_mask[0] else grad_output.new_empty(0)
-    gw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device, memory_format=fw) \
-        if output_mask[1] else grad_output.new_empty(0)
+    gx = torch.empty_like(input, memory_format=fx) if output_mask[0] else grad_output.new_empty(0)
+    gw = torch.empty_like(weight, memory_format=fw) if output_mask[1] else grad_output.new_empty(0)
     gb = grad_output.new_empty((weight.shape[1] * groups,)) if output_mask[2] else grad_output.new_empty(0)
     return gx, gw, gb
 
@@ -94,29 +92,27 @@ def _backward(ctx, grad_out):
     stride, padding, output_padding, groups, dilation, precision = ctx.args
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     mask = [bool(need_x), bool(need_w), bool(need_b and ctx.has_bias)]
-    none = (None,) * 7
     if not any(mask):
-        return (None, None, None) + none
+        return (None,) * 10
     gx, gw, gb = conv_transpose3d_backward_op(grad_out, input, weight, stride, padding, output_padding, groups,
                                               dilation, precision, mask)
-    return (gx if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None) + none
+    return (gx if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None) + (None,) * 7
 
 
 conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-# ---- eager autograd -------------------------------------------------------------------------------
-# torch.compile traces the custom ops above; eager calls take this autograd.Function instead, with
-# the same forward and backward (``backward.grads``) but without the custom-op dispatch, whose host
-# time makes a host-bound training step several times slower (docs/design.md, "Training and networks").
 class _EagerConvT3d(torch.autograd.Function):
+    """Eager calls' autograd: the custom op's forward and backward without its dispatch, whose host time makes a
+    host-bound training step several times slower (torch.compile traces the custom ops)."""
+
+
     @staticmethod
     def forward(ctx, input, weight, bias, params, precision, engine):
         ctx.save_for_backward(input, weight)
         ctx.params, ctx.precision, ctx.has_bias = params, precision, bias is not None
         if engine == "torch":
-            # PyTorch's forward with our backward (auto's "torch+bwd" for training steps; see
-            # dispatch.heuristic), cuDNN's TF32 flag set from the resolved precision.
+            # PyTorch's forward with our backward (auto's "torch+bwd"), cuDNN's TF32 flag from the precision.
             return torch_forward(input, weight, bias, params, precision)
         return run_engine(engine, input, weight, bias, params, precision)
 
@@ -128,8 +124,7 @@ class _EagerConvT3d(torch.autograd.Function):
         if not any(mask):
             return (None,) * 6
         if torch.is_grad_enabled():
-            # create_graph=True: PyTorch's formula, which autograd records, so that second-order
-            # terms through this layer are not silently missing (our kernels' carry no graph).
+            # create_graph=True: PyTorch's formula, which autograd records (our kernels' grads carry no graph).
             return _bwd.differentiable_grads(grad_out, input, weight, ctx.params, ctx.precision, mask) + (None,) * 3
         gx, gw, gb = _bwd.grads(grad_out, input, weight, ctx.params, ctx.precision, mask)
         return gx, gw, gb, None, None, None
@@ -137,6 +132,5 @@ class _EagerConvT3d(torch.autograd.Function):
 
 def conv_transpose3d_autograd(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], params,
                               precision: str, engine: str) -> torch.Tensor:
-    """Eager forward of a validated 5-D call with autograd (see ``_EagerConvT3d``); ``engine`` is
-    one of ``ENGINES`` or "torch" (PyTorch's forward, convt3d's backward)."""
+    """Eager forward of a validated 5-D call with autograd; ``engine``: one of ``ENGINES`` or "torch" (our backward)."""
     return _EagerConvT3d.apply(input, weight, bias, params, precision, engine)

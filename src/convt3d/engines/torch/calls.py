@@ -1,5 +1,4 @@
-"""PyTorch's own forward (cuDNN on CUDA) as convt3d runs it (the "torch" and ``torch+bwd`` engines,
-auto's baseline), and the conv3d form of a stride-1 call."""
+"""PyTorch's own forward (cuDNN on CUDA) as convt3d runs it, and the conv3d form of a stride-1 call."""
 from __future__ import annotations
 
 import functools
@@ -20,16 +19,14 @@ def torch_forward(x, weight, bias, params, precision):
 
 
 def torch_grads(dy, x, weight, params, precision, mask):
-    """(dX, dW, db) for the True entries of ``mask`` by PyTorch's kernels in one call, as autograd computes
-    them for ConvTranspose3d, at the call's precision (``at_precision``); differentiable by autograd."""
+    """(dX, dW, db) for the True entries of ``mask`` by PyTorch's kernels in one call, at the call's precision."""
     args = (dy, x, weight, [params.out_channels] if mask[2] else None, list(params.stride), list(params.padding),
             list(params.dilation), True, list(params.output_padding), params.groups, list(mask))
     return at_precision(torch.ops.aten.convolution_backward, args, precision)
 
 
 class _AtPrecision(torch.autograd.Function):
-    """PyTorch's forward and backward kernels of a call, both at the call's precision: PyTorch's own
-    autograd would run the backward at the TF32 flag of the moment the backward runs."""
+    """PyTorch's forward and backward at the call's precision (its autograd would use the flag at backward time)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, params, precision):
@@ -50,16 +47,13 @@ def torch_autograd_at_precision(x, weight, bias, params, precision):
     return _AtPrecision.apply(x, weight, bias, params, precision)
 
 
-# ---- the conv3d form of a stride-1 call ----------------------------------------------------------
-# At stride 1, y[o] = sum_k x[o + p - d k] w[k] is the conv3d of x padded by d (K - 1) - p with the
-# weight flipped and its channel axes swapped (per group): cuDNN's forward kernels, where its
-# conv_transpose3d runs its slower dgrad kernels (docs/design.md, "The conv3d form of stride-1 calls").
+# At stride 1, y[o] = sum_k x[o + p - d k] w[k] is the conv3d of x padded by d (K - 1) - p with the weight flipped and
+# its channel axes swapped (per group): cuDNN's forward kernels instead of conv_transpose3d's slower dgrad kernels.
 
 
 def conv3d_form_reasons(params, dtype: torch.dtype, precision: str) -> list[str]:
-    """Why a call has no conv3d form (empty: it has one): it needs stride 1 and output_padding 0 (the
-    extra rows would pad one side only), and not float32 at exact grade, where cuDNN's conv3d may err
-    beyond twice its conv_transpose3d's and runs no faster."""
+    """Why a call has no conv3d form (empty: it has one): it needs stride 1, output_padding 0 (the extra rows
+    would pad one side only), and not float32 at exact grade (cuDNN's conv3d errs more there, no faster)."""
     reasons = []
     if params.stride != (1, 1, 1):
         reasons.append(f"stride={params.stride}: the conv3d form needs stride 1")
@@ -91,8 +85,7 @@ def conv3d_padding(params) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
 
 
 def conv3d_forward(x, weight, bias, params, precision):
-    """A stride-1 call (``conv3d_form_reasons`` empty) as PyTorch's conv3d at the call's precision;
-    padding beyond d (K - 1) trims x instead (a view), as the conv3d's padding would be negative."""
+    """A stride-1 call as PyTorch's conv3d at the call's precision; padding beyond d (K - 1) trims x (a view)."""
     pad, trim = conv3d_padding(params)
     if trim != (0, 0, 0):
         x = x[:, :, trim[0]:x.shape[2] - trim[0], trim[1]:x.shape[3] - trim[1], trim[2]:x.shape[4] - trim[2]]

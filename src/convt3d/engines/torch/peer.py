@@ -46,8 +46,7 @@ class TorchEngine(Engine):
 
     @staticmethod
     def precision_class(call: Call) -> str:
-        """"fp32" where cuDNN computes this float32 call in full fp32 although TF32 is allowed, else
-        "tf32": measured on random tensors of the call's shapes and layouts."""
+        """"fp32" where cuDNN computes this float32 call in full fp32 with TF32 allowed (measured), else "tf32"."""
         gen = torch.Generator(device=call.device).manual_seed(0)
         x = torch.empty_like(call.x).normal_(generator=gen)
         w = torch.empty_like(call.weight).normal_(generator=gen)
@@ -58,14 +57,12 @@ class TorchEngine(Engine):
         return "fp32" if float((y - ref).abs().max()) <= FP32_CLASS_TOL * scale else "tf32"
 
     def run_arguments(self, input, weight, bias, stride, padding, output_padding, groups, dilation):
-        """The steady path of a call decided for PyTorch at the flags as they are: its own op on the
-        caller's arguments, as an untouched layer calls it (PyTorch handles autocast and autograd)."""
+        """The steady path at the flags as they are: PyTorch's own op on the caller's arguments, autocast included."""
         return torch.nn.functional.conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups,
                                                     dilation)
 
     def _timed(self, call: Call, given: tuple, training: bool, repeat: bool) -> torch.Tensor:
-        # At the flags as they are, a repeat is PyTorch's own op on the caller's tensors, which
-        # PyTorch casts itself under autocast (from its cast cache), so a timed call starts from them.
+        # At the flags as they are, a repeat is PyTorch's own op on the caller's tensors (it casts under autocast).
         if call.sources is None or not at_flags_as_they_are(call.x, call.requested):
             return super()._timed(call, given, training, repeat)
         p = call.params
@@ -73,8 +70,7 @@ class TorchEngine(Engine):
         return y.unsqueeze(0) if call.unbatched else y
 
     def steady_cost(self, call: Call) -> Callable[[], object]:
-        """At the flags as they are, a repeated call goes straight to PyTorch's op after the check
-        of its direct memo (``steady.Direct``); with an explicit precision it takes the key."""
+        """At the flags as they are a repeat costs its direct memo's check (``steady.Direct``), else the key."""
         if not at_flags_as_they_are(call.x, call.requested):
             return super().steady_cost(call)
         return memo_check(call, Direct)
@@ -99,8 +95,7 @@ class Conv3dEngine(LaunchedRepeats):
 
     def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
                         precision: str):
-        """(run, alive) of a settled inference signature for ``steady.Repeat``: the conv3d form of
-        the caller's tensors without the key and the Call, which cost a tiny layer's host time."""
+        """(run, alive) for ``steady.Repeat``: the conv3d form without the key and the Call, a tiny layer's cost."""
 
         def run(x, weight, bias):
             return ops.run_engine("conv3d", x, weight, bias, params, precision)

@@ -1,14 +1,7 @@
-"""A new signature's tile candidates compiled off the call's path (``dispatch.first_call``).
-
-Compiling a signature's candidates costs seconds and timing them a fraction of one, so in the
-"background" first-call mode auto decides a new signature without this engine while its
-candidates compile: the launches run dry here (a few hundred milliseconds), the worker processes
-compile them into Triton's cache in a thread, and the signature's next call after that times them
-as a first call in "wait" mode would, loading each kernel from the cache. A signature is ready
-when it was tuned in this process, compiled here, or has an entry in the cache file (tuned or
-compiled by another process); where workers cannot run (the interpreter, no spare CPU) nothing
-is deferred.
-"""
+"""A new signature's tile candidates compiled off the call's path (first-call mode "background"): compiling
+costs seconds and timing a fraction of one, so auto decides without this engine while the workers compile the
+dry-run launches into Triton's cache, and the next call after that times them as "wait" mode would. Ready: tuned
+here, compiled here, or in the cache file; where workers cannot run (interpreter, no spare CPU) nothing waits."""
 from __future__ import annotations
 
 import threading
@@ -31,23 +24,21 @@ _COMPILED = {"compiled": True}  # the cache-file entry of a tune key compiled bu
 _compiling: dict[tuple, bool] = memo("engines.triton.background.compiling")
 
 
-def _applies(call: Call) -> bool:
-    return call.device.type == "cuda" and first_call.background() and precompile.available()
-
-
-def _key(call: Call) -> tuple:
-    return triton_engine.plan(call.params, call.x, call.weight, call.precision).tune_key
+def _key(call: Call) -> tuple | None:
+    """The call's tune key where its candidates compile in the background, else None."""
+    if call.device.type == "cuda" and first_call.background() and precompile.available():
+        return triton_engine.plan(call.params, call.x, call.weight, call.precision).tune_key
+    return None
 
 
 def not_ready(call: Call) -> str | None:
     """Why auto does not time the engine on ``call`` yet (its candidates are not compiled), or None."""
-    if not _applies(call):
-        return None
     key = _key(call)
-    if key in precompile.compiled or tuned_config(key) is not None:
+    if key is None or key in precompile.compiled or tuned_config(key) is not None:
         return None
     if key in _compiling:
-        return "its tile candidates are compiling in background processes; the next call after they are ready times them"
+        return ("its tile candidates are compiling in background processes; "
+                "the next call after they are ready times them")
     if store_for(device_name(call.device)).get("triton_configs", tune_key_text(key)) is not None:
         precompile.compiled[key] = True  # tuned or compiled by an earlier process: its kernels are in Triton's cache
         return None
@@ -56,12 +47,9 @@ def not_ready(call: Call) -> str | None:
 
 
 def start(call: Call) -> None:
-    """Compile ``call``'s candidates in the background, once per tune key; when done, the key is
-    compiled (marked in the cache file too) and the dispatcher measures again at its next call."""
-    if not _applies(call):
-        return
+    """Compile ``call``'s candidates in the background once per tune key, then mark it compiled (cache file too)."""
     key = _key(call)
-    if key in _compiling or key in precompile.compiled:
+    if key is None or key in _compiling or key in precompile.compiled:
         return
     _compiling[key] = True
     launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)

@@ -1,12 +1,7 @@
-"""A compile worker of ``precompile``: reads (module, kernel name, specialisation, target, Triton's
-installation hash or None) jobs from stdin and compiles each into Triton's on-disk cache, answering
-None or the error's text
-(``write_message``/``read_message``, which the parent uses too).
-
-Run as a script, not imported: it loads the kernel modules without the convt3d package, so that a
-worker starts with Triton alone (no PyTorch, no CUDA context). Messages are pickles, each after
-its length as 8 bytes.
-"""
+"""A compile worker of ``precompile``: reads (module, kernel name, specialisation, target, installation hash
+or None) jobs from stdin, compiles each into Triton's on-disk cache and answers None or the error's text.
+Run as a script: it loads the kernel modules without the convt3d package, so that a worker starts with
+Triton alone (no PyTorch, no CUDA context)."""
 import functools
 import importlib
 import json
@@ -48,8 +43,7 @@ def read_message(stream):
 
 
 def use_installation_key(key: str) -> None:
-    """Make ``key`` Triton's installation hash in this process: ``triton.runtime.cache.triton_key``, the
-    function every compile and cache lookup calls (Triton's own compile pool replaces it the same way)."""
+    """Make ``key`` Triton's installation hash here, replacing ``cache.triton_key`` as Triton's compile pool does."""
     from triton.runtime import cache
 
     if getattr(cache.triton_key, "installation_key", None) != key:
@@ -63,8 +57,7 @@ def _tuples(v):
 
 
 def compile_one(module: str, name: str, spec: str, target: tuple, key: str | None = None) -> None:
-    """Compile one specialisation as Triton's launch would, from the JSON its cache hook gives; ``key``:
-    the parent's hash of the Triton installation they share, so that this process need not compute it."""
+    """Compile one specialisation as Triton's launch would, from its cache hook's JSON (``key``: the parent's hash)."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
@@ -96,9 +89,8 @@ def compile_one(module: str, name: str, spec: str, target: tuple, key: str | Non
 
 
 def _build_launcher(src, kernel) -> None:
-    """Triton versions that launch through a C launcher per kernel signature build it with the host's
-    C compiler at the first launch; build it here too, into the same cache (newer versions have one
-    generic launcher and no ``make_launcher``)."""
+    """Build the C launcher of the kernel's signature into the cache too, where this Triton version makes one
+    per signature at the first launch (newer versions have one generic launcher and no ``make_launcher``)."""
     try:
         from triton.backends.nvidia import driver as nv
         make_launcher = nv.make_launcher

@@ -41,12 +41,10 @@ class Config:
     def short(self) -> str:
         kind = "dot" if self.use_dot else "fma"
         tile = "" if self.flat and not self.gluon else f"({self.BLOCK_M // self.BLOCK_W}x{self.BLOCK_W})"
-        return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} "
-                f"K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}" + (" wg2" if self.W_GROUP == 2 else "")
-                + ("" if self.fill_separate else " nofill") + ("" if self.companions else " nocomp")
-                + (" tma" if self.tma else "")
-                + (" flat" if self.flat else "") + (" gluon" if self.gluon else "")
-                + (f" fold{self.fold}" if self.fold > 1 else ""))
+        flags = [("wg2", self.W_GROUP == 2), ("nofill", not self.fill_separate), ("nocomp", not self.companions),
+                 ("tma", self.tma), ("flat", self.flat), ("gluon", self.gluon), (f"fold{self.fold}", self.fold > 1)]
+        return (f"{kind} M{self.BLOCK_M}{tile} N{self.BLOCK_N} K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}"
+                + "".join(f" {name}" for name, on in flags if on))
 
 
 def uses_tensor_cores(params: ConvT3dParams) -> bool:
@@ -66,9 +64,8 @@ def block_w(compact_hw: tuple[int, int], block_m: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
-                      channels_last_out: bool = False, flat: bool = False,
-                      gluon: bool = False) -> tuple[Config, ...]:
+def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str, channels_last_out: bool = False,
+                      flat: bool = False, gluon: bool = False) -> tuple[Config, ...]:
     """All configurations tried for one GEMM shape and dtype, the first the untuned default: BLOCK_N
     covers Cout/g up to 128 (each input tile read once), BLOCK_K a 128-byte line (64 for 16-bit),
     accumulators within 128 registers a thread; W_GROUP=2 stores stride-2 NCDHW rows whole."""
@@ -83,6 +80,9 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     bk = max(16, min(32 if esize == 4 else 64, pow2_at_least(cin_g)))
     # Accumulators per program: a W residue with no taps (W_SKIP) holds none through the loop.
     acc_wg = wg if _w_skip(params, wg) < 0 else 1
+    # Output-head candidates (layers of few output channels per group), last but on the FMA path.
+    head_fields = head_engine.head_tiles(params, dtype, precision, channels_last_out)
+    heads = tuple(head_engine.HeadConfig(**t) for t in head_fields)
 
     def tile(bm: int, stages: int, bound: int, block_k: int = bk, **kind) -> Config | None:
         bm = min(bm, bound)
@@ -102,16 +102,14 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
         fma = tuple(Config(bm, fma_bn, 1, block_w(hw, bm), 4, 2, use_dot=False, W_GROUP=wg) for bm in sizes)
         padded = ()
         if cout_g >= 8 and dtype == torch.float32 and precision == "tf32x3":
-            # Under 8 input channels (an RGB decoder input) a layer is bound by its output, not by the
-            # wasted products: tensor-core tiles with one K step of 16, the missing channels masked off.
-            # At exact grade only, the FMA tiles' grade (at TF32 their error neared twice cuDNN's).
+            # Under 8 input channels a layer is bound by its output, not the wasted products: tensor-core tiles
+            # of one masked K step of 16; at exact grade only (at TF32 their error neared twice cuDNN's).
             padded = tuple(t for t in dict.fromkeys(tile(bm, 2, plane, block_k=16) for bm in (256, 128)) if t)
         # Head tiles first, as the untuned default: they beat the FMA tiles on nearly every head.
-        return _head_configs(params, dtype, precision, channels_last_out) + fma + padded
+        return heads + fma + padded
 
     if flat and flat_unsupported(params, dtype, bk) is None:
-        # Hopper (and the interpreter): flat tiles, bound by the padded width as they run along
-        # whole padded rows, then the 5-D TMA path; only tilings that win somewhere (each compiles).
+        # Hopper, interpreter: flat tiles (whole padded rows: fplane), then 5-D TMA; only winners (each compiles).
         _, (_, _, wp) = flat_geometry(params)
         fplane = max(16, pow2_at_least(hw[0] * wp))
         plans = [(128, 3, fplane, {"flat": True}), (64, 4, fplane, {"flat": True}),
@@ -125,22 +123,12 @@ def candidate_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
     else:
         # No TMA (before Hopper, or flat_unsupported): pointer loads.
         plans = [(128, 3, plane, {}), (256, 3, plane, {}), (64, 4, plane, {}), (128, 4, plane, {})]
-    configs = []
-    for bm, stages, bound, kind in plans:
-        cfg = tile(bm, stages, bound, **kind)
-        if cfg is not None and cfg not in configs:
-            configs.append(cfg)
+    configs = [c for c in dict.fromkeys(tile(bm, stages, bound, **kind) for bm, stages, bound, kind in plans) if c]
     # Merged groups: the first two tilings of each fold (the later ones never won).
     for f in group_folds(params):
         merged = candidate_configs(params.fold_groups(f), dtype, precision, channels_last_out, flat)
         configs += [replace(c, fold=f) for c in merged if isinstance(c, Config)][:2]
-    return tuple(configs) + _head_configs(params, dtype, precision, channels_last_out)
-
-
-def _head_configs(params: ConvT3dParams, dtype: torch.dtype, precision: str,
-                  channels_last: bool) -> tuple[head_engine.HeadConfig, ...]:
-    """Output-head candidates (head_engine.head_tiles) for layers of <= 15 output channels per group."""
-    return tuple(head_engine.HeadConfig(**t) for t in head_engine.head_tiles(params, dtype, precision, channels_last))
+    return tuple(configs) + heads
 
 
 def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
@@ -149,10 +137,7 @@ def group_folds(params: ConvT3dParams) -> tuple[int, ...]:
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     if g == 1 or not uses_tensor_cores(params) or (cin_g >= 16 and cout_g >= 16):
         return ()
-    folds = []
-    smallest = next((f for f in range(2, g + 1) if g % f == 0 and f * cin_g >= 16 and f * cout_g >= 16), None)
-    if smallest is not None:
-        folds.append(smallest)
+    folds = [f for f in range(2, g + 1) if g % f == 0 and f * cin_g >= 16 and f * cout_g >= 16][:1]
     if g not in folds and params.in_channels <= 128 and params.out_channels <= 128:
         folds.append(g)
     return tuple(folds)
@@ -199,8 +184,6 @@ def _tune_key(params: ConvT3dParams, x: torch.Tensor, precision: str, out_cl: bo
 
 def host_charged(timings: dict[str, float], host_ms: dict[str, float]) -> dict[str, float]:
     """Each config's cost per call in a stream of calls: the larger of its GPU median and host time."""
-    if not host_ms:
-        return dict(timings)
     return {k: max(v, host_ms.get(k, 0.0)) for k, v in timings.items()}
 
 
@@ -212,9 +195,7 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
         _tuned[key] = TuneRecord(configs[0], 0.0, {})
         return configs[0]
     t0 = time.perf_counter()
-    timings: dict[str, float] = {}
-    hosts: dict[str, float] = {}
-    failed: dict[str, str] = {}
+    timings, hosts, failed = {}, {}, {}
     if key not in precompile.compiled:
         precompile.compile_candidates(configs, run)
     for cfg in configs:
@@ -228,8 +209,8 @@ def _choose(key, configs: list[Config], run: Callable[[Config], None]) -> Config
     if not timings:
         raise RuntimeError("every tile configuration failed: " + "; ".join(f"[{k}] {v}" for k, v in failed.items()))
     configs = [c for c in configs if c.short() in timings]
-    # Up to 3 candidates within 25% of the best are timed again in reverse order (lower median
-    # kept), so that clock ramp does not decide between near-equal tiles.
+    # Up to 3 candidates within 25% of the best are timed again in reverse order (lower median kept):
+    # clock ramp must not decide between near-equal tiles.
     cost = host_charged(timings, hosts)
     close = sorted((c for c in configs if cost[c.short()] <= 1.25 * min(cost.values())),
                    key=lambda c: cost[c.short()])[:3]
@@ -277,8 +258,4 @@ def flat_unsupported(params: ConvT3dParams, dtype: torch.dtype, block_k: int) ->
 
 def _w_skip(params: ConvT3dParams, w_group: int) -> int:
     """The W residue (0 or 1) of an interleaved pair that has no taps, else -1."""
-    if w_group == 2:
-        for r in (0, 1):
-            if params.axes[2].phases[r].num_taps == 0:
-                return r
-    return -1
+    return next((r for r in (0, 1) if w_group == 2 and params.axes[2].phases[r].num_taps == 0), -1)

@@ -1,6 +1,5 @@
 """The Triton engine's launcher: support checks, the plan of a call signature, its launches (tuned on
-the first call, then replayed) and ``forward``; CPU tensors run the kernels in Triton's interpreter.
-"""
+the first call, then replayed) and ``forward``; CPU tensors run the kernels in Triton's interpreter."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -79,19 +78,13 @@ def epilogue_reason(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor
 
 def clear_caches() -> None:
     """Forget tuning results, plans and phase tables of this process."""
-    _unsupported.clear()
-    _tuned.clear()
+    for d in (_unsupported, _tuned, _steps, _tables, _sites, _plans, _scalars):
+        d.clear()
     _forget_settled()
-    _steps.clear()
-    _tables.clear()
-    _sites.clear()
-    _plans.clear()
-    _scalars.clear()
 
 
 def seed_tuning(key, config: Config, timings_ms: dict | None = None, replace: bool = False) -> None:
-    """Use ``config`` for ``key`` without timing (a persisted result, or rank 0's); a result this
-    process already has wins unless ``replace``."""
+    """Use ``config`` for ``key`` untimed (persisted, or rank 0's); one this process has wins unless ``replace``."""
     if replace or key not in _tuned:
         _tuned[key] = TuneRecord(config, 0.0, dict(timings_ms or {}))
         _forget_settled()  # a signature settled on another config must see this one
@@ -156,18 +149,17 @@ def plan(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision
 
 
 class _Steps:
-    """The launches of one (call signature, config), their sites resolved once so that later runs only
-    allocate and launch (small layers are host-bound); descriptors are still made per run."""
+    """The launches of one (call signature, config), their sites resolved once: small layers are host-bound."""
 
     def __init__(self, params: ConvT3dParams, pl: Plan, cfg: Config, has_bias: bool, device: torch.device,
                  epi: int = 0):
+        self.pl, self.cfg, self.has_bias = pl, cfg, has_bias
         self.epi = epi  # the fused epilogue program's code (0: none)
         if isinstance(cfg, head_engine.HeadConfig):
-            self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
+            self.params = params
             self.head = head_engine.HeadSteps(params, cfg, pl.dot_precision, has_bias, _head_site, _prepare_input)
             return
-        params = params.fold_groups(cfg.fold) if cfg.fold > 1 else params
-        self.params, self.pl, self.cfg, self.has_bias = params, pl, cfg, has_bias
+        self.params = params = params.fold_groups(cfg.fold) if cfg.fold > 1 else params
         self.head = None
         companions = cfg.companions and companion_masks(params) is not None
         self.tab = phase_table(params, device, cfg.W_GROUP, cfg.fill_separate or companions, companions)
@@ -184,18 +176,9 @@ class _Steps:
         # The grid of the input copy the GEMM reads (zero-haloed for flat configs); None: x in place.
         self.copy_geo = self.geo if cfg.flat else ((0, 0, 0), params.in_size) if pl.copy_input else None
         self.use_tma = cfg.tma and cfg.use_dot and _tma_capable(device)
-        self.fill: Site | None = None
-        self.pack: Site | None = None
-        self.ops: Site | None = None  # the input copy and the pack in one launch (copy_geo)
+        # Sites made at their first launch; ops: the input copy and the pack in one launch (copy_geo).
+        self.fill = self.pack = self.ops = None
         self.gemm: dict[tuple[bool, bool], Site] = {}
-
-    def packed_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """The weight packed for this config's kernels; head kernels read it as stored."""
-        if self.head is not None:
-            return weight.contiguous()
-        if self.pack is None:
-            self.pack = _pack_site(self.params, weight.contiguous(), self.pl.round_tf32, self.cfg.fold)
-        return _pack_weight(weight, self.params, self.pack)
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 epi: Epilogue | None = None) -> torch.Tensor:
@@ -208,20 +191,24 @@ class _Steps:
              epi: Epilogue | None = None):
         """Every launch of a call onto ``y``: the input copy and weight pack (one launch), then ``run``."""
         ops = _epilogue_operands(epi, y)
-        if self.head is None and self.copy_geo is not None and self.n_groups > 0:
+        xp = None
+        if self.head is not None:
+            wp = weight.contiguous()  # head kernels read the weight as stored
+        elif self.copy_geo is not None and self.n_groups > 0:
             if self.ops is None:
                 self.ops = _operands_site(x, self.copy_geo, self.params, weight.contiguous(), self.pl.round_tf32,
                                           self.cfg.fold)
             wp, xp = _gemm_operands(x, weight, self.copy_geo, self.params, self.pl.round_tf32, self.ops)
-            return self.run(x, wp, bias if bias is not None else wp, y, xp, ops)
-        wp = self.packed_weight(weight)
-        return self.run(x, wp, bias if bias is not None else wp, y, None, ops)  # wp: dummy pointer without bias
+        else:
+            if self.pack is None:
+                self.pack = _pack_site(self.params, weight.contiguous(), self.pl.round_tf32, self.cfg.fold)
+            wp = _pack_weight(weight, self.params, self.pack)
+        return self.run(x, wp, bias if bias is not None else wp, y, xp, ops)  # wp: dummy pointer without bias
 
     def run(self, x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
             xp: torch.Tensor | None = None, ops: tuple = ()):
-        """Launch onto ``y`` from ``x`` (or its copy ``xp``), the packed weight ``wp``, the bias (or any
-        tensor) ``b`` and the epilogue's operands ``ops`` (``_epilogue_operands``); returns the main
-        kernel's handle (None when no phase has taps)."""
+        """Launch onto ``y`` from ``x`` (or its copy ``xp``), the packed weight ``wp``, the bias (or any tensor)
+        ``b`` and the epilogue's ``ops``; returns the main kernel's handle (None when no phase has taps)."""
         if self.head is not None:
             return self.head.run(x, wp, b, y)
         params, cfg, dev = self.params, self.cfg, x.device
@@ -270,9 +257,8 @@ _scalars: dict[tuple, torch.Tensor] = memo("engines.triton.engine.scalars")
 
 
 def _epilogue_operands(epi: Epilogue | None, y: torch.Tensor) -> tuple:
-    """The GEMM kernels' (scalars, per-channel table, residual) of a program, the residual copied to the
-    output's strides where it has others (the kernels read it at the store's offsets); without a
-    program, ``y`` three times as pointers the kernels never read."""
+    """The GEMM kernels' (scalars, per-channel table, residual) of a program, the residual at the output's
+    strides (the kernels read it at the store's offsets); without one, ``y`` thrice as unread pointers."""
     if epi is None:
         return y, y, y
     key = (tuple(s.operand if s.form == SCALAR else 0.0 for s in epi.steps), y.device)
@@ -302,8 +288,8 @@ def _settled_key(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, params: 
 
 def steady_launcher(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, params: ConvT3dParams,
                     precision: str):
-    """(run, alive) for a settled signature, else None: ``run(x, weight, bias)`` is ``forward``'s
-    steady path without its lookup; ``alive()`` says whether the signature is still settled."""
+    """(run, alive) of a settled signature, else None: ``forward``'s steady path without its lookup, and
+    whether the signature is still settled."""
     st = _steady.get(_settled_key(x, weight, has_bias, params, precision))
     if st is None:
         return None
@@ -330,8 +316,7 @@ def _output(params: ConvT3dParams, pl: Plan, x: torch.Tensor) -> torch.Tensor:
 
 def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             precision: str, epilogue: Epilogue | None = None) -> Launch:
-    """Allocate the output; ``run(config)`` then prepares the operands and launches that config, so
-    that tuning times each config's operand preparation too (and ``epilogue``, fused)."""
+    """Allocate the output; ``run(config)`` prepares the operands and launches, so tuning times both."""
     pl = plan(params, x, weight, precision)
     y = _output(params, pl, x)
     if y.numel() == 0:
@@ -347,9 +332,8 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,
             precision: str, config: Config | None = None, epilogue: Epilogue | None = None) -> torch.Tensor:
-    """Transposed convolution of a validated 5-D input (``precision`` ignored for 16-bit inputs);
-    ``config`` forces a tile, else a signature's first CUDA call tunes and later calls replay it.
-    ``epilogue`` (a validated ``core.epilogue.Epilogue`` for the 5-D output) is applied before the store."""
+    """Transposed convolution of a validated 5-D input (``precision`` ignored for 16-bit); ``config`` forces a
+    tile, else a signature's first CUDA call tunes; ``epilogue`` (validated) is applied before the store."""
     bias = _kernel_bias(bias)
     epi = epilogue if epilogue else None  # an empty program is none
     key = _settled_key(x, weight, bias is not None, params, precision) + ((epi.signature,) if epi else ())

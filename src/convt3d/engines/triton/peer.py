@@ -44,8 +44,7 @@ class TritonEngine(LaunchedRepeats):
 
     @staticmethod
     def not_ready(call: Call) -> str | None:
-        """Why auto does not time it on ``call`` yet: its candidates are not compiled (first-call mode
-        "background"); ``make_ready`` compiles them off the call's path."""
+        """Why auto does not time it on ``call`` yet (``background.not_ready``); ``make_ready`` compiles them."""
         return background.not_ready(call)
 
     @staticmethod
@@ -68,8 +67,7 @@ class TritonEngine(LaunchedRepeats):
 
     def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         params, precision: str):
-        """``triton_engine.steady_launcher`` for ``steady.Repeat``; on CUDA ``run`` also persists
-        pending tuning results first, as ``_prime`` does for a repeat."""
+        """``triton_engine.steady_launcher``; on CUDA its ``run`` persists pending tuning results first."""
         launcher = triton_engine.steady_launcher(x, weight, bias is not None, params, precision)
         if launcher is None or x.device.type != "cuda":
             return launcher
@@ -83,8 +81,7 @@ class TritonEngine(LaunchedRepeats):
         return run, alive
 
     def _prime(self, call: Call) -> None:
-        """Before a signature's first call on CUDA, seed its tile choice from the disk cache or tune
-        it (``guarded``); on later calls, persist the tuning results earlier calls produced."""
+        """A signature's first CUDA call seeds its tile from the disk cache or tunes it; later calls persist results."""
         if call.device.type != "cuda":
             return
         key = None if call.repeat else (call.key, call.bias is not None)
@@ -96,18 +93,17 @@ class TritonEngine(LaunchedRepeats):
             prime_triton(device_name(call.device), tk, plan.configs)
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 return  # nothing is timed inside graph capture: triton_engine.forward runs the default
-            if distributed.active():
-                # Every rank takes rank 0's tile at its first sight of the signature, whatever it
-                # seeded from its own cache file (convt3d.dispatch.distributed).
+            if distributed.active() or tuned_config(tk) is None:
                 launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
-                distributed.agree_config(
-                    tk, lambda: tuned_config(tk) or triton_engine._choose(tk, launch.configs,
-                                                                                         guarded(launch.run)),
-                    launch.configs, tuner=triton_engine)
-            elif tuned_config(tk) is None:
-                launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
-                if launch.y.numel():
-                    triton_engine._choose(tk, launch.configs, guarded(launch.run))
+
+                def choose():
+                    return tuned_config(tk) or triton_engine._choose(tk, launch.configs, guarded(launch.run))
+
+                if distributed.active():
+                    # Every rank takes rank 0's tile at its first sight of the signature, whatever its own cache held.
+                    distributed.agree_config(tk, choose, launch.configs, tuner=triton_engine)
+                elif launch.y.numel():
+                    choose()
         elif has_pending():
             flush_triton()
 
@@ -117,8 +113,8 @@ class TritonEngine(LaunchedRepeats):
 
 
 def guarded(run: Callable[[triton_engine.Config], object]) -> Callable[[triton_engine.Config], object]:
-    """``run`` for the tuner, returning a candidate's failure (``CandidateFailure``) instead of raising
-    it, so that a tile this GPU cannot compile is left out rather than failing the call."""
+    """``run`` for the tuner: a candidate that raises (one this GPU cannot compile) returns a ``CandidateFailure``,
+    so that it is left out rather than failing the call."""
 
     def attempt(cfg):
         try:
@@ -130,8 +126,7 @@ def guarded(run: Callable[[triton_engine.Config], object]) -> Callable[[triton_e
 
 
 class HybridEngine(Engine):
-    """Training steps only: PyTorch's forward, recorded with convt3d's backward, for layers where
-    cuDNN's forward is as fast as ours but its dX is many times slower than our Triton dX."""
+    """Training steps only: PyTorch's forward with convt3d's backward, where cuDNN's dX is many times slower."""
 
     name = HYBRID
     _autograd_engine = "torch"
@@ -143,8 +138,7 @@ class HybridEngine(Engine):
 
     @staticmethod
     def not_ready(call: Call) -> str | None:
-        """Timed with the Triton engine, once that one's candidates are compiled: its backward's
-        candidates compile at that measurement."""
+        """Timed once the Triton engine's candidates are compiled (its backward's compile at that measurement)."""
         if triton_engine.unsupported_reason(call.x, call.params) is not None:
             return None
         why = background.not_ready(call)

@@ -20,29 +20,24 @@ _pending: dict = memo("engines.triton.persist.pending")
 
 
 def prime_triton(gpu: str, key, candidates) -> None:
-    """Before the first call of a tune key: seed a persisted config (skipping its tuning),
-    or remember the key so that :func:`flush_triton` persists the result of its tuning."""
+    """Before the first call of a tune key: seed a persisted config, or let :func:`flush_triton` persist its tuning."""
     if key in _seen:
         return
     _seen.add(key)
-    if tuned_config(key) is not None:
-        _pending[key] = gpu  # tuned earlier in this process: persist it too
-        _flush_at_exit()
-        return
-    entry = store_for(gpu).get("triton_configs", tune_key_text(key))
-    cfg = config_from_dict(entry.get("config"), candidates) if entry else None
-    if cfg is not None:
-        timings = entry.get("timings_ms")
-        triton_engine.seed_tuning(key, cfg, timings if isinstance(timings, dict) else None)
-        return
+    if tuned_config(key) is None:  # else tuned earlier in this process: persist it too
+        entry = store_for(gpu).get("triton_configs", tune_key_text(key))
+        cfg = config_from_dict(entry.get("config"), candidates) if entry else None
+        if cfg is not None:
+            timings = entry.get("timings_ms")
+            triton_engine.seed_tuning(key, cfg, timings if isinstance(timings, dict) else None)
+            return
     _pending[key] = gpu
     _flush_at_exit()
 
 
 @functools.cache
 def _flush_at_exit() -> None:
-    """Flush at exit, registered on first use (not at import): the last signature's tuning result
-    would otherwise wait for a next call that never comes."""
+    """Flush at exit (registered on first use): the last signature's result would wait for a call that never comes."""
     atexit.register(_flush_quietly)
 
 
@@ -57,8 +52,7 @@ def has_pending() -> bool:
 
 
 def flush_triton() -> int:
-    """Persist the tuning results of pending keys that have been tuned since; returns how many.
-    Results that were not timed (one candidate, CONVT3D_AUTOTUNE=0) are not persisted."""
+    """Persist pending keys' timed results (not one candidate's, nor CONVT3D_AUTOTUNE=0's); returns how many."""
     done = [k for k in _pending if tuned_config(k) is not None]
     if not done:
         return 0

@@ -1,24 +1,17 @@
-"""Tile candidates compiled in parallel before the tuner times them.
-
-A signature's first call times every candidate, and compiling them one after another in this
-process is most of what that call costs: Triton's compiler holds the GIL, so threads do not help.
-Instead the candidates' launches are first run dry (Triton's ``jit_cache_hook`` records each
-kernel's specialisation and skips it), worker processes compile those specialisations into
-Triton's on-disk cache side by side, and the timed runs then load them from it. Nothing is decided
-here: a specialisation a worker cannot compile is compiled by the timed run as before, and a
-failure there is the tuner's to report. ``CONVT3D_COMPILE_WORKERS`` sets the number of workers
-(0: compile in this process only).
-"""
+"""Tile candidates compiled in parallel before the tuner times them: compiling is most of a first call's cost
+and Triton's compiler holds the GIL, so the launches run dry (``jit_cache_hook`` records each specialisation),
+worker processes compile those into Triton's on-disk cache, and the timed runs load them (or compile, and
+report, what a worker could not). ``CONVT3D_COMPILE_WORKERS`` sets the number of workers (0: none)."""
 from __future__ import annotations
 
 import atexit
+import collections
+import contextlib
 import os
 import pickle
-import queue
 import subprocess
 import sys
 import threading
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -28,8 +21,7 @@ from ...core.memo import memo
 from .compile_worker import read_message, write_message
 from .warm_up import installation_key, start_warm_up
 
-__all__ = ["available", "compile_all", "compile_candidates", "dry_jobs", "start_workers", "target",
-           "worker_count"]
+__all__ = ["available", "compile_all", "compile_candidates", "dry_jobs", "start_workers", "target", "worker_count"]
 
 _WORKER = Path(__file__).with_name("compile_worker.py")
 _lock = threading.Lock()
@@ -52,8 +44,7 @@ def worker_count() -> int:
 
 
 def start_workers() -> list[subprocess.Popen]:
-    """Start the workers once per process (they import Triton while this process goes on); a worker
-    exits when this process closes its pipe."""
+    """Start the workers once per process (they import Triton meanwhile); each exits when its pipe closes."""
     with _lock:
         count = 0 if _workers else worker_count()
         if count:
@@ -70,16 +61,13 @@ def start_workers() -> list[subprocess.Popen]:
 
 def _stop() -> None:
     for w in _workers:
-        try:
+        with contextlib.suppress(OSError):
             w.stdin.close()
-        except OSError:
-            pass
 
 
-@contextmanager
+@contextlib.contextmanager
 def _dry_launches():
-    """Within the block, a Triton launch of this thread that would compile records (module, name,
-    specialisation) and returns without compiling or launching."""
+    """Within the block, a launch of this thread that would compile records (module, name, specialisation) instead."""
     seen: list[tuple[str, str, str]] = []
     hooks = triton.knobs.runtime
     previous = hooks.jit_cache_hook
@@ -103,24 +91,21 @@ _serving = threading.Lock()
 
 
 def compile_all(jobs: Iterable[tuple[str, str, str]], target, key: str | None = None) -> dict[tuple, str | None]:
-    """Compile each (module, kernel name, specialisation) for ``target`` on the workers, which take
-    ``key`` as Triton's installation hash (None: they compute it); returns each job's error text
-    (None: compiled, or found in Triton's cache)."""
+    """Compile each (module, kernel name, specialisation) for ``target`` on the workers, with ``key`` as Triton's
+    installation hash (None: they compute it); returns each job's error text (None: compiled or cached)."""
     jobs = list(dict.fromkeys(jobs))
     workers = start_workers()
     results: dict[tuple, str | None] = {}
     if not jobs or not workers:
         return results
-    todo: queue.Queue = queue.Queue()
-    for job in jobs:
-        todo.put(job)
+    todo = collections.deque(jobs)  # popleft is thread-safe
     target = (target.backend, target.arch, target.warp_size)
 
     def serve(w: subprocess.Popen) -> None:
         while True:
             try:
-                job = todo.get_nowait()
-            except queue.Empty:
+                job = todo.popleft()
+            except IndexError:
                 return
             try:
                 write_message(w.stdin, job + (target, key))
@@ -144,16 +129,13 @@ def available() -> bool:
 
 
 def dry_jobs(configs: Iterable, run: Callable[[object], object]) -> list[tuple[str, str, str]]:
-    """The (module, kernel name, specialisation) of each kernel that running each config would
-    compile, from ``run(config)`` run dry here; the workers and the hash start meanwhile."""
+    """The (module, kernel name, specialisation) of each kernel that ``run(config)`` would compile, run dry."""
     start_workers()  # before the dry runs: the workers import Triton meanwhile
     start_warm_up()  # and the installation's hash is found or computed meanwhile
     with _dry_launches() as jobs:
         for cfg in configs:
-            try:
+            with contextlib.suppress(Exception):  # the timed run meets the same error and reports it
                 run(cfg)
-            except Exception:  # noqa: BLE001 -- the timed run meets the same error and reports it
-                pass
     return jobs
 
 

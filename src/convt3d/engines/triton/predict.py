@@ -1,10 +1,10 @@
-"""Predicted, then confirmed: the tuner times a shortlist (``pick`` of ``rank``) instead of every candidate,
-ranked by the tuning table of the GPU's architecture (``tables/sm<major><minor>.json``, from
-``tools/tuning_table.py --merge``). Opt-in (``CONVT3D_TUNE=predicted``), as its choice is slower than the
-exhaustive tuner's on the suites' layers."""
+"""Predicted, then confirmed: the tuner times a shortlist (``pick`` of ``rank``), ranked by the GPU architecture's
+tuning table (``tables/sm<major><minor>.json``, from ``tools/tuning_table.py --merge``). Opt-in
+(``CONVT3D_TUNE=predicted``): its choice is slower than the exhaustive tuner's on the suites' layers."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import os
@@ -46,7 +46,8 @@ def label(cfg, k_range: tuple[int, int] = (0, 0)) -> str:
         return s + (" halfK" if _field(cfg, "BLOCK_K") < k_range[1] else "")
     s = f"{'dot' if _field(cfg, 'use_dot') else 'fma'} M{_field(cfg, 'BLOCK_M')} s{_field(cfg, 'num_stages')}"
     s += "".join(f" {name}" for name in ("tma", "flat", "gluon") if _field(cfg, name))
-    return s + (" fold" if _field(cfg, "fold", 1) > 1 else "") + (" wideK" if _field(cfg, "BLOCK_K") > k_range[0] else "")
+    s += " fold" if _field(cfg, "fold", 1) > 1 else ""
+    return s + (" wideK" if _field(cfg, "BLOCK_K") > k_range[0] else "")
 
 
 def labels(configs) -> list[str]:
@@ -79,8 +80,7 @@ def params_of(row: dict) -> ConvT3dParams:
 
 
 def charged_ms(candidate: dict) -> float:
-    """A recorded candidate's cost as the tuner charges it (configs.host_charged): the slower of its GPU
-    median and its host time."""
+    """A recorded candidate's cost as the tuner charges it (configs.host_charged): max of GPU median and host time."""
     return max(candidate["ms"], candidate.get("host_ms") or 0.0)
 
 
@@ -111,17 +111,10 @@ def rank(configs, params: ConvT3dParams, dtype: torch.dtype, precision: str, cha
                    + (0.0 if row["dtype"] == dname else OTHER_DTYPE), i) for i, row in enumerate(table))
     score = {}
     for name in dict.fromkeys(names):
-        num = den = 0.0
-        seen = 0
-        for d, i in near:
-            cost = table[i]["costs"].get(name)
-            if cost is None:
-                continue
-            w = 1.0 / (0.3 + d)
-            num, den, seen = num + w * cost, den + w, seen + 1
-            if seen == NEIGHBOURS:
-                break
-        score[name] = num / den if den else math.inf
+        costs = ((1.0 / (0.3 + d), table[i]["costs"].get(name)) for d, i in near)
+        seen = list(itertools.islice(((w, c) for w, c in costs if c is not None), NEIGHBOURS))
+        den = sum(w for w, _ in seen)
+        score[name] = sum(w * c for w, c in seen) / den if den else math.inf
     return sorted(range(len(configs)), key=lambda i: (score[names[i]], i))
 
 
@@ -141,8 +134,7 @@ def _warn_unknown_mode(mode: str) -> None:
 
 def shortlist(configs: tuple, params: ConvT3dParams, dtype: torch.dtype, precision: str, channels_last: bool,
               device: torch.device) -> tuple:
-    """The candidates a first call compiles and times: ``pick`` of the ranking with
-    ``CONVT3D_TUNE=predicted`` and a table for this GPU, otherwise all of them."""
+    """The candidates a first call times: ``pick`` of ``rank`` with CONVT3D_TUNE=predicted and a table, else all."""
     if len(configs) <= SHORTLIST or tune_mode() != "predicted":
         return configs
     table = table_for(arch_of(device)) if device.type == "cuda" else None

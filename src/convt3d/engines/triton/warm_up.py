@@ -1,14 +1,10 @@
-"""Triton's once-per-process setup: the hash of its installation, which every compile and every load
-of a cached kernel needs before it can look in Triton's cache.
-
-Triton computes that hash by reading its whole compiler library, a cost each new process pays again.
-convt3d keeps it in its cache folder beside a stamp of the installation (version, and each source
-and library file's size and modification time) and, while the stamp holds, hands it to Triton
-instead; a changed installation changes the stamp and the hash is computed afresh. The compile
-workers get the same hash. ``convt3d.patch`` starts this in a daemon thread, off the first call's path.
-"""
+"""Triton's installation hash, which every compile and cached-kernel load needs: Triton computes it by reading
+its whole compiler library in each process, so convt3d keeps it in its cache folder beside a stamp of the
+installation (version, each file's size and modification time) and hands it to Triton (and the compile
+workers) while the stamp holds. ``convt3d.patch`` starts this in a daemon thread, off the first call's path."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -65,10 +61,8 @@ def _saved(path: Path, stamp: str) -> str | None:
 
 
 def installation_key(compute: bool = True) -> str | None:
-    """Triton's installation hash, from convt3d's cache where its stamp holds, else (``compute``)
-    computed and kept; from then on this process's Triton uses it instead of hashing again. None
-    under the interpreter, where this Triton computes no such hash, or where none is kept and
-    ``compute`` is false."""
+    """Triton's installation hash, kept where its stamp holds, else (``compute``) computed and kept; this
+    process's Triton uses it from then on. None under the interpreter, or where none is kept and not ``compute``."""
     global _key
     with _lock:
         original = getattr(triton_cache, "triton_key", None)
@@ -83,22 +77,19 @@ def installation_key(compute: bool = True) -> str | None:
             key = original()
             if not isinstance(key, str) or not key:
                 return None  # not a hash this module knows how to keep
-            try:
+            with contextlib.suppress(OSError):  # a read-only cache folder: the next process computes it again
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.tmp")
                 tmp.write_text(f"{stamp}\n{key}", encoding="utf-8")
                 os.replace(tmp, path)
-            except OSError:
-                pass  # a read-only cache folder: the next process computes it again
         use_installation_key(key)
         _key = key
         return key
 
 
 def start_warm_up() -> None:
-    """Hand Triton its kept installation hash now; where none is kept, compute it in a daemon thread,
-    once (CUDA and compiled Triton only). The hashing releases the GIL, and the thread imports
-    nothing (a fork inherits no held import lock)."""
+    """Hand Triton its kept installation hash now, else compute it once in a daemon thread (CUDA and compiled
+    Triton only): the hashing releases the GIL, and the thread imports nothing (a fork inherits no held lock)."""
     global _warm_up_started
     if _warm_up_started or triton.knobs.runtime.interpret or not torch.cuda.is_available():
         return
@@ -107,9 +98,7 @@ def start_warm_up() -> None:
         return
 
     def work() -> None:
-        try:
+        with contextlib.suppress(Exception):  # the first launch computes it again and reports any error
             installation_key()
-        except Exception:  # noqa: BLE001 -- the first launch computes it again and reports any error
-            pass
 
     threading.Thread(target=work, name="convt3d-triton-warm-up", daemon=True).start()
