@@ -32,7 +32,6 @@ TABLE_ARCH = "sm90"  # the predictor's table that ranks the candidates: the GPUs
 # The stages a file carries (a plain function computes with PyTorch).
 SUPPORTED_STAGES = (level2.Conv, level2.DepthMeanConv, level2.PooledConv, level2.Pool, level2.Reduce,
                     level2.SubtractMean, level2.Norm)
-_GENERATED_DEFINES = export._GENERATED_DEFINES + ("INIT_INPUTS", "_programs", "_program", "_expect", "_Norm")
 _finish_programs = finish._finish_programs
 
 
@@ -446,15 +445,12 @@ def _render_lines(problem: level2.Problem, small: bool, count: int) -> list[list
         configs[-1] = next(c for c in ranked if EXACT_GRADE in c[1])
     rest = (export._gen(export._CHOOSER.format(rule="=" * 20, ops=", *ops") + "\n") + _precision()
             + export._gen(_SUPPORT.format(rule="=" * 20) + _model_new(p, train, evaluation)))
-    return export.assemble(ROOTS, call, configs, _header(problem, configs, small), rest, _GENERATED_DEFINES, code,
+    return export.assemble(ROOTS, call, configs, _header(problem, configs, small), rest, code,
                            [(ROOTS[-1], k) for k in sorted(train.kernels | evaluation.kernels)])
 
 
 def render(problem: level2.Problem, small: bool = False) -> str:
     """The file of one problem (``small``: at its reduced size), its first form within MAX_LINES (with fewer
     candidates where none fits), or ExportError."""
-    for count in range(predict.SHORTLIST + 1, 0, -1):
-        lines = export.first_fit(_render_lines(problem, small, count))
-        if export._line_count(lines) <= export.MAX_LINES:
-            break
-    return export.checked_text(problem.file_name, lines)
+    return export.checked_text(problem.file_name, (form for count in range(predict.SHORTLIST + 1, 0, -1)
+                                                   for form in _render_lines(problem, small, count)))
