@@ -338,22 +338,6 @@ def counts(results: list, *verdicts: str) -> dict:
             "errors": sum(r.error is not None for r in results)}
 
 
-def print_summary(console, s: dict, flags: dict, note: str, over: dict[str, str], rule: str = "",
-                  more: tuple[str, ...] = ()) -> None:
-    """KernelBench's verdict (``rule`` after its tolerance), the speedups ``over`` (key: what over), ``more``
-    lines where problems were checked, then ``note``."""
-    if s["checked"]:
-        console.print(f"KernelBench's verdict ({flags_text(flags)}): {s['correct']}/{s['checked']} correct "
-                      f"(allclose to the reference at atol=rtol={TOLERANCE:g} on every trial{rule})")
-    for key, what in over.items():
-        if math.isfinite(s[f"geomean_{key}"]):
-            console.print(f"speedup over {what}: geometric mean {s[f'geomean_{key}']:.2f}x, lowest "
-                          f"{s[f'min_{key}']:.2f}x (problem {s[f'min_{key}_problem']})")
-    for line in more if s["checked"] else ():
-        console.print(line)
-    console.print(f"note: {note}")
-
-
 def verdict_text(r: Result) -> str:
     n = len(r.trials)
     return (f"{'correct' if r.correct else 'incorrect'} {r.passed('passes')}/{n} (max abs diff {r.max_abs_diff:.2e})"
@@ -474,9 +458,21 @@ def run_all(m: Machine, rows: list[tuple], fn, console, line, failed) -> tuple[d
 
 
 def conclude(args: argparse.Namespace, argv: list[str] | None, console, m: Machine, env: dict, flags: dict,
-             results: list, s: dict, schema: str, note: str, **tolerances) -> int:
-    """Writes ``--json`` if given; the exit status: 1 where a problem raised, failed KernelBench's verdict
-    or built other parameters than its reference, else 0."""
+             results: list, s: dict, schema: str, note: str, over: dict[str, str], rule: str = "",
+             more: tuple[str, ...] = (), **tolerances) -> int:
+    """Prints KernelBench's verdict (``rule`` after its tolerance), the speedups ``over`` (key: what over), ``more``
+    lines where problems were checked and ``note``; writes ``--json`` if given. The exit status: 1 where a problem
+    raised, failed KernelBench's verdict or built other parameters than its reference, else 0."""
+    if s["checked"]:
+        console.print(f"KernelBench's verdict ({flags_text(flags)}): {s['correct']}/{s['checked']} correct "
+                      f"(allclose to the reference at atol=rtol={TOLERANCE:g} on every trial{rule})")
+    for key, what in over.items():
+        if math.isfinite(s[f"geomean_{key}"]):
+            console.print(f"speedup over {what}: geometric mean {s[f'geomean_{key}']:.2f}x, lowest "
+                          f"{s[f'min_{key}']:.2f}x (problem {s[f'min_{key}_problem']})")
+    for line in more if s["checked"] else ():
+        console.print(line)
+    console.print(f"note: {note}")
     if args.json is not None:
         report.write_json(args.json, {
             "schema": schema, "kind": "timing" if m.gpu else "cpu-check",
@@ -525,7 +521,7 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     # the speedups over the seven Triton files; the CUDA entry is its own row
     s = {**counts(results, "correct", "correct_fp64", "ref_passes_fp64"),
          **speedups([r for r in results if not r.file.endswith("_cuda.py")])}
-    print_summary(console, s, flags, NOTE, {"speedup": "the reference, Triton files"}, more=(
-        f"against float64: {s['correct_fp64']}/{s['checked']} files pass; the reference itself passes "
-        f"on {s['ref_passes_fp64']} of {s['checked']}.",))
-    return conclude(args, argv, console, m, env, flags, results, s, "convt3d-kernelbench/3", NOTE)
+    return conclude(args, argv, console, m, env, flags, results, s, "convt3d-kernelbench/3", NOTE,
+                    {"speedup": "the reference, Triton files"}, more=(
+                        f"against float64: {s['correct_fp64']}/{s['checked']} files pass; the reference itself "
+                        f"passes on {s['ref_passes_fp64']} of {s['checked']}.",))

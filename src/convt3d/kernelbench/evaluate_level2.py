@@ -14,8 +14,8 @@ from ..bench import report
 from ..core.flags import cudnn_conv_tf32
 from . import level2
 from .evaluate import (DISCARD_FIRST, SAME_PARAMS, SEED, Machine, Result, Stats, close, conclude, counts, fmt,
-                       machine, max_abs, parameters_identical, print_results, print_summary, run_all, run_trial,
-                       run_trials, select, set_seed, speedups, time_with_cuda_events, verdict_cell, verdict_text)
+                       machine, max_abs, parameters_identical, print_results, run_all, run_trial, run_trials,
+                       select, set_seed, speedups, time_with_cuda_events, verdict_cell, verdict_text)
 
 __all__ = ["TOLERANCE_L2", "Trial2", "Result2", "build_level2", "check_trial2", "evaluate_level2", "main_level2"]
 
@@ -149,8 +149,7 @@ def main_level2(args, argv: list[str] | None) -> int:
     columns = ["problem", "ops after ConvTranspose3d", "correct (KernelBench)", "max abs diff", "exact-fp32 ref",
                "ref ms", "new ms", "speedup", "compiled ms", "vs compile", "same params"]
     print_results(console, "level 2 ConvTranspose3d problems", env, flags, columns, results, _cells, left=2)
-    print_summary(console, s, flags, NOTE_L2, {"speedup": "the eager reference", "speedup_compiled":
-                  "torch.compile(convt3d.patch(reference))"},
-                  f"; {TOLERANCE_L2:g} where PyTorch's own exact-fp32 output fails that check")
     return conclude(args, argv, console, m, env, flags, results, s, "convt3d-kernelbench-level2/1", NOTE_L2,
+                    {"speedup": "the eager reference", "speedup_compiled": "torch.compile(convt3d.patch(reference))"},
+                    f"; {TOLERANCE_L2:g} where PyTorch's own exact-fp32 output fails that check",
                     tolerance_where_exact_reference_fails=TOLERANCE_L2)
