@@ -418,12 +418,13 @@ class Machine:
     start: float = field(default_factory=time.perf_counter)
 
 
-def machine(args: argparse.Namespace, console, checking: str, interpreted: str, sep: str = "\n") -> Machine:
-    """This machine; without CUDA it says what is checked instead: ``checking``, and through the
+def machine(args: argparse.Namespace, checking: str, interpreted: str, sep: str = "\n") -> tuple[object, Machine]:
+    """The console and this machine; without CUDA it says what is checked instead: ``checking``, and through the
     interpreter the trials ``interpreted``."""
+    console = report.make_console()
     if torch.cuda.is_available():
-        return Machine(True, torch.device("cuda", torch.cuda.current_device()), args.precision, False,
-                       args.correct_trials or CORRECT_TRIALS)
+        return console, Machine(True, torch.device("cuda", torch.cuda.current_device()), args.precision, False,
+                                args.correct_trials or CORRECT_TRIALS)
     import triton
 
     m = Machine(False, torch.device("cpu"), "tf32x3", bool(triton.knobs.runtime.interpret), args.correct_trials or 1)
@@ -432,7 +433,7 @@ def machine(args: argparse.Namespace, console, checking: str, interpreted: str, 
                       f", and running {m.correct_trials} correctness trial(s) per problem through Triton's "
                       f"interpreter {interpreted}." if m.interpret else
                       "; set TRITON_INTERPRET=1 to also check correctness through Triton's interpreter."))
-    return m
+    return console, m
 
 
 def entries(problems: list[Problem]) -> list[tuple[Problem, str]]:
@@ -497,10 +498,9 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     if (problems := select(parse_ids, args.problems)) is None:
         return 2
     directory = args.dir if args.dir is not None else default_out_dir()
-    console = report.make_console()
-    m = machine(args, console, "every file imports and constructs with the reference's parameters",
-                "on the problem at a reduced size (export.reduced: the file exported for it), with TF32 off "
-                "(PyTorch's CPU reference never uses TF32)")
+    console, m = machine(args, "every file imports and constructs with the reference's parameters",
+                         "on the problem at a reduced size (export.reduced: the file exported for it), with TF32 "
+                         "off (PyTorch's CPU reference never uses TF32)")
 
     def run(p: Problem, name: str) -> Result:
         if m.gpu:

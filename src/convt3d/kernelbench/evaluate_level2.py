@@ -10,7 +10,6 @@ import torch
 
 import convt3d
 
-from ..bench import report
 from ..core.flags import cudnn_conv_tf32
 from . import level2
 from .evaluate import (DISCARD_FIRST, SAME_PARAMS, SEED, Machine, Result, Stats, close, conclude, counts, fmt,
@@ -140,8 +139,7 @@ def main_level2(args, argv: list[str] | None) -> int:
     """``convt3d kernelbench --level 2`` with ``evaluate``'s parsed options."""
     if (problems := select(level2.parse_ids, args.problems)) is None:
         return 2
-    console = report.make_console()
-    m = machine(args, console, "every ModelNew builds the reference's parameters", "at a reduced size", sep=" ")
+    console, m = machine(args, "every ModelNew builds the reference's parameters", "at a reduced size", sep=" ")
     flags, results, env = run_all(m, [(p, p.file_name) for p in problems], lambda p, _: evaluate_level2(
         p, m, console, args.trials, args.warmup), console, row_line2, lambda p, name, tb: Result2(
         p.id, name, [list(s) for s in p.input_shapes], error=tb))

@@ -306,9 +306,8 @@ def _header(problem: Problem, configs, small: bool) -> list[Line]:
     best = min(c.median_ms for c in problem.candidates)
     notes = []
     for (cfg, runs), cand in zip(configs, problem.candidates):
-        why = "the tuner's choice" if cand.median_ms == best else f"{100 * (cand.median_ms / best - 1):.0f}% behind it"
-        if small:
-            why = "the problem's first candidate the interpreter runs"
+        why = "the problem's first candidate the interpreter runs" if small else "the tuner's choice" \
+            if cand.median_ms == best else f"{100 * (cand.median_ms / best - 1):.0f}% behind it"
         if cfg.gluon:
             why += "; Gluon box GEMM, sm_90 and TF32 only"
         elif problem.cudnn_uses_tf32 and EXACT_GRADE not in runs:
@@ -374,14 +373,9 @@ def checked_text(file_name: str, forms) -> str:
     text = "\n".join(line.text for line in lines)
     violations = static_check.check(text)
     if violations:
-        report = []
-        for v in violations:
-            if v.line:
-                origin = lines[v.line - 1]
-                report.append(f"  {origin.origin}: {v.category}/{v.rule} matches {v.text!r} in\n"
-                              f"      {origin.text.strip()}")
-            else:
-                report.append(f"  {file_name}: {v.category}/{v.rule}: no match for {v.text!r}")
+        report = [f"  {lines[v.line - 1].origin}: {v.category}/{v.rule} matches {v.text!r} in\n"
+                  f"      {lines[v.line - 1].text.strip()}" if v.line else
+                  f"  {file_name}: {v.category}/{v.rule}: no match for {v.text!r}" for v in violations]
         raise ExportError(
             f"{file_name} would break KernelBench's static rules (its checker cuts '#' comments and then "
             "matches the text anywhere, docstrings and strings included). The exporter copies the package source "
@@ -402,7 +396,5 @@ def render(problem: Problem, small: bool = False) -> str:
 def default_out_dir() -> Path:
     """The checkout's ``kernelbench/`` (src layout: two levels above the package), else ./kernelbench."""
     package = Path(__file__).resolve().parents[1]
-    root = package.parents[1]
-    if package.parent.name == "src" and (root / "pyproject.toml").is_file():
-        return root / "kernelbench"
-    return Path.cwd() / "kernelbench"
+    checkout = package.parent.name == "src" and (package.parents[1] / "pyproject.toml").is_file()
+    return (package.parents[1] if checkout else Path.cwd()) / "kernelbench"

@@ -76,13 +76,11 @@ class _Tracer:
         y = self.inputs[problem.inputs[0]]
         with contextlib.ExitStack() as patched:
             patched.callback(_keyed.clear)
-            patched.enter_context(mock.patch.object(level2, "_convt", self._conv))
-            patched.enter_context(mock.patch.object(finish, "_finish_programs", self._programs))
-            patched.enter_context(mock.patch.object(finish, "FK", self))
-            patched.enter_context(mock.patch.object(finish, "_ones", self._ones))
             # PooledConv's weight: zero-padded by a copy, average-pooled by the finishing kernel
-            patched.enter_context(mock.patch.object(level2, "F", types.SimpleNamespace(
+            patched.enter_context(mock.patch.multiple(level2, _convt=self._conv, F=types.SimpleNamespace(
                 pad=self._pad, avg_pool3d=lambda t, size: finish.pool(t, "avg", size))))
+            patched.enter_context(mock.patch.multiple(finish, _finish_programs=self._programs, FK=self,
+                                                      _ones=lambda n, device: self._new(n, "ones")))
             for k, self.stage in enumerate(problem.pipeline):
                 self.events = []
                 y = self.stage(self.model, y, self.inputs)
@@ -103,20 +101,16 @@ class _Tracer:
         if why is not None or self.conv is not None:
             raise ExportError(f"problem {self.problem.id}: {why or 'a second transposed convolution'}")
         self.conv = (call, epi.code)
-        out = torch.empty(params.out_shape, device="meta")
-        self.events.append(("conv", x, weight, bias, self.stage.steps, epi, out))
-        return out
+        return self._new(params.out_shape, "conv", x, weight, bias, self.stage.steps, epi)
 
     def _pad(self, w, pads):
-        shape = [*w.shape[:2], *(n + pads[4 - 2 * i] + pads[5 - 2 * i] for i, n in enumerate(w.shape[2:]))]
-        out = torch.empty(shape, device="meta")
-        self.events.append(("pad", w, pads, out))
-        return out
+        return self._new([*w.shape[:2], *(n + pads[4 - 2 * i] + pads[5 - 2 * i] for i, n in enumerate(w.shape[2:]))],
+                         "pad", w, pads)
 
-    def _ones(self, n, device):
-        """finish._ones: a vector the file fills with ones."""
-        out = torch.empty(n, device="meta")
-        self.events.append(("ones", out))
+    def _new(self, shape, *event) -> torch.Tensor:
+        """A meta tensor of ``shape``, recorded as the last item of ``event`` (finish._ones: a vector of ones)."""
+        out = torch.empty(shape, device="meta")
+        self.events.append((*event, out))
         return out
 
     def _programs(self, y, pre, post, out_shape, post_channels, name):

@@ -382,11 +382,8 @@ PROBLEMS: tuple[Problem, ...] = (
             (Conv(("clamp_min", "min_value"), ("div", "divisor")),)),
 )
 
-_BY_ID = {p.id: p for p in PROBLEMS}
-
-
 def by_id(problem_id: int) -> Problem:
-    return find(_BY_ID, problem_id, "level-2 ")
+    return find(PROBLEMS, problem_id, "level-2 ")
 
 
 def parse_ids(text: str | None) -> list[Problem]:
