@@ -309,8 +309,7 @@ def _entry(r: Result) -> str:
 
 def print_results(console, what: str, env: dict, flags: dict, columns: list[str], results: list, cells,
                   left: int) -> None:
-    """A row of ``cells(r)`` per result, the first ``left`` columns left-aligned; a result that raised
-    shows its error from column ``left`` on."""
+    """A row of ``cells(r)`` per result, the first ``left`` columns left-aligned, an error from column ``left`` on."""
     rows = []
     for r in results:
         row = cells(r)

@@ -68,11 +68,9 @@ def file_configs(problem: Problem, check_offered: bool = True) -> list[tuple[obj
             cfg = Config(**cand.config)
         except TypeError as e:
             raise ExportError(f"problem {problem.id}: candidate {cand.config} is no Config any more ({e})") from None
-        if check_offered:
-            runs = tuple(p for p in _precisions(problem)
-                         if cfg in candidate_configs(params, torch.float32, p, False, flat=True, gluon=True))
-        else:
-            runs = tuple(p for p in _precisions(problem) if p == "tf32" or not cfg.gluon)
+        runs = tuple(p for p in _precisions(problem) if (
+            cfg in candidate_configs(params, torch.float32, p, False, flat=True, gluon=True) if check_offered
+            else p == "tf32" or not cfg.gluon))
         if not runs:
             raise ExportError(f"problem {problem.id}: the engine offers candidate {cfg.short()!r} at none of "
                               f"{_precisions(problem)}; update Problem.candidates in convt3d/kernelbench/problems.py")

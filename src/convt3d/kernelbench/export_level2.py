@@ -428,8 +428,7 @@ def _header(problem: level2.Problem, configs, small: bool) -> list:
 
 
 def _render_lines(problem: level2.Problem, small: bool, count: int) -> list[list]:
-    """The file's lines with its first ``count`` candidates and the package source verbatim, then without
-    its docstrings."""
+    """The file's forms (package source verbatim, then without docstrings) with its first ``count`` candidates."""
     p = problem.reduced() if small else problem
     train, evaluation = _Tracer(p, True), _Tracer(p, False)
     call, code = train.conv
@@ -444,7 +443,6 @@ def _render_lines(problem: level2.Problem, small: bool, count: int) -> list[list
 
 
 def render(problem: level2.Problem, small: bool = False) -> str:
-    """The file of one problem (``small``: at its reduced size), its first form within MAX_LINES (with fewer
-    candidates where none fits), or ExportError."""
+    """The file (``small``: at the reduced size) in its first form within MAX_LINES, fewer candidates if need be."""
     return export.checked_text(problem.file_name, (form for count in range(predict.SHORTLIST + 1, 0, -1)
                                                    for form in _render_lines(problem, small, count)))
