@@ -418,8 +418,7 @@ class Machine:
 
 
 def machine(args: argparse.Namespace, checking: str, interpreted: str, sep: str = "\n") -> tuple[object, Machine]:
-    """The console and this machine; without CUDA it says what is checked instead: ``checking``, and through the
-    interpreter the trials ``interpreted``."""
+    """The console and this machine, saying without CUDA what is checked instead (``checking``, ``interpreted``)."""
     console = report.make_console()
     if torch.cuda.is_available():
         return console, Machine(True, torch.device("cuda", torch.cuda.current_device()), args.precision, False,

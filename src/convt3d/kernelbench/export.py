@@ -323,10 +323,9 @@ def _header(problem: Problem, configs, small: bool) -> list[Line]:
 
 def assemble(roots: tuple[str, ...], call, configs, header: list[Line], rest: list[Line], epi_code: int = 0,
              kernels=()) -> list[list[Line]]:
-    """A file's lines, with the package source verbatim and then without docstrings: ``header``, the imports
-    (after ``from __future__ import annotations``: annotations name classes not carried), what the launches and
-    ``kernels`` (module, name) reach, the launcher, ``rest``; the generated code and the source it reaches must
-    not define one name."""
+    """A file's lines, the package source verbatim and then without docstrings: ``header``, the imports (after
+    ``from __future__ import annotations``: annotations name classes not carried), what the launches and ``kernels``
+    (module, name) reach, the launcher, ``rest``; generated code and package source define no name twice."""
     shaker = PythonShaker(roots, _read, _is_module)
     launcher, launched = launcher_source(call, configs, shaker, epi_code)
     shaker.dead = {name for name in OPTIONAL_CONSTEXPRS if f"{name}=" not in launcher}
