@@ -20,19 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     return evaluate.main(argv, args)
 
 
-def export_parser() -> argparse.ArgumentParser:
+def export_main(argv: list[str] | None = None) -> int:
+    """``convt3d export-kernelbench``."""
     p = argparse.ArgumentParser(prog="convt3d export-kernelbench", description=export.__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=None, help="directory of the files (default: the checkout's kernelbench/)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file differs from a fresh export")
     p.add_argument("--level", choices=("1", "2", "all"), default="1",
                    help="level 1's files (default), level 2's (in the directory's level2/) or both")
-    return p
-
-
-def export_main(argv: list[str] | None = None) -> int:
-    """``convt3d export-kernelbench``."""
-    args = export_parser().parse_args(argv)
+    args = p.parse_args(argv)
     out = args.out if args.out is not None else export.default_out_dir()
     try:
         files = {p.file_name: export.render(p) for p in export.PROBLEMS} if args.level in ("1", "all") else {}

@@ -1,10 +1,8 @@
 """``convt3d kernelbench``: evaluate the ``ModelNew`` files the way KernelBench does.
 
-Trials and timings follow KernelBench's ``eval_kernel_against_ref`` (``--level 2``: ``evaluate_level2``);
-without CUDA the files are imported, constructed and, with ``TRITON_INTERPRET=1``, checked at a reduced
-size. Exit status: 0 when every file loaded, matched the reference's parameters and passed every trial;
-1 otherwise; 2 for an unknown problem.
-"""
+Trials and timings follow KernelBench's ``eval_kernel_against_ref``; without CUDA the files are imported,
+constructed and, with ``TRITON_INTERPRET=1``, checked at a reduced size. Exit status: 0 when every file
+loaded, matched the reference's parameters and passed every trial; 1 otherwise; 2 for an unknown problem."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +23,7 @@ from types import ModuleType
 
 import torch
 
-from ..bench.report import table, write_json
+from ..bench import report
 from ..core.flags import cudnn_conv_allows_tf32, cudnn_conv_tf32
 from ..core.roofline import geomean
 from .export import default_out_dir, reduced, render
@@ -54,9 +52,9 @@ def set_seed(seed: int) -> None:
         torch.cuda.manual_seed(seed)
 
 
-def trial_seeds(n: int, seed: int = SEED) -> list[int]:
+def trial_seeds(n: int) -> list[int]:
     """The per-trial seeds KernelBench derives from its seed."""
-    torch.manual_seed(seed)
+    torch.manual_seed(SEED)
     return [int(torch.randint(0, 2 ** 32 - 1, (1,)).item()) for _ in range(n)]
 
 
@@ -90,14 +88,7 @@ def parameters_identical(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return list(sa) == list(sb) and all(sa[k].shape == sb[k].shape and torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def _flush_l2(device: torch.device) -> None:
-    dummy = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=device)
-    dummy.fill_(42)
-    del dummy
-
-
-def time_with_cuda_events(fn, x: torch.Tensor, trials: int, warmup: int = WARMUP,
-                          discard_first: int = DISCARD_FIRST) -> list[float]:
+def time_with_cuda_events(fn, x: torch.Tensor, trials: int, warmup: int = WARMUP) -> list[float]:
     """Milliseconds of ``fn(x)`` per trial, KernelBench's "cuda_event" method (cold L2)."""
     device = x.device
     for _ in range(warmup):
@@ -105,15 +96,15 @@ def time_with_cuda_events(fn, x: torch.Tensor, trials: int, warmup: int = WARMUP
         torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     times = []
-    for trial in range(trials + discard_first):
+    for trial in range(trials + DISCARD_FIRST):
         torch.cuda.synchronize(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        _flush_l2(device)
+        torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=device).fill_(42)  # a cold L2
         start.record()
         fn(x)
         end.record()
         torch.cuda.synchronize(device)
-        if trial >= discard_first:
+        if trial >= DISCARD_FIRST:
             times.append(start.elapsed_time(end))
     return times
 
@@ -243,8 +234,7 @@ def _load(problem: Problem, path: Path, result: Result) -> tuple[ModuleType, tor
     """The file's module, the reference and ModelNew built from it; ``result`` records each step."""
     module = load_model_file(path)
     result.loaded = True
-    precision_of = getattr(module, "forward_precision", None)
-    result.precision = precision_of() if precision_of is not None else None
+    result.precision = getattr(module, "forward_precision", lambda: None)()
     reference, candidate = build_models(problem, module)
     result.parameters_identical = parameters_identical(reference, candidate)
     return module, reference, candidate
@@ -319,8 +309,7 @@ def _entry(r: Result) -> str:
 
 def print_results(console, what: str, env: dict, flags: dict, columns: list[str], results: list, cells,
                   left: int) -> None:
-    """A row of ``cells(r)`` per result, the first ``left`` columns left-aligned; a result that raised
-    shows its error from column ``left`` on."""
+    """A row of ``cells(r)`` per result, the first ``left`` columns left-aligned, an error from column ``left`` on."""
     rows = []
     for r in results:
         row = cells(r)
@@ -328,20 +317,7 @@ def print_results(console, what: str, env: dict, flags: dict, columns: list[str]
             row[left:] = [f"[red]error: {r.error.splitlines()[-1][:80]}[/]"] + [""] * (len(row) - left - 1)
         rows.append(row)
     where = env.get("gpu") or "CPU (Triton interpreter, reduced geometries)"
-    table(console, f"KernelBench {what}, fp32 - {where} - {flags_text(flags)}", columns, rows, left=left)
-
-
-def print_table(console, results: list[Result], env: dict, flags: dict) -> None:
-    columns = ["problem", "layer", "precision", "correct (KernelBench)", "max abs diff", "ref ms", "new ms", "speedup",
-               "vs fp64", "max abs err vs fp64", "ref err vs fp64", "same params"]
-    print_results(console, "level 1 ConvTranspose3d", env, flags, columns, results, lambda r: [
-        _entry(r), r.layer, r.precision or "-", verdict_cell(r, "passes"), fmt(r.max_abs_diff, ".2e"),
-        fmt(r.ref_ms.mean if r.ref_ms else None, ".3f"), fmt(r.new_ms.mean if r.new_ms else None, ".3f"),
-        fmt(r.speedup, ".2f") + ("x" if math.isfinite(r.speedup) else ""), verdict_cell(r, "passes_fp64"),
-        fmt(r.max_abs_err_fp64, ".2e"), fmt(r.ref_max_abs_err_fp64, ".2e"), SAME_PARAMS[r.parameters_identical]],
-        left=3)
-    console.print(f"torch {env['torch']}, triton {env['triton']}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}, "
-                  f"Python {env['python']}, convt3d {env['convt3d']} ({env.get('git_commit') or 'no git'})")
+    report.table(console, f"KernelBench {what}, fp32 - {where} - {flags_text(flags)}", columns, rows, left=left)
 
 
 def speedups(results: list, key: str = "speedup") -> dict:
@@ -359,33 +335,6 @@ def counts(results: list, *verdicts: str) -> dict:
     return {"problems": len(results), "checked": len(checked),
             **{name: sum(getattr(r, name) for r in checked) for name in verdicts},
             "errors": sum(r.error is not None for r in results)}
-
-
-def summary(results: list[Result]) -> dict:
-    # the speedups over the seven Triton files; the CUDA entry is its own row
-    return {**counts(results, "correct", "correct_fp64", "ref_passes_fp64"),
-            **speedups([r for r in results if not r.file.endswith("_cuda.py")])}
-
-
-def print_verdict(console, s: dict, flags: dict, rule: str = "") -> None:
-    if s["checked"]:
-        console.print(f"KernelBench's verdict ({flags_text(flags)}): {s['correct']}/{s['checked']} correct "
-                      f"(allclose to the reference at atol=rtol={TOLERANCE:g} on every trial{rule})")
-
-
-def print_speedup(console, s: dict, what: str, key: str = "speedup") -> None:
-    if math.isfinite(s[f"geomean_{key}"]):
-        console.print(f"speedup over {what}: geometric mean {s[f'geomean_{key}']:.2f}x, lowest "
-                      f"{s[f'min_{key}']:.2f}x (problem {s[f'min_{key}_problem']})")
-
-
-def print_summary(console, s: dict, flags: dict) -> None:
-    print_verdict(console, s, flags)
-    print_speedup(console, s, "the reference, Triton files")
-    if s["checked"]:
-        console.print(f"against float64: {s['correct_fp64']}/{s['checked']} files pass; the reference itself passes "
-                      f"on {s['ref_passes_fp64']} of {s['checked']}.")
-    console.print(f"note: {NOTE}")
 
 
 def verdict_text(r: Result) -> str:
@@ -468,12 +417,12 @@ class Machine:
     start: float = field(default_factory=time.perf_counter)
 
 
-def machine(args: argparse.Namespace, console, checking: str, interpreted: str, sep: str = "\n") -> Machine:
-    """This machine; without CUDA it says what is checked instead: ``checking``, and through the
-    interpreter the trials ``interpreted``."""
+def machine(args: argparse.Namespace, checking: str, interpreted: str, sep: str = "\n") -> tuple[object, Machine]:
+    """The console and this machine, saying without CUDA what is checked instead (``checking``, ``interpreted``)."""
+    console = report.make_console()
     if torch.cuda.is_available():
-        return Machine(True, torch.device("cuda", torch.cuda.current_device()), args.precision, False,
-                       args.correct_trials or CORRECT_TRIALS)
+        return console, Machine(True, torch.device("cuda", torch.cuda.current_device()), args.precision, False,
+                                args.correct_trials or CORRECT_TRIALS)
     import triton
 
     m = Machine(False, torch.device("cpu"), "tf32x3", bool(triton.knobs.runtime.interpret), args.correct_trials or 1)
@@ -482,7 +431,7 @@ def machine(args: argparse.Namespace, console, checking: str, interpreted: str, 
                       f", and running {m.correct_trials} correctness trial(s) per problem through Triton's "
                       f"interpreter {interpreted}." if m.interpret else
                       "; set TRITON_INTERPRET=1 to also check correctness through Triton's interpreter."))
-    return m
+    return console, m
 
 
 def entries(problems: list[Problem]) -> list[tuple[Problem, str]]:
@@ -490,28 +439,41 @@ def entries(problems: list[Problem]) -> list[tuple[Problem, str]]:
     return [(p, name) for p in problems for name in (p.file_name, p.cuda_file_name) if name]
 
 
-def run_all(rows: list[tuple], fn, console, line, failed) -> list:
-    """``fn(problem, name)`` of each row, printed by ``line`` as it finishes; one that raises gives
-    ``failed(problem, name, traceback)``, so that one broken problem hides no other's result."""
-    results = []
-    for p, name in rows:
-        console.print(f"[bold]problem {p.id}[/]: {name}")
-        try:
-            results.append(fn(p, name))
-            console.print(line(results[-1]), markup=False, highlight=False)
-        except Exception:
-            results.append(failed(p, name, traceback.format_exc()))
-            console.print(f"[red]problem {p.id} failed:[/]\n{results[-1].error}")
-        torch.cuda.empty_cache()  # a problem's cached blocks are not the next one's
-    return results
+def run_all(m: Machine, rows: list[tuple], fn, console, line, failed) -> tuple[dict, list, dict]:
+    """(flags, results, environment) of ``fn(problem, name)`` per row under the flags of the run, each printed by
+    ``line``; one that raises gives ``failed(problem, name, traceback)``, hiding no other problem's result."""
+    with flags_in_force(m.precision):
+        flags, results = flags_now(), []
+        for p, name in rows:
+            console.print(f"[bold]problem {p.id}[/]: {name}")
+            try:
+                results.append(fn(p, name))
+                console.print(line(results[-1]), markup=False, highlight=False)
+            except Exception:
+                results.append(failed(p, name, traceback.format_exc()))
+                console.print(f"[red]problem {p.id} failed:[/]\n{results[-1].error}")
+            torch.cuda.empty_cache()  # a problem's cached blocks are not the next one's
+    return flags, results, report.environment(m.gpu)
 
 
 def conclude(args: argparse.Namespace, argv: list[str] | None, console, m: Machine, env: dict, flags: dict,
-             results: list, s: dict, schema: str, note: str, **tolerances) -> int:
-    """Writes ``--json`` if given; the exit status: 1 where a problem raised, failed KernelBench's verdict
-    or built other parameters than its reference, else 0."""
+             results: list, s: dict, schema: str, note: str, over: dict[str, str], rule: str = "",
+             more: tuple[str, ...] = (), **tolerances) -> int:
+    """Prints KernelBench's verdict (``rule`` after its tolerance), the speedups ``over`` (key: what over), ``more``
+    lines where problems were checked and ``note``; writes ``--json`` if given. The exit status: 1 where a problem
+    raised, failed KernelBench's verdict or built other parameters than its reference, else 0."""
+    if s["checked"]:
+        console.print(f"KernelBench's verdict ({flags_text(flags)}): {s['correct']}/{s['checked']} correct "
+                      f"(allclose to the reference at atol=rtol={TOLERANCE:g} on every trial{rule})")
+    for key, what in over.items():
+        if math.isfinite(s[f"geomean_{key}"]):
+            console.print(f"speedup over {what}: geometric mean {s[f'geomean_{key}']:.2f}x, lowest "
+                          f"{s[f'min_{key}']:.2f}x (problem {s[f'min_{key}_problem']})")
+    for line in more if s["checked"] else ():
+        console.print(line)
+    console.print(f"note: {note}")
     if args.json is not None:
-        write_json(args.json, {
+        report.write_json(args.json, {
             "schema": schema, "kind": "timing" if m.gpu else "cpu-check",
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "argv": list(sys.argv[1:] if argv is None else argv), "environment": env, "flags": flags,
@@ -530,27 +492,34 @@ def conclude(args: argparse.Namespace, argv: list[str] | None, console, m: Machi
 
 def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
     """``convt3d kernelbench`` at level 1 (``command.main`` routes level 2 to ``evaluate_level2``)."""
-    from convt3d.bench.report import environment, make_console
-
     args = parse_args(argv) if args is None else args
     if (problems := select(parse_ids, args.problems)) is None:
         return 2
     directory = args.dir if args.dir is not None else default_out_dir()
-    console = make_console()
-    m = machine(args, console, "every file imports and constructs with the reference's parameters",
-                "on the problem at a reduced size (export.reduced: the file exported for it), with TF32 off "
-                "(PyTorch's CPU reference never uses TF32)")
+    console, m = machine(args, "every file imports and constructs with the reference's parameters",
+                         "on the problem at a reduced size (export.reduced: the file exported for it), with TF32 "
+                         "off (PyTorch's CPU reference never uses TF32)")
 
     def run(p: Problem, name: str) -> Result:
         if m.gpu:
             return evaluate_gpu(p, directory, m.correct_trials, args.trials, args.warmup, console, m.device, name)
         return evaluate_cpu(p, directory, m.correct_trials, m.interpret, name)
-    with flags_in_force(m.precision):
-        flags = flags_now()
-        results = run_all(entries(problems), run, console, row_line,
-                          lambda p, name, tb: Result(p.id, name, p.describe(), list(p.input_shape), error=tb))
-    env = environment(m.gpu)
-    print_table(console, results, env, flags)
-    s = summary(results)
-    print_summary(console, s, flags)
-    return conclude(args, argv, console, m, env, flags, results, s, "convt3d-kernelbench/3", NOTE)
+    flags, results, env = run_all(m, entries(problems), run, console, row_line, lambda p, name, tb: Result(
+        p.id, name, p.describe(), list(p.input_shape), error=tb))
+    columns = ["problem", "layer", "precision", "correct (KernelBench)", "max abs diff", "ref ms", "new ms", "speedup",
+               "vs fp64", "max abs err vs fp64", "ref err vs fp64", "same params"]
+    print_results(console, "level 1 ConvTranspose3d", env, flags, columns, results, lambda r: [
+        _entry(r), r.layer, r.precision or "-", verdict_cell(r, "passes"), fmt(r.max_abs_diff, ".2e"),
+        fmt(r.ref_ms.mean if r.ref_ms else None, ".3f"), fmt(r.new_ms.mean if r.new_ms else None, ".3f"),
+        fmt(r.speedup, ".2f") + ("x" if math.isfinite(r.speedup) else ""), verdict_cell(r, "passes_fp64"),
+        fmt(r.max_abs_err_fp64, ".2e"), fmt(r.ref_max_abs_err_fp64, ".2e"), SAME_PARAMS[r.parameters_identical]],
+        left=3)
+    console.print(f"torch {env['torch']}, triton {env['triton']}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}, "
+                  f"Python {env['python']}, convt3d {env['convt3d']} ({env.get('git_commit') or 'no git'})")
+    # the speedups over the seven Triton files; the CUDA entry is its own row
+    s = {**counts(results, "correct", "correct_fp64", "ref_passes_fp64"),
+         **speedups([r for r in results if not r.file.endswith("_cuda.py")])}
+    return conclude(args, argv, console, m, env, flags, results, s, "convt3d-kernelbench/3", NOTE,
+                    {"speedup": "the reference, Triton files"}, more=(
+                        f"against float64: {s['correct_fp64']}/{s['checked']} files pass; the reference itself "
+                        f"passes on {s['ref_passes_fp64']} of {s['checked']}.",))

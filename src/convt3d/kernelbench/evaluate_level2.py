@@ -10,13 +10,11 @@ import torch
 
 import convt3d
 
-from ..bench import report
 from ..core.flags import cudnn_conv_tf32
 from . import level2
-from .evaluate import (DISCARD_FIRST, SAME_PARAMS, SEED, Machine, Result, Stats, close, conclude, counts,
-                       flags_in_force, flags_now, fmt, machine, max_abs, parameters_identical, print_results,
-                       print_speedup, print_verdict, run_all, run_trial, run_trials, select, set_seed, speedups,
-                       time_with_cuda_events, verdict_cell, verdict_text)
+from .evaluate import (DISCARD_FIRST, SAME_PARAMS, SEED, Machine, Result, Stats, close, conclude, counts, fmt,
+                       machine, max_abs, parameters_identical, print_results, run_all, run_trial, run_trials,
+                       select, set_seed, speedups, time_with_cuda_events, verdict_cell, verdict_text)
 
 __all__ = ["TOLERANCE_L2", "Trial2", "Result2", "build_level2", "check_trial2", "evaluate_level2", "main_level2"]
 
@@ -126,10 +124,6 @@ def row_line2(r: Result2) -> str:
     return out
 
 
-def summary2(results: list[Result2]) -> dict:
-    return {**counts(results, "correct"), **speedups(results), **speedups(results, "speedup_compiled")}
-
-
 def _cells(r: Result2) -> list[str]:
     exact = [t for t in r.trials if t.exact_passes is not None]
     loose = r.correct and not r._all("passes")
@@ -145,20 +139,15 @@ def main_level2(args, argv: list[str] | None) -> int:
     """``convt3d kernelbench --level 2`` with ``evaluate``'s parsed options."""
     if (problems := select(level2.parse_ids, args.problems)) is None:
         return 2
-    console = report.make_console()
-    m = machine(args, console, "every ModelNew builds the reference's parameters", "at a reduced size", sep=" ")
-    with flags_in_force(m.precision):
-        flags = flags_now()
-        results = run_all([(p, p.file_name) for p in problems],
-                          lambda p, _: evaluate_level2(p, m, console, args.trials, args.warmup), console, row_line2,
-                          lambda p, name, tb: Result2(p.id, name, [list(s) for s in p.input_shapes], error=tb))
-    env, s = report.environment(m.gpu), summary2(results)
+    console, m = machine(args, "every ModelNew builds the reference's parameters", "at a reduced size", sep=" ")
+    flags, results, env = run_all(m, [(p, p.file_name) for p in problems], lambda p, _: evaluate_level2(
+        p, m, console, args.trials, args.warmup), console, row_line2, lambda p, name, tb: Result2(
+        p.id, name, [list(s) for s in p.input_shapes], error=tb))
+    s = {**counts(results, "correct"), **speedups(results), **speedups(results, "speedup_compiled")}
     columns = ["problem", "ops after ConvTranspose3d", "correct (KernelBench)", "max abs diff", "exact-fp32 ref",
                "ref ms", "new ms", "speedup", "compiled ms", "vs compile", "same params"]
     print_results(console, "level 2 ConvTranspose3d problems", env, flags, columns, results, _cells, left=2)
-    print_verdict(console, s, flags, f"; {TOLERANCE_L2:g} where PyTorch's own exact-fp32 output fails that check")
-    print_speedup(console, s, "the eager reference")
-    print_speedup(console, s, "torch.compile(convt3d.patch(reference))", "speedup_compiled")
-    console.print(f"note: {NOTE_L2}")
     return conclude(args, argv, console, m, env, flags, results, s, "convt3d-kernelbench-level2/1", NOTE_L2,
+                    {"speedup": "the eager reference", "speedup_compiled": "torch.compile(convt3d.patch(reference))"},
+                    f"; {TOLERANCE_L2:g} where PyTorch's own exact-fp32 output fails that check",
                     tolerance_where_exact_reference_fails=TOLERANCE_L2)

@@ -32,7 +32,6 @@ TABLE_ARCH = "sm90"  # the predictor's table that ranks the candidates: the GPUs
 # The stages a file carries (a plain function computes with PyTorch).
 SUPPORTED_STAGES = (level2.Conv, level2.DepthMeanConv, level2.PooledConv, level2.Pool, level2.Reduce,
                     level2.SubtractMean, level2.Norm)
-_GENERATED_DEFINES = export._GENERATED_DEFINES + ("INIT_INPUTS", "_programs", "_program", "_expect", "_Norm")
 _finish_programs = finish._finish_programs
 
 
@@ -77,13 +76,11 @@ class _Tracer:
         y = self.inputs[problem.inputs[0]]
         with contextlib.ExitStack() as patched:
             patched.callback(_keyed.clear)
-            patched.enter_context(mock.patch.object(level2, "_convt", self._conv))
-            patched.enter_context(mock.patch.object(finish, "_finish_programs", self._programs))
-            patched.enter_context(mock.patch.object(finish, "FK", self))
-            patched.enter_context(mock.patch.object(finish, "_ones", self._ones))
             # PooledConv's weight: zero-padded by a copy, average-pooled by the finishing kernel
-            patched.enter_context(mock.patch.object(level2, "F", types.SimpleNamespace(
+            patched.enter_context(mock.patch.multiple(level2, _convt=self._conv, F=types.SimpleNamespace(
                 pad=self._pad, avg_pool3d=lambda t, size: finish.pool(t, "avg", size))))
+            patched.enter_context(mock.patch.multiple(finish, _finish_programs=self._programs, FK=self,
+                                                      _ones=lambda n, device: self._new(n, "ones")))
             for k, self.stage in enumerate(problem.pipeline):
                 self.events = []
                 y = self.stage(self.model, y, self.inputs)
@@ -104,20 +101,16 @@ class _Tracer:
         if why is not None or self.conv is not None:
             raise ExportError(f"problem {self.problem.id}: {why or 'a second transposed convolution'}")
         self.conv = (call, epi.code)
-        out = torch.empty(params.out_shape, device="meta")
-        self.events.append(("conv", x, weight, bias, self.stage.steps, epi, out))
-        return out
+        return self._new(params.out_shape, "conv", x, weight, bias, self.stage.steps, epi)
 
     def _pad(self, w, pads):
-        shape = [*w.shape[:2], *(n + pads[4 - 2 * i] + pads[5 - 2 * i] for i, n in enumerate(w.shape[2:]))]
-        out = torch.empty(shape, device="meta")
-        self.events.append(("pad", w, pads, out))
-        return out
+        return self._new([*w.shape[:2], *(n + pads[4 - 2 * i] + pads[5 - 2 * i] for i, n in enumerate(w.shape[2:]))],
+                         "pad", w, pads)
 
-    def _ones(self, n, device):
-        """finish._ones: a vector the file fills with ones."""
-        out = torch.empty(n, device="meta")
-        self.events.append(("ones", out))
+    def _new(self, shape, *event) -> torch.Tensor:
+        """A meta tensor of ``shape``, recorded as the last item of ``event`` (finish._ones: a vector of ones)."""
+        out = torch.empty(shape, device="meta")
+        self.events.append((*event, out))
         return out
 
     def _programs(self, y, pre, post, out_shape, post_channels, name):
@@ -435,8 +428,7 @@ def _header(problem: level2.Problem, configs, small: bool) -> list:
 
 
 def _render_lines(problem: level2.Problem, small: bool, count: int) -> list[list]:
-    """The file's lines with its first ``count`` candidates and the package source verbatim, then without
-    its docstrings."""
+    """The file's forms (package source verbatim, then without docstrings) with its first ``count`` candidates."""
     p = problem.reduced() if small else problem
     train, evaluation = _Tracer(p, True), _Tracer(p, False)
     call, code = train.conv
@@ -446,15 +438,11 @@ def _render_lines(problem: level2.Problem, small: bool, count: int) -> list[list
         configs[-1] = next(c for c in ranked if EXACT_GRADE in c[1])
     rest = (export._gen(export._CHOOSER.format(rule="=" * 20, ops=", *ops") + "\n") + _precision()
             + export._gen(_SUPPORT.format(rule="=" * 20) + _model_new(p, train, evaluation)))
-    return export.assemble(ROOTS, call, configs, _header(problem, configs, small), rest, _GENERATED_DEFINES, code,
+    return export.assemble(ROOTS, call, configs, _header(problem, configs, small), rest, code,
                            [(ROOTS[-1], k) for k in sorted(train.kernels | evaluation.kernels)])
 
 
 def render(problem: level2.Problem, small: bool = False) -> str:
-    """The file of one problem (``small``: at its reduced size), its first form within MAX_LINES (with fewer
-    candidates where none fits), or ExportError."""
-    for count in range(predict.SHORTLIST + 1, 0, -1):
-        lines = export.first_fit(_render_lines(problem, small, count))
-        if export._line_count(lines) <= export.MAX_LINES:
-            break
-    return export.checked_text(problem.file_name, lines)
+    """The file (``small``: at the reduced size) in its first form within MAX_LINES, fewer candidates if need be."""
+    return export.checked_text(problem.file_name, (form for count in range(predict.SHORTLIST + 1, 0, -1)
+                                                   for form in _render_lines(problem, small, count)))

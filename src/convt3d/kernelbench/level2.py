@@ -80,10 +80,9 @@ def depth_reach(c: nn.ConvTranspose3d, n: int) -> tuple[int, list[tuple[int, int
 
 
 class DepthMeanConv(Conv):
-    """``conv_transpose(x).mean(dim=2, keepdim=True)``, then ``steps``, as one transposed convolution
-    with one output depth: the mean over output depth of depth tap k's contributions is tap k applied
-    to the sum of the input depths that tap reaches, so the input's K depth sums, stacked in reverse,
-    go through the layer with depth stride 1 and depth padding K - 1."""
+    """``conv_transpose(x).mean(dim=2, keepdim=True)``, then ``steps``, as one convolution of one output depth: the
+    mean over depth of tap k's contributions is tap k on the sum of the input depths it reaches, so the K depth
+    sums, stacked in reverse, go through the layer at depth stride 1 and depth padding K - 1."""
 
     def __call__(self, m, x, env):
         c = m.conv_transpose
@@ -220,8 +219,7 @@ class Problem:
 
     def bind(self, init_inputs: tuple | None = None, **overrides) -> SimpleNamespace:
         """``Model(*init_inputs, **overrides)``'s arguments by name (a TypeError as Python's binding raises)."""
-        return SimpleNamespace(**bind(CHANNELS + self.signature,
-                                      self.init_inputs if init_inputs is None else init_inputs, overrides))
+        return SimpleNamespace(**bind(CHANNELS + self.signature, init_inputs or self.init_inputs, overrides))
 
     def reduced(self) -> "Problem":
         """The problem at the interpreter's size, its ops and layer geometry kept."""
@@ -384,11 +382,8 @@ PROBLEMS: tuple[Problem, ...] = (
             (Conv(("clamp_min", "min_value"), ("div", "divisor")),)),
 )
 
-_BY_ID = {p.id: p for p in PROBLEMS}
-
-
 def by_id(problem_id: int) -> Problem:
-    return find(_BY_ID, problem_id, "level-2 ")
+    return find(PROBLEMS, problem_id, "level-2 ")
 
 
 def parse_ids(text: str | None) -> list[Problem]:
@@ -402,7 +397,7 @@ class _Built(nn.Module):
     def __init__(self, problem: Problem, *init_inputs, **overrides):
         super().__init__()
         self._problem = problem
-        for name, value in problem.creates(problem.bind(init_inputs or None, **overrides)):
+        for name, value in problem.creates(problem.bind(init_inputs, **overrides)):
             setattr(self, name, value)
 
 

@@ -91,14 +91,9 @@ class Problem:
     default_reference: DefaultReference  # how cuDNN computed the reference with TF32 allowed
     candidates: tuple[Candidate, ...] = field(default=(), hash=False)  # fastest first
 
-    @property
-    def cudnn_uses_tf32(self) -> bool:
-        """Whether the reference computes in TF32 when TF32 is allowed, so the file's forward does too."""
-        return self.default_reference.tf32
-
-    @property
-    def file_name(self) -> str:
-        return self.name + ".py"
+    # Whether the reference computes in TF32 when TF32 is allowed, so the file's forward does too.
+    cudnn_uses_tf32 = property(lambda self: self.default_reference.tf32)
+    file_name = property(lambda self: self.name + ".py")
 
     @property
     def cuda_file_name(self) -> str | None:
@@ -177,11 +172,9 @@ PROBLEMS: tuple[Problem, ...] = (
              _flat(0.378, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, BLOCK_W=64, num_warps=4, num_stages=4, W_GROUP=2))),
 )
 
-_BY_ID = {p.id: p for p in PROBLEMS}
-
-
-def find(table: dict, problem_id: int, level: str = ""):
-    """``table[problem_id]``, else KeyError naming the known ids (``level``: "level-2 " or empty)."""
+def find(problems: tuple, problem_id: int, level: str = ""):
+    """The problem of ``problem_id``, else KeyError naming the known ids (``level``: "level-2 " or empty)."""
+    table = {p.id: p for p in problems}
     if problem_id not in table:
         raise KeyError(f"no KernelBench {level}ConvTranspose3d problem {problem_id}; known: {sorted(table)}")
     return table[problem_id]
@@ -193,7 +186,7 @@ def select_ids(text: str | None, by_id, everything) -> list:
 
 
 def by_id(problem_id: int) -> Problem:
-    return find(_BY_ID, problem_id)
+    return find(PROBLEMS, problem_id)
 
 
 def parse_ids(text: str | None) -> list[Problem]:

@@ -9,9 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["ExportError", "ShakeError", "Line", "PythonShaker"]
-
-_ALLOWED_THIRD_PARTY = frozenset({"torch", "triton"})
+__all__ = ["ExportError", "ShakeError", "Line", "PythonShaker", "defined_names"]
 
 
 class ExportError(RuntimeError):
@@ -30,7 +28,6 @@ class Line:
 
 @dataclass
 class _Stmt:
-    module: str
     node: ast.stmt
     index: int  # position in the module body
     defines: tuple[str, ...]
@@ -47,20 +44,6 @@ class _Module:
     imports: list[str] = field(default_factory=list)  # the package modules it imports relatively, in order
 
 
-def _relative_base(node: ast.ImportFrom, importer: str) -> str:
-    """The package path a relative import in ``importer`` names ('engines/triton/kernels', ...)."""
-    base = importer.split("/")[: -node.level]
-    return "/".join(base + ([node.module.replace(".", "/")] if node.module else []))
-
-
-def _import_target(base: str, name: str, is_module: Callable[[str], bool]) -> tuple[bool, str]:
-    """(True, the module) where ``from base import name`` imports a module, else (False, its module)."""
-    as_module = f"{base}/{name}.py" if base else f"{name}.py"
-    if is_module(as_module):
-        return True, as_module
-    return False, f"{base}.py" if is_module(f"{base}.py") else f"{base}/__init__.py"
-
-
 def _check_absolute_import(node: ast.AST, where: str) -> None:
     tops = ([a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import)
             else [(node.module or "").split(".")[0]])
@@ -68,7 +51,7 @@ def _check_absolute_import(node: ast.AST, where: str) -> None:
         if top == "convt3d":
             raise ShakeError(f"{where}: package imports must be relative ('from .x import y') for the exporter to "
                              "inline them")
-        if top not in _ALLOWED_THIRD_PARTY and top not in sys.stdlib_module_names:
+        if top not in ("torch", "triton") and top not in sys.stdlib_module_names:
             raise ShakeError(f"{where}: imports {top!r}; a KernelBench file may import only torch, triton and the "
                              "standard library")
 
@@ -79,6 +62,14 @@ def _target_names(target: ast.expr) -> list[str]:
     if isinstance(target, (ast.Tuple, ast.List)):
         return [n for e in target.elts for n in _target_names(e)]
     return []
+
+
+def defined_names(node: ast.stmt) -> list[str]:
+    """The names a module-level statement defines: a function's or class's, or an assignment's targets."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return [n for t in targets for n in _target_names(t)]
 
 
 def _loads(nodes) -> set[str]:
@@ -104,10 +95,8 @@ def _attributes(node: ast.AST) -> dict[str, set[str]]:
 
 def _scope_globals(table: symtable.SymbolTable) -> set[str]:
     """Global names a function or class scope reads, nested scopes included."""
-    names = {s.get_name() for s in table.get_symbols() if s.is_global() and s.is_referenced()}
-    for child in table.get_children():
-        names |= _scope_globals(child)
-    return names
+    return {s.get_name() for s in table.get_symbols() if s.is_global() and s.is_referenced()}.union(
+        *map(_scope_globals, table.get_children()))
 
 
 class PythonShaker:
@@ -147,15 +136,18 @@ class PythonShaker:
 
     def _bind(self, module: _Module, i: int, node: ast.stmt, is_module) -> None:
         where = f"convt3d/{module.path}:{node.lineno}"
-        if isinstance(node, ast.ImportFrom) and node.level > 0:
-            base = _relative_base(node, module.path)
+        if isinstance(node, ast.ImportFrom) and node.level > 0:  # a module, or a name from one ('pkg/m.py')
+            base = "/".join(module.path.split("/")[:-node.level] + (node.module.split(".") if node.module else []))
             for a in node.names:
-                is_alias, target = _import_target(base, a.name, is_module)
+                as_module = f"{base}/{a.name}.py" if base else f"{a.name}.py"
+                target = as_module if is_module(as_module) else f"{base}.py" if is_module(f"{base}.py") else \
+                    f"{base}/__init__.py"
                 if not is_module(target):
                     raise ShakeError(f"{where}: cannot find the module it imports")
                 if target not in module.imports:
                     module.imports.append(target)
-                module.bindings[a.asname or a.name] = ("alias", target) if is_alias else ("from", target, a.name)
+                module.bindings[a.asname or a.name] = ("alias", target) if target == as_module else \
+                    ("from", target, a.name)
             return
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             _check_absolute_import(node, where)
@@ -167,21 +159,14 @@ class PythonShaker:
                 single = ast.Import([a]) if plain else ast.ImportFrom(node.module, [a], 0)
                 module.bindings[name] = ("ext", ast.unparse(single), node)
             return
-        defines: list[str] = []
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defines = [node.name]
-        elif isinstance(node, ast.Assign):
-            defines = [n for t in node.targets for n in _target_names(t)]
-        elif isinstance(node, ast.AnnAssign):
-            defines = _target_names(node.target)
-        stmt = _Stmt(module.path, node, i, tuple(defines))
+        defines = defined_names(node)
+        stmt = _Stmt(node, i, tuple(defines))
         for name in defines:
             if name != "__all__":
                 module.bindings[name] = ("stmt", stmt)
 
     # -- reachability -------------------------------------------------------------------------------
-    def _references(self, module: _Module, stmt: _Stmt) -> tuple[set[str], dict[str, set[str]]]:
-        node = stmt.node
+    def _references(self, module: _Module, node: ast.stmt) -> tuple[set[str], dict[str, set[str]]]:
         names: set[str] = set()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             if isinstance(node, ast.ClassDef):
@@ -227,7 +212,10 @@ class PythonShaker:
                 continue  # a builtin, or a name local to a scope
             kind = binding[0]
             if kind == "ext":
-                self._keep_ext(name, binding[1], binding[2], path)
+                prior = self.ext.setdefault(name, binding[1:])
+                if prior[0] != binding[1]:
+                    raise ShakeError(f"convt3d/{path}:{binding[2].lineno}: {binding[1]!r} binds {name!r}, which "
+                                     f"{prior[0]!r} binds too")
             elif kind == "from":
                 target, target_name = binding[1], binding[2]
                 work.append((target, target_name))
@@ -242,9 +230,13 @@ class PythonShaker:
                 stmt = binding[1]
                 if (path, stmt.index) in self.kept:
                     continue
-                self._own(stmt)
+                for defined in stmt.defines:
+                    prior = self.owner.setdefault(defined, (path, stmt.index))
+                    if prior != (path, stmt.index):
+                        raise ShakeError(f"convt3d/{path} and convt3d/{prior[0]} both define {defined!r}; the "
+                                         "exported file puts them in one namespace")
                 self.kept.add((path, stmt.index))
-                names, attrs = self._references(module, stmt)
+                names, attrs = self._references(module, stmt.node)
                 work.extend((path, n) for n in names)
                 for alias, used in attrs.items():
                     b = module.bindings.get(alias)
@@ -261,20 +253,6 @@ class PythonShaker:
                     a for d in node.decorator_list for a in _attributes(d).get("dataclasses", ())}:
                 raise ShakeError(f"convt3d/{path}:{node.lineno}: the file would carry the dataclass {node.name}, "
                                  "whose string annotations KernelBench's module loader cannot resolve")
-
-    def _own(self, stmt: _Stmt) -> None:
-        for name in stmt.defines:
-            prior = self.owner.get(name)
-            if prior is not None and prior != (stmt.module, stmt.index):
-                raise ShakeError(f"convt3d/{stmt.module} and convt3d/{prior[0]} both define {name!r}; the exported "
-                                 "file puts them in one namespace")
-            self.owner[name] = (stmt.module, stmt.index)
-
-    def _keep_ext(self, name: str, text: str, node: ast.AST, path: str) -> None:
-        prior = self.ext.get(name)
-        if prior is not None and prior[0] != text:
-            raise ShakeError(f"convt3d/{path}:{node.lineno}: {text!r} binds {name!r}, which {prior[0]!r} binds too")
-        self.ext.setdefault(name, (text, node))
 
     def defines(self, name: str) -> bool:
         """Whether a kept statement defines ``name`` (the emitted file's namespace)."""
@@ -337,12 +315,9 @@ class PythonShaker:
 
 def _docstring_lines(tree: ast.Module) -> set[int]:
     """1-based lines of the functions' and classes' docstrings where the body has another statement."""
-    found: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and len(node.body) > 1 \
-                and ast.get_docstring(node, clean=False) is not None:
-            found.update(range(node.body[0].lineno, node.body[0].end_lineno + 1))
-    return found
+    return {j for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and len(node.body) > 1 and ast.get_docstring(node, clean=False) is not None
+            for j in range(node.body[0].lineno, node.body[0].end_lineno + 1)}
 
 
 def _is_simple(node: ast.stmt) -> bool:

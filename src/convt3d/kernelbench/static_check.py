@@ -105,7 +105,7 @@ def check(code: str, backend: str = "triton") -> list[Violation]:
     hash_only_view = strip_comments(code, cut_floor_division=False)
     found: dict[tuple[str, int], Violation] = {}
     for rule in RULES:
-        if rule.backend is not None and rule.backend != backend:
+        if rule.backend not in (None, backend):
             continue
         if rule.required:
             if rule.pattern.search(kernelbench_view) is None:

@@ -50,10 +50,9 @@ def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list, 
             restored.enter_context(mock.patch.dict(cache))
         restored.enter_context(mock.patch.object(
             TS.Site, "launch", lambda site, device, *tensors: recorded.append((site, tensors))))
-        for name in ("_tma_capable", "gluon_capable"):  # the Hopper GPU the candidates were tuned on
-            restored.enter_context(mock.patch.object(TE, name, lambda device: True))
-        if epi_code:
-            restored.enter_context(mock.patch.object(TE, "_epilogue_operands", lambda epi, y: ops))
+        restored.enter_context(mock.patch.multiple(  # the Hopper GPU the candidates were tuned on
+            TE, _tma_capable=lambda device: True, gluon_capable=lambda device: True,
+            **({"_epilogue_operands": lambda epi, y: ops} if epi_code else {})))
         try:
             pl = TE.plan(params, x, w, precision)
             y = torch.empty(params.out_shape, device="meta", memory_format=pl.out_format)
@@ -115,10 +114,8 @@ def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list, 
     return out
 
 
-# Expressions a constexpr may follow, as the launcher's arguments name them, with their values.
-_FOLLOWS = {"has_bias": lambda precision, has_bias: has_bias,
-            "precision": lambda precision, has_bias: precision,
-            'precision == "tf32"': lambda precision, has_bias: precision == "tf32"}
+# Expressions of the launcher's arguments a constexpr may follow.
+_FOLLOWS = ("has_bias", "precision", 'precision == "tf32"')
 
 
 def _merge(problem: Problem, cfg, traces: dict[tuple[str, bool], list[_Launch]]) -> list[_Launch]:
@@ -137,7 +134,8 @@ def _merge(problem: Problem, cfg, traces: dict[tuple[str, bool], list[_Launch]])
             if len(set(map(repr, values.values()))) == 1:
                 consts[key] = repr(launch.consts[key])
                 continue
-            follows = [e for e, value in _FOLLOWS.items() if all(value(p, hb) == v for (p, hb), v in values.items())]
+            follows = [e for e in _FOLLOWS if all(eval(e, {"precision": p, "has_bias": hb}) == v  # noqa: S307
+                                                  for (p, hb), v in values.items())]
             if not follows:
                 raise ExportError(f"{where}: {launch.name}'s constexpr {key} varies as {values}, which no argument "
                                   "of the launcher gives")
@@ -211,10 +209,7 @@ def launcher_source(problem: Problem, configs, shaker: PythonShaker, epi_code: i
     with ``epi_code``, a fused epilogue's, each launcher taking its operands ``epi_s, epi_c, epi_r`` last."""
     params, _, weight, _ = meta_call(problem)
     geometry = {k: getattr(params, k) for k in ("stride", "padding", "output_padding", "dilation", "groups")}
-    tables: list = []
-    kernels: set[str] = set()
-    parts: list[str] = []
-    entries: list[str] = []
+    tables, kernels, parts, entries = [], set(), [], []
     for index, (cfg, runs) in enumerate(configs):
         traces = {(p, hb): _trace(problem, cfg, p, hb, tables, epi_code) for p in runs for hb in (False, True)}
         launches = _merge(problem, cfg, traces)
