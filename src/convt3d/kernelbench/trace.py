@@ -114,8 +114,10 @@ def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list, 
     return out
 
 
-# Expressions of the launcher's arguments a constexpr may follow.
-_FOLLOWS = ("has_bias", "precision", 'precision == "tf32"')
+# Expressions a constexpr may follow, as the launcher's arguments name them, with their values.
+_FOLLOWS = {"has_bias": lambda precision, has_bias: has_bias,
+            "precision": lambda precision, has_bias: precision,
+            'precision == "tf32"': lambda precision, has_bias: precision == "tf32"}
 
 
 def _merge(problem: Problem, cfg, traces: dict[tuple[str, bool], list[_Launch]]) -> list[_Launch]:
@@ -134,8 +136,7 @@ def _merge(problem: Problem, cfg, traces: dict[tuple[str, bool], list[_Launch]])
             if len(set(map(repr, values.values()))) == 1:
                 consts[key] = repr(launch.consts[key])
                 continue
-            follows = [e for e in _FOLLOWS if all(eval(e, {"precision": p, "has_bias": hb}) == v  # noqa: S307
-                                                  for (p, hb), v in values.items())]
+            follows = [e for e, value in _FOLLOWS.items() if all(value(p, hb) == v for (p, hb), v in values.items())]
             if not follows:
                 raise ExportError(f"{where}: {launch.name}'s constexpr {key} varies as {values}, which no argument "
                                   "of the launcher gives")
