@@ -191,21 +191,16 @@ def select(suite: str = "all", names: Iterable[str] | None = None, dtypes: Itera
         raise ValueError(f"unknown suite {suite!r}; expected 'all' or one of {SUITES + EXTRA_SUITES}")
     if precisions is not None:
         precisions = [precision_name(p) for p in precisions]
+    cases = all_cases() if suite == "all" else _suite_cases(suite)
     filters = {"case": (names, case_names()), "dtype": (dtypes, list(DTYPES)),
                "layout": (layouts, list(LAYOUTS)), "precision": (precisions, list(PRECISIONS))}
-    wanted: dict[str, set[str] | None] = {}
     for key, (values, choices) in filters.items():
-        wanted[key] = None if values is None else set(values)
-        unknown = sorted((wanted[key] or set()) - set(choices))
+        wanted = None if values is None else set(values)
+        unknown = sorted((wanted or set()) - set(choices))
         if unknown:
             raise ValueError(f"unknown {key} {', '.join(map(repr, unknown))}; expected one of {', '.join(choices)}")
-    cases = all_cases() if suite == "all" else _suite_cases(suite)
-
-    def keep(c: Case) -> bool:
-        fields = {"case": c.name, "dtype": c.dtype, "layout": c.layout, "precision": c.precision}
-        return all(wanted[k] is None or fields[k] in wanted[k] for k in fields)
-
-    return [c for c in cases if keep(c)]
+        cases = [c for c in cases if wanted is None or getattr(c, "name" if key == "case" else key) in wanted]
+    return cases
 
 
 # ---- reduced sizes for Triton's interpreter ------------------------------------------------------
@@ -254,9 +249,7 @@ def make_tensors(case: Case, device: str | torch.device, seed: int = 0, geometry
     bound = 1.0 / math.sqrt((g.out_channels // g.groups) * math.prod(g.kernel))  # kaiming-uniform, a = sqrt(5)
     w = (torch.rand(g.weight_shape, generator=gen, device=device) * 2 - 1) * bound
     b = (torch.rand((g.out_channels,), generator=gen, device=device) * 2 - 1) * bound if g.bias else None
-    dtype = case.torch_dtype
-    x, w = x.to(dtype), w.to(dtype)
-    b = b.to(dtype) if b is not None else None
+    x = x.to(case.torch_dtype)
     if case.layout == "cl":
         x = x.contiguous(memory_format=torch.channels_last_3d)
-    return Tensors(x, w, b)
+    return Tensors(x, w.to(case.torch_dtype), None if b is None else b.to(case.torch_dtype))
