@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -275,8 +276,8 @@ def _check(args, argv, note: str, what: str, total: int, run, table, settings: d
 def _run_interpreter_check(args, argv: list[str], cases) -> int:
     note = ("Checking the Triton kernels' correctness instead, through Triton's interpreter, against float64 "
             f"PyTorch, at reduced sizes (batch 1, <= {suites.INTERP_MAX_CHANNELS_PER_GROUP} channels per group, "
-            f"~{suites.INTERP_IN_SIZE} input positions per dimension; kernel, stride, padding, dilation, output_padding and "
-            "groups as in the suite).")
+            f"~{suites.INTERP_IN_SIZE} input positions per dimension; kernel, stride, padding, dilation, "
+            "output_padding and groups as in the suite).")
     if args.mode != "fwd":
         note += (f" (--mode {args.mode}: this check runs the forward kernels; the gradients are checked through "
                  "the interpreter by tests/test_training.py.)")
@@ -359,10 +360,7 @@ def _run_network_check(args, argv: list[str], nets) -> int:
             "training step need a GPU: tests/test_gpu_networks.py).")
     if args.backend not in ("auto", CHECK_BACKEND):
         note += f" (--backend {args.backend} is ignored here.)"
-
-    def run(status, advance):
-        return networks.check_networks(nets, args.seed, status, advance)
-
+    run = functools.partial(networks.check_networks, nets, args.seed)
     return _check(args, argv, note, "networks", len(nets), run, report.print_network_check_table,
                   _network_settings(args, nets, []), {}, "convt3d bench --suite networks")
 

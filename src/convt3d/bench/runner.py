@@ -10,11 +10,11 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-import triton.testing
 
 import convt3d
 from ..core.validate import check_call
 from ..dispatch.select import HYBRID, decide
+from ..dispatch.timing import gpu_ms
 from ..engines.triton import backward
 from .check import case_failure
 from .roofline import Ceilings, cudnn_tf32, floors, peak_class, roofline_percent, tflops
@@ -65,7 +65,7 @@ class CudaTimer:
         """Median seconds per call (L2 flushed between calls), at least min_reps timed calls."""
         _, estimate = self.first_call(fn)  # a warm call sizes the budget
         warmup, rep = bench_budget(estimate * 1e3, self.settings)
-        return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e-3
+        return gpu_ms(fn, warmup, rep) * 1e-3
 
     def paired(self, fn_a: Callable[[], object], fn_b: Callable[[], object], pairs: int) -> tuple[list, list]:
         """Seconds per call of ``fn_a`` and ``fn_b`` in ``pairs`` pairs of blocks timed back to back,
