@@ -270,7 +270,7 @@ def _tf32_arithmetic(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return forward_fn(ref_model, x.double(), autocast=False)()
 
 
-def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode, convt_index: list[int], y_tf32=None) -> None:
+def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode, model: nn.Module, x: torch.Tensor) -> None:
     diff, scale = max_abs_diff(y_patched, y_untouched)
     row.update(max_abs_diff_vs_torch=diff, max_abs_torch=scale, output_layout_matches=True)
     if not mode.training:
@@ -278,14 +278,16 @@ def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode, convt_index:
         row["output_layout_matches"] = y_patched.shape == y_untouched.shape and y_patched.dtype == y_untouched.dtype
         err, ref_err = relative_error(y_patched, ref), relative_error(y_untouched, ref)
         budget_ref = ref_err
-        if y_tf32 is not None:
-            row["tf32_arithmetic_rel_err"] = relative_error(y_tf32, ref)
+        if mode.dtype == "fp32" and x.device.type == "cuda" and cudnn_conv_allows_tf32():
+            row["tf32_arithmetic_rel_err"] = relative_error(_tf32_arithmetic(model, x), ref)
             budget_ref = max(ref_err, row["tf32_arithmetic_rel_err"])
         row.update(rel_err_vs_reference=err, torch_rel_err_vs_reference=ref_err,
                    within_error_budget=_budget_ok(err, budget_ref, mode.dtype), output_shape=list(y_untouched.shape))
         return
     grads_p, grads_u, grads_r = y_patched[1:], y_untouched[1:], ref[1:]
     err, ref_err = normwise_error(grads_p, grads_r), normwise_error(grads_u, grads_r)
+    weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.ConvTranspose3d)}
+    convt_index = [i for i, p in enumerate(_trainable(model)) if id(p) in weights]
 
     def pick(gs):  # the ConvTranspose3d weights: the layers convt3d computes
         return [gs[i] for i in convt_index]
@@ -424,11 +426,7 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
         t0 = time.perf_counter()
         refs[mode.name] = (*_reference(model, x, mode, target), time.perf_counter() - t0)
     ref, row["reference"], row["reference_s"] = refs[mode.name]
-    y_tf32 = None
-    if not mode.training and mode.dtype == "fp32" and x.device.type == "cuda" and cudnn_conv_allows_tf32():
-        y_tf32 = _tf32_arithmetic(model, x)
-    weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.ConvTranspose3d)}
-    _compare(row, y_p, y_u, ref, mode, [i for i, p in enumerate(_trainable(model)) if id(p) in weights], y_tf32)
+    _compare(row, y_p, y_u, ref, mode, model, x)
     row.update(torch_first_call_s=first_u, first_call_s=first_p, first_call_extra_s=first_p - first_u)
     del y_u, y_p
     if not measure:
