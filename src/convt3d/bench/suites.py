@@ -12,6 +12,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from ..core.params import Axis
+
 __all__ = ["Geometry", "Case", "Tensors", "KERNELBENCH", "LAYERS", "HEAD_SWEEP", "SUITES", "EXTRA_SUITES", "DTYPES",
            "LAYOUTS", "PRECISIONS", "OLD_PRECISIONS", "precision_name", "all_cases", "select", "case_names",
            "reduced_for_interpreter", "make_tensors", "name_seed"]
@@ -37,10 +39,6 @@ def precision_name(name: str) -> str:
 
 def _t3(v: int | Sequence[int]) -> tuple[int, int, int]:
     return (v, v, v) if isinstance(v, int) else tuple(v)
-
-
-def _out_len(i: int, k: int, s: int, p: int, op: int, d: int) -> int:
-    return (i - 1) * s - 2 * p + d * (k - 1) + op + 1
 
 
 @dataclass(frozen=True)
@@ -75,8 +73,8 @@ class Geometry:
         return (self.stride, self.padding, self.output_padding, self.groups, self.dilation)
 
     def out_size(self) -> tuple[int, int, int]:
-        return tuple(_out_len(*a) for a in zip(self.in_size, self.kernel, self.stride, self.padding,
-                                                self.output_padding, self.dilation))
+        return tuple(Axis(*a).out_size for a in zip(self.in_size, self.kernel, self.stride, self.padding,
+                                                    self.dilation, self.output_padding))
 
     def as_dict(self) -> dict:
         """The fields but the name, sizes as lists (as JSON writes them)."""
@@ -218,9 +216,9 @@ def reduced_for_interpreter(g: Geometry) -> Geometry:
     cout_g = min(g.out_channels // g.groups, INTERP_MAX_CHANNELS_PER_GROUP)
     sizes = []
     for i, k, s, p, op, d in zip(g.in_size, g.kernel, g.stride, g.padding, g.output_padding, g.dilation):
-        full_out = _out_len(i, k, s, p, op, d)
+        full_out = Axis(i, k, s, p, d, op).out_size
         n = min(i, INTERP_IN_SIZE)
-        while n < i and _out_len(n, k, s, p, op, d) < min(s, full_out):
+        while n < i and Axis(n, k, s, p, d, op).out_size < min(s, full_out):
             n += 1
         sizes.append(n)
     return replace(g, batch=1, in_channels=cin_g * g.groups, out_channels=cout_g * g.groups, in_size=tuple(sizes))
