@@ -141,7 +141,7 @@ def write_json(path: str | os.PathLike, data: dict) -> None:
 
 
 # ---- plot -----------------------------------------------------------------------------------------
-def write_plot(path: str | os.PathLike, rows: list[dict], title: str = "") -> None:
+def write_plot(path: str | os.PathLike, rows: list[dict], title: str) -> None:
     """Two panels, one bar per row: speedup over cuDNN (log scale) and % of roofline of both.
     Raises ImportError without matplotlib."""
     import matplotlib
@@ -179,8 +179,7 @@ def write_plot(path: str | os.PathLike, rows: list[dict], title: str = "") -> No
     ax_r.axvline(100.0, color="red", linewidth=1)
     ax_r.set_xlabel("% of roofline (100 * max(memory floor, compute floor) / time)")
     ax_r.legend(loc="lower right", fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(_parent_made(path), dpi=110)
     plt.close(fig)
