@@ -78,11 +78,6 @@ def _check_one(case: Case, seed: int) -> tuple[dict | None, dict | None]:
         return None, case_failure(case, exc)
 
 
-def _worker_init() -> None:
-    # The interpreter runs Python on one core; torch's own thread pool would only oversubscribe.
-    torch.set_num_threads(1)
-
-
 def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] | None = None,
                advance: Callable[[], None] | None = None, jobs: int = 1) -> tuple[list[dict], list[dict]]:
     """Check every case on ``jobs`` processes (the interpreter is pure Python), longest first:
@@ -97,11 +92,12 @@ def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] |
             step()
     else:
         # spawn, not fork: forking a process whose torch/triton thread pools are live can hang. The
-        # children inherit TRITON_INTERPRET=1 and sys.path. A program walks every tap of every phase.
+        # children inherit TRITON_INTERPRET=1 and sys.path, and run on one thread each: the interpreter
+        # runs Python on one core. A program walks every tap of every phase.
         order = sorted(range(len(cases)), key=lambda i: -cases[i].geometry.groups * math.prod(cases[i].geometry.kernel))
         say(f"interpreter: {len(cases)} cases on {jobs} processes")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_worker_init) as pool:
+                                 initializer=torch.set_num_threads, initargs=(1,)) as pool:
             futures = {pool.submit(_check_one, cases[i], seed): i for i in order}
             for fut in as_completed(futures):
                 i = futures[fut]

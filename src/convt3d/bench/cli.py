@@ -7,6 +7,8 @@ every case ran (and met its bar), 1 when one failed, 2 for a usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -150,40 +152,32 @@ def _usage_error(message: str) -> int:
     return 2
 
 
-class _Progress:
-    """A rich progress bar on a terminal; in a log (no terminal) or without rich, one plain line per step."""
+@contextlib.contextmanager
+def _progress(console, total: int, title: str):
+    """(status, advance) of a rich progress bar on a terminal; in a log (no terminal) or without rich,
+    status prints one plain line, numbered by the steps advanced."""
+    done = 0
 
-    def __init__(self, console, total: int, title: str):
-        self.console, self.total, self.done, self.bar = console, total, 0, None
-        if console.is_terminal:
-            try:
-                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                           TimeElapsedColumn)
-            except ImportError:
-                return
-            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
-            self.task = self.bar.add_task(title, total=total)
-            self.bar.start()
+    def line(msg: str) -> None:
+        console.print(f"[{done + 1}/{total}] {msg}" if total else msg, highlight=False, markup=False)
 
-    def __enter__(self):
-        return self
+    def step() -> None:
+        nonlocal done
+        done += 1
 
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-
-    def status(self, msg: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, description=msg)
+    if console.is_terminal:
+        try:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                       TimeElapsedColumn)
+        except ImportError:
+            pass
         else:
-            self.console.print(f"[{self.done + 1}/{self.total}] {msg}" if self.total else msg, highlight=False,
-                               markup=False)
-
-    def advance(self) -> None:
-        self.done += 1
-        if self.bar is not None:
-            self.bar.advance(self.task)
+            with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=console, transient=True) as bar:
+                task = bar.add_task(title, total=total)
+                yield (lambda msg: bar.update(task, description=msg)), (lambda: bar.advance(task))
+            return
+    yield line, step
 
 
 # ---- entry point --------------------------------------------------------------------------------
@@ -263,8 +257,8 @@ def _check(args, argv, note: str, what: str, total: int, run, table, settings: d
     env = report.environment(cuda=False)
     report.print_header(console, env, None, "[bold yellow]No CUDA device: timings need a GPU.[/bold yellow] " + note)
     t0 = time.perf_counter()
-    with _Progress(console, total, f"{what} check") as prog:
-        rows, failures, skipped = run(prog.status, prog.advance)
+    with _progress(console, total, f"{what} check") as (status, advance):
+        rows, failures, skipped = run(status, advance)
     if rows:
         table(console, rows)
     report.print_failures(console, failures, skipped or [])
@@ -282,8 +276,8 @@ def _check(args, argv, note: str, what: str, total: int, run, table, settings: d
 def _run_interpreter_check(args, argv: list[str], cases) -> int:
     note = ("Checking the Triton kernels' correctness instead, through Triton's interpreter, against float64 "
             f"PyTorch, at reduced sizes (batch 1, <= {suites.INTERP_MAX_CHANNELS_PER_GROUP} channels per group, "
-            f"~{suites.INTERP_IN_SIZE} input positions per dimension; kernel, stride, padding, dilation, output_padding and "
-            "groups as in the suite).")
+            f"~{suites.INTERP_IN_SIZE} input positions per dimension; kernel, stride, padding, dilation, "
+            "output_padding and groups as in the suite).")
     if args.mode != "fwd":
         note += (f" (--mode {args.mode}: this check runs the forward kernels; the gradients are checked through "
                  "the interpreter by tests/test_training.py.)")
@@ -308,14 +302,14 @@ def _run_timing(args, argv: list[str], cases) -> int:
     console = report.make_console()
     env = report.environment(cuda=True)
     t0 = time.perf_counter()
-    with _Progress(console, 0, "measuring device ceilings") as prog:
-        prog.status("measuring device ceilings")
-        ceilings = measure_ceilings("cuda", prog.status)
+    with _progress(console, 0, "measuring device ceilings") as (status, _):
+        status("measuring device ceilings")
+        ceilings = measure_ceilings("cuda", status)
     report.print_header(console, env, ceilings)
-    with _Progress(console, len(cases), "timing") as prog:
+    with _progress(console, len(cases), "timing") as (status, advance):
         rows, failures = run_cases(cases, args.mode, args.backend, ceilings,
                                    TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed),
-                                   prog.status, prog.advance)
+                                   status, advance)
     seconds = time.perf_counter() - t0
     for suite in dict.fromkeys(r["suite"] for r in rows):
         report.print_timing_table(console, [r for r in rows if r["suite"] == suite],
@@ -366,10 +360,7 @@ def _run_network_check(args, argv: list[str], nets) -> int:
             "training step need a GPU: tests/test_gpu_networks.py).")
     if args.backend not in ("auto", CHECK_BACKEND):
         note += f" (--backend {args.backend} is ignored here.)"
-
-    def run(status, advance):
-        return networks.check_networks(nets, args.seed, status, advance)
-
+    run = functools.partial(networks.check_networks, nets, args.seed)
     return _check(args, argv, note, "networks", len(nets), run, report.print_network_check_table,
                   _network_settings(args, nets, []), {}, "convt3d bench --suite networks")
 
@@ -390,10 +381,10 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
         if args.json:
             report.write_json(args.json, data(rows, failures, skipped))
 
-    with _Progress(console, len(nets) * len(modes), "networks") as prog:
+    with _progress(console, len(nets) * len(modes), "networks") as (status, advance):
         rows, failures, skipped = networks.run_networks(
             nets, modes, args.backend, TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed),
-            prog.status, prog.advance, on_network=rewrite, tune=args.tune, measure=not args.first_calls,
+            status, advance, on_network=rewrite, tune=args.tune, measure=not args.first_calls,
             rounds=args.rounds)
     seconds = time.perf_counter() - t0
     summary = []

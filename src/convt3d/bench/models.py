@@ -110,8 +110,6 @@ class VideoDecoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.res(x)
-        for i, up in enumerate(self.up):
-            h = up(h)
-            if i < len(self.up) - 1:
-                h = F.relu(h)
-        return h
+        for up in self.up[:-1]:
+            h = F.relu(up(h))
+        return self.up[-1](h)

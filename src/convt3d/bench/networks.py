@@ -33,7 +33,7 @@ from .suites import name_seed
 
 __all__ = ["GAN3DGenerator", "VideoDecoder", "AxialAttention3d", "Network", "NetMode", "NETWORKS", "NET_MODES",
            "DEFAULT_PAIRS", "network_names", "select_networks", "select_modes", "unavailable_reason",
-           "build_network", "convt_layer_count", "forward_fn", "training_step", "target_for",
+           "build_network", "forward_fn", "training_step", "target_for",
            "layer_engines", "transposed_share", "run_networks", "check_networks", "relative_error", "normwise_error"]
 
 
@@ -147,12 +147,6 @@ def build_network(net: Network, device: str | torch.device, tiny: bool = False,
             model, shape = net.build(tiny)
     x = torch.randn(shape, generator=torch.Generator(device="cpu").manual_seed(s + 1))
     return model.to(device), x.to(device)
-
-
-def convt_layer_count(model: nn.Module) -> tuple[int, int]:
-    """(ConvTranspose3d layers, of which computed by convt3d) in ``model``."""
-    mods = [m for m in model.modules() if isinstance(m, nn.ConvTranspose3d)]
-    return len(mods), sum(isinstance(m, Patched) for m in mods)
 
 
 # ---- modes ---------------------------------------------------------------------------------------
@@ -276,7 +270,7 @@ def _tf32_arithmetic(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return forward_fn(ref_model, x.double(), autocast=False)()
 
 
-def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode, convt_index: list[int], y_tf32=None) -> None:
+def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode, model: nn.Module, x: torch.Tensor) -> None:
     diff, scale = max_abs_diff(y_patched, y_untouched)
     row.update(max_abs_diff_vs_torch=diff, max_abs_torch=scale, output_layout_matches=True)
     if not mode.training:
@@ -284,14 +278,16 @@ def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode, convt_index:
         row["output_layout_matches"] = y_patched.shape == y_untouched.shape and y_patched.dtype == y_untouched.dtype
         err, ref_err = relative_error(y_patched, ref), relative_error(y_untouched, ref)
         budget_ref = ref_err
-        if y_tf32 is not None:
-            row["tf32_arithmetic_rel_err"] = relative_error(y_tf32, ref)
+        if mode.dtype == "fp32" and x.device.type == "cuda" and cudnn_conv_allows_tf32():
+            row["tf32_arithmetic_rel_err"] = relative_error(_tf32_arithmetic(model, x), ref)
             budget_ref = max(ref_err, row["tf32_arithmetic_rel_err"])
         row.update(rel_err_vs_reference=err, torch_rel_err_vs_reference=ref_err,
                    within_error_budget=_budget_ok(err, budget_ref, mode.dtype), output_shape=list(y_untouched.shape))
         return
     grads_p, grads_u, grads_r = y_patched[1:], y_untouched[1:], ref[1:]
     err, ref_err = normwise_error(grads_p, grads_r), normwise_error(grads_u, grads_r)
+    weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.ConvTranspose3d)}
+    convt_index = [i for i, p in enumerate(_trainable(model)) if id(p) in weights]
 
     def pick(gs):  # the ConvTranspose3d weights: the layers convt3d computes
         return [gs[i] for i in convt_index]
@@ -409,7 +405,8 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
            "precision": "tf32" if cudnn_conv_allows_tf32() else "tf32x3",
            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32), "backend": backend,
            "input_shape": list(x.shape), "parameters": sum(p.numel() for p in model.parameters()),
-           "convt_layers": convt_layer_count(model)[0], "convt_layers_patched": convt_layer_count(patched)[1]}
+           "convt_layers": sum(isinstance(m, nn.ConvTranspose3d) for m in model.modules()),
+           "convt_layers_patched": sum(isinstance(m, Patched) for m in patched.modules())}
     target = target_for(model, x, name_seed(net.name, seed) + 2) if mode.training else None
 
     def call(m: nn.Module):
@@ -429,13 +426,7 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
         t0 = time.perf_counter()
         refs[mode.name] = (*_reference(model, x, mode, target), time.perf_counter() - t0)
     ref, row["reference"], row["reference_s"] = refs[mode.name]
-    y_tf32 = None
-    if not mode.training and mode.dtype == "fp32" and x.device.type == "cuda" and cudnn_conv_allows_tf32():
-        if "infer_tf32" not in refs:
-            refs["infer_tf32"] = _tf32_arithmetic(model, x)
-        y_tf32 = refs["infer_tf32"]
-    weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.ConvTranspose3d)}
-    _compare(row, y_p, y_u, ref, mode, [i for i, p in enumerate(_trainable(model)) if id(p) in weights], y_tf32)
+    _compare(row, y_p, y_u, ref, mode, model, x)
     row.update(torch_first_call_s=first_u, first_call_s=first_p, first_call_extra_s=first_p - first_u)
     del y_u, y_p
     if not measure:

@@ -38,12 +38,6 @@ SUSPECT_REL_DIFF = 2e-2
 
 
 # ---- environment ----------------------------------------------------------------------------------
-def _cudnn_version() -> str | None:
-    v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    # cuDNN 9, the one torch >= 2.11 ships, encodes major*10000 + minor*100 + patch.
-    return f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v else None
-
-
 def _git_commit() -> str | None:
     """The project's commit when run from a checkout, "+dirty" with tracked changes."""
     try:
@@ -55,10 +49,13 @@ def _git_commit() -> str | None:
 
 
 def environment(cuda: bool) -> dict:
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     env = {
         "convt3d": convt3d.__version__, "git_commit": _git_commit(), "source_digest": source_digest(),
         "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        "cudnn": _cudnn_version(), "python": platform.python_version(), "platform": platform.platform(),
+        # cuDNN 9, the one torch >= 2.11 ships, encodes major*10000 + minor*100 + patch.
+        "cudnn": f"{cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}" if cudnn else None,
+        "python": platform.python_version(), "platform": platform.platform(),
         "env": {k: v for k, v in os.environ.items() if k.startswith("CONVT3D_") or k == "TRITON_INTERPRET"},
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
     }
@@ -72,8 +69,9 @@ def environment(cuda: bool) -> dict:
 
 
 # ---- summary --------------------------------------------------------------------------------------
-def _group_keys(rows: list[dict]) -> list[tuple[str, dict]]:
-    """Groups to summarise: each suite, then its split by precision, dtype, layout and mode where it varies."""
+def summarize(rows: list[dict]) -> list[dict]:
+    """Geometric-mean and minimum speedups of timing rows per suite, then per precision, dtype, layout
+    and mode of the suite where it varies."""
     groups = []
     for suite in dict.fromkeys(r["suite"] for r in rows):
         in_suite = [r for r in rows if r["suite"] == suite]
@@ -82,13 +80,8 @@ def _group_keys(rows: list[dict]) -> list[tuple[str, dict]]:
             values = list(dict.fromkeys(r.get(field) for r in in_suite))
             if len(values) > 1:
                 groups += [(f"{suite} {v}", {"suite": suite, field: v}) for v in values]
-    return groups
-
-
-def summarize(rows: list[dict]) -> list[dict]:
-    """Geometric-mean and minimum speedups per group of timing rows (see ``_group_keys``)."""
     out = []
-    for name, match in _group_keys(rows):
+    for name, match in groups:
         sel = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
         worst = min(sel, key=lambda r: r["speedup"])
         entry = {"group": name, "filter": match, "cases": len(sel),
@@ -128,16 +121,13 @@ def _clean(v):
 
 def payload(kind: str, argv: list[str], env: dict, settings: dict, rows: list[dict], failures: list[dict],
             summary, ceilings: Ceilings | None = None, skipped: list[dict] | None = None) -> dict:
-    data = {
+    return {
         "schema": SCHEMA, "kind": kind,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": list(argv), "environment": env, "settings": settings,
         "ceilings": ceilings.as_dict() if ceilings is not None else None,
-        "rows": rows, "failures": failures, "summary": summary,
+        "rows": rows, "failures": failures, "summary": summary, **({} if skipped is None else {"skipped": skipped}),
     }
-    if skipped is not None:
-        data["skipped"] = skipped
-    return data
 
 
 def _parent_made(path: str | os.PathLike) -> Path:
@@ -151,7 +141,7 @@ def write_json(path: str | os.PathLike, data: dict) -> None:
 
 
 # ---- plot -----------------------------------------------------------------------------------------
-def write_plot(path: str | os.PathLike, rows: list[dict], title: str = "") -> None:
+def write_plot(path: str | os.PathLike, rows: list[dict], title: str) -> None:
     """Two panels, one bar per row: speedup over cuDNN (log scale) and % of roofline of both.
     Raises ImportError without matplotlib."""
     import matplotlib
@@ -189,8 +179,7 @@ def write_plot(path: str | os.PathLike, rows: list[dict], title: str = "") -> No
     ax_r.axvline(100.0, color="red", linewidth=1)
     ax_r.set_xlabel("% of roofline (100 * max(memory floor, compute floor) / time)")
     ax_r.legend(loc="lower right", fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(_parent_made(path), dpi=110)
     plt.close(fig)

@@ -7,9 +7,9 @@ import time
 from typing import Callable, Iterator
 
 import torch
-import triton.testing
 
 from ..core.roofline import COPY_BYTES, MATMUL_SIZE, Ceilings, floors, geomean, peak_class, roofline_percent, tflops
+from ..dispatch.timing import gpu_ms
 
 __all__ = ["Ceilings", "peak_class", "floors", "roofline_percent", "tflops", "geomean", "measure_ceilings",
            "cudnn_tf32"]
@@ -37,8 +37,7 @@ def cudnn_tf32(allow: bool):
 def _copy_bytes_per_s(device, gen: torch.Generator) -> float:
     src = torch.rand(COPY_BYTES // 4, generator=gen, device=device)
     dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=60, return_mode="median")
-    return 2 * COPY_BYTES / (ms * 1e-3)
+    return 2 * COPY_BYTES / (gpu_ms(lambda: dst.copy_(src), warmup=10, rep=60) * 1e-3)
 
 
 def _matmul_flops_per_s(device, gen: torch.Generator, dtype: torch.dtype, tf32: bool) -> float:
@@ -48,7 +47,7 @@ def _matmul_flops_per_s(device, gen: torch.Generator, dtype: torch.dtype, tf32: 
     c = torch.empty((n, n), device=device, dtype=dtype)
     with _flag(torch.backends.cuda.matmul, "allow_tf32", tf32):
         # exact fp32, the slowest class, still gets several timed calls within ``rep``.
-        ms = triton.testing.do_bench(lambda: torch.mm(a, b, out=c), warmup=25, rep=100, return_mode="median")
+        ms = gpu_ms(lambda: torch.mm(a, b, out=c), warmup=25, rep=100)
     return 2 * n ** 3 / (ms * 1e-3)
 
 

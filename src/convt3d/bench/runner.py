@@ -10,11 +10,11 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-import triton.testing
 
 import convt3d
 from ..core.validate import check_call
 from ..dispatch.select import HYBRID, decide
+from ..dispatch.timing import gpu_ms
 from ..engines.triton import backward
 from .check import case_failure
 from .roofline import Ceilings, cudnn_tf32, floors, peak_class, roofline_percent, tflops
@@ -65,7 +65,7 @@ class CudaTimer:
         """Median seconds per call (L2 flushed between calls), at least min_reps timed calls."""
         _, estimate = self.first_call(fn)  # a warm call sizes the budget
         warmup, rep = bench_budget(estimate * 1e3, self.settings)
-        return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e-3
+        return gpu_ms(fn, warmup, rep) * 1e-3
 
     def paired(self, fn_a: Callable[[], object], fn_b: Callable[[], object], pairs: int) -> tuple[list, list]:
         """Seconds per call of ``fn_a`` and ``fn_b`` in ``pairs`` pairs of blocks timed back to back,
@@ -92,105 +92,85 @@ class CudaTimer:
 
 
 # ---- modes ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Mode:
-    name: str
-    # (case, tensors, backend) -> (convt3d callable, PyTorch callable), named ``ours`` and ``theirs``;
-    # each returns the output (fwd) or the tuple of gradients (bwd, full).
-    build: Callable[[Case, Tensors, str], tuple[Callable[[], object], Callable[[], object]]]
-    # (params, element size, has bias) -> (useful FLOP, bytes that must move)
-    work: Callable[[object, int, bool], tuple[int, int]]
-    needs_grad: bool = False  # the callables run under torch.enable_grad()
-
-
 def _ours(x, w, b, args, backend):
     return convt3d.conv_transpose3d(x, w, b, *args, backend=backend, precision=None)
-
-
-def _build_fwd(case: Case, t: Tensors, backend: str):
-    args = case.geometry.conv_args()
-
-    def ours() -> torch.Tensor:
-        return _ours(t.x, t.w, t.b, args, backend)
-
-    def theirs() -> torch.Tensor:
-        return F.conv_transpose3d(t.x, t.w, t.b, *args)
-
-    return ours, theirs
-
-
-def _work_fwd(params, element_size: int, has_bias: bool) -> tuple[int, int]:
-    return params.useful_flops, params.min_bytes(element_size, has_bias)
-
-
-def _grad_setup(case: Case, t: Tensors):
-    """(conv args, dY, convt3d's leaves, PyTorch's leaves): fresh leaves of the same values and
-    layouts that require grad, and a fixed random dY shaped and laid out like the output."""
-    args = case.geometry.conv_args()
-    with torch.no_grad():
-        y = F.conv_transpose3d(t.x, t.w, t.b, *args)
-    gen = torch.Generator(device=y.device).manual_seed(1 + case.geometry.batch)
-    g = torch.randn(y.shape, generator=gen, device=y.device, dtype=torch.float32).to(y.dtype)
-    if case.layout == "cl":
-        g = g.contiguous(memory_format=torch.channels_last_3d)
-
-    def leaves():
-        return [v.detach().requires_grad_() for v in (t.x, t.w, t.b) if v is not None]
-
-    return args, g, leaves(), leaves()
 
 
 def _xwb(leaves: list[torch.Tensor]) -> tuple:
     return leaves[0], leaves[1], leaves[2] if len(leaves) > 2 else None
 
 
-def _build_bwd(case: Case, t: Tensors, backend: str):
-    """Each engine's forward runs once here with its graph retained; the timed call is
-    ``torch.autograd.grad`` of that output."""
-    args, g, ours_in, ref_in = _grad_setup(case, t)
-    with torch.enable_grad():
-        y_ours, y_ref = _ours(*_xwb(ours_in), args, backend), F.conv_transpose3d(*_xwb(ref_in), *args)
+@dataclass(frozen=True)
+class Mode:
+    """fwd: the forward; bwd: dX, dW, db of a retained forward; full: a training step, forward and backward."""
 
-    def ours():
-        return torch.autograd.grad(y_ours, ours_in, g, retain_graph=True)
+    name: str
 
-    def theirs():
-        return torch.autograd.grad(y_ref, ref_in, g, retain_graph=True)
+    @property
+    def needs_grad(self) -> bool:
+        """Whether the callables run under torch.enable_grad()."""
+        return self.name != "fwd"
 
-    return ours, theirs
+    def build(self, case: Case, t: Tensors, backend: str) -> tuple[Callable[[], object], Callable[[], object]]:
+        """(convt3d callable, PyTorch callable), named ``ours`` and ``theirs``: each returns the output
+        (fwd) or the gradients of fresh leaves of the same values and layouts for a fixed random dY laid
+        out like the output; bwd runs each forward once here with its graph retained."""
+        args = case.geometry.conv_args()
+        if self.name == "fwd":
+            def ours() -> torch.Tensor:
+                return _ours(t.x, t.w, t.b, args, backend)
+
+            def theirs() -> torch.Tensor:
+                return F.conv_transpose3d(t.x, t.w, t.b, *args)
+
+            return ours, theirs
+        with torch.no_grad():
+            y = F.conv_transpose3d(t.x, t.w, t.b, *args)
+        gen = torch.Generator(device=y.device).manual_seed(1 + case.geometry.batch)
+        g = torch.randn(y.shape, generator=gen, device=y.device, dtype=torch.float32).to(y.dtype)
+        if case.layout == "cl":
+            g = g.contiguous(memory_format=torch.channels_last_3d)
+
+        def leaves():
+            return [v.detach().requires_grad_() for v in (t.x, t.w, t.b) if v is not None]
+
+        ours_in, ref_in = leaves(), leaves()
+
+        def forward_ours():
+            return _ours(*_xwb(ours_in), args, backend)
+
+        def forward_ref():
+            return F.conv_transpose3d(*_xwb(ref_in), *args)
+
+        retain = self.name == "bwd"
+        if retain:
+            with torch.enable_grad():
+                y_ours, y_ref = forward_ours(), forward_ref()
+            forward_ours, forward_ref = (lambda: y_ours), (lambda: y_ref)
+
+        def ours():
+            return torch.autograd.grad(forward_ours(), ours_in, g, retain_graph=retain)
+
+        def theirs():
+            return torch.autograd.grad(forward_ref(), ref_in, g, retain_graph=retain)
+
+        return ours, theirs
+
+    def work(self, params, element_size: int, has_bias: bool) -> tuple[int, int]:
+        """(useful FLOP, bytes that must move): dX and dW each do the forward's useful multiply-adds; the
+        backward reads dY, X and W and writes dX, dW and db."""
+        fwd_flop, fwd_bytes = params.useful_flops, params.min_bytes(element_size, has_bias)
+        if self.name == "fwd":
+            return fwd_flop, fwd_bytes
+        n_in = params.batch * params.in_channels * math.prod(params.in_size)
+        n_w = params.in_channels * params.out_channels_per_group * math.prod(params.kernel_size)
+        n_out = params.batch * params.out_channels * math.prod(params.out_size)
+        n_b = params.out_channels if has_bias else 0
+        flop, nbytes = 2 * params.useful_flops, element_size * (n_out + 2 * n_in + 2 * n_w + n_b)
+        return (flop, nbytes) if self.name == "bwd" else (flop + fwd_flop, nbytes + fwd_bytes)
 
 
-def _build_full(case: Case, t: Tensors, backend: str):
-    args, g, ours_in, ref_in = _grad_setup(case, t)
-
-    def ours():
-        return torch.autograd.grad(_ours(*_xwb(ours_in), args, backend), ours_in, g)
-
-    def theirs():
-        return torch.autograd.grad(F.conv_transpose3d(*_xwb(ref_in), *args), ref_in, g)
-
-    return ours, theirs
-
-
-def _work_bwd(params, element_size: int, has_bias: bool) -> tuple[int, int]:
-    """dX and dW each do the forward's useful multiply-adds; bytes: read dY, X and W, write dX, dW, db."""
-    n_in = params.batch * params.in_channels * math.prod(params.in_size)
-    n_w = params.in_channels * params.out_channels_per_group * math.prod(params.kernel_size)
-    n_out = params.batch * params.out_channels * math.prod(params.out_size)
-    n_b = params.out_channels if has_bias else 0
-    return 2 * params.useful_flops, element_size * (n_out + 2 * n_in + 2 * n_w + n_b)
-
-
-def _work_full(params, element_size: int, has_bias: bool) -> tuple[int, int]:
-    fwd, bwd = _work_fwd(params, element_size, has_bias), _work_bwd(params, element_size, has_bias)
-    return fwd[0] + bwd[0], fwd[1] + bwd[1]
-
-
-MODES: dict[str, Mode] = {
-    "fwd": Mode("fwd", _build_fwd, _work_fwd),
-    "bwd": Mode("bwd", _build_bwd, _work_bwd, True),  # dX, dW, db of a retained forward
-    "full": Mode("full", _build_full, _work_full, True),  # training step: forward and backward
-}
+MODES: dict[str, Mode] = {name: Mode(name) for name in ("fwd", "bwd", "full")}
 
 
 def get_mode(name: str) -> Mode:

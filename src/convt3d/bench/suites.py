@@ -12,6 +12,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from ..core.params import Axis
+
 __all__ = ["Geometry", "Case", "Tensors", "KERNELBENCH", "LAYERS", "HEAD_SWEEP", "SUITES", "EXTRA_SUITES", "DTYPES",
            "LAYOUTS", "PRECISIONS", "OLD_PRECISIONS", "precision_name", "all_cases", "select", "case_names",
            "reduced_for_interpreter", "make_tensors", "name_seed"]
@@ -37,10 +39,6 @@ def precision_name(name: str) -> str:
 
 def _t3(v: int | Sequence[int]) -> tuple[int, int, int]:
     return (v, v, v) if isinstance(v, int) else tuple(v)
-
-
-def _out_len(i: int, k: int, s: int, p: int, op: int, d: int) -> int:
-    return (i - 1) * s - 2 * p + d * (k - 1) + op + 1
 
 
 @dataclass(frozen=True)
@@ -75,8 +73,8 @@ class Geometry:
         return (self.stride, self.padding, self.output_padding, self.groups, self.dilation)
 
     def out_size(self) -> tuple[int, int, int]:
-        return tuple(_out_len(*a) for a in zip(self.in_size, self.kernel, self.stride, self.padding,
-                                                self.output_padding, self.dilation))
+        return tuple(Axis(*a).out_size for a in zip(self.in_size, self.kernel, self.stride, self.padding,
+                                                    self.dilation, self.output_padding))
 
     def as_dict(self) -> dict:
         """The fields but the name, sizes as lists (as JSON writes them)."""
@@ -191,21 +189,16 @@ def select(suite: str = "all", names: Iterable[str] | None = None, dtypes: Itera
         raise ValueError(f"unknown suite {suite!r}; expected 'all' or one of {SUITES + EXTRA_SUITES}")
     if precisions is not None:
         precisions = [precision_name(p) for p in precisions]
+    cases = all_cases() if suite == "all" else _suite_cases(suite)
     filters = {"case": (names, case_names()), "dtype": (dtypes, list(DTYPES)),
                "layout": (layouts, list(LAYOUTS)), "precision": (precisions, list(PRECISIONS))}
-    wanted: dict[str, set[str] | None] = {}
     for key, (values, choices) in filters.items():
-        wanted[key] = None if values is None else set(values)
-        unknown = sorted((wanted[key] or set()) - set(choices))
+        wanted = None if values is None else set(values)
+        unknown = sorted((wanted or set()) - set(choices))
         if unknown:
             raise ValueError(f"unknown {key} {', '.join(map(repr, unknown))}; expected one of {', '.join(choices)}")
-    cases = all_cases() if suite == "all" else _suite_cases(suite)
-
-    def keep(c: Case) -> bool:
-        fields = {"case": c.name, "dtype": c.dtype, "layout": c.layout, "precision": c.precision}
-        return all(wanted[k] is None or fields[k] in wanted[k] for k in fields)
-
-    return [c for c in cases if keep(c)]
+        cases = [c for c in cases if wanted is None or getattr(c, "name" if key == "case" else key) in wanted]
+    return cases
 
 
 # ---- reduced sizes for Triton's interpreter ------------------------------------------------------
@@ -223,9 +216,9 @@ def reduced_for_interpreter(g: Geometry) -> Geometry:
     cout_g = min(g.out_channels // g.groups, INTERP_MAX_CHANNELS_PER_GROUP)
     sizes = []
     for i, k, s, p, op, d in zip(g.in_size, g.kernel, g.stride, g.padding, g.output_padding, g.dilation):
-        full_out = _out_len(i, k, s, p, op, d)
+        full_out = Axis(i, k, s, p, d, op).out_size
         n = min(i, INTERP_IN_SIZE)
-        while n < i and _out_len(n, k, s, p, op, d) < min(s, full_out):
+        while n < i and Axis(n, k, s, p, d, op).out_size < min(s, full_out):
             n += 1
         sizes.append(n)
     return replace(g, batch=1, in_channels=cin_g * g.groups, out_channels=cout_g * g.groups, in_size=tuple(sizes))
@@ -254,9 +247,7 @@ def make_tensors(case: Case, device: str | torch.device, seed: int = 0, geometry
     bound = 1.0 / math.sqrt((g.out_channels // g.groups) * math.prod(g.kernel))  # kaiming-uniform, a = sqrt(5)
     w = (torch.rand(g.weight_shape, generator=gen, device=device) * 2 - 1) * bound
     b = (torch.rand((g.out_channels,), generator=gen, device=device) * 2 - 1) * bound if g.bias else None
-    dtype = case.torch_dtype
-    x, w = x.to(dtype), w.to(dtype)
-    b = b.to(dtype) if b is not None else None
+    x = x.to(case.torch_dtype)
     if case.layout == "cl":
         x = x.contiguous(memory_format=torch.channels_last_3d)
-    return Tensors(x, w, b)
+    return Tensors(x, w.to(case.torch_dtype), None if b is None else b.to(case.torch_dtype))
