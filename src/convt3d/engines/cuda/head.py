@@ -1,7 +1,5 @@
-"""Launcher of the CUDA head kernel (``head_shuffle.cu``, whose header gives the design): output heads
-at dilation 1 in one launch. Here: geometry, tiles and the first call's timed choice, weight packing,
-and the nvcc build loaded with ctypes; fp32 runs at TF32 (rounded as cuDNN), bf16 and fp16 as they are.
-"""
+"""Launcher of the CUDA head kernel (``head_shuffle.cu``'s header gives the design): geometry, tiles, the first
+call's timed choice, weight packing, the nvcc build loaded by ctypes; fp32 runs at TF32 (rounded as cuDNN)."""
 from __future__ import annotations
 
 import ctypes
@@ -59,8 +57,7 @@ _shift_arrays: dict = memo("engines.cuda.head.shift_arrays")
 
 
 def geometry(params: ConvT3dParams) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """(shifts J = ceil(k/s), first block p // s, blocks) per dimension: tap t = j * s + r, and
-    output o = q * s - p + r belongs to block q."""
+    """(shifts J = ceil(k/s), first block p // s, blocks) per dimension: tap t = j * s + r, output q * s - p + r."""
     js = tuple(cdiv(a.kernel, a.stride) for a in params.axes)
     first = tuple(a.padding // a.stride for a in params.axes)
     last = [(a.out_size - 1 + a.padding) // a.stride for a in params.axes]
@@ -204,7 +201,7 @@ def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = N
                jn: int = 1) -> list[tuple[int, tuple]]:
     """(config, box) pairs to offer for variant ``jn``: power-of-two boxes of BM blocks within shared
     memory, best first by staged rows read plus blocks computed, one-CTA-per-SM boxes last."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     js, _, qn = geometry(params)
     ks = _kshifts(params, jn)
     out = []
@@ -269,7 +266,7 @@ def plan(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
          jn: int = 1) -> HeadPlan:
     """The launch for a call the kernel takes: the given configuration and box, else the first of
     ``tile_boxes``; ``max_ctas`` caps the persistent grid (0: as many CTAs as the SMs hold)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     if jn not in (1, width_shifts(params)):
         raise ValueError(f"jn={jn}: this layer takes 1 or {width_shifts(params)} width shifts as columns")
     if config is None or box is None:
@@ -311,9 +308,8 @@ def call_reason(x: torch.Tensor, params: ConvT3dParams, precision: str) -> str |
     why = unsupported_reason(params, x.dtype, precision)
     if why is not None:
         return why
-    if _DTYPE_CODES[x.dtype] not in _state["lib"]:
-        if nvcc_path() is None and not library_path(x.device, x.dtype).exists():
-            return "no CUDA compiler (nvcc) found to build the head kernel: set CUDA_HOME or put nvcc on PATH"
+    if not loaded(x.dtype) and nvcc_path() is None and not library_path(x.device, x.dtype).exists():
+        return "no CUDA compiler (nvcc) found to build the head kernel: set CUDA_HOME or put nvcc on PATH"
     return None
 
 
@@ -343,6 +339,9 @@ def pack_weight(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> to
 
 def pack_weight_cuda(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> torch.Tensor:
     """``pack_weight`` in one launch of the library's pack kernel (a CUDA weight, any strides)."""
+    if weight.device.index is not None and weight.device.index != torch.cuda.current_device():
+        with torch.cuda.device(weight.device):  # the runtime launches on the current device
+            return pack_weight_cuda(weight, params, hp)
     load_library(weight.device, weight.dtype)
     ks = _kshifts(params, hp.jn)
     np_ = columns(params, hp.jn)
@@ -351,9 +350,6 @@ def pack_weight_cuda(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) 
     meta = (ctypes.c_int64 * 21)(*params.kernel_size, *params.stride, *ks, params.in_channels_per_group,
                                  params.out_channels_per_group, np_, hp.kc, hp.nchunks, params.groups,
                                  *weight.stride(), hp.jn)
-    if weight.device.index is not None and weight.device.index != torch.cuda.current_device():
-        with torch.cuda.device(weight.device):  # the runtime launches on the current device
-            return pack_weight_cuda(weight, params, hp)
     err = _state["pack"][_DTYPE_CODES[weight.dtype]](
         weight.data_ptr(), out.data_ptr(), meta, _DTYPE_CODES[weight.dtype], weight.element_size(),
         torch.cuda.current_stream(weight.device).cuda_stream)
@@ -376,17 +372,16 @@ def _source() -> str:
 
 def _arch(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
-    # sm_90a: Hopper's native target.
-    return f"{major}{minor}a" if major == 9 else f"{major}{minor}"
+    return f"{major}{minor}a" if major == 9 else f"{major}{minor}"  # sm_90a: Hopper's native target
 
 
 def library_path(device: torch.device, dtype: torch.dtype) -> Path:
     """The library's path in the cache directory, named by a digest of source, dtype, arch and nvcc."""
     from ...dispatch.cache import cache_dir
     arch = _arch(device)
-    code = _DTYPE_CODES[dtype]
-    digest = hashlib.sha256("\n".join([_source(), arch, str(code), " ".join(_NVCC_FLAGS), str(nvcc_path())]).encode())
-    return cache_dir() / "build" / f"convt3d_head_{str(dtype).replace('torch.', '')}_sm{arch}_{digest.hexdigest()[:12]}.so"
+    key = "\n".join([_source(), arch, str(_DTYPE_CODES[dtype]), " ".join(_NVCC_FLAGS), str(nvcc_path())])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return cache_dir() / "build" / f"convt3d_head_{str(dtype).replace('torch.', '')}_sm{arch}_{digest}.so"
 
 
 # nvcc alone builds the library (no torch headers: far faster than load_inline), one per element type.
@@ -398,13 +393,11 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
     """Build the library of ``dtype`` once into the cache directory and load it with ctypes; the build
     renames a finished temporary file, so racing processes never load a half-written library."""
     code = _DTYPE_CODES[dtype]
-    fn = _state["lib"].get(code)
-    if fn is not None:
-        return fn
+    if code in _state["lib"]:
+        return _state["lib"][code]
     with _lock:
-        fn = _state["lib"].get(code)
-        if fn is not None:
-            return fn
+        if code in _state["lib"]:
+            return _state["lib"][code]
         device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
         path = library_path(device, dtype)
         if not path.exists():
@@ -426,15 +419,12 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
                         "backend='cuda': building the head kernel failed. Compiler output, last lines:\n"
                         + (done.stdout + done.stderr)[-4000:])
                 os.replace(out, path)
-        lib = ctypes.CDLL(str(path))
+        lib = ctypes.CDLL(str(path))  # both entry points return an int, ctypes' default
+        p64 = ctypes.POINTER(ctypes.c_int64)
         fn = lib.convt3d_head_launch
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)] + \
-            [ctypes.c_int] * 4 + [ctypes.c_void_p]
+        fn.argtypes = [ctypes.c_void_p] * 4 + [p64, p64] + [ctypes.c_int] * 4 + [ctypes.c_void_p]
         pack = lib.convt3d_head_pack
-        pack.restype = ctypes.c_int
-        pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int,
-                         ctypes.c_void_p]
+        pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, p64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         _state["pack"][code] = pack
         _state["lib"][code] = fn
         return fn
@@ -511,7 +501,7 @@ def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if len(plans) == 1 or torch.cuda.is_current_stream_capturing():
         return plans[0]
     y = _output(x, weight, params)
-    best = None
+    timed = []
     for hp in plans:
         wp = pack_weight_cuda(weight, params, hp)
         for _ in range(3):
@@ -524,11 +514,9 @@ def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-        ms = sorted(times)[len(times) // 2]
-        if best is None or ms < best[0]:
-            best = (ms, hp)
-    _chosen[key] = best[1]
-    return best[1]
+        timed.append((sorted(times)[len(times) // 2], hp))
+    _chosen[key] = hp = min(timed, key=lambda t: t[0])[1]  # the first of the fastest
+    return hp
 
 
 def loaded(dtype: torch.dtype) -> bool:
