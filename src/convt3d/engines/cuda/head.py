@@ -494,10 +494,9 @@ def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     plans = candidate_plans(params, x.dtype)
     if not plans:
         raise BackendUnavailableError("backend='cuda': no head kernel tile fits this layer in shared memory")
-    if _copy_helps(x, plans[0]):
-        base = list(plans)
-        for jn in sorted({hp.jn for hp in base}):  # the first two of each variant
-            plans += [dataclasses.replace(hp, copy_cl=True) for hp in base if hp.jn == jn][:2]
+    if _copy_helps(x, plans[0]):  # the first two of each variant again, on a channels-last copy
+        plans += [dataclasses.replace(hp, copy_cl=True) for jn in variants(params)
+                  for hp in [hp for hp in plans if hp.jn == jn][:2]]
     if len(plans) == 1 or torch.cuda.is_current_stream_capturing():
         return plans[0]
     y = _output(x, weight, params)
