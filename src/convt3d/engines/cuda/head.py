@@ -261,11 +261,12 @@ class HeadPlan:
     jn: int = 1  # width shifts as MMA columns; box is then the M rows' and yields mw - jn + 1 blocks
 
 
+@functools.lru_cache(maxsize=256)
 def plan(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
          box: tuple[int, int, int] | None = None, stages: int | None = None, max_ctas: int = 0,
          jn: int = 1) -> HeadPlan:
     """The launch for a call the kernel takes: the given configuration and box, else the first of
-    ``tile_boxes``; ``max_ctas`` caps the persistent grid (0: as many CTAs as the SMs hold)."""
+    ``tile_boxes``; ``max_ctas`` caps the persistent grid (0: as many CTAs as the SMs hold); memoised."""
     itemsize = dtype.itemsize
     if jn not in (1, width_shifts(params)):
         raise ValueError(f"jn={jn}: this layer takes 1 or {width_shifts(params)} width shifts as columns")
@@ -311,12 +312,6 @@ def call_reason(x: torch.Tensor, params: ConvT3dParams, precision: str) -> str |
     if not loaded(x.dtype) and nvcc_path() is None and not library_path(x.device, x.dtype).exists():
         return "no CUDA compiler (nvcc) found to build the head kernel: set CUDA_HOME or put nvcc on PATH"
     return None
-
-
-@functools.lru_cache(maxsize=256)
-def _plan_memo(params: ConvT3dParams, dtype: torch.dtype, config: int | None, box: tuple | None,
-               jn: int = 1) -> HeadPlan:
-    return plan(params, dtype, config, box, jn=jn)
 
 
 def pack_weight(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> torch.Tensor:
@@ -534,7 +529,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     if y.numel() == 0:
         return y
     bias = bias.contiguous() if bias is not None else None  # the kernel reads bias[g x Cout/g + co]
-    hp = _plan_memo(params, x.dtype, config, box, jn) if config is not None or box is not None or jn != 1 else \
+    hp = plan(params, x.dtype, config, box, jn=jn) if config is not None or box is not None or jn != 1 else \
         choose_tile(x, weight, bias, params)
     _launch(_staged_input(x, hp), pack_weight_cuda(weight, params, hp), bias, y, hp)
     return y
