@@ -41,8 +41,7 @@ def _tanh(v):
 
 @triton.jit
 def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.constexpr, op: tl.constexpr):
-    """Step ``i`` of code ``op`` on value ``v`` and register ``r`` (its own function: an unrolled loop binds a
-    constant name once)."""
+    """Step ``i``, code ``op``, on value ``v`` and register ``r`` (a function: unrolled loops bind a constant once)."""
     if op == 1:
         v = v * tl.load(epi_ptr + i)
     if op == 2:
@@ -572,8 +571,7 @@ def gluon_capable(device: torch.device) -> bool:
 # ==================== convt3d/engines/triton/kernels/finish.py (what this file reaches, verbatim) ====================
 @triton.jit
 def _chan(n, mean, m2, nb, mean_b, m2_b):
-    """Chan's formula: mean and centred sum of squares of ``n`` values joined by ``nb`` more; centred partials, so
-    a large mean costs no digits."""
+    """Chan's formula: mean, centred square sum of n values joined by nb more (centred: big means lose no digits)."""
     d = mean_b - mean
     w = nb / (n + nb)
     return mean + d * w, m2 + m2_b + d * d * n * w

@@ -226,8 +226,7 @@ def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = N
 
 
 def shift_masks(params: ConvT3dParams, jn: int = 1) -> list[int]:
-    """Per K-step shift, the bit mask of the n-tiles whose columns (n = (jw' x R + r) x Cout/g + co)
-    hold a tap: j x s + r < k along every dimension."""
+    """Per K-step shift, the mask of n-tiles whose columns (jw' x R + r) x Cout/g + co hold a tap (j x s + r < k)."""
     ks = _kshifts(params, jn)
     cog = params.out_channels_per_group
     (sd, sh, sw), (kd, kh, kw) = params.stride, params.kernel_size
@@ -473,8 +472,7 @@ def variants(params: ConvT3dParams) -> list[int]:
 
 
 def candidate_plans(params: ConvT3dParams, dtype: torch.dtype, per_variant: int = 4) -> list[HeadPlan]:
-    """What ``choose_tile`` times: the first ``per_variant`` offered tiles of each of ``variants``, as
-    each variant wins on some heads."""
+    """What ``choose_tile`` times: the first ``per_variant`` tiles of each variant (each wins on some heads)."""
     return [plan(params, dtype, cfg, box, jn=jn) for jn in variants(params)
             for cfg, box in tile_boxes(params, dtype, jn=jn)[:per_variant]]
 

@@ -9,8 +9,7 @@ from .epilogue import apply_epilogue
 
 @triton.jit
 def _chan(n, mean, m2, nb, mean_b, m2_b):
-    """Chan's formula: mean and centred sum of squares of ``n`` values joined by ``nb`` more; centred partials, so
-    a large mean costs no digits."""
+    """Chan's formula: mean, centred square sum of n values joined by nb more (centred: big means lose no digits)."""
     d = mean_b - mean
     w = nb / (n + nb)
     return mean + d * w, m2 + m2_b + d * d * n * w

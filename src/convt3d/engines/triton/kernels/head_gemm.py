@@ -126,8 +126,7 @@ def _rows_gathered_w(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, 
 @triton.jit
 def _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL,
                 SW_C: tl.constexpr, FULL_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store N tile ``nt`` of an M tile into Z, the W residues interleaved in registers so that
-    each store writes contiguous output columns."""
+    """N tile ``nt`` of an M tile into Z, the W residues interleaved in registers so stores write contiguous columns."""
     G_N: tl.constexpr = BLOCK_N // SW_C
     out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
     e = tl.arange(0, BLOCK_M * SW_C)

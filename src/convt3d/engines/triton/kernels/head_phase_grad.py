@@ -11,8 +11,7 @@ from .phase_gemm import _round_tf32
 
 @triton.jit
 def _axis_tap(t, DIL, S, LIFT):
-    """Tap index -> (residue, copy index minus input index); LIFT = c*s - p >= 0 keeps the dividend non-negative
-    (Triton's // and % truncate)."""
+    """Tap -> (residue, copy index - input index); LIFT = c*s - p >= 0 keeps dividends >= 0 (// and % truncate)."""
     u = t * DIL + LIFT
     return u % S, u // S
 
