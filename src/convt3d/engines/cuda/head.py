@@ -489,7 +489,7 @@ def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise BackendUnavailableError("backend='cuda': no head kernel tile fits this layer in shared memory")
     if _copy_helps(x, plans[0]):  # the first two of each variant again, on a channels-last copy
         plans += [dataclasses.replace(hp, copy_cl=True) for jn in variants(params)
-                  for hp in [hp for hp in plans if hp.jn == jn][:2]]
+                  for hp in [p for p in plans if p.jn == jn][:2]]
     if len(plans) == 1 or torch.cuda.is_current_stream_capturing():
         return plans[0]
     y = _output(x, weight, params)
