@@ -58,9 +58,8 @@ def _round_tf32(v):
 def _pack_block(w_ptr, p_ptr, pid, grp,
                 CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
-    """One [BLOCK_CI, BLOCK_J] block of pack_weight_kernel (program ``pid`` of group ``grp``): loads
-    along j = co * KVOL + tap, stores along ci. FOLD > 1: rows of merged original group f hold
-    weights only in that group's columns, zeros elsewhere (block-diagonal)."""
+    """Block ``pid`` of group ``grp`` of pack_weight_kernel, [BLOCK_CI, BLOCK_J]: loads along j = co * KVOL + tap,
+    stores along ci; FOLD > 1: merged group f's rows hold weights in its columns only (block-diagonal)."""
     j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
     ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
     j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -85,10 +84,9 @@ def flat_gemm_kernel(
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
     OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPI: tl.constexpr = 0,
 ):
-    """The phase GEMMs on Hopper with every operand tile a plain 2-D TMA box: the input is a
-    zero-haloed NDHWC copy (DP, HP, WP) viewed as [rows, channels], a tile BLOCK_M consecutive
-    positions of one compact plane with its padding columns, so each tap reads the same box shifted
-    by one offset (wrapped rows feed only discarded positions); the weight [G * taps * Cout/g, Cin/g]."""
+    """The phase GEMMs on Hopper, every operand tile a 2-D TMA box: the input a zero-haloed NDHWC copy (DP, HP, WP)
+    as [rows, channels], a tile BLOCK_M consecutive positions of one compact plane with its padding columns, so each
+    tap reads one box shifted (wrapped rows feed only discarded positions); the weight [G*taps*Cout/g, Cin/g]."""
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
     t = pid // tiles_n
@@ -211,9 +209,8 @@ def _pad_block(x_ptr, y_ptr, pid,
                R_BLOCKS, C_BLOCKS,
                ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr,
                BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N on one axis): BLOCK_W positions of
-    one padded row by BLOCK_C channels. Rows, so that Triton sees an NCDHW source run along W and
-    loads it coalesced, transposing through shared memory for the channels-innermost store."""
+    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N): BLOCK_W positions of a padded row by BLOCK_C
+    channels; rows, so an NCDHW source loads coalesced along W, transposed in shared memory for the store."""
     pid_r = pid % R_BLOCKS
     pid_c = (pid // R_BLOCKS) % C_BLOCKS
     nb = (pid // R_BLOCKS // C_BLOCKS).to(tl.int64)
@@ -254,8 +251,7 @@ def gemm_operands_kernel(
     ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """Both GEMM operands in one launch (each launch costs host time): programs below PAD_PROGRAMS
-    make to_padded_kernel's copy of x, the rest pack the weight as pack_weight_kernel."""
+    """Both GEMM operands in one launch (launches cost host time): programs < PAD_PROGRAMS pad x, the rest pack w."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
         _pad_block(x_ptr, xp_ptr, pid,
@@ -284,8 +280,7 @@ def _row_value(tab_ptr, r, i):
 
 @gluon.jit
 def _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n):
-    """(pid_n, phase group, pid_h, pid_w, qd, n, group) of box ``tile`` in ``box_gemm_kernel``'s
-    grid: N tiles fastest, then phase groups, box columns, box rows, compact depth, batch, group."""
+    """(pid_n, phase group, pid_h, pid_w, qd, n, group) of box ``tile``, N tiles fastest, the group slowest."""
     pid_n = tile % tiles_n
     t = tile // tiles_n
     pgrp = t % NUM_GROUPS
@@ -301,8 +296,8 @@ def _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n):
 
 @gluon.jit
 def _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K: gl.constexpr):
-    """K steps (taps x channel blocks) of phase row ``r`` (of the group at ``row0``) for the box
-    at (qd, qh0, qw0); 0 where the box lies past the phase's compact grid (it only stores)."""
+    """K steps (taps x channel blocks) of phase row ``r`` (group at ``row0``) for the box at (qd, qh0, qw0); 0 past
+    the phase's compact grid (the box only stores)."""
     active = ((qd < _row_value(tab_ptr, row0, 12)) & (qh0 < _row_value(tab_ptr, row0, 13))
               & (qw0 < _row_value(tab_ptr, r, 14)))
     taps = _row_value(tab_ptr, r, 3) * _row_value(tab_ptr, r, 4) * _row_value(tab_ptr, r, 5)
@@ -312,8 +307,7 @@ def _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K: gl.constexpr):
 @gluon.jit
 def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, w_row, jd, jh, jw,
            OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base):
-    """Start the input and weight boxes of one K step (tap jd, jh, jw; channels from ``cb``) into
-    stage ``s``."""
+    """Start the input and weight boxes of one K step (tap jd, jh, jw; channels from ``cb``) into stage ``s``."""
     bar = bars.index(s)
     mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
     tma_load(x_desc, [nb, d0 - jd * OSD, h0 - jh * OSH, w0 - jw * OSW, c_base + cb], bar,
@@ -324,8 +318,7 @@ def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, 
 
 @gluon.jit
 def _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K: gl.constexpr):
-    """The next K step, channel block fastest, by carries: divisions per step cost more issue
-    slots than a 128-row wgmma step leaves free."""
+    """The next K step, channel block fastest, by carries (divisions cost more issue slots than a wgmma leaves free)."""
     cb += BLOCK_K
     c_wrap = cb >= CIN_G
     cb = gl.where(c_wrap, 0, cb)
@@ -343,8 +336,7 @@ def _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K: gl.constexpr):
 def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, c_base, w_row, w_base,
               CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW,
               th, tw, t0d, t0h, t0w, mma_layout: gl.constexpr, STAGES: gl.constexpr):
-    """The accumulator of one phase: its ``n_iter`` K steps (taps x channel blocks, channel
-    block fastest), numbered from ``g0`` in the program's ring. Returns it and the next number."""
+    """(accumulator of one phase, next step number): its ``n_iter`` K steps, numbered from ``g0`` in the ring."""
     BLOCK_M: gl.constexpr = a_smem.shape[1]
     BLOCK_K: gl.constexpr = a_smem.shape[2]
     BLOCK_N: gl.constexpr = b_smem.shape[1]
@@ -376,8 +368,7 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
 
 @gluon.jit
 def _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32: gl.constexpr):
-    """(inside the output, 64-bit depth-slice base, in-slice offsets) of output positions
-    (od, oh, ow). OFF32: the launcher checked that channel + in-slice offsets stay below 2^31."""
+    """(inside, 64-bit depth-slice base, in-slice offsets) of (od, oh, ow); OFF32: channel + in-slice offsets < 2^31."""
     ok = (od < OD) & (oh < OH) & (ow < OW)
     if OFF32:
         y_m = oh * stride_yh + ow * stride_yw
@@ -399,8 +390,7 @@ def _channel_offsets(channels, stride_yc, OFF32: gl.constexpr):
 @gluon.jit
 def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw,
            OFF32: gl.constexpr):
-    """Store ``vals`` [BLOCK_M, BLOCK_N] at output positions (od, oh[m], ow[m]) and channel
-    offsets ``y_co[n]``, inside the output only."""
+    """Store ``vals`` [BLOCK_M, BLOCK_N] at positions (od, oh[m], ow[m]) and channel offsets ``y_co[n]`` inside y."""
     ok, y_s, y_m = _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32)
     gl.store(y_ptr + y_s + (gl.expand_dims(y_m, 1) + gl.expand_dims(y_co, 0)), vals.to(y_ptr.dtype.element_ty),
              mask=gl.expand_dims(ok, 1) & gl.expand_dims(co_ok, 0))
@@ -408,9 +398,8 @@ def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, str
 
 @gluon.jit
 def _buffer_rows(rows, PAIRS: gl.constexpr, num_warps: gl.constexpr):
-    """A chunk of the epilogue buffer as output rows [CHUNK, BLOCK_M x W_GROUP] (column p: position
-    p // W_GROUP, residue p % W_GROUP); each lane reads one column (PAIRS: both residues of one
-    position), so a warp's read hits 32 distinct banks."""
+    """A chunk of the epilogue buffer as rows [CHUNK, BLOCK_M x W_GROUP] (column p: position p // W_GROUP, residue
+    p % W_GROUP), a lane a column (PAIRS: both residues of a position), so a warp reads 32 distinct banks."""
     CHUNK: gl.constexpr = rows.shape[0]
     BLOCK_M: gl.constexpr = rows.shape[1]
     W_GROUP: gl.constexpr = rows.shape[2]
@@ -425,9 +414,8 @@ def _buffer_rows(rows, PAIRS: gl.constexpr, num_warps: gl.constexpr):
 def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
                 stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr, BW: gl.constexpr, W_GROUP: gl.constexpr,
                 OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, PAIRS: gl.constexpr, num_warps: gl.constexpr):
-    """Store the box's rows from ``c_smem`` plus the bias (without FROM_SMEM the bias alone, at rows
-    of residue ``rh``), 16 channels at a time; lane i holds column i, or with PAIRS both residues of
-    a position as one 8-byte store, so every warp's store covers whole sectors."""
+    """Store the box's rows from ``c_smem`` plus bias (not FROM_SMEM: bias alone, rows of residue ``rh``), 16 channels
+    at a time, lane i column i (PAIRS: a position's two residues, one 8-byte store): warps store whole sectors."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     BLOCK_M: gl.constexpr = c_smem.shape[1]
     COLS: gl.constexpr = BLOCK_M * W_GROUP
@@ -469,16 +457,14 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
                     OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr,
                     BW: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr,
                     PAIRS: gl.constexpr, num_warps: gl.constexpr):
-    """The NCDHW output of one box: its accumulators through ``c_smem`` [BLOCK_N, W_GROUP,
-    BLOCK_M], so each warp's store covers whole rows of output columns (``_store_rows``), then the
-    companion rows of its row class."""
+    """One box's NCDHW output via ``c_smem`` [BLOCK_N, W_GROUP, BLOCK_M] (``_store_rows``: whole rows a warp), then
+    the companion rows of its row class."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     BLOCK_M: gl.constexpr = c_smem.shape[2]
     if W_GROUP == 1:
         c_smem.store(gl.reshape(gl.permute(acc0, [1, 0]), [BLOCK_N, 1, BLOCK_M]))
     else:
-        # Both residues in one store (the layout's XOR forbids a slice per residue); a residue
-        # without taps as zeros, so that reads need no select.
+        # Both residues in one store (the XOR forbids a slice per residue), a tapless one as zeros (no select on reads).
         if W_SKIP == 0:
             both = gl.join(gl.zeros_like(acc1), acc1)
         elif W_SKIP == 1:
@@ -504,9 +490,8 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
 
 @constexpr_function
 def _epilogue_layout(block_n, w_group, block_m):
-    """``_epilogue_buffer``'s layout: rows of BLOCK_M words per (channel n, residue j), column m at
-    word m ^ (8 x ((n >> 1) & 3)) ^ (16 x j), so that neither the accumulator's stores (channels 8
-    banks apart) nor the row reads (residues 16 apart) have bank conflicts."""
+    """``_epilogue_buffer``'s layout: BLOCK_M words per (channel n, residue j), column m at m ^ (8 x ((n >> 1) & 3))
+    ^ (16 x j): no bank conflicts in the accumulator's stores (channels 8 apart) or row reads (residues 16 apart)."""
     def log2(v):
         return v.bit_length() - 1
     bases = [[0, 0, 1 << b] for b in range(log2(block_m))]
@@ -528,8 +513,8 @@ def _epilogue_buffer(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, W_GROUP: gl.c
 @gluon.jit
 def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, qh, qw, OD, OH, OW, SD, SH, SW,
                   stride_yd, stride_yh, stride_yw, W_GROUP: gl.constexpr, OFF32: gl.constexpr):
-    """Store one box's accumulators and companion rows straight from the accumulator layout
-    (channels-last output: a thread's two columns are adjacent channels, so stores fill sectors)."""
+    """One box's accumulators and companion rows stored from the accumulator layout (channels-last output: a thread's
+    two columns are adjacent channels, so stores fill sectors)."""
     od = qd * SD + _row_value(tab_ptr, row0, 0)
     rh = _row_value(tab_ptr, row0, 1)
     rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
@@ -561,9 +546,8 @@ def box_gemm_kernel(
     HAS_BIAS: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr, CL_OUT: gl.constexpr,
     PAIRS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """One box of compact positions of one phase group (module docstring). ``x_desc``: the
-    zero-haloed input [N, DP, HP, WP, C] in boxes [1, 1, BH, BW, BLOCK_K]; ``w_desc``: the packed
-    weight [G * taps * Cout/g, Cin/g] in boxes [BLOCK_N, BLOCK_K]; the rest as flat_gemm_kernel."""
+    """A box of one phase group: ``x_desc`` the zero-haloed input [N, DP, HP, WP, C] in boxes [1, 1, BH, BW, BLOCK_K],
+    ``w_desc`` the weight [G * taps * Cout/g, Cin/g] in boxes [BLOCK_N, BLOCK_K]; the rest as flat_gemm_kernel."""
     BH: gl.constexpr = x_desc.block_type.shape[2]
     BW: gl.constexpr = x_desc.block_type.shape[3]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]

@@ -89,8 +89,7 @@ def fill_planes_kernel(
     else:
         nb = outer // C
         c = outer % C
-        # Element offsets from y_ptr (int64): the plane is [s, end); [s_up, e_dn) its
-        # VEC-aligned interior.
+        # Element offsets from y_ptr (int64): the plane is [s, end), [s_up, e_dn) its VEC-aligned interior.
         s = nb.to(tl.int64) * stride_yn + c.to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd
         end = s + SEG
         s_up = (s + (VEC - 1)) // VEC * VEC
@@ -101,8 +100,8 @@ def fill_planes_kernel(
         rows = tl.arange(0, BLOCK // VEC)
         lanes = tl.arange(0, VEC)
         tile = (tl.zeros((BLOCK // VEC, VEC), dtype=tl.float32) + value).to(y_ptr.dtype.element_ty)
-        # A counted loop (not range(s_up, e_dn, BLOCK)) so the start keeps its known
-        # divisibility by VEC; a negative count (segment inside one VEC group) runs no step.
+        # Counted (not range(s_up, e_dn, BLOCK)) so the start keeps its known divisibility by VEC; a negative count
+        # (segment inside one VEC group) runs no step.
         for i in range(0, (e_dn - s_up + BLOCK - 1) // BLOCK):
             start = s_up + i * BLOCK + rows * VEC
             tl.store(y_ptr + start[:, None] + lanes[None, :], tile, mask=(start < e_dn)[:, None])
@@ -463,8 +462,7 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
     if W_GROUP == 1:
         c_smem.store(gl.reshape(gl.permute(acc0, [1, 0]), [BLOCK_N, 1, BLOCK_M]))
     else:
-        # Both residues in one store (the layout's XOR forbids a slice per residue); a residue
-        # without taps as zeros, so that reads need no select.
+        # Both residues in one store (the XOR forbids a slice per residue), a tapless one as zeros (no select on reads).
         if W_SKIP == 0:
             both = gl.join(gl.zeros_like(acc1), acc1)
         elif W_SKIP == 1:

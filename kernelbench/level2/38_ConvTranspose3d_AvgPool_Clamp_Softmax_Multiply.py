@@ -115,9 +115,8 @@ def phase_gemm_kernel(
     W_SKIP: tl.constexpr, X_CACHE: tl.constexpr, X_TMA: tl.constexpr, W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr, EPI: tl.constexpr = 0,
 ):
-    # X_TMA / W_TMA: x_ptr / w_ptr are TMA descriptors (x over the NDHWC input, w over [G, taps,
-    # Cout/g, Cin/g]); out-of-range boxes read as zeros, so the K loop has no masks. EPI: the
-    # epilogue program (core.epilogue.encode; 0 none) over C_OUT channels, applied before the store.
+    # X_TMA / W_TMA: TMA descriptors (x over the NDHWC input, w over [G, taps, Cout/g, Cin/g]) whose out-of-range
+    # boxes read zeros: no K-loop masks. EPI: the epilogue program (core.epilogue.encode; 0 none) over C_OUT channels.
     BLOCK_H: tl.constexpr = BLOCK_M // BLOCK_W
     # Program -> (group, n, qd, h tile, w tile, phase group, channel tile): one tile's programs share L2.
     pid = tl.program_id(0)
@@ -153,8 +152,7 @@ def phase_gemm_kernel(
         bias = tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(tl.float32)
 
     k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
-    # With W_GROUP == 2 (stride 2 along W) one program computes both W residues of a (rd, rh) pair
-    # and interleaves them, so each store writes whole output rows; otherwise one phase.
+    # W_GROUP == 2 (stride 2 along W): both W residues of a (rd, rh) pair, interleaved so stores write whole rows.
     for j in tl.static_range(W_GROUP):
         if j != W_SKIP:
             (rd, rh, rw, td, th, tw, t0d, t0h, t0w, o0d, o0h, o0w,

@@ -38,8 +38,7 @@ def _tanh(v):
 
 @triton.jit
 def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.constexpr, op: tl.constexpr):
-    """Step ``i`` of code ``op`` on the value ``v`` and the register ``r``; a function of its own, since
-    an unrolled loop cannot bind a constant name twice."""
+    """Step ``i``, code ``op``, on value ``v`` and register ``r`` (a function: unrolled loops bind a constant once)."""
     if op == 1:
         v = v * tl.load(epi_ptr + i)
     if op == 2:
@@ -85,10 +84,9 @@ def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.
 
 @triton.jit
 def apply_epilogue(v, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, PROG: tl.constexpr):
-    """``v`` after the program ``PROG`` (5 bits per step, ``core.epilogue.encode``). ``c_idx``/``c_ok``:
-    each element's output channel and its validity, broadcastable to ``v``; ``res_ptrs``: the residual's
-    element pointers (read only by a residual step); ``epi_ptr``: the steps' scalars; ``ch_ptr``: the
-    ``[8, C]`` per-channel operands."""
+    """``v`` after ``PROG`` (5 bits a step, ``core.epilogue.encode``); ``c_idx``/``c_ok``: each element's channel and
+    validity, broadcastable to ``v``; ``res_ptrs``: the residual (read by a residual step only); ``epi_ptr``: the
+    steps' scalars; ``ch_ptr``: the ``[8, C]`` per-channel operands."""
     r = v
     for i in tl.static_range(8):
         v, r = _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i, (PROG >> (5 * i)) & 31)
@@ -124,9 +122,8 @@ def phase_gemm_kernel(
     W_SKIP: tl.constexpr, X_CACHE: tl.constexpr, X_TMA: tl.constexpr, W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr, EPI: tl.constexpr = 0,
 ):
-    # X_TMA / W_TMA: x_ptr / w_ptr are TMA descriptors (x over the NDHWC input, w over [G, taps,
-    # Cout/g, Cin/g]); out-of-range boxes read as zeros, so the K loop has no masks. EPI: the
-    # epilogue program (core.epilogue.encode; 0 none) over C_OUT channels, applied before the store.
+    # X_TMA / W_TMA: TMA descriptors (x over the NDHWC input, w over [G, taps, Cout/g, Cin/g]) whose out-of-range
+    # boxes read zeros: no K-loop masks. EPI: the epilogue program (core.epilogue.encode; 0 none) over C_OUT channels.
     BLOCK_H: tl.constexpr = BLOCK_M // BLOCK_W
     # Program -> (group, n, qd, h tile, w tile, phase group, channel tile): one tile's programs share L2.
     pid = tl.program_id(0)
@@ -162,8 +159,7 @@ def phase_gemm_kernel(
         bias = tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(tl.float32)
 
     k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
-    # With W_GROUP == 2 (stride 2 along W) one program computes both W residues of a (rd, rh) pair
-    # and interleaves them, so each store writes whole output rows; otherwise one phase.
+    # W_GROUP == 2 (stride 2 along W): both W residues of a (rd, rh) pair, interleaved so stores write whole rows.
     for j in tl.static_range(W_GROUP):
         if j != W_SKIP:
             (rd, rh, rw, td, th, tw, t0d, t0h, t0w, o0d, o0h, o0w,
@@ -282,9 +278,8 @@ def phase_gemm_kernel(
 def _pack_block(w_ptr, p_ptr, pid, grp,
                 CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
-    """One [BLOCK_CI, BLOCK_J] block of pack_weight_kernel (program ``pid`` of group ``grp``): loads
-    along j = co * KVOL + tap, stores along ci. FOLD > 1: rows of merged original group f hold
-    weights only in that group's columns, zeros elsewhere (block-diagonal)."""
+    """Block ``pid`` of group ``grp`` of pack_weight_kernel, [BLOCK_CI, BLOCK_J]: loads along j = co * KVOL + tap,
+    stores along ci; FOLD > 1: merged group f's rows hold weights in its columns only (block-diagonal)."""
     j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
     ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
     j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -306,8 +301,8 @@ def pack_weight_kernel(
     w_ptr, p_ptr, CIN_G, COUT_G, KVOL, FOLD, stride_wi,
     ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap], K-major per tap, for a weight whose (co, tap)
-    has stride 1; FOLD > 1 packs merged groups block-diagonally (ConvT3dParams.fold_groups)."""
+    """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap], K-major per tap, (co, tap) of stride 1; FOLD > 1 packs merged
+    groups block-diagonally (ConvT3dParams.fold_groups)."""
     _pack_block(w_ptr, p_ptr, tl.program_id(0), tl.program_id(1), CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32, BLOCK_CI, BLOCK_J)
 
@@ -403,8 +398,8 @@ def gluon_capable(device: torch.device) -> bool:
 def pool_kernel(x_ptr, out_ptr, pre_s, pre_c, post_s, post_c, C, D, H, W, OD, OH, OW, n_blk, SD, SH, SW,
                 KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MAX: tl.constexpr,
                 PRE: tl.constexpr, POST: tl.constexpr, BLOCK: tl.constexpr):
-    """Max (MAX) or average pooling without padding: a program takes BLOCK output positions of one
-    (n, c) plane; ``pre`` applies to every window element, ``post`` to the result."""
+    """Max (MAX) or average pooling, no padding, BLOCK positions of one (n, c) plane a program; ``pre`` on every window
+    element, ``post`` on the result."""
     pid = tl.program_id(0)
     plane = (pid // n_blk).to(tl.int64)
     p = (pid % n_blk) * BLOCK + tl.arange(0, BLOCK)

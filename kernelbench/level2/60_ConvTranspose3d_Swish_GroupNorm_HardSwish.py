@@ -39,8 +39,7 @@ def _tanh(v):
 
 @triton.jit
 def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.constexpr, op: tl.constexpr):
-    """Step ``i`` of code ``op`` on the value ``v`` and the register ``r``; a function of its own, since
-    an unrolled loop cannot bind a constant name twice."""
+    """Step ``i``, code ``op``, on value ``v`` and register ``r`` (a function: unrolled loops bind a constant once)."""
     if op == 1:
         v = v * tl.load(epi_ptr + i)
     if op == 2:
@@ -86,10 +85,9 @@ def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.
 
 @triton.jit
 def apply_epilogue(v, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, PROG: tl.constexpr):
-    """``v`` after the program ``PROG`` (5 bits per step, ``core.epilogue.encode``). ``c_idx``/``c_ok``:
-    each element's output channel and its validity, broadcastable to ``v``; ``res_ptrs``: the residual's
-    element pointers (read only by a residual step); ``epi_ptr``: the steps' scalars; ``ch_ptr``: the
-    ``[8, C]`` per-channel operands."""
+    """``v`` after ``PROG`` (5 bits a step, ``core.epilogue.encode``); ``c_idx``/``c_ok``: each element's channel and
+    validity, broadcastable to ``v``; ``res_ptrs``: the residual (read by a residual step only); ``epi_ptr``: the
+    steps' scalars; ``ch_ptr``: the ``[8, C]`` per-channel operands."""
     r = v
     for i in tl.static_range(8):
         v, r = _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i, (PROG >> (5 * i)) & 31)
@@ -125,9 +123,8 @@ def phase_gemm_kernel(
     W_SKIP: tl.constexpr, X_CACHE: tl.constexpr, X_TMA: tl.constexpr, W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr, EPI: tl.constexpr = 0,
 ):
-    # X_TMA / W_TMA: x_ptr / w_ptr are TMA descriptors (x over the NDHWC input, w over [G, taps,
-    # Cout/g, Cin/g]); out-of-range boxes read as zeros, so the K loop has no masks. EPI: the
-    # epilogue program (core.epilogue.encode; 0 none) over C_OUT channels, applied before the store.
+    # X_TMA / W_TMA: TMA descriptors (x over the NDHWC input, w over [G, taps, Cout/g, Cin/g]) whose out-of-range
+    # boxes read zeros: no K-loop masks. EPI: the epilogue program (core.epilogue.encode; 0 none) over C_OUT channels.
     BLOCK_H: tl.constexpr = BLOCK_M // BLOCK_W
     # Program -> (group, n, qd, h tile, w tile, phase group, channel tile): one tile's programs share L2.
     pid = tl.program_id(0)
@@ -163,8 +160,7 @@ def phase_gemm_kernel(
         bias = tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(tl.float32)
 
     k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
-    # With W_GROUP == 2 (stride 2 along W) one program computes both W residues of a (rd, rh) pair
-    # and interleaves them, so each store writes whole output rows; otherwise one phase.
+    # W_GROUP == 2 (stride 2 along W): both W residues of a (rd, rh) pair, interleaved so stores write whole rows.
     for j in tl.static_range(W_GROUP):
         if j != W_SKIP:
             (rd, rh, rw, td, th, tw, t0d, t0h, t0w, o0d, o0h, o0w,
@@ -283,9 +279,8 @@ def phase_gemm_kernel(
 def _pack_block(w_ptr, p_ptr, pid, grp,
                 CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
-    """One [BLOCK_CI, BLOCK_J] block of pack_weight_kernel (program ``pid`` of group ``grp``): loads
-    along j = co * KVOL + tap, stores along ci. FOLD > 1: rows of merged original group f hold
-    weights only in that group's columns, zeros elsewhere (block-diagonal)."""
+    """Block ``pid`` of group ``grp`` of pack_weight_kernel, [BLOCK_CI, BLOCK_J]: loads along j = co * KVOL + tap,
+    stores along ci; FOLD > 1: merged group f's rows hold weights in its columns only (block-diagonal)."""
     j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
     ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
     j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -307,8 +302,8 @@ def pack_weight_kernel(
     w_ptr, p_ptr, CIN_G, COUT_G, KVOL, FOLD, stride_wi,
     ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap], K-major per tap, for a weight whose (co, tap)
-    has stride 1; FOLD > 1 packs merged groups block-diagonally (ConvT3dParams.fold_groups)."""
+    """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap], K-major per tap, (co, tap) of stride 1; FOLD > 1 packs merged
+    groups block-diagonally (ConvT3dParams.fold_groups)."""
     _pack_block(w_ptr, p_ptr, tl.program_id(0), tl.program_id(1), CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32, BLOCK_CI, BLOCK_J)
 
@@ -402,8 +397,7 @@ def gluon_capable(device: torch.device) -> bool:
 # ==================== convt3d/engines/triton/kernels/finish.py (what this file reaches, verbatim) ====================
 @triton.jit
 def _chan(n, mean, m2, nb, mean_b, m2_b):
-    """Chan's formula: the mean and centred sum of squares of ``n`` values joined by ``nb`` more; it
-    combines centred partials, so a large mean costs no digits."""
+    """Chan's formula: mean, centred square sum of n values joined by nb more (centred: big means lose no digits)."""
     d = mean_b - mean
     w = nb / (n + nb)
     return mean + d * w, m2 + m2_b + d * d * n * w
@@ -412,8 +406,7 @@ def _chan(n, mean, m2, nb, mean_b, m2_b):
 @triton.jit
 def moments_kernel(x_ptr, part_ptr, pre_s, pre_c, L, K, CHUNK, DHW, C,
                    PRE: tl.constexpr, BLOCK: tl.constexpr):
-    """The mean and centred sum of squares of chunk ``k`` (CHUNK elements) of row ``row`` (L
-    contiguous elements) into ``part[2 * (row * K + k) + (0, 1)]``; program ``row * K + k``."""
+    """Program ``row * K + k``: mean and centred sum of squares of chunk k (CHUNK of L) into ``part[2 * pid + 0/1]``."""
     pid = tl.program_id(0)
     row = (pid // K).to(tl.int64)
     start = (pid % K) * CHUNK
@@ -438,10 +431,9 @@ def moments_kernel(x_ptr, part_ptr, pre_s, pre_c, L, K, CHUNK, DHW, C,
 def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ, K, L, CHUNK, C, CPU,
                  eps, momentum, TRAIN: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
                  HAS_B: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Unit ``u`` (a BatchNorm channel or a GroupNorm (n, group)) joins the partials of rows
-    ``j * SJ + u`` (j < J) and writes ``a``, ``b`` (``x * a + b`` normalises) for its CPU entries
-    ``u * CPU + cc``, of channel ``(u * CPU + cc) % C``. TRAIN: statistics from the partials (UPDATE:
-    the running ones follow with the unbiased variance); else from ``rm``/``rv``."""
+    """Unit ``u`` (a BatchNorm channel, a GroupNorm (n, group)) joins the partials of rows ``j * SJ + u`` (j < J) and
+    writes ``a``, ``b`` (``x * a + b`` normalises) at ``u * CPU + cc``, channel ``(u * CPU + cc) % C``. TRAIN: from
+    the partials (UPDATE: running statistics follow, unbiased variance); else from ``rm``/``rv``."""
     u = tl.program_id(0)
     cc = tl.arange(0, BLOCK_C)
     c_ok = cc < CPU
@@ -487,8 +479,7 @@ def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ,
 @triton.jit
 def affine_kernel(x_ptr, out_ptr, a_ptr, b_ptr, pre_s, pre_c, post_s, post_c, numel, DHW, C, A_N,
                   PRE: tl.constexpr, POST: tl.constexpr, BLOCK: tl.constexpr):
-    """``out = post(a[s] * pre(x) + b[s])`` with ``s`` the element's (n, c) row modulo ``A_N`` (C:
-    per channel; N * C: per sample and channel)."""
+    """``out = post(a[s] * pre(x) + b[s])``, ``s`` the (n, c) row modulo ``A_N`` (C: per channel; N * C: per sample)."""
     off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = off < numel
     nc = off // DHW

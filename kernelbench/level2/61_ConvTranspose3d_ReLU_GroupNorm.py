@@ -41,8 +41,7 @@ def _tanh(v):
 
 @triton.jit
 def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.constexpr, op: tl.constexpr):
-    """Step ``i`` of code ``op`` on the value ``v`` and the register ``r``; a function of its own, since
-    an unrolled loop cannot bind a constant name twice."""
+    """Step ``i``, code ``op``, on value ``v`` and register ``r`` (a function: unrolled loops bind a constant once)."""
     if op == 1:
         v = v * tl.load(epi_ptr + i)
     if op == 2:
@@ -88,10 +87,9 @@ def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.
 
 @triton.jit
 def apply_epilogue(v, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, PROG: tl.constexpr):
-    """``v`` after the program ``PROG`` (5 bits per step, ``core.epilogue.encode``). ``c_idx``/``c_ok``:
-    each element's output channel and its validity, broadcastable to ``v``; ``res_ptrs``: the residual's
-    element pointers (read only by a residual step); ``epi_ptr``: the steps' scalars; ``ch_ptr``: the
-    ``[8, C]`` per-channel operands."""
+    """``v`` after ``PROG`` (5 bits a step, ``core.epilogue.encode``); ``c_idx``/``c_ok``: each element's channel and
+    validity, broadcastable to ``v``; ``res_ptrs``: the residual (read by a residual step only); ``epi_ptr``: the
+    steps' scalars; ``ch_ptr``: the ``[8, C]`` per-channel operands."""
     r = v
     for i in tl.static_range(8):
         v, r = _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i, (PROG >> (5 * i)) & 31)
@@ -121,9 +119,8 @@ def _round_tf32(v):
 def _pack_block(w_ptr, p_ptr, pid, grp,
                 CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
-    """One [BLOCK_CI, BLOCK_J] block of pack_weight_kernel (program ``pid`` of group ``grp``): loads
-    along j = co * KVOL + tap, stores along ci. FOLD > 1: rows of merged original group f hold
-    weights only in that group's columns, zeros elsewhere (block-diagonal)."""
+    """Block ``pid`` of group ``grp`` of pack_weight_kernel, [BLOCK_CI, BLOCK_J]: loads along j = co * KVOL + tap,
+    stores along ci; FOLD > 1: merged group f's rows hold weights in its columns only (block-diagonal)."""
     j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
     ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
     j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -148,10 +145,9 @@ def flat_gemm_kernel(
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
     OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPI: tl.constexpr = 0,
 ):
-    """The phase GEMMs on Hopper with every operand tile a plain 2-D TMA box: the input is a
-    zero-haloed NDHWC copy (DP, HP, WP) viewed as [rows, channels], a tile BLOCK_M consecutive
-    positions of one compact plane with its padding columns, so each tap reads the same box shifted
-    by one offset (wrapped rows feed only discarded positions); the weight [G * taps * Cout/g, Cin/g]."""
+    """The phase GEMMs on Hopper, every operand tile a 2-D TMA box: the input a zero-haloed NDHWC copy (DP, HP, WP)
+    as [rows, channels], a tile BLOCK_M consecutive positions of one compact plane with its padding columns, so each
+    tap reads one box shifted (wrapped rows feed only discarded positions); the weight [G*taps*Cout/g, Cin/g]."""
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
     t = pid // tiles_n
@@ -280,9 +276,8 @@ def _pad_block(x_ptr, y_ptr, pid,
                R_BLOCKS, C_BLOCKS,
                ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr,
                BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N on one axis): BLOCK_W positions of
-    one padded row by BLOCK_C channels. Rows, so that Triton sees an NCDHW source run along W and
-    loads it coalesced, transposing through shared memory for the channels-innermost store."""
+    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N): BLOCK_W positions of a padded row by BLOCK_C
+    channels; rows, so an NCDHW source loads coalesced along W, transposed in shared memory for the store."""
     pid_r = pid % R_BLOCKS
     pid_c = (pid // R_BLOCKS) % C_BLOCKS
     nb = (pid // R_BLOCKS // C_BLOCKS).to(tl.int64)
@@ -323,8 +318,7 @@ def gemm_operands_kernel(
     ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """Both GEMM operands in one launch (each launch costs host time): programs below PAD_PROGRAMS
-    make to_padded_kernel's copy of x, the rest pack the weight as pack_weight_kernel."""
+    """Both GEMM operands in one launch (launches cost host time): programs < PAD_PROGRAMS pad x, the rest pack w."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
         _pad_block(x_ptr, xp_ptr, pid,
@@ -426,8 +420,7 @@ def gluon_capable(device: torch.device) -> bool:
 # ==================== convt3d/engines/triton/kernels/finish.py (what this file reaches, verbatim) ====================
 @triton.jit
 def _chan(n, mean, m2, nb, mean_b, m2_b):
-    """Chan's formula: the mean and centred sum of squares of ``n`` values joined by ``nb`` more; it
-    combines centred partials, so a large mean costs no digits."""
+    """Chan's formula: mean, centred square sum of n values joined by nb more (centred: big means lose no digits)."""
     d = mean_b - mean
     w = nb / (n + nb)
     return mean + d * w, m2 + m2_b + d * d * n * w
@@ -436,8 +429,7 @@ def _chan(n, mean, m2, nb, mean_b, m2_b):
 @triton.jit
 def moments_kernel(x_ptr, part_ptr, pre_s, pre_c, L, K, CHUNK, DHW, C,
                    PRE: tl.constexpr, BLOCK: tl.constexpr):
-    """The mean and centred sum of squares of chunk ``k`` (CHUNK elements) of row ``row`` (L
-    contiguous elements) into ``part[2 * (row * K + k) + (0, 1)]``; program ``row * K + k``."""
+    """Program ``row * K + k``: mean and centred sum of squares of chunk k (CHUNK of L) into ``part[2 * pid + 0/1]``."""
     pid = tl.program_id(0)
     row = (pid // K).to(tl.int64)
     start = (pid % K) * CHUNK
@@ -462,10 +454,9 @@ def moments_kernel(x_ptr, part_ptr, pre_s, pre_c, L, K, CHUNK, DHW, C,
 def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ, K, L, CHUNK, C, CPU,
                  eps, momentum, TRAIN: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
                  HAS_B: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Unit ``u`` (a BatchNorm channel or a GroupNorm (n, group)) joins the partials of rows
-    ``j * SJ + u`` (j < J) and writes ``a``, ``b`` (``x * a + b`` normalises) for its CPU entries
-    ``u * CPU + cc``, of channel ``(u * CPU + cc) % C``. TRAIN: statistics from the partials (UPDATE:
-    the running ones follow with the unbiased variance); else from ``rm``/``rv``."""
+    """Unit ``u`` (a BatchNorm channel, a GroupNorm (n, group)) joins the partials of rows ``j * SJ + u`` (j < J) and
+    writes ``a``, ``b`` (``x * a + b`` normalises) at ``u * CPU + cc``, channel ``(u * CPU + cc) % C``. TRAIN: from
+    the partials (UPDATE: running statistics follow, unbiased variance); else from ``rm``/``rv``."""
     u = tl.program_id(0)
     cc = tl.arange(0, BLOCK_C)
     c_ok = cc < CPU
@@ -511,8 +502,7 @@ def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ,
 @triton.jit
 def affine_kernel(x_ptr, out_ptr, a_ptr, b_ptr, pre_s, pre_c, post_s, post_c, numel, DHW, C, A_N,
                   PRE: tl.constexpr, POST: tl.constexpr, BLOCK: tl.constexpr):
-    """``out = post(a[s] * pre(x) + b[s])`` with ``s`` the element's (n, c) row modulo ``A_N`` (C:
-    per channel; N * C: per sample and channel)."""
+    """``out = post(a[s] * pre(x) + b[s])``, ``s`` the (n, c) row modulo ``A_N`` (C: per channel; N * C: per sample)."""
     off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = off < numel
     nc = off // DHW

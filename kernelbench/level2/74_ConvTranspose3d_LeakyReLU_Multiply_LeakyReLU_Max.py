@@ -41,8 +41,7 @@ def _tanh(v):
 
 @triton.jit
 def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.constexpr, op: tl.constexpr):
-    """Step ``i`` of code ``op`` on the value ``v`` and the register ``r``; a function of its own, since
-    an unrolled loop cannot bind a constant name twice."""
+    """Step ``i``, code ``op``, on value ``v`` and register ``r`` (a function: unrolled loops bind a constant once)."""
     if op == 1:
         v = v * tl.load(epi_ptr + i)
     if op == 2:
@@ -88,10 +87,9 @@ def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.
 
 @triton.jit
 def apply_epilogue(v, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, PROG: tl.constexpr):
-    """``v`` after the program ``PROG`` (5 bits per step, ``core.epilogue.encode``). ``c_idx``/``c_ok``:
-    each element's output channel and its validity, broadcastable to ``v``; ``res_ptrs``: the residual's
-    element pointers (read only by a residual step); ``epi_ptr``: the steps' scalars; ``ch_ptr``: the
-    ``[8, C]`` per-channel operands."""
+    """``v`` after ``PROG`` (5 bits a step, ``core.epilogue.encode``); ``c_idx``/``c_ok``: each element's channel and
+    validity, broadcastable to ``v``; ``res_ptrs``: the residual (read by a residual step only); ``epi_ptr``: the
+    steps' scalars; ``ch_ptr``: the ``[8, C]`` per-channel operands."""
     r = v
     for i in tl.static_range(8):
         v, r = _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i, (PROG >> (5 * i)) & 31)
@@ -127,9 +125,8 @@ def phase_gemm_kernel(
     W_SKIP: tl.constexpr, X_CACHE: tl.constexpr, X_TMA: tl.constexpr, W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr, EPI: tl.constexpr = 0,
 ):
-    # X_TMA / W_TMA: x_ptr / w_ptr are TMA descriptors (x over the NDHWC input, w over [G, taps,
-    # Cout/g, Cin/g]); out-of-range boxes read as zeros, so the K loop has no masks. EPI: the
-    # epilogue program (core.epilogue.encode; 0 none) over C_OUT channels, applied before the store.
+    # X_TMA / W_TMA: TMA descriptors (x over the NDHWC input, w over [G, taps, Cout/g, Cin/g]) whose out-of-range
+    # boxes read zeros: no K-loop masks. EPI: the epilogue program (core.epilogue.encode; 0 none) over C_OUT channels.
     BLOCK_H: tl.constexpr = BLOCK_M // BLOCK_W
     # Program -> (group, n, qd, h tile, w tile, phase group, channel tile): one tile's programs share L2.
     pid = tl.program_id(0)
@@ -165,8 +162,7 @@ def phase_gemm_kernel(
         bias = tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(tl.float32)
 
     k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
-    # With W_GROUP == 2 (stride 2 along W) one program computes both W residues of a (rd, rh) pair
-    # and interleaves them, so each store writes whole output rows; otherwise one phase.
+    # W_GROUP == 2 (stride 2 along W): both W residues of a (rd, rh) pair, interleaved so stores write whole rows.
     for j in tl.static_range(W_GROUP):
         if j != W_SKIP:
             (rd, rh, rw, td, th, tw, t0d, t0h, t0w, o0d, o0h, o0w,
@@ -285,9 +281,8 @@ def phase_gemm_kernel(
 def _pack_block(w_ptr, p_ptr, pid, grp,
                 CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
-    """One [BLOCK_CI, BLOCK_J] block of pack_weight_kernel (program ``pid`` of group ``grp``): loads
-    along j = co * KVOL + tap, stores along ci. FOLD > 1: rows of merged original group f hold
-    weights only in that group's columns, zeros elsewhere (block-diagonal)."""
+    """Block ``pid`` of group ``grp`` of pack_weight_kernel, [BLOCK_CI, BLOCK_J]: loads along j = co * KVOL + tap,
+    stores along ci; FOLD > 1: merged group f's rows hold weights in its columns only (block-diagonal)."""
     j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
     ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
     j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -312,10 +307,9 @@ def flat_gemm_kernel(
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
     OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPI: tl.constexpr = 0,
 ):
-    """The phase GEMMs on Hopper with every operand tile a plain 2-D TMA box: the input is a
-    zero-haloed NDHWC copy (DP, HP, WP) viewed as [rows, channels], a tile BLOCK_M consecutive
-    positions of one compact plane with its padding columns, so each tap reads the same box shifted
-    by one offset (wrapped rows feed only discarded positions); the weight [G * taps * Cout/g, Cin/g]."""
+    """The phase GEMMs on Hopper, every operand tile a 2-D TMA box: the input a zero-haloed NDHWC copy (DP, HP, WP)
+    as [rows, channels], a tile BLOCK_M consecutive positions of one compact plane with its padding columns, so each
+    tap reads one box shifted (wrapped rows feed only discarded positions); the weight [G*taps*Cout/g, Cin/g]."""
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
     t = pid // tiles_n
@@ -444,9 +438,8 @@ def _pad_block(x_ptr, y_ptr, pid,
                R_BLOCKS, C_BLOCKS,
                ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr,
                BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N on one axis): BLOCK_W positions of
-    one padded row by BLOCK_C channels. Rows, so that Triton sees an NCDHW source run along W and
-    loads it coalesced, transposing through shared memory for the channels-innermost store."""
+    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N): BLOCK_W positions of a padded row by BLOCK_C
+    channels; rows, so an NCDHW source loads coalesced along W, transposed in shared memory for the store."""
     pid_r = pid % R_BLOCKS
     pid_c = (pid // R_BLOCKS) % C_BLOCKS
     nb = (pid // R_BLOCKS // C_BLOCKS).to(tl.int64)
@@ -487,8 +480,7 @@ def gemm_operands_kernel(
     ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """Both GEMM operands in one launch (each launch costs host time): programs below PAD_PROGRAMS
-    make to_padded_kernel's copy of x, the rest pack the weight as pack_weight_kernel."""
+    """Both GEMM operands in one launch (launches cost host time): programs < PAD_PROGRAMS pad x, the rest pack w."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
         _pad_block(x_ptr, xp_ptr, pid,
@@ -593,8 +585,8 @@ def gluon_capable(device: torch.device) -> bool:
 def pool_kernel(x_ptr, out_ptr, pre_s, pre_c, post_s, post_c, C, D, H, W, OD, OH, OW, n_blk, SD, SH, SW,
                 KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MAX: tl.constexpr,
                 PRE: tl.constexpr, POST: tl.constexpr, BLOCK: tl.constexpr):
-    """Max (MAX) or average pooling without padding: a program takes BLOCK output positions of one
-    (n, c) plane; ``pre`` applies to every window element, ``post`` to the result."""
+    """Max (MAX) or average pooling, no padding, BLOCK positions of one (n, c) plane a program; ``pre`` on every window
+    element, ``post`` on the result."""
     pid = tl.program_id(0)
     plane = (pid // n_blk).to(tl.int64)
     p = (pid % n_blk) * BLOCK + tl.arange(0, BLOCK)

@@ -1,6 +1,5 @@
-"""The CUDA head kernel's libraries, built off the critical path: by ``convt3d build``, or in a
-background thread at auto's first sight of a call the head kernel could run (not timed until built);
-no call waits for nvcc unless ``backend="cuda"`` asks for that engine by name."""
+"""The CUDA head kernel's libraries, built off the critical path by ``convt3d build`` or in a background thread at
+auto's first sight of a call it could run (untimed until built); only ``backend="cuda"`` by name waits for nvcc."""
 from __future__ import annotations
 
 import sys

@@ -1,7 +1,5 @@
-"""Launcher of the CUDA head kernel (``head_shuffle.cu``, whose header gives the design): output heads
-at dilation 1 in one launch. Here: geometry, tiles and the first call's timed choice, weight packing,
-and the nvcc build loaded with ctypes; fp32 runs at TF32 (rounded as cuDNN), bf16 and fp16 as they are.
-"""
+"""Launcher of the CUDA head kernel (``head_shuffle.cu``'s header gives the design): geometry, tiles, the first
+call's timed choice, weight packing, the nvcc build loaded by ctypes; fp32 runs at TF32 (rounded as cuDNN)."""
 from __future__ import annotations
 
 import ctypes
@@ -59,8 +57,7 @@ _shift_arrays: dict = memo("engines.cuda.head.shift_arrays")
 
 
 def geometry(params: ConvT3dParams) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """(shifts J = ceil(k/s), first block p // s, blocks) per dimension: tap t = j * s + r, and
-    output o = q * s - p + r belongs to block q."""
+    """(shifts J = ceil(k/s), first block p // s, blocks) per dimension: tap t = j * s + r, output q * s - p + r."""
     js = tuple(cdiv(a.kernel, a.stride) for a in params.axes)
     first = tuple(a.padding // a.stride for a in params.axes)
     last = [(a.out_size - 1 + a.padding) // a.stride for a in params.axes]
@@ -204,7 +201,7 @@ def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = N
                jn: int = 1) -> list[tuple[int, tuple]]:
     """(config, box) pairs to offer for variant ``jn``: power-of-two boxes of BM blocks within shared
     memory, best first by staged rows read plus blocks computed, one-CTA-per-SM boxes last."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     js, _, qn = geometry(params)
     ks = _kshifts(params, jn)
     out = []
@@ -229,8 +226,7 @@ def tile_boxes(params: ConvT3dParams, dtype: torch.dtype, config: int | None = N
 
 
 def shift_masks(params: ConvT3dParams, jn: int = 1) -> list[int]:
-    """Per K-step shift, the bit mask of the n-tiles whose columns (n = (jw' x R + r) x Cout/g + co)
-    hold a tap: j x s + r < k along every dimension."""
+    """Per K-step shift, the mask of n-tiles whose columns (jw' x R + r) x Cout/g + co hold a tap (j x s + r < k)."""
     ks = _kshifts(params, jn)
     cog = params.out_channels_per_group
     (sd, sh, sw), (kd, kh, kw) = params.stride, params.kernel_size
@@ -264,12 +260,13 @@ class HeadPlan:
     jn: int = 1  # width shifts as MMA columns; box is then the M rows' and yields mw - jn + 1 blocks
 
 
+@functools.lru_cache(maxsize=256)
 def plan(params: ConvT3dParams, dtype: torch.dtype, config: int | None = None,
          box: tuple[int, int, int] | None = None, stages: int | None = None, max_ctas: int = 0,
          jn: int = 1) -> HeadPlan:
     """The launch for a call the kernel takes: the given configuration and box, else the first of
-    ``tile_boxes``; ``max_ctas`` caps the persistent grid (0: as many CTAs as the SMs hold)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    ``tile_boxes``; ``max_ctas`` caps the persistent grid (0: as many CTAs as the SMs hold); memoised."""
+    itemsize = dtype.itemsize
     if jn not in (1, width_shifts(params)):
         raise ValueError(f"jn={jn}: this layer takes 1 or {width_shifts(params)} width shifts as columns")
     if config is None or box is None:
@@ -311,16 +308,9 @@ def call_reason(x: torch.Tensor, params: ConvT3dParams, precision: str) -> str |
     why = unsupported_reason(params, x.dtype, precision)
     if why is not None:
         return why
-    if _DTYPE_CODES[x.dtype] not in _state["lib"]:
-        if nvcc_path() is None and not library_path(x.device, x.dtype).exists():
-            return "no CUDA compiler (nvcc) found to build the head kernel: set CUDA_HOME or put nvcc on PATH"
+    if not loaded(x.dtype) and nvcc_path() is None and not library_path(x.device, x.dtype).exists():
+        return "no CUDA compiler (nvcc) found to build the head kernel: set CUDA_HOME or put nvcc on PATH"
     return None
-
-
-@functools.lru_cache(maxsize=256)
-def _plan_memo(params: ConvT3dParams, dtype: torch.dtype, config: int | None, box: tuple | None,
-               jn: int = 1) -> HeadPlan:
-    return plan(params, dtype, config, box, jn=jn)
 
 
 def pack_weight(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> torch.Tensor:
@@ -343,6 +333,9 @@ def pack_weight(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> to
 
 def pack_weight_cuda(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) -> torch.Tensor:
     """``pack_weight`` in one launch of the library's pack kernel (a CUDA weight, any strides)."""
+    if weight.device.index is not None and weight.device.index != torch.cuda.current_device():
+        with torch.cuda.device(weight.device):  # the runtime launches on the current device
+            return pack_weight_cuda(weight, params, hp)
     load_library(weight.device, weight.dtype)
     ks = _kshifts(params, hp.jn)
     np_ = columns(params, hp.jn)
@@ -351,9 +344,6 @@ def pack_weight_cuda(weight: torch.Tensor, params: ConvT3dParams, hp: HeadPlan) 
     meta = (ctypes.c_int64 * 21)(*params.kernel_size, *params.stride, *ks, params.in_channels_per_group,
                                  params.out_channels_per_group, np_, hp.kc, hp.nchunks, params.groups,
                                  *weight.stride(), hp.jn)
-    if weight.device.index is not None and weight.device.index != torch.cuda.current_device():
-        with torch.cuda.device(weight.device):  # the runtime launches on the current device
-            return pack_weight_cuda(weight, params, hp)
     err = _state["pack"][_DTYPE_CODES[weight.dtype]](
         weight.data_ptr(), out.data_ptr(), meta, _DTYPE_CODES[weight.dtype], weight.element_size(),
         torch.cuda.current_stream(weight.device).cuda_stream)
@@ -376,17 +366,16 @@ def _source() -> str:
 
 def _arch(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
-    # sm_90a: Hopper's native target.
-    return f"{major}{minor}a" if major == 9 else f"{major}{minor}"
+    return f"{major}{minor}a" if major == 9 else f"{major}{minor}"  # sm_90a: Hopper's native target
 
 
 def library_path(device: torch.device, dtype: torch.dtype) -> Path:
     """The library's path in the cache directory, named by a digest of source, dtype, arch and nvcc."""
     from ...dispatch.cache import cache_dir
     arch = _arch(device)
-    code = _DTYPE_CODES[dtype]
-    digest = hashlib.sha256("\n".join([_source(), arch, str(code), " ".join(_NVCC_FLAGS), str(nvcc_path())]).encode())
-    return cache_dir() / "build" / f"convt3d_head_{str(dtype).replace('torch.', '')}_sm{arch}_{digest.hexdigest()[:12]}.so"
+    key = "\n".join([_source(), arch, str(_DTYPE_CODES[dtype]), " ".join(_NVCC_FLAGS), str(nvcc_path())])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return cache_dir() / "build" / f"convt3d_head_{str(dtype).replace('torch.', '')}_sm{arch}_{digest}.so"
 
 
 # nvcc alone builds the library (no torch headers: far faster than load_inline), one per element type.
@@ -398,13 +387,11 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
     """Build the library of ``dtype`` once into the cache directory and load it with ctypes; the build
     renames a finished temporary file, so racing processes never load a half-written library."""
     code = _DTYPE_CODES[dtype]
-    fn = _state["lib"].get(code)
-    if fn is not None:
-        return fn
+    if code in _state["lib"]:
+        return _state["lib"][code]
     with _lock:
-        fn = _state["lib"].get(code)
-        if fn is not None:
-            return fn
+        if code in _state["lib"]:
+            return _state["lib"][code]
         device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
         path = library_path(device, dtype)
         if not path.exists():
@@ -426,15 +413,12 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
                         "backend='cuda': building the head kernel failed. Compiler output, last lines:\n"
                         + (done.stdout + done.stderr)[-4000:])
                 os.replace(out, path)
-        lib = ctypes.CDLL(str(path))
+        lib = ctypes.CDLL(str(path))  # both entry points return an int, ctypes' default
+        p64 = ctypes.POINTER(ctypes.c_int64)
         fn = lib.convt3d_head_launch
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)] + \
-            [ctypes.c_int] * 4 + [ctypes.c_void_p]
+        fn.argtypes = [ctypes.c_void_p] * 4 + [p64, p64] + [ctypes.c_int] * 4 + [ctypes.c_void_p]
         pack = lib.convt3d_head_pack
-        pack.restype = ctypes.c_int
-        pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int,
-                         ctypes.c_void_p]
+        pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, p64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         _state["pack"][code] = pack
         _state["lib"][code] = fn
         return fn
@@ -488,8 +472,7 @@ def variants(params: ConvT3dParams) -> list[int]:
 
 
 def candidate_plans(params: ConvT3dParams, dtype: torch.dtype, per_variant: int = 4) -> list[HeadPlan]:
-    """What ``choose_tile`` times: the first ``per_variant`` offered tiles of each of ``variants``, as
-    each variant wins on some heads."""
+    """What ``choose_tile`` times: the first ``per_variant`` tiles of each variant (each wins on some heads)."""
     return [plan(params, dtype, cfg, box, jn=jn) for jn in variants(params)
             for cfg, box in tile_boxes(params, dtype, jn=jn)[:per_variant]]
 
@@ -504,14 +487,13 @@ def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     plans = candidate_plans(params, x.dtype)
     if not plans:
         raise BackendUnavailableError("backend='cuda': no head kernel tile fits this layer in shared memory")
-    if _copy_helps(x, plans[0]):
-        base = list(plans)
-        for jn in sorted({hp.jn for hp in base}):  # the first two of each variant
-            plans += [dataclasses.replace(hp, copy_cl=True) for hp in base if hp.jn == jn][:2]
+    if _copy_helps(x, plans[0]):  # the first two of each variant again, on a channels-last copy
+        plans += [dataclasses.replace(hp, copy_cl=True) for jn in variants(params)
+                  for hp in [p for p in plans if p.jn == jn][:2]]
     if len(plans) == 1 or torch.cuda.is_current_stream_capturing():
         return plans[0]
     y = _output(x, weight, params)
-    best = None
+    timed = []
     for hp in plans:
         wp = pack_weight_cuda(weight, params, hp)
         for _ in range(3):
@@ -524,11 +506,9 @@ def choose_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-        ms = sorted(times)[len(times) // 2]
-        if best is None or ms < best[0]:
-            best = (ms, hp)
-    _chosen[key] = best[1]
-    return best[1]
+        timed.append((sorted(times)[len(times) // 2], hp))
+    _chosen[key] = hp = min(timed, key=lambda t: t[0])[1]  # the first of the fastest
+    return hp
 
 
 def loaded(dtype: torch.dtype) -> bool:
@@ -547,7 +527,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     if y.numel() == 0:
         return y
     bias = bias.contiguous() if bias is not None else None  # the kernel reads bias[g x Cout/g + co]
-    hp = _plan_memo(params, x.dtype, config, box, jn) if config is not None or box is not None or jn != 1 else \
+    hp = plan(params, x.dtype, config, box, jn=jn) if config is not None or box is not None or jn != 1 else \
         choose_tile(x, weight, bias, params)
     _launch(_staged_input(x, hp), pack_weight_cuda(weight, params, hp), bias, y, hp)
     return y

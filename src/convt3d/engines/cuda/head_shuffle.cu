@@ -1,18 +1,13 @@
-// convt3d's CUDA head kernel: output heads (few output channels per group) at dilation 1 in one
-// launch; the launcher is engines/cuda/head.py, which computes every size below.
-//
-// Along each dimension tap t = j * s + r (shift j < J = ceil(k/s), residue r < s), so output
-// block q is Y[q][(r, co)] = bias[co] + sum_{j, ci} X[q - j][ci] * Wj[ci][(r, co)]: a GEMM with
-// M = output blocks, N = residues x Cout/g (padded to 8) and K = shifts x Cin/g.
-//
-// Each persistent CTA walks boxes of output blocks; per chunk of KC input channels it stages the
-// box plus its J - 1 halo in shared memory once, and every shift reads its A fragments there with
-// ldmatrix at a run-time row offset, which Triton cannot express. Rows have a pitch of RP = RB +
-// 16 bytes, so any 8 consecutive rows start in 8 bank groups whatever the shift (an XOR swizzle's
-// key would change with the shift). Variant jn > 1 takes the width shifts as MMA columns, so one
-// A fragment feeds jn MMAs. With two stages the next (tile, chunk) is staged while this one
-// multiplies, across tiles too. fp32 is rounded to TF32 once, when staged; the epilogue goes through
-// shared memory so that consecutive lanes write each output row.
+// convt3d's CUDA head kernel: output heads (few output channels per group) at dilation 1 in one launch; the
+// launcher, engines/cuda/head.py, computes every size below. Tap t = j * s + r (shift j < J = ceil(k/s), residue
+// r < s) makes output block q Y[q][(r, co)] = bias[co] + sum_{j, ci} X[q - j][ci] * Wj[ci][(r, co)]: a GEMM with
+// M = output blocks, N = residues x Cout/g (padded to 8), K = shifts x Cin/g. A persistent CTA walks boxes of
+// output blocks, staging per chunk of KC input channels the box plus its J - 1 halo in shared memory once; every
+// shift reads its A fragments there by ldmatrix at a run-time row offset, which Triton cannot express. The row
+// pitch RP = RB + 16 bytes starts any 8 consecutive rows in 8 bank groups whatever the shift (an XOR swizzle's key
+// would change with it). Variant jn > 1 takes the width shifts as MMA columns, one A fragment feeding jn MMAs.
+// Two stages stage the next (tile, chunk) while this one multiplies, across tiles too. fp32 is rounded to TF32
+// once, when staged; the epilogue goes through shared memory so that consecutive lanes write each output row.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -45,8 +40,7 @@ struct HeadArgs {
   int wres;               // 1: every chunk's weights staged once per CTA (one group); 0: with each chunk
   int stage_bytes;        // one stage: input rows, plus the chunk's weight rows where wres is 0
   int w_off, rtab_off, etab_off, cs_off;  // shared-memory regions; cs_off < 0: the stage just read
-  // multiply-high reciprocals ceil(2^32 / d) of the run-time divisors: exact while n x d < 2^32,
-  // and here n < 2^17 (staged elements of a chunk, outputs of a tile) and d < 2^13
+  // multiply-high reciprocals ceil(2^32 / d) of run-time divisors: exact while n x d < 2^32 (n < 2^17, d < 2^13)
   uint32_t m_hb2, m_hb1, m_hr, m_mw, m_bt1, m_st[3], m_len[3], m_cout;
   int shoff[MAX_SHIFTS];          // per shift: its byte offset in the staged rows, ((jd hb1 + jh) hb2 + jw) RP
   unsigned ntmask[MAX_SHIFTS];    // per shift: the n-tiles any of its taps feeds
@@ -181,9 +175,8 @@ __device__ __forceinline__ void stage_weights(const T* __restrict__ wp, uint32_t
   }
 }
 
-// Stage one input channel chunk of the tile's box (zeros past Cin/g); the caller commits and waits.
-// Modes: 0, 16-byte cp.async per unit (channels contiguous and aligned), a thread per unit column;
-// 1, fp32 by 4-byte cp.async; 2, 16-bit loads into registers, then 16-byte stores.
+// Stage one input channel chunk of the tile's box (zeros past Cin/g; the caller commits and waits). Modes: 0, 16-byte
+// cp.async per unit (channels contiguous, aligned); 1, fp32 by 4-byte cp.async; 2, 16-bit loads, 16-byte stores.
 template <typename T, int CH>
 __device__ __forceinline__ void stage_input(const T* __restrict__ x, char* dst, const int64_t* rtab,
                                             const HeadArgs& a, int64_t xbase, int chunk) {
@@ -302,8 +295,7 @@ __device__ __forceinline__ void stage_next(const T* __restrict__ x, const T* __r
   cp_async_commit();
 }
 
-// A CTA tile: BM = WM x MT x 16 output blocks by BN = WN x NTW x 8 columns; CH is a template
-// parameter so that a chunk's K steps unroll into immediate offsets.
+// A CTA tile: BM = WM x MT x 16 output blocks by BN = WN x NTW x 8 columns; CH, a template parameter, unrolls K steps.
 template <typename T, int CH, int MT, int NTW, int WM, int WN>
 __global__ void __launch_bounds__(WM * WN * 32)
 head_shuffle_kernel(const T* __restrict__ x, const T* __restrict__ wp, const T* __restrict__ bias,
@@ -598,8 +590,7 @@ cudaError_t launch(int config, const void* x, const void* wp, const void* bias, 
   }
 }
 
-// The weight as the kernel reads it, as head.py's pack_weight in one launch: [g][chunk][shift]
-// [column][KC], zero-padded, fp32 rounded to TF32.
+// head.py's pack_weight in one launch: [g][chunk][shift][column][KC], zero-padded, fp32 rounded to TF32.
 struct PackArgs {
   int64_t sw[5];  // weight strides (ci, co, kd, kh, kw), elements
   int k[3], st[3], js[3];
@@ -645,9 +636,8 @@ using Elem = __half;
 
 }  // namespace
 
-// The library's entry point, called through ctypes: meta as head.py's HeadPlan.meta, then the
-// input's and output's strides and the staging mode; shifts: per shift its n-tile mask, then its
-// staged-row byte offset. Returns a cudaError_t.
+// The ctypes entry point (returns a cudaError_t): meta as head.py's HeadPlan.meta, then the input's and output's
+// strides and the staging mode; shifts: per shift its n-tile mask, then its staged-row byte offsets.
 extern "C" int convt3d_head_launch(const void* x, const void* wp, const void* bias, void* y, const int64_t* meta,
                                    const int64_t* shifts, int nshifts, int dtype, int itemsize, int config,
                                    void* stream) {

@@ -1,9 +1,6 @@
-"""Triton kernels of the input gradient of a 3-D transposed convolution (pure ``@triton.jit``).
-
-dX is a strided conv3d of dY with the same weight: ``dgrad_kernel`` is an implicit GEMM per group
-(M = positions of one (n, id) plane, N = Cin/g, K = Cout/g x the taps that reach the tile), on
-K-major operands (NDHWC dY, weight packed by ``pack_dgrad_weight_kernel``), each dX written once.
-"""
+"""The input gradient, dX, a strided conv3d of dY with the same weight: ``dgrad_kernel`` is an implicit GEMM per group
+(M = positions of one (n, id) plane, N = Cin/g, K = Cout/g x the taps reaching the tile) on K-major operands (NDHWC
+dY, weight packed by ``pack_dgrad_weight_kernel``), each dX written once."""
 import triton
 import triton.language as tl
 
@@ -12,8 +9,8 @@ from .phase_gemm import _round_tf32
 
 @triton.jit
 def _tap_range(i_lo, i_hi, S, P, DIL, O, K):
-    """Taps [t_lo, t_hi) whose output i*S - P + t*DIL lies in [0, O) for some i in [i_lo, i_hi]
-    (a superset; the loads are masked). Only non-negative numbers are divided (Triton truncates)."""
+    """Taps [t_lo, t_hi) (a superset: loads are masked) with output i*S - P + t*DIL in [0, O) for an i in [i_lo, i_hi];
+    only non-negative numbers are divided (Triton truncates)."""
     num = P - i_hi * S
     t_lo = tl.where(num > 0, (num + DIL - 1) // DIL, 0)
     num2 = O - 1 + P - i_lo * S
@@ -50,8 +47,7 @@ def dgrad_kernel(
     ci_ok = offs_ci < CIN_G
     offs_k = tl.arange(0, BLOCK_K)
 
-    # Taps that can reach this tile: depth exactly (id is a scalar), height over the tile's rows,
-    # width over its columns (all columns when it spans more than one row).
+    # Taps reaching the tile: depth exactly (scalar id), height over its rows, width over its columns (all if rows).
     td_lo, td_hi = _tap_range(id_, id_, SD, PD, DD, OD, KD)
     m_last = tl.minimum(m0 + BLOCK_M, HW) - 1
     ih_lo = m0 // W
@@ -76,8 +72,7 @@ def dgrad_kernel(
     w_n = offs_ci * COUT_G
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # (tap, channel block) counters advanced by carries; kc counts blocks, so that kc * BLOCK_K
-    # keeps its divisibility for vectorised loads.
+    # (tap, channel block) counters advanced by carries; kc counts blocks, so kc * BLOCK_K stays divisible (vectors).
     kc = 0
     jw = 0
     jh = 0
@@ -117,8 +112,7 @@ def dgrad_kernel(
         jh = tl.where(h_wrap, 0, jh)
         jd += h_wrap.to(tl.int32)
 
-    # Stored as [channel, position], the (ih, iw) plane walked by the W stride; a tile wholly
-    # inside the plane stores without the position mask, as 16-byte vectors.
+    # Stored [channel, position] along the W stride; a tile inside the plane stores unmasked, as 16-byte vectors.
     x_s = dx_ptr + nb.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd
     x_c = (grp * CIN_G + offs_ci).to(tl.int64) * stride_xc
     x_m = offs_m * stride_xw
@@ -134,9 +128,8 @@ def pack_dgrad_weight_kernel(
     w_ptr, p_ptr, CIN_G, COUT_G, TAPS, stride_wi, stride_wo,
     ROUND_TF32: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """p[g, tap, ci, co] = w[g*CIN_G + ci, co, tap] (contiguous, K-major per tap), optionally
-    TF32-rounded; a program transposes one input channel's [BLOCK_CO, BLOCK_T] block through shared
-    memory, so loads run along taps and stores along co."""
+    """p[g, tap, ci, co] = w[g*CIN_G + ci, co, tap], contiguous, optionally TF32-rounded; a program transposes one
+    input channel's [BLOCK_CO, BLOCK_T] block in shared memory: loads run along taps, stores along co."""
     t_blocks = tl.cdiv(TAPS, BLOCK_T)
     blocks = tl.cdiv(COUT_G, BLOCK_CO) * t_blocks
     ci = tl.program_id(0) // blocks

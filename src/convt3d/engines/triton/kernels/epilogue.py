@@ -1,6 +1,5 @@
-"""The epilogue program in Triton (vocabulary: ``convt3d.core.epilogue``): ``apply_epilogue`` runs a
-compile-time program over an fp32 tile before its store. Imports only ``triton`` (exported verbatim).
-"""
+"""``apply_epilogue`` runs a compile-time program (``convt3d.core.epilogue``) over an fp32 tile before its store;
+imports only ``triton`` (exported verbatim)."""
 import triton
 import triton.language as tl
 
@@ -15,8 +14,7 @@ def _tanh(v):
 
 @triton.jit
 def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.constexpr, op: tl.constexpr):
-    """Step ``i`` of code ``op`` on the value ``v`` and the register ``r``; a function of its own, since
-    an unrolled loop cannot bind a constant name twice."""
+    """Step ``i``, code ``op``, on value ``v`` and register ``r`` (a function: unrolled loops bind a constant once)."""
     if op == 1:
         v = v * tl.load(epi_ptr + i)
     if op == 2:
@@ -62,10 +60,9 @@ def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.
 
 @triton.jit
 def apply_epilogue(v, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, PROG: tl.constexpr):
-    """``v`` after the program ``PROG`` (5 bits per step, ``core.epilogue.encode``). ``c_idx``/``c_ok``:
-    each element's output channel and its validity, broadcastable to ``v``; ``res_ptrs``: the residual's
-    element pointers (read only by a residual step); ``epi_ptr``: the steps' scalars; ``ch_ptr``: the
-    ``[8, C]`` per-channel operands."""
+    """``v`` after ``PROG`` (5 bits a step, ``core.epilogue.encode``); ``c_idx``/``c_ok``: each element's channel and
+    validity, broadcastable to ``v``; ``res_ptrs``: the residual (read by a residual step only); ``epi_ptr``: the
+    steps' scalars; ``ch_ptr``: the ``[8, C]`` per-channel operands."""
     r = v
     for i in tl.static_range(8):
         v, r = _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i, (PROG >> (5 * i)) & 31)

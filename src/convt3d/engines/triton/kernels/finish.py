@@ -1,7 +1,6 @@
-"""The finishing kernels: reductions, pooling and normalisations after a transposed convolution, each
-with an elementwise program on its input (``PRE``) and its output (``POST``; ``.epilogue``). Tensors are
-contiguous NCDHW; an element's channel is ``(offset // DHW) % C``. Imports only ``triton`` and
-``.epilogue`` (exported verbatim)."""
+"""Finishing kernels (reductions, pooling, normalisations) on contiguous NCDHW (channel ``(offset // DHW) % C``) with
+elementwise programs on input (``PRE``) and output (``POST``; ``.epilogue``), exported verbatim: they import only
+``triton`` and ``.epilogue``."""
 import triton
 import triton.language as tl
 
@@ -10,8 +9,7 @@ from .epilogue import apply_epilogue
 
 @triton.jit
 def _chan(n, mean, m2, nb, mean_b, m2_b):
-    """Chan's formula: the mean and centred sum of squares of ``n`` values joined by ``nb`` more; it
-    combines centred partials, so a large mean costs no digits."""
+    """Chan's formula: mean, centred square sum of n values joined by nb more (centred: big means lose no digits)."""
     d = mean_b - mean
     w = nb / (n + nb)
     return mean + d * w, m2 + m2_b + d * d * n * w
@@ -22,10 +20,9 @@ def axis_kernel(x_ptr, out_ptr, w_ptr, b_ptr, pre_s, pre_c, post_s, post_c, R, I
                 stride_o, stride_r, stride_i, DHW, C, C_POST, eps,
                 MODE: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, HAS_W: tl.constexpr,
                 HAS_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
-    """Reduce the view ``[O, R, I]`` of ``x`` over R; a program takes one o and BLOCK_I values of i.
-    MODE 0-3 (sum, mean, max, logsumexp) write ``out[o * I + i]``; 4 (softmax) and 5 (layer norm,
-    then ``w``/``b`` indexed by r) read the row again and write ``out`` at ``x``'s offsets. ``C_POST``:
-    the output's channels (1 when the reduction spans them)."""
+    """Reduce ``x`` viewed ``[O, R, I]`` over R, a program one o and BLOCK_I values of i: MODE 0-3 (sum, mean, max,
+    logsumexp) write ``out[o * I + i]``; 4 (softmax), 5 (layer norm, then ``w``/``b`` by r) reread the row and write at
+    ``x``'s offsets. ``C_POST``: the output's channels (1 when the reduction spans them)."""
     pid = tl.program_id(0)
     o = (pid // n_iblk).to(tl.int64)
     i = (pid % n_iblk) * BLOCK_I + tl.arange(0, BLOCK_I)
@@ -92,8 +89,7 @@ def axis_kernel(x_ptr, out_ptr, w_ptr, b_ptr, pre_s, pre_c, post_s, post_c, R, I
 @triton.jit
 def moments_kernel(x_ptr, part_ptr, pre_s, pre_c, L, K, CHUNK, DHW, C,
                    PRE: tl.constexpr, BLOCK: tl.constexpr):
-    """The mean and centred sum of squares of chunk ``k`` (CHUNK elements) of row ``row`` (L
-    contiguous elements) into ``part[2 * (row * K + k) + (0, 1)]``; program ``row * K + k``."""
+    """Program ``row * K + k``: mean and centred sum of squares of chunk k (CHUNK of L) into ``part[2 * pid + 0/1]``."""
     pid = tl.program_id(0)
     row = (pid // K).to(tl.int64)
     start = (pid % K) * CHUNK
@@ -118,10 +114,9 @@ def moments_kernel(x_ptr, part_ptr, pre_s, pre_c, L, K, CHUNK, DHW, C,
 def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ, K, L, CHUNK, C, CPU,
                  eps, momentum, TRAIN: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
                  HAS_B: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Unit ``u`` (a BatchNorm channel or a GroupNorm (n, group)) joins the partials of rows
-    ``j * SJ + u`` (j < J) and writes ``a``, ``b`` (``x * a + b`` normalises) for its CPU entries
-    ``u * CPU + cc``, of channel ``(u * CPU + cc) % C``. TRAIN: statistics from the partials (UPDATE:
-    the running ones follow with the unbiased variance); else from ``rm``/``rv``."""
+    """Unit ``u`` (a BatchNorm channel, a GroupNorm (n, group)) joins the partials of rows ``j * SJ + u`` (j < J) and
+    writes ``a``, ``b`` (``x * a + b`` normalises) at ``u * CPU + cc``, channel ``(u * CPU + cc) % C``. TRAIN: from
+    the partials (UPDATE: running statistics follow, unbiased variance); else from ``rm``/``rv``."""
     u = tl.program_id(0)
     cc = tl.arange(0, BLOCK_C)
     c_ok = cc < CPU
@@ -167,8 +162,7 @@ def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ,
 @triton.jit
 def affine_kernel(x_ptr, out_ptr, a_ptr, b_ptr, pre_s, pre_c, post_s, post_c, numel, DHW, C, A_N,
                   PRE: tl.constexpr, POST: tl.constexpr, BLOCK: tl.constexpr):
-    """``out = post(a[s] * pre(x) + b[s])`` with ``s`` the element's (n, c) row modulo ``A_N`` (C:
-    per channel; N * C: per sample and channel)."""
+    """``out = post(a[s] * pre(x) + b[s])``, ``s`` the (n, c) row modulo ``A_N`` (C: per channel; N * C: per sample)."""
     off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = off < numel
     nc = off // DHW
@@ -184,8 +178,8 @@ def affine_kernel(x_ptr, out_ptr, a_ptr, b_ptr, pre_s, pre_c, post_s, post_c, nu
 def pool_kernel(x_ptr, out_ptr, pre_s, pre_c, post_s, post_c, C, D, H, W, OD, OH, OW, n_blk, SD, SH, SW,
                 KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MAX: tl.constexpr,
                 PRE: tl.constexpr, POST: tl.constexpr, BLOCK: tl.constexpr):
-    """Max (MAX) or average pooling without padding: a program takes BLOCK output positions of one
-    (n, c) plane; ``pre`` applies to every window element, ``post`` to the result."""
+    """Max (MAX) or average pooling, no padding, BLOCK positions of one (n, c) plane a program; ``pre`` on every window
+    element, ``post`` on the result."""
     pid = tl.program_id(0)
     plane = (pid // n_blk).to(tl.int64)
     p = (pid % n_blk) * BLOCK + tl.arange(0, BLOCK)

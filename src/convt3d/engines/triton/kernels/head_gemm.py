@@ -1,10 +1,7 @@
-"""Triton kernels of the output-head path (1-15 output channels per group), launched by
-``convt3d.engines.triton.head``; they import only ``triton`` and the phase kernels, so the
-KernelBench exporter can inline them. A head's phase GEMM has a tiny N and re-reads its input per
-tap, so these kernels put the taps into N: ``head_rows_kernel`` sums the width taps into Z (output
-rows, fp32 or bf16 for bf16 calls), which ``head_gather_tile_kernel`` sums over the depth and
-height taps; ``head_shuffle_kernel`` (dilation 1) writes the whole output in one launch.
-"""
+"""Triton kernels of output heads (1-15 output channels per group; ``convt3d.engines.triton.head``), importing only
+``triton`` and the phase kernels (exported verbatim). A head's phase GEMM has a tiny N and re-reads its input per tap,
+so the taps go into N: ``head_rows_kernel`` sums the width taps into Z (output rows, fp32, or bf16 for bf16 calls),
+``head_gather_tile_kernel`` the depth and height taps of Z; ``head_shuffle_kernel`` (dilation 1) is one launch."""
 import triton
 import triton.language as tl
 
@@ -75,9 +72,8 @@ def head_rows_pack_kernel(
     SW_C: tl.constexpr, NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """The rows kernel's weight tiles gathered once per call into a dense copy (``W_PACKED``), so the
-    GEMM skips the per-element tap gather at every K step; ROUND_TF32 rounds the copy. Grid
-    (NSHIFT x K_STEPS x N_TILES, groups)."""
+    """The rows kernel's weight tiles gathered once per call into a dense copy (``W_PACKED``, ROUND_TF32: rounded) that
+    spares the GEMM a tap gather per K step. Grid (NSHIFT x K_STEPS x N_TILES, groups)."""
     pid = tl.program_id(0)
     grp = tl.program_id(1)
     nt = pid % N_TILES
@@ -130,16 +126,14 @@ def _rows_gathered_w(w_g, nt, j, k0, CIN_G, NCOL, KW, KVOL, SW, PW, DW, SHIFT0, 
 @triton.jit
 def _rows_store(acc, nt, pid_m, z_g, S, D, H, OW, QW, NCOL,
                 SW_C: tl.constexpr, FULL_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store N tile ``nt`` of an M tile into Z, the W residues interleaved in registers so that
-    each store writes contiguous output columns."""
+    """N tile ``nt`` of an M tile into Z, the W residues interleaved in registers so stores write contiguous columns."""
     G_N: tl.constexpr = BLOCK_N // SW_C
     out = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, G_N, SW_C)), (1, 0, 2)), (G_N, BLOCK_M * SW_C))
     e = tl.arange(0, BLOCK_M * SW_C)
     em = pid_m * BLOCK_M + e // SW_C
     g_e = nt * G_N + tl.arange(0, G_N)
     if FULL_W:
-        # OW = QW * SW: output column (em // QW) * OW + (em % QW) * SW + rw is em * SW + rw,
-        # the tile's run of contiguous elements (no per-element division).
+        # OW = QW * SW: column (em // QW) * OW + (em % QW) * SW + rw is em * SW + rw, a run (no per-element division).
         ok = (g_e < NCOL // SW_C)[:, None] & (em < S)[None, :]
         z_e = g_e.to(tl.int64)[:, None] * (D * H * OW) + (pid_m * (BLOCK_M * SW_C) + e)[None, :]
     else:
@@ -159,14 +153,12 @@ def head_rows_kernel(
     NSHIFT: tl.constexpr, N_TILES: tl.constexpr, K_STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """The "rows" kind: Z[g, n, (co, td, th), id, ih, ow] = sum over ci and the width taps of X * W.
-
-    M = (id, ih, qw) with ow = qw * SW + rw; N = (co, td, th, rw); K = Cin/g at each width shift
-    delta = iw - qw. Grid (programs, groups), a program walking its group's (n, M tile) tiles: one
-    per tile with runtime loops (W_PACKED: weight from head_rows_pack_kernel's copy; N_JOINT: each
-    input tile steps every N tile), or a few per SM (UNROLL, ``Config.persist``) with constexpr
-    loops, so Triton pipelines the tile loop (W_ONCE: weight held per program). ROUND_X / ROUND_W:
-    each operand rounded once where it is made, which keeps the wgmma asynchronous."""
+    """The "rows" kind: Z[g, n, (co, td, th), id, ih, ow] = sum over ci and the width taps of X * W; M = (id, ih, qw)
+    with ow = qw * SW + rw, N = (co, td, th, rw), K = Cin/g per width shift iw - qw. Grid (programs, groups), each
+    walking its group's (n, M tile) tiles: one a tile with runtime loops (W_PACKED: head_rows_pack_kernel's copy;
+    N_JOINT: an input tile steps every N tile), or a few an SM (UNROLL, ``Config.persist``) with constexpr loops so
+    Triton pipelines the tile loop (W_ONCE: weight held per program). ROUND_X / ROUND_W: each operand rounded once
+    where made, which keeps the wgmma asynchronous."""
     grp = tl.program_id(1)
     S = D * H * QW
     x_g = x_ptr + (grp * CIN_G).to(tl.int64) * stride_xc
@@ -284,13 +276,11 @@ def head_shuffle_kernel(
     FLAT: tl.constexpr, R_P: tl.constexpr, SW_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, Y64: tl.constexpr,
 ):
-    """The shuffle kind (dilation 1): tap t = j * s + r (shift j, residue r) sends input i to output
-    (i + j) * s - p + r, so block q's outputs sum the taps (j, r) of inputs q - j: a 3-D pixel
-    shuffle of a stride-1 convolution written in one sweep, no Z, no fill. One program: one (n, g),
-    a depth block and BLOCK_H x BLOCK_W blocks (FLAT: BLOCK_W consecutive blocks in row order).
-    USE_DOT: one MMA per K step (two-level at "ieee"), else exact fp32 FMA. NJH, NJW > 1: those
-    shifts are MMA columns, block q taking its column block from row q - (nh, nw) of the tile, whose
-    first rows are a halo read but not written. Output offsets are 32-bit unless Y64."""
+    """The shuffle kind (dilation 1): tap t = j * s + r sends input i to output (i + j) * s - p + r, so block q sums
+    taps (j, r) of inputs q - j: a 3-D pixel shuffle of a stride-1 convolution in one sweep, no Z, no fill. A program:
+    one (n, g), a depth block, BLOCK_H x BLOCK_W blocks (FLAT: BLOCK_W consecutive in row order). USE_DOT: an MMA per
+    K step (two-level at "ieee"), else exact fp32 FMA. NJH, NJW > 1: those shifts are MMA columns, block q taking its
+    column block from tile row q - (nh, nw); the first rows are a halo read, not written. Y64: 64-bit output offsets."""
     pid = tl.program_id(0)
     pid_w = pid % tiles_w
     t = pid // tiles_w
@@ -306,8 +296,7 @@ def head_shuffle_kernel(
     JVOL: tl.constexpr = JD * JH * JW
 
     m = tl.arange(0, M)
-    # Shifts in N: a tile's first NJH - 1 rows and NJW - 1 columns of blocks (FLAT: its first
-    # halo blocks) are read but not written; `own` marks the blocks it writes.
+    # Shifts in N: the first NJH - 1 rows and NJW - 1 columns of blocks (FLAT: halo blocks) are read, not `own`.
     if FLAT:
         halo = (NJH - 1) * blocks_w + (NJW - 1)
         blk = pid_h * (M - halo) - halo + m
@@ -335,8 +324,8 @@ def head_shuffle_kernel(
     j_ok = j_row & (od >= 0) & (od < OD)
 
     if USE_DOT:
-        # Columns n = (shift in N, row j, residue c): NS_P column blocks of NC0, block sn the
-        # shift (nh, nw) = divmod(sn, NJW) (past NJH x NJW: zero columns of the power of two).
+        # Columns n = (shift in N, row j, residue c): NS_P blocks of NC0, block sn the shift (nh, nw) = divmod(sn, NJW)
+        # (past NJH x NJW: zero columns of the power of two).
         NC0: tl.constexpr = J * SW_P
         NCOL: tl.constexpr = NS_P * NC0
         n = tl.arange(0, NCOL)
@@ -363,9 +352,8 @@ def head_shuffle_kernel(
                          mask=ci_ok[:, None] & n_ok[None, :], other=0.0)
             acc = _mma_step(acc, xt, wt, ROUND_TF32, PRECISION == "ieee", PRECISION)
         if NS_P > 1:
-            # Shifts in N: block q adds column block (nh, nw) of row q - (nh, nw), then the blocks are
-            # summed. A flat tile's row q - nw may wrap into the row above, whose blocks lie past the
-            # input or feed only cropped outputs: no mask needed. Halo rows are not stored.
+            # Block q sums column block (nh, nw) of row q - (nh, nw); a flat tile's row q - nw may wrap into the row
+            # above, whose blocks lie past the input or feed only cropped outputs: no mask. Halo rows are not stored.
             if FLAT:
                 src = m[:, None] - (nh_n * blocks_w + nw_n)[None, :]
             else:
@@ -419,10 +407,9 @@ def head_gather_tile_kernel(
     HAS_BIAS: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    """out[n, g * COUT_G + co, od, oh, ow] = bias + the Z rows of every (depth, height) tap reaching
-    (od, oh), over a width of OW (the rows kind's tap sum), any output strides. One program: one
-    (n, g, od), BLOCK_R rows of one height residue, BLOCK_W columns, every channel; each output
-    written once in a fixed order. Z is read evict_first so it does not evict the output from L2."""
+    """out[n, g * COUT_G + co, od, oh, ow] = bias + the Z rows of every (depth, height) tap reaching (od, oh), any
+    output strides. A program: one (n, g, od), BLOCK_R rows of one height residue, BLOCK_W columns, every channel,
+    each output written once in a fixed order; Z read evict_first so that it does not evict the output from L2."""
     pid = tl.program_id(0)
     pid_w = pid % tiles_w
     t = pid // tiles_w

@@ -1,11 +1,8 @@
-"""Triton kernels of the backward of an output head (Cin/g >= 8, Cout/g <= 15; pure ``@triton.jit``).
-
-(tap, output channel) pairs form one GEMM dimension, ``k = tap * Cout/g + co``, where the general
-kernels step one padded tap at a time; positions of one batch element form the other, offset by
-``s * stride_w`` so the compiler sees runs. ``head_dgrad_kernel``: M = positions, N = Cin/g;
-``head_wgrad_kernel``: M = Cin/g, N = (tap, channel) pairs, K = positions in SPLITS fp32 partials.
-dY comes zero-padded (``dy_pad_kernel``), so the gather needs no bounds test.
-"""
+"""Triton kernels of an output head's backward (Cin/g >= 8, Cout/g <= 15). (tap, output channel) pairs form one GEMM
+dimension, ``k = tap * Cout/g + co`` (the general kernels step a padded tap at a time), positions of one batch element
+the other, offset by ``s * stride_w`` so the compiler sees runs. ``head_dgrad_kernel``: M = positions, N = Cin/g;
+``head_wgrad_kernel``: M = Cin/g, N = (tap, channel) pairs, K = positions in SPLITS fp32 partials. dY comes
+zero-padded (``dy_pad_kernel``): the gather needs no bounds test."""
 import triton
 import triton.language as tl
 
@@ -23,8 +20,7 @@ def _wide(v, BIG: tl.constexpr):
 
 @triton.jit
 def _tap_offsets(k, COUT_G, KH, KW, DD, DH, DW, stride_c, stride_d, stride_h, stride_w, BIG: tl.constexpr):
-    """(tap, channel) index k -> its offset in the padded dY (t*d along each dimension, plus the
-    channel), and its (co, td, th, tw)."""
+    """(tap, channel) index k -> (its offset in the padded dY: t*d per dimension plus the channel, co, td, th, tw)."""
     co = k % COUT_G
     tap = k // COUT_G
     tw = tap % KW
@@ -38,8 +34,7 @@ def _tap_offsets(k, COUT_G, KH, KW, DD, DH, DW, stride_c, stride_d, stride_h, st
 @triton.jit
 def _grad_step(acc, a, b, ROUND_A: tl.constexpr, ROUND_B: tl.constexpr, TWO_LEVEL: tl.constexpr,
                PRECISION: tl.constexpr):
-    """acc += a @ b, the K step of the gradient kernels, with each operand optionally rounded to
-    TF32 (cuDNN's numerics; dY's copy may be rounded already: DY_ROUNDED)."""
+    """acc += a @ b, the gradient kernels' K step, operands optionally TF32-rounded (DY_ROUNDED: dY's copy already)."""
     if ROUND_A:
         a = _round_tf32(a)
     if ROUND_B:
@@ -59,9 +54,8 @@ def dy_pad_kernel(
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     CL: tl.constexpr, ROUND_TF32: tl.constexpr, BIG: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """dY zero-padded (data at offset (PD, PH, PW)), contiguous NCDHW or (CL) channels-last, every
-    element written once, TF32-rounded with ROUND_TF32; a program writes BLOCK elements of a whole
-    plane, since a head's rows are too short to fill row tiles."""
+    """dY zero-padded (data at (PD, PH, PW)), contiguous NCDHW or (CL) channels-last, each element written once
+    (ROUND_TF32: rounded); BLOCK elements of a plane a program, as a head's rows are too short for row tiles."""
     pid = _wide(tl.program_id(0), BIG)
     plane = pid // CHUNKS
     j = (pid - plane * CHUNKS) * BLOCK + tl.arange(0, BLOCK)

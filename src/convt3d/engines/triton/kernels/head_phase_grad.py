@@ -1,10 +1,7 @@
-"""Backward of an output head from dY split by phase (pure ``@triton.jit``).
-
-Tap ``t`` sends input ``i`` to output ``i*s + t*d - p``: the phase of residue ``(t*d - p) mod s`` at
-compact index ``i + floor((t*d - p) / s)``. ``dy_phases_kernel`` copies dY into that form (zeros
-outside dY), so each (tap, channel) row of a GEMM operand is a run of consecutive elements along W.
-``wgrad_finish_kernel`` adds the dW partials of both head wgrad kernels in a fixed order.
-"""
+"""Backward of an output head from dY split by phase: tap ``t`` sends input ``i`` to output ``i*s + t*d - p``, phase
+``(t*d - p) mod s`` at compact index ``i + floor((t*d - p) / s)``. ``dy_phases_kernel`` copies dY so (zeros outside),
+each (tap, channel) row of a GEMM operand a run along W; ``wgrad_finish_kernel`` adds both head wgrad kernels' dW
+partials in a fixed order."""
 import triton
 import triton.language as tl
 
@@ -14,8 +11,7 @@ from .phase_gemm import _round_tf32
 
 @triton.jit
 def _axis_tap(t, DIL, S, LIFT):
-    """Tap index along one dimension -> (residue, index in the copy minus the input index).
-    LIFT = c*s - p >= 0 makes the dividend non-negative (Triton's // and % truncate)."""
+    """Tap -> (residue, copy index - input index); LIFT = c*s - p >= 0 keeps dividends >= 0 (// and % truncate)."""
     u = t * DIL + LIFT
     return u % S, u // S
 
@@ -23,8 +19,7 @@ def _axis_tap(t, DIL, S, LIFT):
 @triton.jit
 def _rows(k, COUT_G, KH, KW, SD, SH, SW, DD, DH, DW, LIFT_D, LIFT_H, LIFT_W,
           stride_rd, stride_rh, stride_rw, stride_qc, stride_qd, stride_qh, BIG: tl.constexpr):
-    """(tap, channel) pair k = tap * Cout/g + co -> the offset of its row in the copy at input
-    position (0, 0, 0) of batch element 0."""
+    """(tap, channel) pair k = tap * Cout/g + co -> its row's offset in the copy at input (0, 0, 0) of element 0."""
     co = k % COUT_G
     tap = k // COUT_G
     tw = tap % KW
@@ -39,8 +34,7 @@ def _rows(k, COUT_G, KH, KW, SD, SH, SW, DD, DH, DW, LIFT_D, LIFT_H, LIFT_W,
 
 @triton.jit
 def _tile(t, D, H, W, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Position tile t -> (n, d, rows ih, columns iw, mask) of its BLOCK_M // BLOCK_W input rows
-    of BLOCK_W positions (tiles run along W, then H, D and the batch)."""
+    """Position tile t (along W, then H, D, batch) -> (n, d, rows ih, columns iw, mask), BLOCK_W positions a row."""
     tiles_w = tl.cdiv(W, BLOCK_W)
     tiles_h = tl.cdiv(H, BLOCK_M // BLOCK_W)
     tw_ = t % tiles_w
@@ -185,8 +179,7 @@ def wgrad_finish_kernel(
     part_ptr, dw_ptr, E, SPLITS, COUT_G, KTOT, TAPS,
     BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    # Program -> BLOCK_E partial elements, the splits added BLOCK_S at a time in a fixed order
-    # (deterministic); the launcher keeps SPLITS x E below 2^22.
+    # BLOCK_E elements a program, splits added BLOCK_S at a time in a fixed order (deterministic); SPLITS x E < 2^22.
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < E
     acc = tl.zeros((BLOCK_E,), dtype=tl.float32)

@@ -1,9 +1,6 @@
-"""Triton kernels of the phase-GEMM engine: pure ``@triton.jit`` functions, no host logic.
-
-Imports only ``triton`` and its sibling ``epilogue``, so that ``convt3d export-kernelbench`` can copy it
-verbatim into a KernelBench file: no torch, no other package imports, no exception handling, not the bare
-word for a no-op statement (KernelBench's static checker rejects them). Vocabulary: ``convt3d.core.params``.
-"""
+"""Triton kernels of the phase-GEMM engine, importing only ``triton`` and ``.epilogue`` so that ``convt3d
+export-kernelbench`` copies them verbatim: no torch, no exception handling, not the bare word for a no-op statement
+(KernelBench's static checker rejects them). Vocabulary: ``convt3d.core.params``."""
 import triton
 import triton.language as tl
 
@@ -41,9 +38,8 @@ def phase_gemm_kernel(
     W_SKIP: tl.constexpr, X_CACHE: tl.constexpr, X_TMA: tl.constexpr, W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr, EPI: tl.constexpr = 0,
 ):
-    # X_TMA / W_TMA: x_ptr / w_ptr are TMA descriptors (x over the NDHWC input, w over [G, taps,
-    # Cout/g, Cin/g]); out-of-range boxes read as zeros, so the K loop has no masks. EPI: the
-    # epilogue program (core.epilogue.encode; 0 none) over C_OUT channels, applied before the store.
+    # X_TMA / W_TMA: TMA descriptors (x over the NDHWC input, w over [G, taps, Cout/g, Cin/g]) whose out-of-range
+    # boxes read zeros: no K-loop masks. EPI: the epilogue program (core.epilogue.encode; 0 none) over C_OUT channels.
     BLOCK_H: tl.constexpr = BLOCK_M // BLOCK_W
     # Program -> (group, n, qd, h tile, w tile, phase group, channel tile): one tile's programs share L2.
     pid = tl.program_id(0)
@@ -79,8 +75,7 @@ def phase_gemm_kernel(
         bias = tl.load(b_ptr + grp * COUT_G + offs_co, mask=co_ok, other=0.0).to(tl.float32)
 
     k_blocks = (CIN_G + BLOCK_K - 1) // BLOCK_K
-    # With W_GROUP == 2 (stride 2 along W) one program computes both W residues of a (rd, rh) pair
-    # and interleaves them, so each store writes whole output rows; otherwise one phase.
+    # W_GROUP == 2 (stride 2 along W): both W residues of a (rd, rh) pair, interleaved so stores write whole rows.
     for j in tl.static_range(W_GROUP):
         if j != W_SKIP:
             (rd, rh, rw, td, th, tw, t0d, t0h, t0w, o0d, o0h, o0w,
@@ -200,8 +195,8 @@ def to_channels_last_kernel(
     x_ptr, y_ptr, C, S, S_BLOCKS, C_BLOCKS, stride_xn, stride_xc, stride_xs,
     ROUND_TF32: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    """y[n, s, c] = x[n, c, s] (s: D*H*W with one stride), optionally rounded to TF32: the GEMM reads
-    channels innermost. Grid: (S_BLOCKS x C_BLOCKS x N,), one axis since N may exceed 65535."""
+    """y[n, s, c] = x[n, c, s] (s: D*H*W, one stride), optionally TF32-rounded, for the GEMM's channels-innermost
+    reads. Grid: (S_BLOCKS x C_BLOCKS x N,), one axis since N may exceed 65535."""
     pid = tl.program_id(0)
     pid_s = pid % S_BLOCKS
     pid_c = (pid // S_BLOCKS) % C_BLOCKS
@@ -221,9 +216,8 @@ def to_channels_last_kernel(
 def _pack_block(w_ptr, p_ptr, pid, grp,
                 CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
-    """One [BLOCK_CI, BLOCK_J] block of pack_weight_kernel (program ``pid`` of group ``grp``): loads
-    along j = co * KVOL + tap, stores along ci. FOLD > 1: rows of merged original group f hold
-    weights only in that group's columns, zeros elsewhere (block-diagonal)."""
+    """Block ``pid`` of group ``grp`` of pack_weight_kernel, [BLOCK_CI, BLOCK_J]: loads along j = co * KVOL + tap,
+    stores along ci; FOLD > 1: merged group f's rows hold weights in its columns only (block-diagonal)."""
     j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
     ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
     j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -245,8 +239,8 @@ def pack_weight_kernel(
     w_ptr, p_ptr, CIN_G, COUT_G, KVOL, FOLD, stride_wi,
     ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap], K-major per tap, for a weight whose (co, tap)
-    has stride 1; FOLD > 1 packs merged groups block-diagonally (ConvT3dParams.fold_groups)."""
+    """p[g, tap, co, ci] = w[g*CIN_G + ci, co, tap], K-major per tap, (co, tap) of stride 1; FOLD > 1 packs merged
+    groups block-diagonally (ConvT3dParams.fold_groups)."""
     _pack_block(w_ptr, p_ptr, tl.program_id(0), tl.program_id(1), CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32, BLOCK_CI, BLOCK_J)
 
@@ -283,10 +277,9 @@ def fill_planes_kernel(
     y_ptr, b_ptr, planes_ptr, C, SEG, PLANES, stride_yn, stride_yc, stride_yd,
     CHANNELS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr,
 ):
-    """Bias/zero for whole output depth planes no tap reaches, one contiguous segment of SEG elements
-    per program, since long runs write at full bandwidth. In NCDHW the VEC-aligned interior goes as
-    16-byte rows and the ends apart (a per-element mask compiles to 4-byte stores). Grid: (PLANES x
-    outer,), one axis since N x C may exceed 65535."""
+    """Bias/zero on whole depth planes no tap reaches, a contiguous SEG-element segment a program (long runs write at
+    full bandwidth); in NCDHW the VEC-aligned interior as 16-byte rows, the ends apart (a per-element mask compiles
+    to 4-byte stores). Grid: (PLANES x outer,), one axis since N x C may exceed 65535."""
     pid = tl.program_id(0)
     od = tl.load(planes_ptr + pid % PLANES)
     outer = pid // PLANES
@@ -302,8 +295,7 @@ def fill_planes_kernel(
     else:
         nb = outer // C
         c = outer % C
-        # Element offsets from y_ptr (int64): the plane is [s, end); [s_up, e_dn) its
-        # VEC-aligned interior.
+        # Element offsets from y_ptr (int64): the plane is [s, end), [s_up, e_dn) its VEC-aligned interior.
         s = nb.to(tl.int64) * stride_yn + c.to(tl.int64) * stride_yc + od.to(tl.int64) * stride_yd
         end = s + SEG
         s_up = (s + (VEC - 1)) // VEC * VEC
@@ -314,8 +306,8 @@ def fill_planes_kernel(
         rows = tl.arange(0, BLOCK // VEC)
         lanes = tl.arange(0, VEC)
         tile = (tl.zeros((BLOCK // VEC, VEC), dtype=tl.float32) + value).to(y_ptr.dtype.element_ty)
-        # A counted loop (not range(s_up, e_dn, BLOCK)) so the start keeps its known
-        # divisibility by VEC; a negative count (segment inside one VEC group) runs no step.
+        # Counted (not range(s_up, e_dn, BLOCK)) so the start keeps its known divisibility by VEC; a negative count
+        # (segment inside one VEC group) runs no step.
         for i in range(0, (e_dn - s_up + BLOCK - 1) // BLOCK):
             start = s_up + i * BLOCK + rows * VEC
             tl.store(y_ptr + start[:, None] + lanes[None, :], tile, mask=(start < e_dn)[:, None])
@@ -334,10 +326,9 @@ def flat_gemm_kernel(
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
     OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPI: tl.constexpr = 0,
 ):
-    """The phase GEMMs on Hopper with every operand tile a plain 2-D TMA box: the input is a
-    zero-haloed NDHWC copy (DP, HP, WP) viewed as [rows, channels], a tile BLOCK_M consecutive
-    positions of one compact plane with its padding columns, so each tap reads the same box shifted
-    by one offset (wrapped rows feed only discarded positions); the weight [G * taps * Cout/g, Cin/g]."""
+    """The phase GEMMs on Hopper, every operand tile a 2-D TMA box: the input a zero-haloed NDHWC copy (DP, HP, WP)
+    as [rows, channels], a tile BLOCK_M consecutive positions of one compact plane with its padding columns, so each
+    tap reads one box shifted (wrapped rows feed only discarded positions); the weight [G*taps*Cout/g, Cin/g]."""
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
     t = pid // tiles_n
@@ -466,9 +457,8 @@ def _pad_block(x_ptr, y_ptr, pid,
                R_BLOCKS, C_BLOCKS,
                ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr,
                BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N on one axis): BLOCK_W positions of
-    one padded row by BLOCK_C channels. Rows, so that Triton sees an NCDHW source run along W and
-    loads it coalesced, transposing through shared memory for the channels-innermost store."""
+    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N): BLOCK_W positions of a padded row by BLOCK_C
+    channels; rows, so an NCDHW source loads coalesced along W, transposed in shared memory for the store."""
     pid_r = pid % R_BLOCKS
     pid_c = (pid // R_BLOCKS) % C_BLOCKS
     nb = (pid // R_BLOCKS // C_BLOCKS).to(tl.int64)
@@ -507,8 +497,8 @@ def to_padded_kernel(
     R_BLOCKS, C_BLOCKS,
     ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    """y[n, dp, hp, wp, c] = x[n, c, dp - PD, hp - PH, wp - PW], zero outside x (the halo),
-    optionally rounded to TF32; y contiguous. SRC_CL (channel stride 1): [positions, channels] tiles."""
+    """y[n, dp, hp, wp, c] = x[n, c, dp - PD, hp - PH, wp - PW], zero in the halo, optionally TF32-rounded, y
+    contiguous; SRC_CL (channel stride 1): [positions, channels] tiles."""
     _pad_block(x_ptr, y_ptr, tl.program_id(0),
                C, D, H, W, DP, HP, WP, PD, PH, PW,
                stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
@@ -523,8 +513,7 @@ def gemm_operands_kernel(
     ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """Both GEMM operands in one launch (each launch costs host time): programs below PAD_PROGRAMS
-    make to_padded_kernel's copy of x, the rest pack the weight as pack_weight_kernel."""
+    """Both GEMM operands in one launch (launches cost host time): programs < PAD_PROGRAMS pad x, the rest pack w."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
         _pad_block(x_ptr, xp_ptr, pid,
