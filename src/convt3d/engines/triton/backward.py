@@ -1,14 +1,9 @@
-"""Backward of ``convt3d.conv_transpose3d``: dX, dW and db, and which implementation runs each.
-
-On CUDA a signature's first backward times cuDNN against each gradient's Triton tiles (dX:
-``kernels/dgrad_bwd.py``; heads: ``head_backward``) and keeps a tile only if it wins by more than
-``_MARGIN`` (saved in the cache file), else cuDNN. ``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT``
-force "cudnn" or "triton" (dW's Triton kernels take output heads only). Precision follows the forward's;
-all deterministic.
-"""
+"""Backward of ``convt3d.conv_transpose3d`` (dX, dW, db), deterministic at the forward's precision. On CUDA a
+signature's first backward times cuDNN against each gradient's Triton tiles (dX: ``kernels/dgrad_bwd.py``; heads:
+``head_backward``), keeping a tile only if it wins by more than ``_MARGIN`` (saved in the cache file).
+``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` force "cudnn" or "triton" (dW's Triton kernels: heads only)."""
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -80,19 +75,6 @@ def clear_caches() -> None:
     _plans.clear()
 
 
-@contextlib.contextmanager
-def _deterministic():
-    """cuDNN's deterministic algorithms for our backward calls (the TF32 flag is the precision's: ``torch_grads``)."""
-    old = torch.backends.cudnn.deterministic
-    if not old:
-        set_backend_flag(torch.backends.cudnn, "deterministic", True)
-    try:
-        yield
-    finally:
-        if torch.backends.cudnn.deterministic != old:
-            set_backend_flag(torch.backends.cudnn, "deterministic", old)
-
-
 def differentiable_grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
                          mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, ...]:
     """(dX, dW, db) by ``convolution_backward``, which autograd can differentiate (``create_graph``)."""
@@ -101,15 +83,20 @@ def differentiable_grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, par
 
 def grad_formats(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.memory_format, torch.memory_format]:
     """Memory formats of (dX, dW): each follows its own tensor, so autograd never re-lays one out."""
-    fx = torch.channels_last_3d if suggests_channels_last(x) else torch.contiguous_format
-    fw = torch.channels_last_3d if suggests_channels_last(w) else torch.contiguous_format
-    return fx, fw
+    return tuple(torch.channels_last_3d if suggests_channels_last(t) else torch.contiguous_format for t in (x, w))
 
 
 def _torch_grads(dy, x, w, params, precision, need_x, need_w, need_b=False):
-    """dX and/or dW (and db) by PyTorch's kernels in one call, as autograd does for ConvTranspose3d."""
-    with _deterministic():
+    """dX and/or dW (and db) by PyTorch's kernels in one call, as autograd does for ConvTranspose3d, with
+    cuDNN's deterministic algorithms (the TF32 flag is the precision's: ``torch_grads``)."""
+    old = torch.backends.cudnn.deterministic
+    if not old:
+        set_backend_flag(torch.backends.cudnn, "deterministic", True)
+    try:
         return torch_grads(dy, x, w, params, precision, (need_x, need_w, need_b))
+    finally:
+        if torch.backends.cudnn.deterministic != old:
+            set_backend_flag(torch.backends.cudnn, "deterministic", old)
 
 
 def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device,

@@ -1,8 +1,6 @@
-"""Backward of an output head (<= ``MAX_OUT_PER_GROUP`` output and >= ``MIN_IN_PER_GROUP`` input
-channels per group): tiles and launchers of ``kernels/head_grad.py`` and ``kernels/head_phase_grad.py``,
-whose GEMMs flatten (tap, output channel) into one dimension and read dY from a zero-padded copy
-(:func:`padded_dy`) or split by phase (:class:`DyPhases`); ``backward`` times every tile.
-"""
+"""Backward of an output head (<= ``MAX_OUT_PER_GROUP`` output, >= ``MIN_IN_PER_GROUP`` input channels per group):
+tiles and launchers of ``kernels/head_grad.py`` and ``kernels/head_phase_grad.py``, whose GEMMs flatten (tap, output
+channel) into one dimension and read dY zero-padded (:func:`padded_dy`) or split by phase (:class:`DyPhases`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +9,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ...core.errors import BackendUnavailableError
 from .head import flat_spatial, rounds_tf32
@@ -25,10 +22,8 @@ __all__ = ["MAX_OUT_PER_GROUP", "MIN_IN_PER_GROUP", "HeadDgradConfig", "HeadWgra
 
 MAX_OUT_PER_GROUP = 15
 MIN_IN_PER_GROUP = 8
-# Program and step indices over all positions are 32-bit (with a tile of headroom).
-_MAX_POSITIONS = 2**31 - 2**16
-# The dW partial sums: at most 2^22 fp32 values over all splits, cheap to add next to reading X.
-_MAX_PARTIAL = 2**22
+_MAX_POSITIONS = 2**31 - 2**16  # program and step indices over all positions are 32-bit (a tile of headroom)
+_MAX_PARTIAL = 2**22  # fp32 dW partial sums over all splits at most: cheap to add next to reading X
 
 
 @dataclass(frozen=True)
@@ -38,8 +33,7 @@ class HeadDgradConfig:
     BLOCK_K: int  # (tap, output channel) pairs per step
     num_warps: int
     num_stages: int
-    # 0: dY's zero-padded copy (head_dgrad_kernel); > 0: dY split by phase, rows of BLOCK_W.
-    BLOCK_W: int = 0
+    BLOCK_W: int = 0  # 0: dY's zero-padded copy (head_dgrad_kernel); > 0: dY split by phase, rows of BLOCK_W
 
     def short(self) -> str:
         return (f"head M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}"
@@ -54,10 +48,8 @@ class HeadWgradConfig:
     num_warps: int
     num_stages: int
     splits: int  # programs along the reduction; partial sums added in a fixed order
-    # The dY gather's lanes along positions instead of (tap, channel) pairs (head_wgrad_kernel).
-    lanes_on_m: bool = False
-    # As HeadDgradConfig.BLOCK_W (head_phase_grad.head_wgrad_phase_kernel).
-    BLOCK_W: int = 0
+    lanes_on_m: bool = False  # the dY gather's lanes on positions, not (tap, channel) pairs (head_wgrad_kernel)
+    BLOCK_W: int = 0  # as HeadDgradConfig.BLOCK_W (head_wgrad_phase_kernel)
 
     def short(self) -> str:
         return (f"head CI{self.BLOCK_CI} K{self.BLOCK_K} P{self.BLOCK_P} w{self.num_warps} s{self.num_stages} "
@@ -131,7 +123,7 @@ def _splits(params: ConvT3dParams, tiles: int, steps: int, device: torch.device)
     per_split = params.groups * params.in_channels_per_group * _ktot(params)
     cap = max(1, min(_MAX_PARTIAL // per_split, steps // 4, 1024))
     # ~4 programs per SM, each streaming its X range once, hide the L2 latency of the dY loads.
-    return max(1, min(triton.cdiv(device_programs(device), tiles), cap))
+    return max(1, min(cdiv(device_programs(device), tiles), cap))
 
 
 def _phase_tiles(params: ConvT3dParams, block: int, block_w: int) -> int:
@@ -151,10 +143,10 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
         return (HeadWgradConfig(min(bci, 16), bk, 16, 4, 1, 1),
                 HeadWgradConfig(min(bci, 16), bk, 16, 4, 1, 1, BLOCK_W=_phase_block_w(params, 16)))
     out = []
-    steps = params.batch * triton.cdiv(math.prod(params.in_size), 32)
+    steps = params.batch * cdiv(math.prod(params.in_size), 32)
     for bk_cap, warps in ((64, 4), (128, 8)):
         bk = _clamp_pow2(ktot, 16, bk_cap)
-        tiles = params.groups * triton.cdiv(params.in_channels_per_group, bci) * triton.cdiv(ktot, bk)
+        tiles = params.groups * cdiv(params.in_channels_per_group, bci) * cdiv(ktot, bk)
         out.append(HeadWgradConfig(bci, bk, 32, warps, 1, _splits(params, tiles, steps, device)))
     out += [dataclasses.replace(c, lanes_on_m=True) for c in out]
     bci_wide = _clamp_pow2(params.in_channels_per_group, 16, 128)
@@ -163,7 +155,7 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     bw = _phase_block_w(params, bp)
     for bk_cap, ci, warps in ((64, bci, 4), (128, bci, 8), (64, bci_wide, 8)):
         bk = _clamp_pow2(ktot, 16, bk_cap)
-        tiles = params.groups * triton.cdiv(params.in_channels_per_group, ci) * triton.cdiv(ktot, bk)
+        tiles = params.groups * cdiv(params.in_channels_per_group, ci) * cdiv(ktot, bk)
         splits = _splits(params, tiles, _phase_tiles(params, bp, bw), device)
         out.append(HeadWgradConfig(ci, bk, bp, warps, 1, splits, BLOCK_W=bw))
     return tuple(dict.fromkeys(out))
@@ -209,8 +201,7 @@ def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None
     round_tf32 = round_tf32 and dtype == torch.float32  # TF32 is a rounding of fp32 only
     if not _dy_needs_zeros(params):
         return dy.to(dtype)
-    pads = _dy_pads(params)
-    shape = params.out_shape[:2] + tuple(o + a + b for o, (a, b) in zip(params.out_size, pads))
+    shape = params.out_shape[:2] + tuple(o + a + b for o, (a, b) in zip(params.out_size, _dy_pads(params)))
     cl = dy.dim() == 5 and dy.is_contiguous(memory_format=torch.channels_last_3d) and not dy.is_contiguous()
     dyp = torch.empty(shape, dtype=dtype, device=dy.device,
                       memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
@@ -220,10 +211,9 @@ def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None
 
 @dataclass(frozen=True)
 class DyPhases:
-    """The layout of dY split by phase (``kernels/head_phase_grad.py``): per dimension, tap t reads
-    residue ``(t*d - p) mod s`` at copy index ``i + (t*d + lift) // s``, ``lift = c*s - p``,
-    ``c = ceil(p / s)``; index ``q'`` is dY's position ``(q' - c)*s + r`` (zero outside dY).
-    Shape [sd, sh, sw, N, C, Ld, Lh, Lw], contiguous."""
+    """dY split by phase, contiguous [sd, sh, sw, N, C, Ld, Lh, Lw] (``kernels/head_phase_grad.py``): per dimension,
+    tap t reads residue ``(t*d - p) mod s`` at index ``i + (t*d + lift) // s``, ``lift = c*s - p``, ``c = ceil(p / s)``;
+    index ``q'`` is dY's position ``(q' - c)*s + r`` (zero outside dY)."""
 
     lift: tuple[int, int, int]
     shift: tuple[int, int, int]  # c per dimension
@@ -274,19 +264,13 @@ def dy_phases(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype, round
 def dy_operand(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype,
                config: HeadDgradConfig | HeadWgradConfig, precision: str) -> torch.Tensor:
     """The copy of dY that ``config``'s kernel reads, in ``dtype``, TF32-rounded at TF32 precision."""
-    if config.BLOCK_W:
-        return dy_phases(dy, params, dtype, rounds_tf32(dtype, precision))
-    return padded_dy(dy, params, dtype, rounds_tf32(dtype, precision))
-
-
-def _span(t: torch.Tensor) -> int:
-    """Elements from the first to the last of ``t`` (its strides' reach)."""
-    return 1 + sum(abs(st) * (n - 1) for n, st in zip(t.shape, t.stride()) if n > 0)
+    return (dy_phases if config.BLOCK_W else padded_dy)(dy, params, dtype, rounds_tf32(dtype, precision))
 
 
 def _big(*tensors: torch.Tensor) -> bool:
-    """Whether the kernels need 64-bit offsets for these tensors."""
-    return any(_span(t) >= 2**31 for t in tensors)
+    """Whether the kernels need 64-bit offsets: a tensor's strides reach 2^31 elements or more."""
+    spans = (1 + sum(abs(st) * (n - 1) for n, st in zip(t.shape, t.stride()) if n > 0) for t in tensors)
+    return any(span >= 2**31 for span in spans)
 
 
 def _precision_args(dtype: torch.dtype, precision: str, dy_rounded: bool) -> dict:
@@ -329,12 +313,8 @@ def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, 
         s = math.prod(params.in_size)
         tiles_s = cdiv(s, cfg.BLOCK_M)
         return Site("head_dgrad_kernel", (params.batch * tiles_s * tiles_n, g), (
-            s, cin_g, cout_g, _ktot(params),
-            *params.in_size,
-            params.kernel_size[1], params.kernel_size[2],
-            *dyp.stride(), *dx.stride(),
-            *params.stride, *params.dilation,
-            tiles_s, tiles_n,
+            s, cin_g, cout_g, _ktot(params), *params.in_size, params.kernel_size[1], params.kernel_size[2],
+            *dyp.stride(), *dx.stride(), *params.stride, *params.dilation, tiles_s, tiles_n,
         ), consts, head_grad)
 
     return site(("head_dgrad", params, cfg, dyp.shape, dyp.stride(), dx.stride(), wp.dtype, precision), build)
@@ -352,10 +332,9 @@ def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precisi
     if dyp is None:
         dyp = dy_operand(dy, params, w.dtype, cfg, precision)
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
-    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-    kd, kh, kw = params.kernel_size
     # [G, taps, Cout/g, Cin/g]: row k = tap * Cout/g + co of the GEMM's B operand, Cin contiguous.
-    wp = w.reshape(g, cin_g, cout_g, kd * kh * kw).permute(0, 3, 2, 1).contiguous()
+    wp = w.reshape(params.groups, params.in_channels_per_group, params.out_channels_per_group,
+                   math.prod(params.kernel_size)).permute(0, 3, 2, 1).contiguous()
     _dgrad_site(params, cfg, dyp, wp, dx, precision).launch(dy.device, dyp, wp, dx)
     return dx
 
@@ -378,19 +357,15 @@ def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dy
                 *phase, *x.stride(), tiles_ci, tiles_k,
             ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
         return Site("head_wgrad_kernel", grid, (
-            params.batch, math.prod(params.in_size), cin_g, cout_g, ktot,
-            *params.in_size,
-            params.kernel_size[1], params.kernel_size[2], g, cfg.splits,
-            *x.stride(), *dyp.stride(),
-            *params.stride, *params.dilation,
-            tiles_ci, tiles_k,
+            params.batch, math.prod(params.in_size), cin_g, cout_g, ktot, *params.in_size,
+            params.kernel_size[1], params.kernel_size[2], g, cfg.splits, *x.stride(), *dyp.stride(),
+            *params.stride, *params.dilation, tiles_ci, tiles_k,
         ), dict(consts, LANES_ON_M=cfg.lanes_on_m, FLAT_X=flat_spatial(x)), head_grad)
 
     return site(("head_wgrad", params, cfg, x.stride(), dyp.shape, dyp.stride(), x.dtype, precision), build)
 
 
-# The finish: fp32 tiles of 8192 values per step, BLOCK_E small enough to spread over the SMs.
-_FINISH_TILE = 8192
+_FINISH_TILE = 8192  # fp32 values per step of the finish, whose BLOCK_E is small enough to spread over the SMs
 
 
 def _finish_blocks(elements: int, splits: int, programs: int) -> tuple[int, int]:
