@@ -215,15 +215,11 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, channe
     if dtype == torch.bfloat16:
         tiles = [dict(t, z_bf16=True) if t["head"] == "rows" else t for t in tiles]
     if not channels_last or rounds_tf32(dtype, precision):
-        tiles += _x_copies(tiles)
+        # The persistent and packed full-K rows tiles again on a channels-last copy of the input (``x_cl``).
+        bk = max(t["BLOCK_K"] for t in tiles) if tiles else 0
+        tiles += [dict(t, x_cl=True) for t in tiles
+                  if t["head"] == "rows" and (t.get("persist") or t.get("w_packed")) and t["BLOCK_K"] == bk]
     return tiles
-
-
-def _x_copies(tiles: list[dict]) -> list[dict]:
-    """The persistent and packed full-K rows tiles again on a channels-last copy of the input (``x_cl``)."""
-    bk = max(t["BLOCK_K"] for t in tiles) if tiles else 0
-    return [dict(t, x_cl=True) for t in tiles
-            if t["head"] == "rows" and (t.get("persist") or t.get("w_packed")) and t["BLOCK_K"] == bk]
 
 
 SM_SHARED_BYTES = 228 << 10  # of one H100/H200 SM, 1 KB of which the driver keeps per resident block
@@ -298,13 +294,6 @@ def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
     if device.type != "cuda":
         return max(1, min(tiles, 3))
     return max(1, min(tiles, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
-
-
-def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[int, int]:
-    """(BLOCK_C, BLOCK_R) of the gather tile: the group's channels, and about ``elements`` elements' rows of one height
-    residue (at most its ``rows``)."""
-    bc = pow2_at_least(cout_g)
-    return bc, max(1, min(pow2_at_least(rows), elements // (bc * block_w)))
 
 
 def _batch_span(x: torch.Tensor) -> int:
@@ -384,19 +373,15 @@ class HeadSteps:
         shift0, nshift = width_shifts(p)
         num_tiles = p.batch * tiles_m  # per group: the grid's second axis
         programs = cdiv(persistent_programs(x.device, p.groups * num_tiles, cfg.persist), p.groups)
-        ints = (p.batch, p.in_channels_per_group, _rows_columns(p), d, h, wd, ow, qw,
-                kh, kw, kd * kh * kw, sw, p.padding[2], p.dilation[2], shift0,
-                *x.stride(), w.stride(0), tiles_m, num_tiles)
-        # FLAT_DH: depth and height walked by the height stride (contiguous NCDHW or
-        # channels-last input); FULL_W: every compact column fills SW output columns.
-        flat_dh = x.stride(2) == h * x.stride(3)
+        ints = (p.batch, p.in_channels_per_group, _rows_columns(p), d, h, wd, ow, qw, kh, kw, kd * kh * kw, sw,
+                p.padding[2], p.dilation[2], shift0, *x.stride(), w.stride(0), tiles_m, num_tiles)
         n_tiles, k_steps = _rows_steps(p, cfg)
-        # The input is rounded by the copy (x_cl) or in registers; the weight as gathered or packed.
+        # The input is rounded by the copy (x_cl) or in registers, the weight as gathered or packed. FLAT_DH: depth
+        # and height walked by the height stride (NCDHW or channels-last input); FULL_W: each compact column fills SW.
         consts = dict(ROUND_X=round_tf32 and self.copy_x != "cl", ROUND_W=round_tf32, PRECISION=self.precision,
-                      SW_C=sw, NSHIFT=nshift,
-                      FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
-                      W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1], W_PACKED=cfg.w_packed,
-                      N_JOINT=cfg.n_joint, N_TILES=n_tiles, K_STEPS=k_steps,
+                      SW_C=sw, NSHIFT=nshift, FLAT_DH=x.stride(2) == h * x.stride(3), FULL_W=ow == qw * sw,
+                      UNROLL=cfg.persist > 0, W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1],
+                      W_PACKED=cfg.w_packed, N_JOINT=cfg.n_joint, N_TILES=n_tiles, K_STEPS=k_steps,
                       BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)
         key = ("head_gemm", cfg.head, p, cfg, x.stride(), y.stride(), self.has_bias, self.precision, x.dtype, programs)
@@ -422,18 +407,18 @@ class HeadSteps:
         od, oh, ow = p.out_size
         (d, h, _), (sd, sh, _), (pd, ph, _), (dd, dh, _) = p.in_size, p.stride, p.padding, p.dilation
         (kd, kh, _), cout_g = p.kernel_size, p.out_channels_per_group
-        # Z holds output rows: one "width tap" over a width of OW (iw = ow).
-        wd, sw, pw, dw, kw = ow, 1, 0, 1, 1
-        bc, br = _gather_tile(cout_g, cdiv(oh, sh), cfg.BLOCK_W, cfg.BLOCK_R)
+        # The gather tile: the group's channels by rows of one height residue (at most its rows), about BLOCK_R elements.
+        bc = pow2_at_least(cout_g)
+        br = max(1, min(pow2_at_least(cdiv(oh, sh)), cfg.BLOCK_R // (bc * cfg.BLOCK_W)))
         # Programs per (n, g, od): height residues x tiles of BLOCK_R rows of a residue x W tiles.
         tiles_q, tiles_w = cdiv(cdiv(oh, sh), br), cdiv(ow, cfg.BLOCK_W)
         grid = (p.groups * p.batch * od * sh * tiles_q * tiles_w,)
-        ints = (p.batch, cout_g, d, h, wd, od, oh, ow, sd, sh, sw, pd, ph, pw, dd, dh, dw, *y.stride(),
-                tiles_q, tiles_w)
+        # Z holds output rows: one "width tap" (stride and dilation 1, no padding) over a width of OW.
+        ints = (p.batch, cout_g, d, h, ow, od, oh, ow, sd, sh, 1, pd, ph, 0, dd, dh, 1, *y.stride(), tiles_q, tiles_w)
         # 4 warps from 1024 elements down, fewer for smaller tiles (whose threads would hold copies).
         warps = max(1, min(4, bc * br * cfg.BLOCK_W // 256))
-        consts = dict(HAS_BIAS=self.has_bias, KD=kd, KH=kh, KW=kw, BLOCK_C=bc, BLOCK_R=br,
-                      BLOCK_W=cfg.BLOCK_W, num_warps=warps)
+        consts = dict(HAS_BIAS=self.has_bias, KD=kd, KH=kh, KW=1, BLOCK_C=bc, BLOCK_R=br, BLOCK_W=cfg.BLOCK_W,
+                      num_warps=warps)
         key = ("head_gather_tile", cfg.head, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
         return self.make_site(key, "head_gather_tile_kernel", grid, ints, consts)
 

@@ -217,21 +217,6 @@ def empty_rows(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     return _device_table(("rows",), params, device, build, width=2)
 
 
-def _channels_last_site(x: torch.Tensor, round_tf32: bool) -> Site:
-    n, c, d, h, w = x.shape
-    s = d * h * w
-
-    def build():
-        block_c = min(64, pow2_at_least(c))
-        block_s = 64
-        s_blocks, c_blocks = cdiv(s, block_s), cdiv(c, block_c)
-        return Site("to_channels_last_kernel", (s_blocks * c_blocks * n,),
-                    (c, s, s_blocks, c_blocks, x.stride(0), x.stride(1), x.stride(4)),
-                    dict(ROUND_TF32=round_tf32, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4))
-
-    return site(("to_channels_last", x.shape, x.stride(), round_tf32), build)
-
-
 def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.Tensor:
     """Return x with channels innermost (NDHWC strides), copying (and TF32-rounding) if asked."""
     if not need_copy:
@@ -240,9 +225,17 @@ def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.
     if sh != x.shape[4] * sw or sd != x.shape[3] * sh:
         x = x.contiguous()  # the copy kernel walks D, H, W as one flat index
     n, c, d, h, w = x.shape
+
+    def build():  # to_channels_last_kernel's blocks: 64 positions by up to 64 channels
+        block_c = min(64, pow2_at_least(c))
+        s_blocks, c_blocks = cdiv(d * h * w, 64), cdiv(c, block_c)
+        return Site("to_channels_last_kernel", (s_blocks * c_blocks * n,),
+                    (c, d * h * w, s_blocks, c_blocks, x.stride(0), x.stride(1), x.stride(4)),
+                    dict(ROUND_TF32=round_tf32, BLOCK_C=block_c, BLOCK_S=64, num_warps=4))
+
     y = torch.empty((n, d, h, w, c), dtype=x.dtype, device=x.device)
     if y.numel() > 0:
-        _channels_last_site(x, round_tf32).launch(x.device, x, y)
+        site(("to_channels_last", x.shape, x.stride(), round_tf32), build).launch(x.device, x, y)
     return y.permute(0, 4, 1, 2, 3)  # logical NCDHW view of NDHWC memory
 
 
