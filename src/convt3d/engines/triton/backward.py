@@ -233,8 +233,7 @@ def recorded_choices(x, w, params, precision) -> list[tuple[str, Choice]]:
             for key, rec in made.items() if key[:5] == want and key[6] == w.stride()]
 
 
-# A Triton tile replaces cuDNN only when faster by more than this: medians move by 1-2% between runs.
-_MARGIN = 0.03
+_MARGIN = 0.03  # a Triton tile replaces cuDNN only when faster by more: medians move by 1-2% between runs
 
 
 def _time_choice(cands: tuple, run_cudnn, run_triton) -> Choice:

@@ -16,10 +16,8 @@ __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "HeadConfig", "head_tiles", "colli
            "shuffle_layer", "shuffle_shifts", "shuffle_n_shifts", "shuffle_halo", "shuffle_blocks", "shuffle_tiles",
            "shuffle_shape", "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
-# Output channels per group up to which head configurations are candidates (above, the GEMM's N fills an MMA).
-MAX_HEAD_CHANNELS = 15
-# "rows": head_rows_kernel, then head_gather_tile_kernel over Z; "shuffle": head_shuffle_kernel.
-HEAD_KINDS = ("rows", "shuffle")
+MAX_HEAD_CHANNELS = 15  # Cout/g up to which head configs are candidates (above, the GEMM's N fills an MMA)
+HEAD_KINDS = ("rows", "shuffle")  # head_rows_kernel then head_gather_tile_kernel over Z; head_shuffle_kernel
 
 
 @dataclass(frozen=True)

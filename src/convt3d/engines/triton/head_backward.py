@@ -99,7 +99,7 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     bk = _clamp_pow2(_ktot(params), 16, 32)
     if device.type != "cuda":
         # The interpreter is slow per program step whatever the tile: small tiles.
-        bm = min(32, _clamp_pow2(_positions(params), 16, 32))
+        bm = _clamp_pow2(_positions(params), 16, 32)
         return (HeadDgradConfig(bm, min(bn, 32), bk, 4, 1),
                 HeadDgradConfig(32, min(bn, 32), bk, 4, 1, _phase_block_w(params, 32)))
     # 64 x 128 on 4 warps: the fastest for wide 16-bit heads, slower in fp32 (timed).
@@ -118,8 +118,9 @@ def device_programs(device: torch.device, per_sm: int = 4) -> int:
     return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _splits(params: ConvT3dParams, tiles: int, steps: int, device: torch.device) -> int:
-    """Splits of the dW reduction of ``steps`` position steps over ``tiles`` output tiles."""
+def _splits(params: ConvT3dParams, block_ci: int, block_k: int, steps: int, device: torch.device) -> int:
+    """Splits of the dW reduction of ``steps`` position steps over output tiles of ``block_ci`` x ``block_k``."""
+    tiles = params.groups * cdiv(params.in_channels_per_group, block_ci) * cdiv(_ktot(params), block_k)
     per_split = params.groups * params.in_channels_per_group * _ktot(params)
     cap = max(1, min(_MAX_PARTIAL // per_split, steps // 4, 1024))
     # ~4 programs per SM, each streaming its X range once, hide the L2 latency of the dY loads.
@@ -146,8 +147,7 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     steps = params.batch * cdiv(math.prod(params.in_size), 32)
     for bk_cap, warps in ((64, 4), (128, 8)):
         bk = _clamp_pow2(ktot, 16, bk_cap)
-        tiles = params.groups * cdiv(params.in_channels_per_group, bci) * cdiv(ktot, bk)
-        out.append(HeadWgradConfig(bci, bk, 32, warps, 1, _splits(params, tiles, steps, device)))
+        out.append(HeadWgradConfig(bci, bk, 32, warps, 1, _splits(params, bci, bk, steps, device)))
     out += [dataclasses.replace(c, lanes_on_m=True) for c in out]
     bci_wide = _clamp_pow2(params.in_channels_per_group, 16, 128)
     # 64 positions per step in 16-bit, 32 in fp32 (a 64 x 64 fp32 tile of 64 spills at "tf32").
@@ -155,8 +155,7 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     bw = _phase_block_w(params, bp)
     for bk_cap, ci, warps in ((64, bci, 4), (128, bci, 8), (64, bci_wide, 8)):
         bk = _clamp_pow2(ktot, 16, bk_cap)
-        tiles = params.groups * cdiv(params.in_channels_per_group, ci) * cdiv(ktot, bk)
-        splits = _splits(params, tiles, _phase_tiles(params, bp, bw), device)
+        splits = _splits(params, ci, bk, _phase_tiles(params, bp, bw), device)
         out.append(HeadWgradConfig(ci, bk, bp, warps, 1, splits, BLOCK_W=bw))
     return tuple(dict.fromkeys(out))
 
@@ -228,14 +227,10 @@ class DyPhases:
 
 @functools.lru_cache(maxsize=1024)
 def dy_phases_layout(params: ConvT3dParams) -> DyPhases:
-    lift, shift, length = [], [], []
-    for a in params.axes:
-        c = -(-a.padding // a.stride)
-        lift.append(c * a.stride - a.padding)
-        shift.append(c)
-        length.append(a.in_size + ((a.kernel - 1) * a.dilation + lift[-1]) // a.stride)
-    shape = tuple(params.stride) + (params.batch, params.out_channels) + tuple(length)
-    return DyPhases(tuple(lift), tuple(shift), tuple(length), shape)
+    shift = tuple(cdiv(a.padding, a.stride) for a in params.axes)
+    lift = tuple(c * a.stride - a.padding for c, a in zip(shift, params.axes))
+    length = tuple(a.in_size + ((a.kernel - 1) * a.dilation + up) // a.stride for up, a in zip(lift, params.axes))
+    return DyPhases(lift, shift, length, tuple(params.stride) + (params.batch, params.out_channels) + length)
 
 
 def _phases_site(params: ConvT3dParams, dy: torch.Tensor, dyq: torch.Tensor, round_tf32: bool) -> Site:
