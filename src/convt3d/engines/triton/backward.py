@@ -157,26 +157,6 @@ def _pack_dgrad(w: torch.Tensor, params: ConvT3dParams, round_tf32: bool) -> tor
     return packed
 
 
-def _dgrad_site(params: ConvT3dParams, cfg: DgradConfig, dy: torch.Tensor, dx: torch.Tensor, precision: str,
-                round_a: bool) -> Site:
-    """dgrad_kernel's launch site, fixed by the call signature, so later steps replay it cheaply."""
-    def build():
-        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-        is_fp32 = dy.dtype == torch.float32
-        tiles_m = cdiv(params.in_size[1] * params.in_size[2], cfg.BLOCK_M)
-        tiles_n = cdiv(cin_g, cfg.BLOCK_N)
-        return Site("dgrad_kernel", (g * params.batch * params.in_size[0] * tiles_m * tiles_n,), (
-            params.batch, cin_g, cout_g, *params.in_size, *params.out_size, *params.kernel_size, g,
-            *dy.stride(), *dx.stride(), *params.stride, *params.padding, *params.dilation, tiles_m, tiles_n,
-        ), dict(
-            PRECISION=precision if is_fp32 else "tf32", ROUND_A=round_a, TWO_LEVEL=is_fp32 and precision != "tf32",
-            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        ), dgrad_bwd)
-
-    return site(("dgrad", params, cfg, dy.stride(), dx.stride(), dy.dtype, precision, round_a), build)
-
-
 def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
                  config: DgradConfig | HB.HeadDgradConfig | None = None,
                  x_format: torch.memory_format = torch.contiguous_format,
@@ -200,7 +180,23 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
 
     packed = _pack_dgrad(w, params, round_tf32)
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
-    _dgrad_site(params, cfg, dy, dx, precision, round_a).launch(dy.device, dy, packed, dx)
+
+    def build():
+        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+        is_fp32 = dy.dtype == torch.float32
+        tiles_m = cdiv(params.in_size[1] * params.in_size[2], cfg.BLOCK_M)
+        tiles_n = cdiv(cin_g, cfg.BLOCK_N)
+        return Site("dgrad_kernel", (g * params.batch * params.in_size[0] * tiles_m * tiles_n,), (
+            params.batch, cin_g, cout_g, *params.in_size, *params.out_size, *params.kernel_size, g,
+            *dy.stride(), *dx.stride(), *params.stride, *params.padding, *params.dilation, tiles_m, tiles_n,
+        ), dict(
+            PRECISION=precision if is_fp32 else "tf32", ROUND_A=round_a, TWO_LEVEL=is_fp32 and precision != "tf32",
+            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ), dgrad_bwd)
+
+    key = ("dgrad", params, cfg, dy.stride(), dx.stride(), dy.dtype, precision, round_a)
+    site(key, build).launch(dy.device, dy, packed, dx)
     return dx
 
 

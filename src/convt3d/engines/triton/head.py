@@ -214,7 +214,6 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, channe
         tiles = [dict(t, z_bf16=True) if t["head"] == "rows" else t for t in tiles]
     if not channels_last or rounds_tf32(dtype, precision):
         # The persistent and packed full-K rows tiles again on a channels-last copy of the input (``x_cl``).
-        bk = max(t["BLOCK_K"] for t in tiles) if tiles else 0
         tiles += [dict(t, x_cl=True) for t in tiles
                   if t["head"] == "rows" and (t.get("persist") or t.get("w_packed")) and t["BLOCK_K"] == bk]
     return tiles

@@ -233,26 +233,23 @@ def dy_phases_layout(params: ConvT3dParams) -> DyPhases:
     return DyPhases(lift, shift, length, tuple(params.stride) + (params.batch, params.out_channels) + length)
 
 
-def _phases_site(params: ConvT3dParams, dy: torch.Tensor, dyq: torch.Tensor, round_tf32: bool) -> Site:
-    """The launch site of dy_phases_kernel: BLOCK_R rows of the copy per program."""
-    def build():
-        lay = dy_phases_layout(params)
+def dy_phases(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype, round_tf32: bool = False) -> torch.Tensor:
+    """dY split by phase (:class:`DyPhases`) in ``dtype`` by one launch, TF32-rounded with ``round_tf32``."""
+    lay = dy_phases_layout(params)
+    dyq = torch.empty(lay.shape, dtype=dtype, device=dy.device)
+    round_tf32 = round_tf32 and dtype == torch.float32
+
+    def build():  # dy_phases_kernel: BLOCK_R rows of the copy, ~2048 elements, per program
         rows = dyq.numel() // lay.length[2]
         block_q = _clamp_pow2(lay.length[2], 16, 128)
-        block_r = max(1, 2048 // block_q)  # ~2048 elements per program
+        block_r = max(1, 2048 // block_q)
         return Site("dy_phases_kernel", (cdiv(rows, block_r),), (
             rows, params.batch, params.out_channels, lay.length[0], lay.length[1], lay.length[2],
             *params.out_size, *params.stride, *lay.shift, *dy.stride(),
         ), dict(ROUND_TF32=round_tf32, BIG=_big(dy, dyq), BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4),
             head_phase_grad)
 
-    return site(("dy_phases", params, dy.stride(), dy.dtype, dyq.dtype, round_tf32), build)
-
-
-def dy_phases(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype, round_tf32: bool = False) -> torch.Tensor:
-    """dY split by phase (:class:`DyPhases`) in ``dtype`` by one launch, TF32-rounded with ``round_tf32``."""
-    dyq = torch.empty(dy_phases_layout(params).shape, dtype=dtype, device=dy.device)
-    _phases_site(params, dy, dyq, round_tf32 and dtype == torch.float32).launch(dy.device, dy, dyq)
+    site(("dy_phases", params, dy.stride(), dy.dtype, dyq.dtype, round_tf32), build).launch(dy.device, dy, dyq)
     return dyq
 
 
@@ -289,11 +286,23 @@ def _phase_geometry_args(params: ConvT3dParams) -> tuple:
         *params.stride, *params.dilation, *lay.lift, *lay.strides)
 
 
-def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, wp: torch.Tensor, dx: torch.Tensor,
-                precision: str) -> Site:
-    """The launch site of head_dgrad_kernel or head_dgrad_phase_kernel, replayed per call signature."""
-    def build():
-        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
+               config: HeadDgradConfig | None = None,
+               x_format: torch.memory_format = torch.contiguous_format,
+               dyp: torch.Tensor | None = None) -> torch.Tensor:
+    """dX in ``x_format`` from the copy of dY the config's kernel reads (``dyp`` if made already)."""
+    _check_runnable(dy, params, "input")
+    if x_format not in (torch.contiguous_format, torch.channels_last_3d):
+        raise ValueError(f"head_dgrad writes dX NCDHW or channels-last, not {x_format}")
+    cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
+    if dyp is None:
+        dyp = dy_operand(dy, params, w.dtype, cfg, precision)
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
+    # [G, taps, Cout/g, Cin/g]: row k = tap * Cout/g + co of the GEMM's B operand, Cin contiguous.
+    wp = w.reshape(g, cin_g, cout_g, math.prod(params.kernel_size)).permute(0, 3, 2, 1).contiguous()
+
+    def build():  # head_dgrad_phase_kernel for a BLOCK_W, else head_dgrad_kernel
         tiles_n = cdiv(cin_g, cfg.BLOCK_N)
         consts = dict(**_precision_args(wp.dtype, precision, dy_copied(params, cfg)), BIG=_big(dyp, wp, dx),
                       BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
@@ -312,52 +321,9 @@ def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, 
             *dyp.stride(), *dx.stride(), *params.stride, *params.dilation, tiles_s, tiles_n,
         ), consts, head_grad)
 
-    return site(("head_dgrad", params, cfg, dyp.shape, dyp.stride(), dx.stride(), wp.dtype, precision), build)
-
-
-def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
-               config: HeadDgradConfig | None = None,
-               x_format: torch.memory_format = torch.contiguous_format,
-               dyp: torch.Tensor | None = None) -> torch.Tensor:
-    """dX in ``x_format`` from the copy of dY the config's kernel reads (``dyp`` if made already)."""
-    _check_runnable(dy, params, "input")
-    if x_format not in (torch.contiguous_format, torch.channels_last_3d):
-        raise ValueError(f"head_dgrad writes dX NCDHW or channels-last, not {x_format}")
-    cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
-    if dyp is None:
-        dyp = dy_operand(dy, params, w.dtype, cfg, precision)
-    dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
-    # [G, taps, Cout/g, Cin/g]: row k = tap * Cout/g + co of the GEMM's B operand, Cin contiguous.
-    wp = w.reshape(params.groups, params.in_channels_per_group, params.out_channels_per_group,
-                   math.prod(params.kernel_size)).permute(0, 3, 2, 1).contiguous()
-    _dgrad_site(params, cfg, dyp, wp, dx, precision).launch(dy.device, dyp, wp, dx)
+    key = ("head_dgrad", params, cfg, dyp.shape, dyp.stride(), dx.stride(), wp.dtype, precision)
+    site(key, build).launch(dy.device, dyp, wp, dx)
     return dx
-
-
-def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dyp: torch.Tensor,
-                precision: str) -> Site:
-    """The launch site of head_wgrad_kernel or head_wgrad_phase_kernel (see ``_dgrad_site``)."""
-    def build():
-        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-        ktot = _ktot(params)
-        tiles_ci, tiles_k = cdiv(cin_g, cfg.BLOCK_CI), cdiv(ktot, cfg.BLOCK_K)
-        grid = (cfg.splits * tiles_ci * tiles_k, g)
-        consts = dict(**_precision_args(x.dtype, precision, dy_copied(params, cfg)), BIG=_big(x, dyp),
-                      BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
-                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        if cfg.BLOCK_W:
-            spatial, phase = _phase_geometry_args(params)
-            return Site("head_wgrad_phase_kernel", grid, (
-                cin_g, cout_g, ktot, *spatial, g, cfg.splits, _phase_tiles(params, cfg.BLOCK_P, cfg.BLOCK_W),
-                *phase, *x.stride(), tiles_ci, tiles_k,
-            ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
-        return Site("head_wgrad_kernel", grid, (
-            params.batch, math.prod(params.in_size), cin_g, cout_g, ktot, *params.in_size,
-            params.kernel_size[1], params.kernel_size[2], g, cfg.splits, *x.stride(), *dyp.stride(),
-            *params.stride, *params.dilation, tiles_ci, tiles_k,
-        ), dict(consts, LANES_ON_M=cfg.lanes_on_m, FLAT_X=flat_spatial(x)), head_grad)
-
-    return site(("head_wgrad", params, cfg, x.stride(), dyp.shape, dyp.stride(), x.dtype, precision), build)
 
 
 _FINISH_TILE = 8192  # fp32 values per step of the finish, whose BLOCK_E is small enough to spread over the SMs
@@ -388,9 +354,29 @@ def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precisi
     cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
     if dyp is None:
         dyp = dy_operand(dy, params, x.dtype, cfg, precision)
-    g, cin_g = params.groups, params.in_channels_per_group
-    part = torch.empty((cfg.splits, g, cin_g, _ktot(params)), dtype=torch.float32, device=x.device)
-    _wgrad_site(params, cfg, x, dyp, precision).launch(x.device, x, dyp, part)
+    g, cin_g, cout_g, ktot = params.groups, params.in_channels_per_group, params.out_channels_per_group, _ktot(params)
+
+    def build():  # head_wgrad_phase_kernel for a BLOCK_W, else head_wgrad_kernel
+        tiles_ci, tiles_k = cdiv(cin_g, cfg.BLOCK_CI), cdiv(ktot, cfg.BLOCK_K)
+        grid = (cfg.splits * tiles_ci * tiles_k, g)
+        consts = dict(**_precision_args(x.dtype, precision, dy_copied(params, cfg)), BIG=_big(x, dyp),
+                      BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if cfg.BLOCK_W:
+            spatial, phase = _phase_geometry_args(params)
+            return Site("head_wgrad_phase_kernel", grid, (
+                cin_g, cout_g, ktot, *spatial, g, cfg.splits, _phase_tiles(params, cfg.BLOCK_P, cfg.BLOCK_W),
+                *phase, *x.stride(), tiles_ci, tiles_k,
+            ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
+        return Site("head_wgrad_kernel", grid, (
+            params.batch, math.prod(params.in_size), cin_g, cout_g, ktot, *params.in_size,
+            params.kernel_size[1], params.kernel_size[2], g, cfg.splits, *x.stride(), *dyp.stride(),
+            *params.stride, *params.dilation, tiles_ci, tiles_k,
+        ), dict(consts, LANES_ON_M=cfg.lanes_on_m, FLAT_X=flat_spatial(x)), head_grad)
+
+    part = torch.empty((cfg.splits, g, cin_g, ktot), dtype=torch.float32, device=x.device)
+    key = ("head_wgrad", params, cfg, x.stride(), dyp.shape, dyp.stride(), x.dtype, precision)
+    site(key, build).launch(x.device, x, dyp, part)
     dw = torch.empty((params.in_channels, params.out_channels_per_group) + tuple(params.kernel_size),
                      dtype=out_dtype, device=x.device)
     _finish_site(params, cfg.splits, dw).launch(x.device, part, dw)
