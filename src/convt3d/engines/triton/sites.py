@@ -170,8 +170,7 @@ def _fill_planes_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, pl
         seg = oh * ow * (params.out_channels if cl else 1)
         return Site("fill_planes_kernel", (planes.numel() * outer,),
                     (params.out_channels, seg, planes.numel(), y.stride(0), y.stride(1), y.stride(2)),
-                    dict(CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, VEC=16 // y.element_size(),
-                         num_warps=4))
+                    dict(CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, VEC=16 // y.element_size(), num_warps=4))
 
     return site(("fill_planes", params, y.stride(), has_bias), build)
 
@@ -484,8 +483,7 @@ def _box_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int
 
 def _phase_site(cfg: Config, params: ConvT3dParams, pl, xin: torch.Tensor, wp: torch.Tensor, y: torch.Tensor,
                 n_groups: int, has_bias: bool, x_tma: bool, w_tma: bool, epi: int = 0) -> Site:
-    """The launch site of phase_gemm_kernel for the engine's Plan ``pl`` (``x_tma``, ``w_tma``: descriptors;
-    ``epi``: the epilogue program's code)."""
+    """The launch site of phase_gemm_kernel for the engine's Plan ``pl`` (``x_tma``, ``w_tma``: descriptors)."""
     def build():
         _check_slice_offsets(params, xin, y, max(c.BLOCK_M for c in pl.configs))
         tiles_h, tiles_w, tiles_n, programs = _box_tiles(cfg, params, n_groups)
@@ -496,9 +494,9 @@ def _phase_site(cfg: Config, params: ConvT3dParams, pl, xin: torch.Tensor, wp: t
             *_axis_steps(params), tiles_h, tiles_w, tiles_n, params.out_channels,
         ), dict(
             HAS_BIAS=has_bias, USE_DOT=cfg.use_dot, PRECISION=pl.dot_precision, W_GROUP=cfg.W_GROUP,
-            W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE="", X_TMA=x_tma,
-            W_TMA=w_tma, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-            BLOCK_W=cfg.BLOCK_W, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_epi_consts(epi),
+            W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE="", X_TMA=x_tma, W_TMA=w_tma, BLOCK_M=cfg.BLOCK_M,
+            BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, BLOCK_W=cfg.BLOCK_W, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **_epi_consts(epi),
         ))
 
     return site(("phase_gemm", params, cfg, xin.stride(), y.stride(), n_groups, has_bias, pl.dot_precision,
