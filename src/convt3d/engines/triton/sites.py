@@ -302,9 +302,9 @@ def _x_descriptor(xin: torch.Tensor, params: ConvT3dParams, cfg: Config):
     """5-D descriptor over the NDHWC input, or None where a channel block would read the next
     group (in bounds, so not zeroed) or the strides do not suit TMA."""
     cin_g = params.in_channels_per_group
-    if not (params.groups == 1 or cin_g % cfg.BLOCK_K == 0) or not _tma_strides_ok(xin, (0, 2, 3, 4, 1)):
+    order = (0, 2, 3, 4, 1)  # N, D, H, W, C
+    if not (params.groups == 1 or cin_g % cfg.BLOCK_K == 0) or not _tma_strides_ok(xin, order):
         return None
-    order = (0, 2, 3, 4, 1)
     return TensorDescriptor(xin, [xin.shape[i] for i in order], [xin.stride(i) for i in order],
                             [1, 1, cfg.BLOCK_M // cfg.BLOCK_W, cfg.BLOCK_W, cfg.BLOCK_K])
 
