@@ -400,6 +400,7 @@ def _plan(dy, x, w, params, precision, mask) -> tuple:
             _plans[key] = p
     return p
 
+
 def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
           mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(dX, dW, db) for the True entries of ``mask`` (else None), dX and dW in :func:`grad_formats`."""
