@@ -284,8 +284,8 @@ def _rows_steps(params: ConvT3dParams, cfg) -> tuple[int, int]:
 
 
 def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
-    """Programs of a head GEMM over ``tiles`` tiles: one per tile (``per_sm`` 0), else ``per_sm`` per SM (3 on the CPU,
-    so that the interpreter runs the loop)."""
+    """Programs of a head GEMM over ``tiles`` tiles: one per tile (``per_sm`` 0), else ``per_sm`` per SM (at most 3 on
+    the CPU, so that the interpreter runs the loop)."""
     if per_sm <= 0:
         return tiles
     if device.type != "cuda":
