@@ -1,14 +1,9 @@
-"""Backward of ``convt3d.conv_transpose3d``: dX, dW and db, and which implementation runs each.
-
-On CUDA a signature's first backward times cuDNN against each gradient's Triton tiles (dX:
-``kernels/dgrad_bwd.py``; heads: ``head_backward``) and keeps a tile only if it wins by more than
-``_MARGIN`` (saved in the cache file), else cuDNN. ``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT``
-force "cudnn" or "triton" (dW's Triton kernels take output heads only). Precision follows the forward's;
-all deterministic.
-"""
+"""Backward of ``convt3d.conv_transpose3d`` (dX, dW, db), deterministic at the forward's precision. On CUDA a
+signature's first backward times cuDNN against each gradient's Triton tiles (dX: ``kernels/dgrad_bwd.py``; heads:
+``head_backward``), keeping a tile only if it wins by more than ``_MARGIN`` (saved in the cache file).
+``$CONVT3D_BWD_INPUT`` and ``$CONVT3D_BWD_WEIGHT`` force "cudnn" or "triton" (dW's Triton kernels: heads only)."""
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -80,19 +75,6 @@ def clear_caches() -> None:
     _plans.clear()
 
 
-@contextlib.contextmanager
-def _deterministic():
-    """cuDNN's deterministic algorithms for our backward calls (the TF32 flag is the precision's: ``torch_grads``)."""
-    old = torch.backends.cudnn.deterministic
-    if not old:
-        set_backend_flag(torch.backends.cudnn, "deterministic", True)
-    try:
-        yield
-    finally:
-        if torch.backends.cudnn.deterministic != old:
-            set_backend_flag(torch.backends.cudnn, "deterministic", old)
-
-
 def differentiable_grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
                          mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, ...]:
     """(dX, dW, db) by ``convolution_backward``, which autograd can differentiate (``create_graph``)."""
@@ -101,15 +83,20 @@ def differentiable_grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, par
 
 def grad_formats(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.memory_format, torch.memory_format]:
     """Memory formats of (dX, dW): each follows its own tensor, so autograd never re-lays one out."""
-    fx = torch.channels_last_3d if suggests_channels_last(x) else torch.contiguous_format
-    fw = torch.channels_last_3d if suggests_channels_last(w) else torch.contiguous_format
-    return fx, fw
+    return tuple(torch.channels_last_3d if suggests_channels_last(t) else torch.contiguous_format for t in (x, w))
 
 
 def _torch_grads(dy, x, w, params, precision, need_x, need_w, need_b=False):
-    """dX and/or dW (and db) by PyTorch's kernels in one call, as autograd does for ConvTranspose3d."""
-    with _deterministic():
+    """dX and/or dW (and db) by PyTorch's kernels in one call, as autograd does for ConvTranspose3d, with
+    cuDNN's deterministic algorithms (the TF32 flag is the precision's: ``torch_grads``)."""
+    old = torch.backends.cudnn.deterministic
+    if not old:
+        set_backend_flag(torch.backends.cudnn, "deterministic", True)
+    try:
         return torch_grads(dy, x, w, params, precision, (need_x, need_w, need_b))
+    finally:
+        if torch.backends.cudnn.deterministic != old:
+            set_backend_flag(torch.backends.cudnn, "deterministic", old)
 
 
 def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.device,
@@ -141,16 +128,6 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     return tuple(dict.fromkeys(out))
 
 
-def _dgrad_sizes_fit(params: ConvT3dParams) -> bool:
-    """The kernel's 32-bit in-slice offsets (dY with padding overhang, dX, a group's weight) fit."""
-    (oh, ow), (ph, pw) = params.out_size[1:], params.padding[1:]
-    (h, w) = params.in_size[1:]
-    y_span = ((oh + 2 * ph + 1) * (ow + 2 * pw + 1) + 1) * params.out_channels
-    x_span = h * w * params.in_channels
-    w_span = math.prod(params.kernel_size) * params.in_channels_per_group * params.out_channels_per_group
-    return max(y_span, x_span, w_span) <= _INT32_MAX
-
-
 def _dy_in_place_ok(dy: torch.Tensor, params: ConvT3dParams) -> bool:
     """dY can be read as it is: channels innermost (K-major) and in-slice offsets in 32 bits."""
     st = dy.stride()
@@ -161,53 +138,23 @@ def _dy_in_place_ok(dy: torch.Tensor, params: ConvT3dParams) -> bool:
     return span <= _INT32_MAX
 
 
-def _pack_dgrad_site(params: ConvT3dParams, w: torch.Tensor, round_tf32: bool) -> Site:
-    def build():
-        cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
-        taps = math.prod(params.kernel_size)
-        # Blocks of 32 output channels by up to 64 taps (k3: 27 of 32, k4: 64): 4 warps.
-        block_co, block_t = min(32, pow2_at_least(cout_g)), min(64, pow2_at_least(taps))
-        return Site("pack_dgrad_weight_kernel", (cin_g * cdiv(cout_g, block_co) * cdiv(taps, block_t),
-                                                 params.groups),
-                    (cin_g, cout_g, taps, w.stride(0), w.stride(1)),
-                    dict(ROUND_TF32=round_tf32, BLOCK_CO=block_co, BLOCK_T=block_t, num_warps=4), dgrad_bwd)
-
-    return site(("pack_dgrad_weight", params, w.stride(), round_tf32), build)
-
-
 def _pack_dgrad(w: torch.Tensor, params: ConvT3dParams, round_tf32: bool) -> torch.Tensor:
     """The dgrad kernel's packed weight [G, taps, Cin/g, Cout/g]."""
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    taps = math.prod(params.kernel_size)
     if w.stride()[2:] != (w.shape[3] * w.shape[4], w.shape[4], 1):
         w = w.contiguous()  # the kernel reads each (ci, co) row's taps as one contiguous run
-    packed = torch.empty((g, math.prod(params.kernel_size), cin_g, cout_g), dtype=w.dtype, device=w.device)
-    _pack_dgrad_site(params, w, round_tf32).launch(w.device, w, packed)
-    return packed
 
-
-def _dgrad_site(params: ConvT3dParams, cfg: DgradConfig, dy: torch.Tensor, dx: torch.Tensor, precision: str,
-                round_a: bool) -> Site:
-    """dgrad_kernel's launch site, fixed by the call signature, so later steps replay it cheaply."""
     def build():
-        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-        is_fp32 = dy.dtype == torch.float32
-        tiles_m = cdiv(params.in_size[1] * params.in_size[2], cfg.BLOCK_M)
-        tiles_n = cdiv(cin_g, cfg.BLOCK_N)
-        return Site("dgrad_kernel", (g * params.batch * params.in_size[0] * tiles_m * tiles_n,), (
-            params.batch, cin_g, cout_g, *params.in_size, *params.out_size,
-            *params.kernel_size, g,
-            *dy.stride(), *dx.stride(),
-            *params.stride, *params.padding, *params.dilation,
-            tiles_m, tiles_n,
-        ), dict(
-            PRECISION=precision if is_fp32 else "tf32",
-            ROUND_A=round_a,
-            TWO_LEVEL=is_fp32 and precision != "tf32",
-            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        ), dgrad_bwd)
+        # Blocks of 32 output channels by up to 64 taps (k3: 27 of 32, k4: 64): 4 warps.
+        block_co, block_t = min(32, pow2_at_least(cout_g)), min(64, pow2_at_least(taps))
+        return Site("pack_dgrad_weight_kernel", (cin_g * cdiv(cout_g, block_co) * cdiv(taps, block_t), g),
+                    (cin_g, cout_g, taps, w.stride(0), w.stride(1)),
+                    dict(ROUND_TF32=round_tf32, BLOCK_CO=block_co, BLOCK_T=block_t, num_warps=4), dgrad_bwd)
 
-    return site(("dgrad", params, cfg, dy.stride(), dx.stride(), dy.dtype, precision, round_a), build)
+    packed = torch.empty((g, taps, cin_g, cout_g), dtype=w.dtype, device=w.device)
+    site(("pack_dgrad_weight", params, w.stride(), round_tf32), build).launch(w.device, w, packed)
+    return packed
 
 
 def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
@@ -233,13 +180,33 @@ def dgrad_triton(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, preci
 
     packed = _pack_dgrad(w, params, round_tf32)
     dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
-    _dgrad_site(params, cfg, dy, dx, precision, round_a).launch(dy.device, dy, packed, dx)
+
+    def build():
+        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+        is_fp32 = dy.dtype == torch.float32
+        tiles_m = cdiv(params.in_size[1] * params.in_size[2], cfg.BLOCK_M)
+        tiles_n = cdiv(cin_g, cfg.BLOCK_N)
+        return Site("dgrad_kernel", (g * params.batch * params.in_size[0] * tiles_m * tiles_n,), (
+            params.batch, cin_g, cout_g, *params.in_size, *params.out_size, *params.kernel_size, g,
+            *dy.stride(), *dx.stride(), *params.stride, *params.padding, *params.dilation, tiles_m, tiles_n,
+        ), dict(
+            PRECISION=precision if is_fp32 else "tf32", ROUND_A=round_a, TWO_LEVEL=is_fp32 and precision != "tf32",
+            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ), dgrad_bwd)
+
+    key = ("dgrad", params, cfg, dy.stride(), dx.stride(), dy.dtype, precision, round_a)
+    site(key, build).launch(dy.device, dy, packed, dx)
     return dx
 
 
 def _triton_dgrad_ok(params: ConvT3dParams) -> bool:
-    # The tensor-core channel threshold (below it cuDNN only), and 32-bit in-slice offsets.
-    return uses_tensor_cores(params) and _dgrad_sizes_fit(params)
+    """dgrad_kernel takes the layer: channels at the tensor-core threshold (below it cuDNN only) and 32-bit
+    in-slice offsets (dY with padding overhang, dX, a group's weight)."""
+    (oh, ow), (ph, pw), (h, w) = params.out_size[1:], params.padding[1:], params.in_size[1:]
+    y_span = ((oh + 2 * ph + 1) * (ow + 2 * pw + 1) + 1) * params.out_channels
+    w_span = math.prod(params.kernel_size) * params.in_channels_per_group * params.out_channels_per_group
+    return uses_tensor_cores(params) and max(y_span, h * w * params.in_channels, w_span) <= _INT32_MAX
 
 
 def _forced(env: str) -> str | None:
@@ -262,17 +229,14 @@ def recorded_choices(x, w, params, precision) -> list[tuple[str, Choice]]:
             for key, rec in made.items() if key[:5] == want and key[6] == w.stride()]
 
 
-# A Triton tile replaces cuDNN only when faster by more than this: medians move by 1-2% between runs.
-_MARGIN = 0.03
+_MARGIN = 0.03  # a Triton tile replaces cuDNN only when faster by more: medians move by 1-2% between runs
 
 
 def _time_choice(cands: tuple, run_cudnn, run_triton) -> Choice:
     """Time cuDNN and each Triton candidate; a candidate that raises is left out, named in the reason."""
     t0 = time.perf_counter()
     precompile.compile_candidates(cands, run_triton)
-    runs = {"cudnn": (None, run_cudnn)}
-    for cfg in cands:
-        runs[f"triton {cfg.short()}"] = (cfg, lambda cfg=cfg: run_triton(cfg))
+    runs = {"cudnn": (None, run_cudnn), **{f"triton {c.short()}": (c, lambda c=c: run_triton(c)) for c in cands}}
     timings, failed = {}, {}
     for label, (cfg, fn) in runs.items():
         try:
@@ -435,6 +399,7 @@ def _plan(dy, x, w, params, precision, mask) -> tuple:
                 _plans.clear()
             _plans[key] = p
     return p
+
 
 def grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str,
           mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:

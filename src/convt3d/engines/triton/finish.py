@@ -1,13 +1,9 @@
-"""The finishing steps after a transposed convolution that need statistics or windows: reductions,
-the subtraction of each plane's mean, pooling, BatchNorm and GroupNorm (kernels in ``kernels/finish.py``).
-
-Each takes a 5-D NCDHW tensor (float32, float16 or bfloat16, on CUDA or, through Triton's interpreter,
-on the CPU), computes in float32 and returns the input's dtype. ``pre`` (a program of
-``core.epilogue``) applies to every input element before anything else and ``post`` to every output
-element; their per-channel operands index the element's channel, and an output reduced over channels
-has one. A residual step is refused: the finishing kernels read one tensor. The data path is Triton
-only; PyTorch allocates (and fills subtract_mean's unit scale).
-"""
+"""Finishing steps after a transposed convolution that need statistics or windows (reductions, each plane less its
+mean, pooling, BatchNorm, GroupNorm; kernels in ``kernels/finish.py``), all Triton: PyTorch only allocates (and fills
+subtract_mean's unit scale). Each takes a 5-D NCDHW float32, float16 or bfloat16 tensor (on the CPU through Triton's
+interpreter), computes in float32 and returns its dtype. ``pre`` (a ``core.epilogue`` program) applies to every input
+element first, ``post`` to every output element, per-channel operands by the element's channel (one for an output
+reduced over channels); a residual step is refused, as the finishing kernels read one tensor."""
 from __future__ import annotations
 
 import math

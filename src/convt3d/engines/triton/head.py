@@ -1,8 +1,7 @@
-"""Plan of the output-head path (``kernels/head_gemm.py``): layers with 1-15 output channels per
-group, offered as tuning candidates (``head_tiles``) and run by ``HeadSteps``. "rows" sums the width
-taps in its GEMM into a buffer Z of output rows, which a second kernel sums over the depth and height
-taps; "shuffle" (dilation 1) writes the whole output from one kernel, with no Z.
-"""
+"""The output-head path (``kernels/head_gemm.py``) for 1-15 output channels per group: tuning candidates
+(``head_tiles``) and their launches (``HeadSteps``). "rows" sums the width taps in its GEMM into a buffer Z
+of output rows that a second kernel sums over the depth and height taps; "shuffle" (dilation 1) writes the
+output from one kernel."""
 from __future__ import annotations
 
 import math
@@ -17,10 +16,8 @@ __all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "HeadConfig", "head_tiles", "colli
            "shuffle_layer", "shuffle_shifts", "shuffle_n_shifts", "shuffle_halo", "shuffle_blocks", "shuffle_tiles",
            "shuffle_shape", "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
 
-# Output channels per group up to which head configurations are candidates (above, the GEMM's N fills an MMA).
-MAX_HEAD_CHANNELS = 15
-# "rows": head_rows_kernel, then head_gather_tile_kernel over Z; "shuffle": head_shuffle_kernel.
-HEAD_KINDS = ("rows", "shuffle")
+MAX_HEAD_CHANNELS = 15  # Cout/g up to which head configs are candidates (above, the GEMM's N fills an MMA)
+HEAD_KINDS = ("rows", "shuffle")  # head_rows_kernel then head_gather_tile_kernel over Z; head_shuffle_kernel
 
 
 @dataclass(frozen=True)
@@ -55,10 +52,10 @@ class HeadConfig:
                 f"R{self.BLOCK_R} w{self.num_warps} s{self.num_stages}" + (" zbf16" if self.z_bf16 else "")
                 + (f" p{self.persist}" if self.persist else "") + (" wpk" if self.w_packed else "")
                 + (" nj" if self.n_joint else "") + (" xcl" if self.x_cl else ""))
-# Elements of one batch element up to which a kernel's offsets inside it are 32-bit.
-OFFSET_LIMIT = 2**31
-# Z is a temporary of the call; beyond this it is not offered (the phase path needs no buffer).
-MAX_Z_BYTES = 4 << 30
+
+
+OFFSET_LIMIT = 2**31  # elements of one batch element up to which a kernel's offsets inside it are 32-bit
+MAX_Z_BYTES = 4 << 30  # Z is a temporary of the call: no rows tile needing more is offered (the phase path needs none)
 
 
 def rounds_tf32(dtype: torch.dtype, precision: str) -> bool:
@@ -83,8 +80,7 @@ def collision_free(params: ConvT3dParams) -> bool:
 
 
 def shuffle_layer(params: ConvT3dParams) -> bool:
-    """Dilation 1 (or kernel 1) along every dimension, so each block's outputs form a box of their
-    own, and boxes of at most 16 rows x 16 columns (head_shuffle_kernel unrolls them)."""
+    """Dilation (or kernel) 1 everywhere, so each block's outputs form their own box, of at most 16 x 16 (unrolled)."""
     return (all(a.dilation == 1 or a.kernel == 1 for a in params.axes)
             and params.stride[0] * params.stride[1] <= 16 and params.stride[2] <= 16)
 
@@ -106,8 +102,8 @@ def shuffle_n_shifts(params: ConvT3dParams, shifts_n: int) -> tuple[int, int]:
 
 
 def shuffle_halo(params: ConvT3dParams, shifts_n: int, box_h: int, block_w: int) -> tuple[int, int]:
-    """The blocks a shuffle tile reads but does not write (shifts in N read rows q - (nh, nw) of
-    the same tile): (height rows, width columns) of a box tile, (0, blocks) of a flat one."""
+    """The blocks a shuffle tile reads but does not write, as shifts in N read rows q - (nh, nw) of the tile:
+    (height rows, width columns) of a box tile, (0, blocks) of a flat one."""
     njh, njw = shuffle_n_shifts(params, shifts_n)
     if box_h == 0:
         return 0, (njh - 1) * shuffle_blocks(params)[2] + njw - 1
@@ -190,9 +186,8 @@ def width_shifts(params: ConvT3dParams) -> tuple[int, int]:
 
 
 def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, channels_last: bool = True) -> list[dict]:
-    """The head configurations for this call as ``HeadConfig`` fields, the first the untuned default;
-    empty when the layer is not a head or neither kind takes it ("rows" where taps meet and Z fits
-    MAX_Z_BYTES, "shuffle" at dilation 1). Each candidate costs a compile at a first tuned call."""
+    """The ``HeadConfig`` fields of this call's head candidates (each a compile at a first tuned call), the first the
+    default: "rows" where taps meet and Z fits MAX_Z_BYTES, "shuffle" at dilation 1; none for other layers."""
     cout_g = params.out_channels_per_group
     # In-element offsets are 32-bit (HeadSteps.run): one batch element must hold < 2^31.
     if cout_g > MAX_HEAD_CHANNELS or params.in_channels * math.prod(params.in_size) >= 2**31:
@@ -202,8 +197,7 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, channe
     sw = params.stride[2]
     tiles = []
     # The rows kind interleaves the W residues in registers (a reshape): SW a power of two up to 16.
-    if (not collision_free(params) and sw & (sw - 1) == 0 and sw <= 16
-            and head_z_bytes(params) <= MAX_Z_BYTES):
+    if not collision_free(params) and sw & (sw - 1) == 0 and sw <= 16 and head_z_bytes(params) <= MAX_Z_BYTES:
         bn = max(16, min(128, pow2_at_least(_rows_columns(params))))
         rows = dict(BLOCK_M=128, BLOCK_N=bn, BLOCK_K=bk, BLOCK_W=bw, num_warps=4 if 128 * bn <= 128 * 64 else 8,
                     num_stages=2, use_dot=True, head="rows", BLOCK_R=2048)
@@ -218,27 +212,20 @@ def head_tiles(params: ConvT3dParams, dtype: torch.dtype, precision: str, channe
     # bf16 calls keep Z in bf16, halving its traffic: each width-tap sum is rounded once, like the output.
     if dtype == torch.bfloat16:
         tiles = [dict(t, z_bf16=True) if t["head"] == "rows" else t for t in tiles]
-    if not channels_last or (dtype == torch.float32 and precision == "tf32"):
-        tiles += _x_copies(tiles)
+    if not channels_last or rounds_tf32(dtype, precision):
+        # The persistent and packed full-K rows tiles again on a channels-last copy of the input (``x_cl``).
+        tiles += [dict(t, x_cl=True) for t in tiles
+                  if t["head"] == "rows" and (t.get("persist") or t.get("w_packed")) and t["BLOCK_K"] == bk]
     return tiles
 
 
-def _x_copies(tiles: list[dict]) -> list[dict]:
-    """The persistent and packed full-K rows tiles again on a channels-last copy of the input (``x_cl``)."""
-    bk = max(t["BLOCK_K"] for t in tiles) if tiles else 0
-    return [dict(t, x_cl=True) for t in tiles
-            if t["head"] == "rows" and (t.get("persist") or t.get("w_packed")) and t["BLOCK_K"] == bk]
-
-
-# Shared memory of one H100/H200 SM (228 KB), 1 KB of which the driver keeps per resident block.
-SM_SHARED_BYTES = 228 << 10
+SM_SHARED_BYTES = 228 << 10  # of one H100/H200 SM, 1 KB of which the driver keeps per resident block
 MAX_BLOCK_SMEM = 227 << 10  # the most one block may take
 
 
 def head_smem(params: ConvT3dParams, dtype: torch.dtype, t: dict) -> tuple[int, bool]:
-    """(shared memory estimate, weight held) of a persistent rows tile: per stage every width shift
-    and K step's input, the weight once where it fits beside the stages (held) else per stage, and
-    ~4 KB of epilogue; within 2 KB of Triton's figure for sm_90a."""
+    """(shared memory, weight held) of a persistent rows tile, within 2 KB of Triton's figure for sm_90a: per stage
+    each width shift and K step's input, the weight once if it fits beside them (held) else per stage, 4 KB epilogue."""
     elt = dtype.itemsize
     nshift = width_shifts(params)[1]
     k_steps = cdiv(params.in_channels_per_group, t["BLOCK_K"])
@@ -260,16 +247,14 @@ def _persistent(params: ConvT3dParams, dtype: torch.dtype, base: dict) -> list[d
     for bm, stages, bn in shapes:
         t = dict(base, BLOCK_M=bm, BLOCK_N=bn, num_stages=stages, num_warps=4 if bm * bn <= 128 * 64 else 8)
         smem = head_smem(params, dtype, t)[0]
-        # 1 KB per block kept by the driver plus 8 KB of slack: a tile just under half an SM by
-        # the estimate may still fit only one block, serialising the SM's two programs.
+        # 1 KB per block for the driver and 8 KB of slack: a tile just under half an SM may fit only one block.
         per_sm = min(3, SM_SHARED_BYTES // (smem + (9 << 10)))
         if per_sm >= 1 and smem <= MAX_BLOCK_SMEM:
             out.append(dict(t, persist=per_sm))
     return out
 
 
-# Fp32 accumulator registers per thread a joint tile may take: ptxas compiles this many unspilled.
-JOINT_ACC_REGS = 96
+JOINT_ACC_REGS = 96  # fp32 accumulator registers per thread a joint tile may take: ptxas keeps so many unspilled
 
 
 def _joint_fits(params: ConvT3dParams, dtype: torch.dtype, bm: int, warps: int, stages: int, bk: int) -> bool:
@@ -280,9 +265,8 @@ def _joint_fits(params: ConvT3dParams, dtype: torch.dtype, bm: int, warps: int, 
 
 
 def _packed(params: ConvT3dParams, dtype: torch.dtype, base: dict, held: bool) -> list[dict]:
-    """Single-sweep rows tiles on the packed weight (``w_packed``): several shapes where no persistent
-    tile holds the weight (``held`` False), plus joint tiles (``n_joint``) for layers wider than an N
-    tile where ``_joint_fits``; else one, to keep the first call's compiles few."""
+    """Single-sweep rows tiles on the packed weight (``w_packed``): one where a persistent tile holds it (``held``), to
+    keep first-call compiles few; else several, plus ``n_joint`` tiles wider than an N tile where ``_joint_fits``."""
     if held:
         return [dict(base, BLOCK_M=64, num_warps=4, num_stages=3, w_packed=True)]
     out = [dict(base, BLOCK_M=bm, num_warps=warps, num_stages=stages, w_packed=True)
@@ -300,20 +284,13 @@ def _rows_steps(params: ConvT3dParams, cfg) -> tuple[int, int]:
 
 
 def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
-    """Programs of a head GEMM over ``tiles`` tiles: one per tile (``per_sm`` 0), else ``per_sm`` per SM
-    (a few on the CPU, so that the interpreter runs the loop)."""
+    """Programs of a head GEMM over ``tiles`` tiles: one per tile (``per_sm`` 0), else ``per_sm`` per SM (at most 3 on
+    the CPU, so that the interpreter runs the loop)."""
     if per_sm <= 0:
         return tiles
     if device.type != "cuda":
         return max(1, min(tiles, 3))
     return max(1, min(tiles, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
-
-
-def _gather_tile(cout_g: int, rows: int, block_w: int, elements: int) -> tuple[int, int]:
-    """(BLOCK_C, BLOCK_R) of the gather tile: every channel of the group, and rows of one height
-    residue making about ``elements`` elements, at most the ``rows`` of a residue."""
-    bc = pow2_at_least(cout_g)
-    return bc, max(1, min(pow2_at_least(rows), elements // (bc * block_w)))
 
 
 def _batch_span(x: torch.Tensor) -> int:
@@ -335,8 +312,7 @@ class HeadSteps:
     def __init__(self, params: ConvT3dParams, cfg, precision: str, has_bias: bool, make_site: Callable[..., object],
                  prepare_input=None):
         self.params, self.cfg, self.has_bias, self.make_site = params, cfg, has_bias, make_site
-        self.prepare_input = prepare_input
-        self.precision = precision  # the dot's input precision ("tf32" for 16-bit: ignored there)
+        self.prepare_input, self.precision = prepare_input, precision  # "tf32" for 16-bit: ignored there
         if cfg.head not in HEAD_KINDS:
             raise ValueError(f"head config {cfg.head!r} is not a head kind (one of {', '.join(HEAD_KINDS)})")
         self.shuffle = cfg.head == "shuffle"
@@ -349,9 +325,8 @@ class HeadSteps:
             raise ValueError("head config 'n_joint' is an option of the packed weight (w_packed)")
         if cfg.x_cl and prepare_input is None:
             raise ValueError("head config 'x_cl' needs the engine's input copy (prepare_input)")
-        self.gemm = None
-        self.gather = None
-        self.pack = None  # (head_rows_pack_kernel's site, packed elements) of a w_packed tile
+        # The sites, built at the first run; ``pack``: (head_rows_pack_kernel's site, packed elements).
+        self.gemm = self.gather = self.pack = None
         # The input copy the GEMMs read, decided at the first run: "cl" (an x_cl tile on input not
         # channels-last or to be rounded), "dense" (>= 2^31 elements per batch element), "" none.
         self.copy_x = None
@@ -361,14 +336,12 @@ class HeadSteps:
         p, cfg = self.params, self.cfg
         (sd, sh, sw), (pd, ph, pw), (od, oh, ow) = p.stride, p.padding, p.out_size
         blocks_d, blocks_h, blocks_w = shuffle_blocks(p)
-        flat = cfg.BOX_H == 0
+        flat = cfg.BOX_H == 0  # tiles of BLOCK_M consecutive blocks of the plane
         box_h = max(1, cfg.BOX_H)
         # Tiles overlap by the halo that shifts in N read (shuffle_halo).
         hh, hw = shuffle_halo(p, cfg.shifts_n, cfg.BOX_H, cfg.BLOCK_W)
-        if flat:  # BLOCK_M consecutive blocks of the plane (BOX_H 0)
-            tiles_h, tiles_w = cdiv(blocks_h * blocks_w, cfg.BLOCK_M - hw), 1
-        else:
-            tiles_h, tiles_w = cdiv(blocks_h, box_h - hh), cdiv(blocks_w, cfg.BLOCK_W - hw)
+        tiles_h, tiles_w = ((cdiv(blocks_h * blocks_w, cfg.BLOCK_M - hw), 1) if flat
+                            else (cdiv(blocks_h, box_h - hh), cdiv(blocks_w, cfg.BLOCK_W - hw)))
         r_p, sw_p, bc = shuffle_shape(p, cfg.use_dot, cfg.shifts_n)
         jd, jh, jw = shuffle_shifts(p)
         njh, njw = shuffle_n_shifts(p, cfg.shifts_n)
@@ -397,19 +370,15 @@ class HeadSteps:
         shift0, nshift = width_shifts(p)
         num_tiles = p.batch * tiles_m  # per group: the grid's second axis
         programs = cdiv(persistent_programs(x.device, p.groups * num_tiles, cfg.persist), p.groups)
-        ints = (p.batch, p.in_channels_per_group, _rows_columns(p), d, h, wd, ow, qw,
-                kh, kw, kd * kh * kw, sw, p.padding[2], p.dilation[2], shift0,
-                *x.stride(), w.stride(0), tiles_m, num_tiles)
-        # FLAT_DH: depth and height walked by the height stride (contiguous NCDHW or
-        # channels-last input); FULL_W: every compact column fills SW output columns.
-        flat_dh = x.stride(2) == h * x.stride(3)
+        ints = (p.batch, p.in_channels_per_group, _rows_columns(p), d, h, wd, ow, qw, kh, kw, kd * kh * kw, sw,
+                p.padding[2], p.dilation[2], shift0, *x.stride(), w.stride(0), tiles_m, num_tiles)
         n_tiles, k_steps = _rows_steps(p, cfg)
-        # The input is rounded by the copy (x_cl) or in registers; the weight as gathered or packed.
+        # The input is rounded by the copy (x_cl) or in registers, the weight as gathered or packed. FLAT_DH: depth
+        # and height walked by the height stride (NCDHW or channels-last input); FULL_W: each compact column fills SW.
         consts = dict(ROUND_X=round_tf32 and self.copy_x != "cl", ROUND_W=round_tf32, PRECISION=self.precision,
-                      SW_C=sw, NSHIFT=nshift,
-                      FLAT_DH=flat_dh, FULL_W=ow == qw * sw, UNROLL=cfg.persist > 0,
-                      W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1], W_PACKED=cfg.w_packed,
-                      N_JOINT=cfg.n_joint, N_TILES=n_tiles, K_STEPS=k_steps,
+                      SW_C=sw, NSHIFT=nshift, FLAT_DH=x.stride(2) == h * x.stride(3), FULL_W=ow == qw * sw,
+                      UNROLL=cfg.persist > 0, W_ONCE=cfg.persist > 0 and head_smem(p, x.dtype, vars(cfg))[1],
+                      W_PACKED=cfg.w_packed, N_JOINT=cfg.n_joint, N_TILES=n_tiles, K_STEPS=k_steps,
                       BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)
         key = ("head_gemm", cfg.head, p, cfg, x.stride(), y.stride(), self.has_bias, self.precision, x.dtype, programs)
@@ -435,45 +404,43 @@ class HeadSteps:
         od, oh, ow = p.out_size
         (d, h, _), (sd, sh, _), (pd, ph, _), (dd, dh, _) = p.in_size, p.stride, p.padding, p.dilation
         (kd, kh, _), cout_g = p.kernel_size, p.out_channels_per_group
-        # Z holds output rows: one "width tap" over a width of OW (iw = ow).
-        wd, sw, pw, dw, kw = ow, 1, 0, 1, 1
-        bc, br = _gather_tile(cout_g, cdiv(oh, sh), cfg.BLOCK_W, cfg.BLOCK_R)
+        # The gather tile: the group's channels by rows of one height residue (at most its rows), about BLOCK_R elements.
+        bc = pow2_at_least(cout_g)
+        br = max(1, min(pow2_at_least(cdiv(oh, sh)), cfg.BLOCK_R // (bc * cfg.BLOCK_W)))
         # Programs per (n, g, od): height residues x tiles of BLOCK_R rows of a residue x W tiles.
         tiles_q, tiles_w = cdiv(cdiv(oh, sh), br), cdiv(ow, cfg.BLOCK_W)
         grid = (p.groups * p.batch * od * sh * tiles_q * tiles_w,)
-        ints = (p.batch, cout_g, d, h, wd, od, oh, ow, sd, sh, sw, pd, ph, pw, dd, dh, dw, *y.stride(),
-                tiles_q, tiles_w)
+        # Z holds output rows: one "width tap" (stride and dilation 1, no padding) over a width of OW.
+        ints = (p.batch, cout_g, d, h, ow, od, oh, ow, sd, sh, 1, pd, ph, 0, dd, dh, 1, *y.stride(), tiles_q, tiles_w)
         # 4 warps from 1024 elements down, fewer for smaller tiles (whose threads would hold copies).
         warps = max(1, min(4, bc * br * cfg.BLOCK_W // 256))
-        consts = dict(HAS_BIAS=self.has_bias, KD=kd, KH=kh, KW=kw, BLOCK_C=bc, BLOCK_R=br,
-                      BLOCK_W=cfg.BLOCK_W, num_warps=warps)
+        consts = dict(HAS_BIAS=self.has_bias, KD=kd, KH=kh, KW=1, BLOCK_C=bc, BLOCK_R=br, BLOCK_W=cfg.BLOCK_W,
+                      num_warps=warps)
         key = ("head_gather_tile", cfg.head, p, cfg.BLOCK_W, cfg.BLOCK_R, y.stride(), self.has_bias)
         return self.make_site(key, "head_gather_tile_kernel", grid, ints, consts)
 
     def run(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
         """Launch onto ``y``; returns Triton's handle of the GEMM kernel."""
         dev = x.device
+        round_tf32 = rounds_tf32(x.dtype, self.precision)
         if self.copy_x is None:
             # The GEMMs' in-element offsets are 32-bit: a view whose strides reach further is copied.
             cl = x.is_contiguous(memory_format=torch.channels_last_3d)
-            self.copy_x = ("cl" if self.cfg.x_cl and (rounds_tf32(x.dtype, self.precision) or not cl)
+            self.copy_x = ("cl" if self.cfg.x_cl and (round_tf32 or not cl)
                            else "dense" if _batch_span(x) >= 2**31 else "")
         if self.copy_x == "cl":
             # The engine's NDHWC copy kernel, cheaper than PyTorch's .contiguous(channels_last_3d).
-            x = self.prepare_input(x, rounds_tf32(x.dtype, self.precision), True)
+            x = self.prepare_input(x, round_tf32, True)
         elif self.copy_x == "dense":
             x = x.contiguous()
-        if self.shuffle:
-            if self.gemm is None:
-                self.gemm = self._shuffle_site(x, w, y)
-            return self.gemm.launch(dev, x, w, b, y)
         if self.gemm is None:
-            self.gemm = self._rows_site(x, w, y)
+            self.gemm = self._shuffle_site(x, w, y) if self.shuffle else self._rows_site(x, w, y)
+        if self.shuffle:
+            return self.gemm.launch(dev, x, w, b, y)
         if self.gather is None:
             self.gather = self._gather_site(y)
         if self.cfg.w_packed:
-            if self.pack is None:
-                self.pack = self._pack_site(w)
+            self.pack = self.pack or self._pack_site(w)
             site, elements = self.pack
             packed = torch.empty(elements, device=dev, dtype=w.dtype)
             site.launch(dev, w, packed)

@@ -1,8 +1,6 @@
-"""Backward of an output head (<= ``MAX_OUT_PER_GROUP`` output and >= ``MIN_IN_PER_GROUP`` input
-channels per group): tiles and launchers of ``kernels/head_grad.py`` and ``kernels/head_phase_grad.py``,
-whose GEMMs flatten (tap, output channel) into one dimension and read dY from a zero-padded copy
-(:func:`padded_dy`) or split by phase (:class:`DyPhases`); ``backward`` times every tile.
-"""
+"""Backward of an output head (<= ``MAX_OUT_PER_GROUP`` output, >= ``MIN_IN_PER_GROUP`` input channels per group):
+tiles and launchers of ``kernels/head_grad.py`` and ``kernels/head_phase_grad.py``, whose GEMMs flatten (tap, output
+channel) into one dimension and read dY zero-padded (:func:`padded_dy`) or split by phase (:class:`DyPhases`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +9,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ...core.errors import BackendUnavailableError
 from .head import flat_spatial, rounds_tf32
@@ -25,10 +22,8 @@ __all__ = ["MAX_OUT_PER_GROUP", "MIN_IN_PER_GROUP", "HeadDgradConfig", "HeadWgra
 
 MAX_OUT_PER_GROUP = 15
 MIN_IN_PER_GROUP = 8
-# Program and step indices over all positions are 32-bit (with a tile of headroom).
-_MAX_POSITIONS = 2**31 - 2**16
-# The dW partial sums: at most 2^22 fp32 values over all splits, cheap to add next to reading X.
-_MAX_PARTIAL = 2**22
+_MAX_POSITIONS = 2**31 - 2**16  # program and step indices over all positions are 32-bit (a tile of headroom)
+_MAX_PARTIAL = 2**22  # fp32 dW partial sums over all splits at most: cheap to add next to reading X
 
 
 @dataclass(frozen=True)
@@ -38,8 +33,7 @@ class HeadDgradConfig:
     BLOCK_K: int  # (tap, output channel) pairs per step
     num_warps: int
     num_stages: int
-    # 0: dY's zero-padded copy (head_dgrad_kernel); > 0: dY split by phase, rows of BLOCK_W.
-    BLOCK_W: int = 0
+    BLOCK_W: int = 0  # 0: dY's zero-padded copy (head_dgrad_kernel); > 0: dY split by phase, rows of BLOCK_W
 
     def short(self) -> str:
         return (f"head M{self.BLOCK_M} N{self.BLOCK_N} K{self.BLOCK_K} w{self.num_warps} s{self.num_stages}"
@@ -54,10 +48,8 @@ class HeadWgradConfig:
     num_warps: int
     num_stages: int
     splits: int  # programs along the reduction; partial sums added in a fixed order
-    # The dY gather's lanes along positions instead of (tap, channel) pairs (head_wgrad_kernel).
-    lanes_on_m: bool = False
-    # As HeadDgradConfig.BLOCK_W (head_phase_grad.head_wgrad_phase_kernel).
-    BLOCK_W: int = 0
+    lanes_on_m: bool = False  # the dY gather's lanes on positions, not (tap, channel) pairs (head_wgrad_kernel)
+    BLOCK_W: int = 0  # as HeadDgradConfig.BLOCK_W (head_wgrad_phase_kernel)
 
     def short(self) -> str:
         return (f"head CI{self.BLOCK_CI} K{self.BLOCK_K} P{self.BLOCK_P} w{self.num_warps} s{self.num_stages} "
@@ -107,7 +99,7 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     bk = _clamp_pow2(_ktot(params), 16, 32)
     if device.type != "cuda":
         # The interpreter is slow per program step whatever the tile: small tiles.
-        bm = min(32, _clamp_pow2(_positions(params), 16, 32))
+        bm = _clamp_pow2(_positions(params), 16, 32)
         return (HeadDgradConfig(bm, min(bn, 32), bk, 4, 1),
                 HeadDgradConfig(32, min(bn, 32), bk, 4, 1, _phase_block_w(params, 32)))
     # 64 x 128 on 4 warps: the fastest for wide 16-bit heads, slower in fp32 (timed).
@@ -126,12 +118,13 @@ def device_programs(device: torch.device, per_sm: int = 4) -> int:
     return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _splits(params: ConvT3dParams, tiles: int, steps: int, device: torch.device) -> int:
-    """Splits of the dW reduction of ``steps`` position steps over ``tiles`` output tiles."""
+def _splits(params: ConvT3dParams, block_ci: int, block_k: int, steps: int, device: torch.device) -> int:
+    """Splits of the dW reduction of ``steps`` position steps over output tiles of ``block_ci`` x ``block_k``."""
+    tiles = params.groups * cdiv(params.in_channels_per_group, block_ci) * cdiv(_ktot(params), block_k)
     per_split = params.groups * params.in_channels_per_group * _ktot(params)
     cap = max(1, min(_MAX_PARTIAL // per_split, steps // 4, 1024))
     # ~4 programs per SM, each streaming its X range once, hide the L2 latency of the dY loads.
-    return max(1, min(triton.cdiv(device_programs(device), tiles), cap))
+    return max(1, min(cdiv(device_programs(device), tiles), cap))
 
 
 def _phase_tiles(params: ConvT3dParams, block: int, block_w: int) -> int:
@@ -151,11 +144,10 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
         return (HeadWgradConfig(min(bci, 16), bk, 16, 4, 1, 1),
                 HeadWgradConfig(min(bci, 16), bk, 16, 4, 1, 1, BLOCK_W=_phase_block_w(params, 16)))
     out = []
-    steps = params.batch * triton.cdiv(math.prod(params.in_size), 32)
+    steps = params.batch * cdiv(math.prod(params.in_size), 32)
     for bk_cap, warps in ((64, 4), (128, 8)):
         bk = _clamp_pow2(ktot, 16, bk_cap)
-        tiles = params.groups * triton.cdiv(params.in_channels_per_group, bci) * triton.cdiv(ktot, bk)
-        out.append(HeadWgradConfig(bci, bk, 32, warps, 1, _splits(params, tiles, steps, device)))
+        out.append(HeadWgradConfig(bci, bk, 32, warps, 1, _splits(params, bci, bk, steps, device)))
     out += [dataclasses.replace(c, lanes_on_m=True) for c in out]
     bci_wide = _clamp_pow2(params.in_channels_per_group, 16, 128)
     # 64 positions per step in 16-bit, 32 in fp32 (a 64 x 64 fp32 tile of 64 spills at "tf32").
@@ -163,8 +155,7 @@ def wgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     bw = _phase_block_w(params, bp)
     for bk_cap, ci, warps in ((64, bci, 4), (128, bci, 8), (64, bci_wide, 8)):
         bk = _clamp_pow2(ktot, 16, bk_cap)
-        tiles = params.groups * triton.cdiv(params.in_channels_per_group, ci) * triton.cdiv(ktot, bk)
-        splits = _splits(params, tiles, _phase_tiles(params, bp, bw), device)
+        splits = _splits(params, ci, bk, _phase_tiles(params, bp, bw), device)
         out.append(HeadWgradConfig(ci, bk, bp, warps, 1, splits, BLOCK_W=bw))
     return tuple(dict.fromkeys(out))
 
@@ -209,8 +200,7 @@ def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None
     round_tf32 = round_tf32 and dtype == torch.float32  # TF32 is a rounding of fp32 only
     if not _dy_needs_zeros(params):
         return dy.to(dtype)
-    pads = _dy_pads(params)
-    shape = params.out_shape[:2] + tuple(o + a + b for o, (a, b) in zip(params.out_size, pads))
+    shape = params.out_shape[:2] + tuple(o + a + b for o, (a, b) in zip(params.out_size, _dy_pads(params)))
     cl = dy.dim() == 5 and dy.is_contiguous(memory_format=torch.channels_last_3d) and not dy.is_contiguous()
     dyp = torch.empty(shape, dtype=dtype, device=dy.device,
                       memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
@@ -220,10 +210,9 @@ def padded_dy(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype | None
 
 @dataclass(frozen=True)
 class DyPhases:
-    """The layout of dY split by phase (``kernels/head_phase_grad.py``): per dimension, tap t reads
-    residue ``(t*d - p) mod s`` at copy index ``i + (t*d + lift) // s``, ``lift = c*s - p``,
-    ``c = ceil(p / s)``; index ``q'`` is dY's position ``(q' - c)*s + r`` (zero outside dY).
-    Shape [sd, sh, sw, N, C, Ld, Lh, Lw], contiguous."""
+    """dY split by phase, contiguous [sd, sh, sw, N, C, Ld, Lh, Lw] (``kernels/head_phase_grad.py``): per dimension,
+    tap t reads residue ``(t*d - p) mod s`` at index ``i + (t*d + lift) // s``, ``lift = c*s - p``, ``c = ceil(p / s)``;
+    index ``q'`` is dY's position ``(q' - c)*s + r`` (zero outside dY)."""
 
     lift: tuple[int, int, int]
     shift: tuple[int, int, int]  # c per dimension
@@ -238,55 +227,42 @@ class DyPhases:
 
 @functools.lru_cache(maxsize=1024)
 def dy_phases_layout(params: ConvT3dParams) -> DyPhases:
-    lift, shift, length = [], [], []
-    for a in params.axes:
-        c = -(-a.padding // a.stride)
-        lift.append(c * a.stride - a.padding)
-        shift.append(c)
-        length.append(a.in_size + ((a.kernel - 1) * a.dilation + lift[-1]) // a.stride)
-    shape = tuple(params.stride) + (params.batch, params.out_channels) + tuple(length)
-    return DyPhases(tuple(lift), tuple(shift), tuple(length), shape)
+    shift = tuple(cdiv(a.padding, a.stride) for a in params.axes)
+    lift = tuple(c * a.stride - a.padding for c, a in zip(shift, params.axes))
+    length = tuple(a.in_size + ((a.kernel - 1) * a.dilation + up) // a.stride for up, a in zip(lift, params.axes))
+    return DyPhases(lift, shift, length, tuple(params.stride) + (params.batch, params.out_channels) + length)
 
 
-def _phases_site(params: ConvT3dParams, dy: torch.Tensor, dyq: torch.Tensor, round_tf32: bool) -> Site:
-    """The launch site of dy_phases_kernel: BLOCK_R rows of the copy per program."""
-    def build():
-        lay = dy_phases_layout(params)
+def dy_phases(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype, round_tf32: bool = False) -> torch.Tensor:
+    """dY split by phase (:class:`DyPhases`) in ``dtype`` by one launch, TF32-rounded with ``round_tf32``."""
+    lay = dy_phases_layout(params)
+    dyq = torch.empty(lay.shape, dtype=dtype, device=dy.device)
+    round_tf32 = round_tf32 and dtype == torch.float32
+
+    def build():  # dy_phases_kernel: BLOCK_R rows of the copy, ~2048 elements, per program
         rows = dyq.numel() // lay.length[2]
         block_q = _clamp_pow2(lay.length[2], 16, 128)
-        block_r = max(1, 2048 // block_q)  # ~2048 elements per program
+        block_r = max(1, 2048 // block_q)
         return Site("dy_phases_kernel", (cdiv(rows, block_r),), (
             rows, params.batch, params.out_channels, lay.length[0], lay.length[1], lay.length[2],
             *params.out_size, *params.stride, *lay.shift, *dy.stride(),
         ), dict(ROUND_TF32=round_tf32, BIG=_big(dy, dyq), BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4),
             head_phase_grad)
 
-    return site(("dy_phases", params, dy.stride(), dy.dtype, dyq.dtype, round_tf32), build)
-
-
-def dy_phases(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype, round_tf32: bool = False) -> torch.Tensor:
-    """dY split by phase (:class:`DyPhases`) in ``dtype`` by one launch, TF32-rounded with ``round_tf32``."""
-    dyq = torch.empty(dy_phases_layout(params).shape, dtype=dtype, device=dy.device)
-    _phases_site(params, dy, dyq, round_tf32 and dtype == torch.float32).launch(dy.device, dy, dyq)
+    site(("dy_phases", params, dy.stride(), dy.dtype, dyq.dtype, round_tf32), build).launch(dy.device, dy, dyq)
     return dyq
 
 
 def dy_operand(dy: torch.Tensor, params: ConvT3dParams, dtype: torch.dtype,
                config: HeadDgradConfig | HeadWgradConfig, precision: str) -> torch.Tensor:
     """The copy of dY that ``config``'s kernel reads, in ``dtype``, TF32-rounded at TF32 precision."""
-    if config.BLOCK_W:
-        return dy_phases(dy, params, dtype, rounds_tf32(dtype, precision))
-    return padded_dy(dy, params, dtype, rounds_tf32(dtype, precision))
-
-
-def _span(t: torch.Tensor) -> int:
-    """Elements from the first to the last of ``t`` (its strides' reach)."""
-    return 1 + sum(abs(st) * (n - 1) for n, st in zip(t.shape, t.stride()) if n > 0)
+    return (dy_phases if config.BLOCK_W else padded_dy)(dy, params, dtype, rounds_tf32(dtype, precision))
 
 
 def _big(*tensors: torch.Tensor) -> bool:
-    """Whether the kernels need 64-bit offsets for these tensors."""
-    return any(_span(t) >= 2**31 for t in tensors)
+    """Whether the kernels need 64-bit offsets: a tensor's strides reach 2^31 elements or more."""
+    spans = (1 + sum(abs(st) * (n - 1) for n, st in zip(t.shape, t.stride()) if n > 0) for t in tensors)
+    return any(span >= 2**31 for span in spans)
 
 
 def _precision_args(dtype: torch.dtype, precision: str, dy_rounded: bool) -> dict:
@@ -310,11 +286,23 @@ def _phase_geometry_args(params: ConvT3dParams) -> tuple:
         *params.stride, *params.dilation, *lay.lift, *lay.strides)
 
 
-def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, wp: torch.Tensor, dx: torch.Tensor,
-                precision: str) -> Site:
-    """The launch site of head_dgrad_kernel or head_dgrad_phase_kernel, replayed per call signature."""
-    def build():
-        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
+               config: HeadDgradConfig | None = None,
+               x_format: torch.memory_format = torch.contiguous_format,
+               dyp: torch.Tensor | None = None) -> torch.Tensor:
+    """dX in ``x_format`` from the copy of dY the config's kernel reads (``dyp`` if made already)."""
+    _check_runnable(dy, params, "input")
+    if x_format not in (torch.contiguous_format, torch.channels_last_3d):
+        raise ValueError(f"head_dgrad writes dX NCDHW or channels-last, not {x_format}")
+    cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
+    if dyp is None:
+        dyp = dy_operand(dy, params, w.dtype, cfg, precision)
+    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
+    dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
+    # [G, taps, Cout/g, Cin/g]: row k = tap * Cout/g + co of the GEMM's B operand, Cin contiguous.
+    wp = w.reshape(g, cin_g, cout_g, math.prod(params.kernel_size)).permute(0, 3, 2, 1).contiguous()
+
+    def build():  # head_dgrad_phase_kernel for a BLOCK_W, else head_dgrad_kernel
         tiles_n = cdiv(cin_g, cfg.BLOCK_N)
         consts = dict(**_precision_args(wp.dtype, precision, dy_copied(params, cfg)), BIG=_big(dyp, wp, dx),
                       BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
@@ -329,68 +317,16 @@ def _dgrad_site(params: ConvT3dParams, cfg: HeadDgradConfig, dyp: torch.Tensor, 
         s = math.prod(params.in_size)
         tiles_s = cdiv(s, cfg.BLOCK_M)
         return Site("head_dgrad_kernel", (params.batch * tiles_s * tiles_n, g), (
-            s, cin_g, cout_g, _ktot(params),
-            *params.in_size,
-            params.kernel_size[1], params.kernel_size[2],
-            *dyp.stride(), *dx.stride(),
-            *params.stride, *params.dilation,
-            tiles_s, tiles_n,
+            s, cin_g, cout_g, _ktot(params), *params.in_size, params.kernel_size[1], params.kernel_size[2],
+            *dyp.stride(), *dx.stride(), *params.stride, *params.dilation, tiles_s, tiles_n,
         ), consts, head_grad)
 
-    return site(("head_dgrad", params, cfg, dyp.shape, dyp.stride(), dx.stride(), wp.dtype, precision), build)
-
-
-def head_dgrad(dy: torch.Tensor, w: torch.Tensor, params: ConvT3dParams, precision: str, x_dtype: torch.dtype,
-               config: HeadDgradConfig | None = None,
-               x_format: torch.memory_format = torch.contiguous_format,
-               dyp: torch.Tensor | None = None) -> torch.Tensor:
-    """dX in ``x_format`` from the copy of dY the config's kernel reads (``dyp`` if made already)."""
-    _check_runnable(dy, params, "input")
-    if x_format not in (torch.contiguous_format, torch.channels_last_3d):
-        raise ValueError(f"head_dgrad writes dX NCDHW or channels-last, not {x_format}")
-    cfg = config or dgrad_candidates(params, w.dtype, dy.device)[0]
-    if dyp is None:
-        dyp = dy_operand(dy, params, w.dtype, cfg, precision)
-    dx = torch.empty(params.in_shape, dtype=x_dtype, device=dy.device, memory_format=x_format)
-    g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-    kd, kh, kw = params.kernel_size
-    # [G, taps, Cout/g, Cin/g]: row k = tap * Cout/g + co of the GEMM's B operand, Cin contiguous.
-    wp = w.reshape(g, cin_g, cout_g, kd * kh * kw).permute(0, 3, 2, 1).contiguous()
-    _dgrad_site(params, cfg, dyp, wp, dx, precision).launch(dy.device, dyp, wp, dx)
+    key = ("head_dgrad", params, cfg, dyp.shape, dyp.stride(), dx.stride(), wp.dtype, precision)
+    site(key, build).launch(dy.device, dyp, wp, dx)
     return dx
 
 
-def _wgrad_site(params: ConvT3dParams, cfg: HeadWgradConfig, x: torch.Tensor, dyp: torch.Tensor,
-                precision: str) -> Site:
-    """The launch site of head_wgrad_kernel or head_wgrad_phase_kernel (see ``_dgrad_site``)."""
-    def build():
-        g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
-        ktot = _ktot(params)
-        tiles_ci, tiles_k = cdiv(cin_g, cfg.BLOCK_CI), cdiv(ktot, cfg.BLOCK_K)
-        grid = (cfg.splits * tiles_ci * tiles_k, g)
-        consts = dict(**_precision_args(x.dtype, precision, dy_copied(params, cfg)), BIG=_big(x, dyp),
-                      BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
-                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        if cfg.BLOCK_W:
-            spatial, phase = _phase_geometry_args(params)
-            return Site("head_wgrad_phase_kernel", grid, (
-                cin_g, cout_g, ktot, *spatial, g, cfg.splits, _phase_tiles(params, cfg.BLOCK_P, cfg.BLOCK_W),
-                *phase, *x.stride(), tiles_ci, tiles_k,
-            ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
-        return Site("head_wgrad_kernel", grid, (
-            params.batch, math.prod(params.in_size), cin_g, cout_g, ktot,
-            *params.in_size,
-            params.kernel_size[1], params.kernel_size[2], g, cfg.splits,
-            *x.stride(), *dyp.stride(),
-            *params.stride, *params.dilation,
-            tiles_ci, tiles_k,
-        ), dict(consts, LANES_ON_M=cfg.lanes_on_m, FLAT_X=flat_spatial(x)), head_grad)
-
-    return site(("head_wgrad", params, cfg, x.stride(), dyp.shape, dyp.stride(), x.dtype, precision), build)
-
-
-# The finish: fp32 tiles of 8192 values per step, BLOCK_E small enough to spread over the SMs.
-_FINISH_TILE = 8192
+_FINISH_TILE = 8192  # fp32 values per step of the finish, whose BLOCK_E is small enough to spread over the SMs
 
 
 def _finish_blocks(elements: int, splits: int, programs: int) -> tuple[int, int]:
@@ -418,9 +354,29 @@ def head_wgrad(dy: torch.Tensor, x: torch.Tensor, params: ConvT3dParams, precisi
     cfg = config or wgrad_candidates(params, x.dtype, x.device)[0]
     if dyp is None:
         dyp = dy_operand(dy, params, x.dtype, cfg, precision)
-    g, cin_g = params.groups, params.in_channels_per_group
-    part = torch.empty((cfg.splits, g, cin_g, _ktot(params)), dtype=torch.float32, device=x.device)
-    _wgrad_site(params, cfg, x, dyp, precision).launch(x.device, x, dyp, part)
+    g, cin_g, cout_g, ktot = params.groups, params.in_channels_per_group, params.out_channels_per_group, _ktot(params)
+
+    def build():  # head_wgrad_phase_kernel for a BLOCK_W, else head_wgrad_kernel
+        tiles_ci, tiles_k = cdiv(cin_g, cfg.BLOCK_CI), cdiv(ktot, cfg.BLOCK_K)
+        grid = (cfg.splits * tiles_ci * tiles_k, g)
+        consts = dict(**_precision_args(x.dtype, precision, dy_copied(params, cfg)), BIG=_big(x, dyp),
+                      BLOCK_CI=cfg.BLOCK_CI, BLOCK_K=cfg.BLOCK_K, BLOCK_P=cfg.BLOCK_P,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if cfg.BLOCK_W:
+            spatial, phase = _phase_geometry_args(params)
+            return Site("head_wgrad_phase_kernel", grid, (
+                cin_g, cout_g, ktot, *spatial, g, cfg.splits, _phase_tiles(params, cfg.BLOCK_P, cfg.BLOCK_W),
+                *phase, *x.stride(), tiles_ci, tiles_k,
+            ), dict(consts, BLOCK_W=cfg.BLOCK_W), head_phase_grad)
+        return Site("head_wgrad_kernel", grid, (
+            params.batch, math.prod(params.in_size), cin_g, cout_g, ktot, *params.in_size,
+            params.kernel_size[1], params.kernel_size[2], g, cfg.splits, *x.stride(), *dyp.stride(),
+            *params.stride, *params.dilation, tiles_ci, tiles_k,
+        ), dict(consts, LANES_ON_M=cfg.lanes_on_m, FLAT_X=flat_spatial(x)), head_grad)
+
+    part = torch.empty((cfg.splits, g, cin_g, ktot), dtype=torch.float32, device=x.device)
+    key = ("head_wgrad", params, cfg, x.stride(), dyp.shape, dyp.stride(), x.dtype, precision)
+    site(key, build).launch(x.device, x, dyp, part)
     dw = torch.empty((params.in_channels, params.out_channels_per_group) + tuple(params.kernel_size),
                      dtype=out_dtype, device=x.device)
     _finish_site(params, cfg.splits, dw).launch(x.device, part, dw)

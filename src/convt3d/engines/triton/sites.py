@@ -111,9 +111,9 @@ def site(key: tuple, build: Callable[[], Site]) -> Site:
     return s
 
 
-def _head_site(key: tuple, name: str, grid: tuple, ints: tuple, consts: dict, module=None) -> Site:
+def _head_site(key: tuple, name: str, grid: tuple, ints: tuple, consts: dict) -> Site:
     """head_engine's site factory: its launches replayed like the engine's own."""
-    return site(key, lambda: Site(name, grid, ints, consts, module))
+    return site(key, lambda: Site(name, grid, ints, consts))
 
 
 _tables: dict[tuple, torch.Tensor] = memo("engines.triton.sites.tables")
@@ -148,12 +148,8 @@ def companion_masks(params: ConvT3dParams) -> dict[tuple[int, int], int] | None:
     if sd * sh > 31 or not any(h_ok):
         return None
     rh0 = h_ok.index(True)
-    masks: dict[tuple[int, int], int] = {}
-    for dd in range(sd):
-        for hh in range(sh):
-            if d_ok[dd] and not h_ok[hh]:
-                masks[(dd, rh0)] = masks.get((dd, rh0), 0) | 1 << (dd * sh + hh)
-    return masks
+    masks = {(dd, rh0): sum(1 << (dd * sh + hh) for hh in range(sh) if not h_ok[hh]) for dd in range(sd) if d_ok[dd]}
+    return {owner: mask for owner, mask in masks.items() if mask}
 
 
 def empty_planes(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
@@ -174,8 +170,7 @@ def _fill_planes_site(params: ConvT3dParams, y: torch.Tensor, has_bias: bool, pl
         seg = oh * ow * (params.out_channels if cl else 1)
         return Site("fill_planes_kernel", (planes.numel() * outer,),
                     (params.out_channels, seg, planes.numel(), y.stride(0), y.stride(1), y.stride(2)),
-                    dict(CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, VEC=16 // y.element_size(),
-                         num_warps=4))
+                    dict(CHANNELS_LAST=cl, HAS_BIAS=has_bias, BLOCK=1024, VEC=16 // y.element_size(), num_warps=4))
 
     return site(("fill_planes", params, y.stride(), has_bias), build)
 
@@ -205,12 +200,8 @@ def phase_table(params: ConvT3dParams, device: torch.device, w_group: int = 1,
             if skip_empty_rows and _row_class_empty(params, a[0].residue, a[1].residue):
                 continue
             first = a[2].residue % w_group == 0  # the mask lives in a group's first row
-            rows.append([a[0].residue, a[1].residue, a[2].residue,
-                         a[0].num_taps, a[1].num_taps, a[2].num_taps,
-                         a[0].first_tap, a[1].first_tap, a[2].first_tap,
-                         a[0].first_offset, a[1].first_offset, a[2].first_offset,
-                         a[0].size, a[1].size, a[2].size,
-                         masks.get((a[0].residue, a[1].residue), 0) if first else 0])
+            rows.append([getattr(ax, f) for f in ("residue", "num_taps", "first_tap", "first_offset", "size")
+                         for ax in a] + [masks.get((a[0].residue, a[1].residue), 0) if first else 0])
         return rows
 
     return _device_table(("phases", w_group, skip_empty_rows, companions), params, device, build, width=16)
@@ -225,21 +216,6 @@ def empty_rows(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     return _device_table(("rows",), params, device, build, width=2)
 
 
-def _channels_last_site(x: torch.Tensor, round_tf32: bool) -> Site:
-    n, c, d, h, w = x.shape
-    s = d * h * w
-
-    def build():
-        block_c = min(64, pow2_at_least(c))
-        block_s = 64
-        s_blocks, c_blocks = cdiv(s, block_s), cdiv(c, block_c)
-        return Site("to_channels_last_kernel", (s_blocks * c_blocks * n,),
-                    (c, s, s_blocks, c_blocks, x.stride(0), x.stride(1), x.stride(4)),
-                    dict(ROUND_TF32=round_tf32, BLOCK_C=block_c, BLOCK_S=block_s, num_warps=4))
-
-    return site(("to_channels_last", x.shape, x.stride(), round_tf32), build)
-
-
 def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.Tensor:
     """Return x with channels innermost (NDHWC strides), copying (and TF32-rounding) if asked."""
     if not need_copy:
@@ -248,9 +224,17 @@ def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.
     if sh != x.shape[4] * sw or sd != x.shape[3] * sh:
         x = x.contiguous()  # the copy kernel walks D, H, W as one flat index
     n, c, d, h, w = x.shape
+
+    def build():  # to_channels_last_kernel's blocks: 64 positions by up to 64 channels
+        block_c = min(64, pow2_at_least(c))
+        s_blocks, c_blocks = cdiv(d * h * w, 64), cdiv(c, block_c)
+        return Site("to_channels_last_kernel", (s_blocks * c_blocks * n,),
+                    (c, d * h * w, s_blocks, c_blocks, x.stride(0), x.stride(1), x.stride(4)),
+                    dict(ROUND_TF32=round_tf32, BLOCK_C=block_c, BLOCK_S=64, num_warps=4))
+
     y = torch.empty((n, d, h, w, c), dtype=x.dtype, device=x.device)
     if y.numel() > 0:
-        _channels_last_site(x, round_tf32).launch(x.device, x, y)
+        site(("to_channels_last", x.shape, x.stride(), round_tf32), build).launch(x.device, x, y)
     return y.permute(0, 4, 1, 2, 3)  # logical NCDHW view of NDHWC memory
 
 
@@ -318,11 +302,10 @@ def _x_descriptor(xin: torch.Tensor, params: ConvT3dParams, cfg: Config):
     """5-D descriptor over the NDHWC input, or None where a channel block would read the next
     group (in bounds, so not zeroed) or the strides do not suit TMA."""
     cin_g = params.in_channels_per_group
-    if not (params.groups == 1 or cin_g % cfg.BLOCK_K == 0) or not _tma_strides_ok(xin, (0, 2, 3, 4, 1)):
+    order = (0, 2, 3, 4, 1)  # N, D, H, W, C
+    if not (params.groups == 1 or cin_g % cfg.BLOCK_K == 0) or not _tma_strides_ok(xin, order):
         return None
-    n, c, d, h, w = xin.shape
-    sn, sc, sd, sh, sw = xin.stride()
-    return TensorDescriptor(xin, [n, d, h, w, c], [sn, sd, sh, sw, sc],
+    return TensorDescriptor(xin, [xin.shape[i] for i in order], [xin.stride(i) for i in order],
                             [1, 1, cfg.BLOCK_M // cfg.BLOCK_W, cfg.BLOCK_W, cfg.BLOCK_K])
 
 
@@ -333,26 +316,21 @@ def _w_descriptor(wp: torch.Tensor, cfg: Config):
     return TensorDescriptor(wp, list(wp.shape), list(wp.stride()), [1, 1, cfg.BLOCK_N, cfg.BLOCK_K])
 
 
-def _padded_blocks(x: torch.Tensor, geo) -> tuple[int, int, int, int]:
-    """(BLOCK_C, BLOCK_W, row blocks, channel blocks) of to_padded_kernel: up to 64 x 64, fitted to C and W."""
-    _, (dp, hp, wp) = geo
+def _padded_args(x: torch.Tensor, geo, round_tf32: bool) -> tuple[int, int, tuple, dict]:
+    """(row blocks, channel blocks, integer arguments, constexprs) of x's copy onto ``geo``'s grid
+    (to_padded_kernel): blocks of up to 64 channels x 64 columns, fitted to C and W."""
+    (pd, ph, pw), (dp, hp, wp) = geo
     c = x.shape[1]
     block_c, block_w = min(64, pow2_at_least(c)), min(64, pow2_at_least(wp))
-    return block_c, block_w, dp * hp * cdiv(wp, block_w), cdiv(c, block_c)
-
-
-def _padded_ints(x: torch.Tensor, geo) -> tuple:
-    (pd, ph, pw), (dp, hp, wp) = geo
-    return (*x.shape[1:], dp, hp, wp, pd, ph, pw, *x.stride())
+    return (dp * hp * cdiv(wp, block_w), cdiv(c, block_c), (*x.shape[1:], dp, hp, wp, pd, ph, pw, *x.stride()),
+            dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and c > 1, BLOCK_C=block_c, BLOCK_W=block_w))
 
 
 def _padded_site(x: torch.Tensor, geo, round_tf32: bool) -> Site:
     def build():
-        block_c, block_w, r_blocks, c_blocks = _padded_blocks(x, geo)
-        return Site("to_padded_kernel", (r_blocks * c_blocks * x.shape[0],),
-                    (*_padded_ints(x, geo), r_blocks, c_blocks),
-                    dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and x.shape[1] > 1, BLOCK_C=block_c,
-                         BLOCK_W=block_w, num_warps=4))
+        r_blocks, c_blocks, ints, consts = _padded_args(x, geo, round_tf32)
+        return Site("to_padded_kernel", (r_blocks * c_blocks * x.shape[0],), (*ints, r_blocks, c_blocks),
+                    dict(consts, num_warps=4))
 
     return site(("to_padded", x.shape, x.stride(), geo, round_tf32), build)
 
@@ -361,15 +339,13 @@ def _operands_site(x: torch.Tensor, geo, params: ConvT3dParams, w: torch.Tensor,
                    fold: int = 1) -> Site:
     """The launch site of gemm_operands_kernel: ``_padded_site``'s copy and ``_pack_site``'s pack in one launch."""
     def build():
-        block_c, block_w, r_blocks, c_blocks = _padded_blocks(x, geo)
+        r_blocks, c_blocks, ints, consts = _padded_args(x, geo, round_tf32)
         block_ci, block_j, pack_programs = _pack_blocks(params)
         g, kvol, cout_g, cin_g = _packed_shape(params)
         pad_programs = r_blocks * c_blocks * x.shape[0]
         return Site("gemm_operands_kernel", (pad_programs + pack_programs * g,),
-                    (*_padded_ints(x, geo), cin_g, cout_g, kvol, fold, w.stride(0),
-                     r_blocks, c_blocks, pad_programs, pack_programs),
-                    dict(ROUND_TF32=round_tf32, SRC_CL=x.stride(1) == 1 and x.shape[1] > 1, BLOCK_C=block_c,
-                         BLOCK_W=block_w, BLOCK_CI=block_ci, BLOCK_J=block_j, num_warps=4))
+                    (*ints, cin_g, cout_g, kvol, fold, w.stride(0), r_blocks, c_blocks, pad_programs, pack_programs),
+                    dict(consts, BLOCK_CI=block_ci, BLOCK_J=block_j, num_warps=4))
 
     return site(("gemm_operands", x.shape, x.stride(), geo, params, round_tf32, fold), build)
 
@@ -408,6 +384,20 @@ def _epi_consts(epi: int) -> dict:
     return {"EPI": epi} if epi else {}
 
 
+def _axis_steps(params: ConvT3dParams) -> tuple:
+    """The GEMM kernels' per-dimension stride, tap step and offset step arguments."""
+    return (*params.stride, *(a.tap_step for a in params.axes), *(a.offset_step for a in params.axes))
+
+
+def _box_tiles(cfg: Config, params: ConvT3dParams, n_groups: int) -> tuple[int, int, int, int]:
+    """(tiles_h, tiles_w, tiles_n, programs) of a GEMM over BLOCK_M // BLOCK_W x BLOCK_W boxes of the
+    largest compact grid (those past a phase's own grid only store)."""
+    q = params.compact_size
+    tiles_h, tiles_w = cdiv(q[1], cfg.BLOCK_M // cfg.BLOCK_W), cdiv(q[2], cfg.BLOCK_W)
+    tiles_n = cdiv(params.out_channels_per_group, cfg.BLOCK_N)
+    return tiles_h, tiles_w, tiles_n, params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
+
+
 def _flat_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, params: ConvT3dParams, geo,
                has_bias: bool, precision: str, epi: int = 0) -> Site:
     """The launch site of flat_gemm_kernel (descriptors from ``_flat_descriptors``; ``epi``: the program's code)."""
@@ -419,12 +409,10 @@ def _flat_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, pa
         q = params.compact_size
         tiles_m = cdiv(q[1] * wpad, cfg.BLOCK_M)
         tiles_n = cdiv(params.out_channels_per_group, cfg.BLOCK_N)
-        axes = params.axes
         return Site("flat_gemm_kernel", (params.groups * params.batch * q[0] * tiles_m * n_groups * tiles_n,), (
             params.batch, cin_g, params.out_channels_per_group, dp, hp, wpad, pd, ph, pw,
             q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups, math.prod(params.kernel_size),
-            params.kernel_size[1], params.kernel_size[2], *y.stride(),
-            *params.stride, *(a.tap_step for a in axes), *(a.offset_step for a in axes), tiles_m, tiles_n,
+            params.kernel_size[1], params.kernel_size[2], *y.stride(), *_axis_steps(params), tiles_m, tiles_n,
             params.out_channels,
         ), dict(
             HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
@@ -460,18 +448,12 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
     def build():
         (pd, ph, pw), _ = geo
         _check_slice_offsets(params, xp.permute(0, 4, 1, 2, 3), y, cfg.BLOCK_M)
-        q = params.compact_size
-        # Boxes cover the largest compact grid; those past a phase's own grid only store.
-        tiles_h, tiles_w = cdiv(q[1], cfg.BLOCK_M // cfg.BLOCK_W), cdiv(q[2], cfg.BLOCK_W)
-        tiles_n = cdiv(params.out_channels_per_group, cfg.BLOCK_N)
-        axes = params.axes
-        programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
+        tiles_h, tiles_w, tiles_n, programs = _box_tiles(cfg, params, n_groups)
         cl_out = y.stride(1) == 1 and params.out_channels > 1
         return Site("box_gemm_kernel", (programs,), (
             params.batch, params.in_channels_per_group, params.out_channels_per_group, pd, ph, pw,
-            q[0], *params.out_size, n_groups, math.prod(params.kernel_size),
-            params.kernel_size[1], params.kernel_size[2], *y.stride(),
-            *params.stride, *(a.tap_step for a in axes), *(a.offset_step for a in axes), tiles_h, tiles_w, tiles_n,
+            params.compact_size[0], *params.out_size, n_groups, math.prod(params.kernel_size),
+            params.kernel_size[1], params.kernel_size[2], *y.stride(), *_axis_steps(params), tiles_h, tiles_w, tiles_n,
         ), dict(
             HAS_BIAS=has_bias, W_GROUP=cfg.W_GROUP, W_SKIP=_w_skip(params, cfg.W_GROUP),
             OFF32=_offsets_fit_int32(params, y, cfg.BLOCK_M), CL_OUT=cl_out, PAIRS=w_pairs(cfg, params, y),
@@ -501,28 +483,20 @@ def _box_descriptors(cfg: Config, xp: torch.Tensor, wp: torch.Tensor, cin_g: int
 
 def _phase_site(cfg: Config, params: ConvT3dParams, pl, xin: torch.Tensor, wp: torch.Tensor, y: torch.Tensor,
                 n_groups: int, has_bias: bool, x_tma: bool, w_tma: bool, epi: int = 0) -> Site:
-    """The launch site of phase_gemm_kernel for the engine's Plan ``pl`` (``x_tma``, ``w_tma``: descriptors;
-    ``epi``: the epilogue program's code)."""
-    q = params.compact_size
-
+    """The launch site of phase_gemm_kernel for the engine's Plan ``pl`` (``x_tma``, ``w_tma``: descriptors)."""
     def build():
         _check_slice_offsets(params, xin, y, max(c.BLOCK_M for c in pl.configs))
-        bh = cfg.BLOCK_M // cfg.BLOCK_W
-        tiles_h, tiles_w = cdiv(q[1], bh), cdiv(q[2], cfg.BLOCK_W)
-        tiles_n = cdiv(params.out_channels_per_group, cfg.BLOCK_N)
-        axes = params.axes
-        programs = params.groups * params.batch * q[0] * tiles_h * tiles_w * n_groups * tiles_n
+        tiles_h, tiles_w, tiles_n, programs = _box_tiles(cfg, params, n_groups)
         return Site("phase_gemm_kernel", (programs,), (
             params.batch, params.in_channels_per_group, params.out_channels_per_group,
-            *params.in_size, q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups,
-            params.kernel_size[1], params.kernel_size[2], *xin.stride(), *wp.stride(), *y.stride(),
-            *params.stride, *(a.tap_step for a in axes), *(a.offset_step for a in axes), tiles_h, tiles_w, tiles_n,
-            params.out_channels,
+            *params.in_size, params.compact_size[0], params.out_size[2], params.out_size[0], params.out_size[1],
+            n_groups, params.kernel_size[1], params.kernel_size[2], *xin.stride(), *wp.stride(), *y.stride(),
+            *_axis_steps(params), tiles_h, tiles_w, tiles_n, params.out_channels,
         ), dict(
             HAS_BIAS=has_bias, USE_DOT=cfg.use_dot, PRECISION=pl.dot_precision, W_GROUP=cfg.W_GROUP,
-            W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE="", X_TMA=x_tma,
-            W_TMA=w_tma, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-            BLOCK_W=cfg.BLOCK_W, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_epi_consts(epi),
+            W_SKIP=_w_skip(params, cfg.W_GROUP), X_CACHE="", X_TMA=x_tma, W_TMA=w_tma, BLOCK_M=cfg.BLOCK_M,
+            BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, BLOCK_W=cfg.BLOCK_W, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **_epi_consts(epi),
         ))
 
     return site(("phase_gemm", params, cfg, xin.stride(), y.stride(), n_groups, has_bias, pl.dot_precision,
