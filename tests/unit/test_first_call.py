@@ -195,7 +195,7 @@ def test_triton_start_compiles_in_a_thread_then_marks_the_key_ready(monkeypatch)
     call = _fake_call()
     plan = triton_engine.plan(call.params, call.x, call.weight, call.precision)
     monkeypatch.setattr(triton_engine, "prepare", lambda *a, **k: Launch(plan))
-    monkeypatch.setattr(background, "_shortlist", lambda call, launch: launch.configs)
+    monkeypatch.setattr(triton_engine, "first_candidates", lambda launch, params, x, precision: launch.configs)
     monkeypatch.setattr(precompile, "dry_jobs", lambda configs, run: list(jobs))
     monkeypatch.setattr(precompile, "target", lambda: "sm_90a")
     monkeypatch.setattr(background, "installation_key", lambda: "hash")
@@ -217,6 +217,39 @@ def test_triton_start_compiles_in_a_thread_then_marks_the_key_ready(monkeypatch)
     assert compiled == [(tuple(jobs), "sm_90a", "hash")]
     assert background.not_ready(call) is None and plan.tune_key in precompile.compiled
     assert cache.store_for(GPU).get("triton_configs", cache.tune_key_text(plan.tune_key)) == {"compiled": True}
+
+
+@pytest.mark.parametrize("geometry", list(GEOMETRIES.values()), ids=list(GEOMETRIES))
+def test_the_first_timing_times_the_candidates_the_background_compiled(geometry, monkeypatch):
+    """One rule says which candidates a first call times (every one, or the predicted shortlist): the
+    background compile and the engine's first timing both take it, so nothing compiles on the call's path."""
+    call = _fake_call(geometry)
+    plan = triton_engine.plan(call.params, call.x, call.weight, call.precision)
+
+    class Launch:  # what prepare returns, without allocating on the fake GPU
+        y = torch.empty(1, device="meta")
+        configs = plan.configs
+
+        def __init__(self, plan):
+            self.plan = plan
+
+        def run(self, cfg):
+            raise AssertionError("nothing launches here")
+
+    monkeypatch.setattr(triton_engine, "prepare", lambda *a, **k: Launch(plan))
+    short = plan.configs[-1:]  # a shortlist without the default order's first candidate
+    monkeypatch.setattr(triton_engine, "first_candidates", lambda launch, params, x, precision: short)
+    monkeypatch.setattr(precompile, "available", lambda: True)
+    monkeypatch.setenv(first_call.ENV, "background")
+    compiled, timed = [], []
+    monkeypatch.setattr(precompile, "dry_jobs", lambda configs, run: compiled.append(tuple(configs)) or [])
+    monkeypatch.setattr(precompile, "compile_all", lambda jobs, target, key: {})
+    monkeypatch.setattr(precompile, "target", lambda: "sm_90a")
+    monkeypatch.setattr(background, "installation_key", lambda: "hash")
+    background.start(call)
+    monkeypatch.setattr(triton_engine, "_choose", lambda key, configs, run: timed.append(tuple(configs)))
+    ENGINES["triton"]._prime(call)
+    assert compiled == [short] and timed == [short]
 
 
 def test_a_cuda_library_that_failed_to_build_is_unsupported_not_unready(monkeypatch):

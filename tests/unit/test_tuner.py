@@ -169,6 +169,7 @@ def test_the_engine_tunes_a_new_signature_with_guarded_runs(monkeypatch):
     monkeypatch.setattr(convt3d.engines.triton.peer, "prime_triton", lambda *a: None)
     monkeypatch.setattr(triton_engine, "plan", lambda *a: SimpleNamespace(tune_key="tk-guarded", configs=configs))
     monkeypatch.setattr(triton_engine, "prepare", lambda *a: launch)
+    monkeypatch.setattr(triton_engine, "first_candidates", lambda launch, params, x, precision: launch.configs)
     monkeypatch.setattr(convt3d.engines.triton.peer, "device_name", lambda device: "gpu")
     call = SimpleNamespace(device=torch.device("cuda"), key=("signature-guarded",), bias=None, repeat=False,
                            params=None, x=None, weight=None, precision="tf32")

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import threading
 
-import torch
-
 from ...core.call import Call
 from ...core.memo import memo
 from ...dispatch import first_call
 from ...dispatch.cache import store_for, tune_key_text
 from . import engine as triton_engine
-from . import precompile, predict
+from . import precompile
 from .configs import device_name, tuned_config
 from .warm_up import installation_key
 
@@ -53,7 +51,8 @@ def start(call: Call) -> None:
         return
     _compiling[key] = True
     launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
-    jobs = precompile.dry_jobs(_shortlist(call, launch), launch.run) if launch.y.numel() else []
+    jobs = (precompile.dry_jobs(triton_engine.first_candidates(launch, call.params, call.x, call.precision), launch.run)
+            if launch.y.numel() else [])
     target, gpu = precompile.target(), device_name(call.device)
 
     def compile_them() -> None:
@@ -69,11 +68,6 @@ def start(call: Call) -> None:
             first_call.became_ready()
 
     threading.Thread(target=compile_them, name="convt3d-compile", daemon=True).start()
-
-
-def _shortlist(call: Call, launch) -> tuple:
-    return predict.shortlist(launch.configs, call.params, call.dtype, call.precision,
-                             launch.plan.out_format == torch.channels_last_3d, call.device)
 
 
 def forget() -> None:

@@ -121,6 +121,12 @@ class Launch:
         return self.plan.tune_key if self.epilogue is None else self.plan.tune_key + (self.epilogue.signature,)
 
 
+def first_candidates(launch: Launch, params: ConvT3dParams, x: torch.Tensor, precision: str) -> tuple[Config, ...]:
+    """What a signature's first call compiles and times: every candidate, or the predicted shortlist."""
+    return predict.shortlist(launch.configs, params, x.dtype, precision,
+                             launch.plan.out_format == torch.channels_last_3d, x.device)
+
+
 _plans: dict[tuple, Plan] = memo("engines.triton.engine.plans")
 
 
@@ -364,9 +370,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
         elif torch.cuda.is_current_stream_capturing():
             config, settled = launch.configs[0], False  # no timing inside graph capture
         else:
-            shortlist = predict.shortlist(launch.configs, params, x.dtype, precision,
-                                          launch.plan.out_format == torch.channels_last_3d, x.device)
-            config = _choose(launch.tune_key, shortlist, launch.run)
+            config = _choose(launch.tune_key, first_candidates(launch, params, x, precision), launch.run)
     launch.run(config)
     if settled:
         st = _steps_for(params, launch.plan, config, bias is not None, x, epi.code if epi else 0)

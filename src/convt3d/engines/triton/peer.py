@@ -97,7 +97,8 @@ class TritonEngine(LaunchedRepeats):
                 launch = triton_engine.prepare(call.x, call.weight, call.bias, call.params, call.precision)
 
                 def choose():
-                    return tuned_config(tk) or triton_engine._choose(tk, launch.configs, guarded(launch.run))
+                    shortlist = triton_engine.first_candidates(launch, call.params, call.x, call.precision)
+                    return tuned_config(tk) or triton_engine._choose(tk, shortlist, guarded(launch.run))
 
                 if distributed.active():
                     # Every rank takes rank 0's tile at its first sight of the signature, whatever its own cache held.
