@@ -48,6 +48,18 @@ def test_softmax_and_logsumexp_of_a_column_of_minus_infinity():
     torch.testing.assert_close(U.FIN.reduce(y, 1, "logsumexp"), torch.logsumexp(y, 1, keepdim=True))
 
 
+# The direct convolution's unit regimes, plus KernelBench level 2's 3 -> 16 layer at a quarter of its batch.
+U.DIRECTS.setdefault("kb-level2-rgb-16", ((32, 3, 16, 32, 32), 16, 3, 2, 1, 1, 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES + ["fp32-tf32"])
+@pytest.mark.parametrize("finish", list(U.FINISHES))
+@pytest.mark.parametrize("regime", list(U.DIRECTS))
+def test_direct(regime, finish, dtype):
+    U.run_direct(regime, finish, torch.float32 if dtype == "fp32-tf32" else U.DT[dtype], DEV,
+                 tf32=dtype == "fp32-tf32")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["max", "avg"])
 @pytest.mark.parametrize("regime", list(POOLS))

@@ -97,6 +97,66 @@ def run_pool(shape, kind, k, s, dtype, device):
     _close(got, _f64(fn(_f64(y, _pre(C, device), C), k, s), _post(C, device), C), dtype)
 
 
+# The direct convolution: (input shape, output channels, kernel, stride, padding, output_padding, dilation)
+DIRECTS = {
+    "rgb-k3-s2-p1": ((2, 3, 4, 5, 6), 5, 3, 2, 1, 0, 1),
+    "rgb-k3-s2-p1-op1": ((2, 3, 3, 4, 5), 4, 3, 2, 1, 1, 1),
+    "gan-k4-s2-p1": ((1, 2, 3, 4, 5), 3, 4, 2, 1, 0, 1),
+    "k3-s1-p1": ((2, 4, 3, 4, 5), 6, 3, 1, 1, 0, 1),
+    "aniso-dilated": ((1, 2, 3, 4, 5), 3, (1, 3, 3), (1, 2, 3), (0, 1, 1), (0, 1, 2), (1, 2, 1)),
+}
+# What follows it in registers: direct's keyword arguments (programs by channel count).
+FINISHES = {
+    "none": lambda C: dict(),
+    "pre-max-pool": lambda C: dict(pre=_pre(C, "cpu"), pool="max"),
+    "avg-pool-post": lambda C: dict(pool="avg", post=_post(C, "cpu")),
+    "logsumexp-post": lambda C: dict(pre=_pre(C, "cpu"), channel_op="logsumexp", post=_post(1, "cpu")),
+    "pool-softmax-mid-max": lambda C: dict(pool="max", softmax=True, mid=[("add", -0.1), "save", "sigmoid",
+                                                                          "mul_saved"], channel_op="max"),
+    "sum-then-mean": lambda C: dict(channel_op="sum", mean=True, post=_post(1, "cpu")),
+    "pool-then-mean": lambda C: dict(pre=[("mul", 0.5)], pool="max", mean=True, post=[("clamp_min", 0.0)]),
+}
+
+
+def _on(program, device):
+    return None if program is None else [tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in step)
+                                         if isinstance(step, tuple) else step for step in program]
+
+
+def _ref_direct(x, w, b, geometry, kw):
+    """The composite ``direct`` stands for, in float64 from ``x``, ``w`` and ``b`` as given."""
+    s, p, op, d = geometry
+    C = w.shape[1]
+    y = F.conv_transpose3d(x.double(), w.double(), b.double(), s, p, op, 1, d)
+    y = _f64(y, kw.get("pre"), C)
+    if kw.get("pool"):
+        y = (F.max_pool3d if kw["pool"] == "max" else F.avg_pool3d)(y, s, s)
+    if kw.get("softmax"):
+        y = torch.softmax(y, 1)
+    y = _f64(y, kw.get("mid"), C)
+    op_ = kw.get("channel_op")
+    if op_:
+        y = {"sum": lambda t: t.sum(1, keepdim=True), "max": lambda t: t.amax(1, keepdim=True),
+             "logsumexp": lambda t: torch.logsumexp(t, 1, keepdim=True)}[op_](y)
+    if kw.get("mean"):
+        y = y.mean((2, 3, 4), keepdim=True)
+    return _f64(y, kw.get("post"), y.shape[1])
+
+
+def run_direct(regime, finish, dtype, device, tf32=False):
+    shape, cout, k, *geometry = DIRECTS[regime]
+    k = (k,) * 3 if isinstance(k, int) else k
+    x = torch.randn(shape, device=device).to(dtype)
+    w = (0.3 * torch.randn(shape[1], cout, *k, device=device)).to(dtype)
+    b = torch.randn(cout, device=device).to(dtype)
+    kw = {key: _on(v, device) if key in ("pre", "mid", "post") else v
+          for key, v in FINISHES[finish](cout).items()}
+    got = FIN.direct(x, w, b, *geometry, tf32=tf32, **kw)
+    if tf32:  # operands rounded to the nearest TF32, ties away, as cuDNN rounds them
+        x, w = (((t.float().view(torch.int32) + 0x1000) & -8192).view(torch.float32) for t in (x, w))
+    _close(got, _ref_direct(x, w, b, geometry, kw), dtype)
+
+
 def run_batch_norm(shape, momentum, affine, dtype, device, steps=2, loc=0.0, programs=True):
     """nn.BatchNorm3d in float64 (train mode, then eval) and our batch_norm on the same stream of
     inputs: outputs and running statistics after each step; ``momentum=None`` is the module's
@@ -226,6 +286,28 @@ def test_pool(regime, kind, dtype):
 
 
 @requires_interpreter
+@requires_interpreter
+@pytest.mark.parametrize("finish", list(FINISHES))
+@pytest.mark.parametrize("regime", list(DIRECTS))
+def test_direct(regime, finish):
+    run_direct(regime, finish, torch.float32, "cpu")
+
+
+@requires_interpreter
+@pytest.mark.parametrize("dtype", ["fp16", "fp32-tf32"])
+def test_direct_low_precision(dtype):
+    run_direct("rgb-k3-s2-p1", "pool-softmax-mid-max", torch.float32 if dtype == "fp32-tf32" else DT[dtype], "cpu",
+               tf32=dtype == "fp32-tf32")
+
+
+def test_direct_reason_names_the_limit():
+    x = torch.randn(1, 3, 2, 2, 2)
+    assert FIN.direct_reason(x, torch.randn(3, 16, 3, 3, 3)) is None
+    assert "groups=3" in FIN.direct_reason(x, torch.randn(3, 4, 3, 3, 3), groups=3)
+    assert "65 output channels" in FIN.direct_reason(x, torch.randn(3, 65, 1, 1, 1))
+    assert "unrolls at most" in FIN.direct_reason(torch.randn(1, 32, 2, 2, 2), torch.randn(32, 4, 3, 3, 3))
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
 @pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum-0.1", "momentum-none-cumulative"])
@@ -320,6 +402,15 @@ ERRORS = {
     "bn-momentum-none": (lambda: FIN.batch_norm(Y, None, None, torch.zeros(3), torch.ones(3), True, None, 1e-5),
                          TypeError, "momentum"),
     "gn-groups": (lambda: FIN.group_norm(Y, 2), RuntimeError, "divisible by num_groups"),
+    "direct-pool-kind": (lambda: FIN.direct(Y, torch.randn(3, 2, 2, 2, 2), pool="min"), ValueError, "pool must be"),
+    "direct-channel-op": (lambda: FIN.direct(Y, torch.randn(3, 2, 2, 2, 2), channel_op="mean"), ValueError,
+                          "channel_op must be"),
+    "direct-weight-channels": (lambda: FIN.direct(Y, torch.randn(4, 2, 2, 2, 2)), ValueError, "input of 3 channels"),
+    "direct-too-many-channels": (lambda: FIN.direct(Y, torch.randn(3, 80, 1, 1, 1)), ValueError,
+                                 "at most 64"),
+    "direct-stride-zero": (lambda: FIN.direct(Y, torch.randn(3, 2, 2, 2, 2), None, 0), ValueError, "greater than zero"),
+    "direct-pooled-too-small": (lambda: FIN.direct(Y[:, :, :1, :1, :1], torch.randn(3, 2, 1, 1, 1), None, 2,
+                                                   pool="max"), RuntimeError, "too small"),
 }
 
 
@@ -341,6 +432,15 @@ COMPILES = [("axis_kernel", "fp16", dict(MODE=m, PRE=PROG, POST=1 | (4 << 5), HA
     ("affine_kernel", "bf16", dict(PRE=PROG, POST=PROG, BLOCK=1024)),
     ("pool_kernel", "fp16", dict(KD=2, KH=3, KW=2, MAX=True, PRE=PROG, POST=PROG, BLOCK=256)),
     ("pool_kernel", "fp32", dict(KD=2, KH=2, KW=2, MAX=False, PRE=0, POST=0, BLOCK=1024)),
+    ("direct_kernel", "fp32", dict(CIN=3, KD=3, KH=3, KW=3, SD=2, SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1,
+                                   HAS_B=True, TF32=True, POOL=1, SOFTMAX=True, RED=2, MEAN=False, PRE=PROG, MID=PROG,
+                                   POST=1, BLOCK_P=256, BLOCK_C=16, BLOCK_R=1)),
+    ("direct_kernel", "bf16", dict(CIN=3, KD=3, KH=3, KW=3, SD=2, SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1,
+                                   HAS_B=False, TF32=False, POOL=0, SOFTMAX=False, RED=0, MEAN=True, PRE=PROG, MID=0,
+                                   POST=0, BLOCK_P=128, BLOCK_C=16, BLOCK_R=16)),
+    ("direct_kernel", "fp16", dict(CIN=2, KD=1, KH=3, KW=4, SD=1, SH=2, SW=3, PD=0, PH=1, PW=2, DD=1, DH=2, DW=1,
+                                   HAS_B=True, TF32=False, POOL=2, SOFTMAX=False, RED=3, MEAN=False, PRE=0, MID=0,
+                                   POST=PROG, BLOCK_P=64, BLOCK_C=4, BLOCK_R=1)),
 ]
 
 
@@ -351,7 +451,7 @@ def _compile(name: str, dtype: str, consts: dict) -> str:
     from convt3d.engines.triton.kernels import finish as K
 
     fn = getattr(K, name)
-    floats, data = {"eps", "momentum"}, {"x_ptr", "out_ptr"}
+    floats, data = {"eps", "momentum", "inv_count"}, {"x_ptr", "out_ptr"}
     sig = {a: "constexpr" if a in consts else f"*{dtype}" if a in data else "*fp32" if a.endswith(
         ("_ptr", "_s", "_c")) else "fp32" if a in floats else "i32" for a in fn.arg_names}
     return triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]

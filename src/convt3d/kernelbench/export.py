@@ -325,9 +325,10 @@ def assemble(roots: tuple[str, ...], call, configs, header: list[Line], rest: li
              kernels=()) -> list[list[Line]]:
     """A file's lines, the package source verbatim and then without docstrings: ``header``, the imports (after
     ``from __future__ import annotations``: annotations name classes not carried), what the launches and ``kernels``
-    (module, name) reach, the launcher, ``rest``; generated code and package source define no name twice."""
+    (module, name) reach, the launcher (none for ``call`` None), ``rest``; generated code and package source define
+    no name twice."""
     shaker = PythonShaker(roots, _read, _is_module)
-    launcher, launched = launcher_source(call, configs, shaker, epi_code)
+    launcher, launched = launcher_source(call, configs, shaker, epi_code) if call is not None else ("", set())
     shaker.dead = {name for name in OPTIONAL_CONSTEXPRS if f"{name}=" not in launcher}
     owners: dict[str, set[str]] = {}
     for name in launched:
@@ -335,7 +336,8 @@ def assemble(roots: tuple[str, ...], call, configs, header: list[Line], rest: li
         if len(found) != 1:
             raise ExportError(f"the kernel {name!r} is defined in {len(found)} of the modules the file draws on")
         owners.setdefault(found[0], set()).add(name)
-    shaker.reach([("engines/triton/sites.py", n) for n in ("Site", "gluon_capable", "_tma_capable")], owners)
+    if call is not None:  # the launcher's sites
+        shaker.reach([("engines/triton/sites.py", n) for n in ("Site", "gluon_capable", "_tma_capable")], owners)
     shaker.reach(list(kernels))
     generated = ast.parse("\n".join([launcher] + [line.text for line in rest]))
     taken = [n for node in generated.body for n in defined_names(node) if shaker.defines(n)]

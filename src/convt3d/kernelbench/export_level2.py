@@ -30,9 +30,9 @@ __all__ = ["ROOTS", "TABLE_ARCH", "SUPPORTED_STAGES", "candidates", "exported", 
 ROOTS = export.ROOTS + ("engines/triton/kernels/finish.py",)  # the engine, and the finishing kernels
 TABLE_ARCH = "sm90"  # the predictor's table that ranks the candidates: the GPUs KernelBench times on
 # The stages a file carries (a plain function computes with PyTorch).
-SUPPORTED_STAGES = (level2.Conv, level2.DepthMeanConv, level2.PooledConv, level2.Pool, level2.Reduce,
-                    level2.SubtractMean, level2.Norm)
-_finish_programs = finish._finish_programs
+SUPPORTED_STAGES = (level2.Conv, level2.DepthMeanConv, level2.PooledConv, level2.DirectConv, level2.Pool,
+                    level2.Reduce, level2.SubtractMean, level2.Norm)
+_programs_of = finish._programs_of
 
 
 _keyed: list[torch.Tensor] = []  # every tensor a trace has keyed, alive until it ends: no id is reused
@@ -79,7 +79,7 @@ class _Tracer:
             # PooledConv's weight: zero-padded by a copy, average-pooled by the finishing kernel
             patched.enter_context(mock.patch.multiple(level2, _convt=self._conv, F=types.SimpleNamespace(
                 pad=self._pad, avg_pool3d=lambda t, size: finish.pool(t, "avg", size))))
-            patched.enter_context(mock.patch.multiple(finish, _finish_programs=self._programs, FK=self,
+            patched.enter_context(mock.patch.multiple(finish, _programs_of=self._programs, FK=self,
                                                       _ones=lambda n, device: self._new(n, "ones")))
             for k, self.stage in enumerate(problem.pipeline):
                 self.events = []
@@ -113,14 +113,15 @@ class _Tracer:
         self.events.append((*event, out))
         return out
 
-    def _programs(self, y, pre, post, out_shape, post_channels, name):
-        """Each program's events: the stage's, read from its names, or finish.NEGATE, from its numbers."""
-        args, pre_code, post_code = _finish_programs(y, pre, post, out_shape, post_channels, name)
-        for k, (p, raw, c, shape) in enumerate(((pre, getattr(self.stage, "pre", ()), y.shape[1], y.shape),
-                                                (post, getattr(self.stage, "post", ()), post_channels, out_shape))):
-            raw = p if p is finish.NEGATE else raw
-            self.events.append(("program", y, raw, as_epilogue(p, c, tuple(shape)), c, args[2 * k:2 * k + 2]))
-        return args, pre_code, post_code
+    def _programs(self, y, programs, name):
+        """Each program's events: the stage's of its role (``pre``, ``mid``, ``post``), read from its names,
+        or finish.NEGATE, from its numbers."""
+        args, codes = _programs_of(y, programs, name)
+        for k, (p, channels, shape, role) in enumerate(programs):
+            raw = p if p is finish.NEGATE else getattr(self.stage, role, ())
+            self.events.append(("program", y, raw, as_epilogue(p, channels, tuple(shape)), channels,
+                                args[2 * k:2 * k + 2]))
+        return args, codes
 
     def __getattr__(self, kernel: str):  # finish.FK.<kernel>[grid](...)
         if not kernel.endswith("_kernel"):
@@ -223,7 +224,9 @@ class _Tracer:
                 items = [expr(a) if isinstance(a, torch.Tensor) else f"self.{module}.{n}" if module and
                          n in ("eps", "momentum") and getattr(getattr(self.model, module), n, None) == a else repr(a)
                          for n, a in zip(getattr(FK, kernel).arg_names, args)]
-                items += [f"{n}={v!r}" for n, v in consts.items()]
+                # the direct kernel rounds to TF32 where the file's precision and device say so
+                items += [f"{n}={v!r}" if n != "TF32" else 'TF32=precision == "tf32" and x.is_cuda'
+                          for n, v in consts.items()]
                 lines.append(_wrap_call(f"{kernel}[{tuple(grid)!r}](", items, ""))
                 launches += 1
         if _key(out) not in names:
@@ -400,7 +403,13 @@ __all__ = ["ModelNew"]
 '''
 
 
-def _precision() -> list:
+def _precision(direct: bool = False) -> list:
+    if direct:
+        rule = f'''# KernelBench compares ModelNew with its reference under the same PyTorch flags: the direct
+# convolution rounds its operands to TF32 where PyTorch allows TF32 for convolutions on a GPU (cuDNN
+# computes this layer in TF32 then) and computes in full float32 otherwise, as do the finishing steps.
+EXACT_GRADE = {EXACT_GRADE!r}  # convt3d.dispatch.select.EXACT_GRADE at export time'''
+        return export.precision_lines("the convolution", rule, "The convolution's precision", "")
     rule = f'''# KernelBench compares ModelNew with its reference under the same PyTorch flags: the convolution
 # computes in TF32 where PyTorch allows TF32 for convolutions (as cuDNN may then), at the
 # engine's exact grade otherwise; the finishing kernels compute in float32.
@@ -427,10 +436,30 @@ def _header(problem: level2.Problem, configs, small: bool) -> list:
         "the package and regenerate."))
 
 
+def _direct_header(problem: level2.Problem, small: bool) -> list:
+    size = " at a reduced size for Triton's interpreter (Problem.reduced)" if small else ""
+    return export._gen(f'''{export.MARKER}
+# convt3d {__version__}. Problem {problem.id}{size}: no tile to choose.
+"""KernelBench level 2, problem {problem.id}: {problem.file_name}
+
+{export._paragraph(
+        "``ModelNew`` computes the problem with one of convt3d's Triton kernels: the transposed convolution of few "
+        "channels computed directly (every tap and input channel unrolled, all output channels of a position in "
+        "one program) with what follows it done in registers before the only store, in TF32 where PyTorch allows "
+        "TF32 for convolutions on a GPU, else in float32, specialised to KernelBench's inputs. Generated by "
+        "``convt3d export-kernelbench --level 2``: edit the package and regenerate.")}
+"""''')
+
+
 def _render_lines(problem: level2.Problem, small: bool, count: int) -> list[list]:
     """The file's forms (package source verbatim, then without docstrings) with its first ``count`` candidates."""
     p = problem.reduced() if small else problem
     train, evaluation = _Tracer(p, True), _Tracer(p, False)
+    kernels = [(ROOTS[-1], k) for k in sorted(train.kernels | evaluation.kernels)]
+    if train.conv is None:  # the direct kernel computed the convolution: no GEMM, no chooser
+        rest = _precision(direct=True) + export._gen(f"PROBLEM = {problem.id}\n\n\n" + _SUPPORT.format(rule="=" * 20)
+                                                     + _model_new(p, train, evaluation))
+        return export.assemble(ROOTS, None, [], _direct_header(problem, small), rest, 0, kernels)
     call, code = train.conv
     ranked = candidates(call)
     configs = ranked[:1 if small else count]
@@ -438,8 +467,7 @@ def _render_lines(problem: level2.Problem, small: bool, count: int) -> list[list
         configs[-1] = next(c for c in ranked if EXACT_GRADE in c[1])
     rest = (export._gen(export._CHOOSER.format(rule="=" * 20, ops=", *ops") + "\n") + _precision()
             + export._gen(_SUPPORT.format(rule="=" * 20) + _model_new(p, train, evaluation)))
-    return export.assemble(ROOTS, call, configs, _header(problem, configs, small), rest, code,
-                           [(ROOTS[-1], k) for k in sorted(train.kernels | evaluation.kernels)])
+    return export.assemble(ROOTS, call, configs, _header(problem, configs, small), rest, code, kernels)
 
 
 def render(problem: level2.Problem, small: bool = False) -> str:

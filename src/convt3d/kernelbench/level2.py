@@ -21,11 +21,12 @@ from torch import nn
 import convt3d
 
 from ..core.epilogue import apply_torch, as_epilogue
+from ..core.flags import cudnn_conv_allows_tf32
 from ..engines.triton import finish
 from .problems import bind, find, select_ids
 
 __all__ = ["Problem", "PROBLEMS", "by_id", "parse_ids", "Reference", "ModelNew", "Conv", "DepthMeanConv", "PooledConv",
-           "Pool", "Reduce", "SubtractMean", "Norm"]
+           "DirectConv", "Pool", "Reduce", "SubtractMean", "Norm"]
 
 
 def _convt(x, weight, bias, stride, padding, output_padding, groups, dilation, program):
@@ -150,6 +151,44 @@ class PooledConv(Conv):
         w = F.avg_pool3d(F.pad(c.weight, pads).flatten(0, 1).unsqueeze(1), s).squeeze(1)
         w = w.unflatten(0, c.weight.shape[:2])
         return _convt(x, w, c.bias, 1, tuple(padding), 0, c.groups, 1, _resolve(self.steps, m, env, c.out_channels))
+
+
+class DirectConv(Conv):
+    """The model's ``conv_transpose`` of few channels computed directly with what follows it done in registers
+    (``finish.direct``), so that only the result is stored: ``steps`` on each output element, the pool ``pool``
+    (a module's name) where its windows are the stride's, softmax over the channels then ``mid``, ``channel_op``
+    over them, each plane's ``mean``, ``post`` last; ``keepdim=False`` drops the channel a channel_op leaves.
+    Layers the direct kernel does not take run as the stages this one stands for."""
+
+    def __init__(self, *steps, pool=None, softmax=False, mid=(), channel_op=None, mean=False, post=(), keepdim=True):
+        if mid and not softmax:
+            raise ValueError("DirectConv: mid steps follow the softmax")
+        self.steps, self.pool, self.softmax, self.mid, self.channel_op = steps, pool, softmax, mid, channel_op
+        self.mean, self.post, self.keepdim = mean, post, keepdim
+
+    pre = property(lambda self: self.steps)  # the program on each output element, as finishing stages name it
+
+    def __call__(self, m, x, env):
+        c, pool = m.conv_transpose, getattr(m, self.pool) if self.pool else None
+        fits = finish.direct_reason(x, c.weight, c.groups) is None and (pool is None or (
+            _plain_pool(pool) and _triple(pool.kernel_size) == _triple(pool.stride) == tuple(c.stride)))
+        if fits:
+            out = finish.direct(
+                x, c.weight, c.bias, c.stride, c.padding, c.output_padding, c.dilation,
+                tf32=x.is_cuda and x.dtype == torch.float32 and cudnn_conv_allows_tf32(),  # as cuDNN's
+                pool=pool and ("max" if isinstance(pool, nn.MaxPool3d) else "avg"),
+                pre=_resolve(self.steps, m, env, c.out_channels), softmax=self.softmax,
+                mid=_resolve(self.mid, m, env, c.out_channels), channel_op=self.channel_op, mean=self.mean,
+                post=_resolve(self.post, m, env, 1 if self.channel_op else c.out_channels))
+        else:  # the stages it stands for, ``post`` with the last
+            stages = ([lambda post: Pool(self.pool, post=post)] if pool else []) + \
+                ([lambda post: Reduce(1, "softmax", post=self.mid + post)] if self.softmax else []) + \
+                ([lambda post: Reduce(1, self.channel_op, post=post)] if self.channel_op else []) + \
+                ([lambda post: Reduce((2, 3, 4), "mean", post=post)] if self.mean else [])
+            out = Conv(*self.steps, *(() if stages else self.post))(m, x, env)
+            for k, stage in enumerate(stages):
+                out = stage(self.post if k == len(stages) - 1 else ())(m, out, env)
+        return out if self.keepdim else out.squeeze(1)
 
 
 class Reduce:
@@ -312,8 +351,8 @@ PROBLEMS: tuple[Problem, ...] = (
             lambda a: [("conv_transpose", _ct(a, *SP)), ("bias", _P(torch.randn(1, 1, 1, 1)))],
             lambda m, x: torch.clamp((y := torch.logsumexp(m.conv_transpose(x), dim=1, keepdim=True))
                                      * torch.sigmoid(y + 3) / 6 - m.bias, min=-1, max=1),
-            (Conv(), Reduce(1, "logsumexp", post=("save", ("add", 3), "sigmoid", "mul_saved", ("div", 6),
-                                                  ("add", "-bias"), ("clamp_min", -1), ("clamp_max", 1))))),
+            (DirectConv(channel_op="logsumexp", post=("save", ("add", 3), "sigmoid", "mul_saved", ("div", 6),
+                                                       ("add", "-bias"), ("clamp_min", -1), ("clamp_max", 1))),)),
     Problem(60, "60_ConvTranspose3d_Swish_GroupNorm_HardSwish", "stride, padding, groups, eps, bias=True",
             (3, 16, 3, 2, 1, 4, 1e-5), ((128, 3, 16, 32, 32),), ((3, 8, 3, 2, 1, 4, 1e-5), _IN),
             lambda a: [("conv_transpose", _ct(a, *SP, "bias")),
@@ -364,9 +403,8 @@ PROBLEMS: tuple[Problem, ...] = (
                 ("subtract", _P(torch.randn(a.out_channels)))],
             lambda m, x: torch.max(torch.sigmoid(y := torch.softmax(m.max_pool(m.conv_transpose(x)), dim=1)
                                                  - m.subtract.view(1, -1, 1, 1, 1)) * y, dim=1)[0],
-            (Conv(), Pool("max_pool"),
-             Reduce(1, "softmax", post=(("add", "-subtract"), "save", "sigmoid", "mul_saved")),
-             Reduce(1, "max", keepdim=False))),
+            (DirectConv(pool="max_pool", softmax=True, mid=(("add", "-subtract"), "save", "sigmoid", "mul_saved"),
+                        channel_op="max", keepdim=False),)),
     Problem(96, "96_ConvTranspose3d_Multiply_Max_GlobalAvgPool_Clamp", "stride, padding, scale, maxpool_kernel_size",
             (3, 16, 3, 2, 1, 0.5, 2), ((128, 3, 16, 32, 32),), ((3, 4, 3, 2, 1, 0.5, 2), _IN),
             lambda a: [("conv_transpose", _ct(a, *SP)), ("scale", a.scale),
@@ -374,7 +412,7 @@ PROBLEMS: tuple[Problem, ...] = (
                        ("global_avg_pool", nn.AdaptiveAvgPool3d((1, 1, 1))), ("clamp_min", 0), ("clamp_max", 1)],
             lambda m, x: torch.clamp(m.global_avg_pool(m.maxpool(m.conv_transpose(x) * m.scale)), min=m.clamp_min,
                                      max=m.clamp_max),
-            (Conv(("mul", "scale")), Pool("maxpool"), Reduce((2, 3, 4), "mean", post=_CLAMP))),
+            (DirectConv(("mul", "scale"), pool="maxpool", mean=True, post=_CLAMP),)),
     Problem(100, "100_ConvTranspose3d_Clamp_Min_Divide", "stride, padding, min_value, divisor",
             (64, 128, 3, 2, 1, -1.0, 2.0), ((16, 64, 24, 48, 48),), ((3, 4, 3, 2, 1, -1.0, 2.0), _IN),
             lambda a: [("conv_transpose", _ct(a, *SP)), ("min_value", a.min_value), ("divisor", a.divisor)],

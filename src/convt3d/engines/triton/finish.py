@@ -15,12 +15,16 @@ import triton
 from ...core.epilogue import Epilogue, as_epilogue
 from .kernels import finish as FK
 
-__all__ = ["reduce", "subtract_mean", "pool", "batch_norm", "group_norm"]
+__all__ = ["reduce", "subtract_mean", "pool", "batch_norm", "group_norm", "direct", "direct_reason"]
 
 REDUCE_OPS = ("sum", "mean", "max", "logsumexp", "softmax", "layer_norm")  # the axis kernel's MODE codes
 FINISH_TILE = 4096  # elements a program holds at once
 FINISH_BLOCK = 1024  # elements per step of the elementwise, moments and pooling kernels
 MOMENTS_CHUNK = 16 * FINISH_BLOCK  # elements per moments program: long rows split, so few rows fill the GPU
+DIRECT_REDUCE = ("sum", "max", "logsumexp")  # the direct kernel's RED codes 1-3
+DIRECT_MAX_CHANNELS = 64  # output channels a direct program holds: all of a position's
+DIRECT_MAX_PRODUCTS = 512  # input channels x taps, unrolled into the direct kernel's code
+DIRECT_CELLS, DIRECT_WARPS = 256, 4  # cells a direct program takes (fewer where channels are many), its warps
 
 
 def _finish_input(y, name: str) -> torch.Tensor:
@@ -34,10 +38,17 @@ def _finish_input(y, name: str) -> torch.Tensor:
 
 
 def _finish_programs(y, pre, post, out_shape, post_channels: int, name: str):
-    """The kernel operands of ``pre`` and ``post`` (scalars and per-channel table of each) and their
-    codes; an ``Epilogue`` validated elsewhere is checked again against this call's shapes."""
+    """The kernel operands of ``pre`` on ``y`` and ``post`` on the output (scalars and per-channel table
+    of each) and their codes."""
+    args, codes = _programs_of(y, ((pre, y.shape[1], y.shape, "pre"), (post, post_channels, out_shape, "post")), name)
+    return args, *codes
+
+
+def _programs_of(y, programs, name: str):
+    """Per (program, channels, shape, role): its kernel operands and code (``y``: the device); an
+    ``Epilogue`` validated elsewhere is checked again against this call's shapes."""
     args, codes = [], []
-    for p, channels, shape, what in ((pre, y.shape[1], y.shape, "pre"), (post, post_channels, out_shape, "post")):
+    for p, channels, shape, what in programs:
         if isinstance(p, Epilogue):
             p = [(s.name, s.operand) if s.form else s.name for s in p.steps]
         epi = as_epilogue(p, channels, tuple(shape))
@@ -45,7 +56,7 @@ def _finish_programs(y, pre, post, out_shape, post_channels: int, name: str):
             raise ValueError(f"{name}: a residual step is not allowed in {what} (these kernels read one tensor)")
         args += [epi.scalars(y.device), epi.channels(channels, y.device)]
         codes.append(epi.code)
-    return args, *codes
+    return args, codes
 
 
 def _finish_vector(t, n: int, what: str, name: str):
@@ -227,3 +238,71 @@ def group_norm(y, groups: int, weight=None, bias=None, eps: float = 1e-5, *, pre
     weight, bias = (_finish_vector(t, C, what, "group_norm") for t, what in ((weight, "weight"), (bias, "bias")))
     return _finish_normalize(y, N * groups, N * groups, 1, 0, C // groups, N * C, weight, bias, None, None, True,
                       0.0, eps, pre, post, "group_norm")
+
+
+def _out_size(n: int, k: int, s: int, p: int, op: int, d: int) -> int:
+    return (n - 1) * s - 2 * p + d * (k - 1) + op + 1
+
+
+def direct_reason(x, weight, groups: int = 1) -> str | None:
+    """Why ``direct`` does not compute this layer (it unrolls every input channel and tap and holds
+    every output channel of a position), or None."""
+    cin, cout = weight.shape[0], weight.shape[1] * groups
+    if groups != 1:
+        return f"groups={groups}: the direct kernel computes groups=1"
+    if cout > DIRECT_MAX_CHANNELS:
+        return f"{cout} output channels: the direct kernel holds at most {DIRECT_MAX_CHANNELS}"
+    if cin * math.prod(weight.shape[2:]) > DIRECT_MAX_PRODUCTS:
+        return (f"{cin} input channels x {math.prod(weight.shape[2:])} taps: the direct kernel unrolls at most "
+                f"{DIRECT_MAX_PRODUCTS}")
+    return None
+
+
+def direct(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation=1, *, tf32: bool = False,
+           pool: str | None = None, pre=None, softmax: bool = False, mid=None, channel_op: str | None = None,
+           post=None, mean: bool = False):
+    """``conv_transpose3d(x, weight, bias, stride, padding, output_padding, 1, dilation)`` of few channels
+    (``direct_reason``), computed directly in float32 (``tf32``: operands rounded to TF32 first) and
+    finished in registers: ``pre`` on every output element, ``pool`` ("max", "avg") over windows of the
+    stride (no overlap, floor mode), ``softmax`` over the channels, ``mid``, ``channel_op`` ("sum", "max",
+    "logsumexp") over the channels keeping a channel of one, then ``post``; ``mean`` averages each
+    (n, c) plane (the result is (N, C, 1, 1, 1), ``post`` after the mean). Only the result is stored."""
+    x = _finish_input(x, "direct")
+    why = direct_reason(x, weight)
+    if why is not None or weight.dim() != 5 or weight.shape[0] != x.shape[1]:
+        raise ValueError(f"direct: {why or f'weight of shape {tuple(weight.shape)} for input of {x.shape[1]} channels'}")
+    if pool not in (None, "max", "avg"):
+        raise ValueError(f"direct: pool must be None, 'max' or 'avg', but got {pool!r}")
+    if channel_op is not None and channel_op not in DIRECT_REDUCE:
+        raise ValueError(f"direct: channel_op must be None or one of {DIRECT_REDUCE}, but got {channel_op!r}")
+    geometry = [_pool_triple(v, what) if what != "padding" else
+                tuple(v) if isinstance(v, (tuple, list)) else (v,) * 3
+                for v, what in ((stride, "stride"), (padding, "padding"), (output_padding, "padding"),
+                                (dilation, "dilation"))]
+    s, p, op, d = geometry
+    N, cin, D, H, W = x.shape
+    cout, k = weight.shape[1], tuple(weight.shape[2:])
+    o = tuple(_out_size(*a) for a in zip((D, H, W), k, s, p, op, d))
+    q = tuple(n // st if pool else -(-n // st) for n, st in zip(o, s))  # cells: pooled positions, or stride spans
+    if min(o) <= 0 or min(q) <= 0:
+        raise RuntimeError(f"direct: output size {o}{' pooled to ' + str(q) if pool else ''} is too small")
+    c_res = 1 if channel_op else cout
+    conv_shape, res_shape = (N, cout, *o), (N, c_res, *(q if pool else o))
+    args, codes = _programs_of(x, ((pre, cout, conv_shape, "pre"), (mid, cout, conv_shape, "mid"),
+                                   (None if mean else post, c_res, res_shape, "post")), "direct")
+    block_c = triton.next_power_of_2(cout)
+    block_p = max(16, min(FINISH_TILE // block_c, DIRECT_CELLS, triton.next_power_of_2(math.prod(q))))
+    n_qblk = triton.cdiv(math.prod(q), block_p)
+    out = torch.empty((N, c_res, n_qblk, 1, 1) if mean else res_shape, dtype=torch.float32 if mean else x.dtype,
+                      device=x.device)
+    if out.numel() > 0:
+        FK.direct_kernel[(N * n_qblk,)](
+            x, weight.contiguous(), x if bias is None else bias.contiguous(), out, *args, D, H, W, *o, *q, n_qblk,
+            cout, c_res, 1.0 / math.prod(q if pool else o), CIN=cin, KD=k[0], KH=k[1], KW=k[2], SD=s[0], SH=s[1],
+            SW=s[2], PD=p[0], PH=p[1], PW=p[2], DD=d[0], DH=d[1], DW=d[2], HAS_B=bias is not None, TF32=tf32,
+            POOL=(None, "max", "avg").index(pool), SOFTMAX=softmax, RED=0 if channel_op is None else
+            1 + DIRECT_REDUCE.index(channel_op), MEAN=mean, PRE=codes[0], MID=codes[1], POST=codes[2], BLOCK_P=block_p,
+            BLOCK_C=block_c, BLOCK_R=1 if channel_op else block_c, num_warps=DIRECT_WARPS)
+    if not mean:
+        return out
+    return reduce(out, (2, 3, 4), "sum", post=post).to(x.dtype)

@@ -1,10 +1,11 @@
 """Finishing kernels (reductions, pooling, normalisations) on contiguous NCDHW (channel ``(offset // DHW) % C``) with
-elementwise programs on input (``PRE``) and output (``POST``; ``.epilogue``), exported verbatim: they import only
-``triton`` and ``.epilogue``."""
+elementwise programs on input (``PRE``) and output (``POST``; ``.epilogue``), and the direct transposed convolution
+of few channels with them fused, exported verbatim: they import only ``triton``, ``.epilogue`` and TF32 rounding."""
 import triton
 import triton.language as tl
 
 from .epilogue import apply_epilogue
+from .phase_gemm import _round_tf32
 
 
 @triton.jit
@@ -201,3 +202,135 @@ def pool_kernel(x_ptr, out_ptr, pre_s, pre_c, post_s, post_c, C, D, H, W, OD, OH
         acc = acc / (KD * KH * KW)
     acc = apply_epilogue(acc, c, c < C, x_ptr, ok, post_s, post_c, C, POST)
     tl.store(out_ptr + plane * OD * OH * OW + p, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _direct_offset(x_ptr, w_ptr, x_base, qd, qh, qw, q_ok, c, c_ok, D, H, W, C_out,
+                   RD: tl.constexpr, RH: tl.constexpr, RW: tl.constexpr, CIN: tl.constexpr,
+                   KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SD: tl.constexpr, SH: tl.constexpr,
+                   SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, DD: tl.constexpr,
+                   DH: tl.constexpr, DW: tl.constexpr, TF32: tl.constexpr, BLOCK_P: tl.constexpr,
+                   BLOCK_C: tl.constexpr):
+    """The layer's output at offset (RD, RH, RW) of cells (qd, qh, qw) (output ``q * S + R``), all channels: only the
+    taps j with ``R + P - j * dilation`` a multiple of S reach it, from input ``q + (R + P - j * dilation) // S``, so
+    the taps are chosen at compile time and each is an outer product of an input column and a weight row."""
+    acc = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
+    for jd in tl.static_range(KD):
+        if (RD + PD - jd * DD) % SD == 0:
+            idd = qd + (RD + PD - jd * DD) // SD
+            for jh in tl.static_range(KH):
+                if (RH + PH - jh * DH) % SH == 0:
+                    ihh = qh + (RH + PH - jh * DH) // SH
+                    for jw in tl.static_range(KW):
+                        if (RW + PW - jw * DW) % SW == 0:
+                            iww = qw + (RW + PW - jw * DW) // SW
+                            ok = q_ok & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H) & (iww >= 0) & (iww < W)
+                            off = x_base + (idd * H + ihh) * W + iww
+                            for ci in tl.static_range(CIN):
+                                xv = tl.load(x_ptr + off + ci * D * H * W, mask=ok, other=0.0).to(tl.float32)
+                                wv = tl.load(w_ptr + (ci * C_out + c) * (KD * KH * KW) + (jd * KH + jh) * KW + jw,
+                                             mask=c_ok, other=0.0).to(tl.float32)
+                                if TF32:
+                                    xv = _round_tf32(xv)
+                                    wv = _round_tf32(wv)
+                                acc += xv[:, None] * wv[None, :]
+    return acc
+
+
+@triton.jit
+def _direct_tail(v, c, c_ok, cr, pos_ok, mid_s, mid_c, post_s, post_c, C_out, C_res,
+                 SOFTMAX: tl.constexpr, RED: tl.constexpr, MID: tl.constexpr, POST: tl.constexpr,
+                 POST_HERE: tl.constexpr):
+    """After pooling: softmax over the channels, ``mid``, a reduction over them (RED 1-3: sum, max, logsumexp, into
+    channel ``cr`` = [0]), then ``post`` where it is not left to the mean (POST_HERE)."""
+    ok = pos_ok[:, None] & c_ok[None, :]
+    if SOFTMAX:
+        m = tl.max(tl.where(c_ok[None, :], v, float("-inf")), axis=1)
+        e = tl.where(c_ok[None, :], tl.exp(v - m[:, None]), 0.0)
+        v = e / tl.sum(e, axis=1)[:, None]
+    v = apply_epilogue(v, c[None, :], ok, mid_s, ok, mid_s, mid_c, C_out, MID)
+    if RED == 1:
+        v = tl.sum(tl.where(c_ok[None, :], v, 0.0), axis=1)[:, None]
+    if RED == 2:
+        v = tl.max(tl.where(c_ok[None, :], v, float("-inf")), axis=1)[:, None]
+    if RED == 3:
+        m = tl.max(tl.where(c_ok[None, :], v, float("-inf")), axis=1)
+        v = (m + tl.log(tl.sum(tl.where(c_ok[None, :], tl.exp(v - m[:, None]), 0.0), axis=1)))[:, None]
+    if POST_HERE:
+        ok = pos_ok[:, None] & (cr < C_res)[None, :]
+        v = apply_epilogue(v, cr[None, :], ok, post_s, ok, post_s, post_c, C_res, POST)
+    return v
+
+
+@triton.jit
+def direct_kernel(x_ptr, w_ptr, b_ptr, out_ptr, pre_s, pre_c, mid_s, mid_c, post_s, post_c,
+                  D, H, W, OD, OH, OW, QD, QH, QW, n_qblk, C_out, C_res, inv_count,
+                  CIN: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                  SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr,
+                  PW: tl.constexpr, DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+                  HAS_B: tl.constexpr, TF32: tl.constexpr, POOL: tl.constexpr, SOFTMAX: tl.constexpr,
+                  RED: tl.constexpr, MEAN: tl.constexpr, PRE: tl.constexpr, MID: tl.constexpr,
+                  POST: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    """A transposed convolution of few channels (NCDHW, groups 1), a program BLOCK_P cells of sample n (a cell: the
+    S outputs a stride spans per dim) by all output channels, ``pre`` on each output element, then per cell a max
+    (POOL 1) or average (POOL 2) over it or (POOL 0) each output alone, then ``_direct_tail``. Stores the result,
+    or (MEAN) the block's sum of it times ``inv_count`` at ``out[(n * C_res + c) * n_qblk + block]``."""
+    pid = tl.program_id(0)
+    n = pid // n_qblk
+    qb = pid % n_qblk
+    q = qb * BLOCK_P + tl.arange(0, BLOCK_P)
+    q_ok = q < QD * QH * QW
+    qd = q // (QH * QW)
+    qh = (q // QW) % QH
+    qw = q % QW
+    c = tl.arange(0, BLOCK_C)
+    c_ok = c < C_out
+    x_base = n.to(tl.int64) * CIN * D * H * W
+    if POOL > 0:
+        out_base = out_ptr + n.to(tl.int64) * C_res * (QD * QH * QW)
+    else:
+        out_base = out_ptr + n.to(tl.int64) * C_res * (OD * OH * OW)
+    cr = tl.arange(0, BLOCK_R)  # the result's channels: all, or the one a reduction leaves
+    cr_ok = cr < C_res
+    bias = tl.zeros([BLOCK_C], tl.float32)
+    if HAS_B:
+        bias = tl.load(b_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    ok = q_ok[:, None] & c_ok[None, :]
+    total = tl.zeros([BLOCK_R], tl.float32)
+    pooled = tl.full([BLOCK_P, BLOCK_C], float("-inf") if POOL == 1 else 0.0, tl.float32)
+    for rd in tl.static_range(SD):
+        for rh in tl.static_range(SH):
+            for rw in tl.static_range(SW):
+                v = _direct_offset(x_ptr, w_ptr, x_base, qd, qh, qw, q_ok, c, c_ok, D, H, W, C_out, rd, rh, rw,
+                                   CIN, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, TF32, BLOCK_P, BLOCK_C)
+                v = apply_epilogue(v + bias[None, :], c[None, :], ok, pre_s, ok, pre_s, pre_c, C_out, PRE)
+                if POOL == 1:
+                    pooled = tl.maximum(pooled, v)
+                if POOL == 2:
+                    pooled += v
+                if POOL == 0:
+                    od = qd * SD + rd
+                    oh = qh * SH + rh
+                    ow = qw * SW + rw
+                    o_ok = q_ok & (od < OD) & (oh < OH) & (ow < OW)
+                    r = _direct_tail(v, c, c_ok, cr, o_ok, mid_s, mid_c, post_s, post_c, C_out, C_res, SOFTMAX,
+                                     RED, MID, POST, MEAN == 0)
+                    st = o_ok[:, None] & cr_ok[None, :]
+                    if MEAN:
+                        total += tl.sum(tl.where(st, r, 0.0), axis=0)
+                    else:
+                        o = (od * OH + oh) * OW + ow
+                        tl.store(out_base + cr[None, :] * (OD * OH * OW) + o[:, None],
+                                 r.to(out_ptr.dtype.element_ty), mask=st)
+    if POOL > 0:
+        if POOL == 2:
+            pooled = pooled / (SD * SH * SW)
+        r = _direct_tail(pooled, c, c_ok, cr, q_ok, mid_s, mid_c, post_s, post_c, C_out, C_res, SOFTMAX, RED,
+                         MID, POST, MEAN == 0)
+        st = q_ok[:, None] & cr_ok[None, :]
+        if MEAN:
+            total += tl.sum(tl.where(st, r, 0.0), axis=0)
+        else:
+            tl.store(out_base + cr[None, :] * (QD * QH * QW) + q[:, None], r.to(out_ptr.dtype.element_ty), mask=st)
+    if MEAN:
+        tl.store(out_ptr + (n * C_res + cr).to(tl.int64) * n_qblk + qb, total * inv_count, mask=cr_ok)
