@@ -173,31 +173,32 @@ def axis_kernel(x_ptr, out_ptr, w_ptr, b_ptr, pre_s, pre_c, post_s, post_c, R, I
 
 
 @triton.jit
-def _direct_offset(x_ptr, w_ptr, x_base, qd, qh, qw, q_ok, c, c_ok, D, H, W, C_out,
-                   RD: tl.constexpr, RH: tl.constexpr, RW: tl.constexpr, CIN: tl.constexpr,
+def _direct_offset(x_ptr, w_ptr, x_base, qd, qh, qw, q_ok, c, c_ok, C_in, D, H, W, C_out,
+                   RD: tl.constexpr, RH: tl.constexpr, RW: tl.constexpr,
                    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SD: tl.constexpr, SH: tl.constexpr,
                    SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, DD: tl.constexpr,
                    DH: tl.constexpr, DW: tl.constexpr, TF32: tl.constexpr, BLOCK_P: tl.constexpr,
                    BLOCK_C: tl.constexpr):
     """The layer's output at offset (RD, RH, RW) of cells (qd, qh, qw) (output ``q * S + R``), all channels: only the
     taps j with ``R + P - j * dilation`` a multiple of S reach it, from input ``q + (R + P - j * dilation) // S``, so
-    the taps are chosen at compile time and each is an outer product of an input column and a weight row."""
+    the taps are chosen at compile time and each is an outer product of an input column and a weight row. The input
+    channels are a run-time loop: unrolled, the compiler hoists every load at once and spills."""
     acc = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
-    for jd in tl.static_range(KD):
-        if (RD + PD - jd * DD) % SD == 0:
-            idd = qd + (RD + PD - jd * DD) // SD
-            for jh in tl.static_range(KH):
-                if (RH + PH - jh * DH) % SH == 0:
-                    ihh = qh + (RH + PH - jh * DH) // SH
-                    for jw in tl.static_range(KW):
-                        if (RW + PW - jw * DW) % SW == 0:
-                            iww = qw + (RW + PW - jw * DW) // SW
-                            ok = q_ok & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H) & (iww >= 0) & (iww < W)
-                            off = x_base + (idd * H + ihh) * W + iww
-                            for ci in tl.static_range(CIN):
-                                xv = tl.load(x_ptr + off + ci * D * H * W, mask=ok, other=0.0).to(tl.float32)
-                                wv = tl.load(w_ptr + (ci * C_out + c) * (KD * KH * KW) + (jd * KH + jh) * KW + jw,
-                                             mask=c_ok, other=0.0).to(tl.float32)
+    for ci in range(C_in):
+        x_c = x_ptr + x_base + ci * D * H * W
+        w_c = w_ptr + (ci * C_out + c) * (KD * KH * KW)
+        for jd in tl.static_range(KD):
+            if (RD + PD - jd * DD) % SD == 0:
+                idd = qd + (RD + PD - jd * DD) // SD
+                for jh in tl.static_range(KH):
+                    if (RH + PH - jh * DH) % SH == 0:
+                        ihh = qh + (RH + PH - jh * DH) // SH
+                        for jw in tl.static_range(KW):
+                            if (RW + PW - jw * DW) % SW == 0:
+                                iww = qw + (RW + PW - jw * DW) // SW
+                                ok = q_ok & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H) & (iww >= 0) & (iww < W)
+                                xv = tl.load(x_c + (idd * H + ihh) * W + iww, mask=ok, other=0.0).to(tl.float32)
+                                wv = tl.load(w_c + (jd * KH + jh) * KW + jw, mask=c_ok, other=0.0).to(tl.float32)
                                 if TF32:
                                     xv = _round_tf32(xv)
                                     wv = _round_tf32(wv)
@@ -232,8 +233,8 @@ def _direct_tail(v, c, c_ok, cr, pos_ok, mid_s, mid_c, post_s, post_c, C_out, C_
 
 @triton.jit
 def direct_kernel(x_ptr, w_ptr, b_ptr, out_ptr, pre_s, pre_c, mid_s, mid_c, post_s, post_c,
-                  D, H, W, OD, OH, OW, QD, QH, QW, n_qblk, C_out, C_res, inv_count,
-                  CIN: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                  C_in, D, H, W, OD, OH, OW, QD, QH, QW, n_qblk, C_out, C_res, inv_count,
+                  KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                   SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr,
                   PW: tl.constexpr, DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
                   HAS_B: tl.constexpr, TF32: tl.constexpr, POOL: tl.constexpr, SOFTMAX: tl.constexpr,
@@ -253,7 +254,7 @@ def direct_kernel(x_ptr, w_ptr, b_ptr, out_ptr, pre_s, pre_c, mid_s, mid_c, post
     qw = q % QW
     c = tl.arange(0, BLOCK_C)
     c_ok = c < C_out
-    x_base = n.to(tl.int64) * CIN * D * H * W
+    x_base = n.to(tl.int64) * C_in * D * H * W
     if POOL > 0:
         out_base = out_ptr + n.to(tl.int64) * C_res * (QD * QH * QW)
     else:
@@ -269,8 +270,8 @@ def direct_kernel(x_ptr, w_ptr, b_ptr, out_ptr, pre_s, pre_c, mid_s, mid_c, post
     for rd in tl.static_range(SD):
         for rh in tl.static_range(SH):
             for rw in tl.static_range(SW):
-                v = _direct_offset(x_ptr, w_ptr, x_base, qd, qh, qw, q_ok, c, c_ok, D, H, W, C_out, rd, rh, rw,
-                                   CIN, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, TF32, BLOCK_P, BLOCK_C)
+                v = _direct_offset(x_ptr, w_ptr, x_base, qd, qh, qw, q_ok, c, c_ok, C_in, D, H, W, C_out, rd, rh,
+                                   rw, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, TF32, BLOCK_P, BLOCK_C)
                 v = apply_epilogue(v + bias[None, :], c[None, :], ok, pre_s, ok, pre_s, pre_c, C_out, PRE)
                 if POOL == 1:
                     pooled = tl.maximum(pooled, v)
@@ -437,16 +438,16 @@ class ModelNew(torch.nn.Module):
         precision = forward_precision()
         x = _expect(x, (128, 3, 16, 32, 32))
         s0, c0 = _program(x.device, 16, ("s", self.scale))
-        t1 = torch.empty((128, 16, 57, 1, 1), dtype=torch.float32, device=x.device)
-        direct_kernel[(7296,)](x, self.conv_transpose.weight, self.conv_transpose.bias, t1, s0, c0, x, x, x, x, 16, 32,
-                               32, 31, 63, 63, 15, 31, 31, 57, 16, 16, 6.937218175511619e-05, CIN=3, KD=3, KH=3, KW=3,
-                               SD=2, SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1, HAS_B=True,
-                               TF32=precision == "tf32" and x.is_cuda, POOL=1, SOFTMAX=False, RED=0, MEAN=True, PRE=1,
-                               MID=0, POST=0, BLOCK_P=256, BLOCK_C=16, BLOCK_R=16, num_warps=4)
+        t1 = torch.empty((128, 16, 113, 1, 1), dtype=torch.float32, device=x.device)
+        direct_kernel[(14464,)](x, self.conv_transpose.weight, self.conv_transpose.bias, t1, s0, c0, x, x, x, x, 3, 16,
+                                32, 32, 31, 63, 63, 15, 31, 31, 113, 16, 16, 6.937218175511619e-05, KD=3, KH=3, KW=3,
+                                SD=2, SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1, HAS_B=True,
+                                TF32=precision == "tf32" and x.is_cuda, POOL=1, SOFTMAX=False, RED=0, MEAN=True, PRE=1,
+                                MID=0, POST=0, BLOCK_P=128, BLOCK_C=16, BLOCK_R=16, num_warps=4)
         s2, c2 = _program(x.device, 16, ("s", self.clamp_min), ("s", self.clamp_max))
         y0 = torch.empty((128, 16, 1, 1, 1), dtype=torch.float32, device=x.device)
-        axis_kernel[(32,)](t1, y0, t1, t1, t1, t1, s2, c2, 57, 2048, 32, 0, 1, 57, 57, 16, 16, 1e-05, MODE=0, PRE=0,
-                           POST=230, HAS_W=False, HAS_B=False, BLOCK_R=64, BLOCK_I=64)
+        axis_kernel[(64,)](t1, y0, t1, t1, t1, t1, s2, c2, 113, 2048, 64, 0, 1, 113, 113, 16, 16, 1e-05, MODE=0, PRE=0,
+                           POST=230, HAS_W=False, HAS_B=False, BLOCK_R=128, BLOCK_I=32)
         return y0
 
 

@@ -305,7 +305,7 @@ def test_direct_reason_names_the_limit():
     assert FIN.direct_reason(x, torch.randn(3, 16, 3, 3, 3)) is None
     assert "groups=3" in FIN.direct_reason(x, torch.randn(3, 4, 3, 3, 3), groups=3)
     assert "65 output channels" in FIN.direct_reason(x, torch.randn(3, 65, 1, 1, 1))
-    assert "unrolls at most" in FIN.direct_reason(torch.randn(1, 32, 2, 2, 2), torch.randn(32, 4, 3, 3, 3))
+    assert "takes at most" in FIN.direct_reason(torch.randn(1, 32, 2, 2, 2), torch.randn(32, 4, 3, 3, 3))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
@@ -432,13 +432,13 @@ COMPILES = [("axis_kernel", "fp16", dict(MODE=m, PRE=PROG, POST=1 | (4 << 5), HA
     ("affine_kernel", "bf16", dict(PRE=PROG, POST=PROG, BLOCK=1024)),
     ("pool_kernel", "fp16", dict(KD=2, KH=3, KW=2, MAX=True, PRE=PROG, POST=PROG, BLOCK=256)),
     ("pool_kernel", "fp32", dict(KD=2, KH=2, KW=2, MAX=False, PRE=0, POST=0, BLOCK=1024)),
-    ("direct_kernel", "fp32", dict(CIN=3, KD=3, KH=3, KW=3, SD=2, SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1,
+    ("direct_kernel", "fp32", dict(KD=3, KH=3, KW=3, SD=2, SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1,
                                    HAS_B=True, TF32=True, POOL=1, SOFTMAX=True, RED=2, MEAN=False, PRE=PROG, MID=PROG,
                                    POST=1, BLOCK_P=256, BLOCK_C=16, BLOCK_R=1)),
-    ("direct_kernel", "bf16", dict(CIN=3, KD=3, KH=3, KW=3, SD=2, SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1,
+    ("direct_kernel", "bf16", dict(KD=3, KH=3, KW=3, SD=2, SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1,
                                    HAS_B=False, TF32=False, POOL=0, SOFTMAX=False, RED=0, MEAN=True, PRE=PROG, MID=0,
                                    POST=0, BLOCK_P=128, BLOCK_C=16, BLOCK_R=16)),
-    ("direct_kernel", "fp16", dict(CIN=2, KD=1, KH=3, KW=4, SD=1, SH=2, SW=3, PD=0, PH=1, PW=2, DD=1, DH=2, DW=1,
+    ("direct_kernel", "fp16", dict(KD=1, KH=3, KW=4, SD=1, SH=2, SW=3, PD=0, PH=1, PW=2, DD=1, DH=2, DW=1,
                                    HAS_B=True, TF32=False, POOL=2, SOFTMAX=False, RED=3, MEAN=False, PRE=0, MID=0,
                                    POST=PROG, BLOCK_P=64, BLOCK_C=4, BLOCK_R=1)),
 ]

@@ -23,8 +23,8 @@ FINISH_BLOCK = 1024  # elements per step of the elementwise, moments and pooling
 MOMENTS_CHUNK = 16 * FINISH_BLOCK  # elements per moments program: long rows split, so few rows fill the GPU
 DIRECT_REDUCE = ("sum", "max", "logsumexp")  # the direct kernel's RED codes 1-3
 DIRECT_MAX_CHANNELS = 64  # output channels a direct program holds: all of a position's
-DIRECT_MAX_PRODUCTS = 512  # input channels x taps, unrolled into the direct kernel's code
-DIRECT_CELLS, DIRECT_WARPS = 256, 4  # cells a direct program takes (fewer where channels are many), its warps
+DIRECT_MAX_PRODUCTS = 512  # input channels x taps: the direct kernel's FMA work per output, kept small
+DIRECT_CELLS, DIRECT_WARPS = 128, 4  # cells a direct program takes (fewer where channels are many), its warps: no spills
 
 
 def _finish_input(y, name: str) -> torch.Tensor:
@@ -245,7 +245,7 @@ def _out_size(n: int, k: int, s: int, p: int, op: int, d: int) -> int:
 
 
 def direct_reason(x, weight, groups: int = 1) -> str | None:
-    """Why ``direct`` does not compute this layer (it unrolls every input channel and tap and holds
+    """Why ``direct`` does not compute this layer (it loops over every input channel and tap and holds
     every output channel of a position), or None."""
     cin, cout = weight.shape[0], weight.shape[1] * groups
     if groups != 1:
@@ -253,7 +253,7 @@ def direct_reason(x, weight, groups: int = 1) -> str | None:
     if cout > DIRECT_MAX_CHANNELS:
         return f"{cout} output channels: the direct kernel holds at most {DIRECT_MAX_CHANNELS}"
     if cin * math.prod(weight.shape[2:]) > DIRECT_MAX_PRODUCTS:
-        return (f"{cin} input channels x {math.prod(weight.shape[2:])} taps: the direct kernel unrolls at most "
+        return (f"{cin} input channels x {math.prod(weight.shape[2:])} taps: the direct kernel takes at most "
                 f"{DIRECT_MAX_PRODUCTS}")
     return None
 
@@ -297,8 +297,8 @@ def direct(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation
                       device=x.device)
     if out.numel() > 0:
         FK.direct_kernel[(N * n_qblk,)](
-            x, weight.contiguous(), x if bias is None else bias.contiguous(), out, *args, D, H, W, *o, *q, n_qblk,
-            cout, c_res, 1.0 / math.prod(q if pool else o), CIN=cin, KD=k[0], KH=k[1], KW=k[2], SD=s[0], SH=s[1],
+            x, weight.contiguous(), x if bias is None else bias.contiguous(), out, *args, cin, D, H, W, *o, *q,
+            n_qblk, cout, c_res, 1.0 / math.prod(q if pool else o), KD=k[0], KH=k[1], KW=k[2], SD=s[0], SH=s[1],
             SW=s[2], PD=p[0], PH=p[1], PW=p[2], DD=d[0], DH=d[1], DW=d[2], HAS_B=bias is not None, TF32=tf32,
             POOL=(None, "max", "avg").index(pool), SOFTMAX=softmax, RED=0 if channel_op is None else
             1 + DIRECT_REDUCE.index(channel_op), MEAN=mean, PRE=codes[0], MID=codes[1], POST=codes[2], BLOCK_P=block_p,

@@ -205,31 +205,32 @@ def pool_kernel(x_ptr, out_ptr, pre_s, pre_c, post_s, post_c, C, D, H, W, OD, OH
 
 
 @triton.jit
-def _direct_offset(x_ptr, w_ptr, x_base, qd, qh, qw, q_ok, c, c_ok, D, H, W, C_out,
-                   RD: tl.constexpr, RH: tl.constexpr, RW: tl.constexpr, CIN: tl.constexpr,
+def _direct_offset(x_ptr, w_ptr, x_base, qd, qh, qw, q_ok, c, c_ok, C_in, D, H, W, C_out,
+                   RD: tl.constexpr, RH: tl.constexpr, RW: tl.constexpr,
                    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SD: tl.constexpr, SH: tl.constexpr,
                    SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, DD: tl.constexpr,
                    DH: tl.constexpr, DW: tl.constexpr, TF32: tl.constexpr, BLOCK_P: tl.constexpr,
                    BLOCK_C: tl.constexpr):
     """The layer's output at offset (RD, RH, RW) of cells (qd, qh, qw) (output ``q * S + R``), all channels: only the
     taps j with ``R + P - j * dilation`` a multiple of S reach it, from input ``q + (R + P - j * dilation) // S``, so
-    the taps are chosen at compile time and each is an outer product of an input column and a weight row."""
+    the taps are chosen at compile time and each is an outer product of an input column and a weight row. The input
+    channels are a run-time loop: unrolled, the compiler hoists every load at once and spills."""
     acc = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
-    for jd in tl.static_range(KD):
-        if (RD + PD - jd * DD) % SD == 0:
-            idd = qd + (RD + PD - jd * DD) // SD
-            for jh in tl.static_range(KH):
-                if (RH + PH - jh * DH) % SH == 0:
-                    ihh = qh + (RH + PH - jh * DH) // SH
-                    for jw in tl.static_range(KW):
-                        if (RW + PW - jw * DW) % SW == 0:
-                            iww = qw + (RW + PW - jw * DW) // SW
-                            ok = q_ok & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H) & (iww >= 0) & (iww < W)
-                            off = x_base + (idd * H + ihh) * W + iww
-                            for ci in tl.static_range(CIN):
-                                xv = tl.load(x_ptr + off + ci * D * H * W, mask=ok, other=0.0).to(tl.float32)
-                                wv = tl.load(w_ptr + (ci * C_out + c) * (KD * KH * KW) + (jd * KH + jh) * KW + jw,
-                                             mask=c_ok, other=0.0).to(tl.float32)
+    for ci in range(C_in):
+        x_c = x_ptr + x_base + ci * D * H * W
+        w_c = w_ptr + (ci * C_out + c) * (KD * KH * KW)
+        for jd in tl.static_range(KD):
+            if (RD + PD - jd * DD) % SD == 0:
+                idd = qd + (RD + PD - jd * DD) // SD
+                for jh in tl.static_range(KH):
+                    if (RH + PH - jh * DH) % SH == 0:
+                        ihh = qh + (RH + PH - jh * DH) // SH
+                        for jw in tl.static_range(KW):
+                            if (RW + PW - jw * DW) % SW == 0:
+                                iww = qw + (RW + PW - jw * DW) // SW
+                                ok = q_ok & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H) & (iww >= 0) & (iww < W)
+                                xv = tl.load(x_c + (idd * H + ihh) * W + iww, mask=ok, other=0.0).to(tl.float32)
+                                wv = tl.load(w_c + (jd * KH + jh) * KW + jw, mask=c_ok, other=0.0).to(tl.float32)
                                 if TF32:
                                     xv = _round_tf32(xv)
                                     wv = _round_tf32(wv)
@@ -264,8 +265,8 @@ def _direct_tail(v, c, c_ok, cr, pos_ok, mid_s, mid_c, post_s, post_c, C_out, C_
 
 @triton.jit
 def direct_kernel(x_ptr, w_ptr, b_ptr, out_ptr, pre_s, pre_c, mid_s, mid_c, post_s, post_c,
-                  D, H, W, OD, OH, OW, QD, QH, QW, n_qblk, C_out, C_res, inv_count,
-                  CIN: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                  C_in, D, H, W, OD, OH, OW, QD, QH, QW, n_qblk, C_out, C_res, inv_count,
+                  KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                   SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr,
                   PW: tl.constexpr, DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
                   HAS_B: tl.constexpr, TF32: tl.constexpr, POOL: tl.constexpr, SOFTMAX: tl.constexpr,
@@ -285,7 +286,7 @@ def direct_kernel(x_ptr, w_ptr, b_ptr, out_ptr, pre_s, pre_c, mid_s, mid_c, post
     qw = q % QW
     c = tl.arange(0, BLOCK_C)
     c_ok = c < C_out
-    x_base = n.to(tl.int64) * CIN * D * H * W
+    x_base = n.to(tl.int64) * C_in * D * H * W
     if POOL > 0:
         out_base = out_ptr + n.to(tl.int64) * C_res * (QD * QH * QW)
     else:
@@ -301,8 +302,8 @@ def direct_kernel(x_ptr, w_ptr, b_ptr, out_ptr, pre_s, pre_c, mid_s, mid_c, post
     for rd in tl.static_range(SD):
         for rh in tl.static_range(SH):
             for rw in tl.static_range(SW):
-                v = _direct_offset(x_ptr, w_ptr, x_base, qd, qh, qw, q_ok, c, c_ok, D, H, W, C_out, rd, rh, rw,
-                                   CIN, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, TF32, BLOCK_P, BLOCK_C)
+                v = _direct_offset(x_ptr, w_ptr, x_base, qd, qh, qw, q_ok, c, c_ok, C_in, D, H, W, C_out, rd, rh,
+                                   rw, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, TF32, BLOCK_P, BLOCK_C)
                 v = apply_epilogue(v + bias[None, :], c[None, :], ok, pre_s, ok, pre_s, pre_c, C_out, PRE)
                 if POOL == 1:
                     pooled = tl.maximum(pooled, v)
