@@ -13,6 +13,7 @@ import torch
 import triton
 
 from ...core.epilogue import Epilogue, as_epilogue
+from ...core.memo import memo
 from .kernels import finish as FK
 
 __all__ = ["reduce", "subtract_mean", "pool", "batch_norm", "group_norm", "direct", "direct_reason"]
@@ -21,10 +22,11 @@ REDUCE_OPS = ("sum", "mean", "max", "logsumexp", "softmax", "layer_norm")  # the
 FINISH_TILE = 4096  # elements a program holds at once
 FINISH_BLOCK = 1024  # elements per step of the elementwise, moments and pooling kernels
 MOMENTS_CHUNK = 16 * FINISH_BLOCK  # elements per moments program: long rows split, so few rows fill the GPU
+_PROGRAMS = memo("finish.programs")  # (device, channels, signature, operands) -> a program's kernel operands
 DIRECT_REDUCE = ("sum", "max", "logsumexp")  # the direct kernel's RED codes 1-3
 DIRECT_MAX_CHANNELS = 64  # output channels a direct program holds: all of a position's
 DIRECT_MAX_PRODUCTS = 512  # input channels x taps: the direct kernel's FMA work per output, kept small
-DIRECT_CELLS, DIRECT_WARPS = 128, 4  # cells a direct program takes (fewer where channels are many), its warps: no spills
+DIRECT_CELLS, DIRECT_WARPS = 128, 4  # cells and warps of a direct program (fewer cells for many channels)
 
 
 def _finish_input(y, name: str) -> torch.Tensor:
@@ -54,7 +56,15 @@ def _programs_of(y, programs, name: str):
         epi = as_epilogue(p, channels, tuple(shape))
         if epi.residual is not None:
             raise ValueError(f"{name}: a residual step is not allowed in {what} (these kernels read one tensor)")
-        args += [epi.scalars(y.device), epi.channels(channels, y.device)]
+        # A program of numbers is made once per device: its tables would be a host-to-device copy a call.
+        key = None if any(isinstance(st.operand, torch.Tensor) for st in epi.steps) else \
+            (str(y.device), channels, epi.signature, tuple(st.operand for st in epi.steps))
+        made = _PROGRAMS.get(key) if key is not None else None
+        if made is None:
+            made = [epi.scalars(y.device), epi.channels(channels, y.device)]
+            if key is not None:
+                _PROGRAMS[key] = made
+        args += made
         codes.append(epi.code)
     return args, codes
 
@@ -270,7 +280,8 @@ def direct(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation
     x = _finish_input(x, "direct")
     why = direct_reason(x, weight)
     if why is not None or weight.dim() != 5 or weight.shape[0] != x.shape[1]:
-        raise ValueError(f"direct: {why or f'weight of shape {tuple(weight.shape)} for input of {x.shape[1]} channels'}")
+        why = why or f"weight of shape {tuple(weight.shape)} for input of {x.shape[1]} channels"
+        raise ValueError(f"direct: {why}")
     if pool not in (None, "max", "avg"):
         raise ValueError(f"direct: pool must be None, 'max' or 'avg', but got {pool!r}")
     if channel_op is not None and channel_op not in DIRECT_REDUCE:
