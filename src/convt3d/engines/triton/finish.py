@@ -282,6 +282,9 @@ def direct(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation
     if why is not None or weight.dim() != 5 or weight.shape[0] != x.shape[1]:
         why = why or f"weight of shape {tuple(weight.shape)} for input of {x.shape[1]} channels"
         raise ValueError(f"direct: {why}")
+    if weight.dtype != x.dtype or (bias is not None and (bias.dtype != x.dtype or bias.numel() != weight.shape[1])):
+        raise RuntimeError(f"direct: input ({x.dtype}), weight ({weight.dtype}) and bias must share a dtype, and "
+                           f"bias must have {weight.shape[1]} elements")
     if pool not in (None, "max", "avg"):
         raise ValueError(f"direct: pool must be None, 'max' or 'avg', but got {pool!r}")
     if channel_op is not None and channel_op not in DIRECT_REDUCE:
