@@ -208,6 +208,25 @@ def test_pooled_conv_falls_back_to_the_pool_where_windows_differ_from_the_stride
     assert torch.allclose(y, want, atol=1e-5, rtol=1e-5)
 
 
+
+@requires_interpreter
+@pytest.mark.parametrize("pool", [nn.MaxPool3d(kernel_size=3), None], ids=["pool-window-not-the-stride", "no-pool"])
+@pytest.mark.parametrize("cout", [4, 72], ids=["direct-kernel", "over-64-channels"])
+def test_direct_conv_matches_the_stages_it_stands_for(pool, cout):
+    """Where the direct kernel takes the layer and where it does not (the stages then run one by one)."""
+    m = nn.Module()
+    m.conv_transpose = nn.ConvTranspose3d(3, cout, 3, stride=2, padding=1)
+    m.pool = pool
+    x = torch.rand(1, 3, 4, 5, 6)
+    stage = level2.DirectConv(("mul", 0.5), pool="pool" if pool else None, softmax=True, mid=("sigmoid",),
+                              channel_op="max", mean=True, post=(("add", 1.0),))
+    with torch.no_grad():
+        y = stage(m, x, {})
+        want = m.double().conv_transpose(x.double()) * 0.5
+        want = torch.sigmoid(torch.softmax(pool(want) if pool else want, 1)).amax(1, keepdim=True)
+        want = want.mean((2, 3, 4), keepdim=True) + 1.0
+    assert y.shape == want.shape and torch.allclose(y.double(), want, atol=1e-5, rtol=1e-5)
+
 # ---------------------------------------------------------------------------------------------
 # The evaluator
 # ---------------------------------------------------------------------------------------------

@@ -281,7 +281,7 @@ def _model_new_source(problem: Problem) -> str:
 # ---- the header, the imports, the file ----------------------------------------------------------------
 def header_lines(level: int, problem, provenance: list[str], configs, notes: list[str], about: str) -> list[Line]:
     """MARKER, ``provenance``, a line per candidate (its ``notes``), then the docstring: ``about`` as a paragraph."""
-    width = max(len(cfg.short()) for cfg, _ in configs)
+    width = max((len(cfg.short()) for cfg, _ in configs), default=0)
     lines = provenance + [f"#   {cfg.short():<{width}}  {note}" for (cfg, _), note in zip(configs, notes)]
     return _gen(f'''{MARKER}
 {chr(10).join(lines)}

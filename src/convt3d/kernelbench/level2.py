@@ -181,13 +181,15 @@ class DirectConv(Conv):
                 mid=_resolve(self.mid, m, env, c.out_channels), channel_op=self.channel_op, mean=self.mean,
                 post=_resolve(self.post, m, env, 1 if self.channel_op else c.out_channels))
         else:  # the stages it stands for, ``post`` with the last
-            stages = ([lambda post: Pool(self.pool, post=post)] if pool else []) + \
-                ([lambda post: Reduce(1, "softmax", post=self.mid + post)] if self.softmax else []) + \
-                ([lambda post: Reduce(1, self.channel_op, post=post)] if self.channel_op else []) + \
-                ([lambda post: Reduce((2, 3, 4), "mean", post=post)] if self.mean else [])
+            stages = ([Pool(self.pool)] if pool else []) + \
+                ([Reduce(1, "softmax", post=self.mid)] if self.softmax else []) + \
+                ([Reduce(1, self.channel_op)] if self.channel_op else []) + \
+                ([Reduce((2, 3, 4), "mean")] if self.mean else [])
+            if stages:
+                stages[-1].post = tuple(stages[-1].post) + tuple(self.post)
             out = Conv(*self.steps, *(() if stages else self.post))(m, x, env)
-            for k, stage in enumerate(stages):
-                out = stage(self.post if k == len(stages) - 1 else ())(m, out, env)
+            for stage in stages:
+                out = stage(m, out, env)
         return out if self.keepdim else out.squeeze(1)
 
 

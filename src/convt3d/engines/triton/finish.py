@@ -14,6 +14,7 @@ import triton
 
 from ...core.epilogue import Epilogue, as_epilogue
 from ...core.memo import memo
+from ...core.validate import check_call
 from .kernels import finish as FK
 
 __all__ = ["reduce", "subtract_mean", "pool", "batch_norm", "group_norm", "direct", "direct_reason"]
@@ -250,10 +251,6 @@ def group_norm(y, groups: int, weight=None, bias=None, eps: float = 1e-5, *, pre
                       0.0, eps, pre, post, "group_norm")
 
 
-def _out_size(n: int, k: int, s: int, p: int, op: int, d: int) -> int:
-    return (n - 1) * s - 2 * p + d * (k - 1) + op + 1
-
-
 def direct_reason(x, weight, groups: int = 1) -> str | None:
     """Why ``direct`` does not compute this layer (it loops over every input channel and tap and holds
     every output channel of a position), or None."""
@@ -278,28 +275,20 @@ def direct(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation
     "logsumexp") over the channels keeping a channel of one, then ``post``; ``mean`` averages each
     (n, c) plane (the result is (N, C, 1, 1, 1), ``post`` after the mean). Only the result is stored."""
     x = _finish_input(x, "direct")
+    params, _ = check_call(x, weight, bias, stride, padding, output_padding, 1, dilation)  # PyTorch's checks
     why = direct_reason(x, weight)
-    if why is not None or weight.dim() != 5 or weight.shape[0] != x.shape[1]:
-        why = why or f"weight of shape {tuple(weight.shape)} for input of {x.shape[1]} channels"
+    if why is not None:
         raise ValueError(f"direct: {why}")
-    if weight.dtype != x.dtype or (bias is not None and (bias.dtype != x.dtype or bias.numel() != weight.shape[1])):
-        raise RuntimeError(f"direct: input ({x.dtype}), weight ({weight.dtype}) and bias must share a dtype, and "
-                           f"bias must have {weight.shape[1]} elements")
     if pool not in (None, "max", "avg"):
         raise ValueError(f"direct: pool must be None, 'max' or 'avg', but got {pool!r}")
     if channel_op is not None and channel_op not in DIRECT_REDUCE:
         raise ValueError(f"direct: channel_op must be None or one of {DIRECT_REDUCE}, but got {channel_op!r}")
-    geometry = [_pool_triple(v, what) if what != "padding" else
-                tuple(v) if isinstance(v, (tuple, list)) else (v,) * 3
-                for v, what in ((stride, "stride"), (padding, "padding"), (output_padding, "padding"),
-                                (dilation, "dilation"))]
-    s, p, op, d = geometry
+    s, p, d, k, o = params.stride, params.padding, params.dilation, params.kernel_size, params.out_size
     N, cin, D, H, W = x.shape
-    cout, k = weight.shape[1], tuple(weight.shape[2:])
-    o = tuple(_out_size(*a) for a in zip((D, H, W), k, s, p, op, d))
+    cout = params.out_channels
     q = tuple(n // st if pool else -(-n // st) for n, st in zip(o, s))  # cells: pooled positions, or stride spans
-    if min(o) <= 0 or min(q) <= 0:
-        raise RuntimeError(f"direct: output size {o}{' pooled to ' + str(q) if pool else ''} is too small")
+    if min(q) <= 0:
+        raise RuntimeError(f"direct: output size {o} pooled to {q} is too small")
     c_res = 1 if channel_op else cout
     conv_shape, res_shape = (N, cout, *o), (N, c_res, *(q if pool else o))
     args, codes = _programs_of(x, ((pre, cout, conv_shape, "pre"), (mid, cout, conv_shape, "mid"),
