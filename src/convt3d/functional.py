@@ -81,9 +81,8 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
                      autograd=True, sources=sources)
     with _device_current(input):
         decision = dispatch.select(call, backend)
-        call = dispatch.decided_call(call, decision)
         dispatch.remember(key, call, decision, given)
-        return _run(ENGINES[decision.candidate], call)
+        return _run(ENGINES[decision.candidate], dispatch.decided_call(call, decision))
 
 
 _NOTHING = contextlib.nullcontext()  # reusable: no device or flag to set

@@ -77,6 +77,32 @@ def test_a_decision_made_while_compiling_stays_off_the_steady_path(compiling, mo
     assert dispatch._steady[key].decision.engine == "triton"
 
 
+def test_an_exact_grade_call_decided_while_compiling_stays_off_the_steady_path(compiling, monkeypatch):
+    """Where PyTorch's own call computes a TF32-allowed call in full fp32, ours runs it at exact grade: the
+    provisional decision is still measured again once the engine is ready, not kept by the steady path
+    (functional.conv_transpose3d, its tensors faked: the call it validates and the engine run it makes)."""
+    import convt3d.functional as functional
+
+    monkeypatch.setattr(ENGINES["torch"], "precision_class", lambda call: "fp32")
+    monkeypatch.setattr(dispatch, "_without_data", lambda t: False)
+    rec = Recorder({"triton": 1.0, "torch": 3.0})
+    monkeypatch.setattr(dispatch, "_measure", rec)
+    x, w, b, params = _call()
+    monkeypatch.setattr(functional, "make_call", lambda *a, **k: Call(x, w, b, params, "tf32"))
+    ran = []
+    monkeypatch.setattr(functional, "_run", lambda engine, call: ran.append((engine.name, call.precision)))
+    real = (torch.randn(1, 2, 3, 3, 3), torch.randn(2, 2, 2, 2, 2))  # what the steady path keys the call by
+    with dispatch.cudnn_conv_tf32(True):
+        functional.conv_transpose3d(*real, stride=2, backend="auto")
+        assert ran == [("torch", "tf32x3")] and not dispatch._steady
+        compiling["ready"] = True
+        first_call.became_ready()
+        functional.conv_transpose3d(*real, stride=2, backend="auto")
+    assert ran[-1] == ("triton", "tf32x3") and rec.calls[-1] == ("triton", "torch")
+    (steady,) = dispatch._steady.values()
+    assert (steady.decision.engine, steady.precision) == ("triton", "tf32x3")
+
+
 def test_a_new_process_measures_again_once_the_engine_is_ready(compiling, monkeypatch):
     rec = Recorder({"triton": 1.0, "torch": 3.0})
     monkeypatch.setattr(dispatch, "_measure", rec)

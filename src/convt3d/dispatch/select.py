@@ -579,7 +579,8 @@ def _forget_steady() -> None:
 
 def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = None) -> None:
     """Keep a settled decision for the call's argument signature (not a guess, one made while an engine
-    compiles, under graph capture or awaited by a listener); ``given``: ``remember_direct``'s arguments."""
+    compiles, under graph capture or awaited by a listener); ``call`` as selected (its key is the one kept
+    provisional), ``given``: ``remember_direct``'s arguments."""
     if d.source == "heuristic" or _listeners or call.key in _provisional or (
             call.device.type == "cuda" and _capturing()):
         return
@@ -587,7 +588,8 @@ def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = N
     if key is not None:
         if len(_steady) >= _STEADY_LIMIT:
             _forget_steady()
-        _steady[key] = Steady(d, call.params, call.precision, call.training, call.unbatched, is_direct)
+        _steady[key] = Steady(d, call.params, decided_call(call, d).precision, call.training, call.unbatched,
+                              is_direct)
     # A call without a key (a tensor subclass without __torch_function__) still gets the direct memo.
     if is_direct and given is not None:
         remember_direct(*given)
