@@ -10,7 +10,6 @@ Precision: as the reference under the flags in force. In TF32 when PyTorch allow
 convolutions (cuDNN computes this problem's reference in TF32 then; variant g64t, tensor cores),
 in exact fp32 when it does not (variant g64k32, FFMA); ``forward_precision()`` says which.
 """
-from __future__ import annotations
 
 import collections.abc
 import hashlib
@@ -92,11 +91,11 @@ def load_module(device: torch.device | None = None):
     _state["module"] = module
     return module
 
-def pack_weight(weight: torch.Tensor, params: ConvT3dParams) -> torch.Tensor:
+def pack_weight(weight: torch.Tensor, params: "ConvT3dParams") -> torch.Tensor:
     g, cin_g, cout_g = params.groups, params.in_channels_per_group, params.out_channels_per_group
     return weight.reshape(g, cin_g, cout_g, *params.kernel_size).permute(0, 3, 4, 5, 1, 2).contiguous()
 
-def pack_weight_padded(weight: torch.Tensor, params: ConvT3dParams, bn: int, bk: int) -> torch.Tensor:
+def pack_weight_padded(weight: torch.Tensor, params: "ConvT3dParams", bn: int, bk: int) -> torch.Tensor:
     packed = pack_weight(weight, params)
     cin_g, cout_g = params.in_channels_per_group, params.out_channels_per_group
     cin_pad, cout_pad = -(-cin_g // bk) * bk, -(-cout_g // bn) * bn

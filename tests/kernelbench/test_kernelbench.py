@@ -84,6 +84,17 @@ def test_generated_files_start_with_the_marker_and_the_cuda_entry_does_not(name)
     assert ast.get_docstring(ast.parse(text)).startswith("KernelBench level 1, problem ")
 
 
+def test_the_cuda_entry_loads_as_kernelbench_loads_a_cuda_solution():
+    """KernelBench's CUDA loader puts two lines naming the build folder before the source and ``exec``s it
+    (``load_custom_model`` with a ``build_dir``, as its evaluation scripts call it): the entry must define
+    ModelNew so, which a ``from __future__`` import, or an annotation naming a later class, would break."""
+    source = (KB_DIR / by_id(77).cuda_file_name).read_text()
+    context = {}
+    exec(compile("import os\nos.environ['TORCH_EXTENSIONS_DIR'] = '/tmp/kb_build'\n" + source, "<string>", "exec"),
+         context)
+    assert issubclass(context["ModelNew"], torch.nn.Module)
+
+
 def test_gitattributes_marks_the_files_generated():
     lines = (KB_DIR.parent / ".gitattributes").read_text().splitlines()
     assert "kernelbench/*.py linguist-generated" in [line.strip() for line in lines]

@@ -1,0 +1,103 @@
+"""KernelBench's own harness on the generated files: `eval_kernel_against_ref` of ScalingIntelligence/KernelBench,
+each file's ModelNew against its problem's reference Model, default flags, fp32, seed 42.
+
+It measures correctness (KernelBench's verdict at its fp32 tolerance over --trials random inputs) and, with
+--perf N, the mean of N CUDA-event timed calls of each model (the harness reports ms; rows are in µs), and
+speedup = reference / ModelNew. Needs a GPU and a KernelBench source checkout (--kb: the folder holding
+src/kernelbench and KernelBench/level1, level2). The harness imports LLM client packages its evaluation never
+calls (dotenv, openai, litellm, requests, pydantic's BaseModel for its result record); where they are missing, stand-ins
+take their names.
+
+    python tools/kb_harness.py --kb PATH [--level 1|2] [--ids 58,89] [--trials 5] [--perf 100]
+                               [--budget SECONDS] [--json FILE]
+"""
+import argparse
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stand_ins():
+    """Names for the harness's unused imports, only where the real package is missing."""
+    for name, attrs in {'dotenv': {'load_dotenv': lambda *a, **k: None}, 'openai': {'OpenAI': object},
+                        'litellm': {'completion': None}, 'requests': {},
+                        'tqdm': {'tqdm': lambda it=None, **k: it}}.items():
+        try:
+            __import__(name)
+        except ImportError:
+            sys.modules[name] = types.SimpleNamespace(**attrs)
+    try:
+        import pydantic  # noqa: F401
+    except ImportError:
+        class BaseModel:
+            def __init__(self, **kw):
+                for k, v in type(self).__dict__.items():
+                    if not k.startswith('_') and not callable(v):
+                        setattr(self, k, v.copy() if isinstance(v, dict) else v)
+                self.__dict__.update(kw)
+
+            def model_dump(self):
+                return dict(self.__dict__)
+        sys.modules['pydantic'] = types.SimpleNamespace(BaseModel=BaseModel)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--kb', required=True, help='KernelBench source checkout')
+    ap.add_argument('--level', type=int, default=1, choices=(1, 2))
+    ap.add_argument('--ids', default='', help='problem ids in this order (default: every generated file)')
+    ap.add_argument('--trials', type=int, default=5, help='correctness trials')
+    ap.add_argument('--perf', type=int, default=100, help='timed trials (0: correctness only)')
+    ap.add_argument('--budget', type=float, default=1e9, help='seconds; files not started by then are left out')
+    ap.add_argument('--json', default='', help='write the rows here')
+    a = ap.parse_args(argv)
+    kb = Path(a.kb).resolve()
+    sys.path.insert(0, str(kb / 'src'))
+    _stand_ins()
+    from kernelbench.eval import eval_kernel_against_ref
+
+    ours = ROOT / 'kernelbench' / ('level2' if a.level == 2 else '')
+    refs = {p.name.split('_')[0]: p for p in (kb / 'KernelBench' / f'level{a.level}').glob('*.py')}
+    files = sorted(ours.glob('*.py'), key=lambda p: (int(p.name.split('_')[0]), p.name))
+    if a.ids:
+        order = a.ids.split(',')
+        files = sorted((p for p in files if p.name.split('_')[0] in order),
+                       key=lambda p: (order.index(p.name.split('_')[0]), p.name))
+    rows, t0 = [], time.time()
+    for p in files:
+        if time.time() - t0 > a.budget:
+            print(f'{p.name}: left out (budget)', flush=True)
+            continue
+        pid = p.name.split('_')[0]
+        cuda = p.name.endswith('_cuda.py')
+        t = time.time()
+        r = eval_kernel_against_ref(refs[pid].read_text(), p.read_text(), seed_num=42, num_correct_trials=a.trials,
+                                    num_perf_trials=max(a.perf, 1), measure_performance=a.perf > 0,
+                                    backend='cuda' if cuda else 'triton', build_dir=f'/tmp/kb_build/{p.stem}')
+        row = {'problem': int(pid), 'file': p.name, 'seconds': round(time.time() - t, 1)}
+        if r is None:
+            row['error'] = 'the harness asked for a retry (lock file)'
+        else:
+            row.update(compiled=r.compiled, correct=r.correctness, metadata={k: str(v) for k, v in r.metadata.items()})
+            if a.perf > 0 and r.correctness:
+                row.update(us=round(r.runtime * 1000, 1), ref_us=round(r.ref_runtime * 1000, 1),
+                           speedup=round(r.ref_runtime / r.runtime, 3))
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != 'metadata'}), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    timed = [r['speedup'] for r in rows if 'speedup' in r]
+    if timed:
+        g = 1.0
+        for s in timed:
+            g *= s
+        print(f'correct {sum(bool(r.get("correct")) for r in rows)} of {len(rows)}; '
+              f'geomean of {len(timed)} timed: {g ** (1 / len(timed)):.2f}x')
+
+
+if __name__ == '__main__':
+    main()
