@@ -100,7 +100,8 @@ def _bench_json(name: str, d: dict) -> list[Run]:
             f"backend {st.get('backend', NOT_RECORDED)}"]
     extra = [f"failed: {f.get('case')} {f.get('dtype', '')} {f.get('layout', '')} ({f.get('error', '')})"
              for f in d.get("failures", [])]
-    extra += [f"skipped: {s}" for s in d.get("skipped") or []]
+    extra += [f"skipped {s['case']} ({s['reason']})" if isinstance(s, dict) else f"skipped: {s}"
+              for s in d.get("skipped") or []]
     src, runs = f"`{name}`: {_env(d)}; " + "; ".join(how + extra), {}
     for r in d["rows"]:
         key = (r["suite"], r.get("mode", "fwd"))
@@ -133,13 +134,17 @@ def _kernelbench_json(name: str, d: dict) -> list[Run]:
 
 
 def _harness_json(name: str, d: dict, log: str | None) -> list[Run]:
-    """KernelBench's eval_kernel_against_ref results by file, the device and trials from its log."""
+    """KernelBench's eval_kernel_against_ref results by file; the device, trials and timing method from the
+    record's environment (``tools/kb_harness.py`` writes them), else from the harness's printed log."""
+    env = d.pop("environment", {})  # optional: versions, date and flags the runner recorded
     dev = re.search(r"Using device: \d+ (.+?), warm up (\d+), trials (\d+)", log or "")
     timing = re.search(r"Using timing method: (\S+)", log or "")
-    gpu = dev[1] if dev else None
-    how = (f"{dev[3]} timed trials after {dev[2]} warm-ups" if dev else "trials " + NOT_RECORDED)
-    how += f", timing method {timing[1] if timing else NOT_RECORDED}"
-    env = d.pop("environment", {})  # optional: versions, date and flags the runner recorded
+    gpu = env.get("gpu") or (dev[1] if dev else None)
+    trials = env.get("timed_trials") or (dev[3] if dev else None)
+    warm = env.get("warm_up") or (dev[2] if dev else None)
+    how = (f"{trials} timed trials" + (f" after {warm} warm-ups" if warm else "") if trials
+           else "trials " + NOT_RECORDED)
+    how += f", timing method {env.get('timing_method') or (timing[1] if timing else NOT_RECORDED)}"
     ok = sum(bool(v.get("correctness")) for v in d.values())
     src = (f"`{name}`" + (f" and `{name[:-5]}.log`" if log else "") + ": "
            + _versions(gpu, env.get("date", NOT_RECORDED), torch=env.get("torch"), triton=env.get("triton"),
@@ -274,7 +279,7 @@ def plot(folder: str, path: str) -> bool:
     groups = group(read_records(folder))
     # Training steps are left out: their bars would stand beside forward bars of the same row.
     panels = [("Layers suite", [g for g in groups if g[0] == "layers" and g[1] in ("fwd", NOT_RECORDED)]),
-              ("KernelBench", [g for g in groups if g[0].startswith("kernelbench")])]
+              ("KernelBench, TF32 allowed", [g for g in groups if g[0].startswith("kernelbench")])]
     tools = {k: t.split(", ")[-1].replace("`", "") for k, t in SUITES}
     fig, axes = plt.subplots(1, 2, figsize=(15, 14), gridspec_kw={"width_ratios": [3, 2]})
     for ax, (title, gs) in zip(axes, panels):
@@ -283,8 +288,9 @@ def plot(folder: str, path: str) -> bool:
             if suite == "layers":
                 vals = {f"{r[0]} {r[1]} {r[2]}": r[7] for run in runs for r in run.rows}
                 what = MODES.get(mode, "mode not recorded")
-            else:
-                vals = {r[0] + (" cuda" if r[4] == "cuda file" else ""): r[7] for run in runs for r in run.rows}
+            else:  # PyTorch's default flags (TF32 allowed), as KernelBench runs: one bar per problem and series
+                vals = {r[0] + (" cuda" if r[4] == "cuda file" else ""): r[7] for run in runs for r in run.rows
+                        if r[3] in ("tf32", NOT_RECORDED)}
                 what = tools[suite]
             labels += [k for k in vals if k not in labels]
             series.append((f"{gpu}, {what}", vals))

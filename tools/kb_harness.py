@@ -2,8 +2,9 @@
 each file's ModelNew against its problem's reference Model, default flags, fp32, seed 42.
 
 It measures correctness (KernelBench's verdict at its fp32 tolerance over --trials random inputs) and, with
---perf N, the mean of N CUDA-event timed calls of each model (the harness reports ms; rows are in µs), and
-speedup = reference / ModelNew. Needs a GPU and a KernelBench source checkout (--kb: the folder holding
+--perf N, the mean of N CUDA-event timed calls of each model in ms, and speedup = reference / ModelNew. --json
+writes the results by file with the versions and date (the record `tools/bench_md.py` reads, beside the printed
+output saved as a .log of the same name). Needs a GPU and a KernelBench source checkout (--kb: the folder holding
 src/kernelbench and KernelBench/level1, level2). The harness imports LLM client packages its evaluation never
 calls (dotenv, openai, litellm, requests, pydantic's BaseModel for its result record); where they are missing, stand-ins
 take their names.
@@ -13,6 +14,7 @@ take their names.
 """
 import argparse
 import json
+import math
 import sys
 import time
 import types
@@ -67,37 +69,39 @@ def main(argv=None):
         order = a.ids.split(',')
         files = sorted((p for p in files if p.name.split('_')[0] in order),
                        key=lambda p: (order.index(p.name.split('_')[0]), p.name))
-    rows, t0 = [], time.time()
+    import torch
+    import triton
+    results, t0 = {}, time.time()
     for p in files:
         if time.time() - t0 > a.budget:
             print(f'{p.name}: left out (budget)', flush=True)
             continue
         pid = p.name.split('_')[0]
         cuda = p.name.endswith('_cuda.py')
-        t = time.time()
         r = eval_kernel_against_ref(refs[pid].read_text(), p.read_text(), seed_num=42, num_correct_trials=a.trials,
                                     num_perf_trials=max(a.perf, 1), measure_performance=a.perf > 0,
                                     backend='cuda' if cuda else 'triton', build_dir=f'/tmp/kb_build/{p.stem}')
-        row = {'problem': int(pid), 'file': p.name, 'seconds': round(time.time() - t, 1)}
         if r is None:
-            row['error'] = 'the harness asked for a retry (lock file)'
+            row = {'compiled': False, 'correctness': False, 'error': 'the harness asked for a retry (lock file)'}
         else:
-            row.update(compiled=r.compiled, correct=r.correctness, metadata={k: str(v) for k, v in r.metadata.items()})
+            row = {'compiled': r.compiled, 'correctness': r.correctness,
+                   'metadata': {k: str(v) for k, v in r.metadata.items()}}
             if a.perf > 0 and r.correctness:
-                row.update(us=round(r.runtime * 1000, 1), ref_us=round(r.ref_runtime * 1000, 1),
-                           speedup=round(r.ref_runtime / r.runtime, 3))
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != 'metadata'}), flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1))
-    timed = [r['speedup'] for r in rows if 'speedup' in r]
+                row.update(runtime=r.runtime, ref_runtime=r.ref_runtime, speedup=r.ref_runtime / r.runtime)
+        results[p.name] = row
+        print(p.name, {k: v for k, v in row.items() if k != 'metadata'}, flush=True)
+    timed = [r['speedup'] for r in results.values() if 'speedup' in r]
     if timed:
-        g = 1.0
-        for s in timed:
-            g *= s
-        print(f'correct {sum(bool(r.get("correct")) for r in rows)} of {len(rows)}; '
-              f'geomean of {len(timed)} timed: {g ** (1 / len(timed)):.2f}x')
-
+        print(f'correct {sum(r["correctness"] for r in results.values())} of {len(results)}; '
+              f'geomean of {len(timed)} timed: {math.exp(sum(map(math.log, timed)) / len(timed)):.2f}x')
+    if a.json:
+        results['environment'] = {'gpu': torch.cuda.get_device_name(), 'torch': torch.__version__,
+                                  'triton': triton.__version__, 'cudnn': '.'.join(
+                                      str(torch.backends.cudnn.version() // d % m) for d, m in ((10000, 100), (100, 100), (1, 100))),
+                                  'date': time.strftime('%Y-%m-%d', time.gmtime()), 'precision': 'tf32',
+                                  'level': a.level, 'correctness_trials': a.trials, 'timed_trials': a.perf,
+                                  'timing_method': 'cuda_event'}
+        Path(a.json).write_text(json.dumps(results, indent=1))
 
 if __name__ == '__main__':
     main()
