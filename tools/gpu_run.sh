@@ -14,6 +14,11 @@
 #                             filled the caches -> first_calls_warm.json
 #                   eval      convt3d kernelbench (the KernelBench evaluator) -> kb_eval.json
 #                   fuzz      tools/error_fuzz.py, 150 seeded random layers' errors -> error_fuzz.json
+#                   harness   tools/kb_harness.py, KernelBench's own harness on the level-1 and level-2 files
+#                             -> kb_harness_l1.json, kb_harness_l2.json (needs a KernelBench checkout in
+#                             $KB_SRC, default .kb, carried: "carry": [".kb"])
+#                   first     tools/first_call.py, cold and warm first calls of the layers-suite rows
+#                             -> first_call_bg.json
 #                   full      layers --mode full: bf16 cl -> full_bf16_cl.json, fp32 ncdhw -> full_fp32.json
 #   --pytest-args extra arguments for pytest (e.g. "-k 'not cuda'")
 #
@@ -42,7 +47,7 @@ while [ $# -gt 0 ]; do
     *) LOGDIR="$1"; shift ;;
   esac
 done
-ALL_PARTS="tests kb layers networks tuned warm eval full fuzz"
+ALL_PARTS="tests kb layers networks tuned warm eval full fuzz harness first"
 for p in ${PARTS//,/ } ${SKIP//,/ }; do
   [[ " $ALL_PARTS " == *" $p "* ]] || { echo "gpu_run.sh: unknown part '$p' ($ALL_PARTS)" >&2; exit 2; }
 done
@@ -120,6 +125,16 @@ wanted warm && bench warm 200 --suite networks --first-calls --json "$LOGDIR/fir
 wanted eval && run_part eval 240 24 python3 -m convt3d kernelbench --json "$LOGDIR/kb_eval.json"
 # Each drawn layer is a first call (compile and tune): no layer starts after 480 s.
 wanted fuzz && run_part fuzz 540 24 python3 tools/error_fuzz.py --count 150 --deadline 480 --json "$LOGDIR/error_fuzz.json"
+if wanted harness; then
+  KB_SRC="${KB_SRC:-.kb}"
+  if [ -d "$KB_SRC/src/kernelbench" ]; then
+    run_part harness-l1 200 12 python3 tools/kb_harness.py --kb "$KB_SRC" --level 1 --budget 150 --json "$LOGDIR/kb_harness_l1.json"
+    run_part harness-l2 300 24 python3 tools/kb_harness.py --kb "$KB_SRC" --level 2 --budget 240 --json "$LOGDIR/kb_harness_l2.json"
+  else
+    echo "==== harness: skipped, no KernelBench checkout at $KB_SRC" | tee -a "$LOG"; SUMMARY+=("harness: skipped (no $KB_SRC)")
+  fi
+fi
+wanted first && OUT="$LOGDIR" run_part first 420 24 python3 tools/first_call.py
 if wanted full; then
   bench full_bf16_cl 120 --suite layers --mode full --dtype bf16 --layout cl --json "$LOGDIR/full_bf16_cl.json"
   # fp32 NCDHW runs slower per row than bf16 channels-last, hence its larger cap.
