@@ -75,3 +75,36 @@ def test_patch_starts_the_head_library_build_for_heads_on_cuda(out_channels, dil
     module = SimpleNamespace(weight=weight, dilation=(dilation,) * 3, out_channels=out_channels, groups=1)
     cnn._start_head_build(module)
     assert calls == ([("cuda", torch.bfloat16)] if started else [])
+
+
+_CHILD = r'''
+import sys, types, torch
+from convt3d.engines.cuda import head
+head.nvcc_path = lambda: sys.argv[1]
+head._arch = lambda device: "90"
+entry = types.SimpleNamespace(argtypes=None)
+head.ctypes.CDLL = lambda path: types.SimpleNamespace(convt3d_head_launch=entry, convt3d_head_pack=entry)
+head.load_library(torch.device("cuda", 0), torch.bfloat16)
+print(open(head.library_path(torch.device("cuda", 0), torch.bfloat16)).read().strip())
+'''
+
+
+def test_processes_sharing_the_cache_folder_build_a_library_once(tmp_path):
+    """Two processes (the ranks of a node, test workers) ask for the same library at once: one runs the
+    compiler, the other waits on the lock file beside the library and loads what it built."""
+    import os
+    import subprocess
+    import sys
+
+    count = tmp_path / "compiles"
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(f'#!/bin/sh\necho x >> "{count}"\nsleep 1\n'
+                    'while [ $# -gt 0 ]; do [ "$1" = "-o" ] && echo built > "$2"; shift; done\n')
+    nvcc.chmod(0o755)
+    env = dict(os.environ, CONVT3D_CACHE_DIR=str(tmp_path / "cache"))
+    children = [subprocess.Popen([sys.executable, "-c", _CHILD, str(nvcc)], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [c.communicate(timeout=120) for c in children]
+    assert [c.returncode for c in children] == [0, 0], [err[-2000:] for _, err in outs]
+    assert [out.strip() for out, _ in outs] == ["built", "built"]
+    assert count.read_text().count("x") == 1

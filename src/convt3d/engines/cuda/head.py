@@ -2,8 +2,10 @@
 call's timed choice, weight packing, the nvcc build loaded by ctypes; fp32 runs at TF32 (rounded as cuDNN)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import itertools
@@ -400,19 +402,9 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
                 raise BackendUnavailableError("backend='cuda': no CUDA compiler (nvcc) found; set CUDA_HOME or put "
                                               "nvcc on PATH to build the head kernel")
             path.parent.mkdir(parents=True, exist_ok=True)
-            arch = _arch(device)
-            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-                src = Path(tmp) / "head_shuffle.cu"
-                src.write_text(_source(), encoding="utf-8")
-                out = Path(tmp) / path.name
-                cmd = [nvcc, *_NVCC_FLAGS, f"-DCONVT3D_HEAD_DTYPE={code}",
-                       f"-gencode=arch=compute_{arch},code=sm_{arch}", str(src), "-o", str(out)]
-                done = subprocess.run(cmd, capture_output=True, text=True)
-                if done.returncode != 0:
-                    raise BackendUnavailableError(
-                        "backend='cuda': building the head kernel failed. Compiler output, last lines:\n"
-                        + (done.stdout + done.stderr)[-4000:])
-                os.replace(out, path)
+            with _one_builder(path):
+                if not path.exists():
+                    _build(nvcc, device, code, path)
         lib = ctypes.CDLL(str(path))  # both entry points return an int, ctypes' default
         p64 = ctypes.POINTER(ctypes.c_int64)
         fn = lib.convt3d_head_launch
@@ -422,6 +414,34 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
         _state["pack"][code] = pack
         _state["lib"][code] = fn
         return fn
+
+
+@contextlib.contextmanager
+def _one_builder(path: Path):
+    """Processes that share the cache folder (the ranks of a node) build one library once: the others wait
+    on a lock file beside it, then load what the first built."""
+    with open(path.with_name(f".{path.name}.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build(nvcc: str, device: torch.device, code: int, path: Path) -> None:
+    """nvcc into a temporary file renamed into place: a racing process never loads a half-written library."""
+    arch = _arch(device)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        src = Path(tmp) / "head_shuffle.cu"
+        src.write_text(_source(), encoding="utf-8")
+        out = Path(tmp) / path.name
+        cmd = [nvcc, *_NVCC_FLAGS, f"-DCONVT3D_HEAD_DTYPE={code}", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+               str(src), "-o", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise BackendUnavailableError("backend='cuda': building the head kernel failed. Compiler output, last "
+                                          "lines:\n" + (done.stdout + done.stderr)[-4000:])
+        os.replace(out, path)
 
 
 def staging_mode(x: torch.Tensor, hp: HeadPlan) -> int:
