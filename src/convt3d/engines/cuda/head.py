@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import itertools
@@ -420,6 +419,8 @@ def load_library(device: torch.device | None = None, dtype: torch.dtype = torch.
 def _one_builder(path: Path):
     """Processes that share the cache folder (the ranks of a node) build one library once: the others wait
     on a lock file beside it, then load what the first built."""
+    import fcntl  # POSIX, as nvcc's builds here are
+
     with open(path.with_name(f".{path.name}.lock"), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
