@@ -229,3 +229,47 @@ def test_the_cuda_head_engine_is_measured_once_its_library_is_built():
     convt3d.set_benchmark(True)
     dispatch.decide(x, "auto", None, params, weight=w, bias=b)
     assert "cuda" in dispatch.cached_timings(Call(x, w, b, params, "tf32"))
+
+
+# Layers of both precision classes, by their H100 rows: with TF32 allowed, cuDNN computes the
+# nnU-Net layer in TF32 and the VideoGPT layer and KernelBench 72 (grouped) in full fp32. The test
+# does not take that as given: each layer's class is read from PyTorch's own errors on this GPU.
+CLASS_LAYERS = {
+    "nnunet-k2s2-128to64": dict(n=2, cin=128, cout=64, size=(16, 16, 16), k=(2, 2, 2), s=2, p=0, op=0, groups=1),
+    "videogpt-k4s2p3-240": dict(n=1, cin=240, cout=240, size=(10, 34, 34), k=(4, 4, 4), s=2, p=3, op=0, groups=1),
+    "kb72-grouped": dict(n=2, cin=32, cout=32, size=(12, 24, 48), k=(3, 5, 7), s=2, p=(1, 2, 3), op=1, groups=4),
+}
+
+
+@pytest.mark.parametrize("name", list(CLASS_LAYERS), ids=list(CLASS_LAYERS))
+def test_the_precision_class_is_pytorchs_and_auto_keeps_pytorchs_numerics(name):
+    """Auto's classification of PyTorch's TF32-allowed fp32 call agrees with that call's measured error
+    (within 10x of exact fp32's: computed in full fp32), and convt3d's output under auto is within 2x
+    of PyTorch's own error from float64 (largest difference over the output's largest magnitude)."""
+    from convt3d.dispatch import first_call
+
+    spec = CLASS_LAYERS[name]
+    x = torch.randn(spec["n"], spec["cin"], *spec["size"], device=DEV)
+    cin_g = spec["cin"] // spec["groups"]
+    w = torch.randn(spec["cin"], spec["cout"] // spec["groups"], *spec["k"], device=DEV) / (
+        cin_g * spec["k"][0] * spec["k"][1] * spec["k"][2]) ** 0.5
+    b = torch.randn(spec["cout"], device=DEV)
+    args = (spec["s"], spec["p"], spec["op"], spec["groups"], 1)
+    ref = torch.nn.functional.conv_transpose3d(x.double(), w.double(), b.double(), *args)
+    scale = ref.abs().max().item()
+
+    def error(y):
+        return (y.double() - ref).abs().max().item() / scale
+
+    with dispatch.cudnn_conv_tf32(False):
+        exact = error(torch.nn.functional.conv_transpose3d(x, w, b, *args))
+    with dispatch.cudnn_conv_tf32(True), first_call.waiting():
+        theirs = error(torch.nn.functional.conv_transpose3d(x, w, b, *args))
+        truth = "tf32" if theirs > 10 * exact else "fp32"
+        params, _ = check_call(x, w, b, *args)
+        call = Call(x, w, b, params, "tf32")
+        assert ENGINES["torch"].precision_class(call) == truth, (theirs, exact)
+        ours = error(convt3d.conv_transpose3d(x, w, b, *args))
+        assert dispatch.precision_class_of(call) == truth
+        e = convt3d.explain(x, w, b, *args)
+    assert ours <= 2 * theirs, (truth, e.engine, e.precision, ours, theirs, exact)
