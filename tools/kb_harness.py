@@ -98,9 +98,9 @@ def main(argv=None):
         print(f'correct {sum(r["correctness"] for r in results.values())} of {len(results)}; '
               f'geomean of {len(timed)} timed: {math.exp(sum(map(math.log, timed)) / len(timed)):.2f}x')
     if a.json:
+        v = torch.backends.cudnn.version()  # e.g. 91900 for 9.19.0
         results['environment'] = {'gpu': torch.cuda.get_device_name(), 'torch': torch.__version__,
-                                  'triton': triton.__version__, 'cudnn': '.'.join(
-                                      str(torch.backends.cudnn.version() // d % m) for d, m in ((10000, 100), (100, 100), (1, 100))),
+                                  'triton': triton.__version__, 'cudnn': f'{v // 10000}.{v // 100 % 100}.{v % 100}',
                                   'date': time.strftime('%Y-%m-%d', time.gmtime()), 'precision': 'tf32',
                                   'level': a.level, 'correctness_trials': a.trials, 'timed_trials': a.perf,
                                   'timing_method': 'cuda_event'}

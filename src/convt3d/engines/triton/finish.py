@@ -64,6 +64,8 @@ def _programs_of(y, programs, name: str):
         if made is None:
             made = [epi.scalars(y.device), epi.channels(channels, y.device)]
             if key is not None:
+                if len(_PROGRAMS) >= 256:  # programs of ever new numbers: bounded, as the engine's scalars
+                    _PROGRAMS.clear()
                 _PROGRAMS[key] = made
         args += made
         codes.append(epi.code)
