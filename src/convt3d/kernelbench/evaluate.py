@@ -276,8 +276,7 @@ def evaluate_cpu(problem: Problem, directory: Path, correct_trials: int, interpr
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / file_name
             path.write_text(render(run, small=True), encoding="utf-8")
-            small_module = load_model_file(path)
-        reference, candidate = build_models(run, small_module)
+            reference, candidate = build_models(run, load_model_file(path))
         reference64 = copy.deepcopy(reference).double()
         result.trials = run_trials(problem.id, correct_trials, None, lambda seed: check_trial(
             seed, reference, reference64, candidate, run.input_shape, torch.device("cpu")))
@@ -361,7 +360,8 @@ def flags_now() -> dict:
 
 
 # ---- command ------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options; ``--exact`` becomes ``--precision tf32x3`` with a DeprecationWarning, shown unless -W says no."""
     p = argparse.ArgumentParser(prog="convt3d kernelbench", description=__doc__.split("\n\n")[0],
                                 epilog="examples:\n  convt3d kernelbench --precision tf32x3 --json kb_tf32x3.json\n"
                                        "  convt3d kernelbench --problems 72,73 --trials 20",
@@ -380,12 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--correct-trials", type=int, default=None,
                    help=f"correctness trials (default {CORRECT_TRIALS} on a GPU, 1 through the interpreter)")
     p.add_argument("--dir", type=Path, default=None, help="directory of the ModelNew files (default: kernelbench/)")
-    return p
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The options; ``--exact`` becomes ``--precision tf32x3`` with a DeprecationWarning, shown unless -W says no."""
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     if args.exact:
         with warnings.catch_warnings():
             if not sys.warnoptions:
@@ -459,9 +454,8 @@ def run_all(m: Machine, rows: list[tuple], fn, console, line, failed) -> tuple[d
 def conclude(args: argparse.Namespace, argv: list[str] | None, console, m: Machine, env: dict, flags: dict,
              results: list, s: dict, schema: str, note: str, over: dict[str, str], rule: str = "",
              more: tuple[str, ...] = (), **tolerances) -> int:
-    """Prints KernelBench's verdict (``rule`` after its tolerance), the speedups ``over`` (key: what over), ``more``
-    lines where problems were checked and ``note``; writes ``--json`` if given. The exit status: 1 where a problem
-    raised, failed KernelBench's verdict or built other parameters than its reference, else 0."""
+    """Prints KernelBench's verdict (``rule`` after its tolerance), the speedups ``over``, ``more`` and ``note``;
+    writes ``--json``. Exit status 1 where a problem raised, failed the verdict or differs in parameters, else 0."""
     if s["checked"]:
         console.print(f"KernelBench's verdict ({flags_text(flags)}): {s['correct']}/{s['checked']} correct "
                       f"(allclose to the reference at atol=rtol={TOLERANCE:g} on every trial{rule})")

@@ -54,26 +54,23 @@ def _paragraph(text: str, prefix: str = "") -> str:
 
 
 # ---- the problem's geometry, candidates and reduced form ------------------------------------------
-def _precisions(problem: Problem) -> tuple[str, ...]:
-    """The precisions a file computes in: TF32 where the reference does, and the exact grade (last)."""
-    return ("tf32", EXACT_GRADE) if problem.cudnn_uses_tf32 else (EXACT_GRADE,)
-
-
 def file_configs(problem: Problem, check_offered: bool = True) -> list[tuple[object, tuple[str, ...]]]:
-    """(Config, the precisions the engine offers it at) per candidate; unchecked for a reduced geometry."""
+    """(Config, the precisions the engine offers it at) per candidate, of TF32 where the reference computes in it
+    and the exact grade; unchecked for a reduced geometry."""
     params, *_ = meta_call(problem)
+    precisions = ("tf32", EXACT_GRADE) if problem.cudnn_uses_tf32 else (EXACT_GRADE,)
     out = []
     for cand in problem.candidates:
         try:
             cfg = Config(**cand.config)
         except TypeError as e:
             raise ExportError(f"problem {problem.id}: candidate {cand.config} is no Config any more ({e})") from None
-        runs = tuple(p for p in _precisions(problem) if (
+        runs = tuple(p for p in precisions if (
             cfg in candidate_configs(params, torch.float32, p, False, flat=True, gluon=True) if check_offered
             else p == "tf32" or not cfg.gluon))
         if not runs:
             raise ExportError(f"problem {problem.id}: the engine offers candidate {cfg.short()!r} at none of "
-                              f"{_precisions(problem)}; update Problem.candidates in convt3d/kernelbench/problems.py")
+                              f"{precisions}; update Problem.candidates in convt3d/kernelbench/problems.py")
         out.append((cfg, runs))
     if not any(EXACT_GRADE in runs for _, runs in out):
         raise ExportError(f"problem {problem.id}: no candidate runs at exact grade")
@@ -323,10 +320,9 @@ def _header(problem: Problem, configs, small: bool) -> list[Line]:
 
 def assemble(roots: tuple[str, ...], call, configs, header: list[Line], rest: list[Line], epi_code: int = 0,
              kernels=()) -> list[list[Line]]:
-    """A file's lines, the package source verbatim and then without docstrings: ``header``, the imports (after
-    ``from __future__ import annotations``: annotations name classes not carried), what the launches and ``kernels``
-    (module, name) reach, the launcher (none for ``call`` None), ``rest``; generated code and package source define
-    no name twice."""
+    """A file's two forms, the package source verbatim and then without docstrings: ``header``, the imports (after
+    ``from __future__ import annotations``: annotations name classes not carried), what the launcher (none for
+    ``call`` None) and ``kernels`` (module, name) reach, the launcher and ``rest``, no name defined twice."""
     shaker = PythonShaker(roots, _read, _is_module)
     launcher, launched = launcher_source(call, configs, shaker, epi_code) if call is not None else ("", set())
     shaker.dead = {name for name in OPTIONAL_CONSTEXPRS if f"{name}=" not in launcher}
@@ -349,14 +345,6 @@ def assemble(roots: tuple[str, ...], call, configs, header: list[Line], rest: li
     statements = sorted({*shaker.imports(), *extra}, key=lambda s: (s.startswith("from "), s))
     head = header + _gen("\n".join(["from __future__ import annotations", ""] + statements) + "\n\n")
     return [head + shaker.lines(strip) + _gen(launcher + "\n") + rest for strip in (False, True)]
-
-
-def _render_lines(problem: Problem, small: bool = False) -> list[list[Line]]:
-    """The file's lines with the package source verbatim, then without its docstrings."""
-    configs = file_configs(problem, check_offered=not small)
-    rest = _gen(_CHOOSER.format(rule="=" * 20, ops="") + "\n") + _precision_lines(problem) \
-        + _gen(_model_new_source(problem))
-    return assemble(ROOTS, problem, configs, _header(problem, configs, small), rest)
 
 
 def _line_count(lines: list[Line]) -> int:
@@ -388,7 +376,10 @@ def checked_text(file_name: str, forms) -> str:
 
 def render(problem: Problem, small: bool = False) -> str:
     """The file for one problem (``small``: a ``reduced`` one), its first form within MAX_LINES, or ExportError."""
-    return checked_text(problem.file_name, _render_lines(problem, small))
+    configs = file_configs(problem, check_offered=not small)
+    rest = _gen(_CHOOSER.format(rule="=" * 20, ops="") + "\n") + _precision_lines(problem) \
+        + _gen(_model_new_source(problem))
+    return checked_text(problem.file_name, assemble(ROOTS, problem, configs, _header(problem, configs, small), rest))
 
 
 # ---- command ----------------------------------------------------------------------------------------

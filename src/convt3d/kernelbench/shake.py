@@ -27,19 +27,12 @@ class Line:
 
 
 @dataclass
-class _Stmt:
-    node: ast.stmt
-    index: int  # position in the module body
-    defines: tuple[str, ...]
-
-
-@dataclass
 class _Module:
     path: str
     source: str
     tree: ast.Module
     table: symtable.SymbolTable
-    # name -> ("stmt", _Stmt) | ("from", module path, name) | ("alias", module path) | ("ext", import text, node)
+    # name -> ("stmt", i: tree.body[i]) | ("from", module path, name) | ("alias", module path) | ("ext", import, node)
     bindings: dict[str, tuple] = field(default_factory=dict)
     imports: list[str] = field(default_factory=list)  # the package modules it imports relatively, in order
 
@@ -159,11 +152,9 @@ class PythonShaker:
                 single = ast.Import([a]) if plain else ast.ImportFrom(node.module, [a], 0)
                 module.bindings[name] = ("ext", ast.unparse(single), node)
             return
-        defines = defined_names(node)
-        stmt = _Stmt(node, i, tuple(defines))
-        for name in defines:
+        for name in defined_names(node):
             if name != "__all__":
-                module.bindings[name] = ("stmt", stmt)
+                module.bindings[name] = ("stmt", i)
 
     # -- reachability -------------------------------------------------------------------------------
     def _references(self, module: _Module, node: ast.stmt) -> tuple[set[str], dict[str, set[str]]]:
@@ -227,16 +218,16 @@ class PythonShaker:
                 ns |= self.extra.get(target, set())
                 work.extend((target, n) for n in ns)
             else:
-                stmt = binding[1]
-                if (path, stmt.index) in self.kept:
+                key, node = (path, binding[1]), module.tree.body[binding[1]]
+                if key in self.kept:
                     continue
-                for defined in stmt.defines:
-                    prior = self.owner.setdefault(defined, (path, stmt.index))
-                    if prior != (path, stmt.index):
+                for defined in defined_names(node):
+                    prior = self.owner.setdefault(defined, key)
+                    if prior != key:
                         raise ShakeError(f"convt3d/{path} and convt3d/{prior[0]} both define {defined!r}; the "
                                          "exported file puts them in one namespace")
-                self.kept.add((path, stmt.index))
-                names, attrs = self._references(module, stmt.node)
+                self.kept.add(key)
+                names, attrs = self._references(module, node)
                 work.extend((path, n) for n in names)
                 for alias, used in attrs.items():
                     b = module.bindings.get(alias)
