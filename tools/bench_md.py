@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
 from pathlib import Path
 from dataclasses import dataclass, field
+from statistics import geometric_mean
 
 # Runs written before the bench took the library's names say "default" and "exact".
 PRECISION = {"default": "tf32", "exact": "tf32x3"}
@@ -100,8 +100,7 @@ def _bench_json(name: str, d: dict) -> list[Run]:
             f"backend {st.get('backend', NOT_RECORDED)}"]
     extra = [f"failed: {f.get('case')} {f.get('dtype', '')} {f.get('layout', '')} ({f.get('error', '')})"
              for f in d.get("failures", [])]
-    extra += [f"skipped {s['case']} ({s['reason']})" if isinstance(s, dict) else f"skipped: {s}"
-              for s in d.get("skipped") or []]
+    extra += [f"skipped {s['case']} ({s['reason']})" for s in d.get("skipped") or []]
     src, runs = f"`{name}`: {_env(d)}; " + "; ".join(how + extra), {}
     for r in d["rows"]:
         key = (r["suite"], r.get("mode", "fwd"))
@@ -185,12 +184,11 @@ def _bench_log(name: str, text: str) -> list[Run]:
 
 def read_records(folder: str) -> list[Run]:
     """Every record of ``folder``, in file-name order; a file that is none stops the page."""
-    names = sorted(os.listdir(folder))
+    texts = {n: Path(folder, n).read_text(encoding="utf-8") for n in sorted(os.listdir(folder))}
     runs: list[Run] = []
-    for n in names:
+    for n, text in texts.items():
         path = os.path.join(folder, n)
-        text = open(path, encoding="utf-8").read()
-        if n.endswith(".log") and n[:-4] + ".json" in names:
+        if n.endswith(".log") and n[:-4] + ".json" in texts:
             continue  # the harness log, read with its JSON
         if n.endswith(".json"):
             d = json.loads(text)
@@ -201,8 +199,7 @@ def read_records(folder: str) -> list[Run]:
                 runs += _kernelbench_json(n, d)
             elif isinstance(d, dict) and d and all(isinstance(v, dict) and "ref_runtime" in v
                                                    for k, v in d.items() if k != "environment"):
-                log = os.path.join(folder, n[:-5] + ".log")
-                runs += _harness_json(n, d, open(log, encoding="utf-8").read() if os.path.exists(log) else None)
+                runs += _harness_json(n, d, texts.get(n[:-5] + ".log"))
             else:
                 raise ValueError(f"{path}: not a record this page reads")
         elif n.endswith(".log"):
@@ -213,23 +210,14 @@ def read_records(folder: str) -> list[Run]:
 
 
 # ---- the page ------------------------------------------------------------------------------------
-def _geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(cells) + " |" for cells in rows]
-
-
 def _summary(rows: list[tuple]) -> str:
     low = min(rows, key=lambda r: r[7])
-    line = (f"Geomean speedup over the {len(rows)} rows: **{_geomean([r[7] for r in rows]):.2f}x** (min {low[7]:.2f}x, "
-            f"{' '.join(low[:3])})")
+    line = (f"Geomean speedup over the {len(rows)} rows: **{geometric_mean(r[7] for r in rows):.2f}x** "
+            f"(min {low[7]:.2f}x, {' '.join(low[:3])})")
     for col in (1, 2, 3):
         values = dict.fromkeys(r[col] for r in rows)
         if len(values) > 1:
-            line += "; " + ", ".join(f"{v} {_geomean([r[7] for r in rows if r[col] == v]):.2f}x" for v in values)
+            line += "; " + ", ".join(f"{v} {geometric_mean(r[7] for r in rows if r[col] == v):.2f}x" for v in values)
     return line + "."
 
 
@@ -262,8 +250,8 @@ def page(folder: str) -> str:
         out += [f"### {gpu}, {MODES.get(mode, mode if mode != NOT_RECORDED else 'mode not recorded')}", ""]
         out += [f"- {r.source}" for r in runs] + [""]
         rows = [row for r in runs for row in r.rows]
-        out += _table(["case", "dtype", "layout", "precision", "engine", "convt3d µs", "cuDNN µs", "speedup"],
-                      [[*r[:5], f"{r[5]:.1f}", f"{r[6]:.1f}", f"{r[7]:.2f}x"] for r in rows])
+        out += ["| case | dtype | layout | precision | engine | convt3d µs | cuDNN µs | speedup |", "|" + "---|" * 8]
+        out += [f"| {' | '.join(r[:5])} | {r[5]:.1f} | {r[6]:.1f} | {r[7]:.2f}x |" for r in rows]
         out += ["", _summary(rows), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 

@@ -78,24 +78,22 @@ def _check_one(case: Case, seed: int) -> tuple[dict | None, dict | None]:
         return None, case_failure(case, exc)
 
 
-def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] | None = None,
-               advance: Callable[[], None] | None = None, jobs: int = 1) -> tuple[list[dict], list[dict]]:
+def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] = lambda _msg: None,
+               advance: Callable[[], None] = lambda: None, jobs: int = 1) -> tuple[list[dict], list[dict]]:
     """Check every case on ``jobs`` processes (the interpreter is pure Python), longest first:
     (rows, failures) in the order of ``cases``; a case that raises becomes a failure entry."""
-    say = status or (lambda _msg: None)
-    step = advance or (lambda: None)
     results: list[tuple[dict | None, dict | None]] = [(None, None)] * len(cases)
     if jobs <= 1 or len(cases) <= 1:
         for i, case in enumerate(cases):
-            say(f"{case.label}: interpreter")
+            status(f"{case.label}: interpreter")
             results[i] = _check_one(case, seed)
-            step()
+            advance()
     else:
         # spawn, not fork: forking a process whose torch/triton thread pools are live can hang. The
         # children inherit TRITON_INTERPRET=1 and sys.path, and run on one thread each: the interpreter
         # runs Python on one core. A program walks every tap of every phase.
         order = sorted(range(len(cases)), key=lambda i: -cases[i].geometry.groups * math.prod(cases[i].geometry.kernel))
-        say(f"interpreter: {len(cases)} cases on {jobs} processes")
+        status(f"interpreter: {len(cases)} cases on {jobs} processes")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=torch.set_num_threads, initargs=(1,)) as pool:
             futures = {pool.submit(_check_one, cases[i], seed): i for i in order}
@@ -105,6 +103,6 @@ def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] |
                     results[i] = fut.result()
                 except Exception as exc:  # noqa: BLE001 -- a worker that died takes only its case down
                     results[i] = (None, case_failure(cases[i], exc))
-                say(f"{cases[i].label}: done")
-                step()
+                status(f"{cases[i].label}: done")
+                advance()
     return [r for r, _ in results if r is not None], [f for _, f in results if f is not None]

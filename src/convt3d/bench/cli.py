@@ -26,7 +26,7 @@ from .check import CHECK_BACKEND, run_checks
 from .roofline import measure_ceilings
 from .runner import MODES, TimingSettings, run_cases
 
-__all__ = ["main", "build_parser", "HelpFormatter", "comma_list", "add_filters", "flatten", "parse"]
+__all__ = ["main", "build_parser", "HelpFormatter", "comma_list", "add_filters", "flatten", "parse", "usage_error"]
 
 _REEXEC_MARK = "CONVT3D_BENCH_REEXEC"
 
@@ -96,21 +96,15 @@ def flatten(values: list[list[str]] | None) -> list[str] | None:
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """``parser.parse_args(argv)``; a deprecated spelling is said once, on the terminal, and not
-    again by the interpreter check's child process."""
+    """``parser.parse_args(argv)``, a deprecated spelling warned of once: not again in the re-run child."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore" if os.environ.get(_REEXEC_MARK) else "default", DeprecationWarning)
         return parser.parse_args(argv)
 
 
-def _default_jobs() -> int:
-    # 8 at most: each worker holds its own torch + triton.
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, 8))
-
-
 def build_parser() -> argparse.ArgumentParser:
     summary, no_cuda = __doc__.split("\n\n")[:2]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     suites_help = "\n".join(f"  {name:<12} {text}" for name, text in SUITE_HELP.items())
     p = argparse.ArgumentParser(prog="convt3d bench", formatter_class=HelpFormatter,
                                 description=f"{summary}\n\nsuites:\n{suites_help}", epilog=f"{EXAMPLES}\n\n{no_cuda}")
@@ -130,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --suite networks: first calls and agreement only; after a full run, what a warm "
                           "cache leaves to a new process's first call")
     sel.add_argument("--list", action="store_true", help="print the selected cases and exit")
-    sel.add_argument("--jobs", type=_positive_int, default=_default_jobs(),
+    # 8 at most: each worker holds its own torch + triton.
+    sel.add_argument("--jobs", type=_positive_int, default=min(cores, 8),
                      help="processes of the interpreter check (CPU cores, at most 8)")
 
     out = p.add_argument_group("output")
@@ -147,8 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _usage_error(message: str) -> int:
-    print(f"convt3d bench: error: {message}", file=sys.stderr)
+def usage_error(message: str, prog: str = "convt3d bench") -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -188,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help (0) and usage errors (2)
         return int(exc.code or 0)
     if args.min_reps < 1 or args.rep_ms <= 0 or args.warmup_ms < 0:
-        return _usage_error("--min-reps must be >= 1, --rep-ms > 0 and --warmup-ms >= 0")
+        return usage_error("--min-reps must be >= 1, --rep-ms > 0 and --warmup-ms >= 0")
     if args.suite == "networks":
         return _networks_main(args, argv)
     args.mode = args.mode or "fwd"
@@ -196,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         cases = suites.select(args.suite, flatten(args.case), flatten(args.dtype), flatten(args.layout),
                               flatten(args.precision))
     except ValueError as exc:
-        return _usage_error(str(exc))
+        return usage_error(str(exc))
     if not cases:
-        return _usage_error("no case matches the filters (note: tf32x3 exists only in the kernelbench suite)")
+        return usage_error("no case matches the filters (note: tf32x3 exists only in the kernelbench suite)")
     if args.list:
         for c in cases:
             print(f"{c.suite:<12} {c.label}")
@@ -215,8 +210,8 @@ def _run(args, argv, selected, check, timing, *extra) -> int:
     if interpreter_active():
         return check(args, argv, selected)
     if os.environ.get(_REEXEC_MARK):
-        return _usage_error("TRITON_INTERPRET=1 did not switch Triton's interpreter on in the child process; "
-                            "run: TRITON_INTERPRET=1 python -m convt3d bench ...")
+        return usage_error("TRITON_INTERPRET=1 did not switch Triton's interpreter on in the child process; "
+                           "run: TRITON_INTERPRET=1 python -m convt3d bench ...")
     env = dict(os.environ, TRITON_INTERPRET="1", **{_REEXEC_MARK: "1"})
     # The child must import this same convt3d even when it was found through sys.path edits.
     root = str(Path(convt3d.__file__).resolve().parent.parent)
@@ -337,9 +332,9 @@ def _networks_main(args, argv: list[str]) -> int:
             if values is not None and set(values) != {allowed}:
                 raise ValueError(f"{name} {','.join(values)}: the networks suite runs {allowed} only")
     except ValueError as exc:
-        return _usage_error(str(exc))
+        return usage_error(str(exc))
     if not modes:
-        return _usage_error("no network mode matches the filters (the training step runs in bf16 only)")
+        return usage_error("no network mode matches the filters (the training step runs in bf16 only)")
     if args.list:
         for net in nets:
             reason = networks.unavailable_reason(net)
@@ -376,11 +371,8 @@ def _run_network_timing(args, argv: list[str], nets, modes) -> int:
         settings = dict(_network_settings(args, nets, modes), seconds=time.perf_counter() - t0, complete=final)
         return report.payload("timing", argv, env, settings, rows, failures, summary or [], skipped=skipped)
 
-    def rewrite(rows, failures, skipped) -> None:
-        # The JSON is rewritten after each network: an interrupted run keeps what it measured.
-        if args.json:
-            report.write_json(args.json, data(rows, failures, skipped))
-
+    # The JSON is rewritten after each network: an interrupted run keeps what it measured.
+    rewrite = (lambda *lists: report.write_json(args.json, data(*lists))) if args.json else None
     with _progress(console, len(nets) * len(modes), "networks") as (status, advance):
         rows, failures, skipped = networks.run_networks(
             nets, modes, args.backend, TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed),

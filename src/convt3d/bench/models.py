@@ -81,10 +81,9 @@ class _SamePadConvTranspose3d(nn.Module):
 
     def __init__(self, cin: int, cout: int, kernel: int, stride: Sequence[int]):
         super().__init__()
-        k = (kernel,) * 3
         # F.pad takes the last dimension first: (W_lo, W_hi, H_lo, H_hi, D_lo, D_hi).
-        self.pad = tuple(p for kd, s in reversed(list(zip(k, stride))) for p in ((kd - s + 1) // 2, (kd - s) // 2))
-        self.conv = nn.ConvTranspose3d(cin, cout, k, tuple(stride), padding=tuple(kd - 1 for kd in k))
+        self.pad = tuple(p for s in reversed(stride) for p in ((kernel - s + 1) // 2, (kernel - s) // 2))
+        self.conv = nn.ConvTranspose3d(cin, cout, kernel, tuple(stride), padding=kernel - 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(F.pad(x, self.pad))

@@ -174,8 +174,7 @@ _BENCH_MODE = {"fwd": "infer", "full": "train"}
 
 
 def select_modes(mode: str | None = None, dtypes: Iterable[str] | None = None) -> list[NetMode]:
-    """The network modes of ``--mode`` (None: all; "fwd": inference; "full": the training step)
-    and ``--dtype`` (None: both)."""
+    """The network modes of ``--mode`` (None: all; fwd: inference; full: the training step) and ``--dtype``."""
     if mode is not None and mode not in _BENCH_MODE:
         raise ValueError(f"--mode {mode} is not a network mode: the networks suite runs fwd (inference) and "
                          "full (training step)")
@@ -286,13 +285,10 @@ def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode, model: nn.Mo
         return
     grads_p, grads_u, grads_r = y_patched[1:], y_untouched[1:], ref[1:]
     err, ref_err = normwise_error(grads_p, grads_r), normwise_error(grads_u, grads_r)
+    # The ConvTranspose3d weights' gradients alone: the layers convt3d computes.
     weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.ConvTranspose3d)}
-    convt_index = [i for i, p in enumerate(_trainable(model)) if id(p) in weights]
-
-    def pick(gs):  # the ConvTranspose3d weights: the layers convt3d computes
-        return [gs[i] for i in convt_index]
-
-    c_err, c_ref_err = normwise_error(pick(grads_p), pick(grads_r)), normwise_error(pick(grads_u), pick(grads_r))
+    convt = [i for i, p in enumerate(_trainable(model)) if id(p) in weights]
+    c_err, c_ref_err = (normwise_error([g[i] for i in convt], [grads_r[i] for i in convt]) for g in (grads_p, grads_u))
     row.update(rel_err_vs_reference=err, torch_rel_err_vs_reference=ref_err, convt_grad_rel_err=c_err,
                torch_convt_grad_rel_err=c_ref_err,
                within_error_budget=_budget_ok(err, ref_err, mode.dtype) and _budget_ok(c_err, c_ref_err, mode.dtype),
@@ -322,12 +318,10 @@ def transposed_share(events, device_type: str) -> tuple[float, float, float]:
     def is_cpu_op(e) -> bool:
         return e.device_type == DeviceType.CPU and not e.is_async
 
-    def is_kernel(e) -> bool:  # not a record_function range's GPU span, which would count its kernels twice
-        return e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
-
     convt = [e for e in events if e.name in TRANSPOSED_OPS and is_cpu_op(e) and outermost(e)]
-    if device_type == "cuda":
-        total = sum(e.device_time_total for e in events if is_kernel(e))
+    if device_type == "cuda":  # kernels, not a record_function range's GPU span (that would count them twice)
+        total = sum(e.device_time_total for e in events
+                    if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
         part = sum(e.device_time_total for e in convt)
     else:
         total = sum(e.cpu_time_total for e in events if is_cpu_op(e) and e.cpu_parent is None)
@@ -384,19 +378,8 @@ def layer_engines(patched: nn.Module, fn: Callable[[], object]) -> tuple[str, li
 DEFAULT_PAIRS = 21
 
 
-def _tune(patched: nn.Module, x: torch.Tensor, mode: NetMode) -> dict:
-    """``convt3d.tune`` of the patched model as the mode runs it (autocast, train or eval mode)."""
-    patched.train(mode.training)
-    t0 = time.perf_counter()
-    with torch.autocast(x.device.type, torch.bfloat16, enabled=mode.autocast):
-        with torch.enable_grad() if mode.training else torch.no_grad():
-            rep = convt3d.tune(patched, x, backward=mode.training, progress=False)
-    return {"tune_s": time.perf_counter() - t0, "network_check": rep.network}
-
-
-def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module, x: torch.Tensor, backend: str,
-              timer, status: Callable[[str], None], refs: dict, seed: int, rounds: int, measure: bool = True,
-              tune: bool = False) -> dict:
+def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module, x: torch.Tensor, backend: str, timer,
+              status: Callable[[str], None], refs: dict, seed: int, rounds: int, measure: bool, tune: bool) -> dict:
     """One row; ``measure=False``: agreement and first calls only."""
     # Training steps move BatchNorm's running statistics: every mode starts from the same state.
     patched.load_state_dict(model.state_dict())
@@ -415,9 +398,14 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
     fn_u, fn_p = call(model), call(patched)
     status(f"{net.name} {mode.label}: untouched first call")
     y_u, first_u = timer.first_call(fn_u)
-    if tune and backend == "auto":
+    if tune and backend == "auto":  # convt3d.tune of the patched model as the mode runs it
         status(f"{net.name} {mode.label}: convt3d.tune (network check included)")
-        row.update(_tune(patched, x, mode))
+        patched.train(mode.training)
+        t0 = time.perf_counter()
+        with (torch.autocast(x.device.type, torch.bfloat16, enabled=mode.autocast),
+              torch.enable_grad() if mode.training else torch.no_grad()):
+            rep = convt3d.tune(patched, x, backward=mode.training, progress=False)
+        row.update(tune_s=time.perf_counter() - t0, network_check=rep.network)
         fn_p = call(patched)
     status(f"{net.name} {mode.label}: patched first call (compile, tune, measure)")
     y_p, first_p = timer.first_call(fn_p)
@@ -460,7 +448,7 @@ def _failure(net: Network, mode: NetMode | None, exc: BaseException) -> dict:
 
 
 def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto", settings=None,
-                 status: Callable[[str], None] | None = None, advance: Callable[[], None] | None = None,
+                 status: Callable[[str], None] = lambda _msg: None, advance: Callable[[], None] = lambda: None,
                  device: str = "cuda", timer=None, rounds: int = DEFAULT_PAIRS, tiny: bool = False,
                  measure: bool = True, on_network: Callable[[list, list, list], None] | None = None,
                  tune: bool = False) -> tuple[list[dict], list[dict], list[dict]]:
@@ -469,9 +457,6 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
     ``measure=False`` only compares outputs; ``on_network(rows, failures, skipped)`` runs after each."""
     settings = settings or TimingSettings()
     timer = timer if timer is not None else CudaTimer(settings)
-    say = status or (lambda _msg: None)
-    step = advance or (lambda: None)
-    done = on_network or (lambda *_lists: None)
     rows, failures, skipped = [], [], []
     for net in nets:
         reason = unavailable_reason(net)
@@ -480,7 +465,7 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
             skipped.append({"case": net.name, "reason": reason})
         else:
             try:
-                say(f"{net.name}: building")
+                status(f"{net.name}: building")
                 model, x = build_network(net, device, tiny=tiny, seed=settings.seed)
                 patched = convt3d.patch(copy.deepcopy(model), backend=None if backend == "auto" else backend)
             except Exception as exc:  # noqa: BLE001 -- one network's failure must not hide the others
@@ -489,21 +474,22 @@ def run_networks(nets: list[Network], modes: list[NetMode], backend: str = "auto
         for mode in modes:
             if patched is not None:
                 try:
-                    rows.append(_run_mode(net, mode, model, patched, x, backend, timer, say, refs, settings.seed,
+                    rows.append(_run_mode(net, mode, model, patched, x, backend, timer, status, refs, settings.seed,
                                           rounds, measure, tune))
                 except Exception as exc:  # noqa: BLE001
                     failures.append(_failure(net, mode, exc))
-            step()
+            advance()
         del model, patched, x, refs
         if reason is None:
             timer.release()
-        done(rows, failures, skipped)
+        if on_network:
+            on_network(rows, failures, skipped)
     return rows, failures, skipped
 
 
 # ---- CPU check (Triton's interpreter) --------------------------------------------------------------
-def check_networks(nets: list[Network], seed: int = 0, status: Callable[[str], None] | None = None,
-                   advance: Callable[[], None] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
+def check_networks(nets: list[Network], seed: int = 0, status: Callable[[str], None] = lambda _msg: None,
+                   advance: Callable[[], None] = lambda: None) -> tuple[list[dict], list[dict], list[dict]]:
     """Each network at its tiny size on the CPU, fp32 inference with TF32 off, the patched model
     (``CHECK_BACKEND``) against the untouched one and float64: (rows, failures, skipped), a row ``ok``
     when every layer is patched and the output has the right shape and is within budget."""

@@ -108,17 +108,6 @@ def _row_label(r: dict) -> str:
 
 
 # ---- JSON -----------------------------------------------------------------------------------------
-def _clean(v):
-    """JSON has no NaN/inf: write them as null."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    return v
-
-
 def payload(kind: str, argv: list[str], env: dict, settings: dict, rows: list[dict], failures: list[dict],
             summary, ceilings: Ceilings | None = None, skipped: list[dict] | None = None) -> dict:
     return {
@@ -136,8 +125,9 @@ def _parent_made(path: str | os.PathLike) -> Path:
 
 
 def write_json(path: str | os.PathLike, data: dict) -> None:
-    """``data`` as JSON, NaN and inf as null."""
-    _parent_made(path).write_text(json.dumps(_clean(data), indent=2, allow_nan=False) + "\n")
+    """``data`` as JSON, NaN and inf as null (JSON has neither)."""
+    clean = json.loads(json.dumps(data), parse_constant=lambda _nan_or_inf: None)
+    _parent_made(path).write_text(json.dumps(clean, indent=2, allow_nan=False) + "\n")
 
 
 # ---- plot -----------------------------------------------------------------------------------------
@@ -171,10 +161,9 @@ def write_plot(path: str | os.PathLike, rows: list[dict], title: str) -> None:
     ax_s.set_yticks(ys)
     ax_s.set_yticklabels([_row_label(r) for r in rows], fontsize=8)
     ax_s.invert_yaxis()
-    h = 0.4
-    for key, dy, label, color in (("roofline_pct", -h / 2, "convt3d", None), ("torch_roofline_pct", h / 2, "cuDNN",
-                                                                              "tab:gray")):
-        ax_r.barh([y + dy for y in ys], [r[key] if _finite(r.get(key)) else math.nan for r in rows], height=h,
+    for key, dy, label, color in (("roofline_pct", -0.2, "convt3d", None), ("torch_roofline_pct", 0.2, "cuDNN",
+                                                                            "tab:gray")):
+        ax_r.barh([y + dy for y in ys], [r[key] if _finite(r.get(key)) else math.nan for r in rows], height=0.4,
                   label=label, color=color)
     ax_r.axvline(100.0, color="red", linewidth=1)
     ax_r.set_xlabel("% of roofline (100 * max(memory floor, compute floor) / time)")
@@ -251,7 +240,7 @@ def print_header(console, env: dict, ceilings: Ceilings | None, note: str = "") 
 
 
 def _fmt(v, spec: str) -> str:
-    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+    return format(v, spec) if _finite(v) else "-"
 
 
 def _x(v, red_below: float | None = 1.0) -> str:

@@ -34,34 +34,25 @@ def cudnn_tf32(allow: bool):
 
 
 # ---- measuring (CUDA only) ------------------------------------------------------------------------
-def _copy_bytes_per_s(device, gen: torch.Generator) -> float:
-    src = torch.rand(COPY_BYTES // 4, generator=gen, device=device)
-    dst = torch.empty_like(src)
-    return 2 * COPY_BYTES / (gpu_ms(lambda: dst.copy_(src), warmup=10, rep=60) * 1e-3)
-
-
-def _matmul_flops_per_s(device, gen: torch.Generator, dtype: torch.dtype, tf32: bool) -> float:
-    n = MATMUL_SIZE
-    a = torch.randn((n, n), generator=gen, device=device).to(dtype)
-    b = torch.randn((n, n), generator=gen, device=device).to(dtype)
-    c = torch.empty((n, n), device=device, dtype=dtype)
-    with _flag(torch.backends.cuda.matmul, "allow_tf32", tf32):
-        # exact fp32, the slowest class, still gets several timed calls within ``rep``.
-        ms = gpu_ms(lambda: torch.mm(a, b, out=c), warmup=25, rep=100)
-    return 2 * n ** 3 / (ms * 1e-3)
-
-
-def measure_ceilings(device: torch.device | str = "cuda", status: Callable[[str], None] | None = None) -> Ceilings:
+def measure_ceilings(device: torch.device | str = "cuda",
+                     status: Callable[[str], None] = lambda _msg: None) -> Ceilings:
     """Copy bandwidth and matmul peaks of ``device``, on random data (a few seconds)."""
-    say = status or (lambda _msg: None)
     t0 = time.perf_counter()
     gen = torch.Generator(device=device).manual_seed(1234)
-    say("measuring device ceilings: 1 GiB device-to-device copy")
-    copy_bps = _copy_bytes_per_s(device, gen)
+    status("measuring device ceilings: 1 GiB device-to-device copy")
+    src = torch.rand(COPY_BYTES // 4, generator=gen, device=device)
+    dst = torch.empty_like(src)
+    copy_bps = 2 * COPY_BYTES / (gpu_ms(lambda: dst.copy_(src), warmup=10, rep=60) * 1e-3)
+    del src, dst
+    n = MATMUL_SIZE
     peaks = {}
     for key, dtype, tf32 in (("bf16", torch.bfloat16, False), ("tf32", torch.float32, True),
                              ("fp32", torch.float32, False)):
-        say(f"measuring device ceilings: {MATMUL_SIZE}^3 matmul, {key}")
-        peaks[key] = _matmul_flops_per_s(device, gen, dtype, tf32)
+        status(f"measuring device ceilings: {n}^3 matmul, {key}")
+        a, b = (torch.randn((n, n), generator=gen, device=device).to(dtype) for _ in range(2))
+        c = torch.empty((n, n), device=device, dtype=dtype)
+        with _flag(torch.backends.cuda.matmul, "allow_tf32", tf32):
+            # exact fp32, the slowest class, still gets several timed calls within ``rep``.
+            peaks[key] = 2 * n ** 3 / (gpu_ms(lambda: torch.mm(a, b, out=c), warmup=25, rep=100) * 1e-3)
     torch.cuda.empty_cache()
     return Ceilings(copy_bps, peaks["bf16"], peaks["tf32"], peaks["fp32"], time.perf_counter() - t0)

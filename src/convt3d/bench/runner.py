@@ -71,10 +71,9 @@ class CudaTimer:
         """Seconds per call of ``fn_a`` and ``fn_b`` in ``pairs`` pairs of blocks timed back to back,
         the order alternating so that a drift within a pair falls on both. A block is calls between
         two CUDA events, without L2 flush (as a model is called in a loop), from an idle GPU."""
-        _, est_a = self.first_call(fn_a)
-        _, est_b = self.first_call(fn_b)
-        steps = max(1, math.ceil(PAIRED_BLOCK_MS * 1e-3 / max(est_a, est_b, 1e-6)))
-        times: dict[int, list[float]] = {0: [], 1: []}
+        estimate = max(self.first_call(fn_a)[1], self.first_call(fn_b)[1], 1e-6)
+        steps = max(1, math.ceil(PAIRED_BLOCK_MS * 1e-3 / estimate))
+        times: tuple[list[float], list[float]] = ([], [])
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for i in range(pairs):
             for side in ((0, 1) if i % 2 == 0 else (1, 0)):
@@ -85,21 +84,13 @@ class CudaTimer:
                 end.record()
                 end.synchronize()
                 times[side].append(start.elapsed_time(end) * 1e-3 / steps)
-        return times[0], times[1]
+        return times
 
     def release(self) -> None:
         torch.cuda.empty_cache()
 
 
 # ---- modes ----------------------------------------------------------------------------------------
-def _ours(x, w, b, args, backend):
-    return convt3d.conv_transpose3d(x, w, b, *args, backend=backend, precision=None)
-
-
-def _xwb(leaves: list[torch.Tensor]) -> tuple:
-    return leaves[0], leaves[1], leaves[2] if len(leaves) > 2 else None
-
-
 @dataclass(frozen=True)
 class Mode:
     """fwd: the forward; bwd: dX, dW, db of a retained forward; full: a training step, forward and backward."""
@@ -116,12 +107,18 @@ class Mode:
         (fwd) or the gradients of fresh leaves of the same values and layouts for a fixed random dY laid
         out like the output; bwd runs each forward once here with its graph retained."""
         args = case.geometry.conv_args()
+
+        def conv(ours_side: bool, x, w, b=None):
+            if ours_side:
+                return convt3d.conv_transpose3d(x, w, b, *args, backend=backend, precision=None)
+            return F.conv_transpose3d(x, w, b, *args)
+
         if self.name == "fwd":
             def ours() -> torch.Tensor:
-                return _ours(t.x, t.w, t.b, args, backend)
+                return conv(True, t.x, t.w, t.b)
 
             def theirs() -> torch.Tensor:
-                return F.conv_transpose3d(t.x, t.w, t.b, *args)
+                return conv(False, t.x, t.w, t.b)
 
             return ours, theirs
         with torch.no_grad():
@@ -130,29 +127,17 @@ class Mode:
         g = torch.randn(y.shape, generator=gen, device=y.device, dtype=torch.float32).to(y.dtype)
         if case.layout == "cl":
             g = g.contiguous(memory_format=torch.channels_last_3d)
-
-        def leaves():
-            return [v.detach().requires_grad_() for v in (t.x, t.w, t.b) if v is not None]
-
-        ours_in, ref_in = leaves(), leaves()
-
-        def forward_ours():
-            return _ours(*_xwb(ours_in), args, backend)
-
-        def forward_ref():
-            return F.conv_transpose3d(*_xwb(ref_in), *args)
-
+        ours_in, ref_in = ([v.detach().requires_grad_() for v in (t.x, t.w, t.b) if v is not None] for _ in range(2))
         retain = self.name == "bwd"
         if retain:
             with torch.enable_grad():
-                y_ours, y_ref = forward_ours(), forward_ref()
-            forward_ours, forward_ref = (lambda: y_ours), (lambda: y_ref)
+                y_ours, y_ref = conv(True, *ours_in), conv(False, *ref_in)
 
         def ours():
-            return torch.autograd.grad(forward_ours(), ours_in, g, retain_graph=retain)
+            return torch.autograd.grad(y_ours if retain else conv(True, *ours_in), ours_in, g, retain_graph=retain)
 
         def theirs():
-            return torch.autograd.grad(forward_ref(), ref_in, g, retain_graph=retain)
+            return torch.autograd.grad(y_ref if retain else conv(False, *ref_in), ref_in, g, retain_graph=retain)
 
         return ours, theirs
 
@@ -180,16 +165,6 @@ def get_mode(name: str) -> Mode:
 
 
 # ---- one row --------------------------------------------------------------------------------------
-def _engine_of(case: Case, t: Tensors, params, backend: str, training: bool) -> tuple[str, str]:
-    """(engine label, reason) convt3d's dispatcher picks for this call, e.g. 'triton tf32'; asked
-    after the first call, so that a decision that call measured is the one reported."""
-    d = decide(t.x, backend, None, params, weight=t.w, bias=t.b, measure=False, training=training)
-    label = HYBRID if training and d.ours_backward else d.engine
-    if case.dtype == "fp32" and d.engine == "triton":
-        label = f"{d.engine} {d.precision}"
-    return label, d.reason
-
-
 def max_abs_diff(a, b) -> tuple[float, float]:
     """(max |a - b|, max |b|) in fp32; for tuples of gradients, the pair of the largest ratio, so that
     a small dW error is not hidden by a large dX scale."""
@@ -235,7 +210,12 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
         ours, theirs = mode.build(case, t, backend)
         status(f"{case.label}: convt3d first call (compile + tune)")
         y_ours, first_ours = timer.first_call(ours)
-        row["engine"], row["engine_reason"] = _engine_of(case, t, params, backend, mode.needs_grad)
+        # The dispatcher's pick, asked after the first call so that a decision that call measured is reported.
+        d = decide(t.x, backend, None, params, weight=t.w, bias=t.b, measure=False, training=mode.needs_grad)
+        row["engine"] = HYBRID if mode.needs_grad and d.ours_backward else d.engine
+        if case.dtype == "fp32" and d.engine == "triton":
+            row["engine"] = f"triton {d.precision}"
+        row["engine_reason"] = d.reason
         if mode.needs_grad:
             row["bwd_choice"] = "" if row["engine"] == "torch" else _bwd_choice(params, t.x.dtype)
         status(f"{case.label}: PyTorch first call")
@@ -284,13 +264,12 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
 
 
 def run_cases(cases: list[Case], mode_name: str, backend: str, ceilings: Ceilings, settings: TimingSettings,
-              status: Callable[[str], None] | None = None, advance: Callable[[], None] | None = None,
+              status: Callable[[str], None] = lambda _msg: None, advance: Callable[[], None] = lambda: None,
               device: str = "cuda", timer=None) -> tuple[list[dict], list[dict]]:
     """Time every case: (rows, failures), a case that raises a failure entry. ``device`` and ``timer``
     let the tests drive the row logic on the CPU with a fake timer."""
     mode = get_mode(mode_name)
     timer = timer if timer is not None else CudaTimer(settings)
-    say = status or (lambda _msg: None)
     rows, failures = [], []
     default_cudnn_s: dict[tuple, float] = {}
     tensors, tensors_key = None, None
@@ -301,13 +280,12 @@ def run_cases(cases: list[Case], mode_name: str, backend: str, ceilings: Ceiling
                 if key != tensors_key:
                     tensors, tensors_key = None, None  # free the previous case's tensors first
                     timer.release()
-                    say(f"{case.label}: making inputs")
+                    status(f"{case.label}: making inputs")
                     tensors, tensors_key = make_tensors(case, device, settings.seed), key
-                rows.append(_run_row(case, tensors, mode, backend, ceilings, timer, default_cudnn_s, say))
+                rows.append(_run_row(case, tensors, mode, backend, ceilings, timer, default_cudnn_s, status))
             except Exception as exc:  # noqa: BLE001 -- one case's failure must not hide the others
                 failures.append(case_failure(case, exc))
                 tensors, tensors_key = None, None
                 timer.release()
-            if advance:
-                advance()
+            advance()
     return rows, failures

@@ -8,7 +8,7 @@ import math
 import warnings
 import zlib
 from dataclasses import asdict, dataclass, replace
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import torch
 
@@ -29,16 +29,11 @@ EXTRA_SUITES = ("heads",)
 
 
 def precision_name(name: str) -> str:
-    """``name`` in the library's spelling; the bench's former "default" and "exact" are mapped, with a
-    DeprecationWarning."""
+    """``name`` in the library's spelling: the former "default" and "exact" mapped, with a DeprecationWarning."""
     new = OLD_PRECISIONS.get(name)
     if new is not None:
         warnings.warn(f"precision {name!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=3)
     return new or name
-
-
-def _t3(v: int | Sequence[int]) -> tuple[int, int, int]:
-    return (v, v, v) if isinstance(v, int) else tuple(v)
 
 
 @dataclass(frozen=True)
@@ -61,8 +56,10 @@ class Geometry:
     @staticmethod
     def of(name: str, batch: int, cin: int, cout: int, in_size, kernel, stride=1, padding=0, output_padding=0,
            dilation=1, groups: int = 1, bias: bool = False) -> "Geometry":
-        return Geometry(name, batch, cin, cout, _t3(in_size), _t3(kernel), _t3(stride), _t3(padding),
-                        _t3(output_padding), _t3(dilation), groups, bias)
+        """A geometry whose sizes may each be one int for all three axes."""
+        sizes = (in_size, kernel, stride, padding, output_padding, dilation)
+        return Geometry(name, batch, cin, cout, *((v, v, v) if isinstance(v, int) else tuple(v) for v in sizes),
+                        groups, bias)
 
     @property
     def weight_shape(self) -> tuple[int, ...]:
@@ -210,8 +207,7 @@ INTERP_IN_SIZE = 2
 
 
 def reduced_for_interpreter(g: Geometry) -> Geometry:
-    """``g`` shrunk for the CPU interpreter check; kernel, stride, padding, dilation, output_padding
-    and groups are kept."""
+    """``g`` shrunk for the CPU interpreter check: kernel, stride, padding, dilation, output_padding, groups kept."""
     cin_g = min(g.in_channels // g.groups, INTERP_MAX_CHANNELS_PER_GROUP)
     cout_g = min(g.out_channels // g.groups, INTERP_MAX_CHANNELS_PER_GROUP)
     sizes = []

@@ -15,7 +15,7 @@ from ..dispatch import cache
 from ..functional import conv_transpose3d
 from ..tune import Progress, tune
 from . import suites
-from .cli import HelpFormatter, add_filters, flatten, parse
+from .cli import HelpFormatter, add_filters, flatten, parse, usage_error
 from .roofline import cudnn_tf32
 
 __all__ = ["main", "build_parser"]
@@ -51,17 +51,6 @@ class _CaseLayer(nn.Module):
         return conv_transpose3d(x, self.weight, self.bias, *self.args)
 
 
-def _show(gpu: str) -> int:
-    store = cache.store_for(gpu)
-    print(f"{store.path} ({'exists' if store.path.exists() else 'not written yet'}), key {store.key}")
-    for sig, e in sorted(store.entries["decisions"].items()):
-        t = ", ".join(f"{k} {v:.4g}" for k, v in sorted(e.get("timings_ms", {}).items(), key=lambda kv: kv[1]))
-        print(f"  decision {e.get('engine')!s:<6} {sig}  [{t} ms]")
-    for key, e in sorted(store.entries["triton_configs"].items()):
-        print(f"  triton   {e.get('short', e.get('config'))}  {key}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -74,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = suites.select(args.suite, flatten(args.case), flatten(args.dtype), flatten(args.layout),
                               flatten(args.precision))
     except ValueError as exc:
-        print(f"convt3d tune: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(str(exc), "convt3d tune")
     if args.list:
         for c in cases:
             print(f"{c.suite:<12} {c.label}")
@@ -85,11 +73,17 @@ def main(argv: list[str] | None = None) -> int:
               f"measure; the cache would be {cache.cache_dir()}", file=sys.stderr)
         return 0
     gpu = device_name(torch.device("cuda", torch.cuda.current_device()))
-    if args.show:
-        return _show(gpu)
+    if args.show:  # the cache file of this GPU
+        store = cache.store_for(gpu)
+        print(f"{store.path} ({'exists' if store.path.exists() else 'not written yet'}), key {store.key}")
+        for sig, e in sorted(store.entries["decisions"].items()):
+            t = ", ".join(f"{k} {v:.4g}" for k, v in sorted(e.get("timings_ms", {}).items(), key=lambda kv: kv[1]))
+            print(f"  decision {e.get('engine')!s:<6} {sig}  [{t} ms]")
+        for key, e in sorted(store.entries["triton_configs"].items()):
+            print(f"  triton   {e.get('short', e.get('config'))}  {key}")
+        return 0
     if not cases:
-        print("convt3d tune: error: no case matches the filters", file=sys.stderr)
-        return 2
+        return usage_error("no case matches the filters", "convt3d tune")
     bar = Progress(len(cases), "convt3d tune")
     rows, failures = [], 0
     t0 = time.perf_counter()
