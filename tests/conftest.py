@@ -69,14 +69,7 @@ def _private_cache_dir(tmp_path_factory):
     from convt3d.dispatch import cache
 
     old = os.environ.get(cache.ENV_DIR)
-    folder = tmp_path_factory.mktemp("convt3d-cache")
-    # Built code (the CUDA head libraries, named by a digest of their source and compiler) is no
-    # measurement: the workers of one run share it, and one of them builds each (a lock file).
-    root = tmp_path_factory.getbasetemp()  # an xdist worker's lies in the run's
-    shared = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "convt3d-build"
-    shared.mkdir(exist_ok=True)
-    (folder / "build").symlink_to(shared, target_is_directory=True)
-    os.environ[cache.ENV_DIR] = str(folder)
+    os.environ[cache.ENV_DIR] = str(tmp_path_factory.mktemp("convt3d-cache"))
     cache.reset()
     yield
     if old is None:

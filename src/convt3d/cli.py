@@ -5,10 +5,9 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
-    "info": ("convt3d.info", "What this machine can run: GPU, versions, engines, caches, nvcc (--json)"),
+    "info": ("convt3d.info", "What this machine can run: GPU, versions, engines, caches (--json)"),
     "explain": ("convt3d.explain", "What convt3d would do with a call and why, from its shapes (nothing is run)"),
     "cache": ("convt3d.info:cache_main", "Show or clear convt3d's cache of measurements (and, on request, Triton's)"),
-    "build": ("convt3d.engines.cuda.build", "Build the CUDA head kernel's libraries for this GPU ahead of first calls"),
     "bench": ("convt3d.bench.cli", "Time convt3d against PyTorch/cuDNN on the bench suites"),
     "export-kernelbench": ("convt3d.kernelbench.command:export_main", "Regenerate the self-contained KernelBench ModelNew files"),
     "kernelbench": ("convt3d.kernelbench.command", "Evaluate the KernelBench ModelNew files as KernelBench does"),

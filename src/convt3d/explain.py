@@ -212,9 +212,6 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
         kernel.append(f"PyTorch conv3d of the flipped weight, padding {pad}"
                       + (f", x trimmed by {trim} on each side" if any(trim) else "") + " "
                       f"({'cuDNN forward kernels' if cuda else 'CPU'})")
-    elif engine == "cuda":
-        kernel.append("CUDA head kernel: mma.sync over the output head's phases (a library built with nvcc "
-                      "once per element type and GPU, kept on disk)")
     if candidates.get("triton") is None or engine == "triton":
         lines, tuning = _triton_lines(x5, weight, p, eprec if engine == "triton" else prec, engine == "triton")
         kernel += lines

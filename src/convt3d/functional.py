@@ -29,10 +29,9 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
 
     Args (beyond PyTorch's):
         backend: "auto" (default; ``$CONVT3D_BACKEND`` overrides the default), "triton" (our engine;
-            on CPU tensors through Triton's interpreter), "torch" (PyTorch's own), "cuda" (the CUDA
-            head kernel, for output heads) or "conv3d" (a stride-1 call as PyTorch's conv3d of the
-            flipped weight). A named backend that cannot run the call raises
-            :class:`convt3d.BackendUnavailableError`; only "auto" falls back.
+            on CPU tensors through Triton's interpreter), "torch" (PyTorch's own) or "conv3d" (a
+            stride-1 call as PyTorch's conv3d of the flipped weight). A named backend that cannot run
+            the call raises :class:`convt3d.BackendUnavailableError`; only "auto" falls back.
         precision: float32 only. None follows ``torch.backends.cudnn.allow_tf32`` as PyTorch's
             convolutions do (True: "tf32", False: exact grade); or "tf32", "tf32x3", "ieee".
             float16/bfloat16 multiply in their own type and accumulate in float32.

@@ -1,5 +1,5 @@
-"""``convt3d info`` (what this machine can run: GPU, versions, engines, caches, nvcc) and
-``convt3d cache show|clear`` (convt3d's cache of measurements and libraries, and Triton's)."""
+"""``convt3d info`` (what this machine can run: GPU, versions, engines, caches) and
+``convt3d cache show|clear`` (convt3d's cache of measurements, and Triton's)."""
 from __future__ import annotations
 
 import argparse
@@ -44,9 +44,6 @@ def _engines(device: torch.device) -> dict[str, str | None]:
         why = None
         if engine.devices is not None and device.type not in engine.devices:
             why = f"needs a {' or '.join(d.upper() for d in engine.devices)} device"
-        elif (engine.min_capability and device.type == "cuda"
-              and torch.cuda.get_device_capability(device) < engine.min_capability):
-            why = "needs compute capability {}.{} or newer".format(*engine.min_capability)
         elif hasattr(engine, "input_reason"):
             why = engine.input_reason(torch.empty(0, device=device))
         if why is None and name == "triton" and device.type == "cpu" and not interpreter_active():
@@ -76,8 +73,6 @@ def machine() -> dict:
     """What ``convt3d info`` reports, as plain data."""
     import triton
 
-    from .engines.cuda import build, head
-
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     files, size = _count(cache.owned_files())
@@ -89,9 +84,6 @@ def machine() -> dict:
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
                      "triton": triton.__version__, "cudnn": torch.backends.cudnn.version()},
         "engines": _engines(device),
-        "cuda_head_libraries": {str(d).replace("torch.", ""): build.status(device, d) for d in build.DTYPES}
-        if cuda else None,
-        "nvcc": head.nvcc_path(),
         "first_calls": _first_calls(),
         "cache": {"dir": str(cache.cache_dir()), "files": files, "bytes": size},
         "triton_cache": {"dir": str(tdir), "files": tfiles, "bytes": tsize},
@@ -109,10 +101,6 @@ def _text(m: dict) -> str:
     if not gpu:
         interpreter = "; Triton's interpreter is on (TRITON_INTERPRET=1)" if m["engines"].get("triton") is None else ""
         out.append(f"  (on CPU tensors 'auto' runs PyTorch's call{interpreter})")
-    libs = m["cuda_head_libraries"]
-    out.append("CUDA head libraries: " + (", ".join(f"{k} {s}" for k, s in libs.items()) if libs
-                                          else "no CUDA device to build them for"))
-    out.append(f"nvcc: {m['nvcc'] or 'not found (set CUDA_HOME or put nvcc on PATH)'}")
     out.append(f"first calls: {m['first_calls']}")
     c, t = m["cache"], m["triton_cache"]
     out.append(f"convt3d cache: {c['dir']} ({_amount(c['files'], c['bytes'])}; 'convt3d cache show' lists them)")
@@ -121,9 +109,9 @@ def _text(m: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``convt3d info``: this machine's GPU, versions, engines, caches and nvcc."""
+    """``convt3d info``: this machine's GPU, versions, engines and caches."""
     parser = argparse.ArgumentParser(prog="convt3d info", description="What convt3d can run on this machine: "
-                                     "GPU, versions, engines, the caches and the CUDA compiler.")
+                                     "GPU, versions, engines and the caches.")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     m = machine()
@@ -134,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 def cache_main(argv: list[str] | None = None) -> int:
     """``convt3d cache show|clear``: convt3d's cache files, and Triton's cache folder."""
     parser = argparse.ArgumentParser(prog="convt3d cache", description="Show or clear convt3d's cache (measured "
-                                     f"decisions, tuned tiles, CUDA head libraries) in ${cache.ENV_DIR}, by default "
+                                     f"decisions, tuned tiles) in ${cache.ENV_DIR}, by default "
                                      "~/.cache/convt3d. Measurements are redone as calls need them.")
     parser.add_argument("action", nargs="?", choices=("show", "clear"), default="show")
     parser.add_argument("--triton", action="store_true", help="clear also empties Triton's compiled-kernel cache "

@@ -50,8 +50,8 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
     becomes one at its first call. Other subclasses of ``nn.ConvTranspose3d`` are left alone.
 
     The same parameter and buffer objects are kept (optimisers holding them keep working), with their
-    hooks and training mode. Returns ``model``. On a CUDA machine it also starts, in background threads,
-    Triton's once-per-process setup and the build of the CUDA head kernel's library for output heads.
+    hooks and training mode. Returns ``model``. On a CUDA machine it also starts, in a background thread,
+    Triton's once-per-process setup.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch() expects an nn.Module, but got {type(model).__name__}")
@@ -73,24 +73,7 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
             module.backend = backend
         if precision is not None:
             module.precision = precision
-        _start_head_build(module)
     return model
-
-
-def _start_head_build(module: nn.Module) -> None:
-    """Start building the CUDA head library for an output head on a CUDA device, for auto to time."""
-    from .engines.cuda.head import MAX_HEAD_CHANNELS
-
-    weight = getattr(module, "weight", None)
-    device = getattr(weight, "device", None)
-    if (device is None or device.type != "cuda" or isinstance(weight, nn.parameter.UninitializedParameter)
-            or tuple(module.dilation) != (1, 1, 1)
-            or module.out_channels // module.groups > MAX_HEAD_CHANNELS):
-        return
-    from .engines.cuda import build, head
-
-    if head.nvcc_path() is not None and weight.dtype in build.DTYPES and not build.ready(weight.device, weight.dtype):
-        build.start(weight.device, weight.dtype)
 
 
 def _parametrized_convt(module: nn.Module) -> bool:

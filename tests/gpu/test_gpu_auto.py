@@ -218,19 +218,6 @@ def test_tune_fills_the_cache_for_a_model():
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_the_cuda_head_engine_is_measured_once_its_library_is_built():
-    from convt3d.engines.cuda import head
-
-    if head.nvcc_path() is None:
-        pytest.skip("no CUDA compiler (nvcc) to build the head kernel")
-    x, w, b, _, params = _layer(torch.bfloat16, cin=64, cout=3, size=64)  # an output head
-    assert ENGINES["cuda"].call_reasons(Call(x, w, b, params, "tf32")) == []
-    head.load_library(x.device, torch.bfloat16)  # what `convt3d build` and the background build do
-    convt3d.set_benchmark(True)
-    dispatch.decide(x, "auto", None, params, weight=w, bias=b)
-    assert "cuda" in dispatch.cached_timings(Call(x, w, b, params, "tf32"))
-
-
 # Layers of both precision classes, by their H100 rows: with TF32 allowed, cuDNN computes the
 # nnU-Net layer in TF32 and the VideoGPT layer and KernelBench 72 (grouped) in full fp32. The test
 # does not take that as given: each layer's class is read from PyTorch's own errors on this GPU.

@@ -236,6 +236,25 @@ def test_round_tf32():
     assert math.isinf(y[3].item()) and math.isnan(y[4].item())
 
 
+def _tf32_reference(v: float) -> float:
+    """Round-to-nearest, ties away from zero, to 10 mantissa bits, on the float's bits."""
+    import struct
+    bits = struct.unpack("<I", struct.pack("<f", v))[0]
+    if bits & 0x7F800000 == 0x7F800000:
+        return v
+    return struct.unpack("<f", struct.pack("<I", ((bits + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF))[0]
+
+
+@pytest.mark.parametrize("value", [1 + 2**-11 + 2**-23, 1 + 3 * 2**-11, 3.0e38, 3.4028234e38, -0.0, 1e-40,
+                                   float("-inf")],
+                         ids=["above-tie", "odd-tie", "large", "max-to-inf", "negative-zero", "subnormal",
+                              "minus-inf"])
+def test_round_tf32_at_the_edges_of_float32(value):
+    got = check.round_tf32(torch.tensor([value], dtype=torch.float32)).item()
+    want = _tf32_reference(torch.tensor(value, dtype=torch.float32).item())
+    assert got == want and math.copysign(1.0, got) == math.copysign(1.0, want)
+
+
 # ---- rows, summary, JSON, plot (CPU, fake timer) -------------------------------------------------
 class FakeTimer:
     """Stands in for CudaTimer: convt3d calls 'take' 1 ms, PyTorch calls 3 ms with TF32 allowed
@@ -319,7 +338,7 @@ def test_exact_row_measures_default_flags_when_alone():
 
 
 def test_failing_backend_becomes_a_failure_row():
-    rows, failures = runner.run_cases(TINY_CASES[:1], "fwd", "cuda", H200, runner.TimingSettings(), device="cpu",
+    rows, failures = runner.run_cases(TINY_CASES[:1], "fwd", "conv3d", H200, runner.TimingSettings(), device="cpu",
                                       timer=FakeTimer())
     assert rows == [] and len(failures) == 1
     assert "BackendUnavailableError" in failures[0]["error"]

@@ -64,7 +64,7 @@ def test_info_names_each_engine_and_no_cuda_device(interpreter, monkeypatch, cap
     assert lines[0] == f"convt3d {__version__}" and "GPU: no CUDA device" in lines and len(lines) <= 25
     for name in ENGINES:
         assert any(line.split()[:1] == [name] for line in lines), name
-    assert "  cuda       no: needs a CUDA device" in lines and "  torch      yes" in lines
+    assert "  conv3d     yes" in lines and "  torch      yes" in lines
     triton_line = next(line for line in lines if line.split()[:1] == ["triton"])
     assert (triton_line == "  triton     yes") == interpreter
     assert ("TRITON_INTERPRET=1" in triton_line) != interpreter
@@ -75,9 +75,9 @@ def test_info_names_each_engine_and_no_cuda_device(interpreter, monkeypatch, cap
 def test_info_json(capsys):
     assert cli.main(["info", "--json"]) == 0
     m = json.loads(capsys.readouterr().out)
-    assert m["convt3d"] == __version__ and m["gpu"] is None and m["cuda_head_libraries"] is None
+    assert m["convt3d"] == __version__ and m["gpu"] is None
     assert list(m["engines"]) == list(ENGINES)
-    assert m["engines"]["cuda"] == "needs a CUDA device" and m["engines"]["torch"] is None
+    assert m["engines"]["conv3d"] is None and m["engines"]["torch"] is None
     assert m["versions"]["torch"] == torch.__version__
     assert m["cache"] == {"dir": str(cache.cache_dir()), "files": 0, "bytes": 0}
 
@@ -128,8 +128,8 @@ def test_explain_rejects_sizes_that_are_not_integers(capsys):
 
 # ---- cache show / clear -------------------------------------------------------------------------
 def _fill(tmp_path):
-    """A current file with entries, a stale one, a CUDA head library, a file not convt3d's, and
-    one compiled kernel in Triton's cache."""
+    """A current file with entries, a stale one, Triton's kept installation hash, a file not
+    convt3d's, and one compiled kernel in Triton's cache."""
     d = cache.cache_dir()
     store = cache.Store(d, cache.environment_key("Test GPU 9000")).load()
     store.put("decisions", "sig", {"engine": "triton", "timings_ms": {}})
@@ -138,7 +138,6 @@ def _fill(tmp_path):
     stale = dict(cache.environment_key("Old GPU"), torch="0.0")
     (d / "Old_GPU.json").write_text(json.dumps({"format": cache.FORMAT, "key": stale, "decisions": {"x": {}}}))
     (d / "build").mkdir()
-    (d / "build" / "convt3d_head_bfloat16_sm90_0123456789ab.so").write_bytes(b"\0" * 10)
     (d / "build" / "triton_key.txt").write_text("stamp\nhash")
     (d / "notes.txt").write_text("not convt3d's")
     (tmp_path / "triton" / "KEY").mkdir(parents=True)
@@ -150,12 +149,11 @@ def test_cache_show_lists_files_entries_and_triton_cache(tmp_path, capsys):
     d = _fill(tmp_path)
     assert cli.main(["cache", "show"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(f"convt3d cache: {d} (4 files, ")
+    assert lines[0].startswith(f"convt3d cache: {d} (3 files, ")
     current = next(line for line in lines if "Test_GPU_9000.json" in line)
     assert current.endswith(": decisions 1, triton_configs 2, backward 0, precision 0")
     stale = next(line for line in lines if "Old_GPU.json" in line)
     assert "decisions 1" in stale and "stale: written for torch 0.0" in stale
-    assert "  build/convt3d_head_bfloat16_sm90_0123456789ab.so  10 bytes" in lines
     assert "  build/triton_key.txt  10 bytes" in lines
     assert not any("notes.txt" in line for line in lines)
     assert lines[-1].startswith(f"Triton cache: {tmp_path / 'triton'} (1 file, 7 bytes;")
@@ -166,7 +164,7 @@ def test_cache_clear_removes_convt3d_files_only(triton, tmp_path, capsys):
     d = _fill(tmp_path)
     assert cli.main(["cache", "clear", *(["--triton"] if triton else [])]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("convt3d cache: removed 4 files, ") and "Old_GPU.json" in out and "Test_GPU_9000.json" in out
+    assert out.startswith("convt3d cache: removed 3 files, ") and "Old_GPU.json" in out and "Test_GPU_9000.json" in out
     assert sorted(p.name for p in d.iterdir()) == [".lock", "notes.txt"]  # the lock, and what is not convt3d's
     assert (f"Triton cache: removed 1 file, 7 bytes from {tmp_path / 'triton'}" in out) == triton
     assert (tmp_path / "triton").is_dir() and any((tmp_path / "triton").iterdir()) != triton

@@ -68,7 +68,6 @@ def _isolated(auto_state, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: GPU)
     monkeypatch.setattr(dispatch, "_capturing", lambda: False)
-    monkeypatch.setattr(ENGINES["cuda"], "call_reasons", lambda call: ["the head kernel is not in this build"])
     # PyTorch's call computes TF32 where allowed (its precision class), unless a test says otherwise.
     monkeypatch.setattr(ENGINES["torch"], "precision_class", lambda call: "tf32")
     yield
@@ -242,7 +241,7 @@ def test_heuristic_never_guesses_the_conv3d_form():
 
 def test_heuristic_with_one_runnable_engine():
     params = _p(8, 256, 128, 16, 4, 2, 1)
-    assert heuristic(params, torch.float32, "tf32x3", candidates=("cuda", "torch"))[0] == "torch"
+    assert heuristic(params, torch.float32, "tf32x3", candidates=("conv3d", "torch"))[0] == "torch"
     assert heuristic(params, torch.bfloat16, "tf32", candidates=("triton",))[0] == "triton"
 
 
@@ -271,54 +270,6 @@ def test_cpu_auto_is_torch_with_geometry_too():
     params, _ = check_call(x, w, None, 2, 1, 0, 1, 1)
     d = dispatch.decide(x, "auto", None, params, weight=w)
     assert d.engine == "torch" and "CPU" in d.reason
-
-
-def test_cuda_backend_absent_raises_backend_unavailable():
-    x, w = torch.randn(1, 2, 2, 2, 2), torch.randn(2, 2, 2, 2, 2)
-    params, _ = check_call(x, w, None, 1, 0, 0, 1, 1)
-    with pytest.raises(convt3d.BackendUnavailableError, match="device 'cpu'"):
-        dispatch.decide(x, "cuda", None, params, weight=w)
-    with pytest.raises(convt3d.BackendUnavailableError, match="backend='cuda'"):
-        convt3d.conv_transpose3d(x, w, backend="cuda")
-
-
-@pytest.fixture
-def cuda_anywhere(monkeypatch):
-    """The CUDA engine's declared support widened to this CPU machine, its call check scripted."""
-    eng = ENGINES["cuda"]
-    monkeypatch.setattr(eng, "devices", None)
-    monkeypatch.setattr(eng, "min_capability", None)
-    seen = []
-    monkeypatch.setattr(eng, "not_ready", lambda call: None)  # its library is built
-
-    def script(why):
-        monkeypatch.setattr(eng, "call_reasons", lambda call: seen.append(call) or ([why] if why else []))
-        return seen
-
-    return script
-
-
-def test_cuda_backend_unsupported_call_raises_its_reason(cuda_anywhere):
-    cuda_anywhere("dilation (2, 2, 2) (the head kernel runs dilation 1)")
-    x, w = torch.randn(1, 2, 2, 2, 2), torch.randn(2, 2, 2, 2, 2)
-    params, _ = check_call(x, w, None, 1, 0, 0, 1, 1)
-    with pytest.raises(convt3d.BackendUnavailableError, match="dilation"):
-        dispatch.decide(x, "cuda", None, params, weight=w)
-
-
-@pytest.mark.parametrize("precision", ["tf32x3", "ieee"], ids=["tf32x3", "ieee"])
-def test_cuda_backend_refuses_an_exact_precision(precision, cuda_anywhere):
-    cuda_anywhere(None)
-    x, w, _, params = _call()
-    with pytest.raises(convt3d.BackendUnavailableError, match="TF32 only"):
-        dispatch.decide(x, "cuda", precision, params, weight=w)
-
-
-def test_cuda_backend_runs_its_supported_call_at_tf32(cuda_anywhere):
-    seen = cuda_anywhere(None)
-    x, w, _, params = _call()
-    d = dispatch.decide(x, "cuda", "tf32", params, weight=w)
-    assert (d.engine, d.precision) == ("cuda", "tf32") and seen[-1].params == params
 
 
 def test_legacy_callers_without_geometry_keep_the_old_rule():
@@ -486,23 +437,13 @@ def test_measured_decision_is_persisted_and_reused_by_a_new_process(monkeypatch)
 def test_cached_decision_for_an_engine_that_cannot_run_is_ignored(monkeypatch):
     x, w, b, params = _call()
     text = dispatch.signature_text(x, w, b, params, "tf32x3")
-    cache.save_decision(GPU, text, {"engine": "cuda", "timings_ms": {"cuda": 0.1}})  # cuda: not in this build
+    cache.save_decision(GPU, text, {"engine": "conv3d", "timings_ms": {"conv3d": 0.1}})  # no conv3d form at stride 2
     cache.reset()
     rec = Recorder({"triton": 1.0, "torch": 2.0})
     monkeypatch.setattr(dispatch, "_measure", rec)
     d = dispatch.decide(x, "auto", "tf32x3", params, weight=w, bias=b)
     # Exact grade asked of auto: cuDNN's exact fp32 is a candidate too (it is at least as exact).
     assert d.source == "measured" and rec.calls == [("triton", "torch")] and d.engine == "triton"
-
-
-@pytest.mark.parametrize("dtype,precision", [(torch.float32, "tf32"), (torch.bfloat16, None)], ids=["fp32-tf32", "bf16"])
-def test_the_cuda_engine_is_timed_where_it_can_run(dtype, precision, cuda_anywhere, monkeypatch):
-    cuda_anywhere(None)
-    rec = Recorder({"triton": 2.0, "torch": 3.0, "cuda": 1.0})
-    monkeypatch.setattr(dispatch, "_measure", rec)
-    x, w, b, params = _call(dtype=dtype)
-    d = dispatch.decide(x, "auto", precision, params, weight=w, bias=b)
-    assert "cuda" in rec.calls[0] and d.engine == "cuda"
 
 
 # A stride-1 layer big enough to be timed: it has a conv3d form (engines.Conv3dEngine).
@@ -548,7 +489,7 @@ def test_only_one_candidate_needs_no_measuring(monkeypatch):
     ({"triton": [0.5, 0.55], "torch": [1.0, 1.3]}, "triton"),  # 2x faster beats a 30% spread
     ({"triton": [1.0, 1.0]}, "triton"),  # PyTorch failed to run
     ({"torch": [1.0, 1.0]}, "torch"),  # ours failed
-    ({"triton": [0.8, 0.8], "cuda": [0.5, 0.5], "torch": [1.0, 1.0]}, "cuda"),
+    ({"triton": [0.8, 0.8], "conv3d": [0.5, 0.5], "torch": [1.0, 1.0]}, "conv3d"),
 ], ids=["ours-faster", "ours-slower", "tie-within-noise", "noisy-small-win", "big-win-over-noise",
         "torch-failed", "ours-failed", "fastest-of-ours"])
 def test_pick_needs_a_win_beyond_the_noise(runs, expect):
@@ -563,8 +504,8 @@ def test_pick_needs_a_win_beyond_the_noise(runs, expect):
     ({"triton": [0.509, 0.51], "torch": [1.632, 1.64]}, {"triton": [0.177, 0.18], "torch": [0.127, 0.13]}, "triton"),
     ({"triton": [0.674, 0.68], "torch": [0.760, 0.76]}, {"triton": [0.050, 0.05], "torch": [0.058, 0.06]}, "triton"),
     ({"triton": [0.674, 0.68], "torch": [0.760, 0.76]}, {}, "triton"),
-    ({"triton": [0.80, 0.80], "cuda": [0.5, 0.5], "torch": [1.0, 1.0]}, {"cuda": [0.6, 0.6], "torch": [0.1, 0.1],
-                                                                          "triton": [0.1, 0.1]}, "triton"),
+    ({"triton": [0.80, 0.80], "conv3d": [0.5, 0.5], "torch": [1.0, 1.0]}, {"conv3d": [0.6, 0.6], "torch": [0.1, 0.1],
+                                                                            "triton": [0.1, 0.1]}, "triton"),
     ({"triton": [0.5, 0.5]}, {"triton": [9.0, 9.0]}, "triton"),
 ], ids=["host-cost-outweighs-a-small-win", "big-win-pays-its-host", "less-host-than-torch", "host-not-read",
         "host-decides-between-ours", "torch-failed"])
@@ -826,27 +767,6 @@ def test_the_precision_class_separates_tf32_from_fp32_rounding(noise, klass, mon
     x, w = torch.randn(1, 4, 3, 3, 3), torch.randn(4, 2, 3, 3, 3)
     params, _ = check_call(x, w, None, 2, 1, 0, 1, 1)
     assert peer.TorchEngine.precision_class(Call(x, w, None, params, "tf32")) == klass
-
-
-def test_an_engine_still_being_built_is_not_waited_for_and_measured_once_built(cuda_anywhere, monkeypatch, capsys):
-    """Auto times what is ready; the engine whose library is building is named, and the cache
-    entry says so, so a later process that has it measures the signature again."""
-    cuda_anywhere(None)
-    building = ["its library is building"]
-    monkeypatch.setattr(ENGINES["cuda"], "not_ready", lambda call: building[0])
-    rec = Recorder({"triton": 2.0, "torch": 3.0, "cuda": 1.0})
-    monkeypatch.setattr(dispatch, "_measure", rec)
-    x, w, b, params = _call(dtype=torch.bfloat16)
-    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
-    assert d.engine == "triton" and "cuda" not in rec.calls[-1]
-    record = dispatch.explain_pass(Call(x, w, b, params, "tf32"), "auto")
-    assert record.skipped == {"cuda": "its library is building"}
-    # A later process, the library built: the signature is measured again, the CUDA engine with it.
-    building[0] = None
-    dispatch.clear_decisions()
-    cache.reset()
-    d = dispatch.decide(x, "auto", None, params, weight=w, bias=b)
-    assert d.engine == "cuda" and "cuda" in rec.calls[-1] and d.source == "measured"
 
 
 def test_the_first_measurement_says_so_once_on_stderr(monkeypatch, capsys):

@@ -120,7 +120,7 @@ def _warm_disk_on(warm_rank):
     def scenario(rank, world):
         sig = "float32|x=cl|w=contiguous|bias|N2 8->8 g1 in4x4x4 k2x2x2 s2x2x2 p0x0x0 op0x0x0 d1x1x1|tf32"
         if rank == warm_rank:  # this rank's disk cache already holds a decision (from an earlier run)
-            cache.save_decision(GPU, sig, {"engine": "cuda", "timings_ms": {"cuda": 0.5}, "by": "disk"})
+            cache.save_decision(GPU, sig, {"engine": "conv3d", "timings_ms": {"conv3d": 0.5}, "by": "disk"})
             cache.reset()
         calls: list = []
         got = _decide_like_dispatch(rank, sig, calls)
@@ -319,13 +319,13 @@ def test_ranks_with_different_timings_all_take_rank0s_decision(world, tmp_path):
 def test_a_warm_disk_cache_on_one_rank_only(warm, tmp_path):
     res = _run(f"warm-disk-rank{warm}", 2, tmp_path)
     if warm == 0:  # rank 0 answers from its file, nobody measures
-        expected = {"engine": "cuda", "timings_ms": {"cuda": 0.5}, "by": "disk", "source": "disk"}
+        expected = {"engine": "conv3d", "timings_ms": {"conv3d": 0.5}, "by": "disk", "source": "disk"}
         assert [out["computed"] for out in res] == [0, 0]
     else:  # rank 1's own file is not consulted: rank 0 measures, rank 1 follows
         expected = {"engine": "triton", "timings_ms": {"triton": 1.0, "torch": 2.0}, "by": 0, "source": "measured"}
         assert [out["computed"] for out in res] == [1, 0]
     assert [out["got"] for out in res] == [expected, expected]
-    assert res[1]["on_disk"] == ({"engine": "cuda", "timings_ms": {"cuda": 0.5}, "by": "disk"} if warm == 1 else None)
+    assert res[1]["on_disk"] == ({"engine": "conv3d", "timings_ms": {"conv3d": 0.5}, "by": "disk"} if warm == 1 else None)
 
 
 def test_a_decision_made_inside_another_on_another_thread(tmp_path):

@@ -224,7 +224,7 @@ BAD_SELECTION = [
     BadSelection("backend-wrong-case", {"backend": "Torch"}, ValueError, ("backend", "'Torch'")),
     BadSelection("backend-empty-string", {"backend": ""}, ValueError, ("backend", "''")),
     BadSelection("backend-not-a-string", {"backend": 3}, TypeError, ("backend", "int")),
-    BadSelection("backend-cuda-not-built", {"backend": "cuda"}, BackendUnavailableError, ("cuda",)),
+    BadSelection("backend-cuda", {"backend": "cuda"}, ValueError, ("backend", "'cuda'")),
     BadSelection("torch-cannot-tf32x3", {"backend": "torch", "precision": "tf32x3"}, BackendUnavailableError,
                  ("torch", "tf32x3")),
     BadSelection("triton-float64", {"backend": "triton"}, BackendUnavailableError, ("triton", "float64"),
@@ -262,14 +262,26 @@ def test_backend_unavailable_is_a_runtime_error():
     # Callers that catch RuntimeError (as for PyTorch's own "not available" errors) keep working.
     assert issubclass(BackendUnavailableError, RuntimeError)
     with pytest.raises(RuntimeError):
-        convt3d.conv_transpose3d(x5(), w5(), backend="cuda")
+        convt3d.conv_transpose3d(x5(), w5(), backend="torch", precision="tf32x3")
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cudnn"])
+def test_cuda_is_refused_as_any_unknown_backend_is(backend, engines_forbidden):
+    from convt3d.dispatch.select import BACKENDS as VALID
+
+    assert "cuda" not in VALID
+    engines_forbidden()
+    with pytest.raises(ValueError) as info:
+        convt3d.conv_transpose3d(x5(), w5(), backend=backend)
+    assert type(info.value) is ValueError
+    assert str(info.value) == f"unknown backend={backend!r}; expected one of {VALID}"
 
 
 @pytest.mark.parametrize("value,exc,names", [
     ("bogus", ValueError, ("CONVT3D_BACKEND", "'bogus'")),
     ("TRITON", ValueError, ("CONVT3D_BACKEND", "'TRITON'")),
-    ("cuda", BackendUnavailableError, ("cuda",)),
-], ids=["env-unknown", "env-wrong-case", "env-cuda-not-built"])
+    ("cuda", ValueError, ("CONVT3D_BACKEND", "'cuda'")),
+], ids=["env-unknown", "env-wrong-case", "env-cuda"])
 def test_bad_environment_backend(value, exc, names, monkeypatch, engines_forbidden):
     monkeypatch.setenv("CONVT3D_BACKEND", value)
     engines_forbidden()

@@ -82,10 +82,10 @@ def test_explain_named_triton_shows_the_plan_and_config():
     assert "config: dot M" in text and "untuned default" in text
 
 
-def test_explain_named_cuda_that_cannot_run_reports_instead_of_raising():
-    x, w, b, args = _tensors("stride1-one-dense-phase")
-    rep = convt3d.explain(x, w, b, *args, backend="cuda")
-    assert rep.engine is None and "backend='cuda' cannot run this call" in rep.reason
+def test_explain_named_backend_that_cannot_run_reports_instead_of_raising():
+    x, w, b, args = _tensors("stride2-k3-output-padding")
+    rep = convt3d.explain(x, w, b, *args, backend="conv3d")
+    assert rep.engine is None and "backend='conv3d' cannot run this call" in rep.reason
     assert "(none: the named backend cannot run this call)" in str(rep)
 
 

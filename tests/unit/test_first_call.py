@@ -278,20 +278,6 @@ def test_the_first_timing_times_the_candidates_the_background_compiled(geometry,
     assert compiled == [short] and timed == [short]
 
 
-def test_a_cuda_library_that_failed_to_build_is_unsupported_not_unready(monkeypatch):
-    """A failed build is final for the process: the engine is unsupported (with the error), so
-    decisions do not wait for it."""
-    from convt3d.engines.cuda import build, head
-    from convt3d.engines.cuda.peer import CudaEngine
-
-    monkeypatch.setattr(head, "call_reason", lambda x, params, precision: None)
-    monkeypatch.setattr(build, "failure", lambda device, dtype: "nvcc: not found")
-    call = _fake_call()
-    assert CudaEngine.call_reasons(ENGINES["cuda"], call) == ["its library failed to build: nvcc: not found"]
-    monkeypatch.setattr(build, "failure", lambda device, dtype: None)
-    assert CudaEngine.call_reasons(ENGINES["cuda"], call) == []
-
-
 def test_a_traced_call_waits_for_every_candidate(monkeypatch):
     """torch.compile keeps the trace-time decision in its graph: it must be final."""
     from convt3d import functional

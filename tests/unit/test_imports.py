@@ -100,8 +100,8 @@ def test_the_cycle_finder(graph, cyclic):
 
 def test_the_graph_sees_function_level_imports():
     graph = import_graph()
-    # the custom op imports the CUDA head launcher on first use only (inside run_engine).
-    assert "convt3d.engines.cuda.head" in graph["convt3d.engines.op"]
+    # patch imports Triton's warm-up on first use only (inside the function).
+    assert "convt3d.engines.triton.warm_up" in graph["convt3d.nn"]
 
 
 # ---- the trip of one call through the package -------------------------------------------------------
@@ -145,8 +145,8 @@ def test_a_steady_call_enters_the_dispatcher_once_and_its_engine_once(backend, a
     import convt3d.engines.triton.head
 
     # The Triton engine is its launcher and the output-head launcher it hands head tiles to.
-    groups = {"dispatcher": ("convt3d.dispatch.select",), "engines": ("convt3d.engines.base", "convt3d.engines.torch.peer", "convt3d.engines.triton.peer",
-                                                              "convt3d.engines.cuda.peer"),
+    groups = {"dispatcher": ("convt3d.dispatch.select",),
+              "engines": ("convt3d.engines.base", "convt3d.engines.torch.peer", "convt3d.engines.triton.peer"),
               "triton engine": ("convt3d.engines.triton.engine", "convt3d.engines.triton.head")}
     counts = _entries(lambda: layer(x), groups)
     assert counts == {"dispatcher": 1, "engines": 1, "triton engine": 1 if backend == "triton" else 0}, counts

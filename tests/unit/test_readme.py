@@ -26,7 +26,6 @@ needs_interpreter = pytest.mark.skipif(
 
 # Commands whose README examples are not run here, and why.
 NOT_ON_CPU = {
-    "build": "needs a CUDA device: without one it exits 1, having nothing to build",
     "kernelbench": "evaluates the seven KernelBench files at full size, about a minute per precision through "
                    "the interpreter (tests/kernelbench runs each file at a reduced size, and the evaluation on a GPU)",
     "export-kernelbench": "rewrites the checkout's kernelbench/ files (tests/kernelbench checks them with --check)",

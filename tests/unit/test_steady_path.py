@@ -113,7 +113,7 @@ def test_errors_are_raised_every_time_and_never_remembered(passes):
         with pytest.raises(ValueError, match="unknown backend='fast'"):
             convt3d.conv_transpose3d(x, w, b, 2, 1, 1, backend="fast")
         with pytest.raises(convt3d.BackendUnavailableError):
-            convt3d.conv_transpose3d(x, w, b, 2, 1, 1, backend="cuda")
+            convt3d.conv_transpose3d(x, w, b, 2, 1, 1, backend="conv3d")
 
 
 def test_unbatched_and_non_contiguous_inputs(passes):

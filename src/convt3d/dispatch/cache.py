@@ -355,10 +355,10 @@ def save_unsaved() -> None:
 
 # ---- what `convt3d cache` shows and clears ------------------------------------------------------
 def owned_files() -> list[Path]:
-    """convt3d's files in ``cache_dir()``: cache files, a save's leftover temporaries, the CUDA head
-    libraries and Triton's kept installation hash; not the lock, which a save may hold."""
+    """convt3d's files in ``cache_dir()``: cache files, a save's leftover temporaries and Triton's kept
+    installation hash; not the lock, which a save may hold."""
     d = cache_dir()
-    patterns = ("*.json", ".*.json.*.tmp", "build/convt3d_head_*.so", "build/triton_key.txt")
+    patterns = ("*.json", ".*.json.*.tmp", "build/triton_key.txt")
     found = {f for pattern in patterns for f in d.glob(pattern)}
     return sorted(f for f in found if f.is_file() and (f.suffix != ".json" or _is_cache_file(f)))
 

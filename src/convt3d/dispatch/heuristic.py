@@ -63,7 +63,7 @@ def _forward_heuristic(params, dtype: torch.dtype, precision: str, has_bias: boo
                        candidates: tuple[str, ...]) -> tuple[str, str]:
     """(engine, why) of the forward, rules in order: 0. only one of triton/torch can run: that one;
     1. tiny: torch; 2. exact-grade float32: triton; 3. compute-bound with channels aligned to cuDNN's
-    tiles: torch; 4. otherwise triton. The cuda and conv3d engines are chosen by measurement only."""
+    tiles: torch; 4. otherwise triton. The conv3d engine is chosen by measurement only."""
     if "triton" not in candidates or "torch" not in candidates:
         only = [c for c in candidates if c in ("triton", "torch")] or list(candidates)
         return only[0], f"only {only[0]} of triton/torch can run this call"

@@ -30,14 +30,14 @@ __all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve
            "MEASURE_ROUNDS", "MAX_MEASURE_ROUNDS", "HYBRID",
            "override", "Steady", "steady_key", "steady", "remember", "remember_direct", "decided_call", "precision_class_of"]
 
-BACKENDS = ("auto", "triton", "torch", "cuda", "conv3d")
+BACKENDS = ("auto", "triton", "torch", "conv3d")
 
 @dataclass(frozen=True)
 class Decision:
     """The engine that runs a call; ``candidate`` is its name in ``ENGINES`` (HYBRID where ``ours_backward``).
     ``precision_class``: how PyTorch's own TF32-allowed float32 call computes ("fp32": ours run at exact grade)."""
 
-    engine: str  # "triton", "cuda", "conv3d" or "torch"
+    engine: str  # "triton", "conv3d" or "torch"
     precision: str  # "tf32" | "tf32x3" | "ieee" (meaningful for float32 only)
     reason: str
     ours_backward: bool = False  # engine "torch" recorded with convt3d's backward (HYBRID)
@@ -626,7 +626,7 @@ def decide(input: torch.Tensor, backend: str | None, precision: str | None, para
     name = resolve_backend_name(backend)
     prec = resolve_precision(precision)
     if params is None or weight is None:  # a caller without the geometry: Triton where it can run
-        if name in ("cuda", "conv3d"):
+        if name == "conv3d":
             raise BackendUnavailableError(f"backend={name!r} cannot run this call: its check needs the weight and "
                                           "the geometry")
         if name == "auto" and (input.device.type != "cuda" or input.dtype not in ENGINES["triton"].dtypes):

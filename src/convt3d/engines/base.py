@@ -1,4 +1,4 @@
-"""The face every engine shows the dispatcher: what it supports (devices, dtypes and capability as data,
+"""The face every engine shows the dispatcher: what it supports (devices and dtypes as data,
 ``call_reasons`` for the rest), its precision, forward and run, and its timing as "auto" measures it."""
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ class Engine:
     name: str = ""
     devices: tuple[str, ...] | None = ("cuda", "cpu")  # None: any
     dtypes: tuple[torch.dtype, ...] | None = (torch.float32, torch.float16, torch.bfloat16)  # None: any
-    min_capability: tuple[int, int] | None = None  # CUDA compute capability, where it needs one
 
     def not_supported_reasons(self, call: Call) -> list[str]:
         """Why it cannot run the call: the declared support first, then ``call_reasons``."""
@@ -45,9 +44,6 @@ class Engine:
             reasons.append(f"device {call.device.type!r} (runs on {', '.join(self.devices)})")
         if self.dtypes is not None and call.dtype not in self.dtypes:
             reasons.append(f"dtype {call.dtype} (runs {', '.join(str(d).replace('torch.', '') for d in self.dtypes)})")
-        cap = call.device.type == "cuda" and self.min_capability and torch.cuda.get_device_capability(call.device)
-        if cap and cap < self.min_capability:
-            reasons.append(f"compute capability {cap} (needs {self.min_capability} or newer)")
         return reasons or self.call_reasons(call)
 
     def call_reasons(self, call: Call) -> list[str]:

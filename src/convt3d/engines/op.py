@@ -16,7 +16,7 @@ from ..core.call import output_memory_format
 __all__ = ["OP_NAME", "conv_transpose3d_op", "conv_transpose3d_backward_op", "conv_transpose3d_autograd",
            "ENGINES", "run_engine"]
 
-ENGINES = ("triton", "cuda", "conv3d")
+ENGINES = ("triton", "conv3d")
 # The op's name: also the name of an eager call's range under a profiler (functional).
 OP_NAME = "convt3d::conv_transpose3d"
 
@@ -26,11 +26,6 @@ def run_engine(engine: str, x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     """The forward of one of our engines on a validated 5-D call."""
     if engine == "triton":
         return triton_engine.forward(x, weight, bias, params, precision)
-    if engine == "cuda":
-        # Imported on first use: it builds CUDA code, which plain imports must not do.
-        from .cuda import head as cuda_head
-
-        return cuda_head.forward(x, weight, bias, params, precision)
     if engine == "conv3d":
         # In the op's fake's memory format (on the CPU a channels-last batch of one comes back contiguous).
         fmt = output_memory_format(x, weight)

@@ -1,1 +1,0 @@
-"""The CUDA C++ engine: kernels built with nvcc and launched from Python."""
