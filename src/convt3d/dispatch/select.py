@@ -354,7 +354,7 @@ def _capturing() -> bool:
 
 
 def _auto_skips(call: Call, reasons: dict[str, list[str]]) -> dict[str, str]:
-    """Engines that can run the call but that auto does not time yet (still being built), and why."""
+    """Engines that can run the call but that auto does not time yet (still compiling), and why."""
     checks = {name: getattr(ENGINES[name], "not_ready", None) for name, why in reasons.items() if not why}
     found = {name: check(call) for name, check in checks.items() if check is not None}
     return {name: why for name, why in found.items() if why is not None}
@@ -426,13 +426,13 @@ def _cached_entry(call: Call, cands: list[str], gpu: str) -> dict | None:
     if entry is None or entry.get("engine") not in cands:
         return None
     if any(name in cands for name in entry.get("unready", ())):
-        return None  # measured while an engine was still being built, which can run now
+        return None  # measured while an engine was still compiling, which can run now
     return dict(entry, source="cache")
 
 
 def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = False, unready: tuple = ()) -> dict:
     """A new signature's entry from the disk cache, else measured now and saved. ``tiny``: PyTorch's call is
-    timed first, and below ``HOST_BOUND_S`` alone; ``unready``: engines still being built (measured later)."""
+    timed first, and below ``HOST_BOUND_S`` alone; ``unready``: engines still compiling (measured later)."""
     entry = _cached_entry(call, cands, gpu)
     if entry is not None:
         if entry.get("unready"):
@@ -459,11 +459,9 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
 
 
 def _make_ready(call: Call, unready) -> None:
-    """Start what the engines left out still need, off the call's path (``dispatch.first_call``)."""
+    """Start compiling what the engines left out still need, off the call's path (``dispatch.first_call``)."""
     for name in unready:
-        start = getattr(ENGINES[name], "make_ready", None)
-        if start is not None:
-            start(call)
+        ENGINES[name].make_ready(call)
 
 
 _said: list[bool] = []
