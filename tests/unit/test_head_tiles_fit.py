@@ -61,7 +61,7 @@ def launches(params: ConvT3dParams, cfg: HE.HeadConfig, dtype: torch.dtype, prec
 
     fmt = torch.channels_last_3d if cl else torch.contiguous_format
     steps = HE.HeadSteps(params, cfg, precision, True, make_site,
-                         lambda x, round_tf32, cl_copy: x.contiguous(memory_format=torch.channels_last_3d))
+                         lambda x, round_tf32: x.contiguous(memory_format=torch.channels_last_3d))
     x = torch.empty(params.in_shape, dtype=dtype, device="meta", memory_format=fmt)
     w = torch.empty((params.in_channels, params.out_channels_per_group) + tuple(params.kernel_size), dtype=dtype,
                     device="meta")

@@ -65,10 +65,10 @@ class Engine:
     def run(self, call: Call) -> torch.Tensor:
         if call.training:
             return ops.conv_transpose3d_autograd(call.x, call.weight, call.bias, call.params, self.precision(call),
-                                                 self._autograd_engine)
+                                                 self._autograd_engine or self.name)
         return self.forward(call)
 
-    _autograd_engine = ""  # the engine name ops.conv_transpose3d_autograd runs the forward with
+    _autograd_engine = ""  # the engine ops.conv_transpose3d_autograd runs the forward with, where not this one
 
     def time(self, call: Call) -> Timing:
         # Each timed call does what a steady-path repeat does (memo check, autocast, a Call through ``run``): a
@@ -116,12 +116,9 @@ class Engine:
 
 
 class LaunchedRepeats(Engine):
-    """An engine whose inference repeats (and timings) go from the weight's ``steady.Repeat`` to ``steady_launcher``."""
-
-    def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
-                        precision: str):
-        """(run(x, weight, bias), alive()) of a settled inference signature, or None."""
-        raise NotImplementedError
+    """An engine whose inference repeats (and timings) go from the weight's ``steady.Repeat`` to its
+    ``steady_launcher(x, weight, bias, params, precision)``: (run(x, weight, bias), alive()) of a settled
+    inference signature, or None."""
 
     @staticmethod
     def _repeats_launch(call: Call) -> bool:

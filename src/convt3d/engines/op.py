@@ -101,7 +101,6 @@ class _EagerConvT3d(torch.autograd.Function):
     """Eager calls' autograd: the custom op's forward and backward without its dispatch, whose host time makes a
     host-bound training step several times slower (torch.compile traces the custom ops)."""
 
-
     @staticmethod
     def forward(ctx, input, weight, bias, params, precision, engine):
         ctx.save_for_backward(input, weight)

@@ -81,7 +81,6 @@ class Conv3dEngine(LaunchedRepeats):
     slower dgrad kernels; training steps take convt3d's backward (autograd would run dX on those)."""
 
     name = "conv3d"
-    _autograd_engine = "conv3d"
     dtypes = None  # any dtype PyTorch's conv3d takes (conv3d_form_reasons has the rest)
 
     def call_reasons(self, call: Call) -> list[str]:

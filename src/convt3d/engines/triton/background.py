@@ -17,7 +17,6 @@ from .warm_up import installation_key
 
 __all__ = ["not_ready", "start", "forget"]
 
-_COMPILED = {"compiled": True}  # the cache-file entry of a tune key compiled but not yet tuned
 # Tune keys whose candidates are compiling now (``precompile.compiled`` holds those done).
 _compiling: dict[tuple, bool] = memo("engines.triton.background.compiling")
 
@@ -60,7 +59,7 @@ def start(call: Call) -> None:
             precompile.compile_all(jobs, target, installation_key())
             store = store_for(gpu)
             if store.get("triton_configs", tune_key_text(key)) is None:
-                store.put("triton_configs", tune_key_text(key), dict(_COMPILED))
+                store.put("triton_configs", tune_key_text(key), {"compiled": True})  # compiled, not yet tuned
         finally:
             # Failures are the timed run's to meet and report, as in "wait" mode.
             precompile.compiled[key] = True

@@ -209,19 +209,6 @@ def _triton_dgrad_ok(params: ConvT3dParams) -> bool:
     return uses_tensor_cores(params) and max(y_span, h * w * params.in_channels, w_span) <= _INT32_MAX
 
 
-def _forced(env: str) -> str | None:
-    v = os.environ.get(env)
-    if not v:
-        return None
-    if v == "torch":
-        v = "cudnn"
-    if v not in WGRAD_IMPLS:
-        what = "a weight" if env == _FORCE_ENV else "an input"
-        raise ValueError(f"environment variable {env}={v!r} is not {what}-gradient implementation; "
-                         f"expected one of {WGRAD_IMPLS}")
-    return v
-
-
 def recorded_choices(x, w, params, precision) -> list[tuple[str, Choice]]:
     """("dX" | "dW", choice) made in this process for a forward signature (``convt3d.explain``)."""
     want = (str(x.device), x.dtype, precision, params, x.stride())
@@ -290,8 +277,11 @@ def _can_time(x: torch.Tensor, supported: bool) -> bool:
 def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_cudnn, run_triton,
             dy, x, w, params, precision) -> Choice:
     """The per-signature choice of one gradient; without timing cuDNN (no Triton tile wins widely)."""
-    forced = _forced(env)
+    forced = "cudnn" if os.environ.get(env) == "torch" else os.environ.get(env) or None
     if forced is not None:
+        if forced not in WGRAD_IMPLS:
+            raise ValueError(f"environment variable {env}={forced!r} is not {'an' if what == 'input' else 'a'} "
+                             f"{what}-gradient implementation; expected one of {WGRAD_IMPLS}")
         if forced == "triton" and not supported:
             raise BackendUnavailableError(
                 f"{env}=triton cannot run this call: the Triton {what}-gradient kernels need at least 8 input "

@@ -104,21 +104,14 @@ class Plan:
 
 @dataclass
 class Launch:
-    """A prepared call: the output and ``run(config)``, which launches and returns the main kernel's handle."""
+    """A prepared call: the output, ``run(config)``, which launches and returns the main kernel's handle, and the
+    candidates and tune key (an epilogue call tunes among its own candidates, under a key of its own)."""
 
     y: torch.Tensor
     run: Callable[[Config], object]
     plan: Plan
-    epilogue: Epilogue | None = None
-
-    @property
-    def configs(self) -> tuple[Config, ...]:
-        return self.plan.configs if self.epilogue is None else epilogue_configs(self.plan.configs)
-
-    @property
-    def tune_key(self) -> tuple:
-        # An epilogue call tunes among its own candidates, under a key of its own.
-        return self.plan.tune_key if self.epilogue is None else self.plan.tune_key + (self.epilogue.signature,)
+    configs: tuple[Config, ...]
+    tune_key: tuple
 
 
 def first_candidates(launch: Launch, params: ConvT3dParams, x: torch.Tensor, precision: str) -> tuple[Config, ...]:
@@ -325,15 +318,17 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     """Allocate the output; ``run(config)`` prepares the operands and launches, so tuning times both."""
     pl = plan(params, x, weight, precision)
     y = _output(params, pl, x)
+    configs, key = (pl.configs, pl.tune_key) if epilogue is None else (
+        epilogue_configs(pl.configs), pl.tune_key + (epilogue.signature,))
     if y.numel() == 0:
-        return Launch(y, lambda cfg: None, pl, epilogue)
+        return Launch(y, lambda cfg: None, pl, configs, key)
     has_bias = bias is not None
     code = epilogue.code if epilogue is not None else 0
 
     def run(cfg: Config):
         return _steps_for(params, pl, cfg, has_bias, x, code).call(x, weight, bias, y, epilogue)
 
-    return Launch(y, run, pl, epilogue)
+    return Launch(y, run, pl, configs, key)
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: ConvT3dParams,

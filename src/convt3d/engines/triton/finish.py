@@ -78,16 +78,6 @@ def _finish_vector(t, n: int, what: str, name: str):
     return None if t is None else t.contiguous()
 
 
-def _reduce_dims(dim) -> list[int]:
-    ds = list(dim) if isinstance(dim, (tuple, list)) else [dim]
-    if not ds or not all(isinstance(d, int) and not isinstance(d, bool) for d in ds):
-        raise TypeError(f"reduce: dim must be an int or a tuple of ints, but got {dim!r}")
-    ds = sorted(d + 5 if d < 0 else d for d in ds)
-    if ds[0] < 1 or ds[-1] > 4 or ds != list(range(ds[0], ds[-1] + 1)):
-        raise ValueError(f"reduce: dim must be one of 1-4 or consecutive ones (as (2, 3, 4)), but got {dim!r}")
-    return ds
-
-
 def _axis(y, out, ds, mode: int, args, pre_code: int, post_code: int, c_post: int, weight=None, bias=None,
           eps: float = 1e-5) -> None:
     """Launch the axis kernel: ``REDUCE_OPS[mode]`` of ``y`` over the consecutive dims ``ds`` into ``out``,
@@ -111,7 +101,12 @@ def reduce(y, dim, op: str, *, pre=None, post=None, weight=None, bias=None, eps:
     "logsumexp" keep ``dim`` with size 1; "softmax" and "layer_norm" (population variance, ``eps``,
     then ``weight``/``bias`` of the reduced dims' size, as F.layer_norm) keep the shape."""
     y = _finish_input(y, "reduce")
-    ds = _reduce_dims(dim)
+    ds = list(dim) if isinstance(dim, (tuple, list)) else [dim]
+    if not ds or not all(isinstance(d, int) and not isinstance(d, bool) for d in ds):
+        raise TypeError(f"reduce: dim must be an int or a tuple of ints, but got {dim!r}")
+    ds = sorted(d + 5 if d < 0 else d for d in ds)
+    if ds[0] < 1 or ds[-1] > 4 or ds != list(range(ds[0], ds[-1] + 1)):
+        raise ValueError(f"reduce: dim must be one of 1-4 or consecutive ones (as (2, 3, 4)), but got {dim!r}")
     if op not in REDUCE_OPS:
         raise ValueError(f"reduce: op must be one of {REDUCE_OPS}, but got {op!r}")
     if op != "layer_norm" and (weight is not None or bias is not None):

@@ -283,14 +283,19 @@ def _rows_steps(params: ConvT3dParams, cfg) -> tuple[int, int]:
     return cdiv(_rows_columns(params), cfg.BLOCK_N), cdiv(params.in_channels_per_group, cfg.BLOCK_K)
 
 
+def device_programs(device: torch.device, per_sm: int = 4) -> int:
+    """Programs that fill a device: ``per_sm`` per SM on CUDA, 1 on the CPU (the interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
     """Programs of a head GEMM over ``tiles`` tiles: one per tile (``per_sm`` 0), else ``per_sm`` per SM (at most 3 on
     the CPU, so that the interpreter runs the loop)."""
     if per_sm <= 0:
         return tiles
-    if device.type != "cuda":
-        return max(1, min(tiles, 3))
-    return max(1, min(tiles, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
+    return max(1, min(tiles, device_programs(device, per_sm) if device.type == "cuda" else 3))
 
 
 def _batch_span(x: torch.Tensor) -> int:
@@ -430,7 +435,7 @@ class HeadSteps:
                            else "dense" if _batch_span(x) >= 2**31 else "")
         if self.copy_x == "cl":
             # The engine's NDHWC copy kernel, cheaper than PyTorch's .contiguous(channels_last_3d).
-            x = self.prepare_input(x, round_tf32, True)
+            x = self.prepare_input(x, round_tf32)
         elif self.copy_x == "dense":
             x = x.contiguous()
         if self.gemm is None:

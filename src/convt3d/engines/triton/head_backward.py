@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import BackendUnavailableError
-from .head import flat_spatial, rounds_tf32
+from .head import device_programs, flat_spatial, rounds_tf32
 from .kernels import head_grad, head_phase_grad
 from ...core.params import ConvT3dParams, cdiv, pow2_at_least
 from .sites import Site, require_interpreter, site
@@ -109,13 +109,6 @@ def dgrad_candidates(params: ConvT3dParams, dtype: torch.dtype, device: torch.de
     phase = [HeadDgradConfig(bm, min(bn, bn_cap), bk, warps, 1, _phase_block_w(params, bm))
              for bm, bn_cap, warps in ((64, 128, 4), (128, 128, 8))]
     return tuple(dict.fromkeys(flat + phase))
-
-
-def device_programs(device: torch.device, per_sm: int = 4) -> int:
-    """Programs that fill a device: ``per_sm`` per SM on CUDA, 1 on the CPU (the interpreter)."""
-    if device.type != "cuda":
-        return 1
-    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _splits(params: ConvT3dParams, block_ci: int, block_k: int, steps: int, device: torch.device) -> int:

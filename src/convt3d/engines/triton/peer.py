@@ -25,7 +25,6 @@ class TritonEngine(LaunchedRepeats):
     """The phase-decomposed implicit GEMM in Triton (``convt3d.engines.triton.engine``)."""
 
     name = "triton"
-    _autograd_engine = "triton"
 
     def __init__(self):
         self._primed: set = set()
@@ -42,14 +41,9 @@ class TritonEngine(LaunchedRepeats):
         fused = None if why else triton_engine.epilogue_reason(call.params, call.x, call.weight, call.precision)
         return why + ([fused] if fused else [])
 
-    @staticmethod
-    def not_ready(call: Call) -> str | None:
-        """Why auto does not time it on ``call`` yet (``background.not_ready``); ``make_ready`` compiles them."""
-        return background.not_ready(call)
-
-    @staticmethod
-    def make_ready(call: Call) -> None:
-        background.start(call)
+    # Why auto does not time it on a call yet (its candidates not compiled), and what compiles them.
+    not_ready = staticmethod(background.not_ready)
+    make_ready = staticmethod(background.start)
 
     @staticmethod
     def input_reason(x: torch.Tensor) -> str | None:

@@ -216,10 +216,8 @@ def empty_rows(params: ConvT3dParams, device: torch.device) -> torch.Tensor:
     return _device_table(("rows",), params, device, build, width=2)
 
 
-def _prepare_input(x: torch.Tensor, round_tf32: bool, need_copy: bool) -> torch.Tensor:
-    """Return x with channels innermost (NDHWC strides), copying (and TF32-rounding) if asked."""
-    if not need_copy:
-        return x
+def _prepare_input(x: torch.Tensor, round_tf32: bool) -> torch.Tensor:
+    """x's copy with channels innermost (NDHWC strides), TF32-rounded with ``round_tf32``."""
     sd, sh, sw = x.stride()[2:]
     if sh != x.shape[4] * sw or sd != x.shape[3] * sh:
         x = x.contiguous()  # the copy kernel walks D, H, W as one flat index

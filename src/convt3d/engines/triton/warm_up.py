@@ -52,14 +52,6 @@ def _stamp() -> str:
     return h.hexdigest()
 
 
-def _saved(path: Path, stamp: str) -> str | None:
-    try:
-        saved_stamp, key = path.read_text(encoding="utf-8").split("\n", 1)
-    except (OSError, ValueError):
-        return None
-    return key if saved_stamp == stamp and key else None
-
-
 def installation_key(compute: bool = True) -> str | None:
     """Triton's installation hash, kept where its stamp holds, else (``compute``) computed and kept; this
     process's Triton uses it from then on. None under the interpreter, or where none is kept and not ``compute``."""
@@ -70,8 +62,11 @@ def installation_key(compute: bool = True) -> str | None:
             return _key
         path = cache_dir() / "build" / KEY_FILE
         stamp = _stamp()
-        key = _saved(path, stamp)
-        if key is None:
+        try:
+            saved_stamp, key = path.read_text(encoding="utf-8").split("\n", 1)
+        except (OSError, ValueError):
+            saved_stamp = key = None
+        if saved_stamp != stamp or not key:
             if not compute:
                 return None
             key = original()
