@@ -361,7 +361,9 @@ def test_timing_a_candidate_pays_its_steady_check(monkeypatch):
 
 
 @pytest.mark.parametrize("setting", ["as-is", "legacy-flag-off", "per-op-ieee", "per-op-tf32"])
-def test_the_flag_reader_agrees_with_the_attribute_path(setting, monkeypatch):
+def test_the_steady_paths_flag_reader_agrees_with_torch_engines(setting, monkeypatch):
+    from convt3d.dispatch import steady
+
     conv = getattr(torch.backends.cudnn, "conv", None)
     if setting.startswith("per-op") and not hasattr(conv, "fp32_precision"):
         pytest.skip("this torch has no per-operator fp32_precision")
@@ -370,9 +372,7 @@ def test_the_flag_reader_agrees_with_the_attribute_path(setting, monkeypatch):
             old = conv.fp32_precision
             conv.fp32_precision = "ieee" if setting == "per-op-ieee" else "tf32"
         try:
-            value = getattr(conv, "fp32_precision", None)
-            expected = value == "tf32" if value in ("tf32", "ieee") else bool(torch.backends.cudnn.allow_tf32)
-            assert cudnn_conv_allows_tf32() is expected
+            assert steady._tf32() is cudnn_conv_allows_tf32()
         finally:
             if setting.startswith("per-op"):
                 conv.fp32_precision = old

@@ -2,29 +2,23 @@
 restored, also where PyTorch's test harness froze the flags."""
 from __future__ import annotations
 
-import functools
-
 import torch
 
 __all__ = ["cudnn_conv_allows_tf32", "set_backend_flag", "cudnn_conv_tf32", "at_flags_as_they_are", "at_precision",
            "device_name"]
 
 
-@functools.cache
-def _fp32_precision_reader():
-    """A reader of cuDNN convolution's per-operator ``fp32_precision``: ``torch._C``'s getter where torch has it
-    (several times cheaper than the attribute path, read on every call), else the attribute (None without one)."""
+def cudnn_conv_allows_tf32() -> bool:
+    """The TF32 flag PyTorch's convolutions read: the per-operator ``cudnn.conv.fp32_precision``
+    where torch has it (the legacy ``allow_tf32`` getter can raise then), read on every call through
+    ``torch._C``'s getter, several times cheaper than the attribute path."""
     conv = getattr(torch.backends.cudnn, "conv", None)
     getter = getattr(torch._C, "_get_fp32_precision_getter", None)
     if getter is not None and hasattr(conv, "backend"):
-        return functools.partial(getter, conv.backend, conv.op)
-    return lambda: getattr(conv, "fp32_precision", None)
-
-
-def cudnn_conv_allows_tf32() -> bool:
-    """The TF32 flag PyTorch's convolutions read: the per-operator ``fp32_precision`` where torch has it (the
-    legacy ``allow_tf32`` getter can raise then)."""
-    value = _fp32_precision_reader()()
+        value = getter(conv.backend, conv.op)
+        if value in ("tf32", "ieee"):
+            return value == "tf32"
+    value = getattr(conv, "fp32_precision", None)
     if value in ("tf32", "ieee"):
         return value == "tf32"
     return bool(torch.backends.cudnn.allow_tf32)  # "none": inherited, the legacy flag decides

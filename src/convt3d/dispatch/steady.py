@@ -2,6 +2,7 @@
 dispatcher's pass."""
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 
@@ -13,6 +14,25 @@ from ..core.validate import memo_arguments
 __all__ = ["BACKEND_ENV", "steady_key", "Direct", "Repeat"]
 
 BACKEND_ENV = "CONVT3D_BACKEND"
+
+
+@functools.cache
+def _precision_reader():
+    """A reader of cuDNN convolution's fp32_precision through torch._C's getter, or None without one."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    getter = getattr(torch._C, "_get_fp32_precision_getter", None)
+    if getter is None or not hasattr(conv, "backend"):
+        return None
+    return functools.partial(getter, conv.backend, conv.op)
+
+
+def _tf32() -> bool:
+    """``cudnn_conv_allows_tf32`` without ``torch.backends``' module ``__getattr__``: read on every steady call."""
+    read = _precision_reader()
+    value = read() if read is not None else None
+    if value in ("tf32", "ieee"):
+        return value == "tf32"
+    return cudnn_conv_allows_tf32()  # inherited ("none"), or a torch without the getter
 
 
 def _autocast_state(device_type: str):
@@ -36,7 +56,7 @@ def steady_key(input, weight, bias, stride, padding, output_padding, groups, dil
             weight.shape, weight.stride(), weight.dtype, weight.device, weight.requires_grad,
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device, bias.requires_grad),
             geometry, backend, precision, os.environ.get(BACKEND_ENV) if backend is None else None,
-            cudnn_conv_allows_tf32(), torch.is_grad_enabled(), _autocast_state(dev.type))
+            _tf32(), torch.is_grad_enabled(), _autocast_state(dev.type))
 
 
 def _no_object():
@@ -68,7 +88,7 @@ class Direct:
         self.b_grad = None if bias is None else bias.requires_grad
         self.args, self.backend, self.precision = args, backend, precision
         self.env = os.environ.get(BACKEND_ENV) if backend is None else None
-        self.tf32, self.grad = cudnn_conv_allows_tf32(), torch.is_grad_enabled()
+        self.tf32, self.grad = _tf32(), torch.is_grad_enabled()
         self.autocast = _autocast_state(input.device.type)
 
     def fits(self, input, weight, bias, args: tuple, backend, precision) -> bool:
@@ -79,7 +99,7 @@ class Direct:
                 and input.requires_grad is self.x_grad and weight.requires_grad is self.w_grad
                 and (bias is None or bias.requires_grad is self.b_grad)
                 and torch.is_grad_enabled() is self.grad and input.device == self.device
-                and cudnn_conv_allows_tf32() is self.tf32 and _autocast_state(self.device.type) == self.autocast
+                and _tf32() is self.tf32 and _autocast_state(self.device.type) == self.autocast
                 and (backend is not None or os.environ.get(BACKEND_ENV) == self.env))
 
 

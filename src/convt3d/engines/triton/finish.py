@@ -230,8 +230,9 @@ def batch_norm(y, weight, bias, running_mean, running_var, training: bool, momen
         raise ValueError("batch_norm: running_mean and running_var must be contiguous (updated in place)")
     if training and not update:  # batch statistics only
         running_mean = running_var = None
-    weight, bias, running_mean, running_var = (_finish_vector(t, C, "running_mean", "batch_norm")
-                                               for t in (weight, bias, running_mean, running_var))
+    vectors = (weight, bias, running_mean, running_var)
+    weight, bias, running_mean, running_var = (_finish_vector(t, C, what, "batch_norm") for t, what in
+                                               zip(vectors, ("weight", "bias", "running_mean", "running_var")))
     return _finish_normalize(y, C, N * C, N, C, 1, C, weight, bias, running_mean, running_var, training,
                       momentum, eps, pre, post, "batch_norm")
 
