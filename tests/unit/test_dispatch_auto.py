@@ -434,10 +434,12 @@ def test_measured_decision_is_persisted_and_reused_by_a_new_process(monkeypatch)
     assert dispatch.cached_timings(_as_call(x, w, b, params)) == {"triton": 3.0, "torch": 1.5}
 
 
-def test_cached_decision_for_an_engine_that_cannot_run_is_ignored(monkeypatch):
+# conv3d has no form at stride 2; a cache file may name an engine this version does not have.
+@pytest.mark.parametrize("cached", ["conv3d", "retired"], ids=["engine-cannot-run", "engine-not-registered"])
+def test_cached_decision_for_an_engine_that_cannot_run_is_ignored(cached, monkeypatch):
     x, w, b, params = _call()
     text = dispatch.signature_text(x, w, b, params, "tf32x3")
-    cache.save_decision(GPU, text, {"engine": "conv3d", "timings_ms": {"conv3d": 0.1}})  # no conv3d form at stride 2
+    cache.save_decision(GPU, text, {"engine": cached, "timings_ms": {cached: 0.1}})
     cache.reset()
     rec = Recorder({"triton": 1.0, "torch": 2.0})
     monkeypatch.setattr(dispatch, "_measure", rec)
