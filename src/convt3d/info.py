@@ -35,15 +35,22 @@ def _triton_cache() -> tuple[Path, int, int]:
 
 
 def _engines(device: torch.device) -> dict[str, str | None]:
-    """Per registered engine, None where it can run on this machine's device, else why not (only the Triton
-    engine has a reason: the others run on CUDA and the CPU)."""
+    """Per registered engine, None where it can run on this machine's device, else why not: from the devices
+    it declares, then its own check of an input there."""
     from .dispatch.registry import ENGINES
     from .engines.triton.sites import interpreter_active
 
-    why = ENGINES["triton"].input_reason(torch.empty(0, device=device))
-    if why is None and device.type == "cpu" and not interpreter_active():
-        why = "GPU kernels need a CUDA device (the interpreter runs with TRITON_INTERPRET=1)"
-    return {name: why if name == "triton" else None for name in ENGINES}
+    out = {}
+    for name, engine in ENGINES.items():
+        why = None
+        if engine.devices is not None and device.type not in engine.devices:
+            why = f"needs a {' or '.join(d.upper() for d in engine.devices)} device"
+        elif hasattr(engine, "input_reason"):
+            why = engine.input_reason(torch.empty(0, device=device))
+        if why is None and name == "triton" and device.type == "cpu" and not interpreter_active():
+            why = "GPU kernels need a CUDA device (the interpreter runs with TRITON_INTERPRET=1)"
+        out[name] = why
+    return out
 
 
 def _first_calls() -> str:

@@ -108,17 +108,18 @@ class Mode:
         out like the output; bwd runs each forward once here with its graph retained."""
         args = case.geometry.conv_args()
 
-        def conv(ours_side: bool, x, w, b=None):
-            if ours_side:
-                return convt3d.conv_transpose3d(x, w, b, *args, backend=backend, precision=None)
+        def ours_fwd(x, w, b=None):
+            return convt3d.conv_transpose3d(x, w, b, *args, backend=backend, precision=None)
+
+        def ref_fwd(x, w, b=None):
             return F.conv_transpose3d(x, w, b, *args)
 
         if self.name == "fwd":
             def ours() -> torch.Tensor:
-                return conv(True, t.x, t.w, t.b)
+                return ours_fwd(t.x, t.w, t.b)
 
             def theirs() -> torch.Tensor:
-                return conv(False, t.x, t.w, t.b)
+                return ref_fwd(t.x, t.w, t.b)
 
             return ours, theirs
         with torch.no_grad():
@@ -131,13 +132,13 @@ class Mode:
         retain = self.name == "bwd"
         if retain:
             with torch.enable_grad():
-                y_ours, y_ref = conv(True, *ours_in), conv(False, *ref_in)
+                y_ours, y_ref = ours_fwd(*ours_in), ref_fwd(*ref_in)
 
         def ours():
-            return torch.autograd.grad(y_ours if retain else conv(True, *ours_in), ours_in, g, retain_graph=retain)
+            return torch.autograd.grad(y_ours if retain else ours_fwd(*ours_in), ours_in, g, retain_graph=retain)
 
         def theirs():
-            return torch.autograd.grad(y_ref if retain else conv(False, *ref_in), ref_in, g, retain_graph=retain)
+            return torch.autograd.grad(y_ref if retain else ref_fwd(*ref_in), ref_in, g, retain_graph=retain)
 
         return ours, theirs
 

@@ -277,7 +277,9 @@ def _can_time(x: torch.Tensor, supported: bool) -> bool:
 def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_cudnn, run_triton,
             dy, x, w, params, precision) -> Choice:
     """The per-signature choice of one gradient; without timing cuDNN (no Triton tile wins widely)."""
-    forced = "cudnn" if os.environ.get(env) == "torch" else os.environ.get(env) or None
+    forced = os.environ.get(env) or None
+    if forced == "torch":
+        forced = "cudnn"
     if forced is not None:
         if forced not in WGRAD_IMPLS:
             raise ValueError(f"environment variable {env}={forced!r} is not {'an' if what == 'input' else 'a'} "

@@ -295,7 +295,9 @@ def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
     the CPU, so that the interpreter runs the loop)."""
     if per_sm <= 0:
         return tiles
-    return max(1, min(tiles, device_programs(device, per_sm) if device.type == "cuda" else 3))
+    if device.type != "cuda":
+        return max(1, min(tiles, 3))
+    return max(1, min(tiles, device_programs(device, per_sm)))
 
 
 def _batch_span(x: torch.Tensor) -> int:
