@@ -49,9 +49,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """Descriptions as written, and each option's default where it has one worth saying."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
+        return action.help if action.default is None or action.default is False else super()._get_help_string(action)
 
 
 def _positive_int(text: str) -> int:
@@ -195,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         return usage_error("no case matches the filters (note: tf32x3 exists only in the kernelbench suite)")
     if args.list:
-        for c in cases:
-            print(f"{c.suite:<12} {c.label}")
+        print("\n".join(f"{c.suite:<12} {c.label}" for c in cases))
         return 0
     return _run(args, argv, cases, _run_interpreter_check, _run_timing)
 
