@@ -139,9 +139,8 @@ def collect(args) -> None:
     specs = [s for name in args.suite.split(",") for s in suite_specs(name)] if args.suite else \
         [draw(rng) for _ in range(args.count)]
     t0 = time.perf_counter()
-    chunks = [specs[i::args.workers] for i in range(args.workers)]
     with mp.get_context("spawn").Pool(args.workers) as pool:
-        pool.map(_compile, chunks, chunksize=1)
+        pool.map(_compile, [specs[i::args.workers] for i in range(args.workers)], chunksize=1)
     print(f"compiled {len(specs)} layers in {time.perf_counter() - t0:.0f} s", flush=True)
     with open(args.out, "a") as f:
         for i, spec in enumerate(specs):
