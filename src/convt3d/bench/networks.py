@@ -240,8 +240,7 @@ def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
 def _budget_ok(err: float, ref_err: float, dtype: str) -> bool:
     """The project's error budget: twice PyTorch's own error, or one unit of the mode's epsilon
     (so that an exact reference does not demand bit-identity)."""
-    eps = torch.finfo(torch.bfloat16 if dtype == "bf16" else torch.float32).eps
-    return err <= max(2 * ref_err, eps)
+    return err <= max(2 * ref_err, torch.finfo(torch.bfloat16 if dtype == "bf16" else torch.float32).eps)
 
 
 def _reference(model: nn.Module, x: torch.Tensor, mode: NetMode, target: torch.Tensor | None):
