@@ -199,11 +199,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, argv, selected, check, timing, *extra) -> int:
-    """``timing`` on a CUDA machine, else ``check`` in a process with Triton's interpreter on."""
+    """``timing`` (given a console and the environment) on a CUDA machine, else ``check`` in a process with
+    Triton's interpreter on."""
     if torch.cuda.is_available():
         if args.cudnn_benchmark:
             torch.backends.cudnn.benchmark = True
-        return timing(args, argv, selected, *extra)
+        return timing(args, argv, report.make_console(), report.environment(cuda=True), selected, *extra)
     if interpreter_active():
         return check(args, argv, selected)
     if os.environ.get(_REEXEC_MARK):
@@ -290,9 +291,7 @@ def _run_interpreter_check(args, argv: list[str], cases) -> int:
                   {"skipped_bf16": len(skipped)}, "convt3d bench")
 
 
-def _run_timing(args, argv: list[str], cases) -> int:
-    console = report.make_console()
-    env = report.environment(cuda=True)
+def _run_timing(args, argv: list[str], console, env: dict, cases) -> int:
     t0 = time.perf_counter()
     with _progress(console, 0, "measuring device ceilings") as (status, _):
         status("measuring device ceilings")
@@ -357,9 +356,7 @@ def _run_network_check(args, argv: list[str], nets) -> int:
                   _network_settings(args, nets, []), {}, "convt3d bench --suite networks")
 
 
-def _run_network_timing(args, argv: list[str], nets, modes) -> int:
-    console = report.make_console()
-    env = report.environment(cuda=True)
+def _run_network_timing(args, argv: list[str], console, env: dict, nets, modes) -> int:
     report.print_header(console, env, None, "networks: untouched model vs convt3d.patch(copy.deepcopy(model)), "
                                             "same process; ratio = untouched time / patched time")
     t0 = time.perf_counter()
