@@ -19,8 +19,6 @@ from ..dispatch.select import decide
 from .roofline import cudnn_tf32
 from .suites import Case, make_tensors, reduced_for_interpreter
 
-__all__ = ["CHECK_BACKEND", "round_tf32", "check_case", "run_checks", "failure_entry", "case_failure"]
-
 # The interpreter checks the engine, whatever --backend says.
 CHECK_BACKEND = "triton"
 

@@ -26,8 +26,6 @@ from .check import CHECK_BACKEND, run_checks
 from .roofline import measure_ceilings
 from .runner import MODES, TimingSettings, run_cases
 
-__all__ = ["main", "build_parser", "HelpFormatter", "comma_list", "add_filters", "flatten", "parse", "usage_error"]
-
 _REEXEC_MARK = "CONVT3D_BENCH_REEXEC"
 
 SUITE_HELP = {

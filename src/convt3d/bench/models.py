@@ -10,8 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GAN3DGenerator", "AxialAttention3d", "VideoDecoder"]
-
 
 class GAN3DGenerator(nn.Module):
     """3D-GAN generator: a latent vector to a voxel grid, ConvTranspose3d k4 s2 p1 (the first k4 s1

@@ -25,16 +25,11 @@ from ..core.flags import cudnn_conv_allows_tf32
 from ..engines.op import OP_NAME
 from ..nn import ConvTranspose3d as Patched
 from .check import CHECK_BACKEND, failure_entry, round_tf32
-from .models import AxialAttention3d, GAN3DGenerator, VideoDecoder
+from .models import AxialAttention3d, GAN3DGenerator, VideoDecoder  # noqa: F401 -- all three re-exported
 from .roofline import cudnn_tf32
 from .runner import CudaTimer, TimingSettings, max_abs_diff
 from .stats import paired_ratio
 from .suites import name_seed
-
-__all__ = ["GAN3DGenerator", "VideoDecoder", "AxialAttention3d", "Network", "NetMode", "NETWORKS", "NET_MODES",
-           "DEFAULT_PAIRS", "network_names", "select_networks", "select_modes", "unavailable_reason",
-           "build_network", "forward_fn", "training_step", "target_for",
-           "layer_engines", "transposed_share", "run_networks", "check_networks", "relative_error", "normwise_error"]
 
 
 # ---- the suite's networks -------------------------------------------------------------------------

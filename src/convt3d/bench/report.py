@@ -26,10 +26,6 @@ import convt3d
 from ..version import source_digest
 from .roofline import Ceilings, geomean
 
-__all__ = ["SCHEMA", "environment", "source_digest", "summarize", "payload", "write_json", "write_plot",
-           "make_console", "print_header", "print_timing_table", "print_summary", "print_check_table",
-           "print_failures", "print_network_table", "print_first_call_table", "print_network_check_table"]
-
 SCHEMA = "convt3d-bench/1"
 
 # A timing row whose output differs from PyTorch's by more than this (relative to the largest

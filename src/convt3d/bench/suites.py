@@ -14,10 +14,6 @@ import torch
 
 from ..core.params import Axis
 
-__all__ = ["Geometry", "Case", "Tensors", "KERNELBENCH", "LAYERS", "HEAD_SWEEP", "SUITES", "EXTRA_SUITES", "DTYPES",
-           "LAYOUTS", "PRECISIONS", "OLD_PRECISIONS", "precision_name", "all_cases", "select", "case_names",
-           "reduced_for_interpreter", "make_tensors", "name_seed"]
-
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LAYOUTS = ("ncdhw", "cl")
 # The library's names: "tf32" runs under PyTorch's default flags (TF32 allowed), "tf32x3" with
