@@ -228,11 +228,9 @@ def _write(console, args, data: dict, rows=(), plot_title: str | None = None) ->
     if args.json:
         report.write_json(args.json, data)
         console.print(f"wrote {args.json}")
-    if not args.plot:
-        return
-    if plot_title is None:
+    if args.plot and plot_title is None:
         console.print("--plot skipped: the plot shows timings, which need a GPU")
-    elif rows:
+    elif args.plot and rows:
         try:
             report.write_plot(args.plot, list(rows), plot_title)
             console.print(f"wrote {args.plot}")

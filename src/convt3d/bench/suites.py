@@ -180,8 +180,7 @@ def select(suite: str = "all", names: Iterable[str] | None = None, dtypes: Itera
     value raises ValueError naming the choices."""
     if suite != "all" and suite not in SUITES + EXTRA_SUITES:
         raise ValueError(f"unknown suite {suite!r}; expected 'all' or one of {SUITES + EXTRA_SUITES}")
-    if precisions is not None:
-        precisions = [precision_name(p) for p in precisions]
+    precisions = None if precisions is None else [precision_name(p) for p in precisions]
     cases = all_cases() if suite == "all" else _suite_cases(suite)
     filters = {"case": (names, case_names()), "dtype": (dtypes, list(DTYPES)),
                "layout": (layouts, list(LAYOUTS)), "precision": (precisions, list(PRECISIONS))}
