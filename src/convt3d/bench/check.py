@@ -25,8 +25,7 @@ CHECK_BACKEND = "triton"
 
 def round_tf32(t: torch.Tensor) -> torch.Tensor:
     """fp32 -> the nearest TF32 value as cuDNN rounds (tensor cores would truncate); inf and NaN kept."""
-    bits = t.view(torch.int32)
-    rounded = ((bits + 0x1000) & -8192).view(torch.float32)
+    rounded = ((t.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
     return torch.where(t.abs() < float("inf"), rounded, t)
 
 

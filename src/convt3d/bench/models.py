@@ -1,6 +1,5 @@
-"""The networks the networks suite writes from their published layouts (no code taken from their
-projects): the 3D-GAN generator (Wu et al. 2016) and a VQ-VAE video decoder laid out as VideoGPT's
-(Yan et al. 2021)."""
+"""The networks the networks suite writes from their published layouts (no code taken from their projects): the 3D-GAN
+generator (Wu et al. 2016) and a VQ-VAE video decoder laid out as VideoGPT's (Yan et al. 2021)."""
 from __future__ import annotations
 
 import math

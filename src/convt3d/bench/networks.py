@@ -1,7 +1,6 @@
-"""The networks suite: whole 3-D networks, untouched against ``convt3d.patch``-ed in one process, in
-fp32 and bf16-autocast inference and a bf16-autocast training step; a row's error against a reference
-(float64, or the fp32 step with TF32 off, norm-wise over all gradients) is within budget when at most
-twice the untouched model's."""
+"""The networks suite: whole 3-D networks, untouched against ``convt3d.patch``-ed in one process, in fp32 and
+bf16-autocast inference and a bf16-autocast training step; a row's error against a reference (float64, or the fp32 step
+with TF32 off, norm-wise over all gradients) is within budget when at most twice the untouched model's."""
 from __future__ import annotations
 
 import copy

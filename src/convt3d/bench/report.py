@@ -1,10 +1,9 @@
 """What the bench prints and writes: environment, tables (rich, else plain text), summary, JSON
 and the plot (matplotlib, else skipped with a line).
 
-JSON, schema "convt3d-bench/1" (``*_us`` microseconds, ``*_s`` seconds, NaN and inf as null): schema,
-kind ("timing" or "interpreter-check"), created, argv, environment, settings, ceilings (layer timing
-runs), rows, failures ({case, dtype, layout, precision, error, traceback}), summary and, for
-networks, skipped ({case, reason}).
+JSON, schema "convt3d-bench/1" (``*_us`` microseconds, ``*_s`` seconds, NaN and inf as null): schema, kind ("timing" or
+"interpreter-check"), created, argv, environment, settings, ceilings (layer timing runs), rows, failures ({case, dtype,
+layout, precision, error, traceback}), summary and, for networks, skipped ({case, reason}).
 """
 from __future__ import annotations
 
