@@ -156,18 +156,15 @@ def _progress(console, total: int, title: str):
         nonlocal done
         done += 1
 
-    if console.is_terminal:
-        try:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                       TimeElapsedColumn)
-        except ImportError:
-            pass
-        else:
-            with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), console=console, transient=True) as bar:
-                task = bar.add_task(title, total=total)
-                yield (lambda msg: bar.update(task, description=msg)), (lambda: bar.advance(task))
-            return
+    if console.is_terminal and not isinstance(console, report.PlainConsole):  # PlainConsole: rich is not installed
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                   TimeElapsedColumn)
+
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task(title, total=total)
+            yield (lambda msg: bar.update(task, description=msg)), (lambda: bar.advance(task))
+        return
     yield line, step
 
 
