@@ -276,11 +276,9 @@ def _run_interpreter_check(args, argv: list[str], cases) -> int:
         note += (f" {len(skipped)} bf16 case(s) skipped: Triton's interpreter mis-computes bf16 dot products; "
                  "tests/test_gpu.py covers bf16 on a GPU.")
 
-    def run(status, advance):
-        return (*run_checks(cases, args.seed, status, advance, jobs=args.jobs), None)
-
-    return _check(args, argv, note, "cases", len(cases), run, report.print_check_table,
-                  _settings(args, [c.label for c in cases], mode=args.mode, jobs=args.jobs),
+    return _check(args, argv, note, "cases", len(cases),
+                  lambda status, advance: (*run_checks(cases, args.seed, status, advance, jobs=args.jobs), None),
+                  report.print_check_table, _settings(args, [c.label for c in cases], mode=args.mode, jobs=args.jobs),
                   {"skipped_bf16": len(skipped)}, "convt3d bench")
 
 
