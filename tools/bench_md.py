@@ -57,9 +57,7 @@ def _or_nr(v) -> str:
 def _date(created: str | None) -> str:
     """An ISO timestamp as "YYYY-MM-DD HH:MM UTC" (as written when it has no offset)."""
     m = re.match(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)", created or "")
-    if not m:
-        return NOT_RECORDED
-    return f"{m[1]} {m[2]}" + (" UTC" if created.endswith(("+00:00", "Z")) else "")
+    return f"{m[1]} {m[2]}" + (" UTC" if created.endswith(("+00:00", "Z")) else "") if m else NOT_RECORDED
 
 
 def _versions(gpu, date: str, **versions) -> str:
@@ -288,10 +286,8 @@ def plot(folder: str, path: str) -> bool:
             ax.barh(ys, [vals[k] for k in labels if k in vals], height=h, label=name)
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         ax.invert_yaxis()
-        ax.set_xscale("log")
+        ax.set(xscale="log", xlabel="speedup over cuDNN (log scale)", title=title)
         ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_xlabel("speedup over cuDNN (log scale)")
-        ax.set_title(title)
         ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=90, metadata={"Software": None})

@@ -2,12 +2,11 @@
 under auto in the default first-call mode ("background").
 
 Rows: every layers-suite geometry at one (dtype, layout), alternating, then ``UNSEEN`` layers drawn by
-``tuning_table.draw`` (seed ``SEED``) that no suite holds. Cold: empty convt3d and Triton caches. A row
-prints cuDNN's first call (s), convt3d's first call (s), the engine after it, the seconds from the
-first call until the decision is final (a call every 0.05 s meanwhile, 90 s at most), the calls made,
-the final engine ("still-provisional" where 90 s did not settle it), convt3d's and PyTorch's steady
-time (µs, CUDA events, median of 15) and the first call's largest difference from PyTorch's output.
-Warm: a new process with the caches kept, its first call.
+``tuning_table.draw`` (seed ``SEED``) that no suite holds. Cold: empty convt3d and Triton caches. A row prints cuDNN's
+first call (s), convt3d's first call (s), the engine after it, the seconds from the first call until the decision is
+final (a call every 0.05 s meanwhile, 90 s at most), the calls made, the final engine ("still-provisional" where 90 s
+did not settle it), convt3d's and PyTorch's steady time (µs, CUDA events, median of 15) and the first call's largest
+difference from PyTorch's output. Warm: a new process with the caches kept, its first call.
 
     OUT=. START=0 UNSEEN=4 SEED=2027 python tools/first_call.py      # writes first_call_bg.json
 """

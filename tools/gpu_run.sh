@@ -76,8 +76,7 @@ run_part() {
     SUMMARY+=("$name: skipped (budget)")
     return
   fi
-  local t=$(( cap < left ? cap : left )) s rc part="$TMPD/$name.log"
-  s=$(date +%s)
+  local t=$(( cap < left ? cap : left )) s=$(date +%s) rc part="$TMPD/$name.log"
   timeout "$t" "$@" > "$part" 2>&1
   rc=$?
   { echo "==== $name (timeout ${t}s): $*"; cat "$part"; echo "==== $name: exit $rc after $(( $(date +%s) - s ))s"; } >> "$LOG"
@@ -86,11 +85,7 @@ run_part() {
   { echo "---- $name (exit $rc), last $tl lines"; tail -n "$tl" "$part" | cut -c1-200; } >> "$TMPD/tails"
 }
 
-bench() {
-  local name=$1 cap=$2
-  shift 2
-  run_part "$name" "$cap" 16 python3 -m convt3d bench "$@"
-}
+bench() { run_part "$1" "$2" 16 python3 -m convt3d bench "${@:3}"; }  # bench NAME CAP ARGS...
 
 {
   echo "==== environment"

@@ -1,16 +1,14 @@
 """KernelBench's own harness on the generated files: `eval_kernel_against_ref` of ScalingIntelligence/KernelBench,
 each file's ModelNew against its problem's reference Model, default flags, fp32, seed 42.
 
-It measures correctness (KernelBench's verdict at its fp32 tolerance over --trials random inputs) and, with
---perf N, the mean of N CUDA-event timed calls of each model in ms, and speedup = reference / ModelNew. --json
-writes the results by file with the versions and date (the record `tools/bench_md.py` reads, beside the printed
-output saved as a .log of the same name). Needs a GPU and a KernelBench source checkout (--kb: the folder holding
-src/kernelbench and KernelBench/level1, level2). The harness imports LLM client packages its evaluation never
-calls (dotenv, openai, litellm, requests, pydantic's BaseModel for its result record); where they are missing, stand-ins
-take their names.
+It measures correctness (KernelBench's verdict at its fp32 tolerance over --trials random inputs) and, with --perf N,
+the mean of N CUDA-event timed calls of each model in ms, and speedup = reference / ModelNew. --json writes the
+results by file with the versions and date (the record `tools/bench_md.py` reads, beside the printed output saved as a
+.log of the same name). Needs a GPU and a KernelBench source checkout (--kb: the folder holding src/kernelbench and
+KernelBench/level1, level2). The harness imports LLM client packages its evaluation never calls (dotenv, openai,
+litellm, requests, pydantic's BaseModel for its result record); where they are missing, stand-ins take their names.
 
-    python tools/kb_harness.py --kb PATH [--level 1|2] [--ids 58,89] [--trials 5] [--perf 100]
-                               [--budget SECONDS] [--json FILE]
+    python tools/kb_harness.py --kb DIR [--level 1|2] [--ids 58,89] [--trials 5] [--perf 100] [--budget N] [--json FILE]
 
 A checkout small enough to carry to a GPU machine (1.3 MB), from a clone of the KernelBench repository:
     git -C KernelBench archive HEAD src/kernelbench KernelBench/level1 KernelBench/level2 | tar -x -C .kb

@@ -34,9 +34,7 @@ def draw(rng: random.Random) -> dict:
     """One random layer within a size budget (output elements and MACs)."""
     while True:
         kind = rng.choices(["gemm", "head", "grouped", "narrow"], weights=[55, 25, 12, 8])[0]
-        cin = rng.choice(CHANNELS)
-        cout = rng.choice(CHANNELS)
-        groups = 1
+        cin, cout, groups = rng.choice(CHANNELS), rng.choice(CHANNELS), 1
         if kind == "head":
             cout = rng.choice([1, 1, 2, 3, 4, 6, 8, 12, 15])
             cin = rng.choice(CHANNELS[:9])
@@ -77,8 +75,7 @@ def _tensors(spec: dict):
                     device="cuda", dtype=dt) * 0.1
     b = torch.randn(spec["out_channels"], device="cuda", dtype=dt)
     if spec["channels_last"]:
-        x = x.to(memory_format=torch.channels_last_3d)
-        w = w.to(memory_format=torch.channels_last_3d)
+        x, w = (t.to(memory_format=torch.channels_last_3d) for t in (x, w))
     return x, w, b
 
 
@@ -115,10 +112,9 @@ def _time(spec: dict) -> dict:
     with cudnn_conv_tf32(spec["precision"] == "tf32"):
         cudnn = gpu_ms(lambda: torch.nn.functional.conv_transpose3d(
             x, w, b, spec["stride"], spec["padding"], spec["output_padding"], spec["groups"], spec["dilation"]))
-    major, minor = torch.cuda.get_device_capability()
-    return dict(spec, gpu=torch.cuda.get_device_name(), arch=f"sm{major}{minor}", candidates=cands,
-                choice=rec.config.short(), failed=rec.failed, tuning_s=round(time.perf_counter() - t0, 3),
-                cudnn_ms=cudnn)
+    return dict(spec, gpu=torch.cuda.get_device_name(), arch="sm%d%d" % torch.cuda.get_device_capability(),
+                candidates=cands, choice=rec.config.short(), failed=rec.failed,
+                tuning_s=round(time.perf_counter() - t0, 3), cudnn_ms=cudnn)
 
 
 def geometry_spec(g, **rest) -> dict:
@@ -143,9 +139,8 @@ def collect(args) -> None:
     specs = [s for name in args.suite.split(",") for s in suite_specs(name)] if args.suite else \
         [draw(rng) for _ in range(args.count)]
     t0 = time.perf_counter()
-    chunks = [specs[i::args.workers] for i in range(args.workers)]
     with mp.get_context("spawn").Pool(args.workers) as pool:
-        pool.map(_compile, chunks, chunksize=1)
+        pool.map(_compile, [specs[i::args.workers] for i in range(args.workers)], chunksize=1)
     print(f"compiled {len(specs)} layers in {time.perf_counter() - t0:.0f} s", flush=True)
     with open(args.out, "a") as f:
         for i, spec in enumerate(specs):

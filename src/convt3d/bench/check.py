@@ -19,16 +19,13 @@ from ..dispatch.select import decide
 from .roofline import cudnn_tf32
 from .suites import Case, make_tensors, reduced_for_interpreter
 
-__all__ = ["CHECK_BACKEND", "round_tf32", "check_case", "run_checks", "failure_entry", "case_failure"]
-
 # The interpreter checks the engine, whatever --backend says.
 CHECK_BACKEND = "triton"
 
 
 def round_tf32(t: torch.Tensor) -> torch.Tensor:
     """fp32 -> the nearest TF32 value as cuDNN rounds (tensor cores would truncate); inf and NaN kept."""
-    bits = t.view(torch.int32)
-    rounded = ((bits + 0x1000) & -8192).view(torch.float32)
+    rounded = ((t.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
     return torch.where(t.abs() < float("inf"), rounded, t)
 
 

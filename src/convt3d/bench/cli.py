@@ -26,8 +26,6 @@ from .check import CHECK_BACKEND, run_checks
 from .roofline import measure_ceilings
 from .runner import MODES, TimingSettings, run_cases
 
-__all__ = ["main", "build_parser", "HelpFormatter", "comma_list", "add_filters", "flatten", "parse", "usage_error"]
-
 _REEXEC_MARK = "CONVT3D_BENCH_REEXEC"
 
 SUITE_HELP = {
@@ -49,9 +47,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """Descriptions as written, and each option's default where it has one worth saying."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
+        return action.help if action.default is None or action.default is False else super()._get_help_string(action)
 
 
 def _positive_int(text: str) -> int:
@@ -160,18 +156,15 @@ def _progress(console, total: int, title: str):
         nonlocal done
         done += 1
 
-    if console.is_terminal:
-        try:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                       TimeElapsedColumn)
-        except ImportError:
-            pass
-        else:
-            with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), console=console, transient=True) as bar:
-                task = bar.add_task(title, total=total)
-                yield (lambda msg: bar.update(task, description=msg)), (lambda: bar.advance(task))
-            return
+    if console.is_terminal and not isinstance(console, report.PlainConsole):  # PlainConsole: rich is not installed
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                   TimeElapsedColumn)
+
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task(title, total=total)
+            yield (lambda msg: bar.update(task, description=msg)), (lambda: bar.advance(task))
+        return
     yield line, step
 
 
@@ -195,18 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         return usage_error("no case matches the filters (note: tf32x3 exists only in the kernelbench suite)")
     if args.list:
-        for c in cases:
-            print(f"{c.suite:<12} {c.label}")
+        print("\n".join(f"{c.suite:<12} {c.label}" for c in cases))
         return 0
     return _run(args, argv, cases, _run_interpreter_check, _run_timing)
 
 
 def _run(args, argv, selected, check, timing, *extra) -> int:
-    """``timing`` on a CUDA machine, else ``check`` in a process with Triton's interpreter on."""
+    """``timing`` (given a console and the environment) on a CUDA machine, else ``check`` in a process with
+    Triton's interpreter on."""
     if torch.cuda.is_available():
         if args.cudnn_benchmark:
             torch.backends.cudnn.benchmark = True
-        return timing(args, argv, selected, *extra)
+        return timing(args, argv, report.make_console(), report.environment(cuda=True), selected, *extra)
     if interpreter_active():
         return check(args, argv, selected)
     if os.environ.get(_REEXEC_MARK):
@@ -232,11 +225,9 @@ def _write(console, args, data: dict, rows=(), plot_title: str | None = None) ->
     if args.json:
         report.write_json(args.json, data)
         console.print(f"wrote {args.json}")
-    if not args.plot:
-        return
-    if plot_title is None:
+    if args.plot and plot_title is None:
         console.print("--plot skipped: the plot shows timings, which need a GPU")
-    elif rows:
+    elif args.plot and rows:
         try:
             report.write_plot(args.plot, list(rows), plot_title)
             console.print(f"wrote {args.plot}")
@@ -285,17 +276,13 @@ def _run_interpreter_check(args, argv: list[str], cases) -> int:
         note += (f" {len(skipped)} bf16 case(s) skipped: Triton's interpreter mis-computes bf16 dot products; "
                  "tests/test_gpu.py covers bf16 on a GPU.")
 
-    def run(status, advance):
-        return (*run_checks(cases, args.seed, status, advance, jobs=args.jobs), None)
-
-    return _check(args, argv, note, "cases", len(cases), run, report.print_check_table,
-                  _settings(args, [c.label for c in cases], mode=args.mode, jobs=args.jobs),
+    return _check(args, argv, note, "cases", len(cases),
+                  lambda status, advance: (*run_checks(cases, args.seed, status, advance, jobs=args.jobs), None),
+                  report.print_check_table, _settings(args, [c.label for c in cases], mode=args.mode, jobs=args.jobs),
                   {"skipped_bf16": len(skipped)}, "convt3d bench")
 
 
-def _run_timing(args, argv: list[str], cases) -> int:
-    console = report.make_console()
-    env = report.environment(cuda=True)
+def _run_timing(args, argv: list[str], console, env: dict, cases) -> int:
     t0 = time.perf_counter()
     with _progress(console, 0, "measuring device ceilings") as (status, _):
         status("measuring device ceilings")
@@ -360,9 +347,7 @@ def _run_network_check(args, argv: list[str], nets) -> int:
                   _network_settings(args, nets, []), {}, "convt3d bench --suite networks")
 
 
-def _run_network_timing(args, argv: list[str], nets, modes) -> int:
-    console = report.make_console()
-    env = report.environment(cuda=True)
+def _run_network_timing(args, argv: list[str], console, env: dict, nets, modes) -> int:
     report.print_header(console, env, None, "networks: untouched model vs convt3d.patch(copy.deepcopy(model)), "
                                             "same process; ratio = untouched time / patched time")
     t0 = time.perf_counter()

@@ -1,6 +1,5 @@
-"""The networks the networks suite writes from their published layouts (no code taken from their
-projects): the 3D-GAN generator (Wu et al. 2016) and a VQ-VAE video decoder laid out as VideoGPT's
-(Yan et al. 2021)."""
+"""The networks the networks suite writes from their published layouts (no code taken from their projects): the 3D-GAN
+generator (Wu et al. 2016) and a VQ-VAE video decoder laid out as VideoGPT's (Yan et al. 2021)."""
 from __future__ import annotations
 
 import math
@@ -9,8 +8,6 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-__all__ = ["GAN3DGenerator", "AxialAttention3d", "VideoDecoder"]
 
 
 class GAN3DGenerator(nn.Module):

@@ -1,7 +1,6 @@
-"""The networks suite: whole 3-D networks, untouched against ``convt3d.patch``-ed in one process, in
-fp32 and bf16-autocast inference and a bf16-autocast training step; a row's error against a reference
-(float64, or the fp32 step with TF32 off, norm-wise over all gradients) is within budget when at most
-twice the untouched model's."""
+"""The networks suite: whole 3-D networks, untouched against ``convt3d.patch``-ed in one process, in fp32 and
+bf16-autocast inference and a bf16-autocast training step; a row's error against a reference (float64, or the fp32 step
+with TF32 off, norm-wise over all gradients) is within budget when at most twice the untouched model's."""
 from __future__ import annotations
 
 import copy
@@ -25,16 +24,11 @@ from ..core.flags import cudnn_conv_allows_tf32
 from ..engines.op import OP_NAME
 from ..nn import ConvTranspose3d as Patched
 from .check import CHECK_BACKEND, failure_entry, round_tf32
-from .models import AxialAttention3d, GAN3DGenerator, VideoDecoder
+from .models import AxialAttention3d, GAN3DGenerator, VideoDecoder  # noqa: F401 -- all three re-exported
 from .roofline import cudnn_tf32
 from .runner import CudaTimer, TimingSettings, max_abs_diff
 from .stats import paired_ratio
 from .suites import name_seed
-
-__all__ = ["GAN3DGenerator", "VideoDecoder", "AxialAttention3d", "Network", "NetMode", "NETWORKS", "NET_MODES",
-           "DEFAULT_PAIRS", "network_names", "select_networks", "select_modes", "unavailable_reason",
-           "build_network", "forward_fn", "training_step", "target_for",
-           "layer_engines", "transposed_share", "run_networks", "check_networks", "relative_error", "normwise_error"]
 
 
 # ---- the suite's networks -------------------------------------------------------------------------
@@ -240,8 +234,7 @@ def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
 def _budget_ok(err: float, ref_err: float, dtype: str) -> bool:
     """The project's error budget: twice PyTorch's own error, or one unit of the mode's epsilon
     (so that an exact reference does not demand bit-identity)."""
-    eps = torch.finfo(torch.bfloat16 if dtype == "bf16" else torch.float32).eps
-    return err <= max(2 * ref_err, eps)
+    return err <= max(2 * ref_err, torch.finfo(torch.bfloat16 if dtype == "bf16" else torch.float32).eps)
 
 
 def _reference(model: nn.Module, x: torch.Tensor, mode: NetMode, target: torch.Tensor | None):

@@ -1,10 +1,9 @@
 """What the bench prints and writes: environment, tables (rich, else plain text), summary, JSON
 and the plot (matplotlib, else skipped with a line).
 
-JSON, schema "convt3d-bench/1" (``*_us`` microseconds, ``*_s`` seconds, NaN and inf as null): schema,
-kind ("timing" or "interpreter-check"), created, argv, environment, settings, ceilings (layer timing
-runs), rows, failures ({case, dtype, layout, precision, error, traceback}), summary and, for
-networks, skipped ({case, reason}).
+JSON, schema "convt3d-bench/1" (``*_us`` microseconds, ``*_s`` seconds, NaN and inf as null): schema, kind ("timing" or
+"interpreter-check"), created, argv, environment, settings, ceilings (layer timing runs), rows, failures ({case, dtype,
+layout, precision, error, traceback}), summary and, for networks, skipped ({case, reason}).
 """
 from __future__ import annotations
 
@@ -25,10 +24,6 @@ import triton
 import convt3d
 from ..version import source_digest
 from .roofline import Ceilings, geomean
-
-__all__ = ["SCHEMA", "environment", "source_digest", "summarize", "payload", "write_json", "write_plot",
-           "make_console", "print_header", "print_timing_table", "print_summary", "print_check_table",
-           "print_failures", "print_network_table", "print_first_call_table", "print_network_check_table"]
 
 SCHEMA = "convt3d-bench/1"
 
@@ -158,8 +153,7 @@ def write_plot(path: str | os.PathLike, rows: list[dict], title: str) -> None:
     ax_s.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
     ax_s.xaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))
     ax_s.set_xlabel("speedup over PyTorch/cuDNN (same flags; networks: untouched / patched), log scale")
-    ax_s.set_yticks(ys)
-    ax_s.set_yticklabels([_row_label(r) for r in rows], fontsize=8)
+    ax_s.set_yticks(ys, [_row_label(r) for r in rows], fontsize=8)
     ax_s.invert_yaxis()
     for key, dy, label, color in (("roofline_pct", -0.2, "convt3d", None), ("torch_roofline_pct", 0.2, "cuDNN",
                                                                             "tab:gray")):
@@ -314,13 +308,11 @@ def print_network_table(console, rows: list[dict], title: str) -> None:
     """Timing rows of ``--suite networks``: one per network and mode."""
     out = []
     for r in rows:
-        ratio = _x(r["speedup"])
-        if r.get("speedup_quartiles"):
-            ratio += " ({:.2f}-{:.2f})".format(*r["speedup_quartiles"])
+        quartiles = " ({:.2f}-{:.2f})".format(*r["speedup_quartiles"]) if r.get("speedup_quartiles") else ""
         share = _fmt(100 * r["convt_share"], ".1f") + "%" if _finite(r.get("convt_share")) else "-"
         out.append([r["case"], r["mode"], r["dtype"], f"{r['convt_layers_patched']}/{r['convt_layers']}: "
                     f"{r.get('engine', '')}", share, _fmt(r["torch_us"] / 1e3, ".2f"),
-                    _fmt(r["convt3d_us"] / 1e3, ".2f"), ratio,
+                    _fmt(r["convt3d_us"] / 1e3, ".2f"), _x(r["speedup"]) + quartiles,
                     f"{_fmt(r['torch_first_call_s'], '.2f')} / {_fmt(r['first_call_s'], '.2f')}", _rel_text(r),
                     r["reference"]])
     table(console, title, ["network", "mode", "dtype", "patched layers: engine", "convT share", "untouched ms",

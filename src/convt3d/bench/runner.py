@@ -21,9 +21,6 @@ from .roofline import Ceilings, cudnn_tf32, floors, peak_class, roofline_percent
 from .stats import lowest_spread
 from .suites import Case, Tensors, make_tensors
 
-__all__ = ["TimingSettings", "CudaTimer", "Mode", "MODES", "get_mode", "bench_budget",
-           "max_abs_diff", "run_cases", "ROUND_SPREAD", "MAX_ABBA", "PAIRED_BLOCK_MS"]
-
 
 @dataclass(frozen=True)
 class TimingSettings:

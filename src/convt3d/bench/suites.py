@@ -14,10 +14,6 @@ import torch
 
 from ..core.params import Axis
 
-__all__ = ["Geometry", "Case", "Tensors", "KERNELBENCH", "LAYERS", "HEAD_SWEEP", "SUITES", "EXTRA_SUITES", "DTYPES",
-           "LAYOUTS", "PRECISIONS", "OLD_PRECISIONS", "precision_name", "all_cases", "select", "case_names",
-           "reduced_for_interpreter", "make_tensors", "name_seed"]
-
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LAYOUTS = ("ncdhw", "cl")
 # The library's names: "tf32" runs under PyTorch's default flags (TF32 allowed), "tf32x3" with
@@ -184,8 +180,7 @@ def select(suite: str = "all", names: Iterable[str] | None = None, dtypes: Itera
     value raises ValueError naming the choices."""
     if suite != "all" and suite not in SUITES + EXTRA_SUITES:
         raise ValueError(f"unknown suite {suite!r}; expected 'all' or one of {SUITES + EXTRA_SUITES}")
-    if precisions is not None:
-        precisions = [precision_name(p) for p in precisions]
+    precisions = None if precisions is None else [precision_name(p) for p in precisions]
     cases = all_cases() if suite == "all" else _suite_cases(suite)
     filters = {"case": (names, case_names()), "dtype": (dtypes, list(DTYPES)),
                "layout": (layouts, list(LAYOUTS)), "precision": (precisions, list(PRECISIONS))}

@@ -18,8 +18,6 @@ from . import suites
 from .cli import HelpFormatter, add_filters, flatten, parse, usage_error
 from .roofline import cudnn_tf32
 
-__all__ = ["main", "build_parser"]
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
