@@ -115,8 +115,7 @@ def _transformed(input, weight, bias) -> bool:
                                         or (isinstance(bias, tensor) and _is_wrapped(bias)))
 
 
-def _pytorchs_op_only(why, input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
-                      precision):
+def _pytorchs_op_only(why, input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
     """A call only PyTorch's own op can run: that op under "auto" or "torch" (an explicit precision
     sets cuDNN's TF32 flag for the call), else BackendUnavailableError ending in ``why``."""
     name = dispatch.resolve_backend_name(backend)

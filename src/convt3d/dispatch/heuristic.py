@@ -31,8 +31,7 @@ def floors(params, dtype: torch.dtype, precision: str, has_bias: bool = False) -
     """(memory floor s, compute floor s, peak class) of a call on ``NOMINAL_CEILINGS``."""
     name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
     peak = roofline.peak_class(name, "default" if precision == "tf32" else "exact")
-    mem, comp = roofline.floors(params.useful_flops, params.min_bytes(dtype.itemsize, has_bias), NOMINAL_CEILINGS,
-                                peak)
+    mem, comp = roofline.floors(params.useful_flops, params.min_bytes(dtype.itemsize, has_bias), NOMINAL_CEILINGS, peak)
     return mem, comp, peak
 
 

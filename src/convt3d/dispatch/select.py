@@ -586,16 +586,14 @@ def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = N
     if key is not None:
         if len(_steady) >= _STEADY_LIMIT:
             _forget_steady()
-        _steady[key] = Steady(d, call.params, decided_call(call, d).precision, call.training, call.unbatched,
-                              is_direct)
+        _steady[key] = Steady(d, call.params, decided_call(call, d).precision, call.training, call.unbatched, is_direct)
     # A call without a key (a tensor subclass without __torch_function__) still gets the direct memo.
     if is_direct and given is not None:
         remember_direct(*given)
 
 
 # What ``steady`` answers for a call its direct memo fits: only ``direct`` is read.
-_DIRECT = Steady(Decision("torch", "", "the direct memo of its weight", source="steady"), None, "", False, False,
-                 True)
+_DIRECT = Steady(Decision("torch", "", "the direct memo of its weight", source="steady"), None, "", False, False, True)
 
 
 def remember_direct(input, weight, bias, args: tuple, backend, precision) -> None:
