@@ -482,18 +482,15 @@ def _say_first_call(call: Call, cands: list[str], unready: tuple = ()) -> None:
 
 
 def _from_entry(call: Call, entry: dict) -> Decision:
-    timings = {k: float(v) for k, v in entry.get("timings_ms", {}).items()}
-    _timings[call.key] = timings
+    _timings[call.key] = timings = {k: float(v) for k, v in entry.get("timings_ms", {}).items()}
     text = _timings_text(timings, entry["engine"], entry.get("host_ms"))
     if entry.get("network"):  # (from the cache file) convt3d.tune's network check replaced the layer's measurement
         return _decision(entry["engine"], call, f"auto (from the cache file): {entry['network']}", "cache")
     if entry["source"] == "cache":
         return _decision(entry["engine"], call, f"auto (measured earlier, from the cache file): {text}", "cache")
     kind = "training steps" if call.training else "calls"
-    if entry.get("why"):
-        reason = f"auto (measured {kind}): {entry['why']}"
-    else:
-        reason = f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): {text}"
+    reason = f"auto (measured {kind}): {entry['why']}" if entry.get("why") else \
+        f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): {text}"
     if entry.get("failed"):
         reason += "; failed: " + "; ".join(f"{k}: {v}" for k, v in entry["failed"].items())
     return _decision(entry["engine"], call, reason, "measured")
