@@ -438,7 +438,7 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
         if entry.get("unready"):
             _make_ready(call, unready)
         return entry
-    _say_first_call(call, cands, unready)
+    _say_first_call(cands, unready)
     if tiny and "torch" in cands:
         runs, failed, _ = _measure(call, ["torch"], call.text)
         t = min(runs["torch"]) * 1e-3
@@ -467,7 +467,7 @@ def _make_ready(call: Call, unready) -> None:
 _said: list[bool] = []
 
 
-def _say_first_call(call: Call, cands: list[str], unready: tuple = ()) -> None:
+def _say_first_call(cands: list[str], unready: tuple = ()) -> None:
     """One line on stderr, once per process, before the first measurement of what a first call does."""
     if _said or (len(cands) < 2 and not unready):
         return
