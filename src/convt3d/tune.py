@@ -160,7 +160,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
 
     bar = Progress(max(1, len(layers)) + (1 if backward else 0), "convt3d tune", progress)
     seen: dict[str, dict] = {}
-    done_layers: set[str] = set()
+    unseen = {m: n for n, m in layers}  # the layers whose first forward is still to come
 
     def on_event(event: str, info: dict) -> None:
         if event == "measure":
@@ -171,12 +171,9 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
                                        "source": _source(d.source), "reason": d.reason,
                                        "timings_ms": dict(info["timings"]) if info.get("timings") else None}
 
-    def hook_for(name: str):
-        def hook(module, inputs, output):
-            if name not in done_layers:
-                done_layers.add(name)
-                bar.advance(f"forward: {name}")
-        return hook
+    def layer_done(module, inputs, output):
+        if module in unseen:
+            bar.advance(f"forward: {unseen.pop(module)}")
 
     layers_by_sig: dict[str, list[nn.Module]] = {}
 
@@ -186,7 +183,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
             if sig is not None and module not in layers_by_sig.setdefault(sig, []):
                 layers_by_sig[sig].append(module)
 
-    hooks = [m.register_forward_hook(hook_for(n)) for n, m in layers]
+    hooks = [m.register_forward_hook(layer_done) for _, m in layers]
     hooks += [m.register_forward_pre_hook(record_signature) for _, m in layers]
 
     def run_once(after_forward: Callable[[], object] = lambda: None) -> bool:
