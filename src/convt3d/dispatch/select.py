@@ -1,7 +1,6 @@
-"""The dispatcher: one pass over the registered engines per call. A named backend runs or raises with
-its reasons; "auto" decides from memory, the disk cache, a measurement against PyTorch's own call, else
-the heuristic, keeping ours only where it beats PyTorch beyond the noise; unsupported input falls back to
-PyTorch here, and only here."""
+"""The dispatcher: one pass over the registered engines per call. A named backend runs or raises with its reasons;
+"auto" decides from memory, the disk cache, a measurement against PyTorch's own call, else the heuristic, keeping ours
+only where it beats PyTorch beyond the noise; unsupported input falls back to PyTorch here, and only here."""
 from __future__ import annotations
 
 import contextlib
