@@ -96,7 +96,7 @@ def time_with_cuda_events(fn, x: torch.Tensor, trials: int, warmup: int = WARMUP
         torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     times = []
-    for trial in range(trials + DISCARD_FIRST):
+    for _ in range(trials + DISCARD_FIRST):
         torch.cuda.synchronize(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=device).fill_(42)  # a cold L2
@@ -104,9 +104,8 @@ def time_with_cuda_events(fn, x: torch.Tensor, trials: int, warmup: int = WARMUP
         fn(x)
         end.record()
         torch.cuda.synchronize(device)
-        if trial >= DISCARD_FIRST:
-            times.append(start.elapsed_time(end))
-    return times
+        times.append(start.elapsed_time(end))
+    return times[DISCARD_FIRST:]
 
 
 def flags_in_force(precision: str):
