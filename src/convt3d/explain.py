@@ -185,8 +185,7 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
     invalid arguments raise the same errors): the dispatcher's pass (``dispatch.explain_pass``)
     with nothing run or timed, the chosen engine's plan, and where an ``epilogue`` program runs."""
     # A call autograd records is a training step, decided as one.
-    call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
-                     autograd=True)
+    call = make_call(input, weight, bias, stride, padding, output_padding, groups, dilation, precision, autograd=True)
     name = dispatch.resolve_backend_name(backend)
     p, prec, x5, cuda = call.params, call.precision, call.x, input.device.type == "cuda"
     record = dispatch.explain_pass(call, name)

@@ -28,18 +28,17 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     """3-D transposed convolution with the signature and semantics of ``torch.nn.functional.conv_transpose3d``.
 
     Args (beyond PyTorch's):
-        backend: "auto" (default; ``$CONVT3D_BACKEND`` overrides the default), "triton" (our engine;
-            on CPU tensors through Triton's interpreter), "torch" (PyTorch's own) or "conv3d" (a
-            stride-1 call as PyTorch's conv3d of the flipped weight). A named backend that cannot run
-            the call raises :class:`convt3d.BackendUnavailableError`; only "auto" falls back.
-        precision: float32 only. None follows ``torch.backends.cudnn.allow_tf32`` as PyTorch's
-            convolutions do (True: "tf32", False: exact grade); or "tf32", "tf32x3", "ieee".
-            float16/bfloat16 multiply in their own type and accumulate in float32.
+        backend: "auto" (default; ``$CONVT3D_BACKEND`` overrides the default), "triton" (our engine; on CPU tensors
+            through Triton's interpreter), "torch" (PyTorch's own) or "conv3d" (a stride-1 call as PyTorch's conv3d of
+            the flipped weight). A named backend that cannot run the call raises
+            :class:`convt3d.BackendUnavailableError`; only "auto" falls back.
+        precision: float32 only. None follows ``torch.backends.cudnn.allow_tf32`` as PyTorch's convolutions do (True:
+            "tf32", False: exact grade); or "tf32", "tf32x3", "ieee". float16/bfloat16 multiply in their own type and
+            accumulate in float32.
         epilogue: an elementwise program applied in float32 to the output before its one cast
-            (``convt3d.core.epilogue``), as ``[("mul", 2.0), "relu", ("add", residual)]``. "auto" fuses
-            it into the Triton GEMM's store where that is measured faster; "triton" fuses it or raises
-            (also where autograd records the call: the fused path is forward-only); otherwise the
-            convolution runs, then the program in PyTorch.
+            (``convt3d.core.epilogue``), as ``[("mul", 2.0), "relu", ("add", residual)]``. "auto" fuses it into the
+            Triton GEMM's store where that is measured faster; "triton" fuses it or raises (also where autograd records
+            the call: the fused path is forward-only); otherwise the convolution runs, then the program in PyTorch.
     """
     if epilogue is not None:
         return _with_epilogue(input, weight, bias, (stride, padding, output_padding, groups, dilation), backend,
@@ -115,8 +114,7 @@ def _transformed(input, weight, bias) -> bool:
                                         or (isinstance(bias, tensor) and _is_wrapped(bias)))
 
 
-def _pytorchs_op_only(why, input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
-                      precision):
+def _pytorchs_op_only(why, input, weight, bias, stride, padding, output_padding, groups, dilation, backend, precision):
     """A call only PyTorch's own op can run: that op under "auto" or "torch" (an explicit precision
     sets cuDNN's TF32 flag for the call), else BackendUnavailableError ending in ``why``."""
     name = dispatch.resolve_backend_name(backend)

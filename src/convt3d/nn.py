@@ -44,14 +44,13 @@ class ConvTranspose3d(nn.ConvTranspose3d):
 
 
 def patch(model: nn.Module, *, backend: str | None = None, precision: str | None = None) -> nn.Module:
-    """Swap every ``nn.ConvTranspose3d`` inside ``model`` (``model`` itself included) for
-    :class:`ConvTranspose3d`, in place, parametrized ones (spectral or weight norm through
-    ``torch.nn.utils.parametrizations``) included; an ``nn.LazyConvTranspose3d`` not yet built
-    becomes one at its first call. Other subclasses of ``nn.ConvTranspose3d`` are left alone.
+    """Swap every ``nn.ConvTranspose3d`` inside ``model`` (``model`` itself included) for :class:`ConvTranspose3d`, in
+    place, parametrized ones (spectral or weight norm through ``torch.nn.utils.parametrizations``) included; an
+    ``nn.LazyConvTranspose3d`` not yet built becomes one at its first call. Other subclasses of ``nn.ConvTranspose3d``
+    are left alone.
 
-    The same parameter and buffer objects are kept (optimisers holding them keep working), with their
-    hooks and training mode. Returns ``model``. On a CUDA machine it also starts, in a background thread,
-    Triton's once-per-process setup.
+    The same parameter and buffer objects are kept (optimisers holding them keep working), with their hooks and training
+    mode. Returns ``model``. On a CUDA machine it also starts, in a background thread, Triton's once-per-process setup.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch() expects an nn.Module, but got {type(model).__name__}")

@@ -120,21 +120,20 @@ def _tensors(obj: Any) -> Iterable[torch.Tensor]:
 
 def tune(model, *example_inputs, backward: bool | None = None, progress: bool | str = True,
          check: bool = True) -> TuneReport:
-    """Run ``model(*example_inputs)`` once with measuring on to fill convt3d's caches.
+    """Run ``model(*example_inputs)`` once with measuring on to fill convt3d's caches, then restore gradients
+    (``.grad`` of parameters and inputs) and buffers.
 
     Args:
         model: an ``nn.Module`` (or any callable) whose transposed convolutions are convt3d's
             (``convt3d.ConvTranspose3d``, ``convt3d.patch(model)``, or ``convt3d.conv_transpose3d``).
         example_inputs: inputs of the real shapes, dtypes, layouts and devices.
-        backward: also run a backward pass (of the sum of the outputs). Default: when the model
-            has a parameter that requires grad and grad mode is on.
-        progress: True (rich on a terminal, else tqdm if installed, else plain lines on stderr),
-            False, or one of "rich", "tqdm", "plain".
-        check: the network check (CUDA, an ``nn.Module`` with convt3d layers on "auto"): the whole
-            model is timed with the per-layer decisions against PyTorch for every layer, and the
-            signatures that make it slower are reverted to PyTorch, here and in the cache file.
-
-    Gradients (``.grad`` of parameters and inputs) and buffers are restored afterwards.
+        backward: also run a backward pass (of the sum of the outputs). Default: when the model has a parameter that
+            requires grad and grad mode is on.
+        progress: True (rich on a terminal, else tqdm if installed, else plain lines on stderr), False, or one of
+            "rich", "tqdm", "plain".
+        check: the network check (CUDA, an ``nn.Module`` with convt3d layers on "auto"): the whole model is timed with
+            the per-layer decisions against PyTorch for every layer, and the signatures that make it slower are reverted
+            to PyTorch, here and in the cache file.
     """
     if not callable(model):
         raise TypeError(f"tune(): argument 'model' must be an nn.Module or callable, not {type(model).__name__}")
@@ -143,18 +142,16 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     params = list(model.parameters()) if is_module else []
     if backward is None:
         backward = torch.is_grad_enabled() and any(p.requires_grad for p in params)
-    layers = [(n or type(model).__name__, m) for n, m in model.named_modules()
-              if isinstance(m, ConvTranspose3d)] if is_module else []
+    named = [(n or type(model).__name__, m) for n, m in model.named_modules()] if is_module else []
+    layers = [(n, m) for n, m in named if isinstance(m, ConvTranspose3d)]
     report = TuneReport(backward=bool(backward))
-    if is_module:
-        plain = [n or type(model).__name__ for n, m in model.named_modules()
-                 if type(m) is nn.ConvTranspose3d or _parametrized_convt(m)]
-        if plain:
-            msg = (f"{len(plain)} torch.nn.ConvTranspose3d layer(s) ({', '.join(plain[:5])}"
-                   f"{', ...' if len(plain) > 5 else ''}) are not convt3d layers and are not tuned; "
-                   "call convt3d.patch(model) first")
-            warnings.warn(msg, UserWarning, stacklevel=2)
-            report.notes.append(msg)
+    plain = [n for n, m in named if type(m) is nn.ConvTranspose3d or _parametrized_convt(m)]
+    if plain:
+        msg = (f"{len(plain)} torch.nn.ConvTranspose3d layer(s) ({', '.join(plain[:5])}"
+               f"{', ...' if len(plain) > 5 else ''}) are not convt3d layers and are not tuned; "
+               "call convt3d.patch(model) first")
+        warnings.warn(msg, UserWarning, stacklevel=2)
+        report.notes.append(msg)
 
     # What the run changes and must be put back.
     grad_owners = params + [t for t in _tensors(example_inputs) if t.requires_grad]
@@ -163,7 +160,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
 
     bar = Progress(max(1, len(layers)) + (1 if backward else 0), "convt3d tune", progress)
     seen: dict[str, dict] = {}
-    done_layers: set[str] = set()
+    unseen = {m: n for n, m in layers}  # the layers whose first forward is still to come
 
     def on_event(event: str, info: dict) -> None:
         if event == "measure":
@@ -174,12 +171,9 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
                                        "source": _source(d.source), "reason": d.reason,
                                        "timings_ms": dict(info["timings"]) if info.get("timings") else None}
 
-    def hook_for(name: str):
-        def hook(module, inputs, output):
-            if name not in done_layers:
-                done_layers.add(name)
-                bar.advance(f"forward: {name}")
-        return hook
+    def layer_done(module, inputs, output):
+        if module in unseen:
+            bar.advance(f"forward: {unseen.pop(module)}")
 
     layers_by_sig: dict[str, list[nn.Module]] = {}
 
@@ -189,7 +183,7 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
             if sig is not None and module not in layers_by_sig.setdefault(sig, []):
                 layers_by_sig[sig].append(module)
 
-    hooks = [m.register_forward_hook(hook_for(n)) for n, m in layers]
+    hooks = [m.register_forward_hook(layer_done) for _, m in layers]
     hooks += [m.register_forward_pre_hook(record_signature) for _, m in layers]
 
     def run_once(after_forward: Callable[[], object] = lambda: None) -> bool:

@@ -545,14 +545,14 @@ def test_trial_seeds_are_kernelbench_seeds():
 
 @pytest.mark.parametrize("passes", [True, False], ids=["correct", "incorrect"])
 def test_evaluator_exit_status_follows_the_verdict(passes, monkeypatch, capsys):
-    def fake(problem, directory, correct_trials, interpret, file_name=None):
+    def fake(problem, directory, m, console, trials, warmup, file_name):
         r = evaluate.Result(problem.id, file_name, problem.describe(), [1], loaded=True, parameters_identical=True,
                             precision="tf32x3")
         # float64 agrees either way: the exit status must follow KernelBench's verdict alone
         r.trials = [evaluate.Trial(1, passes, 0.0 if passes else 2e-4, True, 1e-7, True, 1e-7)]
         return r
 
-    monkeypatch.setattr(evaluate, "evaluate_cpu", fake)
+    monkeypatch.setattr(evaluate, "evaluate_file", fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert evaluate.main(["--problems", "58"]) == (0 if passes else 1)
     out = capsys.readouterr().out
@@ -570,13 +570,13 @@ def test_evaluator_precision_sets_the_flags_of_the_run(argv, precision, monkeypa
 
     seen = []
 
-    def fake(problem, directory, correct_trials, trials, warmup, console, device, file_name):
+    def fake(problem, directory, m, console, trials, warmup, file_name):
         seen.append(cudnn_conv_allows_tf32())
         r = evaluate.Result(problem.id, file_name, problem.describe(), [1], loaded=True, parameters_identical=True)
         r.trials = [evaluate.Trial(1, True, 0.0, True, 0.0, True, 0.0)]
         return r
 
-    monkeypatch.setattr(evaluate, "evaluate_gpu", fake)
+    monkeypatch.setattr(evaluate, "evaluate_file", fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(convt3d.bench.report, "environment",

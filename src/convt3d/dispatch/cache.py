@@ -218,11 +218,10 @@ class Store:
                     merged = current if current is not None else _empty()
                     for s in SECTIONS:
                         merged[s].update(self._mine[s])
-                    doc = {"format": FORMAT, "key": self.key, **merged}
                     fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{self.path.name}.", suffix=".tmp")
                     with os.fdopen(fd, "w", encoding="utf-8") as f:
                         # One write of the whole text, not json.dump's chunks: the lock is held meanwhile.
-                        f.write(json.dumps(doc, indent=1, sort_keys=True))
+                        f.write(json.dumps({"format": FORMAT, "key": self.key, **merged}, indent=1, sort_keys=True))
                         f.flush()
                         with contextlib.suppress(OSError, AttributeError):
                             os.fchmod(f.fileno(), FILE_MODE)

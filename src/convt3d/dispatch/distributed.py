@@ -128,10 +128,7 @@ def _current_state() -> _State:
         if _state is None or _state.store is not store:
             _sessions += 1
             restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            group = "world"
-            if _group is not None:
-                dist = _dist()
-                group = "ranks" + "-".join(map(str, dist.get_process_group_ranks(_group)))
+            group = "world" if _group is None else "ranks" + "-".join(map(str, _dist().get_process_group_ranks(_group)))
             _state = _State(store, f"convt3d/agree/{restart}/{_sessions}/{group}/")
         return _state
 
@@ -221,9 +218,8 @@ def agree_with_tuning(compute: Callable[[], T], what: str, tuner) -> T:
     def with_records():
         before = tuner.tuning_log()
         result = compute()
-        records = [(key, rec.config, dict(rec.timings_ms)) for key, rec in tuner.tuning_log().items()
-                   if before.get(key) is not rec]
-        return result, records
+        return result, [(key, rec.config, dict(rec.timings_ms)) for key, rec in tuner.tuning_log().items()
+                        if before.get(key) is not rec]
 
     result, records = agree(with_records, what)
     if rank() != 0:

@@ -13,31 +13,24 @@ __all__ = ["NOMINAL_CEILINGS", "TINY_FLOOR_S", "HOST_BOUND_S", "COMPUTE_BOUND_RA
 
 # Nominal H200 ceilings (copy bytes/s; bf16, TF32 and exact fp32 FLOP/s): only their ratios matter.
 NOMINAL_CEILINGS = roofline.Ceilings(4.24e12, 683e12, 374e12, 51e12)
-
 # Rule 1: below this roofline floor a call is host-bound, and Triton's launches cost more than cuDNN's.
 TINY_FLOOR_S = 10e-6
-
 # A PyTorch call shorter than this is not beaten by our engines, whose host time alone is more.
 HOST_BOUND_S = 50e-6
-
 # Rule 3: compute-bound means a compute floor at least this multiple of the memory floor.
 COMPUTE_BOUND_RATIO = 2.0
-
 # cuDNN's tensor-core tile: channel counts per group that are not multiples run far below roofline.
 CUDNN_CHANNEL_ALIGN = {torch.float32: 64, torch.float16: 16, torch.bfloat16: 16}
+# Below this forward roofline floor a training step is host-bound, and PyTorch's has the least host time.
+TRAIN_SMALL_FLOOR_S = 60e-6
 
 
 def floors(params, dtype: torch.dtype, precision: str, has_bias: bool = False) -> tuple[float, float, str]:
     """(memory floor s, compute floor s, peak class) of a call on ``NOMINAL_CEILINGS``."""
     name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
     peak = roofline.peak_class(name, "default" if precision == "tf32" else "exact")
-    mem, comp = roofline.floors(params.useful_flops, params.min_bytes(dtype.itemsize, has_bias), NOMINAL_CEILINGS,
-                                peak)
+    mem, comp = roofline.floors(params.useful_flops, params.min_bytes(dtype.itemsize, has_bias), NOMINAL_CEILINGS, peak)
     return mem, comp, peak
-
-
-# Below this forward roofline floor a training step is host-bound, and PyTorch's has the least host time.
-TRAIN_SMALL_FLOOR_S = 60e-6
 
 
 def heuristic(params, dtype: torch.dtype, precision: str, has_bias: bool = False,

@@ -85,14 +85,14 @@ def check_network(report, layers_by_sig: dict[str, list[nn.Module]], run: Callab
                 m.backend = b
 
     reverted, times = network_check(groups, measure)
-    for sig in groups:
-        if sig in reverted:
-            why = (f"convt3d.tune's network check reverted this layer to PyTorch: the model took "
-                   f"{times['convt3d_ms']:.4g} ms with convt3d's choices and {times['final_ms']:.4g} ms with this "
-                   f"layer on PyTorch (every layer on PyTorch: {times['torch_ms']:.4g} ms)")
-            dispatch.override(sig, "torch", why, device, detail=dict(times))
-            decided[sig].update(engine="torch", source="network check", reason=why)
-    report.network = dict(times, reverted=[sig for sig in groups if sig in reverted], checked=list(groups))
+    reverted = [sig for sig in groups if sig in reverted]
+    why = (f"convt3d.tune's network check reverted this layer to PyTorch: the model took {times['convt3d_ms']:.4g} ms "
+           f"with convt3d's choices and {times['final_ms']:.4g} ms with this layer on PyTorch (every layer on "
+           f"PyTorch: {times['torch_ms']:.4g} ms)")
+    for sig in reverted:
+        dispatch.override(sig, "torch", why, device, detail=dict(times))
+        decided[sig].update(engine="torch", source="network check", reason=why)
+    report.network = dict(times, reverted=reverted, checked=list(groups))
 
 
 def layer_signature(module: nn.Module, args: tuple) -> str | None:

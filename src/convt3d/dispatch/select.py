@@ -1,7 +1,6 @@
-"""The dispatcher: one pass over the registered engines per call. A named backend runs or raises with
-its reasons; "auto" decides from memory, the disk cache, a measurement against PyTorch's own call, else
-the heuristic, keeping ours only where it beats PyTorch beyond the noise; unsupported input falls back to
-PyTorch here, and only here."""
+"""The dispatcher: one pass over the registered engines per call. A named backend runs or raises with its reasons;
+"auto" decides from memory, the disk cache, a measurement against PyTorch's own call, else the heuristic, keeping ours
+only where it beats PyTorch beyond the noise; unsupported input falls back to PyTorch here, and only here."""
 from __future__ import annotations
 
 import contextlib
@@ -438,7 +437,7 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
         if entry.get("unready"):
             _make_ready(call, unready)
         return entry
-    _say_first_call(call, cands, unready)
+    _say_first_call(cands, unready)
     if tiny and "torch" in cands:
         runs, failed, _ = _measure(call, ["torch"], call.text)
         t = min(runs["torch"]) * 1e-3
@@ -467,7 +466,7 @@ def _make_ready(call: Call, unready) -> None:
 _said: list[bool] = []
 
 
-def _say_first_call(call: Call, cands: list[str], unready: tuple = ()) -> None:
+def _say_first_call(cands: list[str], unready: tuple = ()) -> None:
     """One line on stderr, once per process, before the first measurement of what a first call does."""
     if _said or (len(cands) < 2 and not unready):
         return
@@ -482,18 +481,15 @@ def _say_first_call(call: Call, cands: list[str], unready: tuple = ()) -> None:
 
 
 def _from_entry(call: Call, entry: dict) -> Decision:
-    timings = {k: float(v) for k, v in entry.get("timings_ms", {}).items()}
-    _timings[call.key] = timings
+    _timings[call.key] = timings = {k: float(v) for k, v in entry.get("timings_ms", {}).items()}
     text = _timings_text(timings, entry["engine"], entry.get("host_ms"))
     if entry.get("network"):  # (from the cache file) convt3d.tune's network check replaced the layer's measurement
         return _decision(entry["engine"], call, f"auto (from the cache file): {entry['network']}", "cache")
     if entry["source"] == "cache":
         return _decision(entry["engine"], call, f"auto (measured earlier, from the cache file): {text}", "cache")
     kind = "training steps" if call.training else "calls"
-    if entry.get("why"):
-        reason = f"auto (measured {kind}): {entry['why']}"
-    else:
-        reason = f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): {text}"
+    reason = f"auto (measured {kind}): {entry['why']}" if entry.get("why") else \
+        f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): {text}"
     if entry.get("failed"):
         reason += "; failed: " + "; ".join(f"{k}: {v}" for k, v in entry["failed"].items())
     return _decision(entry["engine"], call, reason, "measured")
@@ -586,16 +582,14 @@ def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = N
     if key is not None:
         if len(_steady) >= _STEADY_LIMIT:
             _forget_steady()
-        _steady[key] = Steady(d, call.params, decided_call(call, d).precision, call.training, call.unbatched,
-                              is_direct)
+        _steady[key] = Steady(d, call.params, decided_call(call, d).precision, call.training, call.unbatched, is_direct)
     # A call without a key (a tensor subclass without __torch_function__) still gets the direct memo.
     if is_direct and given is not None:
         remember_direct(*given)
 
 
 # What ``steady`` answers for a call its direct memo fits: only ``direct`` is read.
-_DIRECT = Steady(Decision("torch", "", "the direct memo of its weight", source="steady"), None, "", False, False,
-                 True)
+_DIRECT = Steady(Decision("torch", "", "the direct memo of its weight", source="steady"), None, "", False, False, True)
 
 
 def remember_direct(input, weight, bias, args: tuple, backend, precision) -> None:

@@ -1,5 +1,4 @@
-"""The steady path's memos: how a repeated call is recognised without validation or the
-dispatcher's pass."""
+"""The steady path's memos: how a repeated call is recognised without validation or the dispatcher's pass."""
 from __future__ import annotations
 
 import functools

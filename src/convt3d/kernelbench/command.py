@@ -15,9 +15,7 @@ __all__ = ["main", "export_main"]
 
 def main(argv: list[str] | None = None) -> int:
     args = evaluate.parse_args(argv)
-    if args.level == 2:
-        return evaluate_level2.main_level2(args, argv)
-    return evaluate.main(argv, args)
+    return evaluate_level2.main_level2(args, argv) if args.level == 2 else evaluate.main(argv, args)
 
 
 def export_main(argv: list[str] | None = None) -> int:

@@ -96,7 +96,7 @@ def time_with_cuda_events(fn, x: torch.Tensor, trials: int, warmup: int = WARMUP
         torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     times = []
-    for trial in range(trials + DISCARD_FIRST):
+    for _ in range(trials + DISCARD_FIRST):
         torch.cuda.synchronize(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=device).fill_(42)  # a cold L2
@@ -104,9 +104,8 @@ def time_with_cuda_events(fn, x: torch.Tensor, trials: int, warmup: int = WARMUP
         fn(x)
         end.record()
         torch.cuda.synchronize(device)
-        if trial >= DISCARD_FIRST:
-            times.append(start.elapsed_time(end))
-    return times
+        times.append(start.elapsed_time(end))
+    return times[DISCARD_FIRST:]
 
 
 def flags_in_force(precision: str):
@@ -230,29 +229,35 @@ def check_trial(seed: int, reference: torch.nn.Module, reference64: torch.nn.Mod
     return trial
 
 
-def _load(problem: Problem, path: Path, result: Result) -> tuple[ModuleType, torch.nn.Module, torch.nn.Module]:
-    """The file's module, the reference and ModelNew built from it; ``result`` records each step."""
-    module = load_model_file(path)
+def evaluate_file(problem: Problem, directory: Path, m: Machine, console, trials: int, warmup: int,
+                  file_name: str) -> Result:
+    """On a GPU the parameters, trials and timings at KernelBench's size; on the CPU import and construction and,
+    through the interpreter, the Triton file's trials at the problem's reduced size."""
+    interpret = not m.gpu and m.interpret and file_name == problem.file_name
+    run = reduced(problem) if interpret else problem
+    result = Result(problem.id, file_name, run.describe(), list(run.input_shape))
+    module = load_model_file(directory / file_name)
     result.loaded = True
     result.precision = getattr(module, "forward_precision", lambda: None)()
     reference, candidate = build_models(problem, module)
     result.parameters_identical = parameters_identical(reference, candidate)
-    return module, reference, candidate
-
-
-def evaluate_gpu(problem: Problem, directory: Path, correct_trials: int, trials: int, warmup: int, console,
-                 device: torch.device, file_name: str) -> Result:
-    result = Result(problem.id, file_name, problem.describe(), list(problem.input_shape))
-    module, reference, candidate = _load(problem, directory / file_name, result)
-    reference, candidate = reference.to(device), candidate.to(device)
+    if interpret:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / file_name
+            path.write_text(render(run, small=True), encoding="utf-8")
+            reference, candidate = build_models(run, load_model_file(path))
+    elif not m.gpu:
+        return result
+    reference, candidate = reference.to(m.device), candidate.to(m.device)
     # the float64 reference is held by the partial alone, so it is freed before the timings
-    result.trials = run_trials(problem.id, correct_trials, console, functools.partial(
+    result.trials = run_trials(problem.id, m.correct_trials, console if m.gpu else None, functools.partial(
         check_trial, reference=reference, reference64=copy.deepcopy(reference).double(), candidate=candidate,
-        input_shape=problem.input_shape, device=device))
+        input_shape=run.input_shape, device=m.device))
+    if not m.gpu:
+        return result
     torch.cuda.empty_cache()
-
     set_seed(SEED)
-    x = torch.rand(*problem.input_shape).to(device)
+    x = torch.rand(*problem.input_shape).to(m.device)
     with torch.no_grad():
         # ModelNew first, then the reference, as KernelBench's evaluator does.
         console.print(f"  problem {problem.id}: timing ModelNew ({warmup} warm-ups, {trials} trials + {DISCARD_FIRST})")
@@ -263,23 +268,6 @@ def evaluate_gpu(problem: Problem, directory: Path, correct_trials: int, trials:
     # what a Triton file's chooser timed at its first forward
     result.tuning = [{"config": c["config"], "precision": c["precision"], "tuning_s": c["seconds"],
                       "timings_ms": c["timings_ms"]} for c in getattr(module, "CHOICES", [])]
-    return result
-
-
-def evaluate_cpu(problem: Problem, directory: Path, correct_trials: int, interpret: bool, file_name: str) -> Result:
-    """Import and construct; with the interpreter, the Triton file's trials at the problem's reduced size."""
-    interpret = interpret and file_name == problem.file_name
-    run = reduced(problem) if interpret else problem
-    result = Result(problem.id, file_name, run.describe(), list(run.input_shape))
-    _load(problem, directory / file_name, result)
-    if interpret:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / file_name
-            path.write_text(render(run, small=True), encoding="utf-8")
-            reference, candidate = build_models(run, load_model_file(path))
-        reference64 = copy.deepcopy(reference).double()
-        result.trials = run_trials(problem.id, correct_trials, None, lambda seed: check_trial(
-            seed, reference, reference64, candidate, run.input_shape, torch.device("cpu")))
     return result
 
 
@@ -493,12 +481,8 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     console, m = machine(args, "every file imports and constructs with the reference's parameters",
                          "on the problem at a reduced size (export.reduced: the file exported for it), with TF32 "
                          "off (PyTorch's CPU reference never uses TF32)")
-
-    def run(p: Problem, name: str) -> Result:
-        if m.gpu:
-            return evaluate_gpu(p, directory, m.correct_trials, args.trials, args.warmup, console, m.device, name)
-        return evaluate_cpu(p, directory, m.correct_trials, m.interpret, name)
-    flags, results, env = run_all(m, entries(problems), run, console, row_line, lambda p, name, tb: Result(
+    flags, results, env = run_all(m, entries(problems), lambda p, name: evaluate_file(
+        p, directory, m, console, args.trials, args.warmup, name), console, row_line, lambda p, name, tb: Result(
         p.id, name, p.describe(), list(p.input_shape), error=tb))
     columns = ["problem", "layer", "precision", "correct (KernelBench)", "max abs diff", "ref ms", "new ms", "speedup",
                "vs fp64", "max abs err vs fp64", "ref err vs fp64", "same params"]

@@ -355,7 +355,7 @@ def checked_text(file_name: str, forms) -> str:
     """The text of the first of a file's forms (an iterable of line lists) within MAX_LINES, else of its last, or
     ExportError where that breaks KernelBench's static rules or MAX_LINES."""
     for lines in forms:
-        if _line_count(lines) <= MAX_LINES:
+        if (count := _line_count(lines)) <= MAX_LINES:
             break
     text = "\n".join(line.text for line in lines)
     violations = static_check.check(text)
@@ -367,7 +367,6 @@ def checked_text(file_name: str, forms) -> str:
             f"{file_name} would break KernelBench's static rules (its checker cuts '#' comments and then "
             "matches the text anywhere, docstrings and strings included). The exporter copies the package source "
             "verbatim, so reword these source lines:\n" + "\n".join(report))
-    count = _line_count(lines)
     if count > MAX_LINES:
         raise ExportError(f"{file_name} would have {count} lines, over {MAX_LINES}: a KernelBench file carries "
                           "what its candidates launch, no more (fewer candidates, or smaller kernels)")

@@ -298,8 +298,7 @@ class PythonShaker:
                 prev_simple = _is_simple(node) and kept[0] == node.lineno - 1
             if body:
                 how = "without docstrings" if strip else "verbatim"
-                out.append(Line(f"# {'=' * 20} convt3d/{path} (what this file reaches, {how}) {'=' * 20}",
-                                "generated"))
+                out.append(Line(f"# {'=' * 20} convt3d/{path} (what this file reaches, {how}) {'=' * 20}", "generated"))
                 out += body + [Line("", "generated"), Line("", "generated")]
         return out
 

@@ -149,10 +149,9 @@ def _merge(problem: Problem, cfg, traces: dict[tuple[str, bool], list[_Launch]])
                 continue
             with_bias = {repr(v) for (p, hb), v in seen.items() if hb}
             without = {v for (p, hb), v in seen.items() if not hb}
-            if with_bias == {repr(("tensor", "bias"))} and len({repr(v) for v in without}) == 1:
-                args.append(("bias-or", next(iter(without))))
-                continue
-            raise ExportError(f"{where}: {launch.name}'s argument {j} varies as {seen}")
+            if with_bias != {repr(("tensor", "bias"))} or len({repr(v) for v in without}) != 1:
+                raise ExportError(f"{where}: {launch.name}'s argument {j} varies as {seen}")
+            args.append(("bias-or", next(iter(without))))
         merged.append(_Launch(launch.name, launch.grid, launch.ints, consts, args))
     return merged
 
