@@ -914,7 +914,14 @@ def test_tuner_runs_phase_and_head_configs_on_one_call(name):
     launch = engine.prepare(x5, w, b, params, "ieee")
     phase = [c for c in launch.configs if not getattr(c, "head", "")]
     assert phase and any(getattr(c, "head", "") for c in launch.configs)
-    for cfg in (phase[0],) + tuple(c for c in launch.configs if getattr(c, "head", "")):
+    # One head config of each kernel variant and operand preparation (the tile of fewest programs):
+    # tiles of one variant read the weight and the input alike.
+    variants = {}
+    for c in (c for c in launch.configs if getattr(c, "head", "")):
+        key = (c.head, c.use_dot, bool(c.persist), c.w_packed, c.n_joint, c.x_cl, c.shifts_n, c.z_bf16)
+        if key not in variants or c.BLOCK_M * c.BLOCK_N > variants[key].BLOCK_M * variants[key].BLOCK_N:
+            variants[key] = c
+    for cfg in (phase[0],) + tuple(variants.values()):
         launch.y.fill_(float("nan"))
         launch.run(cfg)
         check_against_reference(launch.y, x5, w, b, *case.args, context=cfg.short())
