@@ -157,10 +157,10 @@ def run_direct(regime, finish, dtype, device, tf32=False):
     _close(got, _ref_direct(x, w, b, geometry, kw), dtype)
 
 
-def run_batch_norm(shape, momentum, affine, dtype, device, steps=2, loc=0.0, programs=True):
-    """nn.BatchNorm3d in float64 (train mode, then eval) and our batch_norm on the same stream of
-    inputs: outputs and running statistics after each step; ``momentum=None`` is the module's
-    cumulative average, to which it passes ``1 / num_batches_tracked``."""
+def run_batch_norm(shape, momentum, affine, dtype, device, steps=2, loc=0.0, programs=True, evaluate=True):
+    """nn.BatchNorm3d in float64 (train mode, then eval unless not ``evaluate``) and our batch_norm
+    on the same stream of inputs: outputs and running statistics after each step; ``momentum=None``
+    is the module's cumulative average, to which it passes ``1 / num_batches_tracked``."""
     C = shape[1]
     bn = torch.nn.BatchNorm3d(C, momentum=momentum, affine=affine, device=device, dtype=torch.float64)
     if affine:
@@ -180,6 +180,8 @@ def run_batch_norm(shape, momentum, affine, dtype, device, steps=2, loc=0.0, pro
         _close(got, _f64(want, post, C), dtype)
         torch.testing.assert_close(rm.double(), bn.running_mean, rtol=1e-5, atol=1e-5 * (1 + abs(loc)))
         torch.testing.assert_close(rv.double(), bn.running_var, rtol=1e-5, atol=1e-5)
+    if not evaluate:
+        return
     bn.eval()
     got = FIN.batch_norm(y, w, b, rm, rv, False, 0.1, bn.eps, pre=pre, post=post)
     _close(got, _f64(bn(_f64(y, pre, C)).detach(), post, C), dtype)
@@ -318,8 +320,10 @@ def test_batch_norm_train_updates_running_stats(momentum, affine, dtype):
 @requires_interpreter
 def test_batch_norm_large_mean_and_count():
     """70,000 values per (n, c) row, split into chunks, around a mean of 1000: a sum of squares in
-    float32 would lose the variance; centred partials keep it."""
-    run_batch_norm((2, 2, 40, 35, 50), 0.1, True, torch.float32, "cpu", steps=1, loc=1000.0, programs=False)
+    float32 would lose the variance; centred partials keep it. (The moments are the training step's:
+    evaluation mode reads the running statistics, checked on the small shapes.)"""
+    run_batch_norm((2, 2, 40, 35, 50), 0.1, True, torch.float32, "cpu", steps=1, loc=1000.0, programs=False,
+                   evaluate=False)
 
 
 @requires_interpreter

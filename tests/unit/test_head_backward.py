@@ -17,6 +17,8 @@ the fp32 result once (2^-11) after exact products and fp32 sums: 2e-3.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 
 import pytest
@@ -293,14 +295,27 @@ def test_every_gpu_candidate_config(monkeypatch):
     # A phase tile's rows along W: W = 13 rounds up to 16 (the rest of a 64-position tile is 4 rows).
     assert {c.BLOCK_W for c in dgrads + wgrads if c.BLOCK_W} == {16}
     ref = _ref(dy, x, w, params, [True, True, False])
+    # Tiles that differ only in warps launch the same program on the interpreter: one of them runs.
+    launched = set()
     for cfg in dgrads:
         assert cfg.num_stages * (cfg.BLOCK_M * cfg.BLOCK_K + cfg.BLOCK_K * cfg.BLOCK_N) * 4 <= 160 * 1024
-        _assert_close(HB.head_dgrad(dy, w, params, "ieee", torch.float32, cfg), ref[0], 1e-5, cfg.short())
+        if _first_launch(launched, cfg):
+            _assert_close(HB.head_dgrad(dy, w, params, "ieee", torch.float32, cfg), ref[0], 1e-5, cfg.short())
     # Reduction steps: 5 of 32 positions (flat tiles), 4 tiles of 4 x 16 positions
     # (phase tiles), so one split either way (>= 4 steps each).
     for cfg in wgrads:
         assert cfg.splits == 1, cfg.short()
-        _assert_close(HB.head_wgrad(dy, x, params, "ieee", torch.float32, cfg), ref[1], 1e-5, cfg.short())
+        if _first_launch(launched, cfg):
+            _assert_close(HB.head_wgrad(dy, x, params, "ieee", torch.float32, cfg), ref[1], 1e-5, cfg.short())
+
+
+def _first_launch(launched: set, cfg) -> bool:
+    """Whether no tile of ``launched`` equals ``cfg`` but for its warps (then ``cfg`` joins it)."""
+    key = dataclasses.replace(cfg, num_warps=4)
+    if key in launched:
+        return False
+    launched.add(key)
+    return True
 
 
 def test_wgrad_splits_bounded_by_partial_buffer(monkeypatch):

@@ -596,7 +596,7 @@ def test_an_inference_call_on_our_engine_is_answered_by_its_weights_memo(batched
 @requires_interpreter
 @pytest.mark.parametrize("change", ["weight-data-layout", "weight-data-dtype", "bias-data-layout", "input-layout",
                                     "grad-mode", "autocast", "cleared-tuning", "seeded-tile", "other-weight"])
-def test_a_repeat_memo_answers_only_its_own_call(change, keys):
+def test_a_repeat_memo_answers_only_its_own_call(change, keys, request):
     """Whatever a Repeat memo does not pin sends the call back to the key and, where the
     signature is new, to the pass: the result is the reference's each time."""
     from convt3d.engines.triton import engine as triton_engine
@@ -624,6 +624,8 @@ def test_a_repeat_memo_answers_only_its_own_call(change, keys):
 
         params, _ = check_call(x, w, b, 2, 1, 1, 1, 1)
         plan = triton_engine.plan(params, x, w.detach(), "ieee")
+        # The seeded tile is this test's alone: later tests of the signature start untuned.
+        request.addfinalizer(triton_engine.clear_caches)
         triton_engine.seed_tuning(plan.tune_key, plan.configs[-1], replace=True)
     elif change == "other-weight":
         w = torch.nn.Parameter(w.detach().clone())
