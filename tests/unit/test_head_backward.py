@@ -18,7 +18,6 @@ the fp32 result once (2^-11) after exact products and fp32 sums: 2e-3.
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 
 import pytest
