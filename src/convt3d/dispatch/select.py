@@ -488,8 +488,8 @@ def _from_entry(call: Call, entry: dict) -> Decision:
     if entry["source"] == "cache":
         return _decision(entry["engine"], call, f"auto (measured earlier, from the cache file): {text}", "cache")
     kind = "training steps" if call.training else "calls"
-    reason = f"auto (measured {kind}): {entry['why']}" if entry.get("why") else \
-        f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): {text}"
+    reason = (f"auto (measured {kind}): {entry['why']}" if entry.get("why") else
+              f"auto (measured {kind}; convt3d must beat PyTorch by > {entry['margin'] * 100:.1f}%): {text}")
     if entry.get("failed"):
         reason += "; failed: " + "; ".join(f"{k}: {v}" for k, v in entry["failed"].items())
     return _decision(entry["engine"], call, reason, "measured")
