@@ -31,15 +31,14 @@ from triton.runtime.jit import constexpr_function
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 
-# ==================== convt3d/core/errors.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/core/errors.py (what this file reaches, without docstrings) ====================
 class BackendUnavailableError(RuntimeError):
     """The backend that was asked for cannot run this call (it never silently runs another)."""
 
 
-# ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, without docstrings) ====================
 @triton.jit
 def _phase_row(tab_ptr, r):
-    """Row r of the phase table, columns 0-14 (the companion mask is read where it is used)."""
     row = tab_ptr + r * 16
     return (tl.load(row + 0), tl.load(row + 1), tl.load(row + 2),
             tl.load(row + 3), tl.load(row + 4), tl.load(row + 5),
@@ -47,20 +46,21 @@ def _phase_row(tab_ptr, r):
             tl.load(row + 9), tl.load(row + 10), tl.load(row + 11),
             tl.load(row + 12), tl.load(row + 13), tl.load(row + 14))
 
+@triton.jit
+def _tap_span(qa, qb, off0, ostep, size, taps):
+    lo = (tl.maximum(qa + off0 - size + 1, 0) + ostep - 1) // ostep
+    hi = tl.minimum(tl.maximum(qb + off0 + ostep, 0) // ostep, taps)
+    return lo, tl.maximum(hi - lo, 0)
 
 @triton.jit
 def _round_tf32(v):
-    """fp32 -> nearest TF32 (ties away, inf/NaN kept): tensor cores truncate, cuDNN rounds first."""
     r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(v) < float("inf"), r, v)
-
 
 @triton.jit
 def _pack_block(w_ptr, p_ptr, pid, grp,
                 CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
-    """Block ``pid`` of group ``grp`` of pack_weight_kernel, [BLOCK_CI, BLOCK_J]: loads along j = co * KVOL + tap,
-    stores along ci; FOLD > 1: merged group f's rows hold weights in its columns only (block-diagonal)."""
     j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
     ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
     j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -76,18 +76,14 @@ def _pack_block(w_ptr, p_ptr, pid, grp,
     dst = ((grp.to(tl.int64) * KVOL + tap) * COUT_G + co) * CIN_G
     tl.store(p_ptr + dst[None, :] + ci[:, None], v, mask=ci_ok[:, None] & (j < COUT_G * KVOL)[None, :])
 
-
 @triton.jit
 def flat_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, epi_ptr, ch_ptr, res_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD,
-    OW, OD, OH, NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, epi_ptr, ch_ptr, res_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, D, H,
+    QD, OW, OD, OH, NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW,
     TSD, TSH, TSW, OSD, OSH, OSW, tiles_m, tiles_n, C_OUT,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
     OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPI: tl.constexpr = 0,
 ):
-    """The phase GEMMs on Hopper, every operand tile a 2-D TMA box: the input a zero-haloed NDHWC copy (DP, HP, WP)
-    as [rows, channels], a tile BLOCK_M consecutive positions of one compact plane with its padding columns, so each
-    tap reads one box shifted (wrapped rows feed only discarded positions); the weight [G*taps*Cout/g, Cin/g]."""
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
     t = pid // tiles_n
@@ -125,13 +121,16 @@ def flat_gemm_kernel(
 
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             active = (qd < qd_n) & (m0 < qh_n * WP)
-            n_iter = tl.where(active, td * th * tw * k_blocks, 0)
+            # Only the depth and row taps that reach the input from some position of this tile.
+            jd0, nd = _tap_span(qd, qd, o0d, OSD, D, td)
+            jh0, nh = _tap_span(m0 // WP, tl.minimum((m0 + BLOCK_M - 1) // WP, qh_n - 1), o0h, OSH, H, th)
+            n_iter = tl.where(active, nd * nh * tw * k_blocks, 0)
             base = row_n + (qd + PD) * plane + PH * WP + PW + m0
             # (tap, channel block) counters advanced by carries: runtime divisions cost issue slots.
             cb = 0
             jw = 0
-            jh = 0
-            jd = 0
+            jh = jh0
+            jd = jd0
             for kk in range(n_iter):
                 shift = (o0d - jd * OSD) * plane + (o0h - jh * OSH) * WP + (o0w - jw * OSW)
                 x_tile = x_desc.load([base + shift, grp * CIN_G + cb])
@@ -149,8 +148,8 @@ def flat_gemm_kernel(
                 w_wrap = jw >= tw
                 jw = tl.where(w_wrap, 0, jw)
                 jh += w_wrap.to(tl.int32)
-                h_wrap = jh >= th
-                jh = tl.where(h_wrap, 0, jh)
+                h_wrap = jh >= jh0 + nh
+                jh = tl.where(h_wrap, jh0, jh)
                 jd += h_wrap.to(tl.int32)
             if HAS_BIAS:
                 acc += bias[None, :]
@@ -200,7 +199,6 @@ def flat_gemm_kernel(
                 y_fd = y_n + od.to(tl.int64) * stride_yd
                 tl.store(y_fd + (y_co[:, None] + (oh_f * stride_yh + ow_o * stride_yw)[None, :]), fill, mask=co_ok[:, None] & f_ok[None, :])
 
-
 @triton.jit
 def _pad_block(x_ptr, y_ptr, pid,
                C, D, H, W,
@@ -210,8 +208,6 @@ def _pad_block(x_ptr, y_ptr, pid,
                R_BLOCKS, C_BLOCKS,
                ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr,
                BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N): BLOCK_W positions of a padded row by BLOCK_C
-    channels; rows, so an NCDHW source loads coalesced along W, transposed in shared memory for the store."""
     pid_r = pid % R_BLOCKS
     pid_c = (pid // R_BLOCKS) % C_BLOCKS
     nb = (pid // R_BLOCKS // C_BLOCKS).to(tl.int64)
@@ -243,7 +239,6 @@ def _pad_block(x_ptr, y_ptr, pid,
     else:
         tl.store(y_ptr + y_w[None, :] + offs_c[:, None], v, mask=c_ok[:, None] & w_ok[None, :])
 
-
 @triton.jit
 def gemm_operands_kernel(
     x_ptr, xp_ptr, w_ptr, wp_ptr, C, D, H, W, DP, HP, WP, PD, PH, PW,
@@ -252,7 +247,6 @@ def gemm_operands_kernel(
     ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """Both GEMM operands in one launch (launches cost host time): programs < PAD_PROGRAMS pad x, the rest pack w."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
         _pad_block(x_ptr, xp_ptr, pid,
@@ -265,23 +259,18 @@ def gemm_operands_kernel(
                     ROUND_TF32, BLOCK_CI, BLOCK_J)
 
 
-# ==================== convt3d/engines/triton/kernels/gluon_gemm.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/engines/triton/kernels/gluon_gemm.py (what this file reaches, without docstrings) ====================
 # Names that differ between triton 3.6 and 3.9 (same arguments).
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-
 cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-
 
 @gluon.jit
 def _row_value(tab_ptr, r, i):
-    """Column ``i`` of row ``r`` of the phase table (``phase_table``: 16 int32 per phase)."""
     return gl.load(tab_ptr + r * 16 + i)
-
 
 @gluon.jit
 def _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n):
-    """(pid_n, phase group, pid_h, pid_w, qd, n, group) of box ``tile``, N tiles fastest, the group slowest."""
     pid_n = tile % tiles_n
     t = tile // tiles_n
     pgrp = t % NUM_GROUPS
@@ -294,21 +283,18 @@ def _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n):
     t = t // QD
     return pid_n, pgrp, pid_h, pid_w, qd, t % N, t // N
 
-
 @gluon.jit
-def _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K: gl.constexpr):
-    """K steps (taps x channel blocks) of phase row ``r`` (group at ``row0``) for the box at (qd, qh0, qw0); 0 past
-    the phase's compact grid (the box only stores)."""
-    active = ((qd < _row_value(tab_ptr, row0, 12)) & (qh0 < _row_value(tab_ptr, row0, 13))
-              & (qw0 < _row_value(tab_ptr, r, 14)))
-    taps = _row_value(tab_ptr, r, 3) * _row_value(tab_ptr, r, 4) * _row_value(tab_ptr, r, 5)
-    return gl.where(active, taps * ((CIN_G + BLOCK_K - 1) // BLOCK_K), 0)
-
+def _box_tap_span(qa, qb, off0, ostep, size, taps):
+    a = qa + off0 - size + 1
+    lo = (gl.where(a > 0, a, 0) + ostep - 1) // ostep
+    b = qb + off0 + ostep
+    hi = gl.where(b > 0, b, 0) // ostep
+    hi = gl.where(hi < taps, hi, taps)
+    return lo, gl.where(hi > lo, hi - lo, 0)
 
 @gluon.jit
 def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, w_row, jd, jh, jw,
            OSD, OSH, OSW, KH, KW, TSD, TSH, TSW, t0d, t0h, t0w, COUT_G, w_base):
-    """Start the input and weight boxes of one K step (tap jd, jh, jw; channels from ``cb``) into stage ``s``."""
     bar = bars.index(s)
     mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
     tma_load(x_desc, [nb, d0 - jd * OSD, h0 - jh * OSH, w0 - jw * OSW, c_base + cb], bar,
@@ -316,10 +302,8 @@ def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, 
     kidx = ((t0d + jd * TSD) * KH + (t0h + jh * TSH)) * KW + (t0w + jw * TSW)
     tma_load(w_desc, [w_base + kidx * COUT_G + w_row, cb], bar, b_smem.index(s))
 
-
 @gluon.jit
 def _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K: gl.constexpr):
-    """The next K step, channel block fastest, by carries (divisions cost more issue slots than a wgmma leaves free)."""
     cb += BLOCK_K
     c_wrap = cb >= CIN_G
     cb = gl.where(c_wrap, 0, cb)
@@ -332,12 +316,10 @@ def _advance(cb, jw, jh, jd, CIN_G, tw, th, BLOCK_K: gl.constexpr):
     jd += h_wrap.to(gl.int32)
     return cb, jw, jh, jd
 
-
 @gluon.jit
 def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, c_base, w_row, w_base,
               CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW,
               th, tw, t0d, t0h, t0w, mma_layout: gl.constexpr, STAGES: gl.constexpr):
-    """(accumulator of one phase, next step number): its ``n_iter`` K steps, numbered from ``g0`` in the ring."""
     BLOCK_M: gl.constexpr = a_smem.shape[1]
     BLOCK_K: gl.constexpr = a_smem.shape[2]
     BLOCK_N: gl.constexpr = b_smem.shape[1]
@@ -366,10 +348,8 @@ def _mainloop(x_desc, w_desc, a_smem, b_smem, bars, g0, n_iter, nb, d0, h0, w0, 
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     return acc, g0 + n_iter
 
-
 @gluon.jit
 def _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32: gl.constexpr):
-    """(inside, 64-bit depth-slice base, in-slice offsets) of (od, oh, ow); OFF32: channel + in-slice offsets < 2^31."""
     ok = (od < OD) & (oh < OH) & (ow < OW)
     if OFF32:
         y_m = oh * stride_yh + ow * stride_yw
@@ -377,30 +357,23 @@ def _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_
         y_m = oh.to(gl.int64) * stride_yh + ow.to(gl.int64) * stride_yw
     return ok, y_n + od.to(gl.int64) * stride_yd, y_m
 
-
 @gluon.jit
 def _channel_offsets(channels, stride_yc, OFF32: gl.constexpr):
-    """Offsets of output ``channels`` (32-bit under OFF32, see ``_position_offsets``)."""
     if OFF32:
         offs = channels * stride_yc
     else:
         offs = channels.to(gl.int64) * stride_yc
     return offs
 
-
 @gluon.jit
 def _store(y_ptr, y_n, vals, y_co, co_ok, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw,
            OFF32: gl.constexpr):
-    """Store ``vals`` [BLOCK_M, BLOCK_N] at positions (od, oh[m], ow[m]) and channel offsets ``y_co[n]`` inside y."""
     ok, y_s, y_m = _position_offsets(y_n, od, oh, ow, OD, OH, OW, stride_yd, stride_yh, stride_yw, OFF32)
     gl.store(y_ptr + y_s + (gl.expand_dims(y_m, 1) + gl.expand_dims(y_co, 0)), vals.to(y_ptr.dtype.element_ty),
              mask=gl.expand_dims(ok, 1) & gl.expand_dims(co_ok, 0))
 
-
 @gluon.jit
 def _buffer_rows(rows, PAIRS: gl.constexpr, num_warps: gl.constexpr):
-    """A chunk of the epilogue buffer as rows [CHUNK, BLOCK_M x W_GROUP] (column p: position p // W_GROUP, residue
-    p % W_GROUP), a lane a column (PAIRS: both residues of a position), so a warp reads 32 distinct banks."""
     CHUNK: gl.constexpr = rows.shape[0]
     BLOCK_M: gl.constexpr = rows.shape[1]
     W_GROUP: gl.constexpr = rows.shape[2]
@@ -410,13 +383,10 @@ def _buffer_rows(rows, PAIRS: gl.constexpr, num_warps: gl.constexpr):
         layout: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 32 // W_GROUP, W_GROUP], [num_warps, 1, 1], [2, 1, 0])
     return gl.reshape(rows.load(layout), [CHUNK, BLOCK_M * W_GROUP])
 
-
 @gluon.jit
 def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, qw0, od, rh, rw0, OD, OH, OW, SH, SW,
                 stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr, BW: gl.constexpr, W_GROUP: gl.constexpr,
                 OFF32: gl.constexpr, FROM_SMEM: gl.constexpr, PAIRS: gl.constexpr, num_warps: gl.constexpr):
-    """Store the box's rows from ``c_smem`` plus bias (not FROM_SMEM: bias alone, rows of residue ``rh``), 16 channels
-    at a time, lane i column i (PAIRS: a position's two residues, one 8-byte store): warps store whole sectors."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     BLOCK_M: gl.constexpr = c_smem.shape[1]
     COLS: gl.constexpr = BLOCK_M * W_GROUP
@@ -452,14 +422,11 @@ def _store_rows(c_smem, y_ptr, y_n, b_ptr, grp, pid_n, COUT_G, stride_yc, qh0, q
             mask = gl.max_constancy(mask, [1, 2])
         gl.store(y_ptr + y_s + offs, vals.to(y_ptr.dtype.element_ty), mask=mask)
 
-
 @gluon.jit
 def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, pid_n, COUT_G, stride_yc, qd, qh0, qw0,
                     OD, OH, OW, SD, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS: gl.constexpr,
                     BW: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr,
                     PAIRS: gl.constexpr, num_warps: gl.constexpr):
-    """One box's NCDHW output via ``c_smem`` [BLOCK_N, W_GROUP, BLOCK_M] (``_store_rows``: whole rows a warp), then
-    the companion rows of its row class."""
     BLOCK_N: gl.constexpr = c_smem.shape[0]
     BLOCK_M: gl.constexpr = c_smem.shape[2]
     if W_GROUP == 1:
@@ -488,11 +455,8 @@ def _ncdhw_epilogue(c_smem, acc0, acc1, y_ptr, y_n, b_ptr, tab_ptr, row0, grp, p
                         rw0, OD, OH, OW, SH, SW, stride_yd, stride_yh, stride_yw, HAS_BIAS, BW, W_GROUP, OFF32, False,
                         PAIRS, num_warps)
 
-
 @constexpr_function
 def _epilogue_layout(block_n, w_group, block_m):
-    """``_epilogue_buffer``'s layout: BLOCK_M words per (channel n, residue j), column m at m ^ (8 x ((n >> 1) & 3))
-    ^ (16 x j): no bank conflicts in the accumulator's stores (channels 8 apart) or row reads (residues 16 apart)."""
     def log2(v):
         return v.bit_length() - 1
     bases = [[0, 0, 1 << b] for b in range(log2(block_m))]
@@ -503,19 +467,14 @@ def _epilogue_layout(block_n, w_group, block_m):
         bases.append([1 << b, 0, xor])
     return gl.SharedLinearLayout(bases)
 
-
 @gluon.jit
 def _epilogue_buffer(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, W_GROUP: gl.constexpr):
-    """``_ncdhw_epilogue``'s buffer [BLOCK_N, W_GROUP, BLOCK_M] fp32 (``_epilogue_layout``)."""
     layout: gl.constexpr = _epilogue_layout(BLOCK_N, W_GROUP, BLOCK_M)
     return gl.allocate_shared_memory(gl.float32, [BLOCK_N, W_GROUP, BLOCK_M], layout)
-
 
 @gluon.jit
 def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, qh, qw, OD, OH, OW, SD, SH, SW,
                   stride_yd, stride_yh, stride_yw, W_GROUP: gl.constexpr, OFF32: gl.constexpr):
-    """One box's accumulators and companion rows stored from the accumulator layout (channels-last output: a thread's
-    two columns are adjacent channels, so stores fill sectors)."""
     od = qd * SD + _row_value(tab_ptr, row0, 0)
     rh = _row_value(tab_ptr, row0, 1)
     rw0 = _row_value(tab_ptr, row0, 2)  # W_GROUP=1: the phase's W residue
@@ -538,17 +497,14 @@ def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, 
                     _store(y_ptr, y_n, fill, y_co, co_ok, od_f, oh_f, ow_f, OD, OH, OW, stride_yd,
                            stride_yh, stride_yw, OFF32)
 
-
 @gluon.jit
 def box_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, PD, PH, PW, QD, OD, OH, OW, NUM_GROUPS, KVOL, KH, KW,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, PD, PH, PW, D, H, W, QD, OD, OH, OW, NUM_GROUPS, KVOL, KH, KW,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW, OSD, OSH, OSW,
     tiles_h, tiles_w, tiles_n,
     HAS_BIAS: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr, CL_OUT: gl.constexpr,
     PAIRS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """A box of one phase group: ``x_desc`` the zero-haloed input [N, DP, HP, WP, C] in boxes [1, 1, BH, BW, BLOCK_K],
-    ``w_desc`` the weight [G * taps * Cout/g, Cin/g] in boxes [BLOCK_N, BLOCK_K]; the rest as flat_gemm_kernel."""
     BH: gl.constexpr = x_desc.block_type.shape[2]
     BW: gl.constexpr = x_desc.block_type.shape[3]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
@@ -592,16 +548,26 @@ def box_gemm_kernel(
     for j in gl.static_range(W_GROUP):
         if j != W_SKIP:
             r = row0 + j
-            th = _row_value(tab_ptr, r, 4)
-            tw = _row_value(tab_ptr, r, 5)
-            n_iter = _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K)
+            o0d = _row_value(tab_ptr, r, 9)
+            o0h = _row_value(tab_ptr, r, 10)
+            o0w = _row_value(tab_ptr, r, 11)
+            qh_n = _row_value(tab_ptr, row0, 13)
+            qw_n = _row_value(tab_ptr, r, 14)
+            # Only the taps that reach the input from some position of this box (0 past the compact grid).
+            jd0, nd = _box_tap_span(qd, qd, o0d, OSD, D, _row_value(tab_ptr, r, 3))
+            jh0, nh = _box_tap_span(qh0, gl.where(qh0 + BH < qh_n, qh0 + BH, qh_n) - 1, o0h, OSH, H,
+                                _row_value(tab_ptr, r, 4))
+            jw0, nw = _box_tap_span(qw0, gl.where(qw0 + BW < qw_n, qw0 + BW, qw_n) - 1, o0w, OSW, W,
+                                _row_value(tab_ptr, r, 5))
+            active = (qd < _row_value(tab_ptr, row0, 12)) & (qh0 < qh_n) & (qw0 < qw_n)
+            n_iter = gl.where(active, nd * nh * nw * ((CIN_G + BLOCK_K - 1) // BLOCK_K), 0)
+            # The span's first taps become the K loop's origin.
             acc, g = _mainloop(
                 x_desc, w_desc, a_smem, b_smem, bars, g, n_iter, nb,
-                qd + PD + _row_value(tab_ptr, r, 9), qh0 + PH + _row_value(tab_ptr, r, 10),
-                qw0 + PW + _row_value(tab_ptr, r, 11), grp * CIN_G, pid_n * BLOCK_N, grp * KVOL * COUT_G,
-                CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW, th, tw,
-                _row_value(tab_ptr, r, 6), _row_value(tab_ptr, r, 7), _row_value(tab_ptr, r, 8),
-                mma_layout, STAGES)
+                qd + PD + o0d - jd0 * OSD, qh0 + PH + o0h - jh0 * OSH, qw0 + PW + o0w - jw0 * OSW, grp * CIN_G,
+                pid_n * BLOCK_N, grp * KVOL * COUT_G, CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW, nh, nw,
+                _row_value(tab_ptr, r, 6) + jd0 * TSD, _row_value(tab_ptr, r, 7) + jh0 * TSH,
+                _row_value(tab_ptr, r, 8) + jw0 * TSW, mma_layout, STAGES)
             if j == 0:
                 acc0 = acc
             else:
@@ -619,7 +585,7 @@ def box_gemm_kernel(
                         OFF32, PAIRS, num_warps)
 
 
-# ==================== convt3d/engines/triton/sites.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/engines/triton/sites.py (what this file reaches, without docstrings) ====================
 K = types.SimpleNamespace(
     flat_gemm_kernel=flat_gemm_kernel,
     gemm_operands_kernel=gemm_operands_kernel,
@@ -629,11 +595,8 @@ GK = types.SimpleNamespace(
     box_gemm_kernel=box_gemm_kernel,
 )
 
-
 def interpreter_active() -> bool:
-    """True when Triton was imported with TRITON_INTERPRET=1 (its kernels then run on the CPU)."""
     return bool(triton.knobs.runtime.interpret)
-
 
 def _kernel(name: str, device: torch.device, module=None):
     # Triton picks compiling or interpreting when a @triton.jit function is created, so CPU
@@ -646,13 +609,7 @@ def _kernel(name: str, device: torch.device, module=None):
         return getattr(module, name)
     return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
-
 class Site:
-    """One kernel launch of a call signature: name, grid, integer arguments and constexprs, all
-    fixed by the signature. After its first launch through Triton it replays the compiled kernel
-    directly, since Triton's argument binding costs as much as a small layer's GPU work; Triton's
-    own path stays under launch hooks and the interpreter. ``launch(device, *tensors)`` passes
-    the tensor arguments, which come first in every kernel; ``module``: the kernel's module."""
 
     __slots__ = ("name", "grid", "ints", "consts", "compiled", "tail", "module")
 
@@ -691,31 +648,22 @@ class Site:
                ck.packed_metadata, None, None, None, *tensors, *self.ints, *self.tail)
         return ck
 
-
 def _hook_set(hook) -> bool:
-    """A launch hook is installed: Triton 3.6+ keeps an empty HookChain (``.calls``) when none is."""
     return hook is not None and len(getattr(hook, "calls", (hook,))) > 0
-
 
 def _tma_capable(device: torch.device) -> bool:
     # TMA exists from sm_90 on; the interpreter emulates it.
     return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
 
-
 def gluon_capable(device: torch.device) -> bool:
-    """box_gemm_kernel can run here: wgmma is sm_90's alone, and Gluon has no interpreter."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-
 
 @functools.lru_cache(maxsize=64)
 def _nvmma_layout(box: tuple, dtype: torch.dtype):
-    """The shared-memory layout wgmma reads a TMA box in (the widest swizzle its rows allow)."""
     gdt = {torch.float32: gl.float32, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(box), gdt)
 
-
 def gluon_descriptor(t: torch.Tensor, box: tuple):
-    """A Gluon TMA descriptor over ``t`` in boxes ``box``, laid out for wgmma (per call)."""
     return GluonDescriptor(t, list(t.shape), list(t.stride()), list(box), _nvmma_layout(tuple(box), t.dtype))
 
 
@@ -755,8 +703,8 @@ def _launch_0(x, weight, bias, y, precision):
              dict(ROUND_TF32=precision == "tf32", SRC_CL=False, BLOCK_C=64, BLOCK_W=64, BLOCK_CI=32, BLOCK_J=64,
                   num_warps=4)),
         Site('flat_gemm_kernel', (19008, 1, 1),
-             (8, 48, 48, 68, 68, 68, 2, 2, 2, 66, 66, 66, 66, 1, 27, 3, 3, 13799808, 287496, 4356, 66, 1, 1, 1,
-              1, 1, 1, 1, 1, 1, 1, 36, 1, 48),
+             (8, 48, 48, 68, 68, 68, 2, 2, 2, 64, 64, 66, 66, 66, 66, 1, 27, 3, 3, 13799808, 287496, 4356, 66,
+              1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 36, 1, 48),
              dict(HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=1, W_SKIP=-1, OFF32=True, BLOCK_M=128,
                   BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=3)),
     ))
@@ -778,8 +726,8 @@ def _launch_1(x, weight, bias, y, precision):
              dict(ROUND_TF32=precision == "tf32", SRC_CL=False, BLOCK_C=64, BLOCK_W=64, BLOCK_CI=32, BLOCK_J=64,
                   num_warps=4)),
         Site('flat_gemm_kernel', (19008, 1, 1),
-             (8, 48, 48, 68, 68, 68, 2, 2, 2, 66, 66, 66, 66, 1, 27, 3, 3, 13799808, 287496, 4356, 66, 1, 1, 1,
-              1, 1, 1, 1, 1, 1, 1, 36, 1, 48),
+             (8, 48, 48, 68, 68, 68, 2, 2, 2, 64, 64, 66, 66, 66, 66, 1, 27, 3, 3, 13799808, 287496, 4356, 66,
+              1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 36, 1, 48),
              dict(HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=1, W_SKIP=-1, OFF32=True, BLOCK_M=128,
                   BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)),
     ))
@@ -800,8 +748,8 @@ def _launch_2(x, weight, bias, y, precision):
               73984, 42),
              dict(ROUND_TF32=True, SRC_CL=False, BLOCK_C=64, BLOCK_W=64, BLOCK_CI=32, BLOCK_J=64, num_warps=4)),
         Site('box_gemm_kernel', (23760, 1, 1),
-             (8, 48, 48, 2, 2, 2, 66, 66, 66, 66, 1, 27, 3, 3, 13799808, 287496, 4356, 66, 1, 1, 1, 1, 1, 1, 1,
-              1, 1, 1, 9, 5, 1),
+             (8, 48, 48, 2, 2, 2, 64, 64, 64, 66, 66, 66, 66, 1, 27, 3, 3, 13799808, 287496, 4356, 66, 1, 1, 1,
+              1, 1, 1, 1, 1, 1, 1, 9, 5, 1),
              dict(HAS_BIAS=has_bias, W_GROUP=1, W_SKIP=-1, OFF32=True, CL_OUT=False, PAIRS=False, STAGES=4,
                   num_warps=4)),
     ))

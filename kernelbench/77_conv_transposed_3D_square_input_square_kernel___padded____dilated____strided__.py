@@ -46,6 +46,12 @@ def _phase_row(tab_ptr, r):
             tl.load(row + 12), tl.load(row + 13), tl.load(row + 14))
 
 @triton.jit
+def _tap_span(qa, qb, off0, ostep, size, taps):
+    lo = (tl.maximum(qa + off0 - size + 1, 0) + ostep - 1) // ostep
+    hi = tl.minimum(tl.maximum(qb + off0 + ostep, 0) // ostep, taps)
+    return lo, tl.maximum(hi - lo, 0)
+
+@triton.jit
 def _round_tf32(v):
     r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(v) < float("inf"), r, v)
@@ -113,8 +119,8 @@ def fill_planes_kernel(
 
 @triton.jit
 def flat_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, epi_ptr, ch_ptr, res_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD,
-    OW, OD, OH, NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, epi_ptr, ch_ptr, res_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, D, H,
+    QD, OW, OD, OH, NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW,
     TSD, TSH, TSW, OSD, OSH, OSW, tiles_m, tiles_n, C_OUT,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
     OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPI: tl.constexpr = 0,
@@ -156,13 +162,16 @@ def flat_gemm_kernel(
 
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             active = (qd < qd_n) & (m0 < qh_n * WP)
-            n_iter = tl.where(active, td * th * tw * k_blocks, 0)
+            # Only the depth and row taps that reach the input from some position of this tile.
+            jd0, nd = _tap_span(qd, qd, o0d, OSD, D, td)
+            jh0, nh = _tap_span(m0 // WP, tl.minimum((m0 + BLOCK_M - 1) // WP, qh_n - 1), o0h, OSH, H, th)
+            n_iter = tl.where(active, nd * nh * tw * k_blocks, 0)
             base = row_n + (qd + PD) * plane + PH * WP + PW + m0
             # (tap, channel block) counters advanced by carries: runtime divisions cost issue slots.
             cb = 0
             jw = 0
-            jh = 0
-            jd = 0
+            jh = jh0
+            jd = jd0
             for kk in range(n_iter):
                 shift = (o0d - jd * OSD) * plane + (o0h - jh * OSH) * WP + (o0w - jw * OSW)
                 x_tile = x_desc.load([base + shift, grp * CIN_G + cb])
@@ -180,8 +189,8 @@ def flat_gemm_kernel(
                 w_wrap = jw >= tw
                 jw = tl.where(w_wrap, 0, jw)
                 jh += w_wrap.to(tl.int32)
-                h_wrap = jh >= th
-                jh = tl.where(h_wrap, 0, jh)
+                h_wrap = jh >= jh0 + nh
+                jh = tl.where(h_wrap, jh0, jh)
                 jd += h_wrap.to(tl.int32)
             if HAS_BIAS:
                 acc += bias[None, :]
@@ -316,11 +325,13 @@ def _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n):
     return pid_n, pgrp, pid_h, pid_w, qd, t % N, t // N
 
 @gluon.jit
-def _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K: gl.constexpr):
-    active = ((qd < _row_value(tab_ptr, row0, 12)) & (qh0 < _row_value(tab_ptr, row0, 13))
-              & (qw0 < _row_value(tab_ptr, r, 14)))
-    taps = _row_value(tab_ptr, r, 3) * _row_value(tab_ptr, r, 4) * _row_value(tab_ptr, r, 5)
-    return gl.where(active, taps * ((CIN_G + BLOCK_K - 1) // BLOCK_K), 0)
+def _box_tap_span(qa, qb, off0, ostep, size, taps):
+    a = qa + off0 - size + 1
+    lo = (gl.where(a > 0, a, 0) + ostep - 1) // ostep
+    b = qb + off0 + ostep
+    hi = gl.where(b > 0, b, 0) // ostep
+    hi = gl.where(hi < taps, hi, taps)
+    return lo, gl.where(hi > lo, hi - lo, 0)
 
 @gluon.jit
 def _issue(x_desc, w_desc, a_smem, b_smem, bars, s, nb, d0, h0, w0, c_base, cb, w_row, jd, jh, jw,
@@ -529,7 +540,7 @@ def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, 
 
 @gluon.jit
 def box_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, PD, PH, PW, QD, OD, OH, OW, NUM_GROUPS, KVOL, KH, KW,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, PD, PH, PW, D, H, W, QD, OD, OH, OW, NUM_GROUPS, KVOL, KH, KW,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW, OSD, OSH, OSW,
     tiles_h, tiles_w, tiles_n,
     HAS_BIAS: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr, CL_OUT: gl.constexpr,
@@ -578,16 +589,26 @@ def box_gemm_kernel(
     for j in gl.static_range(W_GROUP):
         if j != W_SKIP:
             r = row0 + j
-            th = _row_value(tab_ptr, r, 4)
-            tw = _row_value(tab_ptr, r, 5)
-            n_iter = _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K)
+            o0d = _row_value(tab_ptr, r, 9)
+            o0h = _row_value(tab_ptr, r, 10)
+            o0w = _row_value(tab_ptr, r, 11)
+            qh_n = _row_value(tab_ptr, row0, 13)
+            qw_n = _row_value(tab_ptr, r, 14)
+            # Only the taps that reach the input from some position of this box (0 past the compact grid).
+            jd0, nd = _box_tap_span(qd, qd, o0d, OSD, D, _row_value(tab_ptr, r, 3))
+            jh0, nh = _box_tap_span(qh0, gl.where(qh0 + BH < qh_n, qh0 + BH, qh_n) - 1, o0h, OSH, H,
+                                _row_value(tab_ptr, r, 4))
+            jw0, nw = _box_tap_span(qw0, gl.where(qw0 + BW < qw_n, qw0 + BW, qw_n) - 1, o0w, OSW, W,
+                                _row_value(tab_ptr, r, 5))
+            active = (qd < _row_value(tab_ptr, row0, 12)) & (qh0 < qh_n) & (qw0 < qw_n)
+            n_iter = gl.where(active, nd * nh * nw * ((CIN_G + BLOCK_K - 1) // BLOCK_K), 0)
+            # The span's first taps become the K loop's origin.
             acc, g = _mainloop(
                 x_desc, w_desc, a_smem, b_smem, bars, g, n_iter, nb,
-                qd + PD + _row_value(tab_ptr, r, 9), qh0 + PH + _row_value(tab_ptr, r, 10),
-                qw0 + PW + _row_value(tab_ptr, r, 11), grp * CIN_G, pid_n * BLOCK_N, grp * KVOL * COUT_G,
-                CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW, th, tw,
-                _row_value(tab_ptr, r, 6), _row_value(tab_ptr, r, 7), _row_value(tab_ptr, r, 8),
-                mma_layout, STAGES)
+                qd + PD + o0d - jd0 * OSD, qh0 + PH + o0h - jh0 * OSH, qw0 + PW + o0w - jw0 * OSW, grp * CIN_G,
+                pid_n * BLOCK_N, grp * KVOL * COUT_G, CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW, nh, nw,
+                _row_value(tab_ptr, r, 6) + jd0 * TSD, _row_value(tab_ptr, r, 7) + jh0 * TSH,
+                _row_value(tab_ptr, r, 8) + jw0 * TSW, mma_layout, STAGES)
             if j == 0:
                 acc0 = acc
             else:
@@ -728,8 +749,8 @@ def _launch_0(x, weight, bias, y, precision):
              (64, 4225, 17, 8923200, 139425, 4225),
              dict(CHANNELS_LAST=False, HAS_BIAS=has_bias, BLOCK=1024, VEC=4, num_warps=4)),
         Site('box_gemm_kernel', (4896, 1, 1),
-             (16, 32, 64, 1, 1, 1, 17, 33, 65, 65, 1, 27, 3, 3, 8923200, 139425, 4225, 65, 1, 2, 2, 2, 1, 1, 1,
-              1, 1, 1, 9, 2, 1),
+             (16, 32, 64, 1, 1, 1, 16, 32, 32, 17, 33, 65, 65, 1, 27, 3, 3, 8923200, 139425, 4225, 65, 1, 2, 2,
+              2, 1, 1, 1, 1, 1, 1, 9, 2, 1),
              dict(HAS_BIAS=has_bias, W_GROUP=2, W_SKIP=0, OFF32=True, CL_OUT=False, PAIRS=False, STAGES=4,
                   num_warps=4)),
     ))
@@ -755,8 +776,8 @@ def _launch_1(x, weight, bias, y, precision):
              (64, 4225, 17, 8923200, 139425, 4225),
              dict(CHANNELS_LAST=False, HAS_BIAS=has_bias, BLOCK=1024, VEC=4, num_warps=4)),
         Site('flat_gemm_kernel', (5168, 1, 1),
-             (16, 32, 64, 19, 35, 35, 1, 1, 1, 17, 65, 33, 65, 1, 27, 3, 3, 8923200, 139425, 4225, 65, 1, 2, 2,
-              2, 1, 1, 1, 1, 1, 1, 19, 1, 64),
+             (16, 32, 64, 19, 35, 35, 1, 1, 1, 16, 32, 17, 65, 33, 65, 1, 27, 3, 3, 8923200, 139425, 4225, 65,
+              1, 2, 2, 2, 1, 1, 1, 1, 1, 1, 19, 1, 64),
              dict(HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=2, W_SKIP=0, OFF32=True, BLOCK_M=64,
                   BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4)),
     ))

@@ -106,6 +106,16 @@ def _phase_row(tab_ptr, r):
 
 
 @triton.jit
+def _tap_span(qa, qb, off0, ostep, size, taps):
+    """(first tap, tap count) of a dimension's ``taps`` that read an input index in [0, size) for some compact index
+    in [qa, qb] (input q + off0 - j * ostep): the others read only zeros, so K loops skip them. Numerators kept >= 0:
+    integer division truncates on the GPU and floors in the interpreter."""
+    lo = (tl.maximum(qa + off0 - size + 1, 0) + ostep - 1) // ostep
+    hi = tl.minimum(tl.maximum(qb + off0 + ostep, 0) // ostep, taps)
+    return lo, tl.maximum(hi - lo, 0)
+
+
+@triton.jit
 def _round_tf32(v):
     """fp32 -> nearest TF32 (ties away, inf/NaN kept): tensor cores truncate, cuDNN rounds first."""
     r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
@@ -168,14 +178,18 @@ def phase_gemm_kernel(
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             # Tiles lie on the largest compact grid; a smaller phase skips the GEMM where it does not reach.
             active = (qd < qd_n) & (pid_h * BLOCK_H < qh_n) & (pid_w * BLOCK_W < qw_n)
-            n_iter = tl.where(active, td * th * tw * k_blocks, 0)
+            # Only the taps that reach the input from some position of this tile.
+            jd0, nd = _tap_span(qd, qd, o0d, OSD, D, td)
+            jh0, nh = _tap_span(pid_h * BLOCK_H, tl.minimum(pid_h * BLOCK_H + BLOCK_H, qh_n) - 1, o0h, OSH, H, th)
+            jw0, nw = _tap_span(pid_w * BLOCK_W, tl.minimum(pid_w * BLOCK_W + BLOCK_W, qw_n) - 1, o0w, OSW, W, tw)
+            n_iter = tl.where(active, nd * nh * nw * k_blocks, 0)
             # One flat loop over (tap, channel block), so num_stages pipelines loads across taps too.
             for kk in range(n_iter):
                 tap = kk // k_blocks
                 cb = (kk - tap * k_blocks) * BLOCK_K
-                jw = tap % tw
-                jh = (tap // tw) % th
-                jd = tap // (tw * th)
+                jw = jw0 + tap % nw
+                jh = jh0 + (tap // nw) % nh
+                jd = jd0 + tap // (nw * nh)
                 id_ = qd + o0d - jd * OSD
                 dh = o0h - jh * OSH
                 dw = o0w - jw * OSW

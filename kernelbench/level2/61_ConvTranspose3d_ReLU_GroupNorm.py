@@ -109,6 +109,16 @@ def _phase_row(tab_ptr, r):
 
 
 @triton.jit
+def _tap_span(qa, qb, off0, ostep, size, taps):
+    """(first tap, tap count) of a dimension's ``taps`` that read an input index in [0, size) for some compact index
+    in [qa, qb] (input q + off0 - j * ostep): the others read only zeros, so K loops skip them. Numerators kept >= 0:
+    integer division truncates on the GPU and floors in the interpreter."""
+    lo = (tl.maximum(qa + off0 - size + 1, 0) + ostep - 1) // ostep
+    hi = tl.minimum(tl.maximum(qb + off0 + ostep, 0) // ostep, taps)
+    return lo, tl.maximum(hi - lo, 0)
+
+
+@triton.jit
 def _round_tf32(v):
     """fp32 -> nearest TF32 (ties away, inf/NaN kept): tensor cores truncate, cuDNN rounds first."""
     r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
@@ -139,8 +149,8 @@ def _pack_block(w_ptr, p_ptr, pid, grp,
 
 @triton.jit
 def flat_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, epi_ptr, ch_ptr, res_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD,
-    OW, OD, OH, NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, epi_ptr, ch_ptr, res_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, D, H,
+    QD, OW, OD, OH, NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW,
     TSD, TSH, TSW, OSD, OSH, OSW, tiles_m, tiles_n, C_OUT,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
     OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPI: tl.constexpr = 0,
@@ -185,13 +195,16 @@ def flat_gemm_kernel(
 
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             active = (qd < qd_n) & (m0 < qh_n * WP)
-            n_iter = tl.where(active, td * th * tw * k_blocks, 0)
+            # Only the depth and row taps that reach the input from some position of this tile.
+            jd0, nd = _tap_span(qd, qd, o0d, OSD, D, td)
+            jh0, nh = _tap_span(m0 // WP, tl.minimum((m0 + BLOCK_M - 1) // WP, qh_n - 1), o0h, OSH, H, th)
+            n_iter = tl.where(active, nd * nh * tw * k_blocks, 0)
             base = row_n + (qd + PD) * plane + PH * WP + PW + m0
             # (tap, channel block) counters advanced by carries: runtime divisions cost issue slots.
             cb = 0
             jw = 0
-            jh = 0
-            jd = 0
+            jh = jh0
+            jd = jd0
             for kk in range(n_iter):
                 shift = (o0d - jd * OSD) * plane + (o0h - jh * OSH) * WP + (o0w - jw * OSW)
                 x_tile = x_desc.load([base + shift, grp * CIN_G + cb])
@@ -209,8 +222,8 @@ def flat_gemm_kernel(
                 w_wrap = jw >= tw
                 jw = tl.where(w_wrap, 0, jw)
                 jh += w_wrap.to(tl.int32)
-                h_wrap = jh >= th
-                jh = tl.where(h_wrap, 0, jh)
+                h_wrap = jh >= jh0 + nh
+                jh = tl.where(h_wrap, jh0, jh)
                 jd += h_wrap.to(tl.int32)
             if HAS_BIAS:
                 acc += bias[None, :]
@@ -550,8 +563,8 @@ def _launch_0(x, weight, bias, y, precision, epi_s, epi_c, epi_r):
              dict(ROUND_TF32=precision == "tf32", SRC_CL=False, BLOCK_C=64, BLOCK_W=64, BLOCK_CI=32, BLOCK_J=64,
                   num_warps=4)),
         Site('flat_gemm_kernel', (5440, 1, 1),
-             (16, 64, 128, 36, 36, 36, 2, 2, 2, 34, 34, 34, 34, 1, 27, 3, 3, 5030912, 39304, 1156, 34, 1, 1, 1,
-              1, 1, 1, 1, 1, 1, 1, 10, 1, 128),
+             (16, 64, 128, 36, 36, 36, 2, 2, 2, 32, 32, 34, 34, 34, 34, 1, 27, 3, 3, 5030912, 39304, 1156, 34,
+              1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 10, 1, 128),
              dict(HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=1, W_SKIP=-1, OFF32=True, BLOCK_M=128,
                   BLOCK_N=128, BLOCK_K=32, num_warps=8, num_stages=3, EPI=8)),
     ))
@@ -573,8 +586,8 @@ def _launch_1(x, weight, bias, y, precision, epi_s, epi_c, epi_r):
              dict(ROUND_TF32=precision == "tf32", SRC_CL=False, BLOCK_C=64, BLOCK_W=64, BLOCK_CI=32, BLOCK_J=64,
                   num_warps=4)),
         Site('flat_gemm_kernel', (5440, 1, 1),
-             (16, 64, 128, 36, 36, 36, 2, 2, 2, 34, 34, 34, 34, 1, 27, 3, 3, 5030912, 39304, 1156, 34, 1, 1, 1,
-              1, 1, 1, 1, 1, 1, 1, 10, 1, 128),
+             (16, 64, 128, 36, 36, 36, 2, 2, 2, 32, 32, 34, 34, 34, 34, 1, 27, 3, 3, 5030912, 39304, 1156, 34,
+              1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 10, 1, 128),
              dict(HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=1, W_SKIP=-1, OFF32=True, BLOCK_M=128,
                   BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, EPI=8)),
     ))
@@ -596,8 +609,8 @@ def _launch_2(x, weight, bias, y, precision, epi_s, epi_c, epi_r):
              dict(ROUND_TF32=precision == "tf32", SRC_CL=False, BLOCK_C=64, BLOCK_W=64, BLOCK_CI=32, BLOCK_J=64,
                   num_warps=4)),
         Site('flat_gemm_kernel', (10880, 1, 1),
-             (16, 64, 128, 36, 36, 36, 2, 2, 2, 34, 34, 34, 34, 1, 27, 3, 3, 5030912, 39304, 1156, 34, 1, 1, 1,
-              1, 1, 1, 1, 1, 1, 1, 20, 1, 128),
+             (16, 64, 128, 36, 36, 36, 2, 2, 2, 32, 32, 34, 34, 34, 34, 1, 27, 3, 3, 5030912, 39304, 1156, 34,
+              1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 20, 1, 128),
              dict(HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=1, W_SKIP=-1, OFF32=True, BLOCK_M=64,
                   BLOCK_N=128, BLOCK_K=32, num_warps=4, num_stages=4, EPI=8)),
     ))

@@ -25,12 +25,12 @@ import types
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 
-# ==================== convt3d/core/errors.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/core/errors.py (what this file reaches, without docstrings) ====================
 class BackendUnavailableError(RuntimeError):
     """The backend that was asked for cannot run this call (it never silently runs another)."""
 
 
-# ==================== convt3d/engines/triton/kernels/epilogue.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/engines/triton/kernels/epilogue.py (what this file reaches, without docstrings) ====================
 @triton.jit
 def _tanh(v):
     # tanh from exp(-2|v|): no cancellation for large |v|, and the interpreter has no tanh.
@@ -38,10 +38,8 @@ def _tanh(v):
     t = (1.0 - e) / (1.0 + e)
     return tl.where(v < 0, -t, t)
 
-
 @triton.jit
 def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.constexpr, op: tl.constexpr):
-    """Step ``i``, code ``op``, on value ``v`` and register ``r`` (a function: unrolled loops bind a constant once)."""
     if op == 1:
         v = v * tl.load(epi_ptr + i)
     if op == 2:
@@ -84,22 +82,17 @@ def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.
         v = v / tl.load(ch_ptr + i * C + c_idx, mask=c_ok, other=1.0)
     return v, r
 
-
 @triton.jit
 def apply_epilogue(v, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, PROG: tl.constexpr):
-    """``v`` after ``PROG`` (5 bits a step, ``core.epilogue.encode``); ``c_idx``/``c_ok``: each element's channel and
-    validity, broadcastable to ``v``; ``res_ptrs``: the residual (read by a residual step only); ``epi_ptr``: the
-    steps' scalars; ``ch_ptr``: the ``[8, C]`` per-channel operands."""
     r = v
     for i in tl.static_range(8):
         v, r = _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i, (PROG >> (5 * i)) & 31)
     return v
 
 
-# ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/engines/triton/kernels/phase_gemm.py (what this file reaches, without docstrings) ====================
 @triton.jit
 def _phase_row(tab_ptr, r):
-    """Row r of the phase table, columns 0-14 (the companion mask is read where it is used)."""
     row = tab_ptr + r * 16
     return (tl.load(row + 0), tl.load(row + 1), tl.load(row + 2),
             tl.load(row + 3), tl.load(row + 4), tl.load(row + 5),
@@ -107,13 +100,16 @@ def _phase_row(tab_ptr, r):
             tl.load(row + 9), tl.load(row + 10), tl.load(row + 11),
             tl.load(row + 12), tl.load(row + 13), tl.load(row + 14))
 
+@triton.jit
+def _tap_span(qa, qb, off0, ostep, size, taps):
+    lo = (tl.maximum(qa + off0 - size + 1, 0) + ostep - 1) // ostep
+    hi = tl.minimum(tl.maximum(qb + off0 + ostep, 0) // ostep, taps)
+    return lo, tl.maximum(hi - lo, 0)
 
 @triton.jit
 def _round_tf32(v):
-    """fp32 -> nearest TF32 (ties away, inf/NaN kept): tensor cores truncate, cuDNN rounds first."""
     r = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(v) < float("inf"), r, v)
-
 
 @triton.jit
 def phase_gemm_kernel(
@@ -171,14 +167,18 @@ def phase_gemm_kernel(
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             # Tiles lie on the largest compact grid; a smaller phase skips the GEMM where it does not reach.
             active = (qd < qd_n) & (pid_h * BLOCK_H < qh_n) & (pid_w * BLOCK_W < qw_n)
-            n_iter = tl.where(active, td * th * tw * k_blocks, 0)
+            # Only the taps that reach the input from some position of this tile.
+            jd0, nd = _tap_span(qd, qd, o0d, OSD, D, td)
+            jh0, nh = _tap_span(pid_h * BLOCK_H, tl.minimum(pid_h * BLOCK_H + BLOCK_H, qh_n) - 1, o0h, OSH, H, th)
+            jw0, nw = _tap_span(pid_w * BLOCK_W, tl.minimum(pid_w * BLOCK_W + BLOCK_W, qw_n) - 1, o0w, OSW, W, tw)
+            n_iter = tl.where(active, nd * nh * nw * k_blocks, 0)
             # One flat loop over (tap, channel block), so num_stages pipelines loads across taps too.
             for kk in range(n_iter):
                 tap = kk // k_blocks
                 cb = (kk - tap * k_blocks) * BLOCK_K
-                jw = tap % tw
-                jh = (tap // tw) % th
-                jd = tap // (tw * th)
+                jw = jw0 + tap % nw
+                jh = jh0 + (tap // nw) % nh
+                jd = jd0 + tap // (nw * nh)
                 id_ = qd + o0d - jd * OSD
                 dh = o0h - jh * OSH
                 dw = o0w - jw * OSW
@@ -270,13 +270,10 @@ def phase_gemm_kernel(
                     w_lim = tl.where((od < OD) & (oh_f < OH), OW, 0)
                     tl.store(y_fd + oh_f * stride_yh, fill, mask=co_ok[:, None] & (ow_f < w_lim)[None, :])
 
-
 @triton.jit
 def _pack_block(w_ptr, p_ptr, pid, grp,
                 CIN_G, COUT_G, KVOL, FOLD, stride_wi,
                 ROUND_TF32: tl.constexpr, BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr):
-    """Block ``pid`` of group ``grp`` of pack_weight_kernel, [BLOCK_CI, BLOCK_J]: loads along j = co * KVOL + tap,
-    stores along ci; FOLD > 1: merged group f's rows hold weights in its columns only (block-diagonal)."""
     j_blocks = tl.cdiv(COUT_G * KVOL, BLOCK_J)
     ci = (pid // j_blocks) * BLOCK_CI + tl.arange(0, BLOCK_CI)
     j = (pid % j_blocks) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -292,18 +289,14 @@ def _pack_block(w_ptr, p_ptr, pid, grp,
     dst = ((grp.to(tl.int64) * KVOL + tap) * COUT_G + co) * CIN_G
     tl.store(p_ptr + dst[None, :] + ci[:, None], v, mask=ci_ok[:, None] & (j < COUT_G * KVOL)[None, :])
 
-
 @triton.jit
 def flat_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, epi_ptr, ch_ptr, res_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, QD,
-    OW, OD, OH, NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, epi_ptr, ch_ptr, res_ptr, N, CIN_G, COUT_G, DP, HP, WP, PD, PH, PW, D, H,
+    QD, OW, OD, OH, NUM_GROUPS, KVOL, KH, KW, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW,
     TSD, TSH, TSW, OSD, OSH, OSW, tiles_m, tiles_n, C_OUT,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, W_GROUP: tl.constexpr, W_SKIP: tl.constexpr,
     OFF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPI: tl.constexpr = 0,
 ):
-    """The phase GEMMs on Hopper, every operand tile a 2-D TMA box: the input a zero-haloed NDHWC copy (DP, HP, WP)
-    as [rows, channels], a tile BLOCK_M consecutive positions of one compact plane with its padding columns, so each
-    tap reads one box shifted (wrapped rows feed only discarded positions); the weight [G*taps*Cout/g, Cin/g]."""
     pid = tl.program_id(0)
     pid_n = pid % tiles_n
     t = pid // tiles_n
@@ -341,13 +334,16 @@ def flat_gemm_kernel(
 
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             active = (qd < qd_n) & (m0 < qh_n * WP)
-            n_iter = tl.where(active, td * th * tw * k_blocks, 0)
+            # Only the depth and row taps that reach the input from some position of this tile.
+            jd0, nd = _tap_span(qd, qd, o0d, OSD, D, td)
+            jh0, nh = _tap_span(m0 // WP, tl.minimum((m0 + BLOCK_M - 1) // WP, qh_n - 1), o0h, OSH, H, th)
+            n_iter = tl.where(active, nd * nh * tw * k_blocks, 0)
             base = row_n + (qd + PD) * plane + PH * WP + PW + m0
             # (tap, channel block) counters advanced by carries: runtime divisions cost issue slots.
             cb = 0
             jw = 0
-            jh = 0
-            jd = 0
+            jh = jh0
+            jd = jd0
             for kk in range(n_iter):
                 shift = (o0d - jd * OSD) * plane + (o0h - jh * OSH) * WP + (o0w - jw * OSW)
                 x_tile = x_desc.load([base + shift, grp * CIN_G + cb])
@@ -365,8 +361,8 @@ def flat_gemm_kernel(
                 w_wrap = jw >= tw
                 jw = tl.where(w_wrap, 0, jw)
                 jh += w_wrap.to(tl.int32)
-                h_wrap = jh >= th
-                jh = tl.where(h_wrap, 0, jh)
+                h_wrap = jh >= jh0 + nh
+                jh = tl.where(h_wrap, jh0, jh)
                 jd += h_wrap.to(tl.int32)
             if HAS_BIAS:
                 acc += bias[None, :]
@@ -416,7 +412,6 @@ def flat_gemm_kernel(
                 y_fd = y_n + od.to(tl.int64) * stride_yd
                 tl.store(y_fd + (y_co[:, None] + (oh_f * stride_yh + ow_o * stride_yw)[None, :]), fill, mask=co_ok[:, None] & f_ok[None, :])
 
-
 @triton.jit
 def _pad_block(x_ptr, y_ptr, pid,
                C, D, H, W,
@@ -426,8 +421,6 @@ def _pad_block(x_ptr, y_ptr, pid,
                R_BLOCKS, C_BLOCKS,
                ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr,
                BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Block ``pid`` of to_padded_kernel (R_BLOCKS x C_BLOCKS x N): BLOCK_W positions of a padded row by BLOCK_C
-    channels; rows, so an NCDHW source loads coalesced along W, transposed in shared memory for the store."""
     pid_r = pid % R_BLOCKS
     pid_c = (pid // R_BLOCKS) % C_BLOCKS
     nb = (pid // R_BLOCKS // C_BLOCKS).to(tl.int64)
@@ -459,7 +452,6 @@ def _pad_block(x_ptr, y_ptr, pid,
     else:
         tl.store(y_ptr + y_w[None, :] + offs_c[:, None], v, mask=c_ok[:, None] & w_ok[None, :])
 
-
 @triton.jit
 def gemm_operands_kernel(
     x_ptr, xp_ptr, w_ptr, wp_ptr, C, D, H, W, DP, HP, WP, PD, PH, PW,
@@ -468,7 +460,6 @@ def gemm_operands_kernel(
     ROUND_TF32: tl.constexpr, SRC_CL: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_CI: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
-    """Both GEMM operands in one launch (launches cost host time): programs < PAD_PROGRAMS pad x, the rest pack w."""
     pid = tl.program_id(0)
     if pid < PAD_PROGRAMS:
         _pad_block(x_ptr, xp_ptr, pid,
@@ -481,7 +472,7 @@ def gemm_operands_kernel(
                     ROUND_TF32, BLOCK_CI, BLOCK_J)
 
 
-# ==================== convt3d/engines/triton/sites.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/engines/triton/sites.py (what this file reaches, without docstrings) ====================
 K = types.SimpleNamespace(
     flat_gemm_kernel=flat_gemm_kernel,
     gemm_operands_kernel=gemm_operands_kernel,
@@ -490,11 +481,8 @@ K = types.SimpleNamespace(
 HK = types.SimpleNamespace()
 GK = types.SimpleNamespace()
 
-
 def interpreter_active() -> bool:
-    """True when Triton was imported with TRITON_INTERPRET=1 (its kernels then run on the CPU)."""
     return bool(triton.knobs.runtime.interpret)
-
 
 def _kernel(name: str, device: torch.device, module=None):
     # Triton picks compiling or interpreting when a @triton.jit function is created, so CPU
@@ -507,13 +495,7 @@ def _kernel(name: str, device: torch.device, module=None):
         return getattr(module, name)
     return getattr(HK if name.startswith("head_") else GK if name.startswith("box_") else K, name)
 
-
 class Site:
-    """One kernel launch of a call signature: name, grid, integer arguments and constexprs, all
-    fixed by the signature. After its first launch through Triton it replays the compiled kernel
-    directly, since Triton's argument binding costs as much as a small layer's GPU work; Triton's
-    own path stays under launch hooks and the interpreter. ``launch(device, *tensors)`` passes
-    the tensor arguments, which come first in every kernel; ``module``: the kernel's module."""
 
     __slots__ = ("name", "grid", "ints", "consts", "compiled", "tail", "module")
 
@@ -552,39 +534,29 @@ class Site:
                ck.packed_metadata, None, None, None, *tensors, *self.ints, *self.tail)
         return ck
 
-
 def _hook_set(hook) -> bool:
-    """A launch hook is installed: Triton 3.6+ keeps an empty HookChain (``.calls``) when none is."""
     return hook is not None and len(getattr(hook, "calls", (hook,))) > 0
-
 
 def _tma_capable(device: torch.device) -> bool:
     # TMA exists from sm_90 on; the interpreter emulates it.
     return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
 
-
 def gluon_capable(device: torch.device) -> bool:
-    """box_gemm_kernel can run here: wgmma is sm_90's alone, and Gluon has no interpreter."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
-# ==================== convt3d/engines/triton/kernels/finish.py (what this file reaches, verbatim) ====================
+# ==================== convt3d/engines/triton/kernels/finish.py (what this file reaches, without docstrings) ====================
 @triton.jit
 def _chan(n, mean, m2, nb, mean_b, m2_b):
-    """Chan's formula: mean, centred square sum of n values joined by nb more (centred: big means lose no digits)."""
     d = mean_b - mean
     w = nb / (n + nb)
     return mean + d * w, m2 + m2_b + d * d * n * w
-
 
 @triton.jit
 def axis_kernel(x_ptr, out_ptr, w_ptr, b_ptr, pre_s, pre_c, post_s, post_c, R, I, n_iblk,
                 stride_o, stride_r, stride_i, DHW, C, C_POST, eps,
                 MODE: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr, HAS_W: tl.constexpr,
                 HAS_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
-    """Reduce ``x`` viewed ``[O, R, I]`` over R, a program one o and BLOCK_I values of i: MODE 0-3 (sum, mean, max,
-    logsumexp) write ``out[o * I + i]``; 4 (softmax), 5 (layer norm, then ``w``/``b`` by r) reread the row and write at
-    ``x``'s offsets. ``C_POST``: the output's channels (1 when the reduction spans them)."""
     pid = tl.program_id(0)
     o = (pid // n_iblk).to(tl.int64)
     i = (pid % n_iblk) * BLOCK_I + tl.arange(0, BLOCK_I)
@@ -647,13 +619,10 @@ def axis_kernel(x_ptr, out_ptr, w_ptr, b_ptr, pre_s, pre_c, post_s, post_c, R, I
             v = apply_epilogue(v, c, ok, x_ptr + off, ok, post_s, post_c, C, POST)
             tl.store(out_ptr + off, v.to(out_ptr.dtype.element_ty), mask=ok)
 
-
 @triton.jit
 def pool_kernel(x_ptr, out_ptr, pre_s, pre_c, post_s, post_c, C, D, H, W, OD, OH, OW, n_blk, SD, SH, SW,
                 KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MAX: tl.constexpr,
                 PRE: tl.constexpr, POST: tl.constexpr, BLOCK: tl.constexpr):
-    """Max (MAX) or average pooling, no padding, BLOCK positions of one (n, c) plane a program; ``pre`` on every window
-    element, ``post`` on the result."""
     pid = tl.program_id(0)
     plane = (pid // n_blk).to(tl.int64)
     p = (pid % n_blk) * BLOCK + tl.arange(0, BLOCK)
@@ -717,8 +686,8 @@ def _launch_0(x, weight, bias, y, precision):
              dict(ROUND_TF32=precision == "tf32", SRC_CL=False, BLOCK_C=32, BLOCK_W=64, BLOCK_CI=32, BLOCK_J=64,
                   num_warps=4)),
         Site('flat_gemm_kernel', (18432, 1, 1),
-             (16, 32, 64, 34, 34, 34, 1, 1, 1, 32, 63, 63, 63, 4, 125, 5, 5, 16003008, 250047, 3969, 63, 1, 2,
-              2, 2, 2, 2, 2, 1, 1, 1, 9, 1, 64),
+             (16, 32, 64, 34, 34, 34, 1, 1, 1, 32, 32, 32, 63, 63, 63, 4, 125, 5, 5, 16003008, 250047, 3969, 63,
+              1, 2, 2, 2, 2, 2, 2, 1, 1, 1, 9, 1, 64),
              dict(HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=2, W_SKIP=-1, OFF32=True, BLOCK_M=128,
                   BLOCK_N=64, BLOCK_K=32, num_warps=8, num_stages=3)),
     ))
@@ -740,8 +709,8 @@ def _launch_1(x, weight, bias, y, precision):
              dict(ROUND_TF32=precision == "tf32", SRC_CL=False, BLOCK_C=32, BLOCK_W=64, BLOCK_CI=32, BLOCK_J=64,
                   num_warps=4)),
         Site('flat_gemm_kernel', (34816, 1, 1),
-             (16, 32, 64, 34, 34, 34, 1, 1, 1, 32, 63, 63, 63, 4, 125, 5, 5, 16003008, 250047, 3969, 63, 1, 2,
-              2, 2, 2, 2, 2, 1, 1, 1, 17, 1, 64),
+             (16, 32, 64, 34, 34, 34, 1, 1, 1, 32, 32, 32, 63, 63, 63, 4, 125, 5, 5, 16003008, 250047, 3969, 63,
+              1, 2, 2, 2, 2, 2, 2, 1, 1, 1, 17, 1, 64),
              dict(HAS_BIAS=has_bias, PRECISION=precision, W_GROUP=2, W_SKIP=-1, OFF32=True, BLOCK_M=64,
                   BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4)),
     ))

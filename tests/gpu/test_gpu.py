@@ -227,8 +227,10 @@ _hopper = pytest.mark.skipif(not (torch.cuda.is_available() and E.gluon_capable(
     (dict(k=(1, 3, 3), s=(1, 2, 2), p=(0, 1, 1), op=(0, 1, 1), d=1, g=1, cin=32, cout=136), (3, 9, 10)),  # 2 N blocks
     (dict(k=3, s=3, p=0, op=2, d=1, g=1, cin=16, cout=16), (3, 8, 9)),     # stride 3
     (dict(k=3, s=1, p=2, op=0, d=(1, 2, 3), g=2, cin=64, cout=32), (5, 6, 8)),  # groups, anisotropic dilation
+    (dict(k=5, s=1, p=0, op=0, d=1, g=1, cin=32, cout=64), (3, 12, 20)),   # border boxes skip halo-only taps
+    (dict(k=3, s=1, p=2, op=0, d=2, g=1, cin=16, cout=32), (4, 10, 18)),   # the same, dilated
 ], ids=["kb77", "kb77-even-width", "both-residues-odd-width", "stride1-cin24", "k4s2-both-residues", "k2s2",
-        "op1-cout8", "video-2nblocks", "stride3", "groups2-dilated"])
+        "op1-cout8", "video-2nblocks", "stride3", "groups2-dilated", "k5s1-border-taps", "dilated-border-taps"])
 def test_box_gemm_every_geometry(geom, size, bias, layout, dtype):
     x, w, b, args = _geometry_inputs(geom, layout, dtype, size)
     b = b if bias else None

@@ -704,6 +704,9 @@ PATH_CASES = {
     "per-dim-everything": Case(1, 8, 8, (3, 4, 3), (1, 2, 3), (1, 2, 3), (0, 1, 1), (0, 1, 2), (1, 1, 2)),
     "groups2-cl": Case(1, 32, 32, (2, 3, 3), (3, 3, 3), 2, 1, 1, groups=2, layout="channels_last_3d"),
     "cin20-cout24": Case(1, 20, 24, (2, 3, 4), (3, 3, 3), 2, 1, 1),  # channel tails, Cout not pow2
+    # Kernels wider than the input: tiles at the borders skip the taps that read only halo.
+    "k5s1-border-taps": Case(1, 8, 16, (2, 10, 12), (3, 5, 5), 1, 0, 0),
+    "dilated-border-taps": Case(1, 8, 8, (3, 6, 9), (3, 3, 3), 1, 2, 0, 2),
 }
 PATHS = {
     "flat": dict(flat=True, tma=False),

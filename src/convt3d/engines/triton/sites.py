@@ -409,7 +409,7 @@ def _flat_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, pa
         tiles_n = cdiv(params.out_channels_per_group, cfg.BLOCK_N)
         return Site("flat_gemm_kernel", (params.groups * params.batch * q[0] * tiles_m * n_groups * tiles_n,), (
             params.batch, cin_g, params.out_channels_per_group, dp, hp, wpad, pd, ph, pw,
-            q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups, math.prod(params.kernel_size),
+            *params.in_size[:2], q[0], params.out_size[2], params.out_size[0], params.out_size[1], n_groups, math.prod(params.kernel_size),
             params.kernel_size[1], params.kernel_size[2], *y.stride(), *_axis_steps(params), tiles_m, tiles_n,
             params.out_channels,
         ), dict(
@@ -449,7 +449,7 @@ def _box_site(cfg: Config, xp: torch.Tensor, y: torch.Tensor, n_groups: int, par
         tiles_h, tiles_w, tiles_n, programs = _box_tiles(cfg, params, n_groups)
         cl_out = y.stride(1) == 1 and params.out_channels > 1
         return Site("box_gemm_kernel", (programs,), (
-            params.batch, params.in_channels_per_group, params.out_channels_per_group, pd, ph, pw,
+            params.batch, params.in_channels_per_group, params.out_channels_per_group, pd, ph, pw, *params.in_size,
             params.compact_size[0], *params.out_size, n_groups, math.prod(params.kernel_size),
             params.kernel_size[1], params.kernel_size[2], *y.stride(), *_axis_steps(params), tiles_h, tiles_w, tiles_n,
         ), dict(

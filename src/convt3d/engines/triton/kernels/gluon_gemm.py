@@ -37,13 +37,14 @@ def _box_tile(tile, N, QD, NUM_GROUPS, tiles_h, tiles_w, tiles_n):
 
 
 @gluon.jit
-def _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K: gl.constexpr):
-    """K steps (taps x channel blocks) of phase row ``r`` (group at ``row0``) for the box at (qd, qh0, qw0); 0 past
-    the phase's compact grid (the box only stores)."""
-    active = ((qd < _row_value(tab_ptr, row0, 12)) & (qh0 < _row_value(tab_ptr, row0, 13))
-              & (qw0 < _row_value(tab_ptr, r, 14)))
-    taps = _row_value(tab_ptr, r, 3) * _row_value(tab_ptr, r, 4) * _row_value(tab_ptr, r, 5)
-    return gl.where(active, taps * ((CIN_G + BLOCK_K - 1) // BLOCK_K), 0)
+def _box_tap_span(qa, qb, off0, ostep, size, taps):
+    """As phase_gemm's: (first tap, tap count) of the ``taps`` that read input [0, size) from compact [qa, qb]."""
+    a = qa + off0 - size + 1
+    lo = (gl.where(a > 0, a, 0) + ostep - 1) // ostep
+    b = qb + off0 + ostep
+    hi = gl.where(b > 0, b, 0) // ostep
+    hi = gl.where(hi < taps, hi, taps)
+    return lo, gl.where(hi > lo, hi - lo, 0)
 
 
 @gluon.jit
@@ -282,7 +283,7 @@ def _acc_epilogue(y_ptr, y_n, acc0, acc1, bias, y_co, co_ok, tab_ptr, row0, qd, 
 
 @gluon.jit
 def box_gemm_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, PD, PH, PW, QD, OD, OH, OW, NUM_GROUPS, KVOL, KH, KW,
+    x_desc, w_desc, b_ptr, y_ptr, tab_ptr, N, CIN_G, COUT_G, PD, PH, PW, D, H, W, QD, OD, OH, OW, NUM_GROUPS, KVOL, KH, KW,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw, SD, SH, SW, TSD, TSH, TSW, OSD, OSH, OSW,
     tiles_h, tiles_w, tiles_n,
     HAS_BIAS: gl.constexpr, W_GROUP: gl.constexpr, W_SKIP: gl.constexpr, OFF32: gl.constexpr, CL_OUT: gl.constexpr,
@@ -333,16 +334,26 @@ def box_gemm_kernel(
     for j in gl.static_range(W_GROUP):
         if j != W_SKIP:
             r = row0 + j
-            th = _row_value(tab_ptr, r, 4)
-            tw = _row_value(tab_ptr, r, 5)
-            n_iter = _box_steps(tab_ptr, row0, r, qd, qh0, qw0, CIN_G, BLOCK_K)
+            o0d = _row_value(tab_ptr, r, 9)
+            o0h = _row_value(tab_ptr, r, 10)
+            o0w = _row_value(tab_ptr, r, 11)
+            qh_n = _row_value(tab_ptr, row0, 13)
+            qw_n = _row_value(tab_ptr, r, 14)
+            # Only the taps that reach the input from some position of this box (0 past the compact grid).
+            jd0, nd = _box_tap_span(qd, qd, o0d, OSD, D, _row_value(tab_ptr, r, 3))
+            jh0, nh = _box_tap_span(qh0, gl.where(qh0 + BH < qh_n, qh0 + BH, qh_n) - 1, o0h, OSH, H,
+                                _row_value(tab_ptr, r, 4))
+            jw0, nw = _box_tap_span(qw0, gl.where(qw0 + BW < qw_n, qw0 + BW, qw_n) - 1, o0w, OSW, W,
+                                _row_value(tab_ptr, r, 5))
+            active = (qd < _row_value(tab_ptr, row0, 12)) & (qh0 < qh_n) & (qw0 < qw_n)
+            n_iter = gl.where(active, nd * nh * nw * ((CIN_G + BLOCK_K - 1) // BLOCK_K), 0)
+            # The span's first taps become the K loop's origin.
             acc, g = _mainloop(
                 x_desc, w_desc, a_smem, b_smem, bars, g, n_iter, nb,
-                qd + PD + _row_value(tab_ptr, r, 9), qh0 + PH + _row_value(tab_ptr, r, 10),
-                qw0 + PW + _row_value(tab_ptr, r, 11), grp * CIN_G, pid_n * BLOCK_N, grp * KVOL * COUT_G,
-                CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW, th, tw,
-                _row_value(tab_ptr, r, 6), _row_value(tab_ptr, r, 7), _row_value(tab_ptr, r, 8),
-                mma_layout, STAGES)
+                qd + PD + o0d - jd0 * OSD, qh0 + PH + o0h - jh0 * OSH, qw0 + PW + o0w - jw0 * OSW, grp * CIN_G,
+                pid_n * BLOCK_N, grp * KVOL * COUT_G, CIN_G, COUT_G, KH, KW, TSD, TSH, TSW, OSD, OSH, OSW, nh, nw,
+                _row_value(tab_ptr, r, 6) + jd0 * TSD, _row_value(tab_ptr, r, 7) + jh0 * TSH,
+                _row_value(tab_ptr, r, 8) + jw0 * TSW, mma_layout, STAGES)
             if j == 0:
                 acc0 = acc
             else:
