@@ -24,10 +24,6 @@ try:  # POSIX only; without it saves are still atomic, merges may lose a concurr
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-__all__ = ["CacheWarning", "FORMAT", "SECTIONS", "cache_dir", "environment_key", "file_for", "Store", "store_for",
-           "reset", "load_decision", "save_decision", "load_backward", "save_backward", "load_precision_class", "save_precision_class", "save_unsaved", "on_reset",
-           "tune_key_text", "config_to_dict", "config_from_dict", "owned_files", "file_summary"]
-
 FORMAT = 1
 SECTIONS = ("decisions", "triton_configs", "backward", "precision")
 ENV_DIR = "CONVT3D_CACHE_DIR"

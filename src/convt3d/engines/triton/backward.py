@@ -25,10 +25,6 @@ from ...core.call import suggests_channels_last
 from .sites import _INT32_MAX, Site, _prepare_padded_input, require_interpreter, site
 from ...core.memo import memo
 
-__all__ = ["WGRAD_IMPLS", "DgradConfig", "grads", "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates",
-           "dgrad_choice_candidates", "wgrad_unavailable", "choices", "dgrad_choices", "recorded_choices",
-           "clear_caches", "grad_formats"]
-
 WGRAD_IMPLS = ("cudnn", "triton")
 _FORCE_ENV = "CONVT3D_BWD_WEIGHT"
 _FORCE_ENV_X = "CONVT3D_BWD_INPUT"
