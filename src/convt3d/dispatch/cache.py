@@ -306,15 +306,6 @@ def save_precision_class(gpu: str, signature: str, klass: str) -> None:
     store_for(gpu).put("precision", signature, {"class": klass})
 
 
-def load_backward(gpu: str, name: str) -> dict | None:
-    """A persisted dX/dW implementation choice, or None (the caller checks it against its candidates)."""
-    return store_for(gpu).get("backward", name)
-
-
-def save_backward(gpu: str, name: str, entry: dict) -> None:
-    store_for(gpu).put("backward", name, entry)
-
-
 def _jsonable(obj: Any) -> Any:
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
