@@ -11,9 +11,6 @@ import torch
 from ..core.roofline import COPY_BYTES, MATMUL_SIZE, Ceilings, floors, geomean, peak_class, roofline_percent, tflops
 from ..dispatch.timing import gpu_ms
 
-__all__ = ["Ceilings", "peak_class", "floors", "roofline_percent", "tflops", "geomean", "measure_ceilings",
-           "cudnn_tf32"]
-
 
 # ---- flags ----------------------------------------------------------------------------------------
 # Plain attribute assignment rather than torch.backends.cudnn.flags(), which resets every flag it is

@@ -6,8 +6,6 @@ import statistics
 
 from ..dispatch.timing import lowest_spread
 
-__all__ = ["lowest_spread", "paired_ratio"]
-
 
 def paired_ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """(median, lower quartile, upper quartile) of the per-pair ratios a[i] / b[i]; a single pair

@@ -11,9 +11,6 @@ from .params import ConvT3dParams
 from .flags import cudnn_conv_allows_tf32
 from .validate import check_call
 
-__all__ = ["PRECISIONS", "EXACT_GRADE", "resolve_precision", "Call", "make_call", "layout_name", "signature_text",
-           "autocast_inputs"]
-
 PRECISIONS = ("tf32", "tf32x3", "ieee")
 
 # precision=None with TF32 off: tf32x3 is faster than FMA "ieee" and within 2x of cuDNN's exact-fp32 error.

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["OPS", "MAX_OPS", "Step", "Epilogue", "as_epilogue", "encode", "apply_torch"]
-
 MAX_OPS = 8
 BITS = 5
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["cudnn_conv_allows_tf32", "set_backend_flag", "cudnn_conv_tf32", "at_flags_as_they_are", "at_precision",
-           "device_name"]
-
 
 def cudnn_conv_allows_tf32() -> bool:
     """The TF32 flag PyTorch's convolutions read: the per-operator ``cudnn.conv.fp32_precision``

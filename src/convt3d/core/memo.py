@@ -1,8 +1,6 @@
 """One keyed registry for every memo convt3d keeps in a process, so that ``clear_all`` forgets them all."""
 from __future__ import annotations
 
-__all__ = ["memo", "clear_all"]
-
 _memos: dict[str, dict] = {}
 
 

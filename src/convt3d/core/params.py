@@ -10,8 +10,6 @@ import itertools
 import math
 from dataclasses import dataclass
 
-__all__ = ["AxisPhase", "Axis", "Phase", "ConvT3dParams", "cdiv", "pow2_at_least"]
-
 
 def cdiv(a: int, b: int) -> int:
     """Ceil division on the host: triton.cdiv is a slow ConstexprFunction when called from Python."""

@@ -5,8 +5,6 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
-__all__ = ["Ceilings", "PEAK_CLASSES", "peak_class", "floors", "roofline_percent", "tflops", "geomean"]
-
 PEAK_CLASSES = ("bf16", "tf32", "exact")
 
 COPY_BYTES = 1 << 30  # each way: far beyond L2, so the copy runs at HBM speed

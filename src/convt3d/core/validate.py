@@ -10,8 +10,6 @@ import torch
 from .params import ConvT3dParams
 from .memo import memo
 
-__all__ = ["triple", "check_call", "memo_arguments"]
-
 
 def _as_int(value: Any) -> int | None:
     """``value`` as an int the way PyTorch's argument parser reads one (bool refused), else None."""

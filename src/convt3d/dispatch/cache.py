@@ -24,10 +24,6 @@ try:  # POSIX only; without it saves are still atomic, merges may lose a concurr
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-__all__ = ["CacheWarning", "FORMAT", "SECTIONS", "cache_dir", "environment_key", "file_for", "Store", "store_for",
-           "reset", "load_decision", "save_decision", "load_backward", "save_backward", "load_precision_class", "save_precision_class", "save_unsaved", "on_reset",
-           "tune_key_text", "config_to_dict", "config_from_dict", "owned_files", "file_summary"]
-
 FORMAT = 1
 SECTIONS = ("decisions", "triton_configs", "backward", "precision")
 ENV_DIR = "CONVT3D_CACHE_DIR"
@@ -308,15 +304,6 @@ def load_precision_class(gpu: str, signature: str) -> str | None:
 
 def save_precision_class(gpu: str, signature: str, klass: str) -> None:
     store_for(gpu).put("precision", signature, {"class": klass})
-
-
-def load_backward(gpu: str, name: str) -> dict | None:
-    """A persisted dX/dW implementation choice, or None (the caller checks it against its candidates)."""
-    return store_for(gpu).get("backward", name)
-
-
-def save_backward(gpu: str, name: str, entry: dict) -> None:
-    store_for(gpu).put("backward", name, entry)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -15,9 +15,6 @@ from datetime import timedelta
 from typing import Any, Callable, Iterator, TypeVar
 
 
-__all__ = ["AgreementError", "ENV_MODE", "ENV_TIMEOUT", "active", "rank", "agree", "agree_with_tuning",
-           "agree_config", "set_group", "local", "reset"]
-
 T = TypeVar("T")
 
 ENV_MODE = "CONVT3D_DISTRIBUTED"  # "agree" (default) or "local"

@@ -11,8 +11,6 @@ from typing import Iterator
 
 from . import distributed
 
-__all__ = ["MODES", "ENV", "mode", "background", "waiting", "generation", "became_ready"]
-
 ENV = "CONVT3D_FIRST_CALL"
 MODES = ("background", "wait")
 _local = threading.local()

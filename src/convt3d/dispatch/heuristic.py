@@ -7,9 +7,6 @@ import torch
 from ..core import roofline
 from .registry import HYBRID
 
-__all__ = ["NOMINAL_CEILINGS", "TINY_FLOOR_S", "HOST_BOUND_S", "COMPUTE_BOUND_RATIO", "CUDNN_CHANNEL_ALIGN",
-           "TRAIN_SMALL_FLOOR_S", "floors", "heuristic"]
-
 
 # Nominal H200 ceilings (copy bytes/s; bf16, TF32 and exact fp32 FLOP/s): only their ratios matter.
 NOMINAL_CEILINGS = roofline.Ceilings(4.24e12, 683e12, 374e12, 51e12)

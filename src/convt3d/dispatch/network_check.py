@@ -11,8 +11,6 @@ from torch import nn
 from . import select as dispatch
 from .timing import gpu_ms
 
-__all__ = ["NETWORK_MARGIN", "network_check", "check_network", "layer_signature"]
-
 # The network check's smallest margin, below dispatch.NOISE_MARGIN: a layer's gain is a small part of a model's.
 NETWORK_MARGIN = 0.01
 

@@ -2,8 +2,6 @@
 preference for ties: the dispatcher knows the engines only through it."""
 from __future__ import annotations
 
-__all__ = ["ENGINES", "HYBRID", "register"]
-
 HYBRID = "torch+bwd"  # PyTorch's forward recorded with convt3d's backward (training steps)
 
 # name -> engine (``convt3d.engines.base.Engine``), in order of preference for ties.

@@ -23,12 +23,6 @@ from .heuristic import HOST_BOUND_S, TINY_FLOOR_S, floors, heuristic
 from .steady import BACKEND_ENV, Direct, Repeat, steady_key
 from ..core.memo import memo
 
-__all__ = ["BACKENDS", "PRECISIONS", "EXACT_GRADE", "Decision", "Pass", "resolve_backend_name", "resolve_precision",
-           "decide", "select", "explain_pass", "set_benchmark", "benchmark_enabled", "clear_decisions",
-           "cudnn_conv_tf32", "signature_text", "NOISE_MARGIN",
-           "MEASURE_ROUNDS", "MAX_MEASURE_ROUNDS", "HYBRID",
-           "override", "Steady", "steady_key", "steady", "remember", "remember_direct", "decided_call", "precision_class_of"]
-
 BACKENDS = ("auto", "triton", "torch", "conv3d")
 
 @dataclass(frozen=True)

@@ -10,8 +10,6 @@ import torch
 from ..core.flags import cudnn_conv_allows_tf32
 from ..core.validate import memo_arguments
 
-__all__ = ["BACKEND_ENV", "steady_key", "Direct", "Repeat"]
-
 BACKEND_ENV = "CONVT3D_BACKEND"
 
 

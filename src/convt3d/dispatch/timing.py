@@ -8,9 +8,6 @@ from typing import Callable, NamedTuple
 
 import torch
 
-__all__ = ["Timing", "MEASURE_WARMUP_MS", "MEASURE_REP_MS", "HOST_CALLS", "HOST_REP_MS", "gpu_ms", "host_ms",
-           "time_call", "lowest_spread"]
-
 # do_bench budget of one timing: a short layer gets hundreds of timed calls, a long one at least one.
 MEASURE_WARMUP_MS = 5.0
 MEASURE_REP_MS = 25.0

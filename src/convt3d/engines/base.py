@@ -12,8 +12,6 @@ from ..dispatch.timing import Timing, time_call
 from . import op as ops
 from .torch.calls import torch_forward
 
-__all__ = ["Engine", "LaunchedRepeats", "memo_check"]
-
 
 def memo_check(call: Call, make: Callable[..., Direct]) -> Callable[[], bool]:
     """The check a weight's memo (``make``: ``steady.Direct`` or a Repeat maker) does on a repeat, for ``time``."""

@@ -13,9 +13,6 @@ from .torch.calls import conv3d_forward, torch_forward
 from ..core.validate import check_call
 from ..core.call import output_memory_format
 
-__all__ = ["OP_NAME", "conv_transpose3d_op", "conv_transpose3d_backward_op", "conv_transpose3d_autograd",
-           "ENGINES", "run_engine"]
-
 ENGINES = ("triton", "conv3d")
 # The op's name: also the name of an eager call's range under a profiler (functional).
 OP_NAME = "convt3d::conv_transpose3d"

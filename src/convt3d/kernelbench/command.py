@@ -10,8 +10,6 @@ from pathlib import Path
 from . import evaluate, evaluate_level2, export, export_level2, level2
 from .shake import ExportError
 
-__all__ = ["main", "export_main"]
-
 
 def main(argv: list[str] | None = None) -> int:
     args = evaluate.parse_args(argv)

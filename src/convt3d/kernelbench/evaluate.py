@@ -29,9 +29,6 @@ from ..core.roofline import geomean
 from .export import default_out_dir, reduced, render
 from .problems import SEED, Problem, ReferenceModel, parse_ids
 
-__all__ = ["TOLERANCE", "PRECISIONS", "load_model_file", "trial_seeds", "set_seed", "time_with_cuda_events",
-           "run_trial", "check_trial", "flags_in_force", "main"]
-
 TOLERANCE = 1e-4  # KernelBench's atol = rtol for fp32
 WARMUP = 3
 DISCARD_FIRST = 1

@@ -16,8 +16,6 @@ from .evaluate import (DISCARD_FIRST, SAME_PARAMS, SEED, Machine, Result, Stats,
                        machine, max_abs, parameters_identical, print_results, run_all, run_trial, run_trials,
                        select, set_seed, speedups, time_with_cuda_events, verdict_cell, verdict_text)
 
-__all__ = ["TOLERANCE_L2", "Trial2", "Result2", "build_level2", "check_trial2", "evaluate_level2", "main_level2"]
-
 TOLERANCE_L2 = 1e-2  # the verdict's tolerance where the exact-fp32 reference fails KernelBench's (Result2.correct)
 NOTE_L2 = ("'correct' is KernelBench's verdict: allclose(reference, ModelNew, atol=rtol=1e-4) on every trial, the "
            "reference run under the same flags. 'exact ref' (on a GPU, for the problems whose normalisation right "

@@ -26,8 +26,6 @@ from . import export, level2
 from .shake import ExportError
 from .trace import _wrap_call, meta_call
 
-__all__ = ["ROOTS", "TABLE_ARCH", "SUPPORTED_STAGES", "candidates", "exported", "render"]
-
 ROOTS = export.ROOTS + ("engines/triton/kernels/finish.py",)  # the engine, and the finishing kernels
 TABLE_ARCH = "sm90"  # the predictor's table that ranks the candidates: the GPUs KernelBench times on
 # The stages a file carries (a plain function computes with PyTorch).

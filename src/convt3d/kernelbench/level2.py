@@ -25,9 +25,6 @@ from ..core.flags import cudnn_conv_allows_tf32
 from ..engines.triton import finish
 from .problems import bind, find, select_ids
 
-__all__ = ["Problem", "PROBLEMS", "by_id", "parse_ids", "Reference", "ModelNew", "Conv", "DepthMeanConv", "PooledConv",
-           "DirectConv", "Pool", "Reduce", "SubtractMean", "Norm"]
-
 
 def _convt(x, weight, bias, stride, padding, output_padding, groups, dilation, program):
     """convt3d's transposed convolution of ``x`` with ``program`` as its epilogue (the exporter traces this call)."""

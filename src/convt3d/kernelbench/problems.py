@@ -11,9 +11,6 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["DefaultReference", "Candidate", "Problem", "PROBLEMS", "CUDA_PROBLEMS", "by_id", "parse_ids",
-           "ReferenceModel", "SEED", "find", "select_ids", "parameters", "bind"]
-
 SEED = 42  # KernelBench's seed_num: models are built after seeding it, trial seeds derive from it
 # The problems with a hand-kept CUDA entry (kernelbench/<name>_cuda.py) beside their generated file.
 CUDA_PROBLEMS = (77,)

@@ -9,8 +9,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["ExportError", "ShakeError", "Line", "PythonShaker", "defined_names"]
-
 
 class ExportError(RuntimeError):
     """The package source cannot be exported as it is (the message says which line and why)."""

@@ -7,8 +7,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Rule", "Violation", "RULES", "strip_comments", "check"]
-
 
 @dataclass(frozen=True)
 class Rule:

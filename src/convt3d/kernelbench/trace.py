@@ -17,8 +17,6 @@ from ..engines.triton import sites as TS
 from .problems import Problem
 from .shake import ExportError, PythonShaker
 
-__all__ = ["ExportError", "meta_call", "launcher_source"]
-
 
 def meta_call(problem: Problem, has_bias: bool = False):
     """(params, x, weight, bias): KernelBench's call of the problem's layer as meta tensors."""

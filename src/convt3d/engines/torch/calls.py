@@ -7,9 +7,6 @@ import torch
 
 from ...core.flags import at_precision
 
-__all__ = ["torch_forward", "torch_grads", "torch_autograd_at_precision",
-           "conv3d_form_reasons", "conv3d_padding", "conv3d_weight", "conv3d_forward"]
-
 
 def torch_forward(x, weight, bias, params, precision):
     """PyTorch's forward of a validated call. A precision for CUDA float32 sets cuDNN's TF32 flag

@@ -13,8 +13,6 @@ from .. import op as ops
 from ..base import Engine, LaunchedRepeats, memo_check
 from .calls import conv3d_form_reasons, torch_autograd_at_precision, torch_forward
 
-__all__ = ["TorchEngine", "Conv3dEngine", "FP32_CLASS_TOL"]
-
 # PyTorch's TF32-allowed call is full fp32 where within this fraction of the output's largest magnitude
 # of the exact-fp32 call's: fp32 summation order moves results by about 1e-6 of it, TF32 by 1e-4.
 FP32_CLASS_TOL = 2e-5

@@ -15,8 +15,6 @@ from . import precompile
 from .configs import device_name, tuned_config
 from .warm_up import installation_key
 
-__all__ = ["not_ready", "start", "forget"]
-
 # Tune keys whose candidates are compiling now (``precompile.compiled`` holds those done).
 _compiling: dict[tuple, bool] = memo("engines.triton.background.compiling")
 

@@ -25,10 +25,6 @@ from ...core.call import suggests_channels_last
 from .sites import _INT32_MAX, Site, _prepare_padded_input, require_interpreter, site
 from ...core.memo import memo
 
-__all__ = ["WGRAD_IMPLS", "DgradConfig", "grads", "dgrad_triton", "dgrad_candidates", "wgrad_choice_candidates",
-           "dgrad_choice_candidates", "wgrad_unavailable", "choices", "dgrad_choices", "recorded_choices",
-           "clear_caches", "grad_formats"]
-
 WGRAD_IMPLS = ("cudnn", "triton")
 _FORCE_ENV = "CONVT3D_BWD_WEIGHT"
 _FORCE_ENV_X = "CONVT3D_BWD_INPUT"
@@ -311,10 +307,10 @@ def _choose(cache: dict, env: str, what: str, supported: bool, candidates, run_c
     def decide() -> Choice:
         # The disk cache first (only rank 0's file counts under torch.distributed), then timing.
         cands = tuple(candidates())
-        rec = _choice_from_entry(disk_cache.load_backward(gpu, name), cands)
+        rec = _choice_from_entry(disk_cache.store_for(gpu).get("backward", name), cands)
         if rec is None:
             rec = _time_choice(cands, run_cudnn, run_triton)
-            disk_cache.save_backward(gpu, name, _entry_from_choice(rec, cands))
+            disk_cache.store_for(gpu).put("backward", name, _entry_from_choice(rec, cands))
         return rec
 
     # Under torch.distributed every rank takes rank 0's choice; a tile this rank does not offer

@@ -22,9 +22,6 @@ from .sites import (Site, _fill_planes_site, _fill_rows_site, _flat_descriptors,
     _tma_capable, _w_descriptor, _x_descriptor, companion_masks, empty_planes, empty_rows, phase_table,
     slice_offsets_fit, gluon_capable, _box_site, _box_descriptors)
 
-__all__ = ["Config", "candidate_configs", "forward", "plan", "clear_caches", "SUPPORTED_DTYPES", "seed_tuning",
-           "tuned_config", "tuning_log", "unsupported_reason", "epilogue_configs", "epilogue_reason"]
-
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 _unsupported: dict[tuple, str | None] = memo("engines.triton.engine.unsupported")

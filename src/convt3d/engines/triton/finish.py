@@ -17,8 +17,6 @@ from ...core.memo import memo
 from ...core.validate import check_call
 from .kernels import finish as FK
 
-__all__ = ["reduce", "subtract_mean", "pool", "batch_norm", "group_norm", "direct", "direct_reason"]
-
 REDUCE_OPS = ("sum", "mean", "max", "logsumexp", "softmax", "layer_norm")  # the axis kernel's MODE codes
 FINISH_TILE = 4096  # elements a program holds at once
 FINISH_BLOCK = 1024  # elements per step of the elementwise, moments and pooling kernels

@@ -12,10 +12,6 @@ import torch
 
 from ...core.params import ConvT3dParams, cdiv, pow2_at_least
 
-__all__ = ["MAX_HEAD_CHANNELS", "HEAD_KINDS", "HeadConfig", "head_tiles", "collision_free",
-           "shuffle_layer", "shuffle_shifts", "shuffle_n_shifts", "shuffle_halo", "shuffle_blocks", "shuffle_tiles",
-           "shuffle_shape", "head_z_elements", "head_z_bytes", "width_shifts", "HeadSteps"]
-
 MAX_HEAD_CHANNELS = 15  # Cout/g up to which head configs are candidates (above, the GEMM's N fills an MMA)
 HEAD_KINDS = ("rows", "shuffle")  # head_rows_kernel then head_gather_tile_kernel over Z; head_shuffle_kernel
 

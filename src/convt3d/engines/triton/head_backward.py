@@ -16,10 +16,6 @@ from .kernels import head_grad, head_phase_grad
 from ...core.params import ConvT3dParams, cdiv, pow2_at_least
 from .sites import Site, require_interpreter, site
 
-__all__ = ["MAX_OUT_PER_GROUP", "MIN_IN_PER_GROUP", "HeadDgradConfig", "HeadWgradConfig", "DyPhases", "supports",
-           "unsupported_reason", "device_programs", "dgrad_candidates", "wgrad_candidates", "padded_dy", "dy_phases",
-           "dy_phases_layout", "dy_operand", "head_dgrad", "head_wgrad"]
-
 MAX_OUT_PER_GROUP = 15
 MIN_IN_PER_GROUP = 8
 _MAX_POSITIONS = 2**31 - 2**16  # program and step indices over all positions are 32-bit (a tile of headroom)

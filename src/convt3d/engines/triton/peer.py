@@ -18,8 +18,6 @@ from .configs import CandidateFailure, device_name, tuned_config
 from .persist import flush_triton, has_pending, prime_triton
 from .warm_up import start_warm_up
 
-__all__ = ["TritonEngine", "HybridEngine", "guarded"]
-
 
 class TritonEngine(LaunchedRepeats):
     """The phase-decomposed implicit GEMM in Triton (``convt3d.engines.triton.engine``)."""

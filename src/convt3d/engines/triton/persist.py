@@ -11,8 +11,6 @@ from . import engine as triton_engine
 from ...core.memo import memo
 from .configs import tuned_config, tuning_log
 
-__all__ = ["prime_triton", "has_pending", "flush_triton"]
-
 
 _seen: set = set()  # tune keys already looked up this process
 # Tune key -> GPU of keys not tuned when first seen: persisted once tuned.

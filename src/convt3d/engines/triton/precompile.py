@@ -21,8 +21,6 @@ from ...core.memo import memo
 from .compile_worker import read_message, write_message
 from .warm_up import installation_key, start_warm_up
 
-__all__ = ["available", "compile_all", "compile_candidates", "dry_jobs", "start_workers", "target", "worker_count"]
-
 _WORKER = Path(__file__).with_name("compile_worker.py")
 _lock = threading.Lock()
 _workers: list[subprocess.Popen] = []

@@ -16,9 +16,6 @@ import torch
 from ...core.params import ConvT3dParams
 from .head import MAX_HEAD_CHANNELS
 
-__all__ = ["SHORTLIST", "ENV_MODE", "MODES", "tune_mode", "label", "labels", "features", "regime", "params_of",
-           "charged_ms", "rank", "pick", "shortlist", "table_for", "write_tables"]
-
 TABLES = Path(__file__).with_name("tables")
 ENV_MODE = "CONVT3D_TUNE"
 MODES = ("exhaustive", "predicted")  # the first is the default

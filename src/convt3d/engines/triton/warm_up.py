@@ -21,8 +21,6 @@ try:
 except ImportError:  # pragma: no cover
     triton_cache = None
 
-__all__ = ["installation_key", "start_warm_up", "KEY_FILE"]
-
 KEY_FILE = "triton_key.txt"  # in the cache folder's build/: the stamp's line, then the hash
 _lock = threading.Lock()
 _key: str | None = None
