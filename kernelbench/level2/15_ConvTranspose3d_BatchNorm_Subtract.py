@@ -81,6 +81,10 @@ def _epilogue_step(v, r, c_idx, c_ok, res_ptrs, mask, epi_ptr, ch_ptr, C, i: tl.
         v = v / tl.load(epi_ptr + i)
     if op == 20:
         v = v / tl.load(ch_ptr + i * C + c_idx, mask=c_ok, other=1.0)
+    if op == 21:
+        # Softmax over the channels, axis 0 of the GEMM's [channels, positions] tile, which holds them all.
+        e = tl.where(c_ok, tl.exp(v - tl.max(tl.where(c_ok, v, float("-inf")), axis=0, keep_dims=True)), 0.0)
+        v = e / tl.sum(e, axis=0, keep_dims=True)
     return v, r
 
 

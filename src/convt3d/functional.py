@@ -230,7 +230,7 @@ def epilogue_route(call: Call, epi: Epilogue, name: str, *, composite=None, deci
         return None, f"{why}: the convolution, then the program in PyTorch"
     if name not in ("auto", "triton"):
         return None, f"backend={name!r}: its convolution, then the program in PyTorch"
-    why = ENGINES["triton"].epilogue_reasons(call)
+    why = ENGINES["triton"].epilogue_reasons(call, epi)
     if name == "triton":
         if why:
             raise BackendUnavailableError("backend='triton' cannot fuse this epilogue: " + "; ".join(why))

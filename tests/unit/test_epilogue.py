@@ -5,6 +5,7 @@ validation errors before any kernel; the routing of auto, triton, torch and auto
 from __future__ import annotations
 
 import ast
+import dataclasses
 import textwrap
 
 import pytest
@@ -36,6 +37,7 @@ PROGRAMS = {
     "register-sigmoid-add-saved": lambda c, shape: ["save", "sigmoid", "add_saved"],
     "gelu-erf": lambda c, shape: ["gelu"],
     "gelu-tanh-silu-tanh": lambda c, shape: ["gelu_tanh", "silu", "tanh"],
+    "channel-softmax-sigmoid": lambda c, shape: [("mul", 3.0), "softmax", "sigmoid"],
     "eight-steps": lambda c, shape: [("mul", torch.randn(c)), ("add", torch.randn(shape)), "save", "silu",
                                      "mul_saved", ("clamp_min", -1.0), "add_saved", "tanh"],
 }
@@ -98,13 +100,14 @@ def _configs(params, x, channels_last: bool):
 
 
 @requires_interpreter
+@pytest.mark.parametrize("program", ["eight-steps", "channel-softmax-sigmoid"])
 @pytest.mark.parametrize("layout", ["ncdhw-wgroup2", "channels-last-out"])
-def test_every_tile_kind(layout):
+def test_every_tile_kind(layout, program):
     case = C16 if layout == "ncdhw-wgroup2" else Case(1, 16, 16, (2, 3, 4), (3, 3, 3), 2, 1, 1,
                                                       layout="channels_last_3d")
     x, w, b = case.tensors()
     params, _ = check_call(x, w, b, *case.args[:3], case.groups, case.dilation)
-    epi = as_epilogue(MIXED(16, params.out_shape), 16, params.out_shape)
+    epi = as_epilogue(PROGRAMS[program](16, params.out_shape), 16, params.out_shape)
     for kind, cfg in _configs(params, x, layout != "ncdhw-wgroup2"):
         y = engine.forward(x, w, b, params, "ieee", config=cfg, epilogue=epi)
         check_epilogue(y, x, w, b, case.args, epi, context=f"{layout} {kind} {cfg.short()}")
@@ -179,6 +182,27 @@ def test_triton_raises_where_it_cannot_fuse():
     # auto runs the composite, with the program on the bias-only rows too.
     y = convt3d.conv_transpose3d(x, w, b, *case.args, precision="ieee", epilogue=["relu", ("add", 1.0)])
     check_epilogue(y, x, w, b, case.args, as_epilogue(["relu", ("add", 1.0)]), context="auto composite")
+
+
+@requires_interpreter
+def test_channel_softmax_needs_a_tile_holding_every_channel():
+    case = GEOMETRIES["tc-groups2"]
+    x, w, b = case.tensors()
+    with pytest.raises(BackendUnavailableError, match="channel softmax needs groups=1"):
+        convt3d.conv_transpose3d(x, w, b, *case.args, backend="triton", epilogue=["softmax"])
+    y = convt3d.conv_transpose3d(x, w, b, *case.args, precision="ieee", epilogue=["softmax"])  # auto: composite
+    check_epilogue(y, x, w, b, case.args, as_epilogue(["softmax"]), context="auto composite")
+    wide = check_call(torch.randn(1, 16, 2, 3, 3), torch.randn(16, 48, 2, 2, 2), None, 2, 0, 0, 1, 1)[0]
+    every = engine.epilogue_configs(candidate_configs(wide, torch.float32, "ieee", False, flat=True))
+    narrow = dataclasses.replace(every[0], BLOCK_N=32)  # 32 of the 48 channels: the softmax would see part
+    kept = engine.epilogue_configs(every + (narrow,), as_epilogue(["softmax"]), wide)
+    assert kept and narrow not in kept and all(c.BLOCK_N >= 48 for c in kept)
+
+
+def test_finishing_kernels_refuse_the_channel_softmax():
+    from convt3d.engines.triton import finish
+    with pytest.raises(ValueError, match="softmax step is not allowed"):
+        finish.reduce(torch.randn(1, 4, 2, 2, 2), (2, 3, 4), "mean", pre=["softmax"])
 
 
 @pytest.mark.parametrize("backend", ["auto-cpu", "torch"])

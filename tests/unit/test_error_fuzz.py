@@ -50,3 +50,10 @@ def test_pytorchs_precision_class(fuzz, allow, exact_rel, klass):
 def test_bf16_floor_is_its_ulp(fuzz):
     theirs, ours, _, ref = _outputs(0.0, 0.0, dtype=torch.bfloat16)
     assert fuzz.judge(theirs, ours, None, ref, allow_tf32=True)["budget"] >= torch.finfo(torch.bfloat16).eps
+
+
+def test_the_triton_engines_output_is_judged_too(fuzz):
+    theirs, ours, exact, ref = _outputs(1e-3, 1e-3)
+    worse = _outputs(1e-3, 3e-3)[1]
+    assert fuzz.judge(theirs, ours, exact, ref, allow_tf32=False, engine_out=ours)["within"]
+    assert not fuzz.judge(theirs, ours, exact, ref, allow_tf32=False, engine_out=worse)["within"]

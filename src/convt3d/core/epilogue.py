@@ -2,7 +2,8 @@
 float32 value ``v`` and a register ``r`` (``save``: r = v; ``mul_saved``, ``add_saved``), applied to the
 convolution's output before its only store (``conv_transpose3d(..., epilogue=...)``) and by the finishing
 kernels. ``mul``, ``add`` and ``div`` take a number, ``C`` per-channel values in any shape, or for ``add`` a
-tensor of the output's shape (a residual). The kernels receive the program as one compile-time integer
+tensor of the output's shape (a residual). ``softmax`` normalises over the channels of each position: fused only
+where one GEMM tile holds them all, never in a finishing kernel. The kernels receive the program as one compile-time integer
 (``encode``), its scalars as a float32 vector and its per-channel operands as a float32 ``[MAX_OPS, C]``
 table; ``apply_torch`` runs it in PyTorch.
 """
@@ -24,7 +25,7 @@ OPS = {
     "clamp_min": (6, "scalar"), "clamp_max": (7, "scalar"),
     "relu": (8, None), "leaky_relu": (9, "slope"), "gelu": (10, None), "gelu_tanh": (11, None),
     "silu": (12, None), "hardswish": (13, None), "sigmoid": (14, None), "tanh": (15, None),
-    "save": (16, None), "mul_saved": (17, None), "add_saved": (18, None),
+    "save": (16, None), "mul_saved": (17, None), "add_saved": (18, None), "softmax": (21, None),
 }
 # Codes of the operand forms: per-channel mul/add/div and the residual add.
 MUL_C, ADD_C, ADD_T, DIV_C = 2, 4, 5, 20
@@ -61,6 +62,11 @@ class Epilogue:
 
     def __bool__(self) -> bool:
         return bool(self.steps)
+
+    @property
+    def over_channels(self) -> bool:
+        """A step reads every channel of a position (the channel softmax)."""
+        return any(s.name == "softmax" for s in self.steps)
 
     def scalars(self, device: torch.device) -> torch.Tensor:
         """The float32 vector of each step's scalar (0 where a step has none)."""
@@ -158,6 +164,8 @@ def apply_torch(y: torch.Tensor, epi: Epilogue, channel_dim: int = 1) -> torch.T
             a = a.float()
         if s.name == "save":
             r = v
+        elif s.name == "softmax":
+            v = torch.softmax(v, dim=channel_dim)
         elif s.name in _SAVED:
             v = _SAVED[s.name](v, r)
         elif s.name in _UNARY:

@@ -97,10 +97,10 @@ class _Tracer:
         epi = as_epilogue(program, params.out_channels, tuple(params.out_shape))
         with mock.patch.dict(getattr(TE, "_plans")), mock.patch.object(TE, "_tma_capable", lambda device: True), \
                 mock.patch.object(TE, "gluon_capable", lambda device: True):  # the engine's plan on a Hopper GPU
-            why = TE.epilogue_reason(params, xm, wm, "tf32") if epi else None
+            why = TE.epilogue_reason(params, xm, wm, "tf32", epi) if epi else None
         if why is not None or self.conv is not None:
             raise ExportError(f"problem {self.problem.id}: {why or 'a second transposed convolution'}")
-        self.conv = (call, epi.code)
+        self.conv = (call, epi)
         return self._new(params.out_shape, "conv", x, weight, bias, self.stage.steps, epi)
 
     @staticmethod
@@ -245,7 +245,7 @@ class _Tracer:
         return lines
 
 
-def candidates(call) -> list[tuple[object, tuple[str, ...]]]:
+def candidates(call, epi=None) -> list[tuple[object, tuple[str, ...]]]:
     """(Config, precisions it runs at) of the first ``predict.SHORTLIST`` tiles that take an epilogue, as the
     engine's predictor ranks them at TF32 (PyTorch's default) on ``TABLE_ARCH``'s table, and the exact
     grade's first where none of those runs at exact grade."""
@@ -255,7 +255,8 @@ def candidates(call) -> list[tuple[object, tuple[str, ...]]]:
         raise ExportError(f"no predictor table for {TABLE_ARCH} (engines/triton/tables/{TABLE_ARCH}.json)")
     offered, ranked = {}, {}
     for p in ("tf32", EXACT_GRADE):
-        offered[p] = TE.epilogue_configs(candidate_configs(params, torch.float32, p, False, flat=True, gluon=True))
+        offered[p] = TE.epilogue_configs(candidate_configs(params, torch.float32, p, False, flat=True, gluon=True),
+                                         epi, params)
         order = predict.rank(offered[p], params, torch.float32, p, False, table)
         ranked[p] = [offered[p][i] for i in predict.pick(offered[p], order)]
     chosen = ranked["tf32"][:predict.SHORTLIST]
@@ -459,13 +460,13 @@ def _render_lines(problem: level2.Problem, small: bool, count: int) -> list[list
     if train.conv is None:  # the direct kernel computed the convolution: no GEMM, no chooser
         rest = _precision(direct=True) + export._gen(f"PROBLEM = {problem.id}\n\n\n" + support)
         return export.assemble(ROOTS, None, [], _header(problem, [], small), rest, 0, kernels)
-    call, code = train.conv
-    ranked = candidates(call)
+    call, epi = train.conv
+    ranked = candidates(call, epi)
     configs = ranked[:1 if small else count]
     if not any(EXACT_GRADE in runs for _, runs in configs):  # one candidate runs at exact grade, always
         configs[-1] = next(c for c in ranked if EXACT_GRADE in c[1])
     rest = export._gen(export._CHOOSER.format(rule="=" * 20, ops=", *ops") + "\n") + _precision() + export._gen(support)
-    return export.assemble(ROOTS, call, configs, _header(problem, configs, small), rest, code, kernels)
+    return export.assemble(ROOTS, call, configs, _header(problem, configs, small), rest, epi.code, kernels)
 
 
 def render(problem: level2.Problem, small: bool = False) -> str:

@@ -58,18 +58,24 @@ def _unsupported_reason(x: torch.Tensor, params: ConvT3dParams | None) -> str | 
     return None
 
 
-def epilogue_configs(configs: tuple) -> tuple[Config, ...]:
-    """The candidates that take an epilogue: phase and flat GEMM tiles (not Gluon boxes, not head tiles)."""
-    return tuple(c for c in configs if isinstance(c, Config) and not c.gluon)
+def epilogue_configs(configs: tuple, epi: Epilogue | None = None, params: ConvT3dParams | None = None
+                     ) -> tuple[Config, ...]:
+    """The candidates that take ``epi``: phase and flat GEMM tiles (not Gluon boxes, not head tiles), for a channel
+    softmax those whose N tile holds every output channel (groups 1)."""
+    whole = epi is not None and epi.over_channels
+    return tuple(c for c in configs if isinstance(c, Config) and not c.gluon
+                 and (not whole or (params.groups == 1 and c.BLOCK_N >= params.out_channels)))
 
 
-def epilogue_reason(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision: str) -> str | None:
-    """Why the engine cannot fuse an epilogue into this call, or None (``unsupported_reason`` comes first)."""
+def epilogue_reason(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor, precision: str,
+                    epi: Epilogue | None = None) -> str | None:
+    """Why the engine cannot fuse ``epi`` into this call, or None (``unsupported_reason`` comes first)."""
     if any(ph.num_taps == 0 for a in params.axes[:2] for ph in a.phases):
         # fill_rows/fill_planes and companion rows write those bias-only rows without the program.
         return "output rows that no tap reaches (kernel below the stride along depth or height) take no epilogue"
-    if not epilogue_configs(plan(params, x, weight, precision).configs):
-        return "no phase or flat GEMM tile for this layer (output-head tiles take no epilogue)"
+    if not epilogue_configs(plan(params, x, weight, precision).configs, epi, params):
+        return ("no phase or flat GEMM tile for this layer (output-head tiles take no epilogue)" if not epi or not
+                epi.over_channels else "the channel softmax needs groups=1 and one GEMM tile as wide as the channels")
     return None
 
 
@@ -316,7 +322,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
     pl = plan(params, x, weight, precision)
     y = _output(params, pl, x)
     configs, key = (pl.configs, pl.tune_key) if epilogue is None else (
-        epilogue_configs(pl.configs), pl.tune_key + (epilogue.signature,))
+        epilogue_configs(pl.configs, epilogue, params), pl.tune_key + (epilogue.signature,))
     if y.numel() == 0:
         return Launch(y, lambda cfg: None, pl, configs, key)
     has_bias = bias is not None
@@ -340,8 +346,8 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
         if st is not None:
             return st.forward(x, weight, bias, epi)
     if epi is not None:
-        why = unsupported_reason(x, params) or epilogue_reason(params, x, weight, precision)
-        if why is None and config is not None and not epilogue_configs((config,)):
+        why = unsupported_reason(x, params) or epilogue_reason(params, x, weight, precision, epi)
+        if why is None and config is not None and not epilogue_configs((config,), epi, params):
             why = f"the tile {config.short()} takes no epilogue"
         if why is not None:
             raise BackendUnavailableError(f"backend='triton' cannot fuse this epilogue: {why}")

@@ -53,8 +53,9 @@ def _programs_of(y, programs, name: str):
         if isinstance(p, Epilogue):
             p = [(s.name, s.operand) if s.form else s.name for s in p.steps]
         epi = as_epilogue(p, channels, tuple(shape))
-        if epi.residual is not None:
-            raise ValueError(f"{name}: a residual step is not allowed in {what} (these kernels read one tensor)")
+        if epi.residual is not None or epi.over_channels:
+            raise ValueError(f"{name}: a {'residual' if epi.residual is not None else 'softmax'} step is not allowed "
+                             f"in {what} (these kernels read one tensor, the channel softmax is a reduction's)")
         # A program of numbers is made once per device: its tables would be a host-to-device copy a call.
         key = None if any(isinstance(st.operand, torch.Tensor) for st in epi.steps) else \
             (str(y.device), channels, epi.signature, tuple(st.operand for st in epi.steps))

@@ -33,10 +33,10 @@ class TritonEngine(LaunchedRepeats):
         why = triton_engine.unsupported_reason(call.x, call.params)
         return [] if why is None else [why]
 
-    def epilogue_reasons(self, call: Call) -> list[str]:
-        """Why the engine cannot run ``call`` with an epilogue fused into its GEMM (``engine.forward``)."""
+    def epilogue_reasons(self, call: Call, epi=None) -> list[str]:
+        """Why the engine cannot run ``call`` with the epilogue ``epi`` fused into its GEMM (``engine.forward``)."""
         why = self.not_supported_reasons(call)
-        fused = None if why else triton_engine.epilogue_reason(call.params, call.x, call.weight, call.precision)
+        fused = None if why else triton_engine.epilogue_reason(call.params, call.x, call.weight, call.precision, epi)
         return why + ([fused] if fused else [])
 
     # Why auto does not time it on a call yet (its candidates not compiled), and what compiles them.
