@@ -45,8 +45,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_runtest_logreport(report):
-    """With $CONVT3D_TEST_LOG set (the GPU runner sets it), every failure is appended to that
-    file as it happens, with its traceback, and every test over 10 s to ``<file>.slow``: a run cut
+    """With $CONVT3D_TEST_LOG set, every failure is appended to that file
+    as it happens, with its traceback, and every test over 10 s to ``<file>.slow``: a run cut
     by its time limit still names what failed and what was slow. Written by the controlling
     process only (under xdist the workers forward their reports to it)."""
     path = os.environ.get("CONVT3D_TEST_LOG")

@@ -130,23 +130,19 @@ def _kernelbench_json(name: str, d: dict) -> list[Run]:
     return [run]
 
 
-def _harness_json(name: str, d: dict, log: str | None) -> list[Run]:
-    """KernelBench's eval_kernel_against_ref results by file; the device, trials and timing method from the
-    record's environment (``tools/kb_harness.py`` writes them), else from the harness's printed log."""
-    env = d.pop("environment", {})  # optional: versions, date and flags the runner recorded
-    dev = re.search(r"Using device: \d+ (.+?), warm up (\d+), trials (\d+)", log or "")
-    timing = re.search(r"Using timing method: (\S+)", log or "")
-    gpu = env.get("gpu") or (dev[1] if dev else None)
-    trials = env.get("timed_trials") or (dev[3] if dev else None)
-    warm = env.get("warm_up") or (dev[2] if dev else None)
+def _harness_json(name: str, d: dict, log: bool) -> list[Run]:
+    """KernelBench's eval_kernel_against_ref results by file, with the device, versions, trials and timing method
+    ``tools/kb_harness.py`` records under "environment"; its printed output may lie beside as a .log."""
+    env = d.pop("environment", {})
+    trials, warm = env.get("timed_trials"), env.get("warm_up")
     how = (f"{trials} timed trials" + (f" after {warm} warm-ups" if warm else "") if trials
            else "trials " + NOT_RECORDED)
-    how += f", timing method {env.get('timing_method') or (timing[1] if timing else NOT_RECORDED)}"
+    how += f", timing method {env.get('timing_method') or NOT_RECORDED}"
     ok = sum(bool(v.get("correctness")) for v in d.values())
     src = (f"`{name}`" + (f" and `{name[:-5]}.log`" if log else "") + ": "
-           + _versions(gpu, env.get("date", NOT_RECORDED), torch=env.get("torch"), triton=env.get("triton"),
-                       cuDNN=env.get("cudnn")) + f"; {how}; correct {ok} of {len(d)}")
-    run = Run("kernelbench-harness", "fwd", _or_nr(gpu), src)
+           + _versions(env.get("gpu"), env.get("date", NOT_RECORDED), torch=env.get("torch"),
+                       triton=env.get("triton"), cuDNN=env.get("cudnn")) + f"; {how}; correct {ok} of {len(d)}")
+    run = Run("kernelbench-harness", "fwd", _or_nr(env.get("gpu")), src)
     for file, v in sorted(d.items()):
         if v.get("runtime") and v.get("ref_runtime"):
             run.rows.append(_kb_row(file, env.get("precision", NOT_RECORDED), v["runtime"] * 1e3,
@@ -154,56 +150,24 @@ def _harness_json(name: str, d: dict, log: str | None) -> list[Run]:
     return [run]
 
 
-_LOG_ROW = re.compile(r"^\[(\d+)/(\d+)\] (\S+) (\S+) (\S+) (\S+): (.+?): convt3d ([\d.]+) us, cuDNN ([\d.]+) us, "
-                      r"([\d.]+)x", re.M)
-
-
-def _bench_log(name: str, text: str) -> list[Run]:
-    """`convt3d bench`'s printed output, for a run cut before it wrote its JSON: the rows it reached."""
-    gpu = re.search(r"^convt3d bench on (.+?) \(sm", text, re.M)
-    v = re.search(r"^convt3d (\S+)(?: @ (\S+))?, torch (\S+), triton (\S+), CUDA \S+, cuDNN (\S+)", text, re.M)
-    rows = {int(m[1]): m for m in _LOG_ROW.finditer(text)}
-    if not gpu or not rows:
-        raise ValueError(f"{name}: not the output of convt3d bench")
-    total = max(int(m[2]) for m in rows.values())
-    convt3d, commit, torch, triton, cudnn = v.groups() if v else (None,) * 5
-    head = _versions(gpu[1], NOT_RECORDED, convt3d=convt3d and convt3d + (f" @ {commit}" if commit else ""),
-                     torch=torch, triton=triton, cuDNN=cudnn)
-    src = (f"`{name}` (printed output): {head}; {len(rows)} of {total} rows reached; command and timing "
-           f"budgets {NOT_RECORDED}")
-    runs: dict[str, Run] = {}
-    for _, m in sorted(rows.items()):
-        # A bench log names no suite; its case names do.
-        suite = "kernelbench" if re.fullmatch(r"kb\d+", m[3]) else "heads" if m[3].startswith("sweep") else "layers"
-        run = runs.setdefault(suite, Run(suite, NOT_RECORDED, gpu[1], src))
-        run.rows.append((m[3], m[4], m[5], _precision(m[6]), m[7], float(m[8]), float(m[9]), float(m[10])))
-    return list(runs.values())
-
-
 def read_records(folder: str) -> list[Run]:
     """Every record of ``folder``, in file-name order; a file that is none stops the page."""
-    texts = {n: Path(folder, n).read_text(encoding="utf-8") for n in sorted(os.listdir(folder))}
+    names = sorted(os.listdir(folder))
     runs: list[Run] = []
-    for n, text in texts.items():
-        path = os.path.join(folder, n)
-        if n.endswith(".log") and n[:-4] + ".json" in texts:
-            continue  # the harness log, read with its JSON
-        if n.endswith(".json"):
-            d = json.loads(text)
-            schema = str(d.get("schema", "")) if isinstance(d, dict) else ""
-            if schema.startswith("convt3d-bench/"):
-                runs += _bench_json(n, d)
-            elif schema.startswith("convt3d-kernelbench/"):
-                runs += _kernelbench_json(n, d)
-            elif isinstance(d, dict) and d and all(isinstance(v, dict) and "ref_runtime" in v
-                                                   for k, v in d.items() if k != "environment"):
-                runs += _harness_json(n, d, texts.get(n[:-5] + ".log"))
-            else:
-                raise ValueError(f"{path}: not a record this page reads")
-        elif n.endswith(".log"):
-            runs += _bench_log(n, text)
+    for n in names:
+        if n.endswith(".log") and n[:-4] + ".json" in names:
+            continue  # the harness's printed output, named with its JSON
+        d = json.loads(Path(folder, n).read_text(encoding="utf-8")) if n.endswith(".json") else None
+        schema = str(d.get("schema", "")) if isinstance(d, dict) else ""
+        if schema.startswith("convt3d-bench/"):
+            runs += _bench_json(n, d)
+        elif schema.startswith("convt3d-kernelbench/"):
+            runs += _kernelbench_json(n, d)
+        elif isinstance(d, dict) and d and all(isinstance(v, dict) and "ref_runtime" in v
+                                               for k, v in d.items() if k != "environment"):
+            runs += _harness_json(n, d, n[:-5] + ".log" in names)
         else:
-            raise ValueError(f"{path}: not a record this page reads (.json and .log only)")
+            raise ValueError(f"{os.path.join(folder, n)}: not a record this page reads")
     return runs
 
 
@@ -221,8 +185,7 @@ def _summary(rows: list[tuple]) -> str:
 
 def group(runs: list[Run]) -> list[tuple[str, str, str, list[Run]]]:
     """(suite, mode, gpu, runs) in page order (SUITES' order, then mode, then GPU), the latest record first."""
-    order = [k for k, _ in SUITES]
-    modes = list(MODES) + [NOT_RECORDED]
+    order, modes = [k for k, _ in SUITES], list(MODES)
     keys = sorted({(r.suite, r.mode, r.gpu) for r in runs},
                   key=lambda k: (order.index(k[0]) if k[0] in order else len(order), k[0],
                                  modes.index(k[1]) if k[1] in modes else len(modes), k[1], k[2]))
@@ -245,7 +208,7 @@ def page(folder: str) -> str:
         if suite != current:
             out += [f"## {dict(SUITES).get(suite, suite)}", ""]
             current = suite
-        out += [f"### {gpu}, {MODES.get(mode, mode if mode != NOT_RECORDED else 'mode not recorded')}", ""]
+        out += [f"### {gpu}, {MODES.get(mode, mode)}", ""]
         out += [f"- {r.source}" for r in runs] + [""]
         rows = [row for r in runs for row in r.rows]
         out += ["| case | dtype | layout | precision | engine | convt3d µs | cuDNN µs | speedup |", "|" + "---|" * 8]
@@ -264,7 +227,7 @@ def plot(folder: str, path: str) -> bool:
         return False
     groups = group(read_records(folder))
     # Training steps are left out: their bars would stand beside forward bars of the same row.
-    panels = [("Layers suite", [g for g in groups if g[0] == "layers" and g[1] in ("fwd", NOT_RECORDED)]),
+    panels = [("Layers suite", [g for g in groups if g[0] == "layers" and g[1] == "fwd"]),
               ("KernelBench, TF32 allowed", [g for g in groups if g[0].startswith("kernelbench")])]
     tools = {k: t.split(", ")[-1].replace("`", "") for k, t in SUITES}
     fig, axes = plt.subplots(1, 2, figsize=(15, 14), gridspec_kw={"width_ratios": [3, 2]})
@@ -273,7 +236,7 @@ def plot(folder: str, path: str) -> bool:
         for suite, mode, gpu, runs in gs:
             if suite == "layers":
                 vals = {f"{r[0]} {r[1]} {r[2]}": r[7] for run in runs for r in run.rows}
-                what = MODES.get(mode, "mode not recorded")
+                what = MODES[mode]
             else:  # PyTorch's default flags (TF32 allowed), as KernelBench runs: one bar per problem and series
                 vals = {r[0] + (" cuda" if r[4] == "cuda file" else ""): r[7] for run in runs for r in run.rows
                         if r[3] in ("tf32", NOT_RECORDED)}
