@@ -534,10 +534,11 @@ def moments_kernel(x_ptr, part_ptr, pre_s, pre_c, L, K, CHUNK, DHW, C,
 @triton.jit
 def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ, K, L, CHUNK, C, CPU,
                  eps, momentum, TRAIN: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
-                 HAS_B: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                 HAS_B: tl.constexpr, RAW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """Unit ``u`` (a BatchNorm channel, a GroupNorm (n, group)) joins the partials of rows ``j * SJ + u`` (j < J) and
     writes ``a``, ``b`` (``x * a + b`` normalises) at ``u * CPU + cc``, channel ``(u * CPU + cc) % C``. TRAIN: from
-    the partials (UPDATE: running statistics follow, unbiased variance); else from ``rm``/``rv``."""
+    the partials (UPDATE: running statistics follow, unbiased variance); else from ``rm``/``rv``. RAW partials are
+    sums of values and of their squares, of chunks of any size that make L a row: taken as L / K values each."""
     u = tl.program_id(0)
     cc = tl.arange(0, BLOCK_C)
     c_ok = cc < CPU
@@ -555,6 +556,10 @@ def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ,
             cnt = tl.where(ok, tl.minimum(CHUNK, L - k * CHUNK), 0).to(tl.float32)
             pm = tl.load(part_ptr + 2 * p, mask=ok, other=0.0)
             pq = tl.load(part_ptr + 2 * p + 1, mask=ok, other=0.0)
+            if RAW:  # the same n, sum and sum of squares, so the same mean and centred sum (Chan's terms cancel)
+                cnt = tl.where(ok, L / K, 0.0)
+                pm = pm / (L / K)
+                pq = pq - cnt * pm * pm
             nb = tl.sum(cnt, axis=0)
             mb = tl.sum(cnt * pm, axis=0) / nb
             mean, m2 = _chan(n, mean, m2, nb, mb, tl.sum(pq + cnt * (pm - mb) * (pm - mb), axis=0))
@@ -890,8 +895,8 @@ class ModelNew(torch.nn.Module):
             t2 = torch.empty((32,), dtype=torch.float32, device=x.device)
             stats_kernel[(32,)](t0, t1, t2, self.batch_norm.weight, self.batch_norm.bias, self.batch_norm.running_mean,
                                 self.batch_norm.running_var, 16, 32, 8, 123039, 16384, 32, 1, self.batch_norm.eps,
-                                self.batch_norm.momentum, TRAIN=True, UPDATE=True, HAS_W=True, HAS_B=True, BLOCK_T=128,
-                                BLOCK_C=1)
+                                self.batch_norm.momentum, TRAIN=True, UPDATE=True, HAS_W=True, HAS_B=True, RAW=False,
+                                BLOCK_T=128, BLOCK_C=1)
             y1 = torch.empty((16, 32, 31, 63, 63), dtype=torch.float32, device=x.device)
             affine_kernel[(61520,)](y0, y1, t1, t2, y0, y0, y0, y0, 62995968, 123039, 32, 32, PRE=0, POST=0, BLOCK=1024)
         else:
@@ -900,8 +905,8 @@ class ModelNew(torch.nn.Module):
             t2 = torch.empty((32,), dtype=torch.float32, device=x.device)
             stats_kernel[(32,)](t0, t1, t2, self.batch_norm.weight, self.batch_norm.bias, self.batch_norm.running_mean,
                                 self.batch_norm.running_var, 16, 32, 1, 123039, 16384, 32, 1, self.batch_norm.eps,
-                                self.batch_norm.momentum, TRAIN=False, UPDATE=False, HAS_W=True, HAS_B=True, BLOCK_T=16,
-                                BLOCK_C=1)
+                                self.batch_norm.momentum, TRAIN=False, UPDATE=False, HAS_W=True, HAS_B=True, RAW=False,
+                                BLOCK_T=16, BLOCK_C=1)
             y1 = torch.empty((16, 32, 31, 63, 63), dtype=torch.float32, device=x.device)
             affine_kernel[(61520,)](y0, y1, t1, t2, y0, y0, y0, y0, 62995968, 123039, 32, 32, PRE=0, POST=0, BLOCK=1024)
         s0, c0 = _program(x.device, 32, ("s", -1.0))

@@ -470,10 +470,11 @@ def moments_kernel(x_ptr, part_ptr, pre_s, pre_c, L, K, CHUNK, DHW, C,
 @triton.jit
 def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ, K, L, CHUNK, C, CPU,
                  eps, momentum, TRAIN: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
-                 HAS_B: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                 HAS_B: tl.constexpr, RAW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """Unit ``u`` (a BatchNorm channel, a GroupNorm (n, group)) joins the partials of rows ``j * SJ + u`` (j < J) and
     writes ``a``, ``b`` (``x * a + b`` normalises) at ``u * CPU + cc``, channel ``(u * CPU + cc) % C``. TRAIN: from
-    the partials (UPDATE: running statistics follow, unbiased variance); else from ``rm``/``rv``."""
+    the partials (UPDATE: running statistics follow, unbiased variance); else from ``rm``/``rv``. RAW partials are
+    sums of values and of their squares, of chunks of any size that make L a row: taken as L / K values each."""
     u = tl.program_id(0)
     cc = tl.arange(0, BLOCK_C)
     c_ok = cc < CPU
@@ -491,6 +492,10 @@ def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ,
             cnt = tl.where(ok, tl.minimum(CHUNK, L - k * CHUNK), 0).to(tl.float32)
             pm = tl.load(part_ptr + 2 * p, mask=ok, other=0.0)
             pq = tl.load(part_ptr + 2 * p + 1, mask=ok, other=0.0)
+            if RAW:  # the same n, sum and sum of squares, so the same mean and centred sum (Chan's terms cancel)
+                cnt = tl.where(ok, L / K, 0.0)
+                pm = pm / (L / K)
+                pq = pq - cnt * pm * pm
             nb = tl.sum(cnt, axis=0)
             mb = tl.sum(cnt * pm, axis=0) / nb
             mean, m2 = _chan(n, mean, m2, nb, mb, tl.sum(pq + cnt * (pm - mb) * (pm - mb), axis=0))
@@ -845,7 +850,7 @@ class ModelNew(torch.nn.Module):
         t3 = torch.empty((2, 2048), dtype=torch.float32, device=x.device)
         stats_kernel[(128,)](t0, t1, t2, self.group_norm.weight, self.group_norm.bias, t3, t3, 1, 0, 39, 628864, 16384,
                              128, 16, self.group_norm.eps, 0.0, TRAIN=True, UPDATE=False, HAS_W=True, HAS_B=True,
-                             BLOCK_T=64, BLOCK_C=16)
+                             RAW=False, BLOCK_T=64, BLOCK_C=16)
         y1 = torch.empty((16, 128, 34, 34, 34), dtype=torch.float32, device=x.device)
         affine_kernel[(78608,)](y0, y1, t1, t2, y0, y0, y0, y0, 80494592, 39304, 128, 2048, PRE=0, POST=0, BLOCK=1024)
         return y1

@@ -541,10 +541,11 @@ def moments_kernel(x_ptr, part_ptr, pre_s, pre_c, L, K, CHUNK, DHW, C,
 @triton.jit
 def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ, K, L, CHUNK, C, CPU,
                  eps, momentum, TRAIN: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
-                 HAS_B: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                 HAS_B: tl.constexpr, RAW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """Unit ``u`` (a BatchNorm channel, a GroupNorm (n, group)) joins the partials of rows ``j * SJ + u`` (j < J) and
     writes ``a``, ``b`` (``x * a + b`` normalises) at ``u * CPU + cc``, channel ``(u * CPU + cc) % C``. TRAIN: from
-    the partials (UPDATE: running statistics follow, unbiased variance); else from ``rm``/``rv``."""
+    the partials (UPDATE: running statistics follow, unbiased variance); else from ``rm``/``rv``. RAW partials are
+    sums of values and of their squares, of chunks of any size that make L a row: taken as L / K values each."""
     u = tl.program_id(0)
     cc = tl.arange(0, BLOCK_C)
     c_ok = cc < CPU
@@ -562,6 +563,10 @@ def stats_kernel(part_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, rm_ptr, rv_ptr, J, SJ,
             cnt = tl.where(ok, tl.minimum(CHUNK, L - k * CHUNK), 0).to(tl.float32)
             pm = tl.load(part_ptr + 2 * p, mask=ok, other=0.0)
             pq = tl.load(part_ptr + 2 * p + 1, mask=ok, other=0.0)
+            if RAW:  # the same n, sum and sum of squares, so the same mean and centred sum (Chan's terms cancel)
+                cnt = tl.where(ok, L / K, 0.0)
+                pm = pm / (L / K)
+                pq = pq - cnt * pm * pm
             nb = tl.sum(cnt, axis=0)
             mb = tl.sum(cnt * pm, axis=0) / nb
             mean, m2 = _chan(n, mean, m2, nb, mb, tl.sum(pq + cnt * (pm - mb) * (pm - mb), axis=0))
@@ -919,8 +924,8 @@ class ModelNew(torch.nn.Module):
             t2 = torch.empty((128,), dtype=torch.float32, device=x.device)
             stats_kernel[(128,)](t0, t1, t2, self.batch_norm.weight, self.batch_norm.bias, self.batch_norm.running_mean,
                                  self.batch_norm.running_var, 16, 128, 2, 25920, 16384, 128, 1, self.batch_norm.eps,
-                                 self.batch_norm.momentum, TRAIN=True, UPDATE=True, HAS_W=True, HAS_B=True, BLOCK_T=32,
-                                 BLOCK_C=1)
+                                 self.batch_norm.momentum, TRAIN=True, UPDATE=True, HAS_W=True, HAS_B=True, RAW=False,
+                                 BLOCK_T=32, BLOCK_C=1)
             y1 = torch.empty((16, 128, 20, 36, 36), dtype=torch.float32, device=x.device)
             affine_kernel[(51840,)](y0, y1, t1, t2, y0, y0, y0, y0, 53084160, 25920, 128, 128, PRE=0, POST=0, BLOCK=1024)
         else:
@@ -929,8 +934,8 @@ class ModelNew(torch.nn.Module):
             t2 = torch.empty((128,), dtype=torch.float32, device=x.device)
             stats_kernel[(128,)](t0, t1, t2, self.batch_norm.weight, self.batch_norm.bias, self.batch_norm.running_mean,
                                  self.batch_norm.running_var, 16, 128, 1, 25920, 16384, 128, 1, self.batch_norm.eps,
-                                 self.batch_norm.momentum, TRAIN=False, UPDATE=False, HAS_W=True, HAS_B=True, BLOCK_T=16,
-                                 BLOCK_C=1)
+                                 self.batch_norm.momentum, TRAIN=False, UPDATE=False, HAS_W=True, HAS_B=True, RAW=False,
+                                 BLOCK_T=16, BLOCK_C=1)
             y1 = torch.empty((16, 128, 20, 36, 36), dtype=torch.float32, device=x.device)
             affine_kernel[(51840,)](y0, y1, t1, t2, y0, y0, y0, y0, 53084160, 25920, 128, 128, PRE=0, POST=0, BLOCK=1024)
         y2 = torch.empty((16, 128, 1, 1, 1), dtype=torch.float32, device=x.device)

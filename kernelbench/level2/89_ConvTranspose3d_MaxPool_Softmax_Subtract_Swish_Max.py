@@ -158,26 +158,30 @@ def _direct_tail(v, c, c_ok, cr, pos_ok, mid_s, mid_c, post_s, post_c, C_out, C_
 
 
 @triton.jit
-def direct_kernel(x_ptr, w_ptr, b_ptr, out_ptr, pre_s, pre_c, mid_s, mid_c, post_s, post_c,
-                  C_in, D, H, W, OD, OH, OW, QD, QH, QW, n_qblk, C_out, C_res, inv_count,
+def direct_kernel(x_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, pre_s, pre_c, mid_s, mid_c, post_s, post_c,
+                  C_in, D, H, W, OD, OH, OW, QD, QH, QW, GD, GH, GW, MD, MH, MW, n_qblk, C_out, C_res, inv_count,
                   KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                   SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr,
                   PW: tl.constexpr, DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
                   HAS_B: tl.constexpr, TF32: tl.constexpr, POOL: tl.constexpr, SOFTMAX: tl.constexpr,
-                  RED: tl.constexpr, MEAN: tl.constexpr, PRE: tl.constexpr, MID: tl.constexpr,
-                  POST: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
-    """A transposed convolution of few channels (NCDHW, groups 1), a program BLOCK_P cells of sample n (a cell: the
-    S outputs a stride spans per dim) by all output channels, ``pre`` on each output element, then per cell a max
-    (POOL 1) or average (POOL 2) over it or (POOL 0) each output alone, then ``_direct_tail``. Stores the result,
-    or (MEAN) the block's sum of it times ``inv_count`` at ``out[(n * C_res + c) * n_qblk + block]``."""
+                  RED: tl.constexpr, MEAN: tl.constexpr, STATS: tl.constexpr, PRE: tl.constexpr,
+                  MID: tl.constexpr, POST: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+                  BLOCK_R: tl.constexpr):
+    """A transposed convolution of few channels (NCDHW, groups 1), a program BLOCK_P cells of sample n's grid
+    (GD, GH, GW) (a cell: M x S outputs per dim, M stride spans) by all output channels, ``pre`` on each output
+    element, then per cell a max (POOL 1) or average (POOL 2) over it or (POOL 0, M 1) each output alone, then
+    ``_direct_tail``; the cells in (QD, QH, QW) are the result's. Stores the result, or (MEAN) the block's sum of it
+    times ``inv_count`` at ``out[(n * C_res + c) * n_qblk + block]``; STATS: the block's sums of every output element
+    and of its square at ``sum[2 * ((n * C_out + c) * n_qblk + block) + 0/1]`` (the grid then covers the output)."""
     pid = tl.program_id(0)
     n = pid // n_qblk
     qb = pid % n_qblk
     q = qb * BLOCK_P + tl.arange(0, BLOCK_P)
-    q_ok = q < QD * QH * QW
-    qd = q // (QH * QW)
-    qh = (q // QW) % QH
-    qw = q % QW
+    g_ok = q < GD * GH * GW
+    qd = q // (GH * GW)
+    qh = (q // GW) % GH
+    qw = q % GW
+    q_ok = g_ok & (qd < QD) & (qh < QH) & (qw < QW)
     c = tl.arange(0, BLOCK_C)
     c_ok = c < C_out
     x_base = n.to(tl.int64) * C_in * D * H * W
@@ -190,36 +194,59 @@ def direct_kernel(x_ptr, w_ptr, b_ptr, out_ptr, pre_s, pre_c, mid_s, mid_c, post
     bias = tl.zeros([BLOCK_C], tl.float32)
     if HAS_B:
         bias = tl.load(b_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-    ok = q_ok[:, None] & c_ok[None, :]
+    ok = g_ok[:, None] & c_ok[None, :]
     total = tl.zeros([BLOCK_R], tl.float32)
+    s1 = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)  # STATS: sums per cell, reduced once at the end
+    s2 = tl.zeros([BLOCK_P, BLOCK_C], tl.float32)
     pooled = tl.full([BLOCK_P, BLOCK_C], float("-inf") if POOL == 1 else 0.0, tl.float32)
-    for rd in tl.static_range(SD):
-        for rh in tl.static_range(SH):
-            for rw in tl.static_range(SW):
-                v = _direct_offset(x_ptr, w_ptr, x_base, qd, qh, qw, q_ok, c, c_ok, C_in, D, H, W, C_out, rd, rh,
-                                   rw, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, TF32, BLOCK_P, BLOCK_C)
-                v = apply_epilogue(v + bias[None, :], c[None, :], ok, pre_s, ok, pre_s, pre_c, C_out, PRE)
-                if POOL == 1:
-                    pooled = tl.maximum(pooled, v)
-                if POOL == 2:
-                    pooled += v
-                if POOL == 0:
-                    od = qd * SD + rd
-                    oh = qh * SH + rh
-                    ow = qw * SW + rw
-                    o_ok = q_ok & (od < OD) & (oh < OH) & (ow < OW)
-                    r = _direct_tail(v, c, c_ok, cr, o_ok, mid_s, mid_c, post_s, post_c, C_out, C_res, SOFTMAX,
-                                     RED, MID, POST, MEAN == 0)
-                    st = o_ok[:, None] & cr_ok[None, :]
-                    if MEAN:
-                        total += tl.sum(tl.where(st, r, 0.0), axis=0)
-                    else:
-                        o = (od * OH + oh) * OW + ow
-                        tl.store(out_base + cr[None, :] * (OD * OH * OW) + o[:, None],
-                                 r.to(out_ptr.dtype.element_ty), mask=st)
-    if POOL > 0:
+    for m in range(MD * MH * MW):  # the cell's stride spans
+        sd = qd * MD + m // (MH * MW)
+        sh = qh * MH + (m // MW) % MH
+        sw = qw * MW + m % MW
+        for rd in tl.static_range(SD):
+            for rh in tl.static_range(SH):
+                for rw in tl.static_range(SW):
+                    od = sd * SD + rd
+                    oh = sh * SH + rh
+                    ow = sw * SW + rw
+                    o_ok = g_ok & (od < OD) & (oh < OH) & (ow < OW)
+                    v = _direct_offset(x_ptr, w_ptr, x_base, sd, sh, sw, o_ok if STATS else g_ok, c, c_ok, C_in, D, H,
+                                       W, C_out, rd, rh, rw, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, TF32,
+                                       BLOCK_P, BLOCK_C)
+                    v = apply_epilogue(v + bias[None, :], c[None, :], ok, pre_s, ok, pre_s, pre_c, C_out, PRE)
+                    if STATS:  # an average pool's sums are the plain ones
+                        s2 += v * v
+                        if POOL != 2:
+                            s1 += v
+                    if POOL == 1:
+                        pooled = tl.maximum(pooled, v)
+                    if POOL == 2:
+                        pooled += v
+                    if POOL == 0:
+                        r = _direct_tail(v, c, c_ok, cr, o_ok, mid_s, mid_c, post_s, post_c, C_out, C_res, SOFTMAX,
+                                         RED, MID, POST, MEAN == 0)
+                        st = o_ok[:, None] & cr_ok[None, :]
+                        if MEAN:
+                            total += tl.sum(tl.where(st, r, 0.0), axis=0)
+                        else:
+                            o = (od * OH + oh) * OW + ow
+                            tl.store(out_base + cr[None, :] * (OD * OH * OW) + o[:, None],
+                                     r.to(out_ptr.dtype.element_ty), mask=st)
+    if STATS:  # an output past the layer's reads no input (a mask, not a select: fewer registers): pre(bias) each
         if POOL == 2:
-            pooled = pooled / (SD * SH * SW)
+            s1 = pooled
+        n_in = (tl.minimum(OD - qd * (MD * SD), MD * SD) * tl.minimum(OH - qh * (MH * SH), MH * SH)
+                * tl.minimum(OW - qw * (MW * SW), MW * SW))
+        past = (BLOCK_P * MD * SD * MH * SH * MW * SW - tl.sum(tl.where(g_ok, n_in, 0), axis=0)).to(tl.float32)
+        vb = tl.sum(apply_epilogue(bias[None, :], c[None, :], c_ok[None, :], pre_s, c_ok[None, :], pre_s, pre_c,
+                                   C_out, PRE), axis=0)
+        at = sum_ptr + 2 * ((n * C_out + c).to(tl.int64) * n_qblk + qb)
+        tl.store(at, tl.sum(s1, axis=0) - past * vb, mask=c_ok)
+        tl.store(at + 1, tl.sum(s2, axis=0) - past * vb * vb, mask=c_ok)
+    if POOL > 0:
+        q = (qd * QH + qh) * QW + qw
+        if POOL == 2:
+            pooled = pooled / (SD * SH * SW * MD * MH * MW)
         r = _direct_tail(pooled, c, c_ok, cr, q_ok, mid_s, mid_c, post_s, post_c, C_out, C_res, SOFTMAX, RED,
                          MID, POST, MEAN == 0)
         st = q_ok[:, None] & cr_ok[None, :]
@@ -363,11 +390,12 @@ class ModelNew(torch.nn.Module):
         x = _expect(x, (128, 3, 16, 32, 32))
         s0, c0 = _program(x.device, 16, ("c", -self.subtract))
         t1 = torch.empty((128, 1, 16, 32, 32), dtype=torch.float32, device=x.device)
-        direct_kernel[(16384,)](x, self.conv_transpose.weight, self.conv_transpose.bias, t1, x, x, s0, c0, x, x, 3, 16,
-                                32, 32, 32, 64, 64, 16, 32, 32, 128, 16, 1, 6.103515625e-05, KD=3, KH=3, KW=3, SD=2,
-                                SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1, HAS_B=True,
-                                TF32=precision == "tf32" and x.is_cuda, POOL=1, SOFTMAX=True, RED=2, MEAN=False, PRE=0,
-                                MID=571908, POST=0, BLOCK_P=128, BLOCK_C=16, BLOCK_R=1, num_warps=4)
+        t2 = torch.empty((1,), dtype=torch.float32, device=x.device)
+        direct_kernel[(16384,)](x, self.conv_transpose.weight, self.conv_transpose.bias, t1, t2, x, x, s0, c0, x, x, 3,
+                                16, 32, 32, 32, 64, 64, 16, 32, 32, 16, 32, 32, 1, 1, 1, 128, 16, 1, 6.103515625e-05,
+                                KD=3, KH=3, KW=3, SD=2, SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1, HAS_B=True,
+                                TF32=precision == "tf32" and x.is_cuda, POOL=1, SOFTMAX=True, RED=2, MEAN=False,
+                                STATS=False, PRE=0, MID=571908, POST=0, BLOCK_P=128, BLOCK_C=16, BLOCK_R=1, num_warps=4)
         y0 = t1.view((128, 16, 32, 32))
         return y0
 

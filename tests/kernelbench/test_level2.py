@@ -227,6 +227,31 @@ def test_direct_conv_matches_the_stages_it_stands_for(pool, cout):
         want = want.mean((2, 3, 4), keepdim=True) + 1.0
     assert y.shape == want.shape and torch.allclose(y.double(), want, atol=1e-5, rtol=1e-5)
 
+
+@requires_interpreter
+@pytest.mark.parametrize("pools", [(2, (2, 4, 2)), (3,)], ids=["direct-kernel", "window-not-a-multiple"])
+def test_norm_pooled_conv_matches_batch_norm_then_the_pools(pools):
+    """BatchNorm in training (its running statistics updated) then in evaluation, then the average pools: where
+    the direct kernel takes them and where the stages run one by one."""
+    m = nn.Module()
+    m.conv_transpose = nn.ConvTranspose3d(3, 4, 3, stride=2, padding=1)
+    m.bn = nn.BatchNorm3d(4)
+    for i, k in enumerate(pools):
+        setattr(m, f"pool{i}", nn.AvgPool3d(k))
+    with torch.no_grad():
+        m.bn.weight.uniform_(0.5, 1.5), m.bn.bias.normal_(), m.bn.running_mean.normal_()
+    ref = copy.deepcopy(m).double()
+    x = torch.rand(2, 3, 4, 6, 5)
+    stage = level2.NormPooledConv("bn", *(f"pool{i}" for i in range(len(pools))))
+    for train in (True, False):
+        m.train(train), ref.train(train)
+        with torch.no_grad():
+            y, want = stage(m, x, {}), ref.bn(ref.conv_transpose(x.double()))
+            for i in range(len(pools)):
+                want = getattr(ref, f"pool{i}")(want)
+        assert y.shape == want.shape and torch.allclose(y.double(), want, atol=1e-5, rtol=1e-5)
+        assert _states_close(m, ref)
+
 # ---------------------------------------------------------------------------------------------
 # The evaluator
 # ---------------------------------------------------------------------------------------------

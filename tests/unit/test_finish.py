@@ -302,6 +302,30 @@ def test_direct_low_precision(dtype):
                tf32=dtype == "fp32-tf32")
 
 
+@requires_interpreter
+@pytest.mark.parametrize("geometry, window", [
+    (((2, 3, 4, 5, 6), 5, 3, 2, 1, 0, 1), 4),  # KernelBench 72's: two pools of 2 after a stride of 2
+    (((1, 2, 3, 4, 5), 3, (1, 3, 3), (1, 2, 3), (0, 1, 1), (0, 1, 2), (1, 2, 1)), (2, 4, 3)),
+    (((1, 2, 10, 12, 14), 4, 3, 1, 1, 0, 1), (1, 2, 3)),  # 300 cells: three blocks' sums a plane
+], ids=["kb72", "aniso-dilated", "three-blocks"])
+def test_direct_stats_give_batch_norm_of_the_pooled_layer(geometry, window):
+    """``direct(stats=True)``'s sums of every output element (those the pool leaves out too) give batch_norm the
+    layer's batch statistics, its affine applied to the pooled tensor: BatchNorm then the average pool, and
+    the running statistics, as PyTorch's in float64."""
+    shape, cout, k, *geo = geometry
+    k = (k,) * 3 if isinstance(k, int) else k
+    x, w, b = torch.rand(shape) + 0.5, 0.3 * torch.randn(shape[1], cout, *k), torch.randn(cout)
+    weight, bias = torch.rand(cout) + 0.5, torch.randn(cout)
+    rm, rv = torch.randn(cout), torch.rand(cout) + 0.5
+    rm64, rv64 = rm.double(), rv.double()
+    pooled, sums = FIN.direct(x, w, b, *geo, pool="avg", window=window, pre=[("mul", 0.5)], stats=True)
+    got = FIN.batch_norm(pooled, weight, bias, rm, rv, True, 0.1, 1e-5, sums=sums)
+    y = 0.5 * F.conv_transpose3d(x.double(), w.double(), b.double(), geo[0], geo[1], geo[2], 1, geo[3])
+    want = F.avg_pool3d(F.batch_norm(y, rm64, rv64, weight.double(), bias.double(), True, 0.1, 1e-5), window)
+    _close(got, want, torch.float32)
+    _close(torch.stack([rm, rv]), torch.stack([rm64, rv64]), torch.float32)
+
+
 def test_direct_reason_names_the_limit():
     x = torch.randn(1, 3, 2, 2, 2)
     assert FIN.direct_reason(x, torch.randn(3, 16, 3, 3, 3)) is None
@@ -424,6 +448,8 @@ ERRORS = {
                            "non-positive stride"),
     "direct-pooled-too-small": (lambda: FIN.direct(Y[:, :, :1, :1, :1], torch.randn(3, 2, 1, 1, 1), None, 2,
                                                    pool="max"), RuntimeError, "too small"),
+    "direct-window": (lambda: FIN.direct(Y, torch.randn(3, 2, 1, 1, 1), None, 2, pool="avg", window=3), ValueError,
+                      "multiple of the stride"),
 }
 
 
@@ -440,20 +466,24 @@ COMPILES = [("axis_kernel", "fp16", dict(MODE=m, PRE=PROG, POST=1 | (4 << 5), HA
                                          BLOCK_R=64, BLOCK_I=64)) for m in range(6)] + [
     ("axis_kernel", "bf16", dict(MODE=3, PRE=0, POST=1, HAS_W=False, HAS_B=False, BLOCK_R=4096, BLOCK_I=1)),
     ("moments_kernel", "fp32", dict(PRE=PROG, BLOCK=1024)),
-    ("stats_kernel", "fp32", dict(TRAIN=True, UPDATE=True, HAS_W=True, HAS_B=True, BLOCK_T=128, BLOCK_C=1)),
-    ("stats_kernel", "fp32", dict(TRAIN=False, UPDATE=False, HAS_W=False, HAS_B=True, BLOCK_T=1, BLOCK_C=8)),
+    ("stats_kernel", "fp32", dict(TRAIN=True, UPDATE=True, HAS_W=True, HAS_B=True, RAW=False, BLOCK_T=128,
+                                  BLOCK_C=1)),
+    ("stats_kernel", "fp32", dict(TRAIN=True, UPDATE=True, HAS_W=True, HAS_B=True, RAW=True, BLOCK_T=1024,
+                                  BLOCK_C=1)),
+    ("stats_kernel", "fp32", dict(TRAIN=False, UPDATE=False, HAS_W=False, HAS_B=True, RAW=False, BLOCK_T=1,
+                                  BLOCK_C=8)),
     ("affine_kernel", "bf16", dict(PRE=PROG, POST=PROG, BLOCK=1024)),
     ("pool_kernel", "fp16", dict(KD=2, KH=3, KW=2, MAX=True, PRE=PROG, POST=PROG, BLOCK=256)),
     ("pool_kernel", "fp32", dict(KD=2, KH=2, KW=2, MAX=False, PRE=0, POST=0, BLOCK=1024)),
     ("direct_kernel", "fp32", dict(KD=3, KH=3, KW=3, SD=2, SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1,
-                                   HAS_B=True, TF32=True, POOL=1, SOFTMAX=True, RED=2, MEAN=False, PRE=PROG, MID=PROG,
-                                   POST=1, BLOCK_P=256, BLOCK_C=16, BLOCK_R=1)),
+                                   HAS_B=True, TF32=True, POOL=1, SOFTMAX=True, RED=2, MEAN=False, STATS=False,
+                                   PRE=PROG, MID=PROG, POST=1, BLOCK_P=256, BLOCK_C=16, BLOCK_R=1)),
     ("direct_kernel", "bf16", dict(KD=3, KH=3, KW=3, SD=2, SH=2, SW=2, PD=1, PH=1, PW=1, DD=1, DH=1, DW=1,
-                                   HAS_B=False, TF32=False, POOL=0, SOFTMAX=False, RED=0, MEAN=True, PRE=PROG, MID=0,
-                                   POST=0, BLOCK_P=128, BLOCK_C=16, BLOCK_R=16)),
+                                   HAS_B=False, TF32=False, POOL=0, SOFTMAX=False, RED=0, MEAN=True, STATS=False,
+                                   PRE=PROG, MID=0, POST=0, BLOCK_P=128, BLOCK_C=16, BLOCK_R=16)),
     ("direct_kernel", "fp16", dict(KD=1, KH=3, KW=4, SD=1, SH=2, SW=3, PD=0, PH=1, PW=2, DD=1, DH=2, DW=1,
-                                   HAS_B=True, TF32=False, POOL=2, SOFTMAX=False, RED=3, MEAN=False, PRE=0, MID=0,
-                                   POST=PROG, BLOCK_P=64, BLOCK_C=4, BLOCK_R=1)),
+                                   HAS_B=True, TF32=False, POOL=2, SOFTMAX=False, RED=3, MEAN=False, STATS=True, PRE=0,
+                                   MID=0, POST=PROG, BLOCK_P=64, BLOCK_C=4, BLOCK_R=1)),
 ]
 
 

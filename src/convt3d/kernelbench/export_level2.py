@@ -29,8 +29,8 @@ from .trace import _wrap_call, meta_call
 ROOTS = export.ROOTS + ("engines/triton/kernels/finish.py",)  # the engine, and the finishing kernels
 TABLE_ARCH = "sm90"  # the predictor's table that ranks the candidates: the GPUs KernelBench times on
 # The stages a file carries (a plain function computes with PyTorch).
-SUPPORTED_STAGES = (level2.Conv, level2.DepthMeanConv, level2.PooledConv, level2.DirectConv, level2.Pool,
-                    level2.Reduce, level2.SubtractMean, level2.Norm)
+SUPPORTED_STAGES = (level2.Conv, level2.DepthMeanConv, level2.PooledConv, level2.DirectConv, level2.NormPooledConv,
+                    level2.Pool, level2.Reduce, level2.SubtractMean, level2.Norm)
 _programs_of = finish._programs_of
 
 

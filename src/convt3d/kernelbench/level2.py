@@ -223,7 +223,7 @@ class Norm:
     def __init__(self, name: str, *, pre=(), post=()):
         self.name, self.pre, self.post = name, pre, post
 
-    def __call__(self, m, y, env):
+    def __call__(self, m, y, env, sums=None):
         mod, pre, post = getattr(m, self.name), *(_resolve(p, m, env, y.shape[1]) for p in (self.pre, self.post))
         if isinstance(mod, nn.GroupNorm):
             return finish.group_norm(y, mod.num_groups, mod.weight, mod.bias, mod.eps, pre=pre, post=post)
@@ -235,7 +235,33 @@ class Norm:
         keep = not mod.training or mod.track_running_stats
         return finish.batch_norm(y, mod.weight, mod.bias, mod.running_mean if keep else None,
                                  mod.running_var if keep else None, mod.training or mod.running_mean is None,
-                                 momentum, mod.eps, pre=pre, post=post)
+                                 momentum, mod.eps, pre=pre, post=post, sums=sums)
+
+
+class NormPooledConv(DirectConv):
+    """The model's ``conv_transpose``, its BatchNorm3d ``name``, then its average pools ``pools`` in a row, where
+    their windows do not overlap and make a multiple of the stride: one direct pass pools the layer's output and
+    sums every output element and its square for the batch statistics, then the norm's per-channel affine applies
+    to the pooled tensor (it commutes with the average). Other layers run as Conv, Norm and Pool."""
+
+    def __init__(self, name: str, *pools: str):
+        super().__init__(pool=pools)
+        self.name = name
+
+    def __call__(self, m, x, env):
+        c, bn, pools = m.conv_transpose, getattr(m, self.name), [getattr(m, p) for p in self.pool]
+        window = tuple(map(math.prod, zip(*(_triple(p.kernel_size) for p in pools))))
+        fits = finish.direct_reason(x, c.weight, c.groups) is None and isinstance(bn, nn.BatchNorm3d) and all(
+            isinstance(p, nn.AvgPool3d) and _plain_pool(p) and _triple(p.stride) == _triple(p.kernel_size)
+            for p in pools) and not any(k % s for k, s in zip(window, c.stride))
+        if not fits:
+            return Pool(*self.pool)(m, Norm(self.name)(m, Conv()(m, x, env), env), env)
+        stats = bn.training or bn.running_mean is None
+        out = finish.direct(x, c.weight, c.bias, c.stride, c.padding, c.output_padding, c.dilation, pool="avg",
+                            tf32=x.is_cuda and x.dtype == torch.float32 and cudnn_conv_allows_tf32(), window=window,
+                            stats=stats)
+        out, sums = out if stats else (out, None)
+        return Norm(self.name)(m, out, env, sums)
 
 
 # ---- the problems --------------------------------------------------------------------------------
@@ -369,7 +395,7 @@ PROBLEMS: tuple[Problem, ...] = (
             lambda a: [("conv_transpose", _ct(a, *SP)), ("batch_norm", nn.BatchNorm3d(a.out_channels)),
                        ("avg_pool1", nn.AvgPool3d(kernel_size=2)), ("avg_pool2", nn.AvgPool3d(kernel_size=2))],
             lambda m, x: m.avg_pool2(m.avg_pool1(m.batch_norm(m.conv_transpose(x)))),
-            (Conv(), Norm("batch_norm"), Pool("avg_pool1", "avg_pool2")), tf32_sensitive=True),
+            (NormPooledConv("batch_norm", "avg_pool1", "avg_pool2"),), tf32_sensitive=True),
     Problem(74, "74_ConvTranspose3d_LeakyReLU_Multiply_LeakyReLU_Max",
             "stride, padding, output_padding, multiplier_shape",
             (16, 32, 3, 2, 1, 1, (32, 1, 1, 1)), ((16, 16, 16, 32, 32),), ((3, 4, 3, 2, 1, 1, (4, 1, 1, 1)), _IN),

@@ -185,9 +185,9 @@ def pool(y, kind: str, kernel_size, stride=None, *, pre=None, post=None):
 
 
 def _finish_normalize(y, units: int, rows: int, J: int, SJ: int, cpu: int, a_n: int, weight, bias, rm, rv,
-               train: bool, momentum: float, eps: float, pre, post, name: str) -> torch.Tensor:
-    """Moments of ``rows`` contiguous rows (train), per-unit scale and shift (``stats_kernel``), then
-    ``post(a * pre(y) + b)``."""
+               train: bool, momentum: float, eps: float, pre, post, name: str, sums=None) -> torch.Tensor:
+    """Moments of ``rows`` contiguous rows (train; or ``sums``: per row, K sums of values and of their squares, and
+    L, the values a row), per-unit scale and shift (``stats_kernel``), then ``post(a * pre(y) + b)``."""
     C, numel = y.shape[1], y.numel()
     dhw = numel // (y.shape[0] * C)
     args, pre_code, post_code = _finish_programs(y, pre, post, y.shape, C, name)
@@ -197,14 +197,16 @@ def _finish_normalize(y, units: int, rows: int, J: int, SJ: int, cpu: int, a_n: 
     ab = torch.empty((2, a_n), dtype=torch.float32, device=y.device)
     L = numel // rows
     k = triton.cdiv(L, MOMENTS_CHUNK) if train else 1
-    part = torch.empty(2 * rows * k if train else 1, dtype=torch.float32, device=y.device)
-    if train:
+    raw = train and sums is not None
+    part = sums[0] if raw else torch.empty(2 * rows * k if train else 1, dtype=torch.float32, device=y.device)
+    L, k = (sums[1], part.numel() // (2 * rows)) if raw else (L, k)
+    if train and not raw:
         FK.moments_kernel[(rows * k,)](y, part, *args[:2], L, k, MOMENTS_CHUNK, dhw, C, PRE=pre_code,
                                        BLOCK=min(triton.next_power_of_2(L), FINISH_BLOCK))
     FK.stats_kernel[(units,)](
         part, ab[0], ab[1], *(ab if t is None else t for t in (weight, bias, rm, rv)), J, SJ, k, L, MOMENTS_CHUNK, C,
         cpu, float(eps), float(momentum or 0.0), TRAIN=train, UPDATE=train and rm is not None,
-        HAS_W=weight is not None, HAS_B=bias is not None,
+        HAS_W=weight is not None, HAS_B=bias is not None, RAW=raw,
         BLOCK_T=min(triton.next_power_of_2(J * k), FINISH_BLOCK), BLOCK_C=triton.next_power_of_2(cpu))
     FK.affine_kernel[(triton.cdiv(numel, FINISH_BLOCK),)](y, out, ab[0], ab[1], *args, numel, dhw, C, a_n,
                                                           PRE=pre_code, POST=post_code, BLOCK=FINISH_BLOCK)
@@ -212,10 +214,11 @@ def _finish_normalize(y, units: int, rows: int, J: int, SJ: int, cpu: int, a_n: 
 
 
 def batch_norm(y, weight, bias, running_mean, running_var, training: bool, momentum: float, eps: float,
-               *, pre=None, post=None):
+               *, pre=None, post=None, sums=None):
     """``post(F.batch_norm(pre(y), running_mean, running_var, weight, bias, training, momentum, eps))``;
     in training the running statistics are updated in place as PyTorch does (nn.BatchNorm3d with
-    ``momentum=None`` passes ``1 / num_batches_tracked``)."""
+    ``momentum=None`` passes ``1 / num_batches_tracked``). ``sums`` (``direct(stats=True)``'s) gives the batch
+    statistics of another tensor instead, y its average pooled: the affine commutes with the average."""
     y = _finish_input(y, "batch_norm")
     N, C = y.shape[:2]
     if not training and (running_mean is None or running_var is None):
@@ -233,7 +236,7 @@ def batch_norm(y, weight, bias, running_mean, running_var, training: bool, momen
     weight, bias, running_mean, running_var = (_finish_vector(t, C, what, "batch_norm") for t, what in
                                                zip(vectors, ("weight", "bias", "running_mean", "running_var")))
     return _finish_normalize(y, C, N * C, N, C, 1, C, weight, bias, running_mean, running_var, training,
-                      momentum, eps, pre, post, "batch_norm")
+                      momentum, eps, pre, post, "batch_norm", sums)
 
 
 def group_norm(y, groups: int, weight=None, bias=None, eps: float = 1e-5, *, pre=None, post=None):
@@ -263,14 +266,16 @@ def direct_reason(x, weight, groups: int = 1) -> str | None:
 
 
 def direct(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation=1, *, tf32: bool = False,
-           pool: str | None = None, pre=None, softmax: bool = False, mid=None, channel_op: str | None = None,
-           post=None, mean: bool = False):
+           pool: str | None = None, window=None, pre=None, softmax: bool = False, mid=None,
+           channel_op: str | None = None, post=None, mean: bool = False, stats: bool = False):
     """``conv_transpose3d(x, weight, bias, stride, padding, output_padding, 1, dilation)`` of few channels
     (``direct_reason``), computed directly in float32 (``tf32``: operands rounded to TF32 first) and
     finished in registers: ``pre`` on every output element, ``pool`` ("max", "avg") over windows of the
     stride (no overlap, floor mode), ``softmax`` over the channels, ``mid``, ``channel_op`` ("sum", "max",
     "logsumexp") over the channels keeping a channel of one, then ``post``; ``mean`` averages each
-    (n, c) plane (the result is (N, C, 1, 1, 1), ``post`` after the mean). Only the result is stored."""
+    (n, c) plane (the result is (N, C, 1, 1, 1), ``post`` after the mean). Only the result is stored. ``window``:
+    the pool's windows, multiples of the stride (the stride's by default). ``stats``: also returns batch_norm's
+    ``sums`` of every output element after ``pre`` (all outputs, also those the pool leaves out)."""
     x = _finish_input(x, "direct")
     params, _ = check_call(x, weight, bias, stride, padding, output_padding, 1, dilation)  # PyTorch's checks
     why = direct_reason(x, weight)
@@ -283,7 +288,11 @@ def direct(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation
     s, p, d, k, o = params.stride, params.padding, params.dilation, params.kernel_size, params.out_size
     N, cin, D, H, W = x.shape
     cout = params.out_channels
-    q = tuple(n // st if pool else -(-n // st) for n, st in zip(o, s))  # cells: pooled positions, or stride spans
+    win = s if window is None or not pool else _pool_triple(window, "window")
+    if any(wi % st for wi, st in zip(win, s)):
+        raise ValueError(f"direct: the pool's window {win} must be a multiple of the stride {s}")
+    q = tuple(n // wi if pool else -(-n // st) for n, wi, st in zip(o, win, s))  # pooled positions, or stride spans
+    g = tuple(-(-n // wi) for n, wi in zip(o, win)) if stats else q  # the cells computed
     if min(q) <= 0:
         raise RuntimeError(f"direct: output size {o} pooled to {q} is too small")
     c_res = 1 if channel_op else cout
@@ -291,18 +300,19 @@ def direct(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation
     args, codes = _programs_of(x, ((pre, cout, conv_shape, "pre"), (mid, cout, conv_shape, "mid"),
                                    (None if mean else post, c_res, res_shape, "post")), "direct")
     block_c = triton.next_power_of_2(cout)
-    block_p = max(16, min(FINISH_TILE // block_c, DIRECT_CELLS, triton.next_power_of_2(math.prod(q))))
-    n_qblk = triton.cdiv(math.prod(q), block_p)
+    block_p = max(16, min(FINISH_TILE // block_c, DIRECT_CELLS, triton.next_power_of_2(math.prod(g))))
+    n_qblk = triton.cdiv(math.prod(g), block_p)
     out = torch.empty((N, c_res, n_qblk, 1, 1) if mean else res_shape, dtype=torch.float32 if mean else x.dtype,
                       device=x.device)
+    sums = torch.empty((N, cout, n_qblk, 2) if stats else 1, dtype=torch.float32, device=x.device)
     if out.numel() > 0:
         FK.direct_kernel[(N * n_qblk,)](
-            x, weight.contiguous(), x if bias is None else bias.contiguous(), out, *args, cin, D, H, W, *o, *q,
-            n_qblk, cout, c_res, 1.0 / math.prod(q if pool else o), KD=k[0], KH=k[1], KW=k[2], SD=s[0], SH=s[1],
+            x, weight.contiguous(), x if bias is None else bias.contiguous(), out, sums, *args, cin, D, H, W, *o, *q,
+            *g, *(wi // st for wi, st in zip(win, s)), n_qblk, cout, c_res, 1.0 / math.prod(q if pool else o),
+            KD=k[0], KH=k[1], KW=k[2], SD=s[0], SH=s[1],
             SW=s[2], PD=p[0], PH=p[1], PW=p[2], DD=d[0], DH=d[1], DW=d[2], HAS_B=bias is not None, TF32=tf32,
             POOL=(None, "max", "avg").index(pool), SOFTMAX=softmax, RED=0 if channel_op is None else
-            1 + DIRECT_REDUCE.index(channel_op), MEAN=mean, PRE=codes[0], MID=codes[1], POST=codes[2], BLOCK_P=block_p,
-            BLOCK_C=block_c, BLOCK_R=1 if channel_op else block_c, num_warps=DIRECT_WARPS)
-    if not mean:
-        return out
-    return reduce(out, (2, 3, 4), "sum", post=post).to(x.dtype)
+            1 + DIRECT_REDUCE.index(channel_op), MEAN=mean, STATS=stats, PRE=codes[0], MID=codes[1], POST=codes[2],
+            BLOCK_P=block_p, BLOCK_C=block_c, BLOCK_R=1 if channel_op else block_c, num_warps=DIRECT_WARPS)
+    out = reduce(out, (2, 3, 4), "sum", post=post).to(x.dtype) if mean else out
+    return (out, (sums, math.prod(o))) if stats else out
