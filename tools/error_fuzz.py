@@ -25,17 +25,25 @@ import time
 from tuning_table import _tensors, draw
 
 
-def judge(theirs, ours, exact, ref, allow_tf32: bool, engine_out=None) -> dict:
-    """The verdict on one layer from PyTorch's output (``theirs``), convt3d's, PyTorch's exact-fp32
-    output (``exact``, fp32 only), the float64 ``ref`` and (where it ran) the Triton engine's output."""
+def computed_in_tf32(theirs, exact, ref, allow_tf32: bool) -> bool:
+    """Whether PyTorch's fp32 call (``theirs``) computed in TF32: allowed, and away from its exact-fp32 output."""
     import torch
 
     from convt3d.engines.torch.peer import FP32_CLASS_TOL
 
     scale = ref.abs().max().item() or 1.0
-    err = lambda y: (y.double() - ref).abs().max().item() / scale  # noqa: E731
-    tf32 = theirs.dtype == torch.float32 and allow_tf32 and (
+    return theirs.dtype == torch.float32 and allow_tf32 and (
         (theirs.double() - exact.double()).abs().max().item() > FP32_CLASS_TOL * scale)
+
+
+def judge(theirs, ours, exact, ref, allow_tf32: bool, engine_out=None) -> dict:
+    """The verdict on one layer from PyTorch's output (``theirs``), convt3d's, PyTorch's exact-fp32
+    output (``exact``, fp32 only), the float64 ``ref`` and (where it ran) the Triton engine's output."""
+    import torch
+
+    scale = ref.abs().max().item() or 1.0
+    err = lambda y: (y.double() - ref).abs().max().item() / scale  # noqa: E731
+    tf32 = computed_in_tf32(theirs, exact, ref, allow_tf32)
     theirs_err, ours_err = err(theirs), err(ours)
     budget = max(2 * theirs_err, torch.finfo(theirs.dtype).eps)
     engine_err = None if engine_out is None else err(engine_out)
@@ -62,10 +70,10 @@ def run_layer(spec: dict) -> dict:
         ours = convt3d.conv_transpose3d(x, w, b, *args)
         engine = convt3d.explain(x, w, b, *args).engine
         # The engine named: at exact grade where PyTorch's TF32-allowed call computed in full fp32, as auto runs it.
-        exact_class = judge(theirs, theirs, exact, ref, allow)["torch_class"] == "exact"
+        exact_grade = x.dtype == torch.float32 and not computed_in_tf32(theirs, exact, ref, allow)
         try:
-            engine_out = convt3d.conv_transpose3d(x, w, b, *args, backend="triton", precision="tf32x3"
-                                                  if exact_class and x.dtype == torch.float32 else None)
+            engine_out = convt3d.conv_transpose3d(x, w, b, *args, backend="triton",
+                                                  precision="tf32x3" if exact_grade else None)
         except convt3d.BackendUnavailableError:
             engine_out = None
     return dict(judge(theirs, ours, exact, ref, allow, engine_out), engine=engine)

@@ -73,10 +73,11 @@ def epilogue_reason(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor
     if any(ph.num_taps == 0 for a in params.axes[:2] for ph in a.phases):
         # fill_rows/fill_planes and companion rows write those bias-only rows without the program.
         return "output rows that no tap reaches (kernel below the stride along depth or height) take no epilogue"
-    if not epilogue_configs(plan(params, x, weight, precision).configs, epi, params):
-        return ("no phase or flat GEMM tile for this layer (output-head tiles take no epilogue)" if not epi or not
-                epi.over_channels else "the channel softmax needs groups=1 and one GEMM tile as wide as the channels")
-    return None
+    if epilogue_configs(plan(params, x, weight, precision).configs, epi, params):
+        return None
+    if epi is not None and epi.over_channels:
+        return "the channel softmax needs groups=1 and one GEMM tile as wide as the channels"
+    return "no phase or flat GEMM tile for this layer (output-head tiles take no epilogue)"
 
 
 def clear_caches() -> None:

@@ -195,11 +195,14 @@ def _finish_normalize(y, units: int, rows: int, J: int, SJ: int, cpu: int, a_n: 
     if numel == 0:
         return out
     ab = torch.empty((2, a_n), dtype=torch.float32, device=y.device)
-    L = numel // rows
-    k = triton.cdiv(L, MOMENTS_CHUNK) if train else 1
     raw = train and sums is not None
-    part = sums[0] if raw else torch.empty(2 * rows * k if train else 1, dtype=torch.float32, device=y.device)
-    L, k = (sums[1], part.numel() // (2 * rows)) if raw else (L, k)
+    if raw:  # K sums per row, each over L / K of the row's L values
+        part, L = sums
+        k = part.numel() // (2 * rows)
+    else:
+        L = numel // rows
+        k = triton.cdiv(L, MOMENTS_CHUNK) if train else 1
+        part = torch.empty(2 * rows * k if train else 1, dtype=torch.float32, device=y.device)
     if train and not raw:
         FK.moments_kernel[(rows * k,)](y, part, *args[:2], L, k, MOMENTS_CHUNK, dhw, C, PRE=pre_code,
                                        BLOCK=min(triton.next_power_of_2(L), FINISH_BLOCK))
