@@ -44,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from .dispatch import first_call
 
     target, _, function = COMMANDS[name][0].partition(":")
-    # Commands that time layers time them as tuned: their first calls wait for every candidate,
-    # unless CONVT3D_FIRST_CALL says otherwise.
+    # Commands that time layers do so as tuned: first calls wait for every candidate, unless CONVT3D_FIRST_CALL is set.
     waits = name in ("bench", "kernelbench", "tune") and not os.environ.get(first_call.ENV)
     with first_call.waiting() if waits else contextlib.nullcontext():
         return int(getattr(importlib.import_module(target), function or "main")(rest) or 0)

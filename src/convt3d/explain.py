@@ -208,9 +208,8 @@ def explain(input, weight, bias=None, stride=1, padding=0, output_padding=0, gro
         kernel.append(f"PyTorch conv_transpose3d ({'cuDNN' if cuda else 'CPU'}; {flags})")
     elif engine == "conv3d":
         pad, trim = conv3d_padding(p)
-        kernel.append(f"PyTorch conv3d of the flipped weight, padding {pad}"
-                      + (f", x trimmed by {trim} on each side" if any(trim) else "") + " "
-                      f"({'cuDNN forward kernels' if cuda else 'CPU'})")
+        kernel.append(f"PyTorch conv3d of the flipped weight, padding {pad}" + (f", x trimmed by {trim} on each side"
+                      if any(trim) else "") + f" ({'cuDNN forward kernels' if cuda else 'CPU'})")
     if candidates.get("triton") is None or engine == "triton":
         lines, tuning = _triton_lines(x5, weight, p, eprec if engine == "triton" else prec, engine == "triton")
         kernel += lines

@@ -35,8 +35,7 @@ def _triton_cache() -> tuple[Path, int, int]:
 
 
 def _engines(device: torch.device) -> dict[str, str | None]:
-    """Per registered engine, None where it can run on this machine's device, else why not: from the devices
-    it declares, then its own check of an input there."""
+    """Per registered engine, None where it can run on this machine's device, else why not (its devices, its check)."""
     from .dispatch.registry import ENGINES
     from .engines.triton.sites import interpreter_active
 

@@ -65,7 +65,10 @@ def patch(model: nn.Module, *, backend: str | None = None, precision: str | None
             # It turns into ``cls_to_become`` at its first call: ours instead.
             module.cls_to_become = ConvTranspose3d
         elif _parametrized_convt(module):
-            module.__class__ = _parametrized_class(cls)
+            # parametrize's class for one module rebuilt on ours: the same properties and hooks, our forward
+            # (``remove_parametrizations`` rolls a module back to ours).
+            module.__class__ = type(cls.__name__, (ConvTranspose3d,),
+                                    {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")})
         else:
             continue
         if backend is not None:
@@ -81,10 +84,3 @@ def _parametrized_convt(module: nn.Module) -> bool:
     cls = type(module)
     return (cls.__bases__ == (nn.ConvTranspose3d,) and "forward" not in cls.__dict__
             and parametrize.is_parametrized(module))
-
-
-def _parametrized_class(cls: type) -> type:
-    """parametrize's class for one module, rebuilt on :class:`ConvTranspose3d`: the same properties and
-    hooks, our forward (``remove_parametrizations`` rolls a module back to ours)."""
-    body = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
-    return type(cls.__name__, (ConvTranspose3d,), body)

@@ -227,5 +227,3 @@ def tune(model, *example_inputs, backward: bool | None = None, progress: bool | 
     else:
         report.notes.append("no CUDA tensors: 'auto' runs PyTorch on the CPU, nothing was measured")
     return report
-
-

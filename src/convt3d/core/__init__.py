@@ -1,2 +1,1 @@
-"""The vocabulary every layer speaks: the convolution's parameters (phases, taps, compact grids,
-the GEMM map), argument validation with PyTorch's errors, the validated ``Call`` and its precision."""
+"""The vocabulary every layer speaks: the geometry and its phases, validation with PyTorch's errors, the ``Call``."""

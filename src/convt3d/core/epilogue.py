@@ -1,12 +1,10 @@
-"""The epilogue vocabulary: at most ``MAX_OPS`` elementwise steps, ``(name,)`` or ``(name, operand)``, over a
-float32 value ``v`` and a register ``r`` (``save``: r = v; ``mul_saved``, ``add_saved``), applied to the
-convolution's output before its only store (``conv_transpose3d(..., epilogue=...)``) and by the finishing
-kernels. ``mul``, ``add`` and ``div`` take a number, ``C`` per-channel values in any shape, or for ``add`` a
-tensor of the output's shape (a residual). ``softmax`` normalises over the channels of each position: fused only
-where one GEMM tile holds them all, never in a finishing kernel. The kernels receive the program as one compile-time integer
-(``encode``), its scalars as a float32 vector and its per-channel operands as a float32 ``[MAX_OPS, C]``
-table; ``apply_torch`` runs it in PyTorch.
-"""
+"""The epilogue vocabulary: at most ``MAX_OPS`` elementwise steps, ``(name,)`` or ``(name, operand)``, over a float32
+value ``v`` and a register ``r`` (``save``: r = v; ``mul_saved``, ``add_saved``), applied to the convolution's output
+before its only store (``conv_transpose3d(..., epilogue=...)``) and by the finishing kernels. ``mul``, ``add`` and
+``div`` take a number, ``C`` per-channel values in any shape, or for ``add`` a tensor of the output's shape (a
+residual). ``softmax`` normalises over the channels of each position: fused only where one GEMM tile holds them all,
+never in a finishing kernel. The kernels receive the program as one compile-time integer (``encode``), its scalars as a
+float32 vector and its per-channel operands as a float32 ``[MAX_OPS, C]`` table; ``apply_torch`` runs it in PyTorch."""
 from __future__ import annotations
 
 import numbers
@@ -138,12 +136,6 @@ def encode(epi: Epilogue) -> int:
     return sum(s.code << (BITS * i) for i, s in enumerate(epi.steps))
 
 
-def _channel(t: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
-    shape = [1] * y.dim()
-    shape[dim] = -1
-    return t.reshape(-1).to(torch.float32).reshape(shape)
-
-
 # The steps in PyTorch: those of an operand, those of the register and those of neither.
 _BINARY = {"mul": torch.mul, "add": torch.add, "div": torch.div, "leaky_relu": F.leaky_relu,
            "clamp_min": lambda v, a: torch.clamp(v, min=a), "clamp_max": lambda v, a: torch.clamp(v, max=a)}
@@ -159,7 +151,7 @@ def apply_torch(y: torch.Tensor, epi: Epilogue, channel_dim: int = 1) -> torch.T
     for s in epi.steps:
         a = s.operand
         if s.form == CHANNEL:
-            a = _channel(a, v, channel_dim)
+            a = a.reshape(-1).float().reshape([-1 if d == channel_dim % v.dim() else 1 for d in range(v.dim())])
         elif s.form == TENSOR:
             a = a.float()
         if s.name == "save":

@@ -129,9 +129,8 @@ class ConvT3dParams:
 
     @staticmethod
     @functools.lru_cache(maxsize=4096)
-    def create(batch: int, in_channels: int, out_channels: int, groups: int,
-               in_size: tuple[int, int, int], kernel_size: tuple[int, int, int],
-               stride: tuple[int, int, int], padding: tuple[int, int, int],
+    def create(batch: int, in_channels: int, out_channels: int, groups: int, in_size: tuple[int, int, int],
+               kernel_size: tuple[int, int, int], stride: tuple[int, int, int], padding: tuple[int, int, int],
                output_padding: tuple[int, int, int], dilation: tuple[int, int, int]) -> "ConvT3dParams":
         return ConvT3dParams(batch, in_channels, out_channels, groups, tuple(in_size), tuple(kernel_size),
                              tuple(stride), tuple(padding), tuple(output_padding), tuple(dilation))
@@ -165,9 +164,8 @@ class ConvT3dParams:
         """Every ``fold`` neighbouring groups merged (block-diagonal weight): same output, fold x the MACs."""
         if fold < 1 or self.groups % fold:
             raise ValueError(f"fold must divide groups={self.groups}, but got fold={fold}")
-        return ConvT3dParams.create(self.batch, self.in_channels, self.out_channels, self.groups // fold,
-                                    self.in_size, self.kernel_size, self.stride, self.padding,
-                                    self.output_padding, self.dilation)
+        return ConvT3dParams.create(self.batch, self.in_channels, self.out_channels, self.groups // fold, self.in_size,
+                                    self.kernel_size, self.stride, self.padding, self.output_padding, self.dilation)
 
     @functools.cached_property
     def phases(self) -> tuple[Phase, ...]:
@@ -186,8 +184,7 @@ class ConvT3dParams:
 
     def gemm_shape(self, phase: Phase) -> tuple[int, int, int]:
         """(M, N, K) of one group's implicit GEMM for ``phase``."""
-        return (self.batch * phase.positions, self.out_channels_per_group,
-                self.in_channels_per_group * phase.num_taps)
+        return (self.batch * phase.positions, self.out_channels_per_group, self.in_channels_per_group * phase.num_taps)
 
     @functools.cached_property
     def useful_macs(self) -> int:

@@ -26,8 +26,7 @@ class Ceilings:
         return max(self.fp32_flops_per_s, self.tf32_flops_per_s / 3)
 
     def peak(self, peak_class: str) -> float:
-        peaks = {"bf16": self.bf16_flops_per_s, "tf32": self.tf32_flops_per_s,
-                 "exact": self.exact_grade_flops_per_s}
+        peaks = {"bf16": self.bf16_flops_per_s, "tf32": self.tf32_flops_per_s, "exact": self.exact_grade_flops_per_s}
         if peak_class not in peaks:
             raise ValueError(f"unknown peak class {peak_class!r}; expected one of {PEAK_CLASSES}")
         return peaks[peak_class]

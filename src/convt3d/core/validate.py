@@ -107,10 +107,8 @@ def _check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, o
         if not isinstance(t, torch.Tensor) and (t is not None or name != "bias"):
             raise TypeError(f"conv_transpose3d(): argument '{name}' (position {pos}) must be Tensor, "
                             f"not {type(t).__name__}")
-    stride = triple("stride", stride)
-    padding = triple("padding", padding)
-    output_padding = triple("output_padding", output_padding)
-    dilation = triple("dilation", dilation)
+    stride, padding, output_padding, dilation = (triple(name, v) for name, v in (
+        ("stride", stride), ("padding", padding), ("output_padding", output_padding), ("dilation", dilation)))
     groups, given = _as_int(groups), groups
     if groups is None:
         raise TypeError(f"conv_transpose3d(): argument 'groups' must be int, not {type(given).__name__}")
@@ -136,8 +134,7 @@ def _check_call(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, o
             raise RuntimeError(f"{'non-positive' if least else 'negative'} {name} is not supported: {name}={values}")
     for i, name in enumerate(("depth", "height", "width")):
         if output_padding[i] >= stride[i] and output_padding[i] >= dilation[i]:
-            raise RuntimeError(
-                "output padding must be smaller than either stride or dilation, but got "
+            raise RuntimeError("output padding must be smaller than either stride or dilation, but got "
                 f"output_padding_{name}: {output_padding[i]} stride_{name}: {stride[i]} dilation_{name}: {dilation[i]} "
                 f"(output_padding={output_padding}, stride={stride}, dilation={dilation})")
     if groups <= 0:

@@ -1,2 +1,1 @@
-"""Selection: which engine runs a call (memory, disk cache, measurement, heuristic), the steady
-path of repeated calls, the persistent cache and the ranks' agreement under torch.distributed."""
+"""Which engine runs a call (memory, disk cache, measurement, heuristic), the steady path, the cache, rank agreement."""

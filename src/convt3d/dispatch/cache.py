@@ -197,7 +197,9 @@ class Store:
             self.entries[section][name] = entry
             self._mine[section][name] = entry
             self._unsaved = True
-            _save_at_exit(self)
+            if self not in _unsaved_stores:
+                _unsaved_stores.append(self)
+                _save_unsaved_at_exit()
             if save:
                 self.save()
 
@@ -230,10 +232,9 @@ class Store:
                 return True
             except OSError as exc:
                 self.writable = False
-                _warn_once(self.directory, "unwritable",
-                           f"convt3d: the cache directory {self.directory} cannot be written ({type(exc).__name__}: "
-                           f"{exc}); convt3d keeps its measurements in memory for this process only (set "
-                           f"{ENV_DIR} to a writable directory to persist them)")
+                _warn_once(self.directory, "unwritable", f"convt3d: the cache directory {self.directory} cannot be "
+                           f"written ({type(exc).__name__}: {exc}); convt3d keeps its measurements in memory for this "
+                           f"process only (set {ENV_DIR} to a writable directory to persist them)")
                 return False
             finally:
                 if tmp is not None:
@@ -242,17 +243,8 @@ class Store:
 
 
 _unsaved_stores: list[Store] = []  # stores whose entries may still be pending at exit
-_atexit_registered = False
+_save_unsaved_at_exit = functools.cache(lambda: atexit.register(save_unsaved))  # on first use, not at import
 _reset_hooks: list = []  # what else a reset forgets (the Triton tuner's pending results)
-
-
-def _save_at_exit(store: Store) -> None:
-    global _atexit_registered
-    if store not in _unsaved_stores:
-        _unsaved_stores.append(store)
-    if not _atexit_registered:  # registered on first use, not at import
-        _atexit_registered = True
-        atexit.register(save_unsaved)
 
 
 def on_reset(hook) -> None:

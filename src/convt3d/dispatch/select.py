@@ -218,16 +218,17 @@ def _auto_choose(call: Call, measure: bool, record: Pass | None, unready: list[s
                        record)
     klass = _pytorchs_class(call, measure, record)
     if klass == "fp32":
-        # PyTorch's own call computes this TF32-allowed call in full fp32: ours run it at exact
-        # grade, so switching to convt3d never lowers the user's numerics.
+        # PyTorch's own call computes it in full fp32: ours run at exact grade, never lowering the user's numerics.
         exact = dataclasses.replace(call, precision=EXACT_GRADE)
         d = _auto_choose(exact, measure, record, unready)
-        d = dataclasses.replace(d, precision_class="fp32", reason=d.reason + (
-            f"; PyTorch's own call computes this TF32-allowed call in full fp32, so it runs at exact grade "
-            f"({EXACT_GRADE})"))
+        d = dataclasses.replace(d, precision_class="fp32", reason=d.reason + f"; PyTorch's own call computes this "
+                                f"TF32-allowed call in full fp32, so it runs at exact grade ({EXACT_GRADE})")
         return d if d.source == "heuristic" else _settle(call, d, record)
     reasons = _reasons(call, record)
-    skipped = _auto_skips(call, reasons)
+    # Engines that can run the call but that auto does not time yet (still compiling), and why.
+    checks = {name: getattr(ENGINES[name], "not_ready", None) for name, why in reasons.items() if not why}
+    found = {name: check(call) for name, check in checks.items() if check is not None}
+    skipped = {name: why for name, why in found.items() if why is not None}
     unready.extend(skipped)
     if record is not None:
         record.skipped = skipped
@@ -346,13 +347,6 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _auto_skips(call: Call, reasons: dict[str, list[str]]) -> dict[str, str]:
-    """Engines that can run the call but that auto does not time yet (still compiling), and why."""
-    checks = {name: getattr(ENGINES[name], "not_ready", None) for name, why in reasons.items() if not why}
-    found = {name: check(call) for name, check in checks.items() if check is not None}
-    return {name: why for name, why in found.items() if why is not None}
-
-
 # ---- measuring ------------------------------------------------------------------------------------
 # The smallest margin by which convt3d must beat PyTorch (ties go to PyTorch), above do_bench's run-to-run spread.
 NOISE_MARGIN = 0.03
@@ -428,8 +422,9 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
     timed first, and below ``HOST_BOUND_S`` alone; ``unready``: engines still compiling (measured later)."""
     entry = _cached_entry(call, cands, gpu)
     if entry is not None:
-        if entry.get("unready"):
-            _make_ready(call, unready)
+        if entry.get("unready"):  # start compiling what they still need, off the call's path (dispatch.first_call)
+            for name in unready:
+                ENGINES[name].make_ready(call)
         return entry
     _say_first_call(cands, unready)
     if tiny and "torch" in cands:
@@ -437,11 +432,12 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
         t = min(runs["torch"]) * 1e-3
         if t < HOST_BOUND_S:
             entry = {"engine": "torch", "timings_ms": {"torch": t * 1e3}, "rounds_ms": runs, "margin": 0.0,
-                     "failed": failed, "candidates": ["torch"], "unready": [],
-                     "why": f"tiny layer: PyTorch's call takes {t * 1e6:.3g} us < {HOST_BOUND_S * 1e6:.0f} us, less "
-                            "than our engines' host time; the others were not timed"}
+                     "failed": failed, "candidates": ["torch"], "unready": [], "why": f"tiny layer: PyTorch's call "
+                     f"takes {t * 1e6:.3g} us < {HOST_BOUND_S * 1e6:.0f} us, less than our engines' host time; the "
+                     "others were not timed"}
     if entry is None:
-        _make_ready(call, unready)
+        for name in unready:
+            ENGINES[name].make_ready(call)
         runs, failed, hosts = _measure(call, cands, call.text)
         winner, margin = pick(runs, hosts=hosts)
         entry = {"engine": winner, "timings_ms": {k: min(v) for k, v in runs.items()}, "rounds_ms": runs,
@@ -449,12 +445,6 @@ def _cached_or_measured(call: Call, cands: list[str], gpu: str, tiny: bool = Fal
                  "host_ms": {k: min(v) for k, v in hosts.items() if v}, "host_rounds_ms": hosts}
     cache.save_decision(gpu, call.text, entry)
     return dict(entry, source="measured")
-
-
-def _make_ready(call: Call, unready) -> None:
-    """Start compiling what the engines left out still need, off the call's path (``dispatch.first_call``)."""
-    for name in unready:
-        ENGINES[name].make_ready(call)
 
 
 _said: list[bool] = []
@@ -521,8 +511,7 @@ _STEADY_LIMIT = 4096
 
 def steady(input, weight, bias, stride, padding, output_padding, groups, dilation, backend,
            precision) -> tuple[tuple | None, Steady | None]:
-    """(the call's ``steady_key`` or None, its steady entry or None) for a repeated call; the memo of its
-    weight answers first, with no key to build."""
+    """(its ``steady_key`` or None, its steady entry or None) for a repeated call; its weight's memo answers first."""
     if _listeners:  # a listener such as convt3d.tune waits for every decision
         return None, None
     args = (stride, padding, output_padding, groups, dilation)
@@ -533,7 +522,7 @@ def steady(input, weight, bias, stride, padding, output_padding, groups, dilatio
     hit = None if key is None else _steady.get(key)
     if hit is not None:
         if hit.direct:
-            remember_direct(input, weight, bias, args, backend, precision)
+            _keep(weight, Direct(input, weight, bias, args, backend, precision))
         elif not hit.training:
             _remember_repeat(input, weight, bias, args, backend, precision, hit)
     return key, hit
@@ -554,10 +543,8 @@ def _remember_repeat(input, weight, bias, args: tuple, backend, precision, hit: 
     if hit.unbatched:
         def run(input, weight, bias, _run=run):
             return _run(input.unsqueeze(0), weight, bias).squeeze(0)
-    if len(_direct) >= _STEADY_LIMIT:
-        _forget_steady()
-    _direct[id(weight)] = Repeat(input, weight, bias, args, backend, precision, alive,
-                                 Steady(hit.decision, hit.params, hit.precision, False, hit.unbatched, False, run))
+    _keep(weight, Repeat(input, weight, bias, args, backend, precision, alive,
+                         Steady(hit.decision, hit.params, hit.precision, False, hit.unbatched, False, run)))
 
 
 def _forget_steady() -> None:
@@ -565,10 +552,17 @@ def _forget_steady() -> None:
     _direct.clear()
 
 
+def _keep(weight, memo: Direct) -> None:
+    """Give the weight its memo (``steady.Direct``, or ``steady.Repeat`` for ours), all forgotten at the limit."""
+    if len(_direct) >= _STEADY_LIMIT:
+        _forget_steady()
+    _direct[id(weight)] = memo
+
+
 def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = None) -> None:
     """Keep a settled decision for the call's argument signature (not a guess, one made while an engine
     compiles, under graph capture or awaited by a listener); ``call`` as selected (its key is the one kept
-    provisional), ``given``: ``remember_direct``'s arguments."""
+    provisional), ``given``: ``steady.Direct``'s arguments."""
     if d.source == "heuristic" or _listeners or call.key in _provisional or (
             call.device.type == "cuda" and _capturing()):
         return
@@ -579,18 +573,11 @@ def remember(key: tuple | None, call: Call, d: Decision, given: tuple | None = N
         _steady[key] = Steady(d, call.params, decided_call(call, d).precision, call.training, call.unbatched, is_direct)
     # A call without a key (a tensor subclass without __torch_function__) still gets the direct memo.
     if is_direct and given is not None:
-        remember_direct(*given)
+        _keep(given[1], Direct(*given))
 
 
 # What ``steady`` answers for a call its direct memo fits: only ``direct`` is read.
 _DIRECT = Steady(Decision("torch", "", "the direct memo of its weight", source="steady"), None, "", False, False, True)
-
-
-def remember_direct(input, weight, bias, args: tuple, backend, precision) -> None:
-    """Keep the direct memo of a call decided for PyTorch's own op at the flags as they are."""
-    if len(_direct) >= _STEADY_LIMIT:
-        _forget_steady()
-    _direct[id(weight)] = Direct(input, weight, bias, args, backend, precision)
 
 
 def precision_class_of(call: Call) -> str | None:
@@ -612,15 +599,13 @@ def decide(input: torch.Tensor, backend: str | None, precision: str | None, para
     name = resolve_backend_name(backend)
     prec = resolve_precision(precision)
     if params is None or weight is None:  # a caller without the geometry: Triton where it can run
-        if name == "conv3d":
-            raise BackendUnavailableError(f"backend={name!r} cannot run this call: its check needs the weight and "
-                                          "the geometry")
         if name == "auto" and (input.device.type != "cuda" or input.dtype not in ENGINES["triton"].dtypes):
             return Decision("torch", prec, "auto: PyTorch (CPU tensors, or a dtype our engines do not run)", source="rule")
-        why = None if name == "torch" else ENGINES["triton"].input_reason(input)
+        why = ("its check needs the weight and the geometry" if name == "conv3d"
+               else None if name == "torch" else ENGINES["triton"].input_reason(input))
+        if name != "auto" and why is not None:
+            raise BackendUnavailableError(f"backend={name!r} cannot run this call: {why}")
         if name != "auto":
-            if why is not None:
-                raise BackendUnavailableError(f"backend={name!r} cannot run this call: {why}")
             return Decision(name, prec, f"backend={name!r} requested", source="requested")
         if why is not None:
             return Decision("torch", prec, f"auto: Triton engine unsupported here ({why})", source="rule")

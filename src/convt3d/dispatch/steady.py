@@ -56,10 +56,6 @@ def steady_key(input, weight, bias, stride, padding, output_padding, groups, dil
             _tf32(), torch.is_grad_enabled(), _autocast_state(dev.type))
 
 
-def _no_object():
-    return None
-
-
 def _same(args: tuple, memo: tuple) -> bool:
     """``args == memo`` for a memo of ints and tuples of ints; False where an argument compares as
     a tensor (a tensor stride: F.conv_transpose3d then raises its own TypeError)."""
@@ -78,7 +74,7 @@ class Direct:
 
     def __init__(self, input, weight, bias, args: tuple, backend, precision):
         self.weight = weakref.ref(weight)
-        self.bias = _no_object if bias is None else weakref.ref(bias)
+        self.bias = (lambda: None) if bias is None else weakref.ref(bias)
         self.x_type = type(input)
         self.shape, self.strides, self.dtype, self.device = input.shape, input.stride(), input.dtype, input.device
         self.x_grad, self.w_grad = input.requires_grad, weight.requires_grad

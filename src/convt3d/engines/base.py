@@ -95,8 +95,7 @@ class Engine:
         """The host work a repeat of this engine's call does before ``run``: the steady key of its arguments."""
         x, w, b = call.given
         p, requested = call.params, call.requested
-        return lambda: steady_key(x, w, b, p.stride, p.padding, p.output_padding, p.groups, p.dilation, None,
-                                  requested)
+        return lambda: steady_key(x, w, b, p.stride, p.padding, p.output_padding, p.groups, p.dilation, None, requested)
 
     def _step(self, call: Call, cost: Callable[[], object]) -> Callable[[], object]:
         """A training step on the caller's tensors (``cost``, forward, grads of a fixed dY); ``step(False)``: first."""

@@ -65,8 +65,7 @@ def conv3d_form_reasons(params, dtype: torch.dtype, precision: str) -> list[str]
 def conv3d_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
     """The conv3d weight [Cout, Cin/g, kD, kH, kW] of ``weight`` [Cin, Cout/g, kD, kH, kW], flipped
     along the kernel axes, in the weight's memory format (PyTorch's output format follows it)."""
-    cin, cout_g = weight.shape[0], weight.shape[1]
-    k = tuple(weight.shape[2:])
+    cin, cout_g, *k = weight.shape
     fmt = (torch.channels_last_3d if not weight.is_contiguous()
            and weight.is_contiguous(memory_format=torch.channels_last_3d) else torch.contiguous_format)
     swapped = weight.flip((2, 3, 4)).reshape(groups, cin // groups, cout_g, *k).transpose(1, 2)

@@ -1,5 +1,4 @@
-"""PyTorch's own call as a peer of our engines (``TorchEngine``: the baseline "auto" measures
-against), and the conv3d form of a stride-1 call (``Conv3dEngine``)."""
+"""``TorchEngine``: PyTorch's own call, a peer of our engines (auto's baseline); ``Conv3dEngine``: stride-1 conv3d."""
 from __future__ import annotations
 
 from typing import Callable
@@ -22,7 +21,6 @@ class TorchEngine(Engine):
     """PyTorch's own forward and backward (cuDNN on CUDA)."""
 
     name = "torch"
-
     devices = dtypes = None
 
     def precision_reasons(self, call: Call) -> list[str]:
@@ -90,11 +88,6 @@ class Conv3dEngine(LaunchedRepeats):
     def forward(self, call: Call) -> torch.Tensor:
         return ops.run_engine("conv3d", call.x, call.weight, call.bias, call.params, call.precision)
 
-    def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params,
-                        precision: str):
+    def steady_launcher(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params, precision: str):
         """(run, alive) for ``steady.Repeat``: the conv3d form without the key and the Call, a tiny layer's cost."""
-
-        def run(x, weight, bias):
-            return ops.run_engine("conv3d", x, weight, bias, params, precision)
-
-        return run, lambda: True
+        return (lambda x, weight, bias: ops.run_engine("conv3d", x, weight, bias, params, precision)), lambda: True
