@@ -54,12 +54,6 @@ def _or_nr(v) -> str:
     return str(v) if v not in (None, "") else NOT_RECORDED
 
 
-def _date(created: str | None) -> str:
-    """An ISO timestamp as "YYYY-MM-DD HH:MM UTC" (as written when it has no offset)."""
-    m = re.match(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)", created or "")
-    return f"{m[1]} {m[2]}" + (" UTC" if created.endswith(("+00:00", "Z")) else "") if m else NOT_RECORDED
-
-
 def _versions(gpu, date: str, **versions) -> str:
     """The GPU, each named version and the date, "not recorded" where the record lacks one."""
     return ", ".join([_or_nr(gpu)] + [f"{k} {_or_nr(v)}" for k, v in versions.items()] + [f"date {date}"])
@@ -74,8 +68,11 @@ def _command(tool: str, argv: list[str]) -> str:
 def _env(d: dict) -> str:
     env = d.get("environment", {})
     c = env.get("convt3d") and env["convt3d"] + (f" @ {env['git_commit']}" if env.get("git_commit") else "")
-    return _versions(env.get("gpu"), _date(d.get("created")), convt3d=c, torch=env.get("torch"),
-                     triton=env.get("triton"), cuDNN=env.get("cudnn"))
+    # The ISO timestamp as "YYYY-MM-DD HH:MM UTC" (without " UTC" where it has no offset).
+    m = re.match(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)", d.get("created") or "")
+    date = f"{m[1]} {m[2]}" + (" UTC" if d["created"].endswith(("+00:00", "Z")) else "") if m else NOT_RECORDED
+    return _versions(env.get("gpu"), date, convt3d=c, torch=env.get("torch"), triton=env.get("triton"),
+                     cuDNN=env.get("cudnn"))
 
 
 # ---- readers, one per kind of record -------------------------------------------------------------
@@ -135,8 +132,7 @@ def _harness_json(name: str, d: dict, log: bool) -> list[Run]:
     ``tools/kb_harness.py`` records under "environment"; its printed output may lie beside as a .log."""
     env = d.pop("environment", {})
     trials, warm = env.get("timed_trials"), env.get("warm_up")
-    how = (f"{trials} timed trials" + (f" after {warm} warm-ups" if warm else "") if trials
-           else "trials " + NOT_RECORDED)
+    how = f"{trials} timed trials" + (f" after {warm} warm-ups" if warm else "") if trials else "trials " + NOT_RECORDED
     how += f", timing method {env.get('timing_method') or NOT_RECORDED}"
     ok = sum(bool(v.get("correctness")) for v in d.values())
     src = (f"`{name}`" + (f" and `{name[:-5]}.log`" if log else "") + ": "
@@ -208,8 +204,7 @@ def page(folder: str) -> str:
         if suite != current:
             out += [f"## {dict(SUITES).get(suite, suite)}", ""]
             current = suite
-        out += [f"### {gpu}, {MODES.get(mode, mode)}", ""]
-        out += [f"- {r.source}" for r in runs] + [""]
+        out += [f"### {gpu}, {MODES.get(mode, mode)}", ""] + [f"- {r.source}" for r in runs] + [""]
         rows = [row for r in runs for row in r.rows]
         out += ["| case | dtype | layout | precision | engine | convt3d µs | cuDNN µs | speedup |", "|" + "---|" * 8]
         out += [f"| {' | '.join(r[:5])} | {r[5]:.1f} | {r[6]:.1f} | {r[7]:.2f}x |" for r in rows]

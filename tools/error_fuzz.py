@@ -1,14 +1,12 @@
 """The error fuzz (GPU): convt3d's error against PyTorch's own call's, on random layers no suite holds.
 
-Each of ``--count`` seeded layers (``tuning_table.draw``: decoder shapes, heads, grouped, dilated and
-depth-kept layers; fp32, bf16 and fp16; both layouts) runs under the flags its draw names (fp32 "tf32":
-PyTorch's default, TF32 allowed; "tf32x3": TF32 off): PyTorch's call, ``convt3d.conv_transpose3d``
-(auto, its decision final: ``CONVT3D_FIRST_CALL=wait`` unless set, since a background first call is PyTorch's),
-the Triton engine itself (``backend="triton"``) where it takes the layer, and the float64 result. An error is
-max |y - y64| over max |y64|. The budget is twice PyTorch's
-own error, and at least one unit in the last place of the dtype at the output's largest magnitude, for auto's
-output and the Triton engine's;
-where PyTorch's fp32 call computed in TF32 (it differs from its exact-fp32 call by more than
+Each of ``--count`` seeded layers (``tuning_table.draw``: decoder shapes, heads, grouped, dilated and depth-kept layers;
+fp32, bf16 and fp16; both layouts) runs under the flags its draw names (fp32 "tf32": PyTorch's default, TF32 allowed;
+"tf32x3": TF32 off): PyTorch's call, ``convt3d.conv_transpose3d`` (auto, its decision final: ``CONVT3D_FIRST_CALL=wait``
+unless set, since a background first call is PyTorch's), the Triton engine itself (``backend="triton"``) where it takes
+the layer, and the float64 result. An error is max |y - y64| over max |y64|. The budget is twice PyTorch's own error,
+and at least one unit in the last place of the dtype at the output's largest magnitude, for auto's output and the Triton
+engine's; where PyTorch's fp32 call computed in TF32 (it differs from its exact-fp32 call by more than
 ``FP32_CLASS_TOL`` of the output), that is the TF32 budget. Exits 1 if any layer is over it.
 
     python tools/error_fuzz.py --count 150 --seed 7 --json fuzz.json --deadline 540
@@ -43,12 +41,11 @@ def judge(theirs, ours, exact, ref, allow_tf32: bool, engine_out=None) -> dict:
 
     scale = ref.abs().max().item() or 1.0
     err = lambda y: (y.double() - ref).abs().max().item() / scale  # noqa: E731
-    tf32 = computed_in_tf32(theirs, exact, ref, allow_tf32)
     theirs_err, ours_err = err(theirs), err(ours)
     budget = max(2 * theirs_err, torch.finfo(theirs.dtype).eps)
     engine_err = None if engine_out is None else err(engine_out)
     return dict(torch_err=theirs_err, convt3d_err=ours_err, triton_err=engine_err, budget=budget,
-                torch_class="tf32" if tf32 else "exact",
+                torch_class="tf32" if computed_in_tf32(theirs, exact, ref, allow_tf32) else "exact",
                 within=max(ours_err, engine_err or 0.0) <= budget)
 
 

@@ -36,8 +36,7 @@ def draw(rng: random.Random) -> dict:
         kind = rng.choices(["gemm", "head", "grouped", "narrow"], weights=[55, 25, 12, 8])[0]
         cin, cout, groups = rng.choice(CHANNELS), rng.choice(CHANNELS), 1
         if kind == "head":
-            cout = rng.choice([1, 1, 2, 3, 4, 6, 8, 12, 15])
-            cin = rng.choice(CHANNELS[:9])
+            cout, cin = rng.choice([1, 1, 2, 3, 4, 6, 8, 12, 15]), rng.choice(CHANNELS[:9])
         elif kind == "grouped":
             groups = rng.choice([2, 4, 8, 16])
             cin, cout = groups * rng.choice([2, 4, 8, 16, 32]), groups * rng.choice([2, 4, 8, 16, 32])
@@ -124,20 +123,17 @@ def geometry_spec(g, **rest) -> dict:
                 output_padding=g.output_padding, dilation=g.dilation, **rest)
 
 
-def suite_specs(suite: str) -> list[dict]:
-    """The rows of a bench suite as layer specs (their own layers, for checking the predictor)."""
-    from convt3d.bench.suites import select
-
-    return [geometry_spec(c.geometry, dtype=str(c.torch_dtype).replace("torch.", ""), precision=c.precision,
-                          channels_last=c.layout == "cl", name=f"{c.geometry.name} {c.dtype} {c.layout} {c.precision}")
-            for c in select(suite)]
-
-
 def collect(args) -> None:
     os.environ["CONVT3D_TUNE"] = "exhaustive"  # every candidate timed, here and in the spawned workers
-    rng = random.Random(args.seed)
-    specs = [s for name in args.suite.split(",") for s in suite_specs(name)] if args.suite else \
-        [draw(rng) for _ in range(args.count)]
+    if args.suite:  # the suites' own rows, for checking the predictor
+        from convt3d.bench.suites import select
+
+        specs = [geometry_spec(c.geometry, dtype=str(c.torch_dtype).replace("torch.", ""), precision=c.precision,
+                               channels_last=c.layout == "cl", name=c.label)
+                 for name in args.suite.split(",") for c in select(name)]
+    else:
+        rng = random.Random(args.seed)
+        specs = [draw(rng) for _ in range(args.count)]
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.workers) as pool:
         pool.map(_compile, [specs[i::args.workers] for i in range(args.workers)], chunksize=1)

@@ -36,8 +36,7 @@ def failure_entry(exc: BaseException, **fields) -> dict:
 
 
 def check_case(case: Case, seed: int = 0) -> dict:
-    """One reduced case through the interpreter: its row, ``ok`` when the error is within the bar
-    (see the module docstring) and the output has the right shape, dtype and layout."""
+    """The row of one reduced case through the interpreter, ``ok``: within the bar, right shape, dtype and layout."""
     g = reduced_for_interpreter(case.geometry)
     t = make_tensors(case, "cpu", seed, geometry=g)
     args = g.conv_args()
@@ -83,8 +82,7 @@ def _check_one(case: Case, seed: int) -> tuple[dict | None, dict | None]:
 
 def run_checks(cases: list[Case], seed: int = 0, status: Callable[[str], None] = lambda _msg: None,
                advance: Callable[[], None] = lambda: None, jobs: int = 1) -> tuple[list[dict], list[dict]]:
-    """Check every case on ``jobs`` processes (the interpreter is pure Python), longest first:
-    (rows, failures) in the order of ``cases``; a case that raises becomes a failure entry."""
+    """(rows, failures) of every case, checked on ``jobs`` processes (the interpreter is pure Python), longest first."""
     results: list[tuple[dict | None, dict | None]] = [(None, None)] * len(cases)
     if jobs <= 1 or len(cases) <= 1:
         for i, case in enumerate(cases):

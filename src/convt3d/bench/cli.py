@@ -57,8 +57,7 @@ def _positive_int(text: str) -> int:
 
 
 def comma_list(choices: tuple[str, ...] | list[str] | None, rename=None):
-    """argparse type: one value or a comma-separated list, each in ``choices`` (if given) once
-    ``rename`` has mapped it; the filters are repeatable too, so ``--case a,b`` == ``--case a --case b``."""
+    """argparse type: a comma-separated list, each value in ``choices`` (if given) once ``rename`` has mapped it."""
 
     def split(text: str) -> list[str]:
         values = [v.strip() for v in text.split(",") if v.strip()]
@@ -75,20 +74,16 @@ def comma_list(choices: tuple[str, ...] | list[str] | None, rename=None):
 
 
 def add_filters(group, case_choices=None, case_help: str = "") -> None:
-    """The row filters ``convt3d bench`` and ``convt3d tune`` share."""
-    group.add_argument("--case", action="append", type=comma_list(case_choices), metavar="NAME[,NAME]",
+    """The row filters ``convt3d bench`` and ``convt3d tune`` share; ``--case a,b`` == ``--case a --case b``."""
+    group.add_argument("--case", action="extend", type=comma_list(case_choices), metavar="NAME[,NAME]",
                        help=case_help or f"case names, repeatable: {', '.join(suites.case_names())}")
-    group.add_argument("--dtype", action="append", type=comma_list(tuple(suites.DTYPES)), metavar="{fp32,bf16}")
-    group.add_argument("--layout", action="append", type=comma_list(suites.LAYOUTS), metavar="{ncdhw,cl}",
+    group.add_argument("--dtype", action="extend", type=comma_list(tuple(suites.DTYPES)), metavar="{fp32,bf16}")
+    group.add_argument("--layout", action="extend", type=comma_list(suites.LAYOUTS), metavar="{ncdhw,cl}",
                        help="input memory format: ncdhw (contiguous) or cl (channels_last_3d)")
-    group.add_argument("--precision", action="append", type=comma_list(suites.PRECISIONS, suites.precision_name),
+    group.add_argument("--precision", action="extend", type=comma_list(suites.PRECISIONS, suites.precision_name),
                        metavar="{tf32,tf32x3}", help="fp32 rows: tf32 = PyTorch's default flags (TF32 allowed), "
                        "tf32x3 = cudnn.allow_tf32 off, exact grade (kernelbench only); the former names 'default' "
                        "and 'exact' still work, with a DeprecationWarning")
-
-
-def flatten(values: list[list[str]] | None) -> list[str] | None:
-    return None if values is None else [v for group in values for v in group]
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -116,9 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --suite networks: convt3d.tune(patched, x) before the patched first call")
     sel.add_argument("--rounds", type=_positive_int, default=networks.DEFAULT_PAIRS, metavar="N",
                      help="with --suite networks: pairs of timing blocks per mode (more on a host whose speed swings)")
-    sel.add_argument("--first-calls", action="store_true",
-                     help="with --suite networks: first calls and agreement only; after a full run, what a warm "
-                          "cache leaves to a new process's first call")
+    sel.add_argument("--first-calls", action="store_true", help="with --suite networks: first calls and agreement "
+                     "only; after a full run, what a warm cache leaves to a new process's first call")
     sel.add_argument("--list", action="store_true", help="print the selected cases and exit")
     # 8 at most: each worker holds its own torch + triton.
     sel.add_argument("--jobs", type=_positive_int, default=min(cores, 8),
@@ -145,8 +139,7 @@ def usage_error(message: str, prog: str = "convt3d bench") -> int:
 
 @contextlib.contextmanager
 def _progress(console, total: int, title: str):
-    """(status, advance) of a rich progress bar on a terminal; in a log (no terminal) or without rich,
-    status prints one plain line, numbered by the steps advanced."""
+    """(status, advance) of a rich progress bar on a terminal, else status prints a line numbered by steps advanced."""
     done = 0
 
     def line(msg: str) -> None:
@@ -157,11 +150,10 @@ def _progress(console, total: int, title: str):
         done += 1
 
     if console.is_terminal and not isinstance(console, report.PlainConsole):  # PlainConsole: rich is not installed
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                   TimeElapsedColumn)
+        from rich import progress as rp
 
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as bar:
+        with rp.Progress(rp.SpinnerColumn(), rp.TextColumn("{task.description}"), rp.BarColumn(),
+                         rp.MofNCompleteColumn(), rp.TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task(title, total=total)
             yield (lambda msg: bar.update(task, description=msg)), (lambda: bar.advance(task))
         return
@@ -181,8 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         return _networks_main(args, argv)
     args.mode = args.mode or "fwd"
     try:
-        cases = suites.select(args.suite, flatten(args.case), flatten(args.dtype), flatten(args.layout),
-                              flatten(args.precision))
+        cases = suites.select(args.suite, args.case, args.dtype, args.layout, args.precision)
     except ValueError as exc:
         return usage_error(str(exc))
     if not cases:
@@ -194,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, argv, selected, check, timing, *extra) -> int:
-    """``timing`` (given a console and the environment) on a CUDA machine, else ``check`` in a process with
-    Triton's interpreter on."""
+    """``timing`` on a CUDA machine, else ``check`` in a process with Triton's interpreter on."""
     if torch.cuda.is_available():
         if args.cudnn_benchmark:
             torch.backends.cudnn.benchmark = True
@@ -215,9 +205,8 @@ def _run(args, argv, selected, check, timing, *extra) -> int:
 
 
 def _settings(args, cases: list[str], **more) -> dict:
-    return dict({"suite": args.suite, "cases": cases, "backend": args.backend, "warmup_ms": args.warmup_ms,
-                 "rep_ms": args.rep_ms, "min_reps": args.min_reps, "seed": args.seed,
-                 "cudnn_benchmark": args.cudnn_benchmark}, **more)
+    return dict(suite=args.suite, cases=cases, backend=args.backend, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms,
+                min_reps=args.min_reps, seed=args.seed, cudnn_benchmark=args.cudnn_benchmark, **more)
 
 
 def _write(console, args, data: dict, rows=(), plot_title: str | None = None) -> None:
@@ -237,10 +226,8 @@ def _write(console, args, data: dict, rows=(), plot_title: str | None = None) ->
 
 def _check(args, argv, note: str, what: str, total: int, run, table, settings: dict, summary_extra: dict,
            command: str) -> int:
-    """The no-CUDA check of ``total`` items: ``run(status, advance)`` -> (rows, failures, skipped or
-    None), the table, a summary line, the JSON."""
-    console = report.make_console()
-    env = report.environment(cuda=False)
+    """The no-CUDA check: ``run(status, advance)`` -> (rows, failures, skipped or None), table, summary line, JSON."""
+    console, env = report.make_console(), report.environment(cuda=False)
     report.print_header(console, env, None, "[bold yellow]No CUDA device: timings need a GPU.[/bold yellow] " + note)
     t0 = time.perf_counter()
     with _progress(console, total, f"{what} check") as (status, advance):
@@ -275,7 +262,6 @@ def _run_interpreter_check(args, argv: list[str], cases) -> int:
     if skipped:
         note += (f" {len(skipped)} bf16 case(s) skipped: Triton's interpreter mis-computes bf16 dot products; "
                  "tests/test_gpu.py covers bf16 on a GPU.")
-
     return _check(args, argv, note, "cases", len(cases),
                   lambda status, advance: (*run_checks(cases, args.seed, status, advance, jobs=args.jobs), None),
                   report.print_check_table, _settings(args, [c.label for c in cases], mode=args.mode, jobs=args.jobs),
@@ -289,9 +275,8 @@ def _run_timing(args, argv: list[str], console, env: dict, cases) -> int:
         ceilings = measure_ceilings("cuda", status)
     report.print_header(console, env, ceilings)
     with _progress(console, len(cases), "timing") as (status, advance):
-        rows, failures = run_cases(cases, args.mode, args.backend, ceilings,
-                                   TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed),
-                                   status, advance)
+        rows, failures = run_cases(cases, args.mode, args.backend, ceilings, TimingSettings(
+            args.warmup_ms, args.rep_ms, args.min_reps, args.seed), status, advance)
     seconds = time.perf_counter() - t0
     for suite in dict.fromkeys(r["suite"] for r in rows):
         report.print_timing_table(console, [r for r in rows if r["suite"] == suite],
@@ -311,11 +296,9 @@ def _run_timing(args, argv: list[str], console, env: dict, cases) -> int:
 # ---- the networks suite -------------------------------------------------------------------------
 def _networks_main(args, argv: list[str]) -> int:
     try:
-        nets = networks.select_networks(flatten(args.case))
-        modes = networks.select_modes(args.mode, flatten(args.dtype))
+        nets, modes = networks.select_networks(args.case), networks.select_modes(args.mode, args.dtype)
         # Networks run as their users run them: NCDHW input, PyTorch's default flags.
-        for name, values, allowed in (("--layout", flatten(args.layout), "ncdhw"),
-                                      ("--precision", flatten(args.precision), "tf32")):
+        for name, values, allowed in (("--layout", args.layout, "ncdhw"), ("--precision", args.precision, "tf32")):
             if values is not None and set(values) != {allowed}:
                 raise ValueError(f"{name} {','.join(values)}: the networks suite runs {allowed} only")
     except ValueError as exc:
@@ -360,9 +343,8 @@ def _run_network_timing(args, argv: list[str], console, env: dict, nets, modes) 
     rewrite = (lambda *lists: report.write_json(args.json, data(*lists))) if args.json else None
     with _progress(console, len(nets) * len(modes), "networks") as (status, advance):
         rows, failures, skipped = networks.run_networks(
-            nets, modes, args.backend, TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed),
-            status, advance, on_network=rewrite, tune=args.tune, measure=not args.first_calls,
-            rounds=args.rounds)
+            nets, modes, args.backend, TimingSettings(args.warmup_ms, args.rep_ms, args.min_reps, args.seed), status,
+            advance, on_network=rewrite, tune=args.tune, measure=not args.first_calls, rounds=args.rounds)
     seconds = time.perf_counter() - t0
     summary = []
     if rows and args.first_calls:

@@ -139,8 +139,7 @@ def build_network(net: Network, device: str | torch.device, tiny: bool = False,
         torch.manual_seed(s)
         with device:
             model, shape = net.build(tiny)
-    x = torch.randn(shape, generator=torch.Generator(device="cpu").manual_seed(s + 1))
-    return model.to(device), x.to(device)
+    return model.to(device), torch.randn(shape, generator=torch.Generator(device="cpu").manual_seed(s + 1)).to(device)
 
 
 # ---- modes ---------------------------------------------------------------------------------------
@@ -178,8 +177,7 @@ def select_modes(mode: str | None = None, dtypes: Iterable[str] | None = None) -
 
 # ---- calls, references, errors -------------------------------------------------------------------
 def forward_fn(model: nn.Module, x: torch.Tensor, autocast: bool, training: bool = False) -> Callable[[], torch.Tensor]:
-    """The model's forward: eval mode without grad, or (``training``) train mode with grad; of a
-    model that returns a list or tuple, its first tensor."""
+    """The model's forward, in eval mode without grad or train mode with grad; of a list or tuple, its first tensor."""
     model.train(training)
 
     def run() -> torch.Tensor:
@@ -211,12 +209,6 @@ def training_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor, autoc
     return step
 
 
-def target_for(model: nn.Module, x: torch.Tensor, seed: int) -> torch.Tensor:
-    """A fixed random target (fp32, ~N(0, 1)) shaped like the model's output."""
-    shape = forward_fn(model, x, autocast=False)().shape  # eval mode: no BatchNorm statistics update
-    return torch.randn(shape, generator=torch.Generator(device="cpu").manual_seed(seed)).to(x.device)
-
-
 def normwise_error(a: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> float:
     """||a - ref|| / ||ref|| over all tensors together (2-norm, in float64)."""
     num = sum(float((x.double() - y.double()).square().sum()) for x, y in zip(a, ref))
@@ -232,17 +224,8 @@ def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _budget_ok(err: float, ref_err: float, dtype: str) -> bool:
-    """The project's error budget: twice PyTorch's own error, or one unit of the mode's epsilon
-    (so that an exact reference does not demand bit-identity)."""
+    """Within twice PyTorch's own error or one unit of the mode's epsilon (lest an exact reference demand identity)."""
     return err <= max(2 * ref_err, torch.finfo(torch.bfloat16 if dtype == "bf16" else torch.float32).eps)
-
-
-def _reference(model: nn.Module, x: torch.Tensor, mode: NetMode, target: torch.Tensor | None):
-    """The inference reference (float64 forward of a copy) or the training one (fp32 step, TF32 off)."""
-    if not mode.training:
-        return forward_fn(copy.deepcopy(model).double(), x.double(), autocast=False)(), "float64"
-    with cudnn_tf32(False):
-        return training_step(model, x, target, autocast=False)(), "fp32 step, TF32 off"
 
 
 def _tf32_arithmetic(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -269,10 +252,9 @@ def _compare(row: dict, y_patched, y_untouched, ref, mode: NetMode, model: nn.Mo
         # A broadcast would hide a wrong shape from the errors below.
         row["output_layout_matches"] = y_patched.shape == y_untouched.shape and y_patched.dtype == y_untouched.dtype
         err, ref_err = relative_error(y_patched, ref), relative_error(y_untouched, ref)
-        budget_ref = ref_err
         if mode.dtype == "fp32" and x.device.type == "cuda" and cudnn_conv_allows_tf32():
             row["tf32_arithmetic_rel_err"] = relative_error(_tf32_arithmetic(model, x), ref)
-            budget_ref = max(ref_err, row["tf32_arithmetic_rel_err"])
+        budget_ref = max(ref_err, row.get("tf32_arithmetic_rel_err", ref_err))
         row.update(rel_err_vs_reference=err, torch_rel_err_vs_reference=ref_err,
                    within_error_budget=_budget_ok(err, budget_ref, mode.dtype), output_shape=list(y_untouched.shape))
         return
@@ -302,11 +284,9 @@ def transposed_share(events, device_type: str) -> tuple[float, float, float]:
 
     def outermost(e) -> bool:
         p = e.cpu_parent
-        while p is not None:
-            if p.name in TRANSPOSED_OPS:
-                return False
+        while p is not None and p.name not in TRANSPOSED_OPS:
             p = p.cpu_parent
-        return True
+        return p is None
 
     def is_cpu_op(e) -> bool:
         return e.device_type == DeviceType.CPU and not e.is_async
@@ -335,8 +315,7 @@ def _profile_share(fn: Callable[[], object], device_type: str) -> tuple[float, f
 
 
 def layer_engines(patched: nn.Module, fn: Callable[[], object]) -> tuple[str, list[str]]:
-    """(summary such as "triton 3, torch 1", each layer's "engine: reason") of what convt3d decides
-    for the patched layers, from ``convt3d.explain`` of what each receives in one untimed call."""
+    """("triton 3, torch 1", each layer's "engine: reason"): ``convt3d.explain`` of each patched layer's input."""
     reasons: list[str] = []
     counts: dict[str, int] = {}
 
@@ -383,7 +362,10 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
            "input_shape": list(x.shape), "parameters": sum(p.numel() for p in model.parameters()),
            "convt_layers": sum(isinstance(m, nn.ConvTranspose3d) for m in model.modules()),
            "convt_layers_patched": sum(isinstance(m, Patched) for m in patched.modules())}
-    target = target_for(model, x, name_seed(net.name, seed) + 2) if mode.training else None
+    target = None
+    if mode.training:  # a fixed ~N(0, 1) fp32 target shaped like the output (eval mode: BatchNorm's statistics kept)
+        gen = torch.Generator(device="cpu").manual_seed(name_seed(net.name, seed) + 2)
+        target = torch.randn(forward_fn(model, x, autocast=False)().shape, generator=gen).to(x.device)
 
     def call(m: nn.Module):
         return training_step(m, x, target, mode.autocast) if mode.training else forward_fn(m, x, mode.autocast)
@@ -405,7 +387,12 @@ def _run_mode(net: Network, mode: NetMode, model: nn.Module, patched: nn.Module,
     if mode.name not in refs:  # one reference per kind of mode, whatever its dtype
         status(f"{net.name} {mode.label}: reference")
         t0 = time.perf_counter()
-        refs[mode.name] = (*_reference(model, x, mode, target), time.perf_counter() - t0)
+        if mode.training:  # the fp32 step with TF32 off
+            with cudnn_tf32(False):
+                made = training_step(model, x, target, autocast=False)(), "fp32 step, TF32 off"
+        else:  # the float64 forward of a copy
+            made = forward_fn(copy.deepcopy(model).double(), x.double(), autocast=False)(), "float64"
+        refs[mode.name] = (*made, time.perf_counter() - t0)
     ref, row["reference"], row["reference_s"] = refs[mode.name]
     _compare(row, y_p, y_u, ref, mode, model, x)
     row.update(torch_first_call_s=first_u, first_call_s=first_p, first_call_extra_s=first_p - first_u)

@@ -45,15 +45,13 @@ def _git_commit() -> str | None:
 
 def environment(cuda: bool) -> dict:
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    env = {
-        "convt3d": convt3d.__version__, "git_commit": _git_commit(), "source_digest": source_digest(),
-        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        # cuDNN 9, the one torch >= 2.11 ships, encodes major*10000 + minor*100 + patch.
-        "cudnn": f"{cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}" if cudnn else None,
-        "python": platform.python_version(), "platform": platform.platform(),
-        "env": {k: v for k, v in os.environ.items() if k.startswith("CONVT3D_") or k == "TRITON_INTERPRET"},
-        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-    }
+    env = {"convt3d": convt3d.__version__, "git_commit": _git_commit(), "source_digest": source_digest(),
+           "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+           # cuDNN 9, the one torch >= 2.11 ships, encodes major*10000 + minor*100 + patch.
+           "cudnn": f"{cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}" if cudnn else None,
+           "python": platform.python_version(), "platform": platform.platform(),
+           "env": {k: v for k, v in os.environ.items() if k.startswith("CONVT3D_") or k == "TRITON_INTERPRET"},
+           "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}
     if cuda:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         env.update(gpu=props.name, gpu_capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
@@ -65,8 +63,7 @@ def environment(cuda: bool) -> dict:
 
 # ---- summary --------------------------------------------------------------------------------------
 def summarize(rows: list[dict]) -> list[dict]:
-    """Geometric-mean and minimum speedups of timing rows per suite, then per precision, dtype, layout
-    and mode of the suite where it varies."""
+    """Geomean and minimum speedups per suite, then per precision, dtype, layout and mode where the suite varies it."""
     groups = []
     for suite in dict.fromkeys(r["suite"] for r in rows):
         in_suite = [r for r in rows if r["suite"] == suite]
@@ -105,13 +102,10 @@ def _row_label(r: dict) -> str:
 # ---- JSON -----------------------------------------------------------------------------------------
 def payload(kind: str, argv: list[str], env: dict, settings: dict, rows: list[dict], failures: list[dict],
             summary, ceilings: Ceilings | None = None, skipped: list[dict] | None = None) -> dict:
-    return {
-        "schema": SCHEMA, "kind": kind,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "argv": list(argv), "environment": env, "settings": settings,
-        "ceilings": ceilings.as_dict() if ceilings is not None else None,
-        "rows": rows, "failures": failures, "summary": summary, **({} if skipped is None else {"skipped": skipped}),
-    }
+    return {"schema": SCHEMA, "kind": kind, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "argv": list(argv), "environment": env, "settings": settings,
+            "ceilings": None if ceilings is None else ceilings.as_dict(), "rows": rows, "failures": failures,
+            "summary": summary, **({} if skipped is None else {"skipped": skipped})}
 
 
 def _parent_made(path: str | os.PathLike) -> Path:
@@ -127,10 +121,8 @@ def write_json(path: str | os.PathLike, data: dict) -> None:
 
 # ---- plot -----------------------------------------------------------------------------------------
 def write_plot(path: str | os.PathLike, rows: list[dict], title: str) -> None:
-    """Two panels, one bar per row: speedup over cuDNN (log scale) and % of roofline of both.
-    Raises ImportError without matplotlib."""
+    """Speedup over cuDNN (log scale) and both sides' % of roofline, a bar per row; ImportError without matplotlib."""
     import matplotlib
-
     matplotlib.use("Agg")  # no display needed; must precede pyplot
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
@@ -224,11 +216,10 @@ def print_header(console, env: dict, ceilings: Ceilings | None, note: str = "") 
     console.print(f"convt3d {env['convt3d']}{' @ ' + env['git_commit'] if env.get('git_commit') else ''}, "
                   f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}")
     if ceilings is not None:
-        console.print(f"ceilings (measured in {ceilings.seconds:.1f} s): copy "
-                      f"{ceilings.copy_bytes_per_s / 1e12:.2f} TB/s (read + write); matmul bf16 "
-                      f"{ceilings.bf16_flops_per_s / 1e12:.0f}, tf32 {ceilings.tf32_flops_per_s / 1e12:.0f}, "
-                      f"exact fp32 {ceilings.fp32_flops_per_s / 1e12:.0f} TFLOP/s (exact grade uses "
-                      f"{ceilings.exact_grade_flops_per_s / 1e12:.0f})")
+        console.print(f"ceilings (measured in {ceilings.seconds:.1f} s): copy {ceilings.copy_bytes_per_s / 1e12:.2f} "
+                      f"TB/s (read + write); matmul bf16 {ceilings.bf16_flops_per_s / 1e12:.0f}, tf32 "
+                      f"{ceilings.tf32_flops_per_s / 1e12:.0f}, exact fp32 {ceilings.fp32_flops_per_s / 1e12:.0f} "
+                      f"TFLOP/s (exact grade uses {ceilings.exact_grade_flops_per_s / 1e12:.0f})")
     if note:
         console.print(note)
 

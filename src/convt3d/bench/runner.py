@@ -43,8 +43,7 @@ PAIRED_BLOCK_MS = 40.0
 
 
 class CudaTimer:
-    """Wall-clock first calls and do_bench steady-state times on the current CUDA device; without
-    CUDA (the networks' CPU check) first calls by the host's clock alone."""
+    """First calls by wall clock, steady times by do_bench; without CUDA (the networks' CPU check), first calls only."""
 
     def __init__(self, settings: TimingSettings):
         self.settings = settings
@@ -61,8 +60,7 @@ class CudaTimer:
     def steady(self, fn: Callable[[], torch.Tensor]) -> float:
         """Median seconds per call (L2 flushed between calls), at least min_reps timed calls."""
         _, estimate = self.first_call(fn)  # a warm call sizes the budget
-        warmup, rep = bench_budget(estimate * 1e3, self.settings)
-        return gpu_ms(fn, warmup, rep) * 1e-3
+        return gpu_ms(fn, *bench_budget(estimate * 1e3, self.settings)) * 1e-3
 
     def paired(self, fn_a: Callable[[], object], fn_b: Callable[[], object], pairs: int) -> tuple[list, list]:
         """Seconds per call of ``fn_a`` and ``fn_b`` in ``pairs`` pairs of blocks timed back to back,
@@ -164,8 +162,7 @@ def get_mode(name: str) -> Mode:
 
 # ---- one row --------------------------------------------------------------------------------------
 def max_abs_diff(a, b) -> tuple[float, float]:
-    """(max |a - b|, max |b|) in fp32; for tuples of gradients, the pair of the largest ratio, so that
-    a small dW error is not hidden by a large dX scale."""
+    """(max |a - b|, max |b|) in fp32; of gradients, the pair of largest ratio, lest a big dX hide a small dW error."""
     if isinstance(a, (tuple, list)):
         pairs = [max_abs_diff(x, y) for x, y in zip(a, b)]
         return max(pairs, key=lambda p: p[0] / p[1] if p[1] else (math.inf if p[0] else 0.0))
@@ -264,12 +261,10 @@ def _run_row(case: Case, t: Tensors, mode: Mode, backend: str, ceilings: Ceiling
 def run_cases(cases: list[Case], mode_name: str, backend: str, ceilings: Ceilings, settings: TimingSettings,
               status: Callable[[str], None] = lambda _msg: None, advance: Callable[[], None] = lambda: None,
               device: str = "cuda", timer=None) -> tuple[list[dict], list[dict]]:
-    """Time every case: (rows, failures), a case that raises a failure entry. ``device`` and ``timer``
-    let the tests drive the row logic on the CPU with a fake timer."""
+    """(rows, failures) of every case timed; ``device`` and ``timer`` let tests drive the row logic on the CPU."""
     mode = get_mode(mode_name)
     timer = timer if timer is not None else CudaTimer(settings)
-    rows, failures = [], []
-    default_cudnn_s: dict[tuple, float] = {}
+    rows, failures, default_cudnn_s = [], [], {}  # default_cudnn_s: cuDNN's default-flag seconds per tensors key
     tensors, tensors_key = None, None
     with torch.set_grad_enabled(mode.needs_grad):
         for case in cases:

@@ -8,8 +8,7 @@ from ..dispatch.timing import lowest_spread
 
 
 def paired_ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    """(median, lower quartile, upper quartile) of the per-pair ratios a[i] / b[i]; a single pair
-    gives its ratio three times."""
+    """(median, lower, upper quartile) of the per-pair ratios a[i] / b[i]; a single pair gives its ratio three times."""
     if len(a) != len(b) or not a:
         raise ValueError(f"paired_ratio: expected two equal-length non-empty lists, got {len(a)} and {len(b)}")
     ratios = [x / y for x, y in zip(a, b)]

@@ -8,7 +8,7 @@ import math
 import warnings
 import zlib
 from dataclasses import asdict, dataclass, replace
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import torch
 
@@ -176,8 +176,7 @@ def case_names() -> list[str]:
 
 def select(suite: str = "all", names: Iterable[str] | None = None, dtypes: Iterable[str] | None = None,
            layouts: Iterable[str] | None = None, precisions: Iterable[str] | None = None) -> list[Case]:
-    """The cases of ``suite`` that pass every filter given (None passes everything); an unknown
-    value raises ValueError naming the choices."""
+    """The cases of ``suite`` passing every filter given (None passes all); an unknown value raises ValueError."""
     if suite != "all" and suite not in SUITES + EXTRA_SUITES:
         raise ValueError(f"unknown suite {suite!r}; expected 'all' or one of {SUITES + EXTRA_SUITES}")
     precisions = None if precisions is None else [precision_name(p) for p in precisions]
@@ -216,11 +215,7 @@ def reduced_for_interpreter(g: Geometry) -> Geometry:
 
 
 # ---- tensors -------------------------------------------------------------------------------------
-@dataclass
-class Tensors:
-    x: torch.Tensor
-    w: torch.Tensor
-    b: torch.Tensor | None
+Tensors = NamedTuple("Tensors", [("x", torch.Tensor), ("w", torch.Tensor), ("b", torch.Tensor | None)])
 
 
 def name_seed(name: str, seed: int) -> int:
@@ -229,8 +224,7 @@ def name_seed(name: str, seed: int) -> int:
 
 
 def make_tensors(case: Case, device: str | torch.device, seed: int = 0, geometry: Geometry | None = None) -> Tensors:
-    """Input, weight and bias of ``case`` (or of ``geometry``, e.g. its reduced form) on ``device``:
-    drawn in fp32 on the device, then cast, so a geometry holds the same values in fp32 and bf16."""
+    """``case``'s (or ``geometry``'s) input, weight and bias, drawn in fp32 then cast: equal values in fp32 and bf16."""
     g = geometry or case.geometry
     gen = torch.Generator(device=device).manual_seed(name_seed(case.name, seed))
     draw = torch.rand if case.input_dist == "rand" else torch.randn

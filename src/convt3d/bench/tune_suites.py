@@ -15,7 +15,7 @@ from ..dispatch import cache
 from ..functional import conv_transpose3d
 from ..tune import Progress, tune
 from . import suites
-from .cli import HelpFormatter, add_filters, flatten, parse, usage_error
+from .cli import HelpFormatter, add_filters, parse, usage_error
 from .roofline import cudnn_tf32
 
 
@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cache_dir:
         os.environ[cache.ENV_DIR] = args.cache_dir
     try:
-        cases = suites.select(args.suite, flatten(args.case), flatten(args.dtype), flatten(args.layout),
-                              flatten(args.precision))
+        cases = suites.select(args.suite, args.case, args.dtype, args.layout, args.precision)
     except ValueError as exc:
         return usage_error(str(exc), "convt3d tune")
     if args.list:
@@ -83,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         return usage_error("no case matches the filters", "convt3d tune")
     bar = Progress(len(cases), "convt3d tune")
-    rows, failures = [], 0
-    t0 = time.perf_counter()
+    rows, failures, t0 = [], 0, time.perf_counter()
     try:
         for case in cases:
             bar.status(case.label)

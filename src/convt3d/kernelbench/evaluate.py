@@ -34,19 +34,15 @@ WARMUP = 3
 DISCARD_FIRST = 1
 CORRECT_TRIALS = 5
 L2_FLUSH_BYTES = 256 * 2 ** 20  # KernelBench writes 32 x 1024 x 1024 int64
-# The library's precision names: PyTorch's flags as they are, or TF32 off for convolutions throughout.
-PRECISIONS = ("tf32", "tf32x3")
+PRECISIONS = ("tf32", "tf32x3")  # PyTorch's flags as they are, or TF32 off for convolutions throughout
 NOTE = ("'correct' is KernelBench's verdict: allclose(reference, ModelNew, atol=rtol=1e-4) with the reference "
         "run under the same flags, on every trial. With TF32 allowed cuDNN computes most references in TF32, "
         "and the files compute in TF32 as they do; 'vs fp64' checks the same outputs against the reference "
         "layer in float64, and 'ref err' is the reference's own distance from float64.")
 
 
-# ---- KernelBench's building blocks ------------------------------------------------------------
 def set_seed(seed: int) -> None:
-    torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed(seed)
+    torch.manual_seed(seed)  # every device's generator: KernelBench's torch.cuda.manual_seed too
 
 
 def trial_seeds(n: int) -> list[int]:
@@ -112,7 +108,6 @@ def flags_in_force(precision: str):
     return cudnn_conv_tf32(False) if precision == "tf32x3" else contextlib.nullcontext()
 
 
-# ---- results ------------------------------------------------------------------------------------
 @dataclass
 class Trial:
     seed: int
@@ -179,7 +174,6 @@ class Result:
         return {**asdict(self), **{k: getattr(self, k) for k, v in vars(type(self)).items() if isinstance(v, property)}}
 
 
-# ---- the checks ---------------------------------------------------------------------------------
 def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
 
@@ -232,10 +226,9 @@ def evaluate_file(problem: Problem, directory: Path, m: Machine, console, trials
     through the interpreter, the Triton file's trials at the problem's reduced size."""
     interpret = not m.gpu and m.interpret and file_name == problem.file_name
     run = reduced(problem) if interpret else problem
-    result = Result(problem.id, file_name, run.describe(), list(run.input_shape))
     module = load_model_file(directory / file_name)
-    result.loaded = True
-    result.precision = getattr(module, "forward_precision", lambda: None)()
+    result = Result(problem.id, file_name, run.describe(), list(run.input_shape), loaded=True,
+                    precision=getattr(module, "forward_precision", lambda: None)())
     reference, candidate = build_models(problem, module)
     result.parameters_identical = parameters_identical(reference, candidate)
     if interpret:
@@ -268,7 +261,6 @@ def evaluate_file(problem: Problem, directory: Path, m: Machine, console, trials
     return result
 
 
-# ---- output -------------------------------------------------------------------------------------
 SAME_PARAMS = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}  # the "same params" cell
 
 
@@ -336,15 +328,6 @@ def row_line(r: Result) -> str:
     return f"  problem {_entry(r)} [{r.precision}]: {verdict_text(r)}{speed}{fp64}"
 
 
-def flags_now() -> dict:
-    conv = getattr(torch.backends.cudnn, "conv", None)
-    return {"cudnn_conv_tf32": cudnn_conv_allows_tf32(),
-            "cudnn_conv_fp32_precision": getattr(conv, "fp32_precision", None),
-            "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}
-
-
-# ---- command ------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The options; ``--exact`` becomes ``--precision tf32x3`` with a DeprecationWarning, shown unless -W says no."""
     p = argparse.ArgumentParser(prog="convt3d kernelbench", description=__doc__.split("\n\n")[0],
@@ -423,7 +406,11 @@ def run_all(m: Machine, rows: list[tuple], fn, console, line, failed) -> tuple[d
     """(flags, results, environment) of ``fn(problem, name)`` per row under the flags of the run, each printed by
     ``line``; one that raises gives ``failed(problem, name, traceback)``, hiding no other problem's result."""
     with flags_in_force(m.precision):
-        flags, results = flags_now(), []
+        conv, results = getattr(torch.backends.cudnn, "conv", None), []
+        flags = {"cudnn_conv_tf32": cudnn_conv_allows_tf32(),
+                 "cudnn_conv_fp32_precision": getattr(conv, "fp32_precision", None),
+                 "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+                 "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}
         for p, name in rows:
             console.print(f"[bold]problem {p.id}[/]: {name}")
             try:
@@ -462,11 +449,9 @@ def conclude(args: argparse.Namespace, argv: list[str] | None, console, m: Machi
                        "discard_first": DISCARD_FIRST, "l2_flush_bytes": L2_FLUSH_BYTES,
                        "reduced_geometry": not m.gpu and m.interpret, "interpreter": m.interpret},
             "note": note, "seconds": time.perf_counter() - m.start,
-            "problems": [r.as_dict() for r in results], "summary": s,
-        })
+            "problems": [r.as_dict() for r in results], "summary": s})
         console.print(f"wrote {args.json}")
-    failed = s["errors"] > 0 or s["correct"] < s["checked"] or any(r.parameters_identical is False for r in results)
-    return 1 if failed else 0
+    return int(s["errors"] > 0 or s["correct"] < s["checked"] or any(r.parameters_identical is False for r in results))
 
 
 def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:

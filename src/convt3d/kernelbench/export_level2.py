@@ -31,9 +31,7 @@ TABLE_ARCH = "sm90"  # the predictor's table that ranks the candidates: the GPUs
 # The stages a file carries (a plain function computes with PyTorch).
 SUPPORTED_STAGES = (level2.Conv, level2.DepthMeanConv, level2.PooledConv, level2.DirectConv, level2.NormPooledConv,
                     level2.Pool, level2.Reduce, level2.SubtractMean, level2.Norm)
-_programs_of = finish._programs_of
-
-
+_programs_of = finish._programs_of  # the original: a trace patches finish's with _Tracer._programs
 _keyed: list[torch.Tensor] = []  # every tensor a trace has keyed, alive until it ends: no id is reused
 
 
@@ -78,15 +76,16 @@ class _Tracer:
             # PooledConv's weight: zero-padded by a copy, average-pooled by the finishing kernel
             patched.enter_context(mock.patch.multiple(level2, _convt=self._conv, F=types.SimpleNamespace(
                 pad=self._pad, avg_pool3d=lambda t, size: finish.pool(t, "avg", size))))
+            # finish's check_call sees a meta input and the model's parameters on the CPU as if on one device
             patched.enter_context(mock.patch.multiple(finish, _programs_of=self._programs, FK=self,
                                                       _ones=lambda n, device: self._new(n, "ones"),
-                                                      check_call=self._check_call))
+                                                      check_call=lambda x, w, b, *a: _validate.check_call(
+                                                          x, w.to("meta"), None if b is None else b.to("meta"), *a)))
             for k, self.stage in enumerate(problem.pipeline):
                 self.events = []
                 y = self.stage(self.model, y, self.inputs)
                 self.stages.append(self._render(k, y))
 
-    # ---- what the stages call ------------------------------------------------------------------
     def _conv(self, x, weight, bias, stride, padding, output_padding, groups, dilation, program):
         layer = dict(in_channels=weight.shape[0], out_channels=weight.shape[1] * groups,
                      kernel_size=tuple(weight.shape[2:]), stride=stride, padding=padding,
@@ -102,11 +101,6 @@ class _Tracer:
             raise ExportError(f"problem {self.problem.id}: {why or 'a second transposed convolution'}")
         self.conv = (call, epi)
         return self._new(params.out_shape, "conv", x, weight, bias, self.stage.steps, epi)
-
-    @staticmethod
-    def _check_call(x, weight, bias, *args):
-        """``check_call`` of a meta input with the model's parameters on the CPU, as if on one device."""
-        return _validate.check_call(x, weight.to("meta"), None if bias is None else bias.to("meta"), *args)
 
     def _pad(self, w, pads):
         return self._new([*w.shape[:2], *(n + pads[4 - 2 * i] + pads[5 - 2 * i] for i, n in enumerate(w.shape[2:]))],
@@ -134,7 +128,6 @@ class _Tracer:
         self.kernels.add(kernel)
         return _Grid(lambda grid, args, consts: self.events.append(("launch", kernel, grid, args, consts)))
 
-    # ---- the file's lines ---------------------------------------------------------------------
     def _operand(self, raw) -> str:
         """A program operand as the file reads it: a number, a forward input, a constant of a module
         without state (as a literal), else the model's attribute."""
@@ -265,7 +258,6 @@ def candidates(call, epi=None) -> list[tuple[object, tuple[str, ...]]]:
     return [(c, tuple(p for p in offered if c in offered[p])) for c in chosen]
 
 
-# ---- the generated source ------------------------------------------------------------------------
 _SUPPORT = '''# {rule} the programs' operands, the layers' state (generated) {rule}
 _programs = {{}}
 

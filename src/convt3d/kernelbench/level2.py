@@ -23,7 +23,7 @@ import convt3d
 from ..core.epilogue import apply_torch, as_epilogue
 from ..core.flags import cudnn_conv_allows_tf32
 from ..engines.triton import finish
-from .problems import bind, find, select_ids
+from .problems import bind, find
 
 
 def _convt(x, weight, bias, stride, padding, output_padding, groups, dilation, program):
@@ -52,7 +52,6 @@ def _resolve(program, m: nn.Module, env: dict, channels: int) -> list | None:
     return steps or None
 
 
-# ---- the stages of a ModelNew's forward ----------------------------------------------------------
 class Conv:
     """The model's ``conv_transpose`` with ``steps`` as its epilogue."""
 
@@ -264,7 +263,6 @@ class NormPooledConv(DirectConv):
         return Norm(self.name)(m, out, env, sums)
 
 
-# ---- the problems --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Problem:
     id: int
@@ -447,7 +445,7 @@ def by_id(problem_id: int) -> Problem:
 
 def parse_ids(text: str | None) -> list[Problem]:
     """'3,100' -> those problems (all nineteen for None or empty)."""
-    return select_ids(text, by_id, PROBLEMS)
+    return [by_id(int(v)) for v in text.split(",") if v.strip()] if text else list(PROBLEMS)
 
 
 class _Built(nn.Module):

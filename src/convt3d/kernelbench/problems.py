@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 SEED = 42  # KernelBench's seed_num: models are built after seeding it, trial seeds derive from it
-# The problems with a hand-kept CUDA entry (kernelbench/<name>_cuda.py) beside their generated file.
-CUDA_PROBLEMS = (77,)
+CUDA_PROBLEMS = (77,)  # the problems with a hand-kept CUDA entry (kernelbench/<name>_cuda.py) beside their file
 
 
 def parameters(signature: str) -> list[inspect.Parameter]:
@@ -45,7 +44,6 @@ _ALWAYS_FORWARDED = ("in_channels", "out_channels", "kernel_size")
 @dataclass(frozen=True)
 class DefaultReference:
     """How cuDNN computed a problem's fp32 reference with TF32 allowed, as measured against float64."""
-
     tf32: bool  # True: cuDNN computed in TF32; False: in full fp32 although TF32 was allowed
     max_abs_err_fp64: float
     measured: str  # date and conditions
@@ -62,7 +60,6 @@ def _tf32(err: float) -> DefaultReference:
 @dataclass(frozen=True)
 class Candidate:
     """A tile configuration a file carries (the engine ``Config``'s non-default fields) and its tuner median."""
-
     config: dict[str, Any] = field(hash=False)
     median_ms: float
 
@@ -177,18 +174,13 @@ def find(problems: tuple, problem_id: int, level: str = ""):
     return table[problem_id]
 
 
-def select_ids(text: str | None, by_id, everything) -> list:
-    """'58,77' -> those problems by ``by_id`` (``everything`` for None or empty)."""
-    return [by_id(int(v)) for v in text.split(",") if v.strip()] if text else list(everything)
-
-
 def by_id(problem_id: int) -> Problem:
     return find(PROBLEMS, problem_id)
 
 
 def parse_ids(text: str | None) -> list[Problem]:
     """'58,77' -> those problems (all seven for None or empty)."""
-    return select_ids(text, by_id, PROBLEMS)
+    return [by_id(int(v)) for v in text.split(",") if v.strip()] if text else list(PROBLEMS)
 
 
 class ReferenceModel(nn.Module):

@@ -35,18 +35,6 @@ class _Module:
     imports: list[str] = field(default_factory=list)  # the package modules it imports relatively, in order
 
 
-def _check_absolute_import(node: ast.AST, where: str) -> None:
-    tops = ([a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import)
-            else [(node.module or "").split(".")[0]])
-    for top in tops:
-        if top == "convt3d":
-            raise ShakeError(f"{where}: package imports must be relative ('from .x import y') for the exporter to "
-                             "inline them")
-        if top not in ("torch", "triton") and top not in sys.stdlib_module_names:
-            raise ShakeError(f"{where}: imports {top!r}; a KernelBench file may import only torch, triton and the "
-                             "standard library")
-
-
 def _target_names(target: ast.expr) -> list[str]:
     if isinstance(target, ast.Name):
         return [target.id]
@@ -104,11 +92,9 @@ class PythonShaker:
         self.namespaces: dict[tuple[str, str], tuple[str, set[str]]] = {}  # (module, alias) -> (target, names)
         self.owner: dict[str, tuple[str, int]] = {}  # emitted name -> (module, statement index)
         self.extra: dict[str, set[str]] = {}  # module -> names reached dynamically (e.g. kernels by name)
-        # Constexprs the file never sets from their default 0: their ``if NAME != 0:`` blocks are left
-        # out, with what only they reach.
+        # Constexprs never set from their default 0: their ``if NAME != 0:`` blocks, and what only they reach, go.
         self.dead: set[str] = set()
 
-    # -- binding table ------------------------------------------------------------------------------
     def _load(self, path: str, read, is_module, visiting: list[str]) -> None:
         """Parse ``path`` after the modules it imports relatively, in the order it names them."""
         if path in self.modules:
@@ -141,11 +127,17 @@ class PythonShaker:
                     ("from", target, a.name)
             return
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            _check_absolute_import(node, where)
-            if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            plain = isinstance(node, ast.Import)
+            for top in [a.name.split(".")[0] for a in node.names] if plain else [(node.module or "").split(".")[0]]:
+                if top == "convt3d":
+                    raise ShakeError(f"{where}: package imports must be relative ('from .x import y') for the exporter "
+                                     "to inline them")
+                if top not in ("torch", "triton") and top not in sys.stdlib_module_names:
+                    raise ShakeError(f"{where}: imports {top!r}; a KernelBench file may import only torch, triton and "
+                                     "the standard library")
+            if not plain and node.module == "__future__":
                 return
             for a in node.names:
-                plain = isinstance(node, ast.Import)
                 name = a.asname or (a.name.split(".")[0] if plain else a.name)
                 single = ast.Import([a]) if plain else ast.ImportFrom(node.module, [a], 0)
                 module.bindings[name] = ("ext", ast.unparse(single), node)
@@ -154,7 +146,6 @@ class PythonShaker:
             if name != "__all__":
                 module.bindings[name] = ("stmt", i)
 
-    # -- reachability -------------------------------------------------------------------------------
     def _references(self, module: _Module, node: ast.stmt) -> tuple[set[str], dict[str, set[str]]]:
         names: set[str] = set()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -175,10 +166,8 @@ class PythonShaker:
                 for block in _dead_ifs(live, self.dead):
                     block.body, block.test = [], ast.Constant(False)
                 names -= _loads(ifs) - _loads([live])
-        elif isinstance(node, ast.AnnAssign):
-            names |= _loads([node.value])
-        else:
-            names |= _loads([node])
+        else:  # not an annotation: the package's are lazy (``from __future__ import annotations``)
+            names |= _loads([node.value] if isinstance(node, ast.AnnAssign) else [node])
         return names, _attributes(node)
 
     def reach(self, entries: list[tuple[str, str]], dynamic: dict[str, set[str]] | None = None) -> None:
@@ -211,10 +200,9 @@ class PythonShaker:
                 if target_name != name:
                     self.aliases[(path, name)] = target_name
             elif kind == "alias":
-                target = binding[1]
-                ns = self.namespaces.setdefault((path, name), (target, set()))[1]
-                ns |= self.extra.get(target, set())
-                work.extend((target, n) for n in ns)
+                ns = self.namespaces.setdefault((path, name), (binding[1], set()))[1]
+                ns |= self.extra.get(binding[1], set())
+                work.extend((binding[1], n) for n in ns)
             else:
                 key, node = (path, binding[1]), module.tree.body[binding[1]]
                 if key in self.kept:
@@ -245,10 +233,8 @@ class PythonShaker:
 
     def defines(self, name: str) -> bool:
         """Whether a kept statement defines ``name`` (the emitted file's namespace)."""
-        return name in self.owner or any(a == name for (_, a) in self.aliases) \
-            or any(a == name for (_, a) in self.namespaces) or name in self.ext
+        return name in self.owner or name in self.ext or any(a == name for _, a in (*self.aliases, *self.namespaces))
 
-    # -- output -------------------------------------------------------------------------------------
     def imports(self) -> list[str]:
         """The absolute imports kept, sorted, one ``from`` statement per module (``from m import a, b``)."""
         plain = {text for text, _ in self.ext.values() if text.startswith("import ")}

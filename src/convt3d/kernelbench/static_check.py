@@ -25,9 +25,8 @@ class Violation:
     text: str  # the matched text (or the requirement's pattern)
 
     def __str__(self) -> str:
-        where = f"line {self.line}" if self.line else "file"
-        what = f"missing {self.text!r}" if not self.line else f"{self.text!r}"
-        return f"{where}: {self.category}/{self.rule}: {what}"
+        return (f"line {self.line}: {self.category}/{self.rule}: {self.text!r}" if self.line
+                else f"file: {self.category}/{self.rule}: missing {self.text!r}")
 
 
 _r = re.compile
@@ -54,15 +53,13 @@ RULES: tuple[Rule, ...] = (
     Rule("timing-patch", "timing_event_patch",
          _r(r"torch\.cuda\.Event\.(?:record|elapsed_time)\s*=|torch\.cuda\.synchronize\s*=|torch\.cuda\.Event\s*="
             r"|time\.perf_counter\s*=|time\.time\s*=")),
-    Rule("threading", "thread_injection",
-         _r(r"threading\.(?:Thread|Event|Lock|RLock|Condition|Semaphore|Barrier|Timer)|\bThread\s*\("
-            r"|import\s+threading|from\s+threading\s+import")),
+    Rule("threading", "thread_injection", _r(r"threading\.(?:Thread|Event|Lock|RLock|Condition|Semaphore|Barrier|"
+                                             r"Timer)|\bThread\s*\(|import\s+threading|from\s+threading\s+import")),
     Rule("multiprocessing", "thread_injection",
          _r(r"multiprocessing\.(?:Process|Pool|Manager|Queue|Pipe)|import\s+multiprocessing|from\s+multiprocessing")),
     Rule("executors", "thread_injection", _r(r"concurrent\.futures|ThreadPoolExecutor|ProcessPoolExecutor")),
-    Rule("lazy-tensor", "lazy_eval",
-         _r(r"_make_subclass|class\s+\w+.*\(torch\.Tensor\)|class\s+\w+.*\(Tensor\)|torch\.Tensor\.__new__"
-            r"|\._view\(|\.view_as\(")),
+    Rule("lazy-tensor", "lazy_eval", _r(r"_make_subclass|class\s+\w+.*\(torch\.Tensor\)|class\s+\w+.*\(Tensor\)"
+                                        r"|torch\.Tensor\.__new__|\._view\(|\.view_as\(")),
     Rule("triton-jit", "triton_impl", _r(r"@triton\.(?:jit|autotune)"), required=True, backend="triton"),
     Rule("tl-op", "triton_impl", _r(r"\btl\.\w+"), required=True, backend="triton"),
     Rule("tl-memory-op", "triton_impl", _r(r"tl\.(?:load|store)\s*\("), required=True, backend="triton"),
@@ -78,12 +75,10 @@ RULES: tuple[Rule, ...] = (
          _r(r"torch\.nn\.functional|\bnn\.functional\.\w+|\bF\.(?:" + _F_OPS + ")")),
     Rule("functional-import", "torch_computation_ops",
          _r(r"from\s+torch\.nn\s+import\s+[^\n]*\bfunctional\b|import\s+torch\.nn\.functional")),
-    Rule("streams", "stream_injection",
-         _r(r"(?:torch\.)?cuda\.[Ss]tream\s*\(|with\s+(?:torch\.)?cuda\.stream|\.wait_stream\s*\("
-            r"|\.record_stream\s*\(|Stream\(\)")),
-    Rule("fp16-downgrade", "precision_downgrade",
-         _r(r"\.half\s*\(|\.float16\s*\(|\.to\s*\(\s*(?:dtype\s*=\s*)?torch\.(?:float16|half)\b"
-            r"|tl\.astype\s*\(\s*[^,]+,\s*tl\.float16\s*\)")),
+    Rule("streams", "stream_injection", _r(r"(?:torch\.)?cuda\.[Ss]tream\s*\(|with\s+(?:torch\.)?cuda\.stream"
+                                           r"|\.wait_stream\s*\(|\.record_stream\s*\(|Stream\(\)")),
+    Rule("fp16-downgrade", "precision_downgrade", _r(r"\.half\s*\(|\.float16\s*\(|\.to\s*\(\s*(?:dtype\s*=\s*)?torch\."
+                                                    r"(?:float16|half)\b|tl\.astype\s*\(\s*[^,]+,\s*tl\.float16\s*\)")),
 )
 
 

@@ -113,8 +113,7 @@ def _trace(problem: Problem, cfg, precision: str, has_bias: bool, tables: list, 
 
 
 # Expressions a constexpr may follow, as the launcher's arguments name them, with their values.
-_FOLLOWS = {"has_bias": lambda precision, has_bias: has_bias,
-            "precision": lambda precision, has_bias: precision,
+_FOLLOWS = {"has_bias": lambda precision, has_bias: has_bias, "precision": lambda precision, has_bias: precision,
             'precision == "tf32"': lambda precision, has_bias: precision == "tf32"}
 
 
@@ -154,7 +153,6 @@ def _merge(problem: Problem, cfg, traces: dict[tuple[str, bool], list[_Launch]])
     return merged
 
 
-# ---- the generated launcher -----------------------------------------------------------------------
 def _wrap_call(head: str, items: list[str], indent: str, tail: str = ")") -> str:
     """``indent + head + items + tail``, the items wrapped at 112 columns under the first one."""
     text = indent + head + ", ".join(items) + tail
@@ -258,13 +256,12 @@ def _table(k, device):
 
 
 '''
-    candidates = "\n".join(entries)
     return head + "\n\n".join(parts) + f'''
 
 # The candidates, fastest first where measured; ``precisions``: those each runs at (Gluon's wgmma
 # reads fp32 as TF32 only); ``gluon``, ``tma``: the GPU it needs.
 CANDIDATES = (
-{candidates}
+{chr(10).join(entries)}
 )
 ''', kernels
 
