@@ -41,6 +41,7 @@ NOTE = ("'correct' is KernelBench's verdict: allclose(reference, ModelNew, atol=
         "layer in float64, and 'ref err' is the reference's own distance from float64.")
 
 
+# ---- KernelBench's building blocks ------------------------------------------------------------
 def set_seed(seed: int) -> None:
     torch.manual_seed(seed)  # every device's generator: KernelBench's torch.cuda.manual_seed too
 
@@ -108,6 +109,7 @@ def flags_in_force(precision: str):
     return cudnn_conv_tf32(False) if precision == "tf32x3" else contextlib.nullcontext()
 
 
+# ---- results ------------------------------------------------------------------------------------
 @dataclass
 class Trial:
     seed: int
@@ -174,6 +176,7 @@ class Result:
         return {**asdict(self), **{k: getattr(self, k) for k, v in vars(type(self)).items() if isinstance(v, property)}}
 
 
+# ---- the checks ---------------------------------------------------------------------------------
 def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
 
@@ -261,6 +264,7 @@ def evaluate_file(problem: Problem, directory: Path, m: Machine, console, trials
     return result
 
 
+# ---- output -------------------------------------------------------------------------------------
 SAME_PARAMS = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}  # the "same params" cell
 
 
@@ -328,6 +332,7 @@ def row_line(r: Result) -> str:
     return f"  problem {_entry(r)} [{r.precision}]: {verdict_text(r)}{speed}{fp64}"
 
 
+# ---- command ------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The options; ``--exact`` becomes ``--precision tf32x3`` with a DeprecationWarning, shown unless -W says no."""
     p = argparse.ArgumentParser(prog="convt3d kernelbench", description=__doc__.split("\n\n")[0],

@@ -47,6 +47,7 @@ def _paragraph(text: str, prefix: str = "") -> str:
     return textwrap.fill(text, width=100, initial_indent=prefix, subsequent_indent=prefix, break_on_hyphens=False)
 
 
+# ---- the problem's geometry, candidates and reduced form ------------------------------------------
 def file_configs(problem: Problem, check_offered: bool = True) -> list[tuple[object, tuple[str, ...]]]:
     """(Config, the precisions the engine offers it at) per candidate, of TF32 where the reference computes in it
     and the exact grade; unchecked for a reduced geometry."""
@@ -148,6 +149,7 @@ def forward(x, weight, bias, precision{ops}):
 '''
 
 
+# ---- the precision rule and ModelNew -------------------------------------------------------------
 def precision_lines(what: str, rule: str, doc: str, condition: str) -> list[Line]:
     """A file's precision section: ``rule`` under its title, convt3d's reader of PyTorch's TF32 flag for
     convolutions verbatim, and ``forward_precision()``, "tf32" where ``condition`` holds and the flag allows it."""
@@ -254,6 +256,7 @@ __all__ = ["ModelNew", "ConvTranspose3dTriton"]
 """
 
 
+# ---- the header, the imports, the file ----------------------------------------------------------------
 def header_lines(level: int, problem, provenance: list[str], configs, notes: list[str], about: str) -> list[Line]:
     """MARKER, ``provenance``, a line per candidate (its ``notes``), then the docstring: ``about`` as a paragraph."""
     width = max((len(cfg.short()) for cfg, _ in configs), default=0)
@@ -363,6 +366,7 @@ def render(problem: Problem, small: bool = False) -> str:
     return checked_text(problem.file_name, assemble(ROOTS, problem, configs, _header(problem, configs, small), rest))
 
 
+# ---- command ----------------------------------------------------------------------------------------
 def default_out_dir() -> Path:
     """The checkout's ``kernelbench/`` (src layout: two levels above the package), else ./kernelbench."""
     package = Path(__file__).resolve().parents[1]

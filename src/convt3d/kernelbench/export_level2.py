@@ -86,6 +86,7 @@ class _Tracer:
                 y = self.stage(self.model, y, self.inputs)
                 self.stages.append(self._render(k, y))
 
+    # ---- what the stages call ------------------------------------------------------------------
     def _conv(self, x, weight, bias, stride, padding, output_padding, groups, dilation, program):
         layer = dict(in_channels=weight.shape[0], out_channels=weight.shape[1] * groups,
                      kernel_size=tuple(weight.shape[2:]), stride=stride, padding=padding,
@@ -128,6 +129,7 @@ class _Tracer:
         self.kernels.add(kernel)
         return _Grid(lambda grid, args, consts: self.events.append(("launch", kernel, grid, args, consts)))
 
+    # ---- the file's lines ---------------------------------------------------------------------
     def _operand(self, raw) -> str:
         """A program operand as the file reads it: a number, a forward input, a constant of a module
         without state (as a literal), else the model's attribute."""
@@ -258,6 +260,7 @@ def candidates(call, epi=None) -> list[tuple[object, tuple[str, ...]]]:
     return [(c, tuple(p for p in offered if c in offered[p])) for c in chosen]
 
 
+# ---- the generated source ------------------------------------------------------------------------
 _SUPPORT = '''# {rule} the programs' operands, the layers' state (generated) {rule}
 _programs = {{}}
 

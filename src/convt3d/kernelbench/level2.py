@@ -52,6 +52,7 @@ def _resolve(program, m: nn.Module, env: dict, channels: int) -> list | None:
     return steps or None
 
 
+# ---- the stages of a ModelNew's forward ----------------------------------------------------------
 class Conv:
     """The model's ``conv_transpose`` with ``steps`` as its epilogue."""
 
@@ -263,6 +264,7 @@ class NormPooledConv(DirectConv):
         return Norm(self.name)(m, out, env, sums)
 
 
+# ---- the problems --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Problem:
     id: int

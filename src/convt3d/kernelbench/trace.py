@@ -153,6 +153,7 @@ def _merge(problem: Problem, cfg, traces: dict[tuple[str, bool], list[_Launch]])
     return merged
 
 
+# ---- the generated launcher -----------------------------------------------------------------------
 def _wrap_call(head: str, items: list[str], indent: str, tail: str = ")") -> str:
     """``indent + head + items + tail``, the items wrapped at 112 columns under the first one."""
     text = indent + head + ", ".join(items) + tail
