@@ -8,7 +8,12 @@ final (a call every 0.05 s meanwhile, 90 s at most), the calls made, the final e
 did not settle it), convt3d's and PyTorch's steady time (µs, CUDA events, median of 15) and the first call's largest
 difference from PyTorch's output. Warm: a new process with the caches kept, its first call.
 
+With ``NETWORKS=1`` the rows are the networks suite's networks in each mode instead, a new process each
+(``run_networks`` without steady timing): the untouched model's first call (s), the patched one's (s), the extra
+and whether the output is within the error budget. ``WARM=0`` leaves out the warm rows.
+
     OUT=. START=0 UNSEEN=4 SEED=2027 python tools/first_call.py      # writes first_call_bg.json
+    OUT=. NETWORKS=1 python tools/first_call.py                      # writes first_call_networks.json
 """
 import json
 import os
@@ -59,17 +64,35 @@ ours = us(lambda: convt3d.conv_transpose3d(x, w, *args)); theirs = us(lambda: to
 err = (y2.double() - y.double()).abs().max().item()
 print("RESULT", round(t2 - t1, 3), round(t3 - t2, 3), first_engine, round(t_final, 2), calls, final, round(ours, 1), round(theirs, 1), "%.2g" % err)
 '''
+if os.environ.get("NETWORKS"):
+    from convt3d.bench import networks
+    rows = [(f"{n.name} {m.label}", (n.name, m.label)) for n in networks.NETWORKS for m in networks.select_modes()]
+    CHILD = r'''
+import time
+from convt3d.bench import networks as N
+from convt3d.engines.triton import background
+net, label = {spec!r}
+found = N.run_networks(N.select_networks([net]), [m for m in N.select_modes() if m.label == label], measure=False)
+r = (found[0] or found[1] or found[2])[0]
+print("RESULT", *(round(r[k], 2) if k in r else "-" for k in ("torch_first_call_s", "first_call_s", "first_call_extra_s")),
+      r.get("within_error_budget", r.get("reason") or r.get("error")), flush=True)
+t = time.perf_counter()  # the background compiles finish, so that the warm row finds them in the caches
+while background._compiling and time.perf_counter() - t < {wait}:
+    time.sleep(0.2)
+'''
 out = {}
 for name, spec in rows[int(os.environ.get("START", "0")):]:
     triton_cache = tempfile.mkdtemp(); c3d_cache = tempfile.mkdtemp()
-    for kind in ("cold", "warm"):
-        env = dict(os.environ, TRITON_CACHE_DIR=triton_cache, CONVT3D_CACHE_DIR=c3d_cache, PYTHONPATH="src",
-                   CONVT3D_FIRST_CALL="background")
-        r = subprocess.run([sys.executable, "-c", CHILD.format(spec=spec)], env=env, capture_output=True, text=True, timeout=150)
+    for kind in ("cold", "warm")[:1 if os.environ.get("WARM") == "0" else 2]:
+        env = dict(os.environ, TRITON_CACHE_DIR=triton_cache, CONVT3D_CACHE_DIR=c3d_cache, CONVT3D_FIRST_CALL="background",
+                   PYTHONPATH=os.pathsep.join(["src", os.environ.get("PYTHONPATH", "")]))
+        child = CHILD.format(spec=spec, wait=0 if os.environ.get("WARM") == "0" else 100)
+        r = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=150)
         line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
         note = [l[:160] for l in r.stderr.splitlines() if "convt3d:" in l][:1] if not r.returncode else r.stderr.strip().splitlines()[-2:]
         result = line[0][7:] if line else None
-        layout = "cl" if spec["channels_last"] else "ncdhw"
-        print(f"{name:34s} {spec['dtype'][:4]} {layout[:2]} {kind}: " + (result or f"rc {r.returncode}"), note, flush=True)
-        out[f"{name} {spec['dtype']} {layout} {kind}"] = result
-        json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "first_call_bg.json"), "w"), indent=1)
+        label = f"{name} {spec['dtype']} {'cl' if spec['channels_last'] else 'ncdhw'}" if isinstance(spec, dict) else name
+        print(f"{label:46s} {kind}: " + (result or f"rc {r.returncode}"), note, flush=True)
+        out[f"{label} {kind}"] = result
+        json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "first_call_networks.json" if os.environ.get(
+            "NETWORKS") else "first_call_bg.json"), "w"), indent=1)
