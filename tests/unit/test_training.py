@@ -303,7 +303,7 @@ def test_bench_training_modes_rows(mode, backend):
     from convt3d.bench.suites import Case as BenchCase, Geometry
 
     geom = Geometry.of("tiny", 1, 8, 8, 2, 2, 2, bias=True)
-    cases = [BenchCase("layers", geom, "fp32", "ncdhw", "default", "randn")]
+    cases = [BenchCase("layers", geom, "fp32", "ncdhw", "tf32", "randn")]
     ceilings = roofline.Ceilings(copy_bytes_per_s=4.24e12, bf16_flops_per_s=683e12, tf32_flops_per_s=374e12,
                                  fp32_flops_per_s=51e12)
     rows, failures = runner.run_cases(cases, mode, backend, ceilings, runner.TimingSettings(), device="cpu",
