@@ -11,7 +11,7 @@ import torch
 
 from convt3d.bench import networks
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("large_gpu_memory")]
 
 
 @pytest.mark.parametrize("backend", ["auto", "triton"])

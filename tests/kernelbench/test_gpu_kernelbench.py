@@ -18,7 +18,8 @@ from convt3d.core.flags import cudnn_conv_tf32
 from convt3d.kernelbench import evaluate, export
 from convt3d.kernelbench.problems import PROBLEMS, SEED
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+              pytest.mark.usefixtures("large_gpu_memory")]
 KB_DIR = export.default_out_dir()
 ENTRIES = evaluate.entries(list(PROBLEMS))  # the seven Triton files and the hand-kept CUDA entry of 77
 

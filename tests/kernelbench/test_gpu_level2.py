@@ -20,7 +20,8 @@ import torch
 from convt3d.core.flags import cudnn_conv_tf32
 from convt3d.kernelbench import command, evaluate, evaluate_level2, level2
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+              pytest.mark.usefixtures("large_gpu_memory")]
 
 
 def _id(p: level2.Problem) -> str:
