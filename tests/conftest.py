@@ -113,30 +113,22 @@ def _seed():
 @pytest.fixture
 def large_gpu_memory(tmp_path_factory):
     """For tests that take much of the GPU's memory (KernelBench problems at full size, whole
-    networks beside their float64 copies): at most one per 24 GiB of the device at a time across
-    the xdist workers of a run, so that a run with many workers on one GPU does not fail them for
-    memory the others hold."""
-    import time
-
-    from filelock import FileLock, Timeout  # a dependency of torch
+    networks beside their float64 copies): one slot per 24 GiB of the device, each xdist worker
+    bound to one slot by its index and holding it through the test, so that a run with many workers
+    on one GPU does not fail them for memory the others hold. The test's memory goes back to the
+    device before the slot is freed."""
+    from filelock import FileLock  # a dependency of torch
 
     root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under xdist
+    if worker:
         root = root.parent  # the run's directory, above each worker's own
     slots = max(1, torch.cuda.get_device_properties(0).total_memory // (24 << 30)) if HAS_CUDA else 1
-    locks = [FileLock(str(root / f"large_gpu_memory.{i}.lock")) for i in range(slots)]
-    while True:
-        for lock in locks:
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
-                continue
-            try:
-                yield
-            finally:
-                lock.release()
-            return
-        time.sleep(0.1)
+    slot = int(worker.removeprefix("gw")) % slots if worker else 0
+    with FileLock(str(root / f"large_gpu_memory.{slot}.lock")):
+        yield
+        if HAS_CUDA:
+            torch.cuda.empty_cache()
 
 
 @pytest.fixture
