@@ -173,9 +173,13 @@ def test_invalid_programs_raise_before_any_kernel(name, backend, monkeypatch):
 
 # ---- routing ---------------------------------------------------------------------------------------
 @requires_interpreter
-def test_triton_raises_where_it_cannot_fuse():
+@pytest.mark.parametrize("case", [
     # Kernel 2 < stride 3: a residue no tap reaches is filled with the bias outside the GEMM's store.
-    case = Case(1, 8, 8, (2, 3, 3), (2, 2, 2), 3, 0, 2)
+    Case(1, 8, 8, (2, 3, 3), (2, 2, 2), 3, 0, 2),
+    # Kernel 3 >= stride 2, but dilation 2 shares the stride's factor: every tap lands on even rows.
+    Case(1, 8, 8, (3, 3, 3), (3, 3, 3), 2, 1, 1, dilation=(2, 1, 1)),
+], ids=["kernel-below-stride", "dilation-shares-stride-factor"])
+def test_triton_raises_where_it_cannot_fuse(case):
     x, w, b = case.tensors()
     with pytest.raises(BackendUnavailableError, match="no tap reaches"):
         convt3d.conv_transpose3d(x, w, b, *case.args, backend="triton", epilogue=["relu"])

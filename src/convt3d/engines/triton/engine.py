@@ -72,7 +72,8 @@ def epilogue_reason(params: ConvT3dParams, x: torch.Tensor, weight: torch.Tensor
     """Why the engine cannot fuse ``epi`` into this call, or None (``unsupported_reason`` comes first)."""
     if any(ph.num_taps == 0 for a in params.axes[:2] for ph in a.phases):
         # fill_rows/fill_planes and companion rows write those bias-only rows without the program.
-        return "output rows that no tap reaches (kernel below the stride along depth or height) take no epilogue"
+        return ("output rows that no tap reaches (along depth or height, a kernel below the stride or a dilation "
+                "sharing a factor with it) take no epilogue")
     if epilogue_configs(plan(params, x, weight, precision).configs, epi, params):
         return None
     if epi is not None and epi.over_channels:
