@@ -23,6 +23,9 @@ import time
 from tuning_table import _tensors, draw
 
 
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
 def computed_in_tf32(theirs, exact, ref, allow_tf32: bool) -> bool:
     """Whether PyTorch's fp32 call (``theirs``) computed in TF32: allowed, and away from its exact-fp32 output."""
     import torch
@@ -45,7 +48,8 @@ def judge(theirs, ours, exact, ref, allow_tf32: bool, engine_out=None) -> dict:
     budget = max(2 * theirs_err, torch.finfo(theirs.dtype).eps)
     engine_err = None if engine_out is None else err(engine_out)
     return dict(torch_err=theirs_err, convt3d_err=ours_err, triton_err=engine_err, budget=budget,
-                torch_class="tf32" if computed_in_tf32(theirs, exact, ref, allow_tf32) else "exact",
+                torch_class=None if theirs.dtype != torch.float32 else
+                "tf32" if computed_in_tf32(theirs, exact, ref, allow_tf32) else "exact",
                 within=max(ours_err, engine_err or 0.0) <= budget)
 
 
@@ -94,9 +98,9 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 -- a layer that fails is reported, and counts as over budget
             row = dict(spec, error=f"{type(exc).__name__}: {exc}"[:300], within=False)
         rows.append(row)
-        print(f"{i:3d} {spec['dtype'][:4]} {spec['precision']:6s} {spec['in_channels']:3d}->{spec['out_channels']:<3d} "
+        print(f"{i:3d} {SHORT[spec['dtype']]} {spec['precision']:6s} {spec['in_channels']:3d}->{spec['out_channels']:<3d} "
               f"g{spec['groups']} k{spec['kernel_size']} s{spec['stride']} "
-              + (f"{row['engine']:8s} torch {row['torch_err']:.2e} ({row['torch_class']}) convt3d "
+              + (f"{row['engine']:8s} torch {row['torch_err']:.2e} ({row['torch_class'] or '-'}) convt3d "
                  f"{row['convt3d_err']:.2e} triton " + ("-" if row["triton_err"] is None else f"{row['triton_err']:.2e}")
                  + f" budget {row['budget']:.2e}" if "error" not in row else row["error"])
               + ("" if row["within"] else "  OVER"), flush=True)

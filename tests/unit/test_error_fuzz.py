@@ -47,9 +47,12 @@ def test_pytorchs_precision_class(fuzz, allow, exact_rel, klass):
     assert fuzz.judge(*_outputs(1e-3, 1e-3, exact_rel), allow_tf32=allow)["torch_class"] == klass
 
 
-def test_bf16_floor_is_its_ulp(fuzz):
-    theirs, ours, _, ref = _outputs(0.0, 0.0, dtype=torch.bfloat16)
-    assert fuzz.judge(theirs, ours, None, ref, allow_tf32=True)["budget"] >= torch.finfo(torch.bfloat16).eps
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_16_bit_floor_is_its_ulp_and_takes_no_fp32_class(fuzz, dtype):
+    theirs, ours, _, ref = _outputs(0.0, 0.0, dtype=dtype)
+    verdict = fuzz.judge(theirs, ours, None, ref, allow_tf32=True)
+    assert verdict["budget"] >= torch.finfo(dtype).eps
+    assert verdict["torch_class"] is None
 
 
 def test_the_triton_engines_output_is_judged_too(fuzz):
