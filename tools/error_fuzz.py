@@ -98,8 +98,8 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 -- a layer that fails is reported, and counts as over budget
             row = dict(spec, error=f"{type(exc).__name__}: {exc}"[:300], within=False)
         rows.append(row)
-        print(f"{i:3d} {SHORT[spec['dtype']]} {spec['precision']:6s} {spec['in_channels']:3d}->{spec['out_channels']:<3d} "
-              f"g{spec['groups']} k{spec['kernel_size']} s{spec['stride']} "
+        print(f"{i:3d} {SHORT[spec['dtype']]} {spec['precision']:6s} {spec['in_channels']:3d}->"
+              f"{spec['out_channels']:<3d} g{spec['groups']} k{spec['kernel_size']} s{spec['stride']} "
               + (f"{row['engine']:8s} torch {row['torch_err']:.2e} ({row['torch_class'] or '-'}) convt3d "
                  f"{row['convt3d_err']:.2e} triton " + ("-" if row["triton_err"] is None else f"{row['triton_err']:.2e}")
                  + f" budget {row['budget']:.2e}" if "error" not in row else row["error"])
