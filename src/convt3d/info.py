@@ -65,7 +65,7 @@ def _first_calls() -> str:
     how = (f"{workers} compile worker process{'es' if workers > 1 else ''}" if workers
            else "no compile workers (CONVT3D_COMPILE_WORKERS=0)")
     if mode == "background" and workers:
-        return f"background ({first_call.ENV}): PyTorch's call runs while {how} build the candidates"
+        return f"background ({first_call.ENV}): PyTorch's call runs while the candidates compile in {how}"
     return f"wait: the first call compiles and times every candidate ({how})"
 
 
