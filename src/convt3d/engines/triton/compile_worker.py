@@ -105,7 +105,7 @@ def _build_launcher(src, kernel) -> None:
 
 def main() -> None:
     # The protocol owns the original stdout; anything else written to fd 1 (compiler messages) goes to stderr.
-    inp, out = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
+    inp, out = sys.stdin.buffer, os.fdopen(os.dup(1), "wb", buffering=0)  # unbuffered: nothing left to flush at exit
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     while True:
